@@ -1,0 +1,19 @@
+"""Orthros: sliding-window attention over every token, full attention only where tokens are predicted.
+
+``import orthros`` registers the ``"orthros"`` model type with transformers' Auto classes.
+"""
+
+from .layers import OrthrosAttention
+from .models import OrthrosCache, OrthrosConfig, OrthrosForCausalLM, OrthrosModel
+from .ops import orthros_attention
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "orthros_attention",
+    "OrthrosAttention",
+    "OrthrosConfig",
+    "OrthrosModel",
+    "OrthrosForCausalLM",
+    "OrthrosCache",
+]

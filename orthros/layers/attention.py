@@ -1,0 +1,135 @@
+"""The Orthros attention layer (paper Section 3.1, Algorithm 1).
+
+One set of projections W_Q, W_K, W_V, W_O is shared by both streams. The input is the
+concatenation ``h = [x_1..x_T, x'_1..x'_{T_out}]`` of the base tokens and the output-specific
+tokens (Algorithm 2 duplicates the embeddings of the output positions). K and V come from the
+base tokens only; the queries get stream-specific scale-offset transforms
+
+    q  = alpha  * (x  W_Q) + beta        (base stream:   sliding window of w keys)
+    q' = alpha' * (x' W_Q) + beta'       (output stream: every earlier key)
+
+and both outputs are concatenated before W_O. With a cache, the base tokens' K/V are appended
+first and both streams read the whole cache.
+
+``config.attention_mode`` selects the ablation baselines through the same code:
+``"orthros"`` (both streams), ``"full"`` (standard causal Transformer) and ``"window"``
+(sliding window only). The baselines have no output tokens (``T_out == 0`` in ``h``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from ..ops import orthros_attention
+from .common import RMSNorm, apply_rope
+
+
+@dataclass
+class AttentionInputs:
+    """Everything about the current forward that is the same for every layer."""
+
+    n_base: int  # T: number of base tokens in h (the rest are output tokens)
+    rope_base: tuple  # (cos, sin) for the base tokens  [B, T, R]
+    rope_out: tuple  # (cos, sin) for the output tokens [B, T_out, R]
+    out_positions: torch.Tensor  # [B or 1, T_out] absolute key positions (cache included)
+    out_rel: Optional[torch.Tensor] = None  # [B or 1, T_out] output positions within this chunk
+    cu_seqlens: Optional[torch.Tensor] = None
+    kv_start: Optional[torch.Tensor] = None
+    cache: object = None  # transformers Cache (keys/values stored [B, H, L, D])
+
+    def gather_out_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows of ``x [B, T, ...]`` (base tokens of this chunk) at the output positions."""
+        idx = self.out_rel.expand(x.shape[0], -1)
+        idx = idx.view(*idx.shape, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:])
+        return torch.gather(x, 1, idx)
+
+
+class OrthrosAttention(nn.Module):
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.mode = config.attention_mode
+        self.window_size = config.window_size
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.backend = config.attn_backend
+        qd, kd = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, qd, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, kd, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, kd, bias=config.attention_bias)
+        self.o_proj = nn.Linear(qd, config.hidden_size, bias=config.o_proj_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+        self.scale_offset = bool(config.scale_offset) and self.mode == "orthros"
+        if self.scale_offset:
+            # alpha, beta (base stream) and alpha', beta' (output stream), one value per query channel
+            self.alpha = nn.Parameter(torch.ones(qd))
+            self.beta = nn.Parameter(torch.zeros(qd))
+            self.alpha_out = nn.Parameter(torch.ones(qd))
+            self.beta_out = nn.Parameter(torch.zeros(qd))
+
+    def reset_scale_offset(self):
+        if self.scale_offset:
+            with torch.no_grad():
+                self.alpha.fill_(1.0)
+                self.alpha_out.fill_(1.0)
+                self.beta.zero_()
+                self.beta_out.zero_()
+
+    def _queries(self, x, alpha, beta, rope):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        if alpha is not None:
+            q = q * alpha.view(self.num_heads, self.head_dim) + beta.view(self.num_heads, self.head_dim)
+        return apply_rope(q, *rope)
+
+    def forward(self, h: torch.Tensor, a: AttentionInputs, base_output: bool = True) -> torch.Tensor:
+        """``h``: ``[B, T + T_out, d]`` (normalised). Returns the attention output for the
+        same tokens, or only for the output tokens when ``base_output`` is False (the last
+        layer of an Orthros model, whose base stream is never read again)."""
+        B = h.shape[0]
+        T = a.n_base
+        x = h[:, :T]
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        k = apply_rope(k, *a.rope_base)
+        if a.cache is not None:
+            kc, vc = a.cache.update(k.transpose(1, 2), v.transpose(1, 2), self.layer_idx)
+            k, v = kc.transpose(1, 2), vc.transpose(1, 2)
+
+        so = self.scale_offset
+        kw = dict(window_size=self.window_size, cu_seqlens=a.cu_seqlens, kv_start=a.kv_start, backend=self.backend)
+        if self.mode == "orthros":
+            q_out = self._queries(h[:, T:], self.alpha_out if so else None, self.beta_out if so else None, a.rope_out)
+            if base_output:
+                q = self._queries(x, self.alpha if so else None, self.beta if so else None, a.rope_base)
+            else:
+                q = q_out[:, :0]
+            o, o_out = orthros_attention(q, k, v, q_out, out_positions=a.out_positions, **kw)
+            o = torch.cat([o, o_out], dim=1) if base_output else o_out
+        else:
+            q = self._queries(x, None, None, a.rope_base)
+            if self.mode == "full":
+                # causal attention is the full stream with a query at every base position kept
+                if base_output:
+                    _, o = orthros_attention(q[:, :0], k, v, q, **kw)
+                else:
+                    sel = a.gather_out_rows(q)
+                    _, o = orthros_attention(sel[:, :0], k, v, sel, out_positions=a.out_positions, **kw)
+            else:  # window
+                o, _ = orthros_attention(q, k, v, q[:, :0], **kw)
+                if not base_output:
+                    o = a.gather_out_rows(o)
+        return self.o_proj(o.reshape(B, o.shape[1], -1))

@@ -1,0 +1,123 @@
+"""Configuration of Orthros models (HF ``PreTrainedConfig``, ``model_type = "orthros"``)."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedConfig
+
+ATTENTION_MODES = ("orthros", "full", "window")
+ATTN_BACKENDS = ("auto", "reference", "triton")
+
+
+class OrthrosConfig(PreTrainedConfig):
+    r"""Llama/Qwen-style decoder with Orthros attention.
+
+    Beyond the usual HF fields:
+
+    * ``window_size`` (default 128): keys seen by the base (sliding-window) stream, the query's
+      own position included. Deliberately *not* called ``sliding_window``: transformers' caches
+      would then drop old tokens, and the output stream needs every token's K/V.
+    * ``scale_offset`` (default True): learnable per-stream query transforms alpha, beta,
+      alpha', beta' (initialised 1, 0, 1, 0).
+    * ``attention_mode``: ``"orthros"``; or the ablation baselines ``"full"`` (causal
+      Transformer) and ``"window"`` (sliding window only), same code path.
+    * ``attention_bias``: bias on q/k/v (Qwen2); ``o_proj_bias``: bias on the output projection
+      (Llama's ``attention_bias=True`` sets both); ``qk_norm``: per-head RMSNorm of q and k (Qwen3).
+    * ``attn_backend``: ``"auto"`` (Triton kernels on CUDA, reference elsewhere), ``"reference"``,
+      ``"triton"``.
+    """
+
+    model_type = "orthros"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    def __init__(
+        self,
+        vocab_size: int = 32000,
+        hidden_size: int = 1024,
+        intermediate_size: int = 2816,
+        num_hidden_layers: int = 16,
+        num_attention_heads: int = 16,
+        num_key_value_heads: int | None = None,
+        head_dim: int | None = None,
+        hidden_act: str = "silu",
+        max_position_embeddings: int = 131072,
+        initializer_range: float = 0.02,
+        rms_norm_eps: float = 1e-6,
+        use_cache: bool = True,
+        tie_word_embeddings: bool = False,
+        rope_parameters: dict | None = None,
+        attention_bias: bool = False,
+        o_proj_bias: bool = False,
+        mlp_bias: bool = False,
+        qk_norm: bool = False,
+        window_size: int = 128,
+        scale_offset: bool = True,
+        attention_mode: str = "orthros",
+        attn_backend: str = "auto",
+        pad_token_id: int | None = None,
+        bos_token_id: int | None = None,
+        eos_token_id: int | list | None = None,
+        **kwargs,
+    ):
+        if "sliding_window" in kwargs:
+            raise ValueError("OrthrosConfig has no `sliding_window` (it would make transformers' caches drop "
+                             "tokens the output stream needs); use `window_size`")
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_attention_heads if num_key_value_heads is None else num_key_value_heads
+        self.head_dim = head_dim if head_dim is not None else (hidden_size // max(num_attention_heads, 1))
+        self.hidden_act = hidden_act
+        self.max_position_embeddings = max_position_embeddings
+        self.initializer_range = initializer_range
+        self.rms_norm_eps = rms_norm_eps
+        self.use_cache = use_cache
+        self.attention_bias = attention_bias
+        self.o_proj_bias = o_proj_bias
+        self.mlp_bias = mlp_bias
+        self.qk_norm = qk_norm
+        self.window_size = window_size
+        self.scale_offset = scale_offset
+        self.attention_mode = attention_mode
+        self.attn_backend = attn_backend
+        rope_parameters = dict(rope_parameters) if rope_parameters else {}
+        rope_parameters.setdefault("rope_type", rope_parameters.pop("type", "default"))
+        rope_parameters.setdefault("rope_theta", kwargs.pop("rope_theta", 10000.0))
+        self.rope_parameters = rope_parameters
+        self.tie_word_embeddings = tie_word_embeddings
+        self._validate()
+        super().__init__(
+            pad_token_id=pad_token_id,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            tie_word_embeddings=tie_word_embeddings,
+            **kwargs,
+        )
+
+    def _validate(self):
+        def positive_int(name):
+            val = getattr(self, name)
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ValueError(f"OrthrosConfig.{name} must be an integer >= 1, got {val!r}")
+
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "max_position_embeddings", "window_size"):
+            positive_int(name)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"OrthrosConfig.num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads})")
+        if self.head_dim % 2:
+            raise ValueError(f"OrthrosConfig.head_dim must be even for RoPE, got {self.head_dim}")
+        if self.attention_mode not in ATTENTION_MODES:
+            raise ValueError(f"OrthrosConfig.attention_mode must be one of {ATTENTION_MODES}, got {self.attention_mode!r}")
+        if self.attn_backend not in ATTN_BACKENDS:
+            raise ValueError(f"OrthrosConfig.attn_backend must be one of {ATTN_BACKENDS}, got {self.attn_backend!r}")
+        if not isinstance(self.rms_norm_eps, (int, float)) or self.rms_norm_eps <= 0:
+            raise ValueError(f"OrthrosConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
+        if not isinstance(self.rope_parameters.get("rope_theta"), (int, float)) or self.rope_parameters["rope_theta"] <= 0:
+            raise ValueError(f"OrthrosConfig.rope_parameters['rope_theta'] must be > 0, got "
+                             f"{self.rope_parameters.get('rope_theta')!r}")
+
+
+__all__ = ["OrthrosConfig", "ATTENTION_MODES"]

@@ -1,0 +1,247 @@
+"""Orthros Transformer (paper Algorithm 2) as HF-transformers-native model classes.
+
+The backbone duplicates the embeddings of the output positions and appends them to the
+sequence, runs every layer over the concatenation ``[base tokens | output tokens]`` (norms and
+MLPs are token-wise; only attention treats the two streams differently), and computes logits
+from the output tokens only. The last layer's base stream is never read again, so it computes
+only its K/V (for the cache and the output queries); its window attention and MLP are skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from ..layers import AttentionInputs, OrthrosAttention, RMSNorm, RotaryEmbedding, SwiGLUMLP
+from .configuration_orthros import OrthrosConfig
+from .positions import resolve_output_positions
+
+
+# transformers renamed the cache argument/output field from `past_key_values` to `cache` (5.2x):
+# one name, looked up once, used for both the forward's output and generate()'s keyword.
+CACHE_KWARG = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+class OrthrosCache(DynamicCache):
+    """KV cache of the base stream: every token of every layer, never evicted.
+
+    Output tokens write no K/V. Layout inside is transformers' ``[B, Hkv, L, D]``. It is a
+    ``DynamicCache`` built without a config, so it has no sliding-window layers whatever the
+    model config says: the output stream attends to all earlier keys.
+    """
+
+    def __init__(self):
+        super().__init__()
+
+
+class OrthrosDecoderLayer(GradientCheckpointingLayer):
+    def __init__(self, config: OrthrosConfig, layer_idx: int):
+        super().__init__()
+        self.self_attn = OrthrosAttention(config, layer_idx)
+        self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, config.hidden_act, bias=config.mlp_bias)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.is_orthros = config.attention_mode == "orthros"
+
+    def forward(self, h: torch.Tensor, a: AttentionInputs, last: bool = False) -> torch.Tensor:
+        attn = self.self_attn(self.input_layernorm(h), a, base_output=not last)
+        if last:  # keep only the rows the logits are computed from
+            h = h[:, a.n_base:] if self.is_orthros else a.gather_out_rows(h)
+        h = h + attn
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class OrthrosPreTrainedModel(PreTrainedModel):
+    config_class = OrthrosConfig
+    config: OrthrosConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["OrthrosDecoderLayer"]
+    _supports_sdpa = True
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if isinstance(module, OrthrosAttention) and module.scale_offset:
+            for name, val in (("alpha", 1.0), ("alpha_out", 1.0), ("beta", 0.0), ("beta_out", 0.0)):
+                p = getattr(module, name)
+                if not getattr(p, "_is_hf_initialized", False):
+                    p.fill_(val)
+
+
+class OrthrosModel(OrthrosPreTrainedModel):
+    def __init__(self, config: OrthrosConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.layers = nn.ModuleList([OrthrosDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def forward(
+        self,
+        input_ids: Optional[torch.LongTensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.LongTensor] = None,
+        past_key_values: Optional[Cache] = None,
+        inputs_embeds: Optional[torch.Tensor] = None,
+        use_cache: Optional[bool] = None,
+        out_positions: Optional[torch.Tensor] = None,
+        cu_seqlens: Optional[torch.Tensor] = None,
+        cache: Optional[Cache] = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        """Returns the final (normed) hidden states of the output tokens ``[B, T_out, d]``.
+
+        ``out_positions``: ``[1 or B, T_out]`` positions within this input (default: all).
+        """
+        past_key_values = cache if past_key_values is None else past_key_values
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        h = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        B, T = h.shape[:2]
+        dev = h.device
+        if T == 0:
+            raise ValueError("input_ids must hold at least one token")
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if self.gradient_checkpointing and self.training:
+            use_cache = False
+        if use_cache and past_key_values is None:
+            past_key_values = OrthrosCache()
+        cache = past_key_values if use_cache else None
+        past = cache.get_seq_length() if cache is not None else 0
+        if cu_seqlens is not None and past:
+            raise ValueError("cu_seqlens (packed documents) cannot be combined with a non-empty KV cache")
+
+        kv_start = None
+        if attention_mask is not None:
+            attention_mask = torch.as_tensor(attention_mask, device=dev)
+            if attention_mask.shape != (B, past + T):
+                raise ValueError(f"attention_mask must be [B, past + T] = [{B}, {past + T}], got "
+                                 f"{tuple(attention_mask.shape)}")
+            am = attention_mask.long()
+            if not bool((am == 1).all()):
+                if not bool(((am == 0) | (am == 1)).all()) or not bool((am[:, 1:] >= am[:, :-1]).all()):
+                    raise ValueError("attention_mask must be 0/1 with padding on the left only (0 ... 0 1 ... 1)")
+                if cu_seqlens is not None:
+                    raise ValueError("cu_seqlens cannot be combined with a padding attention_mask")
+                kv_start = (am == 0).sum(dim=1)
+                if position_ids is None:
+                    position_ids = (am.cumsum(dim=1) - 1).clamp(min=0)[:, past:]
+        if position_ids is None:
+            if cu_seqlens is not None:
+                from ..ops import doc_ids_from_cu_seqlens
+
+                cu = torch.as_tensor(cu_seqlens, device=dev).long()
+                doc = doc_ids_from_cu_seqlens(cu, B, T, dev)
+                position_ids = (torch.arange(T, device=dev) - cu[doc]).view(1, T)
+            else:
+                position_ids = torch.arange(past, past + T, device=dev).view(1, T)
+        position_ids = torch.as_tensor(position_ids, device=dev).long()
+        if position_ids.dim() == 1:
+            position_ids = position_ids.view(1, -1)
+
+        out_rel = resolve_output_positions(T, output_positions=out_positions, device=dev)
+        pos_out = torch.gather(position_ids.expand(max(B, out_rel.shape[0]), T), 1, out_rel.expand(B, -1))
+        a = AttentionInputs(
+            n_base=T,
+            rope_base=self.rotary_emb(position_ids),
+            rope_out=self.rotary_emb(pos_out),
+            out_positions=out_rel + past,
+            out_rel=out_rel,
+            cu_seqlens=cu_seqlens,
+            kv_start=kv_start,
+            cache=cache,
+        )
+        if self.config.attention_mode == "orthros":
+            # Algorithm 2: duplicate the output positions' embeddings and append them
+            h = torch.cat([h, a.gather_out_rows(h)], dim=1)
+        n = len(self.layers)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, a, last=(i == n - 1))
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(h), **{CACHE_KWARG: cache})
+
+
+class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: OrthrosConfig):
+        super().__init__(config)
+        self.model = OrthrosModel(config)
+        self.vocab_size = config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, value):
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids: Optional[torch.LongTensor] = None,
+        attention_mask: Optional[torch.Tensor] = None,
+        position_ids: Optional[torch.LongTensor] = None,
+        past_key_values: Optional[Cache] = None,
+        inputs_embeds: Optional[torch.Tensor] = None,
+        labels: Optional[torch.LongTensor] = None,
+        use_cache: Optional[bool] = None,
+        logits_to_keep=0,
+        output_positions=None,
+        cu_seqlens: Optional[torch.Tensor] = None,
+        cache: Optional[Cache] = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """``logits[:, i]`` is the output-stream prediction at the i-th output position (the
+        next token after it). Output positions: ``output_positions`` if given; else where the
+        shifted ``labels`` are not -100; else the last ``logits_to_keep``; else every position.
+        ``loss`` is the mean cross-entropy over the scored positions."""
+        T = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        dev = (input_ids if input_ids is not None else inputs_embeds).device
+        out_rel = resolve_output_positions(T, labels=labels, logits_to_keep=logits_to_keep,
+                                           output_positions=output_positions, device=dev)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache if past_key_values is None else past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                         out_positions=out_rel, cu_seqlens=cu_seqlens)
+        logits = self.lm_head(out.last_hidden_state)
+        loss = None
+        if labels is not None:
+            B = logits.shape[0]
+            nxt = (out_rel + 1).expand(B, -1)
+            targets = torch.gather(labels.to(dev), 1, nxt.clamp(max=T - 1)).masked_fill(nxt >= T, -100)
+            valid = targets != -100
+            ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                 ignore_index=-100, reduction="sum")
+            loss = ce / valid.sum().clamp(min=1)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KWARG: getattr(out, CACHE_KWARG)})
+
+    def generate(self, *args, **kwargs):
+        """transformers' ``generate`` with an :class:`OrthrosCache` unless a cache is given."""
+        if kwargs.get("past_key_values") is None and kwargs.get("cache") is None \
+                and kwargs.get("use_cache", True) and kwargs.get("cache_implementation") is None:
+            kwargs[CACHE_KWARG] = OrthrosCache()
+        return super().generate(*args, **kwargs)
+
+
+__all__ = ["OrthrosCache", "OrthrosModel", "OrthrosForCausalLM", "OrthrosPreTrainedModel"]

@@ -1,0 +1,162 @@
+"""The public Orthros attention op: argument checking, normalisation and backend dispatch.
+
+One signature for every backend (the pure-PyTorch reference here, Triton kernels in
+:mod:`orthros.ops.triton`). See :func:`orthros_attention`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from .reference import orthros_attention_reference
+
+BACKENDS = ("auto", "reference", "triton")
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_tensor(name, t, ndim):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dims [B, T, H, D], got shape {tuple(t.shape)}")
+    if t.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"{name} must be a floating tensor (fp16/bf16/fp32/fp64), got {t.dtype}")
+
+
+def normalize_out_positions(out_positions, B: int, T_out: int, T_k: int, device) -> torch.Tensor:
+    """Return output positions as an int64 tensor ``[B or 1, T_out]``, validated.
+
+    ``None`` means the last ``T_out`` key positions. A 1-D tensor/list applies to every row; a
+    2-D tensor gives each row its own positions. Positions must be strictly increasing and in
+    ``[0, T_k)``.
+    """
+    if out_positions is None:
+        return torch.arange(T_k - T_out, T_k, device=device).view(1, T_out)
+    pos = torch.as_tensor(out_positions, device=device)
+    if pos.dtype.is_floating_point or pos.dtype == torch.bool:
+        raise ValueError(f"out_positions must be an integer tensor, got {pos.dtype}")
+    pos = pos.long()
+    if pos.dim() == 1:
+        pos = pos.view(1, -1)
+    if pos.dim() != 2 or pos.shape[1] != T_out or pos.shape[0] not in (1, B):
+        raise ValueError(
+            f"out_positions must have shape [T_out] or [B, T_out] = [{T_out}] or [{B}, {T_out}], got {tuple(pos.shape)}"
+        )
+    if T_out:
+        if int(pos.min()) < 0 or int(pos.max()) >= T_k:
+            raise ValueError(f"out_positions must lie in [0, {T_k}) (key positions), got range "
+                             f"[{int(pos.min())}, {int(pos.max())}]")
+        if T_out > 1 and not bool((pos[:, 1:] > pos[:, :-1]).all()):
+            raise ValueError("out_positions must be strictly increasing along each row")
+    return pos
+
+
+def doc_ids_from_cu_seqlens(cu_seqlens, B: int, T_k: int, device) -> torch.Tensor:
+    """Validate ``cu_seqlens`` (packed documents) and return the document id of each position."""
+    if B != 1:
+        raise ValueError(f"cu_seqlens (packed documents) requires batch size 1, got B={B}")
+    cu = torch.as_tensor(cu_seqlens, device=device)
+    if cu.dim() != 1 or cu.numel() < 2 or cu.dtype.is_floating_point or cu.dtype == torch.bool:
+        raise ValueError(f"cu_seqlens must be a 1-D integer tensor [num_docs + 1], got {cu.dtype} {tuple(cu.shape)}")
+    cu = cu.long()
+    if int(cu[0]) != 0 or int(cu[-1]) != T_k:
+        raise ValueError(f"cu_seqlens must start at 0 and end at the sequence length {T_k}, got {cu.tolist()[:3]}...{int(cu[-1])}")
+    if not bool((cu[1:] > cu[:-1]).all()):
+        raise ValueError("cu_seqlens must be strictly increasing (no empty documents)")
+    return torch.searchsorted(cu[1:], torch.arange(T_k, device=device), right=True)
+
+
+def orthros_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_out: torch.Tensor,
+    *,
+    window_size: int,
+    out_positions=None,
+    cu_seqlens=None,
+    scale: Optional[float] = None,
+    backend: str = "auto",
+    kv_start: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Orthros attention: a sliding-window stream over every token plus a full-attention
+    stream at output positions, sharing K and V.
+
+    Args:
+        q: ``[B, T, Hq, D]`` base-stream queries.
+        k, v: ``[B, T_k, Hkv, D]`` keys and values with ``Hq % Hkv == 0``. Normally
+            ``T_k == T``; with a KV cache ``T_k > T`` and the queries are the *last* ``T``
+            positions (decode / continuation).
+        q_out: ``[B, T_out, Hq, D]`` output-stream queries.
+        window_size: ``w >= 1``; ``o[t]`` attends to keys ``t-w+1 .. t`` (w keys incl. itself).
+        out_positions: absolute key position of each output query, ``[T_out]`` or
+            ``[B, T_out]``, strictly increasing; default the last ``T_out`` positions.
+            ``o_out[i]`` attends to keys ``0 .. out_positions[i]``.
+        cu_seqlens: ``[N + 1]`` cumulative document lengths for packed sequences (``B == 1``);
+            no attention crosses a document boundary.
+        scale: softmax scale, default ``1 / sqrt(D)``.
+        backend: ``"auto"`` (Triton kernels on CUDA when they support the input, else the
+            reference), ``"reference"`` or ``"triton"``.
+        kv_start: ``[B]`` first valid key of each row (left padding); keys before are ignored.
+
+    Returns:
+        ``(o, o_out)`` with shapes ``[B, T, Hq, D]`` and ``[B, T_out, Hq, D]``.
+    """
+    _check_tensor("q", q, 4)
+    _check_tensor("k", k, 4)
+    _check_tensor("v", v, 4)
+    _check_tensor("q_out", q_out, 4)
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
+        raise ValueError(f"window_size must be an integer >= 1, got {window_size!r}")
+    B, T, Hq, D = q.shape
+    Bk, T_k, Hkv, Dk = k.shape
+    if v.shape != k.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if Bk != B or Dk != D:
+        raise ValueError(f"k must be [B={B}, T_k, Hkv, D={D}], got {tuple(k.shape)}")
+    if q_out.shape[0] != B or q_out.shape[2] != Hq or q_out.shape[3] != D:
+        raise ValueError(f"q_out must be [B={B}, T_out, Hq={Hq}, D={D}], got {tuple(q_out.shape)}")
+    if Hkv == 0 or Hq % Hkv != 0:
+        raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv}) (GQA)")
+    if T_k < T:
+        raise ValueError(f"k/v must cover at least the query length: T_k={T_k} < T={T}")
+    T_out = q_out.shape[1]
+    if T_out > T_k:
+        raise ValueError(f"q_out has T_out={T_out} output positions but there are only T={T_k} positions")
+    if not (q.dtype == k.dtype == v.dtype == q_out.dtype):
+        raise ValueError(f"q, k, v, q_out must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}, {q_out.dtype}")
+    if not (q.device == k.device == v.device == q_out.device):
+        raise ValueError("q, k, v, q_out must be on the same device")
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    pos = normalize_out_positions(out_positions, B, T_out, T_k, q.device)
+    doc_ids = None if cu_seqlens is None else doc_ids_from_cu_seqlens(cu_seqlens, B, T_k, q.device)
+    if kv_start is not None:
+        kv_start = torch.as_tensor(kv_start, device=q.device).long().view(-1)
+        if kv_start.numel() != B:
+            raise ValueError(f"kv_start must have one entry per batch row ({B}), got {kv_start.numel()}")
+
+    if backend == "auto":
+        backend = "triton" if _triton_supports(q, k) else "reference"
+    if backend == "triton":
+        from .triton import orthros_attention_triton
+
+        return orthros_attention_triton(q, k, v, q_out, window_size=window_size, out_positions=pos,
+                                         scale=scale, doc_ids=doc_ids, cu_seqlens=cu_seqlens, kv_start=kv_start)
+    return orthros_attention_reference(q, k, v, q_out, window_size=window_size, out_positions=pos,
+                                       scale=scale, doc_ids=doc_ids, kv_start=kv_start)
+
+
+def _triton_supports(q, k) -> bool:
+    if not q.is_cuda:
+        return False
+    try:
+        from .triton import supports
+    except ImportError:
+        return False
+    return supports(q, k)
