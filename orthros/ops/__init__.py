@@ -2,6 +2,7 @@
 
 from .attention import BACKENDS, doc_ids_from_cu_seqlens, normalize_out_positions, orthros_attention
 from .reference import full_attention_reference, orthros_attention_reference, window_attention_reference
+from .decode import decode_attention_reference, orthros_decode_attention  # decode step (Triton on CUDA)
 
 __all__ = [
     "BACKENDS",

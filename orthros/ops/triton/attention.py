@@ -1,0 +1,283 @@
+"""Host side of the Triton Orthros attention: autograd functions and dispatch.
+
+The op is two streams sharing K and V:
+
+* the window stream (every base query, keys ``t-w+1 .. t``) -> :class:`_StreamAttention`
+  with ``window = w`` and positions ``T_k - T + i``;
+* the full stream (output queries at ``out_positions``, keys ``0 .. pos``) ->
+  SDPA with ``is_causal=True`` when the positions are *all* positions of one plain
+  sequence (pre-training: cuDNN / flash are the fastest causal kernels on Hopper), else
+  :class:`_StreamAttention` with ``window = 0`` (SFT, prefill's last query, varlen,
+  left padding). Long key ranges with few query blocks are split along the keys
+  (flash-decoding style) and merged by log-sum-exp.
+
+Autograd sums the two streams' dK/dV.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import torch
+import triton
+
+from . import _kernels as _k
+
+_LOG2E = 1.4426950408889634
+
+# Block configurations, keyed by (kind, BLOCK_D): (BLOCK_M, BLOCK_N, num_warps, num_stages).
+# Chosen by measurement on an H200 (benchmarks/attention.py --sweep); overridable for sweeps.
+CONFIGS = {
+    "win_fwd": {64: (64, 64, 4, 3), 128: (64, 64, 4, 3), 256: (64, 32, 4, 2)},
+    "full_fwd": {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 4, 2)},
+    "bwd_dq": {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (32, 32, 4, 1)},
+    "bwd_dkdv": {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (32, 32, 4, 1)},
+}
+# Use SDPA (cuDNN first) for the all-positions full stream of fp16/bf16 inputs.
+USE_SDPA_CAUSAL = os.environ.get("ORTHROS_NO_SDPA", "0") != "1"
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _cfg(kind: str, block_d: int):
+    table = CONFIGS[kind]
+    key = 64 if block_d <= 64 else (128 if block_d <= 128 else 256)
+    bm, bn, nw, ns = table[key]
+    if _interpreting():
+        return bm, bn, 1, 1
+    return bm, bn, nw, ns
+
+
+def _block_d(D: int) -> int:
+    return max(16, triton.next_power_of_2(D))
+
+
+def _prec(dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _last_contig(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _num_sms(device) -> int:
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+class _Masks:
+    """Per-call mask data shared by both streams (documents, left padding)."""
+
+    def __init__(self, doc_ids, kv_start, N, device):
+        self.doc = None
+        self.doc_start = None
+        self.doc_end = None
+        if doc_ids is not None:
+            doc = doc_ids.to(device=device, dtype=torch.int64).contiguous()
+            counts = torch.zeros(int(N) + 1, dtype=torch.int64, device=device)  # doc ids are < N
+            counts.scatter_add_(0, doc, torch.ones_like(doc))
+            cu = torch.cumsum(counts, 0)
+            starts = torch.cat([cu.new_zeros(1), cu[:-1]])
+            self.doc = doc
+            self.doc_start = starts[doc].contiguous()
+            self.doc_end = cu[doc].contiguous()
+        self.kv_start = None if kv_start is None else kv_start.to(device=device, dtype=torch.int64).contiguous()
+
+
+def _dummy(device):
+    return torch.zeros(1, dtype=torch.int64, device=device)
+
+
+def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allow_split=True):
+    """Returns (o, lse) for one stream. q [B, M, Hq, D]; pos [Bp, M] int64 or None."""
+    B, M, HQ, D = q.shape
+    N, HKV = k.shape[1], k.shape[2]
+    G = HQ // HKV
+    dev = q.device
+    o = torch.empty(B, M, HQ, v.shape[-1], dtype=q.dtype, device=dev)
+    lse = torch.empty(B, HQ, M, dtype=torch.float32, device=dev)
+    if M == 0:
+        return o, lse
+    BD = _block_d(D)
+    kind = "win_fwd" if window else "full_fwd"
+    BM, BN, nw, ns = _cfg(kind, BD)
+    nm = triton.cdiv(M, BM)
+    splits = 1
+    if allow_split and not window and not _interpreting():
+        progs = nm * HQ * B
+        sms = _num_sms(dev)
+        if progs < sms and N >= 4096:
+            splits = max(1, min(triton.cdiv(2 * sms, progs), N // 2048, 64))
+    pos_t = pos if pos is not None else _dummy(dev)
+    spb = 0 if pos is None or pos.shape[0] == 1 else pos.stride(0)
+    dd = _dummy(dev)
+    common = dict(
+        G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN,
+        POS_PTR=pos is not None, HAS_WINDOW=bool(window), HAS_DOC=masks.doc is not None,
+        HAS_KVS=masks.kv_start is not None, NUM_SPLITS=splits, REVERSE=not window,
+        PREC=_prec(q.dtype), num_warps=nw, num_stages=ns,
+    )
+    doc = masks.doc if masks.doc is not None else dd
+    dst = masks.doc_start if masks.doc_start is not None else dd
+    kvs = masks.kv_start if masks.kv_start is not None else dd
+    qk = scale * _LOG2E
+    if splits == 1:
+        _k._stream_fwd[(HQ, nm, B)](
+            q, k, v, o, lse, pos_t, doc, dst, kvs,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            o.stride(0), o.stride(1), o.stride(2), 0, HQ * M, M, 0, spb,
+            M, N, HQ, pos_offset, window, qk, PARTIAL=False, **common)
+        return o, lse
+    op = torch.empty(splits, B, HQ, M, D, dtype=torch.float32, device=dev)
+    lp = torch.empty(splits, B, HQ, M, dtype=torch.float32, device=dev)
+    _k._stream_fwd[(HQ, nm, B * splits)](
+        q, k, v, op, lp, pos_t, doc, dst, kvs,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        HQ * M * D, D, M * D, B * HQ * M * D, HQ * M, M, B * HQ * M, spb,
+        M, N, HQ, pos_offset, window, qk, PARTIAL=True, **common)
+    _k._combine_splits[(M, B * HQ)](op, lp, o, lse, o.stride(0), o.stride(1), o.stride(2), M, HQ,
+                                     NUM_SPLITS=splits, D=D, BLOCK_D=BD,
+                                     BLOCK_S=max(2, triton.next_power_of_2(splits)))
+    return o, lse
+
+
+def _query_ranges(pos, N, BN, masks: _Masks):
+    """For each key block [kb*BN, ...) the range of output queries that can see it (pos is increasing)."""
+    starts = torch.arange(0, N, BN, device=pos.device, dtype=torch.int64)
+    p = pos.contiguous()
+    Bp = p.shape[0]
+    qlo = torch.searchsorted(p, starts.view(1, -1).expand(Bp, -1).contiguous(), right=False)
+    if masks.doc_end is not None:
+        ends = masks.doc_end[(starts + BN).clamp(max=N) - 1]
+        qhi = torch.searchsorted(p, ends.view(1, -1).expand(Bp, -1).contiguous(), right=False)
+    else:
+        qhi = torch.full_like(qlo, p.shape[1])
+    return torch.stack([qlo, qhi], dim=-1).contiguous()  # [Bp, nkb, 2]
+
+
+def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks: _Masks):
+    B, M, HQ, D = q.shape
+    N, HKV = k.shape[1], k.shape[2]
+    G = HQ // HKV
+    dev = q.device
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    if M == 0:
+        return dq, dk.zero_(), dv.zero_()
+    do = _last_contig(do)
+    BD = _block_d(D)
+    delta = torch.empty(B, HQ, M, dtype=torch.float32, device=dev)
+    _k._bwd_delta[(triton.cdiv(M, 64), B * HQ)](o, do, delta, o.stride(0), o.stride(1), o.stride(2),
+                                               do.stride(0), do.stride(1), do.stride(2), M, HQ,
+                                               D=D, BLOCK_D=BD, BLOCK_M=64)
+    dd = _dummy(dev)
+    pos_t = pos if pos is not None else dd
+    spb = 0 if pos is None or pos.shape[0] == 1 else pos.stride(0)
+    doc = masks.doc if masks.doc is not None else dd
+    dst = masks.doc_start if masks.doc_start is not None else dd
+    kvs = masks.kv_start if masks.kv_start is not None else dd
+    flags = dict(POS_PTR=pos is not None, HAS_WINDOW=bool(window), HAS_DOC=masks.doc is not None,
+                 HAS_KVS=masks.kv_start is not None, PREC=_prec(q.dtype))
+    qk = scale * _LOG2E
+    BM, BN, nw, ns = _cfg("bwd_dq", BD)
+    _k._stream_bwd_dq[(HQ, triton.cdiv(M, BM), B)](
+        q, k, v, do, dq, lse, delta, pos_t, doc, dst, kvs,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        dq.stride(0), dq.stride(1), dq.stride(2), spb,
+        M, N, HQ, pos_offset, window, qk, scale,
+        G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN, REVERSE=not window,
+        num_warps=nw, num_stages=ns, **flags)
+    BM, BN, nw, ns = _cfg("bwd_dkdv", BD)
+    if pos is not None:
+        qr = _query_ranges(pos, N, BN, masks)
+        srb = 0 if qr.shape[0] == 1 else qr.stride(0)
+    else:
+        qr, srb = dd, 0
+    _k._stream_bwd_dkdv[(HKV, triton.cdiv(N, BN), B)](
+        q, k, v, do, dk, dv, lse, delta, pos_t, qr, doc, kvs,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), spb, srb,
+        M, N, HQ, pos_offset, window, qk, scale,
+        G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN,
+        num_warps=nw, num_stages=ns, **flags)
+    return dq, dk, dv
+
+
+class _StreamAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, pos, pos_offset, window, scale, masks):
+        o, lse = _stream_forward(q, k, v, pos, pos_offset, window, scale, masks)
+        ctx.save_for_backward(q, k, v, o, lse, pos)
+        ctx.cfg = (pos_offset, window, scale, masks)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse, pos = ctx.saved_tensors
+        pos_offset, window, scale, masks = ctx.cfg
+        dq, dk, dv = _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks)
+        return dq, dk, dv, None, None, None, None, None
+
+
+def _run_stream(q, k, v, pos, pos_offset, window, scale, masks):
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if needs_grad:
+        return _StreamAttention.apply(q, k, v, pos, pos_offset, window, scale, masks)
+    return _stream_forward(q, k, v, pos, pos_offset, window, scale, masks)[0]
+
+
+def _sdpa_causal(q_out, k, v, scale):
+    """Full causal attention through SDPA on [B, T, H, D] views (Lq == Lk, so is_causal is exact)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+
+    qt, kt, vt = q_out.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    G = q_out.shape[2] // k.shape[2]
+    order = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]
+    try:
+        ctx = sdpa_kernel(order, set_priority=True)
+    except TypeError:  # older torch: no priority order
+        ctx = sdpa_kernel(order)
+    with ctx:
+        o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale, enable_gqa=G > 1)
+    return o.transpose(1, 2)
+
+
+def orthros_attention_triton(q, k, v, q_out, *, window_size, out_positions, scale, doc_ids=None,
+                             cu_seqlens=None, kv_start=None):
+    """Triton implementation of :func:`orthros.ops.orthros_attention` (arguments already normalised)."""
+    from . import supports
+
+    if not supports(q, k) and not (_interpreting() and q.dtype != torch.float64):
+        warnings.warn("orthros_attention_triton: input not supported by the Triton kernels "
+                      f"(device={q.device}, dtype={q.dtype}, head_dim={q.shape[-1]}); using the reference")
+        from ..reference import orthros_attention_reference
+
+        return orthros_attention_reference(q, k, v, q_out, window_size=window_size, out_positions=out_positions,
+                                           scale=scale, doc_ids=doc_ids, kv_start=kv_start)
+    q, k, v, q_out = (_last_contig(t) for t in (q, k, v, q_out))
+    B, T, HQ, D = q.shape
+    N = k.shape[1]
+    T_out = q_out.shape[1]
+    masks = _Masks(doc_ids, kv_start, N, q.device)
+    w = min(int(window_size), N)
+    o = _run_stream(q, k, v, None, N - T, w, scale, masks) if T else q.new_empty(B, 0, HQ, v.shape[-1])
+    if T_out == 0:
+        o_out = q_out.new_empty(B, 0, HQ, v.shape[-1])
+    elif (USE_SDPA_CAUSAL and T_out == N and doc_ids is None and kv_start is None and q.is_cuda
+          and q.dtype in (torch.float16, torch.bfloat16) and D <= 256 and D % 8 == 0):
+        # Strictly increasing positions in [0, N) with T_out == N are exactly 0..N-1.
+        o_out = _sdpa_causal(q_out, k, v, scale)
+    else:
+        pos = out_positions.to(device=q.device, dtype=torch.int64).contiguous()
+        o_out = _run_stream(q_out, k, v, pos, 0, 0, scale, masks)
+    return o, o_out
