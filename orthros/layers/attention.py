@@ -70,19 +70,25 @@ class OrthrosAttention(nn.Module):
             self.q_norm = self.k_norm = None
         self.scale_offset = bool(config.scale_offset) and self.mode == "orthros"
         if self.scale_offset:
-            # alpha, beta (base stream) and alpha', beta' (output stream), one value per query channel
-            self.alpha = nn.Parameter(torch.ones(qd))
-            self.beta = nn.Parameter(torch.zeros(qd))
+            # alpha', beta' (output stream) and alpha, beta (base stream), one value per query
+            # channel. The last layer's base queries are never computed (nothing reads that
+            # stream again), so it has no alpha/beta.
             self.alpha_out = nn.Parameter(torch.ones(qd))
             self.beta_out = nn.Parameter(torch.zeros(qd))
+            if layer_idx < config.num_hidden_layers - 1:
+                self.alpha = nn.Parameter(torch.ones(qd))
+                self.beta = nn.Parameter(torch.zeros(qd))
+
+    def scale_offset_params(self):
+        """The scale-offset parameters this layer has, by name."""
+        names = ("alpha", "beta", "alpha_out", "beta_out")
+        return {n: getattr(self, n) for n in names if isinstance(getattr(self, n, None), nn.Parameter)}
 
     def reset_scale_offset(self):
-        if self.scale_offset:
-            with torch.no_grad():
-                self.alpha.fill_(1.0)
-                self.alpha_out.fill_(1.0)
-                self.beta.zero_()
-                self.beta_out.zero_()
+        """alpha = alpha' = 1, beta = beta' = 0: both streams see the plain projections."""
+        with torch.no_grad():
+            for name, p in self.scale_offset_params().items():
+                p.fill_(1.0 if name.startswith("alpha") else 0.0)
 
     def _queries(self, x, alpha, beta, rope):
         B, T, _ = x.shape

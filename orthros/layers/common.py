@@ -50,6 +50,12 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, config):
         super().__init__()
+        self.config = config
+        inv_freq, self.attention_scaling = self._compute(config)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    @staticmethod
+    def _compute(config):
         rope_type = config.rope_parameters.get("rope_type", "default")
         if rope_type == "default":
             inv_freq, scaling = _default_rope(config)
@@ -58,8 +64,13 @@ class RotaryEmbedding(nn.Module):
                 raise ValueError(f"rope_parameters['rope_type']={rope_type!r} is not supported; "
                                  f"known: default, {', '.join(sorted(ROPE_INIT_FUNCTIONS))}")
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config, None)
-        self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
-        self.attention_scaling = float(scaling)
+        return inv_freq.float(), float(scaling)
+
+    @torch.no_grad()
+    def reset_buffers(self):
+        """Recompute ``inv_freq`` (a non-persistent buffer: after loading from a checkpoint on the
+        meta device it holds garbage until recomputed)."""
+        self.inv_freq.copy_(self._compute(self.config)[0].to(self.inv_freq.device))
 
     @torch.no_grad()
     def forward(self, position_ids: torch.Tensor):

@@ -69,11 +69,12 @@ class OrthrosPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module):
         super()._init_weights(module)
-        if isinstance(module, OrthrosAttention) and module.scale_offset:
-            for name, val in (("alpha", 1.0), ("alpha_out", 1.0), ("beta", 0.0), ("beta_out", 0.0)):
-                p = getattr(module, name)
+        if isinstance(module, RotaryEmbedding):
+            module.reset_buffers()
+        if isinstance(module, OrthrosAttention):
+            for name, p in module.scale_offset_params().items():
                 if not getattr(p, "_is_hf_initialized", False):
-                    p.fill_(val)
+                    p.fill_(1.0 if name.startswith("alpha") else 0.0)
 
 
 class OrthrosModel(OrthrosPreTrainedModel):

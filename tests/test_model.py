@@ -1,0 +1,215 @@
+"""Model-level equivalences: the backbone of Orthros' correctness."""
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+import orthros
+from orthros import OrthrosConfig, OrthrosForCausalLM
+
+V = 97
+
+
+def tiny_config(**kw):
+    base = dict(vocab_size=V, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=12, window_size=8, max_position_embeddings=512,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    base.update(kw)
+    return OrthrosConfig(**base)
+
+
+def tiny_model(seed=0, **kw):
+    torch.manual_seed(seed)
+    model = OrthrosForCausalLM(tiny_config(**kw)).eval()
+    # non-trivial scale-offset values so the two streams really differ
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for name, p in layer.self_attn.scale_offset_params().items():
+                p.uniform_(0.5, 1.5) if name.startswith("alpha") else p.normal_(0, 0.2)
+    return model
+
+
+def llama_twin(model):
+    """An HF LlamaForCausalLM with the same weights as a scale-offset-free Orthros model."""
+    c = model.config
+    lc = LlamaConfig(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                     num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+                     num_key_value_heads=c.num_key_value_heads, head_dim=c.head_dim, rms_norm_eps=c.rms_norm_eps,
+                     max_position_embeddings=c.max_position_embeddings, rope_parameters=dict(c.rope_parameters),
+                     tie_word_embeddings=False)
+    llama = LlamaForCausalLM(lc).eval()
+    missing, unexpected = llama.load_state_dict(model.state_dict(), strict=False)
+    assert not missing and all(k.split(".")[-1] in ("alpha", "beta", "alpha_out", "beta_out") for k in unexpected)
+    return llama
+
+
+def test_within_window_equals_standard_transformer():
+    model = tiny_model(window_size=16)
+    model.model.layers.apply(lambda m: m.reset_scale_offset() if hasattr(m, "reset_scale_offset") else None)
+    llama = llama_twin(model)
+    ids = torch.randint(0, V, (2, 16))
+    with torch.no_grad():
+        a = model(ids).logits
+        b = llama(ids).logits
+    assert (a - b).abs().max() < 1e-5
+    # beyond the window the base stream no longer sees everything: logits must differ
+    ids = torch.randint(0, V, (2, 40))
+    with torch.no_grad():
+        assert (model(ids).logits[:, 20:] - llama(ids).logits[:, 20:]).abs().max() > 1e-3
+
+
+def test_full_mode_equals_llama_at_any_length():
+    model = tiny_model(attention_mode="full", scale_offset=False)
+    llama = llama_twin(model)
+    ids = torch.randint(0, V, (2, 50))
+    with torch.no_grad():
+        assert (model(ids).logits - llama(ids).logits).abs().max() < 1e-5
+
+
+def test_pt_logits_equal_prefill_of_every_prefix():
+    model = tiny_model()
+    ids = torch.randint(0, V, (2, 45))  # well above window 8
+    with torch.no_grad():
+        pt = model(ids).logits
+        assert pt.shape == (2, 45, V)
+        for t in [0, 3, 7, 8, 9, 20, 44]:
+            pre = model(ids[:, : t + 1], logits_to_keep=1, use_cache=False).logits[:, 0]
+            torch.testing.assert_close(pt[:, t], pre, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["orthros", "full", "window"])
+def test_cached_generation_equals_uncached_with_left_padding(mode):
+    model = tiny_model(seed=1, attention_mode=mode)
+    lens = [5, 13, 9]
+    prompts = [torch.randint(1, V, (n,)) for n in lens]
+    T = max(lens)
+    ids = torch.zeros(len(lens), T, dtype=torch.long)
+    mask = torch.zeros(len(lens), T, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, T - len(p):] = p
+        mask[i, T - len(p):] = 1
+    new = 12
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=0)
+        for i, p in enumerate(prompts):  # each prompt alone, no cache, one token at a time
+            x = p.view(1, -1)
+            for _ in range(new):
+                nxt = model(x, use_cache=False, logits_to_keep=1).logits[:, -1].argmax(-1, keepdim=True)
+                x = torch.cat([x, nxt], dim=1)
+            assert torch.equal(out[i, T:], x[0, len(p):]), f"row {i}"
+
+
+def test_generate_sampling_and_eos_run():
+    model = tiny_model()
+    ids = torch.randint(0, V, (2, 6))
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=5, do_sample=True, top_k=10, top_p=0.9, temperature=0.8)
+        assert out.shape == (2, 11)
+        eos = int(out[0, 6])
+        out2 = model.generate(ids[:1], max_new_tokens=5, do_sample=False, eos_token_id=eos, pad_token_id=0)
+        greedy_first = model(ids[:1], logits_to_keep=1).logits[0, -1].argmax()
+        assert out2.shape[1] <= 11 and (out2[0, 6] == greedy_first)
+
+
+def test_sft_loss_equals_pt_loss_on_answer_positions():
+    model = tiny_model()
+    ids = torch.randint(0, V, (2, 30))
+    labels = torch.full_like(ids, -100)
+    labels[0, 10:15] = ids[0, 10:15]  # answer spans
+    labels[0, 22:26] = ids[0, 22:26]
+    labels[1, 5:9] = ids[1, 5:9]
+    with torch.no_grad():
+        sft = model(ids, labels=labels)
+        pt_logits = model(ids).logits
+    # PT logits at position t predict token t+1
+    lp = torch.log_softmax(pt_logits[:, :-1].float(), -1)
+    tgt = labels[:, 1:]
+    m = tgt != -100
+    pt_loss = -(lp.gather(-1, tgt.clamp(min=0)[..., None])[..., 0] * m).sum() / m.sum()
+    torch.testing.assert_close(sft.loss, pt_loss, rtol=1e-5, atol=1e-6)
+    # SFT computes output tokens only where some row is scored
+    assert sft.logits.shape[1] == int(m.any(0).sum())
+
+
+def test_packed_documents_equal_separate_runs():
+    model = tiny_model()
+    docs = [torch.randint(0, V, (n,)) for n in (7, 20, 3)]
+    ids = torch.cat(docs).view(1, -1)
+    cu = torch.tensor([0, 7, 27, 30])
+    with torch.no_grad():
+        packed = model(ids, cu_seqlens=cu, use_cache=False).logits
+        for d, a in zip(docs, cu[:-1].tolist()):
+            alone = model(d.view(1, -1), use_cache=False).logits
+            torch.testing.assert_close(packed[:, a:a + len(d)], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_training_step_backpropagates_to_everything():
+    model = tiny_model().train()
+    ids = torch.randint(0, V, (2, 20))
+    model(ids, labels=ids).loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_gradient_checkpointing_matches():
+    ids = torch.randint(0, V, (2, 20))
+    m1, m2 = tiny_model().train(), tiny_model().train()
+    m2.gradient_checkpointing_enable()
+    l1, l2 = m1(ids, labels=ids).loss, m2(ids, labels=ids).loss
+    l1.backward()
+    l2.backward()
+    torch.testing.assert_close(l1, l2)
+    assert m1.model.layers[-1].self_attn.scale_offset_params().keys() == {"alpha_out", "beta_out"}
+    g1 = m1.model.layers[0].self_attn.alpha.grad
+    torch.testing.assert_close(g1, m2.model.layers[0].self_attn.alpha.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_save_load_round_trip(tmp_path):
+    model = tiny_model(attention_bias=True, qk_norm=True, tie_word_embeddings=True)
+    model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").exists()
+    assert AutoConfig.from_pretrained(tmp_path).model_type == "orthros"
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert isinstance(loaded, OrthrosForCausalLM)
+    ids = torch.randint(0, V, (1, 25))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
+    assert loaded.lm_head.weight.data_ptr() == loaded.model.embed_tokens.weight.data_ptr()
+    assert isinstance(AutoModel.from_pretrained(tmp_path), orthros.OrthrosModel)
+
+
+def test_llama3_rope_scaling_runs():
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    model = tiny_model(rope_parameters=rope)
+    assert torch.isfinite(model(torch.randint(0, V, (1, 12))).logits).all()
+
+
+@pytest.mark.parametrize("kw,name", [
+    (dict(window_size=0), "window_size"),
+    (dict(num_key_value_heads=3), "num_attention_heads"),
+    (dict(attention_mode="linear"), "attention_mode"),
+    (dict(head_dim=7), "head_dim"),
+    (dict(hidden_size=-1), "hidden_size"),
+    (dict(attn_backend="cuda"), "attn_backend"),
+    (dict(rms_norm_eps=0), "rms_norm_eps"),
+    (dict(sliding_window=128), "sliding_window"),
+])
+def test_invalid_config_values(kw, name):
+    with pytest.raises(ValueError, match=name):
+        tiny_config(**kw)
+
+
+def test_invalid_forward_inputs():
+    model = tiny_model()
+    ids = torch.randint(0, V, (2, 10))
+    with pytest.raises(ValueError, match="output_positions"):
+        model(ids, output_positions=torch.tensor([4, 2]))
+    with pytest.raises(ValueError, match="output_positions"):
+        model(ids, output_positions=torch.tensor([0, 10]))
+    with pytest.raises(ValueError, match="attention_mask"):
+        model(ids, attention_mask=torch.tensor([[1] * 5 + [0] * 5] * 2))
+    with pytest.raises(ValueError, match="logits_to_keep"):
+        model(ids, logits_to_keep=-1)
+    with pytest.raises(ValueError, match="labels"):
+        model(ids, labels=ids[:, :5])

@@ -1,0 +1,164 @@
+"""The reference op against brute-force masked softmax attention (values and all gradients)."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orthros.ops import orthros_attention
+
+
+def brute_force(q, k, v, q_out, w, out_positions=None, cu_seqlens=None, kv_start=None):
+    """T x T masks, float64, one obvious line per rule of the paper's equations."""
+    B, T, Hq, D = q.shape
+    Tk, Hkv = k.shape[1], k.shape[2]
+    G = Hq // Hkv
+    q, k, v, q_out = (t.double() for t in (q, k, v, q_out))
+    kk, vv = k.repeat_interleave(G, 2), v.repeat_interleave(G, 2)
+    keys = torch.arange(Tk)
+    qpos = torch.arange(Tk - T, Tk)
+    doc = torch.zeros(Tk, dtype=torch.long)
+    if cu_seqlens is not None:
+        for i in range(len(cu_seqlens) - 1):
+            doc[cu_seqlens[i]:cu_seqlens[i + 1]] = i
+    start = torch.zeros(B, dtype=torch.long) if kv_start is None else torch.as_tensor(kv_start)
+
+    def attend(qq, pos, window):  # qq [B, n, H, D], pos [B, n]
+        m = (keys[None, None] <= pos[:, :, None]) & (doc[keys][None, None] == doc[pos][:, :, None])
+        m &= keys[None, None] >= start[:, None, None]
+        if window:
+            m &= keys[None, None] > pos[:, :, None] - w
+        s = torch.einsum("bnhd,bkhd->bhnk", qq, kk) / math.sqrt(D)
+        s = s.masked_fill(~m[:, None], float("-inf"))
+        p = torch.nan_to_num(s.softmax(-1), nan=0.0)
+        return torch.einsum("bhnk,bkhd->bnhd", p, vv)
+
+    T_out = q_out.shape[1]
+    if out_positions is None:
+        out_positions = torch.arange(Tk - T_out, Tk)
+    pos_out = torch.as_tensor(out_positions).long()
+    pos_out = pos_out.view(1, -1).expand(B, -1) if pos_out.dim() == 1 else pos_out
+    return attend(q, qpos.view(1, -1).expand(B, -1), True), attend(q_out, pos_out, False)
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp(min=1e-12)).item()
+
+
+def make(B, T, Hq, Hkv, D, T_out, Tk=None, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    Tk = T if Tk is None else Tk
+    mk = lambda *s: torch.randn(*s, generator=g, dtype=torch.float32).to(dtype).requires_grad_(True)
+    return mk(B, T, Hq, D), mk(B, Tk, Hkv, D), mk(B, Tk, Hkv, D), mk(B, T_out, Hq, D)
+
+
+def check(q, k, v, q_out, w, tol=1e-5, **kw):
+    o, o_out = orthros_attention(q, k, v, q_out, window_size=w, backend="reference", **kw)
+    ro, ro_out = brute_force(q, k, v, q_out, w, **kw)
+    assert not torch.isnan(o).any() and not torch.isnan(o_out).any()
+    assert rel_err(o, ro) < tol and rel_err(o_out, ro_out) < tol
+    go, go_out = torch.randn_like(o), torch.randn_like(o_out)
+    grads = torch.autograd.grad((o * go).sum() + (o_out * go_out).sum(), (q, k, v, q_out), allow_unused=True)
+    rgrads = torch.autograd.grad((ro * go.double()).sum() + (ro_out * go_out.double()).sum(), (q, k, v, q_out),
+                                 allow_unused=True)
+    for name, a, b in zip("q k v q_out".split(), grads, rgrads):
+        if b is None or b.abs().sum() == 0:
+            assert a is None or a.abs().max() == 0, name
+            continue
+        assert rel_err(a, b) < tol, f"grad {name}: {rel_err(a, b)}"
+
+
+@pytest.mark.parametrize("G", [1, 2, 4])
+@pytest.mark.parametrize("T,w", [(1, 4), (5, 8), (8, 8), (37, 8), (70, 16)])
+@pytest.mark.parametrize("out", ["one", "all"])
+def test_matches_brute_force(G, T, w, out):
+    T_out = 1 if out == "one" else T
+    check(*make(2, T, 2 * G, 2, 16, T_out, seed=T * 7 + G), w)
+
+
+def test_noncontiguous_and_per_row_positions():
+    q, k, v, q_out = make(2, 40, 4, 2, 8, 5)
+    check(q, k, v, q_out, 6, out_positions=torch.tensor([0, 3, 17, 18, 39]))
+    check(q, k, v, q_out, 6, out_positions=torch.tensor([[1, 2, 9, 30, 31], [0, 10, 20, 33, 39]]))
+
+
+def test_cache_alignment_queries_are_last_positions():
+    q, k, v, q_out = make(2, 3, 4, 1, 8, 3, Tk=50)
+    check(q, k, v, q_out, 8)
+    check(q, k, v, q_out, 8, kv_start=torch.tensor([0, 12]))
+
+
+def test_packed_documents_equal_each_document_alone():
+    lens = [5, 40, 1, 23]
+    cu = torch.tensor([0, 5, 45, 46, 69])
+    T, w = sum(lens), 8
+    q, k, v, q_out = make(1, T, 4, 2, 8, T)
+    o, o_out = orthros_attention(q, k, v, q_out, window_size=w, cu_seqlens=cu, backend="reference")
+    check(q, k, v, q_out, w, cu_seqlens=cu.tolist())
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        oa, oa_out = orthros_attention(q[:, a:b], k[:, a:b], v[:, a:b], q_out[:, a:b], window_size=w,
+                                       backend="reference")
+        torch.testing.assert_close(o[:, a:b], oa, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(o_out[:, a:b], oa_out, rtol=1e-5, atol=1e-6)
+
+
+def test_low_precision_accumulates_in_fp32():
+    q, k, v, q_out = make(1, 50, 4, 2, 16, 50, dtype=torch.bfloat16)
+    o, o_out = orthros_attention(q, k, v, q_out, window_size=16, backend="reference")
+    ro, ro_out = brute_force(q, k, v, q_out, 16)
+    assert o.dtype == torch.bfloat16 and rel_err(o, ro) < 1e-2 and rel_err(o_out, ro_out) < 1e-2
+
+
+def test_fully_masked_padding_rows_are_zero_not_nan():
+    q, k, v, q_out = make(1, 10, 2, 2, 8, 10)
+    o, o_out = orthros_attention(q, k, v, q_out, window_size=3, kv_start=torch.tensor([6]), backend="reference")
+    assert not torch.isnan(o).any() and (o[:, :6] == 0).all() and (o_out[:, :6] == 0).all()
+
+
+@settings(max_examples=40, deadline=None)
+@given(T=st.integers(1, 48), w=st.integers(1, 40), G=st.sampled_from([1, 2, 4, 8]), Hkv=st.integers(1, 2),
+       n_out=st.integers(0, 6), seed=st.integers(0, 2**16))
+def test_property_random_shapes(T, w, G, Hkv, n_out, seed):
+    g = torch.Generator().manual_seed(seed)
+    n_out = min(n_out, T)
+    pos = torch.sort(torch.randperm(T, generator=g)[:n_out]).values
+    q, k, v, q_out = make(1, T, G * Hkv, Hkv, 4, n_out, seed=seed)
+    check(q, k, v, q_out, w, out_positions=pos)
+
+
+BAD = [
+    (dict(window_size=0), "window_size"),
+    (dict(window_size=2.5), "window_size"),
+    (dict(backend="cuda"), "backend"),
+    (dict(out_positions=torch.tensor([3, 2])), "increasing"),
+    (dict(out_positions=torch.tensor([0, 99])), "out_positions"),
+    (dict(out_positions=torch.tensor([0.0, 1.0])), "out_positions"),
+    (dict(cu_seqlens=torch.tensor([0, 4])), "cu_seqlens"),
+]
+
+
+@pytest.mark.parametrize("kw,msg", BAD)
+def test_bad_arguments_raise_clear_errors(kw, msg):
+    q, k, v, q_out = make(1, 10, 4, 2, 8, 2)
+    kw = {"window_size": 4, **kw}
+    with pytest.raises(ValueError, match=msg):
+        orthros_attention(q, k, v, q_out, **kw)
+
+
+def test_bad_shapes_and_dtypes():
+    q, k, v, q_out = make(1, 10, 4, 2, 8, 2)
+    with pytest.raises(ValueError, match="multiple"):
+        orthros_attention(q, make(1, 10, 3, 3, 8, 1)[1], make(1, 10, 3, 3, 8, 1)[2], q_out, window_size=4)
+    with pytest.raises(ValueError, match="T_out"):
+        orthros_attention(q, k, v, make(1, 10, 4, 2, 8, 11)[3], window_size=4)
+    with pytest.raises(ValueError, match="dtype"):
+        orthros_attention(q, k.half(), v, q_out, window_size=4)
+    with pytest.raises(ValueError, match="floating"):
+        orthros_attention(q, k.long(), v, q_out, window_size=4)
+    with pytest.raises(ValueError, match="dims"):
+        orthros_attention(q[0], k, v, q_out, window_size=4)
+    with pytest.raises(ValueError, match="batch size 1"):
+        q2, k2, v2, qo2 = make(2, 10, 4, 2, 8, 2)
+        orthros_attention(q2, k2, v2, qo2, window_size=4, cu_seqlens=torch.tensor([0, 5, 10]))
