@@ -1,0 +1,506 @@
+"""A small, fast inference engine for Orthros models (in the spirit of gpt-fast).
+
+It reuses an :class:`~orthros.models.OrthrosForCausalLM`'s modules and weights (embeddings,
+norms, projections, MLPs, rotary, LM head) and the attention ops, but runs its own forward
+against a :class:`~orthros.engine.cache.StaticKVCache`:
+
+* **prefill** does only what Orthros needs: the base stream over the prompt (window attention,
+  K/V into the cache), the output stream for the *last* prompt token only, and in the last
+  layer only the base stream's K/V (its attention output and MLP are never read). Prompts are
+  processed in chunks of ``prefill_chunk`` tokens, so activation memory is bounded by the
+  chunk, not the prompt: a chunk's window queries need only the last ``w - 1`` cached keys.
+* **decode** processes the token pair of paper Section 3.1 (base token: window attention +
+  K/V; output token: full attention over the cache) with static shapes, so one step per batch
+  size is captured in a CUDA graph and replayed. Rows may hold different lengths.
+* **multi-turn**: a continuation appends the new turn to the cache and runs only the new
+  tokens (plus the last generated token, whose K/V was not written yet).
+
+``attention_mode`` (default: the model's ``config.attention_mode``) selects ``"orthros"``, or
+``"full"`` (a standard causal Transformer of the same architecture, same engine) and
+``"window"``. ``attention_floor=True`` replaces attention by a no-op (its output is the query):
+everything else of the same engine, the lower bound a prefill can reach (benchmarks only).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Callable, Iterator, List, Optional, Sequence
+
+import torch
+
+from ..layers import apply_rope
+from ..models.configuration_orthros import ATTENTION_MODES
+from ..ops import orthros_attention
+from ..ops.decode import orthros_decode_attention
+from .cache import StaticKVCache
+from .sampling import SamplingParams, sample
+
+DEFAULT_PREFILL_CHUNK = 16384
+
+
+def _positive_int(name, val, allow_none=False):
+    if allow_none and val is None:
+        return
+    if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+        raise ValueError(f"{name} must be an integer >= 1{' or None' if allow_none else ''}, got {val!r}")
+
+
+class Engine:
+    """Static-cache generation for one model.
+
+    Args:
+        model: an ``OrthrosForCausalLM`` (any dtype/device; the engine runs where it lives).
+        max_batch_size: rows of the static cache (the largest batch :meth:`generate` takes).
+        max_seq_len: tokens per row of the static cache (prompt + generated, all turns).
+        prefill_chunk: prompt tokens per prefill chunk (``None``: the whole prompt at once).
+        cuda_graphs: capture decode steps in CUDA graphs (default: on CUDA devices).
+        graph_batch_sizes: batch sizes that get a graph (default ``1..max_batch_size``); another
+            batch size runs the same step eagerly (documented fallback, with a warning).
+        attention_mode: ``"orthros"`` / ``"full"`` / ``"window"`` (default: the model config's).
+        attention_floor: replace attention by a no-op (benchmark floor; outputs are meaningless).
+    """
+
+    def __init__(self, model, *, max_batch_size: int = 1, max_seq_len: int = 4096,
+                 prefill_chunk: Optional[int] = DEFAULT_PREFILL_CHUNK, cuda_graphs: Optional[bool] = None,
+                 graph_batch_sizes: Optional[Sequence[int]] = None, attention_mode: Optional[str] = None,
+                 attention_floor: bool = False):
+        _positive_int("max_batch_size", max_batch_size)
+        _positive_int("max_seq_len", max_seq_len)
+        _positive_int("prefill_chunk", prefill_chunk, allow_none=True)
+        cfg = model.config
+        mode = cfg.attention_mode if attention_mode is None else attention_mode
+        if mode not in ATTENTION_MODES:
+            raise ValueError(f"attention_mode must be one of {ATTENTION_MODES}, got {mode!r}")
+        if not hasattr(model, "model") or not hasattr(model.model, "layers") or not hasattr(model, "lm_head"):
+            raise TypeError(f"model must be an OrthrosForCausalLM, got {type(model).__name__}")
+        self.model = model.eval()
+        self.config = cfg
+        self.mode = mode
+        self.floor = bool(attention_floor)
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.num_layers = cfg.num_hidden_layers
+        self.Hq, self.Hkv, self.D = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.window = cfg.window_size
+        self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
+        self.prefill_chunk = prefill_chunk
+        self.cache = StaticKVCache(self.num_layers, max_batch_size, max_seq_len, self.Hkv, self.D,
+                                   dtype=self.dtype, device=self.device)
+        if cuda_graphs is None:
+            cuda_graphs = self.device.type == "cuda"
+        if cuda_graphs and self.device.type != "cuda":
+            raise ValueError("cuda_graphs=True needs the model on a CUDA device")
+        self.cuda_graphs = bool(cuda_graphs)
+        sizes = range(1, max_batch_size + 1) if graph_batch_sizes is None else graph_batch_sizes
+        for s in sizes:
+            if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= max_batch_size:
+                raise ValueError(f"graph_batch_sizes must hold integers in [1, max_batch_size={max_batch_size}], "
+                                 f"got {list(sizes)!r}")
+        self.graph_batch_sizes = tuple(sorted(set(sizes)))
+        self._graphs = {}
+        self._pool = None
+        self._tok_buf = torch.zeros(max_batch_size, dtype=torch.long, device=self.device)
+        self._arange = torch.arange(max_batch_size, device=self.device)
+        self.reset()
+
+    # ------------------------------------------------------------------ state
+    def reset(self):
+        """Forget every conversation (the cache memory stays allocated)."""
+        self.cache.seqlens.zero_()
+        self._lens: List[int] = []  # committed tokens per active row (host copy)
+        self._pending: List[Optional[int]] = []  # last sampled token per row, not yet in the cache
+
+    @property
+    def batch_size(self) -> int:
+        """Rows of the current conversation (0 after :meth:`reset`)."""
+        return len(self._lens)
+
+    def lengths(self) -> List[int]:
+        """Tokens held in the cache per row of the current conversation."""
+        return list(self._lens)
+
+    def _sync_lengths(self):
+        b = len(self._lens)
+        if b:
+            self.cache.seqlens[:b].copy_(torch.tensor(self._lens, dtype=torch.long), non_blocking=False)
+
+    # ------------------------------------------------------------- validation
+    def _as_rows(self, prompts) -> List[List[int]]:
+        if isinstance(prompts, torch.Tensor):
+            if prompts.dim() == 1:
+                prompts = prompts.view(1, -1)
+            if prompts.dim() != 2 or prompts.dtype.is_floating_point or prompts.dtype == torch.bool:
+                raise ValueError(f"prompts as a tensor must be an integer [B, T] tensor, got {prompts.dtype} "
+                                 f"{tuple(prompts.shape)}")
+            rows = prompts.tolist()
+        elif isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) and not isinstance(t, bool)
+                                                                     for t in prompts):
+            rows = [list(prompts)]
+        elif isinstance(prompts, (list, tuple)):
+            rows = [list(r.tolist() if isinstance(r, torch.Tensor) else r) for r in prompts]
+        else:
+            raise TypeError(f"prompts must be a list of token-id lists or an integer tensor, got {type(prompts).__name__}")
+        if not rows:
+            raise ValueError("prompts must hold at least one row")
+        V = self.config.vocab_size
+        for i, r in enumerate(rows):
+            if any(isinstance(t, bool) or not isinstance(t, int) for t in r):
+                raise TypeError(f"prompts[{i}] must hold integer token ids")
+            if r and (min(r) < 0 or max(r) >= V):
+                raise ValueError(f"prompts[{i}] has token ids outside [0, vocab_size={V})")
+        return rows
+
+    def _plan(self, prompts, continue_: bool, max_new_tokens: int):
+        """Validate and return (new tokens per row incl. pending, past length per row)."""
+        rows = self._as_rows(prompts)
+        b = len(rows)
+        if b > self.max_batch_size:
+            raise ValueError(f"batch of {b} prompts exceeds max_batch_size={self.max_batch_size} of this engine")
+        if continue_:
+            if not self._lens:
+                raise ValueError("continue_=True needs an earlier generate() on this engine (the cache is empty)")
+            if b != len(self._lens):
+                raise ValueError(f"a continuation needs one new turn per row of the conversation "
+                                 f"({len(self._lens)}), got {b}")
+            past = list(self._lens)
+            rows = [([p] if p is not None else []) + r for p, r in zip(self._pending, rows)]
+        else:
+            past = [0] * b
+        for i, r in enumerate(rows):
+            if not r:
+                raise ValueError(f"prompts[{i}] is empty: every row needs at least one new token")
+            need = past[i] + len(r) + max_new_tokens - 1
+            if need > self.max_seq_len:
+                raise ValueError(f"row {i}: {past[i]} cached + {len(r)} new prompt tokens + {max_new_tokens} new tokens "
+                                 f"needs {need} cache slots > max_seq_len={self.max_seq_len}; shorten the prompt, "
+                                 f"lower max_new_tokens or build the engine with a larger max_seq_len")
+        return rows, past
+
+    # ---------------------------------------------------------------- prefill
+    @torch.no_grad()
+    def prefill(self, prompts, *, continue_: bool = False) -> torch.Tensor:
+        """Run the prompts (or, with ``continue_``, the new turns) into the cache; return the
+        next-token logits ``[B, V]`` (float32) of each row's last token."""
+        rows, past = self._plan(prompts, continue_, 1)
+        return self._prefill(rows, past)
+
+    def _prefill(self, rows, past) -> torch.Tensor:
+        b = len(rows)
+        logits = [None] * b
+        i = 0
+        while i < b:  # contiguous runs of rows with equal (past, new) lengths share one batched forward
+            j = i + 1
+            while j < b and past[j] == past[i] and len(rows[j]) == len(rows[i]):
+                j += 1
+            ids = torch.tensor(rows[i:j], dtype=torch.long, device=self.device)
+            out = self._prefill_rows(i, j, ids, past[i])
+            for r in range(i, j):
+                logits[r] = out[r - i]
+            i = j
+        self._lens = [p + len(r) for p, r in zip(past, rows)]
+        self._pending = [None] * b
+        self._sync_lengths()
+        return torch.stack(logits).float()
+
+    def _prefill_rows(self, r0: int, r1: int, ids: torch.Tensor, P: int) -> torch.Tensor:
+        T = ids.shape[1]
+        C = self.prefill_chunk or T
+        out = None
+        for s in range(0, T, C):
+            e = min(T, s + C)
+            out = self._forward_chunk(r0, r1, ids[:, s:e], P + s, want_out=(e == T))
+        return out
+
+    def _forward_chunk(self, r0, r1, ids, P, want_out):
+        m = self.model.model
+        b, T = ids.shape
+        h = m.embed_tokens(ids)
+        pos = torch.arange(P, P + T, device=self.device).view(1, T)
+        rope = m.rotary_emb(pos)
+        rope_out = (rope[0][:, -1:], rope[1][:, -1:])
+        n_out = 0
+        if want_out and self.mode == "orthros":  # Algorithm 2: the last prompt token's output copy
+            h = torch.cat([h, h[:, -1:]], dim=1)
+            n_out = 1
+        for i, layer in enumerate(m.layers):
+            h = self._prefill_layer(i, layer, h, T, n_out, P, rope, rope_out, r0, r1,
+                                    last=(i == self.num_layers - 1), want_out=want_out)
+        if not want_out:
+            return None
+        return self.model.lm_head(m.norm(h[:, -1:]))[:, 0]
+
+    def _stream_queries(self, attn, x, stream: str, rope):
+        """Queries of one stream: projection, q-norm, the stream's scale-offset, rotary."""
+        b, n, _ = x.shape
+        q = attn.q_proj(x).view(b, n, self.Hq, self.D)
+        if attn.q_norm is not None:
+            q = attn.q_norm(q)
+        if getattr(attn, "scale_offset", False) and self.mode == "orthros":
+            a, c = (attn.alpha, attn.beta) if stream == "base" else (attn.alpha_out, attn.beta_out)
+            q = q * a.view(self.Hq, self.D) + c.view(self.Hq, self.D)
+        return apply_rope(q, *rope)
+
+    def _kv(self, attn, x, rope):
+        b, n, _ = x.shape
+        k = attn.k_proj(x).view(b, n, self.Hkv, self.D)
+        v = attn.v_proj(x).view(b, n, self.Hkv, self.D)
+        if attn.k_norm is not None:
+            k = attn.k_norm(k)
+        return apply_rope(k, *rope), v
+
+    def _prefill_layer(self, i, layer, h, T, n_out, P, rope, rope_out, r0, r1, last, want_out):
+        attn = layer.self_attn
+        b = h.shape[0]
+        x = layer.input_layernorm(h)
+        k, v = self._kv(attn, x[:, :T], rope)
+        kc, vc = self.cache.k[i], self.cache.v[i]
+        kc[r0:r1, P:P + T] = k
+        vc[r0:r1, P:P + T] = v
+        if last and not want_out:  # last layer of a non-final chunk: only its K/V are ever read
+            return h
+        w = self.window
+        win0 = max(0, P - w + 1)  # first key any window query of this chunk can see
+        kw = dict(window_size=w, backend=attn.backend)
+        if self.mode == "orthros":
+            q_out = self._stream_queries(attn, x[:, T:], "out", rope_out) if n_out else None
+            if last:  # only the output token continues: window stream and MLP of the base skipped
+                k_all, v_all = kc[r0:r1, :P + T], vc[r0:r1, :P + T]
+                o = q_out if self.floor else orthros_attention(q_out[:, :0], k_all, v_all, q_out, **kw)[1]
+                h = h[:, T:]
+            else:
+                q = self._stream_queries(attn, x[:, :T], "base", rope)
+                if q_out is None:
+                    q_out = q[:, :0]
+                s = 0 if n_out else win0
+                if self.floor:
+                    o = torch.cat([q, q_out], dim=1)
+                else:
+                    o, o2 = orthros_attention(q, kc[r0:r1, s:P + T], vc[r0:r1, s:P + T], q_out, **kw)
+                    o = torch.cat([o, o2], dim=1) if n_out else o
+        elif self.mode == "full":
+            src = x[:, T - 1:T] if last else x[:, :T]
+            q = self._stream_queries(attn, src, "base", (rope[0][:, -src.shape[1]:], rope[1][:, -src.shape[1]:]))
+            if self.floor:
+                o = q
+            else:  # causal = the full stream with a query at every (here: the last src) position
+                o = orthros_attention(q[:, :0], kc[r0:r1, :P + T], vc[r0:r1, :P + T], q, **kw)[1]
+            if last:
+                h = h[:, T - 1:T]
+        else:  # window
+            src = x[:, T - 1:T] if last else x[:, :T]
+            q = self._stream_queries(attn, src, "base", (rope[0][:, -src.shape[1]:], rope[1][:, -src.shape[1]:]))
+            if self.floor:
+                o = q
+            else:
+                o = orthros_attention(q, kc[r0:r1, win0:P + T], vc[r0:r1, win0:P + T], q[:, :0], **kw)[0]
+            if last:
+                h = h[:, T - 1:T]
+        h = h + attn.o_proj(o.reshape(b, o.shape[1], self.Hq * self.D))
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    # ----------------------------------------------------------------- decode
+    def _decode_step(self, tokens: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+        """One static-shape step for rows ``0..bs-1``: writes the tokens' K/V at ``lens``,
+        advances ``lens`` in place, returns next-token logits ``[bs, V]`` (float32)."""
+        m = self.model.model
+        bs = tokens.shape[0]
+        h = m.embed_tokens(tokens.view(bs, 1))
+        pos = lens.view(bs, 1)
+        rope = m.rotary_emb(pos)
+        new_lens = lens + 1
+        rows = self._arange[:bs]
+        if self.mode == "orthros":
+            h = torch.cat([h, h], dim=1)  # the decoupled pair: [base token, output token]
+        for i, layer in enumerate(m.layers):
+            h = self._decode_layer(i, layer, h, rows, lens, rope, new_lens, last=(i == self.num_layers - 1))
+        logits = self.model.lm_head(m.norm(h[:, -1:]))[:, 0].float()
+        lens.add_(1)
+        return logits
+
+    def _decode_layer(self, i, layer, h, rows, lens, rope, new_lens, last):
+        attn = layer.self_attn
+        bs = h.shape[0]
+        x = layer.input_layernorm(h)
+        k, v = self._kv(attn, x[:, :1], rope)
+        kc, vc = self.cache.k[i][:bs], self.cache.v[i][:bs]
+        kc[rows, lens] = k[:, 0]
+        vc[rows, lens] = v[:, 0]
+        kw = dict(window_size=self.window, backend=attn.backend)
+        if self.mode == "orthros":
+            q_out = self._stream_queries(attn, x[:, -1:], "out", rope)
+            q = q_out if last else self._stream_queries(attn, x[:, :1], "base", rope)
+            if self.floor:
+                o, o_out = q, q_out
+            else:
+                o, o_out = orthros_decode_attention(q, q_out, kc, vc, new_lens, **kw)
+            if last:
+                o, h = o_out, h[:, 1:]
+            else:
+                o = torch.cat([o, o_out], dim=1)
+        else:
+            q = self._stream_queries(attn, x, "base", rope)
+            if self.floor:
+                o = q
+            else:  # same kernel; "full" reads its full-stream result, "window" its window result
+                o_win, o_full = orthros_decode_attention(q, q, kc, vc, new_lens, **kw)
+                o = o_full if self.mode == "full" else o_win
+        h = h + attn.o_proj(o.reshape(bs, o.shape[1], self.Hq * self.D))
+        return h + layer.mlp(layer.post_attention_layernorm(h))
+
+    def _step_fn(self, bs: int) -> Callable[[], torch.Tensor]:
+        """A no-argument callable running one decode step of rows ``0..bs-1`` (reading the
+        token buffer), through a CUDA graph when one is (or can be) captured for ``bs``."""
+        tokens, lens = self._tok_buf[:bs], self.cache.seqlens[:bs]
+        if not self.cuda_graphs:
+            return lambda: self._decode_step(tokens, lens)
+        if bs not in self.graph_batch_sizes:
+            if not getattr(self, "_warned_eager", False):
+                warnings.warn(f"batch size {bs} has no captured CUDA graph (graph_batch_sizes="
+                              f"{self.graph_batch_sizes}); decoding it eagerly", stacklevel=3)
+                self._warned_eager = True
+            return lambda: self._decode_step(tokens, lens)
+        if bs not in self._graphs:
+            self._graphs[bs] = self._capture(bs, tokens, lens)
+        graph, out = self._graphs[bs]
+
+        def run():
+            graph.replay()
+            return out
+        return run
+
+    def _capture(self, bs, tokens, lens):
+        # Warm-up and capture write K/V in the last slot (never valid for a row that can still
+        # decode: _plan keeps every row below max_seq_len), then the real lengths come back.
+        saved = lens.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                lens.fill_(self.max_seq_len - 1)
+                self._decode_step(tokens, lens)
+        torch.cuda.current_stream().wait_stream(stream)
+        lens.fill_(self.max_seq_len - 1)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self._decode_step(tokens, lens)
+        lens.copy_(saved)
+        return graph, out
+
+    @torch.no_grad()
+    def step(self, tokens) -> torch.Tensor:
+        """One decode step for the current rows: feed ``tokens [B]`` (one per row), return the
+        next-token logits ``[B, V]``. Low level (benchmarks); :meth:`generate` is the API."""
+        tokens = torch.as_tensor(tokens, device=self.device).long().view(-1)
+        bs = tokens.numel()
+        if bs != len(self._lens):
+            raise ValueError(f"step() needs one token per row of the conversation ({len(self._lens)}), got {bs}")
+        if max(self._lens) >= self.max_seq_len:
+            raise ValueError(f"the cache is full (max_seq_len={self.max_seq_len})")
+        self._tok_buf[:bs].copy_(tokens)
+        out = self._step_fn(bs)()
+        self._lens = [n + 1 for n in self._lens]
+        self._pending = [None] * bs
+        return out
+
+    def fake_fill(self, lengths: Sequence[int]):
+        """Benchmarks only: declare that rows ``0..len(lengths)-1`` hold ``lengths`` tokens
+        without computing them (decode latency does not depend on the cached values)."""
+        lengths = list(lengths)
+        if len(lengths) > self.max_batch_size or any(not 0 < n < self.max_seq_len for n in lengths):
+            raise ValueError(f"fake_fill needs <= {self.max_batch_size} lengths in [1, {self.max_seq_len})")
+        self._lens = lengths
+        self._pending = [None] * len(lengths)
+        self._sync_lengths()
+
+    # ------------------------------------------------------------- generation
+    @torch.no_grad()
+    def stream(self, prompts, max_new_tokens: int = 128, sampling: Optional[SamplingParams] = None, *,
+               eos_token_id=None, continue_: bool = False) -> Iterator[List[Optional[int]]]:
+        """Generate and yield one list per step: the new token of each row (``None`` for a row
+        that already produced ``eos_token_id``). The first item comes right after prefill.
+
+        ``continue_=True`` appends ``prompts`` (one new turn per row) to the conversation in the
+        cache and runs only the new tokens."""
+        _positive_int("max_new_tokens", max_new_tokens)
+        if sampling is None:
+            sampling = SamplingParams()
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
+        eos = set() if eos_token_id is None else {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
+        rows, past = self._plan(prompts, continue_, max_new_tokens)
+        gen = None
+        if sampling.seed is not None and not sampling.greedy:
+            gen = torch.Generator(device=self.device).manual_seed(sampling.seed)
+        return self._stream(rows, past, max_new_tokens, sampling, gen, eos)
+
+    def _stream(self, rows, past, max_new_tokens, sampling, gen, eos):
+        b = len(rows)
+        logits = self._prefill(rows, past)
+        tok = sample(logits, sampling, gen)
+        n_gen = [0] * b
+        last = [None] * b
+        done = [False] * b
+        cuda = self.device.type == "cuda"
+        host = [torch.empty(b, dtype=torch.long, pin_memory=cuda) for _ in range(2)]
+        events = [torch.cuda.Event() if cuda else None for _ in range(2)]
+
+        def to_host(t, slot):
+            host[slot].copy_(t, non_blocking=cuda)
+            if cuda:
+                events[slot].record()
+
+        def collect(slot):
+            if cuda:
+                events[slot].synchronize()
+            out = []
+            for r, t in enumerate(host[slot].tolist()):
+                if done[r]:
+                    out.append(None)
+                    continue
+                n_gen[r] += 1
+                last[r] = t
+                out.append(t)
+                if t in eos:
+                    done[r] = True
+            return out
+
+        step = self._step_fn(b) if max_new_tokens > 1 else None
+        to_host(tok, 0)
+        try:
+            for s in range(1, max_new_tokens + 1):
+                if s < max_new_tokens:  # queue step s before reading token s-1 back (overlap)
+                    self._tok_buf[:b].copy_(tok)
+                    tok = sample(step(), sampling, gen)
+                    to_host(tok, s % 2)
+                out = collect((s - 1) % 2)
+                yield out
+                if all(done):
+                    break
+        finally:
+            if cuda:
+                torch.cuda.synchronize(self.device)
+            # committed: everything fed so far; the last generated token is pending (no K/V yet)
+            self._lens = [p + len(r) + max(n - 1, 0) for p, r, n in zip(past, rows, n_gen)]
+            self._pending = last
+            self._sync_lengths()
+
+    def generate(self, prompts, max_new_tokens: int = 128, sampling: Optional[SamplingParams] = None, *,
+                 eos_token_id=None, continue_: bool = False,
+                 callback: Optional[Callable[[List[Optional[int]]], None]] = None) -> List[List[int]]:
+        """Generate up to ``max_new_tokens`` per row; return the new tokens of each row (up to and
+        including ``eos_token_id``). ``callback`` gets every step's tokens (streaming)."""
+        rows_out = None
+        for toks in self.stream(prompts, max_new_tokens, sampling, eos_token_id=eos_token_id, continue_=continue_):
+            if rows_out is None:
+                rows_out = [[] for _ in toks]
+            for r, t in enumerate(toks):
+                if t is not None:
+                    rows_out[r].append(t)
+            if callback is not None:
+                callback(toks)
+        return rows_out
+
+
+__all__ = ["Engine", "DEFAULT_PREFILL_CHUNK"]

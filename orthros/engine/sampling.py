@@ -1,0 +1,72 @@
+"""Token sampling on the device: greedy, temperature, top-k, top-p. No host synchronisation.
+
+Sampling draws with the exponential-race trick (``argmax(p / E)``, ``E ~ Exp(1)``), which picks
+index ``i`` with probability ``p_i`` and, unlike ``torch.multinomial``, never reads back to the
+host, so a step can be queued ahead of the previous token's transfer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """``temperature == 0`` is greedy (argmax; top_k / top_p are then irrelevant).
+    ``top_k == 0`` and ``top_p == 1`` switch those filters off. ``seed`` fixes the draws."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: Optional[int] = None
+
+    def __post_init__(self):
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+        k = self.top_k
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
+            raise ValueError(f"top_p must be a number in (0, 1] (1 = off), got {p!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """Mask (to -inf) everything outside the top-k and outside the smallest top-p nucleus.
+    ``logits``: ``[B, V]`` float. The most likely token always survives."""
+    V = logits.shape[-1]
+    if top_k and top_k < V:
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token when the mass strictly before it already reaches top_p
+        drop = (probs.cumsum(dim=-1) - probs) >= top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    return logits
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """Next token of every row: ``logits [B, V]`` -> ``[B]`` int64, on the logits' device."""
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    logits = filter_logits(logits.float() / params.temperature, params.top_k, params.top_p)
+    probs = torch.softmax(logits, dim=-1)
+    race = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / race).argmax(dim=-1)
+
+
+__all__ = ["SamplingParams", "sample", "filter_logits"]

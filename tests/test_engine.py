@@ -1,0 +1,245 @@
+"""The inference engine against the model: greedy tokens equal ``model.generate()`` and an
+uncached reference recomputation; chunked prefill equals unchunked; a multi-turn
+continuation equals a from-scratch run; bad input is rejected before any work."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from orthros.engine import Engine, SamplingParams, filter_logits, sample
+from orthros.models import OrthrosConfig, OrthrosForCausalLM
+
+W = 5
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models: one thread is faster than several on a shared 2-core machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny_model(mode="orthros", seed=0, dtype=torch.float32, **over):
+    torch.manual_seed(seed)
+    kw = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, window_size=W, qk_norm=True, initializer_range=0.2,
+              attention_mode=mode, attn_backend="reference")
+    kw.update(over)
+    m = OrthrosForCausalLM(OrthrosConfig(**kw)).eval().to(dtype)
+    with torch.no_grad():  # trained-looking scale-offsets, so the two streams really differ
+        for n, p in m.named_parameters():
+            if n.endswith(("alpha", "alpha_out", "beta", "beta_out")):
+                p.add_(0.3 * torch.randn_like(p))
+    return m
+
+
+# prompt lengths around the window (T < w, T = w, T > w, chunks not dividing T)
+PROMPTS = [[1, 5, 7, 9, 11, 13, 2, 4, 6, 8, 10, 3], [4, 3, 2, 8, 9], [7, 7, 1], [50, 60, 70, 80, 90, 20, 30, 40]]
+
+
+@torch.no_grad()
+def reference_greedy(model, prompt, n):
+    """Uncached recomputation: the whole sequence through the model for every new token."""
+    seq = list(prompt)
+    for _ in range(n):
+        logits = model(input_ids=torch.tensor([seq]), use_cache=False, logits_to_keep=1).logits
+        seq.append(int(logits[0, -1].argmax()))
+    return seq[len(prompt):]
+
+
+def hf_generate(model, prompt, n):
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("mode", ["orthros", "full", "window"])
+def test_greedy_equals_generate_and_reference(mode):
+    m = tiny_model(mode)
+    n = 10
+    eng = Engine(m, max_batch_size=4, max_seq_len=32, prefill_chunk=4)
+    got = eng.generate(PROMPTS, n)
+    for p, g in zip(PROMPTS, got):
+        assert g == hf_generate(m, p, n)
+        assert g == reference_greedy(m, p, n)
+
+
+def test_greedy_equals_left_padded_batched_generate():
+    m = tiny_model()
+    prompts = PROMPTS[:3]
+    n = 8
+    T = max(map(len, prompts))
+    ids = torch.tensor([[0] * (T - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (T - len(p)) + [1] * len(p) for p in prompts])
+    hf = m.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=0)[:, T:].tolist()
+    assert Engine(m, max_batch_size=3, max_seq_len=32).generate(prompts, n) == hf
+
+
+def test_prefill_logits_match_model_forward():
+    m = tiny_model()
+    eng = Engine(m, max_batch_size=4, max_seq_len=32, prefill_chunk=3)
+    logits = eng.prefill(PROMPTS)
+    for p, lg in zip(PROMPTS, logits):
+        ref = m(input_ids=torch.tensor([p]), use_cache=False, logits_to_keep=1).logits[0, -1]
+        torch.testing.assert_close(lg, ref, rtol=1e-5, atol=1e-5)
+    assert eng.lengths() == [len(p) for p in PROMPTS]
+
+
+@pytest.mark.parametrize("mode", ["orthros", "full", "window"])
+def test_chunked_prefill_equals_unchunked(mode):
+    m = tiny_model(mode, seed=1)
+    base = Engine(m, max_batch_size=4, max_seq_len=40, prefill_chunk=None)
+    ref_logits = base.prefill(PROMPTS)
+    ref_tokens = base.generate(PROMPTS, 6)
+    for chunk in (1, 2, W, W + 2):
+        eng = Engine(m, max_batch_size=4, max_seq_len=40, prefill_chunk=chunk)
+        torch.testing.assert_close(eng.prefill(PROMPTS), ref_logits, rtol=1e-5, atol=1e-5)
+        assert eng.generate(PROMPTS, 6) == ref_tokens
+        for i in range(m.config.num_hidden_layers):  # the caches hold the same K/V
+            for r, p in enumerate(PROMPTS):
+                torch.testing.assert_close(eng.cache.k[i][r, :len(p) + 5], base.cache.k[i][r, :len(p) + 5])
+
+
+@pytest.mark.parametrize("mode", ["orthros", "full"])
+def test_multi_turn_continuation_equals_from_scratch(mode):
+    m = tiny_model(mode, seed=2)
+    turn1 = [PROMPTS[0], PROMPTS[1]]
+    turn2 = [[21, 22, 23], [31, 32, 33, 34, 35, 36, 37]]
+    eng = Engine(m, max_batch_size=2, max_seq_len=64, prefill_chunk=4)
+    gen1 = eng.generate(turn1, 7)
+    assert eng.lengths() == [len(p) + 6 for p in turn1]  # the last generated token is pending
+    gen2 = eng.generate(turn2, 7, continue_=True)
+    fresh = Engine(m, max_batch_size=2, max_seq_len=64)
+    convo = [p + g + t for p, g, t in zip(turn1, gen1, turn2)]
+    assert gen2 == fresh.generate(convo, 7)
+    for c, g in zip(convo, gen2):
+        assert g == reference_greedy(m, c, 7)
+    # a third turn still continues correctly
+    turn3 = [[5], [6, 7]]
+    gen3 = eng.generate(turn3, 4, continue_=True)
+    convo3 = [c + g + t for c, g, t in zip(convo, gen2, turn3)]
+    assert gen3 == Engine(m, max_batch_size=2, max_seq_len=64).generate(convo3, 4)
+
+
+def test_continuation_runs_only_new_tokens():
+    m = tiny_model()
+    eng = Engine(m, max_batch_size=1, max_seq_len=64, prefill_chunk=None)
+    eng.generate([PROMPTS[0]], 3)
+    seen = []
+    handle = m.model.embed_tokens.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].shape))
+    try:
+        eng.generate([[8, 9, 10]], 1, continue_=True)
+    finally:
+        handle.remove()
+    assert seen == [torch.Size([1, 4])]  # the pending token + 3 new ones, never the old context
+
+
+def test_eos_stops_rows_and_stream_yields_each_step():
+    m = tiny_model()
+    eng = Engine(m, max_batch_size=2, max_seq_len=32)
+    free = eng.generate(PROMPTS[:2], 6)
+    eos = free[0][2]
+    steps = list(Engine(m, max_batch_size=2, max_seq_len=32).stream(PROMPTS[:2], 6, eos_token_id=eos))
+    assert steps[0] == [free[0][0], free[1][0]]
+    row0 = [s[0] for s in steps if s[0] is not None]
+    assert row0 == free[0][:free[0].index(eos) + 1]
+    got = Engine(m, max_batch_size=2, max_seq_len=32).generate(PROMPTS[:2], 6, eos_token_id=[eos])
+    assert got[0] == row0
+    if eos not in free[1]:
+        assert got[1] == free[1]
+
+
+def test_sampling_is_reproducible_and_respects_filters():
+    m = tiny_model()
+    eng = Engine(m, max_batch_size=2, max_seq_len=40)
+    sp = SamplingParams(temperature=0.8, top_k=5, top_p=0.9, seed=3)
+    a = eng.generate(PROMPTS[:2], 8, sp)
+    b = Engine(m, max_batch_size=2, max_seq_len=40).generate(PROMPTS[:2], 8, sp)
+    assert a == b
+    greedy = eng.generate(PROMPTS[:2], 8)
+    assert eng.generate(PROMPTS[:2], 8, SamplingParams(temperature=1.0, top_k=1, seed=0)) == greedy
+    assert eng.generate(PROMPTS[:2], 8, SamplingParams(temperature=1.0, top_p=1e-6, seed=0)) == greedy
+
+
+def test_filter_logits_and_sample():
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    f = filter_logits(logits, top_k=4)
+    assert (torch.isfinite(f).sum(-1) == 4).all()
+    assert torch.equal(f.argmax(-1), logits.argmax(-1))
+    probs = torch.softmax(logits, -1)
+    f = filter_logits(logits, top_p=0.5)
+    kept = torch.isfinite(f)
+    for r in range(3):  # the nucleus: the smallest top set whose mass reaches 0.5
+        p = probs[r][kept[r]].sum()
+        assert p >= 0.5 and p - probs[r][kept[r]].min() < 0.5
+    g = torch.Generator().manual_seed(0)
+    draws = torch.stack([sample(logits, SamplingParams(temperature=1.0, top_k=3), g) for _ in range(200)])
+    top3 = torch.topk(logits, 3).indices
+    assert all(bool(torch.isin(draws[:, r], top3[r]).all()) for r in range(3))
+    # the exponential race draws with the softmax probabilities
+    one = torch.tensor([[0.0, 1.0, 2.0]])
+    d = torch.stack([sample(one, SamplingParams(temperature=1.0), g) for _ in range(4000)]).view(-1)
+    freq = torch.bincount(d, minlength=3).float() / d.numel()
+    assert torch.allclose(freq, torch.softmax(one[0], -1), atol=0.03)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(temperature=-1.0), "temperature"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(top_k=-2), "top_k"),
+    (dict(top_k=1.5), "top_k"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+    (dict(seed="x"), "seed"),
+])
+def test_invalid_sampling_params(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SamplingParams(**kwargs)
+
+
+def test_bad_input_is_rejected_before_any_work():
+    m = tiny_model()
+    eng = Engine(m, max_batch_size=2, max_seq_len=16)
+    with pytest.raises(ValueError, match="max_seq_len=16"):
+        eng.generate([list(range(1, 15))], 5)  # 14 + 5 - 1 > 16
+    with pytest.raises(ValueError, match="max_batch_size=2"):
+        eng.generate([[1], [2], [3]], 2)
+    with pytest.raises(ValueError, match="empty"):
+        eng.generate([[1, 2], []], 2)
+    with pytest.raises(ValueError, match="vocab_size"):
+        eng.generate([[1, 200]], 2)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        eng.generate([[1, 2]], 0)
+    with pytest.raises(TypeError, match="sampling"):
+        eng.generate([[1, 2]], 2, {"temperature": 1.0})
+    with pytest.raises(ValueError, match="continue_"):
+        eng.generate([[1, 2]], 2, continue_=True)
+    assert eng.batch_size == 0 and int(eng.cache.seqlens.abs().sum()) == 0  # nothing ran
+    eng.generate([[1, 2], [3]], 2)
+    with pytest.raises(ValueError, match="one new turn per row"):
+        eng.generate([[4]], 2, continue_=True)
+    with pytest.raises(ValueError, match="max_seq_len"):
+        eng.generate([[4] * 12, [5]], 3, continue_=True)
+    with pytest.raises(ValueError, match="graph_batch_sizes"):
+        Engine(m, max_batch_size=2, max_seq_len=16, graph_batch_sizes=[3])
+    with pytest.raises(ValueError, match="attention_mode"):
+        Engine(m, attention_mode="linear")
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        Engine(m, cuda_graphs=True)
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        Engine(m, prefill_chunk=0)
+
+
+def test_attention_floor_and_step_api():
+    m = tiny_model()
+    for mode in ("orthros", "full"):
+        eng = Engine(m, max_batch_size=2, max_seq_len=32, attention_mode=mode, attention_floor=True)
+        assert eng.prefill(PROMPTS[:2]).shape == (2, 97)
+        assert eng.step([1, 2]).shape == (2, 97)
+        assert eng.lengths() == [len(PROMPTS[0]) + 1, len(PROMPTS[1]) + 1]
+    eng = Engine(m, max_batch_size=2, max_seq_len=32)
+    eng.fake_fill([10, 20])
+    assert eng.step([1, 2]).shape == (2, 97) and eng.cache.seqlens[:2].tolist() == [11, 21]
