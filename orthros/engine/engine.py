@@ -236,8 +236,10 @@ class Engine:
         if attn.q_norm is not None:
             q = attn.q_norm(q)
         if getattr(attn, "scale_offset", False) and self.mode == "orthros":
-            a, c = (attn.alpha, attn.beta) if stream == "base" else (attn.alpha_out, attn.beta_out)
-            q = q * a.view(self.Hq, self.D) + c.view(self.Hq, self.D)
+            names = ("alpha", "beta") if stream == "base" else ("alpha_out", "beta_out")
+            a, c = (getattr(attn, n, None) for n in names)
+            if a is not None:
+                q = q * a.view(self.Hq, self.D) + c.view(self.Hq, self.D)
         return apply_rope(q, *rope)
 
     def _kv(self, attn, x, rope):

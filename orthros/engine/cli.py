@@ -1,0 +1,151 @@
+"""``orthros generate``: stream text from an Orthros checkpoint through the inference engine.
+
+    orthros generate --model PATH "Once upon a time"
+    orthros generate --model PATH --chat --interactive        # multi-turn, the cache is kept
+
+In ``--interactive`` mode every line read from stdin is a new user turn appended to the same
+cache: only the new tokens run (the old context is never recomputed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
+          "fp32": "float32", "float32": "float32"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="orthros generate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("prompt", nargs="*", help="prompt text (default: read stdin)")
+    p.add_argument("--model", required=True, help="directory of an Orthros checkpoint (save_pretrained)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model)")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), bf16, fp16, fp32")
+    p.add_argument("--max-seq-len", type=int, default=8192, help="cache slots per row (all turns)")
+    p.add_argument("--prefill-chunk", type=int, default=16384, help="prompt tokens per prefill chunk")
+    p.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly")
+    p.add_argument("--chat", action="store_true", help="wrap turns in the tokenizer's chat template")
+    p.add_argument("--interactive", action="store_true", help="multi-turn: read one user turn per stdin line")
+    return p
+
+
+def _resolve(args):
+    import torch
+
+    dev = args.device
+    if dev == "auto":
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(dev)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda requested but no CUDA device is available")
+    if args.dtype == "auto":
+        dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    elif args.dtype in DTYPES:
+        dtype = getattr(torch, DTYPES[args.dtype])
+    else:
+        raise ValueError(f"--dtype must be one of auto, {', '.join(sorted(DTYPES))}; got {args.dtype!r}")
+    return dev, dtype
+
+
+class _TextStream:
+    """Prints the text of a growing token list, only the part not printed yet."""
+
+    def __init__(self, tok, out):
+        self.tok, self.out, self.ids, self.printed = tok, out, [], ""
+
+    def push(self, t):
+        self.ids.append(t)
+        text = self.tok.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for more
+            return
+        self.out.write(text[len(self.printed):])
+        self.out.flush()
+        self.printed = text
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from ..engine.sampling import SamplingParams
+
+    try:  # argument errors before loading anything
+        sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+        for name in ("max_new_tokens", "max_seq_len", "prefill_chunk"):
+            if getattr(args, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+        dev, dtype = _resolve(args)
+    except ValueError as e:
+        print(f"orthros generate: {e}", file=sys.stderr)
+        return 2
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .. import models  # noqa: F401  (registers the orthros model type)
+    from .engine import Engine
+
+    tok = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(dev)
+    engine = Engine(model, max_batch_size=1, max_seq_len=args.max_seq_len, prefill_chunk=args.prefill_chunk,
+                    cuda_graphs=(dev.type == "cuda" and not args.no_cuda_graphs))
+    eos = tok.eos_token_id if tok.eos_token_id is not None else model.config.eos_token_id
+    messages, history = [], []
+
+    def encode_turn(text):
+        if not args.chat:
+            ids = tok(text, add_special_tokens=not history)["input_ids"]
+            return ids
+        messages.append({"role": "user", "content": text})
+        full = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        full = full["input_ids"] if isinstance(full, dict) or hasattr(full, "keys") else full
+        if full[:len(history)] == history:  # only the new tokens of the conversation
+            return full[len(history):]
+        return tok.apply_chat_template(messages[-1:], add_generation_prompt=True, tokenize=True)
+
+    def run_turn(text):
+        ids = encode_turn(text)
+        if not ids:
+            return
+        out = _TextStream(tok, sys.stdout)
+        new = []
+        with torch.no_grad():
+            for step in engine.stream([ids], args.max_new_tokens, sampling, eos_token_id=eos,
+                                      continue_=bool(history)):
+                if step[0] is not None:
+                    new.append(step[0])
+                    out.push(step[0])
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        history.extend(ids + new)
+        if args.chat:
+            messages.append({"role": "assistant", "content": tok.decode(new, skip_special_tokens=True)})
+
+    try:
+        if args.interactive:
+            if args.prompt:
+                run_turn(" ".join(args.prompt))
+            for line in sys.stdin:
+                line = line.rstrip("\n")
+                if line.strip():
+                    run_turn(line)
+        else:
+            text = " ".join(args.prompt) if args.prompt else sys.stdin.read()
+            if not text:
+                print("orthros generate: empty prompt", file=sys.stderr)
+                return 2
+            run_turn(text)
+    except ValueError as e:
+        print(f"orthros generate: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""``orthros generate`` end to end on a tiny checkpoint written to disk and loaded back."""
+
+from __future__ import annotations
+
+import io
+import sys
+
+import pytest
+import torch
+
+from orthros.cli import main as orthros_main
+from orthros.engine import Engine
+
+WORDS = ["<eos>", "<unk>"] + [f"w{i}" for i in range(95)]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    from test_engine import tiny_model
+
+    d = tmp_path_factory.mktemp("ckpt")
+    m = tiny_model()
+    m.config.eos_token_id = 0
+    m.save_pretrained(d)
+    t = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    t.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    PreTrainedTokenizerFast(tokenizer_object=t, eos_token="<eos>", unk_token="<unk>").save_pretrained(d)
+    return d, m
+
+
+def run_cli(argv, stdin=""):
+    out, old_out, old_in = io.StringIO(), sys.stdout, sys.stdin
+    sys.stdout, sys.stdin = out, io.StringIO(stdin)
+    try:
+        rc = orthros_main(argv)
+    finally:
+        sys.stdout, sys.stdin = old_out, old_in
+    return rc, out.getvalue()
+
+
+def test_generate_streams_the_engine_tokens(checkpoint):
+    d, m = checkpoint
+    torch.set_num_threads(1)
+    prompt = "w1 w5 w7 w9 w11 w13"
+    rc, text = run_cli(["generate", "--model", str(d), "--max-new-tokens", "8", "--device", "cpu", prompt])
+    assert rc == 0
+    ids = [WORDS.index(w) for w in prompt.split()]
+    want = Engine(m, max_seq_len=64).generate([ids], 8, eos_token_id=0)[0]
+    assert text.split() == [WORDS[i] for i in want if i > 1]
+
+
+def test_generate_interactive_continues_the_conversation(checkpoint):
+    d, m = checkpoint
+    rc, text = run_cli(["generate", "--model", str(d), "--max-new-tokens", "4", "--device", "cpu", "--interactive"],
+                       stdin="w1 w2 w3\nw4 w5\n")
+    assert rc == 0
+    lines = text.strip("\n").split("\n")
+    assert len(lines) == 2
+    eng = Engine(m, max_seq_len=64)
+    t1 = [WORDS.index(w) for w in "w1 w2 w3".split()]
+    g1 = eng.generate([t1], 4, eos_token_id=0)[0]
+    g2 = eng.generate([[WORDS.index("w4"), WORDS.index("w5")]], 4, eos_token_id=0, continue_=True)[0]
+    assert lines[0].split() == [WORDS[i] for i in g1 if i > 1]
+    assert lines[1].split() == [WORDS[i] for i in g2 if i > 1]
+
+
+@pytest.mark.parametrize("flag, value", [("--temperature", "-1"), ("--top-p", "2"), ("--top-k", "-3"),
+                                         ("--max-new-tokens", "0"), ("--dtype", "int8")])
+def test_generate_rejects_bad_arguments(flag, value, capsys):
+    assert orthros_main(["generate", "--model", "/nonexistent", flag, value, "hi"]) == 2
+    assert flag.lstrip("-").replace("-", "_").split("_")[0] in capsys.readouterr().err.replace("-", "_")
+
+
+def test_generate_reports_prompt_too_long(checkpoint, capsys):
+    d, _ = checkpoint
+    rc = orthros_main(["generate", "--model", str(d), "--device", "cpu", "--max-seq-len", "4",
+                       "w1 w2 w3 w4 w5 w6"])
+    assert rc == 2 and "max_seq_len=4" in capsys.readouterr().err
