@@ -1,0 +1,162 @@
+"""Atomic, verifiable training checkpoints.
+
+Layout of ``<output_dir>/checkpoints/step_00000100/``::
+
+    model.safetensors, config.json      # loadable with AutoModelForCausalLM.from_pretrained
+    tokenizer files                     # so the directory is a complete HF model dir
+    trainer_state.pt                    # optimizer, scheduler, RNG (per process), data position, step
+    run_config.yaml                     # the resolved training config
+    manifest.json                       # size and sha256 of every file above; written last
+
+Everything is written into ``.tmp-step_00000100-<pid>`` first, each file fsynced, the manifest
+last; then the directory is renamed to its final name (atomic on POSIX) and the parent fsynced.
+A crash at any point leaves either the previous complete checkpoints only, or those plus a
+``.tmp-*`` directory that is never loaded (and is deleted by the next save). Loading checks the
+manifest, so a directory that is incomplete or altered is refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Optional
+
+CKPT_RE = re.compile(r"^step_(\d{8})$")
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def _fault(point: str, step: int) -> None:
+    """Test hook: ORTHROS_TRAIN_FAULT=<point>:<step> hard-exits the process there (as a kill would)."""
+    spec = os.environ.get("ORTHROS_TRAIN_FAULT", "")
+    if spec and spec == f"{point}:{step}":
+        os._exit(17)
+
+
+def ckpt_root(output_dir: str) -> Path:
+    return Path(output_dir) / "checkpoints"
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def list_checkpoints(output_dir: str) -> list[Path]:
+    root = ckpt_root(output_dir)
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if p.is_dir() and CKPT_RE.match(p.name)), key=lambda p: p.name)
+
+
+def latest_checkpoint(output_dir: str) -> Optional[Path]:
+    """The newest checkpoint directory whose manifest exists (complete by construction)."""
+    for p in reversed(list_checkpoints(output_dir)):
+        if (p / MANIFEST).is_file():
+            return p
+    return None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def begin(output_dir: str, step: int) -> Path:
+    root = ckpt_root(output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".tmp-{step_dir_name(step)}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
+
+
+def commit(tmp: Path, output_dir: str, step: int, keep_last: int) -> Path:
+    """Write the manifest, fsync, rename into place, prune old checkpoints and stale temp dirs."""
+    files = sorted(p for p in tmp.rglob("*") if p.is_file())
+    manifest = {"step": step, "files": {}}
+    for p in files:
+        _fsync_file(p)
+        manifest["files"][str(p.relative_to(tmp))] = {"size": p.stat().st_size, "sha256": _sha256(p)}
+    _fault("save_before_manifest", step)
+    mpath = tmp / MANIFEST
+    with open(mpath, "w") as f:
+        json.dump(manifest, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    _fsync_dir(tmp)
+    _fault("save_before_rename", step)
+    final = ckpt_root(output_dir) / step_dir_name(step)
+    if final.exists():  # re-saving a step (e.g. after resuming from an older one)
+        old = final.with_name(f".old-{final.name}-{os.getpid()}")
+        os.rename(final, old)
+        os.rename(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, final)
+    _fsync_dir(final.parent)
+    prune(output_dir, keep_last)
+    return final
+
+
+def prune(output_dir: str, keep_last: int) -> None:
+    ckpts = list_checkpoints(output_dir)
+    for p in ckpts[: max(0, len(ckpts) - keep_last)]:
+        shutil.rmtree(p, ignore_errors=True)
+    root = ckpt_root(output_dir)
+    for p in root.iterdir():
+        if p.name.startswith((".tmp-", ".old-")) and not p.name.endswith(f"-{os.getpid()}"):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def verify(path: Path, hashes: bool = True) -> dict:
+    """Check a checkpoint directory against its manifest; return the manifest."""
+    path = Path(path)
+    mpath = path / MANIFEST
+    if not mpath.is_file():
+        raise CheckpointError(f"{path} is not a complete checkpoint (no {MANIFEST}); it was probably "
+                              f"interrupted while saving")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{mpath} is corrupt: {e}") from None
+    for rel, meta in manifest["files"].items():
+        p = path / rel
+        if not p.is_file():
+            raise CheckpointError(f"checkpoint {path} is missing {rel}")
+        if p.stat().st_size != meta["size"]:
+            raise CheckpointError(f"checkpoint {path}: {rel} has {p.stat().st_size} bytes, manifest says {meta['size']}")
+        if hashes and _sha256(p) != meta["sha256"]:
+            raise CheckpointError(f"checkpoint {path}: {rel} does not match its sha256 in the manifest")
+    return manifest

@@ -1,0 +1,60 @@
+"""``orthros train CONFIG.yaml [--key value ...]`` and ``python -m orthros.train``.
+
+For the shared ``orthros`` CLI: call :func:`add_parser` with the subparsers object, or route
+``orthros train ...`` to :func:`main` with the arguments after ``train``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional
+
+USAGE = """orthros train [CONFIG.yaml] [--key value ...] [--resume [PATH]] [--help-config]
+
+Train an Orthros (or Transformer / SWA baseline) model: modes pt, sft, cpt.
+With no config, trains a tiny Orthros model on the embedded Shakespeare corpus (offline).
+
+  CONFIG.yaml       a YAML file of the keys below (see configs/ for examples)
+  --key value       override one key: dotted (--optim.lr 3e-4) or a unique leaf (--lr 3e-4)
+  --resume [PATH]   continue from the latest checkpoint in output_dir (or from PATH)
+  --help-config     list every key with its default
+
+Several processes: torchrun --nproc-per-node N -m orthros.train CONFIG.yaml (FSDP2).
+"""
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Run ``orthros train`` with ``argv`` (the arguments after ``train``). Returns an exit code."""
+    from .config import ConfigError, describe_keys, load_config
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return 0
+    if "--help-config" in argv:
+        print("config keys and defaults:\n" + describe_keys())
+        return 0
+    path = None
+    if argv and not argv[0].startswith("--"):
+        path, argv = argv[0], argv[1:]
+    try:
+        cfg = load_config(path, argv)
+        from .data import DataError
+        from .trainer import train
+
+        train(cfg)
+    except (ConfigError, DataError) as e:
+        print(f"orthros train: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register ``train`` on an argparse subparsers object; the handler is ``args.func(args)``."""
+    p = subparsers.add_parser("train", help="pre-train / fine-tune / continue pre-training (see configs/)",
+                              description=USAGE, formatter_class=argparse.RawDescriptionHelpFormatter,
+                              add_help=False)
+    p.add_argument("train_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=lambda args: main(args.train_args))
+    return p

@@ -1,0 +1,357 @@
+"""Training configuration: nested dataclasses, YAML loading, ``--key value`` overrides.
+
+Every field has a default, so an empty YAML file is a valid config (the embedded corpus,
+the embedded tokenizer and a tiny Orthros model). Unknown keys are errors that name the
+nearest valid key. Overrides use dotted keys (``--optim.lr 3e-4``); a leaf name that is
+unique across sections may be given bare (``--lr 3e-4``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import yaml
+
+MODES = ("pt", "sft", "cpt")
+ARCHITECTURES = ("orthros", "transformer", "swa")
+ARCH_TO_ATTENTION_MODE = {"orthros": "orthros", "transformer": "full", "swa": "window"}
+PRECISIONS = ("auto", "bf16", "fp32")
+SCHEDULES = ("cosine", "constant", "linear")
+FORMATS = ("auto", "text", "json", "parquet", "csv", "arrow", "hub")
+SAMPLE_BY = ("document", "paragraph", "line")
+
+
+class ConfigError(ValueError):
+    """A bad configuration, reported before any training work is done."""
+
+
+@dataclass
+class ModelSection:
+    architecture: str = "orthros"  # orthros | transformer | swa
+    scale_offset: bool = True  # Orthros only: learnable alpha/beta, alpha'/beta' query transforms
+    init_from: Optional[str] = None  # checkpoint dir (from_pretrained); required for mode cpt
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 4
+    num_key_value_heads: Optional[int] = None
+    head_dim: Optional[int] = None
+    window_size: int = 32  # paper: 128 for Orthros; SWA baseline 512 at 1.3B
+    max_position_embeddings: int = 4096
+    rope_theta: float = 10000.0
+    tie_word_embeddings: bool = True
+    qk_norm: bool = False
+    attn_backend: str = "auto"
+    initializer_range: float = 0.02
+
+
+@dataclass
+class DataSection:
+    train: Union[str, list] = "embedded"  # "embedded", file/dir/glob path(s), or a hub name (online only)
+    eval: Union[str, list, None] = "embedded"  # same; null: no eval
+    format: str = "auto"  # auto | text | json | parquet | csv | arrow | hub
+    text_field: str = "text"
+    messages_field: str = "messages"
+    text_sample_by: str = "document"  # for .txt files: document | paragraph | line
+    tokenizer: str = "embedded"  # "embedded" or a local tokenizer dir / hub name
+    seq_len: int = 256
+    streaming: bool = False
+    shuffle: bool = True
+    shuffle_buffer: int = 10000  # streaming only
+    encode_batch: int = 64  # documents tokenized together
+    eval_sequences: int = 32  # held-out packed sequences scored at each eval
+
+
+@dataclass
+class OptimSection:
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    schedule: str = "cosine"  # cosine | constant | linear
+    warmup_steps: int = 20
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 disables clipping
+
+
+@dataclass
+class TrainSection:
+    max_steps: int = 200
+    micro_batch_size: int = 8  # packed sequences per micro-batch per process
+    grad_accum: int = 1
+    precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
+    activation_checkpointing: bool = False
+    compile: bool = False
+    device: str = "auto"  # auto | cpu | cuda
+    eval_every: int = 50  # 0: only at the end
+    log_every: int = 10
+    progress: bool = True
+    tensorboard: bool = True  # if tensorboard is installed
+    peak_tflops: Optional[float] = None  # for MFU; auto-detected for known GPUs
+    threads: Optional[int] = None  # torch.set_num_threads on CPU
+
+
+@dataclass
+class CheckpointSection:
+    every: int = 100  # 0: only at the end
+    keep_last: int = 3
+    resume: Union[bool, str] = "auto"  # auto | true | false | path to a checkpoint dir
+    verify: bool = True  # check sizes and sha256 of every file when loading
+
+
+@dataclass
+class RunConfig:
+    mode: str = "pt"  # pt | sft | cpt
+    output_dir: str = "runs/orthros"
+    seed: int = 0
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @property
+    def global_batch_sequences(self) -> int:
+        return self.train.micro_batch_size * self.train.grad_accum * int(os.environ.get("WORLD_SIZE", "1"))
+
+
+# Common names from other trainers, used only to suggest the right key.
+ALIASES = {
+    "learning_rate": "optim.lr", "lr_warmup_steps": "optim.warmup_steps", "warmup": "optim.warmup_steps",
+    "max_grad_norm": "optim.grad_clip", "clip_grad": "optim.grad_clip", "steps": "train.max_steps",
+    "num_steps": "train.max_steps", "batch_size": "train.micro_batch_size",
+    "per_device_train_batch_size": "train.micro_batch_size",
+    "gradient_accumulation_steps": "train.grad_accum", "gradient_checkpointing": "train.activation_checkpointing",
+    "sequence_length": "data.seq_len", "max_seq_len": "data.seq_len", "max_length": "data.seq_len",
+    "arch": "model.architecture", "attention_mode": "model.architecture", "sliding_window": "model.window_size",
+    "save_steps": "checkpoint.every", "save_total_limit": "checkpoint.keep_last", "dataset": "data.train",
+    "bf16": "train.precision", "dtype": "train.precision", "out_dir": "output_dir",
+}
+
+
+def _section_types() -> dict[str, type]:
+    hints = typing.get_type_hints(RunConfig)
+    return {k: v for k, v in hints.items() if dataclasses.is_dataclass(v)}
+
+
+def valid_keys() -> list[str]:
+    keys = []
+    for f in dataclasses.fields(RunConfig):
+        sec = _section_types().get(f.name)
+        if sec is None:
+            keys.append(f.name)
+        else:
+            keys.extend(f"{f.name}.{g.name}" for g in dataclasses.fields(sec))
+    return keys
+
+
+def nearest_key(key: str) -> Optional[str]:
+    keys = valid_keys()
+    if key.split(".")[-1] in ALIASES:
+        return ALIASES[key.split(".")[-1]]
+    cands = keys + [k.split(".")[-1] for k in keys]
+    m = difflib.get_close_matches(key, cands, n=1, cutoff=0.5)
+    if not m:
+        # try matching the leaf alone against leaves (e.g. "optim.learning_rate")
+        m = difflib.get_close_matches(key.split(".")[-1], [k.split(".")[-1] for k in keys], n=1, cutoff=0.4)
+    if not m:
+        return None
+    best = m[0]
+    if best in keys:
+        return best
+    full = [k for k in keys if k.split(".")[-1] == best]
+    return full[0] if full else best
+
+
+def _unknown(key: str) -> ConfigError:
+    near = nearest_key(key)
+    hint = f"; did you mean '{near}'?" if near else ""
+    return ConfigError(f"unknown config key '{key}'{hint} (valid keys: see `orthros train --help-config`)")
+
+
+def resolve_key(key: str) -> str:
+    """Map a dotted or unique bare key to its full dotted name, or raise with a suggestion."""
+    key = key.replace("-", "_")
+    keys = valid_keys()
+    if key in keys:
+        return key
+    if "." not in key:
+        leaf = [k for k in keys if k.split(".")[-1] == key]
+        if len(leaf) == 1:
+            return leaf[0]
+        if len(leaf) > 1:
+            raise ConfigError(f"config key '{key}' is ambiguous: use one of {leaf}")
+    raise _unknown(key)
+
+
+def _type_of(key: str):
+    hints_top = typing.get_type_hints(RunConfig)
+    if "." in key:
+        sec, leaf = key.split(".", 1)
+        return typing.get_type_hints(hints_top[sec])[leaf]
+    return hints_top[key]
+
+
+def _coerce(key: str, value: Any):
+    tp = _type_of(key)
+    origin = typing.get_origin(tp)
+    allowed = typing.get_args(tp) if origin is Union else (tp,)
+    if value is None:
+        if type(None) in allowed:
+            return None
+        raise ConfigError(f"config key '{key}' may not be null")
+    for t in allowed:
+        if t is type(None):
+            continue
+        if t is bool and isinstance(value, bool):
+            return value
+        if t is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if t is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if t is str and isinstance(value, str):
+            return value
+        if t is list and isinstance(value, (list, tuple)):
+            return list(value)
+    # strings that spell a number (yaml reads "1e-3" as str)
+    if isinstance(value, str):
+        for t in allowed:
+            try:
+                if t is float:
+                    return float(value)
+                if t is int:
+                    return int(value)
+            except ValueError:
+                pass
+    names = [getattr(t, "__name__", str(t)) for t in allowed]
+    raise ConfigError(f"config key '{key}' expects {' or '.join(names)}, got {value!r}")
+
+
+def _set(cfg: RunConfig, key: str, value: Any) -> None:
+    value = _coerce(key, value)
+    if "." in key:
+        sec, leaf = key.split(".", 1)
+        setattr(getattr(cfg, sec), leaf, value)
+    else:
+        setattr(cfg, key, value)
+
+
+def _flatten(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
+    out = []
+    for k, v in d.items():
+        full = f"{prefix}{k}"
+        if isinstance(v, dict) and full in _section_types():
+            out.extend(_flatten(v, full + "."))
+        else:
+            out.append((full, v))
+    return out
+
+
+def parse_overrides(argv: list[str]) -> list[tuple[str, Any]]:
+    """``--a.b 1 --flag --c x`` -> [("a.b", 1), ("flag", True), ("c", "x")]; ``--resume [PATH]`` too."""
+    out, i = [], 0
+    while i < len(argv):
+        tok = argv[i]
+        if not tok.startswith("--") or tok == "--":
+            raise ConfigError(f"expected an override '--key value', got {tok!r}")
+        key = tok[2:]
+        if "=" in key:
+            key, raw = key.split("=", 1)
+            i += 1
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            raw = argv[i + 1]
+            i += 2
+        else:
+            raw = "true"
+            i += 1
+        if key == "resume":
+            key = "checkpoint.resume"
+        out.append((key, yaml.safe_load(raw) if raw != "" else "")) 
+    return out
+
+
+def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None) -> RunConfig:
+    """Load a YAML config (or the defaults), apply overrides, validate. Raises ConfigError."""
+    cfg = RunConfig()
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        try:
+            raw = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config file {path} must hold a mapping at the top level")
+        for key, value in _flatten(raw):
+            if key not in valid_keys():
+                if key in _section_types():
+                    raise ConfigError(f"config section '{key}' must be a mapping")
+                raise _unknown(key)
+            _set(cfg, key, value)
+    for key, value in parse_overrides(list(overrides or [])):
+        _set(cfg, resolve_key(key), value)
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: RunConfig) -> None:
+    def choice(key, val, allowed):
+        if val not in allowed:
+            raise ConfigError(f"{key} must be one of {list(allowed)}, got {val!r}")
+
+    def positive(key, val, zero_ok=False):
+        if val is None or val < 0 or (val == 0 and not zero_ok):
+            raise ConfigError(f"{key} must be {'>= 0' if zero_ok else '> 0'}, got {val!r}")
+
+    choice("mode", cfg.mode, MODES)
+    choice("model.architecture", cfg.model.architecture, ARCHITECTURES)
+    choice("train.precision", cfg.train.precision, PRECISIONS)
+    choice("optim.schedule", cfg.optim.schedule, SCHEDULES)
+    choice("data.format", cfg.data.format, FORMATS)
+    choice("data.text_sample_by", cfg.data.text_sample_by, SAMPLE_BY)
+    choice("train.device", cfg.train.device, ("auto", "cpu", "cuda"))
+    for key in ("data.seq_len", "train.max_steps", "train.micro_batch_size", "train.grad_accum",
+                "data.encode_batch", "train.log_every", "checkpoint.keep_last", "data.shuffle_buffer"):
+        sec, leaf = key.split(".")
+        positive(key, getattr(getattr(cfg, sec), leaf))
+    for key in ("train.eval_every", "checkpoint.every", "optim.warmup_steps", "optim.weight_decay",
+                "optim.grad_clip", "data.eval_sequences"):
+        sec, leaf = key.split(".")
+        positive(key, getattr(getattr(cfg, sec), leaf), zero_ok=True)
+    positive("optim.lr", cfg.optim.lr)
+    if not 0.0 <= cfg.optim.min_lr_ratio <= 1.0:
+        raise ConfigError(f"optim.min_lr_ratio must be in [0, 1], got {cfg.optim.min_lr_ratio}")
+    if cfg.mode == "cpt" and not cfg.model.init_from:
+        raise ConfigError("mode 'cpt' continues pre-training from a checkpoint: set model.init_from "
+                          "to an Orthros (or converted) checkpoint directory")
+    if not cfg.output_dir:
+        raise ConfigError("output_dir must be set")
+    if isinstance(cfg.data.train, str) and not cfg.data.train:
+        raise ConfigError("data.train must name a dataset")
+
+
+def dump_yaml(cfg: RunConfig) -> str:
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+def describe_keys() -> str:
+    """Every key with its default, for ``--help-config``."""
+    d = RunConfig().to_dict()
+    lines = []
+    for k in valid_keys():
+        v = d
+        for part in k.split("."):
+            v = v[part]
+        lines.append(f"  {k} = {v!r}")
+    return "\n".join(lines)

@@ -1,0 +1,420 @@
+"""Data pipeline: documents from ``datasets`` -> tokens -> packed rows with document boundaries.
+
+* PT/CPT: every document is tokenized and ends with EOS; documents are packed back to back
+  into rows of ``seq_len`` tokens (a long document continues in the next row). Each piece of
+  a document in a row is one segment of ``cu_seqlens``: the model restarts RoPE positions and
+  attends only inside it, and the label at each segment's first token is -100, so no position
+  predicts a token of another document.
+* SFT: each chat example is rendered with the tokenizer's chat template; labels are the token
+  ids of assistant answers (every assistant turn, its end marker included) and -100 elsewhere.
+  Examples are packed whole (never split); a row that cannot take the next example is padded
+  with a pad segment whose labels are -100.
+
+The stream is deterministic for a seed and resumable exactly: its state is (epoch, index of
+the document being consumed in that epoch's order, tokens of it already emitted).
+All processes read the same global stream and take their own rows of each global batch,
+so one process with ``grad_accum = N`` sees exactly the batches of N processes.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+import torch
+
+from .config import ConfigError
+
+IGNORE = -100
+
+_EXT_FORMAT = {".txt": "text", ".text": "text", ".md": "text", ".json": "json", ".jsonl": "json",
+               ".parquet": "parquet", ".csv": "csv", ".arrow": "arrow"}
+
+
+class DataError(ValueError):
+    """Bad or empty data, reported before training starts."""
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def _strip_compression(path: str) -> str:
+    for ext in (".gz", ".bz2", ".xz", ".zst", ".lz4"):
+        if path.endswith(ext):
+            return path[: -len(ext)]
+    return path
+
+
+def _resolve_files(spec) -> Optional[list[str]]:
+    """Local files named by ``spec`` (path, dir, glob, or list), or None when nothing local matches."""
+    specs = spec if isinstance(spec, (list, tuple)) else [spec]
+    files = []
+    for s in specs:
+        s = os.path.expanduser(str(s))
+        if os.path.isdir(s):
+            found = sorted(p for p in glob.glob(os.path.join(s, "**", "*"), recursive=True)
+                           if os.path.isfile(p) and Path(_strip_compression(p)).suffix in _EXT_FORMAT)
+            if not found:
+                raise DataError(f"data directory {s} holds no .txt/.json/.jsonl/.parquet/.csv/.arrow files")
+            files.extend(found)
+        elif any(c in s for c in "*?["):
+            found = sorted(glob.glob(s, recursive=True))
+            if not found:
+                raise DataError(f"data glob {s!r} matches no file")
+            files.extend(found)
+        elif os.path.isfile(s):
+            files.append(s)
+        else:
+            if len(specs) > 1 or os.sep in s and (s.startswith((".", "/", "~")) or Path(s).suffix):
+                raise DataError(f"data file not found: {s}")
+            return None
+    return files
+
+
+class DocSource:
+    """Documents of one dataset in a seeded per-epoch order, readable from any position."""
+
+    def __init__(self, spec, *, fmt: str = "auto", streaming: bool = False, shuffle: bool = True,
+                 seed: int = 0, shuffle_buffer: int = 10000, text_sample_by: str = "document",
+                 name: str = "data.train"):
+        import datasets
+
+        datasets.disable_progress_bars()
+        self.name, self.spec, self.shuffle, self.seed = name, spec, shuffle, seed
+        self.streaming, self.shuffle_buffer = streaming, shuffle_buffer
+        files = None if fmt == "hub" else _resolve_files(spec)
+        kwargs = {}
+        if files is None:
+            builder, load_args = str(spec), {}
+        else:
+            fmts = {_EXT_FORMAT.get(Path(_strip_compression(f)).suffix) for f in files} if fmt == "auto" else {fmt}
+            fmts.discard(None)
+            if len(fmts) != 1:
+                raise DataError(f"{name}: cannot tell the format of {files[:3]} (set data.format)")
+            builder = fmts.pop()
+            load_args = {"data_files": files}
+            if builder == "text":
+                kwargs["sample_by"] = text_sample_by
+        try:
+            ds = datasets.load_dataset(builder, split="train", streaming=streaming, **load_args, **kwargs)
+        except Exception as e:  # noqa: BLE001 - re-raised with the data key named
+            where = f"files {files[:3]}" if files else f"'{spec}' (not a local path, so tried as a hub dataset)"
+            raise DataError(f"{name}: could not load {where}: {type(e).__name__}: {e}") from None
+        self.ds = ds
+        self.columns = list(ds.column_names or []) if ds.column_names is not None else None
+        if streaming:
+            self.num_docs = None
+        else:
+            self.num_docs = len(ds)
+            if self.num_docs == 0:
+                raise DataError(f"{name}: dataset {spec!r} is empty (0 documents)")
+
+    def check_column(self, column: str) -> None:
+        if self.columns is not None and column not in self.columns:
+            raise DataError(f"{self.name}: dataset has no column '{column}' (columns: {self.columns}); "
+                            f"set data.text_field / data.messages_field")
+
+    def order(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(self.num_docs)
+        return np.random.default_rng([self.seed, epoch]).permutation(self.num_docs)
+
+    def batches(self, epoch: int, start: int, batch: int) -> Iterator[list[tuple[int, dict]]]:
+        """Yield lists of (index in this epoch's order, record), from ``start`` on."""
+        if self.num_docs is not None:
+            order = self.order(epoch)
+            for i in range(start, self.num_docs, batch):
+                idx = order[i:i + batch].tolist()
+                cols = self.ds[idx]
+                keys = list(cols.keys())
+                yield [(i + j, {k: cols[k][j] for k in keys}) for j in range(len(idx))]
+            return
+        ds = self.ds
+        if self.shuffle:
+            ds = ds.shuffle(seed=self.seed, buffer_size=self.shuffle_buffer)
+            ds.set_epoch(epoch)
+        if start:
+            ds = ds.skip(start)
+        out, i = [], start
+        for rec in ds:
+            out.append((i, rec))
+            i += 1
+            if len(out) == batch:
+                yield out
+                out = []
+        if out:
+            yield out
+
+
+# --------------------------------------------------------------------------- encoders
+
+
+def encode_text_batch(tokenizer, texts: list, eos_id: Optional[int]) -> list[Optional[tuple[list, list]]]:
+    """PT documents: token ids (+ EOS); labels are the ids (the segment start is masked later)."""
+    clean = [t if isinstance(t, str) else "" for t in texts]
+    ids_list = tokenizer(clean, add_special_tokens=False)["input_ids"]
+    out = []
+    for ids in ids_list:
+        if not ids:
+            out.append(None)
+            continue
+        if eos_id is not None:
+            ids = list(ids) + [eos_id]
+        out.append((list(ids), list(ids)))
+    return out
+
+
+def _check_messages(messages) -> None:
+    if not isinstance(messages, list) or not messages:
+        raise DataError(f"an SFT example's messages must be a non-empty list of {{role, content}}, got {messages!r:.200}")
+    for m in messages:
+        if not isinstance(m, dict) or "role" not in m or not isinstance(m.get("content"), str):
+            raise DataError(f"each message needs 'role' and string 'content', got {m!r:.200}")
+
+
+def encode_chat(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
+    """Chat example -> (input_ids, labels) with labels = ids on assistant-answer tokens only.
+
+    The answer of assistant turn i is the text the template adds between rendering
+    ``messages[:i]`` with the generation prompt and rendering ``messages[:i+1]`` (its end
+    marker included, trailing whitespace excluded); tokens that start inside it are labelled.
+    Works for any template whose renderings of prefixes are prefixes of the full rendering.
+    """
+    _check_messages(messages)
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise DataError("SFT needs a tokenizer with a chat template (the embedded tokenizer has one)")
+    render = lambda msgs, gen=False: tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=gen)  # noqa: E731
+    full = render(messages)
+    spans = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        prefix = render(messages[:i], True) if i else render_generation_prompt_only(tokenizer)
+        upto = render(messages[: i + 1])
+        if not (full.startswith(upto) and upto.startswith(prefix)):
+            raise DataError("the tokenizer's chat template does not render conversations prefix-consistently; "
+                            "cannot locate assistant answers")
+        spans.append((len(prefix), len(upto.rstrip())))
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    labels = [IGNORE] * len(ids)
+    for t, (a, b) in enumerate(enc["offset_mapping"]):
+        if b > a and any(s <= a < e for s, e in spans):
+            labels[t] = ids[t]
+    return ids, labels
+
+
+def render_generation_prompt_only(tokenizer) -> str:
+    try:
+        return tokenizer.apply_chat_template([], tokenize=False, add_generation_prompt=True)
+    except Exception:  # noqa: BLE001 - some templates refuse an empty conversation
+        return ""
+
+
+def make_encoder(mode: str, tokenizer, data_cfg, seq_len: int) -> Callable[[list[dict]], list]:
+    if mode == "sft":
+        field = data_cfg.messages_field
+
+        def enc(records):
+            out = []
+            for r in records:
+                if field not in r:
+                    raise DataError(f"SFT record has no '{field}' field (fields: {list(r)}); set data.messages_field")
+                ids, labels = encode_chat(tokenizer, r[field])
+                ids, labels = ids[:seq_len], labels[:seq_len]
+                out.append((ids, labels) if any(l != IGNORE for l in labels[1:]) else None)
+            return out
+
+        return enc
+    field = data_cfg.text_field
+    eos = tokenizer.eos_token_id
+
+    def enc(records):
+        if records and field not in records[0]:
+            raise DataError(f"record has no '{field}' field (fields: {list(records[0])}); set data.text_field")
+        return encode_text_batch(tokenizer, [r[field] for r in records], eos)
+
+    return enc
+
+
+# --------------------------------------------------------------------------- packing
+
+
+@dataclass
+class Row:
+    input_ids: list
+    labels: list
+    seg_lens: list
+
+
+class PackedStream:
+    """Endless, resumable stream of packed rows of exactly ``seq_len`` tokens."""
+
+    def __init__(self, source: DocSource, encoder, seq_len: int, *, split_docs: bool, pad_id: int,
+                 encode_batch: int = 64, max_epochs: Optional[int] = None):
+        self.source, self.encoder, self.seq_len = source, encoder, seq_len
+        self.split_docs, self.pad_id, self.encode_batch, self.max_epochs = split_docs, pad_id, encode_batch, max_epochs
+        self.epoch, self.offset, self.rows = 0, 0, 0
+        self._next_fetch = 0
+        self._queue: deque = deque()
+        self._iter = None
+        self._epoch_tokens = 0
+
+    # state ------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        doc = self._queue[0][0] if self._queue else self._next_fetch
+        return {"epoch": self.epoch, "doc": int(doc), "offset": int(self.offset), "rows": int(self.rows)}
+
+    def load_state_dict(self, st: dict) -> None:
+        self.epoch, self._next_fetch, self.offset, self.rows = st["epoch"], st["doc"], st["offset"], st["rows"]
+        self._queue.clear()
+        self._iter = None
+        self._epoch_tokens = 1  # the resumed epoch is known not to be empty
+
+    # reading ----------------------------------------------------------------
+    def _fill(self) -> None:
+        while not self._queue:
+            if self._iter is None:
+                self._iter = self.source.batches(self.epoch, self._next_fetch, self.encode_batch)
+            try:
+                batch = next(self._iter)
+            except StopIteration:
+                if self._epoch_tokens == 0:
+                    raise DataError(f"{self.source.name}: dataset {self.source.spec!r} produced no tokens "
+                                    f"(empty, or every example was empty / had no answer tokens)") from None
+                self.epoch += 1
+                if self.max_epochs is not None and self.epoch >= self.max_epochs:
+                    raise StopIteration
+                self._next_fetch, self.offset, self._epoch_tokens = 0, 0, 0
+                self._iter = None
+                continue
+            encoded = self.encoder([r for _, r in batch])
+            for (idx, _), e in zip(batch, encoded):
+                if e is not None:
+                    self._queue.append((idx, e[0], e[1]))
+                    self._epoch_tokens += len(e[0])
+            self._next_fetch = batch[-1][0] + 1
+
+    def next_row(self) -> Row:
+        ids_row, lab_row, segs = [], [], []
+        while len(ids_row) < self.seq_len:
+            room = self.seq_len - len(ids_row)
+            if not self._queue:
+                if not self.split_docs and ids_row:
+                    # SFT: do not start an example that may not fit; peek by filling
+                    pass
+                self._fill()
+            idx, ids, labels = self._queue[0]
+            rem = len(ids) - self.offset
+            if self.split_docs:
+                take = min(rem, room)
+            else:
+                if rem > room:
+                    break  # pad the rest of this row; the example starts the next row
+                take = rem
+            piece_ids = ids[self.offset:self.offset + take]
+            piece_lab = list(labels[self.offset:self.offset + take])
+            piece_lab[0] = IGNORE  # nothing before a segment predicts its first token
+            ids_row.extend(piece_ids)
+            lab_row.extend(piece_lab)
+            segs.append(take)
+            self.offset += take
+            if self.offset >= len(ids):
+                self._queue.popleft()
+                self.offset = 0
+        pad = self.seq_len - len(ids_row)
+        if pad:
+            ids_row.extend([self.pad_id] * pad)
+            lab_row.extend([IGNORE] * pad)
+            segs.append(pad)
+        self.rows += 1
+        return Row(ids_row, lab_row, segs)
+
+    def take(self, n: int) -> list[Row]:
+        return [self.next_row() for _ in range(n)]
+
+
+# --------------------------------------------------------------------------- batches
+
+
+@dataclass
+class PackedBatch:
+    input_ids: torch.Tensor  # [1, N]
+    labels: torch.Tensor  # [1, N]
+    cu_seqlens: torch.Tensor  # int32 [num_segments + 1]
+    seg_lens: list  # python ints, for FLOP counting
+
+    @property
+    def num_targets(self) -> int:
+        return int((self.labels[:, 1:] != IGNORE).sum())
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+    def to(self, device) -> "PackedBatch":
+        return PackedBatch(self.input_ids.to(device, non_blocking=True), self.labels.to(device, non_blocking=True),
+                           self.cu_seqlens.to(device, non_blocking=True), self.seg_lens)
+
+
+def collate(rows: list[Row]) -> PackedBatch:
+    """Rows -> one packed sequence (B = 1) with ``cu_seqlens`` over every segment of every row."""
+    ids = [t for r in rows for t in r.input_ids]
+    labels = [t for r in rows for t in r.labels]
+    segs = [s for r in rows for s in r.seg_lens]
+    cu = np.concatenate([[0], np.cumsum(segs)]).astype(np.int32)
+    return PackedBatch(torch.tensor([ids], dtype=torch.long), torch.tensor([labels], dtype=torch.long),
+                       torch.from_numpy(cu), segs)
+
+
+def count_targets(rows: list[Row]) -> int:
+    """Scored positions of rows as the model sees them: label t+1 != -100 within each row."""
+    return sum(sum(1 for l in r.labels[1:] if l != IGNORE) for r in rows)
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def resolve_data_spec(spec, mode: str, which: str):
+    from ..data import embedded_paths
+
+    if spec == "embedded":
+        train, ev = embedded_paths("sft" if mode == "sft" else "pt")
+        return train if which == "train" else ev
+    return spec
+
+
+def build_stream(cfg, tokenizer, which: str = "train") -> Optional[PackedStream]:
+    """The train stream (shuffled, endless) or the eval stream (in order, one pass)."""
+    d = cfg.data
+    spec = d.train if which == "train" else d.eval
+    if spec is None:
+        return None
+    spec = resolve_data_spec(spec, cfg.mode, which)
+    src = DocSource(spec, fmt=d.format, streaming=d.streaming, shuffle=d.shuffle and which == "train",
+                    seed=cfg.seed, shuffle_buffer=d.shuffle_buffer, text_sample_by=d.text_sample_by,
+                    name=f"data.{which}")
+    src.check_column(d.messages_field if cfg.mode == "sft" else d.text_field)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+    enc = make_encoder(cfg.mode, tokenizer, d, d.seq_len)
+    return PackedStream(src, enc, d.seq_len, split_docs=cfg.mode != "sft", pad_id=pad,
+                        encode_batch=d.encode_batch, max_epochs=None if which == "train" else 1)
+
+
+def eval_rows(stream: PackedStream, n: int) -> list[Row]:
+    rows = []
+    try:
+        for _ in range(n):
+            rows.append(stream.next_row())
+    except StopIteration:
+        pass
+    return rows
+
+
+__all__ = ["DataError", "DocSource", "PackedStream", "PackedBatch", "Row", "collate", "count_targets",
+           "encode_chat", "encode_text_batch", "build_stream", "eval_rows", "IGNORE", "ConfigError"]

@@ -1,0 +1,101 @@
+"""FLOP counting for MFU, and the metrics sinks (JSONL always, TensorBoard when installed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Optional
+
+import torch
+
+# Dense bf16 tensor-core peaks (no sparsity), FLOP/s.
+_PEAKS_BF16 = {"H200": 989.4e12, "H100": 989.4e12, "H800": 989.4e12, "A100": 312e12, "A800": 312e12,
+               "L40S": 362e12, "B200": 2250e12, "GB200": 2500e12, "MI300X": 1307e12}
+
+
+def detect_peak_flops(device: torch.device, precision: str) -> Optional[float]:
+    """Peak FLOP/s of one device for the given precision, or None if unknown (e.g. CPU)."""
+    if device.type != "cuda" or precision != "bf16":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, val in _PEAKS_BF16.items():
+        if key in name:
+            return val
+    return None
+
+
+def _window_keys(L: int, w: int) -> int:
+    """sum_{t=0}^{L-1} min(t+1, w): keys seen by a causal sliding window of w over L tokens."""
+    if L <= w:
+        return L * (L + 1) // 2
+    return w * (w + 1) // 2 + (L - w) * w
+
+
+def train_flops(model_cfg, seg_lens: list, n_out: int) -> float:
+    """Model FLOPs of one training step (forward + backward = 3x forward) on one packed batch.
+
+    Counts what the architecture needs, not recomputation (activation checkpointing) and not
+    the embedding lookup. ``n_out``: scored positions (output-stream tokens for Orthros).
+    Orthros: the linear layers see the T base tokens plus the T_out output tokens; attention is
+    a causal window over every base token plus full causal attention for output tokens.
+    """
+    c = model_cfg
+    d, H, KV, hd, I, V, L = (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                             c.intermediate_size, c.vocab_size, c.num_hidden_layers)
+    per_layer_params = d * H * hd * 2 + d * KV * hd * 2 + 3 * d * I
+    T = sum(seg_lens)
+    mode = getattr(c, "attention_mode", "full")
+    tokens_through_layers = T + (n_out if mode == "orthros" else 0)
+    linear = 2 * per_layer_params * L * tokens_through_layers + 2 * d * V * n_out
+    full_keys = sum(s * (s + 1) // 2 for s in seg_lens)
+    win_keys = sum(_window_keys(s, c.window_size) for s in seg_lens)
+    if mode == "orthros":
+        keys = win_keys + full_keys * (n_out / max(T, 1))
+    elif mode == "window":
+        keys = win_keys
+    else:
+        keys = full_keys
+    attn = 4 * H * hd * keys * L
+    return 3.0 * (linear + attn)
+
+
+class MetricsLogger:
+    """Appends one JSON object per line to ``metrics.jsonl``; mirrors scalars to TensorBoard."""
+
+    def __init__(self, output_dir: str, enabled: bool = True, tensorboard: bool = True):
+        self.enabled = enabled
+        self.path = os.path.join(output_dir, "metrics.jsonl")
+        self._f = open(self.path, "a", encoding="utf-8") if enabled else None
+        self._tb = None
+        if enabled and tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(os.path.join(output_dir, "tensorboard"))
+            except Exception:  # noqa: BLE001 - tensorboard not installed
+                self._tb = None
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        record = {"time": round(time.time(), 3), **record}
+        self._f.write(json.dumps(record) + "\n")
+        self._f.flush()
+        if self._tb is not None:
+            step = record.get("step", 0)
+            for k, v in record.items():
+                if k not in ("step", "time", "kind") and isinstance(v, (int, float)):
+                    self._tb.add_scalar(f"{record.get('kind', 'train')}/{k}", v, step)
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def read_metrics(output_dir: str, kind: str = "train") -> list[dict]:
+    path = os.path.join(output_dir, "metrics.jsonl")
+    with open(path, encoding="utf-8") as f:
+        return [r for r in map(json.loads, f) if r.get("kind") == kind]

@@ -1,0 +1,522 @@
+"""One training loop for pre-training (pt), supervised fine-tuning (sft) and continual
+pre-training (cpt), on one CPU/GPU or many (FSDP2 via torchrun; gloo works on CPU).
+
+Entry point: :func:`train` (``orthros train CONFIG.yaml`` and ``python -m orthros.train``).
+All checks (config, output dir, tokenizer, data, sequence length, checkpoint) run before the
+first step. Loss is the mean cross-entropy over every scored token of the global batch,
+identical for any split of that batch into processes x accumulation steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+import yaml
+
+from . import checkpoint as ckpt
+from .config import ARCH_TO_ATTENTION_MODE, ConfigError, RunConfig, dump_yaml
+from .data import DataError, IGNORE, PackedBatch, build_stream, collate, count_targets, eval_rows
+from .metrics import MetricsLogger, detect_peak_flops, train_flops
+
+
+# --------------------------------------------------------------------------- distributed
+
+
+class Dist:
+    def __init__(self):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.enabled = self.world > 1
+
+    def init(self, device: torch.device) -> None:
+        if self.enabled and not torch.distributed.is_initialized():
+            backend = "nccl" if device.type == "cuda" else "gloo"
+            torch.distributed.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.enabled:
+            torch.distributed.all_reduce(t)
+        return t
+
+    def barrier(self) -> None:
+        if self.enabled:
+            torch.distributed.barrier()
+
+    def gather_object(self, obj):
+        if not self.enabled:
+            return [obj]
+        out = [None] * self.world
+        torch.distributed.all_gather_object(out, obj)
+        return out
+
+    def close(self) -> None:
+        if self.enabled and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+def _device(cfg: RunConfig, dist: Dist) -> torch.device:
+    want = cfg.train.device
+    if want == "auto":
+        want = "cuda" if torch.cuda.is_available() else "cpu"
+    if want == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("train.device is 'cuda' but no CUDA device is available")
+        torch.cuda.set_device(dist.local_rank)
+        return torch.device("cuda", dist.local_rank)
+    return torch.device("cpu")
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check_output_dir(path: str) -> None:
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"output_dir {path!r} is not writable: {e.strerror or e}") from None
+
+
+def resolve_resume(cfg: RunConfig) -> Optional[Path]:
+    r = cfg.checkpoint.resume
+    if isinstance(r, str) and r.lower() in ("true", "yes", "latest"):
+        r = True
+    if isinstance(r, str) and r.lower() in ("false", "no", "none"):
+        r = False
+    existing = ckpt.latest_checkpoint(cfg.output_dir)
+    if r is False:
+        if ckpt.list_checkpoints(cfg.output_dir):
+            raise ConfigError(f"output_dir {cfg.output_dir!r} already holds checkpoints; pass --resume to continue "
+                              f"the run, or choose another output_dir")
+        return None
+    if r == "auto":
+        return existing
+    if r is True:
+        if existing is None:
+            raise ConfigError(f"--resume: no complete checkpoint under {ckpt.ckpt_root(cfg.output_dir)}")
+        return existing
+    p = Path(r)
+    if not p.is_dir():
+        raise ConfigError(f"checkpoint.resume: {r!r} is not a directory")
+    return p
+
+
+def load_tokenizer(cfg: RunConfig):
+    from ..data import load_tokenizer as _load
+
+    try:
+        tok = _load(cfg.data.tokenizer)
+    except Exception as e:  # noqa: BLE001
+        raise ConfigError(f"data.tokenizer: cannot load {cfg.data.tokenizer!r}: {type(e).__name__}: {e}") from None
+    if tok.eos_token_id is None and cfg.mode != "sft":
+        raise ConfigError("data.tokenizer has no eos token; pre-training needs one to mark document ends")
+    return tok
+
+
+# --------------------------------------------------------------------------- model
+
+
+def model_config_for(cfg: RunConfig, tokenizer):
+    """The OrthrosConfig a fresh model gets (or the checkpoint's, for init_from)."""
+    import orthros  # noqa: F401 - registers the model type
+    from transformers import AutoConfig
+
+    from ..models import OrthrosConfig
+
+    mode = ARCH_TO_ATTENTION_MODE[cfg.model.architecture]
+    m = cfg.model
+    if m.init_from:
+        try:
+            mc = AutoConfig.from_pretrained(m.init_from)
+        except Exception as e:  # noqa: BLE001
+            raise ConfigError(f"model.init_from: cannot read a model config from {m.init_from!r}: {e}") from None
+        if getattr(mc, "model_type", None) != "orthros":
+            raise ConfigError(f"model.init_from {m.init_from!r} is a {mc.model_type!r} model; convert it to Orthros "
+                              f"first (the conversion tool), then continue pre-training with mode cpt")
+        mc.attention_mode = mode
+        return mc
+    vocab = len(tokenizer)
+    vocab = (vocab + 63) // 64 * 64
+    try:
+        return OrthrosConfig(
+            vocab_size=vocab, hidden_size=m.hidden_size, intermediate_size=m.intermediate_size,
+            num_hidden_layers=m.num_hidden_layers, num_attention_heads=m.num_attention_heads,
+            num_key_value_heads=m.num_key_value_heads, head_dim=m.head_dim,
+            max_position_embeddings=m.max_position_embeddings,
+            rope_parameters={"rope_type": "default", "rope_theta": m.rope_theta},
+            tie_word_embeddings=m.tie_word_embeddings, window_size=m.window_size, scale_offset=m.scale_offset,
+            attention_mode=mode, qk_norm=m.qk_norm, attn_backend=m.attn_backend,
+            initializer_range=m.initializer_range, use_cache=False,
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+        )
+    except ValueError as e:
+        raise ConfigError(f"model: {e}") from None
+
+
+def build_model(cfg: RunConfig, mc, resume_dir: Optional[Path]):
+    import orthros  # noqa: F401
+    from transformers import AutoModelForCausalLM
+
+    from ..models import OrthrosForCausalLM
+
+    src = resume_dir or cfg.model.init_from
+    if src:
+        model = AutoModelForCausalLM.from_pretrained(str(src), config=mc, dtype=torch.float32)
+    else:
+        torch.manual_seed(cfg.seed)
+        model = OrthrosForCausalLM(mc)
+    model.config.use_cache = False
+    return model
+
+
+def param_groups(model, weight_decay: float):
+    decay, no_decay = [], []
+    for _, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def lr_lambda(cfg: RunConfig):
+    o, total = cfg.optim, cfg.train.max_steps
+
+    def f(step: int) -> float:
+        if o.warmup_steps and step < o.warmup_steps:
+            return (step + 1) / o.warmup_steps
+        if o.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - o.warmup_steps) / max(1, total - o.warmup_steps))
+        if o.schedule == "linear":
+            return 1.0 - (1.0 - o.min_lr_ratio) * progress
+        return o.min_lr_ratio + (1.0 - o.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return f
+
+
+def _shard(model, dist: Dist):
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+# --------------------------------------------------------------------------- RNG
+
+
+def _rng_state() -> dict:
+    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        st["cuda"] = torch.cuda.get_rng_state_all()
+    return st
+
+
+def _set_rng_state(st: dict) -> None:
+    random.setstate(st["python"])
+    np.random.set_state(st["numpy"])
+    torch.set_rng_state(st["torch"])
+    if "cuda" in st and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(st["cuda"])
+
+
+# --------------------------------------------------------------------------- the trainer
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        self.dist = Dist()
+        self.device = _device(cfg, self.dist)
+        self.dist.init(self.device)
+        if cfg.train.threads and self.device.type == "cpu":
+            torch.set_num_threads(cfg.train.threads)
+        precision = cfg.train.precision
+        if precision == "auto":
+            precision = "bf16" if self.device.type == "cuda" else "fp32"
+        self.precision = precision
+        self._preflight()
+
+    # ---------------------------------------------------------------- set-up
+    def _preflight(self) -> None:
+        cfg, dist = self.cfg, self.dist
+        check_output_dir(cfg.output_dir)
+        self.resume_dir = resolve_resume(cfg)
+        if self.resume_dir is not None:
+            try:
+                ckpt.verify(self.resume_dir, hashes=cfg.checkpoint.verify and dist.main)
+            except ckpt.CheckpointError as e:
+                raise ConfigError(f"cannot resume: {e}") from None
+        self.tokenizer = load_tokenizer(cfg)
+        self.model_config = model_config_for(cfg, self.tokenizer)
+        mc = self.model_config
+        if cfg.data.seq_len > mc.max_position_embeddings:
+            raise ConfigError(f"data.seq_len ({cfg.data.seq_len}) is larger than the model allows "
+                              f"(max_position_embeddings = {mc.max_position_embeddings})")
+        if len(self.tokenizer) > mc.vocab_size:
+            raise ConfigError(f"the tokenizer has {len(self.tokenizer)} tokens but the model's vocab_size is "
+                              f"{mc.vocab_size}")
+        # data: building the streams and reading their first documents catches empty data
+        self.stream = build_stream(cfg, self.tokenizer, "train")
+        self.stream._fill()
+        self.stream.load_state_dict({"epoch": 0, "doc": 0, "offset": 0, "rows": 0})
+        self.eval_rows = []
+        if cfg.data.eval is not None and cfg.data.eval_sequences > 0:
+            es = build_stream(cfg, self.tokenizer, "eval")
+            self.eval_rows = eval_rows(es, cfg.data.eval_sequences)
+            if not self.eval_rows:
+                raise DataError(f"data.eval {cfg.data.eval!r} produced no sequences")
+
+    def _setup_model(self) -> None:
+        cfg, dist = self.cfg, self.dist
+        model = build_model(cfg, self.model_config, self.resume_dir)
+        if cfg.train.activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.to(self.device)
+        if dist.enabled:
+            _shard(model, dist)
+        if cfg.train.compile:
+            for layer in model.model.layers:
+                layer.compile()
+        self.model = model
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(param_groups(model, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2),
+                                           eps=o.eps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.step = 0
+        self.tokens_seen = 0
+        if self.resume_dir is not None:
+            self._load_state(self.resume_dir)
+
+    # ---------------------------------------------------------------- checkpoints
+    def _full_state(self):
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+
+        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        if self.dist.enabled:
+            msd = get_model_state_dict(self.model, options=opts)
+            osd = get_optimizer_state_dict(self.model, self.optimizer, options=opts)
+        else:
+            msd = {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+            osd = get_optimizer_state_dict(self.model, self.optimizer, options=StateDictOptions(full_state_dict=True))
+        return msd, osd
+
+    def save(self) -> Optional[Path]:
+        cfg, dist = self.cfg, self.dist
+        msd, osd = self._full_state()
+        rngs = dist.gather_object(_rng_state())
+        final = None
+        if dist.main:
+            from safetensors.torch import save_file
+
+            tmp = ckpt.begin(cfg.output_dir, self.step)
+            if getattr(self.model.config, "tie_word_embeddings", False):
+                msd.pop("lm_head.weight", None)
+            msd = {k.replace("_orig_mod.", ""): v.contiguous() for k, v in msd.items()}
+            save_file(msd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+            self.model.config.save_pretrained(str(tmp))
+            self.tokenizer.save_pretrained(str(tmp))
+            ckpt._fault("save_mid", self.step)
+            state = {
+                "step": self.step,
+                "tokens_seen": self.tokens_seen,
+                "optimizer": osd,
+                "scheduler": self.scheduler.state_dict(),
+                "rng": rngs,
+                "data": self.stream.state_dict(),
+                "world_size": dist.world,
+            }
+            torch.save(state, tmp / "trainer_state.pt")
+            (tmp / "run_config.yaml").write_text(dump_yaml(cfg))
+            final = ckpt.commit(tmp, cfg.output_dir, self.step, cfg.checkpoint.keep_last)
+        dist.barrier()
+        return final
+
+    def _load_state(self, path: Path) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        st = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+        set_optimizer_state_dict(self.model, self.optimizer, st["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True))
+        self.scheduler.load_state_dict(st["scheduler"])
+        self.stream.load_state_dict(st["data"])
+        self.step, self.tokens_seen = st["step"], st["tokens_seen"]
+        rngs = st["rng"]
+        _set_rng_state(rngs[self.dist.rank] if len(rngs) == self.dist.world else rngs[0])
+
+    # ---------------------------------------------------------------- steps
+    def _autocast(self):
+        if self.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _forward_sum(self, batch: PackedBatch) -> tuple[torch.Tensor, int]:
+        """Sum of token cross-entropies of one packed micro-batch, and how many tokens it scored."""
+        n = batch.num_targets
+        with self._autocast():
+            if n == 0:  # keep collectives in step: run the model, contribute nothing
+                out = self.model(input_ids=batch.input_ids, cu_seqlens=batch.cu_seqlens, logits_to_keep=1,
+                                 use_cache=False)
+                return out.logits.float().sum() * 0.0, 0
+            out = self.model(input_ids=batch.input_ids, labels=batch.labels, cu_seqlens=batch.cu_seqlens,
+                             use_cache=False)
+        return out.loss * n, n
+
+    def train_step(self) -> dict:
+        cfg, dist = self.cfg, self.dist
+        mb, accum = cfg.train.micro_batch_size, cfg.train.grad_accum
+        rows = self.stream.take(dist.world * accum * mb)
+        n_global = count_targets(rows)
+        mine = rows[dist.rank * accum * mb:(dist.rank + 1) * accum * mb]
+        self.model.train()
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        for a in range(accum):
+            batch = collate(mine[a * mb:(a + 1) * mb]).to(self.device)
+            if dist.enabled:
+                self.model.set_requires_gradient_sync(a == accum - 1)
+            ce_sum, _ = self._forward_sum(batch)
+            # FSDP averages gradients over processes: scale so the result is sum / n_global
+            (ce_sum * (dist.world / max(n_global, 1))).backward()
+            loss_sum += ce_sum.detach().double().cpu()
+        loss_sum = dist.all_reduce_sum(loss_sum)
+        grad_norm = None
+        if cfg.optim.grad_clip > 0:
+            gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
+            if hasattr(gn, "full_tensor"):
+                gn = gn.full_tensor()
+            grad_norm = float(gn)
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        n_tok = sum(len(r.input_ids) for r in rows)
+        self.tokens_seen += n_tok
+        flops = sum(train_flops(self.model_config, collate([r]).seg_lens, count_targets([r])) for r in rows)
+        return {"loss": float(loss_sum) / max(n_global, 1), "lr": lr, "grad_norm": grad_norm,
+                "step_tokens": n_tok, "step_targets": n_global, "step_flops": flops}
+
+    @torch.no_grad()
+    def evaluate(self) -> Optional[float]:
+        if not self.eval_rows:
+            return None
+        cfg, dist = self.cfg, self.dist
+        mb = cfg.train.micro_batch_size
+        rows = self.eval_rows
+        mine = rows[dist.rank::dist.world]
+        n_batches = math.ceil(math.ceil(len(rows) / dist.world) / mb)
+        self.model.eval()
+        tot = torch.zeros(2, dtype=torch.float64)
+        for i in range(n_batches):
+            part = mine[i * mb:(i + 1) * mb]
+            weight = 1.0 if part else 0.0
+            batch = collate(part or rows[:1]).to(self.device)
+            ce_sum, n = self._forward_sum(batch)
+            tot += torch.tensor([float(ce_sum) * weight, n * weight], dtype=torch.float64)
+        tot = dist.all_reduce_sum(tot)
+        self.model.train()
+        return float(tot[0] / tot[1].clamp(min=1))
+
+    # ---------------------------------------------------------------- loop
+    def run(self) -> dict:
+        cfg, dist = self.cfg, self.dist
+        self._setup_model()
+        logger = MetricsLogger(cfg.output_dir, enabled=dist.main, tensorboard=cfg.train.tensorboard)
+        if dist.main:
+            (Path(cfg.output_dir) / "run_config.yaml").write_text(dump_yaml(cfg))
+        peak = cfg.train.peak_tflops * 1e12 if cfg.train.peak_tflops else detect_peak_flops(self.device, self.precision)
+        n_params = sum(p.numel() for p in self.model.parameters())
+        if dist.main:
+            what = f"resumed from {self.resume_dir} at step {self.step}" if self.resume_dir else "fresh start"
+            print(f"[orthros train] mode={cfg.mode} arch={cfg.model.architecture} "
+                  f"(attention_mode={self.model_config.attention_mode}) params={n_params/1e6:.2f}M "
+                  f"world={dist.world} device={self.device} precision={self.precision} "
+                  f"global_batch={dist.world * cfg.train.grad_accum * cfg.train.micro_batch_size}x{cfg.data.seq_len} "
+                  f"tokens; {what}", file=sys.stderr, flush=True)
+        bar = None
+        if dist.main and cfg.train.progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=cfg.train.max_steps, initial=self.step, desc=f"{cfg.mode}/{cfg.model.architecture}",
+                       dynamic_ncols=True, file=sys.stderr)
+        last_loss, eval_loss = None, None
+        last_saved = self.step if self.resume_dir else None
+        t_window, tok_window, flop_window = time.perf_counter(), 0, 0.0
+        try:
+            while self.step < cfg.train.max_steps:
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize()
+                m = self.train_step()
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize()
+                last_loss = m["loss"]
+                if not math.isfinite(last_loss):
+                    raise FloatingPointError(f"loss is {last_loss} at step {self.step}; lower optim.lr or check data")
+                tok_window += m["step_tokens"]
+                flop_window += m["step_flops"]
+                now = time.perf_counter()
+                dt = max(now - t_window, 1e-9)
+                tps = tok_window / dt
+                mfu = flop_window / dt / (peak * dist.world) if peak else None
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{last_loss:.4f}", tok_s=f"{tps:,.0f}",
+                                    mfu=f"{100 * mfu:.1f}%" if mfu is not None else "n/a")
+                if self.step % cfg.train.log_every == 0 or self.step == cfg.train.max_steps:
+                    logger.log({"kind": "train", "step": self.step, "loss": last_loss, "lr": m["lr"],
+                                "grad_norm": m["grad_norm"], "tokens": self.tokens_seen, "tokens_per_s": tps,
+                                "mfu": mfu, "targets": m["step_targets"]})
+                    t_window, tok_window, flop_window = time.perf_counter(), 0, 0.0
+                if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < cfg.train.max_steps:
+                    eval_loss = self.evaluate()
+                    if eval_loss is not None:
+                        logger.log({"kind": "eval", "step": self.step, "eval_loss": eval_loss, "tokens": self.tokens_seen})
+                        if bar is not None:
+                            bar.write(f"step {self.step}: eval_loss {eval_loss:.4f}")
+                if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
+                    self.save()
+                    last_saved = self.step
+                ckpt._fault("after_step", self.step)
+            if self.eval_rows:
+                eval_loss = self.evaluate()
+                logger.log({"kind": "eval", "step": self.step, "eval_loss": eval_loss, "tokens": self.tokens_seen})
+            if last_saved != self.step:
+                self.save()
+        finally:
+            if bar is not None:
+                bar.close()
+            logger.close()
+        summary = {"step": self.step, "loss": last_loss, "eval_loss": eval_loss, "tokens": self.tokens_seen,
+                   "output_dir": cfg.output_dir, "checkpoint": str(ckpt.latest_checkpoint(cfg.output_dir))}
+        if dist.main:
+            print(f"[orthros train] done: {summary}", file=sys.stderr, flush=True)
+        return summary
+
+
+def train(cfg: RunConfig) -> dict:
+    """Run one training job described by ``cfg``; returns a summary dict (on every process)."""
+    trainer = Trainer(cfg)
+    try:
+        return trainer.run()
+    finally:
+        trainer.dist.close()
