@@ -260,12 +260,36 @@ def sweep():
     td.DECODE_CONFIG.update(keep)
 
 
+def compare_fused(Ts):
+    """Window-stream fwd+bwd with the backward in one launch (fused) or two."""
+    from orthros.ops.triton import attention as ta
+
+    log("\n## window stream fwd+bwd: backward dQ and dK/dV in one launch vs two")
+    log(f"{'T':>8} {'fused':>8} {'two':>8}")
+    keep = ta.FUSED_BWD
+    for T in Ts:
+        q = torch.randn(1, T, HQ, D, device=DEV, dtype=DT, requires_grad=True)
+        k = torch.randn(1, T, HKV, D, device=DEV, dtype=DT, requires_grad=True)
+        v = torch.randn(1, T, HKV, D, device=DEV, dtype=DT, requires_grad=True)
+        g = torch.randn(1, T, HQ, D, device=DEV, dtype=DT)
+        qo = q[:, :0].detach()
+        row = {}
+        for name, fused in (("fused", True), ("two", False)):
+            ta.FUSED_BWD = fused
+            row[name] = bench(lambda: torch.autograd.grad(
+                orthros_attention(q, k, v, qo, window_size=W, backend="triton")[0], (q, k, v), g))
+        log(f"{T:>8} {row['fused']:8.3f} {row['two']:8.3f}")
+        RES[f"fused_T{T}"] = row
+    ta.FUSED_BWD = keep
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--only", default="train,window,prefill,decode")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--short", action="store_true", help="a few sizes of training/window/decode only")
     a = ap.parse_args()
     import os
 
@@ -281,6 +305,12 @@ def main():
     if a.sweep:
         sweep()
     only = a.only.split(",")
+    if a.short:
+        compare_fused([2048, 8192, 32768])
+        training([2048, 8192, 16384])
+        window_stream([8192, 32768], flex_Ts={8192})
+        decode([8192, 32768])
+        only = []
     if "train" in only:
         training([2048, 8192, 16384] if a.quick else [2048, 8192, 16384, 32768, 65536])
     if "window" in only:

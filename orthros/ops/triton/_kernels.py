@@ -154,8 +154,8 @@ def _bwd_delta(O, DO, DELTA, sob, sot, soh, sdb, sdt, sdh, M, HQ,
 
 
 @triton.jit
-def _stream_bwd_dq(
-    Q, K, V, DO, DQ, LSE, DELTA, POS, DOC, DOCSTART, KVSTART,
+def _dq_block(
+    h, pid_m, b, Q, K, V, DO, DQ, LSE, DELTA, POS, DOC, DOCSTART, KVSTART,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh, sgb, sgt, sgh, spb,
     M, N, HQ, pos_offset, window, qk_scale, sm_scale,
     G, D: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -163,9 +163,6 @@ def _stream_bwd_dq(
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
     REVERSE: tl.constexpr, PREC: tl.constexpr,
 ):
-    h = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    b = tl.program_id(2)
     if REVERSE:
         pid_m = tl.cdiv(M, BLOCK_M) - 1 - pid_m
     b64 = b.to(tl.int64)
@@ -230,8 +227,8 @@ def _stream_bwd_dq(
 
 
 @triton.jit
-def _stream_bwd_dkdv(
-    Q, K, V, DO, DK, DV, LSE, DELTA, POS, QRANGE, DOC, KVSTART,
+def _dkdv_block(
+    kvh, pid_n, b, Q, K, V, DO, DK, DV, LSE, DELTA, POS, QRANGE, DOC, KVSTART,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,
     skgb, skgt, skgh, svgb, svgt, svgh, spb, srb,
     M, N, HQ, pos_offset, window, qk_scale, sm_scale,
@@ -240,9 +237,6 @@ def _stream_bwd_dkdv(
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    kvh = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    b = tl.program_id(2)
     b64 = b.to(tl.int64)
     kvh64 = kvh.to(tl.int64)
     start_n = pid_n * BLOCK_N
@@ -301,6 +295,42 @@ def _stream_bwd_dkdv(
     dk = dk * sm_scale
     tl.store(DK + b64 * skgb + kvh64 * skgh + cols[:, None] * skgt + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kmask)
     tl.store(DV + b64 * svgb + kvh64 * svgh + cols[:, None] * svgt + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kmask)
+
+
+@triton.jit
+def _stream_bwd(
+    Q, K, V, DO, DQ, DK, DV, LSE, DELTA, POS, QRANGE, DOC, DOCSTART, KVSTART,
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh, sgb, sgt, sgh,
+    skgb, skgt, skgh, svgb, svgt, svgh, spb, srb,
+    M, N, HQ, HKV, B, n_kv_progs, pos_offset, window, qk_scale, sm_scale,
+    G, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
+    POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
+    REVERSE: tl.constexpr, PREC: tl.constexpr,
+):
+    """dK/dV programs (first ``n_kv_progs``; ``BLOCK_M x BLOCK_N``) and dQ programs (the rest;
+    ``BLOCK_M2 x BLOCK_N2``) of one stream in a single launch."""
+    pid = tl.program_id(0)
+    if pid < n_kv_progs:
+        nkb = tl.cdiv(N, BLOCK_N)
+        kvh = pid % HKV
+        rest = pid // HKV
+        _dkdv_block(kvh, rest % nkb, rest // nkb,
+                    Q, K, V, DO, DK, DV, LSE, DELTA, POS, QRANGE, DOC, KVSTART,
+                    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,
+                    skgb, skgt, skgh, svgb, svgt, svgh, spb, srb,
+                    M, N, HQ, pos_offset, window, qk_scale, sm_scale,
+                    G, D, BLOCK_D, BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, PREC)
+    else:
+        pid = pid - n_kv_progs
+        nm = tl.cdiv(M, BLOCK_M2)
+        h = pid % HQ
+        rest = pid // HQ
+        _dq_block(h, rest % nm, rest // nm,
+                  Q, K, V, DO, DQ, LSE, DELTA, POS, DOC, DOCSTART, KVSTART,
+                  sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh, sgb, sgt, sgh, spb,
+                  M, N, HQ, pos_offset, window, qk_scale, sm_scale,
+                  G, D, BLOCK_D, BLOCK_M2, BLOCK_N2, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE, PREC)
 
 
 @triton.jit

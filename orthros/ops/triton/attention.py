@@ -36,6 +36,8 @@ CONFIGS = {
 }
 # Use SDPA (cuDNN first) for the all-positions full stream of fp16/bf16 inputs.
 USE_SDPA_CAUSAL = os.environ.get("ORTHROS_NO_SDPA", "0") != "1"
+# dQ and dK/dV programs of a stream's backward in one launch (fewer launches: less host overhead).
+FUSED_BWD = os.environ.get("ORTHROS_FUSED_BWD", "1") == "1"
 
 
 def _interpreting() -> bool:
@@ -63,10 +65,16 @@ def _last_contig(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+_SMS = {}
+
+
 def _num_sms(device) -> int:
     if device.type != "cuda":
         return 4
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    n = _SMS.get(device.index)
+    if n is None:
+        n = _SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return n
 
 
 class _Masks:
@@ -88,8 +96,15 @@ class _Masks:
         self.kv_start = None if kv_start is None else kv_start.to(device=device, dtype=torch.int64).contiguous()
 
 
+_DUMMIES = {}
+
+
 def _dummy(device):
-    return torch.zeros(1, dtype=torch.int64, device=device)
+    """A placeholder int64 tensor for pointer arguments a kernel variant does not read (cached: no launch)."""
+    t = _DUMMIES.get(device)
+    if t is None:
+        t = _DUMMIES[device] = torch.zeros(1, dtype=torch.int64, device=device)
+    return t
 
 
 def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allow_split=True):
@@ -186,29 +201,29 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     flags = dict(POS_PTR=pos is not None, HAS_WINDOW=bool(window), HAS_DOC=masks.doc is not None,
                  HAS_KVS=masks.kv_start is not None, PREC=_prec(q.dtype))
     qk = scale * _LOG2E
-    BM, BN, nw, ns = _cfg("bwd_dq", BD)
-    _k._stream_bwd_dq[(HQ, triton.cdiv(M, BM), B)](
-        q, k, v, do, dq, lse, delta, pos_t, doc, dst, kvs,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        dq.stride(0), dq.stride(1), dq.stride(2), spb,
-        M, N, HQ, pos_offset, window, qk, scale,
-        G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN, REVERSE=not window,
-        num_warps=nw, num_stages=ns, **flags)
+    BM2, BN2, nw2, ns2 = _cfg("bwd_dq", BD)
     BM, BN, nw, ns = _cfg("bwd_dkdv", BD)
     if pos is not None:
         qr = _query_ranges(pos, N, BN, masks)
         srb = 0 if qr.shape[0] == 1 else qr.stride(0)
     else:
         qr, srb = dd, 0
-    _k._stream_bwd_dkdv[(HKV, triton.cdiv(N, BN), B)](
-        q, k, v, do, dk, dv, lse, delta, pos_t, qr, doc, kvs,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), spb, srb,
-        M, N, HQ, pos_offset, window, qk, scale,
-        G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN,
-        num_warps=nw, num_stages=ns, **flags)
+    n_kv = HKV * triton.cdiv(N, BN) * B
+    n_q = HQ * triton.cdiv(M, BM2) * B
+    args = (q, k, v, do, dq, dk, dv, lse, delta, pos_t, qr, doc, dst, kvs,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
+            dq.stride(0), dq.stride(1), dq.stride(2),
+            dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), spb, srb,
+            M, N, HQ, HKV, B)
+    consts = dict(G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN, BLOCK_M2=BM2, BLOCK_N2=BN2,
+                  REVERSE=not window, **flags)
+    tail = (pos_offset, window, qk, scale)
+    if FUSED_BWD:  # one launch: dK/dV programs first, then dQ programs
+        _k._stream_bwd[(n_kv + n_q,)](*args, n_kv, *tail, num_warps=nw, num_stages=ns, **consts)
+    else:
+        _k._stream_bwd[(n_kv,)](*args, n_kv, *tail, num_warps=nw, num_stages=ns, **consts)
+        _k._stream_bwd[(n_q,)](*args, 0, *tail, num_warps=nw2, num_stages=ns2, **consts)
     return dq, dk, dv
 
 
