@@ -1,0 +1,153 @@
+"""``orthros bench``: inference benchmarks of paper Sections 4.5 / 4.6.
+
+    orthros bench prefill [--lengths 8192,16384,32768,65536,131072]   # Orthros vs Transformer vs HF vs floors
+    orthros bench decode  [--contexts 1024,8192,32768,131072] [--batch-sizes 1,2]
+    orthros bench e2e     [--pairs 128:128,1024:1024,8192:8192] [--batch 2] [--fit 131072:8192]
+
+Default model: the Qwen3-8B architecture with random weights (latency does not depend on the
+weight values); ``--model PATH`` benchmarks a real Orthros checkpoint. Each command prints a
+table and writes ``<out>/<command>.json`` and ``<out>/<command>.png`` (log axes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def _ints(s):
+    try:
+        vals = [int(x) for x in s.split(",") if x]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}")
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {s!r}")
+    return vals
+
+
+def _pairs(s):
+    out = []
+    for item in s.split(","):
+        try:
+            a, b = item.split(":")
+            out.append((int(a), int(b)))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected IN:OUT pairs like 128:128,1024:1024, got {s!r}")
+        if min(out[-1]) < 1:
+            raise argparse.ArgumentTypeError(f"lengths must be >= 1, got {item!r}")
+    return out
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="orthros bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="what", required=True)
+
+    def common(sp):
+        sp.add_argument("--model", default=None, help="Orthros checkpoint directory (default: random weights)")
+        sp.add_argument("--preset", default="qwen3-8b", choices=["qwen3-8b", "tiny"],
+                        help="architecture for random weights (tiny: CPU smoke runs)")
+        sp.add_argument("--device", default="cuda")
+        sp.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+        sp.add_argument("--window", type=int, default=128, help="window size of the random-weight model")
+        sp.add_argument("--out", default="bench_results", help="directory for JSON and PNG")
+        sp.add_argument("--chunk", type=int, default=16384, help="Orthros prefill chunk (tokens)")
+
+    sp = sub.add_parser("prefill", help="prefill latency vs prompt length")
+    common(sp)
+    sp.add_argument("--lengths", type=_ints, default=[8192, 16384, 32768, 65536, 131072])
+    sp.add_argument("--systems", default="orthros,orthros-floor,full,hf-sdpa,hf-floor")
+    sp.add_argument("--budget-s", type=float, default=3.0, help="seconds of repeats per point")
+
+    sp = sub.add_parser("decode", help="decode step latency vs context, vs the HBM floor")
+    common(sp)
+    sp.add_argument("--contexts", type=_ints, default=[1024, 8192, 32768, 131072])
+    sp.add_argument("--batch-sizes", type=_ints, default=[1, 2])
+    sp.add_argument("--steps", type=int, default=50)
+    sp.add_argument("--no-cuda-graphs", action="store_true")
+
+    sp = sub.add_parser("e2e", help="end-to-end generation: TTFT, E2E, throughputs (paper Table 4)")
+    common(sp)
+    sp.add_argument("--pairs", type=_pairs, default=[(128, 128), (1024, 1024), (8192, 8192)])
+    sp.add_argument("--batch", type=int, default=2)
+    sp.add_argument("--fit", type=_pairs, default=None, help="IN:OUT: check that an IN prefill + OUT decode fits")
+    sp.add_argument("--no-cuda-graphs", action="store_true")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    import os
+
+    import torch
+
+    from . import inference as I
+    from .models import hf_qwen3_like, orthros_model
+
+    dev = torch.device(args.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        print("orthros bench: no CUDA device; pass --device cpu (with --preset tiny for a smoke run)", file=sys.stderr)
+        return 2
+    if args.chunk < 1:
+        print("orthros bench: --chunk must be >= 1", file=sys.stderr)
+        return 2
+    dtype = getattr(torch, DTYPES[args.dtype])
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    model = orthros_model(args.preset, path=args.model, device=dev, dtype=dtype, window_size=args.window)
+    os.makedirs(args.out, exist_ok=True)
+    json_path, png_path = (os.path.join(args.out, f"{args.what}.{ext}") for ext in ("json", "png"))
+    meta = I.metadata(model, dev, dtype, {"preset": None if args.model else args.preset, "model_path": args.model})
+    rows = []
+
+    def checkpoint(row):  # keep partial results if a long run dies
+        rows.append(row)
+        I.save(json_path, meta, rows)
+
+    if args.what == "prefill":
+        systems = [s for s in args.systems.split(",") if s]
+        bad = [s for s in systems if s not in I.PREFILL_SYSTEMS]
+        if bad:
+            print(f"orthros bench: unknown systems {bad}; choose from {I.PREFILL_SYSTEMS}", file=sys.stderr)
+            return 2
+        meta["chunk"] = args.chunk
+        I.bench_prefill(model, args.lengths, systems=systems, chunk=args.chunk, budget_s=args.budget_s,
+                        hf_model_fn=lambda: hf_qwen3_like(model.config, device=dev, dtype=dtype), on_row=checkpoint)
+        summary = I.prefill_summary(rows)
+        I.save(json_path, meta, rows + [{"summary": summary}])
+        I.print_table(rows, ["system", "T", "ms", "n", "peak_gib", "kv_cache_gib"], "prefill (ms)")
+        cols = ["T"] + [s for s in I.PREFILL_SYSTEMS if s in systems] + \
+               [c for c in ("hf-floor/orthros", "hf-sdpa/orthros", "full/orthros", "orthros-floor/orthros")
+                if any(c in r for r in summary)]
+        I.print_table(summary, cols, "prefill summary (ratios > 1: Orthros faster)")
+        I.plot_prefill(rows, png_path, f"Prefill, {meta['device']}, {meta['dtype']}")
+    elif args.what == "decode":
+        I.bench_decode(model, args.contexts, batch_sizes=args.batch_sizes, steps=args.steps,
+                       cuda_graphs=False if args.no_cuda_graphs else None, on_row=checkpoint)
+        I.save(json_path, meta, rows)
+        I.print_table(rows, ["mode", "B", "L", "ms_per_step", "tokens_per_s", "hbm_floor_ms", "frac_of_floor",
+                             "vs_full"], "decode step")
+        I.plot_decode(rows, png_path, f"Decode, {meta['device']}, {meta['dtype']}")
+    else:
+        if args.batch < 1:
+            print("orthros bench: --batch must be >= 1", file=sys.stderr)
+            return 2
+        I.bench_e2e(model, args.pairs, batch=args.batch, chunk=args.chunk,
+                    cuda_graphs=False if args.no_cuda_graphs else None, on_row=checkpoint)
+        if args.fit:
+            for n_in, n_out in args.fit:
+                fit = I.fit_check(model, n_in, n_out, chunk=args.chunk)
+                rows.append({"fit": fit})
+                I.print_table([fit], list(fit), "fit check")
+        I.save(json_path, meta, rows)
+        I.print_table([r for r in rows if "mode" in r], ["mode", "batch", "in", "out", "ttft_s", "e2e_s",
+                                                         "output_tok_s", "decode_tok_s"], "end-to-end")
+        I.plot_e2e([r for r in rows if "mode" in r], png_path, f"End-to-end, batch {args.batch}, {meta['device']}")
+    print(f"\nwrote {json_path} and {png_path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

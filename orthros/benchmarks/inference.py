@@ -1,0 +1,423 @@
+"""Inference benchmarks (paper Sections 4.5, 4.6): prefill latency vs. prompt length, decode
+step latency vs. context, and end-to-end generation (TTFT, E2E latency, throughputs).
+
+Every function returns a list of row dicts; :func:`save` writes them as JSON with the run's
+metadata, :func:`print_table` prints them and the ``plot_*`` functions draw log-axis PNGs.
+Timings: wall clock around the call, synchronised with the device; the first call of each
+point warms up and is dropped, unless it alone exceeds the time budget (then it is the sample,
+``n = 1``).
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from ..engine import Engine, SamplingParams
+from .models import register_noattn, weight_bytes_per_step
+
+PREFILL_SYSTEMS = ("orthros", "orthros-floor", "full", "hf-sdpa", "hf-floor")
+SYSTEM_LABELS = {
+    "orthros": "Orthros (engine)",
+    "orthros-floor": "no-attention floor (engine)",
+    "full": "Transformer (engine, SDPA)",
+    "hf-sdpa": "HF Qwen3 (sdpa)",
+    "hf-floor": "no-attention floor (HF)",
+}
+
+
+# ------------------------------------------------------------------ helpers
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn: Callable, device) -> float:
+    """Seconds of one call, device-synchronised."""
+    _sync(device)
+    t = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t
+
+
+def measure(fn: Callable, device, *, budget_s: float = 3.0, max_reps: int = 10) -> Dict:
+    """Median milliseconds of ``fn`` (see the module docstring for warm-up) and peak memory."""
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    first = time_call(fn, device)
+    if first > budget_s:
+        times = [first]
+    else:
+        times = []
+        while len(times) < max(1, max_reps) and (not times or sum(times) + times[-1] < budget_s):
+            times.append(time_call(fn, device))
+    out = {"ms": 1000 * statistics.median(times), "n": len(times)}
+    if cuda:
+        out["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+    return out
+
+
+def _free(device):
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _progress(total, desc):
+    try:
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=desc, leave=True)
+    except ImportError:  # pragma: no cover
+        class _P:
+            def update(self, n=1): pass
+            def set_postfix_str(self, s): pass
+            def close(self): pass
+        return _P()
+
+
+def metadata(model, device, dtype, extra=None) -> Dict:
+    commit = os.environ.get("ORTHROS_COMMIT")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    cwd=os.path.dirname(__file__), timeout=10).stdout.strip() or None
+        except Exception:
+            commit = None
+    dev = torch.device(device)
+    meta = {
+        "date": datetime.date.today().isoformat(),
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "commit": commit,
+        "dtype": str(dtype).replace("torch.", ""),
+        "model": {k: getattr(model.config, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                                         "num_attention_heads", "num_key_value_heads", "head_dim",
+                                                         "vocab_size", "window_size")},
+        "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
+    }
+    for mod in ("transformers", "triton"):
+        try:
+            meta[mod] = __import__(mod).__version__
+        except ImportError:
+            meta[mod] = None
+    meta.update(extra or {})
+    return meta
+
+
+def save(path, meta, rows):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
+def print_table(rows: List[Dict], cols: Sequence[str], title: str = ""):
+    if title:
+        print(f"\n{title}")
+    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
+    cells = [[fmt(r.get(c, "")) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(x[i]) for x in cells)) if cells else len(c) for i, c in enumerate(cols)]
+    print("  ".join(c.rjust(w) for c, w in zip(cols, widths)))
+    for x in cells:
+        print("  ".join(v.rjust(w) for v, w in zip(x, widths)))
+
+
+# ------------------------------------------------------------------ prefill
+def bench_prefill(model, lengths: Sequence[int], *, systems: Sequence[str] = PREFILL_SYSTEMS,
+                  chunk: Optional[int] = 16384, hf_model_fn: Optional[Callable] = None, budget_s: float = 3.0,
+                  batch: int = 1, on_row: Optional[Callable] = None) -> List[Dict]:
+    """Prefill latency (prompt in, first-token logits out) per system and prompt length.
+
+    ``orthros`` and ``orthros-floor`` use ``chunk``; the engine's Transformer (``full``) runs
+    the prompt unchunked so its attention is one causal SDPA call (the fastest backend);
+    ``hf-*`` call HF transformers' model with ``logits_to_keep=1``, ``use_cache=False``."""
+    for s in systems:
+        if s not in PREFILL_SYSTEMS:
+            raise ValueError(f"unknown prefill system {s!r}; choose from {PREFILL_SYSTEMS}")
+    device = next(model.parameters()).device
+    V = model.config.vocab_size
+    Lmax = max(lengths)
+    rows = []
+    bar = _progress(len(lengths) * len(systems), "prefill")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    ids = {T: torch.randint(0, V, (batch, T), generator=gen).to(device) for T in lengths}
+
+    def record(system, T, res):
+        row = {"system": system, "T": T, "batch": batch, **res}
+        rows.append(row)
+        if on_row:
+            on_row(row)
+        bar.set_postfix_str(f"{system} T={T}: {res.get('ms', float('nan')):.1f} ms")
+        bar.update(1)
+
+    for system in [s for s in systems if not s.startswith("hf")]:
+        mode = "full" if system == "full" else "orthros"
+        eng = Engine(model, max_batch_size=batch, max_seq_len=Lmax, cuda_graphs=False, attention_mode=mode,
+                     prefill_chunk=None if system == "full" else chunk, attention_floor=system.endswith("floor"))
+        for T in lengths:
+            def run():
+                eng.reset()
+                eng.prefill(ids[T])
+            try:
+                res = measure(run, device, budget_s=budget_s)
+                res["kv_cache_gib"] = T * batch * eng.cache.bytes_per_token() / 2**30
+            except torch.cuda.OutOfMemoryError:
+                res = {"ms": float("nan"), "error": "out of memory"}
+            record(system, T, res)
+            _free(device)
+        del eng
+        _free(device)
+
+    hf_systems = [s for s in systems if s.startswith("hf")]
+    if hf_systems:
+        if hf_model_fn is None:
+            raise ValueError("hf-* systems need hf_model_fn")
+        noattn = register_noattn()
+        hf = hf_model_fn()
+        for system in hf_systems:
+            hf.set_attn_implementation("sdpa" if system == "hf-sdpa" else noattn)
+            for T in lengths:
+                def run():
+                    with torch.no_grad():
+                        hf(input_ids=ids[T], use_cache=False, logits_to_keep=1)
+                try:
+                    res = measure(run, device, budget_s=budget_s)
+                except torch.cuda.OutOfMemoryError:
+                    res = {"ms": float("nan"), "error": "out of memory"}
+                record(system, T, res)
+                _free(device)
+        del hf
+        _free(device)
+    bar.close()
+    return rows
+
+
+def prefill_summary(rows) -> List[Dict]:
+    """One row per length: each system's ms and the ratios the targets are stated in."""
+    by = {}
+    for r in rows:
+        by.setdefault(r["T"], {})[r["system"]] = r.get("ms")
+    out = []
+    for T in sorted(by):
+        d = by[T]
+        row = {"T": T, **{s: d[s] for s in PREFILL_SYSTEMS if s in d}}
+        o = d.get("orthros")
+        for base in ("hf-floor", "hf-sdpa", "full", "orthros-floor"):
+            if o and d.get(base):
+                row[f"{base}/orthros"] = d[base] / o
+        out.append(row)
+    return out
+
+
+# ------------------------------------------------------------------- decode
+def copy_bandwidth(device, nbytes: int = 2**30) -> float:
+    """Measured device-to-device copy bandwidth (bytes read + written per second)."""
+    x = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=device)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    ts = [time_call(lambda: y.copy_(x), device) for _ in range(10)]
+    del x, y
+    return 2 * nbytes / statistics.median(ts)
+
+
+def bench_decode(model, contexts: Sequence[int], *, batch_sizes: Sequence[int] = (1, 2),
+                 modes: Sequence[str] = ("orthros", "full"), steps: int = 50, warmup: int = 5,
+                 cuda_graphs: Optional[bool] = None, on_row: Optional[Callable] = None) -> List[Dict]:
+    """Per-step decode latency at context ``L`` (cache filled by :meth:`Engine.fake_fill`:
+    latency does not depend on the cached values), and the HBM floor of that step:
+    ``(weight bytes + B * L * KV bytes per token) / measured copy bandwidth``."""
+    device = next(model.parameters()).device
+    cuda = device.type == "cuda"
+    bw = copy_bandwidth(device) if cuda else None
+    wbytes = weight_bytes_per_step(model)
+    rows = []
+    bar = _progress(len(modes) * len(batch_sizes) * len(contexts), "decode")
+    for mode in modes:
+        eng = Engine(model, max_batch_size=max(batch_sizes), max_seq_len=max(contexts) + steps + warmup + 2,
+                     attention_mode=mode, cuda_graphs=cuda_graphs)
+        kvtok = eng.cache.bytes_per_token()
+        for B in batch_sizes:
+            for L in contexts:
+                eng.fake_fill([L] * B)
+                toks = torch.ones(B, dtype=torch.long, device=device)
+                for _ in range(warmup):
+                    eng.step(toks)
+                eng.fake_fill([L] * B)
+                dt = time_call(lambda: [eng.step(toks) for _ in range(steps)], device)
+                ms = 1000 * dt / steps
+                row = {"mode": mode, "B": B, "L": L, "ms_per_step": ms, "tokens_per_s": B / (dt / steps)}
+                if bw:
+                    floor_ms = 1000 * (wbytes + B * L * kvtok) / bw
+                    row.update(hbm_floor_ms=floor_ms, frac_of_floor=floor_ms / ms)
+                rows.append(row)
+                if on_row:
+                    on_row(row)
+                bar.set_postfix_str(f"{mode} B={B} L={L}: {ms:.2f} ms")
+                bar.update(1)
+        del eng
+        _free(device)
+    bar.close()
+    for r in rows:  # Orthros' token pair vs the Transformer's single token, same engine
+        base = next((x for x in rows if x["mode"] == "full" and x["B"] == r["B"] and x["L"] == r["L"]), None)
+        if r["mode"] == "orthros" and base:
+            r["vs_full"] = r["ms_per_step"] / base["ms_per_step"]
+    if bw:
+        for r in rows:
+            r["copy_bw_tb_s"] = bw / 1e12
+    return rows
+
+
+# ---------------------------------------------------------------------- e2e
+def bench_e2e(model, pairs: Sequence[tuple], *, batch: int = 2, modes: Sequence[str] = ("orthros", "full"),
+              chunk: Optional[int] = 16384, cuda_graphs: Optional[bool] = None,
+              on_row: Optional[Callable] = None) -> List[Dict]:
+    """Paper Table 4: batch ``batch``, (input, output) lengths; greedy, no EOS. TTFT = prefill
+    + first token on the host; decode-only throughput = ``B * (out - 1) / (E2E - TTFT)``."""
+    device = next(model.parameters()).device
+    V = model.config.vocab_size
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    rows = []
+    bar = _progress(len(modes) * len(pairs), "e2e")
+    for mode in modes:
+        eng = Engine(model, max_batch_size=batch, max_seq_len=max(i + o for i, o in pairs), attention_mode=mode,
+                     prefill_chunk=None if mode == "full" else chunk, cuda_graphs=cuda_graphs)
+        eng.generate(torch.randint(0, V, (batch, 16), generator=gen).tolist(), 4)  # warm-up, graph capture
+        for n_in, n_out in pairs:
+            prompts = torch.randint(0, V, (batch, n_in), generator=gen).tolist()
+            eng.reset()
+            _sync(device)
+            t0 = time.perf_counter()
+            it = eng.stream(prompts, n_out, SamplingParams())
+            next(it)
+            ttft = time.perf_counter() - t0
+            n = 1 + sum(1 for _ in it)
+            e2e = time.perf_counter() - t0
+            row = {"mode": mode, "batch": batch, "in": n_in, "out": n_out, "ttft_s": ttft, "e2e_s": e2e,
+                   "output_tok_s": batch * n / e2e,
+                   "decode_tok_s": batch * (n - 1) / (e2e - ttft) if n > 1 else float("nan")}
+            rows.append(row)
+            if on_row:
+                on_row(row)
+            bar.set_postfix_str(f"{mode} {n_in}/{n_out}: {e2e:.2f} s")
+            bar.update(1)
+        del eng
+        _free(device)
+    bar.close()
+    return rows
+
+
+def fit_check(model, n_in: int, n_out: int, *, chunk: int = 16384, steps: int = 32) -> Dict:
+    """Does an ``n_in`` prefill plus ``n_out`` decode fit (batch 1)? The static cache is sized
+    for ``n_in + n_out`` up front, so memory after ``steps`` decode steps is the run's peak."""
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        _free(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    eng = Engine(model, max_batch_size=1, max_seq_len=n_in + n_out, prefill_chunk=chunk)
+    ids = torch.randint(0, model.config.vocab_size, (1, n_in), device=device)
+    t = time.perf_counter()
+    toks = eng.generate(ids, min(steps, n_out))
+    dt = time.perf_counter() - t
+    row = {"in": n_in, "out_capacity": n_out, "decoded": len(toks[0]), "seconds": dt,
+           "kv_cache_gib": eng.cache.nbytes / 2**30,
+           "weights_gib": sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30}
+    if device.type == "cuda":
+        row["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
+        row["device_gib"] = torch.cuda.get_device_properties(device).total_memory / 2**30
+        row["activation_gib"] = row["peak_gib"] - row["kv_cache_gib"] - row["weights_gib"]
+    del eng
+    _free(device)
+    return row
+
+
+# -------------------------------------------------------------------- plots
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_prefill(rows, path, title="Prefill latency"):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for s in PREFILL_SYSTEMS:
+        pts = sorted((r["T"], r["ms"]) for r in rows if r["system"] == s and r.get("ms") == r.get("ms"))
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=SYSTEM_LABELS[s],
+                    linestyle="--" if "floor" in s else "-")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("prompt length (tokens)")
+    ax.set_ylabel("prefill latency (ms)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_decode(rows, path, title="Decode step latency"):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for mode in sorted({r["mode"] for r in rows}):
+        for B in sorted({r["B"] for r in rows}):
+            pts = sorted((r["L"], r["ms_per_step"]) for r in rows if r["mode"] == mode and r["B"] == B)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                        label=f"{'Orthros (token pair)' if mode == 'orthros' else 'Transformer'} B={B}")
+    floor = sorted({(r["L"], r["B"], r["hbm_floor_ms"]) for r in rows if "hbm_floor_ms" in r})
+    for B in sorted({f[1] for f in floor}):
+        pts = [(f[0], f[2]) for f in floor if f[1] == B]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle=":", color="gray",
+                label=f"HBM floor B={B}" if B == min(f[1] for f in floor) else None)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("ms per decode step")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_e2e(rows, path, title="End-to-end generation"):
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    for ax, key, lab in ((axes[0], "ttft_s", "time to first token (s)"), (axes[1], "e2e_s", "end-to-end latency (s)")):
+        for mode in sorted({r["mode"] for r in rows}):
+            pts = sorted((r["in"], r[key], r["out"]) for r in rows if r["mode"] == mode)
+            ax.plot(range(len(pts)), [p[1] for p in pts], marker="o",
+                    label="Orthros" if mode == "orthros" else "Transformer (same engine)")
+            ax.set_xticks(range(len(pts)), [f"{p[0]}/{p[2]}" for p in pts])
+        ax.set_yscale("log")
+        ax.set_xlabel("input / output tokens")
+        ax.set_ylabel(lab)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+__all__ = ["bench_prefill", "bench_decode", "bench_e2e", "fit_check", "prefill_summary", "copy_bandwidth",
+           "measure", "metadata", "save", "print_table", "plot_prefill", "plot_decode", "plot_e2e",
+           "PREFILL_SYSTEMS"]
