@@ -6,6 +6,7 @@
 from .layers import OrthrosAttention
 from .models import OrthrosCache, OrthrosConfig, OrthrosForCausalLM, OrthrosModel
 from .ops import orthros_attention
+from .conversion import convert_from_hf
 
 __version__ = "0.1.0"
 
@@ -16,4 +17,5 @@ __all__ = [
     "OrthrosModel",
     "OrthrosForCausalLM",
     "OrthrosCache",
+    "convert_from_hf",
 ]

@@ -1,0 +1,485 @@
+"""Convert Llama / Qwen2 / Qwen3 / Mistral checkpoints to Orthros (paper Section 4.3).
+
+The Orthros model keeps every weight of the source Transformer (embeddings, W_Q/W_K/W_V/W_O,
+biases, q/k norms, MLPs, norms, LM head) and adds, per layer, the query transforms
+alpha, beta (base stream) and alpha', beta' (output stream), initialised to 1, 0, 1, 0. The
+converted model therefore starts as the source model seen through a window: identical
+logits for sequences of at most ``window_size`` tokens, degraded beyond until trained.
+
+Two entry points:
+
+* :func:`convert_checkpoint` (``orthros convert``): directory to directory, streaming one
+  tensor at a time, shard by shard, into a temporary directory next to the destination that
+  is renamed into place only when complete.
+* :func:`convert_from_hf`: an in-memory HF model or a local HF directory to an in-memory
+  :class:`OrthrosForCausalLM`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..models import OrthrosConfig, OrthrosForCausalLM
+from .architectures import (
+    SUPPORTED_ARCHITECTURES,
+    UnsupportedModelError,
+    architecture_of,
+    check_supported,
+    droppable_reason,
+    orthros_config_from,
+)
+from .safetensors_io import StreamingWriter, TensorReader, read_header
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+REPORT_FILE = "conversion_report.json"
+_NEW_PARAMS = {"alpha": 1.0, "beta": 0.0, "alpha_out": 1.0, "beta_out": 0.0}
+_NEW_RE = re.compile(r"^model\.layers\.(\d+)\.self_attn\.(alpha|beta|alpha_out|beta_out)$")
+# files of a source directory that are never copied to the result (weights and what describes them)
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx", ".npz")
+_NOT_COPIED = {"config.json", INDEX_FILE, "pytorch_model.bin.index.json", REPORT_FILE}
+DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
+          "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
+
+
+# ----------------------------------------------------------------------------------------- checks
+def _check_window(window_size):
+    if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
+        raise ValueError(f"window_size must be an integer >= 1, got {window_size!r}")
+
+
+def resolve_dtype(dtype):
+    """``None`` (keep the source's), a ``torch.dtype`` or one of ``bf16 | fp16 | fp32``."""
+    if dtype is None or dtype == "auto":
+        return None
+    if isinstance(dtype, torch.dtype) and dtype in (torch.bfloat16, torch.float16, torch.float32):
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in DTYPES:
+        return DTYPES[dtype.lower()]
+    raise ValueError(f"dtype must be None or one of bf16, fp16, fp32 (or the torch dtypes), got {dtype!r}")
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+# ------------------------------------------------------------------------------------- the plan
+@dataclass
+class Plan:
+    """Where every source tensor goes. Built (and checked) before anything is written."""
+
+    config: OrthrosConfig
+    architecture: str
+    notes: list
+    mapped: dict = field(default_factory=dict)  # source name -> Orthros name
+    dropped: dict = field(default_factory=dict)  # source name -> reason
+    added: dict = field(default_factory=dict)  # Orthros name -> (init value, shape, source name it sits beside)
+    out_dtype: torch.dtype | None = None  # None: keep each tensor's source dtype
+
+    def cast(self, dtype: torch.dtype) -> torch.dtype:
+        return self.out_dtype if (self.out_dtype is not None and dtype.is_floating_point) else dtype
+
+
+def expected_tensors(config: OrthrosConfig) -> dict:
+    """``{name: shape}`` of an Orthros checkpoint for ``config`` (the model built on the meta device)."""
+    with torch.device("meta"):
+        model = OrthrosForCausalLM(config)
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        shapes.pop("lm_head.weight", None)
+    return shapes
+
+
+def make_plan(src_config, arch: str, src_shapes: dict, *, window_size: int, scale_offset: bool,
+              out_dtype, config_dtype) -> Plan:
+    """Map every source tensor (``src_shapes``: name -> shape) or refuse, listing every reason."""
+    check_supported(arch)
+    config, notes = orthros_config_from(src_config, arch, window_size=window_size, scale_offset=scale_offset,
+                                        dtype=out_dtype or config_dtype)
+    plan = Plan(config, arch, notes, out_dtype=out_dtype)
+    expected = expected_tensors(config)
+    problems = []
+    for name, shape in src_shapes.items():
+        shape = tuple(shape)
+        if name in expected and not _NEW_RE.match(name):
+            if expected[name] != shape:
+                problems.append(f"{name}: shape {list(shape)} but the Orthros model expects {list(expected[name])}")
+            else:
+                plan.mapped[name] = name
+        elif name == "lm_head.weight" and config.tie_word_embeddings:
+            plan.dropped[name] = "tie_word_embeddings=True: the LM head is model.embed_tokens.weight (as in the source)"
+        elif (reason := droppable_reason(name)) is not None:
+            plan.dropped[name] = reason
+        else:
+            problems.append(f"{name}: no counterpart in a {arch} -> Orthros conversion (unexpected tensor)")
+    for name, shape in expected.items():
+        m = _NEW_RE.match(name)
+        if m:
+            anchor = f"model.layers.{m.group(1)}.self_attn.q_proj.weight"
+            plan.added[name] = (_NEW_PARAMS[m.group(2)], shape, anchor)
+        elif name not in plan.mapped:
+            problems.append(f"{name}: missing from the source checkpoint")
+    if problems:
+        shown = "\n  ".join(problems[:25])
+        more = f"\n  ... and {len(problems) - 25} more" if len(problems) > 25 else ""
+        raise UnsupportedModelError(f"cannot convert this {arch} checkpoint; {len(problems)} tensor problem(s):"
+                                    f"\n  {shown}{more}")
+    return plan
+
+
+# ----------------------------------------------------------------------------------- the source
+@dataclass
+class SourceCheckpoint:
+    path: Path
+    config_dict: dict
+    architecture: str
+    config: object  # transformers config
+    headers: dict  # file name -> SafetensorsHeader, in shard order
+    sharded: bool
+    extra_weight_files: list  # weight files present but not part of the checkpoint (reported, not copied)
+
+    def shapes(self) -> dict:
+        return {n: t.shape for h in self.headers.values() for n, t in h.tensors.items()}
+
+
+def _resolve_source(path) -> Path:
+    p = Path(os.fspath(path)).expanduser()
+    if p.is_dir():
+        return p
+    if p.exists():
+        raise NotADirectoryError(f"source {str(p)!r} is not a directory (expected an HF checkpoint directory)")
+    s = os.fspath(path)
+    if re.fullmatch(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+", s) and not s.startswith((".", "/", "~")):
+        try:  # a hub id; only when the hub is reachable
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(s, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt",
+                                                             "*.jinja", "*.tiktoken"]))
+        except Exception as e:  # noqa: BLE001 - any failure means "not found" for the user
+            raise FileNotFoundError(f"source {s!r} is not a local directory and could not be downloaded from "
+                                    f"the Hugging Face hub ({type(e).__name__}: {e})") from None
+    raise FileNotFoundError(f"source directory {s!r} does not exist")
+
+
+def load_source(path) -> SourceCheckpoint:
+    """Find, read and validate the source config and every safetensors header (no tensor data)."""
+    root = _resolve_source(path)
+    cfg_path = root / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"source {str(root)!r} has no config.json (not an HF model directory)")
+    try:
+        config_dict = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{cfg_path}: not valid JSON ({e})") from None
+    arch = architecture_of(config_dict)
+    check_supported(arch)
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(root)
+
+    index_path = root / INDEX_FILE
+    all_st = sorted(p.name for p in root.glob("*.safetensors"))
+    if index_path.is_file():
+        try:
+            index = json.loads(index_path.read_text())
+            weight_map = index["weight_map"]
+            assert isinstance(weight_map, dict) and weight_map
+        except (json.JSONDecodeError, KeyError, TypeError, AssertionError):
+            raise ValueError(f"{index_path}: corrupt index (expected JSON with a non-empty 'weight_map')") from None
+        files = sorted(set(weight_map.values()))
+        missing = [f for f in files if not (root / f).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index_path} names shard(s) that do not exist: {missing}")
+        sharded = True
+    elif (root / SINGLE_FILE).is_file():
+        files, weight_map, sharded = [SINGLE_FILE], None, False
+    else:
+        others = sorted(p.name for p in root.iterdir() if p.name.endswith(_WEIGHT_SUFFIXES))
+        hint = f" (found {others}; re-save the model with save_pretrained(..., safe_serialization=True))" \
+            if others else ""
+        raise FileNotFoundError(f"source {str(root)!r} has neither {SINGLE_FILE} nor {INDEX_FILE}{hint}")
+    headers = {f: read_header(root / f) for f in files}
+    if weight_map is not None:
+        seen = {}
+        for f, h in headers.items():
+            for n in h.tensors:
+                if n in seen:
+                    raise ValueError(f"tensor {n!r} is stored twice, in {seen[n]} and {f}")
+                seen[n] = f
+        if seen != weight_map:
+            bad = sorted(set(seen.items()) ^ set(weight_map.items()))[:5]
+            raise ValueError(f"{index_path} does not match the shards' contents (e.g. {bad})")
+    extra = [f for f in all_st if f not in headers]
+    return SourceCheckpoint(root, config_dict, arch, config, headers, sharded, extra)
+
+
+def _source_dtype(src: SourceCheckpoint):
+    d = src.config_dict.get("dtype") or src.config_dict.get("torch_dtype")
+    if isinstance(d, str) and hasattr(torch, d) and isinstance(getattr(torch, d), torch.dtype):
+        return getattr(torch, d)
+    for h in src.headers.values():
+        for t in h.tensors.values():
+            if t.dtype.is_floating_point:
+                return t.dtype
+    return None
+
+
+# ------------------------------------------------------------------------------- dir -> dir
+def _check_destination(src: Path, dst: Path, overwrite: bool):
+    if dst.exists():
+        if dst.is_dir() and not any(dst.iterdir()):
+            pass
+        elif not overwrite:
+            what = "directory is not empty" if dst.is_dir() else "path exists and is not a directory"
+            raise FileExistsError(f"destination {str(dst)!r}: {what}; pass --overwrite (overwrite=True) to replace it")
+    s, d = src.resolve(), dst.resolve()
+    if s == d or s in d.parents or d in s.parents:
+        raise ValueError(f"destination {str(dst)!r} must not be the source directory, inside it, or contain it")
+
+
+@contextlib.contextmanager
+def _atomic_directory(dst: Path, overwrite: bool):
+    """Yield a fresh temporary directory next to ``dst``; on success it becomes ``dst``.
+    On any error nothing is left behind (neither the temporary directory nor new parents)."""
+    dst = dst.absolute()
+    created, p = [], dst.parent
+    while not p.exists():
+        created.append(p)
+        p = p.parent
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.orthros-tmp-", dir=dst.parent))
+    try:
+        yield tmp
+        old = None
+        if dst.exists() or dst.is_symlink():
+            if dst.is_dir() and not dst.is_symlink() and not any(dst.iterdir()):
+                dst.rmdir()
+            else:  # overwrite was checked before any work
+                old = dst.parent / f".{dst.name}.orthros-old-{uuid.uuid4().hex[:8]}"
+                os.replace(dst, old)
+        os.replace(tmp, dst)
+        if old is not None:
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old)
+            else:
+                old.unlink()
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for c in created:  # innermost first
+            with contextlib.suppress(OSError):
+                c.rmdir()
+        raise
+
+
+def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrite: bool = False,
+                       scale_offset: bool = True, progress: bool = True) -> dict:
+    """Convert the HF checkpoint directory ``src`` into an Orthros checkpoint directory ``dst``.
+
+    Streams one tensor at a time (peak memory about the largest tensor, independent of model
+    size), keeps the source's sharding (same shard names, each Orthros layer's new alpha/beta
+    tensors beside that layer's ``q_proj``), copies tokenizer, generation config and other
+    non-weight files, and writes ``conversion_report.json``. Every check (arguments,
+    architecture, every header, every tensor's mapping, destination) runs before anything is
+    written; the result is assembled in a temporary directory next to ``dst`` and renamed
+    into place. Returns the report.
+    """
+    _check_window(window_size)
+    out_dtype = resolve_dtype(dtype)
+    dst = Path(os.fspath(dst)).expanduser()
+    source = load_source(src)
+    _check_destination(source.path, dst, overwrite)
+    plan = make_plan(source.config, source.architecture, source.shapes(), window_size=window_size,
+                     scale_offset=scale_offset, out_dtype=out_dtype, config_dtype=_source_dtype(source))
+    from tqdm.auto import tqdm
+
+    # which file each source tensor lives in, and which added tensors go into each file
+    file_of = {n: f for f, h in source.headers.items() for n in h.tensors}
+    added_in = {f: [] for f in source.headers}
+    for name, (_, _, anchor) in plan.added.items():
+        added_in[file_of[anchor]].append(name)
+
+    report = {
+        "orthros_version": _version(),
+        "source": str(source.path.absolute()),
+        "architecture": source.architecture,
+        "window_size": window_size,
+        "scale_offset": scale_offset,
+        "dtype": _dtype_name(plan.config.dtype) if plan.config.dtype is not None else None,
+        "notes": list(plan.notes),
+        "mapped": [], "added": [], "dropped": [], "copied_files": [], "skipped_files": [],
+    }
+    weight_map, total = {}, 0
+    with _atomic_directory(dst, overwrite) as tmp:
+        plan.config.save_pretrained(tmp)
+        for fname, header in tqdm(source.headers.items(), desc="orthros convert", unit="shard",
+                                  disable=not progress):
+            entries, jobs = [], []
+            for name, info in header.tensors.items():
+                if name in plan.dropped:
+                    report["dropped"].append({"source": name, "source_file": fname, "reason": plan.dropped[name]})
+                    continue
+                out = plan.mapped[name]
+                od = plan.cast(info.dtype)
+                entries.append((out, od, info.shape))
+                jobs.append((out, name, od))
+                report["mapped"].append({"source": name, "source_file": fname, "target": out, "target_file": fname,
+                                         "dtype": _dtype_name(od) if od == info.dtype else
+                                         f"{_dtype_name(info.dtype)} -> {_dtype_name(od)}"})
+            for name in added_in[fname]:
+                val, shape, anchor = plan.added[name]
+                od = plan.cast(header.tensors[anchor].dtype)
+                entries.append((name, od, shape))
+                jobs.append((name, None, od))
+                report["added"].append({"target": name, "target_file": fname, "init": val, "dtype": _dtype_name(od)})
+            writer = StreamingWriter(tmp / fname, entries)
+            try:
+                with TensorReader(header) as reader:
+                    for out, name, od in jobs:  # one tensor in memory at a time
+                        if name is None:
+                            t = torch.full(plan.added[out][1], plan.added[out][0], dtype=od)
+                        else:
+                            t = reader.get(name)
+                            t = t.to(od) if t.dtype != od else t
+                        writer.write(out, t)
+                        weight_map[out] = fname
+                        del t
+            except BaseException:
+                writer.abort()
+                raise
+            writer.close()
+            total += writer.nbytes
+        if source.sharded:
+            index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+            (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        for p in sorted(source.path.iterdir()):
+            if p.name in _NOT_COPIED or p.name.startswith("."):
+                continue
+            if p.name.endswith(_WEIGHT_SUFFIXES):
+                report["skipped_files"].append({"file": p.name, "reason": "weights not part of the converted checkpoint"
+                                                if p.name not in source.headers else "converted"})
+                continue
+            if not p.is_file():
+                report["skipped_files"].append({"file": p.name, "reason": "not a regular file (directories are not copied)"})
+                continue
+            shutil.copy2(p, tmp / p.name)
+            report["copied_files"].append(p.name)
+        report["skipped_files"] = [s for s in report["skipped_files"] if s["reason"] != "converted"]
+        report["summary"] = (f"{len(report['mapped'])} source tensors mapped, {len(report['dropped'])} dropped "
+                             f"(reasons given), {len(report['added'])} Orthros tensors added")
+        (tmp / REPORT_FILE).write_text(_report_json(report))
+    return report
+
+
+def _report_json(report: dict) -> str:
+    """Indented at the top level, one line per tensor / file: short enough to read."""
+    lines = []
+    for key, val in report.items():
+        if isinstance(val, list) and val:
+            items = ",\n".join("    " + json.dumps(v) for v in val)
+            lines.append(f"  {json.dumps(key)}: [\n{items}\n  ]")
+        else:
+            lines.append(f"  {json.dumps(key)}: {json.dumps(val)}")
+    return "{\n" + ",\n".join(lines) + "\n}\n"
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__
+
+
+# ---------------------------------------------------------------------------------- -> in memory
+def _no_init():
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # older transformers
+        try:
+            from transformers.modeling_utils import no_init_weights
+        except ImportError:
+            return contextlib.nullcontext()
+    return no_init_weights()
+
+
+def _build_model(plan: Plan, dtype) -> OrthrosForCausalLM:
+    with _no_init():
+        model = OrthrosForCausalLM._from_config(plan.config, dtype=dtype)
+    return model
+
+
+@torch.no_grad()
+def _finish_model(model: OrthrosForCausalLM, plan: Plan, loaded: set) -> OrthrosForCausalLM:
+    sd = model.state_dict()
+    for name, (val, _, _) in plan.added.items():
+        sd[name].fill_(val)
+        loaded.add(name)
+    if plan.config.tie_word_embeddings:
+        model.tie_weights()
+        loaded.add("lm_head.weight")
+    missing = sorted(set(sd) - loaded)
+    if missing:  # make_plan guarantees this cannot happen; never return uninitialised weights
+        raise RuntimeError(f"internal error: Orthros tensors left unset after conversion: {missing[:10]}")
+    return model.eval()
+
+
+def convert_from_hf(model_or_path, *, window_size: int = 128, scale_offset: bool = True,
+                    dtype=None) -> OrthrosForCausalLM:
+    """An :class:`OrthrosForCausalLM` with the weights of a Llama / Qwen2 / Qwen3 / Mistral model.
+
+    ``model_or_path``: an in-memory ``*ForCausalLM`` model of a supported architecture, or a
+    local HF checkpoint directory (safetensors), or a hub id when the hub is reachable.
+    ``window_size``: the base stream's sliding window (the query's own position included).
+    ``scale_offset``: add the learnable alpha, beta, alpha', beta' (initialised 1, 0, 1, 0).
+    ``dtype``: ``None`` keeps the source's dtype; else ``bf16 | fp16 | fp32`` or a torch dtype.
+
+    With alpha = alpha' = 1, beta = beta' = 0, the result computes exactly what the source
+    computes on sequences of at most ``window_size`` tokens.
+    """
+    _check_window(window_size)
+    out_dtype = resolve_dtype(dtype)
+    if isinstance(model_or_path, torch.nn.Module):
+        src_model = model_or_path
+        arch = type(src_model).__name__
+        check_supported(arch)
+        state = src_model.state_dict()
+        src_dtype = next((t.dtype for t in state.values() if t.dtype.is_floating_point), torch.float32)
+        plan = make_plan(src_model.config, arch, {k: v.shape for k, v in state.items()}, window_size=window_size,
+                         scale_offset=scale_offset, out_dtype=out_dtype, config_dtype=src_dtype)
+        model = _build_model(plan, out_dtype or src_dtype)
+        sd, loaded = model.state_dict(), set()
+        with torch.no_grad():
+            for name, out in plan.mapped.items():
+                sd[out].copy_(state[name])
+                loaded.add(out)
+        return _finish_model(model, plan, loaded)
+    if not isinstance(model_or_path, (str, os.PathLike)):
+        raise TypeError(f"model_or_path must be a transformers model ({', '.join(SUPPORTED_ARCHITECTURES)}) or a "
+                        f"checkpoint directory, got {type(model_or_path).__name__}")
+    source = load_source(model_or_path)
+    src_dtype = _source_dtype(source) or torch.float32
+    plan = make_plan(source.config, source.architecture, source.shapes(), window_size=window_size,
+                     scale_offset=scale_offset, out_dtype=out_dtype, config_dtype=src_dtype)
+    model = _build_model(plan, out_dtype or src_dtype)
+    sd, loaded = model.state_dict(), set()
+    with torch.no_grad():
+        for header in source.headers.values():  # shard by shard, one tensor at a time
+            with TensorReader(header) as reader:
+                for name in header.tensors:
+                    if name in plan.mapped:
+                        out = plan.mapped[name]
+                        sd[out].copy_(reader.get(name))
+                        loaded.add(out)
+    return _finish_model(model, plan, loaded)
+
+
+__all__ = ["convert_from_hf", "convert_checkpoint", "load_source", "make_plan", "resolve_dtype", "Plan",
+           "SUPPORTED_ARCHITECTURES"]

@@ -1,0 +1,395 @@
+"""Conversion of Llama / Qwen2 / Qwen3 / Mistral checkpoints to Orthros (paper Section 4.3, issue 3).
+
+Backbone: with alpha = alpha' = 1, beta = beta' = 0 the converted model computes exactly what
+the source computes for T <= window, and differs beyond it. Each tiny source model has
+randomised weights (non-trivial norms, biases and q/k norms), is saved with
+``save_pretrained`` (sharded) and goes through the real loading code.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+import orthros
+from orthros import OrthrosForCausalLM, convert_from_hf
+from orthros.conversion import SUPPORTED_ARCHITECTURES, SafetensorsError, UnsupportedModelError, convert_checkpoint
+from orthros.conversion.cli import main as convert_main
+
+W = 16  # window used throughout
+VOCAB = 101
+TOKENIZER = Path(orthros.__file__).parent / "data" / "tokenizer" / "tokenizer.json"
+_COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=2)
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8}
+
+ARCHS = {
+    # Llama 3.1 rope scaling (short original context so the scaling touches several frequencies),
+    # attention_bias (q/k/v/o) and mlp_bias on
+    "llama": lambda: LlamaForCausalLM(LlamaConfig(**_COMMON, attention_bias=True, mlp_bias=True,
+                                                  rope_parameters=LLAMA3_ROPE)),
+    # q/k/v bias, no o_proj bias; tied embeddings as in the small Qwen2 models
+    "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**_COMMON, tie_word_embeddings=True)),
+    # q/k RMSNorm, head_dim != hidden / heads
+    "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**_COMMON, head_dim=24, tie_word_embeddings=False)),
+    "mistral": lambda: MistralForCausalLM(MistralConfig(**_COMMON, sliding_window=None)),
+}
+
+
+def _randomise(model):
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            # norms become 1 +- 0.25, biases +- 0.25: nothing is left at its trivial init
+            p.add_(0.25 * torch.randn(p.shape, generator=g) if p.dim() == 1 else 0.05 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def _build(arch: str, path: Path, max_shard_size="60KB"):
+    torch.manual_seed(0)
+    model = _randomise(ARCHS[arch]())
+    model.config._attn_implementation = "eager"
+    model.save_pretrained(path, max_shard_size=max_shard_size)
+    PreTrainedTokenizerFast(tokenizer_file=str(TOKENIZER), eos_token="<|endoftext|>").save_pretrained(path)
+    return model
+
+
+@pytest.fixture(scope="module", params=list(ARCHS))
+def source(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(f"src_{request.param}")
+    return request.param, _build(request.param, path), path
+
+
+def _leftovers(parent: Path):
+    return sorted(p.name for p in parent.iterdir() if "orthros-tmp" in p.name or "orthros-old" in p.name)
+
+
+def _scale_offset_params(model) -> dict:
+    return {n: p for n, p in model.named_parameters() if n.rsplit(".", 1)[-1] in ("alpha", "beta", "alpha_out", "beta_out")}
+
+
+def _max_diff(a, b):
+    return (a.float() - b.float()).abs().max().item()
+
+
+# ------------------------------------------------------------------------ equivalence below the window
+def test_equivalence_cli_and_python(source, tmp_path):
+    arch, src_model, src = source
+    dst = tmp_path / "converted"
+    assert convert_main([str(src), str(dst), "--window-size", str(W), "-q"]) == 0
+    models = {
+        "cli": AutoModelForCausalLM.from_pretrained(dst).eval(),  # the Auto classes know "orthros"
+        "python(path)": convert_from_hf(src, window_size=W),
+        "python(model)": convert_from_hf(src_model, window_size=W),
+    }
+    g = torch.Generator().manual_seed(1)
+    for how, model in models.items():
+        assert isinstance(model, OrthrosForCausalLM), how
+        assert model.config.window_size == W
+        so = _scale_offset_params(model)
+        assert any(n.endswith(".alpha_out") for n in so), how
+        for name, p in so.items():
+            assert torch.equal(p, torch.ones_like(p) if ".alpha" in name else torch.zeros_like(p)), (how, name)
+        for T in (1, 7, W):
+            ids = torch.randint(0, VOCAB, (2, T), generator=g)
+            with torch.no_grad():
+                diff = _max_diff(model(ids).logits, src_model(ids).logits)
+            assert diff < 1e-4, (arch, how, T, diff)
+        ids = torch.randint(0, VOCAB, (2, 2 * W + 3), generator=g)
+        with torch.no_grad():
+            ref, out = src_model(ids).logits, model(ids).logits
+        assert _max_diff(out[:, :W], ref[:, :W]) < 1e-4, (arch, how)  # the first W positions see <= W tokens
+        assert _max_diff(out[:, W:], ref[:, W:]) > 1e-3, (arch, how)  # beyond the window: a different model
+
+    # greedy generation runs; within the window it reproduces the source's tokens exactly
+    model = models["cli"]
+    prompt = torch.randint(3, VOCAB, (1, 5), generator=g)
+    kw = dict(max_new_tokens=W - 5, do_sample=False, min_new_tokens=W - 5, pad_token_id=0)
+    assert torch.equal(model.generate(prompt, **kw), src_model.generate(prompt, **kw))
+    long = model.generate(torch.randint(3, VOCAB, (1, W + 4), generator=g), max_new_tokens=6, do_sample=False,
+                          min_new_tokens=6, pad_token_id=0)
+    assert long.shape == (1, W + 10)
+
+
+def test_checkpoint_contents(source, tmp_path):
+    arch, src_model, src = source
+    dst = tmp_path / "out"
+    report = convert_checkpoint(src, dst, window_size=W, progress=False)
+    # tokenizer and generation config copied verbatim
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (dst / name).read_bytes() == (src / name).read_bytes(), name
+    cfg = json.loads((dst / "config.json").read_text())
+    assert cfg["model_type"] == "orthros" and cfg["architectures"] == ["OrthrosForCausalLM"]
+    assert cfg["window_size"] == W and "sliding_window" not in cfg
+    expect = {"llama": (True, True, True, False), "qwen2": (True, False, False, False),
+              "qwen3": (False, False, False, True), "mistral": (False, False, False, False)}[arch]
+    assert (cfg["attention_bias"], cfg["o_proj_bias"], cfg["mlp_bias"], cfg["qk_norm"]) == expect
+    if arch == "llama":
+        assert cfg["rope_parameters"]["rope_type"] == "llama3" and cfg["rope_parameters"]["factor"] == 8.0
+    # report: every source tensor accounted for, exactly once
+    src_index = json.loads((src / "model.safetensors.index.json").read_text())["weight_map"]
+    seen = [m["source"] for m in report["mapped"]] + [d["source"] for d in report["dropped"]]
+    assert sorted(seen) == sorted(src_index)
+    assert json.loads((dst / "conversion_report.json").read_text())["summary"] == report["summary"]
+    added = {a["target"]: a["init"] for a in report["added"]}
+    expected = _scale_offset_params(OrthrosForCausalLM.from_pretrained(dst))
+    assert set(added) == set(expected) and len(added) >= 2 * src_model.config.num_hidden_layers
+    assert all(v == (1.0 if ".alpha" in k else 0.0) for k, v in added.items())
+    assert _leftovers(tmp_path) == []
+
+
+# ------------------------------------------------------------------------------ sharding and dtypes
+@pytest.mark.parametrize("dtype", [None, "bf16"])
+def test_multi_shard_roundtrip(tmp_path, dtype):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _build("llama", src, max_shard_size="40KB")
+    src_index = json.loads((src / "model.safetensors.index.json").read_text())
+    src_files = sorted(set(src_index["weight_map"].values()))
+    assert len(src_files) >= 4
+    args = [str(src), str(dst), "--window-size", "8", "-q"] + (["--dtype", dtype] if dtype else [])
+    assert convert_main(args) == 0
+    index = json.loads((dst / "model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == src_files  # sharded like the source
+    target = torch.bfloat16 if dtype else torch.float32
+    total, seen = 0, set()
+    for f in src_files:
+        a, b = load_file(src / f), load_file(dst / f)  # the real safetensors reader accepts our files
+        for name, t in b.items():
+            assert index["weight_map"][name] == f
+            assert t.dtype == target
+            total += t.numel() * t.element_size()
+            seen.add(name)
+            if name.endswith(("alpha", "alpha_out")):
+                assert torch.equal(t, torch.ones_like(t))
+                assert name.rsplit(".", 1)[0] + ".q_proj.weight" in b  # beside its layer's W_Q
+            elif name.endswith(("beta", "beta_out")):
+                assert not t.any()
+            else:
+                assert torch.equal(t, a[name].to(target)), name
+        assert set(a) <= set(b)
+    assert index["metadata"]["total_size"] == total
+    assert seen == set(index["weight_map"])
+    model = OrthrosForCausalLM.from_pretrained(dst)
+    assert model.dtype == target and model.config.window_size == 8
+
+
+def test_single_file_source_and_tied_lm_head_reported(tmp_path):
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    model = _build("qwen2", src, max_shard_size="10GB")
+    # an older-style checkpoint that also stores the tied head and a RoPE buffer
+    sd = {k: v.contiguous() for k, v in load_file(src / "model.safetensors").items()}
+    sd["lm_head.weight"] = sd["model.embed_tokens.weight"].clone()
+    sd["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+    save_file(sd, src / "model.safetensors", metadata={"format": "pt"})
+    report = convert_checkpoint(src, dst, window_size=W, progress=False)
+    assert not (dst / "model.safetensors.index.json").exists() and (dst / "model.safetensors").is_file()
+    dropped = {d["source"]: d["reason"] for d in report["dropped"]}
+    assert set(dropped) == {"lm_head.weight", "model.layers.0.self_attn.rotary_emb.inv_freq"}
+    assert "tie_word_embeddings" in dropped["lm_head.weight"] and "RoPE" in dropped[
+        "model.layers.0.self_attn.rotary_emb.inv_freq"]
+    conv = OrthrosForCausalLM.from_pretrained(dst).eval()
+    ids = torch.randint(0, VOCAB, (1, W))
+    with torch.no_grad():
+        assert _max_diff(conv(ids).logits, model(ids).logits) < 1e-4
+
+
+def test_python_dtype_and_window(tmp_path):
+    model = _randomise(ARCHS["qwen3"]())
+    conv = convert_from_hf(model, window_size=4, dtype="bf16")
+    assert conv.dtype == torch.bfloat16 and conv.config.window_size == 4
+    conv = convert_from_hf(model, window_size=4, scale_offset=False)
+    assert not _scale_offset_params(conv)
+    ids = torch.randint(0, VOCAB, (1, 4))
+    with torch.no_grad():
+        assert _max_diff(conv(ids).logits, model(ids).logits) < 1e-4
+
+
+def test_sliding_window_source_is_noted(tmp_path):
+    src = tmp_path / "src"
+    MistralForCausalLM(MistralConfig(**_COMMON, sliding_window=32)).save_pretrained(src)
+    report = convert_checkpoint(src, tmp_path / "dst", window_size=W, progress=False)
+    assert any("sliding-window" in n and "32" in n for n in report["notes"])
+
+
+# ------------------------------------------------------------------------------------- bad input
+@pytest.fixture(scope="module")
+def good_src(tmp_path_factory):
+    path = tmp_path_factory.mktemp("good")
+    _build("mistral", path, max_shard_size="60KB")
+    return path
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _refused(tmp_path, src, *extra, match, dst_name="out"):
+    """Both entry points refuse with a clear message and leave nothing behind."""
+    dst = tmp_path / dst_name
+    existed = dst.exists()
+    before = sorted(p.name for p in dst.iterdir()) if existed and dst.is_dir() else None
+    with pytest.raises((ValueError, OSError), match=match):
+        convert_checkpoint(src, dst, progress=False, **dict(extra))
+    rc = convert_main([str(src), str(dst), "-q"] + [a for k, v in extra for a in (f"--{k.replace('_', '-')}", str(v))])
+    assert rc != 0
+    if existed:
+        assert sorted(p.name for p in dst.iterdir()) == before  # untouched
+    else:
+        assert not dst.exists()
+    assert _leftovers(tmp_path) == []
+
+
+def test_missing_directory(tmp_path, capsys):
+    _refused(tmp_path, tmp_path / "nope", match="does not exist")
+    assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        convert_from_hf(str(tmp_path / "nope"))
+
+
+def test_not_a_model_directory(tmp_path):
+    (tmp_path / "empty").mkdir()
+    _refused(tmp_path, tmp_path / "empty", match="no config.json")
+
+
+def test_unsupported_architecture(tmp_path, capsys):
+    src = tmp_path / "gpt2"
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50, n_positions=32))
+    gpt2.save_pretrained(src)
+    _refused(tmp_path, src, match="GPT2LMHeadModel.*LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, "
+                                  "MistralForCausalLM")
+    err = capsys.readouterr().err
+    assert "GPT2LMHeadModel" in err and all(a in err for a in SUPPORTED_ARCHITECTURES)
+    with pytest.raises(UnsupportedModelError, match="GPT2LMHeadModel"):
+        convert_from_hf(gpt2)
+    with pytest.raises(UnsupportedModelError, match="GPT2LMHeadModel"):
+        convert_from_hf(src)
+
+
+def test_unknown_tensor_is_refused_not_dropped(tmp_path, good_src):
+    src = _copy(good_src, tmp_path / "src")
+    f = sorted(src.glob("model-*.safetensors"))[0]
+    sd = load_file(f)
+    sd["model.layers.0.self_attn.mystery_gate.weight"] = torch.ones(3)
+    save_file(sd, f, metadata={"format": "pt"})
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    index["weight_map"]["model.layers.0.self_attn.mystery_gate.weight"] = f.name
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    _refused(tmp_path, src, match="mystery_gate.*no counterpart")
+
+
+def test_shape_mismatch_and_missing_tensor(tmp_path, good_src):
+    src = _copy(good_src, tmp_path / "src")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["intermediate_size"] = 80  # the stored MLP weights no longer fit
+    (src / "config.json").write_text(json.dumps(cfg))
+    _refused(tmp_path, src, match="shape")
+    cfg["intermediate_size"], cfg["num_hidden_layers"] = 96, 3  # layer 2 missing from the weights
+    (src / "config.json").write_text(json.dumps(cfg))
+    _refused(tmp_path, src, match="model.layers.2.*missing")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt_header", "garbage", "empty"])
+def test_bad_safetensors(tmp_path, good_src, damage):
+    src = _copy(good_src, tmp_path / "src")
+    f = sorted(src.glob("model-*.safetensors"))[-1]
+    data = f.read_bytes()
+    if damage == "truncated":
+        f.write_bytes(data[:-100])
+    elif damage == "corrupt_header":
+        f.write_bytes(data[:8] + b"{not json" + data[17:])
+    elif damage == "garbage":
+        f.write_bytes(b"\xff" * 64)
+    else:
+        f.write_bytes(b"")
+    _refused(tmp_path, src, match=f"{f.name}.*(truncated|corrupt|not a safetensors)")
+    with pytest.raises(SafetensorsError, match=f.name):
+        convert_from_hf(src)
+
+
+def test_index_naming_missing_shard(tmp_path, good_src):
+    src = _copy(good_src, tmp_path / "src")
+    sorted(src.glob("model-*.safetensors"))[0].unlink()
+    _refused(tmp_path, src, match="do not exist")
+
+
+def test_non_empty_destination_needs_overwrite(tmp_path, good_src):
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / "keep.txt").write_text("precious")
+    _refused(tmp_path, good_src, match="not empty.*--overwrite")
+    assert (dst / "keep.txt").read_text() == "precious"
+    assert convert_main([str(good_src), str(dst), "--overwrite", "-q"]) == 0
+    assert not (dst / "keep.txt").exists() and (dst / "config.json").is_file()
+    assert _leftovers(tmp_path) == []
+    empty = tmp_path / "empty_dst"
+    empty.mkdir()  # an existing empty directory is fine without --overwrite
+    assert convert_main([str(good_src), str(empty), "-q"]) == 0 and (empty / "config.json").is_file()
+
+
+def test_destination_inside_source_refused(tmp_path, good_src):
+    src = _copy(good_src, tmp_path / "src")
+    with pytest.raises(ValueError, match="must not be the source"):
+        convert_checkpoint(src, src / "sub", progress=False)
+    with pytest.raises(ValueError, match="must not be the source"):
+        convert_checkpoint(src, src, overwrite=True, progress=False)
+    assert not (src / "sub").exists() and (src / "config.json").is_file()
+
+
+@pytest.mark.parametrize("window", [0, -3])
+def test_bad_window(tmp_path, good_src, window, capsys):
+    with pytest.raises(ValueError, match="window_size must be an integer >= 1"):
+        convert_checkpoint(good_src, tmp_path / "out", window_size=window)
+    assert convert_main([str(good_src), str(tmp_path / "out"), "--window-size", str(window)]) != 0
+    assert "--window-size must be >= 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="window_size"):
+        convert_from_hf(good_src, window_size=window)
+    assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []
+
+
+def test_bad_dtype(tmp_path, good_src):
+    with pytest.raises(ValueError, match="dtype must be"):
+        convert_checkpoint(good_src, tmp_path / "out", dtype="int8")
+    with pytest.raises(SystemExit):
+        convert_main([str(good_src), str(tmp_path / "out"), "--dtype", "fp8"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_failure_midway_leaves_nothing(tmp_path, good_src, monkeypatch):
+    from orthros.conversion import convert as conv_mod
+
+    calls = {"n": 0}
+    real_get = conv_mod.TensorReader.get
+
+    def flaky(self, name):
+        calls["n"] += 1
+        if calls["n"] == 7:
+            raise OSError("disk on fire")
+        return real_get(self, name)
+
+    monkeypatch.setattr(conv_mod.TensorReader, "get", flaky)
+    dst = tmp_path / "deep" / "er" / "out"  # parents that did not exist are removed too
+    with pytest.raises(OSError, match="disk on fire"):
+        convert_checkpoint(good_src, dst, progress=False)
+    assert not (tmp_path / "deep").exists()
+    assert _leftovers(tmp_path) == []
