@@ -132,7 +132,12 @@ class Engine:
             if prompts.dim() != 2 or prompts.dtype.is_floating_point or prompts.dtype == torch.bool:
                 raise ValueError(f"prompts as a tensor must be an integer [B, T] tensor, got {prompts.dtype} "
                                  f"{tuple(prompts.shape)}")
-            rows = prompts.tolist()
+            if prompts.shape[0] == 0:
+                raise ValueError("prompts must hold at least one row")
+            V = self.config.vocab_size
+            if prompts.numel() and (int(prompts.min()) < 0 or int(prompts.max()) >= V):
+                raise ValueError(f"prompts has token ids outside [0, vocab_size={V})")
+            return list(prompts.long())  # rows stay tensors: no host round trip for long prompts
         elif isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) and not isinstance(t, bool)
                                                                      for t in prompts):
             rows = [list(prompts)]
@@ -163,11 +168,12 @@ class Engine:
                 raise ValueError(f"a continuation needs one new turn per row of the conversation "
                                  f"({len(self._lens)}), got {b}")
             past = list(self._lens)
-            rows = [([p] if p is not None else []) + r for p, r in zip(self._pending, rows)]
+            rows = [([p] if p is not None else []) + (r.tolist() if isinstance(r, torch.Tensor) else r)
+                    for p, r in zip(self._pending, rows)]
         else:
             past = [0] * b
         for i, r in enumerate(rows):
-            if not r:
+            if len(r) == 0:
                 raise ValueError(f"prompts[{i}] is empty: every row needs at least one new token")
             need = past[i] + len(r) + max_new_tokens - 1
             if need > self.max_seq_len:
@@ -192,7 +198,10 @@ class Engine:
             j = i + 1
             while j < b and past[j] == past[i] and len(rows[j]) == len(rows[i]):
                 j += 1
-            ids = torch.tensor(rows[i:j], dtype=torch.long, device=self.device)
+            if isinstance(rows[i], torch.Tensor):
+                ids = torch.stack(rows[i:j]).to(self.device)
+            else:
+                ids = torch.tensor(rows[i:j], dtype=torch.long, device=self.device)
             out = self._prefill_rows(i, j, ids, past[i])
             for r in range(i, j):
                 logits[r] = out[r - i]
@@ -362,7 +371,14 @@ class Engine:
                 self._warned_eager = True
             return lambda: self._decode_step(tokens, lens)
         if bs not in self._graphs:
-            self._graphs[bs] = self._capture(bs, tokens, lens)
+            try:
+                self._graphs[bs] = self._capture(bs, tokens, lens)
+            except Exception as e:  # documented fallback: eager decode, loudly
+                warnings.warn(f"CUDA graph capture failed for batch size {bs} ({type(e).__name__}: {e}); "
+                              f"decoding eagerly", stacklevel=3)
+                self.cuda_graphs = False
+                torch.cuda.synchronize(self.device)
+                return lambda: self._decode_step(tokens, lens)
         graph, out = self._graphs[bs]
 
         def run():
@@ -374,20 +390,22 @@ class Engine:
         # Warm-up and capture write K/V in the last slot (never valid for a row that can still
         # decode: _plan keeps every row below max_seq_len), then the real lengths come back.
         saved = lens.clone()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                lens.fill_(self.max_seq_len - 1)
-                self._decode_step(tokens, lens)
-        torch.cuda.current_stream().wait_stream(stream)
-        lens.fill_(self.max_seq_len - 1)
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            out = self._decode_step(tokens, lens)
-        lens.copy_(saved)
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    lens.fill_(self.max_seq_len - 1)
+                    self._decode_step(tokens, lens)
+            torch.cuda.current_stream().wait_stream(stream)
+            lens.fill_(self.max_seq_len - 1)
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                out = self._decode_step(tokens, lens)
+        finally:
+            lens.copy_(saved)
         return graph, out
 
     @torch.no_grad()
