@@ -27,6 +27,7 @@ Several processes: torchrun --nproc-per-node N -m orthros.train CONFIG.yaml (FSD
 def main(argv: Optional[list[str]] = None) -> int:
     """Run ``orthros train`` with ``argv`` (the arguments after ``train``). Returns an exit code."""
     from .config import ConfigError, describe_keys, load_config
+    from .data import DataError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
@@ -40,7 +41,6 @@ def main(argv: Optional[list[str]] = None) -> int:
         path, argv = argv[0], argv[1:]
     try:
         cfg = load_config(path, argv)
-        from .data import DataError
         from .trainer import train
 
         train(cfg)

@@ -156,21 +156,21 @@ def valid_keys() -> list[str]:
 
 
 def nearest_key(key: str) -> Optional[str]:
+    """The valid key closest to ``key`` (its last part compared with key names and common aliases)."""
     keys = valid_keys()
-    if key.split(".")[-1] in ALIASES:
-        return ALIASES[key.split(".")[-1]]
-    cands = keys + [k.split(".")[-1] for k in keys]
-    m = difflib.get_close_matches(key, cands, n=1, cutoff=0.5)
-    if not m:
-        # try matching the leaf alone against leaves (e.g. "optim.learning_rate")
-        m = difflib.get_close_matches(key.split(".")[-1], [k.split(".")[-1] for k in keys], n=1, cutoff=0.4)
-    if not m:
-        return None
-    best = m[0]
-    if best in keys:
-        return best
-    full = [k for k in keys if k.split(".")[-1] == best]
-    return full[0] if full else best
+    section, _, leaf = key.rpartition(".")
+    by_leaf: dict[str, list[str]] = {}
+    for k in keys:
+        by_leaf.setdefault(k.split(".")[-1], []).append(k)
+    for alias, target in ALIASES.items():
+        by_leaf.setdefault(alias, []).append(target)
+    m = difflib.get_close_matches(leaf, list(by_leaf), n=1, cutoff=0.6)
+    if m:
+        cands = by_leaf[m[0]]
+        same = [c for c in cands if c.startswith(section + ".")] if section else []
+        return (same or cands)[0]
+    m = difflib.get_close_matches(key, keys, n=1, cutoff=0.5)
+    return m[0] if m else None
 
 
 def _unknown(key: str) -> ConfigError:

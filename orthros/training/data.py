@@ -19,6 +19,7 @@ so one process with ``grad_accum = N`` sees exactly the batches of N processes.
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 from collections import deque
 from dataclasses import dataclass
@@ -138,10 +139,9 @@ class DocSource:
         if self.shuffle:
             ds = ds.shuffle(seed=self.seed, buffer_size=self.shuffle_buffer)
             ds.set_epoch(epoch)
-        if start:
-            ds = ds.skip(start)
+        # skip by reading (no tokenization): the same records in the same order as the first pass
         out, i = [], start
-        for rec in ds:
+        for rec in itertools.islice(ds, start, None):
             out.append((i, rec))
             i += 1
             if len(out) == batch:

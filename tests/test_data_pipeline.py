@@ -1,0 +1,198 @@
+"""Data pipeline: packing respects documents, SFT labels only answers, exact resume, bad data."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orthros.data import CORPUS_TRAIN, SFT_TRAIN, load_tokenizer
+from orthros.training.config import load_config
+from orthros.training.data import (IGNORE, DataError, DocSource, PackedStream, build_stream, collate,
+                                   count_targets, encode_chat)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load_tokenizer()
+
+
+class ListSource:
+    """A DocSource stand-in: documents are given token lists (the encoder passes them through)."""
+
+    name, spec = "data.train", "list"
+
+    def __init__(self, docs):
+        self.docs = docs
+
+    def batches(self, epoch, start, batch):
+        for i in range(start, len(self.docs), batch):
+            yield [(j, self.docs[j]) for j in range(i, min(i + batch, len(self.docs)))]
+
+
+def _passthrough(records):
+    return [(list(r), list(r)) if r else None for r in records]
+
+
+def _check_rows(rows, seq_len):
+    for r in rows:
+        assert len(r.input_ids) == len(r.labels) == seq_len == sum(r.seg_lens)
+        starts = [0]
+        for s in r.seg_lens[:-1]:
+            starts.append(starts[-1] + s)
+        seg_of = [i for i, s in enumerate(r.seg_lens) for _ in range(s)]
+        for s in starts:
+            assert r.labels[s] == IGNORE  # nothing predicts the first token of a segment
+        for t in range(seq_len - 1):  # every scored position predicts a token of its own segment
+            if r.labels[t + 1] != IGNORE:
+                assert seg_of[t] == seg_of[t + 1]
+
+
+@settings(max_examples=40, deadline=None)
+@given(lens=st.lists(st.integers(0, 40), min_size=1, max_size=12), seq_len=st.integers(1, 33),
+       split=st.booleans(), n_rows=st.integers(1, 12))
+def test_packing_invariants(lens, seq_len, split, n_rows):
+    docs = [[1000 * (d + 1) + k for k in range(n)] for d, n in enumerate(lens)]
+    if sum(lens) == 0:
+        with pytest.raises(DataError, match="produced no tokens"):
+            PackedStream(ListSource(docs), _passthrough, seq_len, split_docs=True, pad_id=-1).next_row()
+        return
+    if not split:
+        docs = [d[:seq_len] for d in docs]
+    s = PackedStream(ListSource(docs), _passthrough, seq_len, split_docs=split, pad_id=-1, encode_batch=3)
+    rows = s.take(n_rows)
+    _check_rows(rows, seq_len)
+    for r in rows:  # a segment holds tokens of one document only, in order
+        off = 0
+        for n in r.seg_lens:
+            seg = r.input_ids[off:off + n]
+            off += n
+            if seg[0] == -1:
+                assert set(seg) == {-1} and not split
+                continue
+            assert len({t // 1000 for t in seg}) == 1 and seg == list(range(seg[0], seg[0] + n))
+    # PT: the concatenation of rows is the concatenation of documents, cycling over epochs
+    if split:
+        flat = [t for r in rows for t in r.input_ids]
+        stream = [t for d in docs for t in d] * (len(flat) // max(1, sum(lens)) + 2)
+        assert flat == stream[:len(flat)]
+    # resume: a fresh stream loaded with the state continues identically
+    st_ = s.state_dict()
+    more = s.take(3)
+    s2 = PackedStream(ListSource(docs), _passthrough, seq_len, split_docs=split, pad_id=-1, encode_batch=5)
+    s2.load_state_dict(st_)
+    assert [r.input_ids for r in s2.take(3)] == [r.input_ids for r in more]
+
+
+def test_collate_cu_seqlens_spans_all_rows():
+    docs = [[1] * 5, [2] * 9, [3] * 4]
+    rows = PackedStream(ListSource(docs), _passthrough, 6, split_docs=True, pad_id=0).take(3)
+    b = collate(rows)
+    assert b.input_ids.shape == (1, 18)
+    assert b.cu_seqlens.tolist() == [0, 5, 6, 12, 14, 18]
+    assert b.num_targets == count_targets(rows) == 18 - 5
+
+
+def test_sft_labels_are_exactly_the_answers(tok):
+    msgs = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Who is the Prince of Denmark?"},
+            {"role": "assistant", "content": "Hamlet, son of the late king."},
+            {"role": "user", "content": "And his mother?"},
+            {"role": "assistant", "content": "Gertrude"}]
+    ids, labels = encode_chat(tok, msgs)
+    assert ids == tok.apply_chat_template(msgs, tokenize=True, return_dict=False) or \
+        ids == tok(tok.apply_chat_template(msgs, tokenize=False), add_special_tokens=False)["input_ids"]
+    # token by token: labelled tokens are the assistant answers + their end marker, nothing else
+    runs, cur = [], []
+    for i, l in zip(ids, labels):
+        if l != IGNORE:
+            assert l == i
+            cur.append(i)
+        elif cur:
+            runs.append(cur)
+            cur = []
+    if cur:
+        runs.append(cur)
+    assert [tok.decode(r) for r in runs] == ["Hamlet, son of the late king.<|im_end|>", "Gertrude<|im_end|>"]
+    # the same mask as the template's own {% generation %} markers
+    ref = tok.apply_chat_template(msgs, return_assistant_tokens_mask=True, return_dict=True)
+    assert ref["input_ids"] == ids
+    assert [int(l != IGNORE) for l in labels] == ref["assistant_masks"]
+
+
+def test_sft_rows_from_embedded_sample(tok):
+    cfg = load_config(None, ["--mode", "sft", "--seq_len", "96", "--encode_batch", "8"])
+    s = build_stream(cfg, tok)
+    rows = s.take(6)
+    _check_rows(rows, 96)
+    records = [json.loads(l) for l in open(SFT_TRAIN)]
+    answers = {m["content"] + "<|im_end|>" for r in records for m in r["messages"] if m["role"] == "assistant"}
+    for r in rows:
+        off = 0
+        for n in r.seg_lens:
+            lab = r.labels[off:off + n]
+            off += n
+            text = "".join(tok.decode([l]) for l in lab if l != IGNORE)
+            if r.input_ids[off - n] == tok.pad_token_id:
+                assert text == ""
+                continue
+            assert text and "<|im_start|>" not in text and "user\n" not in text
+            if n < 96:  # not truncated: every answer is complete and is one of the sample's answers
+                runs, cur = [], []
+                for l in lab + [IGNORE]:
+                    if l != IGNORE:
+                        cur.append(l)
+                    elif cur:
+                        runs.append(tok.decode(cur))
+                        cur = []
+                assert runs and all(a in answers for a in runs)
+
+
+def _write_jsonl(path, texts):
+    with open(path, "w") as f:
+        for t in texts:
+            f.write(json.dumps({"text": t}) + "\n")
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_local_jsonl_stream_resumes_exactly(tmp_path, tok, streaming):
+    texts = [json.loads(l)["text"][:300] for _, l in zip(range(30), open(CORPUS_TRAIN))]
+    _write_jsonl(tmp_path / "d.jsonl", texts)
+    cfg = load_config(None, ["--data.train", str(tmp_path / "d.jsonl"), "--seq_len", "40",
+                             "--data.streaming", str(streaming).lower(), "--encode_batch", "4", "--shuffle_buffer", "8"])
+    s = build_stream(cfg, tok)
+    s.take(100)  # crosses an epoch boundary (30 docs * ~110 tokens / 40 per row)
+    state = s.state_dict()
+    after = [r.input_ids for r in s.take(40)]
+    s2 = build_stream(cfg, tok)
+    s2.load_state_dict(state)
+    assert [r.input_ids for r in s2.take(40)] == after
+    assert s.epoch >= 1
+
+
+def test_text_and_parquet_sources(tmp_path, tok):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "a.txt").write_text("To be, or not to be.\n\nThat is the question.\n")
+    src = DocSource(str(tmp_path / "a.txt"), text_sample_by="paragraph")
+    assert src.num_docs == 2
+    pq.write_table(pa.table({"content": ["Once more unto the breach", "dear friends"]}), tmp_path / "b.parquet")
+    cfg = load_config(None, ["--data.train", str(tmp_path / "b.parquet"), "--text_field", "content", "--seq_len", "8"])
+    rows = build_stream(cfg, tok).take(2)
+    assert tok.decode(rows[0].input_ids).startswith("Once more")
+    cfg = load_config(None, ["--data.train", str(tmp_path / "b.parquet"), "--seq_len", "8"])
+    with pytest.raises(DataError, match="no column 'text'.*content"):
+        build_stream(cfg, tok)
+
+
+def test_empty_or_missing_data_is_a_clear_error(tmp_path, tok):
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(DataError, match="empty|no tokens|could not load"):
+        s = build_stream(load_config(None, ["--data.train", str(tmp_path / "empty.jsonl")]), tok)
+        s.next_row()
+    _write_jsonl(tmp_path / "blank.jsonl", ["", ""])
+    with pytest.raises(DataError, match="produced no tokens"):
+        build_stream(load_config(None, ["--data.train", str(tmp_path / "blank.jsonl")]), tok).next_row()
+    with pytest.raises(DataError, match="not found"):
+        build_stream(load_config(None, ["--data.train", str(tmp_path / "nope.jsonl")]), tok)

@@ -1,0 +1,272 @@
+"""Training loop: learning, exact kill-and-resume, crash-safe checkpoints, 2-process FSDP2 == 1
+process, packed batches isolate documents, bad input refused up front, HF Trainer works."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import orthros  # noqa: F401
+from orthros.data import CORPUS_TRAIN
+from orthros.training.checkpoint import latest_checkpoint, list_checkpoints
+from orthros.training.config import ConfigError, load_config
+from orthros.training.data import DataError, IGNORE, PackedStream, collate
+from orthros.training.metrics import read_metrics
+from orthros.training.trainer import train
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """40 short documents cut from the embedded corpus (fast to tokenize)."""
+    p = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
+    with open(CORPUS_TRAIN) as f, open(p, "w") as out:
+        for _, line in zip(range(40), f):
+            text = json.loads(line)["text"]
+            out.write(json.dumps({"text": text[200:200 + 160 + 7 * len(text) % 300]}) + "\n")
+    return str(p)
+
+
+def tiny(out, corpus, *extra):
+    return ["--output_dir", str(out), "--data.train", corpus, "--data.eval", corpus, "--eval_sequences", "4",
+            "--model.hidden_size", "32", "--model.intermediate_size", "64", "--model.num_hidden_layers", "2",
+            "--model.num_attention_heads", "2", "--model.window_size", "8", "--seq_len", "32",
+            "--micro_batch_size", "2", "--threads", "1", "--progress", "false", "--tensorboard", "false",
+            "--log_every", "1", "--eval_every", "0", "--warmup_steps", "2", "--lr", "3e-3", *extra]
+
+
+def losses(out):
+    """step -> loss, the last record of each step winning (a resumed run rewrites later steps)."""
+    return {r["step"]: r["loss"] for r in read_metrics(str(out))}
+
+
+def run_cli(args, env_extra=None, torchrun=0):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    if torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={torchrun}",
+               "-m", "orthros.train", *args]
+    else:
+        cmd = [sys.executable, "-m", "orthros.train", *args]
+    return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, corpus):
+    out = tmp_path_factory.mktemp("ref")
+    summary = train(load_config(None, tiny(out, corpus, "--max_steps", "8", "--checkpoint.every", "4")))
+    return out, losses(out), summary
+
+
+def test_loss_decreases(tmp_path, corpus):
+    train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "40", "--checkpoint.every", "0", "--lr", "1e-2",
+                                 "--micro_batch_size", "4")))
+    ls = losses(tmp_path)
+    first, last = sum(ls[s] for s in (1, 2, 3)) / 3, sum(ls[s] for s in (38, 39, 40)) / 3
+    assert last < first - 1.0, (first, last)
+    evals = read_metrics(str(tmp_path), "eval")
+    assert evals and evals[-1]["eval_loss"] < first
+
+
+@pytest.mark.parametrize("arch", [("transformer",), ("swa",), ("orthros", "--model.scale_offset", "false")])
+def test_every_architecture_trains_on_the_same_path(tmp_path, corpus, arch):
+    s = train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "3", "--model.architecture", *arch)))
+    cfg = json.loads((Path(s["checkpoint"]) / "config.json").read_text())
+    assert cfg["attention_mode"] == {"transformer": "full", "swa": "window", "orthros": "orthros"}[arch[0]]
+    assert all(torch.isfinite(torch.tensor(v)) for v in losses(tmp_path).values())
+
+
+def test_kill_and_resume_reproduces_the_trajectory_exactly(tmp_path, corpus, reference):
+    _, ref, _ = reference
+    r = run_cli(tiny(tmp_path, corpus, "--max_steps", "8", "--checkpoint.every", "4"),
+                {"ORTHROS_TRAIN_FAULT": "after_step:6"})
+    assert r.returncode == 17, r.stderr[-2000:]
+    assert latest_checkpoint(str(tmp_path)).name == "step_00000004"
+    assert losses(tmp_path) == {s: ref[s] for s in range(1, 7)}  # the killed run itself matched so far
+    train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "8", "--checkpoint.every", "4", "--resume")))
+    assert losses(tmp_path) == ref  # bit-exact: steps 5..8 recomputed after resuming at 4
+    assert [p.name for p in list_checkpoints(str(tmp_path))] == ["step_00000004", "step_00000008"]
+
+
+def test_crash_mid_save_never_leaves_a_loadable_bad_checkpoint(tmp_path, corpus, reference):
+    _, ref, _ = reference
+    args = tiny(tmp_path, corpus, "--max_steps", "8", "--checkpoint.every", "2")
+    r = run_cli(args, {"ORTHROS_TRAIN_FAULT": "save_mid:4"})
+    assert r.returncode == 17, r.stderr[-2000:]
+    root = tmp_path / "checkpoints"
+    assert [p.name for p in list_checkpoints(str(tmp_path))] == ["step_00000002"]
+    assert any(p.name.startswith(".tmp-step_00000004") for p in root.iterdir())  # the torn save
+    # a torn directory renamed into place by hand is still not picked up, and refused if named
+    torn = next(p for p in root.iterdir() if p.name.startswith(".tmp-"))
+    fake = root / "step_00000004"
+    shutil.copytree(torn, fake)
+    assert latest_checkpoint(str(tmp_path)).name == "step_00000002"
+    with pytest.raises(ConfigError, match="not a complete checkpoint"):
+        train(load_config(None, args + ["--resume", str(fake)]))
+    shutil.rmtree(fake)
+    # resuming continues from step 2 and matches the uninterrupted run
+    train(load_config(None, args + ["--resume"]))
+    assert losses(tmp_path) == ref
+    assert not any(p.name.startswith(".tmp-") for p in root.iterdir())
+    # a complete checkpoint whose weights were altered is refused (sha256 in the manifest)
+    last = latest_checkpoint(str(tmp_path))
+    data = bytearray((last / "model.safetensors").read_bytes())
+    data[-5] ^= 0xFF
+    (last / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match="sha256"):
+        train(load_config(None, args + ["--max_steps", "10", "--resume"]))
+
+
+def test_checkpoint_loads_with_from_pretrained(reference):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out, _, summary = reference
+    path = summary["checkpoint"]
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tok = AutoTokenizer.from_pretrained(path)
+    assert type(model).__name__ == "OrthrosForCausalLM" and model.config.attention_mode == "orthros"
+    ids = tok("To be, or not to be", return_tensors="pt")["input_ids"]
+    out_ = model(input_ids=ids, labels=ids)
+    assert torch.isfinite(out_.loss)
+    from safetensors.torch import load_file
+
+    saved = load_file(str(Path(path) / "model.safetensors"))
+    for k, v in saved.items():
+        assert torch.equal(model.state_dict()[k], v)
+
+
+def test_two_process_fsdp_matches_one_process(tmp_path, corpus):
+    one, two = tmp_path / "one", tmp_path / "two"
+    common = ["--max_steps", "4", "--checkpoint.every", "0"]
+    train(load_config(None, tiny(one, corpus, *common, "--grad_accum", "2")))
+    r = run_cli(tiny(two, corpus, *common, "--grad_accum", "1"), torchrun=2)
+    assert r.returncode == 0, r.stderr[-3000:]
+    l1, l2 = losses(one), losses(two)
+    assert l1.keys() == l2.keys() == {1, 2, 3, 4}
+    for s in l1:
+        assert l2[s] == pytest.approx(l1[s], rel=2e-5, abs=2e-5), (s, l1[s], l2[s])
+    e1, e2 = read_metrics(str(one), "eval")[-1], read_metrics(str(two), "eval")[-1]
+    assert e2["eval_loss"] == pytest.approx(e1["eval_loss"], rel=2e-5)
+    # the FSDP checkpoint is a whole model
+    from transformers import AutoModelForCausalLM
+
+    m1 = AutoModelForCausalLM.from_pretrained(str(latest_checkpoint(str(one))))
+    m2 = AutoModelForCausalLM.from_pretrained(str(latest_checkpoint(str(two))))
+    for (k, a), (_, b) in zip(m1.state_dict().items(), m2.state_dict().items()):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), k
+
+
+def test_sft_trains_only_on_answers(tmp_path):
+    s = train(load_config(None, ["--mode", "sft", "--output_dir", str(tmp_path), "--seq_len", "96",
+                                 "--model.hidden_size", "32", "--model.intermediate_size", "64",
+                                 "--model.num_hidden_layers", "2", "--model.num_attention_heads", "2",
+                                 "--micro_batch_size", "2", "--max_steps", "3", "--threads", "1", "--progress", "false",
+                                 "--tensorboard", "false", "--log_every", "1", "--eval_sequences", "2",
+                                 "--encode_batch", "8"]))
+    recs = read_metrics(str(tmp_path))
+    assert len(recs) == 3 and all(r["targets"] > 0 for r in recs)
+    # far fewer scored tokens than tokens: only answers are targets
+    assert all(r["targets"] < 0.6 * 2 * 96 for r in recs)
+    assert s["eval_loss"] is not None
+
+
+@pytest.mark.parametrize("mode", ["orthros", "full", "window"])
+def test_packed_batch_equals_documents_run_alone(mode):
+    from orthros.models import OrthrosConfig, OrthrosForCausalLM
+
+    torch.manual_seed(0)
+    cfg = OrthrosConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=2, window_size=4, attention_mode=mode, use_cache=False)
+    model = OrthrosForCausalLM(cfg).eval()
+    with torch.no_grad():  # make scale-offset non-trivial
+        for n, p in model.named_parameters():
+            if p.dim() == 1 and "norm" not in n:
+                p.add_(0.1 * torch.randn_like(p))
+    docs = [torch.randint(0, 97, (n,)).tolist() for n in (7, 13, 3, 9)]
+
+    class Src:
+        name = spec = "t"
+
+        def batches(self, epoch, start, batch):
+            yield [(i, d) for i, d in enumerate(docs)][start:]
+
+    rows = PackedStream(Src(), lambda rs: [(list(r), list(r)) for r in rs], 16, split_docs=True, pad_id=0).take(2)
+    b = collate(rows)
+    with torch.no_grad():
+        packed = model(input_ids=b.input_ids, cu_seqlens=b.cu_seqlens, use_cache=False).logits[0]
+        alone = torch.cat([model(input_ids=b.input_ids[:, s:e], use_cache=False).logits[0]
+                           for s, e in zip(b.cu_seqlens[:-1].tolist(), b.cu_seqlens[1:].tolist())])
+        assert (packed - alone).norm() / alone.norm() < 1e-5  # no attention across documents
+        # and the packed loss is the token-weighted mean of the per-segment losses (no label crosses)
+        loss = model(input_ids=b.input_ids, labels=b.labels, cu_seqlens=b.cu_seqlens, use_cache=False).loss
+        tot, cnt = 0.0, 0
+        for s, e in zip(b.cu_seqlens[:-1].tolist(), b.cu_seqlens[1:].tolist()):
+            if e - s > 1:
+                lab = b.labels[:, s:e]
+                n = int((lab[:, 1:] != IGNORE).sum())
+                tot += float(model(input_ids=b.input_ids[:, s:e], labels=lab, use_cache=False).loss) * n
+                cnt += n
+        assert float(loss) == pytest.approx(tot / cnt, rel=1e-5)
+
+
+def test_bad_input_is_refused_before_training(tmp_path, corpus):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="output_dir .* is not writable"):
+        train(load_config(None, tiny(blocker / "sub", corpus)))
+    out = tmp_path / "o1"
+    with pytest.raises(ConfigError, match=r"data.seq_len \(64\) is larger than the model allows"):
+        train(load_config(None, tiny(out, corpus, "--seq_len", "64", "--model.max_position_embeddings", "48")))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text('{"text": ""}\n')
+    out2 = tmp_path / "o2"
+    with pytest.raises(DataError, match="produced no tokens"):
+        train(load_config(None, tiny(out2, corpus, "--data.train", str(empty))))
+    for o in (out, out2):  # nothing was trained or saved
+        assert not (o / "metrics.jsonl").exists() and not (o / "checkpoints").exists()
+    with pytest.raises(ConfigError, match="not a local path|is a 'llama' model|cannot read"):
+        train(load_config(None, tiny(tmp_path / "o3", corpus, "--mode", "cpt", "--model.init_from",
+                                     str(tmp_path / "no_such_ckpt"))))
+
+
+def test_existing_checkpoints_need_resume(reference, corpus):
+    out, _, _ = reference
+    with pytest.raises(ConfigError, match="already holds checkpoints; pass --resume"):
+        train(load_config(None, tiny(out, corpus, "--checkpoint.resume", "false")))
+
+
+def test_cpt_from_a_checkpoint_and_switch_architecture(tmp_path, corpus, reference):
+    _, ref, summary = reference
+    s = train(load_config(None, tiny(tmp_path, corpus, "--mode", "cpt", "--model.init_from", summary["checkpoint"],
+                                     "--max_steps", "2", "--model.architecture", "transformer")))
+    cfg = json.loads((Path(s["checkpoint"]) / "config.json").read_text())
+    assert cfg["attention_mode"] == "full"
+    assert losses(tmp_path)[1] < ref[1] - 0.2  # starts from the trained weights, not from scratch
+
+
+def test_hf_trainer_trains_orthros(tmp_path):
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    from orthros.models import OrthrosConfig, OrthrosForCausalLM
+
+    torch.manual_seed(0)
+    model = OrthrosForCausalLM(OrthrosConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=2, num_attention_heads=2, window_size=4,
+                                             use_cache=False))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    g = torch.Generator().manual_seed(1)
+    rows = [torch.randint(0, 64, (24,), generator=g).tolist() for _ in range(16)]
+    ds = Dataset.from_dict({"input_ids": rows, "labels": rows})
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=4,
+                             learning_rate=3e-3, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
+                             dataloader_num_workers=0, disable_tqdm=True)
+    result = Trainer(model=model, args=args, train_dataset=ds).train()
+    assert result.global_step == 4 and torch.isfinite(torch.tensor(result.training_loss))
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
