@@ -1,0 +1,148 @@
+"""Process-group plumbing for sequence-parallel inference: who am I, the few collectives the
+sharded forward needs, and failures turned into one clear error instead of a hang.
+
+Every collective goes through :class:`ParallelContext`, which
+
+* short-circuits a world of one (no process group needed: the same code is the 1-GPU path);
+* names the operation in the error it raises when a peer died or did not arrive within the
+  process group's timeout (gloo raises on a closed socket or a timeout; NCCL's watchdog
+  aborts the process after the timeout, and ``torchrun`` then stops every other rank).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+
+class ParallelError(RuntimeError):
+    """A collective failed: a peer rank crashed, was killed, or did not arrive in time."""
+
+
+@dataclass
+class ParallelContext:
+    """The ranks that share one sequence, in sequence order (rank r holds the r-th shard)."""
+
+    group: Optional[object] = None  # torch.distributed ProcessGroup; None = default group
+    rank: int = 0
+    world_size: int = 1
+    timeout_s: Optional[float] = None
+
+    @classmethod
+    def single(cls) -> "ParallelContext":
+        """One process, no communication: the 1-GPU path of the same code."""
+        return cls(group=None, rank=0, world_size=1)
+
+    @classmethod
+    def from_group(cls, group=None, timeout_s: Optional[float] = None) -> "ParallelContext":
+        if not (dist.is_available() and dist.is_initialized()):
+            return cls.single()
+        return cls(group=group, rank=dist.get_rank(group), world_size=dist.get_world_size(group),
+                   timeout_s=timeout_s)
+
+    @property
+    def is_last(self) -> bool:
+        return self.rank == self.world_size - 1
+
+    def _fail(self, what: str, err: BaseException):
+        t = f" within the {self.timeout_s:g} s timeout" if self.timeout_s else ""
+        raise ParallelError(
+            f"[rank {self.rank}/{self.world_size}] collective '{what}' failed: a peer rank exited, crashed "
+            f"or did not arrive{t}. Stopping this rank too. ({type(err).__name__}: {str(err).strip()[:300]})"
+        ) from err
+
+    def all_gather(self, t: torch.Tensor, what: str, async_op: bool = False):
+        """Stack ``t`` of every rank into ``[world_size, *t.shape]`` (same shape on every rank).
+
+        With ``async_op`` returns a :class:`PendingGather`; call ``.wait()`` for the tensor.
+        """
+        t = t.contiguous()
+        if self.world_size == 1:
+            out = t.unsqueeze(0)
+            return PendingGather(self, out, None, what) if async_op else out
+        flat = t.reshape(-1)
+        out = torch.empty(self.world_size * flat.numel(), dtype=t.dtype, device=t.device)
+        try:
+            with warnings.catch_warnings():  # renamed all_gather_single in newer torch; same op
+                warnings.simplefilter("ignore", FutureWarning)
+                work = dist.all_gather_into_tensor(out, flat, group=self.group, async_op=async_op)
+        except Exception as e:  # noqa: BLE001 - any backend error becomes one clear error
+            self._fail(what, e)
+        out = out.view((self.world_size,) + tuple(t.shape))
+        if async_op:
+            return PendingGather(self, out, work, what)
+        return out
+
+    def broadcast(self, t: torch.Tensor, src: int, what: str) -> torch.Tensor:
+        if self.world_size == 1:
+            return t
+        try:
+            dist.broadcast(t, src=dist.get_global_rank(self.group, src) if self.group is not None else src,
+                           group=self.group)
+        except Exception as e:  # noqa: BLE001
+            self._fail(what, e)
+        return t
+
+    def all_reduce_max(self, x: float, device, what: str) -> float:
+        if self.world_size == 1:
+            return float(x)
+        t = torch.tensor([float(x)], dtype=torch.float64, device=device)
+        try:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        except Exception as e:  # noqa: BLE001
+            self._fail(what, e)
+        return float(t.item())
+
+    def barrier(self, what: str = "barrier", device=None):
+        if self.world_size == 1:
+            return
+        # an all-reduce instead of dist.barrier(): it obeys the timeout on every backend and
+        # needs no device guess on NCCL
+        self.all_reduce_max(0.0, device if device is not None else "cpu", what)
+
+
+class PendingGather:
+    def __init__(self, ctx: ParallelContext, out: torch.Tensor, work, what: str):
+        self.ctx, self.out, self.work, self.what = ctx, out, work, what
+
+    def wait(self) -> torch.Tensor:
+        if self.work is not None:
+            try:
+                self.work.wait()
+            except Exception as e:  # noqa: BLE001
+                self.ctx._fail(self.what, e)
+            self.work = None
+        return self.out
+
+
+def init_from_env(backend: Optional[str] = None, timeout_s: float = 600.0) -> ParallelContext:
+    """Initialise the default process group from ``torchrun``'s environment (``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``...) with a timeout, pick this rank's GPU, and
+    return its context. Without that environment (plain ``python``), a single-process context.
+
+    ``backend``: ``"nccl"`` (default with CUDA) or ``"gloo"``.
+    """
+    if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        return ParallelContext.single()
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend not in ("nccl", "gloo"):
+        raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    kw = {}
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            raise ValueError("backend='nccl' needs CUDA; use backend='gloo' on CPU")
+        torch.cuda.set_device(local_rank)
+        kw["device_id"] = torch.device("cuda", local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=_dt.timedelta(seconds=timeout_s), **kw)
+    return ParallelContext.from_group(None, timeout_s=timeout_s)

@@ -1,0 +1,387 @@
+"""Sequence-parallel prefill and sharded decode of an :class:`~orthros.OrthrosForCausalLM`.
+
+The prompt is split into contiguous shards, rank ``r`` holding tokens ``[s_r, e_r)``. Per layer:
+
+1. every rank computes K/V of its own tokens (token-wise) into its shard of the KV cache;
+2. the output query of the last prompt token (its hidden state is replicated: one token, every
+   rank computes it) attends to the rank's local keys, giving a partial output and its
+   log-sum-exp;
+3. ONE ``all_gather`` per layer carries, from every rank, its last ``w - 1`` K/V rows (the halo
+   its successors need: a halo crosses several shards when shards are shorter than the window)
+   and its partial; while it is in flight the rank runs the window stream + MLP of the chunks
+   whose window lies inside its own shard;
+4. the chunks at the start of the shard get the halo; the partials merge exactly into the
+   output query's attention (flash-decoding merge), identical on every rank.
+
+Decode keeps the cache sharded: the new token's K/V is appended on the last rank, the window
+query reads the replicated last ``w - 1`` keys (assembled during prefill from the gathered
+tails, so it may span ranks, then rolled locally), and the output query merges per-rank
+partials with one small ``all_gather`` per layer. No rank ever holds the whole context.
+
+The layer loop calls the model's own modules (norms, projections, rotary, MLP) and the
+Orthros op; see ``docs/parallel.md``.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Tuple
+
+import torch
+
+from ..layers.common import apply_rope
+from ..ops import orthros_attention
+from .comm import ParallelContext
+from .merge import acc_dtype, merge_partials, partial_attention
+
+
+def shard_bounds(seq_len: int, world_size: int) -> List[Tuple[int, int]]:
+    """Contiguous, balanced shards ``[(s_r, e_r)]``: the first ``seq_len % world_size`` ranks hold
+    one token more."""
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len must be an integer >= 1, got {seq_len!r}")
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size!r}")
+    if seq_len < world_size:
+        raise ValueError(f"the prompt ({seq_len} tokens) must have at least one token per rank "
+                         f"({world_size} ranks)")
+    base, rem = divmod(seq_len, world_size)
+    out, s = [], 0
+    for r in range(world_size):
+        n = base + (1 if r < rem else 0)
+        out.append((s, s + n))
+        s += n
+    return out
+
+
+def halo_from_tails(tails: torch.Tensor, counts: List[int], upto: int, need: int) -> torch.Tensor:
+    """The last ``need`` rows of the concatenation of the valid tails of ranks ``0 .. upto-1``.
+
+    ``tails [R, B, W, ...]`` holds each rank's last ``counts[j] <= W`` rows right-aligned. Walking
+    back from rank ``upto - 1``, whole short shards are taken until ``need`` rows are found, so
+    the result is the contiguous run of positions just before rank ``upto``'s first token.
+    """
+    W = tails.shape[2]
+    parts, got = [], 0
+    for j in range(upto - 1, -1, -1):
+        if got >= need:
+            break
+        take = min(counts[j], need - got)
+        if take:
+            parts.append(tails[j, :, W - take:])
+        got += take
+    if not parts:
+        return tails.new_zeros((tails.shape[1], 0) + tuple(tails.shape[3:]))
+    parts.reverse()
+    return torch.cat(parts, dim=1)
+
+
+class ShardedKVCache:
+    """This rank's shard of the base-stream KV cache (every layer), plus, replicated on every
+    rank, the last ``w - 1`` keys/values of the whole sequence (the decode window).
+
+    ``k[i]``/``v[i]``: ``[B, capacity, Hkv, D]``, valid rows ``[:length]`` = tokens
+    ``start .. start + length - 1``. New tokens are appended on the last rank only.
+    """
+
+    def __init__(self, num_layers: int, bounds, rank: int, reserve: int):
+        self.num_layers = num_layers
+        self.bounds = list(bounds)
+        self.rank = rank
+        self.start = bounds[rank][0]
+        self.reserve = max(0, int(reserve))
+        self.k: List[Optional[torch.Tensor]] = [None] * num_layers
+        self.v: List[Optional[torch.Tensor]] = [None] * num_layers
+        self.window_k: List[Optional[torch.Tensor]] = [None] * num_layers
+        self.window_v: List[Optional[torch.Tensor]] = [None] * num_layers
+        self.length = 0  # valid local rows
+        self.seq_len = 0  # tokens in the whole sequence
+
+    @property
+    def is_last(self) -> bool:
+        return self.rank == len(self.bounds) - 1
+
+    def allocate(self, layer: int, B: int, n: int, Hkv: int, D: int, dtype, device):
+        cap = n + (self.reserve if self.is_last else 0)
+        self.k[layer] = torch.empty(B, cap, Hkv, D, dtype=dtype, device=device)
+        self.v[layer] = torch.empty(B, cap, Hkv, D, dtype=dtype, device=device)
+        return self.k[layer], self.v[layer]
+
+    def local(self, layer: int, extra: int = 0):
+        n = self.length + extra
+        return self.k[layer][:, :n], self.v[layer][:, :n]
+
+    def ensure_capacity(self, more: int):
+        """Grow every layer's buffer (last rank) so ``more`` tokens can be appended."""
+        cap = self.k[0].shape[1]
+        if self.length + more <= cap:
+            return
+        grow = max(more, self.reserve, 256)
+        for i in range(self.num_layers):
+            for buf in (self.k, self.v):
+                t = buf[i]
+                buf[i] = torch.cat([t[:, :self.length], t.new_empty(t.shape[0], cap - self.length + grow,
+                                                                      *t.shape[2:])], dim=1)
+
+    def nbytes(self) -> int:
+        """Bytes of the valid K/V rows held by this rank."""
+        total = 0
+        for t in self.k + self.v:
+            if t is not None:
+                total += t[:, :self.length].numel() * t.element_size()
+        return total
+
+
+def _scale_offset(attn, out: bool):
+    if not getattr(attn, "scale_offset", False):
+        return None, None
+    a = getattr(attn, "alpha_out" if out else "alpha", None)
+    b = getattr(attn, "beta_out" if out else "beta", None)
+    return a, b
+
+
+def _queries(attn, x, rope, out: bool):
+    a, b = _scale_offset(attn, out)
+    return attn._queries(x, a, b, rope)
+
+
+def _keys_values(attn, x, rope):
+    B, n, _ = x.shape
+    k = attn.k_proj(x).view(B, n, attn.num_kv_heads, attn.head_dim)
+    v = attn.v_proj(x).view(B, n, attn.num_kv_heads, attn.head_dim)
+    if attn.k_norm is not None:
+        k = attn.k_norm(k)
+    return apply_rope(k, *rope), v
+
+
+class ShardedOrthros:
+    """Sequence-parallel inference of an Orthros model over the ranks of ``ctx``.
+
+    Every rank holds the whole model (weights are replicated; the sequence is what is split) and
+    calls the same methods with the same arguments. A world of one is the plain 1-GPU path.
+
+    Args:
+        model: an :class:`~orthros.OrthrosForCausalLM` with ``attention_mode == "orthros"``.
+        ctx: the ranks sharing the sequence (default: the default process group, or one process).
+        chunk_size: tokens per token-wise step (projections, window attention, MLP) within a
+            shard: bounds activation memory at long contexts.
+        key_chunk: keys per step of the output query's partial attention.
+        reserve: spare cache rows on the last rank for decoded tokens (grown when exceeded).
+    """
+
+    def __init__(self, model, ctx: Optional[ParallelContext] = None, *, chunk_size: int = 32768,
+                 key_chunk: int = 65536, reserve: int = 256):
+        core = getattr(model, "model", None)
+        if core is None or not hasattr(core, "layers") or not hasattr(model, "lm_head"):
+            raise TypeError(f"model must be an OrthrosForCausalLM, got {type(model).__name__}")
+        if model.config.attention_mode != "orthros":
+            raise ValueError(f"sequence-parallel inference needs attention_mode='orthros', got "
+                             f"{model.config.attention_mode!r}")
+        for name, val in (("chunk_size", chunk_size), ("key_chunk", key_chunk)):
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {val!r}")
+        self.model = model
+        self.core = core
+        self.ctx = ctx if ctx is not None else ParallelContext.from_group()
+        self.chunk_size = chunk_size
+        self.key_chunk = key_chunk
+        self.reserve = reserve
+        self.window = int(model.config.window_size)
+
+    # ------------------------------------------------------------------ helpers
+    @property
+    def device(self):
+        return self.core.embed_tokens.weight.device
+
+    @property
+    def dtype(self):
+        return self.core.embed_tokens.weight.dtype
+
+    def _rope(self, start: int, end: int):
+        pos = torch.arange(start, end, device=self.device).view(1, -1)
+        return self.core.rotary_emb(pos)
+
+    def _pack(self, parts, B):
+        acc = acc_dtype(self.dtype)
+        return torch.cat([p.reshape(B, -1).to(acc) for p in parts], dim=1)
+
+    def _window_chunk(self, layer, attn, h, cs, ce, kbuf, vbuf, halo, rope):
+        """Window stream + o_proj + MLP of local tokens ``[cs, ce)``, updating ``h`` in place."""
+        B = h.shape[0]
+        wm1 = self.window - 1
+        hc = h[:, cs:ce]
+        q = _queries(attn, layer.input_layernorm(hc), rope, out=False)
+        lo = cs - wm1
+        if lo >= 0:
+            kk, vv = kbuf[:, lo:ce], vbuf[:, lo:ce]
+        elif halo is None:  # rank 0: nothing before the shard
+            kk, vv = kbuf[:, :ce], vbuf[:, :ce]
+        else:
+            hk, hv = halo
+            keep = max(0, hk.shape[1] + lo)
+            kk = torch.cat([hk[:, keep:], kbuf[:, :ce]], dim=1)
+            vv = torch.cat([hv[:, keep:], vbuf[:, :ce]], dim=1)
+        o, _ = orthros_attention(q, kk, vv, q[:, :0], window_size=self.window, backend=attn.backend)
+        hc = hc + attn.o_proj(o.reshape(B, ce - cs, -1))
+        hc = hc + layer.mlp(layer.post_attention_layernorm(hc))
+        h[:, cs:ce] = hc
+
+    def _check_ids(self, input_ids):
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.int32, torch.int64):
+            raise TypeError("input_ids must be an integer torch.Tensor [B, T]")
+        if input_ids.dim() == 1:
+            input_ids = input_ids.view(1, -1)
+        if input_ids.dim() != 2 or input_ids.shape[0] < 1:
+            raise ValueError(f"input_ids must be [B, T], got {tuple(input_ids.shape)}")
+        return input_ids
+
+    # ------------------------------------------------------------------ prefill
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor):
+        """Prefill the whole prompt ``input_ids [B, T]`` (the same full tensor on every rank; each
+        rank embeds only its shard). Returns ``(logits [B, 1, V], cache)``: the prediction after
+        the last prompt token (identical on every rank) and this rank's :class:`ShardedKVCache`."""
+        ids = self._check_ids(input_ids)
+        ctx, core, dev, dtype = self.ctx, self.core, self.device, self.dtype
+        B, T = ids.shape
+        bounds = shard_bounds(T, ctx.world_size)
+        s, e = bounds[ctx.rank]
+        n = e - s
+        cfg = self.model.config
+        Hkv, Hq, D = cfg.num_key_value_heads, cfg.num_attention_heads, cfg.head_dim
+        wm1 = self.window - 1
+        counts = [min(b - a, wm1) for a, b in bounds]  # valid tail rows per rank
+        chunks = [(c, min(n, c + self.chunk_size)) for c in range(0, n, self.chunk_size)]
+        layers = core.layers
+        L = len(layers)
+        cache = ShardedKVCache(L, bounds, ctx.rank, self.reserve)
+
+        h = core.embed_tokens(ids[:, s:e].to(dev))  # [B, n, d] base stream of this shard
+        h_out = core.embed_tokens(ids[:, T - 1:T].to(dev))  # output token, replicated
+        rope_out = self._rope(T - 1, T)
+        ropes = {c: self._rope(s + c[0], s + c[1]) for c in chunks}
+        for i, layer in enumerate(layers):
+            attn = layer.self_attn
+            last = i == L - 1
+            # 1) K/V of every local token, straight into the cache
+            kbuf, vbuf = cache.allocate(i, B, n, Hkv, D, dtype, dev)
+            for c in chunks:
+                k, v = _keys_values(attn, layer.input_layernorm(h[:, c[0]:c[1]]), ropes[c])
+                kbuf[:, c[0]:c[1]] = k
+                vbuf[:, c[0]:c[1]] = v
+            kl, vl = kbuf[:, :n], vbuf[:, :n]
+            # 2) the output query's partial attention over the local keys
+            q_out = _queries(attn, layer.input_layernorm(h_out), rope_out, out=True)
+            o_p, lse_p = partial_attention(q_out, kl, vl, key_chunk=self.key_chunk)
+            # 3) one gather: this rank's tail (right-aligned in w-1 rows) + its partial
+            c_me = counts[ctx.rank]
+            tail_k = kl.new_zeros(B, wm1, Hkv, D)
+            tail_v = vl.new_zeros(B, wm1, Hkv, D)
+            if c_me:
+                tail_k[:, wm1 - c_me:] = kl[:, n - c_me:]
+                tail_v[:, wm1 - c_me:] = vl[:, n - c_me:]
+            pending = ctx.all_gather(self._pack([tail_k, tail_v, o_p, lse_p], B),
+                                     f"prefill layer {i}: K/V halo + partial output", async_op=True)
+            # window stream of the chunks that need no halo, overlapping the gather
+            needs_halo = [c for c in chunks if c[0] < wm1 and ctx.rank > 0]
+            if not last:
+                for c in chunks:
+                    if c not in needs_halo:
+                        self._window_chunk(layer, attn, h, c[0], c[1], kbuf, vbuf, None, ropes[c])
+            g = pending.wait()  # [R, B, P]
+            R = g.shape[0]
+            nt = wm1 * Hkv * D
+            tails_k = g[:, :, :nt].reshape(R, B, wm1, Hkv, D).to(dtype)
+            tails_v = g[:, :, nt:2 * nt].reshape(R, B, wm1, Hkv, D).to(dtype)
+            o_all = g[:, :, 2 * nt:2 * nt + Hq * D].reshape(R, B, 1, Hq, D)
+            lse_all = g[:, :, 2 * nt + Hq * D:].reshape(R, B, 1, Hq)
+            # the whole sequence's last w-1 K/V: the decode window (replicated)
+            cache.window_k[i] = halo_from_tails(tails_k, counts, R, wm1)
+            cache.window_v[i] = halo_from_tails(tails_v, counts, R, wm1)
+            if not last and needs_halo:
+                halo = (halo_from_tails(tails_k, counts, ctx.rank, wm1),
+                        halo_from_tails(tails_v, counts, ctx.rank, wm1))
+                for c in needs_halo:
+                    self._window_chunk(layer, attn, h, c[0], c[1], kbuf, vbuf, halo, ropes[c])
+            # 4) exact merge of the partials; the output token's residual + MLP
+            o_out, _ = merge_partials(o_all, lse_all)
+            h_out = h_out + attn.o_proj(o_out.to(dtype).reshape(B, 1, -1))
+            h_out = h_out + layer.mlp(layer.post_attention_layernorm(h_out))
+        del h
+        cache.length = n
+        cache.seq_len = T
+        logits = self.model.lm_head(core.norm(h_out))
+        return logits, cache
+
+    # ------------------------------------------------------------------ decode
+    @torch.no_grad()
+    def decode_step(self, tokens: torch.Tensor, cache: ShardedKVCache) -> torch.Tensor:
+        """One decode step for ``tokens [B]`` (the same on every rank). The base token's K/V is
+        appended to the last rank's shard; returns ``logits [B, 1, V]`` (identical on every rank)."""
+        ctx, core, dev, dtype = self.ctx, self.core, self.device, self.dtype
+        if cache.seq_len == 0:
+            raise ValueError("decode_step needs a cache filled by prefill()")
+        tokens = torch.as_tensor(tokens, device=dev).long().view(-1, 1)
+        B = tokens.shape[0]
+        if B != cache.k[0].shape[0]:
+            raise ValueError(f"tokens has {B} rows but the cache was built for {cache.k[0].shape[0]}")
+        pos = cache.seq_len
+        wm1 = self.window - 1
+        rope = self._rope(pos, pos + 1)
+        h = core.embed_tokens(tokens)
+        h2 = torch.cat([h, h], dim=1)  # [base token | output token]
+        if ctx.is_last:
+            cache.ensure_capacity(1)
+        L = len(core.layers)
+        for i, layer in enumerate(core.layers):
+            attn = layer.self_attn
+            last = i == L - 1
+            x = layer.input_layernorm(h2)
+            k, v = _keys_values(attn, x[:, :1], rope)
+            q_out = _queries(attn, x[:, 1:], rope, out=True)
+            if ctx.is_last:
+                cache.k[i][:, cache.length:cache.length + 1] = k
+                cache.v[i][:, cache.length:cache.length + 1] = v
+                kl, vl = cache.local(i, extra=1)
+            else:
+                kl, vl = cache.local(i)
+            o_p, lse_p = partial_attention(q_out, kl, vl, key_chunk=self.key_chunk)
+            g = ctx.all_gather(self._pack([o_p, lse_p], B), f"decode (position {pos}) layer {i}: partial output")
+            Hq, D = o_p.shape[2], o_p.shape[3]
+            o_out, _ = merge_partials(g[:, :, :Hq * D].reshape(-1, B, 1, Hq, D), g[:, :, Hq * D:].reshape(-1, B, 1, Hq))
+            wk = torch.cat([cache.window_k[i], k], dim=1)
+            wv = torch.cat([cache.window_v[i], v], dim=1)
+            if not last:
+                q = _queries(attn, x[:, :1], rope, out=False)
+                o, _ = orthros_attention(q, wk, wv, q[:, :0], window_size=self.window, backend=attn.backend)
+                h2 = h2 + attn.o_proj(torch.cat([o, o_out.to(dtype)], dim=1).reshape(B, 2, -1))
+            else:
+                h2 = h2[:, 1:] + attn.o_proj(o_out.to(dtype).reshape(B, 1, -1))
+            h2 = h2 + layer.mlp(layer.post_attention_layernorm(h2))
+            cache.window_k[i] = wk[:, max(0, wk.shape[1] - wm1):]
+            cache.window_v[i] = wv[:, max(0, wv.shape[1] - wm1):]
+        if ctx.is_last:
+            cache.length += 1
+        cache.seq_len += 1
+        return self.model.lm_head(core.norm(h2))
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int):
+        """Greedy generation: prefill, then ``max_new_tokens - 1`` decode steps.
+
+        Returns ``(tokens [B, max_new_tokens], logits [B, max_new_tokens, V], cache)`` where
+        ``logits[:, j]`` is the distribution ``tokens[:, j]`` was chosen from. The token is
+        broadcast from the last rank, so every rank continues with the same one.
+        """
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        logits, cache = self.prefill(input_ids)
+        toks, all_logits = [], [logits]
+        for step in range(max_new_tokens):
+            tok = logits[:, -1].argmax(-1).contiguous()
+            tok = self.ctx.broadcast(tok, self.ctx.world_size - 1, f"greedy token {step}")
+            toks.append(tok)
+            if step == max_new_tokens - 1:
+                break
+            logits = self.decode_step(tok, cache)
+            all_logits.append(logits)
+        return torch.stack(toks, dim=1), torch.cat(all_logits, dim=1), cache

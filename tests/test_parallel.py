@@ -1,0 +1,172 @@
+"""Sequence-parallel prefill and sharded decode (orthros.parallel) on CPU with gloo.
+
+Sharded prefill + greedy decode over 2-4 processes must give the logits and tokens of one
+process (fp32, tight tolerance), for prompt lengths that do not divide evenly and halos that
+cross several shards; a failing or stalled rank must make every rank exit with a clear error.
+"""
+
+import pytest
+import torch
+
+from orthros import OrthrosConfig, OrthrosForCausalLM
+from orthros.models import OrthrosCache
+from orthros.ops import full_attention_reference
+from orthros.parallel import (ParallelContext, ShardedOrthros, halo_from_tails, merge_partials, partial_attention,
+                              shard_bounds)
+from orthros.parallel.testing import case_generate, run_ranks
+
+V = 97
+W = 12  # window: shards of 3-6 tokens below make halos of 11 rows cross 2-3 shards
+
+
+def tiny_model(seed=0, **kw):
+    cfg = dict(vocab_size=V, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=4,
+               num_key_value_heads=2, head_dim=12, window_size=W, qk_norm=True, attn_backend="reference",
+               rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    cfg.update(kw)
+    torch.manual_seed(seed)
+    model = OrthrosForCausalLM(OrthrosConfig(**cfg)).eval()
+    with torch.no_grad():  # non-trivial scale-offset so the two streams differ
+        for layer in model.model.layers:
+            for name, p in layer.self_attn.scale_offset_params().items():
+                p.uniform_(0.5, 1.5) if name.startswith("alpha") else p.normal_(0, 0.2)
+    return model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny_orthros")
+    tiny_model().save_pretrained(d)
+    return str(d)
+
+
+@torch.no_grad()
+def reference_generate(model, ids, n_new):
+    cache = OrthrosCache()
+    out = model(ids, logits_to_keep=1, past_key_values=cache, use_cache=True)
+    logits, toks = [out.logits], []
+    for j in range(n_new):
+        t = out.logits[:, -1].argmax(-1)
+        toks.append(t)
+        if j == n_new - 1:
+            break
+        out = model(t.view(-1, 1), past_key_values=cache, use_cache=True)
+        logits.append(out.logits)
+    return torch.stack(toks, 1), torch.cat(logits, 1)
+
+
+def rel_err(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+# ---------------------------------------------------------------- pieces, one process
+
+def test_shard_bounds_balanced_and_validated():
+    assert shard_bounds(10, 3) == [(0, 4), (4, 7), (7, 10)]
+    assert shard_bounds(4, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
+    with pytest.raises(ValueError, match="at least one token per rank"):
+        shard_bounds(3, 4)
+    with pytest.raises(ValueError, match="seq_len"):
+        shard_bounds(0, 1)
+
+
+def test_halo_crosses_several_shards():
+    bounds = shard_bounds(11, 4)  # 3, 3, 3, 2 tokens
+    wm1 = 7
+    pos = torch.arange(11).float()
+    counts = [min(e - s, wm1) for s, e in bounds]
+    tails = torch.full((4, 1, wm1), -1.0)
+    for j, (s, e) in enumerate(bounds):
+        c = counts[j]
+        tails[j, 0, wm1 - c:] = pos[e - c:e]
+    for r, (s, _) in enumerate(bounds):
+        halo = halo_from_tails(tails, counts, r, wm1)[0]
+        assert halo.tolist() == pos[max(0, s - wm1):s].tolist()
+    assert halo_from_tails(tails, counts, 4, wm1)[0].tolist() == pos[11 - wm1:].tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_partial_attention_merge_is_exact(dtype):
+    torch.manual_seed(1)
+    B, Hq, Hkv, D, L = 2, 6, 2, 10, 53
+    q = torch.randn(B, 1, Hq, D, dtype=dtype)
+    k = torch.randn(B, L, Hkv, D, dtype=dtype)
+    v = torch.randn(B, L, Hkv, D, dtype=dtype)
+    ref = full_attention_reference(q, k, v, torch.tensor([[L - 1]]), scale=D ** -0.5)
+    cuts = [0, 0, 7, 8, 30, L]  # includes an empty split
+    parts = [partial_attention(q, k[:, a:b], v[:, a:b], key_chunk=5) for a, b in zip(cuts[:-1], cuts[1:])]
+    o, lse = merge_partials(torch.stack([p[0] for p in parts]), torch.stack([p[1] for p in parts]))
+    tol = 1e-12 if dtype == torch.float64 else 1e-6
+    assert rel_err(o, ref) < tol
+    full_lse = torch.logsumexp(torch.einsum("bmhgd,blhd->bmhgl", q.view(B, 1, Hkv, 3, D), k) * D ** -0.5, -1)
+    assert rel_err(lse, full_lse.reshape(B, 1, Hq)) < tol
+    assert torch.isinf(parts[0][1]).all() and (parts[0][0] == 0).all()
+
+
+@pytest.mark.parametrize("T,chunk", [(1, 4), (29, 5), (40, 64)])
+def test_single_process_equals_model(T, chunk):
+    model = tiny_model()
+    ids = torch.randint(0, V, (2, T))
+    toks, logits = reference_generate(model, ids, 5)
+    got_t, got_l, cache = ShardedOrthros(model, ParallelContext.single(), chunk_size=chunk, reserve=1).generate(ids, 5)
+    assert torch.equal(got_t, toks)
+    assert rel_err(got_l, logits) < 1e-5
+    assert cache.length == T + 4 and cache.seq_len == T + 4
+
+
+def test_rejects_bad_input():
+    with pytest.raises(ValueError, match="attention_mode"):
+        ShardedOrthros(tiny_model(attention_mode="full"))
+    sh = ShardedOrthros(tiny_model())
+    with pytest.raises(TypeError, match="input_ids"):
+        sh.prefill(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        sh.generate(torch.zeros(1, 4, dtype=torch.long), 0)
+
+
+# ---------------------------------------------------------------- gloo, 2-4 processes
+
+CASES = {
+    # world: [(B, T, new tokens, chunk)] -- T never a multiple of the world size
+    2: [(2, 37, 6, 5), (1, 3, 4, 2)],
+    3: [(2, 10, 6, 3)],  # shards 4,3,3: rank 2's halo spans ranks 1 and 0
+    4: [(1, 13, 6, 2), (2, 23, 5, 4)],  # shards 4,3,3,3 (halo over 3 shards) and 6,6,6,5
+}
+
+
+def test_sharded_generate_equals_one_process(model_dir):
+    """One set of 4 gloo processes checks groups of 2, 3 and 4 ranks."""
+    model = OrthrosForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(0)
+    cases = {w: [(torch.randint(0, V, (B, T), generator=g), n, c) for B, T, n, c in CASES[w]] for w in CASES}
+    run = run_ranks(case_generate, 4, timeout_s=60, join_timeout=170, model_dir=model_dir, cases=cases,
+                    sizes=[2, 3, 4])
+    assert not run["hung"] and not run["errors"], run["errors"]
+    for world in CASES:
+        for ci, (ids, n_new, _) in enumerate(cases[world]):
+            toks, logits = reference_generate(model, ids, n_new)
+            bounds = shard_bounds(ids.shape[1], world)
+            for r in range(world):
+                got = run["results"][r][world][ci]
+                assert got["bounds"] == bounds
+                assert torch.equal(got["tokens"], toks), (world, r, got["tokens"], toks)
+                assert rel_err(got["logits"], logits) < 1e-5
+                # the cache stays sharded: decoded tokens live on the last rank only
+                n_local = bounds[r][1] - bounds[r][0] + (n_new - 1 if r == world - 1 else 0)
+                assert got["local_len"] == n_local
+                assert got["window_rows"] == min(W - 1, ids.shape[1] + n_new - 1)
+
+
+@pytest.mark.parametrize("mode", ["raise", "stall"])
+def test_failing_rank_stops_every_rank(model_dir, mode):
+    ids = torch.randint(0, V, (1, 20))
+    fail = dict(rank=1, layer=1, mode=mode, stall_s=8)
+    run = run_ranks(case_generate, 2, timeout_s=4, join_timeout=90, model_dir=model_dir,
+                    cases={2: [(ids, 3, 4)]}, fail=fail)
+    assert not run["hung"], f"ranks {run['hung']} hung"
+    assert all(c != 0 for c in run["exitcodes"]), run["exitcodes"]
+    assert "ParallelError" in run["errors"][0] and "collective 'prefill layer" in run["errors"][0]
+    if mode == "raise":
+        assert "injected failure on rank 1" in run["errors"][1]
+    else:
+        assert "ParallelError" in run["errors"][1]
