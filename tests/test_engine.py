@@ -243,3 +243,14 @@ def test_attention_floor_and_step_api():
     eng = Engine(m, max_batch_size=2, max_seq_len=32)
     eng.fake_fill([10, 20])
     assert eng.step([1, 2]).shape == (2, 97) and eng.cache.seqlens[:2].tolist() == [11, 21]
+
+
+def test_generation_builds_no_autograd_graph():
+    """The streaming generator runs its prefill under no_grad: nothing in the cache may keep
+    an autograd graph (and with it every activation) alive."""
+    m = tiny_model()
+    eng = Engine(m, max_batch_size=2, max_seq_len=32)
+    eng.generate(PROMPTS[:2], 3)
+    assert not any(t.requires_grad for t in eng.cache.k + eng.cache.v)
+    eng.generate([[1], [2]], 2, continue_=True)
+    assert not any(t.requires_grad for t in eng.cache.k + eng.cache.v)

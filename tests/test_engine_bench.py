@@ -44,3 +44,12 @@ def test_bench_rejects_bad_arguments(capsys):
         orthros_main(["bench", "prefill", "--lengths", "0,5"])
     assert orthros_main(["bench", "prefill", *TINY, "--systems", "orthros,vllm"]) == 2
     assert "vllm" in capsys.readouterr().err
+
+
+def test_bench_all_runs_the_three_sections_on_one_model(tmp_path):
+    argv = ["bench", "all", *TINY, "--out", str(tmp_path), "--lengths", "32", "--budget-s", "0.01",
+            "--systems", "orthros,full", "--contexts", "16", "--steps", "2", "--batch-sizes", "1",
+            "--pairs", "8:3", "--batch", "1"]
+    assert orthros_main(argv) == 0
+    for what in ("prefill", "decode", "e2e"):
+        assert (tmp_path / f"{what}.json").exists() and (tmp_path / f"{what}.png").exists()

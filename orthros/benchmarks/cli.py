@@ -3,6 +3,7 @@
     orthros bench prefill [--lengths 8192,16384,32768,65536,131072]   # Orthros vs Transformer vs HF vs floors
     orthros bench decode  [--contexts 1024,8192,32768,131072] [--batch-sizes 1,2]
     orthros bench e2e     [--pairs 128:128,1024:1024,8192:8192] [--batch 2] [--fit 131072:8192]
+    orthros bench all     (the three above on one model load; takes all their options)
 
 Default model: the Qwen3-8B architecture with random weights (latency does not depend on the
 weight values); ``--model PATH`` benchmarks a real Orthros checkpoint. Each command prints a
@@ -55,25 +56,32 @@ def build_parser():
         sp.add_argument("--out", default="bench_results", help="directory for JSON and PNG")
         sp.add_argument("--chunk", type=int, default=16384, help="Orthros prefill chunk (tokens)")
 
-    sp = sub.add_parser("prefill", help="prefill latency vs prompt length")
-    common(sp)
-    sp.add_argument("--lengths", type=_ints, default=[8192, 16384, 32768, 65536, 131072])
-    sp.add_argument("--systems", default="orthros,orthros-floor,full,hf-sdpa,hf-floor")
-    sp.add_argument("--budget-s", type=float, default=3.0, help="seconds of repeats per point")
+    def prefill_args(sp):
+        sp.add_argument("--lengths", type=_ints, default=[8192, 16384, 32768, 65536, 131072])
+        sp.add_argument("--systems", default="orthros,orthros-floor,full,hf-sdpa,hf-floor")
+        sp.add_argument("--budget-s", type=float, default=3.0, help="seconds of repeats per point")
 
-    sp = sub.add_parser("decode", help="decode step latency vs context, vs the HBM floor")
-    common(sp)
-    sp.add_argument("--contexts", type=_ints, default=[1024, 8192, 32768, 131072])
-    sp.add_argument("--batch-sizes", type=_ints, default=[1, 2])
-    sp.add_argument("--steps", type=int, default=50)
-    sp.add_argument("--no-cuda-graphs", action="store_true")
+    def decode_args(sp):
+        sp.add_argument("--contexts", type=_ints, default=[1024, 8192, 32768, 131072])
+        sp.add_argument("--batch-sizes", type=_ints, default=[1, 2])
+        sp.add_argument("--steps", type=int, default=50)
 
-    sp = sub.add_parser("e2e", help="end-to-end generation: TTFT, E2E, throughputs (paper Table 4)")
-    common(sp)
-    sp.add_argument("--pairs", type=_pairs, default=[(128, 128), (1024, 1024), (8192, 8192)])
-    sp.add_argument("--batch", type=int, default=2)
-    sp.add_argument("--fit", type=_pairs, default=None, help="IN:OUT: check that an IN prefill + OUT decode fits")
-    sp.add_argument("--no-cuda-graphs", action="store_true")
+    def e2e_args(sp):
+        sp.add_argument("--pairs", type=_pairs, default=[(128, 128), (1024, 1024), (8192, 8192)])
+        sp.add_argument("--batch", type=int, default=2)
+        sp.add_argument("--fit", type=_pairs, default=None, help="IN:OUT: check that an IN prefill + OUT decode fits")
+
+    for name, help_, adders in (("prefill", "prefill latency vs prompt length", [prefill_args]),
+                                ("decode", "decode step latency vs context, vs the HBM floor", [decode_args]),
+                                ("e2e", "end-to-end generation: TTFT, E2E, throughputs (paper Table 4)", [e2e_args]),
+                                ("all", "prefill, decode and e2e on one model load", [prefill_args, decode_args,
+                                                                                       e2e_args])):
+        sp = sub.add_parser(name, help=help_)
+        common(sp)
+        for add in adders:
+            add(sp)
+        if name != "prefill":
+            sp.add_argument("--no-cuda-graphs", action="store_true")
     return p
 
 
@@ -93,12 +101,26 @@ def main(argv=None) -> int:
     if args.chunk < 1:
         print("orthros bench: --chunk must be >= 1", file=sys.stderr)
         return 2
+    if hasattr(args, "systems") and any(s not in I.PREFILL_SYSTEMS for s in args.systems.split(",") if s):
+        print(f"orthros bench: unknown systems in {args.systems!r}; choose from {I.PREFILL_SYSTEMS}", file=sys.stderr)
+        return 2
+    if getattr(args, "batch", 1) < 1:
+        print("orthros bench: --batch must be >= 1", file=sys.stderr)
+        return 2
     dtype = getattr(torch, DTYPES[args.dtype])
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     model = orthros_model(args.preset, path=args.model, device=dev, dtype=dtype, window_size=args.window)
     os.makedirs(args.out, exist_ok=True)
-    json_path, png_path = (os.path.join(args.out, f"{args.what}.{ext}") for ext in ("json", "png"))
+    for what in (("prefill", "decode", "e2e") if args.what == "all" else (args.what,)):
+        _run_section(what, args, model, dev, dtype, I, hf_qwen3_like)
+    return 0
+
+
+def _run_section(what, args, model, dev, dtype, I, hf_qwen3_like):
+    import os
+
+    json_path, png_path = (os.path.join(args.out, f"{what}.{ext}") for ext in ("json", "png"))
     meta = I.metadata(model, dev, dtype, {"preset": None if args.model else args.preset, "model_path": args.model})
     rows = []
 
@@ -106,12 +128,9 @@ def main(argv=None) -> int:
         rows.append(row)
         I.save(json_path, meta, rows)
 
-    if args.what == "prefill":
+    graphs = False if getattr(args, "no_cuda_graphs", False) else None
+    if what == "prefill":
         systems = [s for s in args.systems.split(",") if s]
-        bad = [s for s in systems if s not in I.PREFILL_SYSTEMS]
-        if bad:
-            print(f"orthros bench: unknown systems {bad}; choose from {I.PREFILL_SYSTEMS}", file=sys.stderr)
-            return 2
         meta["chunk"] = args.chunk
         I.bench_prefill(model, args.lengths, systems=systems, chunk=args.chunk, budget_s=args.budget_s,
                         hf_model_fn=lambda: hf_qwen3_like(model.config, device=dev, dtype=dtype), on_row=checkpoint)
@@ -123,19 +142,15 @@ def main(argv=None) -> int:
                 if any(c in r for r in summary)]
         I.print_table(summary, cols, "prefill summary (ratios > 1: Orthros faster)")
         I.plot_prefill(rows, png_path, f"Prefill, {meta['device']}, {meta['dtype']}")
-    elif args.what == "decode":
-        I.bench_decode(model, args.contexts, batch_sizes=args.batch_sizes, steps=args.steps,
-                       cuda_graphs=False if args.no_cuda_graphs else None, on_row=checkpoint)
+    elif what == "decode":
+        I.bench_decode(model, args.contexts, batch_sizes=args.batch_sizes, steps=args.steps, cuda_graphs=graphs,
+                       on_row=checkpoint)
         I.save(json_path, meta, rows)
         I.print_table(rows, ["mode", "B", "L", "ms_per_step", "tokens_per_s", "hbm_floor_ms", "frac_of_floor",
                              "vs_full"], "decode step")
         I.plot_decode(rows, png_path, f"Decode, {meta['device']}, {meta['dtype']}")
     else:
-        if args.batch < 1:
-            print("orthros bench: --batch must be >= 1", file=sys.stderr)
-            return 2
-        I.bench_e2e(model, args.pairs, batch=args.batch, chunk=args.chunk,
-                    cuda_graphs=False if args.no_cuda_graphs else None, on_row=checkpoint)
+        I.bench_e2e(model, args.pairs, batch=args.batch, chunk=args.chunk, cuda_graphs=graphs, on_row=checkpoint)
         if args.fit:
             for n_in, n_out in args.fit:
                 fit = I.fit_check(model, n_in, n_out, chunk=args.chunk)
@@ -146,7 +161,6 @@ def main(argv=None) -> int:
                                                          "output_tok_s", "decode_tok_s"], "end-to-end")
         I.plot_e2e([r for r in rows if "mode" in r], png_path, f"End-to-end, batch {args.batch}, {meta['device']}")
     print(f"\nwrote {json_path} and {png_path}")
-    return 0
 
 
 if __name__ == "__main__":

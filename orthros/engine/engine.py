@@ -251,6 +251,23 @@ class Engine:
                 q = q * a.view(self.Hq, self.D) + c.view(self.Hq, self.D)
         return apply_rope(q, *rope)
 
+    def _pair_queries(self, attn, x, last, rope):
+        """Decode: the queries of the token pair ``x [B, 2, d]`` (or of the output token only,
+        ``[B, 1, d]``, in the last layer) in one pass: one projection, one q-norm, both streams'
+        scale-offsets as one stacked multiply-add, one rotary (both sit at the same position)."""
+        b, n, _ = x.shape
+        q = attn.q_proj(x).view(b, n, self.Hq, self.D)
+        if attn.q_norm is not None:
+            q = attn.q_norm(q)
+        if getattr(attn, "scale_offset", False):
+            if last:
+                a, c = attn.alpha_out.view(1, self.Hq, self.D), attn.beta_out.view(1, self.Hq, self.D)
+            else:  # read from the parameters on every step (also inside a graph): never stale
+                a = torch.stack([attn.alpha, attn.alpha_out]).view(2, self.Hq, self.D)
+                c = torch.stack([attn.beta, attn.beta_out]).view(2, self.Hq, self.D)
+            q = q * a + c
+        return apply_rope(q, *rope)
+
     def _kv(self, attn, x, rope):
         b, n, _ = x.shape
         k = attn.k_proj(x).view(b, n, self.Hkv, self.D)
@@ -338,8 +355,9 @@ class Engine:
         vc[rows, lens] = v[:, 0]
         kw = dict(window_size=self.window, backend=attn.backend)
         if self.mode == "orthros":
-            q_out = self._stream_queries(attn, x[:, -1:], "out", rope)
-            q = q_out if last else self._stream_queries(attn, x[:, :1], "base", rope)
+            q = self._pair_queries(attn, x[:, 1:] if last else x, last, rope)
+            q_out = q[:, -1:]
+            q = q_out if last else q[:, :1]
             if self.floor:
                 o, o_out = q, q_out
             else:
@@ -455,6 +473,7 @@ class Engine:
             gen = torch.Generator(device=self.device).manual_seed(sampling.seed)
         return self._stream(rows, past, max_new_tokens, sampling, gen, eos)
 
+    @torch.no_grad()  # wraps every resumption of the generator, not just its creation
     def _stream(self, rows, past, max_new_tokens, sampling, gen, eos):
         b = len(rows)
         logits = self._prefill(rows, past)
