@@ -60,6 +60,8 @@ def build_parser():
         sp.add_argument("--lengths", type=_ints, default=[8192, 16384, 32768, 65536, 131072])
         sp.add_argument("--systems", default="orthros,orthros-floor,full,hf-sdpa,hf-floor")
         sp.add_argument("--budget-s", type=float, default=3.0, help="seconds of repeats per point")
+        sp.add_argument("--single-shot-s", type=float, default=25.0,
+                        help="a point whose first (warm-up) call takes longer is not repeated")
 
     def decode_args(sp):
         sp.add_argument("--contexts", type=_ints, default=[1024, 8192, 32768, 131072])
@@ -133,7 +135,7 @@ def _run_section(what, args, model, dev, dtype, I, hf_qwen3_like):
         systems = [s for s in args.systems.split(",") if s]
         meta["chunk"] = args.chunk
         I.bench_prefill(model, args.lengths, systems=systems, chunk=args.chunk, budget_s=args.budget_s,
-                        hf_model_fn=lambda: hf_qwen3_like(model.config, device=dev, dtype=dtype), on_row=checkpoint)
+                        single_shot_s=args.single_shot_s, hf_model_fn=lambda: hf_qwen3_like(model.config, device=dev, dtype=dtype), on_row=checkpoint)
         summary = I.prefill_summary(rows)
         I.save(json_path, meta, rows + [{"summary": summary}])
         I.print_table(rows, ["system", "T", "ms", "n", "peak_gib", "kv_cache_gib"], "prefill (ms)")

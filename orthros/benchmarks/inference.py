@@ -137,7 +137,7 @@ def print_table(rows: List[Dict], cols: Sequence[str], title: str = ""):
 # ------------------------------------------------------------------ prefill
 def bench_prefill(model, lengths: Sequence[int], *, systems: Sequence[str] = PREFILL_SYSTEMS,
                   chunk: Optional[int] = 16384, hf_model_fn: Optional[Callable] = None, budget_s: float = 3.0,
-                  batch: int = 1, on_row: Optional[Callable] = None) -> List[Dict]:
+                  batch: int = 1, on_row: Optional[Callable] = None, single_shot_s: float = 25.0) -> List[Dict]:
     """Prefill latency (prompt in, first-token logits out) per system and prompt length.
 
     ``orthros`` and ``orthros-floor`` use ``chunk``; the engine's Transformer (``full``) runs
@@ -171,7 +171,7 @@ def bench_prefill(model, lengths: Sequence[int], *, systems: Sequence[str] = PRE
                 eng.reset()
                 eng.prefill(ids[T])
             try:
-                res = measure(run, device, budget_s=budget_s)
+                res = measure(run, device, budget_s=budget_s, single_shot_s=single_shot_s)
                 res["kv_cache_gib"] = T * batch * eng.cache.bytes_per_token() / 2**30
             except torch.cuda.OutOfMemoryError:
                 res = {"ms": float("nan"), "error": "out of memory"}
@@ -193,7 +193,7 @@ def bench_prefill(model, lengths: Sequence[int], *, systems: Sequence[str] = PRE
                     with torch.no_grad():
                         hf(input_ids=ids[T], use_cache=False, logits_to_keep=1)
                 try:
-                    res = measure(run, device, budget_s=budget_s)
+                    res = measure(run, device, budget_s=budget_s, single_shot_s=single_shot_s)
                 except torch.cuda.OutOfMemoryError:
                     res = {"ms": float("nan"), "error": "out of memory"}
                 record(system, T, res)
