@@ -170,3 +170,25 @@ def test_failing_rank_stops_every_rank(model_dir, mode):
         assert "injected failure on rank 1" in run["errors"][1]
     else:
         assert "ParallelError" in run["errors"][1]
+
+
+def test_bench_entry_point_runs_under_torchrun(tmp_path):
+    """The benchmark entry (tiny model, gloo, CPU) runs end to end and writes its JSON."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "-m", "orthros.parallel.bench",
+           "--model", "tiny", "--dtype", "fp32", "--device", "cpu", "--lengths", "300", "--transformer", "256,512",
+           "--transformer-cp", "", "--warmup", "64", "--check-len", "50", "--chunk-size", "128", "--timeout", "60",
+           "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    recs = json.loads(out.read_text())["records"]
+    check = [r for r in recs if r.get("check")][0]
+    assert max(check["rel_err_logits"]) < 1e-5 and check["same_argmax"]
+    got = {(r["model"], r["gpus"], r["tokens"], r["status"]) for r in recs if "tokens" in r and not r.get("check")}
+    assert {("orthros", 2, 300, "ok"), ("orthros", 1, 300, "ok"), ("transformer", 1, 512, "ok"),
+            ("transformer", 2, 300, "estimate")} <= got
+    assert "| 300 |" in proc.stdout

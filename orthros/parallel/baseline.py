@@ -1,0 +1,60 @@
+"""The Transformer baseline of the sequence-parallel benchmark: the same weights run as a plain
+causal Transformer (no scale-offset, full attention through PyTorch SDPA), on one GPU or over N
+GPUs with PyTorch's context parallelism (``torch.distributed.tensor.experimental.
+context_parallel``: ring attention with head-tail load balancing).
+
+Only the benchmark uses this; it is not a second model implementation to keep in sync, just a
+layer loop that calls the model's own modules with ``F.scaled_dot_product_attention``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .sharded import _keys_values
+
+
+@torch.no_grad()
+def transformer_prefill(model, input_ids: torch.Tensor, position_ids: torch.Tensor, *, chunk_size: int = 32768,
+                        keep_cache: bool = True):
+    """Causal-Transformer prefill of ``input_ids [B, n]`` at ``position_ids [B, n]``; returns the
+    last row's logits and the per-layer K/V. Under ``context_parallel`` the ids and positions
+    are this rank's (load-balanced) shard and SDPA is ring attention."""
+    core = model.model
+    B, n = input_ids.shape
+    h = core.embed_tokens(input_ids)
+    rope = core.rotary_emb(position_ids)
+    cache = []
+    for layer in core.layers:
+        attn = layer.self_attn
+        x = layer.input_layernorm(h)
+        q = attn._queries(x, None, None, rope)
+        k, v = _keys_values(attn, x, rope)
+        del x
+        if keep_cache:
+            cache.append((k, v))
+        G = q.shape[2] // k.shape[2]
+        kt = k.transpose(1, 2).repeat_interleave(G, dim=1)
+        vt = v.transpose(1, 2).repeat_interleave(G, dim=1)
+        # looked up at call time: context_parallel patches torch.nn.functional
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, is_causal=True)
+        del q, kt, vt
+        h = h + attn.o_proj(o.transpose(1, 2).reshape(B, n, -1))
+        del o
+        for c in range(0, n, chunk_size):
+            hc = h[:, c:c + chunk_size]
+            h[:, c:c + chunk_size] = hc + layer.mlp(layer.post_attention_layernorm(hc))
+    return model.lm_head(core.norm(h[:, -1:])), cache
+
+
+@torch.no_grad()
+def transformer_cp_prefill(model, input_ids: torch.Tensor, mesh, *, chunk_size: int = 32768):
+    """The same prefill over the ranks of ``mesh`` with PyTorch context parallelism."""
+    from torch.distributed.tensor.experimental import context_parallel
+
+    B, T = input_ids.shape
+    ids = input_ids.clone()
+    pos = torch.arange(T, device=ids.device).view(1, T).expand(B, T).contiguous()
+    with context_parallel(mesh, buffers=[ids, pos], buffer_seq_dims=[1, 1], no_restore_buffers={ids, pos}):
+        return transformer_prefill(model, ids, pos, chunk_size=chunk_size)

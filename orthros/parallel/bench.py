@@ -1,0 +1,386 @@
+"""Sequence-parallel prefill benchmark: Orthros on N GPUs vs 1 GPU vs the Transformer.
+
+    torchrun --nproc-per-node N -m orthros.parallel.bench --lengths 64K,128K,256K,512K
+
+Random weights of a Qwen3-8B-shaped model (bf16). In one launch it measures, for each length:
+
+* Orthros sharded over all N ranks (latency = slowest rank; peak memory and KV-cache bytes per rank);
+* Orthros on 1 GPU (rank 0 alone, same code with a world of one; the others wait);
+* the Transformer (same weights, causal SDPA) on 1 GPU, and over N GPUs through PyTorch's
+  context parallelism (ring attention) where it runs.
+
+Where a Transformer figure was not measured it is ESTIMATED from the measured 1-GPU figures (a
+least-squares fit ``t = a T + b T^2``; N GPUs: that / N, ideal scaling with no communication, a
+lower bound on ring attention) and labelled ``estimate``. A time budget skips measurements
+predicted to overrun it. Results go to ``--out`` (JSON) as they are measured; rank 0 prints a
+markdown table at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import torch
+
+from .comm import ParallelContext, init_from_env
+from .sharded import ShardedOrthros
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def parse_lengths(s: str):
+    out = []
+    for part in str(s).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        mult = 1
+        if part[-1] in "kK":
+            mult, part = 1024, part[:-1]
+        elif part[-1] in "mM":
+            mult, part = 1024 * 1024, part[:-1]
+        try:
+            val = int(part) * mult
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad length {part!r}: use integers like 65536 or 64K") from None
+        if val < 1:
+            raise argparse.ArgumentTypeError(f"lengths must be >= 1, got {val}")
+        out.append(val)
+    return out
+
+
+def model_config(name: str, layers=None, window: int = 128):
+    from ..models import OrthrosConfig
+
+    if name == "qwen3-8b":
+        kw = dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                  num_attention_heads=32, num_key_value_heads=8, head_dim=128, qk_norm=True,
+                  rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6)
+    elif name == "tiny":
+        kw = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, qk_norm=True)
+    else:
+        raise ValueError(f"--model must be qwen3-8b or tiny, got {name!r}")
+    if layers:
+        kw["num_hidden_layers"] = layers
+    return OrthrosConfig(window_size=window, max_position_embeddings=1 << 22, **kw)
+
+
+def build_model(cfg, dtype, device):
+    from ..models import OrthrosForCausalLM
+
+    torch.manual_seed(0)
+    prev = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = OrthrosForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(prev)
+    return model.eval().requires_grad_(False)
+
+
+class Bench:
+    def __init__(self, args, ctx: ParallelContext, device):
+        self.args, self.ctx, self.device = args, ctx, device
+        self.t0 = time.time()
+        self.records = []
+        self.cuda = device.type == "cuda"
+
+    # -------------------------------------------------------------- plumbing
+    def log(self, msg):
+        if self.ctx.rank == 0:
+            print(f"[{time.time() - self.t0:7.1f}s] {msg}", flush=True)
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def save(self):
+        if self.ctx.rank == 0 and self.args.out:
+            with open(self.args.out, "w") as f:
+                json.dump(dict(meta=self.meta, records=self.records), f, indent=1)
+
+    def add(self, rec):
+        self.records.append(rec)
+        self.log(json.dumps(rec))
+        self.save()
+
+    def go(self, predicted_s: float) -> bool:
+        """Rank 0 decides whether a run predicted to take ``predicted_s`` fits the time budget;
+        every rank learns the same answer."""
+        skip = 0.0
+        if self.ctx.rank == 0 and self.args.time_budget:
+            skip = float(time.time() - self.t0 + predicted_s > self.args.time_budget)
+        return self.ctx.all_reduce_max(skip, self.device, "time-budget decision") == 0.0
+
+    def timed(self, fn, ctx: ParallelContext):
+        """Run ``fn`` on the ranks of ``ctx``: (seconds of the slowest rank, peak bytes per rank, result)."""
+        ctx.barrier("before timed run", self.device)
+        self.sync()
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+        t = time.perf_counter()
+        res = fn()
+        self.sync()
+        dt = time.perf_counter() - t
+        dt = ctx.all_reduce_max(dt, self.device, "latency")
+        peak = torch.cuda.max_memory_allocated(self.device) if self.cuda else 0
+        peaks = ctx.all_gather(torch.tensor([float(peak)], dtype=torch.float64, device=self.device), "peak memory")
+        return dt, [float(p) for p in peaks.view(-1).tolist()], res
+
+    def ids(self, T):
+        g = torch.Generator(device=self.device).manual_seed(T)
+        return torch.randint(0, self.cfg.vocab_size, (1, T), device=self.device, generator=g)
+
+    # -------------------------------------------------------------- phases
+    def orthros(self, T, ctx: ParallelContext, label):
+        sh = ShardedOrthros(self.model, ctx, chunk_size=self.args.chunk_size, key_chunk=self.args.key_chunk)
+        ids = self.ids(T)
+        holder = {}
+
+        def run():
+            logits, cache = sh.prefill(ids)
+            holder["cache_bytes"] = cache.nbytes()
+            holder["logits"] = logits
+            return None
+
+        try:
+            dt, peaks, _ = self.timed(run, ctx)
+        except torch.cuda.OutOfMemoryError as e:
+            holder.clear()
+            torch.cuda.empty_cache()
+            return dict(model="orthros", gpus=ctx.world_size, tokens=T, status="OOM", note=str(e)[:200])
+        cache = ctx.all_gather(torch.tensor([float(holder["cache_bytes"])], dtype=torch.float64,
+                                            device=self.device), "cache bytes").view(-1).tolist()
+        finite = bool(torch.isfinite(holder["logits"]).all())
+        holder.clear()
+        if self.cuda:
+            torch.cuda.empty_cache()
+        return dict(model="orthros", gpus=ctx.world_size, tokens=T, status="ok", latency_s=round(dt, 4),
+                    tokens_per_s=round(T / dt, 1), peak_mem_gib=[round(p / 2**30, 2) for p in peaks],
+                    kv_cache_gib=[round(c / 2**30, 2) for c in cache], logits_finite=finite, run=label)
+
+    def transformer(self, T, ctx: ParallelContext, mesh=None):
+        from .baseline import transformer_cp_prefill, transformer_prefill
+
+        ids = self.ids(T)
+
+        def run():
+            if mesh is None:
+                pos = torch.arange(T, device=self.device).view(1, T)
+                out = transformer_prefill(self.model, ids, pos, chunk_size=self.args.chunk_size)
+            else:
+                out = transformer_cp_prefill(self.model, ids, mesh, chunk_size=self.args.chunk_size)
+            del out
+            return None
+
+        try:
+            dt, peaks, _ = self.timed(run, ctx)
+        except torch.cuda.OutOfMemoryError as e:
+            torch.cuda.empty_cache()
+            return dict(model="transformer", gpus=ctx.world_size, tokens=T, status="OOM", note=str(e)[:200])
+        if self.cuda:
+            torch.cuda.empty_cache()
+        how = "SDPA (causal)" if mesh is None else "context_parallel ring attention"
+        return dict(model="transformer", gpus=ctx.world_size, tokens=T, status="ok", latency_s=round(dt, 4),
+                    tokens_per_s=round(T / dt, 1), peak_mem_gib=[round(p / 2**30, 2) for p in peaks], impl=how)
+
+    def predict(self, model, gpus, T):
+        pts = [(r["tokens"], r["latency_s"]) for r in self.records
+               if r.get("model") == model and r.get("gpus") == gpus and r.get("status") == "ok"]
+        if not pts:
+            return 0.0
+        t0, l0 = max(pts)
+        p = 2 if model == "transformer" else 1
+        return l0 * (T / t0) ** p if T > t0 else l0
+
+    def check(self):
+        """Sanity on the device: the sharded prefill's logits vs the model's own forward."""
+        T = max(self.args.check_len, self.ctx.world_size)
+        ids = self.ids(T)
+        logits, _ = ShardedOrthros(self.model, self.ctx, chunk_size=self.args.chunk_size).prefill(ids)
+        ref = self.model(ids, logits_to_keep=1, use_cache=False).logits
+        err = float((logits.float() - ref.float()).norm() / ref.float().norm())
+        agree = bool((logits[:, -1].argmax(-1) == ref[:, -1].argmax(-1)).all())
+        errs = self.ctx.all_gather(torch.tensor([err], dtype=torch.float64, device=self.device), "check")
+        self.add(dict(model="orthros", check="sharded prefill vs model forward", gpus=self.ctx.world_size, tokens=T,
+                      rel_err_logits=[float(e) for e in errs.view(-1).tolist()], same_argmax=agree))
+
+    def run(self):
+        a, ctx = self.args, self.ctx
+        N = ctx.world_size
+        self.cfg = model_config(a.model, a.layers, a.window)
+        self.meta = dict(
+            date=time.strftime("%Y-%m-%d"), commit=os.environ.get("ORTHROS_COMMIT", "unknown"),
+            torch=torch.__version__, python=platform.python_version(), world_size=N,
+            device=torch.cuda.get_device_name(self.device) if self.cuda else "cpu",
+            model=a.model, layers=self.cfg.num_hidden_layers, dtype=a.dtype, window=a.window,
+            chunk_size=a.chunk_size, backend=("nccl" if self.cuda else "gloo"),
+        )
+        self.model = build_model(self.cfg, DTYPES[a.dtype], self.device)
+        self.log(f"model built ({sum(p.numel() for p in self.model.parameters()) / 1e9:.2f} B params), world {N}")
+        single = ParallelContext.single()
+
+        # warm-up (kernels, allocator) and a correctness check on the device
+        self.orthros(max(a.warmup, N), ctx, "warmup")
+        if N > 1 and a.single and ctx.rank == 0:
+            self.orthros(a.warmup, single, "warmup")
+        ctx.barrier("after warm-up", self.device)
+        self.check()
+
+        for T in a.lengths:  # Orthros over all N ranks
+            if self.go(self.predict("orthros", N, T)):
+                self.add(self.orthros(T, ctx, "measured"))
+        if N > 1 and a.single:  # Orthros on rank 0 alone
+            for T in [t for t in a.lengths if t <= a.single_max]:
+                if self.go(self.predict("orthros", 1, T)):
+                    if ctx.rank == 0:
+                        self.add(self.orthros(T, single, "measured"))
+                    ctx.barrier("after a 1-GPU run", self.device)
+        if a.transformer:  # Transformer on 1 GPU
+            if ctx.rank == 0:
+                self.transformer(min(a.warmup, a.transformer[0]), single)
+            ctx.barrier("after a 1-GPU run", self.device)
+            for T in a.transformer:
+                if self.go(self.predict("transformer", 1, T)):
+                    if ctx.rank == 0:
+                        self.add(self.transformer(T, single))
+                    ctx.barrier("after a 1-GPU run", self.device)
+        for T in a.extra_lengths:  # longer Orthros runs over N ranks
+            if self.go(self.predict("orthros", N, T)):
+                self.add(self.orthros(T, ctx, "measured"))
+        if N > 1 and a.transformer_cp:  # Transformer with PyTorch context parallelism (riskiest: last)
+            self.transformer_cp(a.transformer_cp)
+        self.summarize()
+
+    def transformer_cp(self, lengths):
+        ctx, N = self.ctx, self.ctx.world_size
+        try:
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh(self.device.type, (N,))
+            self.transformer(min(self.args.warmup, lengths[0]), ctx, mesh)
+        except Exception as e:  # noqa: BLE001 - record why the baseline does not run here
+            self.add(dict(model="transformer", gpus=N, status="error", impl="context_parallel",
+                          note=f"{type(e).__name__}: {str(e)[:300]}"))
+            return
+        for T in lengths:
+            if self.go(self.predict("transformer", N, T)):
+                self.add(self.transformer(T, ctx, mesh))
+
+    # -------------------------------------------------------------- report
+    def summarize(self):
+        if self.ctx.rank != 0:
+            return
+        N = self.ctx.world_size
+        ok = [r for r in self.records if r.get("status") == "ok" and r.get("run", "measured") == "measured"]
+
+        def get(model, gpus, T):
+            for r in ok:
+                if r["model"] == model and r["gpus"] == gpus and r["tokens"] == T:
+                    return r
+            return None
+
+        # Transformer 1-GPU fit t = a T + b T^2 (least squares, needs >= 2 points)
+        pts = [(r["tokens"], r["latency_s"]) for r in ok if r["model"] == "transformer" and r["gpus"] == 1]
+        fit = None
+        if len(pts) >= 2:
+            A = torch.tensor([[t, t * t] for t, _ in pts], dtype=torch.float64)
+            y = torch.tensor([l for _, l in pts], dtype=torch.float64)
+            fit = torch.linalg.lstsq(A, y.view(-1, 1)).solution.view(-1).tolist()
+        est = []
+        lengths = sorted({r["tokens"] for r in ok if r["model"] == "orthros"})
+        for T in lengths:
+            for gpus in sorted({1, N}):
+                if get("transformer", gpus, T) is None and fit is not None:
+                    t1 = fit[0] * T + fit[1] * T * T
+                    est.append(dict(model="transformer", gpus=gpus, tokens=T, status="estimate",
+                                    latency_s=round(t1 / gpus, 3),
+                                    note=("estimate: fit a*T+b*T^2 to measured 1-GPU SDPA latencies at "
+                                          f"{[p[0] for p in pts]}" + (f", divided by {gpus} (ideal scaling, no "
+                                                                      "communication: a lower bound)" if gpus > 1 else ""))))
+        self.records.extend(est)
+        self.save()
+
+        def cell(r):
+            if r is None:
+                return "-"
+            s = f"{r['latency_s']:.2f}"
+            return s + (" (est.)" if r.get("status") == "estimate" else "")
+
+        allr = ok + est
+        g = lambda m, n, T: next((r for r in allr if r["model"] == m and r["gpus"] == n and r["tokens"] == T), None)  # noqa: E731
+        lines = [f"| tokens | Orthros 1 GPU (s) | Orthros {N} GPU (s) | scaling | mem/GPU {N} GPU (GiB) "
+                 f"| KV/GPU (GiB) | Transformer 1 GPU (s) | Transformer {N} GPU (s) | Orthros {N} vs Transformer {N} |",
+                 "|---|---|---|---|---|---|---|---|---|"]
+        for T in lengths:
+            o1, oN, t1, tN = g("orthros", 1, T), g("orthros", N, T), g("transformer", 1, T), g("transformer", N, T)
+            sc = f"{o1['latency_s'] / oN['latency_s']:.2f}x" if o1 and oN and N > 1 else "-"
+            mem = "/".join(f"{m:.1f}" for m in oN["peak_mem_gib"]) if oN else "-"
+            kv = "/".join(f"{m:.1f}" for m in oN["kv_cache_gib"]) if oN else "-"
+            sp = f"{tN['latency_s'] / oN['latency_s']:.1f}x" if tN and oN else "-"
+            if tN and tN.get("status") == "estimate" and sp != "-":
+                sp += " (est.)"
+            name = f"{T // 1024}K" if T % 1024 == 0 else str(T)
+            lines.append(f"| {name} | {cell(o1)} | {cell(oN)} | {sc} | {mem} | {kv} | {cell(t1)} | {cell(tN)} | {sp} |")
+        print("\n".join(lines), flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m orthros.parallel.bench",
+                                description="Sequence-parallel prefill benchmark (launch with torchrun).")
+    p.add_argument("--model", default="qwen3-8b", choices=["qwen3-8b", "tiny"])
+    p.add_argument("--layers", type=int, default=None, help="override the number of layers")
+    p.add_argument("--window", type=int, default=128)
+    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--lengths", type=parse_lengths, default=parse_lengths("64K,128K,256K,512K"))
+    p.add_argument("--extra-lengths", type=parse_lengths, default=[],
+                   help="Orthros-on-N-ranks lengths measured after the baselines (e.g. 1M)")
+    p.add_argument("--single-max", type=parse_lengths, default=[512 * 1024],
+                   help="longest length measured on 1 GPU")
+    p.add_argument("--no-single", dest="single", action="store_false", help="skip the 1-GPU Orthros runs")
+    p.add_argument("--transformer", type=parse_lengths, default=parse_lengths("64K,128K"),
+                   help="Transformer lengths on 1 GPU ('' for none)")
+    p.add_argument("--transformer-cp", type=parse_lengths, default=parse_lengths("64K,128K"),
+                   help="Transformer lengths with PyTorch context parallelism on all ranks ('' for none)")
+    p.add_argument("--warmup", type=int, default=8192)
+    p.add_argument("--check-len", type=int, default=4096)
+    p.add_argument("--chunk-size", type=int, default=32768)
+    p.add_argument("--key-chunk", type=int, default=65536)
+    p.add_argument("--time-budget", type=float, default=0.0, help="seconds; skip runs predicted to overrun")
+    p.add_argument("--timeout", type=float, default=180.0, help="process-group timeout (s)")
+    p.add_argument("--device", default=None, choices=["cuda", "cpu"])
+    p.add_argument("--out", default="parallel_bench.json")
+    a = p.parse_args(argv)
+    a.single_max = a.single_max[0]
+    use_cuda = (a.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
+    try:
+        ctx = init_from_env("nccl" if use_cuda else "gloo", timeout_s=a.timeout)
+        device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+        Bench(a, ctx, device).run()
+    except BaseException as e:  # noqa: BLE001 - one clear line per rank, then exit without hanging
+        rank = os.environ.get("RANK", "0")
+        print(f"orthros.parallel.bench: rank {rank} FAILED: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        import traceback
+
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
