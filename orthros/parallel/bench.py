@@ -255,8 +255,13 @@ class Bench:
         for T in a.extra_lengths:  # longer Orthros runs over N ranks
             if self.go(self.predict("orthros", N, T)):
                 self.add(self.orthros(T, ctx, "measured"))
-        if N > 1 and a.transformer_cp:  # Transformer with PyTorch context parallelism (riskiest: last)
+        if N > 1 and a.transformer_cp:  # Transformer with PyTorch context parallelism (risky: late)
             self.transformer_cp(a.transformer_cp)
+        for T in a.transformer_late:  # long Transformer runs on 1 GPU, if the budget allows
+            if self.go(self.predict("transformer", 1, T)):
+                if ctx.rank == 0:
+                    self.add(self.transformer(T, single))
+                ctx.barrier("after a 1-GPU run", self.device)
         self.summarize()
 
     def transformer_cp(self, lengths):
@@ -349,6 +354,8 @@ def main(argv=None) -> int:
                    help="Transformer lengths on 1 GPU ('' for none)")
     p.add_argument("--transformer-cp", type=parse_lengths, default=parse_lengths("64K,128K"),
                    help="Transformer lengths with PyTorch context parallelism on all ranks ('' for none)")
+    p.add_argument("--transformer-late", type=parse_lengths, default=[],
+                   help="Transformer lengths on 1 GPU measured last, if the time budget allows")
     p.add_argument("--warmup", type=int, default=8192)
     p.add_argument("--check-len", type=int, default=4096)
     p.add_argument("--chunk-size", type=int, default=32768)
