@@ -254,3 +254,21 @@ def test_generation_builds_no_autograd_graph():
     assert not any(t.requires_grad for t in eng.cache.k + eng.cache.v)
     eng.generate([[1], [2]], 2, continue_=True)
     assert not any(t.requires_grad for t in eng.cache.k + eng.cache.v)
+
+
+def test_decode_spans_grow_with_the_context(monkeypatch):
+    """Decode steps read only a power-of-two span of the cache that covers the longest row;
+    crossing span boundaries mid-generation changes nothing."""
+    import orthros.engine.engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "MIN_SPAN", 2)
+    m = tiny_model()
+    eng = Engine(m, max_batch_size=4, max_seq_len=40, prefill_chunk=4)
+    assert [eng._span(n) for n in (1, 2, 3, 9, 17, 33, 40)] == [2, 2, 4, 16, 32, 40, 40]
+    got = eng.generate(PROMPTS, 10)
+    for p, g in zip(PROMPTS, got):
+        assert g == reference_greedy(m, p, 10)
+    turn2 = [[3, 4]] * 4
+    cont = eng.generate(turn2, 6, continue_=True)
+    fresh = Engine(m, max_batch_size=4, max_seq_len=40).generate([p + g + t for p, g, t in zip(PROMPTS, got, turn2)], 6)
+    assert cont == fresh

@@ -36,6 +36,7 @@ from .cache import StaticKVCache
 from .sampling import SamplingParams, sample
 
 DEFAULT_PREFILL_CHUNK = 16384
+MIN_SPAN = 512  # smallest cache span a decode graph is captured for
 
 
 def _positive_int(name, val, allow_none=False):
@@ -327,9 +328,19 @@ class Engine:
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
     # ----------------------------------------------------------------- decode
-    def _decode_step(self, tokens: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
-        """One static-shape step for rows ``0..bs-1``: writes the tokens' K/V at ``lens``,
-        advances ``lens`` in place, returns next-token logits ``[bs, V]`` (float32)."""
+    def _span(self, need: int) -> int:
+        """Cache slots a decode step reads: the smallest power of two >= ``need`` (at least
+        MIN_SPAN, at most max_seq_len). The decode kernel sizes its key splits from the cache
+        shape, so a step over a short context must not see the whole ``max_seq_len``."""
+        span = MIN_SPAN
+        while span < need:
+            span *= 2
+        return min(span, self.max_seq_len)
+
+    def _decode_step(self, tokens: torch.Tensor, lens: torch.Tensor, span: int) -> torch.Tensor:
+        """One static-shape step for rows ``0..bs-1`` over cache slots ``[0, span)``: writes the
+        tokens' K/V at ``lens``, advances ``lens`` in place, returns next-token logits ``[bs, V]``
+        (float32). Needs ``lens + 1 <= span``."""
         m = self.model.model
         bs = tokens.shape[0]
         h = m.embed_tokens(tokens.view(bs, 1))
@@ -340,17 +351,17 @@ class Engine:
         if self.mode == "orthros":
             h = torch.cat([h, h], dim=1)  # the decoupled pair: [base token, output token]
         for i, layer in enumerate(m.layers):
-            h = self._decode_layer(i, layer, h, rows, lens, rope, new_lens, last=(i == self.num_layers - 1))
+            h = self._decode_layer(i, layer, h, rows, lens, rope, new_lens, span, last=(i == self.num_layers - 1))
         logits = self.model.lm_head(m.norm(h[:, -1:]))[:, 0].float()
         lens.add_(1)
         return logits
 
-    def _decode_layer(self, i, layer, h, rows, lens, rope, new_lens, last):
+    def _decode_layer(self, i, layer, h, rows, lens, rope, new_lens, span, last):
         attn = layer.self_attn
         bs = h.shape[0]
         x = layer.input_layernorm(h)
         k, v = self._kv(attn, x[:, :1], rope)
-        kc, vc = self.cache.k[i][:bs], self.cache.v[i][:bs]
+        kc, vc = self.cache.k[i][:bs, :span], self.cache.v[i][:bs, :span]
         kc[rows, lens] = k[:, 0]
         vc[rows, lens] = v[:, 0]
         kw = dict(window_size=self.window, backend=attn.backend)
@@ -376,52 +387,54 @@ class Engine:
         h = h + attn.o_proj(o.reshape(bs, o.shape[1], self.Hq * self.D))
         return h + layer.mlp(layer.post_attention_layernorm(h))
 
-    def _step_fn(self, bs: int) -> Callable[[], torch.Tensor]:
+    def _step_fn(self, bs: int, need: int) -> Callable[[], torch.Tensor]:
         """A no-argument callable running one decode step of rows ``0..bs-1`` (reading the
-        token buffer), through a CUDA graph when one is (or can be) captured for ``bs``."""
+        token buffer) whose longest row will hold ``need`` tokens after the step, through a
+        CUDA graph when one is (or can be) captured for ``bs`` and the step's cache span."""
         tokens, lens = self._tok_buf[:bs], self.cache.seqlens[:bs]
+        span = self._span(need)
         if not self.cuda_graphs:
-            return lambda: self._decode_step(tokens, lens)
+            return lambda: self._decode_step(tokens, lens, span)
         if bs not in self.graph_batch_sizes:
             if not getattr(self, "_warned_eager", False):
                 warnings.warn(f"batch size {bs} has no captured CUDA graph (graph_batch_sizes="
                               f"{self.graph_batch_sizes}); decoding it eagerly", stacklevel=3)
                 self._warned_eager = True
-            return lambda: self._decode_step(tokens, lens)
-        if bs not in self._graphs:
+            return lambda: self._decode_step(tokens, lens, span)
+        if (bs, span) not in self._graphs:
             try:
-                self._graphs[bs] = self._capture(bs, tokens, lens)
+                self._graphs[bs, span] = self._capture(bs, span, tokens, lens)
             except Exception as e:  # documented fallback: eager decode, loudly
                 warnings.warn(f"CUDA graph capture failed for batch size {bs} ({type(e).__name__}: {e}); "
                               f"decoding eagerly", stacklevel=3)
                 self.cuda_graphs = False
                 torch.cuda.synchronize(self.device)
-                return lambda: self._decode_step(tokens, lens)
-        graph, out = self._graphs[bs]
+                return lambda: self._decode_step(tokens, lens, span)
+        graph, out = self._graphs[bs, span]
 
         def run():
             graph.replay()
             return out
         return run
 
-    def _capture(self, bs, tokens, lens):
-        # Warm-up and capture write K/V in the last slot (never valid for a row that can still
-        # decode: _plan keeps every row below max_seq_len), then the real lengths come back.
+    def _capture(self, bs, span, tokens, lens):
+        # Warm-up and capture write K/V in slot span - 1, which holds no valid token: every
+        # row is shorter than the step's need <= span. Then the real lengths come back.
         saved = lens.clone()
         try:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(2):
-                    lens.fill_(self.max_seq_len - 1)
-                    self._decode_step(tokens, lens)
+                    lens.fill_(span - 1)
+                    self._decode_step(tokens, lens, span)
             torch.cuda.current_stream().wait_stream(stream)
-            lens.fill_(self.max_seq_len - 1)
+            lens.fill_(span - 1)
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
-                out = self._decode_step(tokens, lens)
+                out = self._decode_step(tokens, lens, span)
         finally:
             lens.copy_(saved)
         return graph, out
@@ -437,7 +450,7 @@ class Engine:
         if max(self._lens) >= self.max_seq_len:
             raise ValueError(f"the cache is full (max_seq_len={self.max_seq_len})")
         self._tok_buf[:bs].copy_(tokens)
-        out = self._step_fn(bs)()
+        out = self._step_fn(bs, max(self._lens) + 1)()
         self._lens = [n + 1 for n in self._lens]
         self._pending = [None] * bs
         return out
@@ -505,13 +518,13 @@ class Engine:
                     done[r] = True
             return out
 
-        step = self._step_fn(b) if max_new_tokens > 1 else None
+        longest = max(p + len(r) for p, r in zip(past, rows))
         to_host(tok, 0)
         try:
             for s in range(1, max_new_tokens + 1):
                 if s < max_new_tokens:  # queue step s before reading token s-1 back (overlap)
                     self._tok_buf[:b].copy_(tok)
-                    tok = sample(step(), sampling, gen)
+                    tok = sample(self._step_fn(b, longest + s)(), sampling, gen)
                     to_host(tok, s % 2)
                 out = collect((s - 1) % 2)
                 yield out
