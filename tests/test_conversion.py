@@ -9,7 +9,9 @@ randomised weights (non-trivial norms, biases and q/k norms), is saved with
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -156,6 +158,9 @@ def test_checkpoint_contents(source, tmp_path):
     assert set(added) == set(expected) and len(added) >= 2 * src_model.config.num_hidden_layers
     assert all(v == (1.0 if ".alpha" in k else 0.0) for k, v in added.items())
     assert _leftovers(tmp_path) == []
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(dst.stat().st_mode) == 0o777 & ~umask  # not the temporary directory's 0700
 
 
 # ------------------------------------------------------------------------------ sharding and dtypes
@@ -393,3 +398,15 @@ def test_failure_midway_leaves_nothing(tmp_path, good_src, monkeypatch):
         convert_checkpoint(good_src, dst, progress=False)
     assert not (tmp_path / "deep").exists()
     assert _leftovers(tmp_path) == []
+
+
+def test_not_enough_disk_space(tmp_path, good_src, monkeypatch):
+    from collections import namedtuple
+
+    from orthros.conversion import convert as conv_mod
+
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(conv_mod.shutil, "disk_usage", lambda p: usage(10 << 20, 10 << 20, 1 << 20))
+    with pytest.raises(OSError, match="not enough disk space"):
+        convert_checkpoint(good_src, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []

@@ -259,6 +259,9 @@ def _atomic_directory(dst: Path, overwrite: bool):
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.orthros-tmp-", dir=dst.parent))
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would otherwise become DST's mode
         yield tmp
         old = None
         if dst.exists() or dst.is_symlink():
@@ -300,6 +303,13 @@ def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrit
     _check_destination(source.path, dst, overwrite)
     plan = make_plan(source.config, source.architecture, source.shapes(), window_size=window_size,
                      scale_offset=scale_offset, out_dtype=out_dtype, config_dtype=_source_dtype(source))
+    need = sum(t.nbytes * plan.cast(t.dtype).itemsize // t.dtype.itemsize
+               for h in source.headers.values() for t in h.tensors.values())
+    free_at = next(p for p in [dst.absolute(), *dst.absolute().parents] if p.exists())
+    free = shutil.disk_usage(free_at).free
+    if free < need + (64 << 20):
+        raise OSError(f"not enough disk space at {str(free_at)!r}: the converted weights need about "
+                      f"{need / 2**30:.2f} GiB, {free / 2**30:.2f} GiB free")
     from tqdm.auto import tqdm
 
     # which file each source tensor lives in, and which added tensors go into each file
