@@ -37,8 +37,8 @@ def tiny(out, corpus, *extra):
     return ["--output_dir", str(out), "--data.train", corpus, "--data.eval", corpus, "--eval_sequences", "4",
             "--model.hidden_size", "32", "--model.intermediate_size", "64", "--model.num_hidden_layers", "2",
             "--model.num_attention_heads", "2", "--model.window_size", "8", "--seq_len", "32",
-            "--micro_batch_size", "2", "--threads", "1", "--progress", "false", "--tensorboard", "false",
-            "--log_every", "1", "--eval_every", "0", "--warmup_steps", "2", "--lr", "3e-3", *extra]
+            "--micro_batch_size", "2", "--grad_accum", "1", "--threads", "1", "--progress", "false",
+            "--tensorboard", "false", "--log_every", "1", "--eval_every", "0", "--warmup_steps", "2", "--lr", "3e-3", *extra]
 
 
 def losses(out):
@@ -166,7 +166,7 @@ def test_sft_trains_only_on_answers(tmp_path):
     s = train(load_config(None, ["--mode", "sft", "--output_dir", str(tmp_path), "--seq_len", "96",
                                  "--model.hidden_size", "32", "--model.intermediate_size", "64",
                                  "--model.num_hidden_layers", "2", "--model.num_attention_heads", "2",
-                                 "--micro_batch_size", "2", "--max_steps", "3", "--threads", "1", "--progress", "false",
+                                 "--micro_batch_size", "2", "--grad_accum", "1", "--max_steps", "3", "--threads", "1", "--progress", "false",
                                  "--tensorboard", "false", "--log_every", "1", "--eval_sequences", "2",
                                  "--encode_batch", "8"]))
     recs = read_metrics(str(tmp_path))
@@ -270,3 +270,15 @@ def test_hf_trainer_trains_orthros(tmp_path):
     result = Trainer(model=model, args=args, train_dataset=ds).train()
     assert result.global_step == 4 and torch.isfinite(torch.tensor(result.training_loss))
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_bf16_autocast_step(tmp_path, corpus):
+    """bf16 autocast (the CUDA default) on CPU: same loop, finite losses."""
+    try:
+        train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "2", "--train.precision", "bf16")))
+    except ValueError as e:
+        if "must share one dtype" in str(e):
+            pytest.xfail("model: fp32 scale-offset params promote bf16 queries under autocast "
+                         "(orthros/layers/attention.py _queries); reported to the lead")
+        raise
+    assert all(torch.isfinite(torch.tensor(v)) for v in losses(tmp_path).values())

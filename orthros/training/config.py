@@ -84,8 +84,11 @@ class OptimSection:
 @dataclass
 class TrainSection:
     max_steps: int = 200
-    micro_batch_size: int = 8  # packed sequences per micro-batch per process
-    grad_accum: int = 1
+    # packed rows per micro-batch per process; the rows are concatenated into one packed
+    # sequence (B = 1, cu_seqlens), so on CPU (reference attention, cost ~ (rows*seq_len)^2)
+    # prefer 1 row and accumulate; on GPU kernels the cost follows the documents
+    micro_batch_size: int = 1
+    grad_accum: int = 8
     precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
     activation_checkpointing: bool = False
     compile: bool = False

@@ -1,0 +1,161 @@
+"""Training throughput: tokens/s and MFU of Orthros vs. Transformer (and SWA) training steps.
+
+Default: the paper's 1.3B shape (d 2048, 24 layers, 16 heads x 128, SwiGLU 5632, vocab 32000),
+sequence 2048, bf16 autocast, AdamW, one GPU. Each architecture runs the same training step
+as ``orthros train`` (forward with labels -> loss -> backward -> clip -> AdamW), timed with
+CUDA synchronisation after warm-up steps. Output: one JSON line per architecture and a
+summary line with the Orthros / Transformer step-time ratio (issue target: <= 2.1x).
+
+    python benchmarks/train_throughput.py                          # 1.3B, seq 2048, all archs
+    python benchmarks/train_throughput.py --arch orthros transformer --micro-batch 4 --ac
+    python benchmarks/train_throughput.py --shape tiny --device cpu --steps 2   # runnability check
+
+MFU = model FLOPs / step time / peak. Model FLOPs (orthros.training.metrics.train_flops)
+count what each architecture needs: Orthros' linear layers see 2T tokens (base + output
+stream) in pre-training, its attention is a window of w over the base stream plus full causal
+attention for the output stream; recomputation under activation checkpointing is not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import orthros  # noqa: E402,F401
+from orthros.models import OrthrosConfig, OrthrosForCausalLM  # noqa: E402
+from orthros.training.metrics import detect_peak_flops, train_flops  # noqa: E402
+
+SHAPES = {
+    "1.3b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=24, num_attention_heads=16,
+                 num_key_value_heads=16, head_dim=128, vocab_size=32000),
+    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=2, head_dim=32, vocab_size=512),
+}
+MODES = {"orthros": "orthros", "transformer": "full", "swa": "window"}
+
+
+def bench_one(arch: str, a, device: torch.device) -> dict:
+    torch.manual_seed(0)
+    window = a.swa_window if arch == "swa" else a.window
+    cfg = OrthrosConfig(**SHAPES[a.shape], window_size=window, attention_mode=MODES[arch],
+                        scale_offset=not a.no_scale_offset, max_position_embeddings=max(4096, a.seq_len),
+                        tie_word_embeddings=False, use_cache=False, attn_backend=a.backend)
+    model = OrthrosForCausalLM(cfg).to(device)
+    if a.ac:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if a.compile:
+        for layer in model.model.layers:
+            layer.compile()
+    model.train()
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                            fused=device.type == "cuda")
+    B, T = a.micro_batch, a.seq_len
+    ids = torch.randint(0, cfg.vocab_size, (B, T), device=device)
+    amp = torch.autocast(device_type=device.type, dtype=torch.bfloat16) if a.dtype == "bf16" else \
+        torch.autocast(device_type=device.type, enabled=False)
+
+    def step():
+        for _ in range(a.grad_accum):
+            with amp:
+                loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            (loss / a.grad_accum).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    for _ in range(a.warmup):
+        step()
+    sync()
+    times = []
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        loss = step()
+        sync()
+        times.append(time.perf_counter() - t0)
+    step_s = sorted(times)[len(times) // 2]  # median
+    tokens = B * T * a.grad_accum
+    flops = train_flops(cfg, [T] * B, B * (T - 1)) * a.grad_accum
+    peak = a.peak_tflops * 1e12 if a.peak_tflops else detect_peak_flops(device, a.dtype)
+    res = {
+        "arch": arch, "shape": a.shape, "params_M": round(n_params / 1e6, 1), "seq_len": T, "micro_batch": B,
+        "grad_accum": a.grad_accum, "window": window, "dtype": a.dtype, "ac": a.ac, "compile": a.compile,
+        "backend": a.backend, "step_s_median": step_s, "step_s_min": min(times), "tokens_per_s": tokens / step_s,
+        "model_tflops_per_step": flops / 1e12, "achieved_tflops": flops / step_s / 1e12,
+        "mfu": (flops / step_s / peak) if peak else None, "loss": float(loss.detach()),
+        "peak_mem_GiB": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
+    }
+    del model, opt
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return res
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--arch", nargs="+", default=["transformer", "orthros", "swa"], choices=list(MODES))
+    p.add_argument("--shape", default="1.3b", choices=list(SHAPES))
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--micro-batch", type=int, default=4, help="sequences per forward")
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument("--window", type=int, default=128, help="Orthros window (paper: 128)")
+    p.add_argument("--swa-window", type=int, default=512, help="SWA baseline window (paper, 1.3B: 512)")
+    p.add_argument("--no-scale-offset", action="store_true")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--ac", action="store_true", help="activation checkpointing")
+    p.add_argument("--compile", action="store_true", help="torch.compile each decoder layer")
+    p.add_argument("--backend", default="auto", choices=["auto", "reference", "triton"])
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--peak-tflops", type=float, default=None, help="override the detected peak (bf16 dense)")
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    p.add_argument("--out", default=None, help="append the JSON lines to this file")
+    a = p.parse_args(argv)
+    dev = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(dev)
+    if dev == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    results = {}
+    for arch in a.arch:
+        try:
+            r = bench_one(arch, a, device)
+        except torch.OutOfMemoryError as e:
+            r = {"arch": arch, "error": f"OOM: {str(e)[:200]} (try --micro-batch smaller or --ac)"}
+            gc.collect()
+            torch.cuda.empty_cache()
+        results[arch] = r
+        line = json.dumps(r)
+        print(line, flush=True)
+        if a.out:
+            with open(a.out, "a") as f:
+                f.write(line + "\n")
+    if "orthros" in results and "transformer" in results and "error" not in results["orthros"] \
+            and "error" not in results["transformer"]:
+        ratio = results["orthros"]["step_s_median"] / results["transformer"]["step_s_median"]
+        summary = {"summary": "orthros_vs_transformer", "step_time_ratio": ratio, "target": 2.1,
+                   "meets_target": ratio <= 2.1 and math.isfinite(ratio)}
+        print(json.dumps(summary), flush=True)
+        if a.out:
+            with open(a.out, "a") as f:
+                f.write(json.dumps(summary) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
