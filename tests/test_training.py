@@ -230,9 +230,16 @@ def test_bad_input_is_refused_before_training(tmp_path, corpus):
         train(load_config(None, tiny(out2, corpus, "--data.train", str(empty))))
     for o in (out, out2):  # nothing was trained or saved
         assert not (o / "metrics.jsonl").exists() and not (o / "checkpoints").exists()
-    with pytest.raises(ConfigError, match="not a local path|is a 'llama' model|cannot read"):
+    with pytest.raises(ConfigError, match="is not a checkpoint directory"):
         train(load_config(None, tiny(tmp_path / "o3", corpus, "--mode", "cpt", "--model.init_from",
                                      str(tmp_path / "no_such_ckpt"))))
+    from transformers import LlamaConfig
+
+    LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                num_attention_heads=2).save_pretrained(tmp_path / "llama")
+    with pytest.raises(ConfigError, match="is a 'llama' model; convert it to Orthros first"):
+        train(load_config(None, tiny(tmp_path / "o4", corpus, "--mode", "cpt", "--model.init_from",
+                                     str(tmp_path / "llama"))))
 
 
 def test_existing_checkpoints_need_resume(reference, corpus):

@@ -13,6 +13,7 @@ import contextlib
 import math
 import os
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -121,8 +122,12 @@ def resolve_resume(cfg: RunConfig) -> Optional[Path]:
 def load_tokenizer(cfg: RunConfig):
     from ..data import load_tokenizer as _load
 
+    name = cfg.data.tokenizer
+    init = cfg.model.init_from
+    if name == "embedded" and init and (Path(init) / "tokenizer_config.json").is_file():
+        name = init  # a checkpoint's own tokenizer beats the embedded one (it may be a converted model)
     try:
-        tok = _load(cfg.data.tokenizer)
+        tok = _load(name)
     except Exception as e:  # noqa: BLE001
         raise ConfigError(f"data.tokenizer: cannot load {cfg.data.tokenizer!r}: {type(e).__name__}: {e}") from None
     if tok.eos_token_id is None and cfg.mode != "sft":
@@ -143,6 +148,8 @@ def model_config_for(cfg: RunConfig, tokenizer):
     mode = ARCH_TO_ATTENTION_MODE[cfg.model.architecture]
     m = cfg.model
     if m.init_from:
+        if not os.path.isdir(m.init_from) and not re.fullmatch(r"[\w.-]+/[\w.-]+", m.init_from):
+            raise ConfigError(f"model.init_from: {m.init_from!r} is not a checkpoint directory")
         try:
             mc = AutoConfig.from_pretrained(m.init_from)
         except Exception as e:  # noqa: BLE001
