@@ -239,19 +239,6 @@ class Engine:
             return None
         return self.model.lm_head(m.norm(h[:, -1:]))[:, 0]
 
-    def _stream_queries(self, attn, x, stream: str, rope):
-        """Queries of one stream: projection, q-norm, the stream's scale-offset, rotary."""
-        b, n, _ = x.shape
-        q = attn.q_proj(x).view(b, n, self.Hq, self.D)
-        if attn.q_norm is not None:
-            q = attn.q_norm(q)
-        if getattr(attn, "scale_offset", False) and self.mode == "orthros":
-            names = ("alpha", "beta") if stream == "base" else ("alpha_out", "beta_out")
-            a, c = (getattr(attn, n, None) for n in names)
-            if a is not None:
-                q = q * a.view(self.Hq, self.D) + c.view(self.Hq, self.D)
-        return apply_rope(q, *rope)
-
     def _pair_queries(self, attn, x, last, rope):
         """Decode: the queries of the token pair ``x [B, 2, d]`` (or of the output token only,
         ``[B, 1, d]``, in the last layer) in one pass: one projection, one q-norm, both streams'
@@ -269,19 +256,11 @@ class Engine:
             q = q * a + c
         return apply_rope(q, *rope)
 
-    def _kv(self, attn, x, rope):
-        b, n, _ = x.shape
-        k = attn.k_proj(x).view(b, n, self.Hkv, self.D)
-        v = attn.v_proj(x).view(b, n, self.Hkv, self.D)
-        if attn.k_norm is not None:
-            k = attn.k_norm(k)
-        return apply_rope(k, *rope), v
-
     def _prefill_layer(self, i, layer, h, T, n_out, P, rope, rope_out, r0, r1, last, want_out):
         attn = layer.self_attn
         b = h.shape[0]
         x = layer.input_layernorm(h)
-        k, v = self._kv(attn, x[:, :T], rope)
+        k, v = attn.keys_values(x[:, :T], rope)
         kc, vc = self.cache.k[i], self.cache.v[i]
         kc[r0:r1, P:P + T] = k
         vc[r0:r1, P:P + T] = v
@@ -291,13 +270,13 @@ class Engine:
         win0 = max(0, P - w + 1)  # first key any window query of this chunk can see
         kw = dict(window_size=w, backend=attn.backend)
         if self.mode == "orthros":
-            q_out = self._stream_queries(attn, x[:, T:], "out", rope_out) if n_out else None
+            q_out = attn.queries(x[:, T:], stream="out", rope=rope_out) if n_out else None
             if last:  # only the output token continues: window stream and MLP of the base skipped
                 k_all, v_all = kc[r0:r1, :P + T], vc[r0:r1, :P + T]
                 o = q_out if self.floor else orthros_attention(q_out[:, :0], k_all, v_all, q_out, **kw)[1]
                 h = h[:, T:]
             else:
-                q = self._stream_queries(attn, x[:, :T], "base", rope)
+                q = attn.queries(x[:, :T], stream="base", rope=rope)
                 if q_out is None:
                     q_out = q[:, :0]
                 s = 0 if n_out else win0
@@ -308,7 +287,7 @@ class Engine:
                     o = torch.cat([o, o2], dim=1) if n_out else o
         elif self.mode == "full":
             src = x[:, T - 1:T] if last else x[:, :T]
-            q = self._stream_queries(attn, src, "base", (rope[0][:, -src.shape[1]:], rope[1][:, -src.shape[1]:]))
+            q = attn.queries(src, stream=None, rope=(rope[0][:, -src.shape[1]:], rope[1][:, -src.shape[1]:]))
             if self.floor:
                 o = q
             else:  # causal = the full stream with a query at every (here: the last src) position
@@ -317,7 +296,7 @@ class Engine:
                 h = h[:, T - 1:T]
         else:  # window
             src = x[:, T - 1:T] if last else x[:, :T]
-            q = self._stream_queries(attn, src, "base", (rope[0][:, -src.shape[1]:], rope[1][:, -src.shape[1]:]))
+            q = attn.queries(src, stream=None, rope=(rope[0][:, -src.shape[1]:], rope[1][:, -src.shape[1]:]))
             if self.floor:
                 o = q
             else:
@@ -360,7 +339,7 @@ class Engine:
         attn = layer.self_attn
         bs = h.shape[0]
         x = layer.input_layernorm(h)
-        k, v = self._kv(attn, x[:, :1], rope)
+        k, v = attn.keys_values(x[:, :1], rope)
         kc, vc = self.cache.k[i][:bs, :span], self.cache.v[i][:bs, :span]
         kc[rows, lens] = k[:, 0]
         vc[rows, lens] = v[:, 0]
@@ -378,7 +357,7 @@ class Engine:
             else:
                 o = torch.cat([o, o_out], dim=1)
         else:
-            q = self._stream_queries(attn, x, "base", rope)
+            q = attn.queries(x, stream=None, rope=rope)
             if self.floor:
                 o = q
             else:  # same kernel; "full" reads its full-stream result, "window" its window result

@@ -90,14 +90,29 @@ class OrthrosAttention(nn.Module):
             for name, p in self.scale_offset_params().items():
                 p.fill_(1.0 if name.startswith("alpha") else 0.0)
 
-    def _queries(self, x, alpha, beta, rope):
+    def queries(self, x: torch.Tensor, rope, stream: Optional[str] = "base") -> torch.Tensor:
+        """Queries ``[B, T, Hq, D]`` of one stream: projection, q-norm, that stream's
+        scale-offset (``"base"``: alpha, beta; ``"out"``: alpha', beta'; ``None``: none, as in a
+        plain Transformer), RoPE."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
         if self.q_norm is not None:
             q = self.q_norm(q)
-        if alpha is not None:
+        if self.scale_offset and stream is not None:
+            if stream not in ("base", "out"):
+                raise ValueError(f"stream must be 'base', 'out' or None, got {stream!r}")
+            alpha, beta = (self.alpha_out, self.beta_out) if stream == "out" else (self.alpha, self.beta)
             q = q * alpha.view(self.num_heads, self.head_dim) + beta.view(self.num_heads, self.head_dim)
         return apply_rope(q, *rope)
+
+    def keys_values(self, x: torch.Tensor, rope):
+        """K (k-norm, RoPE) and V ``[B, T, Hkv, D]`` of base tokens ``x``."""
+        B, T, _ = x.shape
+        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        return apply_rope(k, *rope), v
 
     def forward(self, h: torch.Tensor, a: AttentionInputs, base_output: bool = True) -> torch.Tensor:
         """``h``: ``[B, T + T_out, d]`` (normalised). Returns the attention output for the
@@ -106,27 +121,22 @@ class OrthrosAttention(nn.Module):
         B = h.shape[0]
         T = a.n_base
         x = h[:, :T]
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
-        if self.k_norm is not None:
-            k = self.k_norm(k)
-        k = apply_rope(k, *a.rope_base)
+        k, v = self.keys_values(x, a.rope_base)
         if a.cache is not None:
             kc, vc = a.cache.update(k.transpose(1, 2), v.transpose(1, 2), self.layer_idx)
             k, v = kc.transpose(1, 2), vc.transpose(1, 2)
 
-        so = self.scale_offset
         kw = dict(window_size=self.window_size, cu_seqlens=a.cu_seqlens, kv_start=a.kv_start, backend=self.backend)
         if self.mode == "orthros":
-            q_out = self._queries(h[:, T:], self.alpha_out if so else None, self.beta_out if so else None, a.rope_out)
+            q_out = self.queries(h[:, T:], a.rope_out, "out")
             if base_output:
-                q = self._queries(x, self.alpha if so else None, self.beta if so else None, a.rope_base)
+                q = self.queries(x, a.rope_base)
             else:
                 q = q_out[:, :0]
             o, o_out = orthros_attention(q, k, v, q_out, out_positions=a.out_positions, **kw)
             o = torch.cat([o, o_out], dim=1) if base_output else o_out
         else:
-            q = self._queries(x, None, None, a.rope_base)
+            q = self.queries(x, a.rope_base, stream=None)
             if self.mode == "full":
                 # causal attention is the full stream with a query at every base position kept
                 if base_output:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .sharded import _keys_values
 
 
 @torch.no_grad()
@@ -29,8 +28,8 @@ def transformer_prefill(model, input_ids: torch.Tensor, position_ids: torch.Tens
     for layer in core.layers:
         attn = layer.self_attn
         x = layer.input_layernorm(h)
-        q = attn._queries(x, None, None, rope)
-        k, v = _keys_values(attn, x, rope)
+        q = attn.queries(x, rope, stream=None)
+        k, v = attn.keys_values(x, rope)
         del x
         if keep_cache:
             cache.append((k, v))

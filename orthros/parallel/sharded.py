@@ -28,7 +28,6 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from ..layers.common import apply_rope
 from ..ops import orthros_attention
 from .comm import ParallelContext
 from .merge import acc_dtype, merge_partials, partial_attention
@@ -131,28 +130,6 @@ class ShardedKVCache:
         return total
 
 
-def _scale_offset(attn, out: bool):
-    if not getattr(attn, "scale_offset", False):
-        return None, None
-    a = getattr(attn, "alpha_out" if out else "alpha", None)
-    b = getattr(attn, "beta_out" if out else "beta", None)
-    return a, b
-
-
-def _queries(attn, x, rope, out: bool):
-    a, b = _scale_offset(attn, out)
-    return attn._queries(x, a, b, rope)
-
-
-def _keys_values(attn, x, rope):
-    B, n, _ = x.shape
-    k = attn.k_proj(x).view(B, n, attn.num_kv_heads, attn.head_dim)
-    v = attn.v_proj(x).view(B, n, attn.num_kv_heads, attn.head_dim)
-    if attn.k_norm is not None:
-        k = attn.k_norm(k)
-    return apply_rope(k, *rope), v
-
-
 class ShardedOrthros:
     """Sequence-parallel inference of an Orthros model over the ranks of ``ctx``.
 
@@ -209,7 +186,7 @@ class ShardedOrthros:
         B = h.shape[0]
         wm1 = self.window - 1
         hc = h[:, cs:ce]
-        q = _queries(attn, layer.input_layernorm(hc), rope, out=False)
+        q = attn.queries(layer.input_layernorm(hc), rope, "base")
         lo = cs - wm1
         if lo >= 0:
             kk, vv = kbuf[:, lo:ce], vbuf[:, lo:ce]
@@ -265,12 +242,12 @@ class ShardedOrthros:
             # 1) K/V of every local token, straight into the cache
             kbuf, vbuf = cache.allocate(i, B, n, Hkv, D, dtype, dev)
             for c in chunks:
-                k, v = _keys_values(attn, layer.input_layernorm(h[:, c[0]:c[1]]), ropes[c])
+                k, v = attn.keys_values(layer.input_layernorm(h[:, c[0]:c[1]]), ropes[c])
                 kbuf[:, c[0]:c[1]] = k
                 vbuf[:, c[0]:c[1]] = v
             kl, vl = kbuf[:, :n], vbuf[:, :n]
             # 2) the output query's partial attention over the local keys
-            q_out = _queries(attn, layer.input_layernorm(h_out), rope_out, out=True)
+            q_out = attn.queries(layer.input_layernorm(h_out), rope_out, "out")
             o_p, lse_p = partial_attention(q_out, kl, vl, key_chunk=self.key_chunk)
             # 3) one gather: this rank's tail (right-aligned in w-1 rows) + its partial
             c_me = counts[ctx.rank]
@@ -336,8 +313,8 @@ class ShardedOrthros:
             attn = layer.self_attn
             last = i == L - 1
             x = layer.input_layernorm(h2)
-            k, v = _keys_values(attn, x[:, :1], rope)
-            q_out = _queries(attn, x[:, 1:], rope, out=True)
+            k, v = attn.keys_values(x[:, :1], rope)
+            q_out = attn.queries(x[:, 1:], rope, "out")
             if ctx.is_last:
                 cache.k[i][:, cache.length:cache.length + 1] = k
                 cache.v[i][:, cache.length:cache.length + 1] = v
@@ -351,7 +328,7 @@ class ShardedOrthros:
             wk = torch.cat([cache.window_k[i], k], dim=1)
             wv = torch.cat([cache.window_v[i], v], dim=1)
             if not last:
-                q = _queries(attn, x[:, :1], rope, out=False)
+                q = attn.queries(x[:, :1], rope, "base")
                 o, _ = orthros_attention(q, wk, wv, q[:, :0], window_size=self.window, backend=attn.backend)
                 h2 = h2 + attn.o_proj(torch.cat([o, o_out.to(dtype)], dim=1).reshape(B, 2, -1))
             else:
