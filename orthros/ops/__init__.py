@@ -1,15 +1,21 @@
-"""Functional ops: the Orthros attention op (reference + kernels behind one signature)."""
+"""Functional ops: the Orthros attention op (reference + kernels behind one signature), the
+decode step, and partial attention with log-sum-exp for merging across key shards."""
 
 from .attention import BACKENDS, doc_ids_from_cu_seqlens, normalize_out_positions, orthros_attention
+from .decode import decode_attention_reference, orthros_decode_attention
+from .merge import merge_partials, partial_attention
 from .reference import full_attention_reference, orthros_attention_reference, window_attention_reference
-from .decode import decode_attention_reference, orthros_decode_attention  # decode step (Triton on CUDA)
 
 __all__ = [
     "BACKENDS",
     "orthros_attention",
+    "orthros_decode_attention",
+    "partial_attention",
+    "merge_partials",
     "orthros_attention_reference",
     "window_attention_reference",
     "full_attention_reference",
+    "decode_attention_reference",
     "normalize_out_positions",
     "doc_ids_from_cu_seqlens",
 ]

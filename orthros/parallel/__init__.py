@@ -3,7 +3,7 @@ decode with an exact log-sum-exp merge of per-rank partials (flash-decoding). Se
 ``docs/parallel.md``; benchmark: ``torchrun --nproc-per-node N -m orthros.parallel.bench``."""
 
 from .comm import ParallelContext, ParallelError, init_from_env
-from .merge import merge_partials, partial_attention
+from ..ops.merge import merge_partials, partial_attention
 from .sharded import ShardedKVCache, ShardedOrthros, halo_from_tails, shard_bounds
 
 __all__ = [

@@ -30,7 +30,7 @@ import torch
 
 from ..ops import orthros_attention
 from .comm import ParallelContext
-from .merge import acc_dtype, merge_partials, partial_attention
+from ..ops.merge import acc_dtype, merge_partials, partial_attention
 
 
 def shard_bounds(seq_len: int, world_size: int) -> List[Tuple[int, int]]:

@@ -6,9 +6,8 @@ log-sum-exp of its scores, and the partials merge exactly:
 
     lse = log sum_r exp(lse_r),    o = sum_r exp(lse_r - lse) * o_r .
 
-Pure PyTorch in float32 (float64 stays float64). This belongs in ``orthros.ops`` next to the
-reference op (a Triton kernel returning ``(o, lse)`` exists privately in
-``orthros.ops.triton.attention._stream_forward``); it lives here until the op exposes it.
+Pure PyTorch in float32 (float64 stays float64). Used by the sequence-parallel path
+(``orthros.parallel``): the output query's partial over each rank's keys, merged across ranks.
 """
 
 from __future__ import annotations
