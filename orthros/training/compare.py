@@ -1,0 +1,75 @@
+"""Compare trained checkpoints on held-out text: plain eval loss, and a long-range probe.
+
+The probe feeds each held-out passage twice in a row (``P P``) and reports the mean loss on
+the second copy next to the loss on the first. A model that can look back ``len(P)`` tokens
+can copy, so its second-copy loss drops; a sliding window shorter than ``len(P)`` cannot see
+the first copy. Used for the CPU comparison recorded in docs/training.md::
+
+    python -m orthros.training.compare runs/tiny_orthros runs/tiny_tf runs/tiny_swa --passage 96
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+
+@torch.no_grad()
+def probe(ckpt_dir: str, passage: int = 96, n: int = 32) -> dict:
+    import orthros  # noqa: F401
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from ..data import CORPUS_EVAL
+
+    model = AutoModelForCausalLM.from_pretrained(ckpt_dir).eval()
+    tok = AutoTokenizer.from_pretrained(ckpt_dir)
+    docs = [json.loads(l)["text"] for l in open(CORPUS_EVAL, encoding="utf-8")]
+    first, second, count = 0.0, 0.0, 0
+    for d in docs:
+        ids = tok(d, add_special_tokens=False)["input_ids"]
+        if len(ids) < passage + 64:
+            continue
+        p = ids[64:64 + passage]  # skip the scene heading
+        x = torch.tensor([p + p])
+        lab1 = x.clone()
+        lab1[:, passage:] = -100
+        lab2 = x.clone()
+        lab2[:, :passage + 1] = -100  # scored: tokens 2..P of the second copy
+        lab1[:, 0] = -100
+        first += float(model(input_ids=x, labels=lab1, use_cache=False).loss)
+        second += float(model(input_ids=x, labels=lab2, use_cache=False).loss)
+        count += 1
+        if count == n:
+            break
+    return {"checkpoint": ckpt_dir, "attention_mode": model.config.attention_mode,
+            "window": model.config.window_size, "passage_tokens": passage, "passages": count,
+            "loss_first_copy": first / count, "loss_second_copy": second / count}
+
+
+def main(argv=None) -> int:
+    from .checkpoint import latest_checkpoint
+    from .metrics import read_metrics
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", help="output_dir of each run")
+    p.add_argument("--passage", type=int, default=96)
+    p.add_argument("--n", type=int, default=32)
+    a = p.parse_args(argv)
+    for run in a.runs:
+        ck = latest_checkpoint(run)
+        evals = read_metrics(run, "eval")
+        train = read_metrics(run, "train")
+        r = probe(str(ck), a.passage, a.n)
+        r.update({"run": run, "step": evals[-1]["step"] if evals else None,
+                  "eval_loss": evals[-1]["eval_loss"] if evals else None,
+                  "train_loss_last": train[-1]["loss"] if train else None,
+                  "eval_curve": [(e["step"], round(e["eval_loss"], 4)) for e in evals]})
+        print(json.dumps(r), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
