@@ -6,6 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+# `datasets` reads the training data; it must be a dependency of the package (pyproject).
+pytest.importorskip("datasets", reason="training needs the `datasets` package")
+
 from orthros.data import CORPUS_TRAIN, SFT_TRAIN, load_tokenizer
 from orthros.training.config import load_config
 from orthros.training.data import (IGNORE, DataError, DocSource, PackedStream, build_stream, collate,

@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+# `datasets` reads the training data; it must be a dependency of the package (pyproject).
+pytest.importorskip("datasets", reason="training needs the `datasets` package")
+
 import orthros  # noqa: F401
 from orthros.data import CORPUS_TRAIN
 from orthros.training.checkpoint import latest_checkpoint, list_checkpoints
@@ -289,3 +292,16 @@ def test_bf16_autocast_step(tmp_path, corpus):
                          "(orthros/layers/attention.py _queries); reported to the lead")
         raise
     assert all(torch.isfinite(torch.tensor(v)) for v in losses(tmp_path).values())
+
+
+def test_cli_trains_on_the_embedded_defaults(tmp_path, capsys):
+    """`orthros train` with no data/tokenizer keys uses the shipped corpus and tokenizer."""
+    from orthros.training.cli import main as cli_main
+
+    rc = cli_main(["--output_dir", str(tmp_path), "--max_steps", "2", "--seq_len", "64", "--grad_accum", "1",
+                   "--model.hidden_size", "32", "--model.intermediate_size", "64", "--model.num_hidden_layers", "1",
+                   "--model.num_attention_heads", "2", "--eval_sequences", "2", "--threads", "1",
+                   "--progress", "false", "--tensorboard", "false", "--log_every", "1"])
+    assert rc == 0
+    assert sorted(losses(tmp_path)) == [1, 2]
+    assert (tmp_path / "checkpoints" / "step_00000002" / "tokenizer.json").is_file()

@@ -454,7 +454,8 @@ class Trainer:
         peak = cfg.train.peak_tflops * 1e12 if cfg.train.peak_tflops else detect_peak_flops(self.device, self.precision)
         n_params = sum(p.numel() for p in self.model.parameters())
         if dist.main:
-            what = f"resumed from {self.resume_dir} at step {self.step}" if self.resume_dir else "fresh start"
+            what = (f"resumed from {self.resume_dir} at step {self.step}" if self.resume_dir else
+                    f"weights from {cfg.model.init_from}" if cfg.model.init_from else "fresh start")
             print(f"[orthros train] mode={cfg.mode} arch={cfg.model.architecture} "
                   f"(attention_mode={self.model_config.attention_mode}) params={n_params/1e6:.2f}M "
                   f"world={dist.world} device={self.device} precision={self.precision} "
