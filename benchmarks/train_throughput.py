@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import orthros  # noqa: E402,F401
 from orthros.models import OrthrosConfig, OrthrosForCausalLM  # noqa: E402
 from orthros.training.metrics import detect_peak_flops, train_flops  # noqa: E402
+from orthros.training.trainer import enable_activation_checkpointing  # noqa: E402
 
 SHAPES = {
     "1.3b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=24, num_attention_heads=16,
@@ -51,7 +52,7 @@ def bench_one(arch: str, a, device: torch.device) -> dict:
                         tie_word_embeddings=False, use_cache=False, attn_backend=a.backend)
     model = OrthrosForCausalLM(cfg).to(device)
     if a.ac:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_activation_checkpointing(model)
     if a.compile:
         for layer in model.model.layers:
             layer.compile()

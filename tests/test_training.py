@@ -305,3 +305,28 @@ def test_cli_trains_on_the_embedded_defaults(tmp_path, capsys):
     assert rc == 0
     assert sorted(losses(tmp_path)) == [1, 2]
     assert (tmp_path / "checkpoints" / "step_00000002" / "tokenizer.json").is_file()
+
+
+def test_activation_checkpointing_gives_the_same_losses(tmp_path, corpus, reference):
+    _, ref, _ = reference
+    train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "3", "--checkpoint.every", "0",
+                                 "--train.activation_checkpointing", "true")))
+    got = losses(tmp_path)
+    for s in (1, 2, 3):  # same computation, recomputed in the backward pass
+        assert got[s] == pytest.approx(ref[s], rel=1e-6)
+
+
+def test_throughput_benchmark_runs_on_cpu(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("train_throughput", REPO / "benchmarks" / "train_throughput.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--shape", "tiny", "--device", "cpu", "--dtype", "fp32", "--steps", "1", "--warmup", "0",
+                     "--seq-len", "32", "--micro-batch", "1", "--arch", "orthros", "transformer"]) == 0
+    lines = [json.loads(l) for l in capsys.readouterr().out.splitlines() if l.startswith("{")]
+    assert [l.get("arch") for l in lines[:2]] == ["orthros", "transformer"]
+    assert all(l["tokens_per_s"] > 0 and l["model_tflops_per_step"] > 0 for l in lines[:2])
+    assert lines[2]["summary"] == "orthros_vs_transformer"
+    # Orthros' model FLOPs exceed the Transformer's (doubled tokens through the linear layers)
+    assert lines[0]["model_tflops_per_step"] > lines[1]["model_tflops_per_step"]

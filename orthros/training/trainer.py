@@ -194,6 +194,15 @@ def build_model(cfg: RunConfig, mc, resume_dir: Optional[Path]):
     return model
 
 
+def enable_activation_checkpointing(model) -> None:
+    """Recompute each decoder layer in the backward pass (newer transformers renamed the method)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 def param_groups(model, weight_decay: float):
     decay, no_decay = [], []
     for _, p in model.named_parameters():
@@ -297,7 +306,7 @@ class Trainer:
         cfg, dist = self.cfg, self.dist
         model = build_model(cfg, self.model_config, self.resume_dir)
         if cfg.train.activation_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            enable_activation_checkpointing(model)
         model.to(self.device)
         if dist.enabled:
             _shard(model, dist)
