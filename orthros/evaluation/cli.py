@@ -1,0 +1,178 @@
+"""``orthros eval mqar | niah | lm``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _mqar_parser(sub):
+    p = sub.add_parser("mqar", help="train and evaluate Orthros / Transformer / SWA on multi-query associative recall",
+                       description="Multi-query associative recall (Zoology-style). Trains each model with the same "
+                                   "budget (steps, batch, lr, size, data) and prints an accuracy table.")
+    g = p.add_argument_group("task")
+    g.add_argument("--vocab-size", type=int, default=64, help="token 0 is filler; half the rest keys, half values")
+    g.add_argument("--seq-len", type=int, default=64)
+    g.add_argument("--num-pairs", type=int, default=4, help="key-value pairs per sequence (each queried once)")
+    g.add_argument("--power", type=float, default=1.0, help="P(gap) ~ gap^-power between a key and its query")
+    g.add_argument("--min-gap", type=int, default=1)
+    g.add_argument("--max-gap", type=int, default=None)
+    g.add_argument("--fill", choices=("pad", "noise"), default="pad")
+    g = p.add_argument_group("models and training (identical for every model)")
+    g.add_argument("--models", default="orthros,transformer,swa", help="comma list of orthros, transformer, swa")
+    g.add_argument("--hidden-size", type=int, default=64)
+    g.add_argument("--layers", type=int, default=2)
+    g.add_argument("--heads", type=int, default=2)
+    g.add_argument("--window", type=int, default=8, help="window of Orthros's base stream and of SWA")
+    g.add_argument("--steps", type=int, default=800)
+    g.add_argument("--batch-size", type=int, default=32)
+    g.add_argument("--lr", type=float, default=3e-3)
+    g.add_argument("--eval-examples", type=int, default=1000)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--output", "-o", default=None, help="write the results as JSON here")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _niah_parser(sub):
+    p = sub.add_parser("niah", help="needle-in-a-haystack grid (context length x depth) on a checkpoint",
+                       description="Hide a number at each depth of a haystack of each length; greedy answer; exact "
+                                   "string match. Writes JSON and a heatmap PNG.")
+    p.add_argument("--model", required=True, help="Orthros checkpoint dir (or a Llama/Qwen2/Qwen3/Mistral one: "
+                                                  "converted on the fly with --window)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: the model dir)")
+    p.add_argument("--lengths", default="256,512,1024", help="context lengths in tokens, comma list")
+    p.add_argument("--depths", default="0,25,50,75,100", help="needle depths in percent (0..100), comma list")
+    p.add_argument("--samples", type=int, default=2, help="needles per cell")
+    p.add_argument("--haystack", default="synthetic", help="synthetic | corpus | PATH.txt | PATH.jsonl")
+    p.add_argument("--digits", type=int, default=7)
+    p.add_argument("--window", type=int, default=128, help="window when converting a Transformer checkpoint")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, choices=(None, "fp32", "bf16", "fp16"))
+    p.add_argument("--engine", default="auto", choices=("auto", "on", "off"),
+                   help="fast engine: auto = on CUDA; otherwise transformers' generate")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output-dir", "-o", default="niah_results")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _lm_parser(sub):
+    p = sub.add_parser("lm", help="lm-evaluation-harness tasks on a checkpoint",
+                       description="Runs lm-evaluation-harness (pip install lm_eval) with Orthros registered. The "
+                                   "shipped offline task `orthros_tiny_cloze` is always available.")
+    p.add_argument("--model", required=True)
+    p.add_argument("--tasks", required=True, help="comma list of lm-eval task names")
+    p.add_argument("--include_path", "--include-path", dest="include_path", action="append", default=None,
+                   help="extra folder of task YAMLs (repeatable)")
+    p.add_argument("--limit", type=float, default=None)
+    p.add_argument("--num_fewshot", "--num-fewshot", dest="num_fewshot", type=int, default=None)
+    p.add_argument("--batch_size", "--batch-size", dest="batch_size", type=int, default=1)
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--tokenizer", default=None)
+    p.add_argument("--window", type=int, default=128, help="window when converting a Transformer checkpoint")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--output", "-o", default=None, help="write the results as JSON here")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="orthros eval", description="Evaluations of Orthros models.")
+    sub = p.add_subparsers(dest="what", metavar="{mqar,niah,lm}")
+    _mqar_parser(sub)
+    _niah_parser(sub)
+    _lm_parser(sub)
+    return p
+
+
+def _mqar(a) -> int:
+    from .common import write_json
+    from .mqar import MODEL_ALIASES, MQARTask, MQARTrain, format_table, run_mqar
+
+    models = tuple(m.strip().lower() for m in a.models.split(",") if m.strip())
+    for m in models:
+        if m not in MODEL_ALIASES:
+            raise ValueError(f"--models: unknown model {m!r}; choose from orthros, transformer, swa")
+    for name in ("steps", "batch_size", "hidden_size", "layers", "heads", "window", "eval_examples"):
+        if getattr(a, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    if a.lr <= 0:
+        raise ValueError(f"--lr must be > 0, got {a.lr}")
+    task = MQARTask(vocab_size=a.vocab_size, seq_len=a.seq_len, num_pairs=a.num_pairs, power=a.power,
+                    min_gap=a.min_gap, max_gap=a.max_gap, fill=a.fill).validate()
+    tr = MQARTrain(models=models, hidden_size=a.hidden_size, num_layers=a.layers, num_heads=a.heads,
+                   window_size=a.window, steps=a.steps, batch_size=a.batch_size, lr=a.lr,
+                   eval_examples=a.eval_examples, seed=a.seed, threads=a.threads)
+    if a.hidden_size % a.heads:
+        raise ValueError(f"--hidden-size ({a.hidden_size}) must be a multiple of --heads ({a.heads})")
+    print(f"MQAR: vocab {task.vocab_size}, seq {task.seq_len}, {task.num_pairs} pairs, gaps ~ gap^-{task.power:g} "
+          f"in [{task.min_gap}, {task.max_gap or task.seq_len}], window {tr.window_size}; {tr.num_layers} layers, "
+          f"d={tr.hidden_size}, {tr.steps} steps x {tr.batch_size}")
+    out = run_mqar(task, tr, progress=not a.no_progress)
+    print()
+    print(format_table(out))
+    if a.output:
+        write_json(a.output, out)
+        print(f"\nwrote {a.output}")
+    return 0
+
+
+def _niah(a) -> int:
+    from .common import default_device, load_model, load_tokenizer, parse_int_list, read_model_type, write_json
+    from .niah import NIAHConfig, format_grid, run_niah, save_heatmap, validate
+
+    cfg = NIAHConfig(lengths=parse_int_list(a.lengths, "--lengths"), depths=parse_int_list(a.depths, "--depths"),
+                     samples=a.samples, haystack=a.haystack, digits=a.digits, seed=a.seed, engine=a.engine)
+    validate(cfg)  # everything that needs no model, before loading it
+    read_model_type(a.model)
+    device = a.device or default_device()
+    model = load_model(a.model, device=device, dtype=a.dtype, window_size=a.window)
+    tok = load_tokenizer(a.model, a.tokenizer)
+    validate(cfg, model.config.max_position_embeddings)
+    out = run_niah(model, tok, cfg, progress=not a.no_progress)
+    out["model"]["path"] = str(a.model)
+    d = Path(a.output_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    write_json(d / "niah.json", out)
+    save_heatmap(out, d / "niah.png", title=f"NIAH {Path(a.model).name}: {100 * out['accuracy']:.1f}%")
+    print(format_grid(out))
+    print(f"\noverall accuracy {100 * out['accuracy']:.1f}%  ({out['seconds']:.0f}s)\nwrote {d / 'niah.json'} and "
+          f"{d / 'niah.png'}")
+    return 0
+
+
+def _lm(a) -> int:
+    from .common import default_device, write_json
+    from .lm import run_lm_eval, summary
+
+    limit = a.limit
+    if limit is not None and float(limit).is_integer() and limit >= 1:
+        limit = int(limit)
+    res = run_lm_eval(a.model, a.tasks.split(","), include_path=a.include_path, limit=limit,
+                      batch_size=a.batch_size, device=a.device or default_device(), dtype=a.dtype,
+                      num_fewshot=a.num_fewshot, window_size=a.window, tokenizer=a.tokenizer, seed=a.seed)
+    from lm_eval.utils import make_table
+
+    print(make_table(res))
+    if a.output:
+        write_json(a.output, summary(res))
+        print(f"wrote {a.output}")
+    return 0
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.what is None:
+        parser.print_help()
+        return 0
+    try:
+        return {"mqar": _mqar, "niah": _niah, "lm": _lm}[a.what](a)
+    except ValueError as e:
+        print(f"orthros eval {a.what}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

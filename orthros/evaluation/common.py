@@ -1,0 +1,112 @@
+"""Shared helpers of the evaluations: loading a checkpoint as an Orthros model, argument checks."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+LM_TASKS_DIR = DATA_DIR / "lm_tasks"
+CONVERTIBLE_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+
+
+def read_model_type(path) -> str:
+    """``model_type`` of a local checkpoint directory; a clear ``ValueError`` when ``path`` is not one."""
+    p = Path(path)
+    if not p.exists():
+        raise ValueError(f"--model {path!s}: no such file or directory (a local checkpoint directory is needed; "
+                         f"nothing is downloaded)")
+    if not p.is_dir() or not (p / "config.json").is_file():
+        raise ValueError(f"--model {path!s} is not a checkpoint directory: it has no config.json "
+                         f"(expected an Orthros checkpoint, or a Llama / Qwen2 / Qwen3 / Mistral one to convert)")
+    try:
+        cfg = json.loads((p / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"--model {path!s}: config.json is not readable JSON ({e})") from None
+    mt = cfg.get("model_type") if isinstance(cfg, dict) else None
+    if mt == "orthros" or mt in CONVERTIBLE_MODEL_TYPES:
+        return mt
+    raise ValueError(f"--model {path!s} has model_type {mt!r}: not an Orthros checkpoint and not convertible "
+                     f"(convertible: {', '.join(CONVERTIBLE_MODEL_TYPES)})")
+
+
+def load_model(path, *, device: str = "cpu", dtype=None, window_size: int = 128):
+    """An ``OrthrosForCausalLM`` from an Orthros checkpoint, or converted on the fly from a
+    supported Transformer checkpoint (its base stream window = ``window_size``)."""
+    import torch
+
+    import orthros  # noqa: F401  (registers the Auto classes)
+
+    mt = read_model_type(path)
+    if isinstance(dtype, str):
+        dtype = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+                 "fp16": torch.float16, "float16": torch.float16}[dtype]
+    if mt == "orthros":
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    else:
+        from ..conversion import convert_from_hf
+
+        model = convert_from_hf(str(path), window_size=window_size, dtype=dtype)
+    return model.to(device).eval()
+
+
+def load_tokenizer(model_path, tokenizer_path=None):
+    from transformers import AutoTokenizer
+
+    src = tokenizer_path or model_path
+    try:
+        return AutoTokenizer.from_pretrained(str(src))
+    except Exception as e:  # noqa: BLE001 - transformers raises many kinds here
+        hint = "" if tokenizer_path else " (pass --tokenizer DIR)"
+        raise ValueError(f"no usable tokenizer in {src!s}{hint}: {type(e).__name__}: {e}") from None
+
+
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def parse_int_list(text: str, name: str) -> list[int]:
+    try:
+        vals = [int(x) for x in str(text).replace(",", " ").split()]
+    except ValueError:
+        raise ValueError(f"{name} must be a comma-separated list of integers, got {text!r}") from None
+    if not vals:
+        raise ValueError(f"{name} must not be empty")
+    return vals
+
+
+def write_json(path, obj) -> None:
+    path = Path(path)
+    if path.parent and not path.parent.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def make_tiny_checkpoint(path, *, attention_mode: str = "orthros", window_size: int = 16,
+                         max_position_embeddings: int = 2048, seed: int = 0, **overrides):
+    """Write a tiny randomly initialised Orthros checkpoint with the shipped tokenizer to
+    ``path`` (for tests and for trying the commands without a trained model)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from ..models import OrthrosConfig, OrthrosForCausalLM
+
+    tok_dir = Path(__file__).resolve().parents[1] / "data" / "tokenizer"
+    tok = AutoTokenizer.from_pretrained(str(tok_dir))
+    kw = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+              num_key_value_heads=1, head_dim=16, max_position_embeddings=max_position_embeddings,
+              window_size=window_size, attention_mode=attention_mode, bos_token_id=tok.bos_token_id,
+              eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    kw.update(overrides)
+    torch.manual_seed(seed)
+    model = OrthrosForCausalLM(OrthrosConfig(**kw))
+    model.save_pretrained(str(path))
+    tok.save_pretrained(str(path))
+    return path

@@ -1,0 +1,82 @@
+"""``orthros eval lm``: lm-evaluation-harness on an Orthros (or convertible) checkpoint.
+
+The shipped offline task folder (``data/lm_tasks``) is always on the include path, so
+``--tasks orthros_tiny_cloze`` works with no download.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .common import LM_TASKS_DIR, load_model, load_tokenizer, read_model_type
+
+
+def _require_lm_eval():
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
+        raise ValueError("`orthros eval lm` needs lm-evaluation-harness: pip install lm_eval "
+                         "(or pip install 'orthros[eval]')") from None
+
+
+def task_manager(include_path: Optional[Sequence[str]] = None):
+    from lm_eval.tasks import TaskManager
+
+    paths = [str(LM_TASKS_DIR)] + [str(p) for p in (include_path or [])]
+    for p in paths:
+        if not Path(p).exists():
+            raise ValueError(f"--include_path {p}: no such directory")
+    return TaskManager(include_path=paths)
+
+
+def check_tasks(tasks: Sequence[str], tm) -> list[str]:
+    tasks = [t.strip() for t in tasks if t and t.strip()]
+    if not tasks:
+        raise ValueError("--tasks must name at least one lm-eval task (e.g. orthros_tiny_cloze)")
+    known = set(tm.all_tasks)
+    for t in tasks:
+        if t not in known:
+            close = difflib.get_close_matches(t, sorted(known), n=3)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(f"unknown lm-eval task {t!r}{hint} (see `lm_eval ls tasks`; local tasks need "
+                             f"--include_path DIR)")
+    return tasks
+
+
+def run_lm_eval(model_path, tasks, *, include_path=None, limit=None, batch_size=1, device="cpu", dtype=None,
+                num_fewshot=None, window_size=128, tokenizer=None, seed=0) -> dict:
+    """Validate everything, then run ``lm_eval.simple_evaluate``. Returns lm-eval's results dict."""
+    _require_lm_eval()
+    mt = read_model_type(model_path)
+    if limit is not None and (isinstance(limit, bool) or limit <= 0):
+        raise ValueError(f"--limit must be > 0, got {limit!r}")
+    tm = task_manager(include_path)
+    tasks = check_tasks(list(tasks), tm)
+
+    import orthros  # noqa: F401  (registers the Auto classes for lm-eval's HF loader)
+    from lm_eval import simple_evaluate
+    from lm_eval.models.huggingface import HFLM
+
+    if mt == "orthros" and tokenizer is None:
+        # exactly what `lm_eval --model hf --model_args pretrained=PATH` does
+        args = {"pretrained": str(model_path), "device": device, "batch_size": batch_size}
+        if dtype:
+            args["dtype"] = dtype
+        lm = HFLM(**args)
+    else:  # converted on the fly (or a separate tokenizer): hand lm-eval the model object
+        model = load_model(model_path, device=device, dtype=dtype, window_size=window_size)
+        tok = load_tokenizer(model_path, tokenizer)
+        lm = HFLM(pretrained=model, tokenizer=tok, batch_size=batch_size)
+    return simple_evaluate(model=lm, tasks=tasks, task_manager=tm, limit=limit, num_fewshot=num_fewshot,
+                           random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
+                           log_samples=False)
+
+
+def summary(results: dict) -> dict:
+    """The JSON-able part of lm-eval's results (metrics per task, config)."""
+    keep = {k: results[k] for k in ("results", "versions", "n-shot", "higher_is_better") if k in results}
+    cfg = results.get("config", {})
+    keep["config"] = {k: v for k, v in cfg.items() if isinstance(v, (str, int, float, bool, type(None), list))}
+    return keep

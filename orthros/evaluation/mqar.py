@@ -1,0 +1,321 @@
+"""Multi-query associative recall (MQAR), in the style of Zoology (Arora et al., 2023).
+
+A sequence starts with ``num_pairs`` key-value pairs ``k1 v1 k2 v2 ...``; later, every key is
+queried once: the key appears again at a query position ``p`` and the model must predict its
+value, the next token (``labels[p + 1]``; the input there is filler unless
+``answer_in_input``). The distance ``gap = p - (position of the key)`` follows a power law
+``P(gap) ~ gap ** -power`` truncated to ``[min_gap, max_gap]`` (and to the positions still
+free). Everything else is a filler token. Labels follow the HF convention (aligned with
+``input_ids``; the model shifts them): ``labels[p + 1] = value`` at answer positions, -100
+everywhere else, so an Orthros model trains its output stream at the query positions only.
+
+Vocabulary: token 0 is the filler, keys are ``1 .. n_keys``, values are the rest. Gaps longer
+than the window are where a sliding-window model cannot see the key-value pair and must fail,
+while Orthros's output stream attends to every earlier token.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+
+FILLER = 0
+FILL_CHOICES = ("pad", "noise")
+# user-facing model names -> OrthrosConfig.attention_mode
+MODEL_ALIASES = {"orthros": "orthros", "transformer": "full", "full": "full", "swa": "window", "window": "window"}
+DISPLAY = {"orthros": "Orthros", "full": "Transformer", "window": "SWA"}
+
+
+@dataclass
+class MQARTask:
+    vocab_size: int = 64
+    seq_len: int = 64
+    num_pairs: int = 4
+    power: float = 1.0  # P(gap) ~ gap ** -power
+    min_gap: int = 1
+    max_gap: Optional[int] = None  # default: seq_len
+    fill: str = "pad"  # "pad": filler token 0; "noise": random value tokens (never keys)
+    # also write the answer into the input after each query ("k ... k v"). Off by default: the
+    # repeated values let a model answer the later queries by elimination (the one value not yet
+    # repeated) instead of by recall, a shortcut that stalls learning (see docs/evaluation.md).
+    answer_in_input: bool = False
+
+    @property
+    def n_keys(self) -> int:
+        return (self.vocab_size - 1) // 2
+
+    @property
+    def value_range(self) -> tuple[int, int]:
+        return 1 + self.n_keys, self.vocab_size
+
+    def validate(self) -> "MQARTask":
+        for name in ("vocab_size", "seq_len", "num_pairs", "min_gap"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"MQAR {name} must be an integer >= 1, got {v!r}")
+        if self.vocab_size < 5:
+            raise ValueError(f"MQAR vocab_size must be >= 5 (filler + keys + values), got {self.vocab_size}")
+        if self.num_pairs > self.n_keys:
+            raise ValueError(f"MQAR num_pairs ({self.num_pairs}) must be <= the number of keys "
+                             f"(vocab_size - 1) // 2 = {self.n_keys}; raise vocab_size")
+        if not (isinstance(self.power, (int, float)) and math.isfinite(self.power) and self.power >= 0):
+            raise ValueError(f"MQAR power must be a finite number >= 0, got {self.power!r}")
+        if self.fill not in FILL_CHOICES:
+            raise ValueError(f"MQAR fill must be one of {FILL_CHOICES}, got {self.fill!r}")
+        mx = self.seq_len if self.max_gap is None else self.max_gap
+        if isinstance(mx, bool) or not isinstance(mx, int) or mx < self.min_gap:
+            raise ValueError(f"MQAR max_gap must be an integer >= min_gap ({self.min_gap}), got {self.max_gap!r}")
+        # the last key sits at 2N-2; all N queries (2 tokens each) must fit after the context
+        first = max(2 * self.num_pairs, 2 * self.num_pairs - 2 + self.min_gap)
+        if self.seq_len - first < 3 * self.num_pairs:
+            raise ValueError(
+                f"MQAR seq_len {self.seq_len} is too short for num_pairs={self.num_pairs} and min_gap={self.min_gap}: "
+                f"need seq_len >= {first + 3 * self.num_pairs} (context of {2 * self.num_pairs} tokens, then room "
+                f"for {self.num_pairs} query/answer pairs)")
+        return self
+
+    def gap_pmf(self) -> np.ndarray:
+        """Probability of each gap 0..seq_len-1 for a query placed with nothing else in the way."""
+        g = np.arange(self.seq_len, dtype=np.float64)
+        mx = self.seq_len if self.max_gap is None else self.max_gap
+        w = np.where((g >= self.min_gap) & (g <= mx), np.maximum(g, 1) ** -float(self.power), 0.0)
+        return w / w.sum()
+
+
+def generate(task: MQARTask, n: int, seed: int = 0, rng: Optional[np.random.Generator] = None) -> dict:
+    """``n`` MQAR sequences. Returns numpy arrays:
+
+    ``input_ids`` / ``labels`` ``[n, T]``; ``query_pos`` ``[n, N]`` (sorted: the positions that
+    predict an answer, i.e. the output positions); ``gaps`` ``[n, N]`` (query position minus key
+    position, aligned with ``query_pos``); ``key_pos`` ``[n, N]``.
+    """
+    task.validate()
+    rng = np.random.default_rng(seed) if rng is None else rng
+    T, N = task.seq_len, task.num_pairs
+    mx = T if task.max_gap is None else task.max_gap
+    v0, v1 = task.value_range
+    ids = np.full((n, T), FILLER, dtype=np.int64)
+    if task.fill == "noise":
+        ids[:] = rng.integers(v0, v1, size=(n, T))
+    keys = np.argsort(rng.random((n, task.n_keys)), axis=1)[:, :N] + 1  # distinct keys per row
+    vals = rng.integers(v0, v1, size=(n, N))
+    ids[:, 0:2 * N:2] = keys
+    ids[:, 1:2 * N:2] = vals
+    labels = np.full((n, T), -100, dtype=np.int64)
+    free = np.ones((n, T), dtype=bool)
+    free[:, :2 * N] = False
+    free[:, T - 1] = False  # a query needs its answer slot after it
+    qpos = np.zeros((n, N), dtype=np.int64)
+    kpos = np.zeros((n, N), dtype=np.int64)
+    pos = np.arange(T)
+    order = np.argsort(rng.random((n, N)), axis=1)  # query keys in random order
+    rows = np.arange(n)
+    for j in range(N):
+        ki = order[:, j]
+        kp = 2 * ki  # key position of the key queried j-th
+        gap = pos[None, :] - kp[:, None]
+        ok = free & np.concatenate([free[:, 1:], np.zeros((n, 1), bool)], axis=1)
+        ok &= (gap >= task.min_gap) & (gap <= mx)
+        w = np.where(ok, np.maximum(gap, 1).astype(np.float64) ** -float(task.power), 0.0)
+        tot = w.sum(axis=1)
+        if (tot <= 0).any():
+            raise ValueError(f"MQAR setting leaves no room for a query (seq_len={T}, num_pairs={N}, "
+                             f"min_gap={task.min_gap}, max_gap={mx}); raise seq_len or max_gap, or lower num_pairs")
+        cum = np.cumsum(w, axis=1)
+        u = rng.random(n) * tot
+        p = np.minimum((cum <= u[:, None]).sum(axis=1), T - 2)
+        # guard against rounding at the top end: step back to the last allowed position
+        bad = ~ok[rows, p]
+        if bad.any():
+            p[bad] = T - 1 - np.argmax(ok[bad][:, ::-1], axis=1)
+        ids[rows, p] = keys[rows, ki]
+        if task.answer_in_input:
+            ids[rows, p + 1] = vals[rows, ki]
+        labels[rows, p + 1] = vals[rows, ki]
+        free[rows, p] = False
+        free[rows, p + 1] = False
+        qpos[:, j] = p
+        kpos[:, j] = kp
+    srt = np.argsort(qpos, axis=1)
+    qpos = np.take_along_axis(qpos, srt, 1)
+    kpos = np.take_along_axis(kpos, srt, 1)
+    return {"input_ids": ids, "labels": labels, "query_pos": qpos, "key_pos": kpos, "gaps": qpos - kpos}
+
+
+# ----------------------------------------------------------------------------------------------
+# models and training
+
+
+@dataclass
+class MQARTrain:
+    models: tuple = ("orthros", "transformer", "swa")
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 2
+    window_size: int = 8
+    steps: int = 800
+    batch_size: int = 32
+    lr: float = 3e-3
+    weight_decay: float = 0.1
+    warmup: float = 0.1  # fraction of steps
+    eval_examples: int = 1000
+    seed: int = 0
+    threads: Optional[int] = None
+    device: str = "cpu"
+    attn_backend: str = "auto"
+
+
+def build_model(mode: str, task: MQARTask, tr: MQARTrain, seed: int):
+    from ..models import OrthrosConfig, OrthrosForCausalLM
+
+    if tr.hidden_size % tr.num_heads:
+        raise ValueError(f"hidden_size ({tr.hidden_size}) must be a multiple of num_heads ({tr.num_heads})")
+    cfg = OrthrosConfig(
+        vocab_size=task.vocab_size, hidden_size=tr.hidden_size, intermediate_size=2 * tr.hidden_size,
+        num_hidden_layers=tr.num_layers, num_attention_heads=tr.num_heads, num_key_value_heads=tr.num_heads,
+        head_dim=tr.hidden_size // tr.num_heads, max_position_embeddings=max(task.seq_len, 8),
+        window_size=tr.window_size, attention_mode=mode, use_cache=False, initializer_range=0.02,
+        attn_backend=tr.attn_backend,
+    )
+    torch.manual_seed(seed)
+    return OrthrosForCausalLM(cfg).to(tr.device)
+
+
+def _param_groups(model, wd):
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        (decay if p.dim() >= 2 and "embed" not in name else no_decay).append(p)
+    return [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _batch(data: dict, sl, device="cpu"):
+    return (torch.as_tensor(data["input_ids"][sl], device=device), torch.as_tensor(data["labels"][sl], device=device),
+            torch.as_tensor(data["query_pos"][sl], device=device))
+
+
+@torch.no_grad()
+def evaluate(model, data: dict, window_size: int, batch_size: int = 250, device="cpu") -> dict:
+    """Accuracy of the argmax (over the whole vocabulary) at every answer, overall and split by
+    whether the key-value pair lies inside the sliding window of the query (gap < w) or not."""
+    model.eval()
+    n = data["input_ids"].shape[0]
+    correct = []
+    for s in range(0, n, batch_size):
+        ids, labels, qp = _batch(data, slice(s, s + batch_size), device)
+        logits = model(input_ids=ids, output_positions=qp).logits  # [B, N, V]
+        tgt = torch.gather(labels, 1, qp + 1)
+        correct.append((logits.argmax(-1) == tgt).cpu().numpy())
+    correct = np.concatenate(correct)
+    far = data["gaps"] >= window_size  # key outside the query's window (w keys incl. itself)
+
+    def acc(mask):
+        return float(correct[mask].mean()) if mask.any() else float("nan")
+
+    return {"acc": float(correct.mean()), "acc_gap_ge_window": acc(far), "acc_gap_lt_window": acc(~far),
+            "n_queries": int(correct.size), "frac_gap_ge_window": float(far.mean())}
+
+
+def train_one(name: str, task: MQARTask, tr: MQARTrain, train_data_fn, eval_data: dict, progress=None) -> dict:
+    mode = MODEL_ALIASES[name]
+    model = build_model(mode, task, tr, seed=tr.seed)
+    opt = torch.optim.AdamW(_param_groups(model, tr.weight_decay), lr=tr.lr, betas=(0.9, 0.98))
+    warm = max(1, int(tr.warmup * tr.steps))
+
+    def lr_at(step):
+        if step < warm:
+            return (step + 1) / warm
+        t = (step - warm) / max(1, tr.steps - warm)
+        return 0.5 * (1 + math.cos(math.pi * t))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    model.train()
+    t0 = time.perf_counter()
+    losses = []
+    for step in range(tr.steps):
+        ids, labels, qp = train_data_fn(step)
+        loss = model(input_ids=ids, labels=labels, output_positions=qp).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.detach())
+        if progress is not None:
+            progress(name, step, losses[-1])
+    train_s = time.perf_counter() - t0
+    res = evaluate(model, eval_data, tr.window_size, device=tr.device)
+    res.update(model=DISPLAY[mode], attention_mode=mode, train_seconds=round(train_s, 1),
+               final_loss=float(torch.stack(losses[-max(1, tr.steps // 20):]).mean()),
+               params=sum(p.numel() for p in model.parameters()))
+    return res
+
+
+def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print) -> dict:
+    """Train each model on the same stream of batches (same seeds, steps, lr, size) and evaluate
+    on the same held-out sequences. Returns a JSON-able dict."""
+    task.validate()
+    names = []
+    for m in tr.models:
+        if m not in MODEL_ALIASES:
+            raise ValueError(f"unknown MQAR model {m!r}; choose from {sorted(set(MODEL_ALIASES))}")
+        names.append(m)
+    if tr.window_size < 1:
+        raise ValueError(f"window_size must be >= 1, got {tr.window_size}")
+    if tr.threads:
+        torch.set_num_threads(tr.threads)
+    train = generate(task, tr.steps * tr.batch_size, seed=tr.seed + 1)
+    eval_data = generate(task, tr.eval_examples, seed=tr.seed + 2)
+
+    def data_fn(step):
+        return _batch(train, slice(step * tr.batch_size, (step + 1) * tr.batch_size), tr.device)
+
+    results = []
+    for name in names:
+        bar = None
+        cb = None
+        if progress:
+            try:
+                from tqdm.auto import tqdm
+
+                bar = tqdm(total=tr.steps, desc=f"MQAR {DISPLAY[MODEL_ALIASES[name]]:<11}", leave=False)
+
+                def cb(_n, step, loss, bar=bar):
+                    bar.update(1)
+                    if step % 25 == 0:
+                        bar.set_postfix(loss=f"{float(loss):.3f}")
+            except ImportError:  # pragma: no cover
+                bar = None
+        res = train_one(name, task, tr, data_fn, eval_data, progress=cb)
+        if bar is not None:
+            bar.close()
+        results.append(res)
+        if log:
+            log(f"  {res['model']:<11} acc {100 * res['acc']:5.1f}%  (gap >= window: {100 * res['acc_gap_ge_window']:5.1f}%)"
+                f"  loss {res['final_loss']:.3f}  {res['train_seconds']:.0f}s")
+    gaps = eval_data["gaps"]
+    return {
+        "task": asdict(task),
+        "train": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tr).items()},
+        "eval_gap_stats": {"min": int(gaps.min()), "median": float(np.median(gaps)), "max": int(gaps.max()),
+                           "frac_ge_window": float((gaps >= tr.window_size).mean())},
+        "results": results,
+    }
+
+
+def format_table(out: dict) -> str:
+    w = out["train"]["window_size"]
+    rows = [("model", "accuracy", f"gap >= {w}", f"gap < {w}", "params", "train s")]
+    for r in out["results"]:
+        def pct(x):
+            return "   -" if x != x else f"{100 * x:.1f}%"
+        rows.append((r["model"], pct(r["acc"]), pct(r["acc_gap_ge_window"]), pct(r["acc_gap_lt_window"]),
+                     f"{r['params']:,}", f"{r['train_seconds']:.0f}"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row)) for row in rows]
+    lines.insert(1, "  ".join("-" * x for x in widths))
+    return "\n".join(lines)

@@ -1,0 +1,54 @@
+"""Try several MQAR settings (used to choose and verify the demo setting; see docs/evaluation.md).
+
+    python -m orthros.evaluation.mqar_sweep NAME key=value ... [-- NAME key=value ...]
+
+keys: V T N power mingap fill repeat d L H w steps B lr neval seed device backend threads.
+Prints one JSON line per setting.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from .mqar import MQARTask, MQARTrain, format_table, run_mqar
+
+
+def run_one(name: str, kv: dict) -> dict:
+    def g(k, d, f=int):
+        return f(kv.get(k, d))
+
+    task = MQARTask(vocab_size=g("V", 64), seq_len=g("T", 64), num_pairs=g("N", 4), power=g("power", 1.0, float),
+                    min_gap=g("mingap", 1), fill=kv.get("fill", "pad"),
+                    answer_in_input=bool(g("repeat", 0)))
+    tr = MQARTrain(hidden_size=g("d", 64), num_layers=g("L", 2), num_heads=g("H", 2), window_size=g("w", 8),
+                   steps=g("steps", 800), batch_size=g("B", 32), lr=g("lr", 3e-3, float), eval_examples=g("neval", 1000),
+                   seed=g("seed", 0), device=kv.get("device", "cpu"), attn_backend=kv.get("backend", "auto"),
+                   threads=g("threads", 0) or None)
+    t0 = time.perf_counter()
+    out = run_mqar(task, tr, progress=False, log=None)
+    out["name"] = name
+    out["wall_seconds"] = round(time.perf_counter() - t0, 1)
+    print(f"== {name} {kv} ({out['wall_seconds']:.0f}s)\n{format_table(out)}", file=sys.stderr, flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    groups, cur = [], []
+    for a in argv + ["--"]:
+        if a == "--":
+            if cur:
+                groups.append(cur)
+            cur = []
+        else:
+            cur.append(a)
+    for grp in groups:
+        name, kv = grp[0], dict(x.split("=", 1) for x in grp[1:])
+        print(json.dumps(run_one(name, kv)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""Needle-in-a-haystack / passkey retrieval (Kamradt, 2023; RULER-style synthetic variant).
+
+A random number (the needle sentence "The secret number is 4821937.") is hidden at a chosen
+depth (0 = start, 100 = end) inside filler text of a chosen total length in tokens; the
+prompt ends with a question whose continuation is the number. The model answers greedily and
+the answer is scored by exact string match (no LLM judge): right when the number appears in
+the generated text as a whole number. A grid of context lengths x depths gives a heatmap like
+Figure 3 of the paper.
+
+Haystacks: ``synthetic`` (the shipped plain sentences, shuffled and repeated; RULER's "noise"
+haystack), ``corpus`` (the shipped held-out Shakespeare corpus), or a path to a ``.txt`` /
+``.jsonl`` (field ``text``) file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .common import DATA_DIR
+
+NEEDLE = " The secret number is {key}."
+QUESTION = "\nWhat is the secret number mentioned in the text above? The secret number is"
+SYNTHETIC_FILE = DATA_DIR / "niah_filler.txt"
+CORPUS_FILE = Path(__file__).resolve().parents[1] / "data" / "corpus" / "shakespeare_eval.jsonl"
+HAYSTACKS = ("synthetic", "corpus")
+
+
+def score_answer(prediction: str, answer: str) -> float:
+    """1.0 when ``answer`` occurs in ``prediction`` as a whole token (not inside a longer
+    number or word), else 0.0. Case- and surrounding-whitespace-insensitive."""
+    if not isinstance(prediction, str) or not isinstance(answer, str):
+        raise TypeError("prediction and answer must be strings")
+    answer = answer.strip()
+    if not answer:
+        raise ValueError("answer must be a non-empty string")
+    pat = r"(?<![0-9A-Za-z])" + re.escape(answer.lower()) + r"(?![0-9A-Za-z])"
+    return 1.0 if re.search(pat, prediction.lower()) else 0.0
+
+
+def _haystack_sentences(source: str) -> list[str]:
+    if source == "synthetic":
+        path = SYNTHETIC_FILE
+    elif source == "corpus":
+        path = CORPUS_FILE
+        if not path.is_file():
+            raise ValueError(f"haystack 'corpus' needs the shipped corpus at {path}, which is missing; "
+                             f"use --haystack synthetic or a text file")
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ValueError(f"--haystack must be one of {HAYSTACKS} or a path to a .txt/.jsonl file, got {source!r}")
+    text_lines = []
+    if path.suffix == ".jsonl":
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                rec = json.loads(line)
+                text_lines.append(rec.get("text", "") if isinstance(rec, dict) else str(rec))
+    else:
+        text_lines = [path.read_text(encoding="utf-8")]
+    # remove digits so that no number in the haystack can be mistaken for the needle
+    sents = []
+    for t in text_lines:
+        for s in re.split(r"(?<=[.!?])\s+|\n+", re.sub(r"[0-9]", "", t)):
+            s = " ".join(s.split())
+            if s:
+                sents.append(s)
+    if not sents:
+        raise ValueError(f"haystack {source!r} has no text")
+    return sents
+
+
+@dataclass
+class NIAHConfig:
+    lengths: list = field(default_factory=lambda: [256, 512, 1024])
+    depths: list = field(default_factory=lambda: [0, 25, 50, 75, 100])
+    samples: int = 2  # needles (different numbers and haystack offsets) per cell
+    haystack: str = "synthetic"
+    digits: int = 7
+    seed: int = 0
+    engine: str = "auto"  # "auto": the fast engine on CUDA, HF generate elsewhere; "on"; "off"
+
+
+def validate(cfg: NIAHConfig, max_positions: Optional[int] = None) -> None:
+    for L in cfg.lengths:
+        if isinstance(L, bool) or not isinstance(L, int) or L < 32:
+            raise ValueError(f"context lengths must be integers >= 32, got {L!r}")
+        if max_positions is not None and L > max_positions:
+            raise ValueError(f"context length {L} is above the model's maximum (max_position_embeddings = "
+                             f"{max_positions}); choose lengths <= {max_positions}")
+    for d in cfg.depths:
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d <= 100:
+            raise ValueError(f"needle depths are percentages and must lie in 0..100, got {d!r}")
+    if isinstance(cfg.samples, bool) or not isinstance(cfg.samples, int) or cfg.samples < 1:
+        raise ValueError(f"samples must be an integer >= 1, got {cfg.samples!r}")
+    if not isinstance(cfg.digits, int) or not 1 <= cfg.digits <= 18:
+        raise ValueError(f"digits must be an integer in 1..18, got {cfg.digits!r}")
+    if cfg.engine not in ("auto", "on", "off"):
+        raise ValueError(f"engine must be one of auto, on, off, got {cfg.engine!r}")
+    if cfg.haystack not in HAYSTACKS and not Path(cfg.haystack).is_file():
+        raise ValueError(f"--haystack must be one of {HAYSTACKS} or a path to a .txt/.jsonl file, got {cfg.haystack!r}")
+
+
+class PromptBuilder:
+    """Tokenises the haystack once (sentence by sentence) and builds prompts of exact length."""
+
+    def __init__(self, tokenizer, haystack: str, seed: int = 0):
+        self.tok = tokenizer
+        self.sents = [self._enc(" " + s) for s in _haystack_sentences(haystack)]
+        self.question = self._enc(QUESTION)
+        self.bos = [tokenizer.bos_token_id] if getattr(tokenizer, "bos_token_id", None) is not None else []
+        self.rng = np.random.default_rng(seed)
+
+    def _enc(self, text):
+        return list(self.tok(text, add_special_tokens=False)["input_ids"])
+
+    def overhead(self, key: str) -> int:
+        return len(self.bos) + len(self._enc(NEEDLE.format(key=key))) + len(self.question)
+
+    def build(self, length: int, depth: float, key: str) -> tuple[list[int], int]:
+        """Prompt of exactly ``length`` tokens with the needle at ``depth`` percent (moved to the
+        nearest sentence boundary). Returns (ids, needle token offset)."""
+        needle = self._enc(NEEDLE.format(key=key))
+        budget = length - len(self.bos) - len(needle) - len(self.question)
+        if budget < 1:
+            raise ValueError(f"context length {length} is too short for the needle and question "
+                             f"({length - budget + 1} tokens needed)")
+        order = self.rng.permutation(len(self.sents))
+        hay, bounds, i = [], [0], 0
+        while len(hay) < budget:
+            hay += self.sents[order[i % len(order)]]
+            bounds.append(len(hay))
+            i += 1
+            if i % len(order) == 0:
+                order = self.rng.permutation(len(self.sents))
+        hay = hay[:budget]
+        bounds = np.array([b for b in bounds if b <= budget])
+        target = depth / 100.0 * budget
+        at = int(bounds[np.argmin(np.abs(bounds - target))])
+        if depth >= 100:
+            at = budget
+        ids = self.bos + hay[:at] + needle + hay[at:] + self.question
+        assert len(ids) == length
+        return ids, len(self.bos) + at
+
+
+def _generator(model, tokenizer, engine_mode: str, max_len: int, max_new: int):
+    """A function ids -> generated token ids (greedy)."""
+    import torch
+
+    dev = next(model.parameters()).device
+    use_engine = engine_mode == "on" or (engine_mode == "auto" and dev.type == "cuda")
+    if use_engine:
+        try:
+            from ..engine import Engine
+        except ImportError as e:
+            if engine_mode == "on":
+                raise ValueError(f"--engine on, but the fast engine is unavailable: {e}") from None
+        else:
+            eng = Engine(model, max_batch_size=1, max_seq_len=max_len + max_new + 1)
+
+            def gen_engine(ids):
+                eng.reset()
+                return list(eng.generate([ids], max_new_tokens=max_new)[0])
+
+            return gen_engine
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
+
+    @torch.no_grad()
+    def gen_hf(ids):
+        x = torch.tensor([ids], device=dev)
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new, do_sample=False,
+                             pad_token_id=pad)
+        return out[0, x.shape[1]:].tolist()
+
+    return gen_hf
+
+
+def run_niah(model, tokenizer, cfg: NIAHConfig, progress: bool = True, log=print) -> dict:
+    max_pos = getattr(model.config, "max_position_embeddings", None)
+    validate(cfg, max_pos)
+    builder = PromptBuilder(tokenizer, cfg.haystack, seed=cfg.seed)
+    rng = np.random.default_rng(cfg.seed + 1)
+    lo = 10 ** (cfg.digits - 1)
+    probe = str(lo)
+    need = builder.overhead(probe)
+    for L in cfg.lengths:
+        if L < need + 8:
+            raise ValueError(f"context length {L} is too short: the needle and question alone take {need} tokens")
+    max_new = len(builder._enc(" " + probe)) + 4
+    gen = _generator(model, tokenizer, cfg.engine, max(cfg.lengths), max_new)
+    cells = [(L, d, s) for L in cfg.lengths for d in cfg.depths for s in range(cfg.samples)]
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(cells), desc="NIAH", unit="needle")
+    records = []
+    t0 = time.perf_counter()
+    for L, d, s in cells:
+        key = str(int(rng.integers(lo, 10 * lo)))
+        ids, _ = builder.build(L, d, key)
+        new = gen(ids)
+        text = tokenizer.decode(new, skip_special_tokens=True)
+        sc = score_answer(text, key)
+        records.append({"length": L, "depth": d, "sample": s, "answer": key, "prediction": text, "score": sc})
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(length=L, depth=d, acc=f"{np.mean([r['score'] for r in records]):.2f}")
+    if bar is not None:
+        bar.close()
+    grid = np.zeros((len(cfg.depths), len(cfg.lengths)))
+    for i, d in enumerate(cfg.depths):
+        for j, L in enumerate(cfg.lengths):
+            grid[i, j] = np.mean([r["score"] for r in records if r["length"] == L and r["depth"] == d])
+    return {
+        "config": {"lengths": list(cfg.lengths), "depths": list(cfg.depths), "samples": cfg.samples,
+                   "haystack": cfg.haystack, "digits": cfg.digits, "seed": cfg.seed},
+        "model": {"attention_mode": getattr(model.config, "attention_mode", None),
+                  "window_size": getattr(model.config, "window_size", None), "max_position_embeddings": max_pos},
+        "accuracy": float(np.mean([r["score"] for r in records])),
+        "grid": {"depths": list(cfg.depths), "lengths": list(cfg.lengths), "accuracy": grid.tolist()},
+        "seconds": round(time.perf_counter() - t0, 1),
+        "records": records,
+    }
+
+
+def _fmt_len(L: int) -> str:
+    return f"{L // 1024}K" if L >= 1024 and L % 1024 == 0 else str(L)
+
+
+def format_grid(out: dict) -> str:
+    g = out["grid"]
+    head = ["depth \\ length"] + [_fmt_len(L) for L in g["lengths"]]
+    rows = [head] + [[f"{d:g}%"] + [f"{100 * a:.0f}" for a in row] for d, row in zip(g["depths"], g["accuracy"])]
+    w = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.rjust(w[i]) for i, c in enumerate(r)) for r in rows)
+
+
+def save_heatmap(out: dict, path, title: Optional[str] = None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    g = out["grid"]
+    acc = np.array(g["accuracy"])
+    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(g["lengths"]), 1.0 + 0.45 * len(g["depths"])))
+    im = ax.imshow(acc, cmap="RdYlGn", vmin=0.0, vmax=1.0, aspect="auto")
+    ax.set_xticks(range(len(g["lengths"])), [_fmt_len(L) for L in g["lengths"]])
+    ax.set_yticks(range(len(g["depths"])), [f"{d:g}%" for d in g["depths"]])
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("needle depth")
+    for i in range(acc.shape[0]):
+        for j in range(acc.shape[1]):
+            ax.text(j, i, f"{100 * acc[i, j]:.0f}", ha="center", va="center", fontsize=8)
+    fig.colorbar(im, ax=ax, label="accuracy")
+    ax.set_title(title or f"Needle in a haystack: {100 * out['accuracy']:.1f}% overall")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

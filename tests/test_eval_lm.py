@@ -1,0 +1,92 @@
+"""lm-evaluation-harness integration, offline: the shipped local task on a tiny random model."""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+lm_eval = pytest.importorskip("lm_eval")
+pytest.importorskip("accelerate")
+
+from orthros.evaluation.common import LM_TASKS_DIR, make_tiny_checkpoint  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("lm") / "ckpt", max_position_embeddings=256)
+
+
+def test_local_task_end_to_end(tiny):
+    from orthros.evaluation.lm import run_lm_eval, summary
+
+    res = run_lm_eval(tiny, ["orthros_tiny_cloze"], limit=4, device="cpu")
+    r = summary(res)["results"]["orthros_tiny_cloze"]
+    assert 0.0 <= r["acc,none"] <= 1.0 and 0.0 <= r["acc_norm,none"] <= 1.0
+    json.dumps(summary(res))
+
+
+def test_loglikelihood_uses_output_stream_at_every_position(tiny):
+    """lm-eval's loglikelihood equals the sum of log-probs from prefills of each prefix (the
+    output stream at the prefix's last token), not some base-stream shortcut."""
+    import orthros  # noqa: F401
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    lm = HFLM(pretrained=str(tiny), device="cpu", batch_size=2)
+    model, tok = lm.model, lm.tokenizer
+    # a context longer than the window (16), so window-only logits would differ
+    ctx = "The road ran along the river for a while and then turned toward the hills, and the grass was tall"
+    cont = " and green."
+    reqs = [Instance(request_type="loglikelihood", doc={}, arguments=(ctx, cont), idx=0)]
+    ll, _greedy = lm.loglikelihood(reqs, disable_tqdm=True)[0]
+
+    c_ids = tok(ctx, add_special_tokens=False)["input_ids"]
+    whole = tok(ctx + cont, add_special_tokens=False)["input_ids"]
+    n_cont = len(whole) - len(c_ids)
+    assert len(c_ids) > 16 and n_cont >= 1
+    want = 0.0
+    with torch.no_grad():
+        for t in range(len(whole) - n_cont, len(whole)):
+            prefix = torch.tensor([whole[:t]])
+            logits = model(input_ids=prefix, logits_to_keep=1).logits[0, -1].float()
+            want += torch.log_softmax(logits, -1)[whole[t]].item()
+    assert math.isclose(ll, want, rel_tol=1e-4, abs_tol=1e-4), (ll, want)
+
+
+def test_unknown_task_and_bad_model_are_clear_errors(tiny, tmp_path):
+    from orthros.evaluation.lm import run_lm_eval
+
+    with pytest.raises(ValueError, match="unknown lm-eval task 'orthros_tiny_clozee'.*orthros_tiny_cloze"):
+        run_lm_eval(tiny, ["orthros_tiny_clozee"])
+    with pytest.raises(ValueError, match="no config.json"):
+        run_lm_eval(tmp_path, ["orthros_tiny_cloze"])
+    with pytest.raises(ValueError, match="include_path"):
+        run_lm_eval(tiny, ["orthros_tiny_cloze"], include_path=[str(tmp_path / "nope")])
+
+
+def test_cli_lm_writes_json(tiny, tmp_path, capsys):
+    from orthros.cli import main
+
+    out = tmp_path / "lm.json"
+    assert main(["eval", "lm", "--model", str(tiny), "--tasks", "orthros_tiny_cloze", "--limit", "3",
+                 "--device", "cpu", "-o", str(out)]) == 0
+    assert "orthros_tiny_cloze" in json.loads(out.read_text())["results"]
+    assert main(["eval", "lm", "--model", str(tiny), "--tasks", "no_such_task"]) == 2
+    assert "unknown lm-eval task" in capsys.readouterr().err
+
+
+def test_plain_lm_eval_cli_with_orthros_imported(tiny, tmp_path):
+    """`lm_eval --model hf --model_args pretrained=PATH`, through the wrapper that imports orthros."""
+    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    cmd = [sys.executable, "-m", "orthros.evaluation.harness", "--model", "hf", "--model_args",
+           f"pretrained={tiny}", "--tasks", "orthros_tiny_cloze", "--include_path", str(LM_TASKS_DIR),
+           "--limit", "2", "--device", "cpu", "--output_path", str(tmp_path / "res")]
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "orthros_tiny_cloze" in p.stdout
+    assert list(Path(tmp_path / "res").rglob("results*.json"))

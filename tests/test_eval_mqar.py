@@ -1,0 +1,152 @@
+"""MQAR generator validity and a tiny end-to-end training run."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from orthros.evaluation.mqar import FILLER, MQARTask, MQARTrain, evaluate, generate, run_mqar
+
+
+def _check_sequences(task, d):
+    ids, labels, qp, kp, gaps = d["input_ids"], d["labels"], d["query_pos"], d["key_pos"], d["gaps"]
+    n, T = ids.shape
+    N = task.num_pairs
+    v0, v1 = task.value_range
+    assert labels.shape == ids.shape and qp.shape == (n, N) and gaps.shape == (n, N)
+    for b in range(n):
+        keys = ids[b, 0:2 * N:2]
+        vals = ids[b, 1:2 * N:2]
+        assert len(set(keys.tolist())) == N, "keys of one sequence are distinct"
+        assert ((keys >= 1) & (keys <= task.n_keys)).all()
+        assert ((vals >= v0) & (vals < v1)).all()
+        answer_pos = np.nonzero(labels[b] != -100)[0]
+        # labels only at answer positions: exactly one per query, right after it
+        assert answer_pos.tolist() == (qp[b] + 1).tolist()
+        assert (np.diff(qp[b]) >= 2).all(), "queries do not overlap"
+        for j in range(N):
+            p = qp[b, j]
+            k = ids[b, p]
+            # the queried key appeared earlier, at key_pos, and nowhere else before p
+            first = np.nonzero(ids[b, :p] == k)[0]
+            assert first.tolist() == [kp[b, j]]
+            assert kp[b, j] + gaps[b, j] == p
+            # the label is that key's value
+            assert labels[b, p + 1] == ids[b, kp[b, j] + 1]
+            if task.answer_in_input:
+                assert ids[b, p + 1] == labels[b, p + 1]
+            else:  # the answer is never given away in the input
+                assert ids[b, p + 1] != k and (ids[b, p + 1] == FILLER or task.fill == "noise")
+            assert gaps[b, j] >= task.min_gap
+            assert gaps[b, j] <= (task.max_gap or T)
+        other = np.ones(T, bool)
+        other[: 2 * N] = False
+        other[qp[b]] = False
+        if task.answer_in_input:
+            other[qp[b] + 1] = False
+        if task.fill == "pad":
+            assert (ids[b, other] == FILLER).all()
+        else:
+            assert ((ids[b, other] >= v0) & (ids[b, other] < v1)).all(), "noise never looks like a key"
+
+
+@pytest.mark.parametrize("task", [
+    MQARTask(vocab_size=64, seq_len=64, num_pairs=4, min_gap=16),
+    MQARTask(vocab_size=32, seq_len=96, num_pairs=8, power=0.5),
+    MQARTask(vocab_size=128, seq_len=200, num_pairs=16, power=2.0, min_gap=3, max_gap=120, fill="noise"),
+    MQARTask(vocab_size=9, seq_len=32, num_pairs=4, min_gap=5),
+    MQARTask(vocab_size=64, seq_len=64, num_pairs=4, min_gap=16, answer_in_input=True),
+    MQARTask(vocab_size=64, seq_len=64, num_pairs=6, fill="noise", answer_in_input=True),
+])
+def test_generator_sequences_are_valid(task):
+    _check_sequences(task, generate(task, 200, seed=1))
+
+
+def test_gap_distribution_follows_power_law():
+    # one pair: nothing else competes for positions, so the gap law is exactly the truncated power law
+    task = MQARTask(vocab_size=16, seq_len=256, num_pairs=1, power=1.2, min_gap=4, max_gap=200)
+    gaps = generate(task, 40000, seed=3)["gaps"].ravel()
+    pmf = task.gap_pmf()
+    # the answer slot must fit: a query at position T-1 is impossible; gaps are <= T-2 - key_pos
+    pmf[task.seq_len - 1:] = 0
+    pmf = pmf / pmf.sum()
+    emp = np.bincount(gaps, minlength=len(pmf))[: len(pmf)] / len(gaps)
+    tv = 0.5 * np.abs(emp - pmf).sum()
+    assert tv < 0.03, tv
+    assert gaps.min() >= 4 and gaps.max() <= 200
+    # heavier tail for a smaller exponent, with several pairs
+    g_steep = generate(MQARTask(vocab_size=64, seq_len=128, num_pairs=4, power=2.0), 3000, seed=0)["gaps"]
+    g_flat = generate(MQARTask(vocab_size=64, seq_len=128, num_pairs=4, power=0.0), 3000, seed=0)["gaps"]
+    assert np.median(g_steep) < np.median(g_flat)
+
+
+def test_generator_is_deterministic_per_seed():
+    t = MQARTask()
+    a, b, c = generate(t, 10, seed=5), generate(t, 10, seed=5), generate(t, 10, seed=6)
+    assert (a["input_ids"] == b["input_ids"]).all()
+    assert not (a["input_ids"] == c["input_ids"]).all()
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(num_pairs=40, vocab_size=64), "num_pairs"),
+    (dict(seq_len=16, num_pairs=4, min_gap=8), "too short"),
+    (dict(fill="zeros"), "fill"),
+    (dict(power=-1.0), "power"),
+    (dict(min_gap=10, max_gap=5), "max_gap"),
+    (dict(vocab_size=0), "vocab_size"),
+])
+def test_bad_task_settings_are_rejected(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        MQARTask(**kw).validate()
+
+
+def test_output_stream_trained_only_at_answers():
+    """With output_positions = query positions the Orthros model returns one logit row per query."""
+    from orthros.evaluation.mqar import build_model
+
+    task = MQARTask(vocab_size=32, seq_len=48, num_pairs=3, min_gap=10)
+    tr = MQARTrain(hidden_size=32, num_heads=2, window_size=4)
+    d = generate(task, 4, seed=0)
+    model = build_model("orthros", task, tr, seed=0)
+    ids, labels, qp = (torch.as_tensor(d[k]) for k in ("input_ids", "labels", "query_pos"))
+    out = model(input_ids=ids, labels=labels, output_positions=qp)
+    assert out.logits.shape == (4, 3, 32)
+    # the loss is the cross-entropy of exactly those rows against the answers
+    tgt = torch.gather(labels, 1, qp + 1)
+    ref = torch.nn.functional.cross_entropy(out.logits.reshape(-1, 32).float(), tgt.reshape(-1))
+    assert torch.allclose(out.loss, ref, atol=1e-5)
+    # the same rows as the full (every position) forward
+    full = model(input_ids=ids).logits
+    assert torch.allclose(torch.gather(full, 1, qp[..., None].expand(-1, -1, 32)), out.logits, atol=1e-4)
+
+
+def test_run_mqar_end_to_end_tiny(tmp_path):
+    task = MQARTask(vocab_size=16, seq_len=32, num_pairs=2, min_gap=6)
+    tr = MQARTrain(hidden_size=16, num_heads=2, window_size=4, steps=3, batch_size=4, eval_examples=16)
+    out = run_mqar(task, tr, progress=False, log=None)
+    assert [r["model"] for r in out["results"]] == ["Orthros", "Transformer", "SWA"]
+    for r in out["results"]:
+        assert 0.0 <= r["acc"] <= 1.0 and r["n_queries"] == 32
+    json.dumps(out)  # JSON-able
+
+
+def test_cli_mqar_writes_json(tmp_path):
+    from orthros.cli import main
+
+    out = tmp_path / "m.json"
+    rc = main(["eval", "mqar", "--vocab-size", "16", "--seq-len", "32", "--num-pairs", "2", "--min-gap", "6",
+               "--hidden-size", "16", "--window", "4", "--steps", "2", "--batch-size", "4", "--eval-examples", "8",
+               "--models", "orthros,swa", "--no-progress", "-o", str(out)])
+    assert rc == 0
+    res = json.loads(out.read_text())
+    assert [r["model"] for r in res["results"]] == ["Orthros", "SWA"]
+
+
+def test_cli_mqar_bad_input(capsys):
+    from orthros.cli import main
+
+    assert main(["eval", "mqar", "--models", "orthros,lstm"]) == 2
+    assert "unknown model 'lstm'" in capsys.readouterr().err
+    assert main(["eval", "mqar", "--seq-len", "10", "--num-pairs", "4"]) == 2
+    assert "too short" in capsys.readouterr().err

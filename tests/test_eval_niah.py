@@ -1,0 +1,130 @@
+"""NIAH: scorer, prompt construction, grid run on a tiny random model, and bad input."""
+
+import json
+
+import pytest
+
+from orthros.evaluation.niah import NIAHConfig, PromptBuilder, format_grid, run_niah, save_heatmap, score_answer, validate
+
+
+@pytest.mark.parametrize("pred, answer, want", [
+    (" 4821937.", "4821937", 1.0),
+    ("The secret number is 4821937", "4821937", 1.0),
+    ("4821937", "4821937", 1.0),
+    ("\n4821937 is it", " 4821937 ", 1.0),
+    ("PassKey", "passkey", 1.0),
+    (" 482193", "4821937", 0.0),  # truncated
+    (" 48219370", "4821937", 0.0),  # inside a longer number
+    (" 14821937", "4821937", 0.0),
+    (" 4821 937", "4821937", 0.0),
+    ("", "4821937", 0.0),
+    (" I do not know.", "4821937", 0.0),
+    (" 1234567", "4821937", 0.0),
+])
+def test_scorer_known_right_and_wrong(pred, answer, want):
+    assert score_answer(pred, answer) == want
+
+
+def test_scorer_rejects_empty_answer():
+    with pytest.raises(ValueError):
+        score_answer("x", "  ")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from orthros.evaluation.common import make_tiny_checkpoint
+
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "ckpt", max_position_embeddings=512)
+
+
+@pytest.fixture(scope="module")
+def tok(tiny):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(tiny))
+
+
+@pytest.mark.parametrize("haystack", ["synthetic", "corpus"])
+def test_prompts_have_exact_length_and_needle_at_depth(tok, haystack):
+    from orthros.evaluation.niah import CORPUS_FILE
+
+    if haystack == "corpus" and not CORPUS_FILE.is_file():
+        pytest.skip("shipped corpus not present")
+    b = PromptBuilder(tok, haystack, seed=0)
+    needle = b._enc(" The secret number is 5551234.")
+    for L in (100, 300):
+        offs = []
+        for d in (0, 50, 100):
+            ids, off = b.build(L, d, "5551234")
+            assert len(ids) == L
+            assert ids[off:off + len(needle)] == needle
+            assert ids[-len(b.question):] == b.question
+            offs.append(off)
+        assert offs[0] <= 1 < offs[1] < offs[2]
+        text = tok.decode(ids)
+        assert text.count("5551234") == 1
+
+
+def test_run_niah_on_tiny_model(tiny, tok, tmp_path):
+    from orthros.evaluation.common import load_model
+
+    model = load_model(tiny)
+    cfg = NIAHConfig(lengths=[64, 128], depths=[0, 50, 100], samples=1, engine="off")
+    out = run_niah(model, tok, cfg, progress=False)
+    assert len(out["records"]) == 6
+    assert len(out["grid"]["accuracy"]) == 3 and len(out["grid"]["accuracy"][0]) == 2
+    for r in out["records"]:
+        assert r["score"] == score_answer(r["prediction"], r["answer"])
+    assert "depth" in format_grid(out)
+    save_heatmap(out, tmp_path / "h.png")
+    assert (tmp_path / "h.png").stat().st_size > 1000
+    json.dumps(out)
+
+
+def test_cli_niah_writes_json_and_png(tiny, tmp_path):
+    from orthros.cli import main
+
+    rc = main(["eval", "niah", "--model", str(tiny), "--lengths", "64", "--depths", "0,100", "--samples", "1",
+               "--device", "cpu", "--no-progress", "-o", str(tmp_path / "n")])
+    assert rc == 0
+    res = json.loads((tmp_path / "n" / "niah.json").read_text())
+    assert res["grid"]["lengths"] == [64] and res["grid"]["depths"] == [0, 100]
+    assert (tmp_path / "n" / "niah.png").is_file()
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--lengths", "1024"], "above the model's maximum"),
+    (["--depths", "0,120"], "0..100"),
+    (["--depths", "-5"], "0..100"),
+    (["--lengths", "abc"], "comma-separated list of integers"),
+    (["--haystack", "nowhere.txt"], "--haystack"),
+])
+def test_cli_niah_bad_input(tiny, tmp_path, capsys, args, msg):
+    from orthros.cli import main
+
+    out = tmp_path / "never"
+    rc = main(["eval", "niah", "--model", str(tiny), "--device", "cpu", "--no-progress", "-o", str(out)] + args)
+    assert rc == 2
+    assert msg in capsys.readouterr().err
+    assert not out.exists(), "nothing is written on bad input"
+
+
+def test_cli_niah_bad_model_path(tmp_path, capsys):
+    from orthros.cli import main
+
+    assert main(["eval", "niah", "--model", str(tmp_path / "missing")]) == 2
+    assert "no such file or directory" in capsys.readouterr().err
+    assert main(["eval", "niah", "--model", str(tmp_path)]) == 2
+    assert "no config.json" in capsys.readouterr().err
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    assert main(["eval", "niah", "--model", str(tmp_path)]) == 2
+    assert "not an Orthros checkpoint and not convertible" in capsys.readouterr().err
+
+
+def test_validate_context_too_short_for_needle(tiny, tok):
+    from orthros.evaluation.common import load_model
+
+    with pytest.raises(ValueError, match="too short"):
+        run_niah(load_model(tiny), tok, NIAHConfig(lengths=[33], depths=[50], samples=1), progress=False)
+    with pytest.raises(ValueError, match="samples"):
+        validate(NIAHConfig(samples=0))
