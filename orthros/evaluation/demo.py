@@ -20,7 +20,7 @@ import time
 DEMO_TASK = dict(vocab_size=64, seq_len=64, num_pairs=4, power=1.0, min_gap=1)
 DEMO_TRAIN = dict(hidden_size=64, num_layers=2, num_heads=2, window_size=8, steps=800, batch_size=32, lr=3e-3,
                   eval_examples=1000)
-QUICK_TRAIN = dict(DEMO_TRAIN, steps=200, eval_examples=500)
+QUICK_TRAIN = dict(DEMO_TRAIN, steps=150, eval_examples=300)
 PREFILL_LENGTHS = [512, 1024, 2048, 4096]
 QUICK_PREFILL_LENGTHS = [256, 1024, 2048]
 PREFILL_MODEL = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
@@ -62,7 +62,7 @@ def run_recall(quick: bool, progress: bool, seed: int = 0) -> dict:
           f"{tr.window_size}).")
     if quick:
         print("      (--quick trains only briefly: the models have not finished learning the task; the full\n"
-              "       `orthros demo` trains 4x longer, see docs/evaluation.md for its measured numbers)")
+              "       `orthros demo` trains 5x longer, see docs/evaluation.md for its measured numbers)")
     return out
 
 
@@ -98,7 +98,7 @@ def run_prefill(quick: bool, device: str, seed: int = 0) -> dict:
     else:
         lengths, spec = (QUICK_PREFILL_LENGTHS if quick else PREFILL_LENGTHS), PREFILL_MODEL
     dtype = torch.bfloat16 if gpu else torch.float32
-    reps = 2 if quick else 3
+    reps = 1 if quick else 3
     print(f"\n[2/2] Prefill time on {device} ({'bf16' if dtype == torch.bfloat16 else 'fp32'}): one forward over the "
           f"prompt, logits for its last token.\n      Same model size ({spec['num_hidden_layers']} layers, "
           f"d={spec['hidden_size']}, random weights), Orthros window {spec['window_size']}; median of {reps} runs.")
