@@ -213,3 +213,14 @@ def test_invalid_forward_inputs():
         model(ids, logits_to_keep=-1)
     with pytest.raises(ValueError, match="labels"):
         model(ids, labels=ids[:, :5])
+
+
+@pytest.mark.parametrize("mode", ["orthros", "full"])
+def test_bf16_autocast_forward_backward(mode):
+    # fp32 norm and scale-offset parameters must not promote bf16 activations under autocast
+    model = tiny_model(qk_norm=True, attention_mode=mode).train()
+    ids = torch.randint(0, V, (2, 20))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model(ids, labels=ids).loss
+    loss.backward()
+    assert torch.isfinite(loss) and model.model.layers[0].self_attn.q_proj.weight.grad is not None

@@ -96,6 +96,7 @@ class OrthrosAttention(nn.Module):
         plain Transformer), RoPE."""
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
+        dtype = q.dtype  # under autocast the fp32 norm/scale-offset parameters would promote q
         if self.q_norm is not None:
             q = self.q_norm(q)
         if self.scale_offset and stream is not None:
@@ -103,7 +104,7 @@ class OrthrosAttention(nn.Module):
                 raise ValueError(f"stream must be 'base', 'out' or None, got {stream!r}")
             alpha, beta = (self.alpha_out, self.beta_out) if stream == "out" else (self.alpha, self.beta)
             q = q * alpha.view(self.num_heads, self.head_dim) + beta.view(self.num_heads, self.head_dim)
-        return apply_rope(q, *rope)
+        return apply_rope(q.to(dtype), *rope)
 
     def keys_values(self, x: torch.Tensor, rope):
         """K (k-norm, RoPE) and V ``[B, T, Hkv, D]`` of base tokens ``x``."""
@@ -111,7 +112,7 @@ class OrthrosAttention(nn.Module):
         k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
         if self.k_norm is not None:
-            k = self.k_norm(k)
+            k = self.k_norm(k).to(v.dtype)
         return apply_rope(k, *rope), v
 
     def forward(self, h: torch.Tensor, a: AttentionInputs, base_output: bool = True) -> torch.Tensor:
