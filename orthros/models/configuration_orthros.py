@@ -5,7 +5,7 @@ from __future__ import annotations
 from transformers import PreTrainedConfig
 
 ATTENTION_MODES = ("orthros", "full", "window")
-ATTN_BACKENDS = ("auto", "reference", "triton")
+ATTN_BACKENDS = ("auto", "reference", "sdpa", "triton")
 
 
 class OrthrosConfig(PreTrainedConfig):
@@ -22,8 +22,8 @@ class OrthrosConfig(PreTrainedConfig):
       Transformer) and ``"window"`` (sliding window only), same code path.
     * ``attention_bias``: bias on q/k/v (Qwen2); ``o_proj_bias``: bias on the output projection
       (Llama's ``attention_bias=True`` sets both); ``qk_norm``: per-head RMSNorm of q and k (Qwen3).
-    * ``attn_backend``: ``"auto"`` (Triton kernels on CUDA, reference elsewhere), ``"reference"``,
-      ``"triton"``.
+    * ``attn_backend``: ``"auto"`` (Triton kernels on CUDA, SDPA fast paths elsewhere), ``"reference"``,
+      ``"sdpa"``, ``"triton"``.
     """
 
     model_type = "orthros"

@@ -11,9 +11,10 @@ from typing import Optional, Tuple
 
 import torch
 
-from .reference import orthros_attention_reference
+from .reference import full_attention_reference, orthros_attention_reference
+from .sdpa import causal_attention_sdpa, window_attention_sdpa
 
-BACKENDS = ("auto", "reference", "triton")
+BACKENDS = ("auto", "reference", "sdpa", "triton")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -98,8 +99,11 @@ def orthros_attention(
         cu_seqlens: ``[N + 1]`` cumulative document lengths for packed sequences (``B == 1``);
             no attention crosses a document boundary.
         scale: softmax scale, default ``1 / sqrt(D)``.
-        backend: ``"auto"`` (Triton kernels on CUDA when they support the input, else the
-            reference), ``"reference"`` or ``"triton"``.
+        backend: ``"auto"`` (Triton kernels on CUDA when they support the input, else
+            ``"sdpa"``), ``"sdpa"`` (PyTorch SDPA fast paths: the window stream blockwise, the
+            full stream as causal attention when every position has an output query, the
+            reference otherwise), ``"reference"`` (pure PyTorch, the specification) or
+            ``"triton"``.
         kv_start: ``[B]`` first valid key of each row (left padding); keys before are ignored.
 
     Returns:
@@ -142,12 +146,19 @@ def orthros_attention(
             raise ValueError(f"kv_start must have one entry per batch row ({B}), got {kv_start.numel()}")
 
     if backend == "auto":
-        backend = "triton" if _triton_supports(q, k) else "reference"
+        backend = "triton" if _triton_supports(q, k) else "sdpa"
     if backend == "triton":
         from .triton import orthros_attention_triton
 
         return orthros_attention_triton(q, k, v, q_out, window_size=window_size, out_positions=pos,
                                          scale=scale, doc_ids=doc_ids, cu_seqlens=cu_seqlens, kv_start=kv_start)
+    if backend == "sdpa":
+        o = window_attention_sdpa(q, k, v, window_size=window_size, scale=scale, doc_ids=doc_ids, kv_start=kv_start)
+        if T_out == T_k and doc_ids is None and kv_start is None:
+            # an output query at every position (strictly increasing in [0, T_k): exactly
+            # 0..T_k-1) is plain causal attention
+            return o, causal_attention_sdpa(q_out, k, v, scale=scale)
+        return o, full_attention_reference(q_out, k, v, pos, scale=scale, doc_ids=doc_ids, kv_start=kv_start)
     return orthros_attention_reference(q, k, v, q_out, window_size=window_size, out_positions=pos,
                                        scale=scale, doc_ids=doc_ids, kv_start=kv_start)
 

@@ -39,39 +39,44 @@ def _masked_softmax_av(scores: torch.Tensor, allowed: torch.Tensor, v_blocks, ei
     return torch.einsum(einsum_av, p, v_blocks)
 
 
+def window_blocks(Tq: int, Tk: int, window_size: int, device, doc_ids=None, kv_start=None):
+    """Block layout of the window stream, shared by the reference and the SDPA fast path.
+
+    Queries (the last ``Tq`` of ``Tk`` positions) are cut into ``nb`` blocks of ``C``; block ``n``
+    needs the ``K = C + w - 1`` keys ending at its last query. Returns ``(C, nb, kidx, allowed)``:
+    ``kidx [nb, K]`` key indices (clamped into range) and the mask ``allowed [B or 1, nb, C, K]``
+    (window, causality, key range, same document, not left padding).
+    """
+    w = min(window_size, Tk)
+    C = max(16, min(w, 256))
+    nb = (Tq + C - 1) // C
+    K = C + w - 1
+    p0 = Tk - Tq
+    qpos = p0 + torch.arange(nb * C, device=device).view(nb, C)
+    kpos = (p0 + torch.arange(nb, device=device) * C - (w - 1)).view(nb, 1) + torch.arange(K, device=device).view(1, K)
+    kidx = kpos.clamp(0, Tk - 1)
+    allowed = ((kpos >= 0) & (kpos < Tk))[:, None, :] & (kpos[:, None, :] <= qpos[:, :, None]) \
+        & (kpos[:, None, :] > qpos[:, :, None] - w) & (qpos[:, :, None] < Tk)
+    if doc_ids is not None:
+        allowed = allowed & (doc_ids[kidx][:, None, :] == doc_ids[qpos.clamp(max=Tk - 1)][:, :, None])
+    allowed = allowed.unsqueeze(0)
+    if kv_start is not None:
+        allowed = allowed & (kpos.view(1, nb, 1, K) >= kv_start.view(-1, 1, 1, 1))
+    return C, nb, kidx, allowed
+
+
 def window_attention_reference(q, k, v, *, window_size: int, scale: float, doc_ids=None, kv_start=None):
     """o[t] = softmax attention of q[t] over keys max(0, t-w+1) .. t (same document only)."""
     B, Tq, Hq, D = q.shape
-    Tk, Hkv = k.shape[1], k.shape[2]
+    Hkv = k.shape[2]
     G = Hq // Hkv
     if Tq == 0:
         return q.new_zeros(B, 0, Hq, v.shape[-1])
-    dev = q.device
-    w = min(window_size, Tk)
-    C = max(16, min(w, 256))  # query block
-    nb = (Tq + C - 1) // C
-    K = C + w - 1  # keys per block
-    p0 = Tk - Tq
-    qpos = p0 + torch.arange(nb * C, device=dev).view(nb, C)  # [nb, C]
-    kpos = (p0 + torch.arange(nb, device=dev) * C - (w - 1)).view(nb, 1) + torch.arange(K, device=dev).view(1, K)
-    kvalid = (kpos >= 0) & (kpos < Tk)
-    kidx = kpos.clamp(0, Tk - 1)
-
-    qf = q.to(_acc(q))
-    if nb * C != Tq:
-        qf = torch.nn.functional.pad(qf, (0, 0, 0, 0, 0, nb * C - Tq))
+    C, nb, kidx, allowed = window_blocks(Tq, k.shape[1], window_size, q.device, doc_ids, kv_start)
+    qf = torch.nn.functional.pad(q.to(_acc(q)), (0, 0, 0, 0, 0, nb * C - Tq))
     qb = qf.view(B, nb, C, Hkv, G, D)
     kb = k.to(_acc(q))[:, kidx]  # [B, nb, K, Hkv, D]
     vb = v.to(_acc(q))[:, kidx]
-
-    allowed = kvalid[:, None, :] & (kpos[:, None, :] <= qpos[:, :, None]) & (kpos[:, None, :] > qpos[:, :, None] - w)
-    allowed = allowed & (qpos[:, :, None] < Tk)
-    if doc_ids is not None:
-        qdoc = doc_ids[qpos.clamp(max=Tk - 1)]
-        allowed = allowed & (doc_ids[kidx][:, None, :] == qdoc[:, :, None])
-    allowed = allowed.unsqueeze(0)  # [1, nb, C, K]
-    if kv_start is not None:
-        allowed = allowed & (kpos.view(1, nb, 1, K) >= kv_start.view(B, 1, 1, 1))
     scores = torch.einsum("bncHgd,bnkHd->bnHgck", qb, kb) * scale
     o = _masked_softmax_av(scores, allowed[:, :, None, None], vb, "bnHgck,bnkHd->bncHgd")
     o = o.reshape(B, nb * C, Hq, v.shape[-1])[:, :Tq]
