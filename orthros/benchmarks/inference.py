@@ -352,6 +352,20 @@ def _plt():
     return plt
 
 
+def _save_loglog(plt, fig, ax, xlabel, ylabel, title, path):
+    """Log-log axes (base 2 for lengths), grid, legend, then write the PNG."""
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def plot_prefill(rows, path, title="Prefill latency"):
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
@@ -360,16 +374,7 @@ def plot_prefill(rows, path, title="Prefill latency"):
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=SYSTEM_LABELS[s],
                     linestyle="--" if "floor" in s else "-")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("prompt length (tokens)")
-    ax.set_ylabel("prefill latency (ms)")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save_loglog(plt, fig, ax, "prompt length (tokens)", "prefill latency (ms)", title, path)
 
 
 def plot_decode(rows, path, title="Decode step latency"):
@@ -386,16 +391,7 @@ def plot_decode(rows, path, title="Decode step latency"):
         pts = [(f[0], f[2]) for f in floor if f[1] == B]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle=":", color="gray",
                 label=f"HBM floor B={B}" if B == min(f[1] for f in floor) else None)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("ms per decode step")
-    ax.set_title(title)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    _save_loglog(plt, fig, ax, "context length (tokens)", "ms per decode step", title, path)
 
 
 def plot_e2e(rows, path, title="End-to-end generation"):
