@@ -1,4 +1,4 @@
-"""``orthros eval mqar | niah | lm``."""
+"""``orthros eval mqar | niah | niah-train | lm``."""
 
 from __future__ import annotations
 
@@ -57,6 +57,16 @@ def _niah_parser(sub):
     p.add_argument("--no-progress", action="store_true")
 
 
+def _niah_train_parser(sub):
+    from .niah_train import add_arguments
+
+    p = sub.add_parser("niah-train", help="train a small model on passkey retrieval in the `eval niah` format",
+                       description="Generates passkey-retrieval data in exactly the prompt format `orthros eval niah` "
+                                   "scores (labels on the answer only), trains a small model and saves it "
+                                   "(with the tokenizer) to --out for `orthros eval niah --model OUT`.")
+    add_arguments(p)
+
+
 def _lm_parser(sub):
     p = sub.add_parser("lm", help="lm-evaluation-harness tasks on a checkpoint",
                        description="Runs lm-evaluation-harness (pip install lm_eval) with Orthros registered. The "
@@ -78,9 +88,10 @@ def _lm_parser(sub):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="orthros eval", description="Evaluations of Orthros models.")
-    sub = p.add_subparsers(dest="what", metavar="{mqar,niah,lm}")
+    sub = p.add_subparsers(dest="what", metavar="{mqar,niah,niah-train,lm}")
     _mqar_parser(sub)
     _niah_parser(sub)
+    _niah_train_parser(sub)
     _lm_parser(sub)
     return p
 
@@ -141,6 +152,12 @@ def _niah(a) -> int:
     return 0
 
 
+def _niah_train(a) -> int:
+    from .niah_train import run_cli
+
+    return run_cli(a)
+
+
 def _lm(a) -> int:
     from .common import default_device, write_json
     from .lm import run_lm_eval, summary
@@ -168,7 +185,7 @@ def main(argv=None) -> int:
         parser.print_help()
         return 0
     try:
-        return {"mqar": _mqar, "niah": _niah, "lm": _lm}[a.what](a)
+        return {"mqar": _mqar, "niah": _niah, "niah-train": _niah_train, "lm": _lm}[a.what](a)
     except ValueError as e:
         print(f"orthros eval {a.what}: error: {e}", file=sys.stderr)
         return 2

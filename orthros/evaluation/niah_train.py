@@ -1,0 +1,263 @@
+"""Train a small model on passkey retrieval in exactly the prompt format ``orthros eval niah``
+scores, so the NIAH grid can be checked on a model that has actually learned the task.
+
+Prompts come from :class:`orthros.evaluation.niah.PromptBuilder` (the same haystack, needle
+sentence and question); the training example is ``prompt + " <key>."`` with labels (HF
+convention, aligned with ``input_ids``; the model shifts) only on the answer tokens, so an
+Orthros model runs its output stream at those ~9 positions only. Training uses a haystack
+builder seed and a key stream different from the evaluation's (``NIAHConfig.seed`` 0), so no
+evaluation prompt is seen in training.
+
+    python -m orthros.evaluation.niah_train --out runs/niah_orthros            # Orthros
+    python -m orthros.evaluation.niah_train --out runs/niah_swa --mode window  # SWA contrast
+    orthros eval niah --model runs/niah_orthros --lengths 64,128,256 --engine off
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from .niah import NEEDLE, PromptBuilder
+
+IGNORE = -100
+
+
+@dataclass
+class NIAHTrainConfig:
+    attention_mode: str = "orthros"  # "orthros" | "window" (SWA) | "full"
+    window_size: int = 16
+    num_layers: int = 2
+    hidden_size: int = 128
+    num_heads: int = 4
+    max_position_embeddings: int = 1024
+    steps: int = 1500
+    batch_size: int = 16
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    warmup: float = 0.05  # share of the steps
+    min_len: int = 48  # prompt lengths (tokens) drawn uniformly per step from [min_len, max_len]
+    max_len: int = 128
+    digits: int = 7
+    haystack: str = "synthetic"
+    seed: int = 1234  # != the evaluation's seed 0: other haystack orders and keys
+    threads: Optional[int] = 1  # 2 threads ran ~10x slower than 1 while another job shared the 2 cores
+    log_every: int = 100
+    init: Optional[str] = None  # continue from this checkpoint (curriculum stage 2); None: random init
+
+    def validate(self) -> "NIAHTrainConfig":
+        if self.attention_mode not in ("orthros", "window", "full"):
+            raise ValueError(f"attention_mode must be orthros, window or full, got {self.attention_mode!r}")
+        for n in ("window_size", "num_layers", "hidden_size", "num_heads", "steps", "batch_size", "min_len", "digits"):
+            if getattr(self, n) < 1:
+                raise ValueError(f"{n} must be >= 1, got {getattr(self, n)}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be a multiple of num_heads ({self.num_heads})")
+        if self.max_len < self.min_len:
+            raise ValueError(f"max_len ({self.max_len}) must be >= min_len ({self.min_len})")
+        if self.max_len + self.digits + 4 > self.max_position_embeddings:
+            raise ValueError("max_len plus the answer must fit in max_position_embeddings")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        return self
+
+
+def answer_ids(builder: PromptBuilder, key: str) -> list[int]:
+    """Tokens of the continuation the evaluation expects after the question: ``" <key>."``, the
+    tail of the needle sentence."""
+    return builder._enc(" " + key + NEEDLE[-1])
+
+
+def make_example(builder: PromptBuilder, length: int, depth: float, key: str) -> dict:
+    """One training example: the NIAH prompt of ``length`` tokens (needle at ``depth`` %), then
+    the answer. ``labels`` are -100 except on the answer tokens."""
+    prompt, needle_at = builder.build(length, depth, key)
+    ans = answer_ids(builder, key)
+    ids = prompt + ans
+    labels = [IGNORE] * len(prompt) + ans
+    return {"input_ids": ids, "labels": labels, "prompt_len": len(prompt), "needle_at": needle_at, "key": key}
+
+
+def make_batch(builder: PromptBuilder, rng: np.random.Generator, n: int, length: int, digits: int = 7):
+    """``n`` examples of one prompt length and random ``digits``-digit keys. Depths are drawn
+    uniformly from [-10, 110] and clipped to [0, 100], so 1/12 of the needles each sit exactly at
+    the start or the end: the builder puts depth 100 right before the question (after a cut
+    sentence), a placement uniform depths in [0, 100] almost never produce, and the first
+    recipe's model missed 1 of 10 needles there."""
+    import torch
+
+    lo = 10 ** (digits - 1)
+    exs = [make_example(builder, length, float(np.clip(rng.uniform(-10, 110), 0, 100)),
+                        str(int(rng.integers(lo, 10 * lo)))) for _ in range(n)]
+    width = max(len(e["input_ids"]) for e in exs)  # equal unless the key tokenises oddly
+    pad = 0
+    ids = torch.full((n, width), pad, dtype=torch.long)
+    lab = torch.full((n, width), IGNORE, dtype=torch.long)
+    for i, e in enumerate(exs):
+        ids[i, :len(e["input_ids"])] = torch.tensor(e["input_ids"])
+        lab[i, :len(e["labels"])] = torch.tensor(e["labels"])
+    return ids, lab
+
+
+def build_model(cfg: NIAHTrainConfig, tokenizer):
+    import torch
+
+    from ..models import OrthrosConfig, OrthrosForCausalLM
+
+    torch.manual_seed(cfg.seed)
+    mc = OrthrosConfig(vocab_size=len(tokenizer), hidden_size=cfg.hidden_size, intermediate_size=2 * cfg.hidden_size,
+                       num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+                       num_key_value_heads=cfg.num_heads, max_position_embeddings=cfg.max_position_embeddings,
+                       window_size=cfg.window_size, attention_mode=cfg.attention_mode,
+                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                       pad_token_id=tokenizer.pad_token_id)
+    return OrthrosForCausalLM(mc)
+
+
+def answer_accuracy(model, ids, labels) -> float:
+    """Share of examples whose every answer token is the argmax (teacher forced)."""
+    import torch
+
+    with torch.no_grad():
+        out = model(input_ids=ids, labels=labels)
+    # output positions = where the shifted labels are set, in order; targets are those labels
+    tgt = labels[:, 1:][labels[:, 1:] != IGNORE].view(ids.shape[0], -1)
+    pred = out.logits.argmax(-1)
+    return float((pred == tgt).all(-1).float().mean())
+
+
+def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print) -> dict:
+    """Train on generated passkey data; save the model and tokenizer to ``out_dir`` (if given)."""
+    import torch
+
+    from ..data import load_tokenizer
+    from ..training.trainer import param_groups
+
+    cfg.validate()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    tok = tokenizer if tokenizer is not None else load_tokenizer()
+    builder = PromptBuilder(tok, cfg.haystack, seed=cfg.seed)
+    rng = np.random.default_rng(cfg.seed + 1)
+    if cfg.init:
+        from ..models import OrthrosForCausalLM
+
+        model = OrthrosForCausalLM.from_pretrained(str(cfg.init), dtype=torch.float32)
+        if model.config.attention_mode != cfg.attention_mode:
+            raise ValueError(f"--init {cfg.init} has attention_mode {model.config.attention_mode!r}, "
+                             f"not {cfg.attention_mode!r}")
+        if model.config.max_position_embeddings < cfg.max_len + cfg.digits + 4:
+            raise ValueError(f"--init {cfg.init}: max_position_embeddings is below --max-len")
+    else:
+        model = build_model(cfg, tok)
+    model.train()
+    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.98))
+    warm = max(1, int(cfg.warmup * cfg.steps))
+
+    def lr_at(step):
+        if step < warm:
+            return cfg.lr * (step + 1) / warm
+        p = (step - warm) / max(1, cfg.steps - warm)
+        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+
+    # held-out check at the longest training length (fresh builder / keys, not the eval's seed)
+    vb = PromptBuilder(tok, cfg.haystack, seed=cfg.seed + 7)
+    v_ids, v_lab = make_batch(vb, np.random.default_rng(cfg.seed + 8), 64, cfg.max_len, cfg.digits)
+    history, t0, losses = [], time.perf_counter(), []
+    for step in range(cfg.steps):
+        L = int(rng.integers(cfg.min_len, cfg.max_len + 1))
+        ids, lab = make_batch(builder, rng, cfg.batch_size, L, cfg.digits)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        loss = model(input_ids=ids, labels=lab).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(float(loss.detach()))
+        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+            model.eval()
+            acc = answer_accuracy(model, v_ids, v_lab)
+            model.train()
+            rec = {"step": step + 1, "loss": float(np.mean(losses[-cfg.log_every:])), "heldout_exact": acc,
+                   "seconds": round(time.perf_counter() - t0, 1)}
+            history.append(rec)
+            log(f"step {rec['step']:5d}  loss {rec['loss']:.4f}  held-out exact (len {cfg.max_len}) "
+                f"{100 * acc:5.1f}%  {rec['seconds']:.0f}s")
+    secs = round(time.perf_counter() - t0, 1)
+    model.eval()
+    result = {"config": asdict(cfg), "train_seconds": secs, "history": history,
+              "params": sum(p.numel() for p in model.parameters())}
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(str(out))
+        tok.save_pretrained(str(out))
+        (out / "niah_train.json").write_text(json.dumps(result, indent=2) + "\n")
+        log(f"saved {out} ({result['params']:,} params, {secs:.0f}s of training)")
+    result["model"] = model
+    return result
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = NIAHTrainConfig()
+    p.add_argument("--out", "-o", required=True, help="output checkpoint dir (model + tokenizer + niah_train.json)")
+    p.add_argument("--mode", default=d.attention_mode, choices=("orthros", "window", "full"),
+                   help="attention_mode: orthros, window (SWA) or full (Transformer)")
+    p.add_argument("--window", type=int, default=d.window_size)
+    p.add_argument("--layers", type=int, default=d.num_layers)
+    p.add_argument("--hidden-size", type=int, default=d.hidden_size)
+    p.add_argument("--heads", type=int, default=d.num_heads)
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--min-len", type=int, default=d.min_len, help="shortest training prompt (tokens)")
+    p.add_argument("--max-len", type=int, default=d.max_len, help="longest training prompt (tokens)")
+    p.add_argument("--digits", type=int, default=d.digits)
+    p.add_argument("--haystack", default=d.haystack)
+    p.add_argument("--max-positions", type=int, default=d.max_position_embeddings)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--threads", type=int, default=d.threads)
+    p.add_argument("--log-every", type=int, default=d.log_every)
+    p.add_argument("--init", default=None, help="continue training this checkpoint (e.g. a longer-context stage); "
+                                                "its architecture is kept, --mode must match")
+
+
+def config_from_args(a) -> NIAHTrainConfig:
+    return NIAHTrainConfig(attention_mode=a.mode, window_size=a.window, num_layers=a.layers, hidden_size=a.hidden_size,
+                           num_heads=a.heads, max_position_embeddings=a.max_positions, steps=a.steps,
+                           batch_size=a.batch_size, lr=a.lr, min_len=a.min_len, max_len=a.max_len, digits=a.digits,
+                           haystack=a.haystack, seed=a.seed, threads=a.threads, log_every=a.log_every,
+                           init=a.init)
+
+
+def run_cli(a) -> int:
+    cfg = config_from_args(a).validate()
+    print(f"NIAH training{' from ' + cfg.init if cfg.init else ''}: {cfg.attention_mode}, window {cfg.window_size}, {cfg.num_layers} layers, d={cfg.hidden_size}, "
+          f"prompts {cfg.min_len}..{cfg.max_len} tokens, {cfg.steps} steps x {cfg.batch_size}, lr {cfg.lr:g}")
+    train(cfg, out_dir=a.out)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m orthros.evaluation.niah_train",
+                                description="Train a small model on passkey retrieval in the `orthros eval niah` format.")
+    add_arguments(p)
+    a = p.parse_args(argv)
+    try:
+        return run_cli(a)
+    except ValueError as e:
+        print(f"niah_train: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
