@@ -13,13 +13,7 @@ from orthros.models import OrthrosConfig, OrthrosForCausalLM
 W = 5
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models: one thread is faster than several on a shared 2-core machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(mode="orthros", seed=0, dtype=torch.float32, **over):

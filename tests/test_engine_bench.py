@@ -12,12 +12,7 @@ from orthros.cli import main as orthros_main
 TINY = ["--preset", "tiny", "--device", "cpu", "--dtype", "fp32"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("what, extra, key", [
