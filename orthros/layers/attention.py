@@ -18,13 +18,14 @@ first and both streams read the whole cache.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch import nn
 
-from ..ops import orthros_attention
+from ..ops import run_attention
 from .common import RMSNorm, apply_rope
 
 
@@ -38,6 +39,7 @@ class AttentionInputs:
     out_positions: torch.Tensor  # [B or 1, T_out] absolute key positions (cache included)
     out_rel: Optional[torch.Tensor] = None  # [B or 1, T_out] output positions within this chunk
     cu_seqlens: Optional[torch.Tensor] = None
+    doc_ids: Optional[torch.Tensor] = None  # [T] document of each position (from cu_seqlens)
     kv_start: Optional[torch.Tensor] = None
     cache: object = None  # transformers Cache (keys/values stored [B, H, L, D])
 
@@ -127,26 +129,30 @@ class OrthrosAttention(nn.Module):
             kc, vc = a.cache.update(k.transpose(1, 2), v.transpose(1, 2), self.layer_idx)
             k, v = kc.transpose(1, 2), vc.transpose(1, 2)
 
-        kw = dict(window_size=self.window_size, cu_seqlens=a.cu_seqlens, kv_start=a.kv_start, backend=self.backend)
+        # inputs were validated once per forward by the model: the op's per-call checks (host
+        # syncs) are skipped here
+        kw = dict(window_size=self.window_size, scale=1.0 / math.sqrt(self.head_dim), doc_ids=a.doc_ids,
+                  cu_seqlens=a.cu_seqlens, kv_start=a.kv_start, backend=self.backend)
         if self.mode == "orthros":
             q_out = self.queries(h[:, T:], a.rope_out, "out")
             if base_output:
                 q = self.queries(x, a.rope_base)
             else:
                 q = q_out[:, :0]
-            o, o_out = orthros_attention(q, k, v, q_out, out_positions=a.out_positions, **kw)
+            o, o_out = run_attention(q, k, v, q_out, out_positions=a.out_positions, **kw)
             o = torch.cat([o, o_out], dim=1) if base_output else o_out
         else:
             q = self.queries(x, a.rope_base, stream=None)
             if self.mode == "full":
                 # causal attention is the full stream with a query at every base position kept
                 if base_output:
-                    _, o = orthros_attention(q[:, :0], k, v, q, **kw)
+                    every = torch.arange(k.shape[1] - T, k.shape[1], device=q.device).view(1, T)
+                    _, o = run_attention(q[:, :0], k, v, q, out_positions=every, **kw)
                 else:
                     sel = a.gather_out_rows(q)
-                    _, o = orthros_attention(sel[:, :0], k, v, sel, out_positions=a.out_positions, **kw)
+                    _, o = run_attention(sel[:, :0], k, v, sel, out_positions=a.out_positions, **kw)
             else:  # window
-                o, _ = orthros_attention(q, k, v, q[:, :0], **kw)
+                o, _ = run_attention(q, k, v, q[:, :0], out_positions=a.out_positions[:, :0], **kw)
                 if not base_output:
                     o = a.gather_out_rows(o)
         return self.o_proj(o.reshape(B, o.shape[1], -1))

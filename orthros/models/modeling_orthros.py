@@ -20,6 +20,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from ..layers import AttentionInputs, OrthrosAttention, RMSNorm, RotaryEmbedding, SwiGLUMLP
+from ..ops import doc_ids_from_cu_seqlens
 from .configuration_orthros import OrthrosConfig
 from .positions import resolve_output_positions
 
@@ -143,13 +144,13 @@ class OrthrosModel(OrthrosPreTrainedModel):
                 kv_start = (am == 0).sum(dim=1)
                 if position_ids is None:
                     position_ids = (am.cumsum(dim=1) - 1).clamp(min=0)[:, past:]
+        doc = None
+        if cu_seqlens is not None:  # validated once here, not in every layer
+            cu_seqlens = torch.as_tensor(cu_seqlens, device=dev).long()
+            doc = doc_ids_from_cu_seqlens(cu_seqlens, B, T, dev)
         if position_ids is None:
-            if cu_seqlens is not None:
-                from ..ops import doc_ids_from_cu_seqlens
-
-                cu = torch.as_tensor(cu_seqlens, device=dev).long()
-                doc = doc_ids_from_cu_seqlens(cu, B, T, dev)
-                position_ids = (torch.arange(T, device=dev) - cu[doc]).view(1, T)
+            if doc is not None:  # RoPE positions restart in every document
+                position_ids = (torch.arange(T, device=dev) - cu_seqlens[doc]).view(1, T)
             else:
                 position_ids = torch.arange(past, past + T, device=dev).view(1, T)
         position_ids = torch.as_tensor(position_ids, device=dev).long()
@@ -165,6 +166,7 @@ class OrthrosModel(OrthrosPreTrainedModel):
             out_positions=out_rel + past,
             out_rel=out_rel,
             cu_seqlens=cu_seqlens,
+            doc_ids=doc,
             kv_start=kv_start,
             cache=cache,
         )

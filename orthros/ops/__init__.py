@@ -1,7 +1,7 @@
 """Functional ops: the Orthros attention op (reference + kernels behind one signature), the
 decode step, and partial attention with log-sum-exp for merging across key shards."""
 
-from .attention import BACKENDS, doc_ids_from_cu_seqlens, normalize_out_positions, orthros_attention
+from .attention import BACKENDS, doc_ids_from_cu_seqlens, normalize_out_positions, orthros_attention, run_attention
 from .decode import decode_attention_reference, orthros_decode_attention
 from .merge import merge_partials, partial_attention
 from .reference import full_attention_reference, orthros_attention_reference, window_attention_reference
@@ -9,6 +9,7 @@ from .reference import full_attention_reference, orthros_attention_reference, wi
 __all__ = [
     "BACKENDS",
     "orthros_attention",
+    "run_attention",
     "orthros_decode_attention",
     "partial_attention",
     "merge_partials",

@@ -145,6 +145,17 @@ def orthros_attention(
         if kv_start.numel() != B:
             raise ValueError(f"kv_start must have one entry per batch row ({B}), got {kv_start.numel()}")
 
+    return run_attention(q, k, v, q_out, window_size=window_size, out_positions=pos, scale=scale, doc_ids=doc_ids,
+                         cu_seqlens=cu_seqlens, kv_start=kv_start, backend=backend)
+
+
+def run_attention(q, k, v, q_out, *, window_size: int, out_positions: torch.Tensor, scale: float,
+                  doc_ids=None, cu_seqlens=None, kv_start=None, backend: str = "auto"):
+    """:func:`orthros_attention` on inputs that are already checked and normalised: positions as
+    int64 ``[1 or B, T_out]``, ``doc_ids`` from :func:`doc_ids_from_cu_seqlens`, ``kv_start`` int64
+    ``[B]``, a float ``scale``. For callers that validate once per forward rather than once per
+    layer (the model): it does no host synchronisation of its own."""
+    pos, T_out, T_k = out_positions, q_out.shape[1], k.shape[1]
     if backend == "auto":
         backend = "triton" if _triton_supports(q, k) else "sdpa"
     if backend == "triton":
