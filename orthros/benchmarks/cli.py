@@ -55,6 +55,8 @@ def build_parser():
         sp.add_argument("--window", type=int, default=128, help="window size of the random-weight model")
         sp.add_argument("--out", default="bench_results", help="directory for JSON and PNG")
         sp.add_argument("--chunk", type=int, default=16384, help="Orthros prefill chunk (tokens)")
+        sp.add_argument("--compile", action="store_true",
+                        help="torch.compile the engine's token-wise layer parts (both Orthros and its Transformer)")
 
     def prefill_args(sp):
         sp.add_argument("--lengths", type=_ints, default=[8192, 16384, 32768, 65536, 131072])
@@ -123,7 +125,8 @@ def _run_section(what, args, model, dev, dtype, I, hf_qwen3_like):
     import os
 
     json_path, png_path = (os.path.join(args.out, f"{what}.{ext}") for ext in ("json", "png"))
-    meta = I.metadata(model, dev, dtype, {"preset": None if args.model else args.preset, "model_path": args.model})
+    meta = I.metadata(model, dev, dtype, {"preset": None if args.model else args.preset, "model_path": args.model,
+                                          "compile": args.compile})
     rows = []
 
     def checkpoint(row):  # keep partial results if a long run dies
@@ -135,7 +138,8 @@ def _run_section(what, args, model, dev, dtype, I, hf_qwen3_like):
         systems = [s for s in args.systems.split(",") if s]
         meta["chunk"] = args.chunk
         I.bench_prefill(model, args.lengths, systems=systems, chunk=args.chunk, budget_s=args.budget_s,
-                        single_shot_s=args.single_shot_s, hf_model_fn=lambda: hf_qwen3_like(model.config, device=dev, dtype=dtype), on_row=checkpoint)
+                        single_shot_s=args.single_shot_s, hf_model_fn=lambda: hf_qwen3_like(model.config, device=dev, dtype=dtype), on_row=checkpoint,
+                        compile=args.compile)
         summary = I.prefill_summary(rows)
         I.save(json_path, meta, rows + [{"summary": summary}])
         I.print_table(rows, ["system", "T", "ms", "n", "peak_gib", "kv_cache_gib"], "prefill (ms)")
@@ -146,16 +150,17 @@ def _run_section(what, args, model, dev, dtype, I, hf_qwen3_like):
         I.plot_prefill(rows, png_path, f"Prefill, {meta['device']}, {meta['dtype']}")
     elif what == "decode":
         I.bench_decode(model, args.contexts, batch_sizes=args.batch_sizes, steps=args.steps, cuda_graphs=graphs,
-                       on_row=checkpoint)
+                       on_row=checkpoint, compile=args.compile)
         I.save(json_path, meta, rows)
         I.print_table(rows, ["mode", "B", "L", "ms_per_step", "tokens_per_s", "hbm_floor_ms", "frac_of_floor",
                              "vs_full"], "decode step")
         I.plot_decode(rows, png_path, f"Decode, {meta['device']}, {meta['dtype']}")
     else:
-        I.bench_e2e(model, args.pairs, batch=args.batch, chunk=args.chunk, cuda_graphs=graphs, on_row=checkpoint)
+        I.bench_e2e(model, args.pairs, batch=args.batch, chunk=args.chunk, cuda_graphs=graphs, on_row=checkpoint,
+                    compile=args.compile)
         if args.fit:
             for n_in, n_out in args.fit:
-                fit = I.fit_check(model, n_in, n_out, chunk=args.chunk)
+                fit = I.fit_check(model, n_in, n_out, chunk=args.chunk, compile=args.compile)
                 rows.append({"fit": fit})
                 I.print_table([fit], list(fit), "fit check")
         I.save(json_path, meta, rows)

@@ -137,7 +137,8 @@ def print_table(rows: List[Dict], cols: Sequence[str], title: str = ""):
 # ------------------------------------------------------------------ prefill
 def bench_prefill(model, lengths: Sequence[int], *, systems: Sequence[str] = PREFILL_SYSTEMS,
                   chunk: Optional[int] = 16384, hf_model_fn: Optional[Callable] = None, budget_s: float = 3.0,
-                  batch: int = 1, on_row: Optional[Callable] = None, single_shot_s: float = 25.0) -> List[Dict]:
+                  batch: int = 1, on_row: Optional[Callable] = None, single_shot_s: float = 25.0,
+                  compile: bool = False) -> List[Dict]:
     """Prefill latency (prompt in, first-token logits out) per system and prompt length.
 
     ``orthros`` and ``orthros-floor`` use ``chunk``; the engine's Transformer (``full``) runs
@@ -165,7 +166,8 @@ def bench_prefill(model, lengths: Sequence[int], *, systems: Sequence[str] = PRE
     for system in [s for s in systems if not s.startswith("hf")]:
         mode = "full" if system == "full" else "orthros"
         eng = Engine(model, max_batch_size=batch, max_seq_len=Lmax, cuda_graphs=False, attention_mode=mode,
-                     prefill_chunk=None if system == "full" else chunk, attention_floor=system.endswith("floor"))
+                     prefill_chunk=None if system == "full" else chunk, attention_floor=system.endswith("floor"),
+                     compile=compile)
         for T in lengths:
             def run():
                 eng.reset()
@@ -234,7 +236,8 @@ def copy_bandwidth(device, nbytes: int = 2**30) -> float:
 
 def bench_decode(model, contexts: Sequence[int], *, batch_sizes: Sequence[int] = (1, 2),
                  modes: Sequence[str] = ("orthros", "full"), steps: int = 50, warmup: int = 5,
-                 cuda_graphs: Optional[bool] = None, on_row: Optional[Callable] = None) -> List[Dict]:
+                 cuda_graphs: Optional[bool] = None, on_row: Optional[Callable] = None,
+                 compile: bool = False) -> List[Dict]:
     """Per-step decode latency at context ``L`` (cache filled by :meth:`Engine.fake_fill`:
     latency does not depend on the cached values), and the HBM floor of that step:
     ``(weight bytes + B * L * KV bytes per token) / measured copy bandwidth``."""
@@ -246,7 +249,7 @@ def bench_decode(model, contexts: Sequence[int], *, batch_sizes: Sequence[int] =
     bar = _progress(len(modes) * len(batch_sizes) * len(contexts), "decode")
     for mode in modes:
         eng = Engine(model, max_batch_size=max(batch_sizes), max_seq_len=max(contexts) + steps + warmup + 2,
-                     attention_mode=mode, cuda_graphs=cuda_graphs)
+                     attention_mode=mode, cuda_graphs=cuda_graphs, compile=compile)
         kvtok = eng.cache.bytes_per_token()
         for B in batch_sizes:
             for L in contexts:
@@ -282,7 +285,7 @@ def bench_decode(model, contexts: Sequence[int], *, batch_sizes: Sequence[int] =
 # ---------------------------------------------------------------------- e2e
 def bench_e2e(model, pairs: Sequence[tuple], *, batch: int = 2, modes: Sequence[str] = ("orthros", "full"),
               chunk: Optional[int] = 16384, cuda_graphs: Optional[bool] = None,
-              on_row: Optional[Callable] = None) -> List[Dict]:
+              on_row: Optional[Callable] = None, compile: bool = False) -> List[Dict]:
     """Paper Table 4: batch ``batch``, (input, output) lengths; greedy, no EOS. TTFT = prefill
     + first token on the host; decode-only throughput = ``B * (out - 1) / (E2E - TTFT)``."""
     device = next(model.parameters()).device
@@ -292,7 +295,8 @@ def bench_e2e(model, pairs: Sequence[tuple], *, batch: int = 2, modes: Sequence[
     bar = _progress(len(modes) * len(pairs), "e2e")
     for mode in modes:
         eng = Engine(model, max_batch_size=batch, max_seq_len=max(20, max(i + o for i, o in pairs)), attention_mode=mode,
-                     prefill_chunk=None if mode == "full" else chunk, cuda_graphs=cuda_graphs)
+                     prefill_chunk=None if mode == "full" else chunk, cuda_graphs=cuda_graphs,
+                     compile=compile)
         eng.generate(torch.randint(0, V, (batch, 16), generator=gen).tolist(), 4)  # warm-up, graph capture
         for n_in, n_out in pairs:
             prompts = torch.randint(0, V, (batch, n_in), generator=gen).tolist()
@@ -318,14 +322,14 @@ def bench_e2e(model, pairs: Sequence[tuple], *, batch: int = 2, modes: Sequence[
     return rows
 
 
-def fit_check(model, n_in: int, n_out: int, *, chunk: int = 16384, steps: int = 32) -> Dict:
+def fit_check(model, n_in: int, n_out: int, *, chunk: int = 16384, steps: int = 32, compile: bool = False) -> Dict:
     """Does an ``n_in`` prefill plus ``n_out`` decode fit (batch 1)? The static cache is sized
     for ``n_in + n_out`` up front, so memory after ``steps`` decode steps is the run's peak."""
     device = next(model.parameters()).device
     if device.type == "cuda":
         _free(device)
         torch.cuda.reset_peak_memory_stats(device)
-    eng = Engine(model, max_batch_size=1, max_seq_len=n_in + n_out, prefill_chunk=chunk)
+    eng = Engine(model, max_batch_size=1, max_seq_len=n_in + n_out, prefill_chunk=chunk, compile=compile)
     ids = torch.randint(0, model.config.vocab_size, (1, n_in), device=device)
     t = time.perf_counter()
     toks = eng.generate(ids, min(steps, n_out))

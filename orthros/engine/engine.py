@@ -59,12 +59,18 @@ class Engine:
             batch size runs the same step eagerly (documented fallback, with a warning).
         attention_mode: ``"orthros"`` / ``"full"`` / ``"window"`` (default: the model config's).
         attention_floor: replace attention by a no-op (benchmark floor; outputs are meaningless).
+        compile: run the token-wise parts of every layer (norms, projections, q/k norm,
+            scale-offset, RoPE, residuals, MLP) through ``torch.compile``, so the elementwise
+            work is fused instead of launched op by op. The pieces take the layer as an
+            argument and are compiled once for all layers (regional compilation); the cache
+            writes and the attention kernels stay outside. Costs a compile on first use of
+            each shape. Default off.
     """
 
     def __init__(self, model, *, max_batch_size: int = 1, max_seq_len: int = 4096,
                  prefill_chunk: Optional[int] = DEFAULT_PREFILL_CHUNK, cuda_graphs: Optional[bool] = None,
                  graph_batch_sizes: Optional[Sequence[int]] = None, attention_mode: Optional[str] = None,
-                 attention_floor: bool = False):
+                 attention_floor: bool = False, compile: bool = False):
         _positive_int("max_batch_size", max_batch_size)
         _positive_int("max_seq_len", max_seq_len)
         _positive_int("prefill_chunk", prefill_chunk, allow_none=True)
@@ -102,6 +108,18 @@ class Engine:
         self._pool = None
         self._tok_buf = torch.zeros(max_batch_size, dtype=torch.long, device=self.device)
         self._arange = torch.arange(max_batch_size, device=self.device)
+        if not isinstance(compile, bool):
+            raise ValueError(f"compile must be True or False, got {compile!r}")
+        self.compile = compile
+        if compile:  # one graph per distinct static case (batch 1 vs more, pair vs single token,
+            # chunk lengths: dynamic after the second); the default limit of 8 is too low for that
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        wrap = _compiled if compile else (lambda f: f)
+        self._pre = wrap(_layer_pre)
+        self._queries = wrap(_layer_queries)
+        self._pair_q = wrap(_pair_queries)
+        self._post = wrap(_layer_post)
+        self._head = wrap(_lm_head)
         self.reset()
 
     # ------------------------------------------------------------------ state
@@ -237,30 +255,11 @@ class Engine:
                                     last=(i == self.num_layers - 1), want_out=want_out)
         if not want_out:
             return None
-        return self.model.lm_head(m.norm(h[:, -1:]))[:, 0]
-
-    def _pair_queries(self, attn, x, last, rope):
-        """Decode: the queries of the token pair ``x [B, 2, d]`` (or of the output token only,
-        ``[B, 1, d]``, in the last layer) in one pass: one projection, one q-norm, both streams'
-        scale-offsets as one stacked multiply-add, one rotary (both sit at the same position)."""
-        b, n, _ = x.shape
-        q = attn.q_proj(x).view(b, n, self.Hq, self.D)
-        if attn.q_norm is not None:
-            q = attn.q_norm(q)
-        if getattr(attn, "scale_offset", False):
-            if last:
-                a, c = attn.alpha_out.view(1, self.Hq, self.D), attn.beta_out.view(1, self.Hq, self.D)
-            else:  # read from the parameters on every step (also inside a graph): never stale
-                a = torch.stack([attn.alpha, attn.alpha_out]).view(2, self.Hq, self.D)
-                c = torch.stack([attn.beta, attn.beta_out]).view(2, self.Hq, self.D)
-            q = q * a + c
-        return apply_rope(q, *rope)
+        return self._head(self.model, h[:, -1:])
 
     def _prefill_layer(self, i, layer, h, T, n_out, P, rope, rope_out, r0, r1, last, want_out):
         attn = layer.self_attn
-        b = h.shape[0]
-        x = layer.input_layernorm(h)
-        k, v = attn.keys_values(x[:, :T], rope)
+        x, k, v = self._pre(layer, h, T, rope)
         kc, vc = self.cache.k[i], self.cache.v[i]
         kc[r0:r1, P:P + T] = k
         vc[r0:r1, P:P + T] = v
@@ -270,13 +269,13 @@ class Engine:
         win0 = max(0, P - w + 1)  # first key any window query of this chunk can see
         kw = dict(window_size=w, backend=attn.backend)
         if self.mode == "orthros":
-            q_out = attn.queries(x[:, T:], stream="out", rope=rope_out) if n_out else None
+            q_out = self._queries(attn, x[:, T:], rope_out, "out") if n_out else None
             if last:  # only the output token continues: window stream and MLP of the base skipped
                 k_all, v_all = kc[r0:r1, :P + T], vc[r0:r1, :P + T]
                 o = q_out if self.floor else orthros_attention(q_out[:, :0], k_all, v_all, q_out, **kw)[1]
                 h = h[:, T:]
             else:
-                q = attn.queries(x[:, :T], stream="base", rope=rope)
+                q = self._queries(attn, x[:, :T], rope, "base")
                 if q_out is None:
                     q_out = q[:, :0]
                 s = 0 if n_out else win0
@@ -287,7 +286,7 @@ class Engine:
                     o = torch.cat([o, o2], dim=1) if n_out else o
         elif self.mode == "full":
             src = x[:, T - 1:T] if last else x[:, :T]
-            q = attn.queries(src, stream=None, rope=(rope[0][:, -src.shape[1]:], rope[1][:, -src.shape[1]:]))
+            q = self._queries(attn, src, (rope[0][:, -src.shape[1]:], rope[1][:, -src.shape[1]:]), None)
             if self.floor:
                 o = q
             else:  # causal = the full stream with a query at every (here: the last src) position
@@ -296,15 +295,14 @@ class Engine:
                 h = h[:, T - 1:T]
         else:  # window
             src = x[:, T - 1:T] if last else x[:, :T]
-            q = attn.queries(src, stream=None, rope=(rope[0][:, -src.shape[1]:], rope[1][:, -src.shape[1]:]))
+            q = self._queries(attn, src, (rope[0][:, -src.shape[1]:], rope[1][:, -src.shape[1]:]), None)
             if self.floor:
                 o = q
             else:
                 o = orthros_attention(q, kc[r0:r1, win0:P + T], vc[r0:r1, win0:P + T], q[:, :0], **kw)[0]
             if last:
                 h = h[:, T - 1:T]
-        h = h + attn.o_proj(o.reshape(b, o.shape[1], self.Hq * self.D))
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        return self._post(layer, h, o)
 
     # ----------------------------------------------------------------- decode
     def _span(self, need: int) -> int:
@@ -331,21 +329,20 @@ class Engine:
             h = torch.cat([h, h], dim=1)  # the decoupled pair: [base token, output token]
         for i, layer in enumerate(m.layers):
             h = self._decode_layer(i, layer, h, rows, lens, rope, new_lens, span, last=(i == self.num_layers - 1))
-        logits = self.model.lm_head(m.norm(h[:, -1:]))[:, 0].float()
+        logits = self._head(self.model, h[:, -1:])
         lens.add_(1)
         return logits
 
     def _decode_layer(self, i, layer, h, rows, lens, rope, new_lens, span, last):
         attn = layer.self_attn
         bs = h.shape[0]
-        x = layer.input_layernorm(h)
-        k, v = attn.keys_values(x[:, :1], rope)
+        x, k, v = self._pre(layer, h, 1, rope)
         kc, vc = self.cache.k[i][:bs, :span], self.cache.v[i][:bs, :span]
         kc[rows, lens] = k[:, 0]
         vc[rows, lens] = v[:, 0]
         kw = dict(window_size=self.window, backend=attn.backend)
         if self.mode == "orthros":
-            q = self._pair_queries(attn, x[:, 1:] if last else x, last, rope)
+            q = self._pair_q(attn, x[:, 1:] if last else x, last, rope)
             q_out = q[:, -1:]
             q = q_out if last else q[:, :1]
             if self.floor:
@@ -357,14 +354,13 @@ class Engine:
             else:
                 o = torch.cat([o, o_out], dim=1)
         else:
-            q = attn.queries(x, stream=None, rope=rope)
+            q = self._queries(attn, x, rope, None)
             if self.floor:
                 o = q
             else:  # same kernel; "full" reads its full-stream result, "window" its window result
                 o_win, o_full = orthros_decode_attention(q, q, kc, vc, new_lens, **kw)
                 o = o_full if self.mode == "full" else o_win
-        h = h + attn.o_proj(o.reshape(bs, o.shape[1], self.Hq * self.D))
-        return h + layer.mlp(layer.post_attention_layernorm(h))
+        return self._post(layer, h, o)
 
     def _step_fn(self, bs: int, need: int) -> Callable[[], torch.Tensor]:
         """A no-argument callable running one decode step of rows ``0..bs-1`` (reading the
@@ -532,6 +528,63 @@ class Engine:
             if callback is not None:
                 callback(toks)
         return rows_out
+
+
+# Token-wise pieces of a decoder layer. They take the layer (or its attention) as an argument,
+# so with ``Engine(compile=True)`` one compiled graph serves every layer: parameters are graph
+# inputs, not constants (regional compilation). Cache writes and attention stay outside.
+
+def _layer_pre(layer, h, n: int, rope):
+    """Normalised input ``x`` of a layer and the K (k-norm, RoPE) / V of its first ``n`` tokens."""
+    x = layer.input_layernorm(h)
+    k, v = layer.self_attn.keys_values(x[:, :n], rope)
+    return x, k, v
+
+
+def _layer_queries(attn, x, rope, stream):
+    return attn.queries(x, rope, stream=stream)
+
+
+def _pair_queries(attn, x, last: bool, rope):
+    """Decode: the queries of the token pair ``x [B, 2, d]`` (or of the output token only,
+    ``[B, 1, d]``, in the last layer) in one pass: one projection, one q-norm, both streams'
+    scale-offsets as one stacked multiply-add, one rotary (both sit at the same position)."""
+    b, n, _ = x.shape
+    H, D = attn.num_heads, attn.head_dim
+    q = attn.q_proj(x).view(b, n, H, D)
+    dtype = q.dtype
+    if attn.q_norm is not None:
+        q = attn.q_norm(q)
+    if attn.scale_offset:
+        if last:
+            a, c = attn.alpha_out.view(1, H, D), attn.beta_out.view(1, H, D)
+        else:  # read from the parameters on every step (also inside a graph): never stale
+            a = torch.stack([attn.alpha, attn.alpha_out]).view(2, H, D)
+            c = torch.stack([attn.beta, attn.beta_out]).view(2, H, D)
+        q = q * a + c
+    return apply_rope(q.to(dtype), *rope)
+
+
+def _layer_post(layer, h, o):
+    """The residual after the attention output ``o [B, n, Hq, D]``, then the MLP block."""
+    h = h + layer.self_attn.o_proj(o.flatten(2))
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+def _lm_head(model, h):
+    """Next-token logits ``[B, V]`` (float32) of hidden states ``h [B, 1, d]``."""
+    return model.lm_head(model.model.norm(h))[:, 0].float()
+
+
+_COMPILED = {}
+
+
+def _compiled(fn):
+    """One ``torch.compile`` wrapper per piece for the whole process, so every engine (and every
+    model of the same structure) reuses the graphs compiled so far."""
+    if fn not in _COMPILED:
+        _COMPILED[fn] = torch.compile(fn)
+    return _COMPILED[fn]
 
 
 __all__ = ["Engine", "DEFAULT_PREFILL_CHUNK"]

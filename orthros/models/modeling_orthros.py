@@ -179,6 +179,16 @@ class OrthrosModel(OrthrosPreTrainedModel):
         return BaseModelOutputWithPast(last_hidden_state=self.norm(h), **{CACHE_KWARG: cache})
 
 
+_GENERATE_BACKEND = None  # set by orthros.engine (which sits above this module)
+
+
+def register_generate_backend(fn) -> None:
+    """Let ``OrthrosForCausalLM.generate`` hand requests to ``fn(model, args, kwargs, required)``,
+    which returns the output ids or ``None`` ("use transformers"). Called by ``orthros.engine``."""
+    global _GENERATE_BACKEND
+    _GENERATE_BACKEND = fn
+
+
 class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
@@ -239,8 +249,21 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
             loss = ce / valid.sum().clamp(min=1)
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KWARG: getattr(out, CACHE_KWARG)})
 
-    def generate(self, *args, **kwargs):
-        """transformers' ``generate`` with an :class:`OrthrosCache` unless a cache is given."""
+    def generate(self, *args, use_engine: Optional[bool] = None, **kwargs):
+        """transformers' ``generate`` with an :class:`OrthrosCache` unless a cache is given, or
+        the inference engine's (``orthros.engine``, registered when it is imported):
+        ``use_engine=None`` takes the engine on CUDA for requests it serves exactly,
+        ``True`` always (raising for a request it cannot serve), ``False`` never. See
+        ``orthros/engine/hf_generate.py``."""
+        if use_engine not in (None, True, False):
+            raise ValueError(f"use_engine must be None (auto), True or False, got {use_engine!r}")
+        if use_engine is not False:
+            if _GENERATE_BACKEND is not None:
+                out = _GENERATE_BACKEND(self, args, kwargs, required=use_engine is True)
+                if out is not None:
+                    return out
+            elif use_engine:
+                raise RuntimeError("generate(use_engine=True) needs the engine: import orthros.engine first")
         if kwargs.get("past_key_values") is None and kwargs.get("cache") is None \
                 and kwargs.get("use_cache", True) and kwargs.get("cache_implementation") is None:
             kwargs[CACHE_KWARG] = OrthrosCache()
