@@ -17,7 +17,7 @@ followed by the new tokens, rows that stopped at EOS padded with ``pad_token_id`
 
 The engine (its static cache sized for the request, rounded up) is kept on the model as
 ``model._orthros_engine`` and reused while it is large enough and the parameters have not
-moved; :func:`release_engine` frees it.
+moved (nor the layers' attention backends changed); :func:`release_engine` frees it.
 """
 
 from __future__ import annotations
@@ -127,7 +127,10 @@ def _plan(model, args, kwargs):
 
 
 def _engine_for(model, batch: int, need: int) -> Engine:
-    sig = tuple(p.data_ptr() for p in model.parameters())
+    # captured CUDA graphs hold the parameters' addresses and the attention backends of their
+    # capture: a moved parameter or a changed backend needs a new engine
+    sig = (tuple(p.data_ptr() for p in model.parameters()),
+           tuple(layer.self_attn.backend for layer in model.model.layers))
     eng = getattr(model, _ENGINE_ATTR, None)
     if eng is not None and eng._param_sig == sig and eng.max_batch_size >= batch and eng.max_seq_len >= need:
         eng.reset()
