@@ -11,22 +11,34 @@ Baselines are measured in the same run and every figure is reported as a ratio:
   graph, with the KV bandwidth it reaches.
 
 Timings: CUDA events through ``triton.testing.do_bench`` (median). Run on a GPU:
-``python benchmarks/attention.py [--quick] [--sweep] [--json out.json]``.
+
+* ``python benchmarks/attention.py --targets [--decode-tune] [--window-tune] --json out.json``:
+  exactly the rows behind the issue's targets, with same-run baselines, as markdown tables
+  (< 4 min on an H200; each tune mode adds < 90 s);
+* ``--decode-tune``: decode step under CUDA graphs for B in {1, 2, 8}, L in {8K, 32K, 128K}
+  over split counts and (BLOCK_N, num_warps, num_stages), next to SDPA decode;
+* ``--window-tune``: window-only fwd+bwd at 8K/32K for several backward block configs, host
+  enqueue time, a CUDA-graph replay (GPU time alone), Flex at 8K, and a host profile;
+* ``--dry-run``: every selected code path once on the CPU (Triton interpreter, tiny sizes,
+  fp32), to catch errors before a GPU run;
+* the older modes: ``[--quick] [--sweep] [--short]``.
 """
 
 from __future__ import annotations
 
 import argparse
-import os  # noqa: F401
 import json
-import math
+import os
 import subprocess
 import sys
 import time
+import traceback
 
-import torch
-import torch.nn.functional as F
-from triton.testing import do_bench
+if "--dry-run" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, ".")
 from orthros.ops import orthros_attention  # noqa: E402
@@ -36,9 +48,24 @@ DEV = "cuda"
 DT = torch.bfloat16
 HQ, HKV, D, W = 32, 8, 128, 128
 RES = {}
+DRY = False
+JSON_PATH = None
+META = {}
+T_START = time.time()
+
+
+def sz(n):
+    """A size of the real run; tiny in a dry run."""
+    return max(16, n // 256) if DRY else n
 
 
 def bench(fn, rep=100):
+    if DRY:
+        t = time.perf_counter()
+        fn()
+        return (time.perf_counter() - t) * 1e3
+    from triton.testing import do_bench
+
     return do_bench(fn, warmup=25, rep=rep, return_mode="median")
 
 
@@ -46,8 +73,43 @@ def log(msg):
     print(msg, flush=True)
 
 
+def guard(name, fn, default=None):
+    """Run one measurement; a failure is logged and recorded, the sweep goes on."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001
+        log(f"  FAILED {name}: {type(e).__name__}: {str(e)[:200]}")
+        if DRY:
+            traceback.print_exc()
+        RES.setdefault("errors", []).append(f"{name}: {type(e).__name__}: {str(e)[:200]}")
+        return default
+
+
+def save():
+    if JSON_PATH:
+        try:
+            with open(JSON_PATH, "w") as f:
+                json.dump({**META, "elapsed_s": round(time.time() - T_START, 1), "results": RES}, f, indent=1,
+                          default=str)
+        except Exception as e:  # noqa: BLE001
+            log(f"  (json write failed: {e})")
+
+
+def sync():
+    if not DRY:
+        torch.cuda.synchronize()
+
+
+def empty_cache():
+    if not DRY:
+        torch.cuda.empty_cache()
+
+
 def sdpa(be):
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if DRY:  # no cuDNN/flash on the CPU: the default backend exercises the same code path
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
     b = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[be]
 
@@ -57,28 +119,89 @@ def sdpa(be):
     return f
 
 
-def training(Ts):
+def graph_time(fn, reps=None):
+    """Median time of one CUDA-graph replay of ``fn`` (captured once). ``reps``: number of
+    replays timed (default: do_bench's time-based count)."""
+    if DRY:
+        fn()
+        return bench(fn)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    gr = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(gr):
+        fn()
+    try:
+        if reps is None:
+            return bench(gr.replay)
+        for _ in range(3):
+            gr.replay()
+        torch.cuda.synchronize()
+        ts = []
+        for _ in range(reps):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            gr.replay()
+            b.record()
+            ts.append((a, b))
+        torch.cuda.synchronize()
+        ms = sorted(a.elapsed_time(b) for a, b in ts)
+        return ms[len(ms) // 2]
+    finally:
+        del gr
+
+
+def host_time(fn, n=20):
+    """Host enqueue time per call (ms): n calls back to back, no synchronisation inside (the
+    GPU queue does not fill at these counts), after a sync."""
+    fn()
+    sync()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = (time.perf_counter() - t) / n * 1e3
+    sync()
+    return dt
+
+
+def make_flex():
+    if DRY:
+        return None, None
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        return torch.compile(flex_attention, dynamic=False), create_block_mask
+    except Exception as e:  # noqa: BLE001
+        log(f"  no flex: {e}")
+        return None, None
+
+
+def rnd(*shape, grad=False):
+    return torch.randn(*shape, device=DEV, dtype=DT).requires_grad_(grad)
+
+
+# ---------------------------------------------------------------------------- training
+def training(Ts, flash=True):
     log("\n## training fwd+bwd (PT: window stream + full stream at every position)")
     log(f"{'T':>7} {'cuDNN':>9} {'flash':>9} {'orthros':>9} {'x cuDNN':>8} {'win only':>9}")
-    for T in Ts:
+    nan = float("nan")
+    for T0 in Ts:
+        T = sz(T0)
         row = {}
-        q = torch.randn(1, HQ, T, D, device=DEV, dtype=DT, requires_grad=True)
-        k = torch.randn(1, HKV, T, D, device=DEV, dtype=DT, requires_grad=True)
-        v = torch.randn(1, HKV, T, D, device=DEV, dtype=DT, requires_grad=True)
-        g = torch.randn(1, HQ, T, D, device=DEV, dtype=DT)
-        for be in ("cudnn", "flash"):
+        q, k, v = rnd(1, HQ, T, D, grad=True), rnd(1, HKV, T, D, grad=True), rnd(1, HKV, T, D, grad=True)
+        g = rnd(1, HQ, T, D)
+        for be in (("cudnn", "flash") if flash else ("cudnn",)):
             f = sdpa(be)
-            try:
-                row[be] = bench(lambda: torch.autograd.grad(f(q, k, v), (q, k, v), g))
-            except Exception as e:  # noqa: BLE001
-                log(f"  {be} failed: {type(e).__name__}: {str(e)[:120]}")
+            ms = guard(f"train T={T0} {be}", lambda: bench(lambda: torch.autograd.grad(f(q, k, v), (q, k, v), g)))
+            if ms is not None:
+                row[be] = ms
         del q, k, v, g
-        # orthros, layout [B, T, H, D]
-        qb = torch.randn(1, T, HQ, D, device=DEV, dtype=DT, requires_grad=True)
-        qo = torch.randn(1, T, HQ, D, device=DEV, dtype=DT, requires_grad=True)
-        kb = torch.randn(1, T, HKV, D, device=DEV, dtype=DT, requires_grad=True)
-        vb = torch.randn(1, T, HKV, D, device=DEV, dtype=DT, requires_grad=True)
-        gb = torch.randn(1, T, HQ, D, device=DEV, dtype=DT)
+        qb, qo = rnd(1, T, HQ, D, grad=True), rnd(1, T, HQ, D, grad=True)
+        kb, vb = rnd(1, T, HKV, D, grad=True), rnd(1, T, HKV, D, grad=True)
+        gb = rnd(1, T, HQ, D)
 
         def whole():
             o, oo = orthros_attention(qb, kb, vb, qo, window_size=W, backend="triton")
@@ -87,40 +210,47 @@ def training(Ts):
         def win():
             o, _ = orthros_attention(qb, kb, vb, qo[:, :0], window_size=W, backend="triton")
             return torch.autograd.grad(o, (qb, kb, vb), gb)
-        row["orthros"] = bench(whole)
-        row["window"] = bench(win)
-        r = row["orthros"] / row["cudnn"] if "cudnn" in row else float("nan")
-        log(f"{T:>7} {row.get('cudnn', float('nan')):9.3f} {row.get('flash', float('nan')):9.3f} "
-            f"{row['orthros']:9.3f} {r:8.3f} {row['window']:9.3f}")
-        RES[f"train_T{T}"] = row
+        for name, fn in (("orthros", whole), ("window", win)):
+            ms = guard(f"train T={T0} {name}", lambda: bench(fn))
+            if ms is not None:
+                row[name] = ms
+        r = row.get("orthros", nan) / row.get("cudnn", nan)
+        log(f"{T0:>7} {row.get('cudnn', nan):9.3f} {row.get('flash', nan):9.3f} "
+            f"{row.get('orthros', nan):9.3f} {r:8.3f} {row.get('window', nan):9.3f}")
+        RES[f"train_T{T0}"] = row
         del qb, qo, kb, vb, gb
-        torch.cuda.empty_cache()
+        empty_cache()
+        save()
 
 
-def window_stream(Ts, flex_Ts):
+# ---------------------------------------------------------------------------- window stream
+def window_stream(Ts, flex_Ts, graph=False):
     log("\n## window stream alone (w=128): fwd and fwd+bwd vs FlexAttention SWA")
-    log(f"{'T':>8} {'flex fwd':>9} {'ours fwd':>9} {'ratio':>6} {'flex f+b':>9} {'ours f+b':>9} {'ratio':>6}  ours TB/s fwd")
-    flex = None
-    try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-        flex = torch.compile(flex_attention, dynamic=False)
-    except Exception as e:  # noqa: BLE001
-        log(f"  no flex: {e}")
-    for T in Ts:
+    log(f"{'T':>8} {'flex fwd':>9} {'ours fwd':>9} {'ratio':>6} {'flex f+b':>9} {'ours f+b':>9} {'ratio':>6}"
+        f" {'ours f+b graph':>14}  ours TB/s fwd")
+    flex, create_block_mask = make_flex()
+    nan = float("nan")
+    for T0 in Ts:
+        T = sz(T0)
         row = {}
-        grad = T <= 262144
-        q = torch.randn(1, T, HQ, D, device=DEV, dtype=DT, requires_grad=grad)
-        k = torch.randn(1, T, HKV, D, device=DEV, dtype=DT, requires_grad=grad)
-        v = torch.randn(1, T, HKV, D, device=DEV, dtype=DT, requires_grad=grad)
+        grad = T0 <= 262144
+        q, k, v = rnd(1, T, HQ, D, grad=grad), rnd(1, T, HKV, D, grad=grad), rnd(1, T, HKV, D, grad=grad)
         qo = q[:, :0].detach()
-        g = torch.randn(1, T, HQ, D, device=DEV, dtype=DT) if grad else None
-        with torch.no_grad():
-            row["ours_fwd"] = bench(lambda: orthros_attention(q, k, v, qo, window_size=W, backend="triton"))
+        g = rnd(1, T, HQ, D) if grad else None
+
+        def fwd():
+            with torch.no_grad():
+                return orthros_attention(q, k, v, qo, window_size=W, backend="triton")
+
+        def fb():
+            return torch.autograd.grad(orthros_attention(q, k, v, qo, window_size=W, backend="triton")[0], (q, k, v), g)
+        row["ours_fwd"] = guard(f"window T={T0} ours fwd", lambda: bench(fwd))
         if grad:
-            row["ours_fb"] = bench(lambda: torch.autograd.grad(
-                orthros_attention(q, k, v, qo, window_size=W, backend="triton")[0], (q, k, v), g))
-        if flex is not None and T in flex_Ts:
-            try:
+            row["ours_fb"] = guard(f"window T={T0} ours fwd+bwd", lambda: bench(fb))
+            if graph:
+                row["ours_fb_graph"] = guard(f"window T={T0} ours fwd+bwd graph", lambda: graph_time(fb))
+        if flex is not None and T0 in flex_Ts:
+            def run_flex():
                 qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_(grad) for x in (q, k, v))
 
                 def swa(b, h, qi, ki):
@@ -132,105 +262,317 @@ def window_stream(Ts, flex_Ts):
                     gt = g.transpose(1, 2).contiguous()
                     row["flex_fb"] = bench(lambda: torch.autograd.grad(
                         flex(qt, kt, vt, block_mask=bm, enable_gqa=True), (qt, kt, vt), gt))
-                del qt, kt, vt
-            except Exception as e:  # noqa: BLE001
-                log(f"  flex T={T} failed: {type(e).__name__}: {str(e)[:150]}")
+            guard(f"window T={T0} flex", run_flex)
+        row = {key: val for key, val in row.items() if val is not None}
         byts = T * (2 * HQ + 2 * HKV) * D * 2
-        nan = float("nan")
-        log(f"{T:>8} {row.get('flex_fwd', nan):9.3f} {row['ours_fwd']:9.3f} "
-            f"{row['ours_fwd'] / row.get('flex_fwd', nan):6.2f} {row.get('flex_fb', nan):9.3f} "
-            f"{row.get('ours_fb', nan):9.3f} {row.get('ours_fb', nan) / row.get('flex_fb', nan):6.2f}  "
-            f"{byts / row['ours_fwd'] / 1e9:5.2f}")
-        RES[f"window_T{T}"] = row
+        log(f"{T0:>8} {row.get('flex_fwd', nan):9.3f} {row.get('ours_fwd', nan):9.3f} "
+            f"{row.get('ours_fwd', nan) / row.get('flex_fwd', nan):6.2f} {row.get('flex_fb', nan):9.3f} "
+            f"{row.get('ours_fb', nan):9.3f} {row.get('ours_fb', nan) / row.get('flex_fb', nan):6.2f} "
+            f"{row.get('ours_fb_graph', nan):14.3f}  {byts / row.get('ours_fwd', nan) / 1e9:5.2f}")
+        RES[f"window_T{T0}"] = row
         del q, k, v, g
-        torch.cuda.empty_cache()
+        empty_cache()
+        save()
 
 
 def prefill(Ts):
     log("\n## prefill forward: window stream + the last token's full query (vs SDPA cuDNN causal fwd)")
     log(f"{'T':>8} {'cuDNN fwd':>10} {'orthros':>9} {'speedup':>8} {'last-query only':>15}")
-    for T in Ts:
+    nan = float("nan")
+    for T0 in Ts:
+        T = sz(T0)
         row = {}
-        q = torch.randn(1, T, HQ, D, device=DEV, dtype=DT)
-        k = torch.randn(1, T, HKV, D, device=DEV, dtype=DT)
-        v = torch.randn(1, T, HKV, D, device=DEV, dtype=DT)
+        q, k, v = rnd(1, T, HQ, D), rnd(1, T, HKV, D), rnd(1, T, HKV, D)
         qo = q[:, -1:].clone()
         with torch.no_grad():
-            row["orthros"] = bench(lambda: orthros_attention(q, k, v, qo, window_size=W, backend="triton"))
-            row["last_query"] = bench(lambda: orthros_attention(q[:, :0], k, v, qo, window_size=W, backend="triton"))
-            if T <= 131072:
+            row["orthros"] = guard("prefill", lambda: bench(
+                lambda: orthros_attention(q, k, v, qo, window_size=W, backend="triton")))
+            row["last_query"] = guard("prefill last", lambda: bench(
+                lambda: orthros_attention(q[:, :0], k, v, qo, window_size=W, backend="triton")))
+            if T0 <= 131072:
                 f = sdpa("cudnn")
                 qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-                row["cudnn"] = bench(lambda: f(qt, kt, vt), rep=50)
-        nan = float("nan")
-        log(f"{T:>8} {row.get('cudnn', nan):10.3f} {row['orthros']:9.3f} {row.get('cudnn', nan) / row['orthros']:8.1f}"
-            f" {row['last_query']:15.3f}")
-        RES[f"prefill_T{T}"] = row
+                row["cudnn"] = guard("prefill cudnn", lambda: bench(lambda: f(qt, kt, vt), rep=50))
+        row = {key: val for key, val in row.items() if val is not None}
+        log(f"{T0:>8} {row.get('cudnn', nan):10.3f} {row.get('orthros', nan):9.3f} "
+            f"{row.get('cudnn', nan) / row.get('orthros', nan):8.1f} {row.get('last_query', nan):15.3f}")
+        RES[f"prefill_T{T0}"] = row
         del q, k, v
-        torch.cuda.empty_cache()
+        empty_cache()
+        save()
 
 
-def graph_time(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    gr = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(gr):
-        fn()
-    return bench(gr.replay)
+# ---------------------------------------------------------------------------- decode
+def decode_inputs(B, L):
+    q, qo = rnd(B, 1, HQ, D), rnd(B, 1, HQ, D)
+    kc, vc = rnd(B, L, HKV, D), rnd(B, L, HKV, D)
+    lens = torch.full((B,), L, device=DEV, dtype=torch.int32)
+    qs, ks, vs = rnd(B, HQ, 1, D), rnd(B, HKV, L, D), rnd(B, HKV, L, D)
+    return q, qo, kc, vc, lens, qs, ks, vs
 
 
-def decode(Ls, B=1):
+def decode(Ls, B=1, eager=True):
     log(f"\n## decode step (B={B}): window + full query, one split launch + merge, vs SDPA single-query decode")
-    log(f"{'L':>8} {'sdpa':>8} {'ours':>8} {'ratio':>6} {'sdpa graph':>10} {'ours graph':>10} {'ratio':>6} {'ours TB/s':>9}")
-    for L in Ls:
+    log(f"{'L':>8} {'sdpa':>8} {'ours':>8} {'ratio':>6} {'sdpa graph':>10} {'ours graph':>10} {'ratio':>6} "
+        f"{'ours TB/s':>9} {'S':>3}")
+    from orthros.ops.triton import decode as td
+
+    nan = float("nan")
+    for L0 in Ls:
+        L = sz(L0)
         row = {}
-        q = torch.randn(B, 1, HQ, D, device=DEV, dtype=DT)
-        qo = torch.randn(B, 1, HQ, D, device=DEV, dtype=DT)
-        kc = torch.randn(B, L, HKV, D, device=DEV, dtype=DT)
-        vc = torch.randn(B, L, HKV, D, device=DEV, dtype=DT)
-        lens = torch.full((B,), L, device=DEV, dtype=torch.int32)
-        qs = torch.randn(B, HQ, 1, D, device=DEV, dtype=DT)
-        ks = torch.randn(B, HKV, L, D, device=DEV, dtype=DT)
-        vs = torch.randn(B, HKV, L, D, device=DEV, dtype=DT)
+        q, qo, kc, vc, lens, qs, ks, vs = decode_inputs(B, L)
         sd = lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)  # noqa: E731
         ours = lambda: orthros_decode_attention(q, qo, kc, vc, lens, window_size=W)  # noqa: E731
-        row["sdpa"] = bench(sd)
-        row["ours"] = bench(ours)
-        row["sdpa_graph"] = graph_time(sd)
-        row["ours_graph"] = graph_time(ours)
+        if eager:
+            row["sdpa"] = guard(f"decode B={B} L={L0} sdpa", lambda: bench(sd))
+            row["ours"] = guard(f"decode B={B} L={L0} ours", lambda: bench(ours))
+        row["sdpa_graph"] = guard(f"decode B={B} L={L0} sdpa graph", lambda: graph_time(sd))
+        row["ours_graph"] = guard(f"decode B={B} L={L0} ours graph", lambda: graph_time(ours))
+        row["splits"] = guard("num_splits", lambda: td.num_splits(B, HKV, L, q.device, elem_bytes=q.element_size(),
+                                                                  block_d=td._block_d(D)))
+        row = {key: val for key, val in row.items() if val is not None}
         byts = 2 * B * L * HKV * D * 2
-        row["ours_TBps"] = byts / row["ours_graph"] / 1e9
-        row["sdpa_TBps"] = byts / row["sdpa_graph"] / 1e9
-        log(f"{L:>8} {row['sdpa'] * 1e3:8.1f} {row['ours'] * 1e3:8.1f} {row['ours'] / row['sdpa']:6.2f} "
-            f"{row['sdpa_graph'] * 1e3:10.1f} {row['ours_graph'] * 1e3:10.1f} "
-            f"{row['ours_graph'] / row['sdpa_graph']:6.2f} {row['ours_TBps']:9.2f}")
-        RES[f"decode_B{B}_L{L}"] = row
+        if "ours_graph" in row:
+            row["ours_TBps"] = byts / row["ours_graph"] / 1e9
+        if "sdpa_graph" in row:
+            row["sdpa_TBps"] = byts / row["sdpa_graph"] / 1e9
+        log(f"{L0:>8} {row.get('sdpa', nan) * 1e3:8.1f} {row.get('ours', nan) * 1e3:8.1f} "
+            f"{row.get('ours', nan) / row.get('sdpa', nan):6.2f} "
+            f"{row.get('sdpa_graph', nan) * 1e3:10.1f} {row.get('ours_graph', nan) * 1e3:10.1f} "
+            f"{row.get('ours_graph', nan) / row.get('sdpa_graph', nan):6.2f} {row.get('ours_TBps', nan):9.2f} "
+            f"{row.get('splits', 0):>3}")
+        RES[f"decode_B{B}_L{L0}"] = row
         del kc, vc, ks, vs
-        torch.cuda.empty_cache()
+        empty_cache()
+        save()
 
 
+def _split_candidates(B, L, sms, heuristic):
+    """Split counts filling 1..4 waves of SMs, and the heuristic's, capped by L // 256."""
+    pairs = B * HKV
+    cands = {heuristic}
+    for waves in (1, 2, 3, 4):
+        cands.add(max(1, round(waves * sms / pairs)))
+    cap = max(1, L // 256)
+    return sorted({max(1, min(c, cap, 64)) for c in cands})
+
+
+def decode_tune(Bs=(1, 2, 8), Ls=(8192, 32768, 131072), budget_s=85.0, reps=20):
+    """Decode step under CUDA graphs over split counts (default block config), then block
+    configs (BLOCK_N, num_warps, num_stages) at the heuristic's and the best split count."""
+    from orthros.ops.triton import decode as td
+    from orthros.ops.triton.attention import _num_sms
+
+    t0 = time.time()
+    blocks = [(64, 4, 3), (64, 4, 2), (64, 8, 3), (64, 8, 2), (128, 4, 3), (128, 4, 2), (128, 8, 3), (128, 8, 2)]
+    if DRY:
+        blocks = blocks[:2] + blocks[4:5]
+    log(f"\n## decode tune (CUDA graphs, {reps} replays each; ours / SDPA graph; budget {budget_s:.0f} s)")
+    log(f"{'B':>2} {'L':>7} {'sdpa us':>8} {'heur S':>6} {'heur us':>8} {'ratio':>6} | best: {'S':>3} "
+        f"{'BN':>4} {'nw':>3} {'ns':>3} {'us':>8} {'ratio':>6}")
+    table = {}
+    dev = torch.device(DEV)
+    sms = _num_sms(dev)
+    for B in Bs:
+        for L0 in Ls:
+            L = sz(L0)
+            key = f"B{B}_L{L0}"
+            res = {"configs": {}}
+            q, qo, kc, vc, lens, qs, ks, vs = decode_inputs(B, L)
+            sd = lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)  # noqa: E731
+            res["sdpa"] = guard(f"tune {key} sdpa", lambda: graph_time(sd, reps))
+            heur = td.num_splits(B, HKV, L, dev, elem_bytes=q.element_size(), block_d=td._block_d(D))
+            res["heuristic_splits"] = heur
+
+            def ours(cfg):
+                return lambda: td.orthros_decode_attention_triton(q, qo, kc, vc, lens, window_size=W, _config=cfg)
+
+            def measure(S, bn, nw, ns):
+                name = f"S{S}_bn{bn}_w{nw}_s{ns}"
+                if name in res["configs"]:
+                    return
+                cfg = {"splits": S, "block_n": bn, "num_warps": nw, "num_stages": ns}
+                ms = guard(f"tune {key} {name}", lambda: graph_time(ours(cfg), reps))
+                if ms is not None:
+                    res["configs"][name] = ms
+            res["heuristic"] = guard(f"tune {key} heuristic", lambda: graph_time(ours(None), reps))
+            for S in _split_candidates(B, L, sms, heur):
+                measure(S, 64, 4, 3)
+            measured = {k: v for k, v in res["configs"].items()}
+            best_S = int(min(measured, key=measured.get)[1:].split("_")[0]) if measured else heur
+            for S in sorted({heur, best_S}):
+                for bn, nw, ns in blocks:
+                    if time.time() - t0 > budget_s:
+                        break
+                    measure(S, bn, nw, ns)
+            if time.time() - t0 > budget_s:
+                log(f"  (budget reached at {key}: block-config sweep cut short)")
+            if res["configs"]:
+                bname = min(res["configs"], key=res["configs"].get)
+                res["best"] = bname
+                res["best_ms"] = res["configs"][bname]
+            table[key] = res
+            nan = float("nan")
+            sdp = res.get("sdpa") or nan
+            hms = res.get("heuristic") or nan
+            bms = res.get("best_ms", nan)
+            parts = res.get("best", "S0_bn0_w0_s0").split("_")
+            log(f"{B:>2} {L0:>7} {sdp * 1e3:8.1f} {heur:>6} {hms * 1e3:8.1f} {hms / sdp:6.3f} | best: "
+                f"{parts[0][1:]:>3} {parts[1][2:]:>4} {parts[2][1:]:>3} {parts[3][1:]:>3} {bms * 1e3:8.1f} "
+                f"{bms / sdp:6.3f}")
+            RES["decode_tune"] = table
+            del kc, vc, ks, vs
+            empty_cache()
+            save()
+    log(f"(decode tune: {time.time() - t0:.0f} s)")
+
+
+# ---------------------------------------------------------------------------- window tune
+WINDOW_BWD_CANDIDATES = [
+    # (name, {CONFIGS kind: (BLOCK_M, BLOCK_N, num_warps, num_stages)}, fused backward)
+    ("base", {}, True),
+    ("two-launch", {}, False),
+    ("dkdv 64x128 w8", {"bwd_dkdv": (64, 128, 8, 2)}, True),
+    ("dkdv 32x64 w4", {"bwd_dkdv": (32, 64, 4, 2)}, True),
+    ("dkdv 64x64 w8", {"bwd_dkdv": (64, 64, 8, 2)}, True),
+    ("dkdv 64x64 s3", {"bwd_dkdv": (64, 64, 4, 3)}, True),
+    ("dq 128x64", {"bwd_dq": (128, 64, 4, 2)}, True),
+    ("dkdv 128x64 w8", {"bwd_dkdv": (128, 64, 8, 2)}, True),
+]
+
+
+def window_tune(Ts=(8192, 32768), flex_T=8192, budget_s=85.0):
+    from orthros.ops.triton import attention as ta
+
+    t0 = time.time()
+    log("\n## window tune: window-only fwd+bwd (eager do_bench), host enqueue time, CUDA-graph replay")
+    log(f"{'T':>6} {'config':>16} {'f+b ms':>8} {'host ms':>8} {'graph ms':>9}")
+    out = {}
+    keep = {kind: dict(tab) for kind, tab in ta.CONFIGS.items()}
+    keep_fused = ta.FUSED_BWD
+    bd = 128 if D > 64 else 64
+    nan = float("nan")
+    for T0 in Ts:
+        T = sz(T0)
+        q, k, v = rnd(1, T, HQ, D, grad=True), rnd(1, T, HKV, D, grad=True), rnd(1, T, HKV, D, grad=True)
+        g = rnd(1, T, HQ, D)
+        qo = q[:, :0].detach()
+
+        def fb():
+            return torch.autograd.grad(orthros_attention(q, k, v, qo, window_size=W, backend="triton")[0], (q, k, v), g)
+
+        def fwd():
+            with torch.no_grad():
+                return orthros_attention(q, k, v, qo, window_size=W, backend="triton")
+        rows = {}
+        for name, over, fused in WINDOW_BWD_CANDIDATES:
+            if time.time() - t0 > budget_s:
+                log("  (budget reached: rest skipped)")
+                break
+            try:
+                for kind, cfg in over.items():
+                    ta.CONFIGS[kind][bd] = cfg
+                ta.FUSED_BWD = fused
+                row = {"fb": guard(f"wtune T={T0} {name}", lambda: bench(fb, rep=50))}
+                row["host"] = guard(f"wtune T={T0} {name} host", lambda: host_time(fb))
+                if name == "base":
+                    row["graph"] = guard(f"wtune T={T0} {name} graph", lambda: graph_time(fb))
+                    row["fwd"] = guard(f"wtune T={T0} fwd", lambda: bench(fwd, rep=50))
+                    row["fwd_host"] = guard(f"wtune T={T0} fwd host", lambda: host_time(fwd))
+                    row["fwd_graph"] = guard(f"wtune T={T0} fwd graph", lambda: graph_time(fwd))
+            finally:
+                for kind in keep:
+                    ta.CONFIGS[kind].clear()
+                    ta.CONFIGS[kind].update(keep[kind])
+                ta.FUSED_BWD = keep_fused
+            rows[name] = row
+            log(f"{T0:>6} {name:>16} {row['fb'] or nan:8.3f} {row['host'] or nan:8.3f} "
+                f"{row.get('graph') or nan:9.3f}")
+        if rows:
+            ok = {n: r["fb"] for n, r in rows.items() if r.get("fb")}
+            if ok:
+                best = min(ok, key=ok.get)
+                log(f"  best at T={T0}: {best} {ok[best]:.3f} ms")
+                if best != "base" and time.time() - t0 < budget_s:
+                    over, fused = next((o, f) for n, o, f in WINDOW_BWD_CANDIDATES if n == best)
+                    try:
+                        for kind, cfg in over.items():
+                            ta.CONFIGS[kind][bd] = cfg
+                        ta.FUSED_BWD = fused
+                        rows[best]["graph"] = guard(f"wtune T={T0} {best} graph", lambda: graph_time(fb))
+                        log(f"  best under a CUDA graph: {rows[best]['graph'] or nan:.3f} ms")
+                    finally:
+                        for kind in keep:
+                            ta.CONFIGS[kind].clear()
+                            ta.CONFIGS[kind].update(keep[kind])
+                        ta.FUSED_BWD = keep_fused
+        if T0 == 8192 or DRY:
+            guard("host profile", lambda: host_profile(fb))
+        if T0 == flex_T and time.time() - t0 < budget_s:
+            flex, create_block_mask = make_flex()
+            if flex is not None:
+                def run_flex():
+                    qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_(True) for x in (q, k, v))
+                    gt = g.transpose(1, 2).contiguous()
+                    bm = create_block_mask(lambda b, h, qi, ki: (qi >= ki) & (qi - ki < W), 1, 1, T, T, device=DEV,
+                                           _compile=True)
+                    with torch.no_grad():
+                        rows["flex_fwd"] = bench(lambda: flex(qt, kt, vt, block_mask=bm, enable_gqa=True), rep=50)
+                    rows["flex_fb"] = bench(lambda: torch.autograd.grad(
+                        flex(qt, kt, vt, block_mask=bm, enable_gqa=True), (qt, kt, vt), gt), rep=50)
+                    log(f"  flex at T={T0}: fwd {rows['flex_fwd']:.3f} ms, fwd+bwd {rows['flex_fb']:.3f} ms")
+                guard(f"wtune T={T0} flex", run_flex)
+        out[f"T{T0}"] = rows
+        RES["window_tune"] = out
+        del q, k, v, g
+        empty_cache()
+        save()
+    log(f"(window tune: {time.time() - t0:.0f} s)")
+
+
+def host_profile(fn, n=30, top=14):
+    """cProfile of n calls (host side only; the GPU runs asynchronously)."""
+    import cProfile
+    import io
+    import pstats
+
+    fn()
+    sync()
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(n):
+        fn()
+    pr.disable()
+    sync()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(top)
+    text = buf.getvalue()
+    lines = [ln for ln in text.splitlines() if ln.strip()][:top + 8]
+    log("  host profile of window fwd+bwd (%d calls, tottime-sorted):" % n)
+    for ln in lines:
+        log("    " + ln[:160])
+    RES["host_profile"] = "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- older modes
 def sweep():
     """Block configurations of the window kernels and the decode kernel."""
     from orthros.ops.triton import attention as ta
     from orthros.ops.triton import decode as td
 
     log("\n## sweep: window stream fwd / fwd+bwd at T=32K")
-    T = 32768
-    q = torch.randn(1, T, HQ, D, device=DEV, dtype=DT, requires_grad=True)
-    k = torch.randn(1, T, HKV, D, device=DEV, dtype=DT, requires_grad=True)
-    v = torch.randn(1, T, HKV, D, device=DEV, dtype=DT, requires_grad=True)
-    g = torch.randn(1, T, HQ, D, device=DEV, dtype=DT)
+    T = sz(32768)
+    q, k, v = rnd(1, T, HQ, D, grad=True), rnd(1, T, HKV, D, grad=True), rnd(1, T, HKV, D, grad=True)
+    g = rnd(1, T, HQ, D)
     qo = q[:, :0].detach()
     base = dict(ta.CONFIGS["win_fwd"])
     for cfg in [(64, 64, 4, 3), (128, 64, 8, 3), (128, 32, 4, 3), (64, 32, 4, 3), (128, 64, 4, 2), (64, 64, 4, 2)]:
         ta.CONFIGS["win_fwd"][128] = cfg
         with torch.no_grad():
-            ms = bench(lambda: orthros_attention(q, k, v, qo, window_size=W, backend="triton"))
-        log(f"  win_fwd {cfg}: {ms:.3f} ms")
+            ms = guard(f"sweep win_fwd {cfg}",
+                       lambda: bench(lambda: orthros_attention(q, k, v, qo, window_size=W, backend="triton")))
+        log(f"  win_fwd {cfg}: {ms} ms")
         RES[f"sweep_win_fwd_{cfg}"] = ms
     ta.CONFIGS["win_fwd"].update(base)
     for kind, cfgs in [("bwd_dq", [(64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 4, 2)]),
@@ -238,26 +580,13 @@ def sweep():
         keep = ta.CONFIGS[kind][128]
         for cfg in cfgs:
             ta.CONFIGS[kind][128] = cfg
-            ms = bench(lambda: torch.autograd.grad(
-                orthros_attention(q, k, v, qo, window_size=W, backend="triton")[0], (q, k, v), g))
-            log(f"  {kind} {cfg}: fwd+bwd {ms:.3f} ms")
+            ms = guard(f"sweep {kind} {cfg}", lambda: bench(lambda: torch.autograd.grad(
+                orthros_attention(q, k, v, qo, window_size=W, backend="triton")[0], (q, k, v), g)))
+            log(f"  {kind} {cfg}: fwd+bwd {ms} ms")
             RES[f"sweep_{kind}_{cfg}"] = ms
         ta.CONFIGS[kind][128] = keep
     del q, k, v, g
-    log("\n## sweep: decode at L=131072 (graph replay)")
-    L = 131072
-    q = torch.randn(1, 1, HQ, D, device=DEV, dtype=DT)
-    kc = torch.randn(1, L, HKV, D, device=DEV, dtype=DT)
-    vc = torch.randn(1, L, HKV, D, device=DEV, dtype=DT)
-    lens = torch.full((1,), L, device=DEV, dtype=torch.int32)
-    keep = dict(td.DECODE_CONFIG)
-    for bn, nw, ns, waves in [(64, 4, 3, 2), (128, 4, 3, 2), (64, 4, 4, 4), (128, 8, 3, 2), (32, 4, 4, 2), (64, 4, 3, 1)]:
-        td.DECODE_CONFIG.update(block_n=bn, num_warps=nw, num_stages=ns, waves=waves)
-        ms = graph_time(lambda: orthros_decode_attention(q, q, kc, vc, lens, window_size=W))
-        log(f"  decode bn={bn} warps={nw} stages={ns} waves={waves}: {ms * 1e3:.1f} us "
-            f"({2 * L * HKV * D * 2 / ms / 1e9:.2f} TB/s)")
-        RES[f"sweep_decode_{bn}_{nw}_{ns}_{waves}"] = ms
-    td.DECODE_CONFIG.update(keep)
+    save()
 
 
 def compare_fused(Ts):
@@ -267,64 +596,164 @@ def compare_fused(Ts):
     log("\n## window stream fwd+bwd: backward dQ and dK/dV in one launch vs two")
     log(f"{'T':>8} {'fused':>8} {'two':>8}")
     keep = ta.FUSED_BWD
-    for T in Ts:
-        q = torch.randn(1, T, HQ, D, device=DEV, dtype=DT, requires_grad=True)
-        k = torch.randn(1, T, HKV, D, device=DEV, dtype=DT, requires_grad=True)
-        v = torch.randn(1, T, HKV, D, device=DEV, dtype=DT, requires_grad=True)
-        g = torch.randn(1, T, HQ, D, device=DEV, dtype=DT)
+    for T0 in Ts:
+        T = sz(T0)
+        q, k, v = rnd(1, T, HQ, D, grad=True), rnd(1, T, HKV, D, grad=True), rnd(1, T, HKV, D, grad=True)
+        g = rnd(1, T, HQ, D)
         qo = q[:, :0].detach()
         row = {}
-        for name, fused in (("fused", True), ("two", False)):
-            ta.FUSED_BWD = fused
-            row[name] = bench(lambda: torch.autograd.grad(
-                orthros_attention(q, k, v, qo, window_size=W, backend="triton")[0], (q, k, v), g))
-        log(f"{T:>8} {row['fused']:8.3f} {row['two']:8.3f}")
-        RES[f"fused_T{T}"] = row
-    ta.FUSED_BWD = keep
+        try:
+            for name, fused in (("fused", True), ("two", False)):
+                ta.FUSED_BWD = fused
+                row[name] = guard(f"fused T={T0} {name}", lambda: bench(lambda: torch.autograd.grad(
+                    orthros_attention(q, k, v, qo, window_size=W, backend="triton")[0], (q, k, v), g)))
+        finally:
+            ta.FUSED_BWD = keep
+        log(f"{T0:>8} {row['fused']} {row['two']}")
+        RES[f"fused_T{T0}"] = row
+    save()
+
+
+# ---------------------------------------------------------------------------- targets
+def targets():
+    """Exactly the rows behind the issue's targets, with same-run baselines."""
+    training([8192, 16384, 32768], flash=False)
+    window_stream([8192, 32768, 131072], flex_Ts={8192, 32768, 131072}, graph=True)
+    decode([32768, 131072], B=1, eager=False)
+    decode([32768, 131072], B=8, eager=False)
+
+
+def _f(x, scale=1.0, fmt="{:.3f}"):
+    return "n/a" if x is None else fmt.format(x * scale)
+
+
+def _ratio(a, b):
+    return "n/a" if a is None or b is None or not b else f"{a / b:.2f}"
+
+
+def markdown():
+    """The measured rows as markdown tables (ready for docs/benchmarks.md)."""
+    out = [f"\nMeasured on {META.get('device', '?')} (torch {META.get('torch', '?')}, triton "
+           f"{META.get('triton', '?')}), commit `{META.get('commit', '?')}`, {META.get('date', '')}."]
+    tr = [(k, v) for k, v in RES.items() if k.startswith("train_T")]
+    if tr:
+        out += ["", "| T | SDPA cuDNN causal fwd+bwd | Orthros op fwd+bwd | x cuDNN | window stream alone |",
+                "|---|---|---|---|---|"]
+        for k, r in tr:
+            T = int(k[7:])
+            out.append(f"| {T // 1024}K | {_f(r.get('cudnn'))} ms | {_f(r.get('orthros'))} ms | "
+                       f"**{_ratio(r.get('orthros'), r.get('cudnn'))}** | {_f(r.get('window'))} ms |")
+    wi = [(k, v) for k, v in RES.items() if k.startswith("window_T")]
+    if wi:
+        out += ["", "| T | Flex fwd | ours fwd | ratio | Flex fwd+bwd | ours fwd+bwd | ratio | ours fwd+bwd (graph) |",
+                "|---|---|---|---|---|---|---|---|"]
+        for k, r in wi:
+            T = int(k[8:])
+            out.append(f"| {T // 1024}K | {_f(r.get('flex_fwd'))} ms | {_f(r.get('ours_fwd'))} ms | "
+                       f"**{_ratio(r.get('ours_fwd'), r.get('flex_fwd'))}** | {_f(r.get('flex_fb'))} ms | "
+                       f"{_f(r.get('ours_fb'))} ms | **{_ratio(r.get('ours_fb'), r.get('flex_fb'))}** | "
+                       f"{_f(r.get('ours_fb_graph'))} ms |")
+    de = [(k, v) for k, v in RES.items() if k.startswith("decode_B")]
+    if de:
+        out += ["", "| B | L | SDPA graph | ours graph | ratio (graph) | splits S | ours KV bandwidth |",
+                "|---|---|---|---|---|---|---|"]
+        for k, r in de:
+            B, L = k[8:].split("_L")
+            out.append(f"| {B} | {int(L) // 1024}K | {_f(r.get('sdpa_graph'), 1e3, '{:.1f}')} us | "
+                       f"{_f(r.get('ours_graph'), 1e3, '{:.1f}')} us | "
+                       f"**{_ratio(r.get('ours_graph'), r.get('sdpa_graph'))}** | {r.get('splits', '?')} | "
+                       f"{_f(r.get('ours_TBps'), 1, '{:.2f}')} TB/s |")
+    dt = RES.get("decode_tune")
+    if dt:
+        out += ["", "| B | L | SDPA graph | heuristic S | ours (heuristic) | ratio | best config | best | ratio |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for k, r in dt.items():
+            B, L = k[1:].split("_L")
+            out.append(f"| {B} | {int(L) // 1024}K | {_f(r.get('sdpa'), 1e3, '{:.1f}')} us | "
+                       f"{r.get('heuristic_splits')} | {_f(r.get('heuristic'), 1e3, '{:.1f}')} us | "
+                       f"{_ratio(r.get('heuristic'), r.get('sdpa'))} | {r.get('best', 'n/a')} | "
+                       f"{_f(r.get('best_ms'), 1e3, '{:.1f}')} us | {_ratio(r.get('best_ms'), r.get('sdpa'))} |")
+    wt = RES.get("window_tune")
+    if wt:
+        out += ["", "| T | backward config | fwd+bwd | host enqueue | CUDA graph |", "|---|---|---|---|---|"]
+        for k, rows in wt.items():
+            for name, r in rows.items():
+                if isinstance(r, dict):
+                    out.append(f"| {int(k[1:]) // 1024}K | {name} | {_f(r.get('fb'))} ms | {_f(r.get('host'))} ms | "
+                               f"{_f(r.get('graph'))} ms |")
+            if "flex_fb" in rows:
+                out.append(f"| {int(k[1:]) // 1024}K | Flex (fwd {_f(rows.get('flex_fwd'))} ms) | "
+                           f"{_f(rows.get('flex_fb'))} ms | | |")
+    text = "\n".join(out)
+    log("\n## markdown\n" + text)
+    RES["markdown"] = text
 
 
 def main():
+    global DEV, DT, HQ, HKV, D, DRY, JSON_PATH
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--only", default="train,window,prefill,decode")
     ap.add_argument("--json", default=None)
     ap.add_argument("--short", action="store_true", help="a few sizes of training/window/decode only")
+    ap.add_argument("--targets", action="store_true", help="only the rows behind the issue's targets (< 4 min)")
+    ap.add_argument("--decode-tune", action="store_true", help="decode split/block configs under CUDA graphs")
+    ap.add_argument("--window-tune", action="store_true", help="window fwd+bwd backward configs, host vs GPU time")
+    ap.add_argument("--dry-run", action="store_true", help="CPU (Triton interpreter), tiny sizes, fp32")
     a = ap.parse_args()
-    import os
-
+    JSON_PATH = a.json
+    if a.dry_run:
+        DRY, DEV, DT = True, "cpu", torch.float32
+        HQ, HKV, D = 4, 1, 32
+        torch.set_num_threads(1)
     commit = os.environ.get("ORTHROS_COMMIT", "")
     try:
-        commit = commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+        commit = commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                          text=True).stdout.strip()
     except Exception:  # noqa: BLE001
         commit = "?"
     import triton
-    log(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} "
-        f"commit {commit or '?'} {time.strftime('%Y-%m-%d %H:%M')}")
+
+    dev_name = "cpu (dry run)" if DRY else torch.cuda.get_device_name()
+    META.update(device=dev_name, torch=torch.__version__, triton=triton.__version__, commit=commit or "?",
+                date=time.strftime("%Y-%m-%d %H:%M"), args=vars(a))
+    log(f"# {dev_name} torch {torch.__version__} triton {triton.__version__} commit {commit or '?'} "
+        f"{META['date']}")
     t0 = time.time()
-    if a.sweep:
-        sweep()
-    only = a.only.split(",")
-    if a.short:
-        compare_fused([2048, 8192, 32768])
-        training([2048, 8192, 16384])
-        window_stream([8192, 32768], flex_Ts={8192})
-        decode([8192, 32768])
-        only = []
-    if "train" in only:
-        training([2048, 8192, 16384] if a.quick else [2048, 8192, 16384, 32768, 65536])
-    if "window" in only:
-        window_stream([8192, 32768] if a.quick else [8192, 32768, 131072, 524288, 1048576],
-                      flex_Ts={8192, 32768, 131072})
-    if "prefill" in only:
-        prefill([32768] if a.quick else [32768, 131072, 1048576])
-    if "decode" in only:
-        decode([8192, 32768, 131072] if a.quick else [8192, 32768, 131072, 1048576])
-        decode([32768], B=8)
+    special = a.targets or a.decode_tune or a.window_tune
+    if a.targets:
+        guard("targets", targets)
+    if a.decode_tune:
+        guard("decode tune", decode_tune)
+    if a.window_tune:
+        guard("window tune", window_tune)
+    if special:
+        guard("markdown", markdown)
+    else:
+        if a.sweep:
+            guard("sweep", sweep)
+        only = a.only.split(",")
+        if a.short:
+            compare_fused([2048, 8192, 32768])
+            training([2048, 8192, 16384])
+            window_stream([8192, 32768], flex_Ts={8192})
+            decode([8192, 32768])
+            only = []
+        if "train" in only:
+            training([2048, 8192, 16384] if a.quick else [2048, 8192, 16384, 32768, 65536])
+        if "window" in only:
+            window_stream([8192, 32768] if a.quick else [8192, 32768, 131072, 524288, 1048576],
+                          flex_Ts={8192, 32768, 131072})
+        if "prefill" in only:
+            prefill([32768] if a.quick else [32768, 131072, 1048576])
+        if "decode" in only:
+            decode([8192, 32768, 131072] if a.quick else [8192, 32768, 131072, 1048576])
+            decode([32768], B=8)
     log(f"\n(total {time.time() - t0:.0f} s)")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "commit": commit, "results": RES}, f, indent=1)
+    save()
+    if DRY and RES.get("errors"):
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -59,6 +59,32 @@ def test_triton_matches_reference(Hq, Hkv, monkeypatch):
             assert x.shape == y.shape and rel(x, y) < 1e-4
 
 
+def test_split_heuristic_static_and_wave_aware():
+    from orthros.ops.triton.decode import choose_splits, occupancy
+
+    occ = occupancy(64, 128, 3)
+    assert occ == 2  # 3 stages of 64-key K+V tiles (96 KB) fit twice in 228 KB
+    # B=1: ~2 programs per SM (as before); B=8, Hkv=8: one wave of 256 programs, not 320
+    assert choose_splits(1, 8, 32768, 132, occ, 64, 512) == 32
+    assert choose_splits(1, 8, 131072, 132, occ, 64, 512) == 33
+    assert choose_splits(8, 8, 32768, 132, occ, 64, 512) == 4
+    for B in (1, 2, 3, 8, 64):
+        for L in (1, 63, 700, 8192, 100000):
+            s = choose_splits(B, 8, L, 132, occ, 64, 512)
+            assert 1 <= s <= max(1, L // 512)
+
+
+@pytest.mark.parametrize("cfg", [{"splits": 1}, {"splits": 3, "block_n": 32}, {"splits": 100}])
+def test_triton_explicit_config_override(cfg):
+    from orthros.ops.triton.decode import orthros_decode_attention_triton
+
+    q, qo, kc, vc, lens = make(2, 150, 4, 2, 16, [150, 37], seed=3)
+    a = orthros_decode_attention_triton(q, qo, kc, vc, lens, window_size=20, _config=cfg)
+    b = decode_attention_reference(q, qo, kc, vc, lens, window_size=20)
+    for x, y in zip(a, b):
+        assert rel(x, y) < 1e-4
+
+
 def test_triton_fp16_and_zero_length_row():
     q, qo, kc, vc, lens = make(2, 96, 4, 2, 32, [0, 96], dtype=torch.float16)
     a = orthros_decode_attention(q, qo, kc, vc, lens, window_size=9, backend="triton")

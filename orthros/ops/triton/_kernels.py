@@ -16,23 +16,20 @@ contributions vanish).
 import triton
 import triton.language as tl
 
+# Integer arguments Triton would otherwise specialise on (== 1, divisible by 16): lengths,
+# positions, window, head counts, position-tensor strides. They feed masks, loop bounds and
+# scalar loads, not vectorised addresses, so specialising buys nothing but one compiled
+# kernel per combination (new sequence lengths would recompile).
+_NO_SPEC = ["M", "N", "HQ", "pos_offset", "window", "G", "spb"]
+
 
 @triton.jit
-def _stream_fwd(
-    Q, K, V, O, LSE, POS, DOC, DOCSTART, KVSTART,
-    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
-    sob, sot, soh, sos, slb, slh, sls, spb,
-    M, N, HQ, pos_offset, window, qk_scale,
-    G, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, PARTIAL: tl.constexpr, REVERSE: tl.constexpr, PREC: tl.constexpr,
-):
-    h = tl.program_id(0)
-    pid_m = tl.program_id(1)
-    bz = tl.program_id(2)
-    b = bz // NUM_SPLITS
-    split = bz % NUM_SPLITS
+def _q_block(pid_m, b, h, POS, DOC, DOCSTART, KVSTART, spb, M, pos_offset, window, G,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr,
+             HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr, REVERSE: tl.constexpr):
+    """Query-block setup shared by the forward and the dQ backward: the block's rows, their
+    absolute positions, and the key range ``[lo, hi)`` (``lo`` rounded down to ``BLOCK_N``)
+    that can be visible to it. ``qdoc``/``kvs`` are placeholders (0) without DOC/KVS."""
     if REVERSE:
         pid_m = tl.cdiv(M, BLOCK_M) - 1 - pid_m
     b64 = b.to(tl.int64)
@@ -52,6 +49,8 @@ def _stream_fwd(
         p_last = pos_offset + last
     hi = p_last + 1
     lo = p_first * 0
+    qdoc = qpos * 0
+    kvs = b64 * 0
     if HAS_WINDOW:
         lo = tl.maximum(p_first - window + 1, 0)
     if HAS_DOC:
@@ -61,6 +60,28 @@ def _stream_fwd(
         kvs = tl.load(KVSTART + b64)
         lo = tl.maximum(lo, kvs)
     lo = (lo // BLOCK_N) * BLOCK_N
+    return b64, h64, kvh64, rows, row_ok, qpos, lo, hi, qdoc, kvs
+
+
+@triton.jit(do_not_specialize=_NO_SPEC + ["slb", "slh", "sls"])
+def _stream_fwd(
+    Q, K, V, O, LSE, POS, DOC, DOCSTART, KVSTART,
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
+    sob, sot, soh, sos, slb, slh, sls, spb,
+    M, N, HQ, pos_offset, window, qk_scale,
+    G, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, PARTIAL: tl.constexpr, REVERSE: tl.constexpr, PREC: tl.constexpr,
+):
+    h = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    bz = tl.program_id(2)
+    b = bz // NUM_SPLITS
+    split = bz % NUM_SPLITS
+    b64, h64, kvh64, rows, row_ok, qpos, lo, hi, qdoc, kvs = _q_block(
+        pid_m, b, h, POS, DOC, DOCSTART, KVSTART, spb, M, pos_offset, window, G,
+        BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE)
     if NUM_SPLITS > 1:
         per = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), NUM_SPLITS) * BLOCK_N
         lo = lo + split * per
@@ -136,7 +157,7 @@ def _combine_splits(OP, LP, O, LSE, sob, sot, soh, M, HQ,
     tl.store(LSE + bh * M + row, lse)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M", "HQ"])
 def _bwd_delta(O, DO, DELTA, sob, sot, soh, sdb, sdt, sdh, M, HQ,
                D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
     """delta[b, h, m] = sum_d dO * O (fp32)."""
@@ -163,34 +184,9 @@ def _dq_block(
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
     REVERSE: tl.constexpr, PREC: tl.constexpr,
 ):
-    if REVERSE:
-        pid_m = tl.cdiv(M, BLOCK_M) - 1 - pid_m
-    b64 = b.to(tl.int64)
-    h64 = h.to(tl.int64)
-    kvh64 = (h // G).to(tl.int64)
-    start_m = pid_m * BLOCK_M
-    rows = start_m + tl.arange(0, BLOCK_M)
-    row_ok = rows < M
-    last = tl.minimum(start_m + BLOCK_M, M) - 1
-    if POS_PTR:
-        qpos = tl.load(POS + b64 * spb + rows, mask=row_ok, other=-1).to(tl.int64)
-        p_first = tl.load(POS + b64 * spb + start_m).to(tl.int64)
-        p_last = tl.load(POS + b64 * spb + last).to(tl.int64)
-    else:
-        qpos = tl.where(row_ok, pos_offset + rows.to(tl.int64), -1)
-        p_first = pos_offset + start_m
-        p_last = pos_offset + last
-    hi = p_last + 1
-    lo = p_first * 0
-    if HAS_WINDOW:
-        lo = tl.maximum(p_first - window + 1, 0)
-    if HAS_DOC:
-        qdoc = tl.load(DOC + tl.maximum(qpos, 0))
-        lo = tl.maximum(lo, tl.load(DOCSTART + p_first))
-    if HAS_KVS:
-        kvs = tl.load(KVSTART + b64)
-        lo = tl.maximum(lo, kvs)
-    lo = (lo // BLOCK_N) * BLOCK_N
+    b64, h64, kvh64, rows, row_ok, qpos, lo, hi, qdoc, kvs = _q_block(
+        pid_m, b, h, POS, DOC, DOCSTART, KVSTART, spb, M, pos_offset, window, G,
+        BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE)
 
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
@@ -297,7 +293,7 @@ def _dkdv_block(
     tl.store(DV + b64 * svgb + kvh64 * svgh + cols[:, None] * svgt + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kmask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_NO_SPEC + ["HKV", "B", "n_kv_progs", "srb"])
 def _stream_bwd(
     Q, K, V, DO, DQ, DK, DV, LSE, DELTA, POS, QRANGE, DOC, DOCSTART, KVSTART,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh, sgb, sgt, sgh,
@@ -333,17 +329,18 @@ def _stream_bwd(
                   G, D, BLOCK_D, BLOCK_M2, BLOCK_N2, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE, PREC)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["window", "NUM_SPLITS"])
 def _decode_split(
     Q, QO, K, V, SEQ, OP, LP,
     sqb, sqh, sob_, soh_, skb, skt, skh, svb, svt, svh,
     window, qk_scale, split_len,
     G: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, PREC: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS, PREC: tl.constexpr,
 ):
     """One decode step, both streams: rows 0..G-1 are the window queries of the G heads that
     share KV head ``kvh``, rows G..2G-1 their full queries. Program (split, kvh, b) reads its
-    chunk of the cache once and writes partial (o, lse) per row; _decode_combine merges."""
+    chunk of the cache once and writes partial (o, lse) per row; _decode_combine merges.
+    ``NUM_SPLITS`` is a runtime value (a new split count does not recompile)."""
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)
@@ -393,10 +390,10 @@ def _decode_split(
     tl.store(LP + prow, lse, mask=r_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["NUM_SPLITS"])
 def _decode_combine(OP, LP, O, OO, sob, soh, soob, sooh,
                     HQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
+                    NUM_SPLITS, BLOCK_S: tl.constexpr):
     h = tl.program_id(0).to(tl.int64)
     stream = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)

@@ -20,7 +20,6 @@ import os
 import warnings
 
 import torch
-import triton
 
 from . import _kernels as _k
 
@@ -40,8 +39,24 @@ USE_SDPA_CAUSAL = os.environ.get("ORTHROS_NO_SDPA", "0") != "1"
 FUSED_BWD = os.environ.get("ORTHROS_FUSED_BWD", "1") == "1"
 
 
+# Read once: triton decides interpreter mode when the kernels are decorated (import time) too.
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return _INTERPRET
+
+
+_CONSTS = {}
+
+
+def _consts(**kw):
+    """The constexpr/launch keyword dict of a launch, cached (built once per configuration)."""
+    key = tuple(kw.items())
+    d = _CONSTS.get(key)
+    if d is None:
+        d = _CONSTS[key] = kw
+    return d
 
 
 def _cfg(kind: str, block_d: int):
@@ -53,8 +68,17 @@ def _cfg(kind: str, block_d: int):
     return bm, bn, nw, ns
 
 
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
 def _block_d(D: int) -> int:
-    return max(16, triton.next_power_of_2(D))
+    # plain Python (triton.cdiv / next_power_of_2 may be jit functions: slow from the host)
+    return max(16, _pow2(D))
 
 
 def _prec(dtype) -> str:
@@ -111,54 +135,52 @@ def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allo
     """Returns (o, lse) for one stream. q [B, M, Hq, D]; pos [Bp, M] int64 or None."""
     B, M, HQ, D = q.shape
     N, HKV = k.shape[1], k.shape[2]
-    G = HQ // HKV
     dev = q.device
     o = torch.empty(B, M, HQ, v.shape[-1], dtype=q.dtype, device=dev)
     lse = torch.empty(B, HQ, M, dtype=torch.float32, device=dev)
     if M == 0:
         return o, lse
     BD = _block_d(D)
-    kind = "win_fwd" if window else "full_fwd"
-    BM, BN, nw, ns = _cfg(kind, BD)
-    nm = triton.cdiv(M, BM)
+    BM, BN, nw, ns = _cfg("win_fwd" if window else "full_fwd", BD)
+    nm = _cdiv(M, BM)
     splits = 1
     if allow_split and not window and not _interpreting():
         progs = nm * HQ * B
         sms = _num_sms(dev)
         if progs < sms and N >= 4096:
-            splits = max(1, min(triton.cdiv(2 * sms, progs), N // 2048, 64))
-    pos_t = pos if pos is not None else _dummy(dev)
-    spb = 0 if pos is None or pos.shape[0] == 1 else pos.stride(0)
+            splits = max(1, min(_cdiv(2 * sms, progs), N // 2048, 64))
     dd = _dummy(dev)
-    common = dict(
-        G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN,
+    pos_t = dd if pos is None else pos
+    spb = 0 if pos is None or pos.shape[0] == 1 else pos.stride(0)
+    common = _consts(
+        G=HQ // HKV, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN,
         POS_PTR=pos is not None, HAS_WINDOW=bool(window), HAS_DOC=masks.doc is not None,
-        HAS_KVS=masks.kv_start is not None, NUM_SPLITS=splits, REVERSE=not window,
+        HAS_KVS=masks.kv_start is not None, NUM_SPLITS=splits, PARTIAL=splits > 1, REVERSE=not window,
         PREC=_prec(q.dtype), num_warps=nw, num_stages=ns,
     )
-    doc = masks.doc if masks.doc is not None else dd
-    dst = masks.doc_start if masks.doc_start is not None else dd
-    kvs = masks.kv_start if masks.kv_start is not None else dd
+    doc = dd if masks.doc is None else masks.doc
+    dst = dd if masks.doc_start is None else masks.doc_start
+    kvs = dd if masks.kv_start is None else masks.kv_start
+    qs, ks, vs = q.stride(), k.stride(), v.stride()
     qk = scale * _LOG2E
     if splits == 1:
+        os_ = o.stride()
         _k._stream_fwd[(HQ, nm, B)](
             q, k, v, o, lse, pos_t, doc, dst, kvs,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            o.stride(0), o.stride(1), o.stride(2), 0, HQ * M, M, 0, spb,
-            M, N, HQ, pos_offset, window, qk, PARTIAL=False, **common)
+            qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
+            os_[0], os_[1], os_[2], 0, HQ * M, M, 0, spb,
+            M, N, HQ, pos_offset, window, qk, **common)
         return o, lse
     op = torch.empty(splits, B, HQ, M, D, dtype=torch.float32, device=dev)
     lp = torch.empty(splits, B, HQ, M, dtype=torch.float32, device=dev)
     _k._stream_fwd[(HQ, nm, B * splits)](
         q, k, v, op, lp, pos_t, doc, dst, kvs,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
+        qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
         HQ * M * D, D, M * D, B * HQ * M * D, HQ * M, M, B * HQ * M, spb,
-        M, N, HQ, pos_offset, window, qk, PARTIAL=True, **common)
+        M, N, HQ, pos_offset, window, qk, **common)
     _k._combine_splits[(M, B * HQ)](op, lp, o, lse, o.stride(0), o.stride(1), o.stride(2), M, HQ,
                                      NUM_SPLITS=splits, D=D, BLOCK_D=BD,
-                                     BLOCK_S=max(2, triton.next_power_of_2(splits)))
+                                     BLOCK_S=max(2, _pow2(splits)))
     return o, lse
 
 
@@ -179,27 +201,25 @@ def _query_ranges(pos, N, BN, masks: _Masks):
 def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks: _Masks):
     B, M, HQ, D = q.shape
     N, HKV = k.shape[1], k.shape[2]
-    G = HQ // HKV
     dev = q.device
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     if M == 0:
         return dq, dk.zero_(), dv.zero_()
-    do = _last_contig(do)
+    if do.stride(-1) != 1:
+        do = do.contiguous()
     BD = _block_d(D)
+    os_, ds = o.stride(), do.stride()
     delta = torch.empty(B, HQ, M, dtype=torch.float32, device=dev)
-    _k._bwd_delta[(triton.cdiv(M, 64), B * HQ)](o, do, delta, o.stride(0), o.stride(1), o.stride(2),
-                                               do.stride(0), do.stride(1), do.stride(2), M, HQ,
-                                               D=D, BLOCK_D=BD, BLOCK_M=64)
+    _k._bwd_delta[(_cdiv(M, 64), B * HQ)](o, do, delta, os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], M, HQ,
+                                          D=D, BLOCK_D=BD, BLOCK_M=64)
     dd = _dummy(dev)
-    pos_t = pos if pos is not None else dd
+    pos_t = dd if pos is None else pos
     spb = 0 if pos is None or pos.shape[0] == 1 else pos.stride(0)
-    doc = masks.doc if masks.doc is not None else dd
-    dst = masks.doc_start if masks.doc_start is not None else dd
-    kvs = masks.kv_start if masks.kv_start is not None else dd
-    flags = dict(POS_PTR=pos is not None, HAS_WINDOW=bool(window), HAS_DOC=masks.doc is not None,
-                 HAS_KVS=masks.kv_start is not None, PREC=_prec(q.dtype))
+    doc = dd if masks.doc is None else masks.doc
+    dst = dd if masks.doc_start is None else masks.doc_start
+    kvs = dd if masks.kv_start is None else masks.kv_start
     qk = scale * _LOG2E
     BM2, BN2, nw2, ns2 = _cfg("bwd_dq", BD)
     BM, BN, nw, ns = _cfg("bwd_dkdv", BD)
@@ -208,23 +228,28 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
         srb = 0 if qr.shape[0] == 1 else qr.stride(0)
     else:
         qr, srb = dd, 0
-    n_kv = HKV * triton.cdiv(N, BN) * B
-    n_q = HQ * triton.cdiv(M, BM2) * B
+    n_kv = HKV * _cdiv(N, BN) * B
+    n_q = HQ * _cdiv(M, BM2) * B
+    qs, ks, vs, gqs, gks, gvs = q.stride(), k.stride(), v.stride(), dq.stride(), dk.stride(), dv.stride()
     args = (q, k, v, do, dq, dk, dv, lse, delta, pos_t, qr, doc, dst, kvs,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
-            dq.stride(0), dq.stride(1), dq.stride(2),
-            dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2), spb, srb,
+            qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ds[0], ds[1], ds[2],
+            gqs[0], gqs[1], gqs[2], gks[0], gks[1], gks[2], gvs[0], gvs[1], gvs[2], spb, srb,
             M, N, HQ, HKV, B)
-    consts = dict(G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN, BLOCK_M2=BM2, BLOCK_N2=BN2,
-                  REVERSE=not window, **flags)
     tail = (pos_offset, window, qk, scale)
+    flags = (pos is not None, bool(window), masks.doc is not None, masks.kv_start is not None, _prec(q.dtype))
     if FUSED_BWD:  # one launch: dK/dV programs first, then dQ programs
-        _k._stream_bwd[(n_kv + n_q,)](*args, n_kv, *tail, num_warps=nw, num_stages=ns, **consts)
+        _k._stream_bwd[(n_kv + n_q,)](*args, n_kv, *tail, **_bwd_consts(HQ // HKV, D, BD, BM, BN, BM2, BN2, flags, nw, ns))
     else:
-        _k._stream_bwd[(n_kv,)](*args, n_kv, *tail, num_warps=nw, num_stages=ns, **consts)
-        _k._stream_bwd[(n_q,)](*args, 0, *tail, num_warps=nw2, num_stages=ns2, **consts)
+        _k._stream_bwd[(n_kv,)](*args, n_kv, *tail, **_bwd_consts(HQ // HKV, D, BD, BM, BN, BM2, BN2, flags, nw, ns))
+        _k._stream_bwd[(n_q,)](*args, 0, *tail, **_bwd_consts(HQ // HKV, D, BD, BM, BN, BM2, BN2, flags, nw2, ns2))
     return dq, dk, dv
+
+
+def _bwd_consts(G, D, BD, BM, BN, BM2, BN2, flags, nw, ns):
+    pos_ptr, has_window, has_doc, has_kvs, prec = flags
+    return _consts(G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN, BLOCK_M2=BM2, BLOCK_N2=BN2,
+                   POS_PTR=pos_ptr, HAS_WINDOW=has_window, HAS_DOC=has_doc, HAS_KVS=has_kvs,
+                   REVERSE=not has_window, PREC=prec, num_warps=nw, num_stages=ns)
 
 
 class _StreamAttention(torch.autograd.Function):

@@ -6,6 +6,15 @@ head and both streams (``2G`` query rows packed into one tile), and writes a par
 per row; a second tiny kernel merges the ``S`` partials by log-sum-exp. ``S`` depends only on
 static shapes and the per-row lengths are read on the device, so a step is CUDA-graph
 capturable and never synchronises with the host.
+
+Split count (:func:`num_splits`): the programs ``P = S * B * Hkv`` run in waves of
+``slots = SMs * occupancy`` (occupancy estimated from the shared memory of the pipelined
+K/V tiles). A step costs about ``ceil(P / slots)`` waves times the key blocks of one chunk,
+so ``S`` is chosen to minimise ``waves(S) * (blocks_per_chunk(S) + c)``, ``c`` a program's fixed
+cost in key blocks (ties: the smaller ``S``,
+fewer partials to merge), with chunks of at least ``min_split`` keys. At B=1, Hkv=8 on 132
+SMs this is the previous choice (~33 splits); at B=8 it picks S=4 (256 programs, one wave)
+instead of S=5 (320 programs: a second, mostly idle wave).
 """
 
 from __future__ import annotations
@@ -13,24 +22,74 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
 
 from . import _kernels as _k
-from .attention import _block_d, _interpreting, _num_sms, _prec
+from .attention import _block_d, _cdiv, _interpreting, _num_sms, _pow2, _prec
 
 _LOG2E = 1.4426950408889634
 # (BLOCK_N, num_warps, num_stages, min keys per split); measured on an H200.
-DECODE_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3, "min_split": 512, "waves": 2}
+# max_splits bounds S (the merge kernel holds all S partials of a row in one tile).
+DECODE_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3, "min_split": 512, "max_splits": 64,
+                 "smem_per_sm": 228 * 1024, "max_occupancy": 2, "prog_overhead": 4}
+_SMEM = {}
 
 
-def num_splits(B: int, HKV: int, L_max: int, device) -> int:
-    cfg = DECODE_CONFIG
-    target = cfg["waves"] * _num_sms(device)
-    s = max(1, min(triton.cdiv(target, max(1, B * HKV)), max(1, L_max // cfg["min_split"])))
-    return s
+def _smem_per_sm(device) -> int:
+    if device.type != "cuda":
+        return DECODE_CONFIG["smem_per_sm"]
+    n = _SMEM.get(device.index)
+    if n is None:
+        try:
+            props = torch.cuda.get_device_properties(device)
+            n = int(getattr(props, "shared_memory_per_multiprocessor", 0)) or DECODE_CONFIG["smem_per_sm"]
+        except Exception:  # noqa: BLE001
+            n = DECODE_CONFIG["smem_per_sm"]
+        _SMEM[device.index] = n
+    return n
 
 
-def orthros_decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window_size, scale=None):
+def occupancy(block_n: int, block_d: int, num_stages: int, elem_bytes: int = 2, smem_per_sm: int = 228 * 1024,
+              max_occupancy: int = 2) -> int:
+    """Programs of ``_decode_split`` resident per SM, from the K/V tiles in flight
+    (``num_stages`` x (K + V) x ``block_n`` x ``block_d``) plus ~8 KB of scratch."""
+    per = max(1, num_stages) * 2 * block_n * block_d * elem_bytes + 8 * 1024
+    return max(1, min(max_occupancy, smem_per_sm // per))
+
+
+def choose_splits(B: int, HKV: int, L_max: int, sms: int, occ: int, block_n: int, min_split: int,
+                  max_splits: int = 64, prog_overhead: int = 4) -> int:
+    """Split count minimising ``ceil(P / slots) * (blocks_per_chunk + prog_overhead)`` (a pure
+    function of static shapes). ``prog_overhead`` (in key blocks) is a program's fixed cost
+    (query load, pipeline fill, partial store) and keeps the model from trading one wave of
+    long chunks for many exactly-filled waves of short ones."""
+    pairs = max(1, B * HKV)
+    slots = max(1, sms * occ)
+    s_max = max(1, min(max_splits, L_max // max(1, min_split)))
+    best, best_cost = 1, None
+    for s in range(1, s_max + 1):
+        split_len = _cdiv(_cdiv(L_max, s), block_n) * block_n
+        s_eff = _cdiv(L_max, split_len)
+        if s_eff != s:
+            continue  # same chunks as a smaller S
+        cost = _cdiv(pairs * s, slots) * (split_len // block_n + prog_overhead)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = s, cost
+    return best
+
+
+def num_splits(B: int, HKV: int, L_max: int, device, cfg=None, elem_bytes: int = 2, block_d: int = 128) -> int:
+    cfg = DECODE_CONFIG if cfg is None else cfg
+    occ = occupancy(cfg["block_n"], block_d, cfg["num_stages"], elem_bytes,
+                    cfg.get("smem_per_sm") if device.type != "cuda" else _smem_per_sm(device),
+                    cfg.get("max_occupancy", 2))
+    return choose_splits(B, HKV, L_max, _num_sms(device), occ, cfg["block_n"], cfg["min_split"],
+                         cfg.get("max_splits", 64), cfg.get("prog_overhead", 4))
+
+
+def orthros_decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window_size, scale=None,
+                                    _config=None):
+    """``_config`` (internal, for benchmarks/attention.py --decode-tune): a dict overriding
+    DECODE_CONFIG keys and/or giving ``splits`` (the split count S) explicitly."""
     B, _, HQ, D = q.shape
     L_max, HKV = k_cache.shape[1], k_cache.shape[2]
     G = HQ // HKV
@@ -44,11 +103,12 @@ def orthros_decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *
     o = torch.empty(B, 1, HQ, v_cache.shape[-1], dtype=q.dtype, device=q.device)
     o_out = torch.empty_like(o)
     BD = _block_d(D)
-    cfg = DECODE_CONFIG
+    cfg = DECODE_CONFIG if _config is None else {**DECODE_CONFIG, **_config}
     bn = cfg["block_n"]
-    S = num_splits(B, HKV, L_max, q.device)
-    split_len = triton.cdiv(triton.cdiv(L_max, S), bn) * bn
-    S = triton.cdiv(L_max, split_len)
+    S = cfg.get("splits") or num_splits(B, HKV, L_max, q.device, cfg, q.element_size(), BD)
+    S = max(1, min(int(S), _cdiv(L_max, bn)))
+    split_len = _cdiv(_cdiv(L_max, S), bn) * bn
+    S = _cdiv(L_max, split_len)
     op = torch.empty(B, 2, HQ, S, D, dtype=torch.float32, device=q.device)
     lp = torch.empty(B, 2, HQ, S, dtype=torch.float32, device=q.device)
     nw, ns = (1, 1) if _interpreting() else (cfg["num_warps"], cfg["num_stages"])
@@ -58,9 +118,9 @@ def orthros_decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         int(window_size), scale * _LOG2E, split_len,
-        G=G, HQ=HQ, D=D, BLOCK_D=BD, BLOCK_H=max(16, triton.next_power_of_2(2 * G)), BLOCK_N=bn,
+        G=G, HQ=HQ, D=D, BLOCK_D=BD, BLOCK_H=max(16, _pow2(2 * G)), BLOCK_N=bn,
         NUM_SPLITS=S, PREC=_prec(q.dtype), num_warps=nw, num_stages=ns)
     _k._decode_combine[(HQ, 2, B)](op, lp, o, o_out, o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
                                    HQ=HQ, D=D, BLOCK_D=BD, NUM_SPLITS=S,
-                                   BLOCK_S=max(2, triton.next_power_of_2(S)))
+                                   BLOCK_S=max(2, _pow2(S)))
     return o, o_out
