@@ -127,6 +127,9 @@ def _run_section(what, args, model, dev, dtype, I, hf_qwen3_like):
     json_path, png_path = (os.path.join(args.out, f"{what}.{ext}") for ext in ("json", "png"))
     meta = I.metadata(model, dev, dtype, {"preset": None if args.model else args.preset, "model_path": args.model,
                                           "compile": args.compile})
+    if args.compile:  # the live list: pieces that fell back to eager show up in every save
+        from ..engine.engine import COMPILE_FAILURES
+        meta["compile_failures"] = COMPILE_FAILURES
     rows = []
 
     def checkpoint(row):  # keep partial results if a long run dies

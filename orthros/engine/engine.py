@@ -577,14 +577,33 @@ def _lm_head(model, h):
 
 
 _COMPILED = {}
+COMPILE_FAILURES = []  # (piece, error) of pieces that fell back to eager
 
 
 def _compiled(fn):
     """One ``torch.compile`` wrapper per piece for the whole process, so every engine (and every
-    model of the same structure) reuses the graphs compiled so far."""
+    model of the same structure) reuses the graphs compiled so far. A piece whose compilation
+    fails runs eagerly from then on, with a warning (and an entry in ``COMPILE_FAILURES``)."""
     if fn not in _COMPILED:
-        _COMPILED[fn] = torch.compile(fn)
+        compiled = torch.compile(fn)
+
+        def call(*args):
+            if fn not in _FAILED:
+                try:
+                    return compiled(*args)
+                except torch.cuda.OutOfMemoryError:
+                    raise
+                except Exception as e:  # noqa: BLE001  (documented fallback: eager, loudly)
+                    _FAILED.add(fn)
+                    COMPILE_FAILURES.append((fn.__name__, f"{type(e).__name__}: {e}"))
+                    warnings.warn(f"torch.compile of {fn.__name__} failed ({type(e).__name__}: {e}); "
+                                  f"running it eagerly", stacklevel=2)
+            return fn(*args)
+        _COMPILED[fn] = call
     return _COMPILED[fn]
+
+
+_FAILED = set()
 
 
 __all__ = ["Engine", "DEFAULT_PREFILL_CHUNK"]
