@@ -66,6 +66,9 @@ class DataSection:
     shuffle_buffer: int = 10000  # streaming only
     encode_batch: int = 64  # documents tokenized together
     eval_sequences: int = 32  # held-out packed sequences scored at each eval
+    # pt/cpt long-range variant, train and eval alike: 0 off; N > 0 cuts every document into
+    # passages P of N tokens and trains on documents "P P EOS" (the 2nd copy needs context N back)
+    repeat_passage: int = 0
 
 
 @dataclass
@@ -333,6 +336,15 @@ def validate(cfg: RunConfig) -> None:
         sec, leaf = key.split(".")
         positive(key, getattr(getattr(cfg, sec), leaf), zero_ok=True)
     positive("optim.lr", cfg.optim.lr)
+    rp = cfg.data.repeat_passage
+    if rp:
+        most = (cfg.data.seq_len - 1) // 2
+        if cfg.mode == "sft":
+            raise ConfigError("data.repeat_passage applies to modes ['pt', 'cpt'] (plain text); "
+                              "set it to 0 for mode 'sft'")
+        if not 1 <= rp <= most:
+            raise ConfigError(f"data.repeat_passage must be 0 (off) or a passage length N in tokens with "
+                              f"2*N+1 <= data.seq_len ({cfg.data.seq_len}), i.e. 1..{most}, got {rp!r}")
     if not 0.0 <= cfg.optim.min_lr_ratio <= 1.0:
         raise ConfigError(f"optim.min_lr_ratio must be in [0, 1], got {cfg.optim.min_lr_ratio}")
     if cfg.mode == "cpt" and not cfg.model.init_from:

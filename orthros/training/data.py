@@ -9,6 +9,11 @@
   ids of assistant answers (every assistant turn, its end marker included) and -100 elsewhere.
   Examples are packed whole (never split); a row that cannot take the next example is padded
   with a pad segment whose labels are -100.
+* Long-range variant (pt/cpt, ``data.repeat_passage: N``): each document's tokens are cut into
+  passages of N tokens (a shorter tail is dropped) and every passage becomes its own document
+  ``P P EOS``, so the second copy is predictable only by looking N tokens back. Such a
+  document is packed whole (never split over two rows; the row is padded instead), so the
+  first copy is always in the same ``cu_seqlens`` segment as the second.
 
 The stream is deterministic for a seed and resumable exactly: its state is (epoch, index of
 the document being consumed in that epoch's order, tokens of it already emitted).
@@ -169,6 +174,33 @@ def encode_text_batch(tokenizer, texts: list, eos_id: Optional[int]) -> list[Opt
     return out
 
 
+def encode_repeat_batch(tokenizer, texts: list, eos_id: Optional[int],
+                        passage: int) -> list[Optional[tuple[list, list, list]]]:
+    """Long-range PT documents: each text's tokens cut into passages P of ``passage`` tokens
+    (a shorter tail dropped), each written twice and closed by EOS: ``P P EOS`` ...
+
+    Returns, per text, (ids, labels, cuts) with ``cuts`` the end offsets of the ``P P EOS``
+    units in ``ids`` (each unit is a document of its own for packing), or None when the
+    text has fewer than ``passage`` tokens.
+    """
+    clean = [t if isinstance(t, str) else "" for t in texts]
+    ids_list = tokenizer(clean, add_special_tokens=False)["input_ids"]
+    tail = [eos_id] if eos_id is not None else []
+    out = []
+    for ids in ids_list:
+        n = len(ids) // passage
+        if n == 0:
+            out.append(None)
+            continue
+        doc, cuts = [], []
+        for i in range(n):
+            p = list(ids[i * passage:(i + 1) * passage])
+            doc.extend(p + p + tail)
+            cuts.append(len(doc))
+        out.append((doc, list(doc), cuts))
+    return out
+
+
 def _check_messages(messages) -> None:
     if not isinstance(messages, list) or not messages:
         raise DataError(f"an SFT example's messages must be a non-empty list of {{role, content}}, got {messages!r:.200}")
@@ -233,11 +265,15 @@ def make_encoder(mode: str, tokenizer, data_cfg, seq_len: int) -> Callable[[list
         return enc
     field = data_cfg.text_field
     eos = tokenizer.eos_token_id
+    passage = getattr(data_cfg, "repeat_passage", 0)
 
     def enc(records):
         if records and field not in records[0]:
             raise DataError(f"record has no '{field}' field (fields: {list(records[0])}); set data.text_field")
-        return encode_text_batch(tokenizer, [r[field] for r in records], eos)
+        texts = [r[field] for r in records]
+        if passage:
+            return encode_repeat_batch(tokenizer, texts, eos, passage)
+        return encode_text_batch(tokenizer, texts, eos)
 
     return enc
 
@@ -253,7 +289,15 @@ class Row:
 
 
 class PackedStream:
-    """Endless, resumable stream of packed rows of exactly ``seq_len`` tokens."""
+    """Endless, resumable stream of packed rows of exactly ``seq_len`` tokens.
+
+    The encoder maps a list of records to one entry per record: None (skipped), ``(ids,
+    labels)`` (one document), or ``(ids, labels, cuts)``: several documents back to back,
+    ``cuts`` their end offsets in ``ids``. A piece of a row never crosses a document end;
+    with ``split_docs`` false a document that does not fit the rest of a row starts the next
+    row (the rest is padded). The state's ``offset`` counts tokens of the record's entry, so
+    resuming is exact either way.
+    """
 
     def __init__(self, source: DocSource, encoder, seq_len: int, *, split_docs: bool, pad_id: int,
                  encode_batch: int = 64, max_epochs: Optional[int] = None):
@@ -296,7 +340,8 @@ class PackedStream:
             encoded = self.encoder([r for _, r in batch])
             for (idx, _), e in zip(batch, encoded):
                 if e is not None:
-                    self._queue.append((idx, e[0], e[1]))
+                    cuts = tuple(e[2]) if len(e) > 2 else (len(e[0]),)
+                    self._queue.append((idx, e[0], e[1], cuts))
                     self._epoch_tokens += len(e[0])
             self._next_fetch = batch[-1][0] + 1
 
@@ -309,12 +354,15 @@ class PackedStream:
                     # SFT: do not start an example that may not fit; peek by filling
                     pass
                 self._fill()
-            idx, ids, labels = self._queue[0]
-            rem = len(ids) - self.offset
+            idx, ids, labels, cuts = self._queue[0]
+            rem = next(c for c in cuts if c > self.offset) - self.offset  # to the end of this document
             if self.split_docs:
                 take = min(rem, room)
             else:
                 if rem > room:
+                    if not ids_row:
+                        raise DataError(f"{self.source.name}: a document of {rem} tokens cannot be packed "
+                                        f"whole into rows of {self.seq_len} tokens")
                     break  # pad the rest of this row; the example starts the next row
                 take = rem
             piece_ids = ids[self.offset:self.offset + take]
@@ -402,7 +450,8 @@ def build_stream(cfg, tokenizer, which: str = "train") -> Optional[PackedStream]
     src.check_column(d.messages_field if cfg.mode == "sft" else d.text_field)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     enc = make_encoder(cfg.mode, tokenizer, d, d.seq_len)
-    return PackedStream(src, enc, d.seq_len, split_docs=cfg.mode != "sft", pad_id=pad,
+    whole = cfg.mode == "sft" or d.repeat_passage > 0  # chat examples and P P EOS units are never split
+    return PackedStream(src, enc, d.seq_len, split_docs=not whole, pad_id=pad,
                         encode_batch=d.encode_batch, max_epochs=None if which == "train" else 1)
 
 
@@ -417,4 +466,4 @@ def eval_rows(stream: PackedStream, n: int) -> list[Row]:
 
 
 __all__ = ["DataError", "DocSource", "PackedStream", "PackedBatch", "Row", "collate", "count_targets",
-           "encode_chat", "encode_text_batch", "build_stream", "eval_rows", "IGNORE", "ConfigError"]
+           "encode_chat", "encode_repeat_batch", "encode_text_batch", "build_stream", "eval_rows", "IGNORE", "ConfigError"]
