@@ -38,19 +38,25 @@ class Dist:
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.enabled = self.world > 1
+        self.comm_device = torch.device("cpu")
 
     def init(self, device: torch.device) -> None:
         if self.enabled and not torch.distributed.is_initialized():
             backend = "nccl" if device.type == "cuda" else "gloo"
             torch.distributed.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+        # NCCL reduces device tensors only; gloo takes CPU tensors
+        self.comm_device = device if self.enabled and device.type == "cuda" else torch.device("cpu")
 
     @property
     def main(self) -> bool:
         return self.rank == 0
 
     def all_reduce_sum(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum of ``t`` over processes, on ``t``'s device (moved through the backend's device)."""
         if self.enabled:
-            torch.distributed.all_reduce(t)
+            x = t.to(self.comm_device)
+            torch.distributed.all_reduce(x)
+            t = x.to(t.device)
         return t
 
     def barrier(self) -> None:

@@ -1,0 +1,118 @@
+"""Where a decode step's time goes (GPU): the engine's step on the Qwen3-8B shape (random
+weights, bf16), timed under its CUDA graph, then profiled kernel by kernel (the same step run
+outside the graph, so every kernel is recorded). Prints the step time, the HBM floor, the sum
+of kernel times and a breakdown by kernel class (GEMM/GEMV, fused elementwise, attention,
+cache writes, other), for Orthros (token pair) and the Transformer (one token) of the same
+engine. Gaps = step time - kernel time (launch latency between kernels inside the graph).
+
+    python benchmarks/profile_decode.py [--compile] [--context 1024] [--batch 1] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from orthros.benchmarks.inference import copy_bandwidth, time_call, weight_bytes_per_step  # noqa: E402
+from orthros.benchmarks.models import orthros_model  # noqa: E402
+from orthros.engine import Engine  # noqa: E402
+
+
+def kernel_class(name: str) -> str:
+    n = name.lower()
+    if "gemv" in n or "gemm" in n or "cutlass" in n or "sm90" in n or "nvjet" in n or "xmma" in n:
+        return "matmul"
+    if "decode_split" in n or "decode_combine" in n or "_stream_fwd" in n:
+        return "attention"
+    if "index_put" in n or "scatter" in n:
+        return "cache write"
+    if n.startswith("triton_") or "fused" in n:
+        return "fused elementwise"
+    return "other"
+
+
+def profile(eng, B, L, steps=10):
+    dev = eng.device
+    toks = torch.ones(B, dtype=torch.long, device=dev)
+    eng.fake_fill([L] * B)
+    for _ in range(5):
+        eng.step(toks)
+    eng.fake_fill([L] * B)
+    dt = time_call(lambda: [eng.step(toks) for _ in range(steps)], dev) / steps
+    # the same step outside the graph, so every kernel shows up in the trace
+    eng.fake_fill([L] * B)
+    lens = eng.cache.seqlens[:B]
+    eng._tok_buf[:B].copy_(toks)
+    span = eng._span(L + 2)
+    with torch.no_grad():
+        eng._decode_step(eng._tok_buf[:B], lens, span)
+        cuda = dev.type == "cuda"
+        if cuda:
+            torch.cuda.synchronize()
+        acts = [torch.profiler.ProfilerActivity.CUDA if cuda else torch.profiler.ProfilerActivity.CPU]
+        with torch.profiler.profile(activities=acts) as prof:
+            for _ in range(3):
+                eng._decode_step(eng._tok_buf[:B], lens, span)
+            if cuda:
+                torch.cuda.synchronize()
+    by = defaultdict(lambda: [0.0, 0])
+    names = defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            us = e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            c = kernel_class(e.name)
+            by[c][0] += us / 3
+            by[c][1] += 1 / 3
+            names[e.name][0] += us / 3
+            names[e.name][1] += 1 / 3
+    return dt, by, names
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--json", default=None)
+    p.add_argument("--preset", default="qwen3-8b", choices=["qwen3-8b", "tiny"])
+    p.add_argument("--device", default="cuda", help="cpu: a smoke run (no kernel trace)")
+    a = p.parse_args()
+    dev = torch.device(a.device)
+    model = orthros_model(a.preset, device=dev, dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    bw = copy_bandwidth(dev)
+    wb = weight_bytes_per_step(model)
+    out = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "commit": os.environ.get("ORTHROS_COMMIT", "unknown"),
+           "compile": a.compile, "context": a.context, "batch": a.batch, "copy_bw_tb_s": bw / 1e12, "modes": {}}
+    for mode in ("orthros", "full"):
+        eng = Engine(model, max_batch_size=a.batch, max_seq_len=a.context + 64, attention_mode=mode, compile=a.compile)
+        floor_ms = 1000 * (wb + a.batch * a.context * eng.cache.bytes_per_token()) / bw
+        dt, by, names = profile(eng, a.batch, a.context)
+        tot = sum(v[0] for v in by.values()) / 1000
+        print(f"\n== {mode}: step {1000 * dt:.3f} ms (graph), HBM floor {floor_ms:.3f} ms "
+              f"({floor_ms / (1000 * dt):.0%}), kernel time {tot:.3f} ms, kernels/step "
+              f"{sum(v[1] for v in by.values()):.0f}, gaps {1000 * dt - tot:.3f} ms", flush=True)
+        for c, (us, n) in sorted(by.items(), key=lambda kv: -kv[1][0]):
+            print(f"   {c:18s} {us / 1000:8.3f} ms  {n:6.0f} kernels")
+        top = sorted(names.items(), key=lambda kv: -kv[1][0])[:12]
+        for nm, (us, n) in top:
+            print(f"      {us / 1000:7.3f} ms {n:5.0f}x  {nm[:110]}")
+        out["modes"][mode] = {"step_ms": 1000 * dt, "floor_ms": floor_ms, "kernel_ms": tot,
+                              "by_class": {c: {"ms": v[0] / 1000, "kernels": v[1]} for c, v in by.items()},
+                              "top": [{"name": nm, "ms": v[0] / 1000, "count": v[1]} for nm, v in top]}
+        del eng
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    if a.json:
+        with open(a.json + ".tmp", "w") as f:
+            json.dump(out, f, indent=1)
+        os.replace(a.json + ".tmp", a.json)
+
+
+if __name__ == "__main__":
+    main()
