@@ -224,3 +224,16 @@ def test_bf16_autocast_forward_backward(mode):
         loss = model(ids, labels=ids).loss
     loss.backward()
     assert torch.isfinite(loss) and model.model.layers[0].self_attn.q_proj.weight.grad is not None
+
+
+@pytest.mark.parametrize("mode", ["orthros", "full", "window"])
+def test_single_token_with_labels_has_no_targets(mode):
+    """T = 1 with labels: no position has a next token, so no output token exists; the forward,
+    the (zero) loss and backward still work (found by the GPU run: the last layer's empty
+    output stream could not be reshaped)."""
+    m = tiny_model(attention_mode=mode)
+    ids = torch.randint(0, m.config.vocab_size, (2, 1))
+    r = m(ids, labels=ids)
+    assert r.loss.item() == 0.0 and r.logits.shape[1] == 0
+    r.loss.backward()
+    assert m(ids).logits.shape == (2, 1, m.config.vocab_size)

@@ -155,4 +155,4 @@ class OrthrosAttention(nn.Module):
                 o, _ = run_attention(q, k, v, q[:, :0], out_positions=a.out_positions[:, :0], **kw)
                 if not base_output:
                     o = a.gather_out_rows(o)
-        return self.o_proj(o.reshape(B, o.shape[1], -1))
+        return self.o_proj(o.reshape(B, o.shape[1], self.num_heads * self.head_dim))
