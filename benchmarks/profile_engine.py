@@ -1,11 +1,14 @@
-"""Where a decode step's time goes (GPU): the engine's step on the Qwen3-8B shape (random
+"""Where the engine's time goes (GPU). ``--phase decode`` (default): a decode step the engine's step on the Qwen3-8B shape (random
 weights, bf16), timed under its CUDA graph, then profiled kernel by kernel (the same step run
 outside the graph, so every kernel is recorded). Prints the step time, the HBM floor, the sum
 of kernel times and a breakdown by kernel class (GEMM/GEMV, fused elementwise, attention,
 cache writes, other), for Orthros (token pair) and the Transformer (one token) of the same
 engine. Gaps = step time - kernel time (launch latency between kernels inside the graph).
 
-    python benchmarks/profile_decode.py [--compile] [--context 1024] [--batch 1] [--json out.json]
+``--phase prefill``: a short prefill (``--context`` tokens per row, ``--batch`` rows), wall time
+and the top host (CPU) and device (CUDA) operators, Orthros vs the Transformer.
+
+    python benchmarks/profile_engine.py [--phase decode|prefill] [--compile] [--context 1024] [--batch 1] [--json out.json]
 """
 
 from __future__ import annotations
@@ -74,8 +77,50 @@ def profile(eng, B, L, steps=10):
     return dt, by, names
 
 
+def profile_prefill(eng, B, L, reps=10):
+    dev = eng.device
+    ids = torch.randint(0, eng.config.vocab_size, (B, L), device=dev)
+
+    def run():
+        eng.reset()
+        eng.prefill(ids)
+    for _ in range(3):
+        run()
+    dt = time_call(lambda: [run() for _ in range(reps)], dev) / reps
+    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(3):
+            run()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+    ka = prof.key_averages()
+    cpu = sorted(ka, key=lambda e: -e.self_cpu_time_total)[:15]
+    dev_t = sorted(ka, key=lambda e: -getattr(e, "self_device_time_total", 0))[:10]
+    return dt, [(e.key, e.self_cpu_time_total / 3e3, e.count / 3) for e in cpu], \
+        [(e.key, getattr(e, "self_device_time_total", 0) / 3e3, e.count / 3) for e in dev_t]
+
+
+def main_prefill(a, model, dev):
+    out = {"phase": "prefill", "context": a.context, "batch": a.batch, "compile": a.compile, "modes": {}}
+    for mode in ("orthros", "full"):
+        eng = Engine(model, max_batch_size=a.batch, max_seq_len=a.context + 64, attention_mode=mode,
+                     compile=a.compile, prefill_chunk=None if mode == "full" else 16384)
+        dt, cpu, gpu = profile_prefill(eng, a.batch, a.context)
+        print(f"\n== {mode}: prefill B={a.batch} T={a.context}: {1000 * dt:.2f} ms", flush=True)
+        print("   top host operators (self CPU ms per prefill, calls):")
+        for k, ms, n in cpu:
+            print(f"      {ms:8.3f} ms {n:7.0f}x  {k[:100]}")
+        print("   top device kernels (self CUDA ms per prefill, calls):")
+        for k, ms, n in gpu:
+            print(f"      {ms:8.3f} ms {n:7.0f}x  {k[:100]}")
+        out["modes"][mode] = {"ms": 1000 * dt, "host_top": cpu, "device_top": gpu}
+        del eng
+    return out
+
+
 def main():
     p = argparse.ArgumentParser()
+    p.add_argument("--phase", default="decode", choices=["decode", "prefill"])
     p.add_argument("--compile", action="store_true")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--batch", type=int, default=1)
@@ -85,6 +130,13 @@ def main():
     a = p.parse_args()
     dev = torch.device(a.device)
     model = orthros_model(a.preset, device=dev, dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32)
+    if a.phase == "prefill":
+        out = main_prefill(a, model, dev)
+        if a.json:
+            with open(a.json + ".tmp", "w") as f:
+                json.dump(out, f, indent=1)
+            os.replace(a.json + ".tmp", a.json)
+        return
     bw = copy_bandwidth(dev)
     wb = weight_bytes_per_step(model)
     out = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "commit": os.environ.get("ORTHROS_COMMIT", "unknown"),
