@@ -117,7 +117,7 @@ class Engine:
         wrap = _compiled if compile else (lambda f: f)
         self._pre = wrap(_layer_pre)
         self._queries = wrap(_layer_queries)
-        self._pair_q = wrap(_pair_queries)
+        self._stream_q = wrap(_stream_queries)
         self._post = wrap(_layer_post)
         self._head = wrap(_lm_head)
         self.reset()
@@ -269,15 +269,14 @@ class Engine:
         win0 = max(0, P - w + 1)  # first key any window query of this chunk can see
         kw = dict(window_size=w, backend=attn.backend)
         if self.mode == "orthros":
-            q_out = self._queries(attn, x[:, T:], rope_out, "out") if n_out else None
             if last:  # only the output token continues: window stream and MLP of the base skipped
+                q_out = self._stream_q(attn, x[:, T:], 0, rope_out, rope_out)
                 k_all, v_all = kc[r0:r1, :P + T], vc[r0:r1, :P + T]
                 o = q_out if self.floor else orthros_attention(q_out[:, :0], k_all, v_all, q_out, **kw)[1]
                 h = h[:, T:]
-            else:
-                q = self._queries(attn, x[:, :T], rope, "base")
-                if q_out is None:
-                    q_out = q[:, :0]
+            else:  # both streams' queries in one call (one projection, q-norm and RoPE)
+                q = self._stream_q(attn, x, T, rope, rope_out)
+                q, q_out = q[:, :T], q[:, T:]
                 s = 0 if n_out else win0
                 if self.floor:
                     o = torch.cat([q, q_out], dim=1)
@@ -342,7 +341,7 @@ class Engine:
         vc[rows, lens] = v[:, 0]
         kw = dict(window_size=self.window, backend=attn.backend)
         if self.mode == "orthros":
-            q = self._pair_q(attn, x[:, 1:] if last else x, last, rope)
+            q = self._stream_q(attn, x[:, 1:] if last else x, 0 if last else 1, rope, rope)
             q_out = q[:, -1:]
             q = q_out if last else q[:, :1]
             if self.floor:
@@ -545,24 +544,34 @@ def _layer_queries(attn, x, rope, stream):
     return attn.queries(x, rope, stream=stream)
 
 
-def _pair_queries(attn, x, last: bool, rope):
-    """Decode: the queries of the token pair ``x [B, 2, d]`` (or of the output token only,
-    ``[B, 1, d]``, in the last layer) in one pass: one projection, one q-norm, both streams'
-    scale-offsets as one stacked multiply-add, one rotary (both sit at the same position)."""
-    b, n, _ = x.shape
+def _stream_queries(attn, x, n: int, rope, rope_out):
+    """Queries of ``x [B, n + m, d]`` for both streams in one pass: rows ``< n`` are base-stream
+    queries (alpha, beta; RoPE ``rope`` [B, n, R]), the other ``m`` output-stream queries
+    (alpha', beta'; RoPE ``rope_out`` [B, m or 1, R]). One projection, one q-norm, one RoPE: a
+    decode pair (``n = 1``), prefill's last chunk (``n = T``, one output token), the last
+    layer's output token alone (``n = 0``). Same result as ``attn.queries`` per stream."""
+    b, t, _ = x.shape
     H, D = attn.num_heads, attn.head_dim
-    q = attn.q_proj(x).view(b, n, H, D)
-    dtype = q.dtype
+    q = attn.q_proj(x).view(b, t, H, D)
+    dtype = q.dtype  # under autocast the fp32 norm/scale-offset parameters would promote q
     if attn.q_norm is not None:
         q = attn.q_norm(q)
-    if attn.scale_offset:
-        if last:
-            a, c = attn.alpha_out.view(1, H, D), attn.beta_out.view(1, H, D)
-        else:  # read from the parameters on every step (also inside a graph): never stale
-            a = torch.stack([attn.alpha, attn.alpha_out]).view(2, H, D)
-            c = torch.stack([attn.beta, attn.beta_out]).view(2, H, D)
-        q = q * a + c
-    return apply_rope(q.to(dtype), *rope)
+    if attn.scale_offset:  # read from the parameters on every call (also inside a graph)
+        parts = []
+        if n:
+            parts.append(q[:, :n] * attn.alpha.view(H, D) + attn.beta.view(H, D))
+        if t > n:
+            parts.append(q[:, n:] * attn.alpha_out.view(H, D) + attn.beta_out.view(H, D))
+        q = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+    if n == 0:
+        cos, sin = rope_out
+    elif t == n:
+        cos, sin = rope
+    else:
+        m = t - n
+        cos = torch.cat([rope[0], rope_out[0].expand(-1, m, -1)], dim=1)
+        sin = torch.cat([rope[1], rope_out[1].expand(-1, m, -1)], dim=1)
+    return apply_rope(q.to(dtype), cos, sin)
 
 
 def _layer_post(layer, h, o):
