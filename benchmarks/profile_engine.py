@@ -29,7 +29,8 @@ from orthros.engine import Engine  # noqa: E402
 
 def kernel_class(name: str) -> str:
     n = name.lower()
-    if "gemv" in n or "gemm" in n or "cutlass" in n or "sm90" in n or "nvjet" in n or "xmma" in n:
+    if "gemv" in n or "gemm" in n or "cutlass" in n or "sm90" in n or "nvjet" in n or "xmma" in n \
+            or "splitkreduce" in n:
         return "matmul"
     if "decode_split" in n or "decode_combine" in n or "_stream_fwd" in n:
         return "attention"
