@@ -135,6 +135,15 @@ def print_table(rows: List[Dict], cols: Sequence[str], title: str = ""):
 
 
 # ------------------------------------------------------------------ prefill
+def _emit(rows: List[Dict], row: Dict, on_row: Optional[Callable], bar, label: str) -> None:
+    """Record one measured point: keep it, hand it to ``on_row`` (partial saves), show it."""
+    rows.append(row)
+    if on_row:
+        on_row(row)
+    bar.set_postfix_str(label)
+    bar.update(1)
+
+
 def bench_prefill(model, lengths: Sequence[int], *, systems: Sequence[str] = PREFILL_SYSTEMS,
                   chunk: Optional[int] = 16384, hf_model_fn: Optional[Callable] = None, budget_s: float = 3.0,
                   batch: int = 1, on_row: Optional[Callable] = None, single_shot_s: float = 25.0,
@@ -156,12 +165,8 @@ def bench_prefill(model, lengths: Sequence[int], *, systems: Sequence[str] = PRE
     ids = {T: torch.randint(0, V, (batch, T), generator=gen).to(device) for T in lengths}
 
     def record(system, T, res):
-        row = {"system": system, "T": T, "batch": batch, **res}
-        rows.append(row)
-        if on_row:
-            on_row(row)
-        bar.set_postfix_str(f"{system} T={T}: {res.get('ms', float('nan')):.1f} ms")
-        bar.update(1)
+        _emit(rows, {"system": system, "T": T, "batch": batch, **res}, on_row, bar,
+              f"{system} T={T}: {res.get('ms', float('nan')):.1f} ms")
 
     for system in [s for s in systems if not s.startswith("hf")]:
         mode = "full" if system == "full" else "orthros"
@@ -264,11 +269,7 @@ def bench_decode(model, contexts: Sequence[int], *, batch_sizes: Sequence[int] =
                 if bw:
                     floor_ms = 1000 * (wbytes + B * L * kvtok) / bw
                     row.update(hbm_floor_ms=floor_ms, frac_of_floor=floor_ms / ms)
-                rows.append(row)
-                if on_row:
-                    on_row(row)
-                bar.set_postfix_str(f"{mode} B={B} L={L}: {ms:.2f} ms")
-                bar.update(1)
+                _emit(rows, row, on_row, bar, f"{mode} B={B} L={L}: {ms:.2f} ms")
         del eng
         _free(device)
     bar.close()
@@ -313,11 +314,7 @@ def bench_e2e(model, pairs: Sequence[tuple], *, batch: int = 2, modes: Sequence[
             row = {"mode": mode, "batch": batch, "in": n_in, "out": n_out, "ttft_s": ttft, "e2e_s": e2e,
                    "output_tok_s": batch * n / e2e,
                    "decode_tok_s": batch * (n - 1) / (e2e - ttft) if n > 1 else float("nan")}
-            rows.append(row)
-            if on_row:
-                on_row(row)
-            bar.set_postfix_str(f"{mode} {n_in}/{n_out}: {e2e:.2f} s")
-            bar.update(1)
+            _emit(rows, row, on_row, bar, f"{mode} {n_in}/{n_out}: {e2e:.2f} s")
         del eng
         _free(device)
     bar.close()
