@@ -28,7 +28,6 @@ from typing import Callable, Iterator, List, Optional, Sequence
 
 import torch
 
-from ..layers import apply_rope
 from ..models.configuration_orthros import ATTENTION_MODES
 from ..ops import orthros_attention
 from ..ops.decode import orthros_decode_attention
@@ -545,33 +544,7 @@ def _layer_queries(attn, x, rope, stream):
 
 
 def _stream_queries(attn, x, n: int, rope, rope_out):
-    """Queries of ``x [B, n + m, d]`` for both streams in one pass: rows ``< n`` are base-stream
-    queries (alpha, beta; RoPE ``rope`` [B, n, R]), the other ``m`` output-stream queries
-    (alpha', beta'; RoPE ``rope_out`` [B, m or 1, R]). One projection, one q-norm, one RoPE: a
-    decode pair (``n = 1``), prefill's last chunk (``n = T``, one output token), the last
-    layer's output token alone (``n = 0``). Same result as ``attn.queries`` per stream."""
-    b, t, _ = x.shape
-    H, D = attn.num_heads, attn.head_dim
-    q = attn.q_proj(x).view(b, t, H, D)
-    dtype = q.dtype  # under autocast the fp32 norm/scale-offset parameters would promote q
-    if attn.q_norm is not None:
-        q = attn.q_norm(q)
-    if attn.scale_offset:  # read from the parameters on every call (also inside a graph)
-        parts = []
-        if n:
-            parts.append(q[:, :n] * attn.alpha.view(H, D) + attn.beta.view(H, D))
-        if t > n:
-            parts.append(q[:, n:] * attn.alpha_out.view(H, D) + attn.beta_out.view(H, D))
-        q = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
-    if n == 0:
-        cos, sin = rope_out
-    elif t == n:
-        cos, sin = rope
-    else:
-        m = t - n
-        cos = torch.cat([rope[0], rope_out[0].expand(-1, m, -1)], dim=1)
-        sin = torch.cat([rope[1], rope_out[1].expand(-1, m, -1)], dim=1)
-    return apply_rope(q.to(dtype), cos, sin)
+    return attn.stream_queries(x, n, rope, rope_out)
 
 
 def _layer_post(layer, h, o):

@@ -96,17 +96,46 @@ class OrthrosAttention(nn.Module):
         """Queries ``[B, T, Hq, D]`` of one stream: projection, q-norm, that stream's
         scale-offset (``"base"``: alpha, beta; ``"out"``: alpha', beta'; ``None``: none, as in a
         plain Transformer), RoPE."""
+        if stream not in ("base", "out", None):
+            raise ValueError(f"stream must be 'base', 'out' or None, got {stream!r}")
+        if stream is None:
+            B, T, _ = x.shape
+            q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
+            dtype = q.dtype
+            if self.q_norm is not None:
+                q = self.q_norm(q)
+            return apply_rope(q.to(dtype), *rope)
+        return self.stream_queries(x, x.shape[1] if stream == "base" else 0, rope, rope)
+
+    def stream_queries(self, x: torch.Tensor, n_base: int, rope, rope_out) -> torch.Tensor:
+        """Queries of both streams in one pass (one projection, one q-norm, one RoPE): rows
+        ``< n_base`` of ``x [B, T, d]`` are base-stream queries (alpha, beta; RoPE ``rope``
+        ``[B, n_base, R]``), the remaining rows output-stream queries (alpha', beta'; RoPE
+        ``rope_out``, ``[B, T - n_base or 1, R]``). The engine uses it for a decode pair and
+        for prefill's last chunk."""
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
+        H, D = self.num_heads, self.head_dim
+        q = self.q_proj(x).view(B, T, H, D)
         dtype = q.dtype  # under autocast the fp32 norm/scale-offset parameters would promote q
         if self.q_norm is not None:
             q = self.q_norm(q)
-        if self.scale_offset and stream is not None:
-            if stream not in ("base", "out"):
-                raise ValueError(f"stream must be 'base', 'out' or None, got {stream!r}")
-            alpha, beta = (self.alpha_out, self.beta_out) if stream == "out" else (self.alpha, self.beta)
-            q = q * alpha.view(self.num_heads, self.head_dim) + beta.view(self.num_heads, self.head_dim)
-        return apply_rope(q.to(dtype), *rope)
+        if self.scale_offset:
+            parts = []
+            if n_base:
+                parts.append(q[:, :n_base] * self.alpha.view(H, D) + self.beta.view(H, D))
+            if T > n_base:
+                parts.append(q[:, n_base:] * self.alpha_out.view(H, D) + self.beta_out.view(H, D))
+            if parts:  # (none when x has no rows)
+                q = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+        if n_base == 0:
+            cos, sin = rope_out
+        elif n_base == T:
+            cos, sin = rope
+        else:
+            m = T - n_base
+            cos = torch.cat([rope[0], rope_out[0].expand(-1, m, -1)], dim=1)
+            sin = torch.cat([rope[1], rope_out[1].expand(-1, m, -1)], dim=1)
+        return apply_rope(q.to(dtype), cos, sin)
 
     def keys_values(self, x: torch.Tensor, rope):
         """K (k-norm, RoPE) and V ``[B, T, Hkv, D]`` of base tokens ``x``."""
