@@ -80,3 +80,12 @@ def test_generate_reports_prompt_too_long(checkpoint, capsys):
     rc = orthros_main(["generate", "--model", str(d), "--device", "cpu", "--max-seq-len", "4",
                        "w1 w2 w3 w4 w5 w6"])
     assert rc == 2 and "max_seq_len=4" in capsys.readouterr().err
+
+
+def test_generate_compile_flag_gives_the_same_text(checkpoint):
+    d, _ = checkpoint
+    torch.set_num_threads(1)
+    argv = ["generate", "--model", str(d), "--max-new-tokens", "6", "--device", "cpu", "w3 w8 w2 w9"]
+    rc, plain = run_cli(argv)
+    rc2, compiled = run_cli(argv[:1] + ["--compile"] + argv[1:])
+    assert rc == rc2 == 0 and compiled == plain
