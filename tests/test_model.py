@@ -237,3 +237,27 @@ def test_single_token_with_labels_has_no_targets(mode):
     assert r.loss.item() == 0.0 and r.logits.shape[1] == 0
     r.loss.backward()
     assert m(ids).logits.shape == (2, 1, m.config.vocab_size)
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_stream_queries_equal_per_stream_queries(qk_norm):
+    """Both streams' queries in one pass (decode pair, prefill's last chunk) equal each stream's
+    queries computed separately: same projection, q-norm, scale-offset and RoPE."""
+    m = tiny_model(qk_norm=qk_norm)
+    attn = m.model.layers[0].self_attn
+    with torch.no_grad():
+        for p in attn.scale_offset_params().values():
+            p.add_(0.3 * torch.randn_like(p))
+        x = torch.randn(2, 7, m.config.hidden_size)
+        pos = torch.arange(10, 15).view(1, 5)
+        rope = m.model.rotary_emb(pos)
+        rope_out = (rope[0][:, -1:], rope[1][:, -1:])  # output tokens sit at the last base position
+        both = attn.stream_queries(x, 5, rope, rope_out)
+        want = torch.cat([attn.queries(x[:, :5], rope, "base"),
+                          attn.queries(x[:, 5:], (rope_out[0].expand(-1, 2, -1), rope_out[1].expand(-1, 2, -1)),
+                                       "out")], dim=1)
+        torch.testing.assert_close(both, want)
+        torch.testing.assert_close(attn.stream_queries(x[:, 5:], 0, rope_out, rope_out),
+                                   attn.queries(x[:, 5:], rope_out, "out"))
+    with pytest.raises(ValueError, match="stream"):
+        attn.queries(x, rope, "both")
