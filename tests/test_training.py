@@ -77,6 +77,17 @@ def test_loss_decreases(tmp_path, corpus):
     assert evals and evals[-1]["eval_loss"] < first
 
 
+def test_compiled_layers_train_like_eager(tmp_path, corpus):
+    """``train.compile`` (torch.compile of each decoder layer, the attention op called as is)
+    gives the eager loss trajectory (the op used to break Inductor's tracing)."""
+    a, b = tmp_path / "eager", tmp_path / "compiled"
+    train(load_config(None, tiny(a, corpus, "--max_steps", "3", "--checkpoint.every", "0")))
+    train(load_config(None, tiny(b, corpus, "--max_steps", "3", "--checkpoint.every", "0", "--train.compile")))
+    la, lb = losses(a), losses(b)
+    assert la.keys() == lb.keys() == {1, 2, 3}
+    assert all(abs(la[s] - lb[s]) < 1e-4 for s in la), (la, lb)
+
+
 @pytest.mark.parametrize("arch", [("transformer",), ("swa",), ("orthros", "--model.scale_offset", "false")])
 def test_every_architecture_trains_on_the_same_path(tmp_path, corpus, arch):
     s = train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "3", "--model.architecture", *arch)))

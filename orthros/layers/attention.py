@@ -25,7 +25,12 @@ from typing import Optional
 import torch
 from torch import nn
 
-from ..ops import run_attention
+from ..ops import run_attention as _run_attention
+
+# The op runs its own kernels (Triton, SDPA or the reference). Under torch.compile of a decoder
+# layer (``train.compile``) everything around it is fused and the op is called as it is:
+# Inductor must not re-trace the window blocking or the Triton autograd functions.
+run_attention = torch.compiler.disable(_run_attention)
 from .common import RMSNorm, apply_rope
 
 
