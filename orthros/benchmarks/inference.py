@@ -135,6 +135,14 @@ def print_table(rows: List[Dict], cols: Sequence[str], title: str = ""):
 
 
 # ------------------------------------------------------------------ prefill
+def _measure_or_oom(run, device, **kw) -> Dict:
+    """:func:`measure`, or a NaN point marked "out of memory" (the sweep goes on)."""
+    try:
+        return measure(run, device, **kw)
+    except torch.cuda.OutOfMemoryError:
+        return {"ms": float("nan"), "error": "out of memory"}
+
+
 def _emit(rows: List[Dict], row: Dict, on_row: Optional[Callable], bar, label: str) -> None:
     """Record one measured point: keep it, hand it to ``on_row`` (partial saves), show it."""
     rows.append(row)
@@ -177,11 +185,9 @@ def bench_prefill(model, lengths: Sequence[int], *, systems: Sequence[str] = PRE
             def run():
                 eng.reset()
                 eng.prefill(ids[T])
-            try:
-                res = measure(run, device, budget_s=budget_s, single_shot_s=single_shot_s)
+            res = _measure_or_oom(run, device, budget_s=budget_s, single_shot_s=single_shot_s)
+            if "error" not in res:
                 res["kv_cache_gib"] = T * batch * eng.cache.bytes_per_token() / 2**30
-            except torch.cuda.OutOfMemoryError:
-                res = {"ms": float("nan"), "error": "out of memory"}
             record(system, T, res)
             _free(device)
         del eng
@@ -199,11 +205,7 @@ def bench_prefill(model, lengths: Sequence[int], *, systems: Sequence[str] = PRE
                 def run():
                     with torch.no_grad():
                         hf(input_ids=ids[T], use_cache=False, logits_to_keep=1)
-                try:
-                    res = measure(run, device, budget_s=budget_s, single_shot_s=single_shot_s)
-                except torch.cuda.OutOfMemoryError:
-                    res = {"ms": float("nan"), "error": "out of memory"}
-                record(system, T, res)
+                record(system, T, _measure_or_oom(run, device, budget_s=budget_s, single_shot_s=single_shot_s))
                 _free(device)
         del hf
         _free(device)
