@@ -47,18 +47,6 @@ def _interpreting() -> bool:
     return _INTERPRET
 
 
-_CONSTS = {}
-
-
-def _consts(**kw):
-    """The constexpr/launch keyword dict of a launch, cached (built once per configuration)."""
-    key = tuple(kw.items())
-    d = _CONSTS.get(key)
-    if d is None:
-        d = _CONSTS[key] = kw
-    return d
-
-
 def _cfg(kind: str, block_d: int):
     table = CONFIGS[kind]
     key = 64 if block_d <= 64 else (128 if block_d <= 128 else 256)
@@ -152,7 +140,7 @@ def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allo
     dd = _dummy(dev)
     pos_t = dd if pos is None else pos
     spb = 0 if pos is None or pos.shape[0] == 1 else pos.stride(0)
-    common = _consts(
+    common = dict(
         G=HQ // HKV, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN,
         POS_PTR=pos is not None, HAS_WINDOW=bool(window), HAS_DOC=masks.doc is not None,
         HAS_KVS=masks.kv_start is not None, NUM_SPLITS=splits, PARTIAL=splits > 1, REVERSE=not window,
@@ -246,8 +234,9 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
 
 
 def _bwd_consts(G, D, BD, BM, BN, BM2, BN2, flags, nw, ns):
+    """The constexpr/launch keywords of a backward launch."""
     pos_ptr, has_window, has_doc, has_kvs, prec = flags
-    return _consts(G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN, BLOCK_M2=BM2, BLOCK_N2=BN2,
+    return dict(G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN, BLOCK_M2=BM2, BLOCK_N2=BN2,
                    POS_PTR=pos_ptr, HAS_WINDOW=has_window, HAS_DOC=has_doc, HAS_KVS=has_kvs,
                    REVERSE=not has_window, PREC=prec, num_warps=nw, num_stages=ns)
 
