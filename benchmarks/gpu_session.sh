@@ -27,7 +27,7 @@ ENGINE_FLAGS=${ENGINE_FLAGS:---compile}
 mkdir -p "$OUT/res"
 
 ( export CUDA_VISIBLE_DEVICES=0
-  timeout "$T_TESTS" python3 -m pytest tests/test_model_gpu.py tests/test_triton_kernels.py tests/test_decode_op.py \
+  timeout "$T_TESTS" python3 -m pytest tests/models/test_modeling_gpu.py tests/ops/test_triton.py tests/ops/test_decode.py \
     -m gpu -n 6 -p no:cacheprovider -q -rfE > "$OUT/gpu_tests.log" 2>&1
   echo "exit=$?" >> "$OUT/gpu_tests.log"
   timeout "$T_KERN" python3 benchmarks/attention.py $KERNEL_FLAGS --json "$OUT/res/attention.json" \

@@ -5,7 +5,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs/results/kernels-2026-11-30/attention_targets.json"
 
 

@@ -22,7 +22,7 @@ from orthros.training.data import DataError, IGNORE, PackedStream, collate
 from orthros.training.metrics import read_metrics
 from orthros.training.trainer import train
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
