@@ -186,13 +186,6 @@ def build_model(mode: str, task: MQARTask, tr: MQARTrain, seed: int):
     return OrthrosForCausalLM(cfg).to(tr.device)
 
 
-def _param_groups(model, wd):
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (decay if p.dim() >= 2 and "embed" not in name else no_decay).append(p)
-    return [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
-
-
 def _batch(data: dict, sl, device="cpu"):
     return (torch.as_tensor(data["input_ids"][sl], device=device), torch.as_tensor(data["labels"][sl], device=device),
             torch.as_tensor(data["query_pos"][sl], device=device))
@@ -221,18 +214,13 @@ def evaluate(model, data: dict, window_size: int, batch_size: int = 250, device=
 
 
 def train_one(name: str, task: MQARTask, tr: MQARTrain, train_data_fn, eval_data: dict, progress=None) -> dict:
+    from ..training.optim import build_optimizer, build_scheduler, warmup_steps_from_fraction
+
     mode = MODEL_ALIASES[name]
     model = build_model(mode, task, tr, seed=tr.seed)
-    opt = torch.optim.AdamW(_param_groups(model, tr.weight_decay), lr=tr.lr, betas=(0.9, 0.98))
-    warm = max(1, int(tr.warmup * tr.steps))
-
-    def lr_at(step):
-        if step < warm:
-            return (step + 1) / warm
-        t = (step - warm) / max(1, tr.steps - warm)
-        return 0.5 * (1 + math.cos(math.pi * t))
-
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    opt = build_optimizer(model, lr=tr.lr, weight_decay=tr.weight_decay, betas=(0.9, 0.98))
+    sched = build_scheduler(opt, total_steps=tr.steps, warmup_steps=warmup_steps_from_fraction(tr.warmup, tr.steps),
+                            schedule="cosine", min_lr_ratio=0.0)
     model.train()
     t0 = time.perf_counter()
     losses = []

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -139,7 +138,7 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print) -> dict
     import torch
 
     from ..data import load_tokenizer
-    from ..training.trainer import param_groups
+    from ..training.optim import build_optimizer, build_scheduler, warmup_steps_from_fraction
 
     cfg.validate()
     if cfg.threads:
@@ -159,14 +158,9 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print) -> dict
     else:
         model = build_model(cfg, tok)
     model.train()
-    opt = torch.optim.AdamW(param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.98))
-    warm = max(1, int(cfg.warmup * cfg.steps))
-
-    def lr_at(step):
-        if step < warm:
-            return cfg.lr * (step + 1) / warm
-        p = (step - warm) / max(1, cfg.steps - warm)
-        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+    opt = build_optimizer(model, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+    sched = build_scheduler(opt, total_steps=cfg.steps, warmup_steps=warmup_steps_from_fraction(cfg.warmup, cfg.steps),
+                            schedule="cosine", min_lr_ratio=0.1)
 
     # held-out check at the longest training length (fresh builder / keys, not the eval's seed)
     vb = PromptBuilder(tok, cfg.haystack, seed=cfg.seed + 7)
@@ -175,13 +169,12 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print) -> dict
     for step in range(cfg.steps):
         L = int(rng.integers(cfg.min_len, cfg.max_len + 1))
         ids, lab = make_batch(builder, rng, cfg.batch_size, L, cfg.digits)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step)
         loss = model(input_ids=ids, labels=lab).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sched.step()
         losses.append(float(loss.detach()))
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
             model.eval()

@@ -18,11 +18,12 @@ from typing import Any, Optional, Union
 
 import yaml
 
+from .optim import SCHEDULES
+
 MODES = ("pt", "sft", "cpt")
 ARCHITECTURES = ("orthros", "transformer", "swa")
 ARCH_TO_ATTENTION_MODE = {"orthros": "orthros", "transformer": "full", "swa": "window"}
 PRECISIONS = ("auto", "bf16", "fp32")
-SCHEDULES = ("cosine", "constant", "linear")
 FORMATS = ("auto", "text", "json", "parquet", "csv", "arrow", "hub")
 SAMPLE_BY = ("document", "paragraph", "line")
 

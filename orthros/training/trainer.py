@@ -27,6 +27,7 @@ from . import checkpoint as ckpt
 from .config import ARCH_TO_ATTENTION_MODE, ConfigError, RunConfig, dump_yaml
 from .data import DataError, IGNORE, PackedBatch, build_stream, collate, count_targets, eval_rows
 from .metrics import MetricsLogger, detect_peak_flops, train_flops
+from .optim import build_optimizer, build_scheduler
 
 
 # --------------------------------------------------------------------------- distributed
@@ -209,31 +210,6 @@ def enable_activation_checkpointing(model) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
-def param_groups(model, weight_decay: float):
-    decay, no_decay = [], []
-    for _, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        (decay if p.dim() >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def lr_lambda(cfg: RunConfig):
-    o, total = cfg.optim, cfg.train.max_steps
-
-    def f(step: int) -> float:
-        if o.warmup_steps and step < o.warmup_steps:
-            return (step + 1) / o.warmup_steps
-        if o.schedule == "constant":
-            return 1.0
-        progress = min(1.0, (step - o.warmup_steps) / max(1, total - o.warmup_steps))
-        if o.schedule == "linear":
-            return 1.0 - (1.0 - o.min_lr_ratio) * progress
-        return o.min_lr_ratio + (1.0 - o.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return f
-
-
 def _shard(model, dist: Dist):
     from torch.distributed.fsdp import fully_shard
 
@@ -321,9 +297,11 @@ class Trainer:
                 layer.compile()
         self.model = model
         o = cfg.optim
-        self.optimizer = torch.optim.AdamW(param_groups(model, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2),
-                                           eps=o.eps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
+        self.optimizer = build_optimizer(model, lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
+                                         eps=o.eps)
+        self.scheduler = build_scheduler(self.optimizer, total_steps=cfg.train.max_steps,
+                                         warmup_steps=o.warmup_steps, schedule=o.schedule,
+                                         min_lr_ratio=o.min_lr_ratio)
         self.step = 0
         self.tokens_seen = 0
         if self.resume_dir is not None:
