@@ -1,9 +1,14 @@
 """``orthros convert SRC DST``: write an Orthros checkpoint converted from a Llama / Qwen2 / Qwen3 /
-Mistral checkpoint directory."""
+Mistral checkpoint directory or GGUF file.
+
+SIGINT and SIGTERM stop it cleanly: the temporary directory is removed, one line is printed,
+and the exit code is 130 (SIGINT) or 143 (SIGTERM). What a ``kill -9`` leaves is removed by
+the next run into the same DST."""
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from .architectures import SUPPORTED_ARCHITECTURES
@@ -12,12 +17,14 @@ from .architectures import SUPPORTED_ARCHITECTURES
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="orthros convert",
-        description="Convert an HF checkpoint directory (" + ", ".join(SUPPORTED_ARCHITECTURES) + ") into an "
+        description="Convert an HF checkpoint directory or a GGUF file (" + ", ".join(SUPPORTED_ARCHITECTURES) +
+                    "; GGUF files are de-quantised to float32 first, needs `pip install 'orthros[gguf]'`) into an "
                     "Orthros checkpoint directory: same weights, attention swapped for Orthros attention with "
                     "alpha=alpha'=1, beta=beta'=0. Streams one tensor at a time; the result appears at DST "
                     "only when complete. Continue pre-training it with `orthros train <config.yaml>`.",
     )
-    p.add_argument("src", metavar="SRC", help="source checkpoint directory (config.json + safetensors)")
+    p.add_argument("src", metavar="SRC", help="source checkpoint directory (config.json + safetensors), a .gguf "
+                                              "file, or a directory holding one .gguf file")
     p.add_argument("dst", metavar="DST", help="output directory (must not exist or be empty, unless --overwrite)")
     p.add_argument("--window-size", type=int, default=128, metavar="N",
                    help="sliding window of the base stream, the query's own position included (default: 128)")
@@ -30,6 +37,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+class _Terminated(BaseException):
+    """Raised in the main thread on SIGTERM, so that cleanup runs as for Ctrl-C."""
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     if args.window_size < 1:
@@ -37,13 +52,23 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from .convert import convert_checkpoint
 
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         report = convert_checkpoint(args.src, args.dst, window_size=args.window_size, dtype=args.dtype,
                                     overwrite=args.overwrite, scale_offset=args.scale_offset,
                                     progress=not args.quiet)
-    except (ValueError, OSError) as e:
+    except _Terminated:
+        print(f"orthros convert: terminated (SIGTERM); nothing was written to {args.dst}", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    except KeyboardInterrupt:
+        print(f"orthros convert: interrupted; nothing was written to {args.dst}", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except (ValueError, OSError, ImportError) as e:
         print(f"orthros convert: error: {e}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if not args.quiet:
         print(f"converted {report['architecture']} -> Orthros (window {report['window_size']}, dtype "
               f"{report['dtype']}): {len(report['mapped'])} tensors mapped, {len(report['added'])} added, "

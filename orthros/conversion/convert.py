@@ -247,6 +247,62 @@ def _check_destination(src: Path, dst: Path, overwrite: bool):
         raise ValueError(f"destination {str(dst)!r} must not be the source directory, inside it, or contain it")
 
 
+TMP_TAG = ".orthros-tmp-"  # .<DST name>.orthros-tmp-<pid>-<random>: a conversion in progress
+OLD_TAG = ".orthros-old-"  # .<DST name>.orthros-old-<pid>-<random>: the replaced DST, removed at the end
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+def clean_stale(dst) -> list:
+    """Remove what a killed conversion into ``dst`` left beside it (``kill -9``, power loss):
+    ``.<name>.orthros-tmp-<pid>-*`` directories whose process is gone, and ``.orthros-old-``
+    copies of a replaced ``dst`` (put back as ``dst`` when the kill came between the two
+    renames, so the previous result is never lost). Returns the paths removed or restored."""
+    dst = Path(os.fspath(dst)).expanduser().absolute()
+    parent = dst.parent
+    if not parent.is_dir():
+        return []
+    done = []
+    for tag in (TMP_TAG, OLD_TAG):
+        prefix = f".{dst.name}{tag}"
+        for p in sorted(parent.iterdir()):
+            if not p.name.startswith(prefix):
+                continue
+            pid = p.name[len(prefix):].split("-", 1)[0]
+            if pid.isdigit() and _pid_alive(int(pid)):
+                continue  # a conversion running right now
+            if tag == OLD_TAG and not (dst.exists() or dst.is_symlink()):
+                os.replace(p, dst)  # killed after moving the old result aside, before the new one landed
+            elif p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+            done.append(p)
+    return done
+
+
+_PAUSE_ENV = "ORTHROS_CONVERT_TEST_PAUSE"  # test hook: "<shard index>:<seconds>" sleeps after that shard
+
+
+def _test_pause(index: int) -> None:
+    spec = os.environ.get(_PAUSE_ENV, "")
+    if spec and spec.split(":")[0] == str(index):
+        import time
+
+        time.sleep(float(spec.split(":")[1]))
+
+
 @contextlib.contextmanager
 def _atomic_directory(dst: Path, overwrite: bool):
     """Yield a fresh temporary directory next to ``dst``; on success it becomes ``dst``.
@@ -257,7 +313,7 @@ def _atomic_directory(dst: Path, overwrite: bool):
         created.append(p)
         p = p.parent
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.orthros-tmp-", dir=dst.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}{TMP_TAG}{os.getpid()}-", dir=dst.parent))
     try:
         umask = os.umask(0)
         os.umask(umask)
@@ -268,7 +324,7 @@ def _atomic_directory(dst: Path, overwrite: bool):
             if dst.is_dir() and not dst.is_symlink() and not any(dst.iterdir()):
                 dst.rmdir()
             else:  # overwrite was checked before any work
-                old = dst.parent / f".{dst.name}.orthros-old-{uuid.uuid4().hex[:8]}"
+                old = dst.parent / f".{dst.name}{OLD_TAG}{os.getpid()}-{uuid.uuid4().hex[:8]}"
                 os.replace(dst, old)
         os.replace(tmp, dst)
         if old is not None:
@@ -286,7 +342,8 @@ def _atomic_directory(dst: Path, overwrite: bool):
 
 def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrite: bool = False,
                        scale_offset: bool = True, progress: bool = True) -> dict:
-    """Convert the HF checkpoint directory ``src`` into an Orthros checkpoint directory ``dst``.
+    """Convert the HF checkpoint directory (or GGUF file) ``src`` into an Orthros checkpoint
+    directory ``dst``.
 
     Streams one tensor at a time (peak memory about the largest tensor, independent of model
     size), keeps the source's sharding (same shard names, each Orthros layer's new alpha/beta
@@ -294,22 +351,72 @@ def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrit
     non-weight files, and writes ``conversion_report.json``. Every check (arguments,
     architecture, every header, every tensor's mapping, destination) runs before anything is
     written; the result is assembled in a temporary directory next to ``dst`` and renamed
-    into place. Returns the report.
+    into place. What a killed earlier run left beside ``dst`` is removed first
+    (:func:`clean_stale`). Returns the report.
+
+    ``src`` may also be a ``.gguf`` file (or a directory holding one and no config.json):
+    it is checked whole first (:func:`orthros.conversion.gguf.inspect_gguf`), de-quantised by
+    transformers' GGUF loader into a staging directory inside the temporary one, and converted
+    from there (see :mod:`orthros.conversion.gguf`).
     """
     _check_window(window_size)
     out_dtype = resolve_dtype(dtype)
     dst = Path(os.fspath(dst)).expanduser()
+    from .gguf import is_gguf_source
+
+    if is_gguf_source(src):
+        return _convert_gguf(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite,
+                             scale_offset=scale_offset, progress=progress)
     source = load_source(src)
     _check_destination(source.path, dst, overwrite)
     plan = make_plan(source.config, source.architecture, source.shapes(), window_size=window_size,
                      scale_offset=scale_offset, out_dtype=out_dtype, config_dtype=_source_dtype(source))
-    need = sum(t.nbytes * plan.cast(t.dtype).itemsize // t.dtype.itemsize
-               for h in source.headers.values() for t in h.tensors.values())
+    _check_disk(dst, sum(t.nbytes * plan.cast(t.dtype).itemsize // t.dtype.itemsize
+                         for h in source.headers.values() for t in h.tensors.values()))
+    clean_stale(dst)
+    with _atomic_directory(dst, overwrite) as tmp:
+        report = _write_checkpoint(source, plan, tmp, window_size=window_size, scale_offset=scale_offset,
+                                   progress=progress)
+    return report
+
+
+def _check_disk(dst: Path, need: int) -> None:
     free_at = next(p for p in [dst.absolute(), *dst.absolute().parents] if p.exists())
     free = shutil.disk_usage(free_at).free
     if free < need + (64 << 20):
-        raise OSError(f"not enough disk space at {str(free_at)!r}: the converted weights need about "
+        raise OSError(f"not enough disk space at {str(free_at)!r}: the conversion needs about "
                       f"{need / 2**30:.2f} GiB, {free / 2**30:.2f} GiB free")
+
+
+def _convert_gguf(src, dst: Path, *, window_size: int, out_dtype, overwrite: bool, scale_offset: bool,
+                  progress: bool) -> dict:
+    from .gguf import gguf_to_hf_directory, inspect_gguf
+
+    info = inspect_gguf(src)  # the whole file is checked before anything is written
+    _check_destination(info.path, dst, overwrite)
+    _check_disk(dst, info.n_params * 4 + info.n_params * (out_dtype.itemsize if out_dtype else 4))
+    clean_stale(dst)
+    extra = {"source": str(info.path.absolute()), "source_format": "gguf",
+             "gguf": {"file": info.path.name, "architecture": info.gguf_architecture, "name": info.name,
+                      "bytes": info.size, "tensors": info.n_tensors, "parameters": info.n_params,
+                      "tensor_types": info.tensor_types,
+                      "note": "de-quantised to float32 by transformers' GGUF loader before conversion"}}
+    with _atomic_directory(dst, overwrite) as tmp:
+        stage = tmp / ".gguf-source"
+        stage.mkdir()
+        gguf_to_hf_directory(info.path, stage)
+        source = load_source(stage)
+        plan = make_plan(source.config, source.architecture, source.shapes(), window_size=window_size,
+                         scale_offset=scale_offset, out_dtype=out_dtype, config_dtype=torch.float32)
+        report = _write_checkpoint(source, plan, tmp, window_size=window_size, scale_offset=scale_offset,
+                                   progress=progress, extra=extra)
+        shutil.rmtree(stage)
+    return report
+
+
+def _write_checkpoint(source: "SourceCheckpoint", plan: Plan, tmp: Path, *, window_size: int, scale_offset: bool,
+                      progress: bool, extra: dict | None = None) -> dict:
+    """Write the converted checkpoint of ``source`` into the (temporary) directory ``tmp``."""
     from tqdm.auto import tqdm
 
     # which file each source tensor lives in, and which added tensors go into each file
@@ -328,65 +435,67 @@ def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrit
         "notes": list(plan.notes),
         "mapped": [], "added": [], "dropped": [], "copied_files": [], "skipped_files": [],
     }
+    if extra:
+        report.update(extra)
     weight_map, total = {}, 0
-    with _atomic_directory(dst, overwrite) as tmp:
-        plan.config.save_pretrained(tmp)
-        for fname, header in tqdm(source.headers.items(), desc="orthros convert", unit="shard",
-                                  disable=not progress):
-            entries, jobs = [], []
-            for name, info in header.tensors.items():
-                if name in plan.dropped:
-                    report["dropped"].append({"source": name, "source_file": fname, "reason": plan.dropped[name]})
-                    continue
-                out = plan.mapped[name]
-                od = plan.cast(info.dtype)
-                entries.append((out, od, info.shape))
-                jobs.append((out, name, od))
-                report["mapped"].append({"source": name, "source_file": fname, "target": out, "target_file": fname,
-                                         "dtype": _dtype_name(od) if od == info.dtype else
-                                         f"{_dtype_name(info.dtype)} -> {_dtype_name(od)}"})
-            for name in added_in[fname]:
-                val, shape, anchor = plan.added[name]
-                od = plan.cast(header.tensors[anchor].dtype)
-                entries.append((name, od, shape))
-                jobs.append((name, None, od))
-                report["added"].append({"target": name, "target_file": fname, "init": val, "dtype": _dtype_name(od)})
-            writer = StreamingWriter(tmp / fname, entries)
-            try:
-                with TensorReader(header) as reader:
-                    for out, name, od in jobs:  # one tensor in memory at a time
-                        if name is None:
-                            t = torch.full(plan.added[out][1], plan.added[out][0], dtype=od)
-                        else:
-                            t = reader.get(name)
-                            t = t.to(od) if t.dtype != od else t
-                        writer.write(out, t)
-                        weight_map[out] = fname
-                        del t
-            except BaseException:
-                writer.abort()
-                raise
-            writer.close()
-            total += writer.nbytes
-        if source.sharded:
-            index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-            (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-        for p in sorted(source.path.iterdir()):
-            if p.name in _NOT_COPIED or p.name.startswith("."):
+    plan.config.save_pretrained(tmp)
+    for index, (fname, header) in enumerate(tqdm(source.headers.items(), desc="orthros convert", unit="shard",
+                                                 disable=not progress)):
+        entries, jobs = [], []
+        for name, info in header.tensors.items():
+            if name in plan.dropped:
+                report["dropped"].append({"source": name, "source_file": fname, "reason": plan.dropped[name]})
                 continue
-            if p.name.endswith(_WEIGHT_SUFFIXES):
-                report["skipped_files"].append({"file": p.name, "reason": "weights not part of the converted checkpoint"
-                                                if p.name not in source.headers else "converted"})
-                continue
-            if not p.is_file():
-                report["skipped_files"].append({"file": p.name, "reason": "not a regular file (directories are not copied)"})
-                continue
-            shutil.copy2(p, tmp / p.name)
-            report["copied_files"].append(p.name)
-        report["skipped_files"] = [s for s in report["skipped_files"] if s["reason"] != "converted"]
-        report["summary"] = (f"{len(report['mapped'])} source tensors mapped, {len(report['dropped'])} dropped "
-                             f"(reasons given), {len(report['added'])} Orthros tensors added")
-        (tmp / REPORT_FILE).write_text(_report_json(report))
+            out = plan.mapped[name]
+            od = plan.cast(info.dtype)
+            entries.append((out, od, info.shape))
+            jobs.append((out, name, od))
+            report["mapped"].append({"source": name, "source_file": fname, "target": out, "target_file": fname,
+                                     "dtype": _dtype_name(od) if od == info.dtype else
+                                     f"{_dtype_name(info.dtype)} -> {_dtype_name(od)}"})
+        for name in added_in[fname]:
+            val, shape, anchor = plan.added[name]
+            od = plan.cast(header.tensors[anchor].dtype)
+            entries.append((name, od, shape))
+            jobs.append((name, None, od))
+            report["added"].append({"target": name, "target_file": fname, "init": val, "dtype": _dtype_name(od)})
+        writer = StreamingWriter(tmp / fname, entries)
+        try:
+            with TensorReader(header) as reader:
+                for out, name, od in jobs:  # one tensor in memory at a time
+                    if name is None:
+                        t = torch.full(plan.added[out][1], plan.added[out][0], dtype=od)
+                    else:
+                        t = reader.get(name)
+                        t = t.to(od) if t.dtype != od else t
+                    writer.write(out, t)
+                    weight_map[out] = fname
+                    del t
+        except BaseException:
+            writer.abort()
+            raise
+        writer.close()
+        total += writer.nbytes
+        _test_pause(index)
+    if source.sharded:
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+    for p in sorted(source.path.iterdir()):
+        if p.name in _NOT_COPIED or p.name.startswith("."):
+            continue
+        if p.name.endswith(_WEIGHT_SUFFIXES):
+            report["skipped_files"].append({"file": p.name, "reason": "weights not part of the converted checkpoint"
+                                            if p.name not in source.headers else "converted"})
+            continue
+        if not p.is_file():
+            report["skipped_files"].append({"file": p.name, "reason": "not a regular file (directories are not copied)"})
+            continue
+        shutil.copy2(p, tmp / p.name)
+        report["copied_files"].append(p.name)
+    report["skipped_files"] = [s for s in report["skipped_files"] if s["reason"] != "converted"]
+    report["summary"] = (f"{len(report['mapped'])} source tensors mapped, {len(report['dropped'])} dropped "
+                         f"(reasons given), {len(report['added'])} Orthros tensors added")
+    (tmp / REPORT_FILE).write_text(_report_json(report))
     return report
 
 
@@ -446,7 +555,8 @@ def convert_from_hf(model_or_path, *, window_size: int = 128, scale_offset: bool
     """An :class:`OrthrosForCausalLM` with the weights of a Llama / Qwen2 / Qwen3 / Mistral model.
 
     ``model_or_path``: an in-memory ``*ForCausalLM`` model of a supported architecture, or a
-    local HF checkpoint directory (safetensors), or a hub id when the hub is reachable.
+    local HF checkpoint directory (safetensors), a ``.gguf`` file (de-quantised by
+    transformers), or a hub id when the hub is reachable.
     ``window_size``: the base stream's sliding window (the query's own position included).
     ``scale_offset``: add the learnable alpha, beta, alpha', beta' (initialised 1, 0, 1, 0).
     ``dtype``: ``None`` keeps the source's dtype; else ``bf16 | fp16 | fp32`` or a torch dtype.
@@ -471,6 +581,12 @@ def convert_from_hf(model_or_path, *, window_size: int = 128, scale_offset: bool
                 sd[out].copy_(state[name])
                 loaded.add(out)
         return _finish_model(model, plan, loaded)
+    if isinstance(model_or_path, (str, os.PathLike)):
+        from .gguf import is_gguf_source, load_gguf_model
+
+        if is_gguf_source(model_or_path):
+            src_model, _, _ = load_gguf_model(model_or_path, with_tokenizer=False)
+            return convert_from_hf(src_model, window_size=window_size, scale_offset=scale_offset, dtype=dtype)
     if not isinstance(model_or_path, (str, os.PathLike)):
         raise TypeError(f"model_or_path must be a transformers model ({', '.join(SUPPORTED_ARCHITECTURES)}) or a "
                         f"checkpoint directory, got {type(model_or_path).__name__}")
@@ -491,5 +607,5 @@ def convert_from_hf(model_or_path, *, window_size: int = 128, scale_offset: bool
     return _finish_model(model, plan, loaded)
 
 
-__all__ = ["convert_from_hf", "convert_checkpoint", "load_source", "make_plan", "resolve_dtype", "Plan",
+__all__ = ["convert_from_hf", "convert_checkpoint", "clean_stale", "load_source", "make_plan", "resolve_dtype", "Plan",
            "SUPPORTED_ARCHITECTURES"]

