@@ -86,13 +86,62 @@ def _lm_parser(sub):
     p.add_argument("--output", "-o", default=None, help="write the results as JSON here")
 
 
+def _ppl_parser(sub):
+    p = sub.add_parser("ppl", help="perplexity on held-out text by token position (0-128, 128-512, 512-2K, 2K-8K)",
+                       description="Perplexity of a checkpoint on windows of --seq-len tokens of held-out "
+                                   "documents, per bucket of token positions (orthros/evaluation/perplexity.py).")
+    p.add_argument("--model", required=True, help="Orthros checkpoint dir (or a Llama/Qwen2/Qwen3/Mistral one: "
+                                                  "converted on the fly with --window)")
+    p.add_argument("--data", required=True, help="held-out text: a .jsonl (field 'text', one document per line) "
+                                                 "or a .txt")
+    p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: the model dir)")
+    p.add_argument("--seq-len", type=int, default=8192, help="tokens per scored window (default 8192)")
+    p.add_argument("--windows", type=int, default=16, help="at most this many windows (default 16)")
+    p.add_argument("--buckets", default="0,128,512,2048,8192", help="bucket edges in positions, comma list")
+    p.add_argument("--attention-mode", default=None, choices=(None, "orthros", "full", "window"),
+                   help="override the checkpoint's attention (full: the same weights as a Transformer)")
+    p.add_argument("--window", type=int, default=128, help="window when converting a Transformer checkpoint")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, choices=(None, "fp32", "bf16", "fp16"))
+    p.add_argument("--output", "-o", default=None, help="write the results as JSON here")
+    p.add_argument("--no-progress", action="store_true")
+
+
+def _ppl(a) -> int:
+    from .common import default_device, load_model, load_tokenizer, parse_int_list, read_model_type, write_json
+    from .perplexity import check_buckets, format_table, load_documents, make_windows, position_perplexity
+
+    if a.seq_len < 2 or a.windows < 1:
+        raise ValueError(f"--seq-len must be >= 2 and --windows >= 1, got {a.seq_len} and {a.windows}")
+    edges = check_buckets(parse_int_list(a.buckets, "--buckets"), a.seq_len)
+    docs = load_documents(a.data)
+    read_model_type(a.model)
+    tok = load_tokenizer(a.model, a.tokenizer)
+    windows = make_windows(tok, docs, a.seq_len, a.windows)
+    model = load_model(a.model, device=a.device or default_device(), dtype=a.dtype, window_size=a.window)
+    if a.attention_mode:
+        model.config.attention_mode = a.attention_mode
+    if a.seq_len > model.config.max_position_embeddings:
+        raise ValueError(f"--seq-len {a.seq_len} is above the model's max_position_embeddings "
+                         f"({model.config.max_position_embeddings})")
+    out = position_perplexity(model, windows, buckets=edges, progress=not a.no_progress)
+    out["model"] = str(a.model)
+    out["attention_mode"] = model.config.attention_mode
+    print(format_table({Path(a.model).name: out}))
+    if a.output:
+        write_json(a.output, out)
+        print(f"wrote {a.output}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="orthros eval", description="Evaluations of Orthros models.")
-    sub = p.add_subparsers(dest="what", metavar="{mqar,niah,niah-train,lm}")
+    sub = p.add_subparsers(dest="what", metavar="{mqar,niah,niah-train,lm,ppl}")
     _mqar_parser(sub)
     _niah_parser(sub)
     _niah_train_parser(sub)
     _lm_parser(sub)
+    _ppl_parser(sub)
     return p
 
 
@@ -185,7 +234,7 @@ def main(argv=None) -> int:
         parser.print_help()
         return 0
     try:
-        return {"mqar": _mqar, "niah": _niah, "niah-train": _niah_train, "lm": _lm}[a.what](a)
+        return {"mqar": _mqar, "niah": _niah, "niah-train": _niah_train, "lm": _lm, "ppl": _ppl}[a.what](a)
     except ValueError as e:
         print(f"orthros eval {a.what}: error: {e}", file=sys.stderr)
         return 2
