@@ -1,0 +1,157 @@
+"""Gated DeltaNet ops with Orthros-H's output stream (paper Section 4.6).
+
+:func:`gated_delta_rule` is the one entry: the base stream's gated delta rule over ``T`` tokens
+and, optionally, the output stream's readout of the same states, ``o'_j = scale * S_{p_j}^T
+q'_j`` (``S_t`` is the state after token ``t``, FLA's convention), without recomputing them.
+Backends: ``"torch"`` (:mod:`.naive`, pure PyTorch, CPU and CUDA) and ``"fla"`` (:mod:`.fla`,
+fla-core's Triton pieces); ``"auto"`` takes ``"fla"`` on CUDA when fla-core is installed.
+:func:`gated_delta_rule_step` is the decode step (one token, state updated in place) and
+:func:`causal_conv1d` the short convolution with its cached window.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+import torch.nn.functional as F
+
+from .fla import HAVE_FLA, chunk_gated_delta_rule_fla
+from .naive import chunk_gated_delta_rule_ref, expand_heads, gated_delta_rule_step_ref, l2norm
+
+GDN_BACKENDS = ("auto", "torch", "fla")
+# OrthrosConfig.attn_backend -> GDN backend (the attention layers' names, one knob for the model)
+FROM_ATTN_BACKEND = {"auto": "auto", "reference": "torch", "sdpa": "torch", "triton": "fla"}
+
+
+def resolve_gdn_backend(backend: str, x: torch.Tensor) -> str:
+    if backend not in GDN_BACKENDS:
+        raise ValueError(f"GDN backend must be one of {GDN_BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "fla" if (x.is_cuda and HAVE_FLA) else "torch"
+    return backend
+
+
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    q_out: Optional[torch.Tensor] = None,
+    out_positions: Union[None, str, torch.Tensor] = None,
+    scale: Optional[float] = None,
+    initial_state: Optional[torch.Tensor] = None,
+    output_final_state: bool = False,
+    cu_seqlens: Optional[torch.Tensor] = None,
+    use_qk_l2norm: bool = True,
+    backend: str = "auto",
+):
+    """Gated delta rule over the base stream plus the output stream's readout.
+
+    * ``q, k [B, T, H, K]``, ``v [B, T, HV, V]``, ``g`` (log decay) and ``beta`` (post-sigmoid)
+      ``[B, T, HV]``; ``HV`` a multiple of ``H``.
+    * ``q_out [B, T_out, H, K]``: output-stream queries (None: no output stream).
+      ``out_positions``: where they read the state, positions in ``[0, T)``: ``None`` (every
+      position, ``T_out == T``), ``"last"`` (``T_out == 1``: the state after the last token,
+      read from the final state, no extra pass), or an int64 ``[1 or B, T_out]`` tensor.
+    * ``initial_state [N, HV, K, V]`` (float32), ``N = B`` or the number of documents of
+      ``cu_seqlens`` (``B == 1``; the state restarts at every document start).
+
+    Returns ``(o [B, T, HV, V], o_out [B, T_out, HV, V] or None, final_state [N, HV, K, V] or None)``.
+    """
+    B, T, H, K = k.shape
+    Hv = v.shape[2]
+    if q.shape != k.shape or v.shape[:2] != (B, T) or Hv % H or g.shape != (B, T, Hv) or beta.shape != g.shape:
+        raise ValueError(f"gated_delta_rule: q, k must be [B, T, H, K], v [B, T, HV, V] (HV a multiple of H), g and "
+                         f"beta [B, T, HV]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                         f"g {tuple(g.shape)}, beta {tuple(beta.shape)}")
+    if cu_seqlens is not None and B != 1:
+        raise ValueError(f"gated_delta_rule: cu_seqlens needs B == 1 (packed documents), got B = {B}")
+    scale = K ** -0.5 if scale is None else float(scale)
+    backend = resolve_gdn_backend(backend, v)
+    last = isinstance(out_positions, str)
+    if last and out_positions != "last":
+        raise ValueError(f"out_positions must be None, 'last' or a tensor, got {out_positions!r}")
+    if last and cu_seqlens is not None:
+        raise ValueError("out_positions='last' reads the one final state: not with cu_seqlens (pass positions)")
+    if q_out is not None and last and q_out.shape[1] != 1:
+        raise ValueError(f"out_positions='last' needs q_out [B, 1, H, K], got {tuple(q_out.shape)}")
+
+    dense = None  # output queries at every position (rows that are not output positions: zero)
+    idx = None
+    if q_out is not None and not last:
+        if out_positions is None:
+            if q_out.shape[1] != T:
+                raise ValueError(f"q_out must be [B, T, H, K] when out_positions is None, got {tuple(q_out.shape)}")
+            dense = q_out
+        else:
+            idx = out_positions.to(device=q.device, dtype=torch.long).expand(B, -1)
+            idx4 = idx[:, :, None, None].expand(-1, -1, H, K)
+            dense = torch.zeros_like(q).scatter(1, idx4, q_out.to(q.dtype))
+    want_final = output_final_state or last and q_out is not None
+    if use_qk_l2norm:
+        q, k = l2norm(q), l2norm(k)
+        dense = l2norm(dense) if dense is not None else None
+    if backend == "fla":
+        o, o_dense, final = chunk_gated_delta_rule_fla(q, k, v, g, beta, q_out=dense, scale=scale,
+                                                       initial_state=initial_state, output_final_state=want_final,
+                                                       cu_seqlens=cu_seqlens)
+    else:
+        o, o_dense, final = chunk_gated_delta_rule_ref(q, k, v, g, beta, q_out=dense, scale=scale,
+                                                       initial_state=initial_state, output_final_state=want_final,
+                                                       cu_seqlens=cu_seqlens, use_qk_l2norm=False)
+    o_out = None
+    if q_out is not None:
+        if last:  # the state after the last token is the final state: o' = scale * S_T^T q'
+            qo = expand_heads(l2norm(q_out) if use_qk_l2norm else q_out.float(), Hv)[:, 0] * scale
+            o_out = torch.einsum("bhk,bhkv->bhv", qo.to(final.dtype), final)[:, None].to(v.dtype)
+        elif idx is None:
+            o_out = o_dense
+        else:
+            o_out = torch.gather(o_dense, 1, idx[:, :, None, None].expand(-1, -1, Hv, o_dense.shape[-1]))
+    return o, o_out, (final if output_final_state else None)
+
+
+def gated_delta_rule_step(q, k, v, g, beta, state, *, q_out=None, scale=None, use_qk_l2norm=True):
+    """Decode step: one token per sequence, ``state [B, HV, K, V]`` updated in place. See
+    :func:`.naive.gated_delta_rule_step_ref` (plain tensor ops, fine under CUDA graphs and
+    torch.compile; the state is read once for both queries of a decode pair)."""
+    return gated_delta_rule_step_ref(q, k, v, g, beta, state, q_out=q_out, scale=scale, use_qk_l2norm=use_qk_l2norm)
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: Optional[torch.Tensor] = None,
+                  activation: bool = True, cu_seqlens: Optional[torch.Tensor] = None):
+    """Depthwise causal convolution (the short convolution of a GDN layer) with SiLU.
+
+    ``x [B, T, C]``, ``weight [C, W]``; ``state [B, C, W - 1]``: the inputs just before ``x``
+    (None: zeros, a sequence start). ``cu_seqlens`` (``B == 1``): windows never reach across a
+    document start. Returns ``(y [B, T, C], new_state [B, C, W - 1])``: the last ``W - 1``
+    inputs (for the next chunk or decode step)."""
+    B, T, C = x.shape
+    W = weight.shape[-1]
+    xt = x.transpose(1, 2)
+    if state is None:
+        state = xt.new_zeros(B, C, W - 1)
+    full = torch.cat([state.to(xt.dtype), xt], dim=-1)  # [B, C, W - 1 + T]
+    if cu_seqlens is not None:
+        # zero the inputs a window would read from an earlier document: shift-and-mask form
+        pos = torch.arange(T, device=x.device)
+        doc_start = cu_seqlens[torch.searchsorted(cu_seqlens, pos, right=True) - 1]
+        y = torch.zeros(B, C, T, dtype=torch.promote_types(x.dtype, weight.dtype), device=x.device)
+        for j in range(W):  # tap j reads input t - (W - 1 - j)
+            lag = W - 1 - j
+            src = full[:, :, W - 1 - lag: W - 1 - lag + T]
+            ok = (pos - lag >= doc_start).to(src.dtype)
+            y = y + src * ok * weight[:, j:j + 1].to(src.dtype)
+    else:
+        y = F.conv1d(full.to(weight.dtype), weight[:, None, :], groups=C)
+    if activation:
+        y = F.silu(y)
+    new_state = full[:, :, -(W - 1):] if W > 1 else full[:, :, :0]
+    return y.transpose(1, 2).to(x.dtype), new_state
+
+
+__all__ = ["GDN_BACKENDS", "FROM_ATTN_BACKEND", "HAVE_FLA", "gated_delta_rule", "gated_delta_rule_step",
+           "causal_conv1d", "chunk_gated_delta_rule_ref", "resolve_gdn_backend", "l2norm"]

@@ -1,0 +1,211 @@
+"""The GDN ops (orthros/ops/gdn): the chunked two-stream gated delta rule against a brute-force
+recurrence, document resets, the decode step, the short convolution, gradients against float64,
+and (on CUDA with fla-core) the fla backend against the pure-PyTorch one."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from orthros.ops.gdn import HAVE_FLA, causal_conv1d, gated_delta_rule, gated_delta_rule_step
+
+
+def _inputs(B, T, H, Hv, K, V, dtype=torch.float64, seed=0, device="cpu"):
+    gen = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64)
+    q, k, v = r(B, T, H, K), r(B, T, H, K), r(B, T, Hv, V)
+    g = F.logsigmoid(r(B, T, Hv) + 2.0)  # decays in (0, 1), mostly near 1
+    beta = torch.sigmoid(r(B, T, Hv))
+    return [x.to(device=device, dtype=dtype) for x in (q, k, v, g, beta)]
+
+
+def _brute_states(q, k, v, g, beta, h0=None):
+    """Every state S_t (after token t) by the plain recurrence, float64: [B, T, HV, K, V]."""
+    B, T, H, K = k.shape
+    Hv, V = v.shape[2], v.shape[3]
+    kn = F.normalize(k.double(), dim=-1, eps=0) if False else k.double() / torch.sqrt((k.double() ** 2).sum(-1, keepdim=True) + 1e-6)
+    kn = kn.repeat_interleave(Hv // H, dim=2)
+    S = torch.zeros(B, Hv, K, V, dtype=torch.float64) if h0 is None else h0.double().clone()
+    out = []
+    for t in range(T):
+        S = S * g[:, t].double().exp()[..., None, None]
+        pred = torch.einsum("bhk,bhkv->bhv", kn[:, t], S)
+        S = S + kn[:, t, :, :, None] * (beta[:, t].double()[..., None] * (v[:, t].double() - pred))[:, :, None, :]
+        out.append(S)
+    return torch.stack(out, dim=1)
+
+
+def _read(states, qq, pos, Hv):
+    """o'_j = scale * S_{pos_j}^T l2norm(q'_j)."""
+    K = qq.shape[-1]
+    qn = qq.double() / torch.sqrt((qq.double() ** 2).sum(-1, keepdim=True) + 1e-6)
+    qn = qn.repeat_interleave(Hv // qq.shape[2], dim=2) * K ** -0.5
+    S = states[torch.arange(states.shape[0])[:, None], pos]  # [B, T_out, HV, K, V]
+    return torch.einsum("bthk,bthkv->bthv", qn, S)
+
+
+@pytest.mark.parametrize("T", [1, 37, 64, 130])
+def test_both_streams_equal_brute_force_readout(T):
+    B, H, Hv, K, V = 2, 2, 4, 8, 6
+    q, k, v, g, beta = _inputs(B, T, H, Hv, K, V)
+    h0 = torch.randn(B, Hv, K, V, dtype=torch.float64)
+    q_out = torch.randn(B, max(T // 3, 1), H, K, dtype=torch.float64)
+    pos = torch.sort(torch.randperm(T)[: q_out.shape[1]]).values.view(1, -1)
+    o, o_out, final = gated_delta_rule(q, k, v, g, beta, q_out=q_out, out_positions=pos, initial_state=h0,
+                                       output_final_state=True, backend="torch")
+    states = _brute_states(q, k, v, g, beta, h0)
+    every = torch.arange(T).view(1, T).expand(B, -1)
+    torch.testing.assert_close(o, _read(states, q, every, Hv), rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(o_out, _read(states, q_out, pos.expand(B, -1), Hv), rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(final, states[:, -1], rtol=1e-9, atol=1e-9)
+    # the output stream never writes the state: same base output and state without it
+    o2, _, final2 = gated_delta_rule(q, k, v, g, beta, initial_state=h0, output_final_state=True, backend="torch")
+    torch.testing.assert_close(o2, o, rtol=0, atol=0)
+    torch.testing.assert_close(final2, final, rtol=0, atol=0)
+
+
+def test_dense_and_last_readouts():
+    B, T, H, Hv, K, V = 2, 70, 1, 2, 16, 8
+    q, k, v, g, beta = _inputs(B, T, H, Hv, K, V, seed=1)
+    q_out = torch.randn(B, T, H, K, dtype=torch.float64)
+    _, o_all, _ = gated_delta_rule(q, k, v, g, beta, q_out=q_out, backend="torch")
+    _, o_last, _ = gated_delta_rule(q, k, v, g, beta, q_out=q_out[:, -1:], out_positions="last", backend="torch")
+    torch.testing.assert_close(o_last, o_all[:, -1:], rtol=1e-10, atol=1e-10)
+    _, o_pos, _ = gated_delta_rule(q, k, v, g, beta, q_out=q_out[:, 5:9], out_positions=torch.arange(5, 9).view(1, -1),
+                                   backend="torch")
+    torch.testing.assert_close(o_pos, o_all[:, 5:9], rtol=1e-10, atol=1e-10)
+
+
+def test_varlen_resets_state_at_document_starts():
+    H, Hv, K, V = 2, 2, 8, 8
+    cu = torch.tensor([0, 20, 57, 100, 101])
+    q, k, v, g, beta = _inputs(1, 101, H, Hv, K, V, seed=2)
+    q_out = torch.randn(1, 6, H, K, dtype=torch.float64)
+    pos = torch.tensor([[0, 19, 20, 56, 99, 100]])
+    h0 = torch.randn(4, Hv, K, V, dtype=torch.float64)
+    o, o_out, final = gated_delta_rule(q, k, v, g, beta, q_out=q_out, out_positions=pos, initial_state=h0,
+                                       output_final_state=True, cu_seqlens=cu, backend="torch")
+    for d in range(4):
+        s, e = int(cu[d]), int(cu[d + 1])
+        sel = ((pos[0] >= s) & (pos[0] < e)).nonzero().view(-1)
+        od, ood, fd = gated_delta_rule(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e],
+                                       q_out=q_out[:, sel], out_positions=(pos[:, sel] - s), initial_state=h0[d:d + 1],
+                                       output_final_state=True, backend="torch")
+        torch.testing.assert_close(o[:, s:e], od, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(o_out[:, sel], ood, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(final[d:d + 1], fd, rtol=1e-10, atol=1e-10)
+
+
+def test_chunks_with_state_and_decode_steps_equal_one_pass():
+    B, T, H, Hv, K, V = 2, 50, 2, 4, 8, 4
+    q, k, v, g, beta = _inputs(B, T, H, Hv, K, V, dtype=torch.float32, seed=3)
+    q_out = torch.randn(B, T, H, K)
+    o, o_out, final = gated_delta_rule(q, k, v, g, beta, q_out=q_out, output_final_state=True, backend="torch")
+    # prefill 30 tokens in two chunks (the second starting from the first's state), decode the rest
+    _, _, s1 = gated_delta_rule(q[:, :17], k[:, :17], v[:, :17], g[:, :17], beta[:, :17], output_final_state=True,
+                                backend="torch")
+    o2, o2_out, s2 = gated_delta_rule(q[:, 17:30], k[:, 17:30], v[:, 17:30], g[:, 17:30], beta[:, 17:30],
+                                      q_out=q_out[:, 29:30], out_positions="last", initial_state=s1,
+                                      output_final_state=True, backend="torch")
+    torch.testing.assert_close(o2, o[:, 17:30], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(o2_out, o_out[:, 29:30], rtol=1e-5, atol=1e-5)
+    state = s2.clone()
+    for t in range(30, T):
+        ot, ot_out = gated_delta_rule_step(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state, q_out=q_out[:, t])
+        torch.testing.assert_close(ot, o[:, t], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(ot_out, o_out[:, t], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(state, final, rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_match_float64():
+    B, T, H, Hv, K, V = 1, 75, 1, 2, 8, 8
+    x64 = _inputs(B, T, H, Hv, K, V, seed=4)
+    qo64 = torch.randn(B, 9, H, K, dtype=torch.float64)
+    h064 = torch.randn(B, Hv, K, V, dtype=torch.float64)
+    pos = torch.tensor([[0, 3, 10, 33, 63, 64, 65, 70, 74]])
+    w_o, w_oo, w_f = torch.randn(B, T, Hv, V), torch.randn(B, 9, Hv, V), torch.randn(B, Hv, K, V)
+
+    def grads(dtype):
+        leaves = [x.to(dtype).requires_grad_() for x in (*x64, qo64, h064)]
+        q, k, v, g, beta, qo, h0 = leaves
+        o, o_out, f = gated_delta_rule(q, k, v, g, beta, q_out=qo, out_positions=pos, initial_state=h0,
+                                       output_final_state=True, backend="torch")
+        loss = (o * w_o.to(dtype)).sum() + (o_out * w_oo.to(dtype)).sum() + (f * w_f.to(f.dtype)).sum()
+        return torch.autograd.grad(loss, leaves)
+
+    for a, b in zip(grads(torch.float32), grads(torch.float64)):
+        torch.testing.assert_close(a.double(), b, rtol=2e-4, atol=2e-4)
+
+
+def test_gradcheck_float64_tiny():
+    q, k, v, g, beta = [x.requires_grad_() for x in _inputs(1, 9, 1, 2, 3, 2, seed=5)]
+    qo = torch.randn(1, 3, 1, 3, dtype=torch.float64, requires_grad=True)
+    pos = torch.tensor([[1, 4, 8]])
+
+    def f(q, k, v, g, beta, qo):
+        o, o_out, fs = gated_delta_rule(q, k, v, g, beta, q_out=qo, out_positions=pos, output_final_state=True,
+                                        backend="torch")
+        return o, o_out, fs
+
+    assert torch.autograd.gradcheck(f, (q, k, v, g, beta, qo))
+
+
+def test_causal_conv1d_state_and_documents():
+    B, T, C, W = 2, 23, 5, 4
+    x, w = torch.randn(B, T, C), torch.randn(C, W)
+    ref = F.silu(F.conv1d(F.pad(x.transpose(1, 2), (W - 1, 0)), w[:, None], groups=C)).transpose(1, 2)
+    y, _ = causal_conv1d(x, w)
+    torch.testing.assert_close(y, ref)
+    y1, s1 = causal_conv1d(x[:, :10], w)
+    y2, s2 = causal_conv1d(x[:, 10:], w, s1)
+    torch.testing.assert_close(torch.cat([y1, y2], 1), ref)
+    torch.testing.assert_close(s2, x[:, -(W - 1):].transpose(1, 2))
+    cu = torch.tensor([0, 2, 11, 23])
+    yv, _ = causal_conv1d(x[:1], w, cu_seqlens=cu)
+    parts = [causal_conv1d(x[:1, int(s):int(e)], w)[0] for s, e in zip(cu[:-1], cu[1:])]
+    torch.testing.assert_close(yv, torch.cat(parts, 1))
+
+
+def test_bad_inputs_rejected():
+    q, k, v, g, beta = _inputs(2, 8, 2, 3, 4, 4)
+    with pytest.raises(ValueError, match="multiple of H"):
+        gated_delta_rule(q, k, v, g, beta)
+    q, k, v, g, beta = _inputs(2, 8, 2, 2, 4, 4)
+    with pytest.raises(ValueError, match="cu_seqlens needs B == 1"):
+        gated_delta_rule(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 8]))
+    with pytest.raises(ValueError, match="backend"):
+        gated_delta_rule(q, k, v, g, beta, backend="cuda")
+
+
+cuda_fla = pytest.mark.skipif(not (torch.cuda.is_available() and HAVE_FLA), reason="needs CUDA and fla-core")
+
+
+@cuda_fla
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("varlen", [False, True])
+def test_fla_equals_torch_forward_and_every_gradient(dtype, varlen):
+    H, Hv, K, V = 2, 4, 64, 64
+    B, T = (1, 300) if varlen else (2, 200)
+    cu = torch.tensor([0, 50, 129, 200, 300], device="cuda") if varlen else None
+    x = _inputs(B, T, H, Hv, K, V, dtype=dtype, seed=6, device="cuda")
+    N = 4 if varlen else B
+    gen = torch.Generator().manual_seed(7)
+    qo = torch.randn(B, 40, H, K, generator=gen).to("cuda", dtype)
+    pos = torch.sort(torch.randperm(T, generator=gen)[:40]).values.view(1, -1).cuda()
+    h0 = torch.randn(N, Hv, K, V, generator=gen).cuda()
+    w = [torch.randn(B, T, Hv, V, generator=gen).cuda(), torch.randn(B, 40, Hv, V, generator=gen).cuda(),
+         torch.randn(N, Hv, K, V, generator=gen).cuda()]
+
+    def run(backend):
+        leaves = [t.detach().clone().requires_grad_() for t in (*x, qo, h0)]
+        q, k, v, g, beta, qq, s0 = leaves
+        o, o_out, f = gated_delta_rule(q, k, v, g.float(), beta, q_out=qq, out_positions=pos, initial_state=s0,
+                                       output_final_state=True, cu_seqlens=cu, backend=backend)
+        loss = (o.float() * w[0]).sum() + (o_out.float() * w[1]).sum() + (f.float() * w[2]).sum()
+        return [o, o_out, f, *torch.autograd.grad(loss, leaves)]
+
+    tol = {torch.float32: 2e-3, torch.bfloat16: 6e-2, torch.float16: 2e-2}[dtype]
+    names = ["o", "o_out", "final", "dq", "dk", "dv", "dg", "dbeta", "dq_out", "dh0"]
+    for name, a, b in zip(names, run("fla"), run("torch")):
+        a, b = a.float(), b.float()
+        err = ((a - b).abs().max() / b.abs().max().clamp(min=1e-6)).item()
+        assert err < tol, f"{name} ({dtype}, varlen={varlen}): relative max error {err:.2e}"
