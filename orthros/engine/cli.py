@@ -29,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), bf16, fp16, fp32")
-    p.add_argument("--max-seq-len", type=int, default=8192, help="cache slots per row (all turns)")
+    p.add_argument("--max-seq-len", type=int, default=None,
+                   help="cache slots per row, all turns (default: min(8192, the model's max_position_embeddings))")
     p.add_argument("--prefill-chunk", type=int, default=16384, help="prompt tokens per prefill chunk")
     p.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly")
     p.add_argument("--compile", action="store_true",
@@ -75,26 +76,65 @@ class _TextStream:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from ..engine.sampling import SamplingParams
+    from .sampling import SamplingParams
 
-    try:  # argument errors before loading anything
+    try:  # argument and checkpoint errors before loading anything
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
         for name in ("max_new_tokens", "max_seq_len", "prefill_chunk"):
-            if getattr(args, name) < 1:
+            if getattr(args, name) is not None and getattr(args, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
         dev, dtype = _resolve(args)
+        config, tok_dir = _check_checkpoint(args)
     except ValueError as e:
-        print(f"orthros generate: {e}", file=sys.stderr)
-        return 2
+        return _fail(e, 2)
+    try:
+        return _generate(args, sampling, dev, dtype, config, tok_dir)
+    except ValueError as e:  # bad input found while loading or running (e.g. a prompt too long)
+        return _fail(e, 2)
+    except KeyboardInterrupt:
+        print("orthros generate: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001  (a runtime failure: one line, exit 1)
+        return _fail(f"{type(e).__name__}: {e}", 1)
 
+
+def _fail(e, code: int) -> int:
+    print("orthros generate: error: " + " ".join(str(e).split()), file=sys.stderr)
+    return code
+
+
+def _check_checkpoint(args):
+    """The checkpoint and tokenizer directories and the cache size, checked without loading
+    weights: returns the model config and the tokenizer directory."""
+    from ..models import OrthrosConfig
+    from ..models.loading import check_tokenizer_dir, check_weights, checkpoint_dir
+
+    d = checkpoint_dir(args.model, arg="--model")
+    check_weights(d)
+    tok_dir = check_tokenizer_dir(args.tokenizer or d, arg="--tokenizer" if args.tokenizer else "--model")
+    config = OrthrosConfig.from_pretrained(str(d), local_files_only=True)
+    limit = config.max_position_embeddings
+    if args.max_seq_len is None:
+        args.max_seq_len = min(8192, limit)
+    elif args.max_seq_len > limit:
+        raise ValueError(f"--max-seq-len {args.max_seq_len} exceeds the model's max_position_embeddings={limit} "
+                         f"(positions it was not built for)")
+    return config, tok_dir
+
+
+def _generate(args, sampling, dev, dtype, config, tok_dir) -> int:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    from .. import models  # noqa: F401  (registers the orthros model type)
+    from ..models import OrthrosForCausalLM
     from .engine import Engine
 
-    tok = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(dev)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
+    except Exception as e:  # noqa: BLE001  (transformers raises many kinds here)
+        raise ValueError(f"{tok_dir}: the tokenizer does not load ({type(e).__name__}: {e})") from None
+    model = OrthrosForCausalLM.from_pretrained(str(args.model), config=config, dtype=dtype,
+                                               local_files_only=True).to(dev)
     engine = Engine(model, max_batch_size=1, max_seq_len=args.max_seq_len, prefill_chunk=args.prefill_chunk,
                     cuda_graphs=(dev.type == "cuda" and not args.no_cuda_graphs), compile=args.compile)
     eos = tok.eos_token_id if tok.eos_token_id is not None else model.config.eos_token_id
@@ -129,23 +169,18 @@ def main(argv=None) -> int:
         if args.chat:
             messages.append({"role": "assistant", "content": tok.decode(new, skip_special_tokens=True)})
 
-    try:
-        if args.interactive:
-            if args.prompt:
-                run_turn(" ".join(args.prompt))
-            for line in sys.stdin:
-                line = line.rstrip("\n")
-                if line.strip():
-                    run_turn(line)
-        else:
-            text = " ".join(args.prompt) if args.prompt else sys.stdin.read()
-            if not text:
-                print("orthros generate: empty prompt", file=sys.stderr)
-                return 2
-            run_turn(text)
-    except ValueError as e:
-        print(f"orthros generate: {e}", file=sys.stderr)
-        return 2
+    if args.interactive:
+        if args.prompt:
+            run_turn(" ".join(args.prompt))
+        for line in sys.stdin:
+            line = line.rstrip("\n")
+            if line.strip():
+                run_turn(line)
+    else:
+        text = " ".join(args.prompt) if args.prompt else sys.stdin.read()
+        if not text:
+            raise ValueError("empty prompt")
+        run_turn(text)
     return 0
 
 

@@ -1,0 +1,164 @@
+"""Checks of a local checkpoint directory before anything is loaded from it, each failure a
+one-line ``ValueError`` that names the path or file and what is wrong.
+
+* :func:`checkpoint_dir` -- the directory exists, is one, and has a readable ``config.json``;
+  ``model_type`` is ``"orthros"`` (a Llama / Qwen / Mistral checkpoint gets "convert it first").
+* :func:`check_weights` -- every safetensors file transformers would read (``model.safetensors``
+  or the shards of ``model.safetensors.index.json``) exists and is complete: its header parses,
+  and the tensors' byte ranges match their dtypes and shapes and the file's size. A truncated or
+  overwritten file is named here instead of surfacing as a bare ``SafetensorError``. (Flipped
+  bytes inside the tensor data cannot be seen without checksums; training checkpoints carry
+  those in ``manifest.json``.)
+* :func:`check_tokenizer_dir` -- a tokenizer's files are present.
+
+``OrthrosPreTrainedModel.from_pretrained`` runs :func:`check_local_checkpoint` (weights of a
+local directory; a local-looking path that does not exist is an error, never a hub lookup);
+``orthros generate`` runs all of them. Only the standard library is used here: this module is
+part of the remote code saved beside every checkpoint (``remote_code.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+# bytes per element of the safetensors dtype names
+DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
+               "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model", "tiktoken.model")
+CONVERTIBLE = ("llama", "qwen2", "qwen3", "mistral")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory or file that cannot be loaded, with the reason."""
+
+
+def looks_local(path) -> bool:
+    """True for a path no hub repo id can be: absolute, ``.``/``~``-relative, a backslash, or
+    more than one ``/`` (repo ids are ``name`` or ``org/name``)."""
+    s = os.fspath(path)
+    return (os.path.isabs(s) or s.startswith((".", "~")) or "\\" in s or s.count("/") > 1
+            or s.endswith("/"))
+
+
+def checkpoint_dir(path, *, arg: str = "--model") -> Path:
+    """``path`` as a checkpoint directory with a readable ``config.json`` of an Orthros model."""
+    p = Path(os.fspath(path)).expanduser()
+    if not p.exists():
+        raise CheckpointError(f"{arg} {path}: no such directory (a local Orthros checkpoint directory is needed; "
+                              f"nothing is downloaded)")
+    if not p.is_dir():
+        raise CheckpointError(f"{arg} {path}: not a directory (expected a checkpoint directory with config.json "
+                              f"and model.safetensors)")
+    cfg = p / "config.json"
+    if not cfg.is_file():
+        raise CheckpointError(f"{arg} {path}: no config.json (not a checkpoint directory)")
+    try:
+        d = json.loads(cfg.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{arg} {path}: config.json is not readable JSON ({e})") from None
+    mt = d.get("model_type") if isinstance(d, dict) else None
+    if mt != "orthros":
+        hint = (f"; convert it first: orthros convert {path} DST" if mt in CONVERTIBLE else
+                f" (convertible to Orthros: {', '.join(CONVERTIBLE)})")
+        raise CheckpointError(f"{arg} {path}: model_type {mt!r} is not an Orthros checkpoint{hint}")
+    return p
+
+
+def _weight_files(d: Path) -> list[Path]:
+    index = d / WEIGHTS_INDEX
+    if index.is_file():
+        try:
+            wm = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            shards = sorted(set(wm.values()))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{index}: not a safetensors index ({type(e).__name__}: {e})") from None
+        missing = [s for s in shards if not (d / s).is_file()]
+        if missing:
+            raise CheckpointError(f"{index} names shard(s) that are missing: {', '.join(missing)}")
+        return [d / s for s in shards]
+    return [d / WEIGHTS] if (d / WEIGHTS).is_file() else []
+
+
+def check_safetensors_file(path) -> None:
+    """Raise :class:`CheckpointError` naming ``path`` if its header or size is not that of a
+    complete safetensors file. Reads the header only."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise CheckpointError(f"{path}: truncated safetensors file ({size} bytes, no header)")
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            raise CheckpointError(f"{path}: truncated or not a safetensors file (header of {n} bytes announced, "
+                                  f"file has {size} bytes)")
+        try:
+            header = json.loads(f.read(n).decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{path}: corrupted safetensors header ({e})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: corrupted safetensors header (not a JSON object)")
+    data, end = size - 8 - n, 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            begin, stop = (int(x) for x in info["data_offsets"])
+            numel = 1
+            for s in info["shape"]:
+                numel *= int(s)
+            want = numel * DTYPE_BYTES[info["dtype"]]
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"{path}: corrupted safetensors header (entry {name!r}: {info!r})") from None
+        if not 0 <= begin <= stop or stop - begin != want:
+            raise CheckpointError(f"{path}: corrupted safetensors header (tensor {name!r} spans bytes "
+                                  f"{begin}..{stop}, its dtype and shape need {want})")
+        end = max(end, stop)
+    if end > data:
+        raise CheckpointError(f"{path}: truncated safetensors file ({data} bytes of tensor data, the header "
+                              f"describes {end}; re-save or re-copy the checkpoint)")
+    if end < data:
+        raise CheckpointError(f"{path}: corrupted safetensors file ({data - end} bytes after the last tensor)")
+
+
+def check_weights(path) -> list[Path]:
+    """Check every safetensors file a load of directory ``path`` reads; return them."""
+    d = Path(os.fspath(path)).expanduser()
+    files = _weight_files(d)
+    for f in files:
+        check_safetensors_file(f)
+    return files
+
+
+def check_local_checkpoint(path, subfolder: str = "") -> None:
+    """What ``from_pretrained`` checks first: a local directory's weights are complete; a
+    local-looking path that does not exist is an error (it never becomes a hub lookup). Other
+    names (hub repo ids) are left to transformers."""
+    if not isinstance(path, (str, os.PathLike)):
+        return
+    d = Path(os.fspath(path)).expanduser()
+    if d.is_dir():
+        check_weights(d / subfolder if subfolder else d)
+    elif not d.exists() and looks_local(path):
+        raise FileNotFoundError(f"{path}: no such checkpoint directory (a local path is never looked up on the hub)")
+
+
+def check_tokenizer_dir(path, *, arg: str = "--tokenizer") -> Path:
+    """``path`` as a directory holding tokenizer files."""
+    p = Path(os.fspath(path)).expanduser()
+    if not p.is_dir():
+        raise CheckpointError(f"{arg} {path}: no such directory")
+    if not any((p / f).is_file() for f in TOKENIZER_FILES):
+        raise CheckpointError(f"{arg} {path}: no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...); "
+                              f"save the tokenizer beside the model or pass --tokenizer DIR")
+    return p
+
+
+__all__ = ["CheckpointError", "checkpoint_dir", "check_weights", "check_safetensors_file", "check_local_checkpoint",
+           "check_tokenizer_dir", "looks_local"]
