@@ -188,5 +188,101 @@ def gguf_to_hf_directory(path, out_dir, *, max_shard_size="2GB") -> GGUFInfo:
     return info
 
 
+def _permute_qk(w, n_head: int):
+    """llama.cpp's row order for q/k projections (what transformers' loader undoes)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_llama_gguf(model, tokenizer, path, *, dtype: str = "f32") -> Path:
+    """Write a transformers ``LlamaForCausalLM`` and its byte-level BPE fast tokenizer as a GGUF
+    file (llama.cpp's tensor names and q/k row order; ``dtype`` ``f32`` or ``f16`` for the
+    matrices, norms stay f32). Small models only (the tensors are held in memory); used by the
+    tests and the GPU smoke run to make a GGUF without any download."""
+    import json
+
+    import numpy as np
+
+    gguf = _require_gguf()
+    if type(model).__name__ != "LlamaForCausalLM":
+        raise ValueError(f"model must be a LlamaForCausalLM, got {type(model).__name__}")
+    if dtype not in ("f32", "f16"):
+        raise ValueError(f"dtype must be 'f32' or 'f16', got {dtype!r}")
+    c = model.config
+    heads, kv = c.num_attention_heads, c.num_key_value_heads or c.num_attention_heads
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+    rope = dict(getattr(c, "rope_parameters", None) or {})
+    path = Path(path)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(getattr(c, "name_or_path", None) or "orthros-test-llama")
+    w.add_context_length(c.max_position_embeddings)
+    w.add_embedding_length(c.hidden_size)
+    w.add_block_count(c.num_hidden_layers)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_rope_dimension_count(head_dim)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_freq_base(float(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))))
+    w.add_vocab_size(c.vocab_size)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
+    # tokenizer: byte-level BPE ("gpt2" in GGUF terms), every id in order
+    tj = json.loads(tokenizer.backend_tokenizer.to_str())
+    if tj["model"]["type"] != "BPE":
+        raise ValueError("only byte-level BPE tokenizers can be written")
+    vocab = tokenizer.get_vocab()
+    if len(vocab) != c.vocab_size:
+        raise ValueError(f"the tokenizer has {len(vocab)} tokens, the model's vocab_size is {c.vocab_size}")
+    by_id = sorted(vocab.items(), key=lambda kv_: kv_[1])
+    if [i for _, i in by_id] != list(range(len(by_id))):
+        raise ValueError("the tokenizer's ids are not 0..N-1")
+    special = set(tokenizer.all_special_tokens) | {a["content"] for a in tj.get("added_tokens", [])}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list([t for t, _ in by_id])
+    w.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t, _ in by_id])
+    w.add_token_merges(merges)
+    for tok_name, add in (("bos_token_id", w.add_bos_token_id), ("eos_token_id", w.add_eos_token_id),
+                          ("pad_token_id", w.add_pad_token_id)):
+        if getattr(tokenizer, tok_name, None) is not None:
+            add(int(getattr(tokenizer, tok_name)))
+    if getattr(tokenizer, "chat_template", None):
+        w.add_chat_template(tokenizer.chat_template)
+    # tensors
+    np_dtype = np.float32 if dtype == "f32" else np.float16
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    per_layer = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+                 "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+                 "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                 "mlp.down_proj": "ffn_down"}
+    sd = model.state_dict()
+    for name, t in sd.items():
+        if name == "lm_head.weight" and c.tie_word_embeddings:
+            continue
+        if name in names:
+            out = names[name]
+        else:
+            parts = name.split(".")  # model.layers.<i>.<module...>.weight|bias
+            if parts[:2] != ["model", "layers"]:
+                raise ValueError(f"no GGUF name for tensor {name}")
+            mod = ".".join(parts[3:-1])
+            if mod not in per_layer:
+                raise ValueError(f"no GGUF name for tensor {name}")
+            out = f"blk.{parts[2]}.{per_layer[mod]}.{parts[-1]}"
+        a = t.detach().float().cpu().numpy()
+        if out.endswith("attn_q.weight"):
+            a = _permute_qk(a, heads)
+        elif out.endswith("attn_k.weight"):
+            a = _permute_qk(a, kv)
+        a = a.astype(np.float32 if a.ndim == 1 else np_dtype)
+        w.add_tensor(out, np.ascontiguousarray(a))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 __all__ = ["GGUFError", "GGUFInfo", "GGUF_ARCHITECTURES", "inspect_gguf", "is_gguf_source", "load_gguf_model",
-           "gguf_to_hf_directory", "resolve_gguf_file"]
+           "gguf_to_hf_directory", "resolve_gguf_file", "write_llama_gguf"]

@@ -1,0 +1,166 @@
+"""GGUF sources (issue 15): ``orthros convert model.gguf DST`` equals the HF model that
+transformers loads from the same GGUF for T <= window; damaged GGUF files are refused before
+anything is written. The GGUF is written here (``write_llama_gguf``, the ``gguf`` package's
+writer) from a tiny randomised Llama and the shipped byte-level BPE tokenizer: no download."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+import orthros  # noqa: E402
+from orthros import OrthrosForCausalLM, convert_from_hf  # noqa: E402
+from orthros.conversion import convert_checkpoint  # noqa: E402
+from orthros.conversion.cli import main as convert_main  # noqa: E402
+from orthros.conversion.gguf import GGUFError, inspect_gguf, write_llama_gguf  # noqa: E402
+
+W = 16
+TOKENIZER_DIR = Path(orthros.__file__).parent / "data" / "tokenizer"
+NAME = "tiny-llama.gguf"
+
+
+def _tiny_llama(vocab: int, tied: bool) -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=tied, bos_token_id=0, eos_token_id=0, rope_parameters={
+                          "rope_type": "default", "rope_theta": 50000.0})
+    model = LlamaForCausalLM(cfg)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():  # norms 1 +- 0.25: nothing left at a trivial value
+            p.add_(0.25 * torch.randn(p.shape, generator=g) if p.dim() == 1 else 0.05 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+@pytest.fixture(scope="module", params=[("f32", False), ("f16", True)], ids=["f32-untied", "f16-tied"])
+def gguf_source(request, tmp_path_factory):
+    dtype, tied = request.param
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZER_DIR))
+    folder = tmp_path_factory.mktemp(f"gguf_{dtype}")
+    write_llama_gguf(_tiny_llama(len(tok), tied), tok, folder / NAME, dtype=dtype)
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), gguf_file=NAME, dtype=torch.float32).eval()
+    hf_tok = AutoTokenizer.from_pretrained(str(folder), gguf_file=NAME)
+    return folder / NAME, hf, hf_tok
+
+
+def _leftovers(parent: Path):
+    return sorted(p.name for p in parent.iterdir() if "orthros-tmp" in p.name or "orthros-old" in p.name)
+
+
+def test_inspect_reads_header(gguf_source):
+    path, hf, _ = gguf_source
+    info = inspect_gguf(path)
+    assert info.architecture == "LlamaForCausalLM" and info.gguf_architecture == "llama"
+    assert info.n_params == sum(t.numel() for n, t in hf.state_dict().items()
+                                if not (n == "lm_head.weight" and hf.config.tie_word_embeddings))
+    assert info.has_tokenizer and info.size == path.stat().st_size
+
+
+@pytest.mark.parametrize("how", ["cli-file", "cli-dir", "python"])
+def test_gguf_conversion_equals_hf_from_gguf(gguf_source, tmp_path, how):
+    path, hf, hf_tok = gguf_source
+    dst = tmp_path / "converted"
+    if how == "cli-file":
+        assert convert_main([str(path), str(dst), "--window-size", str(W), "-q"]) == 0
+    elif how == "cli-dir":  # a directory holding one .gguf
+        d = tmp_path / "src"
+        d.mkdir()
+        shutil.copy(path, d / path.name)
+        assert convert_main([str(d), str(dst), "--window-size", str(W), "-q"]) == 0
+    if how == "python":
+        model = convert_from_hf(path, window_size=W)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(dst).eval()
+        report = json.loads((dst / "conversion_report.json").read_text())
+        assert report["source_format"] == "gguf" and report["gguf"]["file"] == NAME
+        assert report["architecture"] == "LlamaForCausalLM" and report["window_size"] == W
+        assert report["gguf"]["tensor_types"] == ({"F32": report["gguf"]["tensors"]} if "f32" in str(path.parent)
+                                                  else report["gguf"]["tensor_types"])
+        assert not any(p.suffix == ".gguf" for p in dst.iterdir())
+        assert not any(p.name.startswith(".") for p in dst.iterdir()), sorted(p.name for p in dst.iterdir())
+        assert _leftovers(tmp_path) == []
+        # the tokenizer (chat template included) comes along and encodes like the GGUF's
+        tok = AutoTokenizer.from_pretrained(dst)
+        text = "To be, or not to be: that is the question.\nSo fare thee well."
+        assert tok(text)["input_ids"] == hf_tok(text)["input_ids"]
+        msgs = [{"role": "user", "content": "Who speaks?"}]
+        assert tok.apply_chat_template(msgs, tokenize=False) == hf_tok.apply_chat_template(msgs, tokenize=False)
+    assert isinstance(model, OrthrosForCausalLM) and model.config.window_size == W
+    # every source weight exactly as transformers de-quantised it
+    sd, ref = model.state_dict(), hf.state_dict()
+    for name, t in ref.items():
+        assert torch.equal(sd[name], t), name
+    g = torch.Generator().manual_seed(1)
+    V = hf.config.vocab_size
+    for T in (1, 7, W):
+        ids = torch.randint(0, V, (2, T), generator=g)
+        with torch.no_grad():
+            diff = (model(ids).logits - hf(ids).logits).abs().max().item()
+        assert diff < 1e-4, (T, diff)
+    ids = torch.randint(0, V, (1, 2 * W + 5), generator=g)
+    with torch.no_grad():
+        out, want = model(ids).logits, hf(ids).logits
+    assert (out[:, :W] - want[:, :W]).abs().max().item() < 1e-4
+    assert (out[:, W:] - want[:, W:]).abs().max().item() > 1e-3  # beyond the window: a different model
+    prompt = torch.randint(5, V, (1, 4), generator=g)
+    kw = dict(max_new_tokens=W - 4, min_new_tokens=W - 4, do_sample=False, pad_token_id=0)
+    assert torch.equal(model.generate(prompt, **kw), hf.generate(prompt, **kw))
+
+
+def _damaged(src: Path, folder: Path, how: str) -> Path:
+    data = bytearray(src.read_bytes())
+    if how == "truncated":
+        data = data[: len(data) * 2 // 3]
+    elif how == "truncated-header":
+        data = data[:200]
+    elif how == "bad-magic":
+        data[:4] = b"GGUX"
+    elif how == "garbage-header":  # tensor count / kv count / first key overwritten
+        data[8:72] = bytes([0xFF]) * 64
+    out = folder / f"{how}.gguf"
+    out.write_bytes(bytes(data))
+    return out
+
+
+@pytest.mark.parametrize("how", ["truncated", "truncated-header", "bad-magic", "garbage-header"])
+def test_damaged_gguf_refused_nothing_written(gguf_source, tmp_path, capsys, how):
+    path, _, _ = gguf_source
+    bad = _damaged(path, tmp_path, how)
+    dst = tmp_path / "new" / "out"
+    assert convert_main([str(bad), str(dst), "-q"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("orthros convert: error: ") and bad.name in err and "\n" not in err, err
+    assert any(w in err for w in ("truncated", "corrupted", "not a GGUF")), err
+    assert "Traceback" not in err
+    assert not (tmp_path / "new").exists()  # not even the parent directory
+    assert _leftovers(tmp_path) == []
+    with pytest.raises(GGUFError, match=bad.name):
+        convert_checkpoint(bad, dst, progress=False)
+    with pytest.raises(GGUFError, match=bad.name):
+        convert_from_hf(bad)
+
+
+def test_gguf_argument_refusals(gguf_source, tmp_path, capsys):
+    path, _, _ = gguf_source
+    two = tmp_path / "two"
+    two.mkdir()
+    shutil.copy(path, two / "a.gguf")
+    shutil.copy(path, two / "b.gguf")
+    assert convert_main([str(two), str(tmp_path / "o1"), "-q"]) == 1
+    assert "2 .gguf files" in capsys.readouterr().err
+    # the destination must not hold the source
+    assert convert_main([str(two / "a.gguf"), str(two), "-q", "--overwrite"]) == 1
+    assert "must not be the source" in capsys.readouterr().err
+    assert sorted(p.name for p in two.iterdir()) == ["a.gguf", "b.gguf"]
+    assert convert_main([str(tmp_path / "missing.gguf"), str(tmp_path / "o2"), "-q"]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
