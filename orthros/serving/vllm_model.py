@@ -1,0 +1,311 @@
+"""Orthros (paper Algorithm 2) as a vLLM v1 model, built from vLLM's own layers.
+
+Per forward vLLM hands the model a flat batch of N scheduled tokens (prefill chunks and decode
+tokens of many requests, continuous batching) and samples one token per request from the row of
+its *last scheduled token* (``logits_indices = query_start_loc[1:] - 1``; the logits of a
+non-final prefill chunk are discarded). So:
+
+* the **base stream** runs over all N tokens with vLLM's ``Attention`` and a per-layer sliding
+  window of ``window_size`` keys (the backend's windowed kernel; prefill stays linear). It
+  writes every token's K/V into the paged cache. Its KV-cache spec is *full attention*
+  (:class:`WindowAttention`): a sliding-window spec would let vLLM free the blocks that fall
+  out of the window, and the output stream reads all of them;
+* the **output stream** runs only for the R sampled rows (one per request): an output token is
+  a copy of the embedding at that position, and in every layer its query (scale-offset
+  alpha', beta') attends to all of the request's cached keys ``0..t``, read through the block
+  table after the layer's own K/V were written (:func:`output_stream_attention`). Output tokens
+  write no K/V, so cached prefix blocks hold base-stream K/V only and prefix caching and
+  chunked prefill give the same tokens;
+* the last layer computes only its K/V for the base tokens, and attention plus MLP for the
+  output tokens; the logits come from the output tokens' final hidden states, returned in the
+  sampled rows of an ``[N, hidden]`` tensor (the other rows are zero and never sampled).
+
+The weights load from the same names as ``orthros.OrthrosForCausalLM``'s state dict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch import nn
+
+from vllm.config import VllmConfig
+from vllm.distributed import get_pp_group, get_tensor_model_parallel_world_size
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.activation import SiluAndMul
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.attention.attention import unified_kv_cache_update
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.rotary_embedding import get_rope
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper, maybe_prefix
+from vllm.sequence import IntermediateTensors
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec
+
+
+class WindowAttention(Attention):
+    """vLLM attention with a sliding window in the kernel but a full-attention KV-cache spec:
+    no block is ever evicted (the output stream reads every token's K/V)."""
+
+    def get_kv_cache_spec(self, vllm_config: VllmConfig) -> Optional[KVCacheSpec]:
+        spec = super().get_kv_cache_spec(vllm_config)
+        if spec is None or self.sliding_window is None:
+            return spec
+        return FullAttentionSpec(block_size=vllm_config.cache_config.block_size, num_kv_heads=spec.num_kv_heads,
+                                 head_size=spec.head_size, head_size_v=spec.head_size_v, dtype=spec.dtype,
+                                 kv_quant_mode=spec.kv_quant_mode)
+
+
+@dataclass
+class SampledRows:
+    """Where the output stream runs in this forward: the last scheduled token of each request."""
+
+    rows: torch.Tensor  # [R] int64, rows of the flat batch
+    metadata: object  # the backend's attention metadata of this step (None in a dummy run)
+    backend_state: dict  # per-step scratch of the output-stream op (e.g. scheduler metadata)
+
+
+def sampled_rows(layer_name: str, num_tokens: int, device) -> SampledRows:
+    """Rows whose logits vLLM samples this step, from the attention metadata of the forward
+    context (``query_start_loc[1:] - 1``); the last row when there is none (warm-up/profiling)."""
+    metadata = None
+    try:
+        attn_metadata = get_forward_context().attn_metadata
+    except AssertionError:  # no forward context (called outside vLLM's runner)
+        attn_metadata = None
+    if isinstance(attn_metadata, list):  # micro-batches: [0] is the model's own metadata
+        attn_metadata = attn_metadata[0]
+    if isinstance(attn_metadata, dict):
+        metadata = attn_metadata.get(layer_name)
+    if metadata is None:
+        rows = torch.tensor([num_tokens - 1], dtype=torch.long, device=device)
+    else:
+        rows = metadata.query_start_loc[1:].long() - 1
+    return SampledRows(rows=rows, metadata=metadata, backend_state={})
+
+
+def output_stream_attention(attn: Attention, q_out: torch.Tensor, s: SampledRows) -> torch.Tensor:
+    """Full causal attention of one output query per request (``q_out [R, Hq * D]``) over all of
+    that request's cached keys ``0 .. seq_len - 1`` of ``attn``'s layer, read from the paged KV
+    cache through the block table (the cache already holds this step's K/V). Returns
+    ``[R, Hq * D]``."""
+    R = q_out.shape[0]
+    H, D = attn.num_heads, attn.head_size
+    out = torch.zeros(R, H, D, dtype=q_out.dtype, device=q_out.device)
+    if s.metadata is None:  # warm-up / profiling run: no cache, nothing to attend to
+        return out.view(R, H * D)
+    backend = attn.attn_backend.get_name()
+    if backend != "CPU_ATTN":
+        raise NotImplementedError(f"the Orthros output stream is implemented for vLLM's CPU_ATTN backend; "
+                                  f"this engine selected {backend!r} (see docs/serving.md, GPU plan)")
+    from vllm import _custom_ops as ops
+    from vllm import envs
+
+    m = s.metadata
+    st = s.backend_state
+    if "qsl" not in st:  # the same for every layer of this step: built once
+        st["qsl"] = torch.arange(R + 1, dtype=m.query_start_loc.dtype, device=q_out.device)
+        st["sched"] = ops.cpu_attn_get_scheduler_metadata(
+            num_reqs=R, num_heads=H, num_kv_heads=attn.num_kv_heads, head_dim=D, seq_lens=m.seq_lens,
+            dtype=q_out.dtype, query_start_loc=st["qsl"], causal=True, sliding_window_size=-1, isa=attn.isa,
+            enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV, kv_cache_dtype=attn.kv_cache_dtype)
+    kv_cache = attn.kv_cache
+    num_blocks, num_kv_heads, block_size, _ = kv_cache.size()
+    key_cache, value_cache = kv_cache.view(num_blocks, num_kv_heads, block_size * 2, -1).chunk(2, dim=2)
+    ops.cpu_attention_with_kv_cache(
+        query=q_out.view(R, H, D), key_cache=key_cache, value_cache=value_cache, output=out,
+        query_start_loc=st["qsl"], seq_lens=m.seq_lens, scale=attn.impl.scale, causal=True, alibi_slopes=None,
+        sliding_window=-1, block_table=m.block_table, softcap=0, scheduler_metadata=st["sched"], s_aux=None,
+        k_scale=attn._k_scale_float, v_scale=attn._v_scale_float, kv_cache_dtype=attn.kv_cache_dtype)
+    return out.view(R, H * D)
+
+
+class OrthrosMLP(nn.Module):
+    def __init__(self, config, prefix: str):
+        super().__init__()
+        if config.hidden_act != "silu":
+            raise ValueError(f"the vLLM Orthros model supports hidden_act 'silu', got {config.hidden_act!r}")
+        self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [config.intermediate_size] * 2,
+                                                       bias=config.mlp_bias, prefix=f"{prefix}.gate_up_proj")
+        self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias,
+                                           prefix=f"{prefix}.down_proj")
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x):
+        x, _ = self.gate_up_proj(x)
+        x, _ = self.down_proj(self.act_fn(x))
+        return x
+
+
+class OrthrosAttention(nn.Module):
+    """Shared W_Q/K/V/O; base queries alpha*q+beta (window), output queries alpha'*q+beta' (full)."""
+
+    def __init__(self, config, cache_config, layer_idx: int, prefix: str):
+        super().__init__()
+        self.mode = config.attention_mode
+        self.last = layer_idx == config.num_hidden_layers - 1
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads,
+                                          bias=config.attention_bias, prefix=f"{prefix}.qkv_proj")
+        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, bias=config.o_proj_bias,
+                                        prefix=f"{prefix}.o_proj")
+        if config.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+        self.scale_offset = bool(config.scale_offset) and self.mode == "orthros"
+        if self.scale_offset:  # same parameters (and names) as orthros.layers.OrthrosAttention
+            self.alpha_out = nn.Parameter(torch.ones(self.q_size))
+            self.beta_out = nn.Parameter(torch.zeros(self.q_size))
+            if not self.last:
+                self.alpha = nn.Parameter(torch.ones(self.q_size))
+                self.beta = nn.Parameter(torch.zeros(self.q_size))
+        self.rotary_emb = get_rope(self.head_dim, max_position=config.max_position_embeddings,
+                                   rope_parameters=config.rope_parameters, is_neox_style=True)
+        window = None if self.mode == "full" else config.window_size
+        self.attn = WindowAttention(self.num_heads, self.head_dim, self.head_dim ** -0.5,
+                                    num_kv_heads=self.num_kv_heads, cache_config=cache_config,
+                                    per_layer_sliding_window=window, prefix=f"{prefix}.attn")
+
+    def _norm_heads(self, norm, x):
+        if norm is None:
+            return x
+        shape = x.shape
+        return norm(x.reshape(-1, self.head_dim)).view(shape)
+
+    def forward(self, positions, x, s: SampledRows, n_out: int, base_output: bool):
+        """``x``: normalised ``[N + n_out, d]`` (N base rows, then the output rows). Returns the
+        attention output of the same rows, or of the output rows only when not ``base_output``."""
+        N = x.shape[0] - n_out
+        qkv, _ = self.qkv_proj(x)
+        q = qkv[:, :self.q_size]
+        k = qkv[:N, self.q_size:self.q_size + self.kv_size]
+        v = qkv[:N, self.q_size + self.kv_size:]
+        q = self._norm_heads(self.q_norm, q)
+        k = self._norm_heads(self.k_norm, k)
+        q_base, q_out = q[:N], q[N:]
+        if self.scale_offset:
+            q_out = q_out * self.alpha_out + self.beta_out
+            q_base = q_base * self.alpha + self.beta if base_output else q_base
+        if base_output:
+            q_base, k = self.rotary_emb(positions, q_base.contiguous(), k.contiguous())
+            o = self.attn(q_base, k, v)  # writes this step's K/V, then windowed attention
+        else:  # last layer: only its K/V are needed from the base stream
+            k, _ = self.rotary_emb(positions, k.contiguous(), None)
+            unified_kv_cache_update(k.view(N, self.num_kv_heads, self.head_dim),
+                                    v.contiguous().view(N, self.num_kv_heads, self.head_dim), self.attn.layer_name)
+        if n_out:
+            q_out, _ = self.rotary_emb(positions[s.rows], q_out.contiguous(), None)
+            o_out = output_stream_attention(self.attn, q_out, s)
+            o = torch.cat([o, o_out]) if base_output else o_out
+        out, _ = self.o_proj(o)
+        return out
+
+
+class OrthrosDecoderLayer(nn.Module):
+    def __init__(self, config, cache_config, layer_idx: int, prefix: str):
+        super().__init__()
+        self.self_attn = OrthrosAttention(config, cache_config, layer_idx, prefix=f"{prefix}.self_attn")
+        self.mlp = OrthrosMLP(config, prefix=f"{prefix}.mlp")
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.is_orthros = config.attention_mode == "orthros"
+
+    def forward(self, positions, h, s: SampledRows, n_out: int, last: bool):
+        if self.is_orthros:  # the last layer's base stream is never read again: K/V only
+            attn = self.self_attn(positions, self.input_layernorm(h), s, n_out, base_output=not last)
+            if last:
+                h = h[h.shape[0] - n_out:]
+        else:  # baselines ("full", "window"): logits from the base stream at the sampled rows
+            attn = self.self_attn(positions, self.input_layernorm(h), s, 0, base_output=True)
+            if last:
+                h, attn = h[s.rows], attn[s.rows]
+        h = h + attn
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class OrthrosModel(nn.Module):
+    hf_to_vllm_mapper = WeightsMapper(orig_to_new_stacked={
+        ".q_proj": (".qkv_proj", "q"), ".k_proj": (".qkv_proj", "k"), ".v_proj": (".qkv_proj", "v"),
+        ".gate_proj": (".gate_up_proj", 0), ".up_proj": (".gate_up_proj", 1)})
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        self.config = config
+        self.is_orthros = config.attention_mode == "orthros"
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([
+            OrthrosDecoderLayer(config, vllm_config.cache_config, i, prefix=f"{prefix}.layers.{i}")
+            for i in range(config.num_hidden_layers)])
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.first_attn_name = self.layers[0].self_attn.attn.layer_name
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None) -> torch.Tensor:
+        h = self.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
+        N = h.shape[0]
+        s = sampled_rows(self.first_attn_name, N, h.device)
+        n_out = s.rows.shape[0] if self.is_orthros else 0
+        if n_out:  # Algorithm 2: the output tokens start as copies of the sampled rows' embeddings
+            h = torch.cat([h, h[s.rows]])
+        n = len(self.layers)
+        for i, layer in enumerate(self.layers):
+            h = layer(positions, h, s, n_out, last=(i == n - 1))
+        h = self.norm(h)
+        full = h.new_zeros(N, h.shape[-1])  # vLLM reads the sampled rows of an [N, d] tensor
+        full[s.rows] = h
+        return full
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return AutoWeightsLoader(self).load_weights(weights, mapper=self.hf_to_vllm_mapper)
+
+
+class OrthrosForCausalLM(nn.Module):
+    """The architecture ``OrthrosForCausalLM`` for vLLM (text generation)."""
+
+    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        if getattr(config, "model_type", None) != "orthros":
+            raise ValueError(f"OrthrosForCausalLM needs an Orthros config (model_type 'orthros'), got "
+                             f"{getattr(config, 'model_type', None)!r}")
+        if get_tensor_model_parallel_world_size() != 1 or get_pp_group().world_size != 1:
+            raise ValueError("the vLLM Orthros model runs with tensor_parallel_size=1 and pipeline_parallel_size=1 "
+                             "(the scale-offset parameters are not sharded yet)")
+        self.config = config
+        self.model = OrthrosModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, prefix=maybe_prefix(prefix, "lm_head"))
+        if config.tie_word_embeddings:
+            self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
+        self.logits_processor = LogitsProcessor(config.vocab_size)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_input_ids(input_ids)
+
+    def forward(self, input_ids, positions, intermediate_tensors: Optional[IntermediateTensors] = None,
+                inputs_embeds=None) -> torch.Tensor:
+        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> Optional[torch.Tensor]:
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        return AutoWeightsLoader(self).load_weights(weights)  # (skips the alias of a tied lm_head)
+
+
+__all__ = ["OrthrosForCausalLM", "OrthrosModel", "WindowAttention", "output_stream_attention", "sampled_rows"]
