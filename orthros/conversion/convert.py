@@ -106,6 +106,10 @@ def make_plan(src_config, arch: str, src_shapes: dict, *, window_size: int, scal
     check_supported(arch)
     config, notes = orthros_config_from(src_config, arch, window_size=window_size, scale_offset=scale_offset,
                                         dtype=out_dtype or config_dtype)
+    if window_size > config.max_position_embeddings:  # (issue 17.5) refused, not silently accepted
+        raise ValueError(f"window_size={window_size} exceeds the source's max_position_embeddings="
+                         f"{config.max_position_embeddings}: the window would hold every position of the model "
+                         f"(no sliding window); choose a window_size <= {config.max_position_embeddings}")
     plan = Plan(config, arch, notes, out_dtype=out_dtype)
     expected = expected_tensors(config)
     problems = []
