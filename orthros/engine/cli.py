@@ -4,7 +4,8 @@
     orthros generate --model PATH --chat --interactive        # multi-turn, the cache is kept
 
 In ``--interactive`` mode every line read from stdin is a new user turn appended to the same
-cache: only the new tokens run (the old context is never recomputed).
+cache: only the new tokens run (the old context is never recomputed). At a terminal, ``> `` on
+stderr prompts for each turn; end with Ctrl-D.
 """
 
 from __future__ import annotations
@@ -172,10 +173,20 @@ def _generate(args, sampling, dev, dtype, config, tok_dir) -> int:
     if args.interactive:
         if args.prompt:
             run_turn(" ".join(args.prompt))
-        for line in sys.stdin:
+        # at a terminal, a prompt on stderr marks where the next turn goes (stdout stays the text)
+        prompt = "> " if sys.stdin.isatty() else ""
+        while True:
+            if prompt:
+                sys.stderr.write(prompt)
+                sys.stderr.flush()
+            line = sys.stdin.readline()
+            if not line:
+                break
             line = line.rstrip("\n")
             if line.strip():
                 run_turn(line)
+        if prompt:
+            sys.stderr.write("\n")
     else:
         text = " ".join(args.prompt) if args.prompt else sys.stdin.read()
         if not text:

@@ -68,6 +68,25 @@ def test_generate_interactive_continues_the_conversation(checkpoint):
     assert lines[1].split() == [WORDS[i] for i in g2 if i > 1]
 
 
+class _TTYInput(io.StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_generate_interactive_prompts_at_a_terminal(checkpoint, capsys, monkeypatch, tty):
+    """Issue 17 #9: interactive chat showed no prompt between turns. At a terminal, "> " goes to
+    stderr before every turn (stdout keeps only the generated text); piped input gets none."""
+    d, _ = checkpoint
+    stdin = "w1 w2 w3\nw4 w5\n"
+    monkeypatch.setattr(sys, "stdin", _TTYInput(stdin) if tty else io.StringIO(stdin))
+    rc = orthros_main(["generate", "--model", str(d), "--max-new-tokens", "4", "--device", "cpu", "--interactive"])
+    cap = capsys.readouterr()
+    assert rc == 0
+    assert cap.err.count("> ") == (3 if tty else 0)  # before turn 1, turn 2, and the end of input
+    assert "> " not in cap.out and len(cap.out.strip("\n").split("\n")) == 2
+
+
 @pytest.mark.parametrize("flag, value", [("--temperature", "-1"), ("--top-p", "2"), ("--top-k", "-3"),
                                          ("--max-new-tokens", "0"), ("--dtype", "int8")])
 def test_generate_rejects_bad_arguments(flag, value, capsys):
