@@ -1,0 +1,178 @@
+"""vLLM's offline engine (``vllm.LLM`` / ``LLMEngine``) serving Orthros checkpoints through the
+plugin: greedy tokens equal ``OrthrosForCausalLM.generate()``; the output stream runs only at
+the sampled rows; the KV cache keeps every block; chunked prefill and prefix caching change
+nothing. The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so the tests can
+watch the model's forwards.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+
+import pytest
+
+pytest.importorskip("vllm")
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+from vllm import LLM, SamplingParams  # noqa: E402
+
+from orthros.serving import vllm_model  # noqa: E402
+
+from vllm_support import BLOCK_SIZE, MAX_MODEL_LEN, WINDOW, Reference  # noqa: E402
+
+NEW = 12
+# across the window (16): shorter, equal, one past, several windows, several KV blocks (32)
+LENGTHS = [5, WINDOW, WINDOW + 1, 40, 150]
+
+
+def make_llm(path, **kw):
+    args = dict(model=str(path), dtype="float32", max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE,
+                kv_cache_memory_bytes=64 << 20, max_num_seqs=8, enforce_eager=True, seed=0)
+    args.update(kw)
+    return LLM(**args)
+
+
+def greedy(n=NEW):
+    return SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+
+
+def tokens(out):
+    return list(out.outputs[0].token_ids)
+
+
+def close(llm):
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+
+
+@pytest.fixture
+def forwards(monkeypatch):
+    """Every output-stream call of the model: (rows R, base tokens N, max query length, seq_lens)."""
+    calls = []
+    original = vllm_model.output_stream_attention
+
+    def spy(attn, q_out, s):
+        if s.metadata is not None and attn.layer_name.startswith("model.layers.0."):
+            m = s.metadata
+            calls.append(dict(R=q_out.shape[0], N=int(m.num_actual_tokens), max_q=int(m.max_query_len),
+                              q_lens=(m.query_start_loc[1:] - m.query_start_loc[:-1]).tolist(),
+                              seq_lens=m.seq_lens.tolist()))
+        return original(attn, q_out, s)
+
+    monkeypatch.setattr(vllm_model, "output_stream_attention", spy)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def plain_llm(orthros_checkpoint):
+    """No chunked prefill, no prefix caching."""
+    llm = make_llm(orthros_checkpoint, enable_chunked_prefill=False, enable_prefix_caching=False,
+                   max_num_batched_tokens=MAX_MODEL_LEN * 2)
+    yield llm
+    close(llm)
+
+
+def test_kv_cache_keeps_every_block_and_window_kernel(plain_llm):
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+
+    runner = plain_llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    groups = runner.kv_cache_config.kv_cache_groups
+    assert groups and all(type(g.kv_cache_spec) is FullAttentionSpec for g in groups)
+    assert not any(isinstance(g.kv_cache_spec, SlidingWindowSpec) for g in groups)
+    layers = [m for m in runner.model.modules() if isinstance(m, vllm_model.WindowAttention)]
+    assert len(layers) == 3 and all(layer.impl.sliding_window == WINDOW for layer in layers)
+
+
+def test_single_requests_equal_generate(plain_llm, reference, prompt_of, forwards):
+    for i, n in enumerate(LENGTHS):
+        prompt = prompt_of(n, seed=i)
+        out = plain_llm.generate([{"prompt_token_ids": prompt}], greedy(), use_tqdm=False)
+        assert tokens(out[0]) == reference(prompt, NEW), f"prompt length {n}"
+    # the output stream ran for one row per forward (the sampled one), never for every prompt token
+    assert forwards and all(c["R"] == 1 for c in forwards)
+    prefills = [c for c in forwards if c["max_q"] > 1]
+    assert sorted(c["N"] for c in prefills) == sorted(n for n in LENGTHS if n > 1)
+
+
+def test_batch_equals_generate(plain_llm, reference, prompt_of, forwards):
+    prompts = [prompt_of(n, seed=10 + i) for i, n in enumerate(LENGTHS)]
+    outs = plain_llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(), use_tqdm=False)
+    for p, out in zip(prompts, outs):
+        assert tokens(out) == reference(p, NEW), f"prompt length {len(p)}"
+    assert max(c["R"] for c in forwards) == len(prompts)
+    assert all(c["R"] == len(c["q_lens"]) for c in forwards)
+
+
+def run_staggered(llm, prompts, arrivals, n_new=NEW):
+    """Requests join a running engine: request i is added before engine step ``arrivals[i]``."""
+    engine = llm.llm_engine
+    done, step = {}, 0
+    pending = sorted(range(len(prompts)), key=lambda i: arrivals[i])
+    while pending or engine.has_unfinished_requests():
+        while pending and arrivals[pending[0]] <= step:
+            i = pending.pop(0)
+            engine.add_request(str(i), {"prompt_token_ids": prompts[i]}, greedy(n_new))
+        for out in engine.step():
+            if out.finished:
+                done[int(out.request_id)] = out
+        step += 1
+        assert step < 500
+    return [done[i] for i in range(len(prompts))]
+
+
+def test_staggered_requests_equal_generate(plain_llm, reference, prompt_of, forwards):
+    lengths = [150, 9, 40, WINDOW + 1]
+    prompts = [prompt_of(n, seed=20 + i) for i, n in enumerate(lengths)]
+    outs = run_staggered(plain_llm, prompts, arrivals=[0, 2, 5, 7])
+    for p, out in zip(prompts, outs):
+        assert tokens(out) == reference(p, NEW), f"prompt length {len(p)}"
+    # continuous batching really mixed a new prompt's prefill with running decodes
+    mixed = [c for c in forwards if c["max_q"] > 1 and 1 in c["q_lens"]]
+    assert mixed, forwards
+    assert all(c["R"] == len(c["q_lens"]) < c["N"] for c in mixed)
+
+
+def test_converted_checkpoint_equals_generate(converted_checkpoint, prompt_of):
+    ref = Reference(converted_checkpoint)
+    llm = make_llm(converted_checkpoint, enable_prefix_caching=False)
+    try:
+        prompts = [prompt_of(n, seed=30 + i) for i, n in enumerate([7, WINDOW + 3, 90])]
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(), use_tqdm=False)
+        for p, out in zip(prompts, outs):
+            assert tokens(out) == ref(p, NEW), f"prompt length {len(p)}"
+    finally:
+        close(llm)
+
+
+@pytest.fixture(scope="module")
+def chunked_cached_llm(orthros_checkpoint):
+    """Chunked prefill in chunks of 32 tokens, and prefix caching."""
+    llm = make_llm(orthros_checkpoint, enable_chunked_prefill=True, enable_prefix_caching=True,
+                   max_num_batched_tokens=32, max_num_seqs=4)
+    yield llm
+    close(llm)
+
+
+def test_chunked_prefill_equals_generate(chunked_cached_llm, reference, prompt_of, forwards):
+    prompts = [prompt_of(n, seed=40 + i) for i, n in enumerate([150, 70, WINDOW + 1])]
+    outs = run_staggered(chunked_cached_llm, prompts, arrivals=[0, 1, 3])
+    for p, out in zip(prompts, outs):
+        assert tokens(out) == reference(p, NEW), f"prompt length {len(p)}"
+    # prompts were split: a chunk that starts after earlier chunks (seq_len > its query length)
+    assert any(q > 1 and s > q for c in forwards for q, s in zip(c["q_lens"], c["seq_lens"]))
+    assert all(c["N"] <= 32 for c in forwards)
+
+
+def test_prefix_caching_equals_generate(chunked_cached_llm, reference, prompt_of):
+    base = prompt_of(150, seed=50)
+    first = chunked_cached_llm.generate([{"prompt_token_ids": base}], greedy(), use_tqdm=False)[0]
+    assert tokens(first) == reference(base, NEW)
+    # same first 100 tokens: the first 3 blocks (96 tokens) come from the cache
+    other = base[:100] + prompt_of(37, seed=51)
+    second = chunked_cached_llm.generate([{"prompt_token_ids": other}], greedy(), use_tqdm=False)[0]
+    assert second.num_cached_tokens >= 3 * BLOCK_SIZE
+    assert tokens(second) == reference(other, NEW)
+    again = chunked_cached_llm.generate([{"prompt_token_ids": base}], greedy(), use_tqdm=False)[0]
+    assert again.num_cached_tokens >= 4 * BLOCK_SIZE and tokens(again) == tokens(first)
