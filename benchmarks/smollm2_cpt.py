@@ -200,10 +200,12 @@ def _eval_curve(run_dir: Path) -> list:
 
 def _load(path: Path, attention_mode: str, device: str, dtype):
     import orthros  # noqa: F401
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    m = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
-    m.config.attention_mode = attention_mode
+    cfg = AutoConfig.from_pretrained(str(path))
+    cfg.attention_mode = attention_mode  # before the layers are built: they fix their mode at init
+    m = AutoModelForCausalLM.from_pretrained(str(path), config=cfg, dtype=dtype)
+    assert m.config.attention_mode == attention_mode
     return m.to(device).eval()
 
 

@@ -118,9 +118,21 @@ def _ppl(a) -> int:
     read_model_type(a.model)
     tok = load_tokenizer(a.model, a.tokenizer)
     windows = make_windows(tok, docs, a.seq_len, a.windows)
-    model = load_model(a.model, device=a.device or default_device(), dtype=a.dtype, window_size=a.window)
+    device = a.device or default_device()
     if a.attention_mode:
-        model.config.attention_mode = a.attention_mode
+        if read_model_type(a.model) != "orthros":
+            raise ValueError("--attention-mode applies to Orthros checkpoints (convert the model first)")
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        import orthros  # noqa: F401  (registers the Auto classes)
+
+        cfg = AutoConfig.from_pretrained(a.model)
+        cfg.attention_mode = a.attention_mode  # before the layers are built: they fix their mode then
+        dtype = {None: None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
+        model = AutoModelForCausalLM.from_pretrained(a.model, config=cfg, dtype=dtype).to(device).eval()
+    else:
+        model = load_model(a.model, device=device, dtype=a.dtype, window_size=a.window)
     if a.seq_len > model.config.max_position_embeddings:
         raise ValueError(f"--seq-len {a.seq_len} is above the model's max_position_embeddings "
                          f"({model.config.max_position_embeddings})")

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The SmolLM2 protocol (benchmarks/smollm2_cpt.py) on a lent GPU machine that has no registry, in two
+# calls (the 98 MB GGUF is over one call's 64 MiB carry limit). Carried in .gpu/ (ignored):
+#   part 1: .gpu/gguf.partA, .gpu/data.tar.gz (prepare's output), .gpu/src.tar.gz (git archive of the
+#           commit to measure), and .whl/ (gguf, datasets, dill, multiprocess wheels)
+#   part 2: .gpu/gguf.partB
+#   bash benchmarks/smollm2_gpu.sh part1     # stage into $HOME/smol, install wheels, smoke run on a tiny GGUF
+#   bash benchmarks/smollm2_gpu.sh part2 [protocol args...]   # join + verify the GGUF, the real protocol
+set -euo pipefail
+H=$HOME/smol
+GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+case "${1:-}" in
+part1)
+  rm -rf "$H" && mkdir -p "$H/src" "$H/data"
+  cp .gpu/gguf.partA "$H/"
+  tar -xzf .gpu/src.tar.gz -C "$H/src" && tar -xzf .gpu/data.tar.gz -C "$H/data"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$H/site" .whl/*.whl
+  export PYTHONPATH="$H/src:$H/site"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -m pip show pyarrow fsspec pandas 2>/dev/null | grep -E "^(Name|Version)" | paste - - || true
+  python3 - <<'PY'
+import torch, transformers, datasets, gguf, sys
+print("torch", torch.__version__, "transformers", transformers.__version__, "datasets", datasets.__version__,
+      "python", sys.version.split()[0])
+from pathlib import Path
+import os
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from orthros.conversion.gguf import write_llama_gguf
+H = Path(os.environ["HOME"]) / "smol"
+tok = AutoTokenizer.from_pretrained(str(H / "src/orthros/data/tokenizer"))
+torch.manual_seed(0)
+m = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                                 tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
+write_llama_gguf(m, tok, H / "tiny.gguf")
+PY
+  python3 "$H/src/benchmarks/smollm2_cpt.py" run --gguf "$H/tiny.gguf" --data "$H/data" --out "$OUT/smoke" \
+    --work "$H/smoke" --seq-len 1024 --micro-batch 2 --probe-steps 3 --max-steps 6 --curve-points 3 \
+    --ppl-windows 2 --eval-sequences 2 --niah-max 2048 --niah-samples 1 --window 64 2>&1 | grep -v "it/s\]"
+  ;;
+part2)
+  shift
+  cat "$H/gguf.partA" .gpu/gguf.partB > "$H/model.gguf"
+  echo "$GGUF_SHA  $H/model.gguf" | sha256sum -c -
+  if [ -f .gpu/src.tar.gz ]; then rm -rf "$H/src" && mkdir -p "$H/src" && tar -xzf .gpu/src.tar.gz -C "$H/src"; fi
+  export PYTHONPATH="$H/src:$H/site"
+  python3 "$H/src/benchmarks/smollm2_cpt.py" run --gguf "$H/model.gguf" --data "$H/data" --out "$OUT" \
+    --work "$H/work" "$@" 2>&1 | grep -v "it/s\]"
+  ;;
+*) echo "usage: $0 part1 | part2 [protocol args]" >&2; exit 2 ;;
+esac
