@@ -64,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"orthros convert: interrupted; nothing was written to {args.dst}", file=sys.stderr)
         return 128 + signal.SIGINT
-    except (ValueError, OSError, ImportError) as e:
+    except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError) as e:  # bad input: 2, as everywhere
+        print(f"orthros convert: error: {e}", file=sys.stderr)
+        return 2
+    except (OSError, ImportError) as e:  # a failure while working
         print(f"orthros convert: error: {e}", file=sys.stderr)
         return 1
     finally:

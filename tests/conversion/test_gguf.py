@@ -136,7 +136,7 @@ def test_damaged_gguf_refused_nothing_written(gguf_source, tmp_path, capsys, how
     path, _, _ = gguf_source
     bad = _damaged(path, tmp_path, how)
     dst = tmp_path / "new" / "out"
-    assert convert_main([str(bad), str(dst), "-q"]) == 1
+    assert convert_main([str(bad), str(dst), "-q"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("orthros convert: error: ") and bad.name in err and "\n" not in err, err
     assert any(w in err for w in ("truncated", "corrupted", "not a GGUF")), err
@@ -155,12 +155,12 @@ def test_gguf_argument_refusals(gguf_source, tmp_path, capsys):
     two.mkdir()
     shutil.copy(path, two / "a.gguf")
     shutil.copy(path, two / "b.gguf")
-    assert convert_main([str(two), str(tmp_path / "o1"), "-q"]) == 1
+    assert convert_main([str(two), str(tmp_path / "o1"), "-q"]) == 2
     assert "2 .gguf files" in capsys.readouterr().err
     # the destination must not hold the source
-    assert convert_main([str(two / "a.gguf"), str(two), "-q", "--overwrite"]) == 1
+    assert convert_main([str(two / "a.gguf"), str(two), "-q", "--overwrite"]) == 2
     assert "must not be the source" in capsys.readouterr().err
     assert sorted(p.name for p in two.iterdir()) == ["a.gguf", "b.gguf"]
-    assert convert_main([str(tmp_path / "missing.gguf"), str(tmp_path / "o2"), "-q"]) == 1
+    assert convert_main([str(tmp_path / "missing.gguf"), str(tmp_path / "o2"), "-q"]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
