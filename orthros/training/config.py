@@ -18,11 +18,12 @@ from typing import Any, Optional, Union
 
 import yaml
 
+from ..kinds import MODE_ALIASES
 from .optim import SCHEDULES
 
 MODES = ("pt", "sft", "cpt")
-ARCHITECTURES = ("orthros", "transformer", "swa")
-ARCH_TO_ATTENTION_MODE = {"orthros": "orthros", "transformer": "full", "swa": "window"}
+ARCHITECTURES = ("orthros", "transformer", "swa")  # user-facing names (orthros/kinds.py MODE_ALIASES)
+ARCH_TO_ATTENTION_MODE = {a: MODE_ALIASES[a] for a in ARCHITECTURES}
 PRECISIONS = ("auto", "bf16", "fp32")
 FORMATS = ("auto", "text", "json", "parquet", "csv", "arrow", "hub")
 SAMPLE_BY = ("document", "paragraph", "line")
@@ -111,6 +112,9 @@ class CheckpointSection:
     keep_last: int = 3
     resume: Union[bool, str] = "auto"  # auto | true | false | path to a checkpoint dir
     verify: bool = True  # check sizes and sha256 of every file when loading
+    # model-config keys (config.json) that may differ from the checkpoint's when resuming,
+    # e.g. [window_size]; any other difference is refused, naming the keys
+    allow_changes: Union[list, str] = field(default_factory=list)
 
 
 @dataclass

@@ -63,16 +63,22 @@ def train_flops(model_cfg, seg_lens: list, n_out: int) -> float:
 class MetricsLogger:
     """Appends one JSON object per line to ``metrics.jsonl``; mirrors scalars to TensorBoard."""
 
-    def __init__(self, output_dir: str, enabled: bool = True, tensorboard: bool = True):
+    def __init__(self, output_dir: str, enabled: bool = True, tensorboard: bool = True,
+                 resume_step: Optional[int] = None):
+        """``resume_step``: the run continues from a checkpoint of this step, so the rows a killed
+        run logged after it are dropped (those steps run again and log again)."""
         self.enabled = enabled
         self.path = os.path.join(output_dir, "metrics.jsonl")
+        if enabled and resume_step is not None:
+            drop_rows_after(self.path, resume_step)
         self._f = open(self.path, "a", encoding="utf-8") if enabled else None
         self._tb = None
         if enabled and tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(os.path.join(output_dir, "tensorboard"))
+                purge = None if resume_step is None else resume_step + 1
+                self._tb = SummaryWriter(os.path.join(output_dir, "tensorboard"), purge_step=purge)
             except Exception:  # noqa: BLE001 - tensorboard not installed
                 self._tb = None
 
@@ -93,6 +99,32 @@ class MetricsLogger:
             self._f.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def drop_rows_after(path: str, step: int) -> int:
+    """Remove the rows of ``metrics.jsonl`` logged for steps after ``step`` (rewritten through a
+    temporary file and a rename, so a crash leaves the old or the new file). Returns how many."""
+    if not os.path.isfile(path):
+        return 0
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    keep = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:  # a line torn by a kill mid-write
+            continue
+        if not (isinstance(rec.get("step"), int) and rec["step"] > step):
+            keep.append(line if line.endswith("\n") else line + "\n")
+    dropped = len(lines) - len(keep)
+    if dropped:
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(keep)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    return dropped
 
 
 def read_metrics(output_dir: str, kind: str = "train") -> list[dict]:

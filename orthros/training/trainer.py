@@ -10,11 +10,14 @@ identical for any split of that batch into processes x accumulation steps.
 from __future__ import annotations
 
 import contextlib
+import copy
+import json
 import math
 import os
 import random
 import re
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -92,12 +95,18 @@ def _device(cfg: RunConfig, dist: Dist) -> torch.device:
 
 
 def check_output_dir(path: str) -> None:
-    p = Path(path)
+    """Refuse an output_dir that cannot be written, without creating it (a run refused later,
+    e.g. for bad data, must leave nothing behind; :meth:`Trainer.run` creates it)."""
+    p = Path(path).absolute()
+    probe_dir = p
+    while not probe_dir.exists() and probe_dir != probe_dir.parent:
+        probe_dir = probe_dir.parent
+    if not probe_dir.is_dir():
+        raise ConfigError(f"output_dir {path!r} is not writable: {str(probe_dir)!r} is not a directory")
     try:
-        p.mkdir(parents=True, exist_ok=True)
-        probe = p / f".write-test-{os.getpid()}"
-        probe.write_text("ok")
-        probe.unlink()
+        fd, probe = tempfile.mkstemp(prefix=".orthros-write-test-", dir=probe_dir)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as e:
         raise ConfigError(f"output_dir {path!r} is not writable: {e.strerror or e}") from None
 
@@ -165,6 +174,7 @@ def model_config_for(cfg: RunConfig, tokenizer):
             raise ConfigError(f"model.init_from {m.init_from!r} is a {mc.model_type!r} model; convert it to Orthros "
                               f"first (the conversion tool), then continue pre-training with mode cpt")
         mc.attention_mode = mode
+        mc.use_cache = True  # checkpoints generate with a KV cache (training passes use_cache=False)
         return mc
     vocab = len(tokenizer)
     vocab = (vocab + 63) // 64 * 64
@@ -177,7 +187,7 @@ def model_config_for(cfg: RunConfig, tokenizer):
             rope_parameters={"rope_type": "default", "rope_theta": m.rope_theta},
             tie_word_embeddings=m.tie_word_embeddings, window_size=m.window_size, scale_offset=m.scale_offset,
             attention_mode=mode, qk_norm=m.qk_norm, attn_backend=m.attn_backend,
-            initializer_range=m.initializer_range, use_cache=False,
+            initializer_range=m.initializer_range,
             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
         )
@@ -193,11 +203,19 @@ def build_model(cfg: RunConfig, mc, resume_dir: Optional[Path]):
 
     src = resume_dir or cfg.model.init_from
     if src:
-        model = AutoModelForCausalLM.from_pretrained(str(src), config=mc, dtype=torch.float32)
+        try:
+            model, info = AutoModelForCausalLM.from_pretrained(str(src), config=mc, dtype=torch.float32,
+                                                               output_loading_info=True)
+        except (RuntimeError, ValueError) as e:
+            raise ConfigError(f"the weights in {src} do not fit the model config: {str(e).strip().splitlines()[0]}") from None
+        bad = {k: v for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+        if resume_dir is not None and bad:
+            raise ConfigError(f"cannot resume from {resume_dir}: the weights do not fit the model config "
+                              f"({'; '.join(f'{k}: {sorted(map(str, v))[:4]}' for k, v in bad.items())}); a key in "
+                              f"checkpoint.allow_changes changes the weights' shapes")
     else:
         torch.manual_seed(cfg.seed)
         model = OrthrosForCausalLM(mc)
-    model.config.use_cache = False
     return model
 
 
@@ -223,18 +241,91 @@ def _shard(model, dist: Dist):
 
 
 def _rng_state() -> dict:
-    st = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """This process's RNG states as tensors and plain numbers (``torch.load(weights_only=True)``)."""
+    py_version, py_state, py_gauss = random.getstate()
+    kind, key, pos, has_gauss, cached = np.random.get_state()
+    st = {"python": [py_version, list(py_state), py_gauss],
+          "numpy": {"kind": str(kind), "key": torch.from_numpy(key.astype(np.int64)), "pos": int(pos),
+                    "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+          "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         st["cuda"] = torch.cuda.get_rng_state_all()
     return st
 
 
 def _set_rng_state(st: dict) -> None:
-    random.setstate(st["python"])
-    np.random.set_state(st["numpy"])
+    py_version, py_state, py_gauss = st["python"]
+    random.setstate((py_version, tuple(py_state), py_gauss))
+    n = st["numpy"]
+    np.random.set_state((n["kind"], n["key"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
     torch.set_rng_state(st["torch"])
     if "cuda" in st and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(st["cuda"])
+
+
+# --------------------------------------------------------------------------- resuming
+
+TRAINER_STATE = "trainer_state.pt"
+STATE_FORMAT = 2  # 1: the pickled format before 2026-12-01 (numpy arrays inside), not loaded
+# written by transformers or chosen at run time, never a reason to refuse a resume
+RUNTIME_CONFIG_KEYS = frozenset({"transformers_version", "_name_or_path", "architectures", "dtype", "torch_dtype",
+                                 "use_cache", "auto_map", "attn_backend"})
+
+
+def load_trainer_state(path: Path) -> dict:
+    """``trainer_state.pt`` of a checkpoint, loaded with ``weights_only=True`` (tensors and plain
+    types only; nothing is unpickled that could run code)."""
+    import pickle
+
+    f = Path(path) / TRAINER_STATE
+    try:
+        st = torch.load(f, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ConfigError(
+            f"cannot resume from {path}: {TRAINER_STATE} is in the old pickled format (written before "
+            f"2026-12-01), which is not loaded because unpickling it could run arbitrary code. Keep the weights by "
+            f"starting a new run from them (--mode cpt --model.init_from {path} in a new output_dir); the "
+            f"optimizer state is then fresh") from None
+    if not isinstance(st, dict) or st.get("format") != STATE_FORMAT:
+        got = st.get("format") if isinstance(st, dict) else type(st).__name__
+        raise ConfigError(f"cannot resume from {path}: {TRAINER_STATE} has format {got!r}, this version reads "
+                          f"format {STATE_FORMAT}")
+    return st
+
+
+def allowed_changes(cfg: RunConfig) -> list[str]:
+    a = cfg.checkpoint.allow_changes
+    if isinstance(a, str):
+        a = [k for k in (x.strip() for x in a.split(",")) if k]
+    return [str(k) for k in (a or [])]
+
+
+def check_resume_config(cfg: RunConfig, mc, resume_dir: Path) -> dict:
+    """Compare the resolved model config ``mc`` with the checkpoint's ``config.json``. Differences
+    are refused, naming the keys, unless listed in ``checkpoint.allow_changes``. Returns the
+    allowed differences as ``{key: (checkpoint value, new value)}``."""
+    try:  # config.json holds the non-default values only: complete it through the config class
+        old = type(mc).from_dict(json.loads((Path(resume_dir) / "config.json").read_text())).to_dict()
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot resume from {resume_dir}: cannot read its config.json: {e}") from None
+    new = mc.to_dict()
+    allowed = allowed_changes(cfg)
+    unknown = [k for k in allowed if k not in new]
+    if unknown:
+        raise ConfigError(f"checkpoint.allow_changes: {unknown} are not model config keys; valid keys include "
+                          f"{sorted(k for k in new if not k.startswith('_') and k not in RUNTIME_CONFIG_KEYS)}")
+    missing = "<absent>"
+    diff = {k: (old.get(k, missing), new.get(k, missing)) for k in sorted(set(old) | set(new))
+            if k not in RUNTIME_CONFIG_KEYS and old.get(k, missing) != new.get(k, missing)}
+    refused = {k: v for k, v in diff.items() if k not in allowed}
+    if refused:
+        what = "; ".join(f"{k}: checkpoint {a!r}, now {b!r}" for k, (a, b) in refused.items())
+        raise ConfigError(
+            f"cannot resume from {resume_dir}: the model config differs from the checkpoint's in "
+            f"{', '.join(refused)} ({what}). Restore those settings, or, if the change is intended, allow it "
+            f"with --checkpoint.allow_changes {','.join(refused)} (keys that change weight shapes cannot change "
+            f"on resume)")
+    return diff
 
 
 # --------------------------------------------------------------------------- the trainer
@@ -267,6 +358,10 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg)
         self.model_config = model_config_for(cfg, self.tokenizer)
         mc = self.model_config
+        self.resume_state, self.config_changes = None, {}
+        if self.resume_dir is not None:
+            self.config_changes = check_resume_config(cfg, mc, self.resume_dir)
+            self.resume_state = load_trainer_state(self.resume_dir)
         if cfg.data.seq_len > mc.max_position_embeddings:
             raise ConfigError(f"data.seq_len ({cfg.data.seq_len}) is larger than the model allows "
                               f"(max_position_embeddings = {mc.max_position_embeddings})")
@@ -304,8 +399,8 @@ class Trainer:
                                          min_lr_ratio=o.min_lr_ratio)
         self.step = 0
         self.tokens_seen = 0
-        if self.resume_dir is not None:
-            self._load_state(self.resume_dir)
+        if self.resume_state is not None:
+            self._load_state(self.resume_state)
 
     # ---------------------------------------------------------------- checkpoints
     def _full_state(self):
@@ -335,9 +430,14 @@ class Trainer:
             msd = {k.replace("_orig_mod.", ""): v.contiguous() for k, v in msd.items()}
             save_file(msd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
             self.model.config.save_pretrained(str(tmp))
+            gen = copy.deepcopy(getattr(self.model, "generation_config", None))
+            if gen is not None:  # generate() through transformers uses a KV cache
+                gen.use_cache = True
+                gen.save_pretrained(str(tmp))
             self.tokenizer.save_pretrained(str(tmp))
             ckpt._fault("save_mid", self.step)
             state = {
+                "format": STATE_FORMAT,
                 "step": self.step,
                 "tokens_seen": self.tokens_seen,
                 "optimizer": osd,
@@ -346,16 +446,15 @@ class Trainer:
                 "data": self.stream.state_dict(),
                 "world_size": dist.world,
             }
-            torch.save(state, tmp / "trainer_state.pt")
+            torch.save(state, tmp / TRAINER_STATE)
             (tmp / "run_config.yaml").write_text(dump_yaml(cfg))
             final = ckpt.commit(tmp, cfg.output_dir, self.step, cfg.checkpoint.keep_last)
         dist.barrier()
         return final
 
-    def _load_state(self, path: Path) -> None:
+    def _load_state(self, st: dict) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        st = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
         set_optimizer_state_dict(self.model, self.optimizer, st["optimizer"],
                                  options=StateDictOptions(full_state_dict=True))
         self.scheduler.load_state_dict(st["scheduler"])
@@ -441,9 +540,15 @@ class Trainer:
     def run(self) -> dict:
         cfg, dist = self.cfg, self.dist
         self._setup_model()
-        logger = MetricsLogger(cfg.output_dir, enabled=dist.main, tensorboard=cfg.train.tensorboard)
+        start_step = self.step
+        Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)  # checked (not created) in the preflight
+        logger = MetricsLogger(cfg.output_dir, enabled=dist.main, tensorboard=cfg.train.tensorboard,
+                               resume_step=self.step if self.resume_dir else None)
         if dist.main:
             (Path(cfg.output_dir) / "run_config.yaml").write_text(dump_yaml(cfg))
+            for k, (old, new) in self.config_changes.items():
+                print(f"[orthros train] resuming with {k} = {new!r} (checkpoint: {old!r}; allowed by "
+                      f"checkpoint.allow_changes)", file=sys.stderr, flush=True)
         peak = cfg.train.peak_tflops * 1e12 if cfg.train.peak_tflops else detect_peak_flops(self.device, self.precision)
         n_params = sum(p.numel() for p in self.model.parameters())
         if dist.main:
@@ -498,7 +603,7 @@ class Trainer:
                     self.save()
                     last_saved = self.step
                 ckpt._fault("after_step", self.step)
-            if self.eval_rows:
+            if self.eval_rows and self.step > start_step:
                 eval_loss = self.evaluate()
                 logger.log({"kind": "eval", "step": self.step, "eval_loss": eval_loss, "tokens": self.tokens_seen})
             if last_saved != self.step:

@@ -106,6 +106,9 @@ def test_kill_and_resume_reproduces_the_trajectory_exactly(tmp_path, corpus, ref
     train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "8", "--checkpoint.every", "4", "--resume")))
     assert losses(tmp_path) == ref  # bit-exact: steps 5..8 recomputed after resuming at 4
     assert [p.name for p in list_checkpoints(str(tmp_path))] == ["step_00000004", "step_00000008"]
+    # the killed run's rows for steps 5 and 6 were dropped on resume: one row per step
+    assert [r["step"] for r in read_metrics(str(tmp_path))] == list(range(1, 9))
+    assert [r["step"] for r in read_metrics(str(tmp_path), "eval")] == [8]
 
 
 def test_crash_mid_save_never_leaves_a_loadable_bad_checkpoint(tmp_path, corpus, reference):
@@ -242,8 +245,8 @@ def test_bad_input_is_refused_before_training(tmp_path, corpus):
     out2 = tmp_path / "o2"
     with pytest.raises(DataError, match="produced no tokens"):
         train(load_config(None, tiny(out2, corpus, "--data.train", str(empty))))
-    for o in (out, out2):  # nothing was trained or saved
-        assert not (o / "metrics.jsonl").exists() and not (o / "checkpoints").exists()
+    for o in (out, out2):  # nothing was trained or saved, not even the output directory made
+        assert not o.exists()
     with pytest.raises(ConfigError, match="is not a checkpoint directory"):
         train(load_config(None, tiny(tmp_path / "o3", corpus, "--mode", "cpt", "--model.init_from",
                                      str(tmp_path / "no_such_ckpt"))))
@@ -335,3 +338,94 @@ def test_throughput_benchmark_runs_on_cpu(capsys):
     assert lines[2]["summary"] == "orthros_vs_transformer"
     # Orthros' model FLOPs exceed the Transformer's (doubled tokens through the linear layers)
     assert lines[0]["model_tflops_per_step"] > lines[1]["model_tflops_per_step"]
+
+
+def _rehash(ckpt_dir: Path, name: str) -> None:
+    """Update the manifest entry of a file a test rewrote (so only the file's content is at issue)."""
+    import hashlib
+
+    m = json.loads((ckpt_dir / "manifest.json").read_text())
+    data = (ckpt_dir / name).read_bytes()
+    m["files"][name] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (ckpt_dir / "manifest.json").write_text(json.dumps(m))
+
+
+def test_checkpoints_generate_with_the_kv_cache(reference):
+    """Issue 17 #2: checkpoints saved use_cache=false, so transformers' generate() ran uncached."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    _, _, summary = reference
+    path = Path(summary["checkpoint"])
+    assert json.loads((path / "config.json").read_text()).get("use_cache", True) is True
+    assert GenerationConfig.from_pretrained(path).use_cache is True
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    assert model.config.use_cache is True and model.generation_config.use_cache is True
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14]])
+    out = model.generate(ids, max_new_tokens=4, do_sample=False, return_dict_in_generate=True, use_engine=False)
+    assert out.past_key_values is not None  # the cache was on by default
+    plain = model.generate(ids, max_new_tokens=4, do_sample=False, use_cache=False, use_engine=False)
+    assert torch.equal(out.sequences, plain)
+
+
+def test_trainer_state_loads_weights_only(reference):
+    """Issue 17 #8: the optimizer, scheduler, RNG and data state load with weights_only=True."""
+    _, _, summary = reference
+    st = torch.load(Path(summary["checkpoint"]) / "trainer_state.pt", weights_only=True)
+    assert st["format"] == 2 and st["step"] == 8
+    assert set(st) >= {"optimizer", "scheduler", "rng", "data", "tokens_seen", "world_size"}
+    assert isinstance(st["rng"][0]["numpy"]["key"], torch.Tensor)
+
+
+def test_old_pickled_trainer_state_is_refused(tmp_path, corpus, reference):
+    import numpy as np
+
+    _, _, summary = reference
+    out = tmp_path / "old"
+    shutil.copytree(Path(summary["checkpoint"]).parents[1], out)
+    last = latest_checkpoint(str(out))
+    st = torch.load(last / "trainer_state.pt", weights_only=True)
+    st.pop("format")
+    st["rng"][0]["numpy"] = np.random.get_state()  # what the old format held: numpy arrays
+    torch.save(st, last / "trainer_state.pt")
+    _rehash(last, "trainer_state.pt")
+    with pytest.raises(ConfigError, match="old pickled format .*--mode cpt --model.init_from"):
+        train(load_config(None, tiny(out, corpus, "--max_steps", "10", "--checkpoint.every", "4", "--resume")))
+
+
+def test_resume_refuses_a_changed_model_config(tmp_path, corpus, reference):
+    """Issue 17 #7: a changed window was applied silently, a changed shape gave a traceback."""
+    _, ref, summary = reference
+    out = tmp_path / "run"
+    shutil.copytree(Path(summary["checkpoint"]).parents[1], out)
+    shutil.rmtree(out / "checkpoints" / "step_00000008")  # resume from step 4
+    base = tiny(out, corpus, "--max_steps", "8", "--checkpoint.every", "4", "--resume")
+    with pytest.raises(ConfigError, match=r"differs from the checkpoint's in window_size \(window_size: checkpoint "
+                                          r"8, now 16\).*--checkpoint.allow_changes window_size"):
+        train(load_config(None, base + ["--model.window_size", "16"]))
+    with pytest.raises(ConfigError, match=r"in head_dim, hidden_size, intermediate_size \(head_dim: checkpoint 16, now 24"):
+        train(load_config(None, base + ["--model.hidden_size", "48", "--model.intermediate_size", "96"]))
+    # allowing a shape change does not help: refused cleanly, no traceback
+    with pytest.raises(ConfigError, match="do not fit the model config"):
+        train(load_config(None, base + ["--model.intermediate_size", "96", "--checkpoint.allow_changes",
+                                        "intermediate_size"]))
+    with pytest.raises(ConfigError, match=r"allow_changes: \['windw_size'\] are not model config keys"):
+        train(load_config(None, base + ["--checkpoint.allow_changes", "windw_size"]))
+    assert latest_checkpoint(str(out)).name == "step_00000004"  # nothing was trained by the refused runs
+    # an allowed change is applied, and said
+    s = train(load_config(None, base + ["--model.window_size", "16", "--checkpoint.allow_changes", "[window_size]"]))
+    assert json.loads((Path(s["checkpoint"]) / "config.json").read_text())["window_size"] == 16
+    assert [r["step"] for r in read_metrics(str(out))] == list(range(1, 9))
+    got = losses(out)
+    assert all(got[k] == ref[k] for k in range(1, 5))
+
+
+def test_drop_rows_after(tmp_path):
+    from orthros.training.metrics import drop_rows_after
+
+    p = tmp_path / "metrics.jsonl"
+    rows = [{"kind": "train", "step": s} for s in range(1, 7)] + [{"kind": "eval", "step": 4}, {"note": "x"}]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"kind": "train", "st')  # torn last line
+    assert drop_rows_after(str(p), 4) == 3
+    kept = [json.loads(l) for l in p.read_text().splitlines()]
+    assert kept == [r for r in rows if r.get("step", 0) <= 4]
+    assert drop_rows_after(str(tmp_path / "none.jsonl"), 4) == 0
