@@ -25,6 +25,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..kinds import ATTENTION_MODES
 from .niah import NEEDLE, PromptBuilder
 
 IGNORE = -100
@@ -53,8 +54,8 @@ class NIAHTrainConfig:
     init: Optional[str] = None  # continue from this checkpoint (curriculum stage 2); None: random init
 
     def validate(self) -> "NIAHTrainConfig":
-        if self.attention_mode not in ("orthros", "window", "full"):
-            raise ValueError(f"attention_mode must be orthros, window or full, got {self.attention_mode!r}")
+        if self.attention_mode not in ATTENTION_MODES:
+            raise ValueError(f"attention_mode must be one of {', '.join(ATTENTION_MODES)}, got {self.attention_mode!r}")
         for n in ("window_size", "num_layers", "hidden_size", "num_heads", "steps", "batch_size", "min_len", "digits"):
             if getattr(self, n) < 1:
                 raise ValueError(f"{n} must be >= 1, got {getattr(self, n)}")
@@ -133,8 +134,9 @@ def answer_accuracy(model, ids, labels) -> float:
     return float((pred == tgt).all(-1).float().mean())
 
 
-def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print) -> dict:
-    """Train on generated passkey data; save the model and tokenizer to ``out_dir`` (if given)."""
+def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progress: bool = False) -> dict:
+    """Train on generated passkey data; save the model and tokenizer to ``out_dir`` (if given).
+    ``progress``: a tqdm bar over the steps (on stderr; the log lines print above it)."""
     import torch
 
     from ..data import load_tokenizer
@@ -166,6 +168,12 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print) -> dict
     vb = PromptBuilder(tok, cfg.haystack, seed=cfg.seed + 7)
     v_ids, v_lab = make_batch(vb, np.random.default_rng(cfg.seed + 8), 64, cfg.max_len, cfg.digits)
     history, t0, losses = [], time.perf_counter(), []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=cfg.steps, desc=f"niah-train {cfg.attention_mode}", dynamic_ncols=True, file=sys.stderr)
+        log = bar.write if log is print else log
     for step in range(cfg.steps):
         L = int(rng.integers(cfg.min_len, cfg.max_len + 1))
         ids, lab = make_batch(builder, rng, cfg.batch_size, L, cfg.digits)
@@ -176,6 +184,9 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print) -> dict
         opt.step()
         sched.step()
         losses.append(float(loss.detach()))
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
             model.eval()
             acc = answer_accuracy(model, v_ids, v_lab)
@@ -185,6 +196,8 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print) -> dict
             history.append(rec)
             log(f"step {rec['step']:5d}  loss {rec['loss']:.4f}  held-out exact (len {cfg.max_len}) "
                 f"{100 * acc:5.1f}%  {rec['seconds']:.0f}s")
+    if bar is not None:
+        bar.close()
     secs = round(time.perf_counter() - t0, 1)
     model.eval()
     result = {"config": asdict(cfg), "train_seconds": secs, "history": history,
@@ -203,7 +216,7 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print) -> dict
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = NIAHTrainConfig()
     p.add_argument("--out", "-o", required=True, help="output checkpoint dir (model + tokenizer + niah_train.json)")
-    p.add_argument("--mode", default=d.attention_mode, choices=("orthros", "window", "full"),
+    p.add_argument("--mode", default=d.attention_mode, choices=ATTENTION_MODES,
                    help="attention_mode: orthros, window (SWA) or full (Transformer)")
     p.add_argument("--window", type=int, default=d.window_size)
     p.add_argument("--layers", type=int, default=d.num_layers)
@@ -222,6 +235,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-every", type=int, default=d.log_every)
     p.add_argument("--init", default=None, help="continue training this checkpoint (e.g. a longer-context stage); "
                                                 "its architecture is kept, --mode must match")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (the log lines still print)")
 
 
 def config_from_args(a) -> NIAHTrainConfig:
@@ -236,7 +250,7 @@ def run_cli(a) -> int:
     cfg = config_from_args(a).validate()
     print(f"NIAH training{' from ' + cfg.init if cfg.init else ''}: {cfg.attention_mode}, window {cfg.window_size}, {cfg.num_layers} layers, d={cfg.hidden_size}, "
           f"prompts {cfg.min_len}..{cfg.max_len} tokens, {cfg.steps} steps x {cfg.batch_size}, lr {cfg.lr:g}")
-    train(cfg, out_dir=a.out)
+    train(cfg, out_dir=a.out, progress=not getattr(a, "no_progress", False))
     return 0
 
 

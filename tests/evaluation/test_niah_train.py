@@ -57,3 +57,21 @@ def test_a_few_steps_lower_the_loss(tok):
         opt.step()
         losses.append(float(loss.detach()))
     assert losses[-1] < losses[0] - 1.0
+
+
+@pytest.mark.parametrize("flag", [[], ["--no-progress"]])
+def test_cli_progress_bar_and_no_progress(tmp_path, capsys, flag):
+    """Issue 17 #9: `orthros eval niah-train` had no --no-progress (and no progress bar)."""
+    import json
+
+    from orthros.evaluation.cli import main
+
+    out = tmp_path / "m"
+    rc = main(["niah-train", "--out", str(out), "--steps", "3", "--batch-size", "2", "--hidden-size", "32",
+               "--heads", "2", "--layers", "1", "--window", "8", "--min-len", "48", "--max-len", "48",
+               "--log-every", "3", "--threads", "1", *flag])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert ("niah-train orthros" in err and "3/3" in err) == (not flag), err
+    rec = json.loads((out / "niah_train.json").read_text())
+    assert rec["history"][-1]["step"] == 3 and (out / "config.json").is_file()
