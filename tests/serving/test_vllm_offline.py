@@ -12,7 +12,8 @@ import os
 
 import pytest
 
-pytest.importorskip("vllm")
+if not os.environ.get("ORTHROS_REQUIRE_VLLM"):  # the vLLM step of CI sets it: there, no vLLM is a failure
+    pytest.importorskip("vllm")
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 
 from vllm import LLM, SamplingParams  # noqa: E402
