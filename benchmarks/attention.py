@@ -387,7 +387,7 @@ def decode_tune(Bs=(1, 2, 8), Ls=(8192, 32768, 131072), budget_s=85.0, reps=20):
             res["heuristic_splits"] = heur
 
             def ours(cfg):
-                return lambda: td.orthros_decode_attention_triton(q, qo, kc, vc, lens, window_size=W, _config=cfg)
+                return lambda: td.decode_attention_triton(q, qo, kc, vc, lens, window_size=W, _config=cfg)
 
             def measure(S, bn, nw, ns):
                 name = f"S{S}_bn{bn}_w{nw}_s{ns}"

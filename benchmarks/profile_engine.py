@@ -44,13 +44,13 @@ def kernel_class(name: str) -> str:
 def profile(eng, B, L, steps=10):
     dev = eng.device
     toks = torch.ones(B, dtype=torch.long, device=dev)
-    eng.fake_fill([L] * B)
+    eng.set_lengths([L] * B)
     for _ in range(5):
         eng.step(toks)
-    eng.fake_fill([L] * B)
+    eng.set_lengths([L] * B)
     dt = time_call(lambda: [eng.step(toks) for _ in range(steps)], dev) / steps
     # the same step outside the graph, so every kernel shows up in the trace
-    eng.fake_fill([L] * B)
+    eng.set_lengths([L] * B)
     lens = eng.cache.seqlens[:B]
     eng._tok_buf[:B].copy_(toks)
     span = eng._span(L + 2)

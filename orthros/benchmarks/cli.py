@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+from ..utils import DTYPE_CHOICES, parse_dtype
 
 
 def _ints(s):
@@ -51,7 +51,7 @@ def build_parser():
         sp.add_argument("--preset", default="qwen3-8b", choices=["qwen3-8b", "tiny"],
                         help="architecture for random weights (tiny: CPU smoke runs)")
         sp.add_argument("--device", default="cuda")
-        sp.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+        sp.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES)
         sp.add_argument("--window", type=int, default=128, help="window size of the random-weight model")
         sp.add_argument("--out", default="bench_results", help="directory for JSON and PNG")
         sp.add_argument("--chunk", type=int, default=16384, help="Orthros prefill chunk (tokens)")
@@ -111,7 +111,7 @@ def main(argv=None) -> int:
     if getattr(args, "batch", 1) < 1:
         print("orthros bench: --batch must be >= 1", file=sys.stderr)
         return 2
-    dtype = getattr(torch, DTYPES[args.dtype])
+    dtype = parse_dtype(args.dtype, "--dtype")
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     model = orthros_model(args.preset, path=args.model, device=dev, dtype=dtype, window_size=args.window)
@@ -127,9 +127,13 @@ def _run_section(what, args, model, dev, dtype, I, hf_qwen3_like):
     json_path, png_path = (os.path.join(args.out, f"{what}.{ext}") for ext in ("json", "png"))
     meta = I.metadata(model, dev, dtype, {"preset": None if args.model else args.preset, "model_path": args.model,
                                           "compile": args.compile})
-    if args.compile:  # the live list: pieces that fell back to eager show up in every save
-        from ..engine.engine import COMPILE_FAILURES
-        meta["compile_failures"] = COMPILE_FAILURES
+    with I.CompileFallbacks() as fallbacks:
+        if args.compile:  # the live list: pieces that fell back to eager show up in every save
+            meta["compile_failures"] = fallbacks
+        _run_measurements(what, args, model, dev, dtype, I, hf_qwen3_like, meta, json_path, png_path)
+
+
+def _run_measurements(what, args, model, dev, dtype, I, hf_qwen3_like, meta, json_path, png_path):
     rows = []
 
     def checkpoint(row):  # keep partial results if a long run dies

@@ -21,6 +21,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from ..engine import Engine, SamplingParams
+from ..engine.cache import StaticKVCache
 from .models import register_noattn, weight_bytes_per_step
 
 PREFILL_SYSTEMS = ("orthros", "orthros-floor", "full", "hf-sdpa", "hf-floor")
@@ -31,6 +32,59 @@ SYSTEM_LABELS = {
     "hf-sdpa": "HF Qwen3 (sdpa)",
     "hf-floor": "no-attention floor (HF)",
 }
+
+
+# ------------------------------------------------------------------ the engine's no-attention floor
+class _NoAttention:
+    """A cache view whose attention is a no-op (its output is the query): K/V are still
+    written, so everything but the attention kernels is the engine's own work."""
+
+    def __init__(self, view):
+        self.view = view
+
+    def update(self, i, k, v):
+        return self.view.update(i, k, v)
+
+    def attend(self, q, q_full, k, v, step, **kw):
+        return q, q_full
+
+
+class _FloorCache(StaticKVCache):
+    def prefill_view(self, *args):
+        return _NoAttention(super().prefill_view(*args))
+
+    def decode_view(self, *args):
+        return _NoAttention(super().decode_view(*args))
+
+
+class FloorEngine(Engine):
+    """The engine with attention replaced by a no-op: the lower bound a prefill (or a decode
+    step) of the same engine can reach. Outputs are meaningless."""
+
+    cache_class = _FloorCache
+
+
+class CompileFallbacks(list):
+    """While entered, collects (live) the engine's "torch.compile of ... failed" warnings: the
+    token-wise pieces that ran eagerly, for the run's metadata."""
+
+    def __enter__(self):
+        import warnings
+
+        self._orig = warnings.showwarning
+
+        def show(message, category, *args, **kwargs):
+            if "torch.compile of" in str(message):
+                self.append(str(message))
+            return self._orig(message, category, *args, **kwargs)
+        warnings.showwarning = show
+        return self
+
+    def __exit__(self, *exc):
+        import warnings
+
+        warnings.showwarning = self._orig
+        return False
 
 
 # ------------------------------------------------------------------ helpers
@@ -178,9 +232,9 @@ def bench_prefill(model, lengths: Sequence[int], *, systems: Sequence[str] = PRE
 
     for system in [s for s in systems if not s.startswith("hf")]:
         mode = "full" if system == "full" else "orthros"
-        eng = Engine(model, max_batch_size=batch, max_seq_len=Lmax, cuda_graphs=False, attention_mode=mode,
-                     prefill_chunk=None if system == "full" else chunk, attention_floor=system.endswith("floor"),
-                     compile=compile)
+        cls = FloorEngine if system.endswith("floor") else Engine
+        eng = cls(model, max_batch_size=batch, max_seq_len=Lmax, cuda_graphs=False, attention_mode=mode,
+                  prefill_chunk=None if system == "full" else chunk, compile=compile)
         for T in lengths:
             def run():
                 eng.reset()
@@ -245,7 +299,7 @@ def bench_decode(model, contexts: Sequence[int], *, batch_sizes: Sequence[int] =
                  modes: Sequence[str] = ("orthros", "full"), steps: int = 50, warmup: int = 5,
                  cuda_graphs: Optional[bool] = None, on_row: Optional[Callable] = None,
                  compile: bool = False) -> List[Dict]:
-    """Per-step decode latency at context ``L`` (cache filled by :meth:`Engine.fake_fill`:
+    """Per-step decode latency at context ``L`` (cache declared filled by :meth:`Engine.set_lengths`:
     latency does not depend on the cached values), and the HBM floor of that step:
     ``(weight bytes + B * L * KV bytes per token) / measured copy bandwidth``."""
     device = next(model.parameters()).device
@@ -260,11 +314,11 @@ def bench_decode(model, contexts: Sequence[int], *, batch_sizes: Sequence[int] =
         kvtok = eng.cache.bytes_per_token()
         for B in batch_sizes:
             for L in contexts:
-                eng.fake_fill([L] * B)
+                eng.set_lengths([L] * B)
                 toks = torch.ones(B, dtype=torch.long, device=device)
                 for _ in range(warmup):
                     eng.step(toks)
-                eng.fake_fill([L] * B)
+                eng.set_lengths([L] * B)
                 dt = time_call(lambda: [eng.step(toks) for _ in range(steps)], device)
                 ms = 1000 * dt / steps
                 row = {"mode": mode, "B": B, "L": L, "ms_per_step": ms, "tokens_per_s": B / (dt / steps)}

@@ -29,7 +29,9 @@ from pathlib import Path
 
 import torch
 
+from ..layers import SCALE_OFFSET_INIT
 from ..models import OrthrosConfig, OrthrosForCausalLM
+from ..utils import check_positive_int, parse_dtype
 from .architectures import (
     SUPPORTED_ARCHITECTURES,
     UnsupportedModelError,
@@ -43,30 +45,23 @@ from .safetensors_io import StreamingWriter, TensorReader, read_header
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 REPORT_FILE = "conversion_report.json"
-_NEW_PARAMS = {"alpha": 1.0, "beta": 0.0, "alpha_out": 1.0, "beta_out": 0.0}
+_NEW_PARAMS = SCALE_OFFSET_INIT  # alpha = alpha' = 1, beta = beta' = 0: the source model exactly
 _NEW_RE = re.compile(r"^model\.layers\.(\d+)\.self_attn\.(alpha|beta|alpha_out|beta_out)$")
 # files of a source directory that are never copied to the result (weights and what describes them)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx", ".npz")
 _NOT_COPIED = {"config.json", INDEX_FILE, "pytorch_model.bin.index.json", REPORT_FILE}
-DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16,
-          "half": torch.float16, "fp32": torch.float32, "float32": torch.float32, "float": torch.float32}
 
 
 # ----------------------------------------------------------------------------------------- checks
 def _check_window(window_size):
-    if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
-        raise ValueError(f"window_size must be an integer >= 1, got {window_size!r}")
+    check_positive_int("window_size", window_size)
 
 
 def resolve_dtype(dtype):
     """``None`` (keep the source's), a ``torch.dtype`` or one of ``bf16 | fp16 | fp32``."""
     if dtype is None or dtype == "auto":
         return None
-    if isinstance(dtype, torch.dtype) and dtype in (torch.bfloat16, torch.float16, torch.float32):
-        return dtype
-    if isinstance(dtype, str) and dtype.lower() in DTYPES:
-        return DTYPES[dtype.lower()]
-    raise ValueError(f"dtype must be None or one of bf16, fp16, fp32 (or the torch dtypes), got {dtype!r}")
+    return parse_dtype(dtype)
 
 
 def _dtype_name(dtype) -> str:

@@ -5,11 +5,22 @@ device) is the number of valid tokens of each row. Rows may hold different lengt
 attention ops mask by ``seqlens``, so nothing past a row's length is ever read. Only the base
 stream writes K/V (output tokens never do), and every token is kept: the output stream
 attends to all of them.
+
+The layer step reaches the cache through a *view* bound to the current forward (the protocol
+of :mod:`orthros.layers.step`: ``update`` writes the step's K/V, ``attend`` runs the kernels
+over what the view covers):
+
+* :meth:`StaticKVCache.prefill_view` -- rows ``r0:r1``, a chunk of ``T`` tokens at ``P``;
+* :meth:`StaticKVCache.decode_view` -- rows ``0:bs``, one token per row at ``lens`` (device
+  tensors only: CUDA-graph capturable), over cache slots ``[0, span)``.
 """
 
 from __future__ import annotations
 
 import torch
+
+from ..ops import orthros_attention
+from ..ops.decode import orthros_decode_attention
 
 
 class StaticKVCache:
@@ -30,5 +41,59 @@ class StaticKVCache:
         """K+V bytes one token occupies over all layers."""
         return self.nbytes // (self.max_batch_size * self.max_seq_len)
 
+    def prefill_view(self, r0: int, r1: int, P: int, T: int, window: int) -> "PrefillView":
+        return PrefillView(self, r0, r1, P, T, window)
 
-__all__ = ["StaticKVCache"]
+    def decode_view(self, rows: torch.Tensor, lens: torch.Tensor, new_lens: torch.Tensor, span: int,
+                    window: int) -> "DecodeView":
+        return DecodeView(self, rows, lens, new_lens, span, window)
+
+
+class PrefillView:
+    """Rows ``r0:r1`` of the cache, prefilling tokens ``P .. P + T - 1`` (the same for every row)."""
+
+    def __init__(self, cache: StaticKVCache, r0: int, r1: int, P: int, T: int, window: int):
+        self.cache, self.r0, self.r1, self.P, self.T = cache, r0, r1, P, T
+        self.win0 = max(0, P - window + 1)  # first key any window query of this chunk can see
+
+    def update(self, i: int, k, v):
+        r0, r1, P, T = self.r0, self.r1, self.P, self.T
+        kc, vc = self.cache.k[i], self.cache.v[i]
+        kc[r0:r1, P:P + T] = k
+        vc[r0:r1, P:P + T] = v
+        return kc[r0:r1, :P + T], vc[r0:r1, :P + T]
+
+    def attend(self, q, q_full, k, v, step, *, every: bool, window_size: int, scale: float, backend: str):
+        # the queries are the last positions of k/v; the full stream's default positions (the
+        # last T_out keys) are the chunk's last token, or every chunk position when `every`
+        if q_full is None:  # window stream only: its keys start at win0
+            o, _ = orthros_attention(q, k[:, self.win0:], v[:, self.win0:], q[:, :0], window_size=window_size,
+                                     scale=scale, backend=backend)
+            return o, None
+        o, o_full = orthros_attention(q_full[:, :0] if q is None else q, k, v, q_full, window_size=window_size,
+                                      scale=scale, backend=backend)
+        return (None if q is None else o), o_full
+
+
+class DecodeView:
+    """Rows ``0:bs`` of the cache, one new token per row written at ``lens`` (static shapes)."""
+
+    def __init__(self, cache: StaticKVCache, rows, lens, new_lens, span: int, window: int):
+        self.cache, self.rows, self.lens, self.new_lens, self.span = cache, rows, lens, new_lens, span
+
+    def update(self, i: int, k, v):
+        bs = k.shape[0]
+        kc, vc = self.cache.k[i][:bs, :self.span], self.cache.v[i][:bs, :self.span]
+        kc[self.rows, self.lens] = k[:, 0]
+        vc[self.rows, self.lens] = v[:, 0]
+        return kc, vc
+
+    def attend(self, q, q_full, k, v, step, *, every: bool, window_size: int, scale: float, backend: str):
+        # one kernel reads the cache once for both queries; a layer without one of the streams
+        # passes the other query twice and keeps its own result
+        o, o_full = orthros_decode_attention(q_full if q is None else q, q if q_full is None else q_full, k, v,
+                                             self.new_lens, window_size=window_size, scale=scale, backend=backend)
+        return (None if q is None else o), (None if q_full is None else o_full)
+
+
+__all__ = ["StaticKVCache", "PrefillView", "DecodeView"]

@@ -17,8 +17,12 @@ against a :class:`~orthros.engine.cache.StaticKVCache`:
 
 ``attention_mode`` (default: the model's ``config.attention_mode``) selects ``"orthros"``, or
 ``"full"`` (a standard causal Transformer of the same architecture, same engine) and
-``"window"``. ``attention_floor=True`` replaces attention by a no-op (its output is the query):
-everything else of the same engine, the lower bound a prefill can reach (benchmarks only).
+``"window"``.
+
+Every forward runs the model's own layer step (``OrthrosModel.run_layers``): the engine only
+builds the step's inputs and binds its static cache to the chunk or decode step
+(:mod:`orthros.engine.cache`). With ``compile=True`` the step's token-wise pieces go through
+``torch.compile``.
 """
 
 from __future__ import annotations
@@ -28,9 +32,10 @@ from typing import Callable, Iterator, List, Optional, Sequence
 
 import torch
 
-from ..models.configuration_orthros import ATTENTION_MODES
-from ..ops import orthros_attention
-from ..ops.decode import orthros_decode_attention
+from ..layers import StepInputs
+from ..kinds import has_output_stream, resolve_mode
+from ..layers.step import call as _eager
+from ..utils import check_positive_int
 from .cache import StaticKVCache
 from .sampling import SamplingParams, sample
 
@@ -38,15 +43,11 @@ DEFAULT_PREFILL_CHUNK = 16384
 MIN_SPAN = 512  # smallest cache span a decode graph is captured for
 
 
-def _positive_int(name, val, allow_none=False):
-    if allow_none and val is None:
-        return
-    if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-        raise ValueError(f"{name} must be an integer >= 1{' or None' if allow_none else ''}, got {val!r}")
-
-
 class Engine:
     """Static-cache generation for one model.
+
+    ``cache_class`` (a class attribute) is the static cache the engine allocates; a subclass
+    may bring its own (the benchmarks' no-attention floor does).
 
     Args:
         model: an ``OrthrosForCausalLM`` (any dtype/device; the engine runs where it lives).
@@ -56,8 +57,8 @@ class Engine:
         cuda_graphs: capture decode steps in CUDA graphs (default: on CUDA devices).
         graph_batch_sizes: batch sizes that get a graph (default ``1..max_batch_size``); another
             batch size runs the same step eagerly (documented fallback, with a warning).
-        attention_mode: ``"orthros"`` / ``"full"`` / ``"window"`` (default: the model config's).
-        attention_floor: replace attention by a no-op (benchmark floor; outputs are meaningless).
+        attention_mode: ``"orthros"`` / ``"full"`` / ``"window"`` (or an alias: ``"transformer"``,
+            ``"swa"``); default: the model config's.
         compile: run the token-wise parts of every layer (norms, projections, q/k norm,
             scale-offset, RoPE, residuals, MLP) through ``torch.compile``, so the elementwise
             work is fused instead of launched op by op. The pieces take the layer as an
@@ -66,23 +67,23 @@ class Engine:
             each shape. Default off.
     """
 
+    cache_class = StaticKVCache
+
     def __init__(self, model, *, max_batch_size: int = 1, max_seq_len: int = 4096,
                  prefill_chunk: Optional[int] = DEFAULT_PREFILL_CHUNK, cuda_graphs: Optional[bool] = None,
                  graph_batch_sizes: Optional[Sequence[int]] = None, attention_mode: Optional[str] = None,
-                 attention_floor: bool = False, compile: bool = False):
-        _positive_int("max_batch_size", max_batch_size)
-        _positive_int("max_seq_len", max_seq_len)
-        _positive_int("prefill_chunk", prefill_chunk, allow_none=True)
+                 compile: bool = False):
+        check_positive_int("max_batch_size", max_batch_size)
+        check_positive_int("max_seq_len", max_seq_len)
+        check_positive_int("prefill_chunk", prefill_chunk, allow_none=True)
         cfg = model.config
-        mode = cfg.attention_mode if attention_mode is None else attention_mode
-        if mode not in ATTENTION_MODES:
-            raise ValueError(f"attention_mode must be one of {ATTENTION_MODES}, got {mode!r}")
-        if not hasattr(model, "model") or not hasattr(model.model, "layers") or not hasattr(model, "lm_head"):
+        mode = resolve_mode(cfg.attention_mode if attention_mode is None else attention_mode)
+        if not hasattr(model, "model") or not hasattr(model.model, "run_layers") or not hasattr(model, "lm_head"):
             raise TypeError(f"model must be an OrthrosForCausalLM, got {type(model).__name__}")
         self.model = model.eval()
         self.config = cfg
         self.mode = mode
-        self.floor = bool(attention_floor)
+        self.output_tokens = has_output_stream(mode)
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.num_layers = cfg.num_hidden_layers
@@ -90,7 +91,7 @@ class Engine:
         self.window = cfg.window_size
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         self.prefill_chunk = prefill_chunk
-        self.cache = StaticKVCache(self.num_layers, max_batch_size, max_seq_len, self.Hkv, self.D,
+        self.cache = self.cache_class(self.num_layers, max_batch_size, max_seq_len, self.Hkv, self.D,
                                    dtype=self.dtype, device=self.device)
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda"
@@ -107,19 +108,30 @@ class Engine:
         self._pool = None
         self._tok_buf = torch.zeros(max_batch_size, dtype=torch.long, device=self.device)
         self._arange = torch.arange(max_batch_size, device=self.device)
+        self._last_row = torch.zeros(1, 1, dtype=torch.long, device=self.device)  # a decode step's output row
+        self._no_rows = torch.zeros(1, 0, dtype=torch.long, device=self.device)  # a chunk that predicts nothing
         if not isinstance(compile, bool):
             raise ValueError(f"compile must be True or False, got {compile!r}")
         self.compile = compile
         if compile:  # one graph per distinct static case (batch 1 vs more, pair vs single token,
             # chunk lengths: dynamic after the second); the default limit of 8 is too low for that
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        wrap = _compiled if compile else (lambda f: f)
-        self._pre = wrap(_layer_pre)
-        self._queries = wrap(_layer_queries)
-        self._stream_q = wrap(_stream_queries)
-        self._post = wrap(_layer_post)
-        self._head = wrap(_lm_head)
+        self._run = _run_compiled if compile else _eager
+        self._head = _compiled(_lm_head) if compile else _lm_head
+        self._sig = self._signature()
         self.reset()
+
+    def _signature(self):
+        # captured CUDA graphs hold the parameters' addresses and the attention backends of
+        # their capture
+        return (tuple(p.data_ptr() for p in self.model.parameters()),
+                tuple(getattr(layer.mixer, "backend", None) for layer in self.model.model.layers))
+
+    def serves(self, model, batch_size: int, seq_len: int) -> bool:
+        """Whether this engine can run ``batch_size`` rows of ``seq_len`` tokens for ``model`` as
+        it is now (same parameters in place, same attention backends: its graphs stay valid)."""
+        return (model is self.model and self._signature() == self._sig
+                and batch_size <= self.max_batch_size and seq_len <= self.max_seq_len)
 
     # ------------------------------------------------------------------ state
     def reset(self):
@@ -241,66 +253,16 @@ class Engine:
     def _forward_chunk(self, r0, r1, ids, P, want_out):
         m = self.model.model
         b, T = ids.shape
-        h = m.embed_tokens(ids)
         pos = torch.arange(P, P + T, device=self.device).view(1, T)
         rope = m.rotary_emb(pos)
-        rope_out = (rope[0][:, -1:], rope[1][:, -1:])
-        n_out = 0
-        if want_out and self.mode == "orthros":  # Algorithm 2: the last prompt token's output copy
-            h = torch.cat([h, h[:, -1:]], dim=1)
-            n_out = 1
-        for i, layer in enumerate(m.layers):
-            h = self._prefill_layer(i, layer, h, T, n_out, P, rope, rope_out, r0, r1,
-                                    last=(i == self.num_layers - 1), want_out=want_out)
-        if not want_out:
-            return None
-        return self._head(self.model, h[:, -1:])
-
-    def _prefill_layer(self, i, layer, h, T, n_out, P, rope, rope_out, r0, r1, last, want_out):
-        attn = layer.self_attn
-        x, k, v = self._pre(layer, h, T, rope)
-        kc, vc = self.cache.k[i], self.cache.v[i]
-        kc[r0:r1, P:P + T] = k
-        vc[r0:r1, P:P + T] = v
-        if last and not want_out:  # last layer of a non-final chunk: only its K/V are ever read
-            return h
-        w = self.window
-        win0 = max(0, P - w + 1)  # first key any window query of this chunk can see
-        kw = dict(window_size=w, backend=attn.backend)
-        if self.mode == "orthros":
-            if last:  # only the output token continues: window stream and MLP of the base skipped
-                q_out = self._stream_q(attn, x[:, T:], 0, rope_out, rope_out)
-                k_all, v_all = kc[r0:r1, :P + T], vc[r0:r1, :P + T]
-                o = q_out if self.floor else orthros_attention(q_out[:, :0], k_all, v_all, q_out, **kw)[1]
-                h = h[:, T:]
-            else:  # both streams' queries in one call (one projection, q-norm and RoPE)
-                q = self._stream_q(attn, x, T, rope, rope_out)
-                q, q_out = q[:, :T], q[:, T:]
-                s = 0 if n_out else win0
-                if self.floor:
-                    o = torch.cat([q, q_out], dim=1)
-                else:
-                    o, o2 = orthros_attention(q, kc[r0:r1, s:P + T], vc[r0:r1, s:P + T], q_out, **kw)
-                    o = torch.cat([o, o2], dim=1) if n_out else o
-        elif self.mode == "full":
-            src = x[:, T - 1:T] if last else x[:, :T]
-            q = self._queries(attn, src, (rope[0][:, -src.shape[1]:], rope[1][:, -src.shape[1]:]), None)
-            if self.floor:
-                o = q
-            else:  # causal = the full stream with a query at every (here: the last src) position
-                o = orthros_attention(q[:, :0], kc[r0:r1, :P + T], vc[r0:r1, :P + T], q, **kw)[1]
-            if last:
-                h = h[:, T - 1:T]
-        else:  # window
-            src = x[:, T - 1:T] if last else x[:, :T]
-            q = self._queries(attn, src, (rope[0][:, -src.shape[1]:], rope[1][:, -src.shape[1]:]), None)
-            if self.floor:
-                o = q
-            else:
-                o = orthros_attention(q, kc[r0:r1, win0:P + T], vc[r0:r1, win0:P + T], q[:, :0], **kw)[0]
-            if last:
-                h = h[:, T - 1:T]
-        return self._post(layer, h, o)
+        # the engine's output position is always the chunk's last token (the prompt's, in the
+        # final chunk): the cache views rely on it
+        out_rel = torch.full((1, 1), T - 1, dtype=torch.long, device=self.device) if want_out else self._no_rows
+        step = StepInputs(n_base=T, rope_base=rope, rope_out=(rope[0][:, -1:], rope[1][:, -1:]), out_rel=out_rel,
+                          output_tokens=self.output_tokens, mode=self.mode, run=self._run,
+                          cache=self.cache.prefill_view(r0, r1, P, T, self.window))
+        h = m.run_layers(step.with_output_tokens(m.embed_tokens(ids)), step)
+        return self._head(self.model, h[:, -1:]) if want_out else None
 
     # ----------------------------------------------------------------- decode
     def _span(self, need: int) -> int:
@@ -318,47 +280,15 @@ class Engine:
         (float32). Needs ``lens + 1 <= span``."""
         m = self.model.model
         bs = tokens.shape[0]
-        h = m.embed_tokens(tokens.view(bs, 1))
-        pos = lens.view(bs, 1)
-        rope = m.rotary_emb(pos)
-        new_lens = lens + 1
-        rows = self._arange[:bs]
-        if self.mode == "orthros":
-            h = torch.cat([h, h], dim=1)  # the decoupled pair: [base token, output token]
-        for i, layer in enumerate(m.layers):
-            h = self._decode_layer(i, layer, h, rows, lens, rope, new_lens, span, last=(i == self.num_layers - 1))
+        rope = m.rotary_emb(lens.view(bs, 1))
+        # the decoupled pair of paper Section 3.1: [base token, output token] per row
+        step = StepInputs(n_base=1, rope_base=rope, rope_out=rope, out_rel=self._last_row,
+                          output_tokens=self.output_tokens, mode=self.mode, run=self._run,
+                          cache=self.cache.decode_view(self._arange[:bs], lens, lens + 1, span, self.window))
+        h = m.run_layers(step.with_output_tokens(m.embed_tokens(tokens.view(bs, 1))), step)
         logits = self._head(self.model, h[:, -1:])
         lens.add_(1)
         return logits
-
-    def _decode_layer(self, i, layer, h, rows, lens, rope, new_lens, span, last):
-        attn = layer.self_attn
-        bs = h.shape[0]
-        x, k, v = self._pre(layer, h, 1, rope)
-        kc, vc = self.cache.k[i][:bs, :span], self.cache.v[i][:bs, :span]
-        kc[rows, lens] = k[:, 0]
-        vc[rows, lens] = v[:, 0]
-        kw = dict(window_size=self.window, backend=attn.backend)
-        if self.mode == "orthros":
-            q = self._stream_q(attn, x[:, 1:] if last else x, 0 if last else 1, rope, rope)
-            q_out = q[:, -1:]
-            q = q_out if last else q[:, :1]
-            if self.floor:
-                o, o_out = q, q_out
-            else:
-                o, o_out = orthros_decode_attention(q, q_out, kc, vc, new_lens, **kw)
-            if last:
-                o, h = o_out, h[:, 1:]
-            else:
-                o = torch.cat([o, o_out], dim=1)
-        else:
-            q = self._queries(attn, x, rope, None)
-            if self.floor:
-                o = q
-            else:  # same kernel; "full" reads its full-stream result, "window" its window result
-                o_win, o_full = orthros_decode_attention(q, q, kc, vc, new_lens, **kw)
-                o = o_full if self.mode == "full" else o_win
-        return self._post(layer, h, o)
 
     def _step_fn(self, bs: int, need: int) -> Callable[[], torch.Tensor]:
         """A no-argument callable running one decode step of rows ``0..bs-1`` (reading the
@@ -428,12 +358,16 @@ class Engine:
         self._pending = [None] * bs
         return out
 
-    def fake_fill(self, lengths: Sequence[int]):
-        """Benchmarks only: declare that rows ``0..len(lengths)-1`` hold ``lengths`` tokens
-        without computing them (decode latency does not depend on the cached values)."""
+    def set_lengths(self, lengths: Sequence[int]):
+        """Declare that rows ``0..len(lengths)-1`` hold ``lengths`` tokens, whatever the cache
+        holds there: rewinds a conversation to an earlier length (the tokens past it are
+        forgotten), and lets benchmarks time decode at a context without prefilling it (a step
+        costs the same whatever the cached values)."""
         lengths = list(lengths)
-        if len(lengths) > self.max_batch_size or any(not 0 < n < self.max_seq_len for n in lengths):
-            raise ValueError(f"fake_fill needs <= {self.max_batch_size} lengths in [1, {self.max_seq_len})")
+        if not lengths or len(lengths) > self.max_batch_size or any(
+                isinstance(n, bool) or not isinstance(n, int) or not 0 < n < self.max_seq_len for n in lengths):
+            raise ValueError(f"set_lengths needs 1..{self.max_batch_size} integer lengths in [1, {self.max_seq_len}), "
+                             f"got {lengths!r}")
         self._lens = lengths
         self._pending = [None] * len(lengths)
         self._sync_lengths()
@@ -447,7 +381,7 @@ class Engine:
 
         ``continue_=True`` appends ``prompts`` (one new turn per row) to the conversation in the
         cache and runs only the new tokens."""
-        _positive_int("max_new_tokens", max_new_tokens)
+        check_positive_int("max_new_tokens", max_new_tokens)
         if sampling is None:
             sampling = SamplingParams()
         if not isinstance(sampling, SamplingParams):
@@ -528,44 +462,23 @@ class Engine:
         return rows_out
 
 
-# Token-wise pieces of a decoder layer. They take the layer (or its attention) as an argument,
-# so with ``Engine(compile=True)`` one compiled graph serves every layer: parameters are graph
-# inputs, not constants (regional compilation). Cache writes and attention stay outside.
-
-def _layer_pre(layer, h, n: int, rope):
-    """Normalised input ``x`` of a layer and the K (k-norm, RoPE) / V of its first ``n`` tokens."""
-    x = layer.input_layernorm(h)
-    k, v = layer.self_attn.keys_values(x[:, :n], rope)
-    return x, k, v
-
-
-def _layer_queries(attn, x, rope, stream):
-    return attn.queries(x, rope, stream=stream)
-
-
-def _stream_queries(attn, x, n: int, rope, rope_out):
-    return attn.stream_queries(x, n, rope, rope_out)
-
-
-def _layer_post(layer, h, o):
-    """The residual after the attention output ``o [B, n, Hq, D]``, then the MLP block."""
-    h = h + layer.self_attn.o_proj(o.flatten(2))
-    return h + layer.mlp(layer.post_attention_layernorm(h))
-
-
 def _lm_head(model, h):
     """Next-token logits ``[B, V]`` (float32) of hidden states ``h [B, 1, d]``."""
     return model.lm_head(model.model.norm(h))[:, 0].float()
 
 
+# With ``Engine(compile=True)`` the token-wise pieces of the layer step (``step.run(fn, ...)``)
+# go through ``torch.compile``. They take the layer as an argument, so one compiled graph
+# serves every layer: parameters are graph inputs, not constants (regional compilation). One
+# wrapper per piece for the whole process, so every engine (and every model of the same
+# structure) reuses the graphs compiled so far; cache writes and attention kernels stay outside.
 _COMPILED = {}
-COMPILE_FAILURES = []  # (piece, error) of pieces that fell back to eager
+_FAILED = set()
 
 
 def _compiled(fn):
-    """One ``torch.compile`` wrapper per piece for the whole process, so every engine (and every
-    model of the same structure) reuses the graphs compiled so far. A piece whose compilation
-    fails runs eagerly from then on, with a warning (and an entry in ``COMPILE_FAILURES``)."""
+    """``fn`` through ``torch.compile``; a piece whose compilation fails runs eagerly from then
+    on, with a warning (``RuntimeWarning`` naming the piece)."""
     if fn not in _COMPILED:
         compiled = torch.compile(fn)
 
@@ -577,15 +490,15 @@ def _compiled(fn):
                     raise
                 except Exception as e:  # noqa: BLE001  (documented fallback: eager, loudly)
                     _FAILED.add(fn)
-                    COMPILE_FAILURES.append((fn.__name__, f"{type(e).__name__}: {e}"))
                     warnings.warn(f"torch.compile of {fn.__name__} failed ({type(e).__name__}: {e}); "
-                                  f"running it eagerly", stacklevel=2)
+                                  f"running it eagerly", RuntimeWarning, stacklevel=2)
             return fn(*args)
         _COMPILED[fn] = call
     return _COMPILED[fn]
 
 
-_FAILED = set()
+def _run_compiled(fn, *args):
+    return _compiled(fn)(*args)
 
 
 __all__ = ["Engine", "DEFAULT_PREFILL_CHUNK"]

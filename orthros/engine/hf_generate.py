@@ -127,12 +127,8 @@ def _plan(model, args, kwargs):
 
 
 def _engine_for(model, batch: int, need: int) -> Engine:
-    # captured CUDA graphs hold the parameters' addresses and the attention backends of their
-    # capture: a moved parameter or a changed backend needs a new engine
-    sig = (tuple(p.data_ptr() for p in model.parameters()),
-           tuple(layer.self_attn.backend for layer in model.model.layers))
     eng = getattr(model, _ENGINE_ATTR, None)
-    if eng is not None and eng._param_sig == sig and eng.max_batch_size >= batch and eng.max_seq_len >= need:
+    if eng is not None and eng.serves(model, batch, need):
         eng.reset()
         return eng
     release_engine(model)
@@ -141,7 +137,6 @@ def _engine_for(model, batch: int, need: int) -> Engine:
         slots *= 2
     slots = min(slots, max(need, getattr(model.config, "max_position_embeddings", need) or need))
     eng = Engine(model, max_batch_size=batch, max_seq_len=slots)
-    eng._param_sig = sig
     object.__setattr__(model, _ENGINE_ATTR, eng)  # not a submodule: never saved, never moved
     return eng
 

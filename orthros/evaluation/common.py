@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+from ..utils import parse_dtype
+
 DATA_DIR = Path(__file__).resolve().parent / "data"
 LM_TASKS_DIR = DATA_DIR / "lm_tasks"
 CONVERTIBLE_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
@@ -40,8 +42,7 @@ def load_model(path, *, device: str = "cpu", dtype=None, window_size: int = 128)
 
     mt = read_model_type(path)
     if isinstance(dtype, str):
-        dtype = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-                 "fp16": torch.float16, "float16": torch.float16}[dtype]
+        dtype = parse_dtype(dtype)
     if mt == "orthros":
         from transformers import AutoModelForCausalLM
 

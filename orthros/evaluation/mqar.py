@@ -24,11 +24,12 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..kinds import MODE_ALIASES, MODE_DISPLAY
+
 FILLER = 0
 FILL_CHOICES = ("pad", "noise")
-# user-facing model names -> OrthrosConfig.attention_mode
-MODEL_ALIASES = {"orthros": "orthros", "transformer": "full", "full": "full", "swa": "window", "window": "window"}
-DISPLAY = {"orthros": "Orthros", "full": "Transformer", "window": "SWA"}
+# user-facing model names -> OrthrosConfig.attention_mode, and their table names: orthros/kinds.py
+MODEL_ALIASES, DISPLAY = MODE_ALIASES, MODE_DISPLAY
 
 
 @dataclass

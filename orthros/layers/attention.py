@@ -11,48 +11,46 @@ base tokens only; the queries get stream-specific scale-offset transforms
 and both outputs are concatenated before W_O. With a cache, the base tokens' K/V are appended
 first and both streams read the whole cache.
 
-``config.attention_mode`` selects the ablation baselines through the same code:
-``"orthros"`` (both streams), ``"full"`` (standard causal Transformer) and ``"window"``
-(sliding window only). The baselines have no output tokens (``T_out == 0`` in ``h``).
+The attention mode (``orthros/kinds.py``: ``"orthros"``, ``"full"`` causal Transformer,
+``"window"`` sliding window only) is read in ONE method, :meth:`OrthrosAttention.streams`; the
+layer step calls :meth:`~OrthrosAttention.project` (token-wise: queries of the streams that
+exist, K/V), :meth:`~OrthrosAttention.attend` (the cache's update and kernels) and
+:meth:`~OrthrosAttention.output` (``W_O``), which follow the plan it returns. The baselines
+have no output tokens in ``h``: their full stream reads the base rows.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 from torch import nn
 
-from ..ops import run_attention as _run_attention
-
-# The op runs its own kernels (Triton, SDPA or the reference). Under torch.compile of a decoder
-# layer (``train.compile``) everything around it is fused and the op is called as it is:
-# Inductor must not re-trace the window blocking or the Triton autograd functions.
-run_attention = torch.compiler.disable(_run_attention)
 from .common import RMSNorm, apply_rope
+from .step import StepInputs
+
+# Initial values of the scale-offset parameters: both streams start as the plain projections
+# (with them, an Orthros model at T <= w computes exactly what its source Transformer does).
+SCALE_OFFSET_INIT = {"alpha": 1.0, "beta": 0.0, "alpha_out": 1.0, "beta_out": 0.0}
 
 
-@dataclass
-class AttentionInputs:
-    """Everything about the current forward that is the same for every layer."""
+class Streams(NamedTuple):
+    """Which attention streams a layer runs in one step (see :meth:`OrthrosAttention.streams`).
 
-    n_base: int  # T: number of base tokens in h (the rest are output tokens)
-    rope_base: tuple  # (cos, sin) for the base tokens  [B, T, R]
-    rope_out: tuple  # (cos, sin) for the output tokens [B, T_out, R]
-    out_positions: torch.Tensor  # [B or 1, T_out] absolute key positions (cache included)
-    out_rel: Optional[torch.Tensor] = None  # [B or 1, T_out] output positions within this chunk
-    cu_seqlens: Optional[torch.Tensor] = None
-    doc_ids: Optional[torch.Tensor] = None  # [T] document of each position (from cu_seqlens)
-    kv_start: Optional[torch.Tensor] = None
-    cache: object = None  # transformers Cache (keys/values stored [B, H, L, D])
+    ``window``: the base rows get window queries. ``full``: where full-stream queries come from:
+    ``"tokens"`` (the appended output tokens), ``"rows"`` (every base row: a causal layer),
+    ``"out_rows"`` (the base rows at the output positions) or ``None``. ``gather``: the output is
+    the window result at the output positions. ``scale_offset``: the streams use their own
+    alpha/beta (Orthros) instead of the plain projection."""
 
-    def gather_out_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """Rows of ``x [B, T, ...]`` (base tokens of this chunk) at the output positions."""
-        idx = self.out_rel.expand(x.shape[0], -1)
-        idx = idx.view(*idx.shape, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:])
-        return torch.gather(x, 1, idx)
+    window: bool
+    full: Optional[str]
+    gather: bool = False
+    scale_offset: bool = False
+
+
+_KV_ONLY = Streams(False, None)
 
 
 class OrthrosAttention(nn.Module):
@@ -65,6 +63,7 @@ class OrthrosAttention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.backend = config.attn_backend
+        self.scale = 1.0 / math.sqrt(self.head_dim)
         qd, kd = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, qd, bias=config.attention_bias)
         self.k_proj = nn.Linear(config.hidden_size, kd, bias=config.attention_bias)
@@ -75,56 +74,57 @@ class OrthrosAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
         else:
             self.q_norm = self.k_norm = None
-        self.scale_offset = bool(config.scale_offset) and self.mode == "orthros"
-        if self.scale_offset:
+        if bool(config.scale_offset) and self.mode == "orthros":
             # alpha', beta' (output stream) and alpha, beta (base stream), one value per query
             # channel. The last layer's base queries are never computed (nothing reads that
             # stream again), so it has no alpha/beta.
-            self.alpha_out = nn.Parameter(torch.ones(qd))
-            self.beta_out = nn.Parameter(torch.zeros(qd))
+            self.alpha_out = nn.Parameter(torch.full((qd,), SCALE_OFFSET_INIT["alpha_out"]))
+            self.beta_out = nn.Parameter(torch.full((qd,), SCALE_OFFSET_INIT["beta_out"]))
             if layer_idx < config.num_hidden_layers - 1:
-                self.alpha = nn.Parameter(torch.ones(qd))
-                self.beta = nn.Parameter(torch.zeros(qd))
+                self.alpha = nn.Parameter(torch.full((qd,), SCALE_OFFSET_INIT["alpha"]))
+                self.beta = nn.Parameter(torch.full((qd,), SCALE_OFFSET_INIT["beta"]))
+        self.has_scale_offset = bool(self.scale_offset_params())
 
     def scale_offset_params(self):
         """The scale-offset parameters this layer has, by name."""
-        names = ("alpha", "beta", "alpha_out", "beta_out")
-        return {n: getattr(self, n) for n in names if isinstance(getattr(self, n, None), nn.Parameter)}
+        return {n: getattr(self, n) for n in SCALE_OFFSET_INIT if isinstance(getattr(self, n, None), nn.Parameter)}
 
-    def reset_scale_offset(self):
-        """alpha = alpha' = 1, beta = beta' = 0: both streams see the plain projections."""
+    def reset_scale_offset(self, only_uninitialized: bool = False):
+        """alpha = alpha' = 1, beta = beta' = 0: both streams see the plain projections.
+        ``only_uninitialized``: skip parameters transformers marked as loaded."""
         with torch.no_grad():
             for name, p in self.scale_offset_params().items():
-                p.fill_(1.0 if name.startswith("alpha") else 0.0)
+                if not (only_uninitialized and getattr(p, "_is_hf_initialized", False)):
+                    p.fill_(SCALE_OFFSET_INIT[name])
 
-    def queries(self, x: torch.Tensor, rope, stream: Optional[str] = "base") -> torch.Tensor:
-        """Queries ``[B, T, Hq, D]`` of one stream: projection, q-norm, that stream's
-        scale-offset (``"base"``: alpha, beta; ``"out"``: alpha', beta'; ``None``: none, as in a
-        plain Transformer), RoPE."""
-        if stream not in ("base", "out", None):
-            raise ValueError(f"stream must be 'base', 'out' or None, got {stream!r}")
-        if stream is None:
-            B, T, _ = x.shape
-            q = self.q_proj(x).view(B, T, self.num_heads, self.head_dim)
-            dtype = q.dtype
-            if self.q_norm is not None:
-                q = self.q_norm(q)
-            return apply_rope(q.to(dtype), *rope)
-        return self.stream_queries(x, x.shape[1] if stream == "base" else 0, rope, rope)
+    # ------------------------------------------------------------ the plan
+    def streams(self, step: StepInputs, final: bool) -> Streams:
+        """The one place the attention mode is read: which streams this layer runs in ``step``.
+        ``final``: the last layer, whose output is read only at the output positions."""
+        mode = step.mode or self.mode
+        if final and step.n_out == 0:  # nothing reads this layer's output: only its K/V
+            return _KV_ONLY
+        so = mode == "orthros" and self.has_scale_offset
+        if mode == "orthros":  # the last layer's base stream is never read again
+            return Streams(window=not final, full="tokens", scale_offset=so)
+        if mode == "full":
+            return Streams(window=False, full="out_rows" if final else "rows")
+        return Streams(window=True, full=None, gather=final)  # window
 
-    def stream_queries(self, x: torch.Tensor, n_base: int, rope, rope_out) -> torch.Tensor:
+    # ------------------------------------------------------------ token-wise pieces
+    def stream_queries(self, x: torch.Tensor, n_base: int, rope, rope_out, scale_offset: bool = True) -> torch.Tensor:
         """Queries of both streams in one pass (one projection, one q-norm, one RoPE): rows
         ``< n_base`` of ``x [B, T, d]`` are base-stream queries (alpha, beta; RoPE ``rope``
         ``[B, n_base, R]``), the remaining rows output-stream queries (alpha', beta'; RoPE
-        ``rope_out``, ``[B, T - n_base or 1, R]``). The engine uses it for a decode pair and
-        for prefill's last chunk."""
+        ``rope_out``, ``[B, T - n_base or 1, R]``). ``scale_offset=False`` (or a layer without
+        the parameters): the plain projection, as in a Transformer."""
         B, T, _ = x.shape
         H, D = self.num_heads, self.head_dim
         q = self.q_proj(x).view(B, T, H, D)
         dtype = q.dtype  # under autocast the fp32 norm/scale-offset parameters would promote q
         if self.q_norm is not None:
             q = self.q_norm(q)
-        if self.scale_offset:
+        if scale_offset and self.has_scale_offset:
             parts = []
             if n_base:
                 parts.append(q[:, :n_base] * self.alpha.view(H, D) + self.beta.view(H, D))
@@ -138,9 +138,16 @@ class OrthrosAttention(nn.Module):
             cos, sin = rope
         else:
             m = T - n_base
-            cos = torch.cat([rope[0], rope_out[0].expand(-1, m, -1)], dim=1)
-            sin = torch.cat([rope[1], rope_out[1].expand(-1, m, -1)], dim=1)
+            cos = torch.cat([rope[0].expand(B, -1, -1), rope_out[0].expand(B, m, -1)], dim=1)
+            sin = torch.cat([rope[1].expand(B, -1, -1), rope_out[1].expand(B, m, -1)], dim=1)
         return apply_rope(q.to(dtype), cos, sin)
+
+    def queries(self, x: torch.Tensor, rope, stream: Optional[str] = "base") -> torch.Tensor:
+        """Queries ``[B, T, Hq, D]`` of one stream: ``"base"`` (alpha, beta), ``"out"`` (alpha',
+        beta') or ``None`` (the plain projection, as in a Transformer)."""
+        if stream not in ("base", "out", None):
+            raise ValueError(f"stream must be 'base', 'out' or None, got {stream!r}")
+        return self.stream_queries(x, 0 if stream == "out" else x.shape[1], rope, rope, scale_offset=stream is not None)
 
     def keys_values(self, x: torch.Tensor, rope):
         """K (k-norm, RoPE) and V ``[B, T, Hkv, D]`` of base tokens ``x``."""
@@ -151,42 +158,50 @@ class OrthrosAttention(nn.Module):
             k = self.k_norm(k).to(v.dtype)
         return apply_rope(k, *rope), v
 
-    def forward(self, h: torch.Tensor, a: AttentionInputs, base_output: bool = True) -> torch.Tensor:
-        """``h``: ``[B, T + T_out, d]`` (normalised). Returns the attention output for the
-        same tokens, or only for the output tokens when ``base_output`` is False (the last
-        layer of an Orthros model, whose base stream is never read again)."""
-        B = h.shape[0]
-        T = a.n_base
-        x = h[:, :T]
-        k, v = self.keys_values(x, a.rope_base)
-        if a.cache is not None:
-            kc, vc = a.cache.update(k.transpose(1, 2), v.transpose(1, 2), self.layer_idx)
-            k, v = kc.transpose(1, 2), vc.transpose(1, 2)
+    def project(self, x: torch.Tensor, step: StepInputs, final: bool):
+        """Token-wise: ``(q, q_full, k, v)`` for the normalised ``x [B, n_base (+ T_out), d]``:
+        window queries of the base rows (or ``None``), full-stream queries (or ``None``), and
+        the base rows' K/V."""
+        s = self.streams(step, final)
+        T = step.n_base
+        xb = x[:, :T]
+        k, v = self.keys_values(xb, step.rope_base)
+        q = q_full = None
+        if s.full == "tokens":  # output tokens (alpha', beta'), with the base rows' queries in one pass
+            rows = x if s.window else x[:, T:]
+            qq = self.stream_queries(rows, T if s.window else 0, step.rope_base, step.rope_out, s.scale_offset)
+            q, q_full = (qq[:, :T], qq[:, T:] if step.n_out else None) if s.window else (None, qq)
+        elif s.full == "out_rows":
+            q_full = self.stream_queries(step.gather_out_rows(xb), 0, None, step.rope_out, False)
+        elif s.window or s.full == "rows":
+            qq = self.stream_queries(xb, T, step.rope_base, None, s.scale_offset)
+            q = qq if s.window else None
+            q_full = qq if s.full == "rows" else None
+        return q, q_full, k, v
 
-        # inputs were validated once per forward by the model: the op's per-call checks (host
-        # syncs) are skipped here
-        kw = dict(window_size=self.window_size, scale=1.0 / math.sqrt(self.head_dim), doc_ids=a.doc_ids,
-                  cu_seqlens=a.cu_seqlens, kv_start=a.kv_start, backend=self.backend)
-        if self.mode == "orthros":
-            q_out = self.queries(h[:, T:], a.rope_out, "out")
-            if base_output:
-                q = self.queries(x, a.rope_base)
-            else:
-                q = q_out[:, :0]
-            o, o_out = run_attention(q, k, v, q_out, out_positions=a.out_positions, **kw)
-            o = torch.cat([o, o_out], dim=1) if base_output else o_out
-        else:
-            q = self.queries(x, a.rope_base, stream=None)
-            if self.mode == "full":
-                # causal attention is the full stream with a query at every base position kept
-                if base_output:
-                    every = torch.arange(k.shape[1] - T, k.shape[1], device=q.device).view(1, T)
-                    _, o = run_attention(q[:, :0], k, v, q, out_positions=every, **kw)
-                else:
-                    sel = a.gather_out_rows(q)
-                    _, o = run_attention(sel[:, :0], k, v, sel, out_positions=a.out_positions, **kw)
-            else:  # window
-                o, _ = run_attention(q, k, v, q[:, :0], out_positions=a.out_positions[:, :0], **kw)
-                if not base_output:
-                    o = a.gather_out_rows(o)
-        return self.o_proj(o.reshape(B, o.shape[1], self.num_heads * self.head_dim))
+    def attend(self, p, step: StepInputs, final: bool):
+        """The cache's update and the attention kernels (never compiled): ``(o, o_full)``, or
+        ``None`` when nothing reads this layer's output."""
+        q, q_full, k, v = p
+        k, v = step.cache.update(self.layer_idx, k, v)
+        if q is None and q_full is None:
+            return None
+        return step.cache.attend(q, q_full, k, v, step, every=self.streams(step, final).full == "rows",
+                                 window_size=self.window_size, scale=self.scale, backend=self.backend)
+
+    def output(self, o, step: StepInputs, final: bool):
+        """Token-wise: ``W_O`` of the streams' outputs, for the rows the layer keeps (every row of
+        ``h``; the last layer: the output rows). ``None`` when ``attend`` returned ``None``."""
+        if o is None:
+            return None
+        s = self.streams(step, final)
+        o, o_full = o
+        if s.gather:
+            o = step.gather_out_rows(o)
+        parts = [t for t in (o, o_full) if t is not None]
+        o = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+        return self.o_proj(o.flatten(2))
+
+    def forward(self, x: torch.Tensor, step: StepInputs, final: bool = False):
+        """The whole attention block of one step (outside the decoder layer: tests, tools)."""
+        return self.output(self.attend(self.project(x, step, final), step, final), step, final)

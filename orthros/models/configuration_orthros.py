@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from transformers import PreTrainedConfig
 
-ATTENTION_MODES = ("orthros", "full", "window")
-ATTN_BACKENDS = ("auto", "reference", "sdpa", "triton")
+from ..kinds import ATTENTION_MODES, resolve_layer_types
+from ..ops.backends import BACKENDS as ATTN_BACKENDS
+from ..utils import check_positive_int
 
 
 class OrthrosConfig(PreTrainedConfig):
@@ -18,8 +19,12 @@ class OrthrosConfig(PreTrainedConfig):
       would then drop old tokens, and the output stream needs every token's K/V.
     * ``scale_offset`` (default True): learnable per-stream query transforms alpha, beta,
       alpha', beta' (initialised 1, 0, 1, 0).
-    * ``attention_mode``: ``"orthros"``; or the ablation baselines ``"full"`` (causal
-      Transformer) and ``"window"`` (sliding window only), same code path.
+    * ``attention_mode``: ``"orthros"`` (default); or the ablation baselines ``"full"`` (causal
+      Transformer) and ``"window"`` (sliding window only), same code path (aliases
+      ``"transformer"``, ``"swa"``: ``orthros/kinds.py``).
+    * ``layer_types``: the kind of every layer (``"orthros_attention"``, ``"full_attention"``,
+      ``"window_attention"``), default ``attention_mode``'s kind for every layer. The attention
+      layers of one model share one kind, which is then the model's ``attention_mode``.
     * ``attention_bias``: bias on q/k/v (Qwen2); ``o_proj_bias``: bias on the output projection
       (Llama's ``attention_bias=True`` sets both); ``qk_norm``: per-head RMSNorm of q and k (Qwen3).
     * ``attn_backend``: ``"auto"`` (Triton kernels on CUDA, SDPA fast paths elsewhere), ``"reference"``,
@@ -51,7 +56,8 @@ class OrthrosConfig(PreTrainedConfig):
         qk_norm: bool = False,
         window_size: int = 128,
         scale_offset: bool = True,
-        attention_mode: str = "orthros",
+        attention_mode: str | None = None,
+        layer_types: list | None = None,
         attn_backend: str = "auto",
         pad_token_id: int | None = None,
         bos_token_id: int | None = None,
@@ -79,7 +85,9 @@ class OrthrosConfig(PreTrainedConfig):
         self.qk_norm = qk_norm
         self.window_size = window_size
         self.scale_offset = scale_offset
-        self.attention_mode = attention_mode
+        check_positive_int("OrthrosConfig.num_hidden_layers", num_hidden_layers)
+        layer_types, self.attention_mode = resolve_layer_types(layer_types, num_hidden_layers, attention_mode)
+        self.layer_types = None  # set after transformers' own checks, which know only its layer kinds
         self.attn_backend = attn_backend
         rope_parameters = dict(rope_parameters) if rope_parameters else {}
         rope_parameters.setdefault("rope_type", rope_parameters.pop("type", "default"))
@@ -94,23 +102,17 @@ class OrthrosConfig(PreTrainedConfig):
             tie_word_embeddings=tie_word_embeddings,
             **kwargs,
         )
+        self.layer_types = layer_types
 
     def _validate(self):
-        def positive_int(name):
-            val = getattr(self, name)
-            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-                raise ValueError(f"OrthrosConfig.{name} must be an integer >= 1, got {val!r}")
-
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "max_position_embeddings", "window_size"):
-            positive_int(name)
+            check_positive_int(f"OrthrosConfig.{name}", getattr(self, name))
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"OrthrosConfig.num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                              f"num_key_value_heads ({self.num_key_value_heads})")
         if self.head_dim % 2:
             raise ValueError(f"OrthrosConfig.head_dim must be even for RoPE, got {self.head_dim}")
-        if self.attention_mode not in ATTENTION_MODES:
-            raise ValueError(f"OrthrosConfig.attention_mode must be one of {ATTENTION_MODES}, got {self.attention_mode!r}")
         if self.attn_backend not in ATTN_BACKENDS:
             raise ValueError(f"OrthrosConfig.attn_backend must be one of {ATTN_BACKENDS}, got {self.attn_backend!r}")
         if not isinstance(self.rms_norm_eps, (int, float)) or self.rms_norm_eps <= 0:
@@ -118,6 +120,19 @@ class OrthrosConfig(PreTrainedConfig):
         if not isinstance(self.rope_parameters.get("rope_theta"), (int, float)) or self.rope_parameters["rope_theta"] <= 0:
             raise ValueError(f"OrthrosConfig.rope_parameters['rope_theta'] must be > 0, got "
                              f"{self.rope_parameters.get('rope_theta')!r}")
+
+
+    def validate_layer_type(self):
+        """transformers' check knows only its own layer kinds; ours are checked by
+        :func:`orthros.layers.kinds.resolve_layer_types` in ``__init__``."""
+
+    def validate(self):
+        """transformers' class validators (>= 5.2x runs them in ``save_pretrained``) except its
+        layer-type check, which refuses kinds it does not know (``__init__`` sets
+        ``layer_types`` after the base class's own validation for the same reason)."""
+        for validator in getattr(PreTrainedConfig, "__class_validators__", ()):
+            if validator.__name__ != "validate_layer_type":
+                validator(self)
 
 
 __all__ = ["OrthrosConfig", "ATTENTION_MODES"]

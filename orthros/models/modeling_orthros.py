@@ -19,7 +19,8 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from ..layers import AttentionInputs, OrthrosAttention, RMSNorm, RotaryEmbedding, SwiGLUMLP
+from ..layers import DenseKV, OrthrosAttention, RMSNorm, RotaryEmbedding, StepInputs, SwiGLUMLP
+from ..kinds import has_output_stream
 from ..ops import doc_ids_from_cu_seqlens
 from .configuration_orthros import OrthrosConfig
 from .positions import resolve_output_positions
@@ -42,21 +43,58 @@ class OrthrosCache(DynamicCache):
         super().__init__()
 
 
+def _project(layer, h, step: StepInputs, final: bool):
+    """Token-wise part 1 of the layer step: the input norm, then the mixer's projections."""
+    return layer.mixer.project(layer.pre_attention(h), step, final)
+
+
+def _finish(layer, h, o, step: StepInputs, final: bool):
+    """Token-wise part 2: the mixer's output projection, the last layer's rows (it keeps only
+    those the logits are computed from), the residual and the MLP."""
+    a = layer.mixer.output(o, step, final)
+    if final:
+        h = step.output_rows(h)
+    return layer.post_attention(h, a)
+
+
 class OrthrosDecoderLayer(GradientCheckpointingLayer):
+    """One decoder layer; :meth:`forward` is THE layer step of every execution path.
+
+    ``pre_attention(h)`` (input norm) -> ``mixer.project`` (token-wise: queries, K/V) ->
+    ``mixer.attend`` (the step's cache: update + kernels) -> ``mixer.output`` (W_O) ->
+    ``post_attention(h, a)`` (residual + MLP). The token-wise pieces run through ``step.run``,
+    so the engine can compile them (one graph for every layer) while cache writes and kernels
+    stay outside. The mixer is the layer's sequence mixer (``self_attn`` for the attention
+    kinds of ``config.layer_types``).
+    """
+
     def __init__(self, config: OrthrosConfig, layer_idx: int):
         super().__init__()
+        self.layer_type = config.layer_types[layer_idx]
         self.self_attn = OrthrosAttention(config, layer_idx)
         self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, config.hidden_act, bias=config.mlp_bias)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.is_orthros = config.attention_mode == "orthros"
 
-    def forward(self, h: torch.Tensor, a: AttentionInputs, last: bool = False) -> torch.Tensor:
-        attn = self.self_attn(self.input_layernorm(h), a, base_output=not last)
-        if last:  # keep only the rows the logits are computed from
-            h = h[:, a.n_base:] if self.is_orthros else a.gather_out_rows(h)
-        h = h + attn
+    @property
+    def mixer(self):
+        return self.self_attn
+
+    def pre_attention(self, h: torch.Tensor) -> torch.Tensor:
+        return self.input_layernorm(h)
+
+    def post_attention(self, h: torch.Tensor, a: Optional[torch.Tensor]) -> torch.Tensor:
+        """The residual of the mixer's output ``a`` (``None``: nothing to add), then the MLP block."""
+        if a is not None:
+            h = h + a
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    def forward(self, h: torch.Tensor, step: StepInputs, final: bool = False) -> torch.Tensor:
+        """``h [B, n_base (+ T_out), d]`` -> the next hidden states; ``final`` (the last layer):
+        only the rows the logits are computed from."""
+        p = step.run(_project, self, h, step, final)
+        o = self.mixer.attend(p, step, final)
+        return step.run(_finish, self, h, o, step, final)
 
 
 class OrthrosPreTrainedModel(PreTrainedModel):
@@ -73,9 +111,7 @@ class OrthrosPreTrainedModel(PreTrainedModel):
         if isinstance(module, RotaryEmbedding):
             module.reset_buffers()
         if isinstance(module, OrthrosAttention):
-            for name, p in module.scale_offset_params().items():
-                if not getattr(p, "_is_hf_initialized", False):
-                    p.fill_(1.0 if name.startswith("alpha") else 0.0)
+            module.reset_scale_offset(only_uninitialized=True)
 
 
 class OrthrosModel(OrthrosPreTrainedModel):
@@ -102,14 +138,14 @@ class OrthrosModel(OrthrosPreTrainedModel):
         past_key_values: Optional[Cache] = None,
         inputs_embeds: Optional[torch.Tensor] = None,
         use_cache: Optional[bool] = None,
-        out_positions: Optional[torch.Tensor] = None,
+        output_positions: Optional[torch.Tensor] = None,
         cu_seqlens: Optional[torch.Tensor] = None,
         cache: Optional[Cache] = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
         """Returns the final (normed) hidden states of the output tokens ``[B, T_out, d]``.
 
-        ``out_positions``: ``[1 or B, T_out]`` positions within this input (default: all).
+        ``output_positions``: ``[1 or B, T_out]`` positions within this input (default: all).
         """
         past_key_values = cache if past_key_values is None else past_key_values
         if (input_ids is None) == (inputs_embeds is None):
@@ -157,26 +193,30 @@ class OrthrosModel(OrthrosPreTrainedModel):
         if position_ids.dim() == 1:
             position_ids = position_ids.view(1, -1)
 
-        out_rel = resolve_output_positions(T, output_positions=out_positions, device=dev)
+        out_rel = resolve_output_positions(T, output_positions=output_positions, device=dev)
         pos_out = torch.gather(position_ids.expand(max(B, out_rel.shape[0]), T), 1, out_rel.expand(B, -1))
-        a = AttentionInputs(
+        step = StepInputs(
             n_base=T,
             rope_base=self.rotary_emb(position_ids),
             rope_out=self.rotary_emb(pos_out),
-            out_positions=out_rel + past,
             out_rel=out_rel,
-            cu_seqlens=cu_seqlens,
+            output_tokens=has_output_stream(self.config.attention_mode),
+            cache=DenseKV(cache),
+            output_positions=out_rel + past,
             doc_ids=doc,
+            cu_seqlens=cu_seqlens,
             kv_start=kv_start,
-            cache=cache,
         )
-        if self.config.attention_mode == "orthros":
-            # Algorithm 2: duplicate the output positions' embeddings and append them
-            h = torch.cat([h, a.gather_out_rows(h)], dim=1)
+        h = self.run_layers(step.with_output_tokens(h), step)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(h), **{CACHE_KWARG: cache})
+
+    def run_layers(self, h: torch.Tensor, step: StepInputs) -> torch.Tensor:
+        """Every layer's step over ``h`` (built by the caller: the model's forward, the engine);
+        returns the last layer's rows the logits are computed from."""
         n = len(self.layers)
         for i, layer in enumerate(self.layers):
-            h = layer(h, a, last=(i == n - 1))
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(h), **{CACHE_KWARG: cache})
+            h = layer(h, step, final=(i == n - 1))
+        return h
 
 
 _GENERATE_BACKEND = None  # set by orthros.engine (which sits above this module)
@@ -236,7 +276,7 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
                                            output_positions=output_positions, device=dev)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          past_key_values=cache if past_key_values is None else past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                         out_positions=out_rel, cu_seqlens=cu_seqlens)
+                         output_positions=out_rel, cu_seqlens=cu_seqlens)
         logits = self.lm_head(out.last_hidden_state)
         loss = None
         if labels is not None:

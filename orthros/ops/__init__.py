@@ -1,13 +1,16 @@
 """Functional ops: the Orthros attention op (reference + kernels behind one signature), the
 decode step, and partial attention with log-sum-exp for merging across key shards."""
 
-from .attention import BACKENDS, doc_ids_from_cu_seqlens, normalize_out_positions, orthros_attention, run_attention
+from .backends import BACKENDS, resolve_backend, triton_supports
+from .attention import doc_ids_from_cu_seqlens, normalize_output_positions, orthros_attention, run_attention
 from .decode import decode_attention_reference, orthros_decode_attention
 from .merge import merge_partials, partial_attention
 from .reference import full_attention_reference, orthros_attention_reference, window_attention_reference
 
 __all__ = [
     "BACKENDS",
+    "resolve_backend",
+    "triton_supports",
     "orthros_attention",
     "run_attention",
     "orthros_decode_attention",
@@ -17,6 +20,6 @@ __all__ = [
     "window_attention_reference",
     "full_attention_reference",
     "decode_attention_reference",
-    "normalize_out_positions",
+    "normalize_output_positions",
     "doc_ids_from_cu_seqlens",
 ]

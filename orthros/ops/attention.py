@@ -11,10 +11,11 @@ from typing import Optional, Tuple
 
 import torch
 
+from ..utils import check_positive_int
+from .backends import BACKENDS, check_backend, resolve_backend
 from .reference import full_attention_reference, orthros_attention_reference
 from .sdpa import causal_attention_sdpa, window_attention_sdpa
 
-BACKENDS = ("auto", "reference", "sdpa", "triton")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -27,31 +28,31 @@ def _check_tensor(name, t, ndim):
         raise ValueError(f"{name} must be a floating tensor (fp16/bf16/fp32/fp64), got {t.dtype}")
 
 
-def normalize_out_positions(out_positions, B: int, T_out: int, T_k: int, device) -> torch.Tensor:
+def normalize_output_positions(output_positions, B: int, T_out: int, T_k: int, device) -> torch.Tensor:
     """Return output positions as an int64 tensor ``[B or 1, T_out]``, validated.
 
     ``None`` means the last ``T_out`` key positions. A 1-D tensor/list applies to every row; a
     2-D tensor gives each row its own positions. Positions must be strictly increasing and in
     ``[0, T_k)``.
     """
-    if out_positions is None:
+    if output_positions is None:
         return torch.arange(T_k - T_out, T_k, device=device).view(1, T_out)
-    pos = torch.as_tensor(out_positions, device=device)
+    pos = torch.as_tensor(output_positions, device=device)
     if pos.dtype.is_floating_point or pos.dtype == torch.bool:
-        raise ValueError(f"out_positions must be an integer tensor, got {pos.dtype}")
+        raise ValueError(f"output_positions must be an integer tensor, got {pos.dtype}")
     pos = pos.long()
     if pos.dim() == 1:
         pos = pos.view(1, -1)
     if pos.dim() != 2 or pos.shape[1] != T_out or pos.shape[0] not in (1, B):
         raise ValueError(
-            f"out_positions must have shape [T_out] or [B, T_out] = [{T_out}] or [{B}, {T_out}], got {tuple(pos.shape)}"
+            f"output_positions must have shape [T_out] or [B, T_out] = [{T_out}] or [{B}, {T_out}], got {tuple(pos.shape)}"
         )
     if T_out:
         if int(pos.min()) < 0 or int(pos.max()) >= T_k:
-            raise ValueError(f"out_positions must lie in [0, {T_k}) (key positions), got range "
+            raise ValueError(f"output_positions must lie in [0, {T_k}) (key positions), got range "
                              f"[{int(pos.min())}, {int(pos.max())}]")
         if T_out > 1 and not bool((pos[:, 1:] > pos[:, :-1]).all()):
-            raise ValueError("out_positions must be strictly increasing along each row")
+            raise ValueError("output_positions must be strictly increasing along each row")
     return pos
 
 
@@ -77,7 +78,7 @@ def orthros_attention(
     q_out: torch.Tensor,
     *,
     window_size: int,
-    out_positions=None,
+    output_positions=None,
     cu_seqlens=None,
     scale: Optional[float] = None,
     backend: str = "auto",
@@ -93,9 +94,9 @@ def orthros_attention(
             positions (decode / continuation).
         q_out: ``[B, T_out, Hq, D]`` output-stream queries.
         window_size: ``w >= 1``; ``o[t]`` attends to keys ``t-w+1 .. t`` (w keys incl. itself).
-        out_positions: absolute key position of each output query, ``[T_out]`` or
+        output_positions: absolute key position of each output query, ``[T_out]`` or
             ``[B, T_out]``, strictly increasing; default the last ``T_out`` positions.
-            ``o_out[i]`` attends to keys ``0 .. out_positions[i]``.
+            ``o_out[i]`` attends to keys ``0 .. output_positions[i]``.
         cu_seqlens: ``[N + 1]`` cumulative document lengths for packed sequences (``B == 1``);
             no attention crosses a document boundary.
         scale: softmax scale, default ``1 / sqrt(D)``.
@@ -113,10 +114,8 @@ def orthros_attention(
     _check_tensor("k", k, 4)
     _check_tensor("v", v, 4)
     _check_tensor("q_out", q_out, 4)
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
-        raise ValueError(f"window_size must be an integer >= 1, got {window_size!r}")
+    check_backend(backend)
+    check_positive_int("window_size", window_size)
     B, T, Hq, D = q.shape
     Bk, T_k, Hkv, Dk = k.shape
     if v.shape != k.shape:
@@ -138,31 +137,30 @@ def orthros_attention(
         raise ValueError("q, k, v, q_out must be on the same device")
     if scale is None:
         scale = 1.0 / math.sqrt(D)
-    pos = normalize_out_positions(out_positions, B, T_out, T_k, q.device)
+    pos = normalize_output_positions(output_positions, B, T_out, T_k, q.device)
     doc_ids = None if cu_seqlens is None else doc_ids_from_cu_seqlens(cu_seqlens, B, T_k, q.device)
     if kv_start is not None:
         kv_start = torch.as_tensor(kv_start, device=q.device).long().view(-1)
         if kv_start.numel() != B:
             raise ValueError(f"kv_start must have one entry per batch row ({B}), got {kv_start.numel()}")
 
-    return run_attention(q, k, v, q_out, window_size=window_size, out_positions=pos, scale=scale, doc_ids=doc_ids,
-                         cu_seqlens=cu_seqlens, kv_start=kv_start, backend=backend)
+    return run_attention(q, k, v, q_out, window_size=window_size, output_positions=pos, scale=scale, doc_ids=doc_ids,
+                         kv_start=kv_start, backend=backend)
 
 
-def run_attention(q, k, v, q_out, *, window_size: int, out_positions: torch.Tensor, scale: float,
-                  doc_ids=None, cu_seqlens=None, kv_start=None, backend: str = "auto"):
+def run_attention(q, k, v, q_out, *, window_size: int, output_positions: torch.Tensor, scale: float,
+                  doc_ids=None, kv_start=None, backend: str = "auto"):
     """:func:`orthros_attention` on inputs that are already checked and normalised: positions as
     int64 ``[1 or B, T_out]``, ``doc_ids`` from :func:`doc_ids_from_cu_seqlens`, ``kv_start`` int64
     ``[B]``, a float ``scale``. For callers that validate once per forward rather than once per
     layer (the model): it does no host synchronisation of its own."""
-    pos, T_out, T_k = out_positions, q_out.shape[1], k.shape[1]
-    if backend == "auto":
-        backend = "triton" if _triton_supports(q, k) else "sdpa"
+    pos, T_out, T_k = output_positions, q_out.shape[1], k.shape[1]
+    backend = resolve_backend(backend, q, k)
     if backend == "triton":
         from .triton import orthros_attention_triton
 
-        return orthros_attention_triton(q, k, v, q_out, window_size=window_size, out_positions=pos,
-                                         scale=scale, doc_ids=doc_ids, cu_seqlens=cu_seqlens, kv_start=kv_start)
+        return orthros_attention_triton(q, k, v, q_out, window_size=window_size, output_positions=pos,
+                                         scale=scale, doc_ids=doc_ids, kv_start=kv_start)
     if backend == "sdpa":
         o = window_attention_sdpa(q, k, v, window_size=window_size, scale=scale, doc_ids=doc_ids, kv_start=kv_start)
         if T_out == T_k and doc_ids is None and kv_start is None:
@@ -170,15 +168,6 @@ def run_attention(q, k, v, q_out, *, window_size: int, out_positions: torch.Tens
             # 0..T_k-1) is plain causal attention
             return o, causal_attention_sdpa(q_out, k, v, scale=scale)
         return o, full_attention_reference(q_out, k, v, pos, scale=scale, doc_ids=doc_ids, kv_start=kv_start)
-    return orthros_attention_reference(q, k, v, q_out, window_size=window_size, out_positions=pos,
+    return orthros_attention_reference(q, k, v, q_out, window_size=window_size, output_positions=pos,
                                        scale=scale, doc_ids=doc_ids, kv_start=kv_start)
 
-
-def _triton_supports(q, k) -> bool:
-    if not q.is_cuda:
-        return False
-    try:
-        from .triton import supports
-    except ImportError:
-        return False
-    return supports(q, k)

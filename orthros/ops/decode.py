@@ -21,7 +21,8 @@ from typing import Optional, Tuple
 
 import torch
 
-BACKENDS = ("auto", "reference", "triton")
+from ..utils import check_positive_int
+from .backends import check_backend, resolve_backend
 
 
 def decode_attention_reference(q, q_out, k_cache, v_cache, cache_seqlens, *, window_size: int,
@@ -75,30 +76,21 @@ def _check(q, q_out, k_cache, v_cache, cache_seqlens, window_size):
         raise ValueError(f"cache_seqlens must be an int32/int64 tensor of shape [{B}]")
     if cache_seqlens.device != q.device:
         raise ValueError("cache_seqlens must be on the same device as q")
-    if isinstance(window_size, bool) or not isinstance(window_size, int) or window_size < 1:
-        raise ValueError(f"window_size must be an integer >= 1, got {window_size!r}")
+    check_positive_int("window_size", window_size)
 
 
 def orthros_decode_attention(q, q_out, k_cache, v_cache, cache_seqlens, *, window_size: int,
                              scale: Optional[float] = None, backend: str = "auto"):
-    """Decode step of Orthros attention; see the module docstring. ``backend``: "auto" (Triton on
-    CUDA when supported, else the reference), "reference" or "triton"."""
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    """Decode step of Orthros attention; see the module docstring. ``backend`` (one vocabulary
+    with the training op, :mod:`orthros.ops.backends`): "auto" (Triton on CUDA when supported,
+    else the reference), "triton", or "reference" / "sdpa" (both the PyTorch reference: a
+    single-query step has no SDPA form worth its launch)."""
+    check_backend(backend)
     _check(q, q_out, k_cache, v_cache, cache_seqlens, window_size)
-    if backend == "auto":
-        backend = "reference"
-        if q.is_cuda:
-            try:
-                from .triton import supports
-                if supports(q, k_cache):
-                    backend = "triton"
-            except ImportError:
-                pass
-    if backend == "triton":
-        from .triton import orthros_decode_attention as _triton_decode
+    if resolve_backend(backend, q, k_cache) == "triton":
+        from .triton import decode_attention_triton
 
-        return _triton_decode(q, q_out, k_cache, v_cache, cache_seqlens, window_size=window_size, scale=scale)
+        return decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, window_size=window_size, scale=scale)
     return decode_attention_reference(q, q_out, k_cache, v_cache, cache_seqlens, window_size=window_size,
                                       scale=scale)
 

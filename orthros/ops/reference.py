@@ -7,7 +7,7 @@ Inputs arrive already validated and normalised by :func:`orthros.ops.orthros_att
   is the same op as a training step).
 * ``k, v``   ``[B, Tk, Hkv, D]`` keys / values of the base stream (every token, cache included).
 * ``q_out``  ``[B, To, Hq, D]``  output-stream queries.
-* ``out_positions`` ``[B, To]`` (int64) absolute position of each output query.
+* ``output_positions`` ``[B, To]`` (int64) absolute position of each output query.
 * ``doc_ids`` ``[Tk]`` (int64) or ``None``: document of every position (packed sequences).
 * ``kv_start`` ``[B]`` (int64) or ``None``: keys before it are padding (left-padded batches).
 
@@ -83,8 +83,8 @@ def window_attention_reference(q, k, v, *, window_size: int, scale: float, doc_i
     return o.to(q.dtype)
 
 
-def full_attention_reference(q_out, k, v, out_positions, *, scale: float, doc_ids=None, kv_start=None):
-    """o_out[i] = softmax attention of q_out[i] over keys 0 .. out_positions[i] (same document)."""
+def full_attention_reference(q_out, k, v, output_positions, *, scale: float, doc_ids=None, kv_start=None):
+    """o_out[i] = softmax attention of q_out[i] over keys 0 .. output_positions[i] (same document)."""
     B, To, Hq, D = q_out.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     G = Hq // Hkv
@@ -93,7 +93,7 @@ def full_attention_reference(q_out, k, v, out_positions, *, scale: float, doc_id
     dev = q_out.device
     kf, vf = k.to(_acc(q_out)), v.to(_acc(q_out))
     kpos = torch.arange(Tk, device=dev)
-    pos = out_positions.expand(B, To)
+    pos = output_positions.expand(B, To)
     outs = []
     for s in range(0, To, _FULL_CHUNK):
         e = min(To, s + _FULL_CHUNK)
@@ -110,7 +110,7 @@ def full_attention_reference(q_out, k, v, out_positions, *, scale: float, doc_id
     return torch.cat(outs, dim=1).to(q_out.dtype)
 
 
-def orthros_attention_reference(q, k, v, q_out, *, window_size, out_positions, scale, doc_ids=None, kv_start=None):
+def orthros_attention_reference(q, k, v, q_out, *, window_size, output_positions, scale, doc_ids=None, kv_start=None):
     o = window_attention_reference(q, k, v, window_size=window_size, scale=scale, doc_ids=doc_ids, kv_start=kv_start)
-    o_out = full_attention_reference(q_out, k, v, out_positions, scale=scale, doc_ids=doc_ids, kv_start=kv_start)
+    o_out = full_attention_reference(q_out, k, v, output_positions, scale=scale, doc_ids=doc_ids, kv_start=kv_start)
     return o, o_out

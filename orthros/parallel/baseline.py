@@ -4,7 +4,8 @@ GPUs with PyTorch's context parallelism (``torch.distributed.tensor.experimental
 context_parallel``: ring attention with head-tail load balancing).
 
 Only the benchmark uses this; it is not a second model implementation to keep in sync, just a
-layer loop that calls the model's own modules with ``F.scaled_dot_product_attention``.
+layer loop that calls the model's own layer pieces (``pre_attention``, projections,
+``post_attention``) with ``F.scaled_dot_product_attention`` as attention.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def transformer_prefill(model, input_ids: torch.Tensor, position_ids: torch.Tens
     cache = []
     for layer in core.layers:
         attn = layer.self_attn
-        x = layer.input_layernorm(h)
+        x = layer.pre_attention(h)
         q = attn.queries(x, rope, stream=None)
         k, v = attn.keys_values(x, rope)
         del x
@@ -39,11 +40,11 @@ def transformer_prefill(model, input_ids: torch.Tensor, position_ids: torch.Tens
         # looked up at call time: context_parallel patches torch.nn.functional
         o = F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, is_causal=True)
         del q, kt, vt
-        h = h + attn.o_proj(o.transpose(1, 2).reshape(B, n, -1))
+        a = attn.o_proj(o.transpose(1, 2).reshape(B, n, -1))
         del o
-        for c in range(0, n, chunk_size):
-            hc = h[:, c:c + chunk_size]
-            h[:, c:c + chunk_size] = hc + layer.mlp(layer.post_attention_layernorm(hc))
+        for c in range(0, n, chunk_size):  # the layer's own residual + MLP, chunked (activation memory)
+            h[:, c:c + chunk_size] = layer.post_attention(h[:, c:c + chunk_size], a[:, c:c + chunk_size])
+        del a
     return model.lm_head(core.norm(h[:, -1:])), cache
 
 

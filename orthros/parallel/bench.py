@@ -27,10 +27,10 @@ import time
 
 import torch
 
+from ..utils import DTYPE_CHOICES, parse_dtype
 from .comm import ParallelContext, init_from_env
 from .sharded import ShardedOrthros
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def parse_lengths(s: str):
@@ -223,7 +223,7 @@ class Bench:
             model=a.model, layers=self.cfg.num_hidden_layers, dtype=a.dtype, window=a.window,
             chunk_size=a.chunk_size, backend=("nccl" if self.cuda else "gloo"),
         )
-        self.model = build_model(self.cfg, DTYPES[a.dtype], self.device)
+        self.model = build_model(self.cfg, parse_dtype(a.dtype, "--dtype"), self.device)
         self.log(f"model built ({sum(p.numel() for p in self.model.parameters()) / 1e9:.2f} B params), world {N}")
         single = ParallelContext.single()
 
@@ -343,7 +343,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="qwen3-8b", choices=["qwen3-8b", "tiny"])
     p.add_argument("--layers", type=int, default=None, help="override the number of layers")
     p.add_argument("--window", type=int, default=128)
-    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES)
     p.add_argument("--lengths", type=parse_lengths, default=parse_lengths("64K,128K,256K,512K"))
     p.add_argument("--extra-lengths", type=parse_lengths, default=[],
                    help="Orthros-on-N-ranks lengths measured after the baselines (e.g. 1M)")

@@ -18,8 +18,10 @@ query reads the replicated last ``w - 1`` keys (assembled during prefill from th
 tails, so it may span ranks, then rolled locally), and the output query merges per-rank
 partials with one small ``all_gather`` per layer. No rank ever holds the whole context.
 
-The layer loop calls the model's own modules (norms, projections, rotary, MLP) and the
-Orthros op; see ``docs/parallel.md``.
+The layer loop calls the model's own layer step in pieces (``pre_attention``, the attention
+module's ``keys_values`` / ``queries`` / ``o_proj``, ``post_attention``: the residual + MLP),
+reordered because the halo exchange sits between a layer's K/V and its window stream; the
+shard cache owns its writes (``update``). Orthros mode only; see ``docs/parallel.md``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..ops import orthros_attention
+from ..utils import check_positive_int
 from .comm import ParallelContext
 from ..ops.merge import acc_dtype, merge_partials, partial_attention
 
@@ -36,8 +39,7 @@ from ..ops.merge import acc_dtype, merge_partials, partial_attention
 def shard_bounds(seq_len: int, world_size: int) -> List[Tuple[int, int]]:
     """Contiguous, balanced shards ``[(s_r, e_r)]``: the first ``seq_len % world_size`` ranks hold
     one token more."""
-    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 1:
-        raise ValueError(f"seq_len must be an integer >= 1, got {seq_len!r}")
+    check_positive_int("seq_len", seq_len)
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, got {world_size!r}")
     if seq_len < world_size:
@@ -103,7 +105,16 @@ class ShardedKVCache:
         cap = n + (self.reserve if self.is_last else 0)
         self.k[layer] = torch.empty(B, cap, Hkv, D, dtype=dtype, device=device)
         self.v[layer] = torch.empty(B, cap, Hkv, D, dtype=dtype, device=device)
-        return self.k[layer], self.v[layer]
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: Optional[int] = None):
+        """Write ``k, v [B, n, Hkv, D]`` at local row ``start`` (prefill), or append them after
+        the valid rows (``start=None``: decode, last rank). Returns the local K/V up to the
+        written rows."""
+        at = self.length if start is None else start
+        end = at + k.shape[1]
+        self.k[layer][:, at:end] = k
+        self.v[layer][:, at:end] = v
+        return self.k[layer][:, :end], self.v[layer][:, :end]
 
     def local(self, layer: int, extra: int = 0):
         n = self.length + extra
@@ -150,12 +161,11 @@ class ShardedOrthros:
         core = getattr(model, "model", None)
         if core is None or not hasattr(core, "layers") or not hasattr(model, "lm_head"):
             raise TypeError(f"model must be an OrthrosForCausalLM, got {type(model).__name__}")
-        if model.config.attention_mode != "orthros":
+        if model.config.attention_mode != "orthros" or any(t != "orthros_attention" for t in model.config.layer_types):
             raise ValueError(f"sequence-parallel inference needs attention_mode='orthros', got "
                              f"{model.config.attention_mode!r}")
-        for name, val in (("chunk_size", chunk_size), ("key_chunk", key_chunk)):
-            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {val!r}")
+        check_positive_int("chunk_size", chunk_size)
+        check_positive_int("key_chunk", key_chunk)
         self.model = model
         self.core = core
         self.ctx = ctx if ctx is not None else ParallelContext.from_group()
@@ -186,7 +196,7 @@ class ShardedOrthros:
         B = h.shape[0]
         wm1 = self.window - 1
         hc = h[:, cs:ce]
-        q = attn.queries(layer.input_layernorm(hc), rope, "base")
+        q = attn.queries(layer.pre_attention(hc), rope, "base")
         lo = cs - wm1
         if lo >= 0:
             kk, vv = kbuf[:, lo:ce], vbuf[:, lo:ce]
@@ -198,9 +208,7 @@ class ShardedOrthros:
             kk = torch.cat([hk[:, keep:], kbuf[:, :ce]], dim=1)
             vv = torch.cat([hv[:, keep:], vbuf[:, :ce]], dim=1)
         o, _ = orthros_attention(q, kk, vv, q[:, :0], window_size=self.window, backend=attn.backend)
-        hc = hc + attn.o_proj(o.reshape(B, ce - cs, -1))
-        hc = hc + layer.mlp(layer.post_attention_layernorm(hc))
-        h[:, cs:ce] = hc
+        h[:, cs:ce] = layer.post_attention(hc, attn.o_proj(o.reshape(B, ce - cs, -1)))
 
     def _check_ids(self, input_ids):
         if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.int32, torch.int64):
@@ -240,14 +248,12 @@ class ShardedOrthros:
             attn = layer.self_attn
             last = i == L - 1
             # 1) K/V of every local token, straight into the cache
-            kbuf, vbuf = cache.allocate(i, B, n, Hkv, D, dtype, dev)
+            cache.allocate(i, B, n, Hkv, D, dtype, dev)
             for c in chunks:
-                k, v = attn.keys_values(layer.input_layernorm(h[:, c[0]:c[1]]), ropes[c])
-                kbuf[:, c[0]:c[1]] = k
-                vbuf[:, c[0]:c[1]] = v
-            kl, vl = kbuf[:, :n], vbuf[:, :n]
+                kl, vl = cache.update(i, *attn.keys_values(layer.pre_attention(h[:, c[0]:c[1]]), ropes[c]), start=c[0])
+            kbuf, vbuf = cache.k[i], cache.v[i]
             # 2) the output query's partial attention over the local keys
-            q_out = attn.queries(layer.input_layernorm(h_out), rope_out, "out")
+            q_out = attn.queries(layer.pre_attention(h_out), rope_out, "out")
             o_p, lse_p = partial_attention(q_out, kl, vl, key_chunk=self.key_chunk)
             # 3) one gather: this rank's tail (right-aligned in w-1 rows) + its partial
             c_me = counts[ctx.rank]
@@ -281,8 +287,7 @@ class ShardedOrthros:
                     self._window_chunk(layer, attn, h, c[0], c[1], kbuf, vbuf, halo, ropes[c])
             # 4) exact merge of the partials; the output token's residual + MLP
             o_out, _ = merge_partials(o_all, lse_all)
-            h_out = h_out + attn.o_proj(o_out.to(dtype).reshape(B, 1, -1))
-            h_out = h_out + layer.mlp(layer.post_attention_layernorm(h_out))
+            h_out = layer.post_attention(h_out, attn.o_proj(o_out.to(dtype).reshape(B, 1, -1)))
         del h
         cache.length = n
         cache.seq_len = T
@@ -312,15 +317,10 @@ class ShardedOrthros:
         for i, layer in enumerate(core.layers):
             attn = layer.self_attn
             last = i == L - 1
-            x = layer.input_layernorm(h2)
+            x = layer.pre_attention(h2)
             k, v = attn.keys_values(x[:, :1], rope)
             q_out = attn.queries(x[:, 1:], rope, "out")
-            if ctx.is_last:
-                cache.k[i][:, cache.length:cache.length + 1] = k
-                cache.v[i][:, cache.length:cache.length + 1] = v
-                kl, vl = cache.local(i, extra=1)
-            else:
-                kl, vl = cache.local(i)
+            kl, vl = cache.update(i, k, v) if ctx.is_last else cache.local(i)
             o_p, lse_p = partial_attention(q_out, kl, vl, key_chunk=self.key_chunk)
             g = ctx.all_gather(self._pack([o_p, lse_p], B), f"decode (position {pos}) layer {i}: partial output")
             Hq, D = o_p.shape[2], o_p.shape[3]
@@ -330,10 +330,9 @@ class ShardedOrthros:
             if not last:
                 q = attn.queries(x[:, :1], rope, "base")
                 o, _ = orthros_attention(q, wk, wv, q[:, :0], window_size=self.window, backend=attn.backend)
-                h2 = h2 + attn.o_proj(torch.cat([o, o_out.to(dtype)], dim=1).reshape(B, 2, -1))
-            else:
-                h2 = h2[:, 1:] + attn.o_proj(o_out.to(dtype).reshape(B, 1, -1))
-            h2 = h2 + layer.mlp(layer.post_attention_layernorm(h2))
+                h2 = layer.post_attention(h2, attn.o_proj(torch.cat([o, o_out.to(dtype)], dim=1).reshape(B, 2, -1)))
+            else:  # the last layer keeps only the output token
+                h2 = layer.post_attention(h2[:, 1:], attn.o_proj(o_out.to(dtype).reshape(B, 1, -1)))
             cache.window_k[i] = wk[:, max(0, wk.shape[1] - wm1):]
             cache.window_v[i] = wv[:, max(0, wv.shape[1] - wm1):]
         if ctx.is_last:
@@ -349,8 +348,7 @@ class ShardedOrthros:
         ``logits[:, j]`` is the distribution ``tokens[:, j]`` was chosen from. The token is
         broadcast from the last rank, so every rank continues with the same one.
         """
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        check_positive_int("max_new_tokens", max_new_tokens)
         logits, cache = self.prefill(input_ids)
         toks, all_logits = [], [logits]
         for step in range(max_new_tokens):

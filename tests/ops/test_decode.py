@@ -42,7 +42,7 @@ def test_reference_matches_op_reference():
     for b, n in enumerate(lens.tolist()):
         pos = torch.tensor([[n - 1]], device=DEV)
         ro, roo = orthros_attention_reference(q[b:b + 1], kc[b:b + 1, :n], vc[b:b + 1, :n], qo[b:b + 1],
-                                              window_size=w, out_positions=pos, scale=D ** -0.5)
+                                              window_size=w, output_positions=pos, scale=D ** -0.5)
         assert rel(o[b:b + 1], ro) < 1e-6 and rel(oo[b:b + 1], roo) < 1e-6
 
 
@@ -76,10 +76,10 @@ def test_split_heuristic_static_and_wave_aware():
 
 @pytest.mark.parametrize("cfg", [{"splits": 1}, {"splits": 3, "block_n": 32}, {"splits": 100}])
 def test_triton_explicit_config_override(cfg):
-    from orthros.ops.triton.decode import orthros_decode_attention_triton
+    from orthros.ops.triton.decode import decode_attention_triton
 
     q, qo, kc, vc, lens = make(2, 150, 4, 2, 16, [150, 37], seed=3)
-    a = orthros_decode_attention_triton(q, qo, kc, vc, lens, window_size=20, _config=cfg)
+    a = decode_attention_triton(q, qo, kc, vc, lens, window_size=20, _config=cfg)
     b = decode_attention_reference(q, qo, kc, vc, lens, window_size=20)
     for x, y in zip(a, b):
         assert rel(x, y) < 1e-4

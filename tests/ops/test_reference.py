@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from orthros.ops import orthros_attention
 
 
-def brute_force(q, k, v, q_out, w, out_positions=None, cu_seqlens=None, kv_start=None):
+def brute_force(q, k, v, q_out, w, output_positions=None, cu_seqlens=None, kv_start=None):
     """T x T masks, float64, one obvious line per rule of the paper's equations."""
     B, T, Hq, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
@@ -36,9 +36,9 @@ def brute_force(q, k, v, q_out, w, out_positions=None, cu_seqlens=None, kv_start
         return torch.einsum("bhnk,bkhd->bnhd", p, vv)
 
     T_out = q_out.shape[1]
-    if out_positions is None:
-        out_positions = torch.arange(Tk - T_out, Tk)
-    pos_out = torch.as_tensor(out_positions).long()
+    if output_positions is None:
+        output_positions = torch.arange(Tk - T_out, Tk)
+    pos_out = torch.as_tensor(output_positions).long()
     pos_out = pos_out.view(1, -1).expand(B, -1) if pos_out.dim() == 1 else pos_out
     return attend(q, qpos.view(1, -1).expand(B, -1), True), attend(q_out, pos_out, False)
 
@@ -85,8 +85,8 @@ def test_matches_brute_force(G, T, w, out):
 
 def test_noncontiguous_and_per_row_positions():
     q, k, v, q_out = make(2, 40, 4, 2, 8, 5)
-    check(q, k, v, q_out, 6, out_positions=torch.tensor([0, 3, 17, 18, 39]))
-    check(q, k, v, q_out, 6, out_positions=torch.tensor([[1, 2, 9, 30, 31], [0, 10, 20, 33, 39]]))
+    check(q, k, v, q_out, 6, output_positions=torch.tensor([0, 3, 17, 18, 39]))
+    check(q, k, v, q_out, 6, output_positions=torch.tensor([[1, 2, 9, 30, 31], [0, 10, 20, 33, 39]]))
 
 
 def test_cache_alignment_queries_are_last_positions():
@@ -130,16 +130,16 @@ def test_property_random_shapes(T, w, G, Hkv, n_out, seed):
     n_out = min(n_out, T)
     pos = torch.sort(torch.randperm(T, generator=g)[:n_out]).values
     q, k, v, q_out = make(1, T, G * Hkv, Hkv, 4, n_out, seed=seed)
-    check(q, k, v, q_out, w, out_positions=pos)
+    check(q, k, v, q_out, w, output_positions=pos)
 
 
 BAD = [
     (dict(window_size=0), "window_size"),
     (dict(window_size=2.5), "window_size"),
     (dict(backend="cuda"), "backend"),
-    (dict(out_positions=torch.tensor([3, 2])), "increasing"),
-    (dict(out_positions=torch.tensor([0, 99])), "out_positions"),
-    (dict(out_positions=torch.tensor([0.0, 1.0])), "out_positions"),
+    (dict(output_positions=torch.tensor([3, 2])), "increasing"),
+    (dict(output_positions=torch.tensor([0, 99])), "output_positions"),
+    (dict(output_positions=torch.tensor([0.0, 1.0])), "output_positions"),
     (dict(cu_seqlens=torch.tensor([0, 4])), "cu_seqlens"),
 ]
 

@@ -64,7 +64,7 @@ def run_case(B=1, T=37, Tk=None, T_out=None, Hq=4, Hkv=2, D=16, w=5, dtype=torch
         return torch.randn(*shape, generator=g).to(DEV, dtype)
 
     q, k, v, qo = rnd(B, T, Hq, D), rnd(B, Tk, Hkv, D), rnd(B, Tk, Hkv, D), rnd(B, T_out, Hq, D)
-    kw = dict(window_size=w, out_positions=positions, cu_seqlens=cu_seqlens, kv_start=kv_start)
+    kw = dict(window_size=w, output_positions=positions, cu_seqlens=cu_seqlens, kv_start=kv_start)
     xs = [t.clone().requires_grad_(grad) for t in (q, k, v, qo)]
     rs = [t.detach().float().clone().requires_grad_(grad) for t in (q, k, v, qo)]
     out = orthros_attention(*xs, backend="triton", **kw)
@@ -158,7 +158,7 @@ def test_noncontiguous_inputs():
 
 
 def test_supports_and_fallback():
-    from orthros.ops.triton import supports
+    from orthros.ops.backends import triton_supports as supports
 
     x = torch.randn(1, 4, 2, 16)
     assert not supports(x, x)  # CPU tensors: auto picks the reference
@@ -181,7 +181,7 @@ def cases(draw, big, dtype=None, modes=("pt", "sft", "varlen", "pad", "last")):
     """Random cases. Everything that selects a compiled kernel (D, dtype, the mode's
     position/document/padding flags) comes from small sets so kernels are reused across
     examples; lengths, batch, heads, window, positions and documents vary freely (the kernels
-    do not specialise on those integers: ``_kernels._NO_SPEC``)."""
+    do not specialise on those integers: ``attention._NO_SPEC``)."""
     Hkv = draw(st.integers(1, 2 if not big else 4))
     G = draw(st.integers(1, 8 if big else 4))
     Tk = draw(st.integers(1, 300 if big else 48))

@@ -4,7 +4,7 @@ The op is two streams sharing K and V:
 
 * the window stream (every base query, keys ``t-w+1 .. t``) -> :class:`_StreamAttention`
   with ``window = w`` and positions ``T_k - T + i``;
-* the full stream (output queries at ``out_positions``, keys ``0 .. pos``) ->
+* the full stream (output queries at ``output_positions``, keys ``0 .. pos``) ->
   SDPA with ``is_causal=True`` when the positions are *all* positions of one plain
   sequence (pre-training: cuDNN / flash are the fastest causal kernels on Hopper), else
   :class:`_StreamAttention` with ``window = 0`` (SFT, prefill's last query, varlen,
@@ -20,10 +20,317 @@ import os
 import warnings
 
 import torch
+import triton
+import triton.language as tl
 
-from . import _kernels as _k
+from ..backends import triton_supports
+from .common import (LOG2E, block_d, cdiv, dummy, interpreting, last_contig, merge_splits, num_sms, pow2, precision,
+                     softmax_result, softmax_step, visible)
 
-_LOG2E = 1.4426950408889634
+# ============================================================================ kernels
+# A stream is a set of queries with increasing absolute positions ``qpos`` (either
+# ``pos_offset + row`` -- the base stream -- or read from a position tensor -- the output
+# stream) attending to keys ``lo(q) .. qpos`` where ``lo`` is ``qpos - window + 1`` for the
+# window stream and ``0`` for the full stream, further restricted to the query's document
+# (``DOC``/``DOCSTART``) and to keys ``>= kv_start[b]`` (left padding). Every program visits
+# only the key blocks that can be visible to its query block (the band near the diagonal for
+# the window stream), so no ``T x T`` mask exists anywhere. All row offsets are 64-bit.
+# ``LSE`` is ``+inf`` for a row with no visible key (its output is 0 and its gradient
+# contributions vanish).
+
+# Integer arguments Triton would otherwise specialise on (== 1, divisible by 16): lengths,
+# positions, window, head counts, position-tensor strides. They feed masks, loop bounds and
+# scalar loads, not vectorised addresses, so specialising buys nothing but one compiled
+# kernel per combination (new sequence lengths would recompile).
+_NO_SPEC = ["M", "N", "HQ", "pos_offset", "window", "G", "spb"]
+
+
+@triton.jit
+def _q_block(pid_m, b, h, POS, DOC, DOCSTART, KVSTART, spb, M, pos_offset, window, G,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr,
+             HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr, REVERSE: tl.constexpr):
+    """Query-block setup shared by the forward and the dQ backward: the block's rows, their
+    absolute positions, and the key range ``[lo, hi)`` (``lo`` rounded down to ``BLOCK_N``)
+    that can be visible to it. ``qdoc``/``kvs`` are placeholders (0) without DOC/KVS."""
+    if REVERSE:
+        pid_m = tl.cdiv(M, BLOCK_M) - 1 - pid_m
+    b64 = b.to(tl.int64)
+    h64 = h.to(tl.int64)
+    kvh64 = (h // G).to(tl.int64)
+    start_m = pid_m * BLOCK_M
+    rows = start_m + tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    last = tl.minimum(start_m + BLOCK_M, M) - 1
+    if POS_PTR:
+        qpos = tl.load(POS + b64 * spb + rows, mask=row_ok, other=-1).to(tl.int64)
+        p_first = tl.load(POS + b64 * spb + start_m).to(tl.int64)
+        p_last = tl.load(POS + b64 * spb + last).to(tl.int64)
+    else:
+        qpos = tl.where(row_ok, pos_offset + rows.to(tl.int64), -1)
+        p_first = pos_offset + start_m
+        p_last = pos_offset + last
+    hi = p_last + 1
+    lo = p_first * 0
+    qdoc = qpos * 0
+    kvs = b64 * 0
+    if HAS_WINDOW:
+        lo = tl.maximum(p_first - window + 1, 0)
+    if HAS_DOC:
+        qdoc = tl.load(DOC + tl.maximum(qpos, 0))
+        lo = tl.maximum(lo, tl.load(DOCSTART + p_first))
+    if HAS_KVS:
+        kvs = tl.load(KVSTART + b64)
+        lo = tl.maximum(lo, kvs)
+    lo = (lo // BLOCK_N) * BLOCK_N
+    return b64, h64, kvh64, rows, row_ok, qpos, lo, hi, qdoc, kvs
+
+
+@triton.jit(do_not_specialize=_NO_SPEC + ["slb", "slh", "sls"])
+def _stream_fwd(
+    Q, K, V, O, LSE, POS, DOC, DOCSTART, KVSTART,
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh,
+    sob, sot, soh, sos, slb, slh, sls, spb,
+    M, N, HQ, pos_offset, window, qk_scale,
+    G, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, PARTIAL: tl.constexpr, REVERSE: tl.constexpr, PREC: tl.constexpr,
+):
+    h = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    bz = tl.program_id(2)
+    b = bz // NUM_SPLITS
+    split = bz % NUM_SPLITS
+    b64, h64, kvh64, rows, row_ok, qpos, lo, hi, qdoc, kvs = _q_block(
+        pid_m, b, h, POS, DOC, DOCSTART, KVSTART, spb, M, pos_offset, window, G,
+        BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE)
+    if NUM_SPLITS > 1:
+        per = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), NUM_SPLITS) * BLOCK_N
+        lo = lo + split * per
+        hi = tl.minimum(hi, lo + per)
+
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    q_ptrs = Q + b64 * sqb + h64 * sqh + rows.to(tl.int64)[:, None] * sqt + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    k_base = K + b64 * skb + kvh64 * skh
+    v_base = V + b64 * svb + kvh64 * svh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
+        c_ok = cols < hi
+        kT = tl.load(k_base + cols[None, :] * skt + offs_d[:, None], mask=c_ok[None, :] & d_ok[:, None], other=0.0)
+        s = tl.dot(q, kT, input_precision=PREC) * qk_scale
+        kdoc = cols
+        if HAS_DOC:
+            kdoc = tl.load(DOC + cols, mask=c_ok, other=-1)
+        mask = visible(cols[None, :], qpos[:, None], c_ok[None, :], window, kdoc[None, :], qdoc[:, None], kvs,
+                       HAS_WINDOW, HAS_DOC, HAS_KVS)
+        s = tl.where(mask, s, float("-inf"))
+        v = tl.load(v_base + cols[:, None] * svt + offs_d[None, :], mask=c_ok[:, None] & d_ok[None, :], other=0.0)
+        m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v, PREC)
+
+    o, lse, has = softmax_result(m_i, l_i, acc)
+    o_ptrs = O + split.to(tl.int64) * sos + b64 * sob + h64 * soh + rows.to(tl.int64)[:, None] * sot + offs_d[None, :]
+    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    if not PARTIAL:  # a final result: +inf marks a row with no visible key for the backward
+        lse = tl.where(has, lse, float("inf"))
+    tl.store(LSE + split.to(tl.int64) * sls + b64 * slb + h64 * slh + rows, lse, mask=row_ok)
+
+
+@triton.jit
+def _combine_splits(OP, LP, O, LSE, sob, sot, soh, M, HQ,
+                    NUM_SPLITS: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Merge ``NUM_SPLITS`` partial results (o_s, lse_s) of one (b, h, row) by log-sum-exp."""
+    row = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // HQ
+    h = bh % HQ
+    offs_s = tl.arange(0, BLOCK_S)
+    s_ok = offs_s < NUM_SPLITS
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    total = tl.num_programs(1).to(tl.int64) * M  # rows per split
+    lse_s = tl.load(LP + offs_s.to(tl.int64) * total + bh * M + row, mask=s_ok, other=float("-inf"))
+    o_s = tl.load(OP + (offs_s.to(tl.int64)[:, None] * total + bh * M + row) * D + offs_d[None, :],
+                  mask=s_ok[:, None] & d_ok[None, :], other=0.0)
+    o, lse = merge_splits(lse_s, o_s)
+    tl.store(O + b * sob + h * soh + row * sot + offs_d, o.to(O.dtype.element_ty), mask=d_ok)
+    tl.store(LSE + bh * M + row, lse)
+
+
+@triton.jit(do_not_specialize=["M", "HQ"])
+def _bwd_delta(O, DO, DELTA, sob, sot, soh, sdb, sdt, sdh, M, HQ,
+               D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """delta[b, h, m] = sum_d dO * O (fp32)."""
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    b = bh // HQ
+    h = bh % HQ
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    msk = (rows < M)[:, None] & (offs_d < D)[None, :]
+    r64 = rows.to(tl.int64)[:, None]
+    o = tl.load(O + b * sob + h * soh + r64 * sot + offs_d[None, :], mask=msk, other=0.0).to(tl.float32)
+    do = tl.load(DO + b * sdb + h * sdh + r64 * sdt + offs_d[None, :], mask=msk, other=0.0).to(tl.float32)
+    tl.store(DELTA + bh * M + rows, tl.sum(o * do, 1), mask=rows < M)
+
+
+@triton.jit
+def _dq_block(
+    h, pid_m, b, Q, K, V, DO, DQ, LSE, DELTA, POS, DOC, DOCSTART, KVSTART,
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh, sgb, sgt, sgh, spb,
+    M, N, HQ, pos_offset, window, qk_scale, sm_scale,
+    G, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
+    REVERSE: tl.constexpr, PREC: tl.constexpr,
+):
+    b64, h64, kvh64, rows, row_ok, qpos, lo, hi, qdoc, kvs = _q_block(
+        pid_m, b, h, POS, DOC, DOCSTART, KVSTART, spb, M, pos_offset, window, G,
+        BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE)
+
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    r64 = rows.to(tl.int64)[:, None]
+    rmask = row_ok[:, None] & d_ok[None, :]
+    q = tl.load(Q + b64 * sqb + h64 * sqh + r64 * sqt + offs_d[None, :], mask=rmask, other=0.0)
+    do = tl.load(DO + b64 * sdb + h64 * sdh + r64 * sdt + offs_d[None, :], mask=rmask, other=0.0)
+    lse = tl.load(LSE + (b64 * HQ + h64) * M + rows, mask=row_ok, other=float("inf"))
+    delta = tl.load(DELTA + (b64 * HQ + h64) * M + rows, mask=row_ok, other=0.0)
+    k_base = K + b64 * skb + kvh64 * skh
+    v_base = V + b64 * svb + kvh64 * svh
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
+        c_ok = cols < hi
+        kmask = c_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_base + cols[:, None] * skt + offs_d[None, :], mask=kmask, other=0.0)
+        v = tl.load(v_base + cols[:, None] * svt + offs_d[None, :], mask=kmask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        kdoc = cols
+        if HAS_DOC:
+            kdoc = tl.load(DOC + cols, mask=c_ok, other=-1)
+        mask = visible(cols[None, :], qpos[:, None], c_ok[None, :], window, kdoc[None, :], qdoc[:, None], kvs,
+                       HAS_WINDOW, HAS_DOC, HAS_KVS)
+        p = tl.where(mask, tl.exp2(s - lse[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+    dq = dq * sm_scale
+    tl.store(DQ + b64 * sgb + h64 * sgh + r64 * sgt + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=rmask)
+
+
+@triton.jit
+def _dkdv_block(
+    kvh, pid_n, b, Q, K, V, DO, DK, DV, LSE, DELTA, POS, QRANGE, DOC, KVSTART,
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,
+    skgb, skgt, skgh, svgb, svgt, svgh, spb, srb,
+    M, N, HQ, pos_offset, window, qk_scale, sm_scale,
+    G, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    b64 = b.to(tl.int64)
+    kvh64 = kvh.to(tl.int64)
+    start_n = pid_n * BLOCK_N
+    cols = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
+    c_ok = cols < N
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    kmask = c_ok[:, None] & d_ok[None, :]
+    k = tl.load(K + b64 * skb + kvh64 * skh + cols[:, None] * skt + offs_d[None, :], mask=kmask, other=0.0)
+    v = tl.load(V + b64 * svb + kvh64 * svh + cols[:, None] * svt + offs_d[None, :], mask=kmask, other=0.0)
+    if POS_PTR:
+        qlo = tl.load(QRANGE + b64 * srb + 2 * pid_n).to(tl.int32)
+        qhi = tl.load(QRANGE + b64 * srb + 2 * pid_n + 1).to(tl.int32)
+    else:
+        qlo = tl.maximum(start_n - pos_offset, 0).to(tl.int32)
+        if HAS_WINDOW:
+            qhi = tl.minimum(start_n + BLOCK_N - 1 + window - pos_offset, M).to(tl.int32)
+        else:
+            qhi = M
+    qlo = (qlo // BLOCK_M) * BLOCK_M
+    kdoc = cols
+    if HAS_DOC:
+        kdoc = tl.load(DOC + cols, mask=c_ok, other=-2)
+    kvs = b64 * 0
+    if HAS_KVS:
+        kvs = tl.load(KVSTART + b64)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    for g in range(G):
+        h64 = kvh64 * G + g
+        for start_m in range(qlo, qhi, BLOCK_M):
+            rows = start_m + tl.arange(0, BLOCK_M)
+            row_ok = rows < M
+            r64 = rows.to(tl.int64)[:, None]
+            rmask = row_ok[:, None] & d_ok[None, :]
+            q = tl.load(Q + b64 * sqb + h64 * sqh + r64 * sqt + offs_d[None, :], mask=rmask, other=0.0)
+            do = tl.load(DO + b64 * sdb + h64 * sdh + r64 * sdt + offs_d[None, :], mask=rmask, other=0.0)
+            lse = tl.load(LSE + (b64 * HQ + h64) * M + rows, mask=row_ok, other=float("inf"))
+            delta = tl.load(DELTA + (b64 * HQ + h64) * M + rows, mask=row_ok, other=0.0)
+            if POS_PTR:
+                qpos = tl.load(POS + b64 * spb + rows, mask=row_ok, other=-1).to(tl.int64)
+            else:
+                qpos = tl.where(row_ok, pos_offset + rows.to(tl.int64), -1)
+            sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
+            qdoc = qpos
+            if HAS_DOC:
+                qdoc = tl.load(DOC + tl.maximum(qpos, 0))
+            mask = visible(cols[:, None], qpos[None, :], c_ok[:, None], window, kdoc[:, None], qdoc[None, :], kvs,
+                           HAS_WINDOW, HAS_DOC, HAS_KVS)
+            pT = tl.where(mask, tl.exp2(sT - lse[None, :]), 0.0)
+            dv += tl.dot(pT.to(do.dtype), do, input_precision=PREC)
+            dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
+            dsT = pT * (dpT - delta[None, :])
+            dk += tl.dot(dsT.to(q.dtype), q, input_precision=PREC)
+    dk = dk * sm_scale
+    tl.store(DK + b64 * skgb + kvh64 * skgh + cols[:, None] * skgt + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kmask)
+    tl.store(DV + b64 * svgb + kvh64 * svgh + cols[:, None] * svgt + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kmask)
+
+
+@triton.jit(do_not_specialize=_NO_SPEC + ["HKV", "B", "n_kv_progs", "srb"])
+def _stream_bwd(
+    Q, K, V, DO, DQ, DK, DV, LSE, DELTA, POS, QRANGE, DOC, DOCSTART, KVSTART,
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh, sgb, sgt, sgh,
+    skgb, skgt, skgh, svgb, svgt, svgh, spb, srb,
+    M, N, HQ, HKV, B, n_kv_progs, pos_offset, window, qk_scale, sm_scale,
+    G, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
+    POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
+    REVERSE: tl.constexpr, PREC: tl.constexpr,
+):
+    """dK/dV programs (first ``n_kv_progs``; ``BLOCK_M x BLOCK_N``) and dQ programs (the rest;
+    ``BLOCK_M2 x BLOCK_N2``) of one stream in a single launch."""
+    pid = tl.program_id(0)
+    if pid < n_kv_progs:
+        nkb = tl.cdiv(N, BLOCK_N)
+        kvh = pid % HKV
+        rest = pid // HKV
+        _dkdv_block(kvh, rest % nkb, rest // nkb,
+                    Q, K, V, DO, DK, DV, LSE, DELTA, POS, QRANGE, DOC, KVSTART,
+                    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,
+                    skgb, skgt, skgh, svgb, svgt, svgh, spb, srb,
+                    M, N, HQ, pos_offset, window, qk_scale, sm_scale,
+                    G, D, BLOCK_D, BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, PREC)
+    else:
+        pid = pid - n_kv_progs
+        nm = tl.cdiv(M, BLOCK_M2)
+        h = pid % HQ
+        rest = pid // HQ
+        _dq_block(h, rest % nm, rest // nm,
+                  Q, K, V, DO, DQ, LSE, DELTA, POS, DOC, DOCSTART, KVSTART,
+                  sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh, sgb, sgt, sgh, spb,
+                  M, N, HQ, pos_offset, window, qk_scale, sm_scale,
+                  G, D, BLOCK_D, BLOCK_M2, BLOCK_N2, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE, PREC)
+
+
+# ============================================================================ host
 
 # Block configurations, keyed by (kind, BLOCK_D): (BLOCK_M, BLOCK_N, num_warps, num_stages).
 # Chosen by measurement on an H200 (benchmarks/attention.py --sweep); overridable for sweeps.
@@ -39,54 +346,13 @@ USE_SDPA_CAUSAL = os.environ.get("ORTHROS_NO_SDPA", "0") != "1"
 FUSED_BWD = os.environ.get("ORTHROS_FUSED_BWD", "1") == "1"
 
 
-# Read once: triton decides interpreter mode when the kernels are decorated (import time) too.
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-
-
-def _interpreting() -> bool:
-    return _INTERPRET
-
-
 def _cfg(kind: str, block_d: int):
     table = CONFIGS[kind]
     key = 64 if block_d <= 64 else (128 if block_d <= 128 else 256)
     bm, bn, nw, ns = table[key]
-    if _interpreting():
+    if interpreting():
         return bm, bn, 1, 1
     return bm, bn, nw, ns
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _pow2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
-
-
-def _block_d(D: int) -> int:
-    # plain Python (triton.cdiv / next_power_of_2 may be jit functions: slow from the host)
-    return max(16, _pow2(D))
-
-
-def _prec(dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def _last_contig(t: torch.Tensor) -> torch.Tensor:
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
-_SMS = {}
-
-
-def _num_sms(device) -> int:
-    if device.type != "cuda":
-        return 4
-    n = _SMS.get(device.index)
-    if n is None:
-        n = _SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
-    return n
 
 
 class _Masks:
@@ -108,17 +374,6 @@ class _Masks:
         self.kv_start = None if kv_start is None else kv_start.to(device=device, dtype=torch.int64).contiguous()
 
 
-_DUMMIES = {}
-
-
-def _dummy(device):
-    """A placeholder int64 tensor for pointer arguments a kernel variant does not read (cached: no launch)."""
-    t = _DUMMIES.get(device)
-    if t is None:
-        t = _DUMMIES[device] = torch.zeros(1, dtype=torch.int64, device=device)
-    return t
-
-
 def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allow_split=True):
     """Returns (o, lse) for one stream. q [B, M, Hq, D]; pos [Bp, M] int64 or None."""
     B, M, HQ, D = q.shape
@@ -128,32 +383,32 @@ def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allo
     lse = torch.empty(B, HQ, M, dtype=torch.float32, device=dev)
     if M == 0:
         return o, lse
-    BD = _block_d(D)
+    BD = block_d(D)
     BM, BN, nw, ns = _cfg("win_fwd" if window else "full_fwd", BD)
-    nm = _cdiv(M, BM)
+    nm = cdiv(M, BM)
     splits = 1
-    if allow_split and not window and not _interpreting():
+    if allow_split and not window and not interpreting():
         progs = nm * HQ * B
-        sms = _num_sms(dev)
+        sms = num_sms(dev)
         if progs < sms and N >= 4096:
-            splits = max(1, min(_cdiv(2 * sms, progs), N // 2048, 64))
-    dd = _dummy(dev)
+            splits = max(1, min(cdiv(2 * sms, progs), N // 2048, 64))
+    dd = dummy(dev)
     pos_t = dd if pos is None else pos
     spb = 0 if pos is None or pos.shape[0] == 1 else pos.stride(0)
     common = dict(
         G=HQ // HKV, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN,
         POS_PTR=pos is not None, HAS_WINDOW=bool(window), HAS_DOC=masks.doc is not None,
         HAS_KVS=masks.kv_start is not None, NUM_SPLITS=splits, PARTIAL=splits > 1, REVERSE=not window,
-        PREC=_prec(q.dtype), num_warps=nw, num_stages=ns,
+        PREC=precision(q.dtype), num_warps=nw, num_stages=ns,
     )
     doc = dd if masks.doc is None else masks.doc
     dst = dd if masks.doc_start is None else masks.doc_start
     kvs = dd if masks.kv_start is None else masks.kv_start
     qs, ks, vs = q.stride(), k.stride(), v.stride()
-    qk = scale * _LOG2E
+    qk = scale * LOG2E
     if splits == 1:
         os_ = o.stride()
-        _k._stream_fwd[(HQ, nm, B)](
+        _stream_fwd[(HQ, nm, B)](
             q, k, v, o, lse, pos_t, doc, dst, kvs,
             qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
             os_[0], os_[1], os_[2], 0, HQ * M, M, 0, spb,
@@ -161,14 +416,14 @@ def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allo
         return o, lse
     op = torch.empty(splits, B, HQ, M, D, dtype=torch.float32, device=dev)
     lp = torch.empty(splits, B, HQ, M, dtype=torch.float32, device=dev)
-    _k._stream_fwd[(HQ, nm, B * splits)](
+    _stream_fwd[(HQ, nm, B * splits)](
         q, k, v, op, lp, pos_t, doc, dst, kvs,
         qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
         HQ * M * D, D, M * D, B * HQ * M * D, HQ * M, M, B * HQ * M, spb,
         M, N, HQ, pos_offset, window, qk, **common)
-    _k._combine_splits[(M, B * HQ)](op, lp, o, lse, o.stride(0), o.stride(1), o.stride(2), M, HQ,
+    _combine_splits[(M, B * HQ)](op, lp, o, lse, o.stride(0), o.stride(1), o.stride(2), M, HQ,
                                      NUM_SPLITS=splits, D=D, BLOCK_D=BD,
-                                     BLOCK_S=max(2, _pow2(splits)))
+                                     BLOCK_S=max(2, pow2(splits)))
     return o, lse
 
 
@@ -197,18 +452,18 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
         return dq, dk.zero_(), dv.zero_()
     if do.stride(-1) != 1:
         do = do.contiguous()
-    BD = _block_d(D)
+    BD = block_d(D)
     os_, ds = o.stride(), do.stride()
     delta = torch.empty(B, HQ, M, dtype=torch.float32, device=dev)
-    _k._bwd_delta[(_cdiv(M, 64), B * HQ)](o, do, delta, os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], M, HQ,
+    _bwd_delta[(cdiv(M, 64), B * HQ)](o, do, delta, os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], M, HQ,
                                           D=D, BLOCK_D=BD, BLOCK_M=64)
-    dd = _dummy(dev)
+    dd = dummy(dev)
     pos_t = dd if pos is None else pos
     spb = 0 if pos is None or pos.shape[0] == 1 else pos.stride(0)
     doc = dd if masks.doc is None else masks.doc
     dst = dd if masks.doc_start is None else masks.doc_start
     kvs = dd if masks.kv_start is None else masks.kv_start
-    qk = scale * _LOG2E
+    qk = scale * LOG2E
     BM2, BN2, nw2, ns2 = _cfg("bwd_dq", BD)
     BM, BN, nw, ns = _cfg("bwd_dkdv", BD)
     if pos is not None:
@@ -216,20 +471,20 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
         srb = 0 if qr.shape[0] == 1 else qr.stride(0)
     else:
         qr, srb = dd, 0
-    n_kv = HKV * _cdiv(N, BN) * B
-    n_q = HQ * _cdiv(M, BM2) * B
+    n_kv = HKV * cdiv(N, BN) * B
+    n_q = HQ * cdiv(M, BM2) * B
     qs, ks, vs, gqs, gks, gvs = q.stride(), k.stride(), v.stride(), dq.stride(), dk.stride(), dv.stride()
     args = (q, k, v, do, dq, dk, dv, lse, delta, pos_t, qr, doc, dst, kvs,
             qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ds[0], ds[1], ds[2],
             gqs[0], gqs[1], gqs[2], gks[0], gks[1], gks[2], gvs[0], gvs[1], gvs[2], spb, srb,
             M, N, HQ, HKV, B)
     tail = (pos_offset, window, qk, scale)
-    flags = (pos is not None, bool(window), masks.doc is not None, masks.kv_start is not None, _prec(q.dtype))
+    flags = (pos is not None, bool(window), masks.doc is not None, masks.kv_start is not None, precision(q.dtype))
     if FUSED_BWD:  # one launch: dK/dV programs first, then dQ programs
-        _k._stream_bwd[(n_kv + n_q,)](*args, n_kv, *tail, **_bwd_consts(HQ // HKV, D, BD, BM, BN, BM2, BN2, flags, nw, ns))
+        _stream_bwd[(n_kv + n_q,)](*args, n_kv, *tail, **_bwd_consts(HQ // HKV, D, BD, BM, BN, BM2, BN2, flags, nw, ns))
     else:
-        _k._stream_bwd[(n_kv,)](*args, n_kv, *tail, **_bwd_consts(HQ // HKV, D, BD, BM, BN, BM2, BN2, flags, nw, ns))
-        _k._stream_bwd[(n_q,)](*args, 0, *tail, **_bwd_consts(HQ // HKV, D, BD, BM, BN, BM2, BN2, flags, nw2, ns2))
+        _stream_bwd[(n_kv,)](*args, n_kv, *tail, **_bwd_consts(HQ // HKV, D, BD, BM, BN, BM2, BN2, flags, nw, ns))
+        _stream_bwd[(n_q,)](*args, 0, *tail, **_bwd_consts(HQ // HKV, D, BD, BM, BN, BM2, BN2, flags, nw2, ns2))
     return dq, dk, dv
 
 
@@ -281,19 +536,16 @@ def _sdpa_causal(q_out, k, v, scale):
     return o.transpose(1, 2)
 
 
-def orthros_attention_triton(q, k, v, q_out, *, window_size, out_positions, scale, doc_ids=None,
-                             cu_seqlens=None, kv_start=None):
+def orthros_attention_triton(q, k, v, q_out, *, window_size, output_positions, scale, doc_ids=None, kv_start=None):
     """Triton implementation of :func:`orthros.ops.orthros_attention` (arguments already normalised)."""
-    from . import supports
-
-    if not supports(q, k) and not (_interpreting() and q.dtype != torch.float64):
+    if not triton_supports(q, k) and not (interpreting() and q.dtype != torch.float64):
         warnings.warn("orthros_attention_triton: input not supported by the Triton kernels "
                       f"(device={q.device}, dtype={q.dtype}, head_dim={q.shape[-1]}); using the reference")
         from ..reference import orthros_attention_reference
 
-        return orthros_attention_reference(q, k, v, q_out, window_size=window_size, out_positions=out_positions,
+        return orthros_attention_reference(q, k, v, q_out, window_size=window_size, output_positions=output_positions,
                                            scale=scale, doc_ids=doc_ids, kv_start=kv_start)
-    q, k, v, q_out = (_last_contig(t) for t in (q, k, v, q_out))
+    q, k, v, q_out = (last_contig(t) for t in (q, k, v, q_out))
     B, T, HQ, D = q.shape
     N = k.shape[1]
     T_out = q_out.shape[1]
@@ -307,6 +559,6 @@ def orthros_attention_triton(q, k, v, q_out, *, window_size, out_positions, scal
         # Strictly increasing positions in [0, N) with T_out == N are exactly 0..N-1.
         o_out = _sdpa_causal(q_out, k, v, scale)
     else:
-        pos = out_positions.to(device=q.device, dtype=torch.int64).contiguous()
+        pos = output_positions.to(device=q.device, dtype=torch.int64).contiguous()
         o_out = _run_stream(q_out, k, v, pos, 0, 0, scale, masks)
     return o, o_out

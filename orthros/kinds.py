@@ -1,0 +1,77 @@
+"""The vocabulary of layer kinds and attention modes: the one home for these names.
+
+* **Attention modes** (``OrthrosConfig.attention_mode``, ``Engine(attention_mode=...)``):
+  ``"orthros"`` (window stream + output stream, paper Algorithm 2), ``"full"`` (a causal
+  Transformer) and ``"window"`` (sliding window only). Users may also write the aliases in
+  :data:`MODE_ALIASES` (``"transformer"``, ``"swa"``); :func:`resolve_mode` maps them.
+* **Layer types** (``OrthrosConfig.layer_types``, one per layer, the name transformers'
+  hybrid models use): the attention kinds ``"orthros_attention"``, ``"full_attention"`` and
+  ``"window_attention"``. All attention layers of one model share one kind, which is the
+  model's attention mode; whether the model has an output stream follows from it.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+ATTENTION_MODES = ("orthros", "full", "window")
+# user-facing names (CLI, configs, MQAR) -> attention mode
+MODE_ALIASES = {"orthros": "orthros", "transformer": "full", "full": "full", "swa": "window", "window": "window"}
+# how tables and plots name each mode
+MODE_DISPLAY = {"orthros": "Orthros", "full": "Transformer", "window": "SWA"}
+
+# layer type -> the attention mode it runs
+ATTENTION_LAYER_TYPES = {"orthros_attention": "orthros", "full_attention": "full", "window_attention": "window"}
+LAYER_TYPES = tuple(ATTENTION_LAYER_TYPES)
+
+
+def resolve_mode(name, arg: str = "attention_mode") -> str:
+    """The attention mode for ``name`` (a mode or an alias); ``ValueError`` naming ``arg`` otherwise."""
+    mode = MODE_ALIASES.get(name) if isinstance(name, str) else None
+    if mode is None:
+        raise ValueError(f"{arg} must be one of {', '.join(MODE_ALIASES)}, got {name!r}")
+    return mode
+
+
+def has_output_stream(mode: str) -> bool:
+    """Whether a model of this attention mode appends output tokens (Algorithm 2)."""
+    return mode == "orthros"
+
+
+def layer_type_for(mode: str) -> str:
+    return f"{mode}_attention"
+
+
+def resolve_layer_types(layer_types: Optional[Sequence[str]], num_layers: int,
+                        attention_mode: Optional[str]) -> tuple[List[str], str]:
+    """Validate ``layer_types`` against ``num_layers`` and ``attention_mode`` and return
+    ``(layer_types, attention_mode)``. Without ``layer_types`` every layer is an attention layer
+    of ``attention_mode``; without ``attention_mode`` it is read off the attention layers."""
+    if layer_types is None:
+        mode = resolve_mode("orthros" if attention_mode is None else attention_mode)
+        return [layer_type_for(mode)] * num_layers, mode
+    if isinstance(layer_types, str) or not isinstance(layer_types, (list, tuple)):
+        raise ValueError(f"layer_types must be a list of {num_layers} layer types, got {layer_types!r}")
+    types = list(layer_types)
+    if len(types) != num_layers:
+        raise ValueError(f"layer_types must have one entry per layer (num_hidden_layers={num_layers}), "
+                         f"got {len(types)}")
+    bad = sorted({t for t in types if t not in LAYER_TYPES}, key=str)
+    if bad:
+        raise ValueError(f"layer_types has unknown kinds {bad}; known: {', '.join(LAYER_TYPES)}")
+    modes = {ATTENTION_LAYER_TYPES[t] for t in types if t in ATTENTION_LAYER_TYPES}
+    if len(modes) > 1:
+        raise ValueError(f"layer_types mixes attention kinds {sorted(modes)}: the attention layers of one model "
+                         f"share one kind")
+    mode = modes.pop() if modes else None
+    if attention_mode is not None:
+        given = resolve_mode(attention_mode)
+        if mode is not None and given != mode:
+            raise ValueError(f"attention_mode={attention_mode!r} contradicts layer_types (attention layers are "
+                             f"{layer_type_for(mode)!r})")
+        mode = given
+    return types, mode or "full"
+
+
+__all__ = ["ATTENTION_MODES", "MODE_ALIASES", "MODE_DISPLAY", "ATTENTION_LAYER_TYPES", "LAYER_TYPES",
+           "resolve_mode", "has_output_stream", "layer_type_for", "resolve_layer_types"]

@@ -1,0 +1,114 @@
+"""What one forward hands every layer: :class:`StepInputs`, and the KV cache protocol.
+
+Every execution path (the HF model, the engine's prefill and decode, sequence-parallel
+prefill) runs the same decoder-layer step (``OrthrosDecoderLayer.forward``). What differs
+between them is only *where the keys live and which kernel reads them*, and that is the
+cache object's business:
+
+* ``cache.update(layer_idx, k, v) -> (k_all, v_all)`` writes the base tokens' K/V ``[B, T, Hkv, D]``
+  and returns what attention reads (gpt-fast's ``KVCache.update``: callers never index cache
+  tensors themselves);
+* ``cache.attend(q, q_full, k_all, v_all, step, every=..., window_size=..., scale=..., backend=...)
+  -> (o, o_full)`` runs the window stream for ``q`` (``[B, T, Hq, D]`` base-row queries, or
+  ``None``) and the full stream for ``q_full`` (output queries, or ``None``); ``every=True``
+  says ``q_full`` has a query at *every* base row of this step (a causal Transformer layer),
+  otherwise at ``step``'s output positions.
+
+:class:`DenseKV` is the HF path's cache (whole sequences, optionally an HF ``Cache``); the
+engine's static cache and the sequence-parallel shard cache implement the same two methods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+
+from ..ops import run_attention as _run_attention
+
+# The op runs its own kernels (Triton, SDPA or the reference). Under torch.compile of a layer
+# (``train.compile``) everything around it is fused and the op is called as it is: Inductor
+# must not re-trace the window blocking or the Triton autograd functions.
+run_attention = torch.compiler.disable(_run_attention)
+
+
+def call(fn, *args):
+    """How a step runs its token-wise pieces by default: directly."""
+    return fn(*args)
+
+
+@dataclass
+class StepInputs:
+    """Everything about the current forward that is the same for every layer.
+
+    ``h`` holds ``n_base`` base tokens, followed (``output_tokens``: the model has an output
+    stream, paper Algorithm 2) by one output token per output position. ``out_rel [1 or B,
+    T_out]`` are the output positions within this step's base rows; ``output_positions`` the
+    same as absolute key positions (a cache included). ``mode`` overrides the attention mode of
+    every attention layer (the engine runs the same weights as a Transformer); ``None`` keeps
+    each layer's configured kind. ``run(fn, *args)`` runs the token-wise pieces of the step
+    (the engine passes a ``torch.compile`` dispatcher)."""
+
+    n_base: int
+    rope_base: tuple  # (cos, sin) [B or 1, n_base, R]
+    rope_out: tuple  # (cos, sin) [B or 1, T_out, R] at the output positions
+    out_rel: torch.Tensor
+    output_tokens: bool
+    cache: object
+    output_positions: Optional[torch.Tensor] = None
+    doc_ids: Optional[torch.Tensor] = None  # [T] document of each position (packed documents)
+    cu_seqlens: Optional[torch.Tensor] = None
+    kv_start: Optional[torch.Tensor] = None  # [B] first valid key (left padding)
+    mode: Optional[str] = None
+    run: Callable = field(default=call)
+
+    @property
+    def n_out(self) -> int:
+        return self.out_rel.shape[1]
+
+    def gather_out_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows of ``x [B, n_base, ...]`` at the output positions."""
+        idx = self.out_rel.expand(x.shape[0], -1)
+        idx = idx.view(*idx.shape, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:])
+        return torch.gather(x, 1, idx)
+
+    def output_rows(self, h: torch.Tensor) -> torch.Tensor:
+        """The rows the logits are computed from: the output tokens, or (no output stream) the
+        base rows at the output positions."""
+        return h[:, self.n_base:] if self.output_tokens else self.gather_out_rows(h[:, :self.n_base])
+
+    def with_output_tokens(self, h: torch.Tensor) -> torch.Tensor:
+        """Algorithm 2: append a copy of the base embedding at every output position."""
+        return torch.cat([h, self.gather_out_rows(h)], dim=1) if self.output_tokens else h
+
+
+class DenseKV:
+    """The HF model's cache: the K/V of whole sequences, appended to an HF ``Cache`` when one is
+    given (layout ``[B, Hkv, L, D]`` inside it), attention through :func:`orthros.ops.run_attention`."""
+
+    def __init__(self, cache=None):
+        self.cache = cache
+
+    def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor):
+        if self.cache is None:
+            return k, v
+        kc, vc = self.cache.update(k.transpose(1, 2), v.transpose(1, 2), layer_idx)
+        return kc.transpose(1, 2), vc.transpose(1, 2)
+
+    def attend(self, q, q_full, k, v, step: StepInputs, *, every: bool, window_size: int, scale: float, backend: str):
+        empty = (q if q is not None else q_full)[:, :0]
+        if every:  # a query at every base row: the last n_base key positions
+            T_k = k.shape[1]
+            pos = torch.arange(T_k - step.n_base, T_k, device=k.device).view(1, -1)
+        else:
+            pos = step.output_positions if q_full is not None else step.output_positions[:, :0]
+        # inputs were validated once per forward by the model: the op's per-call checks (host
+        # syncs) are skipped here
+        o, o_full = run_attention(empty if q is None else q, k, v, empty if q_full is None else q_full,
+                                  window_size=window_size, output_positions=pos, scale=scale,
+                                  doc_ids=step.doc_ids, kv_start=step.kv_start, backend=backend)
+        return (o if q is not None else None), (o_full if q_full is not None else None)
+
+
+__all__ = ["StepInputs", "DenseKV", "call", "run_attention"]

@@ -1,0 +1,120 @@
+"""What the Triton kernels of Orthros share: host-side sizing helpers and the jit building
+blocks of every kernel (visibility mask, online-softmax step, log-sum-exp merge of partials).
+
+Scores are kept in the log2 domain (``qk * scale * log2(e)``), and so are the LSEs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+# Read once: triton decides interpreter mode when the kernels are decorated (import time) too.
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def interpreting() -> bool:
+    return _INTERPRET
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def pow2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
+
+
+def block_d(D: int) -> int:
+    # plain Python (triton.cdiv / next_power_of_2 may be jit functions: slow from the host)
+    return max(16, pow2(D))
+
+
+def precision(dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def last_contig(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+_SMS = {}
+
+
+def num_sms(device) -> int:
+    if device.type != "cuda":
+        return 4
+    n = _SMS.get(device.index)
+    if n is None:
+        n = _SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return n
+
+
+_DUMMIES = {}
+
+
+def dummy(device):
+    """A placeholder int64 tensor for pointer arguments a kernel variant does not read (cached: no launch)."""
+    t = _DUMMIES.get(device)
+    if t is None:
+        t = _DUMMIES[device] = torch.zeros(1, dtype=torch.int64, device=device)
+    return t
+
+
+@triton.jit
+def visible(kpos, qpos, k_ok, window, kdoc, qdoc, kvs,
+            HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr):
+    """Which (query, key) pairs of a tile attend: causal, key in range, within the window, same
+    document, not left padding. Arguments are already broadcast to the tile's layout
+    (``[rows, 1]`` vs ``[1, cols]`` either way round); ``kdoc``/``qdoc``/``kvs`` are ignored
+    (placeholders) without their flag."""
+    mask = (kpos <= qpos) & k_ok
+    if HAS_WINDOW:
+        mask = mask & (kpos > qpos - window)
+    if HAS_DOC:
+        mask = mask & (kdoc == qdoc)
+    if HAS_KVS:
+        mask = mask & (kpos >= kvs)
+    return mask
+
+
+@triton.jit
+def softmax_step(m_i, l_i, acc, s, v, PREC: tl.constexpr):
+    """One key block of the online softmax: fold scores ``s [M, N]`` (log2 domain, -inf where
+    not visible) and values ``v [N, D]`` into the running max ``m_i``, sum ``l_i`` and
+    output accumulator ``acc``."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def softmax_result(m_i, l_i, acc):
+    """Normalised output and LSE of a finished online softmax; a row that saw no key gets
+    output 0 and LSE -inf (``has`` is False)."""
+    has = l_i > 0
+    o = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), float("-inf"))
+    return o, lse, has
+
+
+@triton.jit
+def merge_splits(lse_s, o_s):
+    """Exact merge of partial results over key splits: ``lse_s [S]`` (-inf for an empty
+    split), ``o_s [S, D]``. Returns the merged output and LSE (+inf when every split was empty)."""
+    mx = tl.max(lse_s, 0)
+    mx_safe = tl.where(mx == float("-inf"), 0.0, mx)
+    wts = tl.exp2(lse_s - mx_safe)
+    den = tl.sum(wts, 0)
+    o = tl.sum(o_s * wts[:, None], 0) / tl.where(den > 0, den, 1.0)
+    lse = tl.where(den > 0, mx_safe + tl.log2(tl.where(den > 0, den, 1.0)), float("inf"))
+    return o, lse

@@ -1,0 +1,47 @@
+"""Small vocabularies every layer of the package shares: dtype names and argument checks.
+
+This module imports nothing heavy (torch only inside :func:`parse_dtype`), so anything (ops,
+the CLIs' argument parsers) may import it.
+"""
+
+from __future__ import annotations
+
+# user-facing dtype names (CLI flags, configs, JSON) -> torch dtype attribute names
+DTYPE_ALIASES = {
+    "bf16": "bfloat16", "bfloat16": "bfloat16",
+    "fp16": "float16", "float16": "float16", "half": "float16",
+    "fp32": "float32", "float32": "float32", "float": "float32",
+}
+DTYPE_CHOICES = ("bf16", "fp16", "fp32")  # the short names CLIs offer
+_SHORT = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def parse_dtype(value, name: str = "dtype"):
+    """The torch dtype for a name in :data:`DTYPE_ALIASES` (or a bf16/fp16/fp32 torch dtype,
+    returned as is); ``ValueError`` naming ``name`` otherwise."""
+    import torch
+
+    if isinstance(value, torch.dtype):
+        if str(value).replace("torch.", "") in _SHORT:
+            return value
+    elif isinstance(value, str) and value.lower() in DTYPE_ALIASES:
+        return getattr(torch, DTYPE_ALIASES[value.lower()])
+    raise ValueError(f"{name} must be one of {', '.join(DTYPE_CHOICES)}, got {value!r}")
+
+
+def dtype_name(dtype) -> str:
+    """The short name (``bf16`` / ``fp16`` / ``fp32``) of a torch dtype."""
+    return _SHORT.get(str(dtype).replace("torch.", ""), str(dtype))
+
+
+def check_positive_int(name: str, value, *, allow_none: bool = False):
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is an int >= 1 (or ``None`` when
+    allowed); return ``value``."""
+    if allow_none and value is None:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1{' or None' if allow_none else ''}, got {value!r}")
+    return value
+
+
+__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "parse_dtype", "dtype_name", "check_positive_int"]
