@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+
+# Exit codes of every sub-command: 0 success; 2 bad input or usage (argparse's convention: an
+# unknown option, a value out of range, a path that does not exist or is not a model), reported
+# before any work is done; 1 a failure while working (out of memory, a diverging loss, a disk
+# error); 130 / 143 interrupted by Ctrl-C / SIGTERM.
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+BAD_INPUT_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError)  # a named path is wrong
+RUNTIME_ERRORS = (OSError, RuntimeError, ArithmeticError, MemoryError, ImportError)
 
 # sub-command -> (module, help). Each module exposes ``main(argv: list[str]) -> int``.
 COMMANDS = {
@@ -41,10 +50,30 @@ def main(argv=None) -> int:
 
         close = difflib.get_close_matches(cmd, COMMANDS, n=1)
         hint = f" (did you mean `{close[0]}`?)" if close else ""
-        print(f"orthros: unknown command {cmd!r}{hint}\n\n{_usage()}", file=sys.stderr)
+        print(f"orthros: error: unknown command {cmd!r}{hint}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(COMMANDS[cmd][0])
-    return int(module.main(rest) or 0)
+    try:
+        module = importlib.import_module(COMMANDS[cmd][0])
+        return int(module.main(rest) or 0)
+    except KeyboardInterrupt:
+        print(f"orthros {cmd}: interrupted", file=sys.stderr)
+        return 130
+    except BAD_INPUT_ERRORS as e:  # bad input the command did not report itself
+        if os.environ.get("ORTHROS_TRACEBACK"):
+            raise
+        print(f"orthros {cmd}: error: {_one_line(e)}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except RUNTIME_ERRORS as e:
+        if os.environ.get("ORTHROS_TRACEBACK"):
+            raise
+        print(f"orthros {cmd}: error: {type(e).__name__}: {_one_line(e)} (ORTHROS_TRACEBACK=1 shows the traceback)",
+              file=sys.stderr)
+        return EXIT_FAILURE
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 if __name__ == "__main__":

@@ -1,0 +1,159 @@
+"""The ``orthros`` entry point: a light start (no torch / transformers for --help or --version),
+``import orthros`` still registering the model type before transformers' Auto classes are used,
+and one exit-code convention for every sub-command (2 bad input, 1 failure while working)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+HEAVY = ("torch", "transformers", "torch._dynamo", "numpy", "orthros.engine", "orthros.training", "orthros.models",
+         "orthros.ops", "orthros.conversion")
+
+
+def py(code: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def loaded_after(code: str) -> list[str]:
+    r = py(code + f"\nimport sys, json\nprint(json.dumps([m for m in {list(HEAVY)!r} if m in sys.modules]))")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("code", [
+    "import orthros.cli",
+    "import orthros",
+    "import contextlib, io\nfrom orthros.cli import main\nwith contextlib.redirect_stdout(io.StringIO()): main(['--help'])",
+    "import contextlib, io\nfrom orthros.cli import main\nwith contextlib.redirect_stdout(io.StringIO()): main(['--version'])",
+    "import contextlib, io\nfrom orthros.cli import main\nwith contextlib.redirect_stderr(io.StringIO()): main(['nosuch'])",
+])
+def test_help_and_version_import_nothing_heavy(code):
+    """Issue 17 #3: every command took ~6 s to start (``import orthros`` pulled in torch._dynamo
+    and more). Timing is measured in docs, not asserted; what is asserted is what gets imported."""
+    assert loaded_after(code) == []
+
+
+def test_version_and_help_output():
+    from orthros.cli import main
+
+    r = subprocess.run([sys.executable, "-m", "orthros", "--version"], capture_output=True, text=True, cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().startswith("orthros ")
+    assert main(["--help"]) == 0
+
+
+def test_public_names_load_on_first_use():
+    out = py("import orthros, sys\n"
+             "assert 'torch' not in sys.modules\n"
+             "from orthros import OrthrosConfig\n"
+             "m = orthros.OrthrosForCausalLM\n"
+             "assert m.__name__ == 'OrthrosForCausalLM' and orthros.orthros_attention.__name__\n"
+             "assert 'OrthrosCache' in dir(orthros) and orthros.models.OrthrosConfig is OrthrosConfig\n"
+             "try:\n    orthros.no_such_name\nexcept AttributeError as e:\n    print('AE', e)\n"
+             "import orthros.models.modeling_orthros as mo\n"
+             "print('engine', mo._GENERATE_BACKEND is not None)\n")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "AE module 'orthros' has no attribute 'no_such_name'" in out.stdout
+    assert "engine True" in out.stdout  # importing the models registers the engine behind generate()
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    import torch
+
+    from orthros.models import OrthrosConfig, OrthrosForCausalLM
+
+    d = tmp_path_factory.mktemp("ckpt")
+    torch.manual_seed(0)
+    OrthrosForCausalLM(OrthrosConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=2, head_dim=16,
+                                     max_position_embeddings=64, window_size=8)).save_pretrained(d)
+    return d
+
+
+@pytest.mark.parametrize("order", ["orthros_first", "transformers_first", "auto_config_only"])
+def test_import_orthros_registers_the_auto_classes(checkpoint, order):
+    """``import orthros`` is lazy, but the Auto classes know "orthros" by the time they are used,
+    whichever of orthros / transformers is imported first (the registration is deferred to the
+    first AutoConfig lookup)."""
+    head = {"orthros_first": "import orthros\nfrom transformers import AutoModelForCausalLM, AutoConfig\n",
+            "transformers_first": "from transformers import AutoModelForCausalLM, AutoConfig\nimport orthros\n",
+            "auto_config_only": "import orthros\nfrom transformers import AutoConfig\n"}[order]
+    body = ("c = AutoConfig.from_pretrained(P)\nprint('config', type(c).__name__)\n" if order == "auto_config_only" else
+            "m = AutoModelForCausalLM.from_pretrained(P)\nprint('model', type(m).__name__)\n"
+            "import orthros.models.modeling_orthros as mo\nprint('engine', mo._GENERATE_BACKEND is not None)\n")
+    r = py(f"P = {str(checkpoint)!r}\n" + head + body)
+    assert r.returncode == 0, r.stderr[-3000:]
+    if order == "auto_config_only":
+        assert "config OrthrosConfig" in r.stdout
+    else:
+        assert "model OrthrosForCausalLM" in r.stdout and "engine True" in r.stdout
+    # the deferral is undone after the first call: AutoConfig's own methods are back
+    r = py(head + "import transformers.models.auto.configuration_auto as ca\n"
+           f"AutoConfig.from_pretrained({str(checkpoint)!r})\n"
+           "print(AutoConfig.__dict__['from_pretrained'].__func__.__module__)")
+    assert r.returncode == 0 and r.stdout.strip().endswith("configuration_auto"), r.stdout + r.stderr[-2000:]
+
+
+# --------------------------------------------------------------------------- exit codes
+
+BAD_INPUT = [
+    ["nosuchcommand"],
+    ["train", "--no_such_key", "1"],
+    ["train", "--lr", "-1"],
+    ["eval", "mqar", "--steps", "0"],
+    ["eval", "mqar", "--fill", "bogus"],  # argparse
+    ["eval", "niah-train", "--out", "/tmp/x", "--steps", "0"],
+    ["eval", "niah", "--model", "/nonexistent/model", "--no-progress"],
+    ["demo", "--device", "nonsense"],
+    ["demo", "--bogus"],  # argparse
+    ["convert", "/nonexistent/src", "/tmp/never-written"],
+    ["generate", "--model", "/nonexistent/model", "hello"],
+]
+
+
+@pytest.mark.parametrize("argv", BAD_INPUT, ids=lambda a: " ".join(a[:3]))
+def test_bad_input_exits_2(argv, capsys):
+    from orthros.cli import main
+
+    try:
+        rc = main(argv)
+    except SystemExit as e:  # argparse's own usage errors
+        rc = e.code
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "error" in err and "Traceback" not in err, err
+
+
+def test_failure_while_working_exits_1(tmp_path, capsys):
+    """A run that starts and then fails (here the loss diverges) exits 1 with one line."""
+    from orthros.cli import main
+
+    rc = main(["train", "--output_dir", str(tmp_path / "run"), "--max_steps", "30", "--seq_len", "32",
+               "--grad_accum", "1", "--model.hidden_size", "32", "--model.intermediate_size", "64",
+               "--model.num_hidden_layers", "1", "--model.num_attention_heads", "2", "--eval_sequences", "0",
+               "--threads", "1", "--progress", "false", "--tensorboard", "false", "--lr", "1e6",
+               "--warmup_steps", "0", "--grad_clip", "0", "--checkpoint.every", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1, err[-5:]
+    assert err[-1].startswith("orthros train: error: FloatingPointError: loss is "), err[-3:]
+
+
+def test_refused_training_config_leaves_no_output_dir(tmp_path, capsys):
+    """Issue 17 #9: a config refused in the preflight left an empty output directory."""
+    from orthros.cli import main
+
+    out = tmp_path / "deep" / "run"
+    rc = main(["train", "--output_dir", str(out), "--seq_len", "64", "--model.max_position_embeddings", "32"])
+    assert rc == 2 and "data.seq_len (64) is larger" in capsys.readouterr().err
+    assert not (tmp_path / "deep").exists()
