@@ -229,53 +229,62 @@ def run(a) -> int:
     from orthros.conversion import convert_checkpoint
     from orthros.conversion.fetch import sha256_of
 
-    gguf_sha = sha256_of(a.gguf)
+    phases = set(a.phases.split(","))
+    unknown = phases - {"convert", "probe", "train", "ppl", "niah"}
+    if unknown:
+        raise SystemExit(f"--phases: unknown {sorted(unknown)}")
     zero = work / "orthros_zero"
-    s = time.perf_counter()
-    report = convert_checkpoint(a.gguf, zero, window_size=a.window, progress=False, overwrite=True)
-    res.put("convert", {"seconds": round(time.perf_counter() - s, 1), "gguf_sha256": gguf_sha,
-                        "summary": report["summary"], "gguf": report["gguf"], "window_size": a.window})
-    _log(f"converted: {report['summary']}", t0)
+    if "convert" in phases:
+        gguf_sha = sha256_of(a.gguf)
+        s = time.perf_counter()
+        report = convert_checkpoint(a.gguf, zero, window_size=a.window, progress=False, overwrite=True)
+        res.put("convert", {"seconds": round(time.perf_counter() - s, 1), "gguf_sha256": gguf_sha,
+                            "summary": report["summary"], "gguf": report["gguf"], "window_size": a.window})
+        _log(f"converted: {report['summary']}", t0)
     # 2. sanity: the conversion equals the GGUF model for T <= window (and full mode for any T)
     from orthros.conversion.gguf import load_gguf_model
-    from orthros.evaluation.perplexity import load_documents, make_windows, position_perplexity
+    from orthros.evaluation.perplexity import DEFAULT_BUCKETS, load_documents, make_windows, position_perplexity
 
     tok = transformers.AutoTokenizer.from_pretrained(str(zero))
     held_docs = load_documents(Path(a.data) / "heldout.jsonl")
     windows = make_windows(tok, held_docs, a.seq_len, a.ppl_windows)
-    hf, _, _ = load_gguf_model(a.gguf, with_tokenizer=False)
-    hf = hf.to(device)
     torch.backends.cuda.matmul.allow_tf32 = False
     sanity = {}
+    hf = load_gguf_model(a.gguf, with_tokenizer=False)[0].to(device) if "convert" in phases else None
     with torch.no_grad():
         ids = torch.tensor([windows[0][:512]], device=device)
-        ref = hf(ids).logits.float()
-        for mode in ("orthros", "full"):
+        ref = hf(ids).logits.float() if hf is not None else None
+        for mode in (("orthros", "full") if hf is not None else ()):
             m = _load(zero, mode, device, torch.float32)
             lo = m(ids).logits.float()
             n = a.window if mode == "orthros" else ids.shape[1]
             sanity[mode] = {"positions": n, "max_abs_diff": (lo[:, :n] - ref[:, :n]).abs().max().item(),
                             "ref_max_abs": ref[:, :n].abs().max().item()}
             del m
-    del hf
-    res.put("sanity_vs_gguf_fp32", sanity)
-    _log(f"sanity vs HF-from-GGUF: {sanity}", t0)
+    if hf is not None:
+        del hf
+        res.put("sanity_vs_gguf_fp32", sanity)
+        _log(f"sanity vs HF-from-GGUF: {sanity}", t0)
     # 3. probes: step-0 eval loss and step time of each architecture -------------------
-    probe_dir = work / "probe"
-    cfg_o = _cfg("smollm2_cpt.yaml", a, zero, probe_dir / "orthros", 10 ** 6, 0)
-    cfg_b = _cfg("smollm2_base_cpt.yaml", a, zero, probe_dir / "base", 10 ** 6, 0)
-    e0_o, sec_o, times_o = _probe(cfg_o, a.probe_steps, t0)
-    _log(f"probe orthros: eval0 {e0_o:.4f}, {sec_o:.3f} s/step ({[round(x, 3) for x in times_o]})", t0)
-    e0_b, sec_b, times_b = _probe(cfg_b, a.probe_steps, t0)
-    _log(f"probe base: eval0 {e0_b:.4f}, {sec_b:.3f} s/step ({[round(x, 3) for x in times_b]})", t0)
     tokens_per_step = a.seq_len * a.micro_batch * a.grad_accum
-    steps = a.max_steps or max(a.min_steps, int(a.train_budget_s / (sec_o + sec_b)))
-    if a.max_steps_cap:
-        steps = min(steps, a.max_steps_cap)
+    e0_o = e0_b = None
+    if "probe" in phases:
+        probe_dir = work / "probe"
+        cfg_o = _cfg("smollm2_cpt.yaml", a, zero, probe_dir / "orthros", 10 ** 6, 0)
+        cfg_b = _cfg("smollm2_base_cpt.yaml", a, zero, probe_dir / "base", 10 ** 6, 0)
+        e0_o, sec_o, times_o = _probe(cfg_o, a.probe_steps, t0)
+        _log(f"probe orthros: eval0 {e0_o:.4f}, {sec_o:.3f} s/step ({[round(x, 3) for x in times_o]})", t0)
+        e0_b, sec_b, times_b = _probe(cfg_b, a.probe_steps, t0)
+        _log(f"probe base: eval0 {e0_b:.4f}, {sec_b:.3f} s/step ({[round(x, 3) for x in times_b]})", t0)
+        steps = a.max_steps or max(a.min_steps, int(a.train_budget_s / (sec_o + sec_b)))
+        if a.max_steps_cap:
+            steps = min(steps, a.max_steps_cap)
+        res.put("probe", {"orthros": {"eval_loss_step0": e0_o, "sec_per_step": sec_o, "times": times_o},
+                          "base": {"eval_loss_step0": e0_b, "sec_per_step": sec_b, "times": times_b},
+                          "steps": steps, "tokens_per_step": tokens_per_step})
+    else:
+        steps = a.max_steps or 0
     eval_every = max(1, steps // a.curve_points)
-    res.put("probe", {"orthros": {"eval_loss_step0": e0_o, "sec_per_step": sec_o, "times": times_o},
-                      "base": {"eval_loss_step0": e0_b, "sec_per_step": sec_b, "times": times_b},
-                      "steps": steps, "tokens_per_step": tokens_per_step, "eval_every": eval_every})
     _log(f"CPT: {steps} steps x {tokens_per_step} tokens = {steps * tokens_per_step / 1e6:.2f}M tokens each", t0)
     # 4. CPT: Orthros, then Base CPT -------------------------------------------------
     from orthros.training.trainer import train
@@ -284,27 +293,31 @@ def run(a) -> int:
     runs = {}
     for name, cfg_file in (("orthros_cpt", "smollm2_cpt.yaml"), ("base_cpt", "smollm2_base_cpt.yaml")):
         rd = work / name
-        cfg = _cfg(cfg_file, a, zero, rd, steps, eval_every)
-        s = time.perf_counter()
-        summary = train(cfg)
-        secs = time.perf_counter() - s
+        summary, secs = None, None
+        if "train" in phases:
+            cfg = _cfg(cfg_file, a, zero, rd, steps, eval_every)
+            s = time.perf_counter()
+            summary = train(cfg)
+            secs = time.perf_counter() - s
         step0 = e0_o if name == "orthros_cpt" else e0_b
-        curve = [{"step": 0, "tokens": 0, "eval_loss": step0, "ppl": math.exp(step0)}] + _eval_curve(rd)
-        runs[name] = {"summary": summary, "seconds": round(secs, 1), "curve": curve,
+        curve = ([{"step": 0, "tokens": 0, "eval_loss": step0, "ppl": math.exp(step0)}] if step0 is not None
+                 else []) + _eval_curve(rd)
+        runs[name] = {"summary": summary, "seconds": secs and round(secs, 1), "curve": curve,
                       "checkpoint": str(ckpt.latest_checkpoint(str(rd)))}
         res.put("cpt", runs)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        _log(f"{name}: {summary} in {secs:.0f}s", t0)
+        _log(f"{name}: {summary} in {secs}s", t0)
     # 5. perplexity by position bucket ------------------------------------------------
     models = {"original (Transformer)": (zero, "full"), "Orthros zero-shot": (zero, "orthros"),
               "Base CPT": (Path(runs["base_cpt"]["checkpoint"]), "full"),
               "Orthros CPT": (Path(runs["orthros_cpt"]["checkpoint"]), "orthros")}
     ac = torch.bfloat16 if (device == "cuda" and a.eval_bf16) else None
     ppl = {}
-    for name, (path, mode) in models.items():
+    edges = [e for e in DEFAULT_BUCKETS if e < a.seq_len] + [a.seq_len]
+    for name, (path, mode) in (models.items() if "ppl" in phases else ()):
         m = _load(path, mode, device, torch.float32)
-        ppl[name] = position_perplexity(m, windows, autocast_dtype=ac, progress=False)
+        ppl[name] = position_perplexity(m, windows, buckets=edges, autocast_dtype=ac, progress=False)
         del m
         res.put("perplexity", ppl)
         _log(f"ppl {name}: " + ", ".join(f"{b['bucket']} {b['ppl']:.3f}" for b in ppl[name]["buckets"]), t0)
@@ -313,7 +326,8 @@ def run(a) -> int:
 
     lengths = [L for L in NIAH_LENGTHS if L <= a.niah_max]
     niah = {}
-    for name in ("original (Transformer)", "Base CPT", "Orthros CPT", "Orthros zero-shot"):
+    for name in (("Orthros CPT", "Base CPT", "original (Transformer)", "Orthros zero-shot") if "niah" in phases
+                 else ()):
         if time.perf_counter() - t0 > a.deadline_s:
             _log(f"deadline: NIAH of {name} skipped", t0)
             continue
@@ -408,6 +422,8 @@ def main(argv=None) -> int:
     q.add_argument("--niah-engine", default="auto", choices=("auto", "on", "off"))
     q.add_argument("--deadline-s", type=float, default=1e9, help="skip the remaining NIAH runs after this")
     q.add_argument("--progress", default="false")
+    q.add_argument("--phases", default="convert,probe,train,ppl,niah",
+                   help="which phases to run; the others read what an earlier run left in --work")
     q.set_defaults(func=run)
     q = sub.add_parser("plot", help="recovery curve and bucket perplexities as a PNG")
     q.add_argument("results")
