@@ -174,6 +174,10 @@ def model_config_for(cfg: RunConfig, tokenizer):
             raise ConfigError(f"model.init_from {m.init_from!r} is a {mc.model_type!r} model; convert it to Orthros "
                               f"first (the conversion tool), then continue pre-training with mode cpt")
         mc.attention_mode = mode
+        if getattr(mc, "layer_types", None):  # attention layers take the new mode: the saved config must load
+            from ..kinds import ATTENTION_LAYER_TYPES, layer_type_for
+
+            mc.layer_types = [layer_type_for(mode) if t in ATTENTION_LAYER_TYPES else t for t in mc.layer_types]
         mc.use_cache = True  # checkpoints generate with a KV cache (training passes use_cache=False)
         return mc
     vocab = len(tokenizer)
