@@ -204,6 +204,10 @@ def _load(path: Path, attention_mode: str, device: str, dtype):
 
     cfg = AutoConfig.from_pretrained(str(path))
     cfg.attention_mode = attention_mode  # before the layers are built: they fix their mode at init
+    if getattr(cfg, "layer_types", None):
+        from orthros.kinds import ATTENTION_LAYER_TYPES, layer_type_for
+
+        cfg.layer_types = [layer_type_for(attention_mode) if t in ATTENTION_LAYER_TYPES else t for t in cfg.layer_types]
     m = AutoModelForCausalLM.from_pretrained(str(path), config=cfg, dtype=dtype)
     assert m.config.attention_mode == attention_mode
     return m.to(device).eval()

@@ -129,6 +129,11 @@ def _ppl(a) -> int:
 
         cfg = AutoConfig.from_pretrained(a.model)
         cfg.attention_mode = a.attention_mode  # before the layers are built: they fix their mode then
+        if getattr(cfg, "layer_types", None):
+            from ..kinds import ATTENTION_LAYER_TYPES, layer_type_for
+
+            cfg.layer_types = [layer_type_for(a.attention_mode) if t in ATTENTION_LAYER_TYPES else t
+                               for t in cfg.layer_types]
         dtype = {None: None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
         model = AutoModelForCausalLM.from_pretrained(a.model, config=cfg, dtype=dtype).to(device).eval()
     else:
