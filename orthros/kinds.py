@@ -8,6 +8,12 @@
   hybrid models use): the attention kinds ``"orthros_attention"``, ``"full_attention"`` and
   ``"window_attention"``. All attention layers of one model share one kind, which is the
   model's attention mode; whether the model has an output stream follows from it.
+  ``"linear_attention"`` is a Gated DeltaNet layer (Orthros-H, ``orthros/layers/gated_deltanet.py``);
+  a model of GDN layers only has no output stream (its mode reads ``"full"``).
+* **Hybrid layouts** (:data:`HYBRID_ALIASES`, user-facing model names of configs and MQAR):
+  ``"orthros-h"`` (three GDN layers, then one Orthros attention layer, repeated: paper Section
+  4.6), its baseline ``"linear-hybrid"`` (the same with full attention: Qwen3.5's layout) and
+  ``"gdn"`` (GDN layers only); :func:`hybrid_layout` turns a name into config fields.
 """
 
 from __future__ import annotations
@@ -22,7 +28,13 @@ MODE_DISPLAY = {"orthros": "Orthros", "full": "Transformer", "window": "SWA"}
 
 # layer type -> the attention mode it runs
 ATTENTION_LAYER_TYPES = {"orthros_attention": "orthros", "full_attention": "full", "window_attention": "window"}
-LAYER_TYPES = tuple(ATTENTION_LAYER_TYPES)
+LINEAR_LAYER_TYPE = "linear_attention"  # a Gated DeltaNet layer
+LAYER_TYPES = (*ATTENTION_LAYER_TYPES, LINEAR_LAYER_TYPE)
+# hybrid model name -> (attention mode of its attention layers or None, one attention layer every N)
+HYBRID_KINDS = {"orthros-h": ("orthros", 4), "linear-hybrid": ("full", 4), "gdn": (None, None)}
+HYBRID_ALIASES = {"orthros-h": "orthros-h", "orthros_h": "orthros-h", "linear-hybrid": "linear-hybrid",
+                  "linear_hybrid": "linear-hybrid", "gdn": "gdn"}
+HYBRID_DISPLAY = {"orthros-h": "Orthros-H", "linear-hybrid": "Linear Hybrid", "gdn": "GDN"}
 
 
 def resolve_mode(name, arg: str = "attention_mode") -> str:
@@ -40,6 +52,26 @@ def has_output_stream(mode: str) -> bool:
 
 def layer_type_for(mode: str) -> str:
     return f"{mode}_attention"
+
+
+def interval_layer_types(num_layers: int, interval: int, mode: str) -> List[str]:
+    """Qwen3.5's ``full_attention_interval`` pattern: layer ``i`` is an attention layer of ``mode``
+    when ``(i + 1) % interval == 0``, a GDN layer otherwise."""
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+        raise ValueError(f"full_attention_interval must be an integer >= 1, got {interval!r}")
+    return [layer_type_for(mode) if (i + 1) % interval == 0 else LINEAR_LAYER_TYPE for i in range(num_layers)]
+
+
+def hybrid_layout(name: str, num_layers: int) -> dict:
+    """``OrthrosConfig`` fields (``layer_types``, ``attention_mode``) of a hybrid model name
+    (:data:`HYBRID_ALIASES`): ``"orthros-h"``, ``"linear-hybrid"`` or ``"gdn"``."""
+    kind = HYBRID_ALIASES.get(name) if isinstance(name, str) else None
+    if kind is None:
+        raise ValueError(f"hybrid model must be one of {', '.join(HYBRID_ALIASES)}, got {name!r}")
+    mode, every = HYBRID_KINDS[kind]
+    if mode is None:
+        return {"layer_types": [LINEAR_LAYER_TYPE] * num_layers}
+    return {"layer_types": interval_layer_types(num_layers, every, mode), "attention_mode": mode}
 
 
 def resolve_layer_types(layer_types: Optional[Sequence[str]], num_layers: int,
@@ -74,4 +106,5 @@ def resolve_layer_types(layer_types: Optional[Sequence[str]], num_layers: int,
 
 
 __all__ = ["ATTENTION_MODES", "MODE_ALIASES", "MODE_DISPLAY", "ATTENTION_LAYER_TYPES", "LAYER_TYPES",
-           "resolve_mode", "has_output_stream", "layer_type_for", "resolve_layer_types"]
+           "resolve_mode", "has_output_stream", "layer_type_for", "resolve_layer_types", "LINEAR_LAYER_TYPE",
+           "HYBRID_KINDS", "HYBRID_ALIASES", "HYBRID_DISPLAY", "interval_layer_types", "hybrid_layout"]

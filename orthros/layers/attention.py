@@ -65,7 +65,10 @@ class OrthrosAttention(nn.Module):
         self.backend = config.attn_backend
         self.scale = 1.0 / math.sqrt(self.head_dim)
         qd, kd = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, qd, bias=config.attention_bias)
+        # Qwen3.5's attention output gate: q_proj holds [query | gate] per head, and the
+        # attention output is multiplied by sigmoid(gate) of its own row before W_O
+        self.output_gate = bool(getattr(config, "attn_output_gate", False))
+        self.q_proj = nn.Linear(config.hidden_size, qd * (2 if self.output_gate else 1), bias=config.attention_bias)
         self.k_proj = nn.Linear(config.hidden_size, kd, bias=config.attention_bias)
         self.v_proj = nn.Linear(config.hidden_size, kd, bias=config.attention_bias)
         self.o_proj = nn.Linear(qd, config.hidden_size, bias=config.o_proj_bias)
@@ -112,15 +115,22 @@ class OrthrosAttention(nn.Module):
         return Streams(window=True, full=None, gather=final)  # window
 
     # ------------------------------------------------------------ token-wise pieces
-    def stream_queries(self, x: torch.Tensor, n_base: int, rope, rope_out, scale_offset: bool = True) -> torch.Tensor:
+    def stream_queries(self, x: torch.Tensor, n_base: int, rope, rope_out, scale_offset: bool = True,
+                       with_gate: bool = False):
         """Queries of both streams in one pass (one projection, one q-norm, one RoPE): rows
         ``< n_base`` of ``x [B, T, d]`` are base-stream queries (alpha, beta; RoPE ``rope``
         ``[B, n_base, R]``), the remaining rows output-stream queries (alpha', beta'; RoPE
         ``rope_out``, ``[B, T - n_base or 1, R]``). ``scale_offset=False`` (or a layer without
-        the parameters): the plain projection, as in a Transformer."""
+        the parameters): the plain projection, as in a Transformer. ``with_gate``: also the
+        rows' output gates (pre-sigmoid, ``None`` without ``attn_output_gate``): ``(q, gate)``."""
         B, T, _ = x.shape
         H, D = self.num_heads, self.head_dim
-        q = self.q_proj(x).view(B, T, H, D)
+        q = self.q_proj(x)
+        gate = None
+        if self.output_gate:
+            q, gate = q.view(B, T, H, 2 * D).split(D, dim=-1)
+        else:
+            q = q.view(B, T, H, D)
         dtype = q.dtype  # under autocast the fp32 norm/scale-offset parameters would promote q
         if self.q_norm is not None:
             q = self.q_norm(q)
@@ -140,7 +150,8 @@ class OrthrosAttention(nn.Module):
             m = T - n_base
             cos = torch.cat([rope[0].expand(B, -1, -1), rope_out[0].expand(B, m, -1)], dim=1)
             sin = torch.cat([rope[1].expand(B, -1, -1), rope_out[1].expand(B, m, -1)], dim=1)
-        return apply_rope(q.to(dtype), cos, sin)
+        q = apply_rope(q.to(dtype), cos, sin)
+        return (q, gate) if with_gate else q
 
     def queries(self, x: torch.Tensor, rope, stream: Optional[str] = "base") -> torch.Tensor:
         """Queries ``[B, T, Hq, D]`` of one stream: ``"base"`` (alpha, beta), ``"out"`` (alpha',
@@ -166,28 +177,32 @@ class OrthrosAttention(nn.Module):
         T = step.n_base
         xb = x[:, :T]
         k, v = self.keys_values(xb, step.rope_base)
-        q = q_full = None
+        q = q_full = gate = None
+        g = self.output_gate
         if s.full == "tokens":  # output tokens (alpha', beta'), with the base rows' queries in one pass
             rows = x if s.window else x[:, T:]
-            qq = self.stream_queries(rows, T if s.window else 0, step.rope_base, step.rope_out, s.scale_offset)
+            qq, gate = self.stream_queries(rows, T if s.window else 0, step.rope_base, step.rope_out, s.scale_offset,
+                                           with_gate=True)
             q, q_full = (qq[:, :T], qq[:, T:] if step.n_out else None) if s.window else (None, qq)
         elif s.full == "out_rows":
-            q_full = self.stream_queries(step.gather_out_rows(xb), 0, None, step.rope_out, False)
+            q_full, gate = self.stream_queries(step.gather_out_rows(xb), 0, None, step.rope_out, False, with_gate=True)
         elif s.window or s.full == "rows":
-            qq = self.stream_queries(xb, T, step.rope_base, None, s.scale_offset)
+            qq, gate = self.stream_queries(xb, T, step.rope_base, None, s.scale_offset, with_gate=True)
             q = qq if s.window else None
             q_full = qq if s.full == "rows" else None
-        return q, q_full, k, v
+        # the output gates of exactly the rows `output` returns (None without attn_output_gate)
+        return q, q_full, k, v, (gate if g else None)
 
     def attend(self, p, step: StepInputs, final: bool):
         """The cache's update and the attention kernels (never compiled): ``(o, o_full)``, or
         ``None`` when nothing reads this layer's output."""
-        q, q_full, k, v = p
+        q, q_full, k, v, gate = p
         k, v = step.cache.update(self.layer_idx, k, v)
         if q is None and q_full is None:
             return None
-        return step.cache.attend(q, q_full, k, v, step, every=self.streams(step, final).full == "rows",
-                                 window_size=self.window_size, scale=self.scale, backend=self.backend)
+        o, o_full = step.cache.attend(q, q_full, k, v, step, every=self.streams(step, final).full == "rows",
+                                      window_size=self.window_size, scale=self.scale, backend=self.backend)
+        return o, o_full, gate
 
     def output(self, o, step: StepInputs, final: bool):
         """Token-wise: ``W_O`` of the streams' outputs, for the rows the layer keeps (every row of
@@ -195,11 +210,14 @@ class OrthrosAttention(nn.Module):
         if o is None:
             return None
         s = self.streams(step, final)
-        o, o_full = o
+        o, o_full, gate = o
         if s.gather:
             o = step.gather_out_rows(o)
+            gate = step.gather_out_rows(gate) if gate is not None else None
         parts = [t for t in (o, o_full) if t is not None]
         o = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+        if gate is not None:
+            o = o * torch.sigmoid(gate)
         return self.o_proj(o.flatten(2))
 
     def forward(self, x: torch.Tensor, step: StepInputs, final: bool = False):

@@ -24,7 +24,9 @@ Cache protocol (every path's cache implements it): ``cache.linear_state(layer_id
 ``(conv_state [B, C, W-1], recurrent_state [B, HV, K, V] float32)`` or ``None`` (a sequence
 start), and ``cache.set_linear_state(layer_idx, conv_state, recurrent_state)`` stores them
 (static caches copy in place; a decode step updates the returned buffers in place and hands
-the same tensors back). ``step.cache`` may be ``None`` (no cache: training).
+the same tensors back). ``step.cache`` may be ``None`` (no cache). A cache whose ``out_last``
+is True promises that the step's only output position is its last base row (the engine's
+prefill), which the output stream then reads from the final state.
 """
 
 from __future__ import annotations
@@ -137,7 +139,10 @@ class GatedDeltaNet(nn.Module):
         return GDNProjections(qkv, q_out, z, g, beta)
 
     def output(self, o, step, final: bool) -> torch.Tensor:
-        """Token-wise: the gated norm with each row's own ``z`` and ``out_proj``."""
+        """Token-wise: the gated norm with each row's own ``z`` and ``out_proj`` (``None`` when
+        ``attend`` returned ``None``)."""
+        if o is None:
+            return None
         o, z = o
         B, N = o.shape[:2]
         y = self.norm(o.reshape(B * N, self.num_v_heads, self.head_v_dim), z.reshape(B * N, self.num_v_heads, -1))
@@ -147,13 +152,14 @@ class GatedDeltaNet(nn.Module):
     def attend(self, p: GDNProjections, step, final: bool):
         """Convolution (with the cached window), the gated delta rule over the base rows (from
         the cached state) and the output stream's readout of the same states. Returns
-        ``(o, z)``: the outputs of the rows this layer returns and their gates."""
+        ``(o, z)``: the outputs of the rows this layer returns and their gates, or ``None`` when
+        nothing reads them (the last layer of a step without output positions)."""
         qkv, q_out, z, g, beta = p
         B, T, _ = qkv.shape
         cache = step.cache
         state = cache.linear_state(self.layer_idx) if cache is not None else None
         conv_state, rec_state = state if state is not None else (None, None)
-        if step.kv_start is not None and getattr(step, "pad_rows", None) is not None:
+        if getattr(step, "pad_rows", None) is not None:
             # left padding: a pad token contributes nothing (zero inputs: no state change, zero
             # conv taps), so padded rows equal unpadded ones
             keep = (~step.pad_rows)[..., None]
@@ -180,7 +186,7 @@ class GatedDeltaNet(nn.Module):
             q, k, v = q.unflatten(-1, (Hk, K)), k.unflatten(-1, (Hk, K)), v.unflatten(-1, (Hv, V))
             if not two:
                 pos = None
-            elif getattr(step, "out_last", False):
+            elif getattr(cache, "out_last", False):  # the engine's prefill: the chunk's last row only
                 pos = "last"
             else:
                 pos = step.out_rel
@@ -189,6 +195,8 @@ class GatedDeltaNet(nn.Module):
                 output_final_state=cache is not None, cu_seqlens=step.cu_seqlens, backend=self.backend)
         if cache is not None:
             cache.set_linear_state(self.layer_idx, new_conv, final_state)
+        if final and step.n_out == 0:  # nothing reads this layer's output (a prefill chunk that predicts nothing)
+            return None
         if final:
             o = o_out if two else step.gather_out_rows(o)
         elif two:

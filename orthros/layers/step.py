@@ -60,6 +60,7 @@ class StepInputs:
     doc_ids: Optional[torch.Tensor] = None  # [T] document of each position (packed documents)
     cu_seqlens: Optional[torch.Tensor] = None
     kv_start: Optional[torch.Tensor] = None  # [B] first valid key (left padding)
+    pad_rows: Optional[torch.Tensor] = None  # [B, n_base] bool: this step's left-padding rows (GDN layers zero them)
     mode: Optional[str] = None
     run: Callable = field(default=call)
 
@@ -89,6 +90,14 @@ class DenseKV:
 
     def __init__(self, cache=None):
         self.cache = cache
+
+    def linear_state(self, layer_idx: int):
+        """A GDN layer's (conv, recurrent) state from the HF cache (``OrthrosCache``), or None."""
+        return None if self.cache is None else self.cache.linear_state(layer_idx)
+
+    def set_linear_state(self, layer_idx: int, conv_state, recurrent_state):
+        if self.cache is not None:
+            self.cache.set_linear_state(layer_idx, conv_state, recurrent_state)
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor):
         if self.cache is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from transformers import PreTrainedConfig
 
-from ..kinds import ATTENTION_MODES, resolve_layer_types
+from ..kinds import ATTENTION_MODES, LINEAR_LAYER_TYPE, interval_layer_types, resolve_layer_types, resolve_mode
 from ..ops.backends import BACKENDS as ATTN_BACKENDS
 from ..utils import check_positive_int
 
@@ -27,6 +27,15 @@ class OrthrosConfig(PreTrainedConfig):
       layers of one model share one kind, which is then the model's ``attention_mode``.
     * ``attention_bias``: bias on q/k/v (Qwen2); ``o_proj_bias``: bias on the output projection
       (Llama's ``attention_bias=True`` sets both); ``qk_norm``: per-head RMSNorm of q and k (Qwen3).
+    * Orthros-H (paper Section 4.6): ``"linear_attention"`` entries of ``layer_types`` are Gated
+      DeltaNet layers, sized by Qwen3.5's fields ``linear_num_key_heads``,
+      ``linear_num_value_heads`` (a multiple of the key heads), ``linear_key_head_dim``,
+      ``linear_value_head_dim`` (defaults: the attention's heads and head_dim) and
+      ``linear_conv_kernel_dim`` (4). ``full_attention_interval=N`` (Qwen3.5's name), when
+      ``layer_types`` is not given: every N-th layer an attention layer of ``attention_mode``,
+      the others GDN (``orthros/kinds.py`` ``hybrid_layout``: ``"orthros-h"``, ``"linear-hybrid"``,
+      ``"gdn"``). ``attn_output_gate``: Qwen3.5's sigmoid gate on the attention output (``q_proj``
+      holds query and gate per head).
     * ``attn_backend``: ``"auto"`` (Triton kernels on CUDA, SDPA fast paths elsewhere), ``"reference"``,
       ``"sdpa"``, ``"triton"``.
     """
@@ -59,6 +68,13 @@ class OrthrosConfig(PreTrainedConfig):
         attention_mode: str | None = None,
         layer_types: list | None = None,
         attn_backend: str = "auto",
+        full_attention_interval: int | None = None,
+        linear_num_key_heads: int | None = None,
+        linear_num_value_heads: int | None = None,
+        linear_key_head_dim: int | None = None,
+        linear_value_head_dim: int | None = None,
+        linear_conv_kernel_dim: int = 4,
+        attn_output_gate: bool = False,
         pad_token_id: int | None = None,
         bos_token_id: int | None = None,
         eos_token_id: int | list | None = None,
@@ -86,7 +102,18 @@ class OrthrosConfig(PreTrainedConfig):
         self.window_size = window_size
         self.scale_offset = scale_offset
         check_positive_int("OrthrosConfig.num_hidden_layers", num_hidden_layers)
+        if layer_types is None and full_attention_interval is not None:
+            layer_types = interval_layer_types(num_hidden_layers, full_attention_interval,
+                                               resolve_mode("orthros" if attention_mode is None else attention_mode))
         layer_types, self.attention_mode = resolve_layer_types(layer_types, num_hidden_layers, attention_mode)
+        self.linear_num_key_heads = num_attention_heads if linear_num_key_heads is None else linear_num_key_heads
+        self.linear_num_value_heads = self.linear_num_key_heads if linear_num_value_heads is None \
+            else linear_num_value_heads
+        self.linear_key_head_dim = self.head_dim if linear_key_head_dim is None else linear_key_head_dim
+        self.linear_value_head_dim = self.head_dim if linear_value_head_dim is None else linear_value_head_dim
+        self.linear_conv_kernel_dim = linear_conv_kernel_dim
+        self.attn_output_gate = bool(attn_output_gate)
+        self._validate_linear(layer_types)
         self.layer_types = None  # set after transformers' own checks, which know only its layer kinds
         self.attn_backend = attn_backend
         rope_parameters = dict(rope_parameters) if rope_parameters else {}
@@ -121,6 +148,16 @@ class OrthrosConfig(PreTrainedConfig):
             raise ValueError(f"OrthrosConfig.rope_parameters['rope_theta'] must be > 0, got "
                              f"{self.rope_parameters.get('rope_theta')!r}")
 
+
+    def _validate_linear(self, layer_types):
+        if LINEAR_LAYER_TYPE not in layer_types:
+            return
+        for name in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+                     "linear_conv_kernel_dim"):
+            check_positive_int(f"OrthrosConfig.{name}", getattr(self, name))
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ValueError(f"OrthrosConfig.linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple "
+                             f"of linear_num_key_heads ({self.linear_num_key_heads})")
 
     def validate_layer_type(self):
         """transformers' check knows only its own layer kinds; ours are checked by

@@ -20,7 +20,8 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from ..layers import DenseKV, OrthrosAttention, RMSNorm, RotaryEmbedding, StepInputs, SwiGLUMLP
-from ..kinds import has_output_stream
+from ..layers.gated_deltanet import GatedDeltaNet
+from ..kinds import LINEAR_LAYER_TYPE, has_output_stream
 from ..ops import doc_ids_from_cu_seqlens
 from .configuration_orthros import OrthrosConfig
 from .positions import resolve_output_positions
@@ -37,10 +38,27 @@ class OrthrosCache(DynamicCache):
     Output tokens write no K/V. Layout inside is transformers' ``[B, Hkv, L, D]``. It is a
     ``DynamicCache`` built without a config, so it has no sliding-window layers whatever the
     model config says: the output stream attends to all earlier keys.
+
+    GDN layers (Orthros-H) keep their convolution window and recurrent state here too
+    (:meth:`linear_state` / :meth:`set_linear_state`, the protocol of
+    ``orthros/layers/gated_deltanet.py``); :meth:`get_seq_length` counts the tokens seen even
+    when a model has no attention layer.
     """
 
     def __init__(self):
         super().__init__()
+        self.linear_states = {}  # layer_idx -> (conv_state [B, C, W-1], recurrent_state [B, HV, K, V])
+        self.linear_seen = 0  # tokens the GDN layers have consumed (set by the model's forward)
+
+    def linear_state(self, layer_idx: int):
+        return self.linear_states.get(layer_idx)
+
+    def set_linear_state(self, layer_idx: int, conv_state, recurrent_state):
+        self.linear_states[layer_idx] = (conv_state, recurrent_state)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        kv = [layer.get_seq_length() for layer in self.layers if getattr(layer, "is_initialized", True)]
+        return max([self.linear_seen, *kv]) if layer_idx == 0 else super().get_seq_length(layer_idx)
 
 
 def _project(layer, h, step: StepInputs, final: bool):
@@ -71,14 +89,17 @@ class OrthrosDecoderLayer(GradientCheckpointingLayer):
     def __init__(self, config: OrthrosConfig, layer_idx: int):
         super().__init__()
         self.layer_type = config.layer_types[layer_idx]
-        self.self_attn = OrthrosAttention(config, layer_idx)
+        if self.layer_type == LINEAR_LAYER_TYPE:  # Orthros-H: a Gated DeltaNet layer (Qwen3.5's name)
+            self.linear_attn = GatedDeltaNet(config, layer_idx)
+        else:
+            self.self_attn = OrthrosAttention(config, layer_idx)
         self.mlp = SwiGLUMLP(config.hidden_size, config.intermediate_size, config.hidden_act, bias=config.mlp_bias)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     @property
     def mixer(self):
-        return self.self_attn
+        return self.linear_attn if self.layer_type == LINEAR_LAYER_TYPE else self.self_attn
 
     def pre_attention(self, h: torch.Tensor) -> torch.Tensor:
         return self.input_layernorm(h)
@@ -112,6 +133,8 @@ class OrthrosPreTrainedModel(PreTrainedModel):
             module.reset_buffers()
         if isinstance(module, OrthrosAttention):
             module.reset_scale_offset(only_uninitialized=True)
+        if isinstance(module, GatedDeltaNet):
+            module.init_gdn_parameters(only_uninitialized=True)
 
 
 class OrthrosModel(OrthrosPreTrainedModel):
@@ -165,7 +188,7 @@ class OrthrosModel(OrthrosPreTrainedModel):
         if cu_seqlens is not None and past:
             raise ValueError("cu_seqlens (packed documents) cannot be combined with a non-empty KV cache")
 
-        kv_start = None
+        kv_start = pad_rows = None
         if attention_mask is not None:
             attention_mask = torch.as_tensor(attention_mask, device=dev)
             if attention_mask.shape != (B, past + T):
@@ -178,6 +201,7 @@ class OrthrosModel(OrthrosPreTrainedModel):
                 if cu_seqlens is not None:
                     raise ValueError("cu_seqlens cannot be combined with a padding attention_mask")
                 kv_start = (am == 0).sum(dim=1)
+                pad_rows = am[:, past:] == 0
                 if position_ids is None:
                     position_ids = (am.cumsum(dim=1) - 1).clamp(min=0)[:, past:]
         doc = None
@@ -206,8 +230,11 @@ class OrthrosModel(OrthrosPreTrainedModel):
             doc_ids=doc,
             cu_seqlens=cu_seqlens,
             kv_start=kv_start,
+            pad_rows=pad_rows,
         )
         h = self.run_layers(step.with_output_tokens(h), step)
+        if isinstance(cache, OrthrosCache):
+            cache.linear_seen = past + T
         return BaseModelOutputWithPast(last_hidden_state=self.norm(h), **{CACHE_KWARG: cache})
 
     def run_layers(self, h: torch.Tensor, step: StepInputs) -> torch.Tensor:

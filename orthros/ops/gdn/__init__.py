@@ -149,7 +149,7 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: Optional[torch.T
         y = F.conv1d(full.to(weight.dtype), weight[:, None, :], groups=C)
     if activation:
         y = F.silu(y)
-    new_state = full[:, :, -(W - 1):] if W > 1 else full[:, :, :0]
+    new_state = (full[:, :, -(W - 1):] if W > 1 else full[:, :, :0]).clone()  # not a view of the whole input
     return y.transpose(1, 2).to(x.dtype), new_state
 
 

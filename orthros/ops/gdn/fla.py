@@ -81,6 +81,7 @@ class TwoStreamChunkGDN(torch.autograd.Function):
         w, u = recompute_w_u_fwd(k=k, v=v, beta=beta, A=A, g=g, **common)
         h, v_new, _ = chunk_gated_delta_rule_fwd_h(k=k, w=w, u=u, g=g, initial_state=h0, output_final_state=False,
                                                    chunk_size=CHUNK, **common)
+        dht = dht.contiguous() if dht is not None else None
         streams = [(q, do, dht)]
         if ctx.has_out:
             streams.append((q_out, do_out if do_out is not None else torch.zeros_like(v), None))
