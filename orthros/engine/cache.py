@@ -24,18 +24,47 @@ from ..ops.decode import orthros_decode_attention
 
 
 class StaticKVCache:
+    """``linear``: ``{layer_idx: (conv_dim, conv_kernel, num_v_heads, k_dim, v_dim)}`` of the GDN
+    layers (Orthros-H): they get no K/V (``k[i] is v[i] is None``) but a convolution window
+    ``conv[i] [B_max, conv_dim, kernel - 1]`` (model dtype) and a recurrent state ``rec[i]
+    [B_max, HV, K, V]`` (float32), both updated in place (CUDA-graph friendly)."""
+
     def __init__(self, num_layers: int, max_batch_size: int, max_seq_len: int, num_kv_heads: int, head_dim: int,
-                 *, dtype: torch.dtype, device):
+                 *, dtype: torch.dtype, device, linear=None):
         shape = (max_batch_size, max_seq_len, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        linear = linear or {}
+        kv = lambda i: None if i in linear else torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
+        self.k = [kv(i) for i in range(num_layers)]
+        self.v = [kv(i) for i in range(num_layers)]
+        self.conv = [None] * num_layers
+        self.rec = [None] * num_layers
+        for i, (c, w, hv, dk, dv) in linear.items():
+            self.conv[i] = torch.zeros(max_batch_size, c, w - 1, dtype=dtype, device=device)
+            self.rec[i] = torch.zeros(max_batch_size, hv, dk, dv, dtype=torch.float32, device=device)
         self.seqlens = torch.zeros(max_batch_size, dtype=torch.long, device=device)
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+        return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
+
+    @property
+    def linear_nbytes(self) -> int:
+        """Bytes of the GDN layers' states (conv windows + recurrent states), all rows."""
+        return sum(t.numel() * t.element_size() for t in self.conv + self.rec if t is not None)
+
+    def save_linear(self, bs: int):
+        """A copy of rows ``0:bs`` of every GDN state (a CUDA-graph capture runs decode steps)."""
+        return [(c[:bs].clone(), r[:bs].clone()) for c, r in zip(self.conv, self.rec) if c is not None]
+
+    def restore_linear(self, bs: int, saved) -> None:
+        it = iter(saved)
+        for c, r in zip(self.conv, self.rec):
+            if c is not None:
+                sc, sr = next(it)
+                c[:bs].copy_(sc)
+                r[:bs].copy_(sr)
 
     def bytes_per_token(self) -> int:
         """K+V bytes one token occupies over all layers."""
@@ -52,6 +81,8 @@ class StaticKVCache:
 class PrefillView:
     """Rows ``r0:r1`` of the cache, prefilling tokens ``P .. P + T - 1`` (the same for every row)."""
 
+    out_last = True  # the engine's prefill predicts at most at the chunk's last token
+
     def __init__(self, cache: StaticKVCache, r0: int, r1: int, P: int, T: int, window: int):
         self.cache, self.r0, self.r1, self.P, self.T = cache, r0, r1, P, T
         self.win0 = max(0, P - window + 1)  # first key any window query of this chunk can see
@@ -62,6 +93,15 @@ class PrefillView:
         kc[r0:r1, P:P + T] = k
         vc[r0:r1, P:P + T] = v
         return kc[r0:r1, :P + T], vc[r0:r1, :P + T]
+
+    def linear_state(self, i: int):
+        if self.P == 0:  # a sequence start: zero states
+            return None
+        return self.cache.conv[i][self.r0:self.r1], self.cache.rec[i][self.r0:self.r1]
+
+    def set_linear_state(self, i: int, conv, rec):
+        self.cache.conv[i][self.r0:self.r1].copy_(conv)
+        self.cache.rec[i][self.r0:self.r1].copy_(rec)
 
     def attend(self, q, q_full, k, v, step, *, every: bool, window_size: int, scale: float, backend: str):
         # the queries are the last positions of k/v; the full stream's default positions (the
@@ -80,6 +120,16 @@ class DecodeView:
 
     def __init__(self, cache: StaticKVCache, rows, lens, new_lens, span: int, window: int):
         self.cache, self.rows, self.lens, self.new_lens, self.span = cache, rows, lens, new_lens, span
+
+    def linear_state(self, i: int):
+        bs = self.rows.shape[0]  # the decode step updates these views of the buffers in place
+        return self.cache.conv[i][:bs], self.cache.rec[i][:bs]
+
+    def set_linear_state(self, i: int, conv, rec):
+        bs = self.rows.shape[0]
+        for buf, new in ((self.cache.conv[i][:bs], conv), (self.cache.rec[i][:bs], rec)):
+            if new.data_ptr() != buf.data_ptr():
+                buf.copy_(new)
 
     def update(self, i: int, k, v):
         bs = k.shape[0]

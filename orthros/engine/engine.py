@@ -91,8 +91,11 @@ class Engine:
         self.window = cfg.window_size
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         self.prefill_chunk = prefill_chunk
+        linear = {i: (layer.mixer.conv_dim, layer.mixer.conv_kernel_size, layer.mixer.num_v_heads,
+                      layer.mixer.head_k_dim, layer.mixer.head_v_dim)
+                  for i, layer in enumerate(model.model.layers) if hasattr(layer, "linear_attn")}  # GDN layers
         self.cache = self.cache_class(self.num_layers, max_batch_size, max_seq_len, self.Hkv, self.D,
-                                   dtype=self.dtype, device=self.device)
+                                      dtype=self.dtype, device=self.device, linear=linear)
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda"
         if cuda_graphs and self.device.type != "cuda":
@@ -324,6 +327,7 @@ class Engine:
         # Warm-up and capture write K/V in slot span - 1, which holds no valid token: every
         # row is shorter than the step's need <= span. Then the real lengths come back.
         saved = lens.clone()
+        saved_linear = self.cache.save_linear(bs)  # the GDN layers' states advance in every step
         try:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
@@ -340,6 +344,7 @@ class Engine:
                 out = self._decode_step(tokens, lens, span)
         finally:
             lens.copy_(saved)
+            self.cache.restore_linear(bs, saved_linear)
         return graph, out
 
     @torch.no_grad()
