@@ -11,14 +11,17 @@ from __future__ import annotations
 import re
 
 from ..models import OrthrosConfig
+from . import qwen3_5
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
+                           qwen3_5.ARCHITECTURE)
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                "mistral": "MistralForCausalLM"}
+                "mistral": "MistralForCausalLM", **qwen3_5.MODEL_TYPES}
 
 # source tensors that carry no weights of their own: dropped, and said so in the report
 _DROPPABLE = [
     (re.compile(r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$"), "RoPE buffer, recomputed from the config"),
+    *qwen3_5.DROPPABLE,
 ]
 
 
@@ -27,6 +30,8 @@ class UnsupportedModelError(ValueError):
 
 
 def unsupported_message(arch) -> str:
+    if arch in qwen3_5.REFUSED:
+        return f"cannot convert architecture {arch!r}: {qwen3_5.REFUSED[arch]}"
     return (f"cannot convert architecture {arch!r}: supported architectures are "
             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
 
@@ -60,6 +65,7 @@ def orthros_config_from(src, arch: str, *, window_size: int, scale_offset: bool,
     check_supported(arch)
     g = lambda name, default=None: getattr(src, name, default)  # noqa: E731
     notes = []
+    extra = {}
     heads = src.num_attention_heads
     head_dim = g("head_dim") or src.hidden_size // heads
     rope = dict(g("rope_parameters") or {})
@@ -76,6 +82,12 @@ def orthros_config_from(src, arch: str, *, window_size: int, scale_offset: bool,
     elif arch == "Qwen3ForCausalLM":  # attention_bias applies to q/k/v/o; per-head RMSNorm on q and k
         qkv_bias = o_bias = bool(g("attention_bias", False))
         mlp_bias, qk_norm = False, True
+    elif arch == qwen3_5.ARCHITECTURE:  # GDN + gated attention hybrid -> Orthros-H (conversion/qwen3_5.py)
+        extra, more = qwen3_5.config_kwargs(src)
+        notes += more
+        rope = extra.pop("rope_parameters")
+        qkv_bias, o_bias = extra.pop("attention_bias"), extra.pop("o_proj_bias")
+        mlp_bias, qk_norm = extra.pop("mlp_bias"), extra.pop("qk_norm")
     else:  # MistralForCausalLM: no biases
         qkv_bias = o_bias = mlp_bias = qk_norm = False
 
@@ -115,11 +127,17 @@ def orthros_config_from(src, arch: str, *, window_size: int, scale_offset: bool,
         pad_token_id=g("pad_token_id"),
         bos_token_id=g("bos_token_id"),
         eos_token_id=g("eos_token_id"),
+        **extra,
     )
     cfg.architectures = ["OrthrosForCausalLM"]
     if dtype is not None:
         cfg.dtype = dtype
     return cfg, notes
+
+
+def value_transforms(arch: str, names) -> dict:
+    """``{source name: (description, fn)}`` of the tensors whose values change on the way."""
+    return qwen3_5.transforms(names) if arch == qwen3_5.ARCHITECTURE else {}
 
 
 def droppable_reason(name: str):
@@ -130,4 +148,5 @@ def droppable_reason(name: str):
 
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "UnsupportedModelError", "architecture_of", "check_supported",
-           "orthros_config_from", "droppable_reason", "unsupported_message"]
+           "orthros_config_from", "droppable_reason", "unsupported_message",
+           "value_transforms"]

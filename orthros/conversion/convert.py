@@ -39,6 +39,7 @@ from .architectures import (
     check_supported,
     droppable_reason,
     orthros_config_from,
+    value_transforms,
 )
 from .safetensors_io import StreamingWriter, TensorReader, read_header
 
@@ -80,6 +81,7 @@ class Plan:
     dropped: dict = field(default_factory=dict)  # source name -> reason
     added: dict = field(default_factory=dict)  # Orthros name -> (init value, shape, source name it sits beside)
     out_dtype: torch.dtype | None = None  # None: keep each tensor's source dtype
+    transforms: dict = field(default_factory=dict)  # source name -> (description, fn): values that change
 
     def cast(self, dtype: torch.dtype) -> torch.dtype:
         return self.out_dtype if (self.out_dtype is not None and dtype.is_floating_point) else dtype
@@ -128,6 +130,7 @@ def make_plan(src_config, arch: str, src_shapes: dict, *, window_size: int, scal
             plan.added[name] = (_NEW_PARAMS[m.group(2)], shape, anchor)
         elif name not in plan.mapped:
             problems.append(f"{name}: missing from the source checkpoint")
+    plan.transforms = value_transforms(arch, plan.mapped)
     if problems:
         shown = "\n  ".join(problems[:25])
         more = f"\n  ... and {len(problems) - 25} more" if len(problems) > 25 else ""
@@ -452,6 +455,8 @@ def _write_checkpoint(source: "SourceCheckpoint", plan: Plan, tmp: Path, *, wind
             report["mapped"].append({"source": name, "source_file": fname, "target": out, "target_file": fname,
                                      "dtype": _dtype_name(od) if od == info.dtype else
                                      f"{_dtype_name(info.dtype)} -> {_dtype_name(od)}"})
+            if name in plan.transforms:
+                report["mapped"][-1]["transform"] = plan.transforms[name][0]
         for name in added_in[fname]:
             val, shape, anchor = plan.added[name]
             od = plan.cast(header.tensors[anchor].dtype)
@@ -466,6 +471,8 @@ def _write_checkpoint(source: "SourceCheckpoint", plan: Plan, tmp: Path, *, wind
                         t = torch.full(plan.added[out][1], plan.added[out][0], dtype=od)
                     else:
                         t = reader.get(name)
+                        if name in plan.transforms:
+                            t = plan.transforms[name][1](t)
                         t = t.to(od) if t.dtype != od else t
                     writer.write(out, t)
                     weight_map[out] = fname

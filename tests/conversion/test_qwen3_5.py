@@ -1,0 +1,110 @@
+"""Qwen3.5 text checkpoints (transformers' Qwen3_5ForCausalLM) -> Orthros-H: the converted
+weights run as the Linear Hybrid compute what Qwen3.5 computes (logits, greedy tokens), as
+Orthros-H they load and generate; the report says what changed; unsupported variants are
+refused before anything is written."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+import orthros  # noqa: F401
+from orthros.conversion import convert_checkpoint
+from orthros.conversion.architectures import UnsupportedModelError
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def qwen3_5_module():
+    """transformers' Qwen3.5 modeling module with its pure-PyTorch GDN. With fla-core installed,
+    transformers binds fla's Triton kernels at import, which need a GPU: on CPU the module is
+    (re)imported with fla hidden."""
+    import transformers.models.qwen3_5.modeling_qwen3_5 as mod
+
+    if torch.cuda.is_available():
+        return mod
+    saved = {k: v for k, v in sys.modules.items() if k == "fla" or k.startswith("fla.")}
+    sys.modules["fla"] = None  # import fla -> ImportError
+    try:
+        return importlib.reload(mod)
+    finally:
+        del sys.modules["fla"]
+        sys.modules.update(saved)
+
+
+def tiny_qwen3_5(tmp_path, seed=0, **over):
+    from transformers import Qwen3_5TextConfig
+
+    mod = qwen3_5_module()
+    kw = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
+              linear_key_head_dim=8, linear_value_head_dim=6, initializer_range=0.2, tie_word_embeddings=False)
+    kw.update(over)
+    torch.manual_seed(seed)
+    m = mod.Qwen3_5ForCausalLM(Qwen3_5TextConfig(**kw)).eval()
+    with torch.no_grad():  # zero-centred norms away from their init, so 1 + w is really tested
+        for n, p in m.named_parameters():
+            if n.endswith("norm.weight"):
+                p.normal_(0.0, 0.3)
+    src = tmp_path / "qwen3_5"
+    m.save_pretrained(src)
+    return m, src
+
+
+@torch.no_grad()
+def test_linear_hybrid_computes_what_qwen3_5_computes(tmp_path):
+    ref, src = tiny_qwen3_5(tmp_path)
+    dst = tmp_path / "orthros_h"
+    report = convert_checkpoint(src, dst, window_size=4, progress=False)
+    assert report["architecture"] == "Qwen3_5ForCausalLM"
+    assert any("1 + w" in t["transform"] for t in report["mapped"] if "transform" in t)
+    assert (dst / "conversion_report.json").is_file()
+    cfg = json.loads((dst / "config.json").read_text())
+    assert cfg["layer_types"] == ["linear_attention"] * 3 + ["orthros_attention"]
+    # the same weights with full attention and no output stream: Qwen3.5's own computation
+    n = ref.config.num_hidden_layers
+    lh = AutoModelForCausalLM.from_pretrained(
+        dst, attention_mode="full", layer_types=["linear_attention"] * 3 + ["full_attention"]).eval()
+    assert lh.config.num_hidden_layers == n
+    ids = torch.randint(0, 61, (2, 13))
+    torch.testing.assert_close(lh(ids).logits, ref(ids).logits, rtol=1e-4, atol=1e-4)
+    a = lh.generate(ids[:1, :5], max_new_tokens=6, do_sample=False, use_engine=False)
+    b = ref.generate(ids[:1, :5], max_new_tokens=6, do_sample=False)
+    assert a.tolist() == b.tolist()
+    # Orthros-H itself: loads, PT form and cached generation run
+    oh = AutoModelForCausalLM.from_pretrained(dst).eval()
+    assert oh.config.attention_mode == "orthros" and oh.config.attn_output_gate
+    assert oh(ids).logits.shape == (2, 13, 61)
+    assert oh.generate(ids[:1, :5], max_new_tokens=3, do_sample=False, use_engine=False).shape == (1, 8)
+
+
+@pytest.mark.parametrize("over, match", [
+    (dict(layer_types=["linear_attention"] * 4), "no attention layer"),
+    (dict(layer_types=["linear_attention", "sliding_attention", "linear_attention", "full_attention"]),
+     "not supported"),
+])
+def test_unsupported_variants_refused_nothing_written(tmp_path, over, match):
+    try:
+        _, src = tiny_qwen3_5(tmp_path, **over)
+    except Exception as e:  # transformers itself may refuse the layout
+        pytest.skip(f"transformers refuses this layout: {e}")
+    dst = tmp_path / "out"
+    with pytest.raises(UnsupportedModelError, match=match):
+        convert_checkpoint(src, dst, window_size=4, progress=False)
+    assert not dst.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]
+
+
+def test_multimodal_checkpoint_refused(tmp_path):
+    _, src = tiny_qwen3_5(tmp_path)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["architectures"] = ["Qwen3_5ForConditionalGeneration"]
+    (src / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UnsupportedModelError, match="multimodal"):
+        convert_checkpoint(src, tmp_path / "out", window_size=4, progress=False)
+    assert not (tmp_path / "out").exists()
