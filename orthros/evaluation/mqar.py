@@ -24,12 +24,14 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..kinds import MODE_ALIASES, MODE_DISPLAY
+from ..kinds import HYBRID_ALIASES, HYBRID_DISPLAY, MODE_ALIASES, MODE_DISPLAY, hybrid_layout
 
 FILLER = 0
 FILL_CHOICES = ("pad", "noise")
 # user-facing model names -> OrthrosConfig.attention_mode, and their table names: orthros/kinds.py
-MODEL_ALIASES, DISPLAY = MODE_ALIASES, MODE_DISPLAY
+# user-facing model names -> attention mode, or hybrid layout (Orthros-H, Linear Hybrid, GDN: num_layers
+# layers, an attention layer every 4th)
+MODEL_ALIASES, DISPLAY = {**MODE_ALIASES, **HYBRID_ALIASES}, {**MODE_DISPLAY, **HYBRID_DISPLAY}
 
 
 @dataclass
@@ -180,7 +182,8 @@ def build_model(mode: str, task: MQARTask, tr: MQARTrain, seed: int):
         vocab_size=task.vocab_size, hidden_size=tr.hidden_size, intermediate_size=2 * tr.hidden_size,
         num_hidden_layers=tr.num_layers, num_attention_heads=tr.num_heads, num_key_value_heads=tr.num_heads,
         head_dim=tr.hidden_size // tr.num_heads, max_position_embeddings=max(task.seq_len, 8),
-        window_size=tr.window_size, attention_mode=mode, use_cache=False, initializer_range=0.02,
+        window_size=tr.window_size, use_cache=False, initializer_range=0.02,
+        **(hybrid_layout(mode, tr.num_layers) if mode in HYBRID_DISPLAY else {"attention_mode": mode}),
         attn_backend=tr.attn_backend,
     )
     torch.manual_seed(seed)
