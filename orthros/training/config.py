@@ -18,12 +18,13 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from ..kinds import MODE_ALIASES
+from ..kinds import HYBRID_ALIASES, MODE_ALIASES
 from .optim import SCHEDULES
 
 MODES = ("pt", "sft", "cpt")
-ARCHITECTURES = ("orthros", "transformer", "swa")  # user-facing names (orthros/kinds.py MODE_ALIASES)
-ARCH_TO_ATTENTION_MODE = {a: MODE_ALIASES[a] for a in ARCHITECTURES}
+# user-facing names (orthros/kinds.py MODE_ALIASES; the hybrids with GDN layers: HYBRID_ALIASES)
+ARCHITECTURES = ("orthros", "transformer", "swa", "orthros-h", "linear-hybrid", "gdn")
+ARCH_TO_ATTENTION_MODE = {a: MODE_ALIASES[a] for a in ARCHITECTURES if a not in HYBRID_ALIASES}
 PRECISIONS = ("auto", "bf16", "fp32")
 FORMATS = ("auto", "text", "json", "parquet", "csv", "arrow", "hub")
 SAMPLE_BY = ("document", "paragraph", "line")
@@ -35,7 +36,7 @@ class ConfigError(ValueError):
 
 @dataclass
 class ModelSection:
-    architecture: str = "orthros"  # orthros | transformer | swa
+    architecture: str = "orthros"  # orthros | transformer | swa | orthros-h | linear-hybrid | gdn
     scale_offset: bool = True  # Orthros only: learnable alpha/beta, alpha'/beta' query transforms
     init_from: Optional[str] = None  # checkpoint dir (from_pretrained); required for mode cpt
     hidden_size: int = 128

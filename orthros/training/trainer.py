@@ -161,8 +161,15 @@ def model_config_for(cfg: RunConfig, tokenizer):
 
     from ..models import OrthrosConfig
 
-    mode = ARCH_TO_ATTENTION_MODE[cfg.model.architecture]
+    from ..kinds import HYBRID_ALIASES, hybrid_layout
+
     m = cfg.model
+    arch = m.architecture
+    # the attention baselines set the mode of every layer; the hybrids (Orthros-H, Linear Hybrid, GDN)
+    # a layout of GDN and attention layers
+    layout = hybrid_layout(arch, m.num_hidden_layers) if arch in HYBRID_ALIASES \
+        else {"attention_mode": ARCH_TO_ATTENTION_MODE[arch]}
+    mode = layout.get("attention_mode", "full")
     if m.init_from:
         if not os.path.isdir(m.init_from) and not re.fullmatch(r"[\w.-]+/[\w.-]+", m.init_from):
             raise ConfigError(f"model.init_from: {m.init_from!r} is not a checkpoint directory")
@@ -190,7 +197,7 @@ def model_config_for(cfg: RunConfig, tokenizer):
             max_position_embeddings=m.max_position_embeddings,
             rope_parameters={"rope_type": "default", "rope_theta": m.rope_theta},
             tie_word_embeddings=m.tie_word_embeddings, window_size=m.window_size, scale_offset=m.scale_offset,
-            attention_mode=mode, qk_norm=m.qk_norm, attn_backend=m.attn_backend,
+            qk_norm=m.qk_norm, attn_backend=m.attn_backend, **layout,
             initializer_range=m.initializer_range,
             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,

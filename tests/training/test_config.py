@@ -37,7 +37,7 @@ def test_unknown_yaml_key_names_nearest_key(tmp_path):
 
 @pytest.mark.parametrize("args,msg", [
     (["--mode", "rlhf"], r"mode must be one of \['pt', 'sft', 'cpt'\]"),
-    (["--model.architecture", "mamba"], r"model.architecture must be one of \['orthros', 'transformer', 'swa'\]"),
+    (["--model.architecture", "mamba"], r"model.architecture must be one of \['orthros', 'transformer', 'swa', 'orthros-h', 'linear-hybrid', 'gdn'\]"),
     (["--seq_len", "abc"], "data.seq_len' expects int"),
     (["--seq_len", "0"], "data.seq_len must be > 0"),
     (["--mode", "cpt"], "set model.init_from"),
