@@ -13,8 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16",
-          "fp32": "float32", "float32": "float32"}
+from ..utils import DTYPE_ALIASES as DTYPES, parse_dtype
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +52,7 @@ def _resolve(args):
     if args.dtype == "auto":
         dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     elif args.dtype in DTYPES:
-        dtype = getattr(torch, DTYPES[args.dtype])
+        dtype = parse_dtype(args.dtype, "--dtype")
     else:
         raise ValueError(f"--dtype must be one of auto, {', '.join(sorted(DTYPES))}; got {args.dtype!r}")
     return dev, dtype
@@ -128,17 +127,12 @@ def _generate(args, sampling, dev, dtype, config, tok_dir) -> int:
     from transformers import AutoTokenizer
 
     from ..models import OrthrosForCausalLM
-    from .engine import Engine
+    from .engine import Engine, check_fits
 
     try:
         tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
     except Exception as e:  # noqa: BLE001  (transformers raises many kinds here)
         raise ValueError(f"{tok_dir}: the tokenizer does not load ({type(e).__name__}: {e})") from None
-    model = OrthrosForCausalLM.from_pretrained(str(args.model), config=config, dtype=dtype,
-                                               local_files_only=True).to(dev)
-    engine = Engine(model, max_batch_size=1, max_seq_len=args.max_seq_len, prefill_chunk=args.prefill_chunk,
-                    cuda_graphs=(dev.type == "cuda" and not args.no_cuda_graphs), compile=args.compile)
-    eos = tok.eos_token_id if tok.eos_token_id is not None else model.config.eos_token_id
     messages, history = [], []
 
     def encode_turn(text):
@@ -152,8 +146,22 @@ def _generate(args, sampling, dev, dtype, config, tok_dir) -> int:
             return full[len(history):]
         return tok.apply_chat_template(messages[-1:], add_generation_prompt=True, tokenize=True)
 
-    def run_turn(text):
-        ids = encode_turn(text)
+    first = None  # the first turn is encoded and checked before the weights load
+    if args.prompt or not args.interactive:
+        text = " ".join(args.prompt) if args.prompt else sys.stdin.read()
+        if not text:
+            raise ValueError("empty prompt")
+        first = encode_turn(text)
+        check_fits(0, len(first), args.max_new_tokens, max_seq_len=args.max_seq_len,
+                   max_positions=config.max_position_embeddings)
+
+    model = OrthrosForCausalLM.from_pretrained(str(args.model), config=config, dtype=dtype,
+                                               local_files_only=True).to(dev)
+    engine = Engine(model, max_batch_size=1, max_seq_len=args.max_seq_len, prefill_chunk=args.prefill_chunk,
+                    cuda_graphs=(dev.type == "cuda" and not args.no_cuda_graphs), compile=args.compile)
+    eos = tok.eos_token_id if tok.eos_token_id is not None else model.config.eos_token_id
+
+    def run_turn(ids):
         if not ids:
             return
         out = _TextStream(tok, sys.stdout)
@@ -170,9 +178,9 @@ def _generate(args, sampling, dev, dtype, config, tok_dir) -> int:
         if args.chat:
             messages.append({"role": "assistant", "content": tok.decode(new, skip_special_tokens=True)})
 
+    if first is not None:
+        run_turn(first)
     if args.interactive:
-        if args.prompt:
-            run_turn(" ".join(args.prompt))
         # at a terminal, a prompt on stderr marks where the next turn goes (stdout stays the text)
         prompt = "> " if sys.stdin.isatty() else ""
         while True:
@@ -183,15 +191,16 @@ def _generate(args, sampling, dev, dtype, config, tok_dir) -> int:
             if not line:
                 break
             line = line.rstrip("\n")
-            if line.strip():
-                run_turn(line)
+            if not line.strip():
+                continue
+            try:  # a turn that does not fit is reported; the conversation so far stays
+                run_turn(encode_turn(line))
+            except ValueError as e:
+                if args.chat and messages and messages[-1]["role"] == "user":
+                    messages.pop()
+                _fail(e, 2)
         if prompt:
             sys.stderr.write("\n")
-    else:
-        text = " ".join(args.prompt) if args.prompt else sys.stdin.read()
-        if not text:
-            raise ValueError("empty prompt")
-        run_turn(text)
     return 0
 
 

@@ -43,6 +43,21 @@ DEFAULT_PREFILL_CHUNK = 16384
 MIN_SPAN = 512  # smallest cache span a decode graph is captured for
 
 
+def check_fits(n_cached: int, n_new: int, max_new_tokens: int, *, max_seq_len: int, max_positions: int,
+               row: int = 0) -> None:
+    """The length check of one row of a request: ``n_cached`` tokens in the cache, ``n_new``
+    new prompt tokens, ``max_new_tokens`` to generate (the last is never fed back) must fit the
+    model's positions and the cache's slots. A ``ValueError`` names what does not fit."""
+    need = n_cached + n_new + max_new_tokens - 1
+    what = f"row {row}: {n_cached} cached + {n_new} new prompt tokens + {max_new_tokens} new tokens"
+    if need > max_positions:
+        raise ValueError(f"{what} need positions 0..{need - 1}, beyond the model's max_position_embeddings="
+                         f"{max_positions}; shorten the prompt or lower max_new_tokens")
+    if need > max_seq_len:
+        raise ValueError(f"{what} needs {need} cache slots > max_seq_len={max_seq_len}; shorten the prompt, "
+                         f"lower max_new_tokens or build the engine with a larger max_seq_len")
+
+
 class Engine:
     """Static-cache generation for one model.
 
@@ -208,11 +223,8 @@ class Engine:
         for i, r in enumerate(rows):
             if len(r) == 0:
                 raise ValueError(f"prompts[{i}] is empty: every row needs at least one new token")
-            need = past[i] + len(r) + max_new_tokens - 1
-            if need > self.max_seq_len:
-                raise ValueError(f"row {i}: {past[i]} cached + {len(r)} new prompt tokens + {max_new_tokens} new tokens "
-                                 f"needs {need} cache slots > max_seq_len={self.max_seq_len}; shorten the prompt, "
-                                 f"lower max_new_tokens or build the engine with a larger max_seq_len")
+            check_fits(past[i], len(r), max_new_tokens, max_seq_len=self.max_seq_len,
+                       max_positions=self.config.max_position_embeddings, row=i)
         return rows, past
 
     # ---------------------------------------------------------------- prefill
@@ -506,4 +518,4 @@ def _run_compiled(fn, *args):
     return _compiled(fn)(*args)
 
 
-__all__ = ["Engine", "DEFAULT_PREFILL_CHUNK"]
+__all__ = ["Engine", "DEFAULT_PREFILL_CHUNK", "check_fits"]

@@ -107,6 +107,9 @@ def _plan(model, args, kwargs):
     if n_new < 1:
         why.append(f"nothing to generate (max_new_tokens={cfg.max_new_tokens}, max_length={cfg.max_length}, "
                    f"prompt length {T})")
+    elif T + n_new - 1 > model.config.max_position_embeddings:  # the engine refuses; transformers warns
+        why.append(f"prompt length {T} + {n_new} new tokens go beyond max_position_embeddings="
+                   f"{model.config.max_position_embeddings}")
     if cfg.do_sample:
         try:
             params = SamplingParams(temperature=float(cfg.temperature if cfg.temperature is not None else 1.0),

@@ -131,6 +131,14 @@ class OrthrosConfig(PreTrainedConfig):
         )
         self.layer_types = layer_types
 
+    def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
+        """Also writes the modeling code and an ``auto_map`` beside ``config.json``, so the
+        checkpoint loads with ``trust_remote_code=True`` alone (``orthros/models/remote_code.py``)."""
+        from .remote_code import remote_code_saved
+
+        with remote_code_saved(self, save_directory):
+            super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+
     def _validate(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "max_position_embeddings", "window_size"):

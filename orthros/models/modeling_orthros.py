@@ -9,6 +9,7 @@ only its K/V (for the cache and the output queries); its window attention and ML
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
@@ -126,6 +127,15 @@ class OrthrosPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["OrthrosDecoderLayer"]
     _supports_sdpa = True
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """transformers' ``from_pretrained``, after checking a local directory's safetensors files
+        (a damaged one is named; a missing local path is never a hub lookup): ``loading.py``."""
+        from .loading import check_local_checkpoint
+
+        check_local_checkpoint(pretrained_model_name_or_path, kwargs.get("subfolder") or "")
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+
     @torch.no_grad()
     def _init_weights(self, module):
         super()._init_weights(module)
@@ -187,6 +197,10 @@ class OrthrosModel(OrthrosPreTrainedModel):
         past = cache.get_seq_length() if cache is not None else 0
         if cu_seqlens is not None and past:
             raise ValueError("cu_seqlens (packed documents) cannot be combined with a non-empty KV cache")
+        if position_ids is None and cu_seqlens is None and past + T > self.config.max_position_embeddings:
+            # computed anyway (transformers' convention), warned once; the engine refuses (docs/checkpoints.md)
+            warnings.warn(f"input positions beyond max_position_embeddings={self.config.max_position_embeddings}: "
+                          f"the model was not built for them and may degrade there", UserWarning, stacklevel=2)
 
         kv_start = pad_rows = None
         if attention_mask is not None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import os
+import warnings
 from pathlib import Path
 
 # True in the orthros package; False inside a checkpoint's flat copy of this file.
@@ -238,7 +239,12 @@ def remote_code_saved(config, save_directory):
     ``save_directory`` and have ``config.json`` carry its ``auto_map``; ``config`` itself is
     unchanged afterwards. Does nothing in a checkpoint's own copy of this module (there,
     transformers' ``custom_object_save`` copies the flat files as they are)."""
-    if not PACKAGE_MODE:
+    foreign = [f"{c.__module__}.{c.__name__}" for c in auto_classes(config).values()
+               if c.__module__.split(".")[0] != "orthros"] if PACKAGE_MODE else []
+    if foreign:  # a user's subclass: its code is not the package's to copy
+        warnings.warn(f"saving without remote code: {', '.join(foreign)} is defined outside the orthros package "
+                      f"(loading this checkpoint needs its code imported)", stacklevel=4)
+    if not PACKAGE_MODE or foreign:
         yield
         return
     auto_map = write_remote_code(config, save_directory)

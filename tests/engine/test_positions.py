@@ -1,0 +1,79 @@
+"""Positions beyond ``max_position_embeddings`` (issue 17.5): the engine refuses such a request
+before any work; the HF model computes it with a warning (transformers' convention), and
+``model.generate()`` does not route such a request to the engine."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from orthros.engine import Engine
+from orthros.engine.engine import check_fits
+from orthros.models import OrthrosConfig, OrthrosForCausalLM
+
+MPE = 24
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return OrthrosForCausalLM(OrthrosConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                            num_attention_heads=2, num_key_value_heads=1, window_size=4,
+                                            max_position_embeddings=MPE, attn_backend="reference")).eval()
+
+
+def test_engine_refuses_a_request_beyond_the_positions(model):
+    eng = Engine(model, max_seq_len=64)
+    with pytest.raises(ValueError, match=f"max_position_embeddings={MPE}"):
+        eng.generate([list(range(MPE + 1))], 1)
+    with pytest.raises(ValueError, match=rf"need positions 0\.\.{MPE}, beyond"):
+        eng.generate([list(range(MPE - 3))], 5)  # the prompt fits, prompt + new tokens do not
+    assert eng.batch_size == 0  # nothing ran
+    assert len(eng.generate([list(range(MPE - 3))], 4)[0]) == 4  # exactly MPE positions: fine
+    eng.generate([list(range(MPE - 6))], 2)
+    with pytest.raises(ValueError, match=f"max_position_embeddings={MPE}"):  # a continuation counts the cache
+        eng.generate([[1, 2, 3, 4, 5]], 3, continue_=True)
+
+
+def test_check_fits_names_positions_before_cache_slots():
+    with pytest.raises(ValueError, match="max_position_embeddings=8"):
+        check_fits(0, 9, 1, max_seq_len=4, max_positions=8)
+    with pytest.raises(ValueError, match="max_seq_len=4"):
+        check_fits(0, 5, 1, max_seq_len=4, max_positions=8)
+    check_fits(2, 3, 4, max_seq_len=8, max_positions=8)
+
+
+def _position_warnings(rec):
+    return [w for w in rec if "max_position_embeddings" in str(w.message)]
+
+
+def test_model_forward_warns_and_computes(model):
+    ids = torch.randint(0, 50, (1, MPE + 2))
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        with torch.no_grad():
+            out = model(ids[:, :MPE]).logits
+    assert not _position_warnings(rec)
+    with pytest.warns(UserWarning, match=f"beyond max_position_embeddings={MPE}"):
+        with torch.no_grad():
+            longer = model(ids).logits
+    assert torch.isfinite(longer).all() and longer.shape[1] == MPE + 2
+    torch.testing.assert_close(longer[:, :MPE], out)  # causal: the first MPE positions are unchanged
+
+
+def test_generate_warns_through_transformers_and_the_engine_declines(model, caplog):
+    """transformers' generate warns itself (its max-length reminder names max_position_embeddings)."""
+    import logging
+
+    import transformers.utils.logging  # noqa: F401  (defines Logger.warning_once)
+
+    logging.Logger.warning_once.cache_clear()  # shown once per process: make it this test's
+    ids = torch.randint(0, 50, (1, MPE - 2))
+    with caplog.at_level("WARNING"):
+        out = model.generate(ids, max_new_tokens=5, do_sample=False)
+    assert out.shape[1] == MPE + 3
+    assert f"predefined maximum length ({MPE})" in caplog.text
+    with pytest.raises(ValueError, match=f"max_position_embeddings={MPE}"):
+        model.generate(ids, max_new_tokens=5, do_sample=False, use_engine=True)

@@ -1,0 +1,128 @@
+"""Checkpoint checks before loading (orthros/models/loading.py): damaged safetensors files are
+named by ``from_pretrained``, complete ones of every kind pass, local-looking paths that do not
+exist never become hub lookups."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from orthros.models import OrthrosConfig, OrthrosForCausalLM
+from orthros.models.loading import CheckpointError, check_safetensors_file, check_weights, looks_local
+
+
+def tiny(**kw):
+    torch.manual_seed(0)
+    c = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+             num_key_value_heads=1, window_size=8, max_position_embeddings=128)
+    c.update(kw)
+    return OrthrosForCausalLM(OrthrosConfig(**c)).eval()
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ok")
+    single, sharded, half = d / "single", d / "sharded", d / "bf16"
+    m = tiny()
+    m.save_pretrained(single)
+    m.save_pretrained(sharded, max_shard_size="20KB")
+    m.to(torch.bfloat16).save_pretrained(half)
+    return single, sharded, half
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_complete_checkpoints_pass(saved):
+    single, sharded, half = saved
+    assert [p.name for p in check_weights(single)] == ["model.safetensors"]
+    shards = check_weights(sharded)
+    assert len(shards) > 1 and all(p.suffix == ".safetensors" for p in shards)
+    check_weights(half)
+    for d in saved:
+        AutoModelForCausalLM.from_pretrained(d)
+
+
+def _truncate(p):
+    p.write_bytes(p.read_bytes()[:-100])
+
+
+def _header_garbage(p):
+    b = bytearray(p.read_bytes())
+    b[8:40] = b"\xff" * 32
+    p.write_bytes(bytes(b))
+
+
+def _huge_header(p):
+    b = p.read_bytes()
+    p.write_bytes(struct.pack("<Q", 10 ** 12) + b[8:])
+
+
+def _trailing(p):
+    p.write_bytes(p.read_bytes() + b"\0" * 16)
+
+
+def _empty(p):
+    p.write_bytes(b"")
+
+
+@pytest.mark.parametrize("damage, match", [(_truncate, "truncated safetensors file"),
+                                           (_header_garbage, "corrupted safetensors header"),
+                                           (_huge_header, "truncated or not a safetensors file"),
+                                           (_trailing, "bytes after the last tensor"),
+                                           (_empty, "no header")])
+def test_from_pretrained_names_the_damaged_file(saved, tmp_path, damage, match):
+    d = _copy(saved[1], tmp_path / "ck")
+    victim = sorted(d.glob("*.safetensors"))[-1]
+    damage(victim)
+    for load in (OrthrosForCausalLM.from_pretrained, AutoModelForCausalLM.from_pretrained):
+        with pytest.raises(CheckpointError, match=match) as e:
+            load(d)
+        assert str(victim) in str(e.value) and "\n" not in str(e.value)
+
+
+def test_index_naming_a_missing_shard(saved, tmp_path):
+    d = _copy(saved[1], tmp_path / "ck")
+    gone = sorted(d.glob("*.safetensors"))[0]
+    gone.unlink()
+    with pytest.raises(CheckpointError, match=f"missing: {gone.name}"):
+        AutoModelForCausalLM.from_pretrained(d)
+    (d / "model.safetensors.index.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="not a safetensors index"):
+        AutoModelForCausalLM.from_pretrained(d)
+
+
+def test_header_with_wrong_tensor_size(saved, tmp_path):
+    d = _copy(saved[0], tmp_path / "ck")
+    p = d / "model.safetensors"
+    raw = p.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    name = next(k for k in header if k != "__metadata__")
+    header[name]["shape"] = [s * 2 for s in header[name]["shape"]]
+    h = json.dumps(header).encode()
+    h += b" " * (n - len(h)) if len(h) <= n else b""
+    p.write_bytes(struct.pack("<Q", len(h)) + h + raw[8 + n:])
+    with pytest.raises(CheckpointError, match=f"tensor '{name}' spans bytes"):
+        check_safetensors_file(p)
+
+
+def test_local_looking_missing_paths_never_reach_the_hub(tmp_path, monkeypatch):
+    import socket
+
+    def no_network(*a, **k):
+        raise AssertionError("network access attempted")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    for path in (tmp_path / "typo", "./typo_dir", "~/no/such/orthros/ckpt", "a/b/c"):
+        assert looks_local(path)
+        with pytest.raises(FileNotFoundError, match="no such checkpoint directory"):
+            OrthrosForCausalLM.from_pretrained(path)
+    assert not looks_local("org/name") and not looks_local("name")

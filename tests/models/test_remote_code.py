@@ -1,0 +1,317 @@
+"""Checkpoints load with ``trust_remote_code=True`` alone: in a fresh process that cannot import
+``orthros`` (a ``sitecustomize`` blocks it), through the Auto classes, ``pipeline`` and the
+``lm_eval --model hf`` command, computing what the package computes. Also the flattening of
+the bundler itself, on a synthetic package."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from orthros.evaluation.common import LM_TASKS_DIR, make_tiny_checkpoint
+from orthros.models import OrthrosConfig, OrthrosForCausalLM
+from orthros.models.remote_code import RemoteCodeError, bundle
+
+IDS = [3, 17, 5, 42, 9, 11, 2, 7, 30, 8, 19, 4, 23, 6, 15, 12, 28, 10, 14, 21]  # > window (16)
+AUTO_MAP = {"AutoConfig": "configuration_orthros.OrthrosConfig", "AutoModel": "modeling_orthros.OrthrosModel",
+            "AutoModelForCausalLM": "modeling_orthros.OrthrosForCausalLM"}
+
+BLOCKER = '''\
+import sys
+
+
+class _NoOrthros:
+    """Test guard: this process must not import the orthros package."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "orthros" or name.startswith("orthros."):
+            raise ModuleNotFoundError(f"blocked by the test: import of {name!r}")
+        return None
+
+
+sys.meta_path.insert(0, _NoOrthros())
+'''
+
+NO_ORTHROS = 'assert not [k for k in sys.modules if k == "orthros" or k.startswith("orthros.")], "orthros imported"'
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    d = tmp_path_factory.mktemp("remote_env")
+    (d / "guard").mkdir()
+    (d / "guard" / "sitecustomize.py").write_text(BLOCKER)
+    e = dict(os.environ)
+    e.update(PYTHONPATH=str(d / "guard"), HF_HOME=str(d / "hf"), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+             TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    return e
+
+
+def run_python(code: str, env, cwd, *args, timeout=600) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-c", code, *map(str, args)], env=env, cwd=cwd, capture_output=True,
+                       text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return r
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("remote") / "ckpt", max_position_embeddings=256)
+
+
+def package_outputs(path):
+    m = OrthrosForCausalLM.from_pretrained(str(path)).eval()
+    ids = torch.tensor([IDS])
+    with torch.no_grad():
+        return m(ids).logits, m.generate(ids, max_new_tokens=6, do_sample=False, use_engine=False)
+
+
+def test_the_guard_blocks_orthros(env, tmp_path):
+    r = subprocess.run([sys.executable, "-c", "import orthros"], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode != 0 and "blocked by the test" in r.stderr
+
+
+def test_save_pretrained_writes_flat_code_and_auto_map(ckpt):
+    cfg = json.loads((ckpt / "config.json").read_text())
+    assert cfg["auto_map"] == AUTO_MAP
+    files = sorted(p.name for p in ckpt.glob("*.py"))
+    assert {"configuration_orthros.py", "modeling_orthros.py"} <= set(files)
+    for name in files:  # flat: no parent-relative and no orthros imports left
+        for node in ast.walk(ast.parse((ckpt / name).read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert node.level <= 1, (name, ast.unparse(node))
+                assert not (node.module or "").startswith("orthros"), (name, ast.unparse(node))
+                if node.level == 1 and node.module:
+                    assert (ckpt / f"{node.module}.py").is_file(), (name, node.module)
+            if isinstance(node, ast.Import):
+                assert not any(a.name.startswith("orthros") for a in node.names), name
+    # transformers copies exactly what its regex finds: that must be every file written
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    found = {Path(f).name for e in ("modeling_orthros.py", "configuration_orthros.py")
+             for f in get_relative_import_files(str(ckpt / e))}
+    assert found | {"modeling_orthros.py", "configuration_orthros.py"} == set(files)
+    # the config in memory is not changed by saving
+    c = OrthrosConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2)
+    c.save_pretrained(ckpt.parent / "cfg_only")
+    assert "auto_map" not in c.to_dict()
+    assert json.loads((ckpt.parent / "cfg_only" / "config.json").read_text())["auto_map"] == AUTO_MAP
+    assert (ckpt.parent / "cfg_only" / "modeling_orthros.py").is_file()
+
+
+LOAD = NO_ORTHROS.join(["""
+import json, sys
+import torch
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, pipeline
+
+torch.set_num_threads(1)
+ck, ids, out, resaved = sys.argv[1], torch.tensor([json.loads(sys.argv[2])]), sys.argv[3], sys.argv[4]
+cfg = AutoConfig.from_pretrained(ck, trust_remote_code=True)
+m = AutoModelForCausalLM.from_pretrained(ck, trust_remote_code=True).eval()
+base = AutoModel.from_pretrained(ck, trust_remote_code=True)
+with torch.no_grad():
+    logits = m(ids).logits
+    gen = m.generate(ids, max_new_tokens=6, do_sample=False)
+pipe = pipeline("text-generation", model=ck, trust_remote_code=True, device="cpu")
+text = pipe("The river ran", max_new_tokens=4, do_sample=False)[0]["generated_text"]
+m.save_pretrained(resaved)  # a model loaded through the remote code saves a loadable checkpoint too
+m2 = AutoModelForCausalLM.from_pretrained(resaved, trust_remote_code=True).eval()
+with torch.no_grad():
+    assert torch.equal(m2(ids).logits, logits)
+""", """
+torch.save({"logits": logits, "gen": gen}, out)
+print(json.dumps({"config": type(cfg).__module__, "model": type(m).__module__, "base": type(base).__name__,
+                  "text": text}))
+"""])
+
+
+def test_loads_without_orthros_and_computes_what_the_package_computes(ckpt, env, tmp_path, one_thread):
+    r = run_python(LOAD, env, tmp_path, ckpt, json.dumps(IDS), tmp_path / "out.pt", tmp_path / "resaved")
+    info = json.loads(r.stdout.strip().splitlines()[-1])
+    assert info["model"].startswith("transformers_modules.") and info["config"].startswith("transformers_modules.")
+    assert info["base"] == "OrthrosModel" and info["text"].startswith("The river ran")
+    got = torch.load(tmp_path / "out.pt")
+    logits, gen = package_outputs(ckpt)
+    torch.testing.assert_close(got["logits"], logits, rtol=1e-5, atol=1e-5)
+    assert torch.equal(got["gen"], gen)
+
+
+def _lm_eval_command():
+    exe = Path(sys.executable).with_name("lm_eval")
+    return [str(exe)] if exe.is_file() else [sys.executable, "-m", "lm_eval"]
+
+
+def test_lm_eval_hf_model_with_trust_remote_code(ckpt, env, tmp_path):
+    """`lm_eval --model hf --model_args pretrained=CKPT,trust_remote_code=True` in a process that
+    cannot import orthros, on the shipped offline task: the scores the package gives."""
+    pytest.importorskip("lm_eval")
+    pytest.importorskip("accelerate")
+    out = tmp_path / "results"
+    cmd = _lm_eval_command() + ["--model", "hf", "--model_args", f"pretrained={ckpt},trust_remote_code=True",
+                                "--tasks", "orthros_tiny_cloze", "--include_path", str(LM_TASKS_DIR),
+                                "--limit", "4", "--device", "cpu", "--batch_size", "1", "--output_path", str(out)]
+    r = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    got = json.loads(next(out.rglob("results_*.json")).read_text())["results"]["orthros_tiny_cloze"]
+
+    from orthros.evaluation.lm import run_lm_eval
+
+    want = run_lm_eval(ckpt, ["orthros_tiny_cloze"], limit=4, device="cpu")["results"]["orthros_tiny_cloze"]
+    assert got["acc,none"] == want["acc,none"] and got["acc_norm,none"] == want["acc_norm,none"]
+
+
+# ------------------------------------------------------------------ the bundler on a synthetic package
+SYNTH = {
+    "models/__init__.py": "",
+    "models/modeling_x.py": '''\
+        """Entry module."""
+        from __future__ import annotations
+
+        from ..layers import Thing
+        from . import helper as h
+        from ..ops.kern import (
+            A,
+            B,
+        )
+        from ..ops.sub import mod
+
+        try:
+            from ..ops import optional
+        except ImportError:  # pragma: no cover
+            optional = None
+
+
+        def lazy():
+            from ..ops import lazy_fn
+            return lazy_fn()
+
+
+        def value():
+            return Thing().v + h.HELP + A + B + mod.M + optional + lazy()
+        ''',
+    "models/helper.py": "HELP = 1000\n",
+    "layers/__init__.py": "from .thing import Thing\n",
+    "layers/thing.py": '''\
+        from ..ops import base_fn
+
+
+        class Thing:
+            v = base_fn()
+        ''',
+    "ops/__init__.py": "from .core import base_fn, lazy_fn, optional\n",
+    "ops/core.py": "def base_fn():\n    return 1\n\n\ndef lazy_fn():\n    return 2\n\n\noptional = 4\n",
+    "ops/kern.py": "A, B = 8, 16\n",
+    "ops/sub/__init__.py": "",
+    "ops/sub/mod.py": "M = 32\n",
+}
+
+
+def _synth(root: Path, files: dict) -> Path:
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(textwrap.dedent(text))
+    return root
+
+
+def test_bundle_flattens_any_import_form(tmp_path):
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    root = _synth(tmp_path / "pkg", SYNTH)
+    files = bundle([("models", "modeling_x")], root=root)
+    assert set(files) == {"modeling_x.py", "models_helper.py", "layers.py", "layers_thing.py", "ops.py",
+                          "ops_core.py", "ops_kern.py", "ops_sub_mod.py"}
+    flat = tmp_path / "out" / "flatpkg"
+    flat.mkdir(parents=True)
+    (flat / "__init__.py").write_text("")
+    for name, text in files.items():
+        (flat / name).write_text(text)
+    # transformers' regex scan finds every file (it copies only those)
+    assert {Path(f).name for f in get_relative_import_files(str(flat / "modeling_x.py"))} == set(files) - {"modeling_x.py"}
+    sys.path.insert(0, str(flat.parent))
+    try:
+        import flatpkg.modeling_x as mx
+
+        assert mx.value() == 1 + 1000 + 8 + 16 + 32 + 4 + 2
+    finally:
+        sys.path.remove(str(flat.parent))
+        for k in [k for k in sys.modules if k == "flatpkg" or k.startswith("flatpkg.")]:
+            del sys.modules[k]
+
+
+@pytest.mark.parametrize("line, match", [
+    ("from .. import something_defined_in_the_root\n", "top-level package"),
+    ("import orthros.ops\n", "is not supported"),
+    ("from ... import x\n", "beyond the orthros package"),
+])
+def test_bundle_refuses_imports_it_cannot_flatten(tmp_path, line, match):
+    root = _synth(tmp_path / "pkg", {"__init__.py": "something_defined_in_the_root = 1\n", "models/__init__.py": "",
+                                     "models/m.py": line})
+    with pytest.raises(RemoteCodeError, match=match):
+        bundle([("models", "m")], root=root)
+
+
+LOAD_MANY = NO_ORTHROS.join(["""
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM
+
+torch.set_num_threads(1)
+ids = torch.tensor([json.loads(sys.argv[1])])
+out = {}
+for ck in sys.argv[3:]:
+    m = AutoModelForCausalLM.from_pretrained(ck, trust_remote_code=True).eval()
+    assert type(m).__module__.startswith("transformers_modules."), type(m).__module__
+    with torch.no_grad():
+        out[ck] = m(ids).logits
+""", """
+torch.save(out, sys.argv[2])
+"""])
+
+
+def test_train_and_convert_checkpoints_load_without_orthros(env, tmp_path, one_thread):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from orthros.conversion.convert import convert_checkpoint
+    from orthros.training.cli import main as train_main
+
+    assert train_main(["--output_dir", str(tmp_path / "run"), "--max_steps", "1", "--seq_len", "32",
+                       "--grad_accum", "1", "--model.hidden_size", "32", "--model.intermediate_size", "64",
+                       "--model.num_hidden_layers", "1", "--model.num_attention_heads", "2", "--eval_sequences", "1",
+                       "--threads", "1", "--progress", "false", "--tensorboard", "false"]) == 0
+    trained = next((tmp_path / "run" / "checkpoints").glob("step_*"))
+    torch.manual_seed(0)
+    src = tmp_path / "llama"
+    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=2, max_position_embeddings=128)).save_pretrained(src)
+    converted = tmp_path / "converted"
+    convert_checkpoint(src, converted, window_size=8, progress=False)
+    ids = [i % 64 for i in IDS]
+    for ck in (trained, converted):
+        assert json.loads((ck / "config.json").read_text())["auto_map"] == AUTO_MAP
+    run_python(LOAD_MANY, env, tmp_path, json.dumps(ids), tmp_path / "out.pt", trained, converted)
+    got = torch.load(tmp_path / "out.pt")
+    for ck in (trained, converted):
+        m = OrthrosForCausalLM.from_pretrained(str(ck)).eval()
+        with torch.no_grad():
+            want = m(torch.tensor([ids])).logits
+        torch.testing.assert_close(got[str(ck)], want, rtol=1e-5, atol=1e-5)
+
+
+class MyConfig(OrthrosConfig):
+    """A user's subclass: the package cannot copy its code."""
+
+
+def test_a_subclass_defined_elsewhere_saves_without_remote_code(tmp_path):
+    c = MyConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2)
+    with pytest.warns(UserWarning, match="saving without remote code: .*MyConfig is defined outside"):
+        c.save_pretrained(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
+    assert "auto_map" not in json.loads((tmp_path / "config.json").read_text())
