@@ -22,3 +22,45 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# ------------------------------------------------------------------ shared helpers
+# Test modules import these directly (``from conftest import rel, tiny_model``): pytest puts
+# this directory on sys.path for its conftest.
+
+def rel(a, b, floor: float = 1e-12) -> float:
+    """``||a - b|| / ||b||`` in float64 (the guide's error measure); NaN never passes; an empty
+    pair is 0. ``floor`` bounds the denominator from below (exact gradients may be 0)."""
+    assert a.shape == b.shape, f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}"
+    if b.numel() == 0:
+        return 0.0
+    a, b = a.double(), b.double()
+    assert not torch.isnan(a).any(), "NaN in the result"
+    return ((a - b).norm() / b.norm().clamp_min(floor)).item()
+
+
+TINY = dict(vocab_size=97, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=12, window_size=8, max_position_embeddings=512,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+
+
+def tiny_config(**overrides):
+    """A tiny :class:`OrthrosConfig` (3 layers, GQA 4/2, head_dim 12, window 8) with overrides."""
+    from orthros import OrthrosConfig
+
+    return OrthrosConfig(**{**TINY, **overrides})
+
+
+def tiny_model(seed: int = 0, dtype=torch.float32, **overrides):
+    """A tiny random ``OrthrosForCausalLM`` in eval mode, with non-trivial scale-offset values
+    (alpha ~ U(0.5, 1.5), beta ~ N(0, 0.2)) so the two streams really differ."""
+    from orthros import OrthrosForCausalLM
+
+    torch.manual_seed(seed)
+    model = OrthrosForCausalLM(tiny_config(**overrides)).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            attn = getattr(layer, "self_attn", None)
+            for name, p in (attn.scale_offset_params().items() if attn is not None else ()):
+                p.uniform_(0.5, 1.5) if name.startswith("alpha") else p.normal_(0, 0.2)
+    return model.to(dtype)

@@ -10,6 +10,8 @@ import torch
 from orthros.engine import Engine, SamplingParams, filter_logits, sample
 from orthros.models import OrthrosConfig, OrthrosForCausalLM
 
+from conftest import tiny_model as _tiny_model
+
 W = 5
 
 
@@ -17,17 +19,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_model(mode="orthros", seed=0, dtype=torch.float32, **over):
-    torch.manual_seed(seed)
-    kw = dict(vocab_size=97, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, window_size=W, qk_norm=True, initializer_range=0.2,
-              attention_mode=mode, attn_backend="reference")
-    kw.update(over)
-    m = OrthrosForCausalLM(OrthrosConfig(**kw)).eval().to(dtype)
-    with torch.no_grad():  # trained-looking scale-offsets, so the two streams really differ
-        for n, p in m.named_parameters():
-            if n.endswith(("alpha", "alpha_out", "beta", "beta_out")):
-                p.add_(0.3 * torch.randn_like(p))
-    return m
+    return _tiny_model(seed, dtype, **{**dict(hidden_size=64, intermediate_size=96, head_dim=16, window_size=W,
+                                              qk_norm=True, initializer_range=0.2, attention_mode=mode,
+                                              attn_backend="reference"), **over})
 
 
 # prompt lengths around the window (T < w, T = w, T > w, chunks not dividing T)

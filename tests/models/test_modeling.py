@@ -7,26 +7,9 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, LlamaConfi
 import orthros
 from orthros import OrthrosConfig, OrthrosForCausalLM
 
+from conftest import tiny_config, tiny_model
+
 V = 97
-
-
-def tiny_config(**kw):
-    base = dict(vocab_size=V, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=12, window_size=8, max_position_embeddings=512,
-                rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    base.update(kw)
-    return OrthrosConfig(**base)
-
-
-def tiny_model(seed=0, **kw):
-    torch.manual_seed(seed)
-    model = OrthrosForCausalLM(tiny_config(**kw)).eval()
-    # non-trivial scale-offset values so the two streams really differ
-    with torch.no_grad():
-        for layer in model.model.layers:
-            for name, p in layer.self_attn.scale_offset_params().items():
-                p.uniform_(0.5, 1.5) if name.startswith("alpha") else p.normal_(0, 0.2)
-    return model
 
 
 def llama_twin(model):

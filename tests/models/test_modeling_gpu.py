@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from orthros import OrthrosConfig, OrthrosForCausalLM
+from conftest import rel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -14,11 +15,6 @@ def set_backend(model, backend):
         layer.self_attn.backend = backend
 
 
-def rel(a, b):
-    assert a.shape == b.shape
-    if b.numel() == 0:
-        return 0.0
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 @pytest.fixture(scope="module")

@@ -17,15 +17,12 @@ if not HAS_CUDA:
 
 from orthros.ops import orthros_attention_reference  # noqa: E402
 from orthros.ops.decode import decode_attention_reference, orthros_decode_attention  # noqa: E402
+from conftest import rel  # noqa: E402
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
 
 
-def rel(a, b):
-    a, b = a.double(), b.double()
-    assert not torch.isnan(a).any()
-    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
 
 
 def make(B, L_max, Hq, Hkv, D, lens, dtype=torch.float32, seed=0):

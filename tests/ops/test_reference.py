@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orthros.ops import orthros_attention
+from conftest import rel as rel_err
 
 
 def brute_force(q, k, v, q_out, w, output_positions=None, cu_seqlens=None, kv_start=None):
@@ -43,8 +44,6 @@ def brute_force(q, k, v, q_out, w, output_positions=None, cu_seqlens=None, kv_st
     return attend(q, qpos.view(1, -1).expand(B, -1), True), attend(q_out, pos_out, False)
 
 
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp(min=1e-12)).item()
 
 
 def make(B, T, Hq, Hkv, D, T_out, Tk=None, dtype=torch.float32, seed=0):

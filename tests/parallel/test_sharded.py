@@ -15,22 +15,15 @@ from orthros.parallel import (ParallelContext, ShardedOrthros, halo_from_tails, 
                               shard_bounds)
 from orthros.parallel.testing import case_generate, run_ranks
 
+from conftest import rel as rel_err, tiny_model as _tiny_model
+
 V = 97
 W = 12  # window: shards of 3-6 tokens below make halos of 11 rows cross 2-3 shards
 
 
 def tiny_model(seed=0, **kw):
-    cfg = dict(vocab_size=V, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=4,
-               num_key_value_heads=2, head_dim=12, window_size=W, qk_norm=True, attn_backend="reference",
-               rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    cfg.update(kw)
-    torch.manual_seed(seed)
-    model = OrthrosForCausalLM(OrthrosConfig(**cfg)).eval()
-    with torch.no_grad():  # non-trivial scale-offset so the two streams differ
-        for layer in model.model.layers:
-            for name, p in layer.self_attn.scale_offset_params().items():
-                p.uniform_(0.5, 1.5) if name.startswith("alpha") else p.normal_(0, 0.2)
-    return model
+    return _tiny_model(seed, **{**dict(hidden_size=48, intermediate_size=80, window_size=W, qk_norm=True,
+                                       attn_backend="reference"), **kw})
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +48,7 @@ def reference_generate(model, ids, n_new):
     return torch.stack(toks, 1), torch.cat(logits, 1)
 
 
-def rel_err(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
 
 
 # ---------------------------------------------------------------- pieces, one process
