@@ -276,7 +276,7 @@ torch.save(out, sys.argv[2])
 """])
 
 
-def test_train_and_convert_checkpoints_load_without_orthros(env, tmp_path, one_thread):
+def test_train_convert_and_hybrid_checkpoints_load_without_orthros(env, tmp_path, one_thread):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from orthros.conversion.convert import convert_checkpoint
@@ -293,12 +293,16 @@ def test_train_and_convert_checkpoints_load_without_orthros(env, tmp_path, one_t
                                  num_attention_heads=2, max_position_embeddings=128)).save_pretrained(src)
     converted = tmp_path / "converted"
     convert_checkpoint(src, converted, window_size=8, progress=False)
+    from orthros.kinds import hybrid_layout  # Orthros-H: GDN layers (their pure-torch path) + Orthros attention
+
+    hybrid = make_tiny_checkpoint(tmp_path / "hybrid", num_hidden_layers=4, **hybrid_layout("orthros-h", 4))
     ids = [i % 64 for i in IDS]
-    for ck in (trained, converted):
+    cks = (trained, converted, hybrid)
+    for ck in cks:
         assert json.loads((ck / "config.json").read_text())["auto_map"] == AUTO_MAP
-    run_python(LOAD_MANY, env, tmp_path, json.dumps(ids), tmp_path / "out.pt", trained, converted)
+    run_python(LOAD_MANY, env, tmp_path, json.dumps(ids), tmp_path / "out.pt", *cks)
     got = torch.load(tmp_path / "out.pt")
-    for ck in (trained, converted):
+    for ck in cks:
         m = OrthrosForCausalLM.from_pretrained(str(ck)).eval()
         with torch.no_grad():
             want = m(torch.tensor([ids])).logits
