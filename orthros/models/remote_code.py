@@ -6,8 +6,9 @@ ecosystem with ``trust_remote_code=True`` alone (no ``import orthros``, no orthr
 :func:`remote_code_saved`, which
 
 * collects the orthros modules that the configuration and modeling modules import, directly or
-  transitively (``models`` -> ``layers`` -> ``ops``, Triton host code included), by reading
-  their imports with :mod:`ast`;
+  transitively (``models`` -> ``layers`` -> ``ops`` and the shared ``utils.py`` / ``kinds.py``,
+  Triton host code included), by reading their imports with :mod:`ast` (a package's
+  ``__init__.py`` is included when names are imported from it, not merely for being a parent);
 * writes them as one *flat* set of files beside the weights (``configuration_orthros.py``,
   ``modeling_orthros.py``, ``layers_attention.py``, ``ops_reference.py``, ...), every import of
   an orthros module rewritten into a flat relative import (``from ..ops import x`` ->
@@ -23,7 +24,7 @@ __name__ as ...`` line that is. It requires the packages imported outside ``try`
 two entry files to be installed (``check_imports``): those are torch and transformers only; the
 Triton kernels are imported lazily, when a CUDA tensor reaches the op and ``triton`` imports.
 So the remote code computes exactly what the package computes: Triton kernels on CUDA when
-triton is installed, the SDPA / reference ops everywhere else (docs/design.md).
+triton is installed, the SDPA / reference ops everywhere else (docs/checkpoints.md).
 
 A model loaded *through* the remote code saves itself with transformers' own mechanism
 (``custom_object_save`` copies the already flat files); this module then does nothing.
