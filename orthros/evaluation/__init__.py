@@ -1,7 +1,22 @@
 """Evaluations of Orthros models (paper Section 4.4): multi-query associative recall (MQAR),
-needle-in-a-haystack, lm-evaluation-harness, and the ``orthros demo``. See docs/evaluation.md."""
+needle-in-a-haystack, lm-evaluation-harness, and the ``orthros demo``. See docs/evaluation.md.
 
-from .mqar import MQARTask, MQARTrain, generate as generate_mqar, run_mqar
-from .niah import NIAHConfig, run_niah, score_answer
+The names below load on first use, so ``orthros eval --help`` / ``orthros demo --help`` start
+without torch."""
 
-__all__ = ["MQARTask", "MQARTrain", "generate_mqar", "run_mqar", "NIAHConfig", "run_niah", "score_answer"]
+import importlib
+
+_EXPORTS = {"MQARTask": ("mqar", "MQARTask"), "MQARTrain": ("mqar", "MQARTrain"), "generate_mqar": ("mqar", "generate"),
+            "run_mqar": ("mqar", "run_mqar"), "NIAHConfig": ("niah", "NIAHConfig"), "run_niah": ("niah", "run_niah"),
+            "score_answer": ("niah", "score_answer")}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        module, attr = _EXPORTS[name]
+        value = getattr(importlib.import_module(f".{module}", __name__), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -27,7 +27,6 @@ Several processes: torchrun --nproc-per-node N -m orthros.train CONFIG.yaml (FSD
 def main(argv: Optional[list[str]] = None) -> int:
     """Run ``orthros train`` with ``argv`` (the arguments after ``train``). Returns an exit code."""
     from .config import ConfigError, describe_keys, load_config
-    from .data import DataError
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if any(a in ("-h", "--help") for a in argv):
@@ -36,6 +35,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     if "--help-config" in argv:
         print("config keys and defaults:\n" + describe_keys())
         return 0
+    from .data import DataError
     path = None
     if argv and not argv[0].startswith("--"):
         path, argv = argv[0], argv[1:]
