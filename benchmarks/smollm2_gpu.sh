@@ -36,7 +36,7 @@ write_llama_gguf(m, tok, H / "tiny.gguf")
 PY
   python3 "$H/src/benchmarks/smollm2_cpt.py" run --gguf "$H/tiny.gguf" --data "$H/data" --out "$OUT/smoke" \
     --work "$H/smoke" --seq-len 1024 --micro-batch 2 --probe-steps 3 --max-steps 6 --curve-points 3 \
-    --ppl-windows 2 --eval-sequences 2 --niah-max 2048 --niah-samples 1 --window 64 2>&1 | grep -v "it/s\]"
+    --ppl-windows 2 --eval-sequences 2 --niah-max 2048 --niah-samples 1 --window 64 2>&1 | grep --line-buffered -v "it/s\]"
   ;;
 part2)
   shift
@@ -45,7 +45,7 @@ part2)
   if [ -f .gpu/src.tar.gz ]; then rm -rf "$H/src" && mkdir -p "$H/src" && tar -xzf .gpu/src.tar.gz -C "$H/src"; fi
   export PYTHONPATH="$H/src:$H/site"
   python3 "$H/src/benchmarks/smollm2_cpt.py" run --gguf "$H/model.gguf" --data "$H/data" --out "$OUT" \
-    --work "$H/work" "$@" 2>&1 | grep -v "it/s\]"
+    --work "$H/work" "$@" 2>&1 | grep --line-buffered -v "it/s\]"
   ;;
 *) echo "usage: $0 part1 | part2 [protocol args]" >&2; exit 2 ;;
 esac
