@@ -12,7 +12,8 @@ Run in the vLLM environment (tests/serving/run_vllm_tests.sh makes one)::
 
     python -m orthros.serving.bench_vllm [--quick] [--json out.json]
 
-Numbers are tokens per second of wall time after a warm-up, median of ``--repeats`` runs.
+Numbers are tokens per second of wall time and per CPU-second of this process (the engine runs
+in it), after a warm-up, median of ``--repeats`` runs; the two models' runs alternate.
 """
 
 from __future__ import annotations
@@ -84,43 +85,51 @@ def make_checkpoints(args, root: Path):
     return root / "llama", root / "orthros", max_len
 
 
-def _run(llm, prompts, n_new, repeats):
-    from vllm import SamplingParams
-
-    params = SamplingParams(temperature=0.0, max_tokens=n_new, ignore_eos=True)
-    reqs = [{"prompt_token_ids": p} for p in prompts]
-    llm.generate(reqs[:1], params, use_tqdm=False)  # warm-up
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        llm.generate(reqs, params, use_tqdm=False)
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+def _timed(llm, reqs, params):
+    """(wall seconds, CPU seconds of this process) of one ``generate`` over ``reqs``."""
+    w, c = time.perf_counter(), time.process_time()
+    llm.generate(reqs, params, use_tqdm=False)
+    return time.perf_counter() - w, time.process_time() - c
 
 
-def bench_model(path, max_len, args):
-    import torch
+def make_llm(path, max_len, args):
     from vllm import LLM
 
-    g = torch.Generator().manual_seed(1)
     batched = max(max(args.prefill_lengths), args.decode_batch * (args.decode_prompt + 1))
-    llm = LLM(model=str(path), dtype="float32", max_model_len=max_len, enforce_eager=True, seed=0,
-              enable_prefix_caching=False, max_num_seqs=max(args.decode_batch, args.prefill_batch),
-              max_num_batched_tokens=batched, kv_cache_memory_bytes=2 << 30)
-    out = {}
-    try:
-        for L in args.prefill_lengths:
-            prompts = [torch.randint(10, args.vocab_size, (L,), generator=g).tolist() for _ in range(args.prefill_batch)]
-            s = _run(llm, prompts, 1, args.repeats)
-            out[f"prefill_{L}"] = {"seconds": s, "tokens_per_s": L * args.prefill_batch / s}
-        prompts = [torch.randint(10, args.vocab_size, (args.decode_prompt,), generator=g).tolist()
-                   for _ in range(args.decode_batch)]
-        s = _run(llm, prompts, args.decode_tokens, args.repeats)
-        out["decode"] = {"seconds": s, "tokens_per_s": args.decode_tokens * args.decode_batch / s}
-    finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
+    return LLM(model=str(path), dtype="float32", max_model_len=max_len, enforce_eager=True, seed=0,
+               enable_prefix_caching=False, max_num_seqs=max(args.decode_batch, args.prefill_batch),
+               max_num_batched_tokens=batched, kv_cache_memory_bytes=2 << 30)
+
+
+def bench(llms: dict, args) -> dict:
+    """Each workload on every model, the models' runs interleaved (a load that changes during the
+    run hits both alike); median wall and CPU time over ``repeats``."""
+    import torch
+    from vllm import SamplingParams
+
+    g = torch.Generator().manual_seed(1)
+    workloads = []
+    for L in args.prefill_lengths:
+        prompts = [torch.randint(10, args.vocab_size, (L,), generator=g).tolist() for _ in range(args.prefill_batch)]
+        workloads.append((f"prefill_{L}", prompts, 1, L * args.prefill_batch))
+    prompts = [torch.randint(10, args.vocab_size, (args.decode_prompt,), generator=g).tolist()
+               for _ in range(args.decode_batch)]
+    workloads.append(("decode", prompts, args.decode_tokens, args.decode_tokens * args.decode_batch))
+    out = {name: {} for name in llms}
+    for key, prompts, n_new, n_tokens in workloads:
+        params = SamplingParams(temperature=0.0, max_tokens=n_new, ignore_eos=True)
+        reqs = [{"prompt_token_ids": p} for p in prompts]
+        times = {name: [] for name in llms}
+        for name, llm in llms.items():  # warm-up
+            llm.generate(reqs[:1], params, use_tqdm=False)
+        for _ in range(args.repeats):
+            for name, llm in llms.items():
+                times[name].append(_timed(llm, reqs, params))
+        for name in llms:
+            wall = statistics.median(t[0] for t in times[name])
+            cpu = statistics.median(t[1] for t in times[name])
+            out[name][key] = {"tokens": n_tokens, "wall_s": wall, "cpu_s": cpu, "tokens_per_s": n_tokens / wall,
+                              "tokens_per_cpu_s": n_tokens / cpu}
     return out
 
 
@@ -138,17 +147,29 @@ def main(argv=None) -> int:
         return 2
     with tempfile.TemporaryDirectory() as tmp:
         llama, orth, max_len = make_checkpoints(args, Path(tmp))
-        results = {"orthros": bench_model(orth, max_len, args), "transformer": bench_model(llama, max_len, args)}
+        llms = {"orthros": make_llm(orth, max_len, args), "transformer": make_llm(llama, max_len, args)}
+        try:
+            results = bench(llms, args)
+        finally:
+            for llm in llms.values():
+                llm.llm_engine.engine_core.shutdown()
+            del llms
+            gc.collect()
+    load = os.getloadavg()
     info = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "vllm": vllm.__version__,
             "cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine(),
             "shape": {k: getattr(args, k) for k in ("hidden_size", "layers", "heads", "kv_heads",
                                                      "intermediate_size", "vocab_size", "window_size")},
             "prefill_batch": args.prefill_batch, "decode": [args.decode_batch, args.decode_prompt, args.decode_tokens],
-            "results": results}
-    print(f"{'workload':<16}{'Orthros tok/s':>15}{'Transformer tok/s':>19}{'ratio':>8}")
+            "load_average_at_end": load, "results": results}
+    print(f"{'workload':<14}{'Orthros tok/s':>15}{'Transformer':>13}{'ratio':>7}"
+          f"{'Orthros tok/CPU-s':>19}{'Transformer':>13}{'ratio':>7}")
     for key in results["orthros"]:
-        a, b = results["orthros"][key]["tokens_per_s"], results["transformer"][key]["tokens_per_s"]
-        print(f"{key:<16}{a:>15.1f}{b:>19.1f}{a / b:>8.2f}")
+        o, t = results["orthros"][key], results["transformer"][key]
+        print(f"{key:<14}{o['tokens_per_s']:>15.1f}{t['tokens_per_s']:>13.1f}{o['tokens_per_s'] / t['tokens_per_s']:>7.2f}"
+              f"{o['tokens_per_cpu_s']:>19.1f}{t['tokens_per_cpu_s']:>13.1f}"
+              f"{o['tokens_per_cpu_s'] / t['tokens_per_cpu_s']:>7.2f}")
+    print(f"load average at the end (1, 5, 15 min): {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     if args.json:
         tmp_json = args.json.with_suffix(args.json.suffix + ".tmp")
         tmp_json.write_text(json.dumps(info, indent=2))
