@@ -1,0 +1,160 @@
+"""Orthros-H vs the Linear Hybrid (paper Section 4.6, Table 4) next to Orthros vs the Transformer,
+in one run on one GPU (random weights: latency does not depend on weight values).
+
+* Orthros-H: the Qwen3.5-9B text shape (transformers' ``Qwen3_5TextConfig`` defaults: 32 layers,
+  GDN:attention 3:1, hidden 4096, gated attention 16 q / 4 kv heads of 256, partial RoPE 0.25,
+  GDN 16 k / 32 v heads of 128, conv 4), with Orthros attention (window 128). The Linear Hybrid
+  is the SAME model run by the engine in ``attention_mode="full"`` (plain causal attention in
+  the attention layers, no output stream): same weights, same engine.
+* Orthros / Transformer: the Qwen3-8B shape (``orthros.benchmarks.models``), modes
+  ``"orthros"`` / ``"full"`` of one model, as in docs/benchmarks.md.
+
+Sections (each one's rows are saved as soon as measured): ``prefill`` (latency, 8K-128K),
+``decode`` (step latency at a context, batch 2), ``e2e`` (Table 4: batch 2, greedy, TTFT, E2E,
+output and decode-only throughput).
+
+    python benchmarks/hybrid.py --out results.json [--sections prefill,decode,e2e]
+        [--prefill 8192,32768,131072] [--pairs 128:128,1024:1024,8192:1024] [--tiny]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from orthros.benchmarks.inference import bench_decode, bench_e2e, bench_prefill, metadata  # noqa: E402
+from orthros.benchmarks.models import orthros_model  # noqa: E402
+from orthros.kinds import hybrid_layout  # noqa: E402
+
+QWEN3_5_9B = dict(vocab_size=248320, hidden_size=4096, intermediate_size=12288, num_hidden_layers=32,
+                  num_attention_heads=16, num_key_value_heads=4, head_dim=256, max_position_embeddings=262144,
+                  rms_norm_eps=1e-6, tie_word_embeddings=False, linear_num_key_heads=16, linear_num_value_heads=32,
+                  linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4)
+TINY_H = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, max_position_embeddings=65536, rms_norm_eps=1e-6,
+              tie_word_embeddings=False, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+              linear_value_head_dim=16, linear_conv_kernel_dim=4)
+
+
+def orthros_h_model(preset: dict, device, dtype=torch.bfloat16, window_size=128):
+    from transformers import AutoModelForCausalLM
+
+    from orthros.models import OrthrosConfig
+
+    cfg = OrthrosConfig(**preset, qk_norm=True, attn_output_gate=True, window_size=window_size,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                                         "partial_rotary_factor": 0.25},
+                        **hybrid_layout("orthros-h", preset["num_hidden_layers"]))
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    return model.eval()
+
+
+def run_mqar_section(emit, steps: int, device):
+    """MQAR with gaps past the window (paper Section 4.4's task; docs/evaluation.md): Orthros-H,
+    Linear Hybrid, GDN and Transformer, 4 layers each, identical data, steps and learning rate."""
+    from orthros.evaluation.mqar import MQARTask, MQARTrain, format_table, run_mqar
+
+    task = MQARTask(vocab_size=512, seq_len=256, num_pairs=48, power=1.0, min_gap=1)
+    tr = MQARTrain(models=("orthros-h", "linear-hybrid", "gdn", "transformer"), hidden_size=64, num_layers=4,
+                   num_heads=2, window_size=16, steps=steps, batch_size=64, lr=3e-3, eval_examples=1000,
+                   device=str(device))
+    out = run_mqar(task, tr, progress=False)
+    print(format_table(out), flush=True)
+    for r in out["results"]:
+        emit({**r, "task": out["task"], "train": out["train"], "eval_gap_stats": out["eval_gap_stats"]})
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--sections", default="prefill,decode,e2e,mqar")
+    ap.add_argument("--prefill", default="8192,32768,131072")
+    ap.add_argument("--decode-context", type=int, default=8192)
+    ap.add_argument("--pairs", default="128:128,1024:1024,8192:1024")
+    ap.add_argument("--mqar-steps", type=int, default=1000)
+    ap.add_argument("--deadline", type=float, default=None, help="seconds: skip the sections that start later")
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke run of this script)")
+    args = ap.parse_args(argv)
+    sections = [s for s in args.sections.split(",") if s]
+    bad = [s for s in sections if s not in ("prefill", "decode", "e2e", "mqar")]
+    if bad:
+        ap.error(f"--sections: unknown {bad}; choose from prefill, decode, e2e, mqar")
+    lengths = [int(x) for x in args.prefill.split(",") if x]
+    pairs = [tuple(int(y) for y in x.split(":")) for x in args.pairs.split(",") if x]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    out = {"sections": {}, "errors": {}, "skipped": [], "seconds": {}}
+    t_start = time.perf_counter()
+
+    def save():
+        tmp = args.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+        os.replace(tmp, args.out)
+
+    def section(name, fn):
+        if args.deadline is not None and time.perf_counter() - t_start > args.deadline:
+            out["skipped"].append(name)
+            print(f"[{name}] skipped (past the deadline)", flush=True)
+            return
+        t = time.perf_counter()
+        try:
+            rows = out["sections"].setdefault(name, [])
+            fn(lambda r: (rows.append(r), save()))
+        except Exception as e:  # keep what was measured; say what failed
+            import traceback
+
+            traceback.print_exc()
+            out["errors"][name] = f"{type(e).__name__}: {e}"
+        out["seconds"][name] = round(time.perf_counter() - t, 1)
+        print(f"[{name}] {out['seconds'][name]} s", flush=True)
+        save()
+
+    models, labels = {}, {}
+    models["hybrid"] = orthros_h_model(TINY_H if args.tiny else QWEN3_5_9B, device, dtype)
+    labels["hybrid"] = {"orthros": "Orthros-H", "full": "Linear Hybrid"}
+    models["transformer"] = orthros_model("tiny" if args.tiny else "qwen3-8b", device=device, dtype=dtype)
+    labels["transformer"] = {"orthros": "Orthros", "full": "Transformer"}
+    for fam, model in models.items():
+        out.setdefault("meta", {})[fam] = metadata(model, device, dtype, {"labels": labels[fam],
+                                                                         "layer_types": model.config.layer_types})
+
+    def tag(fam):
+        return lambda r: {**r, "family": fam, "system_label": labels[fam].get(r.get("system", r.get("mode")), "?")}
+
+    for fam in ("hybrid", "transformer"):
+        model, t = models[fam], tag(fam)
+        if "prefill" in sections:
+            systems = ("orthros", "full") if fam == "hybrid" else ("orthros",)
+            section(f"prefill_{fam}", lambda emit, model=model, t=t, systems=systems: bench_prefill(
+                model, lengths, systems=systems, budget_s=2.0, single_shot_s=8.0, on_row=lambda r: emit(t(r))))
+        if "decode" in sections:
+            section(f"decode_{fam}", lambda emit, model=model, t=t: bench_decode(
+                model, [args.decode_context], batch_sizes=(2,), steps=40, warmup=5, on_row=lambda r: emit(t(r))))
+    if "e2e" in sections:
+        for fam in ("hybrid", "transformer"):
+            model, t = models[fam], tag(fam)
+            section(f"e2e_{fam}", lambda emit, model=model, t=t: bench_e2e(model, pairs, batch=2,
+                                                                        on_row=lambda r: emit(t(r))))
+    del models
+    import gc
+
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    if "mqar" in sections:
+        section("mqar", lambda emit: run_mqar_section(emit, 8 if args.tiny else args.mqar_steps, device))
+    out["total_seconds"] = round(time.perf_counter() - t_start, 1)
+    save()
+    print(json.dumps({k: out[k] for k in ("errors", "skipped", "seconds", "total_seconds")}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
