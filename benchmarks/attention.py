@@ -317,6 +317,7 @@ def decode(Ls, B=1, eager=True):
     log(f"{'L':>8} {'sdpa':>8} {'ours':>8} {'ratio':>6} {'sdpa graph':>10} {'ours graph':>10} {'ratio':>6} "
         f"{'ours TB/s':>9} {'S':>3}")
     from orthros.ops.triton import decode as td
+    from orthros.ops.triton.common import block_d
 
     nan = float("nan")
     for L0 in Ls:
@@ -331,7 +332,7 @@ def decode(Ls, B=1, eager=True):
         row["sdpa_graph"] = guard(f"decode B={B} L={L0} sdpa graph", lambda: graph_time(sd))
         row["ours_graph"] = guard(f"decode B={B} L={L0} ours graph", lambda: graph_time(ours))
         row["splits"] = guard("num_splits", lambda: td.num_splits(B, HKV, L, q.device, elem_bytes=q.element_size(),
-                                                                  block_d=td._block_d(D)))
+                                                                  block_d=block_d(D)))
         row = {key: val for key, val in row.items() if val is not None}
         byts = 2 * B * L * HKV * D * 2
         if "ours_graph" in row:
@@ -363,7 +364,8 @@ def decode_tune(Bs=(1, 2, 8), Ls=(8192, 32768, 131072), budget_s=85.0, reps=20):
     """Decode step under CUDA graphs over split counts (default block config), then block
     configs (BLOCK_N, num_warps, num_stages) at the heuristic's and the best split count."""
     from orthros.ops.triton import decode as td
-    from orthros.ops.triton.attention import _num_sms
+    from orthros.ops.triton.common import block_d
+    from orthros.ops.triton.common import num_sms as _num_sms
 
     t0 = time.time()
     blocks = [(64, 4, 3), (64, 4, 2), (64, 8, 3), (64, 8, 2), (128, 4, 3), (128, 4, 2), (128, 8, 3), (128, 8, 2)]
@@ -383,7 +385,7 @@ def decode_tune(Bs=(1, 2, 8), Ls=(8192, 32768, 131072), budget_s=85.0, reps=20):
             q, qo, kc, vc, lens, qs, ks, vs = decode_inputs(B, L)
             sd = lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)  # noqa: E731
             res["sdpa"] = guard(f"tune {key} sdpa", lambda: graph_time(sd, reps))
-            heur = td.num_splits(B, HKV, L, dev, elem_bytes=q.element_size(), block_d=td._block_d(D))
+            heur = td.num_splits(B, HKV, L, dev, elem_bytes=q.element_size(), block_d=block_d(D))
             res["heuristic_splits"] = heur
 
             def ours(cfg):
@@ -566,6 +568,7 @@ def sweep():
     """Block configurations of the window kernels and the decode kernel."""
     from orthros.ops.triton import attention as ta
     from orthros.ops.triton import decode as td
+    from orthros.ops.triton.common import block_d
 
     log("\n## sweep: window stream fwd / fwd+bwd at T=32K")
     T = sz(32768)
