@@ -20,7 +20,7 @@ from vllm import LLM, SamplingParams  # noqa: E402
 
 from orthros.serving import vllm_model  # noqa: E402
 
-from vllm_support import BLOCK_SIZE, MAX_MODEL_LEN, WINDOW, Reference  # noqa: E402
+from vllm_support import BLOCK_SIZE, MAX_MODEL_LEN, WINDOW, Reference, build_checkpoint  # noqa: E402
 
 NEW = 12
 # across the window (16): shorter, equal, one past, several windows, several KV blocks (32)
@@ -177,3 +177,18 @@ def test_prefix_caching_equals_generate(chunked_cached_llm, reference, prompt_of
     assert tokens(second) == reference(other, NEW)
     again = chunked_cached_llm.generate([{"prompt_token_ids": base}], greedy(), use_tqdm=False)[0]
     assert again.num_cached_tokens >= 4 * BLOCK_SIZE and tokens(again) == tokens(first)
+
+
+@pytest.mark.parametrize("mode", ["full", "window"])
+def test_baseline_modes_equal_generate(mode, tmp_path, prompt_of):
+    """The ablation baselines (a causal Transformer, sliding window only) through the same plugin."""
+    path = build_checkpoint(tmp_path / mode, seed=3, attention_mode=mode)
+    ref = Reference(path)
+    llm = make_llm(path, enable_prefix_caching=False)
+    try:
+        prompts = [prompt_of(n, seed=60 + i) for i, n in enumerate([6, WINDOW + 5, 100])]
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(), use_tqdm=False)
+        for p, out in zip(prompts, outs):
+            assert tokens(out) == ref(p, NEW), f"{mode}: prompt length {len(p)}"
+    finally:
+        close(llm)
