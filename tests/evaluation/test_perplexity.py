@@ -1,0 +1,84 @@
+"""``orthros eval ppl``: perplexity by token-position bucket (issue 15)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoTokenizer
+
+from orthros.evaluation.cli import main as eval_main
+from orthros.evaluation.common import make_tiny_checkpoint
+from orthros.evaluation.perplexity import check_buckets, load_documents, make_windows, position_perplexity
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("ppl")
+    ck = make_tiny_checkpoint(d / "ck", window_size=8, max_position_embeddings=256)
+    data = d / "held.jsonl"
+    rng = torch.Generator().manual_seed(0)
+    words = ["thou", "art", "the", "king", "of", "Denmark", "and", "I", "am", "thy", "servant", "."]
+    docs = [" ".join(words[i] for i in torch.randint(0, len(words), (n,), generator=rng).tolist()) for n in (400, 30, 250)]
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    return ck, data
+
+
+def test_buckets_equal_direct_cross_entropy(tiny):
+    ck, data = tiny
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(ck)).eval()
+    tok = AutoTokenizer.from_pretrained(str(ck))
+    windows = make_windows(tok, load_documents(data), 64, max_windows=5)
+    assert len(windows) == 5 and all(len(w) == 64 for w in windows)
+    out = position_perplexity(model, windows, buckets=[0, 8, 32, 64], chunk=10, progress=False)
+    ids = torch.tensor(windows)
+    with torch.no_grad():
+        nll = F.cross_entropy(model(ids).logits[:, :-1].flatten(0, 1).float(), ids[:, 1:].flatten(),
+                              reduction="none").view(5, 63)
+    for b, (lo, hi) in zip(out["buckets"], [(1, 8), (8, 32), (32, 64)]):
+        want = nll[:, lo - 1:hi - 1].mean().item()
+        assert b["tokens"] == 5 * (hi - lo) and math.isclose(b["nll"], want, rel_tol=1e-5), (b, want)
+        assert math.isclose(b["ppl"], math.exp(want), rel_tol=1e-5)
+    assert math.isclose(out["overall"]["nll"], nll.mean().item(), rel_tol=1e-5)
+    assert [b["bucket"] for b in out["buckets"]] == ["0-8", "8-32", "32-64"]
+
+
+def test_windows_and_bucket_checks(tiny):
+    _, data = tiny
+    tok = AutoTokenizer.from_pretrained(str(tiny[0]))
+    docs = load_documents(data)
+    w = make_windows(tok, docs, 100)
+    first = tok(docs[0], add_special_tokens=False)["input_ids"]
+    assert w[0] == first[:100] and w[1] == first[100:200]  # consecutive, from the document's start
+    with pytest.raises(ValueError, match="no held-out document has 100000 tokens"):
+        make_windows(tok, docs, 100000)
+    with pytest.raises(ValueError, match="increasing"):
+        check_buckets([0, 64, 32], 128)
+    with pytest.raises(ValueError, match="beyond --seq-len"):
+        check_buckets([0, 512], 128)
+
+
+def test_cli(tiny, tmp_path, capsys):
+    ck, data = tiny
+    out = tmp_path / "ppl.json"
+    args = ["ppl", "--model", str(ck), "--data", str(data), "--seq-len", "64", "--windows", "3",
+            "--buckets", "0,8,64", "--no-progress"]
+    assert eval_main(args + ["-o", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["windows"] == 3 and r["attention_mode"] == "orthros" and len(r["buckets"]) == 2
+    assert eval_main(args + ["-o", str(tmp_path / "full.json"), "--attention-mode", "full"]) == 0
+    f = json.loads((tmp_path / "full.json").read_text())
+    assert f["attention_mode"] == "full"
+    # positions inside the window (<= 8 tokens seen) are the same model; beyond it they differ
+    assert math.isclose(f["buckets"][0]["nll"], r["buckets"][0]["nll"], rel_tol=1e-5)
+    assert not math.isclose(f["buckets"][1]["nll"], r["buckets"][1]["nll"], rel_tol=1e-4)
+    capsys.readouterr()
+    assert eval_main(["ppl", "--model", str(ck), "--data", str(tmp_path / "missing.jsonl")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert eval_main(["ppl", "--model", str(ck), "--data", str(data), "--buckets", "0,9000"]) == 2
+    assert "beyond --seq-len" in capsys.readouterr().err
