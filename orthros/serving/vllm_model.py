@@ -125,11 +125,21 @@ def output_stream_attention(attn: Attention, q_out: torch.Tensor, s: SampledRows
     return out.view(R, H * D)
 
 
+def check_supported(config) -> None:
+    """Refuse, before any weight is loaded, what this vLLM model does not implement."""
+    kinds = sorted(set(getattr(config, "layer_types", None) or []))
+    if "linear_attention" in kinds:
+        raise ValueError("the vLLM Orthros model does not serve Gated DeltaNet layers (layer_types "
+                         f"'linear_attention', Orthros-H) yet; this checkpoint has layer_types {kinds}")
+    if getattr(config, "attn_output_gate", False):
+        raise ValueError("the vLLM Orthros model does not serve attn_output_gate=True (gated attention) yet")
+    if config.hidden_act != "silu":
+        raise ValueError(f"the vLLM Orthros model supports hidden_act 'silu', got {config.hidden_act!r}")
+
+
 class OrthrosMLP(nn.Module):
     def __init__(self, config, prefix: str):
         super().__init__()
-        if config.hidden_act != "silu":
-            raise ValueError(f"the vLLM Orthros model supports hidden_act 'silu', got {config.hidden_act!r}")
         self.gate_up_proj = MergedColumnParallelLinear(config.hidden_size, [config.intermediate_size] * 2,
                                                        bias=config.mlp_bias, prefix=f"{prefix}.gate_up_proj")
         self.down_proj = RowParallelLinear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias,
@@ -284,6 +294,7 @@ class OrthrosForCausalLM(nn.Module):
         if getattr(config, "model_type", None) != "orthros":
             raise ValueError(f"OrthrosForCausalLM needs an Orthros config (model_type 'orthros'), got "
                              f"{getattr(config, 'model_type', None)!r}")
+        check_supported(config)
         if get_tensor_model_parallel_world_size() != 1 or get_pp_group().world_size != 1:
             raise ValueError("the vLLM Orthros model runs with tensor_parallel_size=1 and pipeline_parallel_size=1 "
                              "(the scale-offset parameters are not sharded yet)")
@@ -308,4 +319,4 @@ class OrthrosForCausalLM(nn.Module):
         return AutoWeightsLoader(self).load_weights(weights)  # (skips the alias of a tied lm_head)
 
 
-__all__ = ["OrthrosForCausalLM", "OrthrosModel", "WindowAttention", "output_stream_attention", "sampled_rows"]
+__all__ = ["OrthrosForCausalLM", "check_supported", "OrthrosModel", "WindowAttention", "output_stream_attention", "sampled_rows"]
