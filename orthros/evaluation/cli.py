@@ -35,12 +35,16 @@ def _mqar_parser(sub):
     p.add_argument("--no-progress", action="store_true")
 
 
+def _add_model_argument(p):
+    p.add_argument("--model", required=True, help="Orthros checkpoint dir (or a Llama/Qwen2/Qwen3/Mistral one: "
+                                                  "converted on the fly with --window)")
+
+
 def _niah_parser(sub):
     p = sub.add_parser("niah", help="needle-in-a-haystack grid (context length x depth) on a checkpoint",
                        description="Hide a number at each depth of a haystack of each length; greedy answer; exact "
                                    "string match. Writes JSON and a heatmap PNG.")
-    p.add_argument("--model", required=True, help="Orthros checkpoint dir (or a Llama/Qwen2/Qwen3/Mistral one: "
-                                                  "converted on the fly with --window)")
+    _add_model_argument(p)
     p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: the model dir)")
     p.add_argument("--lengths", default="256,512,1024", help="context lengths in tokens, comma list")
     p.add_argument("--depths", default="0,25,50,75,100", help="needle depths in percent (0..100), comma list")
@@ -90,8 +94,7 @@ def _ppl_parser(sub):
     p = sub.add_parser("ppl", help="perplexity on held-out text by token position (0-128, 128-512, 512-2K, 2K-8K)",
                        description="Perplexity of a checkpoint on windows of --seq-len tokens of held-out "
                                    "documents, per bucket of token positions (orthros/evaluation/perplexity.py).")
-    p.add_argument("--model", required=True, help="Orthros checkpoint dir (or a Llama/Qwen2/Qwen3/Mistral one: "
-                                                  "converted on the fly with --window)")
+    _add_model_argument(p)
     p.add_argument("--data", required=True, help="held-out text: a .jsonl (field 'text', one document per line) "
                                                  "or a .txt")
     p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: the model dir)")
