@@ -16,7 +16,9 @@ from typing import Optional, Union
 import torch
 import torch.nn.functional as F
 
-from .fla import HAVE_FLA, chunk_gated_delta_rule_fla
+import warnings
+
+from .fla import HAVE_FLA, chunk_gated_delta_rule_fla, fla_backward_supported
 from .naive import chunk_gated_delta_rule_ref, expand_heads, gated_delta_rule_step_ref, l2norm
 
 GDN_BACKENDS = ("auto", "torch", "fla")
@@ -70,7 +72,17 @@ def gated_delta_rule(
     if cu_seqlens is not None and B != 1:
         raise ValueError(f"gated_delta_rule: cu_seqlens needs B == 1 (packed documents), got B = {B}")
     scale = K ** -0.5 if scale is None else float(scale)
+    asked = backend
     backend = resolve_gdn_backend(backend, v)
+    if backend == "fla" and torch.is_grad_enabled() and not fla_backward_supported() and any(
+            t is not None and t.requires_grad for t in (q, k, v, g, beta, q_out, initial_state)):
+        if asked == "fla":
+            raise RuntimeError("the 'fla' GDN backend cannot compute gradients here: fla-core 0.6.0 refuses its gated "
+                               "backward on Hopper GPUs with Triton < 3.7.1 (fla issue #640); use backend 'auto' "
+                               "or 'torch', or install Triton >= 3.7.1 or tilelang")
+        _warn_once("fla-core's GDN backward is unavailable here (Hopper GPU, Triton < 3.7.1: fla issue #640); "
+                   "steps that need gradients run the pure-PyTorch GDN (correct, slower)")
+        backend = "torch"
     last = isinstance(out_positions, str)
     if last and out_positions != "last":
         raise ValueError(f"out_positions must be None, 'last' or a tensor, got {out_positions!r}")
@@ -114,6 +126,15 @@ def gated_delta_rule(
     return o, o_out, (final if output_final_state else None)
 
 
+_WARNED = set()
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _WARNED:
+        _WARNED.add(msg)
+        warnings.warn(msg, stacklevel=3)
+
+
 def gated_delta_rule_step(q, k, v, g, beta, state, *, q_out=None, scale=None, use_qk_l2norm=True):
     """Decode step: one token per sequence, ``state [B, HV, K, V]`` updated in place. See
     :func:`.naive.gated_delta_rule_step_ref` (plain tensor ops, fine under CUDA graphs and
@@ -153,5 +174,5 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: Optional[torch.T
     return y.transpose(1, 2).to(x.dtype), new_state
 
 
-__all__ = ["GDN_BACKENDS", "FROM_ATTN_BACKEND", "HAVE_FLA", "gated_delta_rule", "gated_delta_rule_step",
+__all__ = ["GDN_BACKENDS", "FROM_ATTN_BACKEND", "HAVE_FLA", "fla_backward_supported", "gated_delta_rule", "gated_delta_rule_step",
            "causal_conv1d", "chunk_gated_delta_rule_ref", "resolve_gdn_backend", "l2norm"]

@@ -48,6 +48,18 @@ def _import_fla():
 CHUNK = 64
 
 
+def fla_backward_supported() -> bool:
+    """Whether fla-core runs the gated backward here. fla-core 0.6.0 refuses it on Hopper GPUs
+    with Triton >= 3.4, < 3.7.1 (its ``chunk_bwd_dqkwg`` raises: wrong results, fla issue #640)
+    unless tilelang is installed; the forward is unaffected."""
+    if not HAVE_FLA:
+        return False
+    from fla.utils import IS_NVIDIA_HOPPER, TRITON_ABOVE_3_4_0, TRITON_ABOVE_3_7_1
+
+    bad = IS_NVIDIA_HOPPER and TRITON_ABOVE_3_4_0 and not TRITON_ABOVE_3_7_1
+    return not bad or importlib.util.find_spec("tilelang") is not None
+
+
 def _fwd(q, k, v, g, beta, scale, h0, output_final_state, cu_seqlens, chunk_indices, q_out):
     g = chunk_local_cumsum(g, chunk_size=CHUNK, scale=RCP_LN2, cu_seqlens=cu_seqlens, chunk_indices=chunk_indices)
     w, u, A = chunk_gated_delta_rule_fwd_intra(k=k, v=v, g=g, beta=beta, cu_seqlens=cu_seqlens,
@@ -126,4 +138,4 @@ def chunk_gated_delta_rule_fla(q, k, v, g, beta, *, q_out, scale, initial_state,
                                    h0, float(scale), bool(output_final_state), cu_seqlens)
 
 
-__all__ = ["HAVE_FLA", "chunk_gated_delta_rule_fla"]
+__all__ = ["HAVE_FLA", "chunk_gated_delta_rule_fla", "fla_backward_supported"]
