@@ -69,6 +69,9 @@ def hybrid_layout(name: str, num_layers: int) -> dict:
     if kind is None:
         raise ValueError(f"hybrid model must be one of {', '.join(HYBRID_ALIASES)}, got {name!r}")
     mode, every = HYBRID_KINDS[kind]
+    if every is not None and (isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < every):
+        raise ValueError(f"a {kind!r} model needs num_layers >= {every} (an attention layer every {every}th layer), "
+                         f"got {num_layers!r}")
     if mode is None:
         return {"layer_types": [LINEAR_LAYER_TYPE] * num_layers}
     return {"layer_types": interval_layer_types(num_layers, every, mode), "attention_mode": mode}

@@ -20,7 +20,9 @@ def _mqar_parser(sub):
     g.add_argument("--max-gap", type=int, default=None)
     g.add_argument("--fill", choices=("pad", "noise"), default="pad")
     g = p.add_argument_group("models and training (identical for every model)")
-    g.add_argument("--models", default="orthros,transformer,swa", help="comma list of orthros, transformer, swa")
+    g.add_argument("--models", default="orthros,transformer,swa",
+                   help="comma list of orthros, transformer, swa, orthros-h, linear-hybrid, gdn (the hybrids: "
+                        "GDN layers with attention every 4th layer; use --layers >= 4)")
     g.add_argument("--hidden-size", type=int, default=64)
     g.add_argument("--layers", type=int, default=2)
     g.add_argument("--heads", type=int, default=2)
@@ -172,7 +174,7 @@ def _mqar(a) -> int:
     models = tuple(m.strip().lower() for m in a.models.split(",") if m.strip())
     for m in models:
         if m not in MODEL_ALIASES:
-            raise ValueError(f"--models: unknown model {m!r}; choose from orthros, transformer, swa")
+            raise ValueError(f"--models: unknown model {m!r}; choose from {', '.join(MODEL_ALIASES)}")
     for name in ("steps", "batch_size", "hidden_size", "layers", "heads", "window", "eval_examples"):
         if getattr(a, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")

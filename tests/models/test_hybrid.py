@@ -65,6 +65,13 @@ def test_bad_layer_types_rejected(bad, match):
                       layer_types=bad)
 
 
+def test_hybrid_layout_needs_an_attention_layer():
+    with pytest.raises(ValueError, match="num_layers >= 4"):
+        hybrid_layout("orthros-h", 2)
+    with pytest.raises(ValueError, match="hybrid model must be one of"):
+        hybrid_layout("mamba", 4)
+
+
 def test_bad_gdn_sizes_rejected():
     with pytest.raises(ValueError, match="linear_num_value_heads"):
         OrthrosConfig(vocab_size=10, hidden_size=16, intermediate_size=16, num_hidden_layers=4, num_attention_heads=2,
