@@ -135,16 +135,20 @@ def test_staggered_requests_equal_generate(plain_llm, reference, prompt_of, forw
     assert all(c["R"] == len(c["q_lens"]) < c["N"] for c in mixed)
 
 
-def test_converted_checkpoint_equals_generate(converted_checkpoint, prompt_of):
-    ref = Reference(converted_checkpoint)
-    llm = make_llm(converted_checkpoint, enable_prefix_caching=False)
+def check_checkpoint(path, prompts):
+    """A fresh engine on ``path`` gives ``generate()``'s tokens for ``prompts`` (one batch)."""
+    ref = Reference(path)
+    llm = make_llm(path, enable_prefix_caching=False)
     try:
-        prompts = [prompt_of(n, seed=30 + i) for i, n in enumerate([7, WINDOW + 3, 90])]
         outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(), use_tqdm=False)
         for p, out in zip(prompts, outs):
-            assert tokens(out) == ref(p, NEW), f"prompt length {len(p)}"
+            assert tokens(out) == ref(p, NEW), f"{path.name}: prompt length {len(p)}"
     finally:
         close(llm)
+
+
+def test_converted_checkpoint_equals_generate(converted_checkpoint, prompt_of):
+    check_checkpoint(converted_checkpoint, [prompt_of(n, seed=30 + i) for i, n in enumerate([7, WINDOW + 3, 90])])
 
 
 @pytest.fixture(scope="module")
@@ -183,15 +187,7 @@ def test_prefix_caching_equals_generate(chunked_cached_llm, reference, prompt_of
 def test_baseline_modes_equal_generate(mode, tmp_path, prompt_of):
     """The ablation baselines (a causal Transformer, sliding window only) through the same plugin."""
     path = build_checkpoint(tmp_path / mode, seed=3, attention_mode=mode)
-    ref = Reference(path)
-    llm = make_llm(path, enable_prefix_caching=False)
-    try:
-        prompts = [prompt_of(n, seed=60 + i) for i, n in enumerate([6, WINDOW + 5, 100])]
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(), use_tqdm=False)
-        for p, out in zip(prompts, outs):
-            assert tokens(out) == ref(p, NEW), f"{mode}: prompt length {len(p)}"
-    finally:
-        close(llm)
+    check_checkpoint(path, [prompt_of(n, seed=60 + i) for i, n in enumerate([6, WINDOW + 5, 100])])
 
 
 def test_unsupported_checkpoints_refused_before_loading():
