@@ -193,30 +193,28 @@ class OrthrosAttention(nn.Module):
         shape = x.shape
         return norm(x.reshape(-1, self.head_dim)).view(shape)
 
-    def forward(self, positions, x, s: SampledRows, n_out: int, base_output: bool):
-        """``x``: normalised ``[N + n_out, d]`` (N base rows, then the output rows). Returns the
-        attention output of the same rows, or of the output rows only when not ``base_output``."""
+    def forward(self, pos_all, x, s: SampledRows, n_out: int, base_output: bool):
+        """``x``: normalised ``[N + n_out, d]`` (N base rows, then the output rows), ``pos_all`` their
+        positions. Returns the attention output of the same rows, or of the output rows only when
+        not ``base_output``."""
         N = x.shape[0] - n_out
         qkv, _ = self.qkv_proj(x)
-        q = qkv[:, :self.q_size]
-        k = qkv[:N, self.q_size:self.q_size + self.kv_size]
+        q = self._norm_heads(self.q_norm, qkv[:, :self.q_size])
+        # keys of every row (the output rows' are never stored or read): one RoPE call below
+        k = self._norm_heads(self.k_norm, qkv[:, self.q_size:self.q_size + self.kv_size])
         v = qkv[:N, self.q_size + self.kv_size:]
-        q = self._norm_heads(self.q_norm, q)
-        k = self._norm_heads(self.k_norm, k)
-        q_base, q_out = q[:N], q[N:]
         if self.scale_offset:
-            q_out = q_out * self.alpha_out + self.beta_out
-            q_base = q_base * self.alpha + self.beta if base_output else q_base
+            q_base = torch.addcmul(self.beta, q[:N], self.alpha) if base_output else q[:N]
+            q = torch.cat([q_base, torch.addcmul(self.beta_out, q[N:], self.alpha_out)])
+        q, k = self.rotary_emb(pos_all, q.contiguous(), k.contiguous())
+        k = k[:N]
         if base_output:
-            q_base, k = self.rotary_emb(positions, q_base.contiguous(), k.contiguous())
-            o = self.attn(q_base, k, v)  # writes this step's K/V, then windowed attention
+            o = self.attn(q[:N], k, v)  # writes this step's K/V, then windowed attention
         else:  # last layer: only its K/V are needed from the base stream
-            k, _ = self.rotary_emb(positions, k.contiguous(), None)
             unified_kv_cache_update(k.view(N, self.num_kv_heads, self.head_dim),
                                     v.contiguous().view(N, self.num_kv_heads, self.head_dim), self.attn.layer_name)
         if n_out:
-            q_out, _ = self.rotary_emb(positions[s.rows], q_out.contiguous(), None)
-            o_out = output_stream_attention(self.attn, q_out, s)
+            o_out = output_stream_attention(self.attn, q[N:], s)
             o = torch.cat([o, o_out]) if base_output else o_out
         out, _ = self.o_proj(o)
         return out
@@ -231,13 +229,13 @@ class OrthrosDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.is_orthros = config.attention_mode == "orthros"
 
-    def forward(self, positions, h, s: SampledRows, n_out: int, last: bool):
+    def forward(self, pos_all, h, s: SampledRows, n_out: int, last: bool):
         if self.is_orthros:  # the last layer's base stream is never read again: K/V only
-            attn = self.self_attn(positions, self.input_layernorm(h), s, n_out, base_output=not last)
+            attn = self.self_attn(pos_all, self.input_layernorm(h), s, n_out, base_output=not last)
             if last:
                 h = h[h.shape[0] - n_out:]
         else:  # baselines ("full", "window"): logits from the base stream at the sampled rows
-            attn = self.self_attn(positions, self.input_layernorm(h), s, 0, base_output=True)
+            attn = self.self_attn(pos_all, self.input_layernorm(h), s, 0, base_output=True)
             if last:
                 h, attn = h[s.rows], attn[s.rows]
         h = h + attn
@@ -269,11 +267,13 @@ class OrthrosModel(nn.Module):
         N = h.shape[0]
         s = sampled_rows(self.first_attn_name, N, h.device)
         n_out = s.rows.shape[0] if self.is_orthros else 0
+        pos_all = positions
         if n_out:  # Algorithm 2: the output tokens start as copies of the sampled rows' embeddings
             h = torch.cat([h, h[s.rows]])
+            pos_all = torch.cat([positions, positions[s.rows]])
         n = len(self.layers)
         for i, layer in enumerate(self.layers):
-            h = layer(positions, h, s, n_out, last=(i == n - 1))
+            h = layer(pos_all, h, s, n_out, last=(i == n - 1))
         h = self.norm(h)
         full = h.new_zeros(N, h.shape[-1])  # vLLM reads the sampled rows of an [N, d] tensor
         full[s.rows] = h
