@@ -134,7 +134,7 @@ def main(argv=None):
         if "prefill" in sections:
             systems = ("orthros", "full") if fam == "hybrid" else ("orthros",)
             section(f"prefill_{fam}", lambda emit, model=model, t=t, systems=systems: bench_prefill(
-                model, lengths, systems=systems, budget_s=2.0, single_shot_s=8.0, on_row=lambda r: emit(t(r))))
+                model, lengths, systems=systems, budget_s=2.0, single_shot_s=60.0, on_row=lambda r: emit(t(r))))
         if "decode" in sections:
             section(f"decode_{fam}", lambda emit, model=model, t=t: bench_decode(
                 model, [args.decode_context], batch_sizes=(2,), steps=40, warmup=5, on_row=lambda r: emit(t(r))))
