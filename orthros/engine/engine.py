@@ -262,22 +262,22 @@ class Engine:
         out = None
         for s in range(0, T, C):
             e = min(T, s + C)
-            out = self._forward_chunk(r0, r1, ids[:, s:e], P + s, want_out=(e == T))
+            out = self._forward_chunk(r0, r1, ids[:, s:e], P + s, final_chunk=(e == T))
         return out
 
-    def _forward_chunk(self, r0, r1, ids, P, want_out):
+    def _forward_chunk(self, r0, r1, ids, P, final_chunk):
         m = self.model.model
         b, T = ids.shape
         pos = torch.arange(P, P + T, device=self.device).view(1, T)
         rope = m.rotary_emb(pos)
         # the engine's output position is always the chunk's last token (the prompt's, in the
         # final chunk): the cache views rely on it
-        out_rel = torch.full((1, 1), T - 1, dtype=torch.long, device=self.device) if want_out else self._no_rows
+        out_rel = torch.full((1, 1), T - 1, dtype=torch.long, device=self.device) if final_chunk else self._no_rows
         step = StepInputs(n_base=T, rope_base=rope, rope_out=(rope[0][:, -1:], rope[1][:, -1:]), out_rel=out_rel,
                           output_tokens=self.output_tokens, mode=self.mode, run=self._run,
                           cache=self.cache.prefill_view(r0, r1, P, T, self.window))
         h = m.run_layers(step.with_output_tokens(m.embed_tokens(ids)), step)
-        return self._head(self.model, h[:, -1:]) if want_out else None
+        return self._head(self.model, h[:, -1:]) if final_chunk else None
 
     # ----------------------------------------------------------------- decode
     def _span(self, need: int) -> int:

@@ -246,7 +246,7 @@ class ShardedOrthros:
         ropes = {c: self._rope(s + c[0], s + c[1]) for c in chunks}
         for i, layer in enumerate(layers):
             attn = layer.self_attn
-            last = i == L - 1
+            final = i == L - 1  # the last layer: only the output token continues
             # 1) K/V of every local token, straight into the cache
             cache.allocate(i, B, n, Hkv, D, dtype, dev)
             for c in chunks:
@@ -266,7 +266,7 @@ class ShardedOrthros:
                                      f"prefill layer {i}: K/V halo + partial output", async_op=True)
             # window stream of the chunks that need no halo, overlapping the gather
             needs_halo = [c for c in chunks if c[0] < wm1 and ctx.rank > 0]
-            if not last:
+            if not final:
                 for c in chunks:
                     if c not in needs_halo:
                         self._window_chunk(layer, attn, h, c[0], c[1], kbuf, vbuf, None, ropes[c])
@@ -280,7 +280,7 @@ class ShardedOrthros:
             # the whole sequence's last w-1 K/V: the decode window (replicated)
             cache.window_k[i] = halo_from_tails(tails_k, counts, R, wm1)
             cache.window_v[i] = halo_from_tails(tails_v, counts, R, wm1)
-            if not last and needs_halo:
+            if not final and needs_halo:
                 halo = (halo_from_tails(tails_k, counts, ctx.rank, wm1),
                         halo_from_tails(tails_v, counts, ctx.rank, wm1))
                 for c in needs_halo:
@@ -316,7 +316,7 @@ class ShardedOrthros:
         L = len(core.layers)
         for i, layer in enumerate(core.layers):
             attn = layer.self_attn
-            last = i == L - 1
+            final = i == L - 1
             x = layer.pre_attention(h2)
             k, v = attn.keys_values(x[:, :1], rope)
             q_out = attn.queries(x[:, 1:], rope, "out")
@@ -327,7 +327,7 @@ class ShardedOrthros:
             o_out, _ = merge_partials(g[:, :, :Hq * D].reshape(-1, B, 1, Hq, D), g[:, :, Hq * D:].reshape(-1, B, 1, Hq))
             wk = torch.cat([cache.window_k[i], k], dim=1)
             wv = torch.cat([cache.window_v[i], v], dim=1)
-            if not last:
+            if not final:
                 q = attn.queries(x[:, :1], rope, "base")
                 o, _ = orthros_attention(q, wk, wv, q[:, :0], window_size=self.window, backend=attn.backend)
                 h2 = layer.post_attention(h2, attn.o_proj(torch.cat([o, o_out.to(dtype)], dim=1).reshape(B, 2, -1)))

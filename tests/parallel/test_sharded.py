@@ -152,7 +152,9 @@ def test_sharded_generate_equals_one_process(model_dir):
 @pytest.mark.parametrize("mode", ["raise", "stall"])
 def test_failing_rank_stops_every_rank(model_dir, mode):
     ids = torch.randint(0, V, (1, 20))
-    fail = dict(rank=1, layer=1, mode=mode, stall_s=8)
+    # layer 0: rank 1 fails before it waits on any collective, so its own error is the injected
+    # one even when a loaded machine delays rank 0 past the 4 s collective timeout
+    fail = dict(rank=1, layer=0, mode=mode, stall_s=8)
     run = run_ranks(case_generate, 2, timeout_s=4, join_timeout=90, model_dir=model_dir,
                     cases={2: [(ids, 3, 4)]}, fail=fail)
     assert not run["hung"], f"ranks {run['hung']} hung"
