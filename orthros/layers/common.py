@@ -21,6 +21,18 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+class ResidualMLP:
+    """The second half of a decoder layer, mixed into every decoder layer of the package (the
+    HF model's and the vLLM plugin's, which build ``mlp`` and ``post_attention_layernorm`` from
+    different modules): the residual of the mixer's output, then the MLP block."""
+
+    def post_attention(self, h: torch.Tensor, a) -> torch.Tensor:
+        """``a``: the mixer's output for the rows of ``h`` (``None``: nothing to add)."""
+        if a is not None:
+            h = h + a
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
 class SwiGLUMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "silu", bias: bool = False):
         super().__init__()

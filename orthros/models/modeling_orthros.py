@@ -20,7 +20,7 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from ..layers import DenseKV, OrthrosAttention, RMSNorm, RotaryEmbedding, StepInputs, SwiGLUMLP
+from ..layers import DenseKV, OrthrosAttention, ResidualMLP, RMSNorm, RotaryEmbedding, StepInputs, SwiGLUMLP
 from ..layers.gated_deltanet import GatedDeltaNet
 from ..kinds import LINEAR_LAYER_TYPE, has_output_stream
 from ..ops import doc_ids_from_cu_seqlens
@@ -76,7 +76,7 @@ def _finish(layer, h, o, step: StepInputs, final: bool):
     return layer.post_attention(h, a)
 
 
-class OrthrosDecoderLayer(GradientCheckpointingLayer):
+class OrthrosDecoderLayer(ResidualMLP, GradientCheckpointingLayer):
     """One decoder layer; :meth:`forward` is THE layer step of every execution path.
 
     ``pre_attention(h)`` (input norm) -> ``mixer.project`` (token-wise: queries, K/V) ->
@@ -104,12 +104,6 @@ class OrthrosDecoderLayer(GradientCheckpointingLayer):
 
     def pre_attention(self, h: torch.Tensor) -> torch.Tensor:
         return self.input_layernorm(h)
-
-    def post_attention(self, h: torch.Tensor, a: Optional[torch.Tensor]) -> torch.Tensor:
-        """The residual of the mixer's output ``a`` (``None``: nothing to add), then the MLP block."""
-        if a is not None:
-            h = h + a
-        return h + self.mlp(self.post_attention_layernorm(h))
 
     def forward(self, h: torch.Tensor, step: StepInputs, final: bool = False) -> torch.Tensor:
         """``h [B, n_base (+ T_out), d]`` -> the next hidden states; ``final`` (the last layer):

@@ -47,6 +47,8 @@ from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper, m
 from vllm.sequence import IntermediateTensors
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec
 
+from ..layers.common import ResidualMLP
+
 
 class WindowAttention(Attention):
     """vLLM attention with a sliding window in the kernel but a full-attention KV-cache spec:
@@ -158,7 +160,7 @@ class OrthrosAttention(nn.Module):
     def __init__(self, config, cache_config, layer_idx: int, prefix: str):
         super().__init__()
         self.mode = config.attention_mode
-        self.last = layer_idx == config.num_hidden_layers - 1
+        self.final = layer_idx == config.num_hidden_layers - 1
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
@@ -177,7 +179,7 @@ class OrthrosAttention(nn.Module):
         if self.scale_offset:  # same parameters (and names) as orthros.layers.OrthrosAttention
             self.alpha_out = nn.Parameter(torch.ones(self.q_size))
             self.beta_out = nn.Parameter(torch.zeros(self.q_size))
-            if not self.last:
+            if not self.final:
                 self.alpha = nn.Parameter(torch.ones(self.q_size))
                 self.beta = nn.Parameter(torch.zeros(self.q_size))
         self.rotary_emb = get_rope(self.head_dim, max_position=config.max_position_embeddings,
@@ -193,10 +195,10 @@ class OrthrosAttention(nn.Module):
         shape = x.shape
         return norm(x.reshape(-1, self.head_dim)).view(shape)
 
-    def forward(self, pos_all, x, s: SampledRows, n_out: int, base_output: bool):
+    def forward(self, pos_all, x, s: SampledRows, n_out: int, final: bool):
         """``x``: normalised ``[N + n_out, d]`` (N base rows, then the output rows), ``pos_all`` their
-        positions. Returns the attention output of the same rows, or of the output rows only when
-        not ``base_output``."""
+        positions. Returns the attention output of the same rows, or (``final``: the last layer of
+        an Orthros model, whose base stream is never read again) of the output rows only."""
         N = x.shape[0] - n_out
         qkv, _ = self.qkv_proj(x)
         q = self._norm_heads(self.q_norm, qkv[:, :self.q_size])
@@ -204,23 +206,23 @@ class OrthrosAttention(nn.Module):
         k = self._norm_heads(self.k_norm, qkv[:, self.q_size:self.q_size + self.kv_size])
         v = qkv[:N, self.q_size + self.kv_size:]
         if self.scale_offset:
-            q_base = torch.addcmul(self.beta, q[:N], self.alpha) if base_output else q[:N]
+            q_base = q[:N] if final else torch.addcmul(self.beta, q[:N], self.alpha)
             q = torch.cat([q_base, torch.addcmul(self.beta_out, q[N:], self.alpha_out)])
         q, k = self.rotary_emb(pos_all, q.contiguous(), k.contiguous())
         k = k[:N]
-        if base_output:
+        if not final:
             o = self.attn(q[:N], k, v)  # writes this step's K/V, then windowed attention
         else:  # last layer: only its K/V are needed from the base stream
             unified_kv_cache_update(k.view(N, self.num_kv_heads, self.head_dim),
                                     v.contiguous().view(N, self.num_kv_heads, self.head_dim), self.attn.layer_name)
         if n_out:
             o_out = output_stream_attention(self.attn, q[N:], s)
-            o = torch.cat([o, o_out]) if base_output else o_out
+            o = o_out if final else torch.cat([o, o_out])
         out, _ = self.o_proj(o)
         return out
 
 
-class OrthrosDecoderLayer(nn.Module):
+class OrthrosDecoderLayer(ResidualMLP, nn.Module):
     def __init__(self, config, cache_config, layer_idx: int, prefix: str):
         super().__init__()
         self.self_attn = OrthrosAttention(config, cache_config, layer_idx, prefix=f"{prefix}.self_attn")
@@ -229,17 +231,16 @@ class OrthrosDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.is_orthros = config.attention_mode == "orthros"
 
-    def forward(self, pos_all, h, s: SampledRows, n_out: int, last: bool):
+    def forward(self, pos_all, h, s: SampledRows, n_out: int, final: bool):
         if self.is_orthros:  # the last layer's base stream is never read again: K/V only
-            attn = self.self_attn(pos_all, self.input_layernorm(h), s, n_out, base_output=not last)
-            if last:
+            attn = self.self_attn(pos_all, self.input_layernorm(h), s, n_out, final=final)
+            if final:
                 h = h[h.shape[0] - n_out:]
         else:  # baselines ("full", "window"): logits from the base stream at the sampled rows
-            attn = self.self_attn(pos_all, self.input_layernorm(h), s, 0, base_output=True)
-            if last:
+            attn = self.self_attn(pos_all, self.input_layernorm(h), s, 0, final=False)
+            if final:
                 h, attn = h[s.rows], attn[s.rows]
-        h = h + attn
-        return h + self.mlp(self.post_attention_layernorm(h))
+        return self.post_attention(h, attn)  # the package's one residual + MLP step
 
 
 class OrthrosModel(nn.Module):
@@ -273,7 +274,7 @@ class OrthrosModel(nn.Module):
             pos_all = torch.cat([positions, positions[s.rows]])
         n = len(self.layers)
         for i, layer in enumerate(self.layers):
-            h = layer(pos_all, h, s, n_out, last=(i == n - 1))
+            h = layer(pos_all, h, s, n_out, final=(i == n - 1))
         h = self.norm(h)
         full = h.new_zeros(N, h.shape[-1])  # vLLM reads the sampled rows of an [N, d] tensor
         full[s.rows] = h
