@@ -44,8 +44,11 @@ def _leftovers(parent: Path):
 
 def _start(src: Path, dst: Path) -> subprocess.Popen:
     env = dict(os.environ, ORTHROS_CONVERT_TEST_PAUSE="1:120", PYTHONPATH=str(ROOT))
+    # SIGINT back to its default in the child: a test run started as a background job of a
+    # non-interactive shell inherits SIGINT ignored, and Python then installs no Ctrl-C handler
     return subprocess.Popen([sys.executable, "-m", "orthros", "convert", str(src), str(dst), "-q"], cwd=str(ROOT),
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _wait_mid_way(proc: subprocess.Popen, parent: Path) -> Path:

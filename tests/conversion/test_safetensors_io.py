@@ -22,6 +22,9 @@ _MEASURE = textwrap.dedent("""
     import json, sys
     import orthros
     from orthros.conversion.cli import main
+    # everything the conversion imports, loaded before the baseline: `import orthros` is lazy, and
+    # module imports are not the conversion's memory
+    import orthros.conversion.convert, orthros.models, orthros.models.remote_code  # noqa: E401,F401
 
     def status_kb(key):  # this process's own memory (ru_maxrss would include the parent's at fork)
         with open("/proc/self/status") as f:
