@@ -191,7 +191,7 @@ class GatedDeltaNet(nn.Module):
             else:
                 pos = step.out_rel
             o, o_out, final_state = gated_delta_rule(
-                q, k, v, g, beta, q_out=q_out, out_positions=pos, scale=self.scale, initial_state=rec_state,
+                q, k, v, g, beta, q_out=q_out, output_positions=pos, scale=self.scale, initial_state=rec_state,
                 output_final_state=cache is not None, cu_seqlens=step.cu_seqlens, backend=self.backend)
         if cache is not None:
             cache.set_linear_state(self.layer_idx, new_conv, final_state)

@@ -50,7 +50,7 @@ def test_both_streams_equal_brute_force_readout(T):
     h0 = torch.randn(B, Hv, K, V, dtype=torch.float64)
     q_out = torch.randn(B, max(T // 3, 1), H, K, dtype=torch.float64)
     pos = torch.sort(torch.randperm(T)[: q_out.shape[1]]).values.view(1, -1)
-    o, o_out, final = gated_delta_rule(q, k, v, g, beta, q_out=q_out, out_positions=pos, initial_state=h0,
+    o, o_out, final = gated_delta_rule(q, k, v, g, beta, q_out=q_out, output_positions=pos, initial_state=h0,
                                        output_final_state=True, backend="torch")
     states = _brute_states(q, k, v, g, beta, h0)
     every = torch.arange(T).view(1, T).expand(B, -1)
@@ -68,9 +68,9 @@ def test_dense_and_last_readouts():
     q, k, v, g, beta = _inputs(B, T, H, Hv, K, V, seed=1)
     q_out = torch.randn(B, T, H, K, dtype=torch.float64)
     _, o_all, _ = gated_delta_rule(q, k, v, g, beta, q_out=q_out, backend="torch")
-    _, o_last, _ = gated_delta_rule(q, k, v, g, beta, q_out=q_out[:, -1:], out_positions="last", backend="torch")
+    _, o_last, _ = gated_delta_rule(q, k, v, g, beta, q_out=q_out[:, -1:], output_positions="last", backend="torch")
     torch.testing.assert_close(o_last, o_all[:, -1:], rtol=1e-10, atol=1e-10)
-    _, o_pos, _ = gated_delta_rule(q, k, v, g, beta, q_out=q_out[:, 5:9], out_positions=torch.arange(5, 9).view(1, -1),
+    _, o_pos, _ = gated_delta_rule(q, k, v, g, beta, q_out=q_out[:, 5:9], output_positions=torch.arange(5, 9).view(1, -1),
                                    backend="torch")
     torch.testing.assert_close(o_pos, o_all[:, 5:9], rtol=1e-10, atol=1e-10)
 
@@ -82,13 +82,13 @@ def test_varlen_resets_state_at_document_starts():
     q_out = torch.randn(1, 6, H, K, dtype=torch.float64)
     pos = torch.tensor([[0, 19, 20, 56, 99, 100]])
     h0 = torch.randn(4, Hv, K, V, dtype=torch.float64)
-    o, o_out, final = gated_delta_rule(q, k, v, g, beta, q_out=q_out, out_positions=pos, initial_state=h0,
+    o, o_out, final = gated_delta_rule(q, k, v, g, beta, q_out=q_out, output_positions=pos, initial_state=h0,
                                        output_final_state=True, cu_seqlens=cu, backend="torch")
     for d in range(4):
         s, e = int(cu[d]), int(cu[d + 1])
         sel = ((pos[0] >= s) & (pos[0] < e)).nonzero().view(-1)
         od, ood, fd = gated_delta_rule(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e],
-                                       q_out=q_out[:, sel], out_positions=(pos[:, sel] - s), initial_state=h0[d:d + 1],
+                                       q_out=q_out[:, sel], output_positions=(pos[:, sel] - s), initial_state=h0[d:d + 1],
                                        output_final_state=True, backend="torch")
         torch.testing.assert_close(o[:, s:e], od, rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(o_out[:, sel], ood, rtol=1e-10, atol=1e-10)
@@ -104,7 +104,7 @@ def test_chunks_with_state_and_decode_steps_equal_one_pass():
     _, _, s1 = gated_delta_rule(q[:, :17], k[:, :17], v[:, :17], g[:, :17], beta[:, :17], output_final_state=True,
                                 backend="torch")
     o2, o2_out, s2 = gated_delta_rule(q[:, 17:30], k[:, 17:30], v[:, 17:30], g[:, 17:30], beta[:, 17:30],
-                                      q_out=q_out[:, 29:30], out_positions="last", initial_state=s1,
+                                      q_out=q_out[:, 29:30], output_positions="last", initial_state=s1,
                                       output_final_state=True, backend="torch")
     torch.testing.assert_close(o2, o[:, 17:30], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(o2_out, o_out[:, 29:30], rtol=1e-5, atol=1e-5)
@@ -127,7 +127,7 @@ def test_gradients_match_float64():
     def grads(dtype):
         leaves = [x.to(dtype).requires_grad_() for x in (*x64, qo64, h064)]
         q, k, v, g, beta, qo, h0 = leaves
-        o, o_out, f = gated_delta_rule(q, k, v, g, beta, q_out=qo, out_positions=pos, initial_state=h0,
+        o, o_out, f = gated_delta_rule(q, k, v, g, beta, q_out=qo, output_positions=pos, initial_state=h0,
                                        output_final_state=True, backend="torch")
         loss = (o * w_o.to(dtype)).sum() + (o_out * w_oo.to(dtype)).sum() + (f * w_f.to(f.dtype)).sum()
         return torch.autograd.grad(loss, leaves)
@@ -142,7 +142,7 @@ def test_gradcheck_float64_tiny():
     pos = torch.tensor([[1, 4, 8]])
 
     def f(q, k, v, g, beta, qo):
-        o, o_out, fs = gated_delta_rule(q, k, v, g, beta, q_out=qo, out_positions=pos, output_final_state=True,
+        o, o_out, fs = gated_delta_rule(q, k, v, g, beta, q_out=qo, output_positions=pos, output_final_state=True,
                                         backend="torch")
         return o, o_out, fs
 
@@ -196,7 +196,7 @@ def _fla_case(dtype, varlen):
         leaves = [t.detach().clone().requires_grad_(grad) for t in (*x, qo, h0)]
         q, k, v, g, beta, qq, s0 = leaves
         with torch.set_grad_enabled(grad):
-            o, o_out, f = gated_delta_rule(q, k, v, g.float(), beta, q_out=qq, out_positions=pos, initial_state=s0,
+            o, o_out, f = gated_delta_rule(q, k, v, g.float(), beta, q_out=qq, output_positions=pos, initial_state=s0,
                                            output_final_state=True, cu_seqlens=cu, backend=backend)
         if not grad:
             return [o, o_out, f]

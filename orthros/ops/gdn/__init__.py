@@ -42,7 +42,7 @@ def gated_delta_rule(
     beta: torch.Tensor,
     *,
     q_out: Optional[torch.Tensor] = None,
-    out_positions: Union[None, str, torch.Tensor] = None,
+    output_positions: Union[None, str, torch.Tensor] = None,
     scale: Optional[float] = None,
     initial_state: Optional[torch.Tensor] = None,
     output_final_state: bool = False,
@@ -55,7 +55,7 @@ def gated_delta_rule(
     * ``q, k [B, T, H, K]``, ``v [B, T, HV, V]``, ``g`` (log decay) and ``beta`` (post-sigmoid)
       ``[B, T, HV]``; ``HV`` a multiple of ``H``.
     * ``q_out [B, T_out, H, K]``: output-stream queries (None: no output stream).
-      ``out_positions``: where they read the state, positions in ``[0, T)``: ``None`` (every
+      ``output_positions``: where they read the state, positions in ``[0, T)``: ``None`` (every
       position, ``T_out == T``), ``"last"`` (``T_out == 1``: the state after the last token,
       read from the final state, no extra pass), or an int64 ``[1 or B, T_out]`` tensor.
     * ``initial_state [N, HV, K, V]`` (float32), ``N = B`` or the number of documents of
@@ -83,23 +83,23 @@ def gated_delta_rule(
         _warn_once("fla-core's GDN backward is unavailable here (Hopper GPU, Triton < 3.7.1: fla issue #640); "
                    "steps that need gradients run the pure-PyTorch GDN (correct, slower)")
         backend = "torch"
-    last = isinstance(out_positions, str)
-    if last and out_positions != "last":
-        raise ValueError(f"out_positions must be None, 'last' or a tensor, got {out_positions!r}")
+    last = isinstance(output_positions, str)
+    if last and output_positions != "last":
+        raise ValueError(f"output_positions must be None, 'last' or a tensor, got {output_positions!r}")
     if last and cu_seqlens is not None:
-        raise ValueError("out_positions='last' reads the one final state: not with cu_seqlens (pass positions)")
+        raise ValueError("output_positions='last' reads the one final state: not with cu_seqlens (pass positions)")
     if q_out is not None and last and q_out.shape[1] != 1:
-        raise ValueError(f"out_positions='last' needs q_out [B, 1, H, K], got {tuple(q_out.shape)}")
+        raise ValueError(f"output_positions='last' needs q_out [B, 1, H, K], got {tuple(q_out.shape)}")
 
     dense = None  # output queries at every position (rows that are not output positions: zero)
     idx = None
     if q_out is not None and not last:
-        if out_positions is None:
+        if output_positions is None:
             if q_out.shape[1] != T:
-                raise ValueError(f"q_out must be [B, T, H, K] when out_positions is None, got {tuple(q_out.shape)}")
+                raise ValueError(f"q_out must be [B, T, H, K] when output_positions is None, got {tuple(q_out.shape)}")
             dense = q_out
         else:
-            idx = out_positions.to(device=q.device, dtype=torch.long).expand(B, -1)
+            idx = output_positions.to(device=q.device, dtype=torch.long).expand(B, -1)
             idx4 = idx[:, :, None, None].expand(-1, -1, H, K)
             dense = torch.zeros_like(q).scatter(1, idx4, q_out.to(q.dtype))
     want_final = output_final_state or last and q_out is not None
