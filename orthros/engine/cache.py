@@ -73,9 +73,8 @@ class StaticKVCache:
     def prefill_view(self, r0: int, r1: int, P: int, T: int, window: int) -> "PrefillView":
         return PrefillView(self, r0, r1, P, T, window)
 
-    def decode_view(self, rows: torch.Tensor, lens: torch.Tensor, new_lens: torch.Tensor, span: int,
-                    window: int) -> "DecodeView":
-        return DecodeView(self, rows, lens, new_lens, span, window)
+    def decode_view(self, rows: torch.Tensor, lens: torch.Tensor, span: int) -> "DecodeView":
+        return DecodeView(self, rows, lens, span)
 
 
 class PrefillView:
@@ -118,8 +117,9 @@ class PrefillView:
 class DecodeView:
     """Rows ``0:bs`` of the cache, one new token per row written at ``lens`` (static shapes)."""
 
-    def __init__(self, cache: StaticKVCache, rows, lens, new_lens, span: int, window: int):
-        self.cache, self.rows, self.lens, self.new_lens, self.span = cache, rows, lens, new_lens, span
+    def __init__(self, cache: StaticKVCache, rows, lens, span: int):
+        self.cache, self.rows, self.lens, self.span = cache, rows, lens, span
+        self.new_lens = lens + 1  # the rows' lengths once this step's token is written
 
     def linear_state(self, i: int):
         bs = self.rows.shape[0]  # the decode step updates these views of the buffers in place

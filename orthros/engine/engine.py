@@ -299,7 +299,7 @@ class Engine:
         # the decoupled pair of paper Section 3.1: [base token, output token] per row
         step = StepInputs(n_base=1, rope_base=rope, rope_out=rope, out_rel=self._last_row,
                           output_tokens=self.output_tokens, mode=self.mode, run=self._run,
-                          cache=self.cache.decode_view(self._arange[:bs], lens, lens + 1, span, self.window))
+                          cache=self.cache.decode_view(self._arange[:bs], lens, span))
         h = m.run_layers(step.with_output_tokens(m.embed_tokens(tokens.view(bs, 1))), step)
         logits = self._head(self.model, h[:, -1:])
         lens.add_(1)

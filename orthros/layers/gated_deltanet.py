@@ -67,7 +67,7 @@ class GDNProjections(NamedTuple):
     beta: torch.Tensor  # [B, n_base, HV]
 
 
-def has_output_stream(step) -> bool:
+def _reads_output_tokens(step) -> bool:
     return bool(step.output_tokens) and step.n_out > 0
 
 
@@ -122,7 +122,7 @@ class GatedDeltaNet(nn.Module):
         gate ``z`` of the rows this layer returns."""
         T = step.n_base
         xb = x[:, :T]
-        two = has_output_stream(step)
+        two = _reads_output_tokens(step)
         if two:  # one projection for both streams' q|k|v rows
             qkv_all = self.in_proj_qkv(x)
             qkv = qkv_all[:, :T]
