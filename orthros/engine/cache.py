@@ -49,11 +49,6 @@ class StaticKVCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
 
-    @property
-    def linear_nbytes(self) -> int:
-        """Bytes of the GDN layers' states (conv windows + recurrent states), all rows."""
-        return sum(t.numel() * t.element_size() for t in self.conv + self.rec if t is not None)
-
     def save_linear(self, bs: int):
         """A copy of rows ``0:bs`` of every GDN state (a CUDA-graph capture runs decode steps)."""
         return [(c[:bs].clone(), r[:bs].clone()) for c, r in zip(self.conv, self.rec) if c is not None]
