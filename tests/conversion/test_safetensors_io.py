@@ -95,8 +95,11 @@ def test_peak_memory_streams_shard_by_shard(tmp_path):
           f"streaming {growth:.1f} MB; in-memory control {control:.0f} MB")
     # the measurement can see a whole model being held ...
     assert control > 0.9 * total_mb
-    # ... and the streaming converter stays near one shard
-    assert growth < 2 * largest_mb, growth
+    # ... and the streaming converter stays near one shard: the shard's mmapped pages (they count in
+    # RSS once read), the copy being written, and allocator slack -- 20-25 MB measured for a 12 MB
+    # shard, against the 130+ MB a converter holding the model would add
+    assert growth < 3 * largest_mb, growth
+    assert growth < 0.3 * total_mb, growth
     index = json.loads((tmp_path / "dst" / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) == 14
 
