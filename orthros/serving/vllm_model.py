@@ -68,13 +68,28 @@ class SampledRows:
     """Where the output stream runs in this forward: the last scheduled token of each request."""
 
     rows: torch.Tensor  # [R] int64, rows of the flat batch
+    write_rows: torch.Tensor  # [R] int64: ``rows``, or the spare row N for a request with no token this step
     metadata: object  # the backend's attention metadata of this step (None in a dummy run)
     backend_state: dict  # per-step scratch of the output-stream op (e.g. scheduler metadata)
 
 
+def rows_from_metadata(metadata, num_tokens: int, device) -> SampledRows:
+    """The sampled rows of a step from its attention metadata: ``query_start_loc[1:] - 1``, the
+    row vLLM takes each request's logits from (the last row when there is no metadata:
+    warm-up / profiling). A request with no token in this step (the padding vLLM adds to reach a
+    captured CUDA-graph batch size repeats the last ``query_start_loc``) gets the spare row
+    ``num_tokens`` as its ``write_rows`` entry, so it never overwrites a real request's row."""
+    if metadata is None:
+        rows = torch.tensor([num_tokens - 1], dtype=torch.long, device=device)
+        return SampledRows(rows=rows, write_rows=rows, metadata=None, backend_state={})
+    qsl = metadata.query_start_loc.long()
+    rows = qsl[1:] - 1
+    write_rows = torch.where(qsl[1:] > qsl[:-1], rows, torch.full_like(rows, num_tokens))
+    return SampledRows(rows=rows, write_rows=write_rows, metadata=metadata, backend_state={})
+
+
 def sampled_rows(layer_name: str, num_tokens: int, device) -> SampledRows:
-    """Rows whose logits vLLM samples this step, from the attention metadata of the forward
-    context (``query_start_loc[1:] - 1``); the last row when there is none (warm-up/profiling)."""
+    """:func:`rows_from_metadata` for ``layer_name``'s metadata in the current forward context."""
     metadata = None
     try:
         attn_metadata = get_forward_context().attn_metadata
@@ -84,11 +99,67 @@ def sampled_rows(layer_name: str, num_tokens: int, device) -> SampledRows:
         attn_metadata = attn_metadata[0]
     if isinstance(attn_metadata, dict):
         metadata = attn_metadata.get(layer_name)
-    if metadata is None:
-        rows = torch.tensor([num_tokens - 1], dtype=torch.long, device=device)
-    else:
-        rows = metadata.query_start_loc[1:].long() - 1
-    return SampledRows(rows=rows, metadata=metadata, backend_state={})
+    return rows_from_metadata(metadata, num_tokens, device)
+
+
+def _cpu_output_stream(attn: Attention, q: torch.Tensor, out: torch.Tensor, s: SampledRows) -> None:
+    """``CPU_ATTN``: vLLM's CPU paged-attention op, its cache viewed as the CPU backend lays it
+    out (per block and KV head: ``block_size`` key rows, then ``block_size`` value rows)."""
+    from vllm import _custom_ops as ops
+    from vllm import envs
+
+    R, H, D = q.shape
+    m, st = s.metadata, s.backend_state
+    if "sched" not in st:  # the same for every layer of this step: built once
+        st["sched"] = ops.cpu_attn_get_scheduler_metadata(
+            num_reqs=R, num_heads=H, num_kv_heads=attn.num_kv_heads, head_dim=D, seq_lens=m.seq_lens,
+            dtype=q.dtype, query_start_loc=st["qsl"], causal=True, sliding_window_size=-1, isa=attn.isa,
+            enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV, kv_cache_dtype=attn.kv_cache_dtype)
+    kv_cache = attn.kv_cache
+    num_blocks, num_kv_heads, block_size, _ = kv_cache.size()
+    key_cache, value_cache = kv_cache.view(num_blocks, num_kv_heads, block_size * 2, -1).chunk(2, dim=2)
+    ops.cpu_attention_with_kv_cache(
+        query=q, key_cache=key_cache, value_cache=value_cache, output=out,
+        query_start_loc=st["qsl"], seq_lens=m.seq_lens, scale=attn.impl.scale, causal=True, alibi_slopes=None,
+        sliding_window=-1, block_table=m.block_table, softcap=0, scheduler_metadata=st["sched"], s_aux=None,
+        k_scale=attn._k_scale_float, v_scale=attn._v_scale_float, kv_cache_dtype=attn.kv_cache_dtype)
+
+
+def _triton_output_stream(attn: Attention, q: torch.Tensor, out: torch.Tensor, s: SampledRows) -> None:
+    """``FLASH_ATTN`` and ``TRITON_ATTN`` (GPU): both keep a layer's cache in the logical layout
+    ``[blocks, kv_heads, block_size, 2 * head_dim]`` (keys, then values, in the last dim), which
+    vLLM's Triton ``unified_attention`` reads through the block table: one query per request
+    (``cu_seqlens_q = arange(R + 1)``), causal, no window, the 2D kernel vLLM itself runs for
+    decode tokens. The base stream keeps the backend's own kernel."""
+    from vllm.v1.attention.ops.triton_unified_attention import unified_attention
+
+    D = q.shape[-1]
+    m = s.metadata
+    key_cache, value_cache = attn.kv_cache.transpose(1, 2).split(D, dim=-1)
+    unified_attention(
+        q=q, k=key_cache, v=value_cache, out=out, cu_seqlens_q=s.backend_state["qsl"], max_seqlen_q=1,
+        seqused_k=m.seq_lens, max_seqlen_k=m.max_seq_len, softmax_scale=attn.impl.scale, causal=True,
+        window_size=(-1, -1), block_table=m.block_table, softcap=0, q_descale=None, k_descale=None,
+        v_descale=None)
+
+
+#: backend name (``attn.attn_backend.get_name()``) -> the output-stream op for its cache layout
+OUTPUT_STREAM_OPS = {"CPU_ATTN": _cpu_output_stream, "FLASH_ATTN": _triton_output_stream,
+                     "TRITON_ATTN": _triton_output_stream}
+
+
+def output_stream_op(attn: Attention):
+    """The output-stream op for ``attn``'s backend; a ``ValueError`` naming what is supported
+    otherwise (called when the model is built, so an engine that cannot serve it stops at load)."""
+    backend = attn.attn_backend.get_name()
+    op = OUTPUT_STREAM_OPS.get(backend)
+    if op is None:
+        raise ValueError(f"the Orthros output stream runs on vLLM's attention backends {sorted(OUTPUT_STREAM_OPS)}; "
+                         f"this engine selected {backend!r} (choose one with --attention-backend)")
+    if op is _triton_output_stream and attn.kv_cache_dtype != "auto":
+        raise ValueError(f"the Orthros output stream on {backend} reads an unquantised KV cache "
+                         f"(--kv-cache-dtype auto); this engine uses {attn.kv_cache_dtype!r}")
+    return op
 
 
 def output_stream_attention(attn: Attention, q_out: torch.Tensor, s: SampledRows) -> torch.Tensor:
@@ -101,29 +172,10 @@ def output_stream_attention(attn: Attention, q_out: torch.Tensor, s: SampledRows
     out = torch.zeros(R, H, D, dtype=q_out.dtype, device=q_out.device)
     if s.metadata is None:  # warm-up / profiling run: no cache, nothing to attend to
         return out.view(R, H * D)
-    backend = attn.attn_backend.get_name()
-    if backend != "CPU_ATTN":
-        raise NotImplementedError(f"the Orthros output stream is implemented for vLLM's CPU_ATTN backend; "
-                                  f"this engine selected {backend!r} (see docs/serving.md, GPU plan)")
-    from vllm import _custom_ops as ops
-    from vllm import envs
-
-    m = s.metadata
-    st = s.backend_state
-    if "qsl" not in st:  # the same for every layer of this step: built once
-        st["qsl"] = torch.arange(R + 1, dtype=m.query_start_loc.dtype, device=q_out.device)
-        st["sched"] = ops.cpu_attn_get_scheduler_metadata(
-            num_reqs=R, num_heads=H, num_kv_heads=attn.num_kv_heads, head_dim=D, seq_lens=m.seq_lens,
-            dtype=q_out.dtype, query_start_loc=st["qsl"], causal=True, sliding_window_size=-1, isa=attn.isa,
-            enable_kv_split=envs.VLLM_CPU_ATTN_SPLIT_KV, kv_cache_dtype=attn.kv_cache_dtype)
-    kv_cache = attn.kv_cache
-    num_blocks, num_kv_heads, block_size, _ = kv_cache.size()
-    key_cache, value_cache = kv_cache.view(num_blocks, num_kv_heads, block_size * 2, -1).chunk(2, dim=2)
-    ops.cpu_attention_with_kv_cache(
-        query=q_out.view(R, H, D), key_cache=key_cache, value_cache=value_cache, output=out,
-        query_start_loc=st["qsl"], seq_lens=m.seq_lens, scale=attn.impl.scale, causal=True, alibi_slopes=None,
-        sliding_window=-1, block_table=m.block_table, softcap=0, scheduler_metadata=st["sched"], s_aux=None,
-        k_scale=attn._k_scale_float, v_scale=attn._v_scale_float, kv_cache_dtype=attn.kv_cache_dtype)
+    op = output_stream_op(attn)
+    if "qsl" not in s.backend_state:  # one query per request; the same for every layer of this step
+        s.backend_state["qsl"] = torch.arange(R + 1, dtype=s.metadata.query_start_loc.dtype, device=q_out.device)
+    op(attn, q_out.view(R, H, D), out, s)
     return out.view(R, H * D)
 
 
@@ -188,6 +240,8 @@ class OrthrosAttention(nn.Module):
         self.attn = WindowAttention(self.num_heads, self.head_dim, self.head_dim ** -0.5,
                                     num_kv_heads=self.num_kv_heads, cache_config=cache_config,
                                     per_layer_sliding_window=window, prefix=f"{prefix}.attn")
+        if self.mode == "orthros":
+            output_stream_op(self.attn)  # refuse, at load, a backend or cache dtype it cannot serve
 
     def _norm_heads(self, norm, x):
         if norm is None:
@@ -276,9 +330,10 @@ class OrthrosModel(nn.Module):
         for i, layer in enumerate(self.layers):
             h = layer(pos_all, h, s, n_out, final=(i == n - 1))
         h = self.norm(h)
-        full = h.new_zeros(N, h.shape[-1])  # vLLM reads the sampled rows of an [N, d] tensor
-        full[s.rows] = h
-        return full
+        # vLLM reads the sampled rows of an [N, d] tensor; rows of padding requests go to row N
+        full = h.new_zeros(N + 1, h.shape[-1])
+        full.index_copy_(0, s.write_rows, h)
+        return full[:N]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return AutoWeightsLoader(self).load_weights(weights, mapper=self.hf_to_vllm_mapper)
@@ -320,4 +375,5 @@ class OrthrosForCausalLM(nn.Module):
         return AutoWeightsLoader(self).load_weights(weights)  # (skips the alias of a tied lm_head)
 
 
-__all__ = ["OrthrosForCausalLM", "check_supported", "OrthrosModel", "WindowAttention", "output_stream_attention", "sampled_rows"]
+__all__ = ["OUTPUT_STREAM_OPS", "OrthrosForCausalLM", "check_supported", "OrthrosModel", "WindowAttention",
+           "output_stream_attention", "output_stream_op", "rows_from_metadata", "sampled_rows"]
