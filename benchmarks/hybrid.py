@@ -14,7 +14,10 @@ Sections (each one's rows are saved as soon as measured): ``prefill`` (latency, 
 output and decode-only throughput).
 
     python benchmarks/hybrid.py --out results.json [--sections prefill,decode,e2e]
-        [--prefill 8192,32768,131072] [--pairs 128:128,1024:1024,8192:1024] [--tiny]
+        [--prefill 8192,32768,131072] [--pairs 128:128,1024:1024,8192:1024] [--compile] [--tiny]
+
+``--compile``: the engine's compiled path (``Engine(compile=True)``: torch.compile of the token-wise
+layer parts, as docs/benchmarks.md's Orthros engine figures) for every system of the run.
 """
 
 from __future__ import annotations
@@ -81,6 +84,7 @@ def main(argv=None):
     ap.add_argument("--mqar-steps", type=int, default=1000)
     ap.add_argument("--deadline", type=float, default=None, help="seconds: skip the sections that start later")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke run of this script)")
+    ap.add_argument("--compile", action="store_true", help="the compiled engine (Engine(compile=True)) for every system")
     args = ap.parse_args(argv)
     sections = [s for s in args.sections.split(",") if s]
     bad = [s for s in sections if s not in ("prefill", "decode", "e2e", "mqar")]
@@ -124,7 +128,8 @@ def main(argv=None):
     labels["transformer"] = {"orthros": "Orthros", "full": "Transformer"}
     for fam, model in models.items():
         out.setdefault("meta", {})[fam] = metadata(model, device, dtype, {"labels": labels[fam],
-                                                                         "layer_types": model.config.layer_types})
+                                                                         "layer_types": model.config.layer_types,
+                                                                         "compile": args.compile})
 
     def tag(fam):
         return lambda r: {**r, "family": fam, "system_label": labels[fam].get(r.get("system", r.get("mode")), "?")}
@@ -134,15 +139,18 @@ def main(argv=None):
         if "prefill" in sections:
             systems = ("orthros", "full") if fam == "hybrid" else ("orthros",)
             section(f"prefill_{fam}", lambda emit, model=model, t=t, systems=systems: bench_prefill(
-                model, lengths, systems=systems, budget_s=2.0, single_shot_s=60.0, on_row=lambda r: emit(t(r))))
+                model, lengths, systems=systems, budget_s=2.0, single_shot_s=60.0, on_row=lambda r: emit(t(r)),
+                compile=args.compile))
         if "decode" in sections:
             section(f"decode_{fam}", lambda emit, model=model, t=t: bench_decode(
-                model, [args.decode_context], batch_sizes=(2,), steps=40, warmup=5, on_row=lambda r: emit(t(r))))
+                model, [args.decode_context], batch_sizes=(2,), steps=40, warmup=5, on_row=lambda r: emit(t(r)),
+                compile=args.compile))
     if "e2e" in sections:
         for fam in ("hybrid", "transformer"):
             model, t = models[fam], tag(fam)
             section(f"e2e_{fam}", lambda emit, model=model, t=t: bench_e2e(model, pairs, batch=2,
-                                                                        on_row=lambda r: emit(t(r))))
+                                                                        on_row=lambda r: emit(t(r)),
+                                                                        compile=args.compile))
     del models
     import gc
 

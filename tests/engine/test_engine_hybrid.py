@@ -93,6 +93,16 @@ def test_static_cache_holds_kv_only_for_attention_layers():
     assert conv.shape == (2, 2 * 16 + 32, 3) and rec.shape == (2, 4, 8, 8) and rec.dtype == torch.float32
 
 
+def test_compiled_engine_equals_eager_on_orthros_h():
+    """``compile=True`` (what the hybrid benchmark's ``--compile`` runs): the GDN layers' token-wise
+    parts compile next to the attention layers'; same greedy tokens and prefill logits."""
+    m = tiny("orthros-h", seed=2)
+    eager = Engine(m, max_batch_size=4, max_seq_len=40, prefill_chunk=5)
+    comp = Engine(m, max_batch_size=4, max_seq_len=40, prefill_chunk=5, compile=True)
+    assert comp.generate(PROMPTS, 6) == eager.generate(PROMPTS, 6)
+    torch.testing.assert_close(comp.prefill(PROMPTS), eager.prefill(PROMPTS), atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("kind", ["orthros-h", "linear-hybrid", "gdn"])
 def test_cuda_graph_decode_equals_eager_and_hf(kind):
