@@ -180,6 +180,18 @@ def _bwd_delta(O, DO, DELTA, sob, sot, soh, sdb, sdt, sdh, M, HQ,
 
 
 @triton.jit
+def _backward_rows(Q, DO, LSE, DELTA, b64, h64, r64, rows, row_ok, rmask, offs_d,
+                   sqb, sqt, sqh, sdb, sdt, sdh, HQ, M):
+    """One block of query rows as both backward kernels read it: q, dO, the forward's LSE and
+    delta = rowsum(dO * O)."""
+    q = tl.load(Q + b64 * sqb + h64 * sqh + r64 * sqt + offs_d[None, :], mask=rmask, other=0.0)
+    do = tl.load(DO + b64 * sdb + h64 * sdh + r64 * sdt + offs_d[None, :], mask=rmask, other=0.0)
+    lse = tl.load(LSE + (b64 * HQ + h64) * M + rows, mask=row_ok, other=float("inf"))
+    delta = tl.load(DELTA + (b64 * HQ + h64) * M + rows, mask=row_ok, other=0.0)
+    return q, do, lse, delta
+
+
+@triton.jit
 def _dq_block(
     h, pid_m, b, Q, K, V, DO, DQ, LSE, DELTA, POS, DOC, DOCSTART, KVSTART,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh, sgb, sgt, sgh, spb,
@@ -197,10 +209,8 @@ def _dq_block(
     d_ok = offs_d < D
     r64 = rows.to(tl.int64)[:, None]
     rmask = row_ok[:, None] & d_ok[None, :]
-    q = tl.load(Q + b64 * sqb + h64 * sqh + r64 * sqt + offs_d[None, :], mask=rmask, other=0.0)
-    do = tl.load(DO + b64 * sdb + h64 * sdh + r64 * sdt + offs_d[None, :], mask=rmask, other=0.0)
-    lse = tl.load(LSE + (b64 * HQ + h64) * M + rows, mask=row_ok, other=float("inf"))
-    delta = tl.load(DELTA + (b64 * HQ + h64) * M + rows, mask=row_ok, other=0.0)
+    q, do, lse, delta = _backward_rows(Q, DO, LSE, DELTA, b64, h64, r64, rows, row_ok, rmask, offs_d,
+                                       sqb, sqt, sqh, sdb, sdt, sdh, HQ, M)
     k_base = K + b64 * skb + kvh64 * skh
     v_base = V + b64 * svb + kvh64 * svh
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
@@ -270,10 +280,8 @@ def _dkdv_block(
             row_ok = rows < M
             r64 = rows.to(tl.int64)[:, None]
             rmask = row_ok[:, None] & d_ok[None, :]
-            q = tl.load(Q + b64 * sqb + h64 * sqh + r64 * sqt + offs_d[None, :], mask=rmask, other=0.0)
-            do = tl.load(DO + b64 * sdb + h64 * sdh + r64 * sdt + offs_d[None, :], mask=rmask, other=0.0)
-            lse = tl.load(LSE + (b64 * HQ + h64) * M + rows, mask=row_ok, other=float("inf"))
-            delta = tl.load(DELTA + (b64 * HQ + h64) * M + rows, mask=row_ok, other=0.0)
+            q, do, lse, delta = _backward_rows(Q, DO, LSE, DELTA, b64, h64, r64, rows, row_ok, rmask, offs_d,
+                                               sqb, sqt, sqh, sdb, sdt, sdh, HQ, M)
             if POS_PTR:
                 qpos = tl.load(POS + b64 * spb + rows, mask=row_ok, other=-1).to(tl.int64)
             else:
