@@ -1,0 +1,286 @@
+"""Issue #18's roofline sweep (benchmarks/roofline.py) on the CPU: the whole command with tiny
+shapes (Triton interpreter for the window stream, a stand-in with gpt-fast's model.py
+interface for the peer), the floors against hand-computed values, and the refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from orthros.benchmarks import roofline as R
+from orthros.benchmarks.models import TINY
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "roofline.py"
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# gpt-fast's interface (model.py of pytorch-labs/gpt-fast: ModelArgs, KVCache, Transformer with
+# setup_caches(max_batch_size, max_seq_length) and forward(idx, input_pos) over a static cache
+# under a causal mask), a few lines of it: the real file is carried to the GPU, never vendored.
+STAND_IN = textwrap.dedent('''
+    from dataclasses import dataclass
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    @dataclass
+    class ModelArgs:
+        block_size: int = 2048
+        vocab_size: int = 32000
+        n_layer: int = 2
+        n_head: int = 4
+        dim: int = 64
+        intermediate_size: int = 128
+        n_local_heads: int = -1
+        head_dim: int = 16
+        rope_base: float = 10000
+        norm_eps: float = 1e-5
+
+        def __post_init__(self):
+            if self.n_local_heads == -1:
+                self.n_local_heads = self.n_head
+            self.head_dim = self.dim // self.n_head
+
+    class KVCache(nn.Module):
+        def __init__(self, B, S, H, D, dtype):
+            super().__init__()
+            self.register_buffer("k_cache", torch.zeros(B, H, S, D, dtype=dtype))
+            self.register_buffer("v_cache", torch.zeros(B, H, S, D, dtype=dtype))
+
+        def update(self, pos, k, v):
+            self.k_cache[:, :, pos] = k
+            self.v_cache[:, :, pos] = v
+            return self.k_cache, self.v_cache
+
+    class Attention(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.c, self.kv_cache = c, None
+            self.wqkv = nn.Linear(c.dim, (c.n_head + 2 * c.n_local_heads) * c.head_dim, bias=False)
+            self.wo = nn.Linear(c.dim, c.dim, bias=False)
+
+        def forward(self, x, mask, pos):
+            c, (B, S, _) = self.c, x.shape
+            kv = c.n_local_heads * c.head_dim
+            q, k, v = (t.view(B, S, -1, c.head_dim).transpose(1, 2) for t in self.wqkv(x).split([c.dim, kv, kv], -1))
+            k, v = self.kv_cache.update(pos, k, v)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            return self.wo(y.transpose(1, 2).reshape(B, S, c.dim))
+
+    class Block(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.attention = Attention(c)
+            self.w1 = nn.Linear(c.dim, c.intermediate_size, bias=False)
+            self.w2 = nn.Linear(c.intermediate_size, c.dim, bias=False)
+
+        def forward(self, x, pos, mask):
+            h = x + self.attention(x, mask, pos)
+            return h + self.w2(F.silu(self.w1(h)))
+
+    class Transformer(nn.Module):
+        def __init__(self, config):
+            super().__init__()
+            self.config = config
+            self.tok_embeddings = nn.Embedding(config.vocab_size, config.dim)
+            self.layers = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+            self.output = nn.Linear(config.dim, config.vocab_size, bias=False)
+            self.max_batch_size = self.max_seq_length = -1
+
+        def setup_caches(self, max_batch_size, max_seq_length):
+            if self.max_seq_length >= max_seq_length and self.max_batch_size >= max_batch_size:
+                return
+            c, dt = self.config, self.output.weight.dtype
+            self.max_batch_size, self.max_seq_length = max_batch_size, max_seq_length
+            for b in self.layers:
+                b.attention.kv_cache = KVCache(max_batch_size, max_seq_length, c.n_local_heads, c.head_dim, dt)
+            self.causal_mask = torch.tril(torch.ones(max_seq_length, max_seq_length, dtype=torch.bool))
+
+        def forward(self, idx, input_pos):
+            mask = self.causal_mask[None, None, input_pos]
+            x = self.tok_embeddings(idx)
+            for b in self.layers:
+                x = b(x, input_pos, mask)
+            return self.output(x)
+''')
+
+
+@pytest.fixture
+def gpt_fast_dir(tmp_path):
+    d = tmp_path / "gpt-fast"
+    d.mkdir()
+    (d / "model.py").write_text(STAND_IN)
+    (d / "UPSTREAM").write_text("stand-in for the test")
+    return d
+
+
+def _run_script(*args, timeout=300):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=REPO, env=env,
+                          timeout=timeout)
+
+
+# ------------------------------------------------------------------ floors by hand
+def test_window_tiles_and_floor_by_hand():
+    # T = 128, w = 128, 64 x 64 tiles. Forward / dQ: query block 0 sees key block 0, block 1
+    # sees blocks 0-1: 3 tiles per head. dK/dV: key block 0 is seen by query blocks 0-1,
+    # key block 1 by query block 1: 3 tiles per query head.
+    assert R.query_block_tiles(128, 128, 64, 64) == 3
+    assert R.key_block_tiles(128, 128, 64, 64) == 3
+    # T = 256: query blocks see 1, 2, 3, 3 key blocks; key blocks are seen by 3, 3, 2, 1 query blocks
+    assert R.query_block_tiles(256, 128, 64, 64) == 1 + 2 + 3 + 3
+    assert R.key_block_tiles(256, 128, 64, 64) == 3 + 3 + 2 + 1
+    blocks = {"win_fwd": (64, 64), "bwd_dq": (64, 64), "bwd_dkdv": (64, 64)}
+    Hq, Hkv, D, e = 4, 2, 16, 2
+    f = R.window_floor(128, Hq=Hq, Hkv=Hkv, D=D, window=128, elem_bytes=e, bandwidth=1e9, flops_per_s=1e9,
+                       blocks=blocks)
+    assert f["fwd_flops"] == Hq * 3 * 4 * 64 * 64 * D
+    assert f["fb_flops"] == f["fwd_flops"] + Hq * 3 * 6 * 64 * 64 * D + Hq * 3 * 8 * 64 * 64 * D
+    q, kv = 128 * Hq * D * e, 128 * Hkv * D * e
+    assert f["fwd_bytes"] == 2 * q + 2 * kv + 128 * Hq * 4  # q, k, v in; o, lse out
+    assert f["fb_bytes"] - f["fwd_bytes"] == 5 * q + 4 * kv + 3 * 128 * Hq * 4
+    assert f["fwd_floor_ms"] == pytest.approx(1000 * max(f["fwd_bytes"], f["fwd_flops"]) / 1e9)
+    assert f["fwd_bound"] == "compute"  # 1 FLOP per byte/s-second here: FLOPs win
+
+
+@pytest.mark.parametrize("T, w, bm, bn", [(63, 8, 16, 16), (300, 128, 64, 64), (1000, 100, 32, 64),
+                                         (4096, 128, 64, 32)])
+def test_visited_tiles_cover_every_visible_pair(T, w, bm, bn):
+    # every (query, key) pair with 0 <= q - k < w must lie in a visited tile, and the tiles hold
+    # at most (block span / window) times the visible pairs
+    visible = sum(min(q + 1, w) for q in range(T))
+    assert R.query_block_tiles(T, w, bm, bn) * bm * bn >= visible
+    assert R.key_block_tiles(T, w, bm, bn) * bm * bn >= visible
+    assert R.query_block_tiles(T, w, bm, bn) * bm * bn <= visible * (bm + w + bn) / w + bm * bn
+
+
+def test_decode_floor_bytes_on_the_tiny_shape():
+    cfg = R.orthros_model("tiny", device="meta", dtype=torch.float32).config
+    # K and V, 2 layers, 2 KV heads, head_dim 16, fp32
+    assert R.kv_bytes_per_token(cfg, torch.float32) == 2 * TINY["num_hidden_layers"] * 2 * 16 * 4 == 512
+    assert R.kv_bytes_per_token(cfg, torch.bfloat16) == 256
+    assert R.decode_floor_ms(10**9, 512, 2, 1000, 2e9) == pytest.approx(1000 * (10**9 + 2 * 1000 * 512) / 2e9)
+
+
+def test_gpt_fast_loader_and_shape(gpt_fast_dir):
+    mod = R.load_gpt_fast(str(gpt_fast_dir))
+    assert mod.UPSTREAM == "stand-in for the test"
+    cfg = R.orthros_model("tiny", device="meta", dtype=torch.float32).config
+    args, notes = R.gpt_fast_args(mod, cfg, 512)
+    assert (args.dim, args.n_layer, args.n_head, args.n_local_heads, args.head_dim, args.vocab_size) == \
+        (64, 2, 4, 2, 16, 512)
+    assert any("qk-norm" in n for n in notes)
+    cfg.head_dim = 32  # gpt-fast derives head_dim = dim // n_head: no peer of this shape
+    with pytest.raises(ValueError, match="head_dim"):
+        R.gpt_fast_args(mod, cfg, 512)
+
+
+# ------------------------------------------------------------------ the whole command
+def test_quick_cpu_sweep_writes_consistent_json_and_plot(tmp_path, gpt_fast_dir):
+    out = tmp_path / "out"
+    p = _run_script("--device", "cpu", "--quick", "--gpt-fast-dir", str(gpt_fast_dir), "--out", str(out),
+                    "--window-lengths", "8192")
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    data = json.loads((out / "results.json").read_text())
+    meta, rows = data["meta"], data["rows"]
+    assert meta["issue"] == 18 and meta["device"] and meta["date"] and "commit" in meta and meta["torch"]
+    assert meta["gpt_fast"]["upstream"] == "stand-in for the test"
+    assert meta["kv_bytes_per_token"] == 512 and meta["copy_bw_tb_s"] > 0 and meta["matmul_tflop_s"] > 0
+    bw = meta["copy_bw_tb_s"] * 1e12
+    dec = [r for r in rows if r["section"] in ("decode", "batched")]
+    cells = {(r["section"], r["system"], r["B"], r["L"]) for r in dec}
+    want = {("decode", s, 1, L) for s in ("orthros", "full", "gpt-fast") for L in R.QUICK["contexts"]} | \
+        {("batched", s, B, L) for s in ("orthros", "full", "gpt-fast") for B in R.QUICK["batch_sizes"]
+         for L in R.QUICK["batched_contexts"]}
+    assert cells == want
+    for r in dec:
+        assert "skipped" not in r and r["ms_per_step"] > 0
+        assert r["kv_bytes"] == r["B"] * r["L"] * 512
+        assert r["floor_ms"] == pytest.approx(1000 * (meta["weight_bytes_per_step"] + r["kv_bytes"]) / bw)
+        assert r["frac_of_floor"] == pytest.approx(r["floor_ms"] / r["ms_per_step"])
+        assert r["tokens_per_s"] == pytest.approx(1000 * r["B"] / r["ms_per_step"], rel=1e-6)
+    win = [r for r in rows if r["section"] == "window"]
+    assert {r["pass"] for r in win} == {"fwd", "fwd+bwd", "fwd+bwd graph"}
+    for r in win:
+        s = r["shape"]
+        assert (s["T"], s["Hq"], s["Hkv"], s["D"], s["window"]) == (32, 4, 1, 32, 128)  # attention.py's dry run
+        fl = R.window_floor(s["T"], Hq=s["Hq"], Hkv=s["Hkv"], D=s["D"], window=s["window"],
+                            elem_bytes=s["elem_bytes"], bandwidth=bw, flops_per_s=meta["matmul_tflop_s"] * 1e12)
+        key = "fwd" if r["pass"] == "fwd" else "fb"
+        assert r["floor_ms"] == pytest.approx(fl[f"{key}_floor_ms"]) and r["bytes"] == fl[f"{key}_bytes"]
+        assert r["orthros_ms"] > 0 and r["frac_of_floor"] == pytest.approx(r["floor_ms"] / r["orthros_ms"])
+        assert r["flex_ms"] is None  # no Flex on the CPU
+    assert (out / "roofline.png").stat().st_size > 10000
+    assert not list(out.glob("*.tmp*"))
+    summary = {(s["target"], s["point"]) for s in meta["summary"]}
+    assert ("batched_vs_full", "B=2 L=64") in summary and ("decode_vs_gpt_fast", "B=1 L=64") in summary
+    assert "targets" in p.stdout and "wrote" in p.stdout
+
+    # --plot-only redraws from the JSON (and prints the tables), measuring nothing
+    again = tmp_path / "again"
+    assert R.main(["--plot-only", str(out / "results.json"), "--out", str(again)]) == 0
+    assert (again / "roofline.png").stat().st_size > 10000
+
+
+def test_deadline_skips_the_rest_and_still_writes(tmp_path, capsys):
+    out = tmp_path / "late"
+    assert R.main(["--device", "cpu", "--quick", "--sections", "batched,decode", "--deadline-s", "1e-9",
+                   "--out", str(out)]) == 0
+    data = json.loads((out / "results.json").read_text())
+    rows = data["rows"]
+    assert rows and all(r["skipped"] == "deadline" for r in rows)
+    assert [r["section"] for r in rows][0] == "batched"  # the order given
+    assert {r["system"] for r in rows} == {"orthros", "full"}  # no --gpt-fast-dir: no gpt-fast rows
+    assert "no --gpt-fast-dir" in data["meta"]["gpt_fast"] and "gpt-fast rows are skipped" in capsys.readouterr().out
+    assert (out / "roofline.png").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--sections", "decode,prefill"], "--sections"),
+    (["--sections", "decode,decode"], "--sections"),
+    (["--contexts", "1024,0"], "--contexts"),
+    (["--batch-sizes", "-8"], "--batch-sizes"),
+    (["--steps", "0"], "--steps"),
+    (["--deadline-s", "-5"], "--deadline-s"),
+    (["--window-reserve-s", "60"], "--window-reserve-s"),
+    (["--gpt-fast-dir", "/nonexistent/gpt-fast"], "--gpt-fast-dir"),
+    (["--device", "cpu"], "--quick"),
+    (["--device", "tpu", "--quick"], "--device"),
+    (["--plot-only", "/nonexistent/results.json"], "--plot-only"),
+])
+def test_bad_arguments_refused_before_any_work(tmp_path, capsys, args, message):
+    out = tmp_path / "never"
+    base = [] if "--device" in args else ["--device", "cpu", "--quick"]
+    with pytest.raises(SystemExit) as e:
+        R.main([*base, *args, "--out", str(out)], window_factory=lambda dev: None)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_gpt_fast_dir_without_model_py_and_script_exit_code(tmp_path):
+    (tmp_path / "empty").mkdir()
+    p = _run_script("--device", "cpu", "--quick", "--gpt-fast-dir", str(tmp_path / "empty"), "--out",
+                    str(tmp_path / "never"), timeout=120)
+    assert p.returncode == 2 and "--gpt-fast-dir" in p.stderr and "model.py" in p.stderr
+    assert not (tmp_path / "never").exists()
+    with pytest.raises(SystemExit):  # the window section needs the script's timing code
+        R.parse_args(["--device", "cpu", "--quick", "--sections", "window"], window_available=False)
+
+
+def test_join_runs_prefers_measured_cells():
+    skipped = {"section": "decode", "system": "orthros", "B": 1, "L": 1024, "skipped": "deadline"}
+    measured = {"section": "decode", "system": "orthros", "B": 1, "L": 1024, "ms_per_step": 6.0}
+    other = {"section": "window", "T": 8192, "pass": "fwd", "orthros_ms": 0.2}
+    rows, meta = R.join_runs([{"meta": {"run": 1}, "rows": [measured, other]}, {"meta": {"run": 2}, "rows": [skipped]}])
+    assert meta == {"run": 1} and measured in rows and other in rows and skipped not in rows
+    rows, _ = R.join_runs([{"rows": [skipped]}, {"rows": [measured]}])
+    assert rows == [measured]
