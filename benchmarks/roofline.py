@@ -51,6 +51,9 @@ def window_factory(device):
     sliding window, at its sizes (GPU: bf16, Hq 32, Hkv 8, D 128; CPU: its dry run, fp32,
     Hq 4, Hkv 1, D 32, T / 256, no Flex)."""
     att = _attention_module()
+    # one Flex compile per length and pass (attention.py compiles at static shapes): stay clear of
+    # dynamo's default recompile limit, past which Flex would silently run eagerly
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     if device.type == "cpu":
         att.DRY, att.DEV, att.DT = True, "cpu", torch.float32
         att.HQ, att.HKV, att.D = 4, 1, 32
