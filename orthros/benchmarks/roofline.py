@@ -714,6 +714,8 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
                 _decode_cells(sweep, section, pairs_dec if section == "decode" else pairs_bat, ctx)
             else:
                 ctx["model"] = ctx["peer"] = None  # the 8B models out of the way of 1M-token tensors
+                if a.compile and (pairs_dec or pairs_bat):
+                    torch._dynamo.reset()  # and the compiled graphs (CUDA-graph pools) that may hold them
                 _free(dev)
                 if sweep.left_s() <= 0:
                     for T in a.window_lengths:

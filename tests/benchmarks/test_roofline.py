@@ -284,3 +284,23 @@ def test_join_runs_prefers_measured_cells():
     assert meta == {"run": 1} and measured in rows and other in rows and skipped not in rows
     rows, _ = R.join_runs([{"rows": [skipped]}, {"rows": [measured]}])
     assert rows == [measured]
+
+
+def test_window_reserve_skips_decode_cells_but_runs_the_window_section(tmp_path):
+    calls = []
+
+    def factory(device):  # a test double for benchmarks/attention.py's timing (the script's real one
+        def bench(T):  # runs in test_quick_cpu_sweep_writes_consistent_json_and_plot)
+            calls.append(T)
+            return ({"ours_fwd": 2.0, "flex_fwd": 3.0},
+                    {"T": 64, "Hq": 2, "Hkv": 1, "D": 16, "window": 128, "elem_bytes": 4}, [])
+        return bench
+    out = tmp_path / "reserve"
+    assert R.main(["--device", "cpu", "--quick", "--sections", "decode,window", "--window-lengths", "8192",
+                   "--deadline-s", "600", "--window-reserve-s", "600", "--out", str(out)],
+                  window_factory=factory) == 0
+    rows = json.loads((out / "results.json").read_text())["rows"]
+    assert calls == [8192]
+    assert all("window section" in r["skipped"] for r in rows if r["section"] == "decode")
+    (win,) = [r for r in rows if r["section"] == "window"]
+    assert win["speedup_vs_flex"] == pytest.approx(1.5) and win["frac_of_floor"] == pytest.approx(win["floor_ms"] / 2)
