@@ -305,7 +305,7 @@ class Sweep:
         self.write()
         self.bar.set_postfix_str(label[:60])
         self.bar.update(1)
-        print(f"  {label}", flush=True)
+        getattr(self.bar, "write", print)(f"  {label}")  # above the bar, on its own line
 
     def skip(self, row: Dict, why: str):
         self.add({**row, "skipped": why}, f"{_key(row)}: skipped ({why})")
@@ -374,7 +374,7 @@ def _decode_cells(sweep: Sweep, section: str, pairs, ctx) -> None:
                 continue
             row = {**base, **res, "frac_of_floor": floor / res["ms_per_step"], "cell_s": round(time.time() - t, 1)}
             sweep.add(row, f"{section} {system} B={B} L={L}: {row['ms_per_step']:.3f} ms/step, "
-                           f"{100 * row['frac_of_floor']:.0f}% of the {floor:.3f} ms floor")
+                           f"{100 * row['frac_of_floor']:.0f}% of the {floor:.3f} ms floor (cell {row['cell_s']} s)")
             _free(dev)
 
 
@@ -695,6 +695,7 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
     with CompileFallbacks() as fallbacks:
         meta["compile_failures"] = fallbacks
         for i, section in enumerate(a.sections):
+            print(f"\n## section {section} (at {time.time() - sweep.t0:.0f} s)", flush=True)
             ctx["reserve_s"] = (a.window_reserve_s or 0.0) if "window" in a.sections[i + 1:] else 0.0
             if section in ("decode", "batched"):
                 if ctx["model"] is None:
