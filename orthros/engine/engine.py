@@ -22,7 +22,8 @@ against a :class:`~orthros.engine.cache.StaticKVCache`:
 Every forward runs the model's own layer step (``OrthrosModel.run_layers``): the engine only
 builds the step's inputs and binds its static cache to the chunk or decode step
 (:mod:`orthros.engine.cache`). With ``compile=True`` the step's token-wise pieces go through
-``torch.compile``.
+``torch.compile``. With ``fuse=True`` (default) the model's layers run fused projections (one
+GEMM for Q/K/V, one for gate/up: ``FusedProjections`` in :mod:`orthros.layers.common`).
 """
 
 from __future__ import annotations
@@ -80,6 +81,16 @@ class Engine:
             argument and are compiled once for all layers (regional compilation); the cache
             writes and the attention kernels stay outside. Costs a compile on first use of
             each shape. Default off.
+        fuse: run every layer's projections of one input as one GEMM (``[W_q; W_k; W_v]``,
+            ``[W_gate; W_up]``, a GDN layer's four input projections) and a decode pair's
+            scale-offset as one ``addcmul``; the RoPE tables are cast to the model dtype once
+            per step instead of in every layer. Fusing re-points the model's parameters at views
+            of one buffer per group (:meth:`~orthros.layers.FusedProjections.fuse_projections`):
+            no memory is added, the state dict and ``save_pretrained`` are unchanged, and the
+            model's own forward takes the fused path too whenever autograd is off (training
+            never does). ``fuse=False`` un-fuses a model an earlier engine fused (the
+            comparison case); an engine finds at its next request that its model changed and
+            applies its own setting again (dropping its CUDA graphs). Default on.
     """
 
     cache_class = StaticKVCache
@@ -87,7 +98,7 @@ class Engine:
     def __init__(self, model, *, max_batch_size: int = 1, max_seq_len: int = 4096,
                  prefill_chunk: Optional[int] = DEFAULT_PREFILL_CHUNK, cuda_graphs: Optional[bool] = None,
                  graph_batch_sizes: Optional[Sequence[int]] = None, attention_mode: Optional[str] = None,
-                 compile: bool = False):
+                 compile: bool = False, fuse: bool = True):
         check_positive_int("max_batch_size", max_batch_size)
         check_positive_int("max_seq_len", max_seq_len)
         check_positive_int("prefill_chunk", prefill_chunk, allow_none=True)
@@ -130,6 +141,13 @@ class Engine:
         self._no_rows = torch.zeros(1, 0, dtype=torch.long, device=self.device)  # a chunk that predicts nothing
         if not isinstance(compile, bool):
             raise ValueError(f"compile must be True or False, got {compile!r}")
+        if not isinstance(fuse, bool):
+            raise ValueError(f"fuse must be True or False, got {fuse!r}")
+        self.fuse = fuse
+        self._apply_fuse()
+        attn = [layer.self_attn for layer in model.model.layers if hasattr(layer, "self_attn")]
+        same = all(a.q_proj.weight.dtype == a.v_proj.weight.dtype == self.dtype for a in attn)
+        self._rope_dtype = self.dtype if same else None
         self.compile = compile
         if compile:  # one graph per distinct static case (batch 1 vs more, pair vs single token,
             # chunk lengths: dynamic after the second); the default limit of 8 is too low for that
@@ -138,6 +156,24 @@ class Engine:
         self._head = _compiled(_lm_head) if compile else _lm_head
         self._sig = self._signature()
         self.reset()
+
+    def _apply_fuse(self):
+        """Fuse (``self.fuse``) or un-fuse every layer module of the model that can
+        (``fuse_projections``: attention, MLP, GDN; a remote-code model's own copies too)."""
+        for mod in self.model.modules():
+            if hasattr(mod, "fuse_projections") and hasattr(mod, "unfuse_projections"):
+                mod.fuse_projections() if self.fuse else mod.unfuse_projections()
+
+    def _check_model(self):
+        """At a request's start: if the model's parameters moved since this engine last ran it
+        (another engine fused or un-fused them, ``.to()``), apply this engine's fuse setting
+        again and drop the CUDA graphs captured against the old addresses."""
+        if self._signature() != self._sig:
+            self._apply_fuse()
+            if self._graphs:
+                torch.cuda.synchronize(self.device)
+                self._graphs = {}
+            self._sig = self._signature()
 
     def _signature(self):
         # captured CUDA graphs hold the parameters' addresses and the attention backends of
@@ -205,6 +241,7 @@ class Engine:
 
     def _plan(self, prompts, continue_: bool, max_new_tokens: int):
         """Validate and return (new tokens per row incl. pending, past length per row)."""
+        self._check_model()
         rows = self._as_rows(prompts)
         b = len(rows)
         if b > self.max_batch_size:
@@ -269,7 +306,7 @@ class Engine:
         m = self.model.model
         b, T = ids.shape
         pos = torch.arange(P, P + T, device=self.device).view(1, T)
-        rope = m.rotary_emb(pos)
+        rope = self._rope(pos)
         # the engine's output position is always the chunk's last token (the prompt's, in the
         # final chunk): the cache views rely on it
         out_rel = torch.full((1, 1), T - 1, dtype=torch.long, device=self.device) if final_chunk else self._no_rows
@@ -280,6 +317,14 @@ class Engine:
         return self._head(self.model, h[:, -1:]) if final_chunk else None
 
     # ----------------------------------------------------------------- decode
+    def _rope(self, pos: torch.Tensor):
+        """The step's RoPE tables; fused: in the dtype of every attention layer's q and k (the
+        model's, when all agree), the cast each layer's ``apply_rope`` would make, once (the
+        same values)."""
+        cos, sin = self.model.model.rotary_emb(pos)
+        dt = self._rope_dtype if self.fuse else None
+        return (cos.to(dt), sin.to(dt)) if dt is not None else (cos, sin)
+
     def _span(self, need: int) -> int:
         """Cache slots a decode step reads: the smallest power of two >= ``need`` (at least
         MIN_SPAN, at most max_seq_len). The decode kernel sizes its key splits from the cache
@@ -295,7 +340,7 @@ class Engine:
         (float32). Needs ``lens + 1 <= span``."""
         m = self.model.model
         bs = tokens.shape[0]
-        rope = m.rotary_emb(lens.view(bs, 1))
+        rope = self._rope(lens.view(bs, 1))
         # the decoupled pair of paper Section 3.1: [base token, output token] per row
         step = StepInputs(n_base=1, rope_base=rope, rope_out=rope, out_rel=self._last_row,
                           output_tokens=self.output_tokens, mode=self.mode, run=self._run,

@@ -25,9 +25,10 @@ import math
 from typing import NamedTuple, Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from .common import RMSNorm, apply_rope
+from .common import FusedProjections, RMSNorm, apply_rope
 from .step import StepInputs
 
 # Initial values of the scale-offset parameters: both streams start as the plain projections
@@ -53,7 +54,15 @@ class Streams(NamedTuple):
 _KV_ONLY = Streams(False, None)
 
 
-class OrthrosAttention(nn.Module):
+class OrthrosAttention(FusedProjections, nn.Module):
+    """One attention layer. Fused for inference (:meth:`~.common.FusedProjections.fuse_projections`,
+    the engine's default): ``[W_q; W_k; W_v]`` (and their biases) is one GEMM, ``[alpha; alpha']``
+    and ``[beta; beta']`` one buffer each, so a decode pair's scale-offset is one ``addcmul``."""
+
+    FUSIONS = {"qkv_fused": ("q_proj.weight", "k_proj.weight", "v_proj.weight"),
+               "qkv_bias_fused": ("q_proj.bias", "k_proj.bias", "v_proj.bias"),
+               "alpha_fused": ("alpha", "alpha_out"), "beta_fused": ("beta", "beta_out")}
+
     def __init__(self, config, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
@@ -87,6 +96,8 @@ class OrthrosAttention(nn.Module):
                 self.alpha = nn.Parameter(torch.full((qd,), SCALE_OFFSET_INIT["alpha"]))
                 self.beta = nn.Parameter(torch.full((qd,), SCALE_OFFSET_INIT["beta"]))
         self.has_scale_offset = bool(self.scale_offset_params())
+        self.q_cols = self.q_proj.out_features  # q_proj's columns (query, and the gates with attn_output_gate)
+        self._init_fusions()
 
     def scale_offset_params(self):
         """The scale-offset parameters this layer has, by name."""
@@ -123,9 +134,16 @@ class OrthrosAttention(nn.Module):
         ``rope_out``, ``[B, T - n_base or 1, R]``). ``scale_offset=False`` (or a layer without
         the parameters): the plain projection, as in a Transformer. ``with_gate``: also the
         rows' output gates (pre-sigmoid, ``None`` without ``attn_output_gate``): ``(q, gate)``."""
-        B, T, _ = x.shape
+        return self._queries_of(self.q_proj(x), n_base, rope, rope_out, scale_offset, with_gate)
+
+    def _queries_of(self, q: torch.Tensor, n_base: int, rope, rope_out, scale_offset: bool, with_gate: bool,
+                    fused: bool = False):
+        """:meth:`stream_queries` after the projection: ``q [B, T, q_cols]`` (q_proj's output).
+        ``fused`` (the fused inference path): the scale-offset as ``addcmul`` (one kernel per
+        stream; a decode pair's two rows: one), and a decode pair whose rows share one position
+        (``rope_out`` is ``rope``) expands its RoPE instead of concatenating it."""
+        B, T, _ = q.shape
         H, D = self.num_heads, self.head_dim
-        q = self.q_proj(x)
         gate = None
         if self.output_gate:
             q, gate = q.view(B, T, H, 2 * D).split(D, dim=-1)
@@ -135,17 +153,24 @@ class OrthrosAttention(nn.Module):
         if self.q_norm is not None:
             q = self.q_norm(q)
         if scale_offset and self.has_scale_offset:
-            parts = []
-            if n_base:
-                parts.append(q[:, :n_base] * self.alpha.view(H, D) + self.beta.view(H, D))
-            if T > n_base:
-                parts.append(q[:, n_base:] * self.alpha_out.view(H, D) + self.beta_out.view(H, D))
-            if parts:  # (none when x has no rows)
-                q = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
+            alpha2, beta2 = (self.alpha_fused, self.beta_fused) if fused else (None, None)
+            if alpha2 is not None and beta2 is not None and n_base == 1 and T == 2:  # [base row, output row]
+                q = torch.addcmul(beta2.view(2, H, D), q, alpha2.view(2, H, D))
+            else:
+                parts = []
+                if n_base:
+                    parts.append(_scale_offset(q[:, :n_base], self.alpha.view(H, D), self.beta.view(H, D), fused))
+                if T > n_base:
+                    parts.append(_scale_offset(q[:, n_base:], self.alpha_out.view(H, D), self.beta_out.view(H, D),
+                                               fused))
+                if parts:  # (none when x has no rows)
+                    q = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
         if n_base == 0:
             cos, sin = rope_out
         elif n_base == T:
             cos, sin = rope
+        elif fused and n_base == 1 and T == 2 and rope_out[0] is rope[0] and rope_out[1] is rope[1]:
+            cos, sin = rope[0].expand(B, 2, -1), rope[1].expand(B, 2, -1)
         else:
             m = T - n_base
             cos = torch.cat([rope[0].expand(B, -1, -1), rope_out[0].expand(B, m, -1)], dim=1)
@@ -161,10 +186,21 @@ class OrthrosAttention(nn.Module):
         return self.stream_queries(x, 0 if stream == "out" else x.shape[1], rope, rope, scale_offset=stream is not None)
 
     def keys_values(self, x: torch.Tensor, rope):
-        """K (k-norm, RoPE) and V ``[B, T, Hkv, D]`` of base tokens ``x``."""
-        B, T, _ = x.shape
-        k = self.k_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(B, T, self.num_kv_heads, self.head_dim)
+        """K (k-norm, RoPE) and V ``[B, T, Hkv, D]`` of base tokens ``x`` (fused: one GEMM)."""
+        w = self.fused("qkv_fused")
+        if w is not None:
+            kv = F.linear(x, w[self.q_cols:], _rows(self.qkv_bias_fused, self.q_cols, None))
+            return self._keys_values_of(kv, rope)
+        return self._keys_values_of(None, rope, self.k_proj(x), self.v_proj(x))
+
+    def _keys_values_of(self, kv, rope, k=None, v=None):
+        """:meth:`keys_values` after the projections: ``kv [B, T, 2 * Hkv * D]`` (the fused
+        GEMM's K|V columns), or ``k`` and ``v`` separately."""
+        if kv is not None:
+            k, v = kv.split(self.num_kv_heads * self.head_dim, dim=-1)
+        B, T, _ = k.shape
+        k = k.view(B, T, self.num_kv_heads, self.head_dim)
+        v = v.view(B, T, self.num_kv_heads, self.head_dim)
         if self.k_norm is not None:
             k = self.k_norm(k).to(v.dtype)
         return apply_rope(k, *rope), v
@@ -174,6 +210,9 @@ class OrthrosAttention(nn.Module):
         window queries of the base rows (or ``None``), full-stream queries (or ``None``), and
         the base rows' K/V."""
         s = self.streams(step, final)
+        w = self.fused("qkv_fused")
+        if w is not None:
+            return self._project_fused(x, step, s, w)
         T = step.n_base
         xb = x[:, :T]
         k, v = self.keys_values(xb, step.rope_base)
@@ -192,6 +231,46 @@ class OrthrosAttention(nn.Module):
             q_full = qq if s.full == "rows" else None
         # the output gates of exactly the rows `output` returns (None without attn_output_gate)
         return q, q_full, k, v, (gate if g else None)
+
+    def _project_fused(self, x: torch.Tensor, step: StepInputs, s: Streams, w: torch.Tensor):
+        """:meth:`project` with the fused ``[W_q; W_k; W_v]``: ONE GEMM over the rows whose
+        queries and K/V the step needs (a decode step's 1-2 rows always; a prefill's last layer,
+        whose queries are only at the output rows, runs the K/V and the Q columns separately, so
+        no query is computed for a row that does not need one)."""
+        T, qc = step.n_base, self.q_cols
+        b = self.qkv_bias_fused
+        xb = x[:, :T]
+        q = q_full = gate = None
+        if s.full is None and not s.window:  # only this layer's K/V
+            k, v = self._keys_values_of(F.linear(xb, w[qc:], _rows(b, qc, None)), step.rope_base)
+            return q, q_full, k, v, None
+        if s.full == "tokens":
+            rows = x if s.window or T <= step.n_out else None  # window: every row needs its query
+            n_base = T if s.window else 0
+            if rows is not None:
+                y = F.linear(rows, w, b)
+                qraw, kvraw = y[:, T - n_base:, :qc], y[:, :T, qc:]
+            else:
+                kvraw = F.linear(xb, w[qc:], _rows(b, qc, None))
+                qraw = F.linear(x[:, T:], w[:qc], _rows(b, 0, qc))
+            qq, gate = self._queries_of(qraw, n_base, step.rope_base, step.rope_out, s.scale_offset, True, fused=True)
+            q, q_full = (qq[:, :T], qq[:, T:] if step.n_out else None) if s.window else (None, qq)
+        elif s.full == "out_rows":  # a Transformer's last layer: queries at the output rows only
+            if T <= step.n_out:
+                y = F.linear(xb, w, b)
+                qraw, kvraw = step.gather_out_rows(y[..., :qc]), y[..., qc:]
+            else:
+                kvraw = F.linear(xb, w[qc:], _rows(b, qc, None))
+                qraw = F.linear(step.gather_out_rows(xb), w[:qc], _rows(b, 0, qc))
+            q_full, gate = self._queries_of(qraw, 0, None, step.rope_out, False, True, fused=True)
+        else:  # window and/or every row's full query: every base row
+            y = F.linear(xb, w, b)
+            qraw, kvraw = y[..., :qc], y[..., qc:]
+            qq, gate = self._queries_of(qraw, T, step.rope_base, None, s.scale_offset, True, fused=True)
+            q = qq if s.window else None
+            q_full = qq if s.full == "rows" else None
+        k, v = self._keys_values_of(kvraw, step.rope_base)
+        return q, q_full, k, v, (gate if self.output_gate else None)
 
     def attend(self, p, step: StepInputs, final: bool):
         """The cache's update and the attention kernels (never compiled): ``(o, o_full)``, or
@@ -223,3 +302,13 @@ class OrthrosAttention(nn.Module):
     def forward(self, x: torch.Tensor, step: StepInputs, final: bool = False):
         """The whole attention block of one step (outside the decoder layer: tests, tools)."""
         return self.output(self.attend(self.project(x, step, final), step, final), step, final)
+
+
+def _rows(t: Optional[torch.Tensor], start: int, end: Optional[int]) -> Optional[torch.Tensor]:
+    """Rows ``start:end`` of a fused weight or bias (``None`` stays ``None``)."""
+    return None if t is None else t[start:end]
+
+
+def _scale_offset(q: torch.Tensor, alpha: torch.Tensor, beta: torch.Tensor, fused: bool) -> torch.Tensor:
+    """``alpha * q + beta``: one ``addcmul`` on the fused path, the two ops of training otherwise."""
+    return torch.addcmul(beta, q, alpha) if fused else q * alpha + beta

@@ -1,8 +1,12 @@
-"""Token-wise building blocks of the Llama/Qwen backbone: RMSNorm, SwiGLU MLP and RoPE."""
+"""Token-wise building blocks of the Llama/Qwen backbone: RMSNorm, SwiGLU MLP and RoPE, and
+:class:`FusedProjections` (several projections of one input as one GEMM, for inference)."""
 
 from __future__ import annotations
 
+from typing import Dict, Tuple
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
@@ -33,15 +37,152 @@ class ResidualMLP:
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class SwiGLUMLP(nn.Module):
+def _refuse_after_load(module, incompatible_keys):
+    """``load_state_dict`` post-hook: an in-place load wrote into the fused buffers already; one
+    with ``assign=True`` replaced the parameters, so the buffers are rebuilt from them."""
+    if module.projections_fused:
+        module.fuse_projections()
+
+
+class FusedProjections:
+    """Mixin of a module whose inference path can run several projections of the same input as
+    ONE GEMM (``[W_q; W_k; W_v]``, ``[W_gate; W_up]``).
+
+    ``FUSIONS`` maps a buffer name to the parameter paths it concatenates along dim 0, in order
+    (``{"qkv_fused": ("q_proj.weight", "k_proj.weight", "v_proj.weight")}``). A group whose
+    parameters do not all exist is skipped (a bias-free layer has no bias group); the others are
+    fused all together or not at all: each needs plain floating ``nn.Parameter``s of one dtype
+    and device that agree on their trailing shape (a quantized weight keeps the module unfused).
+
+    :meth:`fuse_projections` builds each buffer (non-persistent: not in the state dict) and
+    re-points the *same* ``Parameter`` objects at views of it (``p.data = view``): the state
+    dict keeps its names and values, no memory is added, and an in-place write to a parameter
+    (``load_state_dict``, an optimizer step) is a write into the buffer. The module reads a
+    buffer through :meth:`fused`, which returns ``None`` while autograd records (training
+    always runs the separate projections, whose gradients reach the parameters).
+    ``.to()`` / ``.half()`` / ``.cuda()`` re-fuse after converting; ``load_state_dict(...,
+    assign=True)`` rebuilds the buffers from the new parameters. A parameter replaced by hand
+    afterwards (``module.q_proj.weight = ...``, FSDP's sharding) leaves a stale buffer: call
+    :meth:`fuse_projections` again (it repairs) or :meth:`unfuse_projections` first.
+    The HF model never fuses itself; the inference engine does (``Engine(fuse=True)``)."""
+
+    FUSIONS: Dict[str, Tuple[str, ...]] = {}
+
+    def _init_fusions(self):
+        for name in self.FUSIONS:
+            self.register_buffer(name, None, persistent=False)
+        self.register_load_state_dict_post_hook(_refuse_after_load)
+
+    def _fusion_params(self, paths):
+        """The parameters of one group, ``None`` when the module lacks one of them (a bias-free
+        layer's bias group), or ``False`` when they exist but cannot share one buffer."""
+        if not all(_has_param(self, p) for p in paths):
+            return None
+        params = [self.get_parameter(p) for p in paths]
+        p0 = params[0]
+        if any(type(p) is not nn.Parameter or not p.is_floating_point() or p.dtype != p0.dtype
+               or p.device != p0.device or p.shape[1:] != p0.shape[1:] for p in params):
+            return False
+        return params
+
+    @property
+    def projections_fused(self) -> bool:
+        """Whether any group of this module is fused."""
+        return any(getattr(self, name) is not None for name in self.FUSIONS)
+
+    def fused(self, name: str):
+        """The fused buffer ``name`` for an inference forward, or ``None`` (not fused, or autograd
+        is recording)."""
+        w = getattr(self, name)
+        return None if w is None or torch.is_grad_enabled() else w
+
+    @torch.no_grad()
+    def fuse_projections(self) -> bool:
+        """Fuse every group this module can fuse (idempotent: an intact group is left as it is, a
+        broken one rebuilt from its parameters). Returns :attr:`projections_fused`."""
+        groups = {name: self._fusion_params(paths) for name, paths in self.FUSIONS.items()}
+        if any(params is False for params in groups.values()):  # all or nothing (a weight without its bias)
+            self.unfuse_projections()
+            return False
+        for name, params in groups.items():
+            buf = getattr(self, name)
+            if params is None:
+                setattr(self, name, None)
+                continue
+            if buf is not None and _views_of(buf, params):
+                continue
+            w = torch.cat([p.detach() for p in params], dim=0)
+            off = 0
+            for p in params:
+                p.data = w[off:off + p.shape[0]]
+                off += p.shape[0]
+            setattr(self, name, w)
+        return self.projections_fused
+
+    @torch.no_grad()
+    def unfuse_projections(self) -> None:
+        """Give every fused parameter its own storage again and drop the buffers."""
+        for name, paths in self.FUSIONS.items():
+            if getattr(self, name) is None:
+                continue
+            for path in paths:
+                if _has_param(self, path):
+                    p = self.get_parameter(path)
+                    p.data = p.detach().clone()
+            setattr(self, name, None)
+
+    def _apply(self, fn, recurse=True):
+        fused = self.projections_fused
+        for name in self.FUSIONS:  # not converted on its own: rebuilt from the converted parameters
+            setattr(self, name, None)
+        out = super()._apply(fn, recurse)
+        if fused:
+            self.fuse_projections()
+        return out
+
+
+def _has_param(module: nn.Module, path: str) -> bool:
+    mod, _, attr = path.rpartition(".")
+    try:
+        owner = module.get_submodule(mod) if mod else module
+    except AttributeError:
+        return False
+    return owner._parameters.get(attr) is not None
+
+
+def _views_of(buf: torch.Tensor, params) -> bool:
+    """Whether ``params`` are, in order, the consecutive row blocks of ``buf``."""
+    off = 0
+    for p in params:
+        if (p.dtype != buf.dtype or p.device != buf.device or p.shape[1:] != buf.shape[1:]
+                or p.untyped_storage().data_ptr() != buf.untyped_storage().data_ptr()
+                or off + p.shape[0] > buf.shape[0] or (p.numel() and p.data_ptr() != buf[off].data_ptr())
+                or not p.is_contiguous()):
+            return False
+        off += p.shape[0]
+    return off == buf.shape[0]
+
+
+class SwiGLUMLP(FusedProjections, nn.Module):
+    """``down(act(gate(x)) * up(x))``; fused (:meth:`~FusedProjections.fuse_projections`): one GEMM
+    for ``[gate; up]``, then the same activation and product."""
+
+    FUSIONS = {"gate_up_fused": ("gate_proj.weight", "up_proj.weight"),
+               "gate_up_bias_fused": ("gate_proj.bias", "up_proj.bias")}
+
     def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "silu", bias: bool = False):
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
         self.act_fn = ACT2FN[hidden_act]
+        self._init_fusions()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.fused("gate_up_fused")
+        if w is not None:
+            gate, up = F.linear(x, w, self.gate_up_bias_fused).split(self.gate_proj.out_features, dim=-1)
+            return self.down_proj(self.act_fn(gate) * up)
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 

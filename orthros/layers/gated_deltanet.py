@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops.gdn import FROM_ATTN_BACKEND, causal_conv1d, gated_delta_rule, gated_delta_rule_step
+from .common import FusedProjections
 
 
 class RMSNormGated(nn.Module):
@@ -71,7 +72,13 @@ def _reads_output_tokens(step) -> bool:
     return bool(step.output_tokens) and step.n_out > 0
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(FusedProjections, nn.Module):
+    """Fused for inference (the engine's default): ``[in_proj_qkv; in_proj_z; in_proj_b;
+    in_proj_a]`` is one GEMM in every layer but the last (whose ``z`` is read at the output rows
+    only and which keeps its separate projections)."""
+
+    FUSIONS = {"in_proj_fused": ("in_proj_qkv.weight", "in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight")}
+
     def __init__(self, config, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
@@ -98,6 +105,7 @@ class GatedDeltaNet(nn.Module):
         self.norm = RMSNormGated(self.head_v_dim, eps=config.rms_norm_eps)
         self.out_proj = nn.Linear(self.value_dim, self.hidden_size, bias=False)
         self.init_gdn_parameters()
+        self._init_fusions()
 
     @torch.no_grad()
     def init_gdn_parameters(self, only_uninitialized: bool = False):
@@ -123,6 +131,17 @@ class GatedDeltaNet(nn.Module):
         T = step.n_base
         xb = x[:, :T]
         two = _reads_output_tokens(step)
+        w = self.fused("in_proj_fused")
+        if w is not None and not final:  # every row of x: q|k|v, z; the base rows: b, a
+            C, Vd, Hv = self.conv_dim, self.value_dim, self.num_v_heads
+            y = F.linear(x, w)
+            q_out = None
+            if two:
+                q_out = F.silu(y[:, T:, :self.key_dim]).unflatten(-1, (self.num_k_heads, self.head_k_dim))
+            z = y[..., C:C + Vd].unflatten(-1, (Hv, self.head_v_dim))
+            beta = torch.sigmoid(y[:, :T, C + Vd:C + Vd + Hv])
+            g = -self.A_log.float().exp() * F.softplus(y[:, :T, C + Vd + Hv:].float() + self.dt_bias.float())
+            return GDNProjections(y[:, :T, :C], q_out, z, g, beta)
         if two:  # one projection for both streams' q|k|v rows
             qkv_all = self.in_proj_qkv(x)
             qkv = qkv_all[:, :T]
