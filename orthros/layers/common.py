@@ -61,17 +61,28 @@ class FusedProjections:
     buffer through :meth:`fused`, which returns ``None`` while autograd records (training
     always runs the separate projections, whose gradients reach the parameters).
     ``.to()`` / ``.half()`` / ``.cuda()`` re-fuse after converting; ``load_state_dict(...,
-    assign=True)`` rebuilds the buffers from the new parameters. A parameter replaced by hand
-    afterwards (``module.q_proj.weight = ...``, FSDP's sharding) leaves a stale buffer: call
-    :meth:`fuse_projections` again (it repairs) or :meth:`unfuse_projections` first.
-    The HF model never fuses itself; the inference engine does (``Engine(fuse=True)``)."""
+    assign=True)`` rebuilds the buffers from the new parameters. A parameter replaced or moved
+    some other way (``module.q_proj.weight = ...``, ``p.data = ...``, FSDP's sharding) is found
+    by the next eager :meth:`fused` (each fused parameter's object and address are checked,
+    a few microseconds per module), which rebuilds the buffers, or un-fuses when the new
+    parameters cannot share one (a ``DTensor``); a compiled forward skips that check (the
+    engine makes it at each request). The HF model never fuses itself; the inference engine
+    does (``Engine(fuse=True)``)."""
 
     FUSIONS: Dict[str, Tuple[str, ...]] = {}
 
     def _init_fusions(self):
         for name in self.FUSIONS:
             self.register_buffer(name, None, persistent=False)
+        self._fusion_check = ()  # (owner module, attribute, address) of every fused parameter
         self.register_load_state_dict_post_hook(_refuse_after_load)
+
+    def _fusion_intact(self) -> bool:
+        for owner, attr, ptr in self._fusion_check:
+            p = owner._parameters.get(attr)
+            if type(p) is not nn.Parameter or p.data_ptr() != ptr:
+                return False
+        return True
 
     def _fusion_params(self, paths):
         """The parameters of one group, ``None`` when the module lacks one of them (a bias-free
@@ -80,7 +91,8 @@ class FusedProjections:
             return None
         params = [self.get_parameter(p) for p in paths]
         p0 = params[0]
-        if any(type(p) is not nn.Parameter or not p.is_floating_point() or p.dtype != p0.dtype
+        if any(type(p) is not nn.Parameter or type(p.data) is not torch.Tensor or not p.is_floating_point()
+               or p.dtype != p0.dtype
                or p.device != p0.device or p.shape[1:] != p0.shape[1:] for p in params):
             return False
         return params
@@ -94,7 +106,12 @@ class FusedProjections:
         """The fused buffer ``name`` for an inference forward, or ``None`` (not fused, or autograd
         is recording)."""
         w = getattr(self, name)
-        return None if w is None or torch.is_grad_enabled() else w
+        if w is None or torch.is_grad_enabled():
+            return None
+        if not torch.compiler.is_compiling() and not self._fusion_intact():
+            self.fuse_projections()  # rebuilt from the parameters as they are now (or un-fused)
+            w = getattr(self, name)
+        return w
 
     @torch.no_grad()
     def fuse_projections(self) -> bool:
@@ -117,6 +134,9 @@ class FusedProjections:
                 p.data = w[off:off + p.shape[0]]
                 off += p.shape[0]
             setattr(self, name, w)
+        self._fusion_check = tuple(_owner_attr(self, path) + (self.get_parameter(path).data_ptr(),)
+                                   for name, paths in self.FUSIONS.items() if groups[name] is not None
+                                   for path in paths)
         return self.projections_fused
 
     @torch.no_grad()
@@ -130,6 +150,7 @@ class FusedProjections:
                     p = self.get_parameter(path)
                     p.data = p.detach().clone()
             setattr(self, name, None)
+        self._fusion_check = ()
 
     def _apply(self, fn, recurse=True):
         fused = self.projections_fused
@@ -139,6 +160,11 @@ class FusedProjections:
         if fused:
             self.fuse_projections()
         return out
+
+
+def _owner_attr(module: nn.Module, path: str):
+    mod, _, attr = path.rpartition(".")
+    return (module.get_submodule(mod) if mod else module), attr
 
 
 def _has_param(module: nn.Module, path: str) -> bool:

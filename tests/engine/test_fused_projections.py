@@ -62,10 +62,10 @@ def model_of(variant="gqa", seed=0, dtype=torch.float32, hybrid=None, **over):
     return m.to(dtype)
 
 
-def run(model, fuse, mode=None, chunk=None, steps=4, prompts=PROMPTS):
+def run(model, fuse, mode=None, chunk=None, steps=4, prompts=PROMPTS, compile=False):
     """Prefill logits, then ``steps`` decode logits on fixed tokens (the same in every run)."""
     eng = Engine(model, max_batch_size=len(prompts), max_seq_len=40, prefill_chunk=chunk, attention_mode=mode,
-                 fuse=fuse)
+                 fuse=fuse, compile=compile)
     out = [eng.prefill(prompts)]
     for s in range(steps):
         out.append(eng.step([(7 * s + 3 * r + 1) % 97 for r in range(len(prompts))]))
@@ -143,6 +143,22 @@ def test_compiled_fused_engine_equals_eager_unfused():
     for s in range(2):
         got.append(eng.step([(7 * s + 1) % 97]))
     assert_same(got, ref, tol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("mode,compile", [("orthros", False), ("full", False), ("orthros", True)])
+def test_fused_cuda_graph_engine_equals_unfused(dtype, tol, mode, compile):
+    # Triton kernels, CUDA-graph decode (the graphs hold the fused buffers' addresses)
+    m = model_of("gate", seed=12, head_dim=16).to("cuda", dtype)
+    ref = run(m, fuse=False, mode=mode, chunk=8, compile=compile)
+    got = run(m, fuse=True, mode=mode, chunk=8, compile=compile)
+    for a, b in zip(got, ref):
+        assert rel(a, b) < tol
+    h = model_of(hybrid="orthros-h", seed=13).to("cuda", dtype)
+    for a, b in zip(run(h, fuse=True, chunk=5), run(h, fuse=False, chunk=5)):
+        assert rel(a, b) < tol
 
 
 # ---------------------------------------------------------------------------- state

@@ -141,3 +141,18 @@ def test_fused_gdn_projections_equal_separate(two):
         assert (a is None) == (b is None)
         if a is not None:
             assert a.shape == b.shape and rel(a, b) < 1e-6
+
+
+def test_a_parameter_replaced_by_hand_is_found_at_the_next_forward():
+    mlp = randomize(SwiGLUMLP(8, 16))
+    x = torch.randn(2, 3, 8)
+    mlp.fuse_projections()
+    with torch.no_grad():
+        mlp.up_proj.weight.data = torch.randn(16, 8)  # new storage: the fused buffer is stale
+        mlp.gate_proj.weight = torch.nn.Parameter(torch.randn(16, 8))  # a new parameter object
+        got = mlp(x)
+        w = mlp.gate_up_fused
+        assert w is not None and mlp.up_proj.weight.untyped_storage().data_ptr() == w.untyped_storage().data_ptr()
+        mlp.unfuse_projections()
+        want = mlp(x)
+    assert rel(got, want) < 1e-6
