@@ -366,7 +366,7 @@ def _decode_cells(sweep: Sweep, section: str, pairs, ctx) -> None:
                     res = peer.time_decode(B, L, steps=a.steps, warmup=a.warmup)
                 else:
                     r = bench_decode(model, [L], batch_sizes=[B], modes=[system], steps=a.steps, warmup=a.warmup,
-                                     compile=ctx["compile"])[0]
+                                     compile=ctx["compile"], fuse=not a.no_fuse)[0]
                     res = {"ms_per_step": r["ms_per_step"], "tokens_per_s": r["tokens_per_s"]}
             except torch.cuda.OutOfMemoryError as e:
                 _free(dev)
@@ -587,6 +587,8 @@ def build_parser():
     p.add_argument("--device", default="cuda", help="cuda (the measurement) or cpu (needs --quick: a smoke run)")
     p.add_argument("--quick", action="store_true", help="tiny model and sizes (CPU smoke runs)")
     p.add_argument("--eager", action="store_true", help="no torch.compile anywhere (default on CPU)")
+    p.add_argument("--no-fuse", action="store_true",
+                   help="engine without fused projections (Engine(fuse=False)), to compare with the default")
     p.add_argument("--gpt-fast-dir", default=None, help="directory holding gpt-fast's model.py (else no gpt-fast rows)")
     p.add_argument("--contexts", type=_ints, default=None, help="decode contexts at B=1 (default 1K,4K,32K,128K)")
     p.add_argument("--batch-sizes", type=_ints, default=None, help="batched decode sizes (default 8,32,64)")
@@ -676,7 +678,7 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
     gpt_upstream = getattr(a.gpt_fast, "UPSTREAM", None) if a.gpt_fast else None
     meta = metadata(shape_model, dev, dtype, {
         "issue": 18, "utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
-        "argv": sys.argv[1:], "sections": a.sections, "quick": a.quick, "compile": a.compile,
+        "argv": sys.argv[1:], "sections": a.sections, "quick": a.quick, "compile": a.compile, "fuse": not a.no_fuse,
         "copy_bw_tb_s": bw / 1e12, "matmul_tflop_s": flops / 1e12, "matmul_n": gemm_n,
         "weight_bytes_per_step": weight_bytes_per_step(shape_model),
         "kv_bytes_per_token": kv_bytes_per_token(shape_model.config, dtype),

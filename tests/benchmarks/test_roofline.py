@@ -194,6 +194,7 @@ def test_quick_cpu_sweep_writes_consistent_json_and_plot(tmp_path, gpt_fast_dir)
     assert meta["issue"] == 18 and meta["device"] and meta["date"] and "commit" in meta and meta["torch"]
     assert meta["gpt_fast"]["upstream"] == "stand-in for the test"
     assert meta["kv_bytes_per_token"] == 512 and meta["copy_bw_tb_s"] > 0 and meta["matmul_tflop_s"] > 0
+    assert meta["fuse"] is True  # the engine's default: fused projections
     bw = meta["copy_bw_tb_s"] * 1e12
     dec = [r for r in rows if r["section"] in ("decode", "batched")]
     cells = {(r["section"], r["system"], r["B"], r["L"]) for r in dec}
@@ -304,3 +305,17 @@ def test_window_reserve_skips_decode_cells_but_runs_the_window_section(tmp_path)
     assert all("window section" in r["skipped"] for r in rows if r["section"] == "decode")
     (win,) = [r for r in rows if r["section"] == "window"]
     assert win["speedup_vs_flex"] == pytest.approx(1.5) and win["frac_of_floor"] == pytest.approx(win["floor_ms"] / 2)
+
+
+def test_bench_decode_builds_its_engines_fused_or_not():
+    """``--no-fuse`` reaches the engine: bench_decode(fuse=False) leaves the model unfused (and
+    un-fuses one an earlier engine fused), fuse=True fuses it."""
+    from conftest import tiny_model
+
+    from orthros.benchmarks.inference import bench_decode
+
+    m = tiny_model()
+    attn = m.model.layers[0].self_attn
+    for fuse in (True, False, True):
+        rows = bench_decode(m, [8], batch_sizes=[1], modes=["orthros"], steps=1, warmup=1, fuse=fuse)
+        assert rows[0]["ms_per_step"] > 0 and attn.projections_fused is fuse
