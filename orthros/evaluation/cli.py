@@ -26,6 +26,8 @@ def _mqar_parser(sub):
     g.add_argument("--hidden-size", type=int, default=64)
     g.add_argument("--layers", type=int, default=2)
     g.add_argument("--heads", type=int, default=2)
+    g.add_argument("--linear-heads", type=int, default=None,
+                   help="heads of the GDN layers (their state is heads x (d/heads)^2); default --heads")
     g.add_argument("--window", type=int, default=8, help="window of Orthros's base stream and of SWA")
     g.add_argument("--steps", type=int, default=800)
     g.add_argument("--batch-size", type=int, default=32)
@@ -180,10 +182,12 @@ def _mqar(a) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     if a.lr <= 0:
         raise ValueError(f"--lr must be > 0, got {a.lr}")
+    if a.linear_heads is not None and (a.linear_heads < 1 or a.hidden_size % a.linear_heads):
+        raise ValueError(f"--linear-heads must be >= 1 and divide --hidden-size ({a.hidden_size}), got {a.linear_heads}")
     task = MQARTask(vocab_size=a.vocab_size, seq_len=a.seq_len, num_pairs=a.num_pairs, power=a.power,
                     min_gap=a.min_gap, max_gap=a.max_gap, fill=a.fill).validate()
     tr = MQARTrain(models=models, hidden_size=a.hidden_size, num_layers=a.layers, num_heads=a.heads,
-                   window_size=a.window, steps=a.steps, batch_size=a.batch_size, lr=a.lr,
+                   linear_heads=a.linear_heads, window_size=a.window, steps=a.steps, batch_size=a.batch_size, lr=a.lr,
                    eval_examples=a.eval_examples, seed=a.seed, threads=a.threads)
     if a.hidden_size % a.heads:
         raise ValueError(f"--hidden-size ({a.hidden_size}) must be a multiple of --heads ({a.heads})")

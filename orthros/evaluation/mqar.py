@@ -160,6 +160,7 @@ class MQARTrain:
     hidden_size: int = 64
     num_layers: int = 2
     num_heads: int = 2
+    linear_heads: Optional[int] = None  # GDN heads (state heads x (d/heads)^2); None: num_heads
     window_size: int = 8
     steps: int = 800
     batch_size: int = 32
@@ -178,11 +179,15 @@ def build_model(mode: str, task: MQARTask, tr: MQARTrain, seed: int):
 
     if tr.hidden_size % tr.num_heads:
         raise ValueError(f"hidden_size ({tr.hidden_size}) must be a multiple of num_heads ({tr.num_heads})")
+    lin = tr.linear_heads or tr.num_heads
+    if tr.hidden_size % lin:
+        raise ValueError(f"hidden_size ({tr.hidden_size}) must be a multiple of linear_heads ({lin})")
     cfg = OrthrosConfig(
         vocab_size=task.vocab_size, hidden_size=tr.hidden_size, intermediate_size=2 * tr.hidden_size,
         num_hidden_layers=tr.num_layers, num_attention_heads=tr.num_heads, num_key_value_heads=tr.num_heads,
         head_dim=tr.hidden_size // tr.num_heads, max_position_embeddings=max(task.seq_len, 8),
         window_size=tr.window_size, use_cache=False, initializer_range=0.02,
+        linear_num_key_heads=lin, linear_key_head_dim=tr.hidden_size // lin, linear_value_head_dim=tr.hidden_size // lin,
         **(hybrid_layout(mode, tr.num_layers) if mode in HYBRID_DISPLAY else {"attention_mode": mode}),
         attn_backend=tr.attn_backend,
     )

@@ -150,3 +150,26 @@ def test_cli_mqar_bad_input(capsys):
     assert "unknown model 'lstm'" in capsys.readouterr().err
     assert main(["eval", "mqar", "--seq-len", "10", "--num-pairs", "4"]) == 2
     assert "too short" in capsys.readouterr().err
+
+
+def test_linear_heads_size_the_gdn_state_only():
+    """``linear_heads`` sets the GDN layers' heads (state heads x (d/heads)^2); the attention
+    layers keep ``num_heads``; unset, GDN takes ``num_heads``."""
+    from orthros.evaluation.mqar import build_model
+
+    task = MQARTask(vocab_size=16, seq_len=32, num_pairs=2, min_gap=6)
+    tr = MQARTrain(hidden_size=32, num_layers=4, num_heads=2, linear_heads=8)
+    cfg = build_model("orthros-h", task, tr, seed=0).config
+    assert (cfg.num_attention_heads, cfg.head_dim) == (2, 16)
+    assert (cfg.linear_num_key_heads, cfg.linear_key_head_dim, cfg.linear_value_head_dim) == (8, 4, 4)
+    cfg = build_model("gdn", task, MQARTrain(hidden_size=32, num_layers=4, num_heads=2), seed=0).config
+    assert (cfg.linear_num_key_heads, cfg.linear_key_head_dim) == (2, 16)
+    with pytest.raises(ValueError, match="linear_heads"):
+        build_model("gdn", task, MQARTrain(hidden_size=32, num_layers=4, linear_heads=5), seed=0)
+
+
+def test_cli_mqar_bad_linear_heads(capsys):
+    from orthros.cli import main
+
+    assert main(["eval", "mqar", "--hidden-size", "64", "--linear-heads", "5"]) == 2
+    assert "--linear-heads must be >= 1 and divide --hidden-size (64), got 5" in capsys.readouterr().err
