@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import tiny_model  # at import: tests/serving's conftest takes the name later in a full run
+
 from orthros.benchmarks import roofline as R
+from orthros.benchmarks.inference import bench_decode
 from orthros.benchmarks.models import TINY
 
 REPO = Path(__file__).resolve().parents[2]
@@ -310,10 +313,6 @@ def test_window_reserve_skips_decode_cells_but_runs_the_window_section(tmp_path)
 def test_bench_decode_builds_its_engines_fused_or_not():
     """``--no-fuse`` reaches the engine: bench_decode(fuse=False) leaves the model unfused (and
     un-fuses one an earlier engine fused), fuse=True fuses it."""
-    from conftest import tiny_model
-
-    from orthros.benchmarks.inference import bench_decode
-
     m = tiny_model()
     attn = m.model.layers[0].self_attn
     for fuse in (True, False, True):
