@@ -187,17 +187,17 @@ class OrthrosAttention(FusedProjections, nn.Module):
 
     def keys_values(self, x: torch.Tensor, rope):
         """K (k-norm, RoPE) and V ``[B, T, Hkv, D]`` of base tokens ``x`` (fused: one GEMM)."""
-        w = self.fused("qkv_fused")
-        if w is not None:
-            kv = F.linear(x, w[self.q_cols:], _rows(self.qkv_bias_fused, self.q_cols, None))
-            return self._keys_values_of(kv, rope)
-        return self._keys_values_of(None, rope, self.k_proj(x), self.v_proj(x))
+        return self._keys_values_of(*self._kv_proj(x, self.fused("qkv_fused")), rope)
 
-    def _keys_values_of(self, kv, rope, k=None, v=None):
-        """:meth:`keys_values` after the projections: ``kv [B, T, 2 * Hkv * D]`` (the fused
-        GEMM's K|V columns), or ``k`` and ``v`` separately."""
-        if kv is not None:
-            k, v = kv.split(self.num_kv_heads * self.head_dim, dim=-1)
+    def _kv_proj(self, x: torch.Tensor, w: Optional[torch.Tensor]):
+        """The raw K and V projections of ``x`` (with the fused ``w``: one GEMM over its K|V rows)."""
+        if w is None:
+            return self.k_proj(x), self.v_proj(x)
+        return F.linear(x, w[self.q_cols:], _rows(self.qkv_bias_fused, self.q_cols, None)).split(
+            self.num_kv_heads * self.head_dim, dim=-1)
+
+    def _keys_values_of(self, k, v, rope):
+        """:meth:`keys_values` after the projections (``k``, ``v``: ``[B, T, Hkv * D]``)."""
         B, T, _ = k.shape
         k = k.view(B, T, self.num_kv_heads, self.head_dim)
         v = v.view(B, T, self.num_kv_heads, self.head_dim)
@@ -205,71 +205,61 @@ class OrthrosAttention(FusedProjections, nn.Module):
             k = self.k_norm(k).to(v.dtype)
         return apply_rope(k, *rope), v
 
+    def _projections(self, x: torch.Tensor, step: StepInputs, q_rows: Optional[str], w: Optional[torch.Tensor]):
+        """The raw projections :meth:`project` needs: q_proj's output at ``q_rows`` (``"all"``
+        rows of ``x``, the ``"base"`` rows, the ``"out"`` rows after them, ``"gather"``: the base
+        rows at the output positions; ``None``: no queries) and the base rows' K and V.
+        With the fused ``w = [W_q; W_k; W_v]``: ONE GEMM over the rows that cover both (a decode
+        step's 1-2 rows always); when the queries are at a few rows of a long chunk (a prefill's
+        last layer), the K|V and the Q columns run separately, so no query is computed for a row
+        that does not need one."""
+        T = step.n_base
+
+        def select(t):
+            if q_rows == "all":
+                return t
+            if q_rows == "out":
+                return t[:, T:]
+            return t[:, :T] if q_rows == "base" else step.gather_out_rows(t[:, :T])
+
+        one_gemm = q_rows in ("all", "base") or (q_rows is not None and T <= step.n_out)
+        if w is None or not one_gemm:
+            q = None if q_rows is None else (
+                self.q_proj(select(x)) if w is None
+                else F.linear(select(x), w[:self.q_cols], _rows(self.qkv_bias_fused, 0, self.q_cols)))
+            return (q, *self._kv_proj(x[:, :T], w))
+        y = F.linear(x if q_rows in ("all", "out") else x[:, :T], w, self.qkv_bias_fused)
+        k, v = y[:, :T, self.q_cols:].split(self.num_kv_heads * self.head_dim, dim=-1)
+        return select(y[..., :self.q_cols]), k, v
+
     def project(self, x: torch.Tensor, step: StepInputs, final: bool):
         """Token-wise: ``(q, q_full, k, v)`` for the normalised ``x [B, n_base (+ T_out), d]``:
         window queries of the base rows (or ``None``), full-stream queries (or ``None``), and
         the base rows' K/V."""
         s = self.streams(step, final)
-        w = self.fused("qkv_fused")
-        if w is not None:
-            return self._project_fused(x, step, s, w)
         T = step.n_base
-        xb = x[:, :T]
-        k, v = self.keys_values(xb, step.rope_base)
-        q = q_full = gate = None
-        g = self.output_gate
         if s.full == "tokens":  # output tokens (alpha', beta'), with the base rows' queries in one pass
-            rows = x if s.window else x[:, T:]
-            qq, gate = self.stream_queries(rows, T if s.window else 0, step.rope_base, step.rope_out, s.scale_offset,
-                                           with_gate=True)
+            q_rows = "all" if s.window else "out"
+        elif s.full == "out_rows":
+            q_rows = "gather"
+        else:
+            q_rows = "base" if s.window or s.full == "rows" else None
+        w = self.fused("qkv_fused")
+        fused = w is not None
+        qraw, kraw, vraw = self._projections(x, step, q_rows, w)
+        k, v = self._keys_values_of(kraw, vraw, step.rope_base)
+        q = q_full = gate = None
+        if s.full == "tokens":
+            qq, gate = self._queries_of(qraw, T if s.window else 0, step.rope_base, step.rope_out, s.scale_offset,
+                                        True, fused)
             q, q_full = (qq[:, :T], qq[:, T:] if step.n_out else None) if s.window else (None, qq)
         elif s.full == "out_rows":
-            q_full, gate = self.stream_queries(step.gather_out_rows(xb), 0, None, step.rope_out, False, with_gate=True)
-        elif s.window or s.full == "rows":
-            qq, gate = self.stream_queries(xb, T, step.rope_base, None, s.scale_offset, with_gate=True)
+            q_full, gate = self._queries_of(qraw, 0, None, step.rope_out, False, True, fused)
+        elif q_rows is not None:
+            qq, gate = self._queries_of(qraw, T, step.rope_base, None, s.scale_offset, True, fused)
             q = qq if s.window else None
             q_full = qq if s.full == "rows" else None
         # the output gates of exactly the rows `output` returns (None without attn_output_gate)
-        return q, q_full, k, v, (gate if g else None)
-
-    def _project_fused(self, x: torch.Tensor, step: StepInputs, s: Streams, w: torch.Tensor):
-        """:meth:`project` with the fused ``[W_q; W_k; W_v]``: ONE GEMM over the rows whose
-        queries and K/V the step needs (a decode step's 1-2 rows always; a prefill's last layer,
-        whose queries are only at the output rows, runs the K/V and the Q columns separately, so
-        no query is computed for a row that does not need one)."""
-        T, qc = step.n_base, self.q_cols
-        b = self.qkv_bias_fused
-        xb = x[:, :T]
-        q = q_full = gate = None
-        if s.full is None and not s.window:  # only this layer's K/V
-            k, v = self._keys_values_of(F.linear(xb, w[qc:], _rows(b, qc, None)), step.rope_base)
-            return q, q_full, k, v, None
-        if s.full == "tokens":
-            rows = x if s.window or T <= step.n_out else None  # window: every row needs its query
-            n_base = T if s.window else 0
-            if rows is not None:
-                y = F.linear(rows, w, b)
-                qraw, kvraw = y[:, T - n_base:, :qc], y[:, :T, qc:]
-            else:
-                kvraw = F.linear(xb, w[qc:], _rows(b, qc, None))
-                qraw = F.linear(x[:, T:], w[:qc], _rows(b, 0, qc))
-            qq, gate = self._queries_of(qraw, n_base, step.rope_base, step.rope_out, s.scale_offset, True, fused=True)
-            q, q_full = (qq[:, :T], qq[:, T:] if step.n_out else None) if s.window else (None, qq)
-        elif s.full == "out_rows":  # a Transformer's last layer: queries at the output rows only
-            if T <= step.n_out:
-                y = F.linear(xb, w, b)
-                qraw, kvraw = step.gather_out_rows(y[..., :qc]), y[..., qc:]
-            else:
-                kvraw = F.linear(xb, w[qc:], _rows(b, qc, None))
-                qraw = F.linear(step.gather_out_rows(xb), w[:qc], _rows(b, 0, qc))
-            q_full, gate = self._queries_of(qraw, 0, None, step.rope_out, False, True, fused=True)
-        else:  # window and/or every row's full query: every base row
-            y = F.linear(xb, w, b)
-            qraw, kvraw = y[..., :qc], y[..., qc:]
-            qq, gate = self._queries_of(qraw, T, step.rope_base, None, s.scale_offset, True, fused=True)
-            q = qq if s.window else None
-            q_full = qq if s.full == "rows" else None
-        k, v = self._keys_values_of(kvraw, step.rope_base)
         return q, q_full, k, v, (gate if self.output_gate else None)
 
     def attend(self, p, step: StepInputs, final: bool):
