@@ -12,6 +12,9 @@ import os
 import re
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from orthros.utils import save_figure  # noqa: E402
+
 
 def _series(results, prefix):
     """{size: row} for keys ``prefix<size>`` (e.g. ``train_T8192``), sorted by size."""
@@ -85,10 +88,7 @@ def plot(results: dict, meta: dict, path: str) -> None:
     fig.suptitle(f"Orthros attention kernels vs same-run baselines (ratio = ours / baseline): "
                  f"{meta.get('device', '?')}, commit {meta.get('commit', '?')}, {meta.get('date', '?')}", fontsize=10)
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path, dpi=110)
 
 
 def main(argv=None) -> int:

@@ -362,6 +362,8 @@ def plot(a) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from orthros.utils import save_figure
+
     r = json.loads(Path(a.results).read_text())
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     ax = axes[0]
@@ -390,8 +392,7 @@ def plot(a) -> int:
     m = r["meta"]
     fig.suptitle(f"SmolLM2-135M, {m['device']}, torch {m['torch']}, commit {m['commit']}, {m['date']}", fontsize=9)
     fig.tight_layout()
-    Path(a.png).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(a.png, dpi=120)
+    save_figure(fig, a.png)
     print(f"wrote {a.png}")
     return 0
 

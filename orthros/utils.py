@@ -1,4 +1,5 @@
-"""Small vocabularies every layer of the package shares: dtype names and argument checks.
+"""Small vocabularies every layer of the package shares: dtype names, argument checks, and
+saving a figure without leaving half a file.
 
 This module imports nothing heavy (torch only inside :func:`parse_dtype`), so anything (ops,
 the CLIs' argument parsers) may import it.
@@ -44,4 +45,23 @@ def check_positive_int(name: str, value, *, allow_none: bool = False):
     return value
 
 
-__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "parse_dtype", "dtype_name", "check_positive_int"]
+def save_figure(fig, path, dpi: int = 120) -> None:
+    """Write a matplotlib figure to ``path`` (its folder made) through a temporary name in the
+    same folder, then rename, and close the figure: a reader never sees half a PNG."""
+    import os
+    from pathlib import Path
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp" + path.suffix)  # the suffix tells matplotlib the format
+    try:
+        fig.savefig(tmp, dpi=dpi)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
+
+
+__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "parse_dtype", "dtype_name", "check_positive_int", "save_figure"]

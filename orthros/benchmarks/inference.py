@@ -22,6 +22,7 @@ import torch
 
 from ..engine import Engine, SamplingParams
 from ..engine.cache import StaticKVCache
+from ..utils import save_figure
 from .models import register_noattn, weight_bytes_per_step
 
 PREFILL_SYSTEMS = ("orthros", "orthros-floor", "full", "hf-sdpa", "hf-floor")
@@ -411,7 +412,7 @@ def _plt():
     return plt
 
 
-def _save_loglog(plt, fig, ax, xlabel, ylabel, title, path):
+def _save_loglog(fig, ax, xlabel, ylabel, title, path):
     """Log-log axes (base 2 for lengths), grid, legend, then write the PNG."""
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -421,8 +422,7 @@ def _save_loglog(plt, fig, ax, xlabel, ylabel, title, path):
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def plot_prefill(rows, path, title="Prefill latency"):
@@ -433,7 +433,7 @@ def plot_prefill(rows, path, title="Prefill latency"):
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=SYSTEM_LABELS[s],
                     linestyle="--" if "floor" in s else "-")
-    _save_loglog(plt, fig, ax, "prompt length (tokens)", "prefill latency (ms)", title, path)
+    _save_loglog(fig, ax, "prompt length (tokens)", "prefill latency (ms)", title, path)
 
 
 def plot_decode(rows, path, title="Decode step latency"):
@@ -450,7 +450,7 @@ def plot_decode(rows, path, title="Decode step latency"):
         pts = [(f[0], f[2]) for f in floor if f[1] == B]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], linestyle=":", color="gray",
                 label=f"HBM floor B={B}" if B == min(f[1] for f in floor) else None)
-    _save_loglog(plt, fig, ax, "context length (tokens)", "ms per decode step", title, path)
+    _save_loglog(fig, ax, "context length (tokens)", "ms per decode step", title, path)
 
 
 def plot_e2e(rows, path, title="End-to-end generation"):
@@ -469,8 +469,7 @@ def plot_e2e(rows, path, title="End-to-end generation"):
         ax.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 __all__ = ["bench_prefill", "bench_decode", "bench_e2e", "fit_check", "prefill_summary", "copy_bandwidth",

@@ -38,6 +38,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from ..engine.cache import StaticKVCache
+from ..utils import save_figure
 from .cli import _ints
 from .inference import _free, _plt, _progress, bench_decode, copy_bandwidth, measure, metadata, print_table, save, \
     time_call
@@ -553,10 +554,7 @@ def plot(rows: List[Dict], meta: Dict, path: str) -> None:
                  f"{meta.get('commit', '?')}, copy {meta.get('copy_bw_tb_s', float('nan')):.2f} TB/s, GEMM "
                  f"{meta.get('matmul_tflop_s', float('nan')):.0f} TFLOP/s", fontsize=11)
     fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path, dpi=110)
 
 
 # ------------------------------------------------------------------ command line

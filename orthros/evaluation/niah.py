@@ -24,6 +24,7 @@ from typing import Optional
 import numpy as np
 
 from .common import DATA_DIR
+from ..utils import save_figure
 
 NEEDLE = " The secret number is {key}."
 QUESTION = "\nWhat is the secret number mentioned in the text above? The secret number is"
@@ -264,6 +265,4 @@ def save_heatmap(out: dict, path, title: Optional[str] = None) -> None:
     fig.colorbar(im, ax=ax, label="accuracy")
     ax.set_title(title or f"Needle in a haystack: {100 * out['accuracy']:.1f}% overall")
     fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
