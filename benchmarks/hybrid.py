@@ -14,7 +14,7 @@ Sections (each one's rows are saved as soon as measured): ``prefill`` (latency, 
 output and decode-only throughput).
 
     python benchmarks/hybrid.py --out results.json [--sections prefill,decode,e2e]
-        [--prefill 8192,32768,131072] [--pairs 128:128,1024:1024,8192:1024] [--compile] [--tiny]
+        [--prefill 8192,32768,131072] [--prefill-chunk 16384] [--pairs 128:128,1024:1024,8192:1024] [--compile] [--tiny]
 
 ``--compile``: the engine's compiled path (``Engine(compile=True)``: torch.compile of the token-wise
 layer parts, as docs/benchmarks.md's Orthros engine figures) for every system of the run.
@@ -81,8 +81,12 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--sections", default="prefill,decode,e2e,mqar")
     ap.add_argument("--prefill", default="8192,32768,131072")
+    ap.add_argument("--prefill-chunk", type=int, default=16384,
+                    help="the Orthros systems' prefill chunk (0: the whole prompt in one call, like the Linear Hybrid)")
     ap.add_argument("--decode-context", type=int, default=8192)
     ap.add_argument("--pairs", default="128:128,1024:1024,8192:1024")
+    ap.add_argument("--families", default="hybrid,transformer",
+                    help="hybrid (Orthros-H vs Linear Hybrid), transformer (Orthros vs Transformer), or both")
     ap.add_argument("--mqar-steps", type=int, default=1000)
     ap.add_argument("--deadline", type=float, default=None, help="seconds: skip the sections that start later")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke run of this script)")
@@ -92,7 +96,13 @@ def main(argv=None):
     bad = [s for s in sections if s not in ("prefill", "decode", "e2e", "mqar")]
     if bad:
         ap.error(f"--sections: unknown {bad}; choose from prefill, decode, e2e, mqar")
+    families = [f for f in args.families.split(",") if f]
+    if not families or any(f not in ("hybrid", "transformer") for f in families):
+        ap.error(f"--families: {args.families!r}; choose from hybrid, transformer (comma-separated)")
     lengths = [int(x) for x in args.prefill.split(",") if x]
+    if args.prefill_chunk < 0:
+        ap.error(f"--prefill-chunk: {args.prefill_chunk}; give a positive chunk length, or 0 for unchunked")
+    chunk = args.prefill_chunk or None
     pairs = [tuple(int(y) for y in x.split(":")) for x in args.pairs.split(",") if x]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -124,10 +134,12 @@ def main(argv=None):
         save()
 
     models, labels = {}, {}
-    models["hybrid"] = orthros_h_model(TINY_H if args.tiny else QWEN3_5_9B, device, dtype)
-    labels["hybrid"] = {"orthros": "Orthros-H", "full": "Linear Hybrid"}
-    models["transformer"] = orthros_model("tiny" if args.tiny else "qwen3-8b", device=device, dtype=dtype)
-    labels["transformer"] = {"orthros": "Orthros", "full": "Transformer"}
+    if "hybrid" in families:
+        models["hybrid"] = orthros_h_model(TINY_H if args.tiny else QWEN3_5_9B, device, dtype)
+        labels["hybrid"] = {"orthros": "Orthros-H", "full": "Linear Hybrid"}
+    if "transformer" in families:
+        models["transformer"] = orthros_model("tiny" if args.tiny else "qwen3-8b", device=device, dtype=dtype)
+        labels["transformer"] = {"orthros": "Orthros", "full": "Transformer"}
     for fam, model in models.items():
         out.setdefault("meta", {})[fam] = metadata(model, device, dtype, {"labels": labels[fam],
                                                                          "layer_types": model.config.layer_types,
@@ -136,19 +148,19 @@ def main(argv=None):
     def tag(fam):
         return lambda r: {**r, "family": fam, "system_label": labels[fam].get(r.get("system", r.get("mode")), "?")}
 
-    for fam in ("hybrid", "transformer"):
+    for fam in families:
         model, t = models[fam], tag(fam)
         if "prefill" in sections:
             systems = ("orthros", "full") if fam == "hybrid" else ("orthros",)
             section(f"prefill_{fam}", lambda emit, model=model, t=t, systems=systems: bench_prefill(
-                model, lengths, systems=systems, budget_s=2.0, single_shot_s=60.0, on_row=lambda r: emit(t(r)),
-                compile=args.compile))
+                model, lengths, systems=systems, chunk=chunk, budget_s=2.0, single_shot_s=60.0,
+                on_row=lambda r: emit({**t(r), "prefill_chunk": None if r.get("system") == "full" else chunk}), compile=args.compile))
         if "decode" in sections:
             section(f"decode_{fam}", lambda emit, model=model, t=t: bench_decode(
                 model, [args.decode_context], batch_sizes=(2,), steps=40, warmup=5, on_row=lambda r: emit(t(r)),
                 compile=args.compile))
     if "e2e" in sections:
-        for fam in ("hybrid", "transformer"):
+        for fam in families:
             model, t = models[fam], tag(fam)
             section(f"e2e_{fam}", lambda emit, model=model, t=t: bench_e2e(model, pairs, batch=2,
                                                                         on_row=lambda r: emit(t(r)),
