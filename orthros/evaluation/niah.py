@@ -196,7 +196,14 @@ def run_niah(model, tokenizer, cfg: NIAHConfig, progress: bool = True, log=print
         if L < need + 8:
             raise ValueError(f"context length {L} is too short: the needle and question alone take {need} tokens")
     max_new = len(builder._enc(" " + probe)) + 4
-    gen = _generator(model, tokenizer, cfg.engine, max(cfg.lengths), max_new)
+    # A context length is the whole window the model reads, answer included: at the model's
+    # maximum (e.g. 8K on an 8K model) the prompt gives up the answer's positions, so greedy
+    # decoding stays inside max_position_embeddings (the engine refuses to go past it).
+    prompt_len = {L: (L if max_pos is None else min(L, max_pos - max_new)) for L in cfg.lengths}
+    if any(prompt_len[L] < L for L in cfg.lengths):
+        log(f"NIAH: prompts at {[L for L in cfg.lengths if prompt_len[L] < L]} tokens are shortened by up to "
+            f"{max_new} tokens so the answer fits in max_position_embeddings = {max_pos}")
+    gen = _generator(model, tokenizer, cfg.engine, max(prompt_len.values()), max_new)
     cells = [(L, d, s) for L in cfg.lengths for d in cfg.depths for s in range(cfg.samples)]
     bar = None
     if progress:
@@ -207,11 +214,12 @@ def run_niah(model, tokenizer, cfg: NIAHConfig, progress: bool = True, log=print
     t0 = time.perf_counter()
     for L, d, s in cells:
         key = str(int(rng.integers(lo, 10 * lo)))
-        ids, _ = builder.build(L, d, key)
+        ids, _ = builder.build(prompt_len[L], d, key)
         new = gen(ids)
         text = tokenizer.decode(new, skip_special_tokens=True)
         sc = score_answer(text, key)
-        records.append({"length": L, "depth": d, "sample": s, "answer": key, "prediction": text, "score": sc})
+        records.append({"length": L, "prompt_tokens": len(ids), "depth": d, "sample": s, "answer": key,
+                        "prediction": text, "score": sc})
         if bar is not None:
             bar.update(1)
             bar.set_postfix(length=L, depth=d, acc=f"{np.mean([r['score'] for r in records]):.2f}")

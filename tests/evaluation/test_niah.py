@@ -81,6 +81,24 @@ def test_run_niah_on_tiny_model(tiny, tok, tmp_path):
     json.dumps(out)
 
 
+@pytest.mark.parametrize("engine", ["off", "on"])
+def test_context_at_the_model_maximum_fits_the_answer(tiny, tok, engine):
+    """A context length equal to max_position_embeddings (8K on SmolLM2) runs with both generators:
+    the prompt gives up the answer's positions instead of decoding past the model's maximum
+    (which the engine refuses)."""
+    from orthros.evaluation.common import load_model
+
+    model = load_model(tiny)
+    L = model.config.max_position_embeddings
+    logs = []
+    out = run_niah(model, tok, NIAHConfig(lengths=[128, L], depths=[50], samples=1, engine=engine),
+                   progress=False, log=logs.append)
+    by_len = {r["length"]: r for r in out["records"]}
+    assert by_len[128]["prompt_tokens"] == 128
+    assert L - 16 <= by_len[L]["prompt_tokens"] < L
+    assert any("shortened" in m for m in logs)
+
+
 def test_cli_niah_writes_json_and_png(tiny, tmp_path):
     from orthros.cli import main
 
