@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
-# Issue #18 in one device call on one H200 (< 560 s): the whole roofline sweep
-# (benchmarks/roofline.py: decode B=1 vs the HBM floor and gpt-fast, batched decode, the window
-# stream vs Flex and its floor), then results.json, roofline.png and the log into $OUT.
+# Issue #18 on one H200: the roofline sweep (benchmarks/roofline.py: decode B=1 vs the HBM floor and
+# gpt-fast, batched decode, the window stream vs Flex and its floor), then results.json,
+# roofline.png and the log into $OUT. Each new cache shape recompiles gpt-fast with its
+# coordinate-descent tuning, ~110 s a cell on the H200 (measured 2026-12-01), so the whole sweep
+# takes three calls of < 600 s:
+#   SECTIONS=decode,window                                   (gpt-fast at B=1 only at 1K, the target's)
+#   SECTIONS=batched EXTRA="--batched-contexts 4096"
+#   SECTIONS=batched EXTRA="--batched-contexts 32768"
+# then `python benchmarks/roofline.py --plot-only a/results.json b/results.json c/results.json` joins them.
 #
 # Carried in: the working tree (tracked files) and the ignored folder .gpu/gpt-fast (gpt-fast's
 # model.py and UPSTREAM, its commit). The H200 image has torch 2.11, triton 3.6 and no registry:
 # nothing is installed. From the repo root, e.g. with the `run` tool:
 #   command: ORTHROS_COMMIT=<sha> bash benchmarks/roofline_gpu.sh     carry: [".gpu/gpt-fast"]
-# Optional: SECTIONS (default decode,batched,window; a second call can run what a deadline
-# skipped, then `python benchmarks/roofline.py --plot-only first/results.json second/results.json`
-# joins them), T_SWEEP (hard limit, 545 s), DEADLINE (cells stop starting at 475 s),
-# RESERVE (the last 120 s before the deadline kept for the window section), EXTRA (more flags).
+# Optional: SECTIONS (default decode,window), T_SWEEP (hard limit, 545 s), DEADLINE (cells stop
+# starting at 475 s), RESERVE (the last 120 s before the deadline kept for the window section),
+# EXTRA (more flags, e.g. --gpt-fast-contexts all, --no-fuse).
 set -u
 OUT=${OUT:-/tmp/roofline}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export ORTHROS_COMMIT=${ORTHROS_COMMIT:-unknown}
-SECTIONS=${SECTIONS:-decode,batched,window}
+SECTIONS=${SECTIONS:-decode,window}
 T_SWEEP=${T_SWEEP:-545} DEADLINE=${DEADLINE:-475} RESERVE=${RESERVE:-120}
 GPT_FAST=${GPT_FAST:-.gpu/gpt-fast}
 { date -u; echo "commit $ORTHROS_COMMIT"; cat "$GPT_FAST/UPSTREAM" 2>/dev/null

@@ -345,6 +345,8 @@ def _decode_cells(sweep: Sweep, section: str, pairs, ctx) -> None:
                     "kv_bytes": B * L * kvtok}
             if system == "gpt-fast" and peer is None:
                 continue  # no --gpt-fast-dir: noted once in the metadata
+            if system == "gpt-fast" and B == 1 and L not in a.gpt_fast_contexts:
+                continue  # --gpt-fast-contexts (recorded in the metadata)
             if sweep.left_s() - ctx["reserve_s"] <= 0:
                 sweep.skip(base, "deadline" + (f" (the last {ctx['reserve_s']:g} s kept for the window section)"
                                                if ctx["reserve_s"] else ""))
@@ -588,6 +590,10 @@ def build_parser():
     p.add_argument("--no-fuse", action="store_true",
                    help="engine without fused projections (Engine(fuse=False)), to compare with the default")
     p.add_argument("--gpt-fast-dir", default=None, help="directory holding gpt-fast's model.py (else no gpt-fast rows)")
+    p.add_argument("--gpt-fast-contexts", default=None,
+                   help="B=1 contexts at which gpt-fast also runs (each new context recompiles it with its "
+                        "coordinate-descent tuning, ~110 s on an H200): comma-separated, or 'all' (default: the "
+                        "smallest context, where the target is); batched cells always run it")
     p.add_argument("--contexts", type=_ints, default=None, help="decode contexts at B=1 (default 1K,4K,32K,128K)")
     p.add_argument("--batch-sizes", type=_ints, default=None, help="batched decode sizes (default 8,32,64)")
     p.add_argument("--batched-contexts", type=_ints, default=None, help="batched decode contexts (default 4K,32K)")
@@ -647,6 +653,17 @@ def parse_args(argv=None, *, window_available: bool = True):
     for k, v in (QUICK if a.quick else FULL).items():
         if getattr(a, k) is None:
             setattr(a, k, v)
+    if a.gpt_fast_contexts is None:
+        a.gpt_fast_contexts = [min(a.contexts)]
+    elif a.gpt_fast_contexts == "all":
+        a.gpt_fast_contexts = list(a.contexts)
+    else:
+        try:
+            a.gpt_fast_contexts = _ints(a.gpt_fast_contexts)
+        except argparse.ArgumentTypeError as e:
+            p.error(f"--gpt-fast-contexts: {e}; or 'all'")
+        if not set(a.gpt_fast_contexts) <= set(a.contexts):
+            p.error(f"--gpt-fast-contexts {a.gpt_fast_contexts}: each must be one of --contexts {a.contexts}")
     a.gpt_fast = None
     if a.gpt_fast_dir is not None:
         try:
@@ -672,7 +689,8 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
     pairs_dec = [(1, L) for L in a.contexts] if "decode" in a.sections else []
     pairs_bat = [(B, L) for L in a.batched_contexts for B in a.batch_sizes] if "batched" in a.sections else []
     n_sys = 3 if a.gpt_fast else 2
-    total = n_sys * (len(pairs_dec) + len(pairs_bat)) + (3 * len(a.window_lengths) if "window" in a.sections else 0)
+    total = (2 * len(pairs_dec) + (len(a.gpt_fast_contexts) if a.gpt_fast and pairs_dec else 0)
+             + n_sys * len(pairs_bat) + (3 * len(a.window_lengths) if "window" in a.sections else 0))
     gpt_upstream = getattr(a.gpt_fast, "UPSTREAM", None) if a.gpt_fast else None
     meta = metadata(shape_model, dev, dtype, {
         "issue": 18, "utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
@@ -681,7 +699,8 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
         "weight_bytes_per_step": weight_bytes_per_step(shape_model),
         "kv_bytes_per_token": kv_bytes_per_token(shape_model.config, dtype),
         "steps": a.steps, "warmup": a.warmup, "targets": TARGETS,
-        "gpt_fast": ({"dir": a.gpt_fast_dir, "upstream": gpt_upstream} if a.gpt_fast
+        "gpt_fast": ({"dir": a.gpt_fast_dir, "upstream": gpt_upstream, "b1_contexts": a.gpt_fast_contexts}
+                     if a.gpt_fast
                      else "not run: no --gpt-fast-dir given")})
     if not a.gpt_fast and (pairs_dec or pairs_bat):
         print("note: no --gpt-fast-dir given: the gpt-fast rows are skipped", flush=True)

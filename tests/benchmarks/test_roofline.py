@@ -201,7 +201,10 @@ def test_quick_cpu_sweep_writes_consistent_json_and_plot(tmp_path, gpt_fast_dir)
     bw = meta["copy_bw_tb_s"] * 1e12
     dec = [r for r in rows if r["section"] in ("decode", "batched")]
     cells = {(r["section"], r["system"], r["B"], r["L"]) for r in dec}
-    want = {("decode", s, 1, L) for s in ("orthros", "full", "gpt-fast") for L in R.QUICK["contexts"]} | \
+    # gpt-fast at B=1 only at the smallest context (the target's; --gpt-fast-contexts), in every batched cell
+    assert meta["gpt_fast"]["b1_contexts"] == [min(R.QUICK["contexts"])]
+    want = {("decode", s, 1, L) for s in ("orthros", "full") for L in R.QUICK["contexts"]} | \
+        {("decode", "gpt-fast", 1, min(R.QUICK["contexts"]))} | \
         {("batched", s, B, L) for s in ("orthros", "full", "gpt-fast") for B in R.QUICK["batch_sizes"]
          for L in R.QUICK["batched_contexts"]}
     assert cells == want
@@ -247,6 +250,12 @@ def test_deadline_skips_the_rest_and_still_writes(tmp_path, capsys):
     assert (out / "roofline.png").exists()
 
 
+def test_gpt_fast_contexts_all_and_list(tmp_path):
+    base = ["--device", "cpu", "--quick", "--out", str(tmp_path / "o")]
+    assert R.parse_args([*base, "--gpt-fast-contexts", "all"]).gpt_fast_contexts == R.QUICK["contexts"]
+    assert R.parse_args([*base, "--gpt-fast-contexts", "256"]).gpt_fast_contexts == [256]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--sections", "decode,prefill"], "--sections"),
     (["--sections", "decode,decode"], "--sections"),
@@ -256,6 +265,8 @@ def test_deadline_skips_the_rest_and_still_writes(tmp_path, capsys):
     (["--deadline-s", "-5"], "--deadline-s"),
     (["--window-reserve-s", "60"], "--window-reserve-s"),
     (["--gpt-fast-dir", "/nonexistent/gpt-fast"], "--gpt-fast-dir"),
+    (["--gpt-fast-contexts", "999"], "--gpt-fast-contexts"),
+    (["--gpt-fast-contexts", "most"], "--gpt-fast-contexts"),
     (["--device", "cpu"], "--quick"),
     (["--device", "tpu", "--quick"], "--device"),
     (["--plot-only", "/nonexistent/results.json"], "--plot-only"),
