@@ -1,0 +1,44 @@
+"""benchmarks/hybrid.py on CPU at tiny shapes: the --prefill-chunk and --families flags reach the
+rows, and bad values are refused before any model is built or any file written."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "hybrid.py"
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+    spec = importlib.util.spec_from_file_location("hybrid_bench_script", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("chunk, want", [("0", None), ("128", 128)])
+def test_prefill_chunk_and_families_reach_the_rows(hybrid, tmp_path, chunk, want):
+    out = tmp_path / "h.json"
+    hybrid.main(["--tiny", "--sections", "prefill", "--prefill", "256", "--families", "hybrid",
+                 "--prefill-chunk", chunk, "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert data["errors"] == {} and list(data["sections"]) == ["prefill_hybrid"]  # no transformer family
+    rows = {r["system"]: r for r in data["sections"]["prefill_hybrid"]}
+    assert set(rows) == {"orthros", "full"} and all(r["ms"] > 0 and r["T"] == 256 for r in rows.values())
+    assert rows["orthros"]["prefill_chunk"] == want and rows["full"]["prefill_chunk"] is None
+    assert rows["orthros"]["system_label"] == "Orthros-H" and rows["full"]["system_label"] == "Linear Hybrid"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--prefill-chunk", "-1"], "--prefill-chunk"),
+    (["--families", "hybrid,moe"], "--families"),
+    (["--sections", "prefill,train"], "--sections"),
+])
+def test_bad_arguments_refused_before_work(hybrid, tmp_path, capsys, args, message):
+    out = tmp_path / "never.json"
+    with pytest.raises(SystemExit) as e:
+        hybrid.main(["--tiny", *args, "--out", str(out)])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not out.exists()
