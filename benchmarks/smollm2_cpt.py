@@ -415,7 +415,7 @@ def main(argv=None) -> int:
     q.add_argument("--seq-len", type=int, default=8192)
     q.add_argument("--micro-batch", type=int, default=2)
     q.add_argument("--grad-accum", type=int, default=1)
-    q.add_argument("--lr", type=float, default=1e-4)
+    q.add_argument("--lr", type=float, default=3e-4)
     q.add_argument("--eval-sequences", type=int, default=16)
     q.add_argument("--train-budget-s", type=float, default=200.0, help="seconds for both CPT runs together")
     q.add_argument("--max-steps", type=int, default=None, help="fixed step count (default: from the budget)")
