@@ -441,6 +441,9 @@ def main(argv=None) -> int:
     q.add_argument("png")
     q.set_defaults(func=plot)
     a = p.parse_args(argv)
+    if a.cmd == "run" and "niah" in a.phases.split(",") and a.niah_max < NIAH_LENGTHS[0]:
+        p.error(f"--niah-max {a.niah_max}: the passkey lengths are {', '.join(map(str, NIAH_LENGTHS))}; give at "
+                f"least {NIAH_LENGTHS[0]}, or leave niah out of --phases")
     return a.func(a)
 
 

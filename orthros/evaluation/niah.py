@@ -89,6 +89,9 @@ class NIAHConfig:
 
 
 def validate(cfg: NIAHConfig, max_positions: Optional[int] = None) -> None:
+    if not cfg.lengths or not cfg.depths:
+        raise ValueError(f"give at least one context length and one depth, got lengths {list(cfg.lengths)} and "
+                         f"depths {list(cfg.depths)}")
     for L in cfg.lengths:
         if isinstance(L, bool) or not isinstance(L, int) or L < 32:
             raise ValueError(f"context lengths must be integers >= 32, got {L!r}")

@@ -146,3 +146,9 @@ def test_validate_context_too_short_for_needle(tiny, tok):
         run_niah(load_model(tiny), tok, NIAHConfig(lengths=[33], depths=[50], samples=1), progress=False)
     with pytest.raises(ValueError, match="samples"):
         validate(NIAHConfig(samples=0))
+
+
+@pytest.mark.parametrize("kw", [{"lengths": []}, {"depths": []}])
+def test_validate_needs_a_length_and_a_depth(kw):
+    with pytest.raises(ValueError, match="at least one context length and one depth"):
+        validate(NIAHConfig(**kw))
