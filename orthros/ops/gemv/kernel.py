@@ -1,0 +1,236 @@
+"""Triton kernel of the weight-streaming GEMV: ``y [M, N] = x [M, K] @ weight[N, K].T (+ bias)``
+for the few rows of a decode step (``M <= 8``: one token, an Orthros token pair, a small batch).
+
+At such ``M`` a matmul is a stream of the weight: ``N * K`` elements read once, ``2 * M`` FLOPs
+each. So every weight element is read exactly once for all ``M`` rows:
+
+* program ``(n_block, split)`` owns ``BLOCK_N`` output rows (weight rows) and one slice of
+  ``K`` (the whole of it unless split-K); it walks its slice in ``BLOCK_K`` tiles, loading a
+  ``[BLOCK_N, BLOCK_K]`` weight tile (row-major ``[N, K]``: contiguous along ``K``, so the
+  loads coalesce) and the ``M`` rows of ``x`` at the same ``K`` (tiny, L2-resident) once per
+  step, and accumulates in float32;
+* two inner forms, chosen by the config's ``dot``: ``dot=False`` multiplies and reduces on the
+  CUDA cores (``sum_k w[n, k] * x[m, k]`` per row, ``M`` unrolled); ``dot=True`` feeds the
+  weight tile to the tensor cores as ``w @ x^T`` with ``x`` padded to 16 rows (Triton
+  pipelines the loads of a ``tl.dot`` operand through shared memory, ``num_stages`` deep);
+* ``split > 1`` (split-K, for few output rows): each split writes float32 partials
+  ``[split, M, N]``; a second kernel sums them in a fixed order (no atomics: deterministic),
+  adds the bias and casts. ``split == 1``: one kernel, bias and cast in its epilogue.
+
+Graph-capture safe: the launch configuration depends only on shapes, dtypes and the device
+(:data:`CONFIGS`; no autotuning at call time), nothing synchronises with the host, and the only
+allocations are the output (and the split-K partials), both through PyTorch's caching
+allocator, which CUDA-graph capture supports. Every check runs on the host before any launch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+import triton
+import triton.language as tl
+
+from ..triton.common import cdiv, interpreting, pow2
+from .naive import DTYPES, MAX_M, check_gemv_inputs
+
+
+
+# ============================================================================ kernels
+
+@triton.jit
+def _gemv_kernel(X, W, B, Y, P, M, N, K, sxm, swn, k_per_split,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, M_ROWS: tl.constexpr,
+                 DOT: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr,
+                 PREC: tl.constexpr, EVEN_K: tl.constexpr):
+    """Program ``(pid_n, pid_k)``: output rows ``[pid_n * BLOCK_N, +BLOCK_N)`` over ``K`` slice
+    ``[pid_k * k_per_split, +k_per_split)``. ``M_ROWS`` (= M, constexpr) unrolls the CUDA-core
+    form; ``BLOCK_M`` is the accumulator's row count (pow2 >= M; 16 in the dot form).
+    ``SPLIT == 1``: writes ``Y [M, N]`` (+ bias, cast); else float32 partials ``P [SPLIT, M, N]``.
+    The weight loads carry no row mask (rows past ``N`` re-read row ``N - 1``; their results are
+    not stored) and, with ``EVEN_K`` (every slice a whole number of tiles), no column mask
+    either, so they compile to full-width vector loads."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
+    offs_m = tl.arange(0, BLOCK_M)
+    m_ok = offs_m < M
+    k_lo = pid_k.to(tl.int64) * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    w_rows = W + tl.minimum(offs_n, N - 1)[:, None] * swn
+    if DOT:
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)  # y^T: the weight tile is the MMA's M side
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < k_hi
+        if EVEN_K:
+            w = tl.load(w_rows + offs_k[None, :])
+        else:
+            w = tl.load(w_rows + offs_k[None, :], mask=k_ok[None, :], other=0.0)
+        if DOT:
+            xt = tl.load(X + offs_m[None, :] * sxm + offs_k[:, None], mask=m_ok[None, :] & k_ok[:, None], other=0.0)
+            if UPCAST:  # the interpreter's bf16 tl.dot is wrong (docs: guide); fp32 there
+                w = w.to(tl.float32)
+                xt = xt.to(tl.float32)
+            acc += tl.dot(w, xt, input_precision=PREC)
+        else:
+            wf = w.to(tl.float32)
+            for m in tl.static_range(M_ROWS):
+                if EVEN_K:
+                    xm = tl.load(X + m * sxm + offs_k).to(tl.float32)
+                else:
+                    xm = tl.load(X + m * sxm + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+                part = tl.sum(wf * xm[None, :], axis=1)  # [BLOCK_N]
+                acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+    if DOT:
+        acc = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
+    mask = m_ok[:, None] & n_ok[None, :]
+    if SPLIT == 1:
+        if HAS_BIAS:
+            acc += tl.load(B + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+        tl.store(Y + offs_m[:, None] * N + offs_n[None, :], acc.to(Y.dtype.element_ty), mask=mask)
+    else:
+        tl.store(P + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :], acc, mask=mask)
+
+
+@triton.jit
+def _gemv_reduce(P, B, Y, MN, N, SPLIT: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """``Y[m, n] = sum_s P[s, m, n] (+ bias[n])``, splits summed in order (deterministic)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < MN
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in tl.static_range(SPLIT):
+        acc += tl.load(P + s * MN + offs, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(B + offs % N, mask=ok, other=0.0).to(tl.float32)
+    tl.store(Y + offs, acc.to(Y.dtype.element_ty), mask=ok)
+
+
+# ============================================================================ configs
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """One launch configuration: ``block_n`` output rows and ``block_k`` of K per tile
+    (powers of two; ``dot`` needs both >= 16), ``split`` K slices (1: no split-K),
+    ``dot`` the tensor-core form, and Triton's ``num_warps`` / ``num_stages``."""
+
+    block_n: int = 16
+    block_k: int = 512
+    split: int = 1
+    dot: bool = False
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def __post_init__(self):
+        for name in ("block_n", "block_k", "num_warps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1 or v & (v - 1):
+                raise ValueError(f"GemvConfig.{name} must be a positive power of two, got {v!r}")
+        if self.dot and (self.block_n < 16 or self.block_k < 16):
+            raise ValueError(f"GemvConfig with dot=True needs block_n and block_k >= 16, got "
+                             f"{self.block_n} and {self.block_k}")
+        if not isinstance(self.split, int) or not 1 <= self.split <= 64:
+            raise ValueError(f"GemvConfig.split must be an int in [1, 64], got {self.split!r}")
+        if not isinstance(self.num_stages, int) or self.num_stages < 1:
+            raise ValueError(f"GemvConfig.num_stages must be a positive int, got {self.num_stages!r}")
+
+
+# Rough shape classes -> config, first match wins: (N at most, K at most, config). NOT TUNED:
+# chosen on paper for an H200 (132 SMs) at M = 1-2, to be replaced by what
+# `benchmarks/gemv.py --sweep` measures. Reasoning: programs of 16 weight rows x 512 columns
+# (16 KB of bf16 per tile) give >= 256 programs for every Qwen3-8B projection; only the tall,
+# narrow case (few rows, long K: down 12288 -> 4096) splits K, to get ~4 programs per SM.
+CONFIGS: Tuple[Tuple[int, int, GemvConfig], ...] = (
+    (2048, 2 ** 62, GemvConfig(block_n=16, block_k=512, split=4)),       # few rows: split K
+    (8192, 8192, GemvConfig(block_n=16, block_k=512, split=1)),          # QKV, o_proj
+    (8192, 2 ** 62, GemvConfig(block_n=16, block_k=512, split=2)),       # down_proj
+    (2 ** 62, 2 ** 62, GemvConfig(block_n=32, block_k=256, split=1)),    # gate/up, LM head
+)
+
+
+def pick_config(M: int, N: int, K: int) -> GemvConfig:
+    """The :data:`CONFIGS` entry for this shape: a pure function of the shape (no tuning, no
+    device query). The launch lowers ``split`` where ``K`` has fewer ``block_k`` tiles."""
+    for n_max, k_max, cfg in CONFIGS:
+        if N <= n_max and K <= k_max:
+            return cfg
+    return CONFIGS[-1][2]
+
+
+# ============================================================================ host
+
+def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+                config: Optional[GemvConfig] = None) -> torch.Tensor:
+    """``x [..., K] @ weight[N, K].T (+ bias)`` by the streaming kernel; ``[..., N]`` in
+    ``x.dtype``. ``M = prod(x.shape[:-1]) <= 8``. ``config``: a :class:`GemvConfig` to use
+    instead of :func:`pick_config`'s (benchmark sweeps). Raises ``ValueError`` (naming the
+    argument) before launching anything for: shapes, ``M > 8``, dtypes other than
+    fp16/bf16/fp32 or differing between ``x`` and ``weight``, tensors on different devices or
+    on a CPU outside the Triton interpreter, a ``weight`` that is not contiguous, an ``x``
+    whose last dim is not contiguous or whose rows cannot be viewed as ``[M, K]``."""
+    check_gemv_inputs(x, weight, bias)
+    K = x.shape[-1]
+    N = weight.shape[0]
+    lead = x.shape[:-1]
+    M = 1
+    for s in lead:
+        M *= s
+    if M > MAX_M:
+        raise ValueError(f"x must have at most {MAX_M} rows (prod of its leading dims) for the triton GEMV, got "
+                         f"M = {M} from x {tuple(x.shape)}; use backend 'torch' for larger M")
+    if x.dtype not in DTYPES or weight.dtype != x.dtype:
+        raise ValueError(f"x and weight must share one dtype of fp16 / bf16 / fp32, got x {x.dtype}, "
+                         f"weight {weight.dtype}")
+    if bias is not None and bias.dtype not in DTYPES:
+        raise ValueError(f"bias must be fp16 / bf16 / fp32, got {bias.dtype}")
+    dev = x.device
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is not None and t.device != dev:
+            raise ValueError(f"{name} must be on x's device {dev}, got {t.device}")
+    if dev.type != "cuda" and not (dev.type == "cpu" and interpreting()):
+        raise ValueError(f"x must be a CUDA tensor for the triton GEMV (a CPU one only under TRITON_INTERPRET=1), "
+                         f"got device {dev}")
+    if not weight.is_contiguous():
+        raise ValueError(f"weight must be contiguous (row-major [N, K]), got strides {weight.stride()}")
+    if bias is not None and not bias.is_contiguous():
+        raise ValueError(f"bias must be contiguous, got stride {bias.stride()}")
+    if K > 1 and x.stride(-1) != 1:
+        raise ValueError(f"x must be contiguous along its last dim (stride 1), got strides {x.stride()}")
+    try:
+        x2 = x.view(M, K)
+    except RuntimeError:
+        raise ValueError(f"x's leading dims must be viewable as [M, K] rows without a copy, got shape "
+                         f"{tuple(x.shape)} strides {x.stride()}") from None
+    cfg = config if config is not None else pick_config(M, N, K)
+    if not isinstance(cfg, GemvConfig):
+        raise ValueError(f"config must be a GemvConfig or None, got {type(cfg).__name__}")
+
+    y = torch.empty(*lead, N, dtype=x.dtype, device=dev)
+    if M == 0 or N == 0:
+        return y
+    split = max(1, min(cfg.split, cdiv(K, cfg.block_k))) if K else 1
+    k_per_split = cdiv(cdiv(K, split), cfg.block_k) * cfg.block_k if K else 0
+    split = cdiv(K, k_per_split) if K else 1  # no empty trailing split
+    part = torch.empty(split, M, N, dtype=torch.float32, device=dev) if split > 1 else y
+    b = bias if bias is not None else y  # placeholder pointer, not read without HAS_BIAS
+    upcast = interpreting() and x.dtype != torch.float32
+    block_m = 16 if cfg.dot else pow2(M)
+    prec = "ieee" if (x.dtype == torch.float32 or upcast) else "tf32"
+    sxm = x2.stride(0) if M > 1 else K
+    _gemv_kernel[(cdiv(N, cfg.block_n), split)](
+        x2, weight, b, y, part, M, N, K, sxm, weight.stride(0), k_per_split,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, M_ROWS=M, DOT=cfg.dot, SPLIT=split,
+        HAS_BIAS=bias is not None, UPCAST=upcast, PREC=prec, EVEN_K=K % cfg.block_k == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if split > 1:
+        block = 1024
+        _gemv_reduce[(cdiv(M * N, block),)](part, b, y, M * N, N, SPLIT=split, BLOCK=block,
+                                            HAS_BIAS=bias is not None, num_warps=4)
+    return y
+
+
+__all__ = ["GemvConfig", "CONFIGS", "pick_config", "gemv_triton"]

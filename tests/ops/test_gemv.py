@@ -1,0 +1,222 @@
+"""Weight-streaming GEMV (orthros.ops.gemv): the Triton kernel (interpreter on CPU, native on
+GPU) against the float64 product of the same inputs, at sizes that are not multiples of the
+blocks, M = 1..8, with and without bias, fp32 / bf16 / fp16, every inner form (CUDA-core
+reduction, tensor-core dot) and split-K; outputs poisoned with NaN so unwritten entries show.
+Refusals are checked to happen before any launch. On a GPU: a real shape in bf16 and a
+CUDA-graph capture + replay."""
+
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from orthros.ops.gemv import GEMV_BACKENDS, gemv, gemv_ref  # noqa: E402
+from orthros.ops.gemv import kernel as gk  # noqa: E402
+from orthros.ops.gemv.kernel import CONFIGS, GemvConfig, gemv_triton, pick_config  # noqa: E402
+from conftest import rel  # noqa: E402
+
+DEV = "cuda" if HAS_CUDA else "cpu"
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+FMA = GemvConfig(block_n=16, block_k=64)
+FMA_SPLIT = GemvConfig(block_n=32, block_k=32, split=3)
+DOT = GemvConfig(block_n=16, block_k=32, dot=True)
+DOT_SPLIT = GemvConfig(block_n=32, block_k=16, split=2, dot=True)
+
+
+@pytest.fixture
+def nan_empty(monkeypatch):
+    real = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real(*a, **k).fill_(float("nan")))
+
+
+def make(M, N, K, dtype=torch.float32, bias=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g).to(DEV, dtype)  # noqa: E731
+    return r(M, K), r(N, K), (r(N) if bias else None)
+
+
+def exact(x, w, b=None):
+    """float64 product of the (already rounded) inputs: what every backend approximates."""
+    y = x.double() @ w.double().T
+    return y + b.double() if b is not None else y
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("N,K", [(96, 200), (130, 64)])
+@pytest.mark.parametrize("M", [1, 2, 3, 8])
+def test_triton_matches_float64(M, N, K, bias, dtype, nan_empty):
+    x, w, b = make(M, N, K, dtype, bias, seed=M * 7 + N)
+    y = gemv(x, w, b, backend="triton")  # the table's config (split-K for these small N)
+    assert y.shape == (M, N) and y.dtype == dtype
+    assert rel(y, exact(x, w, b)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("cfg", [FMA, FMA_SPLIT, DOT, DOT_SPLIT], ids=["fma", "fma-split3", "dot", "dot-split2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("N,K", [(70, 150), (72, 192)], ids=["ragged", "even-k"])  # even: K a multiple of block_k
+def test_every_form_and_split(cfg, dtype, N, K, nan_empty):
+    x, w, b = make(3, N, K, dtype, bias=True, seed=1)
+    y = gemv_triton(x, w, b, config=cfg)
+    assert rel(y, exact(x, w, b)) < TOL[dtype]
+
+
+def test_wrong_layout_would_fail():
+    # a square weight, so x @ w (the wrong transposition) has the same shape as x @ w.T
+    x, w, _ = make(2, 64, 64, seed=3)
+    for backend in ("triton", "naive", "torch"):
+        y = gemv(x, w, backend=backend)
+        assert rel(y, exact(x, w)) < 1e-5
+        assert rel(y, x.double() @ w.double()) > 0.5, backend
+
+
+def test_leading_dims_strided_rows_and_1d():
+    x, w, b = make(6, 40, 72, seed=4, bias=True)
+    x3 = x.view(2, 3, 72)
+    y = gemv(x3, w, b, backend="triton")
+    assert y.shape == (2, 3, 40) and rel(y, exact(x, w, b).view(2, 3, 40)) < 1e-5
+    wide = torch.randn(4, 100, device=DEV)
+    xs = wide[:, 10:82]  # rows with stride 100: used in place, no copy
+    assert rel(gemv(xs, w, backend="triton"), exact(xs, w)) < 1e-5
+    y1 = gemv(x[0], w, backend="triton")
+    assert y1.shape == (40,) and rel(y1, exact(x[:1], w)[0]) < 1e-5
+
+
+def test_backends_agree_and_split_is_deterministic():
+    x, w, b = make(2, 50, 300, seed=5, bias=True)
+    ref = exact(x, w, b)
+    for backend in GEMV_BACKENDS:
+        assert rel(gemv(x, w, b, backend=backend), ref) < 1e-5, backend
+    a = gemv_triton(x, w, b, config=FMA_SPLIT)
+    assert torch.equal(a, gemv_triton(x, w, b, config=FMA_SPLIT))
+    # the reference accumulates in fp32 and returns x.dtype
+    xb, wb = x.bfloat16(), w.bfloat16()
+    assert gemv_ref(xb, wb).dtype == torch.bfloat16 and rel(gemv_ref(xb, wb), exact(xb, wb)) < 1e-2
+
+
+def test_empty_sizes():
+    x, w, b = make(2, 5, 0, bias=True)  # K = 0: the bias alone
+    assert torch.equal(gemv(x, w, b, backend="triton"), b.expand(2, 5))
+    x, w, _ = make(0, 5, 8)
+    assert gemv(x, w, backend="triton").shape == (0, 5)
+    x, w, _ = make(2, 0, 8)
+    assert gemv(x, w, backend="triton").shape == (2, 0)
+
+
+def test_config_table_is_a_function_of_the_shape():
+    for N, K in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096), (96, 200)):
+        cfg = pick_config(1, N, K)
+        assert isinstance(cfg, GemvConfig) and cfg == pick_config(2, N, K)
+        assert any(cfg is c for _, _, c in CONFIGS)
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"block_n": 24}, "block_n must be a positive power of two"),
+    ({"block_k": 0}, "block_k must be a positive power of two"),
+    ({"split": 0}, "split must be an int in"),
+    ({"dot": True, "block_n": 8}, "dot=True needs block_n and block_k >= 16"),
+    ({"num_stages": 0}, "num_stages must be a positive int"),
+])
+def test_bad_config_refused(kw, message):
+    with pytest.raises(ValueError, match=message):
+        GemvConfig(**kw)
+
+
+def _cases():
+    x, w, b = make(2, 8, 16, bias=True)
+    return [
+        ("K mismatch", dict(x=x, weight=torch.randn(8, 15)), "weight must be \\[N, K\\] with K = x.shape\\[-1\\] = 16"),
+        ("transposed weight", dict(x=x, weight=torch.randn(16, 8).to(DEV)), "a transposed"),
+        ("1-D weight", dict(x=x, weight=torch.randn(16).to(DEV)), "weight must be a 2-D tensor"),
+        ("bias shape", dict(x=x, weight=w, bias=torch.randn(9).to(DEV)), "bias must be None or a tensor \\[N\\] = \\[8\\]"),
+        ("M > 8", dict(x=torch.randn(9, 16).to(DEV), weight=w), "x must have at most 8 rows .* M = 9"),
+        ("M > 8 by leading dims", dict(x=torch.randn(3, 3, 16).to(DEV), weight=w), "M = 9 from x \\(3, 3, 16\\)"),
+        ("dtype mismatch", dict(x=x, weight=w.half()), "x and weight must share one dtype"),
+        ("int dtype", dict(x=x.int(), weight=w.int()), "x and weight must share one dtype"),
+        ("bias dtype", dict(x=x, weight=w, bias=b.double()), "bias must be fp16 / bf16 / fp32"),
+        ("weight not contiguous", dict(x=x, weight=torch.randn(16, 8).to(DEV).T), "weight must be contiguous"),
+        ("x last dim strided", dict(x=torch.randn(16, 2).to(DEV).T, weight=w), "x must be contiguous along its last dim"),
+        ("x rows not viewable", dict(x=torch.randn(4, 2, 16).to(DEV).transpose(0, 1), weight=w),
+         "x's leading dims must be viewable"),
+        ("config type", dict(x=x, weight=w, config={"block_n": 16}), "config must be a GemvConfig"),
+    ]
+
+
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: c[0])
+def test_bad_input_refused_before_launch(case, monkeypatch):
+    _, kw, message = case
+    launched = []
+
+    class Spy:
+        def __getitem__(self, grid):
+            launched.append(grid)
+            raise AssertionError("launched")
+
+    monkeypatch.setattr(gk, "_gemv_kernel", Spy())
+    monkeypatch.setattr(gk, "_gemv_reduce", Spy())
+    with pytest.raises(ValueError, match=message):
+        gemv_triton(**kw)
+    assert not launched
+
+
+def test_bad_backend_and_shapes_on_every_backend(monkeypatch):
+    x, w, _ = make(2, 8, 16)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        gemv(x, w, backend="cublas")
+    for backend in ("torch", "naive", "auto"):
+        with pytest.raises(ValueError, match="a transposed"):
+            gemv(x, w.T.contiguous(), backend=backend)
+    # a CPU tensor outside the interpreter: refused, naming the device
+    monkeypatch.setattr(gk, "interpreting", lambda: False)
+    with pytest.raises(ValueError, match="x must be a CUDA tensor .* got device cpu"):
+        gemv_triton(x.cpu(), w.cpu())
+
+
+def test_auto_picks_torch_where_the_kernel_does_not_apply():
+    x, w, _ = make(9, 8, 16)  # M = 9: beyond the kernel, auto falls back (triton would refuse)
+    assert rel(gemv(x, w, backend="auto"), exact(x, w)) < 1e-5
+
+
+# ------------------------------------------------------------------------------ GPU
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", [None, GemvConfig(block_n=32, block_k=256, split=4, dot=True, num_warps=8)],
+                         ids=["table", "dot-split4"])
+@pytest.mark.parametrize("M", [1, 2, 8])
+def test_gpu_bf16_real_shape(M, cfg):
+    x, w, b = make(M, 4096, 12288, torch.bfloat16, bias=True, seed=M)
+    y = gemv_triton(x, w, b, config=cfg)
+    ref = exact(x, w, b)
+    assert rel(y, ref) < 1e-2
+    assert rel(y, ref) < 2 * rel(torch.nn.functional.linear(x, w, b), ref) + 1e-3  # no worse than cuBLAS
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture_and_replay():
+    x, w, b = make(2, 4096, 12288, torch.bfloat16, bias=True, seed=11)
+    static_x = x.clone()
+    out = {}
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        gemv(static_x, w, b, backend="triton")  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out["y"] = gemv(static_x, w, b, backend="triton")
+    for seed in (1, 2):
+        new = torch.randn(static_x.shape, generator=torch.Generator().manual_seed(seed)).to(DEV, torch.bfloat16)
+        static_x.copy_(new)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out["y"], gemv(new, w, b, backend="triton"))
+        assert rel(out["y"], exact(new, w, b)) < 1e-2
