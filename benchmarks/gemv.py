@@ -1,0 +1,284 @@
+"""Weight-streaming GEMV (``orthros.ops.gemv``, issue #18) against cuBLAS (``F.linear``) at the
+decode shapes of Qwen3-8B with fused projections, M = 1 and 2 rows (a token, an Orthros pair).
+
+One process, every baseline in the same run: the copy bandwidth (a 1 GiB device-to-device
+copy, bytes read + written, :func:`orthros.benchmarks.inference.copy_bandwidth`), then per
+shape and M the time of one call of cuBLAS and of the Triton kernel (its :data:`CONFIGS` entry;
+with ``--sweep`` also every candidate config, best one reported), the weight bytes streamed per
+second, the ratio to cuBLAS and to the copy bandwidth, and the error of each against a float32
+reference. Timing: a CUDA graph of many calls, cycling through enough copies of the weight
+(>= 512 MB) that no call finds its weight in the 60 MB L2, as in a decode step where every
+layer's weights are new; median of the replays (CUDA events) / calls per replay.
+
+    python benchmarks/gemv.py --out docs/results/gemv-DATE/results.json [--sweep] [--deadline-s 500]
+    python benchmarks/gemv.py --device cpu --quick --out /tmp/gemv.json     # smoke run (interpreter)
+
+Writes the JSON (meta: date, GPU, commit, torch / triton versions, copy bandwidth; rows) after
+every row, atomically (temporary name, then rename). Bad arguments exit 2 before any work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from orthros.utils import DTYPE_CHOICES, parse_dtype  # noqa: E402  (imports no torch: arguments first)
+
+# (N, K) of each weight: Qwen3-8B (hidden 4096, 32 / 8 heads of 128, intermediate 12288, vocab 151936)
+SHAPES = {
+    "qkv": (6144, 4096),        # q 4096 + k 1024 + v 1024, one fused GEMM
+    "o": (4096, 4096),
+    "gate_up": (24576, 4096),   # gate 12288 + up 12288, one fused GEMM
+    "down": (4096, 12288),
+    "lm_head": (151936, 4096),
+}
+# --quick: the same names at interpreter sizes (odd, not multiples of the blocks)
+QUICK_SHAPES = {"qkv": (96, 200), "o": (64, 64), "gate_up": (130, 64), "down": (48, 300), "lm_head": (257, 64)}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda", help="cuda (default) or cpu (only with --quick: the Triton interpreter)")
+    p.add_argument("--quick", action="store_true", help="tiny shapes, few repetitions (a smoke run)")
+    p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated subset of {','.join(SHAPES)}")
+    p.add_argument("--m", default="1,2", help="comma-separated row counts, each in 1..8 (default 1,2)")
+    p.add_argument("--dtype", default="bf16", help=f"one of {', '.join(DTYPE_CHOICES)} (default bf16)")
+    p.add_argument("--sweep", action="store_true", help="also time every candidate config and report the best")
+    p.add_argument("--reps", type=int, default=30, help="timed graph replays per measurement (default 30)")
+    p.add_argument("--deadline-s", type=float, default=None, help="stop starting new rows after this many seconds")
+    p.add_argument("--out", default="gemv-results.json", help="JSON path (default gemv-results.json)")
+    a = p.parse_args(argv)
+    dev = a.device.split(":")[0]
+    if dev not in ("cuda", "cpu"):
+        p.error(f"--device must be cuda, cuda:N or cpu, got {a.device!r}")
+    if dev == "cpu" and not a.quick:
+        p.error("--device cpu needs --quick (the interpreter runs the real shapes for hours)")
+    names = [s.strip() for s in a.shapes.split(",") if s.strip()]
+    bad = [s for s in names if s not in SHAPES]
+    if not names or bad:
+        p.error(f"--shapes must be a comma-separated subset of {','.join(SHAPES)}, got {a.shapes!r}")
+    a.shapes = names
+    try:
+        a.m = [int(v) for v in a.m.split(",") if v.strip()]
+    except ValueError:
+        p.error(f"--m must be comma-separated integers in 1..8, got {a.m!r}")
+    if not a.m or any(not 1 <= m <= 8 for m in a.m):
+        p.error(f"--m must be comma-separated integers in 1..8, got {a.m}")
+    try:
+        parse_dtype(a.dtype, "--dtype")
+    except ValueError as e:
+        p.error(str(e))
+    if a.reps < 1:
+        p.error(f"--reps must be >= 1, got {a.reps}")
+    if a.deadline_s is not None and not a.deadline_s > 0:
+        p.error(f"--deadline-s must be > 0, got {a.deadline_s}")
+    if os.path.isdir(a.out) or not a.out.endswith(".json"):
+        p.error(f"--out must be a .json file path (not a directory), got {a.out!r}")
+    if a.quick:
+        a.reps = min(a.reps, 2)
+    return a
+
+
+def sweep_configs(quick: bool):
+    """Candidate launch configs for ``--sweep``: tile shapes of 4-32 K elements, both inner forms,
+    split-K 1-8 (filtered per shape: only splits that leave >= 2 tiles per slice)."""
+    from orthros.ops.gemv.kernel import GemvConfig
+
+    if quick:
+        return [GemvConfig(block_n=16, block_k=64), GemvConfig(block_n=16, block_k=16, split=2, dot=True)]
+    out = []
+    for dot in (False, True):
+        for bn, bk in ((8, 512), (16, 256), (16, 512), (16, 1024), (32, 256), (32, 512), (64, 128), (64, 256)):
+            if dot and bn < 16:
+                continue
+            for split in (1, 2, 4, 8):
+                warps = 8 if bn * bk >= 16384 else 4
+                out.append(GemvConfig(block_n=bn, block_k=bk, split=split, dot=dot, num_warps=warps, num_stages=3))
+    return out
+
+
+def config_dict(cfg):
+    return {k: getattr(cfg, k) for k in ("block_n", "block_k", "split", "dot", "num_warps", "num_stages")}
+
+
+def commit_id():
+    c = os.environ.get("ORTHROS_COMMIT")
+    if c:
+        return c
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE,
+                              timeout=10).stdout.strip() or None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if a.device.startswith("cpu"):  # the kernel runs in the Triton interpreter (set before triton loads)
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
+    import torch.nn.functional as F
+
+    from orthros.benchmarks.inference import _progress, copy_bandwidth, print_table, save
+    from orthros.ops.gemv import gemv_ref
+    from orthros.ops.gemv.kernel import gemv_triton, pick_config
+
+    t0 = time.time()
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        print("error: --device cuda but no CUDA device is available (use --device cpu --quick)", file=sys.stderr)
+        return 2
+    dtype = parse_dtype(a.dtype, "--dtype")
+    shapes = {n: (QUICK_SHAPES if a.quick else SHAPES)[n] for n in a.shapes}
+    elem = torch.empty(0, dtype=dtype).element_size()
+    bw = copy_bandwidth(dev, 2**30 if cuda else 2**22)
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name(dev) if cuda else (platform.processor() or "cpu"),
+            "commit": commit_id(), "torch": torch.__version__, "triton": triton_version,
+            "python": platform.python_version(), "dtype": a.dtype, "copy_bandwidth_Bps": bw,
+            "quick": a.quick, "sweep": a.sweep, "argv": sys.argv[1:] if argv is None else list(argv)}
+    rows = []
+
+    def write():
+        meta["elapsed_s"] = round(time.time() - t0, 1)
+        tmp = a.out + ".tmp"
+        save(tmp, meta, rows)
+        os.replace(tmp, a.out)
+
+    def timed(fn, weights, x):
+        """Seconds per call of ``fn(x, w)``, cycling through ``weights`` (CUDA: graph replays)."""
+        for w in weights:  # warm-up: compiles the kernel for this shape / config
+            fn(x, w)
+        if not cuda:
+            ts = []
+            for _ in range(a.reps):
+                t = time.perf_counter()
+                for w in weights:
+                    fn(x, w)
+                ts.append((time.perf_counter() - t) / len(weights))
+            return statistics.median(ts)
+        nbytes = weights[0].numel() * elem
+        rounds = max(1, math.ceil(2e9 / (nbytes * len(weights))))  # >= ~2 GB streamed per replay
+        torch.cuda.synchronize(dev)
+        s = torch.cuda.Stream(dev)
+        s.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(s):  # warm the allocator on the side stream, as capture wants
+            for w in weights:
+                fn(x, w)
+        torch.cuda.current_stream(dev).wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(rounds):
+                for w in weights:
+                    fn(x, w)
+        for _ in range(3):
+            g.replay()
+        ts = []
+        for _ in range(a.reps):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            g.replay()
+            e1.record()
+            e1.synchronize()
+            ts.append(e0.elapsed_time(e1) / 1000 / (rounds * len(weights)))
+        del g
+        return statistics.median(ts)
+
+    def rel_err(y, ref):
+        return ((y.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+    systems = ["cublas", "triton"] + (["sweep"] if a.sweep else [])
+    bar = _progress(len(shapes) * len(a.m) * len(systems), "gemv")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    stopped = None
+    for name, (N, K) in shapes.items():
+        if stopped:
+            break
+        nbytes = N * K * elem
+        copies = 2 if not cuda else max(2, math.ceil(512e6 / nbytes))
+        weights = [(torch.randn(N, K, generator=gen, device=dev) * K ** -0.5).to(dtype) for _ in range(copies)]
+        floor_s = nbytes / bw
+        for M in a.m:
+            if a.deadline_s is not None and time.time() - t0 > a.deadline_s:
+                stopped = f"deadline {a.deadline_s} s reached before {name} M={M}"
+                break
+            x = torch.randn(M, K, generator=gen, device=dev).to(dtype)
+            ref = gemv_ref(x.float(), weights[0].float())
+            base = {"shape": name, "N": N, "K": K, "M": M, "weight_bytes": nbytes, "floor_us": floor_s * 1e6}
+
+            def row(system, t, err, cfg=None, cublas_s=None, **extra):
+                r = {**base, "system": system, "us": t * 1e6, "weight_GBps": nbytes / t / 1e9,
+                     "of_copy_bw": nbytes / t / bw, "rel_err": err}
+                if cfg is not None:
+                    r["config"] = config_dict(cfg)
+                if cublas_s is not None:
+                    r["speedup_vs_cublas"] = cublas_s / t
+                r.update(extra)
+                rows.append(r)
+                write()
+                bar.update(1)
+                return r
+
+            t_cublas = timed(lambda x_, w_: F.linear(x_, w_), weights, x)
+            row("cublas", t_cublas, rel_err(F.linear(x, weights[0]), ref))
+            cfg = pick_config(M, N, K)
+            t_tri = timed(lambda x_, w_: gemv_triton(x_, w_, config=cfg), weights, x)
+            row("triton", t_tri, rel_err(gemv_triton(x, weights[0], config=cfg), ref), cfg, t_cublas)
+            if a.sweep:
+                best, tried = None, []
+                for c in sweep_configs(a.quick):
+                    if c.split > 1 and K // (c.split * c.block_k) < 2:
+                        continue
+                    if a.deadline_s is not None and time.time() - t0 > a.deadline_s:
+                        stopped = f"deadline {a.deadline_s} s reached in the sweep of {name} M={M}"
+                        break
+                    try:
+                        t = timed(lambda x_, w_: gemv_triton(x_, w_, config=c), weights, x)
+                    except Exception as e:  # noqa: BLE001  (a config that does not compile: skip it, say so)
+                        print(f"  {name} M={M} {c}: failed ({type(e).__name__}: {str(e)[:120]})", file=sys.stderr)
+                        tried.append({**config_dict(c), "error": f"{type(e).__name__}: {str(e)[:200]}"})
+                        continue
+                    tried.append({**config_dict(c), "us": t * 1e6})
+                    if best is None or t < best[0]:
+                        best = (t, c)
+                if best is not None:
+                    row("triton-best", best[0], rel_err(gemv_triton(x, weights[0], config=best[1]), ref), best[1],
+                        t_cublas, sweep=tried)
+                else:
+                    bar.update(1)
+        del weights
+        if cuda:
+            torch.cuda.empty_cache()
+    bar.close()
+    if stopped:
+        meta["stopped"] = stopped
+        print(f"stopped: {stopped}", file=sys.stderr)
+    write()
+    print(f"\ncopy bandwidth {bw / 1e12:.3f} TB/s ({meta['device']}, {a.dtype}, commit {meta['commit']})")
+    table = [{**r, "config": "" if "config" not in r else
+              "{block_n}x{block_k} s{split} {dot} w{num_warps}".format(**{**r["config"], "dot": "dot" if r["config"]["dot"] else "fma"})}
+             for r in rows]
+    print_table(table, ["shape", "N", "K", "M", "system", "us", "floor_us", "weight_GBps", "of_copy_bw",
+                        "speedup_vs_cublas", "rel_err", "config"], "GEMV: one call, weights streamed from HBM")
+    print(f"\nwrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

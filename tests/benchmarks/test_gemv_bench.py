@@ -1,0 +1,69 @@
+"""benchmarks/gemv.py (the GEMV vs cuBLAS micro-benchmark, issue #18) in its CPU smoke mode:
+the whole command at interpreter sizes, the JSON it writes (atomically), and the refusals of
+bad arguments (exit 2, naming the argument, before any work or file)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "gemv.py"
+
+
+def run(*args, timeout=300):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=REPO)
+
+
+def test_quick_cpu_run_writes_every_row(tmp_path):
+    out = tmp_path / "sub" / "gemv.json"
+    out.parent.mkdir()
+    p = run("--device", "cpu", "--quick", "--sweep", "--shapes", "o,down", "--m", "1,3", "--out", str(out))
+    assert p.returncode == 0, p.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert [f.name for f in out.parent.iterdir()] == ["gemv.json"]  # no temporary left behind
+    meta, rows = data["meta"], data["rows"]
+    for key in ("date", "device", "commit", "torch", "triton", "copy_bandwidth_Bps"):
+        assert key in meta
+    assert meta["copy_bandwidth_Bps"] > 0 and meta["quick"] and meta["sweep"]
+    want = {(s, m, sys_) for s in ("o", "down") for m in (1, 3) for sys_ in ("cublas", "triton", "triton-best")}
+    assert {(r["shape"], r["M"], r["system"]) for r in rows} == want
+    by = {(r["shape"], r["M"], r["system"]): r for r in rows}
+    for r in rows:
+        assert r["rel_err"] < 1e-2, r  # bf16 outputs against the fp32 reference
+        assert r["weight_bytes"] == r["N"] * r["K"] * 2
+        assert abs(r["weight_GBps"] * 1e3 * r["us"] - r["weight_bytes"]) < 1e-6 * r["weight_bytes"]
+        if r["system"] != "cublas":
+            cub = by[(r["shape"], r["M"], "cublas")]
+            assert abs(r["speedup_vs_cublas"] - cub["us"] / r["us"]) < 1e-9 * r["speedup_vs_cublas"]
+            assert set(r["config"]) == {"block_n", "block_k", "split", "dot", "num_warps", "num_stages"}
+        if r["system"] == "triton-best":  # the best of the configs the sweep timed
+            assert len(r["sweep"]) == 2 and r["us"] == min(c["us"] for c in r["sweep"])
+    assert "GEMV: one call" in p.stdout and "triton-best" in p.stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--device", "cpu"], "--device cpu needs --quick"),
+    (["--device", "tpu", "--quick"], "--device must be cuda"),
+    (["--shapes", "qkv,mlp"], "--shapes must be a comma-separated subset"),
+    (["--m", "1,9"], "--m must be comma-separated integers in 1..8"),
+    (["--m", "one"], "--m must be comma-separated integers"),
+    (["--dtype", "int8"], "--dtype must be one of bf16, fp16, fp32"),
+    (["--reps", "0"], "--reps must be >= 1"),
+    (["--deadline-s", "-1"], "--deadline-s must be > 0"),
+    (["--out", "results.txt"], "--out must be a .json file path"),
+])
+def test_bad_arguments_refused_before_work(tmp_path, args, message):
+    if "--out" not in args:
+        args = [*args, "--out", str(tmp_path / "g.json")]
+    p = run(*args, timeout=60)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert message in p.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing written
