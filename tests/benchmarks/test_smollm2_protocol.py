@@ -1,0 +1,76 @@
+"""The SmolLM2 protocol (benchmarks/smollm2_cpt.py run) end to end on CPU with a tiny Llama GGUF
+written in the test and text from the embedded corpus: conversion, the check against the
+GGUF-loaded HF model, both CPT runs, perplexity by bucket and passkey retrieval at the model's
+maximum length through the engine (the path that failed on the H200 smoke run before NIAH gave
+the answer its positions). The real-model run is a GPU measurement (docs/pretrained.md)."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytest.importorskip("gguf")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from orthros.conversion.gguf import write_llama_gguf
+
+    d = tmp_path_factory.mktemp("smol")
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "orthros/data/tokenizer"))
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                                     tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+                                     eos_token_id=tok.eos_token_id))
+    write_llama_gguf(m, tok, d / "tiny.gguf")
+    data = d / "data"
+    data.mkdir()
+    corpus = ROOT / "orthros/data/corpus"
+    (data / "train.jsonl").write_text((corpus / "shakespeare_train.jsonl").read_text())
+    (data / "heldout.jsonl").write_text((corpus / "shakespeare_eval.jsonl").read_text())
+    plays = [json.loads(x)["text"] for x in (corpus / "shakespeare_eval.jsonl").read_text().splitlines()]
+    (data / "haystack.txt").write_text("".join(c for c in "\n".join(plays) if not c.isdigit()))
+    return d
+
+
+def test_protocol_runs_end_to_end_on_a_tiny_gguf(setup):
+    d = setup
+    out = d / "out"
+    p = subprocess.run([sys.executable, str(ROOT / "benchmarks/smollm2_cpt.py"), "run", "--gguf", str(d / "tiny.gguf"),
+                        "--data", str(d / "data"), "--out", str(out), "--work", str(d / "work"), "--seq-len", "1024",
+                        "--micro-batch", "1", "--probe-steps", "2", "--max-steps", "3", "--curve-points", "2",
+                        "--ppl-windows", "2", "--eval-sequences", "1", "--niah-max", "1024", "--niah-samples", "1",
+                        "--niah-engine", "on", "--window", "64"],
+                       capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    r = json.loads((out / "results.json").read_text())
+    # the conversion equals the GGUF model up to the window (orthros) and everywhere (full mode)
+    for mode in ("orthros", "full"):
+        assert r["sanity_vs_gguf_fp32"][mode]["max_abs_diff"] < 1e-4
+    assert r["probe"]["steps"] == 3
+    for run in ("orthros_cpt", "base_cpt"):
+        assert r["cpt"][run]["summary"]["step"] == 3 and r["cpt"][run]["summary"]["tokens"] == 3 * 1024
+    models = {"Base CPT", "Orthros CPT", "original (Transformer)", "Orthros zero-shot"}
+    assert set(r["perplexity"]) == models and set(r["niah"]) == models
+    buckets = [b["bucket"] for b in r["perplexity"]["Base CPT"]["buckets"]]
+    assert buckets == ["0-128", "128-512", "512-1K"]
+    # zero-shot conversion = the original model inside the window
+    z, o = r["perplexity"]["Orthros zero-shot"]["buckets"][0], r["perplexity"]["original (Transformer)"]["buckets"][0]
+    assert z["ppl"] == pytest.approx(o["ppl"], rel=1e-3)
+    for name in models:  # passkey at the model's maximum (1024 of 1024 positions), answer inside the positions
+        assert set(r["niah"][name]["by_length"]) == {"1024"}
+        assert all(e["prompt_tokens"] < 1024 for e in r["niah"][name]["examples"])
+    # the plot command reads the same file
+    spec = importlib.util.spec_from_file_location("smollm2_cpt_script_plot", ROOT / "benchmarks/smollm2_cpt.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["plot", str(out / "results.json"), str(d / "recovery.png")]) == 0
+    assert (d / "recovery.png").stat().st_size > 10000
