@@ -33,31 +33,6 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from orthros.benchmarks.inference import bench_decode, bench_e2e, bench_prefill, metadata  # noqa: E402
 from orthros.benchmarks.models import orthros_model  # noqa: E402
-from orthros.kinds import hybrid_layout  # noqa: E402
-
-QWEN3_5_9B = dict(vocab_size=248320, hidden_size=4096, intermediate_size=12288, num_hidden_layers=32,
-                  num_attention_heads=16, num_key_value_heads=4, head_dim=256, max_position_embeddings=262144,
-                  rms_norm_eps=1e-6, tie_word_embeddings=False, linear_num_key_heads=16, linear_num_value_heads=32,
-                  linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4)
-TINY_H = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, max_position_embeddings=65536, rms_norm_eps=1e-6,
-              tie_word_embeddings=False, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
-              linear_value_head_dim=16, linear_conv_kernel_dim=4)
-
-
-def orthros_h_model(preset: dict, device, dtype=torch.bfloat16, window_size=128):
-    from transformers import AutoModelForCausalLM
-
-    from orthros.models import OrthrosConfig
-
-    cfg = OrthrosConfig(**preset, qk_norm=True, attn_output_gate=True, window_size=window_size,
-                        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
-                                         "partial_rotary_factor": 0.25},
-                        **hybrid_layout("orthros-h", preset["num_hidden_layers"]))
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    return model.eval()
-
 
 def run_mqar_section(emit, steps: int, device):
     """MQAR with gaps past the window (paper Section 4.4's task; docs/evaluation.md): Orthros-H,
@@ -135,7 +110,7 @@ def main(argv=None):
 
     models, labels = {}, {}
     if "hybrid" in families:
-        models["hybrid"] = orthros_h_model(TINY_H if args.tiny else QWEN3_5_9B, device, dtype)
+        models["hybrid"] = orthros_model("tiny-h" if args.tiny else "qwen3.5-9b", device=device, dtype=dtype)
         labels["hybrid"] = {"orthros": "Orthros-H", "full": "Linear Hybrid"}
     if "transformer" in families:
         models["transformer"] = orthros_model("tiny" if args.tiny else "qwen3-8b", device=device, dtype=dtype)

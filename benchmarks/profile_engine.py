@@ -9,6 +9,10 @@ engine. Gaps = step time - kernel time (launch latency between kernels inside th
 and the top host (CPU) and device (CUDA) operators, Orthros vs the Transformer.
 
     python benchmarks/profile_engine.py [--phase decode|prefill] [--compile] [--context 1024] [--batch 1] [--json out.json]
+        [--preset qwen3-8b|qwen3.5-9b|tiny|tiny-h] [--reps 10] [--profiled 3]
+
+``--preset qwen3.5-9b --phase prefill --context 131072``: where Orthros-H's and the Linear
+Hybrid's 128K prefill time goes (kernel classes: matmul, attention, GDN, elementwise, ...).
 """
 
 from __future__ import annotations
@@ -23,12 +27,17 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from orthros.benchmarks.inference import copy_bandwidth, time_call, weight_bytes_per_step  # noqa: E402
-from orthros.benchmarks.models import orthros_model  # noqa: E402
+from orthros.benchmarks.models import PRESETS, orthros_model  # noqa: E402
 from orthros.engine import Engine  # noqa: E402
 
 
 def kernel_class(name: str) -> str:
     n = name.lower()
+    if "chunk_" in n or "gated_delta" in n or "delta_rule" in n or "conv1d" in n or "recurrent" in n \
+            or "chunk_local_cumsum" in n or "solve_tril" in n or "wy_" in n:
+        return "GDN (linear attention)"
+    if "flash" in n or "fmha" in n or "cudnn" in n:
+        return "attention"
     if "gemv" in n or "gemm" in n or "cutlass" in n or "sm90" in n or "nvjet" in n or "xmma" in n \
             or "splitkreduce" in n:
         return "matmul"
@@ -78,7 +87,7 @@ def profile(eng, B, L, steps=10):
     return dt, by, names
 
 
-def profile_prefill(eng, B, L, reps=10):
+def profile_prefill(eng, B, L, reps=10, profiled=3):
     dev = eng.device
     ids = torch.randint(0, eng.config.vocab_size, (B, L), device=dev)
 
@@ -90,15 +99,23 @@ def profile_prefill(eng, B, L, reps=10):
     dt = time_call(lambda: [run() for _ in range(reps)], dev) / reps
     acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if dev.type == "cuda" else [])
     with torch.profiler.profile(activities=acts) as prof:
-        for _ in range(3):
+        for _ in range(profiled):
             run()
         if dev.type == "cuda":
             torch.cuda.synchronize()
     ka = prof.key_averages()
+    n = float(profiled)
     cpu = sorted(ka, key=lambda e: -e.self_cpu_time_total)[:15]
     dev_t = sorted(ka, key=lambda e: -getattr(e, "self_device_time_total", 0))[:10]
-    return dt, [(e.key, e.self_cpu_time_total / 3e3, e.count / 3) for e in cpu], \
-        [(e.key, getattr(e, "self_device_time_total", 0) / 3e3, e.count / 3) for e in dev_t]
+    by = defaultdict(lambda: [0.0, 0])
+    for e in ka:
+        us = getattr(e, "self_device_time_total", 0)
+        if us and e.device_type == torch.autograd.DeviceType.CUDA:
+            c = kernel_class(e.key)
+            by[c][0] += us / n / 1000
+            by[c][1] += e.count / n
+    return dt, [(e.key, e.self_cpu_time_total / n / 1e3, e.count / n) for e in cpu], \
+        [(e.key, getattr(e, "self_device_time_total", 0) / n / 1e3, e.count / n) for e in dev_t], dict(by)
 
 
 def main_prefill(a, model, dev):
@@ -106,15 +123,20 @@ def main_prefill(a, model, dev):
     for mode in ("orthros", "full"):
         eng = Engine(model, max_batch_size=a.batch, max_seq_len=a.context + 64, attention_mode=mode,
                      compile=a.compile, prefill_chunk=None if mode == "full" else 16384)
-        dt, cpu, gpu = profile_prefill(eng, a.batch, a.context)
+        dt, cpu, gpu, by = profile_prefill(eng, a.batch, a.context, reps=a.reps, profiled=a.profiled)
         print(f"\n== {mode}: prefill B={a.batch} T={a.context}: {1000 * dt:.2f} ms", flush=True)
+        if by:
+            print("   device time by kernel class (ms per prefill, kernels):")
+            for c, (ms, k) in sorted(by.items(), key=lambda kv: -kv[1][0]):
+                print(f"      {c:24s} {ms:9.3f} ms {k:7.0f}")
         print("   top host operators (self CPU ms per prefill, calls):")
         for k, ms, n in cpu:
             print(f"      {ms:8.3f} ms {n:7.0f}x  {k[:100]}")
         print("   top device kernels (self CUDA ms per prefill, calls):")
         for k, ms, n in gpu:
             print(f"      {ms:8.3f} ms {n:7.0f}x  {k[:100]}")
-        out["modes"][mode] = {"ms": 1000 * dt, "host_top": cpu, "device_top": gpu}
+        out["modes"][mode] = {"ms": 1000 * dt, "host_top": cpu, "device_top": gpu,
+                              "by_class": {c: {"ms": v[0], "kernels": v[1]} for c, v in by.items()}}
         del eng
     return out
 
@@ -126,9 +148,15 @@ def main():
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--json", default=None)
-    p.add_argument("--preset", default="qwen3-8b", choices=["qwen3-8b", "tiny"])
+    p.add_argument("--preset", default="qwen3-8b", choices=list(PRESETS),
+                   help="qwen3.5-9b / tiny-h: Orthros-H, whose 'full' mode is the Linear Hybrid")
+    p.add_argument("--reps", type=int, default=10, help="prefill: timed repetitions")
+    p.add_argument("--profiled", type=int, default=3, help="prefill: profiled repetitions")
     p.add_argument("--device", default="cuda", help="cpu: a smoke run (no kernel trace)")
     a = p.parse_args()
+    for name in ("context", "batch", "reps", "profiled"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name} {getattr(a, name)}: give a positive integer")
     dev = torch.device(a.device)
     model = orthros_model(a.preset, device=dev, dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32)
     if a.phase == "prefill":

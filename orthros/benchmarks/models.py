@@ -13,19 +13,41 @@ ROPE_THETA = 1000000.0
 TINY = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=16, max_position_embeddings=65536, rms_norm_eps=1e-6,
             tie_word_embeddings=False)
-PRESETS = {"qwen3-8b": QWEN3_8B, "tiny": TINY}
+# Orthros-H (docs/hybrid.md): the Qwen3.5-9B text shape (transformers' ``Qwen3_5TextConfig``
+# defaults: 32 layers, GDN:attention 3:1, gated attention 16 q / 4 kv heads of 256, partial RoPE
+# 0.25, GDN 16 k / 32 v heads of 128, conv 4), and a tiny one for CPU smoke runs.
+QWEN3_5_9B = dict(vocab_size=248320, hidden_size=4096, intermediate_size=12288, num_hidden_layers=32,
+                  num_attention_heads=16, num_key_value_heads=4, head_dim=256, max_position_embeddings=262144,
+                  rms_norm_eps=1e-6, tie_word_embeddings=False, linear_num_key_heads=16, linear_num_value_heads=32,
+                  linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4)
+TINY_H = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=16, max_position_embeddings=65536, rms_norm_eps=1e-6,
+              tie_word_embeddings=False, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+              linear_value_head_dim=16, linear_conv_kernel_dim=4)
+PRESETS = {"qwen3-8b": QWEN3_8B, "tiny": TINY, "qwen3.5-9b": QWEN3_5_9B, "tiny-h": TINY_H}
+HYBRID_PRESETS = ("qwen3.5-9b", "tiny-h")  # Orthros-H: GDN layers, an Orthros attention layer every 4th
 
 
 def orthros_model(preset: str = "qwen3-8b", *, path=None, device="cuda", dtype=torch.bfloat16, window_size=128):
-    """An OrthrosForCausalLM: loaded from ``path``, else ``preset`` with random weights."""
+    """An OrthrosForCausalLM: loaded from ``path``, else ``preset`` with random weights (the
+    hybrid presets build Orthros-H, whose ``attention_mode="full"`` is the Linear Hybrid)."""
     from transformers import AutoModelForCausalLM
 
+    from ..kinds import hybrid_layout
     from ..models import OrthrosConfig
 
     if path is not None:
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-    cfg = OrthrosConfig(**PRESETS[preset], qk_norm=True, window_size=window_size,
-                        rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA})
+    if preset not in PRESETS:
+        raise ValueError(f"preset {preset!r}: choose from {', '.join(PRESETS)}")
+    if preset in HYBRID_PRESETS:
+        cfg = OrthrosConfig(**PRESETS[preset], qk_norm=True, attn_output_gate=True, window_size=window_size,
+                            rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                                             "partial_rotary_factor": 0.25},
+                            **hybrid_layout("orthros-h", PRESETS[preset]["num_hidden_layers"]))
+    else:
+        cfg = OrthrosConfig(**PRESETS[preset], qk_norm=True, window_size=window_size,
+                            rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA})
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
     return model.eval()
@@ -65,5 +87,5 @@ def weight_bytes_per_step(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p is not emb)
 
 
-__all__ = ["PRESETS", "QWEN3_8B", "TINY", "orthros_model", "hf_qwen3_like", "register_noattn",
+__all__ = ["HYBRID_PRESETS", "PRESETS", "QWEN3_5_9B", "QWEN3_8B", "TINY", "TINY_H", "orthros_model", "hf_qwen3_like", "register_noattn",
            "weight_bytes_per_step"]

@@ -1,0 +1,47 @@
+"""benchmarks/profile_engine.py on CPU (a smoke run: no kernel trace there): both phases run for
+the Transformer presets and the Orthros-H presets, the JSON names both modes, bad counts are
+refused before any model is built; and its kernel classes sort real H200 kernel names."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "profile_engine.py"
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", *args], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT)
+
+
+@pytest.mark.parametrize("preset, phase", [("tiny-h", "prefill"), ("tiny-h", "decode")])
+def test_smoke_on_cpu(tmp_path, preset, phase):
+    out = tmp_path / "p.json"
+    p = _run("--preset", preset, "--phase", phase, "--context", "200", "--reps", "1", "--profiled", "1",
+             "--json", str(out))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert set(data["modes"]) == {"orthros", "full"}
+    assert "== orthros" in p.stdout and "== full" in p.stdout
+
+
+def test_bad_counts_refused():
+    p = _run("--reps", "0")
+    assert p.returncode == 2 and "--reps 0" in p.stderr
+
+
+def test_kernel_classes():
+    spec = importlib.util.spec_from_file_location("profile_engine_script", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.kernel_class("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "matmul"
+    assert mod.kernel_class("chunk_gated_delta_rule_fwd_kernel_h_blockdim64") == "GDN (linear attention)"
+    assert mod.kernel_class("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<256>>") == "attention"
+    assert mod.kernel_class("_stream_fwd_kernel") == "attention"
+    assert mod.kernel_class("triton_red_fused_add_mul_rsqrt_0") == "fused elementwise"
+    assert mod.kernel_class("void at::native::index_put_kernel") == "cache write"
