@@ -43,11 +43,13 @@ SHAPES = {
     "lm_head": (151936, 4096),
 }
 # --quick: the same names at interpreter sizes (odd, not multiples of the blocks)
+SWEEP_ORDER = ("gate_up", "down", "qkv", "o", "lm_head")  # by share of a decode step (36 layers + the head)
 QUICK_SHAPES = {"qkv": (96, 200), "o": (64, 64), "gate_up": (130, 64), "down": (48, 300), "lm_head": (257, 64)}
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (only with --quick: the Triton interpreter)")
     p.add_argument("--quick", action="store_true", help="tiny shapes, few repetitions (a smoke run)")
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated subset of {','.join(SHAPES)}")
@@ -90,8 +92,9 @@ def parse_args(argv=None):
 
 
 def sweep_configs(quick: bool):
-    """Candidate launch configs for ``--sweep``: tile shapes of 4-32 K elements, both inner forms,
-    split-K 1-8 (filtered per shape: only splits that leave >= 2 tiles per slice)."""
+    """Candidate launch configs for ``--sweep`` (76): tiles of 4-32 K elements, both inner forms,
+    split-K 1-8 (per shape only the splits that leave >= 2 tiles per slice), pipeline depths
+    1 / 3 / 4 for the CUDA-core form."""
     from orthros.ops.gemv.kernel import GemvConfig
 
     if quick:
@@ -101,9 +104,11 @@ def sweep_configs(quick: bool):
         for bn, bk in ((8, 512), (16, 256), (16, 512), (16, 1024), (32, 256), (32, 512), (64, 128), (64, 256)):
             if dot and bn < 16:
                 continue
+            warps = 8 if bn * bk >= 16384 else 4
             for split in (1, 2, 4, 8):
-                warps = 8 if bn * bk >= 16384 else 4
                 out.append(GemvConfig(block_n=bn, block_k=bk, split=split, dot=dot, num_warps=warps, num_stages=3))
+            if not dot:  # pipeline depth: 1 (plain loads, one tile in flight) and 4, without split-K
+                out += [GemvConfig(block_n=bn, block_k=bk, dot=False, num_warps=warps, num_stages=st) for st in (1, 4)]
     return out
 
 
@@ -203,77 +208,86 @@ def main(argv=None) -> int:
     def rel_err(y, ref):
         return ((y.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
-    systems = ["cublas", "triton"] + (["sweep"] if a.sweep else [])
-    bar = _progress(len(shapes) * len(a.m) * len(systems), "gemv")
-    gen = torch.Generator(device=dev).manual_seed(0)
+    def deadline_passed():
+        return a.deadline_s is not None and time.time() - t0 > a.deadline_s
+
+    # pass 1: cuBLAS and the table's config at every shape; pass 2 (--sweep): the candidates,
+    # in the order of each weight's share of a decode step, so a deadline cuts the least useful
+    passes = [("base", list(shapes))] + ([("sweep", [n for n in SWEEP_ORDER if n in shapes])] if a.sweep else [])
+    bar = _progress(sum(len(names) for _, names in passes) * len(a.m), "gemv")
     stopped = None
-    for name, (N, K) in shapes.items():
-        if stopped:
-            break
-        nbytes = N * K * elem
-        copies = 2 if not cuda else max(2, math.ceil(512e6 / nbytes))
-        weights = [(torch.randn(N, K, generator=gen, device=dev) * K ** -0.5).to(dtype) for _ in range(copies)]
-        floor_s = nbytes / bw
-        for M in a.m:
-            if a.deadline_s is not None and time.time() - t0 > a.deadline_s:
-                stopped = f"deadline {a.deadline_s} s reached before {name} M={M}"
+    for pass_, names in passes:
+        for name in names:
+            if stopped:
                 break
-            x = torch.randn(M, K, generator=gen, device=dev).to(dtype)
-            ref = gemv_ref(x.float(), weights[0].float())
-            base = {"shape": name, "N": N, "K": K, "M": M, "weight_bytes": nbytes, "floor_us": floor_s * 1e6}
+            N, K = shapes[name]
+            gen = torch.Generator(device=dev).manual_seed(list(SHAPES).index(name))  # the same data in both passes
+            nbytes = N * K * elem
+            copies = 2 if not cuda else max(2, math.ceil(512e6 / nbytes))
+            weights = [(torch.randn(N, K, generator=gen, device=dev) * K ** -0.5).to(dtype) for _ in range(copies)]
+            floor_s = nbytes / bw
+            for M in a.m:
+                if deadline_passed():
+                    stopped = f"deadline {a.deadline_s} s reached before {pass_} {name} M={M}"
+                    break
+                x = torch.randn(M, K, generator=gen, device=dev).to(dtype)
+                ref = gemv_ref(x.float(), weights[0].float())
+                base = {"shape": name, "N": N, "K": K, "M": M, "weight_bytes": nbytes, "floor_us": floor_s * 1e6}
 
-            def row(system, t, err, cfg=None, cublas_s=None, **extra):
-                r = {**base, "system": system, "us": t * 1e6, "weight_GBps": nbytes / t / 1e9,
-                     "of_copy_bw": nbytes / t / bw, "rel_err": err}
-                if cfg is not None:
-                    r["config"] = config_dict(cfg)
-                if cublas_s is not None:
-                    r["speedup_vs_cublas"] = cublas_s / t
-                r.update(extra)
-                rows.append(r)
-                write()
-                bar.update(1)
-                return r
+                def row(system, t, err, cfg=None, cublas_s=None, **extra):
+                    r = {**base, "system": system, "us": t * 1e6, "weight_GBps": nbytes / t / 1e9,
+                         "of_copy_bw": nbytes / t / bw, "rel_err": err}
+                    if cfg is not None:
+                        r["config"] = config_dict(cfg)
+                    if cublas_s is not None:
+                        r["speedup_vs_cublas"] = cublas_s / t
+                    r.update(extra)
+                    rows.append(r)
+                    write()
 
-            t_cublas = timed(lambda x_, w_: F.linear(x_, w_), weights, x)
-            row("cublas", t_cublas, rel_err(F.linear(x, weights[0]), ref))
-            cfg = pick_config(M, N, K)
-            t_tri = timed(lambda x_, w_: gemv_triton(x_, w_, config=cfg), weights, x)
-            row("triton", t_tri, rel_err(gemv_triton(x, weights[0], config=cfg), ref), cfg, t_cublas)
-            if a.sweep:
-                best, tried = None, []
-                for c in sweep_configs(a.quick):
-                    if c.split > 1 and K // (c.split * c.block_k) < 2:
-                        continue
-                    if a.deadline_s is not None and time.time() - t0 > a.deadline_s:
-                        stopped = f"deadline {a.deadline_s} s reached in the sweep of {name} M={M}"
-                        break
-                    try:
-                        t = timed(lambda x_, w_: gemv_triton(x_, w_, config=c), weights, x)
-                    except Exception as e:  # noqa: BLE001  (a config that does not compile: skip it, say so)
-                        print(f"  {name} M={M} {c}: failed ({type(e).__name__}: {str(e)[:120]})", file=sys.stderr)
-                        tried.append({**config_dict(c), "error": f"{type(e).__name__}: {str(e)[:200]}"})
-                        continue
-                    tried.append({**config_dict(c), "us": t * 1e6})
-                    if best is None or t < best[0]:
-                        best = (t, c)
-                if best is not None:
-                    row("triton-best", best[0], rel_err(gemv_triton(x, weights[0], config=best[1]), ref), best[1],
-                        t_cublas, sweep=tried)
+                if pass_ == "base":
+                    t_cublas = timed(lambda x_, w_: F.linear(x_, w_), weights, x)
+                    row("cublas", t_cublas, rel_err(F.linear(x, weights[0]), ref))
+                    cfg = pick_config(M, N, K)
+                    t_tri = timed(lambda x_, w_: gemv_triton(x_, w_, config=cfg), weights, x)
+                    row("triton", t_tri, rel_err(gemv_triton(x, weights[0], config=cfg), ref), cfg, t_cublas)
                 else:
-                    bar.update(1)
-        del weights
-        if cuda:
-            torch.cuda.empty_cache()
+                    t_cublas = next(r["us"] for r in rows if r["shape"] == name and r["M"] == M
+                                    and r["system"] == "cublas") / 1e6
+                    best, tried = None, []
+                    for c in sweep_configs(a.quick):
+                        if c.split > 1 and K // (c.split * c.block_k) < 2:
+                            continue
+                        if deadline_passed():
+                            stopped = f"deadline {a.deadline_s} s reached in the sweep of {name} M={M}"
+                            break
+                        try:
+                            t = timed(lambda x_, w_: gemv_triton(x_, w_, config=c), weights, x)
+                        except Exception as e:  # noqa: BLE001  (a config that does not compile: skip it, say so)
+                            print(f"  {name} M={M} {c}: failed ({type(e).__name__}: {str(e)[:120]})", file=sys.stderr)
+                            tried.append({**config_dict(c), "error": f"{type(e).__name__}: {str(e)[:200]}"})
+                            continue
+                        tried.append({**config_dict(c), "us": t * 1e6})
+                        if best is None or t < best[0]:
+                            best = (t, c)
+                    if best is not None:
+                        row("triton-best", best[0], rel_err(gemv_triton(x, weights[0], config=best[1]), ref), best[1],
+                            t_cublas, sweep=tried)
+                bar.update(1)
+            del weights
+            if cuda:
+                torch.cuda.empty_cache()
     bar.close()
     if stopped:
         meta["stopped"] = stopped
         print(f"stopped: {stopped}", file=sys.stderr)
     write()
     print(f"\ncopy bandwidth {bw / 1e12:.3f} TB/s ({meta['device']}, {a.dtype}, commit {meta['commit']})")
-    table = [{**r, "config": "" if "config" not in r else
-              "{block_n}x{block_k} s{split} {dot} w{num_warps}".format(**{**r["config"], "dot": "dot" if r["config"]["dot"] else "fma"})}
-             for r in rows]
+    def label(c):
+        form = "dot" if c["dot"] else "fma"
+        return f"{c['block_n']}x{c['block_k']} s{c['split']} {form} w{c['num_warps']} st{c['num_stages']}"
+
+    table = [{**r, "config": label(r["config"]) if "config" in r else ""} for r in rows]
     print_table(table, ["shape", "N", "K", "M", "system", "us", "floor_us", "weight_GBps", "of_copy_bw",
                         "speedup_vs_cublas", "rel_err", "config"], "GEMV: one call, weights streamed from HBM")
     print(f"\nwrote {a.out}")

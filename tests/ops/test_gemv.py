@@ -6,6 +6,9 @@ Refusals are checked to happen before any launch. On a GPU: a real shape in bf16
 CUDA-graph capture + replay."""
 
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -181,6 +184,56 @@ def test_bad_backend_and_shapes_on_every_backend(monkeypatch):
 def test_auto_picks_torch_where_the_kernel_does_not_apply():
     x, w, _ = make(9, 8, 16)  # M = 9: beyond the kernel, auto falls back (triton would refuse)
     assert rel(gemv(x, w, backend="auto"), exact(x, w)) < 1e-5
+    x, w, _ = make(9, 8, 0)  # K = 0 too (rows counted from the shape, not numel / K)
+    assert torch.equal(gemv(x.view(3, 3, 0), w, backend="auto"), torch.zeros(3, 3, 8, device=DEV))
+
+
+# ------------------------------------------------------------------ sm_90 code, compiled on the CPU
+
+# Triton compiles for a GPU target without a GPU (ptxas ships in the wheel). In a fresh process:
+# kernels defined under TRITON_INTERPRET=1 (as here) are interpreted, not compiled.
+COMPILE_SM90 = textwrap.dedent('''
+    import os, sys
+    os.environ.pop("TRITON_INTERPRET", None)
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from orthros.ops.gemv.kernel import _gemv_kernel, _gemv_reduce
+
+    def compile_(fn, types, const, warps, stages):
+        sig = dict(types, **{k: "constexpr" for k in const})
+        sig = {n: sig[n] for n in fn.arg_names}
+        # the launcher's specialisation on a GPU: 16-divisible pointers and sizes (M excepted)
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in types and n != "M"}
+        src = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+
+    for dt, M, bn, bk, split, dot, warps, stages in [("bf16", 1, 16, 512, 1, False, 4, 3), ("bf16", 2, 16, 512, 2, False, 4, 3),
+                                                     ("bf16", 2, 32, 256, 1, True, 8, 3), ("fp16", 8, 32, 256, 1, False, 4, 2)]:
+        types = dict(X=f"*{dt}", W=f"*{dt}", B=f"*{dt}", Y=f"*{dt}", P="*fp32", M="i32", N="i32", K="i32", sxm="i32",
+                     swn="i32", k_per_split="i32")
+        const = dict(BLOCK_M=16 if dot else triton.next_power_of_2(M), BLOCK_N=bn, BLOCK_K=bk, M_ROWS=M, DOT=dot,
+                     SPLIT=split, HAS_BIAS=True, UPCAST=False, PREC="tf32", EVEN_K=True, NUM_STAGES=stages)
+        ptx = compile_(_gemv_kernel, types, const, warps, stages).asm["ptx"]
+        # the weight stream: 16-byte asynchronous copies into shared memory (pipelined), no 2-byte loads of it
+        print("CASE", dt, M, dot, ptx.count("cp.async.cg.shared.global"), ptx.count("ld.global.b16"))
+    compile_(_gemv_reduce, dict(P="*fp32", B="*bf16", Y="*bf16", MN="i32", N="i32"),
+             dict(SPLIT=4, BLOCK=1024, HAS_BIAS=True), 4, 1)
+    print("OK")
+''')
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the GPU tests compile and run the kernel there")
+def test_kernel_compiles_for_sm90_with_pipelined_vector_loads(tmp_path):
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("TRITON_INTERPRET", None)
+    p = subprocess.run([sys.executable, "-c", COMPILE_SM90], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0 and p.stdout.strip().endswith("OK"), p.stderr[-3000:]
+    cases = [line.split() for line in p.stdout.splitlines() if line.startswith("CASE")]
+    assert len(cases) == 4
+    for _, dt, M, dot, n_async, n_b16 in cases:
+        assert int(n_async) >= 8, (dt, M, dot, n_async)  # >= 8 per thread: a [16, 512] bf16 tile / 128 threads
+        assert int(n_b16) <= 2, (dt, M, dot, n_b16)  # at most the bias' scalar loads
 
 
 # ------------------------------------------------------------------------------ GPU

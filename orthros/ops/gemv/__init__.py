@@ -18,6 +18,7 @@ first (docs/benchmarks.md, "Weight-streaming GEMV for decode").
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -33,7 +34,8 @@ def _triton_takes(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
         return False
     if x.dtype not in DTYPES or weight.dtype != x.dtype:
         return False
-    if not weight.is_contiguous() or (x.shape[-1] > 1 and x.stride(-1) != 1) or x.numel() // max(1, x.shape[-1]) > MAX_M:
+    rows = math.prod(x.shape[:-1])
+    if not weight.is_contiguous() or (x.shape[-1] > 1 and x.stride(-1) != 1) or rows > MAX_M:
         return False
     if bias is not None and (bias.device != x.device or not bias.is_contiguous()):
         return False

@@ -9,10 +9,13 @@ each. So every weight element is read exactly once for all ``M`` rows:
   ``[BLOCK_N, BLOCK_K]`` weight tile (row-major ``[N, K]``: contiguous along ``K``, so the
   loads coalesce) and the ``M`` rows of ``x`` at the same ``K`` (tiny, L2-resident) once per
   step, and accumulates in float32;
+* the K loop is pipelined ``num_stages`` deep (``tl.range``: asynchronous copies through
+  shared memory, so ``num_stages - 1`` tiles are in flight while one is reduced; checked in
+  the sm_90 PTX of triton 3.9, where a plain ``range`` left the CUDA-core form with one tile
+  in flight);
 * two inner forms, chosen by the config's ``dot``: ``dot=False`` multiplies and reduces on the
   CUDA cores (``sum_k w[n, k] * x[m, k]`` per row, ``M`` unrolled); ``dot=True`` feeds the
-  weight tile to the tensor cores as ``w @ x^T`` with ``x`` padded to 16 rows (Triton
-  pipelines the loads of a ``tl.dot`` operand through shared memory, ``num_stages`` deep);
+  weight tile to the tensor cores as ``w @ x^T`` with ``x`` padded to 16 rows;
 * ``split > 1`` (split-K, for few output rows): each split writes float32 partials
   ``[split, M, N]``; a second kernel sums them in a fixed order (no atomics: deterministic),
   adds the bias and casts. ``split == 1``: one kernel, bias and cast in its epilogue.
@@ -44,7 +47,7 @@ from .naive import DTYPES, MAX_M, check_gemv_inputs
 def _gemv_kernel(X, W, B, Y, P, M, N, K, sxm, swn, k_per_split,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, M_ROWS: tl.constexpr,
                  DOT: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr,
-                 PREC: tl.constexpr, EVEN_K: tl.constexpr):
+                 PREC: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr):
     """Program ``(pid_n, pid_k)``: output rows ``[pid_n * BLOCK_N, +BLOCK_N)`` over ``K`` slice
     ``[pid_k * k_per_split, +k_per_split)``. ``M_ROWS`` (= M, constexpr) unrolls the CUDA-core
     form; ``BLOCK_M`` is the accumulator's row count (pow2 >= M; 16 in the dot form).
@@ -65,7 +68,7 @@ def _gemv_kernel(X, W, B, Y, P, M, N, K, sxm, swn, k_per_split,
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)  # y^T: the weight tile is the MMA's M side
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):  # explicit: pipelines the CUDA-core form too
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < k_hi
         if EVEN_K:
@@ -225,7 +228,8 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     _gemv_kernel[(cdiv(N, cfg.block_n), split)](
         x2, weight, b, y, part, M, N, K, sxm, weight.stride(0), k_per_split,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, M_ROWS=M, DOT=cfg.dot, SPLIT=split,
-        HAS_BIAS=bias is not None, UPCAST=upcast, PREC=prec, EVEN_K=K % cfg.block_k == 0, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        HAS_BIAS=bias is not None, UPCAST=upcast, PREC=prec, EVEN_K=K % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
         block = 1024
         _gemv_reduce[(cdiv(M * N, block),)](part, b, y, M * N, N, SPLIT=split, BLOCK=block,
