@@ -43,6 +43,7 @@ SHAPES = {
     "lm_head": (151936, 4096),
 }
 # --quick: the same names at interpreter sizes (odd, not multiples of the blocks)
+MAX_REL_ERR = 2e-2  # vs the fp32 reference: bf16 output rounding is ~2e-3; above this a result is wrong
 SWEEP_ORDER = ("gate_up", "down", "qkv", "o", "lm_head")  # by share of a decode step (36 layers + the head)
 QUICK_SHAPES = {"qkv": (96, 200), "o": (64, 64), "gate_up": (130, 64), "down": (48, 300), "lm_head": (257, 64)}
 
@@ -242,6 +243,10 @@ def main(argv=None) -> int:
                     if cublas_s is not None:
                         r["speedup_vs_cublas"] = cublas_s / t
                     r.update(extra)
+                    if not err <= MAX_REL_ERR:
+                        print(f"WARNING: {system} {name} M={M}: rel_err {err:.3g} > {MAX_REL_ERR} (wrong result)",
+                              file=sys.stderr)
+                        meta.setdefault("wrong_results", []).append(f"{system} {name} M={M}")
                     rows.append(r)
                     write()
 
@@ -262,12 +267,15 @@ def main(argv=None) -> int:
                             stopped = f"deadline {a.deadline_s} s reached in the sweep of {name} M={M}"
                             break
                         try:
+                            err = rel_err(gemv_triton(x, weights[0], config=c), ref)
+                            if not err <= MAX_REL_ERR:  # a wrong result is never the best (NaN included)
+                                raise RuntimeError(f"wrong result: rel_err {err:.3g} > {MAX_REL_ERR}")
                             t = timed(lambda x_, w_: gemv_triton(x_, w_, config=c), weights, x)
                         except Exception as e:  # noqa: BLE001  (a config that does not compile: skip it, say so)
                             print(f"  {name} M={M} {c}: failed ({type(e).__name__}: {str(e)[:120]})", file=sys.stderr)
                             tried.append({**config_dict(c), "error": f"{type(e).__name__}: {str(e)[:200]}"})
                             continue
-                        tried.append({**config_dict(c), "us": t * 1e6})
+                        tried.append({**config_dict(c), "us": t * 1e6, "rel_err": err})
                         if best is None or t < best[0]:
                             best = (t, c)
                     if best is not None:

@@ -46,6 +46,8 @@ def test_quick_cpu_run_writes_every_row(tmp_path):
             assert set(r["config"]) == {"block_n", "block_k", "split", "dot", "num_warps", "num_stages"}
         if r["system"] == "triton-best":  # the best of the configs the sweep timed
             assert len(r["sweep"]) == 2 and r["us"] == min(c["us"] for c in r["sweep"])
+            assert all(c["rel_err"] < 1e-2 for c in r["sweep"])
+    assert "wrong_results" not in meta
     assert "GEMV: one call" in p.stdout and "triton-best" in p.stdout
 
 
@@ -67,3 +69,31 @@ def test_bad_arguments_refused_before_work(tmp_path, args, message):
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert message in p.stderr
     assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_a_wrong_config_is_never_the_best(tmp_path, monkeypatch):
+    """In-process run with the dot form and the table's config made wrong: the sweep refuses the
+    dot config, and the table row is flagged in the metadata."""
+    import importlib.util
+
+    from orthros.ops.gemv import kernel
+
+    spec = importlib.util.spec_from_file_location("gemv_bench", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    real = kernel.gemv_triton
+    table = kernel.pick_config(2, 64, 64)  # --quick's "o" is 64 x 64
+
+    def broken(x, w, bias=None, *, config=None):
+        y = real(x, w, bias, config=config)
+        return -y if config is not None and (config.dot or config == table) else y
+
+    monkeypatch.setattr(kernel, "gemv_triton", broken)
+    out = tmp_path / "g.json"
+    assert bench.main(["--device", "cpu", "--quick", "--sweep", "--shapes", "o", "--m", "2", "--out", str(out)]) == 0
+    data = json.loads(out.read_text())
+    assert data["meta"]["wrong_results"] == ["triton o M=2"]
+    best = next(r for r in data["rows"] if r["system"] == "triton-best")
+    dot = [c for c in best["sweep"] if c["dot"]]
+    assert len(dot) == 1 and "wrong result" in dot[0]["error"] and not best["config"]["dot"]
+    assert best["rel_err"] < 1e-2
