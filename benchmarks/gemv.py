@@ -145,6 +145,8 @@ def main(argv=None) -> int:
     if cuda and not torch.cuda.is_available():
         print("error: --device cuda but no CUDA device is available (use --device cpu --quick)", file=sys.stderr)
         return 2
+    if cuda and dev.index is not None:
+        torch.cuda.set_device(dev)  # events, streams and graphs below use the current device
     dtype = parse_dtype(a.dtype, "--dtype")
     shapes = {n: (QUICK_SHAPES if a.quick else SHAPES)[n] for n in a.shapes}
     elem = torch.empty(0, dtype=dtype).element_size()
