@@ -51,7 +51,17 @@ def test_quick_cpu_run_writes_every_row(tmp_path):
     assert "GEMV: one call" in p.stdout and "triton-best" in p.stdout
 
 
-@pytest.mark.parametrize("args,message", [
+def load_script():
+    """benchmarks/gemv.py as a module (a script, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gemv_bench", SCRIPT)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+BAD_ARGS = [
     (["--device", "cpu"], "--device cpu needs --quick"),
     (["--device", "tpu", "--quick"], "--device must be cuda"),
     (["--shapes", "qkv,mlp"], "--shapes must be a comma-separated subset"),
@@ -61,26 +71,32 @@ def test_quick_cpu_run_writes_every_row(tmp_path):
     (["--reps", "0"], "--reps must be >= 1"),
     (["--deadline-s", "-1"], "--deadline-s must be > 0"),
     (["--out", "results.txt"], "--out must be a .json file path"),
-])
-def test_bad_arguments_refused_before_work(tmp_path, args, message):
+]
+
+
+def test_bad_arguments_exit_2_from_the_command(tmp_path):
+    p = run("--m", "1,9", "--out", str(tmp_path / "g.json"), timeout=60)
+    assert p.returncode == 2 and "--m must be comma-separated integers in 1..8" in p.stderr
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+@pytest.mark.parametrize("args,message", BAD_ARGS, ids=[m for _, m in BAD_ARGS])
+def test_bad_arguments_refused_before_work(tmp_path, capsys, args, message):
     if "--out" not in args:
         args = [*args, "--out", str(tmp_path / "g.json")]
-    p = run(*args, timeout=60)
-    assert p.returncode == 2, (p.returncode, p.stderr)
-    assert message in p.stderr
-    assert list(tmp_path.iterdir()) == []  # nothing written
+    with pytest.raises(SystemExit) as e:
+        load_script().main(args)  # parse_args is main's first step: nothing measured, nothing written
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_wrong_config_is_never_the_best(tmp_path, monkeypatch):
     """In-process run with the dot form and the table's config made wrong: the sweep refuses the
     dot config, and the table row is flagged in the metadata."""
-    import importlib.util
-
     from orthros.ops.gemv import kernel
 
-    spec = importlib.util.spec_from_file_location("gemv_bench", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script()
     real = kernel.gemv_triton
     table = kernel.pick_config(2, 64, 64)  # --quick's "o" is 64 x 64
 
@@ -97,3 +113,12 @@ def test_a_wrong_config_is_never_the_best(tmp_path, monkeypatch):
     dot = [c for c in best["sweep"] if c["dot"]]
     assert len(dot) == 1 and "wrong result" in dot[0]["error"] and not best["config"]["dot"]
     assert best["rel_err"] < 1e-2
+
+
+def test_cuda_without_a_gpu_is_refused(tmp_path, capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert load_script().main(["--out", str(tmp_path / "g.json")]) == 2
+    assert "no CUDA device" in capsys.readouterr().err and list(tmp_path.iterdir()) == []
