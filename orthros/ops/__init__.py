@@ -1,5 +1,7 @@
 """Functional ops: the Orthros attention op (reference + kernels behind one signature), the
-decode step, and partial attention with log-sum-exp for merging across key shards."""
+decode step, and partial attention with log-sum-exp for merging across key shards. Subpackages
+with their own reference beside the kernels: ``orthros.ops.gdn`` (the two-stream gated delta
+rule) and ``orthros.ops.gemv`` (the weight-streaming GEMV for decode's few rows)."""
 
 from .backends import BACKENDS, resolve_backend, triton_supports
 from .attention import doc_ids_from_cu_seqlens, normalize_output_positions, orthros_attention, run_attention
