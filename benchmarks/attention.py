@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 import traceback
@@ -716,12 +715,9 @@ def main():
         DRY, DEV, DT = True, "cpu", torch.float32
         HQ, HKV, D = 4, 1, 32
         torch.set_num_threads(1)
-    commit = os.environ.get("ORTHROS_COMMIT", "")
-    try:
-        commit = commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                          text=True).stdout.strip()
-    except Exception:  # noqa: BLE001
-        commit = "?"
+    from orthros.utils import commit_id
+
+    commit = commit_id()
     import triton
 
     dev_name = "cpu (dry run)" if DRY else torch.cuda.get_device_name()

@@ -25,14 +25,13 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from orthros.utils import DTYPE_CHOICES, parse_dtype  # noqa: E402  (imports no torch: arguments first)
+from orthros.utils import DTYPE_CHOICES, commit_id, parse_dtype  # noqa: E402  (imports no torch: arguments first)
 
 # (N, K) of each weight: Qwen3-8B (hidden 4096, 32 / 8 heads of 128, intermediate 12288, vocab 151936)
 SHAPES = {
@@ -117,17 +116,6 @@ def config_dict(cfg):
     return {k: getattr(cfg, k) for k in ("block_n", "block_k", "split", "dot", "num_warps", "num_stages")}
 
 
-def commit_id():
-    c = os.environ.get("ORTHROS_COMMIT")
-    if c:
-        return c
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE,
-                              timeout=10).stdout.strip() or None
-    except Exception:  # noqa: BLE001
-        return None
-
-
 def main(argv=None) -> int:
     a = parse_args(argv)
     if a.device.startswith("cpu"):  # the kernel runs in the Triton interpreter (set before triton loads)
@@ -165,9 +153,7 @@ def main(argv=None) -> int:
 
     def write():
         meta["elapsed_s"] = round(time.time() - t0, 1)
-        tmp = a.out + ".tmp"
-        save(tmp, meta, rows)
-        os.replace(tmp, a.out)
+        save(a.out, meta, rows)
 
     def timed(fn, weights, x):
         """Seconds per call of ``fn(x, w)``, cycling through ``weights`` (CUDA: graph replays)."""

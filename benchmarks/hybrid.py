@@ -33,6 +33,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from orthros.benchmarks.inference import bench_decode, bench_e2e, bench_prefill, metadata  # noqa: E402
 from orthros.benchmarks.models import orthros_model  # noqa: E402
+from orthros.utils import write_json  # noqa: E402
 
 def run_mqar_section(emit, steps: int, device):
     """MQAR with gaps past the window (paper Section 4.4's task; docs/evaluation.md): Orthros-H,
@@ -85,10 +86,7 @@ def main(argv=None):
     t_start = time.perf_counter()
 
     def save():
-        tmp = args.out + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(out, f, indent=1, default=str)
-        os.replace(tmp, args.out)
+        write_json(args.out, out, indent=1, default=str)
 
     def section(name, fn):
         if args.deadline is not None and time.perf_counter() - t_start > args.deadline:

@@ -18,7 +18,6 @@ Hybrid's 128K prefill time goes (kernel classes: matmul, attention, GDN, element
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections import defaultdict
@@ -29,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from orthros.benchmarks.inference import copy_bandwidth, time_call, weight_bytes_per_step  # noqa: E402
 from orthros.benchmarks.models import PRESETS, orthros_model  # noqa: E402
 from orthros.engine import Engine  # noqa: E402
+from orthros.utils import commit_id, write_json  # noqa: E402
 
 
 def kernel_class(name: str) -> str:
@@ -162,13 +162,11 @@ def main():
     if a.phase == "prefill":
         out = main_prefill(a, model, dev)
         if a.json:
-            with open(a.json + ".tmp", "w") as f:
-                json.dump(out, f, indent=1)
-            os.replace(a.json + ".tmp", a.json)
+            write_json(a.json, out, indent=1)
         return
     bw = copy_bandwidth(dev)
     wb = weight_bytes_per_step(model)
-    out = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "commit": os.environ.get("ORTHROS_COMMIT", "unknown"),
+    out = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "commit": commit_id(),
            "compile": a.compile, "context": a.context, "batch": a.batch, "copy_bw_tb_s": bw / 1e12, "modes": {}}
     for mode in ("orthros", "full"):
         eng = Engine(model, max_batch_size=a.batch, max_seq_len=a.context + 64, attention_mode=mode, compile=a.compile)
@@ -190,9 +188,7 @@ def main():
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     if a.json:
-        with open(a.json + ".tmp", "w") as f:
-            json.dump(out, f, indent=1)
-        os.replace(a.json + ".tmp", a.json)
+        write_json(a.json, out, indent=1)
 
 
 if __name__ == "__main__":

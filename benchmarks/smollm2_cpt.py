@@ -30,14 +30,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
 import zipfile
 from pathlib import Path
+
+from orthros.utils import commit_id, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 KJV_HELD_OUT = ("Joshua", "Job", "Amos", "Luke", "1 Timothy", "Revelation")
@@ -121,25 +121,14 @@ def prepare(a) -> int:
 
 # ------------------------------------------------------------------------------------ run
 class Results:
+    """The run's results.json, rewritten (atomically) after every phase."""
+
     def __init__(self, path: Path):
         self.path, self.data = path, {}
 
     def put(self, key, value):
         self.data[key] = value
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.data, indent=2) + "\n")
-        os.replace(tmp, self.path)
-
-
-def _commit() -> str:
-    c = os.environ.get("ORTHROS_COMMIT")
-    if c:
-        return c
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except Exception:  # noqa: BLE001
-        return "unknown"
+        write_json(self.path, self.data)
 
 
 def _log(msg: str, t0: float) -> None:
@@ -225,7 +214,7 @@ def run(a) -> int:
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     import transformers
 
-    res.put("meta", {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": _commit(),
+    res.put("meta", {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit_id(),
                      "torch": torch.__version__, "transformers": transformers.__version__,
                      "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
                      "gguf": str(a.gguf), "args": {k: v for k, v in vars(a).items() if k != "func"}})

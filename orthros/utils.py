@@ -1,5 +1,5 @@
-"""Small vocabularies every layer of the package shares: dtype names, argument checks, and
-saving a figure without leaving half a file.
+"""Small vocabularies every layer of the package shares: dtype names, argument checks, the
+commit a measurement ran at, and writing a JSON file or a figure without leaving half a file.
 
 This module imports nothing heavy (torch only inside :func:`parse_dtype`), so anything (ops,
 the CLIs' argument parsers) may import it.
@@ -65,3 +65,34 @@ def save_figure(fig, path, dpi: int = 120) -> None:
 
 
 __all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "parse_dtype", "dtype_name", "check_positive_int", "save_figure"]
+
+
+def write_json(path, obj, *, indent: int = 2, default=None) -> None:
+    """Write ``obj`` as JSON to ``path`` (its folder made) through a temporary name in the same
+    folder, then rename: a reader (or a run killed mid-write) never sees half a file."""
+    import json
+    import os
+    from pathlib import Path
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=indent, default=default) + "\n")
+    os.replace(tmp, path)
+
+
+def commit_id():
+    """The commit a measurement runs at: ``$ORTHROS_COMMIT`` (set where the tree travels without
+    its .git, e.g. the GPU machine), else ``git rev-parse --short HEAD`` of this checkout, else
+    ``None``."""
+    import os
+    import subprocess
+
+    c = os.environ.get("ORTHROS_COMMIT")
+    if c:
+        return c
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10).stdout.strip() or None
+    except Exception:  # noqa: BLE001  (no git, not a checkout)
+        return None

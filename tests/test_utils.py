@@ -24,3 +24,24 @@ def test_save_figure_failure_leaves_no_file(tmp_path):
     with pytest.raises(ValueError):
         save_figure(fig, tmp_path / "plot.notaformat")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_write_json_is_atomic_and_makes_its_folder(tmp_path):
+    import json
+
+    from orthros.utils import write_json
+
+    p = tmp_path / "a" / "b" / "r.json"
+    write_json(p, {"x": 1, "p": tmp_path}, default=str)
+    assert json.loads(p.read_text()) == {"x": 1, "p": str(tmp_path)}
+    assert [f.name for f in p.parent.iterdir()] == ["r.json"]  # no temporary left beside it
+
+
+def test_commit_id_prefers_the_environment(monkeypatch):
+    from orthros.utils import commit_id
+
+    monkeypatch.setenv("ORTHROS_COMMIT", "abc1234")
+    assert commit_id() == "abc1234"
+    monkeypatch.delenv("ORTHROS_COMMIT")
+    c = commit_id()  # this checkout's HEAD (or None outside git)
+    assert c is None or (c and c != "abc1234")

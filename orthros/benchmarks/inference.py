@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import datetime
 import gc
-import json
-import os
 import platform
 import statistics
-import subprocess
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -22,7 +19,7 @@ import torch
 
 from ..engine import Engine, SamplingParams
 from ..engine.cache import StaticKVCache
-from ..utils import save_figure
+from ..utils import commit_id, save_figure, write_json
 from .models import register_noattn, weight_bytes_per_step
 
 PREFILL_SYSTEMS = ("orthros", "orthros-floor", "full", "hf-sdpa", "hf-floor")
@@ -143,13 +140,7 @@ def _progress(total, desc):
 
 
 def metadata(model, device, dtype, extra=None) -> Dict:
-    commit = os.environ.get("ORTHROS_COMMIT")
-    if not commit:
-        try:
-            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                    cwd=os.path.dirname(__file__), timeout=10).stdout.strip() or None
-        except Exception:
-            commit = None
+    commit = commit_id()
     dev = torch.device(device)
     meta = {
         "date": datetime.date.today().isoformat(),
@@ -173,9 +164,8 @@ def metadata(model, device, dtype, extra=None) -> Dict:
 
 
 def save(path, meta, rows):
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    """``{"meta": ..., "rows": ...}`` to ``path``, atomically (a temporary name, then rename)."""
+    write_json(path, {"meta": meta, "rows": rows}, indent=1)
 
 
 def print_table(rows: List[Dict], cols: Sequence[str], title: str = ""):

@@ -313,9 +313,7 @@ class Sweep:
 
     def write(self):
         self.meta["elapsed_s"] = round(time.time() - self.t0, 1)
-        tmp = self.path + ".tmp"
-        save(tmp, self.meta, self.rows)
-        os.replace(tmp, self.path)
+        save(self.path, self.meta, self.rows)
 
 
 def _key(row):

@@ -115,7 +115,8 @@ def _ppl_parser(sub):
 
 
 def _ppl(a) -> int:
-    from .common import default_device, load_model, load_tokenizer, parse_int_list, read_model_type, write_json
+    from ..utils import write_json
+    from .common import default_device, load_model, load_tokenizer, parse_int_list, read_model_type
     from .perplexity import check_buckets, format_table, load_documents, make_windows, position_perplexity
 
     if a.seq_len < 2 or a.windows < 1:
@@ -170,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _mqar(a) -> int:
-    from .common import write_json
+    from ..utils import write_json
     from .mqar import MODEL_ALIASES, MQARTask, MQARTrain, format_table, run_mqar
 
     models = tuple(m.strip().lower() for m in a.models.split(",") if m.strip())
@@ -204,7 +205,8 @@ def _mqar(a) -> int:
 
 
 def _niah(a) -> int:
-    from .common import default_device, load_model, load_tokenizer, parse_int_list, read_model_type, write_json
+    from ..utils import write_json
+    from .common import default_device, load_model, load_tokenizer, parse_int_list, read_model_type
     from .niah import NIAHConfig, format_grid, run_niah, save_heatmap, validate
 
     cfg = NIAHConfig(lengths=parse_int_list(a.lengths, "--lengths"), depths=parse_int_list(a.depths, "--depths"),
@@ -234,7 +236,8 @@ def _niah_train(a) -> int:
 
 
 def _lm(a) -> int:
-    from .common import default_device, write_json
+    from ..utils import write_json
+    from .common import default_device
     from .lm import run_lm_eval, summary
 
     limit = a.limit

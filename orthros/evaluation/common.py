@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from ..utils import parse_dtype
@@ -81,13 +80,6 @@ def parse_int_list(text: str, name: str) -> list[int]:
     return vals
 
 
-def write_json(path, obj) -> None:
-    path = Path(path)
-    if path.parent and not path.parent.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
 
 
 def make_tiny_checkpoint(path, *, attention_mode: str = "orthros", window_size: int = 16,

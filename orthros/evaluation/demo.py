@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     out["seconds"] = round(time.perf_counter() - t0, 1)
     print(f"\nDone in {out['seconds']:.0f}s.")
     if a.output:
-        from .common import write_json
+        from ..utils import write_json
 
         write_json(a.output, out)
         print(f"wrote {a.output}")
