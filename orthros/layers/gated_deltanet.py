@@ -200,7 +200,7 @@ class GatedDeltaNet(FusedProjections, nn.Module):
             o, o_out = o[:, None], (o_out[:, None] if two else None)
             new_conv, final_state = conv_state, rec_state
         else:
-            y, new_conv = causal_conv1d(qkv, weight, conv_state, cu_seqlens=step.cu_seqlens)
+            y, new_conv = causal_conv1d(qkv, weight, conv_state, cu_seqlens=step.cu_seqlens, backend=self.backend)
             q, k, v = torch.split(y, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
             q, k, v = q.unflatten(-1, (Hk, K)), k.unflatten(-1, (Hk, K)), v.unflatten(-1, (Hv, V))
             if not two:

@@ -167,6 +167,37 @@ def test_causal_conv1d_state_and_documents():
     torch.testing.assert_close(yv, torch.cat(parts, 1))
 
 
+@pytest.mark.skipif(not HAVE_FLA, reason="needs fla-core (orthros[hybrid])")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_causal_conv1d_fla_equals_torch(dtype, monkeypatch):
+    """fla-core's Triton short convolution (GPU prefill) against the PyTorch one: a strided view
+    of a fused projection, with and without a cached window, chunks shorter than the window, and
+    packed documents. On CPU through the Triton interpreter, one pinned config (no autotuning)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        import fla.modules.causal_conv1d.ops as fla_conv
+
+        monkeypatch.setattr(fla_conv.causal_conv1d_fwd_kernel.fn, "configs",
+                            fla_conv.causal_conv1d_fwd_kernel.fn.configs[:1])
+    gen = torch.Generator().manual_seed(3)
+    B, T, C, W = 2, 70, 40, 4
+    x = torch.randn(B, T, 3 * C, generator=gen).to(device, dtype)[..., C:2 * C]  # not contiguous
+    w = torch.randn(C, W, generator=gen).to(device, dtype)
+    s0 = torch.randn(B, C, W - 1, generator=gen).to(device, dtype)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    for state in (None, s0):
+        for t in (T, 2):  # 2 < W - 1: the new window mixes the old one and the chunk
+            yr, sr = causal_conv1d(x[:, :t], w, state, backend="torch")
+            yf, sf = causal_conv1d(x[:, :t], w, state, backend="fla")
+            torch.testing.assert_close(yf, yr, **tol)
+            torch.testing.assert_close(sf, sr)
+    cu = torch.tensor([0, 2, 11, 70], device=device)
+    yr, sr = causal_conv1d(x[:1], w, s0[:1], cu_seqlens=cu, backend="torch")
+    yf, sf = causal_conv1d(x[:1], w, s0[:1], cu_seqlens=cu, backend="fla")
+    torch.testing.assert_close(yf, yr, **tol)
+    torch.testing.assert_close(sf, sr)
+
+
 def test_bad_inputs_rejected():
     q, k, v, g, beta = _inputs(2, 8, 2, 3, 4, 4)
     with pytest.raises(ValueError, match="multiple of H"):

@@ -138,4 +138,22 @@ def chunk_gated_delta_rule_fla(q, k, v, g, beta, *, q_out, scale, initial_state,
                                    h0, float(scale), bool(output_final_state), cu_seqlens)
 
 
-__all__ = ["HAVE_FLA", "chunk_gated_delta_rule_fla", "fla_backward_supported"]
+def causal_conv1d_fla(x, weight, state, activation: bool, cu_seqlens):
+    """The short convolution through fla-core's Triton ``causal_conv1d`` (one pass over ``x [B, T,
+    C]`` in its own layout, strided views included): ``y [B, T, C]`` only, the caller keeps the
+    window. ``state [B, C, W - 1]`` (the inputs just before ``x``, or None) goes in as FLA's
+    ``[B, C, W]`` window, whose first column no tap reads. With ``cu_seqlens`` no state is read
+    (every document starts from zeros), as in the pure-PyTorch path."""
+    if not HAVE_FLA:
+        raise RuntimeError("the 'fla' short convolution needs fla-core: pip install 'orthros[hybrid]'")
+    from fla.modules.causal_conv1d import causal_conv1d
+
+    h0 = None
+    if state is not None and cu_seqlens is None:
+        h0 = torch.nn.functional.pad(state.to(x.dtype), (1, 0)).contiguous()
+    y, _ = causal_conv1d(x, weight.contiguous(), initial_state=h0, output_final_state=False,
+                         activation="silu" if activation else None, backend="triton", cu_seqlens=cu_seqlens)
+    return y
+
+
+__all__ = ["HAVE_FLA", "causal_conv1d_fla", "chunk_gated_delta_rule_fla", "fla_backward_supported"]
