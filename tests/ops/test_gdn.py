@@ -171,14 +171,15 @@ def test_causal_conv1d_state_and_documents():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_causal_conv1d_fla_equals_torch(dtype, monkeypatch):
     """fla-core's Triton short convolution (GPU prefill) against the PyTorch one: a strided view
-    of a fused projection, with and without a cached window, chunks shorter than the window, and
-    packed documents. On CPU through the Triton interpreter, one pinned config (no autotuning)."""
+    of a fused projection, with and without a cached window, chunks shorter than the window,
+    packed documents, and the gradients of a training step. On CPU through the Triton
+    interpreter, one pinned config per kernel (no autotuning)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         import fla.modules.causal_conv1d.ops as fla_conv
 
-        monkeypatch.setattr(fla_conv.causal_conv1d_fwd_kernel.fn, "configs",
-                            fla_conv.causal_conv1d_fwd_kernel.fn.configs[:1])
+        for kernel in (fla_conv.causal_conv1d_fwd_kernel, fla_conv.causal_conv1d_bwd_kernel):
+            monkeypatch.setattr(kernel.fn, "configs", kernel.fn.configs[:1])
     gen = torch.Generator().manual_seed(3)
     B, T, C, W = 2, 70, 40, 4
     x = torch.randn(B, T, 3 * C, generator=gen).to(device, dtype)[..., C:2 * C]  # not contiguous
@@ -196,6 +197,17 @@ def test_causal_conv1d_fla_equals_torch(dtype, monkeypatch):
     yf, sf = causal_conv1d(x[:1], w, s0[:1], cu_seqlens=cu, backend="fla")
     torch.testing.assert_close(yf, yr, **tol)
     torch.testing.assert_close(sf, sr)
+    # gradients (a training step: no cached window), fla-core's backward kernels against autograd's
+    go = torch.randn(B, T, C, generator=gen).to(device, dtype)
+    for docs in (None, cu):
+        grads = []
+        for backend in ("torch", "fla"):
+            xl, wl = x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()
+            xs = xl if docs is None else xl[:1]
+            y, _ = causal_conv1d(xs, wl, cu_seqlens=docs, backend=backend)
+            grads.append(torch.autograd.grad((y.float() * go[:y.shape[0]].float()).sum(), (xl, wl)))
+        for name, gf, gr in zip(("dx", "dw"), grads[1], grads[0]):
+            torch.testing.assert_close(gf, gr, **tol, msg=lambda m, name=name: f"{name}, documents={docs is not None}: {m}")
 
 
 def test_bad_inputs_rejected():

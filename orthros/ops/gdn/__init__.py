@@ -160,9 +160,11 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: Optional[torch.T
     W = weight.shape[-1]
     asked = backend
     backend = resolve_gdn_backend(backend, x)
-    if backend == "fla" and asked != "fla" and torch.is_grad_enabled() and not fla_backward_supported() and (
-            x.requires_grad or weight.requires_grad or (state is not None and state.requires_grad)):
-        backend = "torch"
+    if backend == "fla" and torch.is_grad_enabled():
+        if state is not None and state.requires_grad:
+            backend = "torch"  # a gradient into the cached window: PyTorch's (training starts from no window)
+        elif asked != "fla" and not fla_backward_supported() and (x.requires_grad or weight.requires_grad):
+            backend = "torch"
     if cu_seqlens is not None and B != 1:
         raise ValueError(f"causal_conv1d: cu_seqlens needs B == 1 (packed documents), got B = {B}")
     if backend == "fla":
