@@ -114,9 +114,13 @@ def test_empty_sizes():
 
 def test_config_table_is_a_function_of_the_shape():
     for N, K in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096), (96, 200)):
-        cfg = pick_config(1, N, K)
-        assert isinstance(cfg, GemvConfig) and cfg == pick_config(2, N, K)
-        assert any(cfg is c for _, _, c in CONFIGS)
+        for M in (1, 2, 8):
+            cfg = pick_config(M, N, K)
+            assert isinstance(cfg, GemvConfig) and cfg == pick_config(M, N, K)
+            assert any(cfg is c for *_, c in CONFIGS)
+        # the measured table: the CUDA-core form for one row, the tensor-core form for 2..8 rows
+        assert not pick_config(1, N, K).dot and pick_config(2, N, K) is pick_config(8, N, K)
+        assert pick_config(2, N, K).dot == (N > 2048)
 
 
 @pytest.mark.parametrize("kw,message", [

@@ -143,26 +143,34 @@ class GemvConfig:
             raise ValueError(f"GemvConfig.num_stages must be a positive int, got {self.num_stages!r}")
 
 
-# Rough shape classes -> config, first match wins: (N at most, K at most, config). NOT TUNED:
-# chosen on paper for an H200 (132 SMs) at M = 1-2, to be replaced by what
-# `benchmarks/gemv.py --sweep` measures. Reasoning: programs of 16 weight rows x 512 columns
-# (16 KB of bf16 per tile) give >= 256 programs for every Qwen3-8B projection; only the tall,
-# narrow case (few rows, long K: down 12288 -> 4096) splits K, to get ~4 programs per SM.
-CONFIGS: Tuple[Tuple[int, int, GemvConfig], ...] = (
-    (2048, 2 ** 62, GemvConfig(block_n=16, block_k=512, split=4)),       # few rows: split K
-    (8192, 8192, GemvConfig(block_n=16, block_k=512, split=1)),          # QKV, o_proj
-    (8192, 2 ** 62, GemvConfig(block_n=16, block_k=512, split=2)),       # down_proj
-    (2 ** 62, 2 ** 62, GemvConfig(block_n=32, block_k=256, split=1)),    # gate/up, LM head
+# Shape classes -> config, first match wins: (M at most, N at most, K at most, config).
+# Measured on one H200 (`benchmarks/gemv.py --sweep`, 2026-12-01, commit 900ef0b; every tried
+# config is in docs/results/gemv-2026-12-01/results.json) at Qwen3-8B's decode weights:
+# * M = 1: the CUDA-core form (`fma`); 16 x 256 tiles, 4 stages (best for QKV, o, down and the LM
+#   head), 32 x 256 single-stage for the gate/up class (best there, 47.3 us = 102% of copy BW).
+# * M = 2..8: the tensor-core form (`dot`, x padded to 16 rows, so M up to 8 costs what M = 2
+#   does; only M = 2 was timed); 64 x 128 tiles, split-K 4 for N <= 8192 (best for o and down,
+#   1.3% from the best for QKV), no split for the wide weights (best for gate/up and LM head).
+# * N <= 2048 (no Qwen3-8B weight): not measured; split K 4 so few rows still fill the SMs.
+# Where cuBLAS stays faster (QKV at M = 2, by 3%) the table does not hide it: gemv(backend="auto")
+# is the kernel, and the engine does not call it (docs/benchmarks.md, "Weight-streaming GEMV").
+CONFIGS: Tuple[Tuple[int, int, int, GemvConfig], ...] = (
+    (MAX_M, 2048, 2 ** 62, GemvConfig(block_n=16, block_k=512, split=4)),                       # few rows
+    (1, 8192, 2 ** 62, GemvConfig(block_n=16, block_k=256, split=1, num_stages=4)),           # QKV, o, down
+    (1, 65536, 2 ** 62, GemvConfig(block_n=32, block_k=256, split=1, num_stages=1)),          # gate/up
+    (1, 2 ** 62, 2 ** 62, GemvConfig(block_n=16, block_k=256, split=1, num_stages=4)),        # LM head
+    (MAX_M, 8192, 2 ** 62, GemvConfig(block_n=64, block_k=128, split=4, dot=True)),           # QKV, o, down
+    (MAX_M, 2 ** 62, 2 ** 62, GemvConfig(block_n=64, block_k=128, split=1, dot=True)),        # gate/up, LM head
 )
 
 
 def pick_config(M: int, N: int, K: int) -> GemvConfig:
-    """The :data:`CONFIGS` entry for this shape: a pure function of the shape (no tuning, no
+    """The :data:`CONFIGS` entry for this shape: a pure function of ``(M, N, K)`` (no tuning, no
     device query). The launch lowers ``split`` where ``K`` has fewer ``block_k`` tiles."""
-    for n_max, k_max, cfg in CONFIGS:
-        if N <= n_max and K <= k_max:
+    for m_max, n_max, k_max, cfg in CONFIGS:
+        if M <= m_max and N <= n_max and K <= k_max:
             return cfg
-    return CONFIGS[-1][2]
+    return CONFIGS[-1][3]
 
 
 # ============================================================================ host
