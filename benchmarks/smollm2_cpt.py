@@ -334,8 +334,8 @@ def run(a) -> int:
         r = run_niah(m, tok, cfg, progress=False)
         by_len = {str(L): float(sum(x["score"] for x in r["records"] if x["length"] == L) /
                                 max(1, sum(1 for x in r["records"] if x["length"] == L))) for L in lengths}
-        niah[name] = {"accuracy": r["accuracy"], "by_length": by_len, "grid": r["grid"], "seconds": r["seconds"],
-                      "examples": r["records"][:3]}
+        niah[name] = {"accuracy": r["accuracy"], "prefix_accuracy": r["prefix_accuracy"], "by_length": by_len,
+                      "grid": r["grid"], "seconds": r["seconds"], "records": r["records"]}
         del m
         res.put("niah", niah)
         _log(f"niah {name}: {by_len} ({r['seconds']}s)", t0)

@@ -8,7 +8,7 @@ import importlib
 
 _EXPORTS = {"MQARTask": ("mqar", "MQARTask"), "MQARTrain": ("mqar", "MQARTrain"), "generate_mqar": ("mqar", "generate"),
             "run_mqar": ("mqar", "run_mqar"), "NIAHConfig": ("niah", "NIAHConfig"), "run_niah": ("niah", "run_niah"),
-            "score_answer": ("niah", "score_answer")}
+            "score_answer": ("niah", "score_answer"), "prefix_match": ("niah", "prefix_match")}
 
 __all__ = list(_EXPORTS)
 

@@ -45,6 +45,24 @@ def score_answer(prediction: str, answer: str) -> float:
     return 1.0 if re.search(pat, prediction.lower()) else 0.0
 
 
+def prefix_match(prediction: str, answer: str) -> float:
+    """A diagnostic next to the exact score, not a replacement: the share of ``answer``'s leading
+    characters that the first number in ``prediction`` reproduces (``" 525869."`` for
+    ``"5258698"``: 6/7; a wrong first digit: 0). Tells a retrieved but truncated or garbled
+    number from one never found."""
+    if not isinstance(prediction, str) or not isinstance(answer, str):
+        raise TypeError("prediction and answer must be strings")
+    answer = answer.strip()
+    if not answer:
+        raise ValueError("answer must be a non-empty string")
+    m = re.search(r"[0-9]+", prediction)
+    got = m.group(0) if m else ""
+    n = 0
+    while n < min(len(got), len(answer)) and got[n] == answer[n]:
+        n += 1
+    return n / len(answer)
+
+
 def _haystack_sentences(source: str) -> list[str]:
     if source == "synthetic":
         path = SYNTHETIC_FILE
@@ -222,7 +240,7 @@ def run_niah(model, tokenizer, cfg: NIAHConfig, progress: bool = True, log=print
         text = tokenizer.decode(new, skip_special_tokens=True)
         sc = score_answer(text, key)
         records.append({"length": L, "prompt_tokens": len(ids), "depth": d, "sample": s, "answer": key,
-                        "prediction": text, "score": sc})
+                        "prediction": text, "score": sc, "prefix": round(prefix_match(text, key), 4)})
         if bar is not None:
             bar.update(1)
             bar.set_postfix(length=L, depth=d, acc=f"{np.mean([r['score'] for r in records]):.2f}")
@@ -238,6 +256,8 @@ def run_niah(model, tokenizer, cfg: NIAHConfig, progress: bool = True, log=print
         "model": {"attention_mode": getattr(model.config, "attention_mode", None),
                   "window_size": getattr(model.config, "window_size", None), "max_position_embeddings": max_pos},
         "accuracy": float(np.mean([r["score"] for r in records])),
+        # diagnostic (prefix_match): how much of each number came back, exact or not
+        "prefix_accuracy": float(np.mean([r["prefix"] for r in records])),
         "grid": {"depths": list(cfg.depths), "lengths": list(cfg.lengths), "accuracy": grid.tolist()},
         "seconds": round(time.perf_counter() - t0, 1),
         "records": records,

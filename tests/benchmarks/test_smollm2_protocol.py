@@ -67,7 +67,9 @@ def test_protocol_runs_end_to_end_on_a_tiny_gguf(setup):
     assert z["ppl"] == pytest.approx(o["ppl"], rel=1e-3)
     for name in models:  # passkey at the model's maximum (1024 of 1024 positions), answer inside the positions
         assert set(r["niah"][name]["by_length"]) == {"1024"}
-        assert all(e["prompt_tokens"] < 1024 for e in r["niah"][name]["examples"])
+        recs = r["niah"][name]["records"]  # every needle is kept, with the prefix diagnostic
+        assert len(recs) == 5 and all(e["prompt_tokens"] < 1024 for e in recs)
+        assert r["niah"][name]["prefix_accuracy"] == pytest.approx(sum(e["prefix"] for e in recs) / len(recs), abs=1e-3)
     # the plot command reads the same file
     spec = importlib.util.spec_from_file_location("smollm2_cpt_script_plot", ROOT / "benchmarks/smollm2_cpt.py")
     mod = importlib.util.module_from_spec(spec)

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from orthros.evaluation.niah import NIAHConfig, PromptBuilder, format_grid, run_niah, save_heatmap, score_answer, validate
+from orthros.evaluation.niah import (NIAHConfig, PromptBuilder, format_grid, prefix_match, run_niah, save_heatmap,
+                                    score_answer, validate)
 
 
 @pytest.mark.parametrize("pred, answer, want", [
@@ -23,6 +24,19 @@ from orthros.evaluation.niah import NIAHConfig, PromptBuilder, format_grid, run_
 ])
 def test_scorer_known_right_and_wrong(pred, answer, want):
     assert score_answer(pred, answer) == want
+
+
+@pytest.mark.parametrize("pred,answer,want", [
+    (" 4821937.", "4821937", 1.0),
+    (" 525869.\n\n52", "5258698", 6 / 7),  # retrieved, one digit short (a real SmolLM2 answer)
+    (" 225.\n\n23:1 And", "5258698", 0.0),  # a different number
+    (" the number 48x", "4821937", 2 / 7),  # the first number in the text counts
+    (" I do not know.", "4821937", 0.0),
+    ("", "4821937", 0.0),
+    (" 48219370", "4821937", 1.0),  # prefix-complete although the exact score is 0
+])
+def test_prefix_match_is_a_diagnostic_of_partial_retrieval(pred, answer, want):
+    assert prefix_match(pred, answer) == pytest.approx(want)
 
 
 def test_scorer_rejects_empty_answer():
@@ -75,6 +89,8 @@ def test_run_niah_on_tiny_model(tiny, tok, tmp_path):
     assert len(out["grid"]["accuracy"]) == 3 and len(out["grid"]["accuracy"][0]) == 2
     for r in out["records"]:
         assert r["score"] == score_answer(r["prediction"], r["answer"])
+        assert r["prefix"] == pytest.approx(prefix_match(r["prediction"], r["answer"]), abs=1e-4)
+    assert out["prefix_accuracy"] == pytest.approx(sum(r["prefix"] for r in out["records"]) / 6, abs=1e-4)
     assert "depth" in format_grid(out)
     save_heatmap(out, tmp_path / "h.png")
     assert (tmp_path / "h.png").stat().st_size > 1000
