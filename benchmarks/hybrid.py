@@ -35,9 +35,10 @@ from orthros.benchmarks.inference import bench_decode, bench_e2e, bench_prefill,
 from orthros.benchmarks.models import orthros_model  # noqa: E402
 from orthros.utils import write_json  # noqa: E402
 
-def run_mqar_section(emit, steps: int, device):
+def run_mqar_section(emit, steps: int, device, compile: bool = False):
     """MQAR with gaps past the window (paper Section 4.4's task; docs/evaluation.md): Orthros-H,
-    Linear Hybrid, GDN and Transformer, 4 layers each, identical data, steps and learning rate."""
+    Linear Hybrid, GDN and Transformer, 4 layers each, identical data, steps and learning rate.
+    ``compile``: each model's training step through torch.compile (``MQARTrain.compile``)."""
     from orthros.evaluation.mqar import MQARTask, MQARTrain, format_table, run_mqar
 
     task = MQARTask(vocab_size=512, seq_len=256, num_pairs=48, power=1.0, min_gap=1)
@@ -45,7 +46,7 @@ def run_mqar_section(emit, steps: int, device):
     # Transformer on the plateau), a small GDN state (8 heads of 8 x 8) that 48 pairs overflow
     tr = MQARTrain(models=("orthros-h", "linear-hybrid", "gdn", "transformer"), hidden_size=64, num_layers=4,
                    num_heads=2, linear_heads=8, window_size=16, steps=steps, batch_size=64, lr=3e-3, eval_examples=1000,
-                   device=str(device))
+                   device=str(device), compile=compile)
     out = run_mqar(task, tr, progress=False)
     print(format_table(out), flush=True)
     for r in out["results"]:
@@ -64,6 +65,8 @@ def main(argv=None):
     ap.add_argument("--families", default="hybrid,transformer",
                     help="hybrid (Orthros-H vs Linear Hybrid), transformer (Orthros vs Transformer), or both")
     ap.add_argument("--mqar-steps", type=int, default=1000)
+    ap.add_argument("--mqar-compile", action="store_true",
+                    help="mqar section: train through torch.compile (MQARTrain.compile; same run, fewer launches)")
     ap.add_argument("--deadline", type=float, default=None, help="seconds: skip the sections that start later")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes (CPU smoke run of this script)")
     ap.add_argument("--compile", action="store_true", help="the compiled engine (Engine(compile=True)) for every system")
@@ -145,7 +148,8 @@ def main(argv=None):
     if device == "cuda":
         torch.cuda.empty_cache()
     if "mqar" in sections:
-        section("mqar", lambda emit: run_mqar_section(emit, 8 if args.tiny else args.mqar_steps, device))
+        section("mqar", lambda emit: run_mqar_section(emit, 8 if args.tiny else args.mqar_steps, device,
+                                                            compile=args.mqar_compile))
     out["total_seconds"] = round(time.perf_counter() - t_start, 1)
     save()
     print(json.dumps({k: out[k] for k in ("errors", "skipped", "seconds", "total_seconds")}), flush=True)

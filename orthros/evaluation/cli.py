@@ -35,6 +35,11 @@ def _mqar_parser(sub):
     g.add_argument("--eval-examples", type=int, default=1000)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    g.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
+    g.add_argument("--compile", action="store_true",
+                   help="train each model's decoder layers through torch.compile (static shapes; the same "
+                        "optimiser, schedule, data and seeds as eager; compilation takes seconds to a minute "
+                        "per model, then each step launches far fewer kernels: for long GPU runs)")
     p.add_argument("--output", "-o", default=None, help="write the results as JSON here")
     p.add_argument("--no-progress", action="store_true")
 
@@ -170,6 +175,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _mqar_device(name: str) -> str:
+    import torch
+
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {name!r}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {name!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: no CUDA device here")
+    return str(dev)
+
+
 def _mqar(a) -> int:
     from ..utils import write_json
     from .mqar import MODEL_ALIASES, MQARTask, MQARTrain, format_table, run_mqar
@@ -189,12 +208,13 @@ def _mqar(a) -> int:
                     min_gap=a.min_gap, max_gap=a.max_gap, fill=a.fill).validate()
     tr = MQARTrain(models=models, hidden_size=a.hidden_size, num_layers=a.layers, num_heads=a.heads,
                    linear_heads=a.linear_heads, window_size=a.window, steps=a.steps, batch_size=a.batch_size, lr=a.lr,
-                   eval_examples=a.eval_examples, seed=a.seed, threads=a.threads)
+                   eval_examples=a.eval_examples, seed=a.seed, threads=a.threads, device=_mqar_device(a.device),
+                   compile=a.compile)
     if a.hidden_size % a.heads:
         raise ValueError(f"--hidden-size ({a.hidden_size}) must be a multiple of --heads ({a.heads})")
     print(f"MQAR: vocab {task.vocab_size}, seq {task.seq_len}, {task.num_pairs} pairs, gaps ~ gap^-{task.power:g} "
           f"in [{task.min_gap}, {task.max_gap or task.seq_len}], window {tr.window_size}; {tr.num_layers} layers, "
-          f"d={tr.hidden_size}, {tr.steps} steps x {tr.batch_size}")
+          f"d={tr.hidden_size}, {tr.steps} steps x {tr.batch_size} on {tr.device}{', compiled' if tr.compile else ''}")
     out = run_mqar(task, tr, progress=not a.no_progress)
     print()
     print(format_table(out))

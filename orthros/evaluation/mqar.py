@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -172,6 +173,22 @@ class MQARTrain:
     threads: Optional[int] = None
     device: str = "cpu"
     attn_backend: str = "auto"
+    # train the decoder layers (forward and backward) through torch.compile, static shapes: the
+    # same experiment as eager (optimiser, schedule, clipping, data, seeds), fewer kernel
+    # launches per step. See compiled_layers.
+    compile: bool = False
+
+
+def model_backend(tr: MQARTrain) -> str:
+    """The ``attn_backend`` the models are built with. A compiled run turns ``"auto"`` into
+    ``"sdpa"``: every op the compiled graph traces is then plain PyTorch (SDPA and the reference
+    for attention, the pure-PyTorch GDN), the code the CPU tests compile. On the CPU that is what
+    ``"auto"`` picks anyway (the same run); on CUDA ``"auto"`` would take the Triton attention
+    kernels (run outside the graph either way: ``orthros.layers.step.run_attention`` is
+    ``torch.compiler.disable``d) and fla-core's GDN pieces, whose backend checks (an fla import,
+    a one-time warning, the Hopper guard that sends training to the pure-PyTorch GDN anyway) would
+    be traced by Dynamo untested. An explicit backend is kept as given."""
+    return "sdpa" if tr.compile and tr.attn_backend == "auto" else tr.attn_backend
 
 
 def build_model(mode: str, task: MQARTask, tr: MQARTrain, seed: int):
@@ -189,7 +206,7 @@ def build_model(mode: str, task: MQARTask, tr: MQARTrain, seed: int):
         window_size=tr.window_size, use_cache=False, initializer_range=0.02,
         linear_num_key_heads=lin, linear_key_head_dim=tr.hidden_size // lin, linear_value_head_dim=tr.hidden_size // lin,
         **(hybrid_layout(mode, tr.num_layers) if mode in HYBRID_DISPLAY else {"attention_mode": mode}),
-        attn_backend=tr.attn_backend,
+        attn_backend=model_backend(tr),
     )
     torch.manual_seed(seed)
     return OrthrosForCausalLM(cfg).to(tr.device)
@@ -222,6 +239,65 @@ def evaluate(model, data: dict, window_size: int, batch_size: int = 250, device=
             "n_queries": int(correct.size), "frac_gap_ge_window": float(far.mean())}
 
 
+@contextmanager
+def compiled_layers(model, enabled: bool):
+    """With ``enabled``, run ``model``'s decoder layers through ``torch.compile`` inside the
+    block (forward and, by AOTAutograd, backward); the eager model again after it.
+
+    What is compiled: ``OrthrosModel.run_layers``, every layer's step (norms, projections,
+    RoPE, the GDN layers' short convolution and pure-PyTorch chunked recurrence, the MLPs),
+    set on this model object only and removed on exit. What is not:
+
+    * the attention op: ``orthros.layers.step.run_attention`` is ``torch.compiler.disable``d
+      (the op runs its own kernels), so each attention layer splits its graph in two around it
+      (2 graph breaks per attention layer, none per GDN layer);
+    * the model's top-level forward (embedding, output positions, RoPE tables, final norm, LM
+      head, loss): ``resolve_output_positions`` checks the positions on the host (``int(...)``,
+      host syncs), which Dynamo would turn into a graph break plus a recompile for every new
+      maximum query position, i.e. nearly every step. Eager, it is a few dozen ops.
+
+    Choices, for a training loop of a tiny model that is launch-bound on a GPU:
+
+    * ``dynamic=False``: batch, T and the number of queries are fixed within a run, so one
+      static graph per piece (a different setting is a new run and a new compile).
+    * the default mode. ``"reduce-overhead"`` (CUDA graphs) replays into static output buffers:
+      the activations saved for backward and the gradients would be overwritten by the next
+      replay unless cloned, and the graph breaks around attention split it into separately
+      captured pieces; not worth the risk untested on a GPU. ``"max-autotune-no-cudagraphs"``
+      spends minutes benchmarking matmul templates for 64 x 64 matrices, where launches, not
+      the matmuls, cost the time.
+    * the optimiser step, gradient clipping and the LR schedule stay eager: exactly the eager
+      run's AdamW, ``clip_grad_norm_`` and ``LambdaLR`` (a float lr, nothing recompiles); on
+      CUDA they are a few dozen foreach kernels, next to the hundreds of the model.
+    * evaluation runs after the block: the eager model (other batch size, no grad), nothing
+      recompiles.
+    * on exit ``torch.compiler.reset()`` drops the compiled code: the layer functions are shared
+      by every model of a run, and each model adds its own variants (its modules, its final
+      layer), so without it the 4th-6th model of one process could reach Dynamo's per-function
+      recompile limit (8) and silently fall back to eager.
+
+    Yields a dict that holds, after the block, ``graphs`` (Dynamo graphs compiled) and
+    ``graph_breaks`` (the distinct reasons, one line each) for the record.
+    """
+    info = {}
+    if not enabled:
+        yield info
+        return
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    inner = model.model
+    inner.run_layers = torch.compile(inner.run_layers, dynamic=False)  # an instance attribute
+    try:
+        yield info
+    finally:
+        info.update(graphs=int(counters["stats"]["unique_graphs"]),
+                    graph_breaks=sorted({" ".join(r.split("\n")[:2]).replace("  ", " ")[:200]
+                                         for r in counters["graph_break"]}))
+        del inner.run_layers  # the class's method again
+        torch.compiler.reset()
+
+
 def train_one(name: str, task: MQARTask, tr: MQARTrain, train_data_fn, eval_data: dict, progress=None) -> dict:
     from ..training.optim import build_optimizer, build_scheduler, warmup_steps_from_fraction
 
@@ -231,24 +307,35 @@ def train_one(name: str, task: MQARTask, tr: MQARTrain, train_data_fn, eval_data
     sched = build_scheduler(opt, total_steps=tr.steps, warmup_steps=warmup_steps_from_fraction(tr.warmup, tr.steps),
                             schedule="cosine", min_lr_ratio=0.0)
     model.train()
+    sync = torch.cuda.synchronize if str(tr.device).startswith("cuda") else (lambda: None)
     t0 = time.perf_counter()
+    first_s = None
     losses = []
-    for step in range(tr.steps):
-        ids, labels, qp = train_data_fn(step)
-        loss = model(input_ids=ids, labels=labels, output_positions=qp).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(loss.detach())
-        if progress is not None:
-            progress(name, step, losses[-1])
+    with compiled_layers(model, tr.compile) as compiled:
+        for step in range(tr.steps):
+            ids, labels, qp = train_data_fn(step)
+            loss = model(input_ids=ids, labels=labels, output_positions=qp).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            losses.append(loss.detach())
+            if step == 0:  # with compile: includes the compilation (graphs are built on the first call)
+                sync()
+                first_s = time.perf_counter() - t0
+            if progress is not None:
+                progress(name, step, losses[-1])
+    sync()
     train_s = time.perf_counter() - t0
     res = evaluate(model, eval_data, tr.window_size, device=tr.device)
-    res.update(model=DISPLAY[mode], attention_mode=mode, train_seconds=round(train_s, 1),
+    res.update(model=DISPLAY[mode], attention_mode=mode, attn_backend=model_backend(tr), train_seconds=round(train_s, 1),
+               first_step_seconds=round(first_s, 2), step_ms_after_first=(
+                   round(1e3 * (train_s - first_s) / (tr.steps - 1), 2) if tr.steps > 1 else None),
                final_loss=float(torch.stack(losses[-max(1, tr.steps // 20):]).mean()),
                params=sum(p.numel() for p in model.parameters()))
+    if tr.compile:
+        res.update(compiled_graphs=compiled["graphs"], graph_breaks=compiled["graph_breaks"])
     return res
 
 
@@ -263,6 +350,9 @@ def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print) ->
         names.append(m)
     if tr.window_size < 1:
         raise ValueError(f"window_size must be >= 1, got {tr.window_size}")
+    if not isinstance(tr.compile, bool):
+        raise ValueError(f"MQAR compile must be a bool (True: train through torch.compile, False: eager), "
+                         f"got {tr.compile!r}")
     if tr.threads:
         torch.set_num_threads(tr.threads)
     train = generate(task, tr.steps * tr.batch_size, seed=tr.seed + 1)
@@ -293,7 +383,8 @@ def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print) ->
         results.append(res)
         if log:
             log(f"  {res['model']:<11} acc {100 * res['acc']:5.1f}%  (gap >= window: {100 * res['acc_gap_ge_window']:5.1f}%)"
-                f"  loss {res['final_loss']:.3f}  {res['train_seconds']:.0f}s")
+                f"  loss {res['final_loss']:.3f}  {res['train_seconds']:.0f}s (first step {res['first_step_seconds']:.1f}s"
+                + (f", then {res['step_ms_after_first']:.1f} ms/step)" if res["step_ms_after_first"] is not None else ")"))
     gaps = eval_data["gaps"]
     return {
         "task": asdict(task),

@@ -2,7 +2,8 @@
 
     python -m orthros.evaluation.mqar_sweep NAME key=value ... [-- NAME key=value ...]
 
-keys: V T N power mingap fill repeat d L H w steps B lr neval seed device backend threads.
+keys: V T N power mingap fill repeat d L H w steps B lr neval seed device backend threads compile
+(compile=1: MQARTrain.compile, the decoder layers through torch.compile).
 Prints one JSON line per setting.
 """
 
@@ -25,7 +26,7 @@ def run_one(name: str, kv: dict) -> dict:
     tr = MQARTrain(hidden_size=g("d", 64), num_layers=g("L", 2), num_heads=g("H", 2), window_size=g("w", 8),
                    steps=g("steps", 800), batch_size=g("B", 32), lr=g("lr", 3e-3, float), eval_examples=g("neval", 1000),
                    seed=g("seed", 0), device=kv.get("device", "cpu"), attn_backend=kv.get("backend", "auto"),
-                   threads=g("threads", 0) or None)
+                   threads=g("threads", 0) or None, compile=bool(g("compile", 0)))
     t0 = time.perf_counter()
     out = run_mqar(task, tr, progress=False, log=None)
     out["name"] = name
