@@ -17,6 +17,7 @@ while Orthros's output stream attends to every earlier token.
 from __future__ import annotations
 
 import math
+import re
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -292,7 +293,7 @@ def compiled_layers(model, enabled: bool):
         yield info
     finally:
         info.update(graphs=int(counters["stats"]["unique_graphs"]),
-                    graph_breaks=sorted({" ".join(r.split("\n")[:2]).replace("  ", " ")[:200]
+                    graph_breaks=sorted({re.sub(r" at 0x[0-9a-f]+|\s+", " ", " ".join(r.split("\n")[:2]))[:200]
                                          for r in counters["graph_break"]}))
         del inner.run_layers  # the class's method again
         torch.compiler.reset()
