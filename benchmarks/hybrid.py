@@ -110,6 +110,8 @@ def main(argv=None):
         save()
 
     models, labels = {}, {}
+    if not any(s in sections for s in ("prefill", "decode", "e2e")):
+        families = []  # MQAR alone trains its own tiny models: do not build the 9B-shape ones
     if "hybrid" in families:
         models["hybrid"] = orthros_model("tiny-h" if args.tiny else "qwen3.5-9b", device=device, dtype=dtype)
         labels["hybrid"] = {"orthros": "Orthros-H", "full": "Linear Hybrid"}

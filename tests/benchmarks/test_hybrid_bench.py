@@ -42,3 +42,18 @@ def test_bad_arguments_refused_before_work(hybrid, tmp_path, capsys, args, messa
         hybrid.main(["--tiny", *args, "--out", str(out)])
     assert e.value.code == 2 and message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_mqar_alone_builds_no_benchmark_model(hybrid, tmp_path, monkeypatch):
+    """--sections mqar trains MQAR's own tiny models: the 9B-shape benchmark models are not built."""
+    def no_model(*a, **k):
+        raise AssertionError("orthros_model called for an MQAR-only run")
+
+    calls = []
+    monkeypatch.setattr(hybrid, "orthros_model", no_model)
+    monkeypatch.setattr(hybrid, "run_mqar_section", lambda emit, steps, device, compile=False: calls.append(
+        (steps, compile)) or emit({"model": "stub"}))
+    out = tmp_path / "m.json"
+    hybrid.main(["--sections", "mqar", "--mqar-steps", "7", "--mqar-compile", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert calls == [(7, True)] and data["errors"] == {} and list(data["sections"]) == ["mqar"]
