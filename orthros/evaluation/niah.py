@@ -33,14 +33,19 @@ CORPUS_FILE = Path(__file__).resolve().parents[1] / "data" / "corpus" / "shakesp
 HAYSTACKS = ("synthetic", "corpus")
 
 
-def score_answer(prediction: str, answer: str) -> float:
-    """1.0 when ``answer`` occurs in ``prediction`` as a whole token (not inside a longer
-    number or word), else 0.0. Case- and surrounding-whitespace-insensitive."""
+def _checked_answer(prediction, answer) -> str:
     if not isinstance(prediction, str) or not isinstance(answer, str):
         raise TypeError("prediction and answer must be strings")
     answer = answer.strip()
     if not answer:
         raise ValueError("answer must be a non-empty string")
+    return answer
+
+
+def score_answer(prediction: str, answer: str) -> float:
+    """1.0 when ``answer`` occurs in ``prediction`` as a whole token (not inside a longer
+    number or word), else 0.0. Case- and surrounding-whitespace-insensitive."""
+    answer = _checked_answer(prediction, answer)
     pat = r"(?<![0-9A-Za-z])" + re.escape(answer.lower()) + r"(?![0-9A-Za-z])"
     return 1.0 if re.search(pat, prediction.lower()) else 0.0
 
@@ -50,11 +55,7 @@ def prefix_match(prediction: str, answer: str) -> float:
     characters that the first number in ``prediction`` reproduces (``" 525869."`` for
     ``"5258698"``: 6/7; a wrong first digit: 0). Tells a retrieved but truncated or garbled
     number from one never found."""
-    if not isinstance(prediction, str) or not isinstance(answer, str):
-        raise TypeError("prediction and answer must be strings")
-    answer = answer.strip()
-    if not answer:
-        raise ValueError("answer must be a non-empty string")
+    answer = _checked_answer(prediction, answer)
     m = re.search(r"[0-9]+", prediction)
     got = m.group(0) if m else ""
     n = 0

@@ -74,8 +74,7 @@ def gated_delta_rule(
     scale = K ** -0.5 if scale is None else float(scale)
     asked = backend
     backend = resolve_gdn_backend(backend, v)
-    if backend == "fla" and torch.is_grad_enabled() and not fla_backward_supported() and any(
-            t is not None and t.requires_grad for t in (q, k, v, g, beta, q_out, initial_state)):
+    if backend == "fla" and not fla_backward_supported() and _needs_grad(q, k, v, g, beta, q_out, initial_state):
         if asked == "fla":
             raise RuntimeError("the 'fla' GDN backend cannot compute gradients here: fla-core 0.6.0 refuses its gated "
                                "backward on Hopper GPUs with Triton < 3.7.1 (fla issue #640); use backend 'auto' "
@@ -160,22 +159,14 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: Optional[torch.T
     W = weight.shape[-1]
     asked = backend
     backend = resolve_gdn_backend(backend, x)
-    if backend == "fla" and torch.is_grad_enabled():
-        if state is not None and state.requires_grad:
-            backend = "torch"  # a gradient into the cached window: PyTorch's (training starts from no window)
-        elif asked != "fla" and not fla_backward_supported() and (x.requires_grad or weight.requires_grad):
-            backend = "torch"
+    if backend == "fla" and (
+            _needs_grad(state)  # a gradient into the cached window: PyTorch's (training starts from no window)
+            or asked != "fla" and not fla_backward_supported() and _needs_grad(x, weight)):
+        backend = "torch"
     if cu_seqlens is not None and B != 1:
         raise ValueError(f"causal_conv1d: cu_seqlens needs B == 1 (packed documents), got B = {B}")
     if backend == "fla":
-        y = causal_conv1d_fla(x, weight, state, activation, cu_seqlens)
-        if W == 1:
-            return y, x.new_zeros(B, C, 0)
-        tail = x[:, -(W - 1):].transpose(1, 2)  # the window for the next chunk: the last W - 1 inputs
-        if T < W - 1:
-            prev = state.to(x.dtype) if state is not None else x.new_zeros(B, C, W - 1)
-            tail = torch.cat([prev, tail], dim=-1)[:, :, -(W - 1):]
-        return y, tail.contiguous()
+        return causal_conv1d_fla(x, weight, state, activation, cu_seqlens), _window_after(x, state, W)
     xt = x.transpose(1, 2)
     if state is None:
         state = xt.new_zeros(B, C, W - 1)
@@ -194,8 +185,24 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: Optional[torch.T
         y = F.conv1d(full.to(weight.dtype), weight[:, None, :], groups=C)
     if activation:
         y = F.silu(y)
-    new_state = (full[:, :, -(W - 1):] if W > 1 else full[:, :, :0]).clone()  # not a view of the whole input
-    return y.transpose(1, 2).to(x.dtype), new_state
+    return y.transpose(1, 2).to(x.dtype), _window_after(x, state, W)
+
+
+def _window_after(x: torch.Tensor, state: Optional[torch.Tensor], W: int) -> torch.Tensor:
+    """The convolution window after the chunk ``x [B, T, C]``: its last ``W - 1`` inputs, reaching
+    back into ``state [B, C, W - 1]`` (None: zeros) when ``T < W - 1``; ``[B, C, W - 1]`` in
+    ``x``'s dtype, its own memory (not a view of the chunk)."""
+    B, T, C = x.shape
+    tail = x[:, max(0, T - (W - 1)):].transpose(1, 2)
+    if T < W - 1:
+        prev = state.to(x.dtype) if state is not None else x.new_zeros(B, C, W - 1)
+        tail = torch.cat([prev, tail], dim=-1)[:, :, tail.shape[-1]:]
+    return tail.contiguous()
+
+
+def _needs_grad(*tensors) -> bool:
+    """Whether this call records a graph that a gradient flows into (through any of ``tensors``)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 __all__ = ["GDN_BACKENDS", "FROM_ATTN_BACKEND", "HAVE_FLA", "fla_backward_supported", "gated_delta_rule", "gated_delta_rule_step",
