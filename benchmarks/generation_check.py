@@ -17,16 +17,12 @@ cause of its passkey misses.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-CORPUS = Path(__file__).resolve().parents[1] / "orthros" / "data" / "corpus" / "shakespeare_eval.jsonl"
-
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -50,16 +46,13 @@ def parse_args(argv=None):
         ap.error(f"--atol must be > 0, got {a.atol}")
     if a.text is not None and not Path(a.text).is_file():
         ap.error(f"--text: {a.text!r} is not a file")
-    if a.device != "cpu" and not a.device.startswith("cuda"):
-        ap.error(f"--device must be cpu, cuda or cuda:N, got {a.device!r}")
+    from orthros.evaluation.common import check_device
+
+    try:
+        a.device = check_device(a.device)
+    except ValueError as e:
+        ap.error(str(e))
     return a
-
-
-def _text(path) -> str:
-    path = Path(path) if path else CORPUS
-    if path.suffix == ".jsonl":
-        return "\n".join(json.loads(line)["text"] for line in path.open() if line.strip())
-    return path.read_text()
 
 
 def main(argv=None) -> int:
@@ -68,10 +61,14 @@ def main(argv=None) -> int:
     from transformers import AutoTokenizer
 
     from orthros.evaluation.common import load_model
+    from orthros.evaluation.niah import CORPUS_FILE
+    from orthros.evaluation.perplexity import load_documents
     from orthros.utils import commit_id, write_json
 
-    if a.device.startswith("cuda") and not torch.cuda.is_available():
-        print(f"--device {a.device}: no CUDA device here", file=sys.stderr)
+    try:
+        text = "\n".join(load_documents(a.text or CORPUS_FILE))
+    except ValueError as e:  # the reader names its argument --data
+        print(str(e).replace("--data", "--text", 1), file=sys.stderr)
         return 2
     tok = AutoTokenizer.from_pretrained(a.model)
     model = load_model(a.model).to(a.device, torch.float32 if a.dtype == "fp32" else torch.bfloat16).eval()
@@ -79,7 +76,7 @@ def main(argv=None) -> int:
     if limit is not None and a.length + a.new > limit:
         print(f"--length {a.length} + --new {a.new} exceeds the model's max_position_embeddings = {limit}", file=sys.stderr)
         return 2
-    ids = tok(_text(a.text), return_tensors="pt").input_ids[:, :a.length].to(a.device)
+    ids = tok(text, return_tensors="pt").input_ids[:, :a.length].to(a.device)
     if ids.shape[1] < a.length:
         print(f"the text has only {ids.shape[1]} tokens, fewer than --length {a.length}", file=sys.stderr)
         return 2
@@ -94,11 +91,11 @@ def main(argv=None) -> int:
     steps, ok = [], True
     for i in range(a.new):
         hf, ref = g.logits[i][0].float(), pt[i].float()
-        gap = (hf - ref).abs().max().item()
+        gap, scale = (hf - ref).abs().max().item(), ref.abs().max().item()
         same = bool(hf.argmax() == ref.argmax())
         ok &= same and gap <= a.atol
-        steps.append({"step": i, "max_logit_gap": gap, "logit_scale": ref.abs().max().item(), "argmax_equal": same})
-        print(f"step {i}: |generate - PT form| max {gap:.3e} (logits up to {ref.abs().max().item():.1f}), "
+        steps.append({"step": i, "max_logit_gap": gap, "logit_scale": scale, "argmax_equal": same})
+        print(f"step {i}: |generate - PT form| max {gap:.3e} (logits up to {scale:.1f}), "
               f"argmax equal: {same}", flush=True)
     res = {"model": a.model, "length": T, "new_tokens": new, "dtype": a.dtype, "device": a.device,
            "commit": commit_id(), "steps": steps}

@@ -175,22 +175,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _mqar_device(name: str) -> str:
-    import torch
-
-    try:
-        dev = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {name!r}") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"--device must be cpu, cuda or cuda:N, got {name!r}")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: no CUDA device here")
-    return str(dev)
-
-
 def _mqar(a) -> int:
     from ..utils import write_json
+    from .common import check_device
     from .mqar import MODEL_ALIASES, MQARTask, MQARTrain, format_table, run_mqar
 
     models = tuple(m.strip().lower() for m in a.models.split(",") if m.strip())
@@ -208,7 +195,7 @@ def _mqar(a) -> int:
                     min_gap=a.min_gap, max_gap=a.max_gap, fill=a.fill).validate()
     tr = MQARTrain(models=models, hidden_size=a.hidden_size, num_layers=a.layers, num_heads=a.heads,
                    linear_heads=a.linear_heads, window_size=a.window, steps=a.steps, batch_size=a.batch_size, lr=a.lr,
-                   eval_examples=a.eval_examples, seed=a.seed, threads=a.threads, device=_mqar_device(a.device),
+                   eval_examples=a.eval_examples, seed=a.seed, threads=a.threads, device=check_device(a.device),
                    compile=a.compile)
     if a.hidden_size % a.heads:
         raise ValueError(f"--hidden-size ({a.hidden_size}) must be a multiple of --heads ({a.heads})")

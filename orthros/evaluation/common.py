@@ -70,6 +70,22 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def check_device(name: str, arg: str = "--device") -> str:
+    """``name`` as a torch device string (``cpu``, ``cuda`` or ``cuda:N``), or a ValueError naming
+    ``arg``: an unparsable or other device type, or CUDA on a machine without it."""
+    import torch
+
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"{arg} must be cpu, cuda or cuda:N, got {name!r}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{arg} must be cpu, cuda or cuda:N, got {name!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{arg} {name}: no CUDA device here")
+    return str(dev)
+
+
 def parse_int_list(text: str, name: str) -> list[int]:
     try:
         vals = [int(x) for x in str(text).replace(",", " ").split()]
