@@ -2,8 +2,6 @@
 recurrence, document resets, the decode step, the short convolution, gradients against float64,
 and (on CUDA with fla-core) the fla backend against the pure-PyTorch one."""
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -277,26 +275,8 @@ def test_fla_equals_torch_every_gradient(dtype, varlen):
     from orthros.ops.gdn import fla_backward_supported
 
     if not fla_backward_supported():
-        pytest.skip("fla-core 0.6.0 refuses its gated backward on Hopper with Triton < 3.7.1 (fla issue #640)")
-    run = _fla_case(dtype, varlen)
-    _compare(run("fla", True), run("torch", True), dtype, varlen)
-
-
-@cuda_fla
-@pytest.mark.skipif(not os.environ.get("ORTHROS_FLA_LIFT_GUARD"), reason="diagnostic: set ORTHROS_FLA_LIFT_GUARD=1")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("varlen", [False, True])
-def test_fla_gradients_with_the_hopper_guard_lifted(dtype, varlen, monkeypatch):
-    """Where fla-core refuses its gated backward (Hopper, Triton >= 3.4, < 3.7.1: fla issue #640),
-    lift the guard and compare anyway: a diagnostic of whether our per-stream composition of FLA's
-    backward is right and whether #640 bites at these shapes. Not a licence to train through it:
-    ``backend="auto"`` keeps routing gradients to the pure-PyTorch GDN there."""
-    import fla.ops.common.chunk_o as chunk_o
-
-    import orthros.ops.gdn as gdn
-
-    monkeypatch.setattr(chunk_o, "IS_NVIDIA_HOPPER", False)
-    monkeypatch.setattr(gdn, "fla_backward_supported", lambda: True)
+        pytest.skip("fla-core 0.6.0 refuses its gated backward on Hopper with Triton < 3.7.1 (fla issue #640); "
+                    "benchmarks/pack_triton.sh packs 3.7.1 for this test")
     run = _fla_case(dtype, varlen)
     _compare(run("fla", True), run("torch", True), dtype, varlen)
 
