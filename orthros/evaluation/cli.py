@@ -40,6 +40,9 @@ def _mqar_parser(sub):
                    help="train each model's decoder layers through torch.compile (static shapes; the same "
                         "optimiser, schedule, data and seeds as eager; compilation takes seconds to a minute "
                         "per model, then each step launches far fewer kernels: for long GPU runs)")
+    g.add_argument("--jobs", type=int, default=1,
+                   help="train up to this many models at once, one process each (same data from the same seeds; "
+                        "on a GPU the small, launch-bound models share the device: wall time ~ the slowest model's)")
     p.add_argument("--output", "-o", default=None, help="write the results as JSON here")
     p.add_argument("--no-progress", action="store_true")
 
@@ -184,7 +187,7 @@ def _mqar(a) -> int:
     for m in models:
         if m not in MODEL_ALIASES:
             raise ValueError(f"--models: unknown model {m!r}; choose from {', '.join(MODEL_ALIASES)}")
-    for name in ("steps", "batch_size", "hidden_size", "layers", "heads", "window", "eval_examples"):
+    for name in ("steps", "batch_size", "hidden_size", "layers", "heads", "window", "eval_examples", "jobs"):
         if getattr(a, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     if a.lr <= 0:
@@ -201,8 +204,9 @@ def _mqar(a) -> int:
         raise ValueError(f"--hidden-size ({a.hidden_size}) must be a multiple of --heads ({a.heads})")
     print(f"MQAR: vocab {task.vocab_size}, seq {task.seq_len}, {task.num_pairs} pairs, gaps ~ gap^-{task.power:g} "
           f"in [{task.min_gap}, {task.max_gap or task.seq_len}], window {tr.window_size}; {tr.num_layers} layers, "
-          f"d={tr.hidden_size}, {tr.steps} steps x {tr.batch_size} on {tr.device}{', compiled' if tr.compile else ''}")
-    out = run_mqar(task, tr, progress=not a.no_progress)
+          f"d={tr.hidden_size}, {tr.steps} steps x {tr.batch_size} on {tr.device}{', compiled' if tr.compile else ''}"
+          + (f", {min(a.jobs, len(models))} models at once" if a.jobs > 1 and len(models) > 1 else ""))
+    out = run_mqar(task, tr, progress=not a.no_progress, jobs=a.jobs)
     print()
     print(format_table(out))
     if a.output:

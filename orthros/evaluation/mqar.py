@@ -340,9 +340,37 @@ def train_one(name: str, task: MQARTask, tr: MQARTrain, train_data_fn, eval_data
     return res
 
 
-def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print) -> dict:
+def _datasets(task: MQARTask, tr: MQARTrain):
+    """The training stream and the held-out set, from the run's seeds (every model, every process,
+    sees the same)."""
+    return generate(task, tr.steps * tr.batch_size, seed=tr.seed + 1), generate(task, tr.eval_examples, seed=tr.seed + 2)
+
+
+def _train_alone(name: str, task: MQARTask, tr: MQARTrain) -> dict:
+    """One model in a worker process of ``run_mqar(jobs > 1)``: the same data from the same seeds."""
+    if tr.threads:
+        torch.set_num_threads(tr.threads)
+    train, eval_data = _datasets(task, tr)
+    return train_one(name, task, tr, lambda step: _batch(train, slice(step * tr.batch_size, (step + 1) * tr.batch_size),
+                                                         tr.device), eval_data)
+
+
+def _log_result(log, res: dict):
+    if log:
+        log(f"  {res['model']:<11} acc {100 * res['acc']:5.1f}%  (gap >= window: {100 * res['acc_gap_ge_window']:5.1f}%)"
+            f"  loss {res['final_loss']:.3f}  {res['train_seconds']:.0f}s (first step {res['first_step_seconds']:.1f}s"
+            + (f", then {res['step_ms_after_first']:.1f} ms/step)" if res["step_ms_after_first"] is not None else ")"))
+
+
+def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print, jobs: int = 1) -> dict:
     """Train each model on the same stream of batches (same seeds, steps, lr, size) and evaluate
-    on the same held-out sequences. Returns a JSON-able dict."""
+    on the same held-out sequences. Returns a JSON-able dict.
+
+    ``jobs > 1`` trains up to that many models at once, each in its own (spawned) process that
+    regenerates the same data from the same seeds: on a GPU, where these small models are
+    launch-bound, the device interleaves them and the wall time is about that of the slowest
+    model. Results (and the table) keep the order of ``tr.models``; no progress bars then, a
+    line per model as it finishes."""
     task.validate()
     names = []
     for m in tr.models:
@@ -354,42 +382,53 @@ def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print) ->
     if not isinstance(tr.compile, bool):
         raise ValueError(f"MQAR compile must be a bool (True: train through torch.compile, False: eager), "
                          f"got {tr.compile!r}")
-    if tr.threads:
-        torch.set_num_threads(tr.threads)
-    train = generate(task, tr.steps * tr.batch_size, seed=tr.seed + 1)
-    eval_data = generate(task, tr.eval_examples, seed=tr.seed + 2)
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"MQAR jobs must be an int >= 1 (models trained at once, one process each), got {jobs!r}")
+    if jobs > 1 and len(names) > 1:
+        import concurrent.futures as cf
+        import multiprocessing as mp
 
-    def data_fn(step):
-        return _batch(train, slice(step * tr.batch_size, (step + 1) * tr.batch_size), tr.device)
+        with cf.ProcessPoolExecutor(max_workers=min(jobs, len(names)), mp_context=mp.get_context("spawn")) as pool:
+            futures = {pool.submit(_train_alone, name, task, tr): i for i, name in enumerate(names)}
+            results = [None] * len(names)
+            for fut in cf.as_completed(futures):
+                results[futures[fut]] = res = fut.result()
+                _log_result(log, res)
+        eval_data = generate(task, tr.eval_examples, seed=tr.seed + 2)
+    else:
+        if tr.threads:
+            torch.set_num_threads(tr.threads)
+        train, eval_data = _datasets(task, tr)
 
-    results = []
-    for name in names:
-        bar = None
-        cb = None
-        if progress:
-            try:
-                from tqdm.auto import tqdm
+        def data_fn(step):
+            return _batch(train, slice(step * tr.batch_size, (step + 1) * tr.batch_size), tr.device)
 
-                bar = tqdm(total=tr.steps, desc=f"MQAR {DISPLAY[MODEL_ALIASES[name]]:<11}", leave=False)
+        results = []
+        for name in names:
+            bar = None
+            cb = None
+            if progress:
+                try:
+                    from tqdm.auto import tqdm
 
-                def cb(_n, step, loss, bar=bar):
-                    bar.update(1)
-                    if step % 25 == 0:
-                        bar.set_postfix(loss=f"{float(loss):.3f}")
-            except ImportError:  # pragma: no cover
-                bar = None
-        res = train_one(name, task, tr, data_fn, eval_data, progress=cb)
-        if bar is not None:
-            bar.close()
-        results.append(res)
-        if log:
-            log(f"  {res['model']:<11} acc {100 * res['acc']:5.1f}%  (gap >= window: {100 * res['acc_gap_ge_window']:5.1f}%)"
-                f"  loss {res['final_loss']:.3f}  {res['train_seconds']:.0f}s (first step {res['first_step_seconds']:.1f}s"
-                + (f", then {res['step_ms_after_first']:.1f} ms/step)" if res["step_ms_after_first"] is not None else ")"))
+                    bar = tqdm(total=tr.steps, desc=f"MQAR {DISPLAY[MODEL_ALIASES[name]]:<11}", leave=False)
+
+                    def cb(_n, step, loss, bar=bar):
+                        bar.update(1)
+                        if step % 25 == 0:
+                            bar.set_postfix(loss=f"{float(loss):.3f}")
+                except ImportError:  # pragma: no cover
+                    bar = None
+            res = train_one(name, task, tr, data_fn, eval_data, progress=cb)
+            if bar is not None:
+                bar.close()
+            results.append(res)
+            _log_result(log, res)
     gaps = eval_data["gaps"]
     return {
         "task": asdict(task),
         "train": {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(tr).items()},
+        "jobs": jobs,
         "eval_gap_stats": {"min": int(gaps.min()), "median": float(np.median(gaps)), "max": int(gaps.max()),
                            "frac_ge_window": float((gaps >= tr.window_size).mean())},
         "results": results,
