@@ -35,6 +35,8 @@ def test_prefill_chunk_and_families_reach_the_rows(hybrid, tmp_path, chunk, want
     (["--prefill-chunk", "-1"], "--prefill-chunk"),
     (["--families", "hybrid,moe"], "--families"),
     (["--sections", "prefill,train"], "--sections"),
+    (["--mqar-jobs", "0"], "--mqar-jobs: 0; must be >= 1"),
+    (["--mqar-steps", "0"], "--mqar-steps: 0; must be >= 1"),
 ])
 def test_bad_arguments_refused_before_work(hybrid, tmp_path, capsys, args, message):
     out = tmp_path / "never.json"
@@ -51,9 +53,9 @@ def test_mqar_alone_builds_no_benchmark_model(hybrid, tmp_path, monkeypatch):
 
     calls = []
     monkeypatch.setattr(hybrid, "orthros_model", no_model)
-    monkeypatch.setattr(hybrid, "run_mqar_section", lambda emit, steps, device, compile=False: calls.append(
-        (steps, compile)) or emit({"model": "stub"}))
+    monkeypatch.setattr(hybrid, "run_mqar_section", lambda emit, steps, device, compile=False, jobs=1: calls.append(
+        (steps, compile, jobs)) or emit({"model": "stub"}))
     out = tmp_path / "m.json"
-    hybrid.main(["--sections", "mqar", "--mqar-steps", "7", "--mqar-compile", "--out", str(out)])
+    hybrid.main(["--sections", "mqar", "--mqar-steps", "7", "--mqar-compile", "--mqar-jobs", "4", "--out", str(out)])
     data = json.loads(out.read_text())
-    assert calls == [(7, True)] and data["errors"] == {} and list(data["sections"]) == ["mqar"]
+    assert calls == [(7, True, 4)] and data["errors"] == {} and list(data["sections"]) == ["mqar"]
