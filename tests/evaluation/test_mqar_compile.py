@@ -63,14 +63,14 @@ def test_cli_compile_and_device_reach_mqar_train(monkeypatch, capsys):
 
     seen = []
 
-    def fake_run(task, tr, progress=True, log=print):
-        seen.append(tr)
+    def fake_run(task, tr, progress=True, log=print, jobs=1):
+        seen.append((tr, jobs))
         return {"task": {}, "train": {"window_size": tr.window_size}, "results": []}
 
     monkeypatch.setattr(mqar, "run_mqar", fake_run)
     assert main(["eval", "mqar", "--compile", "--no-progress"]) == 0
-    assert main(["eval", "mqar", "--no-progress", "--device", "cpu"]) == 0
-    assert [(t.compile, t.device) for t in seen] == [(True, "cpu"), (False, "cpu")]
+    assert main(["eval", "mqar", "--no-progress", "--device", "cpu", "--jobs", "3"]) == 0
+    assert [(t.compile, t.device, j) for t, j in seen] == [(True, "cpu", 1), (False, "cpu", 3)]
     assert "compiled" in capsys.readouterr().out
     assert main(["eval", "mqar", "--device", "tpu"]) == 2
     assert "--device must be cpu, cuda or cuda:N, got 'tpu'" in capsys.readouterr().err
@@ -93,13 +93,13 @@ def test_hybrid_bench_mqar_compile_flag_reaches_mqar_train(monkeypatch, tmp_path
     spec.loader.exec_module(mod)
     seen = []
 
-    def fake_run(task, tr, progress=True, log=print):
-        seen.append(tr)
+    def fake_run(task, tr, progress=True, log=print, jobs=1):
+        seen.append((tr, jobs))
         return {"task": {}, "train": {"window_size": tr.window_size}, "eval_gap_stats": {}, "results": []}
 
     monkeypatch.setattr(mqar, "run_mqar", fake_run)
-    for flags in (["--mqar-compile"], []):
+    for flags in (["--mqar-compile", "--mqar-jobs", "4"], []):
         out = tmp_path / "h.json"
         mod.main(["--tiny", "--sections", "mqar", "--families", "hybrid", *flags, "--out", str(out)])
         assert json.loads(out.read_text())["errors"] == {}
-    assert [t.compile for t in seen] == [True, False]
+    assert [(t.compile, j) for t, j in seen] == [(True, 4), (False, 1)]
