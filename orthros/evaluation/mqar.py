@@ -346,13 +346,17 @@ def _datasets(task: MQARTask, tr: MQARTrain):
     return generate(task, tr.steps * tr.batch_size, seed=tr.seed + 1), generate(task, tr.eval_examples, seed=tr.seed + 2)
 
 
+def _batches(train: dict, tr: MQARTrain):
+    """``step -> (input_ids, labels, query_pos)`` of the training stream, on ``tr.device``."""
+    return lambda step: _batch(train, slice(step * tr.batch_size, (step + 1) * tr.batch_size), tr.device)
+
+
 def _train_alone(name: str, task: MQARTask, tr: MQARTrain) -> dict:
     """One model in a worker process of ``run_mqar(jobs > 1)``: the same data from the same seeds."""
     if tr.threads:
         torch.set_num_threads(tr.threads)
     train, eval_data = _datasets(task, tr)
-    return train_one(name, task, tr, lambda step: _batch(train, slice(step * tr.batch_size, (step + 1) * tr.batch_size),
-                                                         tr.device), eval_data)
+    return train_one(name, task, tr, _batches(train, tr), eval_data)
 
 
 def _log_result(log, res: dict):
@@ -399,10 +403,7 @@ def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print, jo
         if tr.threads:
             torch.set_num_threads(tr.threads)
         train, eval_data = _datasets(task, tr)
-
-        def data_fn(step):
-            return _batch(train, slice(step * tr.batch_size, (step + 1) * tr.batch_size), tr.device)
-
+        data_fn = _batches(train, tr)
         results = []
         for name in names:
             bar = None
