@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True, help="checkpoint directory (orthros convert / train output)")
@@ -66,9 +67,9 @@ def main(argv=None) -> int:
     from orthros.utils import commit_id, write_json
 
     try:
-        text = "\n".join(load_documents(a.text or CORPUS_FILE))
-    except ValueError as e:  # the reader names its argument --data
-        print(str(e).replace("--data", "--text", 1), file=sys.stderr)
+        text = "\n".join(load_documents(a.text or CORPUS_FILE, arg="--text"))
+    except ValueError as e:
+        print(e, file=sys.stderr)
         return 2
     tok = AutoTokenizer.from_pretrained(a.model)
     model = load_model(a.model).to(a.device, torch.float32 if a.dtype == "fp32" else torch.bfloat16).eval()

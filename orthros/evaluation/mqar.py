@@ -340,10 +340,14 @@ def train_one(name: str, task: MQARTask, tr: MQARTrain, train_data_fn, eval_data
     return res
 
 
-def _datasets(task: MQARTask, tr: MQARTrain):
-    """The training stream and the held-out set, from the run's seeds (every model, every process,
-    sees the same)."""
-    return generate(task, tr.steps * tr.batch_size, seed=tr.seed + 1), generate(task, tr.eval_examples, seed=tr.seed + 2)
+def _train_stream(task: MQARTask, tr: MQARTrain) -> dict:
+    """The training sequences of the run's seed: every model, in every process, sees the same."""
+    return generate(task, tr.steps * tr.batch_size, seed=tr.seed + 1)
+
+
+def _held_out(task: MQARTask, tr: MQARTrain) -> dict:
+    """The held-out sequences of the run's seed (the same for every model)."""
+    return generate(task, tr.eval_examples, seed=tr.seed + 2)
 
 
 def _batches(train: dict, tr: MQARTrain):
@@ -355,8 +359,7 @@ def _train_alone(name: str, task: MQARTask, tr: MQARTrain) -> dict:
     """One model in a worker process of ``run_mqar(jobs > 1)``: the same data from the same seeds."""
     if tr.threads:
         torch.set_num_threads(tr.threads)
-    train, eval_data = _datasets(task, tr)
-    return train_one(name, task, tr, _batches(train, tr), eval_data)
+    return train_one(name, task, tr, _batches(_train_stream(task, tr), tr), _held_out(task, tr))
 
 
 def _log_result(log, res: dict):
@@ -398,12 +401,12 @@ def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print, jo
             for fut in cf.as_completed(futures):
                 results[futures[fut]] = res = fut.result()
                 _log_result(log, res)
-        eval_data = generate(task, tr.eval_examples, seed=tr.seed + 2)
+        eval_data = _held_out(task, tr)  # for the gap statistics below
     else:
         if tr.threads:
             torch.set_num_threads(tr.threads)
-        train, eval_data = _datasets(task, tr)
-        data_fn = _batches(train, tr)
+        eval_data = _held_out(task, tr)
+        data_fn = _batches(_train_stream(task, tr), tr)
         results = []
         for name in names:
             bar = None

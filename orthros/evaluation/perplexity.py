@@ -40,11 +40,12 @@ def check_buckets(edges, seq_len: int) -> list[int]:
     return edges
 
 
-def load_documents(path) -> list[str]:
-    """Documents of a ``.jsonl`` file (field ``text``, one per line) or a ``.txt`` file (one document)."""
+def load_documents(path, arg: str = "--data") -> list[str]:
+    """Documents of a ``.jsonl`` file (field ``text``, one per line) or a ``.txt`` file (one document).
+    Errors name the file as the command-line argument ``arg``."""
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"--data {str(path)!r}: no such file (a .jsonl with a 'text' field per line, or a .txt)")
+        raise ValueError(f"{arg} {str(path)!r}: no such file (a .jsonl with a 'text' field per line, or a .txt)")
     if p.suffix == ".jsonl":
         docs = []
         for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
@@ -53,15 +54,15 @@ def load_documents(path) -> list[str]:
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"--data {p}: line {i} is not JSON ({e})") from None
+                raise ValueError(f"{arg} {p}: line {i} is not JSON ({e})") from None
             if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
-                raise ValueError(f"--data {p}: line {i} has no string field 'text'")
+                raise ValueError(f"{arg} {p}: line {i} has no string field 'text'")
             docs.append(rec["text"])
     else:
         docs = [p.read_text(encoding="utf-8")]
     docs = [d for d in docs if d.strip()]
     if not docs:
-        raise ValueError(f"--data {p}: no text")
+        raise ValueError(f"{arg} {p}: no text")
     return docs
 
 
