@@ -4,12 +4,18 @@ The reference is checked against the op's reference (one query at the end of eac
 cache); the Triton kernel (interpreter on CPU, native on GPU) against the reference, on
 batches whose rows have different lengths, GQA 1..8, windows longer and shorter than the
 cache, and NaN-poisoned outputs. On a GPU the step is also captured in a CUDA graph.
+The one-launch paths (one split writing the outputs itself; ``merge="inline"``: the split
+kernel's last program per (row, KV head) merges, with a ticket counter it resets) are checked
+against the reference and against the two-launch merge, on the CPU and (``-m gpu``) with
+hypothesis cases, graph replays and repeated launches on the H200.
 """
 
 import os
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
@@ -21,8 +27,6 @@ from conftest import rel  # noqa: E402
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-
-
 
 
 def make(B, L_max, Hq, Hkv, D, lens, dtype=torch.float32, seed=0):
@@ -131,3 +135,178 @@ def test_gpu_long_cache_and_graph_capture(dtype):
     ref = decode_attention_reference(q, qo, kc, vc, lens, window_size=128)
     for x, y in zip(out, ref):
         assert rel(x, y) < 1e-2
+
+
+# ---------------------------------------------------------------- one launch per step
+def _poison(monkeypatch):
+    """NaN-fill every torch.empty / empty_like (unwritten outputs fail); returns the list of
+    shapes allocated through them."""
+    shapes = []
+    real_empty, real_like = torch.empty, torch.empty_like
+
+    def empty(*a, **k):
+        t = real_empty(*a, **k)
+        shapes.append(tuple(t.shape))
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    def like(*a, **k):
+        t = real_like(*a, **k)
+        shapes.append(tuple(t.shape))
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+    monkeypatch.setattr(torch, "empty", empty)
+    monkeypatch.setattr(torch, "empty_like", like)
+    return shapes
+
+
+def _counters(B, Hkv):
+    from orthros.ops.triton.common import zeroed_counters
+
+    return zeroed_counters(torch.device(DEV), B * Hkv)
+
+
+def _check_inline(q, qo, kc, vc, lens, w, cfg, tol):
+    """Inline merge == the two-launch merge (the same partials and merge arithmetic) and ==
+    the reference; the ticket counters are back to 0, so a second call (a graph replay) gives
+    the same result."""
+    from orthros.ops.triton.decode import decode_attention_triton
+
+    ref = decode_attention_reference(q, qo, kc, vc, lens, window_size=w)
+    sep = decode_attention_triton(q, qo, kc, vc, lens, window_size=w, _config={**cfg, "merge": "separate"})
+    inl = decode_attention_triton(q, qo, kc, vc, lens, window_size=w, _config={**cfg, "merge": "inline"})
+    for x, y, z in zip(inl, sep, ref):
+        assert x.shape == z.shape and x.dtype == z.dtype
+        assert rel(x, z) < tol
+        if HAS_CUDA:
+            assert rel(x, y) < 1e-6
+        else:  # interpreter: bit for bit
+            assert torch.equal(x, y)
+    assert int(_counters(q.shape[0], kc.shape[2]).abs().sum()) == 0
+    again = decode_attention_triton(q, qo, kc, vc, lens, window_size=w, _config={**cfg, "merge": "inline"})
+    assert all(torch.equal(x, y) for x, y in zip(again, inl))
+    return inl
+
+
+# (B, L_max, Hq, Hkv, D, lens, splits, block_n): rows of different lengths, lengths inside one
+# split, exactly at split boundaries (chunks of 32 keys below), empty splits, a 0-length row,
+# GQA 1..8, non-power-of-2 head dims
+INLINE_CASES = [
+    (3, 150, 4, 2, 16, [150, 70, 1], 3, 64),
+    (4, 128, 6, 2, 24, [32, 64, 96, 128], 4, 32),
+    (2, 96, 8, 1, 16, [33, 0], 3, 32),
+    (1, 200, 2, 2, 40, [7], 7, 32),
+    (2, 64, 3, 1, 16, [64, 63], 2, 32),
+]
+
+
+@pytest.mark.parametrize("case", INLINE_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_inline_merge_matches_reference(case, dtype, monkeypatch):
+    B, L, Hq, Hkv, D, lens, S, bn = case
+    _poison(monkeypatch)
+    q, qo, kc, vc, lens = make(B, L, Hq, Hkv, D, lens, dtype=dtype, seed=B * 7 + S)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    for w in (1, 5, L + 3):
+        o, oo = _check_inline(q, qo, kc, vc, lens, w, {"splits": S, "block_n": bn}, tol)
+        for b, n in enumerate(lens.tolist()):
+            if n == 0:
+                assert torch.all(o[b] == 0) and torch.all(oo[b] == 0)
+
+
+@pytest.mark.parametrize("case", INLINE_CASES[:4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_split_writes_outputs_directly(case, dtype, monkeypatch):
+    """S == 1 (in both merge modes): no combine launch, no partial buffers, output dtype."""
+    from orthros.ops.triton import decode as td
+
+    B, L, Hq, Hkv, D, lens, _, bn = case
+    q, qo, kc, vc, lens = make(B, L, Hq, Hkv, D, lens, dtype=dtype, seed=B + D)
+    ref = decode_attention_reference(q, qo, kc, vc, lens, window_size=9)
+    shapes = _poison(monkeypatch)
+
+    class NoLaunch:
+        def __getitem__(self, grid):
+            raise AssertionError("a combine kernel was launched for one split")
+    monkeypatch.setattr(td, "_decode_combine", NoLaunch())
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    for cfg in ({"splits": 1, "block_n": bn}, {"splits": 1, "merge": "inline"}, {"min_split": 10 ** 6}):
+        shapes.clear()
+        out = td.decode_attention_triton(q, qo, kc, vc, lens, window_size=9, _config=cfg)
+        assert shapes == [(B, 1, Hq, D)] * 2  # o and o_out only
+        for x, y in zip(out, ref):
+            assert x.dtype == dtype and rel(x, y) < tol
+
+
+def test_inline_merge_default_split_count_and_bad_merge():
+    from orthros.ops.triton.decode import DECODE_CONFIG, decode_attention_triton, num_splits
+
+    q, qo, kc, vc, lens = make(2, 256, 4, 2, 16, [256, 100], seed=5)
+    assert DECODE_CONFIG["merge"] == "separate"  # the default changes only after a GPU measurement
+    cfg = {"min_split": 64}  # the heuristic's own S (> 1) at a short cache
+    assert num_splits(2, 2, 256, q.device, {**DECODE_CONFIG, **cfg}) > 1
+    _check_inline(q, qo, kc, vc, lens, 16, cfg, 1e-5)
+    with pytest.raises(ValueError, match="merge"):
+        decode_attention_triton(q, qo, kc, vc, lens, window_size=4, _config={"merge": "fused"})
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(B=st.integers(1, 3), Hkv=st.integers(1, 2), G=st.integers(1, 4), L=st.integers(1, 160),
+       S=st.integers(2, 6), w=st.integers(1, 170), data=st.data())
+def test_hypothesis_inline_small(B, Hkv, G, L, S, w, data):
+    lens = data.draw(st.lists(st.integers(0, L), min_size=B, max_size=B))
+    q, qo, kc, vc, lens = make(B, L, Hkv * G, Hkv, 16, lens, seed=L + S)
+    _check_inline(q, qo, kc, vc, lens, w, {"splits": S, "block_n": 16}, 1e-5)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_gpu_hypothesis_inline_merge(dtype):
+    """40 random cases per dtype: inline == separate == reference, counters back to 0."""
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(B=st.integers(1, 4), Hkv=st.sampled_from([1, 2, 8]), G=st.sampled_from([1, 2, 4, 8]),
+           L=st.integers(1, 5000), D=st.sampled_from([64, 80, 128]), w=st.integers(1, 600),
+           S=st.sampled_from([None, 1, 2, 3, 16, 33, 64]), bn=st.sampled_from([32, 64]), data=st.data())
+    def inner(B, Hkv, G, L, D, w, S, bn, data):
+        lens = data.draw(st.lists(st.integers(0, L), min_size=B, max_size=B))
+        q, qo, kc, vc, lens = make(B, L, Hkv * G, Hkv, D, lens, dtype=dtype, seed=L)
+        cfg = {"block_n": bn} if S is None else {"splits": S, "block_n": bn}
+        _check_inline(q, qo, kc, vc, lens, w, cfg, 1e-5 if dtype == torch.float32 else 2e-2)
+    inner()
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("S", [2, 16, 64])
+def test_gpu_inline_merge_graph_replays_and_races(S):
+    """The inline step captured in a CUDA graph: lengths changed on the device, many replays
+    (each must find its counters at 0), and 300 eager launches back to back equal to the
+    first (a memory-ordering bug between the partial stores and the ticket shows as a rare
+    wrong row)."""
+    from orthros.ops.triton.decode import decode_attention_triton
+
+    B, L, Hq, Hkv, D, w = 8, 4096, 32, 8, 128, 128
+    q, qo, kc, vc, lens = make(B, L, Hq, Hkv, D, [4096, 1024, 1, 0, 777, 4095, 2048, 64], dtype=torch.bfloat16)
+    cfg = {"splits": S, "merge": "inline"}
+    step = lambda: decode_attention_triton(q, qo, kc, vc, lens, window_size=w, _config=cfg)  # noqa: E731
+    first = [x.clone() for x in step()]
+    sep = decode_attention_triton(q, qo, kc, vc, lens, window_size=w, _config={"splits": S})
+    assert all(rel(x, y) < 1e-6 for x, y in zip(first, sep))
+    for _ in range(300):
+        out = step()
+        assert all(torch.equal(x, y) for x, y in zip(out, first))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for new in ([5, 4096, 2000, 1, 0, 3333, 64, 65], [4096] * 8, [1, 2, 3, 4, 5, 6, 7, 8]):
+        lens.copy_(torch.tensor(new, device=DEV, dtype=torch.int32))
+        for _ in range(20):
+            graph.replay()
+        ref = decode_attention_reference(q, qo, kc, vc, lens, window_size=w)
+        for x, y in zip(out, ref):
+            assert rel(x, y) < 1e-2
+    assert int(_counters(B, Hkv).abs().sum()) == 0

@@ -66,6 +66,25 @@ def dummy(device):
     return t
 
 
+_COUNTERS = {}
+
+
+def zeroed_counters(device, n: int) -> torch.Tensor:
+    """``n`` int32 counters, zero between launches: a kernel that takes tickets on them must
+    put each back to 0 before it ends (the host never re-zeroes them, so a CUDA-graph replay
+    finds them as the last launch left them). Cached per (device, n) and never freed: a
+    captured graph keeps the address. Kernels using them must not run concurrently on two
+    streams. First asked for while a graph is being captured, the buffer is not cached: its
+    zero-fill runs only inside that graph (at every replay), so it must not be shared."""
+    key = (device, int(n))
+    t = _COUNTERS.get(key)
+    if t is None:
+        t = torch.zeros(int(n), dtype=torch.int32, device=device)
+        if not (device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+            _COUNTERS[key] = t
+    return t
+
+
 @triton.jit
 def visible(kpos, qpos, k_ok, window, kdoc, qdoc, kvs,
             HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr):

@@ -2,10 +2,13 @@
 
 The cache is split along its length into ``S`` chunks (flash-decoding); program
 ``(split, kv_head, row)`` reads its chunk of K/V once for all ``G`` query heads of that KV
-head and both streams (``2G`` query rows packed into one tile), and writes a partial result
-per row; a second tiny kernel merges the ``S`` partials by log-sum-exp. ``S`` depends only on
-static shapes and the per-row lengths are read on the device, so a step is CUDA-graph
-capturable and never synchronises with the host.
+head and both streams (``2G`` query rows packed into one tile). With ``S == 1`` it writes the
+outputs itself. With ``S > 1`` each program writes a partial result per row, merged by
+log-sum-exp either by a second tiny kernel (``merge="separate"``, the default) or inside the
+split kernel (``merge="inline"``: the last of the ``S`` programs of a (row, KV head) to finish,
+found with an atomic ticket on a cached int32 counter it puts back to 0, merges them: one
+launch per step). ``S`` depends only on static shapes and the per-row lengths are read on the
+device, so a step is CUDA-graph capturable and never synchronises with the host.
 
 Split count (:func:`num_splits`): the programs ``P = S * B * Hkv`` run in waves of
 ``slots = SMs * occupancy`` (occupancy estimated from the shared memory of the pipelined
@@ -26,24 +29,56 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, block_d, cdiv, interpreting, merge_splits, num_sms, pow2, precision, softmax_result,
-                     softmax_step)
+from .common import (LOG2E, block_d, cdiv, dummy, interpreting, merge_splits, num_sms, pow2, precision,
+                     softmax_result, softmax_step, zeroed_counters)
 
 
 # ============================================================================ kernels
 
+# what _decode_split does with its result (MERGE)
+_PARTIAL, _DIRECT, _INLINE = 0, 1, 2
+
+
+@triton.jit
+def _merge_row(OP, LP, O, OO, b, stream, h, sob, soh, soob, sooh,
+               HQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, NUM_SPLITS, BLOCK_S: tl.constexpr,
+               CACHE: tl.constexpr):
+    """Merge the ``NUM_SPLITS`` partials of one query row (``stream`` 0: window, 1: full; head
+    ``h`` of batch row ``b``) and store it in the output dtype. ``CACHE``: the partials' load
+    cache modifier (".cg" when they were written by other programs of the same launch)."""
+    offs_s = tl.arange(0, BLOCK_S)
+    s_ok = offs_s < NUM_SPLITS
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    base = ((b * 2 + stream) * HQ + h) * NUM_SPLITS
+    lse_s = tl.load(LP + base + offs_s, mask=s_ok, other=float("-inf"), cache_modifier=CACHE)
+    o_s = tl.load(OP + (base + offs_s)[:, None] * D + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :],
+                  other=0.0, cache_modifier=CACHE)
+    o, _ = merge_splits(lse_s, o_s)
+    if stream == 0:
+        tl.store(O + b * sob + h * soh + offs_d, o.to(O.dtype.element_ty), mask=d_ok)
+    else:
+        tl.store(OO + b * soob + h * sooh + offs_d, o.to(OO.dtype.element_ty), mask=d_ok)
+
+
 @triton.jit(do_not_specialize=["window", "NUM_SPLITS"])
 def _decode_split(
-    Q, QO, K, V, SEQ, OP, LP,
-    sqb, sqh, sob_, soh_, skb, skt, skh, svb, svt, svh,
+    Q, QO, K, V, SEQ, OP, LP, O, OO, CNT,
+    sqb, sqh, sob_, soh_, skb, skt, skh, svb, svt, svh, sob, soh, soob, sooh,
     window, qk_scale, split_len,
     G: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS, PREC: tl.constexpr,
+    MERGE: tl.constexpr, BLOCK_S: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """One decode step, both streams: rows 0..G-1 are the window queries of the G heads that
     share KV head ``kvh``, rows G..2G-1 their full queries. Program (split, kvh, b) reads its
-    chunk of the cache once and writes partial (o, lse) per row; _decode_combine merges.
-    ``NUM_SPLITS`` is a runtime value (a new split count does not recompile)."""
+    chunk of the cache once. ``MERGE``: _PARTIAL writes partial (o, lse) per row for
+    _decode_combine; _DIRECT (one split) writes the normalised o / o_out; _INLINE writes the
+    partial, then takes a ticket on the (b, kvh) counter ``CNT``: the program that draws the
+    last one merges the ``NUM_SPLITS`` partials of the 2G rows, writes o / o_out and puts the
+    counter back to 0. ``NUM_SPLITS`` is a runtime value (a new split count does not recompile,
+    except ``BLOCK_S`` of an inline merge). ``UPCAST``: fp32 matmuls (only under the Triton
+    interpreter, whose bf16 ``tl.dot`` is wrong)."""
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)
@@ -63,6 +98,8 @@ def _decode_split(
     qw = tl.load(Q + b64 * sqb + head[:, None] * sqh + offs_d[None, :], mask=qmask & is_win[:, None], other=0.0)
     qf = tl.load(QO + b64 * sob_ + head[:, None] * soh_ + offs_d[None, :], mask=qmask & (~is_win)[:, None], other=0.0)
     q = qw + qf
+    if UPCAST:
+        q = q.to(tl.float32)
     k_base = K + b64 * skb + kvh64 * skh
     v_base = V + b64 * svb + kvh64 * svh
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
@@ -74,44 +111,57 @@ def _decode_split(
         kmask = c_ok[:, None] & d_ok[None, :]
         k = tl.load(k_base + cols[:, None] * skt + offs_d[None, :], mask=kmask, other=0.0)
         v = tl.load(v_base + cols[:, None] * svt + offs_d[None, :], mask=kmask, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         mask = c_ok[None, :] & ((~is_win)[:, None] | (cols[None, :] >= w_lo))
         s = tl.where(mask, s, float("-inf"))
         m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v, PREC)
     o, lse, _ = softmax_result(m_i, l_i, acc)
-    # partial layout: [B, 2, HQ, NUM_SPLITS, (D)]
-    prow = ((b64 * 2 + tl.where(is_win, 0, 1)) * HQ + head) * NUM_SPLITS + split
-    tl.store(OP + prow[:, None] * D + offs_d[None, :], o, mask=qmask)
-    tl.store(LP + prow, lse, mask=r_ok)
+    if MERGE == 1:  # _DIRECT: the only split, its result is final
+        tl.store(O + b64 * sob + head[:, None] * soh + offs_d[None, :], o.to(O.dtype.element_ty),
+                 mask=qmask & is_win[:, None])
+        tl.store(OO + b64 * soob + head[:, None] * sooh + offs_d[None, :], o.to(OO.dtype.element_ty),
+                 mask=qmask & (~is_win)[:, None])
+    else:
+        # partial layout: [B, 2, HQ, NUM_SPLITS, (D)]
+        prow = ((b64 * 2 + tl.where(is_win, 0, 1)) * HQ + head) * NUM_SPLITS + split
+        tl.store(OP + prow[:, None] * D + offs_d[None, :], o, mask=qmask)
+        tl.store(LP + prow, lse, mask=r_ok)
+        if MERGE == 2:  # _INLINE
+            cnt = CNT + b64 * tl.num_programs(1) + kvh64
+            # every thread's partial stores happen before the ticket (CTA barrier, then a
+            # gpu-scope release); the last program's acquire makes the others' visible, and it
+            # reads them from L2 (.cg), not from a possibly stale L1
+            tl.debug_barrier()
+            ticket = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+            if ticket == NUM_SPLITS - 1:
+                for rr in tl.static_range(2 * G):
+                    _merge_row(OP, LP, O, OO, b64, rr // G, kvh64 * G + rr % G, sob, soh, soob, sooh,
+                               HQ=HQ, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=NUM_SPLITS, BLOCK_S=BLOCK_S,
+                               CACHE=".cg")
+                tl.store(cnt, 0)  # every program of this (b, kvh) has drawn: ready for the next launch
 
 
 @triton.jit(do_not_specialize=["NUM_SPLITS"])
 def _decode_combine(OP, LP, O, OO, sob, soh, soob, sooh,
                     HQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                     NUM_SPLITS, BLOCK_S: tl.constexpr):
-    h = tl.program_id(0).to(tl.int64)
-    stream = tl.program_id(1)
-    b = tl.program_id(2).to(tl.int64)
-    offs_s = tl.arange(0, BLOCK_S)
-    s_ok = offs_s < NUM_SPLITS
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    base = ((b * 2 + stream) * HQ + h) * NUM_SPLITS
-    lse_s = tl.load(LP + base + offs_s, mask=s_ok, other=float("-inf"))
-    o_s = tl.load(OP + (base + offs_s)[:, None] * D + offs_d[None, :], mask=s_ok[:, None] & d_ok[None, :], other=0.0)
-    o, _ = merge_splits(lse_s, o_s)
-    if stream == 0:
-        tl.store(O + b * sob + h * soh + offs_d, o.to(O.dtype.element_ty), mask=d_ok)
-    else:
-        tl.store(OO + b * soob + h * sooh + offs_d, o.to(OO.dtype.element_ty), mask=d_ok)
+    _merge_row(OP, LP, O, OO, tl.program_id(2).to(tl.int64), tl.program_id(1), tl.program_id(0).to(tl.int64),
+               sob, soh, soob, sooh, HQ=HQ, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=NUM_SPLITS, BLOCK_S=BLOCK_S,
+               CACHE="")
 
 
 # ============================================================================ host
 
 # (BLOCK_N, num_warps, num_stages, min keys per split); measured on an H200.
-# max_splits bounds S (the merge kernel holds all S partials of a row in one tile).
+# max_splits bounds S (the merge holds all S partials of a row in one tile). merge: "separate"
+# (a second launch, _decode_combine, merges the S > 1 partials) or "inline" (the split kernel's
+# last program per (row, KV head) merges them: one launch); one split always writes directly.
 DECODE_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3, "min_split": 512, "max_splits": 64,
-                 "smem_per_sm": 228 * 1024, "max_occupancy": 2, "prog_overhead": 4}
+                 "smem_per_sm": 228 * 1024, "max_occupancy": 2, "prog_overhead": 4, "merge": "separate"}
+MERGES = ("separate", "inline")
 _SMEM = {}
 
 
@@ -168,9 +218,15 @@ def num_splits(B: int, HKV: int, L_max: int, device, cfg=None, elem_bytes: int =
 
 
 def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window_size, scale=None,
-                                    _config=None):
+                            _config=None):
     """``_config`` (internal, for benchmarks/attention.py --decode-tune): a dict overriding
-    DECODE_CONFIG keys and/or giving ``splits`` (the split count S) explicitly."""
+    DECODE_CONFIG keys (e.g. ``merge``, ``min_split``) and/or giving ``splits`` (the split count
+    S) explicitly. With S = 1 the split kernel writes the outputs itself (no merge, no partial
+    buffers); with S > 1, ``merge`` picks a second merge launch or the in-kernel merge."""
+    cfg = DECODE_CONFIG if _config is None else {**DECODE_CONFIG, **_config}
+    merge = cfg["merge"]
+    if merge not in MERGES:
+        raise ValueError(f"decode config 'merge' must be one of {MERGES}, got {merge!r}")
     B, _, HQ, D = q.shape
     L_max, HKV = k_cache.shape[1], k_cache.shape[2]
     G = HQ // HKV
@@ -181,27 +237,37 @@ def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("orthros_decode_attention: k_cache/v_cache need a contiguous last dimension")
     seq = cache_seqlens
-    o = torch.empty(B, 1, HQ, v_cache.shape[-1], dtype=q.dtype, device=q.device)
+    dev = q.device
+    o = torch.empty(B, 1, HQ, v_cache.shape[-1], dtype=q.dtype, device=dev)
     o_out = torch.empty_like(o)
     BD = block_d(D)
-    cfg = DECODE_CONFIG if _config is None else {**DECODE_CONFIG, **_config}
     bn = cfg["block_n"]
-    S = cfg.get("splits") or num_splits(B, HKV, L_max, q.device, cfg, q.element_size(), BD)
+    S = cfg.get("splits") or num_splits(B, HKV, L_max, dev, cfg, q.element_size(), BD)
     S = max(1, min(int(S), cdiv(L_max, bn)))
     split_len = cdiv(cdiv(L_max, S), bn) * bn
     S = cdiv(L_max, split_len)
-    op = torch.empty(B, 2, HQ, S, D, dtype=torch.float32, device=q.device)
-    lp = torch.empty(B, 2, HQ, S, dtype=torch.float32, device=q.device)
+    if S == 1:
+        mode, op, lp, cnt, bs = _DIRECT, dummy(dev), dummy(dev), dummy(dev), 2
+    else:
+        op = torch.empty(B, 2, HQ, S, D, dtype=torch.float32, device=dev)
+        lp = torch.empty(B, 2, HQ, S, dtype=torch.float32, device=dev)
+        if merge == "inline":
+            mode, cnt, bs = _INLINE, zeroed_counters(dev, B * HKV), max(2, pow2(S))
+        else:  # BLOCK_S unused by the split kernel: one compile for every S
+            mode, cnt, bs = _PARTIAL, dummy(dev), 2
     nw, ns = (1, 1) if interpreting() else (cfg["num_warps"], cfg["num_stages"])
+    upcast = interpreting() and q.dtype == torch.bfloat16
     _decode_split[(S, HKV, B)](
-        q, q_out, k_cache, v_cache, seq, op, lp,
+        q, q_out, k_cache, v_cache, seq, op, lp, o, o_out, cnt,
         q.stride(0), q.stride(2), q_out.stride(0), q_out.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
         int(window_size), scale * LOG2E, split_len,
         G=G, HQ=HQ, D=D, BLOCK_D=BD, BLOCK_H=max(16, pow2(2 * G)), BLOCK_N=bn,
-        NUM_SPLITS=S, PREC=precision(q.dtype), num_warps=nw, num_stages=ns)
-    _decode_combine[(HQ, 2, B)](op, lp, o, o_out, o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
-                                   HQ=HQ, D=D, BLOCK_D=BD, NUM_SPLITS=S,
-                                   BLOCK_S=max(2, pow2(S)))
+        NUM_SPLITS=S, PREC="ieee" if upcast else precision(q.dtype), MERGE=mode, BLOCK_S=bs,
+        UPCAST=upcast, num_warps=nw, num_stages=ns)
+    if mode == _PARTIAL:
+        _decode_combine[(HQ, 2, B)](op, lp, o, o_out, o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
+                                    HQ=HQ, D=D, BLOCK_D=BD, NUM_SPLITS=S, BLOCK_S=max(2, pow2(S)))
     return o, o_out
