@@ -15,8 +15,10 @@ Timings: CUDA events through ``triton.testing.do_bench`` (median). Run on a GPU:
 * ``python benchmarks/attention.py --targets [--decode-tune] [--window-tune] --json out.json``:
   exactly the rows behind the issue's targets, with same-run baselines, as markdown tables
   (< 4 min on an H200; each tune mode adds < 90 s);
-* ``--decode-tune``: decode step under CUDA graphs for B in {1, 2, 8}, L in {8K, 32K, 128K}
-  over split counts and (BLOCK_N, num_warps, num_stages), next to SDPA decode;
+* ``--decode-tune``: decode step under CUDA graphs for B in {1, 8} x L in {1K, 2K, 4K} and
+  B in {1, 2, 8} x L in {8K, 32K, 128K} over split counts (incl. the heuristic's at each
+  ``min_split``), both merges (two launches / inline, one launch) at each split count, and
+  (BLOCK_N, num_warps, num_stages), next to SDPA decode;
 * ``--window-tune``: window-only fwd+bwd at 8K/32K for several backward block configs, host
   enqueue time, a CUDA-graph replay (GPU time alone), Flex at 8K, and a host profile;
 * ``--dry-run``: every selected code path once on the CPU (Triton interpreter, tiny sizes,
@@ -350,18 +352,29 @@ def decode(Ls, B=1, eager=True):
 
 
 def _split_candidates(B, L, sms, heuristic):
-    """Split counts filling 1..4 waves of SMs, and the heuristic's, capped by L // 256."""
+    """Split counts filling 1..4 waves of SMs, and the heuristic's, capped by L // 64 (a short
+    cache still gets up to 16 splits at 1K)."""
     pairs = B * HKV
     cands = {heuristic}
     for waves in (1, 2, 3, 4):
         cands.add(max(1, round(waves * sms / pairs)))
-    cap = max(1, L // 256)
+    cap = max(1, L // 64)
     return sorted({max(1, min(c, cap, 64)) for c in cands})
 
 
-def decode_tune(Bs=(1, 2, 8), Ls=(8192, 32768, 131072), budget_s=85.0, reps=20):
-    """Decode step under CUDA graphs over split counts (default block config), then block
-    configs (BLOCK_N, num_warps, num_stages) at the heuristic's and the best split count."""
+# the short contexts behind issue #18 (the engine's 1K decode step), then the long ones
+DECODE_TUNE_POINTS = ([(B, L) for B in (1, 8) for L in (1024, 2048, 4096)]
+                      + [(B, L) for B in (1, 2, 8) for L in (8192, 32768, 131072)])
+DECODE_TUNE_MIN_SPLITS = (64, 128, 256, 512)
+DECODE_MERGES = ("separate", "inline")
+
+
+def decode_tune(points=DECODE_TUNE_POINTS, budget_s=120.0, reps=20):
+    """Decode step under CUDA graphs at each (B, L): split counts (1-4 waves, the heuristic's,
+    and the heuristic's choice for each ``min_split`` in DECODE_TUNE_MIN_SPLITS), each with
+    both merges (``separate``: split + combine launch; ``inline``: one launch) at the default
+    block config, then block configs (BLOCK_N, num_warps, num_stages) at the heuristic's and
+    the best split count with that count's faster merge; SDPA decode alongside."""
     from orthros.ops.triton import decode as td
     from orthros.ops.triton.common import block_d
     from orthros.ops.triton.common import num_sms as _num_sms
@@ -372,61 +385,84 @@ def decode_tune(Bs=(1, 2, 8), Ls=(8192, 32768, 131072), budget_s=85.0, reps=20):
         blocks = blocks[:2] + blocks[4:5]
     log(f"\n## decode tune (CUDA graphs, {reps} replays each; ours / SDPA graph; budget {budget_s:.0f} s)")
     log(f"{'B':>2} {'L':>7} {'sdpa us':>8} {'heur S':>6} {'heur us':>8} {'ratio':>6} | best: {'S':>3} "
-        f"{'BN':>4} {'nw':>3} {'ns':>3} {'us':>8} {'ratio':>6}")
+        f"{'BN':>4} {'nw':>3} {'ns':>3} {'merge':>8} {'us':>8} {'ratio':>6}")
     table = {}
     dev = torch.device(DEV)
     sms = _num_sms(dev)
-    for B in Bs:
-        for L0 in Ls:
-            L = sz(L0)
-            key = f"B{B}_L{L0}"
-            res = {"configs": {}}
-            q, qo, kc, vc, lens, qs, ks, vs = decode_inputs(B, L)
-            sd = lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)  # noqa: E731
-            res["sdpa"] = guard(f"tune {key} sdpa", lambda: graph_time(sd, reps))
-            heur = td.num_splits(B, HKV, L, dev, elem_bytes=q.element_size(), block_d=block_d(D))
-            res["heuristic_splits"] = heur
+    nan = float("nan")
+    for B, L0 in points:
+        L = sz(L0)
+        key = f"B{B}_L{L0}"
+        res = {"configs": {}, "merge": {}, "min_split": {}}
+        q, qo, kc, vc, lens, qs, ks, vs = decode_inputs(B, L)
+        sd = lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)  # noqa: E731
+        res["sdpa"] = guard(f"tune {key} sdpa", lambda: graph_time(sd, reps))
+        split_of = lambda cfg=None: td.num_splits(B, HKV, L, dev, cfg, q.element_size(), block_d(D))  # noqa: E731
+        heur = split_of()
+        res["heuristic_splits"] = heur
 
-            def ours(cfg):
-                return lambda: td.decode_attention_triton(q, qo, kc, vc, lens, window_size=W, _config=cfg)
+        def ours(cfg):
+            return lambda: td.decode_attention_triton(q, qo, kc, vc, lens, window_size=W, _config=cfg)
 
-            def measure(S, bn, nw, ns):
-                name = f"S{S}_bn{bn}_w{nw}_s{ns}"
-                if name in res["configs"]:
-                    return
-                cfg = {"splits": S, "block_n": bn, "num_warps": nw, "num_stages": ns}
+        def measure(S, bn, nw, ns, merge):
+            name = f"S{S}_bn{bn}_w{nw}_s{ns}_{merge}"
+            if name not in res["configs"]:
+                cfg = {"splits": S, "block_n": bn, "num_warps": nw, "num_stages": ns, "merge": merge}
                 ms = guard(f"tune {key} {name}", lambda: graph_time(ours(cfg), reps))
                 if ms is not None:
                     res["configs"][name] = ms
-            res["heuristic"] = guard(f"tune {key} heuristic", lambda: graph_time(ours(None), reps))
-            for S in _split_candidates(B, L, sms, heur):
-                measure(S, 64, 4, 3)
-            measured = {k: v for k, v in res["configs"].items()}
-            best_S = int(min(measured, key=measured.get)[1:].split("_")[0]) if measured else heur
-            for S in sorted({heur, best_S}):
-                for bn, nw, ns in blocks:
-                    if time.time() - t0 > budget_s:
-                        break
-                    measure(S, bn, nw, ns)
-            if time.time() - t0 > budget_s:
-                log(f"  (budget reached at {key}: block-config sweep cut short)")
-            if res["configs"]:
-                bname = min(res["configs"], key=res["configs"].get)
-                res["best"] = bname
-                res["best_ms"] = res["configs"][bname]
-            table[key] = res
-            nan = float("nan")
-            sdp = res.get("sdpa") or nan
-            hms = res.get("heuristic") or nan
-            bms = res.get("best_ms", nan)
-            parts = res.get("best", "S0_bn0_w0_s0").split("_")
-            log(f"{B:>2} {L0:>7} {sdp * 1e3:8.1f} {heur:>6} {hms * 1e3:8.1f} {hms / sdp:6.3f} | best: "
-                f"{parts[0][1:]:>3} {parts[1][2:]:>4} {parts[2][1:]:>3} {parts[3][1:]:>3} {bms * 1e3:8.1f} "
-                f"{bms / sdp:6.3f}")
-            RES["decode_tune"] = table
-            del kc, vc, ks, vs
-            empty_cache()
-            save()
+            return res["configs"].get(name)
+        res["heuristic"] = guard(f"tune {key} heuristic", lambda: graph_time(ours(None), reps))
+        for ms_ in DECODE_TUNE_MIN_SPLITS:
+            res["min_split"][ms_] = {"S": split_of({**td.DECODE_CONFIG, "min_split": ms_})}
+        d_bn, d_nw, d_ns = td.DECODE_CONFIG["block_n"], td.DECODE_CONFIG["num_warps"], td.DECODE_CONFIG["num_stages"]
+        cands = sorted(set(_split_candidates(B, L, sms, heur)) | {v["S"] for v in res["min_split"].values()})
+        for S in cands:
+            # one split writes its outputs directly in both modes: the same program, timed once
+            t_sep = measure(S, d_bn, d_nw, d_ns, "separate")
+            t_inl = t_sep if S == 1 else measure(S, d_bn, d_nw, d_ns, "inline")
+            res["merge"][S] = {"separate": t_sep, "inline": t_inl}
+        for v in res["min_split"].values():
+            v.update(res["merge"].get(v["S"], {}))
+        # fastest (time, merge) per split count; one split is the direct write ("direct")
+        timed = {S: (r["separate"], "direct") if S == 1 else min((t, m) for m, t in r.items() if t is not None)
+                 for S, r in res["merge"].items() if r["separate"] is not None or r["inline"] is not None}
+        best_S = min(timed, key=lambda s: timed[s][0]) if timed else heur
+        for S in sorted({heur, best_S}):
+            merge = timed[S][1] if S in timed and timed[S][1] != "direct" else "separate"
+            for bn, nw, ns in blocks:
+                if time.time() - t0 > budget_s:
+                    break
+                measure(S, bn, nw, ns, merge)
+        if time.time() - t0 > budget_s:
+            log(f"  (budget reached at {key}: block-config sweep cut short)")
+        if res["configs"]:
+            bname = min(res["configs"], key=res["configs"].get)
+            res["best"] = bname
+            res["best_ms"] = res["configs"][bname]
+        both = {S: r for S, r in res["merge"].items() if S > 1 and None not in r.values()}
+        res["inline_wins"] = sum(r["inline"] < r["separate"] for r in both.values())
+        res["merge_compared"] = len(both)
+        table[key] = res
+        sdp = res.get("sdpa") or nan
+        hms = res.get("heuristic") or nan
+        bms = res.get("best_ms", nan)
+        parts = res.get("best", "S0_bn0_w0_s0_-").split("_")
+        log(f"{B:>2} {L0:>7} {sdp * 1e3:8.1f} {heur:>6} {hms * 1e3:8.1f} {hms / sdp:6.3f} | best: "
+            f"{parts[0][1:]:>3} {parts[1][2:]:>4} {parts[2][1:]:>3} {parts[3][1:]:>3} {parts[4]:>8} "
+            f"{bms * 1e3:8.1f} {bms / sdp:6.3f}")
+        us = lambda t: f"{t * 1e3:.1f}" if t is not None else "-"  # noqa: E731
+        log("   merge at equal S (us, separate/inline): "
+            + "  ".join(f"S{S} {us(r['separate'])}/{us(r['inline'])}" for S, r in sorted(res["merge"].items()))
+            + f"  -> inline faster at {res['inline_wins']} of {res['merge_compared']}"
+            + (f"; best S{best_S} {timed[best_S][1]} {us(timed[best_S][0])} us" if timed else ""))
+        log("   min_split -> S (separate/inline us): "
+            + "  ".join(f"{m}->S{v['S']} {us(v.get('separate'))}/{us(v.get('inline'))}"
+                        for m, v in res["min_split"].items()))
+        RES["decode_tune"] = table
+        del kc, vc, ks, vs
+        empty_cache()
+        save()
     log(f"(decode tune: {time.time() - t0:.0f} s)")
 
 
@@ -681,6 +717,15 @@ def markdown():
                        f"{r.get('heuristic_splits')} | {_f(r.get('heuristic'), 1e3, '{:.1f}')} us | "
                        f"{_ratio(r.get('heuristic'), r.get('sdpa'))} | {r.get('best', 'n/a')} | "
                        f"{_f(r.get('best_ms'), 1e3, '{:.1f}')} us | {_ratio(r.get('best_ms'), r.get('sdpa'))} |")
+        out += ["", "| B | L | S | separate (split + combine) | inline (one launch) | inline / separate |",
+                "|---|---|---|---|---|---|"]
+        for k, r in dt.items():
+            B, L = k[1:].split("_L")
+            for S, m in sorted(r.get("merge", {}).items()):
+                if S > 1:
+                    out.append(f"| {B} | {int(L) // 1024}K | {S} | {_f(m.get('separate'), 1e3, '{:.1f}')} us | "
+                               f"{_f(m.get('inline'), 1e3, '{:.1f}')} us | "
+                               f"{_ratio(m.get('inline'), m.get('separate'))} |")
     wt = RES.get("window_tune")
     if wt:
         out += ["", "| T | backward config | fwd+bwd | host enqueue | CUDA graph |", "|---|---|---|---|---|"]
