@@ -12,7 +12,10 @@ over what the view covers):
 
 * :meth:`StaticKVCache.prefill_view` -- rows ``r0:r1``, a chunk of ``T`` tokens at ``P``;
 * :meth:`StaticKVCache.decode_view` -- rows ``0:bs``, one token per row at ``lens`` (device
-  tensors only: CUDA-graph capturable), over cache slots ``[0, span)``.
+  tensors only: CUDA-graph capturable), over cache slots ``[0, span)``. Its write is a scatter
+  of one token per row that the layer step runs inside its first token-wise piece
+  (``write_slot`` / ``write``): compiled, it is part of the kernel that applies RoPE to K,
+  instead of two ``index_put`` kernels per layer.
 """
 
 from __future__ import annotations
@@ -115,6 +118,25 @@ class DecodeView:
     def __init__(self, cache: StaticKVCache, rows, lens, span: int):
         self.cache, self.rows, self.lens, self.span = cache, rows, lens, span
         self.new_lens = lens + 1  # the rows' lengths once this step's token is written
+        self._slotted = set()  # layers whose K/V the token-wise piece writes (write_slot)
+
+    def _buffers(self, i: int):
+        bs = self.rows.shape[0]
+        return self.cache.k[i][:bs, :self.span], self.cache.v[i][:bs, :self.span]
+
+    def write_slot(self, i: int):
+        """Layer ``i``'s cache rows for :meth:`write` (``None`` for a GDN layer: no K/V); from
+        here on :meth:`update` of layer ``i`` leaves the writing to the caller of ``write``."""
+        if self.cache.k[i] is None:
+            return None
+        self._slotted.add(i)
+        return self._buffers(i)
+
+    def write(self, slot, k, v):
+        """This step's token of every row (``k``, ``v`` ``[bs, 1, Hkv, D]``) into ``slot`` at ``lens``."""
+        kc, vc = slot
+        kc[self.rows, self.lens] = k[:, 0]
+        vc[self.rows, self.lens] = v[:, 0]
 
     def linear_state(self, i: int):
         bs = self.rows.shape[0]  # the decode step updates these views of the buffers in place
@@ -127,11 +149,10 @@ class DecodeView:
                 buf.copy_(new)
 
     def update(self, i: int, k, v):
-        bs = k.shape[0]
-        kc, vc = self.cache.k[i][:bs, :self.span], self.cache.v[i][:bs, :self.span]
-        kc[self.rows, self.lens] = k[:, 0]
-        vc[self.rows, self.lens] = v[:, 0]
-        return kc, vc
+        slot = self._buffers(i)
+        if i not in self._slotted:  # a caller that did not take the write into its own piece
+            self.write(slot, k, v)
+        return slot
 
     def attend(self, q, q_full, k, v, step, *, every: bool, window_size: int, scale: float, backend: str):
         # one kernel reads the cache once for both queries; a layer without one of the streams

@@ -78,9 +78,10 @@ class Engine:
         compile: run the token-wise parts of every layer (norms, projections, q/k norm,
             scale-offset, RoPE, residuals, MLP) through ``torch.compile``, so the elementwise
             work is fused instead of launched op by op. The pieces take the layer as an
-            argument and are compiled once for all layers (regional compilation); the cache
-            writes and the attention kernels stay outside. Costs a compile on first use of
-            each shape. Default off.
+            argument and are compiled once for all layers (regional compilation); a decode
+            step's cache write runs inside the first piece (fused with K's RoPE), prefill's
+            cache writes and the attention kernels stay outside. Costs a compile on first use
+            of each shape. Default off.
         fuse: run every layer's projections of one input as one GEMM (``[W_q; W_k; W_v]``,
             ``[W_gate; W_up]``, a GDN layer's four input projections) and a decode pair's
             scale-offset as one ``addcmul``; the RoPE tables are cast to the model dtype once
@@ -533,7 +534,8 @@ def _lm_head(model, h):
 # go through ``torch.compile``. They take the layer as an argument, so one compiled graph
 # serves every layer: parameters are graph inputs, not constants (regional compilation). One
 # wrapper per piece for the whole process, so every engine (and every model of the same
-# structure) reuses the graphs compiled so far; cache writes and attention kernels stay outside.
+# structure) reuses the graphs compiled so far; attention kernels (and prefill's cache writes)
+# stay outside, a decode step's cache write is inside the first piece (``DecodeView.write_slot``).
 _COMPILED = {}
 _FAILED = set()
 

@@ -12,7 +12,12 @@ cache object's business:
   -> (o, o_full)`` runs the window stream for ``q`` (``[B, T, Hq, D]`` base-row queries, or
   ``None``) and the full stream for ``q_full`` (output queries, or ``None``); ``every=True``
   says ``q_full`` has a query at *every* base row of this step (a causal Transformer layer),
-  otherwise at ``step``'s output positions.
+  otherwise at ``step``'s output positions;
+* optional, ``cache.write_slot(layer_idx) -> slot or None`` and ``cache.write(slot, k, v)``: a
+  cache whose write is a small scatter (the engine's decode view) hands the layer's buffers to
+  the step's first token-wise piece, which writes the K/V there itself, so under
+  ``torch.compile`` the write fuses with the RoPE that produced K (no kernels of its own);
+  ``update`` then only returns the buffers. A cache without ``write_slot`` writes in ``update``.
 
 :class:`DenseKV` is the HF path's cache (whole sequences, optionally an HF ``Cache``); the
 engine's static cache and the sequence-parallel shard cache implement the same two methods.
@@ -63,6 +68,12 @@ class StepInputs:
     pad_rows: Optional[torch.Tensor] = None  # [B, n_base] bool: this step's left-padding rows (GDN layers zero them)
     mode: Optional[str] = None
     run: Callable = field(default=call)
+
+    def write_slot(self, layer_idx: int):
+        """The cache's buffers for layer ``layer_idx``'s K/V write in its token-wise piece, or
+        ``None`` (the cache writes in ``update``; see the module docstring)."""
+        ws = getattr(self.cache, "write_slot", None)
+        return None if ws is None else ws(layer_idx)
 
     @property
     def n_out(self) -> int:

@@ -62,9 +62,14 @@ class OrthrosCache(DynamicCache):
         return max([self.linear_seen, *kv]) if layer_idx == 0 else super().get_seq_length(layer_idx)
 
 
-def _project(layer, h, step: StepInputs, final: bool):
-    """Token-wise part 1 of the layer step: the input norm, then the mixer's projections."""
-    return layer.mixer.project(layer.pre_attention(h), step, final)
+def _project(layer, h, step: StepInputs, final: bool, slot=None):
+    """Token-wise part 1 of the layer step: the input norm, then the mixer's projections; with
+    a cache ``slot`` (:meth:`StepInputs.write_slot`) also the cache write of the K/V (``p[2:4]``
+    of an attention layer's projections), fused with the RoPE that produced them."""
+    p = layer.mixer.project(layer.pre_attention(h), step, final)
+    if slot is not None:
+        step.cache.write(slot, p[2], p[3])
+    return p
 
 
 def _finish(layer, h, o, step: StepInputs, final: bool):
@@ -108,7 +113,7 @@ class OrthrosDecoderLayer(ResidualMLP, GradientCheckpointingLayer):
     def forward(self, h: torch.Tensor, step: StepInputs, final: bool = False) -> torch.Tensor:
         """``h [B, n_base (+ T_out), d]`` -> the next hidden states; ``final`` (the last layer):
         only the rows the logits are computed from."""
-        p = step.run(_project, self, h, step, final)
+        p = step.run(_project, self, h, step, final, step.write_slot(self.mixer.layer_idx))
         o = self.mixer.attend(p, step, final)
         return step.run(_finish, self, h, o, step, final)
 
