@@ -371,7 +371,8 @@ DECODE_MERGES = ("separate", "inline")
 
 def decode_tune(points=DECODE_TUNE_POINTS, budget_s=120.0, reps=20):
     """Decode step under CUDA graphs at each (B, L): split counts (1-4 waves, the heuristic's,
-    and the heuristic's choice for each ``min_split`` in DECODE_TUNE_MIN_SPLITS), each with
+    and the heuristic's choice for each ``min_split`` in DECODE_TUNE_MIN_SPLITS and each merge:
+    with merge="inline" it prices the serial merge tail, DECODE_CONFIG["merge_tail"]), each with
     both merges (``separate``: split + combine launch; ``inline``: one launch) at the default
     block config, then block configs (BLOCK_N, num_warps, num_stages) at the heuristic's and
     the best split count with that count's faster merge; SDPA decode alongside."""
@@ -397,7 +398,8 @@ def decode_tune(points=DECODE_TUNE_POINTS, budget_s=120.0, reps=20):
         q, qo, kc, vc, lens, qs, ks, vs = decode_inputs(B, L)
         sd = lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)  # noqa: E731
         res["sdpa"] = guard(f"tune {key} sdpa", lambda: graph_time(sd, reps))
-        split_of = lambda cfg=None: td.num_splits(B, HKV, L, dev, cfg, q.element_size(), block_d(D))  # noqa: E731
+        split_of = lambda cfg=None: td.num_splits(B, HKV, L, dev, cfg, q.element_size(), block_d(D),  # noqa: E731
+                                                  HQ // HKV)
         heur = split_of()
         res["heuristic_splits"] = heur
 
@@ -413,17 +415,20 @@ def decode_tune(points=DECODE_TUNE_POINTS, budget_s=120.0, reps=20):
                     res["configs"][name] = ms
             return res["configs"].get(name)
         res["heuristic"] = guard(f"tune {key} heuristic", lambda: graph_time(ours(None), reps))
-        for ms_ in DECODE_TUNE_MIN_SPLITS:
-            res["min_split"][ms_] = {"S": split_of({**td.DECODE_CONFIG, "min_split": ms_})}
+        for ms_ in DECODE_TUNE_MIN_SPLITS:  # the heuristic's S per merge (inline prices its merge tail)
+            res["min_split"][ms_] = {m: {"S": split_of({**td.DECODE_CONFIG, "min_split": ms_, "merge": m})}
+                                     for m in DECODE_MERGES}
         d_bn, d_nw, d_ns = td.DECODE_CONFIG["block_n"], td.DECODE_CONFIG["num_warps"], td.DECODE_CONFIG["num_stages"]
-        cands = sorted(set(_split_candidates(B, L, sms, heur)) | {v["S"] for v in res["min_split"].values()})
+        cands = sorted(set(_split_candidates(B, L, sms, heur))
+                       | {v["S"] for r in res["min_split"].values() for v in r.values()})
         for S in cands:
             # one split writes its outputs directly in both modes: the same program, timed once
             t_sep = measure(S, d_bn, d_nw, d_ns, "separate")
             t_inl = t_sep if S == 1 else measure(S, d_bn, d_nw, d_ns, "inline")
             res["merge"][S] = {"separate": t_sep, "inline": t_inl}
-        for v in res["min_split"].values():
-            v.update(res["merge"].get(v["S"], {}))
+        for r in res["min_split"].values():
+            for m, v in r.items():
+                v["ms"] = res["merge"].get(v["S"], {}).get(m)
         # fastest (time, merge) per split count; one split is the direct write ("direct")
         timed = {S: (r["separate"], "direct") if S == 1 else min((t, m) for m, t in r.items() if t is not None)
                  for S, r in res["merge"].items() if r["separate"] is not None or r["inline"] is not None}
@@ -456,9 +461,9 @@ def decode_tune(points=DECODE_TUNE_POINTS, budget_s=120.0, reps=20):
             + "  ".join(f"S{S} {us(r['separate'])}/{us(r['inline'])}" for S, r in sorted(res["merge"].items()))
             + f"  -> inline faster at {res['inline_wins']} of {res['merge_compared']}"
             + (f"; best S{best_S} {timed[best_S][1]} {us(timed[best_S][0])} us" if timed else ""))
-        log("   min_split -> S (separate/inline us): "
-            + "  ".join(f"{m}->S{v['S']} {us(v.get('separate'))}/{us(v.get('inline'))}"
-                        for m, v in res["min_split"].items()))
+        log("   heuristic at min_split (separate: S, us / inline: S, us): "
+            + "  ".join(f"{m}: S{r['separate']['S']} {us(r['separate']['ms'])} / S{r['inline']['S']} "
+                        f"{us(r['inline']['ms'])}" for m, r in res["min_split"].items()))
         RES["decode_tune"] = table
         del kc, vc, ks, vs
         empty_cache()

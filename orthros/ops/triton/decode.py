@@ -17,7 +17,12 @@ so ``S`` is chosen to minimise ``waves(S) * (blocks_per_chunk(S) + c)``, ``c`` a
 cost in key blocks (ties: the smaller ``S``,
 fewer partials to merge), with chunks of at least ``min_split`` keys. At B=1, Hkv=8 on 132
 SMs this is the previous choice (~33 splits); at B=8 it picks S=4 (256 programs, one wave)
-instead of S=5 (320 programs: a second, mostly idle wave).
+instead of S=5 (320 programs: a second, mostly idle wave). ``min_split`` (512) is what bounds
+S at short caches (a 1K span gets S=2: 16 programs of 512 keys on 132 SMs); with
+``merge="inline"`` the model also prices the last program's serial merge
+(``merge_tail`` x S x partial bytes per key-block bytes), so a smaller ``min_split`` picks
+fewer splits than with the parallel merge (1K, min_split 64: 8 instead of 16).
+``benchmarks/attention.py --decode-tune`` compares these choices on a GPU.
 """
 
 from __future__ import annotations
@@ -159,8 +164,10 @@ def _decode_combine(OP, LP, O, OO, sob, soh, soob, sooh,
 # max_splits bounds S (the merge holds all S partials of a row in one tile). merge: "separate"
 # (a second launch, _decode_combine, merges the S > 1 partials) or "inline" (the split kernel's
 # last program per (row, KV head) merges them: one launch); one split always writes directly.
+# merge_tail: weight of the inline merge's serial tail in the split-count model (num_splits).
 DECODE_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3, "min_split": 512, "max_splits": 64,
-                 "smem_per_sm": 228 * 1024, "max_occupancy": 2, "prog_overhead": 4, "merge": "separate"}
+                 "smem_per_sm": 228 * 1024, "max_occupancy": 2, "prog_overhead": 4, "merge": "separate",
+                 "merge_tail": 1.0}
 MERGES = ("separate", "inline")
 _SMEM = {}
 
@@ -188,11 +195,13 @@ def occupancy(block_n: int, block_d: int, num_stages: int, elem_bytes: int = 2, 
 
 
 def choose_splits(B: int, HKV: int, L_max: int, sms: int, occ: int, block_n: int, min_split: int,
-                  max_splits: int = 64, prog_overhead: int = 4) -> int:
-    """Split count minimising ``ceil(P / slots) * (blocks_per_chunk + prog_overhead)`` (a pure
-    function of static shapes). ``prog_overhead`` (in key blocks) is a program's fixed cost
-    (query load, pipeline fill, partial store) and keeps the model from trading one wave of
-    long chunks for many exactly-filled waves of short ones."""
+                  max_splits: int = 64, prog_overhead: int = 4, tail_per_split: float = 0.0) -> int:
+    """Split count minimising ``ceil(P / slots) * (blocks_per_chunk + prog_overhead) +
+    S * tail_per_split`` (a pure function of static shapes). ``prog_overhead`` (in key blocks)
+    is a program's fixed cost (query load, pipeline fill, partial store) and keeps the model
+    from trading one wave of long chunks for many exactly-filled waves of short ones.
+    ``tail_per_split`` (key blocks): what one more split adds to a serial merge at the end (the
+    inline merge's last program reads all S partials; 0 for the separate, parallel merge)."""
     pairs = max(1, B * HKV)
     slots = max(1, sms * occ)
     s_max = max(1, min(max_splits, L_max // max(1, min_split)))
@@ -203,18 +212,28 @@ def choose_splits(B: int, HKV: int, L_max: int, sms: int, occ: int, block_n: int
         if s_eff != s:
             continue  # same chunks as a smaller S
         cost = cdiv(pairs * s, slots) * (split_len // block_n + prog_overhead)
+        if s > 1:
+            cost += s * tail_per_split
         if best_cost is None or cost < best_cost:
             best, best_cost = s, cost
     return best
 
 
-def num_splits(B: int, HKV: int, L_max: int, device, cfg=None, elem_bytes: int = 2, block_d: int = 128) -> int:
+def num_splits(B: int, HKV: int, L_max: int, device, cfg=None, elem_bytes: int = 2, block_d: int = 128,
+               G: int = 1) -> int:
+    """The split count of ``cfg`` (default DECODE_CONFIG) for these static shapes. With
+    ``merge="inline"`` the serial merge tail is priced at ``cfg["merge_tail"]`` times the bytes
+    of one split's partials (2G rows of fp32 o) over the bytes of one K+V key block; ``G``:
+    query heads per KV head."""
     cfg = DECODE_CONFIG if cfg is None else cfg
     occ = occupancy(cfg["block_n"], block_d, cfg["num_stages"], elem_bytes,
                     cfg.get("smem_per_sm") if device.type != "cuda" else _smem_per_sm(device),
                     cfg.get("max_occupancy", 2))
+    tail = 0.0
+    if cfg.get("merge", "separate") == "inline":
+        tail = cfg.get("merge_tail", 1.0) * (2 * G * 4) / (2 * cfg["block_n"] * elem_bytes)
     return choose_splits(B, HKV, L_max, num_sms(device), occ, cfg["block_n"], cfg["min_split"],
-                         cfg.get("max_splits", 64), cfg.get("prog_overhead", 4))
+                         cfg.get("max_splits", 64), cfg.get("prog_overhead", 4), tail)
 
 
 def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window_size, scale=None,
@@ -242,7 +261,7 @@ def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window
     o_out = torch.empty_like(o)
     BD = block_d(D)
     bn = cfg["block_n"]
-    S = cfg.get("splits") or num_splits(B, HKV, L_max, dev, cfg, q.element_size(), BD)
+    S = cfg.get("splits") or num_splits(B, HKV, L_max, dev, cfg, q.element_size(), BD, G)
     S = max(1, min(int(S), cdiv(L_max, bn)))
     split_len = cdiv(cdiv(L_max, S), bn) * bn
     S = cdiv(L_max, split_len)
