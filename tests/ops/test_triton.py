@@ -274,3 +274,131 @@ def test_gpu_64bit_offsets_window():
                                   qo[:, :0].float(), window_size=128, backend="reference")
     assert rel(o[:, -tail:], ro) < 1e-2
     assert not torch.isnan(oo).any()
+
+
+# ---------------------------------------------------------------- forward variants
+# attention.FWD_VARIANT selects the forward kernel of each stream (edge masking, GQA packing;
+# the backward is shared and reads the variant's LSE, so gradients check the LSE too). On the
+# CPU the blocks are shrunk so a few-dozen-token case visits edge and interior blocks, windows
+# smaller and larger than a block, and T not a multiple of it.
+VARIANTS = ["edge", "gqa", "gqa_masked"]
+from orthros.ops.triton.attention import _interior  # noqa: E402 (a jit helper the probe kernel calls)
+
+
+def use_variant(monkeypatch, name, small=not HAS_CUDA):
+    from orthros.ops.triton import attention as ta
+
+    for kind in ("win_fwd", "full_fwd"):
+        monkeypatch.setitem(ta.FWD_VARIANT, kind, name)
+        if small:  # interpreter: D <= 64 uses the 64 entry; (rows, BLOCK_N, warps, stages)
+            monkeypatch.setitem(ta.CONFIGS[kind], 64, (16, 16, 4, 1))
+            monkeypatch.setitem(ta.CONFIGS[kind + "_gqa"], 64, (32, 16, 4, 1))
+
+
+VARIANT_CASES = {
+    "pt_g4_w_lt_block": dict(B=2, T=37, Hq=4, Hkv=1, w=5),
+    "g2_w_gt_block_fp16": dict(T=50, Hq=4, Hkv=2, w=40, dtype=torch.float16),
+    "g1_w_eq_block": dict(T=45, Hq=2, Hkv=2, w=16),
+    "g3_padded_heads": dict(T=29, Hq=3, Hkv=1, w=9),
+    "varlen_positions": dict(T=66, Hq=4, Hkv=2, w=20, cu_seqlens=torch.tensor([0, 7, 30, 31, 66]),
+                             positions=torch.tensor([6, 29, 30, 50, 65])),
+    "kv_start_last": dict(B=3, T=41, Hq=4, Hkv=1, w=6, kv_start=torch.tensor([0, 13, 40]),
+                          positions=torch.tensor([40])),
+    "continuation_fp16": dict(B=1, T=20, Tk=50, Hq=4, Hkv=2, w=23, positions=torch.arange(30, 50),
+                              dtype=torch.float16, grad=False),
+}
+
+
+@pytest.mark.parametrize("case", list(VARIANT_CASES))
+@pytest.mark.parametrize("name", VARIANTS)
+def test_forward_variants(poison, monkeypatch, name, case):
+    use_variant(monkeypatch, name)
+    c = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in VARIANT_CASES[case].items()}
+    run_case(D=16, **c)
+
+
+def test_forward_variant_checked(monkeypatch):
+    from orthros.ops.triton import attention as ta
+
+    monkeypatch.setitem(ta.FWD_VARIANT, "win_fwd", "fast")
+    x = torch.randn(1, 8, 2, 16, device=DEV)
+    with pytest.raises(ValueError, match="FWD_VARIANT"):
+        orthros_attention(x, x, x, x, window_size=3, backend="triton")
+
+
+@triton.jit
+def _interior_probe(OUT, DOCSTART, lo, hi, p_first, p_last, window, kvs,
+                    BLOCK_N: triton.language.constexpr, HAS_WINDOW: triton.language.constexpr,
+                    HAS_DOC: triton.language.constexpr, HAS_KVS: triton.language.constexpr):
+    a, b = _interior(lo, hi, p_first, p_last, window, DOCSTART, kvs, BLOCK_N, HAS_WINDOW, HAS_DOC, HAS_KVS)
+    triton.language.store(OUT, a)
+    triton.language.store(OUT + 1, b)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_interior_blocks_exact(data):
+    """``_interior`` returns exactly the key blocks that every query of the block sees entirely
+    (so the edge variants mask no more blocks than needed, and never skip a needed mask)."""
+    n = data.draw(st.integers(2, 90))
+    BN = data.draw(st.sampled_from([4, 8, 16]))
+    if data.draw(st.booleans()):  # a query block aligned as the window stream's are
+        p_first = data.draw(st.integers(0, (n - 1) // BN)) * BN
+        p_last = min(n - 1, p_first + data.draw(st.sampled_from([BN // 2, BN, 2 * BN])) - 1)
+    else:
+        p_first = data.draw(st.integers(0, n - 1))
+        p_last = data.draw(st.integers(p_first, n - 1))
+    qs = sorted({p_first, p_last} | set(data.draw(st.lists(st.integers(p_first, p_last), max_size=5))))
+    flags = [data.draw(st.booleans()) for _ in range(3)]
+
+    def near_block(lo_, hi_):  # half the time on a block edge (+-1): where an off-by-one shows
+        if data.draw(st.booleans()):
+            return data.draw(st.integers(lo_, hi_))
+        k = data.draw(st.integers(lo_ // BN, hi_ // BN))
+        return min(hi_, max(lo_, k * BN + data.draw(st.sampled_from([-1, 0, 1]))))
+    window = near_block(1, n + 2) if flags[0] else 0
+    cuts = sorted({near_block(1, n - 1) for _ in range(data.draw(st.integers(0, 3)))}) if flags[1] else []
+    kvs = near_block(0, p_first) if flags[2] else 0
+    bounds = [0] + cuts + [n]
+    doc = torch.zeros(n, dtype=torch.int64)
+    start = torch.zeros(n, dtype=torch.int64)
+    for i, (s0, s1) in enumerate(zip(bounds[:-1], bounds[1:])):
+        doc[s0:s1], start[s0:s1] = i, s0
+
+    def vis(kp, qp):
+        return (kp <= qp and (not window or kp > qp - window) and doc[kp] == doc[qp] and kp >= kvs)
+
+    lo = max(p_first - window + 1 if window else 0, int(start[p_first]) if cuts else 0, kvs) // BN * BN
+    hi = data.draw(st.integers(lo, p_last + 1))  # a key split may end early
+    out = torch.zeros(2, dtype=torch.int64, device=DEV)
+    _interior_probe[(1,)](out, start.to(DEV), lo, hi, p_first, p_last, window, kvs,
+                          BLOCK_N=BN, HAS_WINDOW=bool(window), HAS_DOC=bool(cuts), HAS_KVS=flags[2])
+    a, b = out.tolist()
+    full = [s for s in range(lo, hi, BN) if all(kp < hi and vis(kp, qp) for kp in range(s, s + BN) for qp in qs)]
+    assert lo <= a <= b and (a - lo) % BN == 0 and (b - lo) % BN == 0
+    assert list(range(a, b, BN)) == full or (not full and a == b), (a, b, full)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("name", ["base"] + VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_forward_variants_gpu(poison, monkeypatch, dtype, name):
+    """Every variant at the real block sizes: hypothesis cases of all modes, the training
+    shapes, a split-key prefill (full stream) and the 1M-token 64-bit window case."""
+    use_variant(monkeypatch, name)
+
+    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(cases(big=True, dtype=dtype))
+    def inner(c):
+        run_case(**c)
+    inner()
+    run_case(B=2, T=1000, Hq=32, Hkv=8, D=128, w=128, dtype=dtype)
+    run_case(B=1, T=777, Hq=6, Hkv=2, D=64, w=33, dtype=dtype)
+    run_case(B=1, T=2048, Hq=4, Hkv=1, D=128, w=128, dtype=dtype,
+             cu_seqlens=torch.tensor([0, 100, 1500, 2048], device=DEV))
+    run_case(B=2, T=1500, Hq=4, Hkv=2, D=128, w=128, dtype=dtype,
+             positions=torch.arange(700, 1500, 3, device=DEV), kv_start=torch.tensor([0, 321], device=DEV))
+    run_case(B=1, T=20000, Hq=8, Hkv=2, D=128, w=128, dtype=dtype, positions=torch.tensor([19999], device=DEV))
+    if dtype == torch.bfloat16:
+        test_gpu_64bit_offsets_window()

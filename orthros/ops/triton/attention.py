@@ -48,17 +48,23 @@ _NO_SPEC = ["M", "N", "HQ", "pos_offset", "window", "G", "spb"]
 @triton.jit
 def _q_block(pid_m, b, h, POS, DOC, DOCSTART, KVSTART, spb, M, pos_offset, window, G,
              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr,
-             HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr, REVERSE: tl.constexpr):
+             HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr, REVERSE: tl.constexpr, ROWS: tl.constexpr):
     """Query-block setup shared by the forward and the dQ backward: the block's rows, their
     absolute positions, and the key range ``[lo, hi)`` (``lo`` rounded down to ``BLOCK_N``)
-    that can be visible to it. ``qdoc``/``kvs`` are placeholders (0) without DOC/KVS."""
+    that can be visible to it. ``qdoc``/``kvs`` are placeholders (0) without DOC/KVS.
+    ``ROWS`` is a multiple of ``BLOCK_M``: the GQA-packed forward stacks ``ROWS // BLOCK_M``
+    heads' copies of the same ``BLOCK_M`` queries (``rows`` repeats); otherwise ``ROWS == BLOCK_M``.
+    Also returns ``p_first``/``p_last``, the block's first and last query position."""
     if REVERSE:
         pid_m = tl.cdiv(M, BLOCK_M) - 1 - pid_m
     b64 = b.to(tl.int64)
     h64 = h.to(tl.int64)
     kvh64 = (h // G).to(tl.int64)
     start_m = pid_m * BLOCK_M
-    rows = start_m + tl.arange(0, BLOCK_M)
+    if ROWS == BLOCK_M:
+        rows = start_m + tl.arange(0, BLOCK_M)
+    else:
+        rows = start_m + tl.arange(0, ROWS) % BLOCK_M
     row_ok = rows < M
     last = tl.minimum(start_m + BLOCK_M, M) - 1
     if POS_PTR:
@@ -82,7 +88,7 @@ def _q_block(pid_m, b, h, POS, DOC, DOCSTART, KVSTART, spb, M, pos_offset, windo
         kvs = tl.load(KVSTART + b64)
         lo = tl.maximum(lo, kvs)
     lo = (lo // BLOCK_N) * BLOCK_N
-    return b64, h64, kvh64, rows, row_ok, qpos, lo, hi, qdoc, kvs
+    return b64, h64, kvh64, rows, row_ok, qpos, lo, hi, qdoc, kvs, p_first, p_last
 
 
 @triton.jit(do_not_specialize=_NO_SPEC + ["slb", "slh", "sls"])
@@ -95,15 +101,24 @@ def _stream_fwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
     NUM_SPLITS: tl.constexpr, PARTIAL: tl.constexpr, REVERSE: tl.constexpr, PREC: tl.constexpr,
+    GP: tl.constexpr = 1, EDGE_MASK: tl.constexpr = False,
 ):
-    h = tl.program_id(0)
+    """One query block of one stream. ``GP == 1`` (the default): program axis 0 is the query
+    head and the tile is ``BLOCK_M`` queries of it. ``GP > 1`` (GQA-packed, ``GP = pow2(G)``):
+    axis 0 is the KV head and the tile stacks the same ``BLOCK_M`` queries of all ``G`` heads
+    of its group (``GP * BLOCK_M`` rows; rows of padding heads ``>= G`` are neither loaded nor
+    stored), so each K/V tile is loaded once per group instead of once per query head.
+    ``EDGE_MASK``: apply the position mask only to key blocks that are not entirely visible
+    to every query of the block (a uniform branch; see ``_interior``)."""
+    pid0 = tl.program_id(0)
     pid_m = tl.program_id(1)
     bz = tl.program_id(2)
     b = bz // NUM_SPLITS
     split = bz % NUM_SPLITS
-    b64, h64, kvh64, rows, row_ok, qpos, lo, hi, qdoc, kvs = _q_block(
+    h = pid0 if GP == 1 else pid0 * G  # GP > 1: the group's first head (so h // G is the KV head)
+    b64, h64, kvh64, rows, row_ok, qpos, lo, hi, qdoc, kvs, p_first, p_last = _q_block(
         pid_m, b, h, POS, DOC, DOCSTART, KVSTART, spb, M, pos_offset, window, G,
-        BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE)
+        BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE, GP * BLOCK_M)
     if NUM_SPLITS > 1:
         per = tl.cdiv(tl.cdiv(hi - lo, BLOCK_N), NUM_SPLITS) * BLOCK_N
         lo = lo + split * per
@@ -111,34 +126,83 @@ def _stream_fwd(
 
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
-    q_ptrs = Q + b64 * sqb + h64 * sqh + rows.to(tl.int64)[:, None] * sqt + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    r64 = rows.to(tl.int64)
+    if GP == 1:
+        io_ok = row_ok
+        q_ptrs = Q + b64 * sqb + h64 * sqh + r64[:, None] * sqt + offs_d[None, :]
+    else:
+        g = tl.arange(0, GP * BLOCK_M) // BLOCK_M
+        hrow = kvh64 * G + g  # [GP * BLOCK_M]: the head of each packed row
+        io_ok = row_ok & (g < G)
+        q_ptrs = Q + b64 * sqb + hrow[:, None] * sqh + r64[:, None] * sqt + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=io_ok[:, None] & d_ok[None, :], other=0.0)
     k_base = K + b64 * skb + kvh64 * skh
     v_base = V + b64 * svb + kvh64 * svh
+    if EDGE_MASK:
+        a_full, b_full = _interior(lo, hi, p_first, p_last, window, DOCSTART, kvs,
+                                   BLOCK_N, HAS_WINDOW, HAS_DOC, HAS_KVS)
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    m_i = tl.full([GP * BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([GP * BLOCK_M], tl.float32)
+    acc = tl.zeros([GP * BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
         c_ok = cols < hi
         kT = tl.load(k_base + cols[None, :] * skt + offs_d[:, None], mask=c_ok[None, :] & d_ok[:, None], other=0.0)
         s = tl.dot(q, kT, input_precision=PREC) * qk_scale
-        kdoc = cols
-        if HAS_DOC:
-            kdoc = tl.load(DOC + cols, mask=c_ok, other=-1)
-        mask = visible(cols[None, :], qpos[:, None], c_ok[None, :], window, kdoc[None, :], qdoc[:, None], kvs,
-                       HAS_WINDOW, HAS_DOC, HAS_KVS)
-        s = tl.where(mask, s, float("-inf"))
+        if EDGE_MASK:
+            if (start_n < a_full) | (start_n >= b_full):  # an edge block (uniform over the program)
+                kdoc = cols
+                if HAS_DOC:
+                    kdoc = tl.load(DOC + cols, mask=c_ok, other=-1)
+                # positions relative to the block start fit in int32 (cheaper than int64 compares)
+                krel = tl.arange(0, BLOCK_N)
+                qrel = (qpos - start_n).to(tl.int32)
+                mask = visible(krel[None, :], qrel[:, None], c_ok[None, :], window, kdoc[None, :], qdoc[:, None],
+                               (kvs - start_n).to(tl.int32), HAS_WINDOW, HAS_DOC, HAS_KVS)
+                s = tl.where(mask, s, float("-inf"))
+        else:
+            kdoc = cols
+            if HAS_DOC:
+                kdoc = tl.load(DOC + cols, mask=c_ok, other=-1)
+            mask = visible(cols[None, :], qpos[:, None], c_ok[None, :], window, kdoc[None, :], qdoc[:, None], kvs,
+                           HAS_WINDOW, HAS_DOC, HAS_KVS)
+            s = tl.where(mask, s, float("-inf"))
         v = tl.load(v_base + cols[:, None] * svt + offs_d[None, :], mask=c_ok[:, None] & d_ok[None, :], other=0.0)
         m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v, PREC)
 
     o, lse, has = softmax_result(m_i, l_i, acc)
-    o_ptrs = O + split.to(tl.int64) * sos + b64 * sob + h64 * soh + rows.to(tl.int64)[:, None] * sot + offs_d[None, :]
-    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    if GP == 1:
+        o_ptrs = O + split.to(tl.int64) * sos + b64 * sob + h64 * soh + r64[:, None] * sot + offs_d[None, :]
+        l_ptrs = LSE + split.to(tl.int64) * sls + b64 * slb + h64 * slh + r64
+    else:
+        o_ptrs = O + split.to(tl.int64) * sos + b64 * sob + hrow[:, None] * soh + r64[:, None] * sot + offs_d[None, :]
+        l_ptrs = LSE + split.to(tl.int64) * sls + b64 * slb + hrow * slh + r64
+    tl.store(o_ptrs, o.to(O.dtype.element_ty), mask=io_ok[:, None] & d_ok[None, :])
     if not PARTIAL:  # a final result: +inf marks a row with no visible key for the backward
         lse = tl.where(has, lse, float("inf"))
-    tl.store(LSE + split.to(tl.int64) * sls + b64 * slb + h64 * slh + rows, lse, mask=row_ok)
+    tl.store(l_ptrs, lse, mask=io_ok)
+
+
+@triton.jit
+def _interior(lo, hi, p_first, p_last, window, DOCSTART, kvs,
+              BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr):
+    """The key blocks ``[a, b)`` of ``range(lo, hi, BLOCK_N)`` that every query of a block with
+    positions in ``[p_first, p_last]`` sees entirely (``lo <= a <= b``, both ``lo + k * BLOCK_N``):
+    every key ``<= p_first`` (causal) and ``< hi``; ``> p_last - window``; in ``p_last``'s
+    document (keys and queries then all lie in ``[doc_start(p_last), p_last]``, one document);
+    ``>= kv_start``. Blocks outside ``[a, b)`` take the full mask."""
+    lower = lo
+    if HAS_WINDOW:
+        lower = tl.maximum(lower, p_last - window + 1)
+    if HAS_DOC:
+        lower = tl.maximum(lower, tl.load(DOCSTART + p_last))
+    if HAS_KVS:
+        lower = tl.maximum(lower, kvs)
+    upper = tl.minimum(hi, p_first + 1)  # exclusive end of the keys every query sees causally
+    b_full = lo + tl.maximum(upper - lo, 0) // BLOCK_N * BLOCK_N
+    a_full = tl.minimum(lo + tl.cdiv(lower - lo, BLOCK_N) * BLOCK_N, b_full)
+    return a_full, b_full
 
 
 @triton.jit
@@ -201,9 +265,9 @@ def _dq_block(
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
     REVERSE: tl.constexpr, PREC: tl.constexpr,
 ):
-    b64, h64, kvh64, rows, row_ok, qpos, lo, hi, qdoc, kvs = _q_block(
+    b64, h64, kvh64, rows, row_ok, qpos, lo, hi, qdoc, kvs, _, _ = _q_block(
         pid_m, b, h, POS, DOC, DOCSTART, KVSTART, spb, M, pos_offset, window, G,
-        BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE)
+        BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE, BLOCK_M)
 
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
@@ -347,7 +411,20 @@ CONFIGS = {
     "full_fwd": {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 4, 2)},
     "bwd_dq": {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (32, 32, 4, 1)},
     "bwd_dkdv": {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (32, 32, 4, 1)},
+    # GQA-packed forward ("gqa" variants below): BLOCK_M is the number of packed rows (all G
+    # heads x BLOCK_M // pow2(G) queries). Not measured yet: candidates for --window-tune.
+    "win_fwd_gqa": {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 4, 2)},
+    "full_fwd_gqa": {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 4, 2)},
 }
+# Forward kernel variant per stream, name -> (GQA-packed, mask only the edge blocks):
+#   base:       one query head per program, every visited key block masked (measured default);
+#   edge:       one query head per program, only blocks not entirely visible are masked;
+#   gqa:        all G query heads of a KV head in one program (each K/V tile loaded once per
+#               group), edge masking;
+#   gqa_masked: the same packing, every block masked (separates the two effects).
+# benchmarks/attention.py --window-tune times them; overridable like CONFIGS.
+FWD_VARIANTS = {"base": (False, False), "edge": (False, True), "gqa": (True, True), "gqa_masked": (True, False)}
+FWD_VARIANT = {"win_fwd": "base", "full_fwd": "base"}
 # Use SDPA (cuDNN first) for the all-positions full stream of fp16/bf16 inputs.
 USE_SDPA_CAUSAL = os.environ.get("ORTHROS_NO_SDPA", "0") != "1"
 # dQ and dK/dV programs of a stream's backward in one launch (fewer launches: less host overhead).
@@ -361,6 +438,14 @@ def _cfg(kind: str, block_d: int):
     if interpreting():
         return bm, bn, 1, 1
     return bm, bn, nw, ns
+
+
+def _fwd_variant(kind: str):
+    """(packed, edge) of the forward variant selected for ``kind`` in ``FWD_VARIANT``."""
+    name = FWD_VARIANT[kind]
+    if name not in FWD_VARIANTS:
+        raise ValueError(f"FWD_VARIANT[{kind!r}] must be one of {sorted(FWD_VARIANTS)}, got {name!r}")
+    return FWD_VARIANTS[name]
 
 
 class _Masks:
@@ -392,11 +477,22 @@ def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allo
     if M == 0:
         return o, lse
     BD = block_d(D)
-    BM, BN, nw, ns = _cfg("win_fwd" if window else "full_fwd", BD)
+    kind = "win_fwd" if window else "full_fwd"
+    G = HQ // HKV
+    packed, edge = _fwd_variant(kind)
+    if packed:
+        GP = pow2(G)
+        rows, BN, nw, ns = _cfg(kind + "_gqa", BD)
+        BM = max(1, rows // GP)  # queries per head in a program (G > rows: one query, GP rows)
+        heads = HKV  # program axis 0: the KV head
+    else:
+        GP = 1
+        BM, BN, nw, ns = _cfg(kind, BD)
+        heads = HQ
     nm = cdiv(M, BM)
     splits = 1
     if allow_split and not window and not interpreting():
-        progs = nm * HQ * B
+        progs = nm * heads * B
         sms = num_sms(dev)
         if progs < sms and N >= 4096:
             splits = max(1, min(cdiv(2 * sms, progs), N // 2048, 64))
@@ -404,10 +500,10 @@ def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allo
     pos_t = dd if pos is None else pos
     spb = 0 if pos is None or pos.shape[0] == 1 else pos.stride(0)
     common = dict(
-        G=HQ // HKV, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN,
+        G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN,
         POS_PTR=pos is not None, HAS_WINDOW=bool(window), HAS_DOC=masks.doc is not None,
         HAS_KVS=masks.kv_start is not None, NUM_SPLITS=splits, PARTIAL=splits > 1, REVERSE=not window,
-        PREC=precision(q.dtype), num_warps=nw, num_stages=ns,
+        PREC=precision(q.dtype), GP=GP, EDGE_MASK=edge, num_warps=nw, num_stages=ns,
     )
     doc = dd if masks.doc is None else masks.doc
     dst = dd if masks.doc_start is None else masks.doc_start
@@ -416,7 +512,7 @@ def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allo
     qk = scale * LOG2E
     if splits == 1:
         os_ = o.stride()
-        _stream_fwd[(HQ, nm, B)](
+        _stream_fwd[(heads, nm, B)](
             q, k, v, o, lse, pos_t, doc, dst, kvs,
             qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
             os_[0], os_[1], os_[2], 0, HQ * M, M, 0, spb,
@@ -424,7 +520,7 @@ def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allo
         return o, lse
     op = torch.empty(splits, B, HQ, M, D, dtype=torch.float32, device=dev)
     lp = torch.empty(splits, B, HQ, M, dtype=torch.float32, device=dev)
-    _stream_fwd[(HQ, nm, B * splits)](
+    _stream_fwd[(heads, nm, B * splits)](
         q, k, v, op, lp, pos_t, doc, dst, kvs,
         qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
         HQ * M * D, D, M * D, B * HQ * M * D, HQ * M, M, B * HQ * M, spb,
