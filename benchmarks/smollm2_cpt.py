@@ -200,6 +200,8 @@ def _cfg(config_file: str, a, init_from: Path, output_dir: Path, max_steps: int,
           f"--train.max_steps={max_steps}", f"--train.eval_every={eval_every}", f"--train.progress={a.progress}",
           f"--train.micro_batch_size={a.micro_batch}", f"--train.grad_accum={a.grad_accum}",
           f"--optim.lr={a.lr}", f"--data.eval_sequences={a.eval_sequences}"]
+    if a.scale_offset_lr_mult != 1.0:  # Orthros' own parameters only: Base CPT has none
+        ov.append(f"--optim.scale_offset_lr_mult={a.scale_offset_lr_mult}")
     if a.device:
         ov.append(f"--train.device={a.device}")
     if a.precision:
@@ -473,6 +475,9 @@ def main(argv=None) -> int:
     q.add_argument("--micro-batch", type=int, default=2)
     q.add_argument("--grad-accum", type=int, default=1)
     q.add_argument("--lr", type=float, default=3e-4)
+    q.add_argument("--scale-offset-lr-mult", type=float, default=1.0,
+                   help="learning rate of the conversion's alpha/beta parameters as a multiple of --lr "
+                        "(optim.scale_offset_lr_mult; Base CPT has none)")
     q.add_argument("--eval-sequences", type=int, default=16)
     q.add_argument("--train-budget-s", type=float, default=200.0, help="seconds for both CPT runs together")
     q.add_argument("--max-steps", type=int, default=None, help="fixed step count (default: from the budget)")

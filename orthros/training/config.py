@@ -85,6 +85,9 @@ class OptimSection:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0  # 0 disables clipping
+    # learning rate of Orthros' scale-offset parameters (alpha/beta, alpha'/beta') as a multiple
+    # of lr: the only parameters a conversion adds (a Transformer has none)
+    scale_offset_lr_mult: float = 1.0
 
 
 @dataclass
@@ -342,6 +345,7 @@ def validate(cfg: RunConfig) -> None:
         sec, leaf = key.split(".")
         positive(key, getattr(getattr(cfg, sec), leaf), zero_ok=True)
     positive("optim.lr", cfg.optim.lr)
+    positive("optim.scale_offset_lr_mult", cfg.optim.scale_offset_lr_mult)
     rp = cfg.data.repeat_passage
     if rp:
         most = (cfg.data.seq_len - 1) // 2

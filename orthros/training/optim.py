@@ -8,6 +8,9 @@ what weight decay touches and on the shape of the schedule; each passes its own 
   and MLP matrices, the embeddings and an untied LM head) decays; vectors and scalars (norm
   gains, biases, Orthros' scale-offset alpha/beta) do not. This is the rule of GPT-2 /
   nanoGPT and of transformers' ``Trainer`` (which exempts biases and norm weights).
+* **Scale-offset learning rate**: ``scale_offset_lr_mult`` (default 1) multiplies the
+  learning rate of Orthros' scale-offset parameters (alpha, beta, alpha', beta': the only
+  parameters a conversion adds), in their own group; the schedule scales every group alike.
 * **Schedule**: linear warm-up from ``1 / warmup_steps`` of the peak to the peak over
   ``warmup_steps`` steps, then ``cosine`` (to ``min_lr_ratio`` x peak at the last step),
   ``linear`` (same end point) or ``constant``. Step ``s`` (0-based) is trained with
@@ -28,17 +31,36 @@ def decays(param) -> bool:
     return param.dim() >= 2
 
 
-def param_groups(model, weight_decay: float) -> list[dict]:
+def is_scale_offset(name: str) -> bool:
+    """Whether the parameter called ``name`` (``model.named_parameters()``) is one of Orthros'
+    scale-offset parameters."""
+    from ..layers.attention import SCALE_OFFSET_INIT
+
+    return name.rpartition(".")[2] in SCALE_OFFSET_INIT
+
+
+def param_groups(model, weight_decay: float, *, lr: float | None = None,
+                 scale_offset_lr_mult: float = 1.0) -> list[dict]:
     """AdamW parameter groups of ``model``: decaying parameters (see :func:`decays`) with
     ``weight_decay``, the rest with 0. Frozen parameters are left out; a parameter shared by two
-    modules (tied embeddings) appears once."""
+    modules (tied embeddings) appears once. With ``scale_offset_lr_mult != 1`` (and the peak
+    ``lr``) the scale-offset parameters form a third group (no decay) at ``lr * mult``."""
     if not (isinstance(weight_decay, (int, float)) and weight_decay >= 0 and math.isfinite(weight_decay)):
         raise ValueError(f"weight_decay must be a finite number >= 0, got {weight_decay!r}")
-    decay, no_decay = [], []
-    for _, p in model.named_parameters():
+    if not (isinstance(scale_offset_lr_mult, (int, float)) and scale_offset_lr_mult > 0
+            and math.isfinite(scale_offset_lr_mult)):
+        raise ValueError(f"scale_offset_lr_mult must be a finite number > 0, got {scale_offset_lr_mult!r}")
+    own = scale_offset_lr_mult != 1
+    if own and lr is None:
+        raise ValueError("param_groups: scale_offset_lr_mult != 1 needs the peak lr")
+    decay, no_decay, so = [], [], []
+    for name, p in model.named_parameters():
         if p.requires_grad:
-            (decay if decays(p) else no_decay).append(p)
-    return [{"params": decay, "weight_decay": float(weight_decay)}, {"params": no_decay, "weight_decay": 0.0}]
+            (so if own and is_scale_offset(name) else decay if decays(p) else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": float(weight_decay)}, {"params": no_decay, "weight_decay": 0.0}]
+    if own:
+        groups.append({"params": so, "weight_decay": 0.0, "lr": float(lr) * scale_offset_lr_mult})
+    return groups
 
 
 def check_schedule(*, total_steps: int, warmup_steps: int, schedule: str = "cosine", min_lr_ratio: float = 0.0) -> None:
@@ -73,13 +95,14 @@ def warmup_steps_from_fraction(fraction: float, total_steps: int) -> int:
 
 
 def build_optimizer(model, *, lr: float, weight_decay: float, betas: Iterable[float] = (0.9, 0.95),
-                    eps: float = 1e-8):
+                    eps: float = 1e-8, scale_offset_lr_mult: float = 1.0):
     """AdamW over :func:`param_groups`."""
     import torch
 
     if not (isinstance(lr, (int, float)) and lr > 0 and math.isfinite(lr)):
         raise ValueError(f"lr must be a finite number > 0, got {lr!r}")
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=tuple(betas), eps=eps)
+    groups = param_groups(model, weight_decay, lr=lr, scale_offset_lr_mult=scale_offset_lr_mult)
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(betas), eps=eps)
 
 
 def build_scheduler(optimizer, *, total_steps: int, warmup_steps: int, schedule: str = "cosine",

@@ -404,7 +404,7 @@ class Trainer:
         self.model = model
         o = cfg.optim
         self.optimizer = build_optimizer(model, lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
-                                         eps=o.eps)
+                                         eps=o.eps, scale_offset_lr_mult=o.scale_offset_lr_mult)
         self.scheduler = build_scheduler(self.optimizer, total_steps=cfg.train.max_steps,
                                          warmup_steps=o.warmup_steps, schedule=o.schedule,
                                          min_lr_ratio=o.min_lr_ratio)

@@ -126,3 +126,32 @@ def test_one_home_the_three_users_call_it():
         assert "build_optimizer" in src and "build_scheduler" in src, mod.__name__
     assert "math.cos" in inspect.getsource(optim)
     assert math.isclose(lr_multiplier(5, total_steps=10, warmup_steps=0), 0.5)
+
+
+def test_scale_offset_lr_mult_gives_the_conversions_new_parameters_their_own_rate():
+    """``scale_offset_lr_mult``: alpha/beta/alpha'/beta' (and nothing else) in a third group at
+    lr x mult, no decay; the schedule scales it with the others; 1 keeps the two groups."""
+    model = tiny_orthros()
+    names = {id(p): n for n, p in model.named_parameters()}
+    want = {n for n in names.values() if n.rpartition(".")[2] in ("alpha", "beta", "alpha_out", "beta_out")}
+    assert want
+    opt = build_optimizer(model, lr=1e-3, weight_decay=0.1, scale_offset_lr_mult=10.0)
+    dec, no, so = opt.param_groups
+    assert {names[id(p)] for p in so["params"]} == want and so["weight_decay"] == 0.0
+    assert not want & {names[id(p)] for p in dec["params"] + no["params"]}
+    sched = build_scheduler(opt, total_steps=10, warmup_steps=2)
+    for _ in range(3):
+        opt.step()
+        sched.step()
+        assert so["lr"] == pytest.approx(10 * dec["lr"]) and no["lr"] == dec["lr"]
+    assert len(param_groups(model, 0.1, lr=1e-3, scale_offset_lr_mult=1.0)) == 2
+    for bad in (0, -1.0, float("inf")):
+        with pytest.raises(ValueError, match="scale_offset_lr_mult"):
+            param_groups(model, 0.1, lr=1e-3, scale_offset_lr_mult=bad)
+
+
+def test_config_refuses_a_non_positive_scale_offset_lr_mult():
+    from orthros.training.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="optim.scale_offset_lr_mult"):
+        load_config(None, ["--optim.scale_offset_lr_mult=0", "--output_dir=/tmp/x"])
