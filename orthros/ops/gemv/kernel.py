@@ -176,7 +176,9 @@ def pick_config(M: int, N: int, K: int) -> GemvConfig:
 # ============================================================================ host
 
 def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
-                config: Optional[GemvConfig] = None) -> torch.Tensor:
+                config: Optional[GemvConfig] = None, norm_weight: Optional[torch.Tensor] = None,
+                norm_eps: Optional[float] = None, act: Optional[str] = None,
+                residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``x [..., K] @ weight[N, K].T (+ bias)`` by the streaming kernel; ``[..., N]`` in
     ``x.dtype``. ``M = prod(x.shape[:-1]) <= 8``. ``config``: a :class:`GemvConfig` to use
     instead of :func:`pick_config`'s (benchmark sweeps). Raises ``ValueError`` (naming the
@@ -184,7 +186,9 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     fp16/bf16/fp32 or differing between ``x`` and ``weight``, tensors on different devices or
     on a CPU outside the Triton interpreter, a ``weight`` that is not contiguous, an ``x``
     whose last dim is not contiguous or whose rows cannot be viewed as ``[M, K]``."""
-    check_gemv_inputs(x, weight, bias)
+    check_gemv_inputs(x, weight, bias, norm_weight=norm_weight, norm_eps=norm_eps, act=act, residual=residual)
+    if norm_weight is not None or act is not None or residual is not None:
+        raise ValueError("the triton GEMV's prologues / residual are not built yet; use backend 'torch'")
     K = x.shape[-1]
     N = weight.shape[0]
     lead = x.shape[:-1]

@@ -1,42 +1,111 @@
-"""Reference of the weight-streaming GEMV: ``y = x @ weight.T (+ bias)``, the specification the
-kernel of :mod:`orthros.ops.gemv` is tested against (plain PyTorch, any device), and the shape
-checks every backend shares."""
+"""Reference of the weight-streaming GEMV and its fused prologues / epilogue, the specification
+the kernel of :mod:`orthros.ops.gemv` is tested against (plain PyTorch, any device), and the
+argument checks every backend shares.
+
+``y = residual + (prologue(x) @ weight.T + bias)`` where the prologue is one of
+
+* nothing: ``x [..., K]``;
+* RMSNorm (``norm_weight [K]``, ``norm_eps``): exactly ``orthros.layers.common.RMSNorm.forward``:
+  ``xf = x.float(); norm_weight * (xf * rsqrt(mean(xf^2) + eps)).to(x.dtype)``;
+* SwiGLU (``act="silu"``): ``x [..., 2K] = [gate | up]`` (the fused ``[W_gate; W_up]`` GEMM's
+  output) and the input is ``silu(gate) * up``, each op in ``x.dtype`` as
+  ``orthros.layers.common.SwiGLUMLP`` computes it;
+
+and the residual (``[..., N]``, ``x.dtype``) is added to the product after the product is rounded
+to ``x.dtype`` (as eager ``h + F.linear(...)`` does).
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 
 MAX_M = 8  # rows the triton kernel takes (its M is unrolled)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what the triton kernel takes
+ACTS = (None, "silu")  # the activation prologues (``act``)
 
 
-def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``x [..., K]`` (leading dims are rows: ``M = prod(x.shape[:-1])``, small in decode),
-    ``weight [N, K]`` (``nn.Linear`` layout), ``bias [N]`` or None. Products and the sum over
-    ``K`` in float32 (float64 inputs stay float64); the result ``[..., N]`` in ``x.dtype``."""
-    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    y = x.to(acc) @ weight.to(acc).T
+def prologue_ref(x: torch.Tensor, norm_weight: Optional[torch.Tensor] = None, norm_eps: Optional[float] = None,
+                 act: Optional[str] = None) -> torch.Tensor:
+    """The GEMV's input after its prologue, with the same torch ops (and so the same roundings)
+    as the layers: RMSNorm (``norm_weight``) or SiLU-and-multiply (``act="silu"``) or ``x``."""
+    if norm_weight is not None:
+        xf = x.float()
+        xn = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm_eps)).to(x.dtype)
+        return norm_weight * xn
+    if act == "silu":
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+    return x
+
+
+def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+             norm_weight: Optional[torch.Tensor] = None, norm_eps: Optional[float] = None,
+             act: Optional[str] = None, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``x [..., K]`` (leading dims are rows: ``M = prod(x.shape[:-1])``, small in decode; ``[..., 2K]``
+    with ``act="silu"``), ``weight [N, K]`` (``nn.Linear`` layout), ``bias [N]`` or None. The
+    prologue (module docstring) in torch ops, then products and the sum over ``K`` in float32
+    (float64 inputs stay float64), the bias in that precision, the result rounded to ``x.dtype``,
+    then ``+ residual`` in ``x.dtype``. Returns ``[..., N]`` in ``x.dtype``."""
+    dtype = x.dtype
+    xp = prologue_ref(x, norm_weight, norm_eps, act)
+    acc = torch.float64 if xp.dtype == torch.float64 else torch.float32
+    y = xp.to(acc) @ weight.to(acc).T
     if bias is not None:
         y = y + bias.to(acc)
-    return y.to(x.dtype)
+    y = y.to(dtype)
+    return residual + y if residual is not None else y
 
 
-def check_gemv_inputs(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> None:
-    """Shape checks every backend shares (``ValueError`` naming the argument)."""
+def _shape(t) -> str:
+    return str(tuple(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def check_gemv_inputs(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], *,
+                      norm_weight: Optional[torch.Tensor] = None, norm_eps: Optional[float] = None,
+                      act: Optional[str] = None, residual: Optional[torch.Tensor] = None) -> None:
+    """Checks every backend shares (``ValueError`` naming the argument); nothing reads data."""
+    if act not in ACTS:
+        raise ValueError(f"act must be one of {ACTS}, got {act!r}")
+    if norm_weight is not None and act is not None:
+        raise ValueError(f"norm_weight (the RMSNorm prologue) and act={act!r} (the SwiGLU prologue) are mutually "
+                         f"exclusive: pass one of them")
+    if norm_weight is None and norm_eps is not None:
+        raise ValueError(f"norm_eps={norm_eps!r} was given without norm_weight: pass both or neither")
     if not isinstance(x, torch.Tensor) or x.dim() < 1:
-        raise ValueError(f"x must be a tensor [..., K] with at least one dimension, got "
-                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+        raise ValueError(f"x must be a tensor [..., K] with at least one dimension, got {_shape(x)}")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-        raise ValueError(f"weight must be a 2-D tensor [N, K] (nn.Linear layout), got "
-                         f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
-    if weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"weight must be a 2-D tensor [N, K] (nn.Linear layout), got {_shape(weight)}")
+    N, K = weight.shape
+    if act == "silu":
+        if x.shape[-1] != 2 * K:
+            raise ValueError(f"act='silu' needs x [..., 2K] = [gate | up] with K = weight.shape[1] = {K}, so "
+                             f"x.shape[-1] = {2 * K}; got x {tuple(x.shape)} and weight {tuple(weight.shape)}")
+    elif K != x.shape[-1]:
         raise ValueError(f"weight must be [N, K] with K = x.shape[-1] = {x.shape[-1]}, got weight "
                          f"{tuple(weight.shape)} (a transposed [K, N] weight?)")
-    if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (weight.shape[0],)):
-        raise ValueError(f"bias must be None or a tensor [N] = [{weight.shape[0]}], got "
-                         f"{tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__}")
+    if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (N,)):
+        raise ValueError(f"bias must be None or a tensor [N] = [{N}], got {_shape(bias)}")
+    if norm_weight is not None:
+        if not isinstance(norm_weight, torch.Tensor) or tuple(norm_weight.shape) != (K,):
+            raise ValueError(f"norm_weight must be None or a tensor [K] = [{K}] (the RMSNorm weight), got "
+                             f"{_shape(norm_weight)}")
+        if not norm_weight.is_floating_point():
+            raise ValueError(f"norm_weight must be a floating-point tensor, got {norm_weight.dtype}")
+        if isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)) or not math.isfinite(norm_eps) \
+                or norm_eps < 0:
+            raise ValueError(f"norm_eps must be a finite float >= 0 with norm_weight (the RMSNorm epsilon), got "
+                             f"{norm_eps!r}")
+    if residual is not None:
+        want = (*x.shape[:-1], N)
+        if not isinstance(residual, torch.Tensor) or tuple(residual.shape) != want:
+            raise ValueError(f"residual must be None or a tensor of the output's shape {want} (x's leading dims, "
+                             f"N = {N}), got {_shape(residual)}")
+        if residual.dtype != x.dtype:
+            raise ValueError(f"residual must have x's dtype {x.dtype}, got {residual.dtype}")
 
 
-__all__ = ["MAX_M", "DTYPES", "gemv_ref", "check_gemv_inputs"]
+__all__ = ["MAX_M", "DTYPES", "ACTS", "prologue_ref", "gemv_ref", "check_gemv_inputs"]
