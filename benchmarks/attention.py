@@ -20,7 +20,10 @@ Timings: CUDA events through ``triton.testing.do_bench`` (median). Run on a GPU:
   ``min_split``), both merges (two launches / inline, one launch) at each split count, and
   (BLOCK_N, num_warps, num_stages), next to SDPA decode;
 * ``--window-tune``: window-only fwd+bwd at 8K/32K for several backward block configs, host
-  enqueue time, a CUDA-graph replay (GPU time alone), Flex at 8K, and a host profile;
+  enqueue time, a CUDA-graph replay (GPU time alone), Flex at 8K, and a host profile; then
+  every window-forward candidate (``attention.FWD_VARIANT`` x block config) at 8K/32K/128K/1M,
+  fwd and fwd+bwd, with Flex/ours, ours/floor and the output checked against the default's
+  (~3-4 min more);
 * ``--dry-run``: every selected code path once on the CPU (Triton interpreter, tiny sizes,
   fp32), to catch errors before a GPU run;
 * the older modes: ``[--quick] [--sweep] [--short]``.
@@ -29,6 +32,7 @@ Timings: CUDA events through ``triton.testing.do_bench`` (median). Run on a GPU:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -252,19 +256,7 @@ def window_stream(Ts, flex_Ts, graph=False):
             if graph:
                 row["ours_fb_graph"] = guard(f"window T={T0} ours fwd+bwd graph", lambda: graph_time(fb))
         if flex is not None and T0 in flex_Ts:
-            def run_flex():
-                qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_(grad) for x in (q, k, v))
-
-                def swa(b, h, qi, ki):
-                    return (qi >= ki) & (qi - ki < W)
-                bm = create_block_mask(swa, 1, 1, T, T, device=DEV, _compile=True)
-                with torch.no_grad():
-                    row["flex_fwd"] = bench(lambda: flex(qt, kt, vt, block_mask=bm, enable_gqa=True))
-                if grad:
-                    gt = g.transpose(1, 2).contiguous()
-                    row["flex_fb"] = bench(lambda: torch.autograd.grad(
-                        flex(qt, kt, vt, block_mask=bm, enable_gqa=True), (qt, kt, vt), gt))
-            guard(f"window T={T0} flex", run_flex)
+            row.update(guard(f"window T={T0} flex", lambda: flex_window(flex, create_block_mask, q, k, v, g)) or {})
         row = {key: val for key, val in row.items() if val is not None}
         byts = T * (2 * HQ + 2 * HKV) * D * 2
         log(f"{T0:>8} {row.get('flex_fwd', nan):9.3f} {row.get('ours_fwd', nan):9.3f} "
@@ -275,6 +267,22 @@ def window_stream(Ts, flex_Ts, graph=False):
         del q, k, v, g
         empty_cache()
         save()
+
+
+def flex_window(flex, create_block_mask, q, k, v, g, rep=100):
+    """FlexAttention sliding window (w=W) on [B, T, H, D] inputs: {"flex_fwd": ms} and, when a
+    gradient ``g`` is given, {"flex_fb": ms} (fwd+bwd)."""
+    T = q.shape[1]
+    qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_(g is not None) for x in (q, k, v))
+    bm = create_block_mask(lambda b, h, qi, ki: (qi >= ki) & (qi - ki < W), 1, 1, T, T, device=DEV, _compile=True)
+    out = {}
+    with torch.no_grad():
+        out["flex_fwd"] = bench(lambda: flex(qt, kt, vt, block_mask=bm, enable_gqa=True), rep=rep)
+    if g is not None:
+        gt = g.transpose(1, 2).contiguous()
+        out["flex_fb"] = bench(lambda: torch.autograd.grad(
+            flex(qt, kt, vt, block_mask=bm, enable_gqa=True), (qt, kt, vt), gt), rep=rep)
+    return out
 
 
 def prefill(Ts):
@@ -485,16 +493,36 @@ WINDOW_BWD_CANDIDATES = [
 ]
 
 
-def window_tune(Ts=(8192, 32768), flex_T=8192, budget_s=60.0):
+@contextlib.contextmanager
+def kernel_overrides(configs=None, fused=None, fwd_variant=None):
+    """Within the block: ``attention.CONFIGS[kind]`` entries of this run's head dim set from
+    ``{kind: (BLOCK_M, BLOCK_N, warps, stages)}``, ``FUSED_BWD`` and the window stream's forward
+    variant (``FWD_VARIANT["win_fwd"]``) set when given; all restored afterwards."""
     from orthros.ops.triton import attention as ta
 
+    bd = 128 if D > 64 else 64
+    configs = configs or {}
+    keep = {kind: ta.CONFIGS[kind][bd] for kind in configs}
+    keep_fused, keep_variant = ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"]
+    try:
+        for kind, cfg in configs.items():
+            ta.CONFIGS[kind][bd] = cfg
+        if fused is not None:
+            ta.FUSED_BWD = fused
+        if fwd_variant is not None:
+            ta.FWD_VARIANT["win_fwd"] = fwd_variant
+        yield
+    finally:
+        for kind, cfg in keep.items():
+            ta.CONFIGS[kind][bd] = cfg
+        ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"] = keep_fused, keep_variant
+
+
+def window_tune(Ts=(8192, 32768), flex_T=8192, budget_s=60.0):
     t0 = time.time()
     log("\n## window tune: window-only fwd+bwd (eager do_bench), host enqueue time, CUDA-graph replay")
     log(f"{'T':>6} {'config':>16} {'f+b ms':>8} {'host ms':>8} {'graph ms':>9}")
     out = {}
-    keep = {kind: dict(tab) for kind, tab in ta.CONFIGS.items()}
-    keep_fused = ta.FUSED_BWD
-    bd = 128 if D > 64 else 64
     nan = float("nan")
     for T0 in Ts:
         T = sz(T0)
@@ -513,10 +541,7 @@ def window_tune(Ts=(8192, 32768), flex_T=8192, budget_s=60.0):
             if time.time() - t0 > budget_s:
                 log("  (budget reached: rest skipped)")
                 break
-            try:
-                for kind, cfg in over.items():
-                    ta.CONFIGS[kind][bd] = cfg
-                ta.FUSED_BWD = fused
+            with kernel_overrides(over, fused=fused):
                 row = {"fb": guard(f"wtune T={T0} {name}", lambda: bench(fb, rep=50))}
                 row["host"] = guard(f"wtune T={T0} {name} host", lambda: host_time(fb))
                 if name == "base":
@@ -524,11 +549,6 @@ def window_tune(Ts=(8192, 32768), flex_T=8192, budget_s=60.0):
                     row["fwd"] = guard(f"wtune T={T0} fwd", lambda: bench(fwd, rep=50))
                     row["fwd_host"] = guard(f"wtune T={T0} fwd host", lambda: host_time(fwd))
                     row["fwd_graph"] = guard(f"wtune T={T0} fwd graph", lambda: graph_time(fwd))
-            finally:
-                for kind in keep:
-                    ta.CONFIGS[kind].clear()
-                    ta.CONFIGS[kind].update(keep[kind])
-                ta.FUSED_BWD = keep_fused
             rows[name] = row
             log(f"{T0:>6} {name:>16} {row['fb'] or nan:8.3f} {row['host'] or nan:8.3f} "
                 f"{row.get('graph') or nan:9.3f}")
@@ -539,17 +559,9 @@ def window_tune(Ts=(8192, 32768), flex_T=8192, budget_s=60.0):
                 log(f"  best at T={T0}: {best} {ok[best]:.3f} ms")
                 if best != "base" and time.time() - t0 < budget_s:
                     over, fused = next((o, f) for n, o, f in WINDOW_BWD_CANDIDATES if n == best)
-                    try:
-                        for kind, cfg in over.items():
-                            ta.CONFIGS[kind][bd] = cfg
-                        ta.FUSED_BWD = fused
+                    with kernel_overrides(over, fused=fused):
                         rows[best]["graph"] = guard(f"wtune T={T0} {best} graph", lambda: graph_time(fb))
                         log(f"  best under a CUDA graph: {rows[best]['graph'] or nan:.3f} ms")
-                    finally:
-                        for kind in keep:
-                            ta.CONFIGS[kind].clear()
-                            ta.CONFIGS[kind].update(keep[kind])
-                        ta.FUSED_BWD = keep_fused
         if T0 == 8192 or DRY:
             guard("host profile", lambda: host_profile(fb))
         prev = RES.get(f"window_T{T0}", {})
@@ -559,23 +571,120 @@ def window_tune(Ts=(8192, 32768), flex_T=8192, budget_s=60.0):
         elif T0 == flex_T and time.time() - t0 < budget_s:
             flex, create_block_mask = make_flex()
             if flex is not None:
-                def run_flex():
-                    qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_(True) for x in (q, k, v))
-                    gt = g.transpose(1, 2).contiguous()
-                    bm = create_block_mask(lambda b, h, qi, ki: (qi >= ki) & (qi - ki < W), 1, 1, T, T, device=DEV,
-                                           _compile=True)
-                    with torch.no_grad():
-                        rows["flex_fwd"] = bench(lambda: flex(qt, kt, vt, block_mask=bm, enable_gqa=True), rep=50)
-                    rows["flex_fb"] = bench(lambda: torch.autograd.grad(
-                        flex(qt, kt, vt, block_mask=bm, enable_gqa=True), (qt, kt, vt), gt), rep=50)
+                rows.update(guard(f"wtune T={T0} flex",
+                                  lambda: flex_window(flex, create_block_mask, q, k, v, g, rep=50)) or {})
+                if "flex_fb" in rows:
                     log(f"  flex at T={T0}: fwd {rows['flex_fwd']:.3f} ms, fwd+bwd {rows['flex_fb']:.3f} ms")
-                guard(f"wtune T={T0} flex", run_flex)
         out[f"T{T0}"] = rows
         RES["window_tune"] = out
         del q, k, v, g
         empty_cache()
         save()
     log(f"(window tune: {time.time() - t0:.0f} s)")
+
+
+# ---------------------------------------------------------------------------- window forward variants
+WINDOW_FWD_CANDIDATES = [
+    # (name, attention.FWD_VARIANT of the window stream, {CONFIGS kind: (BLOCK_M, BLOCK_N, warps, stages)}).
+    # gqa*: BLOCK_M counts packed rows (all G heads x BLOCK_M // G queries). First: the default.
+    ("base", "base", {}),
+    ("edge", "edge", {}),
+    ("edge 64x32", "edge", {"win_fwd": (64, 32, 4, 3)}),
+    ("gqa 128x64 s3", "gqa", {"win_fwd_gqa": (128, 64, 8, 3)}),
+    ("gqa 128x64 s2", "gqa", {"win_fwd_gqa": (128, 64, 8, 2)}),
+    ("gqa 128x32", "gqa", {"win_fwd_gqa": (128, 32, 8, 3)}),
+    ("gqa_masked 128x64", "gqa_masked", {"win_fwd_gqa": (128, 64, 8, 3)}),
+]
+PEAK_TFLOPS, PEAK_TBPS = 790.0, 4.3  # H200: bf16 matmul, copy (../shared/anchors/h200.md)
+
+
+def window_floors(T):
+    """(fwd, fwd+bwd) floors (ms) of the window stream at T tokens: max(useful FLOPs / peak,
+    bytes / bandwidth). fwd: 4·Hq·D·T·w FLOPs, reads Q, K, V and writes O; fwd+bwd: 3.5x those
+    FLOPs, and the backward also reads Q, K, V, O, dO and writes dQ, dK, dV (3x the fwd bytes)."""
+    flops = 4 * HQ * D * T * W
+    byts = T * (2 * HQ + 2 * HKV) * D * torch.empty(0, dtype=DT).element_size()
+    return (max(flops / PEAK_TFLOPS, byts / PEAK_TBPS) / 1e9,
+            max(3.5 * flops / PEAK_TFLOPS, 3 * byts / PEAK_TBPS) / 1e9)
+
+
+def window_fwd_variants(Ts=(8192, 32768, 131072, 1048576), grad_max=131072, budget_s=300.0):
+    """Each window-forward candidate (kernel variant x block config) at each T: fwd and, up to
+    ``grad_max``, fwd+bwd (the backward is shared: it reads the variant's LSE), next to Flex in the same
+    run (or --targets' Flex figures of this run); Flex/ours (target >= 1.5 fwd, >= 1.4 fwd+bwd),
+    ours/floor, and ||o - o_base|| / ||o_base||; then the winner."""
+    t0 = time.time()
+    log("\n## window forward variants (w=128): fwd, fwd+bwd (shared backward) vs Flex and the floor")
+    log(f"{'T':>6} {'candidate':>18} {'fwd ms':>8} {'Flex/ours':>9} {'/floor':>6} {'f+b ms':>8} {'Flex/ours':>9} "
+        f"{'/floor':>6} {'err vs base':>11}")
+    out = {}
+    nan = float("nan")
+    flex, create_block_mask = make_flex()
+    for T0 in Ts:
+        if time.time() - t0 > budget_s:
+            log(f"  (budget reached: T={T0} and beyond skipped)")
+            break
+        T = sz(T0)
+        grad = T0 <= grad_max
+        q, k, v = (rnd(1, T, h, D, grad=grad) for h in (HQ, HKV, HKV))
+        g = rnd(1, T, HQ, D) if grad else None
+        qo = q[:, :0].detach()
+
+        def fwd():
+            with torch.no_grad():
+                return orthros_attention(q, k, v, qo, window_size=W, backend="triton")[0]
+
+        def fb():
+            return torch.autograd.grad(orthros_attention(q, k, v, qo, window_size=W, backend="triton")[0], (q, k, v), g)
+        floor_f, floor_fb = window_floors(T)
+        prev = RES.get(f"window_T{T0}", {})  # --targets' Flex at this T in this run: no second compile
+        res = {key: prev[key] for key in ("flex_fwd", "flex_fb") if key in prev}
+        if not res and flex is not None:
+            res = guard(f"wfwd T={T0} flex", lambda: flex_window(flex, create_block_mask, q, k, v, g, rep=50)) or {}
+        ffwd, ffb = res.get("flex_fwd") or nan, res.get("flex_fb") or nan
+        rows, ref = {}, None
+        for name, variant, over in WINDOW_FWD_CANDIDATES:
+            if time.time() - t0 > budget_s:
+                log("  (budget reached: rest skipped)")
+                break
+            with kernel_overrides(over, fwd_variant=variant):
+                row = {"fwd": guard(f"wfwd T={T0} {name}", lambda: bench(fwd, rep=50))}
+                o = guard(f"wfwd T={T0} {name} output", fwd)
+                if o is not None:
+                    ref = o if ref is None else ref  # the first candidate (base) is the reference
+                    row["err"] = ((o.float() - ref.float()).norm() / ref.float().norm()).item()
+                if grad:
+                    row["fb"] = guard(f"wfwd T={T0} {name} fwd+bwd", lambda: bench(fb, rep=50))
+            del o
+            rows[name] = row = {key: val for key, val in row.items() if val is not None}
+            f_ms, fb_ms = row.get("fwd", nan), row.get("fb", nan)
+            bad = "  WRONG" if row.get("err", 0) > (1e-4 if DT == torch.float32 else 2e-2) else ""
+            log(f"{T0:>6} {name:>18} {f_ms:8.3f} {ffwd / f_ms:9.2f} {f_ms / floor_f:6.2f} {fb_ms:8.3f} "
+                f"{ffb / fb_ms:9.2f} {fb_ms / floor_fb:6.2f} {row.get('err', nan):11.1e}{bad}")
+        for key in ("fwd", "fb"):
+            ok = {n: r[key] for n, r in rows.items() if key in r and r.get("err", 1) <= 2e-2}
+            if ok:
+                best = min(ok, key=ok.get)
+                flex_ms = ffwd if key == "fwd" else ffb
+                log(f"  fastest {key} at T={T0}: {best} {ok[best]:.3f} ms = {flex_ms / ok[best]:.2f}x faster than Flex, "
+                    f"{ok[best] / (floor_f if key == 'fwd' else floor_fb):.2f}x the floor")
+        out[f"T{T0}"] = {"candidates": rows, **res, "floor_fwd": floor_f, "floor_fb": floor_fb}
+        RES["window_fwd_variants"] = out
+        del q, k, v, g, ref
+        empty_cache()
+        save()
+    # winner: the lowest geometric mean of fwd times over the sizes every correct candidate ran at
+    names = [n for n, _, _ in WINDOW_FWD_CANDIDATES
+             if out and all("fwd" in r["candidates"].get(n, {}) and r["candidates"][n].get("err", 1) <= 2e-2
+                            for r in out.values())]
+    if names:
+        gm = {n: torch.tensor([r["candidates"][n]["fwd"] for r in out.values()]).log().mean().exp().item()
+              for n in names}
+        win = min(gm, key=gm.get)
+        log(f"  winner (geometric mean of fwd over {len(out)} sizes): {win}, {gm['base'] / gm[win]:.2f}x base"
+            if "base" in gm else f"  winner: {win}")
+        RES["window_fwd_winner"] = win
+    log(f"(window forward variants: {time.time() - t0:.0f} s)")
 
 
 def host_profile(fn, n=None, top=14):
@@ -742,6 +851,19 @@ def markdown():
             if "flex_fb" in rows:
                 out.append(f"| {int(k[1:]) // 1024}K | Flex (fwd {_f(rows.get('flex_fwd'))} ms) | "
                            f"{_f(rows.get('flex_fb'))} ms | | |")
+    wv = RES.get("window_fwd_variants")
+    if wv:
+        out += ["", f"Window forward variants (winner: {RES.get('window_fwd_winner', 'n/a')}):", "",
+                "| T | candidate | fwd | Flex/ours | ours/floor | fwd+bwd | Flex/ours | ours/floor | err vs base |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for k, r in wv.items():
+            T = f"{int(k[1:]) // 1024}K"
+            out.append(f"| {T} | Flex | {_f(r.get('flex_fwd'))} ms | | | {_f(r.get('flex_fb'))} ms | | | |")
+            for name, c in r["candidates"].items():
+                out.append(f"| {T} | {name} | {_f(c.get('fwd'))} ms | {_ratio(r.get('flex_fwd'), c.get('fwd'))} | "
+                           f"{_ratio(c.get('fwd'), r['floor_fwd'])} | {_f(c.get('fb'))} ms | "
+                           f"{_ratio(r.get('flex_fb'), c.get('fb'))} | {_ratio(c.get('fb'), r['floor_fb'])} | "
+                           f"{_f(c.get('err'), fmt='{:.1e}')} |")
     text = "\n".join(out)
     log("\n## markdown\n" + text)
     RES["markdown"] = text
@@ -783,6 +905,9 @@ def main():
         guard("decode tune", decode_tune)
     if a.window_tune:
         guard("window tune", window_tune)
+        # dry run: two sizes, the second without gradients (the path 1M takes on the GPU)
+        guard("window forward variants",
+              lambda: window_fwd_variants(**({"Ts": (8192, 32768), "grad_max": 8192} if DRY else {})))
     if special:
         guard("markdown", markdown)
     else:
