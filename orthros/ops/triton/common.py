@@ -76,6 +76,9 @@ def zeroed_counters(device, n: int) -> torch.Tensor:
     captured graph keeps the address. Kernels using them must not run concurrently on two
     streams. First asked for while a graph is being captured, the buffer is not cached: its
     zero-fill runs only inside that graph (at every replay), so it must not be shared."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
     key = (device, int(n))
     t = _COUNTERS.get(key)
     if t is None:
