@@ -214,15 +214,16 @@ COMPILE_SM90 = textwrap.dedent('''
 
     for dt, M, bn, bk, split, dot, warps, stages in [("bf16", 1, 16, 512, 1, False, 4, 3), ("bf16", 2, 16, 512, 2, False, 4, 3),
                                                      ("bf16", 2, 32, 256, 1, True, 8, 3), ("fp16", 8, 32, 256, 1, False, 4, 2)]:
-        types = dict(X=f"*{dt}", W=f"*{dt}", B=f"*{dt}", Y=f"*{dt}", P="*fp32", M="i32", N="i32", K="i32", sxm="i32",
-                     swn="i32", k_per_split="i32")
+        types = dict(X=f"*{dt}", W=f"*{dt}", B=f"*{dt}", Y=f"*{dt}", P="*fp32", NW=f"*{dt}", R=f"*{dt}", M="i32",
+                     N="i32", K="i32", sxm="i32", swn="i32", srm="i32", k_per_split="i32", eps="fp32")
         const = dict(BLOCK_M=16 if dot else triton.next_power_of_2(M), BLOCK_N=bn, BLOCK_K=bk, M_ROWS=M, DOT=dot,
-                     SPLIT=split, HAS_BIAS=True, UPCAST=False, PREC="tf32", EVEN_K=True, NUM_STAGES=stages)
+                     SPLIT=split, HAS_BIAS=True, UPCAST=False, PREC="tf32", EVEN_K=True, NUM_STAGES=stages,
+                     NORM=False, SILU=False, HAS_RES=False)
         ptx = compile_(_gemv_kernel, types, const, warps, stages).asm["ptx"]
         # the weight stream: 16-byte asynchronous copies into shared memory (pipelined), no 2-byte loads of it
         print("CASE", dt, M, dot, ptx.count("cp.async.cg.shared.global"), ptx.count("ld.global.b16"))
-    compile_(_gemv_reduce, dict(P="*fp32", B="*bf16", Y="*bf16", MN="i32", N="i32"),
-             dict(SPLIT=4, BLOCK=1024, HAS_BIAS=True), 4, 1)
+    compile_(_gemv_reduce, dict(P="*fp32", B="*bf16", Y="*bf16", R="*bf16", MN="i32", N="i32", srm="i32"),
+             dict(SPLIT=4, BLOCK=1024, HAS_BIAS=True, HAS_RES=True), 4, 1)
     print("OK")
 ''')
 

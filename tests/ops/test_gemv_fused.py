@@ -16,11 +16,11 @@ if not HAS_CUDA:
 
 from orthros.layers.common import RMSNorm, SwiGLUMLP  # noqa: E402
 from orthros.ops.gemv import GEMV_BACKENDS, gemv, gemv_ref, prologue_ref  # noqa: E402
+from orthros.ops.gemv.kernel import GemvConfig, gemv_triton  # noqa: E402
 from conftest import rel  # noqa: E402
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-BUILT = ("auto", "torch", "naive")  # the triton prologues: next commit
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 
@@ -95,12 +95,12 @@ def test_reference_rounds_like_eager(dtype):
     assert torch.equal(gemv_ref(x, w, b, norm_weight=nw, norm_eps=1e-5, residual=r), r + y)
     xp = prologue_ref(x, nw, 1e-5)
     exact = xp.double() @ w.double().T + b.double()
-    for backend in BUILT:
+    for backend in GEMV_BACKENDS:
         got = gemv(x, w, b, backend, norm_weight=nw, norm_eps=1e-5)
         assert rel(got, exact) < TOL[dtype], backend
     gu = rnd(M, 2 * K, dtype=dtype, seed=14, scale=2.0)
     exact = (prologue_ref(gu, act="silu").double() @ w.double().T).to(dtype).double() + r.double()
-    for backend in BUILT:
+    for backend in GEMV_BACKENDS:
         assert rel(gemv(gu, w, backend=backend, act="silu", residual=r), exact) < TOL[dtype], backend
 
 
@@ -115,6 +115,94 @@ def test_the_norm_is_applied_not_skipped():
     assert rel(gemv(gu, w, backend="naive", act="silu"), gemv(gu[:, 64:], w, backend="naive")) > 0.3
     r = rnd(2, 32, seed=19)
     assert rel(gemv(x, w, backend="naive", residual=r) - r, plain) < 1e-6
+
+
+# ------------------------------------------------------------------ the triton kernel
+
+FMA = GemvConfig(block_n=16, block_k=32)
+FMA_SPLIT = GemvConfig(block_n=32, block_k=16, split=3)
+DOT = GemvConfig(block_n=16, block_k=32, dot=True)
+DOT_SPLIT = GemvConfig(block_n=16, block_k=16, split=2, dot=True)
+CFGS = {"fma": FMA, "fma-split3": FMA_SPLIT, "dot": DOT, "dot-split2": DOT_SPLIT}
+
+
+@pytest.fixture
+def nan_empty(monkeypatch):
+    real = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real(*a, **k).fill_(float("nan")))
+
+
+def fused_case(kind, M, N, K, dtype, seed, bias=False):
+    """Arguments of one fused call: x (scaled away from 1 so that the norm matters), weight, and
+    the prologue / residual arguments of ``kind``."""
+    x = rnd(M, 2 * K if kind == "silu" else K, dtype=dtype, seed=seed, scale=3.0, shift=0.5)
+    w = rnd(N, K, dtype=dtype, seed=seed + 1, scale=K ** -0.5)
+    kw = {"bias": rnd(N, dtype=dtype, seed=seed + 2) if bias else None}
+    if kind in ("norm", "norm+res"):
+        kw.update(norm_weight=rnd(K, dtype=dtype, seed=seed + 3, scale=0.3, shift=1.0), norm_eps=1e-6)
+    if kind == "silu":
+        kw.update(act="silu")
+    if kind in ("res", "norm+res", "silu"):
+        kw.update(residual=rnd(M, N, dtype=dtype, seed=seed + 4))
+    return x, w, kw
+
+
+@pytest.mark.parametrize("cfg", list(CFGS), ids=list(CFGS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 2, 3])
+@pytest.mark.parametrize("kind", ["norm+res", "silu", "res"])  # norm alone: the tests below
+def test_triton_fused_matches_reference(kind, M, dtype, cfg, nan_empty):
+    """K = 40: not a multiple of any block_k here (ragged last tile, and a split of its own)."""
+    x, w, kw = fused_case(kind, M, 36, 40, dtype, seed=M * 10 + len(kind))
+    y = gemv_triton(x, w, config=CFGS[cfg], **kw)
+    ref = gemv_ref(x, w, **kw)
+    assert y.shape == (M, 36) and y.dtype == dtype
+    assert rel(y, ref) < TOL[dtype], (kind, M, cfg)
+    # against the float64 product of the reference's (rounded) inputs too
+    exact = prologue_ref(x, kw.get("norm_weight"), kw.get("norm_eps"), kw.get("act")).double() @ w.double().T
+    if "residual" in kw:
+        exact = exact + kw["residual"].double()
+    assert rel(y, exact) < TOL[dtype]
+
+
+@pytest.mark.parametrize("cfg", ["fma", "dot-split2"])
+@pytest.mark.parametrize("kind", ["norm+res", "silu"])
+def test_triton_fused_even_k_bias_and_leading_dims(kind, cfg, nan_empty):
+    """K = 64 (whole tiles: the unmasked loads), a bias, [B, T, *] leading dims, fp16."""
+    x, w, kw = fused_case(kind, 2, 24, 64, torch.float16, seed=7, bias=True)
+    x3 = x.view(2, 1, -1)
+    if "residual" in kw:
+        kw["residual"] = kw["residual"].view(2, 1, 24)
+    y = gemv_triton(x3, w, config=CFGS[cfg], **kw)
+    assert y.shape == (2, 1, 24)
+    assert rel(y, gemv_ref(x3, w, **kw)) < TOL[torch.float16]
+
+
+def test_triton_fused_table_config_strided_rows_and_split_determinism():
+    """gemv(backend="triton") (the custom op, the table's config) on x rows with a stride, and a
+    residual with one; split-K is deterministic."""
+    K, N = 48, 40
+    wide = rnd(3, 2 * K + 10, seed=30, scale=2.0)
+    gu = wide[:, 4:4 + 2 * K]  # [gate | up] rows with stride 2K + 10
+    w = rnd(N, K, seed=31, scale=K ** -0.5)
+    rwide = rnd(3, N + 3, seed=32)
+    r = rwide[:, :N]
+    y = gemv(gu, w, backend="triton", act="silu", residual=r)
+    assert rel(y, gemv_ref(gu, w, act="silu", residual=r)) < 1e-5
+    x, nw = wide[:, :K], rnd(K, seed=33, shift=1.0)
+    a = gemv_triton(x, w, config=FMA_SPLIT, norm_weight=nw, norm_eps=1e-5, residual=r)
+    assert torch.equal(a, gemv_triton(x, w, config=FMA_SPLIT, norm_weight=nw, norm_eps=1e-5, residual=r))
+    assert rel(a, gemv_ref(x, w, norm_weight=nw, norm_eps=1e-5, residual=r)) < 1e-5
+
+
+def test_triton_norm_uses_the_whole_row():
+    """Every split's rstd covers all of K: scaling one K slice of x changes every output."""
+    x, w, kw = fused_case("norm", 2, 16, 64, torch.float32, seed=40)
+    x2 = x.clone()
+    x2[:, 48:] *= 10.0  # only the last split's slice (split 4 of 16)
+    cfg = GemvConfig(block_n=16, block_k=16, split=4)
+    for xx in (x, x2):
+        assert rel(gemv_triton(xx, w, config=cfg, **kw), gemv_ref(xx, w, **kw)) < 1e-5
 
 
 # ------------------------------------------------------------------ refusals

@@ -44,17 +44,67 @@ from .naive import DTYPES, MAX_M, check_gemv_inputs
 # ============================================================================ kernels
 
 @triton.jit
-def _gemv_kernel(X, W, B, Y, P, M, N, K, sxm, swn, k_per_split,
+def _round(x, dt: tl.constexpr, EMU_RNE: tl.constexpr):
+    """``x`` (float32) rounded to ``dt``, to nearest even. ``EMU_RNE`` (the interpreter with
+    bf16, whose float32 -> bf16 cast truncates: seen with triton 3.9, fp16 is right) rounds the
+    bits first so the cast is exact; compiled code casts with round-to-nearest-even itself."""
+    if EMU_RNE:
+        b = x.to(tl.uint32, bitcast=True)
+        b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+        x = b.to(tl.float32, bitcast=True)
+    return x.to(dt)
+
+
+@triton.jit
+def _prologue(X, x_offs, x_mask, NW, nw_offs, nw_mask, rstd, K,
+              NORM: tl.constexpr, SILU: tl.constexpr, MASK_X: tl.constexpr, MASK_K: tl.constexpr,
+              EMU_RNE: tl.constexpr):
+    """A tile of the GEMV's input in ``X``'s dtype, rounded as the torch ops of the reference
+    (:mod:`.naive`) round it: the raw ``x``; or RMSNorm, ``((x * rstd) -> dtype) * norm_weight ->
+    dtype`` (``rstd`` broadcast to the tile); or SwiGLU, ``silu(gate) -> dtype``, ``* up -> dtype``
+    with ``gate = x[m, k]``, ``up = x[m, K + k]``. Masked entries are 0 (and stay 0)."""
+    dt = X.dtype.element_ty
+    if MASK_X:
+        x = tl.load(X + x_offs, mask=x_mask, other=0.0)
+    else:
+        x = tl.load(X + x_offs)
+    if NORM:
+        if MASK_K:
+            nw = tl.load(NW + nw_offs, mask=nw_mask, other=0.0)
+        else:
+            nw = tl.load(NW + nw_offs)
+        xn = _round(x.to(tl.float32) * rstd, dt, EMU_RNE)
+        x = _round(xn.to(tl.float32) * nw.to(tl.float32), dt, EMU_RNE)
+    if SILU:
+        if MASK_X:
+            up = tl.load(X + x_offs + K, mask=x_mask, other=0.0)
+        else:
+            up = tl.load(X + x_offs + K)
+        g = x.to(tl.float32)
+        act = _round(g / (1.0 + tl.exp(-g)), dt, EMU_RNE)
+        x = _round(act.to(tl.float32) * up.to(tl.float32), dt, EMU_RNE)
+    return x
+
+
+@triton.jit
+def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, M_ROWS: tl.constexpr,
                  DOT: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr,
-                 PREC: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr):
+                 PREC: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
+                 NORM: tl.constexpr = False, SILU: tl.constexpr = False, HAS_RES: tl.constexpr = False,
+                 EMU_RNE: tl.constexpr = False):
     """Program ``(pid_n, pid_k)``: output rows ``[pid_n * BLOCK_N, +BLOCK_N)`` over ``K`` slice
     ``[pid_k * k_per_split, +k_per_split)``. ``M_ROWS`` (= M, constexpr) unrolls the CUDA-core
     form; ``BLOCK_M`` is the accumulator's row count (pow2 >= M; 16 in the dot form).
-    ``SPLIT == 1``: writes ``Y [M, N]`` (+ bias, cast); else float32 partials ``P [SPLIT, M, N]``.
-    The weight loads carry no row mask (rows past ``N`` re-read row ``N - 1``; their results are
-    not stored) and, with ``EVEN_K`` (every slice a whole number of tiles), no column mask
-    either, so they compile to full-width vector loads."""
+    ``SPLIT == 1``: writes ``Y [M, N]`` (+ bias, cast, + residual ``R``); else float32 partials
+    ``P [SPLIT, M, N]``. The weight loads carry no row mask (rows past ``N`` re-read row
+    ``N - 1``; their results are not stored) and, with ``EVEN_K`` (every slice a whole number of
+    tiles), no column mask either, so they compile to full-width vector loads.
+
+    Prologues (constexpr: the plain GEMV compiles as before): ``NORM`` first sums ``x^2`` over
+    the whole of ``K`` (every split does: the rows are tiny and L2-resident) for each row's
+    ``rstd``, then normalises each x tile as it is loaded (:func:`_prologue`); ``SILU`` reads
+    ``x [M, 2K]`` (``gate | up``, row stride ``sxm``). ``HAS_RES``: ``Y = R + (acc -> dtype)``."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -64,6 +114,16 @@ def _gemv_kernel(X, W, B, Y, P, M, N, K, sxm, swn, k_per_split,
     k_lo = pid_k.to(tl.int64) * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     w_rows = W + tl.minimum(offs_n, N - 1)[:, None] * swn
+    if NORM:  # each row's 1 / rms over the whole of K, as RMSNorm: float32 mean of squares
+        ss = tl.zeros([BLOCK_M], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            xs = tl.load(X + offs_m[:, None] * sxm + offs_k[None, :], mask=m_ok[:, None] & (offs_k < K)[None, :],
+                         other=0.0).to(tl.float32)
+            ss += tl.sum(xs * xs, axis=1)
+        rstd = tl.rsqrt(ss / K + eps)  # [BLOCK_M]
+    else:
+        rstd = tl.zeros([BLOCK_M], tl.float32)
     if DOT:
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)  # y^T: the weight tile is the MMA's M side
     else:
@@ -76,7 +136,8 @@ def _gemv_kernel(X, W, B, Y, P, M, N, K, sxm, swn, k_per_split,
         else:
             w = tl.load(w_rows + offs_k[None, :], mask=k_ok[None, :], other=0.0)
         if DOT:
-            xt = tl.load(X + offs_m[None, :] * sxm + offs_k[:, None], mask=m_ok[None, :] & k_ok[:, None], other=0.0)
+            xt = _prologue(X, offs_m[None, :] * sxm + offs_k[:, None], m_ok[None, :] & k_ok[:, None],
+                           NW, offs_k[:, None], k_ok[:, None], rstd[None, :], K, NORM, SILU, True, not EVEN_K, EMU_RNE)
             if UPCAST:  # the interpreter's bf16 tl.dot is wrong (docs: guide); fp32 there
                 w = w.to(tl.float32)
                 xt = xt.to(tl.float32)
@@ -84,10 +145,12 @@ def _gemv_kernel(X, W, B, Y, P, M, N, K, sxm, swn, k_per_split,
         else:
             wf = w.to(tl.float32)
             for m in tl.static_range(M_ROWS):
-                if EVEN_K:
-                    xm = tl.load(X + m * sxm + offs_k).to(tl.float32)
+                if NORM:
+                    rstd_m = tl.sum(tl.where(offs_m == m, rstd, 0.0), axis=0)
                 else:
-                    xm = tl.load(X + m * sxm + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+                    rstd_m = 0.0
+                xm = _prologue(X, m * sxm + offs_k, k_ok, NW, offs_k, k_ok, rstd_m, K, NORM, SILU,
+                               not EVEN_K, not EVEN_K, EMU_RNE).to(tl.float32)
                 part = tl.sum(wf * xm[None, :], axis=1)  # [BLOCK_N]
                 acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
     if DOT:
@@ -96,14 +159,20 @@ def _gemv_kernel(X, W, B, Y, P, M, N, K, sxm, swn, k_per_split,
     if SPLIT == 1:
         if HAS_BIAS:
             acc += tl.load(B + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        tl.store(Y + offs_m[:, None] * N + offs_n[None, :], acc.to(Y.dtype.element_ty), mask=mask)
+        out = _round(acc, Y.dtype.element_ty, EMU_RNE)
+        if HAS_RES:  # eager's h + F.linear(...): the product rounded first, the sum in fp32, rounded
+            res = tl.load(R + offs_m[:, None] * srm + offs_n[None, :], mask=mask, other=0.0)
+            out = _round(out.to(tl.float32) + res.to(tl.float32), Y.dtype.element_ty, EMU_RNE)
+        tl.store(Y + offs_m[:, None] * N + offs_n[None, :], out, mask=mask)
     else:
         tl.store(P + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :], acc, mask=mask)
 
 
 @triton.jit
-def _gemv_reduce(P, B, Y, MN, N, SPLIT: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """``Y[m, n] = sum_s P[s, m, n] (+ bias[n])``, splits summed in order (deterministic)."""
+def _gemv_reduce(P, B, Y, R, MN, N, srm, SPLIT: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 HAS_RES: tl.constexpr = False, EMU_RNE: tl.constexpr = False):
+    """``Y[m, n] = sum_s P[s, m, n] (+ bias[n])`` rounded (``+ R[m, n]``, rounded), splits
+    summed in order (deterministic)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN
     acc = tl.zeros([BLOCK], tl.float32)
@@ -111,7 +180,11 @@ def _gemv_reduce(P, B, Y, MN, N, SPLIT: tl.constexpr, BLOCK: tl.constexpr, HAS_B
         acc += tl.load(P + s * MN + offs, mask=ok, other=0.0)
     if HAS_BIAS:
         acc += tl.load(B + offs % N, mask=ok, other=0.0).to(tl.float32)
-    tl.store(Y + offs, acc.to(Y.dtype.element_ty), mask=ok)
+    out = _round(acc, Y.dtype.element_ty, EMU_RNE)
+    if HAS_RES:
+        res = tl.load(R + (offs // N) * srm + offs % N, mask=ok, other=0.0)
+        out = _round(out.to(tl.float32) + res.to(tl.float32), Y.dtype.element_ty, EMU_RNE)
+    tl.store(Y + offs, out, mask=ok)
 
 
 # ============================================================================ configs
@@ -179,18 +252,18 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
                 config: Optional[GemvConfig] = None, norm_weight: Optional[torch.Tensor] = None,
                 norm_eps: Optional[float] = None, act: Optional[str] = None,
                 residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """``x [..., K] @ weight[N, K].T (+ bias)`` by the streaming kernel; ``[..., N]`` in
+    """``residual + (prologue(x) @ weight[N, K].T (+ bias))`` by the streaming kernel (the
+    arguments of :func:`orthros.ops.gemv.gemv`, :mod:`.naive` their meaning); ``[..., N]`` in
     ``x.dtype``. ``M = prod(x.shape[:-1]) <= 8``. ``config``: a :class:`GemvConfig` to use
     instead of :func:`pick_config`'s (benchmark sweeps). Raises ``ValueError`` (naming the
     argument) before launching anything for: shapes, ``M > 8``, dtypes other than
-    fp16/bf16/fp32 or differing between ``x`` and ``weight``, tensors on different devices or
-    on a CPU outside the Triton interpreter, a ``weight`` that is not contiguous, an ``x``
-    whose last dim is not contiguous or whose rows cannot be viewed as ``[M, K]``."""
+    fp16/bf16/fp32 or differing between ``x``, ``weight`` and ``norm_weight``, tensors on
+    different devices or on a CPU outside the Triton interpreter, a ``weight``, ``bias`` or
+    ``norm_weight`` that is not contiguous, an ``x`` or ``residual`` whose last dim is not
+    contiguous or whose rows cannot be viewed as ``[M, *]``."""
     check_gemv_inputs(x, weight, bias, norm_weight=norm_weight, norm_eps=norm_eps, act=act, residual=residual)
-    if norm_weight is not None or act is not None or residual is not None:
-        raise ValueError("the triton GEMV's prologues / residual are not built yet; use backend 'torch'")
-    K = x.shape[-1]
-    N = weight.shape[0]
+    N, K = weight.shape
+    Kx = x.shape[-1]  # K, or 2K with act="silu"
     lead = x.shape[:-1]
     M = 1
     for s in lead:
@@ -203,24 +276,21 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
                          f"weight {weight.dtype}")
     if bias is not None and bias.dtype not in DTYPES:
         raise ValueError(f"bias must be fp16 / bf16 / fp32, got {bias.dtype}")
+    if norm_weight is not None and norm_weight.dtype != x.dtype:
+        raise ValueError(f"norm_weight must have x's dtype {x.dtype} for the triton GEMV, got {norm_weight.dtype} "
+                         f"(backend 'torch' follows the RMSNorm formula with any dtype)")
     dev = x.device
-    for name, t in (("weight", weight), ("bias", bias)):
+    for name, t in (("weight", weight), ("bias", bias), ("norm_weight", norm_weight), ("residual", residual)):
         if t is not None and t.device != dev:
             raise ValueError(f"{name} must be on x's device {dev}, got {t.device}")
     if dev.type != "cuda" and not (dev.type == "cpu" and interpreting()):
         raise ValueError(f"x must be a CUDA tensor for the triton GEMV (a CPU one only under TRITON_INTERPRET=1), "
                          f"got device {dev}")
-    if not weight.is_contiguous():
-        raise ValueError(f"weight must be contiguous (row-major [N, K]), got strides {weight.stride()}")
-    if bias is not None and not bias.is_contiguous():
-        raise ValueError(f"bias must be contiguous, got stride {bias.stride()}")
-    if K > 1 and x.stride(-1) != 1:
-        raise ValueError(f"x must be contiguous along its last dim (stride 1), got strides {x.stride()}")
-    try:
-        x2 = x.view(M, K)
-    except RuntimeError:
-        raise ValueError(f"x's leading dims must be viewable as [M, K] rows without a copy, got shape "
-                         f"{tuple(x.shape)} strides {x.stride()}") from None
+    for name, t in (("weight", weight), ("bias", bias), ("norm_weight", norm_weight)):
+        if t is not None and not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+    x2 = _rows(x, "x", M, Kx)
+    r2 = _rows(residual, "residual", M, N) if residual is not None else None
     cfg = config if config is not None else pick_config(M, N, K)
     if not isinstance(cfg, GemvConfig):
         raise ValueError(f"config must be a GemvConfig or None, got {type(cfg).__name__}")
@@ -232,21 +302,40 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     k_per_split = cdiv(cdiv(K, split), cfg.block_k) * cfg.block_k if K else 0
     split = cdiv(K, k_per_split) if K else 1  # no empty trailing split
     part = torch.empty(split, M, N, dtype=torch.float32, device=dev) if split > 1 else y
-    b = bias if bias is not None else y  # placeholder pointer, not read without HAS_BIAS
+    b = bias if bias is not None else y  # placeholder pointers, not read without their flags
+    nw = norm_weight if norm_weight is not None else y
+    r = r2 if r2 is not None else y
+    srm = (r2.stride(0) if M > 1 else N) if r2 is not None else 0
     upcast = interpreting() and x.dtype != torch.float32
+    emu_rne = interpreting() and x.dtype == torch.bfloat16
     block_m = 16 if cfg.dot else pow2(M)
     prec = "ieee" if (x.dtype == torch.float32 or upcast) else "tf32"
-    sxm = x2.stride(0) if M > 1 else K
+    sxm = x2.stride(0) if M > 1 else Kx
+    flags = dict(NORM=norm_weight is not None, SILU=act == "silu", HAS_RES=residual is not None)
     _gemv_kernel[(cdiv(N, cfg.block_n), split)](
-        x2, weight, b, y, part, M, N, K, sxm, weight.stride(0), k_per_split,
+        x2, weight, b, y, part, nw, r, M, N, K, sxm, weight.stride(0), srm, k_per_split,
+        float(norm_eps) if norm_weight is not None else 0.0,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, M_ROWS=M, DOT=cfg.dot, SPLIT=split,
         HAS_BIAS=bias is not None, UPCAST=upcast, PREC=prec, EVEN_K=K % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
+        NORM=flags["NORM"], SILU=flags["SILU"], HAS_RES=split == 1 and flags["HAS_RES"], EMU_RNE=emu_rne,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
         block = 1024
-        _gemv_reduce[(cdiv(M * N, block),)](part, b, y, M * N, N, SPLIT=split, BLOCK=block,
-                                            HAS_BIAS=bias is not None, num_warps=4)
+        _gemv_reduce[(cdiv(M * N, block),)](part, b, y, r, M * N, N, srm, SPLIT=split, BLOCK=block,
+                                            HAS_BIAS=bias is not None, HAS_RES=flags["HAS_RES"], EMU_RNE=emu_rne,
+                                            num_warps=4)
     return y
+
+
+def _rows(t: torch.Tensor, name: str, M: int, C: int) -> torch.Tensor:
+    """``t [..., C]`` as ``[M, C]`` rows without a copy (last dim contiguous), or ``ValueError``."""
+    if C > 1 and t.stride(-1) != 1:
+        raise ValueError(f"{name} must be contiguous along its last dim (stride 1), got strides {t.stride()}")
+    try:
+        return t.view(M, C)
+    except RuntimeError:
+        raise ValueError(f"{name}'s leading dims must be viewable as [M, {C}] rows without a copy, got shape "
+                         f"{tuple(t.shape)} strides {t.stride()}") from None
 
 
 __all__ = ["GemvConfig", "CONFIGS", "pick_config", "gemv_triton"]
