@@ -295,14 +295,14 @@ def use_variant(monkeypatch, name, small=not HAS_CUDA):
             monkeypatch.setitem(ta.CONFIGS[kind + "_gqa"], 64, (32, 16, 4, 1))
 
 
-VARIANT_CASES = {
+VARIANT_CASES = {  # at the CPU blocks (16 keys; 32 packed rows) each case but the first two has interior blocks
     "pt_g4_w_lt_block": dict(B=2, T=37, Hq=4, Hkv=1, w=5),
-    "g2_w_gt_block_fp16": dict(T=50, Hq=4, Hkv=2, w=40, dtype=torch.float16),
     "g1_w_eq_block": dict(T=45, Hq=2, Hkv=2, w=16),
-    "g3_padded_heads": dict(T=29, Hq=3, Hkv=1, w=9),
-    "varlen_positions": dict(T=66, Hq=4, Hkv=2, w=20, cu_seqlens=torch.tensor([0, 7, 30, 31, 66]),
+    "g2_w_gt_block_fp16": dict(T=50, Hq=4, Hkv=2, w=40, dtype=torch.float16),
+    "g3_padded_heads": dict(T=60, Hq=3, Hkv=1, w=35),
+    "varlen_positions": dict(T=66, Hq=4, Hkv=2, w=40, cu_seqlens=torch.tensor([0, 7, 30, 31, 66]),
                              positions=torch.tensor([6, 29, 30, 50, 65])),
-    "kv_start_last": dict(B=3, T=41, Hq=4, Hkv=1, w=6, kv_start=torch.tensor([0, 13, 40]),
+    "kv_start_last": dict(B=3, T=41, Hq=4, Hkv=1, w=30, kv_start=torch.tensor([0, 13, 40]),
                           positions=torch.tensor([40])),
     "continuation_fp16": dict(B=1, T=20, Tk=50, Hq=4, Hkv=2, w=23, positions=torch.arange(30, 50),
                               dtype=torch.float16, grad=False),
@@ -388,7 +388,7 @@ def test_forward_variants_gpu(poison, monkeypatch, dtype, name):
     shapes, a split-key prefill (full stream) and the 1M-token 64-bit window case."""
     use_variant(monkeypatch, name)
 
-    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
     @given(cases(big=True, dtype=dtype))
     def inner(c):
         run_case(**c)

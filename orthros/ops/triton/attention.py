@@ -115,7 +115,9 @@ def _stream_fwd(
     bz = tl.program_id(2)
     b = bz // NUM_SPLITS
     split = bz % NUM_SPLITS
-    h = pid0 if GP == 1 else pid0 * G  # GP > 1: the group's first head (so h // G is the KV head)
+    h = pid0
+    if GP > 1:
+        h = pid0 * G  # the group's first head (so h // G is the KV head)
     b64, h64, kvh64, rows, row_ok, qpos, lo, hi, qdoc, kvs, p_first, p_last = _q_block(
         pid_m, b, h, POS, DOC, DOCSTART, KVSTART, spb, M, pos_offset, window, G,
         BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE, GP * BLOCK_M)
@@ -158,7 +160,8 @@ def _stream_fwd(
                 # positions relative to the block start fit in int32 (cheaper than int64 compares)
                 krel = tl.arange(0, BLOCK_N)
                 qrel = (qpos - start_n).to(tl.int32)
-                mask = visible(krel[None, :], qrel[:, None], c_ok[None, :], window, kdoc[None, :], qdoc[:, None],
+                k_in = krel < (hi - start_n).to(tl.int32)
+                mask = visible(krel[None, :], qrel[:, None], k_in[None, :], window, kdoc[None, :], qdoc[:, None],
                                (kvs - start_n).to(tl.int32), HAS_WINDOW, HAS_DOC, HAS_KVS)
                 s = tl.where(mask, s, float("-inf"))
         else:
