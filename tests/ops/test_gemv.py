@@ -212,18 +212,23 @@ COMPILE_SM90 = textwrap.dedent('''
         src = ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs)
         return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
 
-    for dt, M, bn, bk, split, dot, warps, stages in [("bf16", 1, 16, 512, 1, False, 4, 3), ("bf16", 2, 16, 512, 2, False, 4, 3),
-                                                     ("bf16", 2, 32, 256, 1, True, 8, 3), ("fp16", 8, 32, 256, 1, False, 4, 2)]:
+    # the plain GEMV, then the fused prologues / residual (orthros.ops.gemv's norm_weight, act, residual)
+    for dt, M, bn, bk, split, dot, warps, stages, fused in [
+            ("bf16", 1, 16, 512, 1, False, 4, 3, ""), ("bf16", 2, 16, 512, 2, False, 4, 3, ""),
+            ("bf16", 2, 32, 256, 1, True, 8, 3, ""), ("fp16", 8, 32, 256, 1, False, 4, 2, ""),
+            ("bf16", 1, 16, 256, 1, False, 4, 4, "NORM"), ("bf16", 2, 64, 128, 4, True, 4, 3, "NORM"),
+            ("bf16", 1, 16, 256, 1, False, 4, 4, "SILU,HAS_RES"), ("bf16", 2, 64, 128, 1, True, 4, 3, "SILU,HAS_RES")]:
         types = dict(X=f"*{dt}", W=f"*{dt}", B=f"*{dt}", Y=f"*{dt}", P="*fp32", NW=f"*{dt}", R=f"*{dt}", M="i32",
                      N="i32", K="i32", sxm="i32", swn="i32", srm="i32", k_per_split="i32", eps="fp32")
+        flags = {f: f in fused.split(",") for f in ("NORM", "SILU", "HAS_RES")}
         const = dict(BLOCK_M=16 if dot else triton.next_power_of_2(M), BLOCK_N=bn, BLOCK_K=bk, M_ROWS=M, DOT=dot,
                      SPLIT=split, HAS_BIAS=True, UPCAST=False, PREC="tf32", EVEN_K=True, NUM_STAGES=stages,
-                     NORM=False, SILU=False, HAS_RES=False)
+                     EMU_RNE=False, **flags)
         ptx = compile_(_gemv_kernel, types, const, warps, stages).asm["ptx"]
         # the weight stream: 16-byte asynchronous copies into shared memory (pipelined), no 2-byte loads of it
-        print("CASE", dt, M, dot, ptx.count("cp.async.cg.shared.global"), ptx.count("ld.global.b16"))
+        print("CASE", dt, M, dot, ptx.count("cp.async.cg.shared.global"), ptx.count("ld.global.b16"), fused or "-")
     compile_(_gemv_reduce, dict(P="*fp32", B="*bf16", Y="*bf16", R="*bf16", MN="i32", N="i32", srm="i32"),
-             dict(SPLIT=4, BLOCK=1024, HAS_BIAS=True, HAS_RES=True), 4, 1)
+             dict(SPLIT=4, BLOCK=1024, HAS_BIAS=True, HAS_RES=True, EMU_RNE=False), 4, 1)
     print("OK")
 ''')
 
@@ -235,10 +240,10 @@ def test_kernel_compiles_for_sm90_with_pipelined_vector_loads(tmp_path):
     p = subprocess.run([sys.executable, "-c", COMPILE_SM90], capture_output=True, text=True, env=env, timeout=300)
     assert p.returncode == 0 and p.stdout.strip().endswith("OK"), p.stderr[-3000:]
     cases = [line.split() for line in p.stdout.splitlines() if line.startswith("CASE")]
-    assert len(cases) == 4
-    for _, dt, M, dot, n_async, n_b16 in cases:
-        assert int(n_async) >= 8, (dt, M, dot, n_async)  # >= 8 per thread: a [16, 512] bf16 tile / 128 threads
-        assert int(n_b16) <= 2, (dt, M, dot, n_b16)  # at most the bias' scalar loads
+    assert len(cases) == 8
+    for _, dt, M, dot, n_async, n_b16, fused in cases:
+        assert int(n_async) >= 8, (dt, M, dot, n_async, fused)  # >= 8 per thread: a [16, 512] bf16 tile / 128 threads
+        assert int(n_b16) <= 2, (dt, M, dot, n_b16, fused)  # at most the bias' scalar loads
 
 
 # ------------------------------------------------------------------------------ GPU
