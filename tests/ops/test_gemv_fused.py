@@ -253,3 +253,107 @@ def test_bad_arguments_refused_on_every_backend(case, backend, monkeypatch):
     with pytest.raises(ValueError, match=message):
         gemv(**kw, backend=backend)
     assert not launched
+
+
+# ------------------------------------------------------------------ the custom op
+
+
+def _layer_tail(h, nw, w_in, w_out, gu, w_down, backend="triton"):
+    """Three fused sites in a row, as a layer step would call them."""
+    a = gemv(h, w_in, backend=backend, norm_weight=nw, norm_eps=1e-6)
+    h2 = gemv(a, w_out, backend=backend, residual=h)
+    return gemv(gu, w_down, backend=backend, act="silu", residual=h2)
+
+
+def _tail_args(dtype=torch.float32):
+    H, I = 16, 12
+    return (rnd(2, H, dtype=dtype, seed=50), rnd(H, dtype=dtype, seed=51, shift=1.0),
+            rnd(H, H, dtype=dtype, seed=52, scale=0.25), rnd(H, H, dtype=dtype, seed=53, scale=0.25),
+            rnd(2, 2 * I, dtype=dtype, seed=54), rnd(H, I, dtype=dtype, seed=55, scale=0.3))
+
+
+def test_compiled_region_sees_one_opaque_node_per_call():
+    """torch.compile(fullgraph=True) of gemv calls with every prologue: no graph break, each call
+    one orthros::gemv node, and the compiled result equals the eager one (dynamo's graph, and
+    AOTAutograd's through the fake implementation)."""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    args = _tail_args()
+    eager = _layer_tail(*args)
+    assert rel(eager, _layer_tail(*args, backend="naive")) < 1e-5
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(_layer_tail, backend=record, fullgraph=True)(*args), eager)
+    (gm,) = graphs
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets == [torch.ops.orthros.gemv.default] * 3
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(_layer_tail, backend="aot_eager", fullgraph=True)(*args), eager)
+
+
+def test_opcheck():
+    """torch.library.opcheck: schema, fake tensor, autograd registration and AOT dispatch of
+    orthros::gemv, through the interpreter on CPU (the kernel on a GPU)."""
+    x, w, nw, r = rnd(2, 16, seed=60), rnd(8, 16, seed=61), rnd(16, seed=62), rnd(2, 8, seed=63)
+    for args in [(x, w, None, nw, 1e-6, "", r), (rnd(2, 32, seed=64), w, rnd(8, seed=65), None, 0.0, "silu", None),
+                 (x.bfloat16(), w.bfloat16(), None, None, 0.0, "", r.bfloat16())]:
+        torch.library.opcheck(torch.ops.orthros.gemv.default, args)
+
+
+def test_fake_impl_refuses_bad_shapes_at_trace_time():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x, w, r = torch.empty(2, 16), torch.empty(8, 16), torch.empty(2, 7)
+        assert torch.ops.orthros.gemv.default(x, w, None, None, 0.0, "", None).shape == (2, 8)
+        with pytest.raises(ValueError, match="residual must be None or a tensor of the output's shape"):
+            torch.ops.orthros.gemv.default(x, w, None, None, 0.0, "", r)
+
+
+# ------------------------------------------------------------------------------ GPU
+
+# Qwen3-8B's four fused sites of a decode layer: (N, K, kind)
+SITES = {"norm+qkv": (6144, 4096, "norm"), "o+residual": (4096, 4096, "res"),
+         "norm+gate_up": (24576, 4096, "norm"), "silu+down+residual": (4096, 12288, "silu")}
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 2])
+@pytest.mark.parametrize("site", list(SITES))
+def test_gpu_fused_sites_bf16(site, M):
+    N, K, kind = SITES[site]
+    x, w, kw = fused_case(kind, M, N, K, torch.bfloat16, seed=M)
+    y = gemv(x, w, backend="triton", **kw)
+    ref = gemv_ref(x, w, **kw)
+    unfused = gemv(x, w, backend="torch", **kw)
+    assert rel(y, ref) < 1e-2
+    assert rel(y, ref) < 2 * rel(unfused, ref) + 1e-3  # no worse than the unfused ops (cuBLAS)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_fused_cuda_graph_and_inductor():
+    args = [a.contiguous() for a in _tail_args(torch.bfloat16)]
+    static = [a.clone() for a in args]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        _layer_tail(*static)  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = _layer_tail(*static)
+    for seed in (1, 2):
+        static[0].copy_(rnd(*static[0].shape, dtype=torch.bfloat16, seed=seed))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, _layer_tail(*static))
+    torch._dynamo.reset()
+    compiled = torch.compile(_layer_tail, fullgraph=True, mode="reduce-overhead")
+    for _ in range(3):  # warm-up, record, replay
+        got = compiled(*args)
+    assert torch.equal(got, _layer_tail(*args))
