@@ -202,7 +202,7 @@ COMPILE_SM90 = textwrap.dedent('''
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from orthros.ops.gemv.kernel import _gemv_kernel, _gemv_reduce
+    from orthros.ops.gemv.kernel import _gemv_kernel, _gemv_reduce, _norm_tile
 
     def compile_(fn, types, const, warps, stages):
         sig = dict(types, **{k: "constexpr" for k in const})
@@ -223,7 +223,7 @@ COMPILE_SM90 = textwrap.dedent('''
         flags = {f: f in fused.split(",") for f in ("NORM", "SILU", "HAS_RES")}
         const = dict(BLOCK_M=16 if dot else triton.next_power_of_2(M), BLOCK_N=bn, BLOCK_K=bk, M_ROWS=M, DOT=dot,
                      SPLIT=split, HAS_BIAS=True, UPCAST=False, PREC="tf32", EVEN_K=True, NUM_STAGES=stages,
-                     EMU_RNE=False, **flags)
+                     EMU_RNE=False, **flags, **_norm_tile(M, 4096, flags["NORM"]))
         ptx = compile_(_gemv_kernel, types, const, warps, stages).asm["ptx"]
         # the weight stream: 16-byte asynchronous copies into shared memory (pipelined), no 2-byte loads of it
         print("CASE", dt, M, dot, ptx.count("cp.async.cg.shared.global"), ptx.count("ld.global.b16"), fused or "-")

@@ -92,7 +92,7 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
                  DOT: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr,
                  PREC: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
                  NORM: tl.constexpr = False, SILU: tl.constexpr = False, HAS_RES: tl.constexpr = False,
-                 EMU_RNE: tl.constexpr = False):
+                 EMU_RNE: tl.constexpr = False, NORM_M: tl.constexpr = 1, NORM_K: tl.constexpr = 16):
     """Program ``(pid_n, pid_k)``: output rows ``[pid_n * BLOCK_N, +BLOCK_N)`` over ``K`` slice
     ``[pid_k * k_per_split, +k_per_split)``. ``M_ROWS`` (= M, constexpr) unrolls the CUDA-core
     form; ``BLOCK_M`` is the accumulator's row count (pow2 >= M; 16 in the dot form).
@@ -115,13 +115,19 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
     k_hi = tl.minimum(k_lo + k_per_split, K)
     w_rows = W + tl.minimum(offs_n, N - 1)[:, None] * swn
     if NORM:  # each row's 1 / rms over the whole of K, as RMSNorm: float32 mean of squares
-        ss = tl.zeros([BLOCK_M], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            offs_k = k0 + tl.arange(0, BLOCK_K)
-            xs = tl.load(X + offs_m[:, None] * sxm + offs_k[None, :], mask=m_ok[:, None] & (offs_k < K)[None, :],
+        # tiles of NORM_M (pow2 >= M) rows x NORM_K (~4096 elements in all): few dependent L2 round
+        # trips before the weight stream starts (K = 4096 at M <= 2: one or two)
+        offs_r = tl.arange(0, NORM_M)
+        ss = tl.zeros([NORM_M], tl.float32)
+        for k0 in range(0, K, NORM_K):
+            offs_k = k0 + tl.arange(0, NORM_K)
+            xs = tl.load(X + offs_r[:, None] * sxm + offs_k[None, :], mask=(offs_r < M)[:, None] & (offs_k < K)[None, :],
                          other=0.0).to(tl.float32)
             ss += tl.sum(xs * xs, axis=1)
-        rstd = tl.rsqrt(ss / K + eps)  # [BLOCK_M]
+        rstd_r = tl.rsqrt(ss / K + eps)  # [NORM_M]
+        rstd = tl.zeros([BLOCK_M], tl.float32)  # the accumulator's rows (16 in the dot form)
+        for m in tl.static_range(M_ROWS):
+            rstd = tl.where(offs_m == m, tl.sum(tl.where(offs_r == m, rstd_r, 0.0), axis=0), rstd)
     else:
         rstd = tl.zeros([BLOCK_M], tl.float32)
     if DOT:
@@ -318,13 +324,21 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, M_ROWS=M, DOT=cfg.dot, SPLIT=split,
         HAS_BIAS=bias is not None, UPCAST=upcast, PREC=prec, EVEN_K=K % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
         NORM=flags["NORM"], SILU=flags["SILU"], HAS_RES=split == 1 and flags["HAS_RES"], EMU_RNE=emu_rne,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        **_norm_tile(M, K, norm_weight is not None), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
         block = 1024
         _gemv_reduce[(cdiv(M * N, block),)](part, b, y, r, M * N, N, srm, SPLIT=split, BLOCK=block,
                                             HAS_BIAS=bias is not None, HAS_RES=flags["HAS_RES"], EMU_RNE=emu_rne,
                                             num_warps=4)
     return y
+
+
+def _norm_tile(M: int, K: int, norm: bool) -> dict:
+    """The RMSNorm prologue's sum-of-squares tile: pow2(M) rows x up to 4096 / pow2(M) columns
+    (fixed values without the norm, so the plain GEMV compiles once per config)."""
+    if not norm:
+        return dict(NORM_M=1, NORM_K=16)
+    return dict(NORM_M=pow2(M), NORM_K=max(16, min(pow2(K), 4096 // pow2(M))))
 
 
 def _rows(t: torch.Tensor, name: str, M: int, C: int) -> torch.Tensor:
