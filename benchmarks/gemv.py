@@ -13,6 +13,16 @@ layer's weights are new; median of the replays (CUDA events) / calls per replay.
     python benchmarks/gemv.py --out docs/results/gemv-DATE/results.json [--sweep] [--deadline-s 500]
     python benchmarks/gemv.py --device cpu --quick --out /tmp/gemv.json     # smoke run (interpreter)
 
+``--fused``: instead, the four fused sites of a decoder layer (``orthros.ops.gemv``'s prologues
+and residual epilogue), each timed as the fused GEMV (one kernel, two with split-K) against the
+unfused ops the layers run today, eager (``gemv(backend="torch")``: the RMSNorm / SiLU ops,
+cuBLAS, the add) and ``torch.compile``d (Inductor fuses the elementwise ops into one kernel
+around cuBLAS: what the engine's compiled step runs), and against the plain GEMV and cuBLAS alone
+(the weight-streaming floor of each site), all in the same run under CUDA graphs:
+
+    python benchmarks/gemv.py --fused --out docs/results/gemv-fused-DATE/results.json
+    python benchmarks/gemv.py --fused --dry-run --out /tmp/gemv-fused.json  # = --device cpu --quick
+
 Writes the JSON (meta: date, GPU, commit, torch / triton versions, copy bandwidth; rows) after
 every row, atomically (temporary name, then rename). Bad arguments exit 2 before any work.
 """
@@ -45,6 +55,14 @@ SHAPES = {
 MAX_REL_ERR = 2e-2  # vs the fp32 reference: bf16 output rounding is ~2e-3; above this a result is wrong
 SWEEP_ORDER = ("gate_up", "down", "qkv", "o", "lm_head")  # by share of a decode step (36 layers + the head)
 QUICK_SHAPES = {"qkv": (96, 200), "o": (64, 64), "gate_up": (130, 64), "down": (48, 300), "lm_head": (257, 64)}
+# --fused: a decoder layer's four fused sites: (weight, prologue, residual)
+SITES = {
+    "norm_qkv": ("qkv", "norm", False),          # input RMSNorm + QKV
+    "o_res": ("o", None, True),                  # o_proj + residual add
+    "norm_gate_up": ("gate_up", "norm", False),  # post-attention RMSNorm (of the new residual) + gate/up
+    "silu_down_res": ("down", "silu", True),     # SiLU(gate) * up + down + residual add
+}
+FUSED_SYSTEMS = ("cublas", "triton-plain", "unfused-eager", "unfused-compiled", "fused")
 
 
 def parse_args(argv=None):
@@ -56,10 +74,16 @@ def parse_args(argv=None):
     p.add_argument("--m", default="1,2", help="comma-separated row counts, each in 1..8 (default 1,2)")
     p.add_argument("--dtype", default="bf16", help=f"one of {', '.join(DTYPE_CHOICES)} (default bf16)")
     p.add_argument("--sweep", action="store_true", help="also time every candidate config and report the best")
+    p.add_argument("--fused", action="store_true",
+                   help="time the four fused sites of a layer (prologue + GEMV + residual) against the unfused ops")
+    p.add_argument("--sites", default=",".join(SITES), help=f"with --fused: comma-separated subset of {','.join(SITES)}")
+    p.add_argument("--dry-run", action="store_true", help="= --device cpu --quick (the Triton interpreter, tiny shapes)")
     p.add_argument("--reps", type=int, default=30, help="timed graph replays per measurement (default 30)")
     p.add_argument("--deadline-s", type=float, default=None, help="stop starting new rows after this many seconds")
     p.add_argument("--out", default="gemv-results.json", help="JSON path (default gemv-results.json)")
     a = p.parse_args(argv)
+    if a.dry_run:
+        a.device, a.quick = "cpu", True
     dev = a.device.split(":")[0]
     if dev not in ("cuda", "cpu"):
         p.error(f"--device must be cuda, cuda:N or cpu, got {a.device!r}")
@@ -70,6 +94,13 @@ def parse_args(argv=None):
     if not names or bad:
         p.error(f"--shapes must be a comma-separated subset of {','.join(SHAPES)}, got {a.shapes!r}")
     a.shapes = names
+    sites = [s.strip() for s in a.sites.split(",") if s.strip()]
+    bad = [s for s in sites if s not in SITES]
+    if not sites or bad:
+        p.error(f"--sites must be a comma-separated subset of {','.join(SITES)}, got {a.sites!r}")
+    a.sites = sites
+    if a.fused and a.sweep:
+        p.error("--fused and --sweep are separate runs: pass one of them")
     try:
         a.m = [int(v) for v in a.m.split(",") if v.strip()]
     except ValueError:
@@ -112,6 +143,11 @@ def sweep_configs(quick: bool):
     return out
 
 
+def label(c):
+    form = "dot" if c["dot"] else "fma"
+    return f"{c['block_n']}x{c['block_k']} s{c['split']} {form} w{c['num_warps']} st{c['num_stages']}"
+
+
 def config_dict(cfg):
     return {k: getattr(cfg, k) for k in ("block_n", "block_k", "split", "dot", "num_warps", "num_stages")}
 
@@ -148,7 +184,7 @@ def main(argv=None) -> int:
             "device": torch.cuda.get_device_name(dev) if cuda else (platform.processor() or "cpu"),
             "commit": commit_id(), "torch": torch.__version__, "triton": triton_version,
             "python": platform.python_version(), "dtype": a.dtype, "copy_bandwidth_Bps": bw,
-            "quick": a.quick, "sweep": a.sweep, "argv": sys.argv[1:] if argv is None else list(argv)}
+            "quick": a.quick, "sweep": a.sweep, "fused": a.fused, "argv": sys.argv[1:] if argv is None else list(argv)}
     rows = []
 
     def write():
@@ -199,6 +235,103 @@ def main(argv=None) -> int:
 
     def deadline_passed():
         return a.deadline_s is not None and time.time() - t0 > a.deadline_s
+
+    def fused_sites():
+        """``--fused``: per site and M, one row per system of :data:`FUSED_SYSTEMS`; returns why
+        it stopped early (or None)."""
+        from orthros.ops.gemv import gemv, prologue_ref
+
+        compile_backend = "inductor" if cuda else "aot_eager"  # CPU smoke run: no code generation
+        meta["compile_backend"] = compile_backend
+        table = QUICK_SHAPES if a.quick else SHAPES
+        bar = _progress(len(a.sites) * len(a.m), "gemv fused")
+        try:
+            for site in a.sites:
+                wname, pro, res = SITES[site]
+                N, K = table[wname]
+                gen = torch.Generator(device=dev).manual_seed(100 + list(SITES).index(site))
+                nbytes = N * K * elem
+                copies = 2 if not cuda else max(2, math.ceil(512e6 / nbytes))
+                weights = [(torch.randn(N, K, generator=gen, device=dev) * K ** -0.5).to(dtype) for _ in range(copies)]
+                nw = (1 + 0.1 * torch.randn(K, generator=gen, device=dev)).to(dtype) if pro == "norm" else None
+                for M in a.m:
+                    if deadline_passed():
+                        return f"deadline {a.deadline_s} s reached before {site} M={M}"
+                    x = (torch.randn(M, 2 * K if pro == "silu" else K, generator=gen, device=dev) * 2).to(dtype)
+                    r = torch.randn(M, N, generator=gen, device=dev).to(dtype) if res else None
+                    kw = dict(norm_weight=nw, norm_eps=1e-6 if nw is not None else None,
+                              act="silu" if pro == "silu" else None, residual=r)
+                    x_plain = prologue_ref(x, nw, kw["norm_eps"], kw["act"])  # the plain GEMV's input
+                    ref = gemv_ref(x, weights[0], **kw).float()  # the specification, x.dtype result
+                    ref_plain = gemv_ref(x_plain, weights[0]).float()
+                    cfg = pick_config(M, N, K)
+
+                    def unfused(x_, w_, kw=kw):
+                        return gemv(x_, w_, backend="torch", **kw)
+
+                    torch._dynamo.reset()
+                    compiled = torch.compile(unfused, backend=compile_backend, dynamic=False, fullgraph=True)
+                    systems = {
+                        "cublas": (lambda x_, w_: F.linear(x_, w_), x_plain, ref_plain),
+                        "triton-plain": (lambda x_, w_, cfg=cfg: gemv_triton(x_, w_, config=cfg), x_plain, ref_plain),
+                        "unfused-eager": (unfused, x, ref),
+                        "unfused-compiled": (compiled, x, ref),
+                        "fused": (lambda x_, w_, kw=kw: gemv(x_, w_, backend="triton", **kw), x, ref),
+                    }
+                    got = {}
+                    for system, (fn, xin, want) in systems.items():
+                        t = timed(fn, weights, xin)
+                        err = rel_err(fn(xin, weights[0]), want)
+                        got[system] = t
+                        row_ = {"site": site, "weight": wname, "N": N, "K": K, "M": M, "system": system,
+                                "prologue": pro or "", "residual": res, "us": t * 1e6,
+                                "floor_us": nbytes / bw * 1e6, "weight_bytes": nbytes,
+                                "weight_GBps": nbytes / t / 1e9, "of_copy_bw": nbytes / t / bw, "rel_err": err}
+                        if system in ("triton-plain", "fused"):
+                            row_["config"] = config_dict(cfg)
+                        if not err <= MAX_REL_ERR:
+                            print(f"WARNING: {system} {site} M={M}: rel_err {err:.3g} > {MAX_REL_ERR} (wrong result)",
+                                  file=sys.stderr)
+                            meta.setdefault("wrong_results", []).append(f"{system} {site} M={M}")
+                        rows.append(row_)
+                    for r_ in rows[-len(systems):]:
+                        r_["speedup_vs_unfused_compiled"] = got["unfused-compiled"] / (r_["us"] / 1e6)
+                    write()
+                    bar.update(1)
+                del weights
+                if cuda:
+                    torch.cuda.empty_cache()
+        finally:
+            bar.close()
+            torch._dynamo.reset()
+        return None
+
+    if a.fused:
+        stopped = fused_sites()
+        layer = {}  # per M and system: the four sites summed (when all four ran)
+        for M in a.m:
+            per = {}
+            for r_ in rows:
+                if r_["M"] == M:
+                    per.setdefault(r_["system"], {})[r_["site"]] = r_["us"]
+            layer[str(M)] = {k: sum(v.values()) for k, v in per.items() if len(v) == len(SITES)}
+        meta["layer_us"] = {M: v for M, v in layer.items() if v}
+        if stopped:
+            meta["stopped"] = stopped
+            print(f"stopped: {stopped}", file=sys.stderr)
+        write()
+        print(f"\ncopy bandwidth {bw / 1e12:.3f} TB/s ({meta['device']}, {a.dtype}, commit {meta['commit']}, "
+              f"compiled baseline: {meta['compile_backend']})")
+        table = [{**r_, "config": label(r_["config"]) if "config" in r_ else ""} for r_ in rows]
+        print_table(table, ["site", "N", "K", "M", "system", "us", "floor_us", "of_copy_bw",
+                            "speedup_vs_unfused_compiled", "rel_err", "config"],
+                    "Fused GEMV sites: prologue + GEMV (+ residual), one call each, CUDA graphs, weights past L2")
+        for M, v in meta["layer_us"].items():
+            print(f"M={M}: one layer's four sites " + ", ".join(f"{k} {t:.2f} us" for k, t in v.items())
+                  + (f"; fused saves {v['unfused-compiled'] - v['fused']:.2f} us per layer vs unfused-compiled"
+                     if "fused" in v and "unfused-compiled" in v else ""))
+        print(f"\nwrote {a.out}")
+        return 0
 
     # pass 1: cuBLAS and the table's config at every shape; pass 2 (--sweep): the candidates,
     # in the order of each weight's share of a decode step, so a deadline cuts the least useful
@@ -279,10 +412,6 @@ def main(argv=None) -> int:
         print(f"stopped: {stopped}", file=sys.stderr)
     write()
     print(f"\ncopy bandwidth {bw / 1e12:.3f} TB/s ({meta['device']}, {a.dtype}, commit {meta['commit']})")
-    def label(c):
-        form = "dot" if c["dot"] else "fma"
-        return f"{c['block_n']}x{c['block_k']} s{c['split']} {form} w{c['num_warps']} st{c['num_stages']}"
-
     table = [{**r, "config": label(r["config"]) if "config" in r else ""} for r in rows]
     print_table(table, ["shape", "N", "K", "M", "system", "us", "floor_us", "weight_GBps", "of_copy_bw",
                         "speedup_vs_cublas", "rel_err", "config"], "GEMV: one call, weights streamed from HBM")

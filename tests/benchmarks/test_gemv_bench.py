@@ -51,6 +51,30 @@ def test_quick_cpu_run_writes_every_row(tmp_path):
     assert "GEMV: one call" in p.stdout and "triton-best" in p.stdout
 
 
+def test_fused_dry_run_times_every_system_per_site(tmp_path):
+    """--fused --dry-run: per site and M, the five systems in one run, each right against the
+    specification (with its residual / prologue), and the layer sums only where all four ran."""
+    out = tmp_path / "gf.json"
+    p = run("--fused", "--dry-run", "--sites", "norm_qkv,silu_down_res", "--m", "2", "--out", str(out))
+    assert p.returncode == 0, p.stderr[-3000:]
+    data = json.loads(out.read_text())
+    meta, rows = data["meta"], data["rows"]
+    assert meta["fused"] and meta["quick"] and meta["compile_backend"] == "aot_eager" and "wrong_results" not in meta
+    want = {(s, 2, sys_) for s in ("norm_qkv", "silu_down_res")
+            for sys_ in ("cublas", "triton-plain", "unfused-eager", "unfused-compiled", "fused")}
+    assert {(r["site"], r["M"], r["system"]) for r in rows} == want
+    by = {(r["site"], r["system"]): r for r in rows}
+    for r in rows:
+        assert r["rel_err"] < 1e-2 and r["us"] > 0, r
+        comp = by[(r["site"], "unfused-compiled")]["us"]
+        assert abs(r["speedup_vs_unfused_compiled"] - comp / r["us"]) < 1e-9 * r["speedup_vs_unfused_compiled"]
+    assert by[("norm_qkv", "fused")]["prologue"] == "norm" and not by[("norm_qkv", "fused")]["residual"]
+    assert by[("silu_down_res", "fused")]["prologue"] == "silu" and by[("silu_down_res", "fused")]["residual"]
+    assert by[("silu_down_res", "fused")]["K"] == 300  # the weight's K (x is [M, 2K])
+    assert meta["layer_us"] == {}  # two of the four sites: no per-layer sum
+    assert "Fused GEMV sites" in p.stdout
+
+
 def load_script():
     """benchmarks/gemv.py as a module (a script, not a package)."""
     import importlib.util
@@ -71,6 +95,8 @@ BAD_ARGS = [
     (["--reps", "0"], "--reps must be >= 1"),
     (["--deadline-s", "-1"], "--deadline-s must be > 0"),
     (["--out", "results.txt"], "--out must be a .json file path"),
+    (["--fused", "--sites", "norm_qkv,mlp"], "--sites must be a comma-separated subset of norm_qkv,o_res"),
+    (["--fused", "--sweep"], "--fused and --sweep are separate runs"),
 ]
 
 
@@ -122,3 +148,22 @@ def test_cuda_without_a_gpu_is_refused(tmp_path, capsys):
         pytest.skip("a GPU is present")
     assert load_script().main(["--out", str(tmp_path / "g.json")]) == 2
     assert "no CUDA device" in capsys.readouterr().err and list(tmp_path.iterdir()) == []
+
+
+def test_a_wrong_fused_result_is_flagged(tmp_path, monkeypatch):
+    """In-process --fused run with the kernel's residual add dropped: the fused row of o_res is
+    flagged, the plain rows (no residual) are not, and the layer sums cover all four sites."""
+    from orthros.ops.gemv import kernel
+
+    bench = load_script()
+    real = kernel.gemv_triton
+
+    def broken(x, w, bias=None, *, residual=None, **kw):
+        return real(x, w, bias, **kw)  # drops the residual
+
+    monkeypatch.setattr(kernel, "gemv_triton", broken)
+    out = tmp_path / "g.json"
+    assert bench.main(["--fused", "--dry-run", "--m", "1", "--reps", "1", "--out", str(out)]) == 0
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["wrong_results"] == ["fused o_res M=1", "fused silu_down_res M=1"]
+    assert set(meta["layer_us"]["1"]) == {"cublas", "triton-plain", "unfused-eager", "unfused-compiled", "fused"}
