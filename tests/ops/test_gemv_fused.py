@@ -178,6 +178,14 @@ def test_triton_fused_even_k_bias_and_leading_dims(kind, cfg, nan_empty):
     assert rel(y, gemv_ref(x3, w, **kw)) < TOL[torch.float16]
 
 
+@pytest.mark.parametrize("cfg", ["fma", "dot-split2"])
+@pytest.mark.parametrize("kind", ["norm+res", "silu"])
+def test_triton_fused_eight_rows(kind, cfg, nan_empty):
+    """M = 8 (the kernel's most rows: the rstd of every row reaches its row of the padded dot tile)."""
+    x, w, kw = fused_case(kind, 8, 20, 40, torch.float32, seed=21)
+    assert rel(gemv_triton(x, w, config=CFGS[cfg], **kw), gemv_ref(x, w, **kw)) < 1e-5
+
+
 def test_triton_fused_table_config_strided_rows_and_split_determinism():
     """gemv(backend="triton") (the custom op, the table's config) on x rows with a stride, and a
     residual with one; split-K is deterministic."""
@@ -292,6 +300,10 @@ def test_compiled_region_sees_one_opaque_node_per_call():
     assert targets == [torch.ops.orthros.gemv.default] * 3
     torch._dynamo.reset()
     assert torch.equal(torch.compile(_layer_tail, backend="aot_eager", fullgraph=True)(*args), eager)
+    # "auto" traces too (its choice of backend is made on the host, no graph break)
+    auto = lambda *a: _layer_tail(*a, backend="auto")  # noqa: E731
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(auto, backend="eager", fullgraph=True)(*args), auto(*args))
 
 
 def test_opcheck():
@@ -352,8 +364,9 @@ def test_gpu_fused_cuda_graph_and_inductor():
         g.replay()
         torch.cuda.synchronize()
         assert torch.equal(out, _layer_tail(*static))
-    torch._dynamo.reset()
-    compiled = torch.compile(_layer_tail, fullgraph=True, mode="reduce-overhead")
-    for _ in range(3):  # warm-up, record, replay
-        got = compiled(*args)
-    assert torch.equal(got, _layer_tail(*args))
+    for backend in ("triton", "auto"):  # on CUDA "auto" is the kernel too
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda *a: _layer_tail(*a, backend=backend), fullgraph=True, mode="reduce-overhead")
+        for _ in range(3):  # warm-up, record, replay
+            got = compiled(*args)
+        assert torch.equal(got, _layer_tail(*args)), backend

@@ -26,6 +26,7 @@ Not wired into the engine yet: whether it beats the unfused ops is measured by
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from typing import Optional
 
@@ -35,6 +36,7 @@ import torch.nn.functional as F
 from .naive import ACTS, DTYPES, MAX_M, check_gemv_inputs, gemv_ref, prologue_ref
 
 GEMV_BACKENDS = ("auto", "torch", "triton", "naive")
+_HAS_TRITON = importlib.util.find_spec("triton") is not None  # once: no import inside a compiled region
 
 
 def _triton_takes(x, weight, bias, norm_weight, residual) -> bool:
@@ -55,16 +57,16 @@ def _triton_takes(x, weight, bias, norm_weight, residual) -> bool:
     if residual is not None and (not isinstance(residual, torch.Tensor) or residual.device != x.device
                                  or (residual.shape[-1] > 1 and residual.stride(-1) != 1)):
         return False
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return _HAS_TRITON
 
 
 # ---------------------------------------------------------------- the custom op (the triton path)
 
-@torch.library.custom_op("orthros::gemv", mutates_args=())
+# the schema spelled out (not inferred from the annotations, which are strings under
+# ``from __future__ import annotations``): the same on the GPU image's torch 2.11 and here
+@torch.library.custom_op("orthros::gemv", mutates_args=(),
+                         schema="(Tensor x, Tensor weight, Tensor? bias, Tensor? norm_weight, float norm_eps, "
+                                "str act, Tensor? residual) -> Tensor")
 def gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
             norm_weight: Optional[torch.Tensor], norm_eps: float, act: str,
             residual: Optional[torch.Tensor]) -> torch.Tensor:
