@@ -148,19 +148,15 @@ def _poison(monkeypatch):
     """NaN-fill every torch.empty / empty_like (unwritten outputs fail); returns the list of
     shapes allocated through them."""
     shapes = []
-    real_empty, real_like = torch.empty, torch.empty_like
 
-    def empty(*a, **k):
-        t = real_empty(*a, **k)
-        shapes.append(tuple(t.shape))
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    def like(*a, **k):
-        t = real_like(*a, **k)
-        shapes.append(tuple(t.shape))
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-    monkeypatch.setattr(torch, "empty", empty)
-    monkeypatch.setattr(torch, "empty_like", like)
+    def poisoned(real):
+        def f(*a, **k):
+            t = real(*a, **k)
+            shapes.append(tuple(t.shape))
+            return t.fill_(float("nan")) if t.is_floating_point() else t
+        return f
+    monkeypatch.setattr(torch, "empty", poisoned(torch.empty))
+    monkeypatch.setattr(torch, "empty_like", poisoned(torch.empty_like))
     return shapes
 
 
