@@ -55,13 +55,13 @@ def test_fused_dry_run_times_every_system_per_site(tmp_path):
     """--fused --dry-run: per site and M, the five systems in one run, each right against the
     specification (with its residual / prologue), and the layer sums only where all four ran."""
     out = tmp_path / "gf.json"
-    p = run("--fused", "--dry-run", "--sites", "norm_qkv,silu_down_res", "--m", "2", "--out", str(out))
+    p = run("--fused", "--dry-run", "--sweep", "--sites", "norm_qkv,silu_down_res", "--m", "2", "--out", str(out))
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads(out.read_text())
     meta, rows = data["meta"], data["rows"]
     assert meta["fused"] and meta["quick"] and meta["compile_backend"] == "aot_eager" and "wrong_results" not in meta
     want = {(s, 2, sys_) for s in ("norm_qkv", "silu_down_res")
-            for sys_ in ("cublas", "triton-plain", "unfused-eager", "unfused-compiled", "fused")}
+            for sys_ in ("cublas", "triton-plain", "unfused-eager", "unfused-compiled", "fused", "fused-best")}
     assert {(r["site"], r["M"], r["system"]) for r in rows} == want
     by = {(r["site"], r["system"]): r for r in rows}
     for r in rows:
@@ -71,6 +71,10 @@ def test_fused_dry_run_times_every_system_per_site(tmp_path):
     assert by[("norm_qkv", "fused")]["prologue"] == "norm" and not by[("norm_qkv", "fused")]["residual"]
     assert by[("silu_down_res", "fused")]["prologue"] == "silu" and by[("silu_down_res", "fused")]["residual"]
     assert by[("silu_down_res", "fused")]["K"] == 300  # the weight's K (x is [M, 2K])
+    for site in ("norm_qkv", "silu_down_res"):  # --sweep: the best of the fused call's candidates
+        best = by[(site, "fused-best")]
+        assert len(best["sweep"]) == 2 and best["us"] == min(c["us"] for c in best["sweep"])
+        assert best["prologue"] == by[(site, "fused")]["prologue"] and all(c["rel_err"] < 1e-2 for c in best["sweep"])
     assert meta["layer_us"] == {}  # two of the four sites: no per-layer sum
     assert "Fused GEMV sites" in p.stdout
 
@@ -96,7 +100,6 @@ BAD_ARGS = [
     (["--deadline-s", "-1"], "--deadline-s must be > 0"),
     (["--out", "results.txt"], "--out must be a .json file path"),
     (["--fused", "--sites", "norm_qkv,mlp"], "--sites must be a comma-separated subset of norm_qkv,o_res"),
-    (["--fused", "--sweep"], "--fused and --sweep are separate runs"),
 ]
 
 
