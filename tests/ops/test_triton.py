@@ -320,6 +320,24 @@ def test_forward_variants(poison, monkeypatch, name, case):
     run_case(D=16, **c)
 
 
+def use_dq_variant(monkeypatch, fused, small=not HAS_CUDA):
+    from orthros.ops.triton import attention as ta
+
+    monkeypatch.setattr(ta, "DQ_VARIANT", "gqa")
+    monkeypatch.setattr(ta, "FUSED_BWD", fused)
+    if small:
+        monkeypatch.setitem(ta.CONFIGS["bwd_dq_gqa"], 64, (32, 16, 4, 1))
+
+
+@pytest.mark.parametrize("case", [c for c, kw in VARIANT_CASES.items() if kw.get("grad", True)])
+def test_dq_gqa_variant(poison, monkeypatch, case):
+    """The GQA-packed, edge-masked dQ (both streams) against the reference, in the fused launch
+    and (odd cases) in its own launch."""
+    use_dq_variant(monkeypatch, fused=list(VARIANT_CASES).index(case) % 2 == 0)
+    c = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in VARIANT_CASES[case].items()}
+    run_case(D=16, **c)
+
+
 def test_forward_variant_checked(monkeypatch):
     from orthros.ops.triton import attention as ta
 
@@ -417,6 +435,20 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
         per_stage = 2 * bn * 128 * 2 // 16 // (32 * warps)  # 16-byte copies of one K and one V tile per thread
         print("CASE", name, rows, bn, window, ptx.count("cp.async.cg.shared.global") // per_stage,
               ptx.count("ld.global.b16") + ptx.count("ld.global.u16"))
+    # the one-launch backward with the base and the GQA-packed dQ (DQ_VARIANT "gqa", 8 warps)
+    fn = ta._stream_bwd
+    nospec = set(ta._NO_SPEC) | {"HKV", "B", "n_kv_progs", "srb"}
+    ptrs.update(DO="*bf16", DQ="*bf16", DK="*bf16", DV="*bf16", DELTA="*fp32", QRANGE="*i64")
+    for gp2, bm2, warps in [(1, 64, 4), (4, 32, 8)]:
+        const = dict(G=4, D=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=64, BLOCK_M2=bm2, BLOCK_N2=64, POS_PTR=False,
+                     HAS_WINDOW=True, HAS_DOC=False, HAS_KVS=False, REVERSE=False, PREC="tf32", GP2=gp2)
+        sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n.endswith("_scale") else "i32")
+               for n in fn.arg_names}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+                 if sig[n] != "constexpr" and n not in nospec and not n.endswith("_scale")}
+        ptx = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+                             target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 2}).asm["ptx"]
+        print("BWD", gp2, ptx.count("cp.async.cg.shared.global"), ptx.count("ld.global.b16") + ptx.count("ld.global.u16"))
     print("OK")
 ''')
 
@@ -432,6 +464,10 @@ def test_forward_variants_compile_for_sm90_pipelined(tmp_path):
     for _, name, rows, bn, window, stages, n_b16 in cases:
         assert int(stages) >= 2, (name, rows, bn, window, stages)  # K/V copies for >= 2 stages in flight
         assert int(n_b16) == 0, (name, rows, bn, window, n_b16)  # no 2-byte loads of Q/K/V
+    bwd = [line.split() for line in p.stdout.splitlines() if line.startswith("BWD")]
+    assert len(bwd) == 2
+    for _, gp2, n_async, n_b16 in bwd:
+        assert int(n_async) > 0 and int(n_b16) == 0, (gp2, n_async, n_b16)
 
 
 @pytest.mark.gpu
@@ -457,3 +493,22 @@ def test_forward_variants_gpu(poison, monkeypatch, dtype, name):
     run_case(B=1, T=20000, Hq=8, Hkv=2, D=128, w=128, dtype=dtype, positions=torch.tensor([19999], device=DEV))
     if dtype == torch.bfloat16:
         test_gpu_64bit_offsets_window()
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_dq_gqa_variant_gpu(poison, monkeypatch, dtype, fused):
+    use_dq_variant(monkeypatch, fused)
+
+    @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(cases(big=True, dtype=dtype))
+    def inner(c):
+        run_case(**c)
+    inner()
+    run_case(B=2, T=1000, Hq=32, Hkv=8, D=128, w=128, dtype=dtype)
+    run_case(B=1, T=2048, Hq=6, Hkv=2, D=128, w=128, dtype=dtype,
+             cu_seqlens=torch.tensor([0, 100, 1500, 2048], device=DEV))
+    run_case(B=2, T=1500, Hq=4, Hkv=2, D=64, w=77, dtype=dtype,
+             positions=torch.arange(700, 1500, 3, device=DEV), kv_start=torch.tensor([0, 321], device=DEV))

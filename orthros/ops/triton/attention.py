@@ -154,15 +154,8 @@ def _stream_fwd(
         s = tl.dot(q, kT, input_precision=PREC) * qk_scale
         if EDGE_MASK:
             if (start_n < a_full) | (start_n >= b_full):  # an edge block (uniform over the program)
-                kdoc = cols
-                if HAS_DOC:
-                    kdoc = tl.load(DOC + cols, mask=c_ok, other=-1)
-                # positions relative to the block start fit in int32 (cheaper than int64 compares)
-                krel = tl.arange(0, BLOCK_N)
-                qrel = (qpos - start_n).to(tl.int32)
-                k_in = krel < (hi - start_n).to(tl.int32)
-                mask = visible(krel[None, :], qrel[:, None], k_in[None, :], window, kdoc[None, :], qdoc[:, None],
-                               (kvs - start_n).to(tl.int32), HAS_WINDOW, HAS_DOC, HAS_KVS)
+                mask = _edge_mask(start_n, hi, cols, c_ok, qpos, window, DOC, qdoc, kvs,
+                                  BLOCK_N, HAS_WINDOW, HAS_DOC, HAS_KVS)
                 s = tl.where(mask, s, float("-inf"))
         else:
             kdoc = cols
@@ -185,6 +178,21 @@ def _stream_fwd(
     if not PARTIAL:  # a final result: +inf marks a row with no visible key for the backward
         lse = tl.where(has, lse, float("inf"))
     tl.store(l_ptrs, lse, mask=io_ok)
+
+
+@triton.jit
+def _edge_mask(start_n, hi, cols, c_ok, qpos, window, DOC, qdoc, kvs,
+               BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr):
+    """``visible`` for the key block at ``start_n`` with positions relative to it: they fit in
+    int32, and int32 compares on the tile cost fewer instructions and registers than int64."""
+    kdoc = cols
+    if HAS_DOC:
+        kdoc = tl.load(DOC + cols, mask=c_ok, other=-1)
+    krel = tl.arange(0, BLOCK_N)
+    qrel = (qpos - start_n).to(tl.int32)
+    k_in = krel < (hi - start_n).to(tl.int32)
+    return visible(krel[None, :], qrel[:, None], k_in[None, :], window, kdoc[None, :], qdoc[:, None],
+                   (kvs - start_n).to(tl.int32), HAS_WINDOW, HAS_DOC, HAS_KVS)
 
 
 @triton.jit
@@ -247,14 +255,15 @@ def _bwd_delta(O, DO, DELTA, sob, sot, soh, sdb, sdt, sdh, M, HQ,
 
 
 @triton.jit
-def _backward_rows(Q, DO, LSE, DELTA, b64, h64, r64, rows, row_ok, rmask, offs_d,
+def _backward_rows(Q, DO, LSE, DELTA, b64, h2, h1, r64, rows, row_ok, rmask, offs_d,
                    sqb, sqt, sqh, sdb, sdt, sdh, HQ, M):
     """One block of query rows as both backward kernels read it: q, dO, the forward's LSE and
-    delta = rowsum(dO * O)."""
-    q = tl.load(Q + b64 * sqb + h64 * sqh + r64 * sqt + offs_d[None, :], mask=rmask, other=0.0)
-    do = tl.load(DO + b64 * sdb + h64 * sdh + r64 * sdt + offs_d[None, :], mask=rmask, other=0.0)
-    lse = tl.load(LSE + (b64 * HQ + h64) * M + rows, mask=row_ok, other=float("inf"))
-    delta = tl.load(DELTA + (b64 * HQ + h64) * M + rows, mask=row_ok, other=0.0)
+    delta = rowsum(dO * O). The head: ``h2`` broadcast against ``r64`` ([rows, 1]) and ``h1``
+    against ``rows`` (the same scalar twice, or a GQA-packed block's per-row heads)."""
+    q = tl.load(Q + b64 * sqb + h2 * sqh + r64 * sqt + offs_d[None, :], mask=rmask, other=0.0)
+    do = tl.load(DO + b64 * sdb + h2 * sdh + r64 * sdt + offs_d[None, :], mask=rmask, other=0.0)
+    lse = tl.load(LSE + (b64 * HQ + h1) * M + rows, mask=row_ok, other=float("inf"))
+    delta = tl.load(DELTA + (b64 * HQ + h1) * M + rows, mask=row_ok, other=0.0)
     return q, do, lse, delta
 
 
@@ -266,21 +275,35 @@ def _dq_block(
     G, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
-    REVERSE: tl.constexpr, PREC: tl.constexpr,
+    REVERSE: tl.constexpr, PREC: tl.constexpr, GP: tl.constexpr,
 ):
-    b64, h64, kvh64, rows, row_ok, qpos, lo, hi, qdoc, kvs, _, _ = _q_block(
+    """dQ of one query block. ``GP == 1``: ``h`` is the query head. ``GP > 1`` (GQA-packed, as
+    the packed forward): ``h`` is the group's first head and the tile stacks the block's queries
+    for all ``G`` heads (each K/V tile loaded once per group), and only the key blocks not
+    entirely visible to the block are masked."""
+    b64, h64, kvh64, rows, row_ok, qpos, lo, hi, qdoc, kvs, p_first, p_last = _q_block(
         pid_m, b, h, POS, DOC, DOCSTART, KVSTART, spb, M, pos_offset, window, G,
-        BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE, BLOCK_M)
+        BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE, GP * BLOCK_M)
 
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < D
     r64 = rows.to(tl.int64)[:, None]
-    rmask = row_ok[:, None] & d_ok[None, :]
-    q, do, lse, delta = _backward_rows(Q, DO, LSE, DELTA, b64, h64, r64, rows, row_ok, rmask, offs_d,
-                                       sqb, sqt, sqh, sdb, sdt, sdh, HQ, M)
+    if GP == 1:
+        rmask = row_ok[:, None] & d_ok[None, :]
+        q, do, lse, delta = _backward_rows(Q, DO, LSE, DELTA, b64, h64, h64, r64, rows, row_ok, rmask, offs_d,
+                                           sqb, sqt, sqh, sdb, sdt, sdh, HQ, M)
+    else:
+        g = tl.arange(0, GP * BLOCK_M) // BLOCK_M
+        hrow = kvh64 * G + g
+        row_ok = row_ok & (g < G)
+        rmask = row_ok[:, None] & d_ok[None, :]
+        q, do, lse, delta = _backward_rows(Q, DO, LSE, DELTA, b64, hrow[:, None], hrow, r64, rows, row_ok, rmask,
+                                           offs_d, sqb, sqt, sqh, sdb, sdt, sdh, HQ, M)
+        a_full, b_full = _interior(lo, hi, p_first, p_last, window, DOCSTART, kvs,
+                                   BLOCK_N, HAS_WINDOW, HAS_DOC, HAS_KVS)
     k_base = K + b64 * skb + kvh64 * skh
     v_base = V + b64 * svb + kvh64 * svh
-    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    dq = tl.zeros([GP * BLOCK_M, BLOCK_D], tl.float32)
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
         c_ok = cols < hi
@@ -288,17 +311,28 @@ def _dq_block(
         k = tl.load(k_base + cols[:, None] * skt + offs_d[None, :], mask=kmask, other=0.0)
         v = tl.load(v_base + cols[:, None] * svt + offs_d[None, :], mask=kmask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-        kdoc = cols
-        if HAS_DOC:
-            kdoc = tl.load(DOC + cols, mask=c_ok, other=-1)
-        mask = visible(cols[None, :], qpos[:, None], c_ok[None, :], window, kdoc[None, :], qdoc[:, None], kvs,
-                       HAS_WINDOW, HAS_DOC, HAS_KVS)
-        p = tl.where(mask, tl.exp2(s - lse[:, None]), 0.0)
+        p = tl.exp2(s - lse[:, None])  # rows without a visible key have lse = +inf: p = 0
+        if GP == 1:
+            kdoc = cols
+            if HAS_DOC:
+                kdoc = tl.load(DOC + cols, mask=c_ok, other=-1)
+            mask = visible(cols[None, :], qpos[:, None], c_ok[None, :], window, kdoc[None, :], qdoc[:, None], kvs,
+                           HAS_WINDOW, HAS_DOC, HAS_KVS)
+            p = tl.where(mask, p, 0.0)
+        else:
+            if (start_n < a_full) | (start_n >= b_full):  # an edge block
+                mask = _edge_mask(start_n, hi, cols, c_ok, qpos, window, DOC, qdoc, kvs,
+                                  BLOCK_N, HAS_WINDOW, HAS_DOC, HAS_KVS)
+                p = tl.where(mask, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
     dq = dq * sm_scale
-    tl.store(DQ + b64 * sgb + h64 * sgh + r64 * sgt + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=rmask)
+    if GP == 1:
+        tl.store(DQ + b64 * sgb + h64 * sgh + r64 * sgt + offs_d[None, :], dq.to(DQ.dtype.element_ty), mask=rmask)
+    else:
+        tl.store(DQ + b64 * sgb + hrow[:, None] * sgh + r64 * sgt + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+                 mask=rmask)
 
 
 @triton.jit
@@ -347,7 +381,7 @@ def _dkdv_block(
             row_ok = rows < M
             r64 = rows.to(tl.int64)[:, None]
             rmask = row_ok[:, None] & d_ok[None, :]
-            q, do, lse, delta = _backward_rows(Q, DO, LSE, DELTA, b64, h64, r64, rows, row_ok, rmask, offs_d,
+            q, do, lse, delta = _backward_rows(Q, DO, LSE, DELTA, b64, h64, h64, r64, rows, row_ok, rmask, offs_d,
                                                sqb, sqt, sqh, sdb, sdt, sdh, HQ, M)
             if POS_PTR:
                 qpos = tl.load(POS + b64 * spb + rows, mask=row_ok, other=-1).to(tl.int64)
@@ -378,10 +412,10 @@ def _stream_bwd(
     G, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
-    REVERSE: tl.constexpr, PREC: tl.constexpr,
+    REVERSE: tl.constexpr, PREC: tl.constexpr, GP2: tl.constexpr = 1,
 ):
     """dK/dV programs (first ``n_kv_progs``; ``BLOCK_M x BLOCK_N``) and dQ programs (the rest;
-    ``BLOCK_M2 x BLOCK_N2``) of one stream in a single launch."""
+    ``BLOCK_M2 x BLOCK_N2``, or ``GP2 * BLOCK_M2`` GQA-packed rows) of one stream in a single launch."""
     pid = tl.program_id(0)
     if pid < n_kv_progs:
         nkb = tl.cdiv(N, BLOCK_N)
@@ -396,13 +430,17 @@ def _stream_bwd(
     else:
         pid = pid - n_kv_progs
         nm = tl.cdiv(M, BLOCK_M2)
-        h = pid % HQ
-        rest = pid // HQ
+        if GP2 == 1:
+            h = pid % HQ
+            rest = pid // HQ
+        else:  # the KV head's first query head
+            h = (pid % HKV) * G
+            rest = pid // HKV
         _dq_block(h, rest % nm, rest // nm,
                   Q, K, V, DO, DQ, LSE, DELTA, POS, DOC, DOCSTART, KVSTART,
                   sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh, sgb, sgt, sgh, spb,
                   M, N, HQ, pos_offset, window, qk_scale, sm_scale,
-                  G, D, BLOCK_D, BLOCK_M2, BLOCK_N2, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE, PREC)
+                  G, D, BLOCK_D, BLOCK_M2, BLOCK_N2, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE, PREC, GP2)
 
 
 # ============================================================================ host
@@ -418,6 +456,9 @@ CONFIGS = {
     # heads x BLOCK_M // pow2(G) queries). Not measured yet: candidates for --window-tune.
     "win_fwd_gqa": {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 4, 2)},
     "full_fwd_gqa": {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 4, 2)},
+    # GQA-packed dQ (DQ_VARIANT "gqa"): packed rows as above. In the fused launch the dQ programs
+    # run with bwd_dkdv's warps (one launch, one num_warps): FUSED_BWD = False uses these.
+    "bwd_dq_gqa": {64: (128, 64, 8, 2), 128: (128, 64, 8, 2), 256: (32, 32, 4, 1)},
 }
 # Forward kernel variant per stream, name -> (GQA-packed, mask only the edge blocks):
 #   base:       one query head per program, every visited key block masked (measured default);
@@ -428,6 +469,10 @@ CONFIGS = {
 # benchmarks/attention.py --window-tune times them; overridable like CONFIGS.
 FWD_VARIANTS = {"base": (False, False), "edge": (False, True), "gqa": (True, True), "gqa_masked": (True, False)}
 FWD_VARIANT = {"win_fwd": "base", "full_fwd": "base"}
+# dQ programs of the backward (both streams): "base" (one query head per program, every block
+# masked; measured default) or "gqa" (GQA-packed rows, edge masking; bwd_dq_gqa's blocks).
+DQ_VARIANTS = ("base", "gqa")
+DQ_VARIANT = "base"
 # Use SDPA (cuDNN first) for the all-positions full stream of fp16/bf16 inputs.
 USE_SDPA_CAUSAL = os.environ.get("ORTHROS_NO_SDPA", "0") != "1"
 # dQ and dK/dV programs of a stream's backward in one launch (fewer launches: less host overhead).
@@ -571,7 +616,15 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     dst = dd if masks.doc_start is None else masks.doc_start
     kvs = dd if masks.kv_start is None else masks.kv_start
     qk = scale * LOG2E
-    BM2, BN2, nw2, ns2 = _cfg("bwd_dq", BD)
+    if DQ_VARIANT not in DQ_VARIANTS:
+        raise ValueError(f"DQ_VARIANT must be one of {DQ_VARIANTS}, got {DQ_VARIANT!r}")
+    if DQ_VARIANT == "gqa":
+        GP2 = pow2(HQ // HKV)
+        rows2, BN2, nw2, ns2 = _cfg("bwd_dq_gqa", BD)
+        BM2 = max(1, rows2 // GP2)  # queries per head in a dQ program
+    else:
+        GP2 = 1
+        BM2, BN2, nw2, ns2 = _cfg("bwd_dq", BD)
     BM, BN, nw, ns = _cfg("bwd_dkdv", BD)
     if pos is not None:
         qr = _query_ranges(pos, N, BN, masks)
@@ -579,7 +632,7 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     else:
         qr, srb = dd, 0
     n_kv = HKV * cdiv(N, BN) * B
-    n_q = HQ * cdiv(M, BM2) * B
+    n_q = (HQ if GP2 == 1 else HKV) * cdiv(M, BM2) * B
     qs, ks, vs, gqs, gks, gvs = q.stride(), k.stride(), v.stride(), dq.stride(), dk.stride(), dv.stride()
     args = (q, k, v, do, dq, dk, dv, lse, delta, pos_t, qr, doc, dst, kvs,
             qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ds[0], ds[1], ds[2],
@@ -588,17 +641,17 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     tail = (pos_offset, window, qk, scale)
     flags = (pos is not None, bool(window), masks.doc is not None, masks.kv_start is not None, precision(q.dtype))
     if FUSED_BWD:  # one launch: dK/dV programs first, then dQ programs
-        _stream_bwd[(n_kv + n_q,)](*args, n_kv, *tail, **_bwd_consts(HQ // HKV, D, BD, BM, BN, BM2, BN2, flags, nw, ns))
+        _stream_bwd[(n_kv + n_q,)](*args, n_kv, *tail, **_bwd_consts(HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, flags, nw, ns))
     else:
-        _stream_bwd[(n_kv,)](*args, n_kv, *tail, **_bwd_consts(HQ // HKV, D, BD, BM, BN, BM2, BN2, flags, nw, ns))
-        _stream_bwd[(n_q,)](*args, 0, *tail, **_bwd_consts(HQ // HKV, D, BD, BM, BN, BM2, BN2, flags, nw2, ns2))
+        _stream_bwd[(n_kv,)](*args, n_kv, *tail, **_bwd_consts(HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, flags, nw, ns))
+        _stream_bwd[(n_q,)](*args, 0, *tail, **_bwd_consts(HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, flags, nw2, ns2))
     return dq, dk, dv
 
 
-def _bwd_consts(G, D, BD, BM, BN, BM2, BN2, flags, nw, ns):
+def _bwd_consts(G, D, BD, BM, BN, BM2, BN2, GP2, flags, nw, ns):
     """The constexpr/launch keywords of a backward launch."""
     pos_ptr, has_window, has_doc, has_kvs, prec = flags
-    return dict(G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN, BLOCK_M2=BM2, BLOCK_N2=BN2,
+    return dict(G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN, BLOCK_M2=BM2, BLOCK_N2=BN2, GP2=GP2,
                    POS_PTR=pos_ptr, HAS_WINDOW=has_window, HAS_DOC=has_doc, HAS_KVS=has_kvs,
                    REVERSE=not has_window, PREC=prec, num_warps=nw, num_stages=ns)
 
