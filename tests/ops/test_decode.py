@@ -11,6 +11,9 @@ hypothesis cases, graph replays and repeated launches on the H200.
 """
 
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -262,6 +265,68 @@ def test_hypothesis_inline_small(B, Hkv, G, L, S, w, data):
     lens = data.draw(st.lists(st.integers(0, L), min_size=B, max_size=B))
     q, qo, kc, vc, lens = make(B, L, Hkv * G, Hkv, 16, lens, seed=L + S)
     _check_inline(q, qo, kc, vc, lens, w, {"splits": S, "block_n": 16}, 1e-5)
+
+
+# The split kernel compiled for sm_90 on the CPU (ptxas ships in the triton wheel) at the engine's
+# shape (G=4, D=128, bf16, 16-divisible pointers/strides as the launcher specialises), in a fresh
+# process (kernels imported under TRITON_INTERPRET=1 are interpreted). Printed per mode: PTX
+# lines of the gpu-scope acq_rel atomics, bar.syncs, global stores, L2-only (.cg) loads, and
+# the K/V cp.async copies.
+COMPILE_DECODE_SM90 = textwrap.dedent('''
+    import os, re
+    os.environ.pop("TRITON_INTERPRET", None)
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from orthros.ops.triton import decode as td
+
+    fn = td._decode_split
+    ptrs = dict(Q="*bf16", QO="*bf16", K="*bf16", V="*bf16", SEQ="*i32", OP="*fp32", LP="*fp32", O="*bf16",
+                OO="*bf16", CNT="*i32")
+    for mode, bs in ((td._PARTIAL, 2), (td._DIRECT, 2), (td._INLINE, 16)):
+        const = dict(G=4, HQ=32, D=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=64, PREC="tf32", MERGE=mode, BLOCK_S=bs,
+                     UPCAST=False)
+        sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n == "qk_scale" else "i32")
+               for n in fn.arg_names}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+                 if sig[n] != "constexpr" and n not in ("window", "qk_scale", "split_len", "NUM_SPLITS")}
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+        lines = k.asm["ptx"].splitlines()
+        find = lambda pat: ",".join(str(i) for i, t in enumerate(lines) if re.search(pat, t)) or "-"
+        print("MODE", mode, find(r"atom\\.global\\.gpu\\.acq_rel"), find(r"\\bbar\\.sync"), find(r"\\bst\\.global"),
+              find(r"ld\\.global\\.cg"), sum("cp.async.cg.shared.global" in t for t in lines))
+    print("OK")
+''')
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the GPU tests compile and run the kernels there")
+def test_split_kernel_compiles_for_sm90_with_ordered_ticket(tmp_path):
+    """What the memory ordering of the inline merge rests on, in the compiled code: one
+    gpu-scope acq_rel atomic (the ticket), a CTA barrier between every partial store and it, the
+    partials read back only after it and only through L2 (.cg), the counter reset last; the
+    other modes have no atomic; K/V stay cp.async copies 3 stages deep in every mode."""
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("TRITON_INTERPRET", None)
+    p = subprocess.run([sys.executable, "-c", COMPILE_DECODE_SM90], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert p.returncode == 0 and p.stdout.strip().endswith("OK"), p.stderr[-3000:]
+    modes = {}
+    for line in p.stdout.splitlines():
+        if line.startswith("MODE"):
+            _, mode, *cols, cps = line.split()
+            modes[int(mode)] = [[int(x) for x in c.split(",")] if c != "-" else [] for c in cols] + [int(cps)]
+    assert sorted(modes) == [0, 1, 2]
+    per_stage = 2 * 64 * 128 * 2 // 16 // (32 * 4)  # 16-byte copies of one K and one V tile per thread
+    for mode, (atoms, bars, stores, cg, cps) in modes.items():
+        assert cps >= 3 * per_stage, (mode, cps)
+        assert (len(atoms) == 1) == (mode == 2) and (cg != []) == (mode == 2), (mode, atoms, cg)
+    atoms, bars, stores, cg, _ = modes[2]
+    atom = atoms[0]
+    before = [s for s in stores if s < atom]
+    assert before and any(max(before) < b < atom for b in bars)  # partial stores, barrier, ticket
+    assert min(cg) > atom  # partials read after the ticket, from L2
+    assert max(stores) > max(cg)  # outputs and the counter reset after the reads
 
 
 @pytest.mark.gpu
