@@ -249,6 +249,30 @@ def main(argv=None) -> int:
     def deadline_passed():
         return a.deadline_s is not None and time.time() - t0 > a.deadline_s
 
+    def sweep(configs, call, x, weights, ref, K, what):
+        """Times ``call(x, w, config)`` per config (those leaving >= 2 tiles per split-K slice);
+        a config that fails or gives a wrong result is recorded and skipped, never the best.
+        Returns ``(best (seconds, config, rel_err) or None, tried, cut by the deadline)``."""
+        best, tried = None, []
+        for c in configs:
+            if c.split > 1 and K // (c.split * c.block_k) < 2:
+                continue
+            if deadline_passed():
+                return best, tried, True
+            try:
+                err = rel_err(call(x, weights[0], c), ref)
+                if not err <= MAX_REL_ERR:  # a wrong result is never the best (NaN included)
+                    raise RuntimeError(f"wrong result: rel_err {err:.3g} > {MAX_REL_ERR}")
+                t = timed(lambda x_, w_, c=c: call(x_, w_, c), weights, x)
+            except Exception as e:  # noqa: BLE001  (a config that does not compile: skip it, say so)
+                print(f"  {what} {c}: failed ({type(e).__name__}: {str(e)[:120]})", file=sys.stderr)
+                tried.append({**config_dict(c), "error": f"{type(e).__name__}: {str(e)[:200]}"})
+                continue
+            tried.append({**config_dict(c), "us": t * 1e6, "rel_err": err})
+            if best is None or t < best[0]:
+                best = (t, c, err)
+        return best, tried, False
+
     def fused_sites():
         """``--fused``: per site and M, one row per system of :data:`FUSED_SYSTEMS`; returns why
         it stopped early (or None)."""
@@ -308,26 +332,11 @@ def main(argv=None) -> int:
                             meta.setdefault("wrong_results", []).append(f"{system} {site} M={M}")
                         rows.append(row_)
                     if a.sweep:
-                        best, tried = None, []
-                        for c in fused_sweep_configs(a.quick):
-                            if c.split > 1 and K // (c.split * c.block_k) < 2:
-                                continue
-                            if deadline_passed():
-                                meta.setdefault("sweeps_cut", []).append(f"{site} M={M}")
-                                break
-                            fn = lambda x_, w_, c=c, kw=kw: gemv_triton(x_, w_, config=c, **kw)  # noqa: E731
-                            try:
-                                err = rel_err(fn(x, weights[0]), ref)
-                                if not err <= MAX_REL_ERR:
-                                    raise RuntimeError(f"wrong result: rel_err {err:.3g} > {MAX_REL_ERR}")
-                                t = timed(fn, weights, x)
-                            except Exception as e:  # noqa: BLE001  (say so, skip it)
-                                print(f"  {site} M={M} {c}: failed ({type(e).__name__}: {str(e)[:120]})", file=sys.stderr)
-                                tried.append({**config_dict(c), "error": f"{type(e).__name__}: {str(e)[:200]}"})
-                                continue
-                            tried.append({**config_dict(c), "us": t * 1e6, "rel_err": err})
-                            if best is None or t < best[0]:
-                                best = (t, c, err)
+                        best, tried, cut = sweep(
+                            fused_sweep_configs(a.quick), lambda x_, w_, c, kw=kw: gemv_triton(x_, w_, config=c, **kw),
+                            x, weights, ref, K, f"{site} M={M}")
+                        if cut:
+                            meta.setdefault("sweeps_cut", []).append(f"{site} M={M}")
                         if best is not None:
                             rows.append({**rows[-1], "system": "fused-best", "us": best[0] * 1e6,
                                          "weight_GBps": nbytes / best[0] / 1e9, "of_copy_bw": nbytes / best[0] / bw,
@@ -419,28 +428,12 @@ def main(argv=None) -> int:
                 else:
                     t_cublas = next(r["us"] for r in rows if r["shape"] == name and r["M"] == M
                                     and r["system"] == "cublas") / 1e6
-                    best, tried = None, []
-                    for c in sweep_configs(a.quick):
-                        if c.split > 1 and K // (c.split * c.block_k) < 2:
-                            continue
-                        if deadline_passed():
-                            stopped = f"deadline {a.deadline_s} s reached in the sweep of {name} M={M}"
-                            break
-                        try:
-                            err = rel_err(gemv_triton(x, weights[0], config=c), ref)
-                            if not err <= MAX_REL_ERR:  # a wrong result is never the best (NaN included)
-                                raise RuntimeError(f"wrong result: rel_err {err:.3g} > {MAX_REL_ERR}")
-                            t = timed(lambda x_, w_: gemv_triton(x_, w_, config=c), weights, x)
-                        except Exception as e:  # noqa: BLE001  (a config that does not compile: skip it, say so)
-                            print(f"  {name} M={M} {c}: failed ({type(e).__name__}: {str(e)[:120]})", file=sys.stderr)
-                            tried.append({**config_dict(c), "error": f"{type(e).__name__}: {str(e)[:200]}"})
-                            continue
-                        tried.append({**config_dict(c), "us": t * 1e6, "rel_err": err})
-                        if best is None or t < best[0]:
-                            best = (t, c)
+                    best, tried, cut = sweep(sweep_configs(a.quick), lambda x_, w_, c: gemv_triton(x_, w_, config=c),
+                                             x, weights, ref, K, f"{name} M={M}")
+                    if cut:
+                        stopped = f"deadline {a.deadline_s} s reached in the sweep of {name} M={M}"
                     if best is not None:
-                        row("triton-best", best[0], rel_err(gemv_triton(x, weights[0], config=best[1]), ref), best[1],
-                            t_cublas, sweep=tried)
+                        row("triton-best", best[0], best[2], best[1], t_cublas, sweep=tried)
                 bar.update(1)
             del weights
             if cuda:

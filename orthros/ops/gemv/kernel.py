@@ -18,7 +18,12 @@ each. So every weight element is read exactly once for all ``M`` rows:
   weight tile to the tensor cores as ``w @ x^T`` with ``x`` padded to 16 rows;
 * ``split > 1`` (split-K, for few output rows): each split writes float32 partials
   ``[split, M, N]``; a second kernel sums them in a fixed order (no atomics: deterministic),
-  adds the bias and casts. ``split == 1``: one kernel, bias and cast in its epilogue.
+  adds the bias and casts. ``split == 1``: one kernel, bias and cast in its epilogue;
+* fused (:func:`orthros.ops.gemv.gemv`'s ``norm_weight`` / ``act`` / ``residual``, constexpr
+  flags, so the plain GEMV compiles as before): the x tile is transformed as it is loaded
+  (RMSNorm with each row's ``rstd`` from a first pass over the whole row; or ``silu(gate) * up``
+  from ``x [M, 2K]``), rounded to the dtype where the torch ops round; the residual is added
+  after the cast, in the epilogue or in the split-K reduce.
 
 Graph-capture safe: the launch configuration depends only on shapes, dtypes and the device
 (:data:`CONFIGS`; no autotuning at call time), nothing synchronises with the host, and the only
