@@ -4,24 +4,16 @@ specification is "what the layers compute today"), the "torch" backend against t
 triton kernel (interpreter on CPU) against the reference within the dtype's rounding, the
 custom op under torch.compile, and the argument refusals on every backend."""
 
-import os
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-HAS_CUDA = torch.cuda.is_available()
-if not HAS_CUDA:
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-from orthros.layers.common import RMSNorm, SwiGLUMLP  # noqa: E402
-from orthros.ops.gemv import GEMV_BACKENDS, gemv, gemv_ref, prologue_ref  # noqa: E402
-from orthros.ops.gemv.kernel import GemvConfig, gemv_triton  # noqa: E402
-from conftest import rel  # noqa: E402
-
-DEV = "cuda" if HAS_CUDA else "cpu"
-gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
-TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+# the plain GEMV's test module sets up the interpreter on CPU and holds the shared pieces
+from test_gemv import DEV, TOL, gpu, nan_empty  # noqa: F401  (nan_empty: a fixture)
+from orthros.layers.common import RMSNorm, SwiGLUMLP
+from orthros.ops.gemv import GEMV_BACKENDS, gemv, gemv_ref, prologue_ref
+from orthros.ops.gemv.kernel import GemvConfig, gemv_triton
+from conftest import rel
 
 
 def rnd(*shape, dtype=torch.float32, seed=0, scale=1.0, shift=0.0):
@@ -124,12 +116,6 @@ FMA_SPLIT = GemvConfig(block_n=32, block_k=16, split=3)
 DOT = GemvConfig(block_n=16, block_k=32, dot=True)
 DOT_SPLIT = GemvConfig(block_n=16, block_k=16, split=2, dot=True)
 CFGS = {"fma": FMA, "fma-split3": FMA_SPLIT, "dot": DOT, "dot-split2": DOT_SPLIT}
-
-
-@pytest.fixture
-def nan_empty(monkeypatch):
-    real = torch.empty
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: real(*a, **k).fill_(float("nan")))
 
 
 def fused_case(kind, M, N, K, dtype, seed, bias=False):
