@@ -19,11 +19,12 @@ Timings: CUDA events through ``triton.testing.do_bench`` (median). Run on a GPU:
   B in {1, 2, 8} x L in {8K, 32K, 128K} over split counts (incl. the heuristic's at each
   ``min_split``), both merges (two launches / inline, one launch) at each split count, and
   (BLOCK_N, num_warps, num_stages), next to SDPA decode;
-* ``--window-tune``: window-only fwd+bwd at 8K/32K for several backward block configs, host
-  enqueue time, a CUDA-graph replay (GPU time alone), Flex at 8K, and a host profile; then
-  every window-forward candidate (``attention.FWD_VARIANT`` x block config) at 8K/32K/128K/1M,
-  fwd and fwd+bwd, with Flex/ours, ours/floor and the output checked against the default's
-  (~3-4 min more);
+* ``--window-tune``: window-only fwd+bwd at 8K/32K for several backward configs (block sizes,
+  one or two launches, the GQA-packed dQ), host enqueue time, a CUDA-graph replay (GPU time
+  alone), Flex at 8K, and a host profile; then every window-forward candidate
+  (``attention.FWD_VARIANT`` x block config, and the packed forward + packed dQ) at
+  8K/32K/128K/1M, fwd and fwd+bwd, with Flex/ours, ours/floor and the output checked against
+  the default's (~3-4 min more);
 * ``--dry-run``: every selected code path once on the CPU (Triton interpreter, tiny sizes,
   fp32), to catch errors before a GPU run;
 * the older modes: ``[--quick] [--sweep] [--short]``.
@@ -481,29 +482,33 @@ def decode_tune(points=DECODE_TUNE_POINTS, budget_s=120.0, reps=20):
 
 # ---------------------------------------------------------------------------- window tune
 WINDOW_BWD_CANDIDATES = [
-    # (name, {CONFIGS kind: (BLOCK_M, BLOCK_N, num_warps, num_stages)}, fused backward)
-    ("base", {}, True),
-    ("two-launch", {}, False),
-    ("dkdv 64x128 w8", {"bwd_dkdv": (64, 128, 8, 2)}, True),
-    ("dkdv 32x64 w4", {"bwd_dkdv": (32, 64, 4, 2)}, True),
-    ("dkdv 64x64 w8", {"bwd_dkdv": (64, 64, 8, 2)}, True),
-    ("dkdv 64x64 s3", {"bwd_dkdv": (64, 64, 4, 3)}, True),
-    ("dq 128x64", {"bwd_dq": (128, 64, 4, 2)}, True),
-    ("dkdv 128x64 w8", {"bwd_dkdv": (128, 64, 8, 2)}, True),
+    # (name, {CONFIGS kind: (BLOCK_M, BLOCK_N, num_warps, num_stages)}, fused backward, attention.DQ_VARIANT)
+    ("base", {}, True, "base"),
+    ("two-launch", {}, False, "base"),
+    ("dkdv 64x128 w8", {"bwd_dkdv": (64, 128, 8, 2)}, True, "base"),
+    ("dkdv 32x64 w4", {"bwd_dkdv": (32, 64, 4, 2)}, True, "base"),
+    ("dkdv 64x64 w8", {"bwd_dkdv": (64, 64, 8, 2)}, True, "base"),
+    ("dkdv 64x64 s3", {"bwd_dkdv": (64, 64, 4, 3)}, True, "base"),
+    ("dq 128x64", {"bwd_dq": (128, 64, 4, 2)}, True, "base"),
+    ("dkdv 128x64 w8", {"bwd_dkdv": (128, 64, 8, 2)}, True, "base"),
+    # GQA-packed dQ (128 rows: 8 warps; in one launch the dK/dV programs run with them too)
+    ("dq gqa w8 fused", {"bwd_dkdv": (64, 64, 8, 2), "bwd_dq_gqa": (128, 64, 8, 2)}, True, "gqa"),
+    ("dq gqa w8 2-launch", {"bwd_dq_gqa": (128, 64, 8, 2)}, False, "gqa"),
+    ("dq gqa 128x32 fused", {"bwd_dkdv": (64, 64, 8, 2), "bwd_dq_gqa": (128, 32, 8, 2)}, True, "gqa"),
 ]
 
 
 @contextlib.contextmanager
-def kernel_overrides(configs=None, fused=None, fwd_variant=None):
+def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None):
     """Within the block: ``attention.CONFIGS[kind]`` entries of this run's head dim set from
-    ``{kind: (BLOCK_M, BLOCK_N, warps, stages)}``, ``FUSED_BWD`` and the window stream's forward
-    variant (``FWD_VARIANT["win_fwd"]``) set when given; all restored afterwards."""
+    ``{kind: (BLOCK_M, BLOCK_N, warps, stages)}``, ``FUSED_BWD``, the window stream's forward
+    variant (``FWD_VARIANT["win_fwd"]``) and ``DQ_VARIANT`` set when given; all restored afterwards."""
     from orthros.ops.triton import attention as ta
 
     bd = 128 if D > 64 else 64
     configs = configs or {}
     keep = {kind: ta.CONFIGS[kind][bd] for kind in configs}
-    keep_fused, keep_variant = ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"]
+    keep_fused, keep_variant, keep_dq = ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT
     try:
         for kind, cfg in configs.items():
             ta.CONFIGS[kind][bd] = cfg
@@ -511,14 +516,16 @@ def kernel_overrides(configs=None, fused=None, fwd_variant=None):
             ta.FUSED_BWD = fused
         if fwd_variant is not None:
             ta.FWD_VARIANT["win_fwd"] = fwd_variant
+        if dq_variant is not None:
+            ta.DQ_VARIANT = dq_variant
         yield
     finally:
         for kind, cfg in keep.items():
             ta.CONFIGS[kind][bd] = cfg
-        ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"] = keep_fused, keep_variant
+        ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT = keep_fused, keep_variant, keep_dq
 
 
-def window_tune(Ts=(8192, 32768), flex_T=8192, budget_s=60.0):
+def window_tune(Ts=(8192, 32768), flex_T=8192, budget_s=90.0):
     t0 = time.time()
     log("\n## window tune: window-only fwd+bwd (eager do_bench), host enqueue time, CUDA-graph replay")
     log(f"{'T':>6} {'config':>16} {'f+b ms':>8} {'host ms':>8} {'graph ms':>9}")
@@ -537,11 +544,11 @@ def window_tune(Ts=(8192, 32768), flex_T=8192, budget_s=60.0):
             with torch.no_grad():
                 return orthros_attention(q, k, v, qo, window_size=W, backend="triton")
         rows = {}
-        for name, over, fused in WINDOW_BWD_CANDIDATES:
+        for name, over, fused, dq in WINDOW_BWD_CANDIDATES:
             if time.time() - t0 > budget_s:
                 log("  (budget reached: rest skipped)")
                 break
-            with kernel_overrides(over, fused=fused):
+            with kernel_overrides(over, fused=fused, dq_variant=dq):
                 row = {"fb": guard(f"wtune T={T0} {name}", lambda: bench(fb, rep=50))}
                 row["host"] = guard(f"wtune T={T0} {name} host", lambda: host_time(fb))
                 if name == "base":
@@ -558,8 +565,8 @@ def window_tune(Ts=(8192, 32768), flex_T=8192, budget_s=60.0):
                 best = min(ok, key=ok.get)
                 log(f"  best at T={T0}: {best} {ok[best]:.3f} ms")
                 if best != "base" and time.time() - t0 < budget_s:
-                    over, fused = next((o, f) for n, o, f in WINDOW_BWD_CANDIDATES if n == best)
-                    with kernel_overrides(over, fused=fused):
+                    over, fused, dq = next((o, f, d) for n, o, f, d in WINDOW_BWD_CANDIDATES if n == best)
+                    with kernel_overrides(over, fused=fused, dq_variant=dq):
                         rows[best]["graph"] = guard(f"wtune T={T0} {best} graph", lambda: graph_time(fb))
                         log(f"  best under a CUDA graph: {rows[best]['graph'] or nan:.3f} ms")
         if T0 == 8192 or DRY:
@@ -585,15 +592,19 @@ def window_tune(Ts=(8192, 32768), flex_T=8192, budget_s=60.0):
 
 # ---------------------------------------------------------------------------- window forward variants
 WINDOW_FWD_CANDIDATES = [
-    # (name, attention.FWD_VARIANT of the window stream, {CONFIGS kind: (BLOCK_M, BLOCK_N, warps, stages)}).
-    # gqa*: BLOCK_M counts packed rows (all G heads x BLOCK_M // G queries). First: the default.
-    ("base", "base", {}),
-    ("edge", "edge", {}),
-    ("edge 64x32", "edge", {"win_fwd": (64, 32, 4, 3)}),
-    ("gqa 128x64 s3", "gqa", {"win_fwd_gqa": (128, 64, 8, 3)}),
-    ("gqa 128x64 s2", "gqa", {"win_fwd_gqa": (128, 64, 8, 2)}),
-    ("gqa 128x32", "gqa", {"win_fwd_gqa": (128, 32, 8, 3)}),
-    ("gqa_masked 128x64", "gqa_masked", {"win_fwd_gqa": (128, 64, 8, 3)}),
+    # (name, attention.FWD_VARIANT of the window stream, {CONFIGS kind: (BLOCK_M, BLOCK_N, warps, stages)},
+    #  backward overrides (kernel_overrides keywords)). gqa*: BLOCK_M counts packed rows (all G
+    # heads x BLOCK_M // G queries). First: the default, the reference of the error column.
+    ("base", "base", {}, {}),
+    ("edge", "edge", {}, {}),
+    ("edge 64x32", "edge", {"win_fwd": (64, 32, 4, 3)}, {}),
+    ("gqa 128x64", "gqa", {"win_fwd_gqa": (128, 64, 8, 3)}, {}),
+    ("gqa 128x32 w8", "gqa", {"win_fwd_gqa": (128, 32, 8, 3)}, {}),
+    ("gqa 128x32 w4 s2", "gqa", {"win_fwd_gqa": (128, 32, 4, 2)}, {}),
+    ("gqa_masked 128x64", "gqa_masked", {"win_fwd_gqa": (128, 64, 8, 3)}, {}),
+    # the packed forward with the packed dQ in its own 8-warp launch (fwd column: as gqa 128x64)
+    ("gqa + dq gqa", "gqa", {"win_fwd_gqa": (128, 64, 8, 3), "bwd_dq_gqa": (128, 64, 8, 2)},
+     {"fused": False, "dq_variant": "gqa"}),
 ]
 PEAK_TFLOPS, PEAK_TBPS = 790.0, 4.3  # H200: bf16 matmul, copy (../shared/anchors/h200.md)
 
@@ -643,11 +654,11 @@ def window_fwd_variants(Ts=(8192, 32768, 131072, 1048576), grad_max=131072, budg
             res = guard(f"wfwd T={T0} flex", lambda: flex_window(flex, create_block_mask, q, k, v, g, rep=50)) or {}
         ffwd, ffb = res.get("flex_fwd") or nan, res.get("flex_fb") or nan
         rows, ref = {}, None
-        for name, variant, over in WINDOW_FWD_CANDIDATES:
+        for name, variant, over, bwd in WINDOW_FWD_CANDIDATES:
             if time.time() - t0 > budget_s:
                 log("  (budget reached: rest skipped)")
                 break
-            with kernel_overrides(over, fwd_variant=variant):
+            with kernel_overrides(over, fwd_variant=variant, **bwd):
                 row = {"fwd": guard(f"wfwd T={T0} {name}", lambda: bench(fwd, rep=50))}
                 o = guard(f"wfwd T={T0} {name} output", fwd)
                 if o is not None:
@@ -661,8 +672,10 @@ def window_fwd_variants(Ts=(8192, 32768, 131072, 1048576), grad_max=131072, budg
             bad = "  WRONG" if row.get("err", 0) > (1e-4 if DT == torch.float32 else 2e-2) else ""
             log(f"{T0:>6} {name:>18} {f_ms:8.3f} {ffwd / f_ms:9.2f} {f_ms / floor_f:6.2f} {fb_ms:8.3f} "
                 f"{ffb / fb_ms:9.2f} {fb_ms / floor_fb:6.2f} {row.get('err', nan):11.1e}{bad}")
+        fwd_only = {n for n, _, _, bwd in WINDOW_FWD_CANDIDATES if not bwd}  # the others repeat a forward
         for key in ("fwd", "fb"):
-            ok = {n: r[key] for n, r in rows.items() if key in r and r.get("err", 1) <= 2e-2}
+            ok = {n: r[key] for n, r in rows.items()
+                  if key in r and r.get("err", 1) <= 2e-2 and (key == "fb" or n in fwd_only)}
             if ok:
                 best = min(ok, key=ok.get)
                 flex_ms = ffwd if key == "fwd" else ffb
@@ -674,8 +687,8 @@ def window_fwd_variants(Ts=(8192, 32768, 131072, 1048576), grad_max=131072, budg
         empty_cache()
         save()
     # winner: the lowest geometric mean of fwd times over the sizes every correct candidate ran at
-    names = [n for n, _, _ in WINDOW_FWD_CANDIDATES
-             if out and all("fwd" in r["candidates"].get(n, {}) and r["candidates"][n].get("err", 1) <= 2e-2
+    names = [n for n, _, _, bwd in WINDOW_FWD_CANDIDATES
+             if not bwd and out and all("fwd" in r["candidates"].get(n, {}) and r["candidates"][n].get("err", 1) <= 2e-2
                             for r in out.values())]
     if names:
         gm = {n: torch.tensor([r["candidates"][n]["fwd"] for r in out.values()]).log().mean().exp().item()
