@@ -470,15 +470,9 @@ def test_forward_variants_compile_for_sm90_pipelined(tmp_path):
         assert int(n_async) > 0 and int(n_b16) == 0, (gp2, n_async, n_b16)
 
 
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("name", ["base"] + VARIANTS)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_forward_variants_gpu(poison, monkeypatch, dtype, name):
-    """Every variant at the real block sizes: hypothesis cases of all modes, the training
-    shapes, a split-key prefill (full stream) and the 1M-token 64-bit window case."""
-    use_variant(monkeypatch, name)
-
+def variant_sweep_gpu(dtype):
+    """What each kernel variant runs on the GPU: 20 hypothesis cases of every mode, then the
+    benchmark's heads (32/8, D 128), odd G and D, packed documents, positions with left padding."""
     @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
     @given(cases(big=True, dtype=dtype))
     def inner(c):
@@ -490,6 +484,17 @@ def test_forward_variants_gpu(poison, monkeypatch, dtype, name):
              cu_seqlens=torch.tensor([0, 100, 1500, 2048], device=DEV))
     run_case(B=2, T=1500, Hq=4, Hkv=2, D=128, w=128, dtype=dtype,
              positions=torch.arange(700, 1500, 3, device=DEV), kv_start=torch.tensor([0, 321], device=DEV))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("name", ["base"] + VARIANTS)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_forward_variants_gpu(poison, monkeypatch, dtype, name):
+    """Every forward variant at the real block sizes, plus a split-key prefill (full stream) and
+    the 1M-token 64-bit window case."""
+    use_variant(monkeypatch, name)
+    variant_sweep_gpu(dtype)
     run_case(B=1, T=20000, Hq=8, Hkv=2, D=128, w=128, dtype=dtype, positions=torch.tensor([19999], device=DEV))
     if dtype == torch.bfloat16:
         test_gpu_64bit_offsets_window()
@@ -501,14 +506,4 @@ def test_forward_variants_gpu(poison, monkeypatch, dtype, name):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_dq_gqa_variant_gpu(poison, monkeypatch, dtype, fused):
     use_dq_variant(monkeypatch, fused)
-
-    @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-    @given(cases(big=True, dtype=dtype))
-    def inner(c):
-        run_case(**c)
-    inner()
-    run_case(B=2, T=1000, Hq=32, Hkv=8, D=128, w=128, dtype=dtype)
-    run_case(B=1, T=2048, Hq=6, Hkv=2, D=128, w=128, dtype=dtype,
-             cu_seqlens=torch.tensor([0, 100, 1500, 2048], device=DEV))
-    run_case(B=2, T=1500, Hq=4, Hkv=2, D=64, w=77, dtype=dtype,
-             positions=torch.arange(700, 1500, 3, device=DEV), kv_start=torch.tensor([0, 321], device=DEV))
+    variant_sweep_gpu(dtype)
