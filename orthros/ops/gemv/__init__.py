@@ -18,7 +18,8 @@ decoder layer's GEMMs fused into it (:mod:`.naive` is the specification):
   (:data:`gemv_op`), so a ``torch.compile``d region sees it as one opaque node;
 * ``"naive"``: :func:`.naive.gemv_ref`, the float32-accumulating reference;
 * ``"auto"``: ``"triton"`` for CUDA inputs it takes (``M <= 8``, fp16/bf16/fp32, one dtype for
-  ``x``, ``weight``, ``norm_weight``, contiguous weight), else ``"torch"``.
+  ``x``, ``weight``, ``norm_weight``, contiguous weight, no gradient wanted: the op has no
+  backward), else ``"torch"``.
 
 Not wired into the engine yet: whether it beats the unfused ops is measured by
 ``benchmarks/gemv.py --fused`` first (docs/benchmarks.md, "Weight-streaming GEMV for decode").
@@ -57,6 +58,9 @@ def _triton_takes(x, weight, bias, norm_weight, residual) -> bool:
     if residual is not None and (not isinstance(residual, torch.Tensor) or residual.device != x.device
                                  or (residual.shape[-1] > 1 and residual.stride(-1) != 1)):
         return False
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, weight, bias, norm_weight,
+                                                                                   residual)):
+        return False  # the kernel has no backward: autograd gets the torch ops
     return _HAS_TRITON
 
 
