@@ -12,6 +12,10 @@ The op is two streams sharing K and V:
   (flash-decoding style) and merged by log-sum-exp.
 
 Autograd sums the two streams' dK/dV.
+
+``FWD_VARIANT`` / ``DQ_VARIANT`` select candidate kernels (edge-only masking, GQA-packed rows)
+that ``benchmarks/attention.py --window-tune`` compares on a GPU; the defaults are the measured
+kernels.
 """
 
 from __future__ import annotations
