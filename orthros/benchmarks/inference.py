@@ -289,7 +289,7 @@ def copy_bandwidth(device, nbytes: int = 2**30) -> float:
 def bench_decode(model, contexts: Sequence[int], *, batch_sizes: Sequence[int] = (1, 2),
                  modes: Sequence[str] = ("orthros", "full"), steps: int = 50, warmup: int = 5,
                  cuda_graphs: Optional[bool] = None, on_row: Optional[Callable] = None,
-                 compile: bool = False, fuse: bool = True) -> List[Dict]:
+                 compile: bool = False, fuse: bool = True, gemv: bool = False) -> List[Dict]:
     """Per-step decode latency at context ``L`` (cache declared filled by :meth:`Engine.set_lengths`:
     latency does not depend on the cached values), and the HBM floor of that step:
     ``(weight bytes + B * L * KV bytes per token) / measured copy bandwidth``."""
@@ -301,7 +301,7 @@ def bench_decode(model, contexts: Sequence[int], *, batch_sizes: Sequence[int] =
     bar = _progress(len(modes) * len(batch_sizes) * len(contexts), "decode")
     for mode in modes:
         eng = Engine(model, max_batch_size=max(batch_sizes), max_seq_len=max(contexts) + steps + warmup + 2,
-                     attention_mode=mode, cuda_graphs=cuda_graphs, compile=compile, fuse=fuse)
+                     attention_mode=mode, cuda_graphs=cuda_graphs, compile=compile, fuse=fuse, gemv=gemv)
         kvtok = eng.cache.bytes_per_token()
         for B in batch_sizes:
             for L in contexts:

@@ -46,7 +46,10 @@ from .models import orthros_model, weight_bytes_per_step
 
 SECTIONS = ("decode", "batched", "window")
 SYSTEMS = ("orthros", "full", "gpt-fast")  # the engine's two modes, and the peer
-LABELS = {"orthros": "Orthros pair (engine)", "full": "Transformer (same engine)", "gpt-fast": "gpt-fast"}
+# --gemv: the same engine with Engine(gemv=True) too, in the decode section (B=1: <= 8 GEMV rows)
+GEMV_SYSTEMS = ("orthros+gemv", "full+gemv")
+LABELS = {"orthros": "Orthros pair (engine)", "full": "Transformer (same engine)", "gpt-fast": "gpt-fast",
+          "orthros+gemv": "Orthros pair (engine, fused GEMVs)", "full+gemv": "Transformer (engine, fused GEMVs)"}
 # The issue's targets, each a ratio (see summarize()).
 TARGETS = {
     "decode_frac_of_floor": 0.80,  # >= at every context, Orthros and the engine's Transformer
@@ -338,7 +341,7 @@ def _decode_cells(sweep: Sweep, section: str, pairs, ctx) -> None:
         ctx["peer"]
     for B, L in pairs:
         floor = decode_floor_ms(wbytes, kvtok, B, L, bw)
-        for system in SYSTEMS:
+        for system in SYSTEMS + (GEMV_SYSTEMS if a.gemv and section == "decode" else ()):
             base = {"section": section, "system": system, "B": B, "L": L, "floor_ms": floor, "weight_bytes": wbytes,
                     "kv_bytes": B * L * kvtok}
             if system == "gpt-fast" and peer is None:
@@ -366,8 +369,9 @@ def _decode_cells(sweep: Sweep, section: str, pairs, ctx) -> None:
                 if system == "gpt-fast":
                     res = peer.time_decode(B, L, steps=a.steps, warmup=a.warmup)
                 else:
-                    r = bench_decode(model, [L], batch_sizes=[B], modes=[system], steps=a.steps, warmup=a.warmup,
-                                     compile=ctx["compile"], fuse=not a.no_fuse)[0]
+                    mode, _, variant = system.partition("+")
+                    r = bench_decode(model, [L], batch_sizes=[B], modes=[mode], steps=a.steps, warmup=a.warmup,
+                                     compile=ctx["compile"], fuse=not a.no_fuse, gemv=variant == "gemv")[0]
                     res = {"ms_per_step": r["ms_per_step"], "tokens_per_s": r["tokens_per_s"]}
             except torch.cuda.OutOfMemoryError as e:
                 _free(dev)
@@ -429,15 +433,21 @@ def summarize(rows: List[Dict]) -> List[Dict]:
     ms = {(r["section"], r["system"], r["B"], r["L"]): r for r in rows if "ms_per_step" in r}
     dec = sorted({(r["B"], r["L"]) for r in _by(rows, section="decode") if "ms_per_step" in r})
     for B, L in dec:
-        for s in ("orthros", "full"):
+        for s in ("orthros", "full") + GEMV_SYSTEMS:
             if ("decode", s, B, L) in ms:
                 line("decode_frac_of_floor", f"{s} B={B} L={L}", ms["decode", s, B, L]["frac_of_floor"],
                      TARGETS["decode_frac_of_floor"], "higher")
         g = ms.get(("decode", "gpt-fast", B, L))
-        if g and ("decode", "orthros", B, L) in ms:
-            v = g["ms_per_step"] / ms["decode", "orthros", B, L]["ms_per_step"]
-            goal = TARGETS["decode_vs_gpt_fast"] if L == min(x[1] for x in dec) else None  # the target is at 1K
-            line("decode_vs_gpt_fast", f"B={B} L={L}", v, goal, "higher")
+        for s in ("orthros", "orthros+gemv"):
+            if g and ("decode", s, B, L) in ms:
+                v = g["ms_per_step"] / ms["decode", s, B, L]["ms_per_step"]
+                goal = TARGETS["decode_vs_gpt_fast"] if L == min(x[1] for x in dec) else None  # the target is at 1K
+                line("decode_vs_gpt_fast", f"{'' if s == 'orthros' else s + ' '}B={B} L={L}", v, goal, "higher")
+        for s in GEMV_SYSTEMS:  # the fused GEMVs against the same engine without them (no target)
+            plain = ms.get(("decode", s.partition("+")[0], B, L))
+            if plain and ("decode", s, B, L) in ms:
+                line("gemv_speedup", f"{s} B={B} L={L}", plain["ms_per_step"] / ms["decode", s, B, L]["ms_per_step"],
+                     None, "higher")
     for B, L in sorted({(r["B"], r["L"]) for r in _by(rows, section="batched") if "ms_per_step" in r}):
         o = ms.get(("batched", "orthros", B, L))
         f = ms.get(("batched", "full", B, L))
@@ -488,7 +498,7 @@ def plot(rows: List[Dict], meta: Dict, path: str) -> None:
     """Six panels, one per target, each a ratio with the target drawn as a dashed line."""
     plt = _plt()
     fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
-    colors = {"orthros": "C0", "full": "C1", "gpt-fast": "C2"}
+    colors = {"orthros": "C0", "full": "C1", "gpt-fast": "C2", "orthros+gemv": "C3", "full+gemv": "C4"}
 
     def finish(ax, title, ylabel, goal, xlabel, log2=True):
         measured = bool(ax.lines)
@@ -511,12 +521,12 @@ def plot(rows: List[Dict], meta: Dict, path: str) -> None:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", **kw)
 
     ms = {(r["system"], r["B"], r["L"]): r for r in _by(rows, section="decode") if "ms_per_step" in r}
-    for s in SYSTEMS:
+    for s in SYSTEMS + GEMV_SYSTEMS:
         curve(axes[0, 0], [(L, r["frac_of_floor"]) for (x, _, L), r in ms.items() if x == s],
               label=LABELS[s], color=colors[s])
     finish(axes[0, 0], "decode B=1: HBM floor / measured step", "fraction of floor", TARGETS["decode_frac_of_floor"],
            "context (tokens)")
-    for s in ("orthros", "full"):
+    for s in ("orthros", "full") + GEMV_SYSTEMS:
         curve(axes[0, 1], [(L, ms[("gpt-fast", B, L)]["ms_per_step"] / r["ms_per_step"])
                            for (x, B, L), r in ms.items() if x == s and ("gpt-fast", B, L) in ms],
               label=f"{LABELS[s]} vs gpt-fast", color=colors[s])
@@ -587,6 +597,8 @@ def build_parser():
     p.add_argument("--eager", action="store_true", help="no torch.compile anywhere (default on CPU)")
     p.add_argument("--no-fuse", action="store_true",
                    help="engine without fused projections (Engine(fuse=False)), to compare with the default")
+    p.add_argument("--gemv", action="store_true",
+                   help="decode section: also the engine with Engine(gemv=True) (fused GEMVs), both modes, same run")
     p.add_argument("--gpt-fast-dir", default=None, help="directory holding gpt-fast's model.py (else no gpt-fast rows)")
     p.add_argument("--gpt-fast-contexts", default=None,
                    help="B=1 contexts at which gpt-fast also runs (each new context recompiles it with its "
@@ -692,7 +704,7 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
     gpt_upstream = getattr(a.gpt_fast, "UPSTREAM", None) if a.gpt_fast else None
     meta = metadata(shape_model, dev, dtype, {
         "issue": 18, "utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
-        "argv": sys.argv[1:], "sections": a.sections, "quick": a.quick, "compile": a.compile, "fuse": not a.no_fuse,
+        "argv": sys.argv[1:], "sections": a.sections, "quick": a.quick, "compile": a.compile, "fuse": not a.no_fuse, "gemv": a.gemv,
         "copy_bw_tb_s": bw / 1e12, "matmul_tflop_s": flops / 1e12, "matmul_n": gemm_n,
         "weight_bytes_per_step": weight_bytes_per_step(shape_model),
         "kv_bytes_per_token": kv_bytes_per_token(shape_model.config, dtype),

@@ -37,6 +37,7 @@ from ..layers import StepInputs
 from ..kinds import has_output_stream, resolve_mode
 from ..layers.step import call as _eager
 from ..utils import check_positive_int
+from ..ops.gemv import GEMV_BACKENDS
 from .cache import StaticKVCache
 from .sampling import SamplingParams, sample
 
@@ -82,6 +83,13 @@ class Engine:
             step's cache write runs inside the first piece (fused with K's RoPE), prefill's
             cache writes and the attention kernels stay outside. Costs a compile on first use
             of each shape. Default off.
+        gemv: decode steps run each layer's four projections as weight-streaming GEMVs
+            (:mod:`orthros.ops.gemv`) with their neighbours fused in: the input norm into QKV,
+            the residual into the o-projection, the post-attention norm into gate/up, SiLU x up
+            and the residual into down (~4 fewer kernels a layer). ``True``: the ``"auto"``
+            backend (the Triton kernel on CUDA for <= 8 rows, else the same ops unfused); a
+            backend name forces one (tests). Needs ``fuse``. Default off until measured on a GPU
+            (docs/performance.md).
         fuse: run every layer's projections of one input as one GEMM (``[W_q; W_k; W_v]``,
             ``[W_gate; W_up]``, a GDN layer's four input projections) and a decode pair's
             scale-offset as one ``addcmul``; the RoPE tables are cast to the model dtype once
@@ -99,10 +107,18 @@ class Engine:
     def __init__(self, model, *, max_batch_size: int = 1, max_seq_len: int = 4096,
                  prefill_chunk: Optional[int] = DEFAULT_PREFILL_CHUNK, cuda_graphs: Optional[bool] = None,
                  graph_batch_sizes: Optional[Sequence[int]] = None, attention_mode: Optional[str] = None,
-                 compile: bool = False, fuse: bool = True):
+                 compile: bool = False, fuse: bool = True, gemv=False):
         check_positive_int("max_batch_size", max_batch_size)
         check_positive_int("max_seq_len", max_seq_len)
         check_positive_int("prefill_chunk", prefill_chunk, allow_none=True)
+        if not isinstance(compile, bool):
+            raise ValueError(f"compile must be True or False, got {compile!r}")
+        if not isinstance(fuse, bool):
+            raise ValueError(f"fuse must be True or False, got {fuse!r}")
+        if gemv is not False and gemv is not True and gemv not in GEMV_BACKENDS:
+            raise ValueError(f"gemv must be True, False or a GEMV backend {GEMV_BACKENDS}, got {gemv!r}")
+        if gemv is not False and not fuse:
+            raise ValueError("gemv needs fuse=True: the fused GEMVs run over the fused QKV and gate/up weights")
         cfg = model.config
         mode = resolve_mode(cfg.attention_mode if attention_mode is None else attention_mode)
         if not hasattr(model, "model") or not hasattr(model.model, "run_layers") or not hasattr(model, "lm_head"):
@@ -140,12 +156,9 @@ class Engine:
         self._arange = torch.arange(max_batch_size, device=self.device)
         self._last_row = torch.zeros(1, 1, dtype=torch.long, device=self.device)  # a decode step's output row
         self._no_rows = torch.zeros(1, 0, dtype=torch.long, device=self.device)  # a chunk that predicts nothing
-        if not isinstance(compile, bool):
-            raise ValueError(f"compile must be True or False, got {compile!r}")
-        if not isinstance(fuse, bool):
-            raise ValueError(f"fuse must be True or False, got {fuse!r}")
         self.fuse = fuse
         self._apply_fuse()
+        self.gemv = "auto" if gemv is True else (gemv or None)
         attn = [layer.self_attn for layer in model.model.layers if hasattr(layer, "self_attn")]
         same = all(a.q_proj.weight.dtype == a.v_proj.weight.dtype == self.dtype for a in attn)
         self._rope_dtype = self.dtype if same else None
@@ -344,7 +357,7 @@ class Engine:
         rope = self._rope(lens.view(bs, 1))
         # the decoupled pair of paper Section 3.1: [base token, output token] per row
         step = StepInputs(n_base=1, rope_base=rope, rope_out=rope, out_rel=self._last_row,
-                          output_tokens=self.output_tokens, mode=self.mode, run=self._run,
+                          output_tokens=self.output_tokens, mode=self.mode, run=self._run, gemv=self.gemv,
                           cache=self.cache.decode_view(self._arange[:bs], lens, span))
         h = m.run_layers(step.with_output_tokens(m.embed_tokens(tokens.view(bs, 1))), step)
         logits = self._head(self.model, h[:, -1:])

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import FusedProjections, RMSNorm, apply_rope
+from .common import FusedProjections, RMSNorm, apply_rope, linear
 from .step import StepInputs
 
 # Initial values of the scale-offset parameters: both streams start as the plain projections
@@ -205,12 +205,14 @@ class OrthrosAttention(FusedProjections, nn.Module):
             k = self.k_norm(k).to(v.dtype)
         return apply_rope(k, *rope), v
 
-    def _projections(self, x: torch.Tensor, step: StepInputs, q_rows: Optional[str], w: Optional[torch.Tensor]):
+    def _projections(self, x: torch.Tensor, step: StepInputs, q_rows: Optional[str], w: Optional[torch.Tensor],
+                     norm=None):
         """The raw projections :meth:`project` needs: q_proj's output at ``q_rows`` (``"all"``
         rows of ``x``, the ``"base"`` rows, the ``"out"`` rows after them, ``"gather"``: the base
         rows at the output positions; ``None``: no queries) and the base rows' K and V.
         With the fused ``w = [W_q; W_k; W_v]``: ONE GEMM over the rows that cover both (a decode
-        step's 1-2 rows always); when the queries are at a few rows of a long chunk (a prefill's
+        step's 1-2 rows always; ``norm``, the input norm, goes into it: one fused GEMV under
+        ``step.gemv``); when the queries are at a few rows of a long chunk (a prefill's
         last layer), the K|V and the Q columns run separately, so no query is computed for a row
         that does not need one."""
         T = step.n_base
@@ -223,19 +225,22 @@ class OrthrosAttention(FusedProjections, nn.Module):
             return t[:, :T] if q_rows == "base" else step.gather_out_rows(t[:, :T])
 
         one_gemm = q_rows in ("all", "base") or (q_rows is not None and T <= step.n_out)
+        if norm is not None and (w is None or not one_gemm):
+            x, norm = norm(x), None
         if w is None or not one_gemm:
             q = None if q_rows is None else (
                 self.q_proj(select(x)) if w is None
                 else F.linear(select(x), w[:self.q_cols], _rows(self.qkv_bias_fused, 0, self.q_cols)))
             return (q, *self._kv_proj(x[:, :T], w))
-        y = F.linear(x if q_rows in ("all", "out") else x[:, :T], w, self.qkv_bias_fused)
+        y = linear(x if q_rows in ("all", "out") else x[:, :T], w, self.qkv_bias_fused, norm=norm, gemv=step.gemv)
         k, v = y[:, :T, self.q_cols:].split(self.num_kv_heads * self.head_dim, dim=-1)
         return select(y[..., :self.q_cols]), k, v
 
-    def project(self, x: torch.Tensor, step: StepInputs, final: bool):
-        """Token-wise: ``(q, q_full, k, v)`` for the normalised ``x [B, n_base (+ T_out), d]``:
-        window queries of the base rows (or ``None``), full-stream queries (or ``None``), and
-        the base rows' K/V."""
+    def project(self, x: torch.Tensor, step: StepInputs, final: bool, norm=None):
+        """Token-wise: ``(q, q_full, k, v, gate)`` for ``x [B, n_base (+ T_out), d]``, normalised
+        already, or by ``norm`` (the layer's input norm, applied here: inside the QKV GEMV when
+        fused): window queries of the base rows (or ``None``), full-stream queries (or
+        ``None``), the base rows' K/V and the output gates (or ``None``)."""
         s = self.streams(step, final)
         T = step.n_base
         if s.full == "tokens":  # output tokens (alpha', beta'), with the base rows' queries in one pass
@@ -246,7 +251,7 @@ class OrthrosAttention(FusedProjections, nn.Module):
             q_rows = "base" if s.window or s.full == "rows" else None
         w = self.fused("qkv_fused")
         fused = w is not None
-        qraw, kraw, vraw = self._projections(x, step, q_rows, w)
+        qraw, kraw, vraw = self._projections(x, step, q_rows, w, norm)
         k, v = self._keys_values_of(kraw, vraw, step.rope_base)
         q = q_full = gate = None
         if s.full == "tokens":
@@ -273,9 +278,10 @@ class OrthrosAttention(FusedProjections, nn.Module):
                                       window_size=self.window_size, scale=self.scale, backend=self.backend)
         return o, o_full, gate
 
-    def output(self, o, step: StepInputs, final: bool):
+    def output(self, o, step: StepInputs, final: bool, residual=None):
         """Token-wise: ``W_O`` of the streams' outputs, for the rows the layer keeps (every row of
-        ``h``; the last layer: the output rows). ``None`` when ``attend`` returned ``None``."""
+        ``h``; the last layer: the output rows), plus ``residual`` (those rows of ``h``; one
+        fused GEMV under ``step.gemv``). ``None`` when ``attend`` returned ``None``."""
         if o is None:
             return None
         s = self.streams(step, final)
@@ -287,7 +293,10 @@ class OrthrosAttention(FusedProjections, nn.Module):
         o = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
         if gate is not None:
             o = o * torch.sigmoid(gate)
-        return self.o_proj(o.flatten(2))
+        if step.gemv is not None:
+            return linear(o.flatten(2), self.o_proj.weight, self.o_proj.bias, residual=residual, gemv=step.gemv)
+        a = self.o_proj(o.flatten(2))
+        return a if residual is None else residual + a
 
     def forward(self, x: torch.Tensor, step: StepInputs, final: bool = False):
         """The whole attention block of one step (outside the decoder layer: tests, tools)."""

@@ -25,15 +25,41 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, *, norm=None, act=None, residual=None, gemv=None):
+    """``residual + (prologue(x) @ weight.T + bias)``: a projection of the layer step together
+    with the elementwise neighbours a decode GEMV can fuse: before it ``norm`` (an
+    :class:`RMSNorm`) or ``act="silu"`` (``x = [gate | up]``: SwiGLU's ``silu(gate) * up``), after
+    it the residual add. ``gemv`` (a backend of :func:`orthros.ops.gemv.gemv`, the engine's decode
+    under ``Engine(gemv=True)``): one call of the fused GEMV, which runs these same ops where its
+    kernel does not take the inputs; ``None``: the ops one by one."""
+    if gemv is not None:
+        from ..ops.gemv import gemv as fused_gemv
+
+        return fused_gemv(x, weight, bias, gemv, norm_weight=None if norm is None else norm.weight,
+                          norm_eps=None if norm is None else norm.eps, act=act, residual=residual)
+    if norm is not None:
+        x = norm(x)
+    if act is not None:
+        if act != "silu":
+            raise ValueError(f"act must be None or 'silu', got {act!r}")
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
+    y = F.linear(x, weight, bias)
+    return y if residual is None else residual + y
+
+
 class ResidualMLP:
     """The second half of a decoder layer, mixed into every decoder layer of the package (the
     HF model's and the vLLM plugin's, which build ``mlp`` and ``post_attention_layernorm`` from
     different modules): the residual of the mixer's output, then the MLP block."""
 
-    def post_attention(self, h: torch.Tensor, a) -> torch.Tensor:
-        """``a``: the mixer's output for the rows of ``h`` (``None``: nothing to add)."""
+    def post_attention(self, h: torch.Tensor, a, gemv=None) -> torch.Tensor:
+        """``a``: the mixer's output for the rows of ``h`` (``None``: nothing to add, or the
+        mixer's output projection added it already). ``gemv``: see :func:`linear`."""
         if a is not None:
             h = h + a
+        if isinstance(self.mlp, SwiGLUMLP):  # the norm and the residual go into its projections
+            return self.mlp(h, norm=self.post_attention_layernorm, residual=h, gemv=gemv)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -202,14 +228,25 @@ class SwiGLUMLP(FusedProjections, nn.Module):
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
         self.act_fn = ACT2FN[hidden_act]
+        self.hidden_act = hidden_act
         self._init_fusions()
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, norm=None, residual=None, gemv=None) -> torch.Tensor:
+        """``residual + down(act(gate(norm(x))) * up(norm(x)))`` (``norm``, ``residual``
+        optional); fused with ``gemv`` (see :func:`linear`): the norm in the gate/up GEMV, the
+        activation and the residual in the down GEMV."""
         w = self.fused("gate_up_fused")
+        if w is not None and gemv is not None and self.hidden_act == "silu":
+            gu = linear(x, w, self.gate_up_bias_fused, norm=norm, gemv=gemv)
+            return linear(gu, self.down_proj.weight, self.down_proj.bias, act="silu", residual=residual, gemv=gemv)
+        if norm is not None:
+            x = norm(x)
         if w is not None:
             gate, up = F.linear(x, w, self.gate_up_bias_fused).split(self.gate_proj.out_features, dim=-1)
-            return self.down_proj(self.act_fn(gate) * up)
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+            y = self.down_proj(self.act_fn(gate) * up)
+        else:
+            y = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return y if residual is None else residual + y
 
 
 def _default_rope(config, device=None, **kwargs):

@@ -124,10 +124,12 @@ class GatedDeltaNet(FusedProjections, nn.Module):
             nn.init.kaiming_uniform_(self.conv1d.weight, a=math.sqrt(5))
 
     # ------------------------------------------------------------ token-wise pieces
-    def project(self, x: torch.Tensor, step, final: bool) -> GDNProjections:
-        """Projections of the normalised ``x [B, n_base (+ T_out), d]``: q|k|v and the gates of the
-        base rows, the output tokens' queries (no convolution: projection + SiLU) and the output
-        gate ``z`` of the rows this layer returns."""
+    def project(self, x: torch.Tensor, step, final: bool, norm=None) -> GDNProjections:
+        """Projections of ``x [B, n_base (+ T_out), d]``, normalised already or by ``norm`` (the
+        layer's input norm): q|k|v and the gates of the base rows, the output tokens' queries (no
+        convolution: projection + SiLU) and the output gate ``z`` of the rows this layer returns."""
+        if norm is not None:
+            x = norm(x)
         T = step.n_base
         xb = x[:, :T]
         two = _reads_output_tokens(step)
@@ -157,15 +159,16 @@ class GatedDeltaNet(FusedProjections, nn.Module):
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(xb).float() + self.dt_bias.float())
         return GDNProjections(qkv, q_out, z, g, beta)
 
-    def output(self, o, step, final: bool) -> torch.Tensor:
+    def output(self, o, step, final: bool, residual=None) -> torch.Tensor:
         """Token-wise: the gated norm with each row's own ``z`` and ``out_proj`` (``None`` when
-        ``attend`` returned ``None``)."""
+        ``attend`` returned ``None``), plus ``residual`` (the rows of ``h`` it returns)."""
         if o is None:
             return None
         o, z = o
         B, N = o.shape[:2]
         y = self.norm(o.reshape(B * N, self.num_v_heads, self.head_v_dim), z.reshape(B * N, self.num_v_heads, -1))
-        return self.out_proj(y.reshape(B, N, self.value_dim))
+        a = self.out_proj(y.reshape(B, N, self.value_dim))
+        return a if residual is None else residual + a
 
     # ------------------------------------------------------------ cache + kernels
     def attend(self, p: GDNProjections, step, final: bool):

@@ -53,7 +53,9 @@ class StepInputs:
     same as absolute key positions (a cache included). ``mode`` overrides the attention mode of
     every attention layer (the engine runs the same weights as a Transformer); ``None`` keeps
     each layer's configured kind. ``run(fn, *args)`` runs the token-wise pieces of the step
-    (the engine passes a ``torch.compile`` dispatcher)."""
+    (the engine passes a ``torch.compile`` dispatcher). ``gemv`` (the engine's decode under
+    ``Engine(gemv=True)``): the projections run as :func:`orthros.layers.common.linear` GEMVs
+    with their norms, activation and residual adds fused in; ``None``: op by op."""
 
     n_base: int
     rope_base: tuple  # (cos, sin) [B or 1, n_base, R]
@@ -68,6 +70,7 @@ class StepInputs:
     pad_rows: Optional[torch.Tensor] = None  # [B, n_base] bool: this step's left-padding rows (GDN layers zero them)
     mode: Optional[str] = None
     run: Callable = field(default=call)
+    gemv: Optional[str] = None  # a backend of orthros.ops.gemv: the step's projections as fused GEMVs (decode)
 
     def write_slot(self, layer_idx: int):
         """The cache's buffers for layer ``layer_idx``'s K/V write in its token-wise piece, or

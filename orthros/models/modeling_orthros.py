@@ -63,22 +63,23 @@ class OrthrosCache(DynamicCache):
 
 
 def _project(layer, h, step: StepInputs, final: bool, slot=None):
-    """Token-wise part 1 of the layer step: the input norm, then the mixer's projections; with
-    a cache ``slot`` (:meth:`StepInputs.write_slot`) also the cache write of the K/V (``p[2:4]``
-    of an attention layer's projections), fused with the RoPE that produced them."""
-    p = layer.mixer.project(layer.pre_attention(h), step, final)
+    """Token-wise part 1 of the layer step: the input norm, then the mixer's projections (the
+    mixer applies the norm: inside its QKV GEMV under ``step.gemv``); with a cache ``slot``
+    (:meth:`StepInputs.write_slot`) also the cache write of the K/V (``p[2:4]`` of an attention
+    layer's projections), fused with the RoPE that produced them."""
+    p = layer.mixer.project(h, step, final, norm=layer.input_layernorm)
     if slot is not None:
         step.cache.write(slot, p[2], p[3])
     return p
 
 
 def _finish(layer, h, o, step: StepInputs, final: bool):
-    """Token-wise part 2: the mixer's output projection, the last layer's rows (it keeps only
-    those the logits are computed from), the residual and the MLP."""
-    a = layer.mixer.output(o, step, final)
+    """Token-wise part 2: the last layer's rows (it keeps only those the logits are computed
+    from), the mixer's output projection with the residual, then the MLP block."""
     if final:
         h = step.output_rows(h)
-    return layer.post_attention(h, a)
+    a = layer.mixer.output(o, step, final, residual=h)  # h + W_O o (None: nothing to add)
+    return layer.post_attention(h if a is None else a, None, gemv=step.gemv)
 
 
 class OrthrosDecoderLayer(ResidualMLP, GradientCheckpointingLayer):
@@ -108,6 +109,8 @@ class OrthrosDecoderLayer(ResidualMLP, GradientCheckpointingLayer):
         return self.linear_attn if self.layer_type == LINEAR_LAYER_TYPE else self.self_attn
 
     def pre_attention(self, h: torch.Tensor) -> torch.Tensor:
+        """The input norm (the layer step hands ``input_layernorm`` to the mixer's ``project``
+        instead, which may fuse it into its GEMV)."""
         return self.input_layernorm(h)
 
     def forward(self, h: torch.Tensor, step: StepInputs, final: bool = False) -> torch.Tensor:

@@ -88,13 +88,13 @@ def case_generate(ctx, model_dir, cases, fail=None, sizes=None):
 
         stalled = []
 
-        def broken(x):
+        def broken(*args, **kwargs):
             if fail["mode"] == "raise":
                 raise RuntimeError(f"injected failure on rank {ctx.rank}")
             if not stalled:  # stall once, then carry on as if nothing happened
                 stalled.append(True)
                 time.sleep(fail.get("stall_s", 10))
-            return orig(x)
+            return orig(*args, **kwargs)
 
         mlp.forward = broken
     sizes = [ctx.world_size] if sizes is None else list(sizes)

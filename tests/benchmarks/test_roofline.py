@@ -329,3 +329,18 @@ def test_bench_decode_builds_its_engines_fused_or_not():
     for fuse in (True, False, True):
         rows = bench_decode(m, [8], batch_sizes=[1], modes=["orthros"], steps=1, warmup=1, fuse=fuse)
         assert rows[0]["ms_per_step"] > 0 and attn.projections_fused is fuse
+
+
+def test_gemv_flag_adds_the_fused_gemv_engine_to_the_decode_section(tmp_path):
+    """``--gemv``: the decode section also times the same engine with ``Engine(gemv=True)`` (both
+    modes, same run) and the summary prints its speed-up over the plain engine; the batched
+    section is unchanged (its rows exceed the GEMV's 8)."""
+    out = tmp_path / "o"
+    assert R.main(["--device", "cpu", "--quick", "--sections", "decode,batched", "--gemv", "--out", str(out)]) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert data["meta"]["gemv"] is True
+    cells = {(r["section"], r["system"]) for r in data["rows"] if "ms_per_step" in r}
+    assert {("decode", s) for s in ("orthros", "full", "orthros+gemv", "full+gemv")} <= cells
+    assert not {s for sec, s in cells if sec == "batched"} & set(R.GEMV_SYSTEMS)
+    gains = [s for s in data["meta"]["summary"] if s["target"] == "gemv_speedup"]
+    assert {g["point"].split()[0] for g in gains} == set(R.GEMV_SYSTEMS) and all(g["value"] > 0 for g in gains)

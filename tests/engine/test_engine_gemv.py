@@ -1,0 +1,86 @@
+"""``Engine(gemv=...)``: decode steps run each layer's projections as fused GEMVs
+(``orthros.layers.common.linear``: the input norm in QKV, the residual in the o-projection, the
+post-attention norm in gate/up, SiLU x up and the residual in down). Through the ``"torch"``
+backend (the same ops, one by one) the logits equal the unfused engine's exactly, so the layer
+step's rewiring changed nothing; through ``"naive"`` (the GEMV spec) they agree to float32
+rounding; the Triton kernel runs through the interpreter. Bad values are refused first."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from orthros.engine import Engine
+from orthros.kinds import hybrid_layout
+
+from conftest import tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PROMPTS = [[1, 5, 7, 9, 11, 13, 2, 4, 6, 8, 10, 3], [4, 3, 2, 8, 9]]
+
+
+def _model(mode="orthros", hybrid=False, **over):
+    extra = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+                 **hybrid_layout("orthros-h", 4)) if hybrid else {}
+    kw = {"attention_mode": mode, **extra, **over}  # (the hybrid layout names its own mode)
+    return tiny_model(0, hidden_size=32, intermediate_size=48, head_dim=8, window_size=4, qk_norm=True,
+                      num_hidden_layers=4, attn_backend="reference", **kw)
+
+
+def _decode_logits(m, steps=3, **kw):
+    eng = Engine(m, max_batch_size=2, max_seq_len=40, **kw)
+    logits = [eng.prefill(PROMPTS)]
+    for _ in range(steps):
+        logits.append(eng.step(logits[-1].argmax(-1)))
+    return torch.stack(logits)
+
+
+@pytest.mark.parametrize("mode,hybrid", [("orthros", False), ("full", False), ("window", False),
+                                         ("orthros", True)])
+def test_torch_backend_equals_the_unfused_engine_exactly(mode, hybrid):
+    m = _model(mode, hybrid)
+    want = _decode_logits(m)
+    assert torch.equal(_decode_logits(m, gemv="torch"), want)
+    # the spec's float32 accumulation: equal to rounding
+    torch.testing.assert_close(_decode_logits(m, gemv="naive"), want, atol=2e-5, rtol=2e-5)
+
+
+def test_bias_and_untied_shapes_take_the_same_path():
+    m = _model(attention_bias=True, mlp_bias=True)
+    torch.testing.assert_close(_decode_logits(m, gemv="naive"), _decode_logits(m), atol=2e-5, rtol=2e-5)
+
+
+def test_gemv_reaches_every_fused_site(monkeypatch):
+    """Each decode step calls the GEMV four times per attention layer, with the prologue or
+    epilogue of its site: norm + QKV, o-projection + residual, norm + gate/up, SiLU + down +
+    residual."""
+    import orthros.ops.gemv as g
+
+    calls = []
+    real = g.gemv
+
+    def spy(x, weight, bias=None, backend="auto", **kw):
+        calls.append((kw.get("norm_weight") is not None, kw.get("act"), kw.get("residual") is not None))
+        return real(x, weight, bias, backend, **kw)
+
+    monkeypatch.setattr(g, "gemv", spy)
+    m = _model()
+    eng = Engine(m, max_batch_size=2, max_seq_len=40, gemv="torch")
+    eng.prefill(PROMPTS)
+    assert calls == []  # prefill is not a decode step
+    eng.step([1, 2])
+    site = [(True, None, False), (False, None, True), (True, None, False), (False, "silu", True)]
+    assert calls == site * m.config.num_hidden_layers
+
+
+@pytest.mark.parametrize("bad,match", [("cuda", "gemv must be True, False or a GEMV backend"),
+                                       (1, "gemv must be True, False or a GEMV backend")])
+def test_bad_gemv_is_refused(bad, match):
+    with pytest.raises(ValueError, match=match):
+        Engine(_model(), gemv=bad)
+
+
+def test_gemv_needs_fused_projections():
+    with pytest.raises(ValueError, match="gemv needs fuse=True"):
+        Engine(_model(), gemv=True, fuse=False)
