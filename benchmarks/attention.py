@@ -14,7 +14,8 @@ Timings: CUDA events through ``triton.testing.do_bench`` (median). Run on a GPU:
 
 * ``python benchmarks/attention.py --targets [--decode-tune] [--window-tune] --json out.json``:
   exactly the rows behind the issue's targets, with same-run baselines, as markdown tables
-  (< 4 min on an H200; each tune mode adds < 90 s);
+  (< 4 min on an H200; ``--decode-tune`` adds ~2-3 min, ``--window-tune`` ~5-8 min: estimates
+  written before the tunes grew, run them in separate calls);
 * ``--decode-tune``: decode step under CUDA graphs for B in {1, 8} x L in {1K, 2K, 4K} and
   B in {1, 2, 8} x L in {8K, 32K, 128K} over split counts (incl. the heuristic's at each
   ``min_split``), both merges (two launches / inline, one launch) at each split count, and
