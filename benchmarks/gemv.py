@@ -18,7 +18,9 @@ and residual epilogue), each timed as the fused GEMV (one kernel, two with split
 unfused ops the layers run today, eager (``gemv(backend="torch")``: the RMSNorm / SiLU ops,
 cuBLAS, the add) and ``torch.compile``d (Inductor fuses the elementwise ops into one kernel
 around cuBLAS: what the engine's compiled step runs), and against the plain GEMV and cuBLAS alone
-(the weight-streaming floor of each site), all in the same run under CUDA graphs:
+(the weight-streaming floor of each site), all in the same run under CUDA graphs; with all four
+sites, also the four chained as in a layer (``layer_chain``: Inductor then fuses each residual
+add with the next RMSNorm, which the per-site sums count twice), compiled unfused vs fused:
 
     python benchmarks/gemv.py --fused --out docs/results/gemv-fused-DATE/results.json
     python benchmarks/gemv.py --fused --dry-run --out /tmp/gemv-fused.json  # = --device cpu --quick
@@ -349,9 +351,59 @@ def main(argv=None) -> int:
                 del weights
                 if cuda:
                     torch.cuda.empty_cache()
+            if len(a.sites) == len(SITES):
+                return layer_chain()
         finally:
             bar.close()
             torch._dynamo.reset()
+        return None
+
+    def layer_chain():
+        """The four sites chained as in a layer (the attention stood in for by the first H
+        columns of QKV's output), so the unfused baseline is what Inductor makes of the whole
+        chain: it fuses each residual add with the RMSNorm after it, which the per-site sums
+        count as two kernels. Rows ``chain-unfused-compiled`` / ``chain-fused`` per M."""
+        from orthros.ops.gemv import gemv
+
+        H, Q, I = (64, 96, 40) if a.quick else (4096, 6144, 12288)
+        gen = torch.Generator(device=dev).manual_seed(200)
+        r = lambda *sh, s=1.0: (torch.randn(*sh, generator=gen, device=dev) * s).to(dtype)  # noqa: E731
+        layer_bytes = (Q * H + H * H + 2 * I * H + H * I) * elem
+        copies = 2 if not cuda else max(2, math.ceil(512e6 / layer_bytes))
+        layers = [(1 + 0.1 * r(H), r(Q, H, s=H ** -0.5), r(H, H, s=H ** -0.5), 1 + 0.1 * r(H),
+                   r(2 * I, H, s=H ** -0.5), r(H, I, s=I ** -0.5)) for _ in range(copies)]
+
+        def chain(h, ws, backend):
+            nw1, wqkv, wo, nw2, wgu, wd = ws
+            qkv = gemv(h, wqkv, backend=backend, norm_weight=nw1, norm_eps=1e-6)
+            h = gemv(qkv[..., :H], wo, backend=backend, residual=h)
+            gu = gemv(h, wgu, backend=backend, norm_weight=nw2, norm_eps=1e-6)
+            return gemv(gu, wd, backend=backend, act="silu", residual=h)
+
+        for M in a.m:
+            if deadline_passed():
+                return f"deadline {a.deadline_s} s reached before the layer chain M={M}"
+            h = r(M, H)
+            ref = chain(h, layers[0], "naive").float()
+            torch._dynamo.reset()
+            compiled = torch.compile(lambda h_, ws: chain(h_, ws, "torch"), backend=meta["compile_backend"],
+                                     dynamic=False, fullgraph=True)
+            got = {}
+            for system, fn in (("chain-unfused-compiled", compiled),
+                               ("chain-fused", lambda h_, ws: chain(h_, ws, "triton"))):
+                t = timed(fn, layers, h)
+                err = rel_err(fn(h, layers[0]), ref)
+                got[system] = t
+                if not err <= MAX_REL_ERR:
+                    print(f"WARNING: {system} M={M}: rel_err {err:.3g} > {MAX_REL_ERR} (wrong result)", file=sys.stderr)
+                    meta.setdefault("wrong_results", []).append(f"{system} M={M}")
+                rows.append({"site": "layer_chain", "weight": "qkv+o+gate_up+down", "N": H, "K": H, "M": M,
+                             "system": system, "prologue": "", "residual": True, "us": t * 1e6,
+                             "floor_us": layer_bytes / bw * 1e6, "weight_bytes": layer_bytes,
+                             "weight_GBps": layer_bytes / t / 1e9, "of_copy_bw": layer_bytes / t / bw, "rel_err": err})
+            for r_ in rows[-2:]:
+                r_["speedup_vs_unfused_compiled"] = got["chain-unfused-compiled"] / (r_["us"] / 1e6)
+            write()
         return None
 
     if a.fused:
@@ -360,7 +412,7 @@ def main(argv=None) -> int:
         for M in a.m:
             per = {}
             for r_ in rows:
-                if r_["M"] == M:
+                if r_["M"] == M and r_["site"] in SITES:
                     per.setdefault(r_["system"], {})[r_["site"]] = r_["us"]
             layer[str(M)] = {k: sum(v.values()) for k, v in per.items() if len(v) == len(SITES)}
         meta["layer_us"] = {M: v for M, v in layer.items() if v}
@@ -378,6 +430,12 @@ def main(argv=None) -> int:
             print(f"M={M}: one layer's four sites " + ", ".join(f"{k} {t:.2f} us" for k, t in v.items())
                   + (f"; fused saves {v['unfused-compiled'] - v['fused']:.2f} us per layer vs unfused-compiled"
                      if "fused" in v and "unfused-compiled" in v else ""))
+        chain = {(r_["M"], r_["system"]): r_["us"] for r_ in rows if r_["site"] == "layer_chain"}
+        for M in a.m:
+            if (M, "chain-fused") in chain:
+                c, f = chain[(M, "chain-unfused-compiled")], chain[(M, "chain-fused")]
+                print(f"M={M}: the four sites chained as in a layer: unfused-compiled {c:.2f} us, fused {f:.2f} us "
+                      f"(saves {c - f:.2f} us per layer, {36 * (c - f) / 1e3:.3f} ms per 36-layer step)")
         print(f"\nwrote {a.out}")
         return 0
 

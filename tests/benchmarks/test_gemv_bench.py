@@ -168,5 +168,8 @@ def test_a_wrong_fused_result_is_flagged(tmp_path, monkeypatch):
     out = tmp_path / "g.json"
     assert bench.main(["--fused", "--dry-run", "--m", "1", "--reps", "1", "--out", str(out)]) == 0
     meta = json.loads(out.read_text())["meta"]
-    assert meta["wrong_results"] == ["fused o_res M=1", "fused silu_down_res M=1"]
+    assert meta["wrong_results"] == ["fused o_res M=1", "fused silu_down_res M=1", "chain-fused M=1"]
+    chain = [r for r in json.loads(out.read_text())["rows"] if r["site"] == "layer_chain"]
+    assert [r["system"] for r in chain] == ["chain-unfused-compiled", "chain-fused"]
+    assert chain[0]["rel_err"] < 1e-2 and chain[1]["rel_err"] > 1e-2  # the unfused chain is right
     assert set(meta["layer_us"]["1"]) == {"cublas", "triton-plain", "unfused-eager", "unfused-compiled", "fused"}
