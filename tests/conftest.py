@@ -39,6 +39,21 @@ def rel(a, b, floor: float = 1e-12) -> float:
     return ((a - b).norm() / b.norm().clamp_min(floor)).item()
 
 
+def compile_sm90(script: str, tmp_path, timeout: int = 300) -> list:
+    """Run ``script`` (it compiles kernels for sm_90 with ``triton.compile``, prints one line per
+    case and ``OK`` last) in a fresh interpreter without ``TRITON_INTERPRET`` and with its own
+    Triton cache; assert it succeeded and return its stdout lines (the PTX checks of the kernel
+    tests run on a CPU machine)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("TRITON_INTERPRET", None)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=timeout)
+    assert p.returncode == 0 and p.stdout.strip().endswith("OK"), p.stderr[-3000:]
+    return p.stdout.splitlines()
+
+
 TINY = dict(vocab_size=97, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2, head_dim=12, window_size=8, max_position_embeddings=512,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0})

@@ -11,8 +11,6 @@ hypothesis cases, graph replays and repeated launches on the H200.
 """
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -26,7 +24,7 @@ if not HAS_CUDA:
 
 from orthros.ops import orthros_attention_reference  # noqa: E402
 from orthros.ops.decode import decode_attention_reference, orthros_decode_attention  # noqa: E402
-from conftest import rel  # noqa: E402
+from conftest import compile_sm90, rel  # noqa: E402
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
@@ -306,13 +304,9 @@ def test_split_kernel_compiles_for_sm90_with_ordered_ticket(tmp_path):
     gpu-scope acq_rel atomic (the ticket), a CTA barrier between every partial store and it, the
     partials read back only after it and only through L2 (.cg), the counter reset last; the
     other modes have no atomic; K/V stay cp.async copies 3 stages deep in every mode."""
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache")}
-    env.pop("TRITON_INTERPRET", None)
-    p = subprocess.run([sys.executable, "-c", COMPILE_DECODE_SM90], capture_output=True, text=True, env=env,
-                       timeout=300)
-    assert p.returncode == 0 and p.stdout.strip().endswith("OK"), p.stderr[-3000:]
+    lines = compile_sm90(COMPILE_DECODE_SM90, tmp_path)
     modes = {}
-    for line in p.stdout.splitlines():
+    for line in lines:
         if line.startswith("MODE"):
             _, mode, *cols, cps = line.split()
             modes[int(mode)] = [[int(x) for x in c.split(",")] if c != "-" else [] for c in cols] + [int(cps)]

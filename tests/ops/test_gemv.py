@@ -6,8 +6,6 @@ Refusals are checked to happen before any launch. On a GPU: a real shape in bf16
 CUDA-graph capture + replay."""
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -20,7 +18,7 @@ if not HAS_CUDA:
 from orthros.ops.gemv import GEMV_BACKENDS, gemv, gemv_ref  # noqa: E402
 from orthros.ops.gemv import kernel as gk  # noqa: E402
 from orthros.ops.gemv.kernel import CONFIGS, GemvConfig, gemv_triton, pick_config  # noqa: E402
-from conftest import rel  # noqa: E402
+from conftest import compile_sm90, rel  # noqa: E402
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
@@ -155,9 +153,9 @@ def _cases():
     ]
 
 
-@pytest.mark.parametrize("case", _cases(), ids=lambda c: c[0])
-def test_bad_input_refused_before_launch(case, monkeypatch):
-    _, kw, message = case
+def refuse_launches(monkeypatch) -> list:
+    """Swap both GEMV kernels for spies that fail at any launch; returns the grids launched
+    (a refusal must come before any)."""
     launched = []
 
     class Spy:
@@ -167,6 +165,13 @@ def test_bad_input_refused_before_launch(case, monkeypatch):
 
     monkeypatch.setattr(gk, "_gemv_kernel", Spy())
     monkeypatch.setattr(gk, "_gemv_reduce", Spy())
+    return launched
+
+
+@pytest.mark.parametrize("case", _cases(), ids=lambda c: c[0])
+def test_bad_input_refused_before_launch(case, monkeypatch):
+    _, kw, message = case
+    launched = refuse_launches(monkeypatch)
     with pytest.raises(ValueError, match=message):
         gemv_triton(**kw)
     assert not launched
@@ -236,11 +241,8 @@ COMPILE_SM90 = textwrap.dedent('''
 
 @pytest.mark.skipif(HAS_CUDA, reason="the GPU tests compile and run the kernel there")
 def test_kernel_compiles_for_sm90_with_pipelined_vector_loads(tmp_path):
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache")}
-    env.pop("TRITON_INTERPRET", None)
-    p = subprocess.run([sys.executable, "-c", COMPILE_SM90], capture_output=True, text=True, env=env, timeout=300)
-    assert p.returncode == 0 and p.stdout.strip().endswith("OK"), p.stderr[-3000:]
-    cases = [line.split() for line in p.stdout.splitlines() if line.startswith("CASE")]
+    lines = compile_sm90(COMPILE_SM90, tmp_path)
+    cases = [line.split() for line in lines if line.startswith("CASE")]
     assert len(cases) == 10
     for _, dt, M, dot, n_async, n_b16, fused in cases:
         if "RAGGED" in fused:  # masked (K not a multiple of the tile): compiles, loads not checked

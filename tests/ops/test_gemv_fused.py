@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 # the plain GEMV's test module sets up the interpreter on CPU and holds the shared pieces
-from test_gemv import DEV, TOL, gpu, nan_empty  # noqa: F401  (nan_empty: a fixture)
+from test_gemv import DEV, TOL, gpu, nan_empty, refuse_launches  # noqa: F401  (nan_empty: a fixture)
 from orthros.layers.common import RMSNorm, SwiGLUMLP
 from orthros.ops.gemv import GEMV_BACKENDS, gemv, gemv_ref, prologue_ref
 from orthros.ops.gemv.kernel import GemvConfig, gemv_triton
@@ -232,18 +232,8 @@ def _bad_cases():
 @pytest.mark.parametrize("backend", GEMV_BACKENDS)
 @pytest.mark.parametrize("case", _bad_cases(), ids=lambda c: c[0])
 def test_bad_arguments_refused_on_every_backend(case, backend, monkeypatch):
-    from orthros.ops.gemv import kernel as gk
-
     _, kw, message = case
-    launched = []
-
-    class Spy:
-        def __getitem__(self, grid):
-            launched.append(grid)
-            raise AssertionError("launched")
-
-    monkeypatch.setattr(gk, "_gemv_kernel", Spy())
-    monkeypatch.setattr(gk, "_gemv_reduce", Spy())
+    launched = refuse_launches(monkeypatch)
     with pytest.raises(ValueError, match=message):
         gemv(**kw, backend=backend)
     assert not launched

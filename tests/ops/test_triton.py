@@ -10,8 +10,6 @@ fp32 reference; outputs are allocated NaN-poisoned so an unwritten element fails
 """
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -26,7 +24,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from orthros.ops import orthros_attention  # noqa: E402
-from conftest import rel as _rel  # noqa: E402
+from conftest import compile_sm90, rel as _rel  # noqa: E402
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
@@ -455,16 +453,13 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
 
 @pytest.mark.skipif(HAS_CUDA, reason="the GPU tests compile and run the kernels there")
 def test_forward_variants_compile_for_sm90_pipelined(tmp_path):
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "cache")}
-    env.pop("TRITON_INTERPRET", None)
-    p = subprocess.run([sys.executable, "-c", COMPILE_FWD_SM90], capture_output=True, text=True, env=env, timeout=300)
-    assert p.returncode == 0 and p.stdout.strip().endswith("OK"), p.stderr[-3000:]
-    cases = [line.split() for line in p.stdout.splitlines() if line.startswith("CASE")]
+    lines = compile_sm90(COMPILE_FWD_SM90, tmp_path)
+    cases = [line.split() for line in lines if line.startswith("CASE")]
     assert len(cases) == 6
     for _, name, rows, bn, window, stages, n_b16 in cases:
         assert int(stages) >= 2, (name, rows, bn, window, stages)  # K/V copies for >= 2 stages in flight
         assert int(n_b16) == 0, (name, rows, bn, window, n_b16)  # no 2-byte loads of Q/K/V
-    bwd = [line.split() for line in p.stdout.splitlines() if line.startswith("BWD")]
+    bwd = [line.split() for line in lines if line.startswith("BWD")]
     assert len(bwd) == 2
     for _, gp2, n_async, n_b16 in bwd:
         assert int(n_async) > 0 and int(n_b16) == 0, (gp2, n_async, n_b16)
