@@ -3,8 +3,8 @@
 # calls made back to back while the machine stays warm ($HOME survives between them, a carried
 # folder does not). The 98 MB GGUF is over one call's 64 MiB carry limit (tracked files included),
 # so it travels in two parts, and the CPT data rides with the second. Carried in .gpu/ (ignored):
-#   part 1: .gpu/gguf.partA, .gpu/src.tar.gz (git archive of the commit to measure) and .whl/ (gguf,
-#           datasets, dill, multiprocess wheels)
+#   part 1: .gpu/gguf.partA, .gpu/src.tar.gz (git archive of the commit to measure), .gpu/COMMIT (that
+#           commit's id, for the results' metadata) and .whl/ (gguf, datasets, dill, multiprocess wheels)
 #   part 2: .gpu/gguf.partB, .gpu/data.tar.gz (prepare's output folder, tar -czf ... -C DIR .)
 #   bash benchmarks/smollm2_gpu.sh part1     # stage into $HOME/smol, install wheels, smoke run on a tiny GGUF
 #   bash benchmarks/smollm2_gpu.sh part2 [protocol args...]   # join + verify the GGUF, unpack the data, run
@@ -12,12 +12,16 @@
 #                                                             # e.g. --phases train,ppl,niah --cpt-runs base_cpt
 set -euo pipefail
 H=$HOME/smol
+# the archive has no .git: the commit the results name comes from .gpu/COMMIT (kept in $H by part 1)
+commit() { if [ -f .gpu/COMMIT ]; then cp .gpu/COMMIT "$H/COMMIT"; fi
+           export ORTHROS_COMMIT=${ORTHROS_COMMIT:-$(cat "$H/COMMIT" 2>/dev/null || echo unknown)}; }
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 case "${1:-}" in
 part1)
   rm -rf "$H" && mkdir -p "$H/src" "$H/smoke-data"
   cp .gpu/gguf.partA "$H/"
   tar -xzf .gpu/src.tar.gz -C "$H/src"
+  commit
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$H/site" .whl/*.whl
   export PYTHONPATH="$H/src:$H/site"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -57,6 +61,7 @@ part2)
   python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print('data:', {k: m[k] for k in ('documents', 'characters', 'sha256') if k in m})" \
     "$H/data/manifest.json" || true
   if [ -f .gpu/src.tar.gz ]; then rm -rf "$H/src" && mkdir -p "$H/src" && tar -xzf .gpu/src.tar.gz -C "$H/src"; fi
+  commit
   export PYTHONPATH="$H/src:$H/site"
   python3 "$H/src/benchmarks/smollm2_cpt.py" run --gguf "$H/model.gguf" --data "$H/data" --out "$OUT" \
     --work "$H/work" "$@" 2>&1 | grep --line-buffered -v "it/s\]"
@@ -64,6 +69,7 @@ part2)
 more)
   shift
   [ -f "$H/model.gguf" ] && [ -d "$H/work" ] || { echo "more: no earlier part2 on this machine ($H)" >&2; exit 2; }
+  commit
   export PYTHONPATH="$H/src:$H/site"
   python3 "$H/src/benchmarks/smollm2_cpt.py" run --gguf "$H/model.gguf" --data "$H/data" --out "$OUT" \
     --work "$H/work" "$@" 2>&1 | grep --line-buffered -v "it/s\]"

@@ -220,6 +220,23 @@ def test_inline_merge_matches_reference(case, dtype, monkeypatch):
                 assert torch.all(o[b] == 0) and torch.all(oo[b] == 0)
 
 
+def test_fit_stages_keeps_the_kv_pipeline_inside_one_programs_shared_memory():
+    """The H200 refused fp32 at block_n = 128 with 3 stages (278,528 B asked, 232,448 B there):
+    the host lowers the stages to what fits and leaves every fitting config alone."""
+    from orthros.ops.triton.decode import DECODE_CONFIG, fit_stages
+
+    h200 = 232448
+    assert 2 * 2 * 128 * 128 * 4 + 16 * 1024 == 278528  # the refused request, by the formula
+    assert fit_stages(3, 128, 128, 4, h200) == 2
+    assert fit_stages(3, 64, 128, 4, h200) == 3
+    assert fit_stages(DECODE_CONFIG["num_stages"], DECODE_CONFIG["block_n"], 128, 2, h200) == DECODE_CONFIG["num_stages"]
+    assert fit_stages(4, 256, 256, 4, 64 * 1024) == 1  # never below one stage
+    for ns, bn, bd, eb in [(3, 128, 128, 4), (4, 128, 128, 2), (5, 64, 256, 4)]:
+        got = fit_stages(ns, bn, bd, eb, h200)
+        assert 1 <= got <= ns and (got == 1 or 2 * (got - 1) * bn * bd * eb + 16384 <= h200)
+        assert got == ns or 2 * got * bn * bd * eb + 16384 > h200  # the most that fits
+
+
 @pytest.mark.parametrize("case", INLINE_CASES[:4])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_one_split_writes_outputs_directly(case, dtype, monkeypatch):

@@ -186,6 +186,34 @@ def _smem_per_sm(device) -> int:
     return n
 
 
+def _smem_per_block(device) -> int:
+    """Shared memory one program may use (opt-in limit: 227 KB on the H100/H200)."""
+    if device.type != "cuda":
+        return DECODE_CONFIG["smem_per_sm"]
+    key = ("block", device.index)
+    n = _SMEM.get(key)
+    if n is None:
+        try:
+            props = torch.cuda.get_device_properties(device)
+            n = int(getattr(props, "shared_memory_per_block_optin", 0)) or _smem_per_sm(device)
+        except Exception:  # noqa: BLE001
+            n = DECODE_CONFIG["smem_per_sm"]
+        _SMEM[key] = n
+    return n
+
+
+def fit_stages(num_stages: int, block_n: int, block_d: int, elem_bytes: int, smem_limit: int) -> int:
+    """The most software-pipeline stages ``<= num_stages`` whose shared memory fits one program:
+    Triton keeps ``num_stages - 1`` K and V tiles in flight, ``2 (num_stages - 1) block_n block_d
+    elem_bytes``, plus 16 KB for the rest. (Checked on the H200: ``block_n = 128``, fp32, 3 stages
+    asks for 278,528 B = 2 x 2 x 128 x 128 x 4 + 16,384 against a 232,448 B limit; fp32 and
+    ``block_n = 128`` now get 2 stages.)"""
+    ns = max(1, int(num_stages))
+    while ns > 1 and 2 * (ns - 1) * block_n * block_d * elem_bytes + 16 * 1024 > smem_limit:
+        ns -= 1
+    return ns
+
+
 def occupancy(block_n: int, block_d: int, num_stages: int, elem_bytes: int = 2, smem_per_sm: int = 228 * 1024,
               max_occupancy: int = 2) -> int:
     """Programs of ``_decode_split`` resident per SM, from the K/V tiles in flight
@@ -247,6 +275,10 @@ def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window
     if merge not in MERGES:
         raise ValueError(f"decode config 'merge' must be one of {MERGES}, got {merge!r}")
     B, _, HQ, D = q.shape
+    if q.is_cuda:  # fp32 or block_n = 128 would ask for more shared memory than a program has
+        ns_fit = fit_stages(cfg["num_stages"], cfg["block_n"], block_d(D), q.element_size(), _smem_per_block(q.device))
+        if ns_fit != cfg["num_stages"]:
+            cfg = {**cfg, "num_stages": ns_fit}
     L_max, HKV = k_cache.shape[1], k_cache.shape[2]
     G = HQ // HKV
     if scale is None:
