@@ -124,13 +124,15 @@ def parse_args(argv=None):
 
 
 def sweep_configs(quick: bool):
-    """Candidate launch configs for ``--sweep`` (76): tiles of 4-32 K elements, both inner forms,
-    split-K 1-8 (per shape only the splits that leave >= 2 tiles per slice), pipeline depths
-    1 / 3 / 4 for the CUDA-core form."""
+    """Candidate launch configs for ``--sweep`` (86): tiles of 4-32 K elements, the three inner
+    forms, split-K 1-8 (per shape only the splits that leave >= 2 tiles per slice), pipeline
+    depths 1 / 3 / 4 for the CUDA-core form; the deferred-reduction form at tiles whose
+    accumulator stays at <= 64 registers a thread for M <= 2 (:data:`DEFER_CONFIGS`)."""
     from orthros.ops.gemv.kernel import GemvConfig
 
     if quick:
-        return [GemvConfig(block_n=16, block_k=64), GemvConfig(block_n=16, block_k=16, split=2, dot=True)]
+        return [GemvConfig(block_n=16, block_k=64), GemvConfig(block_n=16, block_k=16, split=2, dot=True),
+                GemvConfig(block_n=16, block_k=64, defer=True)]
     out = []
     for dot in (False, True):
         for bn, bk in ((8, 512), (16, 256), (16, 512), (16, 1024), (32, 256), (32, 512), (64, 128), (64, 256)):
@@ -141,7 +143,20 @@ def sweep_configs(quick: bool):
                 out.append(GemvConfig(block_n=bn, block_k=bk, split=split, dot=dot, num_warps=warps, num_stages=3))
             if not dot:  # pipeline depth: 1 (plain loads, one tile in flight) and 4, without split-K
                 out += [GemvConfig(block_n=bn, block_k=bk, dot=False, num_warps=warps, num_stages=st) for st in (1, 4)]
-    return out
+    return out + defer_configs()
+
+
+def defer_configs():
+    """The deferred-reduction CUDA-core form (``defer=True``): [M, block_n, block_k] float32
+    products in registers (M = 2: 8-16 K elements over 128-256 threads, <= 64 registers a
+    thread; 96 in all at 16 x 256, no spills, in the sm_90 ptxas report), depths 3 / 4, split-K
+    2 for the narrow weights."""
+    from orthros.ops.gemv.kernel import GemvConfig
+
+    return [GemvConfig(block_n=bn, block_k=bk, split=sp, num_warps=w, num_stages=st, defer=True)
+            for bn, bk, sp, w, st in ((16, 256, 1, 4, 4), (16, 256, 1, 4, 3), (16, 256, 2, 4, 4), (8, 512, 1, 4, 4),
+                                      (16, 128, 1, 4, 4), (32, 128, 1, 4, 4), (32, 256, 1, 8, 3), (32, 256, 2, 8, 3),
+                                      (64, 128, 1, 8, 3), (16, 512, 1, 8, 3))]
 
 
 def fused_sweep_configs(quick: bool):
@@ -155,16 +170,16 @@ def fused_sweep_configs(quick: bool):
            ((16, 4), (16, 3), (32, 1), (32, 3), (32, 4))] + [GemvConfig(block_n=16, block_k=512, num_stages=3)]
     dot = [GemvConfig(block_n=bn, block_k=bk, split=sp, dot=True, num_warps=4, num_stages=3)
            for bn, bk, sp in ((64, 128, 1), (64, 128, 2), (64, 128, 4), (32, 256, 2), (32, 256, 4), (64, 256, 1))]
-    return fma + dot
+    return fma + dot + defer_configs()[:6]
 
 
 def label(c):
-    form = "dot" if c["dot"] else "fma"
+    form = "dot" if c["dot"] else "defer" if c.get("defer") else "fma"
     return f"{c['block_n']}x{c['block_k']} s{c['split']} {form} w{c['num_warps']} st{c['num_stages']}"
 
 
 def config_dict(cfg):
-    return {k: getattr(cfg, k) for k in ("block_n", "block_k", "split", "dot", "num_warps", "num_stages")}
+    return {k: getattr(cfg, k) for k in ("block_n", "block_k", "split", "dot", "defer", "num_warps", "num_stages")}
 
 
 def main(argv=None) -> int:

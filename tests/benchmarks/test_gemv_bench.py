@@ -43,9 +43,10 @@ def test_quick_cpu_run_writes_every_row(tmp_path):
         if r["system"] != "cublas":
             cub = by[(r["shape"], r["M"], "cublas")]
             assert abs(r["speedup_vs_cublas"] - cub["us"] / r["us"]) < 1e-9 * r["speedup_vs_cublas"]
-            assert set(r["config"]) == {"block_n", "block_k", "split", "dot", "num_warps", "num_stages"}
+            assert set(r["config"]) == {"block_n", "block_k", "split", "dot", "defer", "num_warps", "num_stages"}
         if r["system"] == "triton-best":  # the best of the configs the sweep timed
-            assert len(r["sweep"]) == 2 and r["us"] == min(c["us"] for c in r["sweep"])
+            assert len(r["sweep"]) == 3 and r["us"] == min(c["us"] for c in r["sweep"])  # fma, dot, defer
+            assert [c["defer"] for c in r["sweep"]] == [False, False, True]
             assert all(c["rel_err"] < 1e-2 for c in r["sweep"])
     assert "wrong_results" not in meta
     assert "GEMV: one call" in p.stdout and "triton-best" in p.stdout

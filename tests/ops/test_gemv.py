@@ -28,6 +28,8 @@ FMA = GemvConfig(block_n=16, block_k=64)
 FMA_SPLIT = GemvConfig(block_n=32, block_k=32, split=3)
 DOT = GemvConfig(block_n=16, block_k=32, dot=True)
 DOT_SPLIT = GemvConfig(block_n=32, block_k=16, split=2, dot=True)
+DEFER = GemvConfig(block_n=16, block_k=64, defer=True)
+DEFER_SPLIT = GemvConfig(block_n=32, block_k=32, split=3, defer=True)
 
 
 @pytest.fixture
@@ -59,7 +61,8 @@ def test_triton_matches_float64(M, N, K, bias, dtype, nan_empty):
     assert rel(y, exact(x, w, b)) < TOL[dtype]
 
 
-@pytest.mark.parametrize("cfg", [FMA, FMA_SPLIT, DOT, DOT_SPLIT], ids=["fma", "fma-split3", "dot", "dot-split2"])
+@pytest.mark.parametrize("cfg", [FMA, FMA_SPLIT, DOT, DOT_SPLIT, DEFER, DEFER_SPLIT],
+                         ids=["fma", "fma-split3", "dot", "dot-split2", "defer", "defer-split3"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("N,K", [(70, 150), (72, 192)], ids=["ragged", "even-k"])  # even: K a multiple of block_k
 def test_every_form_and_split(cfg, dtype, N, K, nan_empty):
@@ -127,6 +130,7 @@ def test_config_table_is_a_function_of_the_shape():
     ({"split": 0}, "split must be an int in"),
     ({"dot": True, "block_n": 8}, "dot=True needs block_n and block_k >= 16"),
     ({"num_stages": 0}, "num_stages must be a positive int"),
+    ({"dot": True, "defer": True}, "defer .* and dot .* exclude each other"),
 ])
 def test_bad_config_refused(kw, message):
     with pytest.raises(ValueError, match=message):
@@ -223,13 +227,15 @@ COMPILE_SM90 = textwrap.dedent('''
             ("bf16", 2, 32, 256, 1, True, 8, 3, ""), ("fp16", 8, 32, 256, 1, False, 4, 2, ""),
             ("bf16", 1, 16, 256, 1, False, 4, 4, "NORM"), ("bf16", 2, 64, 128, 4, True, 4, 3, "NORM"),
             ("bf16", 1, 16, 256, 1, False, 4, 4, "SILU,HAS_RES"), ("bf16", 2, 64, 128, 1, True, 4, 3, "SILU,HAS_RES"),
-            ("bf16", 1, 16, 256, 1, False, 4, 4, "NORM,HAS_RES,RAGGED"), ("bf16", 2, 64, 128, 2, True, 4, 3, "SILU,RAGGED")]:
+            ("bf16", 1, 16, 256, 1, False, 4, 4, "NORM,HAS_RES,RAGGED"), ("bf16", 2, 64, 128, 2, True, 4, 3, "SILU,RAGGED"),
+            ("bf16", 2, 16, 256, 1, False, 4, 4, "DEFER"), ("bf16", 2, 16, 256, 1, False, 4, 4, "DEFER,NORM")]:
         types = dict(X=f"*{dt}", W=f"*{dt}", B=f"*{dt}", Y=f"*{dt}", P="*fp32", NW=f"*{dt}", R=f"*{dt}", M="i32",
                      N="i32", K="i32", sxm="i32", swn="i32", srm="i32", k_per_split="i32", eps="fp32")
         flags = {f: f in fused.split(",") for f in ("NORM", "SILU", "HAS_RES")}
         const = dict(BLOCK_M=16 if dot else triton.next_power_of_2(M), BLOCK_N=bn, BLOCK_K=bk, M_ROWS=M, DOT=dot,
                      SPLIT=split, HAS_BIAS=True, UPCAST=False, PREC="tf32", EVEN_K="RAGGED" not in fused,
-                     NUM_STAGES=stages, EMU_RNE=False, **flags, **_norm_tile(M, 4096, flags["NORM"]))
+                     NUM_STAGES=stages, EMU_RNE=False, **flags, **_norm_tile(M, 4096, flags["NORM"]),
+                     DEFER="DEFER" in fused)
         ptx = compile_(_gemv_kernel, types, const, warps, stages).asm["ptx"]
         # the weight stream: 16-byte asynchronous copies into shared memory (pipelined), no 2-byte loads of it
         print("CASE", dt, M, dot, ptx.count("cp.async.cg.shared.global"), ptx.count("ld.global.b16"), fused or "-")
@@ -243,7 +249,7 @@ COMPILE_SM90 = textwrap.dedent('''
 def test_kernel_compiles_for_sm90_with_pipelined_vector_loads(tmp_path):
     lines = compile_sm90(COMPILE_SM90, tmp_path)
     cases = [line.split() for line in lines if line.startswith("CASE")]
-    assert len(cases) == 10
+    assert len(cases) == 12
     for _, dt, M, dot, n_async, n_b16, fused in cases:
         if "RAGGED" in fused:  # masked (K not a multiple of the tile): compiles, loads not checked
             continue

@@ -115,7 +115,10 @@ FMA = GemvConfig(block_n=16, block_k=32)
 FMA_SPLIT = GemvConfig(block_n=32, block_k=16, split=3)
 DOT = GemvConfig(block_n=16, block_k=32, dot=True)
 DOT_SPLIT = GemvConfig(block_n=16, block_k=16, split=2, dot=True)
-CFGS = {"fma": FMA, "fma-split3": FMA_SPLIT, "dot": DOT, "dot-split2": DOT_SPLIT}
+DEFER = GemvConfig(block_n=16, block_k=32, defer=True)
+DEFER_SPLIT = GemvConfig(block_n=32, block_k=16, split=3, defer=True)
+CFGS = {"fma": FMA, "fma-split3": FMA_SPLIT, "dot": DOT, "dot-split2": DOT_SPLIT, "defer": DEFER,
+        "defer-split3": DEFER_SPLIT}
 
 
 def fused_case(kind, M, N, K, dtype, seed, bias=False):
@@ -151,7 +154,7 @@ def test_triton_fused_matches_reference(kind, M, dtype, cfg, nan_empty):
     assert rel(y, exact) < TOL[dtype]
 
 
-@pytest.mark.parametrize("cfg", ["fma", "dot-split2"])
+@pytest.mark.parametrize("cfg", ["fma", "dot-split2", "defer"])
 @pytest.mark.parametrize("kind", ["norm+res", "silu"])
 def test_triton_fused_even_k_bias_and_leading_dims(kind, cfg, nan_empty):
     """K = 64 (whole tiles: the unmasked loads), a bias, [B, T, *] leading dims, fp16."""
@@ -164,7 +167,7 @@ def test_triton_fused_even_k_bias_and_leading_dims(kind, cfg, nan_empty):
     assert rel(y, gemv_ref(x3, w, **kw)) < TOL[torch.float16]
 
 
-@pytest.mark.parametrize("cfg", ["fma", "dot-split2"])
+@pytest.mark.parametrize("cfg", ["fma", "dot-split2", "defer"])
 @pytest.mark.parametrize("kind", ["norm+res", "silu"])
 def test_triton_fused_eight_rows(kind, cfg, nan_empty):
     """M = 8 (the kernel's most rows: the rstd of every row reaches its row of the padded dot tile)."""

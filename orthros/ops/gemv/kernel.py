@@ -13,9 +13,13 @@ each. So every weight element is read exactly once for all ``M`` rows:
   shared memory, so ``num_stages - 1`` tiles are in flight while one is reduced; checked in
   the sm_90 PTX of triton 3.9, where a plain ``range`` left the CUDA-core form with one tile
   in flight);
-* two inner forms, chosen by the config's ``dot``: ``dot=False`` multiplies and reduces on the
-  CUDA cores (``sum_k w[n, k] * x[m, k]`` per row, ``M`` unrolled); ``dot=True`` feeds the
-  weight tile to the tensor cores as ``w @ x^T`` with ``x`` padded to 16 rows;
+* three inner forms, chosen by the config's ``dot`` / ``defer``: ``dot=False`` multiplies and
+  reduces on the CUDA cores (``sum_k w[n, k] * x[m, k]`` per tile and row, ``M`` unrolled);
+  ``defer=True`` multiplies on the CUDA cores into a ``[M, BLOCK_N, BLOCK_K]`` float32
+  accumulator and reduces over ``K`` once, after the loop (the per-tile form's cross-warp
+  reductions, 40 shuffles and 4 barriers a tile at M = 2 in the sm_90 SASS, leave the loop);
+  ``dot=True`` feeds the weight tile to the tensor cores as ``w @ x^T`` with ``x`` padded to
+  16 rows;
 * ``split > 1`` (split-K, for few output rows): each split writes float32 partials
   ``[split, M, N]``; a second kernel sums them in a fixed order (no atomics: deterministic),
   adds the bias and casts. ``split == 1``: one kernel, bias and cast in its epilogue;
@@ -97,10 +101,14 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
                  DOT: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr,
                  PREC: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
                  NORM: tl.constexpr = False, SILU: tl.constexpr = False, HAS_RES: tl.constexpr = False,
-                 EMU_RNE: tl.constexpr = False, NORM_M: tl.constexpr = 1, NORM_K: tl.constexpr = 16):
+                 EMU_RNE: tl.constexpr = False, NORM_M: tl.constexpr = 1, NORM_K: tl.constexpr = 16,
+                 DEFER: tl.constexpr = False):
     """Program ``(pid_n, pid_k)``: output rows ``[pid_n * BLOCK_N, +BLOCK_N)`` over ``K`` slice
     ``[pid_k * k_per_split, +k_per_split)``. ``M_ROWS`` (= M, constexpr) unrolls the CUDA-core
-    form; ``BLOCK_M`` is the accumulator's row count (pow2 >= M; 16 in the dot form).
+    form; ``BLOCK_M`` is the accumulator's row count (pow2 >= M; 16 in the dot form). ``DEFER``
+    (the CUDA-core form): a ``[BLOCK_M, BLOCK_N, BLOCK_K]`` float32 accumulator of products,
+    summed over ``K`` once after the loop instead of once per tile and row (no reduction's
+    shuffles or barriers inside the loop; ``BLOCK_M * BLOCK_N * BLOCK_K / threads`` registers).
     ``SPLIT == 1``: writes ``Y [M, N]`` (+ bias, cast, + residual ``R``); else float32 partials
     ``P [SPLIT, M, N]``. The weight loads carry no row mask (rows past ``N`` re-read row
     ``N - 1``; their results are not stored) and, with ``EVEN_K`` (every slice a whole number of
@@ -139,6 +147,10 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)  # y^T: the weight tile is the MMA's M side
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    if DEFER:
+        acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+    else:
+        acc3 = tl.zeros([1, 1, 1], tl.float32)  # unused
     for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):  # explicit: pipelines the CUDA-core form too
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < k_hi
@@ -153,6 +165,11 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
                 w = w.to(tl.float32)
                 xt = xt.to(tl.float32)
             acc += tl.dot(w, xt, input_precision=PREC)
+        elif DEFER:
+            xk = _prologue(X, offs_m[:, None] * sxm + offs_k[None, :], m_ok[:, None] & k_ok[None, :], NW,
+                           offs_k[None, :], k_ok[None, :], rstd[:, None], K, NORM, SILU, True, not EVEN_K,
+                           EMU_RNE).to(tl.float32)
+            acc3 += w.to(tl.float32)[None, :, :] * xk[:, None, :]
         else:
             wf = w.to(tl.float32)
             for m in tl.static_range(M_ROWS):
@@ -166,6 +183,8 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
                 acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
     if DOT:
         acc = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
+    if DEFER:
+        acc = tl.sum(acc3, axis=2)
     mask = m_ok[:, None] & n_ok[None, :]
     if SPLIT == 1:
         if HAS_BIAS:
@@ -204,7 +223,8 @@ def _gemv_reduce(P, B, Y, R, MN, N, srm, SPLIT: tl.constexpr, BLOCK: tl.constexp
 class GemvConfig:
     """One launch configuration: ``block_n`` output rows and ``block_k`` of K per tile
     (powers of two; ``dot`` needs both >= 16), ``split`` K slices (1: no split-K),
-    ``dot`` the tensor-core form, and Triton's ``num_warps`` / ``num_stages``."""
+    ``dot`` the tensor-core form, ``defer`` the CUDA-core form with its reduction over K
+    deferred to after the loop (not with ``dot``), and Triton's ``num_warps`` / ``num_stages``."""
 
     block_n: int = 16
     block_k: int = 512
@@ -212,6 +232,7 @@ class GemvConfig:
     dot: bool = False
     num_warps: int = 4
     num_stages: int = 3
+    defer: bool = False
 
     def __post_init__(self):
         for name in ("block_n", "block_k", "num_warps"):
@@ -221,6 +242,9 @@ class GemvConfig:
         if self.dot and (self.block_n < 16 or self.block_k < 16):
             raise ValueError(f"GemvConfig with dot=True needs block_n and block_k >= 16, got "
                              f"{self.block_n} and {self.block_k}")
+        if self.defer and self.dot:
+            raise ValueError("GemvConfig: defer (the CUDA-core form's deferred reduction) and dot (the tensor-core "
+                             "form) exclude each other")
         if not isinstance(self.split, int) or not 1 <= self.split <= 64:
             raise ValueError(f"GemvConfig.split must be an int in [1, 64], got {self.split!r}")
         if not isinstance(self.num_stages, int) or self.num_stages < 1:
@@ -329,7 +353,8 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, M_ROWS=M, DOT=cfg.dot, SPLIT=split,
         HAS_BIAS=bias is not None, UPCAST=upcast, PREC=prec, EVEN_K=K % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
         NORM=flags["NORM"], SILU=flags["SILU"], HAS_RES=split == 1 and flags["HAS_RES"], EMU_RNE=emu_rne,
-        **_norm_tile(M, K, norm_weight is not None), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        **_norm_tile(M, K, norm_weight is not None), DEFER=cfg.defer, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     if split > 1:
         block = 1024
         _gemv_reduce[(cdiv(M * N, block),)](part, b, y, r, M * N, N, srm, SPLIT=split, BLOCK=block,
