@@ -127,7 +127,7 @@ def sweep_configs(quick: bool):
     """Candidate launch configs for ``--sweep`` (86): tiles of 4-32 K elements, the three inner
     forms, split-K 1-8 (per shape only the splits that leave >= 2 tiles per slice), pipeline
     depths 1 / 3 / 4 for the CUDA-core form; the deferred-reduction form at tiles whose
-    accumulator stays at <= 64 registers a thread for M <= 2 (:data:`DEFER_CONFIGS`)."""
+    accumulator stays at <= 64 registers a thread for M <= 2 (:func:`defer_configs`)."""
     from orthros.ops.gemv.kernel import GemvConfig
 
     if quick:
@@ -148,7 +148,7 @@ def sweep_configs(quick: bool):
 
 def defer_configs():
     """The deferred-reduction CUDA-core form (``defer=True``): [M, block_n, block_k] float32
-    products in registers (M = 2: 8-16 K elements over 128-256 threads, <= 64 registers a
+    products in registers (M = 2: 4-16 K elements over 128-256 threads, <= 64 registers a
     thread; 96 in all at 16 x 256, no spills, in the sm_90 ptxas report), depths 3 / 4, split-K
     2 for the narrow weights."""
     from orthros.ops.gemv.kernel import GemvConfig
