@@ -58,8 +58,8 @@ class ResidualMLP:
         mixer's output projection added it already). ``gemv``: see :func:`linear`."""
         if a is not None:
             h = h + a
-        if isinstance(self.mlp, SwiGLUMLP):  # the norm and the residual go into its projections
-            return self.mlp(h, norm=self.post_attention_layernorm, residual=h, gemv=gemv)
+        if gemv is not None and isinstance(self.mlp, SwiGLUMLP) and self.mlp.takes_gemv():
+            return self.mlp.gemv_block(h, self.post_attention_layernorm, gemv)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -231,22 +231,22 @@ class SwiGLUMLP(FusedProjections, nn.Module):
         self.hidden_act = hidden_act
         self._init_fusions()
 
-    def forward(self, x: torch.Tensor, norm=None, residual=None, gemv=None) -> torch.Tensor:
-        """``residual + down(act(gate(norm(x))) * up(norm(x)))`` (``norm``, ``residual``
-        optional); fused with ``gemv`` (see :func:`linear`): the norm in the gate/up GEMV, the
-        activation and the residual in the down GEMV."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.fused("gate_up_fused")
-        if w is not None and gemv is not None and self.hidden_act == "silu":
-            gu = linear(x, w, self.gate_up_bias_fused, norm=norm, gemv=gemv)
-            return linear(gu, self.down_proj.weight, self.down_proj.bias, act="silu", residual=residual, gemv=gemv)
-        if norm is not None:
-            x = norm(x)
         if w is not None:
             gate, up = F.linear(x, w, self.gate_up_bias_fused).split(self.gate_proj.out_features, dim=-1)
-            y = self.down_proj(self.act_fn(gate) * up)
-        else:
-            y = self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
-        return y if residual is None else residual + y
+            return self.down_proj(self.act_fn(gate) * up)
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+
+    def takes_gemv(self) -> bool:
+        """Whether :meth:`gemv_block` applies: ``[gate; up]`` fused into one weight, SiLU."""
+        return self.fused("gate_up_fused") is not None and self.hidden_act == "silu"
+
+    def gemv_block(self, h: torch.Tensor, norm, gemv) -> torch.Tensor:
+        """``h + self(norm(h))`` as two fused GEMVs (see :func:`linear`): the norm in the gate/up
+        GEMV, SiLU x up and the residual in the down GEMV."""
+        gu = linear(h, self.fused("gate_up_fused"), self.gate_up_bias_fused, norm=norm, gemv=gemv)
+        return linear(gu, self.down_proj.weight, self.down_proj.bias, act="silu", residual=h, gemv=gemv)
 
 
 def _default_rope(config, device=None, **kwargs):
