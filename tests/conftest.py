@@ -54,6 +54,11 @@ def compile_sm90(script: str, tmp_path, timeout: int = 300) -> list:
     return p.stdout.splitlines()
 
 
+def printed(lines: list, tag: str) -> list:
+    """The rows a :func:`compile_sm90` script printed as ``TAG field field ...``: their fields."""
+    return [line.split()[1:] for line in lines if line.startswith(tag + " ")]
+
+
 TINY = dict(vocab_size=97, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
             num_key_value_heads=2, head_dim=12, window_size=8, max_position_embeddings=512,
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0})

@@ -24,7 +24,7 @@ if not HAS_CUDA:
 
 from orthros.ops import orthros_attention_reference  # noqa: E402
 from orthros.ops.decode import decode_attention_reference, orthros_decode_attention  # noqa: E402
-from conftest import compile_sm90, rel  # noqa: E402
+from conftest import compile_sm90, printed, rel  # noqa: E402
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
@@ -321,12 +321,9 @@ def test_split_kernel_compiles_for_sm90_with_ordered_ticket(tmp_path):
     gpu-scope acq_rel atomic (the ticket), a CTA barrier between every partial store and it, the
     partials read back only after it and only through L2 (.cg), the counter reset last; the
     other modes have no atomic; K/V stay cp.async copies 3 stages deep in every mode."""
-    lines = compile_sm90(COMPILE_DECODE_SM90, tmp_path)
     modes = {}
-    for line in lines:
-        if line.startswith("MODE"):
-            _, mode, *cols, cps = line.split()
-            modes[int(mode)] = [[int(x) for x in c.split(",")] if c != "-" else [] for c in cols] + [int(cps)]
+    for mode, *cols, cps in printed(compile_sm90(COMPILE_DECODE_SM90, tmp_path), "MODE"):
+        modes[int(mode)] = [[int(x) for x in c.split(",")] if c != "-" else [] for c in cols] + [int(cps)]
     assert sorted(modes) == [0, 1, 2]
     per_stage = 2 * 64 * 128 * 2 // 16 // (32 * 4)  # 16-byte copies of one K and one V tile per thread
     for mode, (atoms, bars, stores, cg, cps) in modes.items():

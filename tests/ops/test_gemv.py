@@ -18,7 +18,7 @@ if not HAS_CUDA:
 from orthros.ops.gemv import GEMV_BACKENDS, gemv, gemv_ref  # noqa: E402
 from orthros.ops.gemv import kernel as gk  # noqa: E402
 from orthros.ops.gemv.kernel import CONFIGS, GemvConfig, gemv_triton, pick_config  # noqa: E402
-from conftest import compile_sm90, rel  # noqa: E402
+from conftest import compile_sm90, printed, rel  # noqa: E402
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
@@ -260,10 +260,9 @@ COMPILE_SM90 = textwrap.dedent('''
 
 @pytest.mark.skipif(HAS_CUDA, reason="the GPU tests compile and run the kernel there")
 def test_kernel_compiles_for_sm90_with_pipelined_vector_loads(tmp_path):
-    lines = compile_sm90(COMPILE_SM90, tmp_path)
-    cases = [line.split() for line in lines if line.startswith("CASE")]
+    cases = printed(compile_sm90(COMPILE_SM90, tmp_path), "CASE")
     assert len(cases) == 12
-    for _, dt, M, dot, n_async, n_b16, n_shfl, fused in cases:
+    for dt, M, dot, n_async, n_b16, n_shfl, fused in cases:
         if dot == "False" and M == "2":
             # the per-tile CUDA-core form reduces in its K loop (why it loses at M = 2); the
             # deferred form (performance.md change 12) reduces after it

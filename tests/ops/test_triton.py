@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from orthros.ops import orthros_attention  # noqa: E402
-from conftest import compile_sm90, rel as _rel  # noqa: E402
+from conftest import compile_sm90, printed, rel as _rel  # noqa: E402
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
@@ -454,14 +454,14 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
 @pytest.mark.skipif(HAS_CUDA, reason="the GPU tests compile and run the kernels there")
 def test_forward_variants_compile_for_sm90_pipelined(tmp_path):
     lines = compile_sm90(COMPILE_FWD_SM90, tmp_path)
-    cases = [line.split() for line in lines if line.startswith("CASE")]
+    cases = printed(lines, "CASE")
     assert len(cases) == 6
-    for _, name, rows, bn, window, stages, n_b16 in cases:
+    for name, rows, bn, window, stages, n_b16 in cases:
         assert int(stages) >= 2, (name, rows, bn, window, stages)  # K/V copies for >= 2 stages in flight
         assert int(n_b16) == 0, (name, rows, bn, window, n_b16)  # no 2-byte loads of Q/K/V
-    bwd = [line.split() for line in lines if line.startswith("BWD")]
+    bwd = printed(lines, "BWD")
     assert len(bwd) == 2
-    for _, gp2, n_async, n_b16 in bwd:
+    for gp2, n_async, n_b16 in bwd:
         assert int(n_async) > 0 and int(n_b16) == 0, (gp2, n_async, n_b16)
 
 
