@@ -21,8 +21,10 @@ decoder layer's GEMMs fused into it (:mod:`.naive` is the specification):
   ``x``, ``weight``, ``norm_weight``, contiguous weight, no gradient wanted: the op has no
   backward), else ``"torch"``.
 
-Not wired into the engine yet: whether it beats the unfused ops is measured by
-``benchmarks/gemv.py --fused`` first (docs/benchmarks.md, "Weight-streaming GEMV for decode").
+The engine's decode calls it under ``Engine(gemv=True)`` (through
+:func:`orthros.layers.common.linear`; off by default until the engine's GPU output test has run;
+measured in docs/benchmarks.md, "decode re-measured"); ``benchmarks/gemv.py [--fused]`` times the
+op itself against cuBLAS and the unfused ops.
 """
 
 from __future__ import annotations
