@@ -93,11 +93,15 @@ def guard(name, fn, default=None):
 
 
 def save():
+    """The results so far to ``--json``, atomically (a temporary name, then a rename): a run
+    killed at its time limit leaves the last complete file."""
     if JSON_PATH:
         try:
-            with open(JSON_PATH, "w") as f:
+            tmp = JSON_PATH + ".tmp"
+            with open(tmp, "w") as f:
                 json.dump({**META, "elapsed_s": round(time.time() - T_START, 1), "results": RES}, f, indent=1,
                           default=str)
+            os.replace(tmp, JSON_PATH)
         except Exception as e:  # noqa: BLE001
             log(f"  (json write failed: {e})")
 

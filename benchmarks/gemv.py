@@ -25,6 +25,11 @@ add with the next RMSNorm, which the per-site sums count twice), compiled unfuse
     python benchmarks/gemv.py --fused --out docs/results/gemv-fused-DATE/results.json
     python benchmarks/gemv.py --fused --dry-run --out /tmp/gemv-fused.json  # = --device cpu --quick
 
+With ``--fused --sweep`` the winners also become ``orthros.ops.gemv.kernel.CONFIGS`` rows
+(``kernel.class_rows``: one shape class per site), printed and stored as ``meta["tuned_rows"]``;
+``benchmarks/roofline.py --gemv-configs results.json`` runs the engine with them later in the
+same call, before they are written into ``CONFIGS``.
+
 Writes the JSON (meta: date, GPU, commit, torch / triton versions, copy bandwidth; rows) after
 every row, atomically (temporary name, then rename). Bad arguments exit 2 before any work.
 """
@@ -161,16 +166,17 @@ def defer_configs():
 
 def fused_sweep_configs(quick: bool):
     """``--fused --sweep``: the fused call over the plain GEMV's measured winners and their
-    neighbours (the prologue adds per-tile work, which may move the best tile / depth / split)."""
+    neighbours (the prologue adds per-tile work, which may move the best tile / depth / split):
+    the tensor-core form's, every deferred-reduction config, and the M = 1 winners of the
+    per-tile CUDA-core form (which lost at M = 2 in the plain sweep of 2026-12-01)."""
     from orthros.ops.gemv.kernel import GemvConfig
 
     if quick:
         return [GemvConfig(block_n=16, block_k=64), GemvConfig(block_n=16, block_k=16, split=2, dot=True)]
-    fma = [GemvConfig(block_n=bn, block_k=256, num_warps=4, num_stages=st) for bn, st in
-           ((16, 4), (16, 3), (32, 1), (32, 3), (32, 4))] + [GemvConfig(block_n=16, block_k=512, num_stages=3)]
+    fma = [GemvConfig(block_n=bn, block_k=256, num_warps=4, num_stages=st) for bn, st in ((16, 4), (32, 1))]
     dot = [GemvConfig(block_n=bn, block_k=bk, split=sp, dot=True, num_warps=4, num_stages=3)
            for bn, bk, sp in ((64, 128, 1), (64, 128, 2), (64, 128, 4), (32, 256, 2), (32, 256, 4), (64, 256, 1))]
-    return fma + dot + defer_configs()[:6]
+    return dot + defer_configs() + fma
 
 
 def label(c):
@@ -431,6 +437,16 @@ def main(argv=None) -> int:
                     per.setdefault(r_["system"], {})[r_["site"]] = r_["us"]
             layer[str(M)] = {k: sum(v.values()) for k, v in per.items() if len(v) == len(SITES)}
         meta["layer_us"] = {M: v for M, v in layer.items() if v}
+        if a.sweep:  # the swept winners as CONFIGS rows (roofline.py --gemv-configs installs them)
+            from orthros.ops.gemv.kernel import GemvConfig, class_rows, rows_to_json
+
+            tuned = []
+            for M in a.m:
+                best = {(r_["N"], r_["K"]): GemvConfig(**r_["config"]) for r_ in rows
+                        if r_["M"] == M and r_["system"] == "fused-best"}
+                if best:
+                    tuned += class_rows(M, best)
+            meta["tuned_rows"] = rows_to_json(tuned)
         if stopped:
             meta["stopped"] = stopped
             print(f"stopped: {stopped}", file=sys.stderr)
@@ -451,6 +467,11 @@ def main(argv=None) -> int:
                 c, f = chain[(M, "chain-unfused-compiled")], chain[(M, "chain-fused")]
                 print(f"M={M}: the four sites chained as in a layer: unfused-compiled {c:.2f} us, fused {f:.2f} us "
                       f"(saves {c - f:.2f} us per layer, {36 * (c - f) / 1e3:.3f} ms per 36-layer step)")
+        if meta.get("tuned_rows"):
+            print("\nthe swept winners as CONFIGS rows (benchmarks/roofline.py --gemv-configs reads them from this file):")
+            for r_ in meta["tuned_rows"]:
+                c = ", ".join(f"{k}={v}" for k, v in r_["config"].items())
+                print(f"    ({r_['m_max']}, {r_['n_max']}, {r_['k_max']}, GemvConfig({c})),")
         print(f"\nwrote {a.out}")
         return 0
 

@@ -599,6 +599,9 @@ def build_parser():
                    help="engine without fused projections (Engine(fuse=False)), to compare with the default")
     p.add_argument("--gemv", action="store_true",
                    help="decode section: also the engine with Engine(gemv=True) (fused GEMVs), both modes, same run")
+    p.add_argument("--gemv-configs", default=None, metavar="RESULTS_JSON",
+                   help="with --gemv: run the fused GEMVs with the CONFIGS rows a `benchmarks/gemv.py --fused "
+                        "--sweep` run stored in this file (meta.tuned_rows), ahead of the built-in table")
     p.add_argument("--gpt-fast-dir", default=None, help="directory holding gpt-fast's model.py (else no gpt-fast rows)")
     p.add_argument("--gpt-fast-contexts", default=None,
                    help="B=1 contexts at which gpt-fast also runs (each new context recompiles it with its "
@@ -674,6 +677,18 @@ def parse_args(argv=None, *, window_available: bool = True):
             p.error(f"--gpt-fast-contexts: {e}; or 'all'")
         if not set(a.gpt_fast_contexts) <= set(a.contexts):
             p.error(f"--gpt-fast-contexts {a.gpt_fast_contexts}: each must be one of --contexts {a.contexts}")
+    a.gemv_rows = None
+    if a.gemv_configs is not None:
+        if not a.gemv:
+            p.error("--gemv-configs needs --gemv (it sets the fused GEMVs' launch configs)")
+        from ..ops.gemv.kernel import rows_from_json
+
+        try:
+            with open(a.gemv_configs) as f:
+                a.gemv_rows = rows_from_json(json.load(f).get("meta", {}).get("tuned_rows"))
+        except (OSError, ValueError, AttributeError) as e:
+            p.error(f"--gemv-configs {a.gemv_configs!r}: no tuned rows of a `benchmarks/gemv.py --fused --sweep` "
+                    f"results.json ({e})")
     a.gpt_fast = None
     if a.gpt_fast_dir is not None:
         try:
@@ -721,7 +736,11 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
     ctx = {"device": dev, "bw": bw, "flops": flops, "compile": a.compile, "peer": None, "model": None}
     from .inference import CompileFallbacks
 
-    with CompileFallbacks() as fallbacks:
+    from ..ops.gemv.kernel import configs_installed, rows_to_json
+
+    if a.gemv_rows:
+        meta["gemv_configs"] = {"file": a.gemv_configs, "rows": rows_to_json(a.gemv_rows)}
+    with CompileFallbacks() as fallbacks, (configs_installed(a.gemv_rows) if a.gemv_rows else contextlib.nullcontext()):
         meta["compile_failures"] = fallbacks
         for i, section in enumerate(a.sections):
             print(f"\n## section {section} (at {time.time() - sweep.t0:.0f} s)", flush=True)

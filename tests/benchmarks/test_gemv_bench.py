@@ -78,6 +78,14 @@ def test_fused_dry_run_times_every_system_per_site(tmp_path):
         assert best["prologue"] == by[(site, "fused")]["prologue"] and all(c["rel_err"] < 1e-2 for c in best["sweep"])
     assert meta["layer_us"] == {}  # two of the four sites: no per-layer sum
     assert "Fused GEMV sites" in p.stdout
+    # the winners as CONFIGS rows, one class per site's weight, for roofline.py --gemv-configs
+    from orthros.ops.gemv.kernel import GemvConfig, rows_from_json
+
+    tuned = rows_from_json(meta["tuned_rows"])
+    assert [(m, n) for m, n, _, _ in tuned] == [(2, 48), (2, 96)]  # silu_down_res (48 x 300), norm_qkv (96 x 200)
+    assert tuned[0][3] == GemvConfig(**by[("silu_down_res", "fused-best")]["config"])
+    assert tuned[1][3] == GemvConfig(**by[("norm_qkv", "fused-best")]["config"])
+    assert "as CONFIGS rows" in p.stdout and "(2, 48, 4611686018427387904, GemvConfig(" in p.stdout
 
 
 def load_script():

@@ -270,6 +270,8 @@ def test_gpt_fast_contexts_all_and_list(tmp_path):
     (["--device", "cpu"], "--quick"),
     (["--device", "tpu", "--quick"], "--device"),
     (["--plot-only", "/nonexistent/results.json"], "--plot-only"),
+    (["--gemv-configs", "/nonexistent/gemv.json"], "--gemv-configs needs --gemv"),
+    (["--gemv", "--gemv-configs", "/nonexistent/gemv.json"], "no tuned rows"),
 ])
 def test_bad_arguments_refused_before_any_work(tmp_path, capsys, args, message):
     out = tmp_path / "never"
@@ -344,3 +346,33 @@ def test_gemv_flag_adds_the_fused_gemv_engine_to_the_decode_section(tmp_path):
     assert not {s for sec, s in cells if sec == "batched"} & set(R.GEMV_SYSTEMS)
     gains = [s for s in data["meta"]["summary"] if s["target"] == "gemv_speedup"]
     assert {g["point"].split()[0] for g in gains} == set(R.GEMV_SYSTEMS) and all(g["value"] > 0 for g in gains)
+
+
+def test_gemv_configs_runs_the_fused_engine_with_the_swept_rows(tmp_path, monkeypatch):
+    """``--gemv-configs``: the rows a ``gemv.py --fused --sweep`` stored are the GEMV table while the
+    decode cells run (the kernel reads ``CONFIGS`` at call time), recorded in the metadata, and the
+    built-in table is back afterwards. A file without rows is refused before any work."""
+    from orthros.ops.gemv import kernel
+
+    cfg = kernel.GemvConfig(block_n=16, block_k=128, defer=True)
+    rows = kernel.class_rows(2, {(4096, 4096): cfg})
+    results = tmp_path / "gemv.json"
+    results.write_text(json.dumps({"meta": {"tuned_rows": kernel.rows_to_json(rows)}, "rows": []}))
+    seen, keep = [], kernel.CONFIGS
+
+    def spy(*args, **kw):
+        seen.append((kw.get("gemv"), kernel.pick_config(2, 4096, 4096), kernel.pick_config(1, 4096, 4096)))
+        return bench_decode(*args, **kw)
+
+    monkeypatch.setattr(R, "bench_decode", spy)
+    out = tmp_path / "o"
+    assert R.main(["--device", "cpu", "--quick", "--sections", "decode", "--contexts", "64", "--gemv",
+                   "--gemv-configs", str(results), "--out", str(out)]) == 0
+    assert kernel.CONFIGS is keep
+    assert len(seen) == 4 and all(two == cfg and one is kernel.pick_config(1, 4096, 4096) for _, two, one in seen)
+    meta = json.loads((out / "results.json").read_text())["meta"]
+    assert meta["gemv_configs"] == {"file": str(results), "rows": kernel.rows_to_json(rows)}
+    results.write_text(json.dumps({"meta": {}, "rows": []}))
+    with pytest.raises(SystemExit) as e:
+        R.main(["--device", "cpu", "--quick", "--gemv", "--gemv-configs", str(results), "--out", str(tmp_path / "n")])
+    assert e.value.code == 2 and not (tmp_path / "n").exists()

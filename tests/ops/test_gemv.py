@@ -124,6 +124,46 @@ def test_config_table_is_a_function_of_the_shape():
         assert pick_config(2, N, K).dot == (N > 2048)
 
 
+def test_class_rows_and_installed_table():
+    """The swept winners of a layer's four sites become one shape class each (o before down at the
+    same N, bounded by its K), installed ahead of the wider classes but after the M = 1 rows and
+    the narrow-weight row, and the table is restored afterwards, also after an error."""
+    from orthros.ops.gemv import kernel
+
+    c = {name: GemvConfig(block_n=bn, block_k=256, defer=True) for name, bn in
+         (("qkv", 8), ("o", 16), ("gate_up", 32), ("down", 64))}
+    rows = kernel.class_rows(2, {(6144, 4096): c["qkv"], (4096, 4096): c["o"], (24576, 4096): c["gate_up"],
+                                 (4096, 12288): c["down"]})
+    big = 2 ** 62
+    assert rows == ((2, 4096, 4096, c["o"]), (2, 4096, big, c["down"]), (2, 6144, big, c["qkv"]),
+                    (2, 24576, big, c["gate_up"]))
+    assert kernel.rows_from_json(kernel.rows_to_json(rows)) == rows
+    keep = kernel.CONFIGS
+    before = {(M, N, K): pick_config(M, N, K) for M in (1, 2, 3) for N, K in
+              ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (151936, 4096), (96, 200), (4096, 1024),
+               (2049, 8192))}
+    with kernel.configs_installed(rows):
+        for (N, K), name in (((4096, 4096), "o"), ((4096, 12288), "down"), ((6144, 4096), "qkv"),
+                             ((24576, 4096), "gate_up"), ((4096, 1024), "o"), ((2048 + 1, 8192), "down")):
+            assert pick_config(2, N, K) is c[name] and pick_config(1, N, K) is before[(1, N, K)]
+        assert pick_config(2, 151936, 4096) is before[(2, 151936, 4096)]  # wider than every class
+        assert pick_config(2, 96, 200) is before[(2, 96, 200)]  # the narrow-weight row stays first
+        assert pick_config(3, 4096, 4096) is before[(3, 4096, 4096)]  # rows past m_max: the old table
+    assert kernel.CONFIGS is keep
+    with pytest.raises(RuntimeError), kernel.configs_installed(rows):
+        raise RuntimeError("inside")
+    assert kernel.CONFIGS is keep
+    with pytest.raises(ValueError, match="M must be an int in 1..8"):
+        kernel.class_rows(9, {})
+    with pytest.raises(ValueError, match="must be a GemvConfig"):
+        kernel.class_rows(2, {(8, 8): {"block_n": 16}})
+    for bad, message in (([], "non-empty list"), ([{"m_max": 2}], "is not {m_max, n_max, k_max, config}"),
+                         ([{"m_max": 9, "n_max": 8, "k_max": 8, "config": {}}], "m_max must be in 1..8"),
+                         ([{"m_max": 2, "n_max": 8, "k_max": 8, "config": {"block_n": 3}}], "block_n must be")):
+        with pytest.raises(ValueError, match=message):
+            kernel.rows_from_json(bad)
+
+
 @pytest.mark.parametrize("kw,message", [
     ({"block_n": 24}, "block_n must be a positive power of two"),
     ({"block_k": 0}, "block_k must be a positive power of two"),

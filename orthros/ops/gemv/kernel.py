@@ -37,8 +37,10 @@ allocator, which CUDA-graph capture supports. Every check runs on the host befor
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
@@ -281,6 +283,68 @@ def pick_config(M: int, N: int, K: int) -> GemvConfig:
     return CONFIGS[-1][3]
 
 
+def class_rows(M: int, measured: Dict[Tuple[int, int], GemvConfig]) -> Tuple[Tuple[int, int, int, GemvConfig], ...]:
+    """:data:`CONFIGS` rows for ``M`` rows from the best config measured at some weight shapes
+    (``{(N, K): config}``, e.g. a decode layer's four sites): one shape class per measured shape,
+    ``n_max = N`` in ascending order; ``k_max = K`` where a measured shape of the same ``N`` with a
+    larger ``K`` follows (o before down at Qwen3-8B's 4096 x 4096 / 4096 x 12288), else unbounded.
+    A shape wider than every measured one matches none of them (the table's later rows take it)."""
+    if not isinstance(M, int) or not 1 <= M <= MAX_M:
+        raise ValueError(f"M must be an int in 1..{MAX_M}, got {M!r}")
+    rows = []
+    keys = sorted(measured)
+    for i, (N, K) in enumerate(keys):
+        cfg = measured[(N, K)]
+        if not isinstance(cfg, GemvConfig):
+            raise ValueError(f"measured[{(N, K)}] must be a GemvConfig, got {type(cfg).__name__}")
+        bounded = any(n2 == N for n2, _ in keys[i + 1:])
+        rows.append((M, N, K if bounded else 2 ** 62, cfg))
+    return tuple(rows)
+
+
+def rows_to_json(rows) -> list:
+    """:data:`CONFIGS`-style rows as JSON-able dicts (what ``benchmarks/gemv.py --fused --sweep``
+    stores as ``meta["tuned_rows"]``)."""
+    return [{"m_max": m, "n_max": n, "k_max": k, "config": dataclasses.asdict(c)} for m, n, k, c in rows]
+
+
+def rows_from_json(items) -> Tuple[Tuple[int, int, int, GemvConfig], ...]:
+    """The inverse of :func:`rows_to_json`; ``ValueError`` naming what is malformed."""
+    if not isinstance(items, list) or not items:
+        raise ValueError(f"tuned rows must be a non-empty list, got {type(items).__name__}")
+    out = []
+    for i, it in enumerate(items):
+        try:
+            m, n, k = (int(it[key]) for key in ("m_max", "n_max", "k_max"))
+            cfg = GemvConfig(**it["config"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"tuned row {i} ({it!r}) is not {{m_max, n_max, k_max, config}}: {e}") from None
+        if not 1 <= m <= MAX_M or n < 1 or k < 1:
+            raise ValueError(f"tuned row {i}: m_max must be in 1..{MAX_M} and n_max, k_max >= 1, got {m}, {n}, {k}")
+        out.append((m, n, k, cfg))
+    return tuple(out)
+
+
+@contextlib.contextmanager
+def configs_installed(rows):
+    """Within the block, ``rows`` (:func:`class_rows`' output) stand in :data:`CONFIGS` after
+    the rows of narrower classes (fewer rows ``m_max < M``, or narrower weights ``n_max`` below
+    every new row's) and before all others, so a benchmark can run the engine with a table
+    measured earlier in the same run; the table is restored afterwards."""
+    global CONFIGS
+    keep = CONFIGS
+    rows = tuple(rows)
+    m = min((r[0] for r in rows), default=MAX_M)
+    n = min((r[1] for r in rows), default=0)
+    narrower = [r[0] < m or r[1] < n for r in keep]
+    CONFIGS = (tuple(r for r, a in zip(keep, narrower) if a) + rows
+               + tuple(r for r, a in zip(keep, narrower) if not a))
+    try:
+        yield CONFIGS
+    finally:
+        CONFIGS = keep
+
+
 # ============================================================================ host
 
 def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
@@ -382,4 +446,4 @@ def _rows(t: torch.Tensor, name: str, M: int, C: int) -> torch.Tensor:
                          f"{tuple(t.shape)} strides {t.stride()}") from None
 
 
-__all__ = ["GemvConfig", "CONFIGS", "pick_config", "gemv_triton"]
+__all__ = ["GemvConfig", "CONFIGS", "pick_config", "class_rows", "rows_to_json", "rows_from_json", "configs_installed", "gemv_triton"]
