@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue #18, target 1 (decode B=1) in one GPU call of < 600 s on one H200 (docs/performance.md
-# "The next GPU session"): the GPU tests of the GEMV and of the engine with the GEMV; then the
+# "The next GPU session"): the GPU tests of the GEMV, the fused GEMV and the engine with it; then the
 # fused-site sweep at the Orthros pair's M = 2 (every form, the deferred one of change 12 among
 # them), whose winners become CONFIGS rows (meta.tuned_rows); then the roofline's decode section with --gemv run with exactly those rows (--gemv-configs), against the
 # same-run HBM floor and gpt-fast. Everything lands in $OUT. Nothing is installed: the image's
@@ -18,7 +18,8 @@ GPT_FAST=${GPT_FAST:-.gpu/gpt-fast}
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$OUT/log"
-timeout -k 10 "$T_TESTS" python3 -m pytest tests/ops/test_gemv.py tests/engine/test_engine_gemv.py -m gpu -n 8 \
+timeout -k 10 "$T_TESTS" python3 -m pytest tests/ops/test_gemv.py tests/ops/test_gemv_fused.py tests/engine/test_engine_gemv.py \
+  -m gpu -n 8 \
   -p no:cacheprovider -q -rfE -W ignore > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests: exit=$? $(grep -E '[0-9]+ (passed|failed)' "$OUT/gpu_tests.log" | tail -1)" | tee -a "$OUT/log"
 grep -E '^(FAILED|ERROR)' "$OUT/gpu_tests.log" | head -n 20 | tee -a "$OUT/log"

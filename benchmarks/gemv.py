@@ -239,7 +239,8 @@ def main(argv=None) -> int:
                     fn(x, w)
                 ts.append((time.perf_counter() - t) / len(weights))
             return statistics.median(ts)
-        nbytes = weights[0].numel() * elem
+        w0 = weights[0]  # a weight, or (layer chain) a tuple of one layer's tensors
+        nbytes = sum(t.numel() for t in w0) * elem if isinstance(w0, tuple) else w0.numel() * elem
         rounds = max(1, math.ceil(2e9 / (nbytes * len(weights))))  # >= ~2 GB streamed per replay
         torch.cuda.synchronize(dev)
         s = torch.cuda.Stream(dev)
@@ -295,6 +296,21 @@ def main(argv=None) -> int:
             if best is None or t < best[0]:
                 best = (t, c, err)
         return best, tried, False
+
+    def store_tuned_rows():
+        """``--fused --sweep``: the swept winners as CONFIGS rows in ``meta["tuned_rows"]``
+        (``roofline.py --gemv-configs`` installs them)."""
+        if not a.sweep:
+            return
+        from orthros.ops.gemv.kernel import GemvConfig, class_rows, rows_to_json
+
+        tuned = []
+        for M in a.m:
+            best = {(r_["N"], r_["K"]): GemvConfig(**r_["config"]) for r_ in rows
+                    if r_["M"] == M and r_["system"] == "fused-best"}
+            if best:
+                tuned += class_rows(M, best)
+        meta["tuned_rows"] = rows_to_json(tuned)
 
     def fused_sites():
         """``--fused``: per site and M, one row per system of :data:`FUSED_SYSTEMS`; returns why
@@ -372,6 +388,8 @@ def main(argv=None) -> int:
                 del weights
                 if cuda:
                     torch.cuda.empty_cache()
+            store_tuned_rows()  # before the layer chain: its failure must not lose the sweep's winners
+            write()
             if len(a.sites) == len(SITES):
                 return layer_chain()
         finally:
@@ -437,16 +455,7 @@ def main(argv=None) -> int:
                     per.setdefault(r_["system"], {})[r_["site"]] = r_["us"]
             layer[str(M)] = {k: sum(v.values()) for k, v in per.items() if len(v) == len(SITES)}
         meta["layer_us"] = {M: v for M, v in layer.items() if v}
-        if a.sweep:  # the swept winners as CONFIGS rows (roofline.py --gemv-configs installs them)
-            from orthros.ops.gemv.kernel import GemvConfig, class_rows, rows_to_json
-
-            tuned = []
-            for M in a.m:
-                best = {(r_["N"], r_["K"]): GemvConfig(**r_["config"]) for r_ in rows
-                        if r_["M"] == M and r_["system"] == "fused-best"}
-                if best:
-                    tuned += class_rows(M, best)
-            meta["tuned_rows"] = rows_to_json(tuned)
+        store_tuned_rows()
         if stopped:
             meta["stopped"] = stopped
             print(f"stopped: {stopped}", file=sys.stderr)

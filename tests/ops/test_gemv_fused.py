@@ -192,14 +192,33 @@ def test_triton_fused_table_config_strided_rows_and_split_determinism():
     assert rel(a, gemv_ref(x, w, norm_weight=nw, norm_eps=1e-5, residual=r)) < 1e-5
 
 
-def test_triton_norm_uses_the_whole_row():
-    """Every split's rstd covers all of K: scaling one K slice of x changes every output."""
+@pytest.mark.parametrize("cfg", [GemvConfig(block_n=16, block_k=16, split=4), GemvConfig(block_n=16, block_k=16),
+                                 GemvConfig(block_n=16, block_k=16, defer=True),
+                                 GemvConfig(block_n=16, block_k=16, dot=True)],
+                         ids=["split4-two-pass", "fma-late", "defer-late", "dot-late"])
+def test_triton_norm_uses_the_whole_row(cfg):
+    """Every split's rstd covers all of K: scaling one K slice of x (the last split's, or the last
+    tile of the late norm's loop, which sums x^2 as it goes) changes every output."""
+    from orthros.ops.gemv.kernel import late_norm
+
+    assert late_norm(cfg, cfg.split, torch.float32) == (cfg.split == 1)
     x, w, kw = fused_case("norm", 2, 16, 64, torch.float32, seed=40)
     x2 = x.clone()
-    x2[:, 48:] *= 10.0  # only the last split's slice (split 4 of 16)
-    cfg = GemvConfig(block_n=16, block_k=16, split=4)
-    for xx in (x, x2):
-        assert rel(gemv_triton(xx, w, config=cfg, **kw), gemv_ref(xx, w, **kw)) < 1e-5
+    x2[:, 48:] *= 10.0  # only the last split's slice (split 4 of 16), the last of 4 tiles
+    outs = [gemv_triton(xx, w, config=cfg, **kw) for xx in (x, x2)]
+    for xx, y in zip((x, x2), outs):
+        assert rel(y, gemv_ref(xx, w, **kw)) < 1e-5
+    assert (outs[0][:, :] - outs[1][:, :]).abs().min() > 0  # the rstd moved every output
+
+
+def test_late_norm_only_where_it_is_safe():
+    """One K slice only (a split sees part of each row), and not the fp16 tensor-core form (its
+    operand x * norm_weight is not normalised and could leave fp16's range)."""
+    from orthros.ops.gemv.kernel import late_norm
+
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        assert late_norm(FMA, 1, dt) and late_norm(DEFER, 1, dt) and not late_norm(FMA, 3, dt)
+        assert late_norm(DOT, 1, dt) == (dt != torch.float16) and not late_norm(DOT, 2, dt)
 
 
 # ------------------------------------------------------------------ refusals

@@ -98,13 +98,28 @@ def _prologue(X, x_offs, x_mask, NW, nw_offs, nw_mask, rstd, K,
 
 
 @triton.jit
+def _times_norm_weight(x, NW, nw_offs, nw_mask, MASK_K: tl.constexpr, dt: tl.constexpr, ROUND: tl.constexpr,
+                       EMU_RNE: tl.constexpr):
+    """``x * norm_weight`` in float32 (the late norm's tile; ``ROUND``: rounded to ``dt``, the
+    tensor-core form's operand); the row's ``rstd`` is applied to the product in the epilogue."""
+    if MASK_K:
+        nw = tl.load(NW + nw_offs, mask=nw_mask, other=0.0)
+    else:
+        nw = tl.load(NW + nw_offs)
+    y = x.to(tl.float32) * nw.to(tl.float32)
+    if ROUND:
+        y = _round(y, dt, EMU_RNE).to(tl.float32)
+    return y
+
+
+@triton.jit
 def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, M_ROWS: tl.constexpr,
                  DOT: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr,
                  PREC: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
                  NORM: tl.constexpr = False, SILU: tl.constexpr = False, HAS_RES: tl.constexpr = False,
                  EMU_RNE: tl.constexpr = False, NORM_M: tl.constexpr = 1, NORM_K: tl.constexpr = 16,
-                 DEFER: tl.constexpr = False):
+                 DEFER: tl.constexpr = False, NORM_LATE: tl.constexpr = False):
     """Program ``(pid_n, pid_k)``: output rows ``[pid_n * BLOCK_N, +BLOCK_N)`` over ``K`` slice
     ``[pid_k * k_per_split, +k_per_split)``. ``M_ROWS`` (= M, constexpr) unrolls the CUDA-core
     form; ``BLOCK_M`` is the accumulator's row count (pow2 >= M; 16 in the dot form). ``DEFER``
@@ -119,7 +134,12 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
     Prologues (constexpr: the plain GEMV compiles as before): ``NORM`` first sums ``x^2`` over
     the whole of ``K`` (every split does: the rows are tiny and L2-resident) for each row's
     ``rstd``, then normalises each x tile as it is loaded (:func:`_prologue`); ``SILU`` reads
-    ``x [M, 2K]`` (``gate | up``, row stride ``sxm``). ``HAS_RES``: ``Y = R + (acc -> dtype)``."""
+    ``x [M, 2K]`` (``gate | up``, row stride ``sxm``). ``HAS_RES``: ``Y = R + (acc -> dtype)``.
+    ``NORM_LATE`` (instead of ``NORM``, with one K slice: the program sees whole rows): no first
+    pass; the loop multiplies each x tile by the norm weight only and sums ``x^2`` as it goes, and the
+    epilogue scales each row's product by its ``rstd`` (``rstd`` is one scalar a row, so it
+    factors out of the sum over ``K``); the rounding differs from the two-pass form's by the
+    dtype's rounding of the normalised input (within the tests' tolerance of the reference)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -129,6 +149,16 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
     k_lo = pid_k.to(tl.int64) * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     w_rows = W + tl.minimum(offs_n, N - 1)[:, None] * swn
+    dt = X.dtype.element_ty
+    # NORM_LATE: each row's sum of x^2, summed in the loop, elementwise over the x tile's shape
+    # (reduced over K once after it: no cross-thread reduction in the loop) but in the per-tile form
+    ssq = tl.zeros([BLOCK_M], tl.float32)
+    if NORM_LATE and DOT:
+        ssq_t = tl.zeros([BLOCK_K, BLOCK_M], tl.float32)
+    elif NORM_LATE and DEFER:
+        ssq_t = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
+    else:
+        ssq_t = tl.zeros([1, 1], tl.float32)  # unused
     if NORM:  # each row's 1 / rms over the whole of K, as RMSNorm: float32 mean of squares
         # tiles of NORM_M (pow2 >= M) rows x NORM_K (~4096 elements in all): few dependent L2 round
         # trips before the weight stream starts (K = 4096 at M <= 2: one or two)
@@ -163,6 +193,11 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
         if DOT:
             xt = _prologue(X, offs_m[None, :] * sxm + offs_k[:, None], m_ok[None, :] & k_ok[:, None],
                            NW, offs_k[:, None], k_ok[:, None], rstd[None, :], K, NORM, SILU, True, not EVEN_K, EMU_RNE)
+            if NORM_LATE:
+                xf = xt.to(tl.float32)
+                ssq_t += xf * xf
+                xt = _times_norm_weight(xt, NW, offs_k[:, None], k_ok[:, None], not EVEN_K, dt, True,
+                                        EMU_RNE).to(dt)
             if UPCAST:  # the interpreter's bf16 tl.dot is wrong (docs: guide); fp32 there
                 w = w.to(tl.float32)
                 xt = xt.to(tl.float32)
@@ -171,6 +206,9 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
             xk = _prologue(X, offs_m[:, None] * sxm + offs_k[None, :], m_ok[:, None] & k_ok[None, :], NW,
                            offs_k[None, :], k_ok[None, :], rstd[:, None], K, NORM, SILU, True, not EVEN_K,
                            EMU_RNE).to(tl.float32)
+            if NORM_LATE:
+                ssq_t += xk * xk
+                xk = _times_norm_weight(xk, NW, offs_k[None, :], k_ok[None, :], not EVEN_K, dt, False, EMU_RNE)
             acc3 += w.to(tl.float32)[None, :, :] * xk[:, None, :]
         else:
             wf = w.to(tl.float32)
@@ -181,12 +219,21 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
                     rstd_m = 0.0
                 xm = _prologue(X, m * sxm + offs_k, k_ok, NW, offs_k, k_ok, rstd_m, K, NORM, SILU,
                                not EVEN_K, not EVEN_K, EMU_RNE).to(tl.float32)
+                if NORM_LATE:
+                    ssq = tl.where(offs_m == m, ssq + tl.sum(xm * xm, axis=0), ssq)
+                    xm = _times_norm_weight(xm, NW, offs_k, k_ok, not EVEN_K, dt, False, EMU_RNE)
                 part = tl.sum(wf * xm[None, :], axis=1)  # [BLOCK_N]
                 acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
     if DOT:
         acc = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
     if DEFER:
         acc = tl.sum(acc3, axis=2)
+    if NORM_LATE:
+        if DOT:
+            ssq = tl.sum(ssq_t, axis=0)
+        elif DEFER:
+            ssq = tl.sum(ssq_t, axis=1)
+        acc = acc * tl.rsqrt(ssq / K + eps)[:, None]
     mask = m_ok[:, None] & n_ok[None, :]
     if SPLIT == 1:
         if HAS_BIAS:
@@ -411,20 +458,29 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     prec = "ieee" if (x.dtype == torch.float32 or upcast) else "tf32"
     sxm = x2.stride(0) if M > 1 else Kx
     flags = dict(NORM=norm_weight is not None, SILU=act == "silu", HAS_RES=residual is not None)
+    late = late_norm(cfg, split, x.dtype)
     _gemv_kernel[(cdiv(N, cfg.block_n), split)](
         x2, weight, b, y, part, nw, r, M, N, K, sxm, weight.stride(0), srm, k_per_split,
         float(norm_eps) if norm_weight is not None else 0.0,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, M_ROWS=M, DOT=cfg.dot, SPLIT=split,
         HAS_BIAS=bias is not None, UPCAST=upcast, PREC=prec, EVEN_K=K % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
-        NORM=flags["NORM"], SILU=flags["SILU"], HAS_RES=split == 1 and flags["HAS_RES"], EMU_RNE=emu_rne,
-        **_norm_tile(M, K, norm_weight is not None), DEFER=cfg.defer, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        NORM=flags["NORM"] and not late, SILU=flags["SILU"], HAS_RES=split == 1 and flags["HAS_RES"], EMU_RNE=emu_rne,
+        **_norm_tile(M, K, flags["NORM"] and not late), DEFER=cfg.defer, NORM_LATE=flags["NORM"] and late,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
         block = 1024
         _gemv_reduce[(cdiv(M * N, block),)](part, b, y, r, M * N, N, srm, SPLIT=split, BLOCK=block,
                                             HAS_BIAS=bias is not None, HAS_RES=flags["HAS_RES"], EMU_RNE=emu_rne,
                                             num_warps=4)
     return y
+
+
+def late_norm(cfg: GemvConfig, split: int, dtype: torch.dtype) -> bool:
+    """Whether the RMSNorm prologue runs in the K loop (``NORM_LATE``: no first pass over ``x``,
+    ``rstd`` applied in the epilogue): with one K slice (each program sees whole rows), and not
+    for the tensor-core form in fp16, whose operand ``x * norm_weight`` (not normalised) could
+    leave fp16's range where the normalised input does not."""
+    return split == 1 and not (cfg.dot and dtype == torch.float16)
 
 
 def _norm_tile(M: int, K: int, norm: bool) -> dict:
@@ -446,4 +502,5 @@ def _rows(t: torch.Tensor, name: str, M: int, C: int) -> torch.Tensor:
                          f"{tuple(t.shape)} strides {t.stride()}") from None
 
 
-__all__ = ["GemvConfig", "CONFIGS", "pick_config", "class_rows", "rows_to_json", "rows_from_json", "configs_installed", "gemv_triton"]
+__all__ = ["GemvConfig", "CONFIGS", "pick_config", "late_norm", "class_rows", "rows_to_json", "rows_from_json",
+           "configs_installed", "gemv_triton"]
