@@ -119,9 +119,14 @@ def test_config_table_is_a_function_of_the_shape():
             cfg = pick_config(M, N, K)
             assert isinstance(cfg, GemvConfig) and cfg == pick_config(M, N, K)
             assert any(cfg is c for *_, c in CONFIGS)
-        # the measured table: the CUDA-core form for one row, the tensor-core form for 2..8 rows
-        assert not pick_config(1, N, K).dot and pick_config(2, N, K) is pick_config(8, N, K)
-        assert pick_config(2, N, K).dot == (N > 2048)
+        # the measured table: the CUDA-core forms for one row; for 3..8 rows the tensor-core form
+        assert not pick_config(1, N, K).dot and pick_config(8, N, K).dot == (N > 2048)
+    # the 2026-12-02 sweep of a layer's fused sites: the deferred form at M = 1; at M = 2 the
+    # deferred form for down, the tensor-core form for o, QKV and gate/up
+    assert all(pick_config(1, N, K).defer for N, K in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288)))
+    assert not pick_config(1, 151936, 4096).defer  # the LM head: the 2026-12-01 row
+    assert pick_config(2, 4096, 12288).defer
+    assert all(pick_config(2, N, K).dot for N, K in ((6144, 4096), (4096, 4096), (24576, 4096), (151936, 4096)))
 
 
 def test_class_rows_and_installed_table():

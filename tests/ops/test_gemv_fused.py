@@ -343,7 +343,24 @@ def test_gpu_fused_sites_bf16(site, M):
     assert torch.equal(gemv(x, w, **kw), y)  # "auto" is the kernel on CUDA
     wg = w.clone().requires_grad_()
     assert gemv(x, wg, **kw).grad_fn.name() != gemv(x, wg, backend="triton", **kw).grad_fn.name()  # not with grad
-    assert rel(y, ref) < 2 * rel(unfused, ref) + 1e-3  # no worse than the unfused ops (cuBLAS)
+    assert rel(y, ref) < TOL[torch.bfloat16]
+    # no worse than the unfused ops (cuBLAS) against the float64 computation of the whole site
+    # (the reference shares the unfused ops' roundings of the prologue, which the late norm,
+    # kernel.late_norm, does not make: it scales by rstd in float32 after the product)
+    exact = exact_site(x, w, **kw)
+    assert rel(y, exact) < 2 * rel(unfused, exact) + 1e-3
+
+
+def exact_site(x, w, bias=None, norm_weight=None, norm_eps=None, act=None, residual=None):
+    """A fused site in float64 throughout (no rounding of the prologue's output)."""
+    x = x.double()
+    if norm_weight is not None:
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm_eps) * norm_weight.double()
+    if act == "silu":
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
+    y = x @ w.double().T + (bias.double() if bias is not None else 0)
+    return y + residual.double() if residual is not None else y
 
 
 @gpu

@@ -301,22 +301,30 @@ class GemvConfig:
 
 
 # Shape classes -> config, first match wins: (M at most, N at most, K at most, config).
-# Measured on one H200 (`benchmarks/gemv.py --sweep`, 2026-12-01, commit 900ef0b; every tried
-# config is in docs/results/gemv-2026-12-01/results.json) at Qwen3-8B's decode weights:
-# * M = 1: the CUDA-core form (`fma`); 16 x 256 tiles, 4 stages (best for QKV, o, down and the LM
-#   head), 32 x 256 single-stage for the gate/up class (best there, 47.3 us = 102% of copy BW).
-# * M = 2..8: the tensor-core form (`dot`, x padded to 16 rows, so M up to 8 costs what M = 2
-#   does; only M = 2 was timed); 64 x 128 tiles, split-K 4 for N <= 8192 (best for o and down,
-#   1.3% from the best for QKV), no split for the wide weights (best for gate/up and LM head).
+# Measured on one H200 at Qwen3-8B's decode weights, in two sweeps (every tried config is in the
+# raw JSON):
+# * 2026-12-02, commit 050c532 (`benchmarks/gemv.py --fused --sweep --m 1,2`,
+#   docs/results/gemv-2026-12-02/): the four fused sites of a decode layer (norm + QKV, o +
+#   residual, norm + gate/up, SiLU + down + residual) at M = 1 and 2; the roofline's engine ran
+#   with exactly these rows in the same call (`roofline.py --gemv-configs`). M = 1: the
+#   deferred-reduction form everywhere (8 x 512 for o and down, 16 x 256 for QKV and gate/up).
+#   M = 2: the tensor-core form for o (split-K 4), QKV (64 x 256) and gate/up (64 x 128), the
+#   deferred form for down.
+# * 2026-12-01, commit 900ef0b (`--sweep`, docs/results/gemv-2026-12-01/): the plain GEMV; the
+#   rows below the 2026-12-02 ones: the LM head at M = 1 (the CUDA-core form, 16 x 256, 4
+#   stages), widths between the measured ones, and M = 3..8 (the tensor-core form, x padded to
+#   16 rows, so M up to 8 costs what M = 2 does; only M = 2 was timed).
 # * N <= 2048 (no Qwen3-8B weight): not measured; split K 4 so few rows still fill the SMs.
-# Where cuBLAS stays faster (QKV at M = 2, by 3%) the table does not hide it: gemv(backend="auto")
-# is the kernel, and the engine does not call it (docs/benchmarks.md, "Weight-streaming GEMV").
 CONFIGS: Tuple[Tuple[int, int, int, GemvConfig], ...] = (
     (MAX_M, 2048, 2 ** 62, GemvConfig(block_n=16, block_k=512, split=4)),                       # few rows
-    (1, 8192, 2 ** 62, GemvConfig(block_n=16, block_k=256, split=1, num_stages=4)),           # QKV, o, down
-    (1, 65536, 2 ** 62, GemvConfig(block_n=32, block_k=256, split=1, num_stages=1)),          # gate/up
+    (1, 4096, 2 ** 62, GemvConfig(block_n=8, block_k=512, num_stages=4, defer=True)),          # o, down
+    (1, 24576, 2 ** 62, GemvConfig(block_n=16, block_k=256, num_stages=4, defer=True)),        # QKV, gate/up
+    (1, 65536, 2 ** 62, GemvConfig(block_n=32, block_k=256, split=1, num_stages=1)),          # (2026-12-01)
     (1, 2 ** 62, 2 ** 62, GemvConfig(block_n=16, block_k=256, split=1, num_stages=4)),        # LM head
-    (MAX_M, 8192, 2 ** 62, GemvConfig(block_n=64, block_k=128, split=4, dot=True)),           # QKV, o, down
+    (2, 4096, 4096, GemvConfig(block_n=64, block_k=128, split=4, dot=True)),                   # o
+    (2, 4096, 2 ** 62, GemvConfig(block_n=8, block_k=512, num_stages=4, defer=True)),          # down
+    (2, 6144, 2 ** 62, GemvConfig(block_n=64, block_k=256, split=1, dot=True)),                # QKV
+    (MAX_M, 8192, 2 ** 62, GemvConfig(block_n=64, block_k=128, split=4, dot=True)),           # (2026-12-01)
     (MAX_M, 2 ** 62, 2 ** 62, GemvConfig(block_n=64, block_k=128, split=1, dot=True)),        # gate/up, LM head
 )
 

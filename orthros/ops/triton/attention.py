@@ -452,7 +452,10 @@ def _stream_bwd(
 # Block configurations, keyed by (kind, BLOCK_D): (BLOCK_M, BLOCK_N, num_warps, num_stages).
 # Chosen by measurement on an H200 (benchmarks/attention.py --sweep); overridable for sweeps.
 CONFIGS = {
-    "win_fwd": {64: (64, 64, 4, 3), 128: (64, 64, 4, 3), 256: (64, 32, 4, 2)},
+    # win_fwd at head dim 128: 64 x 32 with the "edge" variant (FWD_VARIANT), 2026-12-02 (H200,
+    # benchmarks/attention.py --window-tune, commit 050c532: 1.57-1.65x Flex at 8K-1M, 1.25x the
+    # old 64 x 64 "base"; docs/benchmarks.md "window stream")
+    "win_fwd": {64: (64, 64, 4, 3), 128: (64, 32, 4, 3), 256: (64, 32, 4, 2)},
     "full_fwd": {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 4, 2)},
     "bwd_dq": {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (32, 32, 4, 1)},
     "bwd_dkdv": {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (32, 32, 4, 1)},
@@ -465,14 +468,15 @@ CONFIGS = {
     "bwd_dq_gqa": {64: (128, 64, 8, 2), 128: (128, 64, 8, 2), 256: (32, 32, 4, 1)},
 }
 # Forward kernel variant per stream, name -> (GQA-packed, mask only the edge blocks):
-#   base:       one query head per program, every visited key block masked (measured default);
-#   edge:       one query head per program, only blocks not entirely visible are masked;
+#   base:       one query head per program, every visited key block masked (the full stream's);
+#   edge:       one query head per program, only blocks not entirely visible are masked (the
+#               window stream's since 2026-12-02: measured fastest with 64 x 32 blocks at 8K-1M);
 #   gqa:        all G query heads of a KV head in one program (each K/V tile loaded once per
 #               group), edge masking;
 #   gqa_masked: the same packing, every block masked (separates the two effects).
 # benchmarks/attention.py --window-tune times them; overridable like CONFIGS.
 FWD_VARIANTS = {"base": (False, False), "edge": (False, True), "gqa": (True, True), "gqa_masked": (True, False)}
-FWD_VARIANT = {"win_fwd": "base", "full_fwd": "base"}
+FWD_VARIANT = {"win_fwd": "edge", "full_fwd": "base"}
 # dQ programs of the backward (both streams): "base" (one query head per program, every block
 # masked; measured default) or "gqa" (GQA-packed rows, edge masking; bwd_dq_gqa's blocks).
 DQ_VARIANTS = ("base", "gqa")
