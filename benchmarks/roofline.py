@@ -41,6 +41,7 @@ def _attention_module():
     """benchmarks/attention.py, imported from its file (a script, not a package)."""
     spec = importlib.util.spec_from_file_location("orthros_bench_attention", os.path.join(HERE, "attention.py"))
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # torch.compile (Flex) re-imports a traced function's module by name
     spec.loader.exec_module(mod)
     return mod
 

@@ -376,3 +376,17 @@ def test_gemv_configs_runs_the_fused_engine_with_the_swept_rows(tmp_path, monkey
     with pytest.raises(SystemExit) as e:
         R.main(["--device", "cpu", "--quick", "--gemv", "--gemv-configs", str(results), "--out", str(tmp_path / "n")])
     assert e.value.code == 2 and not (tmp_path / "n").exists()
+
+
+def test_window_timing_module_is_importable_by_name():
+    """torch.compile (Flex in the window section) re-imports the module of a traced function by its
+    name: benchmarks/attention.py, loaded from its file by the script, must be in sys.modules under
+    that name (the 2026-12-02 GPU run lost every Flex figure to a ModuleNotFoundError here)."""
+    import importlib
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("orthros_roofline_script", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    att = script._attention_module()
+    assert importlib.import_module(att.flex_window.__module__) is att
