@@ -467,14 +467,18 @@ def summarize(rows: List[Dict]) -> List[Dict]:
 
 def join_runs(runs: List[Dict]):
     """Rows of several results.json (later runs replace a skipped or repeated cell of earlier
-    ones) and the first run's metadata."""
+    ones) and the first run's metadata, with the commits of all of them when they differ."""
     cells = {}
     for run in runs:
         for r in run["rows"]:
             key = (r.get("section"), r.get("system"), r.get("pass"), r.get("B"), r.get("L"), r.get("T"))
             if key not in cells or "skipped" not in r or "skipped" in cells[key]:
                 cells[key] = r
-    return list(cells.values()), runs[0].get("meta", {})
+    meta = dict(runs[0].get("meta", {}))
+    commits = list(dict.fromkeys(str(c) for c in (run.get("meta", {}).get("commit") for run in runs) if c))
+    if len(commits) > 1:
+        meta["commit"] = " / ".join(commits)
+    return list(cells.values()), meta
 
 
 def print_summary(rows: List[Dict]):

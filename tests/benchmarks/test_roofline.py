@@ -301,6 +301,9 @@ def test_join_runs_prefers_measured_cells():
     assert meta == {"run": 1} and measured in rows and other in rows and skipped not in rows
     rows, _ = R.join_runs([{"rows": [skipped]}, {"rows": [measured]}])
     assert rows == [measured]
+    _, meta = R.join_runs([{"meta": {"commit": "a1"}, "rows": []}, {"meta": {"commit": "b2"}, "rows": []},
+                           {"meta": {"commit": "a1"}, "rows": []}])
+    assert meta["commit"] == "a1 / b2"  # the figure's title names every run's commit
 
 
 def test_window_reserve_skips_decode_cells_but_runs_the_window_section(tmp_path):
