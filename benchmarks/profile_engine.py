@@ -8,7 +8,7 @@ engine. Gaps = step time - kernel time (launch latency between kernels inside th
 ``--phase prefill``: a short prefill (``--context`` tokens per row, ``--batch`` rows), wall time
 and the top host (CPU) and device (CUDA) operators, Orthros vs the Transformer.
 
-    python benchmarks/profile_engine.py [--phase decode|prefill] [--compile] [--context 1024] [--batch 1] [--json out.json]
+    python benchmarks/profile_engine.py [--phase decode|prefill] [--compile] [--gemv] [--context 1024] [--batch 1] [--json out.json]
         [--preset qwen3-8b|qwen3.5-9b|tiny|tiny-h] [--reps 10] [--profiled 3]
 
 ``--preset qwen3.5-9b --phase prefill --context 131072``: where Orthros-H's and the Linear
@@ -145,6 +145,8 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--phase", default="decode", choices=["decode", "prefill"])
     p.add_argument("--compile", action="store_true")
+    p.add_argument("--gemv", action="store_true",
+                   help="decode: the engine with Engine(gemv=True) (fused weight-streaming GEMVs)")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--json", default=None)
@@ -167,9 +169,10 @@ def main():
     bw = copy_bandwidth(dev)
     wb = weight_bytes_per_step(model)
     out = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "commit": commit_id(),
-           "compile": a.compile, "context": a.context, "batch": a.batch, "copy_bw_tb_s": bw / 1e12, "modes": {}}
+           "compile": a.compile, "gemv": a.gemv, "context": a.context, "batch": a.batch, "copy_bw_tb_s": bw / 1e12, "modes": {}}
     for mode in ("orthros", "full"):
-        eng = Engine(model, max_batch_size=a.batch, max_seq_len=a.context + 64, attention_mode=mode, compile=a.compile)
+        eng = Engine(model, max_batch_size=a.batch, max_seq_len=a.context + 64, attention_mode=mode, compile=a.compile,
+                     gemv=a.gemv)
         floor_ms = 1000 * (wb + a.batch * a.context * eng.cache.bytes_per_token()) / bw
         dt, by, names = profile(eng, a.batch, a.context)
         tot = sum(v[0] for v in by.values()) / 1000

@@ -30,6 +30,15 @@ def test_smoke_on_cpu(tmp_path, preset, phase):
     assert "== orthros" in p.stdout and "== full" in p.stdout
 
 
+def test_decode_with_fused_gemvs_on_cpu(tmp_path):
+    """--gemv reaches the engine (Engine(gemv=True): the GEMV op's torch path on a CPU)."""
+    out = tmp_path / "g.json"
+    p = _run("--preset", "tiny", "--context", "64", "--gemv", "--json", str(out))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["gemv"] is True and set(data["modes"]) == {"orthros", "full"}
+
+
 def test_bad_counts_refused():
     p = _run("--reps", "0")
     assert p.returncode == 2 and "--reps 0" in p.stderr

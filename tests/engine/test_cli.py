@@ -108,3 +108,24 @@ def test_generate_compile_flag_gives_the_same_text(checkpoint):
     rc, plain = run_cli(argv)
     rc2, compiled = run_cli(argv[:1] + ["--compile"] + argv[1:])
     assert rc == rc2 == 0 and compiled == plain
+
+
+def test_generate_gemv_flag_reaches_the_engine_and_gives_the_same_text(checkpoint, monkeypatch):
+    """--gemv builds Engine(gemv=True) (on a CPU the GEMV op runs the same ops unfused, so the
+    text is the plain engine's)."""
+    from orthros.engine import engine as engine_mod  # the CLI imports Engine from it at call time
+
+    d, _ = checkpoint
+    torch.set_num_threads(1)
+    seen = []
+    real = engine_mod.Engine
+
+    def spy(*args, **kw):
+        seen.append(kw.get("gemv"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(engine_mod, "Engine", spy)
+    argv = ["generate", "--model", str(d), "--max-new-tokens", "6", "--device", "cpu", "w3 w8 w2 w9"]
+    rc, plain = run_cli(argv)
+    rc2, fused = run_cli(argv[:1] + ["--gemv"] + argv[1:])
+    assert rc == rc2 == 0 and fused == plain and seen == [False, True]
