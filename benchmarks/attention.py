@@ -20,8 +20,8 @@ Timings: CUDA events through ``triton.testing.do_bench`` (median). Run on a GPU:
   B in {1, 2, 8} x L in {8K, 32K, 128K} over split counts (incl. the heuristic's at each
   ``min_split``), both merges (two launches / inline, one launch) at each split count, and
   (BLOCK_N, num_warps, num_stages), next to SDPA decode;
-* ``--window-tune``: window-only fwd+bwd at 8K/32K for several backward configs (block sizes,
-  one or two launches, the GQA-packed dQ), host enqueue time, a CUDA-graph replay (GPU time
+* ``--window-tune``: window-only fwd+bwd at 8K/32K/128K for several backward configs (block sizes,
+  one or two launches, the GQA-packed and the edge-masked dQ), host enqueue time, a CUDA-graph replay (GPU time
   alone), Flex at 8K, and a host profile; then every window-forward candidate
   (``attention.FWD_VARIANT`` x block config, and the packed forward + packed dQ) at
   8K/32K/128K/1M, fwd and fwd+bwd, with Flex/ours, ours/floor and the output checked against
@@ -500,6 +500,10 @@ WINDOW_BWD_CANDIDATES = [
     ("dq gqa w8 fused", {"bwd_dkdv": (64, 64, 8, 2), "bwd_dq_gqa": (128, 64, 8, 2)}, True, "gqa"),
     ("dq gqa w8 2-launch", {"bwd_dq_gqa": (128, 64, 8, 2)}, False, "gqa"),
     ("dq gqa 128x32 fused", {"bwd_dkdv": (64, 64, 8, 2), "bwd_dq_gqa": (128, 32, 8, 2)}, True, "gqa"),
+    # the edge-masked dQ of one head a program (DQ_VARIANT "edge"), alone and with 2026-12-02's best dK/dV
+    ("dq edge", {}, True, "edge"),
+    ("dq edge + dkdv 32x64", {"bwd_dkdv": (32, 64, 4, 2)}, True, "edge"),
+    ("dq edge 64x32 + dkdv 32x64", {"bwd_dkdv": (32, 64, 4, 2), "bwd_dq": (64, 32, 4, 2)}, True, "edge"),
 ]
 
 
@@ -530,7 +534,7 @@ def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None
         ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT = keep_fused, keep_variant, keep_dq
 
 
-def window_tune(Ts=(8192, 32768), flex_T=8192, budget_s=90.0):
+def window_tune(Ts=(8192, 32768, 131072), flex_T=8192, budget_s=150.0):
     t0 = time.time()
     log("\n## window tune: window-only fwd+bwd (eager do_bench), host enqueue time, CUDA-graph replay")
     log(f"{'T':>6} {'config':>16} {'f+b ms':>8} {'host ms':>8} {'graph ms':>9}")

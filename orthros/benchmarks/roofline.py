@@ -744,7 +744,8 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
 
     if a.gemv_rows:
         meta["gemv_configs"] = {"file": a.gemv_configs, "rows": rows_to_json(a.gemv_rows)}
-    with CompileFallbacks() as fallbacks, (configs_installed(a.gemv_rows) if a.gemv_rows else contextlib.nullcontext()):
+    gemv_table = configs_installed(a.gemv_rows) if a.gemv_rows else contextlib.nullcontext()
+    with CompileFallbacks() as fallbacks, gemv_table:
         meta["compile_failures"] = fallbacks
         for i, section in enumerate(a.sections):
             print(f"\n## section {section} (at {time.time() - sweep.t0:.0f} s)", flush=True)

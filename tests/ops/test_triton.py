@@ -318,20 +318,22 @@ def test_forward_variants(poison, monkeypatch, name, case):
     run_case(D=16, **c)
 
 
-def use_dq_variant(monkeypatch, fused, small=not HAS_CUDA):
+def use_dq_variant(monkeypatch, fused, variant="gqa", small=not HAS_CUDA):
     from orthros.ops.triton import attention as ta
 
-    monkeypatch.setattr(ta, "DQ_VARIANT", "gqa")
+    monkeypatch.setattr(ta, "DQ_VARIANT", variant)
     monkeypatch.setattr(ta, "FUSED_BWD", fused)
     if small:
         monkeypatch.setitem(ta.CONFIGS["bwd_dq_gqa"], 64, (32, 16, 4, 1))
+        monkeypatch.setitem(ta.CONFIGS["bwd_dq"], 64, (16, 16, 4, 1))
 
 
+@pytest.mark.parametrize("variant", ["gqa", "edge"])
 @pytest.mark.parametrize("case", [c for c, kw in VARIANT_CASES.items() if kw.get("grad", True)])
-def test_dq_gqa_variant(poison, monkeypatch, case):
-    """The GQA-packed, edge-masked dQ (both streams) against the reference, in the fused launch
-    and (odd cases) in its own launch."""
-    use_dq_variant(monkeypatch, fused=list(VARIANT_CASES).index(case) % 2 == 0)
+def test_dq_gqa_variant(poison, monkeypatch, case, variant):
+    """The edge-masked dQ variants (GQA-packed, or one head a program) of both streams against
+    the reference, in the fused launch and (odd cases) in its own launch."""
+    use_dq_variant(monkeypatch, fused=list(VARIANT_CASES).index(case) % 2 == 0, variant=variant)
     c = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in VARIANT_CASES[case].items()}
     run_case(D=16, **c)
 
@@ -437,9 +439,9 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
     fn = ta._stream_bwd
     nospec = set(ta._NO_SPEC) | {"HKV", "B", "n_kv_progs", "srb"}
     ptrs.update(DO="*bf16", DQ="*bf16", DK="*bf16", DV="*bf16", DELTA="*fp32", QRANGE="*i64")
-    for gp2, bm2, warps in [(1, 64, 4), (4, 32, 8)]:
+    for gp2, bm2, warps, edge2 in [(1, 64, 4, False), (4, 32, 8, False), (1, 64, 4, True)]:
         const = dict(G=4, D=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=64, BLOCK_M2=bm2, BLOCK_N2=64, POS_PTR=False,
-                     HAS_WINDOW=True, HAS_DOC=False, HAS_KVS=False, REVERSE=False, PREC="tf32", GP2=gp2)
+                     HAS_WINDOW=True, HAS_DOC=False, HAS_KVS=False, REVERSE=False, PREC="tf32", GP2=gp2, EDGE2=edge2)
         sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n.endswith("_scale") else "i32")
                for n in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
@@ -460,7 +462,7 @@ def test_forward_variants_compile_for_sm90_pipelined(tmp_path):
         assert int(stages) >= 2, (name, rows, bn, window, stages)  # K/V copies for >= 2 stages in flight
         assert int(n_b16) == 0, (name, rows, bn, window, n_b16)  # no 2-byte loads of Q/K/V
     bwd = printed(lines, "BWD")
-    assert len(bwd) == 2
+    assert len(bwd) == 3
     for gp2, n_async, n_b16 in bwd:
         assert int(n_async) > 0 and int(n_b16) == 0, (gp2, n_async, n_b16)
 
@@ -497,8 +499,8 @@ def test_forward_variants_gpu(poison, monkeypatch, dtype, name):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("variant,fused", [("gqa", True), ("gqa", False), ("edge", True)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_dq_gqa_variant_gpu(poison, monkeypatch, dtype, fused):
-    use_dq_variant(monkeypatch, fused)
+def test_dq_gqa_variant_gpu(poison, monkeypatch, dtype, variant, fused):
+    use_dq_variant(monkeypatch, fused, variant)
     variant_sweep_gpu(dtype)

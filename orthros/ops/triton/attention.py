@@ -279,12 +279,13 @@ def _dq_block(
     G, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
-    REVERSE: tl.constexpr, PREC: tl.constexpr, GP: tl.constexpr,
+    REVERSE: tl.constexpr, PREC: tl.constexpr, GP: tl.constexpr, EDGE: tl.constexpr = False,
 ):
-    """dQ of one query block. ``GP == 1``: ``h`` is the query head. ``GP > 1`` (GQA-packed, as
-    the packed forward): ``h`` is the group's first head and the tile stacks the block's queries
-    for all ``G`` heads (each K/V tile loaded once per group), and only the key blocks not
-    entirely visible to the block are masked."""
+    """dQ of one query block. ``GP == 1``: ``h`` is the query head; ``EDGE`` (DQ_VARIANT
+    "edge"): only the key blocks not entirely visible to the block are masked (int32 relative
+    positions), as the "edge" forward. ``GP > 1`` (GQA-packed, as the packed forward): ``h`` is
+    the group's first head and the tile stacks the block's queries for all ``G`` heads (each
+    K/V tile loaded once per group), edge-masked."""
     b64, h64, kvh64, rows, row_ok, qpos, lo, hi, qdoc, kvs, p_first, p_last = _q_block(
         pid_m, b, h, POS, DOC, DOCSTART, KVSTART, spb, M, pos_offset, window, G,
         BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE, GP * BLOCK_M)
@@ -296,6 +297,9 @@ def _dq_block(
         rmask = row_ok[:, None] & d_ok[None, :]
         q, do, lse, delta = _backward_rows(Q, DO, LSE, DELTA, b64, h64, h64, r64, rows, row_ok, rmask, offs_d,
                                            sqb, sqt, sqh, sdb, sdt, sdh, HQ, M)
+        if EDGE:
+            a_full, b_full = _interior(lo, hi, p_first, p_last, window, DOCSTART, kvs,
+                                       BLOCK_N, HAS_WINDOW, HAS_DOC, HAS_KVS)
     else:
         g = tl.arange(0, GP * BLOCK_M) // BLOCK_M
         hrow = kvh64 * G + g
@@ -317,12 +321,18 @@ def _dq_block(
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         p = tl.exp2(s - lse[:, None])  # rows without a visible key have lse = +inf: p = 0
         if GP == 1:
-            kdoc = cols
-            if HAS_DOC:
-                kdoc = tl.load(DOC + cols, mask=c_ok, other=-1)
-            mask = visible(cols[None, :], qpos[:, None], c_ok[None, :], window, kdoc[None, :], qdoc[:, None], kvs,
-                           HAS_WINDOW, HAS_DOC, HAS_KVS)
-            p = tl.where(mask, p, 0.0)
+            if EDGE:
+                if (start_n < a_full) | (start_n >= b_full):  # an edge block
+                    mask = _edge_mask(start_n, hi, cols, c_ok, qpos, window, DOC, qdoc, kvs,
+                                      BLOCK_N, HAS_WINDOW, HAS_DOC, HAS_KVS)
+                    p = tl.where(mask, p, 0.0)
+            else:
+                kdoc = cols
+                if HAS_DOC:
+                    kdoc = tl.load(DOC + cols, mask=c_ok, other=-1)
+                mask = visible(cols[None, :], qpos[:, None], c_ok[None, :], window, kdoc[None, :], qdoc[:, None],
+                               kvs, HAS_WINDOW, HAS_DOC, HAS_KVS)
+                p = tl.where(mask, p, 0.0)
         else:
             if (start_n < a_full) | (start_n >= b_full):  # an edge block
                 mask = _edge_mask(start_n, hi, cols, c_ok, qpos, window, DOC, qdoc, kvs,
@@ -416,10 +426,11 @@ def _stream_bwd(
     G, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
-    REVERSE: tl.constexpr, PREC: tl.constexpr, GP2: tl.constexpr = 1,
+    REVERSE: tl.constexpr, PREC: tl.constexpr, GP2: tl.constexpr = 1, EDGE2: tl.constexpr = False,
 ):
     """dK/dV programs (first ``n_kv_progs``; ``BLOCK_M x BLOCK_N``) and dQ programs (the rest;
-    ``BLOCK_M2 x BLOCK_N2``, or ``GP2 * BLOCK_M2`` GQA-packed rows) of one stream in a single launch."""
+    ``BLOCK_M2 x BLOCK_N2``, or ``GP2 * BLOCK_M2`` GQA-packed rows; ``EDGE2``: one head a
+    program, edge-masked) of one stream in a single launch."""
     pid = tl.program_id(0)
     if pid < n_kv_progs:
         nkb = tl.cdiv(N, BLOCK_N)
@@ -444,7 +455,8 @@ def _stream_bwd(
                   Q, K, V, DO, DQ, LSE, DELTA, POS, DOC, DOCSTART, KVSTART,
                   sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh, sgb, sgt, sgh, spb,
                   M, N, HQ, pos_offset, window, qk_scale, sm_scale,
-                  G, D, BLOCK_D, BLOCK_M2, BLOCK_N2, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE, PREC, GP2)
+                  G, D, BLOCK_D, BLOCK_M2, BLOCK_N2, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE, PREC, GP2,
+                  EDGE2)
 
 
 # ============================================================================ host
@@ -478,8 +490,10 @@ CONFIGS = {
 FWD_VARIANTS = {"base": (False, False), "edge": (False, True), "gqa": (True, True), "gqa_masked": (True, False)}
 FWD_VARIANT = {"win_fwd": "edge", "full_fwd": "base"}
 # dQ programs of the backward (both streams): "base" (one query head per program, every block
-# masked; measured default) or "gqa" (GQA-packed rows, edge masking; bwd_dq_gqa's blocks).
-DQ_VARIANTS = ("base", "gqa")
+# masked; measured default), "gqa" (GQA-packed rows, edge masking; bwd_dq_gqa's blocks; slower
+# on the H200, 2026-12-02) or "edge" (one head a program, only the blocks not entirely visible
+# masked, as the "edge" forward; bwd_dq's blocks; not measured yet).
+DQ_VARIANTS = ("base", "gqa", "edge")
 DQ_VARIANT = "base"
 # Use SDPA (cuDNN first) for the all-positions full stream of fp16/bf16 inputs.
 USE_SDPA_CAUSAL = os.environ.get("ORTHROS_NO_SDPA", "0") != "1"
@@ -633,6 +647,7 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     else:
         GP2 = 1
         BM2, BN2, nw2, ns2 = _cfg("bwd_dq", BD)
+    edge2 = DQ_VARIANT == "edge"
     BM, BN, nw, ns = _cfg("bwd_dkdv", BD)
     if pos is not None:
         qr = _query_ranges(pos, N, BN, masks)
@@ -648,18 +663,19 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
             M, N, HQ, HKV, B)
     tail = (pos_offset, window, qk, scale)
     flags = (pos is not None, bool(window), masks.doc is not None, masks.kv_start is not None, precision(q.dtype))
+    shape = (HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, edge2, flags)
     if FUSED_BWD:  # one launch: dK/dV programs first, then dQ programs
-        _stream_bwd[(n_kv + n_q,)](*args, n_kv, *tail, **_bwd_consts(HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, flags, nw, ns))
+        _stream_bwd[(n_kv + n_q,)](*args, n_kv, *tail, **_bwd_consts(*shape, nw, ns))
     else:
-        _stream_bwd[(n_kv,)](*args, n_kv, *tail, **_bwd_consts(HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, flags, nw, ns))
-        _stream_bwd[(n_q,)](*args, 0, *tail, **_bwd_consts(HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, flags, nw2, ns2))
+        _stream_bwd[(n_kv,)](*args, n_kv, *tail, **_bwd_consts(*shape, nw, ns))
+        _stream_bwd[(n_q,)](*args, 0, *tail, **_bwd_consts(*shape, nw2, ns2))
     return dq, dk, dv
 
 
-def _bwd_consts(G, D, BD, BM, BN, BM2, BN2, GP2, flags, nw, ns):
+def _bwd_consts(G, D, BD, BM, BN, BM2, BN2, GP2, EDGE2, flags, nw, ns):
     """The constexpr/launch keywords of a backward launch."""
     pos_ptr, has_window, has_doc, has_kvs, prec = flags
-    return dict(G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN, BLOCK_M2=BM2, BLOCK_N2=BN2, GP2=GP2,
+    return dict(G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN, BLOCK_M2=BM2, BLOCK_N2=BN2, GP2=GP2, EDGE2=EDGE2,
                    POS_PTR=pos_ptr, HAS_WINDOW=has_window, HAS_DOC=has_doc, HAS_KVS=has_kvs,
                    REVERSE=not has_window, PREC=prec, num_warps=nw, num_stages=ns)
 
