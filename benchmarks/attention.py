@@ -487,7 +487,8 @@ def decode_tune(points=DECODE_TUNE_POINTS, budget_s=120.0, reps=20):
 
 # ---------------------------------------------------------------------------- window tune
 WINDOW_BWD_CANDIDATES = [
-    # (name, {CONFIGS kind: (BLOCK_M, BLOCK_N, num_warps, num_stages)}, fused backward, attention.DQ_VARIANT)
+    # (name, {CONFIGS kind: (BLOCK_M, BLOCK_N, num_warps, num_stages)}, fused backward,
+    #  attention.DQ_VARIANT[:attention.DKDV_VARIANT])
     ("base", {}, True, "base"),
     ("two-launch", {}, False, "base"),
     ("dkdv 64x128 w8", {"bwd_dkdv": (64, 128, 8, 2)}, True, "base"),
@@ -500,10 +501,14 @@ WINDOW_BWD_CANDIDATES = [
     ("dq gqa w8 fused", {"bwd_dkdv": (64, 64, 8, 2), "bwd_dq_gqa": (128, 64, 8, 2)}, True, "gqa"),
     ("dq gqa w8 2-launch", {"bwd_dq_gqa": (128, 64, 8, 2)}, False, "gqa"),
     ("dq gqa 128x32 fused", {"bwd_dkdv": (64, 64, 8, 2), "bwd_dq_gqa": (128, 32, 8, 2)}, True, "gqa"),
-    # the edge-masked dQ of one head a program (DQ_VARIANT "edge"), alone and with 2026-12-02's best dK/dV
+    # the edge-masked dQ of one head a program (DQ_VARIANT "edge") and dK/dV without the mask of
+    # interior blocks (DKDV_VARIANT "edge"; "dq:dkdv" in this field), alone and with 2026-12-02's
+    # best dK/dV blocks
     ("dq edge", {}, True, "edge"),
+    ("dkdv edge", {}, True, "base:edge"),
+    ("dq+dkdv edge", {}, True, "edge:edge"),
+    ("dq+dkdv edge, dkdv 32x64", {"bwd_dkdv": (32, 64, 4, 2)}, True, "edge:edge"),
     ("dq edge + dkdv 32x64", {"bwd_dkdv": (32, 64, 4, 2)}, True, "edge"),
-    ("dq edge 64x32 + dkdv 32x64", {"bwd_dkdv": (32, 64, 4, 2), "bwd_dq": (64, 32, 4, 2)}, True, "edge"),
 ]
 
 
@@ -511,13 +516,15 @@ WINDOW_BWD_CANDIDATES = [
 def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None):
     """Within the block: ``attention.CONFIGS[kind]`` entries of this run's head dim set from
     ``{kind: (BLOCK_M, BLOCK_N, warps, stages)}``, ``FUSED_BWD``, the window stream's forward
-    variant (``FWD_VARIANT["win_fwd"]``) and ``DQ_VARIANT`` set when given; all restored afterwards."""
+    variant (``FWD_VARIANT["win_fwd"]``), ``DQ_VARIANT`` and (``dq_variant`` "dq:dkdv")
+    ``DKDV_VARIANT`` set when given; all restored afterwards."""
     from orthros.ops.triton import attention as ta
 
     bd = 128 if D > 64 else 64
     configs = configs or {}
     keep = {kind: ta.CONFIGS[kind][bd] for kind in configs}
-    keep_fused, keep_variant, keep_dq = ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT
+    keep_fused, keep_variant, keep_dq, keep_dkdv = ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, \
+        ta.DKDV_VARIANT
     try:
         for kind, cfg in configs.items():
             ta.CONFIGS[kind][bd] = cfg
@@ -526,12 +533,16 @@ def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None
         if fwd_variant is not None:
             ta.FWD_VARIANT["win_fwd"] = fwd_variant
         if dq_variant is not None:
-            ta.DQ_VARIANT = dq_variant
+            dq, _, dkdv = dq_variant.partition(":")
+            ta.DQ_VARIANT = dq
+            if dkdv:
+                ta.DKDV_VARIANT = dkdv
         yield
     finally:
         for kind, cfg in keep.items():
             ta.CONFIGS[kind][bd] = cfg
-        ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT = keep_fused, keep_variant, keep_dq
+        ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, ta.DKDV_VARIANT = keep_fused, keep_variant, keep_dq, \
+            keep_dkdv
 
 
 def window_tune(Ts=(8192, 32768, 131072), flex_T=8192, budget_s=150.0):

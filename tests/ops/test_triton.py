@@ -338,6 +338,39 @@ def test_dq_gqa_variant(poison, monkeypatch, case, variant):
     run_case(D=16, **c)
 
 
+DKDV_CASES = {**{c: kw for c, kw in VARIANT_CASES.items() if kw.get("grad", True)},
+              "pt_interior_blocks": dict(B=2, T=70, Hq=4, Hkv=2, w=40),  # several interior 16 x 16 blocks
+              "pt_full_stream_fp32": dict(B=1, T=53, Hq=2, Hkv=1, w=3),
+              # w = 31, 47: a block whose oldest key is exactly `window` behind its newest query
+              # (q - k = w: not visible) stands next to the interior ones at the 16 x 16 blocks
+              "pt_window_edge_31": dict(B=1, T=80, Hq=2, Hkv=1, w=31),
+              "pt_window_edge_47": dict(B=1, T=90, Hq=2, Hkv=2, w=47)}
+
+
+@pytest.mark.parametrize("case", list(DKDV_CASES))
+def test_dkdv_edge_variant(poison, monkeypatch, case):
+    """The dK/dV programs with interior query blocks unmasked (DKDV_VARIANT "edge"; the cases
+    with positions, documents or left padding keep the mask) against the reference, in the
+    fused launch and in their own."""
+    from orthros.ops.triton import attention as ta
+
+    monkeypatch.setattr(ta, "DKDV_VARIANT", "edge")
+    monkeypatch.setattr(ta, "FUSED_BWD", list(DKDV_CASES).index(case) % 2 == 0)
+    if not HAS_CUDA:
+        monkeypatch.setitem(ta.CONFIGS["bwd_dkdv"], 64, (16, 16, 4, 1))
+    c = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in DKDV_CASES[case].items()}
+    run_case(D=16, **c)
+
+
+def test_dkdv_variant_checked(monkeypatch):
+    from orthros.ops.triton import attention as ta
+
+    monkeypatch.setattr(ta, "DKDV_VARIANT", "fast")
+    x = torch.randn(1, 8, 2, 16, device=DEV, requires_grad=True)
+    with pytest.raises(ValueError, match="DKDV_VARIANT"):
+        orthros_attention(x, x, x, x, window_size=3, backend="triton")[0].sum().backward()
+
+
 def test_forward_variant_checked(monkeypatch):
     from orthros.ops.triton import attention as ta
 
@@ -441,7 +474,8 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
     ptrs.update(DO="*bf16", DQ="*bf16", DK="*bf16", DV="*bf16", DELTA="*fp32", QRANGE="*i64")
     for gp2, bm2, warps, edge2 in [(1, 64, 4, False), (4, 32, 8, False), (1, 64, 4, True)]:
         const = dict(G=4, D=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=64, BLOCK_M2=bm2, BLOCK_N2=64, POS_PTR=False,
-                     HAS_WINDOW=True, HAS_DOC=False, HAS_KVS=False, REVERSE=False, PREC="tf32", GP2=gp2, EDGE2=edge2)
+                     HAS_WINDOW=True, HAS_DOC=False, HAS_KVS=False, REVERSE=False, PREC="tf32", GP2=gp2, EDGE2=edge2,
+                     EDGE_KV=edge2)
         sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n.endswith("_scale") else "i32")
                for n in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
@@ -499,8 +533,13 @@ def test_forward_variants_gpu(poison, monkeypatch, dtype, name):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("variant,fused", [("gqa", True), ("gqa", False), ("edge", True)])
+@pytest.mark.parametrize("variant,fused", [("gqa", True), ("gqa", False), ("edge", True), ("edge+dkdv", False)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_dq_gqa_variant_gpu(poison, monkeypatch, dtype, variant, fused):
-    use_dq_variant(monkeypatch, fused, variant)
+    """The backward variants at the real block sizes ("edge+dkdv": the edge dQ and dK/dV)."""
+    from orthros.ops.triton import attention as ta
+
+    if variant == "edge+dkdv":
+        monkeypatch.setattr(ta, "DKDV_VARIANT", "edge")
+    use_dq_variant(monkeypatch, fused, variant.split("+")[0])
     variant_sweep_gpu(dtype)

@@ -358,8 +358,13 @@ def _dkdv_block(
     G, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, EDGE: tl.constexpr = False,
 ):
+    """dK/dV of one key block (``BLOCK_N`` keys of KV head ``kvh``) over the query blocks that see
+    it, for each of the ``G`` query heads. ``EDGE`` (DKDV_VARIANT "edge"; the host sets it only
+    for contiguous positions without documents or left padding): a query block that sees every
+    key of the block (all rows and columns in range, causal and inside the window for every
+    pair) skips the mask."""
     b64 = b.to(tl.int64)
     kvh64 = kvh.to(tl.int64)
     start_n = pid_n * BLOCK_N
@@ -405,9 +410,21 @@ def _dkdv_block(
             qdoc = qpos
             if HAS_DOC:
                 qdoc = tl.load(DOC + tl.maximum(qpos, 0))
-            mask = visible(cols[:, None], qpos[None, :], c_ok[:, None], window, kdoc[:, None], qdoc[None, :], kvs,
-                           HAS_WINDOW, HAS_DOC, HAS_KVS)
-            pT = tl.where(mask, tl.exp2(sT - lse[None, :]), 0.0)
+            if EDGE:
+                full = ((start_m + BLOCK_M <= M) & (start_n + BLOCK_N <= N)
+                        & (start_n + BLOCK_N - 1 <= pos_offset + start_m))
+                if HAS_WINDOW:
+                    full = full & (start_n > pos_offset + start_m + BLOCK_M - 1 - window)
+                if full:  # an interior block: every (key, query) pair attends
+                    pT = tl.exp2(sT - lse[None, :])
+                else:
+                    mask = visible(cols[:, None], qpos[None, :], c_ok[:, None], window, kdoc[:, None],
+                                   qdoc[None, :], kvs, HAS_WINDOW, HAS_DOC, HAS_KVS)
+                    pT = tl.where(mask, tl.exp2(sT - lse[None, :]), 0.0)
+            else:
+                mask = visible(cols[:, None], qpos[None, :], c_ok[:, None], window, kdoc[:, None], qdoc[None, :],
+                               kvs, HAS_WINDOW, HAS_DOC, HAS_KVS)
+                pT = tl.where(mask, tl.exp2(sT - lse[None, :]), 0.0)
             dv += tl.dot(pT.to(do.dtype), do, input_precision=PREC)
             dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
             dsT = pT * (dpT - delta[None, :])
@@ -427,10 +444,12 @@ def _stream_bwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
     REVERSE: tl.constexpr, PREC: tl.constexpr, GP2: tl.constexpr = 1, EDGE2: tl.constexpr = False,
+    EDGE_KV: tl.constexpr = False,
 ):
     """dK/dV programs (first ``n_kv_progs``; ``BLOCK_M x BLOCK_N``) and dQ programs (the rest;
     ``BLOCK_M2 x BLOCK_N2``, or ``GP2 * BLOCK_M2`` GQA-packed rows; ``EDGE2``: one head a
-    program, edge-masked) of one stream in a single launch."""
+    program, edge-masked) of one stream in a single launch; ``EDGE_KV``: the dK/dV programs
+    skip the mask of interior query blocks."""
     pid = tl.program_id(0)
     if pid < n_kv_progs:
         nkb = tl.cdiv(N, BLOCK_N)
@@ -441,7 +460,7 @@ def _stream_bwd(
                     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,
                     skgb, skgt, skgh, svgb, svgt, svgh, spb, srb,
                     M, N, HQ, pos_offset, window, qk_scale, sm_scale,
-                    G, D, BLOCK_D, BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, PREC)
+                    G, D, BLOCK_D, BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, PREC, EDGE_KV)
     else:
         pid = pid - n_kv_progs
         nm = tl.cdiv(M, BLOCK_M2)
@@ -495,6 +514,11 @@ FWD_VARIANT = {"win_fwd": "edge", "full_fwd": "base"}
 # masked, as the "edge" forward; bwd_dq's blocks; not measured yet).
 DQ_VARIANTS = ("base", "gqa", "edge")
 DQ_VARIANT = "base"
+# dK/dV programs: "base" (every visited query block masked; measured default) or "edge" (interior
+# query blocks unmasked, for contiguous positions without documents or left padding: training's
+# PT streams; other calls keep the mask; not measured yet).
+DKDV_VARIANTS = ("base", "edge")
+DKDV_VARIANT = "base"
 # Use SDPA (cuDNN first) for the all-positions full stream of fp16/bf16 inputs.
 USE_SDPA_CAUSAL = os.environ.get("ORTHROS_NO_SDPA", "0") != "1"
 # dQ and dK/dV programs of a stream's backward in one launch (fewer launches: less host overhead).
@@ -648,6 +672,9 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
         GP2 = 1
         BM2, BN2, nw2, ns2 = _cfg("bwd_dq", BD)
     edge2 = DQ_VARIANT == "edge"
+    if DKDV_VARIANT not in DKDV_VARIANTS:
+        raise ValueError(f"DKDV_VARIANT must be one of {DKDV_VARIANTS}, got {DKDV_VARIANT!r}")
+    edge_kv = DKDV_VARIANT == "edge" and pos is None and masks.doc is None and masks.kv_start is None
     BM, BN, nw, ns = _cfg("bwd_dkdv", BD)
     if pos is not None:
         qr = _query_ranges(pos, N, BN, masks)
@@ -663,7 +690,7 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
             M, N, HQ, HKV, B)
     tail = (pos_offset, window, qk, scale)
     flags = (pos is not None, bool(window), masks.doc is not None, masks.kv_start is not None, precision(q.dtype))
-    shape = (HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, edge2, flags)
+    shape = (HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, edge2, edge_kv, flags)
     if FUSED_BWD:  # one launch: dK/dV programs first, then dQ programs
         _stream_bwd[(n_kv + n_q,)](*args, n_kv, *tail, **_bwd_consts(*shape, nw, ns))
     else:
@@ -672,12 +699,12 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     return dq, dk, dv
 
 
-def _bwd_consts(G, D, BD, BM, BN, BM2, BN2, GP2, EDGE2, flags, nw, ns):
+def _bwd_consts(G, D, BD, BM, BN, BM2, BN2, GP2, EDGE2, EDGE_KV, flags, nw, ns):
     """The constexpr/launch keywords of a backward launch."""
     pos_ptr, has_window, has_doc, has_kvs, prec = flags
     return dict(G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN, BLOCK_M2=BM2, BLOCK_N2=BN2, GP2=GP2, EDGE2=EDGE2,
-                   POS_PTR=pos_ptr, HAS_WINDOW=has_window, HAS_DOC=has_doc, HAS_KVS=has_kvs,
-                   REVERSE=not has_window, PREC=prec, num_warps=nw, num_stages=ns)
+                EDGE_KV=EDGE_KV, POS_PTR=pos_ptr, HAS_WINDOW=has_window, HAS_DOC=has_doc, HAS_KVS=has_kvs,
+                REVERSE=not has_window, PREC=prec, num_warps=nw, num_stages=ns)
 
 
 class _StreamAttention(torch.autograd.Function):
