@@ -27,7 +27,9 @@ each. So every weight element is read exactly once for all ``M`` rows:
   flags, so the plain GEMV compiles as before): the x tile is transformed as it is loaded
   (RMSNorm with each row's ``rstd`` from a first pass over the whole row; or ``silu(gate) * up``
   from ``x [M, 2K]``), rounded to the dtype where the torch ops round; the residual is added
-  after the cast, in the epilogue or in the split-K reduce.
+  after the cast, in the epilogue or in the split-K reduce. Without split-K the RMSNorm runs
+  "late" (:func:`late_norm`): x tiles times the norm weight in the loop, which also sums
+  ``x^2``, and each row's ``rstd`` applied to its product in the epilogue (no first pass).
 
 Graph-capture safe: the launch configuration depends only on shapes, dtypes and the device
 (:data:`CONFIGS`; no autotuning at call time), nothing synchronises with the host, and the only
@@ -150,8 +152,9 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
     k_hi = tl.minimum(k_lo + k_per_split, K)
     w_rows = W + tl.minimum(offs_n, N - 1)[:, None] * swn
     dt = X.dtype.element_ty
-    # NORM_LATE: each row's sum of x^2, summed in the loop, elementwise over the x tile's shape
-    # (reduced over K once after it: no cross-thread reduction in the loop) but in the per-tile form
+    # NORM_LATE: each row's sum of x^2, accumulated in the loop elementwise over the x tile's shape
+    # and reduced over K once after it (no cross-thread reduction in the loop); the per-tile form,
+    # which reduces every tile anyway, sums it into ssq directly
     ssq = tl.zeros([BLOCK_M], tl.float32)
     if NORM_LATE and DOT:
         ssq_t = tl.zeros([BLOCK_K, BLOCK_M], tl.float32)
