@@ -474,8 +474,8 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
     ptrs.update(DO="*bf16", DQ="*bf16", DK="*bf16", DV="*bf16", DELTA="*fp32", QRANGE="*i64")
     for gp2, bm2, warps, edge2 in [(1, 64, 4, False), (4, 32, 8, False), (1, 64, 4, True)]:
         const = dict(G=4, D=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=64, BLOCK_M2=bm2, BLOCK_N2=64, POS_PTR=False,
-                     HAS_WINDOW=True, HAS_DOC=False, HAS_KVS=False, REVERSE=False, PREC="tf32", GP2=gp2, EDGE2=edge2,
-                     EDGE_KV=edge2)
+                     HAS_WINDOW=True, HAS_DOC=False, HAS_KVS=False, REVERSE=False, PREC="tf32", GP2=gp2,
+                     EDGE2=edge2 or gp2 > 1, EDGE_KV=edge2)  # as the host: the packed dQ is edge-masked
         sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n.endswith("_scale") else "i32")
                for n in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)

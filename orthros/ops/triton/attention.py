@@ -281,11 +281,11 @@ def _dq_block(
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
     REVERSE: tl.constexpr, PREC: tl.constexpr, GP: tl.constexpr, EDGE: tl.constexpr = False,
 ):
-    """dQ of one query block. ``GP == 1``: ``h`` is the query head; ``EDGE`` (DQ_VARIANT
-    "edge"): only the key blocks not entirely visible to the block are masked (int32 relative
-    positions), as the "edge" forward. ``GP > 1`` (GQA-packed, as the packed forward): ``h`` is
-    the group's first head and the tile stacks the block's queries for all ``G`` heads (each
-    K/V tile loaded once per group), edge-masked."""
+    """dQ of one query block. ``GP == 1``: ``h`` is the query head. ``GP > 1`` (GQA-packed, as
+    the packed forward): ``h`` is the group's first head and the tile stacks the block's queries
+    for all ``G`` heads (each K/V tile loaded once per group). ``EDGE`` (DQ_VARIANT "edge" and
+    "gqa"): only the key blocks not entirely visible to the block are masked (int32 relative
+    positions), as the "edge" forward; else every block."""
     b64, h64, kvh64, rows, row_ok, qpos, lo, hi, qdoc, kvs, p_first, p_last = _q_block(
         pid_m, b, h, POS, DOC, DOCSTART, KVSTART, spb, M, pos_offset, window, G,
         BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE, GP * BLOCK_M)
@@ -297,9 +297,6 @@ def _dq_block(
         rmask = row_ok[:, None] & d_ok[None, :]
         q, do, lse, delta = _backward_rows(Q, DO, LSE, DELTA, b64, h64, h64, r64, rows, row_ok, rmask, offs_d,
                                            sqb, sqt, sqh, sdb, sdt, sdh, HQ, M)
-        if EDGE:
-            a_full, b_full = _interior(lo, hi, p_first, p_last, window, DOCSTART, kvs,
-                                       BLOCK_N, HAS_WINDOW, HAS_DOC, HAS_KVS)
     else:
         g = tl.arange(0, GP * BLOCK_M) // BLOCK_M
         hrow = kvh64 * G + g
@@ -307,6 +304,7 @@ def _dq_block(
         rmask = row_ok[:, None] & d_ok[None, :]
         q, do, lse, delta = _backward_rows(Q, DO, LSE, DELTA, b64, hrow[:, None], hrow, r64, rows, row_ok, rmask,
                                            offs_d, sqb, sqt, sqh, sdb, sdt, sdh, HQ, M)
+    if EDGE:  # the key blocks every query row sees entirely: unmasked in the loop
         a_full, b_full = _interior(lo, hi, p_first, p_last, window, DOCSTART, kvs,
                                    BLOCK_N, HAS_WINDOW, HAS_DOC, HAS_KVS)
     k_base = K + b64 * skb + kvh64 * skh
@@ -320,24 +318,18 @@ def _dq_block(
         v = tl.load(v_base + cols[:, None] * svt + offs_d[None, :], mask=kmask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
         p = tl.exp2(s - lse[:, None])  # rows without a visible key have lse = +inf: p = 0
-        if GP == 1:
-            if EDGE:
-                if (start_n < a_full) | (start_n >= b_full):  # an edge block
-                    mask = _edge_mask(start_n, hi, cols, c_ok, qpos, window, DOC, qdoc, kvs,
-                                      BLOCK_N, HAS_WINDOW, HAS_DOC, HAS_KVS)
-                    p = tl.where(mask, p, 0.0)
-            else:
-                kdoc = cols
-                if HAS_DOC:
-                    kdoc = tl.load(DOC + cols, mask=c_ok, other=-1)
-                mask = visible(cols[None, :], qpos[:, None], c_ok[None, :], window, kdoc[None, :], qdoc[:, None],
-                               kvs, HAS_WINDOW, HAS_DOC, HAS_KVS)
-                p = tl.where(mask, p, 0.0)
-        else:
+        if EDGE:
             if (start_n < a_full) | (start_n >= b_full):  # an edge block
                 mask = _edge_mask(start_n, hi, cols, c_ok, qpos, window, DOC, qdoc, kvs,
                                   BLOCK_N, HAS_WINDOW, HAS_DOC, HAS_KVS)
                 p = tl.where(mask, p, 0.0)
+        else:
+            kdoc = cols
+            if HAS_DOC:
+                kdoc = tl.load(DOC + cols, mask=c_ok, other=-1)
+            mask = visible(cols[None, :], qpos[:, None], c_ok[None, :], window, kdoc[None, :], qdoc[:, None], kvs,
+                           HAS_WINDOW, HAS_DOC, HAS_KVS)
+            p = tl.where(mask, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
@@ -410,17 +402,14 @@ def _dkdv_block(
             qdoc = qpos
             if HAS_DOC:
                 qdoc = tl.load(DOC + tl.maximum(qpos, 0))
+            full = False  # an interior block (EDGE): every (key, query) pair attends, no mask
             if EDGE:
                 full = ((start_m + BLOCK_M <= M) & (start_n + BLOCK_N <= N)
                         & (start_n + BLOCK_N - 1 <= pos_offset + start_m))
                 if HAS_WINDOW:
                     full = full & (start_n > pos_offset + start_m + BLOCK_M - 1 - window)
-                if full:  # an interior block: every (key, query) pair attends
-                    pT = tl.exp2(sT - lse[None, :])
-                else:
-                    mask = visible(cols[:, None], qpos[None, :], c_ok[:, None], window, kdoc[:, None],
-                                   qdoc[None, :], kvs, HAS_WINDOW, HAS_DOC, HAS_KVS)
-                    pT = tl.where(mask, tl.exp2(sT - lse[None, :]), 0.0)
+            if full:
+                pT = tl.exp2(sT - lse[None, :])
             else:
                 mask = visible(cols[:, None], qpos[None, :], c_ok[:, None], window, kdoc[:, None], qdoc[None, :],
                                kvs, HAS_WINDOW, HAS_DOC, HAS_KVS)
@@ -447,9 +436,9 @@ def _stream_bwd(
     EDGE_KV: tl.constexpr = False,
 ):
     """dK/dV programs (first ``n_kv_progs``; ``BLOCK_M x BLOCK_N``) and dQ programs (the rest;
-    ``BLOCK_M2 x BLOCK_N2``, or ``GP2 * BLOCK_M2`` GQA-packed rows; ``EDGE2``: one head a
-    program, edge-masked) of one stream in a single launch; ``EDGE_KV``: the dK/dV programs
-    skip the mask of interior query blocks."""
+    ``BLOCK_M2 x BLOCK_N2``, or ``GP2 * BLOCK_M2`` GQA-packed rows; ``EDGE2``: edge-masked) of
+    one stream in a single launch; ``EDGE_KV``: the dK/dV programs skip the mask of interior
+    query blocks."""
     pid = tl.program_id(0)
     if pid < n_kv_progs:
         nkb = tl.cdiv(N, BLOCK_N)
@@ -671,7 +660,7 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     else:
         GP2 = 1
         BM2, BN2, nw2, ns2 = _cfg("bwd_dq", BD)
-    edge2 = DQ_VARIANT == "edge"
+    edge2 = DQ_VARIANT in ("edge", "gqa")  # the packed dQ is always edge-masked
     if DKDV_VARIANT not in DKDV_VARIANTS:
         raise ValueError(f"DKDV_VARIANT must be one of {DKDV_VARIANTS}, got {DKDV_VARIANT!r}")
     edge_kv = DKDV_VARIANT == "edge" and pos is None and masks.doc is None and masks.kv_start is None
