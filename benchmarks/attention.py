@@ -20,10 +20,11 @@ Timings: CUDA events through ``triton.testing.do_bench`` (median). Run on a GPU:
   B in {1, 2, 8} x L in {8K, 32K, 128K} over split counts (incl. the heuristic's at each
   ``min_split``), both merges (two launches / inline, one launch) at each split count, and
   (BLOCK_N, num_warps, num_stages), next to SDPA decode;
-* ``--window-tune``: window-only fwd+bwd at 8K/32K/128K for several backward configs (block sizes,
-  one or two launches, the GQA-packed and the edge-masked dQ), host enqueue time, a CUDA-graph replay (GPU time
-  alone), Flex at 8K, and a host profile; then every window-forward candidate
-  (``attention.FWD_VARIANT`` x block config, and the packed forward + packed dQ) at
+* ``--window-tune``: window-only fwd+bwd at 8K/32K/128K for several backward configs (block
+  sizes, one or two launches, the GQA-packed and the edge-masked dQ, the edge dK/dV), host
+  enqueue time, a CUDA-graph replay (GPU time alone), Flex at 8K, and a host profile; then
+  every window-forward candidate (``attention.FWD_VARIANT`` x block config, and the packed
+  forward + packed dQ) at
   8K/32K/128K/1M, fwd and fwd+bwd, with Flex/ours, ours/floor and the output checked against
   the default's (~3-4 min more);
 * ``--dry-run``: every selected code path once on the CPU (Triton interpreter, tiny sizes,

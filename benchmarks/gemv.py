@@ -388,11 +388,11 @@ def main(argv=None) -> int:
                 del weights
                 if cuda:
                     torch.cuda.empty_cache()
-            store_tuned_rows()  # before the layer chain: its failure must not lose the sweep's winners
-            write()
             if len(a.sites) == len(SITES):
                 return layer_chain()
-        finally:
+        finally:  # every way out (a deadline, a failing layer chain) keeps the sweep's winners
+            store_tuned_rows()
+            write()
             bar.close()
             torch._dynamo.reset()
         return None
@@ -455,7 +455,6 @@ def main(argv=None) -> int:
                     per.setdefault(r_["system"], {})[r_["site"]] = r_["us"]
             layer[str(M)] = {k: sum(v.values()) for k, v in per.items() if len(v) == len(SITES)}
         meta["layer_us"] = {M: v for M, v in layer.items() if v}
-        store_tuned_rows()
         if stopped:
             meta["stopped"] = stopped
             print(f"stopped: {stopped}", file=sys.stderr)

@@ -88,8 +88,8 @@ class Engine:
             the residual into the o-projection, the post-attention norm into gate/up, SiLU x up
             and the residual into down (~4 fewer kernels a layer). ``True``: the ``"auto"``
             backend (the Triton kernel on CUDA for <= 8 rows, else the same ops unfused); a
-            backend name forces one (tests). Needs ``fuse``. Default off until measured on a GPU
-            (docs/performance.md).
+            backend name forces one (tests). Needs ``fuse``. Default off: measured at B=1 on an
+            H200 (docs/engine.md), batched decode through it not yet.
         fuse: run every layer's projections of one input as one GEMM (``[W_q; W_k; W_v]``,
             ``[W_gate; W_up]``, a GDN layer's four input projections) and a decode pair's
             scale-offset as one ``addcmul``; the RoPE tables are cast to the model dtype once

@@ -22,9 +22,9 @@ decoder layer's GEMMs fused into it (:mod:`.naive` is the specification):
   backward), else ``"torch"``.
 
 The engine's decode calls it under ``Engine(gemv=True)`` (through
-:func:`orthros.layers.common.linear`; off by default until the engine's GPU output test has run;
-measured in docs/benchmarks.md, "decode re-measured"); ``benchmarks/gemv.py [--fused]`` times the
-op itself against cuBLAS and the unfused ops.
+:func:`orthros.layers.common.linear`; opt-in, ``orthros generate --gemv``: batched decode through
+it is not timed yet; measured in docs/benchmarks.md, "the GEMV tuned in the engine");
+``benchmarks/gemv.py [--fused]`` times the op itself against cuBLAS and the unfused ops.
 """
 
 from __future__ import annotations
