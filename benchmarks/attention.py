@@ -508,7 +508,7 @@ WINDOW_BWD_CANDIDATES = [
     ("dq edge", {}, True, "edge"),
     ("dkdv edge", {}, True, "base:edge"),
     ("dq+dkdv edge", {}, True, "edge:edge"),
-    ("dq+dkdv edge, dkdv 32x64", {"bwd_dkdv": (32, 64, 4, 2)}, True, "edge:edge"),
+    ("dq+dkdv edge + dkdv 32x64", {"bwd_dkdv": (32, 64, 4, 2)}, True, "edge:edge"),
     ("dq edge + dkdv 32x64", {"bwd_dkdv": (32, 64, 4, 2)}, True, "edge"),
 ]
 
@@ -546,8 +546,11 @@ def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None
             keep_dkdv
 
 
-def window_tune(Ts=(8192, 32768, 131072), flex_T=8192, budget_s=150.0):
+def window_tune(Ts=(8192, 32768, 131072), flex_T=8192, budget_s=150.0, names=None):
+    """Window-only fwd+bwd of each backward candidate (WINDOW_BWD_CANDIDATES, or those named in
+    ``names``, "base" always first) at each T, host enqueue time, the best one under a CUDA graph."""
     t0 = time.time()
+    cands = [c for c in WINDOW_BWD_CANDIDATES if names is None or c[0] == "base" or c[0] in names]
     log("\n## window tune: window-only fwd+bwd (eager do_bench), host enqueue time, CUDA-graph replay")
     log(f"{'T':>6} {'config':>16} {'f+b ms':>8} {'host ms':>8} {'graph ms':>9}")
     out = {}
@@ -565,7 +568,7 @@ def window_tune(Ts=(8192, 32768, 131072), flex_T=8192, budget_s=150.0):
             with torch.no_grad():
                 return orthros_attention(q, k, v, qo, window_size=W, backend="triton")
         rows = {}
-        for name, over, fused, dq in WINDOW_BWD_CANDIDATES:
+        for name, over, fused, dq in cands:
             if time.time() - t0 > budget_s:
                 log("  (budget reached: rest skipped)")
                 break
@@ -916,8 +919,20 @@ def main():
     ap.add_argument("--targets", action="store_true", help="only the rows behind the issue's targets (< 4 min)")
     ap.add_argument("--decode-tune", action="store_true", help="decode split/block configs under CUDA graphs")
     ap.add_argument("--window-tune", action="store_true", help="window fwd+bwd backward configs, host vs GPU time")
+    ap.add_argument("--window-candidates", default=None,
+                    help="--window-tune: comma-separated backward candidates (names in WINDOW_BWD_CANDIDATES; "
+                         "default all)")
+    ap.add_argument("--window-bwd-only", action="store_true",
+                    help="--window-tune: the backward candidates only, not the forward variants at 8K-1M")
     ap.add_argument("--dry-run", action="store_true", help="CPU (Triton interpreter), tiny sizes, fp32")
     a = ap.parse_args()
+    names = None
+    if a.window_candidates is not None:
+        names = [n.strip() for n in a.window_candidates.split(",") if n.strip()]
+        known = [c[0] for c in WINDOW_BWD_CANDIDATES]
+        bad = [n for n in names if n not in known]
+        if bad or not names:
+            ap.error(f"--window-candidates: unknown {bad or 'empty list'}; allowed: {', '.join(known)}")
     JSON_PATH = a.json
     if a.dry_run:
         DRY, DEV, DT = True, "cpu", torch.float32
@@ -940,10 +955,11 @@ def main():
     if a.decode_tune:
         guard("decode tune", decode_tune)
     if a.window_tune:
-        guard("window tune", window_tune)
-        # dry run: two sizes, the second without gradients (the path 1M takes on the GPU)
-        guard("window forward variants",
-              lambda: window_fwd_variants(**({"Ts": (8192, 32768), "grad_max": 8192} if DRY else {})))
+        guard("window tune", lambda: window_tune(names=names))
+        if not a.window_bwd_only:
+            # dry run: two sizes, the second without gradients (the path 1M takes on the GPU)
+            guard("window forward variants",
+                  lambda: window_fwd_variants(**({"Ts": (8192, 32768), "grad_max": 8192} if DRY else {})))
     if special:
         guard("markdown", markdown)
     else:
