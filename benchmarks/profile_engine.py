@@ -9,7 +9,7 @@ engine. Gaps = step time - kernel time (launch latency between kernels inside th
 and the top host (CPU) and device (CUDA) operators, Orthros vs the Transformer.
 
     python benchmarks/profile_engine.py [--phase decode|prefill] [--compile] [--gemv] [--context 1024] [--batch 1] [--json out.json]
-        [--preset qwen3-8b|qwen3.5-9b|tiny|tiny-h] [--reps 10] [--profiled 3]
+        [--preset qwen3-8b|qwen3.5-9b|tiny|tiny-h] [--reps 10] [--profiled 3] [--decode-config JSON]
 
 ``--preset qwen3.5-9b --phase prefill --context 131072``: where Orthros-H's and the Linear
 Hybrid's 128K prefill time goes (kernel classes: matmul, attention, GDN, elementwise, ...).
@@ -25,7 +25,9 @@ from collections import defaultdict
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from orthros.benchmarks.inference import copy_bandwidth, time_call, weight_bytes_per_step  # noqa: E402
+from orthros.benchmarks.inference import (copy_bandwidth, parse_decode_config, time_call,  # noqa: E402
+                                          weight_bytes_per_step)
+from orthros.ops.triton.decode import decode_config  # noqa: E402
 from orthros.benchmarks.models import PRESETS, orthros_model  # noqa: E402
 from orthros.engine import Engine  # noqa: E402
 from orthros.utils import commit_id, write_json  # noqa: E402
@@ -155,7 +157,15 @@ def main():
     p.add_argument("--reps", type=int, default=10, help="prefill: timed repetitions")
     p.add_argument("--profiled", type=int, default=3, help="prefill: profiled repetitions")
     p.add_argument("--device", default="cuda", help="cpu: a smoke run (no kernel trace)")
+    p.add_argument("--decode-config", default=None, metavar="JSON",
+                   help="decode: DECODE_CONFIG overrides of the decode attention, e.g. '{\"min_split\": 64}'")
     a = p.parse_args()
+    overrides = {}
+    if a.decode_config is not None:
+        try:
+            overrides = parse_decode_config(a.decode_config)
+        except ValueError as e:
+            p.error(f"--decode-config {a.decode_config!r}: {e}")
     for name in ("context", "batch", "reps", "profiled"):
         if getattr(a, name) < 1:
             p.error(f"--{name} {getattr(a, name)}: give a positive integer")
@@ -169,7 +179,15 @@ def main():
     bw = copy_bandwidth(dev)
     wb = weight_bytes_per_step(model)
     out = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "commit": commit_id(),
-           "compile": a.compile, "gemv": a.gemv, "context": a.context, "batch": a.batch, "copy_bw_tb_s": bw / 1e12, "modes": {}}
+           "compile": a.compile, "gemv": a.gemv, "context": a.context, "batch": a.batch, "copy_bw_tb_s": bw / 1e12,
+           "decode_config": overrides, "modes": {}}
+    with decode_config(**overrides):
+        decode_modes(a, model, dev, bw, wb, out)
+    if a.json:
+        write_json(a.json, out, indent=1)
+
+
+def decode_modes(a, model, dev, bw, wb, out):
     for mode in ("orthros", "full"):
         eng = Engine(model, max_batch_size=a.batch, max_seq_len=a.context + 64, attention_mode=mode, compile=a.compile,
                      gemv=a.gemv)
@@ -190,8 +208,6 @@ def main():
         del eng
         if dev.type == "cuda":
             torch.cuda.empty_cache()
-    if a.json:
-        write_json(a.json, out, indent=1)
 
 
 if __name__ == "__main__":

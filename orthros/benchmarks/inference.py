@@ -86,6 +86,25 @@ class CompileFallbacks(list):
 
 
 # ------------------------------------------------------------------ helpers
+def parse_decode_config(text: str) -> Dict:
+    """``--decode-config`` of the benchmarks: a JSON object of :data:`DECODE_CONFIG` overrides
+    (e.g. ``'{"min_split": 64}'``), checked here (keys and values) so a bad one stops the run
+    before any work; ValueError names what is allowed."""
+    import json
+
+    from ..ops.triton.decode import decode_config
+
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON ({e.msg}); give an object such as '{{\"min_split\": 64}}'") from None
+    if not isinstance(d, dict) or not d:
+        raise ValueError("give a non-empty JSON object such as '{\"min_split\": 64}'")
+    with decode_config(**d):
+        pass
+    return d
+
+
 def _sync(device):
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)

@@ -40,8 +40,8 @@ import torch
 from ..engine.cache import StaticKVCache
 from ..utils import save_figure
 from .cli import _ints
-from .inference import _free, _plt, _progress, bench_decode, copy_bandwidth, measure, metadata, print_table, save, \
-    time_call
+from .inference import _free, _plt, _progress, bench_decode, copy_bandwidth, measure, metadata, \
+    parse_decode_config, print_table, save, time_call
 from .models import orthros_model, weight_bytes_per_step
 
 SECTIONS = ("decode", "batched", "window")
@@ -606,6 +606,8 @@ def build_parser():
     p.add_argument("--gemv-configs", default=None, metavar="RESULTS_JSON",
                    help="with --gemv: run the fused GEMVs with the CONFIGS rows a `benchmarks/gemv.py --fused "
                         "--sweep` run stored in this file (meta.tuned_rows), ahead of the built-in table")
+    p.add_argument("--decode-config", default=None, metavar="JSON",
+                   help="engine decode attention: DECODE_CONFIG overrides for the whole run, e.g. '{\"min_split\": 64}'")
     p.add_argument("--gpt-fast-dir", default=None, help="directory holding gpt-fast's model.py (else no gpt-fast rows)")
     p.add_argument("--gpt-fast-contexts", default=None,
                    help="B=1 contexts at which gpt-fast also runs (each new context recompiles it with its "
@@ -693,6 +695,12 @@ def parse_args(argv=None, *, window_available: bool = True):
         except (OSError, ValueError, AttributeError) as e:
             p.error(f"--gemv-configs {a.gemv_configs!r}: no tuned rows of a `benchmarks/gemv.py --fused --sweep` "
                     f"results.json ({e})")
+    a.decode_overrides = {}
+    if a.decode_config is not None:
+        try:
+            a.decode_overrides = parse_decode_config(a.decode_config)
+        except ValueError as e:
+            p.error(f"--decode-config {a.decode_config!r}: {e}")
     a.gpt_fast = None
     if a.gpt_fast_dir is not None:
         try:
@@ -745,7 +753,11 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
     if a.gemv_rows:
         meta["gemv_configs"] = {"file": a.gemv_configs, "rows": rows_to_json(a.gemv_rows)}
     gemv_table = configs_installed(a.gemv_rows) if a.gemv_rows else contextlib.nullcontext()
-    with CompileFallbacks() as fallbacks, gemv_table:
+    from ..ops.triton.decode import decode_config
+
+    if a.decode_overrides:
+        meta["decode_config"] = a.decode_overrides
+    with CompileFallbacks() as fallbacks, gemv_table, decode_config(**a.decode_overrides):
         meta["compile_failures"] = fallbacks
         for i, section in enumerate(a.sections):
             print(f"\n## section {section} (at {time.time() - sweep.t0:.0f} s)", flush=True)

@@ -390,3 +390,37 @@ def test_gpu_inline_merge_graph_replays_and_races(S, bn, nw):
         for x, y in zip(out, ref):
             assert rel(x, y) < 1e-2
     assert int(_counters(q, Hkv).abs().sum()) == 0
+
+
+def test_decode_config_override_applies_and_restores(monkeypatch):
+    """``decode_config`` (the benchmarks' ``--decode-config``) changes the split count the
+    heuristic picks inside the block, restores every default afterwards (also on an error), and
+    refuses unknown keys and bad values before changing anything."""
+    from orthros.benchmarks.inference import parse_decode_config
+    from orthros.ops.triton import decode as td
+    from orthros.ops.triton.decode import DECODE_CONFIG, decode_config, num_splits
+
+    monkeypatch.setattr(td, "num_sms", lambda device: 132)  # an H200's count, also on the CPU
+    dev = torch.device("cpu")
+    keep = dict(DECODE_CONFIG)
+    base = num_splits(1, 8, 1088, dev)
+    assert base == 2
+    with decode_config(min_split=64):
+        assert DECODE_CONFIG["min_split"] == 64
+        assert num_splits(1, 8, 1088, dev) > base
+    assert DECODE_CONFIG == keep
+    with pytest.raises(RuntimeError), decode_config(merge="inline"):
+        assert DECODE_CONFIG["merge"] == "inline"
+        raise RuntimeError("inside")
+    assert DECODE_CONFIG == keep
+    for bad, word in (({"min_spit": 64}, "unknown key"), ({"min_split": 0}, "positive"),
+                      ({"min_split": True}, "positive"), ({"merge": "both"}, "allowed"),
+                      ({"merge_tail": -1}, ">= 0")):
+        with pytest.raises(ValueError, match=word), decode_config(**bad):
+            pass
+        assert DECODE_CONFIG == keep
+    assert parse_decode_config('{"min_split": 64}') == {"min_split": 64}
+    for text in ("[1]", "{}", "min_split=64", '{"block_n": "64"}'):
+        with pytest.raises(ValueError):
+            parse_decode_config(text)
+    assert DECODE_CONFIG == keep

@@ -27,6 +27,7 @@ fewer splits than with the parallel merge (1K, min_split 64: 8 instead of 16).
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -170,6 +171,31 @@ DECODE_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3, "min_split": 51
                  "merge_tail": 1.0}
 MERGES = ("separate", "inline")
 _SMEM = {}
+
+
+@contextlib.contextmanager
+def decode_config(**overrides):
+    """Within the block, :data:`DECODE_CONFIG` entries set from ``overrides`` (what a benchmark
+    tries against the defaults, e.g. ``min_split=64``); unknown keys and bad values are refused
+    before anything changes; the defaults come back afterwards."""
+    for k, v in overrides.items():
+        if k not in DECODE_CONFIG:
+            raise ValueError(f"decode config: unknown key {k!r}; allowed: {', '.join(DECODE_CONFIG)}")
+        if k == "merge":
+            if v not in MERGES:
+                raise ValueError(f"decode config: merge {v!r}; allowed: {', '.join(MERGES)}")
+        elif k == "merge_tail":
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                raise ValueError(f"decode config: merge_tail {v!r}; give a number >= 0")
+        elif isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"decode config: {k} {v!r}; give a positive integer")
+    keep = dict(DECODE_CONFIG)
+    DECODE_CONFIG.update(overrides)
+    try:
+        yield DECODE_CONFIG
+    finally:
+        DECODE_CONFIG.clear()
+        DECODE_CONFIG.update(keep)
 
 
 def _smem_per_sm(device) -> int:
