@@ -17,12 +17,14 @@ so ``S`` is chosen to minimise ``waves(S) * (blocks_per_chunk(S) + c)``, ``c`` a
 cost in key blocks (ties: the smaller ``S``,
 fewer partials to merge), with chunks of at least ``min_split`` keys. At B=1, Hkv=8 on 132
 SMs this is the previous choice (~33 splits); at B=8 it picks S=4 (256 programs, one wave)
-instead of S=5 (320 programs: a second, mostly idle wave). ``min_split`` (512) is what bounds
-S at short caches (a 1K span gets S=2: 16 programs of 512 keys on 132 SMs); with
-``merge="inline"`` the model also prices the last program's serial merge
-(``merge_tail`` x S x partial bytes per key-block bytes), so a smaller ``min_split`` picks
-fewer splits than with the parallel merge (1K, min_split 64: 8 instead of 16).
-``benchmarks/attention.py --decode-tune`` compares these choices on a GPU.
+instead of S=5 (320 programs: a second, mostly idle wave). ``min_split`` (64) is what bounds
+S at short caches: a 1K span gets S=16 (128 programs of one 64-key block each; with 512, the
+default until 2026-12-02, S=2: 16 programs of 8 blocks in a row, ~11 us a layer against ~5.5,
+measured in the engine's compiled step on an H200, docs/performance.md inference change 14);
+with ``merge="inline"`` the model also prices the last program's serial merge
+(``merge_tail`` x S x partial bytes per key-block bytes), so it picks fewer splits than with
+the parallel merge (1K: 8 instead of 16). ``benchmarks/attention.py --decode-tune`` compares
+these choices on a GPU.
 """
 
 from __future__ import annotations
@@ -166,7 +168,7 @@ def _decode_combine(OP, LP, O, OO, sob, soh, soob, sooh,
 # (a second launch, _decode_combine, merges the S > 1 partials) or "inline" (the split kernel's
 # last program per (row, KV head) merges them: one launch); one split always writes directly.
 # merge_tail: weight of the inline merge's serial tail in the split-count model (num_splits).
-DECODE_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3, "min_split": 512, "max_splits": 64,
+DECODE_CONFIG = {"block_n": 64, "num_warps": 4, "num_stages": 3, "min_split": 64, "max_splits": 64,
                  "smem_per_sm": 228 * 1024, "max_occupancy": 2, "prog_overhead": 4, "merge": "separate",
                  "merge_tail": 1.0}
 MERGES = ("separate", "inline")
