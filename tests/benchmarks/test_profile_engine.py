@@ -44,6 +44,16 @@ def test_bad_counts_refused():
     assert p.returncode == 2 and "--reps 0" in p.stderr
 
 
+def test_decode_config_recorded_and_bad_one_refused(tmp_path):
+    out = tmp_path / "d.json"
+    p = _run("--preset", "tiny", "--context", "64", "--decode-config", '{"min_split": 128}', "--json", str(out))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert json.loads(out.read_text())["decode_config"] == {"min_split": 128}
+    p = _run("--decode-config", '{"merge": "both"}', "--json", str(tmp_path / "never.json"))
+    assert p.returncode == 2 and "--decode-config" in p.stderr and "separate, inline" in p.stderr
+    assert not (tmp_path / "never.json").exists()
+
+
 def test_kernel_classes():
     spec = importlib.util.spec_from_file_location("profile_engine_script", SCRIPT)
     mod = importlib.util.module_from_spec(spec)

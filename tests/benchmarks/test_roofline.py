@@ -272,6 +272,8 @@ def test_gpt_fast_contexts_all_and_list(tmp_path):
     (["--plot-only", "/nonexistent/results.json"], "--plot-only"),
     (["--gemv-configs", "/nonexistent/gemv.json"], "--gemv-configs needs --gemv"),
     (["--gemv", "--gemv-configs", "/nonexistent/gemv.json"], "no tuned rows"),
+    (["--decode-config", '{"min_spit": 64}'], "unknown key 'min_spit'"),
+    (["--decode-config", "64"], "--decode-config"),
 ])
 def test_bad_arguments_refused_before_any_work(tmp_path, capsys, args, message):
     out = tmp_path / "never"
@@ -393,3 +395,24 @@ def test_window_timing_module_is_importable_by_name():
     spec.loader.exec_module(script)
     att = script._attention_module()
     assert importlib.import_module(att.flex_window.__module__) is att
+
+
+def test_decode_config_is_active_in_the_run_recorded_and_restored(tmp_path, monkeypatch):
+    """--decode-config: DECODE_CONFIG holds the overrides while the decode cells run, results.json
+    names them, and the defaults are back afterwards."""
+    from orthros.ops.triton.decode import DECODE_CONFIG
+
+    keep = dict(DECODE_CONFIG)
+    seen = []
+
+    def spy(*args, **kw):
+        seen.append(DECODE_CONFIG["min_split"])
+        return bench_decode(*args, **kw)
+    monkeypatch.setattr(R, "bench_decode", spy)
+    out = tmp_path / "dc"
+    assert R.main(["--device", "cpu", "--quick", "--sections", "decode", "--contexts", "64", "--steps", "1",
+                   "--warmup", "1", "--decode-config", '{"min_split": 256}', "--out", str(out)],
+                  window_factory=lambda dev: None) == 0
+    assert seen and set(seen) == {256}
+    assert json.loads((out / "results.json").read_text())["meta"]["decode_config"] == {"min_split": 256}
+    assert DECODE_CONFIG == keep
