@@ -92,7 +92,7 @@ def parse_decode_config(text: str) -> Dict:
     before any work; ValueError names what is allowed."""
     import json
 
-    from ..ops.triton.decode import decode_config
+    from ..ops.triton.decode import check_decode_config
 
     try:
         d = json.loads(text)
@@ -100,8 +100,7 @@ def parse_decode_config(text: str) -> Dict:
         raise ValueError(f"not JSON ({e.msg}); give an object such as '{{\"min_split\": 64}}'") from None
     if not isinstance(d, dict) or not d:
         raise ValueError("give a non-empty JSON object such as '{\"min_split\": 64}'")
-    with decode_config(**d):
-        pass
+    check_decode_config(d)
     return d
 
 

@@ -749,12 +749,11 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
     from .inference import CompileFallbacks
 
     from ..ops.gemv.kernel import configs_installed, rows_to_json
+    from ..ops.triton.decode import decode_config
 
     if a.gemv_rows:
         meta["gemv_configs"] = {"file": a.gemv_configs, "rows": rows_to_json(a.gemv_rows)}
     gemv_table = configs_installed(a.gemv_rows) if a.gemv_rows else contextlib.nullcontext()
-    from ..ops.triton.decode import decode_config
-
     if a.decode_overrides:
         meta["decode_config"] = a.decode_overrides
     with CompileFallbacks() as fallbacks, gemv_table, decode_config(**a.decode_overrides):

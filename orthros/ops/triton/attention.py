@@ -500,12 +500,12 @@ FWD_VARIANT = {"win_fwd": "edge", "full_fwd": "base"}
 # dQ programs of the backward (both streams): "base" (one query head per program, every block
 # masked; measured default), "gqa" (GQA-packed rows, edge masking; bwd_dq_gqa's blocks; slower
 # on the H200, 2026-12-02) or "edge" (one head a program, only the blocks not entirely visible
-# masked, as the "edge" forward; bwd_dq's blocks; not measured yet).
+# masked, as the "edge" forward; bwd_dq's blocks; level with "base" on the H200, 2026-12-02).
 DQ_VARIANTS = ("base", "gqa", "edge")
 DQ_VARIANT = "base"
 # dK/dV programs: "base" (every visited query block masked; measured default) or "edge" (interior
 # query blocks unmasked, for contiguous positions without documents or left padding: training's
-# PT streams; other calls keep the mask; not measured yet).
+# PT streams; other calls keep the mask; slower than "base" on the H200, 2026-12-02).
 DKDV_VARIANTS = ("base", "edge")
 DKDV_VARIANT = "base"
 # Use SDPA (cuDNN first) for the all-positions full stream of fp16/bf16 inputs.

@@ -175,11 +175,10 @@ MERGES = ("separate", "inline")
 _SMEM = {}
 
 
-@contextlib.contextmanager
-def decode_config(**overrides):
-    """Within the block, :data:`DECODE_CONFIG` entries set from ``overrides`` (what a benchmark
-    tries against the defaults, e.g. ``min_split=64``); unknown keys and bad values are refused
-    before anything changes; the defaults come back afterwards."""
+def check_decode_config(overrides: dict) -> None:
+    """ValueError unless every key of ``overrides`` is a :data:`DECODE_CONFIG` key with an
+    allowed value (``merge`` one of :data:`MERGES`, ``merge_tail`` a number >= 0, the rest
+    positive integers)."""
     for k, v in overrides.items():
         if k not in DECODE_CONFIG:
             raise ValueError(f"decode config: unknown key {k!r}; allowed: {', '.join(DECODE_CONFIG)}")
@@ -191,6 +190,14 @@ def decode_config(**overrides):
                 raise ValueError(f"decode config: merge_tail {v!r}; give a number >= 0")
         elif isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"decode config: {k} {v!r}; give a positive integer")
+
+
+@contextlib.contextmanager
+def decode_config(**overrides):
+    """Within the block, :data:`DECODE_CONFIG` entries set from ``overrides`` (what a benchmark
+    tries against the defaults, e.g. ``min_split=64``); refused by :func:`check_decode_config`
+    before anything changes; the defaults come back afterwards."""
+    check_decode_config(overrides)
     keep = dict(DECODE_CONFIG)
     DECODE_CONFIG.update(overrides)
     try:
