@@ -8,6 +8,7 @@ Timings: wall clock around the call, synchronised with the device (see :func:`me
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import gc
 import platform
@@ -19,6 +20,7 @@ import torch
 
 from ..engine import Engine, SamplingParams
 from ..engine.cache import StaticKVCache
+from ..layers.step import stack_rows
 from ..utils import commit_id, save_figure, write_json
 from .models import register_noattn, weight_bytes_per_step
 
@@ -44,7 +46,7 @@ class _NoAttention:
         return self.view.update(i, k, v)
 
     def attend(self, q, q_full, k, v, step, **kw):
-        return q, q_full
+        return stack_rows(q, q_full)
 
 
 class _FloorCache(StaticKVCache):
@@ -102,6 +104,41 @@ def parse_decode_config(text: str) -> Dict:
         raise ValueError("give a non-empty JSON object such as '{\"min_split\": 64}'")
     check_decode_config(d)
     return d
+
+
+def parse_compile_options(text: str) -> Dict:
+    """``--decode-compile-options`` of the benchmarks: a JSON object of Inductor options for the
+    engine's decode pieces, in place of ``orthros.engine.engine.DECODE_COMPILE_OPTIONS`` (``{}``:
+    Inductor's defaults); every key must be an option of ``torch._inductor.config``."""
+    import json
+
+    import torch._inductor.config as inductor_config
+
+    try:
+        d = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"not JSON ({e.msg}); give an object such as '{{}}' or "
+                         "'{\"realize_reads_threshold\": 5}'") from None
+    if not isinstance(d, dict):
+        raise ValueError("give a JSON object such as '{}' or '{\"realize_reads_threshold\": 5}'")
+    unknown = [k for k in d if not hasattr(inductor_config, k)]
+    if unknown:
+        raise ValueError(f"not options of torch._inductor.config: {', '.join(map(repr, unknown))}")
+    return d
+
+
+@contextlib.contextmanager
+def decode_compile_options(options: Dict):
+    """Within the block, engines built use ``options`` (parsed by :func:`parse_compile_options`)
+    for their compiled decode pieces; the default comes back afterwards."""
+    from ..engine import engine as engine_mod
+
+    keep = engine_mod.DECODE_COMPILE_OPTIONS
+    engine_mod.DECODE_COMPILE_OPTIONS = dict(options)
+    try:
+        yield engine_mod.DECODE_COMPILE_OPTIONS
+    finally:
+        engine_mod.DECODE_COMPILE_OPTIONS = keep
 
 
 def _sync(device):

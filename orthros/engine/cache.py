@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from ..layers.step import stack_rows
 from ..ops import orthros_attention
 from ..ops.decode import orthros_decode_attention
 
@@ -106,10 +107,10 @@ class PrefillView:
         if q_full is None:  # window stream only: its keys start at win0
             o, _ = orthros_attention(q, k[:, self.win0:], v[:, self.win0:], q[:, :0], window_size=window_size,
                                      scale=scale, backend=backend)
-            return o, None
+            return o
         o, o_full = orthros_attention(q_full[:, :0] if q is None else q, k, v, q_full, window_size=window_size,
                                       scale=scale, backend=backend)
-        return (None if q is None else o), o_full
+        return stack_rows(None if q is None else o, o_full)
 
 
 class DecodeView:
@@ -155,11 +156,13 @@ class DecodeView:
         return slot
 
     def attend(self, q, q_full, k, v, step, *, every: bool, window_size: int, scale: float, backend: str):
-        # one kernel reads the cache once for both queries; a layer without one of the streams
-        # passes the other query twice and keeps its own result
-        o, o_full = orthros_decode_attention(q_full if q is None else q, q if q_full is None else q_full, k, v,
-                                             self.new_lens, window_size=window_size, scale=scale, backend=backend)
-        return (None if q is None else o), (None if q_full is None else o_full)
+        # one kernel reads the cache once for both queries and writes both rows into one
+        # [bs, 2, Hq, D] buffer (W_O's input as it is); a layer without one of the streams passes
+        # the other query twice and keeps its own row
+        o = orthros_decode_attention(q_full if q is None else q, q if q_full is None else q_full, k, v,
+                                     self.new_lens, window_size=window_size, scale=scale, backend=backend,
+                                     stacked=True)
+        return o[:, 1:] if q is None else o[:, :1] if q_full is None else o
 
 
 __all__ = ["StaticKVCache", "PrefillView", "DecodeView"]

@@ -268,15 +268,16 @@ class OrthrosAttention(FusedProjections, nn.Module):
         return q, q_full, k, v, (gate if self.output_gate else None)
 
     def attend(self, p, step: StepInputs, final: bool):
-        """The cache's update and the attention kernels (never compiled): ``(o, o_full)``, or
-        ``None`` when nothing reads this layer's output."""
+        """The cache's update and the attention kernels (never compiled): ``(o, gate)``, ``o`` the
+        streams' rows ``W_O`` reads (window rows, then full-stream rows: the cache's
+        ``attend`` protocol, :mod:`.step`), or ``None`` when nothing reads this layer's output."""
         q, q_full, k, v, gate = p
         k, v = step.cache.update(self.layer_idx, k, v)
         if q is None and q_full is None:
             return None
-        o, o_full = step.cache.attend(q, q_full, k, v, step, every=self.streams(step, final).full == "rows",
-                                      window_size=self.window_size, scale=self.scale, backend=self.backend)
-        return o, o_full, gate
+        o = step.cache.attend(q, q_full, k, v, step, every=self.streams(step, final).full == "rows",
+                              window_size=self.window_size, scale=self.scale, backend=self.backend)
+        return o, gate
 
     def output(self, o, step: StepInputs, final: bool, residual=None):
         """Token-wise: ``W_O`` of the streams' outputs, for the rows the layer keeps (every row of
@@ -284,13 +285,10 @@ class OrthrosAttention(FusedProjections, nn.Module):
         fused GEMV under ``step.gemv``). ``None`` when ``attend`` returned ``None``."""
         if o is None:
             return None
-        s = self.streams(step, final)
-        o, o_full, gate = o
-        if s.gather:
+        o, gate = o
+        if self.streams(step, final).gather:  # the window stream only: its rows at the output positions
             o = step.gather_out_rows(o)
             gate = step.gather_out_rows(gate) if gate is not None else None
-        parts = [t for t in (o, o_full) if t is not None]
-        o = torch.cat(parts, dim=1) if len(parts) > 1 else parts[0]
         if gate is not None:
             o = o * torch.sigmoid(gate)
         if step.gemv is not None:

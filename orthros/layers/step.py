@@ -9,10 +9,13 @@ cache object's business:
   and returns what attention reads (gpt-fast's ``KVCache.update``: callers never index cache
   tensors themselves);
 * ``cache.attend(q, q_full, k_all, v_all, step, every=..., window_size=..., scale=..., backend=...)
-  -> (o, o_full)`` runs the window stream for ``q`` (``[B, T, Hq, D]`` base-row queries, or
-  ``None``) and the full stream for ``q_full`` (output queries, or ``None``); ``every=True``
-  says ``q_full`` has a query at *every* base row of this step (a causal Transformer layer),
-  otherwise at ``step``'s output positions;
+  -> o`` runs the window stream for ``q`` (``[B, T, Hq, D]`` base-row queries, or ``None``) and
+  the full stream for ``q_full`` (output queries, or ``None``); ``every=True`` says ``q_full``
+  has a query at *every* base row of this step (a causal Transformer layer), otherwise at
+  ``step``'s output positions. ``o`` is what ``W_O`` reads: the window rows (when ``q`` is
+  given) followed by the full-stream rows (when ``q_full`` is), one ``[B, T + T_out, Hq, D]``
+  tensor (:func:`stack_rows`), so a kernel that writes both streams into one buffer (the
+  engine's decode) hands it over without a copy;
 * optional, ``cache.write_slot(layer_idx) -> slot or None`` and ``cache.write(slot, k, v)``: a
   cache whose write is a small scatter (the engine's decode view) hands the layer's buffers to
   the step's first token-wise piece, which writes the K/V there itself, so under
@@ -131,7 +134,15 @@ class DenseKV:
         o, o_full = run_attention(empty if q is None else q, k, v, empty if q_full is None else q_full,
                                   window_size=window_size, output_positions=pos, scale=scale,
                                   doc_ids=step.doc_ids, kv_start=step.kv_start, backend=backend)
-        return (o if q is not None else None), (o_full if q_full is not None else None)
+        return stack_rows(o if q is not None else None, o_full if q_full is not None else None)
 
 
-__all__ = ["StepInputs", "DenseKV", "call", "run_attention"]
+def stack_rows(o: Optional[torch.Tensor], o_full: Optional[torch.Tensor]) -> torch.Tensor:
+    """The rows ``W_O`` reads (the ``cache.attend`` protocol): the window stream's rows, then the
+    full stream's, along dim 1 (a copy only when both are given)."""
+    if o is None or o_full is None:
+        return o_full if o is None else o
+    return torch.cat([o, o_full], dim=1)
+
+
+__all__ = ["StepInputs", "DenseKV", "call", "run_attention", "stack_rows"]

@@ -11,13 +11,15 @@ inputs) and to :func:`decode_attention_reference` elsewhere. Both have the same 
   differ; nothing is read back to the host, so the step is CUDA-graph capturable).
 
 Returns ``(o, o_out)``, each ``[B, 1, Hq, D]``: ``o`` attends the last ``window_size`` valid
-keys, ``o_out`` all ``cache_seqlens[b]`` keys. A row with length 0 gives zeros.
+keys, ``o_out`` all ``cache_seqlens[b]`` keys. A row with length 0 gives zeros. With
+``stacked=True``: one ``[B, 2, Hq, D]`` tensor, ``o`` in row 0 and ``o_out`` in row 1 (the
+layout ``W_O`` reads; the kernel writes it directly, no concatenation).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 
@@ -26,7 +28,7 @@ from .backends import check_backend, resolve_backend
 
 
 def decode_attention_reference(q, q_out, k_cache, v_cache, cache_seqlens, *, window_size: int,
-                               scale: Optional[float] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                               scale: Optional[float] = None, stacked: bool = False):
     """Pure-PyTorch decode step (float32 math, fp64 stays fp64); masks by length, no host sync."""
     B, _, Hq, D = q.shape
     L, Hkv = k_cache.shape[1], k_cache.shape[2]
@@ -52,7 +54,7 @@ def decode_attention_reference(q, q_out, k_cache, v_cache, cache_seqlens, *, win
         p = p / torch.where(den > 0, den, torch.ones_like(den))
         o = torch.einsum("bhgl,blhd->bhgd", p, vf).reshape(B, 1, Hq, v_cache.shape[-1])
         outs.append(o.to(q.dtype))
-    return outs[0], outs[1]
+    return torch.cat(outs, dim=1) if stacked else (outs[0], outs[1])
 
 
 def _check(q, q_out, k_cache, v_cache, cache_seqlens, window_size):
@@ -80,19 +82,22 @@ def _check(q, q_out, k_cache, v_cache, cache_seqlens, window_size):
 
 
 def orthros_decode_attention(q, q_out, k_cache, v_cache, cache_seqlens, *, window_size: int,
-                             scale: Optional[float] = None, backend: str = "auto"):
+                             scale: Optional[float] = None, backend: str = "auto", stacked: bool = False):
     """Decode step of Orthros attention; see the module docstring. ``backend`` (one vocabulary
     with the training op, :mod:`orthros.ops.backends`): "auto" (Triton on CUDA when supported,
     else the reference), "triton", or "reference" / "sdpa" (both the PyTorch reference: a
     single-query step has no SDPA form worth its launch)."""
     check_backend(backend)
+    if not isinstance(stacked, bool):
+        raise ValueError(f"stacked must be True or False, got {stacked!r}")
     _check(q, q_out, k_cache, v_cache, cache_seqlens, window_size)
     if resolve_backend(backend, q, k_cache) == "triton":
         from .triton import decode_attention_triton
 
-        return decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, window_size=window_size, scale=scale)
+        return decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, window_size=window_size, scale=scale,
+                                       stacked=stacked)
     return decode_attention_reference(q, q_out, k_cache, v_cache, cache_seqlens, window_size=window_size,
-                                      scale=scale)
+                                      scale=scale, stacked=stacked)
 
 
 __all__ = ["orthros_decode_attention", "decode_attention_reference"]

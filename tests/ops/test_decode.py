@@ -102,6 +102,20 @@ def test_triton_fp16_and_zero_length_row():
         assert torch.all(x[0] == 0)
 
 
+@pytest.mark.parametrize("backend", ["triton", "reference"])
+def test_stacked_is_both_rows_in_one_buffer(backend):
+    """``stacked=True`` (the engine's decode: W_O's input as the kernel wrote it): one
+    [B, 2, Hq, D] tensor, row 0 the window result and row 1 the full one, equal to the pair."""
+    q, qo, kc, vc, lens = make(2, 150, 4, 2, 16, [150, 37], seed=5)
+    o, oo = orthros_decode_attention(q, qo, kc, vc, lens, window_size=20, backend=backend)
+    both = orthros_decode_attention(q, qo, kc, vc, lens, window_size=20, backend=backend, stacked=True)
+    assert both.shape == (2, 2, 4, 16) and both.is_contiguous()
+    assert torch.equal(both[:, :1], o) and torch.equal(both[:, 1:], oo)
+    assert not torch.equal(both[:, :1], both[:, 1:])  # the two streams differ (window 20 < 150 keys)
+    with pytest.raises(ValueError, match="stacked"):
+        orthros_decode_attention(q, qo, kc, vc, lens, window_size=20, backend=backend, stacked=1)
+
+
 def test_dispatch_and_validation():
     q, qo, kc, vc, lens = make(2, 16, 4, 2, 16, [16, 5])
     if not HAS_CUDA:  # CPU: auto is the reference, exactly
@@ -256,7 +270,7 @@ def test_one_split_writes_outputs_directly(case, dtype, monkeypatch):
     for cfg in ({"splits": 1, "block_n": bn}, {"splits": 1, "merge": "inline"}, {"min_split": 10 ** 6}):
         shapes.clear()
         out = td.decode_attention_triton(q, qo, kc, vc, lens, window_size=9, _config=cfg)
-        assert shapes == [(B, 1, Hq, D)] * 2  # o and o_out only
+        assert shapes == [(B, 2, Hq, D)]  # the one [B, 2, Hq, D] output buffer only (no partials)
         for x, y in zip(out, ref):
             assert x.dtype == dtype and rel(x, y) < tol
 

@@ -300,8 +300,9 @@ def num_splits(B: int, HKV: int, L_max: int, device, cfg=None, elem_bytes: int =
 
 
 def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window_size, scale=None,
-                            _config=None):
-    """``_config`` (internal, for benchmarks/attention.py --decode-tune): a dict overriding
+                            stacked=False, _config=None):
+    """Both streams' rows go into one ``[B, 2, HQ, D]`` buffer; ``stacked``: return it, else
+    its two rows ``(o, o_out)`` (views). ``_config`` (internal, for benchmarks/attention.py --decode-tune): a dict overriding
     DECODE_CONFIG keys (e.g. ``merge``, ``min_split``) and/or giving ``splits`` (the split count
     S) explicitly. With S = 1 the split kernel writes the outputs itself (no merge, no partial
     buffers); with S > 1, ``merge`` picks a second merge launch or the in-kernel merge."""
@@ -324,8 +325,8 @@ def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window
         raise ValueError("orthros_decode_attention: k_cache/v_cache need a contiguous last dimension")
     seq = cache_seqlens
     dev = q.device
-    o = torch.empty(B, 1, HQ, v_cache.shape[-1], dtype=q.dtype, device=dev)
-    o_out = torch.empty_like(o)
+    both = torch.empty(B, 2, HQ, v_cache.shape[-1], dtype=q.dtype, device=dev)
+    o, o_out = both[:, :1], both[:, 1:]
     BD = block_d(D)
     bn = cfg["block_n"]
     S = cfg.get("splits") or num_splits(B, HKV, L_max, dev, cfg, q.element_size(), BD, G)
@@ -356,4 +357,4 @@ def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window
     if mode == _PARTIAL:
         _decode_combine[(HQ, 2, B)](op, lp, o, o_out, o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
                                     HQ=HQ, D=D, BLOCK_D=BD, NUM_SPLITS=S, BLOCK_S=max(2, pow2(S)))
-    return o, o_out
+    return both if stacked else (o, o_out)
