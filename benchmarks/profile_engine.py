@@ -10,6 +10,10 @@ and the top host (CPU) and device (CUDA) operators, Orthros vs the Transformer.
 
     python benchmarks/profile_engine.py [--phase decode|prefill] [--compile] [--gemv] [--context 1024] [--batch 1] [--json out.json]
         [--preset qwen3-8b|qwen3.5-9b|tiny|tiny-h] [--reps 10] [--profiled 3] [--decode-config JSON]
+        [--decode-compile-options JSON]
+
+``--decode-compile-options '{}'``: the compiled decode pieces with Inductor's defaults instead
+of the engine's ``DECODE_COMPILE_OPTIONS`` (what those options change, kernel by kernel).
 
 ``--preset qwen3.5-9b --phase prefill --context 131072``: where Orthros-H's and the Linear
 Hybrid's 128K prefill time goes (kernel classes: matmul, attention, GDN, elementwise, ...).
@@ -25,7 +29,8 @@ from collections import defaultdict
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from orthros.benchmarks.inference import (copy_bandwidth, parse_decode_config, time_call,  # noqa: E402
+from orthros.benchmarks.inference import (copy_bandwidth, decode_compile_options,  # noqa: E402
+                                          parse_compile_options, parse_decode_config, time_call,
                                           weight_bytes_per_step)
 from orthros.ops.triton.decode import decode_config  # noqa: E402
 from orthros.benchmarks.models import PRESETS, orthros_model  # noqa: E402
@@ -159,6 +164,9 @@ def main():
     p.add_argument("--device", default="cuda", help="cpu: a smoke run (no kernel trace)")
     p.add_argument("--decode-config", default=None, metavar="JSON",
                    help="decode: DECODE_CONFIG overrides of the decode attention, e.g. '{\"min_split\": 64}'")
+    p.add_argument("--decode-compile-options", default=None, metavar="JSON",
+                   help="decode, with --compile: Inductor options of the decode pieces instead of the engine's "
+                        "DECODE_COMPILE_OPTIONS ('{}': Inductor's defaults)")
     a = p.parse_args()
     overrides = {}
     if a.decode_config is not None:
@@ -166,6 +174,14 @@ def main():
             overrides = parse_decode_config(a.decode_config)
         except ValueError as e:
             p.error(f"--decode-config {a.decode_config!r}: {e}")
+    import orthros.engine.engine as engine_mod
+
+    compile_options = engine_mod.DECODE_COMPILE_OPTIONS
+    if a.decode_compile_options is not None:
+        try:
+            compile_options = parse_compile_options(a.decode_compile_options)
+        except ValueError as e:
+            p.error(f"--decode-compile-options {a.decode_compile_options!r}: {e}")
     for name in ("context", "batch", "reps", "profiled"):
         if getattr(a, name) < 1:
             p.error(f"--{name} {getattr(a, name)}: give a positive integer")
@@ -180,8 +196,8 @@ def main():
     wb = weight_bytes_per_step(model)
     out = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "commit": commit_id(),
            "compile": a.compile, "gemv": a.gemv, "context": a.context, "batch": a.batch, "copy_bw_tb_s": bw / 1e12,
-           "decode_config": overrides, "modes": {}}
-    with decode_config(**overrides):
+           "decode_config": overrides, "decode_compile_options": compile_options, "modes": {}}
+    with decode_config(**overrides), decode_compile_options(compile_options):
         decode_modes(a, model, dev, bw, wb, out)
     if a.json:
         write_json(a.json, out, indent=1)

@@ -756,6 +756,10 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
     gemv_table = configs_installed(a.gemv_rows) if a.gemv_rows else contextlib.nullcontext()
     if a.decode_overrides:
         meta["decode_config"] = a.decode_overrides
+    if a.compile:
+        from ..engine.engine import DECODE_COMPILE_OPTIONS
+
+        meta["decode_compile_options"] = dict(DECODE_COMPILE_OPTIONS)
     with CompileFallbacks() as fallbacks, gemv_table, decode_config(**a.decode_overrides):
         meta["compile_failures"] = fallbacks
         for i, section in enumerate(a.sections):

@@ -167,6 +167,7 @@ class Engine:
             # chunk lengths: dynamic after the second); the default limit of 8 is too low for that
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         self._run = _run_compiled if compile else _eager
+        self._run_decode = _decode_runner(DECODE_COMPILE_OPTIONS) if compile else _eager
         self._head = _compiled(_lm_head) if compile else _lm_head
         self._sig = self._signature()
         self.reset()
@@ -357,7 +358,7 @@ class Engine:
         rope = self._rope(lens.view(bs, 1))
         # the decoupled pair of paper Section 3.1: [base token, output token] per row
         step = StepInputs(n_base=1, rope_base=rope, rope_out=rope, out_rel=self._last_row,
-                          output_tokens=self.output_tokens, mode=self.mode, run=self._run, gemv=self.gemv,
+                          output_tokens=self.output_tokens, mode=self.mode, run=self._run_decode, gemv=self.gemv,
                           cache=self.cache.decode_view(self._arange[:bs], lens, span))
         h = m.run_layers(step.with_output_tokens(m.embed_tokens(tokens.view(bs, 1))), step)
         logits = self._head(self.model, h[:, -1:])
@@ -552,30 +553,50 @@ def _lm_head(model, h):
 _COMPILED = {}
 _FAILED = set()
 
+# Inductor options of the decode step's pieces (prefill's use Inductor's defaults).
+# ``realize_reads_threshold``: a pointwise value with several consumers is computed once into a
+# buffer of its own when it reads more than this many inputs. RoPE reads each query twice (q and
+# its rotated half), and a decode pair's queries read five inputs (the q projection's columns,
+# q-norm's rstd and weight, alpha and beta) against the one-row step's three, so at Inductor's
+# default of 4 the pair's RoPE became a pointwise kernel of its own after the q-norm kernel
+# (36 launches a step, 0.036 ms at 1K on an H200: docs/performance.md, inference change 15).
+DECODE_COMPILE_OPTIONS = {"realize_reads_threshold": 5}
 
-def _compiled(fn):
-    """``fn`` through ``torch.compile``; a piece whose compilation fails runs eagerly from then
-    on, with a warning (``RuntimeWarning`` naming the piece)."""
-    if fn not in _COMPILED:
-        compiled = torch.compile(fn)
+
+def _compiled(fn, options=None):
+    """``fn`` through ``torch.compile`` (with Inductor ``options``); a piece whose compilation
+    fails runs eagerly from then on, with a warning (``RuntimeWarning`` naming the piece)."""
+    key = (fn, tuple(sorted((options or {}).items())))
+    if key not in _COMPILED:
+        compiled = torch.compile(fn, options=dict(options)) if options else torch.compile(fn)
 
         def call(*args):
-            if fn not in _FAILED:
+            if key not in _FAILED:
                 try:
                     return compiled(*args)
                 except torch.cuda.OutOfMemoryError:
                     raise
                 except Exception as e:  # noqa: BLE001  (documented fallback: eager, loudly)
-                    _FAILED.add(fn)
+                    _FAILED.add(key)
                     warnings.warn(f"torch.compile of {fn.__name__} failed ({type(e).__name__}: {e}); "
                                   f"running it eagerly", RuntimeWarning, stacklevel=2)
             return fn(*args)
-        _COMPILED[fn] = call
-    return _COMPILED[fn]
+        _COMPILED[key] = call
+    return _COMPILED[key]
 
 
 def _run_compiled(fn, *args):
     return _compiled(fn)(*args)
+
+
+def _decode_runner(options):
+    """The decode step's ``run``: its pieces compiled with ``options`` (bound when the engine is
+    built, so a benchmark can compare option sets engine by engine)."""
+    options = dict(options)
+
+    def run(fn, *args):
+        return _compiled(fn, options)(*args)
+    return run
 
 
 __all__ = ["Engine", "DEFAULT_PREFILL_CHUNK", "check_fits"]

@@ -1,0 +1,86 @@
+"""The decode step's Inductor options (``engine.DECODE_COMPILE_OPTIONS``): why they exist, checked
+on the CPU with Inductor itself, and that the engine's decode pieces are compiled with them.
+
+A decode pair's queries (the layer's fused path: q-norm, then one ``addcmul`` of both rows'
+alpha/beta, then RoPE) read five inputs; RoPE reads each query twice (q and its rotated half).
+At Inductor's default ``realize_reads_threshold`` (4) that value is computed into a buffer of
+its own, which on a GPU puts RoPE in a separate pointwise kernel; at the engine's setting it is
+recomputed inside RoPE's loop instead (no buffer). The one-row step (three inputs) never is.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from torch._inductor.utils import run_and_get_code
+
+import orthros.engine.engine as engine_mod
+from orthros.engine import Engine
+
+from conftest import tiny_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _buffers(code: str) -> int:
+    """The IR buffers the generated code's ``call`` names (``buf0``, ``buf1``, ...): one per
+    realized value (and alias), so a value recomputed where it is read instead adds none."""
+    call = code[code.index("def call"):]
+    return len(set(re.findall(r"\bbuf\d+\b", call[:call.index("return")])))
+
+
+def _compiled_queries(options, T):
+    m = tiny_model(0, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, qk_norm=True)
+    attn = m.model.layers[0].self_attn
+    assert attn.fuse_projections()
+    H, D = attn.num_heads, attn.head_dim
+    g = torch.Generator().manual_seed(0)
+    rope = (torch.rand(1, 1, D, generator=g), torch.rand(1, 1, D, generator=g))  # (cos, sin) of the step's position
+
+    def queries(q):  # the pair: base row + output row, each with its own alpha/beta; one row: a Transformer's
+        with torch.no_grad():
+            return attn._queries_of(q, 1, rope, rope, T == 2, False, True)
+
+    torch._dynamo.reset()
+    try:
+        q = torch.randn(1, T, H * D)
+        fn = torch.compile(queries, options=options) if options else torch.compile(queries)
+        out, codes = run_and_get_code(fn, q)
+        torch.testing.assert_close(out, queries(q))
+    finally:
+        torch._dynamo.reset()
+    return _buffers("\n".join(codes))
+
+
+def test_pair_queries_are_not_realized_with_the_decode_options():
+    default, decode = _compiled_queries({}, 2), _compiled_queries(engine_mod.DECODE_COMPILE_OPTIONS, 2)
+    assert decode == default - 1, (default, decode)  # the scale-offset result's buffer is gone
+    assert _compiled_queries({}, 1) == _compiled_queries(engine_mod.DECODE_COMPILE_OPTIONS, 1)  # unaffected
+
+
+def test_engine_decode_pieces_get_the_decode_options(monkeypatch):
+    """Prefill pieces compile with Inductor's defaults, decode pieces with DECODE_COMPILE_OPTIONS
+    (a recording backend stands in for Inductor)."""
+    seen = []
+    real_compile = torch.compile
+
+    def fake_compile(fn, **kw):
+        seen.append((fn.__name__, kw.get("options")))
+        return real_compile(fn, backend="eager")
+
+    monkeypatch.setattr(engine_mod, "_COMPILED", {})
+    monkeypatch.setattr(engine_mod, "_FAILED", set())
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    m = tiny_model(0, hidden_size=32, intermediate_size=48, head_dim=8, window_size=4, qk_norm=True,
+                   num_hidden_layers=2, attn_backend="reference")
+    try:
+        got = Engine(m, max_batch_size=1, max_seq_len=32, compile=True).generate([[1, 5, 7, 9, 11]], 3)
+    finally:
+        torch._dynamo.reset()
+    assert got == Engine(m, max_batch_size=1, max_seq_len=32).generate([[1, 5, 7, 9, 11]], 3)
+    pieces = {name for name, _ in seen if name.startswith("_")}
+    assert {"_project", "_finish"} <= pieces
+    for name in ("_project", "_finish"):
+        assert (name, None) in seen and (name, engine_mod.DECODE_COMPILE_OPTIONS) in seen, seen
