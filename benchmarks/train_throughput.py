@@ -9,6 +9,8 @@ summary line with the Orthros / Transformer step-time ratio (issue target: <= 2.
     python benchmarks/train_throughput.py                          # 1.3B, seq 2048, all archs
     python benchmarks/train_throughput.py --arch orthros transformer --micro-batch 4 --ac
     python benchmarks/train_throughput.py --shape tiny --device cpu --steps 2   # runnability check
+    python benchmarks/train_throughput.py --shape smollm2-135m --seq-len 8192 --micro-batch 2 \
+        --arch orthros transformer [--compile]      # issue 15's CPT step (configs/smollm2_cpt.yaml)
 
 MFU = model FLOPs / step time / peak. Model FLOPs (orthros.training.metrics.train_flops)
 count what each architecture needs: Orthros' linear layers see 2T tokens (base + output
@@ -38,6 +40,10 @@ from orthros.training.trainer import enable_activation_checkpointing  # noqa: E4
 SHAPES = {
     "1.3b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=24, num_attention_heads=16,
                  num_key_value_heads=16, head_dim=128, vocab_size=32000),
+    # SmolLM2-135M (issue 15's CPT model; random weights: a step's time does not depend on them)
+    "smollm2-135m": dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                         num_key_value_heads=3, head_dim=64, vocab_size=49152, rope_theta=100000.0,
+                         tie_word_embeddings=True),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=2, head_dim=32, vocab_size=512),
 }
@@ -47,9 +53,9 @@ MODES = {"orthros": "orthros", "transformer": "full", "swa": "window"}
 def bench_one(arch: str, a, device: torch.device) -> dict:
     torch.manual_seed(0)
     window = a.swa_window if arch == "swa" else a.window
-    cfg = OrthrosConfig(**SHAPES[a.shape], window_size=window, attention_mode=MODES[arch],
-                        scale_offset=not a.no_scale_offset, max_position_embeddings=max(4096, a.seq_len),
-                        tie_word_embeddings=False, use_cache=False, attn_backend=a.backend)
+    cfg = OrthrosConfig(**{"tie_word_embeddings": False, **SHAPES[a.shape]}, window_size=window,
+                        attention_mode=MODES[arch], scale_offset=not a.no_scale_offset,
+                        max_position_embeddings=max(4096, a.seq_len), use_cache=False, attn_backend=a.backend)
     model = OrthrosForCausalLM(cfg).to(device)
     if a.ac:
         enable_activation_checkpointing(model)
