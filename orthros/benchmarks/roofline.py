@@ -38,6 +38,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from ..engine.cache import StaticKVCache
+from ..ops.gemv.naive import MAX_M
 from ..utils import save_figure
 from .cli import _ints
 from .inference import _free, _plt, _progress, bench_decode, copy_bandwidth, measure, metadata, \
@@ -46,7 +47,7 @@ from .models import orthros_model, weight_bytes_per_step
 
 SECTIONS = ("decode", "batched", "window")
 SYSTEMS = ("orthros", "full", "gpt-fast")  # the engine's two modes, and the peer
-# --gemv: the same engine with Engine(gemv=True) too, in the decode section (B=1: <= 8 GEMV rows)
+# --gemv: the same engine with Engine(gemv=True) too, in the decode and batched sections (cells of <= 8 GEMV rows)
 GEMV_SYSTEMS = ("orthros+gemv", "full+gemv")
 LABELS = {"orthros": "Orthros pair (engine)", "full": "Transformer (same engine)", "gpt-fast": "gpt-fast",
           "orthros+gemv": "Orthros pair (engine, fused GEMVs)", "full+gemv": "Transformer (engine, fused GEMVs)"}
@@ -341,9 +342,14 @@ def _decode_cells(sweep: Sweep, section: str, pairs, ctx) -> None:
         ctx["peer"]
     for B, L in pairs:
         floor = decode_floor_ms(wbytes, kvtok, B, L, bw)
-        for system in SYSTEMS + (GEMV_SYSTEMS if a.gemv and section == "decode" else ()):
+        for system in SYSTEMS + (GEMV_SYSTEMS if a.gemv else ()):
             base = {"section": section, "system": system, "B": B, "L": L, "floor_ms": floor, "weight_bytes": wbytes,
                     "kv_bytes": B * L * kvtok}
+            rows = B * (2 if system.startswith("orthros") else 1)  # a step's GEMV rows: the pair has two a sequence
+            if system in GEMV_SYSTEMS and rows > MAX_M:
+                sweep.skip(base, f"{rows} GEMV rows: the fused GEMV takes <= {MAX_M} (it would run the "
+                                 f"unfused ops, as without --gemv)")
+                continue
             if system == "gpt-fast" and peer is None:
                 continue  # no --gpt-fast-dir: noted once in the metadata
             if system == "gpt-fast" and B == 1 and L not in a.gpt_fast_contexts:
@@ -455,6 +461,14 @@ def summarize(rows: List[Dict]) -> List[Dict]:
         if o and f:
             line("batched_vs_full", f"B={B} L={L}", o["ms_per_step"] / f["ms_per_step"], TARGETS["batched_vs_full"],
                  "lower")
+        og, fg = ms.get(("batched", "orthros+gemv", B, L)), ms.get(("batched", "full+gemv", B, L))
+        if og and fg:
+            line("batched_vs_full", f"+gemv B={B} L={L}", og["ms_per_step"] / fg["ms_per_step"],
+                 TARGETS["batched_vs_full"], "lower")
+        for s, plain in (("orthros+gemv", o), ("full+gemv", f)):
+            if plain and ms.get(("batched", s, B, L)):
+                line("gemv_speedup", f"{s} B={B} L={L}", plain["ms_per_step"] / ms["batched", s, B, L]["ms_per_step"],
+                     None, "higher")
         if o and g:
             line("batched_vs_gpt_fast", f"B={B} L={L}", o["tokens_per_s"] / g["tokens_per_s"],
                  TARGETS["batched_vs_gpt_fast"], "higher")
@@ -602,7 +616,8 @@ def build_parser():
     p.add_argument("--no-fuse", action="store_true",
                    help="engine without fused projections (Engine(fuse=False)), to compare with the default")
     p.add_argument("--gemv", action="store_true",
-                   help="decode section: also the engine with Engine(gemv=True) (fused GEMVs), both modes, same run")
+                   help="decode and batched sections: also the engine with Engine(gemv=True) (fused GEMVs), both "
+                        "modes, same run (cells of <= 8 GEMV rows: the pair at B <= 4, the Transformer at B <= 8)")
     p.add_argument("--gemv-configs", default=None, metavar="RESULTS_JSON",
                    help="with --gemv: run the fused GEMVs with the CONFIGS rows a `benchmarks/gemv.py --fused "
                         "--sweep` run stored in this file (meta.tuned_rows), ahead of the built-in table")

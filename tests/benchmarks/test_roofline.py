@@ -339,18 +339,24 @@ def test_bench_decode_builds_its_engines_fused_or_not():
 
 
 def test_gemv_flag_adds_the_fused_gemv_engine_to_the_decode_section(tmp_path):
-    """``--gemv``: the decode section also times the same engine with ``Engine(gemv=True)`` (both
-    modes, same run) and the summary prints its speed-up over the plain engine; the batched
-    section is unchanged (its rows exceed the GEMV's 8)."""
+    """``--gemv``: the decode and batched sections also time the same engine with
+    ``Engine(gemv=True)`` (both modes, same run) where a step has <= 8 GEMV rows (the pair at
+    B <= 4, the Transformer at B <= 8; larger cells are skipped with the reason), and the
+    summary prints its speed-up over the plain engine and the batched ratio with it."""
     out = tmp_path / "o"
-    assert R.main(["--device", "cpu", "--quick", "--sections", "decode,batched", "--gemv", "--out", str(out)]) == 0
+    assert R.main(["--device", "cpu", "--quick", "--sections", "decode,batched", "--gemv", "--batch-sizes", "2,8",
+                   "--out", str(out)]) == 0
     data = json.loads((out / "results.json").read_text())
     assert data["meta"]["gemv"] is True
-    cells = {(r["section"], r["system"]) for r in data["rows"] if "ms_per_step" in r}
-    assert {("decode", s) for s in ("orthros", "full", "orthros+gemv", "full+gemv")} <= cells
-    assert not {s for sec, s in cells if sec == "batched"} & set(R.GEMV_SYSTEMS)
+    cells = {(r["section"], r["system"], r["B"]) for r in data["rows"] if "ms_per_step" in r}
+    assert {("decode", s, 1) for s in ("orthros", "full", "orthros+gemv", "full+gemv")} <= cells
+    assert {("batched", s, 2) for s in ("orthros+gemv", "full+gemv")} <= cells
+    assert ("batched", "full+gemv", 8) in cells and ("batched", "orthros+gemv", 8) not in cells
+    skipped = [r for r in data["rows"] if r["system"] == "orthros+gemv" and r["B"] == 8]
+    assert skipped and all("16 GEMV rows" in r["skipped"] for r in skipped)
     gains = [s for s in data["meta"]["summary"] if s["target"] == "gemv_speedup"]
     assert {g["point"].split()[0] for g in gains} == set(R.GEMV_SYSTEMS) and all(g["value"] > 0 for g in gains)
+    assert any(s["target"] == "batched_vs_full" and s["point"].startswith("+gemv B=2") for s in data["meta"]["summary"])
 
 
 def test_gemv_configs_runs_the_fused_engine_with_the_swept_rows(tmp_path, monkeypatch):
