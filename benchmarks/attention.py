@@ -510,6 +510,16 @@ WINDOW_BWD_CANDIDATES = [
     ("dq+dkdv edge", {}, True, "edge:edge"),
     ("dq+dkdv edge + dkdv 32x64", {"bwd_dkdv": (32, 64, 4, 2)}, True, "edge:edge"),
     ("dq edge + dkdv 32x64", {"bwd_dkdv": (32, 64, 4, 2)}, True, "edge"),
+    # two launches, each compiled with its own kind of program (PROGS): the one-launch kernel holds
+    # the dK/dV programs' 255 registers and spills (ncu on the H200, 2026-12-02: 7.8M local-memory
+    # spill requests a 32K backward, 12.5% occupancy); these dK/dV blocks compile without spills for
+    # sm_90 (cuobjdump --dump-resource-usage: 64x32 w8 176 registers, 32x64 w8 229, 32x32 w4 188,
+    # 16x64 w4 240, 32x32 w8 166), the dQ programs alone 198
+    ("2-launch dkdv 64x32 w8", {"bwd_dkdv": (64, 32, 8, 2)}, False, "base"),
+    ("2-launch dkdv 32x64 w8", {"bwd_dkdv": (32, 64, 8, 2)}, False, "base"),
+    ("2-launch dkdv 32x32 w4", {"bwd_dkdv": (32, 32, 4, 2)}, False, "base"),
+    ("2-launch dkdv 16x64 w4", {"bwd_dkdv": (16, 64, 4, 2)}, False, "base"),
+    ("2-launch dkdv 32x32 w8", {"bwd_dkdv": (32, 32, 8, 2)}, False, "base"),
 ]
 
 

@@ -348,6 +348,20 @@ DKDV_CASES = {**{c: kw for c, kw in VARIANT_CASES.items() if kw.get("grad", True
 
 
 @pytest.mark.parametrize("case", list(DKDV_CASES))
+def test_two_launch_backward(poison, monkeypatch, case):
+    """FUSED_BWD = False: the dK/dV launch and the dQ launch, each compiled with its own kind of
+    program only (PROGS 1 / 2), against the reference (base variants)."""
+    from orthros.ops.triton import attention as ta
+
+    monkeypatch.setattr(ta, "FUSED_BWD", False)
+    if not HAS_CUDA:
+        monkeypatch.setitem(ta.CONFIGS["bwd_dkdv"], 64, (16, 16, 4, 1))
+        monkeypatch.setitem(ta.CONFIGS["bwd_dq"], 64, (16, 16, 4, 1))
+    c = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in DKDV_CASES[case].items()}
+    run_case(D=16, **c)
+
+
+@pytest.mark.parametrize("case", list(DKDV_CASES))
 def test_dkdv_edge_variant(poison, monkeypatch, case):
     """The dK/dV programs with interior query blocks unmasked (DKDV_VARIANT "edge"; the cases
     with positions, documents or left padding keep the mask) against the reference, in the
@@ -483,6 +497,20 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
         ptx = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 2}).asm["ptx"]
         print("BWD", gp2, ptx.count("cp.async.cg.shared.global"), ptx.count("ld.global.b16") + ptx.count("ld.global.u16"))
+    # the two-launch backward: PROGS 1 / 2 compile one kind of program each (the dK/dV block's
+    # dot products and the dQ block's are told apart by their accumulators' stores: dK and dV
+    # are two stores of [BLOCK_N, D] tiles, dQ one)
+    const = dict(G=4, D=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=32, BLOCK_M2=64, BLOCK_N2=64, POS_PTR=False,
+                 HAS_WINDOW=True, HAS_DOC=False, HAS_KVS=False, REVERSE=False, PREC="tf32", GP2=1, EDGE2=False,
+                 EDGE_KV=False)
+    for progs in (0, 1, 2):
+        sig = {n: ptrs.get(n, "constexpr" if n in const or n == "PROGS" else "fp32" if n.endswith("_scale") else "i32")
+               for n in fn.arg_names}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+                 if sig[n] != "constexpr" and n not in nospec and not n.endswith("_scale")}
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs={**const, "PROGS": progs}, attrs=attrs),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 2})
+        print("PROGS", progs, k.asm["ttir"].count("tt.dot"))
     print("OK")
 ''')
 
@@ -499,6 +527,8 @@ def test_forward_variants_compile_for_sm90_pipelined(tmp_path):
     assert len(bwd) == 3
     for gp2, n_async, n_b16 in bwd:
         assert int(n_async) > 0 and int(n_b16) == 0, (gp2, n_async, n_b16)
+    dots = {int(p): int(n) for p, n in printed(lines, "PROGS")}  # dK/dV: 4 dot products, dQ: 3
+    assert dots == {0: 7, 1: 4, 2: 3}, dots
 
 
 def variant_sweep_gpu(dtype):

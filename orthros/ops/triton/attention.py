@@ -433,14 +433,22 @@ def _stream_bwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
     REVERSE: tl.constexpr, PREC: tl.constexpr, GP2: tl.constexpr = 1, EDGE2: tl.constexpr = False,
-    EDGE_KV: tl.constexpr = False,
+    EDGE_KV: tl.constexpr = False, PROGS: tl.constexpr = 0,
 ):
     """dK/dV programs (first ``n_kv_progs``; ``BLOCK_M x BLOCK_N``) and dQ programs (the rest;
     ``BLOCK_M2 x BLOCK_N2``, or ``GP2 * BLOCK_M2`` GQA-packed rows; ``EDGE2``: edge-masked) of
     one stream in a single launch; ``EDGE_KV``: the dK/dV programs skip the mask of interior
-    query blocks."""
+    query blocks. ``PROGS`` (the two-launch backward): 1 compiles only the dK/dV programs, 2
+    only the dQ programs, so each launch gets the registers of its own kind (0: both, chosen by
+    ``pid``; the kernel then holds the larger register count of the two)."""
     pid = tl.program_id(0)
-    if pid < n_kv_progs:
+    if PROGS == 1:
+        is_kv = True
+    elif PROGS == 2:
+        is_kv = False
+    else:
+        is_kv = pid < n_kv_progs
+    if is_kv:
         nkb = tl.cdiv(N, BLOCK_N)
         kvh = pid % HKV
         rest = pid // HKV
@@ -682,9 +690,9 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     shape = (HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, edge2, edge_kv, flags)
     if FUSED_BWD:  # one launch: dK/dV programs first, then dQ programs
         _stream_bwd[(n_kv + n_q,)](*args, n_kv, *tail, **_bwd_consts(*shape, nw, ns))
-    else:
-        _stream_bwd[(n_kv,)](*args, n_kv, *tail, **_bwd_consts(*shape, nw, ns))
-        _stream_bwd[(n_q,)](*args, 0, *tail, **_bwd_consts(*shape, nw2, ns2))
+    else:  # each launch compiled with its own kind of program only (PROGS)
+        _stream_bwd[(n_kv,)](*args, n_kv, *tail, PROGS=1, **_bwd_consts(*shape, nw, ns))
+        _stream_bwd[(n_q,)](*args, 0, *tail, PROGS=2, **_bwd_consts(*shape, nw2, ns2))
     return dq, dk, dv
 
 
