@@ -35,9 +35,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the token-wise layer parts (faster steps after a one-time compile)")
-    p.add_argument("--gemv", action="store_true",
-                   help="decode through the fused weight-streaming GEMVs (Engine(gemv=True); CUDA, B=1 measured "
-                        "6-12%% faster on an H200; docs/engine.md)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--gemv", action="store_true",
+                   help="decode through the fused weight-streaming GEMVs (Engine(gemv=True)); the default on CUDA "
+                        "(measured 2-13%% faster on an H200 at B = 1-8; docs/engine.md)")
+    g.add_argument("--no-gemv", action="store_true", help="decode with the projections' ops one by one")
     p.add_argument("--chat", action="store_true", help="wrap turns in the tokenizer's chat template")
     p.add_argument("--interactive", action="store_true", help="multi-turn: read one user turn per stdin line")
     return p
@@ -162,7 +164,7 @@ def _generate(args, sampling, dev, dtype, config, tok_dir) -> int:
                                                local_files_only=True).to(dev)
     engine = Engine(model, max_batch_size=1, max_seq_len=args.max_seq_len, prefill_chunk=args.prefill_chunk,
                     cuda_graphs=(dev.type == "cuda" and not args.no_cuda_graphs), compile=args.compile,
-                    gemv=args.gemv)
+                    gemv=True if args.gemv else False if args.no_gemv else None)
     eos = tok.eos_token_id if tok.eos_token_id is not None else model.config.eos_token_id
 
     def run_turn(ids):

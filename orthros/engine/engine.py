@@ -88,8 +88,9 @@ class Engine:
             the residual into the o-projection, the post-attention norm into gate/up, SiLU x up
             and the residual into down (~4 fewer kernels a layer). ``True``: the ``"auto"``
             backend (the Triton kernel on CUDA for <= 8 rows, else the same ops unfused); a
-            backend name forces one (tests). Needs ``fuse``. Default off: measured at B=1 on an
-            H200 (docs/engine.md), batched decode through it not yet.
+            backend name forces one (tests); ``False``: the ops one by one. Needs ``fuse``.
+            Default (``None``): on for a CUDA model with ``fuse``, else off (measured faster on
+            an H200 at B = 1 to 8, every context: docs/engine.md).
         fuse: run every layer's projections of one input as one GEMM (``[W_q; W_k; W_v]``,
             ``[W_gate; W_up]``, a GDN layer's four input projections) and a decode pair's
             scale-offset as one ``addcmul``; the RoPE tables are cast to the model dtype once
@@ -107,7 +108,7 @@ class Engine:
     def __init__(self, model, *, max_batch_size: int = 1, max_seq_len: int = 4096,
                  prefill_chunk: Optional[int] = DEFAULT_PREFILL_CHUNK, cuda_graphs: Optional[bool] = None,
                  graph_batch_sizes: Optional[Sequence[int]] = None, attention_mode: Optional[str] = None,
-                 compile: bool = False, fuse: bool = True, gemv=False):
+                 compile: bool = False, fuse: bool = True, gemv=None):
         check_positive_int("max_batch_size", max_batch_size)
         check_positive_int("max_seq_len", max_seq_len)
         check_positive_int("prefill_chunk", prefill_chunk, allow_none=True)
@@ -115,9 +116,9 @@ class Engine:
             raise ValueError(f"compile must be True or False, got {compile!r}")
         if not isinstance(fuse, bool):
             raise ValueError(f"fuse must be True or False, got {fuse!r}")
-        if gemv is not False and gemv is not True and gemv not in GEMV_BACKENDS:
-            raise ValueError(f"gemv must be True, False or a GEMV backend {GEMV_BACKENDS}, got {gemv!r}")
-        if gemv is not False and not fuse:
+        if gemv is not None and gemv is not False and gemv is not True and gemv not in GEMV_BACKENDS:
+            raise ValueError(f"gemv must be None, True, False or a GEMV backend {GEMV_BACKENDS}, got {gemv!r}")
+        if gemv is not None and gemv is not False and not fuse:
             raise ValueError("gemv needs fuse=True: the fused GEMVs run over the fused QKV and gate/up weights")
         cfg = model.config
         mode = resolve_mode(cfg.attention_mode if attention_mode is None else attention_mode)
@@ -158,6 +159,8 @@ class Engine:
         self._no_rows = torch.zeros(1, 0, dtype=torch.long, device=self.device)  # a chunk that predicts nothing
         self.fuse = fuse
         self._apply_fuse()
+        if gemv is None:  # the default: the fused GEMVs where their kernel runs (CUDA, fused weights)
+            gemv = fuse and self.device.type == "cuda"
         self.gemv = "auto" if gemv is True else (gemv or None)
         attn = [layer.self_attn for layer in model.model.layers if hasattr(layer, "self_attn")]
         same = all(a.q_proj.weight.dtype == a.v_proj.weight.dtype == self.dtype for a in attn)

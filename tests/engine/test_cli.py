@@ -111,8 +111,9 @@ def test_generate_compile_flag_gives_the_same_text(checkpoint):
 
 
 def test_generate_gemv_flag_reaches_the_engine_and_gives_the_same_text(checkpoint, monkeypatch):
-    """--gemv builds Engine(gemv=True) (on a CPU the GEMV op runs the same ops unfused, so the
-    text is the plain engine's)."""
+    """No flag leaves the engine's default (``None``: on for CUDA), --gemv builds Engine(gemv=True),
+    --no-gemv Engine(gemv=False) (on a CPU the GEMV op runs the same ops unfused, so the text is
+    the plain engine's); the two flags together are refused."""
     from orthros.engine import engine as engine_mod  # the CLI imports Engine from it at call time
 
     d, _ = checkpoint
@@ -128,4 +129,8 @@ def test_generate_gemv_flag_reaches_the_engine_and_gives_the_same_text(checkpoin
     argv = ["generate", "--model", str(d), "--max-new-tokens", "6", "--device", "cpu", "w3 w8 w2 w9"]
     rc, plain = run_cli(argv)
     rc2, fused = run_cli(argv[:1] + ["--gemv"] + argv[1:])
-    assert rc == rc2 == 0 and fused == plain and seen == [False, True]
+    rc3, unfused = run_cli(argv[:1] + ["--no-gemv"] + argv[1:])
+    assert rc == rc2 == rc3 == 0 and fused == plain == unfused and seen == [None, True, False]
+    with pytest.raises(SystemExit) as e:
+        run_cli(argv[:1] + ["--gemv", "--no-gemv"] + argv[1:])
+    assert e.value.code == 2

@@ -74,8 +74,8 @@ def test_gemv_reaches_every_fused_site(monkeypatch):
     assert calls == site * m.config.num_hidden_layers
 
 
-@pytest.mark.parametrize("bad,match", [("cuda", "gemv must be True, False or a GEMV backend"),
-                                       (1, "gemv must be True, False or a GEMV backend")])
+@pytest.mark.parametrize("bad,match", [("cuda", "gemv must be None, True, False or a GEMV backend"),
+                                       (1, "gemv must be None, True, False or a GEMV backend")])
 def test_bad_gemv_is_refused(bad, match):
     with pytest.raises(ValueError, match=match):
         Engine(_model(), gemv=bad)
@@ -84,6 +84,17 @@ def test_bad_gemv_is_refused(bad, match):
 def test_gemv_needs_fused_projections():
     with pytest.raises(ValueError, match="gemv needs fuse=True"):
         Engine(_model(), gemv=True, fuse=False)
+
+
+def test_default_is_on_for_cuda_models_with_fused_projections():
+    """``gemv=None`` (the default): the fused GEMVs for a CUDA model with fused projections,
+    off for a CPU model and with ``fuse=False`` (no refusal: nothing was asked for)."""
+    m = _model()
+    assert Engine(m).gemv is None and Engine(m, fuse=False).gemv is None
+    assert Engine(m, gemv=True).gemv == "auto" and Engine(m, gemv=False).gemv is None
+    if torch.cuda.is_available():
+        mc = _model().cuda()
+        assert Engine(mc).gemv == "auto" and Engine(mc, fuse=False).gemv is None
 
 
 def test_triton_kernel_through_the_interpreter_matches_the_unfused_engine():
