@@ -623,6 +623,9 @@ def build_parser():
                         "--sweep` run stored in this file (meta.tuned_rows), ahead of the built-in table")
     p.add_argument("--decode-config", default=None, metavar="JSON",
                    help="engine decode attention: DECODE_CONFIG overrides for the whole run, e.g. '{\"min_split\": 64}'")
+    p.add_argument("--window-bwd-config", default=None, metavar="JSON",
+                   help="window section: backward launch configs instead of the defaults, e.g. "
+                        "'{\"bwd_dkdv\": [64, 32, 8, 2], \"fused\": false}' (keys bwd_dkdv, bwd_dq, fused)")
     p.add_argument("--gpt-fast-dir", default=None, help="directory holding gpt-fast's model.py (else no gpt-fast rows)")
     p.add_argument("--gpt-fast-contexts", default=None,
                    help="B=1 contexts at which gpt-fast also runs (each new context recompiles it with its "
@@ -710,6 +713,19 @@ def parse_args(argv=None, *, window_available: bool = True):
         except (OSError, ValueError, AttributeError) as e:
             p.error(f"--gemv-configs {a.gemv_configs!r}: no tuned rows of a `benchmarks/gemv.py --fused --sweep` "
                     f"results.json ({e})")
+    a.bwd_overrides = {}
+    if a.window_bwd_config is not None:
+        from ..ops.triton.attention import check_bwd_config
+
+        try:
+            a.bwd_overrides = json.loads(a.window_bwd_config)
+            if not isinstance(a.bwd_overrides, dict) or not a.bwd_overrides:
+                raise ValueError("give a non-empty JSON object such as '{\"fused\": false}'")
+            check_bwd_config(a.bwd_overrides)
+        except json.JSONDecodeError as e:
+            p.error(f"--window-bwd-config {a.window_bwd_config!r}: not JSON ({e.msg})")
+        except ValueError as e:
+            p.error(f"--window-bwd-config {a.window_bwd_config!r}: {e}")
     a.decode_overrides = {}
     if a.decode_config is not None:
         try:
@@ -771,11 +787,16 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
     gemv_table = configs_installed(a.gemv_rows) if a.gemv_rows else contextlib.nullcontext()
     if a.decode_overrides:
         meta["decode_config"] = a.decode_overrides
+    if a.bwd_overrides:
+        meta["window_bwd_config"] = a.bwd_overrides
     if a.compile:
         from ..engine.engine import DECODE_COMPILE_OPTIONS
 
         meta["decode_compile_options"] = dict(DECODE_COMPILE_OPTIONS)
-    with CompileFallbacks() as fallbacks, gemv_table, decode_config(**a.decode_overrides):
+    from ..ops.triton.attention import bwd_config
+
+    with CompileFallbacks() as fallbacks, gemv_table, decode_config(**a.decode_overrides), \
+            bwd_config(**a.bwd_overrides):
         meta["compile_failures"] = fallbacks
         for i, section in enumerate(a.sections):
             print(f"\n## section {section} (at {time.time() - sweep.t0:.0f} s)", flush=True)

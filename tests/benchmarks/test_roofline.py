@@ -274,6 +274,10 @@ def test_gpt_fast_contexts_all_and_list(tmp_path):
     (["--gemv", "--gemv-configs", "/nonexistent/gemv.json"], "no tuned rows"),
     (["--decode-config", '{"min_spit": 64}'], "unknown key 'min_spit'"),
     (["--decode-config", "64"], "--decode-config"),
+    (["--window-bwd-config", '{"bwd_dkdv": [64, 30, 8, 2]}'], "powers of two"),
+    (["--window-bwd-config", '{"dkdv": [64, 32, 8, 2]}'], "unknown key 'dkdv'"),
+    (["--window-bwd-config", '{"fused": 0}'], "give true or false"),
+    (["--window-bwd-config", "{x"], "not JSON"),
 ])
 def test_bad_arguments_refused_before_any_work(tmp_path, capsys, args, message):
     out = tmp_path / "never"

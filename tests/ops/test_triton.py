@@ -347,6 +347,28 @@ DKDV_CASES = {**{c: kw for c, kw in VARIANT_CASES.items() if kw.get("grad", True
               "pt_window_edge_47": dict(B=1, T=90, Hq=2, Hkv=2, w=47)}
 
 
+def test_bwd_config_sets_and_restores_the_backward_launch():
+    """``bwd_config`` (the benchmarks' --window-bwd-config): the backward's CONFIGS entries and
+    FUSED_BWD inside the block, the defaults after it (also after an error), bad overrides
+    refused before anything changes."""
+    from orthros.ops.triton import attention as ta
+
+    keep = (ta.CONFIGS["bwd_dkdv"][128], ta.CONFIGS["bwd_dq"][128], ta.FUSED_BWD)
+    with ta.bwd_config(bwd_dkdv=[64, 32, 8, 2], fused=not keep[2]):
+        assert ta.CONFIGS["bwd_dkdv"][128] == (64, 32, 8, 2) and ta.FUSED_BWD is (not keep[2])
+        assert ta.CONFIGS["bwd_dq"][128] == keep[1]
+    assert (ta.CONFIGS["bwd_dkdv"][128], ta.CONFIGS["bwd_dq"][128], ta.FUSED_BWD) == keep
+    with pytest.raises(RuntimeError):
+        with ta.bwd_config(bwd_dq=(32, 32, 4, 1)):
+            raise RuntimeError
+    assert ta.CONFIGS["bwd_dq"][128] == keep[1]
+    for bad in ({"bwd_dkdv": (64, 48, 4, 2)}, {"bwd_dq": (64, 64, 4)}, {"fused": "yes"}, {"win_fwd": (64, 32, 4, 3)}):
+        with pytest.raises(ValueError, match="backward config"):
+            with ta.bwd_config(**bad):
+                pass
+    assert (ta.CONFIGS["bwd_dkdv"][128], ta.CONFIGS["bwd_dq"][128], ta.FUSED_BWD) == keep
+
+
 @pytest.mark.parametrize("case", list(DKDV_CASES))
 def test_two_launch_backward(poison, monkeypatch, case):
     """FUSED_BWD = False: the dK/dV launch and the dQ launch, each compiled with its own kind of

@@ -20,6 +20,7 @@ kernels.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
 
@@ -516,6 +517,49 @@ DQ_VARIANT = "base"
 # PT streams; other calls keep the mask; slower than "base" on the H200, 2026-12-02).
 DKDV_VARIANTS = ("base", "edge")
 DKDV_VARIANT = "base"
+
+
+def check_bwd_config(overrides: dict) -> None:
+    """ValueError unless ``overrides`` holds only ``"bwd_dkdv"`` / ``"bwd_dq"`` (four positive
+    integers: BLOCK_M, BLOCK_N, num_warps, num_stages; the blocks powers of two >= 16) and
+    ``"fused"`` (a bool: :data:`FUSED_BWD`)."""
+    for k, v in overrides.items():
+        if k == "fused":
+            if not isinstance(v, bool):
+                raise ValueError(f"backward config: fused {v!r}; give true or false")
+        elif k in ("bwd_dkdv", "bwd_dq"):
+            if (not isinstance(v, (list, tuple)) or len(v) != 4
+                    or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in v)
+                    or any(x < 16 or x & (x - 1) for x in v[:2])):
+                raise ValueError(f"backward config: {k} {v!r}; give [BLOCK_M, BLOCK_N, num_warps, num_stages], "
+                                 "blocks powers of two >= 16")
+        else:
+            raise ValueError(f"backward config: unknown key {k!r}; allowed: bwd_dkdv, bwd_dq, fused")
+
+
+@contextlib.contextmanager
+def bwd_config(block_d: int = 128, **overrides):
+    """Within the block, the backward's launch configs of head dims up to ``block_d`` (its
+    :data:`CONFIGS` key) and :data:`FUSED_BWD` set from ``overrides`` (checked first by
+    :func:`check_bwd_config`); what a benchmark runs against the defaults. Restored afterwards."""
+    global FUSED_BWD
+    check_bwd_config(overrides)
+    key = 64 if block_d <= 64 else (128 if block_d <= 128 else 256)
+    keep = {kind: CONFIGS[kind][key] for kind in ("bwd_dkdv", "bwd_dq")}
+    keep_fused = FUSED_BWD
+    try:
+        for kind in ("bwd_dkdv", "bwd_dq"):
+            if kind in overrides:
+                CONFIGS[kind][key] = tuple(overrides[kind])
+        if "fused" in overrides:
+            FUSED_BWD = overrides["fused"]
+        yield
+    finally:
+        for kind, cfg in keep.items():
+            CONFIGS[kind][key] = cfg
+        FUSED_BWD = keep_fused
+
+
 # Use SDPA (cuDNN first) for the all-positions full stream of fp16/bf16 inputs.
 USE_SDPA_CAUSAL = os.environ.get("ORTHROS_NO_SDPA", "0") != "1"
 # dQ and dK/dV programs of a stream's backward in one launch (fewer launches: less host overhead).

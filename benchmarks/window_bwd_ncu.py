@@ -1,0 +1,37 @@
+"""The window stream's fwd+bwd at T = 32K (Qwen3-8B heads: 32 query / 8 KV, head dim 128, bf16,
+window 128), run three times: the launches Nsight Compute profiles in benchmarks/window_bwd_gpu.sh
+(``ncu --kernel-name regex:_stream_bwd --launch-skip 4 --launch-count 2 ...``: the third run's).
+
+    python benchmarks/window_bwd_ncu.py [BLOCK_M,BLOCK_N,warps,stages of bwd_dkdv] [fused: 0 or 1]
+"""
+
+import sys
+
+import torch
+
+from orthros.ops import orthros_attention
+from orthros.ops.triton import attention as ta
+
+
+def main(argv):
+    over = {}
+    if len(argv) > 0:
+        over["bwd_dkdv"] = [int(x) for x in argv[0].split(",")]
+    if len(argv) > 1:
+        over["fused"] = argv[1] == "1"
+    with ta.bwd_config(**over):
+        print("bwd_dkdv", ta.CONFIGS["bwd_dkdv"][128], "fused", ta.FUSED_BWD, flush=True)
+        torch.manual_seed(0)
+        T = 32768
+        q = torch.randn(1, T, 32, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        k = torch.randn(1, T, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        v = torch.randn(1, T, 8, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        for _ in range(3):
+            o, _ = orthros_attention(q, k, v, q[:, :0], window_size=128, backend="triton")
+            o.backward(torch.ones_like(o))
+        torch.cuda.synchronize()
+    print("done")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
