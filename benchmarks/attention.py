@@ -493,7 +493,8 @@ WINDOW_BWD_CANDIDATES = [
     ("base", {}, True, "base"),
     ("two-launch", {}, False, "base"),
     ("dkdv 64x128 w8", {"bwd_dkdv": (64, 128, 8, 2)}, True, "base"),
-    ("dkdv 32x64 w4", {"bwd_dkdv": (32, 64, 4, 2)}, True, "base"),
+    ("dkdv 32x64 w4", {"bwd_dkdv": (32, 64, 4, 2)}, True, "base"),  # the default at head dim 128 since fd3deb8's run
+    ("dkdv 64x64 w4", {"bwd_dkdv": (64, 64, 4, 2)}, True, "base"),  # the default before
     ("dkdv 64x64 w8", {"bwd_dkdv": (64, 64, 8, 2)}, True, "base"),
     ("dkdv 64x64 s3", {"bwd_dkdv": (64, 64, 4, 3)}, True, "base"),
     ("dq 128x64", {"bwd_dq": (128, 64, 4, 2)}, True, "base"),
@@ -514,7 +515,8 @@ WINDOW_BWD_CANDIDATES = [
     # the dK/dV programs' 255 registers and spills (ncu on the H200, 2026-12-02: 7.8M local-memory
     # spill requests a 32K backward, 12.5% occupancy); these dK/dV blocks compile without spills for
     # sm_90 (cuobjdump --dump-resource-usage: 64x32 w8 176 registers, 32x64 w8 229, 32x32 w4 188,
-    # 16x64 w4 240, 32x32 w8 166), the dQ programs alone 198
+    # 16x64 w4 240, 32x32 w8 166), the dQ programs alone 198. Measured (H200, fd3deb8): every one of
+    # them slower than the one-launch 32 x 64 (e.g. 2.07-3.16 against 1.71 ms at 32K)
     ("2-launch dkdv 64x32 w8", {"bwd_dkdv": (64, 32, 8, 2)}, False, "base"),
     ("2-launch dkdv 32x64 w8", {"bwd_dkdv": (32, 64, 8, 2)}, False, "base"),
     ("2-launch dkdv 32x32 w4", {"bwd_dkdv": (32, 32, 4, 2)}, False, "base"),

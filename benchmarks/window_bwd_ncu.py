@@ -1,6 +1,7 @@
 """The window stream's fwd+bwd at T = 32K (Qwen3-8B heads: 32 query / 8 KV, head dim 128, bf16,
 window 128), run three times: the launches Nsight Compute profiles in benchmarks/window_bwd_gpu.sh
-(``ncu --kernel-name regex:_stream_bwd --launch-skip 4 --launch-count 2 ...``: the third run's).
+(``ncu --kernel-name regex:_stream_bwd --launch-skip 2N --launch-count N ...``: the third run's
+backward, N = 1 launch fused, 2 in two launches).
 
     python benchmarks/window_bwd_ncu.py [BLOCK_M,BLOCK_N,warps,stages of bwd_dkdv] [fused: 0 or 1]
 """

@@ -487,7 +487,10 @@ CONFIGS = {
     "win_fwd": {64: (64, 64, 4, 3), 128: (64, 32, 4, 3), 256: (64, 32, 4, 2)},
     "full_fwd": {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 4, 2)},
     "bwd_dq": {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (32, 32, 4, 1)},
-    "bwd_dkdv": {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (32, 32, 4, 1)},
+    # bwd_dkdv at head dim 128: 32 x 64 since 2026-12-02 (H200, window_bwd_gpu.sh, fd3deb8: the
+    # window fwd+bwd 6-7% faster than 64 x 64 at 32K and 128K, and under a CUDA graph at 8K; the
+    # spill-free two-launch blocks were all slower; docs/performance.md kernels change 7)
+    "bwd_dkdv": {64: (64, 64, 4, 2), 128: (32, 64, 4, 2), 256: (32, 32, 4, 1)},
     # GQA-packed forward ("gqa" variants below): BLOCK_M is the number of packed rows (all G
     # heads x BLOCK_M // pow2(G) queries). Not measured yet: candidates for --window-tune.
     "win_fwd_gqa": {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 4, 2)},
