@@ -56,17 +56,12 @@ def test_decode_config_recorded_and_bad_one_refused(tmp_path):
 
 def test_decode_compile_options_recorded_and_bad_ones_refused(tmp_path):
     """--decode-compile-options replaces the engine's DECODE_COMPILE_OPTIONS for the run (recorded);
-    a key that is no Inductor option, or a non-object, stops it before any model is built."""
-    import orthros.engine.engine as engine_mod
-
+    a key that is no Inductor option, or text that is not JSON, stops it before any model is built."""
     out = tmp_path / "o.json"
-    p = _run("--preset", "tiny", "--context", "64", "--json", str(out))
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    assert json.loads(out.read_text())["decode_compile_options"] == engine_mod.DECODE_COMPILE_OPTIONS
     p = _run("--preset", "tiny", "--context", "64", "--decode-compile-options", "{}", "--json", str(out))
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert json.loads(out.read_text())["decode_compile_options"] == {}
-    for bad, says in (('{"realize_reads": 5}', "'realize_reads'"), ("[5]", "JSON object"), ("{5", "not JSON")):
+    for bad, says in (('{"realize_reads": 5}', "'realize_reads'"), ("{5", "not JSON")):
         p = _run("--decode-compile-options", bad, "--json", str(tmp_path / "never.json"))
         assert p.returncode == 2 and "--decode-compile-options" in p.stderr and says in p.stderr, p.stderr
     assert not (tmp_path / "never.json").exists()
