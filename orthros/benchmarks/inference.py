@@ -88,20 +88,27 @@ class CompileFallbacks(list):
 
 
 # ------------------------------------------------------------------ helpers
-def parse_decode_config(text: str) -> Dict:
-    """``--decode-config`` of the benchmarks: a JSON object of :data:`DECODE_CONFIG` overrides
-    (e.g. ``'{"min_split": 64}'``), checked here (keys and values) so a bad one stops the run
-    before any work; ValueError names what is allowed."""
+def _json_object(text: str, example: str, allow_empty: bool = False) -> Dict:
+    """``text`` as a JSON object (a benchmark flag's value), or ValueError saying what to give
+    (``example``)."""
     import json
-
-    from ..ops.triton.decode import check_decode_config
 
     try:
         d = json.loads(text)
     except json.JSONDecodeError as e:
-        raise ValueError(f"not JSON ({e.msg}); give an object such as '{{\"min_split\": 64}}'") from None
-    if not isinstance(d, dict) or not d:
-        raise ValueError("give a non-empty JSON object such as '{\"min_split\": 64}'")
+        raise ValueError(f"not JSON ({e.msg}); give an object such as '{example}'") from None
+    if not isinstance(d, dict) or not (d or allow_empty):
+        raise ValueError(f"give a {'' if allow_empty else 'non-empty '}JSON object such as '{example}'")
+    return d
+
+
+def parse_decode_config(text: str) -> Dict:
+    """``--decode-config`` of the benchmarks: a JSON object of :data:`DECODE_CONFIG` overrides
+    (e.g. ``'{"min_split": 64}'``), checked here (keys and values) so a bad one stops the run
+    before any work; ValueError names what is allowed."""
+    from ..ops.triton.decode import check_decode_config
+
+    d = _json_object(text, '{"min_split": 64}')
     check_decode_config(d)
     return d
 
@@ -110,20 +117,22 @@ def parse_compile_options(text: str) -> Dict:
     """``--decode-compile-options`` of the benchmarks: a JSON object of Inductor options for the
     engine's decode pieces, in place of ``orthros.engine.engine.DECODE_COMPILE_OPTIONS`` (``{}``:
     Inductor's defaults); every key must be an option of ``torch._inductor.config``."""
-    import json
-
     import torch._inductor.config as inductor_config
 
-    try:
-        d = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"not JSON ({e.msg}); give an object such as '{{}}' or "
-                         "'{\"realize_reads_threshold\": 5}'") from None
-    if not isinstance(d, dict):
-        raise ValueError("give a JSON object such as '{}' or '{\"realize_reads_threshold\": 5}'")
+    d = _json_object(text, '{"realize_reads_threshold": 5}', allow_empty=True)
     unknown = [k for k in d if not hasattr(inductor_config, k)]
     if unknown:
         raise ValueError(f"not options of torch._inductor.config: {', '.join(map(repr, unknown))}")
+    return d
+
+
+def parse_bwd_config(text: str) -> Dict:
+    """``--window-bwd-config`` of the benchmarks: a JSON object of the window backward's launch
+    configs (``orthros.ops.triton.attention.check_bwd_config``), e.g. ``'{"fused": false}'``."""
+    from ..ops.triton.attention import check_bwd_config
+
+    d = _json_object(text, '{"bwd_dkdv": [32, 64, 4, 2], "fused": true}')
+    check_bwd_config(d)
     return d
 
 

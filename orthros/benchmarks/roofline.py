@@ -42,7 +42,7 @@ from ..ops.gemv.naive import MAX_M
 from ..utils import save_figure
 from .cli import _ints
 from .inference import _free, _plt, _progress, bench_decode, copy_bandwidth, measure, metadata, \
-    parse_decode_config, print_table, save, time_call
+    parse_bwd_config, parse_decode_config, print_table, save, time_call
 from .models import orthros_model, weight_bytes_per_step
 
 SECTIONS = ("decode", "batched", "window")
@@ -715,15 +715,8 @@ def parse_args(argv=None, *, window_available: bool = True):
                     f"results.json ({e})")
     a.bwd_overrides = {}
     if a.window_bwd_config is not None:
-        from ..ops.triton.attention import check_bwd_config
-
         try:
-            a.bwd_overrides = json.loads(a.window_bwd_config)
-            if not isinstance(a.bwd_overrides, dict) or not a.bwd_overrides:
-                raise ValueError("give a non-empty JSON object such as '{\"fused\": false}'")
-            check_bwd_config(a.bwd_overrides)
-        except json.JSONDecodeError as e:
-            p.error(f"--window-bwd-config {a.window_bwd_config!r}: not JSON ({e.msg})")
+            a.bwd_overrides = parse_bwd_config(a.window_bwd_config)
         except ValueError as e:
             p.error(f"--window-bwd-config {a.window_bwd_config!r}: {e}")
     a.decode_overrides = {}
