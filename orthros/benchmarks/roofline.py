@@ -713,18 +713,12 @@ def parse_args(argv=None, *, window_available: bool = True):
         except (OSError, ValueError, AttributeError) as e:
             p.error(f"--gemv-configs {a.gemv_configs!r}: no tuned rows of a `benchmarks/gemv.py --fused --sweep` "
                     f"results.json ({e})")
-    a.bwd_overrides = {}
-    if a.window_bwd_config is not None:
+    for flag, text, parse, dest in (("--window-bwd-config", a.window_bwd_config, parse_bwd_config, "bwd_overrides"),
+                                    ("--decode-config", a.decode_config, parse_decode_config, "decode_overrides")):
         try:
-            a.bwd_overrides = parse_bwd_config(a.window_bwd_config)
+            setattr(a, dest, {} if text is None else parse(text))
         except ValueError as e:
-            p.error(f"--window-bwd-config {a.window_bwd_config!r}: {e}")
-    a.decode_overrides = {}
-    if a.decode_config is not None:
-        try:
-            a.decode_overrides = parse_decode_config(a.decode_config)
-        except ValueError as e:
-            p.error(f"--decode-config {a.decode_config!r}: {e}")
+            p.error(f"{flag} {text!r}: {e}")
     a.gpt_fast = None
     if a.gpt_fast_dir is not None:
         try:
