@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton.common import cdiv, interpreting, pow2
+from ..triton.common import cdiv, interpreting, launch, pow2
 from .naive import DTYPES, MAX_M, check_gemv_inputs
 
 
@@ -470,7 +470,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     sxm = x2.stride(0) if M > 1 else Kx
     flags = dict(NORM=norm_weight is not None, SILU=act == "silu", HAS_RES=residual is not None)
     late = late_norm(cfg, split, x.dtype)
-    _gemv_kernel[(cdiv(N, cfg.block_n), split)](
+    launch(_gemv_kernel, (cdiv(N, cfg.block_n), split),
         x2, weight, b, y, part, nw, r, M, N, K, sxm, weight.stride(0), srm, k_per_split,
         float(norm_eps) if norm_weight is not None else 0.0,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, M_ROWS=M, DOT=cfg.dot, SPLIT=split,
@@ -480,9 +480,8 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
         block = 1024
-        _gemv_reduce[(cdiv(M * N, block),)](part, b, y, r, M * N, N, srm, SPLIT=split, BLOCK=block,
-                                            HAS_BIAS=bias is not None, HAS_RES=flags["HAS_RES"], EMU_RNE=emu_rne,
-                                            num_warps=4)
+        launch(_gemv_reduce, (cdiv(M * N, block),), part, b, y, r, M * N, N, srm, SPLIT=split, BLOCK=block,
+               HAS_BIAS=bias is not None, HAS_RES=flags["HAS_RES"], EMU_RNE=emu_rne, num_warps=4)
     return y
 
 

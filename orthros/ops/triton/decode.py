@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, block_d, cdiv, dummy, interpreting, merge_splits, num_sms, pow2, precision,
+from .common import (LOG2E, block_d, cdiv, dummy, interpreting, launch, merge_splits, num_sms, pow2, precision,
                      softmax_result, softmax_step, zeroed_counters)
 
 
@@ -344,7 +344,7 @@ def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window
             mode, cnt, bs = _PARTIAL, dummy(dev), 2
     nw, ns = (1, 1) if interpreting() else (cfg["num_warps"], cfg["num_stages"])
     upcast = interpreting() and q.dtype == torch.bfloat16
-    _decode_split[(S, HKV, B)](
+    launch(_decode_split, (S, HKV, B),
         q, q_out, k_cache, v_cache, seq, op, lp, o, o_out, cnt,
         q.stride(0), q.stride(2), q_out.stride(0), q_out.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -355,6 +355,6 @@ def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window
         NUM_SPLITS=S, PREC="ieee" if upcast else precision(q.dtype), MERGE=mode, BLOCK_S=bs,
         UPCAST=upcast, num_warps=nw, num_stages=ns)
     if mode == _PARTIAL:
-        _decode_combine[(HQ, 2, B)](op, lp, o, o_out, o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
-                                    HQ=HQ, D=D, BLOCK_D=BD, NUM_SPLITS=S, BLOCK_S=max(2, pow2(S)))
+        launch(_decode_combine, (HQ, 2, B), op, lp, o, o_out, o.stride(0), o.stride(2), o_out.stride(0),
+               o_out.stride(2), HQ=HQ, D=D, BLOCK_D=BD, NUM_SPLITS=S, BLOCK_S=max(2, pow2(S)))
     return both if stacked else (o, o_out)

@@ -1,0 +1,146 @@
+"""Where the host time of one eager window-stream fwd+bwd goes (issue #18, target 3 at 8K tokens,
+where the eager call is host-bound: ~0.81 ms against ~0.44 ms of GPU work under a CUDA graph).
+
+Every piece is timed on the host clock from an idle GPU (synchronised before each call), median
+of ``--n`` calls, once through Triton's JIT launch path and once through ``launch``'s cached
+compiled kernels (``orthros.ops.triton.common.FAST_LAUNCH``):
+
+* ``fb``: the whole call the roofline times (``orthros_attention`` + ``torch.autograd.grad``);
+* ``forward``: ``orthros_attention`` with gradients enabled (its checks, the autograd node, the
+  forward launch); ``grad``: ``torch.autograd.grad`` after it (the engine, the backward's
+  allocations and launches); ``backward_only``: ``_stream_backward`` called directly;
+* ``grad_trivial``: ``torch.autograd.grad`` through ``x * 2`` of the same size (the engine alone);
+* ``eager`` / ``graph``: do_bench of the eager fwd+bwd (GPU time, or host time where the host is
+  the slower) and of its CUDA-graph replay (GPU time alone).
+
+Then a cProfile of the fast path. bf16, B=1, Hq 32, Hkv 8, D 128, w 128 (the roofline's shape).
+
+    python benchmarks/window_host.py [--T 8192] [--n 200] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from orthros.ops import orthros_attention  # noqa: E402
+from orthros.ops.triton import attention as A  # noqa: E402
+from orthros.ops.triton import common  # noqa: E402
+
+
+def host_ms(fn, n, before=None):
+    """Median host time of ``fn()`` over ``n`` calls, each from an idle GPU."""
+    ts = []
+    for _ in range(n):
+        arg = before() if before else None
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn(arg) if before else fn()
+        ts.append(time.perf_counter() - t)
+    torch.cuda.synchronize()
+    return statistics.median(ts) * 1e3
+
+
+def graph_ms(fn):
+    from triton.testing import do_bench
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return do_bench(g.replay, warmup=25, rep=100, return_mode="median")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--T", type=int, default=8192, help="tokens (default 8192)")
+    ap.add_argument("--n", type=int, default=200, help="calls per host timing (default 200)")
+    ap.add_argument("--json", default=None, help="write the figures here")
+    a = ap.parse_args(argv)
+    if a.T < 1 or a.n < 1:
+        ap.error(f"--T and --n must be >= 1, got {a.T} and {a.n}")
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (the host path it times is the GPU launch path)")
+    from triton.testing import do_bench
+
+    torch.manual_seed(0)
+    HQ, HKV, D, W = 32, 8, 128, 128
+    dev, dt = "cuda", torch.bfloat16
+    q = torch.randn(1, a.T, HQ, D, device=dev, dtype=dt, requires_grad=True)
+    k = torch.randn(1, a.T, HKV, D, device=dev, dtype=dt, requires_grad=True)
+    v = torch.randn(1, a.T, HKV, D, device=dev, dtype=dt, requires_grad=True)
+    qo = q[:, :0].detach()
+    g = torch.randn(1, a.T, HQ, D, device=dev, dtype=dt)
+    x = torch.randn(1, a.T, HQ, D, device=dev, dtype=dt, requires_grad=True)
+
+    def fwd():
+        return orthros_attention(q, k, v, qo, window_size=W, backend="triton")[0]
+
+    def fb():
+        return torch.autograd.grad(fwd(), (q, k, v), g)
+
+    masks = A._Masks(None, None, a.T, q.device)
+    scale = D ** -0.5
+    with torch.no_grad():
+        o, lse = A._stream_forward(q, k, v, None, 0, W, scale, masks)
+
+    res = {"T": a.T, "n": a.n, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
+           "commit": os.environ.get("ORTHROS_COMMIT", "unknown"), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    import triton
+    res["triton"] = triton.__version__
+    for fast in (False, True):
+        common.FAST_LAUNCH = fast
+        for _ in range(5):
+            fb()
+        row = {
+            "fb": host_ms(fb, a.n),
+            "forward": host_ms(fwd, a.n),
+            "grad": host_ms(lambda out: torch.autograd.grad(out, (q, k, v), g), a.n, before=fwd),
+            "backward_only": host_ms(lambda: A._stream_backward(g, q, k, v, o, lse, None, 0, W, scale, masks), a.n),
+            "grad_trivial": host_ms(lambda y: torch.autograd.grad(y, (x,), g), a.n, before=lambda: x * 2),
+            "eager": do_bench(fb, warmup=25, rep=100, return_mode="median"),
+            "graph": graph_ms(fb),
+        }
+        res["fast" if fast else "jit"] = row
+        print(("fast launch" if fast else "Triton JIT ") + "  " + "  ".join(f"{k} {v:.3f}" for k, v in row.items()) + "  (ms)",
+              flush=True)
+    res["eager_speedup"] = res["jit"]["eager"] / res["fast"]["eager"]
+    print(f"eager fwd+bwd: JIT path {res['jit']['eager']:.3f} ms, fast launch {res['fast']['eager']:.3f} ms "
+          f"({res['eager_speedup']:.2f}x); GPU time (graph) {res['fast']['graph']:.3f} ms", flush=True)
+    common.FAST_LAUNCH = True
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(50):
+        fb()
+        torch.cuda.synchronize()
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
+    res["profile"] = buf.getvalue()
+    print(res["profile"], flush=True)
+    if a.json:
+        tmp = a.json + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(res, f, indent=1)
+        os.replace(tmp, a.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
