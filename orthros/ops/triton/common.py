@@ -101,6 +101,30 @@ def launch(kernel, grid, *args, **consts):
     return compiled
 
 
+# Programmatic dependent launch of the decode step's kernels (see :func:`pdl_kwargs`).
+PDL = os.environ.get("ORTHROS_PDL", "1") == "1"
+_PDL_DEVICES = {}
+
+
+def pdl_kwargs(device) -> dict:
+    """``{"PDL": True, "launch_pdl": True}`` where programmatic dependent launch applies (a CUDA
+    device of compute capability >= 9 and ``ORTHROS_PDL`` not ``0``), else ``{}``.
+
+    A kernel launched so may be scheduled before the kernel ahead of it in the stream has
+    finished (once its programs have exited, before its completion is signalled): the launch
+    latency between two kernels of a decode step, ~1-3 us, overlaps the previous kernel's tail.
+    Such a kernel (a ``PDL`` constexpr) must execute ``gdc_wait()`` before it reads or writes
+    any global memory another kernel touches; ours do so first thing. CUDA-graph capture keeps
+    the dependency (a programmatic edge)."""
+    if not PDL or _INTERPRET or device.type != "cuda":
+        return {}
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    ok = _PDL_DEVICES.get(index)
+    if ok is None:
+        ok = _PDL_DEVICES[index] = torch.cuda.get_device_capability(index)[0] >= 9
+    return {"PDL": True, "launch_pdl": True} if ok else {}
+
+
 _DUMMIES = {}
 
 
