@@ -300,7 +300,8 @@ def test_hypothesis_inline_small(B, Hkv, G, L, S, w, data):
 # shape (G=4, D=128, bf16, 16-divisible pointers/strides as the launcher specialises), in a fresh
 # process (kernels imported under TRITON_INTERPRET=1 are interpreted). Printed per mode: PTX
 # lines of the gpu-scope acq_rel atomics, bar.syncs, global stores, L2-only (.cg) loads, and
-# the K/V cp.async copies.
+# the K/V cp.async copies; for the PDL form, the lines of the grid-dependency wait and the first
+# global access.
 COMPILE_DECODE_SM90 = textwrap.dedent('''
     import os, re
     os.environ.pop("TRITON_INTERPRET", None)
@@ -339,7 +340,9 @@ def test_split_kernel_compiles_for_sm90_with_ordered_ticket(tmp_path):
     """What the memory ordering of the inline merge rests on, in the compiled code: one
     gpu-scope acq_rel atomic (the ticket), a CTA barrier between every partial store and it, the
     partials read back only after it and only through L2 (.cg), the counter reset last; the
-    other modes have no atomic; K/V stay cp.async copies 3 stages deep in every mode."""
+    other modes have no atomic; K/V stay cp.async copies 3 stages deep in every mode. Launched
+    as a programmatic dependent (``PDL``), the kernel touches no global memory before its
+    grid-dependency wait."""
     modes = {}
     lines = compile_sm90(COMPILE_DECODE_SM90, tmp_path)
     [(wait, access)] = printed(lines, "PDL")
