@@ -2,8 +2,7 @@
 where the eager call is host-bound: ~0.81 ms against ~0.44 ms of GPU work under a CUDA graph).
 
 Every piece is timed on the host clock from an idle GPU (synchronised before each call), median
-of ``--n`` calls, once through Triton's JIT launch path and once through ``launch``'s cached
-compiled kernels (``orthros.ops.triton.common.FAST_LAUNCH``):
+of ``--n`` calls:
 
 * ``fb``: the whole call the roofline times (``orthros_attention`` + ``torch.autograd.grad``);
 * ``forward``: ``orthros_attention`` with gradients enabled (its checks, the autograd node, the
@@ -13,7 +12,7 @@ compiled kernels (``orthros.ops.triton.common.FAST_LAUNCH``):
 * ``eager`` / ``graph``: do_bench of the eager fwd+bwd (GPU time, or host time where the host is
   the slower) and of its CUDA-graph replay (GPU time alone).
 
-Then a cProfile of the fast path. bf16, B=1, Hq 32, Hkv 8, D 128, w 128 (the roofline's shape).
+Then a cProfile of the call. bf16, B=1, Hq 32, Hkv 8, D 128, w 128 (the roofline's shape).
 
     python benchmarks/window_host.py [--T 8192] [--n 200] [--json OUT.json]
 """
@@ -36,7 +35,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from orthros.ops import orthros_attention  # noqa: E402
 from orthros.ops.triton import attention as A  # noqa: E402
-from orthros.ops.triton import common  # noqa: E402
 
 
 def host_ms(fn, n, before=None):
@@ -104,26 +102,19 @@ def main(argv=None) -> int:
            "commit": os.environ.get("ORTHROS_COMMIT", "unknown"), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     import triton
     res["triton"] = triton.__version__
-    for fast in (False, True):
-        common.FAST_LAUNCH = fast
-        for _ in range(5):
-            fb()
-        row = {
-            "fb": host_ms(fb, a.n),
-            "forward": host_ms(fwd, a.n),
-            "grad": host_ms(lambda out: torch.autograd.grad(out, (q, k, v), g), a.n, before=fwd),
-            "backward_only": host_ms(lambda: A._stream_backward(g, q, k, v, o, lse, None, 0, W, scale, masks), a.n),
-            "grad_trivial": host_ms(lambda y: torch.autograd.grad(y, (x,), g), a.n, before=lambda: x * 2),
-            "eager": do_bench(fb, warmup=25, rep=100, return_mode="median"),
-            "graph": graph_ms(fb),
-        }
-        res["fast" if fast else "jit"] = row
-        print(("fast launch" if fast else "Triton JIT ") + "  " + "  ".join(f"{k} {v:.3f}" for k, v in row.items()) + "  (ms)",
-              flush=True)
-    res["eager_speedup"] = res["jit"]["eager"] / res["fast"]["eager"]
-    print(f"eager fwd+bwd: JIT path {res['jit']['eager']:.3f} ms, fast launch {res['fast']['eager']:.3f} ms "
-          f"({res['eager_speedup']:.2f}x); GPU time (graph) {res['fast']['graph']:.3f} ms", flush=True)
-    common.FAST_LAUNCH = True
+    for _ in range(5):
+        fb()
+    row = {
+        "fb": host_ms(fb, a.n),
+        "forward": host_ms(fwd, a.n),
+        "grad": host_ms(lambda out: torch.autograd.grad(out, (q, k, v), g), a.n, before=fwd),
+        "backward_only": host_ms(lambda: A._stream_backward(g, q, k, v, o, lse, None, 0, W, scale, masks), a.n),
+        "grad_trivial": host_ms(lambda y: torch.autograd.grad(y, (x,), g), a.n, before=lambda: x * 2),
+        "eager": do_bench(fb, warmup=25, rep=100, return_mode="median"),
+        "graph": graph_ms(fb),
+    }
+    res["ms"] = row
+    print("  ".join(f"{k} {v:.3f}" for k, v in row.items()) + "  (ms)", flush=True)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(50):

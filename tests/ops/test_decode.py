@@ -300,8 +300,7 @@ def test_hypothesis_inline_small(B, Hkv, G, L, S, w, data):
 # shape (G=4, D=128, bf16, 16-divisible pointers/strides as the launcher specialises), in a fresh
 # process (kernels imported under TRITON_INTERPRET=1 are interpreted). Printed per mode: PTX
 # lines of the gpu-scope acq_rel atomics, bar.syncs, global stores, L2-only (.cg) loads, and
-# the K/V cp.async copies; for the PDL form, the lines of the grid-dependency wait and the first
-# global access.
+# the K/V cp.async copies.
 COMPILE_DECODE_SM90 = textwrap.dedent('''
     import os, re
     os.environ.pop("TRITON_INTERPRET", None)
@@ -313,10 +312,9 @@ COMPILE_DECODE_SM90 = textwrap.dedent('''
     fn = td._decode_split
     ptrs = dict(Q="*bf16", QO="*bf16", K="*bf16", V="*bf16", SEQ="*i32", OP="*fp32", LP="*fp32", O="*bf16",
                 OO="*bf16", CNT="*i32")
-    for mode, bs, pdl in ((td._PARTIAL, 2, False), (td._DIRECT, 2, False), (td._INLINE, 16, False),
-                          (td._INLINE, 16, True)):
+    for mode, bs in ((td._PARTIAL, 2), (td._DIRECT, 2), (td._INLINE, 16)):
         const = dict(G=4, HQ=32, D=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=64, PREC="tf32", MERGE=mode, BLOCK_S=bs,
-                     UPCAST=False, PDL=pdl)
+                     UPCAST=False)
         sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n == "qk_scale" else "i32")
                for n in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
@@ -325,10 +323,6 @@ COMPILE_DECODE_SM90 = textwrap.dedent('''
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
         lines = k.asm["ptx"].splitlines()
         find = lambda pat: ",".join(str(i) for i, t in enumerate(lines) if re.search(pat, t)) or "-"
-        if pdl:  # launched early (programmatic dependent launch): no memory touched before the wait
-            first = lambda pat: min([i for i, t in enumerate(lines) if re.search(pat, t)] or [-1])
-            print("PDL", first(r"griddepcontrol\\.wait"), first(r"(ld|st|atom|red)\\.global|cp\\.async"))
-            continue
         print("MODE", mode, find(r"atom\\.global\\.gpu\\.acq_rel"), find(r"\\bbar\\.sync"), find(r"\\bst\\.global"),
               find(r"ld\\.global\\.cg"), sum("cp.async.cg.shared.global" in t for t in lines))
     print("OK")
@@ -340,14 +334,9 @@ def test_split_kernel_compiles_for_sm90_with_ordered_ticket(tmp_path):
     """What the memory ordering of the inline merge rests on, in the compiled code: one
     gpu-scope acq_rel atomic (the ticket), a CTA barrier between every partial store and it, the
     partials read back only after it and only through L2 (.cg), the counter reset last; the
-    other modes have no atomic; K/V stay cp.async copies 3 stages deep in every mode. Launched
-    as a programmatic dependent (``PDL``), the kernel touches no global memory before its
-    grid-dependency wait."""
+    other modes have no atomic; K/V stay cp.async copies 3 stages deep in every mode."""
     modes = {}
-    lines = compile_sm90(COMPILE_DECODE_SM90, tmp_path)
-    [(wait, access)] = printed(lines, "PDL")
-    assert 0 <= int(wait) < int(access), (wait, access)
-    for mode, *cols, cps in printed(lines, "MODE"):
+    for mode, *cols, cps in printed(compile_sm90(COMPILE_DECODE_SM90, tmp_path), "MODE"):
         modes[int(mode)] = [[int(x) for x in c.split(",")] if c != "-" else [] for c in cols] + [int(cps)]
     assert sorted(modes) == [0, 1, 2]
     per_stage = 2 * 64 * 128 * 2 // 16 // (32 * 4)  # 16-byte copies of one K and one V tile per thread

@@ -48,9 +48,8 @@ import torch
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
 
-from ..triton.common import cdiv, interpreting, launch, pdl_kwargs, pow2
+from ..triton.common import cdiv, interpreting, pow2
 from .naive import DTYPES, MAX_M, check_gemv_inputs
 
 
@@ -122,7 +121,7 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
                  PREC: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
                  NORM: tl.constexpr = False, SILU: tl.constexpr = False, HAS_RES: tl.constexpr = False,
                  EMU_RNE: tl.constexpr = False, NORM_M: tl.constexpr = 1, NORM_K: tl.constexpr = 16,
-                 DEFER: tl.constexpr = False, NORM_LATE: tl.constexpr = False, PDL: tl.constexpr = False):
+                 DEFER: tl.constexpr = False, NORM_LATE: tl.constexpr = False):
     """Program ``(pid_n, pid_k)``: output rows ``[pid_n * BLOCK_N, +BLOCK_N)`` over ``K`` slice
     ``[pid_k * k_per_split, +k_per_split)``. ``M_ROWS`` (= M, constexpr) unrolls the CUDA-core
     form; ``BLOCK_M`` is the accumulator's row count (pow2 >= M; 16 in the dot form). ``DEFER``
@@ -142,11 +141,7 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
     pass; the loop multiplies each x tile by the norm weight only and sums ``x^2`` as it goes, and the
     epilogue scales each row's product by its ``rstd`` (``rstd`` is one scalar a row, so it
     factors out of the sum over ``K``); the rounding differs from the two-pass form's by the
-    dtype's rounding of the normalised input (within the tests' tolerance of the reference).
-    ``PDL``: launched as a programmatic dependent (:func:`orthros.ops.triton.common.pdl_kwargs`):
-    it waits for the kernel ahead of it first."""
-    if PDL:
-        gdc_wait()
+    dtype's rounding of the normalised input (within the tests' tolerance of the reference)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -257,11 +252,9 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
 
 @triton.jit
 def _gemv_reduce(P, B, Y, R, MN, N, srm, SPLIT: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 HAS_RES: tl.constexpr = False, EMU_RNE: tl.constexpr = False, PDL: tl.constexpr = False):
+                 HAS_RES: tl.constexpr = False, EMU_RNE: tl.constexpr = False):
     """``Y[m, n] = sum_s P[s, m, n] (+ bias[n])`` rounded (``+ R[m, n]``, rounded), splits
-    summed in order (deterministic). ``PDL``: as :func:`_gemv_kernel`'s."""
-    if PDL:
-        gdc_wait()
+    summed in order (deterministic)."""
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN
     acc = tl.zeros([BLOCK], tl.float32)
@@ -477,19 +470,19 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     sxm = x2.stride(0) if M > 1 else Kx
     flags = dict(NORM=norm_weight is not None, SILU=act == "silu", HAS_RES=residual is not None)
     late = late_norm(cfg, split, x.dtype)
-    pdl = pdl_kwargs(x.device)
-    launch(_gemv_kernel, (cdiv(N, cfg.block_n), split),
+    _gemv_kernel[(cdiv(N, cfg.block_n), split)](
         x2, weight, b, y, part, nw, r, M, N, K, sxm, weight.stride(0), srm, k_per_split,
         float(norm_eps) if norm_weight is not None else 0.0,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, M_ROWS=M, DOT=cfg.dot, SPLIT=split,
         HAS_BIAS=bias is not None, UPCAST=upcast, PREC=prec, EVEN_K=K % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
         NORM=flags["NORM"] and not late, SILU=flags["SILU"], HAS_RES=split == 1 and flags["HAS_RES"], EMU_RNE=emu_rne,
         **_norm_tile(M, K, flags["NORM"] and not late), DEFER=cfg.defer, NORM_LATE=flags["NORM"] and late,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if split > 1:
         block = 1024
-        launch(_gemv_reduce, (cdiv(M * N, block),), part, b, y, r, M * N, N, srm, SPLIT=split, BLOCK=block,
-               HAS_BIAS=bias is not None, HAS_RES=flags["HAS_RES"], EMU_RNE=emu_rne, num_warps=4, **pdl)
+        _gemv_reduce[(cdiv(M * N, block),)](part, b, y, r, M * N, N, srm, SPLIT=split, BLOCK=block,
+                                            HAS_BIAS=bias is not None, HAS_RES=flags["HAS_RES"], EMU_RNE=emu_rne,
+                                            num_warps=4)
     return y
 
 

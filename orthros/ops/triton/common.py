@@ -6,7 +6,6 @@ Scores are kept in the log2 domain (``qk * scale * log2(e)``), and so are the LS
 
 from __future__ import annotations
 
-import inspect
 import os
 
 import torch
@@ -54,75 +53,6 @@ def num_sms(device) -> int:
     if n is None:
         n = _SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
     return n
-
-
-# Launch through the compiled kernel cached per call signature (see :func:`launch`).
-FAST_LAUNCH = os.environ.get("ORTHROS_FAST_LAUNCH", "1") == "1"
-_LAUNCHES = {}
-
-
-def launch(kernel, grid, *args, **consts):
-    """``kernel[grid](*args, **consts)`` with the Triton JIT's per-call work done once.
-
-    Triton's ``JITFunction.run`` binds and specialises every argument, builds a cache key and
-    checks globals at each call: tens of microseconds a launch, which is what an eager call of
-    a small problem waits on (the window stream's fwd+bwd at 8K tokens is host-bound). Here the
-    first call of a signature goes through the JIT and its compiled kernel is kept under a key
-    that fixes everything Triton specialises on, and more: each tensor's dtype and 16-byte
-    alignment, every other runtime argument's type and value, every constexpr and launch
-    option. Later calls with the same key launch that compiled kernel directly (its own
-    launcher, with Triton's launch hooks). ``args`` are the kernel's leading parameters,
-    ``consts`` the rest by name (all of them: defaults are not filled in) plus ``num_warps`` /
-    ``num_stages``. ``ORTHROS_FAST_LAUNCH=0`` (or the interpreter) always takes the JIT path."""
-    if not FAST_LAUNCH or _INTERPRET:
-        return kernel[grid](*args, **consts)
-    spec = [args[0].device.index]
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            spec.append((a.dtype, a.data_ptr() % 16 == 0))
-        else:
-            spec.append((type(a), a))
-    key = (kernel, tuple(spec), tuple(consts.items()))
-    hit = _LAUNCHES.get(key)
-    if hit is None:
-        rest = []
-        for p in kernel.params[len(args):]:
-            if p.name in consts:
-                rest.append(consts[p.name])
-            elif p.default is not inspect.Parameter.empty:
-                rest.append(p.default)
-            else:
-                raise TypeError(f"launch({kernel.__name__}): no value for parameter {p.name!r}")
-        compiled = kernel[grid](*args, **consts)
-        _LAUNCHES[key] = (compiled, tuple(rest))
-        return compiled
-    compiled, rest = hit
-    compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *rest)
-    return compiled
-
-
-# Programmatic dependent launch of the decode step's kernels (see :func:`pdl_kwargs`).
-PDL = os.environ.get("ORTHROS_PDL", "1") == "1"
-_PDL_DEVICES = {}
-
-
-def pdl_kwargs(device) -> dict:
-    """``{"PDL": True, "launch_pdl": True}`` where programmatic dependent launch applies (a CUDA
-    device of compute capability >= 9 and ``ORTHROS_PDL`` not ``0``), else ``{}``.
-
-    A kernel launched so may be scheduled before the kernel ahead of it in the stream has
-    finished (once its programs have exited, before its completion is signalled): the launch
-    latency between two kernels of a decode step, ~1-3 us, overlaps the previous kernel's tail.
-    Such a kernel (a ``PDL`` constexpr) must execute ``gdc_wait()`` before it reads or writes
-    any global memory another kernel touches; ours do so first thing. CUDA-graph capture keeps
-    the dependency (a programmatic edge)."""
-    if not PDL or _INTERPRET or device.type != "cuda":
-        return {}
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    ok = _PDL_DEVICES.get(index)
-    if ok is None:
-        ok = _PDL_DEVICES[index] = torch.cuda.get_device_capability(index)[0] >= 9
-    return {"PDL": True, "launch_pdl": True} if ok else {}
 
 
 _DUMMIES = {}
