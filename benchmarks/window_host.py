@@ -31,8 +31,11 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(1, HERE)
 
+from attention import graph_time  # noqa: E402  (benchmarks/attention.py: a CUDA-graph replay's time)
 from orthros.ops import orthros_attention  # noqa: E402
 from orthros.ops.triton import attention as A  # noqa: E402
 
@@ -50,29 +53,15 @@ def host_ms(fn, n, before=None):
     return statistics.median(ts) * 1e3
 
 
-def graph_ms(fn):
-    from triton.testing import do_bench
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return do_bench(g.replay, warmup=25, rep=100, return_mode="median")
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--T", type=int, default=8192, help="tokens (default 8192)")
     ap.add_argument("--n", type=int, default=200, help="calls per host timing (default 200)")
     ap.add_argument("--json", default=None, help="write the figures here")
     a = ap.parse_args(argv)
-    if a.T < 1 or a.n < 1:
-        ap.error(f"--T and --n must be >= 1, got {a.T} and {a.n}")
+    for name, value in (("--T", a.T), ("--n", a.n)):
+        if value < 1:
+            ap.error(f"{name} must be >= 1, got {value}")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (the host path it times is the GPU launch path)")
     from triton.testing import do_bench
@@ -111,7 +100,7 @@ def main(argv=None) -> int:
         "backward_only": host_ms(lambda: A._stream_backward(g, q, k, v, o, lse, None, 0, W, scale, masks), a.n),
         "grad_trivial": host_ms(lambda y: torch.autograd.grad(y, (x,), g), a.n, before=lambda: x * 2),
         "eager": do_bench(fb, warmup=25, rep=100, return_mode="median"),
-        "graph": graph_ms(fb),
+        "graph": graph_time(fb),
     }
     res["ms"] = row
     print("  ".join(f"{k} {v:.3f}" for k, v in row.items()) + "  (ms)", flush=True)
