@@ -64,6 +64,7 @@ def main(argv=None) -> int:
             ap.error(f"{name} must be >= 1, got {value}")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (the host path it times is the GPU launch path)")
+    import triton
     from triton.testing import do_bench
 
     torch.manual_seed(0)
@@ -88,9 +89,8 @@ def main(argv=None) -> int:
         o, lse = A._stream_forward(q, k, v, None, 0, W, scale, masks)
 
     res = {"T": a.T, "n": a.n, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "commit": os.environ.get("ORTHROS_COMMIT", "unknown"), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    import triton
-    res["triton"] = triton.__version__
+           "triton": triton.__version__, "commit": os.environ.get("ORTHROS_COMMIT", "unknown"),
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     for _ in range(5):
         fb()
     row = {
