@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import json
 import os
 import pstats
 import statistics
@@ -35,9 +34,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(1, HERE)
 
-from attention import graph_time  # noqa: E402  (benchmarks/attention.py: a CUDA-graph replay's time)
+from attention import bench, graph_time  # noqa: E402  (benchmarks/attention.py: do_bench median, CUDA-graph replay)
 from orthros.ops import orthros_attention  # noqa: E402
 from orthros.ops.triton import attention as A  # noqa: E402
+from orthros.utils import commit_id, write_json  # noqa: E402
 
 
 def host_ms(fn, n, before=None):
@@ -65,7 +65,6 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (the host path it times is the GPU launch path)")
     import triton
-    from triton.testing import do_bench
 
     torch.manual_seed(0)
     HQ, HKV, D, W = 32, 8, 128, 128
@@ -89,7 +88,7 @@ def main(argv=None) -> int:
         o, lse = A._stream_forward(q, k, v, None, 0, W, scale, masks)
 
     res = {"T": a.T, "n": a.n, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "triton": triton.__version__, "commit": os.environ.get("ORTHROS_COMMIT", "unknown"),
+           "triton": triton.__version__, "commit": commit_id(),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     for _ in range(5):
         fb()
@@ -99,7 +98,7 @@ def main(argv=None) -> int:
         "grad": host_ms(lambda out: torch.autograd.grad(out, (q, k, v), g), a.n, before=fwd),
         "backward_only": host_ms(lambda: A._stream_backward(g, q, k, v, o, lse, None, 0, W, scale, masks), a.n),
         "grad_trivial": host_ms(lambda y: torch.autograd.grad(y, (x,), g), a.n, before=lambda: x * 2),
-        "eager": do_bench(fb, warmup=25, rep=100, return_mode="median"),
+        "eager": bench(fb),
         "graph": graph_time(fb),
     }
     res["ms"] = row
@@ -115,10 +114,7 @@ def main(argv=None) -> int:
     res["profile"] = buf.getvalue()
     print(res["profile"], flush=True)
     if a.json:
-        tmp = a.json + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(res, f, indent=1)
-        os.replace(tmp, a.json)
+        write_json(a.json, res)
     return 0
 
 

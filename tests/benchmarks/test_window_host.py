@@ -16,7 +16,8 @@ def run(*args):
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("args, message", [(["--n", "0"], "--n must be >= 1"), (["--T", "-5"], "--T must be >= 1, got -5"),
+@pytest.mark.parametrize("args, message", [(["--n", "0"], "--n must be >= 1"),
+                                           (["--T", "-5"], "--T must be >= 1, got -5"),
                                            (["--T", "x"], "--T: invalid int value")])
 def test_bad_arguments_exit_2_naming_the_argument(args, message):
     p = run(*args)
