@@ -38,7 +38,9 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from ..engine.cache import StaticKVCache
+from ..ops.gemv.kernel import PREFETCH_BYTES
 from ..ops.gemv.naive import MAX_M
+from ..ops.triton.common import pdl_kwargs
 from ..utils import save_figure
 from .cli import _ints
 from .inference import _free, _plt, _progress, bench_decode, copy_bandwidth, measure, metadata, \
@@ -343,6 +345,8 @@ def _decode_cells(sweep: Sweep, section: str, pairs, ctx) -> None:
     for B, L in pairs:
         floor = decode_floor_ms(wbytes, kvtok, B, L, bw)
         for system in SYSTEMS + (GEMV_SYSTEMS if a.gemv else ()):
+            if a.systems is not None and system not in a.systems:
+                continue  # --systems (recorded in the metadata)
             base = {"section": section, "system": system, "B": B, "L": L, "floor_ms": floor, "weight_bytes": wbytes,
                     "kv_bytes": B * L * kvtok}
             rows = B * (2 if system.startswith("orthros") else 1)  # a step's GEMV rows: the pair has two a sequence
@@ -621,6 +625,10 @@ def build_parser():
     p.add_argument("--gemv-configs", default=None, metavar="RESULTS_JSON",
                    help="with --gemv: run the fused GEMVs with the CONFIGS rows a `benchmarks/gemv.py --fused "
                         "--sweep` run stored in this file (meta.tuned_rows), ahead of the built-in table")
+    p.add_argument("--systems", default=None,
+                   help="decode and batched sections: only these systems, comma-separated, from "
+                        f"{', '.join(SYSTEMS + GEMV_SYSTEMS)} (default: all; the +gemv ones need --gemv, gpt-fast "
+                        "--gpt-fast-dir), e.g. an A/B of one engine setting in several processes")
     p.add_argument("--decode-config", default=None, metavar="JSON",
                    help="engine decode attention: DECODE_CONFIG overrides for the whole run, e.g. '{\"min_split\": 64}'")
     p.add_argument("--window-bwd-config", default=None, metavar="JSON",
@@ -701,6 +709,18 @@ def parse_args(argv=None, *, window_available: bool = True):
             p.error(f"--gpt-fast-contexts: {e}; or 'all'")
         if not set(a.gpt_fast_contexts) <= set(a.contexts):
             p.error(f"--gpt-fast-contexts {a.gpt_fast_contexts}: each must be one of --contexts {a.contexts}")
+    if a.systems is not None:
+        names = [x for x in a.systems.split(",") if x]
+        known = SYSTEMS + GEMV_SYSTEMS
+        bad = [x for x in names if x not in known]
+        if bad or not names:
+            p.error(f"--systems {a.systems!r}: choose from {', '.join(known)}"
+                    + (f" (unknown: {', '.join(bad)})" if bad else ""))
+        if any(x in GEMV_SYSTEMS for x in names) and not a.gemv:
+            p.error(f"--systems {a.systems!r}: the +gemv systems need --gemv")
+        if "gpt-fast" in names and a.gpt_fast_dir is None:
+            p.error(f"--systems {a.systems!r}: gpt-fast needs --gpt-fast-dir")
+        a.systems = tuple(names)
     a.gemv_rows = None
     if a.gemv_configs is not None:
         if not a.gemv:
@@ -750,6 +770,8 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
     meta = metadata(shape_model, dev, dtype, {
         "issue": 18, "utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
         "argv": sys.argv[1:], "sections": a.sections, "quick": a.quick, "compile": a.compile, "fuse": not a.no_fuse, "gemv": a.gemv,
+        "systems": list(a.systems) if a.systems else "all",
+        "pdl": bool(pdl_kwargs(dev)), "gemv_prefetch_bytes": PREFETCH_BYTES if pdl_kwargs(dev) else 0,
         "copy_bw_tb_s": bw / 1e12, "matmul_tflop_s": flops / 1e12, "matmul_n": gemm_n,
         "weight_bytes_per_step": weight_bytes_per_step(shape_model),
         "kv_bytes_per_token": kv_bytes_per_token(shape_model.config, dtype),

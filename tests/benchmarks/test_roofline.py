@@ -278,6 +278,10 @@ def test_gpt_fast_contexts_all_and_list(tmp_path):
     (["--window-bwd-config", '{"dkdv": [64, 32, 8, 2]}'], "unknown key 'dkdv'"),
     (["--window-bwd-config", '{"fused": 0}'], "give true or false"),
     (["--window-bwd-config", "{x"], "not JSON"),
+    (["--systems", "orthros,flash"], "unknown: flash"),
+    (["--systems", "orthros+gemv"], "need --gemv"),
+    (["--systems", "full,gpt-fast"], "gpt-fast needs --gpt-fast-dir"),
+    (["--systems", ","], "--systems"),
 ])
 def test_bad_arguments_refused_before_any_work(tmp_path, capsys, args, message):
     out = tmp_path / "never"
@@ -361,6 +365,18 @@ def test_gemv_flag_adds_the_fused_gemv_engine_to_the_decode_section(tmp_path):
     gains = [s for s in data["meta"]["summary"] if s["target"] == "gemv_speedup"]
     assert {g["point"].split()[0] for g in gains} == set(R.GEMV_SYSTEMS) and all(g["value"] > 0 for g in gains)
     assert any(s["target"] == "batched_vs_full" and s["point"].startswith("+gemv B=2") for s in data["meta"]["summary"])
+
+
+def test_systems_flag_runs_only_the_systems_named(tmp_path):
+    """``--systems``: the decode section times only the systems named (an A/B of an engine
+    setting across processes needs no other rows); the metadata says which, and whether PDL ran."""
+    out = tmp_path / "o"
+    assert R.main(["--device", "cpu", "--quick", "--sections", "decode", "--gemv", "--systems", "full+gemv",
+                   "--contexts", "256", "--out", str(out)]) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert {r["system"] for r in data["rows"]} == {"full+gemv"} and all("ms_per_step" in r for r in data["rows"])
+    assert data["meta"]["systems"] == ["full+gemv"]
+    assert data["meta"]["pdl"] is False and data["meta"]["gemv_prefetch_bytes"] == 0  # no PDL on a CPU
 
 
 def test_gemv_configs_runs_the_fused_engine_with_the_swept_rows(tmp_path, monkeypatch):

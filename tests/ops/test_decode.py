@@ -312,9 +312,10 @@ COMPILE_DECODE_SM90 = textwrap.dedent('''
     fn = td._decode_split
     ptrs = dict(Q="*bf16", QO="*bf16", K="*bf16", V="*bf16", SEQ="*i32", OP="*fp32", LP="*fp32", O="*bf16",
                 OO="*bf16", CNT="*i32")
-    for mode, bs in ((td._PARTIAL, 2), (td._DIRECT, 2), (td._INLINE, 16)):
+    for mode, bs, pdl in ((td._PARTIAL, 2, False), (td._DIRECT, 2, False), (td._INLINE, 16, False),
+                          (td._INLINE, 16, True)):
         const = dict(G=4, HQ=32, D=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=64, PREC="tf32", MERGE=mode, BLOCK_S=bs,
-                     UPCAST=False)
+                     UPCAST=False, PDL=pdl)
         sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n == "qk_scale" else "i32")
                for n in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
@@ -323,6 +324,11 @@ COMPILE_DECODE_SM90 = textwrap.dedent('''
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
         lines = k.asm["ptx"].splitlines()
         find = lambda pat: ",".join(str(i) for i, t in enumerate(lines) if re.search(pat, t)) or "-"
+        if pdl:  # programmatic dependent launch: wait, then signal, then the first memory access
+            first = lambda pat: min([i for i, t in enumerate(lines) if re.search(pat, t)] or [-1])
+            print("PDL", first(r"griddepcontrol\\.wait"), first(r"griddepcontrol\\.launch_dependents"),
+                  first(r"(ld|st|atom|red)\\.global|cp\\.async"))
+            continue
         print("MODE", mode, find(r"atom\\.global\\.gpu\\.acq_rel"), find(r"\\bbar\\.sync"), find(r"\\bst\\.global"),
               find(r"ld\\.global\\.cg"), sum("cp.async.cg.shared.global" in t for t in lines))
     print("OK")
@@ -336,7 +342,10 @@ def test_split_kernel_compiles_for_sm90_with_ordered_ticket(tmp_path):
     partials read back only after it and only through L2 (.cg), the counter reset last; the
     other modes have no atomic; K/V stay cp.async copies 3 stages deep in every mode."""
     modes = {}
-    for mode, *cols, cps in printed(compile_sm90(COMPILE_DECODE_SM90, tmp_path), "MODE"):
+    lines = compile_sm90(COMPILE_DECODE_SM90, tmp_path)
+    [(wait, signal, access)] = printed(lines, "PDL")
+    assert 0 <= int(wait) < int(signal) < int(access), (wait, signal, access)  # launched early: touches nothing first
+    for mode, *cols, cps in printed(lines, "MODE"):
         modes[int(mode)] = [[int(x) for x in c.split(",")] if c != "-" else [] for c in cols] + [int(cps)]
     assert sorted(modes) == [0, 1, 2]
     per_stage = 2 * 64 * 128 * 2 // 16 // (32 * 4)  # 16-byte copies of one K and one V tile per thread

@@ -129,6 +129,24 @@ def test_config_table_is_a_function_of_the_shape():
     assert all(pick_config(2, N, K).dot for N, K in ((6144, 4096), (4096, 4096), (24576, 4096), (151936, 4096)))
 
 
+def test_prefetch_tile_fits_the_budget_and_the_slice():
+    """The PDL prefetch: a power of two of 128-byte lines a weight row, within the byte budget
+    over all rows and splits and within one K slice; none where not one line a row fits."""
+    from orthros.ops.gemv.kernel import prefetch_tile
+
+    mb = 2 ** 20
+    for N, kps, split, eb in ((6144, 4096, 1, 2), (4096, 1024, 4, 2), (24576, 4096, 1, 2), (4096, 12288, 1, 2),
+                              (4096, 4096, 1, 4), (96, 200, 1, 2), (5, 64, 1, 2)):
+        pf = prefetch_tile(N, kps, split, eb, budget=8 * mb)
+        lines, step = pf["PF_LINES"], pf["PF_STEP"]
+        assert step * eb == 128 and lines & (lines - 1) == 0
+        assert N * split * lines * 128 <= 8 * mb and lines * step <= max(kps, step)
+        assert lines * 2 * step > kps or N * split * lines * 2 * 128 > 8 * mb  # the largest that fits
+    assert prefetch_tile(6144, 4096, 1, 2, budget=8 * mb)["PF_LINES"] == 8  # Qwen3-8B's QKV: 6 MB
+    assert prefetch_tile(151936, 4096, 1, 2, budget=8 * mb) == {}  # an LM head: not one line a row
+    assert prefetch_tile(6144, 4096, 1, 2, budget=0) == {}
+
+
 def test_class_rows_and_installed_table():
     """The swept winners of a layer's four sites become one shape class each (o before down at the
     same N, bounded by its K), installed ahead of the wider classes but after the M = 1 rows and
@@ -293,21 +311,50 @@ COMPILE_SM90 = textwrap.dedent('''
         const = dict(BLOCK_M=16 if dot else triton.next_power_of_2(M), BLOCK_N=bn, BLOCK_K=bk, M_ROWS=M, DOT=dot,
                      SPLIT=split, HAS_BIAS=True, UPCAST=False, PREC="tf32", EVEN_K="RAGGED" not in fused,
                      NUM_STAGES=stages, EMU_RNE=False, **flags, **_norm_tile(M, 4096, flags["NORM"]),
-                     DEFER="DEFER" in fused, NORM_LATE="NORM_LATE" in fused.split(","))
+                     DEFER="DEFER" in fused, NORM_LATE="NORM_LATE" in fused.split(","), PDL=False, PF_LINES=0,
+                     PF_STEP=64)
         ptx = compile_(_gemv_kernel, types, const, warps, stages).asm["ptx"]
         # the weight stream: 16-byte asynchronous copies into shared memory (pipelined), no 2-byte loads of it
         print("CASE", dt, M, dot, ptx.count("cp.async.cg.shared.global"), ptx.count("ld.global.b16"),
               loop_shuffles(ptx), fused or "-")
     compile_(_gemv_reduce, dict(P="*fp32", B="*bf16", Y="*bf16", R="*bf16", MN="i32", N="i32", srm="i32"),
-             dict(SPLIT=4, BLOCK=1024, HAS_BIAS=True, HAS_RES=True, EMU_RNE=False), 4, 1)
+             dict(SPLIT=4, BLOCK=1024, HAS_BIAS=True, HAS_RES=True, EMU_RNE=False, PDL=False), 4, 1)
+
+    # programmatic dependent launch: the weight's L2 prefetch, then the wait, then the signal to the
+    # kernel behind, and only then any global memory access (first line of each, -1: none)
+    def first(ptx, pattern):
+        return next((i for i, l in enumerate(ptx.splitlines()) if re.search(pattern, l)), -1)
+
+    access = r"ld[.]global|st[.]global|cp[.]async|red[.]global|atom[.]global"
+    reduce_types = dict(P="*fp32", B="*bf16", Y="*bf16", R="*bf16", MN="i32", N="i32", srm="i32")
+    for name, fn, ty, const_, warps, stages in [
+            ("gemv", _gemv_kernel, types, dict(const, PDL=True, PF_LINES=8, PF_STEP=64), 4, 3),
+            ("gemv-noprefetch", _gemv_kernel, types, dict(const, PDL=True, PF_LINES=0), 4, 3),
+            ("reduce", _gemv_reduce, reduce_types,
+             dict(SPLIT=4, BLOCK=1024, HAS_BIAS=True, HAS_RES=True, EMU_RNE=False, PDL=True), 4, 1)]:
+        ptx = compile_(fn, ty, const_, warps, stages).asm["ptx"]
+        print("PDL", name, first(ptx, r"prefetch[.]global[.]L2::evict_last"), first(ptx, r"griddepcontrol[.]wait"),
+              first(ptx, r"griddepcontrol[.]launch_dependents"), first(ptx, access),
+              ptx.count("prefetch.global.L2::evict_last"))
     print("OK")
 ''')
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the GPU tests compile and run the kernel there")
 def test_kernel_compiles_for_sm90_with_pipelined_vector_loads(tmp_path):
-    cases = printed(compile_sm90(COMPILE_SM90, tmp_path), "CASE")
+    lines = compile_sm90(COMPILE_SM90, tmp_path)
+    cases = printed(lines, "CASE")
     assert len(cases) == 14
+    pdl = {name: [int(v) for v in rest] for name, *rest in printed(lines, "PDL")}
+    assert sorted(pdl) == ["gemv", "gemv-noprefetch", "reduce"]
+    for name, (pref, wait, signal, access, n_pref) in pdl.items():
+        # launched early, the kernel reads and writes nothing before the wait, and signals the
+        # kernel behind only after it (so that one waits for this one's inputs too)
+        assert 0 <= wait < signal < access, (name, wait, signal, access)
+        if name == "gemv":  # the tile's first lines of each row, asked for before the wait
+            assert 0 <= pref < wait and n_pref >= 1, (name, pref, wait, n_pref)
+        else:
+            assert pref == -1 and n_pref == 0, (name, pref, n_pref)
     for dt, M, dot, n_async, n_b16, n_shfl, fused in cases:
         if dot == "False" and M == "2":
             # the per-tile CUDA-core form reduces in its K loop (why it loses at M = 2); the

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -49,7 +50,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton.common import cdiv, interpreting, pow2
+from ..triton.common import cdiv, interpreting, pdl_enter, pdl_kwargs, pow2, prefetch_l2
 from .naive import DTYPES, MAX_M, check_gemv_inputs
 
 
@@ -121,7 +122,8 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
                  PREC: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
                  NORM: tl.constexpr = False, SILU: tl.constexpr = False, HAS_RES: tl.constexpr = False,
                  EMU_RNE: tl.constexpr = False, NORM_M: tl.constexpr = 1, NORM_K: tl.constexpr = 16,
-                 DEFER: tl.constexpr = False, NORM_LATE: tl.constexpr = False):
+                 DEFER: tl.constexpr = False, NORM_LATE: tl.constexpr = False, PDL: tl.constexpr = False,
+                 PF_LINES: tl.constexpr = 0, PF_STEP: tl.constexpr = 64):
     """Program ``(pid_n, pid_k)``: output rows ``[pid_n * BLOCK_N, +BLOCK_N)`` over ``K`` slice
     ``[pid_k * k_per_split, +k_per_split)``. ``M_ROWS`` (= M, constexpr) unrolls the CUDA-core
     form; ``BLOCK_M`` is the accumulator's row count (pow2 >= M; 16 in the dot form). ``DEFER``
@@ -141,7 +143,13 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
     pass; the loop multiplies each x tile by the norm weight only and sums ``x^2`` as it goes, and the
     epilogue scales each row's product by its ``rstd`` (``rstd`` is one scalar a row, so it
     factors out of the sum over ``K``); the rounding differs from the two-pass form's by the
-    dtype's rounding of the normalised input (within the tests' tolerance of the reference)."""
+    dtype's rounding of the normalised input (within the tests' tolerance of the reference).
+
+    ``PDL`` (launched as a programmatic dependent, :func:`orthros.ops.triton.common.pdl_kwargs`):
+    the program may start while the kernel ahead still runs; before waiting for it, it asks L2
+    for the first ``PF_LINES`` lines (``PF_STEP`` elements each) of each of its weight rows
+    (read-only, so safe to read early), so its K loop starts on L2 hits instead of a cold HBM
+    stream; it touches no other memory before :func:`pdl_enter`."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -151,6 +159,9 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
     k_lo = pid_k.to(tl.int64) * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     w_rows = W + tl.minimum(offs_n, N - 1)[:, None] * swn
+    if PF_LINES > 0:
+        prefetch_l2(w_rows + tl.minimum(k_lo + tl.arange(0, PF_LINES) * PF_STEP, K - 1)[None, :])
+    pdl_enter(PDL)
     dt = X.dtype.element_ty
     # NORM_LATE: each row's sum of x^2, accumulated in the loop elementwise over the x tile's shape
     # and reduced over K once after it (no cross-thread reduction in the loop); the per-tile form,
@@ -252,9 +263,10 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
 
 @triton.jit
 def _gemv_reduce(P, B, Y, R, MN, N, srm, SPLIT: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 HAS_RES: tl.constexpr = False, EMU_RNE: tl.constexpr = False):
+                 HAS_RES: tl.constexpr = False, EMU_RNE: tl.constexpr = False, PDL: tl.constexpr = False):
     """``Y[m, n] = sum_s P[s, m, n] (+ bias[n])`` rounded (``+ R[m, n]``, rounded), splits
-    summed in order (deterministic)."""
+    summed in order (deterministic). ``PDL``: as :func:`_gemv_kernel`'s (no prefetch)."""
+    pdl_enter(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN
     acc = tl.zeros([BLOCK], tl.float32)
@@ -470,6 +482,8 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     sxm = x2.stride(0) if M > 1 else Kx
     flags = dict(NORM=norm_weight is not None, SILU=act == "silu", HAS_RES=residual is not None)
     late = late_norm(cfg, split, x.dtype)
+    pdl = pdl_kwargs(dev)
+    pf = prefetch_tile(N, k_per_split, split, x.element_size()) if pdl else {}
     _gemv_kernel[(cdiv(N, cfg.block_n), split)](
         x2, weight, b, y, part, nw, r, M, N, K, sxm, weight.stride(0), srm, k_per_split,
         float(norm_eps) if norm_weight is not None else 0.0,
@@ -477,13 +491,39 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
         HAS_BIAS=bias is not None, UPCAST=upcast, PREC=prec, EVEN_K=K % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
         NORM=flags["NORM"] and not late, SILU=flags["SILU"], HAS_RES=split == 1 and flags["HAS_RES"], EMU_RNE=emu_rne,
         **_norm_tile(M, K, flags["NORM"] and not late), DEFER=cfg.defer, NORM_LATE=flags["NORM"] and late,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl, **pf)
     if split > 1:
         block = 1024
         _gemv_reduce[(cdiv(M * N, block),)](part, b, y, r, M * N, N, srm, SPLIT=split, BLOCK=block,
                                             HAS_BIAS=bias is not None, HAS_RES=flags["HAS_RES"], EMU_RNE=emu_rne,
-                                            num_warps=4)
+                                            num_warps=4, **pdl)
     return y
+
+
+# Bytes of weight a PDL-launched GEMV asks L2 for before it waits for the kernel ahead
+# (prefetch_tile); ORTHROS_GEMV_PREFETCH_MB (read at import) sets it, 0 turns the prefetch off.
+PREFETCH_BYTES = int(float(os.environ.get("ORTHROS_GEMV_PREFETCH_MB", "8")) * 2 ** 20)
+LINE_BYTES = 128
+
+
+def prefetch_tile(N: int, k_per_split: int, split: int, elem_bytes: int, budget: Optional[int] = None) -> dict:
+    """``PF_LINES`` / ``PF_STEP`` for :func:`_gemv_kernel`: each program prefetches the first
+    ``PF_LINES`` 128-byte lines of each of its weight rows in its K slice, a power of two with
+    ``N * split * PF_LINES * 128 <= budget`` (default :data:`PREFETCH_BYTES`), at most the
+    slice; ``{}`` (no prefetch) where not even one line a row fits the budget. The budget is the HBM time that
+    the kernel's start would otherwise spend waiting for its first bytes: ~1.5-2 us at 4 TB/s is
+    6-8 MB, a sixth of the H200's 50 MB L2, so what the kernel ahead streams through L2 meanwhile
+    leaves room for it."""
+    budget = PREFETCH_BYTES if budget is None else int(budget)
+    if budget <= 0 or N <= 0 or k_per_split <= 0:
+        return {}
+    step = max(1, LINE_BYTES // elem_bytes)
+    most = max(1, k_per_split // step)
+    lines = budget // (N * split * LINE_BYTES)
+    if lines < 1:  # not even one line a row fits (a very wide weight, e.g. an LM head)
+        return {}
+    lines = min(1 << (lines.bit_length() - 1), 1 << (most.bit_length() - 1))
+    return {"PF_LINES": lines, "PF_STEP": step}
 
 
 def late_norm(cfg: GemvConfig, split: int, dtype: torch.dtype) -> bool:
@@ -513,5 +553,5 @@ def _rows(t: torch.Tensor, name: str, M: int, C: int) -> torch.Tensor:
                          f"{tuple(t.shape)} strides {t.stride()}") from None
 
 
-__all__ = ["GemvConfig", "CONFIGS", "pick_config", "late_norm", "class_rows", "rows_to_json", "rows_from_json",
+__all__ = ["GemvConfig", "CONFIGS", "pick_config", "late_norm", "prefetch_tile", "class_rows", "rows_to_json", "rows_from_json",
            "configs_installed", "gemv_triton"]

@@ -11,6 +11,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 LOG2E = 1.4426950408889634
 
@@ -53,6 +54,50 @@ def num_sms(device) -> int:
     if n is None:
         n = _SMS[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
     return n
+
+
+# Programmatic dependent launch (PDL) of the decode step's Triton kernels: see pdl_kwargs.
+# ORTHROS_PDL=1 turns it on (read at import).
+PDL = os.environ.get("ORTHROS_PDL", "0") == "1"
+_PDL_DEVICES = {}
+
+
+def pdl_kwargs(device) -> dict:
+    """``{"PDL": True, "launch_pdl": True}`` where programmatic dependent launch applies (a CUDA
+    device of compute capability >= 9, :data:`PDL` on, not the interpreter), else ``{}``.
+
+    A kernel launched so may start while the kernel ahead of it in the stream still runs: as
+    soon as every program of that kernel has signalled (:func:`pdl_enter`), its programs are
+    scheduled where resources free up. Until its own :func:`pdl_enter` it may only do work that
+    reads nothing another kernel writes (the GEMV prefetches its weight into L2 there); the
+    wait then blocks until the kernel ahead has completed and its writes are visible.
+    CUDA-graph capture keeps the dependency (a programmatic edge)."""
+    if not PDL or _INTERPRET or device.type != "cuda":
+        return {}
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    ok = _PDL_DEVICES.get(index)
+    if ok is None:
+        ok = _PDL_DEVICES[index] = torch.cuda.get_device_capability(index)[0] >= 9
+    return {"PDL": True, "launch_pdl": True} if ok else {}
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """With ``PDL``: wait for the kernel ahead (its writes visible after this), then let the
+    kernel behind be scheduled (it waits for this one in turn). Signalled once every program
+    of this kernel has passed its own wait, so a waiting program never holds a slot that a
+    program of the kernel ahead still needs. Without ``PDL``: nothing."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+@triton.jit
+def prefetch_l2(ptrs):
+    """A hint: fetch the (128-byte) lines holding ``ptrs`` into L2 with evict-last priority.
+    No registers are written and nothing waits for it; every pointer must be in bounds."""
+    tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32,
+                              is_pure=False, pack=1)
 
 
 _DUMMIES = {}

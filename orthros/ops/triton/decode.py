@@ -37,8 +37,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, block_d, cdiv, dummy, interpreting, merge_splits, num_sms, pow2, precision,
-                     softmax_result, softmax_step, zeroed_counters)
+from .common import (LOG2E, block_d, cdiv, dummy, interpreting, merge_splits, num_sms, pdl_enter, pdl_kwargs, pow2,
+                     precision, softmax_result, softmax_step, zeroed_counters)
 
 
 # ============================================================================ kernels
@@ -76,7 +76,7 @@ def _decode_split(
     window, qk_scale, split_len,
     G: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS, PREC: tl.constexpr,
-    MERGE: tl.constexpr, BLOCK_S: tl.constexpr, UPCAST: tl.constexpr,
+    MERGE: tl.constexpr, BLOCK_S: tl.constexpr, UPCAST: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """One decode step, both streams: rows 0..G-1 are the window queries of the G heads that
     share KV head ``kvh``, rows G..2G-1 their full queries. Program (split, kvh, b) reads its
@@ -86,7 +86,9 @@ def _decode_split(
     last one merges the ``NUM_SPLITS`` partials of the 2G rows, writes o / o_out and puts the
     counter back to 0. ``NUM_SPLITS`` is a runtime value (a new split count does not recompile,
     except ``BLOCK_S`` of an inline merge). ``UPCAST``: fp32 matmuls (only under the Triton
-    interpreter, whose bf16 ``tl.dot`` is wrong)."""
+    interpreter, whose bf16 ``tl.dot`` is wrong). ``PDL``: launched as a programmatic dependent
+    (:func:`.common.pdl_kwargs`): waits for the kernel ahead before touching memory."""
+    pdl_enter(PDL)
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)
@@ -155,7 +157,8 @@ def _decode_split(
 @triton.jit(do_not_specialize=["NUM_SPLITS"])
 def _decode_combine(OP, LP, O, OO, sob, soh, soob, sooh,
                     HQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                    NUM_SPLITS, BLOCK_S: tl.constexpr):
+                    NUM_SPLITS, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     _merge_row(OP, LP, O, OO, tl.program_id(2).to(tl.int64), tl.program_id(1), tl.program_id(0).to(tl.int64),
                sob, soh, soob, sooh, HQ=HQ, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=NUM_SPLITS, BLOCK_S=BLOCK_S,
                CACHE="")
@@ -344,6 +347,7 @@ def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window
             mode, cnt, bs = _PARTIAL, dummy(dev), 2
     nw, ns = (1, 1) if interpreting() else (cfg["num_warps"], cfg["num_stages"])
     upcast = interpreting() and q.dtype == torch.bfloat16
+    pdl = pdl_kwargs(dev)
     _decode_split[(S, HKV, B)](
         q, q_out, k_cache, v_cache, seq, op, lp, o, o_out, cnt,
         q.stride(0), q.stride(2), q_out.stride(0), q_out.stride(2),
@@ -353,8 +357,8 @@ def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window
         int(window_size), scale * LOG2E, split_len,
         G=G, HQ=HQ, D=D, BLOCK_D=BD, BLOCK_H=max(16, pow2(2 * G)), BLOCK_N=bn,
         NUM_SPLITS=S, PREC="ieee" if upcast else precision(q.dtype), MERGE=mode, BLOCK_S=bs,
-        UPCAST=upcast, num_warps=nw, num_stages=ns)
+        UPCAST=upcast, num_warps=nw, num_stages=ns, **pdl)
     if mode == _PARTIAL:
         _decode_combine[(HQ, 2, B)](op, lp, o, o_out, o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
-                                    HQ=HQ, D=D, BLOCK_D=BD, NUM_SPLITS=S, BLOCK_S=max(2, pow2(S)))
+                                    HQ=HQ, D=D, BLOCK_D=BD, NUM_SPLITS=S, BLOCK_S=max(2, pow2(S)), **pdl)
     return both if stacked else (o, o_out)

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Issue #18, target 1: programmatic dependent launch with the GEMV's L2 weight prefetch
+# (docs/performance.md, inference change 17), in one GPU call of < 600 s on one H200:
+#   1. the GPU tests of the GEMV, the fused GEMV, the decode kernel and the engine with GEMVs, run
+#      with ORTHROS_PDL=1 (correctness with the early launches, CUDA-graph replays included);
+#   2. an A/B of the compiled decode step (fused GEMVs, B = 1, the pair and the Transformer) in
+#      separate processes, one per setting, interleaved: off (ORTHROS_PDL=0), pdl (PDL, no
+#      prefetch), pfN (PDL and an N MB prefetch budget a GEMV). Each process measures its own
+#      copy rate; compare the step times (ms), which do not depend on it.
+# Nothing is installed: the image's torch / triton run it. From the repo root (the `run` tool):
+#   command: ORTHROS_COMMIT=<sha> bash benchmarks/pdl_gpu.sh
+# Optional: VARIANTS (default "off pf8 pdl pf16 off pf8"), CONTEXTS (1024,4096), T_TESTS (150 s),
+# T_CELL (75 s a process).
+set -u
+OUT=${OUT:-/tmp/pdl-gpu}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" ORTHROS_COMMIT=${ORTHROS_COMMIT:-unknown}
+VARIANTS=${VARIANTS:-"off pf8 pdl pf16 off pf8"} CONTEXTS=${CONTEXTS:-1024,4096}
+T_TESTS=${T_TESTS:-150} T_CELL=${T_CELL:-75}
+{ date -u; echo "commit $ORTHROS_COMMIT"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+} 2>&1 | tee "$OUT/log"
+ORTHROS_PDL=1 timeout -k 10 "$T_TESTS" python3 -m pytest tests/ops/test_gemv.py tests/ops/test_gemv_fused.py \
+  tests/ops/test_decode.py tests/engine/test_engine_gemv.py -m gpu -n 8 -p no:cacheprovider -q -rfE -W ignore \
+  > "$OUT/gpu_tests.log" 2>&1
+echo "gpu tests (ORTHROS_PDL=1): exit=$? $(grep -E '[0-9]+ (passed|failed)' "$OUT/gpu_tests.log" | tail -1)" | tee -a "$OUT/log"
+grep -E '^(FAILED|ERROR)' "$OUT/gpu_tests.log" | head -n 20 | tee -a "$OUT/log"
+i=0
+for v in $VARIANTS; do
+  i=$((i + 1))
+  case "$v" in
+    off) env_=(ORTHROS_PDL=0) ;;
+    pdl) env_=(ORTHROS_PDL=1 ORTHROS_GEMV_PREFETCH_MB=0) ;;
+    pf*) env_=(ORTHROS_PDL=1 ORTHROS_GEMV_PREFETCH_MB="${v#pf}") ;;
+    *) echo "unknown variant $v (off, pdl, pfN)"; exit 2 ;;
+  esac
+  D="$OUT/$i-$v"; mkdir -p "$D"
+  env "${env_[@]}" timeout -k 10 "$T_CELL" python3 benchmarks/roofline.py --sections decode --gemv \
+    --systems orthros+gemv,full+gemv --contexts "$CONTEXTS" --out "$D" > "$D/log.txt" 2>&1
+  echo "$i $v (${env_[*]}): exit=$? $(grep -E '^# issue 18' "$D/log.txt" | sed 's/.*copy/copy/')" | tee -a "$OUT/log"
+  grep -E '^decode (orthros|full)\+gemv' "$D/log.txt" | tee -a "$OUT/log"
+  rm -f "$D"/*.tmp "$D"/*.tmp.png
+done
+python3 - "$OUT" <<'EOF' 2>&1 | tee -a "$OUT/log"
+import json, os, statistics, sys
+out = sys.argv[1]
+runs = {}
+for d in sorted(os.listdir(out)):
+    p = os.path.join(out, d, "results.json")
+    if not os.path.exists(p):
+        continue
+    v = d.split("-", 1)[1]
+    for r in json.load(open(p))["rows"]:
+        if "ms_per_step" in r:
+            runs.setdefault((r["system"], r["L"], v), []).append(r["ms_per_step"])
+print("median ms a step by setting (processes):")
+for (s, L, v), ms in sorted(runs.items()):
+    base = runs.get((s, L, "off"))
+    rel = f"  {statistics.median(ms) / statistics.median(base):.4f}x off" if base else ""
+    print(f"  {s:13s} L={L:6d} {v:5s} {statistics.median(ms):.3f} ms ({', '.join(f'{m:.3f}' for m in ms)}){rel}")
+EOF
+ls -la "$OUT"
