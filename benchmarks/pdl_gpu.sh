@@ -6,11 +6,13 @@
 #   2. an A/B of the compiled decode step (fused GEMVs, B = 1, the pair and the Transformer) in
 #      separate processes, one per setting, interleaved: off (ORTHROS_PDL=0), pdl (PDL, no
 #      prefetch), pfN (PDL and an N MB prefetch budget a GEMV). Each process measures its own
-#      copy rate; compare the step times (ms), which do not depend on it.
+#      copy rate; compare the step times (ms), which do not depend on it. A setting's name: off, or
+#      pdl (no prefetch) / pfN (an N MB budget), then "end" (GEMVs signal after their K loop,
+#      ORTHROS_PDL_SIGNAL=end), then "m2" (one-row GEMVs launch without PDL, ORTHROS_PDL_MIN_M=2).
 # Nothing is installed: the image's torch / triton run it. From the repo root (the `run` tool):
 #   command: ORTHROS_COMMIT=<sha> bash benchmarks/pdl_gpu.sh
 # Optional: VARIANTS (default "off pf8 pdl pf16 off pf8"), CONTEXTS (1024,4096), T_TESTS (150 s),
-# T_CELL (75 s a process).
+# TESTS=0 (no tests), T_CELL (75 s a process).
 set -u
 OUT=${OUT:-/tmp/pdl-gpu}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" ORTHROS_COMMIT=${ORTHROS_COMMIT:-unknown}
@@ -20,19 +22,22 @@ T_TESTS=${T_TESTS:-150} T_CELL=${T_CELL:-75}
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$OUT/log"
-ORTHROS_PDL=1 timeout -k 10 "$T_TESTS" python3 -m pytest tests/ops/test_gemv.py tests/ops/test_gemv_fused.py \
+[ "${TESTS:-1}" = 0 ] || ORTHROS_PDL=1 timeout -k 10 "$T_TESTS" python3 -m pytest tests/ops/test_gemv.py tests/ops/test_gemv_fused.py \
   tests/ops/test_decode.py tests/engine/test_engine_gemv.py -m gpu -n 8 -p no:cacheprovider -q -rfE -W ignore \
   > "$OUT/gpu_tests.log" 2>&1
-echo "gpu tests (ORTHROS_PDL=1): exit=$? $(grep -E '[0-9]+ (passed|failed)' "$OUT/gpu_tests.log" | tail -1)" | tee -a "$OUT/log"
-grep -E '^(FAILED|ERROR)' "$OUT/gpu_tests.log" | head -n 20 | tee -a "$OUT/log"
+[ "${TESTS:-1}" = 0 ] || echo "gpu tests (ORTHROS_PDL=1): exit=$? $(grep -E '[0-9]+ (passed|failed)' "$OUT/gpu_tests.log" | tail -1)" | tee -a "$OUT/log"
+[ "${TESTS:-1}" = 0 ] || grep -E '^(FAILED|ERROR)' "$OUT/gpu_tests.log" | head -n 20 | tee -a "$OUT/log"
 i=0
 for v in $VARIANTS; do
   i=$((i + 1))
-  case "$v" in
+  env_=(ORTHROS_PDL=1) rest=$v
+  case "$rest" in *m2) env_+=(ORTHROS_PDL_MIN_M=2); rest=${rest%m2} ;; esac
+  case "$rest" in *end) env_+=(ORTHROS_PDL_SIGNAL=end); rest=${rest%end} ;; esac
+  case "$rest" in
     off) env_=(ORTHROS_PDL=0) ;;
-    pdl) env_=(ORTHROS_PDL=1 ORTHROS_GEMV_PREFETCH_MB=0) ;;
-    pf*) env_=(ORTHROS_PDL=1 ORTHROS_GEMV_PREFETCH_MB="${v#pf}") ;;
-    *) echo "unknown variant $v (off, pdl, pfN)"; exit 2 ;;
+    pdl) env_+=(ORTHROS_GEMV_PREFETCH_MB=0) ;;
+    pf[0-9]*) env_+=(ORTHROS_GEMV_PREFETCH_MB="${rest#pf}") ;;
+    *) echo "unknown variant $v (off, pdl or pfN, then optionally end, then m2)"; exit 2 ;;
   esac
   D="$OUT/$i-$v"; mkdir -p "$D"
   env "${env_[@]}" timeout -k 10 "$T_CELL" python3 benchmarks/roofline.py --sections decode --gemv \
@@ -59,4 +64,6 @@ for (s, L, v), ms in sorted(runs.items()):
     rel = f"  {statistics.median(ms) / statistics.median(base):.4f}x off" if base else ""
     print(f"  {s:13s} L={L:6d} {v:5s} {statistics.median(ms):.3f} ms ({', '.join(f'{m:.3f}' for m in ms)}){rel}")
 EOF
+# one archive of the per-process folders (a call returns a limited number of files)
+(cd "$OUT" && tar czf runs.tgz [0-9]*-* && rm -rf [0-9]*-*)
 ls -la "$OUT"

@@ -38,9 +38,8 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from ..engine.cache import StaticKVCache
-from ..ops.gemv.kernel import PREFETCH_BYTES
+from ..ops.gemv.kernel import pdl_settings
 from ..ops.gemv.naive import MAX_M
-from ..ops.triton.common import pdl_kwargs
 from ..utils import save_figure
 from .cli import _ints
 from .inference import _free, _plt, _progress, bench_decode, copy_bandwidth, measure, metadata, \
@@ -771,7 +770,7 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
         "issue": 18, "utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
         "argv": sys.argv[1:], "sections": a.sections, "quick": a.quick, "compile": a.compile, "fuse": not a.no_fuse, "gemv": a.gemv,
         "systems": list(a.systems) if a.systems else "all",
-        "pdl": bool(pdl_kwargs(dev)), "gemv_prefetch_bytes": PREFETCH_BYTES if pdl_kwargs(dev) else 0,
+        "pdl": pdl_settings(dev),
         "copy_bw_tb_s": bw / 1e12, "matmul_tflop_s": flops / 1e12, "matmul_n": gemm_n,
         "weight_bytes_per_step": weight_bytes_per_step(shape_model),
         "kv_bytes_per_token": kv_bytes_per_token(shape_model.config, dtype),

@@ -50,7 +50,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..triton.common import cdiv, interpreting, pdl_enter, pdl_kwargs, pow2, prefetch_l2
+from ..triton import common as _tc
+from ..triton.common import cdiv, interpreting, pdl_enter, pdl_kwargs, pdl_signal, pdl_wait, pow2, prefetch_l2
 from .naive import DTYPES, MAX_M, check_gemv_inputs
 
 
@@ -123,7 +124,7 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
                  NORM: tl.constexpr = False, SILU: tl.constexpr = False, HAS_RES: tl.constexpr = False,
                  EMU_RNE: tl.constexpr = False, NORM_M: tl.constexpr = 1, NORM_K: tl.constexpr = 16,
                  DEFER: tl.constexpr = False, NORM_LATE: tl.constexpr = False, PDL: tl.constexpr = False,
-                 PF_LINES: tl.constexpr = 0, PF_STEP: tl.constexpr = 64):
+                 PF_LINES: tl.constexpr = 0, PF_STEP: tl.constexpr = 64, SIGNAL_END: tl.constexpr = False):
     """Program ``(pid_n, pid_k)``: output rows ``[pid_n * BLOCK_N, +BLOCK_N)`` over ``K`` slice
     ``[pid_k * k_per_split, +k_per_split)``. ``M_ROWS`` (= M, constexpr) unrolls the CUDA-core
     form; ``BLOCK_M`` is the accumulator's row count (pow2 >= M; 16 in the dot form). ``DEFER``
@@ -149,7 +150,8 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
     the program may start while the kernel ahead still runs; before waiting for it, it asks L2
     for the first ``PF_LINES`` lines (``PF_STEP`` elements each) of each of its weight rows
     (read-only, so safe to read early), so its K loop starts on L2 hits instead of a cold HBM
-    stream; it touches no other memory before :func:`pdl_enter`."""
+    stream; it touches no other memory before its wait. It signals the kernel behind right after
+    the wait, or after its K loop with ``SIGNAL_END``."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -161,7 +163,9 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
     w_rows = W + tl.minimum(offs_n, N - 1)[:, None] * swn
     if PF_LINES > 0:
         prefetch_l2(w_rows + tl.minimum(k_lo + tl.arange(0, PF_LINES) * PF_STEP, K - 1)[None, :])
-    pdl_enter(PDL)
+    pdl_wait(PDL)
+    if not SIGNAL_END:
+        pdl_signal(PDL)
     dt = X.dtype.element_ty
     # NORM_LATE: each row's sum of x^2, accumulated in the loop elementwise over the x tile's shape
     # and reduced over K once after it (no cross-thread reduction in the loop); the per-tile form,
@@ -238,6 +242,8 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
                     xm = _times_norm_weight(xm, NW, offs_k, k_ok, not EVEN_K, dt, False, EMU_RNE)
                 part = tl.sum(wf * xm[None, :], axis=1)  # [BLOCK_N]
                 acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
+    if SIGNAL_END:
+        pdl_signal(PDL)
     if DOT:
         acc = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
     if DEFER:
@@ -482,8 +488,10 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     sxm = x2.stride(0) if M > 1 else Kx
     flags = dict(NORM=norm_weight is not None, SILU=act == "silu", HAS_RES=residual is not None)
     late = late_norm(cfg, split, x.dtype)
-    pdl = pdl_kwargs(dev)
-    pf = prefetch_tile(N, k_per_split, split, x.element_size()) if pdl else {}
+    pdl = pdl_kwargs(dev) if M >= _tc.PDL_MIN_M else {}
+    # what a PDL launch does before its wait (the weight prefetch) and where it signals
+    early = dict(prefetch_tile(N, k_per_split, split, x.element_size()), SIGNAL_END=_tc.PDL_SIGNAL == "end") \
+        if pdl else {}
     _gemv_kernel[(cdiv(N, cfg.block_n), split)](
         x2, weight, b, y, part, nw, r, M, N, K, sxm, weight.stride(0), srm, k_per_split,
         float(norm_eps) if norm_weight is not None else 0.0,
@@ -491,7 +499,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
         HAS_BIAS=bias is not None, UPCAST=upcast, PREC=prec, EVEN_K=K % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
         NORM=flags["NORM"] and not late, SILU=flags["SILU"], HAS_RES=split == 1 and flags["HAS_RES"], EMU_RNE=emu_rne,
         **_norm_tile(M, K, flags["NORM"] and not late), DEFER=cfg.defer, NORM_LATE=flags["NORM"] and late,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl, **pf)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl, **early)
     if split > 1:
         block = 1024
         _gemv_reduce[(cdiv(M * N, block),)](part, b, y, r, M * N, N, srm, SPLIT=split, BLOCK=block,
@@ -526,6 +534,14 @@ def prefetch_tile(N: int, k_per_split: int, split: int, elem_bytes: int, budget:
     return {"PF_LINES": lines, "PF_STEP": step}
 
 
+def pdl_settings(device) -> dict:
+    """What the decode step's launches do on ``device`` (for a benchmark's metadata): PDL on or off
+    and, when on, where a GEMV signals, the fewest rows it uses PDL at, and its prefetch budget."""
+    if not pdl_kwargs(torch.device(device)):
+        return {"on": False}
+    return {"on": True, "signal": _tc.PDL_SIGNAL, "min_m": _tc.PDL_MIN_M, "gemv_prefetch_bytes": PREFETCH_BYTES}
+
+
 def late_norm(cfg: GemvConfig, split: int, dtype: torch.dtype) -> bool:
     """Whether the RMSNorm prologue runs in the K loop (``NORM_LATE``: no first pass over ``x``,
     ``rstd`` applied in the epilogue): with one K slice (each program sees whole rows), and not
@@ -553,5 +569,5 @@ def _rows(t: torch.Tensor, name: str, M: int, C: int) -> torch.Tensor:
                          f"{tuple(t.shape)} strides {t.stride()}") from None
 
 
-__all__ = ["GemvConfig", "CONFIGS", "pick_config", "late_norm", "prefetch_tile", "class_rows", "rows_to_json", "rows_from_json",
+__all__ = ["GemvConfig", "CONFIGS", "pick_config", "late_norm", "prefetch_tile", "pdl_settings", "class_rows", "rows_to_json", "rows_from_json",
            "configs_installed", "gemv_triton"]

@@ -59,6 +59,13 @@ def num_sms(device) -> int:
 # Programmatic dependent launch (PDL) of the decode step's Triton kernels: see pdl_kwargs.
 # ORTHROS_PDL=1 turns it on (read at import).
 PDL = os.environ.get("ORTHROS_PDL", "0") == "1"
+# Where a PDL GEMV signals the kernel behind: "start" (right after its wait) or "end" (after its K
+# loop, so the programs of the kernel behind become resident only during this one's tail), and the
+# fewest rows a GEMV launches with PDL at (ORTHROS_PDL_SIGNAL, ORTHROS_PDL_MIN_M; read at import).
+PDL_SIGNAL = os.environ.get("ORTHROS_PDL_SIGNAL", "start")
+PDL_MIN_M = int(os.environ.get("ORTHROS_PDL_MIN_M", "1"))
+if PDL_SIGNAL not in ("start", "end"):
+    raise ValueError(f"ORTHROS_PDL_SIGNAL must be 'start' or 'end', got {PDL_SIGNAL!r}")
 _PDL_DEVICES = {}
 
 
@@ -82,14 +89,27 @@ def pdl_kwargs(device) -> dict:
 
 
 @triton.jit
-def pdl_enter(PDL: tl.constexpr):
-    """With ``PDL``: wait for the kernel ahead (its writes visible after this), then let the
-    kernel behind be scheduled (it waits for this one in turn). Signalled once every program
-    of this kernel has passed its own wait, so a waiting program never holds a slot that a
-    program of the kernel ahead still needs. Without ``PDL``: nothing."""
+def pdl_wait(PDL: tl.constexpr):
+    """With ``PDL``: wait for the kernel ahead to complete (its writes are visible after this)."""
     if PDL:
         gdc_wait()
+
+
+@triton.jit
+def pdl_signal(PDL: tl.constexpr):
+    """With ``PDL``: this program lets the kernel behind be scheduled; it is, once every program
+    of this kernel has signalled or exited (the kernel behind still waits for this one to complete
+    before it touches memory). Signalled after :func:`pdl_wait`, a waiting program of the kernel
+    behind never holds a slot that a program of the kernel ahead still needs."""
+    if PDL:
         gdc_launch_dependents()
+
+
+@triton.jit
+def pdl_enter(PDL: tl.constexpr):
+    """:func:`pdl_wait`, then :func:`pdl_signal` at once. Without ``PDL``: nothing."""
+    pdl_wait(PDL)
+    pdl_signal(PDL)
 
 
 @triton.jit
