@@ -12,7 +12,9 @@
 # Nothing is installed: the image's torch / triton run it. From the repo root (the `run` tool):
 #   command: ORTHROS_COMMIT=<sha> bash benchmarks/pdl_gpu.sh
 # Optional: VARIANTS (default "off pf8 pdl pf16 off pf8"), CONTEXTS (1024,4096), T_TESTS (150 s),
-# TESTS=0 (no tests), T_CELL (75 s a process).
+# TESTS=0 (no tests), T_CELL (75 s a process); PROFILE=1 (profile_engine.py at 1K, PDL off and on
+# for every GEMV); ROOF=1 (then the roofline's decode section, 1K-128K, with the defaults and
+# gpt-fast at 1K: carry .gpu/gpt-fast).
 set -u
 OUT=${OUT:-/tmp/pdl-gpu}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" ORTHROS_COMMIT=${ORTHROS_COMMIT:-unknown}
@@ -22,15 +24,17 @@ T_TESTS=${T_TESTS:-150} T_CELL=${T_CELL:-75}
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$OUT/log"
-[ "${TESTS:-1}" = 0 ] || ORTHROS_PDL=1 timeout -k 10 "$T_TESTS" python3 -m pytest tests/ops/test_gemv.py tests/ops/test_gemv_fused.py \
-  tests/ops/test_decode.py tests/engine/test_engine_gemv.py -m gpu -n 8 -p no:cacheprovider -q -rfE -W ignore \
-  > "$OUT/gpu_tests.log" 2>&1
-[ "${TESTS:-1}" = 0 ] || echo "gpu tests (ORTHROS_PDL=1): exit=$? $(grep -E '[0-9]+ (passed|failed)' "$OUT/gpu_tests.log" | tail -1)" | tee -a "$OUT/log"
-[ "${TESTS:-1}" = 0 ] || grep -E '^(FAILED|ERROR)' "$OUT/gpu_tests.log" | head -n 20 | tee -a "$OUT/log"
+if [ "${TESTS:-1}" != 0 ]; then  # every GEMV with PDL here, the one-row ones too
+  ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=1 timeout -k 10 "$T_TESTS" python3 -m pytest tests/ops/test_gemv.py \
+    tests/ops/test_gemv_fused.py tests/ops/test_decode.py tests/engine/test_engine_gemv.py -m gpu -n 8 \
+    -p no:cacheprovider -rfE -W ignore > "$OUT/gpu_tests.log" 2>&1
+  echo "gpu tests (ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=1): exit=$? $(grep -E '[0-9]+ (passed|failed)' "$OUT/gpu_tests.log" | tail -1)" | tee -a "$OUT/log"
+  grep -E '^(FAILED|ERROR)' "$OUT/gpu_tests.log" | head -n 20 | tee -a "$OUT/log"
+fi
 i=0
 for v in $VARIANTS; do
   i=$((i + 1))
-  env_=(ORTHROS_PDL=1) rest=$v
+  env_=(ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=1) rest=$v
   case "$rest" in *m2) env_+=(ORTHROS_PDL_MIN_M=2); rest=${rest%m2} ;; esac
   case "$rest" in *end) env_+=(ORTHROS_PDL_SIGNAL=end); rest=${rest%end} ;; esac
   case "$rest" in
@@ -64,6 +68,23 @@ for (s, L, v), ms in sorted(runs.items()):
     rel = f"  {statistics.median(ms) / statistics.median(base):.4f}x off" if base else ""
     print(f"  {s:13s} L={L:6d} {v:5s} {statistics.median(ms):.3f} ms ({', '.join(f'{m:.3f}' for m in ms)}){rel}")
 EOF
+if [ "${PROFILE:-0}" = 1 ]; then  # the 1K step kernel by kernel: PDL off, and on for every GEMV (one-row ones too)
+  for v in off m1; do
+    if [ $v = off ]; then e=(ORTHROS_PDL=0); else e=(ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=1); fi
+    env "${e[@]}" timeout -k 10 "${T_PROFILE:-120}" python3 benchmarks/profile_engine.py --compile --gemv --context 1024 \
+      --json "$OUT/profile_$v.json" > "$OUT/profile_$v.log" 2>&1
+    echo "profile $v (${e[*]}): exit=$?" | tee -a "$OUT/log"
+  done
+fi
+if [ "${ROOF:-0}" = 1 ]; then  # the roofline's decode section with the defaults (PDL on for >= 2 rows), gpt-fast at 1K
+  mkdir -p "$OUT/roofline"
+  timeout -k 10 "${T_ROOF:-300}" python3 benchmarks/roofline.py --sections decode --gemv \
+    --systems orthros+gemv,full+gemv,gpt-fast --gpt-fast-dir "${GPT_FAST:-.gpu/gpt-fast}" \
+    --out "$OUT/roofline" > "$OUT/roofline/log.txt" 2>&1
+  echo "roofline decode (defaults): exit=$?" | tee -a "$OUT/log"
+  grep -v "it/s\|it \[" "$OUT/roofline/log.txt" | tail -n 30 | tee -a "$OUT/log"
+  rm -f "$OUT/roofline"/*.tmp "$OUT/roofline"/*.tmp.png
+fi
 # one archive of the per-process folders (a call returns a limited number of files)
 (cd "$OUT" && tar czf runs.tgz [0-9]*-* && rm -rf [0-9]*-*)
 ls -la "$OUT"

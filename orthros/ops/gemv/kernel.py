@@ -510,7 +510,9 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
 
 # Bytes of weight a PDL-launched GEMV asks L2 for before it waits for the kernel ahead
 # (prefetch_tile); ORTHROS_GEMV_PREFETCH_MB (read at import) sets it, 0 turns the prefetch off.
-PREFETCH_BYTES = int(float(os.environ.get("ORTHROS_GEMV_PREFETCH_MB", "8")) * 2 ** 20)
+# 4 MB: on an H200 the pair's step with 4 / 8 / 16 MB and none: 4.480 / 4.496 / 4.612 (another
+# call) / 4.519 ms at 1K (docs/performance.md, inference change 17).
+PREFETCH_BYTES = int(float(os.environ.get("ORTHROS_GEMV_PREFETCH_MB", "4")) * 2 ** 20)
 LINE_BYTES = 128
 
 
@@ -518,10 +520,10 @@ def prefetch_tile(N: int, k_per_split: int, split: int, elem_bytes: int, budget:
     """``PF_LINES`` / ``PF_STEP`` for :func:`_gemv_kernel`: each program prefetches the first
     ``PF_LINES`` 128-byte lines of each of its weight rows in its K slice, a power of two with
     ``N * split * PF_LINES * 128 <= budget`` (default :data:`PREFETCH_BYTES`), at most the
-    slice; ``{}`` (no prefetch) where not even one line a row fits the budget. The budget is the HBM time that
-    the kernel's start would otherwise spend waiting for its first bytes: ~1.5-2 us at 4 TB/s is
-    6-8 MB, a sixth of the H200's 50 MB L2, so what the kernel ahead streams through L2 meanwhile
-    leaves room for it."""
+    slice; ``{}`` (no prefetch) where not even one line a row fits the budget. The budget stands
+    for the HBM time the kernel's start would otherwise spend waiting for its first bytes (~1 us
+    at 4 TB/s is 4 MB) and must stay a small share of the 50 MB L2 that the kernel ahead streams
+    through meanwhile: 16 MB measured slower than none."""
     budget = PREFETCH_BYTES if budget is None else int(budget)
     if budget <= 0 or N <= 0 or k_per_split <= 0:
         return {}

@@ -56,14 +56,16 @@ def num_sms(device) -> int:
     return n
 
 
-# Programmatic dependent launch (PDL) of the decode step's Triton kernels: see pdl_kwargs.
-# ORTHROS_PDL=1 turns it on (read at import).
-PDL = os.environ.get("ORTHROS_PDL", "0") == "1"
+# Programmatic dependent launch (PDL) of the decode step's Triton kernels: see pdl_kwargs. On by
+# default on Hopper and later; ORTHROS_PDL=0 turns it off (read at import). Measured on an H200
+# (docs/performance.md, inference change 17): the pair's step 2-3.5% faster with it.
+PDL = os.environ.get("ORTHROS_PDL", "1") == "1"
 # Where a PDL GEMV signals the kernel behind: "start" (right after its wait) or "end" (after its K
 # loop, so the programs of the kernel behind become resident only during this one's tail), and the
-# fewest rows a GEMV launches with PDL at (ORTHROS_PDL_SIGNAL, ORTHROS_PDL_MIN_M; read at import).
+# fewest rows a GEMV launches with PDL at: 2, because one-row GEMVs (a Transformer's decode step)
+# measured 9-10% slower with it (ORTHROS_PDL_SIGNAL, ORTHROS_PDL_MIN_M; read at import).
 PDL_SIGNAL = os.environ.get("ORTHROS_PDL_SIGNAL", "start")
-PDL_MIN_M = int(os.environ.get("ORTHROS_PDL_MIN_M", "1"))
+PDL_MIN_M = int(os.environ.get("ORTHROS_PDL_MIN_M", "2"))
 if PDL_SIGNAL not in ("start", "end"):
     raise ValueError(f"ORTHROS_PDL_SIGNAL must be 'start' or 'end', got {PDL_SIGNAL!r}")
 _PDL_DEVICES = {}
