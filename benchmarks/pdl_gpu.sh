@@ -68,14 +68,6 @@ for (s, L, v), ms in sorted(runs.items()):
     rel = f"  {statistics.median(ms) / statistics.median(base):.4f}x off" if base else ""
     print(f"  {s:13s} L={L:6d} {v:5s} {statistics.median(ms):.3f} ms ({', '.join(f'{m:.3f}' for m in ms)}){rel}")
 EOF
-if [ "${PROFILE:-0}" = 1 ]; then  # the 1K step kernel by kernel: PDL off, and on for every GEMV (one-row ones too)
-  for v in off m1; do
-    if [ $v = off ]; then e=(ORTHROS_PDL=0); else e=(ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=1); fi
-    env "${e[@]}" timeout -k 10 "${T_PROFILE:-120}" python3 benchmarks/profile_engine.py --compile --gemv --context 1024 \
-      --json "$OUT/profile_$v.json" > "$OUT/profile_$v.log" 2>&1
-    echo "profile $v (${e[*]}): exit=$?" | tee -a "$OUT/log"
-  done
-fi
 if [ "${ROOF:-0}" = 1 ]; then  # the roofline's decode section with the defaults (PDL on for >= 2 rows), gpt-fast at 1K
   mkdir -p "$OUT/roofline"
   timeout -k 10 "${T_ROOF:-300}" python3 benchmarks/roofline.py --sections decode --gemv \
@@ -84,6 +76,14 @@ if [ "${ROOF:-0}" = 1 ]; then  # the roofline's decode section with the defaults
   echo "roofline decode (defaults): exit=$?" | tee -a "$OUT/log"
   grep -v "it/s\|it \[" "$OUT/roofline/log.txt" | tail -n 30 | tee -a "$OUT/log"
   rm -f "$OUT/roofline"/*.tmp "$OUT/roofline"/*.tmp.png
+fi
+if [ "${PROFILE:-0}" = 1 ]; then  # the 1K step kernel by kernel: PDL off, and on for every GEMV (one-row ones too)
+  for v in off m1; do
+    if [ $v = off ]; then e=(ORTHROS_PDL=0); else e=(ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=1); fi
+    env "${e[@]}" timeout -k 10 "${T_PROFILE:-120}" python3 benchmarks/profile_engine.py --compile --gemv --context 1024 \
+      --json "$OUT/profile_$v.json" > "$OUT/profile_$v.log" 2>&1
+    echo "profile $v (${e[*]}): exit=$?" | tee -a "$OUT/log"
+  done
 fi
 # one archive of the per-process folders (a call returns a limited number of files)
 (cd "$OUT" && tar czf runs.tgz [0-9]*-* && rm -rf [0-9]*-*)
