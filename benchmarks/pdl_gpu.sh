@@ -85,6 +85,7 @@ if [ "${PROFILE:-0}" = 1 ]; then  # the 1K step kernel by kernel: PDL off, and o
     echo "profile $v (${e[*]}): exit=$?" | tee -a "$OUT/log"
   done
 fi
-# one archive of the per-process folders (a call returns a limited number of files)
-(cd "$OUT" && tar czf runs.tgz [0-9]*-* && rm -rf [0-9]*-*)
+# one archive of the per-process folders and the roofline's (a call returns at most 8 files)
+(cd "$OUT" && shopt -s nullglob && dirs=([0-9]*-* [r]oofline) && [ ${#dirs[@]} -gt 0 ] \
+  && tar czf runs.tgz "${dirs[@]}" && rm -rf "${dirs[@]}")
 ls -la "$OUT"
