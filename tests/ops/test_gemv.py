@@ -147,6 +147,26 @@ def test_prefetch_tile_fits_the_budget_and_the_slice():
     assert prefetch_tile(6144, 4096, 1, 2, budget=0) == {}
 
 
+@pytest.mark.parametrize("var, value", [("ORTHROS_PDL_SIGNAL", "mid"), ("ORTHROS_PDL_MIN_M", "two"),
+                                        ("ORTHROS_GEMV_PREFETCH_MB", "4MB")])
+def test_bad_pdl_settings_refused_naming_the_variable(var, value):
+    import subprocess
+    import sys
+
+    env = {**os.environ, var: value}
+    p = subprocess.run([sys.executable, "-c", "import orthros.ops.gemv.kernel"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert p.returncode != 0 and var in p.stderr and repr(value) in p.stderr, p.stderr[-500:]
+
+
+def test_no_pdl_off_hopper():
+    """PDL is a Hopper launch attribute: CPU tensors (the interpreter) never get it."""
+    from orthros.ops.gemv.kernel import pdl_settings
+    from orthros.ops.triton.common import pdl_kwargs
+
+    assert pdl_kwargs(torch.device("cpu")) == {} and pdl_settings("cpu") == {"on": False}
+
+
 def test_class_rows_and_installed_table():
     """The swept winners of a layer's four sites become one shape class each (o before down at the
     same N, bounded by its K), installed ahead of the wider classes but after the M = 1 rows and

@@ -509,10 +509,14 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
 
 
 # Bytes of weight a PDL-launched GEMV asks L2 for before it waits for the kernel ahead
-# (prefetch_tile); ORTHROS_GEMV_PREFETCH_MB (read at import) sets it, 0 turns the prefetch off.
+# (prefetch_tile); ORTHROS_GEMV_PREFETCH_MB (MB, read at import) sets it, 0 turns the prefetch off.
 # 4 MB: on an H200 the pair's step with 4 / 8 / 16 MB and none: 4.480 / 4.496 / 4.612 (another
 # call) / 4.519 ms at 1K (docs/performance.md, inference change 17).
-PREFETCH_BYTES = int(float(os.environ.get("ORTHROS_GEMV_PREFETCH_MB", "4")) * 2 ** 20)
+try:
+    PREFETCH_BYTES = int(float(os.environ.get("ORTHROS_GEMV_PREFETCH_MB", "4")) * 2 ** 20)
+except ValueError:
+    raise ValueError("ORTHROS_GEMV_PREFETCH_MB must be a number of megabytes, got "
+                     f"{os.environ['ORTHROS_GEMV_PREFETCH_MB']!r}") from None
 LINE_BYTES = 128
 
 
@@ -571,5 +575,5 @@ def _rows(t: torch.Tensor, name: str, M: int, C: int) -> torch.Tensor:
                          f"{tuple(t.shape)} strides {t.stride()}") from None
 
 
-__all__ = ["GemvConfig", "CONFIGS", "pick_config", "late_norm", "prefetch_tile", "pdl_settings", "class_rows", "rows_to_json", "rows_from_json",
-           "configs_installed", "gemv_triton"]
+__all__ = ["GemvConfig", "CONFIGS", "pick_config", "late_norm", "prefetch_tile", "pdl_settings", "class_rows",
+           "rows_to_json", "rows_from_json", "configs_installed", "gemv_triton"]

@@ -65,9 +65,12 @@ PDL = os.environ.get("ORTHROS_PDL", "1") == "1"
 # fewest rows a GEMV launches with PDL at: 2, because one-row GEMVs (a Transformer's decode step)
 # measured 9-10% slower with it (ORTHROS_PDL_SIGNAL, ORTHROS_PDL_MIN_M; read at import).
 PDL_SIGNAL = os.environ.get("ORTHROS_PDL_SIGNAL", "start")
-PDL_MIN_M = int(os.environ.get("ORTHROS_PDL_MIN_M", "2"))
 if PDL_SIGNAL not in ("start", "end"):
     raise ValueError(f"ORTHROS_PDL_SIGNAL must be 'start' or 'end', got {PDL_SIGNAL!r}")
+try:
+    PDL_MIN_M = int(os.environ.get("ORTHROS_PDL_MIN_M", "2"))
+except ValueError:
+    raise ValueError(f"ORTHROS_PDL_MIN_M must be an integer (rows), got {os.environ['ORTHROS_PDL_MIN_M']!r}") from None
 _PDL_DEVICES = {}
 
 
@@ -76,8 +79,8 @@ def pdl_kwargs(device) -> dict:
     device of compute capability >= 9, :data:`PDL` on, not the interpreter), else ``{}``.
 
     A kernel launched so may start while the kernel ahead of it in the stream still runs: as
-    soon as every program of that kernel has signalled (:func:`pdl_enter`), its programs are
-    scheduled where resources free up. Until its own :func:`pdl_enter` it may only do work that
+    soon as every program of that kernel has signalled (:func:`pdl_signal`), its programs are
+    scheduled where resources free up. Until its own :func:`pdl_wait` it may only do work that
     reads nothing another kernel writes (the GEMV prefetches its weight into L2 there); the
     wait then blocks until the kernel ahead has completed and its writes are visible.
     CUDA-graph capture keeps the dependency (a programmatic edge)."""
