@@ -16,10 +16,26 @@
 # for every GEMV); ROOF=1 (then the roofline's decode section, 1K-128K, with the defaults and
 # gpt-fast at 1K: carry .gpu/gpt-fast).
 set -u
-OUT=${OUT:-/tmp/pdl-gpu}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/pdl-gpu}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" ORTHROS_COMMIT=${ORTHROS_COMMIT:-unknown}
 VARIANTS=${VARIANTS:-"off pf8 pdl pf16 off pf8"} CONTEXTS=${CONTEXTS:-1024,4096}
 T_TESTS=${T_TESTS:-150} T_CELL=${T_CELL:-75}
+settings() {  # a setting's name -> its environment in env_ (return 1: not a setting's name)
+  local rest=$1
+  env_=(ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=1)
+  case "$rest" in *m2) env_+=(ORTHROS_PDL_MIN_M=2); rest=${rest%m2} ;; esac
+  case "$rest" in *end) env_+=(ORTHROS_PDL_SIGNAL=end); rest=${rest%end} ;; esac
+  case "$rest" in
+    off) env_=(ORTHROS_PDL=0) ;;
+    pdl) env_+=(ORTHROS_GEMV_PREFETCH_MB=0) ;;
+    pf[0-9]*) [[ ${rest#pf} =~ ^[0-9]+$ ]] || return 1; env_+=(ORTHROS_GEMV_PREFETCH_MB="${rest#pf}") ;;
+    *) return 1 ;;
+  esac
+}
+for v in $VARIANTS; do  # every name checked before any work
+  settings "$v" || { echo "VARIANTS: unknown setting '$v' (off, or pdl / pfN, then optionally end, then m2)" >&2; exit 2; }
+done
+mkdir -p "$OUT"
 { date -u; echo "commit $ORTHROS_COMMIT"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
@@ -34,15 +50,7 @@ fi
 i=0
 for v in $VARIANTS; do
   i=$((i + 1))
-  env_=(ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=1) rest=$v
-  case "$rest" in *m2) env_+=(ORTHROS_PDL_MIN_M=2); rest=${rest%m2} ;; esac
-  case "$rest" in *end) env_+=(ORTHROS_PDL_SIGNAL=end); rest=${rest%end} ;; esac
-  case "$rest" in
-    off) env_=(ORTHROS_PDL=0) ;;
-    pdl) env_+=(ORTHROS_GEMV_PREFETCH_MB=0) ;;
-    pf[0-9]*) env_+=(ORTHROS_GEMV_PREFETCH_MB="${rest#pf}") ;;
-    *) echo "unknown variant $v (off, pdl or pfN, then optionally end, then m2)"; exit 2 ;;
-  esac
+  settings "$v"
   D="$OUT/$i-$v"; mkdir -p "$D"
   env "${env_[@]}" timeout -k 10 "$T_CELL" python3 benchmarks/roofline.py --sections decode --gemv \
     --systems orthros+gemv,full+gemv --contexts "$CONTEXTS" --out "$D" > "$D/log.txt" 2>&1
