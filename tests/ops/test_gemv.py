@@ -6,6 +6,8 @@ Refusals are checked to happen before any launch. On a GPU: a real shape in bf16
 CUDA-graph capture + replay."""
 
 import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -150,9 +152,6 @@ def test_prefetch_tile_fits_the_budget_and_the_slice():
 @pytest.mark.parametrize("var, value", [("ORTHROS_PDL_SIGNAL", "mid"), ("ORTHROS_PDL_MIN_M", "two"),
                                         ("ORTHROS_GEMV_PREFETCH_MB", "4MB")])
 def test_bad_pdl_settings_refused_naming_the_variable(var, value):
-    import subprocess
-    import sys
-
     env = {**os.environ, var: value}
     p = subprocess.run([sys.executable, "-c", "import orthros.ops.gemv.kernel"], capture_output=True, text=True,
                        env=env, timeout=120)
@@ -337,8 +336,9 @@ COMPILE_SM90 = textwrap.dedent('''
         # the weight stream: 16-byte asynchronous copies into shared memory (pipelined), no 2-byte loads of it
         print("CASE", dt, M, dot, ptx.count("cp.async.cg.shared.global"), ptx.count("ld.global.b16"),
               loop_shuffles(ptx), fused or "-")
-    compile_(_gemv_reduce, dict(P="*fp32", B="*bf16", Y="*bf16", R="*bf16", MN="i32", N="i32", srm="i32"),
-             dict(SPLIT=4, BLOCK=1024, HAS_BIAS=True, HAS_RES=True, EMU_RNE=False, PDL=False), 4, 1)
+    reduce_types = dict(P="*fp32", B="*bf16", Y="*bf16", R="*bf16", MN="i32", N="i32", srm="i32")
+    compile_(_gemv_reduce, reduce_types, dict(SPLIT=4, BLOCK=1024, HAS_BIAS=True, HAS_RES=True, EMU_RNE=False,
+                                              PDL=False), 4, 1)
 
     # programmatic dependent launch: the weight's L2 prefetch, then the wait, then the signal to the
     # kernel behind, and only then any global memory access (first line of each, -1: none)
@@ -346,7 +346,6 @@ COMPILE_SM90 = textwrap.dedent('''
         return next((i for i, l in enumerate(ptx.splitlines()) if re.search(pattern, l)), -1)
 
     access = r"ld[.]global|st[.]global|cp[.]async|red[.]global|atom[.]global"
-    reduce_types = dict(P="*fp32", B="*bf16", Y="*bf16", R="*bf16", MN="i32", N="i32", srm="i32")
     for name, fn, ty, const_, warps, stages in [
             ("gemv", _gemv_kernel, types, dict(const, PDL=True, PF_LINES=8, PF_STEP=64), 4, 3),
             ("gemv-noprefetch", _gemv_kernel, types, dict(const, PDL=True, PF_LINES=0), 4, 3),
