@@ -240,7 +240,7 @@ def training(Ts, flash=True):
 def window_stream(Ts, flex_Ts, graph=False):
     log("\n## window stream alone (w=128): fwd and fwd+bwd vs FlexAttention SWA")
     log(f"{'T':>8} {'flex fwd':>9} {'ours fwd':>9} {'ratio':>6} {'flex f+b':>9} {'ours f+b':>9} {'ratio':>6}"
-        f" {'ours f+b graph':>14}  ours TB/s fwd")
+        f" {'ours f+b graph':>14} {'flex f+b graph':>14}  ours TB/s fwd")
     flex, create_block_mask = make_flex()
     nan = float("nan")
     for T0 in Ts:
@@ -263,22 +263,25 @@ def window_stream(Ts, flex_Ts, graph=False):
             if graph:
                 row["ours_fb_graph"] = guard(f"window T={T0} ours fwd+bwd graph", lambda: graph_time(fb))
         if flex is not None and T0 in flex_Ts:
-            row.update(guard(f"window T={T0} flex", lambda: flex_window(flex, create_block_mask, q, k, v, g)) or {})
+            row.update(guard(f"window T={T0} flex", lambda: flex_window(flex, create_block_mask, q, k, v, g,
+                                                                         graph=graph)) or {})
         row = {key: val for key, val in row.items() if val is not None}
         byts = T * (2 * HQ + 2 * HKV) * D * 2
         log(f"{T0:>8} {row.get('flex_fwd', nan):9.3f} {row.get('ours_fwd', nan):9.3f} "
             f"{row.get('ours_fwd', nan) / row.get('flex_fwd', nan):6.2f} {row.get('flex_fb', nan):9.3f} "
             f"{row.get('ours_fb', nan):9.3f} {row.get('ours_fb', nan) / row.get('flex_fb', nan):6.2f} "
-            f"{row.get('ours_fb_graph', nan):14.3f}  {byts / row.get('ours_fwd', nan) / 1e9:5.2f}")
+            f"{row.get('ours_fb_graph', nan):14.3f} {row.get('flex_fb_graph', nan):14.3f}  "
+            f"{byts / row.get('ours_fwd', nan) / 1e9:5.2f}")
         RES[f"window_T{T0}"] = row
         del q, k, v, g
         empty_cache()
         save()
 
 
-def flex_window(flex, create_block_mask, q, k, v, g, rep=100):
+def flex_window(flex, create_block_mask, q, k, v, g, rep=100, graph=False):
     """FlexAttention sliding window (w=W) on [B, T, H, D] inputs: {"flex_fwd": ms} and, when a
-    gradient ``g`` is given, {"flex_fb": ms} (fwd+bwd)."""
+    gradient ``g`` is given, {"flex_fb": ms} (fwd+bwd) and with ``graph`` {"flex_fb_graph": ms}
+    (one CUDA-graph replay of the compiled fwd+bwd: its GPU time without the host's)."""
     T = q.shape[1]
     qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_(g is not None) for x in (q, k, v))
     bm = create_block_mask(lambda b, h, qi, ki: (qi >= ki) & (qi - ki < W), 1, 1, T, T, device=DEV, _compile=True)
@@ -287,8 +290,12 @@ def flex_window(flex, create_block_mask, q, k, v, g, rep=100):
         out["flex_fwd"] = bench(lambda: flex(qt, kt, vt, block_mask=bm, enable_gqa=True), rep=rep)
     if g is not None:
         gt = g.transpose(1, 2).contiguous()
-        out["flex_fb"] = bench(lambda: torch.autograd.grad(
-            flex(qt, kt, vt, block_mask=bm, enable_gqa=True), (qt, kt, vt), gt), rep=rep)
+
+        def fb():
+            return torch.autograd.grad(flex(qt, kt, vt, block_mask=bm, enable_gqa=True), (qt, kt, vt), gt)
+        out["flex_fb"] = bench(fb, rep=rep)
+        if graph:
+            out["flex_fb_graph"] = guard(f"window T={T} flex fwd+bwd graph", lambda: graph_time(fb))
     return out
 
 
@@ -522,6 +529,14 @@ WINDOW_BWD_CANDIDATES = [
     ("2-launch dkdv 32x32 w4", {"bwd_dkdv": (32, 32, 4, 2)}, False, "base"),
     ("2-launch dkdv 16x64 w4", {"bwd_dkdv": (16, 64, 4, 2)}, False, "base"),
     ("2-launch dkdv 32x32 w8", {"bwd_dkdv": (32, 32, 8, 2)}, False, "base"),
+    # the dK/dV programs with one loop over (head, query block) and int32 relative masks
+    # (DKDV_VARIANT "flat", "flat-edge"), with the default blocks and around them
+    ("dkdv flat", {}, True, "base:flat"),
+    ("dkdv flat s3", {"bwd_dkdv": (32, 64, 4, 3)}, True, "base:flat"),
+    ("dkdv flat-edge", {}, True, "base:flat-edge"),
+    ("dkdv flat 64x64 w8", {"bwd_dkdv": (64, 64, 8, 2)}, True, "base:flat"),
+    ("2-launch dkdv flat 32x64 w8", {"bwd_dkdv": (32, 64, 8, 2)}, False, "base:flat"),
+    ("dkdv flat + dq 64x32", {"bwd_dq": (64, 32, 4, 2)}, True, "base:flat"),
 ]
 
 

@@ -7,17 +7,17 @@
 # registers and spills. Everything lands in $OUT. From the repo root (the `run` tool):
 #   command: ORTHROS_COMMIT=<sha> bash benchmarks/window_bwd_gpu.sh
 # Optional: CANDIDATES (comma-separated names of benchmarks/attention.py WINDOW_BWD_CANDIDATES),
-# T_TUNE (200 s), T_ROOF (200 s).
+# T_TUNE (200 s), T_ROOF (200 s), NCU (1; 0 skips the Nsight Compute report).
 set -u
 OUT=${OUT:-/tmp/window-bwd}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" ORTHROS_COMMIT=${ORTHROS_COMMIT:-unknown}
 T_TUNE=${T_TUNE:-200} T_ROOF=${T_ROOF:-200}
-CANDIDATES=${CANDIDATES:-"dkdv 32x64 w4,two-launch,2-launch dkdv 64x32 w8,2-launch dkdv 32x64 w8,2-launch dkdv 32x32 w4,2-launch dkdv 16x64 w4,2-launch dkdv 32x32 w8"}
+CANDIDATES=${CANDIDATES:-"dkdv flat,dkdv flat s3,dkdv flat-edge,dkdv flat 64x64 w8,2-launch dkdv flat 32x64 w8,dkdv flat + dq 64x32"}
 { date -u; echo "commit $ORTHROS_COMMIT"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$OUT/log"
-timeout -k 10 90 python3 -m pytest tests/ops/test_triton.py -k "two_launch or bwd_config" -q -p no:cacheprovider -W ignore \
+timeout -k 10 90 python3 -m pytest tests/ops/test_triton.py -k "two_launch or bwd_config or dkdv_variants" -q -p no:cacheprovider -W ignore \
   > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests: exit=$? $(grep -cE '^\.|passed' "$OUT/gpu_tests.log") $(tail -1 "$OUT/gpu_tests.log")" | tee -a "$OUT/log"
 timeout -k 10 "$T_TUNE" python3 benchmarks/attention.py --window-tune --window-bwd-only --window-candidates "$CANDIDATES" \
@@ -36,13 +36,16 @@ for T in ("T32768", "T131072"):
         if isinstance(row, dict) and row.get("fb"):
             total[name] = total.get(name, 0.0) + row["fb"]
 variant = {n: d for n, o, f, d in A.WINDOW_BWD_CANDIDATES}
-full = {n: t for n, t in total.items()  # timed at both lengths; dQ/dK-dV variants "base" (a config can say only blocks)
-        if all(n in tune.get(T, {}) for T in ("T32768", "T131072")) and variant.get(n) == "base"}
+full = {n: t for n, t in total.items()  # timed at both lengths; dQ variant "base" (a config can carry blocks,
+        # the fused flag and the dK/dV variant, not the dQ variant)
+        if all(n in tune.get(T, {}) for T in ("T32768", "T131072")) and variant.get(n, "").split(":")[0] == "base"}
 best = min(full, key=full.get)
 over, fused, dq = next((o, f, d) for n, o, f, d in A.WINDOW_BWD_CANDIDATES if n == best)
 print(f"best {best}: {full[best]:.3f} ms (base {full.get('base', float('nan')):.3f})", file=sys.stderr)
 cfg = {k: list(v) for k, v in over.items() if k in ("bwd_dkdv", "bwd_dq")}
 cfg["fused"] = fused
+if ":" in dq:
+    cfg["dkdv"] = dq.split(":")[1]
 print(json.dumps(cfg))
 PY
 ) 2>>"$OUT/log"
@@ -54,7 +57,7 @@ timeout -k 10 "$T_ROOF" python3 benchmarks/roofline.py --sections window --windo
 echo "roofline window: exit=$?" | tee -a "$OUT/log"
 rm -f "$OUT/roofline"/*.tmp "$OUT/roofline"/*.tmp.png
 grep -E "window|targets|met" "$OUT/roofline/log.txt" | grep -v "it/s" | tail -n 30 | tee -a "$OUT/log"
-if command -v ncu > /dev/null; then
+if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null; then
   BM=$(python3 -c "import json,sys; c=json.loads(sys.argv[1]); print(','.join(map(str, c.get('bwd_dkdv', [64, 64, 4, 2]))), int(c['fused']))" "$CFG")
   # the third fwd+bwd's backward: one launch each when fused, two otherwise
   N=$(python3 -c "import json,sys; print(1 if json.loads(sys.argv[1])['fused'] else 2)" "$CFG")

@@ -405,8 +405,8 @@ def _window_cells(sweep: Sweep, ctx, bench_window: Callable) -> None:
         fl = window_floor(shape["T"], Hq=shape["Hq"], Hkv=shape["Hkv"], D=shape["D"], window=shape["window"],
                           elem_bytes=shape["elem_bytes"], bandwidth=bw, flops_per_s=flops)
         for pas, ours, flex, key in (("fwd", "ours_fwd", "flex_fwd", "fwd"), ("fwd+bwd", "ours_fb", "flex_fb", "fb"),
-                                     ("fwd+bwd graph", "ours_fb_graph", None, "fb")):
-            o, f = measured.get(ours), measured.get(flex) if flex else None
+                                     ("fwd+bwd graph", "ours_fb_graph", "flex_fb_graph", "fb")):
+            o, f = measured.get(ours), measured.get(flex)
             if o is None and f is None:
                 continue
             row = {**base, "pass": pas, "T_run": shape["T"], "shape": shape, "orthros_ms": o, "flex_ms": f,
@@ -478,7 +478,8 @@ def summarize(rows: List[Dict]) -> List[Dict]:
     for r in _by(rows, section="window"):
         if "speedup_vs_flex" in r:
             t = "window_fwd_vs_flex" if r["pass"] == "fwd" else "window_fb_vs_flex"
-            line(t, f"T={r['T']}", r["speedup_vs_flex"], TARGETS[t], "higher")
+            graph = " (CUDA graphs, both)" if r["pass"].endswith("graph") else ""
+            line(t, f"T={r['T']}{graph}", r["speedup_vs_flex"], TARGETS[t], "higher")
     return out
 
 
@@ -568,7 +569,8 @@ def plot(rows: List[Dict], meta: Dict, path: str) -> None:
     finish(axes[1, 0], "batched: Orthros tokens/s / gpt-fast tokens/s", "ratio", TARGETS["batched_vs_gpt_fast"],
            "batch size")
     win = _by(rows, section="window")
-    for pas, goal_key, c in (("fwd", "window_fwd_vs_flex", "C0"), ("fwd+bwd", "window_fb_vs_flex", "C3")):
+    for pas, goal_key, c in (("fwd", "window_fwd_vs_flex", "C0"), ("fwd+bwd", "window_fb_vs_flex", "C3"),
+                             ("fwd+bwd graph", "window_fb_vs_flex", "C4")):
         curve(axes[1, 1], [(r["T"], r.get("speedup_vs_flex")) for r in win if r["pass"] == pas],
               label=f"{pas} (target {TARGETS[goal_key]:g})", color=c)
     for goal_key, c in (("window_fwd_vs_flex", "C0"), ("window_fb_vs_flex", "C3")):
@@ -632,7 +634,8 @@ def build_parser():
                    help="engine decode attention: DECODE_CONFIG overrides for the whole run, e.g. '{\"min_split\": 64}'")
     p.add_argument("--window-bwd-config", default=None, metavar="JSON",
                    help="window section: backward launch configs instead of the defaults, e.g. "
-                        "'{\"bwd_dkdv\": [64, 32, 8, 2], \"fused\": false}' (keys bwd_dkdv, bwd_dq, fused)")
+                        "'{\"bwd_dkdv\": [64, 32, 8, 2], \"fused\": false, \"dkdv\": \"flat\"}' (keys bwd_dkdv, bwd_dq, "
+                        "fused, dkdv: a DKDV_VARIANT)")
     p.add_argument("--gpt-fast-dir", default=None, help="directory holding gpt-fast's model.py (else no gpt-fast rows)")
     p.add_argument("--gpt-fast-contexts", default=None,
                    help="B=1 contexts at which gpt-fast also runs (each new context recompiles it with its "
