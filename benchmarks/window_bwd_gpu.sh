@@ -12,12 +12,12 @@ set -u
 OUT=${OUT:-/tmp/window-bwd}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" ORTHROS_COMMIT=${ORTHROS_COMMIT:-unknown}
 T_TUNE=${T_TUNE:-200} T_ROOF=${T_ROOF:-200}
-CANDIDATES=${CANDIDATES:-"dkdv flat,dkdv flat s3,dkdv flat-edge,dkdv flat 64x64 w8,2-launch dkdv flat 32x64 w8,dkdv flat + dq 64x32"}
+CANDIDATES=${CANDIDATES:-"dkdv flat,dkdv flat-edge,delta in tiles,delta in tiles + flat,delta in tiles + flat-edge"}
 { date -u; echo "commit $ORTHROS_COMMIT"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$OUT/log"
-timeout -k 10 90 python3 -m pytest tests/ops/test_triton.py -k "two_launch or bwd_config or dkdv_variants" -q -p no:cacheprovider -W ignore \
+timeout -k 10 90 python3 -m pytest tests/ops/test_triton.py -k "two_launch or bwd_config or dkdv_variants or delta_in_tiles" -q -p no:cacheprovider -W ignore \
   > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests: exit=$? $(grep -cE '^\.|passed' "$OUT/gpu_tests.log") $(tail -1 "$OUT/gpu_tests.log")" | tee -a "$OUT/log"
 timeout -k 10 "$T_TUNE" python3 benchmarks/attention.py --window-tune --window-bwd-only --window-candidates "$CANDIDATES" \
@@ -44,8 +44,11 @@ over, fused, dq = next((o, f, d) for n, o, f, d in A.WINDOW_BWD_CANDIDATES if n 
 print(f"best {best}: {full[best]:.3f} ms (base {full.get('base', float('nan')):.3f})", file=sys.stderr)
 cfg = {k: list(v) for k, v in over.items() if k in ("bwd_dkdv", "bwd_dq")}
 cfg["fused"] = fused
-if ":" in dq:
-    cfg["dkdv"] = dq.split(":")[1]
+parts = dq.split(":")
+if len(parts) > 1:
+    cfg["dkdv"] = parts[1]
+if len(parts) > 2:
+    cfg["delta_in_tiles"] = parts[2] == "delta"
 print(json.dumps(cfg))
 PY
 ) 2>>"$OUT/log"
