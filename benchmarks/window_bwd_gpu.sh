@@ -20,6 +20,10 @@ CANDIDATES=${CANDIDATES:-"dkdv flat,dkdv flat-edge,delta in tiles,delta in tiles
 timeout -k 10 90 python3 -m pytest tests/ops/test_triton.py -k "two_launch or bwd_config or dkdv_variants or delta_in_tiles" -q -p no:cacheprovider -W ignore \
   > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests: exit=$? $(grep -cE '^\.|passed' "$OUT/gpu_tests.log") $(tail -1 "$OUT/gpu_tests.log")" | tee -a "$OUT/log"
+# the dK/dV and delta variants at the real block sizes (the benchmark's heads, odd G and D, documents)
+timeout -k 10 120 python3 -m pytest tests/ops/test_triton.py -k "dq_gqa_variant_gpu and (flat or delta)" -q \
+  -p no:cacheprovider -W ignore > "$OUT/gpu_tests_variants.log" 2>&1
+echo "gpu variant tests: exit=$? $(tail -1 "$OUT/gpu_tests_variants.log")" | tee -a "$OUT/log"
 timeout -k 10 "$T_TUNE" python3 benchmarks/attention.py --window-tune --window-bwd-only --window-candidates "$CANDIDATES" \
   --json "$OUT/window_tune.json" > "$OUT/window_tune.log" 2>&1
 echo "window tune: exit=$?" | tee -a "$OUT/log"

@@ -618,7 +618,8 @@ def test_forward_variants_gpu(poison, monkeypatch, dtype, name):
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("variant,fused", [("gqa", True), ("gqa", False), ("edge", True), ("edge+dkdv", False),
-                                           ("base+flat", True), ("base+flat-edge", True)])
+                                           ("base+flat", True), ("base+flat-edge", True), ("base+flat+delta", True),
+                                           ("gqa+base+delta", False)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_dq_gqa_variant_gpu(poison, monkeypatch, dtype, variant, fused):
     """The backward variants at the real block sizes ("edge+dkdv": the edge dQ and dK/dV)."""
@@ -626,7 +627,8 @@ def test_dq_gqa_variant_gpu(poison, monkeypatch, dtype, variant, fused):
 
     if variant == "edge+dkdv":
         monkeypatch.setattr(ta, "DKDV_VARIANT", "edge")
-    elif "+" in variant:
+    elif "+" in variant:  # dQ+dK/dV[+delta]: delta in the programs (DELTA_IN_TILES)
         monkeypatch.setattr(ta, "DKDV_VARIANT", variant.split("+")[1])
+        monkeypatch.setattr(ta, "DELTA_IN_TILES", variant.endswith("+delta"))
     use_dq_variant(monkeypatch, fused, variant.split("+")[0])
     variant_sweep_gpu(dtype)
