@@ -529,18 +529,10 @@ WINDOW_BWD_CANDIDATES = [
     ("2-launch dkdv 32x32 w4", {"bwd_dkdv": (32, 32, 4, 2)}, False, "base"),
     ("2-launch dkdv 16x64 w4", {"bwd_dkdv": (16, 64, 4, 2)}, False, "base"),
     ("2-launch dkdv 32x32 w8", {"bwd_dkdv": (32, 32, 8, 2)}, False, "base"),
-    # the dK/dV programs with one loop over (head, query block) and int32 relative masks
-    # (DKDV_VARIANT "flat", "flat-edge"), with the default blocks and around them
-    ("dkdv flat", {}, True, "base:flat"),
-    ("dkdv flat s3", {"bwd_dkdv": (32, 64, 4, 3)}, True, "base:flat"),
-    ("dkdv flat-edge", {}, True, "base:flat-edge"),
-    ("dkdv flat 64x64 w8", {"bwd_dkdv": (64, 64, 8, 2)}, True, "base:flat"),
-    ("2-launch dkdv flat 32x64 w8", {"bwd_dkdv": (32, 64, 8, 2)}, False, "base:flat"),
-    ("dkdv flat + dq 64x32", {"bwd_dq": (64, 32, 4, 2)}, True, "base:flat"),
-    # delta = rowsum(dO * O) in the backward's own programs, no delta pass (DELTA_IN_TILES)
-    ("delta in tiles", {}, True, "base:base:delta"),
-    ("delta in tiles + flat", {}, True, "base:flat:delta"),
-    ("delta in tiles + flat-edge", {}, True, "base:flat-edge:delta"),
+    # Measured and removed (H200, 2026-12-02, seventh session; docs/performance.md kernels changes
+    # 9 and 10): dK/dV programs with one loop over (head, query block) and int32 masks ("flat",
+    # "flat-edge": -0.4% to +2.3% at 32K / 128K), and delta = rowsum(dO * O) inside the backward's
+    # programs instead of its own pass (+10 to +30%).
 ]
 
 
@@ -548,15 +540,15 @@ WINDOW_BWD_CANDIDATES = [
 def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None):
     """Within the block: ``attention.CONFIGS[kind]`` entries of this run's head dim set from
     ``{kind: (BLOCK_M, BLOCK_N, warps, stages)}``, ``FUSED_BWD``, the window stream's forward
-    variant (``FWD_VARIANT["win_fwd"]``), ``DQ_VARIANT``, and (``dq_variant`` "dq:dkdv" or
-    "dq:dkdv:delta") ``DKDV_VARIANT`` and ``DELTA_IN_TILES`` set when given; all restored afterwards."""
+    variant (``FWD_VARIANT["win_fwd"]``), ``DQ_VARIANT`` and (``dq_variant`` "dq:dkdv")
+    ``DKDV_VARIANT`` set when given; all restored afterwards."""
     from orthros.ops.triton import attention as ta
 
     bd = 128 if D > 64 else 64
     configs = configs or {}
     keep = {kind: ta.CONFIGS[kind][bd] for kind in configs}
-    keep_fused, keep_variant, keep_dq, keep_dkdv, keep_delta = ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], \
-        ta.DQ_VARIANT, ta.DKDV_VARIANT, ta.DELTA_IN_TILES
+    keep_fused, keep_variant, keep_dq, keep_dkdv = ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, \
+        ta.DKDV_VARIANT
     try:
         for kind, cfg in configs.items():
             ta.CONFIGS[kind][bd] = cfg
@@ -565,18 +557,16 @@ def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None
         if fwd_variant is not None:
             ta.FWD_VARIANT["win_fwd"] = fwd_variant
         if dq_variant is not None:
-            dq, _, rest = dq_variant.partition(":")
-            dkdv, _, delta = rest.partition(":")
+            dq, _, dkdv = dq_variant.partition(":")
             ta.DQ_VARIANT = dq
             if dkdv:
                 ta.DKDV_VARIANT = dkdv
-            ta.DELTA_IN_TILES = delta == "delta"
         yield
     finally:
         for kind, cfg in keep.items():
             ta.CONFIGS[kind][bd] = cfg
-        ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, ta.DKDV_VARIANT, ta.DELTA_IN_TILES = \
-            keep_fused, keep_variant, keep_dq, keep_dkdv, keep_delta
+        ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, ta.DKDV_VARIANT = keep_fused, keep_variant, keep_dq, \
+            keep_dkdv
 
 
 def window_tune(Ts=(8192, 32768, 131072), flex_T=8192, budget_s=150.0, names=None):

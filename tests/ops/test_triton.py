@@ -354,19 +354,15 @@ def test_bwd_config_sets_and_restores_the_backward_launch():
     from orthros.ops.triton import attention as ta
 
     keep = (ta.CONFIGS["bwd_dkdv"][128], ta.CONFIGS["bwd_dq"][128], ta.FUSED_BWD)
-    keep_dkdv, keep_delta = ta.DKDV_VARIANT, ta.DELTA_IN_TILES
-    with ta.bwd_config(bwd_dkdv=[64, 32, 8, 2], fused=not keep[2], dkdv="flat", delta_in_tiles=not keep_delta):
+    with ta.bwd_config(bwd_dkdv=[64, 32, 8, 2], fused=not keep[2]):
         assert ta.CONFIGS["bwd_dkdv"][128] == (64, 32, 8, 2) and ta.FUSED_BWD is (not keep[2])
-        assert ta.CONFIGS["bwd_dq"][128] == keep[1] and ta.DKDV_VARIANT == "flat"
-        assert ta.DELTA_IN_TILES is (not keep_delta)
-    assert (ta.DKDV_VARIANT, ta.DELTA_IN_TILES) == (keep_dkdv, keep_delta)
+        assert ta.CONFIGS["bwd_dq"][128] == keep[1]
     assert (ta.CONFIGS["bwd_dkdv"][128], ta.CONFIGS["bwd_dq"][128], ta.FUSED_BWD) == keep
     with pytest.raises(RuntimeError):
         with ta.bwd_config(bwd_dq=(32, 32, 4, 1)):
             raise RuntimeError
     assert ta.CONFIGS["bwd_dq"][128] == keep[1]
-    for bad in ({"bwd_dkdv": (64, 48, 4, 2)}, {"bwd_dq": (64, 64, 4)}, {"fused": "yes"}, {"win_fwd": (64, 32, 4, 3)},
-                {"dkdv": "fast"}, {"delta_in_tiles": 1}):
+    for bad in ({"bwd_dkdv": (64, 48, 4, 2)}, {"bwd_dq": (64, 64, 4)}, {"fused": "yes"}, {"win_fwd": (64, 32, 4, 3)}):
         with pytest.raises(ValueError, match="backward config"):
             with ta.bwd_config(**bad):
                 pass
@@ -387,32 +383,15 @@ def test_two_launch_backward(poison, monkeypatch, case):
     run_case(D=16, **c)
 
 
-@pytest.mark.parametrize("variant", ["edge", "flat", "flat-edge"])
 @pytest.mark.parametrize("case", list(DKDV_CASES))
-def test_dkdv_variants(poison, monkeypatch, case, variant):
-    """The dK/dV programs with interior query blocks unmasked ("edge"; the cases with positions,
-    documents or left padding keep the mask), with one loop over (head, query block) ("flat"),
-    and both, against the reference, in the fused launch and in their own."""
+def test_dkdv_edge_variant(poison, monkeypatch, case):
+    """The dK/dV programs with interior query blocks unmasked (DKDV_VARIANT "edge"; the cases
+    with positions, documents or left padding keep the mask) against the reference, in the
+    fused launch and in their own."""
     from orthros.ops.triton import attention as ta
 
-    monkeypatch.setattr(ta, "DKDV_VARIANT", variant)
+    monkeypatch.setattr(ta, "DKDV_VARIANT", "edge")
     monkeypatch.setattr(ta, "FUSED_BWD", list(DKDV_CASES).index(case) % 2 == 0)
-    if not HAS_CUDA:
-        monkeypatch.setitem(ta.CONFIGS["bwd_dkdv"], 64, (16, 16, 4, 1))
-    c = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in DKDV_CASES[case].items()}
-    run_case(D=16, **c)
-
-
-@pytest.mark.parametrize("dq", ["base", "gqa"])
-@pytest.mark.parametrize("case", list(DKDV_CASES))
-def test_delta_in_tiles(poison, monkeypatch, case, dq):
-    """DELTA_IN_TILES: every backward program computes delta = rowsum(dO * O) from its own O and
-    dO tiles (no delta pass), with the one-head and the GQA-packed dQ, against the reference."""
-    from orthros.ops.triton import attention as ta
-
-    monkeypatch.setattr(ta, "DELTA_IN_TILES", True)
-    monkeypatch.setattr(ta, "DKDV_VARIANT", "flat" if list(DKDV_CASES).index(case) % 2 else "base")
-    use_dq_variant(monkeypatch, fused=list(DKDV_CASES).index(case) % 3 != 0, variant=dq)
     if not HAS_CUDA:
         monkeypatch.setitem(ta.CONFIGS["bwd_dkdv"], 64, (16, 16, 4, 1))
     c = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in DKDV_CASES[case].items()}
@@ -529,12 +508,10 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
     fn = ta._stream_bwd
     nospec = set(ta._NO_SPEC) | {"HKV", "B", "n_kv_progs", "srb"}
     ptrs.update(DO="*bf16", DQ="*bf16", DK="*bf16", DV="*bf16", DELTA="*fp32", QRANGE="*i64")
-    for gp2, bm2, warps, edge2, flat, delta in [(1, 64, 4, False, False, False), (4, 32, 8, False, False, False),
-                                                (1, 64, 4, True, False, False), (1, 64, 4, False, True, False),
-                                                (1, 64, 4, False, True, True), (4, 32, 8, False, False, True)]:
+    for gp2, bm2, warps, edge2 in [(1, 64, 4, False), (4, 32, 8, False), (1, 64, 4, True)]:
         const = dict(G=4, D=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=64, BLOCK_M2=bm2, BLOCK_N2=64, POS_PTR=False,
                      HAS_WINDOW=True, HAS_DOC=False, HAS_KVS=False, REVERSE=False, PREC="tf32", GP2=gp2,
-                     EDGE2=edge2 or gp2 > 1, EDGE_KV=edge2, FLAT_KV=flat, DELTA_IN=delta)  # packed dQ: edge-masked
+                     EDGE2=edge2 or gp2 > 1, EDGE_KV=edge2)  # as the host: the packed dQ is edge-masked
         sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n.endswith("_scale") else "i32")
                for n in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
@@ -547,7 +524,7 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
     # are two stores of [BLOCK_N, D] tiles, dQ one)
     const = dict(G=4, D=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=32, BLOCK_M2=64, BLOCK_N2=64, POS_PTR=False,
                  HAS_WINDOW=True, HAS_DOC=False, HAS_KVS=False, REVERSE=False, PREC="tf32", GP2=1, EDGE2=False,
-                 EDGE_KV=False, FLAT_KV=False, DELTA_IN=False)
+                 EDGE_KV=False)
     for progs in (0, 1, 2):
         sig = {n: ptrs.get(n, "constexpr" if n in const or n == "PROGS" else "fp32" if n.endswith("_scale") else "i32")
                for n in fn.arg_names}
@@ -556,12 +533,6 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
         k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs={**const, "PROGS": progs}, attrs=attrs),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 2})
         print("PROGS", progs, k.asm["ttir"].count("tt.dot"))
-    # the dK/dV programs alone, nested loops and one flat loop (DKDV_VARIANT "flat"): both pipelined
-    for flat in (False, True):
-        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs={**const, "PROGS": 1, "FLAT_KV": flat},
-                                     attrs=attrs),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
-        print("DKDV", int(flat), k.asm["ptx"].count("cp.async.cg.shared.global"), k.asm["ttir"].count("tt.dot"))
     print("OK")
 ''')
 
@@ -575,14 +546,11 @@ def test_forward_variants_compile_for_sm90_pipelined(tmp_path):
         assert int(stages) >= 2, (name, rows, bn, window, stages)  # K/V copies for >= 2 stages in flight
         assert int(n_b16) == 0, (name, rows, bn, window, n_b16)  # no 2-byte loads of Q/K/V
     bwd = printed(lines, "BWD")
-    assert len(bwd) == 6
+    assert len(bwd) == 3
     for gp2, n_async, n_b16 in bwd:
         assert int(n_async) > 0 and int(n_b16) == 0, (gp2, n_async, n_b16)
     dots = {int(p): int(n) for p, n in printed(lines, "PROGS")}  # dK/dV: 4 dot products, dQ: 3
     assert dots == {0: 7, 1: 4, 2: 3}, dots
-    dkdv = {int(f): (int(n), int(d)) for f, n, d in printed(lines, "DKDV")}
-    assert dkdv[0][0] > 0 and dkdv[1][0] > 0, dkdv  # Q/dO tiles copied asynchronously in both loop forms
-    assert dkdv[0][1] == dkdv[1][1] == 4, dkdv  # one tile's four dot products, inlined once
 
 
 def variant_sweep_gpu(dtype):
@@ -617,9 +585,7 @@ def test_forward_variants_gpu(poison, monkeypatch, dtype, name):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("variant,fused", [("gqa", True), ("gqa", False), ("edge", True), ("edge+dkdv", False),
-                                           ("base+flat", True), ("base+flat-edge", True), ("base+flat+delta", True),
-                                           ("gqa+base+delta", False)])
+@pytest.mark.parametrize("variant,fused", [("gqa", True), ("gqa", False), ("edge", True), ("edge+dkdv", False)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_dq_gqa_variant_gpu(poison, monkeypatch, dtype, variant, fused):
     """The backward variants at the real block sizes ("edge+dkdv": the edge dQ and dK/dV)."""
@@ -627,8 +593,5 @@ def test_dq_gqa_variant_gpu(poison, monkeypatch, dtype, variant, fused):
 
     if variant == "edge+dkdv":
         monkeypatch.setattr(ta, "DKDV_VARIANT", "edge")
-    elif "+" in variant:  # dQ+dK/dV[+delta]: delta in the programs (DELTA_IN_TILES)
-        monkeypatch.setattr(ta, "DKDV_VARIANT", variant.split("+")[1])
-        monkeypatch.setattr(ta, "DELTA_IN_TILES", variant.endswith("+delta"))
     use_dq_variant(monkeypatch, fused, variant.split("+")[0])
     variant_sweep_gpu(dtype)

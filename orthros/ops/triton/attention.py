@@ -261,20 +261,14 @@ def _bwd_delta(O, DO, DELTA, sob, sot, soh, sdb, sdt, sdh, M, HQ,
 
 @triton.jit
 def _backward_rows(Q, DO, LSE, DELTA, b64, h2, h1, r64, rows, row_ok, rmask, offs_d,
-                   sqb, sqt, sqh, sdb, sdt, sdh, HQ, M, D: tl.constexpr, DELTA_IN: tl.constexpr):
+                   sqb, sqt, sqh, sdb, sdt, sdh, HQ, M):
     """One block of query rows as both backward kernels read it: q, dO, the forward's LSE and
     delta = rowsum(dO * O). The head: ``h2`` broadcast against ``r64`` ([rows, 1]) and ``h1``
-    against ``rows`` (the same scalar twice, or a GQA-packed block's per-row heads).
-    ``DELTA_IN``: ``DELTA`` is the forward's output O (contiguous ``[B, M, HQ, D]``) and delta is
-    computed here from the O and dO tiles (no delta pass before the backward)."""
+    against ``rows`` (the same scalar twice, or a GQA-packed block's per-row heads)."""
     q = tl.load(Q + b64 * sqb + h2 * sqh + r64 * sqt + offs_d[None, :], mask=rmask, other=0.0)
     do = tl.load(DO + b64 * sdb + h2 * sdh + r64 * sdt + offs_d[None, :], mask=rmask, other=0.0)
     lse = tl.load(LSE + (b64 * HQ + h1) * M + rows, mask=row_ok, other=float("inf"))
-    if DELTA_IN:
-        o = tl.load(DELTA + ((b64 * M + r64) * HQ + h2) * D + offs_d[None, :], mask=rmask, other=0.0)
-        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-    else:
-        delta = tl.load(DELTA + (b64 * HQ + h1) * M + rows, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + (b64 * HQ + h1) * M + rows, mask=row_ok, other=0.0)
     return q, do, lse, delta
 
 
@@ -287,7 +281,6 @@ def _dq_block(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
     REVERSE: tl.constexpr, PREC: tl.constexpr, GP: tl.constexpr, EDGE: tl.constexpr = False,
-    DELTA_IN: tl.constexpr = False,
 ):
     """dQ of one query block. ``GP == 1``: ``h`` is the query head. ``GP > 1`` (GQA-packed, as
     the packed forward): ``h`` is the group's first head and the tile stacks the block's queries
@@ -304,14 +297,14 @@ def _dq_block(
     if GP == 1:
         rmask = row_ok[:, None] & d_ok[None, :]
         q, do, lse, delta = _backward_rows(Q, DO, LSE, DELTA, b64, h64, h64, r64, rows, row_ok, rmask, offs_d,
-                                           sqb, sqt, sqh, sdb, sdt, sdh, HQ, M, D, DELTA_IN)
+                                           sqb, sqt, sqh, sdb, sdt, sdh, HQ, M)
     else:
         g = tl.arange(0, GP * BLOCK_M) // BLOCK_M
         hrow = kvh64 * G + g
         row_ok = row_ok & (g < G)
         rmask = row_ok[:, None] & d_ok[None, :]
         q, do, lse, delta = _backward_rows(Q, DO, LSE, DELTA, b64, hrow[:, None], hrow, r64, rows, row_ok, rmask,
-                                           offs_d, sqb, sqt, sqh, sdb, sdt, sdh, HQ, M, D, DELTA_IN)
+                                           offs_d, sqb, sqt, sqh, sdb, sdt, sdh, HQ, M)
     if EDGE:  # the key blocks every query row sees entirely: unmasked in the loop
         a_full, b_full = _interior(lo, hi, p_first, p_last, window, DOCSTART, kvs,
                                    BLOCK_N, HAS_WINDOW, HAS_DOC, HAS_KVS)
@@ -350,54 +343,6 @@ def _dq_block(
 
 
 @triton.jit
-def _dkdv_tile(dk, dv, k, v, h64, start_m, start_n, b64, cols, c_ok, d_ok, offs_d, kdoc, kvs,
-               Q, DO, LSE, DELTA, POS, DOC, sqb, sqt, sqh, sdb, sdt, sdh, spb,
-               M, N, HQ, pos_offset, window, qk_scale, D: tl.constexpr,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
-               PREC: tl.constexpr, EDGE: tl.constexpr, REL: tl.constexpr, DELTA_IN: tl.constexpr):
-    """One (query head ``h64``, query block at ``start_m``) step of a dK/dV program: the block's
-    contributions added to ``dk``/``dv`` (fp32, unscaled). ``REL``: the mask on int32 positions
-    relative to the key block (fewer instructions than int64 on the tile; the "flat" variants)."""
-    rows = start_m + tl.arange(0, BLOCK_M)
-    row_ok = rows < M
-    r64 = rows.to(tl.int64)[:, None]
-    rmask = row_ok[:, None] & d_ok[None, :]
-    q, do, lse, delta = _backward_rows(Q, DO, LSE, DELTA, b64, h64, h64, r64, rows, row_ok, rmask, offs_d,
-                                       sqb, sqt, sqh, sdb, sdt, sdh, HQ, M, D, DELTA_IN)
-    if POS_PTR:
-        qpos = tl.load(POS + b64 * spb + rows, mask=row_ok, other=-1).to(tl.int64)
-    else:
-        qpos = tl.where(row_ok, pos_offset + rows.to(tl.int64), -1)
-    sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
-    qdoc = qpos
-    if HAS_DOC:
-        qdoc = tl.load(DOC + tl.maximum(qpos, 0))
-    full = False  # an interior block (EDGE): every (key, query) pair attends, no mask
-    if EDGE:
-        full = ((start_m + BLOCK_M <= M) & (start_n + BLOCK_N <= N)
-                & (start_n + BLOCK_N - 1 <= pos_offset + start_m))
-        if HAS_WINDOW:
-            full = full & (start_n > pos_offset + start_m + BLOCK_M - 1 - window)
-    if full:
-        pT = tl.exp2(sT - lse[None, :])
-    else:
-        if REL:
-            qrel = (qpos - start_n).to(tl.int32)
-            mask = visible(tl.arange(0, BLOCK_N)[:, None], qrel[None, :], c_ok[:, None], window, kdoc[:, None],
-                           qdoc[None, :], (kvs - start_n).to(tl.int32), HAS_WINDOW, HAS_DOC, HAS_KVS)
-        else:
-            mask = visible(cols[:, None], qpos[None, :], c_ok[:, None], window, kdoc[:, None], qdoc[None, :],
-                           kvs, HAS_WINDOW, HAS_DOC, HAS_KVS)
-        pT = tl.where(mask, tl.exp2(sT - lse[None, :]), 0.0)
-    dv += tl.dot(pT.to(do.dtype), do, input_precision=PREC)
-    dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
-    dsT = pT * (dpT - delta[None, :])
-    dk += tl.dot(dsT.to(q.dtype), q, input_precision=PREC)
-    return dk, dv
-
-
-@triton.jit
 def _dkdv_block(
     kvh, pid_n, b, Q, K, V, DO, DK, DV, LSE, DELTA, POS, QRANGE, DOC, KVSTART,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,
@@ -406,7 +351,7 @@ def _dkdv_block(
     G, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
-    PREC: tl.constexpr, EDGE: tl.constexpr = False, FLAT: tl.constexpr = False, DELTA_IN: tl.constexpr = False,
+    PREC: tl.constexpr, EDGE: tl.constexpr = False,
 ):
     """dK/dV of one key block (``BLOCK_N`` keys of KV head ``kvh``) over the query blocks that see
     it, for each of the ``G`` query heads. ``EDGE`` (DKDV_VARIANT "edge"; the host sets it only
@@ -441,23 +386,39 @@ def _dkdv_block(
         kvs = tl.load(KVSTART + b64)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    if FLAT:  # one loop over (head, query block): one pipeline prologue a program, not one a head;
-        # int32 relative positions in the mask
-        nqb = tl.cdiv(qhi - qlo, BLOCK_M)
-        for it in range(0, G * nqb):
-            g = it // nqb
-            dk, dv = _dkdv_tile(dk, dv, k, v, kvh64 * G + g, qlo + (it - g * nqb) * BLOCK_M, start_n, b64, cols, c_ok,
-                                d_ok, offs_d, kdoc, kvs, Q, DO, LSE, DELTA, POS, DOC,
-                                sqb, sqt, sqh, sdb, sdt, sdh, spb, M, N, HQ, pos_offset, window, qk_scale, D,
-                                BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, PREC, EDGE, True, DELTA_IN)
-    else:
-        for g in range(G):
-            for start_m in range(qlo, qhi, BLOCK_M):
-                dk, dv = _dkdv_tile(dk, dv, k, v, kvh64 * G + g, start_m, start_n, b64, cols, c_ok,
-                                    d_ok, offs_d, kdoc, kvs, Q, DO, LSE, DELTA, POS, DOC,
-                                    sqb, sqt, sqh, sdb, sdt, sdh, spb, M, N, HQ, pos_offset, window, qk_scale, D,
-                                    BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, PREC, EDGE, False,
-                                    DELTA_IN)
+    for g in range(G):
+        h64 = kvh64 * G + g
+        for start_m in range(qlo, qhi, BLOCK_M):
+            rows = start_m + tl.arange(0, BLOCK_M)
+            row_ok = rows < M
+            r64 = rows.to(tl.int64)[:, None]
+            rmask = row_ok[:, None] & d_ok[None, :]
+            q, do, lse, delta = _backward_rows(Q, DO, LSE, DELTA, b64, h64, h64, r64, rows, row_ok, rmask, offs_d,
+                                               sqb, sqt, sqh, sdb, sdt, sdh, HQ, M)
+            if POS_PTR:
+                qpos = tl.load(POS + b64 * spb + rows, mask=row_ok, other=-1).to(tl.int64)
+            else:
+                qpos = tl.where(row_ok, pos_offset + rows.to(tl.int64), -1)
+            sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
+            qdoc = qpos
+            if HAS_DOC:
+                qdoc = tl.load(DOC + tl.maximum(qpos, 0))
+            full = False  # an interior block (EDGE): every (key, query) pair attends, no mask
+            if EDGE:
+                full = ((start_m + BLOCK_M <= M) & (start_n + BLOCK_N <= N)
+                        & (start_n + BLOCK_N - 1 <= pos_offset + start_m))
+                if HAS_WINDOW:
+                    full = full & (start_n > pos_offset + start_m + BLOCK_M - 1 - window)
+            if full:
+                pT = tl.exp2(sT - lse[None, :])
+            else:
+                mask = visible(cols[:, None], qpos[None, :], c_ok[:, None], window, kdoc[:, None], qdoc[None, :],
+                               kvs, HAS_WINDOW, HAS_DOC, HAS_KVS)
+                pT = tl.where(mask, tl.exp2(sT - lse[None, :]), 0.0)
+            dv += tl.dot(pT.to(do.dtype), do, input_precision=PREC)
+            dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
+            dsT = pT * (dpT - delta[None, :])
+            dk += tl.dot(dsT.to(q.dtype), q, input_precision=PREC)
     dk = dk * sm_scale
     tl.store(DK + b64 * skgb + kvh64 * skgh + cols[:, None] * skgt + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kmask)
     tl.store(DV + b64 * svgb + kvh64 * svgh + cols[:, None] * svgt + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kmask)
@@ -473,16 +434,14 @@ def _stream_bwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
     REVERSE: tl.constexpr, PREC: tl.constexpr, GP2: tl.constexpr = 1, EDGE2: tl.constexpr = False,
-    EDGE_KV: tl.constexpr = False, PROGS: tl.constexpr = 0, FLAT_KV: tl.constexpr = False,
-    DELTA_IN: tl.constexpr = False,
+    EDGE_KV: tl.constexpr = False, PROGS: tl.constexpr = 0,
 ):
     """dK/dV programs (first ``n_kv_progs``; ``BLOCK_M x BLOCK_N``) and dQ programs (the rest;
     ``BLOCK_M2 x BLOCK_N2``, or ``GP2 * BLOCK_M2`` GQA-packed rows; ``EDGE2``: edge-masked) of
     one stream in a single launch; ``EDGE_KV``: the dK/dV programs skip the mask of interior
     query blocks. ``PROGS`` (the two-launch backward): 1 compiles only the dK/dV programs, 2
     only the dQ programs, so each launch gets the registers of its own kind (0: both, chosen by
-    ``pid``; the kernel then holds the larger register count of the two). ``DELTA_IN``: ``DELTA``
-    is O and every program computes delta = rowsum(dO * O) of its rows itself (no delta pass)."""
+    ``pid``; the kernel then holds the larger register count of the two)."""
     pid = tl.program_id(0)
     if PROGS == 1:
         is_kv = True
@@ -499,8 +458,7 @@ def _stream_bwd(
                     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,
                     skgb, skgt, skgh, svgb, svgt, svgh, spb, srb,
                     M, N, HQ, pos_offset, window, qk_scale, sm_scale,
-                    G, D, BLOCK_D, BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, PREC, EDGE_KV, FLAT_KV,
-                    DELTA_IN)
+                    G, D, BLOCK_D, BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, PREC, EDGE_KV)
     else:
         pid = pid - n_kv_progs
         nm = tl.cdiv(M, BLOCK_M2)
@@ -515,7 +473,7 @@ def _stream_bwd(
                   sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh, sgb, sgt, sgh, spb,
                   M, N, HQ, pos_offset, window, qk_scale, sm_scale,
                   G, D, BLOCK_D, BLOCK_M2, BLOCK_N2, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE, PREC, GP2,
-                  EDGE2, DELTA_IN)
+                  EDGE2)
 
 
 # ============================================================================ host
@@ -559,26 +517,19 @@ DQ_VARIANTS = ("base", "gqa", "edge")
 DQ_VARIANT = "base"
 # dK/dV programs: "base" (every visited query block masked; measured default) or "edge" (interior
 # query blocks unmasked, for contiguous positions without documents or left padding: training's
-# PT streams; other calls keep the mask; slower than "base" on the H200, 2026-12-02). "flat" and
-# "flat-edge": the same with the loops over query heads and query blocks made one loop (one software
-# pipeline a program instead of one a head) and the mask on int32 positions relative to the key
-# block (candidates, not measured yet).
-DKDV_VARIANTS = ("base", "edge", "flat", "flat-edge")
+# PT streams; other calls keep the mask; slower than "base" on the H200, 2026-12-02).
+DKDV_VARIANTS = ("base", "edge")
 DKDV_VARIANT = "base"
 
 
 def check_bwd_config(overrides: dict) -> None:
     """ValueError unless ``overrides`` holds only ``"bwd_dkdv"`` / ``"bwd_dq"`` (four positive
-    integers: BLOCK_M, BLOCK_N, num_warps, num_stages; the blocks powers of two >= 16),
-    ``"fused"`` / ``"delta_in_tiles"`` (bools: :data:`FUSED_BWD`, :data:`DELTA_IN_TILES`) and ``"dkdv"``
-    (one of :data:`DKDV_VARIANTS`)."""
+    integers: BLOCK_M, BLOCK_N, num_warps, num_stages; the blocks powers of two >= 16) and
+    ``"fused"`` (a bool: :data:`FUSED_BWD`)."""
     for k, v in overrides.items():
-        if k in ("fused", "delta_in_tiles"):
+        if k == "fused":
             if not isinstance(v, bool):
-                raise ValueError(f"backward config: {k} {v!r}; give true or false")
-        elif k == "dkdv":
-            if v not in DKDV_VARIANTS:
-                raise ValueError(f"backward config: dkdv {v!r}; give one of {', '.join(DKDV_VARIANTS)}")
+                raise ValueError(f"backward config: fused {v!r}; give true or false")
         elif k in ("bwd_dkdv", "bwd_dq"):
             if (not isinstance(v, (list, tuple)) or len(v) != 4
                     or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in v)
@@ -586,43 +537,36 @@ def check_bwd_config(overrides: dict) -> None:
                 raise ValueError(f"backward config: {k} {v!r}; give [BLOCK_M, BLOCK_N, num_warps, num_stages], "
                                  "blocks powers of two >= 16")
         else:
-            raise ValueError(f"backward config: unknown key {k!r}; allowed: bwd_dkdv, bwd_dq, fused, dkdv, "
-                             "delta_in_tiles")
+            raise ValueError(f"backward config: unknown key {k!r}; allowed: bwd_dkdv, bwd_dq, fused")
 
 
 @contextlib.contextmanager
 def bwd_config(block_d: int = 128, **overrides):
     """Within the block, the backward's launch configs of head dims up to ``block_d`` (its
-    :data:`CONFIGS` key), :data:`FUSED_BWD`, :data:`DKDV_VARIANT` and :data:`DELTA_IN_TILES` set from
-    ``overrides`` (checked first by :func:`check_bwd_config`); what a benchmark runs against the
-    defaults. Restored afterwards."""
-    global FUSED_BWD, DKDV_VARIANT, DELTA_IN_TILES
+    :data:`CONFIGS` key) and :data:`FUSED_BWD` set from ``overrides`` (checked first by
+    :func:`check_bwd_config`); what a benchmark runs against the defaults. Restored afterwards."""
+    global FUSED_BWD
     check_bwd_config(overrides)
     key = 64 if block_d <= 64 else (128 if block_d <= 128 else 256)
     keep = {kind: CONFIGS[kind][key] for kind in ("bwd_dkdv", "bwd_dq")}
-    keep_fused, keep_dkdv, keep_delta = FUSED_BWD, DKDV_VARIANT, DELTA_IN_TILES
+    keep_fused = FUSED_BWD
     try:
         for kind in ("bwd_dkdv", "bwd_dq"):
             if kind in overrides:
                 CONFIGS[kind][key] = tuple(overrides[kind])
-        FUSED_BWD = overrides.get("fused", FUSED_BWD)
-        DKDV_VARIANT = overrides.get("dkdv", DKDV_VARIANT)
-        DELTA_IN_TILES = overrides.get("delta_in_tiles", DELTA_IN_TILES)
+        if "fused" in overrides:
+            FUSED_BWD = overrides["fused"]
         yield
     finally:
         for kind, cfg in keep.items():
             CONFIGS[kind][key] = cfg
-        FUSED_BWD, DKDV_VARIANT, DELTA_IN_TILES = keep_fused, keep_dkdv, keep_delta
+        FUSED_BWD = keep_fused
 
 
 # Use SDPA (cuDNN first) for the all-positions full stream of fp16/bf16 inputs.
 USE_SDPA_CAUSAL = os.environ.get("ORTHROS_NO_SDPA", "0") != "1"
 # dQ and dK/dV programs of a stream's backward in one launch (fewer launches: less host overhead).
 FUSED_BWD = os.environ.get("ORTHROS_FUSED_BWD", "1") == "1"
-# delta = rowsum(dO * O) computed by the backward's programs from the O tile next to each dO tile,
-# instead of a pass of its own before them (which reads all of O and dO once more: ~0.13 ms at
-# 32K tokens x 32 heads x 128). A candidate, not measured yet.
-DELTA_IN_TILES = False
 
 
 def _cfg(kind: str, block_d: int):
@@ -752,13 +696,9 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
         do = do.contiguous()
     BD = block_d(D)
     os_, ds = o.stride(), do.stride()
-    delta_in = DELTA_IN_TILES and o.is_contiguous() and o.shape[-1] == D
-    if delta_in:  # the backward's programs compute delta from O themselves
-        delta = o
-    else:
-        delta = torch.empty(B, HQ, M, dtype=torch.float32, device=dev)
-        _bwd_delta[(cdiv(M, 64), B * HQ)](o, do, delta, os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], M, HQ,
-                                              D=D, BLOCK_D=BD, BLOCK_M=64)
+    delta = torch.empty(B, HQ, M, dtype=torch.float32, device=dev)
+    _bwd_delta[(cdiv(M, 64), B * HQ)](o, do, delta, os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], M, HQ,
+                                          D=D, BLOCK_D=BD, BLOCK_M=64)
     dd = dummy(dev)
     pos_t = dd if pos is None else pos
     spb = 0 if pos is None or pos.shape[0] == 1 else pos.stride(0)
@@ -778,8 +718,7 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     edge2 = DQ_VARIANT in ("edge", "gqa")  # the packed dQ is always edge-masked
     if DKDV_VARIANT not in DKDV_VARIANTS:
         raise ValueError(f"DKDV_VARIANT must be one of {DKDV_VARIANTS}, got {DKDV_VARIANT!r}")
-    edge_kv = (DKDV_VARIANT.endswith("edge") and pos is None and masks.doc is None
-               and masks.kv_start is None)
+    edge_kv = DKDV_VARIANT == "edge" and pos is None and masks.doc is None and masks.kv_start is None
     BM, BN, nw, ns = _cfg("bwd_dkdv", BD)
     if pos is not None:
         qr = _query_ranges(pos, N, BN, masks)
@@ -795,8 +734,7 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
             M, N, HQ, HKV, B)
     tail = (pos_offset, window, qk, scale)
     flags = (pos is not None, bool(window), masks.doc is not None, masks.kv_start is not None, precision(q.dtype))
-    shape = (HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, edge2, edge_kv, DKDV_VARIANT.startswith("flat"), delta_in,
-             flags)
+    shape = (HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, edge2, edge_kv, flags)
     if FUSED_BWD:  # one launch: dK/dV programs first, then dQ programs
         _stream_bwd[(n_kv + n_q,)](*args, n_kv, *tail, **_bwd_consts(*shape, nw, ns))
     else:  # each launch compiled with its own kind of program only (PROGS)
@@ -805,11 +743,11 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     return dq, dk, dv
 
 
-def _bwd_consts(G, D, BD, BM, BN, BM2, BN2, GP2, EDGE2, EDGE_KV, FLAT_KV, DELTA_IN, flags, nw, ns):
+def _bwd_consts(G, D, BD, BM, BN, BM2, BN2, GP2, EDGE2, EDGE_KV, flags, nw, ns):
     """The constexpr/launch keywords of a backward launch."""
     pos_ptr, has_window, has_doc, has_kvs, prec = flags
     return dict(G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN, BLOCK_M2=BM2, BLOCK_N2=BN2, GP2=GP2, EDGE2=EDGE2,
-                EDGE_KV=EDGE_KV, FLAT_KV=FLAT_KV, DELTA_IN=DELTA_IN, POS_PTR=pos_ptr, HAS_WINDOW=has_window, HAS_DOC=has_doc, HAS_KVS=has_kvs,
+                EDGE_KV=EDGE_KV, POS_PTR=pos_ptr, HAS_WINDOW=has_window, HAS_DOC=has_doc, HAS_KVS=has_kvs,
                 REVERSE=not has_window, PREC=prec, num_warps=nw, num_stages=ns)
 
 
