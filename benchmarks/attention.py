@@ -533,6 +533,8 @@ WINDOW_BWD_CANDIDATES = [
     # 9 and 10): dK/dV programs with one loop over (head, query block) and int32 masks ("flat",
     # "flat-edge": -0.4% to +2.3% at 32K / 128K), and delta = rowsum(dO * O) inside the backward's
     # programs instead of its own pass (+10 to +30%).
+    # the delta pass over consecutive (token, head) rows (DELTA_ROWS; "dq:dkdv:rows" in this field)
+    ("delta rows", {}, True, "base:base:rows"),
 ]
 
 
@@ -540,15 +542,15 @@ WINDOW_BWD_CANDIDATES = [
 def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None):
     """Within the block: ``attention.CONFIGS[kind]`` entries of this run's head dim set from
     ``{kind: (BLOCK_M, BLOCK_N, warps, stages)}``, ``FUSED_BWD``, the window stream's forward
-    variant (``FWD_VARIANT["win_fwd"]``), ``DQ_VARIANT`` and (``dq_variant`` "dq:dkdv")
-    ``DKDV_VARIANT`` set when given; all restored afterwards."""
+    variant (``FWD_VARIANT["win_fwd"]``), ``DQ_VARIANT``, and (``dq_variant`` "dq:dkdv" or
+    "dq:dkdv:rows") ``DKDV_VARIANT`` and ``DELTA_ROWS`` set when given; all restored afterwards."""
     from orthros.ops.triton import attention as ta
 
     bd = 128 if D > 64 else 64
     configs = configs or {}
     keep = {kind: ta.CONFIGS[kind][bd] for kind in configs}
-    keep_fused, keep_variant, keep_dq, keep_dkdv = ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, \
-        ta.DKDV_VARIANT
+    keep_fused, keep_variant, keep_dq, keep_dkdv, keep_rows = ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], \
+        ta.DQ_VARIANT, ta.DKDV_VARIANT, ta.DELTA_ROWS
     try:
         for kind, cfg in configs.items():
             ta.CONFIGS[kind][bd] = cfg
@@ -557,16 +559,18 @@ def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None
         if fwd_variant is not None:
             ta.FWD_VARIANT["win_fwd"] = fwd_variant
         if dq_variant is not None:
-            dq, _, dkdv = dq_variant.partition(":")
+            dq, _, rest = dq_variant.partition(":")
+            dkdv, _, delta = rest.partition(":")
             ta.DQ_VARIANT = dq
             if dkdv:
                 ta.DKDV_VARIANT = dkdv
+            ta.DELTA_ROWS = delta == "rows"
         yield
     finally:
         for kind, cfg in keep.items():
             ta.CONFIGS[kind][bd] = cfg
-        ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, ta.DKDV_VARIANT = keep_fused, keep_variant, keep_dq, \
-            keep_dkdv
+        ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, ta.DKDV_VARIANT, ta.DELTA_ROWS = \
+            keep_fused, keep_variant, keep_dq, keep_dkdv, keep_rows
 
 
 def window_tune(Ts=(8192, 32768, 131072), flex_T=8192, budget_s=150.0, names=None):
