@@ -532,9 +532,8 @@ WINDOW_BWD_CANDIDATES = [
     # Measured and removed (H200, 2026-12-02, seventh session; docs/performance.md kernels changes
     # 9 and 10): dK/dV programs with one loop over (head, query block) and int32 masks ("flat",
     # "flat-edge": -0.4% to +2.3% at 32K / 128K), and delta = rowsum(dO * O) inside the backward's
-    # programs instead of its own pass (+10 to +30%).
-    # the delta pass over consecutive (token, head) rows (DELTA_ROWS; "dq:dkdv:rows" in this field)
-    ("delta rows", {}, True, "base:base:rows"),
+    # programs instead of its own pass (+10 to +30%); the delta pass over contiguous (token, head)
+    # rows instead of one head's tokens a program (kernels change 11: -0.6% at 32K, within noise).
 ]
 
 
@@ -542,15 +541,15 @@ WINDOW_BWD_CANDIDATES = [
 def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None):
     """Within the block: ``attention.CONFIGS[kind]`` entries of this run's head dim set from
     ``{kind: (BLOCK_M, BLOCK_N, warps, stages)}``, ``FUSED_BWD``, the window stream's forward
-    variant (``FWD_VARIANT["win_fwd"]``), ``DQ_VARIANT``, and (``dq_variant`` "dq:dkdv" or
-    "dq:dkdv:rows") ``DKDV_VARIANT`` and ``DELTA_ROWS`` set when given; all restored afterwards."""
+    variant (``FWD_VARIANT["win_fwd"]``), ``DQ_VARIANT`` and (``dq_variant`` "dq:dkdv")
+    ``DKDV_VARIANT`` set when given; all restored afterwards."""
     from orthros.ops.triton import attention as ta
 
     bd = 128 if D > 64 else 64
     configs = configs or {}
     keep = {kind: ta.CONFIGS[kind][bd] for kind in configs}
-    keep_fused, keep_variant, keep_dq, keep_dkdv, keep_rows = ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], \
-        ta.DQ_VARIANT, ta.DKDV_VARIANT, ta.DELTA_ROWS
+    keep_fused, keep_variant, keep_dq, keep_dkdv = ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, \
+        ta.DKDV_VARIANT
     try:
         for kind, cfg in configs.items():
             ta.CONFIGS[kind][bd] = cfg
@@ -559,18 +558,16 @@ def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None
         if fwd_variant is not None:
             ta.FWD_VARIANT["win_fwd"] = fwd_variant
         if dq_variant is not None:
-            dq, _, rest = dq_variant.partition(":")
-            dkdv, _, delta = rest.partition(":")
+            dq, _, dkdv = dq_variant.partition(":")
             ta.DQ_VARIANT = dq
             if dkdv:
                 ta.DKDV_VARIANT = dkdv
-            ta.DELTA_ROWS = delta == "rows"
         yield
     finally:
         for kind, cfg in keep.items():
             ta.CONFIGS[kind][bd] = cfg
-        ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, ta.DKDV_VARIANT, ta.DELTA_ROWS = \
-            keep_fused, keep_variant, keep_dq, keep_dkdv, keep_rows
+        ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, ta.DKDV_VARIANT = keep_fused, keep_variant, keep_dq, \
+            keep_dkdv
 
 
 def window_tune(Ts=(8192, 32768, 131072), flex_T=8192, budget_s=150.0, names=None):

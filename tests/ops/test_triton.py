@@ -354,18 +354,15 @@ def test_bwd_config_sets_and_restores_the_backward_launch():
     from orthros.ops.triton import attention as ta
 
     keep = (ta.CONFIGS["bwd_dkdv"][128], ta.CONFIGS["bwd_dq"][128], ta.FUSED_BWD)
-    keep_rows = ta.DELTA_ROWS
-    with ta.bwd_config(bwd_dkdv=[64, 32, 8, 2], fused=not keep[2], delta_rows=not keep_rows):
+    with ta.bwd_config(bwd_dkdv=[64, 32, 8, 2], fused=not keep[2]):
         assert ta.CONFIGS["bwd_dkdv"][128] == (64, 32, 8, 2) and ta.FUSED_BWD is (not keep[2])
-        assert ta.CONFIGS["bwd_dq"][128] == keep[1] and ta.DELTA_ROWS is (not keep_rows)
-    assert ta.DELTA_ROWS is keep_rows
+        assert ta.CONFIGS["bwd_dq"][128] == keep[1]
     assert (ta.CONFIGS["bwd_dkdv"][128], ta.CONFIGS["bwd_dq"][128], ta.FUSED_BWD) == keep
     with pytest.raises(RuntimeError):
         with ta.bwd_config(bwd_dq=(32, 32, 4, 1)):
             raise RuntimeError
     assert ta.CONFIGS["bwd_dq"][128] == keep[1]
-    for bad in ({"bwd_dkdv": (64, 48, 4, 2)}, {"bwd_dq": (64, 64, 4)}, {"fused": "yes"}, {"win_fwd": (64, 32, 4, 3)},
-                {"delta_rows": 1}):
+    for bad in ({"bwd_dkdv": (64, 48, 4, 2)}, {"bwd_dq": (64, 64, 4)}, {"fused": "yes"}, {"win_fwd": (64, 32, 4, 3)}):
         with pytest.raises(ValueError, match="backward config"):
             with ta.bwd_config(**bad):
                 pass
@@ -401,34 +398,19 @@ def test_dkdv_edge_variant(poison, monkeypatch, case):
     run_case(D=16, **c)
 
 
-@pytest.mark.parametrize("case", ["pt_interior_blocks", "pt_full_stream_fp32"])
-def test_delta_rows(poison, monkeypatch, case):
-    """DELTA_ROWS: the backward's delta pass over consecutive (token, head) rows, against the
-    reference (with 2 sequences, so rows of two batch entries never mix)."""
-    from orthros.ops.triton import attention as ta
-
-    monkeypatch.setattr(ta, "DELTA_ROWS", True)
-    if not HAS_CUDA:
-        monkeypatch.setitem(ta.CONFIGS["bwd_dkdv"], 64, (16, 16, 4, 1))
-        monkeypatch.setitem(ta.CONFIGS["bwd_dq"], 64, (16, 16, 4, 1))
-    run_case(D=16, **{**DKDV_CASES[case], "B": 2})
-
-
-def test_delta_passes_agree_on_strided_inputs():
-    """Both delta passes give rowsum(dO * O) in [B, HQ, M] for O and dO with non-contiguous tokens
-    and heads (a slice of a wider buffer, a transposed view)."""
+def test_delta_pass_on_strided_inputs():
+    """The backward's delta pass gives rowsum(dO * O) in [B, HQ, M] for O and dO with
+    non-contiguous tokens and heads (a slice of a wider buffer, a transposed view)."""
     from orthros.ops.triton import attention as ta
 
     torch.manual_seed(0)
     B, M, HQ, D = 2, 37, 3, 16
     o = torch.randn(B, M, HQ + 2, D, device=DEV)[:, :, 1:HQ + 1]  # heads inside a wider buffer
-    do = torch.randn(B, HQ, M, D, device=DEV).transpose(1, 2)  # tokens HQ-strided the other way
-    want = (o * do).sum(-1).transpose(1, 2)
-    for kern, grid, kw in ((ta._bwd_delta, (ta.cdiv(M, 16), B * HQ), dict(BLOCK_M=16)),
-                           (ta._bwd_delta_rows, (ta.cdiv(M * HQ, 16), B), dict(BLOCK_R=16))):
-        delta = torch.full((B, HQ, M), float("nan"), device=DEV)
-        kern[grid](o, do, delta, *o.stride()[:3], *do.stride()[:3], M, HQ, D=D, BLOCK_D=16, **kw)
-        torch.testing.assert_close(delta, want, rtol=1e-5, atol=1e-5)
+    do = torch.randn(B, HQ, M, D, device=DEV).transpose(1, 2)  # tokens and heads strided the other way
+    delta = torch.full((B, HQ, M), float("nan"), device=DEV)
+    ta._bwd_delta[(ta.cdiv(M, 16), B * HQ)](o, do, delta, *o.stride()[:3], *do.stride()[:3], M, HQ,
+                                             D=D, BLOCK_D=16, BLOCK_M=16)
+    torch.testing.assert_close(delta, (o * do).sum(-1).transpose(1, 2), rtol=1e-5, atol=1e-5)
 
 
 def test_dkdv_variant_checked(monkeypatch):

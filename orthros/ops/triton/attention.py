@@ -259,25 +259,6 @@ def _bwd_delta(O, DO, DELTA, sob, sot, soh, sdb, sdt, sdh, M, HQ,
     tl.store(DELTA + bh * M + rows, tl.sum(o * do, 1), mask=rows < M)
 
 
-@triton.jit(do_not_specialize=["M", "HQ"])
-def _bwd_delta_rows(O, DO, DELTA, sob, sot, soh, sdb, sdt, sdh, M, HQ,
-                    D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr):
-    """delta[b, h, m] = sum_d dO * O (fp32), ``BLOCK_R`` consecutive (token, head) rows of one
-    sequence a program: for [B, M, HQ, D] tensors with contiguous tokens and heads, one
-    contiguous ``BLOCK_R * D`` span of O and of dO (``_bwd_delta`` reads ``BLOCK_M`` rows of one
-    head, ``HQ * D`` elements apart)."""
-    b = tl.program_id(1).to(tl.int64)
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
-    t = rows // HQ
-    h = rows % HQ
-    ok = rows < M * HQ
-    offs_d = tl.arange(0, BLOCK_D)
-    msk = ok[:, None] & (offs_d < D)[None, :]
-    o = tl.load(O + b * sob + (t * sot + h * soh)[:, None] + offs_d[None, :], mask=msk, other=0.0).to(tl.float32)
-    do = tl.load(DO + b * sdb + (t * sdt + h * sdh)[:, None] + offs_d[None, :], mask=msk, other=0.0).to(tl.float32)
-    tl.store(DELTA + (b * HQ + h) * M + t, tl.sum(o * do, 1), mask=ok)
-
-
 @triton.jit
 def _backward_rows(Q, DO, LSE, DELTA, b64, h2, h1, r64, rows, row_ok, rmask, offs_d,
                    sqb, sqt, sqh, sdb, sdt, sdh, HQ, M):
@@ -543,12 +524,12 @@ DKDV_VARIANT = "base"
 
 def check_bwd_config(overrides: dict) -> None:
     """ValueError unless ``overrides`` holds only ``"bwd_dkdv"`` / ``"bwd_dq"`` (four positive
-    integers: BLOCK_M, BLOCK_N, num_warps, num_stages; the blocks powers of two >= 16),
-    ``"fused"`` and ``"delta_rows"`` (bools: :data:`FUSED_BWD`, :data:`DELTA_ROWS`)."""
+    integers: BLOCK_M, BLOCK_N, num_warps, num_stages; the blocks powers of two >= 16) and
+    ``"fused"`` (a bool: :data:`FUSED_BWD`)."""
     for k, v in overrides.items():
-        if k in ("fused", "delta_rows"):
+        if k == "fused":
             if not isinstance(v, bool):
-                raise ValueError(f"backward config: {k} {v!r}; give true or false")
+                raise ValueError(f"backward config: fused {v!r}; give true or false")
         elif k in ("bwd_dkdv", "bwd_dq"):
             if (not isinstance(v, (list, tuple)) or len(v) != 4
                     or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in v)
@@ -556,41 +537,36 @@ def check_bwd_config(overrides: dict) -> None:
                 raise ValueError(f"backward config: {k} {v!r}; give [BLOCK_M, BLOCK_N, num_warps, num_stages], "
                                  "blocks powers of two >= 16")
         else:
-            raise ValueError(f"backward config: unknown key {k!r}; allowed: bwd_dkdv, bwd_dq, fused, delta_rows")
+            raise ValueError(f"backward config: unknown key {k!r}; allowed: bwd_dkdv, bwd_dq, fused")
 
 
 @contextlib.contextmanager
 def bwd_config(block_d: int = 128, **overrides):
     """Within the block, the backward's launch configs of head dims up to ``block_d`` (its
-    :data:`CONFIGS` key), :data:`FUSED_BWD` and :data:`DELTA_ROWS` set from ``overrides`` (checked
-    first by :func:`check_bwd_config`); what a benchmark runs against the defaults. Restored afterwards."""
-    global FUSED_BWD, DELTA_ROWS
+    :data:`CONFIGS` key) and :data:`FUSED_BWD` set from ``overrides`` (checked first by
+    :func:`check_bwd_config`); what a benchmark runs against the defaults. Restored afterwards."""
+    global FUSED_BWD
     check_bwd_config(overrides)
     key = 64 if block_d <= 64 else (128 if block_d <= 128 else 256)
     keep = {kind: CONFIGS[kind][key] for kind in ("bwd_dkdv", "bwd_dq")}
-    keep_fused, keep_rows = FUSED_BWD, DELTA_ROWS
+    keep_fused = FUSED_BWD
     try:
         for kind in ("bwd_dkdv", "bwd_dq"):
             if kind in overrides:
                 CONFIGS[kind][key] = tuple(overrides[kind])
         if "fused" in overrides:
             FUSED_BWD = overrides["fused"]
-        DELTA_ROWS = overrides.get("delta_rows", DELTA_ROWS)
         yield
     finally:
         for kind, cfg in keep.items():
             CONFIGS[kind][key] = cfg
-        FUSED_BWD, DELTA_ROWS = keep_fused, keep_rows
+        FUSED_BWD = keep_fused
 
 
 # Use SDPA (cuDNN first) for the all-positions full stream of fp16/bf16 inputs.
 USE_SDPA_CAUSAL = os.environ.get("ORTHROS_NO_SDPA", "0") != "1"
 # dQ and dK/dV programs of a stream's backward in one launch (fewer launches: less host overhead).
 FUSED_BWD = os.environ.get("ORTHROS_FUSED_BWD", "1") == "1"
-# The backward's delta pass (rowsum(dO * O), 268 MB of O and 268 MB of dO at 32K tokens x 32 heads
-# x 128) over consecutive (token, head) rows (_bwd_delta_rows: contiguous spans) instead of one
-# head's tokens a program (_bwd_delta). A candidate, not measured yet.
-DELTA_ROWS = False
 
 
 def _cfg(kind: str, block_d: int):
@@ -721,12 +697,8 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     BD = block_d(D)
     os_, ds = o.stride(), do.stride()
     delta = torch.empty(B, HQ, M, dtype=torch.float32, device=dev)
-    if DELTA_ROWS:
-        _bwd_delta_rows[(cdiv(M * HQ, 128), B)](o, do, delta, os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], M, HQ,
-                                                D=D, BLOCK_D=BD, BLOCK_R=128, num_warps=8)
-    else:
-        _bwd_delta[(cdiv(M, 64), B * HQ)](o, do, delta, os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], M, HQ,
-                                              D=D, BLOCK_D=BD, BLOCK_M=64)
+    _bwd_delta[(cdiv(M, 64), B * HQ)](o, do, delta, os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], M, HQ,
+                                          D=D, BLOCK_D=BD, BLOCK_M=64)
     dd = dummy(dev)
     pos_t = dd if pos is None else pos
     spb = 0 if pos is None or pos.shape[0] == 1 else pos.stride(0)
