@@ -1,0 +1,83 @@
+"""Issue #18, target 1 across processes: the B = 1 decode step of Orthros and of gpt-fast at one
+context, each process its own point (``roofline.py`` results.json files that hold both rows), and
+the ratio against the 1.2x target. gpt-fast's step varies between processes (its compile picks
+kernels in each) more than ours; one process says little about the ratio.
+
+    python benchmarks/plot_peer_spread.py RESULTS_JSON [RESULTS_JSON ...] --out PNG [--system orthros+gemv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from orthros.benchmarks.roofline import TARGETS  # noqa: E402
+from orthros.utils import save_figure  # noqa: E402
+
+
+def points(paths, system, context):
+    """(label, ours ms, gpt-fast ms) of every file holding both rows at B = 1 and ``context``."""
+    out = []
+    for path in paths:
+        with open(path) as f:
+            data = json.load(f)
+        ms = {r["system"]: r["ms_per_step"] for r in data["rows"]
+              if r.get("section") == "decode" and r.get("B") == 1 and r.get("L") == context and r.get("ms_per_step")}
+        if system in ms and "gpt-fast" in ms:
+            meta = data.get("meta", {})
+            out.append((f"{meta.get('commit', '?')} {meta.get('date', '')}", ms[system], ms["gpt-fast"]))
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", nargs="+", help="roofline.py results.json files (one a process)")
+    ap.add_argument("--out", required=True, help="the plot (.png)")
+    ap.add_argument("--system", default="orthros+gemv", help="our row (default orthros+gemv)")
+    ap.add_argument("--context", type=int, default=1024, help="context of the rows (default 1024)")
+    a = ap.parse_args(argv)
+    if not a.out.endswith(".png"):
+        ap.error(f"--out {a.out!r}: give a .png path")
+    for path in a.results:
+        if not os.path.isfile(path):
+            ap.error(f"results {path!r}: no such file")
+    pts = points(a.results, a.system, a.context)
+    if not pts:
+        ap.error(f"no file holds both a {a.system!r} and a gpt-fast row at B=1, L={a.context}")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ratios = [g / o for _, o, g in pts]
+    for (label, o, g), r in zip(pts, ratios):
+        print(f"{label}: {a.system} {o:.3f} ms, gpt-fast {g:.3f} ms, {r:.3f}x")
+    print(f"median {statistics.median(ratios):.3f}x over {len(pts)} processes; >= {TARGETS['decode_vs_gpt_fast']:g}x "
+          f"in {sum(r >= TARGETS['decode_vs_gpt_fast'] for r in ratios)}")
+    x = range(1, len(pts) + 1)
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(10, 3.6))
+    ax0.plot(x, [o for _, o, _ in pts], "o-", color="C3", label=f"Orthros pair ({a.system})")
+    ax0.plot(x, [g for _, _, g in pts], "o-", color="C2", label="gpt-fast")
+    ax0.set(title=f"decode step, B=1, L={a.context}", xlabel="process", ylabel="ms a step")
+    ax1.plot(x, ratios, "o", color="C3")
+    ax1.axhline(TARGETS["decode_vs_gpt_fast"], color="red", linestyle="--", linewidth=1, label="target")
+    ax1.axhline(statistics.median(ratios), color="gray", linestyle=":", linewidth=1, label="median")
+    ax1.set(title="gpt-fast time / ours, one point a process", xlabel="process", ylabel="ratio")
+    for ax in (ax0, ax1):
+        ax.set_xticks(list(x))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, a.out, dpi=110)
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""benchmarks/plot_peer_spread.py (issue #18, target 1 across processes) on results files written
+here: the ratios it prints, the plot it writes, and the refusals before any work."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "plot_peer_spread.py"
+
+
+def results(path: Path, ours: float, peer: float, commit: str = "abc1234", L: int = 1024) -> Path:
+    rows = [{"section": "decode", "system": "orthros+gemv", "B": 1, "L": L, "ms_per_step": ours},
+            {"section": "decode", "system": "full+gemv", "B": 1, "L": L, "ms_per_step": ours * 0.99},
+            {"section": "decode", "system": "gpt-fast", "B": 1, "L": L, "ms_per_step": peer},
+            {"section": "decode", "system": "orthros+gemv", "B": 1, "L": 4096, "ms_per_step": 99.0}]
+    path.write_text(json.dumps({"meta": {"commit": commit, "date": "2026-12-02"}, "rows": rows}))
+    return path
+
+
+def run(*args):
+    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+
+
+def test_ratios_median_and_plot(tmp_path):
+    files = [results(tmp_path / f"r{i}.json", 4.5, peer) for i, peer in enumerate((5.4, 6.3, 5.0))]
+    png = tmp_path / "spread.png"
+    p = run(*files, "--out", png)
+    assert p.returncode == 0, p.stderr
+    assert "4.500 ms, gpt-fast 5.400 ms, 1.200x" in p.stdout and "1.400x" in p.stdout and "1.111x" in p.stdout
+    assert "median 1.200x over 3 processes; >= 1.2x in 2" in p.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_refusals_before_any_output(tmp_path):
+    good = results(tmp_path / "r.json", 4.5, 5.4)
+    png = tmp_path / "out.png"
+    for args, msg in (((tmp_path / "missing.json", "--out", png), "no such file"),
+                      ((good, "--out", tmp_path / "out.svg"), "give a .png path"),
+                      ((good, "--out", png, "--context", "2048"), "no file holds both")):
+        p = run(*args)
+        assert p.returncode == 2 and msg in p.stderr, (args, p.stderr)
+        assert not png.exists()
