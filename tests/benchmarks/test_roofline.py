@@ -316,6 +316,24 @@ def test_join_runs_prefers_measured_cells():
     assert meta["commit"] == "a1 / b2"  # the figure's title names every run's commit
 
 
+def test_window_graph_rows_compare_both_systems_under_cuda_graphs(tmp_path):
+    """A window cell with both systems' fwd+bwd replayed from CUDA graphs gives a row of its own
+    with the ratio, and a target line told apart from the eager one."""
+    def factory(device):
+        def bench(T):
+            return ({"ours_fwd": 2.0, "flex_fwd": 3.0, "ours_fb": 8.0, "flex_fb": 6.0, "ours_fb_graph": 4.0,
+                     "flex_fb_graph": 5.8}, {"T": 64, "Hq": 2, "Hkv": 1, "D": 16, "window": 128, "elem_bytes": 4}, [])
+        return bench
+    out = tmp_path / "graph"
+    assert R.main(["--device", "cpu", "--quick", "--sections", "window", "--window-lengths", "8192", "--out", str(out)],
+                  window_factory=factory) == 0
+    rows = {r["pass"]: r for r in json.loads((out / "results.json").read_text())["rows"]}
+    assert rows["fwd+bwd"]["speedup_vs_flex"] == pytest.approx(0.75)
+    assert rows["fwd+bwd graph"]["speedup_vs_flex"] == pytest.approx(1.45)
+    lines = {t["point"]: t for t in R.summarize(list(rows.values())) if t["target"] == "window_fb_vs_flex"}
+    assert lines["T=8192"]["met"] is False and lines["T=8192 (CUDA graphs, both)"]["met"] is True
+
+
 def test_window_reserve_skips_decode_cells_but_runs_the_window_section(tmp_path):
     calls = []
 
