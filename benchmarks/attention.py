@@ -534,6 +534,12 @@ WINDOW_BWD_CANDIDATES = [
     # "flat-edge": -0.4% to +2.3% at 32K / 128K), and delta = rowsum(dO * O) inside the backward's
     # programs instead of its own pass (+10 to +30%); the delta pass over contiguous (token, head)
     # rows instead of one head's tokens a program (kernels change 11: -0.6% at 32K, within noise).
+    # GQA-packed dK/dV tiles (DKDV_VARIANT "gqa"): the same positions of every head of the KV head in
+    # one tile (rows = G x positions), half the loop trips at G = 4 and twice the dot products' width
+    ("dkdv gqa 64x64 w4", {"bwd_dkdv_gqa": (64, 64, 4, 2)}, True, "base:gqa"),
+    ("dkdv gqa 128x64 w8", {"bwd_dkdv_gqa": (128, 64, 8, 2)}, True, "base:gqa"),
+    ("dkdv gqa 64x32 w4", {"bwd_dkdv_gqa": (64, 32, 4, 2)}, True, "base:gqa"),
+    ("dkdv gqa 128x32 w4", {"bwd_dkdv_gqa": (128, 32, 4, 2)}, True, "base:gqa"),
 ]
 
 
