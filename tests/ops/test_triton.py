@@ -383,19 +383,17 @@ def test_two_launch_backward(poison, monkeypatch, case):
     run_case(D=16, **c)
 
 
-@pytest.mark.parametrize("variant", ["edge", "gqa"])
 @pytest.mark.parametrize("case", list(DKDV_CASES))
-def test_dkdv_variants(poison, monkeypatch, case, variant):
+def test_dkdv_edge_variant(poison, monkeypatch, case):
     """The dK/dV programs with interior query blocks unmasked (DKDV_VARIANT "edge"; the cases
-    with positions, documents or left padding keep the mask) and with every head's copy of the
-    same positions in one tile ("gqa") against the reference, in the fused launch and in their own."""
+    with positions, documents or left padding keep the mask) against the reference, in the
+    fused launch and in their own."""
     from orthros.ops.triton import attention as ta
 
-    monkeypatch.setattr(ta, "DKDV_VARIANT", variant)
+    monkeypatch.setattr(ta, "DKDV_VARIANT", "edge")
     monkeypatch.setattr(ta, "FUSED_BWD", list(DKDV_CASES).index(case) % 2 == 0)
     if not HAS_CUDA:
         monkeypatch.setitem(ta.CONFIGS["bwd_dkdv"], 64, (16, 16, 4, 1))
-        monkeypatch.setitem(ta.CONFIGS["bwd_dkdv_gqa"], 64, (32, 16, 4, 1))
     c = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in DKDV_CASES[case].items()}
     run_case(D=16, **c)
 
@@ -528,7 +526,7 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
     for gp2, bm2, warps, edge2 in [(1, 64, 4, False), (4, 32, 8, False), (1, 64, 4, True)]:
         const = dict(G=4, D=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=64, BLOCK_M2=bm2, BLOCK_N2=64, POS_PTR=False,
                      HAS_WINDOW=True, HAS_DOC=False, HAS_KVS=False, REVERSE=False, PREC="tf32", GP2=gp2,
-                     EDGE2=edge2 or gp2 > 1, EDGE_KV=edge2, GP_KV=1)  # as the host: the packed dQ is edge-masked
+                     EDGE2=edge2 or gp2 > 1, EDGE_KV=edge2)  # as the host: the packed dQ is edge-masked
         sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n.endswith("_scale") else "i32")
                for n in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
@@ -541,7 +539,7 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
     # are two stores of [BLOCK_N, D] tiles, dQ one)
     const = dict(G=4, D=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=32, BLOCK_M2=64, BLOCK_N2=64, POS_PTR=False,
                  HAS_WINDOW=True, HAS_DOC=False, HAS_KVS=False, REVERSE=False, PREC="tf32", GP2=1, EDGE2=False,
-                 EDGE_KV=False, GP_KV=1)
+                 EDGE_KV=False)
     for progs in (0, 1, 2):
         sig = {n: ptrs.get(n, "constexpr" if n in const or n == "PROGS" else "fp32" if n.endswith("_scale") else "i32")
                for n in fn.arg_names}
@@ -550,11 +548,6 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
         k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs={**const, "PROGS": progs}, attrs=attrs),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 2})
         print("PROGS", progs, k.asm["ttir"].count("tt.dot"))
-    # the GQA-packed dK/dV programs alone (DKDV_VARIANT "gqa": 16 positions x 4 heads a tile)
-    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs={**const, "PROGS": 1, "GP_KV": 4, "BLOCK_M": 16,
-                                                                   "BLOCK_N": 64}, attrs=attrs),
-                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
-    print("DKDVGQA", k.asm["ptx"].count("cp.async.cg.shared.global"), k.asm["ttir"].count("tt.dot"))
     print("OK")
 ''')
 
@@ -573,8 +566,6 @@ def test_forward_variants_compile_for_sm90_pipelined(tmp_path):
         assert int(n_async) > 0 and int(n_b16) == 0, (gp2, n_async, n_b16)
     dots = {int(p): int(n) for p, n in printed(lines, "PROGS")}  # dK/dV: 4 dot products, dQ: 3
     assert dots == {0: 7, 1: 4, 2: 3}, dots
-    (gqa,) = printed(lines, "DKDVGQA")
-    assert int(gqa[0]) > 0 and int(gqa[1]) == 4, gqa  # Q / dO tiles copied asynchronously; one tile's 4 dots
 
 
 def variant_sweep_gpu(dtype):
@@ -609,17 +600,13 @@ def test_forward_variants_gpu(poison, monkeypatch, dtype, name):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("variant,fused", [("gqa", True), ("gqa", False), ("edge", True), ("edge+dkdv", False),
-                                           ("base+gqa-dkdv", True), ("base+gqa-dkdv", False)])
+@pytest.mark.parametrize("variant,fused", [("gqa", True), ("gqa", False), ("edge", True), ("edge+dkdv", False)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_dq_gqa_variant_gpu(poison, monkeypatch, dtype, variant, fused):
-    """The backward variants at the real block sizes ("edge+dkdv": the edge dQ and dK/dV;
-    "base+gqa-dkdv": the base dQ and the GQA-packed dK/dV)."""
+    """The backward variants at the real block sizes ("edge+dkdv": the edge dQ and dK/dV)."""
     from orthros.ops.triton import attention as ta
 
     if variant == "edge+dkdv":
         monkeypatch.setattr(ta, "DKDV_VARIANT", "edge")
-    elif variant == "base+gqa-dkdv":
-        monkeypatch.setattr(ta, "DKDV_VARIANT", "gqa")
     use_dq_variant(monkeypatch, fused, variant.split("+")[0])
     variant_sweep_gpu(dtype)

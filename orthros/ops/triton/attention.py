@@ -343,47 +343,6 @@ def _dq_block(
 
 
 @triton.jit
-def _dkdv_step(dk, dv, k, v, h2, h1, rows, row_ok, start_m, start_n, b64, cols, c_ok, d_ok, offs_d, kdoc, kvs,
-               Q, DO, LSE, DELTA, POS, DOC, sqb, sqt, sqh, sdb, sdt, sdh, spb,
-               M, N, HQ, pos_offset, window, qk_scale,
-               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-               POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
-               PREC: tl.constexpr, EDGE: tl.constexpr):
-    """One tile of query rows (``rows``: their token indices, from ``start_m``; heads ``h2`` /
-    ``h1`` as :func:`_backward_rows` takes them) against a dK/dV program's key block: its
-    contributions added to ``dk`` / ``dv`` (fp32, unscaled)."""
-    r64 = rows.to(tl.int64)[:, None]
-    rmask = row_ok[:, None] & d_ok[None, :]
-    q, do, lse, delta = _backward_rows(Q, DO, LSE, DELTA, b64, h2, h1, r64, rows, row_ok, rmask, offs_d,
-                                       sqb, sqt, sqh, sdb, sdt, sdh, HQ, M)
-    if POS_PTR:
-        qpos = tl.load(POS + b64 * spb + rows, mask=row_ok, other=-1).to(tl.int64)
-    else:
-        qpos = tl.where(row_ok, pos_offset + rows.to(tl.int64), -1)
-    sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
-    qdoc = qpos
-    if HAS_DOC:
-        qdoc = tl.load(DOC + tl.maximum(qpos, 0))
-    full = False  # an interior block (EDGE): every (key, query) pair attends, no mask
-    if EDGE:
-        full = ((start_m + BLOCK_M <= M) & (start_n + BLOCK_N <= N)
-                & (start_n + BLOCK_N - 1 <= pos_offset + start_m))
-        if HAS_WINDOW:
-            full = full & (start_n > pos_offset + start_m + BLOCK_M - 1 - window)
-    if full:
-        pT = tl.exp2(sT - lse[None, :])
-    else:
-        mask = visible(cols[:, None], qpos[None, :], c_ok[:, None], window, kdoc[:, None], qdoc[None, :],
-                       kvs, HAS_WINDOW, HAS_DOC, HAS_KVS)
-        pT = tl.where(mask, tl.exp2(sT - lse[None, :]), 0.0)
-    dv += tl.dot(pT.to(do.dtype), do, input_precision=PREC)
-    dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
-    dsT = pT * (dpT - delta[None, :])
-    dk += tl.dot(dsT.to(q.dtype), q, input_precision=PREC)
-    return dk, dv
-
-
-@triton.jit
 def _dkdv_block(
     kvh, pid_n, b, Q, K, V, DO, DK, DV, LSE, DELTA, POS, QRANGE, DOC, KVSTART,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,
@@ -392,15 +351,13 @@ def _dkdv_block(
     G, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
-    PREC: tl.constexpr, EDGE: tl.constexpr = False, GP: tl.constexpr = 1,
+    PREC: tl.constexpr, EDGE: tl.constexpr = False,
 ):
     """dK/dV of one key block (``BLOCK_N`` keys of KV head ``kvh``) over the query blocks that see
     it, for each of the ``G`` query heads. ``EDGE`` (DKDV_VARIANT "edge"; the host sets it only
     for contiguous positions without documents or left padding): a query block that sees every
     key of the block (all rows and columns in range, causal and inside the window for every
-    pair) skips the mask. ``GP > 1`` (DKDV_VARIANT "gqa", ``GP = pow2(G)``): a tile stacks the same
-    ``BLOCK_M`` positions of all ``G`` heads (``GP * BLOCK_M`` rows; padding heads masked), one
-    loop over the positions instead of one a head; dK and dV sum over the heads either way."""
+    pair) skips the mask."""
     b64 = b.to(tl.int64)
     kvh64 = kvh.to(tl.int64)
     start_n = pid_n * BLOCK_N
@@ -429,25 +386,39 @@ def _dkdv_block(
         kvs = tl.load(KVSTART + b64)
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
-    if GP == 1:
-        for g in range(G):
-            h64 = kvh64 * G + g
-            for start_m in range(qlo, qhi, BLOCK_M):
-                rows = start_m + tl.arange(0, BLOCK_M)
-                dk, dv = _dkdv_step(dk, dv, k, v, h64, h64, rows, rows < M, start_m, start_n, b64, cols, c_ok, d_ok,
-                                    offs_d, kdoc, kvs, Q, DO, LSE, DELTA, POS, DOC, sqb, sqt, sqh, sdb, sdt, sdh, spb,
-                                    M, N, HQ, pos_offset, window, qk_scale,
-                                    BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, PREC, EDGE)
-    else:  # GQA-packed: the same BLOCK_M positions of all G heads in one tile (GP * BLOCK_M rows)
-        ridx = tl.arange(0, GP * BLOCK_M)
-        g = ridx // BLOCK_M
-        hrow = kvh64 * G + g
+    for g in range(G):
+        h64 = kvh64 * G + g
         for start_m in range(qlo, qhi, BLOCK_M):
-            rows = start_m + ridx % BLOCK_M
-            dk, dv = _dkdv_step(dk, dv, k, v, hrow[:, None], hrow, rows, (rows < M) & (g < G), start_m, start_n, b64,
-                                cols, c_ok, d_ok, offs_d, kdoc, kvs, Q, DO, LSE, DELTA, POS, DOC,
-                                sqb, sqt, sqh, sdb, sdt, sdh, spb, M, N, HQ, pos_offset, window, qk_scale,
-                                BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, PREC, EDGE)
+            rows = start_m + tl.arange(0, BLOCK_M)
+            row_ok = rows < M
+            r64 = rows.to(tl.int64)[:, None]
+            rmask = row_ok[:, None] & d_ok[None, :]
+            q, do, lse, delta = _backward_rows(Q, DO, LSE, DELTA, b64, h64, h64, r64, rows, row_ok, rmask, offs_d,
+                                               sqb, sqt, sqh, sdb, sdt, sdh, HQ, M)
+            if POS_PTR:
+                qpos = tl.load(POS + b64 * spb + rows, mask=row_ok, other=-1).to(tl.int64)
+            else:
+                qpos = tl.where(row_ok, pos_offset + rows.to(tl.int64), -1)
+            sT = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
+            qdoc = qpos
+            if HAS_DOC:
+                qdoc = tl.load(DOC + tl.maximum(qpos, 0))
+            full = False  # an interior block (EDGE): every (key, query) pair attends, no mask
+            if EDGE:
+                full = ((start_m + BLOCK_M <= M) & (start_n + BLOCK_N <= N)
+                        & (start_n + BLOCK_N - 1 <= pos_offset + start_m))
+                if HAS_WINDOW:
+                    full = full & (start_n > pos_offset + start_m + BLOCK_M - 1 - window)
+            if full:
+                pT = tl.exp2(sT - lse[None, :])
+            else:
+                mask = visible(cols[:, None], qpos[None, :], c_ok[:, None], window, kdoc[:, None], qdoc[None, :],
+                               kvs, HAS_WINDOW, HAS_DOC, HAS_KVS)
+                pT = tl.where(mask, tl.exp2(sT - lse[None, :]), 0.0)
+            dv += tl.dot(pT.to(do.dtype), do, input_precision=PREC)
+            dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
+            dsT = pT * (dpT - delta[None, :])
+            dk += tl.dot(dsT.to(q.dtype), q, input_precision=PREC)
     dk = dk * sm_scale
     tl.store(DK + b64 * skgb + kvh64 * skgh + cols[:, None] * skgt + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kmask)
     tl.store(DV + b64 * svgb + kvh64 * svgh + cols[:, None] * svgt + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kmask)
@@ -463,15 +434,14 @@ def _stream_bwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
     REVERSE: tl.constexpr, PREC: tl.constexpr, GP2: tl.constexpr = 1, EDGE2: tl.constexpr = False,
-    EDGE_KV: tl.constexpr = False, PROGS: tl.constexpr = 0, GP_KV: tl.constexpr = 1,
+    EDGE_KV: tl.constexpr = False, PROGS: tl.constexpr = 0,
 ):
     """dK/dV programs (first ``n_kv_progs``; ``BLOCK_M x BLOCK_N``) and dQ programs (the rest;
     ``BLOCK_M2 x BLOCK_N2``, or ``GP2 * BLOCK_M2`` GQA-packed rows; ``EDGE2``: edge-masked) of
     one stream in a single launch; ``EDGE_KV``: the dK/dV programs skip the mask of interior
     query blocks. ``PROGS`` (the two-launch backward): 1 compiles only the dK/dV programs, 2
     only the dQ programs, so each launch gets the registers of its own kind (0: both, chosen by
-    ``pid``; the kernel then holds the larger register count of the two). ``GP_KV > 1``: GQA-packed
-    dK/dV tiles (``_dkdv_block``'s ``GP``; ``BLOCK_M`` positions of every head a tile)."""
+    ``pid``; the kernel then holds the larger register count of the two)."""
     pid = tl.program_id(0)
     if PROGS == 1:
         is_kv = True
@@ -488,7 +458,7 @@ def _stream_bwd(
                     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,
                     skgb, skgt, skgh, svgb, svgt, svgh, spb, srb,
                     M, N, HQ, pos_offset, window, qk_scale, sm_scale,
-                    G, D, BLOCK_D, BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, PREC, EDGE_KV, GP_KV)
+                    G, D, BLOCK_D, BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, PREC, EDGE_KV)
     else:
         pid = pid - n_kv_progs
         nm = tl.cdiv(M, BLOCK_M2)
@@ -528,9 +498,6 @@ CONFIGS = {
     # GQA-packed dQ (DQ_VARIANT "gqa"): packed rows as above. In the fused launch the dQ programs
     # run with bwd_dkdv's warps (one launch, one num_warps): FUSED_BWD = False uses these.
     "bwd_dq_gqa": {64: (128, 64, 8, 2), 128: (128, 64, 8, 2), 256: (32, 32, 4, 1)},
-    # GQA-packed dK/dV (DKDV_VARIANT "gqa"): BLOCK_M packed rows (all G heads x BLOCK_M // pow2(G)
-    # positions) against BLOCK_N keys; in the fused launch its warps and stages are the launch's.
-    "bwd_dkdv_gqa": {64: (64, 64, 4, 2), 128: (64, 64, 4, 2), 256: (32, 32, 4, 1)},
 }
 # Forward kernel variant per stream, name -> (GQA-packed, mask only the edge blocks):
 #   base:       one query head per program, every visited key block masked (the full stream's);
@@ -550,10 +517,8 @@ DQ_VARIANTS = ("base", "gqa", "edge")
 DQ_VARIANT = "base"
 # dK/dV programs: "base" (every visited query block masked; measured default) or "edge" (interior
 # query blocks unmasked, for contiguous positions without documents or left padding: training's
-# PT streams; other calls keep the mask; slower than "base" on the H200, 2026-12-02) or "gqa" (one
-# tile holds the same positions of all G heads of the KV head: half the loop trips of "base" at
-# G = 4 and dot products twice as wide; bwd_dkdv_gqa's blocks; a candidate, not measured yet).
-DKDV_VARIANTS = ("base", "edge", "gqa")
+# PT streams; other calls keep the mask; slower than "base" on the H200, 2026-12-02).
+DKDV_VARIANTS = ("base", "edge")
 DKDV_VARIANT = "base"
 
 
@@ -754,13 +719,7 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     if DKDV_VARIANT not in DKDV_VARIANTS:
         raise ValueError(f"DKDV_VARIANT must be one of {DKDV_VARIANTS}, got {DKDV_VARIANT!r}")
     edge_kv = DKDV_VARIANT == "edge" and pos is None and masks.doc is None and masks.kv_start is None
-    if DKDV_VARIANT == "gqa":
-        GPK = pow2(HQ // HKV)
-        rows1, BN, nw, ns = _cfg("bwd_dkdv_gqa", BD)
-        BM = max(1, rows1 // GPK)  # positions a tile (every head's copy of them)
-    else:
-        GPK = 1
-        BM, BN, nw, ns = _cfg("bwd_dkdv", BD)
+    BM, BN, nw, ns = _cfg("bwd_dkdv", BD)
     if pos is not None:
         qr = _query_ranges(pos, N, BN, masks)
         srb = 0 if qr.shape[0] == 1 else qr.stride(0)
@@ -775,7 +734,7 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
             M, N, HQ, HKV, B)
     tail = (pos_offset, window, qk, scale)
     flags = (pos is not None, bool(window), masks.doc is not None, masks.kv_start is not None, precision(q.dtype))
-    shape = (HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, GPK, edge2, edge_kv, flags)
+    shape = (HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, edge2, edge_kv, flags)
     if FUSED_BWD:  # one launch: dK/dV programs first, then dQ programs
         _stream_bwd[(n_kv + n_q,)](*args, n_kv, *tail, **_bwd_consts(*shape, nw, ns))
     else:  # each launch compiled with its own kind of program only (PROGS)
@@ -784,11 +743,11 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     return dq, dk, dv
 
 
-def _bwd_consts(G, D, BD, BM, BN, BM2, BN2, GP2, GP_KV, EDGE2, EDGE_KV, flags, nw, ns):
+def _bwd_consts(G, D, BD, BM, BN, BM2, BN2, GP2, EDGE2, EDGE_KV, flags, nw, ns):
     """The constexpr/launch keywords of a backward launch."""
     pos_ptr, has_window, has_doc, has_kvs, prec = flags
-    return dict(G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN, BLOCK_M2=BM2, BLOCK_N2=BN2, GP2=GP2, GP_KV=GP_KV,
-                EDGE2=EDGE2, EDGE_KV=EDGE_KV, POS_PTR=pos_ptr, HAS_WINDOW=has_window, HAS_DOC=has_doc, HAS_KVS=has_kvs,
+    return dict(G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN, BLOCK_M2=BM2, BLOCK_N2=BN2, GP2=GP2, EDGE2=EDGE2,
+                EDGE_KV=EDGE_KV, POS_PTR=pos_ptr, HAS_WINDOW=has_window, HAS_DOC=has_doc, HAS_KVS=has_kvs,
                 REVERSE=not has_window, PREC=prec, num_warps=nw, num_stages=ns)
 
 
