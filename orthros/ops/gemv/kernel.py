@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -51,7 +50,8 @@ import triton
 import triton.language as tl
 
 from ..triton import common as _tc
-from ..triton.common import cdiv, interpreting, pdl_enter, pdl_kwargs, pdl_signal, pdl_wait, pow2, prefetch_l2
+from ..triton.common import (cdiv, env_number, interpreting, pdl_enter, pdl_kwargs, pdl_signal, pdl_wait, pow2,
+                             prefetch_l2)
 from .naive import DTYPES, MAX_M, check_gemv_inputs
 
 
@@ -512,11 +512,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
 # (prefetch_tile); ORTHROS_GEMV_PREFETCH_MB (MB, read at import) sets it, 0 turns the prefetch off.
 # 4 MB: on an H200 the pair's step with 4 / 8 / 16 MB and none: 4.480 / 4.496 / 4.612 (another
 # call) / 4.519 ms at 1K (docs/performance.md, inference change 17).
-try:
-    PREFETCH_BYTES = int(float(os.environ.get("ORTHROS_GEMV_PREFETCH_MB", "4")) * 2 ** 20)
-except ValueError:
-    raise ValueError("ORTHROS_GEMV_PREFETCH_MB must be a number of megabytes, got "
-                     f"{os.environ['ORTHROS_GEMV_PREFETCH_MB']!r}") from None
+PREFETCH_BYTES = int(env_number("ORTHROS_GEMV_PREFETCH_MB", "4", float, "a number of megabytes") * 2 ** 20)
 LINE_BYTES = 128
 
 

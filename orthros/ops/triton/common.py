@@ -56,6 +56,15 @@ def num_sms(device) -> int:
     return n
 
 
+def env_number(name: str, default: str, kind, what: str):
+    """``kind(os.environ.get(name, default))``; ``ValueError`` naming the variable and ``what`` it
+    must be when the value does not parse (the launch settings below, read at import)."""
+    try:
+        return kind(os.environ.get(name, default))
+    except ValueError:
+        raise ValueError(f"{name} must be {what}, got {os.environ[name]!r}") from None
+
+
 # Programmatic dependent launch (PDL) of the decode step's Triton kernels: see pdl_kwargs. On by
 # default on Hopper and later; ORTHROS_PDL=0 turns it off (read at import). Measured on an H200
 # (docs/performance.md, inference change 17): the pair's step 2-3.5% faster with it.
@@ -67,10 +76,7 @@ PDL = os.environ.get("ORTHROS_PDL", "1") == "1"
 PDL_SIGNAL = os.environ.get("ORTHROS_PDL_SIGNAL", "start")
 if PDL_SIGNAL not in ("start", "end"):
     raise ValueError(f"ORTHROS_PDL_SIGNAL must be 'start' or 'end', got {PDL_SIGNAL!r}")
-try:
-    PDL_MIN_M = int(os.environ.get("ORTHROS_PDL_MIN_M", "2"))
-except ValueError:
-    raise ValueError(f"ORTHROS_PDL_MIN_M must be an integer (rows), got {os.environ['ORTHROS_PDL_MIN_M']!r}") from None
+PDL_MIN_M = env_number("ORTHROS_PDL_MIN_M", "2", int, "an integer (rows)")
 _PDL_DEVICES = {}
 
 
