@@ -529,6 +529,11 @@ WINDOW_BWD_CANDIDATES = [
     ("2-launch dkdv 32x32 w4", {"bwd_dkdv": (32, 32, 4, 2)}, False, "base"),
     ("2-launch dkdv 16x64 w4", {"bwd_dkdv": (16, 64, 4, 2)}, False, "base"),
     ("2-launch dkdv 32x32 w8", {"bwd_dkdv": (32, 32, 8, 2)}, False, "base"),
+    # delta = rowsum(dO * O) by the dQ programs instead of a pass of its own ("+delta":
+    # attention.DELTA_IN_DQ): one launch with the dQ programs first and the dK/dV programs waiting
+    # on ready flags, or two launches (dQ first)
+    ("dq delta", {}, True, "base+delta"),
+    ("dq delta 2-launch", {}, False, "base+delta"),
     # Measured and removed (H200, 2026-12-02, seventh session; docs/performance.md kernels changes
     # 9 and 10): dK/dV programs with one loop over (head, query block) and int32 masks ("flat",
     # "flat-edge": -0.4% to +2.3% at 32K / 128K), and delta = rowsum(dO * O) inside the backward's
@@ -543,15 +548,14 @@ WINDOW_BWD_CANDIDATES = [
 def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None):
     """Within the block: ``attention.CONFIGS[kind]`` entries of this run's head dim set from
     ``{kind: (BLOCK_M, BLOCK_N, warps, stages)}``, ``FUSED_BWD``, the window stream's forward
-    variant (``FWD_VARIANT["win_fwd"]``), ``DQ_VARIANT`` and (``dq_variant`` "dq:dkdv")
-    ``DKDV_VARIANT`` set when given; all restored afterwards."""
+    variant (``FWD_VARIANT["win_fwd"]``), ``DQ_VARIANT``, (``dq_variant`` "dq:dkdv")
+    ``DKDV_VARIANT`` and ("dq+delta[:dkdv]") ``DELTA_IN_DQ`` set when given; all restored afterwards."""
     from orthros.ops.triton import attention as ta
 
     bd = 128 if D > 64 else 64
     configs = configs or {}
     keep = {kind: ta.CONFIGS[kind][bd] for kind in configs}
-    keep_fused, keep_variant, keep_dq, keep_dkdv = ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, \
-        ta.DKDV_VARIANT
+    keep_flags = (ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, ta.DKDV_VARIANT, ta.DELTA_IN_DQ)
     try:
         for kind, cfg in configs.items():
             ta.CONFIGS[kind][bd] = cfg
@@ -561,15 +565,16 @@ def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None
             ta.FWD_VARIANT["win_fwd"] = fwd_variant
         if dq_variant is not None:
             dq, _, dkdv = dq_variant.partition(":")
+            dq, _, extra = dq.partition("+")
             ta.DQ_VARIANT = dq
+            ta.DELTA_IN_DQ = extra == "delta"
             if dkdv:
                 ta.DKDV_VARIANT = dkdv
         yield
     finally:
         for kind, cfg in keep.items():
             ta.CONFIGS[kind][bd] = cfg
-        ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, ta.DKDV_VARIANT = keep_fused, keep_variant, keep_dq, \
-            keep_dkdv
+        ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, ta.DKDV_VARIANT, ta.DELTA_IN_DQ = keep_flags
 
 
 def window_tune(Ts=(8192, 32768, 131072), flex_T=8192, budget_s=150.0, names=None):

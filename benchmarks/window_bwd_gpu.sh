@@ -7,7 +7,8 @@
 # registers and spills. Everything lands in $OUT. From the repo root (the `run` tool):
 #   command: ORTHROS_COMMIT=<sha> bash benchmarks/window_bwd_gpu.sh
 # Optional: CANDIDATES (comma-separated names of benchmarks/attention.py WINDOW_BWD_CANDIDATES),
-# T_TUNE (200 s), T_ROOF (200 s), NCU (1; 0 skips the Nsight Compute report).
+# T_TUNE (200 s), T_ROOF (200 s), NCU (1; 0 skips the Nsight Compute report), TESTS (pytest -k of the
+# GPU tests run first; "two_launch or bwd_config") and T_TESTS (90 s).
 set -u
 OUT=${OUT:-/tmp/window-bwd}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" ORTHROS_COMMIT=${ORTHROS_COMMIT:-unknown}
@@ -17,7 +18,7 @@ CANDIDATES=${CANDIDATES:-"dkdv 32x64 w4,two-launch,2-launch dkdv 64x32 w8,2-laun
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$OUT/log"
-timeout -k 10 90 python3 -m pytest tests/ops/test_triton.py -k "two_launch or bwd_config" -q -p no:cacheprovider -W ignore \
+timeout -k 10 "${T_TESTS:-90}" python3 -m pytest tests/ops/test_triton.py -k "${TESTS:-two_launch or bwd_config}" -q -p no:cacheprovider -W ignore \
   > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests: exit=$? $(grep -cE '^\.|passed' "$OUT/gpu_tests.log") $(tail -1 "$OUT/gpu_tests.log")" | tee -a "$OUT/log"
 timeout -k 10 "$T_TUNE" python3 benchmarks/attention.py --window-tune --window-bwd-only --window-candidates "$CANDIDATES" \
@@ -36,13 +37,16 @@ for T in ("T32768", "T131072"):
         if isinstance(row, dict) and row.get("fb"):
             total[name] = total.get(name, 0.0) + row["fb"]
 variant = {n: d for n, o, f, d in A.WINDOW_BWD_CANDIDATES}
-full = {n: t for n, t in total.items()  # timed at both lengths; dQ/dK-dV variants "base" (a config can say only blocks)
-        if all(n in tune.get(T, {}) for T in ("T32768", "T131072")) and variant.get(n) == "base"}
+full = {n: t for n, t in total.items()  # timed at both lengths; dQ/dK-dV variants "base", with or without
+        # "+delta" (a config can say only blocks, fused and delta_in_dq)
+        if all(n in tune.get(T, {}) for T in ("T32768", "T131072")) and variant.get(n) in ("base", "base+delta")}
 best = min(full, key=full.get)
 over, fused, dq = next((o, f, d) for n, o, f, d in A.WINDOW_BWD_CANDIDATES if n == best)
 print(f"best {best}: {full[best]:.3f} ms (base {full.get('base', float('nan')):.3f})", file=sys.stderr)
 cfg = {k: list(v) for k, v in over.items() if k in ("bwd_dkdv", "bwd_dq")}
 cfg["fused"] = fused
+if dq.endswith("+delta"):
+    cfg["delta_in_dq"] = True
 print(json.dumps(cfg))
 PY
 ) 2>>"$OUT/log"
