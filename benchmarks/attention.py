@@ -529,18 +529,16 @@ WINDOW_BWD_CANDIDATES = [
     ("2-launch dkdv 32x32 w4", {"bwd_dkdv": (32, 32, 4, 2)}, False, "base"),
     ("2-launch dkdv 16x64 w4", {"bwd_dkdv": (16, 64, 4, 2)}, False, "base"),
     ("2-launch dkdv 32x32 w8", {"bwd_dkdv": (32, 32, 8, 2)}, False, "base"),
-    # delta = rowsum(dO * O) by the dQ programs instead of a pass of its own ("+delta":
-    # attention.DELTA_IN_DQ): one launch with the dQ programs first and the dK/dV programs waiting
-    # on ready flags, or two launches (dQ first)
-    ("dq delta", {}, True, "base+delta"),
-    ("dq delta 2-launch", {}, False, "base+delta"),
     # Measured and removed (H200, 2026-12-02, seventh session; docs/performance.md kernels changes
     # 9 and 10): dK/dV programs with one loop over (head, query block) and int32 masks ("flat",
     # "flat-edge": -0.4% to +2.3% at 32K / 128K), and delta = rowsum(dO * O) inside the backward's
     # programs instead of its own pass (+10 to +30%); the delta pass over contiguous (token, head)
     # rows instead of one head's tokens a program (kernels change 11: -0.6% at 32K, within noise);
     # GQA-packed dK/dV tiles, every head's copy of the same positions in one tile (kernels change 12:
-    # 64 x 64 w4 +2.9% at 32K and -1.0% at 128K, 64 x 32 w4 +12%, 128 x 64 w8 +72%).
+    # 64 x 64 w4 +2.9% at 32K and -1.0% at 128K, 64 x 32 w4 +12%, 128 x 64 w8 +72%). Eighth session
+    # (kernels change 13): delta by the dQ programs, no delta pass, with ready flags for the dK/dV
+    # programs in one launch (+4.5% at 32K, -2.9% eagerly / +0.5% under a graph at 128K) or the dQ
+    # launch first of two (+2.6% / +1.9%).
 ]
 
 
@@ -548,14 +546,15 @@ WINDOW_BWD_CANDIDATES = [
 def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None):
     """Within the block: ``attention.CONFIGS[kind]`` entries of this run's head dim set from
     ``{kind: (BLOCK_M, BLOCK_N, warps, stages)}``, ``FUSED_BWD``, the window stream's forward
-    variant (``FWD_VARIANT["win_fwd"]``), ``DQ_VARIANT``, (``dq_variant`` "dq:dkdv")
-    ``DKDV_VARIANT`` and ("dq+delta[:dkdv]") ``DELTA_IN_DQ`` set when given; all restored afterwards."""
+    variant (``FWD_VARIANT["win_fwd"]``), ``DQ_VARIANT`` and (``dq_variant`` "dq:dkdv")
+    ``DKDV_VARIANT`` set when given; all restored afterwards."""
     from orthros.ops.triton import attention as ta
 
     bd = 128 if D > 64 else 64
     configs = configs or {}
     keep = {kind: ta.CONFIGS[kind][bd] for kind in configs}
-    keep_flags = (ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, ta.DKDV_VARIANT, ta.DELTA_IN_DQ)
+    keep_fused, keep_variant, keep_dq, keep_dkdv = ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, \
+        ta.DKDV_VARIANT
     try:
         for kind, cfg in configs.items():
             ta.CONFIGS[kind][bd] = cfg
@@ -565,16 +564,15 @@ def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None
             ta.FWD_VARIANT["win_fwd"] = fwd_variant
         if dq_variant is not None:
             dq, _, dkdv = dq_variant.partition(":")
-            dq, _, extra = dq.partition("+")
             ta.DQ_VARIANT = dq
-            ta.DELTA_IN_DQ = extra == "delta"
             if dkdv:
                 ta.DKDV_VARIANT = dkdv
         yield
     finally:
         for kind, cfg in keep.items():
             ta.CONFIGS[kind][bd] = cfg
-        ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, ta.DKDV_VARIANT, ta.DELTA_IN_DQ = keep_flags
+        ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, ta.DKDV_VARIANT = keep_fused, keep_variant, keep_dq, \
+            keep_dkdv
 
 
 def window_tune(Ts=(8192, 32768, 131072), flex_T=8192, budget_s=150.0, names=None):

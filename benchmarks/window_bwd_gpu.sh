@@ -37,16 +37,13 @@ for T in ("T32768", "T131072"):
         if isinstance(row, dict) and row.get("fb"):
             total[name] = total.get(name, 0.0) + row["fb"]
 variant = {n: d for n, o, f, d in A.WINDOW_BWD_CANDIDATES}
-full = {n: t for n, t in total.items()  # timed at both lengths; dQ/dK-dV variants "base", with or without
-        # "+delta" (a config can say only blocks, fused and delta_in_dq)
-        if all(n in tune.get(T, {}) for T in ("T32768", "T131072")) and variant.get(n) in ("base", "base+delta")}
+full = {n: t for n, t in total.items()  # timed at both lengths; dQ/dK-dV variants "base" (a config can say only blocks)
+        if all(n in tune.get(T, {}) for T in ("T32768", "T131072")) and variant.get(n) == "base"}
 best = min(full, key=full.get)
 over, fused, dq = next((o, f, d) for n, o, f, d in A.WINDOW_BWD_CANDIDATES if n == best)
 print(f"best {best}: {full[best]:.3f} ms (base {full.get('base', float('nan')):.3f})", file=sys.stderr)
 cfg = {k: list(v) for k, v in over.items() if k in ("bwd_dkdv", "bwd_dq")}
 cfg["fused"] = fused
-if dq.endswith("+delta"):
-    cfg["delta_in_dq"] = True
 print(json.dumps(cfg))
 PY
 ) 2>>"$OUT/log"

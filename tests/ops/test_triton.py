@@ -353,21 +353,20 @@ def test_bwd_config_sets_and_restores_the_backward_launch():
     refused before anything changes."""
     from orthros.ops.triton import attention as ta
 
-    keep = (ta.CONFIGS["bwd_dkdv"][128], ta.CONFIGS["bwd_dq"][128], ta.FUSED_BWD, ta.DELTA_IN_DQ)
-    with ta.bwd_config(bwd_dkdv=[64, 32, 8, 2], fused=not keep[2], delta_in_dq=not keep[3]):
+    keep = (ta.CONFIGS["bwd_dkdv"][128], ta.CONFIGS["bwd_dq"][128], ta.FUSED_BWD)
+    with ta.bwd_config(bwd_dkdv=[64, 32, 8, 2], fused=not keep[2]):
         assert ta.CONFIGS["bwd_dkdv"][128] == (64, 32, 8, 2) and ta.FUSED_BWD is (not keep[2])
-        assert ta.CONFIGS["bwd_dq"][128] == keep[1] and ta.DELTA_IN_DQ is (not keep[3])
-    assert (ta.CONFIGS["bwd_dkdv"][128], ta.CONFIGS["bwd_dq"][128], ta.FUSED_BWD, ta.DELTA_IN_DQ) == keep
+        assert ta.CONFIGS["bwd_dq"][128] == keep[1]
+    assert (ta.CONFIGS["bwd_dkdv"][128], ta.CONFIGS["bwd_dq"][128], ta.FUSED_BWD) == keep
     with pytest.raises(RuntimeError):
         with ta.bwd_config(bwd_dq=(32, 32, 4, 1)):
             raise RuntimeError
     assert ta.CONFIGS["bwd_dq"][128] == keep[1]
-    for bad in ({"bwd_dkdv": (64, 48, 4, 2)}, {"bwd_dq": (64, 64, 4)}, {"fused": "yes"}, {"delta_in_dq": 1},
-                {"win_fwd": (64, 32, 4, 3)}):
+    for bad in ({"bwd_dkdv": (64, 48, 4, 2)}, {"bwd_dq": (64, 64, 4)}, {"fused": "yes"}, {"win_fwd": (64, 32, 4, 3)}):
         with pytest.raises(ValueError, match="backward config"):
             with ta.bwd_config(**bad):
                 pass
-    assert (ta.CONFIGS["bwd_dkdv"][128], ta.CONFIGS["bwd_dq"][128], ta.FUSED_BWD, ta.DELTA_IN_DQ) == keep
+    assert (ta.CONFIGS["bwd_dkdv"][128], ta.CONFIGS["bwd_dq"][128], ta.FUSED_BWD) == keep
 
 
 @pytest.mark.parametrize("case", list(DKDV_CASES))
@@ -377,24 +376,6 @@ def test_two_launch_backward(poison, monkeypatch, case):
     from orthros.ops.triton import attention as ta
 
     monkeypatch.setattr(ta, "FUSED_BWD", False)
-    if not HAS_CUDA:
-        monkeypatch.setitem(ta.CONFIGS["bwd_dkdv"], 64, (16, 16, 4, 1))
-        monkeypatch.setitem(ta.CONFIGS["bwd_dq"], 64, (16, 16, 4, 1))
-    c = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in DKDV_CASES[case].items()}
-    run_case(D=16, **c)
-
-
-@pytest.mark.parametrize("fused", [True, False])
-@pytest.mark.parametrize("case", list(DKDV_CASES))
-def test_delta_in_dq(poison, monkeypatch, case, fused):
-    """DELTA_IN_DQ: no delta pass; the dQ programs compute delta = rowsum(dO * O) and store it for
-    the dK/dV programs (one launch: dQ programs first by ticket, dK/dV programs waiting on the
-    ready flags; two launches: the dQ launch first). ``poison`` fills the delta buffer with NaN,
-    so a row the dK/dV programs read before its dQ program wrote it fails the comparison."""
-    from orthros.ops.triton import attention as ta
-
-    monkeypatch.setattr(ta, "DELTA_IN_DQ", True)
-    monkeypatch.setattr(ta, "FUSED_BWD", fused)
     if not HAS_CUDA:
         monkeypatch.setitem(ta.CONFIGS["bwd_dkdv"], 64, (16, 16, 4, 1))
         monkeypatch.setitem(ta.CONFIGS["bwd_dq"], 64, (16, 16, 4, 1))
@@ -540,13 +521,12 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
               ptx.count("ld.global.b16") + ptx.count("ld.global.u16"))
     # the one-launch backward with the base and the GQA-packed dQ (DQ_VARIANT "gqa", 8 warps)
     fn = ta._stream_bwd
-    nospec = set(ta._NO_SPEC) | {"HKV", "B", "n_first", "srb"}
-    ptrs.update(DO="*bf16", DQ="*bf16", DK="*bf16", DV="*bf16", DELTA="*fp32", QRANGE="*i64", FLAGS="*i32")
+    nospec = set(ta._NO_SPEC) | {"HKV", "B", "n_kv_progs", "srb"}
+    ptrs.update(DO="*bf16", DQ="*bf16", DK="*bf16", DV="*bf16", DELTA="*fp32", QRANGE="*i64")
     for gp2, bm2, warps, edge2 in [(1, 64, 4, False), (4, 32, 8, False), (1, 64, 4, True)]:
         const = dict(G=4, D=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=64, BLOCK_M2=bm2, BLOCK_N2=64, POS_PTR=False,
                      HAS_WINDOW=True, HAS_DOC=False, HAS_KVS=False, REVERSE=False, PREC="tf32", GP2=gp2,
-                     EDGE2=edge2 or gp2 > 1, EDGE_KV=edge2,  # as the host: the packed dQ is edge-masked
-                     DELTA_HERE=False, SYNC=False, GW=4, NBW=8)
+                     EDGE2=edge2 or gp2 > 1, EDGE_KV=edge2)  # as the host: the packed dQ is edge-masked
         sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n.endswith("_scale") else "i32")
                for n in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
@@ -559,7 +539,7 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
     # are two stores of [BLOCK_N, D] tiles, dQ one)
     const = dict(G=4, D=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=32, BLOCK_M2=64, BLOCK_N2=64, POS_PTR=False,
                  HAS_WINDOW=True, HAS_DOC=False, HAS_KVS=False, REVERSE=False, PREC="tf32", GP2=1, EDGE2=False,
-                 EDGE_KV=False, DELTA_HERE=False, SYNC=False, GW=4, NBW=8)
+                 EDGE_KV=False)
     for progs in (0, 1, 2):
         sig = {n: ptrs.get(n, "constexpr" if n in const or n == "PROGS" else "fp32" if n.endswith("_scale") else "i32")
                for n in fn.arg_names}
@@ -568,16 +548,6 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
         k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs={**const, "PROGS": progs}, attrs=attrs),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 2})
         print("PROGS", progs, k.asm["ttir"].count("tt.dot"))
-    # DELTA_IN_DQ in one launch (SYNC): a relaxed ticket, the dQ programs' release of their flag,
-    # the dK/dV programs' acquiring reads of the flags (the wait loop carries a scalar)
-    const.update(BLOCK_M=32, BLOCK_N=64, PROGS=0, DELTA_HERE=True, SYNC=True, GW=4, NBW=8)
-    sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n.endswith("_scale") else "i32") for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-             if sig[n] != "constexpr" and n not in nospec and not n.endswith("_scale")}
-    ptx = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-                         target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2}).asm["ptx"]
-    print("SYNC", ptx.count("atom.global.gpu.relaxed.add"), ptx.count("atom.global.gpu.release.exch"),
-          ptx.count("atom.global.gpu.acquire.add"))
     print("OK")
 ''')
 
@@ -596,8 +566,6 @@ def test_forward_variants_compile_for_sm90_pipelined(tmp_path):
         assert int(n_async) > 0 and int(n_b16) == 0, (gp2, n_async, n_b16)
     dots = {int(p): int(n) for p, n in printed(lines, "PROGS")}  # dK/dV: 4 dot products, dQ: 3
     assert dots == {0: 7, 1: 4, 2: 3}, dots
-    (sync,) = printed(lines, "SYNC")
-    assert [int(n) for n in sync] == [1, 1, 2], sync  # one ticket, one release, the acquire before and in the loop
 
 
 def variant_sweep_gpu(dtype):
@@ -618,34 +586,6 @@ def variant_sweep_gpu(dtype):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("fused", [True, False])
-def test_delta_in_dq_long_gpu(poison, monkeypatch, fused):
-    """DELTA_IN_DQ at the benchmark's shape and 32K tokens (~20K programs in one launch, so the
-    dK/dV programs really run beside the dQ programs whose flags they wait on): the gradients of
-    the default backward, with no NaN (``poison`` fills the delta buffer with NaN)."""
-    from orthros.ops import orthros_attention
-    from orthros.ops.triton import attention as ta
-
-    g = torch.Generator(device=DEV).manual_seed(0)
-    T = 32768
-    q, k, v = (torch.randn(1, T, h, 128, device=DEV, generator=g, dtype=torch.bfloat16).requires_grad_()
-               for h in (32, 8, 8))
-    do = torch.randn(1, T, 32, 128, device=DEV, generator=g, dtype=torch.bfloat16)
-
-    def grads():
-        o = orthros_attention(q, k, v, q[:, :0].detach(), window_size=128, backend="triton")[0]
-        return torch.autograd.grad(o, (q, k, v), do)
-    want = grads()
-    monkeypatch.setattr(ta, "DELTA_IN_DQ", True)
-    monkeypatch.setattr(ta, "FUSED_BWD", fused)
-    for _ in range(3):
-        for name, a, b in zip("qkv", grads(), want):
-            assert not a.isnan().any(), name
-            torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2 * b.abs().max().item())
-
-
-@pytest.mark.gpu
-@gpu
 @pytest.mark.parametrize("name", ["base"] + VARIANTS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_forward_variants_gpu(poison, monkeypatch, dtype, name):
@@ -660,17 +600,13 @@ def test_forward_variants_gpu(poison, monkeypatch, dtype, name):
 
 @pytest.mark.gpu
 @gpu
-@pytest.mark.parametrize("variant,fused", [("gqa", True), ("gqa", False), ("edge", True), ("edge+dkdv", False),
-                                           ("base+delta", True), ("base+delta", False)])
+@pytest.mark.parametrize("variant,fused", [("gqa", True), ("gqa", False), ("edge", True), ("edge+dkdv", False)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_dq_gqa_variant_gpu(poison, monkeypatch, dtype, variant, fused):
-    """The backward variants at the real block sizes ("edge+dkdv": the edge dQ and dK/dV;
-    "base+delta": delta by the dQ programs, DELTA_IN_DQ)."""
+    """The backward variants at the real block sizes ("edge+dkdv": the edge dQ and dK/dV)."""
     from orthros.ops.triton import attention as ta
 
     if variant == "edge+dkdv":
         monkeypatch.setattr(ta, "DKDV_VARIANT", "edge")
-    if variant == "base+delta":
-        monkeypatch.setattr(ta, "DELTA_IN_DQ", True)
     use_dq_variant(monkeypatch, fused, variant.split("+")[0])
     variant_sweep_gpu(dtype)

@@ -261,40 +261,32 @@ def _bwd_delta(O, DO, DELTA, sob, sot, soh, sdb, sdt, sdh, M, HQ,
 
 @triton.jit
 def _backward_rows(Q, DO, LSE, DELTA, b64, h2, h1, r64, rows, row_ok, rmask, offs_d,
-                   sqb, sqt, sqh, sdb, sdt, sdh, HQ, M, LOAD_DELTA: tl.constexpr = True):
+                   sqb, sqt, sqh, sdb, sdt, sdh, HQ, M):
     """One block of query rows as both backward kernels read it: q, dO, the forward's LSE and
-    delta = rowsum(dO * O) (0 unless ``LOAD_DELTA``). The head: ``h2`` broadcast against
-    ``r64`` ([rows, 1]) and ``h1`` against ``rows`` (the same scalar twice, or a GQA-packed
-    block's per-row heads)."""
+    delta = rowsum(dO * O). The head: ``h2`` broadcast against ``r64`` ([rows, 1]) and ``h1``
+    against ``rows`` (the same scalar twice, or a GQA-packed block's per-row heads)."""
     q = tl.load(Q + b64 * sqb + h2 * sqh + r64 * sqt + offs_d[None, :], mask=rmask, other=0.0)
     do = tl.load(DO + b64 * sdb + h2 * sdh + r64 * sdt + offs_d[None, :], mask=rmask, other=0.0)
     lse = tl.load(LSE + (b64 * HQ + h1) * M + rows, mask=row_ok, other=float("inf"))
-    if LOAD_DELTA:
-        delta = tl.load(DELTA + (b64 * HQ + h1) * M + rows, mask=row_ok, other=0.0)
-    else:
-        delta = tl.zeros(rows.shape, tl.float32)
+    delta = tl.load(DELTA + (b64 * HQ + h1) * M + rows, mask=row_ok, other=0.0)
     return q, do, lse, delta
 
 
 @triton.jit
 def _dq_block(
-    h, pid_m, b, Q, K, V, DO, DQ, LSE, DELTA, POS, DOC, DOCSTART, KVSTART, O, FLAGS,
-    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh, sgb, sgt, sgh, sob, sot, soh, spb,
+    h, pid_m, b, Q, K, V, DO, DQ, LSE, DELTA, POS, DOC, DOCSTART, KVSTART,
+    sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh, sgb, sgt, sgh, spb,
     M, N, HQ, pos_offset, window, qk_scale, sm_scale,
     G, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
     REVERSE: tl.constexpr, PREC: tl.constexpr, GP: tl.constexpr, EDGE: tl.constexpr = False,
-    DELTA_HERE: tl.constexpr = False, SYNC: tl.constexpr = False,
 ):
     """dQ of one query block. ``GP == 1``: ``h`` is the query head. ``GP > 1`` (GQA-packed, as
     the packed forward): ``h`` is the group's first head and the tile stacks the block's queries
     for all ``G`` heads (each K/V tile loaded once per group). ``EDGE`` (DQ_VARIANT "edge" and
     "gqa"): only the key blocks not entirely visible to the block are masked (int32 relative
-    positions), as the "edge" forward; else every block. ``DELTA_HERE`` (``GP == 1``): the
-    program computes its rows' delta = rowsum(dO * O) from its dO tile and an O tile, and stores
-    it for the dK/dV programs; ``SYNC`` (one launch of both kinds) then sets the block's ready
-    flag in ``FLAGS`` (release), which the dK/dV programs wait on."""
+    positions), as the "edge" forward; else every block."""
     b64, h64, kvh64, rows, row_ok, qpos, lo, hi, qdoc, kvs, p_first, p_last = _q_block(
         pid_m, b, h, POS, DOC, DOCSTART, KVSTART, spb, M, pos_offset, window, G,
         BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE, GP * BLOCK_M)
@@ -305,17 +297,7 @@ def _dq_block(
     if GP == 1:
         rmask = row_ok[:, None] & d_ok[None, :]
         q, do, lse, delta = _backward_rows(Q, DO, LSE, DELTA, b64, h64, h64, r64, rows, row_ok, rmask, offs_d,
-                                           sqb, sqt, sqh, sdb, sdt, sdh, HQ, M, not DELTA_HERE)
-        if DELTA_HERE:
-            o = tl.load(O + b64 * sob + h64 * soh + r64 * sot + offs_d[None, :], mask=rmask, other=0.0)
-            delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
-            tl.store(DELTA + (b64 * HQ + h64) * M + rows, delta, mask=row_ok)
-            if SYNC:  # every thread's delta stored before the flag is (CUTLASS's arrive pattern)
-                tl.debug_barrier()
-                mb = pid_m
-                if REVERSE:
-                    mb = tl.cdiv(M, BLOCK_M) - 1 - pid_m
-                tl.atomic_xchg(FLAGS + 1 + (b64 * HQ + h64) * tl.cdiv(M, BLOCK_M) + mb, 1, sem="release")
+                                           sqb, sqt, sqh, sdb, sdt, sdh, HQ, M)
     else:
         g = tl.arange(0, GP * BLOCK_M) // BLOCK_M
         hrow = kvh64 * G + g
@@ -362,7 +344,7 @@ def _dq_block(
 
 @triton.jit
 def _dkdv_block(
-    kvh, pid_n, b, Q, K, V, DO, DK, DV, LSE, DELTA, POS, QRANGE, DOC, KVSTART, FLAGS,
+    kvh, pid_n, b, Q, K, V, DO, DK, DV, LSE, DELTA, POS, QRANGE, DOC, KVSTART,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,
     skgb, skgt, skgh, svgb, svgt, svgh, spb, srb,
     M, N, HQ, pos_offset, window, qk_scale, sm_scale,
@@ -370,15 +352,12 @@ def _dkdv_block(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
     PREC: tl.constexpr, EDGE: tl.constexpr = False,
-    SYNC: tl.constexpr = False, BLOCK_M2: tl.constexpr = 64, GW: tl.constexpr = 1, NBW: tl.constexpr = 1,
 ):
     """dK/dV of one key block (``BLOCK_N`` keys of KV head ``kvh``) over the query blocks that see
     it, for each of the ``G`` query heads. ``EDGE`` (DKDV_VARIANT "edge"; the host sets it only
     for contiguous positions without documents or left padding): a query block that sees every
     key of the block (all rows and columns in range, causal and inside the window for every
-    pair) skips the mask. ``SYNC``: delta comes from the dQ programs of the same launch
-    (``DELTA_IN_DQ``); the program first waits for the ready flags of every ``BLOCK_M2``-row dQ
-    block of the rows it reads, all ``G`` heads (``GW`` = pow2(G)) and ``NBW`` blocks at a time."""
+    pair) skips the mask."""
     b64 = b.to(tl.int64)
     kvh64 = kvh.to(tl.int64)
     start_n = pid_n * BLOCK_N
@@ -399,19 +378,6 @@ def _dkdv_block(
         else:
             qhi = M
     qlo = (qlo // BLOCK_M) * BLOCK_M
-    if SYNC:  # acquire the flags of the rows' dQ blocks, set (release) after their delta was stored;
-        # the acquire at GPU scope also orders the (pipelined, L1-cached) delta loads after it
-        gh = tl.arange(0, GW)
-        hrow = b64 * HQ + kvh64 * G + gh
-        nmb = tl.cdiv(M, BLOCK_M2)
-        mb_hi = tl.cdiv(qhi, BLOCK_M2)
-        for mb0 in range(qlo // BLOCK_M2, mb_hi, NBW):
-            mbs = mb0 + tl.arange(0, NBW)
-            ok = (gh < G)[:, None] & (mbs < mb_hi)[None, :]
-            fptr = FLAGS + 1 + hrow[:, None] * nmb + mbs[None, :]
-            pending = tl.sum((tl.atomic_add(fptr, 0, mask=ok, sem="acquire") == 0) & ok)
-            while pending > 0:  # the loop carries a scalar: Triton 3.6 cannot carry the tile's layout
-                pending = tl.sum((tl.atomic_add(fptr, 0, mask=ok, sem="acquire") == 0) & ok)
     kdoc = cols
     if HAS_DOC:
         kdoc = tl.load(DOC + cols, mask=c_ok, other=-2)
@@ -458,57 +424,43 @@ def _dkdv_block(
     tl.store(DV + b64 * svgb + kvh64 * svgh + cols[:, None] * svgt + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kmask)
 
 
-@triton.jit(do_not_specialize=_NO_SPEC + ["HKV", "B", "n_first", "srb"])
+@triton.jit(do_not_specialize=_NO_SPEC + ["HKV", "B", "n_kv_progs", "srb"])
 def _stream_bwd(
-    Q, K, V, DO, DQ, DK, DV, LSE, DELTA, POS, QRANGE, DOC, DOCSTART, KVSTART, O, FLAGS,
+    Q, K, V, DO, DQ, DK, DV, LSE, DELTA, POS, QRANGE, DOC, DOCSTART, KVSTART,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh, sgb, sgt, sgh,
-    skgb, skgt, skgh, svgb, svgt, svgh, sob, sot, soh, spb, srb,
-    M, N, HQ, HKV, B, n_first, pos_offset, window, qk_scale, sm_scale,
+    skgb, skgt, skgh, svgb, svgt, svgh, spb, srb,
+    M, N, HQ, HKV, B, n_kv_progs, pos_offset, window, qk_scale, sm_scale,
     G, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
     REVERSE: tl.constexpr, PREC: tl.constexpr, GP2: tl.constexpr = 1, EDGE2: tl.constexpr = False,
     EDGE_KV: tl.constexpr = False, PROGS: tl.constexpr = 0,
-    DELTA_HERE: tl.constexpr = False, SYNC: tl.constexpr = False, GW: tl.constexpr = 1, NBW: tl.constexpr = 1,
 ):
-    """dK/dV programs (``BLOCK_M x BLOCK_N``) and dQ programs (``BLOCK_M2 x BLOCK_N2``, or
-    ``GP2 * BLOCK_M2`` GQA-packed rows; ``EDGE2``: edge-masked) of one stream in a single
-    launch, the first ``n_first`` programs of one kind and the rest of the other; ``EDGE_KV``:
-    the dK/dV programs skip the mask of interior query blocks. ``PROGS`` (the two-launch
-    backward): 1 compiles only the dK/dV programs, 2 only the dQ programs, so each launch gets
-    the registers of its own kind (0: both, chosen by ``pid``; the kernel then holds the larger
-    register count of the two). ``DELTA_HERE``: the dQ programs compute delta (no delta pass).
-    ``SYNC`` (with it, in one launch): the dQ programs come first and the dK/dV programs wait for
-    their delta; a program's place in that order is a ticket from the counter ``FLAGS[0]``, not
-    its ``program_id``, so every dQ program has started before any dK/dV program can wait (no
-    deadlock, whatever order the hardware starts programs in). Without ``SYNC`` the dK/dV
-    programs come first."""
+    """dK/dV programs (first ``n_kv_progs``; ``BLOCK_M x BLOCK_N``) and dQ programs (the rest;
+    ``BLOCK_M2 x BLOCK_N2``, or ``GP2 * BLOCK_M2`` GQA-packed rows; ``EDGE2``: edge-masked) of
+    one stream in a single launch; ``EDGE_KV``: the dK/dV programs skip the mask of interior
+    query blocks. ``PROGS`` (the two-launch backward): 1 compiles only the dK/dV programs, 2
+    only the dQ programs, so each launch gets the registers of its own kind (0: both, chosen by
+    ``pid``; the kernel then holds the larger register count of the two)."""
     pid = tl.program_id(0)
     if PROGS == 1:
         is_kv = True
     elif PROGS == 2:
         is_kv = False
-    elif SYNC:
-        pid = tl.atomic_add(FLAGS, 1, sem="relaxed")
-        is_kv = pid >= n_first
-        if is_kv:
-            pid = pid - n_first
     else:
-        is_kv = pid < n_first
-        if not is_kv:
-            pid = pid - n_first
+        is_kv = pid < n_kv_progs
     if is_kv:
         nkb = tl.cdiv(N, BLOCK_N)
         kvh = pid % HKV
         rest = pid // HKV
         _dkdv_block(kvh, rest % nkb, rest // nkb,
-                    Q, K, V, DO, DK, DV, LSE, DELTA, POS, QRANGE, DOC, KVSTART, FLAGS,
+                    Q, K, V, DO, DK, DV, LSE, DELTA, POS, QRANGE, DOC, KVSTART,
                     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,
                     skgb, skgt, skgh, svgb, svgt, svgh, spb, srb,
                     M, N, HQ, pos_offset, window, qk_scale, sm_scale,
-                    G, D, BLOCK_D, BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, PREC, EDGE_KV,
-                    SYNC, BLOCK_M2, GW, NBW)
+                    G, D, BLOCK_D, BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, PREC, EDGE_KV)
     else:
+        pid = pid - n_kv_progs
         nm = tl.cdiv(M, BLOCK_M2)
         if GP2 == 1:
             h = pid % HQ
@@ -517,11 +469,11 @@ def _stream_bwd(
             h = (pid % HKV) * G
             rest = pid // HKV
         _dq_block(h, rest % nm, rest // nm,
-                  Q, K, V, DO, DQ, LSE, DELTA, POS, DOC, DOCSTART, KVSTART, O, FLAGS,
-                  sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh, sgb, sgt, sgh, sob, sot, soh, spb,
+                  Q, K, V, DO, DQ, LSE, DELTA, POS, DOC, DOCSTART, KVSTART,
+                  sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh, sgb, sgt, sgh, spb,
                   M, N, HQ, pos_offset, window, qk_scale, sm_scale,
                   G, D, BLOCK_D, BLOCK_M2, BLOCK_N2, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE, PREC, GP2,
-                  EDGE2, DELTA_HERE, SYNC)
+                  EDGE2)
 
 
 # ============================================================================ host
@@ -568,21 +520,16 @@ DQ_VARIANT = "base"
 # PT streams; other calls keep the mask; slower than "base" on the H200, 2026-12-02).
 DKDV_VARIANTS = ("base", "edge")
 DKDV_VARIANT = "base"
-# delta = rowsum(dO * O) computed by the dQ programs from their dO tile and an O tile, instead of
-# by a pass of its own over O and dO (with the one-head dQ programs; the GQA-packed dQ keeps the
-# pass). In the two-launch backward the dQ launch runs first; in one launch the dQ programs come
-# first and the dK/dV programs wait on per-block ready flags (a candidate, not measured yet).
-DELTA_IN_DQ = False
 
 
 def check_bwd_config(overrides: dict) -> None:
     """ValueError unless ``overrides`` holds only ``"bwd_dkdv"`` / ``"bwd_dq"`` (four positive
-    integers: BLOCK_M, BLOCK_N, num_warps, num_stages; the blocks powers of two >= 16),
-    ``"fused"`` (a bool: :data:`FUSED_BWD`) and ``"delta_in_dq"`` (a bool: :data:`DELTA_IN_DQ`)."""
+    integers: BLOCK_M, BLOCK_N, num_warps, num_stages; the blocks powers of two >= 16) and
+    ``"fused"`` (a bool: :data:`FUSED_BWD`)."""
     for k, v in overrides.items():
-        if k in ("fused", "delta_in_dq"):
+        if k == "fused":
             if not isinstance(v, bool):
-                raise ValueError(f"backward config: {k} {v!r}; give true or false")
+                raise ValueError(f"backward config: fused {v!r}; give true or false")
         elif k in ("bwd_dkdv", "bwd_dq"):
             if (not isinstance(v, (list, tuple)) or len(v) != 4
                     or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in v)
@@ -590,31 +537,30 @@ def check_bwd_config(overrides: dict) -> None:
                 raise ValueError(f"backward config: {k} {v!r}; give [BLOCK_M, BLOCK_N, num_warps, num_stages], "
                                  "blocks powers of two >= 16")
         else:
-            raise ValueError(f"backward config: unknown key {k!r}; allowed: bwd_dkdv, bwd_dq, fused, delta_in_dq")
+            raise ValueError(f"backward config: unknown key {k!r}; allowed: bwd_dkdv, bwd_dq, fused")
 
 
 @contextlib.contextmanager
 def bwd_config(block_d: int = 128, **overrides):
     """Within the block, the backward's launch configs of head dims up to ``block_d`` (its
-    :data:`CONFIGS` key), :data:`FUSED_BWD` and :data:`DELTA_IN_DQ` set from ``overrides``
-    (checked first by :func:`check_bwd_config`); what a benchmark runs against the defaults.
-    Restored afterwards."""
-    global FUSED_BWD, DELTA_IN_DQ
+    :data:`CONFIGS` key) and :data:`FUSED_BWD` set from ``overrides`` (checked first by
+    :func:`check_bwd_config`); what a benchmark runs against the defaults. Restored afterwards."""
+    global FUSED_BWD
     check_bwd_config(overrides)
     key = 64 if block_d <= 64 else (128 if block_d <= 128 else 256)
     keep = {kind: CONFIGS[kind][key] for kind in ("bwd_dkdv", "bwd_dq")}
-    keep_flags = FUSED_BWD, DELTA_IN_DQ
+    keep_fused = FUSED_BWD
     try:
         for kind in ("bwd_dkdv", "bwd_dq"):
             if kind in overrides:
                 CONFIGS[kind][key] = tuple(overrides[kind])
-        FUSED_BWD = overrides.get("fused", FUSED_BWD)
-        DELTA_IN_DQ = overrides.get("delta_in_dq", DELTA_IN_DQ)
+        if "fused" in overrides:
+            FUSED_BWD = overrides["fused"]
         yield
     finally:
         for kind, cfg in keep.items():
             CONFIGS[kind][key] = cfg
-        FUSED_BWD, DELTA_IN_DQ = keep_flags
+        FUSED_BWD = keep_fused
 
 
 # Use SDPA (cuDNN first) for the all-positions full stream of fp16/bf16 inputs.
@@ -751,6 +697,8 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     BD = block_d(D)
     os_, ds = o.stride(), do.stride()
     delta = torch.empty(B, HQ, M, dtype=torch.float32, device=dev)
+    _bwd_delta[(cdiv(M, 64), B * HQ)](o, do, delta, os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], M, HQ,
+                                          D=D, BLOCK_D=BD, BLOCK_M=64)
     dd = dummy(dev)
     pos_t = dd if pos is None else pos
     spb = 0 if pos is None or pos.shape[0] == 1 else pos.stride(0)
@@ -779,40 +727,28 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
         qr, srb = dd, 0
     n_kv = HKV * cdiv(N, BN) * B
     n_q = (HQ if GP2 == 1 else HKV) * cdiv(M, BM2) * B
-    delta_here = DELTA_IN_DQ and GP2 == 1
-    sync = delta_here and FUSED_BWD
-    if not delta_here:
-        _bwd_delta[(cdiv(M, 64), B * HQ)](o, do, delta, os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], M, HQ,
-                                              D=D, BLOCK_D=BD, BLOCK_M=64)
-    # SYNC: FLAGS[0] is the launch's ticket counter, then one ready flag a (batch, head, dQ block)
-    ready = torch.zeros(1 + B * HQ * cdiv(M, BM2), dtype=torch.int32, device=dev) if sync else dd
     qs, ks, vs, gqs, gks, gvs = q.stride(), k.stride(), v.stride(), dq.stride(), dk.stride(), dv.stride()
-    args = (q, k, v, do, dq, dk, dv, lse, delta, pos_t, qr, doc, dst, kvs, o, ready,
+    args = (q, k, v, do, dq, dk, dv, lse, delta, pos_t, qr, doc, dst, kvs,
             qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ds[0], ds[1], ds[2],
-            gqs[0], gqs[1], gqs[2], gks[0], gks[1], gks[2], gvs[0], gvs[1], gvs[2], os_[0], os_[1], os_[2], spb, srb,
+            gqs[0], gqs[1], gqs[2], gks[0], gks[1], gks[2], gvs[0], gvs[1], gvs[2], spb, srb,
             M, N, HQ, HKV, B)
     tail = (pos_offset, window, qk, scale)
     flags = (pos is not None, bool(window), masks.doc is not None, masks.kv_start is not None, precision(q.dtype))
-    # the dQ blocks whose flags a dK/dV program checks at once: all its rows' blocks for a window
-    # (BLOCK_N keys see BLOCK_N + window - 1 rows, from a BLOCK_M-aligned start), 8 at a time else
-    nbw = min(pow2(cdiv(BN + window + BM, BM2) + 1), 16) if window else 8
-    shape = (HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, edge2, edge_kv, flags, delta_here, pow2(HQ // HKV), nbw)
-    if FUSED_BWD:  # one launch: dK/dV programs first, then dQ programs (SYNC: dQ programs first)
-        _stream_bwd[(n_kv + n_q,)](*args, n_q if sync else n_kv, *tail, SYNC=sync, **_bwd_consts(*shape, nw, ns))
-    else:  # each launch compiled with its own kind of program only (PROGS); dQ first when it makes delta
-        launches = [(n_kv, 1, nw, ns), (n_q, 2, nw2, ns2)]
-        for n, progs, w, st in (launches[::-1] if delta_here else launches):
-            _stream_bwd[(n,)](*args, 0, *tail, PROGS=progs, **_bwd_consts(*shape, w, st))
+    shape = (HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, edge2, edge_kv, flags)
+    if FUSED_BWD:  # one launch: dK/dV programs first, then dQ programs
+        _stream_bwd[(n_kv + n_q,)](*args, n_kv, *tail, **_bwd_consts(*shape, nw, ns))
+    else:  # each launch compiled with its own kind of program only (PROGS)
+        _stream_bwd[(n_kv,)](*args, n_kv, *tail, PROGS=1, **_bwd_consts(*shape, nw, ns))
+        _stream_bwd[(n_q,)](*args, 0, *tail, PROGS=2, **_bwd_consts(*shape, nw2, ns2))
     return dq, dk, dv
 
 
-def _bwd_consts(G, D, BD, BM, BN, BM2, BN2, GP2, EDGE2, EDGE_KV, flags, delta_here, GW, NBW, nw, ns):
+def _bwd_consts(G, D, BD, BM, BN, BM2, BN2, GP2, EDGE2, EDGE_KV, flags, nw, ns):
     """The constexpr/launch keywords of a backward launch."""
     pos_ptr, has_window, has_doc, has_kvs, prec = flags
     return dict(G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN, BLOCK_M2=BM2, BLOCK_N2=BN2, GP2=GP2, EDGE2=EDGE2,
                 EDGE_KV=EDGE_KV, POS_PTR=pos_ptr, HAS_WINDOW=has_window, HAS_DOC=has_doc, HAS_KVS=has_kvs,
-                REVERSE=not has_window, PREC=prec, DELTA_HERE=delta_here, GW=GW, NBW=NBW,
-                num_warps=nw, num_stages=ns)
+                REVERSE=not has_window, PREC=prec, num_warps=nw, num_stages=ns)
 
 
 class _StreamAttention(torch.autograd.Function):
