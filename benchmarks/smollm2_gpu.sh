@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # The SmolLM2 protocol (benchmarks/smollm2_cpt.py) on a lent GPU machine that has no registry, over
 # calls made back to back while the machine stays warm ($HOME survives between them, a carried
-# folder does not). The 98 MB GGUF is over one call's 64 MiB carry limit (tracked files included),
-# so it travels in two parts, and the CPT data rides with the second. Carried in .gpu/ (ignored):
-#   part 1: .gpu/gguf.partA, .gpu/src.tar.gz (git archive of the commit to measure), .gpu/COMMIT (that
-#           commit's id, for the results' metadata) and .whl/ (gguf, datasets, dill, multiprocess wheels)
+# folder does not). The 98 MB GGUF is over one call's 64 MiB carry limit (tracked files included:
+# 14.6 MB at 2026-12-03), so it travels in two parts, and the CPT data rides with the second. The
+# parts may be of the GGUF itself or of its gzip stream (92.6 MB: `gzip -1 -c model.gguf | split
+# -b 49000000 - part`), which leaves room for the data (8.3 MB gzipped) beside the second part.
+# Carried in .gpu/ (ignored), each file named in `carry`:
+#   part 1: .gpu/gguf.partA, .gpu/src.tar.gz (git archive of the commit to measure: orthros, benchmarks,
+#           configs, pyproject.toml), .gpu/COMMIT (that commit's id, for the results' metadata) and
+#           .whl/ (gguf, datasets, dill, multiprocess wheels)
 #   part 2: .gpu/gguf.partB, .gpu/data.tar.gz (prepare's output folder, tar -czf ... -C DIR .)
 #   bash benchmarks/smollm2_gpu.sh part1     # stage into $HOME/smol, install wheels, smoke run on a tiny GGUF
 #   bash benchmarks/smollm2_gpu.sh part2 [protocol args...]   # join + verify the GGUF, unpack the data, run
@@ -55,7 +59,9 @@ PY
   ;;
 part2)
   shift
-  cat "$H/gguf.partA" .gpu/gguf.partB > "$H/model.gguf"
+  cat "$H/gguf.partA" .gpu/gguf.partB > "$H/model.part"
+  if gzip -t "$H/model.part" 2>/dev/null; then gzip -dc "$H/model.part" > "$H/model.gguf" && rm "$H/model.part"
+  else mv "$H/model.part" "$H/model.gguf"; fi
   echo "$GGUF_SHA  $H/model.gguf" | sha256sum -c -
   rm -rf "$H/data" && mkdir -p "$H/data" && tar -xzf .gpu/data.tar.gz -C "$H/data"
   python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print('data:', {k: m[k] for k in ('documents', 'characters', 'sha256') if k in m})" \
