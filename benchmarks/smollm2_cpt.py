@@ -361,19 +361,25 @@ def run(a) -> int:
             s = time.perf_counter()
             summary = train(cfg)
             secs = time.perf_counter() - s
+        last = ckpt.latest_checkpoint(str(rd))
+        if last is None:  # not trained in this work folder (an Orthros-only run): nothing to record or score
+            runs.pop(name, None)
+            continue
         step0 = e0_o if name == "orthros_cpt" else e0_b
         curve = ([{"step": 0, "tokens": 0, "eval_loss": step0, "ppl": math.exp(step0)}] if step0 is not None
                  else []) + _eval_curve(rd)
         runs[name] = {"summary": summary, "seconds": secs and round(secs, 1), "curve": curve,
-                      "checkpoint": str(ckpt.latest_checkpoint(str(rd)))}
+                      "checkpoint": str(last)}
         res.put("cpt", runs)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
         _log(f"{name}: {summary} in {secs}s", t0)
     # 5. perplexity by position bucket ------------------------------------------------
-    models = {"Base CPT": (Path(runs["base_cpt"]["checkpoint"]), "full"),
-              "Orthros CPT": (Path(runs["orthros_cpt"]["checkpoint"]), "orthros"),
-              "original (Transformer)": (zero, "full"), "Orthros zero-shot": (zero, "orthros")}
+    # the CPT runs this work folder has (an Orthros-only run, e.g. --cpt-runs orthros_cpt, scores without Base CPT)
+    models = {label: (Path(runs[run]["checkpoint"]), mode)
+              for label, run, mode in (("Base CPT", "base_cpt", "full"), ("Orthros CPT", "orthros_cpt", "orthros"))
+              if run in runs}
+    models.update({"original (Transformer)": (zero, "full"), "Orthros zero-shot": (zero, "orthros")})
     ac = torch.bfloat16 if (device == "cuda" and a.eval_bf16) else None
     ppl = {}
     edges = [e for e in DEFAULT_BUCKETS if e < a.seq_len] + [a.seq_len]
@@ -391,8 +397,8 @@ def run(a) -> int:
 
     lengths = [L for L in NIAH_LENGTHS if L <= a.niah_max]
     niah = {}
-    for name in (("Orthros CPT", "Base CPT", "original (Transformer)", "Orthros zero-shot") if "niah" in phases
-                 else ()):
+    for name in ([n for n in ("Orthros CPT", "Base CPT", "original (Transformer)", "Orthros zero-shot") if n in models]
+                 if "niah" in phases else ()):
         if time.perf_counter() - t0 > a.deadline_s:
             _log(f"deadline: NIAH of {name} skipped", t0)
             continue
@@ -426,6 +432,8 @@ def plot(a) -> int:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     ax = axes[0]
     for name, style in (("base_cpt", "s-"), ("orthros_cpt", "o-")):
+        if name not in r["cpt"]:  # an Orthros-only run
+            continue
         c = r["cpt"][name]["curve"]
         label = {"base_cpt": "Base CPT (Transformer)", "orthros_cpt": "Orthros conversion"}[name]
         ax.plot([p["tokens"] / 1e6 for p in c], [p["ppl"] for p in c], style, label=label)
