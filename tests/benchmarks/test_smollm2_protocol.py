@@ -97,3 +97,10 @@ def test_protocol_runs_end_to_end_on_a_tiny_gguf(setup):
     spec.loader.exec_module(mod)
     assert mod.main(["plot", str(out / "results.json"), str(d / "recovery.png")]) == 0
     assert (d / "recovery.png").stat().st_size > 10000
+    # beside another run (run 4 beside run 3 in docs/pretrained.md); a missing file is refused
+    assert mod.main(["plot", str(out / "results.json"), str(d / "both.png"), "--label", "second",
+                     "--compare", str(d / "out1" / "results.json"), "first"]) == 0
+    assert (d / "both.png").stat().st_size > 10000
+    with pytest.raises(SystemExit):
+        mod.main(["plot", str(out / "results.json"), str(d / "x.png"), "--compare", str(d / "nope.json"), "x"])
+    assert not (d / "x.png").exists()
