@@ -543,6 +543,12 @@ def main(argv=None) -> int:
         for f in [a.results] + [f for f, _ in a.compare]:
             if not Path(f).is_file():
                 p.error(f"plot: no results file {f}")
+            try:
+                ok = isinstance(json.loads(Path(f).read_text()).get("cpt"), dict)
+            except (ValueError, AttributeError):
+                ok = False
+            if not ok:
+                p.error(f"plot: {f} is not a results.json of `smollm2_cpt.py run` (no \"cpt\" object)")
     if a.cmd == "run" and "niah" in a.phases.split(",") and a.niah_max < NIAH_LENGTHS[0]:
         p.error(f"--niah-max {a.niah_max}: the passkey lengths are {', '.join(map(str, NIAH_LENGTHS))}; give at "
                 f"least {NIAH_LENGTHS[0]}, or leave niah out of --phases")

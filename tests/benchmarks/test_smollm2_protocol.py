@@ -52,6 +52,14 @@ def _run(d, out, *args):
     return json.loads((out / "results.json").read_text())
 
 
+def _script():
+    """benchmarks/smollm2_cpt.py as a module (its ``main`` runs the plot command in-process)."""
+    spec = importlib.util.spec_from_file_location("smollm2_cpt_script", ROOT / "benchmarks/smollm2_cpt.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def test_protocol_runs_end_to_end_on_a_tiny_gguf(setup):
     """Split over two calls, as on the lent GPU (one call cannot hold a long CPT of both): the
     first converts, probes, trains Orthros and scores what it has (an Orthros-only run: no Base
@@ -61,9 +69,7 @@ def test_protocol_runs_end_to_end_on_a_tiny_gguf(setup):
     r1 = _run(d, d / "out1", "--max-steps", "3", "--phases", "convert,probe,train,ppl", "--cpt-runs", "orthros_cpt")
     assert set(r1["cpt"]) == {"orthros_cpt"}
     assert set(r1["perplexity"]) == {"Orthros CPT", "original (Transformer)", "Orthros zero-shot"}
-    spec = importlib.util.spec_from_file_location("smollm2_cpt_script_plot1", ROOT / "benchmarks/smollm2_cpt.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _script()
     assert mod.main(["plot", str(d / "out1" / "results.json"), str(d / "recovery1.png")]) == 0  # one curve
     out = d / "out"
     r = _run(d, out, "--phases", "train,ppl,niah", "--cpt-runs", "base_cpt")
@@ -92,15 +98,14 @@ def test_protocol_runs_end_to_end_on_a_tiny_gguf(setup):
         assert len(recs) == 5 and all(e["prompt_tokens"] < 1024 for e in recs)
         assert r["niah"][name]["prefix_accuracy"] == pytest.approx(sum(e["prefix"] for e in recs) / len(recs), abs=1e-3)
     # the plot command reads the same file
-    spec = importlib.util.spec_from_file_location("smollm2_cpt_script_plot", ROOT / "benchmarks/smollm2_cpt.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     assert mod.main(["plot", str(out / "results.json"), str(d / "recovery.png")]) == 0
     assert (d / "recovery.png").stat().st_size > 10000
     # beside another run (run 4 beside run 3 in docs/pretrained.md); a missing file is refused
     assert mod.main(["plot", str(out / "results.json"), str(d / "both.png"), "--label", "second",
                      "--compare", str(d / "out1" / "results.json"), "first"]) == 0
     assert (d / "both.png").stat().st_size > 10000
-    with pytest.raises(SystemExit):
-        mod.main(["plot", str(out / "results.json"), str(d / "x.png"), "--compare", str(d / "nope.json"), "x"])
+    (d / "notes.json").write_text('{"not": "a run"}')
+    for bad in ("nope.json", "notes.json"):
+        with pytest.raises(SystemExit):
+            mod.main(["plot", str(out / "results.json"), str(d / "x.png"), "--compare", str(d / bad), "x"])
     assert not (d / "x.png").exists()
