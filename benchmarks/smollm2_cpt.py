@@ -429,19 +429,19 @@ def plot(a) -> int:
 
     from orthros.utils import save_figure
 
-    r = json.loads(Path(a.results).read_text())
+    r = a.loaded[a.results]  # main read and checked every file
     # other runs to draw beside this one: their CPT curves dashed, their CPT models' buckets as bars
-    others = [(json.loads(Path(f).read_text()), lab) for f, lab in a.compare]
+    others = [(a.loaded[f], lab) for f, lab in a.compare]
     mine = f" ({a.label})" if a.label else ""
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     ax = axes[0]
     for run, suffix, dash in [(r, mine, "-")] + [(o, f" ({lab})", "--") for o, lab in others]:
-        for name, marker in (("base_cpt", "s"), ("orthros_cpt", "o")):
+        for name, marker, label in (("base_cpt", "s", "Base CPT (Transformer)"),
+                                    ("orthros_cpt", "o", "Orthros conversion")):
             if name not in run["cpt"]:  # an Orthros-only run
                 continue
             c = run["cpt"][name]["curve"]
-            label = {"base_cpt": "Base CPT (Transformer)", "orthros_cpt": "Orthros conversion"}[name] + suffix
-            ax.plot([p["tokens"] / 1e6 for p in c], [p["ppl"] for p in c], marker + dash, label=label,
+            ax.plot([p["tokens"] / 1e6 for p in c], [p["ppl"] for p in c], marker + dash, label=label + suffix,
                     alpha=1.0 if dash == "-" else 0.7)
     ax.set_xlabel("CPT tokens (M)")
     ax.set_ylabel(f"held-out perplexity (seq {r['meta']['args']['seq_len']})")
@@ -539,12 +539,14 @@ def main(argv=None) -> int:
         bad = set(a.cpt_runs.split(",")) - set(CPT_RUNS)
         if bad:
             p.error(f"--cpt-runs: unknown {', '.join(sorted(bad))}; allowed: {', '.join(CPT_RUNS)}")
-    if a.cmd == "plot":
+    if a.cmd == "plot":  # every results file read once, here, and refused before anything is drawn
+        a.loaded = {}
         for f in [a.results] + [f for f, _ in a.compare]:
             if not Path(f).is_file():
                 p.error(f"plot: no results file {f}")
             try:
-                ok = isinstance(json.loads(Path(f).read_text()).get("cpt"), dict)
+                a.loaded[f] = json.loads(Path(f).read_text())
+                ok = isinstance(a.loaded[f].get("cpt"), dict)
             except (ValueError, AttributeError):
                 ok = False
             if not ok:
