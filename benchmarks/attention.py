@@ -529,6 +529,14 @@ WINDOW_BWD_CANDIDATES = [
     ("2-launch dkdv 32x32 w4", {"bwd_dkdv": (32, 32, 4, 2)}, False, "base"),
     ("2-launch dkdv 16x64 w4", {"bwd_dkdv": (16, 64, 4, 2)}, False, "base"),
     ("2-launch dkdv 32x32 w8", {"bwd_dkdv": (32, 32, 8, 2)}, False, "base"),
+    # masks by common.band on int32 relative positions (DQ_VARIANT / DKDV_VARIANT "rel"; ninth
+    # session): sm_90 SASS of the loop a trip, 32 x 64 dK/dV 556 -> 411 instructions, 64 x 64 dQ
+    # 747 -> 570 (cuobjdump, Triton 3.6)
+    ("rel", {}, True, "rel:rel"),
+    ("rel dq", {}, True, "rel"),
+    ("rel dkdv", {}, True, "base:rel"),
+    ("rel + dkdv 64x64", {"bwd_dkdv": (64, 64, 4, 2)}, True, "rel:rel"),
+    ("rel 2-launch", {}, False, "rel:rel"),
     # Measured and removed (H200, 2026-12-02, seventh session; docs/performance.md kernels changes
     # 9 and 10): dK/dV programs with one loop over (head, query block) and int32 masks ("flat",
     # "flat-edge": -0.4% to +2.3% at 32K / 128K), and delta = rowsum(dO * O) inside the backward's
@@ -543,11 +551,11 @@ WINDOW_BWD_CANDIDATES = [
 
 
 @contextlib.contextmanager
-def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None):
+def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None, fwd_rel=None, fwd_lazy=None):
     """Within the block: ``attention.CONFIGS[kind]`` entries of this run's head dim set from
     ``{kind: (BLOCK_M, BLOCK_N, warps, stages)}``, ``FUSED_BWD``, the window stream's forward
     variant (``FWD_VARIANT["win_fwd"]``), ``DQ_VARIANT`` and (``dq_variant`` "dq:dkdv")
-    ``DKDV_VARIANT`` set when given; all restored afterwards."""
+    ``DKDV_VARIANT``, ``FWD_REL`` and ``FWD_LAZY`` set when given; all restored afterwards."""
     from orthros.ops.triton import attention as ta
 
     bd = 128 if D > 64 else 64
@@ -555,7 +563,12 @@ def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None
     keep = {kind: ta.CONFIGS[kind][bd] for kind in configs}
     keep_fused, keep_variant, keep_dq, keep_dkdv = ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, \
         ta.DKDV_VARIANT
+    keep_rel, keep_lazy = ta.FWD_REL, ta.FWD_LAZY
     try:
+        if fwd_rel is not None:
+            ta.FWD_REL = fwd_rel
+        if fwd_lazy is not None:
+            ta.FWD_LAZY = fwd_lazy
         for kind, cfg in configs.items():
             ta.CONFIGS[kind][bd] = cfg
         if fused is not None:
@@ -573,6 +586,7 @@ def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None
             ta.CONFIGS[kind][bd] = cfg
         ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, ta.DKDV_VARIANT = keep_fused, keep_variant, keep_dq, \
             keep_dkdv
+        ta.FWD_REL, ta.FWD_LAZY = keep_rel, keep_lazy
 
 
 def window_tune(Ts=(8192, 32768, 131072), flex_T=8192, budget_s=150.0, names=None):
@@ -660,7 +674,17 @@ WINDOW_FWD_CANDIDATES = [
     # the packed forward with the packed dQ in its own 8-warp launch (fwd column: as gqa 128x64)
     ("gqa + dq gqa", "gqa", {"win_fwd_gqa": (128, 64, 8, 3), "bwd_dq_gqa": (128, 64, 8, 2)},
      {"fused": False, "dq_variant": "gqa"}),
+    # ninth session: the edge blocks masked by common.band (FWD_REL) and the lazy rescale
+    # (FWD_LAZY, 8 log2 units); sm_90 SASS of edge 64 x 32's loop: 412 -> 372 instructions and
+    # 157 -> 128 registers with band, the rescale's ~70 skipped on most trips with lazy
+    ("edge 64x32 rel", "edge", {"win_fwd": (64, 32, 4, 3)}, {"fwd_rel": True}),
+    ("edge 64x32 lazy", "edge", {"win_fwd": (64, 32, 4, 3)}, {"fwd_lazy": 8.0}),
+    ("edge 64x32 rel+lazy", "edge", {"win_fwd": (64, 32, 4, 3)}, {"fwd_rel": True, "fwd_lazy": 8.0}),
+    ("edge 64x64 rel+lazy", "edge", {"win_fwd": (64, 64, 4, 3)}, {"fwd_rel": True, "fwd_lazy": 8.0}),
+    ("edge 128x64 w8 rel+lazy", "edge", {"win_fwd": (128, 64, 8, 3)}, {"fwd_rel": True, "fwd_lazy": 8.0}),
+    ("gqa 128x32 w4 s2 rel+lazy", "gqa", {"win_fwd_gqa": (128, 32, 4, 2)}, {"fwd_rel": True, "fwd_lazy": 8.0}),
 ]
+FWD_OPTIONS = ("fwd_rel", "fwd_lazy")  # kernel_overrides keywords of the forward (the others: the backward's)
 PEAK_TFLOPS, PEAK_TBPS = 790.0, 4.3  # H200: bf16 matmul, copy (../shared/anchors/h200.md)
 
 
@@ -674,12 +698,14 @@ def window_floors(T):
             max(3.5 * flops / PEAK_TFLOPS, 3 * byts / PEAK_TBPS) / 1e9)
 
 
-def window_fwd_variants(Ts=(8192, 32768, 131072, 1048576), grad_max=131072, budget_s=300.0):
+def window_fwd_variants(Ts=(8192, 32768, 131072, 1048576), grad_max=131072, budget_s=300.0, names=None):
     """Each window-forward candidate (kernel variant x block config) at each T: fwd and, up to
     ``grad_max``, fwd+bwd (the backward is shared: it reads the variant's LSE), next to Flex in the same
     run (or --targets' Flex figures of this run); Flex/ours (target >= 1.5 fwd, >= 1.4 fwd+bwd),
-    ours/floor, and ||o - o_base|| / ||o_base||; then the winner."""
+    ours/floor, and ||o - o_base|| / ||o_base||; then the winner. ``names``: only these candidates
+    (the default always first: the error column's reference)."""
     t0 = time.time()
+    cands = [c for c in WINDOW_FWD_CANDIDATES if names is None or c[0] == "default" or c[0] in names]
     log("\n## window forward variants (w=128): fwd, fwd+bwd (shared backward) vs Flex and the floor")
     log(f"{'T':>6} {'candidate':>18} {'fwd ms':>8} {'Flex/ours':>9} {'/floor':>6} {'f+b ms':>8} {'Flex/ours':>9} "
         f"{'/floor':>6} {'err vs base':>11}")
@@ -709,7 +735,7 @@ def window_fwd_variants(Ts=(8192, 32768, 131072, 1048576), grad_max=131072, budg
             res = guard(f"wfwd T={T0} flex", lambda: flex_window(flex, create_block_mask, q, k, v, g, rep=50)) or {}
         ffwd, ffb = res.get("flex_fwd") or nan, res.get("flex_fb") or nan
         rows, ref = {}, None
-        for name, variant, over, bwd in WINDOW_FWD_CANDIDATES:
+        for name, variant, over, bwd in cands:
             if time.time() - t0 > budget_s:
                 log("  (budget reached: rest skipped)")
                 break
@@ -727,7 +753,7 @@ def window_fwd_variants(Ts=(8192, 32768, 131072, 1048576), grad_max=131072, budg
             bad = "  WRONG" if row.get("err", 0) > (1e-4 if DT == torch.float32 else 2e-2) else ""
             log(f"{T0:>6} {name:>18} {f_ms:8.3f} {ffwd / f_ms:9.2f} {f_ms / floor_f:6.2f} {fb_ms:8.3f} "
                 f"{ffb / fb_ms:9.2f} {fb_ms / floor_fb:6.2f} {row.get('err', nan):11.1e}{bad}")
-        fwd_only = {n for n, _, _, bwd in WINDOW_FWD_CANDIDATES if not bwd}  # the others repeat a forward
+        fwd_only = {n for n, _, _, bwd in cands if set(bwd) <= set(FWD_OPTIONS)}  # the others repeat a forward
         for key in ("fwd", "fb"):
             ok = {n: r[key] for n, r in rows.items()
                   if key in r and r.get("err", 1) <= 2e-2 and (key == "fb" or n in fwd_only)}
@@ -742,8 +768,8 @@ def window_fwd_variants(Ts=(8192, 32768, 131072, 1048576), grad_max=131072, budg
         empty_cache()
         save()
     # winner: the lowest geometric mean of fwd times over the sizes every correct candidate ran at
-    names = [n for n, _, _, bwd in WINDOW_FWD_CANDIDATES
-             if not bwd and out and all("fwd" in r["candidates"].get(n, {}) and r["candidates"][n].get("err", 1) <= 2e-2
+    names = [n for n, _, _, bwd in cands
+             if set(bwd) <= set(FWD_OPTIONS) and out and all("fwd" in r["candidates"].get(n, {}) and r["candidates"][n].get("err", 1) <= 2e-2
                             for r in out.values())]
     if names:
         gm = {n: torch.tensor([r["candidates"][n]["fwd"] for r in out.values()]).log().mean().exp().item()
@@ -953,6 +979,11 @@ def main():
                          "default all)")
     ap.add_argument("--window-bwd-only", action="store_true",
                     help="--window-tune: the backward candidates only, not the forward variants at 8K-1M")
+    ap.add_argument("--window-fwd-candidates", default=None,
+                    help="--window-tune: comma-separated forward candidates (names in WINDOW_FWD_CANDIDATES; "
+                         "default all; the default forward always runs first)")
+    ap.add_argument("--window-fwd-only", action="store_true",
+                    help="--window-tune: the forward variants only, not the backward candidates")
     ap.add_argument("--dry-run", action="store_true", help="CPU (Triton interpreter), tiny sizes, fp32")
     a = ap.parse_args()
     names = None
@@ -962,6 +993,15 @@ def main():
         bad = [n for n in names if n not in known]
         if bad or not names:
             ap.error(f"--window-candidates: unknown {bad or 'empty list'}; allowed: {', '.join(known)}")
+    fwd_names = None
+    if a.window_fwd_candidates is not None:
+        fwd_names = [n.strip() for n in a.window_fwd_candidates.split(",") if n.strip()]
+        known = [c[0] for c in WINDOW_FWD_CANDIDATES]
+        bad = [n for n in fwd_names if n not in known]
+        if bad or not fwd_names:
+            ap.error(f"--window-fwd-candidates: unknown {bad or 'empty list'}; allowed: {', '.join(known)}")
+    if a.window_bwd_only and a.window_fwd_only:
+        ap.error("--window-bwd-only and --window-fwd-only exclude each other")
     JSON_PATH = a.json
     if a.dry_run:
         DRY, DEV, DT = True, "cpu", torch.float32
@@ -984,11 +1024,13 @@ def main():
     if a.decode_tune:
         guard("decode tune", decode_tune)
     if a.window_tune:
-        guard("window tune", lambda: window_tune(names=names))
+        if not a.window_fwd_only:
+            guard("window tune", lambda: window_tune(names=names))
         if not a.window_bwd_only:
             # dry run: two sizes, the second without gradients (the path 1M takes on the GPU)
             guard("window forward variants",
-                  lambda: window_fwd_variants(**({"Ts": (8192, 32768), "grad_max": 8192} if DRY else {})))
+                  lambda: window_fwd_variants(names=fwd_names,
+                                              **({"Ts": (8192, 32768), "grad_max": 8192} if DRY else {})))
     if special:
         guard("markdown", markdown)
     else:

@@ -634,7 +634,8 @@ def build_parser():
                    help="engine decode attention: DECODE_CONFIG overrides for the whole run, e.g. '{\"min_split\": 64}'")
     p.add_argument("--window-bwd-config", default=None, metavar="JSON",
                    help="window section: backward launch configs instead of the defaults, e.g. "
-                        "'{\"bwd_dkdv\": [64, 32, 8, 2], \"fused\": false}' (keys bwd_dkdv, bwd_dq, fused)")
+                        "'{\"bwd_dkdv\": [64, 32, 8, 2], \"fused\": false}' (keys bwd_dkdv, bwd_dq, fused, dq_variant, "
+                        "dkdv_variant)")
     p.add_argument("--gpt-fast-dir", default=None, help="directory holding gpt-fast's model.py (else no gpt-fast rows)")
     p.add_argument("--gpt-fast-contexts", default=None,
                    help="B=1 contexts at which gpt-fast also runs (each new context recompiles it with its "

@@ -318,6 +318,45 @@ def test_forward_variants(poison, monkeypatch, name, case):
     run_case(D=16, **c)
 
 
+FWD_OPTION_CASES = {**VARIANT_CASES,
+                    "continuation_grad": dict(B=2, T=29, Tk=51, Hq=4, Hkv=2, w=23, positions=torch.arange(22, 51))}
+
+
+@pytest.mark.parametrize("case", list(FWD_OPTION_CASES))
+@pytest.mark.parametrize("name,rel,lazy", [("edge", True, 0.0), ("gqa", True, 0.0), ("edge", False, 0.5),
+                                           ("edge", True, 8.0), ("gqa", True, 0.5)])
+def test_forward_rel_and_lazy(poison, monkeypatch, name, rel, lazy, case):
+    """The window forward's options against the reference: edge blocks masked by ``band``
+    (FWD_REL) and the lazy rescale (FWD_LAZY: at 0.5 log2 units many blocks rescale and many
+    do not; at 8 almost none after the first), with the backward reading the forward's LSE."""
+    from orthros.ops.triton import attention as ta
+
+    use_variant(monkeypatch, name)
+    monkeypatch.setattr(ta, "FWD_REL", rel)
+    monkeypatch.setattr(ta, "FWD_LAZY", lazy)
+    c = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in FWD_OPTION_CASES[case].items()}
+    run_case(D=16, **c)
+
+
+def test_lazy_rescale_keeps_large_late_scores_exact(poison, monkeypatch):
+    """Scores that grow by far more than the lazy threshold late in a row must move the running
+    max (else exp2 overflows): the lazy forward matches the reference."""
+    from orthros.ops.triton import attention as ta
+
+    use_variant(monkeypatch, "edge")
+    monkeypatch.setattr(ta, "FWD_LAZY", 8.0)
+    g = torch.Generator().manual_seed(3)
+    T, w = 70, 60
+    q = torch.randn(1, T, 2, 16, generator=g)
+    k = torch.randn(1, T, 1, 16, generator=g)
+    k[0, 50:] *= 60.0  # late keys: scores ~2**100 above the rest (exp2 overflows unless the max moves)
+    v = torch.randn(1, T, 1, 16, generator=g)
+    q, k, v = (t.to(DEV) for t in (q, k, v))
+    out = orthros_attention(q, k, v, q[:, :0], window_size=w, backend="triton")[0]
+    ref = orthros_attention(q, k, v, q[:, :0], window_size=w, backend="reference")[0]
+    assert rel(out, ref) < 1e-4, rel(out, ref)
+
+
 def use_dq_variant(monkeypatch, fused, variant="gqa", small=not HAS_CUDA):
     from orthros.ops.triton import attention as ta
 
@@ -353,20 +392,24 @@ def test_bwd_config_sets_and_restores_the_backward_launch():
     refused before anything changes."""
     from orthros.ops.triton import attention as ta
 
-    keep = (ta.CONFIGS["bwd_dkdv"][128], ta.CONFIGS["bwd_dq"][128], ta.FUSED_BWD)
-    with ta.bwd_config(bwd_dkdv=[64, 32, 8, 2], fused=not keep[2]):
+    keep = (ta.CONFIGS["bwd_dkdv"][128], ta.CONFIGS["bwd_dq"][128], ta.FUSED_BWD, ta.DQ_VARIANT, ta.DKDV_VARIANT)
+    with ta.bwd_config(bwd_dkdv=[64, 32, 8, 2], fused=not keep[2], dq_variant="rel", dkdv_variant="edge"):
         assert ta.CONFIGS["bwd_dkdv"][128] == (64, 32, 8, 2) and ta.FUSED_BWD is (not keep[2])
         assert ta.CONFIGS["bwd_dq"][128] == keep[1]
-    assert (ta.CONFIGS["bwd_dkdv"][128], ta.CONFIGS["bwd_dq"][128], ta.FUSED_BWD) == keep
+        assert (ta.DQ_VARIANT, ta.DKDV_VARIANT) == ("rel", "edge")
+    assert (ta.CONFIGS["bwd_dkdv"][128], ta.CONFIGS["bwd_dq"][128], ta.FUSED_BWD, ta.DQ_VARIANT,
+            ta.DKDV_VARIANT) == keep
     with pytest.raises(RuntimeError):
         with ta.bwd_config(bwd_dq=(32, 32, 4, 1)):
             raise RuntimeError
     assert ta.CONFIGS["bwd_dq"][128] == keep[1]
-    for bad in ({"bwd_dkdv": (64, 48, 4, 2)}, {"bwd_dq": (64, 64, 4)}, {"fused": "yes"}, {"win_fwd": (64, 32, 4, 3)}):
+    for bad in ({"bwd_dkdv": (64, 48, 4, 2)}, {"bwd_dq": (64, 64, 4)}, {"fused": "yes"}, {"win_fwd": (64, 32, 4, 3)},
+                {"dq_variant": "fast"}, {"dkdv_variant": "gqa"}):
         with pytest.raises(ValueError, match="backward config"):
             with ta.bwd_config(**bad):
                 pass
-    assert (ta.CONFIGS["bwd_dkdv"][128], ta.CONFIGS["bwd_dq"][128], ta.FUSED_BWD) == keep
+    assert (ta.CONFIGS["bwd_dkdv"][128], ta.CONFIGS["bwd_dq"][128], ta.FUSED_BWD, ta.DQ_VARIANT,
+            ta.DKDV_VARIANT) == keep
 
 
 @pytest.mark.parametrize("case", list(DKDV_CASES))
@@ -395,6 +438,30 @@ def test_dkdv_edge_variant(poison, monkeypatch, case):
     if not HAS_CUDA:
         monkeypatch.setitem(ta.CONFIGS["bwd_dkdv"], 64, (16, 16, 4, 1))
     c = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in DKDV_CASES[case].items()}
+    run_case(D=16, **c)
+
+
+REL_CASES = {**DKDV_CASES,
+             # keys before the queries (pos_offset > 0: a continuation), odd lengths, both streams
+             "continuation_grad": dict(B=2, T=29, Tk=51, Hq=4, Hkv=2, w=23, positions=torch.arange(22, 51)),
+             "continuation_w_gt_block": dict(B=1, T=33, Tk=40, Hq=2, Hkv=1, w=37)}
+
+
+@pytest.mark.parametrize("case", list(REL_CASES))
+def test_rel_mask_variant(poison, monkeypatch, case):
+    """The dK/dV and dQ programs masked by ``band`` on int32 relative positions (DKDV_VARIANT and
+    DQ_VARIANT "rel"; the cases with positions, documents or left padding keep ``visible``)
+    against the reference, in the fused launch and in their own, with rows and keys past the
+    ends of the 16 x 16 blocks."""
+    from orthros.ops.triton import attention as ta
+
+    monkeypatch.setattr(ta, "DKDV_VARIANT", "rel")
+    monkeypatch.setattr(ta, "DQ_VARIANT", "rel")
+    monkeypatch.setattr(ta, "FUSED_BWD", list(REL_CASES).index(case) % 2 == 0)
+    if not HAS_CUDA:
+        monkeypatch.setitem(ta.CONFIGS["bwd_dkdv"], 64, (16, 16, 4, 1))
+        monkeypatch.setitem(ta.CONFIGS["bwd_dq"], 64, (16, 16, 4, 1))
+    c = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in REL_CASES[case].items()}
     run_case(D=16, **c)
 
 
@@ -490,12 +557,16 @@ def test_interior_blocks_exact(data):
 # vectorised, whatever the packing or the edge branch does to the loop. A fresh process: kernels
 # imported under TRITON_INTERPRET=1 are interpreted, not compiled.
 COMPILE_FWD_SM90 = textwrap.dedent('''
-    import os, sys
+    import inspect, os, sys
     os.environ.pop("TRITON_INTERPRET", None)
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from orthros.ops.triton import attention as ta
+
+    def with_defaults(fn, const):  # constexprs left out take their defaults (not runtime i32 arguments)
+        return {**{p.name: p.default for p in fn.params if p.is_constexpr and p.name not in const
+                   and p.default is not inspect.Parameter.empty}, **const}
 
     fn = ta._stream_fwd
     nospec = set(ta._NO_SPEC) | {"slb", "slh", "sls"}
@@ -509,6 +580,7 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
         const = dict(D=128, BLOCK_D=128, BLOCK_M=rows // gp, BLOCK_N=bn, POS_PTR=not window, HAS_WINDOW=window,
                      HAS_DOC=not window, HAS_KVS=not window, NUM_SPLITS=1 if window else 4, PARTIAL=not window,
                      REVERSE=not window, PREC="tf32", GP=gp, EDGE_MASK=edge)
+        const = with_defaults(fn, const)
         sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n == "qk_scale" else "i32")
                for n in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
@@ -527,6 +599,7 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
         const = dict(G=4, D=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=64, BLOCK_M2=bm2, BLOCK_N2=64, POS_PTR=False,
                      HAS_WINDOW=True, HAS_DOC=False, HAS_KVS=False, REVERSE=False, PREC="tf32", GP2=gp2,
                      EDGE2=edge2 or gp2 > 1, EDGE_KV=edge2)  # as the host: the packed dQ is edge-masked
+        const = with_defaults(fn, const)
         sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n.endswith("_scale") else "i32")
                for n in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
@@ -540,6 +613,7 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
     const = dict(G=4, D=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=32, BLOCK_M2=64, BLOCK_N2=64, POS_PTR=False,
                  HAS_WINDOW=True, HAS_DOC=False, HAS_KVS=False, REVERSE=False, PREC="tf32", GP2=1, EDGE2=False,
                  EDGE_KV=False)
+    const = with_defaults(fn, const)
     for progs in (0, 1, 2):
         sig = {n: ptrs.get(n, "constexpr" if n in const or n == "PROGS" else "fp32" if n.endswith("_scale") else "i32")
                for n in fn.arg_names}
@@ -582,6 +656,27 @@ def variant_sweep_gpu(dtype):
              cu_seqlens=torch.tensor([0, 100, 1500, 2048], device=DEV))
     run_case(B=2, T=1500, Hq=4, Hkv=2, D=128, w=128, dtype=dtype,
              positions=torch.arange(700, 1500, 3, device=DEV), kv_start=torch.tensor([0, 321], device=DEV))
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("name", ["edge", "gqa"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rel_and_lazy_gpu(poison, monkeypatch, dtype, name):
+    """The band masks (FWD_REL, DQ_VARIANT / DKDV_VARIANT "rel") and the lazy rescale (FWD_LAZY 8)
+    together at the real block sizes (the default configs of the GPU), fused and in two launches,
+    plus the 1M-token 64-bit window case."""
+    from orthros.ops.triton import attention as ta
+
+    use_variant(monkeypatch, name, small=False)
+    monkeypatch.setattr(ta, "FWD_REL", True)
+    monkeypatch.setattr(ta, "FWD_LAZY", 8.0)
+    monkeypatch.setattr(ta, "DQ_VARIANT", "rel")
+    monkeypatch.setattr(ta, "DKDV_VARIANT", "rel")
+    monkeypatch.setattr(ta, "FUSED_BWD", name == "edge")
+    variant_sweep_gpu(dtype)
+    if dtype == torch.bfloat16:
+        test_gpu_64bit_offsets_window()
 
 
 @pytest.mark.gpu

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from ..backends import triton_supports
-from .common import (LOG2E, block_d, cdiv, dummy, interpreting, last_contig, merge_splits, num_sms, pow2, precision,
+from .common import (LOG2E, band, block_d, cdiv, dummy, interpreting, last_contig, merge_splits, num_sms, pow2, precision,
                      softmax_result, softmax_step, visible)
 
 # ============================================================================ kernels
@@ -106,7 +106,7 @@ def _stream_fwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
     NUM_SPLITS: tl.constexpr, PARTIAL: tl.constexpr, REVERSE: tl.constexpr, PREC: tl.constexpr,
-    GP: tl.constexpr = 1, EDGE_MASK: tl.constexpr = False,
+    GP: tl.constexpr = 1, EDGE_MASK: tl.constexpr = False, REL: tl.constexpr = False, LAZY: tl.constexpr = 0.0,
 ):
     """One query block of one stream. ``GP == 1`` (the default): program axis 0 is the query
     head and the tile is ``BLOCK_M`` queries of it. ``GP > 1`` (GQA-packed, ``GP = pow2(G)``):
@@ -114,7 +114,9 @@ def _stream_fwd(
     of its group (``GP * BLOCK_M`` rows; rows of padding heads ``>= G`` are neither loaded nor
     stored), so each K/V tile is loaded once per group instead of once per query head.
     ``EDGE_MASK``: apply the position mask only to key blocks that are not entirely visible
-    to every query of the block (a uniform branch; see ``_interior``)."""
+    to every query of the block (a uniform branch; see ``_interior``); with ``REL`` (the window
+    stream of contiguous positions without documents or left padding) that mask is
+    :func:`band`. ``LAZY``: the lazy rescale of :func:`softmax_step`."""
     pid0 = tl.program_id(0)
     pid_m = tl.program_id(1)
     bz = tl.program_id(2)
@@ -159,8 +161,12 @@ def _stream_fwd(
         s = tl.dot(q, kT, input_precision=PREC) * qk_scale
         if EDGE_MASK:
             if (start_n < a_full) | (start_n >= b_full):  # an edge block (uniform over the program)
-                mask = _edge_mask(start_n, hi, cols, c_ok, qpos, window, DOC, qdoc, kvs,
-                                  BLOCK_N, HAS_WINDOW, HAS_DOC, HAS_KVS)
+                if REL:  # keys past hi lie after every row's position: d < 0
+                    mask = band((pos_offset + rows - start_n)[:, None] - tl.arange(0, BLOCK_N)[None, :], window,
+                                HAS_WINDOW)
+                else:
+                    mask = _edge_mask(start_n, hi, cols, c_ok, qpos, window, DOC, qdoc, kvs,
+                                      BLOCK_N, HAS_WINDOW, HAS_DOC, HAS_KVS)
                 s = tl.where(mask, s, float("-inf"))
         else:
             kdoc = cols
@@ -170,7 +176,7 @@ def _stream_fwd(
                            HAS_WINDOW, HAS_DOC, HAS_KVS)
             s = tl.where(mask, s, float("-inf"))
         v = tl.load(v_base + cols[:, None] * svt + offs_d[None, :], mask=c_ok[:, None] & d_ok[None, :], other=0.0)
-        m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v, PREC)
+        m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v, PREC, LAZY)
 
     o, lse, has = softmax_result(m_i, l_i, acc)
     if GP == 1:
@@ -281,12 +287,16 @@ def _dq_block(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
     REVERSE: tl.constexpr, PREC: tl.constexpr, GP: tl.constexpr, EDGE: tl.constexpr = False,
+    REL: tl.constexpr = False,
 ):
     """dQ of one query block. ``GP == 1``: ``h`` is the query head. ``GP > 1`` (GQA-packed, as
     the packed forward): ``h`` is the group's first head and the tile stacks the block's queries
     for all ``G`` heads (each K/V tile loaded once per group). ``EDGE`` (DQ_VARIANT "edge" and
     "gqa"): only the key blocks not entirely visible to the block are masked (int32 relative
-    positions), as the "edge" forward; else every block."""
+    positions), as the "edge" forward; ``REL`` (DQ_VARIANT "rel": contiguous positions without
+    documents or left padding): every block masked by :func:`band` (keys past ``N`` load zeros,
+    so they add nothing to dQ; rows past ``M`` have ``LSE = +inf``); else every block by
+    :func:`visible`."""
     b64, h64, kvh64, rows, row_ok, qpos, lo, hi, qdoc, kvs, p_first, p_last = _q_block(
         pid_m, b, h, POS, DOC, DOCSTART, KVSTART, spb, M, pos_offset, window, G,
         BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE, GP * BLOCK_M)
@@ -324,6 +334,9 @@ def _dq_block(
                 mask = _edge_mask(start_n, hi, cols, c_ok, qpos, window, DOC, qdoc, kvs,
                                   BLOCK_N, HAS_WINDOW, HAS_DOC, HAS_KVS)
                 p = tl.where(mask, p, 0.0)
+        elif REL:
+            d = (pos_offset + rows - start_n)[:, None] - tl.arange(0, BLOCK_N)[None, :]
+            p = tl.where(band(d, window, HAS_WINDOW), p, 0.0)
         else:
             kdoc = cols
             if HAS_DOC:
@@ -351,13 +364,15 @@ def _dkdv_block(
     G, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
-    PREC: tl.constexpr, EDGE: tl.constexpr = False,
+    PREC: tl.constexpr, EDGE: tl.constexpr = False, REL: tl.constexpr = False,
 ):
     """dK/dV of one key block (``BLOCK_N`` keys of KV head ``kvh``) over the query blocks that see
     it, for each of the ``G`` query heads. ``EDGE`` (DKDV_VARIANT "edge"; the host sets it only
     for contiguous positions without documents or left padding): a query block that sees every
     key of the block (all rows and columns in range, causal and inside the window for every
-    pair) skips the mask."""
+    pair) skips the mask. ``REL`` (DKDV_VARIANT "rel", the same condition): every block is
+    masked by :func:`band` on int32 relative positions (keys past ``N`` are never stored; rows
+    past ``M`` load zeros and ``LSE = +inf``)."""
     b64 = b.to(tl.int64)
     kvh64 = kvh.to(tl.int64)
     start_n = pid_n * BLOCK_N
@@ -409,7 +424,10 @@ def _dkdv_block(
                         & (start_n + BLOCK_N - 1 <= pos_offset + start_m))
                 if HAS_WINDOW:
                     full = full & (start_n > pos_offset + start_m + BLOCK_M - 1 - window)
-            if full:
+            if REL:
+                d = (pos_offset + rows - start_n)[None, :] - tl.arange(0, BLOCK_N)[:, None]
+                pT = tl.where(band(d, window, HAS_WINDOW), tl.exp2(sT - lse[None, :]), 0.0)
+            elif full:
                 pT = tl.exp2(sT - lse[None, :])
             else:
                 mask = visible(cols[:, None], qpos[None, :], c_ok[:, None], window, kdoc[:, None], qdoc[None, :],
@@ -434,12 +452,14 @@ def _stream_bwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
     REVERSE: tl.constexpr, PREC: tl.constexpr, GP2: tl.constexpr = 1, EDGE2: tl.constexpr = False,
-    EDGE_KV: tl.constexpr = False, PROGS: tl.constexpr = 0,
+    EDGE_KV: tl.constexpr = False, PROGS: tl.constexpr = 0, REL_KV: tl.constexpr = False,
+    REL_Q: tl.constexpr = False,
 ):
     """dK/dV programs (first ``n_kv_progs``; ``BLOCK_M x BLOCK_N``) and dQ programs (the rest;
     ``BLOCK_M2 x BLOCK_N2``, or ``GP2 * BLOCK_M2`` GQA-packed rows; ``EDGE2``: edge-masked) of
     one stream in a single launch; ``EDGE_KV``: the dK/dV programs skip the mask of interior
-    query blocks. ``PROGS`` (the two-launch backward): 1 compiles only the dK/dV programs, 2
+    query blocks; ``REL_KV`` / ``REL_Q``: the dK/dV / dQ programs mask by :func:`band`. ``PROGS``
+    (the two-launch backward): 1 compiles only the dK/dV programs, 2
     only the dQ programs, so each launch gets the registers of its own kind (0: both, chosen by
     ``pid``; the kernel then holds the larger register count of the two)."""
     pid = tl.program_id(0)
@@ -458,7 +478,7 @@ def _stream_bwd(
                     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,
                     skgb, skgt, skgh, svgb, svgt, svgh, spb, srb,
                     M, N, HQ, pos_offset, window, qk_scale, sm_scale,
-                    G, D, BLOCK_D, BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, PREC, EDGE_KV)
+                    G, D, BLOCK_D, BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, PREC, EDGE_KV, REL_KV)
     else:
         pid = pid - n_kv_progs
         nm = tl.cdiv(M, BLOCK_M2)
@@ -473,7 +493,7 @@ def _stream_bwd(
                   sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh, sgb, sgt, sgh, spb,
                   M, N, HQ, pos_offset, window, qk_scale, sm_scale,
                   G, D, BLOCK_D, BLOCK_M2, BLOCK_N2, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, REVERSE, PREC, GP2,
-                  EDGE2)
+                  EDGE2, REL_Q)
 
 
 # ============================================================================ host
@@ -509,27 +529,41 @@ CONFIGS = {
 # benchmarks/attention.py --window-tune times them; overridable like CONFIGS.
 FWD_VARIANTS = {"base": (False, False), "edge": (False, True), "gqa": (True, True), "gqa_masked": (True, False)}
 FWD_VARIANT = {"win_fwd": "edge", "full_fwd": "base"}
+# Window-stream forward options (candidates): FWD_REL masks the edge blocks by common.band
+# (contiguous positions without documents or left padding), FWD_LAZY > 0 rescales the
+# accumulator only when a row's max grows by more than that many log2 units (softmax_step).
+FWD_REL = False
+FWD_LAZY = 0.0
 # dQ programs of the backward (both streams): "base" (one query head per program, every block
 # masked; measured default), "gqa" (GQA-packed rows, edge masking; bwd_dq_gqa's blocks; slower
-# on the H200, 2026-12-02) or "edge" (one head a program, only the blocks not entirely visible
-# masked, as the "edge" forward; bwd_dq's blocks; level with "base" on the H200, 2026-12-02).
-DQ_VARIANTS = ("base", "gqa", "edge")
+# on the H200, 2026-12-02), "edge" (one head a program, only the blocks not entirely visible
+# masked, as the "edge" forward; bwd_dq's blocks; level with "base" on the H200, 2026-12-02) or
+# "rel" (every block masked by common.band on int32 relative positions: one unsigned compare an
+# element instead of int64 range checks; contiguous positions without documents or left
+# padding, else "base").
+DQ_VARIANTS = ("base", "gqa", "edge", "rel")
 DQ_VARIANT = "base"
 # dK/dV programs: "base" (every visited query block masked; measured default) or "edge" (interior
 # query blocks unmasked, for contiguous positions without documents or left padding: training's
-# PT streams; other calls keep the mask; slower than "base" on the H200, 2026-12-02).
-DKDV_VARIANTS = ("base", "edge")
+# PT streams; other calls keep the mask; slower than "base" on the H200, 2026-12-02) or "rel" (as
+# the dQ's "rel", under the same condition).
+DKDV_VARIANTS = ("base", "edge", "rel")
 DKDV_VARIANT = "base"
 
 
 def check_bwd_config(overrides: dict) -> None:
     """ValueError unless ``overrides`` holds only ``"bwd_dkdv"`` / ``"bwd_dq"`` (four positive
-    integers: BLOCK_M, BLOCK_N, num_warps, num_stages; the blocks powers of two >= 16) and
-    ``"fused"`` (a bool: :data:`FUSED_BWD`)."""
+    integers: BLOCK_M, BLOCK_N, num_warps, num_stages; the blocks powers of two >= 16),
+    ``"fused"`` (a bool: :data:`FUSED_BWD`) and ``"dq_variant"`` / ``"dkdv_variant"`` (one of
+    :data:`DQ_VARIANTS` / :data:`DKDV_VARIANTS`)."""
+    variants = {"dq_variant": DQ_VARIANTS, "dkdv_variant": DKDV_VARIANTS}
     for k, v in overrides.items():
         if k == "fused":
             if not isinstance(v, bool):
                 raise ValueError(f"backward config: fused {v!r}; give true or false")
+        elif k in variants:
+            if v not in variants[k]:
+                raise ValueError(f"backward config: {k} {v!r}; give one of {', '.join(variants[k])}")
         elif k in ("bwd_dkdv", "bwd_dq"):
             if (not isinstance(v, (list, tuple)) or len(v) != 4
                     or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in v)
@@ -537,30 +571,33 @@ def check_bwd_config(overrides: dict) -> None:
                 raise ValueError(f"backward config: {k} {v!r}; give [BLOCK_M, BLOCK_N, num_warps, num_stages], "
                                  "blocks powers of two >= 16")
         else:
-            raise ValueError(f"backward config: unknown key {k!r}; allowed: bwd_dkdv, bwd_dq, fused")
+            raise ValueError(f"backward config: unknown key {k!r}; allowed: bwd_dkdv, bwd_dq, fused, dq_variant, "
+                             "dkdv_variant")
 
 
 @contextlib.contextmanager
 def bwd_config(block_d: int = 128, **overrides):
     """Within the block, the backward's launch configs of head dims up to ``block_d`` (its
     :data:`CONFIGS` key) and :data:`FUSED_BWD` set from ``overrides`` (checked first by
-    :func:`check_bwd_config`); what a benchmark runs against the defaults. Restored afterwards."""
-    global FUSED_BWD
+    :func:`check_bwd_config`), and :data:`DQ_VARIANT` / :data:`DKDV_VARIANT`; what a benchmark runs
+    against the defaults. Restored afterwards."""
+    global FUSED_BWD, DQ_VARIANT, DKDV_VARIANT
     check_bwd_config(overrides)
     key = 64 if block_d <= 64 else (128 if block_d <= 128 else 256)
     keep = {kind: CONFIGS[kind][key] for kind in ("bwd_dkdv", "bwd_dq")}
-    keep_fused = FUSED_BWD
+    keep_flags = FUSED_BWD, DQ_VARIANT, DKDV_VARIANT
     try:
         for kind in ("bwd_dkdv", "bwd_dq"):
             if kind in overrides:
                 CONFIGS[kind][key] = tuple(overrides[kind])
-        if "fused" in overrides:
-            FUSED_BWD = overrides["fused"]
+        FUSED_BWD = overrides.get("fused", FUSED_BWD)
+        DQ_VARIANT = overrides.get("dq_variant", DQ_VARIANT)
+        DKDV_VARIANT = overrides.get("dkdv_variant", DKDV_VARIANT)
         yield
     finally:
         for kind, cfg in keep.items():
             CONFIGS[kind][key] = cfg
-        FUSED_BWD = keep_fused
+        FUSED_BWD, DQ_VARIANT, DKDV_VARIANT = keep_flags
 
 
 # Use SDPA (cuDNN first) for the all-positions full stream of fp16/bf16 inputs.
@@ -642,6 +679,8 @@ def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allo
         POS_PTR=pos is not None, HAS_WINDOW=bool(window), HAS_DOC=masks.doc is not None,
         HAS_KVS=masks.kv_start is not None, NUM_SPLITS=splits, PARTIAL=splits > 1, REVERSE=not window,
         PREC=precision(q.dtype), GP=GP, EDGE_MASK=edge, num_warps=nw, num_stages=ns,
+        REL=FWD_REL and edge and bool(window) and pos is None and masks.doc is None and masks.kv_start is None,
+        LAZY=float(FWD_LAZY) if window else 0.0,
     )
     doc = dd if masks.doc is None else masks.doc
     dst = dd if masks.doc_start is None else masks.doc_start
@@ -718,7 +757,9 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     edge2 = DQ_VARIANT in ("edge", "gqa")  # the packed dQ is always edge-masked
     if DKDV_VARIANT not in DKDV_VARIANTS:
         raise ValueError(f"DKDV_VARIANT must be one of {DKDV_VARIANTS}, got {DKDV_VARIANT!r}")
-    edge_kv = DKDV_VARIANT == "edge" and pos is None and masks.doc is None and masks.kv_start is None
+    contiguous = pos is None and masks.doc is None and masks.kv_start is None
+    edge_kv = DKDV_VARIANT == "edge" and contiguous
+    rel = (DKDV_VARIANT == "rel" and contiguous, DQ_VARIANT == "rel" and contiguous)
     BM, BN, nw, ns = _cfg("bwd_dkdv", BD)
     if pos is not None:
         qr = _query_ranges(pos, N, BN, masks)
@@ -734,7 +775,7 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
             M, N, HQ, HKV, B)
     tail = (pos_offset, window, qk, scale)
     flags = (pos is not None, bool(window), masks.doc is not None, masks.kv_start is not None, precision(q.dtype))
-    shape = (HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, edge2, edge_kv, flags)
+    shape = (HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, edge2, edge_kv, rel, flags)
     if FUSED_BWD:  # one launch: dK/dV programs first, then dQ programs
         _stream_bwd[(n_kv + n_q,)](*args, n_kv, *tail, **_bwd_consts(*shape, nw, ns))
     else:  # each launch compiled with its own kind of program only (PROGS)
@@ -743,11 +784,11 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     return dq, dk, dv
 
 
-def _bwd_consts(G, D, BD, BM, BN, BM2, BN2, GP2, EDGE2, EDGE_KV, flags, nw, ns):
-    """The constexpr/launch keywords of a backward launch."""
+def _bwd_consts(G, D, BD, BM, BN, BM2, BN2, GP2, EDGE2, EDGE_KV, REL, flags, nw, ns):
+    """The constexpr/launch keywords of a backward launch (``REL``: (dK/dV, dQ) masked by band)."""
     pos_ptr, has_window, has_doc, has_kvs, prec = flags
     return dict(G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN, BLOCK_M2=BM2, BLOCK_N2=BN2, GP2=GP2, EDGE2=EDGE2,
-                EDGE_KV=EDGE_KV, POS_PTR=pos_ptr, HAS_WINDOW=has_window, HAS_DOC=has_doc, HAS_KVS=has_kvs,
+                EDGE_KV=EDGE_KV, REL_KV=REL[0], REL_Q=REL[1], POS_PTR=pos_ptr, HAS_WINDOW=has_window, HAS_DOC=has_doc, HAS_KVS=has_kvs,
                 REVERSE=not has_window, PREC=prec, num_warps=nw, num_stages=ns)
 
 
