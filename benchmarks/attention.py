@@ -531,12 +531,12 @@ WINDOW_BWD_CANDIDATES = [
     ("2-launch dkdv 32x32 w8", {"bwd_dkdv": (32, 32, 8, 2)}, False, "base"),
     # masks by common.band on int32 relative positions (DQ_VARIANT / DKDV_VARIANT "rel"; ninth
     # session): sm_90 SASS of the loop a trip, 32 x 64 dK/dV 556 -> 411 instructions, 64 x 64 dQ
-    # 747 -> 570 (cuobjdump, Triton 3.6)
-    ("rel", {}, True, "rel:rel"),
-    ("rel dq", {}, True, "rel"),
-    ("rel dkdv", {}, True, "base:rel"),
-    ("rel + dkdv 64x64", {"bwd_dkdv": (64, 64, 4, 2)}, True, "rel:rel"),
-    ("rel 2-launch", {}, False, "rel:rel"),
+    # 747 -> 570 (cuobjdump, Triton 3.6). Measured (H200, 0abbc51; fwd+bwd against the old "base"
+    # at 32K / 128K): the dK/dV programs' -3.5% / -3.0% (the default since), both -5.1% / -0.5%,
+    # the dQ programs' alone -1.2% / -1.4%; with 64 x 64 dK/dV blocks +7.6% / +2.5%; in two
+    # launches +0.6% / -0.2%. "base" above is now the rel dK/dV.
+    ("dq rel", {}, True, "rel"),
+    ("dkdv visible", {}, True, "base:base"),
     # Measured and removed (H200, 2026-12-02, seventh session; docs/performance.md kernels changes
     # 9 and 10): dK/dV programs with one loop over (head, query block) and int32 masks ("flat",
     # "flat-edge": -0.4% to +2.3% at 32K / 128K), and delta = rowsum(dO * O) inside the backward's
@@ -551,11 +551,11 @@ WINDOW_BWD_CANDIDATES = [
 
 
 @contextlib.contextmanager
-def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None, fwd_rel=None, fwd_lazy=None):
+def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None, fwd_rel=None):
     """Within the block: ``attention.CONFIGS[kind]`` entries of this run's head dim set from
     ``{kind: (BLOCK_M, BLOCK_N, warps, stages)}``, ``FUSED_BWD``, the window stream's forward
     variant (``FWD_VARIANT["win_fwd"]``), ``DQ_VARIANT`` and (``dq_variant`` "dq:dkdv")
-    ``DKDV_VARIANT``, ``FWD_REL`` and ``FWD_LAZY`` set when given; all restored afterwards."""
+    ``DKDV_VARIANT`` and ``FWD_REL`` set when given; all restored afterwards."""
     from orthros.ops.triton import attention as ta
 
     bd = 128 if D > 64 else 64
@@ -563,12 +563,10 @@ def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None
     keep = {kind: ta.CONFIGS[kind][bd] for kind in configs}
     keep_fused, keep_variant, keep_dq, keep_dkdv = ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, \
         ta.DKDV_VARIANT
-    keep_rel, keep_lazy = ta.FWD_REL, ta.FWD_LAZY
+    keep_rel = ta.FWD_REL
     try:
         if fwd_rel is not None:
             ta.FWD_REL = fwd_rel
-        if fwd_lazy is not None:
-            ta.FWD_LAZY = fwd_lazy
         for kind, cfg in configs.items():
             ta.CONFIGS[kind][bd] = cfg
         if fused is not None:
@@ -586,7 +584,7 @@ def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None
             ta.CONFIGS[kind][bd] = cfg
         ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, ta.DKDV_VARIANT = keep_fused, keep_variant, keep_dq, \
             keep_dkdv
-        ta.FWD_REL, ta.FWD_LAZY = keep_rel, keep_lazy
+        ta.FWD_REL = keep_rel
 
 
 def window_tune(Ts=(8192, 32768, 131072), flex_T=8192, budget_s=150.0, names=None):
@@ -662,7 +660,8 @@ WINDOW_FWD_CANDIDATES = [
     # (name, attention.FWD_VARIANT of the window stream, {CONFIGS kind: (BLOCK_M, BLOCK_N, warps, stages)},
     #  backward overrides (kernel_overrides keywords)). gqa*: BLOCK_M counts packed rows (all G
     # heads x BLOCK_M // G queries). First: the default, the reference of the error column
-    # ("edge 64x32" since 2026-12-02; "base" 64x64 before).
+    # ("auto" since 2026-12-03: edge 64x32 below 32K tokens, gqa 128x32 w4 s2 from 32K; "edge
+    # 64x32" since 2026-12-02; "base" 64x64 before).
     ("default", None, {}, {}),
     ("base", "base", {"win_fwd": (64, 64, 4, 3)}, {}),
     ("edge", "edge", {"win_fwd": (64, 64, 4, 3)}, {}),
@@ -674,17 +673,14 @@ WINDOW_FWD_CANDIDATES = [
     # the packed forward with the packed dQ in its own 8-warp launch (fwd column: as gqa 128x64)
     ("gqa + dq gqa", "gqa", {"win_fwd_gqa": (128, 64, 8, 3), "bwd_dq_gqa": (128, 64, 8, 2)},
      {"fused": False, "dq_variant": "gqa"}),
-    # ninth session: the edge blocks masked by common.band (FWD_REL) and the lazy rescale
-    # (FWD_LAZY, 8 log2 units); sm_90 SASS of edge 64 x 32's loop: 412 -> 372 instructions and
-    # 157 -> 128 registers with band, the rescale's ~70 skipped on most trips with lazy
-    ("edge 64x32 rel", "edge", {"win_fwd": (64, 32, 4, 3)}, {"fwd_rel": True}),
-    ("edge 64x32 lazy", "edge", {"win_fwd": (64, 32, 4, 3)}, {"fwd_lazy": 8.0}),
-    ("edge 64x32 rel+lazy", "edge", {"win_fwd": (64, 32, 4, 3)}, {"fwd_rel": True, "fwd_lazy": 8.0}),
-    ("edge 64x64 rel+lazy", "edge", {"win_fwd": (64, 64, 4, 3)}, {"fwd_rel": True, "fwd_lazy": 8.0}),
-    ("edge 128x64 w8 rel+lazy", "edge", {"win_fwd": (128, 64, 8, 3)}, {"fwd_rel": True, "fwd_lazy": 8.0}),
-    ("gqa 128x32 w4 s2 rel+lazy", "gqa", {"win_fwd_gqa": (128, 32, 4, 2)}, {"fwd_rel": True, "fwd_lazy": 8.0}),
+    # ninth session: the edge blocks masked by common.band (FWD_REL, the default since then, so
+    # "edge 64x32" is that) against the old int64 mask; the lazy rescale of the online softmax
+    # (FA4's: the running max moves only when a row's block max passes it by > 8 log2 units) was
+    # measured and removed (H200, 0abbc51: edge 64 x 32 +7% at 32K and 128K, gqa +11%)
+    ("edge 64x32 visible", "edge", {"win_fwd": (64, 32, 4, 3)}, {"fwd_rel": False}),
+    ("gqa 128x32 visible", "gqa", {"win_fwd_gqa": (128, 32, 4, 2)}, {"fwd_rel": False}),
 ]
-FWD_OPTIONS = ("fwd_rel", "fwd_lazy")  # kernel_overrides keywords of the forward (the others: the backward's)
+FWD_OPTIONS = ("fwd_rel",)  # kernel_overrides keywords of the forward (the others: the backward's)
 PEAK_TFLOPS, PEAK_TBPS = 790.0, 4.3  # H200: bf16 matmul, copy (../shared/anchors/h200.md)
 
 

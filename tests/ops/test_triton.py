@@ -323,38 +323,16 @@ FWD_OPTION_CASES = {**VARIANT_CASES,
 
 
 @pytest.mark.parametrize("case", list(FWD_OPTION_CASES))
-@pytest.mark.parametrize("name,rel,lazy", [("edge", True, 0.0), ("gqa", True, 0.0), ("edge", False, 0.5),
-                                           ("edge", True, 8.0), ("gqa", True, 0.5)])
-def test_forward_rel_and_lazy(poison, monkeypatch, name, rel, lazy, case):
-    """The window forward's options against the reference: edge blocks masked by ``band``
-    (FWD_REL) and the lazy rescale (FWD_LAZY: at 0.5 log2 units many blocks rescale and many
-    do not; at 8 almost none after the first), with the backward reading the forward's LSE."""
+@pytest.mark.parametrize("name,rel", [("edge", True), ("gqa", True), ("edge", False)])
+def test_forward_rel_mask(poison, monkeypatch, name, rel, case):
+    """The window forward's edge blocks masked by ``band`` (FWD_REL) or by ``visible`` against
+    the reference, with the backward reading the forward's LSE."""
     from orthros.ops.triton import attention as ta
 
     use_variant(monkeypatch, name)
     monkeypatch.setattr(ta, "FWD_REL", rel)
-    monkeypatch.setattr(ta, "FWD_LAZY", lazy)
     c = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in FWD_OPTION_CASES[case].items()}
     run_case(D=16, **c)
-
-
-def test_lazy_rescale_keeps_large_late_scores_exact(poison, monkeypatch):
-    """Scores that grow by far more than the lazy threshold late in a row must move the running
-    max (else exp2 overflows): the lazy forward matches the reference."""
-    from orthros.ops.triton import attention as ta
-
-    use_variant(monkeypatch, "edge")
-    monkeypatch.setattr(ta, "FWD_LAZY", 8.0)
-    g = torch.Generator().manual_seed(3)
-    T, w = 70, 60
-    q = torch.randn(1, T, 2, 16, generator=g)
-    k = torch.randn(1, T, 1, 16, generator=g)
-    k[0, 50:] *= 60.0  # late keys: scores ~2**100 above the rest (exp2 overflows unless the max moves)
-    v = torch.randn(1, T, 1, 16, generator=g)
-    q, k, v = (t.to(DEV) for t in (q, k, v))
-    out = orthros_attention(q, k, v, q[:, :0], window_size=w, backend="triton")[0]
-    ref = orthros_attention(q, k, v, q[:, :0], window_size=w, backend="reference")[0]
-    assert rel(out, ref) < 1e-4, rel(out, ref)
 
 
 def use_dq_variant(monkeypatch, fused, variant="gqa", small=not HAS_CUDA):
@@ -415,7 +393,7 @@ def test_bwd_config_sets_and_restores_the_backward_launch():
 @pytest.mark.parametrize("case", list(DKDV_CASES))
 def test_two_launch_backward(poison, monkeypatch, case):
     """FUSED_BWD = False: the dK/dV launch and the dQ launch, each compiled with its own kind of
-    program only (PROGS 1 / 2), against the reference (base variants)."""
+    program only (PROGS 1 / 2), against the reference (default variants)."""
     from orthros.ops.triton import attention as ta
 
     monkeypatch.setattr(ta, "FUSED_BWD", False)
@@ -662,15 +640,13 @@ def variant_sweep_gpu(dtype):
 @gpu
 @pytest.mark.parametrize("name", ["edge", "gqa"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_rel_and_lazy_gpu(poison, monkeypatch, dtype, name):
-    """The band masks (FWD_REL, DQ_VARIANT / DKDV_VARIANT "rel") and the lazy rescale (FWD_LAZY 8)
-    together at the real block sizes (the default configs of the GPU), fused and in two launches,
-    plus the 1M-token 64-bit window case."""
+def test_rel_masks_gpu(poison, monkeypatch, dtype, name):
+    """The band masks (FWD_REL, DQ_VARIANT / DKDV_VARIANT "rel") together at the real block sizes
+    (the GPU's configs), fused and in two launches, plus the 1M-token 64-bit window case."""
     from orthros.ops.triton import attention as ta
 
     use_variant(monkeypatch, name, small=False)
     monkeypatch.setattr(ta, "FWD_REL", True)
-    monkeypatch.setattr(ta, "FWD_LAZY", 8.0)
     monkeypatch.setattr(ta, "DQ_VARIANT", "rel")
     monkeypatch.setattr(ta, "DKDV_VARIANT", "rel")
     monkeypatch.setattr(ta, "FUSED_BWD", name == "edge")

@@ -106,7 +106,7 @@ def _stream_fwd(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
     NUM_SPLITS: tl.constexpr, PARTIAL: tl.constexpr, REVERSE: tl.constexpr, PREC: tl.constexpr,
-    GP: tl.constexpr = 1, EDGE_MASK: tl.constexpr = False, REL: tl.constexpr = False, LAZY: tl.constexpr = 0.0,
+    GP: tl.constexpr = 1, EDGE_MASK: tl.constexpr = False, REL: tl.constexpr = False,
 ):
     """One query block of one stream. ``GP == 1`` (the default): program axis 0 is the query
     head and the tile is ``BLOCK_M`` queries of it. ``GP > 1`` (GQA-packed, ``GP = pow2(G)``):
@@ -116,7 +116,7 @@ def _stream_fwd(
     ``EDGE_MASK``: apply the position mask only to key blocks that are not entirely visible
     to every query of the block (a uniform branch; see ``_interior``); with ``REL`` (the window
     stream of contiguous positions without documents or left padding) that mask is
-    :func:`band`. ``LAZY``: the lazy rescale of :func:`softmax_step`."""
+    :func:`band`."""
     pid0 = tl.program_id(0)
     pid_m = tl.program_id(1)
     bz = tl.program_id(2)
@@ -176,7 +176,7 @@ def _stream_fwd(
                            HAS_WINDOW, HAS_DOC, HAS_KVS)
             s = tl.where(mask, s, float("-inf"))
         v = tl.load(v_base + cols[:, None] * svt + offs_d[None, :], mask=c_ok[:, None] & d_ok[None, :], other=0.0)
-        m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v, PREC, LAZY)
+        m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v, PREC)
 
     o, lse, has = softmax_result(m_i, l_i, acc)
     if GP == 1:
@@ -513,7 +513,9 @@ CONFIGS = {
     "bwd_dkdv": {64: (64, 64, 4, 2), 128: (32, 64, 4, 2), 256: (32, 32, 4, 1)},
     # GQA-packed forward ("gqa" variants below): BLOCK_M is the number of packed rows (all G
     # heads x BLOCK_M // pow2(G) queries). Not measured yet: candidates for --window-tune.
-    "win_fwd_gqa": {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 4, 2)},
+    # win_fwd_gqa at head dim 128: 128 x 32 w4 s2 (H200, 2026-12-03, 0abbc51: 1.80-1.92x Flex at
+    # 32K-1M, 0.92x the edge 64 x 32 forward at 32K, 0.87x at 128K and 1M; 1.09x at 8K)
+    "win_fwd_gqa": {64: (128, 64, 4, 3), 128: (128, 32, 4, 2), 256: (64, 32, 4, 2)},
     "full_fwd_gqa": {64: (128, 64, 4, 3), 128: (128, 64, 8, 3), 256: (64, 32, 4, 2)},
     # GQA-packed dQ (DQ_VARIANT "gqa"): packed rows as above. In the fused launch the dQ programs
     # run with bwd_dkdv's warps (one launch, one num_warps): FUSED_BWD = False uses these.
@@ -525,15 +527,18 @@ CONFIGS = {
 #               window stream's since 2026-12-02: measured fastest with 64 x 32 blocks at 8K-1M);
 #   gqa:        all G query heads of a KV head in one program (each K/V tile loaded once per
 #               group), edge masking;
-#   gqa_masked: the same packing, every block masked (separates the two effects).
+#   gqa_masked: the same packing, every block masked (separates the two effects);
+#   auto:       "gqa" from WIN_FWD_PACKED_TOKENS tokens (B x T) at head dims 65-128, else "edge"
+#               (the window stream's since 2026-12-03: gqa 128 x 32 is the faster from 32K on,
+#               edge 64 x 32 at 8K).
 # benchmarks/attention.py --window-tune times them; overridable like CONFIGS.
 FWD_VARIANTS = {"base": (False, False), "edge": (False, True), "gqa": (True, True), "gqa_masked": (True, False)}
-FWD_VARIANT = {"win_fwd": "edge", "full_fwd": "base"}
-# Window-stream forward options (candidates): FWD_REL masks the edge blocks by common.band
-# (contiguous positions without documents or left padding), FWD_LAZY > 0 rescales the
-# accumulator only when a row's max grows by more than that many log2 units (softmax_step).
-FWD_REL = False
-FWD_LAZY = 0.0
+FWD_VARIANT = {"win_fwd": "auto", "full_fwd": "base"}
+WIN_FWD_PACKED_TOKENS = 32768
+# FWD_REL: the edge blocks of a window stream of contiguous positions without documents or left
+# padding masked by common.band (H200, 2026-12-03: edge 64 x 32 0.94x the time at 128K, level at
+# 8K and 32K).
+FWD_REL = True
 # dQ programs of the backward (both streams): "base" (one query head per program, every block
 # masked; measured default), "gqa" (GQA-packed rows, edge masking; bwd_dq_gqa's blocks; slower
 # on the H200, 2026-12-02), "edge" (one head a program, only the blocks not entirely visible
@@ -542,13 +547,14 @@ FWD_LAZY = 0.0
 # element instead of int64 range checks; contiguous positions without documents or left
 # padding, else "base").
 DQ_VARIANTS = ("base", "gqa", "edge", "rel")
-DQ_VARIANT = "base"
-# dK/dV programs: "base" (every visited query block masked; measured default) or "edge" (interior
+DQ_VARIANT = "base"  # "rel": -1.2% / -1.4% at 32K / 128K against "base", within the noise (2026-12-03)
+# dK/dV programs: "base" (every visited query block masked by common.visible), "edge" (interior
 # query blocks unmasked, for contiguous positions without documents or left padding: training's
 # PT streams; other calls keep the mask; slower than "base" on the H200, 2026-12-02) or "rel" (as
-# the dQ's "rel", under the same condition).
+# the dQ's "rel", under the same condition; the measured default, calls with positions,
+# documents or left padding take "base").
 DKDV_VARIANTS = ("base", "edge", "rel")
-DKDV_VARIANT = "base"
+DKDV_VARIANT = "rel"  # H200, 2026-12-03 (0abbc51): fwd+bwd -3.5% at 32K, -3.0% at 128K against "base"
 
 
 def check_bwd_config(overrides: dict) -> None:
@@ -615,11 +621,14 @@ def _cfg(kind: str, block_d: int):
     return bm, bn, nw, ns
 
 
-def _fwd_variant(kind: str):
-    """(packed, edge) of the forward variant selected for ``kind`` in ``FWD_VARIANT``."""
+def _fwd_variant(kind: str, tokens: int, block_d: int):
+    """(packed, edge) of the forward variant selected for ``kind`` in ``FWD_VARIANT`` ("auto":
+    by the call's ``tokens`` = B x T and its head dim's ``block_d``)."""
     name = FWD_VARIANT[kind]
+    if name == "auto":
+        name = "gqa" if tokens >= WIN_FWD_PACKED_TOKENS and 64 < block_d <= 128 else "edge"
     if name not in FWD_VARIANTS:
-        raise ValueError(f"FWD_VARIANT[{kind!r}] must be one of {sorted(FWD_VARIANTS)}, got {name!r}")
+        raise ValueError(f"FWD_VARIANT[{kind!r}] must be one of {sorted(FWD_VARIANTS) + ['auto']}, got {name!r}")
     return FWD_VARIANTS[name]
 
 
@@ -654,7 +663,7 @@ def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allo
     BD = block_d(D)
     kind = "win_fwd" if window else "full_fwd"
     G = HQ // HKV
-    packed, edge = _fwd_variant(kind)
+    packed, edge = _fwd_variant(kind, B * M, BD)
     if packed:
         GP = pow2(G)
         rows, BN, nw, ns = _cfg(kind + "_gqa", BD)
@@ -680,7 +689,6 @@ def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allo
         HAS_KVS=masks.kv_start is not None, NUM_SPLITS=splits, PARTIAL=splits > 1, REVERSE=not window,
         PREC=precision(q.dtype), GP=GP, EDGE_MASK=edge, num_warps=nw, num_stages=ns,
         REL=FWD_REL and edge and bool(window) and pos is None and masks.doc is None and masks.kv_start is None,
-        LAZY=float(FWD_LAZY) if window else 0.0,
     )
     doc = dd if masks.doc is None else masks.doc
     dst = dd if masks.doc_start is None else masks.doc_start

@@ -193,26 +193,11 @@ def band(d, window, HAS_WINDOW: tl.constexpr):
 
 
 @triton.jit
-def softmax_step(m_i, l_i, acc, s, v, PREC: tl.constexpr, LAZY: tl.constexpr = 0.0):
+def softmax_step(m_i, l_i, acc, s, v, PREC: tl.constexpr):
     """One key block of the online softmax: fold scores ``s [M, N]`` (log2 domain, -inf where
     not visible) and values ``v [N, D]`` into the running max ``m_i``, sum ``l_i`` and
-    output accumulator ``acc``. ``LAZY > 0``: the running max (and with it ``acc`` and ``l_i``)
-    moves only when some row's block max exceeds it by more than ``LAZY`` (log2 units; a
-    uniform branch), so most blocks skip the rescale of ``acc``; the probabilities of a block
-    are then at most ``2**LAZY``, and ``l_i`` carries the same scale, so ``acc / l_i`` and
-    ``m_i + log2(l_i)`` are unchanged."""
+    output accumulator ``acc``."""
     m_new = tl.maximum(m_i, tl.max(s, 1))
-    if LAZY > 0:
-        if tl.max(tl.where(m_new > m_i, m_new - m_i, 0.0), 0) > LAZY:
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            alpha = tl.exp2(m_i - m_safe)
-            acc = acc * alpha[:, None]
-            l_i = l_i * alpha
-            m_i = m_new
-        p = tl.exp2(s - tl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
-        l_i = l_i + tl.sum(p, 1)
-        acc = acc + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        return m_i, l_i, acc
     m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(s - m_safe[:, None])
