@@ -642,7 +642,8 @@ def variant_sweep_gpu(dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_rel_masks_gpu(poison, monkeypatch, dtype, name):
     """The band masks (FWD_REL, DQ_VARIANT / DKDV_VARIANT "rel") together at the real block sizes
-    (the GPU's configs), fused and in two launches, plus the 1M-token 64-bit window case."""
+    (the GPU's configs), fused and in two launches (the 1M-token 64-bit case of the default
+    forward is test_gpu_64bit_offsets_window's)."""
     from orthros.ops.triton import attention as ta
 
     use_variant(monkeypatch, name, small=False)
@@ -651,8 +652,6 @@ def test_rel_masks_gpu(poison, monkeypatch, dtype, name):
     monkeypatch.setattr(ta, "DKDV_VARIANT", "rel")
     monkeypatch.setattr(ta, "FUSED_BWD", name == "edge")
     variant_sweep_gpu(dtype)
-    if dtype == torch.bfloat16:
-        test_gpu_64bit_offsets_window()
 
 
 @pytest.mark.gpu
