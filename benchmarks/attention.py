@@ -982,20 +982,19 @@ def main():
                     help="--window-tune: the forward variants only, not the backward candidates")
     ap.add_argument("--dry-run", action="store_true", help="CPU (Triton interpreter), tiny sizes, fp32")
     a = ap.parse_args()
-    names = None
-    if a.window_candidates is not None:
-        names = [n.strip() for n in a.window_candidates.split(",") if n.strip()]
-        known = [c[0] for c in WINDOW_BWD_CANDIDATES]
+
+    def candidate_names(flag, text, table):
+        """The names of a comma-separated candidate list, each in ``table``; None when not given."""
+        if text is None:
+            return None
+        names = [n.strip() for n in text.split(",") if n.strip()]
+        known = [c[0] for c in table]
         bad = [n for n in names if n not in known]
         if bad or not names:
-            ap.error(f"--window-candidates: unknown {bad or 'empty list'}; allowed: {', '.join(known)}")
-    fwd_names = None
-    if a.window_fwd_candidates is not None:
-        fwd_names = [n.strip() for n in a.window_fwd_candidates.split(",") if n.strip()]
-        known = [c[0] for c in WINDOW_FWD_CANDIDATES]
-        bad = [n for n in fwd_names if n not in known]
-        if bad or not fwd_names:
-            ap.error(f"--window-fwd-candidates: unknown {bad or 'empty list'}; allowed: {', '.join(known)}")
+            ap.error(f"{flag}: unknown {bad or 'empty list'}; allowed: {', '.join(known)}")
+        return names
+    names = candidate_names("--window-candidates", a.window_candidates, WINDOW_BWD_CANDIDATES)
+    fwd_names = candidate_names("--window-fwd-candidates", a.window_fwd_candidates, WINDOW_FWD_CANDIDATES)
     if a.window_bwd_only and a.window_fwd_only:
         ap.error("--window-bwd-only and --window-fwd-only exclude each other")
     JSON_PATH = a.json
