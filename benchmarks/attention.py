@@ -765,8 +765,9 @@ def window_fwd_variants(Ts=(8192, 32768, 131072, 1048576), grad_max=131072, budg
         save()
     # winner: the lowest geometric mean of fwd times over the sizes every correct candidate ran at
     names = [n for n, _, _, bwd in cands
-             if set(bwd) <= set(FWD_OPTIONS) and out and all("fwd" in r["candidates"].get(n, {}) and r["candidates"][n].get("err", 1) <= 2e-2
-                            for r in out.values())]
+             if set(bwd) <= set(FWD_OPTIONS) and out
+             and all("fwd" in r["candidates"].get(n, {}) and r["candidates"][n].get("err", 1) <= 2e-2
+                     for r in out.values())]
     if names:
         gm = {n: torch.tensor([r["candidates"][n]["fwd"] for r in out.values()]).log().mean().exp().item()
               for n in names}

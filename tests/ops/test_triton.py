@@ -467,6 +467,21 @@ def test_dkdv_variant_checked(monkeypatch):
         orthros_attention(x, x, x, x, window_size=3, backend="triton")[0].sum().backward()
 
 
+def test_auto_forward_variant_picks_by_size_head_dim_and_group():
+    """FWD_VARIANT "auto" (the window stream's default): the packed forward only where it was
+    measured faster (from WIN_FWD_PACKED_TOKENS tokens, head dims 65-128, 4 or 8 query heads a
+    KV head), the edge forward elsewhere."""
+    from orthros.ops.triton import attention as ta
+
+    assert ta.FWD_VARIANT["win_fwd"] == "auto"
+    n = ta.WIN_FWD_PACKED_TOKENS
+    gqa, edge = ta.FWD_VARIANTS["gqa"], ta.FWD_VARIANTS["edge"]
+    assert ta._fwd_variant("win_fwd", n, 128, 4) == gqa and ta._fwd_variant("win_fwd", 4 * n, 128, 8) == gqa
+    for tokens, bd, g in ((n - 1, 128, 4), (n, 64, 4), (n, 256, 4), (n, 128, 1), (n, 128, 3), (n, 128, 2)):
+        assert ta._fwd_variant("win_fwd", tokens, bd, g) == edge, (tokens, bd, g)
+    assert ta._fwd_variant("full_fwd", 4 * n, 128, 4) == ta.FWD_VARIANTS["base"]
+
+
 def test_forward_variant_checked(monkeypatch):
     from orthros.ops.triton import attention as ta
 

@@ -29,8 +29,8 @@ import triton
 import triton.language as tl
 
 from ..backends import triton_supports
-from .common import (LOG2E, band, block_d, cdiv, dummy, interpreting, last_contig, merge_splits, num_sms, pow2, precision,
-                     softmax_result, softmax_step, visible)
+from .common import (LOG2E, band, block_d, cdiv, dummy, interpreting, last_contig, merge_splits, num_sms, pow2,
+                     precision, softmax_result, softmax_step, visible)
 
 # ============================================================================ kernels
 # A stream is a set of queries with increasing absolute positions ``qpos`` (either
@@ -512,7 +512,7 @@ CONFIGS = {
     # spill-free two-launch blocks were all slower; docs/performance.md kernels change 7)
     "bwd_dkdv": {64: (64, 64, 4, 2), 128: (32, 64, 4, 2), 256: (32, 32, 4, 1)},
     # GQA-packed forward ("gqa" variants below): BLOCK_M is the number of packed rows (all G
-    # heads x BLOCK_M // pow2(G) queries). Not measured yet: candidates for --window-tune.
+    # heads x BLOCK_M // pow2(G) queries); full_fwd_gqa and the head dims 64 / 256 not measured.
     # win_fwd_gqa at head dim 128: 128 x 32 w4 s2 (H200, 2026-12-03, 0abbc51: 1.80-1.92x Flex at
     # 32K-1M, 0.92x the edge 64 x 32 forward at 32K, 0.87x at 128K and 1M; 1.09x at 8K)
     "win_fwd_gqa": {64: (128, 64, 4, 3), 128: (128, 32, 4, 2), 256: (64, 32, 4, 2)},
@@ -528,9 +528,9 @@ CONFIGS = {
 #   gqa:        all G query heads of a KV head in one program (each K/V tile loaded once per
 #               group), edge masking;
 #   gqa_masked: the same packing, every block masked (separates the two effects);
-#   auto:       "gqa" from WIN_FWD_PACKED_TOKENS tokens (B x T) at head dims 65-128, else "edge"
-#               (the window stream's since 2026-12-03: gqa 128 x 32 is the faster from 32K on,
-#               edge 64 x 32 at 8K).
+#   auto:       "gqa" from WIN_FWD_PACKED_TOKENS tokens (B x T) at head dims 65-128 and groups of
+#               4 or 8 query heads a KV head (measured at 4), else "edge" (the window stream's since
+#               2026-12-03: gqa 128 x 32 is the faster from 32K on, edge 64 x 32 at 8K).
 # benchmarks/attention.py --window-tune times them; overridable like CONFIGS.
 FWD_VARIANTS = {"base": (False, False), "edge": (False, True), "gqa": (True, True), "gqa_masked": (True, False)}
 FWD_VARIANT = {"win_fwd": "auto", "full_fwd": "base"}
@@ -621,12 +621,12 @@ def _cfg(kind: str, block_d: int):
     return bm, bn, nw, ns
 
 
-def _fwd_variant(kind: str, tokens: int, block_d: int):
+def _fwd_variant(kind: str, tokens: int, block_d: int, group: int):
     """(packed, edge) of the forward variant selected for ``kind`` in ``FWD_VARIANT`` ("auto":
-    by the call's ``tokens`` = B x T and its head dim's ``block_d``)."""
+    by the call's ``tokens`` = B x T, its head dim's ``block_d`` and its query heads a KV head)."""
     name = FWD_VARIANT[kind]
     if name == "auto":
-        name = "gqa" if tokens >= WIN_FWD_PACKED_TOKENS and 64 < block_d <= 128 else "edge"
+        name = "gqa" if tokens >= WIN_FWD_PACKED_TOKENS and 64 < block_d <= 128 and group in (4, 8) else "edge"
     if name not in FWD_VARIANTS:
         raise ValueError(f"FWD_VARIANT[{kind!r}] must be one of {sorted(FWD_VARIANTS) + ['auto']}, got {name!r}")
     return FWD_VARIANTS[name]
@@ -663,7 +663,7 @@ def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allo
     BD = block_d(D)
     kind = "win_fwd" if window else "full_fwd"
     G = HQ // HKV
-    packed, edge = _fwd_variant(kind, B * M, BD)
+    packed, edge = _fwd_variant(kind, B * M, BD, G)
     if packed:
         GP = pow2(G)
         rows, BN, nw, ns = _cfg(kind + "_gqa", BD)
@@ -796,8 +796,8 @@ def _bwd_consts(G, D, BD, BM, BN, BM2, BN2, GP2, EDGE2, EDGE_KV, REL, flags, nw,
     """The constexpr/launch keywords of a backward launch (``REL``: (dK/dV, dQ) masked by band)."""
     pos_ptr, has_window, has_doc, has_kvs, prec = flags
     return dict(G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN, BLOCK_M2=BM2, BLOCK_N2=BN2, GP2=GP2, EDGE2=EDGE2,
-                EDGE_KV=EDGE_KV, REL_KV=REL[0], REL_Q=REL[1], POS_PTR=pos_ptr, HAS_WINDOW=has_window, HAS_DOC=has_doc, HAS_KVS=has_kvs,
-                REVERSE=not has_window, PREC=prec, num_warps=nw, num_stages=ns)
+                EDGE_KV=EDGE_KV, REL_KV=REL[0], REL_Q=REL[1], POS_PTR=pos_ptr, HAS_WINDOW=has_window,
+                HAS_DOC=has_doc, HAS_KVS=has_kvs, REVERSE=not has_window, PREC=prec, num_warps=nw, num_stages=ns)
 
 
 class _StreamAttention(torch.autograd.Function):
