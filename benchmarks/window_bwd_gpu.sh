@@ -69,12 +69,11 @@ echo "roofline window: exit=$?" | tee -a "$OUT/log"
 rm -f "$OUT/roofline"/*.tmp "$OUT/roofline"/*.tmp.png
 grep -E "window|targets|met" "$OUT/roofline/log.txt" | grep -v "it/s" | tail -n 30 | tee -a "$OUT/log"
 if [ "${NCU:-1}" = 1 ] && command -v ncu > /dev/null; then
-  BM=$(python3 -c "import json,sys; c=json.loads(sys.argv[1]); print(','.join(map(str, c.get('bwd_dkdv', [64, 64, 4, 2]))), int(c['fused']))" "$CFG")
   # the third fwd+bwd's backward: one launch each when fused, two otherwise
   N=$(python3 -c "import json,sys; print(1 if json.loads(sys.argv[1])['fused'] else 2)" "$CFG")
   timeout -k 5 60 ncu --kernel-name regex:_stream_bwd --launch-skip $((2 * N)) --launch-count "$N" --section LaunchStats \
-    --section MemoryWorkloadAnalysis --section SpeedOfLight python3 benchmarks/window_bwd_ncu.py $BM > "$OUT/ncu.log" 2>&1
-  echo "ncu ($BM): exit=$?" | tee -a "$OUT/log"
+    --section MemoryWorkloadAnalysis --section SpeedOfLight python3 benchmarks/window_bwd_ncu.py "$CFG" > "$OUT/ncu.log" 2>&1
+  echo "ncu ($CFG): exit=$?" | tee -a "$OUT/log"
   grep -E "bwd_dkdv|_stream_bwd|Duration|Registers Per|Spilling Requests  |Grid Size" "$OUT/ncu.log" | tee -a "$OUT/log"
 fi
 date -u | tee -a "$OUT/log"
