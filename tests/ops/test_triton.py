@@ -318,20 +318,19 @@ def test_forward_variants(poison, monkeypatch, name, case):
     run_case(D=16, **c)
 
 
-FWD_OPTION_CASES = {**VARIANT_CASES,
-                    "continuation_grad": dict(B=2, T=29, Tk=51, Hq=4, Hkv=2, w=23, positions=torch.arange(22, 51))}
-
-
-@pytest.mark.parametrize("case", list(FWD_OPTION_CASES))
-@pytest.mark.parametrize("name,rel", [("edge", True), ("gqa", True), ("edge", False)])
-def test_forward_rel_mask(poison, monkeypatch, name, rel, case):
-    """The window forward's edge blocks masked by ``band`` (FWD_REL) or by ``visible`` against
-    the reference, with the backward reading the forward's LSE."""
+@pytest.mark.parametrize("name,rel,case", [
+    ("edge", True, "continuation"), ("gqa", True, "continuation"),  # keys before the queries: pos_offset > 0
+    ("edge", False, "continuation"), ("edge", False, "g2_w_gt_block_fp16"), ("edge", False, "g3_padded_heads")])
+def test_forward_edge_masks(poison, monkeypatch, name, rel, case):
+    """The window forward's edge blocks masked by ``band`` (FWD_REL, the default, which
+    test_forward_variants runs on every case) on a continuation, and by ``visible`` (FWD_REL
+    off), against the reference, with the backward reading the forward's LSE."""
     from orthros.ops.triton import attention as ta
 
     use_variant(monkeypatch, name)
     monkeypatch.setattr(ta, "FWD_REL", rel)
-    c = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in FWD_OPTION_CASES[case].items()}
+    cases = {**VARIANT_CASES, "continuation": dict(B=2, T=29, Tk=51, Hq=4, Hkv=2, w=23, positions=torch.arange(22, 51))}
+    c = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in cases[case].items()}
     run_case(D=16, **c)
 
 
