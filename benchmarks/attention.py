@@ -676,7 +676,8 @@ WINDOW_FWD_CANDIDATES = [
     # ninth session: the edge blocks masked by common.band (FWD_REL, the default since then, so
     # "edge 64x32" is that) against the old int64 mask; the lazy rescale of the online softmax
     # (FA4's: the running max moves only when a row's block max passes it by > 8 log2 units) was
-    # measured and removed (H200, 0abbc51: edge 64 x 32 +7% at 32K and 128K, gqa +11%)
+    # measured and removed (H200, 0abbc51: at 32K-1M edge 64 x 32 +5 to +8%, gqa +11 to +13%;
+    # faster only at 8K)
     ("edge 64x32 visible", "edge", {"win_fwd": (64, 32, 4, 3)}, {"fwd_rel": False}),
     ("gqa 128x32 visible", "gqa", {"win_fwd_gqa": (128, 32, 4, 2)}, {"fwd_rel": False}),
 ]
