@@ -571,7 +571,8 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
         gp = 4 if packed else 1  # G = 4 (Hq 32, Hkv 8)
         const = dict(D=128, BLOCK_D=128, BLOCK_M=rows // gp, BLOCK_N=bn, POS_PTR=not window, HAS_WINDOW=window,
                      HAS_DOC=not window, HAS_KVS=not window, NUM_SPLITS=1 if window else 4, PARTIAL=not window,
-                     REVERSE=not window, PREC="tf32", GP=gp, EDGE_MASK=edge)
+                     REVERSE=not window, PREC="tf32", GP=gp, EDGE_MASK=edge,
+                     REL=edge and window)  # as the host: band for a window of contiguous positions
         const = with_defaults(fn, const)
         sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n == "qk_scale" else "i32")
                for n in fn.arg_names}
@@ -590,7 +591,8 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
     for gp2, bm2, warps, edge2 in [(1, 64, 4, False), (4, 32, 8, False), (1, 64, 4, True)]:
         const = dict(G=4, D=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=64, BLOCK_M2=bm2, BLOCK_N2=64, POS_PTR=False,
                      HAS_WINDOW=True, HAS_DOC=False, HAS_KVS=False, REVERSE=False, PREC="tf32", GP2=gp2,
-                     EDGE2=edge2 or gp2 > 1, EDGE_KV=edge2)  # as the host: the packed dQ is edge-masked
+                     EDGE2=edge2 or gp2 > 1, EDGE_KV=edge2,  # as the host: the packed dQ is edge-masked
+                     REL_KV=not edge2)  # and the default dK/dV programs use band
         const = with_defaults(fn, const)
         sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n.endswith("_scale") else "i32")
                for n in fn.arg_names}
