@@ -44,14 +44,29 @@ def parse_config(text):
     return cfg
 
 
-def compile_kernel(kind, cfg, variant="edge", band=True):
-    """The compiled kernel (``triton.compile``'s result) of one kind of window-stream program."""
+def sm90_compile(fn, const, nospec, num_warps, num_stages):
+    """``fn`` compiled for sm_90 as the launcher specialises it at the benchmark's shape: the
+    constexprs ``const`` (those left out take their defaults, not runtime i32 arguments), pointers
+    typed by ``PTRS``, ``*_scale`` fp32, other integers i32, every argument but ``nospec`` and the
+    scales 16-divisible."""
     import inspect
 
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    const = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.name not in const
+                and p.default is not inspect.Parameter.empty}, **const}
+    sig = {n: PTRS.get(n, "constexpr" if n in const else "fp32" if n.endswith("_scale") else "i32")
+           for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n] != "constexpr" and n not in nospec and not n.endswith("_scale")}
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
+
+
+def compile_kernel(kind, cfg, variant="edge", band=True):
+    """The compiled kernel (``triton.compile``'s result) of one kind of window-stream program."""
     from orthros.ops.triton import attention as ta
 
     bm, bn, warps, stages = cfg
@@ -69,14 +84,7 @@ def compile_kernel(kind, cfg, variant="edge", band=True):
                      HAS_WINDOW=True, HAS_DOC=False, HAS_KVS=False, REVERSE=False, PREC="tf32",
                      PROGS=1 if kind == "dkdv" else 2, REL_KV=kind == "dkdv" and band, REL_Q=kind == "dq" and band)
         const.update(blocks)
-    const = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.name not in const
-                and p.default is not inspect.Parameter.empty}, **const}
-    sig = {n: PTRS.get(n, "constexpr" if n in const else "fp32" if n.endswith("_scale") else "i32")
-           for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-             if sig[n] != "constexpr" and n not in nospec and not n.endswith("_scale")}
-    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-                          target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    return sm90_compile(fn, const, nospec, warps, stages)
 
 
 def cuobjdump(args, cubin):

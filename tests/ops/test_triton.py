@@ -549,21 +549,14 @@ def test_interior_blocks_exact(data):
 # vectorised, whatever the packing or the edge branch does to the loop. A fresh process: kernels
 # imported under TRITON_INTERPRET=1 are interpreted, not compiled.
 COMPILE_FWD_SM90 = textwrap.dedent('''
-    import inspect, os, sys
+    import os, pathlib, sys
     os.environ.pop("TRITON_INTERPRET", None)
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
     from orthros.ops.triton import attention as ta
-
-    def with_defaults(fn, const):  # constexprs left out take their defaults (not runtime i32 arguments)
-        return {**{p.name: p.default for p in fn.params if p.is_constexpr and p.name not in const
-                   and p.default is not inspect.Parameter.empty}, **const}
+    sys.path.insert(0, str(pathlib.Path(ta.__file__).resolve().parents[3] / "benchmarks"))
+    from kernel_sass import sm90_compile  # the launcher's specialisation at the benchmark shape
 
     fn = ta._stream_fwd
     nospec = set(ta._NO_SPEC) | {"slb", "slh", "sls"}
-    ptrs = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", POS="*i64", DOC="*i64", DOCSTART="*i64",
-                KVSTART="*i64")
     for name, rows, bn, warps, window in [("base", 64, 64, 4, True), ("edge", 64, 64, 4, True),
                                           ("gqa", 128, 64, 8, True), ("gqa_masked", 128, 64, 8, True),
                                           ("gqa", 128, 32, 8, True), ("gqa", 128, 64, 8, False)]:
@@ -573,33 +566,19 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
                      HAS_DOC=not window, HAS_KVS=not window, NUM_SPLITS=1 if window else 4, PARTIAL=not window,
                      REVERSE=not window, PREC="tf32", GP=gp, EDGE_MASK=edge,
                      REL=edge and window)  # as the host: band for a window of contiguous positions
-        const = with_defaults(fn, const)
-        sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n == "qk_scale" else "i32")
-               for n in fn.arg_names}
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-                 if sig[n] != "constexpr" and n not in nospec and n != "qk_scale"}
-        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 3})
-        ptx = k.asm["ptx"]
+        ptx = sm90_compile(fn, const, nospec, warps, 3).asm["ptx"]
         per_stage = 2 * bn * 128 * 2 // 16 // (32 * warps)  # 16-byte copies of one K and one V tile per thread
         print("CASE", name, rows, bn, window, ptx.count("cp.async.cg.shared.global") // per_stage,
               ptx.count("ld.global.b16") + ptx.count("ld.global.u16"))
     # the one-launch backward with the base and the GQA-packed dQ (DQ_VARIANT "gqa", 8 warps)
     fn = ta._stream_bwd
     nospec = set(ta._NO_SPEC) | {"HKV", "B", "n_kv_progs", "srb"}
-    ptrs.update(DO="*bf16", DQ="*bf16", DK="*bf16", DV="*bf16", DELTA="*fp32", QRANGE="*i64")
     for gp2, bm2, warps, edge2 in [(1, 64, 4, False), (4, 32, 8, False), (1, 64, 4, True)]:
         const = dict(G=4, D=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=64, BLOCK_M2=bm2, BLOCK_N2=64, POS_PTR=False,
                      HAS_WINDOW=True, HAS_DOC=False, HAS_KVS=False, REVERSE=False, PREC="tf32", GP2=gp2,
                      EDGE2=edge2 or gp2 > 1, EDGE_KV=edge2,  # as the host: the packed dQ is edge-masked
                      REL_KV=not edge2)  # and the default dK/dV programs use band
-        const = with_defaults(fn, const)
-        sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n.endswith("_scale") else "i32")
-               for n in fn.arg_names}
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-                 if sig[n] != "constexpr" and n not in nospec and not n.endswith("_scale")}
-        ptx = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-                             target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": 2}).asm["ptx"]
+        ptx = sm90_compile(fn, const, nospec, warps, 2).asm["ptx"]
         print("BWD", gp2, ptx.count("cp.async.cg.shared.global"), ptx.count("ld.global.b16") + ptx.count("ld.global.u16"))
     # the two-launch backward: PROGS 1 / 2 compile one kind of program each (the dK/dV block's
     # dot products and the dQ block's are told apart by their accumulators' stores: dK and dV
@@ -607,14 +586,8 @@ COMPILE_FWD_SM90 = textwrap.dedent('''
     const = dict(G=4, D=128, BLOCK_D=128, BLOCK_M=64, BLOCK_N=32, BLOCK_M2=64, BLOCK_N2=64, POS_PTR=False,
                  HAS_WINDOW=True, HAS_DOC=False, HAS_KVS=False, REVERSE=False, PREC="tf32", GP2=1, EDGE2=False,
                  EDGE_KV=False)
-    const = with_defaults(fn, const)
     for progs in (0, 1, 2):
-        sig = {n: ptrs.get(n, "constexpr" if n in const or n == "PROGS" else "fp32" if n.endswith("_scale") else "i32")
-               for n in fn.arg_names}
-        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-                 if sig[n] != "constexpr" and n not in nospec and not n.endswith("_scale")}
-        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs={**const, "PROGS": progs}, attrs=attrs),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 2})
+        k = sm90_compile(fn, {**const, "PROGS": progs}, nospec, 8, 2)
         print("PROGS", progs, k.asm["ttir"].count("tt.dot"))
     print("OK")
 ''')
