@@ -9,10 +9,16 @@ of ``--n`` calls:
   forward launch); ``grad``: ``torch.autograd.grad`` after it (the engine, the backward's
   allocations and launches); ``backward_only``: ``_stream_backward`` called directly;
 * ``grad_trivial``: ``torch.autograd.grad`` through ``x * 2`` of the same size (the engine alone);
+* ``fb_nop``: the whole call through a Python ``autograd.Function`` that only allocates its
+  outputs and gradients (the floor of any Python-level op's fwd+bwd: the engine, its device
+  thread, the Function's node, six allocations);
 * ``eager`` / ``graph``: do_bench of the eager fwd+bwd (GPU time, or host time where the host is
   the slower) and of its CUDA-graph replay (GPU time alone).
 
-Then a cProfile of the call. bf16, B=1, Hq 32, Hkv 8, D 128, w 128 (the roofline's shape).
+Each piece is timed with Triton's JIT launch and with the op's launch cache
+(``orthros.ops.triton.common.launch``), alternating (off, on, off, on) in one process. Then a
+cProfile and a ``torch.profiler`` table of the call (launch cache on). bf16, B=1, Hq 32, Hkv 8,
+D 128, w 128 (the roofline's shape).
 
     python benchmarks/window_host.py [--T 8192] [--n 200] [--json OUT.json]
 """
@@ -37,6 +43,7 @@ sys.path.insert(1, HERE)
 from attention import bench, graph_time  # noqa: E402  (benchmarks/attention.py: do_bench median, CUDA-graph replay)
 from orthros.ops import orthros_attention  # noqa: E402
 from orthros.ops.triton import attention as A  # noqa: E402
+from orthros.ops.triton import common  # noqa: E402
 from orthros.utils import commit_id, write_json  # noqa: E402
 
 
@@ -87,22 +94,37 @@ def main(argv=None) -> int:
     with torch.no_grad():
         o, lse = A._stream_forward(q, k, v, None, 0, W, scale, masks)
 
+    class Nop(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v):
+            ctx.save_for_backward(q, k, v)
+            return torch.empty_like(q)
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v = ctx.saved_tensors
+            return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
     res = {"T": a.T, "n": a.n, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": triton.__version__, "commit": commit_id(),
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    for _ in range(5):
-        fb()
-    row = {
-        "fb": host_ms(fb, a.n),
-        "forward": host_ms(fwd, a.n),
-        "grad": host_ms(lambda out: torch.autograd.grad(out, (q, k, v), g), a.n, before=fwd),
-        "backward_only": host_ms(lambda: A._stream_backward(g, q, k, v, o, lse, None, 0, W, scale, masks), a.n),
-        "grad_trivial": host_ms(lambda y: torch.autograd.grad(y, (x,), g), a.n, before=lambda: x * 2),
-        "eager": bench(fb),
-        "graph": graph_time(fb),
-    }
-    res["ms"] = row
-    print("  ".join(f"{k} {v:.3f}" for k, v in row.items()) + "  (ms)", flush=True)
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "ms": {}}
+    for rnd, fast in enumerate((False, True, False, True)):
+        common.FAST_LAUNCH = fast
+        for _ in range(5):
+            fb()
+        row = {
+            "fb": host_ms(fb, a.n),
+            "forward": host_ms(fwd, a.n),
+            "grad": host_ms(lambda out: torch.autograd.grad(out, (q, k, v), g), a.n, before=fwd),
+            "backward_only": host_ms(lambda: A._stream_backward(g, q, k, v, o, lse, None, 0, W, scale, masks), a.n),
+            "grad_trivial": host_ms(lambda y: torch.autograd.grad(y, (x,), g), a.n, before=lambda: x * 2),
+            "fb_nop": host_ms(lambda: torch.autograd.grad(Nop.apply(q, k, v), (q, k, v), g), a.n),
+            "eager": bench(fb),
+            "graph": graph_time(fb),
+        }
+        label = f"{'cache' if fast else 'jit'}{rnd // 2 + 1}"
+        res["ms"][label] = row
+        print(f"{label:7s}" + "  ".join(f"{k} {v:.3f}" for k, v in row.items()) + "  (ms)", flush=True)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(50):
@@ -113,6 +135,14 @@ def main(argv=None) -> int:
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(18)
     res["profile"] = buf.getvalue()
     print(res["profile"], flush=True)
+    # PyTorch's own view of the same calls (its ops, the autograd engine's nodes, the launches' driver calls)
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as tp:
+        for _ in range(20):
+            fb()
+        torch.cuda.synchronize()
+    res["torch_profile"] = tp.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+    print(res["torch_profile"], flush=True)
     if a.json:
         write_json(a.json, res)
     return 0

@@ -29,8 +29,8 @@ import triton
 import triton.language as tl
 
 from ..backends import triton_supports
-from .common import (LOG2E, band, block_d, cdiv, dummy, interpreting, last_contig, merge_splits, num_sms, pow2,
-                     precision, softmax_result, softmax_step, visible)
+from .common import (LOG2E, band, block_d, cdiv, dummy, interpreting, last_contig, launch, merge_splits, num_sms,
+                     pow2, precision, softmax_result, softmax_step, visible)
 
 # ============================================================================ kernels
 # A stream is a set of queries with increasing absolute positions ``qpos`` (either
@@ -697,7 +697,7 @@ def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allo
     qk = scale * LOG2E
     if splits == 1:
         os_ = o.stride()
-        _stream_fwd[(heads, nm, B)](
+        launch(_stream_fwd, (heads, nm, B),
             q, k, v, o, lse, pos_t, doc, dst, kvs,
             qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
             os_[0], os_[1], os_[2], 0, HQ * M, M, 0, spb,
@@ -705,12 +705,12 @@ def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allo
         return o, lse
     op = torch.empty(splits, B, HQ, M, D, dtype=torch.float32, device=dev)
     lp = torch.empty(splits, B, HQ, M, dtype=torch.float32, device=dev)
-    _stream_fwd[(heads, nm, B * splits)](
+    launch(_stream_fwd, (heads, nm, B * splits),
         q, k, v, op, lp, pos_t, doc, dst, kvs,
         qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
         HQ * M * D, D, M * D, B * HQ * M * D, HQ * M, M, B * HQ * M, spb,
         M, N, HQ, pos_offset, window, qk, **common)
-    _combine_splits[(M, B * HQ)](op, lp, o, lse, o.stride(0), o.stride(1), o.stride(2), M, HQ,
+    launch(_combine_splits, (M, B * HQ), op, lp, o, lse, o.stride(0), o.stride(1), o.stride(2), M, HQ,
                                      NUM_SPLITS=splits, D=D, BLOCK_D=BD,
                                      BLOCK_S=max(2, pow2(splits)))
     return o, lse
@@ -744,7 +744,7 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     BD = block_d(D)
     os_, ds = o.stride(), do.stride()
     delta = torch.empty(B, HQ, M, dtype=torch.float32, device=dev)
-    _bwd_delta[(cdiv(M, 64), B * HQ)](o, do, delta, os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], M, HQ,
+    launch(_bwd_delta, (cdiv(M, 64), B * HQ), o, do, delta, os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], M, HQ,
                                           D=D, BLOCK_D=BD, BLOCK_M=64)
     dd = dummy(dev)
     pos_t = dd if pos is None else pos
@@ -785,10 +785,10 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     flags = (pos is not None, bool(window), masks.doc is not None, masks.kv_start is not None, precision(q.dtype))
     shape = (HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, edge2, edge_kv, rel, flags)
     if FUSED_BWD:  # one launch: dK/dV programs first, then dQ programs
-        _stream_bwd[(n_kv + n_q,)](*args, n_kv, *tail, **_bwd_consts(*shape, nw, ns))
+        launch(_stream_bwd, (n_kv + n_q,), *args, n_kv, *tail, **_bwd_consts(*shape, nw, ns))
     else:  # each launch compiled with its own kind of program only (PROGS)
-        _stream_bwd[(n_kv,)](*args, n_kv, *tail, PROGS=1, **_bwd_consts(*shape, nw, ns))
-        _stream_bwd[(n_q,)](*args, 0, *tail, PROGS=2, **_bwd_consts(*shape, nw2, ns2))
+        launch(_stream_bwd, (n_kv,), *args, n_kv, *tail, PROGS=1, **_bwd_consts(*shape, nw, ns))
+        launch(_stream_bwd, (n_q,), *args, 0, *tail, PROGS=2, **_bwd_consts(*shape, nw2, ns2))
     return dq, dk, dv
 
 

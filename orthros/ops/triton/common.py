@@ -6,6 +6,7 @@ Scores are kept in the log2 domain (``qk * scale * log2(e)``), and so are the LS
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
@@ -129,6 +130,59 @@ def prefetch_l2(ptrs):
     No registers are written and nothing waits for it; every pointer must be in bounds."""
     tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32,
                               is_pure=False, pack=1)
+
+
+# Launch through the compiled kernel kept per call signature (see :func:`launch`); read at import,
+# switchable at run time (benchmarks/window_host.py times both paths in one process).
+FAST_LAUNCH = os.environ.get("ORTHROS_FAST_LAUNCH", "1") == "1"
+_LAUNCHES = {}
+_LAUNCHES_MAX = 512  # signatures kept; the cache starts over when full (each new length is one)
+
+
+def launch(kernel, grid, *args, **consts):
+    """``kernel[grid](*args, **consts)`` with the Triton JIT's per-call work done once a signature.
+
+    Triton's ``JITFunction.run`` binds and specialises every argument, builds a cache key and
+    checks globals at each call: ~10-20 us a launch on the host, which an eager call of a small
+    problem waits on (the window stream's fwd+bwd at 8K tokens is host-bound). Here the first
+    call of a signature goes through the JIT and its compiled kernel is kept under a key that
+    fixes everything Triton specialises on, and more: each tensor's dtype and 16-byte alignment,
+    every integer and bool argument's value, every other argument's type, every constexpr and
+    launch option, the device. Later calls with that key launch the compiled kernel directly
+    (its own launcher, with Triton's launch hooks, on the current stream). ``args`` are the
+    kernel's leading parameters, ``consts`` the rest by name plus ``num_warps`` / ``num_stages``
+    (and other launch options); parameters left out take their defaults. The kernels launched so
+    read no mutable globals (what the JIT's global check guards). ``FAST_LAUNCH`` off or the
+    interpreter: always the JIT."""
+    if not FAST_LAUNCH or _INTERPRET:
+        return kernel[grid](*args, **consts)
+    spec = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            spec.append((a.dtype, a.data_ptr() & 15 == 0, a.device.index))
+        elif isinstance(a, (int, bool)):  # bool is an int: (type, value) keeps True apart from 1
+            spec.append((type(a), a))
+        else:
+            spec.append(type(a))
+    key = (kernel, tuple(spec), tuple(consts.items()))
+    hit = _LAUNCHES.get(key)
+    if hit is None:
+        rest = []
+        for p in kernel.params[len(args):]:
+            if p.name in consts:
+                rest.append(consts[p.name])
+            elif p.default is not inspect.Parameter.empty:
+                rest.append(p.default)
+            else:
+                raise TypeError(f"launch({kernel.__name__}): no value for parameter {p.name!r}")
+        compiled = kernel[grid](*args, **consts)
+        if len(_LAUNCHES) >= _LAUNCHES_MAX:
+            _LAUNCHES.clear()
+        _LAUNCHES[key] = (compiled, tuple(rest))
+        return compiled
+    compiled, rest = hit
+    compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *rest)
+    return compiled
 
 
 _DUMMIES = {}
