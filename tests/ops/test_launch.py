@@ -63,7 +63,7 @@ def test_second_call_launches_the_compiled_kernel(fast):
     assert first.launches == [((4, 2, 1), (x, 8, 0.5, 16, False))]
 
 
-@pytest.mark.parametrize("change", ["int", "bool", "float_type", "constexpr", "option", "dtype", "alignment"])
+@pytest.mark.parametrize("change", ["int", "bool", "float_value", "float_type", "constexpr", "option", "dtype", "alignment"])
 def test_what_triton_specialises_on_takes_the_jit_again(fast, change):
     kern, x = _Kernel(), torch.zeros(64)
     args, consts = [x, 8, 0.5], dict(BLOCK=16, num_warps=4)
@@ -73,6 +73,8 @@ def test_what_triton_specialises_on_takes_the_jit_again(fast, change):
     elif change == "bool":  # True == 1 and hashes alike: the type is part of the key
         args[1] = 1
         common.launch(kern, (1,), x, True, 0.5, **consts)
+    elif change == "float_value":  # keyed by value too (a model's scale is one value)
+        args[2] = 0.25
     elif change == "float_type":  # 1 and 1.0 hash alike: the type is part of the key
         args[2] = 1
     elif change == "constexpr":
@@ -87,13 +89,11 @@ def test_what_triton_specialises_on_takes_the_jit_again(fast, change):
     assert len(kern.jit) == (3 if change == "bool" else 2)
 
 
-def test_a_float_value_reaches_the_cached_kernel(fast):
-    """Triton passes float arguments at launch without specialising on them: a new value reuses
-    the compiled kernel, and the launch carries it."""
-    kern, x = _Kernel(), torch.zeros(64)
-    first = common.launch(kern, (1,), x, 8, 0.5, BLOCK=16)
-    common.launch(kern, (1,), x, 8, 0.25, BLOCK=16)
-    assert len(kern.jit) == 1 and first.launches == [((1, 1, 1), (x, 8, 0.25, 16, False))]
+def test_a_tensor_after_a_scalar_is_refused_before_any_launch(fast):
+    kern = _Kernel()
+    with pytest.raises(TypeError, match="fake_kernel.*tensor arguments must come before"):
+        common.launch(kern, (1,), torch.zeros(4), 1, torch.zeros(4), BLOCK=16)
+    assert kern.jit == []
 
 
 def test_a_parameter_without_value_is_refused_before_any_launch(fast):

@@ -21,6 +21,7 @@ kernels.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import warnings
 
@@ -792,8 +793,10 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     return dq, dk, dv
 
 
+@functools.lru_cache(maxsize=256)
 def _bwd_consts(G, D, BD, BM, BN, BM2, BN2, GP2, EDGE2, EDGE_KV, REL, flags, nw, ns):
-    """The constexpr/launch keywords of a backward launch (``REL``: (dK/dV, dQ) masked by band)."""
+    """The constexpr/launch keywords of a backward launch (``REL``: (dK/dV, dQ) masked by band);
+    one dict a combination, shared: callers only unpack it."""
     pos_ptr, has_window, has_doc, has_kvs, prec = flags
     return dict(G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN, BLOCK_M2=BM2, BLOCK_N2=BN2, GP2=GP2, EDGE2=EDGE2,
                 EDGE_KV=EDGE_KV, REL_KV=REL[0], REL_Q=REL[1], POS_PTR=pos_ptr, HAS_WINDOW=has_window,

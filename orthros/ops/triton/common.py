@@ -146,27 +146,31 @@ def launch(kernel, grid, *args, **consts):
     checks globals at each call: ~10-20 us a launch on the host, which an eager call of a small
     problem waits on (the window stream's fwd+bwd at 8K tokens is host-bound). Here the first
     call of a signature goes through the JIT and its compiled kernel is kept under a key that
-    fixes everything Triton specialises on, and more: each tensor's dtype and 16-byte alignment,
-    every integer and bool argument's value, every other argument's type, every constexpr and
-    launch option, the device. Later calls with that key launch the compiled kernel directly
-    (its own launcher, with Triton's launch hooks, on the current stream). ``args`` are the
-    kernel's leading parameters, ``consts`` the rest by name plus ``num_warps`` / ``num_stages``
-    (and other launch options); parameters left out take their defaults. The kernels launched so
-    read no mutable globals (what the JIT's global check guards). ``FAST_LAUNCH`` off or the
-    interpreter: always the JIT."""
+    fixes everything Triton specialises on, and more: the device, each tensor's dtype and
+    16-byte alignment, every other argument's type and value, every constexpr and launch option.
+    Later calls with that key launch the compiled kernel directly (its own launcher, with
+    Triton's launch hooks, on the current stream).
+
+    ``args`` are the kernel's leading parameters, **tensors first** (the pointer parameters,
+    then the scalars: every kernel of the ops is written so; a tensor after a scalar is refused),
+    ``consts`` the rest by name plus ``num_warps`` / ``num_stages`` (and other launch options);
+    parameters left out take their defaults. The kernels launched so read no mutable globals
+    (what the JIT's global check guards). ``FAST_LAUNCH`` off or the interpreter: always the JIT."""
     if not FAST_LAUNCH or _INTERPRET:
         return kernel[grid](*args, **consts)
     spec = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            spec.append((a.dtype, a.data_ptr() & 15 == 0, a.device.index))
-        elif isinstance(a, (int, bool)):  # bool is an int: (type, value) keeps True apart from 1
-            spec.append((type(a), a))
-        else:
-            spec.append(type(a))
-    key = (kernel, tuple(spec), tuple(consts.items()))
+    for a in args:  # the leading tensors: dtype and alignment (what Triton specialises a pointer on)
+        if not isinstance(a, torch.Tensor):
+            break
+        spec.append(a.dtype)
+        spec.append(a.data_ptr() & 15)
+    scalars = args[len(spec) // 2:]
+    types = tuple(map(type, scalars))  # True == 1 and 1.0 == 1 hash alike: the types keep them apart
+    key = (kernel, args[0].get_device(), tuple(spec), scalars, types, tuple(consts.items()))
     hit = _LAUNCHES.get(key)
     if hit is None:
+        if any(isinstance(a, torch.Tensor) for a in scalars):
+            raise TypeError(f"launch({kernel.__name__}): tensor arguments must come before every scalar one")
         rest = []
         for p in kernel.params[len(args):]:
             if p.name in consts:
