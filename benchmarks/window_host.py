@@ -1,5 +1,6 @@
 """Where the host time of one eager window-stream fwd+bwd goes (issue #18, target 3 at 8K tokens,
-where the eager call is host-bound: ~0.81 ms against ~0.44 ms of GPU work under a CUDA graph).
+where the eager call can be host-bound: 0.42-0.79 ms on the H200 machines' hosts against 0.42 ms
+of GPU work under a CUDA graph).
 
 Every piece is timed on the host clock from an idle GPU (synchronised before each call), median
 of ``--n`` calls:
@@ -16,9 +17,9 @@ of ``--n`` calls:
   the slower) and of its CUDA-graph replay (GPU time alone).
 
 Each piece is timed with Triton's JIT launch and with the op's launch cache
-(``orthros.ops.triton.common.launch``), alternating (off, on, off, on) in one process. Then a
-cProfile and a ``torch.profiler`` table of the call (launch cache on). bf16, B=1, Hq 32, Hkv 8,
-D 128, w 128 (the roofline's shape).
+(``orthros.ops.triton.common.launch``), interleaved call by call (the floors once); ``eager``
+is five do_bench medians of each, alternating. Then a cProfile and a ``torch.profiler`` table
+of the call (launch cache on). bf16, B=1, Hq 32, Hkv 8, D 128, w 128 (the roofline's shape).
 
     python benchmarks/window_host.py [--T 8192] [--n 200] [--json OUT.json]
 """
@@ -48,16 +49,33 @@ from orthros.utils import commit_id, write_json  # noqa: E402
 
 
 def host_ms(fn, n, before=None):
-    """Median host time of ``fn()`` over ``n`` calls, each from an idle GPU."""
-    ts = []
+    """Median host time of ``fn()`` over ``n`` calls, each from an idle GPU, for the JIT launch
+    and for the launch cache, interleaved call by call (this host's speed drifts by tens of
+    percent within seconds; interleaving keeps the drift out of the comparison): ``(jit, cache)``."""
+    ts = {False: [], True: []}
     for _ in range(n):
-        arg = before() if before else None
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        fn(arg) if before else fn()
-        ts.append(time.perf_counter() - t)
+        for fast in (False, True):
+            common.FAST_LAUNCH = fast
+            arg = before() if before else None
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            fn(arg) if before else fn()
+            ts[fast].append(time.perf_counter() - t)
     torch.cuda.synchronize()
-    return statistics.median(ts) * 1e3
+    common.FAST_LAUNCH = True
+    return tuple(statistics.median(ts[f]) * 1e3 for f in (False, True))
+
+
+def eager_ms(fn, rounds):
+    """do_bench medians of ``fn``, ``rounds`` of each launch path alternating: ``(jit, cache)``
+    lists."""
+    out = {False: [], True: []}
+    for _ in range(rounds):
+        for fast in (False, True):
+            common.FAST_LAUNCH = fast
+            out[fast].append(bench(fn))
+    common.FAST_LAUNCH = True
+    return out[False], out[True]
 
 
 def main(argv=None) -> int:
@@ -108,23 +126,27 @@ def main(argv=None) -> int:
     res = {"T": a.T, "n": a.n, "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": triton.__version__, "commit": commit_id(),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "ms": {}}
-    for rnd, fast in enumerate((False, True, False, True)):
-        common.FAST_LAUNCH = fast
-        for _ in range(5):
-            fb()
-        row = {
-            "fb": host_ms(fb, a.n),
-            "forward": host_ms(fwd, a.n),
-            "grad": host_ms(lambda out: torch.autograd.grad(out, (q, k, v), g), a.n, before=fwd),
-            "backward_only": host_ms(lambda: A._stream_backward(g, q, k, v, o, lse, None, 0, W, scale, masks), a.n),
-            "grad_trivial": host_ms(lambda y: torch.autograd.grad(y, (x,), g), a.n, before=lambda: x * 2),
-            "fb_nop": host_ms(lambda: torch.autograd.grad(Nop.apply(q, k, v), (q, k, v), g), a.n),
-            "eager": bench(fb),
-            "graph": graph_time(fb),
-        }
-        label = f"{'cache' if fast else 'jit'}{rnd // 2 + 1}"
-        res["ms"][label] = row
-        print(f"{label:7s}" + "  ".join(f"{k} {v:.3f}" for k, v in row.items()) + "  (ms)", flush=True)
+    for _ in range(5):
+        fb()
+    pieces = {
+        "fb": host_ms(fb, a.n),
+        "forward": host_ms(fwd, a.n),
+        "grad": host_ms(lambda out: torch.autograd.grad(out, (q, k, v), g), a.n, before=fwd),
+        "backward_only": host_ms(lambda: A._stream_backward(g, q, k, v, o, lse, None, 0, W, scale, masks), a.n),
+    }
+    floor = {
+        "grad_trivial": host_ms(lambda y: torch.autograd.grad(y, (x,), g), a.n, before=lambda: x * 2)[0],
+        "fb_nop": host_ms(lambda: torch.autograd.grad(Nop.apply(q, k, v), (q, k, v), g), a.n)[0],
+    }
+    eager = eager_ms(fb, 5)
+    res["ms"] = {"jit": {k: v[0] for k, v in pieces.items()}, "cache": {k: v[1] for k, v in pieces.items()},
+                 "floor": floor, "eager_jit": eager[0], "eager_cache": eager[1], "graph": graph_time(fb)}
+    for label in ("jit", "cache"):
+        print(f"{label:6s}" + "  ".join(f"{k} {v:.3f}" for k, v in res["ms"][label].items()) + "  (ms, host)")
+    print("floor " + "  ".join(f"{k} {v:.3f}" for k, v in floor.items()) + "  (ms, host)")
+    for label in ("eager_jit", "eager_cache"):
+        print(f"{label}: " + " ".join(f"{v:.3f}" for v in res["ms"][label]) + " ms (do_bench, rounds alternating)")
+    print(f"graph {res['ms']['graph']:.3f} ms", flush=True)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(50):
