@@ -8,24 +8,20 @@ of ``--n`` calls:
 * ``fb``: the whole call the roofline times (``orthros_attention`` + ``torch.autograd.grad``);
 * ``forward``: ``orthros_attention`` with gradients enabled (its checks, the autograd node, the
   forward launch); ``grad``: ``torch.autograd.grad`` after it (the engine, the backward's
-  allocations and launches);
+  allocations and launches); ``backward_only``: ``_stream_backward`` called directly;
 * ``grad_trivial``: ``torch.autograd.grad`` through ``x * 2`` of the same size (the engine alone);
 * ``fb_nop``: the whole call through a Python ``autograd.Function`` that only allocates its
   outputs and gradients (the floor of any Python-level op's fwd+bwd: the engine, its device
   thread, the Function's node, six allocations);
 * ``eager`` / ``graph``: do_bench of the eager fwd+bwd (GPU time, or host time where the host is
   the slower) and of its CUDA-graph replay (GPU time alone).
-* ``backward_only``: ``_stream_backward`` called directly (on this thread, not the engine's).
 
-Each comparison of ``--compare`` times ``fb``, ``forward``, ``grad`` and ``eager`` with its
-switch off and on, interleaved call by call (``eager``: five do_bench medians of each,
-alternating), the switches of the comparisons before it on: ``launch`` (Triton's JIT launch /
-the op's launch cache, ``orthros.ops.triton.common.launch``), ``plan`` (the backward's plan made
-in the backward / in the forward, ``BWD_PLAN_IN_FORWARD``). Then a cProfile and a
-``torch.profiler`` table of the call (every switch on). bf16, B=1, Hq 32, Hkv 8, D 128, w 128
-(the roofline's shape).
+Each piece is timed with Triton's JIT launch and with the op's launch cache
+(``orthros.ops.triton.common.launch``), interleaved call by call (the floors once); ``eager``
+is five do_bench medians of each, alternating. Then a cProfile and a ``torch.profiler`` table
+of the call (launch cache on). bf16, B=1, Hq 32, Hkv 8, D 128, w 128 (the roofline's shape).
 
-    python benchmarks/window_host.py [--T 8192] [--n 200] [--compare launch,plan] [--json OUT.json]
+    python benchmarks/window_host.py [--T 8192] [--n 200] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -52,44 +48,33 @@ from orthros.ops.triton import common  # noqa: E402
 from orthros.utils import commit_id, write_json  # noqa: E402
 
 
-def set_fast_launch(on):
-    """The comparison "launch": Triton's JIT (off) against the op's launch cache (on)."""
-    common.FAST_LAUNCH = on
-
-
-def set_plan_in_forward(on):
-    """The comparison "plan": the backward's plan made in the backward (off) or in the forward (on)."""
-    A.BWD_PLAN_IN_FORWARD = on
-
-
-SWITCHES = {"launch": set_fast_launch, "plan": set_plan_in_forward}
-
-
-def host_ms(fn, n, switch, before=None):
-    """Median host time of ``fn()`` over ``n`` calls, each from an idle GPU, with ``switch`` off
-    and on, interleaved call by call (this host's speed drifts by tens of percent within seconds;
-    interleaving keeps the drift out of the comparison): ``(off, on)``. Leaves ``switch`` on."""
+def host_ms(fn, n, before=None):
+    """Median host time of ``fn()`` over ``n`` calls, each from an idle GPU, for the JIT launch
+    and for the launch cache, interleaved call by call (this host's speed drifts by tens of
+    percent within seconds; interleaving keeps the drift out of the comparison): ``(jit, cache)``."""
     ts = {False: [], True: []}
     for _ in range(n):
-        for on in (False, True):
-            switch(on)
+        for fast in (False, True):
+            common.FAST_LAUNCH = fast
             arg = before() if before else None
             torch.cuda.synchronize()
             t = time.perf_counter()
             fn(arg) if before else fn()
-            ts[on].append(time.perf_counter() - t)
+            ts[fast].append(time.perf_counter() - t)
     torch.cuda.synchronize()
+    common.FAST_LAUNCH = True
     return tuple(statistics.median(ts[f]) * 1e3 for f in (False, True))
 
 
-def eager_ms(fn, rounds, switch):
-    """do_bench medians of ``fn``, ``rounds`` of each setting of ``switch`` alternating: ``(off,
-    on)`` lists. Leaves ``switch`` on."""
+def eager_ms(fn, rounds):
+    """do_bench medians of ``fn``, ``rounds`` of each launch path alternating: ``(jit, cache)``
+    lists."""
     out = {False: [], True: []}
     for _ in range(rounds):
-        for on in (False, True):
-            switch(on)
-            out[on].append(bench(fn))
+        for fast in (False, True):
+            common.FAST_LAUNCH = fast
+            out[fast].append(bench(fn))
+    common.FAST_LAUNCH = True
     return out[False], out[True]
 
 
@@ -98,17 +83,10 @@ def main(argv=None) -> int:
     ap.add_argument("--T", type=int, default=8192, help="tokens (default 8192)")
     ap.add_argument("--n", type=int, default=200, help="calls per host timing (default 200)")
     ap.add_argument("--json", default=None, help="write the figures here")
-    ap.add_argument("--compare", default="launch,plan",
-                    help="comma-separated comparisons, each interleaved off/on with the ones before it on: "
-                         "launch (Triton's JIT / the launch cache), plan (the backward's plan made in the "
-                         "backward / in the forward); default launch,plan")
     a = ap.parse_args(argv)
     for name, value in (("--T", a.T), ("--n", a.n)):
         if value < 1:
             ap.error(f"{name} must be >= 1, got {value}")
-    bad = [c for c in a.compare.split(",") if c not in SWITCHES]
-    if bad or not a.compare:
-        ap.error(f"--compare: unknown {bad or [a.compare]}; allowed: {', '.join(SWITCHES)}")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (the host path it times is the GPU launch path)")
     import triton
@@ -150,32 +128,25 @@ def main(argv=None) -> int:
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "ms": {}}
     for _ in range(5):
         fb()
-    floor = {  # whatever the switches: no Triton launch in either
-        "grad_trivial": host_ms(lambda y: torch.autograd.grad(y, (x,), g), a.n, lambda on: None,
-                                before=lambda: x * 2)[0],
-        "fb_nop": host_ms(lambda: torch.autograd.grad(Nop.apply(q, k, v), (q, k, v), g), a.n, lambda on: None)[0],
+    pieces = {
+        "fb": host_ms(fb, a.n),
+        "forward": host_ms(fwd, a.n),
+        "grad": host_ms(lambda out: torch.autograd.grad(out, (q, k, v), g), a.n, before=fwd),
+        "backward_only": host_ms(lambda: A._stream_backward(g, q, k, v, o, lse, None, 0, W, scale, masks), a.n),
     }
-    res["ms"]["floor"] = floor
-    print("floor  " + "  ".join(f"{k} {v:.3f}" for k, v in floor.items()) + "  (ms, host)")
-    for name in a.compare.split(","):  # each comparison with the switches before it on
-        switch = SWITCHES[name]
-        pieces = {
-            "fb": host_ms(fb, a.n, switch),
-            "forward": host_ms(fwd, a.n, switch),
-            "grad": host_ms(lambda out: torch.autograd.grad(out, (q, k, v), g), a.n, switch, before=fwd),
-        }
-        eager = eager_ms(fb, 5, switch)
-        res["ms"][name] = {"off": {k: v[0] for k, v in pieces.items()}, "on": {k: v[1] for k, v in pieces.items()},
-                           "eager_off": eager[0], "eager_on": eager[1]}
-        for side in ("off", "on"):
-            print(f"{name} {side:3s} " + "  ".join(f"{k} {v:.3f}" for k, v in res["ms"][name][side].items())
-                  + "  (ms, host)")
-            print(f"{name} {side:3s} eager: " + " ".join(f"{v:.3f}" for v in res["ms"][name]["eager_" + side])
-                  + " ms (do_bench, rounds alternating)")
-    res["ms"]["backward_only"] = host_ms(lambda: A._stream_backward(g, q, k, v, o, lse, None, 0, W, scale, masks),
-                                         a.n, set_fast_launch)[1]
-    res["ms"]["graph"] = graph_time(fb)
-    print(f"backward_only {res['ms']['backward_only']:.3f} ms (host)  graph {res['ms']['graph']:.3f} ms", flush=True)
+    floor = {
+        "grad_trivial": host_ms(lambda y: torch.autograd.grad(y, (x,), g), a.n, before=lambda: x * 2)[0],
+        "fb_nop": host_ms(lambda: torch.autograd.grad(Nop.apply(q, k, v), (q, k, v), g), a.n)[0],
+    }
+    eager = eager_ms(fb, 5)
+    res["ms"] = {"jit": {k: v[0] for k, v in pieces.items()}, "cache": {k: v[1] for k, v in pieces.items()},
+                 "floor": floor, "eager_jit": eager[0], "eager_cache": eager[1], "graph": graph_time(fb)}
+    for label in ("jit", "cache"):
+        print(f"{label:6s}" + "  ".join(f"{k} {v:.3f}" for k, v in res["ms"][label].items()) + "  (ms, host)")
+    print("floor " + "  ".join(f"{k} {v:.3f}" for k, v in floor.items()) + "  (ms, host)")
+    for label in ("eager_jit", "eager_cache"):
+        print(f"{label}: " + " ".join(f"{v:.3f}" for v in res["ms"][label]) + " ms (do_bench, rounds alternating)")
+    print(f"graph {res['ms']['graph']:.3f} ms", flush=True)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(50):

@@ -403,42 +403,6 @@ def test_two_launch_backward(poison, monkeypatch, case):
     run_case(D=16, **c)
 
 
-@pytest.mark.parametrize("fused", [True, False])
-@pytest.mark.parametrize("case", ["window", "sft", "docs", "left_pad", "continuation"])
-def test_backward_plan_in_forward(poison, monkeypatch, case, fused):
-    """BWD_PLAN_IN_FORWARD: the backward's plan made in the forward gives the same outputs and
-    gradients, bit for bit, as the plan made in the backward (the same launches), in one launch
-    and in two."""
-    from orthros.ops.triton import attention as ta
-
-    monkeypatch.setattr(ta, "FUSED_BWD", fused)
-    T, Tk = (9, 40) if case == "continuation" else (40, 40)
-    kw = dict(window_size=7)
-    if case == "sft":
-        kw["output_positions"] = torch.tensor([[3, 9, 20, 39], [0, 1, 2, 38]], device=DEV)
-    elif case == "docs":
-        kw.update(cu_seqlens=torch.tensor([0, 11, 12, 40], device=DEV), output_positions=torch.tensor([10, 11, 30, 39], device=DEV))
-    elif case == "left_pad":
-        kw.update(kv_start=torch.tensor([0, 17], device=DEV), output_positions=torch.tensor([39], device=DEV))
-    elif case == "continuation":
-        kw["output_positions"] = torch.tensor([35, 39], device=DEV)
-    B = 1 if case == "docs" else 2
-    T_out = 0 if case == "window" else kw["output_positions"].shape[-1]
-    g = torch.Generator(device="cpu").manual_seed(1)
-    base = [torch.randn(*shape, generator=g).to(DEV) for shape in
-            ((B, T, 4, 16), (B, Tk, 2, 16), (B, Tk, 2, 16), (B, T_out, 4, 16))]
-    grads = [torch.randn(B, T, 4, 16, generator=g).to(DEV), torch.randn(B, T_out, 4, 16, generator=g).to(DEV)]
-    results = []
-    for in_forward in (False, True):
-        monkeypatch.setattr(ta, "BWD_PLAN_IN_FORWARD", in_forward)
-        xs = [t.clone().requires_grad_(True) for t in base]
-        out = orthros_attention(*xs, backend="triton", **kw)
-        torch.autograd.backward([o for o in out if o.numel()], [gr for gr, o in zip(grads, out) if o.numel()])
-        results.append([*out, *(x.grad for x in xs)])
-    for a, b in zip(*results):
-        assert (a is None and b is None) or torch.equal(a, b)
-
-
 @pytest.mark.parametrize("case", list(DKDV_CASES))
 def test_dkdv_edge_variant(poison, monkeypatch, case):
     """The dK/dV programs with interior query blocks unmasked (DKDV_VARIANT "edge"; the cases
