@@ -712,8 +712,7 @@ def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allo
         HQ * M * D, D, M * D, B * HQ * M * D, HQ * M, M, B * HQ * M, spb,
         M, N, HQ, pos_offset, window, qk, **common)
     launch(_combine_splits, (M, B * HQ), op, lp, o, lse, o.stride(0), o.stride(1), o.stride(2), M, HQ,
-                                     NUM_SPLITS=splits, D=D, BLOCK_D=BD,
-                                     BLOCK_S=max(2, pow2(splits)))
+           NUM_SPLITS=splits, D=D, BLOCK_D=BD, BLOCK_S=max(2, pow2(splits)))
     return o, lse
 
 

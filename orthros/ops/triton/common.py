@@ -143,8 +143,9 @@ def launch(kernel, grid, *args, **consts):
     """``kernel[grid](*args, **consts)`` with the Triton JIT's per-call work done once a signature.
 
     Triton's ``JITFunction.run`` binds and specialises every argument, builds a cache key and
-    checks globals at each call: ~10-20 us a launch on the host, which an eager call of a small
-    problem waits on (the window stream's fwd+bwd at 8K tokens is host-bound). Here the first
+    checks globals at each call: 10-35 us a launch on the H200 machines' hosts, which an eager
+    call of a small problem waits on (the window stream's fwd+bwd at 8K tokens: the cache took
+    11-12% off its host path, docs/performance.md kernels change 15). Here the first
     call of a signature goes through the JIT and its compiled kernel is kept under a key that
     fixes everything Triton specialises on, and more: the device, each tensor's dtype and
     16-byte alignment, every other argument's type and value, every constexpr and launch option.
@@ -152,7 +153,8 @@ def launch(kernel, grid, *args, **consts):
     Triton's launch hooks, on the current stream).
 
     ``args`` are the kernel's leading parameters, **tensors first** (the pointer parameters,
-    then the scalars: every kernel of the ops is written so; a tensor after a scalar is refused),
+    at least one, then the scalars: every kernel of the ops is written so; a tensor after a
+    scalar is refused),
     ``consts`` the rest by name plus ``num_warps`` / ``num_stages`` (and other launch options);
     parameters left out take their defaults. The kernels launched so read no mutable globals
     (what the JIT's global check guards). ``FAST_LAUNCH`` off or the interpreter: always the JIT."""
