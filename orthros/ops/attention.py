@@ -28,9 +28,6 @@ def _check_tensor(name, t, ndim):
         raise ValueError(f"{name} must be a floating tensor (fp16/bf16/fp32/fp64), got {t.dtype}")
 
 
-_NO_POSITIONS = {}
-
-
 def normalize_output_positions(output_positions, B: int, T_out: int, T_k: int, device) -> torch.Tensor:
     """Return output positions as an int64 tensor ``[B or 1, T_out]``, validated.
 
@@ -39,11 +36,6 @@ def normalize_output_positions(output_positions, B: int, T_out: int, T_k: int, d
     ``[0, T_k)``.
     """
     if output_positions is None:
-        if T_out == 0:  # no output queries (the window stream alone): one shared empty tensor a device
-            pos = _NO_POSITIONS.get(device)
-            if pos is None:
-                pos = _NO_POSITIONS[device] = torch.empty(1, 0, dtype=torch.int64, device=device)
-            return pos
         return torch.arange(T_k - T_out, T_k, device=device).view(1, T_out)
     pos = torch.as_tensor(output_positions, device=device)
     if pos.dtype.is_floating_point or pos.dtype == torch.bool:

@@ -731,26 +731,32 @@ def _query_ranges(pos, N, BN, masks: _Masks):
 
 
 def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks: _Masks):
-    """(dq, dk, dv) of one stream: :func:`_bwd_plan` then :func:`_bwd_run`."""
-    return _bwd_run(_bwd_plan(q, k, v, pos, pos_offset, window, scale, masks), do, q, k, v, o, lse)
-
-
-def _bwd_plan(q, k, v, pos, pos_offset, window, scale, masks: _Masks):
-    """What a stream's backward launches need that the incoming gradient does not change: the
-    variants and block configs, the key-block query ranges of an output stream, every launch
-    argument but the gradient tensors and their strides. (Made in the forward instead, on the
-    caller's thread rather than the autograd engine's device thread, it measured -1% on the 8K
-    fwd+bwd's host path: kernels change 15.)"""
     B, M, HQ, D = q.shape
     N, HKV = k.shape[1], k.shape[2]
+    dev = q.device
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
     if M == 0:
-        return B, M, HQ, D, 0, (), (), (), (), ()
+        return dq, dk.zero_(), dv.zero_()
     if DQ_VARIANT not in DQ_VARIANTS:
         raise ValueError(f"DQ_VARIANT must be one of {DQ_VARIANTS}, got {DQ_VARIANT!r}")
     if DKDV_VARIANT not in DKDV_VARIANTS:
         raise ValueError(f"DKDV_VARIANT must be one of {DKDV_VARIANTS}, got {DKDV_VARIANT!r}")
+    if do.stride(-1) != 1:
+        do = do.contiguous()
     BD = block_d(D)
-    dd = dummy(q.device)
+    os_, ds = o.stride(), do.stride()
+    delta = torch.empty(B, HQ, M, dtype=torch.float32, device=dev)
+    launch(_bwd_delta, (cdiv(M, 64), B * HQ), o, do, delta, os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], M, HQ,
+           D=D, BLOCK_D=BD, BLOCK_M=64)
+    dd = dummy(dev)
+    pos_t = dd if pos is None else pos
+    spb = 0 if pos is None or pos.shape[0] == 1 else pos.stride(0)
+    doc = dd if masks.doc is None else masks.doc
+    dst = dd if masks.doc_start is None else masks.doc_start
+    kvs = dd if masks.kv_start is None else masks.kv_start
+    qk = scale * LOG2E
     if DQ_VARIANT == "gqa":
         GP2 = pow2(HQ // HKV)
         rows2, BN2, nw2, ns2 = _cfg("bwd_dq_gqa", BD)
@@ -768,45 +774,21 @@ def _bwd_plan(q, k, v, pos, pos_offset, window, scale, masks: _Masks):
         srb = 0 if qr.shape[0] == 1 else qr.stride(0)
     else:
         qr, srb = dd, 0
-    tensors = (dd if pos is None else pos, qr, dd if masks.doc is None else masks.doc,
-               dd if masks.doc_start is None else masks.doc_start, dd if masks.kv_start is None else masks.kv_start)
-    qs, ks, vs = q.stride(), k.stride(), v.stride()
-    strides = (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2])
-    spb = 0 if pos is None or pos.shape[0] == 1 else pos.stride(0)
-    scalars = (spb, srb, M, N, HQ, HKV, B)
-    tail = (pos_offset, window, scale * LOG2E, scale)
-    flags = (pos is not None, bool(window), masks.doc is not None, masks.kv_start is not None, precision(q.dtype))
-    shape = (HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, edge2, edge_kv, rel, flags)
     n_kv = HKV * cdiv(N, BN) * B
     n_q = (HQ if GP2 == 1 else HKV) * cdiv(M, BM2) * B
+    qs, ks, vs, gqs, gks, gvs = q.stride(), k.stride(), v.stride(), dq.stride(), dk.stride(), dv.stride()
+    args = (q, k, v, do, dq, dk, dv, lse, delta, pos_t, qr, doc, dst, kvs,
+            qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ds[0], ds[1], ds[2],
+            gqs[0], gqs[1], gqs[2], gks[0], gks[1], gks[2], gvs[0], gvs[1], gvs[2], spb, srb,
+            M, N, HQ, HKV, B)
+    tail = (pos_offset, window, qk, scale)
+    flags = (pos is not None, bool(window), masks.doc is not None, masks.kv_start is not None, precision(q.dtype))
+    shape = (HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, edge2, edge_kv, rel, flags)
     if FUSED_BWD:  # one launch: dK/dV programs first, then dQ programs
-        launches = (((n_kv + n_q,), n_kv, _bwd_consts(*shape, nw, ns)),)
+        launch(_stream_bwd, (n_kv + n_q,), *args, n_kv, *tail, **_bwd_consts(*shape, nw, ns))
     else:  # each launch compiled with its own kind of program only (PROGS)
-        launches = (((n_kv,), n_kv, dict(_bwd_consts(*shape, nw, ns), PROGS=1)),
-                    ((n_q,), 0, dict(_bwd_consts(*shape, nw2, ns2), PROGS=2)))
-    return B, M, HQ, D, BD, tensors, strides, scalars, tail, launches
-
-
-def _bwd_run(plan, do, q, k, v, o, lse):
-    """The backward's allocations and launches from a :func:`_bwd_plan`: the delta pass, then
-    the dK/dV and dQ programs."""
-    B, M, HQ, D, BD, tensors, strides, scalars, tail, launches = plan
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    if M == 0:
-        return dq, dk.zero_(), dv.zero_()
-    if do.stride(-1) != 1:
-        do = do.contiguous()
-    os_, ds = o.stride(), do.stride()
-    delta = torch.empty(B, HQ, M, dtype=torch.float32, device=q.device)
-    launch(_bwd_delta, (cdiv(M, 64), B * HQ), o, do, delta, os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], M, HQ,
-           D=D, BLOCK_D=BD, BLOCK_M=64)
-    gq, gk, gv = dq.stride(), dk.stride(), dv.stride()
-    args = (q, k, v, do, dq, dk, dv, lse, delta, *tensors, *strides, ds[0], ds[1], ds[2],
-            gq[0], gq[1], gq[2], gk[0], gk[1], gk[2], gv[0], gv[1], gv[2], *scalars)
-    for grid, n_kv, consts in launches:
-        launch(_stream_bwd, grid, *args, n_kv, *tail, **consts)
+        launch(_stream_bwd, (n_kv,), *args, n_kv, *tail, PROGS=1, **_bwd_consts(*shape, nw, ns))
+        launch(_stream_bwd, (n_q,), *args, 0, *tail, PROGS=2, **_bwd_consts(*shape, nw2, ns2))
     return dq, dk, dv
 
 
