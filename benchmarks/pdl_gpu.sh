@@ -8,32 +8,39 @@
 #      prefetch), pfN (PDL and an N MB prefetch budget a GEMV). Each process measures its own
 #      copy rate; compare the step times (ms), which do not depend on it. A setting's name: off, or
 #      pdl (no prefetch) / pfN (an N MB budget), then "end" (GEMVs signal after their K loop,
-#      ORTHROS_PDL_SIGNAL=end), then "m2" (one-row GEMVs launch without PDL, ORTHROS_PDL_MIN_M=2).
+#      ORTHROS_PDL_SIGNAL=end) or "early" (the split-K reduce and the decode combine signal before
+#      their wait, ORTHROS_PDL_SIGNAL=early), then "m2" (one-row GEMVs launch without PDL,
+#      ORTHROS_PDL_MIN_M=2), then "combo" (the decode pieces compiled with Inductor's combo kernels:
+#      --decode-compile-options '{"realize_reads_threshold": 5, "combo_kernels": true}'). The
+#      engine's defaults: pf4m2.
 # Nothing is installed: the image's torch / triton run it. From the repo root (the `run` tool):
 #   command: ORTHROS_COMMIT=<sha> bash benchmarks/pdl_gpu.sh
 # Optional: VARIANTS (default "off pf8 pdl pf16 off pf8"), CONTEXTS (1024,4096), T_TESTS (150 s),
-# TESTS=0 (no tests), T_CELL (75 s a process); PROFILE=1 (profile_engine.py at 1K, PDL off and on
-# for every GEMV); ROOF=1 (then the roofline's decode section, 1K-128K, with the defaults and
-# gpt-fast at 1K: carry .gpu/gpt-fast).
+# TESTS=0 (no tests), T_SIGNAL (the tests' ORTHROS_PDL_SIGNAL, start), T_CELL (75 s a process);
+# PROFILE="<settings>" (profile_engine.py at 1K, one process a setting); ROOF=1 (then the
+# roofline's decode section, 1K-128K, with the defaults and gpt-fast at 1K: carry .gpu/gpt-fast).
 set -u
 OUT=${OUT:-/tmp/pdl-gpu}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" ORTHROS_COMMIT=${ORTHROS_COMMIT:-unknown}
 VARIANTS=${VARIANTS:-"off pf8 pdl pf16 off pf8"} CONTEXTS=${CONTEXTS:-1024,4096}
 T_TESTS=${T_TESTS:-150} T_CELL=${T_CELL:-75}
-settings() {  # a setting's name -> its environment in env_ (return 1: not a setting's name)
+settings() {  # a setting's name -> its environment in env_, extra roofline arguments in args_ (return 1: not a setting's name)
   local rest=$1
-  env_=(ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=1)
+  env_=(ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=1) args_=()
+  case "$rest" in *combo) args_=(--decode-compile-options '{"realize_reads_threshold": 5, "combo_kernels": true}')
+                          rest=${rest%combo} ;; esac
   case "$rest" in *m2) env_+=(ORTHROS_PDL_MIN_M=2); rest=${rest%m2} ;; esac
-  case "$rest" in *end) env_+=(ORTHROS_PDL_SIGNAL=end); rest=${rest%end} ;; esac
+  case "$rest" in *end) env_+=(ORTHROS_PDL_SIGNAL=end); rest=${rest%end} ;;
+                  *early) env_+=(ORTHROS_PDL_SIGNAL=early); rest=${rest%early} ;; esac
   case "$rest" in
-    off) env_=(ORTHROS_PDL=0) ;;
+    off) [ ${#env_[@]} -eq 2 ] || return 1; env_=(ORTHROS_PDL=0) ;;
     pdl) env_+=(ORTHROS_GEMV_PREFETCH_MB=0) ;;
     pf[0-9]*) [[ ${rest#pf} =~ ^[0-9]+$ ]] || return 1; env_+=(ORTHROS_GEMV_PREFETCH_MB="${rest#pf}") ;;
     *) return 1 ;;
   esac
 }
-for v in $VARIANTS; do  # every name checked before any work
-  settings "$v" || { echo "VARIANTS: unknown setting '$v' (off, or pdl / pfN, then optionally end, then m2)" >&2; exit 2; }
+for v in $VARIANTS ${PROFILE:-}; do  # every name checked before any work
+  settings "$v" || { echo "VARIANTS: unknown setting '$v' (off, or pdl / pfN, then optionally end or early, then m2; then optionally combo)" >&2; exit 2; }
 done
 mkdir -p "$OUT"
 { date -u; echo "commit $ORTHROS_COMMIT"
@@ -41,10 +48,10 @@ mkdir -p "$OUT"
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
 } 2>&1 | tee "$OUT/log"
 if [ "${TESTS:-1}" != 0 ]; then  # every GEMV with PDL here, the one-row ones too
-  ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=1 timeout -k 10 "$T_TESTS" python3 -m pytest tests/ops/test_gemv.py \
+  ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=1 ORTHROS_PDL_SIGNAL=${T_SIGNAL:-start} timeout -k 10 "$T_TESTS" python3 -m pytest tests/ops/test_gemv.py \
     tests/ops/test_gemv_fused.py tests/ops/test_decode.py tests/engine/test_engine_gemv.py -m gpu -n 8 \
     -p no:cacheprovider -rfE -W ignore > "$OUT/gpu_tests.log" 2>&1
-  echo "gpu tests (ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=1): exit=$? $(grep -E '[0-9]+ (passed|failed)' "$OUT/gpu_tests.log" | tail -1)" | tee -a "$OUT/log"
+  echo "gpu tests (ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=1 ORTHROS_PDL_SIGNAL=${T_SIGNAL:-start}): exit=$? $(grep -E '[0-9]+ (passed|failed)' "$OUT/gpu_tests.log" | tail -1)" | tee -a "$OUT/log"
   grep -E '^(FAILED|ERROR)' "$OUT/gpu_tests.log" | head -n 20 | tee -a "$OUT/log"
 fi
 i=0
@@ -53,8 +60,8 @@ for v in $VARIANTS; do
   settings "$v"
   D="$OUT/$i-$v"; mkdir -p "$D"
   env "${env_[@]}" timeout -k 10 "$T_CELL" python3 benchmarks/roofline.py --sections decode --gemv \
-    --systems orthros+gemv,full+gemv --contexts "$CONTEXTS" --out "$D" > "$D/log.txt" 2>&1
-  echo "$i $v (${env_[*]}): exit=$? $(grep -E '^# issue 18' "$D/log.txt" | sed 's/.*copy/copy/')" | tee -a "$OUT/log"
+    --systems orthros+gemv,full+gemv --contexts "$CONTEXTS" "${args_[@]}" --out "$D" > "$D/log.txt" 2>&1
+  echo "$i $v (${env_[*]} ${args_[*]}): exit=$? $(grep -E '^# issue 18' "$D/log.txt" | sed 's/.*copy/copy/')" | tee -a "$OUT/log"
   grep -E '^decode (orthros|full)\+gemv' "$D/log.txt" | tee -a "$OUT/log"
   rm -f "$D"/*.tmp "$D"/*.tmp.png
 done
@@ -85,12 +92,12 @@ if [ "${ROOF:-0}" = 1 ]; then  # the roofline's decode section with the defaults
   grep -v "it/s\|it \[" "$OUT/roofline/log.txt" | tail -n 30 | tee -a "$OUT/log"
   rm -f "$OUT/roofline"/*.tmp "$OUT/roofline"/*.tmp.png
 fi
-if [ "${PROFILE:-0}" = 1 ]; then  # the 1K step kernel by kernel: PDL off, and on for every GEMV (one-row ones too)
-  for v in off m1; do
-    if [ $v = off ]; then e=(ORTHROS_PDL=0); else e=(ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=1); fi
-    env "${e[@]}" timeout -k 10 "${T_PROFILE:-120}" python3 benchmarks/profile_engine.py --compile --gemv --context 1024 \
-      --json "$OUT/profile_$v.json" > "$OUT/profile_$v.log" 2>&1
-    echo "profile $v (${e[*]}): exit=$?" | tee -a "$OUT/log"
+if [ -n "${PROFILE:-}" ]; then  # the 1K step kernel by kernel, one process a setting of PROFILE (e.g. "pf4m2 pf4earlym2combo")
+  for v in $PROFILE; do
+    settings "$v"
+    env "${env_[@]}" timeout -k 10 "${T_PROFILE:-120}" python3 benchmarks/profile_engine.py --compile --gemv --context 1024 \
+      "${args_[@]}" --json "$OUT/profile_$v.json" > "$OUT/profile_$v.log" 2>&1
+    echo "profile $v (${env_[*]} ${args_[*]}): exit=$? $(grep -E '^== ' "$OUT/profile_$v.log" | tr '\n' ' ')" | tee -a "$OUT/log"
   done
 fi
 # one archive of the per-process folders and the roofline's (a call returns at most 8 files)

@@ -43,7 +43,7 @@ from ..ops.gemv.naive import MAX_M
 from ..utils import save_figure
 from .cli import _ints
 from .inference import _free, _plt, _progress, bench_decode, copy_bandwidth, measure, metadata, \
-    parse_bwd_config, parse_decode_config, print_table, save, time_call
+    parse_bwd_config, parse_compile_options, parse_decode_config, print_table, save, time_call
 from .models import orthros_model, weight_bytes_per_step
 
 SECTIONS = ("decode", "batched", "window")
@@ -632,6 +632,10 @@ def build_parser():
                         "--gpt-fast-dir), e.g. an A/B of one engine setting in several processes")
     p.add_argument("--decode-config", default=None, metavar="JSON",
                    help="engine decode attention: DECODE_CONFIG overrides for the whole run, e.g. '{\"min_split\": 64}'")
+    p.add_argument("--decode-compile-options", default=None, metavar="JSON",
+                   help="compiled engine: Inductor options of its decode pieces instead of the engine's "
+                        "DECODE_COMPILE_OPTIONS, e.g. '{\"realize_reads_threshold\": 5, \"combo_kernels\": true}' "
+                        "('{}': Inductor's defaults)")
     p.add_argument("--window-bwd-config", default=None, metavar="JSON",
                    help="window section: backward launch configs instead of the defaults, e.g. "
                         "'{\"bwd_dkdv\": [64, 32, 8, 2], \"fused\": false}' (keys bwd_dkdv, bwd_dq, fused, dq_variant, "
@@ -741,6 +745,12 @@ def parse_args(argv=None, *, window_available: bool = True):
             setattr(a, dest, {} if text is None else parse(text))
         except ValueError as e:
             p.error(f"{flag} {text!r}: {e}")
+    a.compile_options = None  # None: the engine's own DECODE_COMPILE_OPTIONS
+    if a.decode_compile_options is not None:
+        try:
+            a.compile_options = parse_compile_options(a.decode_compile_options)
+        except ValueError as e:
+            p.error(f"--decode-compile-options {a.decode_compile_options!r}: {e}")
     a.gpt_fast = None
     if a.gpt_fast_dir is not None:
         try:
@@ -800,14 +810,16 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
         meta["decode_config"] = a.decode_overrides
     if a.bwd_overrides:
         meta["window_bwd_config"] = a.bwd_overrides
-    if a.compile:
-        from ..engine.engine import DECODE_COMPILE_OPTIONS
+    from ..engine.engine import DECODE_COMPILE_OPTIONS
+    from .inference import decode_compile_options
 
-        meta["decode_compile_options"] = dict(DECODE_COMPILE_OPTIONS)
+    compile_options = DECODE_COMPILE_OPTIONS if a.compile_options is None else a.compile_options
+    if a.compile:
+        meta["decode_compile_options"] = dict(compile_options)
     from ..ops.triton.attention import bwd_config
 
     with CompileFallbacks() as fallbacks, gemv_table, decode_config(**a.decode_overrides), \
-            bwd_config(**a.bwd_overrides):
+            bwd_config(**a.bwd_overrides), decode_compile_options(compile_options):
         meta["compile_failures"] = fallbacks
         for i, section in enumerate(a.sections):
             print(f"\n## section {section} (at {time.time() - sweep.t0:.0f} s)", flush=True)

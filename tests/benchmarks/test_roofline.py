@@ -274,6 +274,7 @@ def test_gpt_fast_contexts_all_and_list(tmp_path):
     (["--gemv", "--gemv-configs", "/nonexistent/gemv.json"], "no tuned rows"),
     (["--decode-config", '{"min_spit": 64}'], "unknown key 'min_spit'"),
     (["--decode-config", "64"], "--decode-config"),
+    (["--decode-compile-options", '{"combo_kernel": true}'], "not options of torch._inductor.config: 'combo_kernel'"),
     (["--window-bwd-config", '{"bwd_dkdv": [64, 30, 8, 2]}'], "powers of two"),
     (["--window-bwd-config", '{"dkdv": [64, 32, 8, 2]}'], "unknown key 'dkdv'"),
     (["--window-bwd-config", '{"fused": 0}'], "give true or false"),
@@ -460,3 +461,23 @@ def test_decode_config_is_active_in_the_run_recorded_and_restored(tmp_path, monk
     assert seen and set(seen) == {256}
     assert json.loads((out / "results.json").read_text())["meta"]["decode_config"] == {"min_split": 256}
     assert DECODE_CONFIG == keep
+
+
+def test_decode_compile_options_are_active_in_the_run_and_restored(tmp_path, monkeypatch):
+    """--decode-compile-options: engines built during the run compile their decode pieces with
+    these Inductor options; the engine's own come back afterwards."""
+    import orthros.engine.engine as engine_mod
+
+    keep = engine_mod.DECODE_COMPILE_OPTIONS
+    seen = []
+
+    def spy(*args, **kw):
+        seen.append(dict(engine_mod.DECODE_COMPILE_OPTIONS))
+        return bench_decode(*args, **kw)
+    monkeypatch.setattr(R, "bench_decode", spy)
+    opts = {"realize_reads_threshold": 5, "combo_kernels": True}
+    assert R.main(["--device", "cpu", "--quick", "--sections", "decode", "--contexts", "64", "--steps", "1",
+                   "--warmup", "1", "--decode-compile-options", json.dumps(opts), "--out", str(tmp_path / "co")],
+                  window_factory=lambda dev: None) == 0
+    assert seen and all(o == opts for o in seen)
+    assert engine_mod.DECODE_COMPILE_OPTIONS is keep
