@@ -338,7 +338,7 @@ COMPILE_SM90 = textwrap.dedent('''
               loop_shuffles(ptx), fused or "-")
     reduce_types = dict(P="*fp32", B="*bf16", Y="*bf16", R="*bf16", MN="i32", N="i32", srm="i32")
     compile_(_gemv_reduce, reduce_types, dict(SPLIT=4, BLOCK=1024, HAS_BIAS=True, HAS_RES=True, EMU_RNE=False,
-                                              PDL=False, EARLY=False), 4, 1)
+                                              PDL=False), 4, 1)
 
     # programmatic dependent launch: the weight's L2 prefetch, then the wait, then the signal to the
     # kernel behind, and only then any global memory access (first line of each, -1: none)
@@ -351,9 +351,7 @@ COMPILE_SM90 = textwrap.dedent('''
             ("gemv-noprefetch", _gemv_kernel, types, dict(const, PDL=True, PF_LINES=0), 4, 3),
             ("gemv-signal-end", _gemv_kernel, types, dict(const, PDL=True, PF_LINES=0, SIGNAL_END=True), 4, 3),
             ("reduce", _gemv_reduce, reduce_types,
-             dict(SPLIT=4, BLOCK=1024, HAS_BIAS=True, HAS_RES=True, EMU_RNE=False, PDL=True, EARLY=False), 4, 1),
-            ("reduce-early", _gemv_reduce, reduce_types,
-             dict(SPLIT=4, BLOCK=1024, HAS_BIAS=True, HAS_RES=True, EMU_RNE=False, PDL=True, EARLY=True), 4, 1)]:
+             dict(SPLIT=4, BLOCK=1024, HAS_BIAS=True, HAS_RES=True, EMU_RNE=False, PDL=True), 4, 1)]:
         ptx = compile_(fn, ty, const_, warps, stages).asm["ptx"]
         print("PDL", name, first(ptx, r"prefetch[.]global[.]L2::evict_last"), first(ptx, r"griddepcontrol[.]wait"),
               first(ptx, r"griddepcontrol[.]launch_dependents"), first(ptx, access),
@@ -368,15 +366,13 @@ def test_kernel_compiles_for_sm90_with_pipelined_vector_loads(tmp_path):
     cases = printed(lines, "CASE")
     assert len(cases) == 14
     pdl = {name: [int(v) for v in rest] for name, *rest in printed(lines, "PDL")}
-    assert sorted(pdl) == ["gemv", "gemv-noprefetch", "gemv-signal-end", "reduce", "reduce-early"]
+    assert sorted(pdl) == ["gemv", "gemv-noprefetch", "gemv-signal-end", "reduce"]
     for name, (pref, wait, signal, access, n_pref) in pdl.items():
         # launched early, the kernel reads and writes nothing before the wait, and signals the
         # kernel behind only after it (so that one waits for this one's inputs too); or, with
         # SIGNAL_END, after its K loop's loads
         if name == "gemv-signal-end":
             assert 0 <= wait < access < signal, (name, wait, signal, access)
-        elif name == "reduce-early":  # ORTHROS_PDL_SIGNAL=early: the signal first, still no access before the wait
-            assert 0 <= signal < wait < access, (name, wait, signal, access)
         else:
             assert 0 <= wait < signal < access, (name, wait, signal, access)
         if name == "gemv":  # the tile's first lines of each row, asked for before the wait

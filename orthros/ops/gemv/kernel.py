@@ -269,12 +269,10 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
 
 @triton.jit
 def _gemv_reduce(P, B, Y, R, MN, N, srm, SPLIT: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 HAS_RES: tl.constexpr = False, EMU_RNE: tl.constexpr = False, PDL: tl.constexpr = False,
-                 EARLY: tl.constexpr = False):
+                 HAS_RES: tl.constexpr = False, EMU_RNE: tl.constexpr = False, PDL: tl.constexpr = False):
     """``Y[m, n] = sum_s P[s, m, n] (+ bias[n])`` rounded (``+ R[m, n]``, rounded), splits
-    summed in order (deterministic). ``PDL``: as :func:`_gemv_kernel`'s (no prefetch); ``EARLY``:
-    it signals the kernel behind before its wait (``ORTHROS_PDL_SIGNAL=early``)."""
-    pdl_enter(PDL, EARLY)
+    summed in order (deterministic). ``PDL``: as :func:`_gemv_kernel`'s (no prefetch)."""
+    pdl_enter(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN
     acc = tl.zeros([BLOCK], tl.float32)
@@ -506,7 +504,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
         block = 1024
         _gemv_reduce[(cdiv(M * N, block),)](part, b, y, r, M * N, N, srm, SPLIT=split, BLOCK=block,
                                             HAS_BIAS=bias is not None, HAS_RES=flags["HAS_RES"], EMU_RNE=emu_rne,
-                                            EARLY=bool(pdl) and _tc.PDL_SIGNAL == "early", num_warps=4, **pdl)
+                                            num_warps=4, **pdl)
     return y
 
 

@@ -71,16 +71,12 @@ def env_number(name: str, default: str, kind, what: str):
 # (docs/performance.md, inference change 17): the pair's step 2-3.5% faster with it.
 PDL = os.environ.get("ORTHROS_PDL", "1") == "1"
 # Where a PDL GEMV signals the kernel behind: "start" (right after its wait) or "end" (after its K
-# loop, so the programs of the kernel behind become resident only during this one's tail); "early":
-# the GEMVs as with "start", and the two small kernels that sit between big ones (the GEMV's split-K
-# reduce, the decode combine) signal *before* their wait, so the GEMV behind them is scheduled (and
-# prefetches its weight) while the kernel ahead of them still runs. And the fewest rows a GEMV
-# launches with PDL at: 2, because one-row GEMVs (a Transformer's decode step) measured 9-10% slower
-# with it (ORTHROS_PDL_SIGNAL, ORTHROS_PDL_MIN_M; read at import).
-PDL_SIGNALS = ("start", "end", "early")
+# loop, so the programs of the kernel behind become resident only during this one's tail), and the
+# fewest rows a GEMV launches with PDL at: 2, because one-row GEMVs (a Transformer's decode step)
+# measured 9-10% slower with it (ORTHROS_PDL_SIGNAL, ORTHROS_PDL_MIN_M; read at import).
 PDL_SIGNAL = os.environ.get("ORTHROS_PDL_SIGNAL", "start")
-if PDL_SIGNAL not in PDL_SIGNALS:
-    raise ValueError(f"ORTHROS_PDL_SIGNAL must be one of {', '.join(PDL_SIGNALS)}, got {PDL_SIGNAL!r}")
+if PDL_SIGNAL not in ("start", "end"):
+    raise ValueError(f"ORTHROS_PDL_SIGNAL must be 'start' or 'end', got {PDL_SIGNAL!r}")
 PDL_MIN_M = env_number("ORTHROS_PDL_MIN_M", "2", int, "an integer (rows)")
 _PDL_DEVICES = {}
 
@@ -122,17 +118,10 @@ def pdl_signal(PDL: tl.constexpr):
 
 
 @triton.jit
-def pdl_enter(PDL: tl.constexpr, EARLY: tl.constexpr = False):
-    """:func:`pdl_wait`, then :func:`pdl_signal` at once; ``EARLY``: the signal first. Without
-    ``PDL``: nothing. An early signal cannot deadlock: a kernel is launched only once every program
-    of the one ahead has signalled or exited, so when this one signals, every program of both
-    kernels ahead is resident or done, and the waiting programs of the kernel behind take only
-    slots nobody ahead still needs."""
-    if EARLY:
-        pdl_signal(PDL)
+def pdl_enter(PDL: tl.constexpr):
+    """:func:`pdl_wait`, then :func:`pdl_signal` at once. Without ``PDL``: nothing."""
     pdl_wait(PDL)
-    if not EARLY:
-        pdl_signal(PDL)
+    pdl_signal(PDL)
 
 
 @triton.jit

@@ -37,7 +37,6 @@ import torch
 import triton
 import triton.language as tl
 
-from . import common as _tc
 from .common import (LOG2E, block_d, cdiv, dummy, interpreting, merge_splits, num_sms, pdl_enter, pdl_kwargs, pow2,
                      precision, softmax_result, softmax_step, zeroed_counters)
 
@@ -158,8 +157,8 @@ def _decode_split(
 @triton.jit(do_not_specialize=["NUM_SPLITS"])
 def _decode_combine(OP, LP, O, OO, sob, soh, soob, sooh,
                     HQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                    NUM_SPLITS, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False, EARLY: tl.constexpr = False):
-    pdl_enter(PDL, EARLY)
+                    NUM_SPLITS, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     _merge_row(OP, LP, O, OO, tl.program_id(2).to(tl.int64), tl.program_id(1), tl.program_id(0).to(tl.int64),
                sob, soh, soob, sooh, HQ=HQ, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=NUM_SPLITS, BLOCK_S=BLOCK_S,
                CACHE="")
@@ -361,6 +360,5 @@ def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window
         UPCAST=upcast, num_warps=nw, num_stages=ns, **pdl)
     if mode == _PARTIAL:
         _decode_combine[(HQ, 2, B)](op, lp, o, o_out, o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
-                                    HQ=HQ, D=D, BLOCK_D=BD, NUM_SPLITS=S, BLOCK_S=max(2, pow2(S)),
-                                    EARLY=bool(pdl) and _tc.PDL_SIGNAL == "early", **pdl)
+                                    HQ=HQ, D=D, BLOCK_D=BD, NUM_SPLITS=S, BLOCK_S=max(2, pow2(S)), **pdl)
     return both if stacked else (o, o_out)
