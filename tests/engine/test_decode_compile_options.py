@@ -84,3 +84,43 @@ def test_engine_decode_pieces_get_the_decode_options(monkeypatch):
     assert {"_project", "_finish"} <= pieces
     for name in ("_project", "_finish"):
         assert (name, None) in seen and (name, engine_mod.DECODE_COMPILE_OPTIONS) in seen, seen
+
+
+def _launches(options, dev):
+    """Kernels the generated code launches for a decode pair's queries and its K/V rows (the two
+    independent paths of the step's first compiled piece) under ``options``."""
+    m = tiny_model(0, hidden_size=256, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+                   qk_norm=True).to(dev, torch.bfloat16)
+    attn = m.model.layers[0].self_attn
+    assert attn.fuse_projections()
+    g = torch.Generator(device=dev).manual_seed(0)
+    rope = (torch.rand(1, 1, 64, generator=g, device=dev), torch.rand(1, 1, 64, generator=g, device=dev))
+
+    def paths(q, k, v):
+        with torch.no_grad():
+            return attn._queries_of(q, 1, rope, rope, True, False, True), *attn._keys_values_of(k, v, rope)
+
+    torch._dynamo.reset()
+    try:
+        args = (torch.randn(1, 2, 8 * 64, device=dev, dtype=torch.bfloat16),
+                torch.randn(1, 1, 2 * 64, device=dev, dtype=torch.bfloat16),
+                torch.randn(1, 1, 2 * 64, device=dev, dtype=torch.bfloat16))
+        out, codes = run_and_get_code(torch.compile(paths, options=options), *args)
+        for a, b in zip(out, paths(*args)):
+            torch.testing.assert_close(a, b)
+    finally:
+        torch._dynamo.reset()
+    call = "\n".join(c[c.index("def call"):] for c in codes)
+    return len(re.findall(r"\btriton_\w+\.run\(", call))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="combo kernels: Inductor's Triton backend")
+def test_queries_and_keys_are_one_kernel_with_the_decode_options():
+    """``combo_kernels`` (inference change 19): the q path and the k path, which read nothing of
+    each other, launch as one kernel instead of two."""
+    dev = torch.device("cuda")
+    plain = _launches({"realize_reads_threshold": 5}, dev)
+    combo = _launches(engine_mod.DECODE_COMPILE_OPTIONS, dev)
+    assert engine_mod.DECODE_COMPILE_OPTIONS.get("combo_kernels") is True
+    assert plain >= 2 and combo < plain, (plain, combo)
