@@ -86,41 +86,47 @@ def test_engine_decode_pieces_get_the_decode_options(monkeypatch):
         assert (name, None) in seen and (name, engine_mod.DECODE_COMPILE_OPTIONS) in seen, seen
 
 
+
 def _launches(options, dev):
-    """Kernels the generated code launches for a decode pair's queries and its K/V rows (the two
-    independent paths of the step's first compiled piece) under ``options``."""
-    m = tiny_model(0, hidden_size=256, num_attention_heads=8, num_key_value_heads=2, head_dim=64,
-                   qk_norm=True).to(dev, torch.bfloat16)
+    """The outputs and the number of kernels the generated code launches for a decode pair's
+    queries and its K rows (the two independent paths of the step's first compiled piece, at the
+    engine's head shapes: 32 query heads, 8 KV heads of 128) under Inductor ``options``; float32,
+    so the compiled values can be held to the eager ones tightly (in bf16 the eager path rounds
+    every intermediate and the compiled one does not)."""
+    m = tiny_model(0, hidden_size=256, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                   qk_norm=True).to(dev)
     attn = m.model.layers[0].self_attn
     assert attn.fuse_projections()
     g = torch.Generator(device=dev).manual_seed(0)
-    rope = (torch.rand(1, 1, 64, generator=g, device=dev), torch.rand(1, 1, 64, generator=g, device=dev))
+    rope = (torch.rand(1, 1, 128, generator=g, device=dev), torch.rand(1, 1, 128, generator=g, device=dev))
 
     def paths(q, k, v):
         with torch.no_grad():
             return attn._queries_of(q, 1, rope, rope, True, False, True), *attn._keys_values_of(k, v, rope)
 
+    args = (torch.randn(1, 2, 32 * 128, device=dev, generator=g), torch.randn(1, 1, 8 * 128, device=dev, generator=g),
+            torch.randn(1, 1, 8 * 128, device=dev, generator=g))
     torch._dynamo.reset()
     try:
-        args = (torch.randn(1, 2, 8 * 64, device=dev, dtype=torch.bfloat16),
-                torch.randn(1, 1, 2 * 64, device=dev, dtype=torch.bfloat16),
-                torch.randn(1, 1, 2 * 64, device=dev, dtype=torch.bfloat16))
         out, codes = run_and_get_code(torch.compile(paths, options=options), *args)
         for a, b in zip(out, paths(*args)):
-            torch.testing.assert_close(a, b)
+            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     finally:
         torch._dynamo.reset()
-    call = "\n".join(c[c.index("def call"):] for c in codes)
-    return len(re.findall(r"\btriton_\w+\.run\(", call))
+    calls = [c[c.index("def call"):] for c in codes if "def call" in c]
+    assert calls, "no generated wrapper code"
+    return out, len(re.findall(r"\b\w+\.run\(", "\n".join(calls)))
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="combo kernels: Inductor's Triton backend")
 def test_queries_and_keys_are_one_kernel_with_the_decode_options():
     """``combo_kernels`` (inference change 19): the q path and the k path, which read nothing of
-    each other, launch as one kernel instead of two."""
+    each other, launch as fewer kernels, with the same values."""
     dev = torch.device("cuda")
-    plain = _launches({"realize_reads_threshold": 5}, dev)
-    combo = _launches(engine_mod.DECODE_COMPILE_OPTIONS, dev)
     assert engine_mod.DECODE_COMPILE_OPTIONS.get("combo_kernels") is True
+    plain_out, plain = _launches({"realize_reads_threshold": 5}, dev)
+    combo_out, combo = _launches(engine_mod.DECODE_COMPILE_OPTIONS, dev)
+    for a, b in zip(combo_out, plain_out):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
     assert plain >= 2 and combo < plain, (plain, combo)
