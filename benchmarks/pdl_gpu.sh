@@ -13,14 +13,14 @@
 #      before inference change 19). The engine's defaults: pf4m2.
 # Nothing is installed: the image's torch / triton run it. From the repo root (the `run` tool):
 #   command: ORTHROS_COMMIT=<sha> bash benchmarks/pdl_gpu.sh
-# Optional: VARIANTS (default "off pf8 pdl pf16 off pf8"), CONTEXTS (1024,4096), T_TESTS (150 s),
+# Optional: VARIANTS (unset: "off pf8 pdl pf16 off pf8"; empty: none), CONTEXTS (1024,4096), T_TESTS (150 s),
 # TESTS=0 (no tests), T_CELL (75 s a process); PROFILE="<settings>" (profile_engine.py at 1K, one
 # process a setting); ROOF=N (then the roofline's decode section, 1K-128K, with the defaults and
 # gpt-fast at 1K: carry .gpu/gpt-fast; then N - 1 more processes of the pair and gpt-fast at 1K).
 set -u
 OUT=${OUT:-/tmp/pdl-gpu}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" ORTHROS_COMMIT=${ORTHROS_COMMIT:-unknown}
-VARIANTS=${VARIANTS:-"off pf8 pdl pf16 off pf8"} CONTEXTS=${CONTEXTS:-1024,4096}
+VARIANTS=${VARIANTS-"off pf8 pdl pf16 off pf8"} CONTEXTS=${CONTEXTS:-1024,4096}
 T_TESTS=${T_TESTS:-150} T_CELL=${T_CELL:-75}
 settings() {  # a setting's name -> its environment in env_, extra benchmark arguments in args_ (return 1: not a setting's name)
   local rest=$1
