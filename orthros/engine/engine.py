@@ -564,9 +564,9 @@ _FAILED = set()
 # default of 4 the pair's RoPE became a pointwise kernel of its own after the q-norm kernel
 # (36 launches a step, 0.036 ms at 1K on an H200: docs/performance.md, inference change 15).
 # ``combo_kernels``: the queries' path (q-norm, scale-offset, RoPE) and the keys' (k-norm, RoPE,
-# the cache write) read nothing of each other, so Inductor launches them as one kernel: a
-# launch fewer a layer, the 1K step 0.08 ms faster for the pair and the Transformer alike
-# (measured on an H200: docs/performance.md, inference change 19). Triton backend only (GPU).
+# the cache write) read nothing of each other, so Inductor may launch them as one kernel; the 1K
+# step measured 0.08 ms faster with it for the pair and the Transformer alike (H200:
+# docs/performance.md, inference change 19). Triton backend only (GPU); the CPU ignores it.
 DECODE_COMPILE_OPTIONS = {"realize_reads_threshold": 5, "combo_kernels": True}
 
 

@@ -6,6 +6,8 @@ alpha/beta, then RoPE) read five inputs; RoPE reads each query twice (q and its 
 At Inductor's default ``realize_reads_threshold`` (4) that value is computed into a buffer of
 its own, which on a GPU puts RoPE in a separate pointwise kernel; at the engine's setting it is
 recomputed inside RoPE's loop instead (no buffer). The one-row step (three inputs) never is.
+``combo_kernels`` lets Inductor launch the queries' path and the keys' path (independent of each
+other) as one kernel: checked on a GPU, where Inductor emits Triton kernels.
 """
 
 from __future__ import annotations
@@ -86,7 +88,6 @@ def test_engine_decode_pieces_get_the_decode_options(monkeypatch):
         assert (name, None) in seen and (name, engine_mod.DECODE_COMPILE_OPTIONS) in seen, seen
 
 
-
 def _launches(options, dev):
     """The outputs and the number of kernels the generated code launches for a decode pair's
     queries and its K rows (the two independent paths of the step's first compiled piece, at the
@@ -120,7 +121,7 @@ def _launches(options, dev):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="combo kernels: Inductor's Triton backend")
-def test_queries_and_keys_are_one_kernel_with_the_decode_options():
+def test_queries_and_keys_launch_fewer_kernels_with_the_decode_options():
     """``combo_kernels`` (inference change 19): the q path and the k path, which read nothing of
     each other, launch as fewer kernels, with the same values."""
     dev = torch.device("cuda")
