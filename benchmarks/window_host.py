@@ -48,13 +48,14 @@ from orthros.ops.triton import common  # noqa: E402
 from orthros.utils import commit_id, write_json  # noqa: E402
 
 
-def host_ms(fn, n, before=None):
-    """Median host time of ``fn()`` over ``n`` calls, each from an idle GPU, for the JIT launch
-    and for the launch cache, interleaved call by call (this host's speed drifts by tens of
-    percent within seconds; interleaving keeps the drift out of the comparison): ``(jit, cache)``."""
-    ts = {False: [], True: []}
+def host_ms(fn, n, before=None, paths=(False, True)):
+    """Median host time of ``fn()`` over ``n`` calls, each from an idle GPU, for each launch path
+    of ``paths`` (False: the JIT, True: the launch cache), interleaved call by call (this host's
+    speed drifts by tens of percent within seconds; interleaving keeps the drift out of the
+    comparison): one median per path, in order."""
+    ts = {fast: [] for fast in paths}
     for _ in range(n):
-        for fast in (False, True):
+        for fast in paths:
             common.FAST_LAUNCH = fast
             arg = before() if before else None
             torch.cuda.synchronize()
@@ -63,7 +64,7 @@ def host_ms(fn, n, before=None):
             ts[fast].append(time.perf_counter() - t)
     torch.cuda.synchronize()
     common.FAST_LAUNCH = True
-    return tuple(statistics.median(ts[f]) * 1e3 for f in (False, True))
+    return tuple(statistics.median(ts[f]) * 1e3 for f in paths)
 
 
 def eager_ms(fn, rounds):
@@ -134,9 +135,9 @@ def main(argv=None) -> int:
         "grad": host_ms(lambda out: torch.autograd.grad(out, (q, k, v), g), a.n, before=fwd),
         "backward_only": host_ms(lambda: A._stream_backward(g, q, k, v, o, lse, None, 0, W, scale, masks), a.n),
     }
-    floor = {
-        "grad_trivial": host_ms(lambda y: torch.autograd.grad(y, (x,), g), a.n, before=lambda: x * 2)[0],
-        "fb_nop": host_ms(lambda: torch.autograd.grad(Nop.apply(q, k, v), (q, k, v), g), a.n)[0],
+    floor = {  # no Triton launch in these: timed once
+        "grad_trivial": host_ms(lambda y: torch.autograd.grad(y, (x,), g), a.n, before=lambda: x * 2, paths=(True,))[0],
+        "fb_nop": host_ms(lambda: torch.autograd.grad(Nop.apply(q, k, v), (q, k, v), g), a.n, paths=(True,))[0],
     }
     eager = eager_ms(fb, 5)
     res["ms"] = {"jit": {k: v[0] for k, v in pieces.items()}, "cache": {k: v[1] for k, v in pieces.items()},

@@ -42,8 +42,8 @@ from ..ops.gemv.kernel import pdl_settings
 from ..ops.gemv.naive import MAX_M
 from ..utils import save_figure
 from .cli import _ints
-from .inference import _free, _plt, _progress, bench_decode, copy_bandwidth, measure, metadata, \
-    parse_bwd_config, parse_compile_options, parse_decode_config, print_table, save, time_call
+from .inference import _free, _plt, _progress, bench_decode, copy_bandwidth, decode_compile_options, measure, \
+    metadata, parse_bwd_config, parse_compile_options, parse_decode_config, print_table, save, time_call
 from .models import orthros_model, weight_bytes_per_step
 
 SECTIONS = ("decode", "batched", "window")
@@ -811,7 +811,6 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
     if a.bwd_overrides:
         meta["window_bwd_config"] = a.bwd_overrides
     from ..engine.engine import DECODE_COMPILE_OPTIONS
-    from .inference import decode_compile_options
 
     compile_options = DECODE_COMPILE_OPTIONS if a.compile_options is None else a.compile_options
     if a.compile:
