@@ -23,10 +23,11 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" ORTHROS_C
 VARIANTS=${VARIANTS-"off pf8 pdl pf16 off pf8"} CONTEXTS=${CONTEXTS:-1024,4096}
 T_TESTS=${T_TESTS:-150} T_CELL=${T_CELL:-75}
 settings() {  # a setting's name -> its environment in env_, extra benchmark arguments in args_ (return 1: not a setting's name)
-  local rest=$1
-  env_=(ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=1) args_=()
+  local rest=$1 min_m=1
+  args_=()
   case "$rest" in *nocombo) args_=(--decode-compile-options '{"realize_reads_threshold": 5}'); rest=${rest%nocombo} ;; esac
-  case "$rest" in *m2) env_+=(ORTHROS_PDL_MIN_M=2); rest=${rest%m2} ;; esac
+  case "$rest" in *m2) min_m=2; rest=${rest%m2} ;; esac
+  env_=(ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=$min_m)
   case "$rest" in *end) env_+=(ORTHROS_PDL_SIGNAL=end); rest=${rest%end} ;; esac
   case "$rest" in
     off) env_=(ORTHROS_PDL=0) ;;
