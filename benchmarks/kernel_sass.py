@@ -5,7 +5,8 @@ each loop's SASS instructions a trip by opcode. What kernels change 14 (docs/per
 before its GPU run: the instruction budget of a trip next to its HGMMAs.
 
     python benchmarks/kernel_sass.py fwd  [--config 64,32,4,3] [--variant edge|gqa|base|gqa_masked] [--visible]
-    python benchmarks/kernel_sass.py dkdv [--config 32,64,4,2] [--visible]
+    python benchmarks/kernel_sass.py dkdv [--config 32,64,4,2] [--visible] [--ds]
+    python benchmarks/kernel_sass.py dqds [--config 32,64,8,2]   (DQ_VARIANT "ds": _dq_from_ds)
     python benchmarks/kernel_sass.py dq   [--config 64,64,4,2] [--band]
     ... [--sass OUT.sass] (the whole SASS) [--json OUT.json]
 
@@ -30,7 +31,7 @@ os.environ.pop("TRITON_INTERPRET", None)  # kernels imported under the interpret
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PTRS = dict(Q="*bf16", K="*bf16", V="*bf16", O="*bf16", LSE="*fp32", POS="*i64", DOC="*i64", DOCSTART="*i64",
-            KVSTART="*i64", DO="*bf16", DQ="*bf16", DK="*bf16", DV="*bf16", DELTA="*fp32", QRANGE="*i64")
+            KVSTART="*i64", DO="*bf16", DQ="*bf16", DK="*bf16", DV="*bf16", DELTA="*fp32", QRANGE="*i64", DS="*bf16")
 
 
 def parse_config(text):
@@ -65,8 +66,9 @@ def sm90_compile(fn, const, nospec, num_warps, num_stages):
                           target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
 
 
-def compile_kernel(kind, cfg, variant="edge", band=True):
-    """The compiled kernel (``triton.compile``'s result) of one kind of window-stream program."""
+def compile_kernel(kind, cfg, variant="edge", band=True, ds=False):
+    """The compiled kernel (``triton.compile``'s result) of one kind of window-stream program
+    (``ds``: the dK/dV programs store their dS tiles, DQ_VARIANT "ds")."""
     from orthros.ops.triton import attention as ta
 
     bm, bn, warps, stages = cfg
@@ -77,12 +79,16 @@ def compile_kernel(kind, cfg, variant="edge", band=True):
         const = dict(D=128, BLOCK_D=128, BLOCK_M=bm // gp, BLOCK_N=bn, POS_PTR=False, HAS_WINDOW=True, HAS_DOC=False,
                      HAS_KVS=False, NUM_SPLITS=1, PARTIAL=False, REVERSE=False, PREC="tf32", GP=gp, EDGE_MASK=edge,
                      REL=band and edge)
+    elif kind == "dqds":  # BLOCK_M, BLOCK_N: the dK/dV programs' (the dS tiles'), G = 4 heads packed
+        fn, nospec = ta._dq_from_ds, {"M", "N", "HQ", "nqb", "nslot", "pos_offset", "window", "G"}
+        const = dict(D=128, BLOCK_D=128, BLOCK_M=bm, BLOCK_N=bn, GP=4, PREC="tf32")
     else:  # one kind of backward program in its own launch (PROGS 1: dK/dV, 2: dQ)
-        fn, nospec = ta._stream_bwd, set(ta._NO_SPEC) | {"HKV", "B", "n_kv_progs", "srb"}
+        fn, nospec = ta._stream_bwd, set(ta._NO_SPEC) | {"HKV", "B", "n_kv_progs", "srb", "nqb", "nslot"}
         blocks = dict(BLOCK_M=bm, BLOCK_N=bn) if kind == "dkdv" else dict(BLOCK_M2=bm, BLOCK_N2=bn)
         const = dict(G=4, D=128, BLOCK_D=128, BLOCK_M=32, BLOCK_N=64, BLOCK_M2=64, BLOCK_N2=64, POS_PTR=False,
                      HAS_WINDOW=True, HAS_DOC=False, HAS_KVS=False, REVERSE=False, PREC="tf32",
-                     PROGS=1 if kind == "dkdv" else 2, REL_KV=kind == "dkdv" and band, REL_Q=kind == "dq" and band)
+                     PROGS=1 if kind == "dkdv" else 2, REL_KV=kind == "dkdv" and band, REL_Q=kind == "dq" and band,
+                     DS_OUT=ds)
         const.update(blocks)
     return sm90_compile(fn, const, nospec, warps, stages)
 
@@ -130,11 +136,12 @@ def analyse(cubin):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("kind", choices=("fwd", "dkdv", "dq"))
+    ap.add_argument("kind", choices=("fwd", "dkdv", "dq", "dqds"))
     ap.add_argument("--config", type=parse_config, default=None, help="BLOCK_M,BLOCK_N,num_warps,num_stages")
     ap.add_argument("--variant", default="edge", help="forward variant (fwd only): edge, gqa, base, gqa_masked")
     ap.add_argument("--visible", action="store_true", help="fwd / dkdv: mask with common.visible, not band")
     ap.add_argument("--band", action="store_true", help="dq: mask with common.band, not visible")
+    ap.add_argument("--ds", action="store_true", help="dkdv: also store the dS tiles (DQ_VARIANT \"ds\")")
     ap.add_argument("--sass", default=None, help="write the whole SASS here")
     ap.add_argument("--json", default=None, help="write the figures here")
     a = ap.parse_args(argv)
@@ -146,11 +153,15 @@ def main(argv=None):
         ap.error("--variant is for fwd only")
     if (a.kind == "dq" and a.visible) or (a.kind != "dq" and a.band):
         ap.error("--visible is for fwd / dkdv, --band for dq")
+    if a.ds and a.kind != "dkdv":
+        ap.error("--ds is for dkdv")
     table = {"fwd": "win_fwd_gqa" if ta.FWD_VARIANTS[a.variant][0] else "win_fwd", "dkdv": "bwd_dkdv",
-             "dq": "bwd_dq"}[a.kind]
+             "dq": "bwd_dq", "dqds": "bwd_dkdv"}[a.kind]
     cfg = a.config or ta.CONFIGS[table][128]
+    if a.kind == "dqds" and not a.config:
+        cfg = cfg[:2] + ta.DQ_DS_LAUNCH
     band = a.band if a.kind == "dq" else not a.visible
-    k = compile_kernel(a.kind, cfg, a.variant, band)
+    k = compile_kernel(a.kind, cfg, a.variant, band, a.ds)
     res = analyse(k.asm["cubin"])
     print(f"{a.kind} {a.variant if a.kind == 'fwd' else ''} config {','.join(map(str, cfg))} "
           f"mask {'band' if band else 'visible'}: {res['registers']} registers, stack {res['stack_bytes']} bytes, "

@@ -442,6 +442,46 @@ def test_rel_mask_variant(poison, monkeypatch, case):
     run_case(D=16, **c)
 
 
+def count_launches(monkeypatch) -> list:
+    """Record every kernel launched through ``attention.launch``; the list it fills."""
+    from orthros.ops.triton import attention as ta
+
+    launched, real = [], ta.launch
+    monkeypatch.setattr(ta, "launch", lambda k, *a, **kw: (launched.append(k), real(k, *a, **kw))[1])
+    return launched
+
+
+@pytest.mark.parametrize("case", list(REL_CASES))
+def test_dq_from_ds_variant(poison, monkeypatch, case):
+    """DQ_VARIANT "ds": the dK/dV programs store their dS tiles (into a NaN-poisoned buffer, so a
+    tile read unwritten fails) and ``_dq_from_ds`` sums dS @ K, against the reference, with rows
+    and keys past the ends of the 16 x 16 blocks, documents, left padding and continuations. The
+    window stream takes that path (one ``_dq_from_ds`` launch a backward); the output stream with
+    positions keeps its dQ programs."""
+    from orthros.ops.triton import attention as ta
+
+    monkeypatch.setattr(ta, "DQ_VARIANT", "ds")
+    if not HAS_CUDA:
+        monkeypatch.setitem(ta.CONFIGS["bwd_dkdv"], 64, (16, 16, 4, 1))
+    launched = count_launches(monkeypatch)
+    c = {k: (v.to(DEV) if isinstance(v, torch.Tensor) else v) for k, v in REL_CASES[case].items()}
+    run_case(D=16, **c)
+    assert launched.count(ta._dq_from_ds) == 1
+
+
+def test_dq_from_ds_falls_back_for_wide_windows(poison, monkeypatch):
+    """A window whose query blocks span more than DS_MAX_KEYS key columns keeps the dQ programs."""
+    from orthros.ops.triton import attention as ta
+
+    monkeypatch.setattr(ta, "DQ_VARIANT", "ds")
+    monkeypatch.setattr(ta, "DS_MAX_KEYS", 32)
+    if not HAS_CUDA:
+        monkeypatch.setitem(ta.CONFIGS["bwd_dkdv"], 64, (16, 16, 4, 1))
+    launched = count_launches(monkeypatch)
+    run_case(B=1, T=40, Hq=2, Hkv=1, D=16, w=20)
+    assert ta._dq_from_ds not in launched and ta._stream_bwd in launched
+
+
 def test_delta_pass_on_strided_inputs():
     """The backward's delta pass gives rowsum(dO * O) in [B, HQ, M] for O and dO with
     non-contiguous tokens and heads (a slice of a wider buffer, a transposed view)."""
@@ -640,6 +680,18 @@ def test_rel_masks_gpu(poison, monkeypatch, dtype, name):
     monkeypatch.setattr(ta, "DQ_VARIANT", "rel")
     monkeypatch.setattr(ta, "DKDV_VARIANT", "rel")
     monkeypatch.setattr(ta, "FUSED_BWD", name == "edge")
+    variant_sweep_gpu(dtype)
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_dq_from_ds_gpu(poison, monkeypatch, dtype):
+    """DQ_VARIANT "ds" at the real block sizes (the dK/dV programs' 32 x 64 tiles, _dq_from_ds's
+    warps) through the GPU sweep of every mode."""
+    from orthros.ops.triton import attention as ta
+
+    monkeypatch.setattr(ta, "DQ_VARIANT", "ds")
     variant_sweep_gpu(dtype)
 
 

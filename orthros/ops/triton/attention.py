@@ -357,15 +357,72 @@ def _dq_block(
 
 
 @triton.jit
+def _ds_first(start_m, pos_offset, window, BLOCK_N: tl.constexpr):
+    """The first key block whose dK/dV program visits the query block at row ``start_m`` of the
+    window stream (contiguous positions from ``pos_offset``): the block of that block's first
+    query's oldest key."""
+    return tl.maximum(pos_offset + start_m - window + 1, 0) // BLOCK_N
+
+
+@triton.jit
+def _ds_tile(DS, b64, h64, start_m, kb, HQ, nqb, nslot, pos_offset, window,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Address of the dS tile of (batch, query head, query block at row ``start_m``, key block
+    ``kb``) in the DQ_VARIANT "ds" buffer: ``[B, HQ, nqb, nslot, BLOCK_N, BLOCK_M]`` (a tile
+    key-major, its ``BLOCK_M`` rows contiguous), the slot ``kb - _ds_first(...)``."""
+    slot = kb - _ds_first(start_m, pos_offset, window, BLOCK_N)
+    return DS + (((b64 * HQ + h64) * nqb + start_m // BLOCK_M) * nslot + slot) * (BLOCK_N * BLOCK_M)
+
+
+@triton.jit(do_not_specialize=["M", "N", "HQ", "nqb", "nslot", "pos_offset", "window", "G"])
+def _dq_from_ds(DS, K, DQ, skb, skt, skh, sgb, sgt, sgh, M, N, HQ, nqb, nslot, pos_offset, window, sm_scale,
+                G, D: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                GP: tl.constexpr, PREC: tl.constexpr):
+    """dQ of one query block of the window stream (contiguous positions) for all ``G`` query
+    heads of KV head ``program_id(0)`` (``GP * BLOCK_M`` rows, ``GP = pow2(G)``) from the dS
+    tiles the dK/dV programs stored (DQ_VARIANT "ds"): ``dQ = scale * sum_kb dS[:, kb] @ K[kb]``
+    over the key blocks whose dK/dV program visited the block, one dot a key block, no
+    recomputed scores. Exactly those tiles were written, so none is read unwritten."""
+    kvh64 = tl.program_id(0).to(tl.int64)
+    qb = tl.program_id(1)
+    b64 = tl.program_id(2).to(tl.int64)
+    start_m = qb * BLOCK_M
+    r = tl.arange(0, GP * BLOCK_M)
+    g = r // BLOCK_M
+    rows = start_m + r % BLOCK_M
+    row_ok = (g < G) & (rows < M)
+    h64 = kvh64 * G + g
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    keys = tl.arange(0, BLOCK_N)
+    first = _ds_first(start_m, pos_offset, window, BLOCK_N)
+    last = tl.minimum((pos_offset + start_m + BLOCK_M - 1) // BLOCK_N, tl.cdiv(N, BLOCK_N) - 1)
+    ds_rows = _ds_tile(DS, b64, h64, start_m, first, HQ, nqb, nslot, pos_offset, window, BLOCK_M, BLOCK_N) \
+        + r % BLOCK_M
+    k_base = K + b64 * skb + kvh64 * skh
+    dq = tl.zeros([GP * BLOCK_M, BLOCK_D], tl.float32)
+    for kb in range(first, last + 1):
+        ds = tl.load(ds_rows[:, None] + (kb - first) * (BLOCK_N * BLOCK_M) + keys[None, :] * BLOCK_M,
+                     mask=(g < G)[:, None], other=0.0)  # whole tiles: rows past M hold zeros
+        cols = kb * BLOCK_N + keys
+        k = tl.load(k_base + cols.to(tl.int64)[:, None] * skt + offs_d[None, :],
+                    mask=(cols < N)[:, None] & d_ok[None, :], other=0.0)
+        dq += tl.dot(ds, k, input_precision=PREC)
+    dq = dq * sm_scale
+    tl.store(DQ + b64 * sgb + h64[:, None] * sgh + rows.to(tl.int64)[:, None] * sgt + offs_d[None, :],
+             dq.to(DQ.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
 def _dkdv_block(
     kvh, pid_n, b, Q, K, V, DO, DK, DV, LSE, DELTA, POS, QRANGE, DOC, KVSTART,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,
     skgb, skgt, skgh, svgb, svgt, svgh, spb, srb,
-    M, N, HQ, pos_offset, window, qk_scale, sm_scale,
+    M, N, HQ, pos_offset, window, qk_scale, sm_scale, DS, nqb, nslot,
     G, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
-    PREC: tl.constexpr, EDGE: tl.constexpr = False, REL: tl.constexpr = False,
+    PREC: tl.constexpr, EDGE: tl.constexpr = False, REL: tl.constexpr = False, DS_OUT: tl.constexpr = False,
 ):
     """dK/dV of one key block (``BLOCK_N`` keys of KV head ``kvh``) over the query blocks that see
     it, for each of the ``G`` query heads. ``EDGE`` (DKDV_VARIANT "edge"; the host sets it only
@@ -373,7 +430,9 @@ def _dkdv_block(
     key of the block (all rows and columns in range, causal and inside the window for every
     pair) skips the mask. ``REL`` (DKDV_VARIANT "rel", the same condition): every block is
     masked by :func:`band` on int32 relative positions (keys past ``N`` are never stored; rows
-    past ``M`` load zeros and ``LSE = +inf``)."""
+    past ``M`` load zeros and ``LSE = +inf``). ``DS_OUT`` (DQ_VARIANT "ds"): every dS tile the
+    program computes is also stored in ``DS`` for :func:`_dq_from_ds` (layout in
+    :func:`_ds_tile`)."""
     b64 = b.to(tl.int64)
     kvh64 = kvh.to(tl.int64)
     start_n = pid_n * BLOCK_N
@@ -436,25 +495,28 @@ def _dkdv_block(
                 pT = tl.where(mask, tl.exp2(sT - lse[None, :]), 0.0)
             dv += tl.dot(pT.to(do.dtype), do, input_precision=PREC)
             dpT = tl.dot(v, tl.trans(do), input_precision=PREC)
-            dsT = pT * (dpT - delta[None, :])
-            dk += tl.dot(dsT.to(q.dtype), q, input_precision=PREC)
+            dsT = (pT * (dpT - delta[None, :])).to(q.dtype)
+            dk += tl.dot(dsT, q, input_precision=PREC)
+            if DS_OUT:
+                tl.store(_ds_tile(DS, b64, h64, start_m, pid_n, HQ, nqb, nslot, pos_offset, window, BLOCK_M, BLOCK_N)
+                         + tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :], dsT)
     dk = dk * sm_scale
     tl.store(DK + b64 * skgb + kvh64 * skgh + cols[:, None] * skgt + offs_d[None, :], dk.to(DK.dtype.element_ty), mask=kmask)
     tl.store(DV + b64 * svgb + kvh64 * svgh + cols[:, None] * svgt + offs_d[None, :], dv.to(DV.dtype.element_ty), mask=kmask)
 
 
-@triton.jit(do_not_specialize=_NO_SPEC + ["HKV", "B", "n_kv_progs", "srb"])
+@triton.jit(do_not_specialize=_NO_SPEC + ["HKV", "B", "n_kv_progs", "srb", "nqb", "nslot"])
 def _stream_bwd(
-    Q, K, V, DO, DQ, DK, DV, LSE, DELTA, POS, QRANGE, DOC, DOCSTART, KVSTART,
+    Q, K, V, DO, DQ, DK, DV, LSE, DELTA, POS, QRANGE, DOC, DOCSTART, KVSTART, DS,
     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh, sgb, sgt, sgh,
     skgb, skgt, skgh, svgb, svgt, svgh, spb, srb,
-    M, N, HQ, HKV, B, n_kv_progs, pos_offset, window, qk_scale, sm_scale,
+    M, N, HQ, HKV, B, n_kv_progs, pos_offset, window, qk_scale, sm_scale, nqb, nslot,
     G, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M2: tl.constexpr, BLOCK_N2: tl.constexpr,
     POS_PTR: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr,
     REVERSE: tl.constexpr, PREC: tl.constexpr, GP2: tl.constexpr = 1, EDGE2: tl.constexpr = False,
     EDGE_KV: tl.constexpr = False, PROGS: tl.constexpr = 0, REL_KV: tl.constexpr = False,
-    REL_Q: tl.constexpr = False,
+    REL_Q: tl.constexpr = False, DS_OUT: tl.constexpr = False,
 ):
     """dK/dV programs (first ``n_kv_progs``; ``BLOCK_M x BLOCK_N``) and dQ programs (the rest;
     ``BLOCK_M2 x BLOCK_N2``, or ``GP2 * BLOCK_M2`` GQA-packed rows; ``EDGE2``: edge-masked) of
@@ -462,7 +524,8 @@ def _stream_bwd(
     query blocks; ``REL_KV`` / ``REL_Q``: the dK/dV / dQ programs mask by :func:`band`. ``PROGS``
     (the two-launch backward): 1 compiles only the dK/dV programs, 2
     only the dQ programs, so each launch gets the registers of its own kind (0: both, chosen by
-    ``pid``; the kernel then holds the larger register count of the two)."""
+    ``pid``; the kernel then holds the larger register count of the two). ``DS_OUT`` (with
+    ``PROGS`` 1): the dK/dV programs also store their dS tiles for :func:`_dq_from_ds`."""
     pid = tl.program_id(0)
     if PROGS == 1:
         is_kv = True
@@ -478,8 +541,9 @@ def _stream_bwd(
                     Q, K, V, DO, DK, DV, LSE, DELTA, POS, QRANGE, DOC, KVSTART,
                     sqb, sqt, sqh, skb, skt, skh, svb, svt, svh, sdb, sdt, sdh,
                     skgb, skgt, skgh, svgb, svgt, svgh, spb, srb,
-                    M, N, HQ, pos_offset, window, qk_scale, sm_scale,
-                    G, D, BLOCK_D, BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, PREC, EDGE_KV, REL_KV)
+                    M, N, HQ, pos_offset, window, qk_scale, sm_scale, DS, nqb, nslot,
+                    G, D, BLOCK_D, BLOCK_M, BLOCK_N, POS_PTR, HAS_WINDOW, HAS_DOC, HAS_KVS, PREC, EDGE_KV, REL_KV,
+                    DS_OUT)
     else:
         pid = pid - n_kv_progs
         nm = tl.cdiv(M, BLOCK_M2)
@@ -546,9 +610,15 @@ FWD_REL = True
 # masked, as the "edge" forward; bwd_dq's blocks; level with "base" on the H200, 2026-12-02) or
 # "rel" (every block masked by common.band on int32 relative positions: one unsigned compare an
 # element instead of int64 range checks; contiguous positions without documents or left
-# padding, else "base").
-DQ_VARIANTS = ("base", "gqa", "edge", "rel")
+# padding, else "base") or "ds" (no dQ programs: the dK/dV programs, in their own launch, also
+# store every dS tile they compute, and :func:`_dq_from_ds` sums dS @ K over each query block's
+# key blocks, one dot a block instead of three with the exp and the mask: window streams without
+# positions whose query block sees at most DS_MAX_KEYS keys; extra memory B x HQ x T x that many
+# elements during the backward; else "base").
+DQ_VARIANTS = ("base", "gqa", "edge", "rel", "ds")
 DQ_VARIANT = "base"  # "rel": -1.2% / -1.4% at 32K / 128K against "base", within the noise (2026-12-03)
+DS_MAX_KEYS = 512  # "ds": the most key columns (slots x BLOCK_N) a query block's dS row may span
+DQ_DS_LAUNCH = (8, 2)  # "ds": num_warps, num_stages of _dq_from_ds
 # dK/dV programs: "base" (every visited query block masked by common.visible), "edge" (interior
 # query blocks unmasked, for contiguous positions without documents or left padding: training's
 # PT streams; other calls keep the mask; slower than "base" on the H200, 2026-12-02) or "rel" (as
@@ -777,13 +847,25 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     n_kv = HKV * cdiv(N, BN) * B
     n_q = (HQ if GP2 == 1 else HKV) * cdiv(M, BM2) * B
     qs, ks, vs, gqs, gks, gvs = q.stride(), k.stride(), v.stride(), dq.stride(), dk.stride(), dv.stride()
-    args = (q, k, v, do, dq, dk, dv, lse, delta, pos_t, qr, doc, dst, kvs,
+    nslot = (BM + window - 2) // BN + 2  # the most key blocks whose dK/dV programs visit one query block
+    use_ds = DQ_VARIANT == "ds" and pos is None and window > 0 and nslot * BN <= DS_MAX_KEYS
+    nqb, nslot = (cdiv(M, BM), nslot) if use_ds else (0, 0)
+    ds_buf = torch.empty(B * HQ * nqb * nslot * BN * BM, dtype=q.dtype, device=dev) if use_ds else dd
+    args = (q, k, v, do, dq, dk, dv, lse, delta, pos_t, qr, doc, dst, kvs, ds_buf,
             qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ds[0], ds[1], ds[2],
             gqs[0], gqs[1], gqs[2], gks[0], gks[1], gks[2], gvs[0], gvs[1], gvs[2], spb, srb,
             M, N, HQ, HKV, B)
-    tail = (pos_offset, window, qk, scale)
     flags = (pos is not None, bool(window), masks.doc is not None, masks.kv_start is not None, precision(q.dtype))
     shape = (HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, edge2, edge_kv, rel, flags)
+    tail = (pos_offset, window, qk, scale, nqb, nslot)
+    if use_ds:  # the dK/dV programs store dS, then one pass sums dS @ K
+        launch(_stream_bwd, (n_kv,), *args, n_kv, *tail, PROGS=1, DS_OUT=True, **_bwd_consts(*shape, nw, ns))
+        G = HQ // HKV
+        nw_ds, ns_ds = (1, 1) if interpreting() else DQ_DS_LAUNCH
+        launch(_dq_from_ds, (HKV, nqb, B), ds_buf, k, dq, ks[0], ks[1], ks[2], gqs[0], gqs[1], gqs[2],
+               M, N, HQ, nqb, nslot, pos_offset, window, scale, G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN,
+               GP=pow2(G), PREC=flags[-1], num_warps=nw_ds, num_stages=ns_ds)
+        return dq, dk, dv
     if FUSED_BWD:  # one launch: dK/dV programs first, then dQ programs
         launch(_stream_bwd, (n_kv + n_q,), *args, n_kv, *tail, **_bwd_consts(*shape, nw, ns))
     else:  # each launch compiled with its own kind of program only (PROGS)
