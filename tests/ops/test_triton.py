@@ -469,12 +469,14 @@ def test_dq_from_ds_variant(poison, monkeypatch, case):
     assert launched.count(ta._dq_from_ds) == 1
 
 
-def test_dq_from_ds_falls_back_for_wide_windows(poison, monkeypatch):
-    """A window whose query blocks span more than DS_MAX_KEYS key columns keeps the dQ programs."""
+@pytest.mark.parametrize("limit", ["DS_MAX_KEYS", "DS_MAX_BYTES"])
+def test_dq_from_ds_falls_back(poison, monkeypatch, limit):
+    """A window whose query blocks span more than DS_MAX_KEYS key columns, or whose dS buffer would
+    pass DS_MAX_BYTES, keeps the dQ programs (and the right gradients)."""
     from orthros.ops.triton import attention as ta
 
     monkeypatch.setattr(ta, "DQ_VARIANT", "ds")
-    monkeypatch.setattr(ta, "DS_MAX_KEYS", 32)
+    monkeypatch.setattr(ta, limit, 32)
     if not HAS_CUDA:
         monkeypatch.setitem(ta.CONFIGS["bwd_dkdv"], 64, (16, 16, 4, 1))
     launched = count_launches(monkeypatch)

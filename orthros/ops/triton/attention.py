@@ -613,11 +613,14 @@ FWD_REL = True
 # padding, else "base") or "ds" (no dQ programs: the dK/dV programs, in their own launch, also
 # store every dS tile they compute, and :func:`_dq_from_ds` sums dS @ K over each query block's
 # key blocks, one dot a block instead of three with the exp and the mask: window streams without
-# positions whose query block sees at most DS_MAX_KEYS keys; extra memory B x HQ x T x that many
-# elements during the backward; else "base").
+# positions whose query block sees at most DS_MAX_KEYS keys and whose dS buffer, B x HQ x T x that
+# many elements for the backward's duration, fits in DS_MAX_BYTES; else "base"; the default).
 DQ_VARIANTS = ("base", "gqa", "edge", "rel", "ds")
-DQ_VARIANT = "base"  # "rel": -1.2% / -1.4% at 32K / 128K against "base", within the noise (2026-12-03)
+# "ds": the window fwd+bwd -5.2% / -6.0% / -4.4% at 8K / 32K / 128K eagerly, -8.6% / -11% under CUDA graphs
+# at 32K / 128K against "base" (H200, 2026-12-03, f4107e0); "rel": -1.2% / -1.4% at 32K / 128K, within the noise
+DQ_VARIANT = "ds"
 DS_MAX_KEYS = 512  # "ds": the most key columns (slots x BLOCK_N) a query block's dS row may span
+DS_MAX_BYTES = 1 << 32  # "ds": the largest dS buffer (4 GiB; 2x Q's bytes at w = 128), else "base"
 DQ_DS_LAUNCH = (8, 2)  # "ds": num_warps, num_stages of _dq_from_ds
 # dK/dV programs: "base" (every visited query block masked by common.visible), "edge" (interior
 # query blocks unmasked, for contiguous positions without documents or left padding: training's
@@ -848,8 +851,10 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     n_q = (HQ if GP2 == 1 else HKV) * cdiv(M, BM2) * B
     qs, ks, vs, gqs, gks, gvs = q.stride(), k.stride(), v.stride(), dq.stride(), dk.stride(), dv.stride()
     nslot = (BM + window - 2) // BN + 2  # the most key blocks whose dK/dV programs visit one query block
-    use_ds = DQ_VARIANT == "ds" and pos is None and window > 0 and nslot * BN <= DS_MAX_KEYS
-    nqb, nslot = (cdiv(M, BM), nslot) if use_ds else (0, 0)
+    nqb = cdiv(M, BM)
+    use_ds = (DQ_VARIANT == "ds" and pos is None and window > 0 and nslot * BN <= DS_MAX_KEYS
+              and B * HQ * nqb * nslot * BN * BM * q.element_size() <= DS_MAX_BYTES)
+    nqb, nslot = (nqb, nslot) if use_ds else (0, 0)
     ds_buf = torch.empty(B * HQ * nqb * nslot * BN * BM, dtype=q.dtype, device=dev) if use_ds else dd
     args = (q, k, v, do, dq, dk, dv, lse, delta, pos_t, qr, doc, dst, kvs, ds_buf,
             qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ds[0], ds[1], ds[2],
