@@ -563,6 +563,13 @@ WINDOW_BWD_CANDIDATES = [
     ("dq ds", {}, True, "ds"),
     ("dq ds + dkdv 64x64 w8", {"bwd_dkdv": (64, 64, 8, 2)}, True, "ds"),
     ("dq ds + dkdv 32x64 w8", {"bwd_dkdv": (32, 64, 8, 2)}, True, "ds"),
+    # the dS pass's launch (DQ_DS_LAUNCH, default 8 warps 2 stages; fourteenth session): ~3 TB/s at
+    # 8K / 32K (62 / 233 us), against the copy rate's ~4.1
+    ("ds pass w4", {"dq_ds": (4, 2)}, True, "ds"),
+    ("ds pass s3", {"dq_ds": (8, 3)}, True, "ds"),
+    ("ds pass s1", {"dq_ds": (8, 1)}, True, "ds"),
+    ("ds pass w4 s3", {"dq_ds": (4, 3)}, True, "ds"),
+    ("ds pass w16", {"dq_ds": (16, 2)}, True, "ds"),
     # Measured and removed (H200, 2026-12-02, seventh session; docs/performance.md kernels changes
     # 9 and 10): dK/dV programs with one loop over (head, query block) and int32 masks ("flat",
     # "flat-edge": -0.4% to +2.3% at 32K / 128K), and delta = rowsum(dO * O) inside the backward's
@@ -579,18 +586,23 @@ WINDOW_BWD_CANDIDATES = [
 @contextlib.contextmanager
 def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None, fwd_rel=None):
     """Within the block: ``attention.CONFIGS[kind]`` entries of this run's head dim set from
-    ``{kind: (BLOCK_M, BLOCK_N, warps, stages)}``, ``FUSED_BWD``, the window stream's forward
+    ``{kind: (BLOCK_M, BLOCK_N, warps, stages)}`` (and ``"dq_ds": (warps, stages)``, the dS pass's
+    ``DQ_DS_LAUNCH``), ``FUSED_BWD``, the window stream's forward
     variant (``FWD_VARIANT["win_fwd"]``), ``DQ_VARIANT`` and (``dq_variant`` "dq:dkdv")
     ``DKDV_VARIANT`` and ``FWD_REL`` set when given; all restored afterwards."""
     from orthros.ops.triton import attention as ta
 
     bd = 128 if D > 64 else 64
-    configs = configs or {}
+    configs = dict(configs or {})
+    ds_launch = configs.pop("dq_ds", None)  # (warps, stages) of _dq_from_ds: attention.DQ_DS_LAUNCH
+    keep_ds = ta.DQ_DS_LAUNCH
     keep = {kind: ta.CONFIGS[kind][bd] for kind in configs}
     keep_fused, keep_variant, keep_dq, keep_dkdv = ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, \
         ta.DKDV_VARIANT
     keep_rel = ta.FWD_REL
     try:
+        if ds_launch is not None:
+            ta.DQ_DS_LAUNCH = tuple(ds_launch)
         if fwd_rel is not None:
             ta.FWD_REL = fwd_rel
         for kind, cfg in configs.items():
@@ -611,6 +623,7 @@ def kernel_overrides(configs=None, fused=None, fwd_variant=None, dq_variant=None
         ta.FUSED_BWD, ta.FWD_VARIANT["win_fwd"], ta.DQ_VARIANT, ta.DKDV_VARIANT = keep_fused, keep_variant, keep_dq, \
             keep_dkdv
         ta.FWD_REL = keep_rel
+        ta.DQ_DS_LAUNCH = keep_ds
 
 
 def window_tune(Ts=(8192, 32768, 131072), flex_T=8192, budget_s=150.0, names=None):
@@ -642,6 +655,7 @@ def window_tune(Ts=(8192, 32768, 131072), flex_T=8192, budget_s=150.0, names=Non
             with kernel_overrides(over, fused=fused, dq_variant=dq):
                 row = {"fb": guard(f"wtune T={T0} {name}", lambda: bench(fb, rep=50))}
                 row["host"] = guard(f"wtune T={T0} {name} host", lambda: host_time(fb))
+                row["kernels_us"] = guard(f"wtune T={T0} {name} kernels", lambda: kernel_split(fb))
                 if name == "base":
                     row["graph"] = guard(f"wtune T={T0} {name} graph", lambda: graph_time(fb))
                     row["fwd"] = guard(f"wtune T={T0} fwd", lambda: bench(fwd, rep=50))
@@ -649,7 +663,8 @@ def window_tune(Ts=(8192, 32768, 131072), flex_T=8192, budget_s=150.0, names=Non
                     row["fwd_graph"] = guard(f"wtune T={T0} fwd graph", lambda: graph_time(fwd))
             rows[name] = row
             log(f"{T0:>6} {name:>16} {row['fb'] or nan:8.3f} {row['host'] or nan:8.3f} "
-                f"{row.get('graph') or nan:9.3f}")
+                f"{row.get('graph') or nan:9.3f}  kernels (us) "
+                + " ".join(f"{k} {v:.1f}" for k, v in (row["kernels_us"] or {}).items()))
         if rows:
             ok = {n: r["fb"] for n, r in rows.items() if r.get("fb")}
             if ok:
@@ -803,6 +818,29 @@ def window_fwd_variants(Ts=(8192, 32768, 131072, 1048576), grad_max=131072, budg
             if "default" in gm else f"  winner: {win}")
         RES["window_fwd_winner"] = win
     log(f"(window forward variants: {time.time() - t0:.0f} s)")
+
+
+def kernel_split(fn, n=None):
+    """GPU time (us) a call of each Triton kernel ``fn`` launches (``torch.profiler``, ``n`` calls;
+    the kernels of ``orthros/ops/triton``, named after their jit functions), or {} in a dry run."""
+    if DRY:
+        return {}
+    n = n or 20
+    fn()
+    sync()
+    acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=acts) as prof:
+        for _ in range(n):
+            fn()
+        sync()
+    out = {}
+    for e in prof.key_averages():
+        t = getattr(e, "self_device_time_total", None)
+        if t is None:  # older torch
+            t = e.self_cuda_time_total
+        if t > 0 and e.key.startswith("_"):  # the ops' jit kernels (_stream_fwd, _bwd_delta, ...)
+            out[e.key] = round(t / n, 1)
+    return out
 
 
 def host_profile(fn, n=None, top=14):

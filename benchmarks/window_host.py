@@ -20,8 +20,9 @@ Each piece is timed with Triton's JIT launch and with the op's launch cache
 (``orthros.ops.triton.common.launch``), interleaved call by call (the floors once); ``eager``
 is five do_bench medians of each, alternating. Then a cProfile and a ``torch.profiler`` table
 of the call (launch cache on). bf16, B=1, Hq 32, Hkv 8, D 128, w 128 (the roofline's shape).
+``--engine`` adds :func:`engine_probe` (the autograd engine's device thread against the caller's).
 
-    python benchmarks/window_host.py [--T 8192] [--n 200] [--json OUT.json]
+    python benchmarks/window_host.py [--T 8192] [--n 200] [--engine] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -79,11 +80,131 @@ def eager_ms(fn, rounds):
     return out[False], out[True]
 
 
+def _busy(n=3000):
+    """A fixed piece of pure Python (dict and tuple work, as an op's host code does)."""
+    d = {}
+    for i in range(n):
+        d[(i, i & 7)] = (i * 3, str(i & 15))
+    return len(d)
+
+
+def engine_probe(fb, q, k, v, g, n):
+    """Why ``torch.autograd.grad`` costs more than the backward's body called directly: the same
+    pure-Python work timed on this thread and inside a backward the engine runs (on its device
+    thread); our backward's body and each of its launches timed where the engine runs them and
+    when called directly; then fb / grad with this thread and the engine's device thread pinned
+    to one CPU. Returns a dict of medians (ms)."""
+    import threading
+
+    out = {}
+    main_id = threading.get_ident()
+    inside = []
+    xs = torch.ones(1, device=q.device, requires_grad=True)  # the probes' own autograd inputs (tiny)
+    gs = torch.ones(1, device=q.device)
+
+    class Busy(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, do):
+            t = time.perf_counter()
+            _busy()
+            inside.append(time.perf_counter() - t)
+            return do
+
+    direct = []
+    for _ in range(n):
+        t = time.perf_counter()
+        _busy()
+        direct.append(time.perf_counter() - t)
+        torch.autograd.grad(Busy.apply(xs), (xs,), gs)
+    out["busy_main"] = statistics.median(direct) * 1e3
+    out["busy_engine"] = statistics.median(inside) * 1e3
+
+    # our backward: body and launches, by thread
+    orig_bwd, orig_launch = A._StreamAttention.backward, A.launch
+    rec = {"body": [], "launch": {}}
+
+    def timed_launch(kernel, grid, *args, **consts):
+        t = time.perf_counter()
+        r = orig_launch(kernel, grid, *args, **consts)
+        key = (kernel.__name__, threading.get_ident() == main_id)
+        rec["launch"].setdefault(key, []).append(time.perf_counter() - t)
+        return r
+
+    def timed_bwd(ctx, do):
+        t = time.perf_counter()
+        r = orig_bwd(ctx, do)
+        rec["body"].append(time.perf_counter() - t)
+        return r
+
+    A.launch, A._StreamAttention.backward = timed_launch, staticmethod(timed_bwd)
+    try:
+        for _ in range(n):
+            torch.cuda.synchronize()
+            fb()
+        torch.cuda.synchronize()
+        masks = A._Masks(None, None, k.shape[1], q.device)
+        with torch.no_grad():
+            o, lse = A._stream_forward(q, k, v, None, 0, 128, q.shape[-1] ** -0.5, masks)
+        body_direct = []
+        for _ in range(n):
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            A._stream_backward(g, q, k, v, o, lse, None, 0, 128, q.shape[-1] ** -0.5, masks)
+            body_direct.append(time.perf_counter() - t)
+        torch.cuda.synchronize()
+    finally:
+        A.launch, A._StreamAttention.backward = orig_launch, staticmethod(orig_bwd)
+    out["body_engine"] = statistics.median(rec["body"]) * 1e3
+    out["body_main"] = statistics.median(body_direct) * 1e3
+    for (name, on_main), ts in sorted(rec["launch"].items()):
+        out[f"launch_{name}_{'main' if on_main else 'engine'}"] = statistics.median(ts) * 1e3
+
+    # pinned: this thread and the engine's device thread on one CPU (set from inside a backward)
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) > 1:
+        keep = set(cpus)
+
+        class Pin(torch.autograd.Function):
+            cpu = None
+
+            @staticmethod
+            def forward(ctx, x):
+                return x.clone()
+
+            @staticmethod
+            def backward(ctx, do):
+                os.sched_setaffinity(0, Pin.cpu)
+                return do
+
+        for label, main_cpu, engine_cpu in (("same_cpu", {cpus[0]}, {cpus[0]}),
+                                            ("two_cpus", {cpus[0]}, {cpus[len(cpus) // 2]}),
+                                            ("unpinned", keep, keep)):
+            Pin.cpu = engine_cpu
+            torch.autograd.grad(Pin.apply(xs), (xs,), gs)
+            os.sched_setaffinity(0, main_cpu)
+            for _ in range(5):
+                fb()
+            out[f"fb_{label}"] = host_ms(fb, n, paths=(True,))[0]
+            out[f"eager_{label}"] = bench(fb)
+            inside.clear()
+            for _ in range(n // 4):
+                torch.autograd.grad(Busy.apply(xs), (xs,), gs)
+            out[f"busy_engine_{label}"] = statistics.median(inside) * 1e3
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--T", type=int, default=8192, help="tokens (default 8192)")
     ap.add_argument("--n", type=int, default=200, help="calls per host timing (default 200)")
     ap.add_argument("--json", default=None, help="write the figures here")
+    ap.add_argument("--engine", action="store_true",
+                    help="also probe the autograd engine's share (engine_probe: the same Python on both threads, "
+                         "the backward's pieces by thread, both threads pinned to one CPU)")
     a = ap.parse_args(argv)
     for name, value in (("--T", a.T), ("--n", a.n)):
         if value < 1:
@@ -148,6 +269,9 @@ def main(argv=None) -> int:
     for label in ("eager_jit", "eager_cache"):
         print(f"{label}: " + " ".join(f"{v:.3f}" for v in res["ms"][label]) + " ms (do_bench, rounds alternating)")
     print(f"graph {res['ms']['graph']:.3f} ms", flush=True)
+    if a.engine:
+        res["engine"] = engine_probe(fb, q, k, v, g, a.n)
+        print("engine probe (ms, host): " + "  ".join(f"{k} {v:.3f}" for k, v in res["engine"].items()), flush=True)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(50):

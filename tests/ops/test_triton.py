@@ -651,14 +651,19 @@ def test_forward_variants_compile_for_sm90_pipelined(tmp_path):
     assert dots == {0: 7, 1: 4, 2: 3}, dots
 
 
-def variant_sweep_gpu(dtype):
+def variant_sweep_gpu(dtype, group=None):
     """What each kernel variant runs on the GPU: 20 hypothesis cases of every mode, then the
-    benchmark's heads (32/8, D 128), odd G and D, packed documents, positions with left padding."""
-    @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-    @given(cases(big=True, dtype=dtype))
-    def inner(c):
-        run_case(**c)
-    inner()
+    benchmark's heads (32/8, D 128), odd G and D, packed documents, positions with left padding.
+    ``group``: one part only, so pytest-xdist can spread a sweep (a ``GPU_MODES`` key: 20 cases of
+    its modes; ``"fixed"``: the fixed cases)."""
+    if group != "fixed":
+        @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+        @given(cases(big=True, dtype=dtype, **({} if group is None else {"modes": GPU_MODES[group]})))
+        def inner(c):
+            run_case(**c)
+        inner()
+        if group is not None:
+            return
     run_case(B=2, T=1000, Hq=32, Hkv=8, D=128, w=128, dtype=dtype)
     run_case(B=1, T=777, Hq=6, Hkv=2, D=64, w=33, dtype=dtype)
     run_case(B=1, T=2048, Hq=4, Hkv=1, D=128, w=128, dtype=dtype,
@@ -687,14 +692,15 @@ def test_rel_masks_gpu(poison, monkeypatch, dtype, name):
 
 @pytest.mark.gpu
 @gpu
+@pytest.mark.parametrize("group", list(GPU_MODES) + ["fixed"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_dq_from_ds_gpu(poison, monkeypatch, dtype):
+def test_dq_from_ds_gpu(poison, monkeypatch, dtype, group):
     """DQ_VARIANT "ds" at the real block sizes (the dK/dV programs' 32 x 64 tiles, _dq_from_ds's
-    warps) through the GPU sweep of every mode."""
+    warps) through the GPU sweep of every mode, one test a mode group (pytest-xdist spreads them)."""
     from orthros.ops.triton import attention as ta
 
     monkeypatch.setattr(ta, "DQ_VARIANT", "ds")
-    variant_sweep_gpu(dtype)
+    variant_sweep_gpu(dtype, group)
 
 
 @pytest.mark.gpu
