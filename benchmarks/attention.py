@@ -253,6 +253,47 @@ def training(Ts, flash=True):
 
 
 # ---------------------------------------------------------------------------- window stream
+@contextlib.contextmanager
+def same_cpu(apart=False):
+    """Within the block this thread and the autograd engine's worker thread for ``DEV`` run on
+    one CPU (the last this process may use; ``apart``: the worker on another, fixed one); both get
+    their CPU set back afterwards. A small eager fwd+bwd hands its backward to that worker and
+    waits for it: on the H200 machines' hosts the hand-off between CPUs the scheduler picks costs
+    ~0.1-0.15 ms a call (window_host.py ``--engine``, docs/performance.md change 17), most of what
+    keeps the 8K window call host-bound. Yields the (caller's, worker's) CPUs, or None where
+    threads cannot be pinned (dry run, no ``sched_setaffinity``, one CPU with ``apart``)."""
+    keep = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    if DRY or not hasattr(os, "sched_setaffinity") or (apart and len(keep) < 2):
+        yield None
+        return
+
+    class Pin(torch.autograd.Function):  # its backward runs on the engine's worker thread
+        cpus = keep
+
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            os.sched_setaffinity(0, Pin.cpus)
+            return g
+
+    def pin(cpus, worker):
+        Pin.cpus = worker
+        x = torch.zeros(1, device=DEV, requires_grad=True)
+        torch.autograd.grad(Pin.apply(x), (x,), torch.ones(1, device=DEV))
+        os.sched_setaffinity(0, cpus)
+
+    cpus = sorted(keep)
+    main, worker = cpus[-1], cpus[len(cpus) // 2 - 1] if apart else cpus[-1]
+    pin({main}, {worker})
+    try:
+        yield main, worker
+    finally:
+        pin(keep, keep)
+
+
 def window_stream(Ts, flex_Ts, graph=False):
     log("\n## window stream alone (w=128): fwd and fwd+bwd vs FlexAttention SWA")
     log(f"{'T':>8} {'flex fwd':>9} {'ours fwd':>9} {'ratio':>6} {'flex f+b':>9} {'ours f+b':>9} {'ratio':>6}"
@@ -278,9 +319,12 @@ def window_stream(Ts, flex_Ts, graph=False):
             row["ours_fb"] = guard(f"window T={T0} ours fwd+bwd", lambda: bench_steady(fb))
             if graph:
                 row["ours_fb_graph"] = guard(f"window T={T0} ours fwd+bwd graph", lambda: graph_time(fb))
-        if flex is not None and T0 in flex_Ts:
+        if flex is not None and T0 in flex_Ts:  # (Flex compiles here, before any thread is pinned)
             row.update(guard(f"window T={T0} flex", lambda: flex_window(flex, create_block_mask, q, k, v, g,
-                                                                         graph=graph)) or {})
+                                                                         graph=graph, pinned=graph)) or {})
+        if grad and graph and not DRY:  # eager again, this thread and the engine's worker on one CPU
+            with same_cpu():
+                row["ours_fb_pinned"] = guard(f"window T={T0} ours fwd+bwd pinned", lambda: bench_steady(fb))
         row = {key: val for key, val in row.items() if val is not None}
         byts = T * (2 * HQ + 2 * HKV) * D * 2
         log(f"{T0:>8} {row.get('flex_fwd', nan):9.3f} {row.get('ours_fwd', nan):9.3f} "
@@ -288,16 +332,21 @@ def window_stream(Ts, flex_Ts, graph=False):
             f"{row.get('ours_fb', nan):9.3f} {row.get('ours_fb', nan) / row.get('flex_fb', nan):6.2f} "
             f"{row.get('ours_fb_graph', nan):14.3f} {row.get('flex_fb_graph', nan):14.3f}  "
             f"{byts / row.get('ours_fwd', nan) / 1e9:5.2f}")
+        if "ours_fb_pinned" in row or "flex_fb_pinned" in row:
+            log(f"{'':>8} f+b eager, both threads on one CPU: flex {row.get('flex_fb_pinned', nan):.3f} ours "
+                f"{row.get('ours_fb_pinned', nan):.3f} ms, ratio "
+                f"{row.get('ours_fb_pinned', nan) / row.get('flex_fb_pinned', nan):.2f}")
         RES[f"window_T{T0}"] = row
         del q, k, v, g
         empty_cache()
         save()
 
 
-def flex_window(flex, create_block_mask, q, k, v, g, rep=100, graph=False):
+def flex_window(flex, create_block_mask, q, k, v, g, rep=100, graph=False, pinned=False):
     """FlexAttention sliding window (w=W) on [B, T, H, D] inputs: {"flex_fwd": ms} and, when a
-    gradient ``g`` is given, {"flex_fb": ms} (fwd+bwd) and with ``graph`` {"flex_fb_graph": ms}
-    (one CUDA-graph replay of the compiled fwd+bwd: its GPU time without the host's)."""
+    gradient ``g`` is given, {"flex_fb": ms} (fwd+bwd), with ``graph`` {"flex_fb_graph": ms}
+    (one CUDA-graph replay of the compiled fwd+bwd: its GPU time without the host's) and with
+    ``pinned`` {"flex_fb_pinned": ms} (eager under :func:`same_cpu`)."""
     T = q.shape[1]
     qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_(g is not None) for x in (q, k, v))
     bm = create_block_mask(lambda b, h, qi, ki: (qi >= ki) & (qi - ki < W), 1, 1, T, T, device=DEV, _compile=True)
@@ -312,6 +361,9 @@ def flex_window(flex, create_block_mask, q, k, v, g, rep=100, graph=False):
         out["flex_fb"] = bench_steady(fb, rep=rep)
         if graph:
             out["flex_fb_graph"] = guard(f"window T={T} flex fwd+bwd graph", lambda: graph_time(fb))
+        if pinned and not DRY:
+            with same_cpu():
+                out["flex_fb_pinned"] = guard(f"window T={T} flex fwd+bwd pinned", lambda: bench_steady(fb, rep=rep))
     return out
 
 
@@ -563,13 +615,14 @@ WINDOW_BWD_CANDIDATES = [
     ("dq ds", {}, True, "ds"),
     ("dq ds + dkdv 64x64 w8", {"bwd_dkdv": (64, 64, 8, 2)}, True, "ds"),
     ("dq ds + dkdv 32x64 w8", {"bwd_dkdv": (32, 64, 8, 2)}, True, "ds"),
-    # the dS pass's launch (DQ_DS_LAUNCH, default 8 warps 2 stages; fourteenth session): ~3 TB/s at
-    # 8K / 32K (62 / 233 us), against the copy rate's ~4.1
-    ("ds pass w4", {"dq_ds": (4, 2)}, True, "ds"),
-    ("ds pass s3", {"dq_ds": (8, 3)}, True, "ds"),
-    ("ds pass s1", {"dq_ds": (8, 1)}, True, "ds"),
-    ("ds pass w4 s3", {"dq_ds": (4, 3)}, True, "ds"),
-    ("ds pass w16", {"dq_ds": (16, 2)}, True, "ds"),
+    # the dS pass's launch (DQ_DS_LAUNCH; fourteenth session, docs/performance.md change 17). 8 warps
+    # 2 stages (the first default) ran it at ~3 TB/s: 62 / 234 / 921 us at 8K / 32K / 128K. Measured
+    # (H200, 76d3740), the pass alone: 4 warps 3 stages 56 / 197 / 769 us (the default since), 8 warps
+    # 3 stages 57 / 202 / 786, 4 warps 2 stages 62 / 231 / 913, 1 stage and 16 warps slower
+    ("ds pass w8 s2", {"dq_ds": (8, 2)}, True, "ds"),
+    ("ds pass w8 s3", {"dq_ds": (8, 3)}, True, "ds"),
+    ("ds pass w4 s4", {"dq_ds": (4, 4)}, True, "ds"),
+    ("ds pass w8 s4", {"dq_ds": (8, 4)}, True, "ds"),
     # Measured and removed (H200, 2026-12-02, seventh session; docs/performance.md kernels changes
     # 9 and 10): dK/dV programs with one loop over (head, query block) and int32 masks ("flat",
     # "flat-edge": -0.4% to +2.3% at 32K / 128K), and delta = rowsum(dO * O) inside the backward's

@@ -28,6 +28,7 @@ of the call (launch cache on). bf16, B=1, Hq 32, Hkv 8, D 128, w 128 (the roofli
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import os
@@ -42,7 +43,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(1, HERE)
 
-from attention import bench, graph_time  # noqa: E402  (benchmarks/attention.py: do_bench median, CUDA-graph replay)
+from attention import bench, graph_time, same_cpu  # noqa: E402  (benchmarks/attention.py: do_bench median,
+#                                                     CUDA-graph replay, the pinned threads)
 from orthros.ops import orthros_attention  # noqa: E402
 from orthros.ops.triton import attention as A  # noqa: E402
 from orthros.ops.triton import common  # noqa: E402
@@ -163,29 +165,11 @@ def engine_probe(fb, q, k, v, g, n):
     for (name, on_main), ts in sorted(rec["launch"].items()):
         out[f"launch_{name}_{'main' if on_main else 'engine'}"] = statistics.median(ts) * 1e3
 
-    # pinned: this thread and the engine's device thread on one CPU (set from inside a backward)
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) > 1:
-        keep = set(cpus)
-
-        class Pin(torch.autograd.Function):
-            cpu = None
-
-            @staticmethod
-            def forward(ctx, x):
-                return x.clone()
-
-            @staticmethod
-            def backward(ctx, do):
-                os.sched_setaffinity(0, Pin.cpu)
-                return do
-
-        for label, main_cpu, engine_cpu in (("same_cpu", {cpus[0]}, {cpus[0]}),
-                                            ("two_cpus", {cpus[0]}, {cpus[len(cpus) // 2]}),
-                                            ("unpinned", keep, keep)):
-            Pin.cpu = engine_cpu
-            torch.autograd.grad(Pin.apply(xs), (xs,), gs)
-            os.sched_setaffinity(0, main_cpu)
+    # pinned: this thread and the engine's device thread on one CPU, then on two fixed ones
+    for label, apart in (("same_cpu", False), ("two_cpus", True), ("unpinned", None)):
+        with (contextlib.nullcontext() if apart is None else same_cpu(apart)) as where:
+            if apart is not None and where is None:
+                continue
             for _ in range(5):
                 fb()
             out[f"fb_{label}"] = host_ms(fb, n, paths=(True,))[0]

@@ -405,7 +405,8 @@ def _window_cells(sweep: Sweep, ctx, bench_window: Callable) -> None:
         fl = window_floor(shape["T"], Hq=shape["Hq"], Hkv=shape["Hkv"], D=shape["D"], window=shape["window"],
                           elem_bytes=shape["elem_bytes"], bandwidth=bw, flops_per_s=flops)
         for pas, ours, flex, key in (("fwd", "ours_fwd", "flex_fwd", "fwd"), ("fwd+bwd", "ours_fb", "flex_fb", "fb"),
-                                     ("fwd+bwd graph", "ours_fb_graph", "flex_fb_graph", "fb")):
+                                     ("fwd+bwd graph", "ours_fb_graph", "flex_fb_graph", "fb"),
+                                     ("fwd+bwd pinned", "ours_fb_pinned", "flex_fb_pinned", "fb")):
             o, f = measured.get(ours), measured.get(flex)
             if o is None and f is None:
                 continue
@@ -478,8 +479,9 @@ def summarize(rows: List[Dict]) -> List[Dict]:
     for r in _by(rows, section="window"):
         if "speedup_vs_flex" in r:
             t = "window_fwd_vs_flex" if r["pass"] == "fwd" else "window_fb_vs_flex"
-            graph = " (CUDA graphs, both)" if r["pass"].endswith("graph") else ""
-            line(t, f"T={r['T']}{graph}", r["speedup_vs_flex"], TARGETS[t], "higher")
+            how = {"fwd+bwd graph": " (CUDA graphs, both)",
+                   "fwd+bwd pinned": " (eager, both with the caller and the autograd worker on one CPU)"}
+            line(t, f"T={r['T']}{how.get(r['pass'], '')}", r["speedup_vs_flex"], TARGETS[t], "higher")
     return out
 
 
@@ -570,14 +572,14 @@ def plot(rows: List[Dict], meta: Dict, path: str) -> None:
            "batch size")
     win = _by(rows, section="window")
     for pas, goal_key, c in (("fwd", "window_fwd_vs_flex", "C0"), ("fwd+bwd", "window_fb_vs_flex", "C3"),
-                             ("fwd+bwd graph", "window_fb_vs_flex", "C4")):
+                             ("fwd+bwd graph", "window_fb_vs_flex", "C4"), ("fwd+bwd pinned", "window_fb_vs_flex", "C5")):
         curve(axes[1, 1], [(r["T"], r.get("speedup_vs_flex")) for r in win if r["pass"] == pas],
               label=f"{pas} (target {TARGETS[goal_key]:g})", color=c)
     for goal_key, c in (("window_fwd_vs_flex", "C0"), ("window_fb_vs_flex", "C3")):
         if axes[1, 1].lines:
             axes[1, 1].axhline(TARGETS[goal_key], color=c, linestyle="--", linewidth=1)
     finish(axes[1, 1], "window stream w=128: speed-up over Flex", "Flex time / ours", None, "T (tokens)")
-    for pas, c in (("fwd", "C0"), ("fwd+bwd", "C3"), ("fwd+bwd graph", "C4")):
+    for pas, c in (("fwd", "C0"), ("fwd+bwd", "C3"), ("fwd+bwd graph", "C4"), ("fwd+bwd pinned", "C5")):
         curve(axes[1, 2], [(r["T"], r.get("frac_of_floor")) for r in win if r["pass"] == pas], label=f"ours {pas}",
               color=c)
         curve(axes[1, 2], [(r["T"], r.get("flex_frac_of_floor")) for r in win if r["pass"] == pas],

@@ -621,7 +621,7 @@ DQ_VARIANTS = ("base", "gqa", "edge", "rel", "ds")
 DQ_VARIANT = "ds"
 DS_MAX_KEYS = 512  # "ds": the most key columns (slots x BLOCK_N) a query block's dS row may span
 DS_MAX_BYTES = 1 << 32  # "ds": the largest dS buffer (4 GiB; 2x Q's bytes at w = 128), else "base"
-DQ_DS_LAUNCH = (8, 2)  # "ds": num_warps, num_stages of _dq_from_ds
+DQ_DS_LAUNCH = (4, 3)  # "ds": num_warps, num_stages of _dq_from_ds (tuned, docs/performance.md change 17)
 # dK/dV programs: "base" (every visited query block masked by common.visible), "edge" (interior
 # query blocks unmasked, for contiguous positions without documents or left padding: training's
 # PT streams; other calls keep the mask; slower than "base" on the H200, 2026-12-02) or "rel" (as
