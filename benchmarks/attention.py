@@ -93,6 +93,27 @@ def bench_steady(fn, rounds=5, warm_s=0.5, rep=100):
     return statistics.median(bench(fn, rep=rep) for _ in range(rounds))
 
 
+def bench_steady_pinned(fn, rounds=5, warm_s=0.5, rep=100):
+    """``(unpinned, pinned)``: :func:`bench_steady` of ``fn`` as is and under :func:`same_cpu`,
+    their rounds alternating (a host's speed drifts within seconds; alternating keeps the drift
+    out of the comparison). In a dry run the pinned figure is None."""
+    if DRY:
+        return bench(fn), None
+    t = time.perf_counter()
+    while time.perf_counter() - t < warm_s:
+        fn()
+    torch.cuda.synchronize()
+    free, pinned = [], []
+    for _ in range(rounds):
+        free.append(bench(fn, rep=rep))
+        with same_cpu() as where:
+            if where is None:
+                continue
+            fn()
+            pinned.append(bench(fn, rep=rep))
+    return statistics.median(free), (statistics.median(pinned) if pinned else None)
+
+
 def log(msg):
     print(msg, flush=True)
 
@@ -253,10 +274,19 @@ def training(Ts, flash=True):
 
 
 # ---------------------------------------------------------------------------- window stream
+def _this_cpu():
+    """The CPU this thread runs on (Linux: /proc/thread-self/stat), or None."""
+    try:
+        with open("/proc/thread-self/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[37])  # field 39, "processor"
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 @contextlib.contextmanager
 def same_cpu(apart=False):
     """Within the block this thread and the autograd engine's worker thread for ``DEV`` run on
-    one CPU (the last this process may use; ``apart``: the worker on another, fixed one); both get
+    one CPU (the one this thread is on; ``apart``: the worker on another, fixed one); both get
     their CPU set back afterwards. A small eager fwd+bwd hands its backward to that worker and
     waits for it: on the H200 machines' hosts the hand-off between CPUs the scheduler picks costs
     ~0.1-0.15 ms a call (window_host.py ``--engine``, docs/performance.md change 17), most of what
@@ -266,6 +296,10 @@ def same_cpu(apart=False):
     if DRY or not hasattr(os, "sched_setaffinity") or (apart and len(keep) < 2):
         yield None
         return
+    cpus = sorted(keep)
+    main = _this_cpu()
+    main = main if main in keep else cpus[-1]  # the CPU this thread runs on now: the scheduler's pick
+    worker = cpus[(cpus.index(main) + len(cpus) // 2) % len(cpus)] if apart else main
 
     class Pin(torch.autograd.Function):  # its backward runs on the engine's worker thread
         cpus = keep
@@ -285,8 +319,6 @@ def same_cpu(apart=False):
         torch.autograd.grad(Pin.apply(x), (x,), torch.ones(1, device=DEV))
         os.sched_setaffinity(0, cpus)
 
-    cpus = sorted(keep)
-    main, worker = cpus[-1], cpus[len(cpus) // 2 - 1] if apart else cpus[-1]
     pin({main}, {worker})
     try:
         yield main, worker
@@ -316,15 +348,16 @@ def window_stream(Ts, flex_Ts, graph=False):
             return torch.autograd.grad(orthros_attention(q, k, v, qo, window_size=W, backend="triton")[0], (q, k, v), g)
         row["ours_fwd"] = guard(f"window T={T0} ours fwd", lambda: bench_steady(fwd))
         if grad:
-            row["ours_fb"] = guard(f"window T={T0} ours fwd+bwd", lambda: bench_steady(fb))
+            if graph:  # eager as is and with the caller and the engine's worker on one CPU, alternating
+                row["ours_fb"], row["ours_fb_pinned"] = guard(f"window T={T0} ours fwd+bwd",
+                                                              lambda: bench_steady_pinned(fb)) or (None, None)
+            else:
+                row["ours_fb"] = guard(f"window T={T0} ours fwd+bwd", lambda: bench_steady(fb))
             if graph:
                 row["ours_fb_graph"] = guard(f"window T={T0} ours fwd+bwd graph", lambda: graph_time(fb))
-        if flex is not None and T0 in flex_Ts:  # (Flex compiles here, before any thread is pinned)
+        if flex is not None and T0 in flex_Ts:
             row.update(guard(f"window T={T0} flex", lambda: flex_window(flex, create_block_mask, q, k, v, g,
                                                                          graph=graph, pinned=graph)) or {})
-        if grad and graph and not DRY:  # eager again, this thread and the engine's worker on one CPU
-            with same_cpu():
-                row["ours_fb_pinned"] = guard(f"window T={T0} ours fwd+bwd pinned", lambda: bench_steady(fb))
         row = {key: val for key, val in row.items() if val is not None}
         byts = T * (2 * HQ + 2 * HKV) * D * 2
         log(f"{T0:>8} {row.get('flex_fwd', nan):9.3f} {row.get('ours_fwd', nan):9.3f} "
@@ -346,7 +379,8 @@ def flex_window(flex, create_block_mask, q, k, v, g, rep=100, graph=False, pinne
     """FlexAttention sliding window (w=W) on [B, T, H, D] inputs: {"flex_fwd": ms} and, when a
     gradient ``g`` is given, {"flex_fb": ms} (fwd+bwd), with ``graph`` {"flex_fb_graph": ms}
     (one CUDA-graph replay of the compiled fwd+bwd: its GPU time without the host's) and with
-    ``pinned`` {"flex_fb_pinned": ms} (eager under :func:`same_cpu`)."""
+    ``pinned`` {"flex_fb_pinned": ms} (eager under :func:`same_cpu`, alternating with the
+    unpinned rounds: :func:`bench_steady_pinned`)."""
     T = q.shape[1]
     qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_(g is not None) for x in (q, k, v))
     bm = create_block_mask(lambda b, h, qi, ki: (qi >= ki) & (qi - ki < W), 1, 1, T, T, device=DEV, _compile=True)
@@ -358,12 +392,12 @@ def flex_window(flex, create_block_mask, q, k, v, g, rep=100, graph=False, pinne
 
         def fb():
             return torch.autograd.grad(flex(qt, kt, vt, block_mask=bm, enable_gqa=True), (qt, kt, vt), gt)
-        out["flex_fb"] = bench_steady(fb, rep=rep)
+        if pinned:  # (compiled by the warm-up calls, before any thread is pinned)
+            out["flex_fb"], out["flex_fb_pinned"] = bench_steady_pinned(fb, rep=rep)
+        else:
+            out["flex_fb"] = bench_steady(fb, rep=rep)
         if graph:
             out["flex_fb_graph"] = guard(f"window T={T} flex fwd+bwd graph", lambda: graph_time(fb))
-        if pinned and not DRY:
-            with same_cpu():
-                out["flex_fb_pinned"] = guard(f"window T={T} flex fwd+bwd pinned", lambda: bench_steady(fb, rep=rep))
     return out
 
 

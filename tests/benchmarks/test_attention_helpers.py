@@ -36,7 +36,7 @@ def test_same_cpu_pins_this_thread_and_gives_its_cpus_back(bench, apart):
     with bench.same_cpu(apart) as where:
         main, worker = where
         assert os.sched_getaffinity(0) == {main}
-        assert main == max(keep) and worker in keep
+        assert main in keep and worker in keep
         assert (worker != main) == apart
     assert os.sched_getaffinity(0) == keep
 
@@ -66,3 +66,10 @@ def test_kernel_overrides_sets_and_restores_the_ds_pass_launch(bench):
     with bench.kernel_overrides({"dq_ds": (8, 4)}, dq_variant="ds"):
         assert ta.DQ_DS_LAUNCH == (8, 4) and ta.DQ_VARIANT == "ds"
     assert ta.DQ_DS_LAUNCH == before and ta.DQ_VARIANT == dq
+
+
+def test_bench_steady_pinned_in_a_dry_run_times_once_unpinned(bench, monkeypatch):
+    monkeypatch.setattr(bench, "DRY", True)
+    calls = []
+    free, pinned = bench.bench_steady_pinned(lambda: calls.append(1))
+    assert free >= 0 and pinned is None and calls == [1]
