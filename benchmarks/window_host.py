@@ -16,13 +16,15 @@ of ``--n`` calls:
 * ``eager`` / ``graph``: do_bench of the eager fwd+bwd (GPU time, or host time where the host is
   the slower) and of its CUDA-graph replay (GPU time alone).
 
-Each piece is timed with Triton's JIT launch and with the op's launch cache
-(``orthros.ops.triton.common.launch``), interleaved call by call (the floors once); ``eager``
-is five do_bench medians of each, alternating. Then a cProfile and a ``torch.profiler`` table
-of the call (launch cache on). bf16, B=1, Hq 32, Hkv 8, D 128, w 128 (the roofline's shape).
+Each piece is timed both ways of one switch, interleaved call by call (the floors once):
+``--compare plans`` (the default) without and with the op's launch plans
+(``orthros.ops.triton.attention.PLANS``, the launch cache on), ``--compare launch`` through
+Triton's JIT and through the launch cache (``orthros.ops.triton.common.launch``, plans off);
+``eager`` is five do_bench medians of each, alternating. Then a cProfile and a ``torch.profiler``
+table of the call (defaults). bf16, B=1, Hq 32, Hkv 8, D 128, w 128 (the roofline's shape).
 ``--engine`` adds :func:`engine_probe` (the autograd engine's device thread against the caller's).
 
-    python benchmarks/window_host.py [--T 8192] [--n 200] [--engine] [--json OUT.json]
+    python benchmarks/window_host.py [--T 8192] [--n 200] [--compare plans|launch] [--engine] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -51,34 +53,47 @@ from orthros.ops.triton import common  # noqa: E402
 from orthros.utils import commit_id, write_json  # noqa: E402
 
 
+COMPARE = "plans"  # the switch host_ms / eager_ms flip (--compare)
+LABELS = {"plans": ("unplanned", "plans"), "launch": ("jit", "cache")}
+
+
+def switch(on: bool) -> None:
+    """``--compare plans``: launch plans off / on (the launch cache on); ``launch``: Triton's JIT /
+    the launch cache (plans off). ``switch(True)`` with ``COMPARE`` "plans" is the defaults."""
+    if COMPARE == "plans":
+        common.FAST_LAUNCH, A.PLANS = True, on
+    else:
+        common.FAST_LAUNCH, A.PLANS = on, False
+
+
 def host_ms(fn, n, before=None, paths=(False, True)):
-    """Median host time of ``fn()`` over ``n`` calls, each from an idle GPU, for each launch path
-    of ``paths`` (False: the JIT, True: the launch cache), interleaved call by call (this host's
-    speed drifts by tens of percent within seconds; interleaving keeps the drift out of the
-    comparison): one median per path, in order."""
-    ts = {fast: [] for fast in paths}
+    """Median host time of ``fn()`` over ``n`` calls, each from an idle GPU, for each side of the
+    switch in ``paths`` (:func:`switch`), interleaved call by call (this host's speed drifts by tens
+    of percent within seconds; interleaving keeps the drift out of the comparison): one median per
+    side, in order."""
+    ts = {on: [] for on in paths}
     for _ in range(n):
-        for fast in paths:
-            common.FAST_LAUNCH = fast
+        for on in paths:
+            switch(on)
             arg = before() if before else None
             torch.cuda.synchronize()
             t = time.perf_counter()
             fn(arg) if before else fn()
-            ts[fast].append(time.perf_counter() - t)
+            ts[on].append(time.perf_counter() - t)
     torch.cuda.synchronize()
-    common.FAST_LAUNCH = True
+    switch(True)
     return tuple(statistics.median(ts[f]) * 1e3 for f in paths)
 
 
 def eager_ms(fn, rounds):
-    """do_bench medians of ``fn``, ``rounds`` of each launch path alternating: ``(jit, cache)``
+    """do_bench medians of ``fn``, ``rounds`` of each side of the switch alternating: ``(off, on)``
     lists."""
     out = {False: [], True: []}
     for _ in range(rounds):
-        for fast in (False, True):
-            common.FAST_LAUNCH = fast
-            out[fast].append(bench(fn))
-    common.FAST_LAUNCH = True
+        for on in (False, True):
+            switch(on)
+            out[on].append(bench(fn))
+    switch(True)
     return out[False], out[True]
 
 
@@ -94,8 +109,9 @@ def engine_probe(fb, q, k, v, g, n):
     """Why ``torch.autograd.grad`` costs more than the backward's body called directly: the same
     pure-Python work timed on this thread and inside a backward the engine runs (on its device
     thread); our backward's body and each of its launches timed where the engine runs them and
-    when called directly; then fb / grad with this thread and the engine's device thread pinned
-    to one CPU. Returns a dict of medians (ms)."""
+    when called directly (the switch off: with ``--compare plans`` no plans); then fb / grad (the
+    defaults) with this thread and the engine's device thread pinned to one CPU, to two, and not.
+    Returns a dict of medians (ms)."""
     import threading
 
     out = {}
@@ -143,6 +159,7 @@ def engine_probe(fb, q, k, v, g, n):
         return r
 
     A.launch, A._StreamAttention.backward = timed_launch, staticmethod(timed_bwd)
+    switch(False)  # the launches of this section through ``launch`` (a plan's replay bypasses it)
     try:
         for _ in range(n):
             torch.cuda.synchronize()
@@ -160,6 +177,7 @@ def engine_probe(fb, q, k, v, g, n):
         torch.cuda.synchronize()
     finally:
         A.launch, A._StreamAttention.backward = orig_launch, staticmethod(orig_bwd)
+        switch(True)
     out["body_engine"] = statistics.median(rec["body"]) * 1e3
     out["body_main"] = statistics.median(body_direct) * 1e3
     for (name, on_main), ts in sorted(rec["launch"].items()):
@@ -186,6 +204,8 @@ def main(argv=None) -> int:
     ap.add_argument("--T", type=int, default=8192, help="tokens (default 8192)")
     ap.add_argument("--n", type=int, default=200, help="calls per host timing (default 200)")
     ap.add_argument("--json", default=None, help="write the figures here")
+    ap.add_argument("--compare", choices=sorted(LABELS), default="plans",
+                    help="the switch each piece is timed both ways of (default plans: launch plans off / on)")
     ap.add_argument("--engine", action="store_true",
                     help="also probe the autograd engine's share (engine_probe: the same Python on both threads, "
                          "the backward's pieces by thread, both threads pinned to one CPU)")
@@ -195,6 +215,8 @@ def main(argv=None) -> int:
             ap.error(f"{name} must be >= 1, got {value}")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU (the host path it times is the GPU launch path)")
+    global COMPARE
+    COMPARE = a.compare
     import triton
 
     torch.manual_seed(0)
@@ -245,12 +267,14 @@ def main(argv=None) -> int:
         "fb_nop": host_ms(lambda: torch.autograd.grad(Nop.apply(q, k, v), (q, k, v), g), a.n, paths=(True,))[0],
     }
     eager = eager_ms(fb, 5)
-    res["ms"] = {"jit": {k: v[0] for k, v in pieces.items()}, "cache": {k: v[1] for k, v in pieces.items()},
-                 "floor": floor, "eager_jit": eager[0], "eager_cache": eager[1], "graph": graph_time(fb)}
-    for label in ("jit", "cache"):
-        print(f"{label:6s}" + "  ".join(f"{k} {v:.3f}" for k, v in res["ms"][label].items()) + "  (ms, host)")
+    off, on = LABELS[COMPARE]
+    res["compare"] = COMPARE
+    res["ms"] = {off: {k: v[0] for k, v in pieces.items()}, on: {k: v[1] for k, v in pieces.items()},
+                 "floor": floor, f"eager_{off}": eager[0], f"eager_{on}": eager[1], "graph": graph_time(fb)}
+    for label in (off, on):
+        print(f"{label:10s}" + "  ".join(f"{k} {v:.3f}" for k, v in res["ms"][label].items()) + "  (ms, host)")
     print("floor " + "  ".join(f"{k} {v:.3f}" for k, v in floor.items()) + "  (ms, host)")
-    for label in ("eager_jit", "eager_cache"):
+    for label in (f"eager_{off}", f"eager_{on}"):
         print(f"{label}: " + " ".join(f"{v:.3f}" for v in res["ms"][label]) + " ms (do_bench, rounds alternating)")
     print(f"graph {res['ms']['graph']:.3f} ms", flush=True)
     if a.engine:

@@ -132,3 +132,21 @@ def test_fast_launch_matches_the_jit_path_on_the_gpu(monkeypatch):
     for res in out[True]:
         for a, b in zip(res, out[False][0]):
             assert torch.equal(a, b)
+
+
+def test_bind_launches_again_with_new_tensors_and_nothing_else_recomputed(fast):
+    kern, x, y = _Kernel(), torch.zeros(64), torch.ones(64)
+    compiled = common.launch(kern, (4, 2), x, 8, 0.5, BLOCK=16, num_warps=4)
+    run = common.bind(compiled, kern, (4, 2), x, 8, 0.5, BLOCK=16, num_warps=4)
+    run(y)
+    assert len(kern.jit) == 1  # the first launch compiled; the bound one: no compile, no key
+    (grid, args), = compiled.launches
+    assert grid == (4, 2, 1) and args[0] is y and args[1:] == (8, 0.5, 16, False)
+
+
+def test_bind_without_the_launch_cache_launches_through_the_jit(fast, monkeypatch):
+    monkeypatch.setattr(common, "FAST_LAUNCH", False)
+    kern, x, y = _Kernel(), torch.zeros(64), torch.ones(64)
+    compiled = common.launch(kern, (1,), x, 8, 0.5, BLOCK=16)
+    common.bind(compiled, kern, (1,), x, 8, 0.5, BLOCK=16)(y)
+    assert [(args[0] is t, args[1:]) for (_, args, _), t in zip(kern.jit, (x, y))] == [(True, (8, 0.5))] * 2

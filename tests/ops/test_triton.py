@@ -443,9 +443,11 @@ def test_rel_mask_variant(poison, monkeypatch, case):
 
 
 def count_launches(monkeypatch) -> list:
-    """Record every kernel launched through ``attention.launch``; the list it fills."""
+    """Record every kernel launched through ``attention.launch``; the list it fills. Launch plans
+    off (a plan's replay launches through its bound runners: test_launch_plans counts those)."""
     from orthros.ops.triton import attention as ta
 
+    monkeypatch.setattr(ta, "PLANS", False)
     launched, real = [], ta.launch
     monkeypatch.setattr(ta, "launch", lambda k, *a, **kw: (launched.append(k), real(k, *a, **kw))[1])
     return launched

@@ -30,8 +30,9 @@ import triton
 import triton.language as tl
 
 from ..backends import triton_supports
-from .common import (LOG2E, band, block_d, cdiv, dummy, interpreting, last_contig, launch, merge_splits, num_sms,
-                     pow2, precision, softmax_result, softmax_step, visible)
+from . import common as _common
+from .common import (LOG2E, band, bind, block_d, cdiv, dummy, interpreting, last_contig, launch, merge_splits,
+                     num_sms, pow2, precision, softmax_result, softmax_step, visible)
 
 # ============================================================================ kernels
 # A stream is a set of queries with increasing absolute positions ``qpos`` (either
@@ -706,6 +707,74 @@ def _fwd_variant(kind: str, tokens: int, block_d: int, group: int):
     return FWD_VARIANTS[name]
 
 
+# Launch plans (docs/performance.md kernels change 18). A dense stream's forward and backward (no
+# positions, documents or left padding: the window stream of training and prefill) spend more host
+# time choosing and binding their launches than launching them (~20 us a launch for the key of
+# common.launch alone, ~20-40 us of choices a call, on a CPU where an 8K window fwd+bwd's host
+# path is ~0.25 ms). The first call of a signature records its launches (_Plan); later calls with
+# the same key (_plan_key) allocate their outputs and replay them. ORTHROS_PLANS=0: no plans.
+PLANS = os.environ.get("ORTHROS_PLANS", "1") == "1"
+_PLANS = {}
+_PLANS_MAX = 256  # signatures kept; the memo starts over when full
+
+
+def _settings(kind: str, bd: int) -> tuple:
+    """The module settings the launch choices of a stream's ``kind`` ("fwd" / "bwd") read at head
+    dim block ``bd`` (tests and benchmarks change them at run time: a plan must not outlive them)."""
+    ck = 64 if bd <= 64 else (128 if bd <= 128 else 256)
+    if kind == "fwd":
+        return (CONFIGS["win_fwd"][ck], CONFIGS["win_fwd_gqa"][ck], CONFIGS["full_fwd"][ck],
+                CONFIGS["full_fwd_gqa"][ck], FWD_VARIANT["win_fwd"], FWD_VARIANT["full_fwd"],
+                WIN_FWD_PACKED_TOKENS, FWD_REL, _common.FAST_LAUNCH)
+    return (CONFIGS["bwd_dkdv"][ck], CONFIGS["bwd_dq"][ck], CONFIGS["bwd_dq_gqa"][ck], DQ_VARIANT,
+            DKDV_VARIANT, FUSED_BWD, DS_MAX_KEYS, DS_MAX_BYTES, DQ_DS_LAUNCH, _common.FAST_LAUNCH)
+
+
+def _plan_key(kind: str, q, k, v, *more, scalars=()):
+    """The memo key of a dense stream call (None with ``PLANS`` off): the shapes of ``q`` and
+    ``k``, the strides of every tensor given, the dtypes of ``q`` and of the backward's ``do``,
+    each tensor's 16-byte alignment (what the launches' arguments and Triton's specialisation
+    follow), the device, the call's ``scalars`` and the :func:`_settings` of ``kind``. What it
+    leaves out is fixed by the rest: ``v`` has ``k``'s shape and ``q``'s dtype (the op checks), and
+    the backward's ``more`` = (do, o): ``o`` is the forward's own output (fresh: contiguous and
+    aligned, ``q``'s dtype), ``do`` has its shape; the backward's ``lse`` is the forward's too."""
+    if not PLANS:
+        return None
+    ts = (q, k, v, *more)
+    return (kind, q.device, q.dtype, more[0].dtype if more else None, q.shape, k.shape, *scalars,
+            *[t.stride() for t in ts], *[t.data_ptr() & 15 for t in ts], _settings(kind, q.shape[-1]))
+
+
+def _remember(key, plan) -> None:
+    if len(_PLANS) >= _PLANS_MAX:
+        _PLANS.clear()
+    _PLANS[key] = plan
+
+
+class _Plan:
+    """The launches of one call, recorded for replay. Each launch names the call's tensors it
+    takes (``names``, in order, looked up in ``tensors``) and is launched at once; with ``record``
+    each is also bound (:func:`common.bind`) so that :meth:`replay` launches it again with another
+    call's tensors of the same names."""
+
+    def __init__(self, tensors: dict, record: bool):
+        self.tensors, self.runs = tensors, ([] if record else None)
+
+    def launch(self, kernel, grid, names, *scalars, **consts):
+        args = [self.tensors[n] for n in names]
+        compiled = launch(kernel, grid, *args, *scalars, **consts)
+        if self.runs is not None:
+            self.runs.append((bind(compiled, kernel, grid, *args, *scalars, **consts), names))
+
+    def done(self) -> "_Plan":
+        self.tensors = None  # a plan keeps no tensor of the call that recorded it
+        return self
+
+    def replay(self, tensors: dict) -> None:
+        for run, names in self.runs:
+            run(*[tensors[n] for n in names])
+
+
 class _Masks:
     """Per-call mask data shared by both streams (documents, left padding)."""
 
@@ -730,6 +799,11 @@ def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allo
     B, M, HQ, D = q.shape
     N, HKV = k.shape[1], k.shape[2]
     dev = q.device
+    dense = M > 0 and pos is None and masks.doc is None and masks.kv_start is None
+    key = _plan_key("fwd", q, k, v, scalars=(pos_offset, window, scale, allow_split)) if dense else None
+    plan = None if key is None else _PLANS.get(key)
+    if plan is not None:
+        return plan(q, k, v)
     o = torch.empty(B, M, HQ, v.shape[-1], dtype=q.dtype, device=dev)
     lse = torch.empty(B, HQ, M, dtype=torch.float32, device=dev)
     if M == 0:
@@ -769,23 +843,37 @@ def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allo
     kvs = dd if masks.kv_start is None else masks.kv_start
     qs, ks, vs = q.stride(), k.stride(), v.stride()
     qk = scale * LOG2E
+    t = dict(q=q, k=k, v=v, o=o, lse=lse, pos=pos_t, doc=doc, dst=dst, kvs=kvs)
+    if splits > 1:
+        t["op"] = torch.empty(splits, B, HQ, M, D, dtype=torch.float32, device=dev)
+        t["lp"] = torch.empty(splits, B, HQ, M, dtype=torch.float32, device=dev)
+    rec = _Plan(t, record=key is not None)
     if splits == 1:
         os_ = o.stride()
-        launch(_stream_fwd, (heads, nm, B),
-            q, k, v, o, lse, pos_t, doc, dst, kvs,
-            qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
-            os_[0], os_[1], os_[2], 0, HQ * M, M, 0, spb,
-            M, N, HQ, pos_offset, window, qk, **common)
-        return o, lse
-    op = torch.empty(splits, B, HQ, M, D, dtype=torch.float32, device=dev)
-    lp = torch.empty(splits, B, HQ, M, dtype=torch.float32, device=dev)
-    launch(_stream_fwd, (heads, nm, B * splits),
-        q, k, v, op, lp, pos_t, doc, dst, kvs,
-        qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
-        HQ * M * D, D, M * D, B * HQ * M * D, HQ * M, M, B * HQ * M, spb,
-        M, N, HQ, pos_offset, window, qk, **common)
-    launch(_combine_splits, (M, B * HQ), op, lp, o, lse, o.stride(0), o.stride(1), o.stride(2), M, HQ,
-           NUM_SPLITS=splits, D=D, BLOCK_D=BD, BLOCK_S=max(2, pow2(splits)))
+        rec.launch(_stream_fwd, (heads, nm, B), ("q", "k", "v", "o", "lse", "pos", "doc", "dst", "kvs"),
+                   qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
+                   os_[0], os_[1], os_[2], 0, HQ * M, M, 0, spb,
+                   M, N, HQ, pos_offset, window, qk, **common)
+    else:
+        rec.launch(_stream_fwd, (heads, nm, B * splits), ("q", "k", "v", "op", "lp", "pos", "doc", "dst", "kvs"),
+                   qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
+                   HQ * M * D, D, M * D, B * HQ * M * D, HQ * M, M, B * HQ * M, spb,
+                   M, N, HQ, pos_offset, window, qk, **common)
+        rec.launch(_combine_splits, (M, B * HQ), ("op", "lp", "o", "lse"), o.stride(0), o.stride(1), o.stride(2),
+                   M, HQ, NUM_SPLITS=splits, D=D, BLOCK_D=BD, BLOCK_S=max(2, pow2(splits)))
+    if key is not None:
+        rec.done()
+        Dv = v.shape[-1]
+
+        def plan(q, k, v):
+            t = dict(q=q, k=k, v=v, o=torch.empty(B, M, HQ, Dv, dtype=q.dtype, device=dev),
+                     lse=torch.empty(B, HQ, M, dtype=torch.float32, device=dev), pos=dd, doc=dd, dst=dd, kvs=dd)
+            if splits > 1:
+                t["op"] = torch.empty(splits, B, HQ, M, D, dtype=torch.float32, device=dev)
+                t["lp"] = torch.empty(splits, B, HQ, M, dtype=torch.float32, device=dev)
+            rec.replay(t)
+            return t["o"], t["lse"]
+        _remember(key, plan)
     return o, lse
 
 
@@ -807,23 +895,30 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     B, M, HQ, D = q.shape
     N, HKV = k.shape[1], k.shape[2]
     dev = q.device
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
     if M == 0:
-        return dq, dk.zero_(), dv.zero_()
+        return torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    dense = pos is None and masks.doc is None and masks.kv_start is None
+    key = _plan_key("bwd", q, k, v, do, o, scalars=(pos_offset, window, scale)) if dense else None
+    plan = None if key is None else _PLANS.get(key)
+    if plan is not None:
+        return plan(do, q, k, v, o, lse)
     if DQ_VARIANT not in DQ_VARIANTS:
         raise ValueError(f"DQ_VARIANT must be one of {DQ_VARIANTS}, got {DQ_VARIANT!r}")
     if DKDV_VARIANT not in DKDV_VARIANTS:
         raise ValueError(f"DKDV_VARIANT must be one of {DKDV_VARIANTS}, got {DKDV_VARIANT!r}")
-    if do.stride(-1) != 1:
-        do = do.contiguous()
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
     BD = block_d(D)
     os_, ds = o.stride(), do.stride()
     delta = torch.empty(B, HQ, M, dtype=torch.float32, device=dev)
-    launch(_bwd_delta, (cdiv(M, 64), B * HQ), o, do, delta, os_[0], os_[1], os_[2], ds[0], ds[1], ds[2], M, HQ,
-           D=D, BLOCK_D=BD, BLOCK_M=64)
     dd = dummy(dev)
+    t = dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=dq, dk=dk, dv=dv, delta=delta)
+    rec = _Plan(t, record=key is not None)
+    rec.launch(_bwd_delta, (cdiv(M, 64), B * HQ), ("o", "do", "delta"), os_[0], os_[1], os_[2], ds[0], ds[1], ds[2],
+               M, HQ, D=D, BLOCK_D=BD, BLOCK_M=64)
     pos_t = dd if pos is None else pos
     spb = 0 if pos is None or pos.shape[0] == 1 else pos.stride(0)
     doc = dd if masks.doc is None else masks.doc
@@ -838,9 +933,8 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
         GP2 = 1
         BM2, BN2, nw2, ns2 = _cfg("bwd_dq", BD)
     edge2 = DQ_VARIANT in ("edge", "gqa")  # the packed dQ is always edge-masked
-    contiguous = pos is None and masks.doc is None and masks.kv_start is None
-    edge_kv = DKDV_VARIANT == "edge" and contiguous
-    rel = (DKDV_VARIANT == "rel" and contiguous, DQ_VARIANT == "rel" and contiguous)
+    edge_kv = DKDV_VARIANT == "edge" and dense
+    rel = (DKDV_VARIANT == "rel" and dense, DQ_VARIANT == "rel" and dense)
     BM, BN, nw, ns = _cfg("bwd_dkdv", BD)
     if pos is not None:
         qr = _query_ranges(pos, N, BN, masks)
@@ -855,27 +949,40 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
     use_ds = (DQ_VARIANT == "ds" and pos is None and window > 0 and nslot * BN <= DS_MAX_KEYS
               and B * HQ * nqb * nslot * BN * BM * q.element_size() <= DS_MAX_BYTES)
     nqb, nslot = (nqb, nslot) if use_ds else (0, 0)
-    ds_buf = torch.empty(B * HQ * nqb * nslot * BN * BM, dtype=q.dtype, device=dev) if use_ds else dd
-    args = (q, k, v, do, dq, dk, dv, lse, delta, pos_t, qr, doc, dst, kvs, ds_buf,
-            qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ds[0], ds[1], ds[2],
+    ds_numel = B * HQ * nqb * nslot * BN * BM
+    t.update(pos=pos_t, qr=qr, doc=doc, dst=dst, kvs=kvs,
+             ds=torch.empty(ds_numel, dtype=q.dtype, device=dev) if use_ds else dd)
+    names = ("q", "k", "v", "do", "dq", "dk", "dv", "lse", "delta", "pos", "qr", "doc", "dst", "kvs", "ds")
+    args = (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ds[0], ds[1], ds[2],
             gqs[0], gqs[1], gqs[2], gks[0], gks[1], gks[2], gvs[0], gvs[1], gvs[2], spb, srb,
             M, N, HQ, HKV, B)
     flags = (pos is not None, bool(window), masks.doc is not None, masks.kv_start is not None, precision(q.dtype))
     shape = (HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, edge2, edge_kv, rel, flags)
     tail = (pos_offset, window, qk, scale, nqb, nslot)
     if use_ds:  # the dK/dV programs store dS, then one pass sums dS @ K
-        launch(_stream_bwd, (n_kv,), *args, n_kv, *tail, PROGS=1, DS_OUT=True, **_bwd_consts(*shape, nw, ns))
+        rec.launch(_stream_bwd, (n_kv,), names, *args, n_kv, *tail, PROGS=1, DS_OUT=True,
+                   **_bwd_consts(*shape, nw, ns))
         G = HQ // HKV
         nw_ds, ns_ds = (1, 1) if interpreting() else DQ_DS_LAUNCH
-        launch(_dq_from_ds, (HKV, nqb, B), ds_buf, k, dq, ks[0], ks[1], ks[2], gqs[0], gqs[1], gqs[2],
-               M, N, HQ, nqb, nslot, pos_offset, window, scale, G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN,
-               GP=pow2(G), PREC=flags[-1], num_warps=nw_ds, num_stages=ns_ds)
-        return dq, dk, dv
-    if FUSED_BWD:  # one launch: dK/dV programs first, then dQ programs
-        launch(_stream_bwd, (n_kv + n_q,), *args, n_kv, *tail, **_bwd_consts(*shape, nw, ns))
+        rec.launch(_dq_from_ds, (HKV, nqb, B), ("ds", "k", "dq"), ks[0], ks[1], ks[2], gqs[0], gqs[1], gqs[2],
+                   M, N, HQ, nqb, nslot, pos_offset, window, scale, G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN,
+                   GP=pow2(G), PREC=flags[-1], num_warps=nw_ds, num_stages=ns_ds)
+    elif FUSED_BWD:  # one launch: dK/dV programs first, then dQ programs
+        rec.launch(_stream_bwd, (n_kv + n_q,), names, *args, n_kv, *tail, **_bwd_consts(*shape, nw, ns))
     else:  # each launch compiled with its own kind of program only (PROGS)
-        launch(_stream_bwd, (n_kv,), *args, n_kv, *tail, PROGS=1, **_bwd_consts(*shape, nw, ns))
-        launch(_stream_bwd, (n_q,), *args, 0, *tail, PROGS=2, **_bwd_consts(*shape, nw2, ns2))
+        rec.launch(_stream_bwd, (n_kv,), names, *args, n_kv, *tail, PROGS=1, **_bwd_consts(*shape, nw, ns))
+        rec.launch(_stream_bwd, (n_q,), names, *args, 0, *tail, PROGS=2, **_bwd_consts(*shape, nw2, ns2))
+    if key is not None:
+        rec.done()
+
+        def plan(do, q, k, v, o, lse):
+            t = dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=torch.empty_like(q), dk=torch.empty_like(k),
+                     dv=torch.empty_like(v), delta=torch.empty(B, HQ, M, dtype=torch.float32, device=dev),
+                     pos=dd, qr=dd, doc=dd, dst=dd, kvs=dd,
+                     ds=torch.empty(ds_numel, dtype=q.dtype, device=dev) if use_ds else dd)
+            rec.replay(t)
+            return t["dq"], t["dk"], t["dv"]
+        _remember(key, plan)
     return dq, dk, dv
 
 

@@ -173,22 +173,48 @@ def launch(kernel, grid, *args, **consts):
     if hit is None:
         if any(isinstance(a, torch.Tensor) for a in scalars):
             raise TypeError(f"launch({kernel.__name__}): tensor arguments must come before every scalar one")
-        rest = []
-        for p in kernel.params[len(args):]:
-            if p.name in consts:
-                rest.append(consts[p.name])
-            elif p.default is not inspect.Parameter.empty:
-                rest.append(p.default)
-            else:
-                raise TypeError(f"launch({kernel.__name__}): no value for parameter {p.name!r}")
+        rest = _rest(kernel, len(args), consts)
         compiled = kernel[grid](*args, **consts)
         if len(_LAUNCHES) >= _LAUNCHES_MAX:
             _LAUNCHES.clear()
-        _LAUNCHES[key] = (compiled, tuple(rest))
+        _LAUNCHES[key] = (compiled, rest)
         return compiled
     compiled, rest = hit
     compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *rest)
     return compiled
+
+
+def bind(compiled, kernel, grid, *args, **consts):
+    """The launch ``launch(kernel, grid, *args, **consts)`` just made (``compiled``: what it
+    returned) as ``run(*tensors)``: the same launch again with new tensors in place of ``args``'
+    leading tensors (as many, same order) and every other argument as given here. For callers
+    that memoise an op's launches under a key which fixes what :func:`launch` keys on for those
+    tensors (dtype and 16-byte alignment) and everything the scalars and constexprs are computed
+    from: ``run`` checks nothing. With the launch cache on it calls the compiled kernel's runner
+    directly (no binding, no key); otherwise it launches through the JIT (``launch``'s rules)."""
+    n = 0
+    while n < len(args) and isinstance(args[n], torch.Tensor):
+        n += 1
+    tail = args[n:]
+    if not FAST_LAUNCH or _INTERPRET or compiled is None:
+        return lambda *tensors: kernel[grid](*tensors, *tail, **consts)
+    runner = compiled[tuple(grid) + (1,) * (3 - len(grid))]
+    tail = tuple(tail) + _rest(kernel, len(args), consts)
+    return lambda *tensors: runner(*tensors, *tail)
+
+
+def _rest(kernel, n, consts) -> tuple:
+    """The values of ``kernel``'s parameters after its first ``n`` (what the compiled kernel's
+    runner takes after the call's arguments): from ``consts`` by name, else the defaults."""
+    rest = []
+    for p in kernel.params[n:]:
+        if p.name in consts:
+            rest.append(consts[p.name])
+        elif p.default is not inspect.Parameter.empty:
+            rest.append(p.default)
+        else:
+            raise TypeError(f"launch({kernel.__name__}): no value for parameter {p.name!r}")
+    return tuple(rest)
 
 
 _DUMMIES = {}
