@@ -692,6 +692,19 @@ def test_rel_masks_gpu(poison, monkeypatch, dtype, name):
     variant_sweep_gpu(dtype)
 
 
+@pytest.mark.parametrize("rows, bd, esize, stages", [(128, 128, 2, 3), (128, 128, 4, 2), (512, 64, 2, 1),
+                                                     (512, 64, 4, 1), (128, 256, 4, 2), (16, 16, 4, 3)])
+def test_ds_pass_stages_fit_shared_memory(monkeypatch, rows, bd, esize, stages):
+    """The dS pass's pipeline stages (DQ_DS_LAUNCH's, 3) cut to DS_STAGE_BYTES: fp32 at head dim
+    128 (64 KB a stage) takes 2, as 3 asked 288 KB of the H200's 227 KB and failed to compile."""
+    from orthros.ops.triton import attention as ta
+
+    monkeypatch.setattr(ta, "DQ_DS_LAUNCH", (4, 3))
+    nw, ns = ta._ds_launch(rows, 64 if bd <= 128 else 32, bd, esize)
+    assert (nw, ns) == (4, stages)
+    assert ns * (rows * (64 if bd <= 128 else 32) + (64 if bd <= 128 else 32) * bd) * esize <= ta.DS_STAGE_BYTES or ns == 1
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("group", list(GPU_MODES) + ["fixed"])

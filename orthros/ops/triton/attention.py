@@ -623,6 +623,19 @@ DQ_VARIANT = "ds"
 DS_MAX_KEYS = 512  # "ds": the most key columns (slots x BLOCK_N) a query block's dS row may span
 DS_MAX_BYTES = 1 << 32  # "ds": the largest dS buffer (4 GiB; 2x Q's bytes at w = 128), else "base"
 DQ_DS_LAUNCH = (4, 3)  # "ds": num_warps, num_stages of _dq_from_ds (tuned, docs/performance.md change 17)
+# "ds": shared memory the dS pass's pipeline stages may take. The H200 gives a block 227 KB; the
+# pass takes ~1.5 stages more besides (fp32 at head dim 128 and 3 stages of 64 KB asked 288 KB).
+DS_STAGE_BYTES = 128 << 10
+
+
+def _ds_launch(rows: int, bn: int, bd: int, esize: int):
+    """(num_warps, num_stages) of :func:`_dq_from_ds`: :data:`DQ_DS_LAUNCH`, its stages cut to
+    what fits :data:`DS_STAGE_BYTES` (a stage holds a ``rows x bn`` dS tile and a ``bn x bd`` K
+    tile of ``esize``-byte elements: at head dim 128 fp32 takes 64 KB a stage, so 2 stages, bf16
+    32 KB, so 3), at least one."""
+    nw, ns = DQ_DS_LAUNCH
+    per_stage = (rows * bn + bn * bd) * esize
+    return nw, max(1, min(ns, DS_STAGE_BYTES // per_stage))
 # dK/dV programs: "base" (every visited query block masked by common.visible), "edge" (interior
 # query blocks unmasked, for contiguous positions without documents or left padding: training's
 # PT streams; other calls keep the mask; slower than "base" on the H200, 2026-12-02) or "rel" (as
@@ -727,7 +740,7 @@ def _settings(kind: str, bd: int) -> tuple:
                 CONFIGS["full_fwd_gqa"][ck], FWD_VARIANT["win_fwd"], FWD_VARIANT["full_fwd"],
                 WIN_FWD_PACKED_TOKENS, FWD_REL, _common.FAST_LAUNCH)
     return (CONFIGS["bwd_dkdv"][ck], CONFIGS["bwd_dq"][ck], CONFIGS["bwd_dq_gqa"][ck], DQ_VARIANT,
-            DKDV_VARIANT, FUSED_BWD, DS_MAX_KEYS, DS_MAX_BYTES, DQ_DS_LAUNCH, _common.FAST_LAUNCH)
+            DKDV_VARIANT, FUSED_BWD, DS_MAX_KEYS, DS_MAX_BYTES, DQ_DS_LAUNCH, DS_STAGE_BYTES, _common.FAST_LAUNCH)
 
 
 def _plan_key(kind: str, q, k, v, *more, scalars=()):
@@ -963,7 +976,7 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
         rec.launch(_stream_bwd, (n_kv,), names, *args, n_kv, *tail, PROGS=1, DS_OUT=True,
                    **_bwd_consts(*shape, nw, ns))
         G = HQ // HKV
-        nw_ds, ns_ds = (1, 1) if interpreting() else DQ_DS_LAUNCH
+        nw_ds, ns_ds = (1, 1) if interpreting() else _ds_launch(pow2(G) * BM, BN, BD, q.element_size())
         rec.launch(_dq_from_ds, (HKV, nqb, B), ("ds", "k", "dq"), ks[0], ks[1], ks[2], gqs[0], gqs[1], gqs[2],
                    M, N, HQ, nqb, nslot, pos_offset, window, scale, G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN,
                    GP=pow2(G), PREC=flags[-1], num_warps=nw_ds, num_stages=ns_ds)
