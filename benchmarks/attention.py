@@ -288,9 +288,9 @@ def same_cpu(apart=False):
     """Within the block this thread and the autograd engine's worker thread for ``DEV`` run on
     one CPU (the one this thread is on; ``apart``: the worker on another, fixed one); both get
     their CPU set back afterwards. A small eager fwd+bwd hands its backward to that worker and
-    waits for it: on the H200 machines' hosts the hand-off between CPUs the scheduler picks costs
-    ~0.1-0.15 ms a call (window_host.py ``--engine``, docs/performance.md change 17), most of what
-    keeps the 8K window call host-bound. Yields the (caller's, worker's) CPUs, or None where
+    waits for it: on the H200 machines' hosts the hand-off between CPUs the scheduler picks cost
+    0.1-0.5 ms a call (window_host.py ``--engine``, docs/performance.md change 17), most of what
+    kept the 8K window call host-bound. Yields the (caller's, worker's) CPUs, or None where
     threads cannot be pinned (dry run, no ``sched_setaffinity``, one CPU with ``apart``)."""
     keep = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
     if DRY or not hasattr(os, "sched_setaffinity") or (apart and len(keep) < 2):
@@ -925,7 +925,8 @@ def kernel_split(fn, n=None):
         t = getattr(e, "self_device_time_total", None)
         if t is None:  # older torch
             t = e.self_cuda_time_total
-        if t > 0 and e.key.startswith("_"):  # the ops' jit kernels (_stream_fwd, _bwd_delta, ...)
+        # the ops' jit kernels (_stream_fwd, _bwd_delta, ...), not the autograd nodes around them
+        if t > 0 and e.key.startswith("_") and "Attention" not in e.key:
             out[e.key] = round(t / n, 1)
     return out
 

@@ -626,16 +626,6 @@ DQ_DS_LAUNCH = (4, 3)  # "ds": num_warps, num_stages of _dq_from_ds (tuned, docs
 # "ds": shared memory the dS pass's pipeline stages may take. The H200 gives a block 227 KB; the
 # pass takes ~1.5 stages more besides (fp32 at head dim 128 and 3 stages of 64 KB asked 288 KB).
 DS_STAGE_BYTES = 128 << 10
-
-
-def _ds_launch(rows: int, bn: int, bd: int, esize: int):
-    """(num_warps, num_stages) of :func:`_dq_from_ds`: :data:`DQ_DS_LAUNCH`, its stages cut to
-    what fits :data:`DS_STAGE_BYTES` (a stage holds a ``rows x bn`` dS tile and a ``bn x bd`` K
-    tile of ``esize``-byte elements: at head dim 128 fp32 takes 64 KB a stage, so 2 stages, bf16
-    32 KB, so 3), at least one."""
-    nw, ns = DQ_DS_LAUNCH
-    per_stage = (rows * bn + bn * bd) * esize
-    return nw, max(1, min(ns, DS_STAGE_BYTES // per_stage))
 # dK/dV programs: "base" (every visited query block masked by common.visible), "edge" (interior
 # query blocks unmasked, for contiguous positions without documents or left padding: training's
 # PT streams; other calls keep the mask; slower than "base" on the H200, 2026-12-02) or "rel" (as
@@ -707,6 +697,16 @@ def _cfg(kind: str, block_d: int):
     if interpreting():
         return bm, bn, 1, 1
     return bm, bn, nw, ns
+
+
+def _ds_launch(rows: int, bn: int, bd: int, esize: int):
+    """(num_warps, num_stages) of :func:`_dq_from_ds`: :data:`DQ_DS_LAUNCH`, its stages cut to
+    what fits :data:`DS_STAGE_BYTES` (a stage holds a ``rows x bn`` dS tile and a ``bn x bd`` K
+    tile of ``esize``-byte elements: at head dim 128 fp32 takes 64 KB a stage, so 2 stages, bf16
+    32 KB, so 3), at least one."""
+    nw, ns = DQ_DS_LAUNCH
+    per_stage = (rows * bn + bn * bd) * esize
+    return nw, max(1, min(ns, DS_STAGE_BYTES // per_stage))
 
 
 def _fwd_variant(kind: str, tokens: int, block_d: int, group: int):
