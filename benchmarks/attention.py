@@ -86,11 +86,16 @@ def bench_steady(fn, rounds=5, warm_s=0.5, rep=100):
     cell of both systems with."""
     if DRY:
         return bench(fn)
+    _warm_up(fn, warm_s)
+    return statistics.median(bench(fn, rep=rep) for _ in range(rounds))
+
+
+def _warm_up(fn, seconds):
+    """Calls of ``fn`` for ``seconds``, then a sync: the host at its steady speed."""
     t = time.perf_counter()
-    while time.perf_counter() - t < warm_s:
+    while time.perf_counter() - t < seconds:
         fn()
     torch.cuda.synchronize()
-    return statistics.median(bench(fn, rep=rep) for _ in range(rounds))
 
 
 def bench_steady_pinned(fn, rounds=5, warm_s=0.5, rep=100):
@@ -99,10 +104,7 @@ def bench_steady_pinned(fn, rounds=5, warm_s=0.5, rep=100):
     out of the comparison). In a dry run the pinned figure is None."""
     if DRY:
         return bench(fn), None
-    t = time.perf_counter()
-    while time.perf_counter() - t < warm_s:
-        fn()
-    torch.cuda.synchronize()
+    _warm_up(fn, warm_s)
     free, pinned = [], []
     for _ in range(rounds):
         free.append(bench(fn, rep=rep))

@@ -768,20 +768,16 @@ class _Plan:
     """The launches of one call, recorded for replay. Each launch names the call's tensors it
     takes (``names``, in order, looked up in ``tensors``) and is launched at once; with ``record``
     each is also bound (:func:`common.bind`) so that :meth:`replay` launches it again with another
-    call's tensors of the same names."""
+    call's tensors of the same names. A plan keeps no tensor of the call that recorded it."""
 
-    def __init__(self, tensors: dict, record: bool):
-        self.tensors, self.runs = tensors, ([] if record else None)
+    def __init__(self, record: bool):
+        self.runs = [] if record else None
 
-    def launch(self, kernel, grid, names, *scalars, **consts):
-        args = [self.tensors[n] for n in names]
+    def launch(self, tensors: dict, kernel, grid, names, *scalars, **consts):
+        args = [tensors[n] for n in names]
         compiled = launch(kernel, grid, *args, *scalars, **consts)
         if self.runs is not None:
             self.runs.append((bind(compiled, kernel, grid, *args, *scalars, **consts), names))
-
-    def done(self) -> "_Plan":
-        self.tensors = None  # a plan keeps no tensor of the call that recorded it
-        return self
 
     def replay(self, tensors: dict) -> None:
         for run, names in self.runs:
@@ -817,10 +813,10 @@ def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allo
     plan = None if key is None else _PLANS.get(key)
     if plan is not None:
         return plan(q, k, v)
-    o = torch.empty(B, M, HQ, v.shape[-1], dtype=q.dtype, device=dev)
-    lse = torch.empty(B, HQ, M, dtype=torch.float32, device=dev)
+    Dv = v.shape[-1]
     if M == 0:
-        return o, lse
+        return torch.empty(B, 0, HQ, Dv, dtype=q.dtype, device=dev), torch.empty(B, HQ, 0, dtype=torch.float32,
+                                                                             device=dev)
     BD = block_d(D)
     kind = "win_fwd" if window else "full_fwd"
     G = HQ // HKV
@@ -842,52 +838,53 @@ def _stream_forward(q, k, v, pos, pos_offset, window, scale, masks: _Masks, allo
         if progs < sms and N >= 4096:
             splits = max(1, min(cdiv(2 * sms, progs), N // 2048, 64))
     dd = dummy(dev)
-    pos_t = dd if pos is None else pos
     spb = 0 if pos is None or pos.shape[0] == 1 else pos.stride(0)
     common = dict(
         G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN,
         POS_PTR=pos is not None, HAS_WINDOW=bool(window), HAS_DOC=masks.doc is not None,
         HAS_KVS=masks.kv_start is not None, NUM_SPLITS=splits, PARTIAL=splits > 1, REVERSE=not window,
         PREC=precision(q.dtype), GP=GP, EDGE_MASK=edge, num_warps=nw, num_stages=ns,
-        REL=FWD_REL and edge and bool(window) and pos is None and masks.doc is None and masks.kv_start is None,
+        REL=FWD_REL and edge and bool(window) and dense,
     )
-    doc = dd if masks.doc is None else masks.doc
-    dst = dd if masks.doc_start is None else masks.doc_start
-    kvs = dd if masks.kv_start is None else masks.kv_start
-    qs, ks, vs = q.stride(), k.stride(), v.stride()
+    # the call's mask tensors (all the placeholder when dense: what a plan replays with)
+    fixed = dict(pos=dd if pos is None else pos, doc=dd if masks.doc is None else masks.doc,
+                 dst=dd if masks.doc_start is None else masks.doc_start,
+                 kvs=dd if masks.kv_start is None else masks.kv_start)
+
+    dt = q.dtype
+
+    def alloc():  # the call's outputs and scratch: the first call's and every replay's
+        t = dict(o=torch.empty(B, M, HQ, Dv, dtype=dt, device=dev),
+                 lse=torch.empty(B, HQ, M, dtype=torch.float32, device=dev))
+        if splits > 1:
+            t["op"] = torch.empty(splits, B, HQ, M, D, dtype=torch.float32, device=dev)
+            t["lp"] = torch.empty(splits, B, HQ, M, dtype=torch.float32, device=dev)
+        return t
+
+    t = dict(alloc(), q=q, k=k, v=v, **fixed)
+    o = t["o"]
+    qs, ks, vs, os_ = q.stride(), k.stride(), v.stride(), o.stride()
     qk = scale * LOG2E
-    t = dict(q=q, k=k, v=v, o=o, lse=lse, pos=pos_t, doc=doc, dst=dst, kvs=kvs)
-    if splits > 1:
-        t["op"] = torch.empty(splits, B, HQ, M, D, dtype=torch.float32, device=dev)
-        t["lp"] = torch.empty(splits, B, HQ, M, dtype=torch.float32, device=dev)
-    rec = _Plan(t, record=key is not None)
+    rec = _Plan(record=key is not None)
     if splits == 1:
-        os_ = o.stride()
-        rec.launch(_stream_fwd, (heads, nm, B), ("q", "k", "v", "o", "lse", "pos", "doc", "dst", "kvs"),
+        rec.launch(t, _stream_fwd, (heads, nm, B), ("q", "k", "v", "o", "lse", "pos", "doc", "dst", "kvs"),
                    qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
                    os_[0], os_[1], os_[2], 0, HQ * M, M, 0, spb,
                    M, N, HQ, pos_offset, window, qk, **common)
     else:
-        rec.launch(_stream_fwd, (heads, nm, B * splits), ("q", "k", "v", "op", "lp", "pos", "doc", "dst", "kvs"),
+        rec.launch(t, _stream_fwd, (heads, nm, B * splits), ("q", "k", "v", "op", "lp", "pos", "doc", "dst", "kvs"),
                    qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2],
                    HQ * M * D, D, M * D, B * HQ * M * D, HQ * M, M, B * HQ * M, spb,
                    M, N, HQ, pos_offset, window, qk, **common)
-        rec.launch(_combine_splits, (M, B * HQ), ("op", "lp", "o", "lse"), o.stride(0), o.stride(1), o.stride(2),
+        rec.launch(t, _combine_splits, (M, B * HQ), ("op", "lp", "o", "lse"), os_[0], os_[1], os_[2],
                    M, HQ, NUM_SPLITS=splits, D=D, BLOCK_D=BD, BLOCK_S=max(2, pow2(splits)))
     if key is not None:
-        rec.done()
-        Dv = v.shape[-1]
-
         def plan(q, k, v):
-            t = dict(q=q, k=k, v=v, o=torch.empty(B, M, HQ, Dv, dtype=q.dtype, device=dev),
-                     lse=torch.empty(B, HQ, M, dtype=torch.float32, device=dev), pos=dd, doc=dd, dst=dd, kvs=dd)
-            if splits > 1:
-                t["op"] = torch.empty(splits, B, HQ, M, D, dtype=torch.float32, device=dev)
-                t["lp"] = torch.empty(splits, B, HQ, M, dtype=torch.float32, device=dev)
+            t = dict(alloc(), q=q, k=k, v=v, **fixed)
             rec.replay(t)
             return t["o"], t["lse"]
         _remember(key, plan)
-    return o, lse
+    return o, t["lse"]
 
 
 def _query_ranges(pos, N, BN, masks: _Masks):
@@ -921,25 +918,13 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
         raise ValueError(f"DQ_VARIANT must be one of {DQ_VARIANTS}, got {DQ_VARIANT!r}")
     if DKDV_VARIANT not in DKDV_VARIANTS:
         raise ValueError(f"DKDV_VARIANT must be one of {DKDV_VARIANTS}, got {DKDV_VARIANT!r}")
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
     BD = block_d(D)
-    os_, ds = o.stride(), do.stride()
-    delta = torch.empty(B, HQ, M, dtype=torch.float32, device=dev)
+    G = HQ // HKV
     dd = dummy(dev)
-    t = dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=dq, dk=dk, dv=dv, delta=delta)
-    rec = _Plan(t, record=key is not None)
-    rec.launch(_bwd_delta, (cdiv(M, 64), B * HQ), ("o", "do", "delta"), os_[0], os_[1], os_[2], ds[0], ds[1], ds[2],
-               M, HQ, D=D, BLOCK_D=BD, BLOCK_M=64)
-    pos_t = dd if pos is None else pos
     spb = 0 if pos is None or pos.shape[0] == 1 else pos.stride(0)
-    doc = dd if masks.doc is None else masks.doc
-    dst = dd if masks.doc_start is None else masks.doc_start
-    kvs = dd if masks.kv_start is None else masks.kv_start
     qk = scale * LOG2E
     if DQ_VARIANT == "gqa":
-        GP2 = pow2(HQ // HKV)
+        GP2 = pow2(G)
         rows2, BN2, nw2, ns2 = _cfg("bwd_dq_gqa", BD)
         BM2 = max(1, rows2 // GP2)  # queries per head in a dQ program
     else:
@@ -956,47 +941,55 @@ def _stream_backward(do, q, k, v, o, lse, pos, pos_offset, window, scale, masks:
         qr, srb = dd, 0
     n_kv = HKV * cdiv(N, BN) * B
     n_q = (HQ if GP2 == 1 else HKV) * cdiv(M, BM2) * B
-    qs, ks, vs, gqs, gks, gvs = q.stride(), k.stride(), v.stride(), dq.stride(), dk.stride(), dv.stride()
     nslot = (BM + window - 2) // BN + 2  # the most key blocks whose dK/dV programs visit one query block
     nqb = cdiv(M, BM)
     use_ds = (DQ_VARIANT == "ds" and pos is None and window > 0 and nslot * BN <= DS_MAX_KEYS
               and B * HQ * nqb * nslot * BN * BM * q.element_size() <= DS_MAX_BYTES)
     nqb, nslot = (nqb, nslot) if use_ds else (0, 0)
     ds_numel = B * HQ * nqb * nslot * BN * BM
-    t.update(pos=pos_t, qr=qr, doc=doc, dst=dst, kvs=kvs,
-             ds=torch.empty(ds_numel, dtype=q.dtype, device=dev) if use_ds else dd)
+    # the call's mask tensors (all the placeholder when dense: what a plan replays with)
+    fixed = dict(pos=dd if pos is None else pos, qr=qr, doc=dd if masks.doc is None else masks.doc,
+                 dst=dd if masks.doc_start is None else masks.doc_start,
+                 kvs=dd if masks.kv_start is None else masks.kv_start)
+
+    def alloc(q, k, v):  # the gradients and scratch: the first call's and every replay's
+        return dict(dq=torch.empty_like(q), dk=torch.empty_like(k), dv=torch.empty_like(v),
+                    delta=torch.empty(B, HQ, M, dtype=torch.float32, device=dev),
+                    ds=torch.empty(ds_numel, dtype=q.dtype, device=dev) if use_ds else dd)
+
+    t = dict(alloc(q, k, v), q=q, k=k, v=v, o=o, lse=lse, do=do, **fixed)
+    os_, ds = o.stride(), do.stride()
+    qs, ks, vs = q.stride(), k.stride(), v.stride()
+    gqs, gks, gvs = t["dq"].stride(), t["dk"].stride(), t["dv"].stride()
+    rec = _Plan(record=key is not None)
+    rec.launch(t, _bwd_delta, (cdiv(M, 64), B * HQ), ("o", "do", "delta"), os_[0], os_[1], os_[2],
+               ds[0], ds[1], ds[2], M, HQ, D=D, BLOCK_D=BD, BLOCK_M=64)
     names = ("q", "k", "v", "do", "dq", "dk", "dv", "lse", "delta", "pos", "qr", "doc", "dst", "kvs", "ds")
     args = (qs[0], qs[1], qs[2], ks[0], ks[1], ks[2], vs[0], vs[1], vs[2], ds[0], ds[1], ds[2],
             gqs[0], gqs[1], gqs[2], gks[0], gks[1], gks[2], gvs[0], gvs[1], gvs[2], spb, srb,
             M, N, HQ, HKV, B)
     flags = (pos is not None, bool(window), masks.doc is not None, masks.kv_start is not None, precision(q.dtype))
-    shape = (HQ // HKV, D, BD, BM, BN, BM2, BN2, GP2, edge2, edge_kv, rel, flags)
+    shape = (G, D, BD, BM, BN, BM2, BN2, GP2, edge2, edge_kv, rel, flags)
     tail = (pos_offset, window, qk, scale, nqb, nslot)
     if use_ds:  # the dK/dV programs store dS, then one pass sums dS @ K
-        rec.launch(_stream_bwd, (n_kv,), names, *args, n_kv, *tail, PROGS=1, DS_OUT=True,
+        rec.launch(t, _stream_bwd, (n_kv,), names, *args, n_kv, *tail, PROGS=1, DS_OUT=True,
                    **_bwd_consts(*shape, nw, ns))
-        G = HQ // HKV
         nw_ds, ns_ds = (1, 1) if interpreting() else _ds_launch(pow2(G) * BM, BN, BD, q.element_size())
-        rec.launch(_dq_from_ds, (HKV, nqb, B), ("ds", "k", "dq"), ks[0], ks[1], ks[2], gqs[0], gqs[1], gqs[2],
+        rec.launch(t, _dq_from_ds, (HKV, nqb, B), ("ds", "k", "dq"), ks[0], ks[1], ks[2], gqs[0], gqs[1], gqs[2],
                    M, N, HQ, nqb, nslot, pos_offset, window, scale, G=G, D=D, BLOCK_D=BD, BLOCK_M=BM, BLOCK_N=BN,
                    GP=pow2(G), PREC=flags[-1], num_warps=nw_ds, num_stages=ns_ds)
     elif FUSED_BWD:  # one launch: dK/dV programs first, then dQ programs
-        rec.launch(_stream_bwd, (n_kv + n_q,), names, *args, n_kv, *tail, **_bwd_consts(*shape, nw, ns))
+        rec.launch(t, _stream_bwd, (n_kv + n_q,), names, *args, n_kv, *tail, **_bwd_consts(*shape, nw, ns))
     else:  # each launch compiled with its own kind of program only (PROGS)
-        rec.launch(_stream_bwd, (n_kv,), names, *args, n_kv, *tail, PROGS=1, **_bwd_consts(*shape, nw, ns))
-        rec.launch(_stream_bwd, (n_q,), names, *args, 0, *tail, PROGS=2, **_bwd_consts(*shape, nw2, ns2))
+        rec.launch(t, _stream_bwd, (n_kv,), names, *args, n_kv, *tail, PROGS=1, **_bwd_consts(*shape, nw, ns))
+        rec.launch(t, _stream_bwd, (n_q,), names, *args, 0, *tail, PROGS=2, **_bwd_consts(*shape, nw2, ns2))
     if key is not None:
-        rec.done()
-
         def plan(do, q, k, v, o, lse):
-            t = dict(q=q, k=k, v=v, o=o, lse=lse, do=do, dq=torch.empty_like(q), dk=torch.empty_like(k),
-                     dv=torch.empty_like(v), delta=torch.empty(B, HQ, M, dtype=torch.float32, device=dev),
-                     pos=dd, qr=dd, doc=dd, dst=dd, kvs=dd,
-                     ds=torch.empty(ds_numel, dtype=q.dtype, device=dev) if use_ds else dd)
+            t = dict(alloc(q, k, v), q=q, k=k, v=v, o=o, lse=lse, do=do, **fixed)
             rec.replay(t)
             return t["dq"], t["dk"], t["dv"]
         _remember(key, plan)
-    return dq, dk, dv
+    return t["dq"], t["dk"], t["dv"]
 
 
 @functools.lru_cache(maxsize=256)
