@@ -315,11 +315,11 @@ def same_cpu(apart=False):
             os.sched_setaffinity(0, Pin.cpus)
             return g
 
-    def pin(cpus, worker):
+    def pin(mine, worker):  # this thread's CPU set and the worker's
         Pin.cpus = worker
         x = torch.zeros(1, device=DEV, requires_grad=True)
         torch.autograd.grad(Pin.apply(x), (x,), torch.ones(1, device=DEV))
-        os.sched_setaffinity(0, cpus)
+        os.sched_setaffinity(0, mine)
 
     pin({main}, {worker})
     try:
@@ -353,10 +353,9 @@ def window_stream(Ts, flex_Ts, graph=False):
             if graph:  # eager as is and with the caller and the engine's worker on one CPU, alternating
                 row["ours_fb"], row["ours_fb_pinned"] = guard(f"window T={T0} ours fwd+bwd",
                                                               lambda: bench_steady_pinned(fb)) or (None, None)
+                row["ours_fb_graph"] = guard(f"window T={T0} ours fwd+bwd graph", lambda: graph_time(fb))
             else:
                 row["ours_fb"] = guard(f"window T={T0} ours fwd+bwd", lambda: bench_steady(fb))
-            if graph:
-                row["ours_fb_graph"] = guard(f"window T={T0} ours fwd+bwd graph", lambda: graph_time(fb))
         if flex is not None and T0 in flex_Ts:
             row.update(guard(f"window T={T0} flex", lambda: flex_window(flex, create_block_mask, q, k, v, g,
                                                                          graph=graph, pinned=graph)) or {})
