@@ -10,7 +10,9 @@
 #      pdl (no prefetch) / pfN (an N MB budget), then "end" (GEMVs signal after their K loop,
 #      ORTHROS_PDL_SIGNAL=end), then "m2" (one-row GEMVs launch without PDL, ORTHROS_PDL_MIN_M=2),
 #      then optionally "nocombo" (the decode pieces compiled without Inductor's combo kernels, as
-#      before inference change 19). The engine's defaults: pf4m2.
+#      before inference change 19), then optionally "noqkv" (the decode's q/k prologue and K/V write
+#      outside the attention kernel, Engine(qkv_kernel=False), as before inference change 21).
+#      The engine's defaults: pf4m2.
 # Nothing is installed: the image's torch / triton run it. From the repo root (the `run` tool):
 #   command: ORTHROS_COMMIT=<sha> bash benchmarks/pdl_gpu.sh
 # Optional: VARIANTS (unset: "off pf8 pdl pf16 off pf8"; empty: none), CONTEXTS (1024,4096), T_TESTS (150 s),
@@ -25,7 +27,8 @@ T_TESTS=${T_TESTS:-150} T_CELL=${T_CELL:-75}
 settings() {  # a setting's name -> its environment in env_, extra benchmark arguments in args_ (return 1: not a setting's name)
   local rest=$1 min_m=1
   args_=()
-  case "$rest" in *nocombo) args_=(--decode-compile-options '{"realize_reads_threshold": 5}'); rest=${rest%nocombo} ;; esac
+  case "$rest" in *noqkv) args_+=(--qkv-kernel off); rest=${rest%noqkv} ;; esac
+  case "$rest" in *nocombo) args_+=(--decode-compile-options '{"realize_reads_threshold": 5}'); rest=${rest%nocombo} ;; esac
   case "$rest" in *m2) min_m=2; rest=${rest%m2} ;; esac
   env_=(ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=$min_m)
   case "$rest" in *end) env_+=(ORTHROS_PDL_SIGNAL=end); rest=${rest%end} ;; esac
@@ -38,7 +41,7 @@ settings() {  # a setting's name -> its environment in env_, extra benchmark arg
 }
 [[ ${ROOF:-0} =~ ^[0-9]+$ ]] || { echo "ROOF: give a count of roofline processes, got '$ROOF'" >&2; exit 2; }
 for v in $VARIANTS ${PROFILE:-}; do  # every name checked before any work
-  settings "$v" || { echo "VARIANTS / PROFILE: unknown setting '$v' (off, or pdl / pfN, then optionally end, then m2; then optionally nocombo)" >&2; exit 2; }
+  settings "$v" || { echo "VARIANTS / PROFILE: unknown setting '$v' (off, or pdl / pfN, then optionally end, then m2; then optionally nocombo, then optionally noqkv)" >&2; exit 2; }
 done
 mkdir -p "$OUT"
 { date -u; echo "commit $ORTHROS_COMMIT"
@@ -47,7 +50,8 @@ mkdir -p "$OUT"
 } 2>&1 | tee "$OUT/log"
 if [ "${TESTS:-1}" != 0 ]; then  # every GEMV with PDL here, the one-row ones too
   ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=1 timeout -k 10 "$T_TESTS" python3 -m pytest tests/ops/test_gemv.py \
-    tests/ops/test_gemv_fused.py tests/ops/test_decode.py tests/engine/test_engine_gemv.py tests/engine/test_decode_compile_options.py -m gpu -n 6 \
+    tests/ops/test_gemv_fused.py tests/ops/test_decode.py tests/engine/test_engine_gemv.py tests/engine/test_decode_compile_options.py \
+    tests/engine/test_decode_qkv_kernel.py -m gpu -n 6 \
     -p no:cacheprovider -rfE -W ignore > "$OUT/gpu_tests.log" 2>&1
   echo "gpu tests (ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=1): exit=$? $(grep -E '[0-9]+ (passed|failed)' "$OUT/gpu_tests.log" | tail -1)" | tee -a "$OUT/log"
   grep -E '^(FAILED|ERROR)' "$OUT/gpu_tests.log" | head -n 20 | tee -a "$OUT/log"

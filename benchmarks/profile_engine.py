@@ -29,7 +29,7 @@ from collections import defaultdict
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from orthros.benchmarks.inference import (copy_bandwidth, decode_compile_options,  # noqa: E402
+from orthros.benchmarks.inference import (copy_bandwidth, decode_compile_options, decode_qkv_kernel,  # noqa: E402
                                           parse_compile_options, parse_decode_config, time_call,
                                           weight_bytes_per_step)
 from orthros.ops.triton.decode import decode_config  # noqa: E402
@@ -167,6 +167,9 @@ def main():
     p.add_argument("--decode-compile-options", default=None, metavar="JSON",
                    help="decode, with --compile: Inductor options of the decode pieces instead of the engine's "
                         "DECODE_COMPILE_OPTIONS ('{}': Inductor's defaults)")
+    p.add_argument("--qkv-kernel", default=None, choices=("on", "off"),
+                   help="decode: the q/k prologue and the K/V write inside the attention kernel on or off "
+                        "(default: the engine's default)")
     a = p.parse_args()
     overrides = {}
     if a.decode_config is not None:
@@ -197,7 +200,9 @@ def main():
     out = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "commit": commit_id(),
            "compile": a.compile, "gemv": a.gemv, "context": a.context, "batch": a.batch, "copy_bw_tb_s": bw / 1e12,
            "decode_config": overrides, "decode_compile_options": compile_options, "modes": {}}
-    with decode_config(**overrides), decode_compile_options(compile_options):
+    qkv = None if a.qkv_kernel is None else a.qkv_kernel == "on"
+    with decode_config(**overrides), decode_compile_options(compile_options), decode_qkv_kernel(qkv) as qkv_on:
+        out["qkv_kernel"] = qkv_on
         decode_modes(a, model, dev, bw, wb, out)
     if a.json:
         write_json(a.json, out, indent=1)

@@ -150,6 +150,21 @@ def decode_compile_options(options: Dict):
         engine_mod.DECODE_COMPILE_OPTIONS = keep
 
 
+@contextlib.contextmanager
+def decode_qkv_kernel(on: Optional[bool]):
+    """Within the block, engines built with ``qkv_kernel=None`` (the default) use ``on`` for
+    their CUDA decode steps (``None``: the engine's own :data:`~orthros.engine.engine.DECODE_QKV_KERNEL`)."""
+    from ..engine import engine as engine_mod
+
+    keep = engine_mod.DECODE_QKV_KERNEL
+    if on is not None:
+        engine_mod.DECODE_QKV_KERNEL = bool(on)
+    try:
+        yield engine_mod.DECODE_QKV_KERNEL
+    finally:
+        engine_mod.DECODE_QKV_KERNEL = keep
+
+
 def _sync(device):
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize(device)

@@ -42,8 +42,9 @@ from ..ops.gemv.kernel import pdl_settings
 from ..ops.gemv.naive import MAX_M
 from ..utils import save_figure
 from .cli import _ints
-from .inference import _free, _plt, _progress, bench_decode, copy_bandwidth, decode_compile_options, measure, \
-    metadata, parse_bwd_config, parse_compile_options, parse_decode_config, print_table, save, time_call
+from .inference import _free, _plt, _progress, bench_decode, copy_bandwidth, decode_compile_options, \
+    decode_qkv_kernel, measure, metadata, parse_bwd_config, parse_compile_options, parse_decode_config, print_table, \
+    save, time_call
 from .models import orthros_model, weight_bytes_per_step
 
 SECTIONS = ("decode", "batched", "window")
@@ -638,6 +639,9 @@ def build_parser():
                    help="compiled engine: Inductor options of its decode pieces instead of the engine's "
                         "DECODE_COMPILE_OPTIONS, e.g. '{\"realize_reads_threshold\": 5, \"combo_kernels\": true}' "
                         "('{}': Inductor's defaults)")
+    p.add_argument("--qkv-kernel", default=None, choices=("on", "off"),
+                   help="engine decode: the q/k prologue and the K/V write inside the attention kernel "
+                        "(Engine(qkv_kernel=...)) on or off for the whole run (default: the engine's default)")
     p.add_argument("--window-bwd-config", default=None, metavar="JSON",
                    help="window section: backward launch configs instead of the defaults, e.g. "
                         "'{\"bwd_dkdv\": [64, 32, 8, 2], \"fused\": false}' (keys bwd_dkdv, bwd_dq, fused, dq_variant, "
@@ -819,9 +823,11 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
         meta["decode_compile_options"] = dict(compile_options)
     from ..ops.triton.attention import bwd_config
 
+    qkv = None if a.qkv_kernel is None else a.qkv_kernel == "on"
     with CompileFallbacks() as fallbacks, gemv_table, decode_config(**a.decode_overrides), \
-            bwd_config(**a.bwd_overrides), decode_compile_options(compile_options):
+            bwd_config(**a.bwd_overrides), decode_compile_options(compile_options), decode_qkv_kernel(qkv) as qkv_on:
         meta["compile_failures"] = fallbacks
+        meta["qkv_kernel"] = qkv_on
         for i, section in enumerate(a.sections):
             print(f"\n## section {section} (at {time.time() - sweep.t0:.0f} s)", flush=True)
             ctx["reserve_s"] = (a.window_reserve_s or 0.0) if "window" in a.sections[i + 1:] else 0.0

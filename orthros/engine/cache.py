@@ -15,7 +15,10 @@ over what the view covers):
   tensors only: CUDA-graph capturable), over cache slots ``[0, span)``. Its write is a scatter
   of one token per row that the layer step runs inside its first token-wise piece
   (``write_slot`` / ``write``): compiled, it is part of the kernel that applies RoPE to K,
-  instead of two ``index_put`` kernels per layer.
+  instead of two ``index_put`` kernels per layer. With ``qkv_kernel`` it goes further: an
+  attention layer hands the raw QKV projection to :meth:`DecodeView.attend_qkv`, whose kernel
+  applies the q/k norms, scale-offset and RoPE, writes the token's K/V and attends, all in one
+  launch (:func:`orthros.ops.decode.orthros_decode_qkv_attention`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 
 from ..layers.step import stack_rows
 from ..ops import orthros_attention
-from ..ops.decode import orthros_decode_attention
+from ..ops.decode import orthros_decode_attention, orthros_decode_qkv_attention
 
 
 class StaticKVCache:
@@ -72,8 +75,8 @@ class StaticKVCache:
     def prefill_view(self, r0: int, r1: int, P: int, T: int, window: int) -> "PrefillView":
         return PrefillView(self, r0, r1, P, T, window)
 
-    def decode_view(self, rows: torch.Tensor, lens: torch.Tensor, span: int) -> "DecodeView":
-        return DecodeView(self, rows, lens, span)
+    def decode_view(self, rows: torch.Tensor, lens: torch.Tensor, span: int, qkv_kernel: bool = False) -> "DecodeView":
+        return DecodeView(self, rows, lens, span, qkv_kernel)
 
 
 class PrefillView:
@@ -114,10 +117,14 @@ class PrefillView:
 
 
 class DecodeView:
-    """Rows ``0:bs`` of the cache, one new token per row written at ``lens`` (static shapes)."""
+    """Rows ``0:bs`` of the cache, one new token per row written at ``lens`` (static shapes).
+    ``qkv_kernel``: attention layers may hand their raw QKV projection to :meth:`attend_qkv`
+    (the layer decides, :class:`orthros.layers.attention.RawQKV`); a layer that does not is
+    written by :meth:`update`."""
 
-    def __init__(self, cache: StaticKVCache, rows, lens, span: int):
+    def __init__(self, cache: StaticKVCache, rows, lens, span: int, qkv_kernel: bool = False):
         self.cache, self.rows, self.lens, self.span = cache, rows, lens, span
+        self.qkv_kernel = qkv_kernel
         self.new_lens = lens + 1  # the rows' lengths once this step's token is written
         self._slotted = set()  # layers whose K/V the token-wise piece writes (write_slot)
 
@@ -128,7 +135,7 @@ class DecodeView:
     def write_slot(self, i: int):
         """Layer ``i``'s cache rows for :meth:`write` (``None`` for a GDN layer: no K/V); from
         here on :meth:`update` of layer ``i`` leaves the writing to the caller of ``write``."""
-        if self.cache.k[i] is None:
+        if self.cache.k[i] is None or self.qkv_kernel:  # GDN layer; or the kernel writes (else update)
             return None
         self._slotted.add(i)
         return self._buffers(i)
@@ -163,6 +170,15 @@ class DecodeView:
                                      self.new_lens, window_size=window_size, scale=scale, backend=backend,
                                      stacked=True)
         return o[:, 1:] if q is None else o[:, :1] if q_full is None else o
+
+    def attend_qkv(self, i: int, qkv, *, keep, backend: str, **prologue):
+        """Layer ``i``'s step from its raw QKV rows (``prologue``: the arguments of
+        :func:`~orthros.ops.decode.orthros_decode_qkv_attention`): writes the token's K/V at
+        ``lens`` and returns the rows of the streams ``keep = (window, full)`` keeps."""
+        kc, vc = self._buffers(i)
+        o = orthros_decode_qkv_attention(qkv, kc, vc, self.lens, backend=backend, **prologue)
+        window, full = keep
+        return o if window and full else o[:, :1] if window else o[:, 1:]
 
 
 __all__ = ["StaticKVCache", "PrefillView", "DecodeView"]

@@ -101,6 +101,14 @@ class Engine:
             never does). ``fuse=False`` un-fuses a model an earlier engine fused (the
             comparison case); an engine finds at its next request that its model changed and
             applies its own setting again (dropping its CUDA graphs). Default on.
+        qkv_kernel: decode steps hand each attention layer's raw QKV projection to one kernel
+            that applies the q/k norms, the queries' scale-offset and RoPE, writes the token's
+            K/V into the cache and attends (:func:`orthros.ops.decode.orthros_decode_qkv_attention`):
+            the elementwise kernel and the cache write of the token-wise piece are gone, and the
+            attention kernel starts (and prefetches its first cached keys) while the QKV GEMV
+            still runs. A layer it cannot take (an output gate, partial RoPE) keeps the separate
+            path. Default (``None``): :data:`DECODE_QKV_KERNEL` for a CUDA model with ``fuse``,
+            else off; ``True`` on the CPU runs the same plumbing with the op's reference.
     """
 
     cache_class = StaticKVCache
@@ -108,7 +116,7 @@ class Engine:
     def __init__(self, model, *, max_batch_size: int = 1, max_seq_len: int = 4096,
                  prefill_chunk: Optional[int] = DEFAULT_PREFILL_CHUNK, cuda_graphs: Optional[bool] = None,
                  graph_batch_sizes: Optional[Sequence[int]] = None, attention_mode: Optional[str] = None,
-                 compile: bool = False, fuse: bool = True, gemv=None):
+                 compile: bool = False, fuse: bool = True, gemv=None, qkv_kernel: Optional[bool] = None):
         check_positive_int("max_batch_size", max_batch_size)
         check_positive_int("max_seq_len", max_seq_len)
         check_positive_int("prefill_chunk", prefill_chunk, allow_none=True)
@@ -120,6 +128,10 @@ class Engine:
             raise ValueError(f"gemv must be None, True, False or a GEMV backend {GEMV_BACKENDS}, got {gemv!r}")
         if gemv is not None and gemv is not False and not fuse:
             raise ValueError("gemv needs fuse=True: the fused GEMVs run over the fused QKV and gate/up weights")
+        if qkv_kernel not in (None, True, False):
+            raise ValueError(f"qkv_kernel must be None, True or False, got {qkv_kernel!r}")
+        if qkv_kernel and not fuse:
+            raise ValueError("qkv_kernel needs fuse=True: the kernel reads the fused QKV projection's output")
         cfg = model.config
         mode = resolve_mode(cfg.attention_mode if attention_mode is None else attention_mode)
         if not hasattr(model, "model") or not hasattr(model.model, "run_layers") or not hasattr(model, "lm_head"):
@@ -162,6 +174,9 @@ class Engine:
         if gemv is None:  # the default: the fused GEMVs where their kernel runs (CUDA, fused weights)
             gemv = fuse and self.device.type == "cuda"
         self.gemv = "auto" if gemv is True else (gemv or None)
+        if qkv_kernel is None:
+            qkv_kernel = DECODE_QKV_KERNEL and fuse and self.device.type == "cuda"
+        self.qkv_kernel = bool(qkv_kernel)
         attn = [layer.self_attn for layer in model.model.layers if hasattr(layer, "self_attn")]
         same = all(a.q_proj.weight.dtype == a.v_proj.weight.dtype == self.dtype for a in attn)
         self._rope_dtype = self.dtype if same else None
@@ -362,7 +377,7 @@ class Engine:
         # the decoupled pair of paper Section 3.1: [base token, output token] per row
         step = StepInputs(n_base=1, rope_base=rope, rope_out=rope, out_rel=self._last_row,
                           output_tokens=self.output_tokens, mode=self.mode, run=self._run_decode, gemv=self.gemv,
-                          cache=self.cache.decode_view(self._arange[:bs], lens, span))
+                          cache=self.cache.decode_view(self._arange[:bs], lens, span, self.qkv_kernel))
         h = m.run_layers(step.with_output_tokens(m.embed_tokens(tokens.view(bs, 1))), step)
         logits = self._head(self.model, h[:, -1:])
         lens.add_(1)
@@ -568,6 +583,10 @@ _FAILED = set()
 # step measured 0.08 ms faster with it for the pair and the Transformer alike (H200:
 # docs/performance.md, inference change 19). Triton backend only (GPU); the CPU ignores it.
 DECODE_COMPILE_OPTIONS = {"realize_reads_threshold": 5, "combo_kernels": True}
+
+# Engine(qkv_kernel=None) on CUDA: the decode step's q/k prologue and K/V write inside the
+# attention kernel (docs/performance.md, inference change 21)
+DECODE_QKV_KERNEL = True
 
 
 def _compiled(fn, options=None):

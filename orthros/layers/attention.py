@@ -54,6 +54,19 @@ class Streams(NamedTuple):
 _KV_ONLY = Streams(False, None)
 
 
+class RawQKV(NamedTuple):
+    """What :meth:`OrthrosAttention.project` hands :meth:`~OrthrosAttention.attend` when the
+    step's cache runs the q/k norms, scale-offset, RoPE and the K/V write inside its attention
+    kernel (a cache with ``qkv_kernel``: the engine's decode): the fused QKV projection's rows
+    ``qkv [B, R, (Hq + 2 Hkv) D]`` (K/V from row 0), the rows of the window and full queries,
+    and which streams' outputs the layer keeps."""
+
+    qkv: torch.Tensor
+    q_rows: tuple
+    window: bool
+    full: bool
+
+
 class OrthrosAttention(FusedProjections, nn.Module):
     """One attention layer. Fused for inference (:meth:`~.common.FusedProjections.fuse_projections`,
     the engine's default): ``[W_q; W_k; W_v]`` (and their biases) is one GEMM, ``[alpha; alpha']``
@@ -232,9 +245,15 @@ class OrthrosAttention(FusedProjections, nn.Module):
                 self.q_proj(select(x)) if w is None
                 else F.linear(select(x), w[:self.q_cols], _rows(self.qkv_bias_fused, 0, self.q_cols)))
             return (q, *self._kv_proj(x[:, :T], w))
-        y = linear(x if q_rows in ("all", "out") else x[:, :T], w, self.qkv_bias_fused, norm=norm, gemv=step.gemv)
+        y = self._qkv_rows(x, step, q_rows, w, norm)
         k, v = y[:, :T, self.q_cols:].split(self.num_kv_heads * self.head_dim, dim=-1)
         return select(y[..., :self.q_cols]), k, v
+
+    def _qkv_rows(self, x: torch.Tensor, step: StepInputs, q_rows: str, w: torch.Tensor, norm=None):
+        """The fused QKV projection (``norm`` inside it) of the rows that hold both the queries at
+        ``q_rows`` and the base rows' K/V: all of ``x`` for output-token queries, else its base rows."""
+        return linear(x if q_rows in ("all", "out") else x[:, :step.n_base], w, self.qkv_bias_fused, norm=norm,
+                      gemv=step.gemv)
 
     def project(self, x: torch.Tensor, step: StepInputs, final: bool, norm=None):
         """Token-wise: ``(q, q_full, k, v, gate)`` for ``x [B, n_base (+ T_out), d]``, normalised
@@ -251,6 +270,10 @@ class OrthrosAttention(FusedProjections, nn.Module):
             q_rows = "base" if s.window or s.full == "rows" else None
         w = self.fused("qkv_fused")
         fused = w is not None
+        if fused and q_rows is not None and self._qkv_in_kernel(step):
+            y = self._qkv_rows(x, step, q_rows, w, norm)
+            row = 1 if q_rows == "out" else 0  # "out": the output token's row; else the one base row
+            return RawQKV(y, (row, 1 if q_rows == "all" else row), s.window, s.full is not None)
         qraw, kraw, vraw = self._projections(x, step, q_rows, w, norm)
         k, v = self._keys_values_of(kraw, vraw, step.rope_base)
         q = q_full = gate = None
@@ -267,10 +290,33 @@ class OrthrosAttention(FusedProjections, nn.Module):
         # the output gates of exactly the rows `output` returns (None without attn_output_gate)
         return q, q_full, k, v, (gate if self.output_gate else None)
 
+    def _qkv_in_kernel(self, step: StepInputs) -> bool:
+        """Whether this step hands :class:`RawQKV` to the cache (static: shapes and flags): the
+        cache runs the prologue in its kernel (``qkv_kernel``), one base row per batch row (a
+        decode step), no output gate, RoPE over the whole head."""
+        return (getattr(step.cache, "qkv_kernel", False) and step.n_base == 1 and not self.output_gate
+                and step.rope_base[0].shape[-1] == self.head_dim)
+
+    def _attend_raw(self, p: RawQKV, step: StepInputs, final: bool):
+        """:meth:`attend` of :class:`RawQKV`: the cache's ``attend_qkv`` with this layer's prologue
+        parameters (q/k norm weights, each stream's alpha/beta, the step's RoPE)."""
+        so = (None,) * 4
+        if self.streams(step, final).scale_offset:
+            out = (self.alpha_out, self.beta_out)
+            so = ((self.alpha, self.beta) if p.window else out) + out
+        norm = self.q_norm
+        return step.cache.attend_qkv(
+            self.layer_idx, p.qkv, num_heads=self.num_heads, q_rows=p.q_rows, keep=(p.window, p.full),
+            rope=step.rope_base, window_size=self.window_size, scale=self.scale,
+            q_norm=None if norm is None else norm.weight, k_norm=None if norm is None else self.k_norm.weight,
+            eps=1e-6 if norm is None else norm.eps, scale_offset=so, backend=self.backend), None
+
     def attend(self, p, step: StepInputs, final: bool):
         """The cache's update and the attention kernels (never compiled): ``(o, gate)``, ``o`` the
         streams' rows ``W_O`` reads (window rows, then full-stream rows: the cache's
         ``attend`` protocol, :mod:`.step`), or ``None`` when nothing reads this layer's output."""
+        if isinstance(p, RawQKV):
+            return self._attend_raw(p, step, final)
         q, q_full, k, v, gate = p
         k, v = step.cache.update(self.layer_idx, k, v)
         if q is None and q_full is None:

@@ -11,6 +11,8 @@ from torch import nn
 from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from ..ops.pointwise import apply_rope, rms_norm
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-6):
@@ -19,10 +21,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, *, norm=None, act=None, residual=None, gemv=None):
@@ -293,15 +292,3 @@ class RotaryEmbedding(nn.Module):
         freqs = position_ids[..., None].float() * self.inv_freq.to(position_ids.device)
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos() * self.attention_scaling, emb.sin() * self.attention_scaling
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [B, T, H, D]`` by ``cos/sin [B, T, R]`` (R <= D: partial rotary keeps the rest)."""
-    R = cos.shape[-1]
-    cos = cos[:, :, None, :].to(x.dtype)
-    sin = sin[:, :, None, :].to(x.dtype)
-    xr, xp = x[..., :R], x[..., R:]
-    x1, x2 = xr[..., : R // 2], xr[..., R // 2:]
-    rotated = torch.cat((-x2, x1), dim=-1)
-    out = xr * cos + rotated * sin
-    return torch.cat((out, xp), dim=-1) if xp.shape[-1] else out

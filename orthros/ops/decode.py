@@ -14,6 +14,12 @@ Returns ``(o, o_out)``, each ``[B, 1, Hq, D]``: ``o`` attends the last ``window_
 keys, ``o_out`` all ``cache_seqlens[b]`` keys. A row with length 0 gives zeros. With
 ``stacked=True``: one ``[B, 2, Hq, D]`` tensor, ``o`` in row 0 and ``o_out`` in row 1 (the
 layout ``W_O`` reads; the kernel writes it directly, no concatenation).
+
+``orthros_decode_qkv_attention`` is the same step from the raw output of the fused QKV
+projection: the q/k RMSNorm, the queries' scale-offset, RoPE and the new token's cache write
+run inside the attention kernel (one launch where the layer's token-wise code would add one
+elementwise kernel and the cache write before it), with its reference
+:func:`decode_qkv_attention_reference` (the layer's ops, then :func:`decode_attention_reference`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import torch
 
 from ..utils import check_positive_int
 from .backends import check_backend, resolve_backend
+from .pointwise import apply_rope, rms_norm
 
 
 def decode_attention_reference(q, q_out, k_cache, v_cache, cache_seqlens, *, window_size: int,
@@ -100,4 +107,115 @@ def orthros_decode_attention(q, q_out, k_cache, v_cache, cache_seqlens, *, windo
                                       scale=scale, stacked=stacked)
 
 
-__all__ = ["orthros_decode_attention", "decode_attention_reference"]
+
+def decode_qkv_attention_reference(qkv, k_cache, v_cache, lens, *, num_heads: int, q_rows=(0, 1), rope,
+                                   window_size: int, scale: Optional[float] = None, q_norm=None, k_norm=None,
+                                   eps: float = 1e-6, scale_offset=(None, None, None, None)):
+    """The decode step from raw projections, with the layer's own ops (see
+    :func:`orthros_decode_qkv_attention` for the arguments): the queries of rows ``q_rows``
+    normalised, scale-offset (``addcmul``, as the fused layer does) and rotated, the key of row 0
+    normalised and rotated, K/V written into the caches at ``lens``, then
+    :func:`decode_attention_reference` over ``lens + 1`` keys. Returns ``[B, 2, Hq, D]``."""
+    B = qkv.shape[0]
+    Hkv, D = k_cache.shape[2], k_cache.shape[3]
+    qd, kd = num_heads * D, Hkv * D
+    cos, sin = rope
+    alpha_w, beta_w, alpha_f, beta_f = scale_offset
+
+    def query(row, alpha, beta):
+        q = qkv[:, row:row + 1, :qd].reshape(B, 1, num_heads, D)
+        if q_norm is not None:
+            q = rms_norm(q, q_norm, eps)
+        if alpha is not None:
+            q = torch.addcmul(beta.view(num_heads, D), q, alpha.view(num_heads, D))
+        return apply_rope(q.to(qkv.dtype), cos, sin)
+
+    k = qkv[:, :1, qd:qd + kd].reshape(B, 1, Hkv, D)
+    v = qkv[:, :1, qd + kd:qd + 2 * kd].reshape(B, 1, Hkv, D)
+    if k_norm is not None:
+        k = rms_norm(k, k_norm, eps).to(v.dtype)
+    k = apply_rope(k, cos, sin)
+    rows = torch.arange(B, device=qkv.device)
+    pos = lens.to(torch.int64)
+    k_cache[rows, pos] = k[:, 0]
+    v_cache[rows, pos] = v[:, 0]
+    return decode_attention_reference(query(q_rows[0], alpha_w, beta_w), query(q_rows[1], alpha_f, beta_f),
+                                      k_cache, v_cache, pos + 1, window_size=window_size, scale=scale, stacked=True)
+
+
+def _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_norm, scale_offset, window_size):
+    if not isinstance(qkv, torch.Tensor) or qkv.dim() != 3:
+        raise ValueError(f"qkv must be a [B, rows, (Hq + 2 Hkv) D] tensor, got "
+                         f"{tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor [B, L_max, Hkv, D]")
+    B, R, C = qkv.shape
+    check_positive_int("num_heads", num_heads)
+    if k_cache.shape != v_cache.shape or k_cache.shape[0] != B:
+        raise ValueError(f"k_cache/v_cache must be [B={B}, L_max, Hkv, D], got {tuple(k_cache.shape)} and "
+                         f"{tuple(v_cache.shape)}")
+    Hkv, D = k_cache.shape[2], k_cache.shape[3]
+    if Hkv == 0 or num_heads % Hkv or D % 2:
+        raise ValueError(f"num_heads ({num_heads}) must be a multiple of the caches' KV heads ({Hkv}), and "
+                         f"head_dim ({D}) even")
+    if C != (num_heads + 2 * Hkv) * D:
+        raise ValueError(f"qkv's last dimension must be (num_heads + 2 * Hkv) * head_dim = "
+                         f"{(num_heads + 2 * Hkv) * D}, got {C}")
+    if not (qkv.dtype == k_cache.dtype == v_cache.dtype):
+        raise ValueError("qkv, k_cache and v_cache must share one dtype")
+    if len(q_rows) != 2 or not all(isinstance(r, int) and 0 <= r < R for r in q_rows):
+        raise ValueError(f"q_rows must be two row indices of qkv in [0, {R}), got {q_rows!r}")
+    if not isinstance(lens, torch.Tensor) or lens.shape != (B,) or lens.dtype not in (torch.int32, torch.int64) \
+            or lens.device != qkv.device:
+        raise ValueError(f"lens must be an int32/int64 tensor of shape [{B}] on qkv's device")
+    cos, sin = rope
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t.dim() != 3 or t.shape[0] not in (1, B) or t.shape[1] != 1 or t.shape[2] != D:
+            raise ValueError(f"rope's {name} must be [1 or B={B}, 1, head_dim={D}] (RoPE over the whole head), "
+                             f"got {tuple(t.shape)}")
+    for name, t in (("q_norm", q_norm), ("k_norm", k_norm)):
+        if t is not None and t.shape != (D,):
+            raise ValueError(f"{name} must be a [{D}] weight or None, got {tuple(t.shape)}")
+    if len(scale_offset) != 4:
+        raise ValueError("scale_offset must be (alpha_w, beta_w, alpha_f, beta_f), each [Hq * D] or None")
+    for a, b in (scale_offset[:2], scale_offset[2:]):
+        if (a is None) != (b is None) or (a is not None and (a.numel() != num_heads * D or b.numel() != num_heads * D)):
+            raise ValueError(f"scale_offset: each stream's alpha and beta must both be None or both [{num_heads * D}]")
+    check_positive_int("window_size", window_size)
+
+
+def orthros_decode_qkv_attention(qkv, k_cache, v_cache, lens, *, num_heads: int, q_rows=(0, 1), rope,
+                                 window_size: int, scale: Optional[float] = None, q_norm=None, k_norm=None,
+                                 eps: float = 1e-6, scale_offset=(None, None, None, None), backend: str = "auto"):
+    """One decode step from the fused QKV projection's raw output; returns ``[B, 2, Hq, D]``
+    (the window stream's row, then the full stream's: ``stacked`` of
+    :func:`orthros_decode_attention`), and writes the new token's K/V into the caches.
+
+    * ``qkv [B, R, (Hq + 2 Hkv) D]``: the projection's rows (q columns, then k, then v); K/V
+      come from row 0, the window query from row ``q_rows[0]``, the full query from
+      ``q_rows[1]`` (one row for both: a Transformer's single query);
+    * ``k_cache``, ``v_cache`` ``[B, L_max, Hkv, D]``; ``lens [B]`` (device): tokens cached per
+      row before this one; the new K/V go to index ``lens[b]`` (``< L_max``, not checked: that
+      would read the device) and the step attends ``lens[b] + 1`` keys;
+    * ``rope``: ``(cos, sin)`` ``[1 or B, 1, D]`` of the new token's position (RoPE over the
+      whole head, rotate-half);
+    * ``q_norm``, ``k_norm``: RMSNorm weights ``[D]`` (per head; ``None``: no norm), ``eps``;
+    * ``scale_offset``: ``(alpha_w, beta_w, alpha_f, beta_f)``, each ``[Hq * D]`` or ``None``:
+      the window and full queries' ``alpha * q + beta`` (after the norm, before RoPE).
+
+    ``backend``: "auto" (the Triton kernel on CUDA, else the reference), "triton",
+    "reference" / "sdpa" (the reference)."""
+    check_backend(backend)
+    q_rows = tuple(q_rows)
+    _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_norm, scale_offset, window_size)
+    kw = dict(num_heads=num_heads, q_rows=q_rows, rope=rope, window_size=window_size, scale=scale, q_norm=q_norm,
+              k_norm=k_norm, eps=eps, scale_offset=tuple(scale_offset))
+    if resolve_backend(backend, qkv.unflatten(-1, (-1, k_cache.shape[3])), k_cache) == "triton":
+        from .triton import decode_qkv_attention_triton
+
+        return decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, **kw)
+    return decode_qkv_attention_reference(qkv, k_cache, v_cache, lens, **kw)
+
+__all__ = ["orthros_decode_attention", "decode_attention_reference", "orthros_decode_qkv_attention",
+           "decode_qkv_attention_reference"]

@@ -447,3 +447,167 @@ def test_decode_config_override_applies_and_restores(monkeypatch):
         with pytest.raises(ValueError):
             parse_decode_config(text)
     assert DECODE_CONFIG == keep
+
+
+# ------------------------------------------------------------ the step from raw QKV projections
+
+def make_qkv(B, L, Hq, Hkv, D, lens, R=2, dtype=torch.float32, seed=0, so=True, norm=True):
+    """Raw QKV rows, caches, lengths, RoPE tables and the prologue's parameters."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g).to(DEV, dtype)  # noqa: E731
+    u = lambda *s: (torch.rand(*s, generator=g) + 0.5).to(DEV, dtype)  # noqa: E731
+    ang = torch.rand(B, 1, D // 2, generator=g) * 6.3
+    ang = torch.cat([ang, ang], -1)
+    kw = dict(num_heads=Hq, rope=(ang.cos().to(DEV, dtype), ang.sin().to(DEV, dtype)),
+              q_norm=u(D) if norm else None, k_norm=u(D) if norm else None, eps=1e-6,
+              scale_offset=(u(Hq * D), r(Hq * D), u(Hq * D), r(Hq * D)) if so else (None,) * 4)
+    return (r(B, R, (Hq + 2 * Hkv) * D), r(B, L, Hkv, D), r(B, L, Hkv, D),
+            torch.tensor(lens, device=DEV, dtype=torch.int64), kw)
+
+
+def _qkv_both(qkv, kc, vc, lens, kw, **extra):
+    """The triton kernel and the reference on copies of the caches: (outputs, caches) of each."""
+    from orthros.ops.decode import orthros_decode_qkv_attention
+
+    outs = []
+    for backend in ("triton", "reference"):
+        k, v = kc.clone(), vc.clone()
+        o = orthros_decode_qkv_attention(qkv, k, v, lens, backend=backend, **kw, **extra)
+        outs.append((o, k, v))
+    return outs
+
+
+@pytest.mark.parametrize("Hq,Hkv,so,norm", [(4, 1, True, True), (8, 2, False, True), (6, 2, True, False),
+                                            (2, 2, False, False)])
+def test_qkv_kernel_matches_reference(Hq, Hkv, so, norm, monkeypatch):
+    """The prologue (q/k norm, scale-offset, RoPE), the new key from registers, the cache write
+    and both streams, against the layer's ops (fp32: to rounding); rows of different lengths
+    (0: only the new key; L_max - 1: the last slot), window shorter and longer than the cache,
+    every q_rows layout the layer hands over, and NaN-poisoned outputs."""
+    real_empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(float("nan")))
+    B, L, D = 3, 150, 16
+    qkv, kc, vc, lens, kw = make_qkv(B, L, Hq, Hkv, D, [149, 70, 0], seed=Hq + Hkv, so=so, norm=norm)
+    for rows in ((0, 1), (1, 1), (0, 0)):
+        for w in (1, 5, 200):
+            (a, ka, va), (b, kb, vb) = _qkv_both(qkv, kc, vc, lens, kw, q_rows=rows, window_size=w)
+            assert a.shape == b.shape == (B, 2, Hq, D) and rel(a, b) < 1e-5, (rows, w)
+            assert rel(ka, kb) < 1e-6 and torch.equal(va, vb)
+            assert not torch.equal(ka, kc)  # the new keys were written
+
+
+def test_qkv_kernel_bf16_and_splits():
+    """bf16 (the interpreter converts to bf16 by truncation, so to ~1e-2) and explicit split
+    counts: the new key folded in by the one program whose chunk holds it."""
+    from orthros.ops.triton.decode import decode_qkv_attention_triton
+    from orthros.ops.decode import decode_qkv_attention_reference
+
+    B, L, Hq, Hkv, D = 2, 130, 8, 2, 16
+    qkv, kc, vc, lens, kw = make_qkv(B, L, Hq, Hkv, D, [129, 64], dtype=torch.bfloat16, seed=3)
+    want = decode_qkv_attention_reference(qkv, kc.clone(), vc.clone(), lens, q_rows=(0, 1), window_size=7, **kw)
+    for S in (1, 2, 3):
+        got = decode_qkv_attention_triton(qkv, kc.clone(), vc.clone(), lens, q_rows=(0, 1), window_size=7,
+                                          _config={"splits": S, "block_n": 16}, **kw)
+        assert rel(got, want) < 3e-2, S
+
+
+def test_qkv_dispatch_and_validation():
+    from orthros.ops.decode import orthros_decode_qkv_attention
+
+    qkv, kc, vc, lens, kw = make_qkv(2, 20, 4, 2, 8, [3, 5])
+    base = dict(q_rows=(0, 1), window_size=4, **kw)
+    out = orthros_decode_qkv_attention(qkv, kc, vc, lens, backend="sdpa", **base)  # the reference
+    assert out.shape == (2, 2, 4, 8)
+    for change, match in (({"num_heads": 3}, "multiple of the caches' KV heads"),
+                          ({"num_heads": 2}, "last dimension must be"),
+                          ({"q_rows": (0, 2)}, "q_rows must be two row indices"),
+                          ({"window_size": 0}, "window_size"),
+                          ({"q_norm": torch.ones(7)}, "q_norm must be a \\[8\\] weight"),
+                          ({"rope": (torch.ones(2, 1, 4), torch.ones(2, 1, 4))}, "RoPE over the whole head"),
+                          ({"scale_offset": (torch.ones(32), None, None, None)}, "alpha and beta must both"),
+                          ({"backend": "cuda"}, "backend must be one of")):
+        with pytest.raises(ValueError, match=match):
+            orthros_decode_qkv_attention(qkv, kc, vc, lens, **{**base, **change})
+    with pytest.raises(ValueError, match="lens must be"):
+        orthros_decode_qkv_attention(qkv, kc, vc, lens[:1], **base)
+    with pytest.raises(ValueError, match="share one dtype"):
+        orthros_decode_qkv_attention(qkv.double(), kc, vc, lens, **base)
+
+
+COMPILE_QKV_SM90 = textwrap.dedent('''
+    import os, re
+    os.environ.pop("TRITON_INTERPRET", None)
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from orthros.ops.triton import decode as td
+
+    fn = td._decode_split_qkv
+    ptrs = dict(QKV="*bf16", K="*bf16", V="*bf16", LENS="*i64", COS="*bf16", SIN="*bf16", QN="*bf16", KN="*bf16",
+                AW="*bf16", BW="*bf16", AF="*bf16", BF="*bf16", OP="*fp32", LP="*fp32", O="*bf16", OO="*bf16",
+                CNT="*i32")
+    const = dict(G=4, HQ=32, HKV=8, D=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=64, PREC="tf32", MERGE=td._PARTIAL,
+                 BLOCK_S=2, UPCAST=False, HAS_QN=True, HAS_KN=True, HAS_SO=True, PREFETCH=1, LINES=2, LINE=64,
+                 PDL=True)
+    floats = ("qk_scale", "eps")
+    sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n in floats else "i32") for n in fn.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+             if sig[n] != "constexpr" and n not in floats + ("window", "split_len", "NUM_SPLITS", "QW_ROW", "QF_ROW",
+                                                             "L_MAX")}
+    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+    lines = k.asm["ptx"].splitlines()
+    at = lambda pat: [i for i, t in enumerate(lines) if re.search(pat, t)]
+    wait, signal = at(r"griddepcontrol\\.wait"), at(r"griddepcontrol\\.launch_dependents")
+    print("PDL", min(wait), min(signal), min(at(r"prefetch\\.global\\.L2")), len(at(r"prefetch\\.global\\.L2")))
+    before = [i for i in at(r"(ld|st|atom|red)\\.global|cp\\.async") if i < min(wait)]
+    print("BEFORE", len(before), min(at(r"cp\\.async")), min(at(r"\\bst\\.global")))
+    print("OK")
+''')
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the GPU tests compile and run the kernels there")
+def test_qkv_kernel_compiles_for_sm90_prefetching_before_its_wait(tmp_path):
+    """At the engine's shape: the L2 prefetches of the first cached keys come before the PDL
+    wait (they overlap the QKV GEMV ahead), and so does exactly one global load (the row's
+    length, which no kernel of the step writes); every other access (the queries, the K/V
+    copies, the stores) comes after the wait, the signal right after it."""
+    lines = compile_sm90(COMPILE_QKV_SM90, tmp_path)
+    [(wait, signal, prefetch, n_prefetch)] = printed(lines, "PDL")
+    [(n_before, first_cp, first_st)] = printed(lines, "BEFORE")
+    assert int(prefetch) < int(wait) < int(signal) < int(first_cp) and int(wait) < int(first_st)
+    assert int(n_prefetch) * 4 * 32 >= 2 * 64 * 2  # per thread (4 warps): one block of K and V, 64 rows x 2 lines
+    assert int(n_before) == 1
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_qkv_kernel_matches_reference_and_replays(dtype):
+    """At the engine's shape (GQA 32/8, D = 128, 4K cache; PDL on where the GPU has it): the
+    kernel against the reference, its written keys within bf16 rounding of the layer's ops,
+    and a CUDA graph of the step replayed at new lengths (the caches restored before each)."""
+    from orthros.ops.triton.decode import decode_qkv_attention_triton
+
+    B, L, Hq, Hkv, D, w = 4, 4096, 32, 8, 128, 128
+    qkv, kc, vc, lens, kw = make_qkv(B, L, Hq, Hkv, D, [4095, 1000, 0, 2048], dtype=dtype, seed=7)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    (a, ka, va), (b, kb, vb) = _qkv_both(qkv, kc, vc, lens, kw, q_rows=(0, 1), window_size=w)
+    assert rel(a, b) < tol and rel(ka, kb) < (1e-6 if dtype == torch.float32 else 4e-3) and torch.equal(va, vb)
+    k, v = kc.clone(), vc.clone()
+    step = lambda: decode_qkv_attention_triton(qkv, k, v, lens, q_rows=(0, 1), window_size=w, **kw)  # noqa: E731
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    for new in ([5, 4095, 64, 65], [0, 1, 2, 3], [4095] * 4):
+        lens.copy_(torch.tensor(new, device=DEV))
+        k.copy_(kc)
+        v.copy_(vc)
+        graph.replay()
+        (_, _, _), (ref, kr, _) = _qkv_both(qkv, kc, vc, lens, kw, q_rows=(0, 1), window_size=w)
+        assert rel(out, ref) < tol and rel(k, kr) < (1e-6 if dtype == torch.float32 else 4e-3), new

@@ -23,6 +23,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ..pointwise import rms_norm
+
 MAX_M = 8  # rows the triton kernel takes (its M is unrolled)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what the triton kernel takes
 ACTS = (None, "silu")  # the activation prologues (``act``)
@@ -33,9 +35,7 @@ def prologue_ref(x: torch.Tensor, norm_weight: Optional[torch.Tensor] = None, no
     """The GEMV's input after its prologue, with the same torch ops (and so the same roundings)
     as the layers: RMSNorm (``norm_weight``) or SiLU-and-multiply (``act="silu"``) or ``x``."""
     if norm_weight is not None:
-        xf = x.float()
-        xn = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + norm_eps)).to(x.dtype)
-        return norm_weight * xn
+        return rms_norm(x, norm_weight, norm_eps)
     if act == "silu":
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from .common import (LOG2E, block_d, cdiv, dummy, interpreting, merge_splits, num_sms, pdl_enter, pdl_kwargs, pow2,
-                     precision, softmax_result, softmax_step, zeroed_counters)
+                     precision, prefetch_l2, softmax_result, softmax_step, zeroed_counters)
 
 
 # ============================================================================ kernels
@@ -69,6 +69,63 @@ def _merge_row(OP, LP, O, OO, b, stream, h, sob, soh, soob, sooh,
         tl.store(OO + b * soob + h * sooh + offs_d, o.to(OO.dtype.element_ty), mask=d_ok)
 
 
+@triton.jit
+def _attend_chunk(q, k_base, v_base, skt, svt, lo, hi, w_lo, is_win, offs_d, d_ok, qk_scale,
+                  BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
+                  UPCAST: tl.constexpr):
+    """Online softmax of the query tile ``q [BLOCK_H, BLOCK_D]`` (window rows ``is_win``: keys
+    ``>= w_lo`` only) over keys ``[lo, hi)`` of one KV head: ``(m_i, l_i, acc)``."""
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
+        c_ok = cols < hi
+        kmask = c_ok[:, None] & d_ok[None, :]
+        k = tl.load(k_base + cols[:, None] * skt + offs_d[None, :], mask=kmask, other=0.0)
+        v = tl.load(v_base + cols[:, None] * svt + offs_d[None, :], mask=kmask, other=0.0)
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        mask = c_ok[None, :] & ((~is_win)[:, None] | (cols[None, :] >= w_lo))
+        s = tl.where(mask, s, float("-inf"))
+        m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v, PREC)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _finish_split(m_i, l_i, acc, OP, LP, O, OO, CNT, b64, kvh64, split, head, is_win, r_ok, offs_d, d_ok,
+                  sob, soh, soob, sooh, G: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+                  NUM_SPLITS, MERGE: tl.constexpr, BLOCK_S: tl.constexpr):
+    """What a split program does with its result (``MERGE``, see :func:`_decode_split`)."""
+    o, lse, _ = softmax_result(m_i, l_i, acc)
+    qmask = r_ok[:, None] & d_ok[None, :]
+    if MERGE == 1:  # _DIRECT: the only split, its result is final
+        tl.store(O + b64 * sob + head[:, None] * soh + offs_d[None, :], o.to(O.dtype.element_ty),
+                 mask=qmask & is_win[:, None])
+        tl.store(OO + b64 * soob + head[:, None] * sooh + offs_d[None, :], o.to(OO.dtype.element_ty),
+                 mask=qmask & (~is_win)[:, None])
+    else:
+        # partial layout: [B, 2, HQ, NUM_SPLITS, (D)]
+        prow = ((b64 * 2 + tl.where(is_win, 0, 1)) * HQ + head) * NUM_SPLITS + split
+        tl.store(OP + prow[:, None] * D + offs_d[None, :], o, mask=qmask)
+        tl.store(LP + prow, lse, mask=r_ok)
+        if MERGE == 2:  # _INLINE
+            cnt = CNT + b64 * tl.num_programs(1) + kvh64
+            # every thread's partial stores happen before the ticket (CTA barrier, then a
+            # gpu-scope release); the last program's acquire makes the others' visible, and it
+            # reads them from L2 (.cg), not from a possibly stale L1
+            tl.debug_barrier()
+            ticket = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
+            if ticket == NUM_SPLITS - 1:
+                for rr in tl.static_range(2 * G):
+                    _merge_row(OP, LP, O, OO, b64, rr // G, kvh64 * G + rr % G, sob, soh, soob, sooh,
+                               HQ=HQ, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=NUM_SPLITS, BLOCK_S=BLOCK_S,
+                               CACHE=".cg")
+                tl.store(cnt, 0)  # every program of this (b, kvh) has drawn: ready for the next launch
+
+
 @triton.jit(do_not_specialize=["window", "NUM_SPLITS"])
 def _decode_split(
     Q, QO, K, V, SEQ, OP, LP, O, OO, CNT,
@@ -97,7 +154,6 @@ def _decode_split(
     L = tl.load(SEQ + b64).to(tl.int64)
     s_lo = split.to(tl.int64) * split_len
     s_hi = tl.minimum(s_lo + split_len, L)
-    w_lo = L - window
     r = tl.arange(0, BLOCK_H)
     is_win = r < G
     r_ok = r < 2 * G
@@ -110,48 +166,146 @@ def _decode_split(
     q = qw + qf
     if UPCAST:
         q = q.to(tl.float32)
+    m_i, l_i, acc = _attend_chunk(q, K + b64 * skb + kvh64 * skh, V + b64 * svb + kvh64 * svh, skt, svt, s_lo, s_hi,
+                                  L - window, is_win, offs_d, d_ok, qk_scale, BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D,
+                                  BLOCK_N=BLOCK_N, PREC=PREC, UPCAST=UPCAST)
+    _finish_split(m_i, l_i, acc, OP, LP, O, OO, CNT, b64, kvh64, split, head, is_win, r_ok, offs_d, d_ok,
+                  sob, soh, soob, sooh, G=G, HQ=HQ, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=NUM_SPLITS, MERGE=MERGE,
+                  BLOCK_S=BLOCK_S)
+
+
+@triton.jit
+def _prologue(x, xp, wn, wnp, a, ap, bb, bbp, c, s, sign, eps, D: tl.constexpr, HAS_NORM: tl.constexpr,
+              HAS_SO: tl.constexpr, DT: tl.constexpr):
+    """The layer's token-wise ops on raw projections (float32 tiles, reduced along the last
+    axis: one head per row): RMSNorm (``wn``), scale-offset (``alpha = a``, ``beta = bb``), then
+    RoPE (rotate-half: ``xp`` holds each element's partner ``d +- D/2``, ``sign`` -1 for the
+    first half). Rounded to ``DT`` where the layer's ops round (the output of each op)."""
+    if HAS_NORM:
+        rstd = tl.rsqrt(tl.sum(x * x, axis=len(x.shape) - 1, keep_dims=True) / D + eps)
+        x = ((x * rstd).to(DT).to(tl.float32) * wn).to(DT).to(tl.float32)
+        xp = ((xp * rstd).to(DT).to(tl.float32) * wnp).to(DT).to(tl.float32)
+    if HAS_SO:
+        x = (x * a + bb).to(DT).to(tl.float32)
+        xp = (xp * ap + bbp).to(DT).to(tl.float32)
+    # x * cos + rotate_half(x) * sin, each product rounded as the layer's ops round it
+    return ((x * c).to(DT).to(tl.float32) + (sign * xp * s).to(DT).to(tl.float32)).to(DT)
+
+
+@triton.jit(do_not_specialize=["window", "NUM_SPLITS", "QW_ROW", "QF_ROW"])
+def _decode_split_qkv(
+    QKV, K, V, LENS, COS, SIN, QN, KN, AW, BW, AF, BF, OP, LP, O, OO, CNT,
+    sxb, sxr, scb, skb, skt, skh, svb, svt, svh, sob, soh, soob, sooh,
+    QW_ROW, QF_ROW, window, qk_scale, split_len, L_MAX, eps,
+    G: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS, PREC: tl.constexpr,
+    MERGE: tl.constexpr, BLOCK_S: tl.constexpr, UPCAST: tl.constexpr, HAS_QN: tl.constexpr,
+    HAS_KN: tl.constexpr, HAS_SO: tl.constexpr, PREFETCH: tl.constexpr, LINES: tl.constexpr,
+    LINE: tl.constexpr, PDL: tl.constexpr = False,
+):
+    """:func:`_decode_split` from the fused QKV projection's raw rows ``QKV [B, R, (HQ + 2 HKV) D]``:
+    each program computes its queries (rows ``QW_ROW`` / ``QF_ROW``: q-norm, scale-offset,
+    RoPE) and the new token's key (row 0: k-norm, RoPE) itself, attends the cached keys before
+    ``LENS[b]`` from the cache and the new key from registers, and the program whose chunk
+    holds position ``LENS[b]`` writes the new K/V there. Nothing of the cache it reads is
+    written by the kernel ahead, so with ``PDL`` it prefetches its first ``PREFETCH`` key blocks
+    into L2 (``LINES`` lines of ``LINE`` elements a row) before waiting for that kernel."""
+    split = tl.program_id(0)
+    kvh = tl.program_id(1)
+    b = tl.program_id(2)
+    b64 = b.to(tl.int64)
+    kvh64 = kvh.to(tl.int64)
+    pos = tl.load(LENS + b64).to(tl.int64)  # the new token's index; written by no kernel of this step
+    L = pos + 1
+    s_lo = split.to(tl.int64) * split_len
+    s_end = s_lo + split_len
+    hi = tl.minimum(s_end, pos)  # the chunk's cached keys (the new one comes from registers)
     k_base = K + b64 * skb + kvh64 * skh
     v_base = V + b64 * svb + kvh64 * svh
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    for start_n in range(s_lo, s_hi, BLOCK_N):
-        cols = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
-        c_ok = cols < s_hi
-        kmask = c_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_base + cols[:, None] * skt + offs_d[None, :], mask=kmask, other=0.0)
-        v = tl.load(v_base + cols[:, None] * svt + offs_d[None, :], mask=kmask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-        mask = c_ok[None, :] & ((~is_win)[:, None] | (cols[None, :] >= w_lo))
-        s = tl.where(mask, s, float("-inf"))
-        m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v, PREC)
-    o, lse, _ = softmax_result(m_i, l_i, acc)
-    if MERGE == 1:  # _DIRECT: the only split, its result is final
-        tl.store(O + b64 * sob + head[:, None] * soh + offs_d[None, :], o.to(O.dtype.element_ty),
-                 mask=qmask & is_win[:, None])
-        tl.store(OO + b64 * soob + head[:, None] * sooh + offs_d[None, :], o.to(OO.dtype.element_ty),
-                 mask=qmask & (~is_win)[:, None])
-    else:
-        # partial layout: [B, 2, HQ, NUM_SPLITS, (D)]
-        prow = ((b64 * 2 + tl.where(is_win, 0, 1)) * HQ + head) * NUM_SPLITS + split
-        tl.store(OP + prow[:, None] * D + offs_d[None, :], o, mask=qmask)
-        tl.store(LP + prow, lse, mask=r_ok)
-        if MERGE == 2:  # _INLINE
-            cnt = CNT + b64 * tl.num_programs(1) + kvh64
-            # every thread's partial stores happen before the ticket (CTA barrier, then a
-            # gpu-scope release); the last program's acquire makes the others' visible, and it
-            # reads them from L2 (.cg), not from a possibly stale L1
-            tl.debug_barrier()
-            ticket = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu")
-            if ticket == NUM_SPLITS - 1:
-                for rr in tl.static_range(2 * G):
-                    _merge_row(OP, LP, O, OO, b64, rr // G, kvh64 * G + rr % G, sob, soh, soob, sooh,
-                               HQ=HQ, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=NUM_SPLITS, BLOCK_S=BLOCK_S,
-                               CACHE=".cg")
-                tl.store(cnt, 0)  # every program of this (b, kvh) has drawn: ready for the next launch
+    if PDL:
+        if PREFETCH > 0:
+            for i in tl.static_range(PREFETCH):
+                cols = s_lo + i * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+                cols = tl.minimum(cols, tl.maximum(hi - 1, s_lo))  # in bounds: s_lo < L_MAX
+                line = tl.arange(0, LINES) * LINE
+                prefetch_l2(k_base + cols[:, None] * skt + line[None, :])
+                prefetch_l2(v_base + cols[:, None] * svt + line[None, :])
+    pdl_enter(PDL)
+    DT: tl.constexpr = QKV.dtype.element_ty
+    HALF: tl.constexpr = D // 2
+    r = tl.arange(0, BLOCK_H)
+    is_win = r < G
+    r_ok = r < 2 * G
+    head = kvh64 * G + tl.where(is_win, r, r - G)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    offs_p = tl.where(offs_d < HALF, offs_d + HALF, offs_d - HALF)
+    sign = tl.where(offs_d < HALF, -1.0, 1.0)
+    c = tl.load(COS + b64 * scb + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    s = tl.load(SIN + b64 * scb + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    wn = 1.0
+    wnp = 1.0
+    kn = 1.0
+    knp = 1.0
+    if HAS_QN:
+        wn = tl.load(QN + offs_d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+        wnp = tl.load(QN + offs_p, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+    if HAS_KN:
+        kn = tl.load(KN + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+        knp = tl.load(KN + offs_p, mask=d_ok, other=0.0).to(tl.float32)
+    # the queries: [BLOCK_H, BLOCK_D], row r of head `head` from qkv row QW_ROW (window) / QF_ROW (full)
+    qmask = r_ok[:, None] & d_ok[None, :]
+    row = tl.where(is_win, QW_ROW, QF_ROW).to(tl.int64)
+    q_ptr = QKV + b64 * sxb + row[:, None] * sxr + head[:, None] * D
+    x = tl.load(q_ptr + offs_d[None, :], mask=qmask, other=0.0).to(tl.float32)
+    xp = tl.load(q_ptr + offs_p[None, :], mask=qmask, other=0.0).to(tl.float32)
+    a = 0.0
+    ap = 0.0
+    bb = 0.0
+    bbp = 0.0
+    if HAS_SO:
+        so = head[:, None] * D
+        wm = qmask & is_win[:, None]
+        fm = qmask & (~is_win)[:, None]
+        a = (tl.load(AW + so + offs_d[None, :], mask=wm, other=0.0).to(tl.float32)
+             + tl.load(AF + so + offs_d[None, :], mask=fm, other=0.0).to(tl.float32))
+        ap = (tl.load(AW + so + offs_p[None, :], mask=wm, other=0.0).to(tl.float32)
+              + tl.load(AF + so + offs_p[None, :], mask=fm, other=0.0).to(tl.float32))
+        bb = (tl.load(BW + so + offs_d[None, :], mask=wm, other=0.0).to(tl.float32)
+              + tl.load(BF + so + offs_d[None, :], mask=fm, other=0.0).to(tl.float32))
+        bbp = (tl.load(BW + so + offs_p[None, :], mask=wm, other=0.0).to(tl.float32)
+               + tl.load(BF + so + offs_p[None, :], mask=fm, other=0.0).to(tl.float32))
+    q = _prologue(x, xp, wn, wnp, a, ap, bb, bbp, c[None, :], s[None, :], sign[None, :], eps, D=D, HAS_NORM=HAS_QN,
+                  HAS_SO=HAS_SO, DT=DT)
+    q = tl.where(qmask, q, 0.0).to(DT)
+    # the new token's key and value (qkv row 0)
+    kv_ptr = QKV + b64 * sxb + (HQ + kvh64) * D
+    kx = tl.load(kv_ptr + offs_d, mask=d_ok, other=0.0).to(tl.float32)
+    kxp = tl.load(kv_ptr + offs_p, mask=d_ok, other=0.0).to(tl.float32)
+    k_new = _prologue(kx, kxp, kn, knp, 0.0, 0.0, 0.0, 0.0, c, s, sign, eps, D=D, HAS_NORM=HAS_KN, HAS_SO=False,
+                      DT=DT)
+    v_new = tl.load(kv_ptr + HKV * D + offs_d, mask=d_ok, other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    m_i, l_i, acc = _attend_chunk(q, k_base, v_base, skt, svt, s_lo, hi, L - window, is_win, offs_d, d_ok, qk_scale,
+                                  BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PREC=PREC, UPCAST=UPCAST)
+    # the new key: visible to both streams, folded in by the program whose chunk holds it
+    has_new = (s_lo <= pos) & (pos < s_end) & (pos < L_MAX)
+    s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * qk_scale
+    s_new = tl.where(has_new, s_new, float("-inf"))
+    m_new = tl.maximum(m_i, s_new)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s_new - m_safe)
+    l_i = l_i * alpha + p
+    acc = acc * alpha[:, None] + p[:, None] * v_new.to(tl.float32)[None, :]
+    m_i = m_new
+    new_ok = d_ok & (offs_d < tl.where(has_new, BLOCK_D, 0))
+    tl.store(K + b64 * skb + pos * skt + kvh64 * skh + offs_d, k_new, mask=new_ok)
+    tl.store(V + b64 * svb + pos * svt + kvh64 * svh + offs_d, v_new, mask=new_ok)
+    _finish_split(m_i, l_i, acc, OP, LP, O, OO, CNT, b64, kvh64, split, head, is_win, r_ok, offs_d, d_ok,
+                  sob, soh, soob, sooh, G=G, HQ=HQ, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=NUM_SPLITS, MERGE=MERGE,
+                  BLOCK_S=BLOCK_S)
 
 
 @triton.jit(do_not_specialize=["NUM_SPLITS"])
@@ -302,6 +456,54 @@ def num_splits(B: int, HKV: int, L_max: int, device, cfg=None, elem_bytes: int =
                          cfg.get("max_splits", 64), cfg.get("prog_overhead", 4), tail)
 
 
+class _Plan:
+    """What a decode launch needs beyond its inputs, from static shapes only: the config (its
+    stages fitted to the shared memory), the split count ``S`` and chunk length, the merge mode
+    and its buffers (partials, counters), launch settings. Shared by both split kernels."""
+
+    def __init__(self, B, HQ, HKV, D, L_max, dtype, dev, _config=None):
+        cfg = DECODE_CONFIG if _config is None else {**DECODE_CONFIG, **_config}
+        merge = cfg["merge"]
+        if merge not in MERGES:
+            raise ValueError(f"decode config 'merge' must be one of {MERGES}, got {merge!r}")
+        es = dtype.itemsize
+        BD = block_d(D)
+        if dev.type == "cuda":  # fp32 or block_n = 128 would ask for more shared memory than a program has
+            ns_fit = fit_stages(cfg["num_stages"], cfg["block_n"], BD, es, _smem_per_block(dev))
+            if ns_fit != cfg["num_stages"]:
+                cfg = {**cfg, "num_stages": ns_fit}
+        G = HQ // HKV
+        bn = cfg["block_n"]
+        S = cfg.get("splits") or num_splits(B, HKV, L_max, dev, cfg, es, BD, G)
+        S = max(1, min(int(S), cdiv(L_max, bn)))
+        self.split_len = cdiv(cdiv(L_max, S), bn) * bn
+        self.S = S = cdiv(L_max, self.split_len)
+        if S == 1:
+            self.mode, self.op, self.lp, self.cnt, self.bs = _DIRECT, dummy(dev), dummy(dev), dummy(dev), 2
+        else:
+            self.op = torch.empty(B, 2, HQ, S, D, dtype=torch.float32, device=dev)
+            self.lp = torch.empty(B, 2, HQ, S, dtype=torch.float32, device=dev)
+            if merge == "inline":
+                self.mode, self.cnt, self.bs = _INLINE, zeroed_counters(dev, B * HKV), max(2, pow2(S))
+            else:  # BLOCK_S unused by the split kernel: one compile for every S
+                self.mode, self.cnt, self.bs = _PARTIAL, dummy(dev), 2
+        self.cfg, self.G, self.BD, self.es = cfg, G, BD, es
+        self.upcast = interpreting() and dtype == torch.bfloat16
+        self.consts = dict(G=G, HQ=HQ, D=D, BLOCK_D=BD, BLOCK_H=max(16, pow2(2 * G)), BLOCK_N=bn, NUM_SPLITS=S,
+                           PREC="ieee" if self.upcast else precision(dtype), MERGE=self.mode, BLOCK_S=self.bs,
+                           UPCAST=self.upcast)
+        nw, ns = (1, 1) if interpreting() else (cfg["num_warps"], cfg["num_stages"])
+        self.launch = dict(num_warps=nw, num_stages=ns, **pdl_kwargs(dev))
+
+    def combine(self, o, o_out):
+        """The merge launch of the partials (``merge="separate"`` with S > 1)."""
+        if self.mode == _PARTIAL:
+            _decode_combine[(self.consts["HQ"], 2, o.shape[0])](
+                self.op, self.lp, o, o_out, o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
+                HQ=self.consts["HQ"], D=self.consts["D"], BLOCK_D=self.BD, NUM_SPLITS=self.S,
+                BLOCK_S=max(2, pow2(self.S)), **pdl_kwargs(o.device))
+
+
 def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window_size, scale=None,
                             stacked=False, _config=None):
     """Both streams' rows go into one ``[B, 2, HQ, D]`` buffer; ``stacked``: return it, else
@@ -309,56 +511,63 @@ def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window
     DECODE_CONFIG keys (e.g. ``merge``, ``min_split``) and/or giving ``splits`` (the split count
     S) explicitly. With S = 1 the split kernel writes the outputs itself (no merge, no partial
     buffers); with S > 1, ``merge`` picks a second merge launch or the in-kernel merge."""
-    cfg = DECODE_CONFIG if _config is None else {**DECODE_CONFIG, **_config}
-    merge = cfg["merge"]
-    if merge not in MERGES:
-        raise ValueError(f"decode config 'merge' must be one of {MERGES}, got {merge!r}")
     B, _, HQ, D = q.shape
-    if q.is_cuda:  # fp32 or block_n = 128 would ask for more shared memory than a program has
-        ns_fit = fit_stages(cfg["num_stages"], cfg["block_n"], block_d(D), q.element_size(), _smem_per_block(q.device))
-        if ns_fit != cfg["num_stages"]:
-            cfg = {**cfg, "num_stages": ns_fit}
     L_max, HKV = k_cache.shape[1], k_cache.shape[2]
-    G = HQ // HKV
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     q = q if q.stride(-1) == 1 else q.contiguous()
     q_out = q_out if q_out.stride(-1) == 1 else q_out.contiguous()
     if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
         raise ValueError("orthros_decode_attention: k_cache/v_cache need a contiguous last dimension")
-    seq = cache_seqlens
-    dev = q.device
-    both = torch.empty(B, 2, HQ, v_cache.shape[-1], dtype=q.dtype, device=dev)
+    plan = _Plan(B, HQ, HKV, D, L_max, q.dtype, q.device, _config)
+    both = torch.empty(B, 2, HQ, v_cache.shape[-1], dtype=q.dtype, device=q.device)
     o, o_out = both[:, :1], both[:, 1:]
-    BD = block_d(D)
-    bn = cfg["block_n"]
-    S = cfg.get("splits") or num_splits(B, HKV, L_max, dev, cfg, q.element_size(), BD, G)
-    S = max(1, min(int(S), cdiv(L_max, bn)))
-    split_len = cdiv(cdiv(L_max, S), bn) * bn
-    S = cdiv(L_max, split_len)
-    if S == 1:
-        mode, op, lp, cnt, bs = _DIRECT, dummy(dev), dummy(dev), dummy(dev), 2
-    else:
-        op = torch.empty(B, 2, HQ, S, D, dtype=torch.float32, device=dev)
-        lp = torch.empty(B, 2, HQ, S, dtype=torch.float32, device=dev)
-        if merge == "inline":
-            mode, cnt, bs = _INLINE, zeroed_counters(dev, B * HKV), max(2, pow2(S))
-        else:  # BLOCK_S unused by the split kernel: one compile for every S
-            mode, cnt, bs = _PARTIAL, dummy(dev), 2
-    nw, ns = (1, 1) if interpreting() else (cfg["num_warps"], cfg["num_stages"])
-    upcast = interpreting() and q.dtype == torch.bfloat16
-    pdl = pdl_kwargs(dev)
-    _decode_split[(S, HKV, B)](
-        q, q_out, k_cache, v_cache, seq, op, lp, o, o_out, cnt,
+    _decode_split[(plan.S, HKV, B)](
+        q, q_out, k_cache, v_cache, cache_seqlens, plan.op, plan.lp, o, o_out, plan.cnt,
         q.stride(0), q.stride(2), q_out.stride(0), q_out.stride(2),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
-        int(window_size), scale * LOG2E, split_len,
-        G=G, HQ=HQ, D=D, BLOCK_D=BD, BLOCK_H=max(16, pow2(2 * G)), BLOCK_N=bn,
-        NUM_SPLITS=S, PREC="ieee" if upcast else precision(q.dtype), MERGE=mode, BLOCK_S=bs,
-        UPCAST=upcast, num_warps=nw, num_stages=ns, **pdl)
-    if mode == _PARTIAL:
-        _decode_combine[(HQ, 2, B)](op, lp, o, o_out, o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
-                                    HQ=HQ, D=D, BLOCK_D=BD, NUM_SPLITS=S, BLOCK_S=max(2, pow2(S)), **pdl)
+        int(window_size), scale * LOG2E, plan.split_len, **plan.consts, **plan.launch)
+    plan.combine(o, o_out)
     return both if stacked else (o, o_out)
+
+
+# key blocks of its chunk the raw-projection kernel prefetches into L2 before its PDL wait
+QKV_PREFETCH_BLOCKS = 1
+
+
+def decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, *, num_heads, q_rows, rope, window_size, scale=None,
+                                q_norm=None, k_norm=None, eps=1e-6, scale_offset=(None, None, None, None),
+                                _config=None):
+    """:func:`orthros.ops.decode.orthros_decode_qkv_attention` (arguments checked there) in one
+    split launch (plus the merge): returns ``[B, 2, HQ, D]``, writes the new K/V."""
+    B = qkv.shape[0]
+    L_max, HKV, D = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    if qkv.stride(-1) != 1 or k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("orthros_decode_qkv_attention: qkv, k_cache and v_cache need a contiguous last dimension")
+    dev = qkv.device
+    cos, sin = rope
+    cos = cos if cos.stride(-1) == 1 else cos.contiguous()
+    sin = sin if sin.stride(-1) == 1 else sin.contiguous()
+    if cos.stride(0) != sin.stride(0):
+        cos, sin = cos.contiguous(), sin.contiguous()
+    so = tuple(t.contiguous() if t is not None else dummy(dev) for t in scale_offset)
+    plan = _Plan(B, num_heads, HKV, D, L_max, qkv.dtype, dev, _config)
+    both = torch.empty(B, 2, num_heads, D, dtype=qkv.dtype, device=dev)
+    o, o_out = both[:, :1], both[:, 1:]
+    line = max(1, 128 // plan.es)
+    _decode_split_qkv[(plan.S, HKV, B)](
+        qkv, k_cache, v_cache, lens, cos, sin, dummy(dev) if q_norm is None else q_norm,
+        dummy(dev) if k_norm is None else k_norm, *so, plan.op, plan.lp, o, o_out, plan.cnt,
+        qkv.stride(0), qkv.stride(1), cos.stride(0) if cos.shape[0] > 1 else 0,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
+        int(q_rows[0]), int(q_rows[1]), int(window_size), scale * LOG2E, plan.split_len, L_max, float(eps),
+        HKV=HKV, HAS_QN=q_norm is not None, HAS_KN=k_norm is not None, HAS_SO=scale_offset[0] is not None,
+        PREFETCH=QKV_PREFETCH_BLOCKS, LINES=max(1, pow2(cdiv(D, line))), LINE=line, **plan.consts, **plan.launch)
+    plan.combine(o, o_out)
+    return both
