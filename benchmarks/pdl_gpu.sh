@@ -11,7 +11,9 @@
 #      ORTHROS_PDL_SIGNAL=end), then "m2" (one-row GEMVs launch without PDL, ORTHROS_PDL_MIN_M=2),
 #      then optionally "nocombo" (the decode pieces compiled without Inductor's combo kernels, as
 #      before inference change 19), then optionally "noqkv" (the decode's q/k prologue and K/V write
-#      outside the attention kernel, Engine(qkv_kernel=False), as before inference change 21).
+#      outside the attention kernel, Engine(qkv_kernel=False), as before inference change 21) or
+#      "late" (that kernel loads its prologue's parameters after its PDL wait, ORTHROS_QKV_EARLY=0)
+#      or "qkvpfN" (it prefetches N key blocks before the wait, ORTHROS_QKV_PREFETCH=N).
 #      The engine's defaults: pf4m2.
 # Nothing is installed: the image's torch / triton run it. From the repo root (the `run` tool):
 #   command: ORTHROS_COMMIT=<sha> bash benchmarks/pdl_gpu.sh
@@ -27,7 +29,10 @@ T_TESTS=${T_TESTS:-150} T_CELL=${T_CELL:-75}
 settings() {  # a setting's name -> its environment in env_, extra benchmark arguments in args_ (return 1: not a setting's name)
   local rest=$1 min_m=1
   args_=()
-  case "$rest" in *noqkv) args_+=(--qkv-kernel off); rest=${rest%noqkv} ;; esac
+  local qkv_env=()
+  case "$rest" in *noqkv) args_+=(--qkv-kernel off); rest=${rest%noqkv} ;;
+    *late) qkv_env=(ORTHROS_QKV_EARLY=0); rest=${rest%late} ;;
+    *qkvpf[0-9]) qkv_env=(ORTHROS_QKV_PREFETCH=${rest: -1}); rest=${rest%qkvpf[0-9]} ;; esac
   case "$rest" in *nocombo) args_+=(--decode-compile-options '{"realize_reads_threshold": 5}'); rest=${rest%nocombo} ;; esac
   case "$rest" in *m2) min_m=2; rest=${rest%m2} ;; esac
   env_=(ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=$min_m)
@@ -38,10 +43,11 @@ settings() {  # a setting's name -> its environment in env_, extra benchmark arg
     pf[0-9]*) [[ ${rest#pf} =~ ^[0-9]+$ ]] || return 1; env_+=(ORTHROS_GEMV_PREFETCH_MB="${rest#pf}") ;;
     *) return 1 ;;
   esac
+  env_+=("${qkv_env[@]}")
 }
 [[ ${ROOF:-0} =~ ^[0-9]+$ ]] || { echo "ROOF: give a count of roofline processes, got '$ROOF'" >&2; exit 2; }
 for v in $VARIANTS ${PROFILE:-}; do  # every name checked before any work
-  settings "$v" || { echo "VARIANTS / PROFILE: unknown setting '$v' (off, or pdl / pfN, then optionally end, then m2; then optionally nocombo, then optionally noqkv)" >&2; exit 2; }
+  settings "$v" || { echo "VARIANTS / PROFILE: unknown setting '$v' (off, or pdl / pfN, then optionally end, then m2; then optionally nocombo, then optionally noqkv / late / qkvpfN)" >&2; exit 2; }
 done
 mkdir -p "$OUT"
 { date -u; echo "commit $ORTHROS_COMMIT"

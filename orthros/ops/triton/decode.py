@@ -31,14 +31,15 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 
 import torch
 
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, block_d, cdiv, dummy, interpreting, merge_splits, num_sms, pdl_enter, pdl_kwargs, pow2,
-                     precision, prefetch_l2, softmax_result, softmax_step, zeroed_counters)
+from .common import (LOG2E, block_d, cdiv, dummy, env_number, interpreting, merge_splits, num_sms, pdl_enter,
+                     pdl_kwargs, pow2, precision, prefetch_l2, softmax_result, softmax_step, zeroed_counters)
 
 
 # ============================================================================ kernels
@@ -201,7 +202,7 @@ def _decode_split_qkv(
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS, PREC: tl.constexpr,
     MERGE: tl.constexpr, BLOCK_S: tl.constexpr, UPCAST: tl.constexpr, HAS_QN: tl.constexpr,
     HAS_KN: tl.constexpr, HAS_SO: tl.constexpr, PREFETCH: tl.constexpr, LINES: tl.constexpr,
-    LINE: tl.constexpr, PDL: tl.constexpr = False,
+    LINE: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """:func:`_decode_split` from the fused QKV projection's raw rows ``QKV [B, R, (HQ + 2 HKV) D]``:
     each program computes its queries (rows ``QW_ROW`` / ``QF_ROW``: q-norm, scale-offset,
@@ -209,7 +210,8 @@ def _decode_split_qkv(
     ``LENS[b]`` from the cache and the new key from registers, and the program whose chunk
     holds position ``LENS[b]`` writes the new K/V there. Nothing of the cache it reads is
     written by the kernel ahead, so with ``PDL`` it prefetches its first ``PREFETCH`` key blocks
-    into L2 (``LINES`` lines of ``LINE`` elements a row) before waiting for that kernel."""
+    into L2 (``LINES`` lines of ``LINE`` elements a row) before waiting for that kernel, and with
+    ``EARLY`` loads the prologue's parameters (RoPE tables, norm weights, alpha / beta) there too."""
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)
@@ -222,15 +224,6 @@ def _decode_split_qkv(
     hi = tl.minimum(s_end, pos)  # the chunk's cached keys (the new one comes from registers)
     k_base = K + b64 * skb + kvh64 * skh
     v_base = V + b64 * svb + kvh64 * svh
-    if PDL:
-        if PREFETCH > 0:
-            for i in tl.static_range(PREFETCH):
-                cols = s_lo + i * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
-                cols = tl.minimum(cols, tl.maximum(hi - 1, s_lo))  # in bounds: s_lo < L_MAX
-                line = tl.arange(0, LINES) * LINE
-                prefetch_l2(k_base + cols[:, None] * skt + line[None, :])
-                prefetch_l2(v_base + cols[:, None] * svt + line[None, :])
-    pdl_enter(PDL)
     DT: tl.constexpr = QKV.dtype.element_ty
     HALF: tl.constexpr = D // 2
     r = tl.arange(0, BLOCK_H)
@@ -241,6 +234,18 @@ def _decode_split_qkv(
     d_ok = offs_d < D
     offs_p = tl.where(offs_d < HALF, offs_d + HALF, offs_d - HALF)
     sign = tl.where(offs_d < HALF, -1.0, 1.0)
+    qmask = r_ok[:, None] & d_ok[None, :]
+    if PDL:
+        if PREFETCH > 0:
+            for i in tl.static_range(PREFETCH):
+                cols = s_lo + i * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
+                cols = tl.minimum(cols, tl.maximum(hi - 1, s_lo))  # in bounds: s_lo < L_MAX
+                line = tl.arange(0, LINES) * LINE
+                prefetch_l2(k_base + cols[:, None] * skt + line[None, :])
+                prefetch_l2(v_base + cols[:, None] * svt + line[None, :])
+    if not EARLY:
+        pdl_enter(PDL)
+    # the prologue's parameters: written by no kernel of the step (EARLY: loaded before the wait)
     c = tl.load(COS + b64 * scb + offs_d, mask=d_ok, other=0.0).to(tl.float32)
     s = tl.load(SIN + b64 * scb + offs_d, mask=d_ok, other=0.0).to(tl.float32)
     wn = 1.0
@@ -253,12 +258,6 @@ def _decode_split_qkv(
     if HAS_KN:
         kn = tl.load(KN + offs_d, mask=d_ok, other=0.0).to(tl.float32)
         knp = tl.load(KN + offs_p, mask=d_ok, other=0.0).to(tl.float32)
-    # the queries: [BLOCK_H, BLOCK_D], row r of head `head` from qkv row QW_ROW (window) / QF_ROW (full)
-    qmask = r_ok[:, None] & d_ok[None, :]
-    row = tl.where(is_win, QW_ROW, QF_ROW).to(tl.int64)
-    q_ptr = QKV + b64 * sxb + row[:, None] * sxr + head[:, None] * D
-    x = tl.load(q_ptr + offs_d[None, :], mask=qmask, other=0.0).to(tl.float32)
-    xp = tl.load(q_ptr + offs_p[None, :], mask=qmask, other=0.0).to(tl.float32)
     a = 0.0
     ap = 0.0
     bb = 0.0
@@ -275,6 +274,13 @@ def _decode_split_qkv(
               + tl.load(BF + so + offs_d[None, :], mask=fm, other=0.0).to(tl.float32))
         bbp = (tl.load(BW + so + offs_p[None, :], mask=wm, other=0.0).to(tl.float32)
                + tl.load(BF + so + offs_p[None, :], mask=fm, other=0.0).to(tl.float32))
+    if EARLY:
+        pdl_enter(PDL)
+    # the queries: [BLOCK_H, BLOCK_D], row r of head `head` from qkv row QW_ROW (window) / QF_ROW (full)
+    row = tl.where(is_win, QW_ROW, QF_ROW).to(tl.int64)
+    q_ptr = QKV + b64 * sxb + row[:, None] * sxr + head[:, None] * D
+    x = tl.load(q_ptr + offs_d[None, :], mask=qmask, other=0.0).to(tl.float32)
+    xp = tl.load(q_ptr + offs_p[None, :], mask=qmask, other=0.0).to(tl.float32)
     q = _prologue(x, xp, wn, wnp, a, ap, bb, bbp, c[None, :], s[None, :], sign[None, :], eps, D=D, HAS_NORM=HAS_QN,
                   HAS_SO=HAS_SO, DT=DT)
     q = tl.where(qmask, q, 0.0).to(DT)
@@ -533,8 +539,11 @@ def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window
     return both if stacked else (o, o_out)
 
 
-# key blocks of its chunk the raw-projection kernel prefetches into L2 before its PDL wait
-QKV_PREFETCH_BLOCKS = 1
+# The raw-projection kernel launched with PDL: the key blocks of its chunk it prefetches into L2
+# before its wait, and whether it loads the prologue's parameters there too (read at import:
+# ORTHROS_QKV_PREFETCH, ORTHROS_QKV_EARLY; docs/performance.md, inference change 21)
+QKV_PREFETCH_BLOCKS = env_number("ORTHROS_QKV_PREFETCH", "1", int, "an integer (key blocks)")
+QKV_EARLY = os.environ.get("ORTHROS_QKV_EARLY", "1") == "1"
 
 
 def decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, *, num_heads, q_rows, rope, window_size, scale=None,
@@ -568,6 +577,7 @@ def decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, *, num_heads, q_row
         o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
         int(q_rows[0]), int(q_rows[1]), int(window_size), scale * LOG2E, plan.split_len, L_max, float(eps),
         HKV=HKV, HAS_QN=q_norm is not None, HAS_KN=k_norm is not None, HAS_SO=scale_offset[0] is not None,
-        PREFETCH=QKV_PREFETCH_BLOCKS, LINES=max(1, pow2(cdiv(D, line))), LINE=line, **plan.consts, **plan.launch)
+        PREFETCH=QKV_PREFETCH_BLOCKS, LINES=max(1, pow2(cdiv(D, line))), LINE=line, EARLY=QKV_EARLY, **plan.consts,
+        **plan.launch)
     plan.combine(o, o_out)
     return both
