@@ -548,7 +548,7 @@ COMPILE_QKV_SM90 = textwrap.dedent('''
                 CNT="*i32")
     const = dict(G=4, HQ=32, HKV=8, D=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=64, PREC="tf32", MERGE=td._PARTIAL,
                  BLOCK_S=2, UPCAST=False, HAS_QN=True, HAS_KN=True, HAS_SO=True, PREFETCH=1, LINES=2, LINE=64,
-                 EARLY=False, PDL=True)
+                 EARLY=False, PEEL=False, PDL=True)
     floats = ("qk_scale", "eps")
     sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n in floats else "i32") for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)

@@ -71,28 +71,35 @@ def _merge_row(OP, LP, O, OO, b, stream, h, sob, soh, soob, sooh,
 
 
 @triton.jit
-def _attend_chunk(q, k_base, v_base, skt, svt, lo, hi, w_lo, is_win, offs_d, d_ok, qk_scale,
-                  BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PREC: tl.constexpr,
-                  UPCAST: tl.constexpr):
+def _key_block(q, k, v, cols, hi, w_lo, is_win, m_i, l_i, acc, qk_scale, PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """One block of keys ``cols`` (``k``, ``v`` loaded, zero past ``hi``) into the online softmax."""
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    mask = (cols < hi)[None, :] & ((~is_win)[:, None] | (cols[None, :] >= w_lo))
+    s = tl.where(mask, s, float("-inf"))
+    return softmax_step(m_i, l_i, acc, s, v, PREC)
+
+
+@triton.jit
+def _attend_chunk(q, k_base, v_base, skt, svt, lo, hi, w_lo, is_win, offs_d, d_ok, qk_scale, m_i, l_i, acc,
+                  BLOCK_N: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr):
     """Online softmax of the query tile ``q [BLOCK_H, BLOCK_D]`` (window rows ``is_win``: keys
-    ``>= w_lo`` only) over keys ``[lo, hi)`` of one KV head: ``(m_i, l_i, acc)``."""
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    ``>= w_lo`` only) over keys ``[lo, hi)`` of one KV head, from the state ``(m_i, l_i, acc)``."""
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
-        c_ok = cols < hi
-        kmask = c_ok[:, None] & d_ok[None, :]
+        kmask = (cols < hi)[:, None] & d_ok[None, :]
         k = tl.load(k_base + cols[:, None] * skt + offs_d[None, :], mask=kmask, other=0.0)
         v = tl.load(v_base + cols[:, None] * svt + offs_d[None, :], mask=kmask, other=0.0)
-        if UPCAST:
-            k = k.to(tl.float32)
-            v = v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-        mask = c_ok[None, :] & ((~is_win)[:, None] | (cols[None, :] >= w_lo))
-        s = tl.where(mask, s, float("-inf"))
-        m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v, PREC)
+        m_i, l_i, acc = _key_block(q, k, v, cols, hi, w_lo, is_win, m_i, l_i, acc, qk_scale, PREC=PREC, UPCAST=UPCAST)
     return m_i, l_i, acc
+
+
+@triton.jit
+def _empty_state(BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    return (tl.full([BLOCK_H], float("-inf"), tl.float32), tl.zeros([BLOCK_H], tl.float32),
+            tl.zeros([BLOCK_H, BLOCK_D], tl.float32))
 
 
 @triton.jit
@@ -167,9 +174,10 @@ def _decode_split(
     q = qw + qf
     if UPCAST:
         q = q.to(tl.float32)
+    m_i, l_i, acc = _empty_state(BLOCK_H, BLOCK_D)
     m_i, l_i, acc = _attend_chunk(q, K + b64 * skb + kvh64 * skh, V + b64 * svb + kvh64 * svh, skt, svt, s_lo, s_hi,
-                                  L - window, is_win, offs_d, d_ok, qk_scale, BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D,
-                                  BLOCK_N=BLOCK_N, PREC=PREC, UPCAST=UPCAST)
+                                  L - window, is_win, offs_d, d_ok, qk_scale, m_i, l_i, acc, BLOCK_N=BLOCK_N,
+                                  PREC=PREC, UPCAST=UPCAST)
     _finish_split(m_i, l_i, acc, OP, LP, O, OO, CNT, b64, kvh64, split, head, is_win, r_ok, offs_d, d_ok,
                   sob, soh, soob, sooh, G=G, HQ=HQ, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=NUM_SPLITS, MERGE=MERGE,
                   BLOCK_S=BLOCK_S)
@@ -202,7 +210,7 @@ def _decode_split_qkv(
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS, PREC: tl.constexpr,
     MERGE: tl.constexpr, BLOCK_S: tl.constexpr, UPCAST: tl.constexpr, HAS_QN: tl.constexpr,
     HAS_KN: tl.constexpr, HAS_SO: tl.constexpr, PREFETCH: tl.constexpr, LINES: tl.constexpr,
-    LINE: tl.constexpr, EARLY: tl.constexpr, PDL: tl.constexpr = False,
+    LINE: tl.constexpr, EARLY: tl.constexpr, PEEL: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """:func:`_decode_split` from the fused QKV projection's raw rows ``QKV [B, R, (HQ + 2 HKV) D]``:
     each program computes its queries (rows ``QW_ROW`` / ``QF_ROW``: q-norm, scale-offset,
@@ -211,7 +219,9 @@ def _decode_split_qkv(
     holds position ``LENS[b]`` writes the new K/V there. Nothing of the cache it reads is
     written by the kernel ahead, so with ``PDL`` it prefetches its first ``PREFETCH`` key blocks
     into L2 (``LINES`` lines of ``LINE`` elements a row) before waiting for that kernel, and with
-    ``EARLY`` loads the prologue's parameters (RoPE tables, norm weights, alpha / beta) there too."""
+    ``EARLY`` loads the prologue's parameters (RoPE tables, norm weights, alpha / beta) there too;
+    ``PEEL``: loads its first key block into registers before the wait (instead of the pipelined
+    loop after it)."""
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)
@@ -243,6 +253,11 @@ def _decode_split_qkv(
                 line = tl.arange(0, LINES) * LINE
                 prefetch_l2(k_base + cols[:, None] * skt + line[None, :])
                 prefetch_l2(v_base + cols[:, None] * svt + line[None, :])
+    if PEEL:  # the chunk's first key block into registers (the cache before `pos`: no kernel of the step writes it)
+        cols0 = s_lo + tl.arange(0, BLOCK_N).to(tl.int64)
+        kmask0 = (cols0 < hi)[:, None] & d_ok[None, :]
+        k0 = tl.load(k_base + cols0[:, None] * skt + offs_d[None, :], mask=kmask0, other=0.0)
+        v0 = tl.load(v_base + cols0[:, None] * svt + offs_d[None, :], mask=kmask0, other=0.0)
     if not EARLY:
         pdl_enter(PDL)
     # the prologue's parameters: written by no kernel of the step (EARLY: loaded before the wait)
@@ -293,8 +308,14 @@ def _decode_split_qkv(
     v_new = tl.load(kv_ptr + HKV * D + offs_d, mask=d_ok, other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
-    m_i, l_i, acc = _attend_chunk(q, k_base, v_base, skt, svt, s_lo, hi, L - window, is_win, offs_d, d_ok, qk_scale,
-                                  BLOCK_H=BLOCK_H, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, PREC=PREC, UPCAST=UPCAST)
+    m_i, l_i, acc = _empty_state(BLOCK_H, BLOCK_D)
+    lo = s_lo
+    if PEEL:
+        m_i, l_i, acc = _key_block(q, k0, v0, cols0, hi, L - window, is_win, m_i, l_i, acc, qk_scale, PREC=PREC,
+                                   UPCAST=UPCAST)
+        lo = s_lo + BLOCK_N
+    m_i, l_i, acc = _attend_chunk(q, k_base, v_base, skt, svt, lo, hi, L - window, is_win, offs_d, d_ok, qk_scale,
+                                  m_i, l_i, acc, BLOCK_N=BLOCK_N, PREC=PREC, UPCAST=UPCAST)
     # the new key: visible to both streams, folded in by the program whose chunk holds it
     has_new = (s_lo <= pos) & (pos < s_end) & (pos < L_MAX)
     s_new = tl.sum(q.to(tl.float32) * k_new.to(tl.float32)[None, :], 1) * qk_scale
@@ -544,6 +565,7 @@ def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window
 # ORTHROS_QKV_PREFETCH, ORTHROS_QKV_EARLY; docs/performance.md, inference change 21)
 QKV_PREFETCH_BLOCKS = env_number("ORTHROS_QKV_PREFETCH", "1", int, "an integer (key blocks)")
 QKV_EARLY = os.environ.get("ORTHROS_QKV_EARLY", "1") == "1"
+QKV_PEEL = os.environ.get("ORTHROS_QKV_PEEL", "0") == "1"  # (ORTHROS_QKV_PEEL: the first key block in registers)
 
 
 def decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, *, num_heads, q_rows, rope, window_size, scale=None,
@@ -577,7 +599,7 @@ def decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, *, num_heads, q_row
         o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
         int(q_rows[0]), int(q_rows[1]), int(window_size), scale * LOG2E, plan.split_len, L_max, float(eps),
         HKV=HKV, HAS_QN=q_norm is not None, HAS_KN=k_norm is not None, HAS_SO=scale_offset[0] is not None,
-        PREFETCH=QKV_PREFETCH_BLOCKS, LINES=max(1, pow2(cdiv(D, line))), LINE=line, EARLY=QKV_EARLY, **plan.consts,
-        **plan.launch)
+        PREFETCH=QKV_PREFETCH_BLOCKS, LINES=max(1, pow2(cdiv(D, line))), LINE=line, EARLY=QKV_EARLY, PEEL=QKV_PEEL,
+        **plan.consts, **plan.launch)
     plan.combine(o, o_out)
     return both
