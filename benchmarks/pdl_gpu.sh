@@ -12,9 +12,7 @@
 #      then optionally "nocombo" (the decode pieces compiled without Inductor's combo kernels, as
 #      before inference change 19), then optionally "noqkv" (the decode's q/k prologue and K/V write
 #      outside the attention kernel, Engine(qkv_kernel=False), as before inference change 21) or
-#      "late" (that kernel loads its prologue's parameters after its PDL wait, ORTHROS_QKV_EARLY=0)
-#      or "qkvpfN" (it prefetches N key blocks before the wait, ORTHROS_QKV_PREFETCH=N) or "peel" (it
-#      loads its first key block into registers before the wait, ORTHROS_QKV_PEEL=1, no prefetch).
+#      "nopeel" (that kernel's first key block not loaded ahead of its PDL wait, ORTHROS_QKV_PEEL=0).
 #      The engine's defaults: pf4m2.
 # Nothing is installed: the image's torch / triton run it. From the repo root (the `run` tool):
 #   command: ORTHROS_COMMIT=<sha> bash benchmarks/pdl_gpu.sh
@@ -32,9 +30,7 @@ settings() {  # a setting's name -> its environment in env_, extra benchmark arg
   args_=()
   local qkv_env=()
   case "$rest" in *noqkv) args_+=(--qkv-kernel off); rest=${rest%noqkv} ;;
-    *late) qkv_env=(ORTHROS_QKV_EARLY=0); rest=${rest%late} ;;
-    *peel) qkv_env=(ORTHROS_QKV_PEEL=1 ORTHROS_QKV_PREFETCH=0); rest=${rest%peel} ;;
-    *qkvpf[0-9]) qkv_env=(ORTHROS_QKV_PREFETCH=${rest: -1}); rest=${rest%qkvpf[0-9]} ;; esac
+    *nopeel) qkv_env=(ORTHROS_QKV_PEEL=0); rest=${rest%nopeel} ;; esac
   case "$rest" in *nocombo) args_+=(--decode-compile-options '{"realize_reads_threshold": 5}'); rest=${rest%nocombo} ;; esac
   case "$rest" in *m2) min_m=2; rest=${rest%m2} ;; esac
   env_=(ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=$min_m)
@@ -49,7 +45,7 @@ settings() {  # a setting's name -> its environment in env_, extra benchmark arg
 }
 [[ ${ROOF:-0} =~ ^[0-9]+$ ]] || { echo "ROOF: give a count of roofline processes, got '$ROOF'" >&2; exit 2; }
 for v in $VARIANTS ${PROFILE:-}; do  # every name checked before any work
-  settings "$v" || { echo "VARIANTS / PROFILE: unknown setting '$v' (off, or pdl / pfN, then optionally end, then m2; then optionally nocombo, then optionally noqkv / late / qkvpfN / peel)" >&2; exit 2; }
+  settings "$v" || { echo "VARIANTS / PROFILE: unknown setting '$v' (off, or pdl / pfN, then optionally end, then m2; then optionally nocombo, then optionally noqkv / nopeel)" >&2; exit 2; }
 done
 mkdir -p "$OUT"
 { date -u; echo "commit $ORTHROS_COMMIT"

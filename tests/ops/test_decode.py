@@ -546,38 +546,40 @@ COMPILE_QKV_SM90 = textwrap.dedent('''
     ptrs = dict(QKV="*bf16", K="*bf16", V="*bf16", LENS="*i64", COS="*bf16", SIN="*bf16", QN="*bf16", KN="*bf16",
                 AW="*bf16", BW="*bf16", AF="*bf16", BF="*bf16", OP="*fp32", LP="*fp32", O="*bf16", OO="*bf16",
                 CNT="*i32")
-    const = dict(G=4, HQ=32, HKV=8, D=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=64, PREC="tf32", MERGE=td._PARTIAL,
-                 BLOCK_S=2, UPCAST=False, HAS_QN=True, HAS_KN=True, HAS_SO=True, PREFETCH=1, LINES=2, LINE=64,
-                 EARLY=False, PEEL=False, PDL=True)
     floats = ("qk_scale", "eps")
-    sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n in floats else "i32") for n in fn.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-             if sig[n] != "constexpr" and n not in floats + ("window", "split_len", "NUM_SPLITS", "QW_ROW", "QF_ROW",
-                                                             "L_MAX")}
-    k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
-    lines = k.asm["ptx"].splitlines()
-    at = lambda pat: [i for i, t in enumerate(lines) if re.search(pat, t)]
-    wait, signal = at(r"griddepcontrol\\.wait"), at(r"griddepcontrol\\.launch_dependents")
-    print("PDL", min(wait), min(signal), min(at(r"prefetch\\.global\\.L2")), len(at(r"prefetch\\.global\\.L2")))
-    before = [i for i in at(r"(ld|st|atom|red)\\.global|cp\\.async") if i < min(wait)]
-    print("BEFORE", len(before), min(at(r"cp\\.async")), min(at(r"\\bst\\.global")))
+    for peel in (False, True):
+        const = dict(G=4, HQ=32, HKV=8, D=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=64, PREC="tf32", MERGE=td._PARTIAL,
+                     BLOCK_S=2, UPCAST=False, HAS_QN=True, HAS_KN=True, HAS_SO=True, PEEL=peel, PDL=True)
+        sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n in floats else "i32") for n in fn.arg_names}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
+                 if sig[n] != "constexpr" and n not in floats + ("window", "split_len", "NUM_SPLITS", "QW_ROW",
+                                                                 "QF_ROW", "L_MAX")}
+        k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+        lines = k.asm["ptx"].splitlines()
+        at = lambda pat: [i for i, t in enumerate(lines) if re.search(pat, t)]
+        wait, signal = min(at(r"griddepcontrol\\.wait")), min(at(r"griddepcontrol\\.launch_dependents"))
+        loads = at(r"ld\\.global")
+        writes = at(r"(st|atom|red)\\.global|cp\\.async")
+        print("PEEL", int(peel), wait, signal, sum(i < wait for i in loads), sum(i > wait for i in loads),
+              min(writes), min(at(r"cp\\.async")), sum(".local" in t for t in lines))
     print("OK")
 ''')
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="the GPU tests compile and run the kernels there")
-def test_qkv_kernel_compiles_for_sm90_prefetching_before_its_wait(tmp_path):
-    """At the engine's shape: the L2 prefetches of the first cached keys come before the PDL
-    wait (they overlap the QKV GEMV ahead), and so does exactly one global load (the row's
-    length, which no kernel of the step writes); every other access (the queries, the K/V
-    copies, the stores) comes after the wait, the signal right after it."""
+def test_qkv_kernel_compiles_for_sm90_loading_ahead_of_its_wait(tmp_path):
+    """At the engine's shape, launched with PDL: the wait, then at once the signal; before the
+    wait only loads (the row's length, the prologue's parameters and, with PEEL, the first key
+    block: more loads there), no store, no cp.async (the pipelined K/V copies) and no spill;
+    the queries' and the new key's loads after it."""
     lines = compile_sm90(COMPILE_QKV_SM90, tmp_path)
-    [(wait, signal, prefetch, n_prefetch)] = printed(lines, "PDL")
-    [(n_before, first_cp, first_st)] = printed(lines, "BEFORE")
-    assert int(prefetch) < int(wait) < int(signal) < int(first_cp) and int(wait) < int(first_st)
-    assert int(n_prefetch) * 4 * 32 >= 2 * 64 * 2  # per thread (4 warps): one block of K and V, 64 rows x 2 lines
-    assert int(n_before) == 1
+    rows = {int(p): [int(x) for x in rest] for p, *rest in printed(lines, "PEEL")}
+    assert sorted(rows) == [0, 1]
+    for peel, (wait, signal, before, after, first_write, first_cp, spills) in rows.items():
+        assert wait < signal < first_write and wait < first_cp and spills == 0, (peel, rows[peel])
+        assert before > 1 and after > 0
+    assert rows[1][2] > rows[0][2]  # the peeled key block is loaded ahead of the wait
 
 
 @pytest.mark.gpu

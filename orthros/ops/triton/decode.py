@@ -38,8 +38,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (LOG2E, block_d, cdiv, dummy, env_number, interpreting, merge_splits, num_sms, pdl_enter,
-                     pdl_kwargs, pow2, precision, prefetch_l2, softmax_result, softmax_step, zeroed_counters)
+from .common import (LOG2E, PDL_MIN_M, block_d, cdiv, dummy, interpreting, merge_splits, num_sms, pdl_enter,
+                     pdl_kwargs, pow2, precision, softmax_result, softmax_step, zeroed_counters)
 
 
 # ============================================================================ kernels
@@ -209,19 +209,17 @@ def _decode_split_qkv(
     G: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS, PREC: tl.constexpr,
     MERGE: tl.constexpr, BLOCK_S: tl.constexpr, UPCAST: tl.constexpr, HAS_QN: tl.constexpr,
-    HAS_KN: tl.constexpr, HAS_SO: tl.constexpr, PREFETCH: tl.constexpr, LINES: tl.constexpr,
-    LINE: tl.constexpr, EARLY: tl.constexpr, PEEL: tl.constexpr, PDL: tl.constexpr = False,
+    HAS_KN: tl.constexpr, HAS_SO: tl.constexpr, PEEL: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """:func:`_decode_split` from the fused QKV projection's raw rows ``QKV [B, R, (HQ + 2 HKV) D]``:
     each program computes its queries (rows ``QW_ROW`` / ``QF_ROW``: q-norm, scale-offset,
     RoPE) and the new token's key (row 0: k-norm, RoPE) itself, attends the cached keys before
     ``LENS[b]`` from the cache and the new key from registers, and the program whose chunk
-    holds position ``LENS[b]`` writes the new K/V there. Nothing of the cache it reads is
-    written by the kernel ahead, so with ``PDL`` it prefetches its first ``PREFETCH`` key blocks
-    into L2 (``LINES`` lines of ``LINE`` elements a row) before waiting for that kernel, and with
-    ``EARLY`` loads the prologue's parameters (RoPE tables, norm weights, alpha / beta) there too;
-    ``PEEL``: loads its first key block into registers before the wait (instead of the pipelined
-    loop after it)."""
+    holds position ``LENS[b]`` writes the new K/V there. Launched with ``PDL`` behind the QKV
+    projection, it loads before its wait what that kernel does not write: the prologue's
+    parameters (RoPE tables, norm weights, alpha / beta: cold in L2 after a step's weights
+    streamed through it) and, with ``PEEL``, its chunk's first key block into registers (the
+    rest goes through the pipelined loop after the wait)."""
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)
@@ -245,22 +243,13 @@ def _decode_split_qkv(
     offs_p = tl.where(offs_d < HALF, offs_d + HALF, offs_d - HALF)
     sign = tl.where(offs_d < HALF, -1.0, 1.0)
     qmask = r_ok[:, None] & d_ok[None, :]
-    if PDL:
-        if PREFETCH > 0:
-            for i in tl.static_range(PREFETCH):
-                cols = s_lo + i * BLOCK_N + tl.arange(0, BLOCK_N).to(tl.int64)
-                cols = tl.minimum(cols, tl.maximum(hi - 1, s_lo))  # in bounds: s_lo < L_MAX
-                line = tl.arange(0, LINES) * LINE
-                prefetch_l2(k_base + cols[:, None] * skt + line[None, :])
-                prefetch_l2(v_base + cols[:, None] * svt + line[None, :])
-    if PEEL:  # the chunk's first key block into registers (the cache before `pos`: no kernel of the step writes it)
+    # Until the PDL wait: only what no kernel of this step writes. The chunk's first key block
+    # (PEEL; the cache before `pos` was written by earlier steps) and the prologue's parameters.
+    if PEEL:
         cols0 = s_lo + tl.arange(0, BLOCK_N).to(tl.int64)
         kmask0 = (cols0 < hi)[:, None] & d_ok[None, :]
         k0 = tl.load(k_base + cols0[:, None] * skt + offs_d[None, :], mask=kmask0, other=0.0)
         v0 = tl.load(v_base + cols0[:, None] * svt + offs_d[None, :], mask=kmask0, other=0.0)
-    if not EARLY:
-        pdl_enter(PDL)
-    # the prologue's parameters: written by no kernel of the step (EARLY: loaded before the wait)
     c = tl.load(COS + b64 * scb + offs_d, mask=d_ok, other=0.0).to(tl.float32)
     s = tl.load(SIN + b64 * scb + offs_d, mask=d_ok, other=0.0).to(tl.float32)
     wn = 1.0
@@ -289,8 +278,7 @@ def _decode_split_qkv(
               + tl.load(BF + so + offs_d[None, :], mask=fm, other=0.0).to(tl.float32))
         bbp = (tl.load(BW + so + offs_p[None, :], mask=wm, other=0.0).to(tl.float32)
                + tl.load(BF + so + offs_p[None, :], mask=fm, other=0.0).to(tl.float32))
-    if EARLY:
-        pdl_enter(PDL)
+    pdl_enter(PDL)
     # the queries: [BLOCK_H, BLOCK_D], row r of head `head` from qkv row QW_ROW (window) / QF_ROW (full)
     row = tl.where(is_win, QW_ROW, QF_ROW).to(tl.int64)
     q_ptr = QKV + b64 * sxb + row[:, None] * sxr + head[:, None] * D
@@ -560,12 +548,19 @@ def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window
     return both if stacked else (o, o_out)
 
 
-# The raw-projection kernel launched with PDL: the key blocks of its chunk it prefetches into L2
-# before its wait, and whether it loads the prologue's parameters there too (read at import:
-# ORTHROS_QKV_PREFETCH, ORTHROS_QKV_EARLY; docs/performance.md, inference change 21)
-QKV_PREFETCH_BLOCKS = env_number("ORTHROS_QKV_PREFETCH", "1", int, "an integer (key blocks)")
-QKV_EARLY = os.environ.get("ORTHROS_QKV_EARLY", "1") == "1"
-QKV_PEEL = os.environ.get("ORTHROS_QKV_PEEL", "0") == "1"  # (ORTHROS_QKV_PEEL: the first key block in registers)
+# The raw-projection kernel loads its first key block before its PDL wait (PEEL) when the QKV
+# GEMV ahead of it launches it early: a GEMV of PDL_MIN_M..MAX_M rows (the pair at B <= 4, the
+# Transformer at 2..8). Measured on an H200 (docs/performance.md, inference change 21): the
+# pair's 1K step 0.03 ms faster with it; the one-row Transformer, started only when its GEMV
+# ends, 0.03 ms slower (236 registers against 108). ORTHROS_QKV_PEEL=0 turns it off (at import).
+QKV_PEEL = os.environ.get("ORTHROS_QKV_PEEL", "1") == "1"
+
+
+def _launched_early(pdl: dict, rows: int) -> bool:
+    """Whether the GEMV producing ``rows`` rows of QKV starts the kernel behind it early (PDL)."""
+    from ..gemv.naive import MAX_M
+
+    return bool(pdl) and PDL_MIN_M <= rows <= MAX_M
 
 
 def decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, *, num_heads, q_rows, rope, window_size, scale=None,
@@ -589,7 +584,6 @@ def decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, *, num_heads, q_row
     plan = _Plan(B, num_heads, HKV, D, L_max, qkv.dtype, dev, _config)
     both = torch.empty(B, 2, num_heads, D, dtype=qkv.dtype, device=dev)
     o, o_out = both[:, :1], both[:, 1:]
-    line = max(1, 128 // plan.es)
     _decode_split_qkv[(plan.S, HKV, B)](
         qkv, k_cache, v_cache, lens, cos, sin, dummy(dev) if q_norm is None else q_norm,
         dummy(dev) if k_norm is None else k_norm, *so, plan.op, plan.lp, o, o_out, plan.cnt,
@@ -599,7 +593,7 @@ def decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, *, num_heads, q_row
         o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
         int(q_rows[0]), int(q_rows[1]), int(window_size), scale * LOG2E, plan.split_len, L_max, float(eps),
         HKV=HKV, HAS_QN=q_norm is not None, HAS_KN=k_norm is not None, HAS_SO=scale_offset[0] is not None,
-        PREFETCH=QKV_PREFETCH_BLOCKS, LINES=max(1, pow2(cdiv(D, line))), LINE=line, EARLY=QKV_EARLY, PEEL=QKV_PEEL,
-        **plan.consts, **plan.launch)
+        PEEL=QKV_PEEL and _launched_early(plan.launch.get("PDL"), qkv.shape[0] * qkv.shape[1]), **plan.consts,
+        **plan.launch)
     plan.combine(o, o_out)
     return both
