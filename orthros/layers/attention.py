@@ -259,7 +259,9 @@ class OrthrosAttention(FusedProjections, nn.Module):
         """Token-wise: ``(q, q_full, k, v, gate)`` for ``x [B, n_base (+ T_out), d]``, normalised
         already, or by ``norm`` (the layer's input norm, applied here: inside the QKV GEMV when
         fused): window queries of the base rows (or ``None``), full-stream queries (or
-        ``None``), the base rows' K/V and the output gates (or ``None``)."""
+        ``None``), the base rows' K/V and the output gates (or ``None``). When the step's cache
+        runs the q/k prologue in its kernel (:meth:`_qkv_in_kernel`): :class:`RawQKV`, the
+        fused projection's rows only."""
         s = self.streams(step, final)
         T = step.n_base
         if s.full == "tokens":  # output tokens (alpha', beta'), with the base rows' queries in one pass
@@ -293,9 +295,10 @@ class OrthrosAttention(FusedProjections, nn.Module):
     def _qkv_in_kernel(self, step: StepInputs) -> bool:
         """Whether this step hands :class:`RawQKV` to the cache (static: shapes and flags): the
         cache runs the prologue in its kernel (``qkv_kernel``), one base row per batch row (a
-        decode step), no output gate, RoPE over the whole head."""
-        return (getattr(step.cache, "qkv_kernel", False) and step.n_base == 1 and not self.output_gate
-                and step.rope_base[0].shape[-1] == self.head_dim)
+        decode step) at the output row's position (one RoPE table), no output gate, RoPE over
+        the whole head."""
+        return (getattr(step.cache, "qkv_kernel", False) and step.n_base == 1 and step.rope_out is step.rope_base
+                and not self.output_gate and step.rope_base[0].shape[-1] == self.head_dim)
 
     def _attend_raw(self, p: RawQKV, step: StepInputs, final: bool):
         """:meth:`attend` of :class:`RawQKV`: the cache's ``attend_qkv`` with this layer's prologue

@@ -20,7 +20,12 @@ cache object's business:
   cache whose write is a small scatter (the engine's decode view) hands the layer's buffers to
   the step's first token-wise piece, which writes the K/V there itself, so under
   ``torch.compile`` the write fuses with the RoPE that produced K (no kernels of its own);
-  ``update`` then only returns the buffers. A cache without ``write_slot`` writes in ``update``.
+  ``update`` then only returns the buffers. A cache without ``write_slot`` writes in ``update``;
+* optional, ``cache.qkv_kernel`` (True) and ``cache.attend_qkv(layer_idx, qkv, keep=..., backend=...,
+  **prologue)``: a cache whose kernel runs the q/k norms, scale-offset, RoPE and the K/V write
+  itself (the engine's decode view under ``Engine(qkv_kernel)``) takes the fused QKV
+  projection's raw rows instead (:class:`orthros.layers.attention.RawQKV`); it then hands out no
+  write slot, and a layer that does not use it is written by ``update``.
 
 :class:`DenseKV` is the HF path's cache (whole sequences, optionally an HF ``Cache``); the
 engine's static cache and the sequence-parallel shard cache implement the same two methods.

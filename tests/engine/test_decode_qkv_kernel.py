@@ -152,3 +152,26 @@ def test_gpu_compiled_engine_qkv_kernel_equals_separate_path(mode):
         logits = [e.step(tok) for e in engines]
         a, b = logits
         assert ((a - b).norm() / b.norm()).item() < 3e-2
+
+
+def test_hybrid_model_attention_layers_take_the_kernel(monkeypatch):
+    """Orthros-H (GDN layers between attention layers): only the attention layers hand raw rows
+    over; the GDN layers keep their own state path; steps equal the separate path's."""
+    from orthros.kinds import hybrid_layout
+    from orthros.models import OrthrosConfig, OrthrosForCausalLM
+
+    torch.manual_seed(0)
+    cfg = OrthrosConfig(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=4,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, window_size=5, qk_norm=True,
+                        initializer_range=0.2, attn_backend="reference", linear_num_key_heads=2,
+                        linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+                        **hybrid_layout("orthros-h", 4))
+    m = OrthrosForCausalLM(cfg).eval()
+    attn = [i for i, layer in enumerate(m.model.layers) if hasattr(layer, "self_attn")]
+    assert 0 < len(attn) < 4
+    want, _ = _steps(m, n=3, qkv_kernel=False)
+    raw, other = _record(monkeypatch)
+    got, _ = _steps(m, n=3, qkv_kernel=True)
+    assert raw == attn * 3 and other == []
+    for a, b in zip(got, want):
+        assert (a - b).abs().max().item() <= 1e-5 * max(1.0, b.abs().max().item())

@@ -511,6 +511,18 @@ def test_qkv_kernel_bf16_and_splits():
         assert rel(got, want) < 3e-2, S
 
 
+def test_qkv_kernel_peels_only_behind_a_gemv_that_launches_it_early():
+    """The first key block is loaded ahead of the PDL wait only when the QKV GEMV ahead starts
+    the kernel early: a PDL launch of PDL_MIN_M..8 rows (the pair at B <= 4), not one row (the
+    Transformer's GEMV launches without PDL) nor more than 8 (cuBLAS)."""
+    from orthros.ops.triton.common import PDL_MIN_M
+    from orthros.ops.triton.decode import _launched_early
+
+    assert _launched_early(True, max(2, PDL_MIN_M)) and _launched_early(True, 8)
+    assert not _launched_early(True, PDL_MIN_M - 1) and not _launched_early(True, 9)
+    assert not _launched_early(None, 2)
+
+
 def test_qkv_dispatch_and_validation():
     from orthros.ops.decode import orthros_decode_qkv_attention
 

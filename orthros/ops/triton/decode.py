@@ -25,6 +25,14 @@ with ``merge="inline"`` the model also prices the last program's serial merge
 (``merge_tail`` x S x partial bytes per key-block bytes), so it picks fewer splits than with
 the parallel merge (1K: 8 instead of 16). ``benchmarks/attention.py --decode-tune`` compares
 these choices on a GPU.
+
+The same split programs also come in a second form, ``_decode_split_qkv`` (host:
+:func:`decode_qkv_attention_triton`): from the raw rows of the fused QKV projection, each
+program applies the q/k RMSNorms, the queries' scale-offset and RoPE itself, attends the new
+key from registers, and the program whose chunk holds the new position writes its K/V into the
+cache, so the layer's token-wise code launches nothing between the QKV GEMV and this kernel.
+Behind a GEMV that launches it early (PDL) it loads the prologue's parameters and its first
+key block before its wait (docs/performance.md, inference change 21).
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..gemv.naive import MAX_M as GEMV_MAX_M
 from .common import (LOG2E, PDL_MIN_M, block_d, cdiv, dummy, interpreting, merge_splits, num_sms, pdl_enter,
                      pdl_kwargs, pow2, precision, softmax_result, softmax_step, zeroed_counters)
 
@@ -502,7 +511,7 @@ class _Plan:
                 self.mode, self.cnt, self.bs = _INLINE, zeroed_counters(dev, B * HKV), max(2, pow2(S))
             else:  # BLOCK_S unused by the split kernel: one compile for every S
                 self.mode, self.cnt, self.bs = _PARTIAL, dummy(dev), 2
-        self.cfg, self.G, self.BD, self.es = cfg, G, BD, es
+        self.BD = BD
         self.upcast = interpreting() and dtype == torch.bfloat16
         self.consts = dict(G=G, HQ=HQ, D=D, BLOCK_D=BD, BLOCK_H=max(16, pow2(2 * G)), BLOCK_N=bn, NUM_SPLITS=S,
                            PREC="ieee" if self.upcast else precision(dtype), MERGE=self.mode, BLOCK_S=self.bs,
@@ -556,11 +565,9 @@ def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window
 QKV_PEEL = os.environ.get("ORTHROS_QKV_PEEL", "1") == "1"
 
 
-def _launched_early(pdl: dict, rows: int) -> bool:
+def _launched_early(pdl, rows: int) -> bool:
     """Whether the GEMV producing ``rows`` rows of QKV starts the kernel behind it early (PDL)."""
-    from ..gemv.naive import MAX_M
-
-    return bool(pdl) and PDL_MIN_M <= rows <= MAX_M
+    return bool(pdl) and PDL_MIN_M <= rows <= GEMV_MAX_M
 
 
 def decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, *, num_heads, q_rows, rope, window_size, scale=None,
