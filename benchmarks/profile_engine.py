@@ -202,7 +202,7 @@ def main():
            "decode_config": overrides, "decode_compile_options": compile_options, "modes": {}}
     qkv = None if a.qkv_kernel is None else a.qkv_kernel == "on"
     with decode_config(**overrides), decode_compile_options(compile_options), decode_qkv_kernel(qkv) as qkv_on:
-        out["qkv_kernel"] = qkv_on
+        out["qkv_kernel"] = bool(qkv_on) and dev.type == "cuda"  # the CUDA engines' default (the CPU's: off)
         decode_modes(a, model, dev, bw, wb, out)
     if a.json:
         write_json(a.json, out, indent=1)

@@ -827,7 +827,7 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
     with CompileFallbacks() as fallbacks, gemv_table, decode_config(**a.decode_overrides), \
             bwd_config(**a.bwd_overrides), decode_compile_options(compile_options), decode_qkv_kernel(qkv) as qkv_on:
         meta["compile_failures"] = fallbacks
-        meta["qkv_kernel"] = qkv_on
+        meta["qkv_kernel"] = bool(qkv_on) and cuda  # what the CUDA engines' default is (the CPU's: off)
         for i, section in enumerate(a.sections):
             print(f"\n## section {section} (at {time.time() - sweep.t0:.0f} s)", flush=True)
             ctx["reserve_s"] = (a.window_reserve_s or 0.0) if "window" in a.sections[i + 1:] else 0.0

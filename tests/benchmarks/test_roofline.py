@@ -275,6 +275,7 @@ def test_gpt_fast_contexts_all_and_list(tmp_path):
     (["--decode-config", '{"min_spit": 64}'], "unknown key 'min_spit'"),
     (["--decode-config", "64"], "--decode-config"),
     (["--decode-compile-options", '{"combo_kernel": true}'], "not options of torch._inductor.config: 'combo_kernel'"),
+    (["--qkv-kernel", "yes"], "--qkv-kernel"),
     (["--window-bwd-config", '{"bwd_dkdv": [64, 30, 8, 2]}'], "powers of two"),
     (["--window-bwd-config", '{"dkdv": [64, 32, 8, 2]}'], "unknown key 'dkdv'"),
     (["--window-bwd-config", '{"fused": 0}'], "give true or false"),
@@ -481,3 +482,24 @@ def test_decode_compile_options_are_active_in_the_run_and_restored(tmp_path, mon
                   window_factory=lambda dev: None) == 0
     assert seen and all(o == opts for o in seen)
     assert engine_mod.DECODE_COMPILE_OPTIONS is keep
+
+
+def test_qkv_kernel_flag_sets_the_engines_default_for_the_run_and_restores_it(tmp_path, monkeypatch):
+    """--qkv-kernel off: engines built during the run get DECODE_QKV_KERNEL False (what
+    Engine(qkv_kernel=None) reads on CUDA); the default comes back afterwards; the CPU run
+    records that its engines ran without the kernel."""
+    import orthros.engine.engine as engine_mod
+
+    keep = engine_mod.DECODE_QKV_KERNEL
+    seen = []
+
+    def spy(*args, **kw):
+        seen.append(engine_mod.DECODE_QKV_KERNEL)
+        return bench_decode(*args, **kw)
+    monkeypatch.setattr(R, "bench_decode", spy)
+    out = tmp_path / "qkv"
+    assert R.main(["--device", "cpu", "--quick", "--sections", "decode", "--contexts", "64", "--steps", "1",
+                   "--warmup", "1", "--qkv-kernel", "off", "--out", str(out)], window_factory=lambda dev: None) == 0
+    assert seen and not any(seen)
+    assert engine_mod.DECODE_QKV_KERNEL is keep
+    assert json.loads((out / "results.json").read_text())["meta"]["qkv_kernel"] is False
