@@ -28,6 +28,30 @@ def one_thread():
 # Test modules import these directly (``from conftest import rel, tiny_model``): pytest puts
 # this directory on sys.path for its conftest.
 
+def record_engine_graphs(monkeypatch) -> list:
+    """Engines built from here on compile their pieces with a backend that records each dynamo
+    graph (and runs it as traced) instead of Inductor; returns the list it fills. The engine's
+    process-wide compiled pieces start empty (callers reset dynamo when they are done)."""
+    import orthros.engine.engine as engine_mod
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    real_compile = torch.compile
+    monkeypatch.setattr(engine_mod, "_COMPILED", {})
+    monkeypatch.setattr(engine_mod, "_FAILED", set())
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, backend=backend))
+    return graphs
+
+
+def writes_cache(gm) -> bool:
+    """Whether a recorded graph holds an indexed write (the decode step's cache scatter)."""
+    return any(t in str(n.target) for n in gm.graph.nodes for t in ("index_put", "setitem"))
+
+
 def rel(a, b, floor: float = 1e-12) -> float:
     """``||a - b|| / ||b||`` in float64 (the guide's error measure); NaN never passes; an empty
     pair is 0. ``floor`` bounds the denominator from below (exact gradients may be 0)."""

@@ -8,11 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import orthros.engine.engine as engine_mod
 from orthros.engine import Engine
 from orthros.engine.cache import DecodeView
 
-from conftest import tiny_model
+from conftest import record_engine_graphs, tiny_model, writes_cache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -58,16 +57,7 @@ def test_compiled_decode_projection_holds_the_write_in_one_graph_for_every_layer
     and the same graphs serve all layers: the count of decode projection graphs does not grow
     with the number of layers (a graph per layer would mean the slot is looked up by layer
     index inside the compiled code). A counting backend stands in for Inductor (fast)."""
-    graphs = []
-
-    def backend(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    real_compile = torch.compile
-    monkeypatch.setattr(engine_mod, "_COMPILED", {})
-    monkeypatch.setattr(engine_mod, "_FAILED", set())
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, backend=backend))
+    graphs = record_engine_graphs(monkeypatch)
     counts = {}
     try:
         for layers in (3, 5):
@@ -77,8 +67,7 @@ def test_compiled_decode_projection_holds_the_write_in_one_graph_for_every_layer
             eng = Engine(m, max_batch_size=2, max_seq_len=40, compile=True)
             got = eng.generate(PROMPTS, 3)
             assert got == Engine(m, max_batch_size=2, max_seq_len=40).generate(PROMPTS, 3)
-            scatter = [g for g in graphs if any(t in str(n.target) for n in g.graph.nodes for t in ("index_put", "setitem"))]
-            counts[layers] = len(scatter)
+            counts[layers] = sum(writes_cache(g) for g in graphs)
     finally:
         torch._dynamo.reset()
     assert 1 <= counts[3] == counts[5] <= 2, counts  # at most: the last layer's piece and the others'

@@ -37,6 +37,19 @@ def make(B, L_max, Hq, Hkv, D, lens, dtype=torch.float32, seed=0):
             torch.tensor(lens, device=DEV, dtype=torch.int32))
 
 
+def _captured(step):
+    """``step`` run once on a side stream (warm-up), then captured: ``(graph, its output)``."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    return graph, out
+
+
 def test_reference_matches_op_reference():
     B, L, Hq, Hkv, D, w = 3, 40, 4, 2, 16, 7
     q, qo, kc, vc, lens = make(B, L, Hq, Hkv, D, [40, 13, 3])
@@ -143,14 +156,7 @@ def test_gpu_long_cache_and_graph_capture(dtype):
     for x, y in zip(a, b):
         assert rel(x, y) < 1e-2
     # CUDA graph: capture once, change lengths on the device, replay
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        orthros_decode_attention(q, qo, kc, vc, lens, window_size=128)
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = orthros_decode_attention(q, qo, kc, vc, lens, window_size=128)
+    graph, out = _captured(lambda: orthros_decode_attention(q, qo, kc, vc, lens, window_size=128))
     lens.copy_(torch.tensor([5, 39999, 20000, 1], device=DEV, dtype=torch.int32))
     graph.replay()
     ref = decode_attention_reference(q, qo, kc, vc, lens, window_size=128)
@@ -397,14 +403,7 @@ def test_gpu_inline_merge_graph_replays_and_races(S, bn, nw):
     assert all(rel(x, y) < 1e-2 for x, y in zip(first, sep))
     outs = [step() for _ in range(300)]  # queued back to back, compared afterwards
     assert all(torch.equal(x, y) for out in outs for x, y in zip(out, first))
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = _captured(step)
     for new in ([5, 4096, 2000, 1, 0, 3333, 64, 65], [4096] * 8, [1, 2, 3, 4, 5, 6, 7, 8]):
         lens.copy_(torch.tensor(new, device=DEV, dtype=torch.int32))
         for _ in range(20):
@@ -610,14 +609,7 @@ def test_gpu_qkv_kernel_matches_reference_and_replays(dtype):
     assert rel(a, b) < tol and rel(ka, kb) < (1e-6 if dtype == torch.float32 else 4e-3) and torch.equal(va, vb)
     k, v = kc.clone(), vc.clone()
     step = lambda: decode_qkv_attention_triton(qkv, k, v, lens, q_rows=(0, 1), window_size=w, **kw)  # noqa: E731
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    graph, out = _captured(step)
     for new in ([5, 4095, 64, 65], [0, 1, 2, 3], [4095] * 4):
         lens.copy_(torch.tensor(new, device=DEV))
         k.copy_(kc)

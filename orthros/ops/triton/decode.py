@@ -80,6 +80,20 @@ def _merge_row(OP, LP, O, OO, b, stream, h, sob, soh, soob, sooh,
 
 
 @triton.jit
+def _query_rows(kvh64, G: tl.constexpr, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+    """The tile layout of a split program's ``2G`` query rows: rows ``0..G-1`` the window queries
+    of the heads sharing KV head ``kvh64``, rows ``G..2G-1`` their full queries. Returns
+    ``(is_win, r_ok, head, offs_d, d_ok, qmask)``."""
+    r = tl.arange(0, BLOCK_H)
+    is_win = r < G
+    r_ok = r < 2 * G
+    head = kvh64 * G + tl.where(is_win, r, r - G)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < D
+    return is_win, r_ok, head, offs_d, d_ok, r_ok[:, None] & d_ok[None, :]
+
+
+@triton.jit
 def _key_block(q, k, v, cols, hi, w_lo, is_win, m_i, l_i, acc, qk_scale, PREC: tl.constexpr, UPCAST: tl.constexpr):
     """One block of keys ``cols`` (``k``, ``v`` loaded, zero past ``hi``) into the online softmax."""
     if UPCAST:
@@ -112,12 +126,11 @@ def _empty_state(BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
-def _finish_split(m_i, l_i, acc, OP, LP, O, OO, CNT, b64, kvh64, split, head, is_win, r_ok, offs_d, d_ok,
+def _finish_split(m_i, l_i, acc, OP, LP, O, OO, CNT, b64, kvh64, split, head, is_win, r_ok, offs_d, qmask,
                   sob, soh, soob, sooh, G: tl.constexpr, HQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
                   NUM_SPLITS, MERGE: tl.constexpr, BLOCK_S: tl.constexpr):
     """What a split program does with its result (``MERGE``, see :func:`_decode_split`)."""
     o, lse, _ = softmax_result(m_i, l_i, acc)
-    qmask = r_ok[:, None] & d_ok[None, :]
     if MERGE == 1:  # _DIRECT: the only split, its result is final
         tl.store(O + b64 * sob + head[:, None] * soh + offs_d[None, :], o.to(O.dtype.element_ty),
                  mask=qmask & is_win[:, None])
@@ -171,13 +184,7 @@ def _decode_split(
     L = tl.load(SEQ + b64).to(tl.int64)
     s_lo = split.to(tl.int64) * split_len
     s_hi = tl.minimum(s_lo + split_len, L)
-    r = tl.arange(0, BLOCK_H)
-    is_win = r < G
-    r_ok = r < 2 * G
-    head = kvh64 * G + tl.where(is_win, r, r - G)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
-    qmask = r_ok[:, None] & d_ok[None, :]
+    is_win, r_ok, head, offs_d, d_ok, qmask = _query_rows(kvh64, G, D, BLOCK_H, BLOCK_D)
     qw = tl.load(Q + b64 * sqb + head[:, None] * sqh + offs_d[None, :], mask=qmask & is_win[:, None], other=0.0)
     qf = tl.load(QO + b64 * sob_ + head[:, None] * soh_ + offs_d[None, :], mask=qmask & (~is_win)[:, None], other=0.0)
     q = qw + qf
@@ -187,7 +194,7 @@ def _decode_split(
     m_i, l_i, acc = _attend_chunk(q, K + b64 * skb + kvh64 * skh, V + b64 * svb + kvh64 * svh, skt, svt, s_lo, s_hi,
                                   L - window, is_win, offs_d, d_ok, qk_scale, m_i, l_i, acc, BLOCK_N=BLOCK_N,
                                   PREC=PREC, UPCAST=UPCAST)
-    _finish_split(m_i, l_i, acc, OP, LP, O, OO, CNT, b64, kvh64, split, head, is_win, r_ok, offs_d, d_ok,
+    _finish_split(m_i, l_i, acc, OP, LP, O, OO, CNT, b64, kvh64, split, head, is_win, r_ok, offs_d, qmask,
                   sob, soh, soob, sooh, G=G, HQ=HQ, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=NUM_SPLITS, MERGE=MERGE,
                   BLOCK_S=BLOCK_S)
 
@@ -243,15 +250,9 @@ def _decode_split_qkv(
     v_base = V + b64 * svb + kvh64 * svh
     DT: tl.constexpr = QKV.dtype.element_ty
     HALF: tl.constexpr = D // 2
-    r = tl.arange(0, BLOCK_H)
-    is_win = r < G
-    r_ok = r < 2 * G
-    head = kvh64 * G + tl.where(is_win, r, r - G)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_ok = offs_d < D
+    is_win, r_ok, head, offs_d, d_ok, qmask = _query_rows(kvh64, G, D, BLOCK_H, BLOCK_D)
     offs_p = tl.where(offs_d < HALF, offs_d + HALF, offs_d - HALF)
     sign = tl.where(offs_d < HALF, -1.0, 1.0)
-    qmask = r_ok[:, None] & d_ok[None, :]
     # Until the PDL wait: only what no kernel of this step writes. The chunk's first key block
     # (PEEL; the cache before `pos` was written by earlier steps) and the prologue's parameters.
     if PEEL:
@@ -327,7 +328,7 @@ def _decode_split_qkv(
     new_ok = d_ok & (offs_d < tl.where(has_new, BLOCK_D, 0))
     tl.store(K + b64 * skb + pos * skt + kvh64 * skh + offs_d, k_new, mask=new_ok)
     tl.store(V + b64 * svb + pos * svt + kvh64 * svh + offs_d, v_new, mask=new_ok)
-    _finish_split(m_i, l_i, acc, OP, LP, O, OO, CNT, b64, kvh64, split, head, is_win, r_ok, offs_d, d_ok,
+    _finish_split(m_i, l_i, acc, OP, LP, O, OO, CNT, b64, kvh64, split, head, is_win, r_ok, offs_d, qmask,
                   sob, soh, soob, sooh, G=G, HQ=HQ, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=NUM_SPLITS, MERGE=MERGE,
                   BLOCK_S=BLOCK_S)
 
@@ -517,7 +518,8 @@ class _Plan:
                            PREC="ieee" if self.upcast else precision(dtype), MERGE=self.mode, BLOCK_S=self.bs,
                            UPCAST=self.upcast)
         nw, ns = (1, 1) if interpreting() else (cfg["num_warps"], cfg["num_stages"])
-        self.launch = dict(num_warps=nw, num_stages=ns, **pdl_kwargs(dev))
+        self.pdl = pdl_kwargs(dev)
+        self.launch = dict(num_warps=nw, num_stages=ns, **self.pdl)
 
     def combine(self, o, o_out):
         """The merge launch of the partials (``merge="separate"`` with S > 1)."""
@@ -525,7 +527,7 @@ class _Plan:
             _decode_combine[(self.consts["HQ"], 2, o.shape[0])](
                 self.op, self.lp, o, o_out, o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
                 HQ=self.consts["HQ"], D=self.consts["D"], BLOCK_D=self.BD, NUM_SPLITS=self.S,
-                BLOCK_S=max(2, pow2(self.S)), **pdl_kwargs(o.device))
+                BLOCK_S=max(2, pow2(self.S)), **self.pdl)
 
 
 def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window_size, scale=None,
@@ -600,7 +602,7 @@ def decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, *, num_heads, q_row
         o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
         int(q_rows[0]), int(q_rows[1]), int(window_size), scale * LOG2E, plan.split_len, L_max, float(eps),
         HKV=HKV, HAS_QN=q_norm is not None, HAS_KN=k_norm is not None, HAS_SO=scale_offset[0] is not None,
-        PEEL=QKV_PEEL and _launched_early(plan.launch.get("PDL"), qkv.shape[0] * qkv.shape[1]), **plan.consts,
+        PEEL=QKV_PEEL and _launched_early(plan.pdl, qkv.shape[0] * qkv.shape[1]), **plan.consts,
         **plan.launch)
     plan.combine(o, o_out)
     return both
