@@ -309,7 +309,7 @@ class OrthrosAttention(FusedProjections, nn.Module):
         rows go to it as they are), the kernel may hand them over unmerged."""
         s = self.streams(step, final)
         rows = p.qkv.shape[0] * (int(p.window) + int(p.full))
-        merge = s.gather or step.gemv is None or not merges_partials(rows, p.qkv.device, step.gemv)
+        merge = s.gather or step.gemv is None or not merges_partials(rows, self.head_dim, p.qkv.device, step.gemv)
         so = (None,) * 4
         if s.scale_offset:
             out = (self.alpha_out, self.beta_out)

@@ -60,7 +60,7 @@ def test_merge_is_the_base_e_merge_of_base_2_lse():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("form", sorted(FORMS))
-@pytest.mark.parametrize("lead,H,S,D", [((1, 2), 4, 3, 16), ((2, 1), 2, 5, 32), ((3,), 3, 1, 16)])
+@pytest.mark.parametrize("lead,H,S,D", [((1, 2), 4, 3, 16), ((2, 1), 2, 5, 32), ((3,), 3, 1, 16), ((1,), 3, 2, 64)])
 def test_triton_merges_as_the_reference(lead, H, S, D, form, dtype):
     p = partials(lead, H, S, D, seed=H * 10 + S)
     g = torch.Generator().manual_seed(1)
@@ -109,6 +109,9 @@ def test_bad_partials_are_refused_before_any_launch(monkeypatch):
         gemv(p, w, backend="triton", residual=torch.zeros(1, 12, device=DEV))
     with pytest.raises(ValueError, match="at most 8 rows|1..8 rows"):
         gemv_triton(torch.zeros(9, 2, 3, 8, device=DEV), w, lse=torch.zeros(9, 2, 3, device=DEV))
+    with pytest.raises(ValueError, match="power-of-two head size, got D = 12"):
+        gemv_triton(torch.zeros(1, 2, 3, 12, device=DEV), torch.randn(12, 24).to(DEV),
+                    lse=torch.zeros(1, 2, 3, device=DEV))
     with pytest.raises(ValueError, match="contiguous in"):
         o = torch.zeros(1, 2, 8, 3, device=DEV).transpose(-1, -2)
         gemv_triton(o, w, lse=torch.zeros(1, 2, 3, device=DEV))
@@ -117,12 +120,12 @@ def test_bad_partials_are_refused_before_any_launch(monkeypatch):
 def test_merges_partials_policy(monkeypatch):
     import orthros.ops.gemv as g
 
-    assert not merges_partials(2, "cpu")  # the interpreter's GEMV is no faster: keep the merge launch
+    assert not merges_partials(2, 128, "cpu")  # the interpreter's GEMV is no faster: keep the merge launch
     monkeypatch.setattr(g, "MERGE_PARTIALS", True)
-    assert g.merges_partials(2, "cuda") == g._HAS_TRITON and not g.merges_partials(9, "cuda")
-    assert not g.merges_partials(2, "cuda", "torch")
+    assert g.merges_partials(2, 128, "cuda") == g._HAS_TRITON and not g.merges_partials(9, 128, "cuda")
+    assert not g.merges_partials(2, 128, "cuda", "torch") and not g.merges_partials(2, 96, "cuda")
     monkeypatch.setattr(g, "MERGE_PARTIALS", False)  # ORTHROS_GEMV_MERGE=0
-    assert not g.merges_partials(2, "cuda")
+    assert not g.merges_partials(2, 128, "cuda")
 
 
 # ------------------------------------------------------------------------------ GPU

@@ -53,14 +53,15 @@ if _MERGE_ENV not in ("0", "1"):
 MERGE_PARTIALS = _MERGE_ENV == "1"
 
 
-def merges_partials(rows: int, device, backend: str = "auto") -> bool:
+def merges_partials(rows: int, head_dim: int, device, backend: str = "auto") -> bool:
     """Whether a GEMV of ``backend`` after a decode kernel should be handed that kernel's split
-    partials (:class:`~orthros.ops.merge.SplitPartials`) for ``rows`` input rows on ``device``:
-    where it runs the triton kernel on them (``"auto"`` / ``"triton"``, CUDA, ``rows <= MAX_M``)
-    and :data:`MERGE_PARTIALS` is on. The other backends merge them in torch first (correct, no
-    faster), so a ``False`` here costs only the merge launch."""
+    partials (:class:`~orthros.ops.merge.SplitPartials`) for ``rows`` input rows of heads of
+    ``head_dim`` on ``device``: where it runs the triton kernel on them (``"auto"`` /
+    ``"triton"``, CUDA, ``rows <= MAX_M``, a power-of-two ``head_dim``) and :data:`MERGE_PARTIALS`
+    is on. The other backends merge them in torch first (correct, no faster), so a ``False``
+    here costs only the merge launch."""
     return (MERGE_PARTIALS and _HAS_TRITON and backend in ("auto", "triton") and 1 <= rows <= MAX_M
-            and torch.device(device).type == "cuda")
+            and head_dim > 0 and head_dim & (head_dim - 1) == 0 and torch.device(device).type == "cuda")
 
 
 def _triton_takes(x, weight, bias, norm_weight, residual) -> bool:
@@ -112,7 +113,7 @@ def gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
 @gemv_op.register_fake
 def _gemv_op_fake(x, weight, bias, norm_weight, norm_eps, act, residual, lse=None):
     if lse is not None:
-        _check_partials(SplitPartials(x, lse), weight, bias, norm_weight, act, residual)
+        _check_partials(SplitPartials(x, lse), weight, bias, norm_weight, act or None, residual)
         return weight.new_empty(*x.shape[:-3], weight.shape[0])
     check_gemv_inputs(x, weight, bias, norm_weight=norm_weight,
                       norm_eps=norm_eps if norm_weight is not None else None, act=act or None, residual=residual)
@@ -134,8 +135,9 @@ def _check_partials(x: SplitPartials, weight, bias, norm_weight, act, residual) 
 def _triton_takes_partials(x: SplitPartials, weight, bias, residual) -> bool:
     """:func:`_triton_takes` for a :class:`SplitPartials` input (checked already)."""
     dev = x.o.device
+    D = x.o.shape[-1]
     if not (x.o.is_cuda and weight.device == dev and weight.dtype in DTYPES and weight.is_contiguous()
-            and math.prod(x.o.shape[:-3]) <= MAX_M):
+            and math.prod(x.o.shape[:-3]) <= MAX_M and D & (D - 1) == 0):
         return False
     if bias is not None and (bias.device != dev or not bias.is_contiguous()):
         return False

@@ -119,25 +119,30 @@ def _times_norm_weight(x, NW, nw_offs, nw_mask, MASK_K: tl.constexpr, dt: tl.con
 
 
 @triton.jit
-def _merged_row(X, LP, m, offs_k, k_ok, spm, slm, n_split, dt: tl.constexpr, HEAD_D: tl.constexpr,
-                BLOCK_S: tl.constexpr, EMU_RNE: tl.constexpr):
-    """Row ``m`` of the GEMV's input at columns ``offs_k`` from split partials (``MERGE``):
-    column ``k`` is element ``k % HEAD_D`` of head ``k // HEAD_D``, the log-sum-exp merge of its
-    ``n_split`` partials ``X [m, head, s, :]`` (float32) with base-2 weights ``LP [m, head, s]``,
-    in the order and roundings of the decode kernel's own merge (``merge_splits``, then the cast
-    to ``dt``). ``[BLOCK_K]`` in ``dt``; masked columns 0."""
+def _merged_row(X, LP, m, k0, K, spm, slm, n_split, dt: tl.constexpr, HEAD_D: tl.constexpr,
+                BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr, EMU_RNE: tl.constexpr):
+    """Row ``m`` of the GEMV's input at columns ``[k0, k0 + BLOCK_K)`` from split partials
+    (``MERGE``): column ``k`` is element ``k % HEAD_D`` of head ``k // HEAD_D``, the log-sum-exp
+    merge of its ``n_split`` partials ``X [m, head, s, :]`` (float32) with base-2 weights ``LP [m,
+    head, s]``, in the arithmetic and rounding of the decode kernel's own merge
+    (``merge_splits``, then the cast to ``dt``). ``HEAD_D`` and ``BLOCK_K`` are powers of two, so
+    a tile holds ``NH`` whole heads or lies inside one, and each head's weights are computed once.
+    ``[BLOCK_K]`` in ``dt``; columns past ``K`` are 0."""
+    NH: tl.constexpr = BLOCK_K // HEAD_D if BLOCK_K >= HEAD_D else 1
+    TD: tl.constexpr = HEAD_D if BLOCK_K >= HEAD_D else BLOCK_K
     offs_s = tl.arange(0, BLOCK_S)
-    ok = (offs_s < n_split)[:, None] & k_ok[None, :]
-    head = offs_k // HEAD_D
-    row = head[None, :] * n_split + offs_s[:, None]  # [BLOCK_S, BLOCK_K]: (head, split) of each entry
+    head = k0 // HEAD_D + tl.arange(0, NH)  # [NH]
+    offs_d = k0 % HEAD_D + tl.arange(0, TD)  # [TD] (k0 % HEAD_D is 0 when a tile holds whole heads)
+    ok = (offs_s < n_split)[:, None] & (head * HEAD_D < K)[None, :]  # [BLOCK_S, NH]
+    row = head[None, :] * n_split + offs_s[:, None]  # (head, split) rows of the partials
     lse = tl.load(LP + m * slm + row, mask=ok, other=float("-inf"))
-    o = tl.load(X + m * spm + row * HEAD_D + (offs_k % HEAD_D)[None, :], mask=ok, other=0.0)
+    o = tl.load(X + m * spm + row[:, :, None] * HEAD_D + offs_d[None, None, :], mask=ok[:, :, None], other=0.0)
     mx = tl.max(lse, 0)
     mx_safe = tl.where(mx == float("-inf"), 0.0, mx)
     wts = tl.exp2(lse - mx_safe[None, :])
     den = tl.sum(wts, 0)
-    x = tl.sum(o * wts, 0) / tl.where(den > 0, den, 1.0)
-    return _round(x, dt, EMU_RNE)
+    x = tl.sum(o * wts[:, :, None], 0) / tl.where(den > 0, den, 1.0)[:, None]  # [NH, TD]
+    return _round(tl.reshape(x, [BLOCK_K]), dt, EMU_RNE)
 
 
 @triton.jit
@@ -244,7 +249,7 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
             if MERGE:
                 xt = tl.zeros([BLOCK_K, BLOCK_M], dt)
                 for m in tl.static_range(M_ROWS):
-                    xm = _merged_row(X, LP, m, offs_k, k_ok, sxm, slm, n_split, dt, HEAD_D, BLOCK_S, EMU_RNE)
+                    xm = _merged_row(X, LP, m, k0, K, sxm, slm, n_split, dt, HEAD_D, BLOCK_K, BLOCK_S, EMU_RNE)
                     xt = tl.where(offs_m[None, :] == m, xm[:, None], xt)
             else:
                 xt = _prologue(X, offs_m[None, :] * sxm + offs_k[:, None], m_ok[None, :] & k_ok[:, None],
@@ -263,7 +268,7 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
             if MERGE:
                 xk = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
                 for m in tl.static_range(M_ROWS):
-                    xm = _merged_row(X, LP, m, offs_k, k_ok, sxm, slm, n_split, dt, HEAD_D, BLOCK_S, EMU_RNE)
+                    xm = _merged_row(X, LP, m, k0, K, sxm, slm, n_split, dt, HEAD_D, BLOCK_K, BLOCK_S, EMU_RNE)
                     xk = tl.where(offs_m[:, None] == m, xm.to(tl.float32)[None, :], xk)
             else:
                 xk = _prologue(X, offs_m[:, None] * sxm + offs_k[None, :], m_ok[:, None] & k_ok[None, :], NW,
@@ -281,7 +286,7 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
                 else:
                     rstd_m = 0.0
                 if MERGE:
-                    xm = _merged_row(X, LP, m, offs_k, k_ok, sxm, slm, n_split, dt, HEAD_D, BLOCK_S,
+                    xm = _merged_row(X, LP, m, k0, K, sxm, slm, n_split, dt, HEAD_D, BLOCK_K, BLOCK_S,
                                      EMU_RNE).to(tl.float32)
                 else:
                     xm = _prologue(X, m * sxm + offs_k, k_ok, NW, offs_k, k_ok, rstd_m, K, NORM, SILU,
@@ -571,6 +576,9 @@ def _gemv_partials(o, lse, weight, bias, *, config, residual):
     dev = o.device
     if H * D != K:
         raise ValueError(f"x: SplitPartials of {H} heads x {D} must give weight's K = {K}, got {H * D}")
+    if D & (D - 1):
+        raise ValueError(f"x: the triton GEMV merges SplitPartials of a power-of-two head size, got D = {D} "
+                         f"(backend 'torch' merges any)")
     if not 1 <= M <= MAX_M:
         raise ValueError(f"x must have 1..{MAX_M} rows for the triton GEMV, got {M} from SplitPartials o "
                          f"{tuple(o.shape)}")
