@@ -12,10 +12,8 @@
 #      then optionally "nocombo" (the decode pieces compiled without Inductor's combo kernels, as
 #      before inference change 19), then optionally "noqkv" (the decode's q/k prologue and K/V write
 #      outside the attention kernel, Engine(qkv_kernel=False), as before inference change 21) or
-#      "nopeel" (that kernel's first key block not loaded ahead of its PDL wait, ORTHROS_QKV_PEEL=0),
-#      then optionally "nomerge" (the decode kernel's merge launch kept: ORTHROS_GEMV_MERGE=0, as
-#      before inference change 22) or "mpN" (W_O's GEMV merging the split partials prefetches N MB,
-#      ORTHROS_GEMV_MERGE_PREFETCH_MB=N). The engine's defaults: pf4m2 (with mp16).
+#      "nopeel" (that kernel's first key block not loaded ahead of its PDL wait, ORTHROS_QKV_PEEL=0).
+#      The engine's defaults: pf4m2.
 # Nothing is installed: the image's torch / triton run it. From the repo root (the `run` tool):
 #   command: ORTHROS_COMMIT=<sha> bash benchmarks/pdl_gpu.sh
 # Optional: VARIANTS (unset: "off pf8 pdl pf16 off pf8"; empty: none), CONTEXTS (1024,4096), T_TESTS (150 s),
@@ -31,11 +29,8 @@ settings() {  # a setting's name -> its environment in env_, extra benchmark arg
   local rest=$1 min_m=1
   args_=()
   local qkv_env=()
-  case "$rest" in *nomerge) qkv_env+=(ORTHROS_GEMV_MERGE=0); rest=${rest%nomerge} ;;
-    *mp[0-9]*) local mp=${rest##*mp}; [[ $mp =~ ^[0-9]+$ ]] || return 1
-      qkv_env+=(ORTHROS_GEMV_MERGE_PREFETCH_MB=$mp); rest=${rest%mp$mp} ;; esac
   case "$rest" in *noqkv) args_+=(--qkv-kernel off); rest=${rest%noqkv} ;;
-    *nopeel) qkv_env+=(ORTHROS_QKV_PEEL=0); rest=${rest%nopeel} ;; esac
+    *nopeel) qkv_env=(ORTHROS_QKV_PEEL=0); rest=${rest%nopeel} ;; esac
   case "$rest" in *nocombo) args_+=(--decode-compile-options '{"realize_reads_threshold": 5}'); rest=${rest%nocombo} ;; esac
   case "$rest" in *m2) min_m=2; rest=${rest%m2} ;; esac
   env_=(ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=$min_m)
@@ -50,7 +45,7 @@ settings() {  # a setting's name -> its environment in env_, extra benchmark arg
 }
 [[ ${ROOF:-0} =~ ^[0-9]+$ ]] || { echo "ROOF: give a count of roofline processes, got '$ROOF'" >&2; exit 2; }
 for v in $VARIANTS ${PROFILE:-}; do  # every name checked before any work
-  settings "$v" || { echo "VARIANTS / PROFILE: unknown setting '$v' (off, or pdl / pfN, then optionally end, then m2; then optionally nocombo, then optionally noqkv / nopeel, then optionally nomerge / mpN)" >&2; exit 2; }
+  settings "$v" || { echo "VARIANTS / PROFILE: unknown setting '$v' (off, or pdl / pfN, then optionally end, then m2; then optionally nocombo, then optionally noqkv / nopeel)" >&2; exit 2; }
 done
 mkdir -p "$OUT"
 { date -u; echo "commit $ORTHROS_COMMIT"

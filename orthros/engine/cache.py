@@ -28,7 +28,6 @@ import torch
 from ..layers.step import stack_rows
 from ..ops import orthros_attention
 from ..ops.decode import orthros_decode_attention, orthros_decode_qkv_attention
-from ..ops.merge import SplitPartials
 
 
 class StaticKVCache:
@@ -175,15 +174,11 @@ class DecodeView:
     def attend_qkv(self, i: int, qkv, *, keep, backend: str, **prologue):
         """Layer ``i``'s step from its raw QKV rows (``prologue``: the arguments of
         :func:`~orthros.ops.decode.orthros_decode_qkv_attention`): writes the token's K/V at
-        ``lens`` and returns the rows of the streams ``keep = (window, full)`` keeps (split
-        partials with ``merge=False``, when the kernel leaves them unmerged)."""
+        ``lens`` and returns the rows of the streams ``keep = (window, full)`` keeps."""
         kc, vc = self._buffers(i)
         o = orthros_decode_qkv_attention(qkv, kc, vc, self.lens, backend=backend, **prologue)
         window, full = keep
-        if window and full:
-            return o
-        rows = (slice(None), slice(0, 1) if window else slice(1, 2))
-        return o.take(rows) if isinstance(o, SplitPartials) else o[rows]
+        return o if window and full else o[:, :1] if window else o[:, 1:]
 
 
 __all__ = ["StaticKVCache", "PrefillView", "DecodeView"]

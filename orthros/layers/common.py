@@ -30,8 +30,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, *, norm=None, act=N
     :class:`RMSNorm`) or ``act="silu"`` (``x = [gate | up]``: SwiGLU's ``silu(gate) * up``), after
     it the residual add. ``gemv`` (a backend of :func:`orthros.ops.gemv.gemv`, the engine's decode
     under ``Engine(gemv=True)``): one call of the fused GEMV, which runs these same ops where its
-    kernel does not take the inputs; ``None``: the ops one by one. With ``gemv``, ``x`` may be
-    :class:`~orthros.ops.merge.SplitPartials` (attention rows left unmerged), merged by the GEMV."""
+    kernel does not take the inputs; ``None``: the ops one by one."""
     if gemv is not None:
         from ..ops.gemv import gemv as fused_gemv
 

@@ -6,7 +6,7 @@ rule) and ``orthros.ops.gemv`` (the weight-streaming GEMV for decode's few rows)
 from .backends import BACKENDS, resolve_backend, triton_supports
 from .attention import doc_ids_from_cu_seqlens, normalize_output_positions, orthros_attention, run_attention
 from .decode import decode_attention_reference, orthros_decode_attention
-from .merge import SplitPartials, merge_partials, partial_attention
+from .merge import merge_partials, partial_attention
 from .reference import full_attention_reference, orthros_attention_reference, window_attention_reference
 
 __all__ = [
@@ -18,7 +18,6 @@ __all__ = [
     "orthros_decode_attention",
     "partial_attention",
     "merge_partials",
-    "SplitPartials",
     "orthros_attention_reference",
     "window_attention_reference",
     "full_attention_reference",

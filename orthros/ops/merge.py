@@ -8,17 +8,12 @@ log-sum-exp of its scores, and the partials merge exactly:
 
 Pure PyTorch in float32 (float64 stays float64). Used by the sequence-parallel path
 (``orthros.parallel``): the output query's partial over each rank's keys, merged across ranks.
-
-:class:`SplitPartials` is the same merge handed on undone: the decode kernel's per-split
-results (flash-decoding's key splits), which the weight-streaming GEMV of ``W_O`` merges as it
-loads its input instead of a merge launch between the two (docs/performance.md, inference
-change 22); :meth:`SplitPartials.merge` is the merge in torch, the reference.
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -88,40 +83,3 @@ def merge_partials(o: torch.Tensor, lse: torch.Tensor) -> Tuple[torch.Tensor, to
     lse_out = torch.where(has, mx_safe + torch.log(torch.where(has, den, torch.ones_like(den))),
                           torch.full_like(mx, float("-inf")))
     return out, lse_out
-
-
-class SplitPartials(NamedTuple):
-    """Attention rows left as ``S`` per-split partials (the decode kernel's buffers): ``o [..., H,
-    S, D]`` float32 (each split's softmax-normalised output) and ``lse [..., H, S]`` float32, the
-    splits' log-sum-exp in base 2 (``-inf`` for a split without keys). The row they stand for is
-    :meth:`merge`: ``sum_s 2^(lse_s - lse) o_s``, rounded to the attention's dtype."""
-
-    o: torch.Tensor
-    lse: torch.Tensor
-
-    def merge(self, dtype: torch.dtype) -> torch.Tensor:
-        """The merged rows ``[..., H, D]`` in ``dtype`` (:func:`merge_partials`; all splits empty: 0)."""
-        o, _ = merge_partials(self.o.movedim(-2, 0), self.lse.movedim(-1, 0) * math.log(2.0))
-        return o.to(dtype)
-
-    def take(self, idx) -> "SplitPartials":
-        """The partials of rows ``idx`` (an index of the leading dims, as ``tensor[idx]``)."""
-        return SplitPartials(self.o[idx], self.lse[idx])
-
-
-def check_split_partials(p, name: str = "x") -> None:
-    """``ValueError`` naming ``name`` unless ``p`` is a :class:`SplitPartials` of float32 ``o [...,
-    H, S, D]`` and ``lse [..., H, S]`` on one device with ``S >= 1``; reads no data."""
-    if not isinstance(p, SplitPartials):
-        raise ValueError(f"{name} must be SplitPartials(o, lse), got {type(p).__name__}")
-    o, lse = p
-    if not isinstance(o, torch.Tensor) or not isinstance(lse, torch.Tensor) or o.dim() < 3:
-        raise ValueError(f"{name}: SplitPartials needs tensors o [..., H, S, D] and lse [..., H, S], got "
-                         f"{type(o).__name__} {tuple(getattr(o, 'shape', ()))} and {type(lse).__name__}")
-    if tuple(lse.shape) != tuple(o.shape[:-1]) or o.shape[-2] < 1:
-        raise ValueError(f"{name}: SplitPartials lse must be o's shape without its last dim with S >= 1 splits, got "
-                         f"o {tuple(o.shape)} and lse {tuple(lse.shape)}")
-    if o.dtype != torch.float32 or lse.dtype != torch.float32:
-        raise ValueError(f"{name}: SplitPartials o and lse must be float32, got {o.dtype} and {lse.dtype}")
-    if o.device != lse.device:
-        raise ValueError(f"{name}: SplitPartials o and lse must be on one device, got {o.device} and {lse.device}")

@@ -8,8 +8,6 @@ keeps the separate path; compiled, the projection piece returns the raw rows."""
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
@@ -113,55 +111,6 @@ def test_compiled_projection_piece_returns_the_raw_rows(monkeypatch):
         torch._dynamo.reset()
     assert raw and got == Engine(m, max_batch_size=2, max_seq_len=40, qkv_kernel=False).generate(PROMPTS, 3)
     assert graphs and not any(writes_cache(g) for g in graphs)
-
-
-@pytest.mark.parametrize("mode,compile", [("orthros", False), ("full", False), ("window", False),
-                                          ("orthros", True)])
-def test_w_o_gemv_merges_the_split_partials(monkeypatch, mode, compile):
-    """With the decode split in 3 chunks and W_O's GEMV merging split partials (on CUDA by default,
-    forced here: the Triton interpreter), each attention layer's GEMV is handed the kernel's
-    partials (the streams the layer keeps) in place of a merge launch, and the steps equal those
-    with the merge launch. Compiled, the partials pass through the GEMV op's fake (a counting
-    backend stands in for Inductor) without the engine falling back to eager pieces."""
-    import orthros.layers.attention as la
-    import orthros.ops.gemv as g
-    from orthros.ops.merge import SplitPartials
-    from orthros.ops.triton import decode as td
-
-    m = _model(mode, "triton", layers=2)
-    monkeypatch.setitem(td.DECODE_CONFIG, "block_n", 16)
-    monkeypatch.setitem(td.DECODE_CONFIG, "splits", 3)
-    merges, inputs = [], []
-    real_combine, real_gemv = td._Plan.combine, g.gemv
-    monkeypatch.setattr(td._Plan, "combine", lambda self, *a: (merges.append(1), real_combine(self, *a))[1])
-    monkeypatch.setattr(g, "gemv", lambda x, *a, **k: (inputs.append(x), real_gemv(x, *a, **k))[1])
-    want, _ = _steps(m, n=3, qkv_kernel=True, gemv="triton")
-    assert len(merges) == 2 * 3 and not any(isinstance(x, SplitPartials) for x in inputs)
-    merges.clear(), inputs.clear()
-    monkeypatch.setattr(la, "merges_partials", lambda rows, head_dim, device, backend: True)
-    if compile:
-        graphs = record_engine_graphs(monkeypatch)
-        torch._dynamo.reset()
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                got, _ = _steps(m, n=3, qkv_kernel=True, gemv="triton", compile=True)
-        finally:
-            torch._dynamo.reset()
-        # a piece that fails to compile warns and runs eagerly
-        assert not [w for w in caught if "torch.compile of" in str(w.message)]
-        assert any("orthros.gemv" in str(n.target) and len(n.args) > 7 and n.args[7] is not None
-                   for g in graphs for n in g.graph.nodes)  # the GEMV op took the partials' lse
-    else:
-        got, _ = _steps(m, n=3, qkv_kernel=True, gemv="triton")
-    parts = [x for x in inputs if isinstance(x, SplitPartials)]
-    # the streams each layer keeps: the pair both rows in layer 0, the last layer only the full
-    # stream's; a window model's last layer gathers its output rows first, so it merges as before
-    kept = {"orthros": [2, 1], "full": [1, 1], "window": [1]}[mode] * 3
-    assert [p.o.shape[1] for p in parts] == kept and len(merges) == 2 * 3 - len(kept)
-    assert all(p.o.shape[::2] == (2, 4, 16) and p.o.shape[3] == 3 for p in parts)
-    for a, b in zip(got, want):
-        assert (a - b).abs().max().item() <= 1e-5 * max(1.0, b.abs().max().item())
 
 
 def test_qkv_kernel_argument_is_checked():

@@ -510,35 +510,6 @@ def test_qkv_kernel_bf16_and_splits():
         assert rel(got, want) < 3e-2, S
 
 
-def test_qkv_kernel_hands_unmerged_partials_over():
-    """``merge=False``: with S > 1 splits the kernel skips its merge launch and returns the
-    partials (``SplitPartials``: [B, 2, Hq, S, D] and their base-2 lse), whose merge is the merged
-    output; with one split (nothing to merge) and through the reference it returns the tensor."""
-    from orthros.ops.decode import decode_qkv_attention_reference, orthros_decode_qkv_attention
-    from orthros.ops.merge import SplitPartials
-    from orthros.ops.triton.decode import decode_qkv_attention_triton
-
-    B, L, Hq, Hkv, D = 2, 130, 8, 2, 16
-    qkv, kc, vc, lens, kw = make_qkv(B, L, Hq, Hkv, D, [129, 20], seed=4)
-    want = decode_qkv_attention_reference(qkv, kc.clone(), vc.clone(), lens, q_rows=(0, 1), window_size=7, **kw)
-    for S in (1, 3):
-        kk, vv = kc.clone(), vc.clone()
-        got = decode_qkv_attention_triton(qkv, kk, vv, lens, q_rows=(0, 1), window_size=7, merge=False,
-                                          _config={"splits": S, "block_n": 16}, **kw)
-        if S == 1:
-            assert isinstance(got, torch.Tensor) and rel(got, want) < 1e-5
-            continue
-        assert isinstance(got, SplitPartials) and got.o.shape == (B, 2, Hq, S, D) and got.lse.shape == (B, 2, Hq, S)
-        assert rel(got.merge(torch.float32), want) < 1e-5
-        assert torch.isinf(got.lse[1, :, :, 2]).all()  # row 1 (21 keys) has none in the third chunk
-        assert not torch.equal(kk, kc)  # the new K/V written all the same
-    out = orthros_decode_qkv_attention(qkv, kc.clone(), vc.clone(), lens, q_rows=(0, 1), window_size=7,
-                                       backend="reference", merge=False, **kw)
-    assert torch.equal(out, want)
-    with pytest.raises(ValueError, match="merge must be True or False"):
-        orthros_decode_qkv_attention(qkv, kc, vc, lens, q_rows=(0, 1), window_size=7, merge=None, **kw)
-
-
 def test_qkv_kernel_peels_only_behind_a_gemv_that_launches_it_early():
     """The first key block is loaded ahead of the PDL wait only when the QKV GEMV ahead starts
     the kernel early: a PDL launch of PDL_MIN_M..8 rows (the pair at B <= 4), not one row (the

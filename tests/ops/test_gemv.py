@@ -150,8 +150,7 @@ def test_prefetch_tile_fits_the_budget_and_the_slice():
 
 
 @pytest.mark.parametrize("var, value", [("ORTHROS_PDL_SIGNAL", "mid"), ("ORTHROS_PDL_MIN_M", "two"),
-                                        ("ORTHROS_GEMV_PREFETCH_MB", "4MB"), ("ORTHROS_GEMV_MERGE_PREFETCH_MB", "16MB"),
-                                        ("ORTHROS_GEMV_MERGE", "yes")])
+                                        ("ORTHROS_GEMV_PREFETCH_MB", "4MB")])
 def test_bad_pdl_settings_refused_naming_the_variable(var, value):
     env = {**os.environ, var: value}
     p = subprocess.run([sys.executable, "-c", "import orthros.ops.gemv.kernel"], capture_output=True, text=True,
@@ -326,14 +325,13 @@ COMPILE_SM90 = textwrap.dedent('''
             ("bf16", 2, 16, 256, 1, False, 4, 4, "DEFER"), ("bf16", 2, 16, 256, 1, False, 4, 4, "DEFER,NORM"),
             ("bf16", 2, 16, 256, 1, False, 4, 4, "DEFER,NORM_LATE"), ("bf16", 2, 64, 128, 1, True, 4, 3, "NORM_LATE")]:
         types = dict(X=f"*{dt}", W=f"*{dt}", B=f"*{dt}", Y=f"*{dt}", P="*fp32", NW=f"*{dt}", R=f"*{dt}", M="i32",
-                     N="i32", K="i32", sxm="i32", swn="i32", srm="i32", k_per_split="i32", eps="fp32", LP="*fp32",
-                     n_split="i32", slm="i32")
+                     N="i32", K="i32", sxm="i32", swn="i32", srm="i32", k_per_split="i32", eps="fp32")
         flags = {f: f in fused.split(",") for f in ("NORM", "SILU", "HAS_RES")}
         const = dict(BLOCK_M=16 if dot else triton.next_power_of_2(M), BLOCK_N=bn, BLOCK_K=bk, M_ROWS=M, DOT=dot,
                      SPLIT=split, HAS_BIAS=True, UPCAST=False, PREC="tf32", EVEN_K="RAGGED" not in fused,
                      NUM_STAGES=stages, EMU_RNE=False, **flags, **_norm_tile(M, 4096, flags["NORM"]),
                      DEFER="DEFER" in fused, NORM_LATE="NORM_LATE" in fused.split(","), PDL=False, PF_LINES=0,
-                     PF_STEP=64, SIGNAL_END=False, MERGE=False, HEAD_D=1, BLOCK_S=1)
+                     PF_STEP=64, SIGNAL_END=False)
         ptx = compile_(_gemv_kernel, types, const, warps, stages).asm["ptx"]
         # the weight stream: 16-byte asynchronous copies into shared memory (pipelined), no 2-byte loads of it
         print("CASE", dt, M, dot, ptx.count("cp.async.cg.shared.global"), ptx.count("ld.global.b16"),
@@ -348,13 +346,7 @@ COMPILE_SM90 = textwrap.dedent('''
         return next((i for i, l in enumerate(ptx.splitlines()) if re.search(pattern, l)), -1)
 
     access = r"ld[.]global|st[.]global|cp[.]async|red[.]global|atom[.]global"
-    # W_O's GEMV merging split partials (MERGE: fp32 partials of 128-wide heads, 16 splits) at M = 2
-    merge_types = dict(types, X="*fp32")
-    merge_const = dict(const, BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, M_ROWS=2, DOT=True, SPLIT=4, NORM=False,
-                       SILU=False, HAS_RES=False, NORM_LATE=False, DEFER=False, EVEN_K=True, MERGE=True,
-                       HEAD_D=128, BLOCK_S=16, **_norm_tile(2, 4096, False))
     for name, fn, ty, const_, warps, stages in [
-            ("gemv-merge", _gemv_kernel, merge_types, dict(merge_const, PDL=True, PF_LINES=8, PF_STEP=64), 4, 3),
             ("gemv", _gemv_kernel, types, dict(const, PDL=True, PF_LINES=8, PF_STEP=64), 4, 3),
             ("gemv-noprefetch", _gemv_kernel, types, dict(const, PDL=True, PF_LINES=0), 4, 3),
             ("gemv-signal-end", _gemv_kernel, types, dict(const, PDL=True, PF_LINES=0, SIGNAL_END=True), 4, 3),
@@ -374,7 +366,7 @@ def test_kernel_compiles_for_sm90_with_pipelined_vector_loads(tmp_path):
     cases = printed(lines, "CASE")
     assert len(cases) == 14
     pdl = {name: [int(v) for v in rest] for name, *rest in printed(lines, "PDL")}
-    assert sorted(pdl) == ["gemv", "gemv-merge", "gemv-noprefetch", "gemv-signal-end", "reduce"]
+    assert sorted(pdl) == ["gemv", "gemv-noprefetch", "gemv-signal-end", "reduce"]
     for name, (pref, wait, signal, access, n_pref) in pdl.items():
         # launched early, the kernel reads and writes nothing before the wait, and signals the
         # kernel behind only after it (so that one waits for this one's inputs too); or, with
@@ -383,7 +375,7 @@ def test_kernel_compiles_for_sm90_with_pipelined_vector_loads(tmp_path):
             assert 0 <= wait < access < signal, (name, wait, signal, access)
         else:
             assert 0 <= wait < signal < access, (name, wait, signal, access)
-        if name in ("gemv", "gemv-merge"):  # the tile's first lines of each row, asked for before the wait
+        if name == "gemv":  # the tile's first lines of each row, asked for before the wait
             assert 0 <= pref < wait and n_pref >= 1, (name, pref, wait, n_pref)
         else:
             assert pref == -1 and n_pref == 0, (name, pref, n_pref)

@@ -6,10 +6,7 @@ decoder layer's GEMMs fused into it (:mod:`.naive` is the specification):
 
 * ``norm_weight`` / ``norm_eps``: RMSNorm of the input rows first (before QKV, before gate/up);
 * ``act="silu"``: ``x = [gate | up]`` and the input is ``silu(gate) * up`` (before down);
-* ``residual``: ``residual + y`` (after o_proj, after down);
-* ``x`` given as :class:`orthros.ops.merge.SplitPartials` (the decode kernel's per-split
-  results): the input rows are their log-sum-exp merge, which the triton kernel computes as it
-  loads them (before o_proj: the decode step's merge launch folded in, :func:`merges_partials`).
+* ``residual``: ``residual + y`` (after o_proj, after down).
 
 :func:`gemv` is the one entry; backends:
 
@@ -34,34 +31,15 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from ..merge import SplitPartials, check_split_partials
 from .naive import ACTS, DTYPES, MAX_M, check_gemv_inputs, gemv_ref, prologue_ref
 
 GEMV_BACKENDS = ("auto", "torch", "triton", "naive")
 _HAS_TRITON = importlib.util.find_spec("triton") is not None  # once: no import inside a compiled region
-# Whether the triton GEMV is handed split partials to merge (merges_partials); ORTHROS_GEMV_MERGE=0
-# (read at import) keeps the decode kernel's own merge launch (docs/performance.md, inference change 22).
-_MERGE_ENV = os.environ.get("ORTHROS_GEMV_MERGE", "1")
-if _MERGE_ENV not in ("0", "1"):
-    raise ValueError(f"ORTHROS_GEMV_MERGE must be 0 or 1, got {_MERGE_ENV!r}")
-MERGE_PARTIALS = _MERGE_ENV == "1"
-
-
-def merges_partials(rows: int, head_dim: int, device, backend: str = "auto") -> bool:
-    """Whether a GEMV of ``backend`` after a decode kernel should be handed that kernel's split
-    partials (:class:`~orthros.ops.merge.SplitPartials`) for ``rows`` input rows of heads of
-    ``head_dim`` on ``device``: where it runs the triton kernel on them (``"auto"`` /
-    ``"triton"``, CUDA, ``rows <= MAX_M``, a power-of-two ``head_dim``) and :data:`MERGE_PARTIALS`
-    is on. The other backends merge them in torch first (correct, no faster), so a ``False``
-    here costs only the merge launch."""
-    return (MERGE_PARTIALS and _HAS_TRITON and backend in ("auto", "triton") and 1 <= rows <= MAX_M
-            and head_dim > 0 and head_dim & (head_dim - 1) == 0 and torch.device(device).type == "cuda")
 
 
 def _triton_takes(x, weight, bias, norm_weight, residual) -> bool:
@@ -94,58 +72,26 @@ def _triton_takes(x, weight, bias, norm_weight, residual) -> bool:
 # ``from __future__ import annotations``): the same on the GPU image's torch 2.11 and here
 @torch.library.custom_op("orthros::gemv", mutates_args=(),
                          schema="(Tensor x, Tensor weight, Tensor? bias, Tensor? norm_weight, float norm_eps, "
-                                "str act, Tensor? residual, Tensor? lse=None) -> Tensor")
+                                "str act, Tensor? residual) -> Tensor")
 def gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
             norm_weight: Optional[torch.Tensor], norm_eps: float, act: str,
-            residual: Optional[torch.Tensor], lse: Optional[torch.Tensor] = None) -> torch.Tensor:
+            residual: Optional[torch.Tensor]) -> torch.Tensor:
     """``orthros::gemv``: the triton GEMV with its prologue / epilogue as one op, opaque to
     ``torch.compile`` (one graph node, no graph break) and capturable in a CUDA graph. ``act``:
-    ``""`` (none) or ``"silu"``; ``norm_eps`` is read only with ``norm_weight``. With ``lse``,
-    ``x`` and ``lse`` are the fields of :class:`~orthros.ops.merge.SplitPartials`. Use
+    ``""`` (none) or ``"silu"``; ``norm_eps`` is read only with ``norm_weight``. Use
     :func:`gemv`; this is its ``backend="triton"`` path."""
     from . import kernel  # looked up at call time (tests replace kernel.gemv_triton)
 
     return kernel.gemv_triton(x, weight, bias, norm_weight=norm_weight,
                               norm_eps=norm_eps if norm_weight is not None else None,
-                              act=act or None, residual=residual, lse=lse)
+                              act=act or None, residual=residual)
 
 
 @gemv_op.register_fake
-def _gemv_op_fake(x, weight, bias, norm_weight, norm_eps, act, residual, lse=None):
-    if lse is not None:
-        _check_partials(SplitPartials(x, lse), weight, bias, norm_weight, act or None, residual)
-        return weight.new_empty(*x.shape[:-3], weight.shape[0])
+def _gemv_op_fake(x, weight, bias, norm_weight, norm_eps, act, residual):
     check_gemv_inputs(x, weight, bias, norm_weight=norm_weight,
                       norm_eps=norm_eps if norm_weight is not None else None, act=act or None, residual=residual)
     return x.new_empty(*x.shape[:-1], weight.shape[0])
-
-
-def _check_partials(x: SplitPartials, weight, bias, norm_weight, act, residual) -> None:
-    """:func:`gemv`'s checks of a :class:`SplitPartials` input (``ValueError`` naming the argument):
-    the partials themselves, no prologue, their rows ``[..., H * D]`` against ``weight``, and the
-    residual in ``weight``'s dtype (the output's)."""
-    check_split_partials(x)
-    if norm_weight is not None or act is not None:
-        raise ValueError("x given as SplitPartials takes no prologue: norm_weight and act must be None")
-    dtype = weight.dtype if isinstance(weight, torch.Tensor) else torch.float32
-    rows = torch.empty((), dtype=dtype, device="meta").expand(*x.o.shape[:-3], x.o.shape[-3] * x.o.shape[-1])
-    check_gemv_inputs(rows, weight, bias, residual=residual)
-
-
-def _triton_takes_partials(x: SplitPartials, weight, bias, residual) -> bool:
-    """:func:`_triton_takes` for a :class:`SplitPartials` input (checked already)."""
-    dev = x.o.device
-    D = x.o.shape[-1]
-    if not (x.o.is_cuda and weight.device == dev and weight.dtype in DTYPES and weight.is_contiguous()
-            and math.prod(x.o.shape[:-3]) <= MAX_M and D & (D - 1) == 0):
-        return False
-    if bias is not None and (bias.device != dev or not bias.is_contiguous()):
-        return False
-    if residual is not None and (residual.device != dev or (residual.shape[-1] > 1 and residual.stride(-1) != 1)):
-        return False
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (*x, weight, bias, residual)):
-        return False
-    return _HAS_TRITON
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
@@ -166,11 +112,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = N
     :func:`.kernel.gemv_triton` for what the ``"triton"`` backend refuses besides."""
     if backend not in GEMV_BACKENDS:
         raise ValueError(f"backend must be one of {GEMV_BACKENDS}, got {backend!r}")
-    if isinstance(x, SplitPartials):
-        _check_partials(x, weight, bias, norm_weight, act, residual)
-        if backend == "triton" or (backend == "auto" and _triton_takes_partials(x, weight, bias, residual)):
-            return gemv_op(x.o, weight, bias, None, 0.0, "", residual, x.lse)
-        x = x.merge(weight.dtype).flatten(-2)  # the reference merge, then the path of merged rows
     check_gemv_inputs(x, weight, bias, norm_weight=norm_weight, norm_eps=norm_eps, act=act, residual=residual)
     if backend == "auto":
         backend = "triton" if _triton_takes(x, weight, bias, norm_weight, residual) else "torch"
@@ -183,4 +124,4 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = N
     return residual + y if residual is not None else y
 
 
-__all__ = ["GEMV_BACKENDS", "MAX_M", "ACTS", "MERGE_PARTIALS", "merges_partials", "gemv", "gemv_op", "gemv_ref", "prologue_ref", "check_gemv_inputs"]
+__all__ = ["GEMV_BACKENDS", "MAX_M", "ACTS", "gemv", "gemv_op", "gemv_ref", "prologue_ref", "check_gemv_inputs"]

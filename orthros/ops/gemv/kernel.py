@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -53,7 +52,6 @@ import triton.language as tl
 from ..triton import common as _tc
 from ..triton.common import (cdiv, env_number, interpreting, pdl_enter, pdl_kwargs, pdl_signal, pdl_wait, pow2,
                              prefetch_l2)
-from ..merge import SplitPartials, check_split_partials
 from .naive import DTYPES, MAX_M, check_gemv_inputs
 
 
@@ -119,42 +117,14 @@ def _times_norm_weight(x, NW, nw_offs, nw_mask, MASK_K: tl.constexpr, dt: tl.con
 
 
 @triton.jit
-def _merged_row(X, LP, m, k0, K, spm, slm, n_split, dt: tl.constexpr, HEAD_D: tl.constexpr,
-                BLOCK_K: tl.constexpr, BLOCK_S: tl.constexpr, EMU_RNE: tl.constexpr):
-    """Row ``m`` of the GEMV's input at columns ``[k0, k0 + BLOCK_K)`` from split partials
-    (``MERGE``): column ``k`` is element ``k % HEAD_D`` of head ``k // HEAD_D``, the log-sum-exp
-    merge of its ``n_split`` partials ``X [m, head, s, :]`` (float32) with base-2 weights ``LP [m,
-    head, s]``, in the arithmetic and rounding of the decode kernel's own merge
-    (``merge_splits``, then the cast to ``dt``). ``HEAD_D`` and ``BLOCK_K`` are powers of two, so
-    a tile holds ``NH`` whole heads or lies inside one, and each head's weights are computed once.
-    ``[BLOCK_K]`` in ``dt``; columns past ``K`` are 0."""
-    NH: tl.constexpr = BLOCK_K // HEAD_D if BLOCK_K >= HEAD_D else 1
-    TD: tl.constexpr = HEAD_D if BLOCK_K >= HEAD_D else BLOCK_K
-    offs_s = tl.arange(0, BLOCK_S)
-    head = k0 // HEAD_D + tl.arange(0, NH)  # [NH]
-    offs_d = k0 % HEAD_D + tl.arange(0, TD)  # [TD] (k0 % HEAD_D is 0 when a tile holds whole heads)
-    ok = (offs_s < n_split)[:, None] & (head * HEAD_D < K)[None, :]  # [BLOCK_S, NH]
-    row = head[None, :] * n_split + offs_s[:, None]  # (head, split) rows of the partials
-    lse = tl.load(LP + m * slm + row, mask=ok, other=float("-inf"))
-    o = tl.load(X + m * spm + row[:, :, None] * HEAD_D + offs_d[None, None, :], mask=ok[:, :, None], other=0.0)
-    mx = tl.max(lse, 0)
-    mx_safe = tl.where(mx == float("-inf"), 0.0, mx)
-    wts = tl.exp2(lse - mx_safe[None, :])
-    den = tl.sum(wts, 0)
-    x = tl.sum(o * wts[:, :, None], 0) / tl.where(den > 0, den, 1.0)[:, None]  # [NH, TD]
-    return _round(tl.reshape(x, [BLOCK_K]), dt, EMU_RNE)
-
-
-@triton.jit
-def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps, LP, n_split, slm,
+def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, M_ROWS: tl.constexpr,
                  DOT: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr,
                  PREC: tl.constexpr, EVEN_K: tl.constexpr, NUM_STAGES: tl.constexpr,
                  NORM: tl.constexpr = False, SILU: tl.constexpr = False, HAS_RES: tl.constexpr = False,
                  EMU_RNE: tl.constexpr = False, NORM_M: tl.constexpr = 1, NORM_K: tl.constexpr = 16,
                  DEFER: tl.constexpr = False, NORM_LATE: tl.constexpr = False, PDL: tl.constexpr = False,
-                 PF_LINES: tl.constexpr = 0, PF_STEP: tl.constexpr = 64, SIGNAL_END: tl.constexpr = False,
-                 MERGE: tl.constexpr = False, HEAD_D: tl.constexpr = 1, BLOCK_S: tl.constexpr = 1):
+                 PF_LINES: tl.constexpr = 0, PF_STEP: tl.constexpr = 64, SIGNAL_END: tl.constexpr = False):
     """Program ``(pid_n, pid_k)``: output rows ``[pid_n * BLOCK_N, +BLOCK_N)`` over ``K`` slice
     ``[pid_k * k_per_split, +k_per_split)``. ``M_ROWS`` (= M, constexpr) unrolls the CUDA-core
     form; ``BLOCK_M`` is the accumulator's row count (pow2 >= M; 16 in the dot form). ``DEFER``
@@ -181,14 +151,7 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
     for the first ``PF_LINES`` lines (``PF_STEP`` elements each) of each of its weight rows
     (read-only, so safe to read early), so its K loop starts on L2 hits instead of a cold HBM
     stream; it touches no other memory before its wait. It signals the kernel behind right after
-    the wait, or after its K loop with ``SIGNAL_END``.
-
-    ``MERGE`` (not with ``NORM`` / ``SILU``): ``X`` holds attention rows as split partials (float32
-    ``[M, K / HEAD_D, n_split, HEAD_D]``, row stride ``sxm``) with their base-2 log-sum-exps ``LP``
-    (``[M, K / HEAD_D, n_split]``, row stride ``slm``), merged as each tile is loaded
-    (:func:`_merged_row`; ``BLOCK_S``: pow2 >= ``n_split``): the decode kernel's merge launch folded
-    in, so behind the decode kernel (PDL) the GEMV starts, and prefetches its weight, while the
-    attention still runs. The input dtype is then ``W``'s."""
+    the wait, or after its K loop with ``SIGNAL_END``."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -203,7 +166,7 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
     pdl_wait(PDL)
     if not SIGNAL_END:
         pdl_signal(PDL)
-    dt = W.dtype.element_ty if MERGE else X.dtype.element_ty
+    dt = X.dtype.element_ty
     # NORM_LATE: each row's sum of x^2, accumulated in the loop elementwise over the x tile's shape
     # and reduced over K once after it (no cross-thread reduction in the loop); the per-tile form,
     # which reduces every tile anyway, sums it into ssq directly
@@ -246,15 +209,8 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
         else:
             w = tl.load(w_rows + offs_k[None, :], mask=k_ok[None, :], other=0.0)
         if DOT:
-            if MERGE:
-                xt = tl.zeros([BLOCK_K, BLOCK_M], dt)
-                for m in tl.static_range(M_ROWS):
-                    xm = _merged_row(X, LP, m, k0, K, sxm, slm, n_split, dt, HEAD_D, BLOCK_K, BLOCK_S, EMU_RNE)
-                    xt = tl.where(offs_m[None, :] == m, xm[:, None], xt)
-            else:
-                xt = _prologue(X, offs_m[None, :] * sxm + offs_k[:, None], m_ok[None, :] & k_ok[:, None],
-                               NW, offs_k[:, None], k_ok[:, None], rstd[None, :], K, NORM, SILU, True, not EVEN_K,
-                               EMU_RNE)
+            xt = _prologue(X, offs_m[None, :] * sxm + offs_k[:, None], m_ok[None, :] & k_ok[:, None],
+                           NW, offs_k[:, None], k_ok[:, None], rstd[None, :], K, NORM, SILU, True, not EVEN_K, EMU_RNE)
             if NORM_LATE:
                 xf = xt.to(tl.float32)
                 ssq_t += xf * xf
@@ -265,15 +221,9 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
                 xt = xt.to(tl.float32)
             acc += tl.dot(w, xt, input_precision=PREC)
         elif DEFER:
-            if MERGE:
-                xk = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
-                for m in tl.static_range(M_ROWS):
-                    xm = _merged_row(X, LP, m, k0, K, sxm, slm, n_split, dt, HEAD_D, BLOCK_K, BLOCK_S, EMU_RNE)
-                    xk = tl.where(offs_m[:, None] == m, xm.to(tl.float32)[None, :], xk)
-            else:
-                xk = _prologue(X, offs_m[:, None] * sxm + offs_k[None, :], m_ok[:, None] & k_ok[None, :], NW,
-                               offs_k[None, :], k_ok[None, :], rstd[:, None], K, NORM, SILU, True, not EVEN_K,
-                               EMU_RNE).to(tl.float32)
+            xk = _prologue(X, offs_m[:, None] * sxm + offs_k[None, :], m_ok[:, None] & k_ok[None, :], NW,
+                           offs_k[None, :], k_ok[None, :], rstd[:, None], K, NORM, SILU, True, not EVEN_K,
+                           EMU_RNE).to(tl.float32)
             if NORM_LATE:
                 ssq_t += xk * xk
                 xk = _times_norm_weight(xk, NW, offs_k[None, :], k_ok[None, :], not EVEN_K, dt, False, EMU_RNE)
@@ -285,12 +235,8 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
                     rstd_m = tl.sum(tl.where(offs_m == m, rstd, 0.0), axis=0)
                 else:
                     rstd_m = 0.0
-                if MERGE:
-                    xm = _merged_row(X, LP, m, k0, K, sxm, slm, n_split, dt, HEAD_D, BLOCK_K, BLOCK_S,
-                                     EMU_RNE).to(tl.float32)
-                else:
-                    xm = _prologue(X, m * sxm + offs_k, k_ok, NW, offs_k, k_ok, rstd_m, K, NORM, SILU,
-                                   not EVEN_K, not EVEN_K, EMU_RNE).to(tl.float32)
+                xm = _prologue(X, m * sxm + offs_k, k_ok, NW, offs_k, k_ok, rstd_m, K, NORM, SILU,
+                               not EVEN_K, not EVEN_K, EMU_RNE).to(tl.float32)
                 if NORM_LATE:
                     ssq = tl.where(offs_m == m, ssq + tl.sum(xm * xm, axis=0), ssq)
                     xm = _times_norm_weight(xm, NW, offs_k, k_ok, not EVEN_K, dt, False, EMU_RNE)
@@ -480,7 +426,7 @@ def configs_installed(rows):
 def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
                 config: Optional[GemvConfig] = None, norm_weight: Optional[torch.Tensor] = None,
                 norm_eps: Optional[float] = None, act: Optional[str] = None,
-                residual: Optional[torch.Tensor] = None, lse: Optional[torch.Tensor] = None) -> torch.Tensor:
+                residual: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``residual + (prologue(x) @ weight[N, K].T (+ bias))`` by the streaming kernel (the
     arguments of :func:`orthros.ops.gemv.gemv`, :mod:`.naive` their meaning); ``[..., N]`` in
     ``x.dtype``. ``M = prod(x.shape[:-1]) <= 8``. ``config``: a :class:`GemvConfig` to use
@@ -490,8 +436,6 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     different devices or on a CPU outside the Triton interpreter, a ``weight``, ``bias`` or
     ``norm_weight`` that is not contiguous, an ``x`` or ``residual`` whose last dim is not
     contiguous or whose rows cannot be viewed as ``[M, *]``."""
-    if lse is not None:  # x: split partials, merged as they are loaded
-        return _gemv_partials(x, lse, weight, bias, config=config, residual=residual)
     check_gemv_inputs(x, weight, bias, norm_weight=norm_weight, norm_eps=norm_eps, act=act, residual=residual)
     N, K = weight.shape
     Kx = x.shape[-1]  # K, or 2K with act="silu"
@@ -550,7 +494,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
         if pdl else {}
     _gemv_kernel[(cdiv(N, cfg.block_n), split)](
         x2, weight, b, y, part, nw, r, M, N, K, sxm, weight.stride(0), srm, k_per_split,
-        float(norm_eps) if norm_weight is not None else 0.0, y, 1, 0,
+        float(norm_eps) if norm_weight is not None else 0.0,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, M_ROWS=M, DOT=cfg.dot, SPLIT=split,
         HAS_BIAS=bias is not None, UPCAST=upcast, PREC=prec, EVEN_K=K % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
         NORM=flags["NORM"] and not late, SILU=flags["SILU"], HAS_RES=split == 1 and flags["HAS_RES"], EMU_RNE=emu_rne,
@@ -564,81 +508,11 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     return y
 
 
-def _gemv_partials(o, lse, weight, bias, *, config, residual):
-    """:func:`gemv_triton` of ``SplitPartials(o, lse)`` (``o [..., H, S, D]``): the input rows
-    ``[..., H * D]`` merged in the kernel's loads (``MERGE``), in ``weight``'s dtype; arguments
-    checked by :func:`orthros.ops.gemv.gemv` (here only what the kernel adds)."""
-    check_split_partials(SplitPartials(o, lse))
-    N, K = weight.shape
-    H, S, D = o.shape[-3:]
-    lead = o.shape[:-3]
-    M = math.prod(lead)
-    dev = o.device
-    if H * D != K:
-        raise ValueError(f"x: SplitPartials of {H} heads x {D} must give weight's K = {K}, got {H * D}")
-    if D & (D - 1):
-        raise ValueError(f"x: the triton GEMV merges SplitPartials of a power-of-two head size, got D = {D} "
-                         f"(backend 'torch' merges any)")
-    if not 1 <= M <= MAX_M:
-        raise ValueError(f"x must have 1..{MAX_M} rows for the triton GEMV, got {M} from SplitPartials o "
-                         f"{tuple(o.shape)}")
-    if weight.dtype not in DTYPES or (bias is not None and bias.dtype not in DTYPES):
-        raise ValueError(f"weight (and bias) must be fp16 / bf16 / fp32, got {weight.dtype}")
-    for name, t in (("weight", weight), ("bias", bias), ("residual", residual), ("lse", lse)):
-        if t is not None and t.device != dev:
-            raise ValueError(f"{name} must be on the partials' device {dev}, got {t.device}")
-    if dev.type != "cuda" and not (dev.type == "cpu" and interpreting()):
-        raise ValueError(f"x must be on CUDA for the triton GEMV (a CPU one only under TRITON_INTERPRET=1), got {dev}")
-    if o.stride()[-3:] != (S * D, D, 1) or lse.stride()[-2:] != (S, 1):
-        raise ValueError(f"x: SplitPartials o must be contiguous in [H, S, D] and lse in [H, S], got strides "
-                         f"{o.stride()} and {lse.stride()}")
-    if not weight.is_contiguous() or (bias is not None and not bias.is_contiguous()):
-        raise ValueError("weight and bias must be contiguous")
-    o2 = _rows(o.flatten(-3) if o.dim() > 3 else o.reshape(1, -1), "x (SplitPartials o)", M, H * S * D)
-    l2 = _rows(lse.flatten(-2), "x (SplitPartials lse)", M, H * S)
-    r2 = _rows(residual, "residual", M, N) if residual is not None else None
-    cfg = config if config is not None else pick_config(M, N, K)
-    if not isinstance(cfg, GemvConfig):
-        raise ValueError(f"config must be a GemvConfig or None, got {type(cfg).__name__}")
-    y = torch.empty(*lead, N, dtype=weight.dtype, device=dev)
-    split = max(1, min(cfg.split, cdiv(K, cfg.block_k)))
-    k_per_split = cdiv(cdiv(K, split), cfg.block_k) * cfg.block_k
-    split = cdiv(K, k_per_split)
-    part = torch.empty(split, M, N, dtype=torch.float32, device=dev) if split > 1 else y
-    b = bias if bias is not None else y
-    r = r2 if r2 is not None else y
-    srm = (r2.stride(0) if M > 1 else N) if r2 is not None else 0
-    emu_rne = interpreting() and weight.dtype == torch.bfloat16
-    upcast = interpreting() and weight.dtype != torch.float32
-    pdl = pdl_kwargs(dev) if M >= _tc.PDL_MIN_M else {}
-    early = dict(prefetch_tile(N, k_per_split, split, weight.element_size(), MERGE_PREFETCH_BYTES),
-                 SIGNAL_END=_tc.PDL_SIGNAL == "end") if pdl else {}
-    _gemv_kernel[(cdiv(N, cfg.block_n), split)](
-        o2, weight, b, y, part, y, r, M, N, K, o2.stride(0) if M > 1 else H * S * D, weight.stride(0), srm,
-        k_per_split, 0.0, l2, S, l2.stride(0) if M > 1 else H * S,
-        BLOCK_M=16 if cfg.dot else pow2(M), BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, M_ROWS=M, DOT=cfg.dot,
-        SPLIT=split, HAS_BIAS=bias is not None, UPCAST=upcast,
-        PREC="ieee" if (weight.dtype == torch.float32 or upcast) else "tf32", EVEN_K=K % cfg.block_k == 0,
-        NUM_STAGES=cfg.num_stages, HAS_RES=split == 1 and residual is not None, EMU_RNE=emu_rne,
-        **_norm_tile(M, K, False), DEFER=cfg.defer, MERGE=True, HEAD_D=D, BLOCK_S=max(2, pow2(S)),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl, **early)
-    if split > 1:
-        _gemv_reduce[(cdiv(M * N, 1024),)](part, b, y, r, M * N, N, srm, SPLIT=split, BLOCK=1024,
-                                           HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-                                           EMU_RNE=emu_rne, num_warps=4, **pdl)
-    return y
-
-
 # Bytes of weight a PDL-launched GEMV asks L2 for before it waits for the kernel ahead
 # (prefetch_tile); ORTHROS_GEMV_PREFETCH_MB (MB, read at import) sets it, 0 turns the prefetch off.
 # 4 MB: on an H200 the pair's step with 4 / 8 / 16 MB and none: 4.480 / 4.496 / 4.612 (another
 # call) / 4.519 ms at 1K (docs/performance.md, inference change 17).
 PREFETCH_BYTES = int(env_number("ORTHROS_GEMV_PREFETCH_MB", "4", float, "a number of megabytes") * 2 ** 20)
-# The same budget for a GEMV that merges split partials (MERGE): it starts behind the decode
-# kernel, while the attention reads the KV cache and leaves most of HBM's time idle, so it may ask
-# for more of its weight ahead (ORTHROS_GEMV_MERGE_PREFETCH_MB; inference change 22).
-MERGE_PREFETCH_BYTES = int(env_number("ORTHROS_GEMV_MERGE_PREFETCH_MB", "16", float, "a number of megabytes")
-                           * 2 ** 20)
 LINE_BYTES = 128
 
 
@@ -664,14 +538,10 @@ def prefetch_tile(N: int, k_per_split: int, split: int, elem_bytes: int, budget:
 
 def pdl_settings(device) -> dict:
     """What the decode step's launches do on ``device`` (for a benchmark's metadata): PDL on or off
-    and, when on, where a GEMV signals, the fewest rows it uses PDL at, its prefetch budget, and
-    whether W_O's GEMV merges the decode kernel's split partials (with its own budget)."""
+    and, when on, where a GEMV signals, the fewest rows it uses PDL at, and its prefetch budget."""
     if not pdl_kwargs(torch.device(device)):
         return {"on": False}
-    from . import MERGE_PARTIALS  # (the package's switch: importing it at the top would be circular)
-
-    return {"on": True, "signal": _tc.PDL_SIGNAL, "min_m": _tc.PDL_MIN_M, "gemv_prefetch_bytes": PREFETCH_BYTES,
-            "merge_partials": MERGE_PARTIALS, "merge_prefetch_bytes": MERGE_PREFETCH_BYTES}
+    return {"on": True, "signal": _tc.PDL_SIGNAL, "min_m": _tc.PDL_MIN_M, "gemv_prefetch_bytes": PREFETCH_BYTES}
 
 
 def late_norm(cfg: GemvConfig, split: int, dtype: torch.dtype) -> bool:
