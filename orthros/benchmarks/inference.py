@@ -20,6 +20,7 @@ import torch
 
 from ..engine import Engine, SamplingParams
 from ..engine.cache import StaticKVCache
+from ..engine.engine import compile_fallbacks
 from ..layers.step import stack_rows
 from ..utils import commit_id, save_figure, write_json
 from .models import register_noattn, weight_bytes_per_step
@@ -371,7 +372,9 @@ def bench_decode(model, contexts: Sequence[int], *, batch_sizes: Sequence[int] =
                  compile: bool = False, fuse: bool = True, gemv: bool = False) -> List[Dict]:
     """Per-step decode latency at context ``L`` (cache declared filled by :meth:`Engine.set_lengths`:
     latency does not depend on the cached values), and the HBM floor of that step:
-    ``(weight bytes + B * L * KV bytes per token) / measured copy bandwidth``."""
+    ``(weight bytes + B * L * KV bytes per token) / measured copy bandwidth``. With ``compile``,
+    a row whose step ran a piece eagerly after a failed compile names those pieces
+    (``eager_fallbacks``): it did not time the compiled engine."""
     device = next(model.parameters()).device
     cuda = device.type == "cuda"
     bw = copy_bandwidth(device) if cuda else None
@@ -392,6 +395,8 @@ def bench_decode(model, contexts: Sequence[int], *, batch_sizes: Sequence[int] =
                 dt = time_call(lambda: [eng.step(toks) for _ in range(steps)], device)
                 ms = 1000 * dt / steps
                 row = {"mode": mode, "B": B, "L": L, "ms_per_step": ms, "tokens_per_s": B / (dt / steps)}
+                if compile and compile_fallbacks():
+                    row["eager_fallbacks"] = compile_fallbacks()
                 if bw:
                     floor_ms = 1000 * (wbytes + B * L * kvtok) / bw
                     row.update(hbm_floor_ms=floor_ms, frac_of_floor=floor_ms / ms)

@@ -382,14 +382,17 @@ def _decode_cells(sweep: Sweep, section: str, pairs, ctx) -> None:
                     mode, _, variant = system.partition("+")
                     r = bench_decode(model, [L], batch_sizes=[B], modes=[mode], steps=a.steps, warmup=a.warmup,
                                      compile=ctx["compile"], fuse=not a.no_fuse, gemv=variant == "gemv")[0]
-                    res = {"ms_per_step": r["ms_per_step"], "tokens_per_s": r["tokens_per_s"]}
+                    res = {k: r[k] for k in ("ms_per_step", "tokens_per_s", "eager_fallbacks") if k in r}
             except torch.cuda.OutOfMemoryError as e:
                 _free(dev)
                 sweep.skip(base, f"out of memory: {str(e)[:120]}")
                 continue
             row = {**base, **res, "frac_of_floor": floor / res["ms_per_step"], "cell_s": round(time.time() - t, 1)}
+            eager = (f"; WARNING: not the compiled engine, pieces ran eagerly after a failed torch.compile: "
+                     f"{', '.join(row['eager_fallbacks'])}" if row.get("eager_fallbacks") else "")
             sweep.add(row, f"{section} {system} B={B} L={L}: {row['ms_per_step']:.3f} ms/step, "
-                           f"{100 * row['frac_of_floor']:.0f}% of the {floor:.3f} ms floor (cell {row['cell_s']} s)")
+                           f"{100 * row['frac_of_floor']:.0f}% of the {floor:.3f} ms floor (cell {row['cell_s']} s)"
+                           f"{eager}")
             _free(dev)
 
 
@@ -434,55 +437,62 @@ def _by(rows, **kw):
 
 
 def summarize(rows: List[Dict]) -> List[Dict]:
-    """One line per target and point: the measured ratio, the target, met or not."""
+    """One line per target and point: the measured ratio, the target, met or not. A point that
+    uses a row timed with pieces run eagerly after a failed compile (``eager_fallbacks``) is
+    never met, and says why."""
     out = []
 
-    def line(target, point, value, goal, better):
+    def line(target, point, value, goal, better, *used):
         met = None if goal is None else bool(value >= goal if better == "higher" else value <= goal)
+        if any(r.get("eager_fallbacks") for r in used):
+            met, point = (None if goal is None else False), point + " (eager fallback: not the compiled engine)"
         out.append({"target": target, "point": point, "value": value, "goal": goal, "met": met})
 
     ms = {(r["section"], r["system"], r["B"], r["L"]): r for r in rows if "ms_per_step" in r}
     dec = sorted({(r["B"], r["L"]) for r in _by(rows, section="decode") if "ms_per_step" in r})
     for B, L in dec:
         for s in ("orthros", "full") + GEMV_SYSTEMS:
-            if ("decode", s, B, L) in ms:
-                line("decode_frac_of_floor", f"{s} B={B} L={L}", ms["decode", s, B, L]["frac_of_floor"],
-                     TARGETS["decode_frac_of_floor"], "higher")
+            r = ms.get(("decode", s, B, L))
+            if r:
+                line("decode_frac_of_floor", f"{s} B={B} L={L}", r["frac_of_floor"], TARGETS["decode_frac_of_floor"],
+                     "higher", r)
         g = ms.get(("decode", "gpt-fast", B, L))
         for s in ("orthros", "orthros+gemv"):
-            if g and ("decode", s, B, L) in ms:
-                v = g["ms_per_step"] / ms["decode", s, B, L]["ms_per_step"]
+            r = ms.get(("decode", s, B, L))
+            if g and r:
                 goal = TARGETS["decode_vs_gpt_fast"] if L == min(x[1] for x in dec) else None  # the target is at 1K
-                line("decode_vs_gpt_fast", f"{'' if s == 'orthros' else s + ' '}B={B} L={L}", v, goal, "higher")
+                line("decode_vs_gpt_fast", f"{'' if s == 'orthros' else s + ' '}B={B} L={L}",
+                     g["ms_per_step"] / r["ms_per_step"], goal, "higher", g, r)
         for s in GEMV_SYSTEMS:  # the fused GEMVs against the same engine without them (no target)
-            plain = ms.get(("decode", s.partition("+")[0], B, L))
-            if plain and ("decode", s, B, L) in ms:
-                line("gemv_speedup", f"{s} B={B} L={L}", plain["ms_per_step"] / ms["decode", s, B, L]["ms_per_step"],
-                     None, "higher")
+            plain, r = ms.get(("decode", s.partition("+")[0], B, L)), ms.get(("decode", s, B, L))
+            if plain and r:
+                line("gemv_speedup", f"{s} B={B} L={L}", plain["ms_per_step"] / r["ms_per_step"], None, "higher",
+                     plain, r)
     for B, L in sorted({(r["B"], r["L"]) for r in _by(rows, section="batched") if "ms_per_step" in r}):
         o = ms.get(("batched", "orthros", B, L))
         f = ms.get(("batched", "full", B, L))
         g = ms.get(("batched", "gpt-fast", B, L))
         if o and f:
             line("batched_vs_full", f"B={B} L={L}", o["ms_per_step"] / f["ms_per_step"], TARGETS["batched_vs_full"],
-                 "lower")
+                 "lower", o, f)
         og, fg = ms.get(("batched", "orthros+gemv", B, L)), ms.get(("batched", "full+gemv", B, L))
         if og and fg:
             line("batched_vs_full", f"+gemv B={B} L={L}", og["ms_per_step"] / fg["ms_per_step"],
-                 TARGETS["batched_vs_full"], "lower")
+                 TARGETS["batched_vs_full"], "lower", og, fg)
         for s, plain in (("orthros+gemv", o), ("full+gemv", f)):
-            if plain and ms.get(("batched", s, B, L)):
-                line("gemv_speedup", f"{s} B={B} L={L}", plain["ms_per_step"] / ms["batched", s, B, L]["ms_per_step"],
-                     None, "higher")
+            r = ms.get(("batched", s, B, L))
+            if plain and r:
+                line("gemv_speedup", f"{s} B={B} L={L}", plain["ms_per_step"] / r["ms_per_step"], None, "higher",
+                     plain, r)
         if o and g:
             line("batched_vs_gpt_fast", f"B={B} L={L}", o["tokens_per_s"] / g["tokens_per_s"],
-                 TARGETS["batched_vs_gpt_fast"], "higher")
+                 TARGETS["batched_vs_gpt_fast"], "higher", o, g)
     for r in _by(rows, section="window"):
         if "speedup_vs_flex" in r:
             t = "window_fwd_vs_flex" if r["pass"] == "fwd" else "window_fb_vs_flex"
             how = {"fwd+bwd graph": " (CUDA graphs, both)",
                    "fwd+bwd pinned": " (eager, both with the caller and the autograd worker on one CPU)"}
-            line(t, f"T={r['T']}{how.get(r['pass'], '')}", r["speedup_vs_flex"], TARGETS[t], "higher")
+            line(t, f"T={r['T']}{how.get(r['pass'], '')}", r["speedup_vs_flex"], TARGETS[t], "higher", r)
     return out
 
 

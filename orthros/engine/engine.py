@@ -613,6 +613,14 @@ def _compiled(fn, options=None):
     return _COMPILED[key]
 
 
+def compile_fallbacks() -> List[str]:
+    """Names of the token-wise pieces that run eagerly in this process because their
+    ``torch.compile`` failed (:func:`_compiled` warned once for each). A benchmark of a compiled
+    engine records them: such a step is not the compiled engine's (seen: a failing fake of a custom
+    op made the decode step 1.6-3.4x slower, docs/performance.md inference change 22)."""
+    return sorted({key[0].__name__ for key in _FAILED})
+
+
 def _run_compiled(fn, *args):
     return _compiled(fn)(*args)
 
@@ -627,4 +635,4 @@ def _decode_runner(options):
     return run
 
 
-__all__ = ["Engine", "DEFAULT_PREFILL_CHUNK", "check_fits"]
+__all__ = ["Engine", "DEFAULT_PREFILL_CHUNK", "check_fits", "compile_fallbacks"]

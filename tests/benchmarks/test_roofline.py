@@ -366,6 +366,43 @@ def test_bench_decode_builds_its_engines_fused_or_not():
         assert rows[0]["ms_per_step"] > 0 and attn.projections_fused is fuse
 
 
+def test_a_compile_fallback_is_recorded_and_fails_the_targets(monkeypatch):
+    """A compiled engine whose piece fails to compile runs it eagerly (with a warning): the
+    decode rows name the piece (``eager_fallbacks``) and no target point built on such a row
+    counts as met, however fast it was."""
+    import orthros.engine.engine as engine_mod
+
+    real_compile = torch.compile
+
+    def compile_failing_finish(fn, **kw):
+        if fn.__name__ != "_finish":
+            return real_compile(fn, backend="eager")
+
+        def fail(*a):
+            raise RuntimeError("a fake that rejects its inputs")
+        return fail
+
+    monkeypatch.setattr(engine_mod, "_COMPILED", {})
+    monkeypatch.setattr(engine_mod, "_FAILED", set())
+    monkeypatch.setattr(torch, "compile", compile_failing_finish)
+    try:
+        with pytest.warns(RuntimeWarning, match="torch.compile of _finish failed"):
+            rows = bench_decode(tiny_model(), [8], batch_sizes=[1], modes=["orthros"], steps=1, warmup=1,
+                                compile=True)
+    finally:
+        torch._dynamo.reset()
+    assert rows[0]["eager_fallbacks"] == ["_finish"] == engine_mod.compile_fallbacks()
+    base = dict(B=1, L=1024, floor_ms=1.0)
+    fast = [dict(base, section="decode", system="orthros", ms_per_step=1.1, frac_of_floor=0.91,
+                 eager_fallbacks=["_finish"]),
+            dict(base, section="decode", system="full", ms_per_step=1.1, frac_of_floor=0.91),
+            dict(base, section="decode", system="gpt-fast", ms_per_step=5.0, frac_of_floor=0.2)]
+    lines = {(t["target"], t["point"]): t["met"] for t in R.summarize(fast)}
+    assert lines == {("decode_frac_of_floor", "orthros B=1 L=1024 (eager fallback: not the compiled engine)"): False,
+                     ("decode_frac_of_floor", "full B=1 L=1024"): True,
+                     ("decode_vs_gpt_fast", "B=1 L=1024 (eager fallback: not the compiled engine)"): False}
+
+
 def test_gemv_flag_adds_the_fused_gemv_engine_to_the_decode_section(tmp_path):
     """``--gemv``: the decode and batched sections also time the same engine with
     ``Engine(gemv=True)`` (both modes, same run) where a step has <= 8 GEMV rows (the pair at
