@@ -10,6 +10,7 @@ import torch
 
 from orthros.engine import Engine
 from orthros.engine.cache import DecodeView
+from orthros.engine.engine import compile_fallbacks
 
 from conftest import record_engine_graphs, tiny_model, writes_cache
 
@@ -68,6 +69,7 @@ def test_compiled_decode_projection_holds_the_write_in_one_graph_for_every_layer
             got = eng.generate(PROMPTS, 3)
             assert got == Engine(m, max_batch_size=2, max_seq_len=40).generate(PROMPTS, 3)
             counts[layers] = sum(writes_cache(g) for g in graphs)
+            assert compile_fallbacks() == []  # every piece compiled (none ran eagerly after a failure)
     finally:
         torch._dynamo.reset()
     assert 1 <= counts[3] == counts[5] <= 2, counts  # at most: the last layer's piece and the others'

@@ -82,6 +82,7 @@ def test_engine_decode_pieces_get_the_decode_options(monkeypatch):
     finally:
         torch._dynamo.reset()
     assert got == Engine(m, max_batch_size=1, max_seq_len=32).generate([[1, 5, 7, 9, 11]], 3)
+    assert engine_mod.compile_fallbacks() == []  # every piece compiled (none ran eagerly after a failure)
     pieces = {name for name, _ in seen if name.startswith("_")}
     assert {"_project", "_finish"} <= pieces
     for name in ("_project", "_finish"):

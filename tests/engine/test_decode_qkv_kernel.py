@@ -13,6 +13,7 @@ import torch
 
 from orthros.engine import Engine
 from orthros.engine.cache import DecodeView
+from orthros.engine.engine import compile_fallbacks
 
 from conftest import record_engine_graphs, tiny_model, writes_cache
 
@@ -111,6 +112,7 @@ def test_compiled_projection_piece_returns_the_raw_rows(monkeypatch):
         torch._dynamo.reset()
     assert raw and got == Engine(m, max_batch_size=2, max_seq_len=40, qkv_kernel=False).generate(PROMPTS, 3)
     assert graphs and not any(writes_cache(g) for g in graphs)
+    assert compile_fallbacks() == []  # every piece compiled (none ran eagerly after a failure)
 
 
 def test_qkv_kernel_argument_is_checked():
