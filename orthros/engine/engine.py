@@ -617,7 +617,7 @@ def compile_fallbacks() -> List[str]:
     """Names of the token-wise pieces that run eagerly in this process because their
     ``torch.compile`` failed (:func:`_compiled` warned once for each). A benchmark of a compiled
     engine records them: such a step is not the compiled engine's (seen: a failing fake of a custom
-    op made the decode step 1.6-3.4x slower, docs/performance.md inference change 22)."""
+    op made the decode step 1.7-2.4x slower, docs/performance.md inference change 22, call 3)."""
     return sorted({key[0].__name__ for key in _FAILED})
 
 
