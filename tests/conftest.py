@@ -28,12 +28,21 @@ def one_thread():
 # Test modules import these directly (``from conftest import rel, tiny_model``): pytest puts
 # this directory on sys.path for its conftest.
 
-def record_engine_graphs(monkeypatch) -> list:
-    """Engines built from here on compile their pieces with a backend that records each dynamo
-    graph (and runs it as traced) instead of Inductor; returns the list it fills. The engine's
-    process-wide compiled pieces start empty (callers reset dynamo when they are done)."""
+def engine_compiles_with(monkeypatch, compile_fn) -> None:
+    """Engines built from here on compile their pieces with ``compile_fn(fn, **kw)`` (standing in
+    for ``torch.compile``); the engine's process-wide compiled pieces and failures start empty
+    (callers reset dynamo when they are done)."""
     import orthros.engine.engine as engine_mod
 
+    monkeypatch.setattr(engine_mod, "_COMPILED", {})
+    monkeypatch.setattr(engine_mod, "_FAILED", set())
+    monkeypatch.setattr(torch, "compile", compile_fn)
+
+
+def record_engine_graphs(monkeypatch) -> list:
+    """Engines built from here on compile their pieces with a backend that records each dynamo
+    graph (and runs it as traced) instead of Inductor; returns the list it fills
+    (:func:`engine_compiles_with`)."""
     graphs = []
 
     def backend(gm, example_inputs):
@@ -41,9 +50,7 @@ def record_engine_graphs(monkeypatch) -> list:
         return gm.forward
 
     real_compile = torch.compile
-    monkeypatch.setattr(engine_mod, "_COMPILED", {})
-    monkeypatch.setattr(engine_mod, "_FAILED", set())
-    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, backend=backend))
+    engine_compiles_with(monkeypatch, lambda fn, **kw: real_compile(fn, backend=backend))
     return graphs
 
 

@@ -395,8 +395,9 @@ def bench_decode(model, contexts: Sequence[int], *, batch_sizes: Sequence[int] =
                 dt = time_call(lambda: [eng.step(toks) for _ in range(steps)], device)
                 ms = 1000 * dt / steps
                 row = {"mode": mode, "B": B, "L": L, "ms_per_step": ms, "tokens_per_s": B / (dt / steps)}
-                if compile and compile_fallbacks():
-                    row["eager_fallbacks"] = compile_fallbacks()
+                eager = compile_fallbacks() if compile else []
+                if eager:
+                    row["eager_fallbacks"] = eager
                 if bw:
                     floor_ms = 1000 * (wbytes + B * L * kvtok) / bw
                     row.update(hbm_floor_ms=floor_ms, frac_of_floor=floor_ms / ms)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import tiny_model  # at import: tests/serving's conftest takes the name later in a full run
+from conftest import engine_compiles_with, tiny_model  # at import: tests/serving's conftest takes the name later in a full run
 
 from orthros.benchmarks import roofline as R
 from orthros.benchmarks.inference import bench_decode
@@ -382,9 +382,7 @@ def test_a_compile_fallback_is_recorded_and_fails_the_targets(monkeypatch):
             raise RuntimeError("a fake that rejects its inputs")
         return fail
 
-    monkeypatch.setattr(engine_mod, "_COMPILED", {})
-    monkeypatch.setattr(engine_mod, "_FAILED", set())
-    monkeypatch.setattr(torch, "compile", compile_failing_finish)
+    engine_compiles_with(monkeypatch, compile_failing_finish)
     try:
         with pytest.warns(RuntimeWarning, match="torch.compile of _finish failed"):
             rows = bench_decode(tiny_model(), [8], batch_sizes=[1], modes=["orthros"], steps=1, warmup=1,

@@ -21,7 +21,7 @@ from torch._inductor.utils import run_and_get_code
 import orthros.engine.engine as engine_mod
 from orthros.engine import Engine
 
-from conftest import tiny_model
+from conftest import engine_compiles_with, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -72,9 +72,7 @@ def test_engine_decode_pieces_get_the_decode_options(monkeypatch):
         seen.append((fn.__name__, kw.get("options")))
         return real_compile(fn, backend="eager")
 
-    monkeypatch.setattr(engine_mod, "_COMPILED", {})
-    monkeypatch.setattr(engine_mod, "_FAILED", set())
-    monkeypatch.setattr(torch, "compile", fake_compile)
+    engine_compiles_with(monkeypatch, fake_compile)
     m = tiny_model(0, hidden_size=32, intermediate_size=48, head_dim=8, window_size=4, qk_norm=True,
                    num_hidden_layers=2, attn_backend="reference")
     try:
