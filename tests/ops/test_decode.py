@@ -565,7 +565,13 @@ def test_prefetch_plan_spreads_the_next_gemvs_band_over_the_programs(monkeypatch
     w_o = torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta")
     (w, n, k, stride, kslice), pf = td.prefetch_plan((w_o, 2), 128, 4 * mb, cuda, budget=16 * mb)  # 1K: 4 MB K/V
     assert w is w_o and (n, k, stride, kslice) == (4096, 4096, 4096, 1024)
-    assert pf == dict(PF_R=32, PF_C=32, PF_N=24, PF_LINES=6, PF_STEP=64)  # 12 MB: 6 lines of each of 4 slices
+    assert pf == dict(PF_R=32, PF_C=32, PF_N=24, PF_LINES=6, PF_STEP=64, PF_MODE=0)  # 12 MB: 6 lines of 4 slices
+    monkeypatch.setattr(td, "DECODE_PREFETCH_MODE", "bulk")  # one bulk range a (row, slice); meta: data_ptr 0
+    assert td.prefetch_plan((w_o, 2), 128, 4 * mb, cuda, budget=16 * mb)[1] == dict(
+        PF_R=32, PF_C=4, PF_N=4, PF_LINES=6, PF_STEP=64, PF_MODE=2)
+    monkeypatch.setattr(td, "DECODE_PREFETCH_MODE", "normal")
+    assert td.prefetch_plan((w_o, 2), 128, 4 * mb, cuda, budget=16 * mb)[1]["PF_MODE"] == 1
+    monkeypatch.setattr(td, "DECODE_PREFETCH_MODE", "last")
     assert pf["PF_R"] * 128 >= 4096
     _, pf = td.prefetch_plan((w_o, 2), 24, 0, cuda, budget=16 * mb)  # fewer programs: more rows each
     assert pf["PF_R"] == 256 and pf["PF_R"] * pf["PF_C"] <= td._PF_TILE_MAX

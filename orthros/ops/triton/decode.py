@@ -48,8 +48,8 @@ import triton.language as tl
 
 from ..gemv.naive import MAX_M as GEMV_MAX_M
 from .common import (LOG2E, PDL_MIN_M, block_d, cdiv, dummy, env_number, interpreting, merge_splits, num_sms,
-                     pdl_enter, pdl_kwargs, pow2, precision, prefetch_l2, softmax_result, softmax_step,
-                     zeroed_counters)
+                     pdl_enter, pdl_kwargs, pow2, precision, prefetch_l2, prefetch_l2_bulk, prefetch_l2_normal,
+                     softmax_result, softmax_step, zeroed_counters)
 
 
 # ============================================================================ kernels
@@ -228,7 +228,7 @@ def _decode_split_qkv(
     MERGE: tl.constexpr, BLOCK_S: tl.constexpr, UPCAST: tl.constexpr, HAS_QN: tl.constexpr,
     HAS_KN: tl.constexpr, HAS_SO: tl.constexpr, PEEL: tl.constexpr, PDL: tl.constexpr = False,
     PF_R: tl.constexpr = 0, PF_C: tl.constexpr = 0, PF_N: tl.constexpr = 1, PF_LINES: tl.constexpr = 1,
-    PF_STEP: tl.constexpr = 64,
+    PF_STEP: tl.constexpr = 64, PF_MODE: tl.constexpr = 0,
 ):
     """:func:`_decode_split` from the fused QKV projection's raw rows ``QKV [B, R, (HQ + 2 HKV) D]``:
     each program computes its queries (rows ``QW_ROW`` / ``QF_ROW``: q-norm, scale-offset,
@@ -301,9 +301,16 @@ def _decode_split_qkv(
     if PF_C > 0:  # the next GEMV's weight band: rows [prog * PF_R, +PF_R) (the last row where past pf_n)
         prog = (b * HKV + kvh) * NUM_SPLITS + split
         pf_rows = tl.minimum(prog.to(tl.int64) * PF_R + tl.arange(0, PF_R), pf_n - 1)
-        j = tl.minimum(tl.arange(0, PF_C), PF_N - 1)  # PF_C: PF_N lines a row rounded up to a power of two
-        pf_cols = tl.minimum((j // PF_LINES).to(tl.int64) * pf_kslice + (j % PF_LINES) * PF_STEP, pf_k - 1)
-        prefetch_l2(PFW + pf_rows[:, None] * pf_stride + pf_cols[None, :])
+        j = tl.minimum(tl.arange(0, PF_C), PF_N - 1)  # PF_C: PF_N pointers a row rounded up to a power of two
+        if PF_MODE == 2:  # one bulk prefetch of PF_LINES lines a (row, K slice)
+            pf_ptrs = PFW + pf_rows[:, None] * pf_stride + (j.to(tl.int64) * pf_kslice)[None, :]
+            prefetch_l2_bulk(pf_ptrs, tl.full([PF_R, PF_C], PF_LINES * 128, tl.int32))
+        else:
+            pf_cols = tl.minimum((j // PF_LINES).to(tl.int64) * pf_kslice + (j % PF_LINES) * PF_STEP, pf_k - 1)
+            if PF_MODE == 1:
+                prefetch_l2_normal(PFW + pf_rows[:, None] * pf_stride + pf_cols[None, :])
+            else:
+                prefetch_l2(PFW + pf_rows[:, None] * pf_stride + pf_cols[None, :])
     # the queries: [BLOCK_H, BLOCK_D], row r of head `head` from qkv row QW_ROW (window) / QF_ROW (full)
     row = tl.where(is_win, QW_ROW, QF_ROW).to(tl.int64)
     q_ptr = QKV + b64 * sxb + row[:, None] * sxr + head[:, None] * D
@@ -588,6 +595,12 @@ QKV_PEEL = os.environ.get("ORTHROS_QKV_PEEL", "1") == "1"
 # (MB, read at import), 0 turns it off. docs/performance.md, inference change 23.
 DECODE_PREFETCH_BYTES = int(env_number("ORTHROS_DECODE_PREFETCH_MB", "16", float, "a number of megabytes") * 2 ** 20)
 _PF_TILE_MAX = 8192  # prefetch pointers a program at most (64 a thread at 4 warps)
+# how: "last" (a prefetch a 128-byte line, evict-last), "normal" (the same, normal priority),
+# "bulk" (one cp.async.bulk.prefetch.L2 a row and K slice); ORTHROS_DECODE_PREFETCH_MODE
+PF_MODES = ("last", "normal", "bulk")
+DECODE_PREFETCH_MODE = os.environ.get("ORTHROS_DECODE_PREFETCH_MODE", "last")
+if DECODE_PREFETCH_MODE not in PF_MODES:
+    raise ValueError(f"ORTHROS_DECODE_PREFETCH_MODE must be one of {PF_MODES}, got {DECODE_PREFETCH_MODE!r}")
 
 
 def prefetch_plan(prefetch, programs: int, kv_bytes: int, device, budget=None):
@@ -610,13 +623,18 @@ def prefetch_plan(prefetch, programs: int, kv_bytes: int, device, budget=None):
     band = l2_band(rows, weight, left)
     if not band:
         return off
-    n = weight.shape[0]
-    count = band["lines"] * band["slices"]
+    n, k = weight.shape
+    mode = PF_MODES.index(DECODE_PREFETCH_MODE)
+    es = weight.element_size()
+    bulk = (mode == 2 and k % band["k_slice"] == 0 and band["k_slice"] * es % 16 == 0
+            and weight.stride(0) * es % 16 == 0 and weight.data_ptr() % 16 == 0)  # 16-byte aligned ranges
+    count = band["slices"] if bulk else band["lines"] * band["slices"]
     pf_r, pf_c = pow2(cdiv(n, max(1, programs))), pow2(count)
     if pf_r * pf_c > _PF_TILE_MAX:
         return off
-    return ((weight, n, weight.shape[1], weight.stride(0), band["k_slice"]),
-            dict(PF_R=pf_r, PF_C=pf_c, PF_N=count, PF_LINES=band["lines"], PF_STEP=band["step"]))
+    return ((weight, n, k, weight.stride(0), band["k_slice"]),
+            dict(PF_R=pf_r, PF_C=pf_c, PF_N=count, PF_LINES=band["lines"], PF_STEP=band["step"],
+                 PF_MODE=2 if bulk else min(mode, 1)))
 
 
 def _launched_early(pdl, rows: int) -> bool:
