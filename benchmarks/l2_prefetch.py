@@ -11,7 +11,7 @@ idle gap on the GPU (``torch.cuda._sleep``; long enough for the band to land), t
 loads, summed: what a demand-fetched band buys, the upper bound). Prints the GEMV's median
 time per (mode, band MB) and its ratio to ``none``; ``--json`` writes them.
 
-    python benchmarks/l2_prefetch.py [--mb 8,12,20,32] [--m 2] [--reps 30] [--sleep-us 20] [--json out.json]
+    python benchmarks/l2_prefetch.py [--mb 8,12,20,32] [--m 2] [--reps 30] [--sleep-us 300] [--json out.json]
 """
 
 from __future__ import annotations
@@ -65,7 +65,9 @@ def main(argv=None):
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=30)
-    ap.add_argument("--sleep-us", type=float, default=20.0, help="idle gap between the band and the GEMV")
+    ap.add_argument("--sleep-us", type=float, default=300.0,
+                    help="idle gap between the band and the GEMV: longer than the host takes to launch the GEMV, "
+                         "so the GEMV starts right after its start event (20 us measured the host)")
     ap.add_argument("--programs", type=int, default=128)
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)

@@ -593,7 +593,7 @@ QKV_PEEL = os.environ.get("ORTHROS_QKV_PEEL", "1") == "1"
 # for after its wait, less one layer's K/V bytes of the span (what the step itself reads: with
 # many of them the bus is not idle and the band would only be evicted); ORTHROS_DECODE_PREFETCH_MB
 # (MB, read at import), 0 turns it off. docs/performance.md, inference change 23.
-DECODE_PREFETCH_BYTES = int(env_number("ORTHROS_DECODE_PREFETCH_MB", "16", float, "a number of megabytes") * 2 ** 20)
+DECODE_PREFETCH_BYTES = int(env_number("ORTHROS_DECODE_PREFETCH_MB", "0", float, "a number of megabytes") * 2 ** 20)
 _PF_TILE_MAX = 8192  # prefetch pointers a program at most (64 a thread at 4 warps)
 # how: "last" (a prefetch a 128-byte line, evict-last), "normal" (the same, normal priority),
 # "bulk" (one cp.async.bulk.prefetch.L2 a row and K slice); ORTHROS_DECODE_PREFETCH_MODE
