@@ -12,9 +12,8 @@
 #      then optionally "nocombo" (the decode pieces compiled without Inductor's combo kernels, as
 #      before inference change 19), then optionally "noqkv" (the decode's q/k prologue and K/V write
 #      outside the attention kernel, Engine(qkv_kernel=False), as before inference change 21) or
-#      "nopeel" (that kernel's first key block not loaded ahead of its PDL wait, ORTHROS_QKV_PEEL=0);
-#      "aN" before "nocombo" / "noqkv": that kernel's L2 prefetch of W_O's band with an N MB budget
-#      (ORTHROS_DECODE_PREFETCH_MB=N; a0: none). The engine's defaults: pf4m2.
+#      "nopeel" (that kernel's first key block not loaded ahead of its PDL wait, ORTHROS_QKV_PEEL=0).
+#      The engine's defaults: pf4m2.
 # Nothing is installed: the image's torch / triton run it. From the repo root (the `run` tool):
 #   command: ORTHROS_COMMIT=<sha> bash benchmarks/pdl_gpu.sh
 # Optional: VARIANTS (unset: "off pf8 pdl pf16 off pf8"; empty: none), CONTEXTS (1024,4096), T_TESTS (150 s),
@@ -33,8 +32,6 @@ settings() {  # a setting's name -> its environment in env_, extra benchmark arg
   case "$rest" in *noqkv) args_+=(--qkv-kernel off); rest=${rest%noqkv} ;;
     *nopeel) qkv_env=(ORTHROS_QKV_PEEL=0); rest=${rest%nopeel} ;; esac
   case "$rest" in *nocombo) args_+=(--decode-compile-options '{"realize_reads_threshold": 5}'); rest=${rest%nocombo} ;; esac
-  local attn_env=()
-  if [[ $rest =~ ^(.+)a([0-9]+)$ ]]; then attn_env=(ORTHROS_DECODE_PREFETCH_MB="${BASH_REMATCH[2]}"); rest=${BASH_REMATCH[1]}; fi
   case "$rest" in *m2) min_m=2; rest=${rest%m2} ;; esac
   env_=(ORTHROS_PDL=1 ORTHROS_PDL_MIN_M=$min_m)
   case "$rest" in *end) env_+=(ORTHROS_PDL_SIGNAL=end); rest=${rest%end} ;; esac
@@ -44,11 +41,11 @@ settings() {  # a setting's name -> its environment in env_, extra benchmark arg
     pf[0-9]*) [[ ${rest#pf} =~ ^[0-9]+$ ]] || return 1; env_+=(ORTHROS_GEMV_PREFETCH_MB="${rest#pf}") ;;
     *) return 1 ;;
   esac
-  env_+=("${qkv_env[@]}" "${attn_env[@]}")
+  env_+=("${qkv_env[@]}")
 }
 [[ ${ROOF:-0} =~ ^[0-9]+$ ]] || { echo "ROOF: give a count of roofline processes, got '$ROOF'" >&2; exit 2; }
 for v in $VARIANTS ${PROFILE:-}; do  # every name checked before any work
-  settings "$v" || { echo "VARIANTS / PROFILE: unknown setting '$v' (off, or pdl / pfN, then optionally end, then m2, then optionally aN; then optionally nocombo, then optionally noqkv / nopeel)" >&2; exit 2; }
+  settings "$v" || { echo "VARIANTS / PROFILE: unknown setting '$v' (off, or pdl / pfN, then optionally end, then m2; then optionally nocombo, then optionally noqkv / nopeel)" >&2; exit 2; }
 done
 mkdir -p "$OUT"
 { date -u; echo "commit $ORTHROS_COMMIT"

@@ -39,7 +39,6 @@ import torch
 
 from ..engine.cache import StaticKVCache
 from ..ops.gemv.kernel import pdl_settings
-from ..ops.triton.decode import DECODE_PREFETCH_BYTES
 from ..ops.gemv.naive import MAX_M
 from ..utils import save_figure
 from .cli import _ints
@@ -800,7 +799,7 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
         "issue": 18, "utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
         "argv": sys.argv[1:], "sections": a.sections, "quick": a.quick, "compile": a.compile, "fuse": not a.no_fuse, "gemv": a.gemv,
         "systems": list(a.systems) if a.systems else "all",
-        "pdl": pdl_settings(dev), "decode_prefetch_bytes": DECODE_PREFETCH_BYTES,
+        "pdl": pdl_settings(dev),
         "copy_bw_tb_s": bw / 1e12, "matmul_tflop_s": flops / 1e12, "matmul_n": gemm_n,
         "weight_bytes_per_step": weight_bytes_per_step(shape_model),
         "kv_bytes_per_token": kv_bytes_per_token(shape_model.config, dtype),

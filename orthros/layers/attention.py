@@ -308,13 +308,11 @@ class OrthrosAttention(FusedProjections, nn.Module):
             out = (self.alpha_out, self.beta_out)
             so = ((self.alpha, self.beta) if p.window else out) + out
         norm = self.q_norm
-        # W_O's GEMV comes next: its first weight tiles are asked of L2 while the kernel runs
-        prefetch = (self.o_proj.weight, p.qkv.shape[0] * (int(p.window) + int(p.full))) if step.gemv else None
         return step.cache.attend_qkv(
             self.layer_idx, p.qkv, num_heads=self.num_heads, q_rows=p.q_rows, keep=(p.window, p.full),
             rope=step.rope_base, window_size=self.window_size, scale=self.scale,
             q_norm=None if norm is None else norm.weight, k_norm=None if norm is None else self.k_norm.weight,
-            eps=1e-6 if norm is None else norm.eps, scale_offset=so, backend=self.backend, prefetch=prefetch), None
+            eps=1e-6 if norm is None else norm.eps, scale_offset=so, backend=self.backend), None
 
     def attend(self, p, step: StepInputs, final: bool):
         """The cache's update and the attention kernels (never compiled): ``(o, gate)``, ``o`` the

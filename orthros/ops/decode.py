@@ -185,24 +185,9 @@ def _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_n
     check_positive_int("window_size", window_size)
 
 
-def _check_prefetch(prefetch, qkv):
-    if prefetch is None:
-        return
-    if not isinstance(prefetch, tuple) or len(prefetch) != 2:
-        raise ValueError(f"prefetch must be None or (weight, rows), got {type(prefetch).__name__}")
-    weight, rows = prefetch
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.is_contiguous() \
-            or weight.device != qkv.device:
-        raise ValueError("prefetch's weight must be a contiguous 2-D [N, K] tensor on qkv's device, got "
-                         + (f"{tuple(weight.shape)} strides {weight.stride()} on {weight.device}"
-                            if isinstance(weight, torch.Tensor) else type(weight).__name__))
-    check_positive_int("prefetch's rows (the GEMV's rows)", rows)
-
-
 def orthros_decode_qkv_attention(qkv, k_cache, v_cache, lens, *, num_heads: int, q_rows=(0, 1), rope,
                                  window_size: int, scale: Optional[float] = None, q_norm=None, k_norm=None,
-                                 eps: float = 1e-6, scale_offset=(None, None, None, None), backend: str = "auto",
-                                 prefetch=None):
+                                 eps: float = 1e-6, scale_offset=(None, None, None, None), backend: str = "auto"):
     """One decode step from the fused QKV projection's raw output; returns ``[B, 2, Hq, D]``
     (the window stream's row, then the full stream's: ``stacked`` of
     :func:`orthros_decode_attention`), and writes the new token's K/V into the caches.
@@ -217,25 +202,19 @@ def orthros_decode_qkv_attention(qkv, k_cache, v_cache, lens, *, num_heads: int,
       whole head, rotate-half);
     * ``q_norm``, ``k_norm``: RMSNorm weights ``[D]`` (per head; ``None``: no norm), ``eps``;
     * ``scale_offset``: ``(alpha_w, beta_w, alpha_f, beta_f)``, each ``[Hq * D]`` or ``None``:
-      the window and full queries' ``alpha * q + beta`` (after the norm, before RoPE);
-    * ``prefetch``: ``None`` or ``(weight [N, K], rows)``, the weight that the caller's next
-      GEMV (:func:`orthros.ops.gemv.gemv`, ``rows`` rows: W_O's) streams: a hint, no result
-      changes. The Triton kernel asks L2 for the band of it that the Triton GEMV reads first
-      (``rows <= 8``; more rows go to cuBLAS: nothing asked), while the step's few K/V bytes
-      leave HBM idle (:func:`orthros.ops.triton.decode.prefetch_plan`); the reference ignores it.
+      the window and full queries' ``alpha * q + beta`` (after the norm, before RoPE).
 
     ``backend``: "auto" (the Triton kernel on CUDA, else the reference), "triton",
     "reference" / "sdpa" (the reference)."""
     check_backend(backend)
     q_rows = tuple(q_rows)
     _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_norm, scale_offset, window_size)
-    _check_prefetch(prefetch, qkv)
     kw = dict(num_heads=num_heads, q_rows=q_rows, rope=rope, window_size=window_size, scale=scale, q_norm=q_norm,
               k_norm=k_norm, eps=eps, scale_offset=tuple(scale_offset))
     if resolve_backend(backend, qkv.unflatten(-1, (-1, k_cache.shape[3])), k_cache) == "triton":
         from .triton import decode_qkv_attention_triton
 
-        return decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, prefetch=prefetch, **kw)
+        return decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, **kw)
     return decode_qkv_attention_reference(qkv, k_cache, v_cache, lens, **kw)
 
 __all__ = ["orthros_decode_attention", "decode_attention_reference", "orthros_decode_qkv_attention",

@@ -539,48 +539,10 @@ def test_qkv_dispatch_and_validation():
                           ({"backend": "cuda"}, "backend must be one of")):
         with pytest.raises(ValueError, match=match):
             orthros_decode_qkv_attention(qkv, kc, vc, lens, **{**base, **change})
-    for bad, match in (((torch.ones(4, 8), 0), "prefetch's rows"), ((torch.ones(4, 8).t(), 2), "contiguous 2-D"),
-                       ((torch.ones(8), 2), "contiguous 2-D"), (torch.ones(4, 8), "None or \\(weight, rows\\)")):
-        with pytest.raises(ValueError, match=match):
-            orthros_decode_qkv_attention(qkv, kc, vc, lens, prefetch=bad, **base)
-    a = orthros_decode_qkv_attention(qkv, kc.clone(), vc.clone(), lens, **base)  # a hint: the reference ignores it
-    b = orthros_decode_qkv_attention(qkv, kc.clone(), vc.clone(), lens, prefetch=(torch.ones(4, 8, device=DEV), 2),
-                                     **base)
-    assert torch.equal(a, b)
     with pytest.raises(ValueError, match="lens must be"):
         orthros_decode_qkv_attention(qkv, kc, vc, lens[:1], **base)
     with pytest.raises(ValueError, match="share one dtype"):
         orthros_decode_qkv_attention(qkv.double(), kc, vc, lens, **base)
-
-
-def test_prefetch_plan_spreads_the_next_gemvs_band_over_the_programs(monkeypatch):
-    """The kernel's L2 prefetch of W_O (``prefetch=(weight, rows)``): the budget less one
-    layer's K/V bytes, the band of :func:`l2_band` for what is left, ``PF_R`` rows a program so
-    the programs cover every row; off without a weight, without budget left, off CUDA and under
-    the interpreter (no inline PTX there)."""
-    from orthros.ops.triton import decode as td
-
-    monkeypatch.setattr(td, "interpreting", lambda: False)
-    cuda, mb = torch.device("cuda"), 2 ** 20
-    w_o = torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta")
-    (w, n, k, stride, kslice), pf = td.prefetch_plan((w_o, 2), 128, 4 * mb, cuda, budget=16 * mb)  # 1K: 4 MB K/V
-    assert w is w_o and (n, k, stride, kslice) == (4096, 4096, 4096, 1024)
-    assert pf == dict(PF_R=32, PF_C=32, PF_N=24, PF_LINES=6, PF_STEP=64, PF_MODE=0)  # 12 MB: 6 lines of 4 slices
-    monkeypatch.setattr(td, "DECODE_PREFETCH_MODE", "bulk")  # one bulk range a (row, slice); meta: data_ptr 0
-    assert td.prefetch_plan((w_o, 2), 128, 4 * mb, cuda, budget=16 * mb)[1] == dict(
-        PF_R=32, PF_C=4, PF_N=4, PF_LINES=6, PF_STEP=64, PF_MODE=2)
-    monkeypatch.setattr(td, "DECODE_PREFETCH_MODE", "normal")
-    assert td.prefetch_plan((w_o, 2), 128, 4 * mb, cuda, budget=16 * mb)[1]["PF_MODE"] == 1
-    monkeypatch.setattr(td, "DECODE_PREFETCH_MODE", "last")
-    assert pf["PF_R"] * 128 >= 4096
-    _, pf = td.prefetch_plan((w_o, 2), 24, 0, cuda, budget=16 * mb)  # fewer programs: more rows each
-    assert pf["PF_R"] == 256 and pf["PF_R"] * pf["PF_C"] <= td._PF_TILE_MAX
-    assert td.prefetch_plan((w_o, 2), 8, 0, cuda, budget=16 * mb)[1] == {}  # 512 x 32 pointers a program: off
-    for args in (((w_o, 2), 128, 16 * mb, cuda), (None, 128, 0, cuda), ((w_o, 16), 128, 0, cuda),
-                 ((w_o, 2), 128, 0, torch.device("cpu"))):
-        assert td.prefetch_plan(*args, budget=16 * mb) == ((None, 1, 1, 1, 0), {}), args
-    monkeypatch.setattr(td, "interpreting", lambda: True)
-    assert td.prefetch_plan((w_o, 2), 128, 0, cuda, budget=16 * mb)[1] == {}
 
 
 COMPILE_QKV_SM90 = textwrap.dedent('''
@@ -594,18 +556,15 @@ COMPILE_QKV_SM90 = textwrap.dedent('''
     fn = td._decode_split_qkv
     ptrs = dict(QKV="*bf16", K="*bf16", V="*bf16", LENS="*i64", COS="*bf16", SIN="*bf16", QN="*bf16", KN="*bf16",
                 AW="*bf16", BW="*bf16", AF="*bf16", BF="*bf16", OP="*fp32", LP="*fp32", O="*bf16", OO="*bf16",
-                CNT="*i32", PFW="*bf16")
+                CNT="*i32")
     floats = ("qk_scale", "eps")
-    # the engine's pair at 1K: W_O's band of 6 lines in each of 4 K slices, 32 rows a program
-    band = dict(PF_R=32, PF_C=32, PF_N=24, PF_LINES=6, PF_STEP=64)
-    for peel, pf in ((False, False), (True, False), (True, True)):
+    for peel in (False, True):
         const = dict(G=4, HQ=32, HKV=8, D=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=64, PREC="tf32", MERGE=td._PARTIAL,
-                     BLOCK_S=2, UPCAST=False, HAS_QN=True, HAS_KN=True, HAS_SO=True, PEEL=peel, PDL=True,
-                     **(band if pf else dict(PF_R=0, PF_C=0, PF_N=1, PF_LINES=1, PF_STEP=64)))
+                     BLOCK_S=2, UPCAST=False, HAS_QN=True, HAS_KN=True, HAS_SO=True, PEEL=peel, PDL=True)
         sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n in floats else "i32") for n in fn.arg_names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
                  if sig[n] != "constexpr" and n not in floats + ("window", "split_len", "NUM_SPLITS", "QW_ROW",
-                                                                 "QF_ROW", "L_MAX", "pf_n", "pf_k", "pf_kslice")}
+                                                                 "QF_ROW", "L_MAX")}
         k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
         lines = k.asm["ptx"].splitlines()
@@ -613,10 +572,8 @@ COMPILE_QKV_SM90 = textwrap.dedent('''
         wait, signal = min(at(r"griddepcontrol\\.wait")), min(at(r"griddepcontrol\\.launch_dependents"))
         loads = at(r"ld\\.global")
         writes = at(r"(st|atom|red)\\.global|cp\\.async")
-        pfs = at(r"prefetch\\.global\\.L2")
-        print("PEEL", int(peel), int(pf), wait, signal, sum(i < wait for i in loads), sum(i > wait for i in loads),
-              min(writes), min(at(r"cp\\.async")), sum(".local" in t for t in lines), len(pfs),
-              min(pfs, default=-1))
+        print("PEEL", int(peel), wait, signal, sum(i < wait for i in loads), sum(i > wait for i in loads),
+              min(writes), min(at(r"cp\\.async")), sum(".local" in t for t in lines))
     print("OK")
 ''')
 
@@ -626,19 +583,14 @@ def test_qkv_kernel_compiles_for_sm90_loading_ahead_of_its_wait(tmp_path):
     """At the engine's shape, launched with PDL: the wait, then at once the signal; before the
     wait only loads (the row's length, the prologue's parameters and, with PEEL, the first key
     block: more loads there), no store, no cp.async (the pipelined K/V copies) and no spill;
-    the queries' and the new key's loads after it; with the next GEMV's band (PF_C > 0) its L2
-    prefetches after the wait (the bytes ahead of it are the QKV GEMV's to stream), none without."""
+    the queries' and the new key's loads after it."""
     lines = compile_sm90(COMPILE_QKV_SM90, tmp_path)
-    rows = {(int(p), int(f)): [int(x) for x in rest] for p, f, *rest in printed(lines, "PEEL")}
-    assert sorted(rows) == [(0, 0), (1, 0), (1, 1)]
-    for key, (wait, signal, before, after, first_write, first_cp, spills, n_pf, first_pf) in rows.items():
-        assert wait < signal < first_write and wait < first_cp and spills == 0, (key, rows[key])
+    rows = {int(p): [int(x) for x in rest] for p, *rest in printed(lines, "PEEL")}
+    assert sorted(rows) == [0, 1]
+    for peel, (wait, signal, before, after, first_write, first_cp, spills) in rows.items():
+        assert wait < signal < first_write and wait < first_cp and spills == 0, (peel, rows[peel])
         assert before > 1 and after > 0
-        if key[1]:  # W_O's band: 32 x 32 pointers over 128 threads, every prefetch after the wait
-            assert n_pf >= 8 and first_pf > wait, rows[key]
-        else:
-            assert n_pf == 0, rows[key]
-    assert rows[(1, 0)][2] > rows[(0, 0)][2]  # the peeled key block is loaded ahead of the wait
+    assert rows[1][2] > rows[0][2]  # the peeled key block is loaded ahead of the wait
 
 
 @pytest.mark.gpu
@@ -665,37 +617,3 @@ def test_gpu_qkv_kernel_matches_reference_and_replays(dtype):
         graph.replay()
         (_, _, _), (ref, kr, _) = _qkv_both(qkv, kc, vc, lens, kw, q_rows=(0, 1), window_size=w)
         assert rel(out, ref) < tol and rel(k, kr) < (1e-6 if dtype == torch.float32 else 4e-3), new
-
-
-@pytest.mark.gpu
-@gpu
-def test_gpu_qkv_kernel_prefetch_is_only_a_hint(monkeypatch):
-    """With W_O's band asked of L2 (a budget above the span's K/V bytes, so the plan is on) the
-    step's outputs and written keys are bitwise those without it, launched eagerly and replayed
-    in a CUDA graph."""
-    from orthros.ops.triton import decode as td
-
-    B, L, Hq, Hkv, D = 1, 1024, 32, 8, 128
-    qkv, kc, vc, lens, kw = make_qkv(B, L, Hq, Hkv, D, [1000], dtype=torch.bfloat16, seed=11)
-    w_o = torch.randn(4096, Hq * D, device=DEV, dtype=torch.bfloat16)
-    monkeypatch.setattr(td, "DECODE_PREFETCH_BYTES", 64 * 2 ** 20)
-    kv_bytes = 2 * B * L * Hkv * D * 2
-    assert td.prefetch_plan((w_o, 2), 128, kv_bytes, torch.device(DEV))[1]["PF_C"] > 0
-
-    def step(k, v, prefetch):
-        return td.decode_qkv_attention_triton(qkv, k, v, lens, q_rows=(0, 1), window_size=128, prefetch=prefetch,
-                                              **kw)
-
-    outs = []
-    for prefetch in (None, (w_o, 2)):
-        k, v = kc.clone(), vc.clone()
-        outs.append((step(k, v, prefetch), k, v))
-        k.copy_(kc)
-        v.copy_(vc)
-        graph, o = _captured(lambda: step(k, v, prefetch))  # noqa: B023
-        k.copy_(kc)
-        v.copy_(vc)
-        graph.replay()
-        outs.append((o.clone(), k, v))
-    for o, k, v in outs[1:]:
-        assert torch.equal(o, outs[0][0]) and torch.equal(k, outs[0][1]) and torch.equal(v, outs[0][2])

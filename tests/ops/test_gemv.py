@@ -149,33 +149,19 @@ def test_prefetch_tile_fits_the_budget_and_the_slice():
     assert prefetch_tile(6144, 4096, 1, 2, budget=0) == {}
 
 
-def test_l2_band_follows_the_launch_split_and_the_budget():
-    """The band a kernel ahead asks L2 for: the first lines of each K slice the launch of
-    ``pick_config`` makes (split-K 4 for Qwen3-8B's o at M = 2, one slice at M = 1), as many
-    as the budget holds (any count, at most a slice), none for M > 8 (cuBLAS) or a budget
-    short of one line a row; a bad M or weight is refused."""
-    from orthros.ops.gemv.kernel import l2_band, pick_config, split_k
+def test_split_k_slices_whole_tiles_without_an_empty_one():
+    """The launch's K slices: ``cfg.split`` lowered where K has fewer tiles, each slice a whole
+    number of ``block_k`` tiles, no empty trailing slice (the engine's o at M = 2: 4 x 1024)."""
+    from orthros.ops.gemv.kernel import pick_config, split_k
 
-    mb = 2 ** 20
-    w_o = torch.empty(4096, 4096, dtype=torch.bfloat16, device="meta")
     assert split_k(pick_config(2, 4096, 4096), 4096) == (4, 1024)
-    assert l2_band(2, w_o, 12 * mb) == {"lines": 6, "step": 64, "k_slice": 1024, "slices": 4}  # 12 MB of 32
-    assert l2_band(2, w_o, 64 * mb)["lines"] == 16  # the whole slice (1024 elements), no more
-    assert l2_band(1, w_o, 12 * mb) == {"lines": 24, "step": 64, "k_slice": 4096, "slices": 1}
-    assert l2_band(2, w_o, 2 * mb - 1) == {} and l2_band(9, w_o, 64 * mb) == {}
-    for M, N, K in ((2, 4096, 4096), (1, 4096, 12288), (2, 6144, 4096), (3, 96, 200)):
-        w = torch.empty(N, K, dtype=torch.bfloat16, device="meta")
-        band = l2_band(M, w, 8 * mb)
-        split, kps = split_k(pick_config(M, N, K), K)
-        assert (band["slices"], band["k_slice"]) == (split, kps)
-        assert N * split * band["lines"] * 128 <= 8 * mb and band["lines"] * band["step"] <= max(kps, 64)
-    for M, w, match in ((0, w_o, "M must be"), (True, w_o, "M must be"), (2, torch.empty(3), "2-D")):
-        with pytest.raises(ValueError, match=match):
-            l2_band(M, w, mb)
+    assert split_k(GemvConfig(block_k=128, split=4), 200) == (2, 128)  # 2 tiles: 2 slices
+    assert split_k(GemvConfig(block_k=64, split=3), 320) == (3, 128)  # 5 tiles: 2 + 2 + 1
+    assert split_k(GemvConfig(block_k=64, split=4), 0) == (1, 0)
 
 
 @pytest.mark.parametrize("var, value", [("ORTHROS_PDL_SIGNAL", "mid"), ("ORTHROS_PDL_MIN_M", "two"),
-                                        ("ORTHROS_GEMV_PREFETCH_MB", "4MB"), ("ORTHROS_DECODE_PREFETCH_MB", "16MB")])
+                                        ("ORTHROS_GEMV_PREFETCH_MB", "4MB")])
 def test_bad_pdl_settings_refused_naming_the_variable(var, value):
     env = {**os.environ, var: value}
     p = subprocess.run([sys.executable, "-c", "import orthros.ops.gemv.kernel"], capture_output=True, text=True,

@@ -582,30 +582,6 @@ def split_k(cfg: GemvConfig, K: int) -> Tuple[int, int]:
     return cdiv(K, k_per_split), k_per_split
 
 
-def l2_band(M: int, weight: torch.Tensor, budget: int) -> dict:
-    """What a kernel ahead of this GEMV (``M`` rows times ``weight [N, K]``) asks L2 for so the
-    GEMV's programs start on L2 hits: the first ``lines`` 128-byte lines (``step`` elements each)
-    of each of the GEMV's ``slices`` K slices (``k_slice`` elements apart) of every weight row,
-    the pattern of its own early prefetch (:func:`prefetch_tile`; here any count of lines, at
-    most a slice's) within ``budget`` bytes; ``{}`` where not one line a row fits or ``M > 8``
-    (no Triton GEMV). Spread over every program's first tiles (not the first rows
-    only), so no program of the GEMV is left streaming more HBM bytes than the others."""
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
-        raise ValueError(f"weight must be a 2-D [N, K] tensor, got "
-                         f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
-    if isinstance(M, bool) or not isinstance(M, int) or M < 1:
-        raise ValueError(f"M must be a positive int (the GEMV's rows), got {M!r}")
-    if M > MAX_M:  # the GEMV runs through cuBLAS there, in an order of its own
-        return {}
-    N, K = weight.shape
-    split, k_per_split = split_k(pick_config(M, N, K), K)
-    step = max(1, LINE_BYTES // weight.element_size())
-    lines = min(int(budget) // max(1, N * split * LINE_BYTES), cdiv(k_per_split, step))
-    if lines < 1:
-        return {}
-    return {"lines": lines, "step": step, "k_slice": k_per_split, "slices": split}
-
-
 def pdl_settings(device) -> dict:
     """What the decode step's launches do on ``device`` (for a benchmark's metadata): PDL on or off
     and, when on, where a GEMV signals, the fewest rows it uses PDL at, and its prefetch budget."""
@@ -641,5 +617,5 @@ def _rows(t: torch.Tensor, name: str, M: int, C: int) -> torch.Tensor:
                          f"{tuple(t.shape)} strides {t.stride()}") from None
 
 
-__all__ = ["GemvConfig", "CONFIGS", "pick_config", "late_norm", "prefetch_tile", "split_k", "l2_band", "pdl_settings",
+__all__ = ["GemvConfig", "CONFIGS", "pick_config", "late_norm", "prefetch_tile", "split_k", "pdl_settings",
            "class_rows", "rows_to_json", "rows_from_json", "configs_installed", "gemv_triton"]

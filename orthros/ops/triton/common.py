@@ -132,21 +132,6 @@ def prefetch_l2(ptrs):
                               is_pure=False, pack=1)
 
 
-@triton.jit
-def prefetch_l2_normal(ptrs):
-    """:func:`prefetch_l2` with normal eviction priority."""
-    tl.inline_asm_elementwise("prefetch.global.L2::evict_normal [$1]; // $0", "=r,l", [ptrs], dtype=tl.int32,
-                              is_pure=False, pack=1)
-
-
-@triton.jit
-def prefetch_l2_bulk(ptrs, nbytes):
-    """A hint (sm_90): the bulk copy engine fetches ``nbytes`` (int32, a multiple of 16) from each
-    16-byte aligned pointer into L2; one instruction a range, no registers written."""
-    tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2; // $0", "=r,l,r", [ptrs, nbytes],
-                              dtype=tl.int32, is_pure=False, pack=1)
-
-
 # Launch through the compiled kernel kept per call signature (see :func:`launch`); read at import,
 # switchable at run time (benchmarks/window_host.py times both paths in one process).
 FAST_LAUNCH = os.environ.get("ORTHROS_FAST_LAUNCH", "1") == "1"

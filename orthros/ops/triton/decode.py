@@ -47,9 +47,8 @@ import triton
 import triton.language as tl
 
 from ..gemv.naive import MAX_M as GEMV_MAX_M
-from .common import (LOG2E, PDL_MIN_M, block_d, cdiv, dummy, env_number, interpreting, merge_splits, num_sms,
-                     pdl_enter, pdl_kwargs, pow2, precision, prefetch_l2, prefetch_l2_bulk, prefetch_l2_normal,
-                     softmax_result, softmax_step, zeroed_counters)
+from .common import (LOG2E, PDL_MIN_M, block_d, cdiv, dummy, interpreting, merge_splits, num_sms, pdl_enter,
+                     pdl_kwargs, pow2, precision, softmax_result, softmax_step, zeroed_counters)
 
 
 # ============================================================================ kernels
@@ -220,15 +219,13 @@ def _prologue(x, xp, wn, wnp, a, ap, bb, bbp, c, s, sign, eps, D: tl.constexpr, 
 
 @triton.jit(do_not_specialize=["window", "NUM_SPLITS", "QW_ROW", "QF_ROW"])
 def _decode_split_qkv(
-    QKV, K, V, LENS, COS, SIN, QN, KN, AW, BW, AF, BF, OP, LP, O, OO, CNT, PFW,
+    QKV, K, V, LENS, COS, SIN, QN, KN, AW, BW, AF, BF, OP, LP, O, OO, CNT,
     sxb, sxr, scb, skb, skt, skh, svb, svt, svh, sob, soh, soob, sooh,
-    QW_ROW, QF_ROW, window, qk_scale, split_len, L_MAX, eps, pf_n, pf_k, pf_stride, pf_kslice,
+    QW_ROW, QF_ROW, window, qk_scale, split_len, L_MAX, eps,
     G: tl.constexpr, HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS, PREC: tl.constexpr,
     MERGE: tl.constexpr, BLOCK_S: tl.constexpr, UPCAST: tl.constexpr, HAS_QN: tl.constexpr,
     HAS_KN: tl.constexpr, HAS_SO: tl.constexpr, PEEL: tl.constexpr, PDL: tl.constexpr = False,
-    PF_R: tl.constexpr = 0, PF_C: tl.constexpr = 0, PF_N: tl.constexpr = 1, PF_LINES: tl.constexpr = 1,
-    PF_STEP: tl.constexpr = 64, PF_MODE: tl.constexpr = 0,
 ):
     """:func:`_decode_split` from the fused QKV projection's raw rows ``QKV [B, R, (HQ + 2 HKV) D]``:
     each program computes its queries (rows ``QW_ROW`` / ``QF_ROW``: q-norm, scale-offset,
@@ -238,13 +235,7 @@ def _decode_split_qkv(
     projection, it loads before its wait what that kernel does not write: the prologue's
     parameters (RoPE tables, norm weights, alpha / beta: cold in L2 after a step's weights
     streamed through it) and, with ``PEEL``, its chunk's first key block into registers (the
-    rest goes through the pipelined loop after the wait).
-
-    ``PF_C > 0`` (the next GEMV's weight ``PFW [pf_n, *]``, row stride ``pf_stride``): right after
-    the wait, while the step's few K/V bytes leave HBM idle, the program asks L2 for its
-    ``PF_R`` rows' band (:func:`orthros.ops.gemv.kernel.l2_band`: ``PF_N`` lines a row, the first
-    ``PF_LINES`` of each K slice of ``pf_kslice`` elements, below column ``pf_k``), so that GEMV
-    starts on L2 hits."""
+    rest goes through the pipelined loop after the wait)."""
     split = tl.program_id(0)
     kvh = tl.program_id(1)
     b = tl.program_id(2)
@@ -298,19 +289,6 @@ def _decode_split_qkv(
         bbp = (tl.load(BW + so + offs_p[None, :], mask=wm, other=0.0).to(tl.float32)
                + tl.load(BF + so + offs_p[None, :], mask=fm, other=0.0).to(tl.float32))
     pdl_enter(PDL)
-    if PF_C > 0:  # the next GEMV's weight band: rows [prog * PF_R, +PF_R) (the last row where past pf_n)
-        prog = (b * HKV + kvh) * NUM_SPLITS + split
-        pf_rows = tl.minimum(prog.to(tl.int64) * PF_R + tl.arange(0, PF_R), pf_n - 1)
-        j = tl.minimum(tl.arange(0, PF_C), PF_N - 1)  # PF_C: PF_N pointers a row rounded up to a power of two
-        if PF_MODE == 2:  # one bulk prefetch of PF_LINES lines a (row, K slice)
-            pf_ptrs = PFW + pf_rows[:, None] * pf_stride + (j.to(tl.int64) * pf_kslice)[None, :]
-            prefetch_l2_bulk(pf_ptrs, tl.full([PF_R, PF_C], PF_LINES * 128, tl.int32))
-        else:
-            pf_cols = tl.minimum((j // PF_LINES).to(tl.int64) * pf_kslice + (j % PF_LINES) * PF_STEP, pf_k - 1)
-            if PF_MODE == 1:
-                prefetch_l2_normal(PFW + pf_rows[:, None] * pf_stride + pf_cols[None, :])
-            else:
-                prefetch_l2(PFW + pf_rows[:, None] * pf_stride + pf_cols[None, :])
     # the queries: [BLOCK_H, BLOCK_D], row r of head `head` from qkv row QW_ROW (window) / QF_ROW (full)
     row = tl.where(is_win, QW_ROW, QF_ROW).to(tl.int64)
     q_ptr = QKV + b64 * sxb + row[:, None] * sxr + head[:, None] * D
@@ -589,54 +567,6 @@ def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window
 QKV_PEEL = os.environ.get("ORTHROS_QKV_PEEL", "1") == "1"
 
 
-# Bytes of the next GEMV's weight (W_O's, through ``prefetch=``) the raw-projection kernel asks L2
-# for after its wait, less one layer's K/V bytes of the span (what the step itself reads: with
-# many of them the bus is not idle and the band would only be evicted); ORTHROS_DECODE_PREFETCH_MB
-# (MB, read at import), 0 turns it off. docs/performance.md, inference change 23.
-DECODE_PREFETCH_BYTES = int(env_number("ORTHROS_DECODE_PREFETCH_MB", "0", float, "a number of megabytes") * 2 ** 20)
-_PF_TILE_MAX = 8192  # prefetch pointers a program at most (64 a thread at 4 warps)
-# how: "last" (a prefetch a 128-byte line, evict-last), "normal" (the same, normal priority),
-# "bulk" (one cp.async.bulk.prefetch.L2 a row and K slice); ORTHROS_DECODE_PREFETCH_MODE
-PF_MODES = ("last", "normal", "bulk")
-DECODE_PREFETCH_MODE = os.environ.get("ORTHROS_DECODE_PREFETCH_MODE", "last")
-if DECODE_PREFETCH_MODE not in PF_MODES:
-    raise ValueError(f"ORTHROS_DECODE_PREFETCH_MODE must be one of {PF_MODES}, got {DECODE_PREFETCH_MODE!r}")
-
-
-def prefetch_plan(prefetch, programs: int, kv_bytes: int, device, budget=None):
-    """``(args, consts)`` of :func:`_decode_split_qkv`'s L2 prefetch of ``prefetch = (weight, rows)``
-    (the GEMV of ``rows`` rows that reads this step's output next) over ``programs`` programs:
-    the band :func:`orthros.ops.gemv.kernel.l2_band` gives for ``budget`` (default
-    :data:`DECODE_PREFETCH_BYTES`) less ``kv_bytes``, each program ``PF_R`` of its rows. Off
-    (``PF_C = 0``) without ``prefetch``, off CUDA or under the interpreter (no inline PTX), where
-    no byte of budget is left or the band would need more than :data:`_PF_TILE_MAX` pointers a
-    program. ``args``: ``(weight or None, N, K, row stride, K slice)``."""
-    off = (None, 1, 1, 1, 0), {}
-    if prefetch is None or interpreting() or device.type != "cuda":
-        return off
-    weight, rows = prefetch
-    left = (DECODE_PREFETCH_BYTES if budget is None else int(budget)) - int(kv_bytes)
-    if left <= 0:
-        return off
-    from ..gemv.kernel import l2_band  # here: the gemv package imports this one's package
-
-    band = l2_band(rows, weight, left)
-    if not band:
-        return off
-    n, k = weight.shape
-    mode = PF_MODES.index(DECODE_PREFETCH_MODE)
-    es = weight.element_size()
-    bulk = (mode == 2 and k % band["k_slice"] == 0 and band["k_slice"] * es % 16 == 0
-            and weight.stride(0) * es % 16 == 0 and weight.data_ptr() % 16 == 0)  # 16-byte aligned ranges
-    count = band["slices"] if bulk else band["lines"] * band["slices"]
-    pf_r, pf_c = pow2(cdiv(n, max(1, programs))), pow2(count)
-    if pf_r * pf_c > _PF_TILE_MAX:
-        return off
-    return ((weight, n, k, weight.stride(0), band["k_slice"]),
-            dict(PF_R=pf_r, PF_C=pf_c, PF_N=count, PF_LINES=band["lines"], PF_STEP=band["step"],
-                 PF_MODE=2 if bulk else min(mode, 1)))
-
-
 def _launched_early(pdl, rows: int) -> bool:
     """Whether the GEMV producing ``rows`` rows of QKV starts the kernel behind it early (PDL)."""
     return bool(pdl) and PDL_MIN_M <= rows <= GEMV_MAX_M
@@ -644,10 +574,9 @@ def _launched_early(pdl, rows: int) -> bool:
 
 def decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, *, num_heads, q_rows, rope, window_size, scale=None,
                                 q_norm=None, k_norm=None, eps=1e-6, scale_offset=(None, None, None, None),
-                                prefetch=None, _config=None):
+                                _config=None):
     """:func:`orthros.ops.decode.orthros_decode_qkv_attention` (arguments checked there) in one
-    split launch (plus the merge): returns ``[B, 2, HQ, D]``, writes the new K/V. ``prefetch``:
-    see :func:`prefetch_plan`."""
+    split launch (plus the merge): returns ``[B, 2, HQ, D]``, writes the new K/V."""
     B = qkv.shape[0]
     L_max, HKV, D = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     if scale is None:
@@ -662,21 +591,18 @@ def decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, *, num_heads, q_row
         cos, sin = cos.contiguous(), sin.contiguous()
     so = tuple(t.contiguous() if t is not None else dummy(dev) for t in scale_offset)
     plan = _Plan(B, num_heads, HKV, D, L_max, qkv.dtype, dev, _config)
-    kv_bytes = 2 * B * L_max * HKV * D * k_cache.element_size()  # one layer's K/V of the span
-    (pfw, *pf_args), pf = prefetch_plan(prefetch, plan.S * HKV * B, kv_bytes, dev)
     both = torch.empty(B, 2, num_heads, D, dtype=qkv.dtype, device=dev)
     o, o_out = both[:, :1], both[:, 1:]
     _decode_split_qkv[(plan.S, HKV, B)](
         qkv, k_cache, v_cache, lens, cos, sin, dummy(dev) if q_norm is None else q_norm,
         dummy(dev) if k_norm is None else k_norm, *so, plan.op, plan.lp, o, o_out, plan.cnt,
-        dummy(dev) if pfw is None else pfw,
         qkv.stride(0), qkv.stride(1), cos.stride(0) if cos.shape[0] > 1 else 0,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
         int(q_rows[0]), int(q_rows[1]), int(window_size), scale * LOG2E, plan.split_len, L_max, float(eps),
-        *pf_args, HKV=HKV, HAS_QN=q_norm is not None, HAS_KN=k_norm is not None,
-        HAS_SO=scale_offset[0] is not None, PEEL=QKV_PEEL and _launched_early(plan.pdl, qkv.shape[0] * qkv.shape[1]),
-        **pf, **plan.consts, **plan.launch)
+        HKV=HKV, HAS_QN=q_norm is not None, HAS_KN=k_norm is not None, HAS_SO=scale_offset[0] is not None,
+        PEEL=QKV_PEEL and _launched_early(plan.pdl, qkv.shape[0] * qkv.shape[1]), **plan.consts,
+        **plan.launch)
     plan.combine(o, o_out)
     return both
