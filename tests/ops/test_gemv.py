@@ -342,7 +342,7 @@ COMPILE_SM90 = textwrap.dedent('''
                      SPLIT=split, HAS_BIAS=True, UPCAST=False, PREC="tf32", EVEN_K="RAGGED" not in fused,
                      NUM_STAGES=stages, EMU_RNE=False, **flags, **_norm_tile(M, 4096, flags["NORM"]),
                      DEFER="DEFER" in fused, NORM_LATE="NORM_LATE" in fused.split(","), PDL=False, PF_LINES=0,
-                     PF_STEP=64, SIGNAL_END=False, PEEL_W=False)
+                     PF_STEP=64, SIGNAL_END=False)
         ptx = compile_(_gemv_kernel, types, const, warps, stages).asm["ptx"]
         # the weight stream: 16-byte asynchronous copies into shared memory (pipelined), no 2-byte loads of it
         print("CASE", dt, M, dot, ptx.count("cp.async.cg.shared.global"), ptx.count("ld.global.b16"),
@@ -361,7 +361,6 @@ COMPILE_SM90 = textwrap.dedent('''
             ("gemv", _gemv_kernel, types, dict(const, PDL=True, PF_LINES=8, PF_STEP=64), 4, 3),
             ("gemv-noprefetch", _gemv_kernel, types, dict(const, PDL=True, PF_LINES=0), 4, 3),
             ("gemv-signal-end", _gemv_kernel, types, dict(const, PDL=True, PF_LINES=0, SIGNAL_END=True), 4, 3),
-            ("gemv-peel", _gemv_kernel, types, dict(const, PDL=True, PF_LINES=0, PEEL_W=True), 4, 3),
             ("reduce", _gemv_reduce, reduce_types,
              dict(SPLIT=4, BLOCK=1024, HAS_BIAS=True, HAS_RES=True, EMU_RNE=False, PDL=True), 4, 1)]:
         ptx = compile_(fn, ty, const_, warps, stages).asm["ptx"]
@@ -378,15 +377,13 @@ def test_kernel_compiles_for_sm90_with_pipelined_vector_loads(tmp_path):
     cases = printed(lines, "CASE")
     assert len(cases) == 14
     pdl = {name: [int(v) for v in rest] for name, *rest in printed(lines, "PDL")}
-    assert sorted(pdl) == ["gemv", "gemv-noprefetch", "gemv-peel", "gemv-signal-end", "reduce"]
+    assert sorted(pdl) == ["gemv", "gemv-noprefetch", "gemv-signal-end", "reduce"]
     for name, (pref, wait, signal, access, n_pref) in pdl.items():
-        # launched early, the kernel reads (but a peeled weight tile) and writes nothing before the
-        # wait, and signals the kernel behind only after it (so that one waits for this one's
-        # inputs too); or, with SIGNAL_END, after its K loop's loads
+        # launched early, the kernel reads and writes nothing before the wait, and signals the
+        # kernel behind only after it (so that one waits for this one's inputs too); or, with
+        # SIGNAL_END, after its K loop's loads
         if name == "gemv-signal-end":
             assert 0 <= wait < access < signal, (name, wait, signal, access)
-        elif name == "gemv-peel":  # the first weight tile (read-only) is read before the wait
-            assert 0 <= access < wait < signal, (name, wait, signal, access)
         else:
             assert 0 <= wait < signal < access, (name, wait, signal, access)
         if name == "gemv":  # the tile's first lines of each row, asked for before the wait

@@ -4,14 +4,12 @@ specification is "what the layers compute today"), the "torch" backend against t
 triton kernel (interpreter on CPU) against the reference within the dtype's rounding, the
 custom op under torch.compile, and the argument refusals on every backend."""
 
-import dataclasses
-
 import pytest
 import torch
 import torch.nn.functional as F
 
 # the plain GEMV's test module sets up the interpreter on CPU and holds the shared pieces
-from test_gemv import DEV, HAS_CUDA, TOL, gpu, nan_empty, refuse_launches  # noqa: F401  (nan_empty: a fixture)
+from test_gemv import DEV, TOL, gpu, nan_empty, refuse_launches  # noqa: F401  (nan_empty: a fixture)
 from orthros.layers.common import RMSNorm, SwiGLUMLP
 from orthros.ops.gemv import GEMV_BACKENDS, gemv, gemv_ref, prologue_ref
 from orthros.ops.gemv.kernel import GemvConfig, gemv_triton
@@ -389,23 +387,3 @@ def test_gpu_fused_cuda_graph_and_inductor():
         for _ in range(3):  # warm-up, record, replay
             got = compiled(*args)
         assert torch.equal(got, _layer_tail(*args)), backend
-
-
-@pytest.mark.parametrize("cfg", list(CFGS), ids=list(CFGS))
-@pytest.mark.parametrize("kind", ["norm+res", "silu", "res", "norm"])
-def test_peeled_first_tile_changes_nothing(kind, cfg, nan_empty):
-    """``GemvConfig(peel=True)``: each program's first weight tile loaded ahead of its loop (before
-    a PDL launch's wait) and multiplied before the others, as the loop would: the same result
-    (to fp32 rounding; bitwise in the interpreter), every inner form, with and without split-K
-    (K = 40: a ragged tile; 16: one tile a slice), every prologue."""
-    for K in (40, 16):
-        x, w, kw = fused_case("norm+res" if kind == "norm" else kind, 2, 36, K, torch.float32, seed=K + len(kind))
-        if kind == "norm":
-            kw.pop("residual")
-        want = gemv_triton(x, w, config=CFGS[cfg], **kw)
-        got = gemv_triton(x, w, config=dataclasses.replace(CFGS[cfg], peel=True), **kw)
-        assert rel(got, want) < 1e-6 and rel(got, gemv_ref(x, w, **kw)) < TOL[torch.float32], (K, kind, cfg)
-        if not HAS_CUDA:
-            assert torch.equal(got, want)
-    with pytest.raises(ValueError, match="peel must be True or False"):
-        GemvConfig(peel=1)

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -118,62 +117,6 @@ def _times_norm_weight(x, NW, nw_offs, nw_mask, MASK_K: tl.constexpr, dt: tl.con
 
 
 @triton.jit
-def _w_tile(w_rows, k0, k_hi, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """The weight tile of columns ``[k0, k0 + BLOCK_K)`` (masked past ``k_hi`` unless ``EVEN_K``)."""
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    if EVEN_K:
-        return tl.load(w_rows + offs_k[None, :])
-    return tl.load(w_rows + offs_k[None, :], mask=(offs_k < k_hi)[None, :], other=0.0)
-
-
-@triton.jit
-def _tile(w, k0, k_hi, acc, acc3, ssq, ssq_t, X, NW, rstd, offs_m, m_ok, sxm, K, dt: tl.constexpr,
-          BLOCK_K: tl.constexpr, M_ROWS: tl.constexpr, DOT: tl.constexpr, DEFER: tl.constexpr, NORM: tl.constexpr,
-          SILU: tl.constexpr, NORM_LATE: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-          EVEN_K: tl.constexpr, EMU_RNE: tl.constexpr):
-    """One step of :func:`_gemv_kernel`'s K loop on its weight tile ``w`` (columns from ``k0``):
-    the x tile through the prologue, times ``w``, into the form's accumulator (``acc``; ``acc3``
-    deferred; ``ssq`` / ``ssq_t`` the late norm's sums of squares). Returns the four."""
-    offs_k = k0 + tl.arange(0, BLOCK_K)
-    k_ok = offs_k < k_hi
-    if DOT:
-        xt = _prologue(X, offs_m[None, :] * sxm + offs_k[:, None], m_ok[None, :] & k_ok[:, None],
-                       NW, offs_k[:, None], k_ok[:, None], rstd[None, :], K, NORM, SILU, True, not EVEN_K, EMU_RNE)
-        if NORM_LATE:
-            xf = xt.to(tl.float32)
-            ssq_t += xf * xf
-            xt = _times_norm_weight(xt, NW, offs_k[:, None], k_ok[:, None], not EVEN_K, dt, True,
-                                    EMU_RNE).to(dt)
-        if UPCAST:  # the interpreter's bf16 tl.dot is wrong (docs: guide); fp32 there
-            w = w.to(tl.float32)
-            xt = xt.to(tl.float32)
-        acc += tl.dot(w, xt, input_precision=PREC)
-    elif DEFER:
-        xk = _prologue(X, offs_m[:, None] * sxm + offs_k[None, :], m_ok[:, None] & k_ok[None, :], NW,
-                       offs_k[None, :], k_ok[None, :], rstd[:, None], K, NORM, SILU, True, not EVEN_K,
-                       EMU_RNE).to(tl.float32)
-        if NORM_LATE:
-            ssq_t += xk * xk
-            xk = _times_norm_weight(xk, NW, offs_k[None, :], k_ok[None, :], not EVEN_K, dt, False, EMU_RNE)
-        acc3 += w.to(tl.float32)[None, :, :] * xk[:, None, :]
-    else:
-        wf = w.to(tl.float32)
-        for m in tl.static_range(M_ROWS):
-            if NORM:
-                rstd_m = tl.sum(tl.where(offs_m == m, rstd, 0.0), axis=0)
-            else:
-                rstd_m = 0.0
-            xm = _prologue(X, m * sxm + offs_k, k_ok, NW, offs_k, k_ok, rstd_m, K, NORM, SILU,
-                           not EVEN_K, not EVEN_K, EMU_RNE).to(tl.float32)
-            if NORM_LATE:
-                ssq = tl.where(offs_m == m, ssq + tl.sum(xm * xm, axis=0), ssq)
-                xm = _times_norm_weight(xm, NW, offs_k, k_ok, not EVEN_K, dt, False, EMU_RNE)
-            part = tl.sum(wf * xm[None, :], axis=1)  # [BLOCK_N]
-            acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
-    return acc, acc3, ssq, ssq_t
-
-
-@triton.jit
 def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, M_ROWS: tl.constexpr,
                  DOT: tl.constexpr, SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, UPCAST: tl.constexpr,
@@ -181,8 +124,7 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
                  NORM: tl.constexpr = False, SILU: tl.constexpr = False, HAS_RES: tl.constexpr = False,
                  EMU_RNE: tl.constexpr = False, NORM_M: tl.constexpr = 1, NORM_K: tl.constexpr = 16,
                  DEFER: tl.constexpr = False, NORM_LATE: tl.constexpr = False, PDL: tl.constexpr = False,
-                 PF_LINES: tl.constexpr = 0, PF_STEP: tl.constexpr = 64, SIGNAL_END: tl.constexpr = False,
-                 PEEL_W: tl.constexpr = False):
+                 PF_LINES: tl.constexpr = 0, PF_STEP: tl.constexpr = 64, SIGNAL_END: tl.constexpr = False):
     """Program ``(pid_n, pid_k)``: output rows ``[pid_n * BLOCK_N, +BLOCK_N)`` over ``K`` slice
     ``[pid_k * k_per_split, +k_per_split)``. ``M_ROWS`` (= M, constexpr) unrolls the CUDA-core
     form; ``BLOCK_M`` is the accumulator's row count (pow2 >= M; 16 in the dot form). ``DEFER``
@@ -221,8 +163,6 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
     w_rows = W + tl.minimum(offs_n, N - 1)[:, None] * swn
     if PF_LINES > 0:
         prefetch_l2(w_rows + tl.minimum(k_lo + tl.arange(0, PF_LINES) * PF_STEP, K - 1)[None, :])
-    if PEEL_W:
-        w0 = _w_tile(w_rows, k_lo, k_hi, BLOCK_K, EVEN_K)
     pdl_wait(PDL)
     if not SIGNAL_END:
         pdl_signal(PDL)
@@ -261,15 +201,47 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
         acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
     else:
         acc3 = tl.zeros([1, 1, 1], tl.float32)  # unused
-    k_start = k_lo
-    if PEEL_W:  # the first tile, loaded before the wait, multiplied after it
-        acc, acc3, ssq, ssq_t = _tile(w0, k_lo, k_hi, acc, acc3, ssq, ssq_t, X, NW, rstd, offs_m, m_ok, sxm, K, dt,
-                                      BLOCK_K, M_ROWS, DOT, DEFER, NORM, SILU, NORM_LATE, UPCAST, PREC, EVEN_K, EMU_RNE)
-        k_start = k_lo + BLOCK_K
-    for k0 in tl.range(k_start, k_hi, BLOCK_K, num_stages=NUM_STAGES):  # explicit: pipelines the CUDA-core form too
-        w = _w_tile(w_rows, k0, k_hi, BLOCK_K, EVEN_K)
-        acc, acc3, ssq, ssq_t = _tile(w, k0, k_hi, acc, acc3, ssq, ssq_t, X, NW, rstd, offs_m, m_ok, sxm, K, dt,
-                                      BLOCK_K, M_ROWS, DOT, DEFER, NORM, SILU, NORM_LATE, UPCAST, PREC, EVEN_K, EMU_RNE)
+    for k0 in tl.range(k_lo, k_hi, BLOCK_K, num_stages=NUM_STAGES):  # explicit: pipelines the CUDA-core form too
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < k_hi
+        if EVEN_K:
+            w = tl.load(w_rows + offs_k[None, :])
+        else:
+            w = tl.load(w_rows + offs_k[None, :], mask=k_ok[None, :], other=0.0)
+        if DOT:
+            xt = _prologue(X, offs_m[None, :] * sxm + offs_k[:, None], m_ok[None, :] & k_ok[:, None],
+                           NW, offs_k[:, None], k_ok[:, None], rstd[None, :], K, NORM, SILU, True, not EVEN_K, EMU_RNE)
+            if NORM_LATE:
+                xf = xt.to(tl.float32)
+                ssq_t += xf * xf
+                xt = _times_norm_weight(xt, NW, offs_k[:, None], k_ok[:, None], not EVEN_K, dt, True,
+                                        EMU_RNE).to(dt)
+            if UPCAST:  # the interpreter's bf16 tl.dot is wrong (docs: guide); fp32 there
+                w = w.to(tl.float32)
+                xt = xt.to(tl.float32)
+            acc += tl.dot(w, xt, input_precision=PREC)
+        elif DEFER:
+            xk = _prologue(X, offs_m[:, None] * sxm + offs_k[None, :], m_ok[:, None] & k_ok[None, :], NW,
+                           offs_k[None, :], k_ok[None, :], rstd[:, None], K, NORM, SILU, True, not EVEN_K,
+                           EMU_RNE).to(tl.float32)
+            if NORM_LATE:
+                ssq_t += xk * xk
+                xk = _times_norm_weight(xk, NW, offs_k[None, :], k_ok[None, :], not EVEN_K, dt, False, EMU_RNE)
+            acc3 += w.to(tl.float32)[None, :, :] * xk[:, None, :]
+        else:
+            wf = w.to(tl.float32)
+            for m in tl.static_range(M_ROWS):
+                if NORM:
+                    rstd_m = tl.sum(tl.where(offs_m == m, rstd, 0.0), axis=0)
+                else:
+                    rstd_m = 0.0
+                xm = _prologue(X, m * sxm + offs_k, k_ok, NW, offs_k, k_ok, rstd_m, K, NORM, SILU,
+                               not EVEN_K, not EVEN_K, EMU_RNE).to(tl.float32)
+                if NORM_LATE:
+                    ssq = tl.where(offs_m == m, ssq + tl.sum(xm * xm, axis=0), ssq)
+                    xm = _times_norm_weight(xm, NW, offs_k, k_ok, not EVEN_K, dt, False, EMU_RNE)
+                part = tl.sum(wf * xm[None, :], axis=1)  # [BLOCK_N]
+                acc = tl.where(offs_m[:, None] == m, acc + part[None, :], acc)
     if SIGNAL_END:
         pdl_signal(PDL)
     if DOT:
@@ -322,9 +294,7 @@ class GemvConfig:
     """One launch configuration: ``block_n`` output rows and ``block_k`` of K per tile
     (powers of two; ``dot`` needs both >= 16), ``split`` K slices (1: no split-K),
     ``dot`` the tensor-core form, ``defer`` the CUDA-core form with its reduction over K
-    deferred to after the loop (not with ``dot``), and Triton's ``num_warps`` / ``num_stages``;
-    ``peel``: the first weight tile of each program loaded ahead of the loop, before a PDL
-    launch's wait (the kernel ahead still runs; the weight is read-only)."""
+    deferred to after the loop (not with ``dot``), and Triton's ``num_warps`` / ``num_stages``."""
 
     block_n: int = 16
     block_k: int = 512
@@ -333,7 +303,6 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 3
     defer: bool = False
-    peel: bool = False
 
     def __post_init__(self):
         for name in ("block_n", "block_k", "num_warps"):
@@ -348,9 +317,6 @@ class GemvConfig:
                              "form) exclude each other")
         if not isinstance(self.split, int) or not 1 <= self.split <= 64:
             raise ValueError(f"GemvConfig.split must be an int in [1, 64], got {self.split!r}")
-        if not isinstance(self.peel, bool) or not isinstance(self.defer, bool) or not isinstance(self.dot, bool):
-            raise ValueError(f"GemvConfig.dot / defer / peel must be True or False, got {self.dot!r} / "
-                             f"{self.defer!r} / {self.peel!r}")
         if not isinstance(self.num_stages, int) or self.num_stages < 1:
             raise ValueError(f"GemvConfig.num_stages must be a positive int, got {self.num_stages!r}")
 
@@ -531,8 +497,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
         HAS_BIAS=bias is not None, UPCAST=upcast, PREC=prec, EVEN_K=K % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
         NORM=flags["NORM"] and not late, SILU=flags["SILU"], HAS_RES=split == 1 and flags["HAS_RES"], EMU_RNE=emu_rne,
         **_norm_tile(M, K, flags["NORM"] and not late), DEFER=cfg.defer, NORM_LATE=flags["NORM"] and late,
-        PEEL_W=cfg.peel or (bool(pdl) and PEEL_TILE), num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
-        **early)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl, **early)
     if split > 1:
         block = 1024
         _gemv_reduce[(cdiv(M * N, block),)](part, b, y, r, M * N, N, srm, SPLIT=split, BLOCK=block,
@@ -547,9 +512,6 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
 # call) / 4.519 ms at 1K (docs/performance.md, inference change 17).
 PREFETCH_BYTES = int(env_number("ORTHROS_GEMV_PREFETCH_MB", "4", float, "a number of megabytes") * 2 ** 20)
 LINE_BYTES = 128
-# Every PDL-launched GEMV loads its programs' first weight tile before its wait (GemvConfig.peel
-# for all of them): ORTHROS_GEMV_PEEL=1 (read at import; 0, the default, leaves it to the config).
-PEEL_TILE = os.environ.get("ORTHROS_GEMV_PEEL", "0") == "1"
 
 
 def prefetch_tile(N: int, k_per_split: int, split: int, elem_bytes: int, budget: Optional[int] = None) -> dict:
