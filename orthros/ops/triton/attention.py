@@ -171,11 +171,7 @@ def _stream_fwd(
                                       BLOCK_N, HAS_WINDOW, HAS_DOC, HAS_KVS)
                 s = tl.where(mask, s, float("-inf"))
         else:
-            kdoc = cols
-            if HAS_DOC:
-                kdoc = tl.load(DOC + cols, mask=c_ok, other=-1)
-            mask = visible(cols[None, :], qpos[:, None], c_ok[None, :], window, kdoc[None, :], qdoc[:, None], kvs,
-                           HAS_WINDOW, HAS_DOC, HAS_KVS)
+            mask = _block_mask(cols, c_ok, qpos, window, DOC, qdoc, kvs, HAS_WINDOW, HAS_DOC, HAS_KVS)
             s = tl.where(mask, s, float("-inf"))
         v = tl.load(v_base + cols[:, None] * svt + offs_d[None, :], mask=c_ok[:, None] & d_ok[None, :], other=0.0)
         m_i, l_i, acc = softmax_step(m_i, l_i, acc, s, v, PREC)
@@ -191,6 +187,18 @@ def _stream_fwd(
     if not PARTIAL:  # a final result: +inf marks a row with no visible key for the backward
         lse = tl.where(has, lse, float("inf"))
     tl.store(l_ptrs, lse, mask=io_ok)
+
+
+@triton.jit
+def _block_mask(cols, c_ok, qpos, window, DOC, qdoc, kvs,
+                HAS_WINDOW: tl.constexpr, HAS_DOC: tl.constexpr, HAS_KVS: tl.constexpr):
+    """``visible`` for the key block at absolute positions ``cols`` (``c_ok``: in range) against
+    the rows at ``qpos``, the keys' documents loaded here (-1 out of range)."""
+    kdoc = cols
+    if HAS_DOC:
+        kdoc = tl.load(DOC + cols, mask=c_ok, other=-1)
+    return visible(cols[None, :], qpos[:, None], c_ok[None, :], window, kdoc[None, :], qdoc[:, None], kvs,
+                   HAS_WINDOW, HAS_DOC, HAS_KVS)
 
 
 @triton.jit
@@ -340,11 +348,7 @@ def _dq_block(
             d = (pos_offset + rows - start_n)[:, None] - tl.arange(0, BLOCK_N)[None, :]
             p = tl.where(band(d, window, HAS_WINDOW), p, 0.0)
         else:
-            kdoc = cols
-            if HAS_DOC:
-                kdoc = tl.load(DOC + cols, mask=c_ok, other=-1)
-            mask = visible(cols[None, :], qpos[:, None], c_ok[None, :], window, kdoc[None, :], qdoc[:, None], kvs,
-                           HAS_WINDOW, HAS_DOC, HAS_KVS)
+            mask = _block_mask(cols, c_ok, qpos, window, DOC, qdoc, kvs, HAS_WINDOW, HAS_DOC, HAS_KVS)
             p = tl.where(mask, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=PREC)
         ds = p * (dp - delta[:, None])
