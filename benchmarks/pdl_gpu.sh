@@ -17,8 +17,8 @@
 # Nothing is installed: the image's torch / triton run it. From the repo root (the `run` tool):
 #   command: ORTHROS_COMMIT=<sha> bash benchmarks/pdl_gpu.sh
 # Optional: VARIANTS (unset: "off pf8 pdl pf16 off pf8"; empty: none), CONTEXTS (1024,4096), T_TESTS (150 s),
-# TESTS=0 (no tests), T_CELL (75 s a process); PROFILE="<settings>" (profile_engine.py at 1K, one
-# process a setting); ROOF=N (then the roofline's decode section, 1K-128K, with the defaults and
+# TESTS=0 (no tests), T_CELL (75 s a process); PROFILE="<settings>" (profile_engine.py --timeline at 1K,
+# one process a setting); ROOF=N (then the roofline's decode section, 1K-128K, with the defaults and
 # gpt-fast at 1K: carry .gpu/gpt-fast; then N - 1 more processes of the pair and gpt-fast at 1K).
 set -u
 OUT=${OUT:-/tmp/pdl-gpu}
@@ -104,10 +104,10 @@ fi
 if [ -n "${PROFILE:-}" ]; then  # the 1K step kernel by kernel, one process a setting of PROFILE (e.g. "pf4m2 pf4m2nocombo")
   for v in $PROFILE; do
     settings "$v"
-    env "${env_[@]}" timeout -k 10 "${T_PROFILE:-120}" python3 benchmarks/profile_engine.py --compile --gemv --context 1024 \
+    env "${env_[@]}" timeout -k 10 "${T_PROFILE:-120}" python3 benchmarks/profile_engine.py --compile --gemv --timeline --context 1024 \
       "${args_[@]}" --json "$OUT/profile_$v.json" > "$OUT/profile_$v.log" 2>&1
     echo "profile $v (${env_[*]} ${args_[*]}): exit=$?" | tee -a "$OUT/log"
-    grep -E '^== ' "$OUT/profile_$v.log" | tee -a "$OUT/log"
+    grep -E '^== |graph timeline' "$OUT/profile_$v.log" | tee -a "$OUT/log"
   done
 fi
 # one archive of the per-process folders and the roofline's (a call returns at most 8 files)

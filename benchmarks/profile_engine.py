@@ -8,9 +8,15 @@ engine. Gaps = step time - kernel time (launch latency between kernels inside th
 ``--phase prefill``: a short prefill (``--context`` tokens per row, ``--batch`` rows), wall time
 and the top host (CPU) and device (CUDA) operators, Orthros vs the Transformer.
 
-    python benchmarks/profile_engine.py [--phase decode|prefill] [--compile] [--gemv] [--context 1024] [--batch 1] [--json out.json]
+    python benchmarks/profile_engine.py [--phase decode|prefill] [--compile] [--gemv] [--timeline] [--context 1024]
+        [--batch 1] [--json out.json]
         [--preset qwen3-8b|qwen3.5-9b|tiny|tiny-h] [--reps 10] [--profiled 3] [--decode-config JSON]
         [--decode-compile-options JSON]
+
+``--timeline`` (decode, CUDA): the same step replayed from its CUDA graph under the profiler,
+kernel by kernel with start times (:func:`graph_kernels`, :func:`timeline_summary`): the step's
+span, the time a kernel runs, the idle time and the PDL overlap, the gap after each kernel, and
+the middle of the step (about a layer) kernel by kernel.
 
 ``--decode-compile-options '{}'``: the compiled decode pieces with Inductor's defaults instead
 of the engine's ``DECODE_COMPILE_OPTIONS`` (what those options change, kernel by kernel).
@@ -94,6 +100,91 @@ def profile(eng, B, L, steps=10):
     return dt, by, names
 
 
+def graph_kernels(eng, B, L, reps=3):
+    """The kernels of ``reps`` replays of the engine's captured decode step, as the CUDA trace
+    records them inside the graph (PDL overlaps and idle gaps as they happen, unlike
+    :func:`profile`'s eager run): ``[(name, start_us, duration_us)]`` sorted by start, copies and
+    memsets left out; ``[]`` off CUDA."""
+    dev = eng.device
+    if dev.type != "cuda":
+        return []
+    toks = torch.ones(B, dtype=torch.long, device=dev)
+    for _ in range(3):  # captured, replayed
+        eng.set_lengths([L] * B)
+        eng.step(toks)
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            eng.set_lengths([L] * B)
+            eng.step(toks)
+        torch.cuda.synchronize()
+    out = []
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.lower().startswith(("memcpy", "memset")):
+            out.append((e.name, float(e.time_range.start), float(e.time_range.elapsed_us())))
+    return sorted(out, key=lambda k: k[1])
+
+
+def timeline_summary(kernels, reps: int, window: int = 16) -> dict:
+    """Where a step's time goes between its kernels, from :func:`graph_kernels`' list of ``reps``
+    steps (``n = len / reps`` kernels each, in launch order): the step's span (first start to last
+    end), the time some kernel runs (the union of their intervals), the idle time (span - busy)
+    and the overlap (the sum of durations - busy: PDL's early starts); per kernel name its calls,
+    mean duration and the mean gap to the next kernel's start (negative: the next one started
+    before it ended), per step; and ``window`` kernels from the middle of the first step (about a
+    layer) with their start offset, duration and gap. ``ValueError`` unless the kernels divide
+    into ``reps`` steps of one sequence of names."""
+    if reps < 1 or not kernels or len(kernels) % reps:
+        raise ValueError(f"timeline: {len(kernels)} kernels do not divide into {reps} steps")
+    n = len(kernels) // reps
+    steps = [kernels[i * n:(i + 1) * n] for i in range(reps)]
+    if any([k[0] for k in st] != [k[0] for k in steps[0]] for st in steps[1:]):
+        raise ValueError("timeline: the steps launched different kernels (not one replayed graph)")
+    span = busy = total = 0.0
+    per = {}
+    for st in steps:
+        span += st[-1][1] + st[-1][2] - st[0][1]
+        total += sum(d for _, _, d in st)
+        end = None
+        for _, t, d in st:  # union of [t, t + d), in start order
+            if end is None or t >= end:
+                busy += d
+                end = t + d
+            elif t + d > end:
+                busy += t + d - end
+                end = t + d
+        for j, (name, t, d) in enumerate(st):
+            gap = st[j + 1][1] - (t + d) if j + 1 < n else 0.0
+            c = per.setdefault(name, [0, 0.0, 0.0, 0.0])
+            c[0] += 1
+            c[1] += d
+            c[2] += gap
+            c[3] += max(gap, 0.0)
+    first = steps[0]
+    mid = max(0, n // 2 - window // 2)
+    layer = [{"name": nm, "start_us": t - first[mid][1], "us": d,
+              "gap_us": first[j + 1][1] - (t + d) if j + 1 < n else 0.0}
+             for j, (nm, t, d) in enumerate(first[mid:mid + window], start=mid)]
+    return {"kernels_per_step": n, "span_us": span / reps, "busy_us": busy / reps, "idle_us": (span - busy) / reps,
+            "overlap_us": (total - busy) / reps,
+            "by_name": {nm: {"calls": c[0] / reps, "mean_us": c[1] / c[0], "mean_gap_us": c[2] / c[0],
+                             "idle_after_us": c[3] / reps} for nm, c in per.items()},
+            "window": layer}
+
+
+def print_timeline(t: dict) -> None:
+    print(f"   graph timeline: {t['kernels_per_step']} kernels a step, span {t['span_us'] / 1000:.3f} ms, "
+          f"busy {t['busy_us'] / 1000:.3f} ms, idle {t['idle_us'] / 1000:.3f} ms, overlapped "
+          f"{t['overlap_us'] / 1000:.3f} ms", flush=True)
+    print("      calls  mean us  gap after us  idle after us/step  kernel")
+    for nm, c in sorted(t["by_name"].items(), key=lambda kv: -kv[1]["calls"] * kv[1]["mean_us"])[:12]:
+        print(f"      {c['calls']:5.0f} {c['mean_us']:8.2f} {c['mean_gap_us']:13.2f} {c['idle_after_us']:19.1f}  "
+              f"{nm[:70]}")
+    print("      the middle of a step (start us, us, gap to the next us):")
+    for k in t["window"]:
+        print(f"      {k['start_us']:8.2f} {k['us']:7.2f} {k['gap_us']:7.2f}  {k['name'][:70]}")
+
+
 def profile_prefill(eng, B, L, reps=10, profiled=3):
     dev = eng.device
     ids = torch.randint(0, eng.config.vocab_size, (B, L), device=dev)
@@ -167,6 +258,9 @@ def main():
     p.add_argument("--decode-compile-options", default=None, metavar="JSON",
                    help="decode, with --compile: Inductor options of the decode pieces instead of the engine's "
                         "DECODE_COMPILE_OPTIONS ('{}': Inductor's defaults)")
+    p.add_argument("--timeline", action="store_true",
+                   help="decode: also trace 3 replays of the captured step (CUDA) and print where its time goes "
+                        "between kernels: busy, idle, PDL overlap, the gap after each kernel")
     p.add_argument("--qkv-kernel", default=None, choices=("on", "off"),
                    help="decode: the q/k prologue and the K/V write inside the attention kernel on or off "
                         "(default: the engine's default)")
@@ -226,6 +320,18 @@ def decode_modes(a, model, dev, bw, wb, out):
         out["modes"][mode] = {"step_ms": 1000 * dt, "floor_ms": floor_ms, "kernel_ms": tot,
                               "by_class": {c: {"ms": v[0] / 1000, "kernels": v[1]} for c, v in by.items()},
                               "top": [{"name": nm, "ms": v[0] / 1000, "count": v[1]} for nm, v in top]}
+        if a.timeline:
+            kernels = graph_kernels(eng, a.batch, a.context)
+            if not kernels:
+                print("   graph timeline: no kernel recorded (a CPU has no kernel trace)", flush=True)
+            else:
+                try:
+                    t = timeline_summary(kernels, 3)
+                except ValueError as e:  # e.g. a trace without the graph's kernels
+                    print(f"   graph timeline: {e}", flush=True)
+                else:
+                    print_timeline(t)
+                    out["modes"][mode]["timeline"] = t
         del eng
         if dev.type == "cuda":
             torch.cuda.empty_cache()

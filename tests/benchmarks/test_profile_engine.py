@@ -77,3 +77,41 @@ def test_kernel_classes():
     assert mod.kernel_class("_stream_fwd_kernel") == "attention"
     assert mod.kernel_class("triton_red_fused_add_mul_rsqrt_0") == "fused elementwise"
     assert mod.kernel_class("void at::native::index_put_kernel") == "cache write"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("profile_engine_script", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_timeline_summary_prices_idle_and_overlap():
+    """Two replays of a step of three kernels: a GEMV (10 us), an attention kernel launched
+    early that overlaps its last 2 us, then 3 us idle, then a merge (2 us): per step a span of
+    17 us, 14 busy, 3 idle, 2 overlapped (worked by hand). A trace that does not divide into the
+    steps, or whose steps differ, is refused."""
+    mod = _script()
+    step = [("gemv", 0.0, 10.0), ("attn", 8.0, 4.0), ("merge", 15.0, 2.0)]
+    kernels = step + [(n, t + 100.0, d) for n, t, d in step]
+    t = mod.timeline_summary(kernels, 2, window=2)
+    assert t["kernels_per_step"] == 3
+    assert t["span_us"] == 17.0  # 0 .. 17
+    assert t["busy_us"] == 14.0  # [0, 12) and [15, 17)
+    assert t["idle_us"] == 3.0 and t["overlap_us"] == 2.0  # 16 us of kernels in 14 busy ones
+    assert t["by_name"]["gemv"] == {"calls": 1.0, "mean_us": 10.0, "mean_gap_us": -2.0, "idle_after_us": 0.0}
+    assert t["by_name"]["attn"]["mean_gap_us"] == 3.0 and t["by_name"]["attn"]["idle_after_us"] == 3.0
+    assert [k["name"] for k in t["window"]] == ["gemv", "attn"] and t["window"][1]["start_us"] == 8.0
+    assert t["window"][0]["gap_us"] == -2.0
+    with pytest.raises(ValueError, match="do not divide"):
+        mod.timeline_summary(kernels[:-1], 2)
+    with pytest.raises(ValueError, match="different kernels"):
+        mod.timeline_summary(step + [("other", 100.0, 1.0)] + step[1:], 2)
+
+
+def test_timeline_flag_on_cpu_says_there_is_no_trace(tmp_path):
+    out = tmp_path / "t.json"
+    p = _run("--preset", "tiny", "--context", "64", "--timeline", "--json", str(out))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "graph timeline: no kernel recorded" in p.stdout
+    assert "timeline" not in json.loads(out.read_text())["modes"]["orthros"]
