@@ -323,7 +323,8 @@ def decode_modes(a, model, dev, bw, wb, out):
         if a.timeline:
             kernels = graph_kernels(eng, a.batch, a.context)
             if not kernels:
-                print("   graph timeline: no kernel recorded (a CPU has no kernel trace)", flush=True)
+                why = "a CPU has no kernel trace" if dev.type != "cuda" else "the profiler saw no kernel of the graph"
+                print(f"   graph timeline: no kernel recorded ({why})", flush=True)
             else:
                 try:
                     t = timeline_summary(kernels, 3)
