@@ -100,7 +100,10 @@ def profile(eng, B, L, steps=10):
     return dt, by, names
 
 
-def graph_kernels(eng, B, L, reps=3):
+TIMELINE_REPS = 3  # graph replays --timeline traces
+
+
+def graph_kernels(eng, B, L, reps=TIMELINE_REPS):
     """The kernels of ``reps`` replays of the engine's captured decode step, as the CUDA trace
     records them inside the graph (PDL overlaps and idle gaps as they happen, unlike
     :func:`profile`'s eager run): ``[(name, start_us, duration_us)]`` sorted by start, copies and
@@ -327,7 +330,7 @@ def decode_modes(a, model, dev, bw, wb, out):
                 print(f"   graph timeline: no kernel recorded ({why})", flush=True)
             else:
                 try:
-                    t = timeline_summary(kernels, 3)
+                    t = timeline_summary(kernels, TIMELINE_REPS)
                 except ValueError as e:  # e.g. a trace without the graph's kernels
                     print(f"   graph timeline: {e}", flush=True)
                 else:

@@ -67,23 +67,21 @@ def test_decode_compile_options_recorded_and_bad_ones_refused(tmp_path):
     assert not (tmp_path / "never.json").exists()
 
 
-def test_kernel_classes():
+def _script():
     spec = importlib.util.spec_from_file_location("profile_engine_script", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_kernel_classes():
+    mod = _script()
     assert mod.kernel_class("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64") == "matmul"
     assert mod.kernel_class("chunk_gated_delta_rule_fwd_kernel_h_blockdim64") == "GDN (linear attention)"
     assert mod.kernel_class("pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<256>>") == "attention"
     assert mod.kernel_class("_stream_fwd_kernel") == "attention"
     assert mod.kernel_class("triton_red_fused_add_mul_rsqrt_0") == "fused elementwise"
     assert mod.kernel_class("void at::native::index_put_kernel") == "cache write"
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("profile_engine_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_timeline_summary_prices_idle_and_overlap():
