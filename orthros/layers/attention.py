@@ -328,10 +328,12 @@ class OrthrosAttention(FusedProjections, nn.Module):
                               window_size=self.window_size, scale=self.scale, backend=self.backend)
         return o, gate
 
-    def output(self, o, step: StepInputs, final: bool, residual=None):
+    def output(self, o, step: StepInputs, final: bool, residual=None, out_norm=None):
         """Token-wise: ``W_O`` of the streams' outputs, for the rows the layer keeps (every row of
         ``h``; the last layer: the output rows), plus ``residual`` (those rows of ``h``; one
-        fused GEMV under ``step.gemv``). ``None`` when ``attend`` returned ``None``."""
+        fused GEMV under ``step.gemv``). ``None`` when ``attend`` returned ``None``. With
+        ``out_norm`` (an RMSNorm): ``(a, out_norm(a) or None)``, see
+        :func:`orthros.layers.common.linear`."""
         if o is None:
             return None
         o, gate = o
@@ -341,9 +343,11 @@ class OrthrosAttention(FusedProjections, nn.Module):
         if gate is not None:
             o = o * torch.sigmoid(gate)
         if step.gemv is not None:
-            return linear(o.flatten(2), self.o_proj.weight, self.o_proj.bias, residual=residual, gemv=step.gemv)
+            return linear(o.flatten(2), self.o_proj.weight, self.o_proj.bias, residual=residual, gemv=step.gemv,
+                          out_norm=out_norm)
         a = self.o_proj(o.flatten(2))
-        return a if residual is None else residual + a
+        a = a if residual is None else residual + a
+        return (a, None) if out_norm is not None else a
 
     def forward(self, x: torch.Tensor, step: StepInputs, final: bool = False):
         """The whole attention block of one step (outside the decoder layer: tests, tools)."""

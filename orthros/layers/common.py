@@ -24,18 +24,23 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, *, norm=None, act=None, residual=None, gemv=None):
+def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, *, norm=None, act=None, residual=None, gemv=None,
+           out_norm=None):
     """``residual + (prologue(x) @ weight.T + bias)``: a projection of the layer step together
     with the elementwise neighbours a decode GEMV can fuse: before it ``norm`` (an
     :class:`RMSNorm`) or ``act="silu"`` (``x = [gate | up]``: SwiGLU's ``silu(gate) * up``), after
     it the residual add. ``gemv`` (a backend of :func:`orthros.ops.gemv.gemv`, the engine's decode
     under ``Engine(gemv=True)``): one call of the fused GEMV, which runs these same ops where its
-    kernel does not take the inputs; ``None``: the ops one by one."""
+    kernel does not take the inputs; ``None``: the ops one by one. ``out_norm`` (an
+    :class:`RMSNorm`): returns ``(y, out_norm(y))`` where the GEMV computes that norm in the same
+    launch, ``(y, None)`` otherwise (the caller normalises later: same result)."""
     if gemv is not None:
         from ..ops.gemv import gemv as fused_gemv
 
         return fused_gemv(x, weight, bias, gemv, norm_weight=None if norm is None else norm.weight,
-                          norm_eps=None if norm is None else norm.eps, act=act, residual=residual)
+                          norm_eps=None if norm is None else norm.eps, act=act, residual=residual,
+                          out_norm_weight=None if out_norm is None else out_norm.weight,
+                          out_norm_eps=None if out_norm is None else out_norm.eps)
     if norm is not None:
         x = norm(x)
     if act is not None:
@@ -44,7 +49,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, *, norm=None, act=N
         gate, up = x.chunk(2, dim=-1)
         x = F.silu(gate) * up
     y = F.linear(x, weight, bias)
-    return y if residual is None else residual + y
+    y = y if residual is None else residual + y
+    return (y, None) if out_norm is not None else y
 
 
 class ResidualMLP:
@@ -52,14 +58,17 @@ class ResidualMLP:
     HF model's and the vLLM plugin's, which build ``mlp`` and ``post_attention_layernorm`` from
     different modules): the residual of the mixer's output, then the MLP block."""
 
-    def post_attention(self, h: torch.Tensor, a, gemv=None) -> torch.Tensor:
+    def post_attention(self, h: torch.Tensor, a, gemv=None, normed=None) -> torch.Tensor:
         """``a``: the mixer's output for the rows of ``h`` (``None``: nothing to add, or the
-        mixer's output projection added it already). ``gemv``: see :func:`linear`."""
+        mixer's output projection added it already). ``gemv``: see :func:`linear`. ``normed``
+        (with ``gemv`` and ``a=None``): ``post_attention_layernorm(h)`` when the output
+        projection's GEMV computed it already (:func:`linear`'s ``out_norm``)."""
         if a is not None:
             h = h + a
+            normed = None
         if gemv is not None and isinstance(self.mlp, SwiGLUMLP) and self.mlp.takes_gemv():
-            return self.mlp.gemv_block(h, self.post_attention_layernorm, gemv)
-        return h + self.mlp(self.post_attention_layernorm(h))
+            return self.mlp.gemv_block(h, self.post_attention_layernorm, gemv, normed=normed)
+        return h + self.mlp(self.post_attention_layernorm(h) if normed is None else normed)
 
 
 def _refuse_after_load(module, incompatible_keys):
@@ -241,10 +250,14 @@ class SwiGLUMLP(FusedProjections, nn.Module):
         """Whether :meth:`gemv_block` applies: ``[gate; up]`` fused into one weight, SiLU."""
         return self.fused("gate_up_fused") is not None and self.hidden_act == "silu"
 
-    def gemv_block(self, h: torch.Tensor, norm, gemv) -> torch.Tensor:
+    def gemv_block(self, h: torch.Tensor, norm, gemv, normed=None) -> torch.Tensor:
         """``h + self(norm(h))`` as two fused GEMVs (see :func:`linear`): the norm in the gate/up
-        GEMV, SiLU x up and the residual in the down GEMV."""
-        gu = linear(h, self.fused("gate_up_fused"), self.gate_up_bias_fused, norm=norm, gemv=gemv)
+        GEMV (or ``normed``, ``norm(h)`` computed already), SiLU x up and the residual in the
+        down GEMV."""
+        if normed is not None:
+            gu = linear(normed, self.fused("gate_up_fused"), self.gate_up_bias_fused, gemv=gemv)
+        else:
+            gu = linear(h, self.fused("gate_up_fused"), self.gate_up_bias_fused, norm=norm, gemv=gemv)
         return linear(gu, self.down_proj.weight, self.down_proj.bias, act="silu", residual=h, gemv=gemv)
 
 

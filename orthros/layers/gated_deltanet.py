@@ -159,16 +159,18 @@ class GatedDeltaNet(FusedProjections, nn.Module):
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(xb).float() + self.dt_bias.float())
         return GDNProjections(qkv, q_out, z, g, beta)
 
-    def output(self, o, step, final: bool, residual=None) -> torch.Tensor:
+    def output(self, o, step, final: bool, residual=None, out_norm=None):
         """Token-wise: the gated norm with each row's own ``z`` and ``out_proj`` (``None`` when
-        ``attend`` returned ``None``), plus ``residual`` (the rows of ``h`` it returns)."""
+        ``attend`` returned ``None``), plus ``residual`` (the rows of ``h`` it returns); with
+        ``out_norm``, ``(that, None)``: the MLP block normalises."""
         if o is None:
             return None
         o, z = o
         B, N = o.shape[:2]
         y = self.norm(o.reshape(B * N, self.num_v_heads, self.head_v_dim), z.reshape(B * N, self.num_v_heads, -1))
         a = self.out_proj(y.reshape(B, N, self.value_dim))
-        return a if residual is None else residual + a
+        a = a if residual is None else residual + a
+        return (a, None) if out_norm is not None else a
 
     # ------------------------------------------------------------ cache + kernels
     def attend(self, p: GDNProjections, step, final: bool):

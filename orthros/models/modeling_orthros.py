@@ -78,8 +78,13 @@ def _finish(layer, h, o, step: StepInputs, final: bool):
     from), the mixer's output projection with the residual, then the MLP block."""
     if final:
         h = step.output_rows(h)
-    a = layer.mixer.output(o, step, final, residual=h)  # h + W_O o (None: nothing to add)
-    return layer.post_attention(h if a is None else a, None, gemv=step.gemv)
+    if step.gemv is None:
+        a = layer.mixer.output(o, step, final, residual=h)  # h + W_O o (None: nothing to add)
+        return layer.post_attention(h if a is None else a, None)
+    # the GEMVs: W_O's launch may also write the MLP's input norm (its split-K reduce sees whole rows)
+    a = layer.mixer.output(o, step, final, residual=h, out_norm=layer.post_attention_layernorm)
+    a, normed = (h, None) if a is None else a
+    return layer.post_attention(a, None, gemv=step.gemv, normed=normed)
 
 
 class OrthrosDecoderLayer(ResidualMLP, GradientCheckpointingLayer):

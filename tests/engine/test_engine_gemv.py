@@ -61,7 +61,8 @@ def test_gemv_reaches_every_fused_site(monkeypatch):
     real = g.gemv
 
     def spy(x, weight, bias=None, backend="auto", **kw):
-        calls.append((kw.get("norm_weight") is not None, kw.get("act"), kw.get("residual") is not None))
+        calls.append((kw.get("norm_weight") is not None, kw.get("act"), kw.get("residual") is not None,
+                      kw.get("out_norm_weight") is not None))
         return real(x, weight, bias, backend, **kw)
 
     monkeypatch.setattr(g, "gemv", spy)
@@ -70,8 +71,44 @@ def test_gemv_reaches_every_fused_site(monkeypatch):
     eng.prefill(PROMPTS)
     assert calls == []  # prefill is not a decode step
     eng.step([1, 2])
-    site = [(True, None, False), (False, None, True), (True, None, False), (False, "silu", True)]
+    # the o-projection asks for the post-attention norm of its output; the torch backend returns
+    # it, so gate/up runs without a norm prologue
+    site = [(True, None, False, False), (False, None, True, True), (False, None, False, False),
+            (False, "silu", True, False)]
     assert calls == site * m.config.num_hidden_layers
+
+
+@pytest.mark.parametrize("mode", ["orthros", "full"])
+def test_o_projections_reduce_writes_the_mlp_norm(mode, monkeypatch):
+    """Where W_O's GEMV splits K (a config that does at the tiny model's 32 x 32, installed for
+    the test), its reduce writes the post-attention norm (``orthros::gemv_norm_out``, the
+    interpreter on CPU) and gate/up streams without a norm prologue; where it does not (the
+    table's config at K = 32), gate/up normalises as before. Both match the unfused engine."""
+    from orthros.ops.gemv import kernel
+
+    calls = []
+    real = kernel.gemv_triton
+
+    def spy(x, weight, bias=None, **kw):
+        calls.append((kw.get("norm_weight") is not None, kw.get("out_norm_weight") is not None))
+        return real(x, weight, bias, **kw)
+
+    monkeypatch.setattr(kernel, "gemv_triton", spy)
+    m = _model(mode)
+    want = _decode_logits(m, steps=2)
+    split_o = {(32, 32): kernel.GemvConfig(block_n=16, block_k=16, split=2)}
+    # for 2 rows (the Transformer's, the pair's last layer: its output rows) and 4 (the pair)
+    with kernel.configs_installed(kernel.class_rows(2, split_o)), \
+            kernel.configs_installed(kernel.class_rows(4, split_o)):
+        got = _decode_logits(m, steps=2, gemv="triton")
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    layers = m.config.num_hidden_layers
+    fused, unfused = [(True, False), (False, True), (False, False), (False, False)], \
+        [(True, False), (False, False), (True, False), (False, False)]
+    assert calls == fused * layers * 2
+    calls.clear()
+    torch.testing.assert_close(_decode_logits(m, steps=1, gemv="triton"), want[:2], atol=1e-4, rtol=1e-4)
+    assert calls == unfused * layers
 
 
 @pytest.mark.parametrize("bad,match", [("cuda", "gemv must be None, True, False or a GEMV backend"),

@@ -221,6 +221,78 @@ def test_late_norm_only_where_it_is_safe():
         assert late_norm(DOT, 1, dt) == (dt != torch.float16) and not late_norm(DOT, 2, dt)
 
 
+# ------------------------------------------------------------------ the output's norm (out_norm_weight)
+
+NORM_OUT_CFGS = {"fma-split3": FMA_SPLIT, "dot-split2": DOT_SPLIT, "defer-split3": DEFER_SPLIT}
+
+
+def norm_out_case(M, N, K, dtype, seed, bias=True):
+    x, w, kw = fused_case("res", M, N, K, dtype, seed, bias=bias)
+    kw["residual"] = kw["residual"] * 4.0  # rows far from unit RMS: the norm matters
+    return x, w, kw, rnd(N, dtype=dtype, seed=seed + 5, scale=0.3, shift=1.0)
+
+
+@pytest.mark.parametrize("cfg", list(NORM_OUT_CFGS), ids=list(NORM_OUT_CFGS))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("M", [1, 2, 3, 8])
+def test_triton_norm_out_is_the_rmsnorm_of_the_output(M, dtype, cfg, nan_empty):
+    """With split-K the reduce also writes ``rms_norm(y)``: ``y`` bit for bit the launch's without
+    it, ``yn`` the RMSNorm module's output of that ``y`` (N = 36: a row shorter than the
+    program's power-of-two tile, whose padding must not enter the mean of squares)."""
+    x, w, kw, onw = norm_out_case(M, 36, 40, dtype, seed=M * 7)
+    y, yn = gemv_triton(x, w, config=NORM_OUT_CFGS[cfg], out_norm_weight=onw, out_norm_eps=1e-6, **kw)
+    assert torch.equal(y, gemv_triton(x, w, config=NORM_OUT_CFGS[cfg], **kw))
+    assert rel(y, gemv_ref(x, w, **kw)) < TOL[dtype]
+    norm = norm_module(36, dtype)
+    with torch.no_grad():
+        norm.weight.copy_(onw)
+        want = norm(y)
+    assert yn.shape == y.shape and yn.dtype == dtype
+    # the same roundings as the module; the mean of squares is summed in another order (fp32)
+    assert rel(yn, want) < (1e-6 if dtype == torch.float32 else TOL[dtype])
+    if dtype == torch.bfloat16:
+        assert (yn == want).float().mean() > 0.95
+    assert rel(yn, y) > 0.3  # normalised, not a copy of y
+
+
+def test_norm_out_needs_split_k_and_the_dispatcher_knows_where():
+    """``gemv`` returns ``(y, yn)`` with ``out_norm_weight``: ``yn`` from the reduce where the
+    table's config splits K (norm_out_fused), ``None`` where the triton launch has no reduce, the
+    norm itself on the torch and naive backends; an explicit config without split-K is refused."""
+    from orthros.ops.gemv import kernel
+
+    x, w, kw, onw = norm_out_case(2, 64, 2048, torch.float32, seed=70, bias=False)
+    assert kernel.norm_out_fused(2, 64, 2048) and not kernel.norm_out_fused(2, 64, 40)
+    assert not kernel.norm_out_fused(2, kernel.NORM_OUT_MAX_N + 1, 2048)
+    y, yn = gemv(x, w, backend="triton", out_norm_weight=onw, out_norm_eps=1e-5, **kw)
+    want = prologue_ref(y, onw, 1e-5)
+    assert rel(yn, want) < 1e-6 and rel(y, gemv_ref(x, w, **kw)) < 1e-5
+    for backend in ("torch", "naive"):
+        y2, yn2 = gemv(x, w, backend=backend, out_norm_weight=onw, out_norm_eps=1e-5, **kw)
+        assert torch.equal(yn2, prologue_ref(y2, onw, 1e-5)) and rel(yn2, yn) < 1e-5
+    xs, ws, kws, onws = norm_out_case(2, 36, 40, torch.float32, seed=71)
+    ys, none = gemv(xs, ws, backend="triton", out_norm_weight=onws, out_norm_eps=1e-5, **kws)
+    assert none is None and rel(ys, gemv_ref(xs, ws, **kws)) < 1e-5
+    with pytest.raises(ValueError, match="out_norm_weight: the output's RMSNorm is computed by the split-K reduce"):
+        gemv_triton(xs, ws, config=FMA, out_norm_weight=onws, out_norm_eps=1e-5, **kws)
+
+
+def test_norm_out_off_by_environment(monkeypatch):
+    """``ORTHROS_GEMV_NORM_OUT=0`` (kernel.NORM_OUT, read at import): never fused, ``yn`` None."""
+    from orthros.ops.gemv import kernel
+
+    monkeypatch.setattr(kernel, "NORM_OUT", False)
+    assert not kernel.norm_out_fused(2, 64, 2048)
+    x, w, kw, onw = norm_out_case(2, 64, 2048, torch.float32, seed=72, bias=False)
+    assert gemv(x, w, backend="triton", out_norm_weight=onw, out_norm_eps=1e-5, **kw)[1] is None
+
+
+def test_opcheck_norm_out():
+    # K = 2048: the table's config splits K (4 x 512) for 16 output rows
+    x, w, r, onw = rnd(2, 2048, seed=73), rnd(16, 2048, seed=74), rnd(2, 16, seed=75), rnd(16, seed=76, shift=1.0)
+    torch.library.opcheck(torch.ops.orthros.gemv_norm_out.default, (x, w, None, None, 0.0, "", r, onw, 1e-6))
+
+
 # ------------------------------------------------------------------ refusals
 
 
@@ -248,6 +320,11 @@ def _bad_cases():
         ("residual leading dims", dict(x=x, weight=w, residual=r.view(2, 1, 8)), "shape \\(2, 8\\)"),
         ("residual dtype", dict(x=x, weight=w, residual=r.double()), "residual must have x's dtype"),
         ("K mismatch", dict(x=x, weight=rnd(8, 15)), "weight must be \\[N, K\\] with K = x.shape\\[-1\\] = 16"),
+        ("out eps without norm", dict(x=x, weight=w, out_norm_eps=1e-6),
+         "out_norm_eps=1e-06 was given without out_norm_weight"),
+        ("out norm shape K", dict(x=x, weight=w, out_norm_weight=nw, out_norm_eps=1e-6),
+         "out_norm_weight must be None or a tensor \\[N\\] = \\[8\\]"),
+        ("out norm without eps", dict(x=x, weight=w, out_norm_weight=r[0]), "out_norm_eps must be a finite float"),
     ]
 
 
@@ -349,6 +426,22 @@ def test_gpu_fused_sites_bf16(site, M):
     # kernel.late_norm, does not make: it scales by rstd in float32 after the product)
     exact = exact_site(x, w, **kw)
     assert rel(y, exact) < 2 * rel(unfused, exact) + 1e-3
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [2, 4, 8])
+def test_gpu_o_site_writes_the_mlp_norm_bf16(M):
+    """Qwen3-8B's o-projection (split-K at 2..8 rows) with the post-attention norm from its
+    reduce: ``y`` bit for bit the plain call's, ``yn`` the RMSNorm module's output of ``y``."""
+    from orthros.ops.gemv.kernel import norm_out_fused
+
+    assert norm_out_fused(M, 4096, 4096)
+    x, w, kw, onw = norm_out_case(M, 4096, 4096, torch.bfloat16, seed=M, bias=False)
+    y, yn = gemv(x, w, backend="triton", out_norm_weight=onw, out_norm_eps=1e-6, **kw)
+    assert torch.equal(y, gemv(x, w, backend="triton", **kw))
+    want = prologue_ref(y, onw, 1e-6)
+    assert rel(yn, want) < TOL[torch.bfloat16] and (yn == want).float().mean() > 0.95
 
 
 def exact_site(x, w, bias=None, norm_weight=None, norm_eps=None, act=None, residual=None):

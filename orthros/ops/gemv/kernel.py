@@ -269,12 +269,20 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
 
 @triton.jit
 def _gemv_reduce(P, B, Y, R, MN, N, srm, SPLIT: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 HAS_RES: tl.constexpr = False, EMU_RNE: tl.constexpr = False, PDL: tl.constexpr = False):
+                 HAS_RES: tl.constexpr = False, EMU_RNE: tl.constexpr = False, PDL: tl.constexpr = False,
+                 NW=None, YN=None, eps=0.0, NORM_OUT: tl.constexpr = False):
     """``Y[m, n] = sum_s P[s, m, n] (+ bias[n])`` rounded (``+ R[m, n]``, rounded), splits
-    summed in order (deterministic). ``PDL``: as :func:`_gemv_kernel`'s (no prefetch)."""
+    summed in order (deterministic). ``PDL``: as :func:`_gemv_kernel`'s (no prefetch).
+    ``NORM_OUT``: program ``m`` owns row ``m`` whole (``BLOCK >= N``) and also writes its RMSNorm
+    ``YN[m] = ((Y[m] * rstd) -> dtype) * NW -> dtype``, the rounding of :func:`_prologue`'s norm
+    (so the GEMV behind reads ``YN`` without a norm prologue of its own)."""
     pdl_enter(PDL)
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = offs < MN
+    if NORM_OUT:
+        offs = tl.program_id(0).to(tl.int64) * N + tl.arange(0, BLOCK)
+        ok = tl.arange(0, BLOCK) < N
+    else:
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        ok = offs < MN
     acc = tl.zeros([BLOCK], tl.float32)
     for s in tl.static_range(SPLIT):
         acc += tl.load(P + s * MN + offs, mask=ok, other=0.0)
@@ -285,6 +293,13 @@ def _gemv_reduce(P, B, Y, R, MN, N, srm, SPLIT: tl.constexpr, BLOCK: tl.constexp
         res = tl.load(R + (offs // N) * srm + offs % N, mask=ok, other=0.0)
         out = _round(out.to(tl.float32) + res.to(tl.float32), Y.dtype.element_ty, EMU_RNE)
     tl.store(Y + offs, out, mask=ok)
+    if NORM_OUT:
+        yf = tl.where(ok, out.to(tl.float32), 0.0)
+        rstd = tl.rsqrt(tl.sum(yf * yf, axis=0) / N + eps)
+        nw = tl.load(NW + tl.arange(0, BLOCK), mask=ok, other=0.0)
+        yn = _round(_round(yf * rstd, Y.dtype.element_ty, EMU_RNE).to(tl.float32) * nw.to(tl.float32),
+                    Y.dtype.element_ty, EMU_RNE)
+        tl.store(YN + offs, yn, mask=ok)
 
 
 # ============================================================================ configs
@@ -426,7 +441,8 @@ def configs_installed(rows):
 def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
                 config: Optional[GemvConfig] = None, norm_weight: Optional[torch.Tensor] = None,
                 norm_eps: Optional[float] = None, act: Optional[str] = None,
-                residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+                residual: Optional[torch.Tensor] = None, out_norm_weight: Optional[torch.Tensor] = None,
+                out_norm_eps: Optional[float] = None):
     """``residual + (prologue(x) @ weight[N, K].T (+ bias))`` by the streaming kernel (the
     arguments of :func:`orthros.ops.gemv.gemv`, :mod:`.naive` their meaning); ``[..., N]`` in
     ``x.dtype``. ``M = prod(x.shape[:-1]) <= 8``. ``config``: a :class:`GemvConfig` to use
@@ -435,8 +451,13 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     fp16/bf16/fp32 or differing between ``x``, ``weight`` and ``norm_weight``, tensors on
     different devices or on a CPU outside the Triton interpreter, a ``weight``, ``bias`` or
     ``norm_weight`` that is not contiguous, an ``x`` or ``residual`` whose last dim is not
-    contiguous or whose rows cannot be viewed as ``[M, *]``."""
-    check_gemv_inputs(x, weight, bias, norm_weight=norm_weight, norm_eps=norm_eps, act=act, residual=residual)
+    contiguous or whose rows cannot be viewed as ``[M, *]``.
+
+    ``out_norm_weight`` / ``out_norm_eps`` (:func:`orthros.ops.gemv.gemv`'s): also the output's
+    RMSNorm, computed by the split-K reduce (one program a row): returns ``(y, rms_norm(y))``.
+    Only for a launch with split-K (:func:`norm_out_fused`), else ``ValueError``."""
+    check_gemv_inputs(x, weight, bias, norm_weight=norm_weight, norm_eps=norm_eps, act=act, residual=residual,
+                      out_norm_weight=out_norm_weight, out_norm_eps=out_norm_eps)
     N, K = weight.shape
     Kx = x.shape[-1]  # K, or 2K with act="silu"
     lead = x.shape[:-1]
@@ -455,13 +476,18 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
         raise ValueError(f"norm_weight must have x's dtype {x.dtype} for the triton GEMV, got {norm_weight.dtype} "
                          f"(backend 'torch' follows the RMSNorm formula with any dtype)")
     dev = x.device
-    for name, t in (("weight", weight), ("bias", bias), ("norm_weight", norm_weight), ("residual", residual)):
+    if out_norm_weight is not None and out_norm_weight.dtype != x.dtype:
+        raise ValueError(f"out_norm_weight must have x's dtype {x.dtype} for the triton GEMV, got "
+                         f"{out_norm_weight.dtype}")
+    for name, t in (("weight", weight), ("bias", bias), ("norm_weight", norm_weight), ("residual", residual),
+                    ("out_norm_weight", out_norm_weight)):
         if t is not None and t.device != dev:
             raise ValueError(f"{name} must be on x's device {dev}, got {t.device}")
     if dev.type != "cuda" and not (dev.type == "cpu" and interpreting()):
         raise ValueError(f"x must be a CUDA tensor for the triton GEMV (a CPU one only under TRITON_INTERPRET=1), "
                          f"got device {dev}")
-    for name, t in (("weight", weight), ("bias", bias), ("norm_weight", norm_weight)):
+    for name, t in (("weight", weight), ("bias", bias), ("norm_weight", norm_weight),
+                    ("out_norm_weight", out_norm_weight)):
         if t is not None and not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
     x2 = _rows(x, "x", M, Kx)
@@ -470,10 +496,16 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     if not isinstance(cfg, GemvConfig):
         raise ValueError(f"config must be a GemvConfig or None, got {type(cfg).__name__}")
 
-    y = torch.empty(*lead, N, dtype=x.dtype, device=dev)
-    if M == 0 or N == 0:
-        return y
     split, k_per_split = split_k(cfg, K)
+    norm_out = out_norm_weight is not None
+    if norm_out and not (split > 1 and N <= NORM_OUT_MAX_N):
+        raise ValueError(f"out_norm_weight: the output's RMSNorm is computed by the split-K reduce, which this launch "
+                         f"does not have (split {split} for M={M}, N={N}, K={K}, at most N = {NORM_OUT_MAX_N}); "
+                         f"check norm_out_fused(M, N, K) first")
+    y = torch.empty(*lead, N, dtype=x.dtype, device=dev)
+    yn = torch.empty_like(y) if norm_out else None
+    if M == 0 or N == 0:
+        return (y, yn) if norm_out else y
     part = torch.empty(split, M, N, dtype=torch.float32, device=dev) if split > 1 else y
     b = bias if bias is not None else y  # placeholder pointers, not read without their flags
     nw = norm_weight if norm_weight is not None else y
@@ -498,12 +530,35 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
         NORM=flags["NORM"] and not late, SILU=flags["SILU"], HAS_RES=split == 1 and flags["HAS_RES"], EMU_RNE=emu_rne,
         **_norm_tile(M, K, flags["NORM"] and not late), DEFER=cfg.defer, NORM_LATE=flags["NORM"] and late,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl, **early)
-    if split > 1:
+    if split > 1 and norm_out:  # one program a row: the whole row for its RMSNorm
+        block = pow2(N)
+        _gemv_reduce[(M,)](part, b, y, r, M * N, N, srm, SPLIT=split, BLOCK=block, HAS_BIAS=bias is not None,
+                           HAS_RES=flags["HAS_RES"], EMU_RNE=emu_rne, NW=out_norm_weight, YN=yn,
+                           eps=float(out_norm_eps), NORM_OUT=True, num_warps=8 if block >= 4096 else 4, **pdl)
+    elif split > 1:
         block = 1024
         _gemv_reduce[(cdiv(M * N, block),)](part, b, y, r, M * N, N, srm, SPLIT=split, BLOCK=block,
                                             HAS_BIAS=bias is not None, HAS_RES=flags["HAS_RES"], EMU_RNE=emu_rne,
                                             num_warps=4, **pdl)
-    return y
+    return (y, yn) if norm_out else y
+
+
+# The widest output whose RMSNorm the split-K reduce computes (one program a row holds it whole).
+NORM_OUT_MAX_N = 16384
+# ORTHROS_GEMV_NORM_OUT=0 (read at import): never (the next GEMV's prologue normalises, as before
+# inference change 25 of docs/performance.md; for A/B runs).
+NORM_OUT = env_number("ORTHROS_GEMV_NORM_OUT", "1", int, "0 or 1") != 0
+
+
+def norm_out_fused(M: int, N: int, K: int) -> bool:
+    """Whether :func:`gemv_triton` computes the output's RMSNorm for ``M`` rows of an ``[N, K]``
+    weight in its split-K reduce (``out_norm_weight``): the shape's config splits K (so a
+    reduce runs anyway) and a row fits one program. A pure function of the shapes and
+    :data:`CONFIGS`, so a compiled caller decides at trace time; ``False`` everywhere with
+    ``ORTHROS_GEMV_NORM_OUT=0``."""
+    if not NORM_OUT or not 1 <= M <= MAX_M or N < 1 or N > NORM_OUT_MAX_N or K < 1:
+        return False
+    return split_k(pick_config(M, N, K), K)[0] > 1
 
 
 # Bytes of weight a PDL-launched GEMV asks L2 for before it waits for the kernel ahead
@@ -579,5 +634,6 @@ def _rows(t: torch.Tensor, name: str, M: int, C: int) -> torch.Tensor:
                          f"{tuple(t.shape)} strides {t.stride()}") from None
 
 
-__all__ = ["GemvConfig", "CONFIGS", "pick_config", "late_norm", "prefetch_tile", "split_k", "pdl_settings",
+__all__ = ["GemvConfig", "CONFIGS", "pick_config", "norm_out_fused", "NORM_OUT_MAX_N", "late_norm", "prefetch_tile",
+           "split_k", "pdl_settings",
            "class_rows", "rows_to_json", "rows_from_json", "configs_installed", "gemv_triton"]

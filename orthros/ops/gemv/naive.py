@@ -44,12 +44,15 @@ def prologue_ref(x: torch.Tensor, norm_weight: Optional[torch.Tensor] = None, no
 
 def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
              norm_weight: Optional[torch.Tensor] = None, norm_eps: Optional[float] = None,
-             act: Optional[str] = None, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+             act: Optional[str] = None, residual: Optional[torch.Tensor] = None,
+             out_norm_weight: Optional[torch.Tensor] = None, out_norm_eps: Optional[float] = None):
     """``x [..., K]`` (leading dims are rows: ``M = prod(x.shape[:-1])``, small in decode; ``[..., 2K]``
     with ``act="silu"``), ``weight [N, K]`` (``nn.Linear`` layout), ``bias [N]`` or None. The
     prologue (module docstring) in torch ops, then products and the sum over ``K`` in float32
     (float64 inputs stay float64), the bias in that precision, the result rounded to ``x.dtype``,
-    then ``+ residual`` in ``x.dtype``. Returns ``[..., N]`` in ``x.dtype``."""
+    then ``+ residual`` in ``x.dtype``. Returns ``[..., N]`` in ``x.dtype``; with
+    ``out_norm_weight`` (and ``out_norm_eps``) the pair ``(y, rms_norm(y))``: the output and its
+    RMSNorm (what the next GEMV's norm prologue would compute from it)."""
     dtype = x.dtype
     xp = prologue_ref(x, norm_weight, norm_eps, act)
     acc = torch.float64 if xp.dtype == torch.float64 else torch.float32
@@ -57,16 +60,30 @@ def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
     if bias is not None:
         y = y + bias.to(acc)
     y = y.to(dtype)
-    return residual + y if residual is not None else y
+    y = residual + y if residual is not None else y
+    return (y, rms_norm(y, out_norm_weight, out_norm_eps)) if out_norm_weight is not None else y
 
 
 def _shape(t) -> str:
     return str(tuple(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
 
 
+def _check_norm(wname: str, ename: str, w, eps, size: int, dim: str) -> None:
+    """An RMSNorm's weight ``[size]`` (floating point) and its epsilon (a finite float >= 0)."""
+    if w is None:
+        return
+    if not isinstance(w, torch.Tensor) or tuple(w.shape) != (size,):
+        raise ValueError(f"{wname} must be None or a tensor [{dim}] = [{size}] (the RMSNorm weight), got {_shape(w)}")
+    if not w.is_floating_point():
+        raise ValueError(f"{wname} must be a floating-point tensor, got {w.dtype}")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"{ename} must be a finite float >= 0 with {wname} (the RMSNorm epsilon), got {eps!r}")
+
+
 def check_gemv_inputs(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], *,
                       norm_weight: Optional[torch.Tensor] = None, norm_eps: Optional[float] = None,
-                      act: Optional[str] = None, residual: Optional[torch.Tensor] = None) -> None:
+                      act: Optional[str] = None, residual: Optional[torch.Tensor] = None,
+                      out_norm_weight: Optional[torch.Tensor] = None, out_norm_eps: Optional[float] = None) -> None:
     """Checks every backend shares (``ValueError`` naming the argument); nothing reads data."""
     if act not in ACTS:
         raise ValueError(f"act must be one of {ACTS}, got {act!r}")
@@ -89,16 +106,10 @@ def check_gemv_inputs(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
                          f"{tuple(weight.shape)} (a transposed [K, N] weight?)")
     if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (N,)):
         raise ValueError(f"bias must be None or a tensor [N] = [{N}], got {_shape(bias)}")
-    if norm_weight is not None:
-        if not isinstance(norm_weight, torch.Tensor) or tuple(norm_weight.shape) != (K,):
-            raise ValueError(f"norm_weight must be None or a tensor [K] = [{K}] (the RMSNorm weight), got "
-                             f"{_shape(norm_weight)}")
-        if not norm_weight.is_floating_point():
-            raise ValueError(f"norm_weight must be a floating-point tensor, got {norm_weight.dtype}")
-        if isinstance(norm_eps, bool) or not isinstance(norm_eps, (int, float)) or not math.isfinite(norm_eps) \
-                or norm_eps < 0:
-            raise ValueError(f"norm_eps must be a finite float >= 0 with norm_weight (the RMSNorm epsilon), got "
-                             f"{norm_eps!r}")
+    _check_norm("norm_weight", "norm_eps", norm_weight, norm_eps, K, "K")
+    if out_norm_weight is None and out_norm_eps is not None:
+        raise ValueError(f"out_norm_eps={out_norm_eps!r} was given without out_norm_weight: pass both or neither")
+    _check_norm("out_norm_weight", "out_norm_eps", out_norm_weight, out_norm_eps, N, "N")
     if residual is not None:
         want = (*x.shape[:-1], N)
         if not isinstance(residual, torch.Tensor) or tuple(residual.shape) != want:
