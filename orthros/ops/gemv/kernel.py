@@ -269,20 +269,12 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
 
 @triton.jit
 def _gemv_reduce(P, B, Y, R, MN, N, srm, SPLIT: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 HAS_RES: tl.constexpr = False, EMU_RNE: tl.constexpr = False, PDL: tl.constexpr = False,
-                 NW=None, YN=None, eps=0.0, NORM_OUT: tl.constexpr = False):
+                 HAS_RES: tl.constexpr = False, EMU_RNE: tl.constexpr = False, PDL: tl.constexpr = False):
     """``Y[m, n] = sum_s P[s, m, n] (+ bias[n])`` rounded (``+ R[m, n]``, rounded), splits
-    summed in order (deterministic). ``PDL``: as :func:`_gemv_kernel`'s (no prefetch).
-    ``NORM_OUT``: program ``m`` owns row ``m`` whole (``BLOCK >= N``) and also writes its RMSNorm
-    ``YN[m] = ((Y[m] * rstd) -> dtype) * NW -> dtype``, the rounding of :func:`_prologue`'s norm
-    (so the GEMV behind reads ``YN`` without a norm prologue of its own)."""
+    summed in order (deterministic). ``PDL``: as :func:`_gemv_kernel`'s (no prefetch)."""
     pdl_enter(PDL)
-    if NORM_OUT:
-        offs = tl.program_id(0).to(tl.int64) * N + tl.arange(0, BLOCK)
-        ok = tl.arange(0, BLOCK) < N
-    else:
-        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        ok = offs < MN
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    ok = offs < MN
     acc = tl.zeros([BLOCK], tl.float32)
     for s in tl.static_range(SPLIT):
         acc += tl.load(P + s * MN + offs, mask=ok, other=0.0)
@@ -293,13 +285,38 @@ def _gemv_reduce(P, B, Y, R, MN, N, srm, SPLIT: tl.constexpr, BLOCK: tl.constexp
         res = tl.load(R + (offs // N) * srm + offs % N, mask=ok, other=0.0)
         out = _round(out.to(tl.float32) + res.to(tl.float32), Y.dtype.element_ty, EMU_RNE)
     tl.store(Y + offs, out, mask=ok)
-    if NORM_OUT:
-        yf = tl.where(ok, out.to(tl.float32), 0.0)
-        rstd = tl.rsqrt(tl.sum(yf * yf, axis=0) / N + eps)
-        nw = tl.load(NW + tl.arange(0, BLOCK), mask=ok, other=0.0)
-        yn = _round(_round(yf * rstd, Y.dtype.element_ty, EMU_RNE).to(tl.float32) * nw.to(tl.float32),
-                    Y.dtype.element_ty, EMU_RNE)
-        tl.store(YN + offs, yn, mask=ok)
+
+
+@triton.jit
+def _gemv_reduce_norm(P, B, Y, R, NW, YN, MN, N, srm, eps, SPLIT: tl.constexpr, BLOCK: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, EMU_RNE: tl.constexpr = False,
+                      PDL: tl.constexpr = False):
+    """Program ``m``: row ``m`` of :func:`_gemv_reduce`'s ``Y``, whole (``BLOCK >= N``), and its
+    RMSNorm ``YN[m] = ((Y[m] * rstd) -> dtype) * NW -> dtype`` (:func:`_prologue`'s rounding),
+    so the GEMV behind reads ``YN`` without a norm prologue. Every load is issued before the
+    row's reduction: the weights (``NW``, the bias: read-only) even before the PDL wait."""
+    cols = tl.arange(0, BLOCK)
+    ok = cols < N
+    nw = tl.load(NW + cols, mask=ok, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(B + cols, mask=ok, other=0.0).to(tl.float32)
+    pdl_enter(PDL)
+    m = tl.program_id(0).to(tl.int64)
+    if HAS_RES:
+        res = tl.load(R + m * srm + cols, mask=ok, other=0.0).to(tl.float32)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in tl.static_range(SPLIT):
+        acc += tl.load(P + s * MN + m * N + cols, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += bias
+    out = _round(acc, Y.dtype.element_ty, EMU_RNE)
+    if HAS_RES:
+        out = _round(out.to(tl.float32) + res, Y.dtype.element_ty, EMU_RNE)
+    tl.store(Y + m * N + cols, out, mask=ok)
+    yf = tl.where(ok, out.to(tl.float32), 0.0)
+    rstd = tl.rsqrt(tl.sum(yf * yf, axis=0) / N + eps)
+    yn = _round(_round(yf * rstd, Y.dtype.element_ty, EMU_RNE).to(tl.float32) * nw, Y.dtype.element_ty, EMU_RNE)
+    tl.store(YN + m * N + cols, yn, mask=ok)
 
 
 # ============================================================================ configs
@@ -532,9 +549,9 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl, **early)
     if split > 1 and norm_out:  # one program a row: the whole row for its RMSNorm
         block = pow2(N)
-        _gemv_reduce[(M,)](part, b, y, r, M * N, N, srm, SPLIT=split, BLOCK=block, HAS_BIAS=bias is not None,
-                           HAS_RES=flags["HAS_RES"], EMU_RNE=emu_rne, NW=out_norm_weight, YN=yn,
-                           eps=float(out_norm_eps), NORM_OUT=True, num_warps=8 if block >= 4096 else 4, **pdl)
+        _gemv_reduce_norm[(M,)](part, b, y, r, out_norm_weight, yn, M * N, N, srm, float(out_norm_eps), SPLIT=split,
+                                BLOCK=block, HAS_BIAS=bias is not None, HAS_RES=flags["HAS_RES"], EMU_RNE=emu_rne,
+                                num_warps=min(NORM_OUT_WARPS, max(1, block // 256)), **pdl)
     elif split > 1:
         block = 1024
         _gemv_reduce[(cdiv(M * N, block),)](part, b, y, r, M * N, N, srm, SPLIT=split, BLOCK=block,
@@ -548,6 +565,8 @@ NORM_OUT_MAX_N = 16384
 # ORTHROS_GEMV_NORM_OUT=0 (read at import): never (the next GEMV's prologue normalises, as before
 # inference change 25 of docs/performance.md; for A/B runs).
 NORM_OUT = env_number("ORTHROS_GEMV_NORM_OUT", "1", int, "0 or 1") != 0
+# warps of that reduce's program at N >= 4096 (ORTHROS_GEMV_NORM_OUT_WARPS, read at import)
+NORM_OUT_WARPS = pow2(env_number("ORTHROS_GEMV_NORM_OUT_WARPS", "8", int, "a number of warps"))
 
 
 def norm_out_fused(M: int, N: int, K: int) -> bool:
