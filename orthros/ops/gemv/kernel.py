@@ -565,8 +565,9 @@ NORM_OUT_MAX_N = 16384
 # ORTHROS_GEMV_NORM_OUT=0 (read at import): never (the next GEMV's prologue normalises, as before
 # inference change 25 of docs/performance.md; for A/B runs).
 NORM_OUT = env_number("ORTHROS_GEMV_NORM_OUT", "1", int, "0 or 1") != 0
-# warps of that reduce's program at N >= 4096 (ORTHROS_GEMV_NORM_OUT_WARPS, read at import)
-NORM_OUT_WARPS = pow2(env_number("ORTHROS_GEMV_NORM_OUT_WARPS", "8", int, "a number of warps"))
+# warps of that reduce's program at N >= 2048: on an H200 the pair's 1K step with 4 / 8 / 16 took
+# 4.306 / 4.300-4.305 / 4.330 ms (docs/performance.md, inference change 25, call 3)
+NORM_OUT_WARPS = 8
 
 
 def norm_out_fused(M: int, N: int, K: int) -> bool:
