@@ -116,7 +116,10 @@ def gemv_norm_out_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
 
 @gemv_norm_out_op.register_fake
 def _gemv_norm_out_op_fake(x, weight, bias, norm_weight, norm_eps, act, residual, out_norm_weight, out_norm_eps):
-    y = _gemv_op_fake(x, weight, bias, norm_weight, norm_eps, act, residual)
+    check_gemv_inputs(x, weight, bias, norm_weight=norm_weight,
+                      norm_eps=norm_eps if norm_weight is not None else None, act=act or None, residual=residual,
+                      out_norm_weight=out_norm_weight, out_norm_eps=out_norm_eps)
+    y = x.new_empty(*x.shape[:-1], weight.shape[0])
     return y, torch.empty_like(y)
 
 

@@ -71,6 +71,14 @@ def _round(x, dt: tl.constexpr, EMU_RNE: tl.constexpr):
 
 
 @triton.jit
+def _rms_apply(x, rstd, nw, dt: tl.constexpr, EMU_RNE: tl.constexpr):
+    """RMSNorm's output from ``x``, ``rstd`` and the norm weight ``nw``, rounded as the RMSNorm
+    module rounds it: ``((x * rstd) -> dt) * nw -> dt`` (float32 products)."""
+    xn = _round(x.to(tl.float32) * rstd, dt, EMU_RNE)
+    return _round(xn.to(tl.float32) * nw.to(tl.float32), dt, EMU_RNE)
+
+
+@triton.jit
 def _prologue(X, x_offs, x_mask, NW, nw_offs, nw_mask, rstd, K,
               NORM: tl.constexpr, SILU: tl.constexpr, MASK_X: tl.constexpr, MASK_K: tl.constexpr,
               EMU_RNE: tl.constexpr):
@@ -88,8 +96,7 @@ def _prologue(X, x_offs, x_mask, NW, nw_offs, nw_mask, rstd, K,
             nw = tl.load(NW + nw_offs, mask=nw_mask, other=0.0)
         else:
             nw = tl.load(NW + nw_offs)
-        xn = _round(x.to(tl.float32) * rstd, dt, EMU_RNE)
-        x = _round(xn.to(tl.float32) * nw.to(tl.float32), dt, EMU_RNE)
+        x = _rms_apply(x, rstd, nw, dt, EMU_RNE)
     if SILU:
         if MASK_X:
             up = tl.load(X + x_offs + K, mask=x_mask, other=0.0)
@@ -292,7 +299,7 @@ def _gemv_reduce_norm(P, B, Y, R, NW, YN, MN, N, srm, eps, SPLIT: tl.constexpr, 
                       HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, EMU_RNE: tl.constexpr = False,
                       PDL: tl.constexpr = False):
     """Program ``m``: row ``m`` of :func:`_gemv_reduce`'s ``Y``, whole (``BLOCK >= N``), and its
-    RMSNorm ``YN[m] = ((Y[m] * rstd) -> dtype) * NW -> dtype`` (:func:`_prologue`'s rounding),
+    RMSNorm ``YN[m]`` (:func:`_rms_apply`, as :func:`_prologue`'s norm rounds it),
     so the GEMV behind reads ``YN`` without a norm prologue. Every load is issued before the
     row's reduction: the weights (``NW``, the bias: read-only) even before the PDL wait."""
     cols = tl.arange(0, BLOCK)
@@ -315,7 +322,7 @@ def _gemv_reduce_norm(P, B, Y, R, NW, YN, MN, N, srm, eps, SPLIT: tl.constexpr, 
     tl.store(Y + m * N + cols, out, mask=ok)
     yf = tl.where(ok, out.to(tl.float32), 0.0)
     rstd = tl.rsqrt(tl.sum(yf * yf, axis=0) / N + eps)
-    yn = _round(_round(yf * rstd, Y.dtype.element_ty, EMU_RNE).to(tl.float32) * nw, Y.dtype.element_ty, EMU_RNE)
+    yn = _rms_apply(yf, rstd, nw, Y.dtype.element_ty, EMU_RNE)
     tl.store(YN + m * N + cols, yn, mask=ok)
 
 
