@@ -320,7 +320,7 @@ def test_triton_glu_out_is_the_silu_prologue_of_the_output(M, dtype, cfg, nan_em
     assert rel(y, gu[:, I:]) > 0.3 and rel(y, gu[:, :I]) > 0.3  # neither half passed through
 
 
-def test_glu_out_on_every_backend_is_the_layers_mlp():
+def test_glu_out_on_every_backend_is_the_layers_mlp(monkeypatch):
     """``gemv(gate_up, out_act="silu")`` then a plain ``gemv(down, residual=h)`` is the layers'
     MLP step on every backend: bit for bit the torch ops on "torch" and "naive" (the product's
     rounding aside: float32 here), within rounding on "triton"; and the decode block
@@ -341,11 +341,8 @@ def test_glu_out_on_every_backend_is_the_layers_mlp():
                            prologue_ref(F.linear(h, mlp.gate_up_fused), act="silu"))
         outs = []
         for on in (True, False):
-            ops_gemv.GLU_OUT = on
-            try:
-                outs.append(mlp.gemv_block(h, norm, "triton"))
-            finally:
-                ops_gemv.GLU_OUT = True
+            monkeypatch.setattr(ops_gemv, "GLU_OUT", on)
+            outs.append(mlp.gemv_block(h, norm, "triton"))
         assert rel(outs[0], want) < 1e-5 and rel(outs[0], outs[1]) < 1e-6
 
 

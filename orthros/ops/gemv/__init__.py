@@ -46,9 +46,10 @@ from .naive import ACTS, DTYPES, MAX_M, check_gemv_inputs, gemv_ref, prologue_re
 GEMV_BACKENDS = ("auto", "torch", "triton", "naive")
 # Whether the decode layer's gate/up GEMV writes SwiGLU's ``silu(gate) * up`` (``out_act``) for the
 # down GEMV to read plainly, instead of down's SiLU prologue reading ``[gate | up]`` (the same
-# ops, so the same output). ORTHROS_GEMV_GLU_OUT=0 (read at import): the prologue, as before
-# inference change 26 of docs/performance.md (for A/B runs).
-_glu = os.environ.get("ORTHROS_GEMV_GLU_OUT", "1")
+# ops, so the same output). Off: on an H200 the pair's 1K step took 4.336 ms with it against
+# 4.229 without, the Transformer's 4.323 against 4.285 (docs/performance.md, inference change
+# 26). ORTHROS_GEMV_GLU_OUT=1 (read at import) turns it on, for A/B runs.
+_glu = os.environ.get("ORTHROS_GEMV_GLU_OUT", "0")
 if _glu not in ("0", "1"):
     raise ValueError(f"ORTHROS_GEMV_GLU_OUT must be 0 or 1, got {_glu!r}")
 GLU_OUT = _glu == "1"
