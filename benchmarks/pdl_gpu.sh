@@ -14,9 +14,7 @@
 #      outside the attention kernel, Engine(qkv_kernel=False), as before inference change 21) or
 #      "nopeel" (that kernel's first key block not loaded ahead of its PDL wait, ORTHROS_QKV_PEEL=0),
 #      then optionally "nohoist" (the post-attention norm in gate/up's prologue, not written by
-#      W_O's split-K reduce, ORTHROS_GEMV_NORM_OUT=0, as before inference change 25), then optionally
-#      "noglu" (SwiGLU in down's prologue, not gate/up's epilogue, ORTHROS_GEMV_GLU_OUT=0, as before
-#      inference change 26).
+#      W_O's split-K reduce, ORTHROS_GEMV_NORM_OUT=0, as before inference change 25).
 #      The engine's defaults: pf4m2.
 # Nothing is installed: the image's torch / triton run it. From the repo root (the `run` tool):
 #   command: ORTHROS_COMMIT=<sha> bash benchmarks/pdl_gpu.sh
@@ -33,8 +31,7 @@ settings() {  # a setting's name -> its environment in env_, extra benchmark arg
   local rest=$1 min_m=1
   args_=()
   local qkv_env=() hoist_env=()
-  case "$rest" in *noglu) hoist_env+=(ORTHROS_GEMV_GLU_OUT=0); rest=${rest%noglu} ;; esac
-  case "$rest" in *nohoist) hoist_env+=(ORTHROS_GEMV_NORM_OUT=0); rest=${rest%nohoist} ;; esac
+  case "$rest" in *nohoist) hoist_env=(ORTHROS_GEMV_NORM_OUT=0); rest=${rest%nohoist} ;; esac
   case "$rest" in *noqkv) args_+=(--qkv-kernel off); rest=${rest%noqkv} ;;
     *nopeel) qkv_env=(ORTHROS_QKV_PEEL=0); rest=${rest%nopeel} ;; esac
   case "$rest" in *nocombo) args_+=(--decode-compile-options '{"realize_reads_threshold": 5}'); rest=${rest%nocombo} ;; esac
@@ -51,7 +48,7 @@ settings() {  # a setting's name -> its environment in env_, extra benchmark arg
 }
 [[ ${ROOF:-0} =~ ^[0-9]+$ ]] || { echo "ROOF: give a count of roofline processes, got '$ROOF'" >&2; exit 2; }
 for v in $VARIANTS ${PROFILE:-}; do  # every name checked before any work
-  settings "$v" || { echo "VARIANTS / PROFILE: unknown setting '$v' (off, or pdl / pfN, then optionally end, then m2; then optionally nocombo, then optionally noqkv / nopeel, then optionally nohoist, then optionally noglu)" >&2; exit 2; }
+  settings "$v" || { echo "VARIANTS / PROFILE: unknown setting '$v' (off, or pdl / pfN, then optionally end, then m2; then optionally nocombo, then optionally noqkv / nopeel, then optionally nohoist)" >&2; exit 2; }
 done
 mkdir -p "$OUT"
 { date -u; echo "commit $ORTHROS_COMMIT"

@@ -25,7 +25,7 @@ class RMSNorm(nn.Module):
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, *, norm=None, act=None, residual=None, gemv=None,
-           out_norm=None, out_act=None):
+           out_norm=None):
     """``residual + (prologue(x) @ weight.T + bias)``: a projection of the layer step together
     with the elementwise neighbours a decode GEMV can fuse: before it ``norm`` (an
     :class:`RMSNorm`) or ``act="silu"`` (``x = [gate | up]``: SwiGLU's ``silu(gate) * up``), after
@@ -33,33 +33,24 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias=None, *, norm=None, act=N
     under ``Engine(gemv=True)``): one call of the fused GEMV, which runs these same ops where its
     kernel does not take the inputs; ``None``: the ops one by one. ``out_norm`` (an
     :class:`RMSNorm`): returns ``(y, out_norm(y))`` where the GEMV computes that norm in the same
-    launch, ``(y, None)`` otherwise (the caller normalises later: same result). ``out_act="silu"``
-    (``weight = [W_gate; W_up]``): returns ``silu(gate) * up`` of the output, the SiLU of ``act``
-    moved from the next projection's input to this one's output (the GEMV's epilogue)."""
+    launch, ``(y, None)`` otherwise (the caller normalises later: same result)."""
     if gemv is not None:
         from ..ops.gemv import gemv as fused_gemv
 
         return fused_gemv(x, weight, bias, gemv, norm_weight=None if norm is None else norm.weight,
                           norm_eps=None if norm is None else norm.eps, act=act, residual=residual,
                           out_norm_weight=None if out_norm is None else out_norm.weight,
-                          out_norm_eps=None if out_norm is None else out_norm.eps, out_act=out_act)
+                          out_norm_eps=None if out_norm is None else out_norm.eps)
     if norm is not None:
         x = norm(x)
     if act is not None:
-        x = _swiglu(x, "act", act)
+        if act != "silu":
+            raise ValueError(f"act must be None or 'silu', got {act!r}")
+        gate, up = x.chunk(2, dim=-1)
+        x = F.silu(gate) * up
     y = F.linear(x, weight, bias)
     y = y if residual is None else residual + y
-    if out_act is not None:
-        return _swiglu(y, "out_act", out_act)
     return (y, None) if out_norm is not None else y
-
-
-def _swiglu(x: torch.Tensor, name: str, act: str) -> torch.Tensor:
-    """``silu(gate) * up`` of ``x = [gate | up]`` (``name``: the argument that asked, for the error)."""
-    if act != "silu":
-        raise ValueError(f"{name} must be None or 'silu', got {act!r}")
-    gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up
 
 
 class ResidualMLP:
@@ -261,16 +252,13 @@ class SwiGLUMLP(FusedProjections, nn.Module):
 
     def gemv_block(self, h: torch.Tensor, norm, gemv, normed=None) -> torch.Tensor:
         """``h + self(norm(h))`` as two fused GEMVs (see :func:`linear`): the norm in the gate/up
-        GEMV (or ``normed``, ``norm(h)`` computed already), SiLU x up in its epilogue (in the
-        down GEMV's prologue with ``ORTHROS_GEMV_GLU_OUT=0``), the residual in the down GEMV."""
-        from ..ops.gemv import GLU_OUT
-
-        glu = "silu" if GLU_OUT else None
-        w, b = self.fused("gate_up_fused"), self.gate_up_bias_fused
-        gu = linear(h if normed is None else normed, w, b, norm=norm if normed is None else None, gemv=gemv,
-                    out_act=glu)
-        return linear(gu, self.down_proj.weight, self.down_proj.bias, act=None if glu else "silu", residual=h,
-                      gemv=gemv)
+        GEMV (or ``normed``, ``norm(h)`` computed already), SiLU x up and the residual in the
+        down GEMV."""
+        if normed is not None:
+            gu = linear(normed, self.fused("gate_up_fused"), self.gate_up_bias_fused, gemv=gemv)
+        else:
+            gu = linear(h, self.fused("gate_up_fused"), self.gate_up_bias_fused, norm=norm, gemv=gemv)
+        return linear(gu, self.down_proj.weight, self.down_proj.bias, act="silu", residual=h, gemv=gemv)
 
 
 def _default_rope(config, device=None, **kwargs):

@@ -334,7 +334,6 @@ COMPILE_SM90 = textwrap.dedent('''
             ("bf16", 1, 16, 256, 1, False, 4, 4, "SILU,HAS_RES"), ("bf16", 2, 64, 128, 1, True, 4, 3, "SILU,HAS_RES"),
             ("bf16", 1, 16, 256, 1, False, 4, 4, "NORM,HAS_RES,RAGGED"), ("bf16", 2, 64, 128, 2, True, 4, 3, "SILU,RAGGED"),
             ("bf16", 2, 16, 256, 1, False, 4, 4, "DEFER"), ("bf16", 2, 16, 256, 1, False, 4, 4, "DEFER,NORM"),
-            ("bf16", 1, 16, 256, 1, False, 4, 4, "DEFER,NORM_LATE,GLU"), ("bf16", 2, 64, 128, 1, True, 4, 3, "NORM_LATE,GLU"),
             ("bf16", 2, 16, 256, 1, False, 4, 4, "DEFER,NORM_LATE"), ("bf16", 2, 64, 128, 1, True, 4, 3, "NORM_LATE")]:
         types = dict(X=f"*{dt}", W=f"*{dt}", B=f"*{dt}", Y=f"*{dt}", P="*fp32", NW=f"*{dt}", R=f"*{dt}", M="i32",
                      N="i32", K="i32", sxm="i32", swn="i32", srm="i32", k_per_split="i32", eps="fp32")
@@ -343,16 +342,14 @@ COMPILE_SM90 = textwrap.dedent('''
                      SPLIT=split, HAS_BIAS=True, UPCAST=False, PREC="tf32", EVEN_K="RAGGED" not in fused,
                      NUM_STAGES=stages, EMU_RNE=False, **flags, **_norm_tile(M, 4096, flags["NORM"]),
                      DEFER="DEFER" in fused, NORM_LATE="NORM_LATE" in fused.split(","), PDL=False, PF_LINES=0,
-                     PF_STEP=64, SIGNAL_END=False, GLU="GLU" in fused.split(","))
+                     PF_STEP=64, SIGNAL_END=False)
         ptx = compile_(_gemv_kernel, types, const, warps, stages).asm["ptx"]
         # the weight stream: 16-byte asynchronous copies into shared memory (pipelined), no 2-byte loads of it
         print("CASE", dt, M, dot, ptx.count("cp.async.cg.shared.global"), ptx.count("ld.global.b16"),
               loop_shuffles(ptx), fused or "-")
     reduce_types = dict(P="*fp32", B="*bf16", Y="*bf16", R="*bf16", MN="i32", N="i32", srm="i32")
     compile_(_gemv_reduce, reduce_types, dict(SPLIT=4, BLOCK=1024, HAS_BIAS=True, HAS_RES=True, EMU_RNE=False,
-                                              PDL=False, GLU=False), 4, 1)
-    compile_(_gemv_reduce, reduce_types, dict(SPLIT=4, BLOCK=1024, HAS_BIAS=True, HAS_RES=False, EMU_RNE=False,
-                                              PDL=False, GLU=True), 4, 1)
+                                              PDL=False), 4, 1)
 
     # programmatic dependent launch: the weight's L2 prefetch, then the wait, then the signal to the
     # kernel behind, and only then any global memory access (first line of each, -1: none)
@@ -365,7 +362,7 @@ COMPILE_SM90 = textwrap.dedent('''
             ("gemv-noprefetch", _gemv_kernel, types, dict(const, PDL=True, PF_LINES=0), 4, 3),
             ("gemv-signal-end", _gemv_kernel, types, dict(const, PDL=True, PF_LINES=0, SIGNAL_END=True), 4, 3),
             ("reduce", _gemv_reduce, reduce_types,
-             dict(SPLIT=4, BLOCK=1024, HAS_BIAS=True, HAS_RES=True, EMU_RNE=False, PDL=True, GLU=False), 4, 1)]:
+             dict(SPLIT=4, BLOCK=1024, HAS_BIAS=True, HAS_RES=True, EMU_RNE=False, PDL=True), 4, 1)]:
         ptx = compile_(fn, ty, const_, warps, stages).asm["ptx"]
         print("PDL", name, first(ptx, r"prefetch[.]global[.]L2::evict_last"), first(ptx, r"griddepcontrol[.]wait"),
               first(ptx, r"griddepcontrol[.]launch_dependents"), first(ptx, access),
@@ -378,7 +375,7 @@ COMPILE_SM90 = textwrap.dedent('''
 def test_kernel_compiles_for_sm90_with_pipelined_vector_loads(tmp_path):
     lines = compile_sm90(COMPILE_SM90, tmp_path)
     cases = printed(lines, "CASE")
-    assert len(cases) == 16
+    assert len(cases) == 14
     pdl = {name: [int(v) for v in rest] for name, *rest in printed(lines, "PDL")}
     assert sorted(pdl) == ["gemv", "gemv-noprefetch", "gemv-signal-end", "reduce"]
     for name, (pref, wait, signal, access, n_pref) in pdl.items():

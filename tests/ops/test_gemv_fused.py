@@ -1,5 +1,5 @@
-"""The fused prologues / epilogues of orthros.ops.gemv (RMSNorm before the GEMV, SiLU-and-multiply
-before it, a residual added after it, the output's RMSNorm or SwiGLU after it): the reference against the layers' own modules (the
+"""The fused prologues / epilogue of orthros.ops.gemv (RMSNorm before the GEMV, SiLU-and-multiply
+before it, a residual added after it): the reference against the layers' own modules (the
 specification is "what the layers compute today"), the "torch" backend against the same, the
 triton kernel (interpreter on CPU) against the reference within the dtype's rounding, the
 custom op under torch.compile, and the argument refusals on every backend."""
@@ -293,64 +293,6 @@ def test_opcheck_norm_out():
     torch.library.opcheck(torch.ops.orthros.gemv_norm_out.default, (x, w, None, None, 0.0, "", r, onw, 1e-6))
 
 
-# ------------------------------------------------------------------ SwiGLU of the output (out_act)
-
-GLU_CFGS = {"fma": FMA, "dot": DOT, "defer": DEFER, "fma-split3": FMA_SPLIT, "dot-split2": DOT_SPLIT,
-            "pairs-defer-split2": GemvConfig(block_n=2, block_k=16, split=2, defer=True)}
-
-
-@pytest.mark.parametrize("cfg", list(GLU_CFGS), ids=list(GLU_CFGS))
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("M", [1, 2, 3])
-def test_triton_glu_out_is_the_silu_prologue_of_the_output(M, dtype, cfg, nan_empty):
-    """``out_act="silu"``: ``silu(gate) * up`` of the launch's own ``[gate | up]`` output, bit for
-    bit in bf16 (the SiLU prologue's roundings, in the epilogue or the split-K reduce), with the
-    norm prologue and a bias; I = 37 output columns: a ragged last block of (gate, up) pairs."""
-    I, K = 37, 40
-    x, w, kw = fused_case("norm", M, 2 * I, K, dtype, seed=M * 5 + 1, bias=True)
-    y = gemv_triton(x, w, config=GLU_CFGS[cfg], out_act="silu", **kw)
-    gu = gemv_triton(x, w, config=GLU_CFGS[cfg], **kw)
-    assert y.shape == (M, I) and y.dtype == dtype
-    want = prologue_ref(gu, act="silu")
-    if dtype == torch.bfloat16:
-        assert torch.equal(y, want)
-    else:  # the kernel's x / (1 + exp(-x)) against F.silu's float32: an ulp apart
-        assert rel(y, want) < 1e-6
-    assert rel(y, gemv_ref(x, w, out_act="silu", **kw)) < TOL[dtype]
-    assert rel(y, gu[:, I:]) > 0.3 and rel(y, gu[:, :I]) > 0.3  # neither half passed through
-
-
-def test_glu_out_on_every_backend_is_the_layers_mlp(monkeypatch):
-    """``gemv(gate_up, out_act="silu")`` then a plain ``gemv(down, residual=h)`` is the layers'
-    MLP step on every backend: bit for bit the torch ops on "torch" and "naive" (the product's
-    rounding aside: float32 here), within rounding on "triton"; and the decode block
-    (:meth:`SwiGLUMLP.gemv_block`) gives the same either way of ``GLU_OUT``."""
-    import orthros.ops.gemv as ops_gemv
-
-    H, I = 32, 24
-    h = rnd(2, 1, H, seed=80)
-    norm, mlp = norm_module(H, torch.float32), mlp_module(H, I, torch.float32)
-    with torch.no_grad():
-        want = h + mlp(norm(h))
-        for backend in GEMV_BACKENDS:
-            act = gemv(h, mlp.gate_up_fused, backend=backend, norm_weight=norm.weight, norm_eps=norm.eps,
-                       out_act="silu")
-            got = gemv(act, mlp.down_proj.weight, backend=backend, residual=h)
-            assert act.shape == (2, 1, I) and rel(got, want) < 1e-5, backend
-        assert torch.equal(gemv(h, mlp.gate_up_fused, backend="torch", out_act="silu"),
-                           prologue_ref(F.linear(h, mlp.gate_up_fused), act="silu"))
-        outs = []
-        for on in (True, False):
-            monkeypatch.setattr(ops_gemv, "GLU_OUT", on)
-            outs.append(mlp.gemv_block(h, norm, "triton"))
-        assert rel(outs[0], want) < 1e-5 and rel(outs[0], outs[1]) < 1e-6
-
-
-def test_opcheck_glu_out():
-    x, w, nw = rnd(2, 16, seed=81), rnd(12, 16, seed=82), rnd(16, seed=83, shift=1.0)
-    torch.library.opcheck(torch.ops.orthros.gemv.default, (x, w, rnd(12, seed=84), nw, 1e-6, "", None, "silu"))
-
-
 # ------------------------------------------------------------------ refusals
 
 
@@ -383,12 +325,6 @@ def _bad_cases():
         ("out norm shape K", dict(x=x, weight=w, out_norm_weight=nw, out_norm_eps=1e-6),
          "out_norm_weight must be None or a tensor \\[N\\] = \\[8\\]"),
         ("out norm without eps", dict(x=x, weight=w, out_norm_weight=r[0]), "out_norm_eps must be a finite float"),
-        ("out act unknown", dict(x=x, weight=w, out_act="gelu"), "out_act must be one of \\(None, 'silu'\\), got 'gelu'"),
-        ("out act odd N", dict(x=x, weight=w[:7], out_act="silu"), "out_act='silu' needs weight = \\[W_gate; W_up\\] "
-         "with an even N, got weight \\(7, 16\\)"),
-        ("out act and residual", dict(x=x, weight=w, residual=r, out_act="silu"), "takes neither residual"),
-        ("out act and out norm", dict(x=x, weight=w, out_norm_weight=r[0], out_norm_eps=1e-6, out_act="silu"),
-         "takes neither residual nor out_norm_weight"),
     ]
 
 
@@ -469,18 +405,6 @@ def test_fake_impl_refuses_bad_shapes_at_trace_time():
 # Qwen3-8B's four fused sites of a decode layer: (N, K, kind)
 SITES = {"norm+qkv": (6144, 4096, "norm"), "o+residual": (4096, 4096, "res"),
          "norm+gate_up": (24576, 4096, "norm"), "silu+down+residual": (4096, 12288, "silu")}
-
-
-@gpu
-@pytest.mark.gpu
-@pytest.mark.parametrize("M", [1, 2, 4])
-def test_gpu_gate_up_writes_swiglu_bf16(M):
-    """Qwen3-8B's gate/up (the table's configs at 1, 2 and 4 rows) with ``out_act="silu"``: bit
-    for bit the SiLU prologue's ops on the plain launch's ``[gate | up]``."""
-    x, w, kw = fused_case("norm", M, 24576, 4096, torch.bfloat16, seed=M)
-    y = gemv(x, w, backend="triton", out_act="silu", **kw)
-    assert y.shape == (M, 12288)
-    assert torch.equal(y, prologue_ref(gemv(x, w, backend="triton", **kw), act="silu"))
 
 
 @gpu

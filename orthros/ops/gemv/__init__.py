@@ -8,9 +8,7 @@ decoder layer's GEMMs fused into it (:mod:`.naive` is the specification):
 * ``act="silu"``: ``x = [gate | up]`` and the input is ``silu(gate) * up`` (before down);
 * ``residual``: ``residual + y`` (after o_proj, after down);
 * ``out_norm_weight`` / ``out_norm_eps``: also the output's RMSNorm (after o_proj and its
-  residual: the gate/up GEMV's input), written by the split-K reduce where there is one;
-* ``out_act="silu"``: ``weight = [W_gate; W_up]`` and the output is ``silu(gate) * up`` (after
-  gate/up: the down GEMV's input), written by the kernel's epilogue.
+  residual: the gate/up GEMV's input), written by the split-K reduce where there is one.
 
 :func:`gemv` is the one entry; backends:
 
@@ -35,7 +33,6 @@ from __future__ import annotations
 
 import importlib.util
 import math
-import os
 from typing import Optional, Tuple
 
 import torch
@@ -44,15 +41,6 @@ import torch.nn.functional as F
 from .naive import ACTS, DTYPES, MAX_M, check_gemv_inputs, gemv_ref, prologue_ref
 
 GEMV_BACKENDS = ("auto", "torch", "triton", "naive")
-# Whether the decode layer's gate/up GEMV writes SwiGLU's ``silu(gate) * up`` (``out_act``) for the
-# down GEMV to read plainly, instead of down's SiLU prologue reading ``[gate | up]`` (the same
-# ops, so the same output). Off: on an H200 the pair's 1K step took 4.336 ms with it against
-# 4.229 without, the Transformer's 4.323 against 4.285 (docs/performance.md, inference change
-# 26). ORTHROS_GEMV_GLU_OUT=1 (read at import) turns it on, for A/B runs.
-_glu = os.environ.get("ORTHROS_GEMV_GLU_OUT", "0")
-if _glu not in ("0", "1"):
-    raise ValueError(f"ORTHROS_GEMV_GLU_OUT must be 0 or 1, got {_glu!r}")
-GLU_OUT = _glu == "1"
 _HAS_TRITON = importlib.util.find_spec("triton") is not None  # once: no import inside a compiled region
 
 
@@ -86,27 +74,26 @@ def _triton_takes(x, weight, bias, norm_weight, residual, out_norm_weight=None) 
 # ``from __future__ import annotations``): the same on the GPU image's torch 2.11 and here
 @torch.library.custom_op("orthros::gemv", mutates_args=(),
                          schema="(Tensor x, Tensor weight, Tensor? bias, Tensor? norm_weight, float norm_eps, "
-                                "str act, Tensor? residual, str out_act=\"\") -> Tensor")
+                                "str act, Tensor? residual) -> Tensor")
 def gemv_op(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
             norm_weight: Optional[torch.Tensor], norm_eps: float, act: str,
-            residual: Optional[torch.Tensor], out_act: str = "") -> torch.Tensor:
+            residual: Optional[torch.Tensor]) -> torch.Tensor:
     """``orthros::gemv``: the triton GEMV with its prologue / epilogue as one op, opaque to
-    ``torch.compile`` (one graph node, no graph break) and capturable in a CUDA graph. ``act``
-    and ``out_act``: ``""`` (none) or ``"silu"``; ``norm_eps`` is read only with
-    ``norm_weight``. Use :func:`gemv`; this is its ``backend="triton"`` path."""
+    ``torch.compile`` (one graph node, no graph break) and capturable in a CUDA graph. ``act``:
+    ``""`` (none) or ``"silu"``; ``norm_eps`` is read only with ``norm_weight``. Use
+    :func:`gemv`; this is its ``backend="triton"`` path."""
     from . import kernel  # looked up at call time (tests replace kernel.gemv_triton)
 
     return kernel.gemv_triton(x, weight, bias, norm_weight=norm_weight,
                               norm_eps=norm_eps if norm_weight is not None else None,
-                              act=act or None, residual=residual, out_act=out_act or None)
+                              act=act or None, residual=residual)
 
 
 @gemv_op.register_fake
-def _gemv_op_fake(x, weight, bias, norm_weight, norm_eps, act, residual, out_act=""):
+def _gemv_op_fake(x, weight, bias, norm_weight, norm_eps, act, residual):
     check_gemv_inputs(x, weight, bias, norm_weight=norm_weight,
-                      norm_eps=norm_eps if norm_weight is not None else None, act=act or None, residual=residual,
-                      out_act=out_act or None)
-    return x.new_empty(*x.shape[:-1], weight.shape[0] // 2 if out_act else weight.shape[0])
+                      norm_eps=norm_eps if norm_weight is not None else None, act=act or None, residual=residual)
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
 @torch.library.custom_op("orthros::gemv_norm_out", mutates_args=(),
@@ -139,8 +126,7 @@ def _gemv_norm_out_op_fake(x, weight, bias, norm_weight, norm_eps, act, residual
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
          backend: str = "auto", *, norm_weight: Optional[torch.Tensor] = None, norm_eps: Optional[float] = None,
          act: Optional[str] = None, residual: Optional[torch.Tensor] = None,
-         out_norm_weight: Optional[torch.Tensor] = None, out_norm_eps: Optional[float] = None,
-         out_act: Optional[str] = None):
+         out_norm_weight: Optional[torch.Tensor] = None, out_norm_eps: Optional[float] = None):
     """``residual + (prologue(x) @ weight[N, K].T + bias [N])`` -> ``[..., N]`` in ``x.dtype``
     (:mod:`.naive` defines each part; every part but the matmul optional):
 
@@ -159,18 +145,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = N
     whole row, writes it (one program a row), so the next GEMV streams its weight without a
     norm prologue.
 
-    With ``out_act="silu"`` (``weight = [W_gate; W_up]``, no residual, no ``out_norm_weight``):
-    ``silu(gate) * up [..., N / 2]`` of the product ``[gate | up]``, the SiLU prologue's ops
-    (``act="silu"``) moved to this GEMV's epilogue, so the next GEMV (down) reads half the input
-    and streams its weight without a prologue.
-
     Float32 accumulation (the kernel and the reference; ``"torch"`` accumulates as cuBLAS does).
     Bad arguments raise ``ValueError`` naming the argument before anything runs; see
     :func:`.kernel.gemv_triton` for what the ``"triton"`` backend refuses besides."""
     if backend not in GEMV_BACKENDS:
         raise ValueError(f"backend must be one of {GEMV_BACKENDS}, got {backend!r}")
     check_gemv_inputs(x, weight, bias, norm_weight=norm_weight, norm_eps=norm_eps, act=act, residual=residual,
-                      out_norm_weight=out_norm_weight, out_norm_eps=out_norm_eps, out_act=out_act)
+                      out_norm_weight=out_norm_weight, out_norm_eps=out_norm_eps)
     out_norm = out_norm_weight is not None
     if backend == "auto":
         backend = "triton" if _triton_takes(x, weight, bias, norm_weight, residual, out_norm_weight) else "torch"
@@ -183,15 +164,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = N
                 return gemv_norm_out_op(x, weight, bias, norm_weight, eps, act or "", residual, out_norm_weight,
                                         float(out_norm_eps))
             return gemv_op(x, weight, bias, norm_weight, eps, act or "", residual), None
-        return gemv_op(x, weight, bias, norm_weight, eps, act or "", residual, out_act or "")
+        return gemv_op(x, weight, bias, norm_weight, eps, act or "", residual)
     if backend == "naive":
         return gemv_ref(x, weight, bias, norm_weight=norm_weight, norm_eps=norm_eps, act=act, residual=residual,
-                        out_norm_weight=out_norm_weight, out_norm_eps=out_norm_eps, out_act=out_act)
+                        out_norm_weight=out_norm_weight, out_norm_eps=out_norm_eps)
     y = F.linear(prologue_ref(x, norm_weight, norm_eps, act), weight, bias)
     y = residual + y if residual is not None else y
-    if out_act is not None:
-        return prologue_ref(y, act=out_act)
     return (y, prologue_ref(y, out_norm_weight, out_norm_eps)) if out_norm else y
 
 
-__all__ = ["GEMV_BACKENDS", "GLU_OUT", "MAX_M", "ACTS", "gemv", "gemv_op", "gemv_norm_out_op", "gemv_ref", "prologue_ref", "check_gemv_inputs"]
+__all__ = ["GEMV_BACKENDS", "MAX_M", "ACTS", "gemv", "gemv_op", "gemv_norm_out_op", "gemv_ref", "prologue_ref", "check_gemv_inputs"]

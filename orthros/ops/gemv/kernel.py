@@ -79,15 +79,6 @@ def _rms_apply(x, rstd, nw, dt: tl.constexpr, EMU_RNE: tl.constexpr):
 
 
 @triton.jit
-def _swiglu(gate, up, dt: tl.constexpr, EMU_RNE: tl.constexpr):
-    """SwiGLU's ``silu(gate) * up`` from two ``dt``-rounded tiles, each op rounded to ``dt`` as
-    ``orthros.layers.common.SwiGLUMLP`` rounds it (the SiLU prologue's and the GLU epilogue's)."""
-    g = gate.to(tl.float32)
-    act = _round(g / (1.0 + tl.exp(-g)), dt, EMU_RNE)
-    return _round(act.to(tl.float32) * up.to(tl.float32), dt, EMU_RNE)
-
-
-@triton.jit
 def _prologue(X, x_offs, x_mask, NW, nw_offs, nw_mask, rstd, K,
               NORM: tl.constexpr, SILU: tl.constexpr, MASK_X: tl.constexpr, MASK_K: tl.constexpr,
               EMU_RNE: tl.constexpr):
@@ -111,7 +102,9 @@ def _prologue(X, x_offs, x_mask, NW, nw_offs, nw_mask, rstd, K,
             up = tl.load(X + x_offs + K, mask=x_mask, other=0.0)
         else:
             up = tl.load(X + x_offs + K)
-        x = _swiglu(x, up, dt, EMU_RNE)
+        g = x.to(tl.float32)
+        act = _round(g / (1.0 + tl.exp(-g)), dt, EMU_RNE)
+        x = _round(act.to(tl.float32) * up.to(tl.float32), dt, EMU_RNE)
     return x
 
 
@@ -138,8 +131,7 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
                  NORM: tl.constexpr = False, SILU: tl.constexpr = False, HAS_RES: tl.constexpr = False,
                  EMU_RNE: tl.constexpr = False, NORM_M: tl.constexpr = 1, NORM_K: tl.constexpr = 16,
                  DEFER: tl.constexpr = False, NORM_LATE: tl.constexpr = False, PDL: tl.constexpr = False,
-                 PF_LINES: tl.constexpr = 0, PF_STEP: tl.constexpr = 64, SIGNAL_END: tl.constexpr = False,
-                 GLU: tl.constexpr = False):
+                 PF_LINES: tl.constexpr = 0, PF_STEP: tl.constexpr = 64, SIGNAL_END: tl.constexpr = False):
     """Program ``(pid_n, pid_k)``: output rows ``[pid_n * BLOCK_N, +BLOCK_N)`` over ``K`` slice
     ``[pid_k * k_per_split, +k_per_split)``. ``M_ROWS`` (= M, constexpr) unrolls the CUDA-core
     form; ``BLOCK_M`` is the accumulator's row count (pow2 >= M; 16 in the dot form). ``DEFER``
@@ -166,30 +158,16 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
     for the first ``PF_LINES`` lines (``PF_STEP`` elements each) of each of its weight rows
     (read-only, so safe to read early), so its K loop starts on L2 hits instead of a cold HBM
     stream; it touches no other memory before its wait. It signals the kernel behind right after
-    the wait, or after its K loop with ``SIGNAL_END``.
-
-    ``GLU`` (the SwiGLU epilogue, ``weight = [W_gate; W_up]``, ``N = 2 I``): the program's
-    ``BLOCK_N`` weight rows interleave gate and up, row ``2 i`` the gate row ``j = pid_n *
-    BLOCK_N / 2 + i`` and row ``2 i + 1`` its up row ``I + j``, so it writes ``silu(gate) * up``
-    for its ``BLOCK_N / 2`` columns ``j`` of ``Y [M, I]`` itself (:func:`_swiglu`, after the
-    bias and the cast); with split-K its partials keep the weight's row order and the reduce
-    applies the SwiGLU (:func:`_gemv_reduce`)."""
+    the wait, or after its K loop with ``SIGNAL_END``."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
-    if GLU:  # weight rows: (gate j, up j) pairs; n_ok: the pair's output column j < I
-        half = N // 2
-        ii = tl.arange(0, BLOCK_N)
-        cols = pid_n.to(tl.int64) * (BLOCK_N // 2) + ii // 2
-        offs_n = cols + (ii % 2) * half
-        n_ok = cols < half
-    else:
-        offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < N
+    offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = offs_n < N
     offs_m = tl.arange(0, BLOCK_M)
     m_ok = offs_m < M
     k_lo = pid_k.to(tl.int64) * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
-    w_rows = W + tl.where(n_ok, offs_n, N - 1)[:, None] * swn
+    w_rows = W + tl.minimum(offs_n, N - 1)[:, None] * swn
     if PF_LINES > 0:
         prefetch_l2(w_rows + tl.minimum(k_lo + tl.arange(0, PF_LINES) * PF_STEP, K - 1)[None, :])
     pdl_wait(PDL)
@@ -291,50 +269,28 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
         if HAS_RES:  # eager's h + F.linear(...): the product rounded first, the sum in fp32, rounded
             res = tl.load(R + offs_m[:, None] * srm + offs_n[None, :], mask=mask, other=0.0)
             out = _round(out.to(tl.float32) + res.to(tl.float32), Y.dtype.element_ty, EMU_RNE)
-        if GLU:  # [BLOCK_M, (gate, up) pairs]: rows 2i / 2i + 1 of the tile are column i's gate / up
-            gate, up = tl.split(tl.reshape(out, [BLOCK_M, BLOCK_N // 2, 2]))
-            j = pid_n.to(tl.int64) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-            tl.store(Y + offs_m[:, None] * (N // 2) + j[None, :], _swiglu(gate, up, Y.dtype.element_ty, EMU_RNE),
-                     mask=m_ok[:, None] & (j < N // 2)[None, :])
-        else:
-            tl.store(Y + offs_m[:, None] * N + offs_n[None, :], out, mask=mask)
+        tl.store(Y + offs_m[:, None] * N + offs_n[None, :], out, mask=mask)
     else:
         tl.store(P + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :], acc, mask=mask)
 
 
 @triton.jit
 def _gemv_reduce(P, B, Y, R, MN, N, srm, SPLIT: tl.constexpr, BLOCK: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 HAS_RES: tl.constexpr = False, EMU_RNE: tl.constexpr = False, PDL: tl.constexpr = False,
-                 GLU: tl.constexpr = False):
+                 HAS_RES: tl.constexpr = False, EMU_RNE: tl.constexpr = False, PDL: tl.constexpr = False):
     """``Y[m, n] = sum_s P[s, m, n] (+ bias[n])`` rounded (``+ R[m, n]``, rounded), splits
-    summed in order (deterministic). ``PDL``: as :func:`_gemv_kernel`'s (no prefetch). ``GLU``
-    (``MN = M * N / 2`` outputs): ``Y[m, j] = silu(y[m, j]) * y[m, N / 2 + j]`` of those sums."""
+    summed in order (deterministic). ``PDL``: as :func:`_gemv_kernel`'s (no prefetch)."""
     pdl_enter(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN
-    if GLU:
-        half = N // 2
-        src = (offs // half) * N + offs % half  # the gate element's index in [M, N]
-        gate = tl.zeros([BLOCK], tl.float32)
-        up = tl.zeros([BLOCK], tl.float32)
-        for s in tl.static_range(SPLIT):
-            gate += tl.load(P + s * MN * 2 + src, mask=ok, other=0.0)
-            up += tl.load(P + s * MN * 2 + src + half, mask=ok, other=0.0)
-        if HAS_BIAS:
-            gate += tl.load(B + offs % half, mask=ok, other=0.0).to(tl.float32)
-            up += tl.load(B + half + offs % half, mask=ok, other=0.0).to(tl.float32)
-        dt = Y.dtype.element_ty
-        out = _swiglu(_round(gate, dt, EMU_RNE), _round(up, dt, EMU_RNE), dt, EMU_RNE)
-    else:
-        acc = tl.zeros([BLOCK], tl.float32)
-        for s in tl.static_range(SPLIT):
-            acc += tl.load(P + s * MN + offs, mask=ok, other=0.0)
-        if HAS_BIAS:
-            acc += tl.load(B + offs % N, mask=ok, other=0.0).to(tl.float32)
-        out = _round(acc, Y.dtype.element_ty, EMU_RNE)
-        if HAS_RES:
-            res = tl.load(R + (offs // N) * srm + offs % N, mask=ok, other=0.0)
-            out = _round(out.to(tl.float32) + res.to(tl.float32), Y.dtype.element_ty, EMU_RNE)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for s in tl.static_range(SPLIT):
+        acc += tl.load(P + s * MN + offs, mask=ok, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(B + offs % N, mask=ok, other=0.0).to(tl.float32)
+    out = _round(acc, Y.dtype.element_ty, EMU_RNE)
+    if HAS_RES:
+        res = tl.load(R + (offs // N) * srm + offs % N, mask=ok, other=0.0)
+        out = _round(out.to(tl.float32) + res.to(tl.float32), Y.dtype.element_ty, EMU_RNE)
     tl.store(Y + offs, out, mask=ok)
 
 
@@ -510,7 +466,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
                 config: Optional[GemvConfig] = None, norm_weight: Optional[torch.Tensor] = None,
                 norm_eps: Optional[float] = None, act: Optional[str] = None,
                 residual: Optional[torch.Tensor] = None, out_norm_weight: Optional[torch.Tensor] = None,
-                out_norm_eps: Optional[float] = None, out_act: Optional[str] = None):
+                out_norm_eps: Optional[float] = None):
     """``residual + (prologue(x) @ weight[N, K].T (+ bias))`` by the streaming kernel (the
     arguments of :func:`orthros.ops.gemv.gemv`, :mod:`.naive` their meaning); ``[..., N]`` in
     ``x.dtype``. ``M = prod(x.shape[:-1]) <= 8``. ``config``: a :class:`GemvConfig` to use
@@ -523,12 +479,9 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
 
     ``out_norm_weight`` / ``out_norm_eps`` (:func:`orthros.ops.gemv.gemv`'s): also the output's
     RMSNorm, computed by the split-K reduce (one program a row): returns ``(y, rms_norm(y))``.
-    Only for a launch with split-K (:func:`norm_out_fused`), else ``ValueError``.
-
-    ``out_act="silu"`` (``weight = [W_gate; W_up]``): returns ``silu(gate) * up`` ``[..., N / 2]``
-    of the product, computed in the kernel's epilogue (``GLU``; in the reduce with split-K)."""
+    Only for a launch with split-K (:func:`norm_out_fused`), else ``ValueError``."""
     check_gemv_inputs(x, weight, bias, norm_weight=norm_weight, norm_eps=norm_eps, act=act, residual=residual,
-                      out_norm_weight=out_norm_weight, out_norm_eps=out_norm_eps, out_act=out_act)
+                      out_norm_weight=out_norm_weight, out_norm_eps=out_norm_eps)
     N, K = weight.shape
     Kx = x.shape[-1]  # K, or 2K with act="silu"
     lead = x.shape[:-1]
@@ -573,8 +526,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
         raise ValueError(f"out_norm_weight: the output's RMSNorm is computed by the split-K reduce, which this launch "
                          f"does not have (split {split} for M={M}, N={N}, K={K}, at most N = {NORM_OUT_MAX_N}); "
                          f"check norm_out_fused(M, N, K) first")
-    glu = out_act == "silu"
-    y = torch.empty(*lead, N // 2 if glu else N, dtype=x.dtype, device=dev)
+    y = torch.empty(*lead, N, dtype=x.dtype, device=dev)
     yn = torch.empty_like(y) if norm_out else None
     if M == 0 or N == 0:
         return (y, yn) if norm_out else y
@@ -594,17 +546,14 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     # what a PDL launch does before its wait (the weight prefetch) and where it signals
     early = dict(prefetch_tile(N, k_per_split, split, x.element_size()), SIGNAL_END=_tc.PDL_SIGNAL == "end") \
         if pdl else {}
-    if glu and cfg.block_n < 2:
-        raise ValueError(f"out_act: the GLU epilogue pairs gate and up rows, so config.block_n must be >= 2, got "
-                         f"{cfg.block_n}")
-    _gemv_kernel[(cdiv(N // 2, cfg.block_n // 2) if glu else cdiv(N, cfg.block_n), split)](
+    _gemv_kernel[(cdiv(N, cfg.block_n), split)](
         x2, weight, b, y, part, nw, r, M, N, K, sxm, weight.stride(0), srm, k_per_split,
         float(norm_eps) if norm_weight is not None else 0.0,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, M_ROWS=M, DOT=cfg.dot, SPLIT=split,
         HAS_BIAS=bias is not None, UPCAST=upcast, PREC=prec, EVEN_K=K % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
         NORM=flags["NORM"] and not late, SILU=flags["SILU"], HAS_RES=split == 1 and flags["HAS_RES"], EMU_RNE=emu_rne,
         **_norm_tile(M, K, flags["NORM"] and not late), DEFER=cfg.defer, NORM_LATE=flags["NORM"] and late,
-        GLU=glu, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl, **early)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl, **early)
     if split > 1 and norm_out:  # one program a row: the whole row for its RMSNorm
         block = pow2(N)
         _gemv_reduce_norm[(M,)](part, b, y, r, out_norm_weight, yn, M * N, N, srm, float(out_norm_eps), SPLIT=split,
@@ -612,9 +561,9 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
                                 num_warps=min(NORM_OUT_WARPS, max(1, block // 256)), **pdl)
     elif split > 1:
         block = 1024
-        _gemv_reduce[(cdiv(y.numel(), block),)](part, b, y, r, y.numel(), N, srm, SPLIT=split, BLOCK=block,
-                                                HAS_BIAS=bias is not None, HAS_RES=flags["HAS_RES"], EMU_RNE=emu_rne,
-                                                GLU=glu, num_warps=4, **pdl)
+        _gemv_reduce[(cdiv(M * N, block),)](part, b, y, r, M * N, N, srm, SPLIT=split, BLOCK=block,
+                                            HAS_BIAS=bias is not None, HAS_RES=flags["HAS_RES"], EMU_RNE=emu_rne,
+                                            num_warps=4, **pdl)
     return (y, yn) if norm_out else y
 
 

@@ -12,9 +12,7 @@ argument checks every backend shares.
   ``orthros.layers.common.SwiGLUMLP`` computes it;
 
 and the residual (``[..., N]``, ``x.dtype``) is added to the product after the product is rounded
-to ``x.dtype`` (as eager ``h + F.linear(...)`` does). Epilogues after that: the output's RMSNorm
-(``out_norm_weight``: ``(y, rms_norm(y))``) or SwiGLU (``out_act="silu"``, ``weight = [W_gate;
-W_up]``: ``silu(y[..., :N/2]) * y[..., N/2:]``, the SiLU prologue's ops on the output).
+to ``x.dtype`` (as eager ``h + F.linear(...)`` does).
 """
 
 from __future__ import annotations
@@ -47,17 +45,14 @@ def prologue_ref(x: torch.Tensor, norm_weight: Optional[torch.Tensor] = None, no
 def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
              norm_weight: Optional[torch.Tensor] = None, norm_eps: Optional[float] = None,
              act: Optional[str] = None, residual: Optional[torch.Tensor] = None,
-             out_norm_weight: Optional[torch.Tensor] = None, out_norm_eps: Optional[float] = None,
-             out_act: Optional[str] = None):
+             out_norm_weight: Optional[torch.Tensor] = None, out_norm_eps: Optional[float] = None):
     """``x [..., K]`` (leading dims are rows: ``M = prod(x.shape[:-1])``, small in decode; ``[..., 2K]``
     with ``act="silu"``), ``weight [N, K]`` (``nn.Linear`` layout), ``bias [N]`` or None. The
     prologue (module docstring) in torch ops, then products and the sum over ``K`` in float32
     (float64 inputs stay float64), the bias in that precision, the result rounded to ``x.dtype``,
     then ``+ residual`` in ``x.dtype``. Returns ``[..., N]`` in ``x.dtype``; with
     ``out_norm_weight`` (and ``out_norm_eps``) the pair ``(y, rms_norm(y))``: the output and its
-    RMSNorm (what the next GEMV's norm prologue would compute from it); with ``out_act="silu"``
-    ``silu(gate) * up [..., N / 2]`` of ``y = [gate | up]`` (what the next GEMV's SiLU prologue
-    would compute from it)."""
+    RMSNorm (what the next GEMV's norm prologue would compute from it)."""
     dtype = x.dtype
     xp = prologue_ref(x, norm_weight, norm_eps, act)
     acc = torch.float64 if xp.dtype == torch.float64 else torch.float32
@@ -66,8 +61,6 @@ def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]
         y = y + bias.to(acc)
     y = y.to(dtype)
     y = residual + y if residual is not None else y
-    if out_act is not None:
-        return prologue_ref(y, act=out_act)
     return (y, rms_norm(y, out_norm_weight, out_norm_eps)) if out_norm_weight is not None else y
 
 
@@ -90,13 +83,10 @@ def _check_norm(wname: str, ename: str, w, eps, size: int, dim: str) -> None:
 def check_gemv_inputs(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], *,
                       norm_weight: Optional[torch.Tensor] = None, norm_eps: Optional[float] = None,
                       act: Optional[str] = None, residual: Optional[torch.Tensor] = None,
-                      out_norm_weight: Optional[torch.Tensor] = None, out_norm_eps: Optional[float] = None,
-                      out_act: Optional[str] = None) -> None:
+                      out_norm_weight: Optional[torch.Tensor] = None, out_norm_eps: Optional[float] = None) -> None:
     """Checks every backend shares (``ValueError`` naming the argument); nothing reads data."""
     if act not in ACTS:
         raise ValueError(f"act must be one of {ACTS}, got {act!r}")
-    if out_act not in ACTS:
-        raise ValueError(f"out_act must be one of {ACTS}, got {out_act!r}")
     if norm_weight is not None and act is not None:
         raise ValueError(f"norm_weight (the RMSNorm prologue) and act={act!r} (the SwiGLU prologue) are mutually "
                          f"exclusive: pass one of them")
@@ -114,13 +104,6 @@ def check_gemv_inputs(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
     elif K != x.shape[-1]:
         raise ValueError(f"weight must be [N, K] with K = x.shape[-1] = {x.shape[-1]}, got weight "
                          f"{tuple(weight.shape)} (a transposed [K, N] weight?)")
-    if out_act is not None:
-        if N % 2:
-            raise ValueError(f"out_act={out_act!r} needs weight = [W_gate; W_up] with an even N, got weight "
-                             f"{tuple(weight.shape)}")
-        if residual is not None or out_norm_weight is not None:
-            raise ValueError(f"out_act={out_act!r} (the SwiGLU epilogue) takes neither residual nor out_norm_weight: "
-                             f"its output is the next projection's input")
     if bias is not None and (not isinstance(bias, torch.Tensor) or tuple(bias.shape) != (N,)):
         raise ValueError(f"bias must be None or a tensor [N] = [{N}], got {_shape(bias)}")
     _check_norm("norm_weight", "norm_eps", norm_weight, norm_eps, K, "K")
