@@ -254,10 +254,8 @@ class SwiGLUMLP(FusedProjections, nn.Module):
         """``h + self(norm(h))`` as two fused GEMVs (see :func:`linear`): the norm in the gate/up
         GEMV (or ``normed``, ``norm(h)`` computed already), SiLU x up and the residual in the
         down GEMV."""
-        if normed is not None:
-            gu = linear(normed, self.fused("gate_up_fused"), self.gate_up_bias_fused, gemv=gemv)
-        else:
-            gu = linear(h, self.fused("gate_up_fused"), self.gate_up_bias_fused, norm=norm, gemv=gemv)
+        gu = linear(h if normed is None else normed, self.fused("gate_up_fused"), self.gate_up_bias_fused,
+                    norm=norm if normed is None else None, gemv=gemv)
         return linear(gu, self.down_proj.weight, self.down_proj.bias, act="silu", residual=h, gemv=gemv)
 
 

@@ -71,6 +71,20 @@ def _round(x, dt: tl.constexpr, EMU_RNE: tl.constexpr):
 
 
 @triton.jit
+def _bias_round_res(acc, bias, res, dt: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                    EMU_RNE: tl.constexpr):
+    """The GEMV's output from its float32 sum ``acc``: ``+ bias``, rounded to ``dt``, then ``+ res``
+    rounded again, as eager ``residual + F.linear(x, w, bias)`` rounds (``bias`` / ``res``
+    loaded already, read only with their flags)."""
+    if HAS_BIAS:
+        acc += bias.to(tl.float32)
+    out = _round(acc, dt, EMU_RNE)
+    if HAS_RES:
+        out = _round(out.to(tl.float32) + res.to(tl.float32), dt, EMU_RNE)
+    return out
+
+
+@triton.jit
 def _rms_apply(x, rstd, nw, dt: tl.constexpr, EMU_RNE: tl.constexpr):
     """RMSNorm's output from ``x``, ``rstd`` and the norm weight ``nw``, rounded as the RMSNorm
     module rounds it: ``((x * rstd) -> dt) * nw -> dt`` (float32 products)."""
@@ -263,12 +277,13 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
         acc = acc * tl.rsqrt(ssq / K + eps)[:, None]
     mask = m_ok[:, None] & n_ok[None, :]
     if SPLIT == 1:
+        bias = 0.0
+        res = 0.0
         if HAS_BIAS:
-            acc += tl.load(B + offs_n, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-        out = _round(acc, Y.dtype.element_ty, EMU_RNE)
-        if HAS_RES:  # eager's h + F.linear(...): the product rounded first, the sum in fp32, rounded
+            bias = tl.load(B + offs_n, mask=n_ok, other=0.0)[None, :]
+        if HAS_RES:
             res = tl.load(R + offs_m[:, None] * srm + offs_n[None, :], mask=mask, other=0.0)
-            out = _round(out.to(tl.float32) + res.to(tl.float32), Y.dtype.element_ty, EMU_RNE)
+        out = _bias_round_res(acc, bias, res, Y.dtype.element_ty, HAS_BIAS, HAS_RES, EMU_RNE)
         tl.store(Y + offs_m[:, None] * N + offs_n[None, :], out, mask=mask)
     else:
         tl.store(P + (pid_k * M + offs_m[:, None]) * N + offs_n[None, :], acc, mask=mask)
@@ -282,15 +297,16 @@ def _gemv_reduce(P, B, Y, R, MN, N, srm, SPLIT: tl.constexpr, BLOCK: tl.constexp
     pdl_enter(PDL)
     offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = offs < MN
+    bias = 0.0
+    res = 0.0
+    if HAS_BIAS:
+        bias = tl.load(B + offs % N, mask=ok, other=0.0)
+    if HAS_RES:
+        res = tl.load(R + (offs // N) * srm + offs % N, mask=ok, other=0.0)
     acc = tl.zeros([BLOCK], tl.float32)
     for s in tl.static_range(SPLIT):
         acc += tl.load(P + s * MN + offs, mask=ok, other=0.0)
-    if HAS_BIAS:
-        acc += tl.load(B + offs % N, mask=ok, other=0.0).to(tl.float32)
-    out = _round(acc, Y.dtype.element_ty, EMU_RNE)
-    if HAS_RES:
-        res = tl.load(R + (offs // N) * srm + offs % N, mask=ok, other=0.0)
-        out = _round(out.to(tl.float32) + res.to(tl.float32), Y.dtype.element_ty, EMU_RNE)
+    out = _bias_round_res(acc, bias, res, Y.dtype.element_ty, HAS_BIAS, HAS_RES, EMU_RNE)
     tl.store(Y + offs, out, mask=ok)
 
 
@@ -305,20 +321,18 @@ def _gemv_reduce_norm(P, B, Y, R, NW, YN, MN, N, srm, eps, SPLIT: tl.constexpr, 
     cols = tl.arange(0, BLOCK)
     ok = cols < N
     nw = tl.load(NW + cols, mask=ok, other=0.0).to(tl.float32)
+    bias = 0.0
+    res = 0.0
     if HAS_BIAS:
-        bias = tl.load(B + cols, mask=ok, other=0.0).to(tl.float32)
+        bias = tl.load(B + cols, mask=ok, other=0.0)
     pdl_enter(PDL)
     m = tl.program_id(0).to(tl.int64)
     if HAS_RES:
-        res = tl.load(R + m * srm + cols, mask=ok, other=0.0).to(tl.float32)
+        res = tl.load(R + m * srm + cols, mask=ok, other=0.0)
     acc = tl.zeros([BLOCK], tl.float32)
     for s in tl.static_range(SPLIT):
         acc += tl.load(P + s * MN + m * N + cols, mask=ok, other=0.0)
-    if HAS_BIAS:
-        acc += bias
-    out = _round(acc, Y.dtype.element_ty, EMU_RNE)
-    if HAS_RES:
-        out = _round(out.to(tl.float32) + res, Y.dtype.element_ty, EMU_RNE)
+    out = _bias_round_res(acc, bias, res, Y.dtype.element_ty, HAS_BIAS, HAS_RES, EMU_RNE)
     tl.store(Y + m * N + cols, out, mask=ok)
     yf = tl.where(ok, out.to(tl.float32), 0.0)
     rstd = tl.rsqrt(tl.sum(yf * yf, axis=0) / N + eps)
@@ -496,13 +510,11 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
                          f"weight {weight.dtype}")
     if bias is not None and bias.dtype not in DTYPES:
         raise ValueError(f"bias must be fp16 / bf16 / fp32, got {bias.dtype}")
-    if norm_weight is not None and norm_weight.dtype != x.dtype:
-        raise ValueError(f"norm_weight must have x's dtype {x.dtype} for the triton GEMV, got {norm_weight.dtype} "
-                         f"(backend 'torch' follows the RMSNorm formula with any dtype)")
+    for name, t in (("norm_weight", norm_weight), ("out_norm_weight", out_norm_weight)):
+        if t is not None and t.dtype != x.dtype:
+            raise ValueError(f"{name} must have x's dtype {x.dtype} for the triton GEMV, got {t.dtype} "
+                             f"(backend 'torch' follows the RMSNorm formula with any dtype)")
     dev = x.device
-    if out_norm_weight is not None and out_norm_weight.dtype != x.dtype:
-        raise ValueError(f"out_norm_weight must have x's dtype {x.dtype} for the triton GEMV, got "
-                         f"{out_norm_weight.dtype}")
     for name, t in (("weight", weight), ("bias", bias), ("norm_weight", norm_weight), ("residual", residual),
                     ("out_norm_weight", out_norm_weight)):
         if t is not None and t.device != dev:
