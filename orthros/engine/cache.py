@@ -23,6 +23,8 @@ over what the view covers):
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..layers.step import stack_rows
@@ -125,8 +127,13 @@ class DecodeView:
     def __init__(self, cache: StaticKVCache, rows, lens, span: int, qkv_kernel: bool = False):
         self.cache, self.rows, self.lens, self.span = cache, rows, lens, span
         self.qkv_kernel = qkv_kernel
-        self.new_lens = lens + 1  # the rows' lengths once this step's token is written
         self._slotted = set()  # layers whose K/V the token-wise piece writes (write_slot)
+
+    @functools.cached_property
+    def new_lens(self) -> torch.Tensor:
+        """The rows' lengths once this step's token is written (computed at first use: the
+        :meth:`attend_qkv` path reads ``lens`` only, and a step's launches cost time)."""
+        return self.lens + 1
 
     def _buffers(self, i: int):
         bs = self.rows.shape[0]

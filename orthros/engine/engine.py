@@ -28,6 +28,7 @@ GEMM for Q/K/V, one for gate/up: ``FusedProjections`` in :mod:`orthros.layers.co
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Callable, Iterator, List, Optional, Sequence
 
@@ -35,6 +36,7 @@ import torch
 
 from ..layers import StepInputs
 from ..kinds import has_output_stream, resolve_mode
+from ..layers.common import linear
 from ..layers.step import call as _eager
 from ..utils import check_positive_int
 from ..ops.gemv import GEMV_BACKENDS
@@ -181,6 +183,10 @@ class Engine:
         attn = [layer.self_attn for layer in model.model.layers if hasattr(layer, "self_attn")]
         same = all(a.q_proj.weight.dtype == a.v_proj.weight.dtype == self.dtype for a in attn)
         self._rope_dtype = self.dtype if same else None
+        # every cache position's RoPE rows, once: a decode step gathers its rows in one launch
+        # where computing them took nine (docs/performance.md, inference change 27)
+        cos, sin = self._rope(torch.arange(max_seq_len, device=self.device).view(1, -1))
+        self._rope_table = (cos[0], sin[0])
         self.compile = compile
         if compile:  # one graph per distinct static case (batch 1 vs more, pair vs single token,
             # chunk lengths: dynamic after the second); the default limit of 8 is too low for that
@@ -347,7 +353,7 @@ class Engine:
         step = StepInputs(n_base=T, rope_base=rope, rope_out=(rope[0][:, -1:], rope[1][:, -1:]), out_rel=out_rel,
                           output_tokens=self.output_tokens, mode=self.mode, run=self._run,
                           cache=self.cache.prefill_view(r0, r1, P, T, self.window))
-        h = m.run_layers(step.with_output_tokens(m.embed_tokens(ids)), step)
+        h = m.run_layers(_embed(self.model, ids, step), step)
         return self._head(self.model, h[:, -1:]) if final_chunk else None
 
     # ----------------------------------------------------------------- decode
@@ -372,15 +378,14 @@ class Engine:
         """One static-shape step for rows ``0..bs-1`` over cache slots ``[0, span)``: writes the
         tokens' K/V at ``lens``, advances ``lens`` in place, returns next-token logits ``[bs, V]``
         (float32). Needs ``lens + 1 <= span``."""
-        m = self.model.model
         bs = tokens.shape[0]
-        rope = self._rope(lens.view(bs, 1))
+        rope = self._run_decode(_rope_rows, *self._rope_table, lens.view(bs, 1))
         # the decoupled pair of paper Section 3.1: [base token, output token] per row
         step = StepInputs(n_base=1, rope_base=rope, rope_out=rope, out_rel=self._last_row,
                           output_tokens=self.output_tokens, mode=self.mode, run=self._run_decode, gemv=self.gemv,
                           cache=self.cache.decode_view(self._arange[:bs], lens, span, self.qkv_kernel))
-        h = m.run_layers(step.with_output_tokens(m.embed_tokens(tokens.view(bs, 1))), step)
-        logits = self._head(self.model, h[:, -1:])
+        h = self.model.model.run_layers(self._run_decode(_embed, self.model, tokens.view(bs, 1), step), step)
+        logits = self._head(self.model, h[:, -1:], self.gemv if DECODE_HEAD_GEMV else None)
         lens.add_(1)
         return logits
 
@@ -558,9 +563,22 @@ class Engine:
         return rows_out
 
 
-def _lm_head(model, h):
-    """Next-token logits ``[B, V]`` (float32) of hidden states ``h [B, 1, d]``."""
-    return model.lm_head(model.model.norm(h))[:, 0].float()
+def _embed(model, ids, step: StepInputs):
+    """A forward's first piece: the embeddings of ``ids [B, T]`` with the output tokens
+    appended (paper Algorithm 2). A decode step runs it compiled: one launch."""
+    return step.with_output_tokens(model.model.embed_tokens(ids))
+
+
+def _rope_rows(cos, sin, pos):
+    """Rows ``pos [B, T]`` of the RoPE tables ``cos, sin [L, R]``: ``([B, T, R], [B, T, R])``."""
+    return cos[pos], sin[pos]
+
+
+def _lm_head(model, h, gemv=None):
+    """Next-token logits ``[B, V]`` (float32) of hidden states ``h [B, 1, d]``; ``gemv`` (a
+    decode step's, :data:`DECODE_HEAD_GEMV`): the final norm as the head GEMV's prologue."""
+    head = model.lm_head
+    return linear(h, head.weight, head.bias, norm=model.model.norm, gemv=gemv)[:, 0].float()
 
 
 # With ``Engine(compile=True)`` the token-wise pieces of the layer step (``step.run(fn, ...)``)
@@ -589,6 +607,11 @@ DECODE_COMPILE_OPTIONS = {"realize_reads_threshold": 5, "combo_kernels": True}
 # attention kernel. Measured on an H200 (docs/performance.md, inference change 21): the pair's 1K
 # step 0.03-0.06 ms faster, the Transformer's 0.00-0.05.
 DECODE_QKV_KERNEL = True
+
+# Engine(gemv=...) on: the decode step's head (final norm and lm_head) as one fused GEMV, not the
+# norm kernel and cuBLAS (ORTHROS_HEAD_GEMV=1, read at import; docs/performance.md, inference
+# change 27).
+DECODE_HEAD_GEMV = os.environ.get("ORTHROS_HEAD_GEMV", "0") == "1"
 
 
 def _compiled(fn, options=None):

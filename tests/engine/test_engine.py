@@ -228,6 +228,23 @@ def test_set_lengths_and_step_api():
     assert eng.step([1, 2]).shape == (2, 97) and eng.cache.seqlens[:2].tolist() == [11, 21]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_rope_rows_come_from_the_table(dtype):
+    """A decode step gathers its RoPE rows from the table the engine builds once: the values the
+    step computed before (``_rope`` at each row's position, cast as the fused layers' ``q``/``k``),
+    for every position of the cache."""
+    from orthros.engine.engine import _rope_rows
+
+    m = tiny_model(dtype=dtype)
+    eng = Engine(m, max_batch_size=2, max_seq_len=48)
+    pos = torch.tensor([[0], [47]])
+    for got, want in zip(_rope_rows(*eng._rope_table, pos), eng._rope(pos)):
+        assert got.shape == want.shape == (2, 1, m.config.head_dim) and got.dtype == want.dtype == dtype
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    cos, sin = eng._rope_table
+    assert cos.shape == sin.shape == (48, m.config.head_dim)
+
+
 def test_generation_builds_no_autograd_graph():
     """The streaming generator runs its prefill under no_grad: nothing in the cache may keep
     an autograd graph (and with it every activation) alive."""

@@ -111,6 +111,34 @@ def test_o_projections_reduce_writes_the_mlp_norm(mode, monkeypatch):
     assert calls == unfused * layers
 
 
+@pytest.mark.parametrize("mode", ["orthros", "full"])
+def test_head_gemv_takes_the_final_norm_as_its_prologue(mode, monkeypatch):
+    """``ORTHROS_HEAD_GEMV=1`` (:data:`~orthros.engine.engine.DECODE_HEAD_GEMV`): a decode step's
+    head is one more GEMV call, with the final norm as its prologue. Through ``"torch"`` (the same
+    ops) the logits equal the unfused engine's exactly, through ``"naive"`` and the kernel (the
+    interpreter) to float32 rounding; prefill's head is untouched."""
+    import orthros.engine.engine as engine_mod
+    import orthros.ops.gemv as g
+
+    m = _model(mode)
+    want = _decode_logits(m, steps=2)
+    monkeypatch.setattr(engine_mod, "DECODE_HEAD_GEMV", True)
+    calls = []
+    real = g.gemv
+
+    def spy(x, weight, bias=None, backend="auto", **kw):
+        calls.append((tuple(weight.shape), kw.get("norm_weight") is m.model.norm.weight))
+        return real(x, weight, bias, backend, **kw)
+
+    monkeypatch.setattr(g, "gemv", spy)
+    assert torch.equal(_decode_logits(m, steps=2, gemv="torch"), want)
+    head = (tuple(m.lm_head.weight.shape), True)
+    per_step = len(calls) // 2
+    assert calls.count(head) == 2 and calls[per_step - 1] == head and calls[-1] == head
+    torch.testing.assert_close(_decode_logits(m, steps=2, gemv="naive"), want, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(_decode_logits(m, steps=2, gemv="triton"), want, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("bad,match", [("cuda", "gemv must be None, True, False or a GEMV backend"),
                                        (1, "gemv must be None, True, False or a GEMV backend")])
 def test_bad_gemv_is_refused(bad, match):
@@ -160,11 +188,16 @@ def test_compiled_engine_calls_the_fused_op_inside_its_graphs():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("mode", ["orthros", "full"])
 @pytest.mark.parametrize("compile", [False, True])
-def test_gpu_engine_with_the_kernel_matches_the_unfused_engine(mode, compile):
+@pytest.mark.parametrize("head", [False, True])
+def test_gpu_engine_with_the_kernel_matches_the_unfused_engine(mode, compile, head, monkeypatch):
     """On the GPU, bf16, Triton attention: ``Engine(gemv=True)`` (the kernel, the tensor-core form
-    for the Orthros pair's 2 rows and the CUDA-core form for 1) against the unfused engine,
+    for the Orthros pair's 2 rows and the CUDA-core form for 1; ``head``: the head's GEMV too,
+    :data:`~orthros.engine.engine.DECODE_HEAD_GEMV`) against the unfused engine,
     both fed the same tokens (the unfused run's greedy ones), eager and CUDA-graph compiled.
     The decode timings of benchmarks/roofline.py --gemv do not compare outputs: this does."""
+    import orthros.engine.engine as engine_mod
+
+    monkeypatch.setattr(engine_mod, "DECODE_HEAD_GEMV", head)
     torch.manual_seed(0)
     m = tiny_model(0, dtype=torch.bfloat16, hidden_size=256, intermediate_size=512, head_dim=64,
                    num_attention_heads=4, num_key_value_heads=2, window_size=16, qk_norm=True,
