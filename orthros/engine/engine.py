@@ -37,7 +37,7 @@ import torch
 from ..layers import StepInputs
 from ..kinds import has_output_stream, resolve_mode
 from ..layers.common import linear
-from ..layers.step import call as _eager
+from ..layers.step import append_output_tokens, call as _eager
 from ..utils import check_positive_int
 from ..ops.gemv import GEMV_BACKENDS
 from .cache import StaticKVCache
@@ -353,7 +353,7 @@ class Engine:
         step = StepInputs(n_base=T, rope_base=rope, rope_out=(rope[0][:, -1:], rope[1][:, -1:]), out_rel=out_rel,
                           output_tokens=self.output_tokens, mode=self.mode, run=self._run,
                           cache=self.cache.prefill_view(r0, r1, P, T, self.window))
-        h = m.run_layers(_embed(self.model, ids, step), step)
+        h = m.run_layers(step.with_output_tokens(m.embed_tokens(ids)), step)
         return self._head(self.model, h[:, -1:]) if final_chunk else None
 
     # ----------------------------------------------------------------- decode
@@ -379,12 +379,13 @@ class Engine:
         tokens' K/V at ``lens``, advances ``lens`` in place, returns next-token logits ``[bs, V]``
         (float32). Needs ``lens + 1 <= span``."""
         bs = tokens.shape[0]
-        rope = self._run_decode(_rope_rows, *self._rope_table, lens.view(bs, 1))
         # the decoupled pair of paper Section 3.1: [base token, output token] per row
+        h, rope = self._run_decode(_decode_inputs, self.model, tokens.view(bs, 1), *self._rope_table, lens.view(bs, 1),
+                                   self._last_row, self.output_tokens)
         step = StepInputs(n_base=1, rope_base=rope, rope_out=rope, out_rel=self._last_row,
                           output_tokens=self.output_tokens, mode=self.mode, run=self._run_decode, gemv=self.gemv,
                           cache=self.cache.decode_view(self._arange[:bs], lens, span, self.qkv_kernel))
-        h = self.model.model.run_layers(self._run_decode(_embed, self.model, tokens.view(bs, 1), step), step)
+        h = self.model.model.run_layers(h, step)
         logits = self._head(self.model, h[:, -1:], self.gemv if DECODE_HEAD_GEMV else None)
         lens.add_(1)
         return logits
@@ -563,15 +564,11 @@ class Engine:
         return rows_out
 
 
-def _embed(model, ids, step: StepInputs):
-    """A forward's first piece: the embeddings of ``ids [B, T]`` with the output tokens
-    appended (paper Algorithm 2). A decode step runs it compiled: one launch."""
-    return step.with_output_tokens(model.model.embed_tokens(ids))
-
-
-def _rope_rows(cos, sin, pos):
-    """Rows ``pos [B, T]`` of the RoPE tables ``cos, sin [L, R]``: ``([B, T, R], [B, T, R])``."""
-    return cos[pos], sin[pos]
+def _decode_inputs(model, ids, cos, sin, pos, out_rel, output_tokens: bool):
+    """A decode step's first piece (compiled: one launch): the embeddings of ``ids [B, 1]`` with
+    the output tokens appended (paper Algorithm 2, :func:`append_output_tokens`), and the rows
+    ``pos [B, 1]`` of the RoPE tables ``cos, sin [L, R]`` (``[B, 1, R]`` each)."""
+    return append_output_tokens(model.model.embed_tokens(ids), out_rel, output_tokens), (cos[pos], sin[pos])
 
 
 def _lm_head(model, h, gemv=None):
@@ -609,9 +606,10 @@ DECODE_COMPILE_OPTIONS = {"realize_reads_threshold": 5, "combo_kernels": True}
 DECODE_QKV_KERNEL = True
 
 # Engine(gemv=...) on: the decode step's head (final norm and lm_head) as one fused GEMV, not the
-# norm kernel and cuBLAS (ORTHROS_HEAD_GEMV=1, read at import; docs/performance.md, inference
-# change 27).
-DECODE_HEAD_GEMV = os.environ.get("ORTHROS_HEAD_GEMV", "0") == "1"
+# norm kernel and cuBLAS; measured on an H200, the 1K step 0.013-0.015 ms faster for the pair
+# and the Transformer (docs/performance.md, inference change 27). ORTHROS_HEAD_GEMV=0 (read at
+# import) turns it off.
+DECODE_HEAD_GEMV = os.environ.get("ORTHROS_HEAD_GEMV", "1") == "1"
 
 
 def _compiled(fn, options=None):

@@ -92,9 +92,7 @@ class StepInputs:
 
     def gather_out_rows(self, x: torch.Tensor) -> torch.Tensor:
         """Rows of ``x [B, n_base, ...]`` at the output positions."""
-        idx = self.out_rel.expand(x.shape[0], -1)
-        idx = idx.view(*idx.shape, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:])
-        return torch.gather(x, 1, idx)
+        return gather_rows(x, self.out_rel)
 
     def output_rows(self, h: torch.Tensor) -> torch.Tensor:
         """The rows the logits are computed from: the output tokens, or (no output stream) the
@@ -103,7 +101,21 @@ class StepInputs:
 
     def with_output_tokens(self, h: torch.Tensor) -> torch.Tensor:
         """Algorithm 2: append a copy of the base embedding at every output position."""
-        return torch.cat([h, self.gather_out_rows(h)], dim=1) if self.output_tokens else h
+        return append_output_tokens(h, self.out_rel, self.output_tokens)
+
+
+def gather_rows(x: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:
+    """Rows ``rel [1 or B, T_out]`` of ``x [B, T, ...]`` along dim 1: ``[B, T_out, ...]``."""
+    idx = rel.expand(x.shape[0], -1)
+    idx = idx.view(*idx.shape, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:])
+    return torch.gather(x, 1, idx)
+
+
+def append_output_tokens(h: torch.Tensor, out_rel: torch.Tensor, output_tokens: bool) -> torch.Tensor:
+    """Algorithm 2 (:meth:`StepInputs.with_output_tokens`, which a compiled piece that runs before
+    its step exists calls as this function): with ``output_tokens``, a copy of the base
+    embedding ``h [B, n_base, d]`` at every output position ``out_rel`` appended along dim 1."""
+    return torch.cat([h, gather_rows(h, out_rel)], dim=1) if output_tokens else h
 
 
 class DenseKV:

@@ -230,15 +230,19 @@ def test_set_lengths_and_step_api():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_rope_rows_come_from_the_table(dtype):
-    """A decode step gathers its RoPE rows from the table the engine builds once: the values the
-    step computed before (``_rope`` at each row's position, cast as the fused layers' ``q``/``k``),
-    for every position of the cache."""
-    from orthros.engine.engine import _rope_rows
+    """A decode step's first piece gathers its RoPE rows from the table the engine builds once:
+    the values the step computed before (``_rope`` at each row's position, cast as the fused
+    layers' ``q``/``k``), for every position of the cache; and the pair's embeddings."""
+    from orthros.engine.engine import _decode_inputs
 
     m = tiny_model(dtype=dtype)
     eng = Engine(m, max_batch_size=2, max_seq_len=48)
     pos = torch.tensor([[0], [47]])
-    for got, want in zip(_rope_rows(*eng._rope_table, pos), eng._rope(pos)):
+    ids = torch.tensor([[3], [5]])
+    h, rope = _decode_inputs(m, ids, *eng._rope_table, pos, eng._last_row, True)
+    emb = m.model.embed_tokens(ids)
+    assert torch.equal(h, torch.cat([emb, emb], 1))  # the pair: [base token, output token]
+    for got, want in zip(rope, eng._rope(pos)):
         assert got.shape == want.shape == (2, 1, m.config.head_dim) and got.dtype == want.dtype == dtype
         torch.testing.assert_close(got, want, atol=0, rtol=0)
     cos, sin = eng._rope_table

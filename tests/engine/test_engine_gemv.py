@@ -54,7 +54,7 @@ def test_bias_and_untied_shapes_take_the_same_path():
 def test_gemv_reaches_every_fused_site(monkeypatch):
     """Each decode step calls the GEMV four times per attention layer, with the prologue or
     epilogue of its site: norm + QKV, o-projection + residual, norm + gate/up, SiLU + down +
-    residual."""
+    residual; then once for the head, with the final norm."""
     import orthros.ops.gemv as g
 
     calls = []
@@ -75,7 +75,8 @@ def test_gemv_reaches_every_fused_site(monkeypatch):
     # it, so gate/up runs without a norm prologue
     site = [(True, None, False, False), (False, None, True, True), (False, None, False, False),
             (False, "silu", True, False)]
-    assert calls == site * m.config.num_hidden_layers
+    head = [(True, None, False, False)]  # the final norm and the LM head (DECODE_HEAD_GEMV)
+    assert calls == site * m.config.num_hidden_layers + head
 
 
 @pytest.mark.parametrize("mode", ["orthros", "full"])
@@ -105,16 +106,17 @@ def test_o_projections_reduce_writes_the_mlp_norm(mode, monkeypatch):
     layers = m.config.num_hidden_layers
     fused, unfused = [(True, False), (False, True), (False, False), (False, False)], \
         [(True, False), (False, False), (True, False), (False, False)]
-    assert calls == fused * layers * 2
+    head = [(True, False)]  # each step's head: the final norm in its prologue
+    assert calls == (fused * layers + head) * 2
     calls.clear()
     torch.testing.assert_close(_decode_logits(m, steps=1, gemv="triton"), want[:2], atol=1e-4, rtol=1e-4)
-    assert calls == unfused * layers
+    assert calls == unfused * layers + head
 
 
 @pytest.mark.parametrize("mode", ["orthros", "full"])
 def test_head_gemv_takes_the_final_norm_as_its_prologue(mode, monkeypatch):
-    """``ORTHROS_HEAD_GEMV=1`` (:data:`~orthros.engine.engine.DECODE_HEAD_GEMV`): a decode step's
-    head is one more GEMV call, with the final norm as its prologue. Through ``"torch"`` (the same
+    """:data:`~orthros.engine.engine.DECODE_HEAD_GEMV` (on unless ``ORTHROS_HEAD_GEMV=0``): a
+    decode step's head is one more GEMV call, with the final norm as its prologue. Through ``"torch"`` (the same
     ops) the logits equal the unfused engine's exactly, through ``"naive"`` and the kernel (the
     interpreter) to float32 rounding; prefill's head is untouched."""
     import orthros.engine.engine as engine_mod
