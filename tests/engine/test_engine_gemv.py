@@ -115,10 +115,11 @@ def test_o_projections_reduce_writes_the_mlp_norm(mode, monkeypatch):
 
 @pytest.mark.parametrize("mode", ["orthros", "full"])
 def test_head_gemv_takes_the_final_norm_as_its_prologue(mode, monkeypatch):
-    """:data:`~orthros.engine.engine.DECODE_HEAD_GEMV` (on unless ``ORTHROS_HEAD_GEMV=0``): a
-    decode step's head is one more GEMV call, with the final norm as its prologue. Through ``"torch"`` (the same
-    ops) the logits equal the unfused engine's exactly, through ``"naive"`` and the kernel (the
-    interpreter) to float32 rounding; prefill's head is untouched."""
+    """:data:`~orthros.engine.engine.DECODE_HEAD_GEMV` (on unless ``ORTHROS_HEAD_GEMV=0``, set
+    here either way): a decode step's head is one more GEMV call, with the final norm as its
+    prologue, and prefill's head is not. Through ``"torch"`` (the same ops) the logits equal the
+    unfused engine's exactly, through ``"naive"`` and the kernel (the interpreter) to float32
+    rounding."""
     import orthros.engine.engine as engine_mod
     import orthros.ops.gemv as g
 
