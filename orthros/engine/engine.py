@@ -183,8 +183,8 @@ class Engine:
         attn = [layer.self_attn for layer in model.model.layers if hasattr(layer, "self_attn")]
         same = all(a.q_proj.weight.dtype == a.v_proj.weight.dtype == self.dtype for a in attn)
         self._rope_dtype = self.dtype if same else None
-        # every cache position's RoPE rows, once: a decode step gathers its rows in one launch
-        # where computing them took nine (docs/performance.md, inference change 27)
+        # every cache position's RoPE rows, once: prefill slices them, a decode step gathers its
+        # rows in one launch where computing them took nine (docs/performance.md, inference change 27)
         cos, sin = self._rope(torch.arange(max_seq_len, device=self.device).view(1, -1))
         self._rope_table = (cos[0], sin[0])
         self.compile = compile
@@ -345,8 +345,7 @@ class Engine:
     def _forward_chunk(self, r0, r1, ids, P, final_chunk):
         m = self.model.model
         b, T = ids.shape
-        pos = torch.arange(P, P + T, device=self.device).view(1, T)
-        rope = self._rope(pos)
+        rope = tuple(t[P:P + T][None] for t in self._rope_table)  # [1, T, R] views of the engine's table
         # the engine's output position is always the chunk's last token (the prompt's, in the
         # final chunk): the cache views rely on it
         out_rel = torch.full((1, 1), T - 1, dtype=torch.long, device=self.device) if final_chunk else self._no_rows
@@ -358,9 +357,9 @@ class Engine:
 
     # ----------------------------------------------------------------- decode
     def _rope(self, pos: torch.Tensor):
-        """The step's RoPE tables; fused: in the dtype of every attention layer's q and k (the
-        model's, when all agree), the cast each layer's ``apply_rope`` would make, once (the
-        same values)."""
+        """RoPE rows at positions ``pos`` (what ``_rope_table`` holds for every cache position);
+        fused: in the dtype of every attention layer's q and k (the model's, when all agree), the
+        cast each layer's ``apply_rope`` would make, once (the same values)."""
         cos, sin = self.model.model.rotary_emb(pos)
         dt = self._rope_dtype if self.fuse else None
         return (cos.to(dt), sin.to(dt)) if dt is not None else (cos, sin)
