@@ -222,3 +222,97 @@ def test_gpu_engine_with_the_kernel_matches_the_unfused_engine(mode, compile, he
     assert torch.isfinite(got).all()
     # bf16 rounding of differently ordered sums; the logits are O(1)
     torch.testing.assert_close(got, want, atol=5e-2, rtol=5e-2)
+
+
+class _WarmSpy:
+    """Stands in for the engine's :class:`~orthros.engine.cache.L2Warm` (which needs CUDA)."""
+
+    def __init__(self):
+        self.calls, self.joins = [], 0
+
+    def __call__(self, weight, rows, *, busy=0):
+        self.calls.append((weight, rows, busy))
+
+    def join(self):
+        self.joins += 1
+
+
+@pytest.mark.parametrize("mode", ["orthros", "full"])
+def test_decode_view_names_w_o_to_its_warm_up_beside_each_attention_kernel(mode):
+    """With fused GEMVs and the QKV kernel, each decode step hands its ``L2Warm`` (the engine's
+    ``_warm``; here a spy) every attention layer's W_O weight with the rows its GEMV reads (the
+    pair's two a row, the last layer's output row, the Transformer's one) and the bytes of K/V
+    its attention kernel reads over the step's span, and joins once, after the head; prefill
+    never calls it. The logits are those of the engine without it."""
+    m = _model(mode)
+    eng = Engine(m, max_batch_size=2, max_seq_len=40, gemv="torch", qkv_kernel=True)
+    want = _decode_logits(m, steps=2, gemv="torch", qkv_kernel=True)
+    eng._warm = spy = _WarmSpy()
+    got = [eng.prefill(PROMPTS)]
+    assert spy.calls == [] and spy.joins == 0
+    for _ in range(2):
+        got.append(eng.step(got[-1].argmax(-1)))
+    assert torch.equal(torch.stack(got), want)
+    layers = m.model.layers
+    per_row = [1 if mode == "full" else 1 if i == len(layers) - 1 else 2 for i in range(len(layers))]
+    span = min(512, 40)  # the smallest span (MIN_SPAN), capped at max_seq_len
+    kv = 2 * 2 * span * m.config.num_key_value_heads * m.config.head_dim * 4  # K and V of 2 rows, fp32
+    assert [(w, r, b) for w, r, b in spy.calls[:len(layers)]] == \
+        [(layer.self_attn.o_proj.weight, 2 * n, kv) for layer, n in zip(layers, per_row)]
+    assert len(spy.calls) == 2 * len(layers) and spy.joins == 2
+
+
+def test_l2_warm_is_off_by_default_and_needs_cuda_fused_gemvs_and_the_qkv_kernel(monkeypatch):
+    """``DECODE_WARM_BYTES`` (``ORTHROS_DECODE_WARM_MB``) 0 by default: no ``L2Warm``; set, only a
+    CUDA engine with fused GEMVs and the QKV kernel makes one; a bad value is refused at import,
+    naming the variable."""
+    import subprocess
+    import sys
+
+    import orthros.engine.engine as engine_mod
+
+    assert Engine(_model(), gemv="torch", qkv_kernel=True)._warm is None
+    monkeypatch.setattr(engine_mod, "DECODE_WARM_BYTES", 2 ** 20)
+    assert Engine(_model(), gemv="torch", qkv_kernel=True)._warm is None  # a CPU model
+    r = subprocess.run([sys.executable, "-c", "import orthros.engine.engine"], capture_output=True, text=True,
+                       env={**__import__("os").environ, "ORTHROS_DECODE_WARM_MB": "lots"})
+    assert r.returncode != 0 and "ORTHROS_DECODE_WARM_MB must be a number of megabytes" in r.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", ["orthros", "full"])
+@pytest.mark.parametrize("compile", [False, True])
+def test_gpu_l2_warm_changes_no_logit(mode, compile, monkeypatch):
+    """On the GPU, bf16, fused GEMVs, the QKV kernel, CUDA graphs (the side stream's launches
+    captured in each step's graph, joined at its end): the engine with W_O's band read into L2
+    beside each attention kernel gives the same logits, bit for bit, as without, fed the same
+    tokens; and it did launch (its sink written)."""
+    import orthros.engine.engine as engine_mod
+
+    torch.manual_seed(0)
+    m = tiny_model(0, dtype=torch.bfloat16, hidden_size=256, intermediate_size=512, head_dim=64,
+                   num_attention_heads=4, num_key_value_heads=2, window_size=16, qk_norm=True,
+                   num_hidden_layers=2, attention_mode=mode, vocab_size=512).cuda()
+    prompts = [[(7 * i + 3) % 500 + 1 for i in range(40)], [(5 * i + 1) % 500 + 1 for i in range(23)]]
+
+    def run(tokens=None):
+        eng = Engine(m, max_batch_size=2, max_seq_len=96, compile=compile, gemv=True, qkv_kernel=True)
+        if eng._warm is not None:
+            eng._warm.sink.fill_(float("nan"))
+        out = [eng.prefill(prompts)]
+        fed = []
+        for s in range(6):
+            t = out[-1].argmax(-1) if tokens is None else tokens[s]
+            fed.append(t)
+            out.append(eng.step(t))
+        torch.cuda.synchronize()
+        return torch.stack(out).float(), fed, eng
+
+    want, fed, eng = run()
+    assert eng._warm is None
+    monkeypatch.setattr(engine_mod, "DECODE_WARM_BYTES", 2 ** 20)
+    got, _, eng = run(tokens=fed)
+    assert eng._warm is not None and eng.cuda_graphs and len(eng._graphs) > 0
+    assert torch.isfinite(eng._warm.sink[:1]).all()
+    assert torch.equal(got, want)
