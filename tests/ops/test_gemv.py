@@ -316,23 +316,23 @@ def test_warm_band_is_the_back_of_each_k_slice_within_the_budget():
 @pytest.mark.parametrize("M,N,K,budget", [(2, 96, 512, 96 * 2 * 128 * 2), (1, 130, 320, 130 * 128 * 3),
                                           (2, 40, 200, 10 ** 9), (2, 64, 1600, 64 * 4 * 128 * 3)])
 def test_warm_l2_reads_exactly_the_band(M, N, K, budget):
-    """Each warm-up program's sink value is the float32 sum of one element of every 32-byte
-    sector of the band's lines in its rows (the back of each K slice, the last slice ending at
-    K): the kernel reads those bytes and no others (ragged N and a short last slice included)."""
+    """Each warm-up program's sink value is the float32 sum of the band's elements in its rows
+    (the back of each K slice, the last slice ending at K): the kernel reads those bytes and no
+    others (ragged N and a short last slice included)."""
     from orthros.ops.gemv.kernel import warm_band, warm_l2
 
     w = torch.randn(N, K, generator=torch.Generator().manual_seed(1)).to(DEV, torch.bfloat16)
     sink = torch.full((128,), float("nan"), device=DEV)
     band = warm_band(M, N, K, budget, 2)
     assert band and warm_l2(w, M, budget, sink)
-    ks, step, lines = band["k_slice"], band["step"], band["lines"]
+    ks, width = band["k_slice"], band["lines"] * band["step"]
     cols = []
     for start in range(0, band["slices"] * ks, ks):
         end = min(start + ks, K)
-        cols += [c + e for c in range(end - lines * step, end, step) if c >= start for e in range(0, step, 16)]
+        cols += range(max(start, end - width), end)
     cols = torch.tensor(cols, dtype=torch.long, device=DEV)
     per_row = w.float()[:, cols].sum(1)
-    R = 1 << (-(-N // 128) - 1).bit_length() if N > 128 else 1
+    R = 1 << (-(-N // gk.WARM_PROGRAMS) - 1).bit_length() if N > gk.WARM_PROGRAMS else 1
     want = torch.stack([per_row[i:i + R].sum() for i in range(0, N, R)])
     torch.testing.assert_close(sink[:want.numel()], want, rtol=1e-5, atol=1e-4)
     with pytest.raises(ValueError, match="sink"):

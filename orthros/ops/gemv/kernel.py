@@ -341,25 +341,26 @@ def _gemv_reduce_norm(P, B, Y, R, NW, YN, MN, N, srm, eps, SPLIT: tl.constexpr, 
 
 
 @triton.jit
-def _warm_kernel(W, SINK, N, K, stride, k_slice, R: tl.constexpr, C: tl.constexpr, NC: tl.constexpr,
-                 LINES: tl.constexpr, STEP: tl.constexpr, SECTOR: tl.constexpr):
+def _warm_kernel(W, SINK, N, K, stride, k_slice, R: tl.constexpr, RB: tl.constexpr, C: tl.constexpr,
+                 SLICES: tl.constexpr, WIDTH: tl.constexpr):
     """Program ``p`` reads the band :func:`warm_band` describes in weight rows ``[p R, p R + R)``:
-    the last ``LINES`` lines of ``STEP`` elements of each K slice (``k_slice`` apart, the last
-    one ending at ``K``; ``NC = slices * LINES`` lines a row), one element of each
-    ``SECTOR``-element (32-byte) sector, by ordinary loads, which leave the sectors in L2;
-    writes their float32 sum to ``SINK[p]`` (so the loads are used)."""
+    the last ``WIDTH`` elements of each of the ``SLICES`` K slices (``k_slice`` apart, the last
+    one ending at ``K``), ``RB`` rows x ``C >= WIDTH`` columns a load (coalesced, 16-byte
+    vectors), by ordinary loads, which leave the lines in L2; writes their float32 sum to
+    ``SINK[p]`` (so the loads are used)."""
     p = tl.program_id(0)
-    rows = p.to(tl.int64) * R + tl.arange(0, R)
-    j = tl.arange(0, C)
-    start = (j // LINES).to(tl.int64) * k_slice
-    end = tl.minimum(start + k_slice, K)
-    cols = end - (LINES - j % LINES) * STEP
-    ok = (rows < N)[:, None] & ((j < NC) & (cols >= start))[None, :]
-    ptrs = W + rows[:, None] * stride + cols[None, :]
-    acc = tl.zeros([R, C], tl.float32)
-    for e in tl.static_range(0, STEP, SECTOR):
-        acc += tl.load(ptrs + e, mask=ok, other=0.0).to(tl.float32)
-    tl.store(SINK + p, tl.sum(tl.sum(acc, 1), 0))
+    c = tl.arange(0, C)
+    acc = tl.zeros([RB], tl.float32)
+    for r0 in tl.static_range(0, R, RB):
+        rows = p.to(tl.int64) * R + r0 + tl.arange(0, RB)
+        for s in tl.static_range(SLICES):
+            start = s * k_slice
+            end = tl.minimum(start + k_slice, K)
+            cols = end - WIDTH + c
+            ok = (rows < N)[:, None] & ((c < WIDTH) & (cols >= start))[None, :]
+            x = tl.load(W + rows[:, None] * stride + cols[None, :], mask=ok, other=0.0)
+            acc += tl.sum(x.to(tl.float32), 1)
+    tl.store(SINK + p, tl.sum(acc, 0))
 
 
 # ============================================================================ configs
@@ -603,8 +604,9 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
 
 # ---------------------------------------------------------------- L2 warm-up (side stream)
 
-WARM_PROGRAMS = 128  # programs of a warm-up launch (at most; fewer for fewer weight rows)
-SECTOR_BYTES = 32
+# programs of a warm-up launch (at most; fewer for fewer weight rows); ORTHROS_DECODE_WARM_PROGRAMS (read at
+# import) sets it
+WARM_PROGRAMS = env_number("ORTHROS_DECODE_WARM_PROGRAMS", "128", int, "a positive int")
 
 
 def warm_band(M: int, N: int, K: int, budget: int, elem_bytes: int) -> dict:
@@ -642,10 +644,11 @@ def warm_l2(weight: torch.Tensor, M: int, budget: int, sink: torch.Tensor) -> bo
     if sink.numel() < grid or sink.dtype != torch.float32 or sink.device != weight.device:
         raise ValueError(f"sink must be a float32 tensor of >= {grid} elements on {weight.device}, got "
                          f"{sink.numel()} {sink.dtype} on {sink.device}")
-    nc = band["slices"] * band["lines"]
-    _warm_kernel[(grid,)](weight, sink, N, K, weight.stride(0), band["k_slice"], R=R, C=pow2(nc),
-                          NC=nc, LINES=band["lines"], STEP=band["step"],
-                          SECTOR=max(1, SECTOR_BYTES // weight.element_size()), num_warps=4)
+    width = band["lines"] * band["step"]
+    C = pow2(width)
+    RB = max(1, min(R, 16384 // C))  # ~32 KB of bf16 a load
+    _warm_kernel[(grid,)](weight, sink, N, K, weight.stride(0), band["k_slice"], R=R, RB=RB, C=C,
+                          SLICES=band["slices"], WIDTH=width, num_warps=4)
     return True
 
 
