@@ -317,8 +317,8 @@ def test_warm_band_is_the_back_of_each_k_slice_within_the_budget():
                                           (2, 40, 200, 10 ** 9), (2, 64, 1600, 64 * 4 * 128 * 3)])
 def test_warm_l2_reads_exactly_the_band(M, N, K, budget):
     """Each warm-up program's sink value is the float32 sum of the band's elements in its rows
-    (the back of each K slice, the last slice ending at K): the kernel reads those bytes and no
-    others (ragged N and a short last slice included)."""
+    (the back of each K slice; of a short last slice, what of those columns is below K): the
+    kernel reads those bytes and no others (ragged N and a short last slice included)."""
     from orthros.ops.gemv.kernel import warm_band, warm_l2
 
     w = torch.randn(N, K, generator=torch.Generator().manual_seed(1)).to(DEV, torch.bfloat16)
@@ -326,10 +326,8 @@ def test_warm_l2_reads_exactly_the_band(M, N, K, budget):
     band = warm_band(M, N, K, budget, 2)
     assert band and warm_l2(w, M, budget, sink)
     ks, width = band["k_slice"], band["lines"] * band["step"]
-    cols = []
-    for start in range(0, band["slices"] * ks, ks):
-        end = min(start + ks, K)
-        cols += range(max(start, end - width), end)
+    assert band["first"] == ks - width
+    cols = [c for start in range(0, band["slices"] * ks, ks) for c in range(start + ks - width, start + ks) if c < K]
     cols = torch.tensor(cols, dtype=torch.long, device=DEV)
     per_row = w.float()[:, cols].sum(1)
     R = 1 << (-(-N // gk.WARM_PROGRAMS) - 1).bit_length() if N > gk.WARM_PROGRAMS else 1

@@ -13,7 +13,7 @@ if [ "${TESTS:-1}" != 0 ]; then
   grep -E '^(FAILED|ERROR)' "$OUT/gpu_tests.log" | head -n 20 | tee -a "$OUT/log"
 fi
 i=0
-for v in ${VARIANTS-w0 w16 w16p32 w24 w0 w16 w16p32}; do
+for v in ${VARIANTS-w0 w12 w16 w0 w12 w16}; do
   i=$((i+1)); D=$OUT/$i-$v; mkdir -p "$D"
   mb=${v#w}; mb=${mb%p*}; pr=128; [[ $v == *p* ]] && pr=${v#*p}
   PYTHONPATH=$PWD ORTHROS_DECODE_WARM_MB=$mb ORTHROS_DECODE_WARM_PROGRAMS=$pr timeout -k 5 "${T_CELL:-75}" python3 benchmarks/roofline.py --sections decode --gemv \

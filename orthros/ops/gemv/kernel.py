@@ -341,23 +341,21 @@ def _gemv_reduce_norm(P, B, Y, R, NW, YN, MN, N, srm, eps, SPLIT: tl.constexpr, 
 
 
 @triton.jit
-def _warm_kernel(W, SINK, N, K, stride, k_slice, R: tl.constexpr, RB: tl.constexpr, C: tl.constexpr,
+def _warm_kernel(W, SINK, N, K, stride, k_slice, first, R: tl.constexpr, RB: tl.constexpr, C: tl.constexpr,
                  SLICES: tl.constexpr, WIDTH: tl.constexpr):
     """Program ``p`` reads the band :func:`warm_band` describes in weight rows ``[p R, p R + R)``:
-    the last ``WIDTH`` elements of each of the ``SLICES`` K slices (``k_slice`` apart, the last
-    one ending at ``K``), ``RB`` rows x ``C >= WIDTH`` columns a load (coalesced, 16-byte
-    vectors), by ordinary loads, which leave the lines in L2; writes their float32 sum to
-    ``SINK[p]`` (so the loads are used)."""
+    columns ``[first, first + WIDTH)`` of each of the ``SLICES`` K slices (``k_slice`` apart; of
+    the last one what is below ``K``), ``RB`` rows x ``C >= WIDTH`` columns a load, by ordinary
+    loads, which leave the lines in L2 (``first`` and ``k_slice`` multiples of 16 elements, so
+    the loads are 16-byte vectors); writes their float32 sum to ``SINK[p]`` (so they are used)."""
     p = tl.program_id(0)
     c = tl.arange(0, C)
     acc = tl.zeros([RB], tl.float32)
     for r0 in tl.static_range(0, R, RB):
         rows = p.to(tl.int64) * R + r0 + tl.arange(0, RB)
         for s in tl.static_range(SLICES):
-            start = s * k_slice
-            end = tl.minimum(start + k_slice, K)
-            cols = end - WIDTH + c
-            ok = (rows < N)[:, None] & ((c < WIDTH) & (cols >= start))[None, :]
+            cols = s * k_slice + first + c
+            ok = (rows < N)[:, None] & ((c < WIDTH) & (cols < K))[None, :]
             x = tl.load(W + rows[:, None] * stride + cols[None, :], mask=ok, other=0.0)
             acc += tl.sum(x.to(tl.float32), 1)
     tl.store(SINK + p, tl.sum(acc, 0))
@@ -612,10 +610,11 @@ WARM_PROGRAMS = env_number("ORTHROS_DECODE_WARM_PROGRAMS", "128", int, "a positi
 def warm_band(M: int, N: int, K: int, budget: int, elem_bytes: int) -> dict:
     """The band of a GEMV's weight (``M`` rows times ``[N, K]``, :func:`pick_config`'s launch)
     that :func:`warm_l2` reads within ``budget`` bytes: the *last* ``lines`` 128-byte lines of
-    each of the launch's K slices (``k_slice`` elements apart, the last ending at ``K``) of every
-    weight row: each program's last tiles, so a GEMV that starts before the read is over streams
-    the rest of its slice from HBM meanwhile, not the same lines twice. At most a slice; ``{}``
-    where not one line a row fits or ``M`` is outside ``1..8``."""
+    each of the launch's K slices (``k_slice`` elements apart, from column ``first`` of each;
+    of a shorter last slice, what is below ``K``) of every weight row: each program's last
+    tiles, so a GEMV that starts before the read is over streams the rest of its slice from HBM
+    meanwhile, not the same lines twice. At most a slice; ``{}`` where not one line a row fits
+    or ``M`` is outside ``1..8``."""
     if not 1 <= M <= MAX_M or N < 1 or K < 1:
         return {}
     split, k_per_split = split_k(pick_config(M, N, K), K)
@@ -623,7 +622,8 @@ def warm_band(M: int, N: int, K: int, budget: int, elem_bytes: int) -> dict:
     lines = min(int(budget) // (N * split * LINE_BYTES), k_per_split // step)
     if lines < 1:
         return {}
-    return {"lines": lines, "step": step, "k_slice": k_per_split, "slices": split}
+    return {"lines": lines, "step": step, "k_slice": k_per_split, "slices": split,
+            "first": k_per_split - lines * step}
 
 
 def warm_l2(weight: torch.Tensor, M: int, budget: int, sink: torch.Tensor) -> bool:
@@ -647,7 +647,7 @@ def warm_l2(weight: torch.Tensor, M: int, budget: int, sink: torch.Tensor) -> bo
     width = band["lines"] * band["step"]
     C = pow2(width)
     RB = max(1, min(R, 16384 // C))  # ~32 KB of bf16 a load
-    _warm_kernel[(grid,)](weight, sink, N, K, weight.stride(0), band["k_slice"], R=R, RB=RB, C=C,
+    _warm_kernel[(grid,)](weight, sink, N, K, weight.stride(0), band["k_slice"], band["first"], R=R, RB=RB, C=C,
                           SLICES=band["slices"], WIDTH=width, num_warps=4)
     return True
 
