@@ -18,9 +18,7 @@ over what the view covers):
   instead of two ``index_put`` kernels per layer. With ``qkv_kernel`` it goes further: an
   attention layer hands the raw QKV projection to :meth:`DecodeView.attend_qkv`, whose kernel
   applies the q/k norms, scale-offset and RoPE, writes the token's K/V and attends, all in one
-  launch (:func:`orthros.ops.decode.orthros_decode_qkv_attention`). A decode view given an
-  :class:`L2Warm` also reads part of the weight the layer streams next (``W_O``) into L2 on a
-  side stream while that kernel runs.
+  launch (:func:`orthros.ops.decode.orthros_decode_qkv_attention`).
 """
 
 from __future__ import annotations
@@ -79,9 +77,8 @@ class StaticKVCache:
     def prefill_view(self, r0: int, r1: int, P: int, T: int, window: int) -> "PrefillView":
         return PrefillView(self, r0, r1, P, T, window)
 
-    def decode_view(self, rows: torch.Tensor, lens: torch.Tensor, span: int, qkv_kernel: bool = False,
-                    warm: "L2Warm" = None) -> "DecodeView":
-        return DecodeView(self, rows, lens, span, qkv_kernel, warm)
+    def decode_view(self, rows: torch.Tensor, lens: torch.Tensor, span: int, qkv_kernel: bool = False) -> "DecodeView":
+        return DecodeView(self, rows, lens, span, qkv_kernel)
 
 
 class PrefillView:
@@ -125,14 +122,11 @@ class DecodeView:
     """Rows ``0:bs`` of the cache, one new token per row written at ``lens`` (static shapes).
     ``qkv_kernel``: attention layers may hand their raw QKV projection to :meth:`attend_qkv`
     (the layer decides, :class:`orthros.layers.attention.RawQKV`); a layer that does not is
-    written by :meth:`update`. ``warm`` (an :class:`L2Warm`): :meth:`attend_qkv` reads a band of
-    the layer's next weight into L2 beside its kernel."""
+    written by :meth:`update`."""
 
-    def __init__(self, cache: StaticKVCache, rows, lens, span: int, qkv_kernel: bool = False,
-                 warm: "L2Warm" = None):
+    def __init__(self, cache: StaticKVCache, rows, lens, span: int, qkv_kernel: bool = False):
         self.cache, self.rows, self.lens, self.span = cache, rows, lens, span
         self.qkv_kernel = qkv_kernel
-        self.warm = warm
         self._slotted = set()  # layers whose K/V the token-wise piece writes (write_slot)
 
     @functools.cached_property
@@ -184,53 +178,14 @@ class DecodeView:
                                      stacked=True)
         return o[:, 1:] if q is None else o[:, :1] if q_full is None else o
 
-    def attend_qkv(self, i: int, qkv, *, keep, backend: str, next_gemv=None, **prologue):
+    def attend_qkv(self, i: int, qkv, *, keep, backend: str, **prologue):
         """Layer ``i``'s step from its raw QKV rows (``prologue``: the arguments of
         :func:`~orthros.ops.decode.orthros_decode_qkv_attention`): writes the token's K/V at
-        ``lens`` and returns the rows of the streams ``keep = (window, full)`` keeps.
-        ``next_gemv = (weight, rows)``: the GEMV that reads the result (``W_O``), for the
-        view's :class:`L2Warm`."""
+        ``lens`` and returns the rows of the streams ``keep = (window, full)`` keeps."""
         kc, vc = self._buffers(i)
-        if self.warm is not None and next_gemv is not None:
-            self.warm(*next_gemv, busy=2 * kc.numel() * kc.element_size())
         o = orthros_decode_qkv_attention(qkv, kc, vc, self.lens, backend=backend, **prologue)
         window, full = keep
         return o if window and full else o[:, :1] if window else o[:, 1:]
 
 
-class L2Warm:
-    """Reads, on a side stream, a band of the weight a decode step's next GEMV streams
-    (:func:`orthros.ops.gemv.kernel.warm_l2`), launched where the step's own stream leaves HBM
-    nearly idle: beside a decode attention kernel, which reads only the span's K/V (``busy``
-    bytes) and is bound by its latency. The GEMV behind the attention then hits L2 for the
-    band. ``budget`` bytes a layer, less ``busy`` (nothing where the attention's own K/V fill
-    it). Every launch forks from the step's stream at that point (the side waits for what ran
-    before, e.g. the QKV GEMV); :meth:`join` makes the step's stream wait for them, once per
-    step (a CUDA graph's capture must end joined). The weight is only read: the step's results
-    are the same with or without it (docs/performance.md, inference change 28)."""
-
-    def __init__(self, device, budget: int):
-        from ..ops.gemv import kernel  # Triton: imported only where a CUDA engine asks for this
-
-        self._kernel = kernel
-        self.budget = int(budget)
-        self.stream = torch.cuda.Stream(device)
-        self.sink = torch.empty(kernel.WARM_PROGRAMS, dtype=torch.float32, device=device)
-        self._forked = False
-
-    def __call__(self, weight: torch.Tensor, rows: int, *, busy: int = 0) -> None:
-        budget = self.budget - busy
-        if budget <= 0 or not self._kernel.warm_band(rows, *weight.shape, budget, weight.element_size()):
-            return
-        self.stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(self.stream):
-            self._kernel.warm_l2(weight, rows, budget, self.sink)
-        self._forked = True
-
-    def join(self) -> None:
-        if self._forked:
-            torch.cuda.current_stream().wait_stream(self.stream)
-            self._forked = False
-
-
-__all__ = ["StaticKVCache", "PrefillView", "DecodeView", "L2Warm"]
+__all__ = ["StaticKVCache", "PrefillView", "DecodeView"]

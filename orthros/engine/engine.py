@@ -40,7 +40,7 @@ from ..layers.common import linear
 from ..layers.step import append_output_tokens, call as _eager
 from ..utils import check_positive_int
 from ..ops.gemv import GEMV_BACKENDS
-from .cache import L2Warm, StaticKVCache
+from .cache import StaticKVCache
 from .sampling import SamplingParams, sample
 
 DEFAULT_PREFILL_CHUNK = 16384
@@ -180,11 +180,6 @@ class Engine:
         if qkv_kernel is None:
             qkv_kernel = DECODE_QKV_KERNEL and fuse and self.device.type == "cuda"
         self.qkv_kernel = bool(qkv_kernel)
-        # W_O's band read into L2 on a side stream beside each decode attention kernel (fused GEMVs
-        # and the QKV kernel on CUDA; DECODE_WARM_BYTES)
-        self._warm = L2Warm(self.device, DECODE_WARM_BYTES) if (
-            DECODE_WARM_BYTES > 0 and self.gemv is not None and self.qkv_kernel and self.device.type == "cuda") \
-            else None
         attn = [layer.self_attn for layer in model.model.layers if hasattr(layer, "self_attn")]
         same = all(a.q_proj.weight.dtype == a.v_proj.weight.dtype == self.dtype for a in attn)
         self._rope_dtype = self.dtype if same else None
@@ -388,12 +383,10 @@ class Engine:
                                    self._last_row, self.output_tokens)
         step = StepInputs(n_base=1, rope_base=rope, rope_out=rope, out_rel=self._last_row,
                           output_tokens=self.output_tokens, mode=self.mode, run=self._run_decode, gemv=self.gemv,
-                          cache=self.cache.decode_view(self._arange[:bs], lens, span, self.qkv_kernel, self._warm))
+                          cache=self.cache.decode_view(self._arange[:bs], lens, span, self.qkv_kernel))
         h = self.model.model.run_layers(h, step)
         logits = self._head(self.model, h[:, -1:], self.gemv if DECODE_HEAD_GEMV else None)
         lens.add_(1)
-        if self._warm is not None:
-            self._warm.join()
         return logits
 
     def _step_fn(self, bs: int, need: int) -> Callable[[], torch.Tensor]:
@@ -616,16 +609,6 @@ DECODE_QKV_KERNEL = True
 # and the Transformer (docs/performance.md, inference change 27). ORTHROS_HEAD_GEMV=0 (read at
 # import) turns it off.
 DECODE_HEAD_GEMV = os.environ.get("ORTHROS_HEAD_GEMV", "1") == "1"
-
-# Engine(gemv=..., qkv_kernel=...) on CUDA: bytes a layer of W_O's weight read into L2 on a side
-# stream while the decode attention kernel leaves HBM idle, less that kernel's K/V bytes
-# (:class:`~orthros.engine.cache.L2Warm`, docs/performance.md inference change 28). 0 (the
-# default until measured): none. ORTHROS_DECODE_WARM_MB (megabytes, read at import) sets it.
-try:
-    DECODE_WARM_BYTES = int(float(os.environ.get("ORTHROS_DECODE_WARM_MB", "0")) * 2 ** 20)
-except ValueError:
-    raise ValueError(f"ORTHROS_DECODE_WARM_MB must be a number of megabytes, got "
-                     f"{os.environ['ORTHROS_DECODE_WARM_MB']!r}") from None
 
 
 def _compiled(fn, options=None):

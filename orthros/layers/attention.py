@@ -308,10 +308,8 @@ class OrthrosAttention(FusedProjections, nn.Module):
             out = (self.alpha_out, self.beta_out)
             so = ((self.alpha, self.beta) if p.window else out) + out
         norm = self.q_norm
-        # W_O's GEMV reads the kept rows next (a cache may read part of its weight into L2 meanwhile)
-        nxt = (self.o_proj.weight, p.qkv.shape[0] * (p.window + p.full)) if step.gemv is not None else None
         return step.cache.attend_qkv(
-            self.layer_idx, p.qkv, num_heads=self.num_heads, q_rows=p.q_rows, keep=(p.window, p.full), next_gemv=nxt,
+            self.layer_idx, p.qkv, num_heads=self.num_heads, q_rows=p.q_rows, keep=(p.window, p.full),
             rope=step.rope_base, window_size=self.window_size, scale=self.scale,
             q_norm=None if norm is None else norm.weight, k_norm=None if norm is None else self.k_norm.weight,
             eps=1e-6 if norm is None else norm.eps, scale_offset=so, backend=self.backend), None

@@ -22,12 +22,10 @@ cache object's business:
   ``torch.compile`` the write fuses with the RoPE that produced K (no kernels of its own);
   ``update`` then only returns the buffers. A cache without ``write_slot`` writes in ``update``;
 * optional, ``cache.qkv_kernel`` (True) and ``cache.attend_qkv(layer_idx, qkv, keep=..., backend=...,
-  next_gemv=..., **prologue)``: a cache whose kernel runs the q/k norms, scale-offset, RoPE and the K/V write
+  **prologue)``: a cache whose kernel runs the q/k norms, scale-offset, RoPE and the K/V write
   itself (the engine's decode view under ``Engine(qkv_kernel)``) takes the fused QKV
   projection's raw rows instead (:class:`orthros.layers.attention.RawQKV`); it then hands out no
-  write slot, and a layer that does not use it is written by ``update``. Under ``step.gemv`` the
-  layer also names the GEMV that reads the result, ``next_gemv=(W_O weight, rows)``, which the
-  cache may read ahead into L2 while its kernel runs (the engine's ``L2Warm``).
+  write slot, and a layer that does not use it is written by ``update``.
 
 :class:`DenseKV` is the HF path's cache (whole sequences, optionally an HF ``Cache``); the
 engine's static cache and the sequence-parallel shard cache implement the same two methods.

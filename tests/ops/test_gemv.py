@@ -294,52 +294,6 @@ def test_auto_picks_torch_where_the_kernel_does_not_apply():
     assert torch.equal(gemv(x.view(3, 3, 0), w, backend="auto"), torch.zeros(3, 3, 8, device=DEV))
 
 
-def test_warm_band_is_the_back_of_each_k_slice_within_the_budget():
-    """The L2 warm-up's band: the last ``lines`` 128-byte lines of each of the GEMV's K slices
-    (W_O at M = 2: 4 slices of 1024; at M = 1: one of 4096), within the budget, at most a slice;
-    empty where not one line a row fits or there is no Triton GEMV (M > 8)."""
-    from orthros.ops.gemv.kernel import warm_band
-
-    mb = 2 ** 20
-    b = warm_band(2, 4096, 4096, 16 * mb, 2)
-    assert (b["slices"], b["k_slice"], b["lines"], b["step"]) == (4, 1024, 8, 64)
-    b = warm_band(1, 4096, 4096, 16 * mb, 2)
-    assert (b["slices"], b["k_slice"], b["lines"]) == (1, 4096, 32)
-    assert warm_band(2, 4096, 4096, 64 * mb, 2)["lines"] == 16  # capped at the slice: the whole weight
-    for budget in (3 * mb, 17 * mb, 40 * mb):
-        b = warm_band(2, 4096, 4096, budget, 2)
-        assert 4096 * b["slices"] * b["lines"] * 128 <= budget
-    assert warm_band(2, 4096, 4096, 4096 * 4 * 128 - 1, 2) == {}
-    assert warm_band(9, 4096, 4096, 16 * mb, 2) == {}
-
-
-@pytest.mark.parametrize("M,N,K,budget", [(2, 96, 512, 96 * 2 * 128 * 2), (1, 130, 320, 130 * 128 * 3),
-                                          (2, 40, 200, 10 ** 9), (2, 64, 1600, 64 * 4 * 128 * 3)])
-def test_warm_l2_reads_exactly_the_band(M, N, K, budget):
-    """Each warm-up program's sink value is the float32 sum of the band's elements in its rows
-    (the back of each K slice; of a short last slice, what of those columns is below K): the
-    kernel reads those bytes and no others (ragged N and a short last slice included)."""
-    from orthros.ops.gemv.kernel import warm_band, warm_l2
-
-    w = torch.randn(N, K, generator=torch.Generator().manual_seed(1)).to(DEV, torch.bfloat16)
-    sink = torch.full((128,), float("nan"), device=DEV)
-    band = warm_band(M, N, K, budget, 2)
-    assert band and warm_l2(w, M, budget, sink)
-    ks, width = band["k_slice"], band["lines"] * band["step"]
-    assert band["first"] == ks - width
-    cols = [c for start in range(0, band["slices"] * ks, ks) for c in range(start + ks - width, start + ks) if c < K]
-    cols = torch.tensor(cols, dtype=torch.long, device=DEV)
-    per_row = w.float()[:, cols].sum(1)
-    R = 1 << (-(-N // gk.WARM_PROGRAMS) - 1).bit_length() if N > gk.WARM_PROGRAMS else 1
-    want = torch.stack([per_row[i:i + R].sum() for i in range(0, N, R)])
-    torch.testing.assert_close(sink[:want.numel()], want, rtol=1e-5, atol=1e-4)
-    with pytest.raises(ValueError, match="sink"):
-        warm_l2(w, M, budget, torch.empty(0, device=DEV))
-    with pytest.raises(ValueError, match="weight"):
-        warm_l2(w.t(), M, budget, sink)
-    assert not warm_l2(w, M, 0, sink)
-
-
 # ------------------------------------------------------------------ sm_90 code, compiled on the CPU
 
 # Triton compiles for a GPU target without a GPU (ptxas ships in the wheel). In a fresh process:

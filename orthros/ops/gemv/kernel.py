@@ -340,27 +340,6 @@ def _gemv_reduce_norm(P, B, Y, R, NW, YN, MN, N, srm, eps, SPLIT: tl.constexpr, 
     tl.store(YN + m * N + cols, yn, mask=ok)
 
 
-@triton.jit
-def _warm_kernel(W, SINK, N, K, stride, k_slice, first, R: tl.constexpr, RB: tl.constexpr, C: tl.constexpr,
-                 SLICES: tl.constexpr, WIDTH: tl.constexpr):
-    """Program ``p`` reads the band :func:`warm_band` describes in weight rows ``[p R, p R + R)``:
-    columns ``[first, first + WIDTH)`` of each of the ``SLICES`` K slices (``k_slice`` apart; of
-    the last one what is below ``K``), ``RB`` rows x ``C >= WIDTH`` columns a load, by ordinary
-    loads, which leave the lines in L2 (``first`` and ``k_slice`` multiples of 16 elements, so
-    the loads are 16-byte vectors); writes their float32 sum to ``SINK[p]`` (so they are used)."""
-    p = tl.program_id(0)
-    c = tl.arange(0, C)
-    acc = tl.zeros([RB], tl.float32)
-    for r0 in tl.static_range(0, R, RB):
-        rows = p.to(tl.int64) * R + r0 + tl.arange(0, RB)
-        for s in tl.static_range(SLICES):
-            cols = s * k_slice + first + c
-            ok = (rows < N)[:, None] & ((c < WIDTH) & (cols < K))[None, :]
-            x = tl.load(W + rows[:, None] * stride + cols[None, :], mask=ok, other=0.0)
-            acc += tl.sum(x.to(tl.float32), 1)
-    tl.store(SINK + p, tl.sum(acc, 0))
-
-
 # ============================================================================ configs
 
 @dataclass(frozen=True)
@@ -600,58 +579,6 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     return (y, yn) if norm_out else y
 
 
-# ---------------------------------------------------------------- L2 warm-up (side stream)
-
-# programs of a warm-up launch (at most; fewer for fewer weight rows); ORTHROS_DECODE_WARM_PROGRAMS (read at
-# import) sets it
-WARM_PROGRAMS = env_number("ORTHROS_DECODE_WARM_PROGRAMS", "128", int, "a positive int")
-
-
-def warm_band(M: int, N: int, K: int, budget: int, elem_bytes: int) -> dict:
-    """The band of a GEMV's weight (``M`` rows times ``[N, K]``, :func:`pick_config`'s launch)
-    that :func:`warm_l2` reads within ``budget`` bytes: the *last* ``lines`` 128-byte lines of
-    each of the launch's K slices (``k_slice`` elements apart, from column ``first`` of each;
-    of a shorter last slice, what is below ``K``) of every weight row: each program's last
-    tiles, so a GEMV that starts before the read is over streams the rest of its slice from HBM
-    meanwhile, not the same lines twice. At most a slice; ``{}`` where not one line a row fits
-    or ``M`` is outside ``1..8``."""
-    if not 1 <= M <= MAX_M or N < 1 or K < 1:
-        return {}
-    split, k_per_split = split_k(pick_config(M, N, K), K)
-    step = max(1, LINE_BYTES // elem_bytes)
-    lines = min(int(budget) // (N * split * LINE_BYTES), k_per_split // step)
-    if lines < 1:
-        return {}
-    return {"lines": lines, "step": step, "k_slice": k_per_split, "slices": split,
-            "first": k_per_split - lines * step}
-
-
-def warm_l2(weight: torch.Tensor, M: int, budget: int, sink: torch.Tensor) -> bool:
-    """Read :func:`warm_band`'s band of ``weight [N, K]`` (contiguous, CUDA) into L2, one launch
-    of at most :data:`WARM_PROGRAMS` programs, each writing a float32 to ``sink`` (at least as
-    many elements). Meant for a side stream while the GEMV's stream leaves HBM idle (the decode
-    step's attention, docs/performance.md inference change 28): the GEMV then hits L2 for those
-    lines. The weight is only read. ``False`` (nothing launched) where the band is empty."""
-    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or not weight.is_contiguous():
-        raise ValueError(f"weight must be a contiguous 2-D [N, K] tensor, got "
-                         f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
-    N, K = weight.shape
-    band = warm_band(M, N, K, budget, weight.element_size())
-    if not band:
-        return False
-    R = pow2(cdiv(N, WARM_PROGRAMS))
-    grid = cdiv(N, R)
-    if sink.numel() < grid or sink.dtype != torch.float32 or sink.device != weight.device:
-        raise ValueError(f"sink must be a float32 tensor of >= {grid} elements on {weight.device}, got "
-                         f"{sink.numel()} {sink.dtype} on {sink.device}")
-    width = band["lines"] * band["step"]
-    C = pow2(width)
-    RB = max(1, min(R, 16384 // C))  # ~32 KB of bf16 a load
-    _warm_kernel[(grid,)](weight, sink, N, K, weight.stride(0), band["k_slice"], band["first"], R=R, RB=RB, C=C,
-                          SLICES=band["slices"], WIDTH=width, num_warps=4)
-    return True
-
-
 # The widest output whose RMSNorm the split-K reduce computes (one program a row holds it whole).
 NORM_OUT_MAX_N = 16384
 # ORTHROS_GEMV_NORM_OUT=0 (read at import): never (the next GEMV's prologue normalises, as before
@@ -747,5 +674,5 @@ def _rows(t: torch.Tensor, name: str, M: int, C: int) -> torch.Tensor:
 
 
 __all__ = ["GemvConfig", "CONFIGS", "pick_config", "norm_out_fused", "NORM_OUT_MAX_N", "late_norm", "prefetch_tile",
-           "split_k", "pdl_settings", "warm_band", "warm_l2", "WARM_PROGRAMS",
+           "split_k", "pdl_settings",
            "class_rows", "rows_to_json", "rows_from_json", "configs_installed", "gemv_triton"]
