@@ -129,9 +129,10 @@ def parse_args(argv=None):
 
 
 def sweep_configs(quick: bool):
-    """Candidate launch configs for ``--sweep`` (86): tiles of 4-32 K elements, the three inner
+    """Candidate launch configs for ``--sweep`` (94): tiles of 4-32 K elements, the three inner
     forms, split-K 1-8 (per shape only the splits that leave >= 2 tiles per slice), pipeline
-    depths 1 / 3 / 4 for the CUDA-core form; the deferred-reduction form at tiles whose
+    depths 1 / 3 / 4 for the CUDA-core form, 3 for the tensor-core form and 4-6 at the M = 2
+    table's tiles (:func:`dot_depth_configs`); the deferred-reduction form at tiles whose
     accumulator stays at <= 64 registers a thread for M <= 2 (:func:`defer_configs`)."""
     from orthros.ops.gemv.kernel import GemvConfig
 
@@ -148,7 +149,22 @@ def sweep_configs(quick: bool):
                 out.append(GemvConfig(block_n=bn, block_k=bk, split=split, dot=dot, num_warps=warps, num_stages=3))
             if not dot:  # pipeline depth: 1 (plain loads, one tile in flight) and 4, without split-K
                 out += [GemvConfig(block_n=bn, block_k=bk, dot=False, num_warps=warps, num_stages=st) for st in (1, 4)]
-    return out + defer_configs()
+    return out + dot_depth_configs() + defer_configs()
+
+
+def dot_depth_configs():
+    """The tensor-core form's tiles of Qwen3-8B's M = 2 table (64 x 128 with split-K 1 / 4: gate/up,
+    W_O; 64 x 256: QKV) at pipeline depths 4-6 (every other tensor-core config is timed at 3).
+    A GEMV of few programs streams at about (tiles in flight a program) x (programs) over the
+    latency: QKV's 96 programs of 64 x 256 hold two 32 KB tiles in flight each at depth 3, and
+    ran at ~3 TB/s in the engine (docs/performance.md, inference change 29). Shared memory at
+    sm_90 (Triton's report, bf16, M = 2): 64 x 256 41 KB a stage (depth 5 at most of 227 KB), 64 x
+    128 20 KB; a config that does not fit is skipped by the sweep."""
+    from orthros.ops.gemv.kernel import GemvConfig
+
+    return [GemvConfig(block_n=bn, block_k=bk, split=sp, dot=True, num_warps=4, num_stages=st)
+            for bn, bk, sp, depths in ((64, 256, 1, (4, 5)), (64, 128, 1, (4, 5, 6)), (64, 128, 4, (4, 5, 6)))
+            for st in depths]
 
 
 def defer_configs():
@@ -176,7 +192,7 @@ def fused_sweep_configs(quick: bool):
     fma = [GemvConfig(block_n=bn, block_k=256, num_warps=4, num_stages=st) for bn, st in ((16, 4), (32, 1))]
     dot = [GemvConfig(block_n=bn, block_k=bk, split=sp, dot=True, num_warps=4, num_stages=3)
            for bn, bk, sp in ((64, 128, 1), (64, 128, 2), (64, 128, 4), (32, 256, 2), (32, 256, 4), (64, 256, 1))]
-    return dot + defer_configs() + fma
+    return dot + dot_depth_configs() + defer_configs() + fma
 
 
 def label(c):
