@@ -182,3 +182,19 @@ def test_a_wrong_fused_result_is_flagged(tmp_path, monkeypatch):
     assert [r["system"] for r in chain] == ["chain-unfused-compiled", "chain-fused"]
     assert chain[0]["rel_err"] < 1e-2 and chain[1]["rel_err"] > 1e-2  # the unfused chain is right
     assert set(meta["layer_us"]["1"]) == {"cublas", "triton-plain", "unfused-eager", "unfused-compiled", "fused"}
+
+
+def test_full_sweeps_time_the_tensor_core_form_deeper_than_three():
+    """The full sweeps (not ``--quick``) hold the M = 2 table's tensor-core tiles at depths 4-6
+    besides every config at depth 3, with no config twice (docs/performance.md, inference
+    change 29)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gemv_bench", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    deep = mod.dot_depth_configs()
+    assert deep and all(c.dot and c.num_stages >= 4 for c in deep)
+    assert {(c.block_n, c.block_k, c.split) for c in deep} == {(64, 256, 1), (64, 128, 1), (64, 128, 4)}
+    for configs in (mod.sweep_configs(False), mod.fused_sweep_configs(False)):
+        assert all(c in configs for c in deep) and len(set(configs)) == len(configs)
