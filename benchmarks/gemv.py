@@ -154,12 +154,12 @@ def sweep_configs(quick: bool):
 
 def dot_depth_configs():
     """The tensor-core form's tiles of Qwen3-8B's M = 2 table (64 x 128 with split-K 1 / 4: gate/up,
-    W_O; 64 x 256: QKV) at pipeline depths 4-6 (every other tensor-core config is timed at 3).
-    A GEMV of few programs streams at about (tiles in flight a program) x (programs) over the
-    latency: QKV's 96 programs of 64 x 256 hold two 32 KB tiles in flight each at depth 3, and
-    ran at ~3 TB/s in the engine (docs/performance.md, inference change 29). Shared memory at
-    sm_90 (Triton's report, bf16, M = 2): 64 x 256 41 KB a stage (depth 5 at most of 227 KB), 64 x
-    128 20 KB; a config that does not fit is skipped by the sweep."""
+    W_O; 64 x 256: QKV) at pipeline depths 4-6 (every other tensor-core config is timed at 3):
+    more weight tiles in flight a program, for the GEMVs of few programs (QKV: 96 programs,
+    ~3 TB/s in the engine; whether depth is what holds it back is docs/performance.md's
+    inference change 29). Shared memory at sm_90 (Triton's report, bf16, M = 2): 64 x 256 41 KB a
+    stage (depth 5 at most of 227 KB), 64 x 128 20 KB; a config that does not fit is skipped by
+    the sweep."""
     from orthros.ops.gemv.kernel import GemvConfig
 
     return [GemvConfig(block_n=bn, block_k=bk, split=sp, dot=True, num_warps=4, num_stages=st)
