@@ -74,24 +74,7 @@ for v in $VARIANTS; do
   grep -E '^decode (orthros|full)\+gemv' "$D/log.txt" | tee -a "$OUT/log"
   rm -f "$D"/*.tmp "$D"/*.tmp.png
 done
-python3 - "$OUT" <<'EOF' 2>&1 | tee -a "$OUT/log"
-import json, os, statistics, sys
-out = sys.argv[1]
-runs = {}
-for d in sorted(os.listdir(out)):
-    p = os.path.join(out, d, "results.json")
-    if not os.path.exists(p):
-        continue
-    v = d.split("-", 1)[1]
-    for r in json.load(open(p))["rows"]:
-        if "ms_per_step" in r:
-            runs.setdefault((r["system"], r["L"], v), []).append(r["ms_per_step"])
-print("median ms a step by setting (processes):")
-for (s, L, v), ms in sorted(runs.items()):
-    base = runs.get((s, L, "off"))
-    rel = f"  {statistics.median(ms) / statistics.median(base):.4f}x off" if base else ""
-    print(f"  {s:13s} L={L:6d} {v:5s} {statistics.median(ms):.3f} ms ({', '.join(f'{m:.3f}' for m in ms)}){rel}")
-EOF
+[ -z "$VARIANTS" ] || python3 benchmarks/ab_summary.py "$OUT" --base off 2>&1 | tee -a "$OUT/log"
 if [ "${ROOF:-0}" -ge 1 ]; then  # the roofline's decode section with the defaults (PDL on for >= 2 rows), gpt-fast at 1K;
   # ROOF=N > 1: N - 1 more processes of the pair and gpt-fast at 1K only (the peer's spread across processes)
   for r in $(seq 1 "$ROOF"); do

@@ -15,18 +15,5 @@ for v in ${VARIANTS-def qkv_st4 qkv_st5 wo_st5 qkv_st5_wo_st5 def qkv_st4 qkv_st
   echo "$i $v: exit=$? $(grep -E '^decode orthros\+gemv B=1 L=1024: ' "$D/log.txt" | cut -c1-90)" | tee -a "$OUT/log"
   rm -f "$D"/*.tmp*
 done
-python3 - "$OUT" <<'PY' 2>&1 | tee -a "$OUT/log"
-import json, os, statistics, sys
-out = sys.argv[1]; runs = {}
-for d in sorted(os.listdir(out)):
-    p = os.path.join(out, d, "results.json")
-    if os.path.exists(p):
-        for r in json.load(open(p))["rows"]:
-            if "ms_per_step" in r:
-                runs.setdefault((r["system"], d.split("-", 1)[1]), []).append(r["ms_per_step"])
-for (s, v), ms in sorted(runs.items()):
-    base = runs.get((s, "def"))
-    rel = f"  {statistics.median(ms) - statistics.median(base):+.3f} ms vs def" if base else ""
-    print(f"  {s:13s} {v:15s} {statistics.median(ms):.3f} ms ({', '.join(f'{m:.3f}' for m in ms)}){rel}")
-PY
+python3 benchmarks/ab_summary.py "$OUT" --base def 2>&1 | tee -a "$OUT/log"
 (cd "$OUT" && shopt -s nullglob && d=([0-9]*-*) && [ ${#d[@]} -gt 0 ] && tar czf runs.tgz "${d[@]}" && rm -rf "${d[@]}")
