@@ -5,7 +5,6 @@ set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/c1}; mkdir -p "$OUT/ab29"; T0=$(date +%s)
 OUT=$OUT/ab29 bash docs/results/s22-2026-12-04/next/ab29.sh
-cp "$OUT/ab29/log" "$OUT/ab29.log"
 r=0
 while [ $(( $(date +%s) - T0 )) -lt "${T_STOP:-430}" ]; do
   r=$((r + 1)); R=$OUT/peer-$r; mkdir -p "$R"
@@ -15,3 +14,4 @@ while [ $(( $(date +%s) - T0 )) -lt "${T_STOP:-430}" ]; do
   grep -E '^decode |vs gpt-fast|gpt-fast' "$R/log.txt" | grep -v "it/s" | cut -c1-140 | tail -n 4 | tee -a "$OUT/log"
   rm -f "$R"/*.tmp "$R"/*.tmp.png "$R"/*.png
 done
+(cd "$OUT" && shopt -s nullglob && d=(peer-*) && [ ${#d[@]} -gt 0 ] && tar czf peers.tgz "${d[@]}" && rm -rf "${d[@]}")
