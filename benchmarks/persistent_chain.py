@@ -1,0 +1,309 @@
+"""Probe (issue #18, docs/performance.md inference change 30): what a decode layer's four GEMVs
+lose at their kernel boundaries, and how much of it one persistent kernel would get back.
+
+The 2026-12-01 GEMV sweep (``docs/results/gemv-2026-12-01``) fits every one-row GEMV of
+Qwen3-8B, from W_O (33.5 MB) to the LM head (1.2 GB), as ~3.5 us plus the weight's bytes at
+~4.6 TB/s: each kernel pays a fixed cost (its wait for the kernel ahead, the first bytes'
+latency, the tail of its last programs) that PDL and the L2 prefetch only partly hide. A pair
+layer at 1K runs seven kernels; this probe prices the boundaries of the four GEMVs alone.
+
+The chain: for each of ``--layers`` layers (own weights, Qwen3-8B's shapes, so no layer finds its
+weights in L2), ``M = 2`` rows (the Orthros pair) through QKV [6144 x 4096] -> W_O [4096 x 4096]
+(on the first 4096 QKV outputs) -> gate/up [24576 x 4096] -> down [4096 x 12288] (on the first
+12288 gate/up outputs) -> the next layer's input. Plain GEMVs (no norm, SiLU or residual: the
+same bytes, none of the prologues), bf16 outputs rounded after each, float32 accumulation.
+Systems, timed in the same process under CUDA graphs:
+
+- ``engine``: the engine's Triton GEMV (``orthros.ops.gemv.kernel.gemv_triton``, its M = 2
+  configs, PDL and its L2 prefetch as in the decode step; W_O with split-K 4 and its reduce);
+- ``launch``: this file's kernel, one launch per GEMV (``P`` programs, each a contiguous block of
+  output rows), PDL with the same L2 prefetch before its wait;
+- ``persistent``: the same kernel launched once for all ``4 * layers`` GEMVs: between two GEMVs
+  every program passes a grid barrier (an atomic counter) instead of a kernel boundary, after
+  asking L2 for the first lines of its next weight rows (``--prefetch-mb``, 0: none);
+- ``torch``: ``F.linear`` (cuBLAS) for the same chain, the reference of every system's output.
+
+The persistent form needs its ``P`` programs resident at once (one a streaming multiprocessor);
+its spin wait gives up after ``2**24`` polls and the run then fails with a clear error instead of
+hanging. On a CPU (``--device cpu``) everything runs in the Triton interpreter with one program
+(the barrier is then trivially passed), small shapes: a check of the arithmetic, not a timing.
+
+    python benchmarks/persistent_chain.py --out docs/results/<dir>/chain.json
+    python benchmarks/persistent_chain.py --device cpu --out /tmp/chain.json   # interpreter smoke run
+
+Prints per system the time a layer (us), its weight bytes a second, the ratio to the copy
+bandwidth measured in the same run and to ``engine``, and the error against ``torch``; writes
+the JSON (meta: date, GPU, commit, versions, copy bandwidth) atomically. Bad arguments exit 2
+before any work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from orthros.utils import commit_id  # noqa: E402  (imports no torch: arguments first)
+
+SYSTEMS = ("engine", "launch", "persistent", "torch")
+# (hidden, QKV rows, intermediate): Qwen3-8B; the interpreter's smoke shapes
+SHAPES = {"qwen3-8b": (4096, 6144, 12288), "tiny": (64, 96, 192)}
+POLLS = 2 ** 24  # the spin wait's limit (a grid barrier takes ~1e2-1e3 polls)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="the JSON to write (a .json path)")
+    p.add_argument("--device", default="cuda", help="cuda[:i], or cpu (Triton interpreter, tiny shapes, one program)")
+    p.add_argument("--layers", type=int, default=None, help="layers in the chain (default 36 on CUDA, 2 on the CPU)")
+    p.add_argument("--programs", type=int, default=None,
+                   help="P, the kernel's programs (default 128 on CUDA, 1 on the CPU); every GEMV's rows must split "
+                        "into P blocks of whole --block-n tiles")
+    p.add_argument("--block-n", type=int, default=16, help="rows a tile (a power of two)")
+    p.add_argument("--block-k", type=int, default=None, help="columns a tile (a power of two; default 512 on CUDA, "
+                   "32 on the CPU)")
+    p.add_argument("--stages", type=int, default=4, help="tiles in the software pipeline (1-8)")
+    p.add_argument("--warps", type=int, default=8, choices=(1, 2, 4, 8, 16))
+    p.add_argument("--prefetch-mb", type=float, default=4.0,
+                   help="MB of each GEMV's weight asked of L2 before its wait / barrier (0: none); the engine's "
+                        "GEMVs keep their own setting (ORTHROS_GEMV_PREFETCH_MB)")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
+    p.add_argument("--reps", type=int, default=20, help="timed graph replays (median)")
+    a = p.parse_args(argv)
+    if os.path.isdir(a.out) or not a.out.endswith(".json"):
+        p.error(f"--out must be a .json file path (not a directory), got {a.out!r}")
+    if not (a.device == "cpu" or a.device == "cuda" or a.device.startswith("cuda:")):
+        p.error(f"--device must be cuda, cuda:<i> or cpu, got {a.device!r}")
+    cpu = a.device == "cpu"
+    a.layers = a.layers if a.layers is not None else (2 if cpu else 36)
+    a.programs = a.programs if a.programs is not None else (1 if cpu else 128)
+    a.block_k = a.block_k if a.block_k is not None else (32 if cpu else 512)
+    if a.layers < 1:
+        p.error(f"--layers must be >= 1, got {a.layers}")
+    if a.programs < 1 or (cpu and a.programs != 1):
+        p.error(f"--programs must be >= 1 (exactly 1 on the CPU, whose interpreter runs programs one after "
+                f"another), got {a.programs}")
+    for name in ("block_n", "block_k"):
+        v = getattr(a, name)
+        if v < 1 or v & (v - 1):
+            p.error(f"--{name.replace('_', '-')} must be a power of two, got {v}")
+    if not 1 <= a.stages <= 8:
+        p.error(f"--stages must be in 1..8, got {a.stages}")
+    if not a.prefetch_mb >= 0:
+        p.error(f"--prefetch-mb must be >= 0, got {a.prefetch_mb}")
+    if a.reps < 1:
+        p.error(f"--reps must be >= 1, got {a.reps}")
+    a.systems = [s.strip() for s in a.systems.split(",") if s.strip()]
+    bad = [s for s in a.systems if s not in SYSTEMS]
+    if bad or not a.systems:
+        p.error(f"--systems must name some of {', '.join(SYSTEMS)}, got {bad or 'none'}")
+    a.shape = "tiny" if cpu else "qwen3-8b"
+    H, NQKV, INTER = SHAPES[a.shape]
+    for what, n, k in chain_sites(H, NQKV, INTER):
+        if n % (a.programs * a.block_n):
+            p.error(f"--programs x --block-n must divide every GEMV's rows: {what} has {n}, "
+                    f"{a.programs} x {a.block_n} = {a.programs * a.block_n}")
+        if k % a.block_k:
+            p.error(f"--block-k must divide every GEMV's columns: {what} has {k}, got {a.block_k}")
+    return a
+
+
+def chain_sites(H: int, NQKV: int, INTER: int):
+    """``(name, N, K)`` of a layer's four GEMVs, in chain order."""
+    return (("qkv", NQKV, H), ("o", H, H), ("gate_up", 2 * INTER, H), ("down", H, INTER))
+
+
+def prefetch_lines(N: int, K: int, budget: int) -> int:
+    """Lines (128 B) a weight row to ask L2 for before a wait: a power of two with
+    ``N * lines * 128 <= budget``, at most the row, at least 0."""
+    if budget <= 0:
+        return 0
+    lines = min(budget // (N * 128), max(1, K * 2 // 128))
+    return 0 if lines < 1 else 1 << (int(lines).bit_length() - 1)
+
+
+class Chain:
+    """The chain's weights and activation buffers, and one callable a system."""
+
+    def __init__(self, a, device, dtype):
+        import torch
+
+        self.a, self.device, self.dtype = a, device, dtype
+        H, NQKV, INTER = self.shape = SHAPES[a.shape]
+        L = a.layers
+        g = torch.Generator(device=device).manual_seed(0)
+
+        def weight(n, k):  # unit gain: the activations stay ~N(0, 1) down the chain
+            return (torch.randn(L, n, k, generator=g, device=device, dtype=torch.float32) / math.sqrt(k)).to(dtype)
+
+        self.w = [weight(n, k) for _, n, k in chain_sites(H, NQKV, INTER)]
+        self.x0 = torch.randn(2, H, generator=g, device=device, dtype=torch.float32).to(dtype)
+        self.act = torch.zeros(L + 1, 2, H, device=device, dtype=dtype)
+        self.y1 = torch.zeros(L, 2, NQKV, device=device, dtype=dtype)
+        self.y2 = torch.zeros(L, 2, H, device=device, dtype=dtype)
+        self.y3 = torch.zeros(L, 2, 2 * INTER, device=device, dtype=dtype)
+        self.bar = torch.zeros(1, device=device, dtype=torch.int32)
+        self.err = torch.zeros(1, device=device, dtype=torch.int32)
+        self.act[0].copy_(self.x0)
+        self.bytes_per_layer = sum(w[0].numel() for w in self.w) * self.x0.element_size()
+        from orthros.ops.triton.common import interpreting
+
+        budget = 0 if interpreting() else int(a.prefetch_mb * 2 ** 20)  # the interpreter runs no PTX hint
+        self.pf = {f"PF_{k}": prefetch_lines(n, kk, budget)
+                   for k, (_, n, kk) in zip(("QKV", "O", "GU", "D"), chain_sites(H, NQKV, INTER))}
+        from persistent_chain_kernel import _chain_kernel
+
+        self.kernel = _chain_kernel
+
+    def torch_chain(self):
+        import torch.nn.functional as F
+
+        wq, wo, wgu, wd = self.w
+        INTER = self.shape[2]
+        x = self.x0
+        for i in range(self.a.layers):
+            y1 = F.linear(x, wq[i])
+            y2 = F.linear(y1[:, :self.shape[0]], wo[i])
+            y3 = F.linear(y2, wgu[i])
+            x = F.linear(y3[:, :INTER], wd[i])
+        return x
+
+    def engine_chain(self):
+        from orthros.ops.gemv.kernel import gemv_triton
+
+        wq, wo, wgu, wd = self.w
+        H, INTER = self.shape[0], self.shape[2]
+        x = self.x0
+        for i in range(self.a.layers):
+            y1 = gemv_triton(x, wq[i])
+            y2 = gemv_triton(y1[:, :H], wo[i])
+            y3 = gemv_triton(y2, wgu[i])
+            x = gemv_triton(y3[:, :INTER], wd[i])
+        return x
+
+    def _launch(self, s_lo, s_hi, pdl):
+        a = self.a
+        H, NQKV, INTER = self.shape
+        kw = {"PDL": True, "launch_pdl": True} if pdl else {}
+        if self.device.type == "cpu":  # the interpreter's float32 -> bf16 cast truncates (gemv.kernel._round)
+            kw["EMU_RNE"] = True
+        self.kernel[(a.programs,)](
+            self.act, *self.w, self.y1, self.y2, self.y3, self.bar, self.err, s_lo, s_hi,
+            H=H, NQKV=NQKV, INTER=INTER, P=a.programs, BN=a.block_n, BK=a.block_k, STAGES=a.stages,
+            POLLS_=POLLS, num_warps=a.warps, num_stages=a.stages, **self.pf, **kw)
+
+    def launch_chain(self):
+        from orthros.ops.triton.common import pdl_kwargs
+
+        pdl = bool(pdl_kwargs(self.device))
+        for s in range(4 * self.a.layers):
+            self._launch(s, s + 1, pdl)
+        return self.act[-1]
+
+    def persistent_chain(self):
+        self.bar.zero_()
+        self._launch(0, 4 * self.a.layers, False)
+        return self.act[-1]
+
+    def call(self, system):
+        return {"torch": self.torch_chain, "engine": self.engine_chain, "launch": self.launch_chain,
+                "persistent": self.persistent_chain}[system]
+
+
+def time_graph(fn, device, reps: int) -> float:
+    """Seconds a call of ``fn`` (CUDA graph of one call, median of ``reps`` replays)."""
+    import torch
+
+    s = torch.cuda.Stream(device)
+    s.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream(device).wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    for _ in range(3):
+        g.replay()
+    ts = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) / 1000)
+    del g
+    return statistics.median(ts)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if a.device == "cpu":  # the kernels run in the Triton interpreter (set before triton loads)
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
+
+    from orthros.benchmarks.inference import copy_bandwidth, print_table, save
+
+    t0 = time.time()
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        print("error: --device cuda but no CUDA device is available (use --device cpu)", file=sys.stderr)
+        return 2
+    if cuda:
+        torch.cuda.set_device(dev)
+    if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        print("error: --device cpu needs TRITON_INTERPRET=1 (set before anything imports triton)", file=sys.stderr)
+        return 2
+    import triton
+
+    bw = copy_bandwidth(dev, 2 ** 30 if cuda else 2 ** 22)
+    chain = Chain(a, dev, torch.bfloat16)
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name(dev) if cuda else (platform.processor() or "cpu"),
+            "commit": commit_id(), "torch": torch.__version__, "triton": triton.__version__,
+            "python": platform.python_version(), "copy_bandwidth_Bps": bw, "shape": a.shape, "layers": a.layers,
+            "programs": a.programs, "block_n": a.block_n, "block_k": a.block_k, "stages": a.stages,
+            "warps": a.warps, "prefetch_mb": a.prefetch_mb, "prefetch_lines": chain.pf,
+            "bytes_per_layer": chain.bytes_per_layer, "argv": sys.argv[1:] if argv is None else list(argv)}
+    ref = chain.torch_chain().float()
+    rows = []
+    for system in a.systems:
+        fn = chain.call(system)
+        for t in (chain.act[1:], chain.y1, chain.y2, chain.y3, chain.err):  # no output left by another system
+            t.zero_()
+        out = fn().float()
+        if cuda:
+            torch.cuda.synchronize(dev)
+        if int(chain.err.item()):
+            print(f"error: {system}: a grid barrier gave up after {POLLS} polls (the {a.programs} programs were not "
+                  f"all resident); lower --programs", file=sys.stderr)
+            return 1
+        err = ((out - ref).norm() / ref.norm()).item()
+        t = time_graph(fn, dev, a.reps) if cuda else float("nan")
+        per_layer = t / a.layers
+        rows.append({"system": system, "us_per_layer": per_layer * 1e6, "ms_chain": t * 1e3,
+                     "weight_GBps": chain.bytes_per_layer / per_layer / 1e9 if cuda else None,
+                     "of_copy_bw": chain.bytes_per_layer / per_layer / bw if cuda else None,
+                     "floor_us_per_layer": chain.bytes_per_layer / bw * 1e6, "rel_err_vs_torch": err})
+        print(f"{system:11s} {per_layer * 1e6:8.2f} us a layer, rel err vs torch {err:.2e}", flush=True)
+    base = next((r["us_per_layer"] for r in rows if r["system"] == "engine"), None)
+    for r in rows:
+        r["vs_engine"] = (base / r["us_per_layer"]) if base and cuda else None
+    meta["elapsed_s"] = round(time.time() - t0, 1)
+    save(a.out, meta, rows)
+    print_table(rows, ["system", "us_per_layer", "floor_us_per_layer", "of_copy_bw", "vs_engine", "rel_err_vs_torch"],
+                f"the chain of {a.layers} layers, M = 2, {a.programs} programs of the probe's kernel")
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The Triton kernel of ``benchmarks/persistent_chain.py`` (the probe of docs/performance.md's
+inference change 30): a chain of M = 2 GEMVs, one launch a GEMV or one launch for all of them
+with grid barriers in between. Imported after the script has chosen the interpreter or not."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from orthros.ops.gemv.kernel import _round
+from orthros.ops.triton.common import pdl_signal, pdl_wait, prefetch_l2
+
+
+@triton.jit
+def _prefetch_rows(W, row0, K: tl.constexpr, R: tl.constexpr, BN: tl.constexpr, PF: tl.constexpr):
+    if PF > 0:
+        for t in tl.static_range(R // BN):
+            rows = row0 + t * BN + tl.arange(0, BN)
+            prefetch_l2(W + rows[:, None] * K + (tl.arange(0, PF) * 64)[None, :])
+
+@triton.jit
+def _gemv_rows(X, sx, W, Y, row0, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BN: tl.constexpr,
+               BK: tl.constexpr, STAGES: tl.constexpr, EMU_RNE: tl.constexpr):
+    """Rows ``[row0, row0 + R)`` of ``Y [2, N] = X [2, K] (row stride sx) @ W [N, K].T``: one loop
+    over the block's (tile, K step) pairs, so the pipeline runs on across tiles."""
+    KT: tl.constexpr = K // BK
+    acc0 = tl.zeros([BN], tl.float32)
+    acc1 = tl.zeros([BN], tl.float32)
+    for it in tl.range(0, (R // BN) * KT, num_stages=STAGES):
+        t = it // KT
+        kk = it - t * KT
+        rows = row0 + t * BN + tl.arange(0, BN)
+        cols = kk * BK + tl.arange(0, BK)
+        w = tl.load(W + rows[:, None] * K + cols[None, :]).to(tl.float32)
+        x0 = tl.load(X + cols).to(tl.float32)
+        x1 = tl.load(X + sx + cols).to(tl.float32)
+        acc0 += tl.sum(w * x0[None, :], axis=1)
+        acc1 += tl.sum(w * x1[None, :], axis=1)
+        last = (tl.zeros([BN], tl.int32) + kk) == KT - 1
+        tl.store(Y + rows, _round(acc0, Y.dtype.element_ty, EMU_RNE), mask=last)
+        tl.store(Y + N + rows, _round(acc1, Y.dtype.element_ty, EMU_RNE), mask=last)
+        acc0 = tl.where(last, 0.0, acc0)
+        acc1 = tl.where(last, 0.0, acc1)
+
+@triton.jit
+def _grid_sync(BAR, ERR, target, POLLS_: tl.constexpr):
+    """Every program's stores so far visible to every program after it: arrive (release), then
+    spin until ``target`` programs have arrived (acquire). Gives up after ``POLLS_`` polls and
+    flags ``ERR`` (the programs were not all resident)."""
+    tl.debug_barrier()
+    tl.atomic_add(BAR, 1, sem="release", scope="gpu")
+    seen = tl.atomic_add(BAR, 0, sem="acquire", scope="gpu")
+    n = 0
+    while (seen < target) & (n < POLLS_):
+        seen = tl.atomic_add(BAR, 0, sem="acquire", scope="gpu")
+        n += 1
+    if seen < target:
+        tl.atomic_max(ERR, 1)
+    tl.debug_barrier()
+
+@triton.jit
+def _chain_kernel(ACT, WQKV, WO, WGU, WD, Y1, Y2, Y3, BAR, ERR, s_lo, s_hi,
+                  H: tl.constexpr, NQKV: tl.constexpr, INTER: tl.constexpr, P: tl.constexpr,
+                  BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
+                  PF_QKV: tl.constexpr, PF_O: tl.constexpr, PF_GU: tl.constexpr, PF_D: tl.constexpr,
+                  POLLS_: tl.constexpr, EMU_RNE: tl.constexpr = False, PDL: tl.constexpr = False):
+    """GEMVs ``s_lo .. s_hi - 1`` of the chain (GEMV ``s``: layer ``s // 4``, site ``s % 4``);
+    ``ACT [layers + 1, 2, H]`` holds each layer's input and the last output. A grid barrier
+    between two GEMVs of one launch; the first one waits for the kernel ahead (``PDL``)."""
+    pid = tl.program_id(0)
+    for s in range(s_lo, s_hi):
+        layer = tl.cast(s // 4, tl.int64)
+        site = s % 4
+        if site == 0:
+            W = WQKV + layer * NQKV * H
+            row0 = pid * (NQKV // P)
+            if s == s_lo:
+                _prefetch_rows(W, row0, H, NQKV // P, BN, PF_QKV)
+                pdl_wait(PDL)
+                pdl_signal(PDL)
+            else:
+                _prefetch_rows(W, row0, H, NQKV // P, BN, PF_QKV)
+                _grid_sync(BAR, ERR, (s - s_lo) * P, POLLS_)
+            _gemv_rows(ACT + layer * 2 * H, H, W, Y1 + layer * 2 * NQKV, row0, NQKV, H, NQKV // P, BN, BK, STAGES, EMU_RNE)
+        elif site == 1:
+            W = WO + layer * H * H
+            row0 = pid * (H // P)
+            if s == s_lo:
+                _prefetch_rows(W, row0, H, H // P, BN, PF_O)
+                pdl_wait(PDL)
+                pdl_signal(PDL)
+            else:
+                _prefetch_rows(W, row0, H, H // P, BN, PF_O)
+                _grid_sync(BAR, ERR, (s - s_lo) * P, POLLS_)
+            _gemv_rows(Y1 + layer * 2 * NQKV, NQKV, W, Y2 + layer * 2 * H, row0, H, H, H // P, BN, BK, STAGES, EMU_RNE)
+        elif site == 2:
+            W = WGU + layer * 2 * INTER * H
+            row0 = pid * (2 * INTER // P)
+            if s == s_lo:
+                _prefetch_rows(W, row0, H, 2 * INTER // P, BN, PF_GU)
+                pdl_wait(PDL)
+                pdl_signal(PDL)
+            else:
+                _prefetch_rows(W, row0, H, 2 * INTER // P, BN, PF_GU)
+                _grid_sync(BAR, ERR, (s - s_lo) * P, POLLS_)
+            _gemv_rows(Y2 + layer * 2 * H, H, W, Y3 + layer * 2 * 2 * INTER, row0, 2 * INTER, H,
+                       2 * INTER // P, BN, BK, STAGES, EMU_RNE)
+        else:
+            W = WD + layer * H * INTER
+            row0 = pid * (H // P)
+            if s == s_lo:
+                _prefetch_rows(W, row0, INTER, H // P, BN, PF_D)
+                pdl_wait(PDL)
+                pdl_signal(PDL)
+            else:
+                _prefetch_rows(W, row0, INTER, H // P, BN, PF_D)
+                _grid_sync(BAR, ERR, (s - s_lo) * P, POLLS_)
+            _gemv_rows(Y3 + layer * 2 * 2 * INTER, 2 * INTER, W, ACT + (layer + 1) * 2 * H, row0, H, INTER,
+                       H // P, BN, BK, STAGES, EMU_RNE)

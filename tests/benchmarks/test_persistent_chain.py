@@ -1,0 +1,111 @@
+"""benchmarks/persistent_chain.py (the probe of inference change 30, issue #18) on the CPU: the
+whole command through the Triton interpreter (one program, so its grid barriers pass at once),
+each system's chain against F.linear's, the JSON it writes, and the refusals of bad arguments
+(exit 2, naming the argument, before any work or file)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "persistent_chain.py"
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from persistent_chain import chain_sites, prefetch_lines  # noqa: E402
+
+
+def run(*args, timeout=300):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=REPO)
+
+
+def test_cpu_run_every_system_matches_torch(tmp_path):
+    out = tmp_path / "chain.json"
+    p = run("--device", "cpu", "--layers", "3", "--out", str(out))
+    assert p.returncode == 0, p.stderr[-3000:]
+    data = json.loads(out.read_text())
+    rows = {r["system"]: r for r in data["rows"]}
+    assert set(rows) == {"engine", "launch", "persistent", "torch"}
+    for r in rows.values():  # the chain through 12 GEMVs, every output rounded to bf16 as F.linear does
+        assert r["rel_err_vs_torch"] < 1e-2, r
+    assert data["meta"]["layers"] == 3 and data["meta"]["programs"] == 1
+    assert data["meta"]["prefetch_lines"] == {"PF_QKV": 0, "PF_O": 0, "PF_GU": 0, "PF_D": 0}  # no PTX hint here
+    assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_cpu_run_catches_a_wrong_chain(tmp_path, monkeypatch):
+    """The check can fail: the kernel run with the down GEMV's input taken from the wrong half of
+    gate/up's output (a one-character change of the kernel module, in a copy) is far from F.linear's."""
+    src = (REPO / "benchmarks" / "persistent_chain_kernel.py").read_text()
+    bad = src.replace("_gemv_rows(Y3 + layer * 2 * 2 * INTER, 2 * INTER,", "_gemv_rows(Y3 + layer * 2 * 2 * INTER + INTER, 2 * INTER,")
+    assert bad != src
+    d = tmp_path / "bench"
+    d.mkdir()
+    (d / "persistent_chain_kernel.py").write_text(bad)
+    (d / "persistent_chain.py").write_text(SCRIPT.read_text())
+    out = tmp_path / "chain.json"
+    p = subprocess.run([sys.executable, str(d / "persistent_chain.py"), "--device", "cpu", "--systems", "persistent",
+                        "--out", str(out)], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(out.read_text())["rows"][0]["rel_err_vs_torch"] > 0.3
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--device", "cpu", "--programs", "2"), "--programs"),
+    (("--device", "cpu", "--block-n", "12"), "--block-n"),
+    (("--device", "cpu", "--block-k", "128"), "--block-k must divide"),
+    (("--device", "cpu", "--stages", "0"), "--stages"),
+    (("--device", "cpu", "--systems", "engine,cublas"), "--systems"),
+    (("--device", "cpu", "--layers", "0"), "--layers"),
+    (("--device", "cpu", "--prefetch-mb", "-1"), "--prefetch-mb"),
+    (("--device", "tpu"), "--device"),
+    (("--programs", "100",), "--programs x --block-n"),
+])
+def test_bad_arguments_exit_2_before_any_file(tmp_path, args, needle):
+    out = tmp_path / "x.json"
+    p = run(*args, "--out", str(out), timeout=60)
+    assert p.returncode == 2 and needle in p.stderr, p.stderr
+    assert not out.exists()
+
+
+def test_out_must_be_a_json_path(tmp_path):
+    p = run("--device", "cpu", "--out", str(tmp_path), timeout=60)
+    assert p.returncode == 2 and "--out" in p.stderr
+
+
+def test_prefetch_lines_fit_the_budget():
+    for _, n, k in chain_sites(4096, 6144, 12288):
+        for mb in (1, 4, 16):
+            budget = mb * 2 ** 20
+            lines = prefetch_lines(n, k, budget)
+            if n * 128 > budget:  # not one line a row fits (gate/up's 24576 rows at 1 MB)
+                assert lines == 0
+                continue
+            assert lines & (lines - 1) == 0 and n * lines * 128 <= budget and lines * 128 <= k * 2
+            assert n * 2 * lines * 128 > budget or lines * 128 == k * 2  # the largest power of two that fits
+    assert prefetch_lines(151936, 4096, 4 * 2 ** 20) == 0  # not one line a row fits
+    assert prefetch_lines(4096, 4096, 0) == 0
+
+
+@pytest.mark.gpu
+def test_gpu_run_every_system_matches_torch(tmp_path):
+    """Compiled, 128 programs resident at once: the grid barriers order the GEMVs (a missing or
+    early barrier reads a half-written input; the buffers are zeroed before each system's check)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    out = tmp_path / "chain.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, str(SCRIPT), "--layers", "3", "--reps", "2", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for r in json.loads(out.read_text())["rows"]:
+        assert r["rel_err_vs_torch"] < 1e-2, r
