@@ -12,18 +12,21 @@ from orthros.ops.triton.common import pdl_signal, pdl_wait, prefetch_l2
 
 
 @triton.jit
-def _prefetch_rows(W, row0, K: tl.constexpr, R: tl.constexpr, BN: tl.constexpr, PF: tl.constexpr):
+def _prefetch_rows(W, row0, K, R: tl.constexpr, BN: tl.constexpr, PF: tl.constexpr):
+    """Asks L2 for the first ``PF`` lines (64 bf16 each) of rows ``[row0, row0 + R)`` of ``W [*, K]``."""
     if PF > 0:
         for t in tl.static_range(R // BN):
             rows = row0 + t * BN + tl.arange(0, BN)
             prefetch_l2(W + rows[:, None] * K + (tl.arange(0, PF) * 64)[None, :])
 
+
 @triton.jit
-def _gemv_rows(X, sx, W, Y, row0, N: tl.constexpr, K: tl.constexpr, R: tl.constexpr, BN: tl.constexpr,
-               BK: tl.constexpr, STAGES: tl.constexpr, EMU_RNE: tl.constexpr):
-    """Rows ``[row0, row0 + R)`` of ``Y [2, N] = X [2, K] (row stride sx) @ W [N, K].T``: one loop
-    over the block's (tile, K step) pairs, so the pipeline runs on across tiles."""
-    KT: tl.constexpr = K // BK
+def _gemv_rows(X, sx, W, Y, row0, N, K, R, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
+               EMU_RNE: tl.constexpr):
+    """Rows ``[row0, row0 + R)`` of ``Y [2, N] = X [2, K] (row stride sx) @ W [N, K].T`` (``BK``
+    divides ``K``, ``BN`` divides ``R``): one pipelined loop over the block's (tile, K step) pairs,
+    so the weight stream runs on across tiles; each tile's two rows stored after its last step."""
+    KT = K // BK
     acc0 = tl.zeros([BN], tl.float32)
     acc1 = tl.zeros([BN], tl.float32)
     for it in tl.range(0, (R // BN) * KT, num_stages=STAGES):
@@ -42,11 +45,14 @@ def _gemv_rows(X, sx, W, Y, row0, N: tl.constexpr, K: tl.constexpr, R: tl.conste
         acc0 = tl.where(last, 0.0, acc0)
         acc1 = tl.where(last, 0.0, acc1)
 
+
 @triton.jit
 def _grid_sync(BAR, ERR, target, POLLS_: tl.constexpr):
     """Every program's stores so far visible to every program after it: arrive (release), then
-    spin until ``target`` programs have arrived (acquire). Gives up after ``POLLS_`` polls and
-    flags ``ERR`` (the programs were not all resident)."""
+    spin until ``target`` programs have arrived (acquire). One thread a program does the atomics
+    (Triton lowers them so: ``red.release`` and ``ld.acquire`` at gpu scope, the value shared
+    through shared memory). Gives up after ``POLLS_`` polls and flags ``ERR`` (the programs
+    were not all resident)."""
     tl.debug_barrier()
     tl.atomic_add(BAR, 1, sem="release", scope="gpu")
     seen = tl.atomic_add(BAR, 0, sem="acquire", scope="gpu")
@@ -58,6 +64,7 @@ def _grid_sync(BAR, ERR, target, POLLS_: tl.constexpr):
         tl.atomic_max(ERR, 1)
     tl.debug_barrier()
 
+
 @triton.jit
 def _chain_kernel(ACT, WQKV, WO, WGU, WD, Y1, Y2, Y3, BAR, ERR, s_lo, s_hi,
                   H: tl.constexpr, NQKV: tl.constexpr, INTER: tl.constexpr, P: tl.constexpr,
@@ -65,55 +72,51 @@ def _chain_kernel(ACT, WQKV, WO, WGU, WD, Y1, Y2, Y3, BAR, ERR, s_lo, s_hi,
                   PF_QKV: tl.constexpr, PF_O: tl.constexpr, PF_GU: tl.constexpr, PF_D: tl.constexpr,
                   POLLS_: tl.constexpr, EMU_RNE: tl.constexpr = False, PDL: tl.constexpr = False):
     """GEMVs ``s_lo .. s_hi - 1`` of the chain (GEMV ``s``: layer ``s // 4``, site ``s % 4``);
-    ``ACT [layers + 1, 2, H]`` holds each layer's input and the last output. A grid barrier
-    between two GEMVs of one launch; the first one waits for the kernel ahead (``PDL``)."""
+    ``ACT [layers + 1, 2, H]`` holds each layer's input and the last output. Each program asks
+    L2 for the start of its next weight rows, then waits: for the kernel ahead (the launch's first
+    GEMV, ``PDL``) or at a grid barrier (every later one). One loop serves the four sites (their
+    shapes are runtime values), so the launch holds one pipeline's shared memory."""
     pid = tl.program_id(0)
+    zero = pid * 0
     for s in range(s_lo, s_hi):
         layer = tl.cast(s // 4, tl.int64)
         site = s % 4
         if site == 0:
+            X = ACT + layer * 2 * H
             W = WQKV + layer * NQKV * H
-            row0 = pid * (NQKV // P)
-            if s == s_lo:
-                _prefetch_rows(W, row0, H, NQKV // P, BN, PF_QKV)
-                pdl_wait(PDL)
-                pdl_signal(PDL)
-            else:
-                _prefetch_rows(W, row0, H, NQKV // P, BN, PF_QKV)
-                _grid_sync(BAR, ERR, (s - s_lo) * P, POLLS_)
-            _gemv_rows(ACT + layer * 2 * H, H, W, Y1 + layer * 2 * NQKV, row0, NQKV, H, NQKV // P, BN, BK, STAGES, EMU_RNE)
+            Y = Y1 + layer * 2 * NQKV
+            sx = zero + H
+            N = zero + NQKV
+            K = zero + H
+            _prefetch_rows(W, pid * (NQKV // P), H, NQKV // P, BN, PF_QKV)
         elif site == 1:
+            X = Y1 + layer * 2 * NQKV
             W = WO + layer * H * H
-            row0 = pid * (H // P)
-            if s == s_lo:
-                _prefetch_rows(W, row0, H, H // P, BN, PF_O)
-                pdl_wait(PDL)
-                pdl_signal(PDL)
-            else:
-                _prefetch_rows(W, row0, H, H // P, BN, PF_O)
-                _grid_sync(BAR, ERR, (s - s_lo) * P, POLLS_)
-            _gemv_rows(Y1 + layer * 2 * NQKV, NQKV, W, Y2 + layer * 2 * H, row0, H, H, H // P, BN, BK, STAGES, EMU_RNE)
+            Y = Y2 + layer * 2 * H
+            sx = zero + NQKV
+            N = zero + H
+            K = zero + H
+            _prefetch_rows(W, pid * (H // P), H, H // P, BN, PF_O)
         elif site == 2:
+            X = Y2 + layer * 2 * H
             W = WGU + layer * 2 * INTER * H
-            row0 = pid * (2 * INTER // P)
-            if s == s_lo:
-                _prefetch_rows(W, row0, H, 2 * INTER // P, BN, PF_GU)
-                pdl_wait(PDL)
-                pdl_signal(PDL)
-            else:
-                _prefetch_rows(W, row0, H, 2 * INTER // P, BN, PF_GU)
-                _grid_sync(BAR, ERR, (s - s_lo) * P, POLLS_)
-            _gemv_rows(Y2 + layer * 2 * H, H, W, Y3 + layer * 2 * 2 * INTER, row0, 2 * INTER, H,
-                       2 * INTER // P, BN, BK, STAGES, EMU_RNE)
+            Y = Y3 + layer * 2 * 2 * INTER
+            sx = zero + H
+            N = zero + 2 * INTER
+            K = zero + H
+            _prefetch_rows(W, pid * (2 * INTER // P), H, 2 * INTER // P, BN, PF_GU)
         else:
+            X = Y3 + layer * 2 * 2 * INTER
             W = WD + layer * H * INTER
-            row0 = pid * (H // P)
-            if s == s_lo:
-                _prefetch_rows(W, row0, INTER, H // P, BN, PF_D)
-                pdl_wait(PDL)
-                pdl_signal(PDL)
-            else:
-                _prefetch_rows(W, row0, INTER, H // P, BN, PF_D)
-                _grid_sync(BAR, ERR, (s - s_lo) * P, POLLS_)
-            _gemv_rows(Y3 + layer * 2 * 2 * INTER, 2 * INTER, W, ACT + (layer + 1) * 2 * H, row0, H, INTER,
-                       H // P, BN, BK, STAGES, EMU_RNE)
+            Y = ACT + (layer + 1) * 2 * H
+            sx = zero + 2 * INTER
+            N = zero + H
+            K = zero + INTER
+            _prefetch_rows(W, pid * (H // P), INTER, H // P, BN, PF_D)
+        if s == s_lo:
+            pdl_wait(PDL)
+            pdl_signal(PDL)
+        else:
+            _grid_sync(BAR, ERR, (s - s_lo) * P, POLLS_)
+        R = N // P
+        _gemv_rows(X, sx, W, Y, pid * R, N, K, R, BN, BK, STAGES, EMU_RNE)

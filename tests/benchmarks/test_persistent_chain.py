@@ -44,7 +44,7 @@ def test_cpu_run_catches_a_wrong_chain(tmp_path, monkeypatch):
     """The check can fail: the kernel run with the down GEMV's input taken from the wrong half of
     gate/up's output (a one-character change of the kernel module, in a copy) is far from F.linear's."""
     src = (REPO / "benchmarks" / "persistent_chain_kernel.py").read_text()
-    bad = src.replace("_gemv_rows(Y3 + layer * 2 * 2 * INTER, 2 * INTER,", "_gemv_rows(Y3 + layer * 2 * 2 * INTER + INTER, 2 * INTER,")
+    bad = src.replace("X = Y3 + layer * 2 * 2 * INTER\n", "X = Y3 + layer * 2 * 2 * INTER + INTER\n")
     assert bad != src
     d = tmp_path / "bench"
     d.mkdir()

@@ -13,7 +13,7 @@ i=0
 while IFS='|' read -r name args; do
   [ -n "$name" ] || continue
   i=$((i + 1))
-  timeout -k 5 "${T_CELL:-90}" python3 benchmarks/persistent_chain.py $args --out "$OUT/$i-$name.json" > "$OUT/$i-$name.txt" 2>&1
+  timeout -k 5 "${T_CELL:-75}" python3 benchmarks/persistent_chain.py $args --out "$OUT/$i-$name.json" > "$OUT/$i-$name.txt" 2>&1
   echo "$i $name ($args): exit=$? $(date -u +%T)" | tee -a "$OUT/log"
   grep -E ' us a layer|^error' "$OUT/$i-$name.txt" | tee -a "$OUT/log"
 done <<'CELLS'
@@ -22,6 +22,7 @@ pf0|--prefetch-mb 0 --systems engine,launch,persistent
 st6|--stages 6 --systems engine,launch,persistent
 bk256|--block-k 256 --warps 4 --systems engine,launch,persistent
 p64|--programs 64 --systems engine,launch,persistent
+p256|--programs 256 --block-n 8 --block-k 1024 --systems engine,launch,persistent
 def2|--systems engine,launch,persistent
 CELLS
 (cd "$OUT" && shopt -s nullglob && f=([0-9]*-*) && [ ${#f[@]} -gt 0 ] && tar czf cells.tgz "${f[@]}" && rm -f "${f[@]}")
