@@ -258,6 +258,8 @@ def main(argv=None) -> int:
         print("error: --device cuda but no CUDA device is available (use --device cpu)", file=sys.stderr)
         return 2
     if cuda:
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(dev)
     if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
         print("error: --device cpu needs TRITON_INTERPRET=1 (set before anything imports triton)", file=sys.stderr)
