@@ -71,6 +71,8 @@ def parse_args(argv=None):
                    "32 on the CPU)")
     p.add_argument("--stages", type=int, default=4, help="tiles in the software pipeline (1-8)")
     p.add_argument("--warps", type=int, default=8, choices=(1, 2, 4, 8, 16))
+    p.add_argument("--defer", action="store_true",
+                   help="the kernel's deferred form: products summed once a tile, not across threads every step")
     p.add_argument("--prefetch-mb", type=float, default=4.0,
                    help="MB of each GEMV's weight asked of L2 before its wait / barrier (0: none); the engine's "
                         "GEMVs keep their own setting (ORTHROS_GEMV_PREFETCH_MB)")
@@ -197,7 +199,7 @@ class Chain:
         self.kernel[(a.programs,)](
             self.act, *self.w, self.y1, self.y2, self.y3, self.bar, self.err, s_lo, s_hi,
             H=H, NQKV=NQKV, INTER=INTER, P=a.programs, BN=a.block_n, BK=a.block_k, STAGES=a.stages,
-            POLLS_=POLLS, num_warps=a.warps, num_stages=a.stages, **self.pf, **kw)
+            POLLS_=POLLS, DEFER=a.defer, num_warps=a.warps, num_stages=a.stages, **self.pf, **kw)
 
     def launch_chain(self):
         from orthros.ops.triton.common import pdl_kwargs
@@ -273,7 +275,7 @@ def main(argv=None) -> int:
             "commit": commit_id(), "torch": torch.__version__, "triton": triton.__version__,
             "python": platform.python_version(), "copy_bandwidth_Bps": bw, "shape": a.shape, "layers": a.layers,
             "programs": a.programs, "block_n": a.block_n, "block_k": a.block_k, "stages": a.stages,
-            "warps": a.warps, "prefetch_mb": a.prefetch_mb, "prefetch_lines": chain.pf,
+            "warps": a.warps, "defer": a.defer, "prefetch_mb": a.prefetch_mb, "prefetch_lines": chain.pf,
             "bytes_per_layer": chain.bytes_per_layer, "argv": sys.argv[1:] if argv is None else list(argv)}
     ref = chain.torch_chain().float()
     rows = []

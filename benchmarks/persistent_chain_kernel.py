@@ -22,13 +22,19 @@ def _prefetch_rows(W, row0, K, R: tl.constexpr, BN: tl.constexpr, PF: tl.constex
 
 @triton.jit
 def _gemv_rows(X, sx, W, Y, row0, N, K, R, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
-               EMU_RNE: tl.constexpr):
+               EMU_RNE: tl.constexpr, DEFER: tl.constexpr):
     """Rows ``[row0, row0 + R)`` of ``Y [2, N] = X [2, K] (row stride sx) @ W [N, K].T`` (``BK``
     divides ``K``, ``BN`` divides ``R``): one pipelined loop over the block's (tile, K step) pairs,
-    so the weight stream runs on across tiles; each tile's two rows stored after its last step."""
+    so the weight stream runs on across tiles; each tile's two rows stored after its last step.
+    ``DEFER``: ``[BN, BK]`` float32 products accumulated elementwise and summed once a tile (the
+    engine's deferred form), instead of a sum across the threads every step."""
     KT = K // BK
-    acc0 = tl.zeros([BN], tl.float32)
-    acc1 = tl.zeros([BN], tl.float32)
+    if DEFER:
+        acc0 = tl.zeros([BN, BK], tl.float32)
+        acc1 = tl.zeros([BN, BK], tl.float32)
+    else:
+        acc0 = tl.zeros([BN], tl.float32)
+        acc1 = tl.zeros([BN], tl.float32)
     for it in tl.range(0, (R // BN) * KT, num_stages=STAGES):
         t = it // KT
         kk = it - t * KT
@@ -37,13 +43,22 @@ def _gemv_rows(X, sx, W, Y, row0, N, K, R, BN: tl.constexpr, BK: tl.constexpr, S
         w = tl.load(W + rows[:, None] * K + cols[None, :]).to(tl.float32)
         x0 = tl.load(X + cols).to(tl.float32)
         x1 = tl.load(X + sx + cols).to(tl.float32)
-        acc0 += tl.sum(w * x0[None, :], axis=1)
-        acc1 += tl.sum(w * x1[None, :], axis=1)
-        last = (tl.zeros([BN], tl.int32) + kk) == KT - 1
-        tl.store(Y + rows, _round(acc0, Y.dtype.element_ty, EMU_RNE), mask=last)
-        tl.store(Y + N + rows, _round(acc1, Y.dtype.element_ty, EMU_RNE), mask=last)
-        acc0 = tl.where(last, 0.0, acc0)
-        acc1 = tl.where(last, 0.0, acc1)
+        if DEFER:
+            acc0 += w * x0[None, :]
+            acc1 += w * x1[None, :]
+            if kk == KT - 1:
+                tl.store(Y + rows, _round(tl.sum(acc0, axis=1), Y.dtype.element_ty, EMU_RNE))
+                tl.store(Y + N + rows, _round(tl.sum(acc1, axis=1), Y.dtype.element_ty, EMU_RNE))
+                acc0 = tl.zeros([BN, BK], tl.float32)
+                acc1 = tl.zeros([BN, BK], tl.float32)
+        else:
+            acc0 += tl.sum(w * x0[None, :], axis=1)
+            acc1 += tl.sum(w * x1[None, :], axis=1)
+            last = (tl.zeros([BN], tl.int32) + kk) == KT - 1
+            tl.store(Y + rows, _round(acc0, Y.dtype.element_ty, EMU_RNE), mask=last)
+            tl.store(Y + N + rows, _round(acc1, Y.dtype.element_ty, EMU_RNE), mask=last)
+            acc0 = tl.where(last, 0.0, acc0)
+            acc1 = tl.where(last, 0.0, acc1)
 
 
 @triton.jit
@@ -70,7 +85,8 @@ def _chain_kernel(ACT, WQKV, WO, WGU, WD, Y1, Y2, Y3, BAR, ERR, s_lo, s_hi,
                   H: tl.constexpr, NQKV: tl.constexpr, INTER: tl.constexpr, P: tl.constexpr,
                   BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
                   PF_QKV: tl.constexpr, PF_O: tl.constexpr, PF_GU: tl.constexpr, PF_D: tl.constexpr,
-                  POLLS_: tl.constexpr, EMU_RNE: tl.constexpr = False, PDL: tl.constexpr = False):
+                  POLLS_: tl.constexpr, EMU_RNE: tl.constexpr = False, DEFER: tl.constexpr = False,
+                  PDL: tl.constexpr = False):
     """GEMVs ``s_lo .. s_hi - 1`` of the chain (GEMV ``s``: layer ``s // 4``, site ``s % 4``);
     ``ACT [layers + 1, 2, H]`` holds each layer's input and the last output. Each program asks
     L2 for the start of its next weight rows, then waits: for the kernel ahead (the launch's first
@@ -119,4 +135,4 @@ def _chain_kernel(ACT, WQKV, WO, WGU, WD, Y1, Y2, Y3, BAR, ERR, s_lo, s_hi,
         else:
             _grid_sync(BAR, ERR, (s - s_lo) * P, POLLS_)
         R = N // P
-        _gemv_rows(X, sx, W, Y, pid * R, N, K, R, BN, BK, STAGES, EMU_RNE)
+        _gemv_rows(X, sx, W, Y, pid * R, N, K, R, BN, BK, STAGES, EMU_RNE, DEFER)

@@ -26,9 +26,10 @@ def run(*args, timeout=300):
                           env=env, cwd=REPO)
 
 
-def test_cpu_run_every_system_matches_torch(tmp_path):
+@pytest.mark.parametrize("form", [(), ("--defer",)], ids=["per-step-sum", "defer"])
+def test_cpu_run_every_system_matches_torch(tmp_path, form):
     out = tmp_path / "chain.json"
-    p = run("--device", "cpu", "--layers", "3", "--out", str(out))
+    p = run("--device", "cpu", "--layers", "3", *form, "--out", str(out))
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads(out.read_text())
     rows = {r["system"]: r for r in data["rows"]}
@@ -96,7 +97,9 @@ def test_prefetch_lines_fit_the_budget():
 
 
 @pytest.mark.gpu
-def test_gpu_run_every_system_matches_torch(tmp_path):
+@pytest.mark.parametrize("form", [(), ("--defer",), ("--defer", "--programs", "256", "--block-n", "8")],
+                         ids=["per-step-sum", "defer", "defer-256-programs"])
+def test_gpu_run_every_system_matches_torch(tmp_path, form):
     """Compiled, 128 programs resident at once: the grid barriers order the GEMVs (a missing or
     early barrier reads a half-written input; the buffers are zeroed before each system's check)."""
     torch = pytest.importorskip("torch")
@@ -104,7 +107,7 @@ def test_gpu_run_every_system_matches_torch(tmp_path):
         pytest.skip("needs a CUDA device")
     out = tmp_path / "chain.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    p = subprocess.run([sys.executable, str(SCRIPT), "--layers", "3", "--reps", "2", "--out", str(out)],
+    p = subprocess.run([sys.executable, str(SCRIPT), "--layers", "3", "--reps", "2", *form, "--out", str(out)],
                        capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     assert p.returncode == 0, p.stderr[-3000:]
     for r in json.loads(out.read_text())["rows"]:
