@@ -67,12 +67,13 @@ def _grid_sync(BAR, ERR, target, POLLS_: tl.constexpr):
     spin until ``target`` programs have arrived (acquire). One thread a program does the atomics
     (Triton lowers them so: ``red.release`` and ``ld.acquire`` at gpu scope, the value shared
     through shared memory). Gives up after ``POLLS_`` polls and flags ``ERR`` (the programs
-    were not all resident)."""
+    were not all resident); once ``ERR`` is flagged, no barrier waits (the run ends soon, failed)."""
     tl.debug_barrier()
     tl.atomic_add(BAR, 1, sem="release", scope="gpu")
     seen = tl.atomic_add(BAR, 0, sem="acquire", scope="gpu")
+    failed = tl.atomic_add(ERR, 0, sem="relaxed", scope="gpu")
     n = 0
-    while (seen < target) & (n < POLLS_):
+    while (seen < target) & (n < POLLS_) & (failed == 0):
         seen = tl.atomic_add(BAR, 0, sem="acquire", scope="gpu")
         n += 1
     if seen < target:

@@ -17,7 +17,15 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "persistent_chain.py"
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from persistent_chain import chain_sites, prefetch_lines  # noqa: E402
+from persistent_chain_kernel import _grid_sync  # noqa: E402
+
+
+@triton.jit
+def _wait_for(BAR, ERR, target, POLLS_: tl.constexpr):
+    _grid_sync(BAR, ERR, target, POLLS_)
 
 
 def run(*args, timeout=300):
@@ -112,3 +120,17 @@ def test_gpu_run_every_system_matches_torch(tmp_path, form):
     assert p.returncode == 0, p.stderr[-3000:]
     for r in json.loads(out.read_text())["rows"]:
         assert r["rel_err_vs_torch"] < 1e-2, r
+
+
+def test_grid_sync_gives_up_and_flags_when_programs_are_missing():
+    """The barrier's failure path, through the interpreter: one program waiting for three arrivals
+    gives up after its polls, flags ERR, and has counted its own arrival."""
+    torch = pytest.importorskip("torch")
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the CPU form of this check runs in the Triton interpreter")
+    bar = torch.zeros(1, dtype=torch.int32)
+    err = torch.zeros(1, dtype=torch.int32)
+    _wait_for[(1,)](bar, err, 1, POLLS_=4)
+    assert bar.item() == 1 and err.item() == 0  # its own arrival is all it waits for
+    _wait_for[(1,)](bar, err, 3, POLLS_=4)
+    assert bar.item() == 2 and err.item() == 1
