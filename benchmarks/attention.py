@@ -50,6 +50,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 sys.path.insert(0, ".")
+from orthros.benchmarks.inference import capture_graph, replay_seconds  # noqa: E402
 from orthros.ops import orthros_attention  # noqa: E402
 from orthros.ops.decode import orthros_decode_attention  # noqa: E402
 
@@ -176,31 +177,9 @@ def graph_time(fn, reps=None):
     if DRY:
         fn()
         return bench(fn)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    gr = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(gr):
-        fn()
+    gr = capture_graph(fn, torch.device("cuda", torch.cuda.current_device()))
     try:
-        if reps is None:
-            return bench(gr.replay)
-        for _ in range(3):
-            gr.replay()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(reps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            gr.replay()
-            b.record()
-            ts.append((a, b))
-        torch.cuda.synchronize()
-        ms = sorted(a.elapsed_time(b) for a, b in ts)
-        return ms[len(ms) // 2]
+        return bench(gr.replay) if reps is None else 1e3 * replay_seconds(gr, reps)
     finally:
         del gr
 

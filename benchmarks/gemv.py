@@ -211,7 +211,7 @@ def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
 
-    from orthros.benchmarks.inference import _progress, copy_bandwidth, print_table, save
+    from orthros.benchmarks.inference import _progress, capture_graph, copy_bandwidth, print_table, replay_seconds, save
     from orthros.ops.gemv import gemv_ref
     from orthros.ops.gemv.kernel import gemv_triton, pick_config
 
@@ -259,29 +259,10 @@ def main(argv=None) -> int:
         nbytes = sum(t.numel() for t in w0) * elem if isinstance(w0, tuple) else w0.numel() * elem
         rounds = max(1, math.ceil(2e9 / (nbytes * len(weights))))  # >= ~2 GB streamed per replay
         torch.cuda.synchronize(dev)
-        s = torch.cuda.Stream(dev)
-        s.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(s):  # warm the allocator on the side stream, as capture wants
-            for w in weights:
-                fn(x, w)
-        torch.cuda.current_stream(dev).wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(rounds):
-                for w in weights:
-                    fn(x, w)
-        for _ in range(3):
-            g.replay()
-        ts = []
-        for _ in range(a.reps):
-            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            e0.record()
-            g.replay()
-            e1.record()
-            e1.synchronize()
-            ts.append(e0.elapsed_time(e1) / 1000 / (rounds * len(weights)))
+        g = capture_graph(lambda: [fn(x, w) for _ in range(rounds) for w in weights], dev, warmup=1)
+        t = replay_seconds(g, a.reps) / (rounds * len(weights))
         del g
-        return statistics.median(ts)
+        return t
 
     def rel_err(y, ref):
         return ((y.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()

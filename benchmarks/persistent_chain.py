@@ -2,10 +2,12 @@
 lose at their kernel boundaries, and how much of it one persistent kernel would get back.
 
 The 2026-12-01 GEMV sweep (``docs/results/gemv-2026-12-01``) fits every one-row GEMV of
-Qwen3-8B, from W_O (33.5 MB) to the LM head (1.2 GB), as ~3.5 us plus the weight's bytes at
+Qwen3-8B, from W_O (33.5 MB) to the LM head (1.2 GB), as ~3.6 us plus the weight's bytes at
 ~4.6 TB/s: each kernel pays a fixed cost (its wait for the kernel ahead, the first bytes'
 latency, the tail of its last programs) that PDL and the L2 prefetch only partly hide. A pair
 layer at 1K runs seven kernels; this probe prices the boundaries of the four GEMVs alone.
+Measured on an H200 (2026-12-04, docs/benchmarks.md): one persistent launch 1.6-2.3 us a layer
+slower than one launch a GEMV, where the probe's kernel streams near the engine's rate.
 
 The chain: for each of ``--layers`` layers (own weights, Qwen3-8B's shapes, so no layer finds its
 weights in L2), ``M = 2`` rows (the Orthros pair) through QKV [6144 x 4096] -> W_O [4096 x 4096]
@@ -219,39 +221,13 @@ class Chain:
                 "persistent": self.persistent_chain}[system]
 
 
-def time_graph(fn, device, reps: int) -> float:
-    """Seconds a call of ``fn`` (CUDA graph of one call, median of ``reps`` replays)."""
-    import torch
-
-    s = torch.cuda.Stream(device)
-    s.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream(device).wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    for _ in range(3):
-        g.replay()
-    ts = []
-    for _ in range(reps):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        ts.append(e0.elapsed_time(e1) / 1000)
-    del g
-    return statistics.median(ts)
-
-
 def main(argv=None) -> int:
     a = parse_args(argv)
     if a.device == "cpu":  # the kernels run in the Triton interpreter (set before triton loads)
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
 
-    from orthros.benchmarks.inference import copy_bandwidth, print_table, save
+    from orthros.benchmarks.inference import capture_graph, copy_bandwidth, print_table, replay_seconds, save
 
     t0 = time.time()
     dev = torch.device(a.device)
@@ -291,7 +267,7 @@ def main(argv=None) -> int:
                   f"all resident); lower --programs", file=sys.stderr)
             return 1
         err = ((out - ref).norm() / ref.norm()).item()
-        t = time_graph(fn, dev, a.reps) if cuda else float("nan")
+        t = replay_seconds(capture_graph(fn, dev, warmup=1), a.reps) if cuda else float("nan")
         per_layer = t / a.layers
         rows.append({"system": system, "us_per_layer": per_layer * 1e6, "ms_chain": t * 1e3,
                      "weight_GBps": chain.bytes_per_layer / per_layer / 1e9 if cuda else None,

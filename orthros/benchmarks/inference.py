@@ -180,6 +180,37 @@ def time_call(fn: Callable, device) -> float:
     return time.perf_counter() - t
 
 
+def capture_graph(fn: Callable, device, warmup: int = 3) -> "torch.cuda.CUDAGraph":
+    """A CUDA graph of one call of ``fn`` on ``device``, captured after ``warmup`` calls on a side
+    stream (as capture wants: allocator and kernels warm, nothing captured twice)."""
+    s = torch.cuda.Stream(device)
+    s.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(s):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
+def replay_seconds(g: "torch.cuda.CUDAGraph", reps: int, warmup: int = 3) -> float:
+    """Median seconds of one replay of ``g`` over ``reps`` replays timed by CUDA events, after
+    ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        g.replay()
+    ts = []
+    for _ in range(max(1, reps)):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        ts.append(e0.elapsed_time(e1) / 1000)
+    return statistics.median(ts)
+
+
 def measure(fn: Callable, device, *, budget_s: float = 3.0, max_reps: int = 10, single_shot_s: float = 25.0) -> Dict:
     """Median milliseconds of ``fn`` and peak memory. The first call warms up (kernel
     compilation for new shapes) and is dropped, unless it alone takes over ``single_shot_s``

@@ -48,3 +48,21 @@ def test_bench_all_runs_the_three_sections_on_one_model(tmp_path):
     assert orthros_main(argv) == 0
     for what in ("prefill", "decode", "e2e"):
         assert (tmp_path / f"{what}.json").exists() and (tmp_path / f"{what}.png").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_capture_graph_replays_the_call_and_times_it():
+    """The one home of the benchmarks' CUDA-graph timing (gemv.py, attention.py, persistent_chain.py):
+    the captured call runs on each replay (after the warm-up calls, not inside the graph twice)."""
+    from orthros.benchmarks.inference import capture_graph, replay_seconds
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    x = torch.zeros(1 << 20, device=dev)
+    g = capture_graph(lambda: x.add_(1.0), dev, warmup=2)
+    assert x[0].item() == 2.0  # the two warm-up calls ran eagerly, capture ran nothing
+    g.replay()
+    torch.cuda.synchronize(dev)
+    assert x[0].item() == 3.0
+    t = replay_seconds(g, reps=5, warmup=1)
+    assert t > 0 and x[0].item() == 9.0  # 1 warm + 5 timed replays

@@ -49,9 +49,9 @@ def test_cpu_run_every_system_matches_torch(tmp_path, form):
     assert not list(tmp_path.glob("*.tmp*"))
 
 
-def test_cpu_run_catches_a_wrong_chain(tmp_path, monkeypatch):
+def test_cpu_run_catches_a_wrong_chain(tmp_path):
     """The check can fail: the kernel run with the down GEMV's input taken from the wrong half of
-    gate/up's output (a one-character change of the kernel module, in a copy) is far from F.linear's."""
+    gate/up's output (one line of the kernel module changed, in a copy) is far from F.linear's."""
     src = (REPO / "benchmarks" / "persistent_chain_kernel.py").read_text()
     bad = src.replace("X = Y3 + layer * 2 * 2 * INTER\n", "X = Y3 + layer * 2 * 2 * INTER + INTER\n")
     assert bad != src
@@ -108,8 +108,9 @@ def test_prefetch_lines_fit_the_budget():
 @pytest.mark.parametrize("form", [(), ("--defer",), ("--defer", "--programs", "256", "--block-n", "8")],
                          ids=["per-step-sum", "defer", "defer-256-programs"])
 def test_gpu_run_every_system_matches_torch(tmp_path, form):
-    """Compiled, 128 programs resident at once: the grid barriers order the GEMVs (a missing or
-    early barrier reads a half-written input; the buffers are zeroed before each system's check)."""
+    """Compiled, every program resident at once (128, or 256 of 8-row tiles): the grid barriers
+    order the GEMVs (a missing or early barrier reads a half-written input; the buffers are
+    zeroed before each system's check)."""
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
