@@ -75,6 +75,9 @@ def parse_args(argv=None):
     p.add_argument("--warps", type=int, default=8, choices=(1, 2, 4, 8, 16))
     p.add_argument("--defer", action="store_true",
                    help="the kernel's deferred form: products summed once a tile, not across threads every step")
+    p.add_argument("--hold", type=int, default=0, choices=(0, 1, 2, 4, 8),
+                   help="with --defer: weight tiles each program loads into registers before its wait / barrier "
+                        "and multiplies after it (0: none)")
     p.add_argument("--prefetch-mb", type=float, default=4.0,
                    help="MB of each GEMV's weight asked of L2 before its wait / barrier (0: none); the engine's "
                         "GEMVs keep their own setting (ORTHROS_GEMV_PREFETCH_MB)")
@@ -108,6 +111,8 @@ def parse_args(argv=None):
     bad = [s for s in a.systems if s not in SYSTEMS]
     if bad or not a.systems:
         p.error(f"--systems must name some of {', '.join(SYSTEMS)}, got {bad or 'none'}")
+    if a.hold and not a.defer:
+        p.error("--hold needs --defer (the held tiles start the deferred form's accumulators)")
     a.shape = "tiny" if cpu else "qwen3-8b"
     H, NQKV, INTER = SHAPES[a.shape]
     for what, n, k in chain_sites(H, NQKV, INTER):
@@ -116,6 +121,9 @@ def parse_args(argv=None):
                     f"{a.programs} x {a.block_n} = {a.programs * a.block_n}")
         if k % a.block_k:
             p.error(f"--block-k must divide every GEMV's columns: {what} has {k}, got {a.block_k}")
+        if a.hold >= k // a.block_k:
+            p.error(f"--hold must be below every GEMV's K steps (K / --block-k): {what} has {k // a.block_k}, "
+                    f"got {a.hold}")
     return a
 
 
@@ -201,7 +209,7 @@ class Chain:
         self.kernel[(a.programs,)](
             self.act, *self.w, self.y1, self.y2, self.y3, self.bar, self.err, s_lo, s_hi,
             H=H, NQKV=NQKV, INTER=INTER, P=a.programs, BN=a.block_n, BK=a.block_k, STAGES=a.stages,
-            POLLS_=POLLS, DEFER=a.defer, num_warps=a.warps, num_stages=a.stages, **self.pf, **kw)
+            POLLS_=POLLS, DEFER=a.defer, HOLD=a.hold, num_warps=a.warps, num_stages=a.stages, **self.pf, **kw)
 
     def launch_chain(self):
         from orthros.ops.triton.common import pdl_kwargs
@@ -251,7 +259,7 @@ def main(argv=None) -> int:
             "commit": commit_id(), "torch": torch.__version__, "triton": triton.__version__,
             "python": platform.python_version(), "copy_bandwidth_Bps": bw, "shape": a.shape, "layers": a.layers,
             "programs": a.programs, "block_n": a.block_n, "block_k": a.block_k, "stages": a.stages,
-            "warps": a.warps, "defer": a.defer, "prefetch_mb": a.prefetch_mb, "prefetch_lines": chain.pf,
+            "warps": a.warps, "defer": a.defer, "hold": a.hold, "prefetch_mb": a.prefetch_mb, "prefetch_lines": chain.pf,
             "bytes_per_layer": chain.bytes_per_layer, "argv": sys.argv[1:] if argv is None else list(argv)}
     ref = chain.torch_chain().float()
     rows = []

@@ -22,20 +22,31 @@ def _prefetch_rows(W, row0, K, R: tl.constexpr, BN: tl.constexpr, PF: tl.constex
 
 @triton.jit
 def _gemv_rows(X, sx, W, Y, row0, N, K, R, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
-               EMU_RNE: tl.constexpr, DEFER: tl.constexpr):
+               EMU_RNE: tl.constexpr, DEFER: tl.constexpr, wh, HOLD: tl.constexpr):
     """Rows ``[row0, row0 + R)`` of ``Y [2, N] = X [2, K] (row stride sx) @ W [N, K].T`` (``BK``
     divides ``K``, ``BN`` divides ``R``): one pipelined loop over the block's (tile, K step) pairs,
     so the weight stream runs on across tiles; each tile's two rows stored after its last step.
     ``DEFER``: ``[BN, BK]`` float32 products accumulated elementwise and summed once a tile (the
-    engine's deferred form), instead of a sum across the threads every step."""
+    engine's deferred form), instead of a sum across the threads every step. ``HOLD`` (with
+    ``DEFER``, ``HOLD < K / BK``): ``wh [HOLD, BN, BK]`` are the first tile's first ``HOLD`` K steps,
+    loaded by the caller before its wait; their products start the accumulators and the loop
+    starts after them."""
     KT = K // BK
     if DEFER:
-        acc0 = tl.zeros([BN, BK], tl.float32)
-        acc1 = tl.zeros([BN, BK], tl.float32)
+        if HOLD > 0:
+            offs = (tl.arange(0, HOLD) * BK)[:, None] + tl.arange(0, BK)[None, :]
+            xh0 = tl.load(X + offs).to(tl.float32)
+            xh1 = tl.load(X + sx + offs).to(tl.float32)
+            whf = wh.to(tl.float32)
+            acc0 = tl.sum(whf * xh0[:, None, :], axis=0)
+            acc1 = tl.sum(whf * xh1[:, None, :], axis=0)
+        else:
+            acc0 = tl.zeros([BN, BK], tl.float32)
+            acc1 = tl.zeros([BN, BK], tl.float32)
     else:
         acc0 = tl.zeros([BN], tl.float32)
         acc1 = tl.zeros([BN], tl.float32)
-    for it in tl.range(0, (R // BN) * KT, num_stages=STAGES):
+    for it in tl.range(HOLD, (R // BN) * KT, num_stages=STAGES):
         t = it // KT
         kk = it - t * KT
         rows = row0 + t * BN + tl.arange(0, BN)
@@ -87,12 +98,14 @@ def _chain_kernel(ACT, WQKV, WO, WGU, WD, Y1, Y2, Y3, BAR, ERR, s_lo, s_hi,
                   BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
                   PF_QKV: tl.constexpr, PF_O: tl.constexpr, PF_GU: tl.constexpr, PF_D: tl.constexpr,
                   POLLS_: tl.constexpr, EMU_RNE: tl.constexpr = False, DEFER: tl.constexpr = False,
-                  PDL: tl.constexpr = False):
+                  HOLD: tl.constexpr = 0, PDL: tl.constexpr = False):
     """GEMVs ``s_lo .. s_hi - 1`` of the chain (GEMV ``s``: layer ``s // 4``, site ``s % 4``);
     ``ACT [layers + 1, 2, H]`` holds each layer's input and the last output. Each program asks
     L2 for the start of its next weight rows, then waits: for the kernel ahead (the launch's first
-    GEMV, ``PDL``) or at a grid barrier (every later one). One loop serves the four sites (their
-    shapes are runtime values), so the launch holds one pipeline's shared memory."""
+    GEMV, ``PDL``) or at a grid barrier (every later one); with ``HOLD``, it also loads its first
+    ``HOLD`` weight tiles into registers before waiting (weight bytes streamed across the
+    dependency). One loop serves the four sites (their shapes are runtime values), so the
+    launch holds one pipeline's shared memory."""
     pid = tl.program_id(0)
     zero = pid * 0
     for s in range(s_lo, s_hi):
@@ -130,10 +143,15 @@ def _chain_kernel(ACT, WQKV, WO, WGU, WD, Y1, Y2, Y3, BAR, ERR, s_lo, s_hi,
             N = zero + H
             K = zero + INTER
             _prefetch_rows(W, pid * (H // P), INTER, H // P, BN, PF_D)
+        R = N // P
+        if HOLD > 0:  # read-only weight: safe to load before the wait
+            hk = (tl.arange(0, HOLD) * BK)[:, None, None] + tl.arange(0, BK)[None, None, :]
+            wh = tl.load(W + (pid * R + tl.arange(0, BN))[None, :, None] * K + hk)
+        else:
+            wh = 0
         if s == s_lo:
             pdl_wait(PDL)
             pdl_signal(PDL)
         else:
             _grid_sync(BAR, ERR, (s - s_lo) * P, POLLS_)
-        R = N // P
-        _gemv_rows(X, sx, W, Y, pid * R, N, K, R, BN, BK, STAGES, EMU_RNE, DEFER)
+        _gemv_rows(X, sx, W, Y, pid * R, N, K, R, BN, BK, STAGES, EMU_RNE, DEFER, wh, HOLD)

@@ -34,7 +34,7 @@ def run(*args, timeout=300):
                           env=env, cwd=REPO)
 
 
-@pytest.mark.parametrize("form", [(), ("--defer",)], ids=["per-step-sum", "defer"])
+@pytest.mark.parametrize("form", [(), ("--defer",), ("--defer", "--hold", "1")], ids=["per-step-sum", "defer", "hold"])
 def test_cpu_run_every_system_matches_torch(tmp_path, form):
     out = tmp_path / "chain.json"
     p = run("--device", "cpu", "--layers", "3", *form, "--out", str(out))
@@ -75,6 +75,9 @@ def test_cpu_run_catches_a_wrong_chain(tmp_path):
     (("--device", "cpu", "--systems", "engine,cublas"), "--systems"),
     (("--device", "cpu", "--layers", "0"), "--layers"),
     (("--device", "cpu", "--prefetch-mb", "-1"), "--prefetch-mb"),
+    (("--device", "cpu", "--hold", "1"), "--hold needs --defer"),
+    (("--device", "cpu", "--defer", "--hold", "2"), "--hold must be below"),
+    (("--device", "cpu", "--defer", "--hold", "3"), "--hold"),
     (("--device", "tpu"), "--device"),
     (("--programs", "100",), "--programs x --block-n"),
 ])
@@ -105,8 +108,9 @@ def test_prefetch_lines_fit_the_budget():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", [(), ("--defer",), ("--defer", "--programs", "256", "--block-n", "8")],
-                         ids=["per-step-sum", "defer", "defer-256-programs"])
+@pytest.mark.parametrize("form", [(), ("--defer",), ("--defer", "--programs", "256", "--block-n", "8"),
+                                  ("--defer", "--hold", "4")],
+                         ids=["per-step-sum", "defer", "defer-256-programs", "hold"])
 def test_gpu_run_every_system_matches_torch(tmp_path, form):
     """Compiled, every program resident at once (128, or 256 of 8-row tiles): the grid barriers
     order the GEMVs (a missing or early barrier reads a half-written input; the buffers are
