@@ -37,10 +37,8 @@ every row, atomically (temporary name, then rename). Bad arguments exit 2 before
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -48,7 +46,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from orthros.utils import DTYPE_CHOICES, commit_id, parse_dtype  # noqa: E402  (imports no torch: arguments first)
+from orthros.utils import DTYPE_CHOICES, parse_dtype  # noqa: E402  (imports no torch: arguments first)
 
 # (N, K) of each weight: Qwen3-8B (hidden 4096, 32 / 8 heads of 128, intermediate 12288, vocab 151936)
 SHAPES = {
@@ -211,7 +209,8 @@ def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
 
-    from orthros.benchmarks.inference import _progress, capture_graph, copy_bandwidth, print_table, replay_seconds, save
+    from orthros.benchmarks.inference import (_progress, capture_graph, copy_bandwidth, print_table, replay_seconds,
+                                              save, script_meta)
     from orthros.ops.gemv import gemv_ref
     from orthros.ops.gemv.kernel import gemv_triton, pick_config
 
@@ -227,16 +226,8 @@ def main(argv=None) -> int:
     shapes = {n: (QUICK_SHAPES if a.quick else SHAPES)[n] for n in a.shapes}
     elem = torch.empty(0, dtype=dtype).element_size()
     bw = copy_bandwidth(dev, 2**30 if cuda else 2**22)
-    try:
-        import triton
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": torch.cuda.get_device_name(dev) if cuda else (platform.processor() or "cpu"),
-            "commit": commit_id(), "torch": torch.__version__, "triton": triton_version,
-            "python": platform.python_version(), "dtype": a.dtype, "copy_bandwidth_Bps": bw,
-            "quick": a.quick, "sweep": a.sweep, "fused": a.fused, "argv": sys.argv[1:] if argv is None else list(argv)}
+    meta = {**script_meta(dev, sys.argv[1:] if argv is None else argv), "dtype": a.dtype, "copy_bandwidth_Bps": bw,
+            "quick": a.quick, "sweep": a.sweep, "fused": a.fused}
     rows = []
 
     def write():

@@ -42,17 +42,12 @@ before any work.
 from __future__ import annotations
 
 import argparse
-import datetime
 import math
 import os
-import platform
-import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
-from orthros.utils import commit_id  # noqa: E402  (imports no torch: arguments first)
 
 SYSTEMS = ("engine", "launch", "persistent", "torch")
 # (hidden, QKV rows, intermediate): Qwen3-8B; the interpreter's smoke shapes
@@ -235,7 +230,7 @@ def main(argv=None) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     import torch
 
-    from orthros.benchmarks.inference import capture_graph, copy_bandwidth, print_table, replay_seconds, save
+    from orthros.benchmarks.inference import capture_graph, copy_bandwidth, print_table, replay_seconds, save, script_meta
 
     t0 = time.time()
     dev = torch.device(a.device)
@@ -250,17 +245,12 @@ def main(argv=None) -> int:
     if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
         print("error: --device cpu needs TRITON_INTERPRET=1 (set before anything imports triton)", file=sys.stderr)
         return 2
-    import triton
-
     bw = copy_bandwidth(dev, 2 ** 30 if cuda else 2 ** 22)
     chain = Chain(a, dev, torch.bfloat16)
-    meta = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": torch.cuda.get_device_name(dev) if cuda else (platform.processor() or "cpu"),
-            "commit": commit_id(), "torch": torch.__version__, "triton": triton.__version__,
-            "python": platform.python_version(), "copy_bandwidth_Bps": bw, "shape": a.shape, "layers": a.layers,
-            "programs": a.programs, "block_n": a.block_n, "block_k": a.block_k, "stages": a.stages,
-            "warps": a.warps, "defer": a.defer, "hold": a.hold, "prefetch_mb": a.prefetch_mb, "prefetch_lines": chain.pf,
-            "bytes_per_layer": chain.bytes_per_layer, "argv": sys.argv[1:] if argv is None else list(argv)}
+    meta = {**script_meta(dev, sys.argv[1:] if argv is None else argv), "copy_bandwidth_Bps": bw, "shape": a.shape,
+            "layers": a.layers, "programs": a.programs, "block_n": a.block_n, "block_k": a.block_k,
+            "stages": a.stages, "warps": a.warps, "defer": a.defer, "hold": a.hold, "prefetch_mb": a.prefetch_mb,
+            "prefetch_lines": chain.pf, "bytes_per_layer": chain.bytes_per_layer}
     ref = chain.torch_chain().float()
     rows = []
     for system in a.systems:

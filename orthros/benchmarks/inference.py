@@ -180,6 +180,22 @@ def time_call(fn: Callable, device) -> float:
     return time.perf_counter() - t
 
 
+def script_meta(device, argv) -> Dict:
+    """The fields a micro-benchmark script's JSON meta starts with (``benchmarks/gemv.py``,
+    ``benchmarks/persistent_chain.py``): UTC time to the second, the device's name, the commit,
+    torch / triton / Python versions and the script's arguments."""
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    dev = torch.device(device)
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or "cpu"),
+            "commit": commit_id(), "torch": torch.__version__, "triton": triton_version,
+            "python": platform.python_version(), "argv": list(argv)}
+
+
 def capture_graph(fn: Callable, device, warmup: int = 3) -> "torch.cuda.CUDAGraph":
     """A CUDA graph of one call of ``fn`` on ``device``, captured after ``warmup`` calls on a side
     stream (as capture wants: allocator and kernels warm, nothing captured twice)."""
