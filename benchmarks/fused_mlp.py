@@ -1,0 +1,230 @@
+"""Probe (issue #18, docs/performance.md inference change 32): a decode layer's SwiGLU MLP as one
+kernel, gate/up and down without a grid-wide dependency between them.
+
+In the pair's 1K step a layer's MLP runs as two GEMVs: gate/up (201 MB at Qwen3-8B's shape), then
+down (101 MB) with the SwiGLU in its prologue and the residual in its epilogue; down cannot start
+until every program of gate/up is done (a kernel boundary under PDL). The timeline of
+``docs/results/s21-2026-12-04/call2`` prices them at 47.0 and 26.3 us a layer against 43.8 and
+21.9 us of bytes at 4.6 TB/s (the GEMV sweep's streaming rate). The fused kernel
+(``fused_mlp_kernel.py``) gives each program a slice of the intermediate units: its gate and up
+rows, then the same units' rows of down's weight (transposed), its products added to a float32
+accumulator with atomics; no program waits for another. The residual add moves into the kernel
+behind (here the next layer's MLP, ``FOLD``; in the engine it would be the next QKV GEMV).
+
+The chain: ``--layers`` layers (own weights, Qwen3-8B's shapes, so no layer finds its weights in
+L2), ``M = 2`` rows (the Orthros pair), ``x_{l+1} = x_l + down(silu(x_l W_g^T) * (x_l W_u^T))``
+with bf16 roundings as the engine's GEMVs round. Systems, timed in the same process under CUDA
+graphs:
+
+- ``engine``: the engine's two GEMVs (``orthros.ops.gemv.kernel.gemv_triton``: gate/up plain,
+  down with ``act="silu"`` and ``residual``; their M = 2 configs, PDL, the L2 prefetch);
+- ``fused``: one launch a layer of the fused kernel (PDL, ``--prefetch-lines`` of every gate
+  and up row asked of L2 before its wait), after one memset of all layers' accumulators; the
+  last layer's residual add by torch (once a chain);
+- ``torch``: the same chain with ``F.linear`` (cuBLAS), the reference of both outputs.
+
+On a CPU (``--device cpu``) everything runs in the Triton interpreter at tiny shapes: a check of
+the arithmetic, not a timing.
+
+    python benchmarks/fused_mlp.py --out docs/results/<dir>/mlp.json [--block-i 32 --block-k 128 --block-n 256]
+    python benchmarks/fused_mlp.py --device cpu --out /tmp/mlp.json   # interpreter smoke run
+
+Prints per system the time a layer (us), its weight bytes a second, the ratio to the copy
+bandwidth measured in the same run and to ``engine``, and the error against ``torch``; writes
+the JSON (meta: date, GPU, commit, versions, copy bandwidth) atomically. Bad arguments exit 2
+before any work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+SYSTEMS = ("engine", "fused", "torch")
+# (hidden, intermediate): Qwen3-8B; the interpreter's smoke shapes
+SHAPES = {"qwen3-8b": (4096, 12288), "tiny": (64, 128)}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True, help="the JSON to write (a .json path)")
+    p.add_argument("--device", default="cuda", help="cuda[:i], or cpu (Triton interpreter, tiny shapes)")
+    p.add_argument("--layers", type=int, default=None, help="layers in the chain (default 36 on CUDA, 3 on the CPU)")
+    p.add_argument("--block-i", type=int, default=None,
+                   help="intermediate units a program (a power of two >= 16; default 32 on CUDA, 32 on the CPU): "
+                        "the launch has intermediate / block-i programs")
+    p.add_argument("--block-k", type=int, default=None, help="gate/up's K tile (default 128 on CUDA, 32 on the CPU)")
+    p.add_argument("--block-n", type=int, default=None, help="down's column tile (default 256 on CUDA, 32 on the CPU)")
+    p.add_argument("--stages", type=int, default=3, help="tiles in each loop's software pipeline (1-8)")
+    p.add_argument("--warps", type=int, default=4, choices=(1, 2, 4, 8, 16))
+    p.add_argument("--prefetch-lines", type=int, default=1,
+                   help="128-byte lines of every gate and up row asked of L2 before the PDL wait (0: none)")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
+    p.add_argument("--reps", type=int, default=20, help="timed graph replays (median)")
+    a = p.parse_args(argv)
+    if os.path.isdir(a.out) or not a.out.endswith(".json"):
+        p.error(f"--out must be a .json file path (not a directory), got {a.out!r}")
+    if not (a.device == "cpu" or a.device == "cuda" or a.device.startswith("cuda:")):
+        p.error(f"--device must be cuda, cuda:<i> or cpu, got {a.device!r}")
+    cpu = a.device == "cpu"
+    a.layers = a.layers if a.layers is not None else (3 if cpu else 36)
+    a.block_i = a.block_i if a.block_i is not None else 32
+    a.block_k = a.block_k if a.block_k is not None else (32 if cpu else 128)
+    a.block_n = a.block_n if a.block_n is not None else (32 if cpu else 256)
+    if a.layers < 1:
+        p.error(f"--layers must be >= 1, got {a.layers}")
+    for name in ("block_i", "block_k", "block_n"):
+        v = getattr(a, name)
+        if v < 16 or v & (v - 1):
+            p.error(f"--{name.replace('_', '-')} must be a power of two >= 16 (a tensor-core tile side), got {v}")
+    if not 1 <= a.stages <= 8:
+        p.error(f"--stages must be in 1..8, got {a.stages}")
+    if a.prefetch_lines < 0 or a.prefetch_lines & (a.prefetch_lines - 1):
+        p.error(f"--prefetch-lines must be 0 or a power of two, got {a.prefetch_lines}")
+    if a.reps < 1:
+        p.error(f"--reps must be >= 1, got {a.reps}")
+    a.systems = [s.strip() for s in a.systems.split(",") if s.strip()]
+    bad = [s for s in a.systems if s not in SYSTEMS]
+    if bad or not a.systems:
+        p.error(f"--systems must name some of {', '.join(SYSTEMS)}, got {bad or 'none'}")
+    a.shape = "tiny" if cpu else "qwen3-8b"
+    H, INTER = SHAPES[a.shape]
+    for name, v, n, what in (("block_i", a.block_i, INTER, "the intermediate size"),
+                             ("block_k", a.block_k, H, "the hidden size"), ("block_n", a.block_n, H, "the hidden size")):
+        if n % v:
+            p.error(f"--{name.replace('_', '-')} must divide {what} {n}, got {v}")
+    if a.prefetch_lines * 64 > H:
+        p.error(f"--prefetch-lines x 64 must not exceed the hidden size {H}, got {a.prefetch_lines}")
+    return a
+
+
+class Chain:
+    """The chain's weights and buffers, and one callable a system (each returns the last output)."""
+
+    def __init__(self, a, device, dtype):
+        import torch
+
+        self.a, self.device, self.dtype = a, device, dtype
+        H, INTER = self.shape = SHAPES[a.shape]
+        L = a.layers
+        g = torch.Generator(device=device).manual_seed(0)
+
+        def weight(n, k):  # unit gain: the MLP's output stays ~N(0, 1), the residual grows ~sqrt(layers)
+            return (torch.randn(L, n, k, generator=g, device=device, dtype=torch.float32) / math.sqrt(k)).to(dtype)
+
+        self.wgu = weight(2 * INTER, H)  # [gate; up], the engine's fused layout
+        self.wd = weight(H, INTER)
+        self.wdt = self.wd.transpose(1, 2).contiguous()  # [INTER, H]: the fused kernel's layout
+        self.x0 = torch.randn(2, H, generator=g, device=device, dtype=torch.float32).to(dtype)
+        self.xs = torch.zeros(L, 2, H, device=device, dtype=dtype)  # each layer's input (its residual)
+        self.xs[0].copy_(self.x0)
+        self.acc = torch.zeros(L, 2, H, device=device, dtype=torch.float32)
+        self.bytes_per_layer = (self.wgu[0].numel() + self.wd[0].numel()) * self.x0.element_size()
+        from orthros.ops.triton.common import interpreting, pdl_kwargs
+
+        self.pf = 0 if interpreting() else a.prefetch_lines  # the interpreter runs no PTX hint
+        self.pdl = pdl_kwargs(device)
+        from fused_mlp_kernel import _mlp_kernel
+
+        self.kernel = _mlp_kernel
+
+    def torch_chain(self):
+        import torch.nn.functional as F
+
+        INTER = self.shape[1]
+        x = self.x0
+        for i in range(self.a.layers):
+            gu = F.linear(x, self.wgu[i])
+            x = x + F.linear(F.silu(gu[:, :INTER]) * gu[:, INTER:], self.wd[i])
+        return x
+
+    def engine_chain(self):
+        from orthros.ops.gemv.kernel import gemv_triton
+
+        x = self.x0
+        for i in range(self.a.layers):
+            gu = gemv_triton(x, self.wgu[i])
+            x = gemv_triton(gu, self.wd[i], act="silu", residual=x)
+        return x
+
+    def fused_chain(self):
+        a = self.a
+        H, INTER = self.shape
+        self.acc.zero_()
+        kw = dict(self.pdl)
+        if self.device.type == "cpu":  # the interpreter's float32 -> bf16 cast truncates (gemv.kernel._round)
+            kw.update(EMU_RNE=True, UPCAST=True, PREC="ieee")
+        else:
+            kw.update(UPCAST=False, PREC="tf32")
+        for i in range(a.layers):
+            prev = max(i - 1, 0)
+            self.kernel[(INTER // a.block_i,)](
+                self.x0, self.acc[prev], self.xs[prev], self.xs[i], self.wgu[i], self.wdt[i], self.acc[i], 2,
+                H=H, INTER=INTER, BI=a.block_i, BK=a.block_k, BN=a.block_n, STAGES=a.stages, FOLD=i > 0,
+                PF=self.pf, num_warps=a.warps, num_stages=a.stages, **kw)
+        L = a.layers - 1
+        return self.acc[L].to(self.dtype) + self.xs[L]
+
+    def call(self, system):
+        return {"torch": self.torch_chain, "engine": self.engine_chain, "fused": self.fused_chain}[system]
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if a.device == "cpu":  # the kernels run in the Triton interpreter (set before triton loads)
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    import torch
+
+    from orthros.benchmarks.inference import capture_graph, copy_bandwidth, print_table, replay_seconds, save, script_meta
+
+    t0 = time.time()
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        print("error: --device cuda but no CUDA device is available (use --device cpu)", file=sys.stderr)
+        return 2
+    if cuda:
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(dev)
+    if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        print("error: --device cpu needs TRITON_INTERPRET=1 (set before anything imports triton)", file=sys.stderr)
+        return 2
+    bw = copy_bandwidth(dev, 2 ** 30 if cuda else 2 ** 22)
+    chain = Chain(a, dev, torch.bfloat16)
+    meta = {**script_meta(dev, sys.argv[1:] if argv is None else argv), "copy_bandwidth_Bps": bw, "shape": a.shape,
+            "layers": a.layers, "block_i": a.block_i, "block_k": a.block_k, "block_n": a.block_n,
+            "programs": chain.shape[1] // a.block_i, "stages": a.stages, "warps": a.warps,
+            "prefetch_lines": chain.pf, "pdl": bool(chain.pdl), "bytes_per_layer": chain.bytes_per_layer}
+    ref = chain.torch_chain().float()
+    rows = []
+    for system in a.systems:
+        fn = chain.call(system)
+        chain.xs[1:].zero_()  # no output left by another system
+        out = fn().float()
+        err = ((out - ref).norm() / ref.norm()).item()
+        t = replay_seconds(capture_graph(fn, dev, warmup=1), a.reps) if cuda else float("nan")
+        per_layer = t / a.layers
+        rows.append({"system": system, "us_per_layer": per_layer * 1e6, "ms_chain": t * 1e3,
+                     "weight_GBps": chain.bytes_per_layer / per_layer / 1e9 if cuda else None,
+                     "of_copy_bw": chain.bytes_per_layer / per_layer / bw if cuda else None,
+                     "floor_us_per_layer": chain.bytes_per_layer / bw * 1e6, "rel_err_vs_torch": err})
+        print(f"{system:7s} {per_layer * 1e6:8.2f} us a layer, rel err vs torch {err:.2e}", flush=True)
+    base = next((r["us_per_layer"] for r in rows if r["system"] == "engine"), None)
+    for r in rows:
+        r["vs_engine"] = (base / r["us_per_layer"]) if base and cuda else None
+    meta["elapsed_s"] = round(time.time() - t0, 1)
+    save(a.out, meta, rows)
+    print_table(rows, ["system", "us_per_layer", "floor_us_per_layer", "of_copy_bw", "vs_engine", "rel_err_vs_torch"],
+                f"the MLP chain of {a.layers} layers, M = 2, the fused kernel at {meta['programs']} programs")
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The Triton kernel of ``benchmarks/fused_mlp.py`` (the probe of docs/performance.md's inference
+change 32): a decode layer's SwiGLU MLP, gate/up and down, as one kernel without a grid-wide
+dependency between them. Imported after the script has chosen the interpreter or not."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from orthros.ops.gemv.kernel import _round
+from orthros.ops.triton.common import pdl_signal, pdl_wait, prefetch_l2
+
+
+@triton.jit
+def _mlp_kernel(X, ACC_IN, RES, XOUT, WGU, WDT, ACC, M,
+                H: tl.constexpr, INTER: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
+                STAGES: tl.constexpr, FOLD: tl.constexpr, PF: tl.constexpr, UPCAST: tl.constexpr,
+                PREC: tl.constexpr, EMU_RNE: tl.constexpr = False, PDL: tl.constexpr = False):
+    """Program ``p`` owns the intermediate units ``[p * BI, (p + 1) * BI)`` of ``M <= 16`` rows:
+
+    1. gate/up: its ``BI`` gate rows and ``BI`` up rows of ``WGU [2 * INTER, H]`` times the input
+       (tensor cores, the input padded to 16 rows), each rounded to the dtype as the gate/up GEMV
+       rounds its output, then ``h = silu(gate) * up`` rounded as the down GEMV's prologue does;
+    2. down: ``h`` times its ``BI`` rows of ``WDT [INTER, H]`` (down's weight transposed, so the
+       slice is contiguous) in ``BN``-column tiles, each float32 product added to ``ACC [M, H]``
+       with atomics (relaxed: only the kernel's end orders them).
+
+    So no program waits for another: the input's dependency is paid once, at the kernel's start,
+    and down's weight streams as soon as a program's own gate/up rows are done. ``ACC`` must be
+    zero before the launch; the layer's output ``round(round(ACC) + residual)`` is formed by the
+    kernel behind. ``FOLD``: this kernel is that consumer for the MLP ahead: its input is
+    ``round(round(ACC_IN) + RES)`` (the MLP ahead's output, computed on the fly in every program's
+    K loop), which program 0 also stores to ``XOUT`` (the next residual); else the input is ``X``
+    (``[M, H]``, contiguous). ``PF``: lines (64 elements each) of every gate and up row asked of L2
+    before the PDL wait (read-only weights)."""
+    pid = tl.program_id(0)
+    offs_i = pid * BI + tl.arange(0, BI)
+    offs_m = tl.arange(0, 16)
+    m_ok = offs_m < M
+    dt = WGU.dtype.element_ty
+    g_rows = WGU + offs_i[:, None] * H
+    u_rows = WGU + (INTER + offs_i)[:, None] * H
+    if PF > 0:
+        prefetch_l2(g_rows + (tl.arange(0, PF) * 64)[None, :])
+        prefetch_l2(u_rows + (tl.arange(0, PF) * 64)[None, :])
+    pdl_wait(PDL)
+    pdl_signal(PDL)
+    acc_g = tl.zeros([BI, 16], tl.float32)
+    acc_u = tl.zeros([BI, 16], tl.float32)
+    for k0 in tl.range(0, H, BK, num_stages=STAGES):
+        offs_k = k0 + tl.arange(0, BK)
+        xp = offs_m[None, :] * H + offs_k[:, None]  # [BK, 16]: the input transposed
+        if FOLD:
+            a = tl.load(ACC_IN + xp, mask=m_ok[None, :], other=0.0)
+            r = tl.load(RES + xp, mask=m_ok[None, :], other=0.0)
+            xt = _round(_round(a, dt, EMU_RNE).to(tl.float32) + r.to(tl.float32), dt, EMU_RNE)
+            if pid == 0:
+                tl.store(XOUT + xp, xt, mask=m_ok[None, :])
+        else:
+            xt = tl.load(X + xp, mask=m_ok[None, :], other=0.0)
+        wg = tl.load(g_rows + offs_k[None, :])
+        wu = tl.load(u_rows + offs_k[None, :])
+        if UPCAST:  # the interpreter's bf16 tl.dot is wrong (docs: guide); float32 there
+            wg = wg.to(tl.float32)
+            wu = wu.to(tl.float32)
+            xt = xt.to(tl.float32)
+        acc_g += tl.dot(wg, xt, input_precision=PREC)
+        acc_u += tl.dot(wu, xt, input_precision=PREC)
+    g = _round(acc_g, dt, EMU_RNE).to(tl.float32)
+    u = _round(acc_u, dt, EMU_RNE).to(tl.float32)
+    act = _round(g / (1.0 + tl.exp(-g)), dt, EMU_RNE).to(tl.float32)
+    ht = tl.trans(_round(act * u, dt, EMU_RNE))  # [16, BI]
+    if UPCAST:
+        ht = ht.to(tl.float32)
+    d_rows = WDT + offs_i[:, None] * H
+    for n0 in tl.range(0, H, BN, num_stages=STAGES):
+        offs_n = n0 + tl.arange(0, BN)
+        wd = tl.load(d_rows + offs_n[None, :])  # [BI, BN]
+        if UPCAST:
+            wd = wd.to(tl.float32)
+        part = tl.dot(ht, wd, input_precision=PREC)  # [16, BN]
+        tl.atomic_add(ACC + offs_m[:, None] * H + offs_n[None, :], part, mask=m_ok[:, None], sem="relaxed")

@@ -1,0 +1,29 @@
+# Twenty-fourth session, call 2: inference change 32's probe (benchmarks/fused_mlp.py), its GPU
+# test, then one process a setting. From the repo root: ORTHROS_COMMIT=<sha> OUT=$OUT bash docs/results/s24-2026-12-04/call2.sh
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/call2}; mkdir -p "$OUT"
+{ date -u; echo "commit ${ORTHROS_COMMIT:-?}"; nvidia-smi --query-gpu=name --format=csv,noheader; } 2>&1 | tee "$OUT/log"
+timeout -k 5 "${T_TESTS:-150}" python3 -m pytest tests/benchmarks/test_fused_mlp.py -m gpu -p no:cacheprovider -rfE -W ignore \
+  > "$OUT/gpu_tests.log" 2>&1
+echo "gpu tests: exit=$? $(grep -E '[0-9]+ (passed|failed)' "$OUT/gpu_tests.log" | tail -1)" | tee -a "$OUT/log"
+grep -E '^(FAILED|ERROR)' "$OUT/gpu_tests.log" | head -n 20 | tee -a "$OUT/log"
+i=0
+while IFS='|' read -r name args; do
+  [ -n "$name" ] || continue
+  i=$((i + 1))
+  timeout -k 5 "${T_CELL:-60}" python3 benchmarks/fused_mlp.py $args --out "$OUT/$i-$name.json" > "$OUT/$i-$name.txt" 2>&1
+  echo "$i $name ($args): exit=$? $(date -u +%T)" | tee -a "$OUT/log"
+  grep -E ' us a layer|^error|Error' "$OUT/$i-$name.txt" | tail -n 4 | tee -a "$OUT/log"
+done <<CELLS
+default|
+n128|--block-n 128
+k64s4|--block-k 64 --stages 4
+s2|--stages 2
+bi64|--block-i 64 --block-k 64
+w8|--warps 8
+pf0|--prefetch-lines 0
+default_b|
+${EXTRA_CELLS:-}
+CELLS
+(cd "$OUT" && shopt -s nullglob && f=([0-9]*-*) && [ ${#f[@]} -gt 0 ] && tar czf cells.tgz "${f[@]}" && rm -f "${f[@]}")

@@ -1,0 +1,99 @@
+"""benchmarks/fused_mlp.py (the probe of inference change 32, issue #18) on the CPU: the whole
+command through the Triton interpreter, each system's MLP chain against torch's, a check that
+fails when the kernel is wrong, the JSON it writes, and the refusals of bad arguments (exit 2,
+naming the argument, before any work or file)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "fused_mlp.py"
+
+
+def run(*args, script=SCRIPT, timeout=300):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, cwd=REPO)
+
+
+def test_cpu_run_every_system_matches_torch(tmp_path):
+    out = tmp_path / "mlp.json"
+    p = run("--device", "cpu", "--out", str(out))
+    assert p.returncode == 0, p.stderr[-3000:]
+    data = json.loads(out.read_text())
+    rows = {r["system"]: r for r in data["rows"]}
+    assert set(rows) == {"engine", "fused", "torch"}
+    for r in rows.values():  # three layers, each output rounded to bf16 as the torch ops round
+        assert r["rel_err_vs_torch"] < 1e-2, r
+    meta = data["meta"]
+    assert meta["layers"] == 3 and meta["programs"] == 4 and meta["prefetch_lines"] == 0  # no PTX hint here
+    assert not list(tmp_path.glob("*.tmp*"))
+
+
+@pytest.mark.parametrize("old, new", [
+    ("+ r.to(tl.float32), dt, EMU_RNE)", ", dt, EMU_RNE)"),  # the fold without the residual
+    ("u_rows = WGU + (INTER + offs_i)", "u_rows = WGU + offs_i"),  # up read from gate's rows
+    ("d_rows = WDT + offs_i[:, None] * H", "d_rows = WDT + (offs_i[:, None] // 2) * H"),  # down's wrong rows
+], ids=["no-residual", "up-rows", "down-rows"])
+def test_cpu_run_catches_a_wrong_kernel(tmp_path, old, new):
+    """The check can fail: the kernel module with one line changed (in a copy) is far from torch."""
+    src = (REPO / "benchmarks" / "fused_mlp_kernel.py").read_text()
+    assert src.count(old) == 1
+    d = tmp_path / "bench"
+    d.mkdir()
+    (d / "fused_mlp_kernel.py").write_text(src.replace(old, new))
+    (d / "fused_mlp.py").write_text(SCRIPT.read_text())
+    out = tmp_path / "mlp.json"
+    p = run("--device", "cpu", "--systems", "fused", "--out", str(out), script=d / "fused_mlp.py")
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(out.read_text())["rows"][0]["rel_err_vs_torch"] > 0.05
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--device", "cpu", "--block-i", "24"), "--block-i"),
+    (("--device", "cpu", "--block-i", "256"), "--block-i must divide"),
+    (("--device", "cpu", "--block-k", "8"), "--block-k"),
+    (("--device", "cpu", "--block-n", "128"), "--block-n must divide"),
+    (("--device", "cpu", "--stages", "9"), "--stages"),
+    (("--device", "cpu", "--prefetch-lines", "3"), "--prefetch-lines"),
+    (("--device", "cpu", "--prefetch-lines", "2"), "--prefetch-lines x 64"),
+    (("--device", "cpu", "--systems", "engine,cublas"), "--systems"),
+    (("--device", "cpu", "--layers", "0"), "--layers"),
+    (("--device", "cpu", "--reps", "0"), "--reps"),
+    (("--device", "tpu"), "--device"),
+])
+def test_bad_arguments_exit_2_before_any_file(tmp_path, args, needle):
+    out = tmp_path / "x.json"
+    p = run(*args, "--out", str(out), timeout=60)
+    assert p.returncode == 2 and needle in p.stderr, p.stderr
+    assert not out.exists()
+
+
+def test_out_must_be_a_json_path(tmp_path):
+    p = run("--device", "cpu", "--out", str(tmp_path), timeout=60)
+    assert p.returncode == 2 and "--out" in p.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", [(), ("--block-i", "64", "--block-k", "64")], ids=["default", "bi64"])
+def test_gpu_run_every_system_matches_torch(tmp_path, form):
+    """Compiled, with the atomics of 384 (192) programs into each layer's accumulator and the fold
+    in the next layer's kernel (an accumulator not zeroed, or a fold that reads a half-written
+    one, is far from torch)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    out = tmp_path / "mlp.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, str(SCRIPT), "--layers", "3", "--reps", "2", *form, "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for r in json.loads(out.read_text())["rows"]:
+        assert r["rel_err_vs_torch"] < 1e-2, r
