@@ -12,12 +12,13 @@ accumulator with atomics; no program waits for another. The residual add moves i
 behind (here the next layer's MLP, ``FOLD``; in the engine it would be the next QKV GEMV).
 
 The chain: ``--layers`` layers (own weights, Qwen3-8B's shapes, so no layer finds its weights in
-L2), ``M = 2`` rows (the Orthros pair), ``x_{l+1} = x_l + down(silu(x_l W_g^T) * (x_l W_u^T))``
-with bf16 roundings as the engine's GEMVs round. Systems, timed in the same process under CUDA
+L2), ``M = 2`` rows (the Orthros pair), ``x_{l+1} = x_l + down(silu(n_l W_g^T) * (n_l W_u^T))``,
+``n_l = rms_norm(x_l)``, with bf16 roundings as the engine's GEMVs round (the norm in gate/up's
+prologue, as the engine's QKV GEMV has it). Systems, timed in the same process under CUDA
 graphs:
 
-- ``engine``: the engine's two GEMVs (``orthros.ops.gemv.kernel.gemv_triton``: gate/up plain,
-  down with ``act="silu"`` and ``residual``; their M = 2 configs, PDL, the L2 prefetch);
+- ``engine``: the engine's two GEMVs (``orthros.ops.gemv.kernel.gemv_triton``: gate/up with
+  ``norm_weight``, down with ``act="silu"`` and ``residual``; their M = 2 configs, PDL, the L2 prefetch);
 - ``fused``: one launch a layer of the fused kernel (PDL, ``--prefetch-lines`` of every gate
   and up row asked of L2 before its wait), after one memset of all layers' accumulators; the
   last layer's residual add by torch (once a chain);
@@ -48,6 +49,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 SYSTEMS = ("engine", "fused", "torch")
 # (hidden, intermediate): Qwen3-8B; the interpreter's smoke shapes
 SHAPES = {"qwen3-8b": (4096, 12288), "tiny": (64, 128)}
+EPS = 1e-6  # the RMSNorm's
 
 
 def parse_args(argv=None):
@@ -64,6 +66,9 @@ def parse_args(argv=None):
     p.add_argument("--warps", type=int, default=4, choices=(1, 2, 4, 8, 16))
     p.add_argument("--prefetch-lines", type=int, default=1,
                    help="128-byte lines of every gate and up row asked of L2 before the PDL wait (0: none)")
+    p.add_argument("--no-rotate", dest="rotate", action="store_false",
+                   help="every program walks down's column tiles from the first (default: from tile p mod tiles, "
+                        "so the atomics spread over the accumulator)")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
     p.add_argument("--reps", type=int, default=20, help="timed graph replays (median)")
     a = p.parse_args(argv)
@@ -117,6 +122,7 @@ class Chain:
         def weight(n, k):  # unit gain: the MLP's output stays ~N(0, 1), the residual grows ~sqrt(layers)
             return (torch.randn(L, n, k, generator=g, device=device, dtype=torch.float32) / math.sqrt(k)).to(dtype)
 
+        self.nw = (1 + 0.1 * torch.randn(L, H, generator=g, device=device, dtype=torch.float32)).to(dtype)
         self.wgu = weight(2 * INTER, H)  # [gate; up], the engine's fused layout
         self.wd = weight(H, INTER)
         self.wdt = self.wd.transpose(1, 2).contiguous()  # [INTER, H]: the fused kernel's layout
@@ -136,10 +142,12 @@ class Chain:
     def torch_chain(self):
         import torch.nn.functional as F
 
+        from orthros.ops.gemv.naive import prologue_ref
+
         INTER = self.shape[1]
         x = self.x0
         for i in range(self.a.layers):
-            gu = F.linear(x, self.wgu[i])
+            gu = F.linear(prologue_ref(x, self.nw[i], EPS), self.wgu[i])
             x = x + F.linear(F.silu(gu[:, :INTER]) * gu[:, INTER:], self.wd[i])
         return x
 
@@ -148,7 +156,7 @@ class Chain:
 
         x = self.x0
         for i in range(self.a.layers):
-            gu = gemv_triton(x, self.wgu[i])
+            gu = gemv_triton(x, self.wgu[i], norm_weight=self.nw[i], norm_eps=EPS)
             x = gemv_triton(gu, self.wd[i], act="silu", residual=x)
         return x
 
@@ -164,9 +172,9 @@ class Chain:
         for i in range(a.layers):
             prev = max(i - 1, 0)
             self.kernel[(INTER // a.block_i,)](
-                self.x0, self.acc[prev], self.xs[prev], self.xs[i], self.wgu[i], self.wdt[i], self.acc[i], 2,
-                H=H, INTER=INTER, BI=a.block_i, BK=a.block_k, BN=a.block_n, STAGES=a.stages, FOLD=i > 0,
-                PF=self.pf, num_warps=a.warps, num_stages=a.stages, **kw)
+                self.x0, self.acc[prev], self.xs[prev], self.xs[i], self.nw[i], self.wgu[i], self.wdt[i], self.acc[i],
+                2, EPS, H=H, INTER=INTER, BI=a.block_i, BK=a.block_k, BN=a.block_n, STAGES=a.stages, FOLD=i > 0,
+                PF=self.pf, ROTATE=a.rotate, num_warps=a.warps, num_stages=a.stages, **kw)
         L = a.layers - 1
         return self.acc[L].to(self.dtype) + self.xs[L]
 
@@ -200,7 +208,7 @@ def main(argv=None) -> int:
     meta = {**script_meta(dev, sys.argv[1:] if argv is None else argv), "copy_bandwidth_Bps": bw, "shape": a.shape,
             "layers": a.layers, "block_i": a.block_i, "block_k": a.block_k, "block_n": a.block_n,
             "programs": chain.shape[1] // a.block_i, "stages": a.stages, "warps": a.warps,
-            "prefetch_lines": chain.pf, "pdl": bool(chain.pdl), "bytes_per_layer": chain.bytes_per_layer}
+            "prefetch_lines": chain.pf, "rotate": a.rotate, "pdl": bool(chain.pdl), "bytes_per_layer": chain.bytes_per_layer}
     ref = chain.torch_chain().float()
     rows = []
     for system in a.systems:

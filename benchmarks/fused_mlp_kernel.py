@@ -12,18 +12,23 @@ from orthros.ops.triton.common import pdl_signal, pdl_wait, prefetch_l2
 
 
 @triton.jit
-def _mlp_kernel(X, ACC_IN, RES, XOUT, WGU, WDT, ACC, M,
+def _mlp_kernel(X, ACC_IN, RES, XOUT, NW, WGU, WDT, ACC, M, eps,
                 H: tl.constexpr, INTER: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
                 STAGES: tl.constexpr, FOLD: tl.constexpr, PF: tl.constexpr, UPCAST: tl.constexpr,
-                PREC: tl.constexpr, EMU_RNE: tl.constexpr = False, PDL: tl.constexpr = False):
+                PREC: tl.constexpr, ROTATE: tl.constexpr = True, EMU_RNE: tl.constexpr = False,
+                PDL: tl.constexpr = False):
     """Program ``p`` owns the intermediate units ``[p * BI, (p + 1) * BI)`` of ``M <= 16`` rows:
 
-    1. gate/up: its ``BI`` gate rows and ``BI`` up rows of ``WGU [2 * INTER, H]`` times the input
-       (tensor cores, the input padded to 16 rows), each rounded to the dtype as the gate/up GEMV
+    1. gate/up: its ``BI`` gate rows and ``BI`` up rows of ``WGU [2 * INTER, H]`` times the
+       RMSNorm of the input (norm weight ``NW [H]``; tensor cores, the input padded to 16 rows;
+       the engine's late form: the loop multiplies ``x * NW`` and sums ``x^2``, each row's
+       ``rstd`` scales the products after it), each rounded to the dtype as the gate/up GEMV
        rounds its output, then ``h = silu(gate) * up`` rounded as the down GEMV's prologue does;
     2. down: ``h`` times its ``BI`` rows of ``WDT [INTER, H]`` (down's weight transposed, so the
        slice is contiguous) in ``BN``-column tiles, each float32 product added to ``ACC [M, H]``
-       with atomics (relaxed: only the kernel's end orders them).
+       with atomics (relaxed: only the kernel's end orders them). ``ROTATE``: program ``p``
+       starts at column tile ``p mod (H / BN)``, so the programs' atomics spread over the
+       accumulator instead of all hitting the same tile at once.
 
     So no program waits for another: the input's dependency is paid once, at the kernel's start,
     and down's weight streams as soon as a program's own gate/up rows are done. ``ACC`` must be
@@ -47,6 +52,7 @@ def _mlp_kernel(X, ACC_IN, RES, XOUT, WGU, WDT, ACC, M,
     pdl_signal(PDL)
     acc_g = tl.zeros([BI, 16], tl.float32)
     acc_u = tl.zeros([BI, 16], tl.float32)
+    ssq_t = tl.zeros([BK, 16], tl.float32)
     for k0 in tl.range(0, H, BK, num_stages=STAGES):
         offs_k = k0 + tl.arange(0, BK)
         xp = offs_m[None, :] * H + offs_k[:, None]  # [BK, 16]: the input transposed
@@ -58,6 +64,9 @@ def _mlp_kernel(X, ACC_IN, RES, XOUT, WGU, WDT, ACC, M,
                 tl.store(XOUT + xp, xt, mask=m_ok[None, :])
         else:
             xt = tl.load(X + xp, mask=m_ok[None, :], other=0.0)
+        xf = xt.to(tl.float32)
+        ssq_t += xf * xf
+        xt = _round(xf * tl.load(NW + offs_k).to(tl.float32)[:, None], dt, EMU_RNE)
         wg = tl.load(g_rows + offs_k[None, :])
         wu = tl.load(u_rows + offs_k[None, :])
         if UPCAST:  # the interpreter's bf16 tl.dot is wrong (docs: guide); float32 there
@@ -66,15 +75,19 @@ def _mlp_kernel(X, ACC_IN, RES, XOUT, WGU, WDT, ACC, M,
             xt = xt.to(tl.float32)
         acc_g += tl.dot(wg, xt, input_precision=PREC)
         acc_u += tl.dot(wu, xt, input_precision=PREC)
-    g = _round(acc_g, dt, EMU_RNE).to(tl.float32)
-    u = _round(acc_u, dt, EMU_RNE).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(ssq_t, axis=0) / H + eps)[None, :]  # [1, 16]: each row's
+    g = _round(acc_g * rstd, dt, EMU_RNE).to(tl.float32)
+    u = _round(acc_u * rstd, dt, EMU_RNE).to(tl.float32)
     act = _round(g / (1.0 + tl.exp(-g)), dt, EMU_RNE).to(tl.float32)
     ht = tl.trans(_round(act * u, dt, EMU_RNE))  # [16, BI]
     if UPCAST:
         ht = ht.to(tl.float32)
     d_rows = WDT + offs_i[:, None] * H
-    for n0 in tl.range(0, H, BN, num_stages=STAGES):
-        offs_n = n0 + tl.arange(0, BN)
+    T: tl.constexpr = H // BN
+    for j in tl.range(0, T, num_stages=STAGES):
+        if ROTATE:
+            j = (j + pid) % T
+        offs_n = j * BN + tl.arange(0, BN)
         wd = tl.load(d_rows + offs_n[None, :])  # [BI, BN]
         if UPCAST:
             wd = wd.to(tl.float32)

@@ -1,5 +1,6 @@
-# Twenty-fourth session, call 2: inference change 32's probe (benchmarks/fused_mlp.py), its GPU
-# test, then one process a setting. From the repo root: ORTHROS_COMMIT=<sha> OUT=$OUT bash docs/results/s24-2026-12-04/call2.sh
+# Twenty-fourth session, calls 2 and 3: inference change 32's probe (benchmarks/fused_mlp.py), its GPU
+# test, then one process a setting (call 3: CELLS=3, the second list below). From the repo root:
+# ORTHROS_COMMIT=<sha> OUT=$OUT [CELLS=3] bash docs/results/s24-2026-12-04/call2.sh
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/call2}; mkdir -p "$OUT"
@@ -8,6 +9,24 @@ timeout -k 5 "${T_TESTS:-150}" python3 -m pytest tests/benchmarks/test_fused_mlp
   > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests: exit=$? $(grep -E '[0-9]+ (passed|failed)' "$OUT/gpu_tests.log" | tail -1)" | tee -a "$OUT/log"
 grep -E '^(FAILED|ERROR)' "$OUT/gpu_tests.log" | head -n 20 | tee -a "$OUT/log"
+CELLS2='default|
+n128|--block-n 128
+k64s4|--block-k 64 --stages 4
+s2|--stages 2
+bi64|--block-i 64 --block-k 64
+w8|--warps 8
+pf0|--prefetch-lines 0
+default_b|'
+# call 3 (after the norm and --no-rotate were added)
+CELLS3='default|
+norot|--no-rotate
+bi64|--block-i 64 --block-k 64
+bi64_norot|--block-i 64 --block-k 64 --no-rotate
+bi64_n128|--block-i 64 --block-k 64 --block-n 128
+k64s4|--block-k 64 --stages 4
+bi64_w8|--block-i 64 --block-k 64 --warps 8
+bi128|--block-i 128 --block-k 64 --block-n 128'
+[ "${CELLS:-2}" = 3 ] && LIST=$CELLS3 || LIST=$CELLS2
 i=0
 while IFS='|' read -r name args; do
   [ -n "$name" ] || continue
@@ -15,15 +34,5 @@ while IFS='|' read -r name args; do
   timeout -k 5 "${T_CELL:-60}" python3 benchmarks/fused_mlp.py $args --out "$OUT/$i-$name.json" > "$OUT/$i-$name.txt" 2>&1
   echo "$i $name ($args): exit=$? $(date -u +%T)" | tee -a "$OUT/log"
   grep -E ' us a layer|^error|Error' "$OUT/$i-$name.txt" | tail -n 4 | tee -a "$OUT/log"
-done <<CELLS
-default|
-n128|--block-n 128
-k64s4|--block-k 64 --stages 4
-s2|--stages 2
-bi64|--block-i 64 --block-k 64
-w8|--warps 8
-pf0|--prefetch-lines 0
-default_b|
-${EXTRA_CELLS:-}
-CELLS
+done <<<"$LIST"
 (cd "$OUT" && shopt -s nullglob && f=([0-9]*-*) && [ ${#f[@]} -gt 0 ] && tar czf cells.tgz "${f[@]}" && rm -f "${f[@]}")
