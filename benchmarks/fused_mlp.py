@@ -69,6 +69,10 @@ def parse_args(argv=None):
     p.add_argument("--no-rotate", dest="rotate", action="store_false",
                    help="every program walks down's column tiles from the first (default: from tile p mod tiles, "
                         "so the atomics spread over the accumulator)")
+    p.add_argument("--sink", default="atomic", choices=("atomic", "store", "gate_up"),
+                   help="a timing diagnostic of the fused kernel: 'store' writes each program's down products to its "
+                        "own scratch rows instead of adding them with atomics, 'gate_up' skips down; both leave the "
+                        "chain's output wrong (its error is then not a check)")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
     p.add_argument("--reps", type=int, default=20, help="timed graph replays (median)")
     a = p.parse_args(argv)
@@ -130,6 +134,8 @@ class Chain:
         self.xs = torch.zeros(L, 2, H, device=device, dtype=dtype)  # each layer's input (its residual)
         self.xs[0].copy_(self.x0)
         self.acc = torch.zeros(L, 2, H, device=device, dtype=torch.float32)
+        rows = INTER // a.block_i * 2 if a.sink == "store" else 2
+        self.scr = torch.zeros(rows, max(H, INTER), device=device, dtype=torch.float32 if a.sink == "store" else dtype)
         self.bytes_per_layer = (self.wgu[0].numel() + self.wd[0].numel()) * self.x0.element_size()
         from orthros.ops.triton.common import interpreting, pdl_kwargs
 
@@ -173,8 +179,8 @@ class Chain:
             prev = max(i - 1, 0)
             self.kernel[(INTER // a.block_i,)](
                 self.x0, self.acc[prev], self.xs[prev], self.xs[i], self.nw[i], self.wgu[i], self.wdt[i], self.acc[i],
-                2, EPS, H=H, INTER=INTER, BI=a.block_i, BK=a.block_k, BN=a.block_n, STAGES=a.stages, FOLD=i > 0,
-                PF=self.pf, ROTATE=a.rotate, num_warps=a.warps, num_stages=a.stages, **kw)
+                self.scr, 2, EPS, H=H, INTER=INTER, BI=a.block_i, BK=a.block_k, BN=a.block_n, STAGES=a.stages,
+                FOLD=i > 0, PF=self.pf, ROTATE=a.rotate, SINK=a.sink, num_warps=a.warps, num_stages=a.stages, **kw)
         L = a.layers - 1
         return self.acc[L].to(self.dtype) + self.xs[L]
 
@@ -208,7 +214,7 @@ def main(argv=None) -> int:
     meta = {**script_meta(dev, sys.argv[1:] if argv is None else argv), "copy_bandwidth_Bps": bw, "shape": a.shape,
             "layers": a.layers, "block_i": a.block_i, "block_k": a.block_k, "block_n": a.block_n,
             "programs": chain.shape[1] // a.block_i, "stages": a.stages, "warps": a.warps,
-            "prefetch_lines": chain.pf, "rotate": a.rotate, "pdl": bool(chain.pdl), "bytes_per_layer": chain.bytes_per_layer}
+            "prefetch_lines": chain.pf, "rotate": a.rotate, "sink": a.sink, "pdl": bool(chain.pdl), "bytes_per_layer": chain.bytes_per_layer}
     ref = chain.torch_chain().float()
     rows = []
     for system in a.systems:

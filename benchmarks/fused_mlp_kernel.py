@@ -12,11 +12,11 @@ from orthros.ops.triton.common import pdl_signal, pdl_wait, prefetch_l2
 
 
 @triton.jit
-def _mlp_kernel(X, ACC_IN, RES, XOUT, NW, WGU, WDT, ACC, M, eps,
+def _mlp_kernel(X, ACC_IN, RES, XOUT, NW, WGU, WDT, ACC, SCR, M, eps,
                 H: tl.constexpr, INTER: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
                 STAGES: tl.constexpr, FOLD: tl.constexpr, PF: tl.constexpr, UPCAST: tl.constexpr,
-                PREC: tl.constexpr, ROTATE: tl.constexpr = True, EMU_RNE: tl.constexpr = False,
-                PDL: tl.constexpr = False):
+                PREC: tl.constexpr, ROTATE: tl.constexpr = True, SINK: tl.constexpr = "atomic",
+                EMU_RNE: tl.constexpr = False, PDL: tl.constexpr = False):
     """Program ``p`` owns the intermediate units ``[p * BI, (p + 1) * BI)`` of ``M <= 16`` rows:
 
     1. gate/up: its ``BI`` gate rows and ``BI`` up rows of ``WGU [2 * INTER, H]`` times the
@@ -37,7 +37,12 @@ def _mlp_kernel(X, ACC_IN, RES, XOUT, NW, WGU, WDT, ACC, M, eps,
     ``round(round(ACC_IN) + RES)`` (the MLP ahead's output, computed on the fly in every program's
     K loop), which program 0 also stores to ``XOUT`` (the next residual); else the input is ``X``
     (``[M, H]``, contiguous). ``PF``: lines (64 elements each) of every gate and up row asked of L2
-    before the PDL wait (read-only weights)."""
+    before the PDL wait (read-only weights).
+
+    ``SINK`` (timing diagnostics; only ``"atomic"`` computes the MLP): ``"store"`` writes each
+    program's down products to its own rows of ``SCR [programs, M, H]`` instead of the atomics;
+    ``"gate_up"`` skips down (its ``h`` stored to ``SCR``'s first rows, so nothing is optimised
+    away)."""
     pid = tl.program_id(0)
     offs_i = pid * BI + tl.arange(0, BI)
     offs_m = tl.arange(0, 16)
@@ -82,6 +87,9 @@ def _mlp_kernel(X, ACC_IN, RES, XOUT, NW, WGU, WDT, ACC, M, eps,
     ht = tl.trans(_round(act * u, dt, EMU_RNE))  # [16, BI]
     if UPCAST:
         ht = ht.to(tl.float32)
+    if SINK == "gate_up":
+        tl.store(SCR + offs_m[:, None] * INTER + offs_i[None, :], ht, mask=m_ok[:, None])
+        return
     d_rows = WDT + offs_i[:, None] * H
     T: tl.constexpr = H // BN
     for j in tl.range(0, T, num_stages=STAGES):
@@ -92,4 +100,7 @@ def _mlp_kernel(X, ACC_IN, RES, XOUT, NW, WGU, WDT, ACC, M, eps,
         if UPCAST:
             wd = wd.to(tl.float32)
         part = tl.dot(ht, wd, input_precision=PREC)  # [16, BN]
-        tl.atomic_add(ACC + offs_m[:, None] * H + offs_n[None, :], part, mask=m_ok[:, None], sem="relaxed")
+        if SINK == "store":
+            tl.store(SCR + (pid * M + offs_m[:, None]) * H + offs_n[None, :], part, mask=m_ok[:, None])
+        else:
+            tl.atomic_add(ACC + offs_m[:, None] * H + offs_n[None, :], part, mask=m_ok[:, None], sem="relaxed")

@@ -1,6 +1,6 @@
 # Twenty-fourth session, calls 2 and 3: inference change 32's probe (benchmarks/fused_mlp.py), its GPU
-# test, then one process a setting (call 3: CELLS=3, the second list below). From the repo root:
-# ORTHROS_COMMIT=<sha> OUT=$OUT [CELLS=3] bash docs/results/s24-2026-12-04/call2.sh
+# test, then one process a setting (calls 3 and 4: CELLS=3 / 4, the lists below). From the repo root:
+# ORTHROS_COMMIT=<sha> OUT=$OUT [CELLS=3|4] bash docs/results/s24-2026-12-04/call2.sh
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/call2}; mkdir -p "$OUT"
@@ -26,7 +26,16 @@ bi64_n128|--block-i 64 --block-k 64 --block-n 128
 k64s4|--block-k 64 --stages 4
 bi64_w8|--block-i 64 --block-k 64 --warps 8
 bi128|--block-i 128 --block-k 64 --block-n 128'
-[ "${CELLS:-2}" = 3 ] && LIST=$CELLS3 || LIST=$CELLS2
+# call 4 (after --sink was added)
+CELLS4='bi64_n128|--block-i 64 --block-k 64 --block-n 128
+bi64_n128_store|--block-i 64 --block-k 64 --block-n 128 --sink store
+bi64_gate_up|--block-i 64 --block-k 64 --block-n 128 --sink gate_up
+bi32_store|--sink store
+bi32_gate_up|--sink gate_up
+bi64_n64|--block-i 64 --block-k 64 --block-n 64
+bi64_n128_s4|--block-i 64 --block-k 64 --block-n 128 --stages 4
+bi128_n64|--block-i 128 --block-k 64 --block-n 64'
+case "${CELLS:-2}" in 3) LIST=$CELLS3 ;; 4) LIST=$CELLS4 ;; *) LIST=$CELLS2 ;; esac
 i=0
 while IFS='|' read -r name args; do
   [ -n "$name" ] || continue
