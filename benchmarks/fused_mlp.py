@@ -24,6 +24,10 @@ graphs:
   last layer's residual add by torch (once a chain);
 - ``torch``: the same chain with ``F.linear`` (cuBLAS), the reference of both outputs.
 
+``--plain``: every layer's MLP on the same input with no norm, residual or fold (each kernel still
+waits for the one ahead): gate/up GEMV + down GEMV against the fused kernel with equal prologues
+(none), the last layer's MLP output checked.
+
 On a CPU (``--device cpu``) everything runs in the Triton interpreter at tiny shapes: a check of
 the arithmetic, not a timing.
 
@@ -69,6 +73,8 @@ def parse_args(argv=None):
     p.add_argument("--no-rotate", dest="rotate", action="store_false",
                    help="every program walks down's column tiles from the first (default: from tile p mod tiles, "
                         "so the atomics spread over the accumulator)")
+    p.add_argument("--plain", action="store_true",
+                   help="each layer's MLP on the same input, no norm, residual or fold (see the docstring)")
     p.add_argument("--sink", default="atomic", choices=("atomic", "store", "gate_up"),
                    help="a timing diagnostic of the fused kernel: 'store' writes each program's down products to its "
                         "own scratch rows instead of adding them with atomics, 'gate_up' skips down; both leave the "
@@ -152,6 +158,11 @@ class Chain:
 
         INTER = self.shape[1]
         x = self.x0
+        if self.a.plain:
+            for i in range(self.a.layers):
+                gu = F.linear(x, self.wgu[i])
+                y = F.linear(F.silu(gu[:, :INTER]) * gu[:, INTER:], self.wd[i])
+            return y
         for i in range(self.a.layers):
             gu = F.linear(prologue_ref(x, self.nw[i], EPS), self.wgu[i])
             x = x + F.linear(F.silu(gu[:, :INTER]) * gu[:, INTER:], self.wd[i])
@@ -161,6 +172,10 @@ class Chain:
         from orthros.ops.gemv.kernel import gemv_triton
 
         x = self.x0
+        if self.a.plain:
+            for i in range(self.a.layers):
+                y = gemv_triton(gemv_triton(x, self.wgu[i]), self.wd[i], act="silu")
+            return y
         for i in range(self.a.layers):
             gu = gemv_triton(x, self.wgu[i], norm_weight=self.nw[i], norm_eps=EPS)
             x = gemv_triton(gu, self.wd[i], act="silu", residual=x)
@@ -180,8 +195,10 @@ class Chain:
             self.kernel[(INTER // a.block_i,)](
                 self.x0, self.acc[prev], self.xs[prev], self.xs[i], self.nw[i], self.wgu[i], self.wdt[i], self.acc[i],
                 self.scr, 2, EPS, H=H, INTER=INTER, BI=a.block_i, BK=a.block_k, BN=a.block_n, STAGES=a.stages,
-                FOLD=i > 0, PF=self.pf, ROTATE=a.rotate, SINK=a.sink, num_warps=a.warps, num_stages=a.stages, **kw)
+                FOLD=i > 0 and not a.plain, NORM=not a.plain, PF=self.pf, ROTATE=a.rotate, SINK=a.sink, num_warps=a.warps, num_stages=a.stages, **kw)
         L = a.layers - 1
+        if a.plain:
+            return self.acc[L].to(self.dtype)
         return self.acc[L].to(self.dtype) + self.xs[L]
 
     def call(self, system):
@@ -214,7 +231,7 @@ def main(argv=None) -> int:
     meta = {**script_meta(dev, sys.argv[1:] if argv is None else argv), "copy_bandwidth_Bps": bw, "shape": a.shape,
             "layers": a.layers, "block_i": a.block_i, "block_k": a.block_k, "block_n": a.block_n,
             "programs": chain.shape[1] // a.block_i, "stages": a.stages, "warps": a.warps,
-            "prefetch_lines": chain.pf, "rotate": a.rotate, "sink": a.sink, "pdl": bool(chain.pdl), "bytes_per_layer": chain.bytes_per_layer}
+            "prefetch_lines": chain.pf, "rotate": a.rotate, "sink": a.sink, "plain": a.plain, "pdl": bool(chain.pdl), "bytes_per_layer": chain.bytes_per_layer}
     ref = chain.torch_chain().float()
     rows = []
     for system in a.systems:

@@ -15,7 +15,8 @@ from orthros.ops.triton.common import pdl_signal, pdl_wait, prefetch_l2
 def _mlp_kernel(X, ACC_IN, RES, XOUT, NW, WGU, WDT, ACC, SCR, M, eps,
                 H: tl.constexpr, INTER: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
                 STAGES: tl.constexpr, FOLD: tl.constexpr, PF: tl.constexpr, UPCAST: tl.constexpr,
-                PREC: tl.constexpr, ROTATE: tl.constexpr = True, SINK: tl.constexpr = "atomic",
+                PREC: tl.constexpr, NORM: tl.constexpr = True, ROTATE: tl.constexpr = True,
+                SINK: tl.constexpr = "atomic",
                 EMU_RNE: tl.constexpr = False, PDL: tl.constexpr = False):
     """Program ``p`` owns the intermediate units ``[p * BI, (p + 1) * BI)`` of ``M <= 16`` rows:
 
@@ -36,7 +37,8 @@ def _mlp_kernel(X, ACC_IN, RES, XOUT, NW, WGU, WDT, ACC, SCR, M, eps,
     kernel behind. ``FOLD``: this kernel is that consumer for the MLP ahead: its input is
     ``round(round(ACC_IN) + RES)`` (the MLP ahead's output, computed on the fly in every program's
     K loop), which program 0 also stores to ``XOUT`` (the next residual); else the input is ``X``
-    (``[M, H]``, contiguous). ``PF``: lines (64 elements each) of every gate and up row asked of L2
+    (``[M, H]``, contiguous). ``NORM=False``: no RMSNorm (``NW``, ``eps`` unread; the input taken
+    as it is, already normalised). ``PF``: lines (64 elements each) of every gate and up row asked of L2
     before the PDL wait (read-only weights).
 
     ``SINK`` (timing diagnostics; only ``"atomic"`` computes the MLP): ``"store"`` writes each
@@ -69,9 +71,10 @@ def _mlp_kernel(X, ACC_IN, RES, XOUT, NW, WGU, WDT, ACC, SCR, M, eps,
                 tl.store(XOUT + xp, xt, mask=m_ok[None, :])
         else:
             xt = tl.load(X + xp, mask=m_ok[None, :], other=0.0)
-        xf = xt.to(tl.float32)
-        ssq_t += xf * xf
-        xt = _round(xf * tl.load(NW + offs_k).to(tl.float32)[:, None], dt, EMU_RNE)
+        if NORM:
+            xf = xt.to(tl.float32)
+            ssq_t += xf * xf
+            xt = _round(xf * tl.load(NW + offs_k).to(tl.float32)[:, None], dt, EMU_RNE)
         wg = tl.load(g_rows + offs_k[None, :])
         wu = tl.load(u_rows + offs_k[None, :])
         if UPCAST:  # the interpreter's bf16 tl.dot is wrong (docs: guide); float32 there
@@ -80,9 +83,12 @@ def _mlp_kernel(X, ACC_IN, RES, XOUT, NW, WGU, WDT, ACC, SCR, M, eps,
             xt = xt.to(tl.float32)
         acc_g += tl.dot(wg, xt, input_precision=PREC)
         acc_u += tl.dot(wu, xt, input_precision=PREC)
-    rstd = tl.rsqrt(tl.sum(ssq_t, axis=0) / H + eps)[None, :]  # [1, 16]: each row's
-    g = _round(acc_g * rstd, dt, EMU_RNE).to(tl.float32)
-    u = _round(acc_u * rstd, dt, EMU_RNE).to(tl.float32)
+    if NORM:
+        rstd = tl.rsqrt(tl.sum(ssq_t, axis=0) / H + eps)[None, :]  # [1, 16]: each row's
+        acc_g = acc_g * rstd
+        acc_u = acc_u * rstd
+    g = _round(acc_g, dt, EMU_RNE).to(tl.float32)
+    u = _round(acc_u, dt, EMU_RNE).to(tl.float32)
     act = _round(g / (1.0 + tl.exp(-g)), dt, EMU_RNE).to(tl.float32)
     ht = tl.trans(_round(act * u, dt, EMU_RNE))  # [16, BI]
     if UPCAST:

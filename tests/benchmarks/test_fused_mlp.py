@@ -23,9 +23,10 @@ def run(*args, script=SCRIPT, timeout=300):
                           env=env, cwd=REPO)
 
 
-def test_cpu_run_every_system_matches_torch(tmp_path):
+@pytest.mark.parametrize("form", [(), ("--plain",)], ids=["chain", "plain"])
+def test_cpu_run_every_system_matches_torch(tmp_path, form):
     out = tmp_path / "mlp.json"
-    p = run("--device", "cpu", "--out", str(out))
+    p = run("--device", "cpu", *form, "--out", str(out))
     assert p.returncode == 0, p.stderr[-3000:]
     data = json.loads(out.read_text())
     rows = {r["system"]: r for r in data["rows"]}
@@ -84,7 +85,8 @@ def test_out_must_be_a_json_path(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", [(), ("--block-i", "64", "--block-k", "64")], ids=["default", "bi64"])
+@pytest.mark.parametrize("form", [(), ("--block-i", "64", "--block-k", "64"), ("--plain", "--block-i", "64")],
+                         ids=["default", "bi64", "plain"])
 def test_gpu_run_every_system_matches_torch(tmp_path, form):
     """Compiled, with the atomics of 384 (192) programs into each layer's accumulator and the fold
     in the next layer's kernel (an accumulator not zeroed, or a fold that reads a half-written

@@ -1,6 +1,6 @@
 # Twenty-fourth session, calls 2 and 3: inference change 32's probe (benchmarks/fused_mlp.py), its GPU
-# test, then one process a setting (calls 3 and 4: CELLS=3 / 4, the lists below). From the repo root:
-# ORTHROS_COMMIT=<sha> OUT=$OUT [CELLS=3|4] bash docs/results/s24-2026-12-04/call2.sh
+# test, then one process a setting (calls 3-5: CELLS=3 / 4 / 5, the lists below). From the repo root:
+# ORTHROS_COMMIT=<sha> OUT=$OUT [CELLS=3|4|5] bash docs/results/s24-2026-12-04/call2.sh
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/call2}; mkdir -p "$OUT"
@@ -35,7 +35,16 @@ bi32_gate_up|--sink gate_up
 bi64_n64|--block-i 64 --block-k 64 --block-n 64
 bi64_n128_s4|--block-i 64 --block-k 64 --block-n 128 --stages 4
 bi128_n64|--block-i 128 --block-k 64 --block-n 64'
-case "${CELLS:-2}" in 3) LIST=$CELLS3 ;; 4) LIST=$CELLS4 ;; *) LIST=$CELLS2 ;; esac
+# call 5 (after --plain was added)
+CELLS5='plain_bi64|--plain --block-i 64 --block-k 64 --block-n 128
+plain_bi64_k128|--plain --block-i 64 --block-k 128 --block-n 128
+plain_bi64_k128_gu|--plain --block-i 64 --block-k 128 --block-n 128 --sink gate_up
+plain_bi32_k128|--plain --block-i 32 --block-k 128 --block-n 128
+plain_bi32_k128_gu|--plain --block-i 32 --block-k 128 --block-n 128 --sink gate_up
+plain_bi128|--plain --block-i 128 --block-k 64 --block-n 128
+plain_bi64_s4|--plain --block-i 64 --block-k 64 --block-n 128 --stages 4
+bi64_n128|--block-i 64 --block-k 64 --block-n 128'
+case "${CELLS:-2}" in 3) LIST=$CELLS3 ;; 4) LIST=$CELLS4 ;; 5) LIST=$CELLS5 ;; *) LIST=$CELLS2 ;; esac
 i=0
 while IFS='|' read -r name args; do
   [ -n "$name" ] || continue
