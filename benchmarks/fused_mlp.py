@@ -73,6 +73,9 @@ def parse_args(argv=None):
     p.add_argument("--no-rotate", dest="rotate", action="store_false",
                    help="every program walks down's column tiles from the first (default: from tile p mod tiles, "
                         "so the atomics spread over the accumulator)")
+    p.add_argument("--stack", action="store_true",
+                   help="a program's gate and up rows as one tile and one tensor-core product a K step (at "
+                        "--block-i 32 the engine's gate/up GEMV program's 64 rows)")
     p.add_argument("--plain", action="store_true",
                    help="each layer's MLP on the same input, no norm, residual or fold (see the docstring)")
     p.add_argument("--sink", default="atomic", choices=("atomic", "store", "gate_up"),
@@ -195,7 +198,7 @@ class Chain:
             self.kernel[(INTER // a.block_i,)](
                 self.x0, self.acc[prev], self.xs[prev], self.xs[i], self.nw[i], self.wgu[i], self.wdt[i], self.acc[i],
                 self.scr, 2, EPS, H=H, INTER=INTER, BI=a.block_i, BK=a.block_k, BN=a.block_n, STAGES=a.stages,
-                FOLD=i > 0 and not a.plain, NORM=not a.plain, PF=self.pf, ROTATE=a.rotate, SINK=a.sink, num_warps=a.warps, num_stages=a.stages, **kw)
+                FOLD=i > 0 and not a.plain, NORM=not a.plain, PF=self.pf, ROTATE=a.rotate, STACK=a.stack, SINK=a.sink, num_warps=a.warps, num_stages=a.stages, **kw)
         L = a.layers - 1
         if a.plain:
             return self.acc[L].to(self.dtype)
@@ -231,7 +234,7 @@ def main(argv=None) -> int:
     meta = {**script_meta(dev, sys.argv[1:] if argv is None else argv), "copy_bandwidth_Bps": bw, "shape": a.shape,
             "layers": a.layers, "block_i": a.block_i, "block_k": a.block_k, "block_n": a.block_n,
             "programs": chain.shape[1] // a.block_i, "stages": a.stages, "warps": a.warps,
-            "prefetch_lines": chain.pf, "rotate": a.rotate, "sink": a.sink, "plain": a.plain, "pdl": bool(chain.pdl), "bytes_per_layer": chain.bytes_per_layer}
+            "prefetch_lines": chain.pf, "rotate": a.rotate, "sink": a.sink, "plain": a.plain, "stack": a.stack, "pdl": bool(chain.pdl), "bytes_per_layer": chain.bytes_per_layer}
     ref = chain.torch_chain().float()
     rows = []
     for system in a.systems:

@@ -16,7 +16,7 @@ def _mlp_kernel(X, ACC_IN, RES, XOUT, NW, WGU, WDT, ACC, SCR, M, eps,
                 H: tl.constexpr, INTER: tl.constexpr, BI: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr,
                 STAGES: tl.constexpr, FOLD: tl.constexpr, PF: tl.constexpr, UPCAST: tl.constexpr,
                 PREC: tl.constexpr, NORM: tl.constexpr = True, ROTATE: tl.constexpr = True,
-                SINK: tl.constexpr = "atomic",
+                STACK: tl.constexpr = False, SINK: tl.constexpr = "atomic",
                 EMU_RNE: tl.constexpr = False, PDL: tl.constexpr = False):
     """Program ``p`` owns the intermediate units ``[p * BI, (p + 1) * BI)`` of ``M <= 16`` rows:
 
@@ -41,6 +41,10 @@ def _mlp_kernel(X, ACC_IN, RES, XOUT, NW, WGU, WDT, ACC, SCR, M, eps,
     as it is, already normalised). ``PF``: lines (64 elements each) of every gate and up row asked of L2
     before the PDL wait (read-only weights).
 
+    ``STACK``: the ``BI`` gate rows and ``BI`` up rows are one ``[2 * BI, BK]`` tile a K step and
+    one tensor-core product (at ``BI = 32`` the shape of the engine's gate/up GEMV program, 64
+    rows by ``BK``), split into gate and up after the loop; else two tiles and two products.
+
     ``SINK`` (timing diagnostics; only ``"atomic"`` computes the MLP): ``"store"`` writes each
     program's down products to its own rows of ``SCR [programs, M, H]`` instead of the atomics;
     ``"gate_up"`` skips down (its ``h`` stored to ``SCR``'s first rows, so nothing is optimised
@@ -52,6 +56,8 @@ def _mlp_kernel(X, ACC_IN, RES, XOUT, NW, WGU, WDT, ACC, SCR, M, eps,
     dt = WGU.dtype.element_ty
     g_rows = WGU + offs_i[:, None] * H
     u_rows = WGU + (INTER + offs_i)[:, None] * H
+    r2 = tl.arange(0, 2 * BI)
+    gu_rows = WGU + tl.where(r2 < BI, pid * BI + r2, INTER + pid * BI + r2 - BI)[:, None] * H  # STACK
     if PF > 0:
         prefetch_l2(g_rows + (tl.arange(0, PF) * 64)[None, :])
         prefetch_l2(u_rows + (tl.arange(0, PF) * 64)[None, :])
@@ -59,6 +65,7 @@ def _mlp_kernel(X, ACC_IN, RES, XOUT, NW, WGU, WDT, ACC, SCR, M, eps,
     pdl_signal(PDL)
     acc_g = tl.zeros([BI, 16], tl.float32)
     acc_u = tl.zeros([BI, 16], tl.float32)
+    acc_gu = tl.zeros([2 * BI, 16], tl.float32)
     ssq_t = tl.zeros([BK, 16], tl.float32)
     for k0 in tl.range(0, H, BK, num_stages=STAGES):
         offs_k = k0 + tl.arange(0, BK)
@@ -75,14 +82,23 @@ def _mlp_kernel(X, ACC_IN, RES, XOUT, NW, WGU, WDT, ACC, SCR, M, eps,
             xf = xt.to(tl.float32)
             ssq_t += xf * xf
             xt = _round(xf * tl.load(NW + offs_k).to(tl.float32)[:, None], dt, EMU_RNE)
-        wg = tl.load(g_rows + offs_k[None, :])
-        wu = tl.load(u_rows + offs_k[None, :])
         if UPCAST:  # the interpreter's bf16 tl.dot is wrong (docs: guide); float32 there
-            wg = wg.to(tl.float32)
-            wu = wu.to(tl.float32)
             xt = xt.to(tl.float32)
-        acc_g += tl.dot(wg, xt, input_precision=PREC)
-        acc_u += tl.dot(wu, xt, input_precision=PREC)
+        if STACK:
+            w = tl.load(gu_rows + offs_k[None, :])
+            if UPCAST:
+                w = w.to(tl.float32)
+            acc_gu += tl.dot(w, xt, input_precision=PREC)
+        else:
+            wg = tl.load(g_rows + offs_k[None, :])
+            wu = tl.load(u_rows + offs_k[None, :])
+            if UPCAST:
+                wg = wg.to(tl.float32)
+                wu = wu.to(tl.float32)
+            acc_g += tl.dot(wg, xt, input_precision=PREC)
+            acc_u += tl.dot(wu, xt, input_precision=PREC)
+    if STACK:  # rows [0, BI) gate, [BI, 2 BI) up
+        acc_g, acc_u = tl.split(tl.permute(tl.reshape(acc_gu, (2, BI, 16)), (1, 2, 0)))
     if NORM:
         rstd = tl.rsqrt(tl.sum(ssq_t, axis=0) / H + eps)[None, :]  # [1, 16]: each row's
         acc_g = acc_g * rstd

@@ -23,7 +23,7 @@ def run(*args, script=SCRIPT, timeout=300):
                           env=env, cwd=REPO)
 
 
-@pytest.mark.parametrize("form", [(), ("--plain",)], ids=["chain", "plain"])
+@pytest.mark.parametrize("form", [(), ("--plain",), ("--stack",)], ids=["chain", "plain", "stack"])
 def test_cpu_run_every_system_matches_torch(tmp_path, form):
     out = tmp_path / "mlp.json"
     p = run("--device", "cpu", *form, "--out", str(out))
@@ -38,14 +38,15 @@ def test_cpu_run_every_system_matches_torch(tmp_path, form):
     assert not list(tmp_path.glob("*.tmp*"))
 
 
-@pytest.mark.parametrize("old, new", [
-    ("+ r.to(tl.float32), dt, EMU_RNE)", ", dt, EMU_RNE)"),  # the fold without the residual
-    ("u_rows = WGU + (INTER + offs_i)", "u_rows = WGU + offs_i"),  # up read from gate's rows
-    ("d_rows = WDT + offs_i[:, None] * H", "d_rows = WDT + (offs_i[:, None] // 2) * H"),  # down's wrong rows
-    ("ssq_t += xf * xf", "ssq_t += 4 * xf * xf"),  # the norm off by a factor of two
-    ("j = (j + pid) % T", "j = (j + pid) % (T - 1)"),  # a column tile skipped, another added twice
-], ids=["no-residual", "up-rows", "down-rows", "norm", "rotation"])
-def test_cpu_run_catches_a_wrong_kernel(tmp_path, old, new):
+@pytest.mark.parametrize("old, new, args", [
+    ("+ r.to(tl.float32), dt, EMU_RNE)", ", dt, EMU_RNE)", ()),  # the fold without the residual
+    ("u_rows = WGU + (INTER + offs_i)", "u_rows = WGU + offs_i", ()),  # up read from gate's rows
+    ("d_rows = WDT + offs_i[:, None] * H", "d_rows = WDT + (offs_i[:, None] // 2) * H", ()),  # down's wrong rows
+    ("ssq_t += xf * xf", "ssq_t += 4 * xf * xf", ()),  # the norm off by a factor of two
+    ("j = (j + pid) % T", "j = (j + pid) % (T - 1)", ()),  # a column tile skipped, another added twice
+    ("acc_g, acc_u = tl.split(", "acc_u, acc_g = tl.split(", ("--stack",)),  # the stacked tile split the wrong way
+], ids=["no-residual", "up-rows", "down-rows", "norm", "rotation", "stack-split"])
+def test_cpu_run_catches_a_wrong_kernel(tmp_path, old, new, args):
     """The check can fail: the kernel module with one line changed (in a copy) is far from torch."""
     src = (REPO / "benchmarks" / "fused_mlp_kernel.py").read_text()
     assert src.count(old) == 1
@@ -54,7 +55,7 @@ def test_cpu_run_catches_a_wrong_kernel(tmp_path, old, new):
     (d / "fused_mlp_kernel.py").write_text(src.replace(old, new))
     (d / "fused_mlp.py").write_text(SCRIPT.read_text())
     out = tmp_path / "mlp.json"
-    p = run("--device", "cpu", "--systems", "fused", "--out", str(out), script=d / "fused_mlp.py")
+    p = run("--device", "cpu", "--systems", "fused", *args, "--out", str(out), script=d / "fused_mlp.py")
     assert p.returncode == 0, p.stderr[-3000:]
     assert json.loads(out.read_text())["rows"][0]["rel_err_vs_torch"] > 0.1
 
@@ -85,8 +86,8 @@ def test_out_must_be_a_json_path(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", [(), ("--block-i", "64", "--block-k", "64"), ("--plain", "--block-i", "64")],
-                         ids=["default", "bi64", "plain"])
+@pytest.mark.parametrize("form", [(), ("--block-i", "64", "--block-k", "64"), ("--plain", "--block-i", "64"),
+                                  ("--stack", "--block-k", "64")], ids=["default", "bi64", "plain", "stack"])
 def test_gpu_run_every_system_matches_torch(tmp_path, form):
     """Compiled, with the atomics of 384 (192) programs into each layer's accumulator and the fold
     in the next layer's kernel (an accumulator not zeroed, or a fold that reads a half-written

@@ -1,6 +1,6 @@
 # Twenty-fourth session, calls 2 and 3: inference change 32's probe (benchmarks/fused_mlp.py), its GPU
-# test, then one process a setting (calls 3-6: CELLS=3 / 4 / 5 / 6, the lists below). From the repo root:
-# ORTHROS_COMMIT=<sha> OUT=$OUT [CELLS=3|4|5|6] bash docs/results/s24-2026-12-04/call2.sh
+# test, then one process a setting (calls 3-7: CELLS=3 .. 7, the lists below). From the repo root:
+# ORTHROS_COMMIT=<sha> OUT=$OUT [CELLS=3..7] bash docs/results/s24-2026-12-04/call2.sh
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/call2}; mkdir -p "$OUT"
@@ -51,7 +51,15 @@ plain_s6|--plain --block-i 64 --block-k 64 --block-n 128 --stages 6
 plain_s6_w8|--plain --block-i 64 --block-k 64 --block-n 128 --stages 6 --warps 8
 plain_k32_s6|--plain --block-i 64 --block-k 32 --block-n 128 --stages 6
 chain_s5|--block-i 64 --block-k 64 --block-n 128 --stages 5'
-case "${CELLS:-2}" in 3) LIST=$CELLS3 ;; 4) LIST=$CELLS4 ;; 5) LIST=$CELLS5 ;; 6) LIST=$CELLS6 ;; *) LIST=$CELLS2 ;; esac
+# call 7 (after --stack was added)
+CELLS7='plain_stack|--plain --stack --block-n 128
+plain_stack_gu|--plain --stack --block-n 128 --sink gate_up
+plain_stack_n256|--plain --stack
+plain_bi64_s4|--plain --block-i 64 --block-k 64 --block-n 128 --stages 4
+chain_stack_k64|--stack --block-k 64 --block-n 128
+plain_stack_b|--plain --stack --block-n 128'
+case "${CELLS:-2}" in 3) LIST=$CELLS3 ;; 4) LIST=$CELLS4 ;; 5) LIST=$CELLS5 ;; 6) LIST=$CELLS6 ;; 7) LIST=$CELLS7 ;;
+  *) LIST=$CELLS2 ;; esac
 i=0
 while IFS='|' read -r name args; do
   [ -n "$name" ] || continue
