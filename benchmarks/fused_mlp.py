@@ -10,6 +10,10 @@ until every program of gate/up is done (a kernel boundary under PDL). The timeli
 rows, then the same units' rows of down's weight (transposed), its products added to a float32
 accumulator with atomics; no program waits for another. The residual add moves into the kernel
 behind (here the next layer's MLP, ``FOLD``; in the engine it would be the next QKV GEMV).
+Measured on an H200 (2026-12-04, docs/benchmarks.md): the atomics are cheap and, with
+``--stack``, the gate/up half runs at the gate/up GEMV's rate, yet the fused MLP is 1.3 us a
+layer slower than the two GEMVs at best (a switch every program makes at once costs what the
+kernel boundary costs); closed.
 
 The chain: ``--layers`` layers (own weights, Qwen3-8B's shapes, so no layer finds its weights in
 L2), ``M = 2`` rows (the Orthros pair), ``x_{l+1} = x_l + down(silu(n_l W_g^T) * (n_l W_u^T))``,
