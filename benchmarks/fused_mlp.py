@@ -54,6 +54,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+import probe_harness  # noqa: E402  (beside this script)
+
 SYSTEMS = ("engine", "fused", "torch")
 # (hidden, intermediate): Qwen3-8B; the interpreter's smoke shapes
 SHAPES = {"qwen3-8b": (4096, 12288), "tiny": (64, 128)}
@@ -62,8 +64,7 @@ EPS = 1e-6  # the RMSNorm's
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="the JSON to write (a .json path)")
-    p.add_argument("--device", default="cuda", help="cuda[:i], or cpu (Triton interpreter, tiny shapes)")
+    probe_harness.add_common(p, SYSTEMS)
     p.add_argument("--layers", type=int, default=None, help="layers in the chain (default 36 on CUDA, 3 on the CPU)")
     p.add_argument("--block-i", type=int, default=None,
                    help="intermediate units a program (a power of two >= 16; default 32 on CUDA, 32 on the CPU): "
@@ -86,13 +87,8 @@ def parse_args(argv=None):
                    help="a timing diagnostic of the fused kernel: 'store' writes each program's down products to its "
                         "own scratch rows instead of adding them with atomics, 'gate_up' skips down; both leave the "
                         "chain's output wrong (its error is then not a check)")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
-    p.add_argument("--reps", type=int, default=20, help="timed graph replays (median)")
     a = p.parse_args(argv)
-    if os.path.isdir(a.out) or not a.out.endswith(".json"):
-        p.error(f"--out must be a .json file path (not a directory), got {a.out!r}")
-    if not (a.device == "cpu" or a.device == "cuda" or a.device.startswith("cuda:")):
-        p.error(f"--device must be cuda, cuda:<i> or cpu, got {a.device!r}")
+    probe_harness.check_common(p, a, SYSTEMS)
     cpu = a.device == "cpu"
     a.layers = a.layers if a.layers is not None else (3 if cpu else 36)
     a.block_i = a.block_i if a.block_i is not None else 32
@@ -108,12 +104,6 @@ def parse_args(argv=None):
         p.error(f"--stages must be in 1..8, got {a.stages}")
     if a.prefetch_lines < 0 or a.prefetch_lines & (a.prefetch_lines - 1):
         p.error(f"--prefetch-lines must be 0 or a power of two, got {a.prefetch_lines}")
-    if a.reps < 1:
-        p.error(f"--reps must be >= 1, got {a.reps}")
-    a.systems = [s.strip() for s in a.systems.split(",") if s.strip()]
-    bad = [s for s in a.systems if s not in SYSTEMS]
-    if bad or not a.systems:
-        p.error(f"--systems must name some of {', '.join(SYSTEMS)}, got {bad or 'none'}")
     a.shape = "tiny" if cpu else "qwen3-8b"
     H, INTER = SHAPES[a.shape]
     for name, v, n, what in (("block_i", a.block_i, INTER, "the intermediate size"),
@@ -211,57 +201,34 @@ class Chain:
     def call(self, system):
         return {"torch": self.torch_chain, "engine": self.engine_chain, "fused": self.fused_chain}[system]
 
+    def reset(self):
+        """No output left by another system."""
+        self.xs[1:].zero_()
+
+    def failure(self):
+        return None
+
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    if a.device == "cpu":  # the kernels run in the Triton interpreter (set before triton loads)
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    probe_harness.interpret_on_cpu(a)
     import torch
 
-    from orthros.benchmarks.inference import capture_graph, copy_bandwidth, print_table, replay_seconds, save, script_meta
+    from orthros.benchmarks.inference import copy_bandwidth, script_meta
 
     t0 = time.time()
-    dev = torch.device(a.device)
-    cuda = dev.type == "cuda"
-    if cuda and not torch.cuda.is_available():
-        print("error: --device cuda but no CUDA device is available (use --device cpu)", file=sys.stderr)
+    dev = probe_harness.open_device(a)
+    if dev is None:
         return 2
-    if cuda:
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-        torch.cuda.set_device(dev)
-    if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        print("error: --device cpu needs TRITON_INTERPRET=1 (set before anything imports triton)", file=sys.stderr)
-        return 2
-    bw = copy_bandwidth(dev, 2 ** 30 if cuda else 2 ** 22)
+    bw = copy_bandwidth(dev, 2 ** 30 if dev.type == "cuda" else 2 ** 22)
     chain = Chain(a, dev, torch.bfloat16)
     meta = {**script_meta(dev, sys.argv[1:] if argv is None else argv), "copy_bandwidth_Bps": bw, "shape": a.shape,
             "layers": a.layers, "block_i": a.block_i, "block_k": a.block_k, "block_n": a.block_n,
             "programs": chain.shape[1] // a.block_i, "stages": a.stages, "warps": a.warps,
-            "prefetch_lines": chain.pf, "rotate": a.rotate, "sink": a.sink, "plain": a.plain, "stack": a.stack, "pdl": bool(chain.pdl), "bytes_per_layer": chain.bytes_per_layer}
-    ref = chain.torch_chain().float()
-    rows = []
-    for system in a.systems:
-        fn = chain.call(system)
-        chain.xs[1:].zero_()  # no output left by another system
-        out = fn().float()
-        err = ((out - ref).norm() / ref.norm()).item()
-        t = replay_seconds(capture_graph(fn, dev, warmup=1), a.reps) if cuda else float("nan")
-        per_layer = t / a.layers
-        rows.append({"system": system, "us_per_layer": per_layer * 1e6, "ms_chain": t * 1e3,
-                     "weight_GBps": chain.bytes_per_layer / per_layer / 1e9 if cuda else None,
-                     "of_copy_bw": chain.bytes_per_layer / per_layer / bw if cuda else None,
-                     "floor_us_per_layer": chain.bytes_per_layer / bw * 1e6, "rel_err_vs_torch": err})
-        print(f"{system:7s} {per_layer * 1e6:8.2f} us a layer, rel err vs torch {err:.2e}", flush=True)
-    base = next((r["us_per_layer"] for r in rows if r["system"] == "engine"), None)
-    for r in rows:
-        r["vs_engine"] = (base / r["us_per_layer"]) if base and cuda else None
-    meta["elapsed_s"] = round(time.time() - t0, 1)
-    save(a.out, meta, rows)
-    print_table(rows, ["system", "us_per_layer", "floor_us_per_layer", "of_copy_bw", "vs_engine", "rel_err_vs_torch"],
-                f"the MLP chain of {a.layers} layers, M = 2, the fused kernel at {meta['programs']} programs")
-    print(f"wrote {a.out}")
-    return 0
+            "prefetch_lines": chain.pf, "rotate": a.rotate, "sink": a.sink, "plain": a.plain, "stack": a.stack,
+            "pdl": bool(chain.pdl), "bytes_per_layer": chain.bytes_per_layer}
+    return probe_harness.run_chain(a, chain, dev, meta, f"the MLP chain of {a.layers} layers, M = 2, the fused kernel "
+                                   f"at {meta['programs']} programs", t0, name_width=7)
 
 
 if __name__ == "__main__":

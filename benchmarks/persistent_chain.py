@@ -49,6 +49,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+import probe_harness  # noqa: E402  (beside this script)
+
 SYSTEMS = ("engine", "launch", "persistent", "torch")
 # (hidden, QKV rows, intermediate): Qwen3-8B; the interpreter's smoke shapes
 SHAPES = {"qwen3-8b": (4096, 6144, 12288), "tiny": (64, 96, 192)}
@@ -57,8 +59,7 @@ POLLS = 2 ** 20  # the spin wait's limit (a grid barrier takes ~1e2-1e3 polls; ~
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="the JSON to write (a .json path)")
-    p.add_argument("--device", default="cuda", help="cuda[:i], or cpu (Triton interpreter, tiny shapes, one program)")
+    probe_harness.add_common(p, SYSTEMS)
     p.add_argument("--layers", type=int, default=None, help="layers in the chain (default 36 on CUDA, 2 on the CPU)")
     p.add_argument("--programs", type=int, default=None,
                    help="P, the kernel's programs (default 128 on CUDA, 1 on the CPU); every GEMV's rows must split "
@@ -76,13 +77,8 @@ def parse_args(argv=None):
     p.add_argument("--prefetch-mb", type=float, default=4.0,
                    help="MB of each GEMV's weight asked of L2 before its wait / barrier (0: none); the engine's "
                         "GEMVs keep their own setting (ORTHROS_GEMV_PREFETCH_MB)")
-    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {', '.join(SYSTEMS)}")
-    p.add_argument("--reps", type=int, default=20, help="timed graph replays (median)")
     a = p.parse_args(argv)
-    if os.path.isdir(a.out) or not a.out.endswith(".json"):
-        p.error(f"--out must be a .json file path (not a directory), got {a.out!r}")
-    if not (a.device == "cpu" or a.device == "cuda" or a.device.startswith("cuda:")):
-        p.error(f"--device must be cuda, cuda:<i> or cpu, got {a.device!r}")
+    probe_harness.check_common(p, a, SYSTEMS)
     cpu = a.device == "cpu"
     a.layers = a.layers if a.layers is not None else (2 if cpu else 36)
     a.programs = a.programs if a.programs is not None else (1 if cpu else 128)
@@ -100,12 +96,6 @@ def parse_args(argv=None):
         p.error(f"--stages must be in 1..8, got {a.stages}")
     if not a.prefetch_mb >= 0:
         p.error(f"--prefetch-mb must be >= 0, got {a.prefetch_mb}")
-    if a.reps < 1:
-        p.error(f"--reps must be >= 1, got {a.reps}")
-    a.systems = [s.strip() for s in a.systems.split(",") if s.strip()]
-    bad = [s for s in a.systems if s not in SYSTEMS]
-    if bad or not a.systems:
-        p.error(f"--systems must name some of {', '.join(SYSTEMS)}, got {bad or 'none'}")
     if a.hold and not a.defer:
         p.error("--hold needs --defer (the held tiles start the deferred form's accumulators)")
     a.shape = "tiny" if cpu else "qwen3-8b"
@@ -223,64 +213,37 @@ class Chain:
         return {"torch": self.torch_chain, "engine": self.engine_chain, "launch": self.launch_chain,
                 "persistent": self.persistent_chain}[system]
 
+    def reset(self):
+        """No output left by another system (the buffers zeroed)."""
+        for t in (self.act[1:], self.y1, self.y2, self.y3, self.err):
+            t.zero_()
+
+    def failure(self):
+        if int(self.err.item()):
+            return (f"a grid barrier gave up after {POLLS} polls (the {self.a.programs} programs were not all "
+                    "resident); lower --programs")
+        return None
+
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    if a.device == "cpu":  # the kernels run in the Triton interpreter (set before triton loads)
-        os.environ.setdefault("TRITON_INTERPRET", "1")
+    probe_harness.interpret_on_cpu(a)
     import torch
 
-    from orthros.benchmarks.inference import capture_graph, copy_bandwidth, print_table, replay_seconds, save, script_meta
+    from orthros.benchmarks.inference import copy_bandwidth, script_meta
 
     t0 = time.time()
-    dev = torch.device(a.device)
-    cuda = dev.type == "cuda"
-    if cuda and not torch.cuda.is_available():
-        print("error: --device cuda but no CUDA device is available (use --device cpu)", file=sys.stderr)
+    dev = probe_harness.open_device(a)
+    if dev is None:
         return 2
-    if cuda:
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-        torch.cuda.set_device(dev)
-    if not cuda and os.environ.get("TRITON_INTERPRET") != "1":
-        print("error: --device cpu needs TRITON_INTERPRET=1 (set before anything imports triton)", file=sys.stderr)
-        return 2
-    bw = copy_bandwidth(dev, 2 ** 30 if cuda else 2 ** 22)
+    bw = copy_bandwidth(dev, 2 ** 30 if dev.type == "cuda" else 2 ** 22)
     chain = Chain(a, dev, torch.bfloat16)
     meta = {**script_meta(dev, sys.argv[1:] if argv is None else argv), "copy_bandwidth_Bps": bw, "shape": a.shape,
             "layers": a.layers, "programs": a.programs, "block_n": a.block_n, "block_k": a.block_k,
             "stages": a.stages, "warps": a.warps, "defer": a.defer, "hold": a.hold, "prefetch_mb": a.prefetch_mb,
             "prefetch_lines": chain.pf, "bytes_per_layer": chain.bytes_per_layer}
-    ref = chain.torch_chain().float()
-    rows = []
-    for system in a.systems:
-        fn = chain.call(system)
-        for t in (chain.act[1:], chain.y1, chain.y2, chain.y3, chain.err):  # no output left by another system
-            t.zero_()
-        out = fn().float()
-        if cuda:
-            torch.cuda.synchronize(dev)
-        if int(chain.err.item()):
-            print(f"error: {system}: a grid barrier gave up after {POLLS} polls (the {a.programs} programs were not "
-                  f"all resident); lower --programs", file=sys.stderr)
-            return 1
-        err = ((out - ref).norm() / ref.norm()).item()
-        t = replay_seconds(capture_graph(fn, dev, warmup=1), a.reps) if cuda else float("nan")
-        per_layer = t / a.layers
-        rows.append({"system": system, "us_per_layer": per_layer * 1e6, "ms_chain": t * 1e3,
-                     "weight_GBps": chain.bytes_per_layer / per_layer / 1e9 if cuda else None,
-                     "of_copy_bw": chain.bytes_per_layer / per_layer / bw if cuda else None,
-                     "floor_us_per_layer": chain.bytes_per_layer / bw * 1e6, "rel_err_vs_torch": err})
-        print(f"{system:11s} {per_layer * 1e6:8.2f} us a layer, rel err vs torch {err:.2e}", flush=True)
-    base = next((r["us_per_layer"] for r in rows if r["system"] == "engine"), None)
-    for r in rows:
-        r["vs_engine"] = (base / r["us_per_layer"]) if base and cuda else None
-    meta["elapsed_s"] = round(time.time() - t0, 1)
-    save(a.out, meta, rows)
-    print_table(rows, ["system", "us_per_layer", "floor_us_per_layer", "of_copy_bw", "vs_engine", "rel_err_vs_torch"],
-                f"the chain of {a.layers} layers, M = 2, {a.programs} programs of the probe's kernel")
-    print(f"wrote {a.out}")
-    return 0
+    return probe_harness.run_chain(a, chain, dev, meta, f"the chain of {a.layers} layers, M = 2, {a.programs} "
+                                   "programs of the probe's kernel", t0)
 
 
 if __name__ == "__main__":

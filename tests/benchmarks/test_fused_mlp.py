@@ -54,6 +54,7 @@ def test_cpu_run_catches_a_wrong_kernel(tmp_path, old, new, args):
     d.mkdir()
     (d / "fused_mlp_kernel.py").write_text(src.replace(old, new))
     (d / "fused_mlp.py").write_text(SCRIPT.read_text())
+    (d / "probe_harness.py").write_text((REPO / "benchmarks" / "probe_harness.py").read_text())
     out = tmp_path / "mlp.json"
     p = run("--device", "cpu", "--systems", "fused", *args, "--out", str(out), script=d / "fused_mlp.py")
     assert p.returncode == 0, p.stderr[-3000:]

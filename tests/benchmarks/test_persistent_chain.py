@@ -59,6 +59,7 @@ def test_cpu_run_catches_a_wrong_chain(tmp_path):
     d.mkdir()
     (d / "persistent_chain_kernel.py").write_text(bad)
     (d / "persistent_chain.py").write_text(SCRIPT.read_text())
+    (d / "probe_harness.py").write_text((REPO / "benchmarks" / "probe_harness.py").read_text())
     out = tmp_path / "chain.json"
     p = subprocess.run([sys.executable, str(d / "persistent_chain.py"), "--device", "cpu", "--systems", "persistent",
                         "--out", str(out)], capture_output=True, text=True, timeout=300,
