@@ -67,7 +67,7 @@ def parse_args(argv=None):
     probe_harness.add_common(p, SYSTEMS)
     p.add_argument("--layers", type=int, default=None, help="layers in the chain (default 36 on CUDA, 3 on the CPU)")
     p.add_argument("--block-i", type=int, default=None,
-                   help="intermediate units a program (a power of two >= 16; default 32 on CUDA, 32 on the CPU): "
+                   help="intermediate units a program (a power of two >= 16; default 32): "
                         "the launch has intermediate / block-i programs")
     p.add_argument("--block-k", type=int, default=None, help="gate/up's K tile (default 128 on CUDA, 32 on the CPU)")
     p.add_argument("--block-n", type=int, default=None, help="down's column tile (default 256 on CUDA, 32 on the CPU)")
@@ -107,7 +107,8 @@ def parse_args(argv=None):
     a.shape = "tiny" if cpu else "qwen3-8b"
     H, INTER = SHAPES[a.shape]
     for name, v, n, what in (("block_i", a.block_i, INTER, "the intermediate size"),
-                             ("block_k", a.block_k, H, "the hidden size"), ("block_n", a.block_n, H, "the hidden size")):
+                             ("block_k", a.block_k, H, "the hidden size"),
+                             ("block_n", a.block_n, H, "the hidden size")):
         if n % v:
             p.error(f"--{name.replace('_', '-')} must divide {what} {n}, got {v}")
     if a.prefetch_lines * 64 > H:
@@ -192,7 +193,8 @@ class Chain:
             self.kernel[(INTER // a.block_i,)](
                 self.x0, self.acc[prev], self.xs[prev], self.xs[i], self.nw[i], self.wgu[i], self.wdt[i], self.acc[i],
                 self.scr, 2, EPS, H=H, INTER=INTER, BI=a.block_i, BK=a.block_k, BN=a.block_n, STAGES=a.stages,
-                FOLD=i > 0 and not a.plain, NORM=not a.plain, PF=self.pf, ROTATE=a.rotate, STACK=a.stack, SINK=a.sink, num_warps=a.warps, num_stages=a.stages, **kw)
+                FOLD=i > 0 and not a.plain, NORM=not a.plain, PF=self.pf, ROTATE=a.rotate, STACK=a.stack,
+                SINK=a.sink, num_warps=a.warps, num_stages=a.stages, **kw)
         L = a.layers - 1
         if a.plain:
             return self.acc[L].to(self.dtype)
