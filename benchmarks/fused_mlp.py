@@ -11,7 +11,7 @@ rows, then the same units' rows of down's weight (transposed), its products adde
 accumulator with atomics; no program waits for another. The residual add moves into the kernel
 behind (here the next layer's MLP, ``FOLD``; in the engine it would be the next QKV GEMV).
 Measured on an H200 (2026-12-04, docs/benchmarks.md): the atomics are cheap and, with
-``--stack``, the gate/up half runs at the gate/up GEMV's rate, yet the fused MLP is 1.3 us a
+``--stack``, the gate/up half runs at the gate/up GEMV's rate, yet the fused MLP is 1.1-1.5 us a
 layer slower than the two GEMVs at best (a switch every program makes at once costs what the
 kernel boundary costs); closed.
 
