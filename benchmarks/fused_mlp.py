@@ -50,7 +50,6 @@ import argparse
 import math
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -211,26 +210,15 @@ class Chain:
         return None
 
 
+def settings(a, chain) -> dict:
+    return {"block_i": a.block_i, "block_k": a.block_k, "block_n": a.block_n, "programs": chain.shape[1] // a.block_i,
+            "stages": a.stages, "warps": a.warps, "prefetch_lines": chain.pf, "rotate": a.rotate, "sink": a.sink,
+            "plain": a.plain, "stack": a.stack, "pdl": bool(chain.pdl)}
+
+
 def main(argv=None) -> int:
-    a = parse_args(argv)
-    probe_harness.interpret_on_cpu(a)
-    import torch
-
-    from orthros.benchmarks.inference import copy_bandwidth, script_meta
-
-    t0 = time.time()
-    dev = probe_harness.open_device(a)
-    if dev is None:
-        return 2
-    bw = copy_bandwidth(dev, 2 ** 30 if dev.type == "cuda" else 2 ** 22)
-    chain = Chain(a, dev, torch.bfloat16)
-    meta = {**script_meta(dev, sys.argv[1:] if argv is None else argv), "copy_bandwidth_Bps": bw, "shape": a.shape,
-            "layers": a.layers, "block_i": a.block_i, "block_k": a.block_k, "block_n": a.block_n,
-            "programs": chain.shape[1] // a.block_i, "stages": a.stages, "warps": a.warps,
-            "prefetch_lines": chain.pf, "rotate": a.rotate, "sink": a.sink, "plain": a.plain, "stack": a.stack,
-            "pdl": bool(chain.pdl), "bytes_per_layer": chain.bytes_per_layer}
-    return probe_harness.run_chain(a, chain, dev, meta, f"the MLP chain of {a.layers} layers, M = 2, the fused kernel "
-                                   f"at {meta['programs']} programs", t0, name_width=7)
+    return probe_harness.main(argv, parse_args, Chain, settings, lambda a, meta: (
+        f"the MLP chain of {a.layers} layers, M = 2, the fused kernel at {meta['programs']} programs"), name_width=7)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,6 @@ import argparse
 import math
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -225,25 +224,14 @@ class Chain:
         return None
 
 
+def settings(a, chain) -> dict:
+    return {"programs": a.programs, "block_n": a.block_n, "block_k": a.block_k, "stages": a.stages, "warps": a.warps,
+            "defer": a.defer, "hold": a.hold, "prefetch_mb": a.prefetch_mb, "prefetch_lines": chain.pf}
+
+
 def main(argv=None) -> int:
-    a = parse_args(argv)
-    probe_harness.interpret_on_cpu(a)
-    import torch
-
-    from orthros.benchmarks.inference import copy_bandwidth, script_meta
-
-    t0 = time.time()
-    dev = probe_harness.open_device(a)
-    if dev is None:
-        return 2
-    bw = copy_bandwidth(dev, 2 ** 30 if dev.type == "cuda" else 2 ** 22)
-    chain = Chain(a, dev, torch.bfloat16)
-    meta = {**script_meta(dev, sys.argv[1:] if argv is None else argv), "copy_bandwidth_Bps": bw, "shape": a.shape,
-            "layers": a.layers, "programs": a.programs, "block_n": a.block_n, "block_k": a.block_k,
-            "stages": a.stages, "warps": a.warps, "defer": a.defer, "hold": a.hold, "prefetch_mb": a.prefetch_mb,
-            "prefetch_lines": chain.pf, "bytes_per_layer": chain.bytes_per_layer}
-    return probe_harness.run_chain(a, chain, dev, meta, f"the chain of {a.layers} layers, M = 2, {a.programs} "
-                                   "programs of the probe's kernel", t0)
+    return probe_harness.main(argv, parse_args, Chain, settings, lambda a, meta: (
+        f"the chain of {a.layers} layers, M = 2, {a.programs} programs of the probe's kernel"))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """What issue #18's chain probes (``persistent_chain.py``, ``fused_mlp.py``) share: their common
 arguments and checks, the device (CUDA, or the CPU under the Triton interpreter), and the run of
 every system of a chain in one process: each output against the ``torch`` system's, each time
-under a CUDA graph, one row a system, the JSON and the table."""
+under a CUDA graph, one row a system, the JSON and the table (:func:`main`, a probe's whole
+``main`` given its parser and its chain)."""
 
 from __future__ import annotations
 
@@ -102,3 +103,25 @@ def run_chain(a, chain, dev, meta, title, t0, name_width=11) -> int:
                 title)
     print(f"wrote {a.out}")
     return 0
+
+
+def main(argv, parse_args, make_chain, settings, title, name_width=11) -> int:
+    """A probe's ``main``: ``parse_args(argv)`` (``a.shape`` and ``a.layers`` set), the device,
+    the copy bandwidth, ``make_chain(a, device, torch.bfloat16)``, the JSON's meta (date, GPU,
+    commit, versions, copy bandwidth, shape, layers, ``settings(a, chain)``, the chain's bytes a
+    layer), then :func:`run_chain` under ``title(a, meta)``. Returns the exit code."""
+    a = parse_args(argv)
+    interpret_on_cpu(a)
+    import torch
+
+    from orthros.benchmarks.inference import copy_bandwidth, script_meta
+
+    t0 = time.time()
+    dev = open_device(a)
+    if dev is None:
+        return 2
+    bw = copy_bandwidth(dev, 2 ** 30 if dev.type == "cuda" else 2 ** 22)
+    chain = make_chain(a, dev, torch.bfloat16)
+    meta = {**script_meta(dev, sys.argv[1:] if argv is None else argv), "copy_bandwidth_Bps": bw, "shape": a.shape,
+            "layers": a.layers, **settings(a, chain), "bytes_per_layer": chain.bytes_per_layer}
+    return run_chain(a, chain, dev, meta, title(a, meta), t0, name_width)

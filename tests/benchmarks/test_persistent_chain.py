@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from probe_runs import BENCH, refused, run_changed, run_gpu
+from probe_runs import run as run_script
 
-REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "persistent_chain.py"
-sys.path.insert(0, str(REPO / "benchmarks"))
+SCRIPT = BENCH / "persistent_chain.py"
+sys.path.insert(0, str(BENCH))
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -29,9 +28,7 @@ def _wait_for(BAR, ERR, target, POLLS_: tl.constexpr):
 
 
 def run(*args, timeout=300):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=timeout,
-                          env=env, cwd=REPO)
+    return run_script(SCRIPT, *args, timeout=timeout)
 
 
 @pytest.mark.parametrize("form", [(), ("--defer",), ("--defer", "--hold", "1")], ids=["per-step-sum", "defer", "hold"])
@@ -52,20 +49,9 @@ def test_cpu_run_every_system_matches_torch(tmp_path, form):
 def test_cpu_run_catches_a_wrong_chain(tmp_path):
     """The check can fail: the kernel run with the down GEMV's input taken from the wrong half of
     gate/up's output (one line of the kernel module changed, in a copy) is far from F.linear's."""
-    src = (REPO / "benchmarks" / "persistent_chain_kernel.py").read_text()
-    bad = src.replace("X = Y3 + layer * 2 * 2 * INTER\n", "X = Y3 + layer * 2 * 2 * INTER + INTER\n")
-    assert bad != src
-    d = tmp_path / "bench"
-    d.mkdir()
-    (d / "persistent_chain_kernel.py").write_text(bad)
-    (d / "persistent_chain.py").write_text(SCRIPT.read_text())
-    (d / "probe_harness.py").write_text((REPO / "benchmarks" / "probe_harness.py").read_text())
-    out = tmp_path / "chain.json"
-    p = subprocess.run([sys.executable, str(d / "persistent_chain.py"), "--device", "cpu", "--systems", "persistent",
-                        "--out", str(out)], capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}, cwd=REPO)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert json.loads(out.read_text())["rows"][0]["rel_err_vs_torch"] > 0.3
+    rows = run_changed(tmp_path, "persistent_chain", "X = Y3 + layer * 2 * 2 * INTER\n",
+                       "X = Y3 + layer * 2 * 2 * INTER + INTER\n", "--systems", "persistent")
+    assert rows["persistent"]["rel_err_vs_torch"] > 0.3
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -83,10 +69,7 @@ def test_cpu_run_catches_a_wrong_chain(tmp_path):
     (("--programs", "100",), "--programs x --block-n"),
 ])
 def test_bad_arguments_exit_2_before_any_file(tmp_path, args, needle):
-    out = tmp_path / "x.json"
-    p = run(*args, "--out", str(out), timeout=60)
-    assert p.returncode == 2 and needle in p.stderr, p.stderr
-    assert not out.exists()
+    assert needle in refused(SCRIPT, tmp_path, *args)
 
 
 def test_out_must_be_a_json_path(tmp_path):
@@ -116,16 +99,7 @@ def test_gpu_run_every_system_matches_torch(tmp_path, form):
     """Compiled, every program resident at once (128, or 256 of 8-row tiles): the grid barriers
     order the GEMVs (a missing or early barrier reads a half-written input; the buffers are
     zeroed before each system's check)."""
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
-    out = tmp_path / "chain.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    p = subprocess.run([sys.executable, str(SCRIPT), "--layers", "3", "--reps", "2", *form, "--out", str(out)],
-                       capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
-    assert p.returncode == 0, p.stderr[-3000:]
-    for r in json.loads(out.read_text())["rows"]:
-        assert r["rel_err_vs_torch"] < 1e-2, r
+    run_gpu(tmp_path, "persistent_chain", *form, tol=1e-2)
 
 
 def test_grid_sync_gives_up_and_flags_when_programs_are_missing():

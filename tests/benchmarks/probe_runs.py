@@ -1,0 +1,69 @@
+"""Runs of issue #18's chain probes (``benchmarks/persistent_chain.py``, ``fused_mlp.py``) for their
+tests: the script as a subprocess (on the CPU through the Triton interpreter, or compiled on a
+GPU), or a copy of it whose kernel module has one line changed, to show the check can fail."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BENCH = REPO / "benchmarks"
+
+
+def run(script, *args, timeout=300, gpu=False):
+    """``python <script> args`` from the repository root; ``gpu``: without ``TRITON_INTERPRET``."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    if gpu:
+        env.pop("TRITON_INTERPRET", None)
+    return subprocess.run([sys.executable, str(script), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=REPO)
+
+
+def rows(path) -> dict:
+    """``{system: row}`` of a probe's JSON."""
+    return {r["system"]: r for r in json.loads(Path(path).read_text())["rows"]}
+
+
+def run_changed(tmp_path, name, old, new, *args):
+    """Runs a copy of ``benchmarks/<name>.py`` (on the CPU) beside a copy of its kernel module
+    ``<name>_kernel.py`` in which ``old`` (exactly one occurrence) is replaced by ``new``, and
+    beside the shared harness; returns the JSON's rows. Fails the test if the run fails."""
+    src = (BENCH / f"{name}_kernel.py").read_text()
+    assert src.count(old) == 1, f"{old!r} is not in {name}_kernel.py exactly once"
+    d = tmp_path / "bench"
+    d.mkdir()
+    (d / f"{name}_kernel.py").write_text(src.replace(old, new))
+    for f in (f"{name}.py", "probe_harness.py"):
+        (d / f).write_text((BENCH / f).read_text())
+    out = tmp_path / "changed.json"
+    p = run(d / f"{name}.py", "--device", "cpu", *args, "--out", out)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return rows(out)
+
+
+def run_gpu(tmp_path, name, *args, tol):
+    """The probe compiled on a CUDA device (3 layers, 2 replays): every system's output within
+    ``tol`` of torch's. Skips without a CUDA device."""
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    out = tmp_path / "gpu.json"
+    p = run(BENCH / f"{name}.py", "--layers", "3", "--reps", "2", *args, "--out", out, gpu=True)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for r in rows(out).values():
+        assert r["rel_err_vs_torch"] < tol, r
+
+
+def refused(script, tmp_path, *args) -> str:
+    """Runs ``script args --out <tmp>/x.json``, checks it exits 2 without writing the file, and
+    returns its stderr (the one-line reason)."""
+    out = tmp_path / "x.json"
+    p = run(script, *args, "--out", out, timeout=60)
+    assert p.returncode == 2 and not out.exists(), (p.returncode, p.stderr)
+    return p.stderr
