@@ -117,12 +117,12 @@ def chain_sites(H: int, NQKV: int, INTER: int):
 
 
 def prefetch_lines(N: int, K: int, budget: int) -> int:
-    """Lines (128 B) a weight row to ask L2 for before a wait: a power of two with
-    ``N * lines * 128 <= budget``, at most the row, at least 0."""
-    if budget <= 0:
-        return 0
-    lines = min(budget // (N * 128), max(1, K * 2 // 128))
-    return 0 if lines < 1 else 1 << (int(lines).bit_length() - 1)
+    """Lines (128 B) a bf16 weight row to ask L2 for before a wait: a power of two with
+    ``N * lines * 128 <= budget``, at most the row, at least 0 (the engine GEMV's rule,
+    :func:`orthros.ops.gemv.kernel.prefetch_tile`, for one K slice)."""
+    from orthros.ops.gemv.kernel import prefetch_tile
+
+    return prefetch_tile(N, K, 1, 2, budget).get("PF_LINES", 0)
 
 
 class Chain:
