@@ -125,8 +125,10 @@ def prefetch_lines(N: int, K: int, budget: int) -> int:
     return prefetch_tile(N, K, 1, 2, budget).get("PF_LINES", 0)
 
 
-class Chain:
-    """The chain's weights and activation buffers, and one callable a system."""
+class ChainWeights:
+    """The chain's weights and input (``a.layers`` layers of ``SHAPES[a.shape]``), its bytes a
+    layer, and the two systems every chain probe times against: ``torch`` (cuBLAS, the reference)
+    and ``engine`` (the engine's GEMVs). Also the base of ``stream_chain.py``'s chain."""
 
     def __init__(self, a, device, dtype):
         import torch
@@ -141,22 +143,7 @@ class Chain:
 
         self.w = [weight(n, k) for _, n, k in chain_sites(H, NQKV, INTER)]
         self.x0 = torch.randn(2, H, generator=g, device=device, dtype=torch.float32).to(dtype)
-        self.act = torch.zeros(L + 1, 2, H, device=device, dtype=dtype)
-        self.y1 = torch.zeros(L, 2, NQKV, device=device, dtype=dtype)
-        self.y2 = torch.zeros(L, 2, H, device=device, dtype=dtype)
-        self.y3 = torch.zeros(L, 2, 2 * INTER, device=device, dtype=dtype)
-        self.bar = torch.zeros(1, device=device, dtype=torch.int32)
-        self.err = torch.zeros(1, device=device, dtype=torch.int32)
-        self.act[0].copy_(self.x0)
         self.bytes_per_layer = sum(w[0].numel() for w in self.w) * self.x0.element_size()
-        from orthros.ops.triton.common import interpreting
-
-        budget = 0 if interpreting() else int(a.prefetch_mb * 2 ** 20)  # the interpreter runs no PTX hint
-        self.pf = {f"PF_{k}": prefetch_lines(n, kk, budget)
-                   for k, (_, n, kk) in zip(("QKV", "O", "GU", "D"), chain_sites(H, NQKV, INTER))}
-        from persistent_chain_kernel import _chain_kernel
-
-        self.kernel = _chain_kernel
 
     def torch_chain(self):
         import torch.nn.functional as F
@@ -183,6 +170,32 @@ class Chain:
             y3 = gemv_triton(y2, wgu[i])
             x = gemv_triton(y3[:, :INTER], wd[i])
         return x
+
+
+class Chain(ChainWeights):
+    """The Triton kernel's activation buffers, and one callable a system."""
+
+    def __init__(self, a, device, dtype):
+        import torch
+
+        super().__init__(a, device, dtype)
+        H, NQKV, INTER = self.shape
+        L = a.layers
+        self.act = torch.zeros(L + 1, 2, H, device=device, dtype=dtype)
+        self.y1 = torch.zeros(L, 2, NQKV, device=device, dtype=dtype)
+        self.y2 = torch.zeros(L, 2, H, device=device, dtype=dtype)
+        self.y3 = torch.zeros(L, 2, 2 * INTER, device=device, dtype=dtype)
+        self.bar = torch.zeros(1, device=device, dtype=torch.int32)
+        self.err = torch.zeros(1, device=device, dtype=torch.int32)
+        self.act[0].copy_(self.x0)
+        from orthros.ops.triton.common import interpreting
+
+        budget = 0 if interpreting() else int(a.prefetch_mb * 2 ** 20)  # the interpreter runs no PTX hint
+        self.pf = {f"PF_{k}": prefetch_lines(n, kk, budget)
+                   for k, (_, n, kk) in zip(("QKV", "O", "GU", "D"), chain_sites(H, NQKV, INTER))}
+        from persistent_chain_kernel import _chain_kernel
+
+        self.kernel = _chain_kernel
 
     def _launch(self, s_lo, s_hi, pdl):
         a = self.a

@@ -1,6 +1,7 @@
-"""Runs of issue #18's chain probes (``benchmarks/persistent_chain.py``, ``fused_mlp.py``) for their
-tests: the script as a subprocess (on the CPU through the Triton interpreter, or compiled on a
-GPU), or a copy of it whose kernel module has one line changed, to show the check can fail."""
+"""Runs of issue #18's chain probes (``benchmarks/persistent_chain.py``, ``fused_mlp.py``,
+``stream_chain.py``) for their tests: the script as a subprocess (on the CPU through the Triton
+interpreter, or compiled on a GPU), or a copy of it whose kernel source has one line changed, to
+show the check can fail."""
 
 from __future__ import annotations
 
@@ -28,19 +29,22 @@ def rows(path) -> dict:
     return {r["system"]: r for r in json.loads(Path(path).read_text())["rows"]}
 
 
-def run_changed(tmp_path, name, old, new, *args):
-    """Runs a copy of ``benchmarks/<name>.py`` (on the CPU) beside a copy of its kernel module
-    ``<name>_kernel.py`` in which ``old`` (exactly one occurrence) is replaced by ``new``, and
-    beside the shared harness; returns the JSON's rows. Fails the test if the run fails."""
-    src = (BENCH / f"{name}_kernel.py").read_text()
-    assert src.count(old) == 1, f"{old!r} is not in {name}_kernel.py exactly once"
+def run_changed(tmp_path, name, old, new, *args, kernel=None, beside=(), gpu=False):
+    """Runs a copy of ``benchmarks/<name>.py`` beside a copy of its kernel source ``kernel``
+    (default ``<name>_kernel.py``) in which ``old`` (exactly one occurrence) is replaced by
+    ``new``, beside the shared harness and the scripts ``beside``; on the CPU (``--device cpu``),
+    or with ``gpu`` compiled on the default device. Returns the JSON's rows; fails the test if
+    the run fails."""
+    kernel = kernel or f"{name}_kernel.py"
+    src = (BENCH / kernel).read_text()
+    assert src.count(old) == 1, f"{old!r} is not in {kernel} exactly once"
     d = tmp_path / "bench"
     d.mkdir()
-    (d / f"{name}_kernel.py").write_text(src.replace(old, new))
-    for f in (f"{name}.py", "probe_harness.py"):
+    (d / kernel).write_text(src.replace(old, new))
+    for f in (f"{name}.py", "probe_harness.py", *beside):
         (d / f).write_text((BENCH / f).read_text())
     out = tmp_path / "changed.json"
-    p = run(d / f"{name}.py", "--device", "cpu", *args, "--out", out)
+    p = run(d / f"{name}.py", *(() if gpu else ("--device", "cpu")), *args, "--out", out, gpu=gpu)
     assert p.returncode == 0, p.stderr[-3000:]
     return rows(out)
 

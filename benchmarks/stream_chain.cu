@@ -1,0 +1,330 @@
+// The kernel of benchmarks/stream_chain.py (issue #18, docs/performance.md inference change 33):
+// change 30's chain of GEMVs (per layer QKV -> W_O -> gate/up -> down, M = 2 rows) as one
+// persistent launch whose weight stream does not stop at the phases' dependencies.
+//
+// One block a multiprocessor, 9 warps. Warp 8 is the producer: one thread walks the block's share
+// of every weight of the chain in order, 8 KB piece (PIECE bf16) after piece, into a ring of
+// shared-memory stages with the bulk copy engine (cp.async.bulk completing on the stage's "full"
+// mbarrier). It waits only for a free stage ("empty" mbarrier), never for an activation, so while
+// the consumers wait at a grid barrier the ring keeps filling with the next phase's weight.
+// Warps 0-7 are the consumers (256 threads): at each phase they wait for every block to have
+// finished the phase before (a grid barrier: one counter, a monotone target), read the phase's
+// input rows (float32, rounded to bf16 as each GEMV's output is in the chain) into registers,
+// then consume their pieces: a piece is 4096 consecutive elements of a weight row (K is a
+// multiple of 4096: S = K / 4096 pieces a row), thread t multiplies elements [8t, 8t + 8) and
+// [2048 + 8t, 2048 + 8t + 8) of it with its registers. Each phase's pieces are split evenly
+// between the blocks by position (a block's share is a contiguous byte range of the weight, so a
+// row can be split between two blocks): a row's partial sums are reduced across the warp, added
+// into shared memory, and at the phase's end added into the float32 output with atomics. During
+// phase s each block zeroes its share of phase s + 1's output (nobody touches it before barrier
+// s); phase 0's output and the barrier counter are zeroed by the caller.
+//
+// Every wait gives up after ~2 s (globaltimer) and sets *err (1: a grid barrier, 2: a full stage,
+// 3: an empty stage) instead of hanging; the caller must check it.
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#define PIECE 4096                 // bf16 elements a piece (8 KB)
+#define PIECE_BYTES (PIECE * 2)
+#define CONSUMERS 256              // threads of warps 0-7
+#define THREADS (CONSUMERS + 32)   // + the producer warp
+#define G 4                        // rows reduced across the warp together
+#define TIMEOUT_NS 2000000000ull
+
+struct Chain {
+    const uint16_t* w[4];  // [L, N_kind, K_kind] bf16: QKV, W_O, gate/up, down
+    const float* x0;       // [2, H] float32 (bf16 values): the first layer's input
+    float* out[4];         // [L, 2, N_kind] float32
+    unsigned* bar;         // grid barrier counter (zeroed by the caller)
+    int* err;              // 0, or why a wait gave up
+    int H, NQKV, INTER, L;
+    int stages;            // ring stages
+    int acc_rows;          // rows of the shared-memory accumulator
+};
+
+struct Phase {
+    const uint16_t* w;
+    const float* in;
+    int in_stride;
+    float* out;
+    int N, K;
+};
+
+__device__ __forceinline__ Phase phase_of(const Chain& c, int s) {
+    int kind = s & 3, layer = s >> 2;
+    Phase p;
+    if (kind == 0) {
+        p.N = c.NQKV; p.K = c.H;
+        p.in = layer == 0 ? c.x0 : c.out[3] + (size_t)(layer - 1) * 2 * c.H;
+        p.in_stride = c.H;
+    } else if (kind == 1) {
+        p.N = c.H; p.K = c.H;
+        p.in = c.out[0] + (size_t)layer * 2 * c.NQKV;  // the first H of QKV's outputs
+        p.in_stride = c.NQKV;
+    } else if (kind == 2) {
+        p.N = 2 * c.INTER; p.K = c.H;
+        p.in = c.out[1] + (size_t)layer * 2 * c.H;
+        p.in_stride = c.H;
+    } else {
+        p.N = c.H; p.K = c.INTER;
+        p.in = c.out[2] + (size_t)layer * 4 * c.INTER;  // the first INTER of gate/up's outputs
+        p.in_stride = 2 * c.INTER;
+    }
+    // branches, not c.w[kind]: a run-time index would copy the parameter arrays to local memory
+    const uint16_t* w = kind == 0 ? c.w[0] : kind == 1 ? c.w[1] : kind == 2 ? c.w[2] : c.w[3];
+    float* out = kind == 0 ? c.out[0] : kind == 1 ? c.out[1] : kind == 2 ? c.out[2] : c.out[3];
+    p.w = w + (size_t)layer * p.N * p.K;
+    p.out = out + (size_t)layer * 2 * p.N;
+    return p;
+}
+
+// The block's pieces [lo, hi) of a phase with `total` pieces.
+__device__ __forceinline__ void share(long total, long& lo, long& hi) {
+    lo = total * blockIdx.x / gridDim.x;
+    hi = total * (blockIdx.x + 1) / gridDim.x;
+}
+
+__device__ __forceinline__ uint32_t saddr(const void* p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ uint64_t now_ns() {
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ bool mbar_try(uint64_t* bar, uint32_t parity) {
+    uint32_t ok;
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(ok) : "r"(saddr(bar)), "r"(parity) : "memory");
+    return ok;
+}
+
+// Waits for the phase of `bar` with `parity`; after a timeout sets *err = code and `dead`, after
+// which every wait of this thread returns at once (the run is invalid and ends quickly).
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, int* err, int code, bool& dead) {
+    if (dead || mbar_try(bar, parity)) return;
+    uint64_t t0 = now_ns();
+    while (!mbar_try(bar, parity)) {
+        if (now_ns() - t0 > TIMEOUT_NS) {
+            atomicExch(err, code);
+            dead = true;
+            return;
+        }
+    }
+}
+
+__device__ __forceinline__ void consumers_sync() {
+    asm volatile("bar.sync 1, %0;" :: "n"(CONSUMERS) : "memory");
+}
+
+__device__ __forceinline__ void grid_wait(unsigned* bar, unsigned target, int* err, bool& dead) {
+    if (dead) return;
+    uint64_t t0 = 0;
+    for (;;) {
+        unsigned v;
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(bar) : "memory");
+        if (v >= target) return;
+        if (t0 == 0) t0 = now_ns();
+        else if (now_ns() - t0 > TIMEOUT_NS) {
+            atomicExch(err, 1);
+            dead = true;
+            return;
+        }
+    }
+}
+
+__device__ __forceinline__ float bf16_round(float v) {
+    // round to nearest even bf16, back to float32 (what the chain stores between GEMVs)
+    uint32_t u = __float_as_uint(v);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return __uint_as_float(u & 0xffff0000u);
+}
+
+// acc += the dot products of 8 bf16 weights (a uint4) with x0[0..8) and x1[0..8)
+__device__ __forceinline__ void dot8(uint4 w, const float* x0, const float* x1, float& a0, float& a1) {
+    uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float lo = __uint_as_float(ws[i] << 16), hi = __uint_as_float(ws[i] & 0xffff0000u);
+        a0 = fmaf(lo, x0[2 * i], a0);
+        a0 = fmaf(hi, x0[2 * i + 1], a0);
+        a1 = fmaf(lo, x1[2 * i], a1);
+        a1 = fmaf(hi, x1[2 * i + 1], a1);
+    }
+}
+
+__device__ __forceinline__ void load8(const float* src, float* dst) {
+    float4 a = __ldcg(reinterpret_cast<const float4*>(src));
+    float4 b = __ldcg(reinterpret_cast<const float4*>(src + 4));
+    dst[0] = bf16_round(a.x); dst[1] = bf16_round(a.y); dst[2] = bf16_round(a.z); dst[3] = bf16_round(a.w);
+    dst[4] = bf16_round(b.x); dst[5] = bf16_round(b.y); dst[6] = bf16_round(b.z); dst[7] = bf16_round(b.w);
+}
+
+// One phase's consumer work for this block (S = K / PIECE pieces a row).
+template <int S>
+__device__ void consume(const Chain& c, const Phase& p, const uint16_t* ring, uint64_t* full, uint64_t* empty,
+                        float* acc, uint32_t& k, bool& dead) {
+    const int tid = threadIdx.x, lane = tid & 31;
+    // this thread's 16 columns of each segment, both rows: [segment][row][16]
+    float x[S][2][16];
+#pragma unroll
+    for (int seg = 0; seg < S; seg++)
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            const float* src = p.in + (size_t)m * p.in_stride + seg * PIECE;
+            load8(src + 8 * tid, &x[seg][m][0]);
+            load8(src + 2048 + 8 * tid, &x[seg][m][8]);
+        }
+    long lo, hi;
+    share((long)p.N * S, lo, hi);
+    if (hi <= lo) return;
+    const long r_first = lo / S, r_last = (hi - 1) / S;
+    for (long r0 = r_first; r0 <= r_last; r0 += G) {
+        float a[G][2];
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            a[g][0] = 0.f;
+            a[g][1] = 0.f;
+            const long r = r0 + g;
+            if (r > r_last) continue;  // uniform across the block
+#pragma unroll
+            for (int seg = 0; seg < S; seg++) {
+                const long j = r * S + seg;
+                if (j < lo || j >= hi) continue;  // uniform
+                const int st = k % c.stages;
+                const uint32_t parity = (k / c.stages) & 1;
+                k++;
+                mbar_wait(&full[st], parity, c.err, 2, dead);
+                const uint4* piece = reinterpret_cast<const uint4*>(ring + (size_t)st * PIECE);
+                uint4 wa = piece[tid], wb = piece[CONSUMERS + tid];
+                dot8(wa, &x[seg][0][0], &x[seg][1][0], a[g][0], a[g][1]);
+                dot8(wb, &x[seg][0][8], &x[seg][1][8], a[g][0], a[g][1]);
+                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[st])) : "memory");
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < G; g++)
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int off = 16; off > 0; off >>= 1) a[g][m] += __shfl_xor_sync(0xffffffffu, a[g][m], off);
+        if (lane == 0) {
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                const long r = r0 + g;
+                if (r <= r_last) {
+                    atomicAdd(&acc[2 * (r - r_first)], a[g][0]);
+                    atomicAdd(&acc[2 * (r - r_first) + 1], a[g][1]);
+                }
+            }
+        }
+    }
+    consumers_sync();  // acc complete
+    const int n = 2 * (int)(r_last - r_first + 1);
+    for (int i = tid; i < n; i += CONSUMERS) {
+        const int row = (int)r_first + (i >> 1), m = i & 1;
+        atomicAdd(&p.out[(size_t)m * p.N + row], acc[i]);
+        acc[i] = 0.f;  // read again only after the next phase's grid barrier and consumers_sync
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Chain c) {
+    extern __shared__ __align__(128) unsigned char smem[];
+    uint16_t* ring = reinterpret_cast<uint16_t*>(smem);
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + (size_t)c.stages * PIECE_BYTES);
+    uint64_t* empty = full + c.stages;
+    float* acc = reinterpret_cast<float*>(empty + c.stages);
+    const int tid = threadIdx.x;
+    const int phases = 4 * c.L;
+    bool dead = false;
+
+    if (tid == 0) {
+        for (int i = 0; i < c.stages; i++) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(saddr(&full[i])));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(saddr(&empty[i])), "n"(CONSUMERS));
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    for (int i = tid; i < 2 * c.acc_rows; i += THREADS) acc[i] = 0.f;
+    __syncthreads();
+
+    if (tid >= CONSUMERS) {  // the producer warp: one thread streams every piece of the block's shares
+        if (tid != CONSUMERS) return;
+        uint32_t k = 0;
+        for (int s = 0; s < phases; s++) {
+            const Phase p = phase_of(c, s);
+            const int S = p.K / PIECE;
+            long lo, hi;
+            share((long)p.N * S, lo, hi);
+            for (long j = lo; j < hi; j++) {
+                const int st = k % c.stages;
+                const uint32_t parity = ((k / c.stages) & 1) ^ 1;  // a fresh barrier's previous phase counts as done
+                k++;
+                mbar_wait(&empty[st], parity, c.err, 3, dead);
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                             :: "r"(saddr(&full[st])), "n"(PIECE_BYTES) : "memory");
+                asm volatile(
+                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                    :: "r"(saddr(ring + (size_t)st * PIECE)), "l"(p.w + (size_t)j * PIECE), "n"(PIECE_BYTES),
+                       "r"(saddr(&full[st]))
+                    : "memory");
+            }
+        }
+        return;
+    }
+
+    uint32_t k = 0;
+    for (int s = 0; s < phases; s++) {
+        if (s > 0) {
+            if (tid == 0) grid_wait(c.bar, (unsigned)s * gridDim.x, c.err, dead);
+            consumers_sync();
+        }
+        const Phase p = phase_of(c, s);
+        if (s + 1 < phases) {  // zero this block's share of the next phase's output
+            const Phase q = phase_of(c, s + 1);
+            long lo, hi;
+            share(2L * q.N, lo, hi);
+            for (long i = lo + tid; i < hi; i += CONSUMERS) q.out[i] = 0.f;
+        }
+        if (p.K == PIECE) consume<1>(c, p, ring, full, empty, acc, k, dead);
+        else consume<3>(c, p, ring, full, empty, acc, k, dead);
+        consumers_sync();  // every thread's atomics and zeroing issued
+        if (tid == 0) {
+            __threadfence();
+            atomicAdd(c.bar, 1u);
+        }
+    }
+}
+
+// Host side, called through ctypes. Returns a cudaError_t (0: launched).
+extern "C" int stream_chain_smem_bytes(int stages, int acc_rows) {
+    return stages * PIECE_BYTES + 2 * stages * 8 + 2 * acc_rows * 4;
+}
+
+// Raises the kernel's dynamic shared-memory limit; once, before any launch (not while a graph is captured).
+extern "C" int stream_chain_prepare(int stages, int acc_rows) {
+    return (int)cudaFuncSetAttribute(stream_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     stream_chain_smem_bytes(stages, acc_rows));
+}
+
+extern "C" int stream_chain_launch(const void* w_qkv, const void* w_o, const void* w_gu, const void* w_d,
+                                   const float* x0, float* out_qkv, float* out_o, float* out_gu, float* out_d,
+                                   unsigned* bar, int* err, int H, int NQKV, int INTER, int L, int stages,
+                                   int acc_rows, int blocks, void* stream) {
+    Chain c;
+    c.w[0] = (const uint16_t*)w_qkv; c.w[1] = (const uint16_t*)w_o;
+    c.w[2] = (const uint16_t*)w_gu; c.w[3] = (const uint16_t*)w_d;
+    c.x0 = x0;
+    c.out[0] = out_qkv; c.out[1] = out_o; c.out[2] = out_gu; c.out[3] = out_d;
+    c.bar = bar; c.err = err;
+    c.H = H; c.NQKV = NQKV; c.INTER = INTER; c.L = L;
+    c.stages = stages; c.acc_rows = acc_rows;
+    stream_chain_kernel<<<blocks, THREADS, stream_chain_smem_bytes(stages, acc_rows), (cudaStream_t)stream>>>(c);
+    return (int)cudaGetLastError();
+}
+
+extern "C" const char* stream_chain_error_string(int e) { return cudaGetErrorString((cudaError_t)e); }

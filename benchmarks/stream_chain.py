@@ -1,0 +1,195 @@
+"""Probe (issue #18, docs/performance.md inference change 33): a weight stream that does not stop at
+the decode chain's phase boundaries, written in CUDA C++ (``stream_chain.cu`` beside this file).
+
+Changes 30-32 showed that a decode layer's GEMVs lose a few microseconds at every dependency
+(kernel boundary under PDL, grid barrier, or a switch every program makes at once): the weight
+stream drains before the dependency and refills after it. Triton cannot keep it flowing, since
+the threads that wait are the threads that load. Here one producer thread a block issues bulk
+copies (``cp.async.bulk`` on an ``mbarrier``) of the block's share of every weight of the chain
+into a ring of shared-memory stages and never waits for an activation, while the block's eight
+consumer warps wait at each grid barrier and consume the ring; the kernel's comment says how.
+
+The chain is change 30's (``persistent_chain.py``, whose weights and systems this reuses): per
+layer QKV [6144 x 4096] -> W_O [4096 x 4096] -> gate/up [24576 x 4096] -> down [4096 x 12288],
+``M = 2`` rows, Qwen3-8B's shapes, ``--layers`` layers with their own weights, bf16 outputs
+between the GEMVs. Systems, timed in the same process under CUDA graphs:
+
+- ``engine``: the engine's Triton GEMVs (``orthros.ops.gemv.kernel.gemv_triton``, PDL, L2 prefetch);
+- ``cuda``: the CUDA C++ kernel, one launch for the whole chain (one block a multiprocessor);
+- ``torch``: ``F.linear`` (cuBLAS), the reference of every system's output.
+
+The kernel is built with ``nvcc -arch=sm_90`` at first use into ``--build-dir`` (keyed by the
+source's hash; the compiler's register report beside it) and called through ``ctypes`` on
+PyTorch's current stream. It needs a CUDA device of compute capability 9.0 or above and ``nvcc``;
+there is no CPU form (no interpreter runs CUDA C++).
+
+    python benchmarks/stream_chain.py --out docs/results/<dir>/stream.json
+
+Prints per system the time a layer (us), its weight bytes a second, the ratio to the copy
+bandwidth measured in the same run and to ``engine``, and the error against ``torch``; writes the
+JSON (meta: date, GPU, commit, versions, copy bandwidth) atomically. Bad arguments exit 2 before
+any work; a wait that gives up inside the kernel (~2 s) fails the run with exit 1 and no JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import probe_harness  # noqa: E402  (beside this script)
+from persistent_chain import SHAPES, ChainWeights, chain_sites  # noqa: E402
+
+SYSTEMS = ("engine", "cuda", "torch")
+SOURCE = Path(__file__).resolve().with_name("stream_chain.cu")
+PIECE = 4096  # bf16 elements a piece (the kernel's PIECE): every K must be a multiple
+MAX_STAGES = 28  # 28 x 8 KB + barriers + accumulator fit the 227 KB a Hopper block may take
+NVCC_FLAGS = ("-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-shared", "-Xcompiler", "-fPIC")
+WAITS = {1: "a grid barrier (are all --blocks resident at once? at most one a multiprocessor)",
+         2: "a consumer's wait for a full stage", 3: "the producer's wait for an empty stage"}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    probe_harness.add_common(p, SYSTEMS)
+    p.add_argument("--layers", type=int, default=36, help="layers in the chain")
+    p.add_argument("--stages", type=int, default=24, help=f"8 KB shared-memory stages of the ring (1-{MAX_STAGES})")
+    p.add_argument("--blocks", type=int, default=None,
+                   help="the kernel's blocks (default: the device's multiprocessors; never more, all must be "
+                        "resident at once)")
+    p.add_argument("--nvcc", default="nvcc", help="the CUDA compiler (a name on PATH or a path)")
+    p.add_argument("--build-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "orthros", "stream_chain"),
+                   help="where the built library is kept")
+    a = p.parse_args(argv)
+    probe_harness.check_common(p, a, SYSTEMS)
+    if a.device == "cpu":
+        p.error("--device cpu: this probe's kernel is CUDA C++, which no interpreter runs; use --device cuda")
+    if a.layers < 1:
+        p.error(f"--layers must be >= 1, got {a.layers}")
+    if not 1 <= a.stages <= MAX_STAGES:
+        p.error(f"--stages must be in 1..{MAX_STAGES}, got {a.stages}")
+    if a.blocks is not None and a.blocks < 1:
+        p.error(f"--blocks must be >= 1, got {a.blocks}")
+    if shutil.which(a.nvcc) is None:
+        p.error(f"--nvcc: {a.nvcc!r} is not an executable on PATH (the kernel is built at first use)")
+    if os.path.exists(a.build_dir) and not os.path.isdir(a.build_dir):
+        p.error(f"--build-dir must be a directory, got a file: {a.build_dir!r}")
+    a.shape = "qwen3-8b"
+    for what, _, k in chain_sites(*SHAPES[a.shape]):
+        assert k % PIECE == 0, (what, k)
+    return a
+
+
+def build(nvcc: str, build_dir: str) -> Path:
+    """The kernel's shared library, built once per source (a hash in its name) with the register
+    report in ``<name>.ptxas.txt`` beside it; written under a temporary name, then renamed."""
+    src = SOURCE.read_bytes()
+    key = hashlib.sha256(src + " ".join(NVCC_FLAGS).encode()).hexdigest()[:16]
+    d = Path(build_dir)
+    so = d / f"stream_chain-{key}.so"
+    if so.exists():
+        return so
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".stream_chain-{key}.{os.getpid()}.so"
+    p = subprocess.run([nvcc, *NVCC_FLAGS, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True)
+    if p.returncode:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"nvcc failed on {SOURCE.name} (exit {p.returncode}):\n{p.stderr[-3000:]}")
+    (d / f"stream_chain-{key}.ptxas.txt").write_text(p.stderr)
+    os.replace(tmp, so)
+    return so
+
+
+def acc_rows(shape, blocks: int) -> int:
+    """Rows of the kernel's shared-memory accumulator: the most rows any block touches in a phase
+    (its share of ``ceil(pieces / blocks)`` pieces can start inside a row and end inside another)."""
+    return max(math.ceil(n * (k // PIECE) / blocks) // (k // PIECE) + 2 for _, n, k in chain_sites(*shape))
+
+
+class StreamChain(ChainWeights):
+    """The CUDA kernel's float32 activation buffers and its library, and one callable a system."""
+
+    def __init__(self, a, device, dtype):
+        import torch
+
+        if device.type != "cuda":
+            raise ValueError("the CUDA chain needs a CUDA device")
+        props = torch.cuda.get_device_properties(device)
+        if (props.major, props.minor) < (9, 0):
+            raise SystemExit(f"error: the kernel needs compute capability >= 9.0 (bulk copies, mbarrier); "
+                             f"{props.name} is {props.major}.{props.minor}")
+        self.blocks = a.blocks or props.multi_processor_count
+        if self.blocks > props.multi_processor_count:
+            raise SystemExit(f"error: --blocks {self.blocks} > the {props.multi_processor_count} multiprocessors of "
+                             f"{props.name}: the grid barriers need every block resident at once")
+        super().__init__(a, device, dtype)
+        H, NQKV, INTER = self.shape
+        L = a.layers
+        self.x0f = self.x0.float()
+        self.out = [torch.zeros(L, 2, n, device=device, dtype=torch.float32) for _, n, _ in chain_sites(H, NQKV, INTER)]
+        self.bar = torch.zeros(1, device=device, dtype=torch.int32)
+        self.err = torch.zeros(1, device=device, dtype=torch.int32)
+        self.acc_rows = acc_rows(self.shape, self.blocks)
+        lib = ctypes.CDLL(str(build(a.nvcc, a.build_dir)))
+        lib.stream_chain_smem_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
+        lib.stream_chain_prepare.argtypes = [ctypes.c_int, ctypes.c_int]
+        lib.stream_chain_launch.argtypes = [ctypes.c_void_p] * 11 + [ctypes.c_int] * 7 + [ctypes.c_void_p]
+        lib.stream_chain_error_string.restype = ctypes.c_char_p
+        smem = lib.stream_chain_smem_bytes(a.stages, self.acc_rows)
+        if smem > props.shared_memory_per_block_optin:
+            raise SystemExit(f"error: --stages {a.stages} needs {smem} B of shared memory a block, more than the "
+                             f"{props.shared_memory_per_block_optin} of {props.name}")
+        self.lib = lib
+        self._check(lib.stream_chain_prepare(a.stages, self.acc_rows), "cudaFuncSetAttribute")
+        self.smem_bytes = smem
+
+    def _check(self, rc: int, what: str) -> None:
+        if rc:
+            raise RuntimeError(f"{what}: {self.lib.stream_chain_error_string(rc).decode()} (cudaError {rc})")
+
+    def cuda_chain(self):
+        import torch
+
+        a = self.a
+        H, NQKV, INTER = self.shape
+        self.bar.zero_()
+        self.out[0][0].zero_()  # phase 0's output (the kernel zeroes every later phase's)
+        ptrs = [t.data_ptr() for t in (*self.w, self.x0f, *self.out, self.bar, self.err)]
+        stream = torch.cuda.current_stream(self.device).cuda_stream
+        self._check(self.lib.stream_chain_launch(*ptrs, H, NQKV, INTER, a.layers, a.stages, self.acc_rows,
+                                                 self.blocks, stream), "stream_chain_launch")
+        return self.out[3][-1]
+
+    def call(self, system):
+        return {"torch": self.torch_chain, "engine": self.engine_chain, "cuda": self.cuda_chain}[system]
+
+    def reset(self):
+        """No output left by another system (the buffers zeroed)."""
+        for t in (*self.out, self.err):
+            t.zero_()
+
+    def failure(self):
+        code = int(self.err.item())
+        return f"inside the kernel, {WAITS.get(code, f'wait {code}')} gave up after ~2 s" if code else None
+
+
+def settings(a, chain) -> dict:
+    return {"stages": a.stages, "blocks": chain.blocks, "acc_rows": chain.acc_rows,
+            "smem_bytes_per_block": chain.smem_bytes, "nvcc_flags": list(NVCC_FLAGS)}
+
+
+def main(argv=None) -> int:
+    return probe_harness.main(argv, parse_args, StreamChain, settings, lambda a, meta: (
+        f"the chain of {a.layers} layers, M = 2, one CUDA launch of {meta['blocks']} blocks, {a.stages} stages"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

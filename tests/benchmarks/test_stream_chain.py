@@ -1,0 +1,88 @@
+"""benchmarks/stream_chain.py (the probe of inference change 33, issue #18): the refusals of bad
+arguments (exit 2, naming the argument, before any work or file), the bound on the kernel's
+shared-memory accumulator against the kernel's own split of every phase, and, where ``nvcc`` is
+installed, the kernel's build (no local memory, cached by the source's hash). On a GPU: the
+whole command against F.linear's chain, and a kernel with one line changed caught by it."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+
+import pytest
+from probe_runs import BENCH, refused, run_changed, run_gpu
+
+SCRIPT = BENCH / "stream_chain.py"
+sys.path.insert(0, str(BENCH))
+
+from persistent_chain import SHAPES, chain_sites  # noqa: E402
+from stream_chain import PIECE, acc_rows, build  # noqa: E402
+
+NVCC = shutil.which("nvcc")
+
+
+@pytest.mark.parametrize("blocks", [1, 7, 66, 114, 132, 144])
+def test_acc_rows_bounds_every_block_share(blocks):
+    """The kernel splits a phase's ``N * S`` pieces as ``[T * b / P, T * (b + 1) / P)`` and a
+    block touches the rows of its pieces (``j // S``): never more than ``acc_rows`` of them."""
+    bound = acc_rows(SHAPES["qwen3-8b"], blocks)
+    most = 0
+    for _, n, k in chain_sites(*SHAPES["qwen3-8b"]):
+        s, total = k // PIECE, n * (k // PIECE)
+        for b in range(blocks):
+            lo, hi = total * b // blocks, total * (b + 1) // blocks
+            if hi > lo:
+                most = max(most, (hi - 1) // s - lo // s + 1)
+    assert most <= bound <= most + 3
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--device", "cpu"), "--device cpu"),
+    (("--stages", "0"), "--stages"),
+    (("--stages", "29"), "--stages"),
+    (("--layers", "0"), "--layers"),
+    (("--blocks", "0"), "--blocks"),
+    (("--nvcc", "/nonexistent/nvcc"), "--nvcc"),
+    (("--systems", "cuda,bogus"), "--systems"),
+    (("--reps", "0"), "--reps"),
+])
+def test_bad_arguments_are_refused(tmp_path, args, needle):
+    assert needle in refused(SCRIPT, tmp_path, *args)
+
+
+def test_build_dir_that_is_a_file_is_refused(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("")
+    assert "--build-dir" in refused(SCRIPT, tmp_path, "--build-dir", str(f))
+
+
+@pytest.mark.skipif(NVCC is None, reason="needs nvcc")
+def test_kernel_builds_without_local_memory_and_is_cached(tmp_path):
+    so = build(NVCC, str(tmp_path))
+    report = so.with_suffix(".ptxas.txt").read_text()
+    assert "stream_chain_kernel" in report
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, report
+    mtime = so.stat().st_mtime_ns
+    assert build(NVCC, str(tmp_path)) == so and so.stat().st_mtime_ns == mtime  # not rebuilt
+    assert not list(tmp_path.glob(".stream_chain-*"))  # no temporary left
+
+
+@pytest.mark.gpu
+def test_gpu_run_every_system_matches_torch(tmp_path):
+    run_gpu(tmp_path, "stream_chain", "--build-dir", str(tmp_path / "build"), tol=1e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_run_catches_a_wrong_reduction(tmp_path):
+    """The check can fail: the warp's sum of a row's partials stopped one step early (the kernel's
+    source changed in one line, in a copy) is far from F.linear's chain."""
+    pytest.importorskip("torch")
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    rows = run_changed(tmp_path, "stream_chain", "for (int off = 16; off > 0; off >>= 1)",
+                       "for (int off = 8; off > 0; off >>= 1)", "--layers", "3", "--reps", "2", "--systems",
+                       "cuda", "--build-dir", str(tmp_path / "build"), kernel="stream_chain.cu",
+                       beside=("persistent_chain.py",), gpu=True)
+    assert rows["cuda"]["rel_err_vs_torch"] > 0.3
