@@ -20,7 +20,8 @@
 // s); phase 0's output and the barrier counter are zeroed by the caller.
 //
 // Every wait gives up after ~2 s (globaltimer) and sets *err (1: a grid barrier, 2: a full stage,
-// 3: an empty stage) instead of hanging; the caller must check it.
+// 3: an empty stage) instead of hanging; the caller must check it. With `stats` (may be null) each
+// block writes STATS counters of SM cycles (clock64): where its time went (see the enum).
 
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -32,12 +33,19 @@
 #define G 4                        // rows reduced across the warp together
 #define TIMEOUT_NS 2000000000ull
 
+enum { ST_TOTAL, ST_GRID, ST_FULL, ST_PROD_TOTAL, ST_EMPTY, STATS };  // cycles: consumer thread 0's run,
+// its grid-barrier waits, its full-stage waits; the producer's run, its empty-stage waits
+
+enum { SKIP_MATH = 1, SKIP_GRID = 2 };  // consumers only wait and release each stage; no grid-barrier waits
+
 struct Chain {
     const uint16_t* w[4];  // [L, N_kind, K_kind] bf16: QKV, W_O, gate/up, down
     const float* x0;       // [2, H] float32 (bf16 values): the first layer's input
     float* out[4];         // [L, 2, N_kind] float32
     unsigned* bar;         // grid barrier counter (zeroed by the caller)
     int* err;              // 0, or why a wait gave up
+    long long* stats;      // [blocks, STATS] or null
+    int skip;              // diagnostics (wrong results): SKIP_MATH | SKIP_GRID
     int H, NQKV, INTER, L;
     int stages;            // ring stages
     int acc_rows;          // rows of the shared-memory accumulator
@@ -105,17 +113,33 @@ __device__ __forceinline__ bool mbar_try(uint64_t* bar, uint32_t parity) {
 
 // Waits for the phase of `bar` with `parity`; after a timeout sets *err = code and `dead`, after
 // which every wait of this thread returns at once (the run is invalid and ends quickly).
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, int* err, int code, bool& dead) {
+// `waited` gains the cycles spent when the phase was not complete at the first look.
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, int* err, int code, bool& dead,
+                                          long long& waited) {
     if (dead || mbar_try(bar, parity)) return;
-    uint64_t t0 = now_ns();
+    const long long c0 = clock64();
+    const uint64_t t0 = now_ns();
     while (!mbar_try(bar, parity)) {
         if (now_ns() - t0 > TIMEOUT_NS) {
             atomicExch(err, code);
             dead = true;
-            return;
+            break;
         }
     }
+    waited += clock64() - c0;
 }
+
+// The ring's position: stage and the parity of its current round (no division per piece).
+struct Ring {
+    int stage = 0;
+    uint32_t parity = 0;
+    __device__ __forceinline__ void next(int stages) {
+        if (++stage == stages) {
+            stage = 0;
+            parity ^= 1;
+        }
+    }
+};
 
 __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;" :: "n"(CONSUMERS) : "memory");
@@ -167,7 +191,7 @@ __device__ __forceinline__ void load8(const float* src, float* dst) {
 // One phase's consumer work for this block (S = K / PIECE pieces a row).
 template <int S>
 __device__ void consume(const Chain& c, const Phase& p, const uint16_t* ring, uint64_t* full, uint64_t* empty,
-                        float* acc, uint32_t& k, bool& dead) {
+                        float* acc, Ring& k, bool& dead, long long& waited) {
     const int tid = threadIdx.x, lane = tid & 31;
     // this thread's 16 columns of each segment, both rows: [segment][row][16]
     float x[S][2][16];
@@ -195,14 +219,15 @@ __device__ void consume(const Chain& c, const Phase& p, const uint16_t* ring, ui
             for (int seg = 0; seg < S; seg++) {
                 const long j = r * S + seg;
                 if (j < lo || j >= hi) continue;  // uniform
-                const int st = k % c.stages;
-                const uint32_t parity = (k / c.stages) & 1;
-                k++;
-                mbar_wait(&full[st], parity, c.err, 2, dead);
+                const int st = k.stage;
+                mbar_wait(&full[st], k.parity, c.err, 2, dead, waited);
+                k.next(c.stages);
                 const uint4* piece = reinterpret_cast<const uint4*>(ring + (size_t)st * PIECE);
-                uint4 wa = piece[tid], wb = piece[CONSUMERS + tid];
-                dot8(wa, &x[seg][0][0], &x[seg][1][0], a[g][0], a[g][1]);
-                dot8(wb, &x[seg][0][8], &x[seg][1][8], a[g][0], a[g][1]);
+                if (!(c.skip & SKIP_MATH)) {
+                    uint4 wa = piece[tid], wb = piece[CONSUMERS + tid];
+                    dot8(wa, &x[seg][0][0], &x[seg][1][0], a[g][0], a[g][1]);
+                    dot8(wb, &x[seg][0][8], &x[seg][1][8], a[g][0], a[g][1]);
+                }
                 asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[st])) : "memory");
             }
         }
@@ -254,17 +279,19 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Cha
 
     if (tid >= CONSUMERS) {  // the producer warp: one thread streams every piece of the block's shares
         if (tid != CONSUMERS) return;
-        uint32_t k = 0;
+        const long long c0 = clock64();
+        long long waited = 0;
+        Ring k;
         for (int s = 0; s < phases; s++) {
             const Phase p = phase_of(c, s);
             const int S = p.K / PIECE;
             long lo, hi;
             share((long)p.N * S, lo, hi);
             for (long j = lo; j < hi; j++) {
-                const int st = k % c.stages;
-                const uint32_t parity = ((k / c.stages) & 1) ^ 1;  // a fresh barrier's previous phase counts as done
-                k++;
-                mbar_wait(&empty[st], parity, c.err, 3, dead);
+                const int st = k.stage;
+                // a fresh barrier's previous phase (parity 1) counts as complete: round 0 passes at once
+                mbar_wait(&empty[st], k.parity ^ 1, c.err, 3, dead, waited);
+                k.next(c.stages);
                 asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                              :: "r"(saddr(&full[st])), "n"(PIECE_BYTES) : "memory");
                 asm volatile(
@@ -274,13 +301,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Cha
                     : "memory");
             }
         }
+        if (c.stats) {
+            c.stats[blockIdx.x * STATS + ST_PROD_TOTAL] = clock64() - c0;
+            c.stats[blockIdx.x * STATS + ST_EMPTY] = waited;
+        }
         return;
     }
 
-    uint32_t k = 0;
+    const long long c0 = clock64();
+    long long in_grid = 0, waited = 0;
+    Ring k;
     for (int s = 0; s < phases; s++) {
-        if (s > 0) {
-            if (tid == 0) grid_wait(c.bar, (unsigned)s * gridDim.x, c.err, dead);
+        if (s > 0 && !(c.skip & SKIP_GRID)) {
+            if (tid == 0) {
+                const long long g0 = clock64();
+                grid_wait(c.bar, (unsigned)s * gridDim.x, c.err, dead);
+                in_grid += clock64() - g0;
+            }
             consumers_sync();
         }
         const Phase p = phase_of(c, s);
@@ -290,13 +327,18 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Cha
             share(2L * q.N, lo, hi);
             for (long i = lo + tid; i < hi; i += CONSUMERS) q.out[i] = 0.f;
         }
-        if (p.K == PIECE) consume<1>(c, p, ring, full, empty, acc, k, dead);
-        else consume<3>(c, p, ring, full, empty, acc, k, dead);
+        if (p.K == PIECE) consume<1>(c, p, ring, full, empty, acc, k, dead, waited);
+        else consume<3>(c, p, ring, full, empty, acc, k, dead, waited);
         consumers_sync();  // every thread's atomics and zeroing issued
         if (tid == 0) {
             __threadfence();
             atomicAdd(c.bar, 1u);
         }
+    }
+    if (c.stats && tid == 0) {
+        c.stats[blockIdx.x * STATS + ST_TOTAL] = clock64() - c0;
+        c.stats[blockIdx.x * STATS + ST_GRID] = in_grid;
+        c.stats[blockIdx.x * STATS + ST_FULL] = waited;
     }
 }
 
@@ -313,18 +355,20 @@ extern "C" int stream_chain_prepare(int stages, int acc_rows) {
 
 extern "C" int stream_chain_launch(const void* w_qkv, const void* w_o, const void* w_gu, const void* w_d,
                                    const float* x0, float* out_qkv, float* out_o, float* out_gu, float* out_d,
-                                   unsigned* bar, int* err, int H, int NQKV, int INTER, int L, int stages,
+                                   unsigned* bar, int* err, long long* stats, int skip, int H, int NQKV, int INTER, int L, int stages,
                                    int acc_rows, int blocks, void* stream) {
     Chain c;
     c.w[0] = (const uint16_t*)w_qkv; c.w[1] = (const uint16_t*)w_o;
     c.w[2] = (const uint16_t*)w_gu; c.w[3] = (const uint16_t*)w_d;
     c.x0 = x0;
     c.out[0] = out_qkv; c.out[1] = out_o; c.out[2] = out_gu; c.out[3] = out_d;
-    c.bar = bar; c.err = err;
+    c.bar = bar; c.err = err; c.stats = stats; c.skip = skip;
     c.H = H; c.NQKV = NQKV; c.INTER = INTER; c.L = L;
     c.stages = stages; c.acc_rows = acc_rows;
     stream_chain_kernel<<<blocks, THREADS, stream_chain_smem_bytes(stages, acc_rows), (cudaStream_t)stream>>>(c);
     return (int)cudaGetLastError();
 }
+
+extern "C" int stream_chain_stats() { return STATS; }
 
 extern "C" const char* stream_chain_error_string(int e) { return cudaGetErrorString((cudaError_t)e); }

@@ -53,6 +53,7 @@ SOURCE = Path(__file__).resolve().with_name("stream_chain.cu")
 PIECE = 4096  # bf16 elements a piece (the kernel's PIECE): every K must be a multiple
 MAX_STAGES = 28  # 28 x 8 KB + barriers + accumulator fit the 227 KB a Hopper block may take
 NVCC_FLAGS = ("-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-shared", "-Xcompiler", "-fPIC")
+SKIPS = {"none": 0, "math": 1, "grid": 2, "both": 3}  # the kernel's SKIP_MATH | SKIP_GRID
 WAITS = {1: "a grid barrier (are all --blocks resident at once? at most one a multiprocessor)",
          2: "a consumer's wait for a full stage", 3: "the producer's wait for an empty stage"}
 
@@ -65,6 +66,12 @@ def parse_args(argv=None):
     p.add_argument("--blocks", type=int, default=None,
                    help="the kernel's blocks (default: the device's multiprocessors; never more, all must be "
                         "resident at once)")
+    p.add_argument("--stats", action="store_true",
+                   help="print where the kernel's time went in its checked run (cycles a block: grid-barrier waits, "
+                        "waits for full stages, the producer's waits for empty stages)")
+    p.add_argument("--skip", default="none", choices=tuple(SKIPS),
+                   help="diagnostic, wrong results: 'math' (consumers only wait for and release each stage), 'grid' "
+                        "(no grid-barrier waits), 'both'")
     p.add_argument("--nvcc", default="nvcc", help="the CUDA compiler (a name on PATH or a path)")
     p.add_argument("--build-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "orthros", "stream_chain"),
                    help="where the built library is kept")
@@ -137,17 +144,21 @@ class StreamChain(ChainWeights):
         self.out = [torch.zeros(L, 2, n, device=device, dtype=torch.float32) for _, n, _ in chain_sites(H, NQKV, INTER)]
         self.bar = torch.zeros(1, device=device, dtype=torch.int32)
         self.err = torch.zeros(1, device=device, dtype=torch.int32)
+        self.stats = None
         self.acc_rows = acc_rows(self.shape, self.blocks)
         lib = ctypes.CDLL(str(build(a.nvcc, a.build_dir)))
         lib.stream_chain_smem_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
         lib.stream_chain_prepare.argtypes = [ctypes.c_int, ctypes.c_int]
-        lib.stream_chain_launch.argtypes = [ctypes.c_void_p] * 11 + [ctypes.c_int] * 7 + [ctypes.c_void_p]
+        lib.stream_chain_launch.argtypes = [ctypes.c_void_p] * 12 + [ctypes.c_int] * 8 + [ctypes.c_void_p]
         lib.stream_chain_error_string.restype = ctypes.c_char_p
+        lib.stream_chain_stats.argtypes = []
         smem = lib.stream_chain_smem_bytes(a.stages, self.acc_rows)
         if smem > props.shared_memory_per_block_optin:
             raise SystemExit(f"error: --stages {a.stages} needs {smem} B of shared memory a block, more than the "
                              f"{props.shared_memory_per_block_optin} of {props.name}")
         self.lib = lib
+        if a.stats:
+            self.stats = torch.zeros(self.blocks, lib.stream_chain_stats(), device=device, dtype=torch.int64)
         self._check(lib.stream_chain_prepare(a.stages, self.acc_rows), "cudaFuncSetAttribute")
         self.smem_bytes = smem
 
@@ -163,8 +174,9 @@ class StreamChain(ChainWeights):
         self.bar.zero_()
         self.out[0][0].zero_()  # phase 0's output (the kernel zeroes every later phase's)
         ptrs = [t.data_ptr() for t in (*self.w, self.x0f, *self.out, self.bar, self.err)]
+        ptrs.append(self.stats.data_ptr() if self.stats is not None else None)
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        self._check(self.lib.stream_chain_launch(*ptrs, H, NQKV, INTER, a.layers, a.stages, self.acc_rows,
+        self._check(self.lib.stream_chain_launch(*ptrs, SKIPS[a.skip], H, NQKV, INTER, a.layers, a.stages, self.acc_rows,
                                                  self.blocks, stream), "stream_chain_launch")
         return self.out[3][-1]
 
@@ -178,11 +190,30 @@ class StreamChain(ChainWeights):
 
     def failure(self):
         code = int(self.err.item())
-        return f"inside the kernel, {WAITS.get(code, f'wait {code}')} gave up after ~2 s" if code else None
+        if code:
+            return f"inside the kernel, {WAITS.get(code, f'wait {code}')} gave up after ~2 s"
+        if self.stats is not None:
+            print(stats_lines(self.stats.cpu().tolist()), flush=True)
+        return None
+
+
+STAT_NAMES = ("consumer run", "grid-barrier waits", "full-stage waits", "producer run", "empty-stage waits")
+
+
+def stats_lines(rows) -> str:
+    """The kernel's counters (a row a block, cycles) as lines: mean and max over the blocks, and
+    each wait's mean as a share of its thread's run."""
+    cols = list(zip(*rows))
+    out = ["kernel cycles a block (mean / max over blocks, share of the thread's run):"]
+    for i, name in enumerate(STAT_NAMES):
+        mean, most = sum(cols[i]) / len(rows), max(cols[i])
+        run = sum(cols[3 if i >= 3 else 0]) / len(rows)
+        out.append(f"  {name:20s} {mean:14.0f} / {most:14.0f}  {mean / run:6.1%}")
+    return "\n".join(out)
 
 
 def settings(a, chain) -> dict:
-    return {"stages": a.stages, "blocks": chain.blocks, "acc_rows": chain.acc_rows,
+    return {"stages": a.stages, "skip": a.skip, "blocks": chain.blocks, "acc_rows": chain.acc_rows,
             "smem_bytes_per_block": chain.smem_bytes, "nvcc_flags": list(NVCC_FLAGS)}
 
 

@@ -45,6 +45,7 @@ def test_acc_rows_bounds_every_block_share(blocks):
     (("--nvcc", "/nonexistent/nvcc"), "--nvcc"),
     (("--systems", "cuda,bogus"), "--systems"),
     (("--reps", "0"), "--reps"),
+    (("--skip", "all"), "--skip"),
 ])
 def test_bad_arguments_are_refused(tmp_path, args, needle):
     assert needle in refused(SCRIPT, tmp_path, *args)
@@ -86,3 +87,15 @@ def test_gpu_run_catches_a_wrong_reduction(tmp_path):
                        "cuda", "--build-dir", str(tmp_path / "build"), kernel="stream_chain.cu",
                        beside=("persistent_chain.py",), gpu=True)
     assert rows["cuda"]["rel_err_vs_torch"] > 0.3
+
+
+def test_stats_lines_give_means_maxima_and_shares():
+    from stream_chain import STAT_NAMES, stats_lines
+
+    rows = [[1000, 100, 300, 1000, 500], [2000, 300, 100, 2000, 0]]
+    lines = stats_lines(rows).splitlines()
+    assert len(lines) == 1 + len(STAT_NAMES)
+    grid = next(line for line in lines if "grid-barrier" in line).split()
+    assert grid[-4:] == ["200", "/", "300", "13.3%"]  # mean 200 of a mean run of 1500 cycles
+    empty = next(line for line in lines if "empty-stage" in line).split()
+    assert empty[-4:] == ["250", "/", "500", "16.7%"]  # against the producer's run

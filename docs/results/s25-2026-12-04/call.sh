@@ -1,11 +1,11 @@
 # Twenty-fifth session: inference change 33's probe (benchmarks/stream_chain.py, CUDA C++), its
 # GPU tests, then one process a setting (CELLS=1, 2, ...: the lists below). From the repo root:
-# ORTHROS_COMMIT=<sha> OUT=$OUT [CELLS=n] [T_TESTS=s] bash docs/results/s25-2026-12-04/call.sh
+# ORTHROS_COMMIT=<sha> OUT=$OUT [CELLS=n] [T_TESTS=s, 0: no tests] bash docs/results/s25-2026-12-04/call.sh
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/call}; mkdir -p "$OUT"
 { date -u; echo "commit ${ORTHROS_COMMIT:-?}"; nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader; nvcc --version | tail -1; } 2>&1 | tee "$OUT/log"
-timeout -k 5 "${T_TESTS:-240}" python3 -m pytest tests/benchmarks/test_stream_chain.py -m gpu -p no:cacheprovider -rfE -W ignore \
+[ "${T_TESTS:-240}" = 0 ] || timeout -k 5 "${T_TESTS:-240}" python3 -m pytest tests/benchmarks/test_stream_chain.py -m gpu -p no:cacheprovider -rfE -W ignore \
   > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests: exit=$? $(grep -E '[0-9]+ (passed|failed|skipped)' "$OUT/gpu_tests.log" | tail -1)" | tee -a "$OUT/log"
 grep -E '^(FAILED|ERROR)' "$OUT/gpu_tests.log" | head -n 20 | tee -a "$OUT/log"
@@ -14,14 +14,21 @@ s12|--stages 12
 s28|--stages 28
 s4|--stages 4
 default_b|'
-case "${CELLS:-1}" in *) LIST=$CELLS1 ;; esac
+# call 2 (after --stats and --skip were added)
+CELLS2='stats|--stats
+skip_math|--stats --skip math
+skip_grid|--stats --skip grid
+skip_both|--stats --skip both
+s28_skip_both|--stats --skip both --stages 28
+default|'
+case "${CELLS:-1}" in 2) LIST=$CELLS2 ;; *) LIST=$CELLS1 ;; esac
 i=0
 while IFS='|' read -r name args; do
   [ -n "$name" ] || continue
   i=$((i + 1))
   timeout -k 5 "${T_CELL:-90}" python3 benchmarks/stream_chain.py $args --out "$OUT/$i-$name.json" > "$OUT/$i-$name.txt" 2>&1
   echo "$i $name ($args): exit=$? $(date -u +%T)" | tee -a "$OUT/log"
-  grep -E ' us a layer|^error|Error' "$OUT/$i-$name.txt" | tail -n 4 | tee -a "$OUT/log"
+  grep -E ' us a layer|^error|Error|^kernel cycles|^  [a-z-]+ (run|waits)' "$OUT/$i-$name.txt" | tail -n 10 | tee -a "$OUT/log"
 done <<<"$LIST"
 cp ~/.cache/orthros/stream_chain/*.ptxas.txt "$OUT/" 2>/dev/null
 (cd "$OUT" && shopt -s nullglob && f=([0-9]*-*) && [ ${#f[@]} -gt 0 ] && tar czf cells.tgz "${f[@]}" && rm -f "${f[@]}")
