@@ -145,6 +145,7 @@ class StreamChain(ChainWeights):
         self.bar = torch.zeros(1, device=device, dtype=torch.int32)
         self.err = torch.zeros(1, device=device, dtype=torch.int32)
         self.stats = None
+        self.ran = False  # the cuda system ran since the last reset (its counters are then this run's)
         self.acc_rows = acc_rows(self.shape, self.blocks)
         lib = ctypes.CDLL(str(build(a.nvcc, a.build_dir)))
         lib.stream_chain_smem_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -171,6 +172,7 @@ class StreamChain(ChainWeights):
 
         a = self.a
         H, NQKV, INTER = self.shape
+        self.ran = True
         self.bar.zero_()
         self.out[0][0].zero_()  # phase 0's output (the kernel zeroes every later phase's)
         ptrs = [t.data_ptr() for t in (*self.w, self.x0f, *self.out, self.bar, self.err)]
@@ -187,12 +189,13 @@ class StreamChain(ChainWeights):
         """No output left by another system (the buffers zeroed)."""
         for t in (*self.out, self.err):
             t.zero_()
+        self.ran = False
 
     def failure(self):
         code = int(self.err.item())
         if code:
             return f"inside the kernel, {WAITS.get(code, f'wait {code}')} gave up after ~2 s"
-        if self.stats is not None:
+        if self.stats is not None and self.ran:
             print(stats_lines(self.stats.cpu().tolist()), flush=True)
         return None
 
@@ -208,7 +211,8 @@ def stats_lines(rows) -> str:
     for i, name in enumerate(STAT_NAMES):
         mean, most = sum(cols[i]) / len(rows), max(cols[i])
         run = sum(cols[3 if i >= 3 else 0]) / len(rows)
-        out.append(f"  {name:20s} {mean:14.0f} / {most:14.0f}  {mean / run:6.1%}")
+        share = f"{mean / run:6.1%}" if run else "   n/a"
+        out.append(f"  {name:20s} {mean:14.0f} / {most:14.0f}  {share}")
     return "\n".join(out)
 
 

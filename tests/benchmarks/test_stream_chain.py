@@ -99,3 +99,9 @@ def test_stats_lines_give_means_maxima_and_shares():
     assert grid[-4:] == ["200", "/", "300", "13.3%"]  # mean 200 of a mean run of 1500 cycles
     empty = next(line for line in lines if "empty-stage" in line).split()
     assert empty[-4:] == ["250", "/", "500", "16.7%"]  # against the producer's run
+
+
+def test_stats_lines_without_a_run():
+    from stream_chain import stats_lines
+
+    assert stats_lines([[0, 0, 0, 0, 0]]).count("n/a") == 5
