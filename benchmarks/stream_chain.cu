@@ -8,14 +8,16 @@
 // mbarrier). It waits only for a free stage ("empty" mbarrier), never for an activation, so while
 // the consumers wait at a grid barrier the ring keeps filling with the next phase's weight.
 // Warps 0-7 are the consumers (256 threads): at each phase they wait for every block to have
-// finished the phase before (a grid barrier: one counter, a monotone target), read the phase's
-// input rows (float32, rounded to bf16 as each GEMV's output is in the chain) into registers,
-// then consume their pieces: a piece is 4096 consecutive elements of a weight row (K is a
-// multiple of 4096: S = K / 4096 pieces a row), thread t multiplies elements [8t, 8t + 8) and
-// [2048 + 8t, 2048 + 8t + 8) of it with its registers. Each phase's pieces are split evenly
-// between the blocks by position (a block's share is a contiguous byte range of the weight, so a
-// row can be split between two blocks): a row's partial sums are reduced across the warp, added
-// into shared memory, and at the phase's end added into the float32 output with atomics. During
+// finished the phase before (a grid barrier: one counter, a monotone target), then consume their
+// pieces: a piece is 4096 consecutive elements of a weight row (K is a multiple of 4096: S = K /
+// 4096 pieces a row), and thread t multiplies elements [8t, 8t + 8) and [2048 + 8t, 2048 + 8t + 8)
+// of it with the same columns of the phase's two input rows (float32, rounded to bf16 as each
+// GEMV's output is in the chain), held in registers one segment at a time. A phase's pieces are
+// dealt to the blocks in segment-major order (all rows' first segments, then the second ones...),
+// as contiguous ranges or interleaved (every gridDim.x-th piece), so a block reloads its input
+// columns at most twice a phase: each piece's two sums are reduced across the warp, added into the
+// piece's shared-memory slot, and at the phase's end added into the float32 output rows with
+// atomics (a row's segments may be in other blocks). During
 // phase s each block zeroes its share of phase s + 1's output (nobody touches it before barrier
 // s); phase 0's output and the barrier counter are zeroed by the caller.
 //
@@ -30,7 +32,7 @@
 #define PIECE_BYTES (PIECE * 2)
 #define CONSUMERS 256              // threads of warps 0-7
 #define THREADS (CONSUMERS + 32)   // + the producer warp
-#define G 4                        // rows reduced across the warp together
+#define G 4                        // pieces taken together (waited for, read, released, reduced)
 #define TIMEOUT_NS 2000000000ull
 
 enum { ST_TOTAL, ST_GRID, ST_FULL, ST_PROD_TOTAL, ST_EMPTY, STATS };  // cycles: consumer thread 0's run,
@@ -46,6 +48,7 @@ struct Chain {
     int* err;              // 0, or why a wait gave up
     long long* stats;      // [blocks, STATS] or null
     int skip;              // diagnostics (wrong results): SKIP_MATH | SKIP_GRID
+    int interleave;        // a block's pieces of a phase: 0 a contiguous range, 1 every gridDim.x-th
     int H, NQKV, INTER, L;
     int stages;            // ring stages
     int acc_rows;          // rows of the shared-memory accumulator
@@ -93,6 +96,28 @@ __device__ __forceinline__ void share(long total, long& lo, long& hi) {
     hi = total * (blockIdx.x + 1) / gridDim.x;
 }
 
+// The block's pieces of a phase with `total` pieces in segment-major order (piece q is segment
+// q / N of row q % N, so a block's pieces change segment at most twice a phase; the producer and
+// the consumers walk them in the same order): `n` of them, the i-th being q = lo + i (contiguous)
+// or blockIdx.x + i * gridDim.x (interleaved: at any moment every block reads near the others).
+// Each piece has its own accumulator slot (two pieces of one row add into the row at the flush).
+struct Share {
+    long lo, n, step;
+    __device__ __forceinline__ Share(long total, bool interleave) {
+        if (interleave) {
+            lo = blockIdx.x;
+            step = gridDim.x;
+            n = total > lo ? (total - lo + step - 1) / step : 0;
+        } else {
+            long hi;
+            share(total, lo, hi);
+            n = hi - lo;
+            step = 1;
+        }
+    }
+    __device__ __forceinline__ long piece(long i) const { return lo + i * step; }
+};
+
 __device__ __forceinline__ uint32_t saddr(const void* p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
@@ -101,6 +126,15 @@ __device__ __forceinline__ uint64_t now_ns() {
     uint64_t t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
+}
+
+// test_wait never blocks (the first look); try_wait may block the thread for a while inside it
+__device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t parity) {
+    uint32_t ok;
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+        : "=r"(ok) : "r"(saddr(bar)), "r"(parity) : "memory");
+    return ok;
 }
 
 __device__ __forceinline__ bool mbar_try(uint64_t* bar, uint32_t parity) {
@@ -116,7 +150,7 @@ __device__ __forceinline__ bool mbar_try(uint64_t* bar, uint32_t parity) {
 // `waited` gains the cycles spent when the phase was not complete at the first look.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, int* err, int code, bool& dead,
                                           long long& waited) {
-    if (dead || mbar_try(bar, parity)) return;
+    if (dead || mbar_test(bar, parity)) return;
     const long long c0 = clock64();
     const uint64_t t0 = now_ns();
     while (!mbar_try(bar, parity)) {
@@ -168,16 +202,17 @@ __device__ __forceinline__ float bf16_round(float v) {
     return __uint_as_float(u & 0xffff0000u);
 }
 
-// acc += the dot products of 8 bf16 weights (a uint4) with x0[0..8) and x1[0..8)
-__device__ __forceinline__ void dot8(uint4 w, const float* x0, const float* x1, float& a0, float& a1) {
+// a[m][e] += the products of 8 bf16 weights (a uint4) with row m's x0[0..8) / x1[0..8), even
+// elements into e = 0 and odd into e = 1 (two independent chains a row)
+__device__ __forceinline__ void dot8(uint4 w, const float* x0, const float* x1, float (&a)[2][2]) {
     uint32_t ws[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         float lo = __uint_as_float(ws[i] << 16), hi = __uint_as_float(ws[i] & 0xffff0000u);
-        a0 = fmaf(lo, x0[2 * i], a0);
-        a0 = fmaf(hi, x0[2 * i + 1], a0);
-        a1 = fmaf(lo, x1[2 * i], a1);
-        a1 = fmaf(hi, x1[2 * i + 1], a1);
+        a[0][0] = fmaf(lo, x0[2 * i], a[0][0]);
+        a[0][1] = fmaf(hi, x0[2 * i + 1], a[0][1]);
+        a[1][0] = fmaf(lo, x1[2 * i], a[1][0]);
+        a[1][1] = fmaf(hi, x1[2 * i + 1], a[1][1]);
     }
 }
 
@@ -188,71 +223,83 @@ __device__ __forceinline__ void load8(const float* src, float* dst) {
     dst[4] = bf16_round(b.x); dst[5] = bf16_round(b.y); dst[6] = bf16_round(b.z); dst[7] = bf16_round(b.w);
 }
 
-// One phase's consumer work for this block (S = K / PIECE pieces a row).
-template <int S>
+// Loads this thread's 16 columns of segment `seg` of both input rows, rounded to bf16.
+__device__ __forceinline__ void load_x(const Phase& p, int seg, float (&x)[2][16]) {
+    const int tid = threadIdx.x;
+#pragma unroll
+    for (int m = 0; m < 2; m++) {
+        const float* src = p.in + (size_t)m * p.in_stride + seg * PIECE;
+        load8(src + 8 * tid, &x[m][0]);
+        load8(src + 2048 + 8 * tid, &x[m][8]);
+    }
+}
+
+// One phase's consumer work for this block. Pieces are taken G at a time: G stages waited for,
+// read into registers and released, then their products (8 independent chains a thread), one sum
+// across the warp for the G pieces, and lane 0 adds each piece's into its accumulator slot. At the
+// phase's end the slots are added into the output rows with atomics (a row's segments may sit in
+// other blocks).
 __device__ void consume(const Chain& c, const Phase& p, const uint16_t* ring, uint64_t* full, uint64_t* empty,
                         float* acc, Ring& k, bool& dead, long long& waited) {
     const int tid = threadIdx.x, lane = tid & 31;
-    // this thread's 16 columns of each segment, both rows: [segment][row][16]
-    float x[S][2][16];
-#pragma unroll
-    for (int seg = 0; seg < S; seg++)
-#pragma unroll
-        for (int m = 0; m < 2; m++) {
-            const float* src = p.in + (size_t)m * p.in_stride + seg * PIECE;
-            load8(src + 8 * tid, &x[seg][m][0]);
-            load8(src + 2048 + 8 * tid, &x[seg][m][8]);
-        }
-    long lo, hi;
-    share((long)p.N * S, lo, hi);
-    if (hi <= lo) return;
-    const long r_first = lo / S, r_last = (hi - 1) / S;
-    for (long r0 = r_first; r0 <= r_last; r0 += G) {
-        float a[G][2];
+    const Share sh((long)p.N * (p.K / PIECE), c.interleave);
+    const bool math = !(c.skip & SKIP_MATH);
+    float x[2][16];  // this thread's columns of the current segment
+    int seg_x = -1;
+    for (long i0 = 0; i0 < sh.n; i0 += G) {
+        uint4 w[G][2];
 #pragma unroll
         for (int g = 0; g < G; g++) {
-            a[g][0] = 0.f;
-            a[g][1] = 0.f;
-            const long r = r0 + g;
-            if (r > r_last) continue;  // uniform across the block
-#pragma unroll
-            for (int seg = 0; seg < S; seg++) {
-                const long j = r * S + seg;
-                if (j < lo || j >= hi) continue;  // uniform
-                const int st = k.stage;
-                mbar_wait(&full[st], k.parity, c.err, 2, dead, waited);
-                k.next(c.stages);
+            if (i0 + g >= sh.n) continue;  // uniform across the block
+            const int st = k.stage;
+            mbar_wait(&full[st], k.parity, c.err, 2, dead, waited);
+            k.next(c.stages);
+            if (math) {
                 const uint4* piece = reinterpret_cast<const uint4*>(ring + (size_t)st * PIECE);
-                if (!(c.skip & SKIP_MATH)) {
-                    uint4 wa = piece[tid], wb = piece[CONSUMERS + tid];
-                    dot8(wa, &x[seg][0][0], &x[seg][1][0], a[g][0], a[g][1]);
-                    dot8(wb, &x[seg][0][8], &x[seg][1][8], a[g][0], a[g][1]);
-                }
-                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[st])) : "memory");
+                w[g][0] = piece[tid];
+                w[g][1] = piece[CONSUMERS + tid];
             }
+            // release (the arrive's default) orders the reads above before the producer's next copy
+            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[st])) : "memory");
         }
+        if (!math) continue;
+        float a[G][2][2];  // [piece][row][even / odd elements]
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            a[g][0][0] = a[g][0][1] = a[g][1][0] = a[g][1][1] = 0.f;
+            if (i0 + g >= sh.n) continue;
+            const int seg = (int)(sh.piece(i0 + g) / p.N);
+            if (seg != seg_x) {  // uniform; at most three times a phase
+                load_x(p, seg, x);
+                seg_x = seg;
+            }
+            dot8(w[g][0], &x[0][0], &x[1][0], a[g]);
+            dot8(w[g][1], &x[0][8], &x[1][8], a[g]);
+        }
+        float v[G][2];
 #pragma unroll
         for (int g = 0; g < G; g++)
 #pragma unroll
-            for (int m = 0; m < 2; m++)
+            for (int m = 0; m < 2; m++) v[g][m] = a[g][m][0] + a[g][m][1];
 #pragma unroll
-                for (int off = 16; off > 0; off >>= 1) a[g][m] += __shfl_xor_sync(0xffffffffu, a[g][m], off);
+        for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+            for (int g = 0; g < G; g++)
+#pragma unroll
+                for (int m = 0; m < 2; m++) v[g][m] += __shfl_xor_sync(0xffffffffu, v[g][m], off);
         if (lane == 0) {
 #pragma unroll
             for (int g = 0; g < G; g++) {
-                const long r = r0 + g;
-                if (r <= r_last) {
-                    atomicAdd(&acc[2 * (r - r_first)], a[g][0]);
-                    atomicAdd(&acc[2 * (r - r_first) + 1], a[g][1]);
-                }
+                if (i0 + g >= sh.n) continue;
+                atomicAdd(&acc[2 * (i0 + g)], v[g][0]);
+                atomicAdd(&acc[2 * (i0 + g) + 1], v[g][1]);
             }
         }
     }
     consumers_sync();  // acc complete
-    const int n = 2 * (int)(r_last - r_first + 1);
-    for (int i = tid; i < n; i += CONSUMERS) {
-        const int row = (int)r_first + (i >> 1), m = i & 1;
-        atomicAdd(&p.out[(size_t)m * p.N + row], acc[i]);
+    for (long i = tid; i < 2 * sh.n; i += CONSUMERS) {
+        const long row = sh.piece(i >> 1) % p.N;
+        atomicAdd(&p.out[(size_t)(i & 1) * p.N + row], acc[i]);
         acc[i] = 0.f;  // read again only after the next phase's grid barrier and consumers_sync
     }
 }
@@ -284,10 +331,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Cha
         Ring k;
         for (int s = 0; s < phases; s++) {
             const Phase p = phase_of(c, s);
-            const int S = p.K / PIECE;
-            long lo, hi;
-            share((long)p.N * S, lo, hi);
-            for (long j = lo; j < hi; j++) {
+            const Share sh((long)p.N * (p.K / PIECE), c.interleave);
+            for (long i = 0; i < sh.n; i++) {
+                const long q = sh.piece(i), j = (q % p.N) * (p.K / PIECE) + q / p.N;  // its place in memory
                 const int st = k.stage;
                 // a fresh barrier's previous phase (parity 1) counts as complete: round 0 passes at once
                 mbar_wait(&empty[st], k.parity ^ 1, c.err, 3, dead, waited);
@@ -327,8 +373,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Cha
             share(2L * q.N, lo, hi);
             for (long i = lo + tid; i < hi; i += CONSUMERS) q.out[i] = 0.f;
         }
-        if (p.K == PIECE) consume<1>(c, p, ring, full, empty, acc, k, dead, waited);
-        else consume<3>(c, p, ring, full, empty, acc, k, dead, waited);
+        consume(c, p, ring, full, empty, acc, k, dead, waited);
         consumers_sync();  // every thread's atomics and zeroing issued
         if (tid == 0) {
             __threadfence();
@@ -355,14 +400,14 @@ extern "C" int stream_chain_prepare(int stages, int acc_rows) {
 
 extern "C" int stream_chain_launch(const void* w_qkv, const void* w_o, const void* w_gu, const void* w_d,
                                    const float* x0, float* out_qkv, float* out_o, float* out_gu, float* out_d,
-                                   unsigned* bar, int* err, long long* stats, int skip, int H, int NQKV, int INTER, int L, int stages,
+                                   unsigned* bar, int* err, long long* stats, int skip, int interleave, int H, int NQKV, int INTER, int L, int stages,
                                    int acc_rows, int blocks, void* stream) {
     Chain c;
     c.w[0] = (const uint16_t*)w_qkv; c.w[1] = (const uint16_t*)w_o;
     c.w[2] = (const uint16_t*)w_gu; c.w[3] = (const uint16_t*)w_d;
     c.x0 = x0;
     c.out[0] = out_qkv; c.out[1] = out_o; c.out[2] = out_gu; c.out[3] = out_d;
-    c.bar = bar; c.err = err; c.stats = stats; c.skip = skip;
+    c.bar = bar; c.err = err; c.stats = stats; c.skip = skip; c.interleave = interleave;
     c.H = H; c.NQKV = NQKV; c.INTER = INTER; c.L = L;
     c.stages = stages; c.acc_rows = acc_rows;
     stream_chain_kernel<<<blocks, THREADS, stream_chain_smem_bytes(stages, acc_rows), (cudaStream_t)stream>>>(c);

@@ -69,6 +69,8 @@ def parse_args(argv=None):
     p.add_argument("--stats", action="store_true",
                    help="print where the kernel's time went in its checked run (cycles a block: grid-barrier waits, "
                         "waits for full stages, the producer's waits for empty stages)")
+    p.add_argument("--order", default="contiguous", choices=("contiguous", "interleaved"),
+                   help="how a phase's pieces are dealt to the blocks: contiguous ranges, or every blocks-th piece")
     p.add_argument("--skip", default="none", choices=tuple(SKIPS),
                    help="diagnostic, wrong results: 'math' (consumers only wait for and release each stage), 'grid' "
                         "(no grid-barrier waits), 'both'")
@@ -116,9 +118,9 @@ def build(nvcc: str, build_dir: str) -> Path:
 
 
 def acc_rows(shape, blocks: int) -> int:
-    """Rows of the kernel's shared-memory accumulator: the most rows any block touches in a phase
-    (its share of ``ceil(pieces / blocks)`` pieces can start inside a row and end inside another)."""
-    return max(math.ceil(n * (k // PIECE) / blocks) // (k // PIECE) + 2 for _, n, k in chain_sites(*shape))
+    """Slots of the kernel's shared-memory accumulator (two floats each): the most pieces a block
+    holds in a phase, ``ceil(pieces / blocks)`` in either order (a slot a piece)."""
+    return max(math.ceil(n * (k // PIECE) / blocks) for _, n, k in chain_sites(*shape))
 
 
 class StreamChain(ChainWeights):
@@ -150,7 +152,7 @@ class StreamChain(ChainWeights):
         lib = ctypes.CDLL(str(build(a.nvcc, a.build_dir)))
         lib.stream_chain_smem_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
         lib.stream_chain_prepare.argtypes = [ctypes.c_int, ctypes.c_int]
-        lib.stream_chain_launch.argtypes = [ctypes.c_void_p] * 12 + [ctypes.c_int] * 8 + [ctypes.c_void_p]
+        lib.stream_chain_launch.argtypes = [ctypes.c_void_p] * 12 + [ctypes.c_int] * 9 + [ctypes.c_void_p]
         lib.stream_chain_error_string.restype = ctypes.c_char_p
         lib.stream_chain_stats.argtypes = []
         smem = lib.stream_chain_smem_bytes(a.stages, self.acc_rows)
@@ -178,7 +180,8 @@ class StreamChain(ChainWeights):
         ptrs = [t.data_ptr() for t in (*self.w, self.x0f, *self.out, self.bar, self.err)]
         ptrs.append(self.stats.data_ptr() if self.stats is not None else None)
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        self._check(self.lib.stream_chain_launch(*ptrs, SKIPS[a.skip], H, NQKV, INTER, a.layers, a.stages, self.acc_rows,
+        self._check(self.lib.stream_chain_launch(*ptrs, SKIPS[a.skip], int(a.order == "interleaved"), H, NQKV, INTER,
+                                                 a.layers, a.stages, self.acc_rows,
                                                  self.blocks, stream), "stream_chain_launch")
         return self.out[3][-1]
 
@@ -217,7 +220,7 @@ def stats_lines(rows) -> str:
 
 
 def settings(a, chain) -> dict:
-    return {"stages": a.stages, "skip": a.skip, "blocks": chain.blocks, "acc_rows": chain.acc_rows,
+    return {"stages": a.stages, "order": a.order, "skip": a.skip, "blocks": chain.blocks, "acc_rows": chain.acc_rows,
             "smem_bytes_per_block": chain.smem_bytes, "nvcc_flags": list(NVCC_FLAGS)}
 
 

@@ -21,19 +21,26 @@ from stream_chain import PIECE, acc_rows, build  # noqa: E402
 NVCC = shutil.which("nvcc")
 
 
-@pytest.mark.parametrize("blocks", [1, 7, 66, 114, 132, 144])
-def test_acc_rows_bounds_every_block_share(blocks):
-    """The kernel splits a phase's ``N * S`` pieces as ``[T * b / P, T * (b + 1) / P)`` and a
-    block touches the rows of its pieces (``j // S``): never more than ``acc_rows`` of them."""
+def shares(total: int, blocks: int, interleave: bool):
+    """The kernel's ``Share``: each block's pieces (segment-major positions q) of a phase."""
+    if interleave:
+        return [list(range(b, total, blocks)) for b in range(blocks)]
+    return [list(range(total * b // blocks, total * (b + 1) // blocks)) for b in range(blocks)]
+
+
+@pytest.mark.parametrize("interleave", [False, True], ids=["contiguous", "interleaved"])
+@pytest.mark.parametrize("blocks", [1, 7, 66, 114, 132])
+def test_every_piece_dealt_once_within_the_slots(blocks, interleave):
+    """The kernel deals each phase's ``N * S`` pieces (q: segment q // N of row q % N) to the blocks:
+    every piece to exactly one block, and no block more than ``acc_rows`` of them (its
+    accumulator's slots, one a piece)."""
     bound = acc_rows(SHAPES["qwen3-8b"], blocks)
-    most = 0
     for _, n, k in chain_sites(*SHAPES["qwen3-8b"]):
-        s, total = k // PIECE, n * (k // PIECE)
-        for b in range(blocks):
-            lo, hi = total * b // blocks, total * (b + 1) // blocks
-            if hi > lo:
-                most = max(most, (hi - 1) // s - lo // s + 1)
-    assert most <= bound <= most + 3
+        total = n * (k // PIECE)
+        dealt = shares(total, blocks, interleave)
+        assert sorted(q for qs in dealt for q in qs) == list(range(total))
+        assert max(map(len, dealt)) <= bound
+    assert bound == max(-(-n * (k // PIECE) // blocks) for _, n, k in chain_sites(*SHAPES["qwen3-8b"]))
 
 
 @pytest.mark.parametrize("args, needle", [

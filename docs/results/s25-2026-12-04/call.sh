@@ -21,7 +21,15 @@ skip_grid|--stats --skip grid
 skip_both|--stats --skip both
 s28_skip_both|--stats --skip both --stages 28
 default|'
-case "${CELLS:-1}" in 2) LIST=$CELLS2 ;; *) LIST=$CELLS1 ;; esac
+# call 4 (batched consumers, segment-major pieces, --order)
+CELLS4='contig|--stats
+inter|--order interleaved --stats
+inter_skip_both|--order interleaved --skip both --stats
+contig_skip_both|--skip both --stats
+inter_skip_math|--order interleaved --skip math --stats
+inter_skip_grid|--order interleaved --skip grid --stats
+inter_s12|--order interleaved --stages 12'
+case "${CELLS:-1}" in 2) LIST=$CELLS2 ;; 4) LIST=$CELLS4 ;; *) LIST=$CELLS1 ;; esac
 i=0
 while IFS='|' read -r name args; do
   [ -n "$name" ] || continue
