@@ -102,20 +102,37 @@ __device__ __forceinline__ void share(long total, long& lo, long& hi) {
 // or blockIdx.x + i * gridDim.x (interleaved: at any moment every block reads near the others).
 // Each piece has its own accumulator slot (two pieces of one row add into the row at the flush).
 struct Share {
-    long lo, n, step;
-    __device__ __forceinline__ Share(long total, bool interleave) {
+    int lo, n, step;
+    __device__ __forceinline__ Share(int total, bool interleave) {
         if (interleave) {
             lo = blockIdx.x;
             step = gridDim.x;
             n = total > lo ? (total - lo + step - 1) / step : 0;
         } else {
-            long hi;
-            share(total, lo, hi);
-            n = hi - lo;
+            long l, h;
+            share(total, l, h);
+            lo = (int)l;
+            n = (int)(h - l);
             step = 1;
         }
     }
-    __device__ __forceinline__ long piece(long i) const { return lo + i * step; }
+    __device__ __forceinline__ int piece(int i) const { return lo + i * step; }
+};
+
+// Walks a share's pieces in order: the piece's row and segment, without a division a piece.
+struct Cursor {
+    int row, seg, N, step;
+    __device__ __forceinline__ Cursor(const Share& sh, int n_rows) : N(n_rows), step(sh.step) {
+        seg = sh.lo / N;
+        row = sh.lo - seg * N;
+    }
+    __device__ __forceinline__ void next() {
+        row += step;
+        while (row >= N) {
+            row -= N;
+            seg++;
+        }
+    }
 };
 
 __device__ __forceinline__ uint32_t saddr(const void* p) {
@@ -242,11 +259,12 @@ __device__ __forceinline__ void load_x(const Phase& p, int seg, float (&x)[2][16
 __device__ void consume(const Chain& c, const Phase& p, const uint16_t* ring, uint64_t* full, uint64_t* empty,
                         float* acc, Ring& k, bool& dead, long long& waited) {
     const int tid = threadIdx.x, lane = tid & 31;
-    const Share sh((long)p.N * (p.K / PIECE), c.interleave);
+    const Share sh(p.N * (p.K / PIECE), c.interleave);
+    Cursor cur(sh, p.N);
     const bool math = !(c.skip & SKIP_MATH);
     float x[2][16];  // this thread's columns of the current segment
     int seg_x = -1;
-    for (long i0 = 0; i0 < sh.n; i0 += G) {
+    for (int i0 = 0; i0 < sh.n; i0 += G) {
         uint4 w[G][2];
 #pragma unroll
         for (int g = 0; g < G; g++) {
@@ -268,11 +286,11 @@ __device__ void consume(const Chain& c, const Phase& p, const uint16_t* ring, ui
         for (int g = 0; g < G; g++) {
             a[g][0][0] = a[g][0][1] = a[g][1][0] = a[g][1][1] = 0.f;
             if (i0 + g >= sh.n) continue;
-            const int seg = (int)(sh.piece(i0 + g) / p.N);
-            if (seg != seg_x) {  // uniform; at most three times a phase
-                load_x(p, seg, x);
-                seg_x = seg;
+            if (cur.seg != seg_x) {  // uniform; at most three times a phase
+                load_x(p, cur.seg, x);
+                seg_x = cur.seg;
             }
+            cur.next();
             dot8(w[g][0], &x[0][0], &x[1][0], a[g]);
             dot8(w[g][1], &x[0][8], &x[1][8], a[g]);
         }
@@ -297,8 +315,8 @@ __device__ void consume(const Chain& c, const Phase& p, const uint16_t* ring, ui
         }
     }
     consumers_sync();  // acc complete
-    for (long i = tid; i < 2 * sh.n; i += CONSUMERS) {
-        const long row = sh.piece(i >> 1) % p.N;
+    for (int i = tid; i < 2 * sh.n; i += CONSUMERS) {
+        const int row = sh.piece(i >> 1) % p.N;  // once a slot a phase
         atomicAdd(&p.out[(size_t)(i & 1) * p.N + row], acc[i]);
         acc[i] = 0.f;  // read again only after the next phase's grid barrier and consumers_sync
     }
@@ -331,9 +349,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Cha
         Ring k;
         for (int s = 0; s < phases; s++) {
             const Phase p = phase_of(c, s);
-            const Share sh((long)p.N * (p.K / PIECE), c.interleave);
-            for (long i = 0; i < sh.n; i++) {
-                const long q = sh.piece(i), j = (q % p.N) * (p.K / PIECE) + q / p.N;  // its place in memory
+            const Share sh(p.N * (p.K / PIECE), c.interleave);
+            Cursor cur(sh, p.N);
+            for (int i = 0; i < sh.n; i++, cur.next()) {
+                const long j = (long)cur.row * (p.K / PIECE) + cur.seg;  // its place in memory
                 const int st = k.stage;
                 // a fresh barrier's previous phase (parity 1) counts as complete: round 0 passes at once
                 mbar_wait(&empty[st], k.parity ^ 1, c.err, 3, dead, waited);

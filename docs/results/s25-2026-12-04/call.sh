@@ -29,7 +29,15 @@ contig_skip_both|--skip both --stats
 inter_skip_math|--order interleaved --skip math --stats
 inter_skip_grid|--order interleaved --skip grid --stats
 inter_s12|--order interleaved --stages 12'
-case "${CELLS:-1}" in 2) LIST=$CELLS2 ;; 4) LIST=$CELLS4 ;; *) LIST=$CELLS1 ;; esac
+# call 5 (no 64-bit division a piece)
+CELLS5='contig|--stats
+inter|--order interleaved --stats
+inter_skip_grid|--order interleaved --skip grid --stats
+contig_b|
+inter_b|--order interleaved
+inter_s12|--order interleaved --stages 12
+inter_s28|--order interleaved --stages 28'
+case "${CELLS:-1}" in 2) LIST=$CELLS2 ;; 4) LIST=$CELLS4 ;; 5) LIST=$CELLS5 ;; *) LIST=$CELLS1 ;; esac
 i=0
 while IFS='|' read -r name args; do
   [ -n "$name" ] || continue
