@@ -15,9 +15,9 @@
 // GEMV's output is in the chain), held in registers one segment at a time. A phase's pieces are
 // dealt to the blocks in segment-major order (all rows' first segments, then the second ones...),
 // as contiguous ranges or interleaved (every gridDim.x-th piece), so a block reloads its input
-// columns at most twice a phase: each piece's two sums are reduced across the warp, added into the
-// piece's shared-memory slot, and at the phase's end added into the float32 output rows with
-// atomics (a row's segments may be in other blocks). During
+// columns at most twice a phase: each piece's two sums are reduced across each warp and stored in
+// the warp's shared-memory slot for the piece; at the phase's end the warps' slots are summed and
+// added into the float32 output rows with atomics (a row's segments may be in other blocks). During
 // phase s each block zeroes its share of phase s + 1's output (nobody touches it before barrier
 // s); phase 0's output and the barrier counter are zeroed by the caller.
 //
@@ -51,7 +51,7 @@ struct Chain {
     int interleave;        // a block's pieces of a phase: 0 a contiguous range, 1 every gridDim.x-th
     int H, NQKV, INTER, L;
     int stages;            // ring stages
-    int acc_rows;          // rows of the shared-memory accumulator
+    int acc_rows;          // slots (two floats each) of each consumer warp's row of the accumulator
 };
 
 struct Phase {
@@ -253,9 +253,9 @@ __device__ __forceinline__ void load_x(const Phase& p, int seg, float (&x)[2][16
 
 // One phase's consumer work for this block. Pieces are taken G at a time: G stages waited for,
 // read into registers and released, then their products (8 independent chains a thread), one sum
-// across the warp for the G pieces, and lane 0 adds each piece's into its accumulator slot. At the
-// phase's end the slots are added into the output rows with atomics (a row's segments may sit in
-// other blocks).
+// across the warp for the G pieces, and lane 0 stores each piece's two sums into its warp's slot
+// for the piece. At the phase's end the 8 warps' slots are summed and added into the output rows
+// with atomics (a row's segments may sit in other blocks).
 __device__ void consume(const Chain& c, const Phase& p, const uint16_t* ring, uint64_t* full, uint64_t* empty,
                         float* acc, Ring& k, bool& dead, long long& waited) {
     const int tid = threadIdx.x, lane = tid & 31;
@@ -305,20 +305,23 @@ __device__ void consume(const Chain& c, const Phase& p, const uint16_t* ring, ui
             for (int g = 0; g < G; g++)
 #pragma unroll
                 for (int m = 0; m < 2; m++) v[g][m] += __shfl_xor_sync(0xffffffffu, v[g][m], off);
-        if (lane == 0) {
+        if (lane == 0) {  // the warp's own row of slots: plain stores (shared float atomics are CAS loops)
+            float* mine = acc + (size_t)(tid >> 5) * 2 * c.acc_rows;
 #pragma unroll
             for (int g = 0; g < G; g++) {
                 if (i0 + g >= sh.n) continue;
-                atomicAdd(&acc[2 * (i0 + g)], v[g][0]);
-                atomicAdd(&acc[2 * (i0 + g) + 1], v[g][1]);
+                mine[2 * (i0 + g)] = v[g][0];
+                mine[2 * (i0 + g) + 1] = v[g][1];
             }
         }
     }
-    consumers_sync();  // acc complete
+    consumers_sync();  // every warp's slots written
     for (int i = tid; i < 2 * sh.n; i += CONSUMERS) {
+        float sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < CONSUMERS / 32; w++) sum += acc[(size_t)w * 2 * c.acc_rows + i];
         const int row = sh.piece(i >> 1) % p.N;  // once a slot a phase
-        atomicAdd(&p.out[(size_t)(i & 1) * p.N + row], acc[i]);
-        acc[i] = 0.f;  // read again only after the next phase's grid barrier and consumers_sync
+        atomicAdd(&p.out[(size_t)(i & 1) * p.N + row], sum);
     }
 }
 
@@ -339,7 +342,6 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Cha
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
-    for (int i = tid; i < 2 * c.acc_rows; i += THREADS) acc[i] = 0.f;
     __syncthreads();
 
     if (tid >= CONSUMERS) {  // the producer warp: one thread streams every piece of the block's shares
@@ -408,7 +410,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Cha
 
 // Host side, called through ctypes. Returns a cudaError_t (0: launched).
 extern "C" int stream_chain_smem_bytes(int stages, int acc_rows) {
-    return stages * PIECE_BYTES + 2 * stages * 8 + 2 * acc_rows * 4;
+    return stages * PIECE_BYTES + 2 * stages * 8 + (CONSUMERS / 32) * 2 * acc_rows * 4;
 }
 
 // Raises the kernel's dynamic shared-memory limit; once, before any launch (not while a graph is captured).

@@ -46,7 +46,7 @@ def test_every_piece_dealt_once_within_the_slots(blocks, interleave):
 @pytest.mark.parametrize("args, needle", [
     (("--device", "cpu"), "--device cpu"),
     (("--stages", "0"), "--stages"),
-    (("--stages", "29"), "--stages"),
+    (("--stages", "27"), "--stages"),
     (("--layers", "0"), "--layers"),
     (("--blocks", "0"), "--blocks"),
     (("--nvcc", "/nonexistent/nvcc"), "--nvcc"),

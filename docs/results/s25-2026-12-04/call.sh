@@ -37,7 +37,14 @@ contig_b|
 inter_b|--order interleaved
 inter_s12|--order interleaved --stages 12
 inter_s28|--order interleaved --stages 28'
-case "${CELLS:-1}" in 2) LIST=$CELLS2 ;; 4) LIST=$CELLS4 ;; 5) LIST=$CELLS5 ;; *) LIST=$CELLS1 ;; esac
+# call 6 (each warp its own slots, no shared-memory atomics)
+CELLS6='contig|--stats
+inter|--order interleaved --stats
+contig_b|
+inter_b|--order interleaved
+inter_s16|--order interleaved --stages 16
+inter_s26|--order interleaved --stages 26'
+case "${CELLS:-1}" in 2) LIST=$CELLS2 ;; 4) LIST=$CELLS4 ;; 5) LIST=$CELLS5 ;; 6) LIST=$CELLS6 ;; *) LIST=$CELLS1 ;; esac
 i=0
 while IFS='|' read -r name args; do
   [ -n "$name" ] || continue
