@@ -32,7 +32,7 @@
 #define PIECE_BYTES (PIECE * 2)
 #define CONSUMERS 256              // threads of warps 0-7
 #define THREADS (CONSUMERS + 32)   // + the producer warp
-#define G 4                        // pieces taken together (waited for, read, released, reduced)
+#define G 8                        // pieces taken together (waited for, read, released, reduced)
 #define TIMEOUT_NS 2000000000ull
 
 enum { ST_TOTAL, ST_GRID, ST_FULL, ST_PROD_TOTAL, ST_EMPTY, STATS };  // cycles: consumer thread 0's run,
@@ -219,17 +219,16 @@ __device__ __forceinline__ float bf16_round(float v) {
     return __uint_as_float(u & 0xffff0000u);
 }
 
-// a[m][e] += the products of 8 bf16 weights (a uint4) with row m's x0[0..8) / x1[0..8), even
-// elements into e = 0 and odd into e = 1 (two independent chains a row)
-__device__ __forceinline__ void dot8(uint4 w, const float* x0, const float* x1, float (&a)[2][2]) {
+// a0 / a1 += the products of 8 bf16 weights (a uint4) with x0[0..8) / x1[0..8) (the two rows)
+__device__ __forceinline__ void dot8(uint4 w, const float* x0, const float* x1, float& a0, float& a1) {
     uint32_t ws[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         float lo = __uint_as_float(ws[i] << 16), hi = __uint_as_float(ws[i] & 0xffff0000u);
-        a[0][0] = fmaf(lo, x0[2 * i], a[0][0]);
-        a[0][1] = fmaf(hi, x0[2 * i + 1], a[0][1]);
-        a[1][0] = fmaf(lo, x1[2 * i], a[1][0]);
-        a[1][1] = fmaf(hi, x1[2 * i + 1], a[1][1]);
+        a0 = fmaf(lo, x0[2 * i], a0);
+        a0 = fmaf(hi, x0[2 * i + 1], a0);
+        a1 = fmaf(lo, x1[2 * i], a1);
+        a1 = fmaf(hi, x1[2 * i + 1], a1);
     }
 }
 
@@ -238,6 +237,18 @@ __device__ __forceinline__ void load8(const float* src, float* dst) {
     float4 b = __ldcg(reinterpret_cast<const float4*>(src + 4));
     dst[0] = bf16_round(a.x); dst[1] = bf16_round(a.y); dst[2] = bf16_round(a.z); dst[3] = bf16_round(a.w);
     dst[4] = bf16_round(b.x); dst[5] = bf16_round(b.y); dst[6] = bf16_round(b.z); dst[7] = bf16_round(b.w);
+}
+
+// One halving exchange of a sum across the warp: lanes with bit `off` set keep the upper N / 2 of
+// the N values, the others the lower, each adding its partner's copy of the half it keeps.
+template <int N>
+__device__ __forceinline__ void halve(float* v, int lane, int off) {
+    const bool upper = lane & off;
+#pragma unroll
+    for (int i = 0; i < N / 2; i++) {
+        const float send = upper ? v[i] : v[i + N / 2], keep = upper ? v[i + N / 2] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+    }
 }
 
 // Loads this thread's 16 columns of segment `seg` of both input rows, rounded to bf16.
@@ -252,9 +263,9 @@ __device__ __forceinline__ void load_x(const Phase& p, int seg, float (&x)[2][16
 }
 
 // One phase's consumer work for this block. Pieces are taken G at a time: G stages waited for,
-// read into registers and released, then their products (8 independent chains a thread), one sum
-// across the warp for the G pieces, and lane 0 stores each piece's two sums into its warp's slot
-// for the piece. At the phase's end the 8 warps' slots are summed and added into the output rows
+// read into registers and released, then their products (16 independent chains a thread), the
+// 16 sums across the warp in 16 shuffles, and 16 lanes store them into the warp's slots for the
+// pieces. At the phase's end the 8 warps' slots are summed and added into the output rows
 // with atomics (a row's segments may sit in other blocks).
 __device__ void consume(const Chain& c, const Phase& p, const uint16_t* ring, uint64_t* full, uint64_t* empty,
                         float* acc, Ring& k, bool& dead, long long& waited) {
@@ -281,39 +292,31 @@ __device__ void consume(const Chain& c, const Phase& p, const uint16_t* ring, ui
             asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[st])) : "memory");
         }
         if (!math) continue;
-        float a[G][2][2];  // [piece][row][even / odd elements]
+        static_assert(G == 8, "the halving exchanges below sum exactly 16 values");
+        float v[2 * G];  // [2 g + row]: 16 independent chains
 #pragma unroll
         for (int g = 0; g < G; g++) {
-            a[g][0][0] = a[g][0][1] = a[g][1][0] = a[g][1][1] = 0.f;
+            v[2 * g] = v[2 * g + 1] = 0.f;
             if (i0 + g >= sh.n) continue;
             if (cur.seg != seg_x) {  // uniform; at most three times a phase
                 load_x(p, cur.seg, x);
                 seg_x = cur.seg;
             }
             cur.next();
-            dot8(w[g][0], &x[0][0], &x[1][0], a[g]);
-            dot8(w[g][1], &x[0][8], &x[1][8], a[g]);
+            dot8(w[g][0], &x[0][0], &x[1][0], v[2 * g], v[2 * g + 1]);
+            dot8(w[g][1], &x[0][8], &x[1][8], v[2 * g], v[2 * g + 1]);
         }
-        float v[G][2];
-#pragma unroll
-        for (int g = 0; g < G; g++)
-#pragma unroll
-            for (int m = 0; m < 2; m++) v[g][m] = a[g][m][0] + a[g][m][1];
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1)
-#pragma unroll
-            for (int g = 0; g < G; g++)
-#pragma unroll
-                for (int m = 0; m < 2; m++) v[g][m] += __shfl_xor_sync(0xffffffffu, v[g][m], off);
-        if (lane == 0) {  // the warp's own row of slots: plain stores (shared float atomics are CAS loops)
-            float* mine = acc + (size_t)(tid >> 5) * 2 * c.acc_rows;
-#pragma unroll
-            for (int g = 0; g < G; g++) {
-                if (i0 + g >= sh.n) continue;
-                mine[2 * (i0 + g)] = v[g][0];
-                mine[2 * (i0 + g) + 1] = v[g][1];
-            }
-        }
+        // The 16 sums across the warp by halving exchanges: 8 + 4 + 2 + 1 + 1 shuffles, after which
+        // lane l holds the sum of value index ((l >> 1) & 15) with its bits reversed (below).
+        halve<16>(v, lane, 16);
+        halve<8>(v, lane, 8);
+        halve<4>(v, lane, 4);
+        halve<2>(v, lane, 2);
+        v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);
+        // lane bit 4 chose the upper half of 16 (index bit 3), bit 3 of 8 (bit 2), bit 2 (bit 1), bit 1 (bit 0)
+        const int idx = ((lane >> 4) & 1) * 8 + ((lane >> 3) & 1) * 4 + ((lane >> 2) & 1) * 2 + ((lane >> 1) & 1);
+        if (!(lane & 1) && i0 + (idx >> 1) < sh.n)  // the warp's own row of slots: plain stores
+            acc[(size_t)(tid >> 5) * 2 * c.acc_rows + 2 * (i0 + (idx >> 1)) + (idx & 1)] = v[0];
     }
     consumers_sync();  // every warp's slots written
     for (int i = tid; i < 2 * sh.n; i += CONSUMERS) {

@@ -44,7 +44,14 @@ contig_b|
 inter_b|--order interleaved
 inter_s16|--order interleaved --stages 16
 inter_s26|--order interleaved --stages 26'
-case "${CELLS:-1}" in 2) LIST=$CELLS2 ;; 4) LIST=$CELLS4 ;; 5) LIST=$CELLS5 ;; 6) LIST=$CELLS6 ;; *) LIST=$CELLS1 ;; esac
+# call 7 (eight pieces a batch, the sums by halving exchanges)
+CELLS7='contig|--stats
+inter|--order interleaved --stats
+contig_b|
+inter_b|--order interleaved
+contig_s16|--stages 16'
+case "${CELLS:-1}" in 2) LIST=$CELLS2 ;; 4) LIST=$CELLS4 ;; 5) LIST=$CELLS5 ;; 6) LIST=$CELLS6 ;; 7) LIST=$CELLS7 ;;
+  *) LIST=$CELLS1 ;; esac
 i=0
 while IFS='|' read -r name args; do
   [ -n "$name" ] || continue
