@@ -5,7 +5,8 @@
 // One block a multiprocessor, 9 warps. Warp 8 is the producer: one thread walks the block's share
 // of every weight of the chain in order, 8 KB piece (PIECE bf16) after piece, into a ring of
 // shared-memory stages with the bulk copy engine (cp.async.bulk completing on the stage's "full"
-// mbarrier). It waits only for a free stage ("empty" mbarrier), never for an activation, so while
+// mbarrier). It waits only for a free stage ("empty" mbarrier, one arrive a consumer warp), never
+// for an activation, so while
 // the consumers wait at a grid barrier the ring keeps filling with the next phase's weight.
 // Warps 0-7 are the consumers (256 threads): at each phase they wait for every block to have
 // finished the phase before (a grid barrier: one counter, a monotone target), then consume their
@@ -276,20 +277,46 @@ __device__ void consume(const Chain& c, const Phase& p, const uint16_t* ring, ui
     float x[2][16];  // this thread's columns of the current segment
     int seg_x = -1;
     for (int i0 = 0; i0 < sh.n; i0 += G) {
+        const int ng = sh.n - i0 < G ? sh.n - i0 : G;
+        // the batch's stages looked at back to back (independent tests, one combined answer); the
+        // blocking wait, stage by stage, only when one of them is not there yet
+        int st[G];
+        uint32_t ready = 1;
+        {
+            Ring r = k;
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                st[g] = r.stage;
+                if (g < ng) ready &= mbar_test(&full[r.stage], r.parity);
+                r.next(c.stages);
+            }
+        }
+        if (!ready) {
+            Ring r = k;
+            for (int g = 0; g < ng; g++) {
+                mbar_wait(&full[r.stage], r.parity, c.err, 2, dead, waited);
+                r.next(c.stages);
+            }
+        }
         uint4 w[G][2];
 #pragma unroll
         for (int g = 0; g < G; g++) {
-            if (i0 + g >= sh.n) continue;  // uniform across the block
-            const int st = k.stage;
-            mbar_wait(&full[st], k.parity, c.err, 2, dead, waited);
+            if (g >= ng) continue;  // uniform across the block
             k.next(c.stages);
             if (math) {
-                const uint4* piece = reinterpret_cast<const uint4*>(ring + (size_t)st * PIECE);
+                const uint4* piece = reinterpret_cast<const uint4*>(ring + (size_t)st[g] * PIECE);
                 w[g][0] = piece[tid];
                 w[g][1] = piece[CONSUMERS + tid];
             }
-            // release (the arrive's default) orders the reads above before the producer's next copy
-            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[st])) : "memory");
+        }
+        // one arrive a warp (the empty barriers count CONSUMERS / 32): after __syncwarp every lane's
+        // reads above come before it, and its release orders them before the producer's next copy
+        __syncwarp();
+        if (lane == 0) {
+#pragma unroll
+            for (int g = 0; g < G; g++)
+                if (g < ng)
+                    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[st[g]])) : "memory");
         }
         if (!math) continue;
         static_assert(G == 8, "the halving exchanges below sum exactly 16 values");
@@ -297,7 +324,7 @@ __device__ void consume(const Chain& c, const Phase& p, const uint16_t* ring, ui
 #pragma unroll
         for (int g = 0; g < G; g++) {
             v[2 * g] = v[2 * g + 1] = 0.f;
-            if (i0 + g >= sh.n) continue;
+            if (g >= ng) continue;
             if (cur.seg != seg_x) {  // uniform; at most three times a phase
                 load_x(p, cur.seg, x);
                 seg_x = cur.seg;
@@ -341,7 +368,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Cha
     if (tid == 0) {
         for (int i = 0; i < c.stages; i++) {
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(saddr(&full[i])));
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(saddr(&empty[i])), "n"(CONSUMERS));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(saddr(&empty[i])), "n"(CONSUMERS / 32));
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }

@@ -50,7 +50,14 @@ inter|--order interleaved --stats
 contig_b|
 inter_b|--order interleaved
 contig_s16|--stages 16'
+# call 8 (a batch's stages tested back to back, one arrive a warp)
+CELLS8='contig|--stats
+contig_b|
+inter_b|--order interleaved
+contig_s16|--stages 16
+contig_skip_math|--skip math --stats'
 case "${CELLS:-1}" in 2) LIST=$CELLS2 ;; 4) LIST=$CELLS4 ;; 5) LIST=$CELLS5 ;; 6) LIST=$CELLS6 ;; 7) LIST=$CELLS7 ;;
+  8) LIST=$CELLS8 ;;
   *) LIST=$CELLS1 ;; esac
 i=0
 while IFS='|' read -r name args; do
