@@ -56,8 +56,14 @@ contig_b|
 inter_b|--order interleaved
 contig_s16|--stages 16
 contig_skip_math|--skip math --stats'
+# call 9 (each stage released once its warp has read it) with the GPU tests
+CELLS9='contig_s16|--stages 16 --stats
+contig|
+contig_s16_b|--stages 16
+inter_s16|--order interleaved --stages 16
+contig_s16_skip_math|--stages 16 --skip math --stats'
 case "${CELLS:-1}" in 2) LIST=$CELLS2 ;; 4) LIST=$CELLS4 ;; 5) LIST=$CELLS5 ;; 6) LIST=$CELLS6 ;; 7) LIST=$CELLS7 ;;
-  8) LIST=$CELLS8 ;;
+  8) LIST=$CELLS8 ;; 9) LIST=$CELLS9 ;;
   *) LIST=$CELLS1 ;; esac
 i=0
 while IFS='|' read -r name args; do
