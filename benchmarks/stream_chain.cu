@@ -308,12 +308,15 @@ __device__ void consume(const Chain& c, const Phase& p, const uint16_t* ring, ui
                 w[g][0] = piece[tid];
                 w[g][1] = piece[CONSUMERS + tid];
             }
-            // the stage released as soon as the warp has read it, one arrive a warp (the empty
-            // barriers count CONSUMERS / 32): after __syncwarp every lane's reads come before it,
-            // and its release orders them before the producer's next copy
-            __syncwarp();
-            if (lane == 0)
-                asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[st[g]])) : "memory");
+        }
+        // one arrive a warp (the empty barriers count CONSUMERS / 32): after __syncwarp every lane's
+        // reads above come before it, and its release orders them before the producer's next copy
+        __syncwarp();
+        if (lane == 0) {
+#pragma unroll
+            for (int g = 0; g < G; g++)
+                if (g < ng)
+                    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[st[g]])) : "memory");
         }
         if (!math) continue;
         static_assert(G == 8, "the halving exchanges below sum exactly 16 values");
