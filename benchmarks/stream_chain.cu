@@ -31,6 +31,12 @@
 
 #define PIECE 4096                 // bf16 elements a piece (8 KB)
 #define PIECE_BYTES (PIECE * 2)
+#ifndef STREAM_MMA
+#define STREAM_MMA 0               // 1: the consumers' products on tensor cores (mma.sync), see consume_mma
+#endif
+// A stage's bytes: with STREAM_MMA a 16-byte skew a stage, so that the eight rows ldmatrix reads
+// at one column (eight consecutive stages) fall in different banks.
+#define STAGE_BYTES (PIECE_BYTES + 16 * STREAM_MMA)
 #define CONSUMERS 256              // threads of warps 0-7
 #define THREADS (CONSUMERS + 32)   // + the producer warp
 #define G 8                        // pieces taken together (waited for, read, released, reduced)
@@ -268,7 +274,30 @@ __device__ __forceinline__ void load_x(const Phase& p, int seg, float (&x)[2][16
 // 16 sums across the warp in 16 shuffles, and 16 lanes store them into the warp's slots for the
 // pieces. At the phase's end the 8 warps' slots are summed and added into the output rows
 // with atomics (a row's segments may sit in other blocks).
-__device__ void consume(const Chain& c, const Phase& p, const uint16_t* ring, uint64_t* full, uint64_t* empty,
+// Waits until the batch's `ng` stages from the ring's position `k` hold their pieces, and puts
+// their stage numbers in `st` (all G entries, valid ones first): the stages looked at back to back
+// (independent tests, one combined answer), the blocking wait, stage by stage, only when one of
+// them is not there yet.
+__device__ __forceinline__ void wait_batch(const Chain& c, uint64_t* full, const Ring& k, int ng, int (&st)[G],
+                                           bool& dead, long long& waited) {
+    uint32_t ready = 1;
+    Ring r = k;
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        st[g] = r.stage;
+        if (g < ng) ready &= mbar_test(&full[r.stage], r.parity);
+        r.next(c.stages);
+    }
+    if (!ready) {
+        r = k;
+        for (int g = 0; g < ng; g++) {
+            mbar_wait(&full[r.stage], r.parity, c.err, 2, dead, waited);
+            r.next(c.stages);
+        }
+    }
+}
+
+__device__ void consume(const Chain& c, const Phase& p, const unsigned char* ring, uint64_t* full, uint64_t* empty,
                         float* acc, Ring& k, bool& dead, long long& waited) {
     const int tid = threadIdx.x, lane = tid & 31;
     const Share sh(p.N * (p.K / PIECE), c.interleave);
@@ -278,33 +307,15 @@ __device__ void consume(const Chain& c, const Phase& p, const uint16_t* ring, ui
     int seg_x = -1;
     for (int i0 = 0; i0 < sh.n; i0 += G) {
         const int ng = sh.n - i0 < G ? sh.n - i0 : G;
-        // the batch's stages looked at back to back (independent tests, one combined answer); the
-        // blocking wait, stage by stage, only when one of them is not there yet
         int st[G];
-        uint32_t ready = 1;
-        {
-            Ring r = k;
-#pragma unroll
-            for (int g = 0; g < G; g++) {
-                st[g] = r.stage;
-                if (g < ng) ready &= mbar_test(&full[r.stage], r.parity);
-                r.next(c.stages);
-            }
-        }
-        if (!ready) {
-            Ring r = k;
-            for (int g = 0; g < ng; g++) {
-                mbar_wait(&full[r.stage], r.parity, c.err, 2, dead, waited);
-                r.next(c.stages);
-            }
-        }
+        wait_batch(c, full, k, ng, st, dead, waited);
         uint4 w[G][2];
 #pragma unroll
         for (int g = 0; g < G; g++) {
             if (g >= ng) continue;  // uniform across the block
             k.next(c.stages);
             if (math) {
-                const uint4* piece = reinterpret_cast<const uint4*>(ring + (size_t)st[g] * PIECE);
+                const uint4* piece = reinterpret_cast<const uint4*>(ring + (size_t)st[g] * STAGE_BYTES);
                 w[g][0] = piece[tid];
                 w[g][1] = piece[CONSUMERS + tid];
             }
@@ -355,10 +366,122 @@ __device__ void consume(const Chain& c, const Phase& p, const uint16_t* ring, ui
     }
 }
 
+#if STREAM_MMA
+#define WARP_K (PIECE / (CONSUMERS / 32))  // a warp's columns of each piece (512)
+#define KSTEPS (WARP_K / 16)              // its k-steps of m16n8k16
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {  // both rounded to nearest even
+    uint32_t a = __float_as_uint(lo), b = __float_as_uint(hi);
+    a += 0x7fffu + ((a >> 16) & 1u);
+    b += 0x7fffu + ((b >> 16) & 1u);
+    return (a >> 16) | (b & 0xffff0000u);
+}
+
+// The input rows as the A operand of m16n8k16 (row-major 16 x 16 a k-step; rows 0 and 1 are the
+// two input rows, held by lanes 0-7, every other row zero), kept in the warp's `xs` (KSTEPS x 8
+// lanes of two words; registers would spill): word 0 of lane l < 8 at k-step s holds row l / 4,
+// columns 2 (l % 4) + {0, 1} of k-step s of this warp's columns of segment `seg`; word 1 the same
+// + 8.
+__device__ __forceinline__ void load_xa(const Phase& p, int seg, uint2* xs) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    if (lane < 8) {
+        const float* src = p.in + (size_t)g * p.in_stride + seg * PIECE + warp * WARP_K + 2 * t;
+#pragma unroll 8
+        for (int s = 0; s < KSTEPS; s++) {
+            float2 lo = __ldcg(reinterpret_cast<const float2*>(src + 16 * s));
+            float2 hi = __ldcg(reinterpret_cast<const float2*>(src + 16 * s + 8));
+            xs[s * 8 + lane] = make_uint2(pack_bf16(lo.x, lo.y), pack_bf16(hi.x, hi.y));
+        }
+    }
+    __syncwarp();
+}
+
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
+}
+
+// The consumers' products on tensor cores. A batch is up to G = 8 pieces of one segment, the 8
+// columns n of the B operand (col-major 16 x 8 a k-step: B[k][n] = piece n's element k); each warp
+// multiplies its WARP_K columns of them, 32 k-steps, with ldmatrix.x4 reading two k-steps of the
+// 8 pieces at once (lane l gives row l % 8 of matrix l / 8: piece l % 8 at column 8 (l / 8)), into
+// four independent accumulators. C[m][n] (lanes 0-7: m = lane / 4, n = 2 (lane % 4) + {0, 1}) is
+// piece n's sum for input row m over the warp's columns: stored into the warp's slots as the
+// CUDA-core form does, summed over the warps at the flush.
+__device__ void consume_mma(const Chain& c, const Phase& p, const unsigned char* ring, uint64_t* full, uint64_t* empty,
+                            float* acc, Ring& k, bool& dead, long long& waited) {
+    static_assert(G == 8, "a batch is the 8 columns of the B operand");
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const Share sh(p.N * (p.K / PIECE), c.interleave);
+    Cursor cur(sh, p.N);
+    const bool math = !(c.skip & SKIP_MATH);
+    uint2* xs = reinterpret_cast<uint2*>(acc + (size_t)(CONSUMERS / 32) * 2 * c.acc_rows) + warp * KSTEPS * 8;
+    int seg_x = -1;
+    const uint32_t ring0 = saddr(ring) + 2 * (warp * WARP_K + 8 * (lane >> 3));
+    for (int i0 = 0; i0 < sh.n;) {
+        // a batch never crosses a segment: its pieces share the A operand
+        const int left = (cur.N - cur.row + cur.step - 1) / cur.step;
+        int ng = sh.n - i0 < G ? sh.n - i0 : G;
+        ng = left < ng ? left : ng;
+        int st[G];
+        wait_batch(c, full, k, ng, st, dead, waited);
+        if (math) {
+            if (cur.seg != seg_x) {  // uniform; at most three times a phase
+                load_xa(p, cur.seg, xs);
+                seg_x = cur.seg;
+            }
+            int sr = k.stage + ((lane & 7) < ng ? (lane & 7) : 0);  // this lane's row: a stage after k's
+            sr = sr >= c.stages ? sr - c.stages : sr;  // (not st[lane & 7]: a run-time index into registers)
+            const uint32_t addr = ring0 + (uint32_t)(sr * STAGE_BYTES);
+            float d[4][4] = {};
+#pragma unroll
+            for (int s2 = 0; s2 < KSTEPS / 2; s2++) {
+                uint32_t b0, b1, b2, b3;
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(addr + 64 * s2) : "memory");
+                const uint2 a = lane < 8 ? xs[2 * s2 * 8 + lane] : make_uint2(0u, 0u);
+                const uint2 e = lane < 8 ? xs[(2 * s2 + 1) * 8 + lane] : make_uint2(0u, 0u);
+                mma16816(d[(2 * s2) & 3], a.x, a.y, b0, b1);
+                mma16816(d[(2 * s2 + 1) & 3], e.x, e.y, b2, b3);
+            }
+            const int m = lane >> 2, n = 2 * (lane & 3);
+            if (m < 2) {
+                float* mine = acc + (size_t)warp * 2 * c.acc_rows;
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    if (n + e < ng) mine[2 * (i0 + n + e) + m] = d[0][e] + d[1][e] + d[2][e] + d[3][e];
+            }
+        }
+        // one arrive a warp a stage: after __syncwarp every lane's reads above come before it
+        __syncwarp();
+        if (lane == 0) {
+#pragma unroll
+            for (int g = 0; g < G; g++)
+                if (g < ng) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[st[g]])) : "memory");
+        }
+        for (int g = 0; g < ng; g++) {
+            k.next(c.stages);
+            cur.next();
+        }
+        i0 += ng;
+    }
+    consumers_sync();  // every warp's slots written
+    for (int i = tid; i < 2 * sh.n; i += CONSUMERS) {
+        float sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < CONSUMERS / 32; w++) sum += acc[(size_t)w * 2 * c.acc_rows + i];
+        const int row = sh.piece(i >> 1) % p.N;  // once a slot a phase
+        atomicAdd(&p.out[(size_t)(i & 1) * p.N + row], sum);
+    }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Chain c) {
     extern __shared__ __align__(128) unsigned char smem[];
-    uint16_t* ring = reinterpret_cast<uint16_t*>(smem);
-    uint64_t* full = reinterpret_cast<uint64_t*>(smem + (size_t)c.stages * PIECE_BYTES);
+    unsigned char* ring = smem;
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + (size_t)c.stages * STAGE_BYTES);
     uint64_t* empty = full + c.stages;
     float* acc = reinterpret_cast<float*>(empty + c.stages);
     const int tid = threadIdx.x;
@@ -393,7 +516,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Cha
                              :: "r"(saddr(&full[st])), "n"(PIECE_BYTES) : "memory");
                 asm volatile(
                     "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                    :: "r"(saddr(ring + (size_t)st * PIECE)), "l"(p.w + (size_t)j * PIECE), "n"(PIECE_BYTES),
+                    :: "r"(saddr(ring + (size_t)st * STAGE_BYTES)), "l"(p.w + (size_t)j * PIECE), "n"(PIECE_BYTES),
                        "r"(saddr(&full[st]))
                     : "memory");
             }
@@ -424,7 +547,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Cha
             share(2L * q.N, lo, hi);
             for (long i = lo + tid; i < hi; i += CONSUMERS) q.out[i] = 0.f;
         }
+#if STREAM_MMA
+        consume_mma(c, p, ring, full, empty, acc, k, dead, waited);
+#else
         consume(c, p, ring, full, empty, acc, k, dead, waited);
+#endif
         consumers_sync();  // every thread's atomics and zeroing issued
         if (tid == 0) {
             __threadfence();
@@ -440,7 +567,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Cha
 
 // Host side, called through ctypes. Returns a cudaError_t (0: launched).
 extern "C" int stream_chain_smem_bytes(int stages, int acc_rows) {
-    return stages * PIECE_BYTES + 2 * stages * 8 + (CONSUMERS / 32) * 2 * acc_rows * 4;
+    // the ring, its barriers, each consumer warp's slots, and with STREAM_MMA each warp's A operand
+    return stages * STAGE_BYTES + 2 * stages * 8 + (CONSUMERS / 32) * 2 * acc_rows * 4 +
+           STREAM_MMA * (CONSUMERS / 32) * (PIECE / (CONSUMERS / 32) / 16) * 8 * 8;
 }
 
 // Raises the kernel's dynamic shared-memory limit; once, before any launch (not while a graph is captured).

@@ -53,6 +53,7 @@ SOURCE = Path(__file__).resolve().with_name("stream_chain.cu")
 PIECE = 4096  # bf16 elements a piece (the kernel's PIECE): every K must be a multiple
 MAX_STAGES = 26  # 26 x 8 KB + barriers + the warps' slots (12 KB) fit the 227 KB a Hopper block may take
 NVCC_FLAGS = ("-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-shared", "-Xcompiler", "-fPIC")
+MATH = {"cores": (), "mma": ("-DSTREAM_MMA=1",)}  # --math: the kernel's build variant
 SKIPS = {"none": 0, "math": 1, "grid": 2, "both": 3}  # the kernel's SKIP_MATH | SKIP_GRID
 WAITS = {1: "a grid barrier (are all --blocks resident at once? at most one a multiprocessor)",
          2: "a consumer's wait for a full stage", 3: "the producer's wait for an empty stage"}
@@ -70,6 +71,9 @@ def parse_args(argv=None):
     p.add_argument("--stats", action="store_true",
                    help="print where the kernel's time went in its checked run (cycles a block: grid-barrier waits, "
                         "waits for full stages, the producer's waits for empty stages)")
+    p.add_argument("--math", default="cores", choices=tuple(MATH),
+                   help="the consumers' products: 'cores' (CUDA cores, float32 FMAs) or 'mma' (tensor cores, "
+                        "mma.sync m16n8k16 with the two input rows as A and eight pieces as B)")
     p.add_argument("--order", default="contiguous", choices=("contiguous", "interleaved"),
                    help="how a phase's pieces are dealt to the blocks: contiguous ranges, or every blocks-th piece")
     p.add_argument("--skip", default="none", choices=tuple(SKIPS),
@@ -98,18 +102,20 @@ def parse_args(argv=None):
     return a
 
 
-def build(nvcc: str, build_dir: str) -> Path:
-    """The kernel's shared library, built once per source (a hash in its name) with the register
-    report in ``<name>.ptxas.txt`` beside it; written under a temporary name, then renamed."""
+def build(nvcc: str, build_dir: str, math: str = "cores") -> Path:
+    """The kernel's shared library for ``--math`` ``math``, built once per source and flags (a
+    hash in its name) with the register report in ``<name>.ptxas.txt`` beside it; written under a
+    temporary name, then renamed."""
     src = SOURCE.read_bytes()
-    key = hashlib.sha256(src + " ".join(NVCC_FLAGS).encode()).hexdigest()[:16]
+    flags = (*NVCC_FLAGS, *MATH[math])
+    key = hashlib.sha256(src + " ".join(flags).encode()).hexdigest()[:16]
     d = Path(build_dir)
     so = d / f"stream_chain-{key}.so"
     if so.exists():
         return so
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / f".stream_chain-{key}.{os.getpid()}.so"
-    p = subprocess.run([nvcc, *NVCC_FLAGS, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True)
+    p = subprocess.run([nvcc, *flags, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True)
     if p.returncode:
         tmp.unlink(missing_ok=True)
         raise RuntimeError(f"nvcc failed on {SOURCE.name} (exit {p.returncode}):\n{p.stderr[-3000:]}")
@@ -150,7 +156,7 @@ class StreamChain(ChainWeights):
         self.stats = None
         self.ran = False  # the cuda system ran since the last reset (its counters are then this run's)
         self.acc_rows = acc_rows(self.shape, self.blocks)
-        lib = ctypes.CDLL(str(build(a.nvcc, a.build_dir)))
+        lib = ctypes.CDLL(str(build(a.nvcc, a.build_dir, a.math)))
         lib.stream_chain_smem_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
         lib.stream_chain_prepare.argtypes = [ctypes.c_int, ctypes.c_int]
         lib.stream_chain_launch.argtypes = [ctypes.c_void_p] * 12 + [ctypes.c_int] * 9 + [ctypes.c_void_p]
@@ -221,13 +227,14 @@ def stats_lines(rows) -> str:
 
 
 def settings(a, chain) -> dict:
-    return {"stages": a.stages, "order": a.order, "skip": a.skip, "blocks": chain.blocks, "acc_rows": chain.acc_rows,
-            "smem_bytes_per_block": chain.smem_bytes, "nvcc_flags": list(NVCC_FLAGS)}
+    return {"stages": a.stages, "math": a.math, "order": a.order, "skip": a.skip, "blocks": chain.blocks, "acc_rows": chain.acc_rows,
+            "smem_bytes_per_block": chain.smem_bytes, "nvcc_flags": [*NVCC_FLAGS, *MATH[a.math]]}
 
 
 def main(argv=None) -> int:
     return probe_harness.main(argv, parse_args, StreamChain, settings, lambda a, meta: (
-        f"the chain of {a.layers} layers, M = 2, one CUDA launch of {meta['blocks']} blocks, {a.stages} stages"))
+        f"the chain of {a.layers} layers, M = 2, one CUDA launch of {meta['blocks']} blocks, {a.stages} stages, "
+        f"{a.math}"))
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ def test_every_piece_dealt_once_within_the_slots(blocks, interleave):
     (("--systems", "cuda,bogus"), "--systems"),
     (("--reps", "0"), "--reps"),
     (("--skip", "all"), "--skip"),
+    (("--math", "wgmma"), "--math"),
 ])
 def test_bad_arguments_are_refused(tmp_path, args, needle):
     assert needle in refused(SCRIPT, tmp_path, *args)
@@ -65,19 +66,21 @@ def test_build_dir_that_is_a_file_is_refused(tmp_path):
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc")
-def test_kernel_builds_without_local_memory_and_is_cached(tmp_path):
-    so = build(NVCC, str(tmp_path))
+@pytest.mark.parametrize("math", ["cores", "mma"])
+def test_kernel_builds_without_local_memory_and_is_cached(tmp_path, math):
+    so = build(NVCC, str(tmp_path), math)
     report = so.with_suffix(".ptxas.txt").read_text()
     assert "stream_chain_kernel" in report
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, report
     mtime = so.stat().st_mtime_ns
-    assert build(NVCC, str(tmp_path)) == so and so.stat().st_mtime_ns == mtime  # not rebuilt
+    assert build(NVCC, str(tmp_path), math) == so and so.stat().st_mtime_ns == mtime  # not rebuilt
     assert not list(tmp_path.glob(".stream_chain-*"))  # no temporary left
 
 
 @pytest.mark.gpu
-def test_gpu_run_every_system_matches_torch(tmp_path):
-    run_gpu(tmp_path, "stream_chain", "--build-dir", str(tmp_path / "build"), tol=1e-2)
+@pytest.mark.parametrize("math", ["cores", "mma"])
+def test_gpu_run_every_system_matches_torch(tmp_path, math):
+    run_gpu(tmp_path, "stream_chain", "--math", math, "--build-dir", str(tmp_path / "build"), tol=1e-2)
 
 
 @pytest.mark.gpu
@@ -112,3 +115,19 @@ def test_stats_lines_without_a_run():
     from stream_chain import stats_lines
 
     assert stats_lines([[0, 0, 0, 0, 0]]).count("n/a") == 5
+
+
+@pytest.mark.gpu
+def test_gpu_run_catches_a_wrong_mma_operand(tmp_path):
+    """The tensor-core form's check can fail too: its A operand with the second input row's
+    first k-step of each pair left out (one line changed, in a copy) is far from F.linear's."""
+    pytest.importorskip("torch")
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    rows = run_changed(tmp_path, "stream_chain", "const uint2 a = lane < 8 ? xs[2 * s2 * 8 + lane]",
+                       "const uint2 a = lane < 4 ? xs[2 * s2 * 8 + lane]", "--math", "mma", "--layers", "3",
+                       "--reps", "2", "--systems", "cuda", "--build-dir", str(tmp_path / "build"),
+                       kernel="stream_chain.cu", beside=("persistent_chain.py",), gpu=True)
+    assert rows["cuda"]["rel_err_vs_torch"] > 0.3

@@ -62,8 +62,14 @@ contig|
 contig_s16_b|--stages 16
 inter_s16|--order interleaved --stages 16
 contig_s16_skip_math|--stages 16 --skip math --stats'
+# call 11 (--math mma: the products on tensor cores) with the GPU tests
+CELLS11='mma|--math mma --stats
+cores|
+mma_b|--math mma
+mma_inter|--math mma --order interleaved
+mma_s24|--math mma --stages 24'
 case "${CELLS:-1}" in 2) LIST=$CELLS2 ;; 4) LIST=$CELLS4 ;; 5) LIST=$CELLS5 ;; 6) LIST=$CELLS6 ;; 7) LIST=$CELLS7 ;;
-  8) LIST=$CELLS8 ;; 9) LIST=$CELLS9 ;;
+  8) LIST=$CELLS8 ;; 9) LIST=$CELLS9 ;; 11) LIST=$CELLS11 ;;
   *) LIST=$CELLS1 ;; esac
 i=0
 while IFS='|' read -r name args; do
