@@ -6,8 +6,8 @@
 // of every weight of the chain in order, 8 KB piece (PIECE bf16) after piece, into a ring of
 // shared-memory stages with the bulk copy engine (cp.async.bulk completing on the stage's "full"
 // mbarrier). It waits only for a free stage ("empty" mbarrier, one arrive a consumer warp), never
-// for an activation, so while
-// the consumers wait at a grid barrier the ring keeps filling with the next phase's weight.
+// for an activation, so while the consumers wait at a grid barrier the ring keeps filling with the
+// next phase's weight.
 // Warps 0-7 are the consumers (256 threads): at each phase they wait for every block to have
 // finished the phase before (a grid barrier: one counter, a monotone target), then consume their
 // pieces: a piece is 4096 consecutive elements of a weight row (K is a multiple of 4096: S = K /
@@ -21,6 +21,9 @@
 // added into the float32 output rows with atomics (a row's segments may be in other blocks). During
 // phase s each block zeroes its share of phase s + 1's output (nobody touches it before barrier
 // s); phase 0's output and the barrier counter are zeroed by the caller.
+//
+// Built with -DSTREAM_MMA=1 (`--math mma`) the consumers' products run on tensor cores instead
+// (consume_mma: the input rows as the A operand, eight pieces as B); the rest is the same.
 //
 // Every wait gives up after ~2 s (globaltimer) and sets *err (1: a grid barrier, 2: a full stage,
 // 3: an empty stage) instead of hanging; the caller must check it. With `stats` (may be null) each
@@ -152,20 +155,19 @@ __device__ __forceinline__ uint64_t now_ns() {
     return t;
 }
 
-// test_wait never blocks (the first look); try_wait may block the thread for a while inside it
-__device__ __forceinline__ bool mbar_test(uint64_t* bar, uint32_t parity) {
+// Whether the phase of `bar` with `parity` is complete: test_wait (MAY_BLOCK false) never blocks,
+// for the first look; try_wait may hold the thread for a while inside it before answering.
+template <bool MAY_BLOCK>
+__device__ __forceinline__ bool mbar_look(uint64_t* bar, uint32_t parity) {
     uint32_t ok;
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(ok) : "r"(saddr(bar)), "r"(parity) : "memory");
-    return ok;
-}
-
-__device__ __forceinline__ bool mbar_try(uint64_t* bar, uint32_t parity) {
-    uint32_t ok;
-    asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
-        : "=r"(ok) : "r"(saddr(bar)), "r"(parity) : "memory");
+    if constexpr (MAY_BLOCK)
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+            : "=r"(ok) : "r"(saddr(bar)), "r"(parity) : "memory");
+    else
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}"
+            : "=r"(ok) : "r"(saddr(bar)), "r"(parity) : "memory");
     return ok;
 }
 
@@ -174,10 +176,10 @@ __device__ __forceinline__ bool mbar_try(uint64_t* bar, uint32_t parity) {
 // `waited` gains the cycles spent when the phase was not complete at the first look.
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, int* err, int code, bool& dead,
                                           long long& waited) {
-    if (dead || mbar_test(bar, parity)) return;
+    if (dead || mbar_look<false>(bar, parity)) return;
     const long long c0 = clock64();
     const uint64_t t0 = now_ns();
-    while (!mbar_try(bar, parity)) {
+    while (!mbar_look<true>(bar, parity)) {
         if (now_ns() - t0 > TIMEOUT_NS) {
             atomicExch(err, code);
             dead = true;
@@ -285,7 +287,7 @@ __device__ __forceinline__ void wait_batch(const Chain& c, uint64_t* full, const
 #pragma unroll
     for (int g = 0; g < G; g++) {
         st[g] = r.stage;
-        if (g < ng) ready &= mbar_test(&full[r.stage], r.parity);
+        if (g < ng) ready &= mbar_look<false>(&full[r.stage], r.parity);
         r.next(c.stages);
     }
     if (!ready) {
@@ -294,6 +296,31 @@ __device__ __forceinline__ void wait_batch(const Chain& c, uint64_t* full, const
             mbar_wait(&full[r.stage], r.parity, c.err, 2, dead, waited);
             r.next(c.stages);
         }
+    }
+}
+
+// Releases the batch's `ng` stages, one arrive a warp (the empty barriers count CONSUMERS / 32):
+// after __syncwarp every lane's reads of them come before it, and its release orders them before
+// the producer's next copy.
+__device__ __forceinline__ void release_batch(uint64_t* empty, const int (&st)[G], int ng) {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+        for (int g = 0; g < G; g++)
+            if (g < ng) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[st[g]])) : "memory");
+    }
+}
+
+// The phase's end for this block: the 8 warps' slots summed and added into the output rows with
+// atomics (a row's segments may sit in other blocks).
+__device__ __forceinline__ void flush(const Chain& c, const Phase& p, const Share& sh, const float* acc) {
+    consumers_sync();  // every warp's slots written
+    for (int i = threadIdx.x; i < 2 * sh.n; i += CONSUMERS) {
+        float sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < CONSUMERS / 32; w++) sum += acc[(size_t)w * 2 * c.acc_rows + i];
+        const int row = sh.piece(i >> 1) % p.N;  // once a slot a phase
+        atomicAdd(&p.out[(size_t)(i & 1) * p.N + row], sum);
     }
 }
 
@@ -320,15 +347,7 @@ __device__ void consume(const Chain& c, const Phase& p, const unsigned char* rin
                 w[g][1] = piece[CONSUMERS + tid];
             }
         }
-        // one arrive a warp (the empty barriers count CONSUMERS / 32): after __syncwarp every lane's
-        // reads above come before it, and its release orders them before the producer's next copy
-        __syncwarp();
-        if (lane == 0) {
-#pragma unroll
-            for (int g = 0; g < G; g++)
-                if (g < ng)
-                    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[st[g]])) : "memory");
-        }
+        release_batch(empty, st, ng);
         if (!math) continue;
         static_assert(G == 8, "the halving exchanges below sum exactly 16 values");
         float v[2 * G];  // [2 g + row]: 16 independent chains
@@ -356,14 +375,7 @@ __device__ void consume(const Chain& c, const Phase& p, const unsigned char* rin
         if (!(lane & 1) && i0 + (idx >> 1) < sh.n)  // the warp's own row of slots: plain stores
             acc[(size_t)(tid >> 5) * 2 * c.acc_rows + 2 * (i0 + (idx >> 1)) + (idx & 1)] = v[0];
     }
-    consumers_sync();  // every warp's slots written
-    for (int i = tid; i < 2 * sh.n; i += CONSUMERS) {
-        float sum = 0.f;
-#pragma unroll
-        for (int w = 0; w < CONSUMERS / 32; w++) sum += acc[(size_t)w * 2 * c.acc_rows + i];
-        const int row = sh.piece(i >> 1) % p.N;  // once a slot a phase
-        atomicAdd(&p.out[(size_t)(i & 1) * p.N + row], sum);
-    }
+    flush(c, p, sh, acc);
 }
 
 #if STREAM_MMA
@@ -454,27 +466,14 @@ __device__ void consume_mma(const Chain& c, const Phase& p, const unsigned char*
                     if (n + e < ng) mine[2 * (i0 + n + e) + m] = d[0][e] + d[1][e] + d[2][e] + d[3][e];
             }
         }
-        // one arrive a warp a stage: after __syncwarp every lane's reads above come before it
-        __syncwarp();
-        if (lane == 0) {
-#pragma unroll
-            for (int g = 0; g < G; g++)
-                if (g < ng) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[st[g]])) : "memory");
-        }
+        release_batch(empty, st, ng);
         for (int g = 0; g < ng; g++) {
             k.next(c.stages);
             cur.next();
         }
         i0 += ng;
     }
-    consumers_sync();  // every warp's slots written
-    for (int i = tid; i < 2 * sh.n; i += CONSUMERS) {
-        float sum = 0.f;
-#pragma unroll
-        for (int w = 0; w < CONSUMERS / 32; w++) sum += acc[(size_t)w * 2 * c.acc_rows + i];
-        const int row = sh.piece(i >> 1) % p.N;  // once a slot a phase
-        atomicAdd(&p.out[(size_t)(i & 1) * p.N + row], sum);
-    }
+    flush(c, p, sh, acc);
 }
 #endif
 

@@ -66,21 +66,21 @@ def test_build_dir_that_is_a_file_is_refused(tmp_path):
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc")
-@pytest.mark.parametrize("math", ["cores", "mma"])
-def test_kernel_builds_without_local_memory_and_is_cached(tmp_path, math):
-    so = build(NVCC, str(tmp_path), math)
+@pytest.mark.parametrize("form", ["cores", "mma"])
+def test_kernel_builds_without_local_memory_and_is_cached(tmp_path, form):
+    so = build(NVCC, str(tmp_path), form)
     report = so.with_suffix(".ptxas.txt").read_text()
     assert "stream_chain_kernel" in report
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, report
     mtime = so.stat().st_mtime_ns
-    assert build(NVCC, str(tmp_path), math) == so and so.stat().st_mtime_ns == mtime  # not rebuilt
+    assert build(NVCC, str(tmp_path), form) == so and so.stat().st_mtime_ns == mtime  # not rebuilt
     assert not list(tmp_path.glob(".stream_chain-*"))  # no temporary left
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("math", ["cores", "mma"])
-def test_gpu_run_every_system_matches_torch(tmp_path, math):
-    run_gpu(tmp_path, "stream_chain", "--math", math, "--build-dir", str(tmp_path / "build"), tol=1e-2)
+@pytest.mark.parametrize("form", ["cores", "mma"])
+def test_gpu_run_every_system_matches_torch(tmp_path, form):
+    run_gpu(tmp_path, "stream_chain", "--math", form, "--build-dir", str(tmp_path / "build"), tol=1e-2)
 
 
 @pytest.mark.gpu
