@@ -63,8 +63,7 @@ EPS = 1e-6  # the RMSNorm's
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    probe_harness.add_common(p, SYSTEMS)
-    p.add_argument("--layers", type=int, default=None, help="layers in the chain (default 36 on CUDA, 3 on the CPU)")
+    probe_harness.add_common(p, SYSTEMS, cpu_layers=3)
     p.add_argument("--block-i", type=int, default=None,
                    help="intermediate units a program (a power of two >= 16; default 32): "
                         "the launch has intermediate / block-i programs")
@@ -89,12 +88,9 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     probe_harness.check_common(p, a, SYSTEMS)
     cpu = a.device == "cpu"
-    a.layers = a.layers if a.layers is not None else (3 if cpu else 36)
     a.block_i = a.block_i if a.block_i is not None else 32
     a.block_k = a.block_k if a.block_k is not None else (32 if cpu else 128)
     a.block_n = a.block_n if a.block_n is not None else (32 if cpu else 256)
-    if a.layers < 1:
-        p.error(f"--layers must be >= 1, got {a.layers}")
     for name in ("block_i", "block_k", "block_n"):
         v = getattr(a, name)
         if v < 16 or v & (v - 1):

@@ -58,8 +58,7 @@ POLLS = 2 ** 20  # the spin wait's limit (a grid barrier takes ~1e2-1e3 polls; ~
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    probe_harness.add_common(p, SYSTEMS)
-    p.add_argument("--layers", type=int, default=None, help="layers in the chain (default 36 on CUDA, 2 on the CPU)")
+    probe_harness.add_common(p, SYSTEMS, cpu_layers=2)
     p.add_argument("--programs", type=int, default=None,
                    help="P, the kernel's programs (default 128 on CUDA, 1 on the CPU); every GEMV's rows must split "
                         "into P blocks of whole --block-n tiles")
@@ -79,11 +78,8 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     probe_harness.check_common(p, a, SYSTEMS)
     cpu = a.device == "cpu"
-    a.layers = a.layers if a.layers is not None else (2 if cpu else 36)
     a.programs = a.programs if a.programs is not None else (1 if cpu else 128)
     a.block_k = a.block_k if a.block_k is not None else (32 if cpu else 512)
-    if a.layers < 1:
-        p.error(f"--layers must be >= 1, got {a.layers}")
     if a.programs < 1 or (cpu and a.programs != 1):
         p.error(f"--programs must be >= 1 (exactly 1 on the CPU, whose interpreter runs programs one after "
                 f"another), got {a.programs}")

@@ -11,17 +11,21 @@ import sys
 import time
 
 
-def add_common(p, systems) -> None:
-    """``--out``, ``--device``, ``--systems`` (of ``systems``, default all) and ``--reps``."""
+def add_common(p, systems, cpu_layers=None) -> None:
+    """``--out``, ``--device``, ``--systems`` (of ``systems``, default all), ``--reps`` and
+    ``--layers`` (default 36 on CUDA, ``cpu_layers`` on the CPU; resolved by :func:`check_common`)."""
     p.add_argument("--out", required=True, help="the JSON to write (a .json path)")
     p.add_argument("--device", default="cuda", help="cuda[:i], or cpu (Triton interpreter, tiny shapes)")
     p.add_argument("--systems", default=",".join(systems), help=f"comma-separated, of {', '.join(systems)}")
     p.add_argument("--reps", type=int, default=20, help="timed graph replays (median)")
+    on_cpu = f", {cpu_layers} on the CPU" if cpu_layers else ""
+    p.add_argument("--layers", type=int, default=None, help=f"layers in the chain (default 36 on CUDA{on_cpu})")
+    p.set_defaults(_cpu_layers=cpu_layers)
 
 
 def check_common(p, a, systems) -> None:
-    """``p.error`` (exit 2) on a bad ``--out``, ``--device``, ``--reps`` or ``--systems``, which
-    becomes a list."""
+    """``p.error`` (exit 2) on a bad ``--out``, ``--device``, ``--reps``, ``--systems`` (which
+    becomes a list) or ``--layers`` (its default resolved for the device)."""
     if os.path.isdir(a.out) or not a.out.endswith(".json"):
         p.error(f"--out must be a .json file path (not a directory), got {a.out!r}")
     if not (a.device == "cpu" or a.device == "cuda" or a.device.startswith("cuda:")):
@@ -32,6 +36,10 @@ def check_common(p, a, systems) -> None:
     bad = [s for s in a.systems if s not in systems]
     if bad or not a.systems:
         p.error(f"--systems must name some of {', '.join(systems)}, got {bad or 'none'}")
+    if a.layers is None:
+        a.layers = a._cpu_layers if a.device == "cpu" and a._cpu_layers else 36
+    if a.layers < 1:
+        p.error(f"--layers must be >= 1, got {a.layers}")
 
 
 def interpret_on_cpu(a) -> None:

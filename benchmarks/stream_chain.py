@@ -68,7 +68,6 @@ WAITS = {1: "a grid barrier (are all --blocks resident at once? at most one a mu
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     probe_harness.add_common(p, SYSTEMS)
-    p.add_argument("--layers", type=int, default=36, help="layers in the chain")
     p.add_argument("--stages", type=int, default=16,
                    help=f"8 KB shared-memory stages of the ring (1-{MAX_STAGES}; 16 measured fastest, calls 8-9)")
     p.add_argument("--blocks", type=int, default=None,
@@ -92,8 +91,6 @@ def parse_args(argv=None):
     probe_harness.check_common(p, a, SYSTEMS)
     if a.device == "cpu":
         p.error("--device cpu: this probe's kernel is CUDA C++, which no interpreter runs; use --device cuda")
-    if a.layers < 1:
-        p.error(f"--layers must be >= 1, got {a.layers}")
     if not 1 <= a.stages <= MAX_STAGES:
         p.error(f"--stages must be in 1..{MAX_STAGES}, got {a.stages}")
     if a.blocks is not None and a.blocks < 1:
