@@ -33,8 +33,10 @@ def run_changed(tmp_path, name, old, new, *args, kernel=None, beside=(), gpu=Fal
     """Runs a copy of ``benchmarks/<name>.py`` beside a copy of its kernel source ``kernel``
     (default ``<name>_kernel.py``) in which ``old`` (exactly one occurrence) is replaced by
     ``new``, beside the shared harness and the scripts ``beside``; on the CPU (``--device cpu``),
-    or with ``gpu`` compiled on the default device. Returns the JSON's rows; fails the test if
-    the run fails."""
+    or with ``gpu`` compiled on the default device (skipped without one). Returns the JSON's rows;
+    fails the test if the run fails."""
+    if gpu:
+        skip_without_cuda()
     kernel = kernel or f"{name}_kernel.py"
     src = (BENCH / kernel).read_text()
     assert src.count(old) == 1, f"{old!r} is not in {kernel} exactly once"
@@ -49,14 +51,19 @@ def run_changed(tmp_path, name, old, new, *args, kernel=None, beside=(), gpu=Fal
     return rows(out)
 
 
-def run_gpu(tmp_path, name, *args, tol):
-    """The probe compiled on a CUDA device (3 layers, 2 replays): every system's output within
-    ``tol`` of torch's. Skips without a CUDA device."""
+def skip_without_cuda() -> None:
+    """Skips the calling test where torch sees no CUDA device."""
     import pytest
 
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
+
+
+def run_gpu(tmp_path, name, *args, tol):
+    """The probe compiled on a CUDA device (3 layers, 2 replays): every system's output within
+    ``tol`` of torch's. Skips without a CUDA device."""
+    skip_without_cuda()
     out = tmp_path / "gpu.json"
     p = run(BENCH / f"{name}.py", "--layers", "3", "--reps", "2", *args, "--out", out, gpu=True)
     assert p.returncode == 0, p.stderr[-3000:]

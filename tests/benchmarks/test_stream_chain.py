@@ -87,11 +87,6 @@ def test_gpu_run_every_system_matches_torch(tmp_path, form):
 def test_gpu_run_catches_a_wrong_reduction(tmp_path):
     """The check can fail: the warp's sums without their last exchange (the odd lanes' halves left
     out; the kernel's source changed in one line, in a copy) are far from F.linear's chain."""
-    pytest.importorskip("torch")
-    import torch
-
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
     rows = run_changed(tmp_path, "stream_chain", "v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);",
                        "v[0] += 0.f;", "--layers", "3", "--reps", "2", "--systems",
                        "cuda", "--build-dir", str(tmp_path / "build"), kernel="stream_chain.cu",
@@ -121,11 +116,6 @@ def test_stats_lines_without_a_run():
 def test_gpu_run_catches_a_wrong_mma_operand(tmp_path):
     """The tensor-core form's check can fail too: its A operand with the second input row's
     first k-step of each pair left out (one line changed, in a copy) is far from F.linear's."""
-    pytest.importorskip("torch")
-    import torch
-
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA device")
     rows = run_changed(tmp_path, "stream_chain", "const uint2 a = lane < 8 ? xs[2 * s2 * 8 + lane]",
                        "const uint2 a = lane < 4 ? xs[2 * s2 * 8 + lane]", "--math", "mma", "--layers", "3",
                        "--reps", "2", "--systems", "cuda", "--build-dir", str(tmp_path / "build"),
