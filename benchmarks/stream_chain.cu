@@ -37,9 +37,20 @@
 #ifndef STREAM_MMA
 #define STREAM_MMA 0               // 1: the consumers' products on tensor cores (mma.sync), see consume_mma
 #endif
+#ifndef STREAM_TILE
+#define STREAM_TILE 0              // 1: a stage is a 16 x 256 tile, each warp its own stages, see consume_tiles
+#endif
+#define TILE_R 16                  // STREAM_TILE: a tile's rows (the A operand's M)
+#define TILE_C 256                 // and columns: 16 rows x 256 columns, 8 KB like a piece
+#define ROW_BYTES (TILE_C * 2 + 16)  // a tile row in its stage, skewed 16 B: ldmatrix's 8 rows in 8 bank groups
 // A stage's bytes: with STREAM_MMA a 16-byte skew a stage, so that the eight rows ldmatrix reads
-// at one column (eight consecutive stages) fall in different banks.
+// at one column (eight consecutive stages) fall in different banks; with STREAM_TILE a tile's
+// 16 skewed rows.
+#if STREAM_TILE
+#define STAGE_BYTES (TILE_R * ROW_BYTES)
+#else
 #define STAGE_BYTES (PIECE_BYTES + 16 * STREAM_MMA)
+#endif
 #define CONSUMERS 256              // threads of warps 0-7
 #define THREADS (CONSUMERS + 32)   // + the producer warp
 #define G 8                        // pieces taken together (waited for, read, released, reduced)
@@ -378,16 +389,24 @@ __device__ void consume(const Chain& c, const Phase& p, const unsigned char* rin
     flush(c, p, sh, acc);
 }
 
-#if STREAM_MMA
-#define WARP_K (PIECE / (CONSUMERS / 32))  // a warp's columns of each piece (512)
-#define KSTEPS (WARP_K / 16)              // its k-steps of m16n8k16
-
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {  // both rounded to nearest even
     uint32_t a = __float_as_uint(lo), b = __float_as_uint(hi);
     a += 0x7fffu + ((a >> 16) & 1u);
     b += 0x7fffu + ((b >> 16) & 1u);
     return (a >> 16) | (b & 0xffff0000u);
 }
+
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+#if STREAM_MMA
+#define WARP_K (PIECE / (CONSUMERS / 32))  // a warp's columns of each piece (512)
+#define KSTEPS (WARP_K / 16)              // its k-steps of m16n8k16
 
 // The input rows as the A operand of m16n8k16 (row-major 16 x 16 a k-step; rows 0 and 1 are the
 // two input rows, held by lanes 0-7, every other row zero), kept in the warp's `xs` (KSTEPS x 8
@@ -406,13 +425,6 @@ __device__ __forceinline__ void load_xa(const Phase& p, int seg, uint2* xs) {
         }
     }
     __syncwarp();
-}
-
-__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1));
 }
 
 // The consumers' products on tensor cores. A batch is up to G = 8 pieces of one segment, the 8
@@ -455,8 +467,8 @@ __device__ void consume_mma(const Chain& c, const Phase& p, const unsigned char*
                              : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(addr + 64 * s2) : "memory");
                 const uint2 a = lane < 8 ? xs[2 * s2 * 8 + lane] : make_uint2(0u, 0u);
                 const uint2 e = lane < 8 ? xs[(2 * s2 + 1) * 8 + lane] : make_uint2(0u, 0u);
-                mma16816(d[(2 * s2) & 3], a.x, a.y, b0, b1);
-                mma16816(d[(2 * s2 + 1) & 3], e.x, e.y, b2, b3);
+                mma16816(d[(2 * s2) & 3], a.x, 0u, a.y, 0u, b0, b1);
+                mma16816(d[(2 * s2 + 1) & 3], e.x, 0u, e.y, 0u, b2, b3);
             }
             const int m = lane >> 2, n = 2 * (lane & 3);
             if (m < 2) {
@@ -477,12 +489,133 @@ __device__ void consume_mma(const Chain& c, const Phase& p, const unsigned char*
 }
 #endif
 
+#if STREAM_TILE
+#define WARPS (CONSUMERS / 32)
+
+// The phase's two input rows as the B operand of m16n8k16 (col-major 16 x 8 a k-step: B[k][n] =
+// input row n's column k, n = 0, 1; columns 2-7 zero), in `xs`: k-step J's 16 words are lane
+// (g = n, t) < 8's two registers, b0 = columns 2t, 2t + 1 and b1 = 8 + 2t, 8 + 2t + 1 of row g,
+// at uint2 J * 8 + 2t + g (so lanes 0-7 read 64 consecutive bytes). Rounded to bf16, as the
+// chain stores its activations.
+__device__ __forceinline__ void load_xb(const Phase& p, uint32_t* xs) {
+    const int half_k = p.K / 2;
+    for (int q = threadIdx.x; q < 2 * half_k; q += CONSUMERS) {
+        const int n = q >= half_k, pr = q - n * half_k;  // input row, column pair
+        const float2 v = __ldcg(reinterpret_cast<const float2*>(p.in + (size_t)n * p.in_stride + 2 * pr));
+        const int j = pr >> 3, t = pr & 3, hi = (pr >> 2) & 1;
+        xs[j * 16 + t * 4 + n * 2 + hi] = pack_bf16(v.x, v.y);
+    }
+}
+
+// One phase's consumer work with STREAM_TILE: a block's share of the phase is a contiguous range
+// of 16 x 256 tiles (row group rg, column tile kt, kt fastest; KT = K / 256 of them a row group),
+// and warp w takes every WARPS-th of them (since WARPS divides KT, always the same column tiles of
+// each row group): it waits for its tile's stage, reads it with ldmatrix (16 k-steps of the A
+// operand), releases it (one arrive, the empty barriers count 1), and multiplies it with the
+// input's B operand (16 mma.sync, two accumulators). A warp sums its tiles of a row group in
+// registers and stores the 16 rows' two sums into its own slots for the row group; at the phase's
+// end the warps' slots are summed and added into the output rows with atomics (a row group's other
+// column tiles may be in other blocks). `pos` is the ring's position (tiles so far), the same in
+// every consumer thread.
+__device__ void consume_tiles(const Chain& c, const Phase& p, const unsigned char* ring, uint64_t* full,
+                              uint64_t* empty, float* slots, uint32_t* xs, long long& pos, bool& dead,
+                              long long& waited) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int KT = p.K / TILE_C;
+    const Share sh(p.N / TILE_R * KT, false);
+    const int rg_first = sh.lo / KT;
+    const int nslots = sh.n ? (sh.lo + sh.n - 1) / KT - rg_first + 1 : 0;
+    const bool math = !(c.skip & SKIP_MATH);
+    float* mine = slots + (size_t)warp * c.acc_rows * 2 * TILE_R;
+    if (math) {
+        load_xb(p, xs);
+        for (int i = tid; i < WARPS * c.acc_rows * 2 * TILE_R; i += CONSUMERS) slots[i] = 0.f;
+        consumers_sync();
+    }
+    const int t0 = sh.lo + warp;
+    int rg = t0 / KT, kt = t0 - (t0 / KT) * KT;
+    const long long q0 = pos + warp;
+    int stage = (int)(q0 % c.stages);
+    uint32_t parity = (uint32_t)((q0 / c.stages) & 1);
+    // ldmatrix.x4: lanes 0-7 give rows 0-7 of columns 0-7 (a0), 8-15 rows 8-15 (a1), 16-23 rows 0-7 of
+    // columns 8-15 (a2), 24-31 rows 8-15 of columns 8-15 (a3)
+    const uint32_t lane_off = (uint32_t)(((lane & 7) + ((lane >> 3) & 1) * 8) * ROW_BYTES + (lane >> 4) * 16);
+    const uint2* xb = reinterpret_cast<const uint2*>(xs) + 2 * (lane & 3) + (lane >> 2);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    int acc_rg = rg;
+    bool any = false;
+    for (int i = warp; i < sh.n; i += WARPS) {
+        mbar_wait(&full[stage], parity, c.err, 2, dead, waited);
+        if (math) {
+            if (rg != acc_rg) {  // the warp's sums of row group acc_rg are complete
+                if ((lane & 3) == 0) {
+                    float* s = mine + (acc_rg - rg_first) * 2 * TILE_R;
+                    const int g = lane >> 2;
+                    s[2 * g] = acc[0]; s[2 * g + 1] = acc[1]; s[2 * (g + 8)] = acc[2]; s[2 * (g + 8) + 1] = acc[3];
+                }
+                acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+                acc_rg = rg;
+            }
+            const uint32_t base = saddr(ring + (size_t)stage * STAGE_BYTES) + lane_off;
+            uint32_t a[TILE_C / 16][4];
+#pragma unroll
+            for (int j = 0; j < TILE_C / 16; j++)
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(a[j][0]), "=r"(a[j][1]), "=r"(a[j][2]), "=r"(a[j][3]) : "r"(base + 32 * j) : "memory");
+            __syncwarp();
+            if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[stage])) : "memory");
+            float d[2][4] = {};
+            const uint2* x = xb + (size_t)kt * (TILE_C / 16) * 8;
+#pragma unroll
+            for (int j = 0; j < TILE_C / 16; j++) {
+                const uint2 b = lane < 8 ? x[j * 8] : make_uint2(0u, 0u);
+                mma16816(d[j & 1], a[j][0], a[j][1], a[j][2], a[j][3], b.x, b.y);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[e] += d[0][e] + d[1][e];
+            any = true;
+        } else {
+            __syncwarp();
+            if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[stage])) : "memory");
+        }
+        stage += WARPS;
+        if (stage >= c.stages) {
+            stage -= c.stages;
+            parity ^= 1;
+        }
+        kt += WARPS;
+        if (kt >= KT) {
+            kt -= KT;
+            rg++;
+        }
+    }
+    pos += sh.n;
+    if (!math) return;
+    if (any && (lane & 3) == 0) {
+        float* s = mine + (acc_rg - rg_first) * 2 * TILE_R;
+        const int g = lane >> 2;
+        s[2 * g] = acc[0]; s[2 * g + 1] = acc[1]; s[2 * (g + 8)] = acc[2]; s[2 * (g + 8) + 1] = acc[3];
+    }
+    consumers_sync();  // every warp's slots written
+    for (int i = tid; i < nslots * 2 * TILE_R; i += CONSUMERS) {
+        float sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++) sum += slots[(size_t)w * c.acc_rows * 2 * TILE_R + i];
+        const int row = (rg_first + i / (2 * TILE_R)) * TILE_R + (i % (2 * TILE_R)) / 2;
+        atomicAdd(&p.out[(size_t)(i & 1) * p.N + row], sum);
+    }
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Chain c) {
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char* ring = smem;
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + (size_t)c.stages * STAGE_BYTES);
     uint64_t* empty = full + c.stages;
     float* acc = reinterpret_cast<float*>(empty + c.stages);
+#if STREAM_TILE
+    uint32_t* xs = reinterpret_cast<uint32_t*>(acc + (size_t)(CONSUMERS / 32) * c.acc_rows * 2 * TILE_R);
+#endif
     const int tid = threadIdx.x;
     const int phases = 4 * c.L;
     bool dead = false;
@@ -490,7 +623,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Cha
     if (tid == 0) {
         for (int i = 0; i < c.stages; i++) {
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(saddr(&full[i])));
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(saddr(&empty[i])), "n"(CONSUMERS / 32));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(saddr(&empty[i])), "n"(STREAM_TILE ? 1 : CONSUMERS / 32));
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -503,6 +636,31 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Cha
         Ring k;
         for (int s = 0; s < phases; s++) {
             const Phase p = phase_of(c, s);
+#if STREAM_TILE
+            // tiles in row-group-major order: 16 row copies of 512 B a stage, each into its skewed row
+            const int KT = p.K / TILE_C;
+            const Share sh(p.N / TILE_R * KT, false);
+            int rg = sh.lo / KT, kt = sh.lo - (sh.lo / KT) * KT;
+            for (int i = 0; i < sh.n; i++) {
+                const int st = k.stage;
+                mbar_wait(&empty[st], k.parity ^ 1, c.err, 3, dead, waited);
+                k.next(c.stages);
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                             :: "r"(saddr(&full[st])), "n"(TILE_R * TILE_C * 2) : "memory");
+                const uint16_t* src = p.w + (size_t)rg * TILE_R * p.K + kt * TILE_C;
+                const uint32_t dst = saddr(ring + (size_t)st * STAGE_BYTES);
+#pragma unroll
+                for (int r = 0; r < TILE_R; r++)
+                    asm volatile(
+                        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                        :: "r"(dst + r * ROW_BYTES), "l"(src + (size_t)r * p.K), "n"(TILE_C * 2), "r"(saddr(&full[st]))
+                        : "memory");
+                if (++kt == KT) {
+                    kt = 0;
+                    rg++;
+                }
+            }
+#else
             const Share sh(p.N * (p.K / PIECE), c.interleave);
             Cursor cur(sh, p.N);
             for (int i = 0; i < sh.n; i++, cur.next()) {
@@ -519,6 +677,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Cha
                        "r"(saddr(&full[st]))
                     : "memory");
             }
+#endif
         }
         if (c.stats) {
             c.stats[blockIdx.x * STATS + ST_PROD_TOTAL] = clock64() - c0;
@@ -529,7 +688,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Cha
 
     const long long c0 = clock64();
     long long in_grid = 0, waited = 0;
+#if STREAM_TILE
+    long long pos = 0;  // the ring's position (tiles so far)
+#else
     Ring k;
+#endif
     for (int s = 0; s < phases; s++) {
         if (s > 0 && !(c.skip & SKIP_GRID)) {
             if (tid == 0) {
@@ -546,7 +709,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Cha
             share(2L * q.N, lo, hi);
             for (long i = lo + tid; i < hi; i += CONSUMERS) q.out[i] = 0.f;
         }
-#if STREAM_MMA
+#if STREAM_TILE
+        consume_tiles(c, p, ring, full, empty, acc, xs, pos, dead, waited);
+#elif STREAM_MMA
         consume_mma(c, p, ring, full, empty, acc, k, dead, waited);
 #else
         consume(c, p, ring, full, empty, acc, k, dead, waited);
@@ -565,22 +730,23 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Cha
 }
 
 // Host side, called through ctypes. Returns a cudaError_t (0: launched).
-extern "C" int stream_chain_smem_bytes(int stages, int acc_rows) {
-    // the ring, its barriers, each consumer warp's slots, and with STREAM_MMA each warp's A operand
-    return stages * STAGE_BYTES + 2 * stages * 8 + (CONSUMERS / 32) * 2 * acc_rows * 4 +
-           STREAM_MMA * (CONSUMERS / 32) * (PIECE / (CONSUMERS / 32) / 16) * 8 * 8;
+extern "C" int stream_chain_smem_bytes(int stages, int acc_rows, int k_max) {
+    // the ring, its barriers, each consumer warp's slots (with STREAM_TILE a slot is a row group's
+    // 16 rows), with STREAM_MMA each warp's A operand, with STREAM_TILE the input's B operand
+    return stages * STAGE_BYTES + 2 * stages * 8 + (CONSUMERS / 32) * 2 * acc_rows * 4 * (STREAM_TILE ? TILE_R : 1) +
+           STREAM_MMA * (CONSUMERS / 32) * (PIECE / (CONSUMERS / 32) / 16) * 8 * 8 + STREAM_TILE * 2 * k_max * 2;
 }
 
 // Raises the kernel's dynamic shared-memory limit; once, before any launch (not while a graph is captured).
-extern "C" int stream_chain_prepare(int stages, int acc_rows) {
+extern "C" int stream_chain_prepare(int stages, int acc_rows, int k_max) {
     return (int)cudaFuncSetAttribute(stream_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     stream_chain_smem_bytes(stages, acc_rows));
+                                     stream_chain_smem_bytes(stages, acc_rows, k_max));
 }
 
 extern "C" int stream_chain_launch(const void* w_qkv, const void* w_o, const void* w_gu, const void* w_d,
                                    const float* x0, float* out_qkv, float* out_o, float* out_gu, float* out_d,
                                    unsigned* bar, int* err, long long* stats, int skip, int interleave, int H, int NQKV, int INTER, int L, int stages,
-                                   int acc_rows, int blocks, void* stream) {
+                                   int acc_rows, int k_max, int blocks, void* stream) {
     Chain c;
     c.w[0] = (const uint16_t*)w_qkv; c.w[1] = (const uint16_t*)w_o;
     c.w[2] = (const uint16_t*)w_gu; c.w[3] = (const uint16_t*)w_d;
@@ -589,7 +755,7 @@ extern "C" int stream_chain_launch(const void* w_qkv, const void* w_o, const voi
     c.bar = bar; c.err = err; c.stats = stats; c.skip = skip; c.interleave = interleave;
     c.H = H; c.NQKV = NQKV; c.INTER = INTER; c.L = L;
     c.stages = stages; c.acc_rows = acc_rows;
-    stream_chain_kernel<<<blocks, THREADS, stream_chain_smem_bytes(stages, acc_rows), (cudaStream_t)stream>>>(c);
+    stream_chain_kernel<<<blocks, THREADS, stream_chain_smem_bytes(stages, acc_rows, k_max), (cudaStream_t)stream>>>(c);
     return (int)cudaGetLastError();
 }
 

@@ -59,7 +59,8 @@ SOURCE = Path(__file__).resolve().with_name("stream_chain.cu")
 PIECE = 4096  # bf16 elements a piece (the kernel's PIECE): every K must be a multiple
 MAX_STAGES = 26  # 26 x 8 KB + barriers + the warps' slots (12 KB) fit the 227 KB a Hopper block may take
 NVCC_FLAGS = ("-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-shared", "-Xcompiler", "-fPIC")
-MATH = {"cores": (), "mma": ("-DSTREAM_MMA=1",)}  # --math: the kernel's build variant
+MATH = {"cores": (), "mma": ("-DSTREAM_MMA=1",), "tiles": ("-DSTREAM_TILE=1",)}  # --math: the kernel's build variant
+TILE = (16, 256)  # --math tiles: a stage's rows and columns (the kernel's TILE_R, TILE_C)
 SKIPS = {"none": 0, "math": 1, "grid": 2, "both": 3}  # the kernel's SKIP_MATH | SKIP_GRID
 WAITS = {1: "a grid barrier (are all --blocks resident at once? at most one a multiprocessor)",
          2: "a consumer's wait for a full stage", 3: "the producer's wait for an empty stage"}
@@ -77,8 +78,9 @@ def parse_args(argv=None):
                    help="print where the kernel's time went in its checked run (cycles a block: grid-barrier waits, "
                         "waits for full stages, the producer's waits for empty stages)")
     p.add_argument("--math", default="cores", choices=tuple(MATH),
-                   help="the consumers' products: 'cores' (CUDA cores, float32 FMAs) or 'mma' (tensor cores, "
-                        "mma.sync m16n8k16 with the two input rows as A and eight pieces as B)")
+                   help="the consumers' products: 'cores' (CUDA cores, float32 FMAs, every warp on every piece), "
+                        "'mma' (tensor cores, mma.sync m16n8k16 with the two input rows as A and eight pieces as B), "
+                        "or 'tiles' (a stage is a 16 x 256 tile, the A operand of mma.sync; each warp its own stages)")
     p.add_argument("--order", default="contiguous", choices=("contiguous", "interleaved"),
                    help="how a phase's pieces are dealt to the blocks: contiguous ranges, or every blocks-th piece")
     p.add_argument("--skip", default="none", choices=tuple(SKIPS),
@@ -93,6 +95,8 @@ def parse_args(argv=None):
         p.error("--device cpu: this probe's kernel is CUDA C++, which no interpreter runs; use --device cuda")
     if not 1 <= a.stages <= MAX_STAGES:
         p.error(f"--stages must be in 1..{MAX_STAGES}, got {a.stages}")
+    if a.math == "tiles" and a.order != "contiguous":
+        p.error("--order interleaved: --math tiles deals each block a contiguous range of tiles only")
     if a.blocks is not None and a.blocks < 1:
         p.error(f"--blocks must be >= 1, got {a.blocks}")
     if shutil.which(a.nvcc) is None:
@@ -100,8 +104,8 @@ def parse_args(argv=None):
     if os.path.exists(a.build_dir) and not os.path.isdir(a.build_dir):
         p.error(f"--build-dir must be a directory, got a file: {a.build_dir!r}")
     a.shape = "qwen3-8b"
-    for what, _, k in chain_sites(*SHAPES[a.shape]):
-        assert k % PIECE == 0, (what, k)
+    for what, n, k in chain_sites(*SHAPES[a.shape]):
+        assert k % PIECE == 0 and n % TILE[0] == 0 and k // TILE[1] >= 8, (what, n, k)  # the kernel's splits
     return a
 
 
@@ -127,9 +131,14 @@ def build(nvcc: str, build_dir: str, form: str = "cores") -> Path:
     return so
 
 
-def acc_rows(shape, blocks: int) -> int:
-    """Slots of the kernel's shared-memory accumulator (two floats each): the most pieces a block
-    holds in a phase, ``ceil(pieces / blocks)`` in either order (a slot a piece)."""
+def acc_rows(shape, blocks: int, form: str = "cores") -> int:
+    """Slots of each consumer warp's shared-memory accumulator: the most pieces a block holds in a
+    phase, ``ceil(pieces / blocks)`` in either order (a slot a piece, two floats); with ``--math
+    tiles`` the most row groups its contiguous range of tiles touches (a slot a row group of 16
+    rows, 32 floats), ``ceil(tiles / blocks / KT) + 1`` with ``KT`` tiles a row group."""
+    if form == "tiles":
+        r, c = TILE
+        return max(math.ceil(math.ceil(n // r * (k // c) / blocks) / (k // c)) + 1 for _, n, k in chain_sites(*shape))
     return max(math.ceil(n * (k // PIECE) / blocks) for _, n, k in chain_sites(*shape))
 
 
@@ -158,21 +167,22 @@ class StreamChain(ChainWeights):
         self.err = torch.zeros(1, device=device, dtype=torch.int32)
         self.stats = None
         self.ran = False  # the cuda system ran since the last reset (its counters are then this run's)
-        self.acc_rows = acc_rows(self.shape, self.blocks)
+        self.acc_rows = acc_rows(self.shape, self.blocks, a.math)
+        self.k_max = max(k for _, _, k in chain_sites(H, NQKV, INTER))
         lib = ctypes.CDLL(str(build(a.nvcc, a.build_dir, a.math)))
-        lib.stream_chain_smem_bytes.argtypes = [ctypes.c_int, ctypes.c_int]
-        lib.stream_chain_prepare.argtypes = [ctypes.c_int, ctypes.c_int]
-        lib.stream_chain_launch.argtypes = [ctypes.c_void_p] * 12 + [ctypes.c_int] * 9 + [ctypes.c_void_p]
+        lib.stream_chain_smem_bytes.argtypes = [ctypes.c_int] * 3
+        lib.stream_chain_prepare.argtypes = [ctypes.c_int] * 3
+        lib.stream_chain_launch.argtypes = [ctypes.c_void_p] * 12 + [ctypes.c_int] * 10 + [ctypes.c_void_p]
         lib.stream_chain_error_string.restype = ctypes.c_char_p
         lib.stream_chain_stats.argtypes = []
-        smem = lib.stream_chain_smem_bytes(a.stages, self.acc_rows)
+        smem = lib.stream_chain_smem_bytes(a.stages, self.acc_rows, self.k_max)
         if smem > props.shared_memory_per_block_optin:
             raise SystemExit(f"error: --stages {a.stages} needs {smem} B of shared memory a block, more than the "
                              f"{props.shared_memory_per_block_optin} of {props.name}")
         self.lib = lib
         if a.stats:
             self.stats = torch.zeros(self.blocks, lib.stream_chain_stats(), device=device, dtype=torch.int64)
-        self._check(lib.stream_chain_prepare(a.stages, self.acc_rows), "cudaFuncSetAttribute")
+        self._check(lib.stream_chain_prepare(a.stages, self.acc_rows, self.k_max), "cudaFuncSetAttribute")
         self.smem_bytes = smem
 
     def _check(self, rc: int, what: str) -> None:
@@ -191,7 +201,7 @@ class StreamChain(ChainWeights):
         ptrs.append(self.stats.data_ptr() if self.stats is not None else None)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         self._check(self.lib.stream_chain_launch(*ptrs, SKIPS[a.skip], int(a.order == "interleaved"), H, NQKV, INTER,
-                                                 a.layers, a.stages, self.acc_rows,
+                                                 a.layers, a.stages, self.acc_rows, self.k_max,
                                                  self.blocks, stream), "stream_chain_launch")
         return self.out[3][-1]
 

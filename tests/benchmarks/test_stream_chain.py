@@ -16,7 +16,7 @@ SCRIPT = BENCH / "stream_chain.py"
 sys.path.insert(0, str(BENCH))
 
 from persistent_chain import SHAPES, chain_sites  # noqa: E402
-from stream_chain import PIECE, acc_rows, build  # noqa: E402
+from stream_chain import PIECE, TILE, acc_rows, build  # noqa: E402
 
 NVCC = shutil.which("nvcc")
 
@@ -43,6 +43,23 @@ def test_every_piece_dealt_once_within_the_slots(blocks, interleave):
     assert bound == max(-(-n * (k // PIECE) // blocks) for _, n, k in chain_sites(*SHAPES["qwen3-8b"]))
 
 
+@pytest.mark.parametrize("blocks", [1, 7, 66, 114, 132])
+def test_every_tile_dealt_once_within_the_row_group_slots(blocks):
+    """``--math tiles`` deals each phase's ``N / 16 * K / 256`` tiles (row group major) to the blocks
+    as contiguous ranges: every tile to exactly one block, and no block's range touching more row
+    groups than ``acc_rows`` (each consumer warp's slots, one a row group)."""
+    r, c = TILE
+    bound = acc_rows(SHAPES["qwen3-8b"], blocks, "tiles")
+    need = 0
+    for _, n, k in chain_sites(*SHAPES["qwen3-8b"]):
+        kt, total = k // c, n // r * (k // c)
+        dealt = shares(total, blocks, False)
+        assert sorted(t for ts in dealt for t in ts) == list(range(total))
+        need = max(need, *(ts[-1] // kt - ts[0] // kt + 1 for ts in dealt if ts))
+        assert kt >= 8 and n % r == 0  # a warp's next tile wraps a row group at most once
+    assert need <= bound <= need + 1
+
+
 @pytest.mark.parametrize("args, needle", [
     (("--device", "cpu"), "--device cpu"),
     (("--stages", "0"), "--stages"),
@@ -54,6 +71,7 @@ def test_every_piece_dealt_once_within_the_slots(blocks, interleave):
     (("--reps", "0"), "--reps"),
     (("--skip", "all"), "--skip"),
     (("--math", "wgmma"), "--math"),
+    (("--math", "tiles", "--order", "interleaved"), "--order interleaved"),
 ])
 def test_bad_arguments_are_refused(tmp_path, args, needle):
     assert needle in refused(SCRIPT, tmp_path, *args)
@@ -66,7 +84,7 @@ def test_build_dir_that_is_a_file_is_refused(tmp_path):
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc")
-@pytest.mark.parametrize("form", ["cores", "mma"])
+@pytest.mark.parametrize("form", ["cores", "mma", "tiles"])
 def test_kernel_builds_without_local_memory_and_is_cached(tmp_path, form):
     so = build(NVCC, str(tmp_path), form)
     report = so.with_suffix(".ptxas.txt").read_text()
@@ -78,7 +96,7 @@ def test_kernel_builds_without_local_memory_and_is_cached(tmp_path, form):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", ["cores", "mma"])
+@pytest.mark.parametrize("form", ["cores", "mma", "tiles"])
 def test_gpu_run_every_system_matches_torch(tmp_path, form):
     run_gpu(tmp_path, "stream_chain", "--math", form, "--build-dir", str(tmp_path / "build"), tol=1e-2)
 
@@ -118,6 +136,17 @@ def test_gpu_run_catches_a_wrong_mma_operand(tmp_path):
     first k-step of each pair left out (one line changed, in a copy) is far from F.linear's."""
     rows = run_changed(tmp_path, "stream_chain", "const uint2 a = lane < 8 ? xs[2 * s2 * 8 + lane]",
                        "const uint2 a = lane < 4 ? xs[2 * s2 * 8 + lane]", "--math", "mma", "--layers", "3",
+                       "--reps", "2", "--systems", "cuda", "--build-dir", str(tmp_path / "build"),
+                       kernel="stream_chain.cu", beside=("persistent_chain.py",), gpu=True)
+    assert rows["cuda"]["rel_err_vs_torch"] > 0.3
+
+
+@pytest.mark.gpu
+def test_gpu_run_catches_a_wrong_tile_operand(tmp_path):
+    """The tile form's check can fail too: its B operand with the second input row left out (lanes
+    4-7 give zeros; one line changed, in a copy) is far from F.linear's chain."""
+    rows = run_changed(tmp_path, "stream_chain", "const uint2 b = lane < 8 ? x[j * 8]",
+                       "const uint2 b = lane < 4 ? x[j * 8]", "--math", "tiles", "--layers", "3",
                        "--reps", "2", "--systems", "cuda", "--build-dir", str(tmp_path / "build"),
                        kernel="stream_chain.cu", beside=("persistent_chain.py",), gpu=True)
     assert rows["cuda"]["rel_err_vs_torch"] > 0.3
