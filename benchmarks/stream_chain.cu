@@ -29,6 +29,7 @@
 // 3: an empty stage) instead of hanging; the caller must check it. With `stats` (may be null) each
 // block writes STATS counters of SM cycles (clock64): where its time went (see the enum).
 
+#include <cuda.h>  // CUtensorMap (STREAM_TILE); the driver's encoder is looked up at run time
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -42,12 +43,14 @@
 #endif
 #define TILE_R 16                  // STREAM_TILE: a tile's rows (the A operand's M)
 #define TILE_C 256                 // and columns: 16 rows x 256 columns, 8 KB like a piece
-#define ROW_BYTES (TILE_C * 2 + 16)  // a tile row in its stage, skewed 16 B: ldmatrix's 8 rows in 8 bank groups
+#define BOX_C 64                   // a tile is 4 boxes of the weight's tensor map, 16 rows x 128 B each, swizzled
+#define BOX_BYTES (TILE_R * BOX_C * 2)
 // A stage's bytes: with STREAM_MMA a 16-byte skew a stage, so that the eight rows ldmatrix reads
-// at one column (eight consecutive stages) fall in different banks; with STREAM_TILE a tile's
-// 16 skewed rows.
+// at one column (eight consecutive stages) fall in different banks; with STREAM_TILE a tile's four
+// boxes, each written by the tensor copy with the 128-byte swizzle (16-byte chunk c of row r at
+// chunk c ^ (r % 8): ldmatrix's 8 rows in 8 bank groups).
 #if STREAM_TILE
-#define STAGE_BYTES (TILE_R * ROW_BYTES)
+#define STAGE_BYTES (TILE_R * TILE_C * 2)
 #else
 #define STAGE_BYTES (PIECE_BYTES + 16 * STREAM_MMA)
 #endif
@@ -62,6 +65,7 @@ enum { ST_TOTAL, ST_GRID, ST_FULL, ST_PROD_TOTAL, ST_EMPTY, STATS };  // cycles:
 enum { SKIP_MATH = 1, SKIP_GRID = 2 };  // consumers only wait and release each stage; no grid-barrier waits
 
 struct Chain {
+    CUtensorMap tmap[4];   // STREAM_TILE: each weight as a [L * N, K] tensor, boxes of 16 rows x 64 columns
     const uint16_t* w[4];  // [L, N_kind, K_kind] bf16: QKV, W_O, gate/up, down
     const float* x0;       // [2, H] float32 (bf16 values): the first layer's input
     float* out[4];         // [L, 2, N_kind] float32
@@ -539,7 +543,11 @@ __device__ void consume_tiles(const Chain& c, const Phase& p, const unsigned cha
     uint32_t parity = (uint32_t)((q0 / c.stages) & 1);
     // ldmatrix.x4: lanes 0-7 give rows 0-7 of columns 0-7 (a0), 8-15 rows 8-15 (a1), 16-23 rows 0-7 of
     // columns 8-15 (a2), 24-31 rows 8-15 of columns 8-15 (a3)
-    const uint32_t lane_off = (uint32_t)(((lane & 7) + ((lane >> 3) & 1) * 8) * ROW_BYTES + (lane >> 4) * 16);
+    // (in a box, row r at r * 128 B; the swizzle puts 16-byte chunk c at c ^ (r % 8), and r % 8 = lane % 8)
+    const uint32_t lane_row = (uint32_t)(((lane & 7) + ((lane >> 3) & 1) * 8) * BOX_C * 2);
+    uint32_t lane_chunk[4];  // k-step j's chunk in its box, for j % 4
+#pragma unroll
+    for (int jj = 0; jj < 4; jj++) lane_chunk[jj] = (uint32_t)(((2 * jj + (lane >> 4)) ^ (lane & 7)) << 4);
     const uint2* xb = reinterpret_cast<const uint2*>(xs) + 2 * (lane & 3) + (lane >> 2);
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     int acc_rg = rg;
@@ -556,12 +564,13 @@ __device__ void consume_tiles(const Chain& c, const Phase& p, const unsigned cha
                 acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
                 acc_rg = rg;
             }
-            const uint32_t base = saddr(ring + (size_t)stage * STAGE_BYTES) + lane_off;
+            const uint32_t base = saddr(ring + (size_t)stage * STAGE_BYTES) + lane_row;
             uint32_t a[TILE_C / 16][4];
 #pragma unroll
             for (int j = 0; j < TILE_C / 16; j++)
                 asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                             : "=r"(a[j][0]), "=r"(a[j][1]), "=r"(a[j][2]), "=r"(a[j][3]) : "r"(base + 32 * j) : "memory");
+                             : "=r"(a[j][0]), "=r"(a[j][1]), "=r"(a[j][2]), "=r"(a[j][3])
+                             : "r"(base + (j >> 2) * BOX_BYTES + lane_chunk[j & 3]) : "memory");
             __syncwarp();
             if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[stage])) : "memory");
             float d[2][4] = {};
@@ -607,9 +616,10 @@ __device__ void consume_tiles(const Chain& c, const Phase& p, const unsigned cha
 }
 #endif
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Chain c) {
+extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(const __grid_constant__ Chain c) {
     extern __shared__ __align__(128) unsigned char smem[];
-    unsigned char* ring = smem;
+    // the swizzled tensor copies need their boxes 1024-byte aligned (the size asks for the slack)
+    unsigned char* ring = smem + (STREAM_TILE ? (1024 - (saddr(smem) & 1023)) & 1023 : 0);
     uint64_t* full = reinterpret_cast<uint64_t*>(smem + (size_t)c.stages * STAGE_BYTES);
     uint64_t* empty = full + c.stages;
     float* acc = reinterpret_cast<float*>(empty + c.stages);
@@ -637,23 +647,25 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(Cha
         for (int s = 0; s < phases; s++) {
             const Phase p = phase_of(c, s);
 #if STREAM_TILE
-            // tiles in row-group-major order: 16 row copies of 512 B a stage, each into its skewed row
-            const int KT = p.K / TILE_C;
+            // tiles in row-group-major order, each as four boxes of the weight's tensor map
+            const int KT = p.K / TILE_C, kind = s & 3;
             const Share sh(p.N / TILE_R * KT, false);
+            const CUtensorMap* tm = kind == 0 ? &c.tmap[0] : kind == 1 ? &c.tmap[1] : kind == 2 ? &c.tmap[2] : &c.tmap[3];
+            const int row0 = (s >> 2) * p.N;  // the layer's first row in the [L * N, K] tensor
             int rg = sh.lo / KT, kt = sh.lo - (sh.lo / KT) * KT;
             for (int i = 0; i < sh.n; i++) {
                 const int st = k.stage;
                 mbar_wait(&empty[st], k.parity ^ 1, c.err, 3, dead, waited);
                 k.next(c.stages);
                 asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                             :: "r"(saddr(&full[st])), "n"(TILE_R * TILE_C * 2) : "memory");
-                const uint16_t* src = p.w + (size_t)rg * TILE_R * p.K + kt * TILE_C;
+                             :: "r"(saddr(&full[st])), "n"(STAGE_BYTES) : "memory");
                 const uint32_t dst = saddr(ring + (size_t)st * STAGE_BYTES);
 #pragma unroll
-                for (int r = 0; r < TILE_R; r++)
+                for (int b = 0; b < TILE_C / BOX_C; b++)
                     asm volatile(
-                        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                        :: "r"(dst + r * ROW_BYTES), "l"(src + (size_t)r * p.K), "n"(TILE_C * 2), "r"(saddr(&full[st]))
+                        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                        :: "r"(dst + b * BOX_BYTES), "l"(tm), "r"(kt * TILE_C + b * BOX_C), "r"(row0 + rg * TILE_R),
+                           "r"(saddr(&full[st]))
                         : "memory");
                 if (++kt == KT) {
                     kt = 0;
@@ -734,7 +746,7 @@ extern "C" int stream_chain_smem_bytes(int stages, int acc_rows, int k_max) {
     // the ring, its barriers, each consumer warp's slots (with STREAM_TILE a slot is a row group's
     // 16 rows), with STREAM_MMA each warp's A operand, with STREAM_TILE the input's B operand
     return stages * STAGE_BYTES + 2 * stages * 8 + (CONSUMERS / 32) * 2 * acc_rows * 4 * (STREAM_TILE ? TILE_R : 1) +
-           STREAM_MMA * (CONSUMERS / 32) * (PIECE / (CONSUMERS / 32) / 16) * 8 * 8 + STREAM_TILE * 2 * k_max * 2;
+           STREAM_MMA * (CONSUMERS / 32) * (PIECE / (CONSUMERS / 32) / 16) * 8 * 8 + STREAM_TILE * (2 * k_max * 2 + 1024);
 }
 
 // Raises the kernel's dynamic shared-memory limit; once, before any launch (not while a graph is captured).
@@ -755,6 +767,30 @@ extern "C" int stream_chain_launch(const void* w_qkv, const void* w_o, const voi
     c.bar = bar; c.err = err; c.stats = stats; c.skip = skip; c.interleave = interleave;
     c.H = H; c.NQKV = NQKV; c.INTER = INTER; c.L = L;
     c.stages = stages; c.acc_rows = acc_rows;
+#if STREAM_TILE
+    // each weight [L, N, K] as a 2-D tensor [L * N rows, K columns] of bf16, read in 16 x 64 boxes
+    typedef CUresult (*Encode)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                               const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                               CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static Encode encode = nullptr;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult q;
+        void* fn = nullptr;
+        cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
+        if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !fn) return e != cudaSuccess ? (int)e : (int)cudaErrorNotSupported;
+        encode = (Encode)fn;
+    }
+    const int Ns[4] = {NQKV, H, 2 * INTER, H}, Ks[4] = {H, H, H, INTER};
+    const void* ws[4] = {w_qkv, w_o, w_gu, w_d};
+    for (int i = 0; i < 4; i++) {
+        const cuuint64_t dims[2] = {(cuuint64_t)Ks[i], (cuuint64_t)L * Ns[i]}, strides[1] = {(cuuint64_t)Ks[i] * 2};
+        const cuuint32_t box[2] = {BOX_C, TILE_R}, estr[2] = {1, 1};
+        CUresult r = encode(&c.tmap[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ws[i]), dims, strides, box,
+                            estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        if (r != CUDA_SUCCESS) return -(int)r;  // a driver error (negative, told apart by the caller)
+    }
+#endif
     stream_chain_kernel<<<blocks, THREADS, stream_chain_smem_bytes(stages, acc_rows, k_max), (cudaStream_t)stream>>>(c);
     return (int)cudaGetLastError();
 }

@@ -186,6 +186,8 @@ class StreamChain(ChainWeights):
         self.smem_bytes = smem
 
     def _check(self, rc: int, what: str) -> None:
+        if rc < 0:  # the launch's tensor maps (--math tiles): a driver error
+            raise RuntimeError(f"{what}: cuTensorMapEncodeTiled failed (CUresult {-rc})")
         if rc:
             raise RuntimeError(f"{what}: {self.lib.stream_chain_error_string(rc).decode()} (cudaError {rc})")
 
