@@ -39,15 +39,14 @@
 #define STREAM_MMA 0               // 1: the consumers' products on tensor cores (mma.sync), see consume_mma
 #endif
 #ifndef STREAM_TILE
-#define STREAM_TILE 0              // 1: a stage is a 16 x 256 tile, each warp its own stages, see consume_tiles
+#define STREAM_TILE 0              // 1: a stage is a 64 x 64 tile, each warp its own stages, see consume_tiles
 #endif
-#define TILE_R 16                  // STREAM_TILE: a tile's rows (the A operand's M)
-#define TILE_C 256                 // and columns: 16 rows x 256 columns, 8 KB like a piece
-#define BOX_C 64                   // a tile is 4 boxes of the weight's tensor map, 16 rows x 128 B each, swizzled
-#define BOX_BYTES (TILE_R * BOX_C * 2)
+#define TILE_R 64                  // STREAM_TILE: a tile's rows (four 16-row blocks, the A operand's M)
+#define TILE_C 64                  // and columns (four k-steps): 64 x 64, 8 KB like a piece, one box of the
+                                   // weight's tensor map
 // A stage's bytes: with STREAM_MMA a 16-byte skew a stage, so that the eight rows ldmatrix reads
-// at one column (eight consecutive stages) fall in different banks; with STREAM_TILE a tile's four
-// boxes, each written by the tensor copy with the 128-byte swizzle (16-byte chunk c of row r at
+// at one column (eight consecutive stages) fall in different banks; with STREAM_TILE one tile,
+// written by the tensor copy with the 128-byte swizzle (row r at r * 128 B, its 16-byte chunk c at
 // chunk c ^ (r % 8): ldmatrix's 8 rows in 8 bank groups).
 #if STREAM_TILE
 #define STAGE_BYTES (TILE_R * TILE_C * 2)
@@ -65,7 +64,7 @@ enum { ST_TOTAL, ST_GRID, ST_FULL, ST_PROD_TOTAL, ST_EMPTY, STATS };  // cycles:
 enum { SKIP_MATH = 1, SKIP_GRID = 2 };  // consumers only wait and release each stage; no grid-barrier waits
 
 struct Chain {
-    CUtensorMap tmap[4];   // STREAM_TILE: each weight as a [L * N, K] tensor, boxes of 16 rows x 64 columns
+    CUtensorMap tmap[4];   // STREAM_TILE: each weight as a [L * N, K] tensor, boxes of 64 rows x 64 columns
     const uint16_t* w[4];  // [L, N_kind, K_kind] bf16: QKV, W_O, gate/up, down
     const float* x0;       // [2, H] float32 (bf16 values): the first layer's input
     float* out[4];         // [L, 2, N_kind] float32
@@ -511,16 +510,33 @@ __device__ __forceinline__ void load_xb(const Phase& p, uint32_t* xs) {
     }
 }
 
+#define MB (TILE_R / 16)  // a tile's 16-row blocks
+#define KS (TILE_C / 16)  // and k-steps
+
+// A warp's sums of one row group (C of m16n8k16 for each 16-row block m: lane (g, t = 0) holds rows
+// 16 m + g and 16 m + g + 8, columns n = 0, 1, the two input rows) into its slot [row][input], and
+// the accumulators zeroed.
+__device__ __forceinline__ void store_sums(float* slot, float (&acc)[MB][4], int lane) {
+    const int g = lane >> 2;
+#pragma unroll
+    for (int m = 0; m < MB; m++) {
+        if ((lane & 3) == 0) {
+            float* s = slot + 2 * (16 * m + g);
+            s[0] = acc[m][0]; s[1] = acc[m][1]; s[16] = acc[m][2]; s[17] = acc[m][3];
+        }
+        acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
+    }
+}
+
 // One phase's consumer work with STREAM_TILE: a block's share of the phase is a contiguous range
-// of 16 x 256 tiles (row group rg, column tile kt, kt fastest; KT = K / 256 of them a row group),
-// and warp w takes every WARPS-th of them (since WARPS divides KT, always the same column tiles of
-// each row group): it waits for its tile's stage, reads it with ldmatrix (16 k-steps of the A
-// operand), releases it (one arrive, the empty barriers count 1), and multiplies it with the
-// input's B operand (16 mma.sync, two accumulators). A warp sums its tiles of a row group in
-// registers and stores the 16 rows' two sums into its own slots for the row group; at the phase's
-// end the warps' slots are summed and added into the output rows with atomics (a row group's other
-// column tiles may be in other blocks). `pos` is the ring's position (tiles so far), the same in
-// every consumer thread.
+// of 64 x 64 tiles (row group rg, column tile kt, kt fastest; KT = K / 64 of them a row group), and
+// warp w takes every WARPS-th of them: it waits for its tile's stage, reads it with ldmatrix (4
+// row blocks x 4 k-steps of the A operand), releases it (one arrive, the empty barriers count 1),
+// and multiplies it with the input's B operand (16 mma.sync, one accumulator a row block). A warp
+// sums its tiles of a row group in registers and stores the 64 rows' two sums into its own slot for
+// the row group; at the phase's end the warps' slots are summed and added into the output rows with
+// atomics (a row group's other column tiles may be in other blocks). `pos` is the ring's position
+// (tiles so far), the same in every consumer thread.
 __device__ void consume_tiles(const Chain& c, const Phase& p, const unsigned char* ring, uint64_t* full,
                               uint64_t* empty, float* slots, uint32_t* xs, long long& pos, bool& dead,
                               long long& waited) {
@@ -543,45 +559,41 @@ __device__ void consume_tiles(const Chain& c, const Phase& p, const unsigned cha
     uint32_t parity = (uint32_t)((q0 / c.stages) & 1);
     // ldmatrix.x4: lanes 0-7 give rows 0-7 of columns 0-7 (a0), 8-15 rows 8-15 (a1), 16-23 rows 0-7 of
     // columns 8-15 (a2), 24-31 rows 8-15 of columns 8-15 (a3)
-    // (in a box, row r at r * 128 B; the swizzle puts 16-byte chunk c at c ^ (r % 8), and r % 8 = lane % 8)
-    const uint32_t lane_row = (uint32_t)(((lane & 7) + ((lane >> 3) & 1) * 8) * BOX_C * 2);
-    uint32_t lane_chunk[4];  // k-step j's chunk in its box, for j % 4
+    // (row r at r * 128 B; the swizzle puts its 16-byte chunk c at c ^ (r % 8), and r % 8 = lane % 8)
+    const uint32_t lane_row = (uint32_t)(((lane & 7) + ((lane >> 3) & 1) * 8) * TILE_C * 2);
+    uint32_t lane_chunk[KS];  // k-step j's chunk
 #pragma unroll
-    for (int jj = 0; jj < 4; jj++) lane_chunk[jj] = (uint32_t)(((2 * jj + (lane >> 4)) ^ (lane & 7)) << 4);
+    for (int j = 0; j < KS; j++) lane_chunk[j] = (uint32_t)(((2 * j + (lane >> 4)) ^ (lane & 7)) << 4);
     const uint2* xb = reinterpret_cast<const uint2*>(xs) + 2 * (lane & 3) + (lane >> 2);
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    float acc[MB][4] = {};
     int acc_rg = rg;
     bool any = false;
     for (int i = warp; i < sh.n; i += WARPS) {
         mbar_wait(&full[stage], parity, c.err, 2, dead, waited);
         if (math) {
             if (rg != acc_rg) {  // the warp's sums of row group acc_rg are complete
-                if ((lane & 3) == 0) {
-                    float* s = mine + (acc_rg - rg_first) * 2 * TILE_R;
-                    const int g = lane >> 2;
-                    s[2 * g] = acc[0]; s[2 * g + 1] = acc[1]; s[2 * (g + 8)] = acc[2]; s[2 * (g + 8) + 1] = acc[3];
-                }
-                acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+                store_sums(mine + (acc_rg - rg_first) * 2 * TILE_R, acc, lane);
                 acc_rg = rg;
             }
             const uint32_t base = saddr(ring + (size_t)stage * STAGE_BYTES) + lane_row;
-            uint32_t a[TILE_C / 16][4];
+            uint32_t a[MB][KS][4];
 #pragma unroll
-            for (int j = 0; j < TILE_C / 16; j++)
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                             : "=r"(a[j][0]), "=r"(a[j][1]), "=r"(a[j][2]), "=r"(a[j][3])
-                             : "r"(base + (j >> 2) * BOX_BYTES + lane_chunk[j & 3]) : "memory");
+            for (int m = 0; m < MB; m++)
+#pragma unroll
+                for (int j = 0; j < KS; j++)
+                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                                 : "=r"(a[m][j][0]), "=r"(a[m][j][1]), "=r"(a[m][j][2]), "=r"(a[m][j][3])
+                                 : "r"(base + m * 16 * TILE_C * 2 + lane_chunk[j]) : "memory");
             __syncwarp();
             if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[stage])) : "memory");
-            float d[2][4] = {};
-            const uint2* x = xb + (size_t)kt * (TILE_C / 16) * 8;
+            const uint2* x = xb + (size_t)kt * KS * 8;
 #pragma unroll
-            for (int j = 0; j < TILE_C / 16; j++) {
+            for (int j = 0; j < KS; j++) {
                 const uint2 b = lane < 8 ? x[j * 8] : make_uint2(0u, 0u);
-                mma16816(d[j & 1], a[j][0], a[j][1], a[j][2], a[j][3], b.x, b.y);
-            }
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[e] += d[0][e] + d[1][e];
+                for (int m = 0; m < MB; m++)
+                    mma16816(acc[m], a[m][j][0], a[m][j][1], a[m][j][2], a[m][j][3], b.x, b.y);
+            }
             any = true;
         } else {
             __syncwarp();
@@ -600,11 +612,7 @@ __device__ void consume_tiles(const Chain& c, const Phase& p, const unsigned cha
     }
     pos += sh.n;
     if (!math) return;
-    if (any && (lane & 3) == 0) {
-        float* s = mine + (acc_rg - rg_first) * 2 * TILE_R;
-        const int g = lane >> 2;
-        s[2 * g] = acc[0]; s[2 * g + 1] = acc[1]; s[2 * (g + 8)] = acc[2]; s[2 * (g + 8) + 1] = acc[3];
-    }
+    if (any) store_sums(mine + (acc_rg - rg_first) * 2 * TILE_R, acc, lane);
     consumers_sync();  // every warp's slots written
     for (int i = tid; i < nslots * 2 * TILE_R; i += CONSUMERS) {
         float sum = 0.f;
@@ -620,7 +628,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
     extern __shared__ __align__(128) unsigned char smem[];
     // the swizzled tensor copies need their boxes 1024-byte aligned (the size asks for the slack)
     unsigned char* ring = smem + (STREAM_TILE ? (1024 - (saddr(smem) & 1023)) & 1023 : 0);
-    uint64_t* full = reinterpret_cast<uint64_t*>(smem + (size_t)c.stages * STAGE_BYTES);
+    uint64_t* full = reinterpret_cast<uint64_t*>(ring + (size_t)c.stages * STAGE_BYTES);
     uint64_t* empty = full + c.stages;
     float* acc = reinterpret_cast<float*>(empty + c.stages);
 #if STREAM_TILE
@@ -647,7 +655,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
         for (int s = 0; s < phases; s++) {
             const Phase p = phase_of(c, s);
 #if STREAM_TILE
-            // tiles in row-group-major order, each as four boxes of the weight's tensor map
+            // tiles in row-group-major order, each one box of the weight's tensor map
             const int KT = p.K / TILE_C, kind = s & 3;
             const Share sh(p.N / TILE_R * KT, false);
             const CUtensorMap* tm = kind == 0 ? &c.tmap[0] : kind == 1 ? &c.tmap[1] : kind == 2 ? &c.tmap[2] : &c.tmap[3];
@@ -660,13 +668,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
                 asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                              :: "r"(saddr(&full[st])), "n"(STAGE_BYTES) : "memory");
                 const uint32_t dst = saddr(ring + (size_t)st * STAGE_BYTES);
-#pragma unroll
-                for (int b = 0; b < TILE_C / BOX_C; b++)
-                    asm volatile(
-                        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
-                        :: "r"(dst + b * BOX_BYTES), "l"(tm), "r"(kt * TILE_C + b * BOX_C), "r"(row0 + rg * TILE_R),
-                           "r"(saddr(&full[st]))
-                        : "memory");
+                asm volatile(
+                    "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                    :: "r"(dst), "l"(tm), "r"(kt * TILE_C), "r"(row0 + rg * TILE_R), "r"(saddr(&full[st]))
+                    : "memory");
                 if (++kt == KT) {
                     kt = 0;
                     rg++;
@@ -768,7 +773,7 @@ extern "C" int stream_chain_launch(const void* w_qkv, const void* w_o, const voi
     c.H = H; c.NQKV = NQKV; c.INTER = INTER; c.L = L;
     c.stages = stages; c.acc_rows = acc_rows;
 #if STREAM_TILE
-    // each weight [L, N, K] as a 2-D tensor [L * N rows, K columns] of bf16, read in 16 x 64 boxes
+    // each weight [L, N, K] as a 2-D tensor [L * N rows, K columns] of bf16, read in 64 x 64 boxes
     typedef CUresult (*Encode)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
                                const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
@@ -784,7 +789,7 @@ extern "C" int stream_chain_launch(const void* w_qkv, const void* w_o, const voi
     const void* ws[4] = {w_qkv, w_o, w_gu, w_d};
     for (int i = 0; i < 4; i++) {
         const cuuint64_t dims[2] = {(cuuint64_t)Ks[i], (cuuint64_t)L * Ns[i]}, strides[1] = {(cuuint64_t)Ks[i] * 2};
-        const cuuint32_t box[2] = {BOX_C, TILE_R}, estr[2] = {1, 1};
+        const cuuint32_t box[2] = {TILE_C, TILE_R}, estr[2] = {1, 1};
         CUresult r = encode(&c.tmap[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ws[i]), dims, strides, box,
                             estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);

@@ -60,7 +60,7 @@ PIECE = 4096  # bf16 elements a piece (the kernel's PIECE): every K must be a mu
 MAX_STAGES = 26  # 26 x 8 KB + barriers + the warps' slots (12 KB) fit the 227 KB a Hopper block may take
 NVCC_FLAGS = ("-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-shared", "-Xcompiler", "-fPIC")
 MATH = {"cores": (), "mma": ("-DSTREAM_MMA=1",), "tiles": ("-DSTREAM_TILE=1",)}  # --math: the kernel's build variant
-TILE = (16, 256)  # --math tiles: a stage's rows and columns (the kernel's TILE_R, TILE_C)
+TILE = (64, 64)  # --math tiles: a stage's rows and columns (the kernel's TILE_R, TILE_C)
 SKIPS = {"none": 0, "math": 1, "grid": 2, "both": 3}  # the kernel's SKIP_MATH | SKIP_GRID
 WAITS = {1: "a grid barrier (are all --blocks resident at once? at most one a multiprocessor)",
          2: "a consumer's wait for a full stage", 3: "the producer's wait for an empty stage"}
@@ -80,7 +80,7 @@ def parse_args(argv=None):
     p.add_argument("--math", default="cores", choices=tuple(MATH),
                    help="the consumers' products: 'cores' (CUDA cores, float32 FMAs, every warp on every piece), "
                         "'mma' (tensor cores, mma.sync m16n8k16 with the two input rows as A and eight pieces as B), "
-                        "or 'tiles' (a stage is a 16 x 256 tile, the A operand of mma.sync; each warp its own stages)")
+                        "or 'tiles' (a stage is a 64 x 64 tile, the A operand of mma.sync; each warp its own stages)")
     p.add_argument("--order", default="contiguous", choices=("contiguous", "interleaved"),
                    help="how a phase's pieces are dealt to the blocks: contiguous ranges, or every blocks-th piece")
     p.add_argument("--skip", default="none", choices=tuple(SKIPS),
@@ -134,8 +134,8 @@ def build(nvcc: str, build_dir: str, form: str = "cores") -> Path:
 def acc_rows(shape, blocks: int, form: str = "cores") -> int:
     """Slots of each consumer warp's shared-memory accumulator: the most pieces a block holds in a
     phase, ``ceil(pieces / blocks)`` in either order (a slot a piece, two floats); with ``--math
-    tiles`` the most row groups its contiguous range of tiles touches (a slot a row group of 16
-    rows, 32 floats), ``ceil(tiles / blocks / KT) + 1`` with ``KT`` tiles a row group."""
+    tiles`` the most row groups its contiguous range of tiles touches (a slot a row group of 64
+    rows, 128 floats), ``ceil(tiles / blocks / KT) + 1`` with ``KT`` tiles a row group."""
     if form == "tiles":
         r, c = TILE
         return max(math.ceil(math.ceil(n // r * (k // c) / blocks) / (k // c)) + 1 for _, n, k in chain_sites(*shape))

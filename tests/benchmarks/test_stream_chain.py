@@ -45,7 +45,7 @@ def test_every_piece_dealt_once_within_the_slots(blocks, interleave):
 
 @pytest.mark.parametrize("blocks", [1, 7, 66, 114, 132])
 def test_every_tile_dealt_once_within_the_row_group_slots(blocks):
-    """``--math tiles`` deals each phase's ``N / 16 * K / 256`` tiles (row group major) to the blocks
+    """``--math tiles`` deals each phase's ``N / 64 * K / 64`` tiles (row group major) to the blocks
     as contiguous ranges: every tile to exactly one block, and no block's range touching more row
     groups than ``acc_rows`` (each consumer warp's slots, one a row group)."""
     r, c = TILE
