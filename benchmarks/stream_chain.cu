@@ -57,6 +57,9 @@
 #define THREADS (CONSUMERS + 32)   // + the producer warp
 #define G 8                        // pieces taken together (waited for, read, released, reduced)
 #define TIMEOUT_NS 2000000000ull
+#ifndef PRODUCER_SLEEP_NS
+#define PRODUCER_SLEEP_NS 64       // the producer's sleep between looks at a stage it waits to refill
+#endif
 
 enum { ST_TOTAL, ST_GRID, ST_FULL, ST_PROD_TOTAL, ST_EMPTY, STATS };  // cycles: consumer thread 0's run,
 // its grid-barrier waits, its full-stage waits; the producer's run, its empty-stage waits
@@ -188,12 +191,16 @@ __device__ __forceinline__ bool mbar_look(uint64_t* bar, uint32_t parity) {
 // Waits for the phase of `bar` with `parity`; after a timeout sets *err = code and `dead`, after
 // which every wait of this thread returns at once (the run is invalid and ends quickly).
 // `waited` gains the cycles spent when the phase was not complete at the first look.
+// With SLEEP_NS > 0 the thread sleeps that long between looks: the producer's waits, which would
+// otherwise spin (~10 instructions every ~60 cycles) on the issue slots of two consumer warps.
+template <int SLEEP_NS = 0>
 __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, int* err, int code, bool& dead,
                                           long long& waited) {
     if (dead || mbar_look<false>(bar, parity)) return;
     const long long c0 = clock64();
     const uint64_t t0 = now_ns();
     while (!mbar_look<true>(bar, parity)) {
+        if constexpr (SLEEP_NS > 0) __nanosleep(SLEEP_NS);
         if (now_ns() - t0 > TIMEOUT_NS) {
             atomicExch(err, code);
             dead = true;
@@ -338,44 +345,70 @@ __device__ __forceinline__ void flush(const Chain& c, const Phase& p, const Shar
     }
 }
 
+// The first of the share's pieces in segment `seg` or later (piece i is q = lo + i * step; segment
+// q / N): where the input columns change. One division, once a segment.
+__device__ __forceinline__ int segment_start(const Share& sh, int seg, int N) {
+    const int q = seg * N - sh.lo;
+    return q <= 0 ? 0 : (q + sh.step - 1) / sh.step;
+}
+
 __device__ void consume(const Chain& c, const Phase& p, const unsigned char* ring, uint64_t* full, uint64_t* empty,
                         float* acc, Ring& k, bool& dead, long long& waited) {
     const int tid = threadIdx.x, lane = tid & 31;
     const Share sh(p.N * (p.K / PIECE), c.interleave);
-    Cursor cur(sh, p.N);
     const bool math = !(c.skip & SKIP_MATH);
     float x[2][16];  // this thread's columns of the current segment
-    int seg_x = -1;
-    for (int i0 = 0; i0 < sh.n; i0 += G) {
-        const int ng = sh.n - i0 < G ? sh.n - i0 : G;
+    int seg = sh.n ? sh.piece(0) / p.N : 0;
+    int next_seg_at = segment_start(sh, seg + 1, p.N);  // the first piece of the next segment
+    if (math && sh.n) load_x(p, seg, x);
+    for (int i0 = 0; i0 < sh.n;) {
+        // a batch never crosses a segment (its pieces share the input columns)
+        int ng = sh.n - i0 < G ? sh.n - i0 : G;
+        ng = next_seg_at - i0 < ng ? next_seg_at - i0 : ng;
         int st[G];
         wait_batch(c, full, k, ng, st, dead, waited);
         uint4 w[G][2];
+        if (math) {
+            if (ng == G) {
 #pragma unroll
-        for (int g = 0; g < G; g++) {
-            if (g >= ng) continue;  // uniform across the block
-            k.next(c.stages);
-            if (math) {
-                const uint4* piece = reinterpret_cast<const uint4*>(ring + (size_t)st[g] * STAGE_BYTES);
-                w[g][0] = piece[tid];
-                w[g][1] = piece[CONSUMERS + tid];
+                for (int g = 0; g < G; g++) {
+                    const uint4* piece = reinterpret_cast<const uint4*>(ring + (size_t)st[g] * STAGE_BYTES);
+                    w[g][0] = piece[tid];
+                    w[g][1] = piece[CONSUMERS + tid];
+                }
+            } else {  // a short batch (a phase's or a segment's end): the missing pieces as zeros (not stored)
+#pragma unroll
+                for (int g = 0; g < G; g++) {
+                    const uint4* piece = reinterpret_cast<const uint4*>(ring + (size_t)st[g] * STAGE_BYTES);
+                    w[g][0] = g < ng ? piece[tid] : make_uint4(0u, 0u, 0u, 0u);
+                    w[g][1] = g < ng ? piece[CONSUMERS + tid] : make_uint4(0u, 0u, 0u, 0u);
+                }
             }
         }
         release_batch(empty, st, ng);
-        if (!math) continue;
+        k.stage += ng;  // ng <= G <= stages
+        if (k.stage >= c.stages) {
+            k.stage -= c.stages;
+            k.parity ^= 1;
+        }
+        const int b0 = i0;
+        i0 += ng;
+        const bool seg_ends = i0 == next_seg_at && i0 < sh.n;  // uniform
+        if (!math) {
+            if (seg_ends) next_seg_at = segment_start(sh, ++seg + 1, p.N);
+            continue;
+        }
         static_assert(G == 8, "the halving exchanges below sum exactly 16 values");
         float v[2 * G];  // [2 g + row]: 16 independent chains
 #pragma unroll
         for (int g = 0; g < G; g++) {
             v[2 * g] = v[2 * g + 1] = 0.f;
-            if (g >= ng) continue;
-            if (cur.seg != seg_x) {  // uniform; at most three times a phase
-                load_x(p, cur.seg, x);
-                seg_x = cur.seg;
-            }
-            cur.next();
             dot8(w[g][0], &x[0][0], &x[1][0], v[2 * g], v[2 * g + 1]);
             dot8(w[g][1], &x[0][8], &x[1][8], v[2 * g], v[2 * g + 1]);
+        }
+        if (seg_ends) {  // at most twice a phase
+            load_x(p, ++seg, x);
+            next_seg_at = segment_start(sh, seg + 1, p.N);
         }
         // The 16 sums across the warp by halving exchanges: 8 + 4 + 2 + 1 + 1 shuffles, after which
         // lane l holds the sum of value index ((l >> 1) & 15) with its bits reversed (below).
@@ -386,8 +419,8 @@ __device__ void consume(const Chain& c, const Phase& p, const unsigned char* rin
         v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);
         // lane bit 4 chose the upper half of 16 (index bit 3), bit 3 of 8 (bit 2), bit 2 (bit 1), bit 1 (bit 0)
         const int idx = ((lane >> 4) & 1) * 8 + ((lane >> 3) & 1) * 4 + ((lane >> 2) & 1) * 2 + ((lane >> 1) & 1);
-        if (!(lane & 1) && i0 + (idx >> 1) < sh.n)  // the warp's own row of slots: plain stores
-            acc[(size_t)(tid >> 5) * 2 * c.acc_rows + 2 * (i0 + (idx >> 1)) + (idx & 1)] = v[0];
+        if (!(lane & 1) && (idx >> 1) < ng)  // the warp's own row of slots: plain stores
+            acc[(size_t)(tid >> 5) * 2 * c.acc_rows + 2 * (b0 + (idx >> 1)) + (idx & 1)] = v[0];
     }
     flush(c, p, sh, acc);
 }
@@ -663,7 +696,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
             int rg = sh.lo / KT, kt = sh.lo - (sh.lo / KT) * KT;
             for (int i = 0; i < sh.n; i++) {
                 const int st = k.stage;
-                mbar_wait(&empty[st], k.parity ^ 1, c.err, 3, dead, waited);
+                mbar_wait<PRODUCER_SLEEP_NS>(&empty[st], k.parity ^ 1, c.err, 3, dead, waited);
                 k.next(c.stages);
                 asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                              :: "r"(saddr(&full[st])), "n"(STAGE_BYTES) : "memory");
@@ -684,7 +717,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
                 const long j = (long)cur.row * (p.K / PIECE) + cur.seg;  // its place in memory
                 const int st = k.stage;
                 // a fresh barrier's previous phase (parity 1) counts as complete: round 0 passes at once
-                mbar_wait(&empty[st], k.parity ^ 1, c.err, 3, dead, waited);
+                mbar_wait<PRODUCER_SLEEP_NS>(&empty[st], k.parity ^ 1, c.err, 3, dead, waited);
                 k.next(c.stages);
                 asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                              :: "r"(saddr(&full[st])), "n"(PIECE_BYTES) : "memory");

@@ -70,7 +70,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     probe_harness.add_common(p, SYSTEMS)
     p.add_argument("--stages", type=int, default=16,
-                   help=f"8 KB shared-memory stages of the ring (1-{MAX_STAGES}; 16 measured fastest, calls 8-9)")
+                   help=f"8 KB shared-memory stages of the ring (8-{MAX_STAGES}, a multiple of 8 with --math tiles; 16 "
+                        "measured fastest, calls 8-9)")
     p.add_argument("--blocks", type=int, default=None,
                    help="the kernel's blocks (default: the device's multiprocessors; never more, all must be "
                         "resident at once)")
@@ -93,8 +94,12 @@ def parse_args(argv=None):
     probe_harness.check_common(p, a, SYSTEMS)
     if a.device == "cpu":
         p.error("--device cpu: this probe's kernel is CUDA C++, which no interpreter runs; use --device cuda")
-    if not 1 <= a.stages <= MAX_STAGES:
-        p.error(f"--stages must be in 1..{MAX_STAGES}, got {a.stages}")
+    if not 8 <= a.stages <= MAX_STAGES:  # a batch waits for 8 stages at once
+        p.error(f"--stages must be in 8..{MAX_STAGES}, got {a.stages}")
+    if a.math == "tiles" and a.stages % 8:
+        # each consumer warp must own fixed stages: a warp a round ahead of another on a shared stage
+        # would see that stage's previous round (same parity) as complete
+        p.error(f"--stages must be a multiple of 8 with --math tiles (one stage set a consumer warp), got {a.stages}")
     if a.math == "tiles" and a.order != "contiguous":
         p.error("--order interleaved: --math tiles deals each block a contiguous range of tiles only")
     if a.blocks is not None and a.blocks < 1:
