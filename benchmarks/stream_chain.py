@@ -82,6 +82,9 @@ def parse_args(argv=None):
                    help="the consumers' products: 'cores' (CUDA cores, float32 FMAs, every warp on every piece), "
                         "'mma' (tensor cores, mma.sync m16n8k16 with the two input rows as A and eight pieces as B), "
                         "or 'tiles' (a stage is a 64 x 64 tile, the A operand of mma.sync; each warp its own stages)")
+    p.add_argument("--producer-sleep", type=int, default=64,
+                   help="ns the producer thread sleeps between looks at a stage it waits to refill (0-10000; 0: "
+                        "it spins, on the issue slots of two consumer warps)")
     p.add_argument("--order", default="contiguous", choices=("contiguous", "interleaved"),
                    help="how a phase's pieces are dealt to the blocks: contiguous ranges, or every blocks-th piece")
     p.add_argument("--skip", default="none", choices=tuple(SKIPS),
@@ -100,6 +103,8 @@ def parse_args(argv=None):
         # each consumer warp must own fixed stages: a warp a round ahead of another on a shared stage
         # would see that stage's previous round (same parity) as complete
         p.error(f"--stages must be a multiple of 8 with --math tiles (one stage set a consumer warp), got {a.stages}")
+    if not 0 <= a.producer_sleep <= 10000:
+        p.error(f"--producer-sleep must be in 0..10000 ns, got {a.producer_sleep}")
     if a.math == "tiles" and a.order != "contiguous":
         p.error("--order interleaved: --math tiles deals each block a contiguous range of tiles only")
     if a.blocks is not None and a.blocks < 1:
@@ -114,12 +119,17 @@ def parse_args(argv=None):
     return a
 
 
-def build(nvcc: str, build_dir: str, form: str = "cores") -> Path:
+def build_flags(form: str = "cores", producer_sleep_ns: int = 64) -> tuple:
+    """nvcc's flags for ``--math form`` and ``--producer-sleep``."""
+    return (*NVCC_FLAGS, *MATH[form], f"-DPRODUCER_SLEEP_NS={producer_sleep_ns}")
+
+
+def build(nvcc: str, build_dir: str, form: str = "cores", producer_sleep_ns: int = 64) -> Path:
     """The kernel's shared library for ``--math form``, built once per source and flags (a hash
     in its name) with the register report in ``<name>.ptxas.txt`` beside it; written under a
     temporary name, then renamed."""
     src = SOURCE.read_bytes()
-    flags = (*NVCC_FLAGS, *MATH[form])
+    flags = build_flags(form, producer_sleep_ns)
     key = hashlib.sha256(src + " ".join(flags).encode()).hexdigest()[:16]
     d = Path(build_dir)
     so = d / f"stream_chain-{key}.so"
@@ -174,7 +184,7 @@ class StreamChain(ChainWeights):
         self.ran = False  # the cuda system ran since the last reset (its counters are then this run's)
         self.acc_rows = acc_rows(self.shape, self.blocks, a.math)
         self.k_max = max(k for _, _, k in chain_sites(H, NQKV, INTER))
-        lib = ctypes.CDLL(str(build(a.nvcc, a.build_dir, a.math)))
+        lib = ctypes.CDLL(str(build(a.nvcc, a.build_dir, a.math, a.producer_sleep)))
         lib.stream_chain_smem_bytes.argtypes = [ctypes.c_int] * 3
         lib.stream_chain_prepare.argtypes = [ctypes.c_int] * 3
         lib.stream_chain_launch.argtypes = [ctypes.c_void_p] * 12 + [ctypes.c_int] * 10 + [ctypes.c_void_p]
@@ -248,7 +258,7 @@ def stats_lines(rows) -> str:
 
 def settings(a, chain) -> dict:
     return {"stages": a.stages, "math": a.math, "order": a.order, "skip": a.skip, "blocks": chain.blocks, "acc_rows": chain.acc_rows,
-            "smem_bytes_per_block": chain.smem_bytes, "nvcc_flags": [*NVCC_FLAGS, *MATH[a.math]]}
+            "smem_bytes_per_block": chain.smem_bytes, "nvcc_flags": list(build_flags(a.math, a.producer_sleep))}
 
 
 def main(argv=None) -> int:

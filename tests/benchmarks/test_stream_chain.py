@@ -64,6 +64,7 @@ def test_every_tile_dealt_once_within_the_row_group_slots(blocks):
     (("--device", "cpu"), "--device cpu"),
     (("--stages", "0"), "--stages"),
     (("--stages", "7"), "--stages"),
+    (("--producer-sleep", "-1"), "--producer-sleep"),
     (("--math", "tiles", "--stages", "12"), "--stages must be a multiple of 8"),
     (("--stages", "27"), "--stages"),
     (("--layers", "0"), "--layers"),
