@@ -38,6 +38,9 @@
 #ifndef STREAM_MMA
 #define STREAM_MMA 0               // 1: the consumers' products on tensor cores (mma.sync), see consume_mma
 #endif
+#ifndef STREAM_GROUPS
+#define STREAM_GROUPS 0            // 1: each piece taken by one group of 4 warps alone, see consume_groups
+#endif
 #ifndef STREAM_TILE
 #define STREAM_TILE 0              // 1: a stage is a 64 x 64 tile, each warp its own stages, see consume_tiles
 #endif
@@ -525,6 +528,88 @@ __device__ void consume_mma(const Chain& c, const Phase& p, const unsigned char*
 }
 #endif
 
+#if STREAM_GROUPS
+#define PIECE_WARPS 4                        // consumer warps on one piece (a group)
+#define GROUPS (CONSUMERS / 32 / PIECE_WARPS)  // groups of consumer warps
+#define WARP_COLS (PIECE / PIECE_WARPS)      // a warp's columns of its group's pieces (1024)
+
+// One phase's consumer work with STREAM_GROUPS: group g of consumer warps (warps 4 g .. 4 g + 3)
+// takes every GROUPS-th piece of the block's share by itself, so each stage always belongs to one
+// group (stages a multiple of GROUPS: two groups sharing a stage would alias its parity across
+// rounds). Warp q of the group multiplies columns [1024 q, 1024 q + 1024) of the piece: lane l the
+// 8 columns 256 j + 8 l of each j < 4, with the input's same columns held in registers (64 floats,
+// reloaded when a piece starts a new segment), into four chains a row; then its two sums across
+// the warp (5 exchanges each), lane 0 storing them into the piece's slot [piece][q][row]. A piece
+// is released as soon as the warp has read it (one arrive a warp, the empty barriers count 4). At
+// the phase's end each piece's four quarters are summed and added into the output rows with
+// atomics. `pos` is the ring's position (pieces so far), the same in every consumer thread.
+__device__ void consume_groups(const Chain& c, const Phase& p, const unsigned char* ring, uint64_t* full,
+                              uint64_t* empty, float* slots, long long& pos, bool& dead, long long& waited) {
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, group = warp / PIECE_WARPS, q = warp % PIECE_WARPS;
+    const Share sh(p.N * (p.K / PIECE), c.interleave);
+    const bool math = !(c.skip & SKIP_MATH);
+    const long long q0 = pos + group;
+    int stage = (int)(q0 % c.stages);
+    uint32_t parity = (uint32_t)((q0 / c.stages) & 1);
+    constexpr int J = WARP_COLS / 256;
+    float x[2][J][8];  // [row][j][e]: columns WARP_COLS q + 256 j + 8 lane + e of the current segment
+    int next_seg_at = 0;  // the first piece of the next segment (a reload at the first piece)
+    for (int i = group; i < sh.n; i += GROUPS) {
+        if (math && i >= next_seg_at) {  // uniform in the warp
+            const int seg = sh.piece(i) / p.N;
+            next_seg_at = segment_start(sh, seg + 1, p.N);
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int j = 0; j < J; j++)
+                    load8(p.in + (size_t)m * p.in_stride + seg * PIECE + WARP_COLS * q + 256 * j + 8 * lane, x[m][j]);
+        }
+        mbar_wait(&full[stage], parity, c.err, 2, dead, waited);
+        if (math) {
+            const uint4* piece =
+                reinterpret_cast<const uint4*>(ring + (size_t)stage * STAGE_BYTES) + WARP_COLS / 8 * q + lane;
+            uint4 w[J];
+#pragma unroll
+            for (int j = 0; j < J; j++) w[j] = piece[32 * j];
+            __syncwarp();
+            if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[stage])) : "memory");
+            float a[2][4] = {};
+#pragma unroll
+            for (int j = 0; j < J; j++) dot8(w[j], x[0][j], x[1][j], a[0][j & 3], a[1][j & 3]);
+            float s0 = (a[0][0] + a[0][1]) + (a[0][2] + a[0][3]), s1 = (a[1][0] + a[1][1]) + (a[1][2] + a[1][3]);
+#pragma unroll
+            for (int off = 16; off; off >>= 1) {
+                s0 += __shfl_xor_sync(0xffffffffu, s0, off);
+                s1 += __shfl_xor_sync(0xffffffffu, s1, off);
+            }
+            if (lane == 0) {
+                float* slot = slots + 2 * PIECE_WARPS * i + 2 * q;
+                slot[0] = s0;
+                slot[1] = s1;
+            }
+        } else {
+            __syncwarp();
+            if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[stage])) : "memory");
+        }
+        stage += GROUPS;
+        if (stage >= c.stages) {
+            stage -= c.stages;
+            parity ^= 1;
+        }
+    }
+    pos += sh.n;
+    if (!math) return;
+    consumers_sync();  // every piece's slots written
+    for (int i = tid; i < 2 * sh.n; i += CONSUMERS) {
+        const int piece = i >> 1, m = i & 1;
+        float sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < PIECE_WARPS; w++) sum += slots[2 * PIECE_WARPS * piece + 2 * w + m];
+        atomicAdd(&p.out[(size_t)m * p.N + sh.piece(piece) % p.N], sum);
+    }
+}
+#endif
+
 #if STREAM_TILE
 #define WARPS (CONSUMERS / 32)
 
@@ -674,7 +759,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
     if (tid == 0) {
         for (int i = 0; i < c.stages; i++) {
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(saddr(&full[i])));
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(saddr(&empty[i])), "n"(STREAM_TILE ? 1 : CONSUMERS / 32));
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
+                         :: "r"(saddr(&empty[i])), "n"(STREAM_TILE ? 1 : STREAM_GROUPS ? 4 : CONSUMERS / 32));
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -738,8 +824,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
 
     const long long c0 = clock64();
     long long in_grid = 0, waited = 0;
-#if STREAM_TILE
-    long long pos = 0;  // the ring's position (tiles so far)
+#if STREAM_TILE || STREAM_GROUPS
+    long long pos = 0;  // the ring's position (tiles or pieces so far)
 #else
     Ring k;
 #endif
@@ -761,6 +847,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
         }
 #if STREAM_TILE
         consume_tiles(c, p, ring, full, empty, acc, xs, pos, dead, waited);
+#elif STREAM_GROUPS
+        consume_groups(c, p, ring, full, empty, acc, pos, dead, waited);
 #elif STREAM_MMA
         consume_mma(c, p, ring, full, empty, acc, k, dead, waited);
 #else

@@ -59,7 +59,7 @@ SOURCE = Path(__file__).resolve().with_name("stream_chain.cu")
 PIECE = 4096  # bf16 elements a piece (the kernel's PIECE): every K must be a multiple
 MAX_STAGES = 26  # 26 x 8 KB + barriers + the warps' slots (12 KB) fit the 227 KB a Hopper block may take
 NVCC_FLAGS = ("-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-shared", "-Xcompiler", "-fPIC")
-MATH = {"cores": (), "mma": ("-DSTREAM_MMA=1",), "tiles": ("-DSTREAM_TILE=1",)}  # --math: the kernel's build variant
+MATH = {"cores": (), "groups": ("-DSTREAM_GROUPS=1",), "mma": ("-DSTREAM_MMA=1",), "tiles": ("-DSTREAM_TILE=1",)}  # --math: the kernel's build variant
 TILE = (64, 64)  # --math tiles: a stage's rows and columns (the kernel's TILE_R, TILE_C)
 SKIPS = {"none": 0, "math": 1, "grid": 2, "both": 3}  # the kernel's SKIP_MATH | SKIP_GRID
 WAITS = {1: "a grid barrier (are all --blocks resident at once? at most one a multiprocessor)",
@@ -80,6 +80,7 @@ def parse_args(argv=None):
                         "waits for full stages, the producer's waits for empty stages)")
     p.add_argument("--math", default="cores", choices=tuple(MATH),
                    help="the consumers' products: 'cores' (CUDA cores, float32 FMAs, every warp on every piece), "
+                        "'groups' (CUDA cores, each piece taken by one group of 4 warps alone, the input in registers), "
                         "'mma' (tensor cores, mma.sync m16n8k16 with the two input rows as A and eight pieces as B), "
                         "or 'tiles' (a stage is a 64 x 64 tile, the A operand of mma.sync; each warp its own stages)")
     p.add_argument("--producer-sleep", type=int, default=64,
@@ -99,6 +100,8 @@ def parse_args(argv=None):
         p.error("--device cpu: this probe's kernel is CUDA C++, which no interpreter runs; use --device cuda")
     if not 8 <= a.stages <= MAX_STAGES:  # a batch waits for 8 stages at once
         p.error(f"--stages must be in 8..{MAX_STAGES}, got {a.stages}")
+    if a.math == "groups" and a.stages % 2:
+        p.error(f"--stages must be even with --math groups (one stage set a group of warps), got {a.stages}")
     if a.math == "tiles" and a.stages % 8:
         # each consumer warp must own fixed stages: a warp a round ahead of another on a shared stage
         # would see that stage's previous round (same parity) as complete

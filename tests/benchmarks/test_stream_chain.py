@@ -66,6 +66,7 @@ def test_every_tile_dealt_once_within_the_row_group_slots(blocks):
     (("--stages", "7"), "--stages"),
     (("--producer-sleep", "-1"), "--producer-sleep"),
     (("--math", "tiles", "--stages", "12"), "--stages must be a multiple of 8"),
+    (("--math", "groups", "--stages", "9"), "--stages must be even"),
     (("--stages", "27"), "--stages"),
     (("--layers", "0"), "--layers"),
     (("--blocks", "0"), "--blocks"),
@@ -87,7 +88,7 @@ def test_build_dir_that_is_a_file_is_refused(tmp_path):
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc")
-@pytest.mark.parametrize("form", ["cores", "mma", "tiles"])
+@pytest.mark.parametrize("form", ["cores", "groups", "mma", "tiles"])
 def test_kernel_builds_without_local_memory_and_is_cached(tmp_path, form):
     so = build(NVCC, str(tmp_path), form)
     report = so.with_suffix(".ptxas.txt").read_text()
@@ -99,7 +100,7 @@ def test_kernel_builds_without_local_memory_and_is_cached(tmp_path, form):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", ["cores", "mma", "tiles"])
+@pytest.mark.parametrize("form", ["cores", "groups", "mma", "tiles"])
 def test_gpu_run_every_system_matches_torch(tmp_path, form):
     run_gpu(tmp_path, "stream_chain", "--math", form, "--build-dir", str(tmp_path / "build"), tol=1e-2)
 
@@ -152,4 +153,14 @@ def test_gpu_run_catches_a_wrong_tile_operand(tmp_path):
                        "const uint2 b = lane < 4 ? x[j * 8]", "--math", "tiles", "--layers", "3",
                        "--reps", "2", "--systems", "cuda", "--build-dir", str(tmp_path / "build"),
                        kernel="stream_chain.cu", beside=("persistent_chain.py",), gpu=True)
+    assert rows["cuda"]["rel_err_vs_torch"] > 0.3
+
+
+@pytest.mark.gpu
+def test_gpu_run_catches_a_wrong_group_sum(tmp_path):
+    """The groups form's check can fail too: each warp's second sum (the second input row) without
+    its exchanges across the warp (one line changed, in a copy) is far from F.linear's chain."""
+    rows = run_changed(tmp_path, "stream_chain", "s1 += __shfl_xor_sync(0xffffffffu, s1, off);", "s1 += 0.f;",
+                       "--math", "groups", "--layers", "3", "--reps", "2", "--systems", "cuda", "--build-dir",
+                       str(tmp_path / "build"), kernel="stream_chain.cu", beside=("persistent_chain.py",), gpu=True)
     assert rows["cuda"]["rel_err_vs_torch"] > 0.3
