@@ -1,29 +1,33 @@
-// The kernel of benchmarks/stream_chain.py (issue #18, docs/performance.md inference change 33):
+// The kernel of benchmarks/stream_chain.py (issue #18, docs/performance.md inference changes 33-34):
 // change 30's chain of GEMVs (per layer QKV -> W_O -> gate/up -> down, M = 2 rows) as one
 // persistent launch whose weight stream does not stop at the phases' dependencies.
 //
 // One block a multiprocessor, 9 warps. Warp 8 is the producer: one thread walks the block's share
 // of every weight of the chain in order, 8 KB piece (PIECE bf16) after piece, into a ring of
 // shared-memory stages with the bulk copy engine (cp.async.bulk completing on the stage's "full"
-// mbarrier). It waits only for a free stage ("empty" mbarrier, one arrive a consumer warp), never
-// for an activation, so while the consumers wait at a grid barrier the ring keeps filling with the
-// next phase's weight.
+// mbarrier). It waits only for a free stage ("empty" mbarrier, one arrive a consumer warp of the
+// stage's form), never for an activation, so while the consumers wait at a grid barrier the ring
+// keeps filling with the next phase's weight.
 // Warps 0-7 are the consumers (256 threads): at each phase they wait for every block to have
 // finished the phase before (a grid barrier: one counter, a monotone target), then consume their
-// pieces: a piece is 4096 consecutive elements of a weight row (K is a multiple of 4096: S = K /
+// pieces. In the default form (consume) a piece is 4096 consecutive elements of a weight row (K is a multiple of 4096: S = K /
 // 4096 pieces a row), and thread t multiplies elements [8t, 8t + 8) and [2048 + 8t, 2048 + 8t + 8)
 // of it with the same columns of the phase's two input rows (float32, rounded to bf16 as each
 // GEMV's output is in the chain), held in registers one segment at a time. A phase's pieces are
 // dealt to the blocks in segment-major order (all rows' first segments, then the second ones...),
 // as contiguous ranges or interleaved (every gridDim.x-th piece), so a block reloads its input
-// columns at most twice a phase: each piece's two sums are reduced across each warp and stored in
-// the warp's shared-memory slot for the piece; at the phase's end the warps' slots are summed and
+// columns at most twice a phase. Pieces are taken eight at a time (a batch never crosses a
+// segment): each piece's two sums are reduced across each warp and stored in the warp's
+// shared-memory slot for the piece; at the phase's end the warps' slots are summed and
 // added into the float32 output rows with atomics (a row's segments may be in other blocks). During
 // phase s each block zeroes its share of phase s + 1's output (nobody touches it before barrier
 // s); phase 0's output and the barrier counter are zeroed by the caller.
 //
-// Built with -DSTREAM_MMA=1 (`--math mma`) the consumers' products run on tensor cores instead
-// (consume_mma: the input rows as the A operand, eight pieces as B); the rest is the same.
+// Build variants (`--math`): -DSTREAM_MMA=1, the same layout with the products on tensor cores
+// (consume_mma: the input rows as the A operand, eight pieces as B); -DSTREAM_GROUPS=1, each piece
+// taken by one group of four warps alone (consume_groups); -DSTREAM_TILE=1, 64 x 64 tiles copied
+// from each weight's tensor map, each warp its own stages, products on tensor cores
+// (consume_tiles). -DPRODUCER_SLEEP_NS sets the producer's sleep between looks at a stage.
 //
 // Every wait gives up after ~2 s (globaltimer) and sets *err (1: a grid barrier, 2: a full stage,
 // 3: an empty stage) instead of hanging; the caller must check it. With `stats` (may be null) each

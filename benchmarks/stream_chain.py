@@ -1,4 +1,4 @@
-"""Probe (issue #18, docs/performance.md inference change 33): a weight stream that does not stop at
+"""Probe (issue #18, docs/performance.md inference changes 33-34): a weight stream that does not stop at
 the decode chain's phase boundaries, written in CUDA C++ (``stream_chain.cu`` beside this file).
 
 Changes 30-32 showed that a decode layer's GEMVs lose a few microseconds at every dependency
@@ -21,13 +21,18 @@ between the GEMVs. Systems, timed in the same process under CUDA graphs:
 The kernel is built with ``nvcc -arch=sm_90`` at first use into ``--build-dir`` (keyed by the
 source's hash and flags; the compiler's register report beside it) and called through ``ctypes``
 on PyTorch's current stream. It needs a CUDA device of compute capability 9.0 or above and
-``nvcc``; there is no CPU form (no interpreter runs CUDA C++). Options: ``--math cores|mma`` (the
-consumers' products on CUDA cores, the default and the faster form measured, or on tensor cores,
-a build variant), ``--order contiguous|interleaved`` (how a phase's pieces are dealt to the
-blocks), ``--stages``, ``--stats`` (the kernel's cycle counters), ``--skip math|grid|both``
-(diagnostics that leave a part out; their results are wrong by design). Measured on an H200
-(2026-12-04, docs/benchmarks.md): the bare stream 90.3 us a layer and 91.2 with every grid
-barrier, against the engine's GEMVs at 100.1; the whole chain 102.6 (cores) / 113.8 (mma).
+``nvcc``; there is no CPU form (no interpreter runs CUDA C++). ``--math`` picks the consumers'
+form, a build variant each: ``cores`` (the default and the fastest measured: all eight consumer
+warps on every 8 KB piece, CUDA cores, batches of eight pieces), ``groups`` (each piece taken by
+one group of four warps alone), ``mma`` (``cores``' layout, the products on tensor cores) or
+``tiles`` (64 x 64 tiles from each weight's tensor map, each warp its own stages, tensor cores).
+Other options: ``--order contiguous|interleaved`` (how a phase's pieces are dealt to the blocks),
+``--stages``, ``--producer-sleep`` (ns between the producer's looks), ``--stats`` (the kernel's
+cycle counters), ``--skip math|grid|both`` (diagnostics that leave a part out; their results are
+wrong by design). Measured on an H200 (2026-12-04, docs/benchmarks.md), us a layer against the
+engine's GEMVs at 99-101 in the same process: the bare stream 90.3 and 91.2 with every grid
+barrier (the twenty-fifth session's per-piece consumers); ``cores`` 100.5-101.9, ``groups``
+103.0-103.4, ``tiles`` 108.7-110.8, ``mma`` 113.8-114.2.
 
     python benchmarks/stream_chain.py --out docs/results/<dir>/stream.json
 
