@@ -221,13 +221,34 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity, int* e
 struct Ring {
     int stage = 0;
     uint32_t parity = 0;
+    Ring() = default;
+    __device__ __forceinline__ Ring(long long q, int stages)  // position q (pieces or tiles so far)
+        : stage((int)(q % stages)), parity((uint32_t)((q / stages) & 1)) {}
     __device__ __forceinline__ void next(int stages) {
         if (++stage == stages) {
             stage = 0;
             parity ^= 1;
         }
     }
+    __device__ __forceinline__ void advance(int n, int stages) {  // n <= stages
+        stage += n;
+        if (stage >= stages) {
+            stage -= stages;
+            parity ^= 1;
+        }
+    }
 };
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(bar)) : "memory");
+}
+
+// One arrive for the warp on `bar`: after __syncwarp every lane's reads of the stage come before
+// it, and its release orders them before the producer's next copy into the stage.
+__device__ __forceinline__ void warp_release(uint64_t* bar) {
+    __syncwarp();
+    if ((threadIdx.x & 31) == 0) mbar_arrive(bar);
+}
 
 __device__ __forceinline__ void consumers_sync() {
     asm volatile("bar.sync 1, %0;" :: "n"(CONSUMERS) : "memory");
@@ -335,7 +356,7 @@ __device__ __forceinline__ void release_batch(uint64_t* empty, const int (&st)[G
     if ((threadIdx.x & 31) == 0) {
 #pragma unroll
         for (int g = 0; g < G; g++)
-            if (g < ng) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[st[g]])) : "memory");
+            if (g < ng) mbar_arrive(&empty[st[g]]);
     }
 }
 
@@ -393,11 +414,7 @@ __device__ void consume(const Chain& c, const Phase& p, const unsigned char* rin
             }
         }
         release_batch(empty, st, ng);
-        k.stage += ng;  // ng <= G <= stages
-        if (k.stage >= c.stages) {
-            k.stage -= c.stages;
-            k.parity ^= 1;
-        }
+        k.advance(ng, c.stages);  // ng <= G <= stages
         const int b0 = i0;
         i0 += ng;
         const bool seg_ends = i0 == next_seg_at && i0 < sh.n;  // uniform
@@ -552,9 +569,7 @@ __device__ void consume_groups(const Chain& c, const Phase& p, const unsigned ch
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, group = warp / PIECE_WARPS, q = warp % PIECE_WARPS;
     const Share sh(p.N * (p.K / PIECE), c.interleave);
     const bool math = !(c.skip & SKIP_MATH);
-    const long long q0 = pos + group;
-    int stage = (int)(q0 % c.stages);
-    uint32_t parity = (uint32_t)((q0 / c.stages) & 1);
+    Ring r(pos + group, c.stages);  // this group's first piece
     constexpr int J = WARP_COLS / 256;
     float x[2][J][8];  // [row][j][e]: columns WARP_COLS q + 256 j + 8 lane + e of the current segment
     int next_seg_at = 0;  // the first piece of the next segment (a reload at the first piece)
@@ -568,15 +583,14 @@ __device__ void consume_groups(const Chain& c, const Phase& p, const unsigned ch
                 for (int j = 0; j < J; j++)
                     load8(p.in + (size_t)m * p.in_stride + seg * PIECE + WARP_COLS * q + 256 * j + 8 * lane, x[m][j]);
         }
-        mbar_wait(&full[stage], parity, c.err, 2, dead, waited);
+        mbar_wait(&full[r.stage], r.parity, c.err, 2, dead, waited);
         if (math) {
             const uint4* piece =
-                reinterpret_cast<const uint4*>(ring + (size_t)stage * STAGE_BYTES) + WARP_COLS / 8 * q + lane;
+                reinterpret_cast<const uint4*>(ring + (size_t)r.stage * STAGE_BYTES) + WARP_COLS / 8 * q + lane;
             uint4 w[J];
 #pragma unroll
             for (int j = 0; j < J; j++) w[j] = piece[32 * j];
-            __syncwarp();
-            if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[stage])) : "memory");
+            warp_release(&empty[r.stage]);
             float a[2][4] = {};
 #pragma unroll
             for (int j = 0; j < J; j++) dot8(w[j], x[0][j], x[1][j], a[0][j & 3], a[1][j & 3]);
@@ -592,14 +606,9 @@ __device__ void consume_groups(const Chain& c, const Phase& p, const unsigned ch
                 slot[1] = s1;
             }
         } else {
-            __syncwarp();
-            if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[stage])) : "memory");
+            warp_release(&empty[r.stage]);
         }
-        stage += GROUPS;
-        if (stage >= c.stages) {
-            stage -= c.stages;
-            parity ^= 1;
-        }
+        r.advance(GROUPS, c.stages);
     }
     pos += sh.n;
     if (!math) return;
@@ -676,9 +685,7 @@ __device__ void consume_tiles(const Chain& c, const Phase& p, const unsigned cha
     }
     const int t0 = sh.lo + warp;
     int rg = t0 / KT, kt = t0 - (t0 / KT) * KT;
-    const long long q0 = pos + warp;
-    int stage = (int)(q0 % c.stages);
-    uint32_t parity = (uint32_t)((q0 / c.stages) & 1);
+    Ring r(pos + warp, c.stages);  // this warp's first tile
     // ldmatrix.x4: lanes 0-7 give rows 0-7 of columns 0-7 (a0), 8-15 rows 8-15 (a1), 16-23 rows 0-7 of
     // columns 8-15 (a2), 24-31 rows 8-15 of columns 8-15 (a3)
     // (row r at r * 128 B; the swizzle puts its 16-byte chunk c at c ^ (r % 8), and r % 8 = lane % 8)
@@ -691,13 +698,13 @@ __device__ void consume_tiles(const Chain& c, const Phase& p, const unsigned cha
     int acc_rg = rg;
     bool any = false;
     for (int i = warp; i < sh.n; i += WARPS) {
-        mbar_wait(&full[stage], parity, c.err, 2, dead, waited);
+        mbar_wait(&full[r.stage], r.parity, c.err, 2, dead, waited);
         if (math) {
             if (rg != acc_rg) {  // the warp's sums of row group acc_rg are complete
                 store_sums(mine + (acc_rg - rg_first) * 2 * TILE_R, acc, lane);
                 acc_rg = rg;
             }
-            const uint32_t base = saddr(ring + (size_t)stage * STAGE_BYTES) + lane_row;
+            const uint32_t base = saddr(ring + (size_t)r.stage * STAGE_BYTES) + lane_row;
             uint32_t a[MB][KS][4];
 #pragma unroll
             for (int m = 0; m < MB; m++)
@@ -706,8 +713,7 @@ __device__ void consume_tiles(const Chain& c, const Phase& p, const unsigned cha
                     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                                  : "=r"(a[m][j][0]), "=r"(a[m][j][1]), "=r"(a[m][j][2]), "=r"(a[m][j][3])
                                  : "r"(base + m * 16 * TILE_C * 2 + lane_chunk[j]) : "memory");
-            __syncwarp();
-            if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[stage])) : "memory");
+            warp_release(&empty[r.stage]);
             const uint2* x = xb + (size_t)kt * KS * 8;
 #pragma unroll
             for (int j = 0; j < KS; j++) {
@@ -718,14 +724,9 @@ __device__ void consume_tiles(const Chain& c, const Phase& p, const unsigned cha
             }
             any = true;
         } else {
-            __syncwarp();
-            if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(&empty[stage])) : "memory");
+            warp_release(&empty[r.stage]);
         }
-        stage += WARPS;
-        if (stage >= c.stages) {
-            stage -= c.stages;
-            parity ^= 1;
-        }
+        r.advance(WARPS, c.stages);
         kt += WARPS;
         if (kt >= KT) {
             kt -= KT;

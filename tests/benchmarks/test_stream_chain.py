@@ -16,7 +16,7 @@ SCRIPT = BENCH / "stream_chain.py"
 sys.path.insert(0, str(BENCH))
 
 from persistent_chain import SHAPES, chain_sites  # noqa: E402
-from stream_chain import PIECE, TILE, acc_rows, build  # noqa: E402
+from stream_chain import MATH, PIECE, TILE, acc_rows, build  # noqa: E402
 
 NVCC = shutil.which("nvcc")
 
@@ -88,7 +88,7 @@ def test_build_dir_that_is_a_file_is_refused(tmp_path):
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc")
-@pytest.mark.parametrize("form", ["cores", "groups", "mma", "tiles"])
+@pytest.mark.parametrize("form", sorted(MATH))
 def test_kernel_builds_without_local_memory_and_is_cached(tmp_path, form):
     so = build(NVCC, str(tmp_path), form)
     report = so.with_suffix(".ptxas.txt").read_text()
@@ -100,18 +100,36 @@ def test_kernel_builds_without_local_memory_and_is_cached(tmp_path, form):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", ["cores", "groups", "mma", "tiles"])
+@pytest.mark.parametrize("form", sorted(MATH))
 def test_gpu_run_every_system_matches_torch(tmp_path, form):
     run_gpu(tmp_path, "stream_chain", "--math", form, "--build-dir", str(tmp_path / "build"), tol=1e-2)
 
 
+# Each form's check can fail: its kernel with one line changed (in a copy) must be far from
+# F.linear's chain. cores: the warp's sums without their last exchange (the odd lanes' halves left
+# out); mma: its A operand with the second input row's first k-step of each pair left out; tiles:
+# its B operand with the second input row left out (lanes 4-7 give zeros); groups: each warp's
+# second sum without its exchanges across the warp.
+CORRUPTIONS = {
+    "cores": ("v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);", "v[0] += 0.f;"),
+    "mma": ("const uint2 a = lane < 8 ? xs[2 * s2 * 8 + lane]", "const uint2 a = lane < 4 ? xs[2 * s2 * 8 + lane]"),
+    "tiles": ("const uint2 b = lane < 8 ? x[j * 8]", "const uint2 b = lane < 4 ? x[j * 8]"),
+    "groups": ("s1 += __shfl_xor_sync(0xffffffffu, s1, off);", "s1 += 0.f;"),
+}
+
+
+def test_every_form_has_a_corruption():
+    assert set(CORRUPTIONS) == set(MATH)
+    src = (BENCH / "stream_chain.cu").read_text()
+    assert all(src.count(old) == 1 for old, _ in CORRUPTIONS.values())  # each line changed is there, once
+
+
 @pytest.mark.gpu
-def test_gpu_run_catches_a_wrong_reduction(tmp_path):
-    """The check can fail: the warp's sums without their last exchange (the odd lanes' halves left
-    out; the kernel's source changed in one line, in a copy) are far from F.linear's chain."""
-    rows = run_changed(tmp_path, "stream_chain", "v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);",
-                       "v[0] += 0.f;", "--layers", "3", "--reps", "2", "--systems",
-                       "cuda", "--build-dir", str(tmp_path / "build"), kernel="stream_chain.cu",
+@pytest.mark.parametrize("form", sorted(CORRUPTIONS))
+def test_gpu_run_catches_a_corrupted_line(tmp_path, form):
+    old, new = CORRUPTIONS[form]
+    rows = run_changed(tmp_path, "stream_chain", old, new, "--math", form, "--layers", "3", "--reps", "2",
+                       "--systems", "cuda", "--build-dir", str(tmp_path / "build"), kernel="stream_chain.cu",
                        beside=("persistent_chain.py",), gpu=True)
     assert rows["cuda"]["rel_err_vs_torch"] > 0.3
 
@@ -132,35 +150,3 @@ def test_stats_lines_without_a_run():
     from stream_chain import stats_lines
 
     assert stats_lines([[0, 0, 0, 0, 0]]).count("n/a") == 5
-
-
-@pytest.mark.gpu
-def test_gpu_run_catches_a_wrong_mma_operand(tmp_path):
-    """The tensor-core form's check can fail too: its A operand with the second input row's
-    first k-step of each pair left out (one line changed, in a copy) is far from F.linear's."""
-    rows = run_changed(tmp_path, "stream_chain", "const uint2 a = lane < 8 ? xs[2 * s2 * 8 + lane]",
-                       "const uint2 a = lane < 4 ? xs[2 * s2 * 8 + lane]", "--math", "mma", "--layers", "3",
-                       "--reps", "2", "--systems", "cuda", "--build-dir", str(tmp_path / "build"),
-                       kernel="stream_chain.cu", beside=("persistent_chain.py",), gpu=True)
-    assert rows["cuda"]["rel_err_vs_torch"] > 0.3
-
-
-@pytest.mark.gpu
-def test_gpu_run_catches_a_wrong_tile_operand(tmp_path):
-    """The tile form's check can fail too: its B operand with the second input row left out (lanes
-    4-7 give zeros; one line changed, in a copy) is far from F.linear's chain."""
-    rows = run_changed(tmp_path, "stream_chain", "const uint2 b = lane < 8 ? x[j * 8]",
-                       "const uint2 b = lane < 4 ? x[j * 8]", "--math", "tiles", "--layers", "3",
-                       "--reps", "2", "--systems", "cuda", "--build-dir", str(tmp_path / "build"),
-                       kernel="stream_chain.cu", beside=("persistent_chain.py",), gpu=True)
-    assert rows["cuda"]["rel_err_vs_torch"] > 0.3
-
-
-@pytest.mark.gpu
-def test_gpu_run_catches_a_wrong_group_sum(tmp_path):
-    """The groups form's check can fail too: each warp's second sum (the second input row) without
-    its exchanges across the warp (one line changed, in a copy) is far from F.linear's chain."""
-    rows = run_changed(tmp_path, "stream_chain", "s1 += __shfl_xor_sync(0xffffffffu, s1, off);", "s1 += 0.f;",
-                       "--math", "groups", "--layers", "3", "--reps", "2", "--systems", "cuda", "--build-dir",
-                       str(tmp_path / "build"), kernel="stream_chain.cu", beside=("persistent_chain.py",), gpu=True)
-    assert rows["cuda"]["rel_err_vs_torch"] > 0.3
