@@ -10,10 +10,11 @@
 // keeps filling with the next phase's weight.
 // Warps 0-7 are the consumers (256 threads): at each phase they wait for every block to have
 // finished the phase before (a grid barrier: one counter, a monotone target), then consume their
-// pieces. In the default form (consume) a piece is 4096 consecutive elements of a weight row (K is a multiple of 4096: S = K /
-// 4096 pieces a row), and thread t multiplies elements [8t, 8t + 8) and [2048 + 8t, 2048 + 8t + 8)
-// of it with the same columns of the phase's two input rows (float32, rounded to bf16 as each
-// GEMV's output is in the chain), held in registers one segment at a time. A phase's pieces are
+// pieces. In the default form (consume) a piece is 4096 consecutive elements of a weight row (K
+// is a multiple of 4096: S = K / 4096 pieces a row), and thread t multiplies elements [8t, 8t + 8)
+// and [2048 + 8t, 2048 + 8t + 8) of it with the same columns of the phase's two input rows
+// (float32, rounded to bf16 as each GEMV's output is in the chain), held in registers one segment
+// at a time. A phase's pieces are
 // dealt to the blocks in segment-major order (all rows' first segments, then the second ones...),
 // as contiguous ranges or interleaved (every gridDim.x-th piece), so a block reloads its input
 // columns at most twice a phase. Pieces are taken eight at a time (a batch never crosses a
@@ -782,7 +783,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
             // tiles in row-group-major order, each one box of the weight's tensor map
             const int KT = p.K / TILE_C, kind = s & 3;
             const Share sh(p.N / TILE_R * KT, false);
-            const CUtensorMap* tm = kind == 0 ? &c.tmap[0] : kind == 1 ? &c.tmap[1] : kind == 2 ? &c.tmap[2] : &c.tmap[3];
+            const CUtensorMap* tm =
+                kind == 0 ? &c.tmap[0] : kind == 1 ? &c.tmap[1] : kind == 2 ? &c.tmap[2] : &c.tmap[3];
             const int row0 = (s >> 2) * p.N;  // the layer's first row in the [L * N, K] tensor
             int rg = sh.lo / KT, kt = sh.lo - (sh.lo / KT) * KT;
             for (int i = 0; i < sh.n; i++) {
@@ -793,7 +795,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
                              :: "r"(saddr(&full[st])), "n"(STAGE_BYTES) : "memory");
                 const uint32_t dst = saddr(ring + (size_t)st * STAGE_BYTES);
                 asm volatile(
-                    "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                    "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                    "[%0], [%1, {%2, %3}], [%4];"
                     :: "r"(dst), "l"(tm), "r"(kt * TILE_C), "r"(row0 + rg * TILE_R), "r"(saddr(&full[st]))
                     : "memory");
                 if (++kt == KT) {
@@ -877,7 +880,8 @@ extern "C" int stream_chain_smem_bytes(int stages, int acc_rows, int k_max) {
     // the ring, its barriers, each consumer warp's slots (with STREAM_TILE a slot is a row group's
     // 16 rows), with STREAM_MMA each warp's A operand, with STREAM_TILE the input's B operand
     return stages * STAGE_BYTES + 2 * stages * 8 + (CONSUMERS / 32) * 2 * acc_rows * 4 * (STREAM_TILE ? TILE_R : 1) +
-           STREAM_MMA * (CONSUMERS / 32) * (PIECE / (CONSUMERS / 32) / 16) * 8 * 8 + STREAM_TILE * (2 * k_max * 2 + 1024);
+           STREAM_MMA * (CONSUMERS / 32) * (PIECE / (CONSUMERS / 32) / 16) * 8 * 8 +
+           STREAM_TILE * (2 * k_max * 2 + 1024);
 }
 
 // Raises the kernel's dynamic shared-memory limit; once, before any launch (not while a graph is captured).
@@ -908,7 +912,8 @@ extern "C" int stream_chain_launch(const void* w_qkv, const void* w_o, const voi
         cudaDriverEntryPointQueryResult q;
         void* fn = nullptr;
         cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
-        if (e != cudaSuccess || q != cudaDriverEntryPointSuccess || !fn) return e != cudaSuccess ? (int)e : (int)cudaErrorNotSupported;
+        if (e != cudaSuccess) return (int)e;
+        if (q != cudaDriverEntryPointSuccess || !fn) return (int)cudaErrorNotSupported;
         encode = (Encode)fn;
     }
     const int Ns[4] = {NQKV, H, 2 * INTER, H}, Ks[4] = {H, H, H, INTER};
@@ -916,8 +921,8 @@ extern "C" int stream_chain_launch(const void* w_qkv, const void* w_o, const voi
     for (int i = 0; i < 4; i++) {
         const cuuint64_t dims[2] = {(cuuint64_t)Ks[i], (cuuint64_t)L * Ns[i]}, strides[1] = {(cuuint64_t)Ks[i] * 2};
         const cuuint32_t box[2] = {TILE_C, TILE_R}, estr[2] = {1, 1};
-        CUresult r = encode(&c.tmap[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ws[i]), dims, strides, box,
-                            estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CUresult r = encode(&c.tmap[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ws[i]), dims, strides,
+                            box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
         if (r != CUDA_SUCCESS) return -(int)r;  // a driver error (negative, told apart by the caller)
     }

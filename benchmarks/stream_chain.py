@@ -64,7 +64,8 @@ SOURCE = Path(__file__).resolve().with_name("stream_chain.cu")
 PIECE = 4096  # bf16 elements a piece (the kernel's PIECE): every K must be a multiple
 MAX_STAGES = 26  # 26 x 8 KB + barriers + the warps' slots (12 KB) fit the 227 KB a Hopper block may take
 NVCC_FLAGS = ("-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-shared", "-Xcompiler", "-fPIC")
-MATH = {"cores": (), "groups": ("-DSTREAM_GROUPS=1",), "mma": ("-DSTREAM_MMA=1",), "tiles": ("-DSTREAM_TILE=1",)}  # --math: the kernel's build variant
+# --math: the kernel's build variant
+MATH = {"cores": (), "groups": ("-DSTREAM_GROUPS=1",), "mma": ("-DSTREAM_MMA=1",), "tiles": ("-DSTREAM_TILE=1",)}
 TILE = (64, 64)  # --math tiles: a stage's rows and columns (the kernel's TILE_R, TILE_C)
 SKIPS = {"none": 0, "math": 1, "grid": 2, "both": 3}  # the kernel's SKIP_MATH | SKIP_GRID
 WAITS = {1: "a grid barrier (are all --blocks resident at once? at most one a multiprocessor)",
@@ -75,8 +76,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     probe_harness.add_common(p, SYSTEMS)
     p.add_argument("--stages", type=int, default=16,
-                   help=f"8 KB shared-memory stages of the ring (8-{MAX_STAGES}, a multiple of 8 with --math tiles; 16 "
-                        "measured fastest, calls 8-9)")
+                   help=f"8 KB shared-memory stages of the ring (8-{MAX_STAGES}; even with --math groups, a multiple "
+                        "of 8 with --math tiles; 16 measured fastest, change 33's calls 8-9)")
     p.add_argument("--blocks", type=int, default=None,
                    help="the kernel's blocks (default: the device's multiprocessors; never more, all must be "
                         "resident at once)")
@@ -85,7 +86,8 @@ def parse_args(argv=None):
                         "waits for full stages, the producer's waits for empty stages)")
     p.add_argument("--math", default="cores", choices=tuple(MATH),
                    help="the consumers' products: 'cores' (CUDA cores, float32 FMAs, every warp on every piece), "
-                        "'groups' (CUDA cores, each piece taken by one group of 4 warps alone, the input in registers), "
+                        "'groups' (CUDA cores, each piece taken by one group of 4 warps alone, the input in "
+                        "registers), "
                         "'mma' (tensor cores, mma.sync m16n8k16 with the two input rows as A and eight pieces as B), "
                         "or 'tiles' (a stage is a 64 x 64 tile, the A operand of mma.sync; each warp its own stages)")
     p.add_argument("--producer-sleep", type=int, default=64,
