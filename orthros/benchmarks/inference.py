@@ -180,20 +180,25 @@ def time_call(fn: Callable, device) -> float:
     return time.perf_counter() - t
 
 
-def script_meta(device, argv) -> Dict:
-    """The fields a micro-benchmark script's JSON meta starts with (``benchmarks/gemv.py``,
-    ``benchmarks/persistent_chain.py``): UTC time to the second, the device's name, the commit,
-    torch / triton / Python versions and the script's arguments."""
+def _environment(device) -> Dict:
+    """Where a result was measured: the device's name, the commit, torch / triton / Python versions."""
     try:
         import triton
         triton_version = triton.__version__
     except ImportError:
         triton_version = None
     dev = torch.device(device)
-    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or "cpu"),
+    return {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or "cpu"),
             "commit": commit_id(), "torch": torch.__version__, "triton": triton_version,
-            "python": platform.python_version(), "argv": list(argv)}
+            "python": platform.python_version()}
+
+
+def script_meta(device, argv) -> Dict:
+    """The fields a micro-benchmark script's JSON meta starts with (``benchmarks/gemv.py``,
+    ``benchmarks/persistent_chain.py``): UTC time to the second, :func:`_environment` and the
+    script's arguments."""
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            **_environment(device), "argv": list(argv)}
 
 
 def capture_graph(fn: Callable, device, warmup: int = 3) -> "torch.cuda.CUDAGraph":
@@ -267,25 +272,19 @@ def _progress(total, desc):
 
 
 def metadata(model, device, dtype, extra=None) -> Dict:
-    commit = commit_id()
-    dev = torch.device(device)
     meta = {
         "date": datetime.date.today().isoformat(),
-        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else platform.processor() or "cpu",
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "commit": commit,
+        **_environment(device),
         "dtype": str(dtype).replace("torch.", ""),
         "model": {k: getattr(model.config, k) for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
                                                          "num_attention_heads", "num_key_value_heads", "head_dim",
                                                          "vocab_size", "window_size")},
         "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
     }
-    for mod in ("transformers", "triton"):
-        try:
-            meta[mod] = __import__(mod).__version__
-        except ImportError:
-            meta[mod] = None
+    try:
+        meta["transformers"] = __import__("transformers").__version__
+    except ImportError:
+        meta["transformers"] = None
     meta.update(extra or {})
     return meta
 
