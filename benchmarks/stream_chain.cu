@@ -540,10 +540,8 @@ __device__ void consume_mma(const Chain& c, const Phase& p, const unsigned char*
             }
         }
         release_batch(empty, st, ng);
-        for (int g = 0; g < ng; g++) {
-            k.next(c.stages);
-            cur.next();
-        }
+        k.advance(ng, c.stages);  // ng <= G <= stages
+        for (int g = 0; g < ng; g++) cur.next();
         i0 += ng;
     }
     flush(c, p, sh, acc);
