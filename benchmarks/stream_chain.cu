@@ -28,7 +28,10 @@
 // (consume_mma: the input rows as the A operand, eight pieces as B); -DSTREAM_GROUPS=1, each piece
 // taken by one group of four warps alone (consume_groups); -DSTREAM_TILE=1, 64 x 64 tiles copied
 // from each weight's tensor map, each warp its own stages, products on tensor cores
-// (consume_tiles). -DPRODUCER_SLEEP_NS sets the producer's sleep between looks at a stage.
+// (consume_tiles); -DSTREAM_QUAD=1, batches of four pieces in four stages (a stage set, one full and
+// one empty barrier), each batch taken by one group of four warps alone, the products on tensor
+// cores with the pieces as A's rows (consume_quads). -DPRODUCER_SLEEP_NS sets the producer's sleep
+// between looks at a stage.
 //
 // Every wait gives up after ~2 s (globaltimer) and sets *err (1: a grid barrier, 2: a full stage,
 // 3: an empty stage) instead of hanging; the caller must check it. With `stats` (may be null) each
@@ -49,17 +52,21 @@
 #ifndef STREAM_TILE
 #define STREAM_TILE 0              // 1: a stage is a 64 x 64 tile, each warp its own stages, see consume_tiles
 #endif
+#ifndef STREAM_QUAD
+#define STREAM_QUAD 0              // 1: batches of 4 pieces, one group of 4 warps a batch, see consume_quads
+#endif
+#define QUAD 4                     // STREAM_QUAD: pieces a batch (stages a stage set)
 #define TILE_R 64                  // STREAM_TILE: a tile's rows (four 16-row blocks, the A operand's M)
 #define TILE_C 64                  // and columns (four k-steps): 64 x 64, 8 KB like a piece, one box of the
                                    // weight's tensor map
-// A stage's bytes: with STREAM_MMA a 16-byte skew a stage, so that the eight rows ldmatrix reads
-// at one column (eight consecutive stages) fall in different banks; with STREAM_TILE one tile,
+// A stage's bytes: with STREAM_MMA or STREAM_QUAD a 16-byte skew a stage, so that the eight rows
+// ldmatrix reads at one column (from consecutive stages) fall in different banks; with STREAM_TILE one tile,
 // written by the tensor copy with the 128-byte swizzle (row r at r * 128 B, its 16-byte chunk c at
 // chunk c ^ (r % 8): ldmatrix's 8 rows in 8 bank groups).
 #if STREAM_TILE
 #define STAGE_BYTES (TILE_R * TILE_C * 2)
 #else
-#define STAGE_BYTES (PIECE_BYTES + 16 * STREAM_MMA)
+#define STAGE_BYTES (PIECE_BYTES + 16 * (STREAM_MMA | STREAM_QUAD))
 #endif
 #define CONSUMERS 256              // threads of warps 0-7
 #define THREADS (CONSUMERS + 32)   // + the producer warp
@@ -239,6 +246,19 @@ struct Ring {
         }
     }
 };
+
+// The producer's arrive on a full barrier, announcing the bytes its copies will complete there.
+__device__ __forceinline__ void expect_bytes(uint64_t* bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(saddr(bar)), "r"(bytes) : "memory");
+}
+
+// The bulk copy of the piece at the cursor (row, segment) of phase p's weight into a stage,
+// completing its bytes on `bar`.
+__device__ __forceinline__ void copy_piece(const unsigned char* stage, const Phase& p, const Cursor& cur, uint64_t* bar) {
+    const uint16_t* src = p.w + ((size_t)cur.row * (p.K / PIECE) + cur.seg) * PIECE;  // its place in memory
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(saddr(stage)), "l"(src), "n"(PIECE_BYTES), "r"(saddr(bar)) : "memory");
+}
 
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(bar)) : "memory");
@@ -548,9 +568,26 @@ __device__ void consume_mma(const Chain& c, const Phase& p, const unsigned char*
 }
 #endif
 
-#if STREAM_GROUPS
-#define PIECE_WARPS 4                        // consumer warps on one piece (a group)
+#if STREAM_GROUPS || STREAM_QUAD
+#define PIECE_WARPS 4                        // consumer warps on one piece or batch (a group)
 #define GROUPS (CONSUMERS / 32 / PIECE_WARPS)  // groups of consumer warps
+
+// The phase's end for the forms whose pieces are each taken by one group of warps: a piece's
+// PIECE_WARPS sums a row (slots [piece][warp of the group][row]) summed and added into the output
+// rows with atomics (a row's segments may sit in other blocks).
+__device__ __forceinline__ void flush_groups(const Phase& p, const Share& sh, const float* slots) {
+    consumers_sync();  // every piece's slots written
+    for (int i = threadIdx.x; i < 2 * sh.n; i += CONSUMERS) {
+        const int piece = i >> 1, m = i & 1;
+        float sum = 0.f;
+#pragma unroll
+        for (int w = 0; w < PIECE_WARPS; w++) sum += slots[2 * PIECE_WARPS * piece + 2 * w + m];
+        atomicAdd(&p.out[(size_t)m * p.N + sh.piece(piece) % p.N], sum);
+    }
+}
+#endif
+
+#if STREAM_GROUPS
 #define WARP_COLS (PIECE / PIECE_WARPS)      // a warp's columns of its group's pieces (1024)
 
 // One phase's consumer work with STREAM_GROUPS: group g of consumer warps (warps 4 g .. 4 g + 3)
@@ -610,15 +647,7 @@ __device__ void consume_groups(const Chain& c, const Phase& p, const unsigned ch
         r.advance(GROUPS, c.stages);
     }
     pos += sh.n;
-    if (!math) return;
-    consumers_sync();  // every piece's slots written
-    for (int i = tid; i < 2 * sh.n; i += CONSUMERS) {
-        const int piece = i >> 1, m = i & 1;
-        float sum = 0.f;
-#pragma unroll
-        for (int w = 0; w < PIECE_WARPS; w++) sum += slots[2 * PIECE_WARPS * piece + 2 * w + m];
-        atomicAdd(&p.out[(size_t)m * p.N + sh.piece(piece) % p.N], sum);
-    }
+    if (math) flush_groups(p, sh, slots);
 }
 #endif
 
@@ -746,6 +775,119 @@ __device__ void consume_tiles(const Chain& c, const Phase& p, const unsigned cha
 }
 #endif
 
+#if STREAM_QUAD
+#define QUAD_STEPS (PIECE / PIECE_WARPS / 64)  // a warp's k-steps a batch (16), 64 columns of each piece a step
+
+// The batches of a share: runs of up to QUAD consecutive pieces of one segment, in order (the
+// producer and the consumers walk the same ones). A batch fills one stage set whatever its size.
+struct Batches {
+    Share sh;
+    int N, i0 = 0, ng = 0, seg = 0, next_seg_at = 0;
+    __device__ __forceinline__ Batches(const Share& s, int n_rows) : sh(s), N(n_rows) {
+        if (sh.n) start_segment();
+    }
+    __device__ __forceinline__ void start_segment() {  // at i0, once a segment: one division
+        seg = sh.piece(i0) / N;
+        next_seg_at = segment_start(sh, seg + 1, N);
+        size();
+    }
+    __device__ __forceinline__ void size() {
+        ng = sh.n - i0 < QUAD ? sh.n - i0 : QUAD;
+        ng = next_seg_at - i0 < ng ? next_seg_at - i0 : ng;
+    }
+    __device__ __forceinline__ bool more() const { return i0 < sh.n; }
+    __device__ __forceinline__ void next() {
+        i0 += ng;
+        if (i0 == next_seg_at && i0 < sh.n) start_segment();
+        else size();
+    }
+};
+
+// The input rows as the B operand of m16n8k16 for warp q of a group (col-major 16 x 8 a k-step):
+// column n = 4 m + j is input row m's columns 64 s + 16 j + [0, 16) of the warp's 1024 at k-step s,
+// so lane (g = n, t) holds b0 = columns 2t, 2t + 1 and b1 = 8 + 2t, 8 + 2t + 1 of that chunk, rounded to
+// bf16 (as the chain stores its activations). Reloaded when a batch starts a new segment.
+__device__ __forceinline__ void load_xq(const Phase& p, int seg, uint32_t (&xb)[QUAD_STEPS][2]) {
+    const int lane = threadIdx.x & 31, q = (threadIdx.x >> 5) % PIECE_WARPS, g = lane >> 2, t = lane & 3;
+    const float* src = p.in + (size_t)(g >> 2) * p.in_stride + seg * PIECE + (PIECE / PIECE_WARPS) * q + 16 * (g & 3) +
+                       2 * t;
+#pragma unroll
+    for (int s = 0; s < QUAD_STEPS; s++) {
+        const float2 lo = __ldcg(reinterpret_cast<const float2*>(src + 64 * s));
+        const float2 hi = __ldcg(reinterpret_cast<const float2*>(src + 64 * s + 8));
+        xb[s][0] = pack_bf16(lo.x, lo.y);
+        xb[s][1] = pack_bf16(hi.x, hi.y);
+    }
+}
+
+// One phase's consumer work with STREAM_QUAD. The block's share is cut into batches (Batches), the
+// t-th batch of the run (`pos`, counted over every phase) filling stage set t % sets; group t % 2 of
+// consumer warps takes it alone (sets is even, so each stage set always belongs to one group and
+// a group has up to sets / 2 batches in flight). Its products on tensor cores: m16n8k16 with A's
+// row 4 p + j = piece p's 16-column chunks of class j (chunk c with c % 4 == j) and B's column
+// 4 m + j = input row m's chunks of class j, so C[4 p + j][4 m + j] is piece p's sum for input row
+// m over class j (the rest of C is not used; the rows of a short batch's missing pieces read
+// whatever their stages hold). Warp q of the group takes columns [1024 q, 1024 q + 1024) of each
+// piece: 16 k-steps of 64 columns, one ldmatrix.x4 each (conflict free: a matrix's 8 rows are two
+// pieces x four classes, 16-byte skewed stages), all read before its release (one arrive a warp, the
+// empty barriers count 4), then 16 mma.sync. Its useful sums are added over the classes across the
+// warp (three exchanges) and stored into the pieces' slots [piece][q][row]; flush_groups at the end.
+__device__ void consume_quads(const Chain& c, const Phase& p, const unsigned char* ring, uint64_t* full,
+                              uint64_t* empty, float* slots, long long& pos, Ring& r, bool& dead, long long& waited) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, group = warp / PIECE_WARPS, q = warp % PIECE_WARPS;
+    const Share sh(p.N * (p.K / PIECE), c.interleave);
+    const bool math = !(c.skip & SKIP_MATH);
+    const int sets = c.stages / QUAD;
+    // ldmatrix.x4: lane l gives row (l % 8) + 8 ((l / 8) % 2) = 4 p + j of the A operand, columns 8 (l / 16) on
+    const int prow = ((lane & 7) >> 2) + 2 * ((lane >> 3) & 1);
+    const uint32_t lane_a = saddr(ring) + (uint32_t)(prow * STAGE_BYTES + 2 * (PIECE / PIECE_WARPS) * q +
+                                                     32 * (lane & 3) + 16 * (lane >> 4));
+    const int g = lane >> 2, t = lane & 3, j = g & 3;
+    const bool useful = (t & 1) == (j >> 1);  // lane (g, t) holds C[g][4 m + j] (m = t / 2) in c[j % 2]
+    uint32_t xb[QUAD_STEPS][2];
+    int x_seg = -1;
+    for (Batches b(sh, p.N); b.more(); b.next(), pos++) {
+        if ((int)(pos & 1) != group) continue;
+        if (math && b.seg != x_seg) {  // before the wait: the loads overlap it
+            load_xq(p, b.seg, xb);
+            x_seg = b.seg;
+        }
+        mbar_wait(&full[r.stage], r.parity, c.err, 2, dead, waited);
+        if (math) {
+            const uint32_t base = lane_a + (uint32_t)(r.stage * QUAD * STAGE_BYTES);
+            uint32_t a[QUAD_STEPS][4];
+#pragma unroll
+            for (int s = 0; s < QUAD_STEPS; s++)
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                             : "=r"(a[s][0]), "=r"(a[s][1]), "=r"(a[s][2]), "=r"(a[s][3]) : "r"(base + 128 * s)
+                             : "memory");
+            warp_release(&empty[r.stage]);
+            float d[2][4] = {};
+#pragma unroll
+            for (int s = 0; s < QUAD_STEPS; s++) mma16816(d[s & 1], a[s][0], a[s][1], a[s][2], a[s][3], xb[s][0], xb[s][1]);
+            // rows 0-7 (c0, c1) are pieces g / 4, rows 8-15 (c2, c3) pieces 2 + g / 4
+            float lo = useful ? (j & 1 ? d[0][1] + d[1][1] : d[0][0] + d[1][0]) : 0.f;
+            float hi = useful ? (j & 1 ? d[0][3] + d[1][3] : d[0][2] + d[1][2]) : 0.f;
+#pragma unroll
+            for (int off = 1; off <= 8; off <<= 1) {  // over lane bits 0, 2, 3 (t % 2 and j): the classes
+                if (off == 2) continue;
+                lo += __shfl_xor_sync(0xffffffffu, lo, off);
+                hi += __shfl_xor_sync(0xffffffffu, hi, off);
+            }
+            if ((lane & 13) == 0) {  // lanes 0, 2, 16, 18: pieces lane / 16 and 2 + lane / 16, input row (lane / 2) % 2
+                const int pl = lane >> 4, m = (lane >> 1) & 1;
+                if (pl < b.ng) slots[2 * PIECE_WARPS * (b.i0 + pl) + 2 * q + m] = lo;
+                if (pl + 2 < b.ng) slots[2 * PIECE_WARPS * (b.i0 + pl + 2) + 2 * q + m] = hi;
+            }
+        } else {
+            warp_release(&empty[r.stage]);
+        }
+        r.advance(GROUPS, sets);
+    }
+    if (math) flush_groups(p, sh, slots);
+}
+#endif
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(const __grid_constant__ Chain c) {
     extern __shared__ __align__(128) unsigned char smem[];
     // the swizzled tensor copies need their boxes 1024-byte aligned (the size asks for the slack)
@@ -764,7 +906,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
         for (int i = 0; i < c.stages; i++) {
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(saddr(&full[i])));
             asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
-                         :: "r"(saddr(&empty[i])), "n"(STREAM_TILE ? 1 : STREAM_GROUPS ? 4 : CONSUMERS / 32));
+                         :: "r"(saddr(&empty[i])), "n"(STREAM_TILE ? 1 : STREAM_GROUPS || STREAM_QUAD ? 4 : CONSUMERS / 32));
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -802,22 +944,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
                     rg++;
                 }
             }
+#elif STREAM_QUAD
+            // a batch a stage set: one wait for it, one arrive for its bytes, a copy a piece
+            const Share sh(p.N * (p.K / PIECE), c.interleave);
+            Cursor cur(sh, p.N);
+            for (Batches b(sh, p.N); b.more(); b.next()) {
+                const int set = k.stage;
+                mbar_wait<PRODUCER_SLEEP_NS>(&empty[set], k.parity ^ 1, c.err, 3, dead, waited);
+                k.next(c.stages / QUAD);
+                expect_bytes(&full[set], b.ng * PIECE_BYTES);
+                for (int i = 0; i < b.ng; i++, cur.next())
+                    copy_piece(ring + (size_t)(set * QUAD + i) * STAGE_BYTES, p, cur, &full[set]);
+            }
 #else
             const Share sh(p.N * (p.K / PIECE), c.interleave);
             Cursor cur(sh, p.N);
             for (int i = 0; i < sh.n; i++, cur.next()) {
-                const long j = (long)cur.row * (p.K / PIECE) + cur.seg;  // its place in memory
                 const int st = k.stage;
                 // a fresh barrier's previous phase (parity 1) counts as complete: round 0 passes at once
                 mbar_wait<PRODUCER_SLEEP_NS>(&empty[st], k.parity ^ 1, c.err, 3, dead, waited);
                 k.next(c.stages);
-                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                             :: "r"(saddr(&full[st])), "n"(PIECE_BYTES) : "memory");
-                asm volatile(
-                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                    :: "r"(saddr(ring + (size_t)st * STAGE_BYTES)), "l"(p.w + (size_t)j * PIECE), "n"(PIECE_BYTES),
-                       "r"(saddr(&full[st]))
-                    : "memory");
+                expect_bytes(&full[st], PIECE_BYTES);
+                copy_piece(ring + (size_t)st * STAGE_BYTES, p, cur, &full[st]);
             }
 #endif
         }
@@ -830,9 +978,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
 
     const long long c0 = clock64();
     long long in_grid = 0, waited = 0;
-#if STREAM_TILE || STREAM_GROUPS
-    long long pos = 0;  // the ring's position (tiles or pieces so far)
-#else
+#if STREAM_TILE || STREAM_GROUPS || STREAM_QUAD
+    long long pos = 0;  // the ring's position (tiles, pieces or batches so far)
+#endif
+#if STREAM_QUAD
+    Ring r(threadIdx.x / 32 / PIECE_WARPS, c.stages / QUAD);  // this group's first stage set
+#elif !(STREAM_TILE || STREAM_GROUPS)
     Ring k;
 #endif
     for (int s = 0; s < phases; s++) {
@@ -855,6 +1006,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
         consume_tiles(c, p, ring, full, empty, acc, xs, pos, dead, waited);
 #elif STREAM_GROUPS
         consume_groups(c, p, ring, full, empty, acc, pos, dead, waited);
+#elif STREAM_QUAD
+        consume_quads(c, p, ring, full, empty, acc, pos, r, dead, waited);
 #elif STREAM_MMA
         consume_mma(c, p, ring, full, empty, acc, k, dead, waited);
 #else

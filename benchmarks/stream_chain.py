@@ -24,8 +24,10 @@ on PyTorch's current stream. It needs a CUDA device of compute capability 9.0 or
 ``nvcc``; there is no CPU form (no interpreter runs CUDA C++). ``--math`` picks the consumers'
 form, a build variant each: ``cores`` (the default and the fastest measured: all eight consumer
 warps on every 8 KB piece, CUDA cores, batches of eight pieces), ``groups`` (each piece taken by
-one group of four warps alone), ``mma`` (``cores``' layout, the products on tensor cores) or
-``tiles`` (64 x 64 tiles from each weight's tensor map, each warp its own stages, tensor cores).
+one group of four warps alone), ``mma`` (``cores``' layout, the products on tensor cores),
+``tiles`` (64 x 64 tiles from each weight's tensor map, each warp its own stages, tensor cores) or
+``quads`` (batches of four 8 KB pieces in a stage set, each taken by one group of four warps
+alone, tensor cores with the pieces as the A operand's rows).
 Other options: ``--order contiguous|interleaved`` (how a phase's pieces are dealt to the blocks),
 ``--stages``, ``--producer-sleep`` (ns between the producer's looks), ``--stats`` (the kernel's
 cycle counters), ``--skip math|grid|both`` (diagnostics that leave a part out; their results are
@@ -65,7 +67,9 @@ PIECE = 4096  # bf16 elements a piece (the kernel's PIECE): every K must be a mu
 MAX_STAGES = 26  # 26 x 8 KB + barriers + the warps' slots (12 KB) fit the 227 KB a Hopper block may take
 NVCC_FLAGS = ("-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-shared", "-Xcompiler", "-fPIC")
 # --math: the kernel's build variant
-MATH = {"cores": (), "groups": ("-DSTREAM_GROUPS=1",), "mma": ("-DSTREAM_MMA=1",), "tiles": ("-DSTREAM_TILE=1",)}
+MATH = {"cores": (), "groups": ("-DSTREAM_GROUPS=1",), "mma": ("-DSTREAM_MMA=1",), "tiles": ("-DSTREAM_TILE=1",),
+        "quads": ("-DSTREAM_QUAD=1",)}
+SETS_OF_8 = ("tiles", "quads")  # forms whose stages must be a multiple of 8 (see parse_args)
 TILE = (64, 64)  # --math tiles: a stage's rows and columns (the kernel's TILE_R, TILE_C)
 SKIPS = {"none": 0, "math": 1, "grid": 2, "both": 3}  # the kernel's SKIP_MATH | SKIP_GRID
 WAITS = {1: "a grid barrier (are all --blocks resident at once? at most one a multiprocessor)",
@@ -77,7 +81,7 @@ def parse_args(argv=None):
     probe_harness.add_common(p, SYSTEMS)
     p.add_argument("--stages", type=int, default=16,
                    help=f"8 KB shared-memory stages of the ring (8-{MAX_STAGES}; even with --math groups, a multiple "
-                        "of 8 with --math tiles; 16 measured fastest, change 33's calls 8-9)")
+                        "of 8 with --math tiles or quads; 16 measured fastest, change 33's calls 8-9)")
     p.add_argument("--blocks", type=int, default=None,
                    help="the kernel's blocks (default: the device's multiprocessors; never more, all must be "
                         "resident at once)")
@@ -89,7 +93,9 @@ def parse_args(argv=None):
                         "'groups' (CUDA cores, each piece taken by one group of 4 warps alone, the input in "
                         "registers), "
                         "'mma' (tensor cores, mma.sync m16n8k16 with the two input rows as A and eight pieces as B), "
-                        "or 'tiles' (a stage is a 64 x 64 tile, the A operand of mma.sync; each warp its own stages)")
+                        "'tiles' (a stage is a 64 x 64 tile, the A operand of mma.sync; each warp its own stages), "
+                        "or 'quads' (batches of four 8 KB pieces, each taken by one group of 4 warps alone, the pieces "
+                        "as A's rows of mma.sync, split in four column classes against the input rows as B)")
     p.add_argument("--producer-sleep", type=int, default=64,
                    help="ns the producer thread sleeps between looks at a stage it waits to refill (0-10000; 0: "
                         "it spins, on the issue slots of two consumer warps)")
@@ -109,10 +115,11 @@ def parse_args(argv=None):
         p.error(f"--stages must be in 8..{MAX_STAGES}, got {a.stages}")
     if a.math == "groups" and a.stages % 2:
         p.error(f"--stages must be even with --math groups (one stage set a group of warps), got {a.stages}")
-    if a.math == "tiles" and a.stages % 8:
-        # each consumer warp must own fixed stages: a warp a round ahead of another on a shared stage
-        # would see that stage's previous round (same parity) as complete
-        p.error(f"--stages must be a multiple of 8 with --math tiles (one stage set a consumer warp), got {a.stages}")
+    if a.math in SETS_OF_8 and a.stages % 8:
+        # each consumer warp (tiles) or group of warps (quads, sets of 4 stages) must own fixed stages: one a
+        # round ahead of another on a shared stage would see that stage's previous round (same parity) as complete
+        p.error(f"--stages must be a multiple of 8 with --math {a.math} (stage sets owned by a consumer warp or "
+                f"group), got {a.stages}")
     if not 0 <= a.producer_sleep <= 10000:
         p.error(f"--producer-sleep must be in 0..10000 ns, got {a.producer_sleep}")
     if a.math == "tiles" and a.order != "contiguous":

@@ -67,6 +67,7 @@ def test_every_tile_dealt_once_within_the_row_group_slots(blocks):
     (("--producer-sleep", "-1"), "--producer-sleep"),
     (("--math", "tiles", "--stages", "12"), "--stages must be a multiple of 8"),
     (("--math", "groups", "--stages", "9"), "--stages must be even"),
+    (("--math", "quads", "--stages", "20"), "--stages must be a multiple of 8 with --math quads"),
     (("--stages", "27"), "--stages"),
     (("--layers", "0"), "--layers"),
     (("--blocks", "0"), "--blocks"),
@@ -109,12 +110,13 @@ def test_gpu_run_every_system_matches_torch(tmp_path, form):
 # F.linear's chain. cores: the warp's sums without their last exchange (the odd lanes' halves left
 # out); mma: its A operand with the second input row's first k-step of each pair left out; tiles:
 # its B operand with the second input row left out (lanes 4-7 give zeros); groups: each warp's
-# second sum without its exchanges across the warp.
+# second sum without its exchanges across the warp; quads: the wrong entries of C taken as the sums.
 CORRUPTIONS = {
     "cores": ("v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);", "v[0] += 0.f;"),
     "mma": ("const uint2 a = lane < 8 ? xs[2 * s2 * 8 + lane]", "const uint2 a = lane < 4 ? xs[2 * s2 * 8 + lane]"),
     "tiles": ("const uint2 b = lane < 8 ? x[j * 8]", "const uint2 b = lane < 4 ? x[j * 8]"),
     "groups": ("s1 += __shfl_xor_sync(0xffffffffu, s1, off);", "s1 += 0.f;"),
+    "quads": ("const bool useful = (t & 1) == (j >> 1);", "const bool useful = (t & 1) == (j & 1);"),
 }
 
 
