@@ -55,7 +55,9 @@
 #ifndef STREAM_QUAD
 #define STREAM_QUAD 0              // 1: batches of 4 pieces, one group of 4 warps a batch, see consume_quads
 #endif
-#define QUAD 4                     // STREAM_QUAD: pieces a batch (stages a stage set)
+#ifndef QUAD
+#define QUAD 4                     // STREAM_QUAD: pieces a batch (stages a stage set): 4, or 2 / 1 to size the stream
+#endif
 #define TILE_R 64                  // STREAM_TILE: a tile's rows (four 16-row blocks, the A operand's M)
 #define TILE_C 64                  // and columns (four k-steps): 64 x 64, 8 KB like a piece, one box of the
                                    // weight's tensor map
@@ -838,8 +840,9 @@ __device__ void consume_quads(const Chain& c, const Phase& p, const unsigned cha
     const Share sh(p.N * (p.K / PIECE), c.interleave);
     const bool math = !(c.skip & SKIP_MATH);
     const int sets = c.stages / QUAD;
-    // ldmatrix.x4: lane l gives row (l % 8) + 8 ((l / 8) % 2) = 4 p + j of the A operand, columns 8 (l / 16) on
-    const int prow = ((lane & 7) >> 2) + 2 * ((lane >> 3) & 1);
+    // ldmatrix.x4: lane l gives row (l % 8) + 8 ((l / 8) % 2) = 4 p + j of the A operand, columns 8 (l / 16) on;
+    // with QUAD < 4 the rows of pieces p >= QUAD read piece p % QUAD again (not stored)
+    const int prow = (((lane & 7) >> 2) + 2 * ((lane >> 3) & 1)) % QUAD;
     const uint32_t lane_a = saddr(ring) + (uint32_t)(prow * STAGE_BYTES + 2 * (PIECE / PIECE_WARPS) * q +
                                                      32 * (lane & 3) + 16 * (lane >> 4));
     const int g = lane >> 2, t = lane & 3, j = g & 3;

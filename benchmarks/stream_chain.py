@@ -99,6 +99,9 @@ def parse_args(argv=None):
     p.add_argument("--producer-sleep", type=int, default=64,
                    help="ns the producer thread sleeps between looks at a stage it waits to refill (0-10000; 0: "
                         "it spins, on the issue slots of two consumer warps)")
+    p.add_argument("--quad-pieces", type=int, default=4, choices=(1, 2, 4),
+                   help="--math quads: pieces a batch and stages a stage set (4; 2 or 1 leave rows of the A operand "
+                        "unused, to see what the batch's size does to the stream)")
     p.add_argument("--order", default="contiguous", choices=("contiguous", "interleaved"),
                    help="how a phase's pieces are dealt to the blocks: contiguous ranges, or every blocks-th piece")
     p.add_argument("--skip", default="none", choices=tuple(SKIPS),
@@ -120,6 +123,8 @@ def parse_args(argv=None):
         # round ahead of another on a shared stage would see that stage's previous round (same parity) as complete
         p.error(f"--stages must be a multiple of 8 with --math {a.math} (stage sets owned by a consumer warp or "
                 f"group), got {a.stages}")
+    if a.quad_pieces != 4 and a.math != "quads":
+        p.error(f"--quad-pieces {a.quad_pieces}: only with --math quads")
     if not 0 <= a.producer_sleep <= 10000:
         p.error(f"--producer-sleep must be in 0..10000 ns, got {a.producer_sleep}")
     if a.math == "tiles" and a.order != "contiguous":
@@ -136,17 +141,18 @@ def parse_args(argv=None):
     return a
 
 
-def build_flags(form: str = "cores", producer_sleep_ns: int = 64) -> tuple:
-    """nvcc's flags for ``--math form`` and ``--producer-sleep``."""
-    return (*NVCC_FLAGS, *MATH[form], f"-DPRODUCER_SLEEP_NS={producer_sleep_ns}")
+def build_flags(form: str = "cores", producer_sleep_ns: int = 64, quad_pieces: int = 4) -> tuple:
+    """nvcc's flags for ``--math form``, ``--producer-sleep`` and ``--quad-pieces``."""
+    quad = (f"-DQUAD={quad_pieces}",) if form == "quads" else ()
+    return (*NVCC_FLAGS, *MATH[form], f"-DPRODUCER_SLEEP_NS={producer_sleep_ns}", *quad)
 
 
-def build(nvcc: str, build_dir: str, form: str = "cores", producer_sleep_ns: int = 64) -> Path:
+def build(nvcc: str, build_dir: str, form: str = "cores", producer_sleep_ns: int = 64, quad_pieces: int = 4) -> Path:
     """The kernel's shared library for ``--math form``, built once per source and flags (a hash
     in its name) with the register report in ``<name>.ptxas.txt`` beside it; written under a
     temporary name, then renamed."""
     src = SOURCE.read_bytes()
-    flags = build_flags(form, producer_sleep_ns)
+    flags = build_flags(form, producer_sleep_ns, quad_pieces)
     key = hashlib.sha256(src + " ".join(flags).encode()).hexdigest()[:16]
     d = Path(build_dir)
     so = d / f"stream_chain-{key}.so"
@@ -201,7 +207,7 @@ class StreamChain(ChainWeights):
         self.ran = False  # the cuda system ran since the last reset (its counters are then this run's)
         self.acc_rows = acc_rows(self.shape, self.blocks, a.math)
         self.k_max = max(k for _, _, k in chain_sites(H, NQKV, INTER))
-        lib = ctypes.CDLL(str(build(a.nvcc, a.build_dir, a.math, a.producer_sleep)))
+        lib = ctypes.CDLL(str(build(a.nvcc, a.build_dir, a.math, a.producer_sleep, a.quad_pieces)))
         lib.stream_chain_smem_bytes.argtypes = [ctypes.c_int] * 3
         lib.stream_chain_prepare.argtypes = [ctypes.c_int] * 3
         lib.stream_chain_launch.argtypes = [ctypes.c_void_p] * 12 + [ctypes.c_int] * 10 + [ctypes.c_void_p]
@@ -275,7 +281,8 @@ def stats_lines(rows) -> str:
 
 def settings(a, chain) -> dict:
     return {"stages": a.stages, "math": a.math, "order": a.order, "skip": a.skip, "blocks": chain.blocks, "acc_rows": chain.acc_rows,
-            "smem_bytes_per_block": chain.smem_bytes, "nvcc_flags": list(build_flags(a.math, a.producer_sleep))}
+            "smem_bytes_per_block": chain.smem_bytes,
+            "nvcc_flags": list(build_flags(a.math, a.producer_sleep, a.quad_pieces))}
 
 
 def main(argv=None) -> int:

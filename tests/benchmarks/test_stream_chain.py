@@ -68,6 +68,8 @@ def test_every_tile_dealt_once_within_the_row_group_slots(blocks):
     (("--math", "tiles", "--stages", "12"), "--stages must be a multiple of 8"),
     (("--math", "groups", "--stages", "9"), "--stages must be even"),
     (("--math", "quads", "--stages", "20"), "--stages must be a multiple of 8 with --math quads"),
+    (("--quad-pieces", "2"), "--quad-pieces 2: only with --math quads"),
+    (("--math", "quads", "--quad-pieces", "3"), "--quad-pieces"),
     (("--stages", "27"), "--stages"),
     (("--layers", "0"), "--layers"),
     (("--blocks", "0"), "--blocks"),
