@@ -35,7 +35,8 @@
 //
 // Every wait gives up after ~2 s (globaltimer) and sets *err (1: a grid barrier, 2: a full stage,
 // 3: an empty stage) instead of hanging; the caller must check it. With `stats` (may be null) each
-// block writes STATS counters of SM cycles (clock64): where its time went (see the enum).
+// block writes STATS counters of SM cycles (clock64): where its time went (see the enum). With `trace`
+// (may be null) each block writes TRACE global-timer stamps (ns) a phase (see the enum).
 
 #include <cuda.h>  // CUtensorMap (STREAM_TILE); the driver's encoder is looked up at run time
 #include <cuda_runtime.h>
@@ -81,6 +82,9 @@
 enum { ST_TOTAL, ST_GRID, ST_FULL, ST_PROD_TOTAL, ST_EMPTY, STATS };  // cycles: consumer thread 0's run,
 // its grid-barrier waits, its full-stage waits; the producer's run, its empty-stage waits
 
+enum { TR_START, TR_END, TR_ISSUED, TRACE };  // a phase's stamps: its consumers start it (past the grid
+// barrier) and end it (before their arrive), the producer has issued its last copy
+
 enum { SKIP_MATH = 1, SKIP_GRID = 2 };  // consumers only wait and release each stage; no grid-barrier waits
 
 struct Chain {
@@ -91,6 +95,7 @@ struct Chain {
     unsigned* bar;         // grid barrier counter (zeroed by the caller)
     int* err;              // 0, or why a wait gave up
     long long* stats;      // [blocks, STATS] or null
+    unsigned long long* trace;  // [blocks, phases, TRACE] or null
     int skip;              // diagnostics (wrong results): SKIP_MATH | SKIP_GRID
     int interleave;        // a block's pieces of a phase: 0 a contiguous range, 1 every gridDim.x-th
     int H, NQKV, INTER, L;
@@ -971,6 +976,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
                 copy_piece(ring + (size_t)st * STAGE_BYTES, p, cur, &full[st]);
             }
 #endif
+            if (c.trace) c.trace[((size_t)blockIdx.x * phases + s) * TRACE + TR_ISSUED] = now_ns();
         }
         if (c.stats) {
             c.stats[blockIdx.x * STATS + ST_PROD_TOTAL] = clock64() - c0;
@@ -998,6 +1004,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
             }
             consumers_sync();
         }
+        if (c.trace && tid == 0) c.trace[((size_t)blockIdx.x * phases + s) * TRACE + TR_START] = now_ns();
         const Phase p = phase_of(c, s);
         if (s + 1 < phases) {  // zero this block's share of the next phase's output
             const Phase q = phase_of(c, s + 1);
@@ -1018,6 +1025,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
 #endif
         consumers_sync();  // every thread's atomics and zeroing issued
         if (tid == 0) {
+            if (c.trace) c.trace[((size_t)blockIdx.x * phases + s) * TRACE + TR_END] = now_ns();
             __threadfence();
             atomicAdd(c.bar, 1u);
         }
@@ -1046,14 +1054,15 @@ extern "C" int stream_chain_prepare(int stages, int acc_rows, int k_max) {
 
 extern "C" int stream_chain_launch(const void* w_qkv, const void* w_o, const void* w_gu, const void* w_d,
                                    const float* x0, float* out_qkv, float* out_o, float* out_gu, float* out_d,
-                                   unsigned* bar, int* err, long long* stats, int skip, int interleave, int H, int NQKV, int INTER, int L, int stages,
-                                   int acc_rows, int k_max, int blocks, void* stream) {
+                                   unsigned* bar, int* err, long long* stats, unsigned long long* trace, int skip,
+                                   int interleave, int H, int NQKV, int INTER, int L, int stages, int acc_rows,
+                                   int k_max, int blocks, void* stream) {
     Chain c;
     c.w[0] = (const uint16_t*)w_qkv; c.w[1] = (const uint16_t*)w_o;
     c.w[2] = (const uint16_t*)w_gu; c.w[3] = (const uint16_t*)w_d;
     c.x0 = x0;
     c.out[0] = out_qkv; c.out[1] = out_o; c.out[2] = out_gu; c.out[3] = out_d;
-    c.bar = bar; c.err = err; c.stats = stats; c.skip = skip; c.interleave = interleave;
+    c.bar = bar; c.err = err; c.stats = stats; c.trace = trace; c.skip = skip; c.interleave = interleave;
     c.H = H; c.NQKV = NQKV; c.INTER = INTER; c.L = L;
     c.stages = stages; c.acc_rows = acc_rows;
 #if STREAM_TILE
@@ -1086,5 +1095,7 @@ extern "C" int stream_chain_launch(const void* w_qkv, const void* w_o, const voi
 }
 
 extern "C" int stream_chain_stats() { return STATS; }
+
+extern "C" int stream_chain_trace() { return TRACE; }
 
 extern "C" const char* stream_chain_error_string(int e) { return cudaGetErrorString((cudaError_t)e); }

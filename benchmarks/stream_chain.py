@@ -30,7 +30,8 @@ one group of four warps alone), ``mma`` (``cores``' layout, the products on tens
 alone, tensor cores with the pieces as the A operand's rows).
 Other options: ``--order contiguous|interleaved`` (how a phase's pieces are dealt to the blocks),
 ``--stages``, ``--producer-sleep`` (ns between the producer's looks), ``--stats`` (the kernel's
-cycle counters), ``--skip math|grid|both`` (diagnostics that leave a part out; their results are
+cycle counters), ``--trace`` (when each block started and ended each phase, and when its producer
+had issued it: the grid barriers' cost per kind of phase), ``--skip math|grid|both`` (diagnostics that leave a part out; their results are
 wrong by design). Measured on an H200 (2026-12-04, docs/benchmarks.md), us a layer against the
 engine's GEMVs at 99-101 in the same process: the bare stream 90.3 and 91.2 with every grid
 barrier (the twenty-fifth session's per-piece consumers); ``cores`` 100.5-101.9, ``groups``
@@ -88,6 +89,10 @@ def parse_args(argv=None):
     p.add_argument("--stats", action="store_true",
                    help="print where the kernel's time went in its checked run (cycles a block: grid-barrier waits, "
                         "waits for full stages, the producer's waits for empty stages)")
+    p.add_argument("--trace", action="store_true",
+                   help="print, per kind of phase, when the blocks' consumers started and ended it and when their "
+                        "producer had issued it (global-timer stamps of the checked run), and write the stamps beside "
+                        "--out (<out>.trace.json)")
     p.add_argument("--math", default="cores", choices=tuple(MATH),
                    help="the consumers' products: 'cores' (CUDA cores, float32 FMAs, every warp on every piece), "
                         "'groups' (CUDA cores, each piece taken by one group of 4 warps alone, the input in "
@@ -210,9 +215,10 @@ class StreamChain(ChainWeights):
         lib = ctypes.CDLL(str(build(a.nvcc, a.build_dir, a.math, a.producer_sleep, a.quad_pieces)))
         lib.stream_chain_smem_bytes.argtypes = [ctypes.c_int] * 3
         lib.stream_chain_prepare.argtypes = [ctypes.c_int] * 3
-        lib.stream_chain_launch.argtypes = [ctypes.c_void_p] * 12 + [ctypes.c_int] * 10 + [ctypes.c_void_p]
+        lib.stream_chain_launch.argtypes = [ctypes.c_void_p] * 13 + [ctypes.c_int] * 10 + [ctypes.c_void_p]
         lib.stream_chain_error_string.restype = ctypes.c_char_p
         lib.stream_chain_stats.argtypes = []
+        lib.stream_chain_trace.argtypes = []
         smem = lib.stream_chain_smem_bytes(a.stages, self.acc_rows, self.k_max)
         if smem > props.shared_memory_per_block_optin:
             raise SystemExit(f"error: --stages {a.stages} needs {smem} B of shared memory a block, more than the "
@@ -220,6 +226,9 @@ class StreamChain(ChainWeights):
         self.lib = lib
         if a.stats:
             self.stats = torch.zeros(self.blocks, lib.stream_chain_stats(), device=device, dtype=torch.int64)
+        self.trace = None
+        if a.trace:
+            self.trace = torch.zeros(self.blocks, 4 * L, lib.stream_chain_trace(), device=device, dtype=torch.int64)
         self._check(lib.stream_chain_prepare(a.stages, self.acc_rows, self.k_max), "cudaFuncSetAttribute")
         self.smem_bytes = smem
 
@@ -239,6 +248,7 @@ class StreamChain(ChainWeights):
         self.out[0][0].zero_()  # phase 0's output (the kernel zeroes every later phase's)
         ptrs = [t.data_ptr() for t in (*self.w, self.x0f, *self.out, self.bar, self.err)]
         ptrs.append(self.stats.data_ptr() if self.stats is not None else None)
+        ptrs.append(self.trace.data_ptr() if self.trace is not None else None)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         self._check(self.lib.stream_chain_launch(*ptrs, SKIPS[a.skip], int(a.order == "interleaved"), H, NQKV, INTER,
                                                  a.layers, a.stages, self.acc_rows, self.k_max,
@@ -260,6 +270,10 @@ class StreamChain(ChainWeights):
             return f"inside the kernel, {WAITS.get(code, f'wait {code}')} gave up after ~2 s"
         if self.stats is not None and self.ran:
             print(stats_lines(self.stats.cpu().tolist()), flush=True)
+        if self.trace is not None and self.ran:
+            stamps = self.trace.cpu().tolist()
+            print(trace_lines(stamps), flush=True)
+            write_trace(self.a.out, stamps)
         return None
 
 
@@ -277,6 +291,66 @@ def stats_lines(rows) -> str:
         share = f"{mean / run:6.1%}" if run else "   n/a"
         out.append(f"  {name:20s} {mean:14.0f} / {most:14.0f}  {share}")
     return "\n".join(out)
+
+
+PHASES = ("QKV", "W_O", "gate/up", "down")  # a layer's phases, in the kernel's order
+
+
+def trace_summary(stamps) -> list:
+    """The kernel's stamps (``[block][phase][start, end, issued]``, ns) per kind of phase, over
+    every layer but the first: ``wall`` (the phase's last end after the phase before's last end),
+    ``busy`` (a block's end minus its start, mean over blocks), ``late`` (the last block's end
+    after the median block's), ``wait`` (a block's start after its own end of the phase before:
+    the grid barrier, mean), ``lead`` (a block's start after its producer had issued the whole
+    phase, mean; negative: the consumers started before), all in us, and ``last`` (the block
+    most often the last to end, with its share of the phases)."""
+    blocks, phases = len(stamps), len(stamps[0])
+    out = []
+    for kind, name in enumerate(PHASES):
+        rows = {"wall": [], "busy": [], "late": [], "wait": [], "lead": []}
+        last = [0] * blocks
+        for s in range(4 + kind, phases, 4):
+            ends = [stamps[b][s][1] for b in range(blocks)]
+            prev = [stamps[b][s - 1][1] for b in range(blocks)]
+            rows["wall"].append(max(ends) - max(prev))
+            rows["busy"].append(sum(stamps[b][s][1] - stamps[b][s][0] for b in range(blocks)) / blocks)
+            rows["late"].append(max(ends) - sorted(ends)[blocks // 2])
+            rows["wait"].append(sum(stamps[b][s][0] - prev[b] for b in range(blocks)) / blocks)
+            rows["lead"].append(sum(stamps[b][s][0] - stamps[b][s][2] for b in range(blocks)) / blocks)
+            last[ends.index(max(ends))] += 1
+        n = max(1, len(rows["wall"]))
+        top = max(range(blocks), key=last.__getitem__)
+        out.append({"phase": name, **{k: sum(v) / n / 1e3 for k, v in rows.items()},
+                    "last": top, "last_share": last[top] / n})
+    return out
+
+
+def trace_lines(stamps) -> str:
+    """:func:`trace_summary` as lines, one a kind of phase, and their sum (a layer)."""
+    rows = trace_summary(stamps)
+    out = ["kernel trace, us a phase (mean over layers 2..L): wall = last end after the phase before's last end; "
+           "busy = a block's end - start; late = last end - median end; wait = start - own previous end; "
+           "lead = start - producer done",
+           f"  {'phase':8s} {'wall':>7s} {'busy':>7s} {'late':>7s} {'wait':>7s} {'lead':>7s}  last block (share)"]
+    for r in rows:
+        out.append(f"  {r['phase']:8s} {r['wall']:7.2f} {r['busy']:7.2f} {r['late']:7.2f} {r['wait']:7.2f} "
+                   f"{r['lead']:7.2f}  {r['last']} ({r['last_share']:.0%})")
+    out.append(f"  {'layer':8s} {sum(r['wall'] for r in rows):7.2f} {sum(r['busy'] for r in rows):7.2f} "
+               f"{sum(r['late'] for r in rows):7.2f} {sum(r['wait'] for r in rows):7.2f}")
+    return "\n".join(out)
+
+
+def write_trace(out: str, stamps) -> Path:
+    """The stamps as JSON beside ``out`` (``<out without .json>.trace.json``), written under a
+    temporary name, then renamed."""
+    import json
+
+    path = Path(out[:-len(".json")] + ".trace.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps({"fields": ["start", "end", "issued"], "unit": "ns", "stamps": stamps}))
+    os.replace(tmp, path)
+    return path
 
 
 def settings(a, chain) -> dict:

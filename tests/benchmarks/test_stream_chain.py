@@ -154,3 +154,43 @@ def test_stats_lines_without_a_run():
     from stream_chain import stats_lines
 
     assert stats_lines([[0, 0, 0, 0, 0]]).count("n/a") == 5
+
+
+def synthetic_stamps(blocks=3, layers=3):
+    """Stamps (ns) of a made-up run: phase s of block b starts at 1000 s + 10 b, ends 600 ns later
+    (block 2 another 200 ns later, the last to end), its producer done 300 ns before the start."""
+    stamps = []
+    for b in range(blocks):
+        rows = []
+        for s in range(4 * layers):
+            start = 1000 * s + 10 * b
+            rows.append([start, start + 600 + (200 if b == 2 else 0), start - 300])
+        stamps.append(rows)
+    return stamps
+
+
+def test_trace_summary_reads_the_stamps():
+    from stream_chain import PHASES, trace_summary
+
+    rows = trace_summary(synthetic_stamps())
+    assert [r["phase"] for r in rows] == list(PHASES)
+    for r in rows:
+        assert r["wall"] == pytest.approx(1.0)  # every phase's last end 1000 ns after the one before
+        assert r["busy"] == pytest.approx((600 + 600 + 800) / 3 / 1e3)
+        assert r["late"] == pytest.approx((820 - 610) / 1e3)  # block 2's end after the median (block 1)
+        assert r["wait"] == pytest.approx((400 + 400 + 200) / 3 / 1e3)  # start - own previous end
+        assert r["lead"] == pytest.approx(0.3)
+        assert (r["last"], r["last_share"]) == (2, 1.0)
+
+
+def test_trace_lines_and_file(tmp_path):
+    import json
+
+    from stream_chain import trace_lines, write_trace
+
+    lines = trace_lines(synthetic_stamps()).splitlines()
+    assert len(lines) == 2 + 4 + 1 and lines[-1].split()[:2] == ["layer", "4.00"]
+    path = write_trace(str(tmp_path / "run.json"), synthetic_stamps())
+    assert path == tmp_path / "run.trace.json"
+    assert json.loads(path.read_text())["stamps"] == synthetic_stamps()
+    assert [p.name for p in tmp_path.iterdir()] == ["run.trace.json"]  # no temporary left
