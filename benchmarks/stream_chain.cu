@@ -30,7 +30,8 @@
 // from each weight's tensor map, each warp its own stages, products on tensor cores
 // (consume_tiles); -DSTREAM_QUAD=1, batches of four pieces in four stages (a stage set, one full and
 // one empty barrier), each batch taken by one group of four warps alone, the products on tensor
-// cores with the pieces as A's rows (consume_quads). -DPRODUCER_SLEEP_NS sets the producer's sleep
+// cores with the pieces as A's rows (consume_quads; with `claims`, the blocks' producers claim the
+// batches from a counter a phase, consume_quads_claimed). -DPRODUCER_SLEEP_NS sets the producer's sleep
 // between looks at a stage.
 //
 // Every wait gives up after ~2 s (globaltimer) and sets *err (1: a grid barrier, 2: a full stage,
@@ -96,6 +97,8 @@ struct Chain {
     int* err;              // 0, or why a wait gave up
     long long* stats;      // [blocks, STATS] or null
     unsigned long long* trace;  // [blocks, phases, TRACE] or null
+    unsigned* claims;      // STREAM_QUAD: [phases] batch counters (zeroed by the caller) for the claimed deal, or
+                           // null (the static deal)
     int skip;              // diagnostics (wrong results): SKIP_MATH | SKIP_GRID
     int interleave;        // a block's pieces of a phase: 0 a contiguous range, 1 every gridDim.x-th
     int H, NQKV, INTER, L;
@@ -259,10 +262,10 @@ __device__ __forceinline__ void expect_bytes(uint64_t* bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(saddr(bar)), "r"(bytes) : "memory");
 }
 
-// The bulk copy of the piece at the cursor (row, segment) of phase p's weight into a stage,
-// completing its bytes on `bar`.
-__device__ __forceinline__ void copy_piece(const unsigned char* stage, const Phase& p, const Cursor& cur, uint64_t* bar) {
-    const uint16_t* src = p.w + ((size_t)cur.row * (p.K / PIECE) + cur.seg) * PIECE;  // its place in memory
+// The bulk copy of the piece (row, segment) of phase p's weight into a stage, completing its bytes
+// on `bar`.
+__device__ __forceinline__ void copy_piece(const unsigned char* stage, const Phase& p, int row, int seg, uint64_t* bar) {
+    const uint16_t* src = p.w + ((size_t)row * (p.K / PIECE) + seg) * PIECE;  // its place in memory
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  :: "r"(saddr(stage)), "l"(src), "n"(PIECE_BYTES), "r"(saddr(bar)) : "memory");
 }
@@ -827,31 +830,64 @@ __device__ __forceinline__ void load_xq(const Phase& p, int seg, uint32_t (&xb)[
     }
 }
 
-// One phase's consumer work with STREAM_QUAD. The block's share is cut into batches (Batches), the
-// t-th batch of the run (`pos`, counted over every phase) filling stage set t % sets; group t % 2 of
-// consumer warps takes it alone (sets is even, so each stage set always belongs to one group and
-// a group has up to sets / 2 batches in flight). Its products on tensor cores: m16n8k16 with A's
-// row 4 p + j = piece p's 16-column chunks of class j (chunk c with c % 4 == j) and B's column
-// 4 m + j = input row m's chunks of class j, so C[4 p + j][4 m + j] is piece p's sum for input row
-// m over class j (the rest of C is not used; the rows of a short batch's missing pieces read
-// whatever their stages hold). Warp q of the group takes columns [1024 q, 1024 q + 1024) of each
-// piece: 16 k-steps of 64 columns, one ldmatrix.x4 each (conflict free: a matrix's 8 rows are two
-// pieces x four classes, 16-byte skewed stages), all read before its release (one arrive a warp, the
-// empty barriers count 4), then 16 mma.sync. Its useful sums are added over the classes across the
-// warp (three exchanges) and stored into the pieces' slots [piece][q][row]; flush_groups at the end.
+// A batch's products by one warp of its group (STREAM_QUAD), from the set at `base` (this lane's
+// ldmatrix row address, see consume_quads): its 1024 columns of each piece read with 16 ldmatrix.x4,
+// the set released (one arrive a warp, the empty barriers count 4), then 16 mma.sync against the
+// input's B operand `xb`. Returns, in lanes 0, 2, 16 and 18, piece lane / 16's (`lo`) and piece
+// 2 + lane / 16's (`hi`) sum over the warp's columns for input row (lane / 2) % 2.
+__device__ __forceinline__ void quad_products(uint32_t base, const uint32_t (&xb)[QUAD_STEPS][2], uint64_t* empty,
+                                              float& lo, float& hi) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3, j = g & 3;
+    uint32_t a[QUAD_STEPS][4];
+#pragma unroll
+    for (int s = 0; s < QUAD_STEPS; s++)
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(a[s][0]), "=r"(a[s][1]), "=r"(a[s][2]), "=r"(a[s][3]) : "r"(base + 128 * s) : "memory");
+    warp_release(empty);
+    float d[2][4] = {};
+#pragma unroll
+    for (int s = 0; s < QUAD_STEPS; s++) mma16816(d[s & 1], a[s][0], a[s][1], a[s][2], a[s][3], xb[s][0], xb[s][1]);
+    // lane (g, t) holds C[g][4 m + j] (m = t / 2) in c[j % 2] where t % 2 == j / 2; rows 0-7 (c0, c1)
+    // are pieces g / 4, rows 8-15 (c2, c3) pieces 2 + g / 4
+    const bool useful = (t & 1) == (j >> 1);
+    lo = useful ? (j & 1 ? d[0][1] + d[1][1] : d[0][0] + d[1][0]) : 0.f;
+    hi = useful ? (j & 1 ? d[0][3] + d[1][3] : d[0][2] + d[1][2]) : 0.f;
+#pragma unroll
+    for (int off = 1; off <= 8; off <<= 1) {  // over lane bits 0, 2, 3 (t % 2 and j): the classes
+        if (off == 2) continue;
+        lo += __shfl_xor_sync(0xffffffffu, lo, off);
+        hi += __shfl_xor_sync(0xffffffffu, hi, off);
+    }
+}
+
+// This lane's ldmatrix row address in stage set 0 for warp q of a group: lane l gives row
+// (l % 8) + 8 ((l / 8) % 2) = 4 p + j of the A operand, columns 8 (l / 16) on (with QUAD < 4 the
+// rows of pieces p >= QUAD read piece p % QUAD again, not stored).
+__device__ __forceinline__ uint32_t quad_lane_row(const unsigned char* ring, int q) {
+    const int lane = threadIdx.x & 31;
+    const int prow = (((lane & 7) >> 2) + 2 * ((lane >> 3) & 1)) % QUAD;
+    return saddr(ring) + (uint32_t)(prow * STAGE_BYTES + 2 * (PIECE / PIECE_WARPS) * q + 32 * (lane & 3) +
+                                    16 * (lane >> 4));
+}
+
+// One phase's consumer work with STREAM_QUAD and the static deal. The block's share is cut into
+// batches (Batches), the t-th batch of the run (`pos`, counted over every phase) filling stage set
+// t % sets; group t % 2 of consumer warps takes it alone (sets is even, so each stage set always
+// belongs to one group and a group has up to sets / 2 batches in flight). Its products on tensor
+// cores: m16n8k16 with A's row 4 p + j = piece p's 16-column chunks of class j (chunk c with c % 4
+// == j) and B's column 4 m + j = input row m's chunks of class j, so C[4 p + j][4 m + j] is piece
+// p's sum for input row m over class j (the rest of C is not used; the rows of a short batch's
+// missing pieces read whatever their stages hold). Warp q of the group takes columns [1024 q,
+// 1024 q + 1024) of each piece: 16 k-steps of 64 columns, one ldmatrix.x4 each (conflict free: a
+// matrix's 8 rows are two pieces x four classes, 16-byte skewed stages); quad_products. Its sums
+// go into the pieces' slots [piece][q][row]; flush_groups at the end.
 __device__ void consume_quads(const Chain& c, const Phase& p, const unsigned char* ring, uint64_t* full,
                               uint64_t* empty, float* slots, long long& pos, Ring& r, bool& dead, long long& waited) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, group = warp / PIECE_WARPS, q = warp % PIECE_WARPS;
     const Share sh(p.N * (p.K / PIECE), c.interleave);
     const bool math = !(c.skip & SKIP_MATH);
     const int sets = c.stages / QUAD;
-    // ldmatrix.x4: lane l gives row (l % 8) + 8 ((l / 8) % 2) = 4 p + j of the A operand, columns 8 (l / 16) on;
-    // with QUAD < 4 the rows of pieces p >= QUAD read piece p % QUAD again (not stored)
-    const int prow = (((lane & 7) >> 2) + 2 * ((lane >> 3) & 1)) % QUAD;
-    const uint32_t lane_a = saddr(ring) + (uint32_t)(prow * STAGE_BYTES + 2 * (PIECE / PIECE_WARPS) * q +
-                                                     32 * (lane & 3) + 16 * (lane >> 4));
-    const int g = lane >> 2, t = lane & 3, j = g & 3;
-    const bool useful = (t & 1) == (j >> 1);  // lane (g, t) holds C[g][4 m + j] (m = t / 2) in c[j % 2]
+    const uint32_t lane_a = quad_lane_row(ring, q);
     uint32_t xb[QUAD_STEPS][2];
     int x_seg = -1;
     for (Batches b(sh, p.N); b.more(); b.next(), pos++) {
@@ -862,27 +898,9 @@ __device__ void consume_quads(const Chain& c, const Phase& p, const unsigned cha
         }
         mbar_wait(&full[r.stage], r.parity, c.err, 2, dead, waited);
         if (math) {
-            const uint32_t base = lane_a + (uint32_t)(r.stage * QUAD * STAGE_BYTES);
-            uint32_t a[QUAD_STEPS][4];
-#pragma unroll
-            for (int s = 0; s < QUAD_STEPS; s++)
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                             : "=r"(a[s][0]), "=r"(a[s][1]), "=r"(a[s][2]), "=r"(a[s][3]) : "r"(base + 128 * s)
-                             : "memory");
-            warp_release(&empty[r.stage]);
-            float d[2][4] = {};
-#pragma unroll
-            for (int s = 0; s < QUAD_STEPS; s++) mma16816(d[s & 1], a[s][0], a[s][1], a[s][2], a[s][3], xb[s][0], xb[s][1]);
-            // rows 0-7 (c0, c1) are pieces g / 4, rows 8-15 (c2, c3) pieces 2 + g / 4
-            float lo = useful ? (j & 1 ? d[0][1] + d[1][1] : d[0][0] + d[1][0]) : 0.f;
-            float hi = useful ? (j & 1 ? d[0][3] + d[1][3] : d[0][2] + d[1][2]) : 0.f;
-#pragma unroll
-            for (int off = 1; off <= 8; off <<= 1) {  // over lane bits 0, 2, 3 (t % 2 and j): the classes
-                if (off == 2) continue;
-                lo += __shfl_xor_sync(0xffffffffu, lo, off);
-                hi += __shfl_xor_sync(0xffffffffu, hi, off);
-            }
-            if ((lane & 13) == 0) {  // lanes 0, 2, 16, 18: pieces lane / 16 and 2 + lane / 16, input row (lane / 2) % 2
+            float lo, hi;
+            quad_products(lane_a + (uint32_t)(r.stage * QUAD * STAGE_BYTES), xb, &empty[r.stage], lo, hi);
+            if ((lane & 13) == 0) {  // lanes 0, 2, 16, 18
                 const int pl = lane >> 4, m = (lane >> 1) & 1;
                 if (pl < b.ng) slots[2 * PIECE_WARPS * (b.i0 + pl) + 2 * q + m] = lo;
                 if (pl + 2 < b.ng) slots[2 * PIECE_WARPS * (b.i0 + pl + 2) + 2 * q + m] = hi;
@@ -893,6 +911,46 @@ __device__ void consume_quads(const Chain& c, const Phase& p, const unsigned cha
         r.advance(GROUPS, sets);
     }
     if (math) flush_groups(p, sh, slots);
+}
+
+// One phase's consumer work with STREAM_QUAD and the claimed deal (`c.claims`): the producers of
+// every block claim the phase's batches (4 consecutive pieces of one segment, batch b = pieces
+// [4 b, 4 b + 4) in segment-major order) one at a time from the phase's counter, so a block that
+// streams faster takes more of them, and tell their consumers which batch a set holds in its tag
+// (-1: the phase is over, one such set for each group). Each group takes its sets in ring order as
+// consume_quads does; the warps add their sums into the output rows with atomics.
+__device__ void consume_quads_claimed(const Chain& c, const Phase& p, const unsigned char* ring, uint64_t* full,
+                                      uint64_t* empty, const int* tags, Ring& r, bool& dead, long long& waited) {
+    const int lane = threadIdx.x & 31, q = (threadIdx.x >> 5) % PIECE_WARPS;
+    const bool math = !(c.skip & SKIP_MATH);
+    const int sets = c.stages / QUAD;
+    const uint32_t lane_a = quad_lane_row(ring, q);
+    uint32_t xb[QUAD_STEPS][2];
+    int x_seg = 0;
+    if (math) load_xq(p, 0, xb);  // batches come in increasing order: segment 0 first
+    for (;;) {
+        mbar_wait(&full[r.stage], r.parity, c.err, 2, dead, waited);
+        const int b = dead ? -1 : tags[r.stage];
+        if (b < 0 || !math) {
+            warp_release(&empty[r.stage]);
+            r.advance(GROUPS, sets);
+            if (b < 0) break;
+            continue;
+        }
+        const int first = QUAD * b, seg = first / p.N, row = first - seg * p.N;
+        if (seg != x_seg) {  // at most twice a phase
+            load_xq(p, seg, xb);
+            x_seg = seg;
+        }
+        float lo, hi;
+        quad_products(lane_a + (uint32_t)(r.stage * QUAD * STAGE_BYTES), xb, &empty[r.stage], lo, hi);
+        r.advance(GROUPS, sets);
+        if ((lane & 13) == 0) {  // lanes 0, 2, 16, 18
+            const int pl = lane >> 4, m = (lane >> 1) & 1;
+            if (pl < QUAD) atomicAdd(&p.out[(size_t)m * p.N + row + pl], lo);
+            if (pl + 2 < QUAD) atomicAdd(&p.out[(size_t)m * p.N + row + pl + 2], hi);
+        }
+    }
 }
 #endif
 
@@ -905,6 +963,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
     float* acc = reinterpret_cast<float*>(empty + c.stages);
 #if STREAM_TILE
     uint32_t* xs = reinterpret_cast<uint32_t*>(acc + (size_t)(CONSUMERS / 32) * c.acc_rows * 2 * TILE_R);
+#endif
+#if STREAM_QUAD
+    int* tags = reinterpret_cast<int*>(acc + (size_t)(CONSUMERS / 32) * 2 * c.acc_rows);  // a stage set's batch
 #endif
     const int tid = threadIdx.x;
     const int phases = 4 * c.L;
@@ -953,16 +1014,39 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
                 }
             }
 #elif STREAM_QUAD
-            // a batch a stage set: one wait for it, one arrive for its bytes, a copy a piece
-            const Share sh(p.N * (p.K / PIECE), c.interleave);
-            Cursor cur(sh, p.N);
-            for (Batches b(sh, p.N); b.more(); b.next()) {
-                const int set = k.stage;
-                mbar_wait<PRODUCER_SLEEP_NS>(&empty[set], k.parity ^ 1, c.err, 3, dead, waited);
-                k.next(c.stages / QUAD);
-                expect_bytes(&full[set], b.ng * PIECE_BYTES);
-                for (int i = 0; i < b.ng; i++, cur.next())
-                    copy_piece(ring + (size_t)(set * QUAD + i) * STAGE_BYTES, p, cur, &full[set]);
+            if (c.claims) {  // the claimed deal (consume_quads_claimed)
+                const int batches = p.N / QUAD * (p.K / PIECE);
+                int b = (int)atomicAdd(&c.claims[s], 1u);
+                for (int ends = 0; ends < GROUPS;) {  // the phase's end told to each group
+                    const int next = b < batches ? (int)atomicAdd(&c.claims[s], 1u) : b;  // its latency overlaps
+                    const int set = k.stage;
+                    mbar_wait<PRODUCER_SLEEP_NS>(&empty[set], k.parity ^ 1, c.err, 3, dead, waited);
+                    k.next(c.stages / QUAD);
+                    if (b >= batches) {  // a tag, no bytes
+                        tags[set] = -1;
+                        mbar_arrive(&full[set]);
+                        ends++;
+                        continue;
+                    }
+                    tags[set] = b;  // ordered before the consumers' reads by the arrive's release
+                    expect_bytes(&full[set], QUAD * PIECE_BYTES);
+                    const int first = QUAD * b, seg = first / p.N;
+                    for (int i = 0; i < QUAD; i++)
+                        copy_piece(ring + (size_t)(set * QUAD + i) * STAGE_BYTES, p, first - seg * p.N + i, seg,
+                                   &full[set]);
+                    b = next;
+                }
+            } else {  // the static deal: a batch a stage set, one wait for it, one arrive for its bytes, a copy a piece
+                const Share sh(p.N * (p.K / PIECE), c.interleave);
+                Cursor cur(sh, p.N);
+                for (Batches b(sh, p.N); b.more(); b.next()) {
+                    const int set = k.stage;
+                    mbar_wait<PRODUCER_SLEEP_NS>(&empty[set], k.parity ^ 1, c.err, 3, dead, waited);
+                    k.next(c.stages / QUAD);
+                    expect_bytes(&full[set], b.ng * PIECE_BYTES);
+                    for (int i = 0; i < b.ng; i++, cur.next())
+                        copy_piece(ring + (size_t)(set * QUAD + i) * STAGE_BYTES, p, cur.row, cur.seg, &full[set]);
+                }
             }
 #else
             const Share sh(p.N * (p.K / PIECE), c.interleave);
@@ -973,7 +1057,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
                 mbar_wait<PRODUCER_SLEEP_NS>(&empty[st], k.parity ^ 1, c.err, 3, dead, waited);
                 k.next(c.stages);
                 expect_bytes(&full[st], PIECE_BYTES);
-                copy_piece(ring + (size_t)st * STAGE_BYTES, p, cur, &full[st]);
+                copy_piece(ring + (size_t)st * STAGE_BYTES, p, cur.row, cur.seg, &full[st]);
             }
 #endif
             if (c.trace) c.trace[((size_t)blockIdx.x * phases + s) * TRACE + TR_ISSUED] = now_ns();
@@ -1017,7 +1101,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
 #elif STREAM_GROUPS
         consume_groups(c, p, ring, full, empty, acc, pos, dead, waited);
 #elif STREAM_QUAD
-        consume_quads(c, p, ring, full, empty, acc, pos, r, dead, waited);
+        if (c.claims) consume_quads_claimed(c, p, ring, full, empty, tags, r, dead, waited);
+        else consume_quads(c, p, ring, full, empty, acc, pos, r, dead, waited);
 #elif STREAM_MMA
         consume_mma(c, p, ring, full, empty, acc, k, dead, waited);
 #else
@@ -1040,10 +1125,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
 // Host side, called through ctypes. Returns a cudaError_t (0: launched).
 extern "C" int stream_chain_smem_bytes(int stages, int acc_rows, int k_max) {
     // the ring, its barriers, each consumer warp's slots (with STREAM_TILE a slot is a row group's
-    // 16 rows), with STREAM_MMA each warp's A operand, with STREAM_TILE the input's B operand
+    // 16 rows), with STREAM_MMA each warp's A operand, with STREAM_TILE the input's B operand, with
+    // STREAM_QUAD the stage sets' tags
     return stages * STAGE_BYTES + 2 * stages * 8 + (CONSUMERS / 32) * 2 * acc_rows * 4 * (STREAM_TILE ? TILE_R : 1) +
            STREAM_MMA * (CONSUMERS / 32) * (PIECE / (CONSUMERS / 32) / 16) * 8 * 8 +
-           STREAM_TILE * (2 * k_max * 2 + 1024);
+           STREAM_TILE * (2 * k_max * 2 + 1024) + STREAM_QUAD * (stages / QUAD) * 4;
 }
 
 // Raises the kernel's dynamic shared-memory limit; once, before any launch (not while a graph is captured).
@@ -1054,7 +1140,8 @@ extern "C" int stream_chain_prepare(int stages, int acc_rows, int k_max) {
 
 extern "C" int stream_chain_launch(const void* w_qkv, const void* w_o, const void* w_gu, const void* w_d,
                                    const float* x0, float* out_qkv, float* out_o, float* out_gu, float* out_d,
-                                   unsigned* bar, int* err, long long* stats, unsigned long long* trace, int skip,
+                                   unsigned* bar, int* err, long long* stats, unsigned long long* trace,
+                                   unsigned* claims, int skip,
                                    int interleave, int H, int NQKV, int INTER, int L, int stages, int acc_rows,
                                    int k_max, int blocks, void* stream) {
     Chain c;
@@ -1062,7 +1149,7 @@ extern "C" int stream_chain_launch(const void* w_qkv, const void* w_o, const voi
     c.w[2] = (const uint16_t*)w_gu; c.w[3] = (const uint16_t*)w_d;
     c.x0 = x0;
     c.out[0] = out_qkv; c.out[1] = out_o; c.out[2] = out_gu; c.out[3] = out_d;
-    c.bar = bar; c.err = err; c.stats = stats; c.trace = trace; c.skip = skip; c.interleave = interleave;
+    c.bar = bar; c.err = err; c.stats = stats; c.trace = trace; c.claims = claims; c.skip = skip; c.interleave = interleave;
     c.H = H; c.NQKV = NQKV; c.INTER = INTER; c.L = L;
     c.stages = stages; c.acc_rows = acc_rows;
 #if STREAM_TILE

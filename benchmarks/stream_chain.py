@@ -27,7 +27,8 @@ warps on every 8 KB piece, CUDA cores, batches of eight pieces), ``groups`` (eac
 one group of four warps alone), ``mma`` (``cores``' layout, the products on tensor cores),
 ``tiles`` (64 x 64 tiles from each weight's tensor map, each warp its own stages, tensor cores) or
 ``quads`` (batches of four 8 KB pieces in a stage set, each taken by one group of four warps
-alone, tensor cores with the pieces as the A operand's rows).
+alone, tensor cores with the pieces as the A operand's rows; ``--deal claimed``: the blocks claim
+a phase's batches from a counter instead of a fixed share).
 Other options: ``--order contiguous|interleaved`` (how a phase's pieces are dealt to the blocks),
 ``--stages``, ``--producer-sleep`` (ns between the producer's looks), ``--stats`` (the kernel's
 cycle counters), ``--trace`` (when each block started and ended each phase, and when its producer
@@ -107,6 +108,10 @@ def parse_args(argv=None):
     p.add_argument("--quad-pieces", type=int, default=4, choices=(1, 2, 4),
                    help="--math quads: pieces a batch and stages a stage set (4; 2 or 1 leave rows of the A operand "
                         "unused, to see what the batch's size does to the stream)")
+    p.add_argument("--deal", default="static", choices=("static", "claimed"),
+                   help="--math quads: each block's batches of a phase fixed by --order ('static'), or claimed one "
+                        "at a time by the blocks' producers from a counter a phase ('claimed': a block that streams "
+                        "faster takes more, so the blocks end each phase together)")
     p.add_argument("--order", default="contiguous", choices=("contiguous", "interleaved"),
                    help="how a phase's pieces are dealt to the blocks: contiguous ranges, or every blocks-th piece")
     p.add_argument("--skip", default="none", choices=tuple(SKIPS),
@@ -130,6 +135,10 @@ def parse_args(argv=None):
                 f"group), got {a.stages}")
     if a.quad_pieces != 4 and a.math != "quads":
         p.error(f"--quad-pieces {a.quad_pieces}: only with --math quads")
+    if a.deal != "static" and a.math != "quads":
+        p.error(f"--deal {a.deal}: only with --math quads")
+    if a.deal == "claimed" and a.order != "contiguous":
+        p.error("--order interleaved: with --deal claimed the blocks claim their batches, there is no order to set")
     if not 0 <= a.producer_sleep <= 10000:
         p.error(f"--producer-sleep must be in 0..10000 ns, got {a.producer_sleep}")
     if a.math == "tiles" and a.order != "contiguous":
@@ -142,7 +151,8 @@ def parse_args(argv=None):
         p.error(f"--build-dir must be a directory, got a file: {a.build_dir!r}")
     a.shape = "qwen3-8b"
     for what, n, k in chain_sites(*SHAPES[a.shape]):
-        assert k % PIECE == 0 and n % TILE[0] == 0 and k // TILE[1] >= 8, (what, n, k)  # the kernel's splits
+        # the kernel's splits (n % 4: a quads batch of 4 rows never crosses a segment)
+        assert k % PIECE == 0 and n % TILE[0] == 0 and n % 4 == 0 and k // TILE[1] >= 8, (what, n, k)
     return a
 
 
@@ -207,6 +217,8 @@ class StreamChain(ChainWeights):
         self.x0f = self.x0.float()
         self.out = [torch.zeros(L, 2, n, device=device, dtype=torch.float32) for _, n, _ in chain_sites(H, NQKV, INTER)]
         self.bar = torch.zeros(1, device=device, dtype=torch.int32)
+        # --deal claimed: a batch counter a phase (zeroed before each launch, as the grid barrier's)
+        self.claims = torch.zeros(4 * L, device=device, dtype=torch.int32) if a.deal == "claimed" else None
         self.err = torch.zeros(1, device=device, dtype=torch.int32)
         self.stats = None
         self.ran = False  # the cuda system ran since the last reset (its counters are then this run's)
@@ -215,7 +227,7 @@ class StreamChain(ChainWeights):
         lib = ctypes.CDLL(str(build(a.nvcc, a.build_dir, a.math, a.producer_sleep, a.quad_pieces)))
         lib.stream_chain_smem_bytes.argtypes = [ctypes.c_int] * 3
         lib.stream_chain_prepare.argtypes = [ctypes.c_int] * 3
-        lib.stream_chain_launch.argtypes = [ctypes.c_void_p] * 13 + [ctypes.c_int] * 10 + [ctypes.c_void_p]
+        lib.stream_chain_launch.argtypes = [ctypes.c_void_p] * 14 + [ctypes.c_int] * 10 + [ctypes.c_void_p]
         lib.stream_chain_error_string.restype = ctypes.c_char_p
         lib.stream_chain_stats.argtypes = []
         lib.stream_chain_trace.argtypes = []
@@ -245,10 +257,13 @@ class StreamChain(ChainWeights):
         H, NQKV, INTER = self.shape
         self.ran = True
         self.bar.zero_()
+        if self.claims is not None:
+            self.claims.zero_()
         self.out[0][0].zero_()  # phase 0's output (the kernel zeroes every later phase's)
         ptrs = [t.data_ptr() for t in (*self.w, self.x0f, *self.out, self.bar, self.err)]
         ptrs.append(self.stats.data_ptr() if self.stats is not None else None)
         ptrs.append(self.trace.data_ptr() if self.trace is not None else None)
+        ptrs.append(self.claims.data_ptr() if self.claims is not None else None)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         self._check(self.lib.stream_chain_launch(*ptrs, SKIPS[a.skip], int(a.order == "interleaved"), H, NQKV, INTER,
                                                  a.layers, a.stages, self.acc_rows, self.k_max,
@@ -354,7 +369,7 @@ def write_trace(out: str, stamps) -> Path:
 
 
 def settings(a, chain) -> dict:
-    return {"stages": a.stages, "math": a.math, "order": a.order, "skip": a.skip, "blocks": chain.blocks, "acc_rows": chain.acc_rows,
+    return {"stages": a.stages, "math": a.math, "deal": a.deal, "order": a.order, "skip": a.skip, "blocks": chain.blocks, "acc_rows": chain.acc_rows,
             "smem_bytes_per_block": chain.smem_bytes,
             "nvcc_flags": list(build_flags(a.math, a.producer_sleep, a.quad_pieces))}
 

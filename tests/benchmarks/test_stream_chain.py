@@ -69,6 +69,9 @@ def test_every_tile_dealt_once_within_the_row_group_slots(blocks):
     (("--math", "groups", "--stages", "9"), "--stages must be even"),
     (("--math", "quads", "--stages", "20"), "--stages must be a multiple of 8 with --math quads"),
     (("--quad-pieces", "2"), "--quad-pieces 2: only with --math quads"),
+    (("--deal", "claimed"), "--deal claimed: only with --math quads"),
+    (("--math", "quads", "--deal", "claimed", "--order", "interleaved"), "--order interleaved"),
+    (("--math", "quads", "--deal", "any"), "--deal"),
     (("--math", "quads", "--quad-pieces", "3"), "--quad-pieces"),
     (("--stages", "27"), "--stages"),
     (("--layers", "0"), "--layers"),
@@ -106,6 +109,12 @@ def test_kernel_builds_without_local_memory_and_is_cached(tmp_path, form):
 @pytest.mark.parametrize("form", sorted(MATH))
 def test_gpu_run_every_system_matches_torch(tmp_path, form):
     run_gpu(tmp_path, "stream_chain", "--math", form, "--build-dir", str(tmp_path / "build"), tol=1e-2)
+
+
+@pytest.mark.gpu
+def test_gpu_run_quads_claimed_matches_torch(tmp_path):
+    run_gpu(tmp_path, "stream_chain", "--math", "quads", "--deal", "claimed", "--build-dir", str(tmp_path / "build"),
+            tol=1e-2)
 
 
 # Each form's check can fail: its kernel with one line changed (in a copy) must be far from
