@@ -60,6 +60,9 @@
 #ifndef QUAD
 #define QUAD 4                     // STREAM_QUAD: pieces a batch (stages a stage set): 4, or 2 / 1 to size the stream
 #endif
+#ifndef BARRIER_RELAXED
+#define BARRIER_RELAXED 0          // 1 (diagnostic): a block's grid-barrier arrive without the fence before it
+#endif
 #define TILE_R 64                  // STREAM_TILE: a tile's rows (four 16-row blocks, the A operand's M)
 #define TILE_C 64                  // and columns (four k-steps): 64 x 64, 8 KB like a piece, one box of the
                                    // weight's tensor map
@@ -1111,8 +1114,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
         consumers_sync();  // every thread's atomics and zeroing issued
         if (tid == 0) {
             if (c.trace) c.trace[((size_t)blockIdx.x * phases + s) * TRACE + TR_END] = now_ns();
+#if BARRIER_RELAXED  // diagnostic: no fence before the arrive (the phase's outputs are not ordered before it)
+            asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" :: "l"(c.bar) : "memory");
+#else
             __threadfence();
             atomicAdd(c.bar, 1u);
+#endif
         }
     }
     if (c.stats && tid == 0) {

@@ -112,6 +112,10 @@ def parse_args(argv=None):
                    help="--math quads: each block's batches of a phase fixed by --order ('static'), or claimed one "
                         "at a time by the blocks' producers from a counter a phase ('claimed': a block that streams "
                         "faster takes more, so the blocks end each phase together)")
+    p.add_argument("--barrier", default="fenced", choices=("fenced", "relaxed"),
+                   help="a block's grid-barrier arrive: after a GPU-scope fence ('fenced'), or without it "
+                        "('relaxed': a diagnostic of the fence's cost; the outputs are then not ordered before the "
+                        "arrive and may be wrong)")
     p.add_argument("--order", default="contiguous", choices=("contiguous", "interleaved"),
                    help="how a phase's pieces are dealt to the blocks: contiguous ranges, or every blocks-th piece")
     p.add_argument("--skip", default="none", choices=tuple(SKIPS),
@@ -156,18 +160,20 @@ def parse_args(argv=None):
     return a
 
 
-def build_flags(form: str = "cores", producer_sleep_ns: int = 64, quad_pieces: int = 4) -> tuple:
-    """nvcc's flags for ``--math form``, ``--producer-sleep`` and ``--quad-pieces``."""
+def build_flags(form: str = "cores", producer_sleep_ns: int = 64, quad_pieces: int = 4, barrier: str = "fenced") -> tuple:
+    """nvcc's flags for ``--math form``, ``--producer-sleep``, ``--quad-pieces`` and ``--barrier``."""
     quad = (f"-DQUAD={quad_pieces}",) if form == "quads" else ()
-    return (*NVCC_FLAGS, *MATH[form], f"-DPRODUCER_SLEEP_NS={producer_sleep_ns}", *quad)
+    relaxed = ("-DBARRIER_RELAXED=1",) if barrier == "relaxed" else ()
+    return (*NVCC_FLAGS, *MATH[form], f"-DPRODUCER_SLEEP_NS={producer_sleep_ns}", *quad, *relaxed)
 
 
-def build(nvcc: str, build_dir: str, form: str = "cores", producer_sleep_ns: int = 64, quad_pieces: int = 4) -> Path:
+def build(nvcc: str, build_dir: str, form: str = "cores", producer_sleep_ns: int = 64, quad_pieces: int = 4,
+          barrier: str = "fenced") -> Path:
     """The kernel's shared library for ``--math form``, built once per source and flags (a hash
     in its name) with the register report in ``<name>.ptxas.txt`` beside it; written under a
     temporary name, then renamed."""
     src = SOURCE.read_bytes()
-    flags = build_flags(form, producer_sleep_ns, quad_pieces)
+    flags = build_flags(form, producer_sleep_ns, quad_pieces, barrier)
     key = hashlib.sha256(src + " ".join(flags).encode()).hexdigest()[:16]
     d = Path(build_dir)
     so = d / f"stream_chain-{key}.so"
@@ -224,7 +230,7 @@ class StreamChain(ChainWeights):
         self.ran = False  # the cuda system ran since the last reset (its counters are then this run's)
         self.acc_rows = acc_rows(self.shape, self.blocks, a.math)
         self.k_max = max(k for _, _, k in chain_sites(H, NQKV, INTER))
-        lib = ctypes.CDLL(str(build(a.nvcc, a.build_dir, a.math, a.producer_sleep, a.quad_pieces)))
+        lib = ctypes.CDLL(str(build(a.nvcc, a.build_dir, a.math, a.producer_sleep, a.quad_pieces, a.barrier)))
         lib.stream_chain_smem_bytes.argtypes = [ctypes.c_int] * 3
         lib.stream_chain_prepare.argtypes = [ctypes.c_int] * 3
         lib.stream_chain_launch.argtypes = [ctypes.c_void_p] * 14 + [ctypes.c_int] * 10 + [ctypes.c_void_p]
@@ -371,7 +377,7 @@ def write_trace(out: str, stamps) -> Path:
 def settings(a, chain) -> dict:
     return {"stages": a.stages, "math": a.math, "deal": a.deal, "order": a.order, "skip": a.skip, "blocks": chain.blocks, "acc_rows": chain.acc_rows,
             "smem_bytes_per_block": chain.smem_bytes,
-            "nvcc_flags": list(build_flags(a.math, a.producer_sleep, a.quad_pieces))}
+            "nvcc_flags": list(build_flags(a.math, a.producer_sleep, a.quad_pieces, a.barrier))}
 
 
 def main(argv=None) -> int:
