@@ -319,16 +319,20 @@ PHASES = ("QKV", "W_O", "gate/up", "down")  # a layer's phases, in the kernel's 
 
 def trace_summary(stamps) -> list:
     """The kernel's stamps (``[block][phase][start, end, issued]``, ns) per kind of phase, over
-    every layer but the first: ``wall`` (the phase's last end after the phase before's last end),
-    ``busy`` (a block's end minus its start, mean over blocks), ``late`` (the last block's end
-    after the median block's), ``wait`` (a block's start after its own end of the phase before:
-    the grid barrier, mean), ``lead`` (a block's start after its producer had issued the whole
-    phase, mean; negative: the consumers started before), all in us, and ``last`` (the block
-    most often the last to end, with its share of the phases)."""
-    blocks, phases = len(stamps), len(stamps[0])
+    every layer but the first, in us: ``wall`` (the phase's last end after the phase before's last
+    end), ``busy`` (a block's end minus its start, mean over blocks), ``late`` (the last block's
+    end after the median block's), ``wait`` (a block's start after its own end of the phase
+    before, mean), ``barrier`` (the first block's start after the phase before's last end: the grid
+    barrier's own latency), ``lead`` (a block's start after its producer had issued the whole
+    phase, mean; negative: the consumers started before); and ``last`` (the block most often the
+    last to end, with its share of the phases). ``wall - barrier - busy`` is what the slowest
+    block's busy time adds to the mean's (the blocks' imbalance)."""
+    blocks, phases = len(stamps), len(stamps[0]) if stamps else 0
+    if phases < 8 or phases % 4 or any(len(b) != phases or any(len(r) != 3 for r in b) for b in stamps):
+        raise ValueError("a trace holds [start, end, issued] stamps of at least two layers (8 phases) a block")
     out = []
     for kind, name in enumerate(PHASES):
-        rows = {"wall": [], "busy": [], "late": [], "wait": [], "lead": []}
+        rows = {"wall": [], "busy": [], "late": [], "wait": [], "barrier": [], "lead": []}
         last = [0] * blocks
         for s in range(4 + kind, phases, 4):
             ends = [stamps[b][s][1] for b in range(blocks)]
@@ -337,6 +341,7 @@ def trace_summary(stamps) -> list:
             rows["busy"].append(sum(stamps[b][s][1] - stamps[b][s][0] for b in range(blocks)) / blocks)
             rows["late"].append(max(ends) - sorted(ends)[blocks // 2])
             rows["wait"].append(sum(stamps[b][s][0] - prev[b] for b in range(blocks)) / blocks)
+            rows["barrier"].append(min(stamps[b][s][0] for b in range(blocks)) - max(prev))
             rows["lead"].append(sum(stamps[b][s][0] - stamps[b][s][2] for b in range(blocks)) / blocks)
             last[ends.index(max(ends))] += 1
         n = max(1, len(rows["wall"]))
@@ -346,30 +351,44 @@ def trace_summary(stamps) -> list:
     return out
 
 
+TRACE_COLUMNS = ("wall", "busy", "late", "wait", "barrier", "lead")
+
+
 def trace_lines(stamps) -> str:
     """:func:`trace_summary` as lines, one a kind of phase, and their sum (a layer)."""
     rows = trace_summary(stamps)
     out = ["kernel trace, us a phase (mean over layers 2..L): wall = last end after the phase before's last end; "
            "busy = a block's end - start; late = last end - median end; wait = start - own previous end; "
-           "lead = start - producer done",
-           f"  {'phase':8s} {'wall':>7s} {'busy':>7s} {'late':>7s} {'wait':>7s} {'lead':>7s}  last block (share)"]
+           "barrier = first start - last previous end; lead = start - producer done",
+           f"  {'phase':8s} " + " ".join(f"{c:>7s}" for c in TRACE_COLUMNS) + "  last block (share)"]
     for r in rows:
-        out.append(f"  {r['phase']:8s} {r['wall']:7.2f} {r['busy']:7.2f} {r['late']:7.2f} {r['wait']:7.2f} "
-                   f"{r['lead']:7.2f}  {r['last']} ({r['last_share']:.0%})")
-    out.append(f"  {'layer':8s} {sum(r['wall'] for r in rows):7.2f} {sum(r['busy'] for r in rows):7.2f} "
-               f"{sum(r['late'] for r in rows):7.2f} {sum(r['wait'] for r in rows):7.2f}")
+        out.append(f"  {r['phase']:8s} " + " ".join(f"{r[c]:7.2f}" for c in TRACE_COLUMNS) +
+                   f"  {r['last']} ({r['last_share']:.0%})")
+    out.append(f"  {'layer':8s} " + " ".join(f"{sum(r[c] for r in rows):7.2f}" for c in TRACE_COLUMNS[:-1]))
     return "\n".join(out)
 
 
-def write_trace(out: str, stamps) -> Path:
-    """The stamps as JSON beside ``out`` (``<out without .json>.trace.json``), written under a
-    temporary name, then renamed."""
+def read_trace(path) -> list:
+    """The stamps of a ``.trace.json`` (:func:`write_trace`) in ns from its origin."""
     import json
 
+    with open(path) as f:
+        data = json.load(f)
+    k = data.get("ns_per_unit", 1)
+    return [[[v * k for v in r] for r in b] for b in data["stamps"]]
+
+
+def write_trace(out: str, stamps) -> Path:
+    """The stamps as JSON beside ``out`` (``<out without .json>.trace.json``): ns from the
+    earliest stamp (``origin_ns``), written under a temporary name, then renamed."""
+    import json
+
+    t0 = min(v for b in stamps for r in b for v in r)
     path = Path(out[:-len(".json")] + ".trace.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps({"fields": ["start", "end", "issued"], "unit": "ns", "stamps": stamps}))
+    tmp.write_text(json.dumps({"fields": ["start", "end", "issued"], "origin_ns": t0, "ns_per_unit": 1,
+                               "stamps": [[[v - t0 for v in r] for r in b] for b in stamps]}, separators=(",", ":")))
     os.replace(tmp, path)
     return path
 

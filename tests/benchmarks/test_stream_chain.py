@@ -189,6 +189,7 @@ def test_trace_summary_reads_the_stamps():
         assert r["late"] == pytest.approx((820 - 610) / 1e3)  # block 2's end after the median (block 1)
         assert r["wait"] == pytest.approx((400 + 400 + 200) / 3 / 1e3)  # start - own previous end
         assert r["lead"] == pytest.approx(0.3)
+        assert r["barrier"] == pytest.approx((1000 - 820) / 1e3)  # block 0's start after block 2's previous end
         assert (r["last"], r["last_share"]) == (2, 1.0)
 
 
@@ -197,9 +198,13 @@ def test_trace_lines_and_file(tmp_path):
 
     from stream_chain import trace_lines, write_trace
 
+    from stream_chain import read_trace
+
     lines = trace_lines(synthetic_stamps()).splitlines()
     assert len(lines) == 2 + 4 + 1 and lines[-1].split()[:2] == ["layer", "4.00"]
-    path = write_trace(str(tmp_path / "run.json"), synthetic_stamps())
+    stamps = [[[v + 10 ** 12 for v in r] for r in b] for b in synthetic_stamps()]  # a global timer's values
+    path = write_trace(str(tmp_path / "run.json"), stamps)
     assert path == tmp_path / "run.trace.json"
-    assert json.loads(path.read_text())["stamps"] == synthetic_stamps()
+    assert json.loads(path.read_text())["origin_ns"] == 10 ** 12 - 300
+    assert trace_lines(read_trace(path)) == trace_lines(stamps)  # the same summary from the file
     assert [p.name for p in tmp_path.iterdir()] == ["run.trace.json"]  # no temporary left
