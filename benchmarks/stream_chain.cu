@@ -61,7 +61,8 @@
 #define QUAD 4                     // STREAM_QUAD: pieces a batch (stages a stage set): 4, or 2 / 1 to size the stream
 #endif
 #ifndef BARRIER_RELAXED
-#define BARRIER_RELAXED 0          // 1 (diagnostic): a block's grid-barrier arrive without the fence before it
+#define BARRIER_RELAXED 0          // a block's grid-barrier arrive: 0 after __threadfence, 1 (diagnostic) without a
+                                   // fence, 2 after fence.acq_rel.gpu
 #endif
 #define TILE_R 64                  // STREAM_TILE: a tile's rows (four 16-row blocks, the A operand's M)
 #define TILE_C 64                  // and columns (four k-steps): 64 x 64, 8 KB like a piece, one box of the
@@ -1114,8 +1115,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
         consumers_sync();  // every thread's atomics and zeroing issued
         if (tid == 0) {
             if (c.trace) c.trace[((size_t)blockIdx.x * phases + s) * TRACE + TR_END] = now_ns();
-#if BARRIER_RELAXED  // diagnostic: no fence before the arrive (the phase's outputs are not ordered before it)
+#if BARRIER_RELAXED == 1  // diagnostic: no fence before the arrive (the phase's outputs are not ordered before it)
             asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" :: "l"(c.bar) : "memory");
+#elif BARRIER_RELAXED == 2  // an acquire-release fence (not sequentially consistent) before a relaxed arrive
+            asm volatile("fence.acq_rel.gpu;\n red.relaxed.gpu.global.add.u32 [%0], 1;" :: "l"(c.bar) : "memory");
 #else
             __threadfence();
             atomicAdd(c.bar, 1u);

@@ -71,6 +71,7 @@ NVCC_FLAGS = ("-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-shared", "-
 # --math: the kernel's build variant
 MATH = {"cores": (), "groups": ("-DSTREAM_GROUPS=1",), "mma": ("-DSTREAM_MMA=1",), "tiles": ("-DSTREAM_TILE=1",),
         "quads": ("-DSTREAM_QUAD=1",)}
+BARRIERS = ("fenced", "relaxed", "acq_rel")  # --barrier: the kernel's BARRIER_RELAXED 0, 1, 2
 SETS_OF_8 = ("tiles", "quads")  # forms whose stages must be a multiple of 8 (see parse_args)
 TILE = (64, 64)  # --math tiles: a stage's rows and columns (the kernel's TILE_R, TILE_C)
 SKIPS = {"none": 0, "math": 1, "grid": 2, "both": 3}  # the kernel's SKIP_MATH | SKIP_GRID
@@ -112,10 +113,10 @@ def parse_args(argv=None):
                    help="--math quads: each block's batches of a phase fixed by --order ('static'), or claimed one "
                         "at a time by the blocks' producers from a counter a phase ('claimed': a block that streams "
                         "faster takes more, so the blocks end each phase together)")
-    p.add_argument("--barrier", default="fenced", choices=("fenced", "relaxed"),
-                   help="a block's grid-barrier arrive: after a GPU-scope fence ('fenced'), or without it "
-                        "('relaxed': a diagnostic of the fence's cost; the outputs are then not ordered before the "
-                        "arrive and may be wrong)")
+    p.add_argument("--barrier", default="fenced", choices=BARRIERS,
+                   help="a block's grid-barrier arrive: after __threadfence() ('fenced'), after fence.acq_rel.gpu "
+                        "('acq_rel'), or without a fence ('relaxed': a diagnostic of the fence's cost; the outputs "
+                        "are then not ordered before the arrive and may be wrong)")
     p.add_argument("--order", default="contiguous", choices=("contiguous", "interleaved"),
                    help="how a phase's pieces are dealt to the blocks: contiguous ranges, or every blocks-th piece")
     p.add_argument("--skip", default="none", choices=tuple(SKIPS),
@@ -163,7 +164,7 @@ def parse_args(argv=None):
 def build_flags(form: str = "cores", producer_sleep_ns: int = 64, quad_pieces: int = 4, barrier: str = "fenced") -> tuple:
     """nvcc's flags for ``--math form``, ``--producer-sleep``, ``--quad-pieces`` and ``--barrier``."""
     quad = (f"-DQUAD={quad_pieces}",) if form == "quads" else ()
-    relaxed = ("-DBARRIER_RELAXED=1",) if barrier == "relaxed" else ()
+    relaxed = (f"-DBARRIER_RELAXED={BARRIERS.index(barrier)}",) if barrier != "fenced" else ()
     return (*NVCC_FLAGS, *MATH[form], f"-DPRODUCER_SLEEP_NS={producer_sleep_ns}", *quad, *relaxed)
 
 
