@@ -74,7 +74,7 @@ def main(argv=None) -> int:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 0.8 + 0.45 * len(data)))
+    fig, ax = plt.subplots(figsize=(9, 1.3 + 0.45 * len(data)))
     for i, (_, d) in enumerate(data):
         left = 0.0
         for j, part in enumerate(PARTS):
@@ -90,8 +90,7 @@ def main(argv=None) -> int:
     ax.set_title(a.title, fontsize=10)
     ax.set_xlabel("us a layer (mean over layers 2..L)")
     ax.grid(axis="x", alpha=0.3)
-    handles, labels = ax.get_legend_handles_labels()
-    ax.legend(handles, labels, fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=4, frameon=False)
     fig.tight_layout()
     save_figure(fig, a.out, dpi=110)
     print(f"wrote {a.out}")
