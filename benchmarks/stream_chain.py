@@ -30,13 +30,16 @@ one group of four warps alone), ``mma`` (``cores``' layout, the products on tens
 alone, tensor cores with the pieces as the A operand's rows; ``--deal claimed``: the blocks claim
 a phase's batches from a counter instead of a fixed share).
 Other options: ``--order contiguous|interleaved`` (how a phase's pieces are dealt to the blocks),
-``--stages``, ``--producer-sleep`` (ns between the producer's looks), ``--stats`` (the kernel's
-cycle counters), ``--trace`` (when each block started and ended each phase, and when its producer
-had issued it: the grid barriers' cost per kind of phase), ``--skip math|grid|both`` (diagnostics that leave a part out; their results are
-wrong by design). Measured on an H200 (2026-12-04, docs/benchmarks.md), us a layer against the
+``--stages``, ``--producer-sleep`` (ns between the producer's looks), ``--quad-pieces`` (``quads``'
+batch size), ``--stats`` (the kernel's cycle counters), ``--trace`` (when each block started and
+ended each phase, and when its producer had issued it: the grid barriers' cost per kind of phase,
+``benchmarks/plot_trace.py`` plots it), ``--barrier fenced|acq_rel|relaxed`` (the fence before a
+block's barrier arrive; ``relaxed`` is a diagnostic), ``--skip math|grid|both`` (diagnostics that
+leave a part out; their results are wrong by design). Measured on an H200 (2026-12-04, docs/benchmarks.md), us a layer against the
 engine's GEMVs at 99-101 in the same process: the bare stream 90.3 and 91.2 with every grid
-barrier (the twenty-fifth session's per-piece consumers); ``cores`` 100.5-101.9, ``groups``
-103.0-103.4, ``tiles`` 108.7-110.8, ``mma`` 113.8-114.2.
+barrier (the twenty-fifth session's per-piece consumers), ``quads``' 90.0 without barriers;
+``cores`` 100.5-102.5, ``groups`` 103.0-103.4, ``quads`` 107.8-108.1 (claimed 111.0-111.7),
+``tiles`` 108.7-110.8, ``mma`` 113.8-114.2.
 
     python benchmarks/stream_chain.py --out docs/results/<dir>/stream.json
 
