@@ -268,7 +268,8 @@ __device__ __forceinline__ void expect_bytes(uint64_t* bar, uint32_t bytes) {
 
 // The bulk copy of the piece (row, segment) of phase p's weight into a stage, completing its bytes
 // on `bar`.
-__device__ __forceinline__ void copy_piece(const unsigned char* stage, const Phase& p, int row, int seg, uint64_t* bar) {
+__device__ __forceinline__ void copy_piece(const unsigned char* stage, const Phase& p, int row, int seg,
+                                           uint64_t* bar) {
     const uint16_t* src = p.w + ((size_t)row * (p.K / PIECE) + seg) * PIECE;  // its place in memory
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  :: "r"(saddr(stage)), "l"(src), "n"(PIECE_BYTES), "r"(saddr(bar)) : "memory");
@@ -979,7 +980,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
         for (int i = 0; i < c.stages; i++) {
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(saddr(&full[i])));
             asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
-                         :: "r"(saddr(&empty[i])), "n"(STREAM_TILE ? 1 : STREAM_GROUPS || STREAM_QUAD ? 4 : CONSUMERS / 32));
+                         :: "r"(saddr(&empty[i])),
+                            "n"(STREAM_TILE ? 1 : STREAM_GROUPS || STREAM_QUAD ? 4 : CONSUMERS / 32));
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -1159,7 +1161,8 @@ extern "C" int stream_chain_launch(const void* w_qkv, const void* w_o, const voi
     c.w[2] = (const uint16_t*)w_gu; c.w[3] = (const uint16_t*)w_d;
     c.x0 = x0;
     c.out[0] = out_qkv; c.out[1] = out_o; c.out[2] = out_gu; c.out[3] = out_d;
-    c.bar = bar; c.err = err; c.stats = stats; c.trace = trace; c.claims = claims; c.skip = skip; c.interleave = interleave;
+    c.bar = bar; c.err = err; c.stats = stats; c.trace = trace; c.claims = claims;
+    c.skip = skip; c.interleave = interleave;
     c.H = H; c.NQKV = NQKV; c.INTER = INTER; c.L = L;
     c.stages = stages; c.acc_rows = acc_rows;
 #if STREAM_TILE

@@ -35,9 +35,10 @@ batch size), ``--stats`` (the kernel's cycle counters), ``--trace`` (when each b
 ended each phase, and when its producer had issued it: the grid barriers' cost per kind of phase,
 ``benchmarks/plot_trace.py`` plots it), ``--barrier fenced|acq_rel|relaxed`` (the fence before a
 block's barrier arrive; ``relaxed`` is a diagnostic), ``--skip math|grid|both`` (diagnostics that
-leave a part out; their results are wrong by design). Measured on an H200 (2026-12-04, docs/benchmarks.md), us a layer against the
-engine's GEMVs at 99-101 in the same process: the bare stream 90.3 and 91.2 with every grid
-barrier (the twenty-fifth session's per-piece consumers), ``quads``' 90.0 without barriers;
+leave a part out; their results are wrong by design). Measured on an H200 (2026-12-04,
+docs/benchmarks.md), us a layer against the engine's GEMVs at 99-101 in the same process: the bare
+stream 90.3 and 91.2 with every grid barrier (the twenty-fifth session's per-piece consumers),
+``quads``' 90.0 without barriers;
 ``cores`` 100.5-102.5, ``groups`` 103.0-103.4, ``quads`` 107.8-108.1 (claimed 111.0-111.7),
 ``tiles`` 108.7-110.8, ``mma`` 113.8-114.2.
 
@@ -164,7 +165,8 @@ def parse_args(argv=None):
     return a
 
 
-def build_flags(form: str = "cores", producer_sleep_ns: int = 64, quad_pieces: int = 4, barrier: str = "fenced") -> tuple:
+def build_flags(form: str = "cores", producer_sleep_ns: int = 64, quad_pieces: int = 4,
+                barrier: str = "fenced") -> tuple:
     """nvcc's flags for ``--math form``, ``--producer-sleep``, ``--quad-pieces`` and ``--barrier``."""
     quad = (f"-DQUAD={quad_pieces}",) if form == "quads" else ()
     relaxed = (f"-DBARRIER_RELAXED={BARRIERS.index(barrier)}",) if barrier != "fenced" else ()
@@ -398,8 +400,8 @@ def write_trace(out: str, stamps) -> Path:
 
 
 def settings(a, chain) -> dict:
-    return {"stages": a.stages, "math": a.math, "deal": a.deal, "order": a.order, "skip": a.skip, "blocks": chain.blocks, "acc_rows": chain.acc_rows,
-            "smem_bytes_per_block": chain.smem_bytes,
+    return {"stages": a.stages, "math": a.math, "deal": a.deal, "order": a.order, "skip": a.skip,
+            "blocks": chain.blocks, "acc_rows": chain.acc_rows, "smem_bytes_per_block": chain.smem_bytes,
             "nvcc_flags": list(build_flags(a.math, a.producer_sleep, a.quad_pieces, a.barrier))}
 
 
