@@ -22,9 +22,25 @@ sys.path.insert(0, os.path.dirname(HERE))
 from orthros.utils import save_figure  # noqa: E402
 
 
-def label(path: str) -> str:
-    return re.sub(r"^\d+-", "", os.path.basename(path)[:-len(".json")] if path.endswith(".json") else
-                  os.path.basename(path))
+def label(path: str, suffix: str = ".json") -> str:
+    """A cell's label: its file name without a leading ``<n>-`` and ``suffix``."""
+    name = os.path.basename(path)
+    return re.sub(r"^\d+-", "", name[:-len(suffix)] if name.endswith(suffix) else name)
+
+
+def finish_bars(fig, ax, labels, title: str, xlabel: str, out: str, **legend) -> None:
+    """A chart of horizontal bars, a row a cell: the rows' ``labels`` top to bottom, the title,
+    the x label and grid, the legend (``legend``: its keywords), written to ``out`` atomically."""
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel(xlabel)
+    ax.grid(axis="x", alpha=0.3)
+    ax.legend(fontsize=8, **legend)
+    fig.tight_layout()
+    save_figure(fig, out, dpi=110)
+    print(f"wrote {out}")
 
 
 def cells(paths, systems, base):
@@ -80,16 +96,7 @@ def main(argv=None) -> int:
         ax.barh(ys, xs, height=height, color=f"C{j}", label=s)
         for y, x in zip(ys, xs):
             ax.text(x, y, f" {x:.1f}", va="center", fontsize=7)
-    ax.set_yticks(range(len(data)))
-    ax.set_yticklabels([lab for lab, _ in data], fontsize=8)
-    ax.invert_yaxis()
-    ax.set_title(a.title, fontsize=10)
-    ax.set_xlabel("us a layer")
-    ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    save_figure(fig, a.out, dpi=110)
-    print(f"wrote {a.out}")
+    finish_bars(fig, ax, [lab for lab, _ in data], a.title, "us a layer", a.out, loc="lower right")
     return 0
 
 

@@ -15,22 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
+from plot_probe_cells import finish_bars, label  # noqa: E402
 from stream_chain import read_trace, trace_summary  # noqa: E402
 
-from orthros.utils import save_figure  # noqa: E402
-
 PARTS = ("busy", "imbalance", "barrier")  # a layer's wall, in this order
-
-
-def label(path: str) -> str:
-    return re.sub(r"^\d+-", "", os.path.basename(path)[:-len(".trace.json")])
 
 
 def layer_parts(path: str) -> dict:
@@ -62,7 +56,7 @@ def main(argv=None) -> int:
         if not os.path.isfile(path):
             ap.error(f"traces: {path!r}: no such file")
     try:
-        data = [(label(p), layer_parts(p)) for p in a.traces]
+        data = [(label(p, ".trace.json"), layer_parts(p)) for p in a.traces]
     except (ValueError, KeyError, IndexError, TypeError, json.JSONDecodeError) as e:
         ap.error(f"traces: not a trace: {e!r}")
     for lab, d in data:
@@ -84,16 +78,8 @@ def main(argv=None) -> int:
         if d["engine"] is not None:
             ax.plot([d["engine"]] * 2, [i - 0.4, i + 0.4], color="k", lw=1.5,
                     label="engine's GEMVs (same process)" if i == 0 else None)
-    ax.set_yticks(range(len(data)))
-    ax.set_yticklabels([lab for lab, _ in data], fontsize=8)
-    ax.invert_yaxis()
-    ax.set_title(a.title, fontsize=10)
-    ax.set_xlabel("us a layer (mean over layers 2..L)")
-    ax.grid(axis="x", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=4, frameon=False)
-    fig.tight_layout()
-    save_figure(fig, a.out, dpi=110)
-    print(f"wrote {a.out}")
+    finish_bars(fig, ax, [lab for lab, _ in data], a.title, "us a layer (mean over layers 2..L)", a.out,
+                loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=4, frameon=False)
     return 0
 
 
