@@ -62,8 +62,10 @@
 #endif
 #ifndef BARRIER_RELAXED
 #define BARRIER_RELAXED 0          // a block's grid-barrier arrive: 0 after __threadfence, 1 (diagnostic) without a
-                                   // fence, 2 after fence.acq_rel.gpu
+                                   // fence, 2 after fence.acq_rel.gpu, 3 on a two-level counter (see arrive_tree)
 #endif
+#define TREE_BLOCKS 16             // BARRIER_RELAXED 3: blocks a first-level counter
+#define BAR_STRIDE 32              // unsigned a grid-barrier counter apart (128 B: a line each)
 #define TILE_R 64                  // STREAM_TILE: a tile's rows (four 16-row blocks, the A operand's M)
 #define TILE_C 64                  // and columns (four k-steps): 64 x 64, 8 KB like a piece, one box of the
                                    // weight's tensor map
@@ -97,7 +99,8 @@ struct Chain {
     const uint16_t* w[4];  // [L, N_kind, K_kind] bf16: QKV, W_O, gate/up, down
     const float* x0;       // [2, H] float32 (bf16 values): the first layer's input
     float* out[4];         // [L, 2, N_kind] float32
-    unsigned* bar;         // grid barrier counter (zeroed by the caller)
+    unsigned* bar;         // grid barrier counters (zeroed by the caller): bar[0] the one waited on; with
+                           // BARRIER_RELAXED 3 also bar[BAR_STRIDE (1 + g)], group g's first-level counter
     int* err;              // 0, or why a wait gave up
     long long* stats;      // [blocks, STATS] or null
     unsigned long long* trace;  // [blocks, phases, TRACE] or null
@@ -304,6 +307,21 @@ __device__ __forceinline__ void grid_wait(unsigned* bar, unsigned target, int* e
             return;
         }
     }
+}
+
+// A block's arrive on the grid barrier after phase s (s = 0, 1, ...) on a two-level counter: the
+// block adds 1 to its group's counter (TREE_BLOCKS blocks a group) with acquire-release semantics,
+// and the group's last arriver (the one that sees the group's count reach (s + 1) x its size) adds 1
+// to bar[0] with release semantics, so that bar[0] reaches (s + 1) x groups once every block has
+// arrived, and each counter takes at most TREE_BLOCKS (or groups) arrivals a phase instead of all.
+__device__ __forceinline__ void arrive_tree(unsigned* bar, int s) {
+    const int g = blockIdx.x / TREE_BLOCKS;
+    const int size = min(TREE_BLOCKS, (int)gridDim.x - g * TREE_BLOCKS);
+    unsigned old;
+    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;"
+                 : "=r"(old) : "l"(bar + BAR_STRIDE * (1 + g)) : "memory");
+    if (old + 1 == (unsigned)(s + 1) * size)
+        asm volatile("red.release.gpu.global.add.u32 [%0], 1;" :: "l"(bar) : "memory");
 }
 
 __device__ __forceinline__ float bf16_round(float v) {
@@ -1089,7 +1107,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
         if (s > 0 && !(c.skip & SKIP_GRID)) {
             if (tid == 0) {
                 const long long g0 = clock64();
-                grid_wait(c.bar, (unsigned)s * gridDim.x, c.err, dead);
+                grid_wait(c.bar, (unsigned)s * (BARRIER_RELAXED == 3 ? (gridDim.x + TREE_BLOCKS - 1) / TREE_BLOCKS
+                                                                      : gridDim.x),
+                          c.err, dead);
                 in_grid += clock64() - g0;
             }
             consumers_sync();
@@ -1121,6 +1141,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
             asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" :: "l"(c.bar) : "memory");
 #elif BARRIER_RELAXED == 2  // an acquire-release fence (not sequentially consistent) before a relaxed arrive
             asm volatile("fence.acq_rel.gpu;\n red.relaxed.gpu.global.add.u32 [%0], 1;" :: "l"(c.bar) : "memory");
+#elif BARRIER_RELAXED == 3
+            arrive_tree(c.bar, s);
 #else
             __threadfence();
             atomicAdd(c.bar, 1u);

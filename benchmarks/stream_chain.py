@@ -33,8 +33,8 @@ Other options: ``--order contiguous|interleaved`` (how a phase's pieces are deal
 ``--stages``, ``--producer-sleep`` (ns between the producer's looks), ``--quad-pieces`` (``quads``'
 batch size), ``--stats`` (the kernel's cycle counters), ``--trace`` (when each block started and
 ended each phase, and when its producer had issued it: the grid barriers' cost per kind of phase,
-``benchmarks/plot_trace.py`` plots it), ``--barrier fenced|acq_rel|relaxed`` (the fence before a
-block's barrier arrive; ``relaxed`` is a diagnostic), ``--skip math|grid|both`` (diagnostics that
+``benchmarks/plot_trace.py`` plots it), ``--barrier fenced|acq_rel|tree|relaxed`` (a block's
+barrier arrive: its fence, or a two-level counter; ``relaxed`` is a diagnostic), ``--skip math|grid|both`` (diagnostics that
 leave a part out; their results are wrong by design). Measured on an H200 (2026-12-04,
 docs/benchmarks.md), us a layer against the engine's GEMVs at 99-101 in the same process: the bare
 stream 90.3 and 91.2 with every grid barrier (the twenty-fifth session's per-piece consumers),
@@ -75,7 +75,8 @@ NVCC_FLAGS = ("-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-shared", "-
 # --math: the kernel's build variant
 MATH = {"cores": (), "groups": ("-DSTREAM_GROUPS=1",), "mma": ("-DSTREAM_MMA=1",), "tiles": ("-DSTREAM_TILE=1",),
         "quads": ("-DSTREAM_QUAD=1",)}
-BARRIERS = ("fenced", "relaxed", "acq_rel")  # --barrier: the kernel's BARRIER_RELAXED 0, 1, 2
+BARRIERS = ("fenced", "relaxed", "acq_rel", "tree")  # --barrier: the kernel's BARRIER_RELAXED 0, 1, 2, 3
+BAR_WORDS = 32 * 34  # the grid barrier's counters: bar[0] and up to 33 first-level ones, a 128-byte line each
 SETS_OF_8 = ("tiles", "quads")  # forms whose stages must be a multiple of 8 (see parse_args)
 TILE = (64, 64)  # --math tiles: a stage's rows and columns (the kernel's TILE_R, TILE_C)
 SKIPS = {"none": 0, "math": 1, "grid": 2, "both": 3}  # the kernel's SKIP_MATH | SKIP_GRID
@@ -119,8 +120,9 @@ def parse_args(argv=None):
                         "faster takes more, so the blocks end each phase together)")
     p.add_argument("--barrier", default="fenced", choices=BARRIERS,
                    help="a block's grid-barrier arrive: after __threadfence() ('fenced'), after fence.acq_rel.gpu "
-                        "('acq_rel'), or without a fence ('relaxed': a diagnostic of the fence's cost; the outputs "
-                        "are then not ordered before the arrive and may be wrong)")
+                        "('acq_rel'), on a two-level counter ('tree': 16 blocks a first-level counter, whose last "
+                        "arriver adds to the one waited on), or without a fence ('relaxed': a diagnostic of the "
+                        "fence's cost; the outputs are then not ordered before the arrive and may be wrong)")
     p.add_argument("--order", default="contiguous", choices=("contiguous", "interleaved"),
                    help="how a phase's pieces are dealt to the blocks: contiguous ranges, or every blocks-th piece")
     p.add_argument("--skip", default="none", choices=tuple(SKIPS),
@@ -220,6 +222,9 @@ class StreamChain(ChainWeights):
             raise SystemExit(f"error: the kernel needs compute capability >= 9.0 (bulk copies, mbarrier); "
                              f"{props.name} is {props.major}.{props.minor}")
         self.blocks = a.blocks or props.multi_processor_count
+        if a.barrier == "tree" and -(-self.blocks // 16) > BAR_WORDS // 32 - 1:
+            raise SystemExit(f"error: --barrier tree: {self.blocks} blocks need more first-level counters than the "
+                             f"{BAR_WORDS // 32 - 1} there are")
         if self.blocks > props.multi_processor_count:
             raise SystemExit(f"error: --blocks {self.blocks} > the {props.multi_processor_count} multiprocessors of "
                              f"{props.name}: the grid barriers need every block resident at once")
@@ -228,7 +233,7 @@ class StreamChain(ChainWeights):
         L = a.layers
         self.x0f = self.x0.float()
         self.out = [torch.zeros(L, 2, n, device=device, dtype=torch.float32) for _, n, _ in chain_sites(H, NQKV, INTER)]
-        self.bar = torch.zeros(1, device=device, dtype=torch.int32)
+        self.bar = torch.zeros(BAR_WORDS, device=device, dtype=torch.int32)
         # --deal claimed: a batch counter a phase (zeroed before each launch, as the grid barrier's)
         self.claims = torch.zeros(4 * L, device=device, dtype=torch.int32) if a.deal == "claimed" else None
         self.err = torch.zeros(1, device=device, dtype=torch.int32)
