@@ -16,7 +16,7 @@ SCRIPT = BENCH / "stream_chain.py"
 sys.path.insert(0, str(BENCH))
 
 from persistent_chain import SHAPES, chain_sites  # noqa: E402
-from stream_chain import MATH, PIECE, TILE, acc_rows, build  # noqa: E402
+from stream_chain import BARRIERS, MATH, PIECE, TILE, acc_rows, build  # noqa: E402
 
 NVCC = shutil.which("nvcc")
 
@@ -72,6 +72,7 @@ def test_every_tile_dealt_once_within_the_row_group_slots(blocks):
     (("--deal", "claimed"), "--deal claimed: only with --math quads"),
     (("--math", "quads", "--deal", "claimed", "--order", "interleaved"), "--order interleaved"),
     (("--math", "quads", "--deal", "any"), "--deal"),
+    (("--barrier", "none"), "--barrier"),
     (("--math", "quads", "--quad-pieces", "3"), "--quad-pieces"),
     (("--stages", "27"), "--stages"),
     (("--layers", "0"), "--layers"),
@@ -112,9 +113,17 @@ def test_gpu_run_every_system_matches_torch(tmp_path, form):
 
 
 @pytest.mark.gpu
-def test_gpu_run_quads_claimed_matches_torch(tmp_path):
-    run_gpu(tmp_path, "stream_chain", "--math", "quads", "--deal", "claimed", "--build-dir", str(tmp_path / "build"),
-            tol=1e-2)
+@pytest.mark.parametrize("barrier", ["fenced", "tree", "acq_rel"])
+def test_gpu_run_quads_claimed_matches_torch(tmp_path, barrier):
+    run_gpu(tmp_path, "stream_chain", "--math", "quads", "--deal", "claimed", "--barrier", barrier,
+            "--build-dir", str(tmp_path / "build"), tol=1e-2)
+
+
+@pytest.mark.skipif(NVCC is None, reason="needs nvcc")
+@pytest.mark.parametrize("barrier", [b for b in BARRIERS if b != "fenced"])
+def test_barrier_variants_build_without_local_memory(tmp_path, barrier):
+    report = build(NVCC, str(tmp_path), "quads", barrier=barrier).with_suffix(".ptxas.txt").read_text()
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, report
 
 
 # Each form's check can fail: its kernel with one line changed (in a copy) must be far from
