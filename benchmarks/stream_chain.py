@@ -34,13 +34,13 @@ Other options: ``--order contiguous|interleaved`` (how a phase's pieces are deal
 batch size), ``--stats`` (the kernel's cycle counters), ``--trace`` (when each block started and
 ended each phase, and when its producer had issued it: the grid barriers' cost per kind of phase,
 ``benchmarks/plot_trace.py`` plots it), ``--barrier fenced|acq_rel|tree|relaxed`` (a block's
-barrier arrive: its fence, or a two-level counter; ``relaxed`` is a diagnostic), ``--skip math|grid|both`` (diagnostics that
-leave a part out; their results are wrong by design). Measured on an H200 (2026-12-04,
-docs/benchmarks.md), us a layer against the engine's GEMVs at 99-101 in the same process: the bare
-stream 90.3 and 91.2 with every grid barrier (the twenty-fifth session's per-piece consumers),
-``quads``' 90.0 without barriers;
-``cores`` 100.5-102.5, ``groups`` 103.0-103.4, ``quads`` 107.8-108.1 (claimed 111.0-111.7),
-``tiles`` 108.7-110.8, ``mma`` 113.8-114.2.
+barrier arrive: its fence, or a two-level counter; ``relaxed`` is a diagnostic), ``--skip
+math|grid|both`` (diagnostics that leave a part out; their results are wrong by design). Measured
+on an H200 (2026-12-04, docs/benchmarks.md), us a layer against the engine's GEMVs at 99-101 in the
+same process: the bare stream 90.3 and 91.2 with every grid barrier (the twenty-fifth session's
+per-piece consumers), ``quads``' 90.0 without barriers; ``cores`` 100.5-102.5, ``groups``
+103.0-103.4, ``quads`` 107.8-108.1 (claimed 111.0-111.7), ``tiles`` 108.7-110.8, ``mma``
+113.8-114.2.
 
     python benchmarks/stream_chain.py --out docs/results/<dir>/stream.json
 
@@ -76,7 +76,9 @@ NVCC_FLAGS = ("-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-shared", "-
 MATH = {"cores": (), "groups": ("-DSTREAM_GROUPS=1",), "mma": ("-DSTREAM_MMA=1",), "tiles": ("-DSTREAM_TILE=1",),
         "quads": ("-DSTREAM_QUAD=1",)}
 BARRIERS = ("fenced", "relaxed", "acq_rel", "tree")  # --barrier: the kernel's BARRIER_RELAXED 0, 1, 2, 3
-BAR_WORDS = 32 * 34  # the grid barrier's counters: bar[0] and up to 33 first-level ones, a 128-byte line each
+BAR_STRIDE = 32  # unsigned a grid-barrier counter apart, a 128-byte line each (the kernel's BAR_STRIDE)
+BAR_WORDS = BAR_STRIDE * 34  # the grid barrier's counters: bar[0] and up to 33 first-level ones
+TREE_BLOCKS = 16  # --barrier tree: blocks a first-level counter (the kernel's TREE_BLOCKS)
 SETS_OF_8 = ("tiles", "quads")  # forms whose stages must be a multiple of 8 (see parse_args)
 TILE = (64, 64)  # --math tiles: a stage's rows and columns (the kernel's TILE_R, TILE_C)
 SKIPS = {"none": 0, "math": 1, "grid": 2, "both": 3}  # the kernel's SKIP_MATH | SKIP_GRID
@@ -222,9 +224,9 @@ class StreamChain(ChainWeights):
             raise SystemExit(f"error: the kernel needs compute capability >= 9.0 (bulk copies, mbarrier); "
                              f"{props.name} is {props.major}.{props.minor}")
         self.blocks = a.blocks or props.multi_processor_count
-        if a.barrier == "tree" and -(-self.blocks // 16) > BAR_WORDS // 32 - 1:
+        if a.barrier == "tree" and -(-self.blocks // TREE_BLOCKS) > BAR_WORDS // BAR_STRIDE - 1:
             raise SystemExit(f"error: --barrier tree: {self.blocks} blocks need more first-level counters than the "
-                             f"{BAR_WORDS // 32 - 1} there are")
+                             f"{BAR_WORDS // BAR_STRIDE - 1} there are")
         if self.blocks > props.multi_processor_count:
             raise SystemExit(f"error: --blocks {self.blocks} > the {props.multi_processor_count} multiprocessors of "
                              f"{props.name}: the grid barriers need every block resident at once")

@@ -126,6 +126,18 @@ def test_barrier_variants_build_without_local_memory(tmp_path, barrier):
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, report
 
 
+def test_tree_constants_match_the_kernel():
+    import re
+
+    from stream_chain import BAR_STRIDE, BAR_WORDS, TREE_BLOCKS
+
+    src = (BENCH / "stream_chain.cu").read_text()
+    assert int(re.search(r"#define TREE_BLOCKS (\d+)", src).group(1)) == TREE_BLOCKS
+    assert int(re.search(r"#define BAR_STRIDE (\d+)", src).group(1)) == BAR_STRIDE
+    assert BAR_STRIDE * 4 == 128 and BAR_WORDS % BAR_STRIDE == 0  # a 128-byte line a counter
+    assert BAR_WORDS // BAR_STRIDE - 1 >= -(-144 // TREE_BLOCKS)  # first-level counters for any Hopper's blocks
+
+
 # Each form's check can fail: its kernel with one line changed (in a copy) must be far from
 # F.linear's chain. cores: the warp's sums without their last exchange (the odd lanes' halves left
 # out); mma: its A operand with the second input row's first k-step of each pair left out; tiles:
