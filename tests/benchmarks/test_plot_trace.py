@@ -17,8 +17,9 @@ from stream_chain import write_trace  # noqa: E402
 
 
 def trace(tmp_path: Path, name: str, slow: int, engine=None) -> Path:
-    """Two layers of 3 blocks: phase s starts at 1000 s + 100 everywhere (a 100 ns barrier after the
-    last end), ends after 500 ns, block 2 ``slow`` ns later."""
+    """Two layers of 3 blocks: phase s starts at 1000 s + 100 on every block and ends 500 ns later
+    (block 2 ``slow`` ns later still); its producer done at 1000 s. With the cell's JSON beside it
+    when ``engine`` is given."""
     stamps = [[[1000 * s + 100, 1000 * s + 600 + (slow if b == 2 else 0), 1000 * s] for s in range(8)]
               for b in range(3)]
     out = tmp_path / f"{name}.json"
