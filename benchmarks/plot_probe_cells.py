@@ -43,15 +43,20 @@ def finish_bars(fig, ax, labels, title: str, xlabel: str, out: str, **legend) ->
     print(f"wrote {out}")
 
 
+def cell_times(path) -> dict:
+    """``{system: us a layer}`` of a probe's JSON (its rows with a time)."""
+    with open(path) as f:
+        data = json.load(f)
+    return {r["system"]: r["us_per_layer"] for r in data.get("rows", [])
+            if isinstance(r, dict) and r.get("us_per_layer") is not None}
+
+
 def cells(paths, systems, base):
     """``[(label, {system: us a layer})]`` of every file, only ``systems`` (``None``: all but
     ``torch``); ``ValueError`` naming a file without rows or without the ``base`` system."""
     out = []
     for path in paths:
-        with open(path) as f:
-            data = json.load(f)
-        rows = {r["system"]: r["us_per_layer"] for r in data.get("rows", [])
-                if isinstance(r, dict) and r.get("us_per_layer") is not None}
+        rows = cell_times(path)
         if base not in rows:
             raise ValueError(f"{path}: no {base!r} row with a time (a CPU run, or not a probe's JSON?)")
         keep = {s: v for s, v in rows.items() if (s in systems if systems else s != "torch")}

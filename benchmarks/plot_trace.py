@@ -21,24 +21,21 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-from plot_probe_cells import finish_bars, label  # noqa: E402
+from plot_probe_cells import cell_times, finish_bars, label  # noqa: E402
 from stream_chain import read_trace, trace_summary  # noqa: E402
 
 PARTS = ("busy", "imbalance", "barrier")  # a layer's wall, in this order
 
 
 def layer_parts(path: str) -> dict:
-    """A layer's ``wall`` and its ``PARTS`` (us, sums over the four phases), and the ``engine``
-    and ``cuda`` times a layer of the cell's JSON beside it (``None`` without one)."""
+    """A layer's ``wall`` and its ``PARTS`` (us, sums over the four phases), and the ``engine``'s
+    time a layer in the cell's JSON beside it (``None`` without one)."""
     rows = trace_summary(read_trace(path))
     out = {k: sum(r[k] for r in rows) for k in ("wall", "busy", "barrier")}
     out["imbalance"] = out["wall"] - out["barrier"] - out["busy"]
     cell = path[:-len(".trace.json")] + ".json"
-    times = {}
-    if os.path.isfile(cell):
-        with open(cell) as f:
-            times = {r["system"]: r["us_per_layer"] for r in json.load(f).get("rows", [])}
-    out["engine"], out["cuda"] = times.get("engine"), times.get("cuda")
+    times = cell_times(cell) if os.path.isfile(cell) else {}
+    out["engine"] = times.get("engine")
     return out
 
 

@@ -55,6 +55,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import hashlib
+import json
 import math
 import os
 import shutil
@@ -383,8 +384,6 @@ def trace_lines(stamps) -> str:
 
 def read_trace(path) -> list:
     """The stamps of a ``.trace.json`` (:func:`write_trace`) in ns from its origin."""
-    import json
-
     with open(path) as f:
         data = json.load(f)
     k = data.get("ns_per_unit", 1)
@@ -394,8 +393,6 @@ def read_trace(path) -> list:
 def write_trace(out: str, stamps) -> Path:
     """The stamps as JSON beside ``out`` (``<out without .json>.trace.json``): ns from the
     earliest stamp (``origin_ns``), written under a temporary name, then renamed."""
-    import json
-
     t0 = min(v for b in stamps for r in b for v in r)
     path = Path(out[:-len(".json")] + ".trace.json")
     path.parent.mkdir(parents=True, exist_ok=True)
