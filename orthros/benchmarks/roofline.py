@@ -497,19 +497,40 @@ def summarize(rows: List[Dict]) -> List[Dict]:
 
 
 def join_runs(runs: List[Dict]):
-    """Rows of several results.json (later runs replace a skipped or repeated cell of earlier
-    ones) and the first run's metadata, with the commits of all of them when they differ."""
-    cells = {}
+    """Rows of several results.json and the first run's metadata, with what differs between the
+    runs: every run's commit, date and device (" / " between them) and the range of the ceilings
+    they measured (``copy_bw_tb_s`` and ``matmul_tflop_s`` become ``[lowest, highest]``).
+
+    A point (section, B, L, T and pass: every system compared there) is taken whole from the
+    last run that measured any system at it, so that each ratio drawn or summarized is one of
+    rows timed in the same run; a point no run measured keeps the last run's skipped rows."""
+    points = {}
     for run in runs:
+        here = {}
         for r in run["rows"]:
-            key = (r.get("section"), r.get("system"), r.get("pass"), r.get("B"), r.get("L"), r.get("T"))
-            if key not in cells or "skipped" not in r or "skipped" in cells[key]:
-                cells[key] = r
-    meta = dict(runs[0].get("meta", {}))
-    commits = list(dict.fromkeys(str(c) for c in (run.get("meta", {}).get("commit") for run in runs) if c))
-    if len(commits) > 1:
-        meta["commit"] = " / ".join(commits)
-    return list(cells.values()), meta
+            here.setdefault((r.get("section"), r.get("pass"), r.get("B"), r.get("L"), r.get("T")), []).append(r)
+        for key, rs in here.items():
+            measured = any("skipped" not in r for r in rs)
+            if key not in points or measured or not points[key][1]:
+                points[key] = (rs, measured)
+    metas = [run.get("meta", {}) for run in runs]
+    meta = dict(metas[0])
+    for key in ("commit", "date", "device"):
+        seen = list(dict.fromkeys(str(m[key]) for m in metas if m.get(key)))
+        if len(seen) > 1:
+            meta[key] = " / ".join(seen)
+    for key in ("copy_bw_tb_s", "matmul_tflop_s"):
+        seen = [m[key] for m in metas if isinstance(m.get(key), (int, float))]
+        if len(set(seen)) > 1:
+            meta[key] = [min(seen), max(seen)]
+    return [r for rs, _ in points.values() for r in rs], meta
+
+
+def _ceiling(value, fmt: str) -> str:
+    """A measured ceiling for a title: one value, or the range ``[lo, hi]`` of joined runs."""
+    if isinstance(value, (list, tuple)):
+        return f"{value[0]:{fmt}}-{value[1]:{fmt}}"
+    return f"{float('nan') if value is None else value:{fmt}}"
 
 
 def print_summary(rows: List[Dict]):
@@ -597,8 +618,8 @@ def plot(rows: List[Dict], meta: Dict, path: str) -> None:
               label=f"Flex {pas}", color=c, linestyle=":")
     finish(axes[1, 2], "window stream: own floor / measured", "fraction of floor", 1.0, "T (tokens)")
     fig.suptitle(f"Issue #18 roofline: {meta.get('device', '?')}, {meta.get('date', '')}, commit "
-                 f"{meta.get('commit', '?')}, copy {meta.get('copy_bw_tb_s', float('nan')):.2f} TB/s, GEMM "
-                 f"{meta.get('matmul_tflop_s', float('nan')):.0f} TFLOP/s", fontsize=11)
+                 f"{meta.get('commit', '?')}, copy {_ceiling(meta.get('copy_bw_tb_s'), '.2f')} TB/s, GEMM "
+                 f"{_ceiling(meta.get('matmul_tflop_s'), '.0f')} TFLOP/s", fontsize=11)
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
 
@@ -675,7 +696,8 @@ def build_parser():
     p.add_argument("--out", default="roofline_results", help="directory for results.json and roofline.png")
     p.add_argument("--plot-only", default=None, nargs="+", metavar="RESULTS_JSON",
                    help="print the tables and redraw <out>/roofline.png from these files (rows of several runs, "
-                        "e.g. a second call for the sections a deadline skipped, are joined); nothing is measured")
+                        "e.g. a second call for the sections a deadline skipped, are joined: each point, every "
+                        "system compared there, from the last run that measured it); nothing is measured")
     return p
 
 

@@ -316,6 +316,22 @@ def test_join_runs_prefers_measured_cells():
     _, meta = R.join_runs([{"meta": {"commit": "a1"}, "rows": []}, {"meta": {"commit": "b2"}, "rows": []},
                            {"meta": {"commit": "a1"}, "rows": []}])
     assert meta["commit"] == "a1 / b2"  # the figure's title names every run's commit
+    # a point is never a mix of runs: a later run's point replaces every system of an earlier one
+    ours1, peer1 = ({"section": "batched", "system": s, "B": 8, "L": 4096, "ms_per_step": t, "tokens_per_s": 8 / t}
+                    for s, t in (("orthros", 10.0), ("gpt-fast", 20.0)))
+    ours2, full2 = ({"section": "batched", "system": s, "B": 8, "L": 4096, "ms_per_step": t, "tokens_per_s": 8 / t}
+                    for s, t in (("orthros", 9.0), ("full", 9.5)))
+    rows, _ = R.join_runs([{"rows": [ours1, peer1]}, {"rows": [ours2, full2]}])
+    assert rows == [ours2, full2]
+    assert {s["target"] for s in R.summarize(rows)} == {"batched_vs_full"}  # no ratio of run 2 to run 1's peer
+    _, meta = R.join_runs([{"meta": {"date": "2026-12-03", "device": "H200", "copy_bw_tb_s": 4.0,
+                                     "matmul_tflop_s": 770.0}, "rows": []},
+                           {"meta": {"date": "2026-12-04", "device": "H200", "copy_bw_tb_s": 4.2,
+                                     "matmul_tflop_s": 770.0}, "rows": []}])
+    assert meta["date"] == "2026-12-03 / 2026-12-04" and meta["device"] == "H200"
+    assert meta["copy_bw_tb_s"] == [4.0, 4.2] and meta["matmul_tflop_s"] == 770.0
+    assert R._ceiling(meta["copy_bw_tb_s"], ".2f") == "4.00-4.20" and R._ceiling(770.0, ".0f") == "770"
+    assert R._ceiling(None, ".2f") == "nan"
 
 
 def test_window_graph_rows_compare_both_systems_under_cuda_graphs(tmp_path):
