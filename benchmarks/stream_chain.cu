@@ -1,4 +1,4 @@
-// The kernel of benchmarks/stream_chain.py (issue #18, docs/performance.md inference changes 33-34):
+// The kernel of benchmarks/stream_chain.py (issue #18, docs/performance.md inference changes 33-35):
 // change 30's chain of GEMVs (per layer QKV -> W_O -> gate/up -> down, M = 2 rows) as one
 // persistent launch whose weight stream does not stop at the phases' dependencies.
 //
@@ -24,11 +24,8 @@
 // phase s each block zeroes its share of phase s + 1's output (nobody touches it before barrier
 // s); phase 0's output and the barrier counter are zeroed by the caller.
 //
-// Build variants (`--math`): -DSTREAM_MMA=1, the same layout with the products on tensor cores
-// (consume_mma: the input rows as the A operand, eight pieces as B); -DSTREAM_GROUPS=1, each piece
-// taken by one group of four warps alone (consume_groups); -DSTREAM_TILE=1, 64 x 64 tiles copied
-// from each weight's tensor map, each warp its own stages, products on tensor cores
-// (consume_tiles); -DSTREAM_QUAD=1, batches of four pieces in four stages (a stage set, one full and
+// Build variants (`--math`): -DSTREAM_GROUPS=1, each piece taken by one group of four warps alone
+// (consume_groups); -DSTREAM_QUAD=1, batches of four pieces in four stages (a stage set, one full and
 // one empty barrier), each batch taken by one group of four warps alone, the products on tensor
 // cores with the pieces as A's rows (consume_quads; with `claims`, the blocks' producers claim the
 // batches from a counter a phase, consume_quads_claimed). -DPRODUCER_SLEEP_NS sets the producer's sleep
@@ -39,20 +36,13 @@
 // block writes STATS counters of SM cycles (clock64): where its time went (see the enum). With `trace`
 // (may be null) each block writes TRACE global-timer stamps (ns) a phase (see the enum).
 
-#include <cuda.h>  // CUtensorMap (STREAM_TILE); the driver's encoder is looked up at run time
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #define PIECE 4096                 // bf16 elements a piece (8 KB)
 #define PIECE_BYTES (PIECE * 2)
-#ifndef STREAM_MMA
-#define STREAM_MMA 0               // 1: the consumers' products on tensor cores (mma.sync), see consume_mma
-#endif
 #ifndef STREAM_GROUPS
 #define STREAM_GROUPS 0            // 1: each piece taken by one group of 4 warps alone, see consume_groups
-#endif
-#ifndef STREAM_TILE
-#define STREAM_TILE 0              // 1: a stage is a 64 x 64 tile, each warp its own stages, see consume_tiles
 #endif
 #ifndef STREAM_QUAD
 #define STREAM_QUAD 0              // 1: batches of 4 pieces, one group of 4 warps a batch, see consume_quads
@@ -66,18 +56,9 @@
 #endif
 #define TREE_BLOCKS 16             // BARRIER_RELAXED 3: blocks a first-level counter
 #define BAR_STRIDE 32              // unsigned a grid-barrier counter apart (128 B: a line each)
-#define TILE_R 64                  // STREAM_TILE: a tile's rows (four 16-row blocks, the A operand's M)
-#define TILE_C 64                  // and columns (four k-steps): 64 x 64, 8 KB like a piece, one box of the
-                                   // weight's tensor map
-// A stage's bytes: with STREAM_MMA or STREAM_QUAD a 16-byte skew a stage, so that the eight rows
-// ldmatrix reads at one column (from consecutive stages) fall in different banks; with STREAM_TILE one tile,
-// written by the tensor copy with the 128-byte swizzle (row r at r * 128 B, its 16-byte chunk c at
-// chunk c ^ (r % 8): ldmatrix's 8 rows in 8 bank groups).
-#if STREAM_TILE
-#define STAGE_BYTES (TILE_R * TILE_C * 2)
-#else
-#define STAGE_BYTES (PIECE_BYTES + 16 * (STREAM_MMA | STREAM_QUAD))
-#endif
+// A stage's bytes: with STREAM_QUAD a 16-byte skew a stage, so that the eight rows ldmatrix reads
+// at one column (from consecutive stages) fall in different banks.
+#define STAGE_BYTES (PIECE_BYTES + 16 * STREAM_QUAD)
 #define CONSUMERS 256              // threads of warps 0-7
 #define THREADS (CONSUMERS + 32)   // + the producer warp
 #define G 8                        // pieces taken together (waited for, read, released, reduced)
@@ -95,7 +76,6 @@ enum { TR_START, TR_END, TR_ISSUED, TRACE };  // a phase's stamps: its consumers
 enum { SKIP_MATH = 1, SKIP_GRID = 2 };  // consumers only wait and release each stage; no grid-barrier waits
 
 struct Chain {
-    CUtensorMap tmap[4];   // STREAM_TILE: each weight as a [L * N, K] tensor, boxes of 64 rows x 64 columns
     const uint16_t* w[4];  // [L, N_kind, K_kind] bf16: QKV, W_O, gate/up, down
     const float* x0;       // [2, H] float32 (bf16 values): the first layer's input
     float* out[4];         // [L, 2, N_kind] float32
@@ -518,89 +498,6 @@ __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-#if STREAM_MMA
-#define WARP_K (PIECE / (CONSUMERS / 32))  // a warp's columns of each piece (512)
-#define KSTEPS (WARP_K / 16)              // its k-steps of m16n8k16
-
-// The input rows as the A operand of m16n8k16 (row-major 16 x 16 a k-step; rows 0 and 1 are the
-// two input rows, held by lanes 0-7, every other row zero), kept in the warp's `xs` (KSTEPS x 8
-// lanes of two words; registers would spill): word 0 of lane l < 8 at k-step s holds row l / 4,
-// columns 2 (l % 4) + {0, 1} of k-step s of this warp's columns of segment `seg`; word 1 the same
-// + 8.
-__device__ __forceinline__ void load_xa(const Phase& p, int seg, uint2* xs) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    if (lane < 8) {
-        const float* src = p.in + (size_t)g * p.in_stride + seg * PIECE + warp * WARP_K + 2 * t;
-#pragma unroll 8
-        for (int s = 0; s < KSTEPS; s++) {
-            float2 lo = __ldcg(reinterpret_cast<const float2*>(src + 16 * s));
-            float2 hi = __ldcg(reinterpret_cast<const float2*>(src + 16 * s + 8));
-            xs[s * 8 + lane] = make_uint2(pack_bf16(lo.x, lo.y), pack_bf16(hi.x, hi.y));
-        }
-    }
-    __syncwarp();
-}
-
-// The consumers' products on tensor cores. A batch is up to G = 8 pieces of one segment, the 8
-// columns n of the B operand (col-major 16 x 8 a k-step: B[k][n] = piece n's element k); each warp
-// multiplies its WARP_K columns of them, 32 k-steps, with ldmatrix.x4 reading two k-steps of the
-// 8 pieces at once (lane l gives row l % 8 of matrix l / 8: piece l % 8 at column 8 (l / 8)), into
-// four independent accumulators. C[m][n] (lanes 0-7: m = lane / 4, n = 2 (lane % 4) + {0, 1}) is
-// piece n's sum for input row m over the warp's columns: stored into the warp's slots as the
-// CUDA-core form does, summed over the warps at the flush.
-__device__ void consume_mma(const Chain& c, const Phase& p, const unsigned char* ring, uint64_t* full, uint64_t* empty,
-                            float* acc, Ring& k, bool& dead, long long& waited) {
-    static_assert(G == 8, "a batch is the 8 columns of the B operand");
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const Share sh(p.N * (p.K / PIECE), c.interleave);
-    Cursor cur(sh, p.N);
-    const bool math = !(c.skip & SKIP_MATH);
-    uint2* xs = reinterpret_cast<uint2*>(acc + (size_t)(CONSUMERS / 32) * 2 * c.acc_rows) + warp * KSTEPS * 8;
-    int seg_x = -1;
-    const uint32_t ring0 = saddr(ring) + 2 * (warp * WARP_K + 8 * (lane >> 3));
-    for (int i0 = 0; i0 < sh.n;) {
-        // a batch never crosses a segment: its pieces share the A operand
-        const int left = (cur.N - cur.row + cur.step - 1) / cur.step;
-        int ng = sh.n - i0 < G ? sh.n - i0 : G;
-        ng = left < ng ? left : ng;
-        int st[G];
-        wait_batch(c, full, k, ng, st, dead, waited);
-        if (math) {
-            if (cur.seg != seg_x) {  // uniform; at most three times a phase
-                load_xa(p, cur.seg, xs);
-                seg_x = cur.seg;
-            }
-            int sr = k.stage + ((lane & 7) < ng ? (lane & 7) : 0);  // this lane's row: a stage after k's
-            sr = sr >= c.stages ? sr - c.stages : sr;  // (not st[lane & 7]: a run-time index into registers)
-            const uint32_t addr = ring0 + (uint32_t)(sr * STAGE_BYTES);
-            float d[4][4] = {};
-#pragma unroll
-            for (int s2 = 0; s2 < KSTEPS / 2; s2++) {
-                uint32_t b0, b1, b2, b3;
-                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                             : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3) : "r"(addr + 64 * s2) : "memory");
-                const uint2 a = lane < 8 ? xs[2 * s2 * 8 + lane] : make_uint2(0u, 0u);
-                const uint2 e = lane < 8 ? xs[(2 * s2 + 1) * 8 + lane] : make_uint2(0u, 0u);
-                mma16816(d[(2 * s2) & 3], a.x, 0u, a.y, 0u, b0, b1);
-                mma16816(d[(2 * s2 + 1) & 3], e.x, 0u, e.y, 0u, b2, b3);
-            }
-            const int m = lane >> 2, n = 2 * (lane & 3);
-            if (m < 2) {
-                float* mine = acc + (size_t)warp * 2 * c.acc_rows;
-#pragma unroll
-                for (int e = 0; e < 2; e++)
-                    if (n + e < ng) mine[2 * (i0 + n + e) + m] = d[0][e] + d[1][e] + d[2][e] + d[3][e];
-            }
-        }
-        release_batch(empty, st, ng);
-        k.advance(ng, c.stages);  // ng <= G <= stages
-        for (int g = 0; g < ng; g++) cur.next();
-        i0 += ng;
-    }
-    flush(c, p, sh, acc);
-}
-#endif
-
 #if STREAM_GROUPS || STREAM_QUAD
 #define PIECE_WARPS 4                        // consumer warps on one piece or batch (a group)
 #define GROUPS (CONSUMERS / 32 / PIECE_WARPS)  // groups of consumer warps
@@ -681,130 +578,6 @@ __device__ void consume_groups(const Chain& c, const Phase& p, const unsigned ch
     }
     pos += sh.n;
     if (math) flush_groups(p, sh, slots);
-}
-#endif
-
-#if STREAM_TILE
-#define WARPS (CONSUMERS / 32)
-
-// The phase's two input rows as the B operand of m16n8k16 (col-major 16 x 8 a k-step: B[k][n] =
-// input row n's column k, n = 0, 1; columns 2-7 zero), in `xs`: k-step J's 16 words are lane
-// (g = n, t) < 8's two registers, b0 = columns 2t, 2t + 1 and b1 = 8 + 2t, 8 + 2t + 1 of row g,
-// at uint2 J * 8 + 2t + g (so lanes 0-7 read 64 consecutive bytes). Rounded to bf16, as the
-// chain stores its activations.
-__device__ __forceinline__ void load_xb(const Phase& p, uint32_t* xs) {
-    const int half_k = p.K / 2;
-    for (int q = threadIdx.x; q < 2 * half_k; q += CONSUMERS) {
-        const int n = q >= half_k, pr = q - n * half_k;  // input row, column pair
-        const float2 v = __ldcg(reinterpret_cast<const float2*>(p.in + (size_t)n * p.in_stride + 2 * pr));
-        const int j = pr >> 3, t = pr & 3, hi = (pr >> 2) & 1;
-        xs[j * 16 + t * 4 + n * 2 + hi] = pack_bf16(v.x, v.y);
-    }
-}
-
-#define MB (TILE_R / 16)  // a tile's 16-row blocks
-#define KS (TILE_C / 16)  // and k-steps
-
-// A warp's sums of one row group (C of m16n8k16 for each 16-row block m: lane (g, t = 0) holds rows
-// 16 m + g and 16 m + g + 8, columns n = 0, 1, the two input rows) into its slot [row][input], and
-// the accumulators zeroed.
-__device__ __forceinline__ void store_sums(float* slot, float (&acc)[MB][4], int lane) {
-    const int g = lane >> 2;
-#pragma unroll
-    for (int m = 0; m < MB; m++) {
-        if ((lane & 3) == 0) {
-            float* s = slot + 2 * (16 * m + g);
-            s[0] = acc[m][0]; s[1] = acc[m][1]; s[16] = acc[m][2]; s[17] = acc[m][3];
-        }
-        acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
-    }
-}
-
-// One phase's consumer work with STREAM_TILE: a block's share of the phase is a contiguous range
-// of 64 x 64 tiles (row group rg, column tile kt, kt fastest; KT = K / 64 of them a row group), and
-// warp w takes every WARPS-th of them: it waits for its tile's stage, reads it with ldmatrix (4
-// row blocks x 4 k-steps of the A operand), releases it (one arrive, the empty barriers count 1),
-// and multiplies it with the input's B operand (16 mma.sync, one accumulator a row block). A warp
-// sums its tiles of a row group in registers and stores the 64 rows' two sums into its own slot for
-// the row group; at the phase's end the warps' slots are summed and added into the output rows with
-// atomics (a row group's other column tiles may be in other blocks). `pos` is the ring's position
-// (tiles so far), the same in every consumer thread.
-__device__ void consume_tiles(const Chain& c, const Phase& p, const unsigned char* ring, uint64_t* full,
-                              uint64_t* empty, float* slots, uint32_t* xs, long long& pos, bool& dead,
-                              long long& waited) {
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int KT = p.K / TILE_C;
-    const Share sh(p.N / TILE_R * KT, false);
-    const int rg_first = sh.lo / KT;
-    const int nslots = sh.n ? (sh.lo + sh.n - 1) / KT - rg_first + 1 : 0;
-    const bool math = !(c.skip & SKIP_MATH);
-    float* mine = slots + (size_t)warp * c.acc_rows * 2 * TILE_R;
-    if (math) {
-        load_xb(p, xs);
-        for (int i = tid; i < WARPS * c.acc_rows * 2 * TILE_R; i += CONSUMERS) slots[i] = 0.f;
-        consumers_sync();
-    }
-    const int t0 = sh.lo + warp;
-    int rg = t0 / KT, kt = t0 - (t0 / KT) * KT;
-    Ring r(pos + warp, c.stages);  // this warp's first tile
-    // ldmatrix.x4: lanes 0-7 give rows 0-7 of columns 0-7 (a0), 8-15 rows 8-15 (a1), 16-23 rows 0-7 of
-    // columns 8-15 (a2), 24-31 rows 8-15 of columns 8-15 (a3)
-    // (row r at r * 128 B; the swizzle puts its 16-byte chunk c at c ^ (r % 8), and r % 8 = lane % 8)
-    const uint32_t lane_row = (uint32_t)(((lane & 7) + ((lane >> 3) & 1) * 8) * TILE_C * 2);
-    uint32_t lane_chunk[KS];  // k-step j's chunk
-#pragma unroll
-    for (int j = 0; j < KS; j++) lane_chunk[j] = (uint32_t)(((2 * j + (lane >> 4)) ^ (lane & 7)) << 4);
-    const uint2* xb = reinterpret_cast<const uint2*>(xs) + 2 * (lane & 3) + (lane >> 2);
-    float acc[MB][4] = {};
-    int acc_rg = rg;
-    bool any = false;
-    for (int i = warp; i < sh.n; i += WARPS) {
-        mbar_wait(&full[r.stage], r.parity, c.err, 2, dead, waited);
-        if (math) {
-            if (rg != acc_rg) {  // the warp's sums of row group acc_rg are complete
-                store_sums(mine + (acc_rg - rg_first) * 2 * TILE_R, acc, lane);
-                acc_rg = rg;
-            }
-            const uint32_t base = saddr(ring + (size_t)r.stage * STAGE_BYTES) + lane_row;
-            uint32_t a[MB][KS][4];
-#pragma unroll
-            for (int m = 0; m < MB; m++)
-#pragma unroll
-                for (int j = 0; j < KS; j++)
-                    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                                 : "=r"(a[m][j][0]), "=r"(a[m][j][1]), "=r"(a[m][j][2]), "=r"(a[m][j][3])
-                                 : "r"(base + m * 16 * TILE_C * 2 + lane_chunk[j]) : "memory");
-            warp_release(&empty[r.stage]);
-            const uint2* x = xb + (size_t)kt * KS * 8;
-#pragma unroll
-            for (int j = 0; j < KS; j++) {
-                const uint2 b = lane < 8 ? x[j * 8] : make_uint2(0u, 0u);
-#pragma unroll
-                for (int m = 0; m < MB; m++)
-                    mma16816(acc[m], a[m][j][0], a[m][j][1], a[m][j][2], a[m][j][3], b.x, b.y);
-            }
-            any = true;
-        } else {
-            warp_release(&empty[r.stage]);
-        }
-        r.advance(WARPS, c.stages);
-        kt += WARPS;
-        if (kt >= KT) {
-            kt -= KT;
-            rg++;
-        }
-    }
-    pos += sh.n;
-    if (!math) return;
-    if (any) store_sums(mine + (acc_rg - rg_first) * 2 * TILE_R, acc, lane);
-    consumers_sync();  // every warp's slots written
-    for (int i = tid; i < nslots * 2 * TILE_R; i += CONSUMERS) {
-        float sum = 0.f;
-#pragma unroll
-        for (int w = 0; w < WARPS; w++) sum += slots[(size_t)w * c.acc_rows * 2 * TILE_R + i];
-        const int row = (rg_first + i / (2 * TILE_R)) * TILE_R + (i % (2 * TILE_R)) / 2;
-        atomicAdd(&p.out[(size_t)(i & 1) * p.N + row], sum);
-    }
 }
 #endif
 
@@ -978,15 +751,10 @@ __device__ void consume_quads_claimed(const Chain& c, const Phase& p, const unsi
 #endif
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(const __grid_constant__ Chain c) {
-    extern __shared__ __align__(128) unsigned char smem[];
-    // the swizzled tensor copies need their boxes 1024-byte aligned (the size asks for the slack)
-    unsigned char* ring = smem + (STREAM_TILE ? (1024 - (saddr(smem) & 1023)) & 1023 : 0);
+    extern __shared__ __align__(128) unsigned char ring[];
     uint64_t* full = reinterpret_cast<uint64_t*>(ring + (size_t)c.stages * STAGE_BYTES);
     uint64_t* empty = full + c.stages;
     float* acc = reinterpret_cast<float*>(empty + c.stages);
-#if STREAM_TILE
-    uint32_t* xs = reinterpret_cast<uint32_t*>(acc + (size_t)(CONSUMERS / 32) * c.acc_rows * 2 * TILE_R);
-#endif
 #if STREAM_QUAD
     int* tags = reinterpret_cast<int*>(acc + (size_t)(CONSUMERS / 32) * 2 * c.acc_rows);  // a stage set's batch
 #endif
@@ -999,7 +767,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(saddr(&full[i])));
             asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
                          :: "r"(saddr(&empty[i])),
-                            "n"(STREAM_TILE ? 1 : STREAM_GROUPS || STREAM_QUAD ? 4 : CONSUMERS / 32));
+                            "n"(STREAM_GROUPS || STREAM_QUAD ? 4 : CONSUMERS / 32));
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -1012,32 +780,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
         Ring k;
         for (int s = 0; s < phases; s++) {
             const Phase p = phase_of(c, s);
-#if STREAM_TILE
-            // tiles in row-group-major order, each one box of the weight's tensor map
-            const int KT = p.K / TILE_C, kind = s & 3;
-            const Share sh(p.N / TILE_R * KT, false);
-            const CUtensorMap* tm =
-                kind == 0 ? &c.tmap[0] : kind == 1 ? &c.tmap[1] : kind == 2 ? &c.tmap[2] : &c.tmap[3];
-            const int row0 = (s >> 2) * p.N;  // the layer's first row in the [L * N, K] tensor
-            int rg = sh.lo / KT, kt = sh.lo - (sh.lo / KT) * KT;
-            for (int i = 0; i < sh.n; i++) {
-                const int st = k.stage;
-                mbar_wait<PRODUCER_SLEEP_NS>(&empty[st], k.parity ^ 1, c.err, 3, dead, waited);
-                k.next(c.stages);
-                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                             :: "r"(saddr(&full[st])), "n"(STAGE_BYTES) : "memory");
-                const uint32_t dst = saddr(ring + (size_t)st * STAGE_BYTES);
-                asm volatile(
-                    "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
-                    "[%0], [%1, {%2, %3}], [%4];"
-                    :: "r"(dst), "l"(tm), "r"(kt * TILE_C), "r"(row0 + rg * TILE_R), "r"(saddr(&full[st]))
-                    : "memory");
-                if (++kt == KT) {
-                    kt = 0;
-                    rg++;
-                }
-            }
-#elif STREAM_QUAD
+#if STREAM_QUAD
             if (c.claims) {  // the claimed deal (consume_quads_claimed)
                 const int batches = p.N / QUAD * (p.K / PIECE);
                 int b = (int)atomicAdd(&c.claims[s], 1u);
@@ -1095,12 +838,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
 
     const long long c0 = clock64();
     long long in_grid = 0, waited = 0;
-#if STREAM_TILE || STREAM_GROUPS || STREAM_QUAD
-    long long pos = 0;  // the ring's position (tiles, pieces or batches so far)
+#if STREAM_GROUPS || STREAM_QUAD
+    long long pos = 0;  // the ring's position (pieces or batches so far)
 #endif
 #if STREAM_QUAD
     Ring r(threadIdx.x / 32 / PIECE_WARPS, c.stages / QUAD);  // this group's first stage set
-#elif !(STREAM_TILE || STREAM_GROUPS)
+#elif !STREAM_GROUPS
     Ring k;
 #endif
     for (int s = 0; s < phases; s++) {
@@ -1122,15 +865,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
             share(2L * q.N, lo, hi);
             for (long i = lo + tid; i < hi; i += CONSUMERS) q.out[i] = 0.f;
         }
-#if STREAM_TILE
-        consume_tiles(c, p, ring, full, empty, acc, xs, pos, dead, waited);
-#elif STREAM_GROUPS
+#if STREAM_GROUPS
         consume_groups(c, p, ring, full, empty, acc, pos, dead, waited);
 #elif STREAM_QUAD
         if (c.claims) consume_quads_claimed(c, p, ring, full, empty, tags, r, dead, waited);
         else consume_quads(c, p, ring, full, empty, acc, pos, r, dead, waited);
-#elif STREAM_MMA
-        consume_mma(c, p, ring, full, empty, acc, k, dead, waited);
 #else
         consume(c, p, ring, full, empty, acc, k, dead, waited);
 #endif
@@ -1157,19 +896,16 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
 }
 
 // Host side, called through ctypes. Returns a cudaError_t (0: launched).
-extern "C" int stream_chain_smem_bytes(int stages, int acc_rows, int k_max) {
-    // the ring, its barriers, each consumer warp's slots (with STREAM_TILE a slot is a row group's
-    // 16 rows), with STREAM_MMA each warp's A operand, with STREAM_TILE the input's B operand, with
-    // STREAM_QUAD the stage sets' tags
-    return stages * STAGE_BYTES + 2 * stages * 8 + (CONSUMERS / 32) * 2 * acc_rows * 4 * (STREAM_TILE ? TILE_R : 1) +
-           STREAM_MMA * (CONSUMERS / 32) * (PIECE / (CONSUMERS / 32) / 16) * 8 * 8 +
-           STREAM_TILE * (2 * k_max * 2 + 1024) + STREAM_QUAD * (stages / QUAD) * 4;
+extern "C" int stream_chain_smem_bytes(int stages, int acc_rows) {
+    // the ring, its barriers, each consumer warp's slots, with STREAM_QUAD the stage sets' tags
+    return stages * STAGE_BYTES + 2 * stages * 8 + (CONSUMERS / 32) * 2 * acc_rows * 4 +
+           STREAM_QUAD * (stages / QUAD) * 4;
 }
 
 // Raises the kernel's dynamic shared-memory limit; once, before any launch (not while a graph is captured).
-extern "C" int stream_chain_prepare(int stages, int acc_rows, int k_max) {
+extern "C" int stream_chain_prepare(int stages, int acc_rows) {
     return (int)cudaFuncSetAttribute(stream_chain_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     stream_chain_smem_bytes(stages, acc_rows, k_max));
+                                     stream_chain_smem_bytes(stages, acc_rows));
 }
 
 extern "C" int stream_chain_launch(const void* w_qkv, const void* w_o, const void* w_gu, const void* w_d,
@@ -1177,7 +913,7 @@ extern "C" int stream_chain_launch(const void* w_qkv, const void* w_o, const voi
                                    unsigned* bar, int* err, long long* stats, unsigned long long* trace,
                                    unsigned* claims, int skip,
                                    int interleave, int H, int NQKV, int INTER, int L, int stages, int acc_rows,
-                                   int k_max, int blocks, void* stream) {
+                                   int blocks, void* stream) {
     Chain c;
     c.w[0] = (const uint16_t*)w_qkv; c.w[1] = (const uint16_t*)w_o;
     c.w[2] = (const uint16_t*)w_gu; c.w[3] = (const uint16_t*)w_d;
@@ -1187,32 +923,7 @@ extern "C" int stream_chain_launch(const void* w_qkv, const void* w_o, const voi
     c.skip = skip; c.interleave = interleave;
     c.H = H; c.NQKV = NQKV; c.INTER = INTER; c.L = L;
     c.stages = stages; c.acc_rows = acc_rows;
-#if STREAM_TILE
-    // each weight [L, N, K] as a 2-D tensor [L * N rows, K columns] of bf16, read in 64 x 64 boxes
-    typedef CUresult (*Encode)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                               const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
-                               CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
-    static Encode encode = nullptr;
-    if (!encode) {
-        cudaDriverEntryPointQueryResult q;
-        void* fn = nullptr;
-        cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q);
-        if (e != cudaSuccess) return (int)e;
-        if (q != cudaDriverEntryPointSuccess || !fn) return (int)cudaErrorNotSupported;
-        encode = (Encode)fn;
-    }
-    const int Ns[4] = {NQKV, H, 2 * INTER, H}, Ks[4] = {H, H, H, INTER};
-    const void* ws[4] = {w_qkv, w_o, w_gu, w_d};
-    for (int i = 0; i < 4; i++) {
-        const cuuint64_t dims[2] = {(cuuint64_t)Ks[i], (cuuint64_t)L * Ns[i]}, strides[1] = {(cuuint64_t)Ks[i] * 2};
-        const cuuint32_t box[2] = {TILE_C, TILE_R}, estr[2] = {1, 1};
-        CUresult r = encode(&c.tmap[i], CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(ws[i]), dims, strides,
-                            box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                            CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-        if (r != CUDA_SUCCESS) return -(int)r;  // a driver error (negative, told apart by the caller)
-    }
-#endif
-    stream_chain_kernel<<<blocks, THREADS, stream_chain_smem_bytes(stages, acc_rows, k_max), (cudaStream_t)stream>>>(c);
+    stream_chain_kernel<<<blocks, THREADS, stream_chain_smem_bytes(stages, acc_rows), (cudaStream_t)stream>>>(c);
     return (int)cudaGetLastError();
 }
 

@@ -1,4 +1,4 @@
-"""Probe (issue #18, docs/performance.md inference changes 33-34): a weight stream that does not stop at
+"""Probe (issue #18, docs/performance.md inference changes 33-35): a weight stream that does not stop at
 the decode chain's phase boundaries, written in CUDA C++ (``stream_chain.cu`` beside this file).
 
 Changes 30-32 showed that a decode layer's GEMVs lose a few microseconds at every dependency
@@ -24,11 +24,11 @@ on PyTorch's current stream. It needs a CUDA device of compute capability 9.0 or
 ``nvcc``; there is no CPU form (no interpreter runs CUDA C++). ``--math`` picks the consumers'
 form, a build variant each: ``cores`` (the default and the fastest measured: all eight consumer
 warps on every 8 KB piece, CUDA cores, batches of eight pieces), ``groups`` (each piece taken by
-one group of four warps alone), ``mma`` (``cores``' layout, the products on tensor cores),
-``tiles`` (64 x 64 tiles from each weight's tensor map, each warp its own stages, tensor cores) or
-``quads`` (batches of four 8 KB pieces in a stage set, each taken by one group of four warps
+one group of four warps alone) or ``quads`` (batches of four 8 KB pieces in a stage set, each taken by one group of four warps
 alone, tensor cores with the pieces as the A operand's rows; ``--deal claimed``: the blocks claim
-a phase's batches from a counter instead of a fixed share).
+a phase's batches from a counter instead of a fixed share). Two closed forms were removed after
+the twenty-seventh session and are at commit ``f1f4519``: ``mma`` (``cores``' layout, the products
+on tensor cores) and ``tiles`` (64 x 64 tiles from each weight's tensor map, tensor cores).
 Other options: ``--order contiguous|interleaved`` (how a phase's pieces are dealt to the blocks),
 ``--stages``, ``--producer-sleep`` (ns between the producer's looks), ``--quad-pieces`` (``quads``'
 batch size), ``--stats`` (the kernel's cycle counters), ``--trace`` (when each block started and
@@ -39,8 +39,8 @@ math|grid|both`` (diagnostics that leave a part out; their results are wrong by 
 on an H200 (2026-12-04, docs/benchmarks.md), us a layer against the engine's GEMVs at 99-101 in the
 same process: the bare stream 90.3 and 91.2 with every grid barrier (the twenty-fifth session's
 per-piece consumers), ``quads``' 90.0 without barriers; ``cores`` 100.5-102.5, ``groups``
-103.0-103.4, ``quads`` 107.8-108.1 (claimed 111.0-111.7), ``tiles`` 108.7-110.8, ``mma``
-113.8-114.2.
+103.0-103.4, ``quads`` 107.8-108.1 (claimed 111.0-111.7); the removed ``tiles`` 108.7-110.8 and
+``mma`` 113.8-114.2.
 
     python benchmarks/stream_chain.py --out docs/results/<dir>/stream.json
 
@@ -74,14 +74,11 @@ PIECE = 4096  # bf16 elements a piece (the kernel's PIECE): every K must be a mu
 MAX_STAGES = 26  # 26 x 8 KB + barriers + the warps' slots (12 KB) fit the 227 KB a Hopper block may take
 NVCC_FLAGS = ("-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-shared", "-Xcompiler", "-fPIC")
 # --math: the kernel's build variant
-MATH = {"cores": (), "groups": ("-DSTREAM_GROUPS=1",), "mma": ("-DSTREAM_MMA=1",), "tiles": ("-DSTREAM_TILE=1",),
-        "quads": ("-DSTREAM_QUAD=1",)}
+MATH = {"cores": (), "groups": ("-DSTREAM_GROUPS=1",), "quads": ("-DSTREAM_QUAD=1",)}
 BARRIERS = ("fenced", "relaxed", "acq_rel", "tree")  # --barrier: the kernel's BARRIER_RELAXED 0, 1, 2, 3
 BAR_STRIDE = 32  # unsigned a grid-barrier counter apart, a 128-byte line each (the kernel's BAR_STRIDE)
 BAR_WORDS = BAR_STRIDE * 34  # the grid barrier's counters: bar[0] and up to 33 first-level ones
 TREE_BLOCKS = 16  # --barrier tree: blocks a first-level counter (the kernel's TREE_BLOCKS)
-SETS_OF_8 = ("tiles", "quads")  # forms whose stages must be a multiple of 8 (see parse_args)
-TILE = (64, 64)  # --math tiles: a stage's rows and columns (the kernel's TILE_R, TILE_C)
 SKIPS = {"none": 0, "math": 1, "grid": 2, "both": 3}  # the kernel's SKIP_MATH | SKIP_GRID
 WAITS = {1: "a grid barrier (are all --blocks resident at once? at most one a multiprocessor)",
          2: "a consumer's wait for a full stage", 3: "the producer's wait for an empty stage"}
@@ -92,7 +89,7 @@ def parse_args(argv=None):
     probe_harness.add_common(p, SYSTEMS)
     p.add_argument("--stages", type=int, default=16,
                    help=f"8 KB shared-memory stages of the ring (8-{MAX_STAGES}; even with --math groups, a multiple "
-                        "of 8 with --math tiles or quads; 16 measured fastest, change 33's calls 8-9)")
+                        "of 8 with --math quads; 16 measured fastest, change 33's calls 8-9)")
     p.add_argument("--blocks", type=int, default=None,
                    help="the kernel's blocks (default: the device's multiprocessors; never more, all must be "
                         "resident at once)")
@@ -106,10 +103,7 @@ def parse_args(argv=None):
     p.add_argument("--math", default="cores", choices=tuple(MATH),
                    help="the consumers' products: 'cores' (CUDA cores, float32 FMAs, every warp on every piece), "
                         "'groups' (CUDA cores, each piece taken by one group of 4 warps alone, the input in "
-                        "registers), "
-                        "'mma' (tensor cores, mma.sync m16n8k16 with the two input rows as A and eight pieces as B), "
-                        "'tiles' (a stage is a 64 x 64 tile, the A operand of mma.sync; each warp its own stages), "
-                        "or 'quads' (batches of four 8 KB pieces, each taken by one group of 4 warps alone, the pieces "
+                        "registers), or 'quads' (batches of four 8 KB pieces, each taken by one group of 4 warps alone, the pieces "
                         "as A's rows of mma.sync, split in four column classes against the input rows as B)")
     p.add_argument("--producer-sleep", type=int, default=64,
                    help="ns the producer thread sleeps between looks at a stage it waits to refill (0-10000; 0: "
@@ -142,11 +136,11 @@ def parse_args(argv=None):
         p.error(f"--stages must be in 8..{MAX_STAGES}, got {a.stages}")
     if a.math == "groups" and a.stages % 2:
         p.error(f"--stages must be even with --math groups (one stage set a group of warps), got {a.stages}")
-    if a.math in SETS_OF_8 and a.stages % 8:
-        # each consumer warp (tiles) or group of warps (quads, sets of 4 stages) must own fixed stages: one a
-        # round ahead of another on a shared stage would see that stage's previous round (same parity) as complete
-        p.error(f"--stages must be a multiple of 8 with --math {a.math} (stage sets owned by a consumer warp or "
-                f"group), got {a.stages}")
+    if a.math == "quads" and a.stages % 8:
+        # each group of warps must own fixed stage sets (of 4 stages): one a round ahead of another on a shared
+        # set would see that set's previous round (same parity) as complete
+        p.error(f"--stages must be a multiple of 8 with --math quads (stage sets owned by a group of warps), "
+                f"got {a.stages}")
     if a.quad_pieces != 4 and a.math != "quads":
         p.error(f"--quad-pieces {a.quad_pieces}: only with --math quads")
     if a.deal != "static" and a.math != "quads":
@@ -155,8 +149,6 @@ def parse_args(argv=None):
         p.error("--order interleaved: with --deal claimed the blocks claim their batches, there is no order to set")
     if not 0 <= a.producer_sleep <= 10000:
         p.error(f"--producer-sleep must be in 0..10000 ns, got {a.producer_sleep}")
-    if a.math == "tiles" and a.order != "contiguous":
-        p.error("--order interleaved: --math tiles deals each block a contiguous range of tiles only")
     if a.blocks is not None and a.blocks < 1:
         p.error(f"--blocks must be >= 1, got {a.blocks}")
     if shutil.which(a.nvcc) is None:
@@ -166,7 +158,7 @@ def parse_args(argv=None):
     a.shape = "qwen3-8b"
     for what, n, k in chain_sites(*SHAPES[a.shape]):
         # the kernel's splits (n % 4: a quads batch of 4 rows never crosses a segment)
-        assert k % PIECE == 0 and n % TILE[0] == 0 and n % 4 == 0 and k // TILE[1] >= 8, (what, n, k)
+        assert k % PIECE == 0 and n % 4 == 0, (what, n, k)
     return a
 
 
@@ -201,14 +193,9 @@ def build(nvcc: str, build_dir: str, form: str = "cores", producer_sleep_ns: int
     return so
 
 
-def acc_rows(shape, blocks: int, form: str = "cores") -> int:
+def acc_rows(shape, blocks: int) -> int:
     """Slots of each consumer warp's shared-memory accumulator: the most pieces a block holds in a
-    phase, ``ceil(pieces / blocks)`` in either order (a slot a piece, two floats); with ``--math
-    tiles`` the most row groups its contiguous range of tiles touches (a slot a row group of 64
-    rows, 128 floats), ``ceil(tiles / blocks / KT) + 1`` with ``KT`` tiles a row group."""
-    if form == "tiles":
-        r, c = TILE
-        return max(math.ceil(math.ceil(n // r * (k // c) / blocks) / (k // c)) + 1 for _, n, k in chain_sites(*shape))
+    phase, ``ceil(pieces / blocks)`` in either order (a slot a piece, two floats)."""
     return max(math.ceil(n * (k // PIECE) / blocks) for _, n, k in chain_sites(*shape))
 
 
@@ -242,16 +229,15 @@ class StreamChain(ChainWeights):
         self.err = torch.zeros(1, device=device, dtype=torch.int32)
         self.stats = None
         self.ran = False  # the cuda system ran since the last reset (its counters are then this run's)
-        self.acc_rows = acc_rows(self.shape, self.blocks, a.math)
-        self.k_max = max(k for _, _, k in chain_sites(H, NQKV, INTER))
+        self.acc_rows = acc_rows(self.shape, self.blocks)
         lib = ctypes.CDLL(str(build(a.nvcc, a.build_dir, a.math, a.producer_sleep, a.quad_pieces, a.barrier)))
-        lib.stream_chain_smem_bytes.argtypes = [ctypes.c_int] * 3
-        lib.stream_chain_prepare.argtypes = [ctypes.c_int] * 3
-        lib.stream_chain_launch.argtypes = [ctypes.c_void_p] * 14 + [ctypes.c_int] * 10 + [ctypes.c_void_p]
+        lib.stream_chain_smem_bytes.argtypes = [ctypes.c_int] * 2
+        lib.stream_chain_prepare.argtypes = [ctypes.c_int] * 2
+        lib.stream_chain_launch.argtypes = [ctypes.c_void_p] * 14 + [ctypes.c_int] * 9 + [ctypes.c_void_p]
         lib.stream_chain_error_string.restype = ctypes.c_char_p
         lib.stream_chain_stats.argtypes = []
         lib.stream_chain_trace.argtypes = []
-        smem = lib.stream_chain_smem_bytes(a.stages, self.acc_rows, self.k_max)
+        smem = lib.stream_chain_smem_bytes(a.stages, self.acc_rows)
         if smem > props.shared_memory_per_block_optin:
             raise SystemExit(f"error: --stages {a.stages} needs {smem} B of shared memory a block, more than the "
                              f"{props.shared_memory_per_block_optin} of {props.name}")
@@ -261,12 +247,10 @@ class StreamChain(ChainWeights):
         self.trace = None
         if a.trace:
             self.trace = torch.zeros(self.blocks, 4 * L, lib.stream_chain_trace(), device=device, dtype=torch.int64)
-        self._check(lib.stream_chain_prepare(a.stages, self.acc_rows, self.k_max), "cudaFuncSetAttribute")
+        self._check(lib.stream_chain_prepare(a.stages, self.acc_rows), "cudaFuncSetAttribute")
         self.smem_bytes = smem
 
     def _check(self, rc: int, what: str) -> None:
-        if rc < 0:  # the launch's tensor maps (--math tiles): a driver error
-            raise RuntimeError(f"{what}: cuTensorMapEncodeTiled failed (CUresult {-rc})")
         if rc:
             raise RuntimeError(f"{what}: {self.lib.stream_chain_error_string(rc).decode()} (cudaError {rc})")
 
@@ -286,8 +270,8 @@ class StreamChain(ChainWeights):
         ptrs.append(self.claims.data_ptr() if self.claims is not None else None)
         stream = torch.cuda.current_stream(self.device).cuda_stream
         self._check(self.lib.stream_chain_launch(*ptrs, SKIPS[a.skip], int(a.order == "interleaved"), H, NQKV, INTER,
-                                                 a.layers, a.stages, self.acc_rows, self.k_max,
-                                                 self.blocks, stream), "stream_chain_launch")
+                                                 a.layers, a.stages, self.acc_rows, self.blocks,
+                                                 stream), "stream_chain_launch")
         return self.out[3][-1]
 
     def call(self, system):

@@ -16,7 +16,7 @@ SCRIPT = BENCH / "stream_chain.py"
 sys.path.insert(0, str(BENCH))
 
 from persistent_chain import SHAPES, chain_sites  # noqa: E402
-from stream_chain import BARRIERS, MATH, PIECE, TILE, acc_rows, build  # noqa: E402
+from stream_chain import BARRIERS, MATH, PIECE, acc_rows, build  # noqa: E402
 
 NVCC = shutil.which("nvcc")
 
@@ -43,29 +43,11 @@ def test_every_piece_dealt_once_within_the_slots(blocks, interleave):
     assert bound == max(-(-n * (k // PIECE) // blocks) for _, n, k in chain_sites(*SHAPES["qwen3-8b"]))
 
 
-@pytest.mark.parametrize("blocks", [1, 7, 66, 114, 132])
-def test_every_tile_dealt_once_within_the_row_group_slots(blocks):
-    """``--math tiles`` deals each phase's ``N / 64 * K / 64`` tiles (row group major) to the blocks
-    as contiguous ranges: every tile to exactly one block, and no block's range touching more row
-    groups than ``acc_rows`` (each consumer warp's slots, one a row group)."""
-    r, c = TILE
-    bound = acc_rows(SHAPES["qwen3-8b"], blocks, "tiles")
-    need = 0
-    for _, n, k in chain_sites(*SHAPES["qwen3-8b"]):
-        kt, total = k // c, n // r * (k // c)
-        dealt = shares(total, blocks, False)
-        assert sorted(t for ts in dealt for t in ts) == list(range(total))
-        need = max(need, *(ts[-1] // kt - ts[0] // kt + 1 for ts in dealt if ts))
-        assert kt >= 8 and n % r == 0  # a warp's next tile wraps a row group at most once
-    assert need <= bound <= need + 1
-
-
 @pytest.mark.parametrize("args, needle", [
     (("--device", "cpu"), "--device cpu"),
     (("--stages", "0"), "--stages"),
     (("--stages", "7"), "--stages"),
     (("--producer-sleep", "-1"), "--producer-sleep"),
-    (("--math", "tiles", "--stages", "12"), "--stages must be a multiple of 8"),
     (("--math", "groups", "--stages", "9"), "--stages must be even"),
     (("--math", "quads", "--stages", "20"), "--stages must be a multiple of 8 with --math quads"),
     (("--quad-pieces", "2"), "--quad-pieces 2: only with --math quads"),
@@ -82,7 +64,8 @@ def test_every_tile_dealt_once_within_the_row_group_slots(blocks):
     (("--reps", "0"), "--reps"),
     (("--skip", "all"), "--skip"),
     (("--math", "wgmma"), "--math"),
-    (("--math", "tiles", "--order", "interleaved"), "--order interleaved"),
+    (("--math", "tiles"), "--math"),  # removed after the twenty-seventh session (at f1f4519)
+    (("--math", "mma"), "--math"),
 ])
 def test_bad_arguments_are_refused(tmp_path, args, needle):
     assert needle in refused(SCRIPT, tmp_path, *args)
@@ -140,13 +123,10 @@ def test_tree_constants_match_the_kernel():
 
 # Each form's check can fail: its kernel with one line changed (in a copy) must be far from
 # F.linear's chain. cores: the warp's sums without their last exchange (the odd lanes' halves left
-# out); mma: its A operand with the second input row's first k-step of each pair left out; tiles:
-# its B operand with the second input row left out (lanes 4-7 give zeros); groups: each warp's
-# second sum without its exchanges across the warp; quads: the wrong entries of C taken as the sums.
+# out); groups: each warp's second sum without its exchanges across the warp; quads: the wrong
+# entries of C taken as the sums.
 CORRUPTIONS = {
     "cores": ("v[0] += __shfl_xor_sync(0xffffffffu, v[0], 1);", "v[0] += 0.f;"),
-    "mma": ("const uint2 a = lane < 8 ? xs[2 * s2 * 8 + lane]", "const uint2 a = lane < 4 ? xs[2 * s2 * 8 + lane]"),
-    "tiles": ("const uint2 b = lane < 8 ? x[j * 8]", "const uint2 b = lane < 4 ? x[j * 8]"),
     "groups": ("s1 += __shfl_xor_sync(0xffffffffu, s1, off);", "s1 += 0.f;"),
     "quads": ("const bool useful = (t & 1) == (j >> 1);", "const bool useful = (t & 1) == (j & 1);"),
 }
