@@ -29,7 +29,8 @@
 // one empty barrier), each batch taken by one group of four warps alone, the products on tensor
 // cores with the pieces as A's rows (consume_quads; with `claims`, the blocks' producers claim the
 // batches from a counter a phase, consume_quads_claimed). -DPRODUCER_SLEEP_NS sets the producer's sleep
-// between looks at a stage.
+// between looks at a stage. -DL2_AHEAD=n (static deals): the producer also asks L2 for its pieces n
+// ahead of its copies (see Ahead), so that HBM keeps streaming them while the ring is full.
 //
 // Every wait gives up after ~2 s (globaltimer) and sets *err (1: a grid barrier, 2: a full stage,
 // 3: an empty stage) instead of hanging; the caller must check it. With `stats` (may be null) each
@@ -65,6 +66,9 @@
 #define TIMEOUT_NS 2000000000ull
 #ifndef PRODUCER_SLEEP_NS
 #define PRODUCER_SLEEP_NS 64       // the producer's sleep between looks at a stage it waits to refill
+#endif
+#ifndef L2_AHEAD
+#define L2_AHEAD 0                 // pieces the producer asks L2 for ahead of its copies (0: none), see Ahead
 #endif
 
 enum { ST_TOTAL, ST_GRID, ST_FULL, ST_PROD_TOTAL, ST_EMPTY, STATS };  // cycles: consumer thread 0's run,
@@ -249,14 +253,48 @@ __device__ __forceinline__ void expect_bytes(uint64_t* bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(saddr(bar)), "r"(bytes) : "memory");
 }
 
+// The piece (row, segment) of phase p's weight: its place in memory.
+__device__ __forceinline__ const uint16_t* piece_src(const Phase& p, int row, int seg) {
+    return p.w + ((size_t)row * (p.K / PIECE) + seg) * PIECE;
+}
+
 // The bulk copy of the piece (row, segment) of phase p's weight into a stage, completing its bytes
 // on `bar`.
 __device__ __forceinline__ void copy_piece(const unsigned char* stage, const Phase& p, int row, int seg,
                                            uint64_t* bar) {
-    const uint16_t* src = p.w + ((size_t)row * (p.K / PIECE) + seg) * PIECE;  // its place in memory
+    const uint16_t* src = piece_src(p, row, seg);
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  :: "r"(saddr(stage)), "l"(src), "n"(PIECE_BYTES), "r"(saddr(bar)) : "memory");
 }
+
+// The producer's look-ahead (L2_AHEAD > 0, static deals): it walks the block's pieces of every
+// phase in the order of the copies, asking L2 for each with a bulk prefetch (no shared memory, no
+// barrier). The producer keeps it L2_AHEAD pieces in front of its copies, so while it waits for
+// a free stage (the consumers stopped at a grid barrier) HBM still streams the block's next
+// pieces, and the copies that follow read them from L2.
+struct Ahead {
+    int s = -1, left = 0, row = 0, seg = 0, step = 1;
+    Phase p;
+    // Asks L2 for the next piece; false once every phase's pieces were asked for.
+    __device__ __forceinline__ bool next(const Chain& c, int phases) {
+        while (left == 0) {
+            if (s + 1 >= phases) return false;
+            p = phase_of(c, ++s);
+            const Share sh(p.N * (p.K / PIECE), c.interleave);
+            const Cursor cur(sh, p.N);
+            left = sh.n, row = cur.row, seg = cur.seg, step = sh.step;
+        }
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(piece_src(p, row, seg)), "n"(PIECE_BYTES)
+                     : "memory");
+        row += step;
+        while (row >= p.N) {
+            row -= p.N;
+            seg++;
+        }
+        left--;
+        return true;
+    }
+};
 
 __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(bar)) : "memory");
@@ -778,6 +816,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
         const long long c0 = clock64();
         long long waited = 0;
         Ring k;
+#if L2_AHEAD
+        Ahead ahead;
+        long long asked = 0, copied = 0;  // pieces asked of L2, pieces whose copy was issued
+#endif
         for (int s = 0; s < phases; s++) {
             const Phase p = phase_of(c, s);
 #if STREAM_QUAD
@@ -808,6 +850,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
                 Cursor cur(sh, p.N);
                 for (Batches b(sh, p.N); b.more(); b.next()) {
                     const int set = k.stage;
+#if L2_AHEAD
+                    for (copied += b.ng; asked < copied + L2_AHEAD && ahead.next(c, phases);) asked++;
+#endif
                     mbar_wait<PRODUCER_SLEEP_NS>(&empty[set], k.parity ^ 1, c.err, 3, dead, waited);
                     k.next(c.stages / QUAD);
                     expect_bytes(&full[set], b.ng * PIECE_BYTES);
@@ -820,6 +865,9 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
             Cursor cur(sh, p.N);
             for (int i = 0; i < sh.n; i++, cur.next()) {
                 const int st = k.stage;
+#if L2_AHEAD
+                for (copied++; asked < copied + L2_AHEAD && ahead.next(c, phases);) asked++;
+#endif
                 // a fresh barrier's previous phase (parity 1) counts as complete: round 0 passes at once
                 mbar_wait<PRODUCER_SLEEP_NS>(&empty[st], k.parity ^ 1, c.err, 3, dead, waited);
                 k.next(c.stages);

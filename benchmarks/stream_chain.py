@@ -34,7 +34,9 @@ Other options: ``--order contiguous|interleaved`` (how a phase's pieces are deal
 batch size), ``--stats`` (the kernel's cycle counters), ``--trace`` (when each block started and
 ended each phase, and when its producer had issued it: the grid barriers' cost per kind of phase,
 ``benchmarks/plot_trace.py`` plots it), ``--barrier fenced|acq_rel|tree|relaxed`` (a block's
-barrier arrive: its fence, or a two-level counter; ``relaxed`` is a diagnostic), ``--skip
+barrier arrive: its fence, or a two-level counter; ``relaxed`` is a diagnostic), ``--l2-ahead``
+(pieces the producer asks L2 for ahead of its copies, so that HBM streams on while the ring is
+full; static deals), ``--skip
 math|grid|both`` (diagnostics that leave a part out; their results are wrong by design). Measured
 on an H200 (2026-12-04, docs/benchmarks.md), us a layer against the engine's GEMVs at 99-101 in the
 same process: the bare stream 90.3 and 91.2 with every grid barrier (the twenty-fifth session's
@@ -120,6 +122,10 @@ def parse_args(argv=None):
                         "('acq_rel'), on a two-level counter ('tree': 16 blocks a first-level counter, whose last "
                         "arriver adds to the one waited on), or without a fence ('relaxed': a diagnostic of the "
                         "fence's cost; the outputs are then not ordered before the arrive and may be wrong)")
+    p.add_argument("--l2-ahead", type=int, default=0,
+                   help="pieces (8 KB) the producer asks L2 for ahead of its copies with bulk prefetches (0-64; 0: "
+                        "none), so that HBM keeps streaming the block's next pieces while its ring is full and its "
+                        "consumers wait at a grid barrier; static deals only")
     p.add_argument("--order", default="contiguous", choices=("contiguous", "interleaved"),
                    help="how a phase's pieces are dealt to the blocks: contiguous ranges, or every blocks-th piece")
     p.add_argument("--skip", default="none", choices=tuple(SKIPS),
@@ -147,6 +153,10 @@ def parse_args(argv=None):
         p.error(f"--deal {a.deal}: only with --math quads")
     if a.deal == "claimed" and a.order != "contiguous":
         p.error("--order interleaved: with --deal claimed the blocks claim their batches, there is no order to set")
+    if not 0 <= a.l2_ahead <= 64:
+        p.error(f"--l2-ahead must be in 0..64 pieces, got {a.l2_ahead}")
+    if a.l2_ahead and a.deal == "claimed":
+        p.error("--l2-ahead with --deal claimed: a producer does not know its next batches before it claims them")
     if not 0 <= a.producer_sleep <= 10000:
         p.error(f"--producer-sleep must be in 0..10000 ns, got {a.producer_sleep}")
     if a.blocks is not None and a.blocks < 1:
@@ -163,20 +173,27 @@ def parse_args(argv=None):
 
 
 def build_flags(form: str = "cores", producer_sleep_ns: int = 64, quad_pieces: int = 4,
-                barrier: str = "fenced") -> tuple:
-    """nvcc's flags for ``--math form``, ``--producer-sleep``, ``--quad-pieces`` and ``--barrier``."""
+                barrier: str = "fenced", l2_ahead: int = 0) -> tuple:
+    """nvcc's flags for ``--math form``, ``--producer-sleep``, ``--quad-pieces``, ``--barrier`` and
+    ``--l2-ahead``."""
     quad = (f"-DQUAD={quad_pieces}",) if form == "quads" else ()
     relaxed = (f"-DBARRIER_RELAXED={BARRIERS.index(barrier)}",) if barrier != "fenced" else ()
-    return (*NVCC_FLAGS, *MATH[form], f"-DPRODUCER_SLEEP_NS={producer_sleep_ns}", *quad, *relaxed)
+    ahead = (f"-DL2_AHEAD={l2_ahead}",) if l2_ahead else ()
+    return (*NVCC_FLAGS, *MATH[form], f"-DPRODUCER_SLEEP_NS={producer_sleep_ns}", *quad, *relaxed, *ahead)
 
 
-def build(nvcc: str, build_dir: str, form: str = "cores", producer_sleep_ns: int = 64, quad_pieces: int = 4,
-          barrier: str = "fenced") -> Path:
-    """The kernel's shared library for ``--math form``, built once per source and flags (a hash
-    in its name) with the register report in ``<name>.ptxas.txt`` beside it; written under a
-    temporary name, then renamed."""
+def variant(a) -> dict:
+    """The build variant the parsed arguments ask for (:func:`build_flags`' keywords)."""
+    return {"form": a.math, "producer_sleep_ns": a.producer_sleep, "quad_pieces": a.quad_pieces,
+            "barrier": a.barrier, "l2_ahead": a.l2_ahead}
+
+
+def build(nvcc: str, build_dir: str, **kw) -> Path:
+    """The kernel's shared library for a variant (:func:`build_flags`' keywords), built once per
+    source and flags (a hash in its name) with the register report in ``<name>.ptxas.txt`` beside
+    it; written under a temporary name, then renamed."""
     src = SOURCE.read_bytes()
-    flags = build_flags(form, producer_sleep_ns, quad_pieces, barrier)
+    flags = build_flags(**kw)
     key = hashlib.sha256(src + " ".join(flags).encode()).hexdigest()[:16]
     d = Path(build_dir)
     so = d / f"stream_chain-{key}.so"
@@ -230,7 +247,7 @@ class StreamChain(ChainWeights):
         self.stats = None
         self.ran = False  # the cuda system ran since the last reset (its counters are then this run's)
         self.acc_rows = acc_rows(self.shape, self.blocks)
-        lib = ctypes.CDLL(str(build(a.nvcc, a.build_dir, a.math, a.producer_sleep, a.quad_pieces, a.barrier)))
+        lib = ctypes.CDLL(str(build(a.nvcc, a.build_dir, **variant(a))))
         lib.stream_chain_smem_bytes.argtypes = [ctypes.c_int] * 2
         lib.stream_chain_prepare.argtypes = [ctypes.c_int] * 2
         lib.stream_chain_launch.argtypes = [ctypes.c_void_p] * 14 + [ctypes.c_int] * 9 + [ctypes.c_void_p]
@@ -389,8 +406,8 @@ def write_trace(out: str, stamps) -> Path:
 
 def settings(a, chain) -> dict:
     return {"stages": a.stages, "math": a.math, "deal": a.deal, "order": a.order, "skip": a.skip,
-            "blocks": chain.blocks, "acc_rows": chain.acc_rows, "smem_bytes_per_block": chain.smem_bytes,
-            "nvcc_flags": list(build_flags(a.math, a.producer_sleep, a.quad_pieces, a.barrier))}
+            "l2_ahead": a.l2_ahead, "blocks": chain.blocks, "acc_rows": chain.acc_rows,
+            "smem_bytes_per_block": chain.smem_bytes, "nvcc_flags": list(build_flags(**variant(a)))}
 
 
 def main(argv=None) -> int:

@@ -64,6 +64,9 @@ def test_every_piece_dealt_once_within_the_slots(blocks, interleave):
     (("--reps", "0"), "--reps"),
     (("--skip", "all"), "--skip"),
     (("--math", "wgmma"), "--math"),
+    (("--l2-ahead", "-1"), "--l2-ahead"),
+    (("--l2-ahead", "65"), "--l2-ahead"),
+    (("--math", "quads", "--deal", "claimed", "--l2-ahead", "8"), "--l2-ahead with --deal claimed"),
     (("--math", "tiles"), "--math"),  # removed after the twenty-seventh session (at f1f4519)
     (("--math", "mma"), "--math"),
 ])
@@ -80,12 +83,12 @@ def test_build_dir_that_is_a_file_is_refused(tmp_path):
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc")
 @pytest.mark.parametrize("form", sorted(MATH))
 def test_kernel_builds_without_local_memory_and_is_cached(tmp_path, form):
-    so = build(NVCC, str(tmp_path), form)
+    so = build(NVCC, str(tmp_path), form=form)
     report = so.with_suffix(".ptxas.txt").read_text()
     assert "stream_chain_kernel" in report
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, report
     mtime = so.stat().st_mtime_ns
-    assert build(NVCC, str(tmp_path), form) == so and so.stat().st_mtime_ns == mtime  # not rebuilt
+    assert build(NVCC, str(tmp_path), form=form) == so and so.stat().st_mtime_ns == mtime  # not rebuilt
     assert not list(tmp_path.glob(".stream_chain-*"))  # no temporary left
 
 
@@ -105,8 +108,34 @@ def test_gpu_run_quads_claimed_matches_torch(tmp_path, barrier):
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc")
 @pytest.mark.parametrize("barrier", [b for b in BARRIERS if b != "fenced"])
 def test_barrier_variants_build_without_local_memory(tmp_path, barrier):
-    report = build(NVCC, str(tmp_path), "quads", barrier=barrier).with_suffix(".ptxas.txt").read_text()
+    report = build(NVCC, str(tmp_path), form="quads", barrier=barrier).with_suffix(".ptxas.txt").read_text()
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, report
+
+
+def test_l2_ahead_is_a_build_variant_of_its_own():
+    from argparse import Namespace
+
+    from stream_chain import build_flags, variant
+
+    assert not any("L2_AHEAD" in f for f in build_flags("quads"))  # the default builds stay as they were
+    a = Namespace(math="quads", producer_sleep=64, quad_pieces=4, barrier="fenced", l2_ahead=16)
+    assert variant(a)["l2_ahead"] == 16 and "-DL2_AHEAD=16" in build_flags(**variant(a))
+
+
+@pytest.mark.skipif(NVCC is None, reason="needs nvcc")
+@pytest.mark.parametrize("form", sorted(MATH))
+def test_l2_ahead_builds_without_local_memory(tmp_path, form):
+    so = build(NVCC, str(tmp_path), form=form, l2_ahead=16)
+    report = so.with_suffix(".ptxas.txt").read_text()
+    assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, report
+    assert so != build(NVCC, str(tmp_path), form=form)  # a library of its own
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", ["cores", "quads"])
+def test_gpu_run_with_l2_ahead_matches_torch(tmp_path, form):
+    run_gpu(tmp_path, "stream_chain", "--math", form, "--l2-ahead", "16", "--build-dir", str(tmp_path / "build"),
+            tol=1e-2)
 
 
 def test_tree_constants_match_the_kernel():
