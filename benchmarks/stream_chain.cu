@@ -231,7 +231,7 @@ struct Ring {
     int stage = 0;
     uint32_t parity = 0;
     Ring() = default;
-    __device__ __forceinline__ Ring(long long q, int stages)  // position q (pieces or tiles so far)
+    __device__ __forceinline__ Ring(long long q, int stages)  // position q (stages or stage sets so far)
         : stage((int)(q % stages)), parity((uint32_t)((q / stages) & 1)) {}
     __device__ __forceinline__ void next(int stages) {
         if (++stage == stages) {

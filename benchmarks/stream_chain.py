@@ -24,11 +24,12 @@ on PyTorch's current stream. It needs a CUDA device of compute capability 9.0 or
 ``nvcc``; there is no CPU form (no interpreter runs CUDA C++). ``--math`` picks the consumers'
 form, a build variant each: ``cores`` (the default and the fastest measured: all eight consumer
 warps on every 8 KB piece, CUDA cores, batches of eight pieces), ``groups`` (each piece taken by
-one group of four warps alone) or ``quads`` (batches of four 8 KB pieces in a stage set, each taken by one group of four warps
-alone, tensor cores with the pieces as the A operand's rows; ``--deal claimed``: the blocks claim
-a phase's batches from a counter instead of a fixed share). Two closed forms were removed after
-the twenty-seventh session and are at commit ``f1f4519``: ``mma`` (``cores``' layout, the products
-on tensor cores) and ``tiles`` (64 x 64 tiles from each weight's tensor map, tensor cores).
+one group of four warps alone) or ``quads`` (batches of four 8 KB pieces in a stage set, each
+taken by one group of four warps alone, tensor cores with the pieces as the A operand's rows;
+``--deal claimed``: the blocks claim a phase's batches from a counter instead of a fixed share).
+Two closed forms were removed after the twenty-seventh session and are at commit ``f1f4519``:
+``mma`` (``cores``' layout, the products on tensor cores) and ``tiles`` (64 x 64 tiles from each
+weight's tensor map, tensor cores).
 Other options: ``--order contiguous|interleaved`` (how a phase's pieces are dealt to the blocks),
 ``--stages``, ``--producer-sleep`` (ns between the producer's looks), ``--quad-pieces`` (``quads``'
 batch size), ``--stats`` (the kernel's cycle counters), ``--trace`` (when each block started and
@@ -105,8 +106,9 @@ def parse_args(argv=None):
     p.add_argument("--math", default="cores", choices=tuple(MATH),
                    help="the consumers' products: 'cores' (CUDA cores, float32 FMAs, every warp on every piece), "
                         "'groups' (CUDA cores, each piece taken by one group of 4 warps alone, the input in "
-                        "registers), or 'quads' (batches of four 8 KB pieces, each taken by one group of 4 warps alone, the pieces "
-                        "as A's rows of mma.sync, split in four column classes against the input rows as B)")
+                        "registers), or 'quads' (batches of four 8 KB pieces, each taken by one group of 4 warps "
+                        "alone, the pieces as A's rows of mma.sync, split in four column classes against the input "
+                        "rows as B)")
     p.add_argument("--producer-sleep", type=int, default=64,
                    help="ns the producer thread sleeps between looks at a stage it waits to refill (0-10000; 0: "
                         "it spins, on the issue slots of two consumer warps)")
