@@ -29,8 +29,9 @@
 // one empty barrier), each batch taken by one group of four warps alone, the products on tensor
 // cores with the pieces as A's rows (consume_quads; with `claims`, the blocks' producers claim the
 // batches from a counter a phase, consume_quads_claimed). -DPRODUCER_SLEEP_NS sets the producer's sleep
-// between looks at a stage. -DL2_AHEAD=n (static deals): the producer also asks L2 for its pieces n
-// ahead of its copies (see Ahead), so that HBM keeps streaming them while the ring is full.
+// between looks at a stage. -DL2_AHEAD=n: the producer also asks L2 for its pieces n ahead of its
+// copies (see Ahead; with the claimed deal, for the batches it claims ahead at each phase's end),
+// so that HBM keeps streaming them while the ring is full.
 //
 // Every wait gives up after ~2 s (globaltimer) and sets *err (1: a grid barrier, 2: a full stage,
 // 3: an empty stage) instead of hanging; the caller must check it. With `stats` (may be null) each
@@ -70,6 +71,7 @@
 #ifndef L2_AHEAD
 #define L2_AHEAD 0                 // pieces the producer asks L2 for ahead of its copies (0: none), see Ahead
 #endif
+#define CLAIM_AHEAD ((L2_AHEAD + QUAD - 1) / QUAD)  // the claimed deal: batches claimed ahead at a phase's end
 
 enum { ST_TOTAL, ST_GRID, ST_FULL, ST_PROD_TOTAL, ST_EMPTY, STATS };  // cycles: consumer thread 0's run,
 // its grid-barrier waits, its full-stage waits; the producer's run, its empty-stage waits
@@ -267,6 +269,13 @@ __device__ __forceinline__ void copy_piece(const unsigned char* stage, const Pha
                  :: "r"(saddr(stage)), "l"(src), "n"(PIECE_BYTES), "r"(saddr(bar)) : "memory");
 }
 
+// Asks L2 for the piece (row, segment) of phase p's weight (a bulk prefetch: no shared memory, no
+// barrier, nothing to wait for).
+__device__ __forceinline__ void prefetch_piece(const Phase& p, int row, int seg) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(piece_src(p, row, seg)), "n"(PIECE_BYTES)
+                 : "memory");
+}
+
 // The producer's look-ahead (L2_AHEAD > 0, static deals): it walks the block's pieces of every
 // phase in the order of the copies, asking L2 for each with a bulk prefetch (no shared memory, no
 // barrier). The producer keeps it L2_AHEAD pieces in front of its copies, so while it waits for
@@ -284,8 +293,7 @@ struct Ahead {
             const Cursor cur(sh, p.N);
             left = sh.n, row = cur.row, seg = cur.seg, step = sh.step;
         }
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(piece_src(p, row, seg)), "n"(PIECE_BYTES)
-                     : "memory");
+        prefetch_piece(p, row, seg);
         row += step;
         while (row >= p.N) {
             row -= p.N;
@@ -819,15 +827,40 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
 #if L2_AHEAD
         Ahead ahead;
         long long asked = 0, copied = 0;  // pieces asked of L2, pieces whose copy was issued
+#if STREAM_QUAD
+        int pre_b0 = 0, pre_n = 0;        // the claimed deal: this phase's batches claimed at the last one's end
+#endif
 #endif
         for (int s = 0; s < phases; s++) {
             const Phase p = phase_of(c, s);
 #if STREAM_QUAD
             if (c.claims) {  // the claimed deal (consume_quads_claimed)
                 const int batches = p.N / QUAD * (p.K / PIECE);
-                int b = (int)atomicAdd(&c.claims[s], 1u);
+#if L2_AHEAD
+                // first the batches claimed at the last phase's end, then one claim at a time
+                int pre = 0;
+                auto claim = [&]() { return pre < pre_n ? pre_b0 + pre++ : (int)atomicAdd(&c.claims[s], 1u); };
+#else
+                auto claim = [&]() { return (int)atomicAdd(&c.claims[s], 1u); };
+#endif
+                int b = claim();
                 for (int ends = 0; ends < GROUPS;) {  // the phase's end told to each group
-                    const int next = b < batches ? (int)atomicAdd(&c.claims[s], 1u) : b;  // its latency overlaps
+                    const int next = b < batches ? claim() : b;  // its latency overlaps
+#if L2_AHEAD
+                    if (b >= batches && ends == 0 && s + 1 < phases) {
+                        // this block's first CLAIM_AHEAD batches of the next phase, claimed now and asked
+                        // of L2, so that HBM streams them while the consumers stop at the grid barrier
+                        const Phase q = phase_of(c, s + 1);
+                        const int q_batches = q.N / QUAD * (q.K / PIECE);
+                        pre_b0 = (int)atomicAdd(&c.claims[s + 1], (unsigned)CLAIM_AHEAD);
+                        pre_n = q_batches - pre_b0 < CLAIM_AHEAD ? q_batches - pre_b0 : CLAIM_AHEAD;
+                        pre_n = pre_n > 0 ? pre_n : 0;
+                        for (int j = 0; j < pre_n; j++) {
+                            const int first = QUAD * (pre_b0 + j), seg = first / q.N;
+                            for (int i = 0; i < QUAD; i++) prefetch_piece(q, first - seg * q.N + i, seg);
+                        }
+                    }
+#endif
                     const int set = k.stage;
                     mbar_wait<PRODUCER_SLEEP_NS>(&empty[set], k.parity ^ 1, c.err, 3, dead, waited);
                     k.next(c.stages / QUAD);
