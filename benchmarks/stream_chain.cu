@@ -31,7 +31,8 @@
 // batches from a counter a phase, consume_quads_claimed). -DPRODUCER_SLEEP_NS sets the producer's sleep
 // between looks at a stage. -DL2_AHEAD=n: the producer also asks L2 for its pieces n ahead of its
 // copies (see Ahead; with the claimed deal, for the batches it claims ahead at each phase's end),
-// so that HBM keeps streaming them while the ring is full.
+// so that HBM keeps streaming them while the ring is full: with a bulk prefetch (a hint), or with
+// -DL2_COPY=1 a bulk copy into a scratch stage (a demand read; see prefetch_piece).
 //
 // Every wait gives up after ~2 s (globaltimer) and sets *err (1: a grid barrier, 2: a full stage,
 // 3: an empty stage) instead of hanging; the caller must check it. With `stats` (may be null) each
@@ -72,6 +73,9 @@
 #define L2_AHEAD 0                 // pieces the producer asks L2 for ahead of its copies (0: none), see Ahead
 #endif
 #define CLAIM_AHEAD ((L2_AHEAD + QUAD - 1) / QUAD)  // the claimed deal: batches claimed ahead at a phase's end
+#ifndef L2_COPY
+#define L2_COPY 0                  // L2_AHEAD's pieces: 0 asked with a bulk prefetch, 1 read into a scratch stage
+#endif
 
 enum { ST_TOTAL, ST_GRID, ST_FULL, ST_PROD_TOTAL, ST_EMPTY, STATS };  // cycles: consumer thread 0's run,
 // its grid-barrier waits, its full-stage waits; the producer's run, its empty-stage waits
@@ -269,11 +273,23 @@ __device__ __forceinline__ void copy_piece(const unsigned char* stage, const Pha
                  :: "r"(saddr(stage)), "l"(src), "n"(PIECE_BYTES), "r"(saddr(bar)) : "memory");
 }
 
-// Asks L2 for the piece (row, segment) of phase p's weight (a bulk prefetch: no shared memory, no
-// barrier, nothing to wait for).
-__device__ __forceinline__ void prefetch_piece(const Phase& p, int row, int seg) {
+// Asks L2 for the piece (row, segment) of phase p's weight. By default a bulk prefetch, a hint
+// (inference change 23 measured such hints, line or bulk, fetching little that a later reader hit
+// on this H200, where demand reads did leave their bytes in L2). With L2_COPY a bulk copy of the
+// piece into the `scratch` stage, a demand read: its bytes are announced on `sink`, a barrier
+// whose phase nobody arrives on before the producer's end, so nothing waits for them, and the
+// scratch stage is never read (the copies in flight overwrite it in any order).
+__device__ __forceinline__ void prefetch_piece(const Phase& p, int row, int seg, const unsigned char* scratch,
+                                               uint64_t* sink) {
+#if L2_COPY
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" :: "r"(saddr(sink)), "n"(PIECE_BYTES)
+                 : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 :: "r"(saddr(scratch)), "l"(piece_src(p, row, seg)), "n"(PIECE_BYTES), "r"(saddr(sink)) : "memory");
+#else
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(piece_src(p, row, seg)), "n"(PIECE_BYTES)
                  : "memory");
+#endif
 }
 
 // The producer's look-ahead (L2_AHEAD > 0, static deals): it walks the block's pieces of every
@@ -284,8 +300,8 @@ __device__ __forceinline__ void prefetch_piece(const Phase& p, int row, int seg)
 struct Ahead {
     int s = -1, left = 0, row = 0, seg = 0, step = 1;
     Phase p;
-    // Asks L2 for the next piece; false once every phase's pieces were asked for.
-    __device__ __forceinline__ bool next(const Chain& c, int phases) {
+    // Asks L2 for the next piece (prefetch_piece); false once every phase's pieces were asked for.
+    __device__ __forceinline__ bool next(const Chain& c, int phases, const unsigned char* scratch, uint64_t* sink) {
         while (left == 0) {
             if (s + 1 >= phases) return false;
             p = phase_of(c, ++s);
@@ -293,7 +309,7 @@ struct Ahead {
             const Cursor cur(sh, p.N);
             left = sh.n, row = cur.row, seg = cur.seg, step = sh.step;
         }
-        prefetch_piece(p, row, seg);
+        prefetch_piece(p, row, seg, scratch, sink);
         row += step;
         while (row >= p.N) {
             row -= p.N;
@@ -798,9 +814,14 @@ __device__ void consume_quads_claimed(const Chain& c, const Phase& p, const unsi
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(const __grid_constant__ Chain c) {
     extern __shared__ __align__(128) unsigned char ring[];
-    uint64_t* full = reinterpret_cast<uint64_t*>(ring + (size_t)c.stages * STAGE_BYTES);
+    // L2_COPY: a scratch stage after the ring, and its sink barrier after the ring's barriers
+#if L2_AHEAD
+    const unsigned char* scratch = ring + (size_t)c.stages * STAGE_BYTES;
+#endif
+    uint64_t* full = reinterpret_cast<uint64_t*>(ring + (size_t)c.stages * STAGE_BYTES + L2_COPY * PIECE_BYTES);
     uint64_t* empty = full + c.stages;
-    float* acc = reinterpret_cast<float*>(empty + c.stages);
+    uint64_t* sink = empty + c.stages;
+    float* acc = reinterpret_cast<float*>(empty + c.stages + L2_COPY);
 #if STREAM_QUAD
     int* tags = reinterpret_cast<int*>(acc + (size_t)(CONSUMERS / 32) * 2 * c.acc_rows);  // a stage set's batch
 #endif
@@ -815,6 +836,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
                          :: "r"(saddr(&empty[i])),
                             "n"(STREAM_GROUPS || STREAM_QUAD ? 4 : CONSUMERS / 32));
         }
+        if (L2_COPY) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(saddr(sink)));
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -857,7 +879,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
                         pre_n = pre_n > 0 ? pre_n : 0;
                         for (int j = 0; j < pre_n; j++) {
                             const int first = QUAD * (pre_b0 + j), seg = first / q.N;
-                            for (int i = 0; i < QUAD; i++) prefetch_piece(q, first - seg * q.N + i, seg);
+                            for (int i = 0; i < QUAD; i++) prefetch_piece(q, first - seg * q.N + i, seg, scratch, sink);
                         }
                     }
 #endif
@@ -884,7 +906,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
                 for (Batches b(sh, p.N); b.more(); b.next()) {
                     const int set = k.stage;
 #if L2_AHEAD
-                    for (copied += b.ng; asked < copied + L2_AHEAD && ahead.next(c, phases);) asked++;
+                    for (copied += b.ng; asked < copied + L2_AHEAD && ahead.next(c, phases, scratch, sink);) asked++;
 #endif
                     mbar_wait<PRODUCER_SLEEP_NS>(&empty[set], k.parity ^ 1, c.err, 3, dead, waited);
                     k.next(c.stages / QUAD);
@@ -899,7 +921,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
             for (int i = 0; i < sh.n; i++, cur.next()) {
                 const int st = k.stage;
 #if L2_AHEAD
-                for (copied++; asked < copied + L2_AHEAD && ahead.next(c, phases);) asked++;
+                for (copied++; asked < copied + L2_AHEAD && ahead.next(c, phases, scratch, sink);) asked++;
 #endif
                 // a fresh barrier's previous phase (parity 1) counts as complete: round 0 passes at once
                 mbar_wait<PRODUCER_SLEEP_NS>(&empty[st], k.parity ^ 1, c.err, 3, dead, waited);
@@ -910,6 +932,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
 #endif
             if (c.trace) c.trace[((size_t)blockIdx.x * phases + s) * TRACE + TR_ISSUED] = now_ns();
         }
+#if L2_COPY
+        // the scratch copies still in flight land before the block's shared memory goes: the one
+        // arrive the sink expects, then its phase, which completes when their bytes have
+        mbar_arrive(sink);
+        mbar_wait<PRODUCER_SLEEP_NS>(sink, 0, c.err, 3, dead, waited);
+#endif
         if (c.stats) {
             c.stats[blockIdx.x * STATS + ST_PROD_TOTAL] = clock64() - c0;
             c.stats[blockIdx.x * STATS + ST_EMPTY] = waited;
@@ -978,9 +1006,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) stream_chain_kernel(con
 
 // Host side, called through ctypes. Returns a cudaError_t (0: launched).
 extern "C" int stream_chain_smem_bytes(int stages, int acc_rows) {
-    // the ring, its barriers, each consumer warp's slots, with STREAM_QUAD the stage sets' tags
+    // the ring, its barriers, each consumer warp's slots, with STREAM_QUAD the stage sets' tags, with
+    // L2_COPY the scratch stage and its sink barrier
     return stages * STAGE_BYTES + 2 * stages * 8 + (CONSUMERS / 32) * 2 * acc_rows * 4 +
-           STREAM_QUAD * (stages / QUAD) * 4;
+           STREAM_QUAD * (stages / QUAD) * 4 + L2_COPY * (PIECE_BYTES + 8);
 }
 
 // Raises the kernel's dynamic shared-memory limit; once, before any launch (not while a graph is captured).

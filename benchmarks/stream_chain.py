@@ -37,7 +37,8 @@ ended each phase, and when its producer had issued it: the grid barriers' cost p
 ``benchmarks/plot_trace.py`` plots it), ``--barrier fenced|acq_rel|tree|relaxed`` (a block's
 barrier arrive: its fence, or a two-level counter; ``relaxed`` is a diagnostic), ``--l2-ahead``
 (pieces the producer asks L2 for ahead of its copies, so that HBM streams on while the ring is
-full; with ``--deal claimed``, for the batches of the next phase it claims at a phase's end),
+full; with ``--deal claimed``, for the batches of the next phase it claims at a phase's end;
+``--l2-how hint|copy``: a bulk prefetch, or a bulk copy into a scratch stage, a demand read),
 ``--skip
 math|grid|both`` (diagnostics that leave a part out; their results are wrong by design). Measured
 on an H200 (2026-12-04, docs/benchmarks.md), us a layer against the engine's GEMVs at 99-101 in the
@@ -130,6 +131,10 @@ def parse_args(argv=None):
                         "none), so that HBM keeps streaming the block's next pieces while its ring is full and its "
                         "consumers wait at a grid barrier; with --deal claimed: for the next phase's first "
                         "ceil(N / 4) batches, which the producer claims at the end of each phase")
+    p.add_argument("--l2-how", default="hint", choices=("hint", "copy"),
+                   help="how --l2-ahead asks L2 for a piece: a bulk prefetch ('hint'; inference change 23 found "
+                        "such hints fetching little on an H200) or a bulk copy into a scratch stage that nothing "
+                        "reads ('copy': a demand read, 8 KB more shared memory)")
     p.add_argument("--order", default="contiguous", choices=("contiguous", "interleaved"),
                    help="how a phase's pieces are dealt to the blocks: contiguous ranges, or every blocks-th piece")
     p.add_argument("--skip", default="none", choices=tuple(SKIPS),
@@ -159,6 +164,8 @@ def parse_args(argv=None):
         p.error("--order interleaved: with --deal claimed the blocks claim their batches, there is no order to set")
     if not 0 <= a.l2_ahead <= 64:
         p.error(f"--l2-ahead must be in 0..64 pieces, got {a.l2_ahead}")
+    if a.l2_how != "hint" and not a.l2_ahead:
+        p.error(f"--l2-how {a.l2_how}: only with --l2-ahead > 0")
     if not 0 <= a.producer_sleep <= 10000:
         p.error(f"--producer-sleep must be in 0..10000 ns, got {a.producer_sleep}")
     if a.blocks is not None and a.blocks < 1:
@@ -175,19 +182,19 @@ def parse_args(argv=None):
 
 
 def build_flags(form: str = "cores", producer_sleep_ns: int = 64, quad_pieces: int = 4,
-                barrier: str = "fenced", l2_ahead: int = 0) -> tuple:
-    """nvcc's flags for ``--math form``, ``--producer-sleep``, ``--quad-pieces``, ``--barrier`` and
-    ``--l2-ahead``."""
+                barrier: str = "fenced", l2_ahead: int = 0, l2_how: str = "hint") -> tuple:
+    """nvcc's flags for ``--math form``, ``--producer-sleep``, ``--quad-pieces``, ``--barrier``,
+    ``--l2-ahead`` and ``--l2-how``."""
     quad = (f"-DQUAD={quad_pieces}",) if form == "quads" else ()
     relaxed = (f"-DBARRIER_RELAXED={BARRIERS.index(barrier)}",) if barrier != "fenced" else ()
-    ahead = (f"-DL2_AHEAD={l2_ahead}",) if l2_ahead else ()
+    ahead = ((f"-DL2_AHEAD={l2_ahead}",) + (("-DL2_COPY=1",) if l2_how == "copy" else ())) if l2_ahead else ()
     return (*NVCC_FLAGS, *MATH[form], f"-DPRODUCER_SLEEP_NS={producer_sleep_ns}", *quad, *relaxed, *ahead)
 
 
 def variant(a) -> dict:
     """The build variant the parsed arguments ask for (:func:`build_flags`' keywords)."""
     return {"form": a.math, "producer_sleep_ns": a.producer_sleep, "quad_pieces": a.quad_pieces,
-            "barrier": a.barrier, "l2_ahead": a.l2_ahead}
+            "barrier": a.barrier, "l2_ahead": a.l2_ahead, "l2_how": a.l2_how}
 
 
 def build(nvcc: str, build_dir: str, **kw) -> Path:
@@ -408,7 +415,7 @@ def write_trace(out: str, stamps) -> Path:
 
 def settings(a, chain) -> dict:
     return {"stages": a.stages, "math": a.math, "deal": a.deal, "order": a.order, "skip": a.skip,
-            "l2_ahead": a.l2_ahead, "blocks": chain.blocks, "acc_rows": chain.acc_rows,
+            "l2_ahead": a.l2_ahead, "l2_how": a.l2_how, "blocks": chain.blocks, "acc_rows": chain.acc_rows,
             "smem_bytes_per_block": chain.smem_bytes, "nvcc_flags": list(build_flags(**variant(a)))}
 
 

@@ -66,6 +66,8 @@ def test_every_piece_dealt_once_within_the_slots(blocks, interleave):
     (("--math", "wgmma"), "--math"),
     (("--l2-ahead", "-1"), "--l2-ahead"),
     (("--l2-ahead", "65"), "--l2-ahead"),
+    (("--l2-how", "copy"), "--l2-how copy: only with --l2-ahead"),
+    (("--l2-ahead", "8", "--l2-how", "load"), "--l2-how"),
     (("--math", "tiles"), "--math"),  # removed after the twenty-seventh session (at f1f4519)
     (("--math", "mma"), "--math"),
 ])
@@ -117,24 +119,30 @@ def test_l2_ahead_is_a_build_variant_of_its_own():
     from stream_chain import build_flags, variant
 
     assert not any("L2_AHEAD" in f for f in build_flags("quads"))  # the default builds stay as they were
-    a = Namespace(math="quads", producer_sleep=64, quad_pieces=4, barrier="fenced", l2_ahead=16)
+    a = Namespace(math="quads", producer_sleep=64, quad_pieces=4, barrier="fenced", l2_ahead=16, l2_how="hint")
     assert variant(a)["l2_ahead"] == 16 and "-DL2_AHEAD=16" in build_flags(**variant(a))
+    assert "-DL2_COPY=1" not in build_flags(**variant(a))
+    a.l2_how = "copy"
+    assert "-DL2_COPY=1" in build_flags(**variant(a))
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc")
+@pytest.mark.parametrize("how", ["hint", "copy"])
 @pytest.mark.parametrize("form", sorted(MATH))
-def test_l2_ahead_builds_without_local_memory(tmp_path, form):
-    so = build(NVCC, str(tmp_path), form=form, l2_ahead=16)
+def test_l2_ahead_builds_without_local_memory(tmp_path, form, how):
+    so = build(NVCC, str(tmp_path), form=form, l2_ahead=16, l2_how=how)
     report = so.with_suffix(".ptxas.txt").read_text()
     assert "0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads" in report, report
     assert so != build(NVCC, str(tmp_path), form=form)  # a library of its own
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("how", ["hint", "copy"])
 @pytest.mark.parametrize("form", ["cores", "quads", "claimed"])
-def test_gpu_run_with_l2_ahead_matches_torch(tmp_path, form):
+def test_gpu_run_with_l2_ahead_matches_torch(tmp_path, form, how):
     deal = ("--math", "quads", "--deal", "claimed") if form == "claimed" else ("--math", form)
-    run_gpu(tmp_path, "stream_chain", *deal, "--l2-ahead", "16", "--build-dir", str(tmp_path / "build"), tol=1e-2)
+    run_gpu(tmp_path, "stream_chain", *deal, "--l2-ahead", "16", "--l2-how", how, "--build-dir",
+            str(tmp_path / "build"), tol=1e-2)
 
 
 def test_tree_constants_match_the_kernel():
