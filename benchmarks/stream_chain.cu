@@ -293,10 +293,10 @@ __device__ __forceinline__ void prefetch_piece(const Phase& p, int row, int seg,
 }
 
 // The producer's look-ahead (L2_AHEAD > 0, static deals): it walks the block's pieces of every
-// phase in the order of the copies, asking L2 for each with a bulk prefetch (no shared memory, no
-// barrier). The producer keeps it L2_AHEAD pieces in front of its copies, so while it waits for
-// a free stage (the consumers stopped at a grid barrier) HBM still streams the block's next
-// pieces, and the copies that follow read them from L2.
+// phase in the order of the copies, asking L2 for each (prefetch_piece: nothing the ring or the
+// consumers wait for). The producer keeps it L2_AHEAD pieces in front of its copies, so while it
+// waits for a free stage (the consumers stopped at a grid barrier) HBM still streams the block's
+// next pieces, and the copies that follow read them from L2.
 struct Ahead {
     int s = -1, left = 0, row = 0, seg = 0, step = 1;
     Phase p;
