@@ -145,6 +145,75 @@ def test_gpu_run_with_l2_ahead_matches_torch(tmp_path, form, how):
             str(tmp_path / "build"), tol=1e-2)
 
 
+def claimed_producer(claims, batches, ahead, groups, log):
+    """A model of the kernel's producer loop under ``--deal claimed`` with ``--l2-ahead`` (the
+    ``c.claims`` branch of stream_chain_kernel, CLAIM_AHEAD = ``ahead`` batches): a generator
+    that yields before each atomic on the claim counters, so that several blocks interleave, and
+    logs ``(phase, batch)`` for each batch it copies and ``(phase, None)`` for each end set."""
+    pre_b0 = pre_n = 0
+    for s, n in enumerate(batches):
+        pre = 0
+
+        def claim():
+            nonlocal pre
+            if pre < pre_n:
+                pre += 1
+                return pre_b0 + pre - 1
+            yield
+            claims[s] += 1
+            return claims[s] - 1
+
+        b = yield from claim()
+        ends = 0
+        while ends < groups:
+            nxt = (yield from claim()) if b < n else b
+            if b >= n and ends == 0 and s + 1 < len(batches) and ahead:
+                yield
+                pre_b0, claims[s + 1] = claims[s + 1], claims[s + 1] + ahead
+                pre_n = max(0, min(ahead, batches[s + 1] - pre_b0))
+            if b >= n:
+                log.append((s, None))
+                ends += 1
+                continue
+            log.append((s, b))
+            b = nxt
+
+
+@pytest.mark.parametrize("ahead", [0, 1, 4, 16])
+@pytest.mark.parametrize("seed", range(4))
+def test_claimed_look_ahead_deals_every_batch_once(ahead, seed):
+    """Under any interleaving of the blocks' claims, each phase's batches are copied exactly
+    once over all blocks, the ones a block claimed ahead at a phase's end included, and every
+    block ends every phase with one end set a group of consumer warps."""
+    import random
+
+    rng = random.Random(seed)
+    batches, blocks, groups = [1536, 1024, 6144, 3072, 5, 1536], 7, 2
+    claims = [0] * len(batches)
+    logs = [[] for _ in range(blocks)]
+    running = [claimed_producer(claims, batches, ahead, groups, log) for log in logs]
+    while running:
+        g = rng.choice(running)
+        try:
+            next(g)
+        except StopIteration:
+            running.remove(g)
+    for s, n in enumerate(batches):
+        dealt = sorted(b for log in logs for t, b in log if t == s and b is not None)
+        assert dealt == list(range(n)), (s, len(dealt), n)
+    for log in logs:
+        phases = [t for t, _ in log]
+        assert phases == sorted(phases)  # a block's sets in phase order
+        assert all(sum(1 for t, b in log if t == s and b is None) == groups for s in range(len(batches)))
+    # the kernel's lines the model mirrors
+    src = (BENCH / "stream_chain.cu").read_text()
+    for line in ("return pre < pre_n ? pre_b0 + pre++ : (int)atomicAdd(&c.claims[s], 1u);",
+                 "const int next = b < batches ? claim() : b;",
+                 "if (b >= batches && ends == 0 && s + 1 < phases) {",
+                 "pre_b0 = (int)atomicAdd(&c.claims[s + 1], (unsigned)CLAIM_AHEAD);"):
+        assert src.count(line) == 1, line
+
+
 def test_tree_constants_match_the_kernel():
     import re
 
