@@ -127,7 +127,7 @@ def parse_args(argv=None):
                         "arriver adds to the one waited on), or without a fence ('relaxed': a diagnostic of the "
                         "fence's cost; the outputs are then not ordered before the arrive and may be wrong)")
     p.add_argument("--l2-ahead", type=int, default=0,
-                   help="pieces (8 KB) the producer asks L2 for ahead of its copies with bulk prefetches (0-64; 0: "
+                   help="pieces (8 KB) the producer asks L2 for ahead of its copies, as --l2-how says (0-64; 0: "
                         "none), so that HBM keeps streaming the block's next pieces while its ring is full and its "
                         "consumers wait at a grid barrier; with --deal claimed: for the next phase's first "
                         "ceil(N / 4) batches, which the producer claims at the end of each phase")
