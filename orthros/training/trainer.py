@@ -29,7 +29,7 @@ import yaml
 from . import checkpoint as ckpt
 from .config import ARCH_TO_ATTENTION_MODE, ConfigError, RunConfig, dump_yaml
 from .data import DataError, IGNORE, PackedBatch, build_stream, collate, count_targets, eval_rows
-from .metrics import MetricsLogger, detect_peak_flops, train_flops
+from .metrics import MetricsLogger, Progress, detect_peak_flops, train_flops
 from .optim import build_optimizer, build_scheduler
 
 
@@ -570,12 +570,8 @@ class Trainer:
                   f"world={dist.world} device={self.device} precision={self.precision} "
                   f"global_batch={dist.world * cfg.train.grad_accum * cfg.train.micro_batch_size}x{cfg.data.seq_len} "
                   f"tokens; {what}", file=sys.stderr, flush=True)
-        bar = None
-        if dist.main and cfg.train.progress:
-            from tqdm.auto import tqdm
-
-            bar = tqdm(total=cfg.train.max_steps, initial=self.step, desc=f"{cfg.mode}/{cfg.model.architecture}",
-                       dynamic_ncols=True, file=sys.stderr)
+        bar = Progress(cfg.train.max_steps, self.step, f"{cfg.mode}/{cfg.model.architecture}",
+                       enabled=dist.main and cfg.train.progress)
         last_loss, eval_loss = None, None
         last_saved = self.step if self.resume_dir else None
         t_window, tok_window, flop_window = time.perf_counter(), 0, 0.0
@@ -595,11 +591,9 @@ class Trainer:
                 dt = max(now - t_window, 1e-9)
                 tps = tok_window / dt
                 mfu = flop_window / dt / (peak * dist.world) if peak else None
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{last_loss:.4f}", tok_s=f"{tps:,.0f}",
-                                    mfu=f"{100 * mfu:.1f}%" if mfu is not None else "n/a")
-                if self.step % cfg.train.log_every == 0 or self.step == cfg.train.max_steps:
+                logged = self.step % cfg.train.log_every == 0 or self.step == cfg.train.max_steps
+                bar.update(self.step, last_loss, tps, mfu, logged)
+                if logged:
                     logger.log({"kind": "train", "step": self.step, "loss": last_loss, "lr": m["lr"],
                                 "grad_norm": m["grad_norm"], "tokens": self.tokens_seen, "tokens_per_s": tps,
                                 "mfu": mfu, "targets": m["step_targets"]})
@@ -608,8 +602,7 @@ class Trainer:
                     eval_loss = self.evaluate()
                     if eval_loss is not None:
                         logger.log({"kind": "eval", "step": self.step, "eval_loss": eval_loss, "tokens": self.tokens_seen})
-                        if bar is not None:
-                            bar.write(f"step {self.step}: eval_loss {eval_loss:.4f}")
+                        bar.write(f"step {self.step}: eval_loss {eval_loss:.4f}")
                 if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
                     self.save()
                     last_saved = self.step
@@ -620,8 +613,7 @@ class Trainer:
             if last_saved != self.step:
                 self.save()
         finally:
-            if bar is not None:
-                bar.close()
+            bar.close()
             logger.close()
         summary = {"step": self.step, "loss": last_loss, "eval_loss": eval_loss, "tokens": self.tokens_seen,
                    "output_dir": cfg.output_dir, "checkpoint": str(ckpt.latest_checkpoint(cfg.output_dir))}

@@ -430,3 +430,38 @@ def test_drop_rows_after(tmp_path):
     kept = [json.loads(l) for l in p.read_text().splitlines()]
     assert kept == [r for r in rows if r.get("step", 0) <= 4]
     assert drop_rows_after(str(tmp_path / "none.jsonl"), 4) == 0
+
+
+def test_progress_in_a_log_is_one_plain_line_a_logged_step(tmp_path, corpus, capsys):
+    """stderr not a terminal (a log file, a batch job): no bar's carriage returns, a line a logged step."""
+    train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "4", "--progress", "true", "--log_every", "2",
+                                 "--eval_every", "2", "--checkpoint.every", "0")))
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    steps = [line.split()[2] for line in err.splitlines() if line.startswith("[pt/orthros] step")]
+    assert steps == ["2/4", "4/4"], err
+    assert "step 2: eval_loss" in err
+
+
+def test_progress_on_a_terminal_is_a_bar():
+    import io
+
+    from orthros.training.metrics import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for stream, bar in ((Terminal(), True), (io.StringIO(), False)):
+        p = Progress(3, 0, "pt/x", stream=stream)
+        for step in (1, 2, 3):
+            p.update(step, 1.5, 100.0, None, logged=step == 3)
+        p.close()
+        out = stream.getvalue()
+        assert ("\r" in out and "3/3" in out) == bar, out
+        assert ("[pt/x] step 3/3 loss 1.5000" in out) == (not bar), out
+    quiet = io.StringIO()
+    p = Progress(3, 0, "pt/x", enabled=False, stream=quiet)
+    p.update(3, 1.5, 100.0, None, logged=True)
+    p.write("x")
+    assert quiet.getvalue() == ""
