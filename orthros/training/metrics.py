@@ -9,17 +9,17 @@ import sys
 import time
 from typing import Optional
 
-import torch
-
 # Dense bf16 tensor-core peaks (no sparsity), FLOP/s.
 _PEAKS_BF16 = {"H200": 989.4e12, "H100": 989.4e12, "H800": 989.4e12, "A100": 312e12, "A800": 312e12,
                "L40S": 362e12, "B200": 2250e12, "GB200": 2500e12, "MI300X": 1307e12}
 
 
-def detect_peak_flops(device: torch.device, precision: str) -> Optional[float]:
+def detect_peak_flops(device: "torch.device", precision: str) -> Optional[float]:
     """Peak FLOP/s of one device for the given precision, or None if unknown (e.g. CPU)."""
     if device.type != "cuda" or precision != "bf16":
         return None
+    import torch  # here, so that `orthros plot` (which reads metrics) starts without torch
+
     name = torch.cuda.get_device_name(device)
     for key, val in _PEAKS_BF16.items():
         if key in name:
@@ -130,9 +130,18 @@ def drop_rows_after(path: str, step: int) -> int:
 
 
 def read_metrics(output_dir: str, kind: str = "train") -> list[dict]:
-    path = os.path.join(output_dir, "metrics.jsonl")
-    with open(path, encoding="utf-8") as f:
-        return [r for r in map(json.loads, f) if r.get("kind") == kind]
+    """The rows of ``output_dir/metrics.jsonl`` of one ``kind`` (train / eval), in order; a line
+    torn by a kill mid-write is skipped."""
+    rows = []
+    with open(os.path.join(output_dir, "metrics.jsonl"), encoding="utf-8") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and rec.get("kind") == kind:
+                rows.append(rec)
+    return rows
 
 
 class Progress:

@@ -615,11 +615,24 @@ class Trainer:
         finally:
             bar.close()
             logger.close()
+        if dist.main and cfg.train.plot:
+            _plot_run(cfg.output_dir)
         summary = {"step": self.step, "loss": last_loss, "eval_loss": eval_loss, "tokens": self.tokens_seen,
                    "output_dir": cfg.output_dir, "checkpoint": str(ckpt.latest_checkpoint(cfg.output_dir))}
         if dist.main:
             print(f"[orthros train] done: {summary}", file=sys.stderr, flush=True)
         return summary
+
+
+def _plot_run(output_dir: str) -> None:
+    """``output_dir/loss.png``, the run's loss curves (:mod:`orthros.training.plot`)."""
+    from .plot import PlotError, plot_runs
+
+    try:
+        msg = f"loss curves: {plot_runs([output_dir], Path(output_dir) / 'loss.png')}"
+    except PlotError as e:  # nothing logged (a run resumed at its last step)
+        msg = f"no loss curves drawn: {e}"
+    print(f"[orthros train] {msg}", file=sys.stderr, flush=True)
 
 
 def train(cfg: RunConfig) -> dict:

@@ -41,7 +41,7 @@ def tiny(out, corpus, *extra):
             "--model.hidden_size", "32", "--model.intermediate_size", "64", "--model.num_hidden_layers", "2",
             "--model.num_attention_heads", "2", "--model.window_size", "8", "--seq_len", "32",
             "--micro_batch_size", "2", "--grad_accum", "1", "--threads", "1", "--progress", "false",
-            "--tensorboard", "false", "--log_every", "1", "--eval_every", "0", "--warmup_steps", "2", "--lr", "3e-3", *extra]
+            "--tensorboard", "false", "--plot", "false", "--log_every", "1", "--eval_every", "0", "--warmup_steps", "2", "--lr", "3e-3", *extra]
 
 
 def losses(out):
@@ -433,14 +433,17 @@ def test_drop_rows_after(tmp_path):
 
 
 def test_progress_in_a_log_is_one_plain_line_a_logged_step(tmp_path, corpus, capsys):
-    """stderr not a terminal (a log file, a batch job): no bar's carriage returns, a line a logged step."""
+    """stderr not a terminal (a log file, a batch job): no bar's carriage returns, a line a logged
+    step; at the end the run's loss curves (train.plot)."""
     train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "4", "--progress", "true", "--log_every", "2",
-                                 "--eval_every", "2", "--checkpoint.every", "0")))
+                                 "--eval_every", "2", "--checkpoint.every", "0", "--plot", "true")))
     err = capsys.readouterr().err
     assert "\r" not in err
     steps = [line.split()[2] for line in err.splitlines() if line.startswith("[pt/orthros] step")]
     assert steps == ["2/4", "4/4"], err
     assert "step 2: eval_loss" in err
+    assert f"loss curves: {tmp_path / 'loss.png'}" in err
+    assert (tmp_path / "loss.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_progress_on_a_terminal_is_a_bar():

@@ -1,0 +1,120 @@
+"""Loss curves of training runs, drawn from their ``metrics.jsonl``.
+
+    orthros plot RUN [RUN ...] [-o PNG] [--x tokens|step] [--title TEXT]
+
+A run is a training ``output_dir``. Each run's logged training loss is drawn against the tokens
+it has seen (or its step) on the left; its held-out eval loss, where it has one, on the right.
+The trainer draws its own run's curves at its end (``output_dir/loss.png``; ``train.plot``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .metrics import read_metrics
+
+X_AXES = ("tokens", "step")
+
+
+class PlotError(ValueError):
+    """A run that cannot be drawn (no metrics, nothing logged yet)."""
+
+
+def load_run(run_dir) -> dict:
+    """A run's label, its training rows and its eval rows; :class:`PlotError` when it has none."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "metrics.jsonl").is_file():
+        raise PlotError(f"{run_dir}: no metrics.jsonl (a training output_dir is needed)")
+    train = [r for r in read_metrics(str(run_dir), "train") if r.get("loss") is not None]
+    if not train:
+        raise PlotError(f"{run_dir}: no training step logged yet")
+    return {"label": _label(run_dir), "train": train, "eval": read_metrics(str(run_dir), "eval")}
+
+
+def _label(run_dir: Path) -> str:
+    """The folder's name, with the run's mode and architecture when its run_config.yaml says them."""
+    name = run_dir.resolve().name
+    try:
+        import yaml
+
+        cfg = yaml.safe_load((run_dir / "run_config.yaml").read_text()) or {}
+        arch = (cfg.get("model") or {}).get("architecture")
+        mode = cfg.get("mode")
+    except (OSError, ValueError, AttributeError, ImportError):  # no config, or one we cannot read
+        return name
+    what = "/".join(str(s) for s in (mode, arch) if s)
+    return f"{name} ({what})" if what and what != name else name
+
+
+def plot_runs(run_dirs: Sequence, out, x: str = "tokens", title: Optional[str] = None) -> Path:
+    """Draw the runs' loss curves to ``out`` (a PNG, written through a temporary name)."""
+    from ..utils import save_figure
+
+    out = Path(out)
+    save_figure(loss_figure([load_run(d) for d in run_dirs], x, title), out)
+    return out
+
+
+def loss_figure(runs: Sequence[dict], x: str = "tokens", title: Optional[str] = None):
+    """The matplotlib figure of :func:`load_run`'s runs: training loss, and eval loss where logged."""
+    if x not in X_AXES:
+        raise ValueError(f"x must be one of {X_AXES}, got {x!r}")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with_eval = any(r["eval"] for r in runs)
+    fig, axes = plt.subplots(1, 2 if with_eval else 1, figsize=(11 if with_eval else 6.5, 4.2), squeeze=False)
+    xlabel = "tokens seen" if x == "tokens" else "step"
+    for i, run in enumerate(runs):
+        color = f"C{i % 10}"
+        axes[0, 0].plot([r[x] for r in run["train"]], [r["loss"] for r in run["train"]], color=color,
+                        lw=1.2, label=run["label"])
+        if run["eval"]:
+            axes[0, 1].plot([r[x] for r in run["eval"]], [r["eval_loss"] for r in run["eval"]], "o-",
+                            color=color, ms=3, lw=1.2, label=f"{run['label']}: {run['eval'][-1]['eval_loss']:.4f}")
+    panels = [(axes[0, 0], "training loss (logged steps)")]
+    if with_eval:
+        panels.append((axes[0, 1], "held-out eval loss (last value in the legend)"))
+    for ax, name in panels:
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("loss (nats / token)")
+        ax.set_title(name, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def main(argv: Optional[list] = None) -> int:
+    p = argparse.ArgumentParser(prog="orthros plot", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", metavar="RUN", help="training output_dir(s), each with its metrics.jsonl")
+    p.add_argument("-o", "--output", default=None,
+                   help="the PNG to write (default: RUN/loss.png for one run, ./loss.png for several)")
+    p.add_argument("--x", choices=X_AXES, default="tokens", help="the horizontal axis (default: tokens)")
+    p.add_argument("--title", default=None, help="a title above the panels")
+    args = p.parse_args(argv)
+    for d in args.runs:
+        if not os.path.isdir(d):
+            p.error(f"RUN {d}: no such directory")
+    out = args.output or (os.path.join(args.runs[0], "loss.png") if len(args.runs) == 1 else "loss.png")
+    if not out.lower().endswith(".png"):
+        p.error(f"--output {out}: a .png path is needed")
+    try:
+        plot_runs(args.runs, out, x=args.x, title=args.title)
+    except PlotError as e:
+        p.error(f"RUN {e}")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""Loss curves: `orthros plot` and the trainer's own loss.png draw what metrics.jsonl holds;
+bad runs are refused before anything is written."""
+
+import json
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from orthros.cli import main  # noqa: E402
+from orthros.training.plot import load_run, loss_figure  # noqa: E402
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def fake_run(path, arch, losses, evals=(), torn=False):
+    """A training output_dir as the trainer leaves it: metrics.jsonl (and run_config.yaml)."""
+    path.mkdir(parents=True)
+    rows = [{"kind": "train", "step": 10 * (i + 1), "loss": v, "tokens": 2560 * (i + 1)} for i, v in enumerate(losses)]
+    rows += [{"kind": "eval", "step": 10 * (i + 1), "eval_loss": v, "tokens": 2560 * (i + 1)} for i, v in enumerate(evals)]
+    text = "".join(json.dumps(r) + "\n" for r in rows) + ('{"kind": "train", "ste' if torn else "")
+    (path / "metrics.jsonl").write_text(text)
+    (path / "run_config.yaml").write_text(f"mode: pt\nmodel:\n  architecture: {arch}\n")
+    return path
+
+
+def test_the_figure_holds_each_runs_logged_losses(tmp_path):
+    a = fake_run(tmp_path / "a", "orthros", [5.0, 4.0, 3.5], evals=[4.5, 3.9], torn=True)
+    b = fake_run(tmp_path / "b", "transformer", [5.1, 4.2])
+    runs = [load_run(a), load_run(b)]
+    assert runs[0]["label"] == "a (pt/orthros)" and runs[1]["label"] == "b (pt/transformer)"
+    for x, xs_a in (("tokens", [2560, 5120, 7680]), ("step", [10, 20, 30])):
+        fig = loss_figure(runs, x=x)
+        train_ax, eval_ax = fig.axes
+        (la, lb), (ea,) = train_ax.get_lines(), eval_ax.get_lines()
+        assert list(la.get_xdata()) == xs_a and list(la.get_ydata()) == [5.0, 4.0, 3.5]
+        assert list(lb.get_ydata()) == [5.1, 4.2]
+        assert list(ea.get_ydata()) == [4.5, 3.9] and ea.get_label().endswith("3.9000")
+    only_train = loss_figure([runs[1]])
+    assert len(only_train.axes) == 1
+
+
+def test_cli_writes_the_png_and_refuses_bad_runs(tmp_path, capsys):
+    a = fake_run(tmp_path / "a", "orthros", [5.0, 4.0])
+    b = fake_run(tmp_path / "b", "swa", [5.0, 4.4])
+    assert main(["plot", str(a)]) == 0
+    assert (a / "loss.png").read_bytes().startswith(PNG)
+    out = tmp_path / "figs" / "cmp.png"
+    assert main(["plot", str(a), str(b), "-o", str(out), "--x", "step", "--title", "t"]) == 0
+    assert out.read_bytes().startswith(PNG)
+    assert [p.name for p in out.parent.iterdir()] == ["cmp.png"]  # no temporary left
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (tmp_path / "evals_only").mkdir()
+    (tmp_path / "evals_only" / "metrics.jsonl").write_text('{"kind": "eval", "step": 1, "eval_loss": 3.0}\n')
+    capsys.readouterr()
+    for args, says in (([str(tmp_path / "nope")], "no such directory"),
+                       ([str(a), str(empty)], "no metrics.jsonl"),
+                       ([str(tmp_path / "evals_only")], "no training step logged"),
+                       ([str(a), "-o", str(tmp_path / "x.jpg")], "a .png path"),
+                       ([str(a), "--x", "time"], "invalid choice")):
+        with pytest.raises(SystemExit) as e:
+            main(["plot", *args, "-o", str(tmp_path / "bad.png")] if "-o" not in args else ["plot", *args])
+        assert e.value.code == 2
+        assert says in capsys.readouterr().err
+    assert not (tmp_path / "bad.png").exists() and not (tmp_path / "x.jpg").exists()
