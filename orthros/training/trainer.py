@@ -620,7 +620,9 @@ class Trainer:
         summary = {"step": self.step, "loss": last_loss, "eval_loss": eval_loss, "tokens": self.tokens_seen,
                    "output_dir": cfg.output_dir, "checkpoint": str(ckpt.latest_checkpoint(cfg.output_dir))}
         if dist.main:
-            print(f"[orthros train] done: {summary}", file=sys.stderr, flush=True)
+            num = lambda v: f"{v:.4f}" if v is not None else "-"  # noqa: E731
+            print(f"[orthros train] done: step {self.step}, loss {num(last_loss)}, eval_loss {num(eval_loss)}, "
+                  f"{self.tokens_seen:,} tokens; checkpoint {summary['checkpoint']}", file=sys.stderr, flush=True)
         return summary
 
 

@@ -443,6 +443,7 @@ def test_progress_in_a_log_is_one_plain_line_a_logged_step(tmp_path, corpus, cap
     assert steps == ["2/4", "4/4"], err
     assert "step 2: eval_loss" in err
     assert f"loss curves: {tmp_path / 'loss.png'}" in err
+    assert f"done: step 4, loss {losses(tmp_path)[4]:.4f}, eval_loss " in err
     assert (tmp_path / "loss.png").read_bytes().startswith(b"\x89PNG")
 
 
