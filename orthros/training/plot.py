@@ -81,8 +81,12 @@ def loss_figure(runs: Sequence[dict], x: str = "tokens", title: Optional[str] = 
     panels = [(axes[0, 0], "training loss (logged steps)")]
     if with_eval:
         panels.append((axes[0, 1], "held-out eval loss (last value in the legend)"))
+    from matplotlib.ticker import EngFormatter
+
     for ax, name in panels:
         ax.set_xlabel(xlabel)
+        if x == "tokens":
+            ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 100k, 1.5M: long counts do not collide
         ax.set_ylabel("loss (nats / token)")
         ax.set_title(name, fontsize=10)
         ax.grid(alpha=0.3)
