@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from ..utils import DTYPE_ALIASES as DTYPES, parse_dtype
 
@@ -42,7 +43,22 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-gemv", action="store_true", help="decode with the projections' ops one by one")
     p.add_argument("--chat", action="store_true", help="wrap turns in the tokenizer's chat template")
     p.add_argument("--interactive", action="store_true", help="multi-turn: read one user turn per stdin line")
+    p.add_argument("--stats", action="store_true",
+                   help="after each turn, print its timings on stderr: the prompt's tokens and the time to the "
+                        "first new token (prefill), then the decode rate over the tokens after it")
     return p
+
+
+def turn_stats(prompt_tokens: int, new_tokens: int, t_start: float, t_first, t_last) -> str:
+    """One line of a turn's timings (seconds from ``time.perf_counter``; ``t_first`` / ``t_last``:
+    when the first and the last new token arrived, None when none did)."""
+    if t_first is None:
+        return f"[stats] {prompt_tokens} prompt tokens, no new token"
+    line = f"[stats] {prompt_tokens} prompt tokens, first new token after {1e3 * (t_first - t_start):.1f} ms"
+    if new_tokens > 1:
+        rate = (new_tokens - 1) / max(t_last - t_first, 1e-9)
+        line += f"; {new_tokens} new tokens, decode {rate:.1f} tokens/s ({1e3 / rate:.2f} ms a step)"
+    return line
 
 
 def _resolve(args):
@@ -172,14 +188,19 @@ def _generate(args, sampling, dev, dtype, config, tok_dir) -> int:
             return
         out = _TextStream(tok, sys.stdout)
         new = []
+        t_start, t_first, t_last = time.perf_counter(), None, None
         with torch.no_grad():
             for step in engine.stream([ids], args.max_new_tokens, sampling, eos_token_id=eos,
                                       continue_=bool(history)):
-                if step[0] is not None:
+                if step[0] is not None:  # a host int: the step's device work is done
+                    t_last = time.perf_counter()
+                    t_first = t_last if t_first is None else t_first
                     new.append(step[0])
                     out.push(step[0])
         sys.stdout.write("\n")
         sys.stdout.flush()
+        if args.stats:
+            print(turn_stats(len(ids), len(new), t_start, t_first, t_last), file=sys.stderr, flush=True)
         history.extend(ids + new)
         if args.chat:
             messages.append({"role": "assistant", "content": tok.decode(new, skip_special_tokens=True)})

@@ -134,3 +134,22 @@ def test_generate_gemv_flag_reaches_the_engine_and_gives_the_same_text(checkpoin
     with pytest.raises(SystemExit) as e:
         run_cli(argv[:1] + ["--gemv", "--no-gemv"] + argv[1:])
     assert e.value.code == 2
+
+
+def test_generate_stats_line_on_stderr(checkpoint, capsys):
+    """--stats: one timings line a turn on stderr; stdout keeps only the text."""
+    d, _ = checkpoint
+    rc, text = run_cli(["generate", "--model", str(d), "--max-new-tokens", "5", "--device", "cpu", "--stats",
+                        "w1 w5 w7"])
+    assert rc == 0 and "[stats]" not in text
+    err = capsys.readouterr().err
+    assert err.count("[stats] 3 prompt tokens, first new token after ") == 1, err
+
+
+def test_turn_stats_figures():
+    from orthros.engine.cli import turn_stats
+
+    assert turn_stats(7, 0, 1.0, None, None) == "[stats] 7 prompt tokens, no new token"
+    assert turn_stats(7, 1, 1.0, 1.25, 1.25) == "[stats] 7 prompt tokens, first new token after 250.0 ms"
+    assert turn_stats(7, 5, 1.0, 1.25, 1.45) == ("[stats] 7 prompt tokens, first new token after 250.0 ms; "
+                                                 "5 new tokens, decode 20.0 tokens/s (50.00 ms a step)")
