@@ -106,7 +106,7 @@ class TrainSection:
     log_every: int = 10
     progress: bool = True
     tensorboard: bool = True  # if tensorboard is installed
-    plot: bool = True  # draw output_dir/loss.png at the end (orthros plot)
+    plot: bool = True  # draw output_dir/loss.png after each eval and at the end (orthros plot)
     peak_tflops: Optional[float] = None  # for MFU; auto-detected for known GPUs
     threads: Optional[int] = None  # torch.set_num_threads on CPU
 

@@ -4,7 +4,8 @@
 
 A run is a training ``output_dir``. Each run's logged training loss is drawn against the tokens
 it has seen (or its step) on the left; its held-out eval loss, where it has one, on the right.
-The trainer draws its own run's curves at its end (``output_dir/loss.png``; ``train.plot``).
+The trainer draws its own run's curves after each eval and at its end (``output_dir/loss.png``;
+``train.plot``).
 """
 
 from __future__ import annotations

@@ -603,6 +603,8 @@ class Trainer:
                     if eval_loss is not None:
                         logger.log({"kind": "eval", "step": self.step, "eval_loss": eval_loss, "tokens": self.tokens_seen})
                         bar.write(f"step {self.step}: eval_loss {eval_loss:.4f}")
+                        if dist.main and cfg.train.plot:  # loss.png follows the run
+                            _plot_run(cfg.output_dir, say=False)
                 if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
                     self.save()
                     last_saved = self.step
@@ -626,15 +628,17 @@ class Trainer:
         return summary
 
 
-def _plot_run(output_dir: str) -> None:
-    """``output_dir/loss.png``, the run's loss curves (:mod:`orthros.training.plot`)."""
+def _plot_run(output_dir: str, say: bool = True) -> None:
+    """``output_dir/loss.png``, the run's loss curves (:mod:`orthros.training.plot`); ``say``:
+    print where it went (at the run's end), or why none was drawn."""
     from .plot import PlotError, plot_runs
 
     try:
         msg = f"loss curves: {plot_runs([output_dir], Path(output_dir) / 'loss.png')}"
-    except PlotError as e:  # nothing logged (a run resumed at its last step)
+    except PlotError as e:  # nothing logged yet (log_every > eval_every), or a run resumed at its end
         msg = f"no loss curves drawn: {e}"
-    print(f"[orthros train] {msg}", file=sys.stderr, flush=True)
+    if say:
+        print(f"[orthros train] {msg}", file=sys.stderr, flush=True)
 
 
 def train(cfg: RunConfig) -> dict:

@@ -442,7 +442,7 @@ def test_progress_in_a_log_is_one_plain_line_a_logged_step(tmp_path, corpus, cap
     steps = [line.split()[2] for line in err.splitlines() if line.startswith("[pt/orthros] step")]
     assert steps == ["2/4", "4/4"], err
     assert "step 2: eval_loss" in err
-    assert f"loss curves: {tmp_path / 'loss.png'}" in err
+    assert err.count("loss curves") == 1 and f"loss curves: {tmp_path / 'loss.png'}" in err
     assert f"done: step 4, loss {losses(tmp_path)[4]:.4f}, eval_loss " in err
     assert (tmp_path / "loss.png").read_bytes().startswith(b"\x89PNG")
 
@@ -469,3 +469,16 @@ def test_progress_on_a_terminal_is_a_bar():
     p.update(3, 1.5, 100.0, None, logged=True)
     p.write("x")
     assert quiet.getvalue() == ""
+
+
+def test_loss_png_follows_the_run_at_each_eval(tmp_path, corpus, monkeypatch):
+    """train.plot: loss.png is redrawn after each eval (a run can be watched, and a crash keeps it)."""
+    from orthros.training import trainer
+
+    drawn = []
+    real = trainer._plot_run
+    monkeypatch.setattr(trainer, "_plot_run", lambda d, say=True: (drawn.append(max(losses(d))), real(d, say)))
+    train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "4", "--eval_every", "2", "--plot", "true",
+                                 "--checkpoint.every", "0")))
+    assert drawn == [2, 4]  # at step 2's eval, then at the end (whose eval is the end's)
+    assert (tmp_path / "loss.png").is_file()
