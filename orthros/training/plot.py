@@ -68,6 +68,7 @@ def loss_figure(runs: Sequence[dict], x: str = "tokens", title: Optional[str] = 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter
 
     with_eval = any(r["eval"] for r in runs)
     fig, axes = plt.subplots(1, 2 if with_eval else 1, figsize=(11 if with_eval else 6.5, 4.2), squeeze=False)
@@ -82,8 +83,6 @@ def loss_figure(runs: Sequence[dict], x: str = "tokens", title: Optional[str] = 
     panels = [(axes[0, 0], "training loss (logged steps)")]
     if with_eval:
         panels.append((axes[0, 1], "held-out eval loss (last value in the legend)"))
-    from matplotlib.ticker import EngFormatter
-
     for ax, name in panels:
         ax.set_xlabel(xlabel)
         if x == "tokens":
@@ -99,7 +98,7 @@ def loss_figure(runs: Sequence[dict], x: str = "tokens", title: Optional[str] = 
 
 
 def main(argv: Optional[list] = None) -> int:
-    p = argparse.ArgumentParser(prog="orthros plot", description=__doc__.split("\n\n")[0],
+    p = argparse.ArgumentParser(prog="orthros plot", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="RUN", help="training output_dir(s), each with its metrics.jsonl")
     p.add_argument("-o", "--output", default=None,
