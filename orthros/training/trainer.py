@@ -570,8 +570,8 @@ class Trainer:
                   f"world={dist.world} device={self.device} precision={self.precision} "
                   f"global_batch={dist.world * cfg.train.grad_accum * cfg.train.micro_batch_size}x{cfg.data.seq_len} "
                   f"tokens; {what}", file=sys.stderr, flush=True)
-        bar = Progress(cfg.train.max_steps, self.step, f"{cfg.mode}/{cfg.model.architecture}",
-                       enabled=dist.main and cfg.train.progress)
+        progress = Progress(cfg.train.max_steps, self.step, f"{cfg.mode}/{cfg.model.architecture}",
+                            enabled=dist.main and cfg.train.progress)
         last_loss, eval_loss = None, None
         last_saved = self.step if self.resume_dir else None
         t_window, tok_window, flop_window = time.perf_counter(), 0, 0.0
@@ -592,7 +592,7 @@ class Trainer:
                 tps = tok_window / dt
                 mfu = flop_window / dt / (peak * dist.world) if peak else None
                 logged = self.step % cfg.train.log_every == 0 or self.step == cfg.train.max_steps
-                bar.update(self.step, last_loss, tps, mfu, logged)
+                progress.update(self.step, last_loss, tps, mfu, logged)
                 if logged:
                     logger.log({"kind": "train", "step": self.step, "loss": last_loss, "lr": m["lr"],
                                 "grad_norm": m["grad_norm"], "tokens": self.tokens_seen, "tokens_per_s": tps,
@@ -602,7 +602,7 @@ class Trainer:
                     eval_loss = self.evaluate()
                     if eval_loss is not None:
                         logger.log({"kind": "eval", "step": self.step, "eval_loss": eval_loss, "tokens": self.tokens_seen})
-                        bar.write(f"step {self.step}: eval_loss {eval_loss:.4f}")
+                        progress.write(f"step {self.step}: eval_loss {eval_loss:.4f}")
                         if dist.main and cfg.train.plot:  # loss.png follows the run
                             _plot_run(cfg.output_dir, say=False)
                 if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
@@ -615,7 +615,7 @@ class Trainer:
             if last_saved != self.step:
                 self.save()
         finally:
-            bar.close()
+            progress.close()
             logger.close()
         if dist.main and cfg.train.plot:
             _plot_run(cfg.output_dir)
