@@ -1,0 +1,57 @@
+"""The README stays true to the code: its Python usage runs as written, and every `orthros`
+command its command-line block names exists and answers --help."""
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def blocks(lang):
+    return re.findall(rf"```{lang}\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def test_python_usage_runs_as_written(tmp_path, monkeypatch):
+    (code,) = [b for b in blocks("python") if "import orthros" in b]
+    monkeypatch.chdir(tmp_path)  # it saves "my-orthros" to the working directory
+    scope = {}
+    exec(compile(code, "README.md", "exec"), scope)  # noqa: S102 - the README's own example
+    assert scope["o"].shape == (1, 512, 8, 64) and scope["o_out"].shape == (1, 4, 8, 64)
+    assert scope["out"].shape == (2, 320)  # 300 prompt tokens + 20 new
+    assert (tmp_path / "my-orthros" / "model.safetensors").is_file()
+
+
+def help_text(capsys, argv):
+    from orthros.cli import main
+
+    try:
+        code = main([*argv, "--help"])
+    except SystemExit as e:  # argparse's --help
+        code = e.code
+    assert code in (0, None), argv
+    return capsys.readouterr().out
+
+
+def test_every_orthros_command_in_the_cli_block_exists(capsys):
+    """Each `orthros ...` line of the block: its command (and sub-command) answers --help, and
+    every option the line shows is in that help."""
+    from orthros.cli import COMMANDS
+
+    (cli,) = [b for b in blocks("bash") if "orthros convert" in b]
+    lines = [line.split("#")[0] for line in cli.splitlines() if line.startswith("orthros ")]
+    named = {line.split()[1] for line in lines}
+    assert named and named <= set(COMMANDS), named - set(COMMANDS)
+    checked = 0
+    for line in lines:
+        words = line.split()[1:]
+        cmd = words[0]
+        for i, seg in enumerate(line.split(" | ")):  # eval's line: "eval mqar [...] | niah --model PATH | ..."
+            argv = [cmd]
+            if cmd in ("bench", "eval"):  # the options belong to a sub-command
+                argv.append((words[1] if i == 0 else seg.split()[0]).split("|")[0])
+            text = help_text(capsys, argv)
+            assert f"orthros {' '.join(argv)}" in text or f"orthros {cmd}" in text, argv
+            for flag in re.findall(r"(?<![\w-])--[a-z][a-z-]*", seg):
+                assert flag == "--key" or flag in text, (argv, flag)  # train's "--key value": any config key
+                checked += 1
+    assert checked >= 15
