@@ -32,15 +32,18 @@ def help_text(capsys, argv):
     return capsys.readouterr().out
 
 
-def test_every_orthros_command_in_the_cli_block_exists(capsys):
-    """Each `orthros ...` line of the block: its command (and sub-command) answers --help, and
-    every option the line shows is in that help."""
+def test_every_orthros_command_in_the_readme_exists(capsys):
+    """Each `orthros ...` line of the README's shell blocks: its command (and sub-command) answers
+    --help, every option the line shows is in that help, and `orthros train`'s are config keys."""
     from orthros.cli import COMMANDS
+    from orthros.training.config import valid_keys
 
-    (cli,) = [b for b in blocks("bash") if "orthros convert" in b]
-    lines = [line.split("#")[0] for line in cli.splitlines() if line.startswith("orthros ")]
+    keys = set(valid_keys())
+    leaves = [k.rsplit(".", 1)[-1] for k in keys]
+    lines = [line.strip().split("#")[0] for b in blocks("bash") for line in b.splitlines()
+             if line.strip().startswith("orthros ")]
     named = {line.split()[1] for line in lines}
-    assert named and named <= set(COMMANDS), named - set(COMMANDS)
+    assert {"convert", "train", "plot", "generate", "eval"} <= named <= set(COMMANDS), named - set(COMMANDS)
     checked = 0
     for line in lines:
         words = line.split()[1:]
@@ -51,7 +54,10 @@ def test_every_orthros_command_in_the_cli_block_exists(capsys):
                 argv.append((words[1] if i == 0 else seg.split()[0]).split("|")[0])
             text = help_text(capsys, argv)
             assert f"orthros {' '.join(argv)}" in text or f"orthros {cmd}" in text, argv
-            for flag in re.findall(r"(?<![\w-])--[a-z][a-z-]*", seg):
-                assert flag == "--key" or flag in text, (argv, flag)  # train's "--key value": any config key
+            for flag in re.findall(r"(?<![\w-])--([a-z][a-z_.-]*)", seg):
+                if cmd == "train" and flag not in ("resume", "help-config"):  # a config key, or "--key value"
+                    assert flag == "key" or flag in keys or leaves.count(flag) == 1, flag
+                else:
+                    assert f"--{flag}" in text, (argv, flag)
                 checked += 1
     assert checked >= 15
