@@ -10,7 +10,7 @@ until every program of gate/up is done (a kernel boundary under PDL). The timeli
 rows, then the same units' rows of down's weight (transposed), its products added to a float32
 accumulator with atomics; no program waits for another. The residual add moves into the kernel
 behind (here the next layer's MLP, ``FOLD``; in the engine it would be the next QKV GEMV).
-Measured on an H200 (2026-12-04, docs/benchmarks.md): the atomics are cheap and, with
+Measured on an H200 (2026-12-04, docs/issue-18-log.md): the atomics are cheap and, with
 ``--stack``, the gate/up half runs at the gate/up GEMV's rate, yet the fused MLP is 1.1-1.5 us a
 layer slower than the two GEMVs at best (a switch every program makes at once costs what the
 kernel boundary costs); closed.

@@ -6,7 +6,7 @@ Qwen3-8B, from W_O (33.5 MB) to the LM head (1.2 GB), as ~3.6 us plus the weight
 ~4.6 TB/s: each kernel pays a fixed cost (its wait for the kernel ahead, the first bytes'
 latency, the tail of its last programs) that PDL and the L2 prefetch only partly hide. A pair
 layer at 1K runs seven kernels; this probe prices the boundaries of the four GEMVs alone.
-Measured on an H200 (2026-12-04, docs/benchmarks.md): one persistent launch 1.6-2.3 us a layer
+Measured on an H200 (2026-12-04, docs/issue-18-log.md): one persistent launch 1.6-2.3 us a layer
 slower than one launch a GEMV, where the probe's kernel streams near the engine's rate.
 
 The chain: for each of ``--layers`` layers (own weights, Qwen3-8B's shapes, so no layer finds its

@@ -41,7 +41,7 @@ full; with ``--deal claimed``, for the batches of the next phase it claims at a 
 ``--l2-how hint|copy``: a bulk prefetch, or a bulk copy into a scratch stage, a demand read),
 ``--skip
 math|grid|both`` (diagnostics that leave a part out; their results are wrong by design). Measured
-on an H200 (2026-12-04, docs/benchmarks.md), us a layer against the engine's GEMVs at 99-101 in the
+on an H200 (2026-12-04, docs/issue-18-log.md), us a layer against the engine's GEMVs at 99-101 in the
 same process: the bare stream 90.3 and 91.2 with every grid barrier (the twenty-fifth session's
 per-piece consumers), ``quads``' 90.0 without barriers; ``cores`` 100.5-102.5, ``groups``
 103.0-103.4, ``quads`` 107.8-108.1 (claimed 111.0-111.7); the removed ``tiles`` 108.7-110.8 and

@@ -25,7 +25,7 @@ decoder layer's GEMMs fused into it (:mod:`.naive` is the specification):
 
 The engine's decode calls it under ``Engine(gemv=True)`` (through
 :func:`orthros.layers.common.linear`; opt-in, ``orthros generate --gemv``: batched decode through
-it is not timed yet; measured in docs/benchmarks.md, "the GEMV tuned in the engine");
+it is not timed yet; measured in docs/issue-18-log.md, "the GEMV tuned in the engine");
 ``benchmarks/gemv.py [--fused]`` times the op itself against cuBLAS and the unfused ops.
 """
 
