@@ -46,7 +46,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from orthros.utils import DTYPE_CHOICES, parse_dtype  # noqa: E402  (imports no torch: arguments first)
+from orthros.utils import DTYPE_CHOICES, Progress, parse_dtype  # noqa: E402  (imports no torch: arguments first)
 
 # (N, K) of each weight: Qwen3-8B (hidden 4096, 32 / 8 heads of 128, intermediate 12288, vocab 151936)
 SHAPES = {
@@ -209,7 +209,7 @@ def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
 
-    from orthros.benchmarks.inference import (_progress, capture_graph, copy_bandwidth, print_table, replay_seconds,
+    from orthros.benchmarks.inference import (capture_graph, copy_bandwidth, print_table, replay_seconds,
                                               save, script_meta)
     from orthros.ops.gemv import gemv_ref
     from orthros.ops.gemv.kernel import gemv_triton, pick_config
@@ -308,7 +308,7 @@ def main(argv=None) -> int:
         compile_backend = "inductor" if cuda else "aot_eager"  # CPU smoke run: no code generation
         meta["compile_backend"] = compile_backend
         table = QUICK_SHAPES if a.quick else SHAPES
-        bar = _progress(len(a.sites) * len(a.m), "gemv fused")
+        bar = Progress(len(a.sites) * len(a.m), "gemv fused", unit="point")
         try:
             for site in a.sites:
                 wname, pro, res = SITES[site]
@@ -474,7 +474,7 @@ def main(argv=None) -> int:
     # pass 1: cuBLAS and the table's config at every shape; pass 2 (--sweep): the candidates,
     # in the order of each weight's share of a decode step, so a deadline cuts the least useful
     passes = [("base", list(shapes))] + ([("sweep", [n for n in SWEEP_ORDER if n in shapes])] if a.sweep else [])
-    bar = _progress(sum(len(names) for _, names in passes) * len(a.m), "gemv")
+    bar = Progress(sum(len(names) for _, names in passes) * len(a.m), "gemv", unit="point")
     stopped = None
     for pass_, names in passes:
         for name in names:

@@ -1,5 +1,6 @@
 """Small vocabularies every layer of the package shares: dtype names, argument checks, the
-commit a measurement ran at, and writing a JSON file or a figure without leaving half a file.
+commit a measurement ran at, writing a JSON file or a figure without leaving half a file, and
+progress on stderr.
 
 This module imports nothing heavy (torch only inside :func:`parse_dtype`), so anything (ops,
 the CLIs' argument parsers) may import it.
@@ -64,7 +65,8 @@ def save_figure(fig, path, dpi: int = 120) -> None:
         plt.close(fig)
 
 
-__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "parse_dtype", "dtype_name", "check_positive_int", "save_figure"]
+__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "parse_dtype", "dtype_name", "check_positive_int",
+           "save_figure"]
 
 
 def write_json(path, obj, *, indent: int = 2, default=None) -> None:
@@ -96,3 +98,85 @@ def commit_id():
                               cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10).stdout.strip() or None
     except Exception:  # noqa: BLE001  (no git, not a checkout)
         return None
+
+
+class Progress:
+    """Progress of a long job on stderr. At a terminal, a tqdm bar. Elsewhere (a log file, a pipe,
+    ``nohup``, a batch job) plain lines, so that a log holds no carriage returns and reads with
+    ``grep`` and ``tail``: ``[desc] unit n/total key value ...``, one each time :meth:`update` is
+    asked for one (``line=True``), otherwise at most one every ``every_s`` seconds (``None``: only
+    when asked) and a last one at :meth:`close`. ``enabled=False`` shows nothing; :meth:`write`
+    prints above the bar (or as a line)."""
+
+    def __init__(self, total=None, desc: str = "", *, unit: str = "it", initial: int = 0, enabled: bool = True,
+                 every_s=30.0, leave: bool = True, unit_scale: bool = False, stream=None):
+        import sys
+        import time
+
+        self.total, self.desc, self.unit, self.n = total, desc, unit, initial
+        self.enabled, self.every_s, self.unit_scale = enabled, every_s, unit_scale
+        self.stream = stream if stream is not None else sys.stderr
+        self.postfix, self._clock = {}, time.monotonic
+        self._last_t, self._last_n = self._clock(), initial
+        self.bar = None
+        if enabled and _isatty(self.stream):
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, unit_scale=unit_scale, leave=leave,
+                            dynamic_ncols=True, file=self.stream)
+
+    def update(self, n: int = 1, *, line: bool = False, **postfix) -> None:
+        """``n`` more done; ``postfix``: figures shown after the count (``key=value``; a key with
+        characters a keyword cannot hold goes through ``**{"tok/s": ...}``)."""
+        self.n += n
+        if postfix:
+            self.postfix = postfix
+        if self.bar is not None:
+            self.bar.update(n)
+            if postfix:
+                self.bar.set_postfix(postfix, refresh=False)
+        elif self.enabled and (line or (self.every_s is not None and self._clock() - self._last_t >= self.every_s)):
+            self._line()
+
+    def _line(self) -> None:
+        count = _count(self.n, self.unit_scale) + (f"/{_count(self.total, self.unit_scale)}" if self.total else "")
+        extra = "".join(f" {k} {v}" for k, v in self.postfix.items())
+        print(f"[{self.desc}] {self.unit} {count}{extra}", file=self.stream, flush=True)
+        self._last_t, self._last_n = self._clock(), self.n
+
+    def write(self, msg: str) -> None:
+        if self.bar is not None:
+            self.bar.write(msg, file=self.stream)
+        elif self.enabled:
+            print(msg, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        elif self.enabled and self.every_s is not None and self._last_n != self.n:
+            self._line()  # where the job ended, unless the last line said it
+        self.enabled = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no such method, or a closed file
+        return False
+
+
+def _count(n, scale: bool) -> str:
+    """``n`` as ``12,345``, or with ``scale`` as ``12.3k`` / ``98.0M`` (bytes and the like)."""
+    if not scale:
+        return f"{n:,}"
+    for suffix in ("", "k", "M", "G", "T"):
+        if abs(n) < 1000 or suffix == "T":
+            return f"{n:.1f}{suffix}" if suffix else f"{n:.0f}"
+        n /= 1000

@@ -45,3 +45,51 @@ def test_commit_id_prefers_the_environment(monkeypatch):
     monkeypatch.delenv("ORTHROS_COMMIT")
     c = commit_id()  # this checkout's HEAD (or None outside git)
     assert c is None or (c and c != "abc1234")
+
+
+class _Terminal(__import__("io").StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_is_a_bar_at_a_terminal_and_lines_elsewhere():
+    import io
+
+    from orthros.utils import Progress
+
+    for stream, bar in ((_Terminal(), True), (io.StringIO(), False)):
+        p = Progress(3, "pt/x", unit="step", every_s=None, stream=stream)
+        for step in (1, 2, 3):
+            p.update(1, line=step == 3, loss="1.5000", **{"tok/s": "100"})
+        p.close()
+        out = stream.getvalue()
+        assert ("\r" in out and "3/3" in out) == bar, out
+        assert (out == "[pt/x] step 3/3 loss 1.5000 tok/s 100\n") == (not bar), out
+    quiet = io.StringIO()
+    p = Progress(3, "pt/x", enabled=False, stream=quiet)
+    p.update(3, line=True)
+    p.write("x")
+    p.close()
+    assert quiet.getvalue() == ""
+
+
+def test_progress_lines_at_most_every_interval_and_where_it_ended(monkeypatch):
+    import io
+
+    from orthros.utils import Progress
+
+    now = [0.0]
+    out = io.StringIO()
+    with Progress(10_000_000, "extract m.gguf", unit="B", unit_scale=True, every_s=30.0, stream=out) as p:
+        p._clock, p._last_t = (lambda: now[0]), 0.0  # a clock the test moves
+        for _ in range(4):  # 10 s apart: a line only once 30 s have passed since the last
+            now[0] += 10.0
+            p.update(2_000_000)
+        p.write("note")
+    assert out.getvalue().splitlines() == ["[extract m.gguf] B 6.0M/10.0M", "note", "[extract m.gguf] B 8.0M/10.0M"]
+    out = io.StringIO()
+    p = Progress(None, "NIAH", unit="needle", every_s=30.0, stream=out)
+    p.update(2, acc="0.50")
+    p.close()
+    p.close()  # twice is once
+    assert out.getvalue() == "[NIAH] needle 2 acc 0.50\n"

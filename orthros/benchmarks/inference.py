@@ -21,6 +21,7 @@ import torch
 from ..engine import Engine, SamplingParams
 from ..engine.cache import StaticKVCache
 from ..engine.engine import compile_fallbacks
+from ..utils import Progress
 from ..layers.step import stack_rows
 from ..utils import commit_id, save_figure, write_json
 from .models import register_noattn, weight_bytes_per_step
@@ -258,19 +259,6 @@ def _free(device):
         torch.cuda.empty_cache()
 
 
-def _progress(total, desc):
-    try:
-        from tqdm.auto import tqdm
-
-        return tqdm(total=total, desc=desc, leave=True)
-    except ImportError:  # pragma: no cover
-        class _P:
-            def update(self, n=1): pass
-            def set_postfix_str(self, s): pass
-            def close(self): pass
-        return _P()
-
-
 def metadata(model, device, dtype, extra=None) -> Dict:
     meta = {
         "date": datetime.date.today().isoformat(),
@@ -319,8 +307,7 @@ def _emit(rows: List[Dict], row: Dict, on_row: Optional[Callable], bar, label: s
     rows.append(row)
     if on_row:
         on_row(row)
-    bar.set_postfix_str(label)
-    bar.update(1)
+    bar.update(1, last=label)
 
 
 def bench_prefill(model, lengths: Sequence[int], *, systems: Sequence[str] = PREFILL_SYSTEMS,
@@ -339,7 +326,7 @@ def bench_prefill(model, lengths: Sequence[int], *, systems: Sequence[str] = PRE
     V = model.config.vocab_size
     Lmax = max(lengths)
     rows = []
-    bar = _progress(len(lengths) * len(systems), "prefill")
+    bar = Progress(len(lengths) * len(systems), "prefill", unit="point")
     gen = torch.Generator(device="cpu").manual_seed(0)
     ids = {T: torch.randint(0, V, (batch, T), generator=gen).to(device) for T in lengths}
 
@@ -426,7 +413,7 @@ def bench_decode(model, contexts: Sequence[int], *, batch_sizes: Sequence[int] =
     bw = copy_bandwidth(device) if cuda else None
     wbytes = weight_bytes_per_step(model)
     rows = []
-    bar = _progress(len(modes) * len(batch_sizes) * len(contexts), "decode")
+    bar = Progress(len(modes) * len(batch_sizes) * len(contexts), "decode", unit="point")
     for mode in modes:
         eng = Engine(model, max_batch_size=max(batch_sizes), max_seq_len=max(contexts) + steps + warmup + 2,
                      attention_mode=mode, cuda_graphs=cuda_graphs, compile=compile, fuse=fuse, gemv=gemv)
@@ -471,7 +458,7 @@ def bench_e2e(model, pairs: Sequence[tuple], *, batch: int = 2, modes: Sequence[
     V = model.config.vocab_size
     gen = torch.Generator(device="cpu").manual_seed(0)
     rows = []
-    bar = _progress(len(modes) * len(pairs), "e2e")
+    bar = Progress(len(modes) * len(pairs), "e2e", unit="point")
     for mode in modes:
         eng = Engine(model, max_batch_size=batch, max_seq_len=max(20, max(i + o for i, o in pairs)), attention_mode=mode,
                      prefill_chunk=None if mode == "full" else chunk, cuda_graphs=cuda_graphs,

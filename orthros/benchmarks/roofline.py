@@ -40,9 +40,9 @@ import torch
 from ..engine.cache import StaticKVCache
 from ..ops.gemv.kernel import pdl_settings
 from ..ops.gemv.naive import MAX_M
-from ..utils import save_figure
+from ..utils import Progress, save_figure
 from .cli import _ints
-from .inference import _free, _plt, _progress, bench_decode, copy_bandwidth, decode_compile_options, \
+from .inference import _free, _plt, bench_decode, copy_bandwidth, decode_compile_options, \
     decode_qkv_kernel, measure, metadata, parse_bwd_config, parse_compile_options, parse_decode_config, print_table, \
     save, time_call
 from .models import orthros_model, weight_bytes_per_step
@@ -299,7 +299,7 @@ class Sweep:
         self.args, self.meta, self.rows = args, meta, []
         self.path = os.path.join(args.out, "results.json")
         self.t0 = getattr(args, "t_start", None) or time.time()  # the deadline counts from the process' main()
-        self.bar = _progress(total, "roofline")
+        self.bar = Progress(total, "roofline", unit="point")
 
     def left_s(self) -> float:
         if self.args.deadline_s is None:
@@ -310,8 +310,7 @@ class Sweep:
         row["elapsed_s"] = round(time.time() - self.t0, 1)
         self.rows.append(row)
         self.write()
-        self.bar.set_postfix_str(label[:60])
-        self.bar.update(1)
+        self.bar.update(1, last=label[:60])
         getattr(self.bar, "write", print)(f"  {label}")  # above the bar, on its own line
 
     def skip(self, row: Dict, why: str):

@@ -31,7 +31,7 @@ import torch
 
 from ..layers import SCALE_OFFSET_INIT
 from ..models import OrthrosConfig, OrthrosForCausalLM
-from ..utils import check_positive_int, parse_dtype
+from ..utils import Progress, check_positive_int, parse_dtype
 from .architectures import (
     SUPPORTED_ARCHITECTURES,
     UnsupportedModelError,
@@ -419,8 +419,6 @@ def _convert_gguf(src, dst: Path, *, window_size: int, out_dtype, overwrite: boo
 def _write_checkpoint(source: "SourceCheckpoint", plan: Plan, tmp: Path, *, window_size: int, scale_offset: bool,
                       progress: bool, extra: dict | None = None) -> dict:
     """Write the converted checkpoint of ``source`` into the (temporary) directory ``tmp``."""
-    from tqdm.auto import tqdm
-
     # which file each source tensor lives in, and which added tensors go into each file
     file_of = {n: f for f, h in source.headers.items() for n in h.tensors}
     added_in = {f: [] for f in source.headers}
@@ -441,8 +439,8 @@ def _write_checkpoint(source: "SourceCheckpoint", plan: Plan, tmp: Path, *, wind
         report.update(extra)
     weight_map, total = {}, 0
     plan.config.save_pretrained(tmp)
-    for index, (fname, header) in enumerate(tqdm(source.headers.items(), desc="orthros convert", unit="shard",
-                                                 disable=not progress)):
+    bar = Progress(len(source.headers), "orthros convert", unit="shard", enabled=progress)
+    for index, (fname, header) in enumerate(source.headers.items()):
         entries, jobs = [], []
         for name, info in header.tensors.items():
             if name in plan.dropped:
@@ -482,7 +480,9 @@ def _write_checkpoint(source: "SourceCheckpoint", plan: Plan, tmp: Path, *, wind
             raise
         writer.close()
         total += writer.nbytes
+        bar.update(1)
         _test_pause(index)
+    bar.close()
     if source.sharded:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")

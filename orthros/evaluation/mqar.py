@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ..kinds import HYBRID_ALIASES, HYBRID_DISPLAY, MODE_ALIASES, MODE_DISPLAY, hybrid_layout
+from ..utils import Progress
 
 FILLER = 0
 FILL_CHOICES = ("pad", "noise")
@@ -409,23 +410,14 @@ def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print, jo
         data_fn = _batches(_train_stream(task, tr), tr)
         results = []
         for name in names:
-            bar = None
-            cb = None
-            if progress:
-                try:
-                    from tqdm.auto import tqdm
+            bar = Progress(tr.steps, f"MQAR {DISPLAY[MODEL_ALIASES[name]]}", unit="step", enabled=progress,
+                           leave=False)
 
-                    bar = tqdm(total=tr.steps, desc=f"MQAR {DISPLAY[MODEL_ALIASES[name]]:<11}", leave=False)
+            def cb(_n, step, loss, bar=bar):
+                bar.update(1, **({"loss": f"{float(loss):.3f}"} if step % 25 == 0 else {}))
 
-                    def cb(_n, step, loss, bar=bar):
-                        bar.update(1)
-                        if step % 25 == 0:
-                            bar.set_postfix(loss=f"{float(loss):.3f}")
-                except ImportError:  # pragma: no cover
-                    bar = None
-            res = train_one(name, task, tr, data_fn, eval_data, progress=cb)
-            if bar is not None:
-                bar.close()
+            res = train_one(name, task, tr, data_fn, eval_data, progress=cb if progress else None)
+            bar.close()
             results.append(res)
             _log_result(log, res)
     gaps = eval_data["gaps"]

@@ -24,7 +24,7 @@ from typing import Optional
 import numpy as np
 
 from .common import DATA_DIR
-from ..utils import save_figure
+from ..utils import Progress, save_figure
 
 NEEDLE = " The secret number is {key}."
 QUESTION = "\nWhat is the secret number mentioned in the text above? The secret number is"
@@ -227,11 +227,7 @@ def run_niah(model, tokenizer, cfg: NIAHConfig, progress: bool = True, log=print
             f"{max_new} tokens so the answer fits in max_position_embeddings = {max_pos}")
     gen = _generator(model, tokenizer, cfg.engine, max(prompt_len.values()), max_new)
     cells = [(L, d, s) for L in cfg.lengths for d in cfg.depths for s in range(cfg.samples)]
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(cells), desc="NIAH", unit="needle")
+    bar = Progress(len(cells), "NIAH", unit="needle", enabled=progress)
     records = []
     t0 = time.perf_counter()
     for L, d, s in cells:
@@ -242,11 +238,8 @@ def run_niah(model, tokenizer, cfg: NIAHConfig, progress: bool = True, log=print
         sc = score_answer(text, key)
         records.append({"length": L, "prompt_tokens": len(ids), "depth": d, "sample": s, "answer": key,
                         "prediction": text, "score": sc, "prefix": round(prefix_match(text, key), 4)})
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(length=L, depth=d, acc=f"{np.mean([r['score'] for r in records]):.2f}")
-    if bar is not None:
-        bar.close()
+        bar.update(1, length=L, depth=d, acc=f"{np.mean([r['score'] for r in records]):.2f}")
+    bar.close()
     grid = np.zeros((len(cfg.depths), len(cfg.lengths)))
     for i, d in enumerate(cfg.depths):
         for j, L in enumerate(cfg.lengths):

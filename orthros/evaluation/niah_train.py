@@ -26,6 +26,7 @@ from typing import Optional
 import numpy as np
 
 from ..kinds import ATTENTION_MODES
+from ..utils import Progress
 from .niah import NEEDLE, PromptBuilder
 
 IGNORE = -100
@@ -136,7 +137,7 @@ def answer_accuracy(model, ids, labels) -> float:
 
 def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progress: bool = False) -> dict:
     """Train on generated passkey data; save the model and tokenizer to ``out_dir`` (if given).
-    ``progress``: a tqdm bar over the steps (on stderr; the log lines print above it)."""
+    ``progress``: :class:`orthros.utils.Progress` over the steps (on stderr; the log lines print above it)."""
     import torch
 
     from ..data import load_tokenizer
@@ -168,12 +169,9 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progres
     vb = PromptBuilder(tok, cfg.haystack, seed=cfg.seed + 7)
     v_ids, v_lab = make_batch(vb, np.random.default_rng(cfg.seed + 8), 64, cfg.max_len, cfg.digits)
     history, t0, losses = [], time.perf_counter(), []
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.steps, desc=f"niah-train {cfg.attention_mode}", dynamic_ncols=True, file=sys.stderr)
-        log = bar.write if log is print else log
+    bar = Progress(cfg.steps, f"niah-train {cfg.attention_mode}", unit="step", enabled=progress)
+    if progress and log is print:
+        log = bar.write
     for step in range(cfg.steps):
         L = int(rng.integers(cfg.min_len, cfg.max_len + 1))
         ids, lab = make_batch(builder, rng, cfg.batch_size, L, cfg.digits)
@@ -184,9 +182,7 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progres
         opt.step()
         sched.step()
         losses.append(float(loss.detach()))
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+        bar.update(1, loss=f"{losses[-1]:.3f}")
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
             model.eval()
             acc = answer_accuracy(model, v_ids, v_lab)
@@ -196,8 +192,7 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progres
             history.append(rec)
             log(f"step {rec['step']:5d}  loss {rec['loss']:.4f}  held-out exact (len {cfg.max_len}) "
                 f"{100 * acc:5.1f}%  {rec['seconds']:.0f}s")
-    if bar is not None:
-        bar.close()
+    bar.close()
     secs = round(time.perf_counter() - t0, 1)
     model.eval()
     result = {"config": asdict(cfg), "train_seconds": secs, "history": history,

@@ -20,6 +20,8 @@ import math
 import time
 from pathlib import Path
 
+from ..utils import Progress
+
 DEFAULT_BUCKETS = (0, 128, 512, 2048, 8192)
 
 
@@ -102,11 +104,7 @@ def position_perplexity(model, windows, *, buckets=DEFAULT_BUCKETS, device=None,
     was_training = model.training
     model.eval()
     t0 = time.perf_counter()
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(windows), desc="perplexity", unit="window")
+    bar = Progress(len(windows), "perplexity", unit="window", enabled=progress)
     ctx = (torch.autocast(device_type=dev.type, dtype=autocast_dtype) if autocast_dtype is not None
            else torch.autocast(device_type=dev.type, enabled=False))
     with torch.no_grad():
@@ -119,10 +117,8 @@ def position_perplexity(model, windows, *, buckets=DEFAULT_BUCKETS, device=None,
                 lp = F.cross_entropy(logits[0, s:e].float(), ids[0, s + 1:e + 1], reduction="none")
                 nll[s + 1:e + 1] += lp.double().cpu()
             del logits
-            if bar is not None:
-                bar.update(1)
-    if bar is not None:
-        bar.close()
+            bar.update(1)
+    bar.close()
     model.train(was_training)
     n = len(windows)
     out = {"seq_len": T, "windows": n, "buckets": [], "seconds": round(time.perf_counter() - t0, 2)}

@@ -1,11 +1,9 @@
-"""FLOP counting for MFU, the metrics sinks (JSONL always, TensorBoard when installed), and the
-run's progress on stderr."""
+"""FLOP counting for MFU, and the metrics sinks (JSONL always, TensorBoard when installed)."""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from typing import Optional
 
@@ -143,43 +141,3 @@ def read_metrics(output_dir: str, kind: str = "train") -> list[dict]:
                 rows.append(rec)
     return rows
 
-
-class Progress:
-    """The run's progress on stderr. A tqdm bar, updated every step, when stderr is a terminal;
-    otherwise (a log file, ``nohup``, a batch job) one plain line a logged step, so that a log has
-    no carriage returns and can be read with ``grep`` and ``tail``. ``enabled=False``: nothing."""
-
-    def __init__(self, total: int, initial: int, desc: str, enabled: bool = True, stream=None):
-        self.total, self.desc, self.enabled = total, desc, enabled
-        self.stream = stream if stream is not None else sys.stderr
-        self.bar = None
-        if enabled and _isatty(self.stream):
-            from tqdm.auto import tqdm
-
-            self.bar = tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, file=self.stream)
-
-    def update(self, step: int, loss: float, tokens_per_s: float, mfu: Optional[float], logged: bool) -> None:
-        """After each step; ``logged``: this step's record went to the metrics (a line is printed)."""
-        mfu_s = f"{100 * mfu:.1f}%" if mfu is not None else "n/a"
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{tokens_per_s:,.0f}", mfu=mfu_s)
-        elif self.enabled and logged:
-            self.write(f"[{self.desc}] step {step}/{self.total} loss {loss:.4f} tok/s {tokens_per_s:,.0f} mfu {mfu_s}")
-
-    def write(self, msg: str) -> None:
-        if self.bar is not None:
-            self.bar.write(msg)
-        elif self.enabled:
-            print(msg, file=self.stream, flush=True)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-def _isatty(stream) -> bool:
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):  # no such method, or a closed file
-        return False

@@ -26,10 +26,11 @@ import numpy as np
 import torch
 import yaml
 
+from ..utils import Progress
 from . import checkpoint as ckpt
 from .config import ARCH_TO_ATTENTION_MODE, ConfigError, RunConfig, dump_yaml
 from .data import DataError, IGNORE, PackedBatch, build_stream, collate, count_targets, eval_rows
-from .metrics import MetricsLogger, Progress, detect_peak_flops, train_flops
+from .metrics import MetricsLogger, detect_peak_flops, train_flops
 from .optim import build_optimizer, build_scheduler
 
 
@@ -570,8 +571,8 @@ class Trainer:
                   f"world={dist.world} device={self.device} precision={self.precision} "
                   f"global_batch={dist.world * cfg.train.grad_accum * cfg.train.micro_batch_size}x{cfg.data.seq_len} "
                   f"tokens; {what}", file=sys.stderr, flush=True)
-        progress = Progress(cfg.train.max_steps, self.step, f"{cfg.mode}/{cfg.model.architecture}",
-                            enabled=dist.main and cfg.train.progress)
+        progress = Progress(cfg.train.max_steps, f"{cfg.mode}/{cfg.model.architecture}", unit="step",
+                            initial=self.step, enabled=dist.main and cfg.train.progress, every_s=None)
         last_loss, eval_loss = None, None
         last_saved = self.step if self.resume_dir else None
         t_window, tok_window, flop_window = time.perf_counter(), 0, 0.0
@@ -592,7 +593,8 @@ class Trainer:
                 tps = tok_window / dt
                 mfu = flop_window / dt / (peak * dist.world) if peak else None
                 logged = self.step % cfg.train.log_every == 0 or self.step == cfg.train.max_steps
-                progress.update(self.step, last_loss, tps, mfu, logged)
+                progress.update(1, line=logged, loss=f"{last_loss:.4f}", **{"tok/s": f"{tps:,.0f}"},
+                                mfu=f"{100 * mfu:.1f}%" if mfu is not None else "n/a")
                 if logged:
                     logger.log({"kind": "train", "step": self.step, "loss": last_loss, "lr": m["lr"],
                                 "grad_norm": m["grad_norm"], "tokens": self.tokens_seen, "tokens_per_s": tps,

@@ -447,30 +447,6 @@ def test_progress_in_a_log_is_one_plain_line_a_logged_step(tmp_path, corpus, cap
     assert (tmp_path / "loss.png").read_bytes().startswith(b"\x89PNG")
 
 
-def test_progress_on_a_terminal_is_a_bar():
-    import io
-
-    from orthros.training.metrics import Progress
-
-    class Terminal(io.StringIO):
-        def isatty(self):
-            return True
-
-    for stream, bar in ((Terminal(), True), (io.StringIO(), False)):
-        p = Progress(3, 0, "pt/x", stream=stream)
-        for step in (1, 2, 3):
-            p.update(step, 1.5, 100.0, None, logged=step == 3)
-        p.close()
-        out = stream.getvalue()
-        assert ("\r" in out and "3/3" in out) == bar, out
-        assert ("[pt/x] step 3/3 loss 1.5000" in out) == (not bar), out
-    quiet = io.StringIO()
-    p = Progress(3, 0, "pt/x", enabled=False, stream=quiet)
-    p.update(3, 1.5, 100.0, None, logged=True)
-    p.write("x")
-    assert quiet.getvalue() == ""
-
-
 def test_loss_png_follows_the_run_at_each_eval(tmp_path, corpus, monkeypatch):
     """train.plot: loss.png is redrawn after each eval (a run can be watched, and a crash keeps it)."""
     from orthros.training import trainer
