@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.quiet:
         print(f"converted {report['architecture']} -> Orthros (window {report['window_size']}, dtype "
               f"{report['dtype']}): {len(report['mapped'])} tensors mapped, {len(report['added'])} added, "
-              f"{len(report['dropped'])} dropped, {len(report['copied_files'])} files copied -> {args.dst}")
+              f"{len(report['dropped'])} dropped, {len(report['copied_files'])} other "
+              f"file{'s' if len(report['copied_files']) != 1 else ''} copied -> {args.dst}")
         for note in report["notes"]:
             print(f"note: {note}")
     return 0
