@@ -21,9 +21,8 @@ import torch
 from ..engine import Engine, SamplingParams
 from ..engine.cache import StaticKVCache
 from ..engine.engine import compile_fallbacks
-from ..utils import Progress
 from ..layers.step import stack_rows
-from ..utils import commit_id, save_figure, write_json
+from ..utils import Progress, commit_id, save_figure, write_json
 from .models import register_noattn, weight_bytes_per_step
 
 PREFILL_SYSTEMS = ("orthros", "orthros-floor", "full", "hf-sdpa", "hf-floor")

@@ -311,7 +311,7 @@ class Sweep:
         self.rows.append(row)
         self.write()
         self.bar.update(1, last=label[:60])
-        getattr(self.bar, "write", print)(f"  {label}")  # above the bar, on its own line
+        self.bar.write(f"  {label}")  # above the bar, on its own line
 
     def skip(self, row: Dict, why: str):
         self.add({**row, "skipped": why}, f"{_key(row)}: skipped ({why})")
