@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..utils import DTYPE_CHOICES, parse_dtype
+
 
 def _mqar_parser(sub):
     p = sub.add_parser("mqar", help="train and evaluate Orthros / Transformer / SWA on multi-query associative recall",
@@ -65,7 +67,7 @@ def _niah_parser(sub):
     p.add_argument("--digits", type=int, default=7)
     p.add_argument("--window", type=int, default=128, help="window when converting a Transformer checkpoint")
     p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None, choices=(None, "fp32", "bf16", "fp16"))
+    p.add_argument("--dtype", default=None, choices=DTYPE_CHOICES, help="weights' dtype (default: as stored)")
     p.add_argument("--engine", default="auto", choices=("auto", "on", "off"),
                    help="fast engine: auto = on CUDA; otherwise transformers' generate")
     p.add_argument("--seed", type=int, default=0)
@@ -113,11 +115,12 @@ def _ppl_parser(sub):
     p.add_argument("--seq-len", type=int, default=8192, help="tokens per scored window (default 8192)")
     p.add_argument("--windows", type=int, default=16, help="at most this many windows (default 16)")
     p.add_argument("--buckets", default="0,128,512,2048,8192", help="bucket edges in positions, comma list")
-    p.add_argument("--attention-mode", default=None, choices=(None, "orthros", "full", "window"),
-                   help="override the checkpoint's attention (full: the same weights as a Transformer)")
+    p.add_argument("--attention-mode", default=None, choices=("orthros", "full", "window"),
+                   help="override the checkpoint's attention (full: the same weights as a Transformer; "
+                        "default: the checkpoint's)")
     p.add_argument("--window", type=int, default=128, help="window when converting a Transformer checkpoint")
     p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default=None, choices=(None, "fp32", "bf16", "fp16"))
+    p.add_argument("--dtype", default=None, choices=DTYPE_CHOICES, help="weights' dtype (default: as stored)")
     p.add_argument("--output", "-o", default=None, help="write the results as JSON here")
     p.add_argument("--no-progress", action="store_true")
 
@@ -138,7 +141,6 @@ def _ppl(a) -> int:
     if a.attention_mode:
         if read_model_type(a.model) != "orthros":
             raise ValueError("--attention-mode applies to Orthros checkpoints (convert the model first)")
-        import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
         import orthros  # noqa: F401  (registers the Auto classes)
@@ -150,7 +152,7 @@ def _ppl(a) -> int:
 
             cfg.layer_types = [layer_type_for(a.attention_mode) if t in ATTENTION_LAYER_TYPES else t
                                for t in cfg.layer_types]
-        dtype = {None: None, "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[a.dtype]
+        dtype = parse_dtype(a.dtype, "--dtype") if a.dtype else None
         model = AutoModelForCausalLM.from_pretrained(a.model, config=cfg, dtype=dtype).to(device).eval()
     else:
         model = load_model(a.model, device=device, dtype=a.dtype, window_size=a.window)
