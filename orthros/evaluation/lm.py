@@ -10,6 +10,7 @@ import difflib
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ..utils import parse_dtype
 from .common import LM_TASKS_DIR, load_model, load_tokenizer, read_model_type
 
 
@@ -62,8 +63,8 @@ def run_lm_eval(model_path, tasks, *, include_path=None, limit=None, batch_size=
     if mt == "orthros" and tokenizer is None:
         # exactly what `lm_eval --model hf --model_args pretrained=PATH` does
         args = {"pretrained": str(model_path), "device": device, "batch_size": batch_size}
-        if dtype:
-            args["dtype"] = dtype
+        if dtype:  # lm-eval reads torch's own names (bfloat16), not our short ones (bf16)
+            args["dtype"] = str(parse_dtype(dtype, "dtype")).replace("torch.", "")
         lm = HFLM(**args)
     else:  # converted on the fly (or a separate tokenizer): hand lm-eval the model object
         model = load_model(model_path, device=device, dtype=dtype, window_size=window_size)

@@ -69,6 +69,20 @@ def test_unknown_task_and_bad_model_are_clear_errors(tiny, tmp_path):
         run_lm_eval(tiny, ["orthros_tiny_cloze"], include_path=[str(tmp_path / "nope")])
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_short_dtype_names_reach_lm_eval(tiny, dtype, monkeypatch):
+    """`--dtype bf16` (the names every orthros command takes) used to reach lm-eval's loader as is,
+    which reads torch's names only (getattr(torch, "bf16") failed)."""
+    import lm_eval.models.huggingface as hf
+
+    from orthros.evaluation.lm import run_lm_eval
+
+    seen, real = {}, hf.HFLM.__init__
+    monkeypatch.setattr(hf.HFLM, "__init__", lambda self, *a, **kw: (seen.update(kw), real(self, *a, **kw))[1])
+    run_lm_eval(tiny, ["orthros_tiny_cloze"], limit=2, device="cpu", dtype=dtype)
+    assert seen["dtype"] == {"bf16": "bfloat16", "fp32": "float32"}[dtype]
+
+
 def test_cli_lm_writes_json(tiny, tmp_path, capsys):
     from orthros.cli import main
 
