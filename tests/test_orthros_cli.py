@@ -166,3 +166,22 @@ def test_refused_training_config_leaves_no_output_dir(tmp_path, capsys):
     rc = main(["train", "--output_dir", str(out), "--seq_len", "64", "--model.max_position_embeddings", "32"])
     assert rc == 2 and "data.seq_len (64) is larger" in capsys.readouterr().err
     assert not (tmp_path / "deep").exists()
+
+
+def test_every_option_of_the_orthros_commands_has_help():
+    """`orthros <cmd> --help` describes every option (several showed only `--steps STEPS`)."""
+    import ast
+
+    from orthros.cli import COMMANDS
+
+    files = {REPO / (mod.replace(".", "/") + ".py") for mod, _ in COMMANDS.values()}
+    files |= {REPO / "orthros/evaluation/demo.py", REPO / "orthros/evaluation/niah_train.py"}
+    bare = []
+    for f in sorted(files):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" \
+                    and "help" not in {k.arg for k in node.keywords}:
+                names = [a.value for a in node.args if isinstance(a, ast.Constant)]
+                if names != ["train_args"]:  # `orthros train`'s pass-through: its USAGE text says it all
+                    bare.append(f"{f.relative_to(REPO)}:{node.lineno} {names}")
+    assert len(files) >= 9 and not bare, bare

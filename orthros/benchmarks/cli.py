@@ -50,8 +50,8 @@ def build_parser():
         sp.add_argument("--model", default=None, help="Orthros checkpoint directory (default: random weights)")
         sp.add_argument("--preset", default="qwen3-8b", choices=["qwen3-8b", "tiny"],
                         help="architecture for random weights (tiny: CPU smoke runs)")
-        sp.add_argument("--device", default="cuda")
-        sp.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES)
+        sp.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default: cuda)")
+        sp.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES, help="weights and cache (default: bf16)")
         sp.add_argument("--window", type=int, default=128, help="window size of the random-weight model")
         sp.add_argument("--out", default="bench_results", help="directory for JSON and PNG")
         sp.add_argument("--chunk", type=int, default=16384, help="Orthros prefill chunk (tokens)")
@@ -59,20 +59,26 @@ def build_parser():
                         help="torch.compile the engine's token-wise layer parts (both Orthros and its Transformer)")
 
     def prefill_args(sp):
-        sp.add_argument("--lengths", type=_ints, default=[8192, 16384, 32768, 65536, 131072])
-        sp.add_argument("--systems", default="orthros,orthros-floor,full,hf-sdpa,hf-floor")
+        sp.add_argument("--lengths", type=_ints, default=[8192, 16384, 32768, 65536, 131072],
+                        help="prompt lengths in tokens, comma list (default: 8K to 128K)")
+        sp.add_argument("--systems", default="orthros,orthros-floor,full,hf-sdpa,hf-floor",
+                        help="comma list of: orthros (the engine), orthros-floor (the engine without attention), "
+                             "full (the engine's Transformer), hf-sdpa (HF transformers' Qwen3), hf-floor (HF "
+                             "without attention) (default: all five)")
         sp.add_argument("--budget-s", type=float, default=3.0, help="seconds of repeats per point")
         sp.add_argument("--single-shot-s", type=float, default=25.0,
                         help="a point whose first (warm-up) call takes longer is not repeated")
 
     def decode_args(sp):
-        sp.add_argument("--contexts", type=_ints, default=[1024, 8192, 32768, 131072])
-        sp.add_argument("--batch-sizes", type=_ints, default=[1, 2])
-        sp.add_argument("--steps", type=int, default=50)
+        sp.add_argument("--contexts", type=_ints, default=[1024, 8192, 32768, 131072],
+                        help="cached tokens per row, comma list (default: 1K, 8K, 32K, 128K)")
+        sp.add_argument("--batch-sizes", type=_ints, default=[1, 2], help="rows per step, comma list (default: 1,2)")
+        sp.add_argument("--steps", type=int, default=50, help="timed decode steps per point (default: 50)")
 
     def e2e_args(sp):
-        sp.add_argument("--pairs", type=_pairs, default=[(128, 128), (1024, 1024), (8192, 8192)])
-        sp.add_argument("--batch", type=int, default=2)
+        sp.add_argument("--pairs", type=_pairs, default=[(128, 128), (1024, 1024), (8192, 8192)],
+                        help="IN:OUT prompt and output lengths, comma list (default: 128:128,1024:1024,8192:8192)")
+        sp.add_argument("--batch", type=int, default=2, help="sequences generated together (default: 2)")
         sp.add_argument("--fit", type=_pairs, default=None, help="IN:OUT: check that an IN prefill + OUT decode fits")
 
     for name, help_, adders in (("prefill", "prefill latency vs prompt length", [prefill_args]),
@@ -85,7 +91,7 @@ def build_parser():
         for add in adders:
             add(sp)
         if name != "prefill":
-            sp.add_argument("--no-cuda-graphs", action="store_true")
+            sp.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly, without CUDA graphs")
     return p
 
 

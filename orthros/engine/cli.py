@@ -23,11 +23,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt", nargs="*", help="prompt text (default: read stdin)")
     p.add_argument("--model", required=True, help="directory of an Orthros checkpoint (save_pretrained)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model)")
-    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--max-new-tokens", type=int, default=256,
+                   help="tokens to generate per turn (default: 256; fewer at an end-of-sequence token)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed of the sampler (default: none; greedy decoding needs none)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), bf16, fp16, fp32")
     p.add_argument("--max-seq-len", type=int, default=None,

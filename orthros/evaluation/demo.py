@@ -136,11 +136,11 @@ def main(argv=None) -> int:
                    help="shorter run: 150 training steps, prefill at 1K/4K/8K (49 s on a 2-core CPU shared with "
                         "other jobs, 2026-12-01; 15 s idle; the full demo ~1.5 min idle)")
     p.add_argument("--device", default=None, help="device for the prefill timing (default: cuda if available)")
-    p.add_argument("--skip-prefill", action="store_true")
-    p.add_argument("--skip-recall", action="store_true")
+    p.add_argument("--skip-prefill", action="store_true", help="skip part 2 (prefill timing)")
+    p.add_argument("--skip-recall", action="store_true", help="skip part 1 (in-context recall)")
     p.add_argument("--output", "-o", default=None, help="write all numbers as JSON here")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
+    p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default: 0)")
     a = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     import torch
 

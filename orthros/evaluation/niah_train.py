@@ -213,21 +213,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", "-o", required=True, help="output checkpoint dir (model + tokenizer + niah_train.json)")
     p.add_argument("--mode", default=d.attention_mode, choices=ATTENTION_MODES,
                    help="attention_mode: orthros, window (SWA) or full (Transformer)")
-    p.add_argument("--window", type=int, default=d.window_size)
-    p.add_argument("--layers", type=int, default=d.num_layers)
-    p.add_argument("--hidden-size", type=int, default=d.hidden_size)
-    p.add_argument("--heads", type=int, default=d.num_heads)
-    p.add_argument("--steps", type=int, default=d.steps)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--window", type=int, default=d.window_size,
+                   help="window of the base stream (orthros) or of SWA (default: %(default)s)")
+    p.add_argument("--layers", type=int, default=d.num_layers, help="decoder layers (default: %(default)s)")
+    p.add_argument("--hidden-size", type=int, default=d.hidden_size, help="model width (default: %(default)s)")
+    p.add_argument("--heads", type=int, default=d.num_heads, help="attention heads (default: %(default)s)")
+    p.add_argument("--steps", type=int, default=d.steps, help="training steps (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="prompts per step (default: %(default)s)")
+    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate, cosine schedule (default: %(default)s)")
     p.add_argument("--min-len", type=int, default=d.min_len, help="shortest training prompt (tokens)")
     p.add_argument("--max-len", type=int, default=d.max_len, help="longest training prompt (tokens)")
-    p.add_argument("--digits", type=int, default=d.digits)
-    p.add_argument("--haystack", default=d.haystack)
-    p.add_argument("--max-positions", type=int, default=d.max_position_embeddings)
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--threads", type=int, default=d.threads)
-    p.add_argument("--log-every", type=int, default=d.log_every)
+    p.add_argument("--digits", type=int, default=d.digits, help="digits of the passkey (default: %(default)s)")
+    p.add_argument("--haystack", default=d.haystack,
+                   help="synthetic | corpus | PATH.txt | PATH.jsonl (as `orthros eval niah`)")
+    p.add_argument("--max-positions", type=int, default=d.max_position_embeddings,
+                   help="the model's max_position_embeddings (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of every random draw (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (default: torch's)")
+    p.add_argument("--log-every", type=int, default=d.log_every,
+                   help="steps between log lines: loss and held-out accuracy (default: %(default)s)")
     p.add_argument("--init", default=None, help="continue training this checkpoint (e.g. a longer-context stage); "
                                                 "its architecture is kept, --mode must match")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (the log lines still print)")
