@@ -175,7 +175,8 @@ def test_every_option_of_the_orthros_commands_has_help():
     from orthros.cli import COMMANDS
 
     files = {REPO / (mod.replace(".", "/") + ".py") for mod, _ in COMMANDS.values()}
-    files |= {REPO / "orthros/evaluation/demo.py", REPO / "orthros/evaluation/niah_train.py"}
+    files |= {REPO / "orthros" / p for p in ("evaluation/demo.py", "evaluation/niah_train.py", "parallel/bench.py",
+                                              "serving/bench_vllm.py")}  # the last two: torchrun / python -m
     bare = []
     for f in sorted(files):
         for node in ast.walk(ast.parse(f.read_text())):
@@ -184,4 +185,4 @@ def test_every_option_of_the_orthros_commands_has_help():
                 names = [a.value for a in node.args if isinstance(a, ast.Constant)]
                 if names != ["train_args"]:  # `orthros train`'s pass-through: its USAGE text says it all
                     bare.append(f"{f.relative_to(REPO)}:{node.lineno} {names}")
-    assert len(files) >= 9 and not bare, bare
+    assert len(files) >= 11 and not bare, bare

@@ -340,11 +340,14 @@ class Bench:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m orthros.parallel.bench",
                                 description="Sequence-parallel prefill benchmark (launch with torchrun).")
-    p.add_argument("--model", default="qwen3-8b", choices=["qwen3-8b", "tiny"])
+    p.add_argument("--model", default="qwen3-8b", choices=["qwen3-8b", "tiny"],
+                   help="architecture of the random-weight model: qwen3-8b or tiny (CPU runs) (default: %(default)s)")
     p.add_argument("--layers", type=int, default=None, help="override the number of layers")
-    p.add_argument("--window", type=int, default=128)
-    p.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES)
-    p.add_argument("--lengths", type=parse_lengths, default=parse_lengths("64K,128K,256K,512K"))
+    p.add_argument("--window", type=int, default=128, help="Orthros window (default: %(default)s)")
+    p.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES,
+                   help="weights and activations (default: %(default)s)")
+    p.add_argument("--lengths", type=parse_lengths, default=parse_lengths("64K,128K,256K,512K"),
+                   help="prompt lengths measured on all ranks, comma list with K / M suffixes (default: 64K,128K,256K,512K)")
     p.add_argument("--extra-lengths", type=parse_lengths, default=[],
                    help="Orthros-on-N-ranks lengths measured after the baselines (e.g. 1M)")
     p.add_argument("--single-max", type=parse_lengths, default=[512 * 1024],
@@ -356,14 +359,18 @@ def main(argv=None) -> int:
                    help="Transformer lengths with PyTorch context parallelism on all ranks ('' for none)")
     p.add_argument("--transformer-late", type=parse_lengths, default=[],
                    help="Transformer lengths on 1 GPU measured last, if the time budget allows")
-    p.add_argument("--warmup", type=int, default=8192)
-    p.add_argument("--check-len", type=int, default=4096)
-    p.add_argument("--chunk-size", type=int, default=32768)
-    p.add_argument("--key-chunk", type=int, default=65536)
+    p.add_argument("--warmup", type=int, default=8192,
+                   help="tokens of the warm-up prefill before the timed ones (default: %(default)s)")
+    p.add_argument("--check-len", type=int, default=4096,
+                   help="tokens of the sanity check (sharded prefill against the model's own forward) (default: %(default)s)")
+    p.add_argument("--chunk-size", type=int, default=32768,
+                   help="tokens per token-wise step within a shard (bounds activation memory) (default: %(default)s)")
+    p.add_argument("--key-chunk", type=int, default=65536,
+                   help="keys per step of the output query's partial attention (default: %(default)s)")
     p.add_argument("--time-budget", type=float, default=0.0, help="seconds; skip runs predicted to overrun")
     p.add_argument("--timeout", type=float, default=180.0, help="process-group timeout (s)")
-    p.add_argument("--device", default=None, choices=["cuda", "cpu"])
-    p.add_argument("--out", default="parallel_bench.json")
+    p.add_argument("--device", default=None, choices=["cuda", "cpu"], help="cuda or cpu (default: cuda if available)")
+    p.add_argument("--out", default="parallel_bench.json", help="results JSON (default: %(default)s)")
     a = p.parse_args(argv)
     a.single_max = a.single_max[0]
     use_cuda = (a.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"

@@ -32,19 +32,23 @@ from pathlib import Path
 
 def _parser():
     p = argparse.ArgumentParser(prog="python -m orthros.serving.bench_vllm", description=__doc__.split("\n\n")[0])
-    p.add_argument("--hidden-size", type=int, default=512)
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=4)
-    p.add_argument("--intermediate-size", type=int, default=1536)
-    p.add_argument("--vocab-size", type=int, default=4096)
-    p.add_argument("--window-size", type=int, default=128)
-    p.add_argument("--prefill-lengths", type=int, nargs="+", default=[512, 2048, 8192])
-    p.add_argument("--prefill-batch", type=int, default=2)
-    p.add_argument("--decode-batch", type=int, default=8)
-    p.add_argument("--decode-prompt", type=int, default=256)
-    p.add_argument("--decode-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--hidden-size", type=int, default=512, help="model width (default: %(default)s)")
+    p.add_argument("--layers", type=int, default=8, help="decoder layers (default: %(default)s)")
+    p.add_argument("--heads", type=int, default=8, help="attention heads (default: %(default)s)")
+    p.add_argument("--kv-heads", type=int, default=4, help="key/value heads (default: %(default)s)")
+    p.add_argument("--intermediate-size", type=int, default=1536, help="MLP width (default: %(default)s)")
+    p.add_argument("--vocab-size", type=int, default=4096, help="vocabulary (default: %(default)s)")
+    p.add_argument("--window-size", type=int, default=128, help="Orthros window (default: %(default)s)")
+    p.add_argument("--prefill-lengths", type=int, nargs="+", default=[512, 2048, 8192],
+                   help="prompt lengths of the prefill workload (default: %(default)s)")
+    p.add_argument("--prefill-batch", type=int, default=2, help="prompts per prefill run (default: %(default)s)")
+    p.add_argument("--decode-batch", type=int, default=8, help="sequences per decode run (default: %(default)s)")
+    p.add_argument("--decode-prompt", type=int, default=256,
+                   help="prompt tokens of each decode sequence (default: %(default)s)")
+    p.add_argument("--decode-tokens", type=int, default=128,
+                   help="new tokens of each decode sequence (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed runs per workload and model, their median reported (default: %(default)s)")
     p.add_argument("--quick", action="store_true", help="small sizes (a smoke run of a minute or two)")
     p.add_argument("--json", type=Path, help="also write the results here")
     return p
