@@ -18,7 +18,7 @@ With no config, trains a tiny Orthros model on the embedded Shakespeare corpus (
   CONFIG.yaml       a YAML file of the keys below (see configs/ for examples)
   --key value       override one key: dotted (--optim.lr 3e-4) or a unique leaf (--lr 3e-4)
   --resume [PATH]   continue from the latest checkpoint in output_dir (or from PATH)
-  --help-config     list every key with its default
+  --help-config     list every key with its default and what it means
 
 Several processes: torchrun --nproc-per-node N -m orthros.train CONFIG.yaml (FSDP2).
 """

@@ -40,18 +40,18 @@ class ModelSection:
     scale_offset: bool = True  # Orthros only: learnable alpha/beta, alpha'/beta' query transforms
     init_from: Optional[str] = None  # checkpoint dir (from_pretrained); required for mode cpt
     hidden_size: int = 128
-    intermediate_size: int = 384
+    intermediate_size: int = 384  # the MLP's width
     num_hidden_layers: int = 4
     num_attention_heads: int = 4
-    num_key_value_heads: Optional[int] = None
-    head_dim: Optional[int] = None
+    num_key_value_heads: Optional[int] = None  # GQA; null: as many as attention heads
+    head_dim: Optional[int] = None  # null: hidden_size / num_attention_heads
     window_size: int = 32  # paper: 128 for Orthros; SWA baseline 512 at 1.3B
     max_position_embeddings: int = 4096
     rope_theta: float = 10000.0
     tie_word_embeddings: bool = True
-    qk_norm: bool = False
-    attn_backend: str = "auto"
-    initializer_range: float = 0.02
+    qk_norm: bool = False  # RMSNorm on each head's queries and keys (Qwen3)
+    attn_backend: str = "auto"  # auto (Triton kernels on CUDA) | reference | sdpa | triton
+    initializer_range: float = 0.02  # std of the weights' normal init
 
 
 @dataclass
@@ -59,12 +59,12 @@ class DataSection:
     train: Union[str, list] = "embedded"  # "embedded", file/dir/glob path(s), or a hub name (online only)
     eval: Union[str, list, None] = "embedded"  # same; null: no eval
     format: str = "auto"  # auto | text | json | parquet | csv | arrow | hub
-    text_field: str = "text"
-    messages_field: str = "messages"
+    text_field: str = "text"  # the field of a record that holds its text (pt / cpt)
+    messages_field: str = "messages"  # the field of a chat record (sft): a list of {role, content}
     text_sample_by: str = "document"  # for .txt files: document | paragraph | line
     tokenizer: str = "embedded"  # "embedded" or a local tokenizer dir / hub name
-    seq_len: int = 256
-    streaming: bool = False
+    seq_len: int = 256  # tokens per packed training sequence
+    streaming: bool = False  # read the data as a stream (datasets' IterableDataset) instead of loading it
     shuffle: bool = True
     shuffle_buffer: int = 10000  # streaming only
     encode_batch: int = 64  # documents tokenized together
@@ -76,8 +76,8 @@ class DataSection:
 
 @dataclass
 class OptimSection:
-    lr: float = 1e-3
-    min_lr_ratio: float = 0.1
+    lr: float = 1e-3  # peak learning rate (AdamW)
+    min_lr_ratio: float = 0.1  # the schedule ends at lr x this
     schedule: str = "cosine"  # cosine | constant | linear
     warmup_steps: int = 20
     weight_decay: float = 0.1
@@ -99,12 +99,12 @@ class TrainSection:
     micro_batch_size: int = 1
     grad_accum: int = 8
     precision: str = "auto"  # auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32
-    activation_checkpointing: bool = False
-    compile: bool = False
+    activation_checkpointing: bool = False  # recompute each decoder layer in the backward (less memory)
+    compile: bool = False  # torch.compile each decoder layer
     device: str = "auto"  # auto | cpu | cuda
     eval_every: int = 50  # 0: only at the end
-    log_every: int = 10
-    progress: bool = True
+    log_every: int = 10  # steps between metrics.jsonl rows (and progress lines in a log)
+    progress: bool = True  # a bar at a terminal, plain lines in a log or pipe
     tensorboard: bool = True  # if tensorboard is installed
     plot: bool = True  # draw output_dir/loss.png after each eval and at the end (orthros plot)
     peak_tflops: Optional[float] = None  # for MFU; auto-detected for known GPUs
@@ -114,7 +114,7 @@ class TrainSection:
 @dataclass
 class CheckpointSection:
     every: int = 100  # 0: only at the end
-    keep_last: int = 3
+    keep_last: int = 3  # checkpoints kept; older ones are deleted
     resume: Union[bool, str] = "auto"  # auto | true | false | path to a checkpoint dir
     verify: bool = True  # check sizes and sha256 of every file when loading
     # model-config keys (config.json) that may differ from the checkpoint's when resuming,
@@ -125,7 +125,7 @@ class CheckpointSection:
 @dataclass
 class RunConfig:
     mode: str = "pt"  # pt | sft | cpt
-    output_dir: str = "runs/orthros"
+    output_dir: str = "runs/orthros"  # checkpoints, metrics.jsonl, loss.png, run_config.yaml
     seed: int = 0
     model: ModelSection = field(default_factory=ModelSection)
     data: DataSection = field(default_factory=DataSection)
@@ -372,12 +372,43 @@ def dump_yaml(cfg: RunConfig) -> str:
 
 
 def describe_keys() -> str:
-    """Every key with its default, for ``--help-config``."""
+    """Every key with its default and what it means, for ``--help-config``: the comments on and
+    above each field of the dataclasses above are the keys' documentation."""
     d = RunConfig().to_dict()
-    lines = []
+    notes = _field_comments()
+    rows = []
     for k in valid_keys():
         v = d
         for part in k.split("."):
             v = v[part]
-        lines.append(f"  {k} = {v!r}")
-    return "\n".join(lines)
+        rows.append((f"  {k} = {v!r}", notes.get(k, "")))
+    width = max(len(r) for r, _ in rows)
+    return "\n".join(f"{r:<{width}}  # {n}" if n else r for r, n in rows)
+
+
+def _field_comments() -> dict[str, str]:
+    """key -> the comment block above its field and the comment on its line, from this file."""
+    import ast
+    import io
+    import tokenize
+
+    source = Path(__file__).read_text(encoding="utf-8")
+    comments = {tok.start[0]: tok.string.lstrip("# ").rstrip()
+                for tok in tokenize.generate_tokens(io.StringIO(source).readline) if tok.type == tokenize.COMMENT}
+    section_of = {cls.__name__: name for name, cls in _section_types().items()}
+    lines = source.splitlines()
+    out = {}
+    for node in ast.parse(source).body:
+        if not (isinstance(node, ast.ClassDef) and (node.name in section_of or node.name == "RunConfig")):
+            continue
+        prefix = f"{section_of[node.name]}." if node.name in section_of else ""
+        for item in node.body:
+            if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
+                above, n = [], item.lineno - 1
+                while n >= 1 and lines[n - 1].lstrip().startswith("#"):
+                    above.insert(0, comments[n])
+                    n -= 1
+                text = " ".join(above + ([comments[item.lineno]] if item.lineno in comments else []))
+                if text:
+                    out[prefix + item.target.id] = text
+    return out

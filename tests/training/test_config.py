@@ -62,3 +62,18 @@ def test_cli_reports_errors_before_training(capsys, tmp_path):
     assert "config file not found" in capsys.readouterr().err
     assert cli_main(["--help-config"]) == 0
     assert "optim.lr = 0.001" in capsys.readouterr().out
+
+
+def test_help_config_gives_each_key_its_default_and_meaning():
+    """--help-config: every key once with its default, and the comment its field carries in
+    config.py (on its line and the block above it) as its meaning."""
+    from orthros.training.config import describe_keys, valid_keys
+
+    lines = describe_keys().splitlines()
+    assert [line.split(" = ")[0].strip() for line in lines] == valid_keys()
+    by_key = {line.split(" = ")[0].strip(): line for line in lines}
+    assert by_key["train.plot"].endswith("# draw output_dir/loss.png after each eval and at the end (orthros plot)")
+    assert "# auto (bf16 on CUDA, fp32 on CPU) | bf16 | fp32" in by_key["train.precision"]
+    assert "rows per micro-batch per process" in by_key["train.micro_batch_size"]  # the block above the field
+    assert "#" not in by_key["seed"]  # no comment, none shown
+    assert len({line.index("#") for line in lines if "#" in line}) == 1  # one column
