@@ -2,6 +2,7 @@
 
     orthros generate --model PATH "Once upon a time"
     orthros generate --model PATH --chat --interactive        # multi-turn, the cache is kept
+    orthros generate --model PATH --prompts FILE -o out.jsonl  # a file of prompts, in batches
 
 In ``--interactive`` mode every line read from stdin is a new user turn appended to the same
 cache: only the new tokens run (the old context is never recomputed). At a terminal, ``> `` on
@@ -45,9 +46,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--no-gemv", action="store_true", help="decode with the projections' ops one by one")
     p.add_argument("--chat", action="store_true", help="wrap turns in the tokenizer's chat template")
     p.add_argument("--interactive", action="store_true", help="multi-turn: read one user turn per stdin line")
+    g = p.add_argument_group("a file of prompts")
+    g.add_argument("--prompts", default=None, metavar="FILE",
+                   help="generate for every prompt of FILE, --batch-size at a time: a .txt (one prompt a line, "
+                        "blank lines skipped) or a .jsonl (one {\"prompt\": ...} a line); one JSON line a prompt "
+                        "(prompt, completion, token counts, why it stopped) to --output, in the file's order")
+    g.add_argument("--batch-size", type=int, default=8, help="prompts generated together (default: 8)")
+    g.add_argument("--output", "-o", default=None, metavar="FILE",
+                   help="the JSON lines of --prompts (written through a temporary name; default: stdout)")
     p.add_argument("--stats", action="store_true",
                    help="after each turn, print its timings on stderr: the prompt's tokens and the time to the "
-                        "first new token (prefill), then the decode rate over the tokens after it")
+                        "first new token (prefill), then the decode rate over the tokens after it (with --prompts: "
+                        "one line for the whole file)")
     return p
 
 
@@ -103,13 +113,15 @@ def main(argv=None) -> int:
 
     try:  # argument and checkpoint errors before loading anything
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
-        for name in ("max_new_tokens", "max_seq_len", "prefill_chunk"):
+        for name in ("max_new_tokens", "max_seq_len", "prefill_chunk", "batch_size"):
             if getattr(args, name) is not None and getattr(args, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+        prompts = _check_prompt_file(args)
         dev, dtype = _resolve(args)
         config, tok_dir = _check_checkpoint(args)
     except ValueError as e:
         return _fail(e, 2)
+    args.prompt_file_texts = prompts
     try:
         return _generate(args, sampling, dev, dtype, config, tok_dir)
     except ValueError as e:  # bad input found while loading or running (e.g. a prompt too long)
@@ -124,6 +136,43 @@ def main(argv=None) -> int:
 def _fail(e, code: int) -> int:
     print("orthros generate: error: " + " ".join(str(e).split()), file=sys.stderr)
     return code
+
+
+def _check_prompt_file(args):
+    """The prompts of ``--prompts`` (None without it), read and checked before anything loads."""
+    import json
+    from pathlib import Path
+
+    if args.prompts is None:
+        if args.output is not None:
+            raise ValueError("--output goes with --prompts (a single prompt streams its text to stdout)")
+        return None
+    if args.prompt or args.interactive:
+        raise ValueError("--prompts replaces the prompt argument and --interactive: give one of them")
+    path = Path(args.prompts)
+    if not path.is_file():
+        raise ValueError(f"--prompts {path}: no such file")
+    if path.suffix not in (".txt", ".jsonl"):
+        raise ValueError(f"--prompts {path}: a .txt (one prompt a line) or a .jsonl file is needed")
+    if args.output is not None and Path(args.output).is_dir():
+        raise ValueError(f"--output {args.output}: is a directory (a .jsonl file path is needed)")
+    texts = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        if path.suffix == ".txt":
+            texts.append(line)
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--prompts {path}:{n}: not JSON ({e.msg})") from None
+        if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str) or not rec["prompt"]:
+            raise ValueError(f"--prompts {path}:{n}: a JSON object with a non-empty string \"prompt\" is needed")
+        texts.append(rec["prompt"])
+    if not texts:
+        raise ValueError(f"--prompts {path}: no prompt in the file")
+    return texts
 
 
 def _check_checkpoint(args):
@@ -149,13 +198,14 @@ def _generate(args, sampling, dev, dtype, config, tok_dir) -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from ..models import OrthrosForCausalLM
-    from .engine import Engine, check_fits
+    from .engine import check_fits
 
     try:
         tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
     except Exception as e:  # noqa: BLE001  (transformers raises many kinds here)
         raise ValueError(f"{tok_dir}: the tokenizer does not load ({type(e).__name__}: {e})") from None
+    if args.prompt_file_texts is not None:
+        return _generate_file(args, sampling, dev, dtype, config, tok)
     messages, history = [], []
 
     def encode_turn(text):
@@ -178,12 +228,7 @@ def _generate(args, sampling, dev, dtype, config, tok_dir) -> int:
         check_fits(0, len(first), args.max_new_tokens, max_seq_len=args.max_seq_len,
                    max_positions=config.max_position_embeddings)
 
-    model = OrthrosForCausalLM.from_pretrained(str(args.model), config=config, dtype=dtype,
-                                               local_files_only=True).to(dev)
-    engine = Engine(model, max_batch_size=1, max_seq_len=args.max_seq_len, prefill_chunk=args.prefill_chunk,
-                    cuda_graphs=(dev.type == "cuda" and not args.no_cuda_graphs), compile=args.compile,
-                    gemv=True if args.gemv else False if args.no_gemv else None)
-    eos = tok.eos_token_id if tok.eos_token_id is not None else model.config.eos_token_id
+    _, engine, eos = _load_engine(args, config, dtype, dev, tok, max_batch_size=1)
 
     def run_turn(ids):
         if not ids:
@@ -230,6 +275,82 @@ def _generate(args, sampling, dev, dtype, config, tok_dir) -> int:
                 _fail(e, 2)
         if prompt:
             sys.stderr.write("\n")
+    return 0
+
+
+def _load_engine(args, config, dtype, dev, tok, max_batch_size: int):
+    """The model on ``dev``, its engine, and the token that ends a generation."""
+    from ..models import OrthrosForCausalLM
+    from .engine import Engine
+
+    model = OrthrosForCausalLM.from_pretrained(str(args.model), config=config, dtype=dtype,
+                                               local_files_only=True).to(dev)
+    engine = Engine(model, max_batch_size=max_batch_size, max_seq_len=args.max_seq_len,
+                    prefill_chunk=args.prefill_chunk, cuda_graphs=(dev.type == "cuda" and not args.no_cuda_graphs),
+                    compile=args.compile, gemv=True if args.gemv else False if args.no_gemv else None)
+    eos = tok.eos_token_id if tok.eos_token_id is not None else model.config.eos_token_id
+    return model, engine, eos
+
+
+def _generate_file(args, sampling, dev, dtype, config, tok) -> int:
+    """``--prompts``: every prompt encoded and checked first, then generated ``--batch-size`` at a
+    time; one JSON line a prompt, in the file's order, to ``--output`` (through a temporary name)
+    or stdout."""
+    import json
+    import os
+    from pathlib import Path
+
+    import torch
+
+    from ..utils import Progress
+    from .engine import check_fits
+
+    texts = args.prompt_file_texts
+    encoded = []
+    for i, text in enumerate(texts):
+        if args.chat:
+            ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                          tokenize=True)
+            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        else:
+            ids = tok(text)["input_ids"]
+        if not ids:
+            raise ValueError(f"--prompts: prompt {i + 1} encodes to no tokens")
+        check_fits(0, len(ids), args.max_new_tokens, max_seq_len=args.max_seq_len,
+                   max_positions=config.max_position_embeddings, row=i + 1)
+        encoded.append(ids)
+    bs = min(args.batch_size, len(encoded))
+    _, engine, eos = _load_engine(args, config, dtype, dev, tok, max_batch_size=bs)
+    records, t0, n_new = [], time.perf_counter(), 0
+    with Progress(len(encoded), "orthros generate", unit="prompt") as bar, \
+            torch.no_grad():
+        for start in range(0, len(encoded), bs):
+            batch = encoded[start:start + bs]
+            outs = engine.generate(batch, args.max_new_tokens, sampling, eos_token_id=eos)
+            for text, ids, new in zip(texts[start:start + bs], batch, outs):
+                ended = bool(new) and eos is not None and new[-1] == eos
+                records.append({"prompt": text, "completion": tok.decode(new, skip_special_tokens=True),
+                                "prompt_tokens": len(ids), "new_tokens": len(new),
+                                "finish": "eos" if ended else "length"})
+                n_new += len(new)
+            bar.update(len(batch))
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    if args.output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
+    if args.stats:
+        secs = time.perf_counter() - t0
+        print(f"[stats] {len(records)} prompts in batches of {bs}: {n_new} new tokens in {secs:.2f} s "
+              f"({n_new / max(secs, 1e-9):.1f} tokens/s, prefill included)", file=sys.stderr, flush=True)
     return 0
 
 

@@ -153,3 +153,59 @@ def test_turn_stats_figures():
     assert turn_stats(7, 1, 1.0, 1.25, 1.25) == "[stats] 7 prompt tokens, first new token after 250.0 ms"
     assert turn_stats(7, 5, 1.0, 1.25, 1.45) == ("[stats] 7 prompt tokens, first new token after 250.0 ms; "
                                                  "5 new tokens, decode 20.0 tokens/s (50.00 ms a step)")
+
+
+def test_generate_a_file_of_prompts_in_batches(checkpoint, tmp_path, capsys):
+    """--prompts: each prompt's completion is what the engine gives it alone (greedy), in the
+    file's order, whatever the batch; .txt and .jsonl alike; stdout or --output."""
+    import json
+
+    d, m = checkpoint
+    prompts = ["w1 w5 w7", "w2", "w9 w8 w7 w6 w5", "w3 w3", "w11 w12 w13"]
+    (tmp_path / "p.txt").write_text("\n".join(prompts[:2]) + "\n\n" + "\n".join(prompts[2:]) + "\n")
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": p, "id": i}) + "\n" for i, p in enumerate(prompts)))
+    eng = Engine(m, max_seq_len=64)
+    want = []
+    for p in prompts:
+        new = eng.generate([[WORDS.index(w) for w in p.split()]], 6, eos_token_id=0)[0]
+        want.append(" ".join(WORDS[i] for i in new if i > 1))
+    out = tmp_path / "o" / "out.jsonl"
+    rc, text = run_cli(["generate", "--model", str(d), "--device", "cpu", "--max-new-tokens", "6", "--prompts",
+                        str(tmp_path / "p.txt"), "--batch-size", "2", "-o", str(out)])
+    assert rc == 0 and text == ""
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["prompt"] for r in recs] == prompts
+    assert [r["completion"].split() for r in recs] == [w.split() for w in want]
+    assert all(r["finish"] == ("eos" if r["new_tokens"] < 6 else "length") for r in recs)
+    assert [p.name for p in out.parent.iterdir()] == ["out.jsonl"]  # no temporary left
+    rc, text = run_cli(["generate", "--model", str(d), "--device", "cpu", "--max-new-tokens", "6", "--prompts",
+                        str(tmp_path / "p.jsonl"), "--batch-size", "3"])
+    assert rc == 0 and [json.loads(line)["completion"] for line in text.splitlines()] == [r["completion"] for r in recs]
+
+
+def test_generate_prompt_file_errors_before_any_work(checkpoint, tmp_path, capsys):
+    d, _ = checkpoint
+    good = tmp_path / "p.txt"
+    good.write_text("w1 w2\n")
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "w1"}\n{"text": "w2"}\n')
+    (tmp_path / "torn.jsonl").write_text('{"prompt": "w1"\n')
+    (tmp_path / "empty.txt").write_text("\n\n")
+    (tmp_path / "p.csv").write_text("w1\n")
+    (tmp_path / "long.txt").write_text("w1 " * 70 + "\n")
+    out = tmp_path / "never.jsonl"
+    base = ["generate", "--model", str(d), "--device", "cpu", "--max-new-tokens", "4"]
+    for extra, says in ((["--prompts", str(tmp_path / "none.txt")], "no such file"),
+                        (["--prompts", str(tmp_path / "p.csv")], "a .txt (one prompt a line) or a .jsonl"),
+                        (["--prompts", str(tmp_path / "bad.jsonl")], "bad.jsonl:2: a JSON object"),
+                        (["--prompts", str(tmp_path / "torn.jsonl")], "torn.jsonl:1: not JSON"),
+                        (["--prompts", str(tmp_path / "empty.txt")], "no prompt in the file"),
+                        (["--prompts", str(good), "w1"], "--prompts replaces the prompt argument"),
+                        (["--prompts", str(good), "--interactive"], "--prompts replaces the prompt argument"),
+                        (["w1", "-o", str(out)], "--output goes with --prompts"),
+                        (["--prompts", str(good), "-o", str(tmp_path)], "is a directory"),
+                        (["--prompts", str(good), "--batch-size", "0"], "--batch-size must be >= 1"),
+                        (["--prompts", str(tmp_path / "long.txt"), "--max-seq-len", "32"], "row 1: 0 cached + 70")):
+        rc, text = run_cli(base + extra + ([] if "-o" in extra else ["-o", str(out)]))
+        err = capsys.readouterr().err
+        assert rc == 2 and says in err, (extra, err)
+        assert text == "" and not out.exists()
