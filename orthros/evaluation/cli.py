@@ -50,6 +50,7 @@ def _mqar_parser(sub):
                    help="train up to this many models at once, one process each (same data from the same seeds; "
                         "on a GPU the small, launch-bound models share the device: wall time ~ the slowest model's)")
     p.add_argument("--output", "-o", default=None, help="write the results as JSON here")
+    p.add_argument("--plot", default=None, metavar="PNG", help="draw accuracy against the key-to-query distance here")
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
 
 
@@ -193,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _mqar(a) -> int:
     from ..utils import write_json
     from .common import check_device
-    from .mqar import MODEL_ALIASES, MQARTask, MQARTrain, format_table, run_mqar
+    from .mqar import MODEL_ALIASES, MQARTask, MQARTrain, format_table, plot_recall, run_mqar
 
     models = tuple(m.strip().lower() for m in a.models.split(",") if m.strip())
     for m in models:
@@ -204,6 +205,8 @@ def _mqar(a) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     if a.lr <= 0:
         raise ValueError(f"--lr must be > 0, got {a.lr}")
+    if a.plot is not None and not a.plot.lower().endswith(".png"):
+        raise ValueError(f"--plot {a.plot}: a .png path is needed")
     if a.linear_heads is not None and (a.linear_heads < 1 or a.hidden_size % a.linear_heads):
         raise ValueError(f"--linear-heads must be >= 1 and divide --hidden-size ({a.hidden_size}), got {a.linear_heads}")
     task = MQARTask(vocab_size=a.vocab_size, seq_len=a.seq_len, num_pairs=a.num_pairs, power=a.power,
@@ -224,6 +227,9 @@ def _mqar(a) -> int:
     if a.output:
         write_json(a.output, out)
         print(f"\nwrote {a.output}")
+    if a.plot:
+        plot_recall(out, a.plot)
+        print(f"wrote {a.plot}")
     return 0
 
 

@@ -139,9 +139,14 @@ def main(argv=None) -> int:
     p.add_argument("--skip-prefill", action="store_true", help="skip part 2 (prefill timing)")
     p.add_argument("--skip-recall", action="store_true", help="skip part 1 (in-context recall)")
     p.add_argument("--output", "-o", default=None, help="write all numbers as JSON here")
+    p.add_argument("--plot", default=None, metavar="PNG",
+                   help="draw part 1's accuracy against the key-to-query distance here")
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default: 0)")
     a = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if a.plot is not None and (a.skip_recall or not a.plot.lower().endswith(".png")):
+        p.error(f"--plot {a.plot}: " + ("part 1 is skipped (--skip-recall)" if a.skip_recall else
+                                        "a .png path is needed"))
     import torch
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -164,6 +169,11 @@ def main(argv=None) -> int:
 
         write_json(a.output, out)
         print(f"wrote {a.output}")
+    if a.plot:
+        from .mqar import plot_recall
+
+        plot_recall(out["mqar"], a.plot)
+        print(f"wrote {a.plot}")
     return 0
 
 

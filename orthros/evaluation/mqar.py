@@ -221,8 +221,9 @@ def _batch(data: dict, sl, device="cpu"):
 
 @torch.no_grad()
 def evaluate(model, data: dict, window_size: int, batch_size: int = 250, device="cpu") -> dict:
-    """Accuracy of the argmax (over the whole vocabulary) at every answer, overall and split by
-    whether the key-value pair lies inside the sliding window of the query (gap < w) or not."""
+    """Accuracy of the argmax (over the whole vocabulary) at every answer, overall, split by
+    whether the key-value pair lies inside the sliding window of the query (gap < w) or not, and
+    per power-of-two bucket of gaps (``acc_by_gap``: ``[lo, hi)``, the queries in it, accuracy)."""
     model.eval()
     n = data["input_ids"].shape[0]
     correct = []
@@ -237,8 +238,14 @@ def evaluate(model, data: dict, window_size: int, batch_size: int = 250, device=
     def acc(mask):
         return float(correct[mask].mean()) if mask.any() else float("nan")
 
+    gaps, by_gap, lo = data["gaps"], [], 1
+    while lo <= gaps.max():
+        inside = (gaps >= lo) & (gaps < 2 * lo)
+        if inside.any():
+            by_gap.append({"lo": lo, "hi": 2 * lo, "n": int(inside.sum()), "acc": acc(inside)})
+        lo *= 2
     return {"acc": float(correct.mean()), "acc_gap_ge_window": acc(far), "acc_gap_lt_window": acc(~far),
-            "n_queries": int(correct.size), "frac_gap_ge_window": float(far.mean())}
+            "n_queries": int(correct.size), "frac_gap_ge_window": float(far.mean()), "acc_by_gap": by_gap}
 
 
 @contextmanager
@@ -429,6 +436,40 @@ def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print, jo
                            "frac_ge_window": float((gaps >= tr.window_size).mean())},
         "results": results,
     }
+
+
+def plot_recall(out: dict, path, title: Optional[str] = None):
+    """Accuracy against the key-to-query distance, one line a model, the window marked: where a
+    sliding window stops recalling and full attention (or Orthros' output stream) does not."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    from ..utils import save_figure
+
+    w = out["train"]["window_size"]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, r in enumerate(out["results"]):
+        b = r["acc_by_gap"]
+        ax.plot([(x["lo"] * x["hi"]) ** 0.5 for x in b], [100 * x["acc"] for x in b], "o-", ms=4, color=f"C{i}",
+                label=f"{r['model']} ({100 * r['acc']:.1f}% overall)")
+    ax.axvline(w, color="0.4", ls="--", lw=1)
+    ax.text(w, 2, f" window = {w}", color="0.3", fontsize=8)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_ylim(0, 103)
+    ax.set_xlabel("distance from the key to its query (tokens, power-of-two buckets)")
+    ax.set_ylabel("answers right (%)")
+    t = out["task"]
+    ax.set_title(title or f"MQAR: {t['num_pairs']} pairs, sequences of {t['seq_len']}, "
+                          f"{out['train']['steps']} steps a model", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    save_figure(fig, path)
+    return fig
 
 
 def format_table(out: dict) -> str:

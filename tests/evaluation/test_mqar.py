@@ -137,10 +137,11 @@ def test_cli_mqar_writes_json(tmp_path):
     out = tmp_path / "m.json"
     rc = main(["eval", "mqar", "--vocab-size", "16", "--seq-len", "32", "--num-pairs", "2", "--min-gap", "6",
                "--hidden-size", "16", "--window", "4", "--steps", "2", "--batch-size", "4", "--eval-examples", "8",
-               "--models", "orthros,swa", "--no-progress", "-o", str(out)])
+               "--models", "orthros,swa", "--no-progress", "-o", str(out), "--plot", str(tmp_path / "m.png")])
     assert rc == 0
     res = json.loads(out.read_text())
     assert [r["model"] for r in res["results"]] == ["Orthros", "SWA"]
+    assert (tmp_path / "m.png").read_bytes().startswith(b"\x89PNG")
 
 
 def test_cli_mqar_bad_input(capsys):
@@ -150,6 +151,8 @@ def test_cli_mqar_bad_input(capsys):
     assert "unknown model 'lstm'" in capsys.readouterr().err
     assert main(["eval", "mqar", "--seq-len", "10", "--num-pairs", "4"]) == 2
     assert "too short" in capsys.readouterr().err
+    assert main(["eval", "mqar", "--plot", "r.jpg"]) == 2
+    assert "--plot r.jpg: a .png path is needed" in capsys.readouterr().err
 
 
 def test_linear_heads_size_the_gdn_state_only():
@@ -205,3 +208,26 @@ def test_cli_mqar_bad_jobs(capsys):
 
     assert main(["eval", "mqar", "--jobs", "0"]) == 2
     assert "--jobs must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_accuracy_by_gap_buckets_add_up_and_plot(tmp_path):
+    """evaluate()'s power-of-two gap buckets hold every query once and average back to the
+    overall accuracy; plot_recall draws each model's buckets."""
+    import numpy as np
+
+    from orthros.evaluation.mqar import MQARTask, MQARTrain, plot_recall, run_mqar
+
+    task = MQARTask(vocab_size=32, seq_len=32, num_pairs=2)
+    tr = MQARTrain(models=("orthros", "swa"), hidden_size=32, num_layers=1, num_heads=2, window_size=4, steps=3,
+                   batch_size=8, eval_examples=40)
+    out = run_mqar(task, tr, progress=False, log=None)
+    for r in out["results"]:
+        b = r["acc_by_gap"]
+        assert sum(x["n"] for x in b) == r["n_queries"]
+        assert all(x["hi"] == 2 * x["lo"] and x["lo"] & (x["lo"] - 1) == 0 for x in b)
+        assert np.isclose(sum(x["n"] * x["acc"] for x in b) / r["n_queries"], r["acc"])
+    fig = plot_recall(out, tmp_path / "r.png")
+    assert (tmp_path / "r.png").read_bytes().startswith(b"\x89PNG")
+    lines = fig.axes[0].get_lines()
+    assert [list(l.get_ydata()) for l in lines[:2]] == [[100 * x["acc"] for x in r["acc_by_gap"]]
+                                                         for r in out["results"]]
