@@ -65,22 +65,31 @@ def save_figure(fig, path, dpi: int = 120) -> None:
         plt.close(fig)
 
 
-__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "parse_dtype", "dtype_name", "check_positive_int",
-           "save_figure"]
+__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "check_positive_int", "commit_id", "dtype_name",
+           "parse_dtype", "save_figure", "write_json", "write_text"]
 
 
-def write_json(path, obj, *, indent: int = 2, default=None) -> None:
-    """Write ``obj`` as JSON to ``path`` (its folder made) through a temporary name in the same
+def write_text(path, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` (its folder made) through a temporary name in the same
     folder, then rename: a reader (or a run killed mid-write) never sees half a file."""
-    import json
     import os
     from pathlib import Path
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=indent, default=default) + "\n")
-    os.replace(tmp, path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_json(path, obj, *, indent: int = 2, default=None) -> None:
+    """Write ``obj`` as JSON to ``path`` as :func:`write_text` does."""
+    import json
+
+    write_text(path, json.dumps(obj, indent=indent, default=default) + "\n")
 
 
 def commit_id():

@@ -121,9 +121,8 @@ def main(argv=None) -> int:
         config, tok_dir = _check_checkpoint(args)
     except ValueError as e:
         return _fail(e, 2)
-    args.prompt_file_texts = prompts
     try:
-        return _generate(args, sampling, dev, dtype, config, tok_dir)
+        return _generate(args, sampling, dev, dtype, config, tok_dir, prompts)
     except ValueError as e:  # bad input found while loading or running (e.g. a prompt too long)
         return _fail(e, 2)
     except KeyboardInterrupt:
@@ -194,7 +193,7 @@ def _check_checkpoint(args):
     return config, tok_dir
 
 
-def _generate(args, sampling, dev, dtype, config, tok_dir) -> int:
+def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
     import torch
     from transformers import AutoTokenizer
 
@@ -204,8 +203,8 @@ def _generate(args, sampling, dev, dtype, config, tok_dir) -> int:
         tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
     except Exception as e:  # noqa: BLE001  (transformers raises many kinds here)
         raise ValueError(f"{tok_dir}: the tokenizer does not load ({type(e).__name__}: {e})") from None
-    if args.prompt_file_texts is not None:
-        return _generate_file(args, sampling, dev, dtype, config, tok)
+    if prompts is not None:
+        return _generate_file(args, sampling, dev, dtype, config, tok, prompts)
     messages, history = [], []
 
     def encode_turn(text):
@@ -213,11 +212,10 @@ def _generate(args, sampling, dev, dtype, config, tok_dir) -> int:
             ids = tok(text, add_special_tokens=not history)["input_ids"]
             return ids
         messages.append({"role": "user", "content": text})
-        full = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        full = full["input_ids"] if isinstance(full, dict) or hasattr(full, "keys") else full
+        full = _chat_ids(tok, messages)
         if full[:len(history)] == history:  # only the new tokens of the conversation
             return full[len(history):]
-        return tok.apply_chat_template(messages[-1:], add_generation_prompt=True, tokenize=True)
+        return _chat_ids(tok, messages[-1:])
 
     first = None  # the first turn is encoded and checked before the weights load
     if args.prompt or not args.interactive:
@@ -228,7 +226,7 @@ def _generate(args, sampling, dev, dtype, config, tok_dir) -> int:
         check_fits(0, len(first), args.max_new_tokens, max_seq_len=args.max_seq_len,
                    max_positions=config.max_position_embeddings)
 
-    _, engine, eos = _load_engine(args, config, dtype, dev, tok, max_batch_size=1)
+    engine, eos = _load_engine(args, config, dtype, dev, tok, max_batch_size=1)
 
     def run_turn(ids):
         if not ids:
@@ -278,8 +276,14 @@ def _generate(args, sampling, dev, dtype, config, tok_dir) -> int:
     return 0
 
 
+def _chat_ids(tok, messages) -> list:
+    """The token ids of ``messages`` in the tokenizer's chat template, ready for the reply."""
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return ids["input_ids"] if hasattr(ids, "keys") else ids  # a BatchEncoding in newer transformers
+
+
 def _load_engine(args, config, dtype, dev, tok, max_batch_size: int):
-    """The model on ``dev``, its engine, and the token that ends a generation."""
+    """The engine over the checkpoint's model on ``dev``, and the token that ends a generation."""
     from ..models import OrthrosForCausalLM
     from .engine import Engine
 
@@ -289,38 +293,30 @@ def _load_engine(args, config, dtype, dev, tok, max_batch_size: int):
                     prefill_chunk=args.prefill_chunk, cuda_graphs=(dev.type == "cuda" and not args.no_cuda_graphs),
                     compile=args.compile, gemv=True if args.gemv else False if args.no_gemv else None)
     eos = tok.eos_token_id if tok.eos_token_id is not None else model.config.eos_token_id
-    return model, engine, eos
+    return engine, eos
 
 
-def _generate_file(args, sampling, dev, dtype, config, tok) -> int:
+def _generate_file(args, sampling, dev, dtype, config, tok, texts) -> int:
     """``--prompts``: every prompt encoded and checked first, then generated ``--batch-size`` at a
     time; one JSON line a prompt, in the file's order, to ``--output`` (through a temporary name)
     or stdout."""
     import json
-    import os
-    from pathlib import Path
 
     import torch
 
-    from ..utils import Progress
+    from ..utils import Progress, write_text
     from .engine import check_fits
 
-    texts = args.prompt_file_texts
     encoded = []
     for i, text in enumerate(texts):
-        if args.chat:
-            ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                          tokenize=True)
-            ids = ids["input_ids"] if hasattr(ids, "keys") else ids
-        else:
-            ids = tok(text)["input_ids"]
+        ids = _chat_ids(tok, [{"role": "user", "content": text}]) if args.chat else tok(text)["input_ids"]
         if not ids:
             raise ValueError(f"--prompts: prompt {i + 1} encodes to no tokens")
         check_fits(0, len(ids), args.max_new_tokens, max_seq_len=args.max_seq_len,
                    max_positions=config.max_position_embeddings, row=i + 1)
         encoded.append(ids)
     bs = min(args.batch_size, len(encoded))
-    _, engine, eos = _load_engine(args, config, dtype, dev, tok, max_batch_size=bs)
+    engine, eos = _load_engine(args, config, dtype, dev, tok, max_batch_size=bs)
     records, t0, n_new = [], time.perf_counter(), 0
     with Progress(len(encoded), "orthros generate", unit="prompt") as bar, \
             torch.no_grad():
@@ -339,14 +335,7 @@ def _generate_file(args, sampling, dev, dtype, config, tok) -> int:
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        out = Path(args.output)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-        try:
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, out)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_text(args.output, text)
     if args.stats:
         secs = time.perf_counter() - t0
         print(f"[stats] {len(records)} prompts in batches of {bs}: {n_new} new tokens in {secs:.2f} s "

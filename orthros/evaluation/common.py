@@ -35,8 +35,6 @@ def read_model_type(path) -> str:
 def load_model(path, *, device: str = "cpu", dtype=None, window_size: int = 128):
     """An ``OrthrosForCausalLM`` from an Orthros checkpoint, or converted on the fly from a
     supported Transformer checkpoint (its base stream window = ``window_size``)."""
-    import torch
-
     import orthros  # noqa: F401  (registers the Auto classes)
 
     mt = read_model_type(path)

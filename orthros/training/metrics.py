@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    import torch
 
 # Dense bf16 tensor-core peaks (no sparsity), FLOP/s.
 _PEAKS_BF16 = {"H200": 989.4e12, "H100": 989.4e12, "H800": 989.4e12, "A100": 312e12, "A800": 312e12,
                "L40S": 362e12, "B200": 2250e12, "GB200": 2500e12, "MI300X": 1307e12}
 
 
-def detect_peak_flops(device: "torch.device", precision: str) -> Optional[float]:
+def detect_peak_flops(device: torch.device, precision: str) -> Optional[float]:
     """Peak FLOP/s of one device for the given precision, or None if unknown (e.g. CPU)."""
     if device.type != "cuda" or precision != "bf16":
         return None

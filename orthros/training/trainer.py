@@ -24,12 +24,11 @@ from typing import Optional
 
 import numpy as np
 import torch
-import yaml
 
 from ..utils import Progress
 from . import checkpoint as ckpt
 from .config import ARCH_TO_ATTENTION_MODE, ConfigError, RunConfig, dump_yaml
-from .data import DataError, IGNORE, PackedBatch, build_stream, collate, count_targets, eval_rows
+from .data import DataError, PackedBatch, build_stream, collate, count_targets, eval_rows
 from .metrics import MetricsLogger, detect_peak_flops, train_flops
 from .optim import build_optimizer, build_scheduler
 

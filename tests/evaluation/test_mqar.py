@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from orthros.evaluation.mqar import FILLER, MQARTask, MQARTrain, evaluate, generate, run_mqar
+from orthros.evaluation.mqar import FILLER, MQARTask, MQARTrain, generate, run_mqar
 
 
 def _check_sequences(task, d):
