@@ -282,14 +282,15 @@ def _chat_ids(tok, messages) -> list:
     return ids["input_ids"] if hasattr(ids, "keys") else ids  # a BatchEncoding in newer transformers
 
 
-def _load_engine(args, config, dtype, dev, tok, max_batch_size: int):
-    """The engine over the checkpoint's model on ``dev``, and the token that ends a generation."""
+def _load_engine(args, config, dtype, dev, tok, max_batch_size: int, max_seq_len=None):
+    """The engine over the checkpoint's model on ``dev`` (``max_seq_len`` cache slots a row,
+    default ``--max-seq-len``), and the token that ends a generation."""
     from ..models import OrthrosForCausalLM
     from .engine import Engine
 
     model = OrthrosForCausalLM.from_pretrained(str(args.model), config=config, dtype=dtype,
                                                local_files_only=True).to(dev)
-    engine = Engine(model, max_batch_size=max_batch_size, max_seq_len=args.max_seq_len,
+    engine = Engine(model, max_batch_size=max_batch_size, max_seq_len=max_seq_len or args.max_seq_len,
                     prefill_chunk=args.prefill_chunk, cuda_graphs=(dev.type == "cuda" and not args.no_cuda_graphs),
                     compile=args.compile, gemv=True if args.gemv else False if args.no_gemv else None)
     eos = tok.eos_token_id if tok.eos_token_id is not None else model.config.eos_token_id
@@ -316,7 +317,10 @@ def _generate_file(args, sampling, dev, dtype, config, tok, texts) -> int:
                    max_positions=config.max_position_embeddings, row=i + 1)
         encoded.append(ids)
     bs = min(args.batch_size, len(encoded))
-    engine, eos = _load_engine(args, config, dtype, dev, tok, max_batch_size=bs)
+    # cache slots for the longest request only (each batch starts afresh): bs x 8192 slots by default
+    # would hold far more memory than short prompts need
+    need = max(len(ids) for ids in encoded) + args.max_new_tokens - 1
+    engine, eos = _load_engine(args, config, dtype, dev, tok, max_batch_size=bs, max_seq_len=need)
     records, t0, n_new = [], time.perf_counter(), 0
     with Progress(len(encoded), "orthros generate", unit="prompt") as bar, \
             torch.no_grad():
