@@ -133,16 +133,20 @@ def _ppl_parser(sub):
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default=None, choices=DTYPE_CHOICES, help="weights' dtype (default: as stored)")
     p.add_argument("--output", "-o", default=None, help="write the results as JSON here")
+    p.add_argument("--plot", default=None, metavar="PNG", help="draw perplexity against token position here")
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
 
 
 def _ppl(a) -> int:
     from ..utils import write_json
     from .common import default_device, load_model, load_tokenizer, parse_int_list, read_model_type
-    from .perplexity import check_buckets, format_table, load_documents, make_windows, position_perplexity
+    from .perplexity import (check_buckets, format_table, load_documents, make_windows, plot_position_perplexity,
+                             position_perplexity)
 
     if a.seq_len < 2 or a.windows < 1:
         raise ValueError(f"--seq-len must be >= 2 and --windows >= 1, got {a.seq_len} and {a.windows}")
+    if a.plot is not None and not a.plot.lower().endswith(".png"):
+        raise ValueError(f"--plot {a.plot}: a .png path is needed")
     edges = check_buckets(parse_int_list(a.buckets, "--buckets"), a.seq_len)
     docs = load_documents(a.data)
     read_model_type(a.model)
@@ -173,10 +177,14 @@ def _ppl(a) -> int:
     out = position_perplexity(model, windows, buckets=edges, progress=not a.no_progress)
     out["model"] = str(a.model)
     out["attention_mode"] = model.config.attention_mode
-    print(format_table({Path(a.model).name: out}))
+    name = Path(a.model).name + (f" ({a.attention_mode})" if a.attention_mode else "")
+    print(format_table({name: out}))
     if a.output:
         write_json(a.output, out)
         print(f"wrote {a.output}")
+    if a.plot:
+        plot_position_perplexity({name: out}, a.plot)
+        print(f"wrote {a.plot}")
     return 0
 
 

@@ -19,6 +19,7 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import Optional
 
 from ..utils import Progress
 
@@ -139,6 +140,38 @@ def position_perplexity(model, windows, *, buckets=DEFAULT_BUCKETS, device=None,
     return out
 
 
+def plot_position_perplexity(results: dict, path, title: Optional[str] = None):
+    """``{name: position_perplexity output}`` -> perplexity against token position (bins of 64,
+    log axis), one line a model, the buckets' edges marked: how much the context helps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    from ..utils import save_figure
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for i, (name, r) in enumerate(results.items()):
+        c = r["curve"]
+        ax.plot([(max(p["start"], 1) + p["end"]) / 2 for p in c], [math.exp(p["nll"]) for p in c], "-", lw=1.4,
+                color=f"C{i}", label=f"{name}: {r['overall']['ppl']:.3f} overall")
+    first = next(iter(results.values()))
+    for b in first["buckets"][1:]:
+        ax.axvline(b["start"], color="0.75", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _fmt(int(v)) if v >= 1 else f"{v:g}"))
+    ax.set_xlabel("token position in the window (bins of 64; grey: bucket edges)")
+    ax.set_ylabel("perplexity")
+    ax.set_title(title or f"held-out perplexity by position: {first['windows']} windows of {first['seq_len']} tokens",
+                 fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, path)
+    return fig
+
+
 def format_table(results: dict) -> str:
     """``{model name: position_perplexity output}`` -> a Markdown table of perplexities."""
     names = list(results)
@@ -152,4 +185,4 @@ def format_table(results: dict) -> str:
 
 
 __all__ = ["DEFAULT_BUCKETS", "bucket_names", "check_buckets", "load_documents", "make_windows",
-           "position_perplexity", "format_table"]
+           "position_perplexity", "format_table", "plot_position_perplexity"]

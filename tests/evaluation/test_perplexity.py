@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -68,7 +70,8 @@ def test_cli(tiny, tmp_path, capsys):
     out = tmp_path / "ppl.json"
     args = ["ppl", "--model", str(ck), "--data", str(data), "--seq-len", "64", "--windows", "3",
             "--buckets", "0,8,64", "--no-progress"]
-    assert eval_main(args + ["-o", str(out)]) == 0
+    assert eval_main(args + ["-o", str(out), "--plot", str(tmp_path / "ppl.png")]) == 0
+    assert (tmp_path / "ppl.png").read_bytes().startswith(b"\x89PNG")
     r = json.loads(out.read_text())
     assert r["windows"] == 3 and r["attention_mode"] == "orthros" and len(r["buckets"]) == 2
     assert eval_main(args + ["-o", str(tmp_path / "full.json"), "--attention-mode", "full"]) == 0
@@ -82,3 +85,20 @@ def test_cli(tiny, tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
     assert eval_main(["ppl", "--model", str(ck), "--data", str(data), "--buckets", "0,9000"]) == 2
     assert "beyond --seq-len" in capsys.readouterr().err
+    assert eval_main(["ppl", "--model", str(ck), "--data", str(data), "--plot", "p.pdf"]) == 2
+    assert "--plot p.pdf: a .png path is needed" in capsys.readouterr().err
+
+
+def test_plot_draws_each_models_curve(tiny, tmp_path):
+    """plot_position_perplexity: a line a model, exp of each 64-position bin's NLL."""
+    from orthros.evaluation.common import load_model, load_tokenizer
+    from orthros.evaluation.perplexity import plot_position_perplexity
+
+    ck, data = tiny
+    windows = make_windows(load_tokenizer(ck, None), load_documents(data), 192, 2)
+    r = position_perplexity(load_model(ck), windows, buckets=[0, 64, 192], progress=False)
+    fig = plot_position_perplexity({"a": r, "b": r}, tmp_path / "p.png")
+    lines = fig.axes[0].get_lines()
+    assert [line.get_label() for line in lines[:2]] == [f"{n}: {r['overall']['ppl']:.3f} overall" for n in "ab"]
+    assert np.allclose(lines[0].get_ydata(), [math.exp(p["nll"]) for p in r["curve"]])
+    assert len(r["curve"]) == 3 and (tmp_path / "p.png").is_file()
