@@ -46,6 +46,16 @@ def check_positive_int(name: str, value, *, allow_none: bool = False):
     return value
 
 
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend (files only: no display is needed or opened)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def save_figure(fig, path, dpi: int = 120) -> None:
     """Write a matplotlib figure to ``path`` (its folder made) through a temporary name in the
     same folder, then rename, and close the figure: a reader never sees half a PNG."""
@@ -66,7 +76,7 @@ def save_figure(fig, path, dpi: int = 120) -> None:
 
 
 __all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "check_positive_int", "commit_id", "dtype_name",
-           "parse_dtype", "save_figure", "write_json", "write_text"]
+           "parse_dtype", "pyplot", "save_figure", "write_json", "write_text"]
 
 
 def write_text(path, text: str) -> None:

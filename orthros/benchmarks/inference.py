@@ -22,7 +22,7 @@ from ..engine import Engine, SamplingParams
 from ..engine.cache import StaticKVCache
 from ..engine.engine import compile_fallbacks
 from ..layers.step import stack_rows
-from ..utils import Progress, commit_id, save_figure, write_json
+from ..utils import Progress, commit_id, pyplot, save_figure, write_json
 from .models import register_noattn, weight_bytes_per_step
 
 PREFILL_SYSTEMS = ("orthros", "orthros-floor", "full", "hf-sdpa", "hf-floor")
@@ -510,15 +510,6 @@ def fit_check(model, n_in: int, n_out: int, *, chunk: int = 16384, steps: int = 
 
 
 # -------------------------------------------------------------------- plots
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _save_loglog(fig, ax, xlabel, ylabel, title, path):
     """Log-log axes (base 2 for lengths), grid, legend, then write the PNG."""
     ax.set_xscale("log", base=2)
@@ -533,7 +524,7 @@ def _save_loglog(fig, ax, xlabel, ylabel, title, path):
 
 
 def plot_prefill(rows, path, title="Prefill latency"):
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for s in PREFILL_SYSTEMS:
         pts = sorted((r["T"], r["ms"]) for r in rows if r["system"] == s and r.get("ms") == r.get("ms"))
@@ -544,7 +535,7 @@ def plot_prefill(rows, path, title="Prefill latency"):
 
 
 def plot_decode(rows, path, title="Decode step latency"):
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for mode in sorted({r["mode"] for r in rows}):
         for B in sorted({r["B"] for r in rows}):
@@ -561,7 +552,7 @@ def plot_decode(rows, path, title="Decode step latency"):
 
 
 def plot_e2e(rows, path, title="End-to-end generation"):
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     for ax, key, lab in ((axes[0], "ttft_s", "time to first token (s)"), (axes[1], "e2e_s", "end-to-end latency (s)")):
         for mode in sorted({r["mode"] for r in rows}):

@@ -40,9 +40,9 @@ import torch
 from ..engine.cache import StaticKVCache
 from ..ops.gemv.kernel import pdl_settings
 from ..ops.gemv.naive import MAX_M
-from ..utils import Progress, save_figure
+from ..utils import Progress, pyplot, save_figure
 from .cli import _ints
-from .inference import _free, _plt, bench_decode, copy_bandwidth, decode_compile_options, \
+from .inference import _free, bench_decode, copy_bandwidth, decode_compile_options, \
     decode_qkv_kernel, measure, metadata, parse_bwd_config, parse_compile_options, parse_decode_config, print_table, \
     save, time_call
 from .models import orthros_model, weight_bytes_per_step
@@ -551,7 +551,7 @@ def print_summary(rows: List[Dict]):
 
 def plot(rows: List[Dict], meta: Dict, path: str) -> None:
     """Six panels, one per target, each a ratio with the target drawn as a dashed line."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(15, 8.5))
     colors = {"orthros": "C0", "full": "C1", "gpt-fast": "C2", "orthros+gemv": "C3", "full+gemv": "C4"}
 

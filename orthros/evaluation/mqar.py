@@ -441,13 +441,11 @@ def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print, jo
 def plot_recall(out: dict, path, title: Optional[str] = None):
     """Accuracy against the key-to-query distance, one line a model, the window marked: where a
     sliding window stops recalling and full attention (or Orthros' output stream) does not."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    from ..utils import save_figure
+    from ..utils import pyplot, save_figure
+
+    plt = pyplot()
 
     w = out["train"]["window_size"]
     fig, ax = plt.subplots(figsize=(7, 4.2))

@@ -24,7 +24,7 @@ from typing import Optional
 import numpy as np
 
 from .common import DATA_DIR
-from ..utils import Progress, save_figure
+from ..utils import Progress, pyplot, save_figure
 
 NEEDLE = " The secret number is {key}."
 QUESTION = "\nWhat is the secret number mentioned in the text above? The secret number is"
@@ -271,10 +271,7 @@ def format_grid(out: dict) -> str:
 
 
 def save_heatmap(out: dict, path, title: Optional[str] = None) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     g = out["grid"]
     acc = np.array(g["accuracy"])

@@ -143,13 +143,11 @@ def position_perplexity(model, windows, *, buckets=DEFAULT_BUCKETS, device=None,
 def plot_position_perplexity(results: dict, path, title: Optional[str] = None):
     """``{name: position_perplexity output}`` -> perplexity against token position (bins of 64,
     log axis), one line a model, the buckets' edges marked: how much the context helps."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    from ..utils import save_figure
+    from ..utils import pyplot, save_figure
+
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, (name, r) in enumerate(results.items()):

@@ -130,9 +130,9 @@ def drop_rows_after(path: str, step: int) -> int:
     return dropped
 
 
-def read_metrics(output_dir: str, kind: str = "train") -> list[dict]:
-    """The rows of ``output_dir/metrics.jsonl`` of one ``kind`` (train / eval), in order; a line
-    torn by a kill mid-write is skipped."""
+def read_metrics(output_dir: str, kind: Optional[str] = "train") -> list[dict]:
+    """The rows of ``output_dir/metrics.jsonl`` of one ``kind`` (train / eval; None: every row),
+    in order; a line torn by a kill mid-write is skipped."""
     rows = []
     with open(os.path.join(output_dir, "metrics.jsonl"), encoding="utf-8") as f:
         for line in f:
@@ -140,7 +140,7 @@ def read_metrics(output_dir: str, kind: str = "train") -> list[dict]:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if isinstance(rec, dict) and rec.get("kind") == kind:
+            if isinstance(rec, dict) and (kind is None or rec.get("kind") == kind):
                 rows.append(rec)
     return rows
 

@@ -30,10 +30,11 @@ def load_run(run_dir) -> dict:
     run_dir = Path(run_dir)
     if not (run_dir / "metrics.jsonl").is_file():
         raise PlotError(f"{run_dir}: no metrics.jsonl (a training output_dir is needed)")
-    train = [r for r in read_metrics(str(run_dir), "train") if r.get("loss") is not None]
+    rows = read_metrics(str(run_dir), kind=None)
+    train = [r for r in rows if r.get("kind") == "train" and r.get("loss") is not None]
     if not train:
         raise PlotError(f"{run_dir}: no training step logged yet")
-    return {"label": _label(run_dir), "train": train, "eval": read_metrics(str(run_dir), "eval")}
+    return {"label": _label(run_dir), "train": train, "eval": [r for r in rows if r.get("kind") == "eval"]}
 
 
 def _label(run_dir: Path) -> str:
@@ -64,11 +65,11 @@ def loss_figure(runs: Sequence[dict], x: str = "tokens", title: Optional[str] = 
     """The matplotlib figure of :func:`load_run`'s runs: training loss, and eval loss where logged."""
     if x not in X_AXES:
         raise ValueError(f"x must be one of {X_AXES}, got {x!r}")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.ticker import EngFormatter
+
+    from ..utils import pyplot
+
+    plt = pyplot()
 
     with_eval = any(r["eval"] for r in runs)
     fig, axes = plt.subplots(1, 2 if with_eval else 1, figsize=(11 if with_eval else 6.5, 4.2), squeeze=False)
