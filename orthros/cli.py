@@ -6,6 +6,8 @@ import importlib
 import os
 import sys
 
+from .utils import isatty
+
 # Exit codes of every sub-command: 0 success; 2 bad input or usage (argparse's convention: an
 # unknown option, a value out of range, a path that does not exist or is not a model), reported
 # before any work is done; 1 a failure while working (out of memory, a diverging loss, a disk
@@ -53,6 +55,8 @@ def main(argv=None) -> int:
         hint = f" (did you mean `{close[0]}`?)" if close else ""
         print(f"orthros: error: unknown command {cmd!r}{hint}\n\n{_usage()}", file=sys.stderr)
         return 2
+    if not isatty(sys.stderr):  # a log or a pipe: transformers' bars would fill it with carriage returns
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         module = importlib.import_module(COMMANDS[cmd][0])
         return int(module.main(rest) or 0)

@@ -8,6 +8,8 @@ the CLIs' argument parsers) may import it.
 
 from __future__ import annotations
 
+import contextlib
+
 # user-facing dtype names (CLI flags, configs, JSON) -> torch dtype attribute names
 DTYPE_ALIASES = {
     "bf16": "bfloat16", "bfloat16": "bfloat16",
@@ -138,7 +140,7 @@ class Progress:
         self.postfix, self._clock = {}, time.monotonic
         self._last_t, self._last_n = self._clock(), initial
         self.bar = None
-        if enabled and _isatty(self.stream):
+        if enabled and isatty(self.stream):
             from tqdm.auto import tqdm
 
             self.bar = tqdm(total=total, initial=initial, desc=desc, unit=unit, unit_scale=unit_scale, leave=leave,
@@ -184,7 +186,26 @@ class Progress:
         self.close()
 
 
-def _isatty(stream) -> bool:
+@contextlib.contextmanager
+def hf_progress_bars(enabled: bool):
+    """transformers' own progress bars (loading weights, de-quantising a GGUF file, writing
+    shards) inside the block where a :class:`Progress` would draw a bar: ``enabled`` and stderr a
+    terminal; as they were after it. (``orthros`` turns them off for a whole command whose stderr
+    is not a terminal: :mod:`orthros.cli`.)"""
+    import sys
+
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    show = enabled and isatty(sys.stderr)
+    (hf_logging.enable_progress_bar if show else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
+
+
+def isatty(stream) -> bool:
     try:
         return stream.isatty()
     except (AttributeError, ValueError):  # no such method, or a closed file

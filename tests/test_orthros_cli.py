@@ -186,3 +186,17 @@ def test_every_option_of_the_orthros_commands_has_help():
                 if names != ["train_args"]:  # `orthros train`'s pass-through: its USAGE text says it all
                     bare.append(f"{f.relative_to(REPO)}:{node.lineno} {names}")
     assert len(files) >= 11 and not bare, bare
+
+
+def test_transformers_bars_stay_out_of_logs(tmp_path):
+    """With stderr a file or a pipe, transformers' own bars (here "Loading weights" of
+    ``from_pretrained``) would fill a log with carriage returns; ``orthros`` turns them off."""
+    from orthros.evaluation.common import make_tiny_checkpoint
+
+    ckpt = make_tiny_checkpoint(tmp_path / "ckpt", max_position_embeddings=64)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    env.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
+    r = subprocess.run([sys.executable, "-m", "orthros", "generate", "--model", str(ckpt), "--max-new-tokens", "2",
+                        "--device", "cpu", "hello"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "\r" not in r.stderr and "Loading weights" not in r.stderr, r.stderr

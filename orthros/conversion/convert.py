@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 import uuid
 from dataclasses import dataclass, field
@@ -406,7 +407,10 @@ def _convert_gguf(src, dst: Path, *, window_size: int, out_dtype, overwrite: boo
     with _atomic_directory(dst, overwrite) as tmp:
         stage = tmp / ".gguf-source"
         stage.mkdir()
-        gguf_to_hf_directory(info.path, stage)
+        if progress:
+            print(f"[orthros convert] de-quantising {info.path.name} ({info.n_tensors} tensors) with transformers' "
+                  f"GGUF loader", file=sys.stderr, flush=True)
+        gguf_to_hf_directory(info.path, stage, progress=progress)
         source = load_source(stage)
         plan = make_plan(source.config, source.architecture, source.shapes(), window_size=window_size,
                          scale_offset=scale_offset, out_dtype=out_dtype, config_dtype=torch.float32)

@@ -23,6 +23,7 @@ in bytes of RAM; the staging directory needs as much disk.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,15 +146,40 @@ def inspect_gguf(path) -> GGUFInfo:
                     has_tokenizer="tokenizer.ggml.tokens" in reader.fields)
 
 
-def load_gguf_model(path, *, with_tokenizer: bool = True):
+@contextlib.contextmanager
+def _transformers_bars(progress: bool):
+    """transformers' progress bars while it loads or writes, only where ours would draw one
+    (:func:`orthros.utils.hf_progress_bars`). Its GGUF loader draws a plain tqdm bar that no
+    switch of transformers turns off; it is replaced by a pass-through inside the block then."""
+    import sys
+
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+
+    from ..utils import hf_progress_bars, isatty
+
+    saved = getattr(gguf_utils, "tqdm", None)
+    quiet = saved is not None and not (progress and isatty(sys.stderr))
+    if quiet:
+        gguf_utils.tqdm = lambda iterable, *args, **kwargs: iterable
+    try:
+        with hf_progress_bars(progress):
+            yield
+    finally:
+        if quiet:
+            gguf_utils.tqdm = saved
+
+
+def load_gguf_model(path, *, with_tokenizer: bool = True, progress: bool = True):
     """``(model, tokenizer or None, GGUFInfo)``: the de-quantised transformers model (fp32) and
-    tokenizer that transformers builds from the GGUF file, after :func:`inspect_gguf`."""
+    tokenizer that transformers builds from the GGUF file, after :func:`inspect_gguf`.
+    ``progress``: transformers' bars, at a terminal."""
     info = inspect_gguf(path)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(info.path.parent), info.path.name
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32")
+        with _transformers_bars(progress):
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32")
     except (OSError, ValueError, KeyError, RuntimeError, TypeError) as e:
         raise GGUFError(f"{info.path}: transformers could not load this GGUF file "
                         f"({type(e).__name__}: {e})") from None
@@ -176,12 +202,13 @@ def load_gguf_model(path, *, with_tokenizer: bool = True):
     return model.eval(), tok, info
 
 
-def gguf_to_hf_directory(path, out_dir, *, max_shard_size="2GB") -> GGUFInfo:
+def gguf_to_hf_directory(path, out_dir, *, max_shard_size="2GB", progress: bool = True) -> GGUFInfo:
     """Write the de-quantised model and its tokenizer as an HF checkpoint (safetensors) into
     ``out_dir`` (which must exist). Returns the file's :class:`GGUFInfo`."""
-    model, tok, info = load_gguf_model(path)
+    model, tok, info = load_gguf_model(path, progress=progress)
     out_dir = Path(out_dir)
-    model.save_pretrained(str(out_dir), max_shard_size=max_shard_size)
+    with _transformers_bars(progress):
+        model.save_pretrained(str(out_dir), max_shard_size=max_shard_size)
     if tok is not None:
         tok.save_pretrained(str(out_dir))
     del model

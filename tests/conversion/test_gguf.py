@@ -164,3 +164,28 @@ def test_gguf_argument_refusals(gguf_source, tmp_path, capsys):
     assert convert_main([str(tmp_path / "missing.gguf"), str(tmp_path / "o2"), "-q"]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+class _Terminal(__import__("io").StringIO):
+    def isatty(self):
+        return True
+
+
+@pytest.mark.parametrize("stream,quiet", [("terminal", False), ("terminal", True), ("log", False)])
+def test_gguf_progress_display(gguf_source, tmp_path, monkeypatch, stream, quiet):
+    """transformers' own bars (de-quantising, loading, writing shards) show at a terminal only,
+    and not with -q; in a log, one plain line says what the long step is (no carriage returns).
+    Its GGUF loader's bar cannot be switched off by transformers' switch: it was there with -q."""
+    import io
+
+    path, _, _ = gguf_source
+    err = _Terminal() if stream == "terminal" else io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    assert convert_main([str(path), str(tmp_path / "out"), "--window-size", str(W), *(["-q"] if quiet else [])]) == 0
+    text = err.getvalue()
+    hf_bars = ("Converting and de-quantizing GGUF tensors", "Loading weights", "Writing model shards")
+    if stream == "terminal" and not quiet:
+        assert all(b in text for b in hf_bars), text
+    else:
+        assert not any(b in text for b in hf_bars) and "\r" not in text, text
+    assert ("de-quantising tiny-llama.gguf" in text) == (not quiet), text
