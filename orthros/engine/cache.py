@@ -32,6 +32,14 @@ from ..ops import orthros_attention
 from ..ops.decode import orthros_decode_attention, orthros_decode_qkv_attention
 
 
+def linear_layers(model) -> dict:
+    """The ``linear`` argument of :class:`StaticKVCache` for an ``OrthrosForCausalLM``: the
+    state sizes of each of its GDN layers (none in a model of attention layers only)."""
+    return {i: (layer.mixer.conv_dim, layer.mixer.conv_kernel_size, layer.mixer.num_v_heads,
+                layer.mixer.head_k_dim, layer.mixer.head_v_dim)
+            for i, layer in enumerate(model.model.layers) if hasattr(layer, "linear_attn")}
+
+
 class StaticKVCache:
     """``linear``: ``{layer_idx: (conv_dim, conv_kernel, num_v_heads, k_dim, v_dim)}`` of the GDN
     layers (Orthros-H): they get no K/V (``k[i] is v[i] is None``) but a convolution window
@@ -56,7 +64,13 @@ class StaticKVCache:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of the K/V tensors (the attention layers' share)."""
         return sum(t.numel() * t.element_size() for t in self.k + self.v if t is not None)
+
+    @property
+    def state_nbytes(self) -> int:
+        """Bytes of the GDN layers' convolution windows and recurrent states (fixed per row)."""
+        return sum(t.numel() * t.element_size() for t in self.conv + self.rec if t is not None)
 
     def save_linear(self, bs: int):
         """A copy of rows ``0:bs`` of every GDN state (a CUDA-graph capture runs decode steps)."""

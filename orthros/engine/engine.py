@@ -40,7 +40,7 @@ from ..layers.common import linear
 from ..layers.step import append_output_tokens, call as _eager
 from ..utils import check_positive_int
 from ..ops.gemv import GEMV_BACKENDS
-from .cache import StaticKVCache
+from .cache import StaticKVCache, linear_layers
 from .sampling import SamplingParams, sample
 
 DEFAULT_PREFILL_CHUNK = 16384
@@ -150,11 +150,8 @@ class Engine:
         self.window = cfg.window_size
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         self.prefill_chunk = prefill_chunk
-        linear = {i: (layer.mixer.conv_dim, layer.mixer.conv_kernel_size, layer.mixer.num_v_heads,
-                      layer.mixer.head_k_dim, layer.mixer.head_v_dim)
-                  for i, layer in enumerate(model.model.layers) if hasattr(layer, "linear_attn")}  # GDN layers
         self.cache = self.cache_class(self.num_layers, max_batch_size, max_seq_len, self.Hkv, self.D,
-                                      dtype=self.dtype, device=self.device, linear=linear)
+                                      dtype=self.dtype, device=self.device, linear=linear_layers(model))
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda"
         if cuda_graphs and self.device.type != "cuda":

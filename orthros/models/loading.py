@@ -85,9 +85,10 @@ def _weight_files(d: Path) -> list[Path]:
     return [d / WEIGHTS] if (d / WEIGHTS).is_file() else []
 
 
-def check_safetensors_file(path) -> None:
+def check_safetensors_file(path) -> dict:
     """Raise :class:`CheckpointError` naming ``path`` if its header or size is not that of a
-    complete safetensors file. Reads the header only."""
+    complete safetensors file; return its tensors' entries (name -> dtype, shape, offsets).
+    Reads the header only."""
     path = Path(path)
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -125,15 +126,20 @@ def check_safetensors_file(path) -> None:
                               f"describes {end}; re-save or re-copy the checkpoint)")
     if end < data:
         raise CheckpointError(f"{path}: corrupted safetensors file ({data - end} bytes after the last tensor)")
+    header.pop("__metadata__", None)
+    return header
+
+
+def weight_headers(path) -> dict:
+    """Check every safetensors file a load of directory ``path`` reads; return each file's
+    tensor entries (:func:`check_safetensors_file`), in load order."""
+    d = Path(os.fspath(path)).expanduser()
+    return {f: check_safetensors_file(f) for f in _weight_files(d)}
 
 
 def check_weights(path) -> list[Path]:
     """Check every safetensors file a load of directory ``path`` reads; return them."""
-    d = Path(os.fspath(path)).expanduser()
-    files = _weight_files(d)
-    for f in files:
-        check_safetensors_file(f)
-    return files
+    return list(weight_headers(path))
 
 
 def check_local_checkpoint(path, subfolder: str = "") -> None:
@@ -160,5 +166,5 @@ def check_tokenizer_dir(path, *, arg: str = "--tokenizer") -> Path:
     return p
 
 
-__all__ = ["CheckpointError", "checkpoint_dir", "check_weights", "check_safetensors_file", "check_local_checkpoint",
+__all__ = ["CheckpointError", "checkpoint_dir", "check_weights", "weight_headers", "check_safetensors_file", "check_local_checkpoint",
            "check_tokenizer_dir", "looks_local"]

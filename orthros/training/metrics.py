@@ -28,7 +28,7 @@ def detect_peak_flops(device: torch.device, precision: str) -> Optional[float]:
     return None
 
 
-def _window_keys(L: int, w: int) -> int:
+def window_keys(L: int, w: int) -> int:
     """sum_{t=0}^{L-1} min(t+1, w): keys seen by a causal sliding window of w over L tokens."""
     if L <= w:
         return L * (L + 1) // 2
@@ -52,7 +52,7 @@ def train_flops(model_cfg, seg_lens: list, n_out: int) -> float:
     tokens_through_layers = T + (n_out if mode == "orthros" else 0)
     linear = 2 * per_layer_params * L * tokens_through_layers + 2 * d * V * n_out
     full_keys = sum(s * (s + 1) // 2 for s in seg_lens)
-    win_keys = sum(_window_keys(s, c.window_size) for s in seg_lens)
+    win_keys = sum(window_keys(s, c.window_size) for s in seg_lens)
     if mode == "orthros":
         keys = win_keys + full_keys * (n_out / max(T, 1))
     elif mode == "window":

@@ -1,0 +1,256 @@
+"""``orthros info PATH``: what an Orthros checkpoint is, read without loading its weights.
+
+It prints the model (kind, window, layers, shape, positions), the weights (parameters, dtypes,
+files, each file's header checked against its size), whether a tokenizer and a chat template
+and the remote code are there, where the checkpoint came from (``conversion_report.json`` of
+``orthros convert``, ``manifest.json`` of a training checkpoint), the cache a request of
+``--batch-size`` rows of ``--max-seq-len`` tokens needs in the engine, and the attention FLOPs
+of a prefill of ``--max-seq-len`` tokens against a Transformer's. ``--verify`` checks a
+training checkpoint's files against the sha256 sums of its manifest. ``--json`` prints the same
+as one JSON object. Bad input (not a directory, not an Orthros checkpoint, a damaged weight
+file) is one line and exit code 2, as for every command. Nothing is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from .kinds import ATTENTION_LAYER_TYPES, LINEAR_LAYER_TYPE, model_kind
+from .utils import DTYPE_CHOICES, check_positive_int
+
+# safetensors dtype -> the short name CLIs use (floating dtypes a cache can have)
+_SHORT = {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}
+_LAYER_NAMES = {"orthros_attention": "Orthros attention", "full_attention": "full attention",
+                "window_attention": "window attention", LINEAR_LAYER_TYPE: "Gated DeltaNet"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="orthros info",
+        description="Describe an Orthros checkpoint directory without loading its weights: the model, its weights "
+                    "(each file's header checked against its size), tokenizer, remote code, where it came from, "
+                    "the engine's cache for a request, and a prefill's attention FLOPs against a Transformer's.")
+    p.add_argument("path", metavar="PATH", help="an Orthros checkpoint directory (save_pretrained, orthros convert, "
+                                                "or a training checkpoint)")
+    p.add_argument("--max-seq-len", type=int, default=None, metavar="N",
+                   help="tokens per row for the cache and prefill figures (default: the model's "
+                        "max_position_embeddings)")
+    p.add_argument("--batch-size", type=int, default=1, metavar="B", help="rows of the cache figure (default: 1)")
+    p.add_argument("--dtype", choices=DTYPE_CHOICES, default=None,
+                   help="dtype of the cache figure (default: the weights' floating-point dtype)")
+    p.add_argument("--verify", action="store_true",
+                   help="also check every file against the sha256 sums of the checkpoint's manifest.json (training "
+                        "checkpoints carry one); reads every byte")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    return p
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _flops(n: float) -> str:
+    for unit, scale in (("PFLOP", 1e15), ("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n:,.0f} FLOP"
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
+def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify: bool = False) -> dict:
+    """The report of ``orthros info`` as a dict (``ValueError`` for a directory that is not a
+    complete Orthros checkpoint)."""
+    import torch
+
+    from .conversion.convert import REPORT_FILE
+    from .engine.cache import StaticKVCache, linear_layers
+    from .models.loading import DTYPE_BYTES, TOKENIZER_FILES, checkpoint_dir, weight_headers
+    from .models import OrthrosConfig, OrthrosForCausalLM
+    from .training.checkpoint import MANIFEST, CheckpointError, verify as verify_manifest
+    from .training.metrics import window_keys
+    from .utils import dtype_name, parse_dtype
+
+    d = checkpoint_dir(path, arg="PATH")
+    headers = weight_headers(d)
+    config = OrthrosConfig.from_pretrained(str(d), local_files_only=True)
+    limit = config.max_position_embeddings
+    L = limit if max_seq_len is None else max_seq_len
+    if L > limit:
+        raise ValueError(f"--max-seq-len {L} exceeds the model's max_position_embeddings={limit}")
+    manifest = d / MANIFEST
+    if verify and not manifest.is_file():
+        raise ValueError(f"--verify: {path} has no manifest.json (only training checkpoints carry sha256 sums)")
+
+    # weights, from the headers
+    params, nbytes, by_dtype = 0, 0, Counter()
+    for entries in headers.values():
+        for info in entries.values():
+            n = 1
+            for s in info["shape"]:
+                n *= int(s)
+            params += n
+            nbytes += n * DTYPE_BYTES[info["dtype"]]
+            by_dtype[info["dtype"]] += n
+    floats = [(n, t) for t, n in by_dtype.items() if t in _SHORT]
+    weights_dtype = _SHORT[max(floats)[1]] if floats else "fp32"
+    cache_dtype = parse_dtype(dtype or weights_dtype, "--dtype")
+
+    # the engine's cache for B rows of L tokens, on the meta device (no memory)
+    with torch.device("meta"):
+        model = OrthrosForCausalLM(config)
+    cache = StaticKVCache(config.num_hidden_layers, batch_size, L, config.num_key_value_heads, config.head_dim,
+                          dtype=cache_dtype, device="meta", linear=linear_layers(model))
+    per_token = cache.nbytes // (batch_size * L)
+
+    # attention FLOPs of a prefill of L tokens (scores and values: 4 * heads * head_dim a key)
+    mode, types = config.attention_mode, list(config.layer_types)
+    n_attn = sum(t in ATTENTION_LAYER_TYPES for t in types)
+    per_key = 4 * config.num_attention_heads * config.head_dim * n_attn
+    full_keys = L * (L + 1) // 2
+    keys = {"full": full_keys, "window": window_keys(L, config.window_size),
+            "orthros": window_keys(L, config.window_size) + L}[mode]  # + the last token's output query
+
+    tok_cfg = _read_json(d / "tokenizer_config.json") or {}
+    auto_map = (_read_json(d / "config.json") or {}).get("auto_map") or {}
+    remote = bool(auto_map) and all((d / f"{ref.split('.')[0]}.py").is_file() for ref in auto_map.values())
+    origin = {}
+    report = _read_json(d / REPORT_FILE)
+    if isinstance(report, dict):
+        origin["converted_from"] = {k: report.get(k) for k in ("architecture", "source", "orthros_version",
+                                                               "window_size")}
+    if manifest.is_file():
+        m = _read_json(manifest) or {}
+        origin["training_step"] = m.get("step")
+        if verify:
+            try:
+                verify_manifest(d)
+            except CheckpointError as e:
+                raise ValueError(str(e)) from None
+            origin["verified"] = len(m.get("files", {}))
+    return {
+        "path": str(d),
+        "kind": model_kind(types, mode),
+        "attention_mode": mode,
+        "window_size": config.window_size if mode != "full" else None,
+        "layers": dict(Counter(types)),
+        "layer_types": types,
+        "hidden_size": config.hidden_size,
+        "num_attention_heads": config.num_attention_heads,
+        "num_key_value_heads": config.num_key_value_heads,
+        "head_dim": config.head_dim,
+        "intermediate_size": config.intermediate_size,
+        "vocab_size": config.vocab_size,
+        "tie_word_embeddings": bool(config.tie_word_embeddings),
+        "gdn": {k: getattr(config, f"linear_{k}") for k in ("num_key_heads", "num_value_heads", "key_head_dim",
+                                                            "value_head_dim", "conv_kernel_dim")}
+        if LINEAR_LAYER_TYPE in types else None,
+        "max_position_embeddings": limit,
+        "rope": dict(getattr(config, "rope_parameters", None) or {}),
+        "parameters": params,
+        "weight_bytes": nbytes,
+        "weight_dtypes": {_SHORT.get(t, t.lower()): n for t, n in by_dtype.most_common()},
+        "files": {f.name: f.stat().st_size for f in headers},
+        "tokenizer": any((d / f).is_file() for f in TOKENIZER_FILES),
+        "chat_template": bool(tok_cfg.get("chat_template")) or (d / "chat_template.jinja").is_file(),
+        "remote_code": remote,
+        "origin": origin,
+        "cache": {"batch_size": batch_size, "max_seq_len": L, "dtype": dtype_name(cache_dtype),
+                  "kv_bytes_per_token": per_token, "kv_bytes": cache.nbytes, "state_bytes": cache.state_nbytes},
+        "prefill_attention_flops": {"tokens": L, "model": per_key * keys, "transformer": per_key * full_keys},
+    }
+
+
+def format_report(r: dict) -> str:
+    """The table ``orthros info`` prints."""
+    out = [f"{r['path']}: {r['kind']} checkpoint"]
+
+    def row(name, text):
+        out.append(f"  {name:<12} {text}")
+
+    counts = r["layers"]
+    layers = (f"of {_LAYER_NAMES[next(iter(counts))]}" if len(counts) == 1 else
+              "(" + " + ".join(f"{n} {_LAYER_NAMES[t]}" for t, n in counts.items()) + ")")
+    window = f", window {r['window_size']}" if r["window_size"] else ""
+    row("model", f"{r['kind']}{window}: {len(r['layer_types'])} layers {layers}")
+    tied = ", tied embeddings" if r["tie_word_embeddings"] else ""
+    attention = any(t in ATTENTION_LAYER_TYPES for t in counts)
+    heads = (f"{r['num_attention_heads']} query / {r['num_key_value_heads']} KV heads of {r['head_dim']}, "
+             if attention else "")
+    row("shape", f"hidden {r['hidden_size']:,}, {heads}MLP {r['intermediate_size']:,}, vocab {r['vocab_size']:,}{tied}")
+    g = r["gdn"]
+    if g:
+        row("GDN", f"{g['num_key_heads']} key / {g['num_value_heads']} value heads of {g['key_head_dim']} / "
+                   f"{g['value_head_dim']}, convolution of {g['conv_kernel_dim']}")
+    rope = r["rope"]
+    rope_text = f" (RoPE {rope.get('rope_type', 'default')}, theta {rope['rope_theta']:,g})" \
+        if "rope_theta" in rope else ""
+    row("positions", f"up to {r['max_position_embeddings']:,}{rope_text}")
+    dtypes = ", ".join(r["weight_dtypes"])
+    nfiles = len(r["files"])
+    row("weights", f"{r['parameters']:,} parameters ({dtypes}), {_bytes(r['weight_bytes'])} in {nfiles} "
+                   f"file{'s' if nfiles != 1 else ''}; every header matches its file's size")
+    if not r["tokenizer"]:
+        tok = "none (orthros generate needs --tokenizer DIR)"
+    else:
+        tok = "yes, with a chat template" if r["chat_template"] else "yes (no chat template: no --chat)"
+    row("tokenizer", tok)
+    row("remote code", "yes: loads with trust_remote_code=True where orthros is not installed"
+        if r["remote_code"] else "no (loads where orthros is installed and imported)")
+    origin = r["origin"]
+    if "converted_from" in origin:
+        c = origin["converted_from"]
+        row("origin", f"converted from {c['architecture']} ({c['source']}) by orthros {c['orthros_version']}")
+    if "training_step" in origin:
+        check = (f"all {origin['verified']} files match its sha256 sums" if "verified" in origin
+                 else "--verify checks its sha256 sums")
+        row("origin", f"training checkpoint of step {origin['training_step']} (manifest.json: {check})")
+    c = r["cache"]
+    rows = f"{c['batch_size']:,} row{'s' if c['batch_size'] != 1 else ''}"
+    states = f"GDN states {_bytes(c['state_bytes'])}"
+    if attention:
+        peer = "the Linear Hybrid" if r["gdn"] else "a Transformer"
+        same = f", as for {peer} of this shape (output tokens write none)" if r["attention_mode"] == "orthros" else ""
+        row("cache", f"K/V {_bytes(c['kv_bytes_per_token'])} a token ({c['dtype']}){same}")
+        row("", f"{rows} x {c['max_seq_len']:,} tokens: {_bytes(c['kv_bytes'])}" +
+            (f" + {states}" if c["state_bytes"] else ""))
+    else:
+        row("cache", f"no K/V (Gated DeltaNet layers only): {rows}, {states} ({c['dtype']}) at any length")
+    f = r["prefill_attention_flops"]
+    if r["attention_mode"] != "full" and f["model"]:
+        baseline = "the same layers with full attention" if r["gdn"] else "a Transformer's"
+        row("prefill", f"attention FLOPs at {f['tokens']:,} tokens: {_flops(f['model'])}, {baseline} "
+                       f"{_flops(f['transformer'])} ({f['transformer'] / f['model']:.1f}x)")
+    elif f["model"]:
+        row("prefill", f"attention FLOPs at {f['tokens']:,} tokens: {_flops(f['model'])}")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        check_positive_int("--batch-size", args.batch_size)
+        check_positive_int("--max-seq-len", args.max_seq_len, allow_none=True)
+        r = describe(args.path, max_seq_len=args.max_seq_len, batch_size=args.batch_size, dtype=args.dtype,
+                     verify=args.verify)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"orthros info: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(r, indent=2) if args.json else format_report(r))
+    return 0
+
+
+__all__ = ["describe", "format_report", "main"]

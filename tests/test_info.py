@@ -1,0 +1,167 @@
+"""``orthros info``: its figures against the model and the engine they describe, the origin of
+converted and trained checkpoints, ``--verify``, and bad input (one line, exit 2, nothing
+written)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from orthros.cli import main as orthros_main
+from orthros.evaluation.common import make_tiny_checkpoint
+from orthros.info import describe
+from orthros.kinds import hybrid_layout
+from orthros.training.metrics import window_keys
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("info") / "ckpt", max_position_embeddings=256)
+
+
+@pytest.fixture(scope="module")
+def hybrid(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("info") / "hybrid", max_position_embeddings=256,
+                                num_hidden_layers=4, tie_word_embeddings=True, **hybrid_layout("orthros-h", 4))
+
+
+def run(argv, capsys):
+    capsys.readouterr()
+    rc = orthros_main(["info", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("which", ["ckpt", "hybrid"])
+def test_figures_match_the_model_and_the_engines_cache(which, request):
+    from orthros.engine import Engine
+    from orthros.models import OrthrosForCausalLM
+
+    path = request.getfixturevalue(which)
+    r = describe(path, max_seq_len=100, batch_size=3)
+    model = OrthrosForCausalLM.from_pretrained(str(path))
+    assert r["parameters"] == sum(p.numel() for p in model.parameters())
+    assert r["weight_bytes"] == sum(p.numel() * p.element_size() for p in model.parameters())
+    assert r["layer_types"] == list(model.config.layer_types)
+    cache = Engine(model, max_batch_size=3, max_seq_len=100, prefill_chunk=None).cache
+    assert (r["cache"]["kv_bytes"], r["cache"]["state_bytes"]) == (cache.nbytes, cache.state_nbytes)
+    assert r["cache"]["kv_bytes_per_token"] * 3 * 100 == cache.nbytes
+    if which == "hybrid":
+        assert r["kind"] == "Orthros-H" and r["layers"] == {"linear_attention": 3, "orthros_attention": 1}
+        assert r["cache"]["state_bytes"] > 0 and r["tie_word_embeddings"]
+    else:
+        assert r["kind"] == "Orthros" and r["cache"]["state_bytes"] == 0
+
+
+@pytest.mark.parametrize("L,w", [(1, 16), (16, 16), (17, 16), (100, 16), (300, 128)])
+def test_prefill_attention_flops_count_the_attended_keys(ckpt, L, w):
+    """Orthros: every token sees its last ``w`` keys, and the last token's output query all ``L``;
+    a Transformer: every token all keys before it. 4 FLOPs a key, head dimension and head."""
+    brute_window = sum(min(t + 1, w) for t in range(L))
+    assert window_keys(L, w) == brute_window
+    r = describe(ckpt, max_seq_len=min(L, 256))
+    cfg = json.loads((ckpt / "config.json").read_text())
+    per_key = 4 * cfg["num_attention_heads"] * cfg["head_dim"] * cfg["num_hidden_layers"]
+    n = min(L, 256)
+    f = r["prefill_attention_flops"]
+    assert f["model"] == per_key * (sum(min(t + 1, cfg["window_size"]) for t in range(n)) + n)
+    assert f["transformer"] == per_key * n * (n + 1) // 2
+
+
+def test_table_and_json(ckpt, hybrid, capsys):
+    rc, out, err = run([str(ckpt)], capsys)
+    assert rc == 0, err
+    assert out.startswith(f"{ckpt}: Orthros checkpoint")
+    for needle in ("window 16: 2 layers of Orthros attention", "tokenizer    yes, with a chat template",
+                   "remote code  yes", "1 row x 256 tokens", "a Transformer's"):
+        assert needle in out, (needle, out)
+    rc, out, _ = run([str(hybrid), "--json", "--max-seq-len", "64", "--dtype", "bf16"], capsys)
+    r = json.loads(out)
+    assert rc == 0 and r["kind"] == "Orthros-H" and r["cache"]["dtype"] == "bf16"
+    assert r["cache"] == describe(hybrid, max_seq_len=64, dtype="bf16")["cache"]
+    rc, out, _ = run([str(hybrid)], capsys)
+    assert "(3 Gated DeltaNet + 1 Orthros attention)" in out and "+ GDN states" in out
+    assert "the same layers with full attention" in out
+
+
+def test_origin_of_a_converted_checkpoint(tmp_path, capsys):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from orthros.conversion import convert_checkpoint
+
+    LlamaForCausalLM(LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+                     ).save_pretrained(tmp_path / "llama")
+    rc, _, err = run([str(tmp_path / "llama")], capsys)
+    assert rc == 2 and "convert it first" in err
+    convert_checkpoint(tmp_path / "llama", tmp_path / "orth", window_size=8, progress=False)
+    rc, out, err = run([str(tmp_path / "orth")], capsys)
+    assert rc == 0, err
+    assert "origin       converted from LlamaForCausalLM" in out and "tokenizer    none" in out
+
+
+def test_verify_a_training_checkpoint(ckpt, tmp_path, capsys):
+    import shutil
+
+    from orthros.training import checkpoint
+
+    tmp = checkpoint.begin(str(tmp_path / "run"), 7)
+    for f in ckpt.iterdir():
+        shutil.copy(f, tmp / f.name)
+    final = checkpoint.commit(tmp, str(tmp_path / "run"), 7, keep_last=1)
+    rc, out, err = run([str(final)], capsys)
+    assert rc == 0 and "training checkpoint of step 7 (manifest.json: --verify checks" in out, err
+    rc, out, err = run([str(final), "--verify"], capsys)
+    n = len(list(ckpt.iterdir()))
+    assert rc == 0 and f"all {n} files match its sha256 sums" in out, err
+    tok = final / "tokenizer.json"
+    data = bytearray(tok.read_bytes())
+    data[10] ^= 1  # same size, other bytes: only the sha256 sees it
+    tok.write_bytes(bytes(data))
+    assert run([str(final)], capsys)[0] == 0
+    rc, out, err = run([str(final), "--verify"], capsys)
+    assert rc == 2 and out == "" and "tokenizer.json does not match its sha256" in err
+
+
+def listing(root):
+    return sorted((str(p.relative_to(root)), p.stat().st_size) for p in root.rglob("*"))
+
+
+def test_bad_input_is_one_line_and_writes_nothing(ckpt, tmp_path, capsys):
+    import shutil
+
+    bad = tmp_path / "truncated"
+    shutil.copytree(ckpt, bad)
+    w = bad / "model.safetensors"
+    w.write_bytes(w.read_bytes()[:-5])
+    (tmp_path / "file").write_text("x")
+    cases = [
+        ([str(tmp_path / "nope")], "no such directory"),
+        ([str(tmp_path / "file")], "not a directory"),
+        ([str(bad)], "truncated safetensors file"),
+        ([str(ckpt), "--max-seq-len", "257"], "exceeds the model's max_position_embeddings=256"),
+        ([str(ckpt), "--max-seq-len", "0"], "--max-seq-len must be an integer >= 1"),
+        ([str(ckpt), "--batch-size", "-1"], "--batch-size must be an integer >= 1"),
+        ([str(ckpt), "--verify"], "has no manifest.json"),
+    ]
+    before = listing(tmp_path), listing(ckpt)
+    for argv, needle in cases:
+        rc, out, err = run(argv, capsys)
+        lines = err.strip().splitlines()
+        assert rc == 2 and out == "" and len(lines) == 1, (argv, err)
+        assert lines[0].startswith("orthros info: error: ") and needle in lines[0], (argv, err)
+    assert (listing(tmp_path), listing(ckpt)) == before
+    with pytest.raises(SystemExit) as e:
+        orthros_main(["info", str(ckpt), "--dtype", "int8"])
+    assert e.value.code == 2
+
+
+def test_weights_dtype_is_the_cache_default(ckpt, tmp_path):
+    from orthros.models import OrthrosForCausalLM
+
+    OrthrosForCausalLM.from_pretrained(str(ckpt)).to(torch.float16).save_pretrained(tmp_path / "half")
+    r = describe(tmp_path / "half", max_seq_len=10)
+    assert r["weight_dtypes"] == {"fp16": r["parameters"]} and r["cache"]["dtype"] == "fp16"
+    assert describe(ckpt, max_seq_len=10)["cache"]["kv_bytes"] == 2 * r["cache"]["kv_bytes"]  # fp32: twice
