@@ -38,19 +38,33 @@ def window_keys(L: int, w: int) -> int:
 def train_flops(model_cfg, seg_lens: list, n_out: int) -> float:
     """Model FLOPs of one training step (forward + backward = 3x forward) on one packed batch.
 
-    Counts what the architecture needs, not recomputation (activation checkpointing) and not
-    the embedding lookup. ``n_out``: scored positions (output-stream tokens for Orthros).
-    Orthros: the linear layers see the T base tokens plus the T_out output tokens; attention is
-    a causal window over every base token plus full causal attention for output tokens.
+    Counts what the architecture needs, not recomputation (activation checkpointing), not the
+    embedding lookup and not the norms or activations. ``n_out``: scored positions (output-stream
+    tokens for Orthros). With an output stream, every layer sees the T base tokens plus the
+    ``n_out`` output tokens. Per layer kind (``model_cfg.layer_types``):
+
+    * attention: its projections (2 FLOPs a weight a token), and 4 x heads x head_dim FLOPs a
+      (query, key) pair: a causal window over every base token plus, for Orthros, full causal
+      attention for the output tokens;
+    * Gated DeltaNet (Orthros-H, Linear Hybrid, GDN): its projections, the depthwise convolution
+      (2 x channels x kernel a base token) and the gated delta rule in its recurrent form, 6 x key
+      x value head dims a value head a base token (read, update, output); an output token costs
+      its query and gate projections, one read of the state (2 x key x value head dims a value
+      head) and ``out_proj``. The chunked kernels' extra intra-chunk work is not counted, as the
+      attention kernels' masked-out blocks are not;
+    * every layer: the SwiGLU MLP; the LM head on the ``n_out`` scored positions.
     """
     c = model_cfg
-    d, H, KV, hd, I, V, L = (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
-                             c.intermediate_size, c.vocab_size, c.num_hidden_layers)
-    per_layer_params = d * H * hd * 2 + d * KV * hd * 2 + 3 * d * I
+    d, H, KV, hd, I, V = (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                          c.intermediate_size, c.vocab_size)
     T = sum(seg_lens)
     mode = getattr(c, "attention_mode", "full")
-    tokens_through_layers = T + (n_out if mode == "orthros" else 0)
-    linear = 2 * per_layer_params * L * tokens_through_layers + 2 * d * V * n_out
+    extra = n_out if mode == "orthros" else 0  # output tokens through every layer
+    types = list(getattr(c, "layer_types", None) or ["attention"] * c.num_hidden_layers)
+    n_linear = sum(t == "linear_attention" for t in types)
+    n_attn = len(types) - n_linear
+    mlp = 2 * 3 * d * I * (T + extra) * len(types)
+    attn_proj = 2 * (d * H * hd * 2 + d * KV * hd * 2) * (T + extra) * n_attn
     full_keys = sum(s * (s + 1) // 2 for s in seg_lens)
     win_keys = sum(window_keys(s, c.window_size) for s in seg_lens)
     if mode == "orthros":
@@ -59,8 +73,19 @@ def train_flops(model_cfg, seg_lens: list, n_out: int) -> float:
         keys = win_keys
     else:
         keys = full_keys
-    attn = 4 * H * hd * keys * L
-    return 3.0 * (linear + attn)
+    attn = 4 * H * hd * keys * n_attn
+    gdn = 0
+    if n_linear:
+        hk, hv = c.linear_num_key_heads, c.linear_num_value_heads
+        dk, dv, kernel = c.linear_key_head_dim, c.linear_value_head_dim, c.linear_conv_kernel_dim
+        key_dim, value_dim = hk * dk, hv * dv
+        conv_dim = 2 * key_dim + value_dim
+        base = (2 * d * (conv_dim + value_dim + 2 * hv) + 2 * value_dim * d  # in_proj_qkv, _z, _b, _a; out_proj
+                + 2 * conv_dim * kernel + 6 * hv * dk * dv)
+        out = 2 * d * (key_dim + value_dim) + 2 * value_dim * d + 2 * hv * dk * dv
+        gdn = (base * T + out * extra) * n_linear
+    head = 2 * d * V * n_out
+    return 3.0 * (mlp + attn_proj + attn + gdn + head)
 
 
 class MetricsLogger:
