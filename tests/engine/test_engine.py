@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from orthros.engine import Engine, SamplingParams, filter_logits, sample
-from orthros.models import OrthrosConfig, OrthrosForCausalLM
 
 from conftest import tiny_model as _tiny_model
 

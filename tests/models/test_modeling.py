@@ -5,7 +5,7 @@ import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 import orthros
-from orthros import OrthrosConfig, OrthrosForCausalLM
+from orthros import OrthrosForCausalLM
 
 from conftest import tiny_config, tiny_model
 

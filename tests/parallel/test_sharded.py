@@ -8,7 +8,7 @@ cross several shards; a failing or stalled rank must make every rank exit with a
 import pytest
 import torch
 
-from orthros import OrthrosConfig, OrthrosForCausalLM
+from orthros import OrthrosForCausalLM
 from orthros.models import OrthrosCache
 from orthros.ops import full_attention_reference
 from orthros.parallel import (ParallelContext, ShardedOrthros, halo_from_tails, merge_partials, partial_attention,
