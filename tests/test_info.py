@@ -81,9 +81,11 @@ def test_table_and_json(ckpt, hybrid, capsys):
     r = json.loads(out)
     assert rc == 0 and r["kind"] == "Orthros-H" and r["cache"]["dtype"] == "bf16"
     assert r["cache"] == describe(hybrid, max_seq_len=64, dtype="bf16")["cache"]
+    assert r["vllm"] == {"servable": False, "why_not": r["vllm"]["why_not"]} and "Gated DeltaNet" in r["vllm"]["why_not"]
     rc, out, _ = run([str(hybrid)], capsys)
     assert "(3 Gated DeltaNet + 1 Orthros attention)" in out and "+ GDN states" in out
-    assert "the same layers with full attention" in out
+    assert "the same layers with full attention" in out and "vLLM         no: does not serve Gated DeltaNet" in out
+    assert describe(ckpt)["vllm"] == {"servable": True, "why_not": None}
 
 
 def test_origin_of_a_converted_checkpoint(tmp_path, capsys):
@@ -113,6 +115,8 @@ def test_verify_a_training_checkpoint(ckpt, tmp_path, capsys):
     final = checkpoint.commit(tmp, str(tmp_path / "run"), 7, keep_last=1)
     rc, out, err = run([str(final)], capsys)
     assert rc == 0 and "training checkpoint of step 7 (manifest.json: --verify checks" in out, err
+    rc, out, err = run([str(tmp_path / "run")], capsys)  # the run, not its checkpoint: named in the error
+    assert rc == 2 and f"it looks like a training run: its latest checkpoint is {final}" in err, err
     rc, out, err = run([str(final), "--verify"], capsys)
     n = len(list(ckpt.iterdir()))
     assert rc == 0 and f"all {n} files match its sha256 sums" in out, err

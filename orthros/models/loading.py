@@ -57,7 +57,9 @@ def checkpoint_dir(path, *, arg: str = "--model") -> Path:
                               f"and model.safetensors)")
     cfg = p / "config.json"
     if not cfg.is_file():
-        raise CheckpointError(f"{arg} {path}: no config.json (not a checkpoint directory)")
+        steps = sorted(q for q in (p / "checkpoints").glob("step_*") if (q / "config.json").is_file())
+        hint = f"; it looks like a training run: its latest checkpoint is {steps[-1]}" if steps else ""
+        raise CheckpointError(f"{arg} {path}: no config.json (not a checkpoint directory){hint}")
     try:
         d = json.loads(cfg.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

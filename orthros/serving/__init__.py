@@ -46,6 +46,19 @@ def _refuse_prompt_logprobs() -> None:
     SamplingParams._validate_logprobs = _validate_logprobs
 
 
+def check_servable(config) -> None:
+    """Refuse (``ValueError``), before any weight is loaded, an Orthros config that the vLLM model
+    does not implement. Needs no vLLM (``orthros info`` asks it too)."""
+    kinds = sorted(set(getattr(config, "layer_types", None) or []))
+    if "linear_attention" in kinds:
+        raise ValueError("the vLLM Orthros model does not serve Gated DeltaNet layers (layer_types "
+                         f"'linear_attention', Orthros-H) yet; this checkpoint has layer_types {kinds}")
+    if getattr(config, "attn_output_gate", False):
+        raise ValueError("the vLLM Orthros model does not serve attn_output_gate=True (gated attention) yet")
+    if config.hidden_act != "silu":
+        raise ValueError(f"the vLLM Orthros model supports hidden_act 'silu', got {config.hidden_act!r}")
+
+
 def register() -> None:
     """vLLM plugin entry point (may run several times per process: idempotent)."""
     from vllm import ModelRegistry
@@ -57,4 +70,4 @@ def register() -> None:
     _refuse_prompt_logprobs()
 
 
-__all__ = ["ARCHITECTURE", "MODEL_CLASS", "PROMPT_LOGPROBS_MESSAGE", "is_orthros", "register"]
+__all__ = ["ARCHITECTURE", "MODEL_CLASS", "PROMPT_LOGPROBS_MESSAGE", "check_servable", "is_orthros", "register"]

@@ -47,6 +47,7 @@ from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper, m
 from vllm.sequence import IntermediateTensors
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec
 
+from . import check_servable
 from ..layers.common import ResidualMLP
 
 
@@ -177,18 +178,6 @@ def output_stream_attention(attn: Attention, q_out: torch.Tensor, s: SampledRows
         s.backend_state["qsl"] = torch.arange(R + 1, dtype=s.metadata.query_start_loc.dtype, device=q_out.device)
     op(attn, q_out.view(R, H, D), out, s)
     return out.view(R, H * D)
-
-
-def check_supported(config) -> None:
-    """Refuse, before any weight is loaded, what this vLLM model does not implement."""
-    kinds = sorted(set(getattr(config, "layer_types", None) or []))
-    if "linear_attention" in kinds:
-        raise ValueError("the vLLM Orthros model does not serve Gated DeltaNet layers (layer_types "
-                         f"'linear_attention', Orthros-H) yet; this checkpoint has layer_types {kinds}")
-    if getattr(config, "attn_output_gate", False):
-        raise ValueError("the vLLM Orthros model does not serve attn_output_gate=True (gated attention) yet")
-    if config.hidden_act != "silu":
-        raise ValueError(f"the vLLM Orthros model supports hidden_act 'silu', got {config.hidden_act!r}")
 
 
 class OrthrosMLP(nn.Module):
@@ -350,7 +339,7 @@ class OrthrosForCausalLM(nn.Module):
         if getattr(config, "model_type", None) != "orthros":
             raise ValueError(f"OrthrosForCausalLM needs an Orthros config (model_type 'orthros'), got "
                              f"{getattr(config, 'model_type', None)!r}")
-        check_supported(config)
+        check_servable(config)
         if get_tensor_model_parallel_world_size() != 1 or get_pp_group().world_size != 1:
             raise ValueError("the vLLM Orthros model runs with tensor_parallel_size=1 and pipeline_parallel_size=1 "
                              "(the scale-offset parameters are not sharded yet)")
@@ -375,5 +364,5 @@ class OrthrosForCausalLM(nn.Module):
         return AutoWeightsLoader(self).load_weights(weights)  # (skips the alias of a tied lm_head)
 
 
-__all__ = ["OUTPUT_STREAM_OPS", "OrthrosForCausalLM", "check_supported", "OrthrosModel", "WindowAttention",
+__all__ = ["OUTPUT_STREAM_OPS", "OrthrosForCausalLM", "OrthrosModel", "WindowAttention",
            "output_stream_attention", "output_stream_op", "rows_from_metadata", "sampled_rows"]
