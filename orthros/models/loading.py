@@ -57,9 +57,7 @@ def checkpoint_dir(path, *, arg: str = "--model") -> Path:
                               f"and model.safetensors)")
     cfg = p / "config.json"
     if not cfg.is_file():
-        steps = sorted(q for q in (p / "checkpoints").glob("step_*") if (q / "config.json").is_file())
-        hint = f"; it looks like a training run: its latest checkpoint is {steps[-1]}" if steps else ""
-        raise CheckpointError(f"{arg} {path}: no config.json (not a checkpoint directory){hint}")
+        raise CheckpointError(f"{arg} {path}: no config.json (not a checkpoint directory){_run_hint(p)}")
     try:
         d = json.loads(cfg.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -70,6 +68,13 @@ def checkpoint_dir(path, *, arg: str = "--model") -> Path:
                 f" (convertible to Orthros: {', '.join(CONVERTIBLE)})")
         raise CheckpointError(f"{arg} {path}: model_type {mt!r} is not an Orthros checkpoint{hint}")
     return p
+
+
+def _run_hint(d: Path) -> str:
+    """For a training run's directory (``output_dir``: no config.json, checkpoints below), the
+    path of its latest checkpoint, as the end of an error message; otherwise ``""``."""
+    steps = sorted(q for q in (d / "checkpoints").glob("step_*") if (q / "config.json").is_file())
+    return f"; it looks like a training run: its latest checkpoint is {steps[-1]}" if steps else ""
 
 
 def _weight_files(d: Path) -> list[Path]:
@@ -152,6 +157,9 @@ def check_local_checkpoint(path, subfolder: str = "") -> None:
         return
     d = Path(os.fspath(path)).expanduser()
     if d.is_dir():
+        hint = "" if subfolder or (d / "config.json").is_file() else _run_hint(d)
+        if hint:
+            raise CheckpointError(f"{path}: no config.json (not a checkpoint directory){hint}")
         check_weights(d / subfolder if subfolder else d)
     elif not d.exists() and looks_local(path):
         raise FileNotFoundError(f"{path}: no such checkpoint directory (a local path is never looked up on the hub)")

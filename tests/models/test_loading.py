@@ -126,3 +126,14 @@ def test_local_looking_missing_paths_never_reach_the_hub(tmp_path, monkeypatch):
         with pytest.raises(FileNotFoundError, match="no such checkpoint directory"):
             OrthrosForCausalLM.from_pretrained(path)
     assert not looks_local("org/name") and not looks_local("name")
+
+
+def test_a_training_runs_directory_names_its_latest_checkpoint(saved, tmp_path):
+    """``from_pretrained(output_dir)`` of a training run (config.json only in its checkpoints):
+    one line naming the latest checkpoint, instead of transformers' missing-file error."""
+    run = tmp_path / "run"
+    for step in (5, 40):
+        _copy(saved[0], run / "checkpoints" / f"step_{step:08d}")
+    with pytest.raises(CheckpointError, match=r"it looks like a training run: its latest checkpoint is .*step_00000040"):
+        OrthrosForCausalLM.from_pretrained(run)
+    assert OrthrosForCausalLM.from_pretrained(run / "checkpoints" / "step_00000040") is not None
