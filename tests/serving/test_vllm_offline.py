@@ -192,13 +192,14 @@ def test_baseline_modes_equal_generate(mode, tmp_path, prompt_of):
 
 def test_unsupported_checkpoints_refused_before_loading():
     import orthros
+    from orthros.serving import check_servable
 
     small = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1, head_dim=32)
-    vllm_model.check_supported(orthros.OrthrosConfig(**small))
+    check_servable(orthros.OrthrosConfig(**small))
     with pytest.raises(ValueError, match="Gated DeltaNet"):
-        vllm_model.check_supported(orthros.OrthrosConfig(layer_types=["linear_attention", "orthros_attention"], **small))
+        check_servable(orthros.OrthrosConfig(layer_types=["linear_attention", "orthros_attention"], **small))
     with pytest.raises(ValueError, match="attn_output_gate"):
-        vllm_model.check_supported(orthros.OrthrosConfig(attn_output_gate=True, **small))
+        check_servable(orthros.OrthrosConfig(attn_output_gate=True, **small))
     with pytest.raises(ValueError, match="hidden_act"):
-        vllm_model.check_supported(orthros.OrthrosConfig(hidden_act="gelu", **small))
+        check_servable(orthros.OrthrosConfig(hidden_act="gelu", **small))
