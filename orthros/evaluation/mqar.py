@@ -259,7 +259,7 @@ def compiled_layers(model, enabled: bool):
 
     * the attention op: ``orthros.layers.step.run_attention`` is ``torch.compiler.disable``d
       (the op runs its own kernels), so each attention layer splits its graph in two around it
-      (2 graph breaks per attention layer, none per GDN layer);
+      (one graph break per attention layer, none per GDN layer);
     * the model's top-level forward (embedding, output positions, RoPE tables, final norm, LM
       head, loss): ``resolve_output_positions`` checks the positions on the host (``int(...)``,
       host syncs), which Dynamo would turn into a graph break plus a recompile for every new

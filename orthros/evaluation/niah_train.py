@@ -229,7 +229,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-positions", type=int, default=d.max_position_embeddings,
                    help="the model's max_position_embeddings (default: %(default)s)")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of every random draw (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (default: 1; 0 = torch's own choice)")
     p.add_argument("--log-every", type=int, default=d.log_every,
                    help="steps between log lines: loss and held-out accuracy (default: %(default)s)")
     p.add_argument("--init", default=None, help="continue training this checkpoint (e.g. a longer-context stage); "

@@ -162,8 +162,10 @@ class ShardedOrthros:
         if core is None or not hasattr(core, "layers") or not hasattr(model, "lm_head"):
             raise TypeError(f"model must be an OrthrosForCausalLM, got {type(model).__name__}")
         if model.config.attention_mode != "orthros" or any(t != "orthros_attention" for t in model.config.layer_types):
-            raise ValueError(f"sequence-parallel inference needs attention_mode='orthros', got "
-                             f"{model.config.attention_mode!r}")
+            kinds = sorted(set(model.config.layer_types))
+            raise ValueError(f"sequence-parallel inference needs Orthros attention layers only (attention_mode="
+                             f"'orthros', every layer 'orthros_attention'), got attention_mode="
+                             f"{model.config.attention_mode!r} with layer types {kinds}")
         check_positive_int("chunk_size", chunk_size)
         check_positive_int("key_chunk", key_chunk)
         self.model = model

@@ -12,8 +12,9 @@ what weight decay touches and on the shape of the schedule; each passes its own 
   learning rate of Orthros' scale-offset parameters (alpha, beta, alpha', beta': the only
   parameters a conversion adds), in their own group; the schedule scales every group alike.
 * **Schedule**: linear warm-up from ``1 / warmup_steps`` of the peak to the peak over
-  ``warmup_steps`` steps, then ``cosine`` (to ``min_lr_ratio`` x peak at the last step),
-  ``linear`` (same end point) or ``constant``. Step ``s`` (0-based) is trained with
+  ``warmup_steps`` steps, then ``cosine`` (to ``min_lr_ratio`` x peak at step ``total_steps``,
+  one past the last trained step, which runs just above it), ``linear`` (same end point) or
+  ``constant``. Step ``s`` (0-based) is trained with
   ``peak * lr_multiplier(s, ...)``.
 """
 

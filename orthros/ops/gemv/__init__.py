@@ -23,9 +23,9 @@ decoder layer's GEMMs fused into it (:mod:`.naive` is the specification):
   ``x``, ``weight``, ``norm_weight``, contiguous weight, no gradient wanted: the op has no
   backward), else ``"torch"``.
 
-The engine's decode calls it under ``Engine(gemv=True)`` (through
-:func:`orthros.layers.common.linear`; opt-in, ``orthros generate --gemv``: batched decode through
-it is not timed yet; measured in docs/issue-18-log.md, "the GEMV tuned in the engine");
+The engine's decode calls it through :func:`orthros.layers.common.linear` (``Engine(gemv=...)``:
+on by default for a fused CUDA model, ``orthros generate --no-gemv`` turns it off; docs/engine.md,
+and docs/issue-18-log.md, "the GEMV tuned in the engine", for its measurements);
 ``benchmarks/gemv.py [--fused]`` times the op itself against cuBLAS and the unfused ops.
 """
 
