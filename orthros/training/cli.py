@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Optional
 
-USAGE = """orthros train [CONFIG.yaml] [--key value ...] [--resume [PATH]] [--help-config]
+USAGE = """orthros train [CONFIG.yaml] [--key value ...] [--resume [PATH]] [--dry-run] [--help-config]
 
 Train an Orthros (or Transformer / SWA baseline) model: modes pt, sft, cpt.
 With no config, trains a tiny Orthros model on the embedded Shakespeare corpus (offline).
@@ -19,6 +19,8 @@ With no config, trains a tiny Orthros model on the embedded Shakespeare corpus (
   --key value       override one key: dotted (--optim.lr 3e-4) or a unique leaf (--lr 3e-4)
   --resume [PATH]   continue from the latest checkpoint in output_dir (or from PATH)
   --help-config     list every key with its default and what it means
+  --dry-run         make every check the run makes before it starts (config, output_dir, resume
+                    point, tokenizer, data), print what it would train, write nothing
 
 Several processes: torchrun --nproc-per-node N -m orthros.train CONFIG.yaml (FSDP2).
 """
@@ -39,11 +41,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     path = None
     if argv and not argv[0].startswith("--"):
         path, argv = argv[0], argv[1:]
+    dry = "--dry-run" in argv
+    argv = [a for a in argv if a != "--dry-run"]
     try:
         cfg = load_config(path, argv)
-        from .trainer import train
+        from .trainer import dry_run, train
 
-        train(cfg)
+        if dry:
+            print(dry_run(cfg))
+        else:
+            train(cfg)
     except (ConfigError, DataError) as e:
         print(f"orthros train: error: {e}", file=sys.stderr)
         return 2

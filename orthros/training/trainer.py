@@ -642,6 +642,56 @@ def _plot_run(output_dir: str, say: bool = True) -> None:
         print(f"[orthros train] {msg}", file=sys.stderr, flush=True)
 
 
+def dry_run(cfg: RunConfig) -> str:
+    """What ``orthros train --dry-run`` prints: the run ``cfg`` describes, after every check the
+    real run makes before it starts (output directory, resume point, tokenizer, model config, the
+    data's first documents, the eval sequences). The model is built on the meta device (no
+    weights are read or initialised) and nothing is written."""
+    from ..kinds import model_kind
+    from ..models import OrthrosForCausalLM
+
+    trainer = Trainer(cfg)
+    try:
+        mc, dist = trainer.model_config, trainer.dist
+        with torch.device("meta"):
+            n_params = sum(p.numel() for p in OrthrosForCausalLM(mc).parameters())
+    finally:
+        trainer.dist.close()
+    t, o, d, c = cfg.train, cfg.optim, cfg.data, cfg.checkpoint
+    start = trainer.resume_state["step"] if trainer.resume_state else 0
+    rows = dist.world * t.grad_accum * t.micro_batch_size
+    per_step = rows * d.seq_len
+    kind = model_kind(mc.layer_types, mc.attention_mode)
+    window = f", window {mc.window_size}" if mc.attention_mode != "full" else ""
+    weights = (f"resumes from {trainer.resume_dir} (step {start})" if trainer.resume_dir else
+               f"weights from {cfg.model.init_from}" if cfg.model.init_from else "a fresh initialisation")
+    out = Path(cfg.output_dir)
+    where = ("does not exist yet" if not out.exists() else
+             "holds the checkpoint it resumes from" if trainer.resume_dir else "exists and holds no checkpoint")
+    steps_left = max(t.max_steps - start, 0)
+    schedule = (f"AdamW, lr {o.lr:g}, {o.warmup_steps} warm-up steps, then {o.schedule}" +
+                (f" to {o.min_lr_ratio:g}x" if o.schedule != "constant" else ""))
+    rows_out = [
+        ("run", f"{cfg.mode}, seed {cfg.seed}; output_dir {cfg.output_dir} ({where})"),
+        ("model", f"{kind}{window}: {mc.num_hidden_layers} layers, hidden {mc.hidden_size}, "
+                  f"{mc.num_attention_heads} heads ({mc.num_key_value_heads} KV) of {mc.head_dim}, "
+                  f"vocab {mc.vocab_size:,}; {n_params:,} parameters; {weights}"),
+        ("data", f"train {d.train!r}, eval {d.eval!r} ({len(trainer.eval_rows)} held-out sequences); "
+                 f"tokenizer {d.tokenizer!r} ({len(trainer.tokenizer):,} tokens)"),
+        ("batch", f"{rows} sequences x {d.seq_len} tokens a step = {per_step:,} tokens (micro-batch "
+                  f"{t.micro_batch_size} x grad_accum {t.grad_accum} x {dist.world} process"
+                  f"{'es' if dist.world != 1 else ''})"),
+        ("steps", f"{start} -> {t.max_steps}: {steps_left:,} steps, {steps_left * per_step:,} tokens; {schedule}"),
+        ("device", f"{trainer.device}, {trainer.precision}" + (", compiled layers" if t.compile else "") +
+                   (", activation checkpointing" if t.activation_checkpointing else "")),
+        ("eval", f"every {t.eval_every} steps and at the end" if t.eval_every else "at the end"),
+        ("checkpoints", (f"every {c.every} steps and at the end" if c.every else "at the end") +
+                        f", the last {c.keep_last} kept"),
+    ]
+    return "\n".join(["orthros train --dry-run: every check passed; nothing was written"] +
+                      [f"  {k:<12} {v}" for k, v in rows_out])
+
+
 def train(cfg: RunConfig) -> dict:
     """Run one training job described by ``cfg``; returns a summary dict (on every process)."""
     trainer = Trainer(cfg)

@@ -1,0 +1,58 @@
+"""``orthros train --dry-run``: every check of a real run, then what it would train; nothing is
+written, its figures are those of the real run, and a refused config fails as the run would."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+pytest.importorskip("datasets", reason="training needs the `datasets` package")
+
+from orthros.cli import main as orthros_main  # noqa: E402
+from orthros.training.config import load_config  # noqa: E402
+from orthros.training.trainer import train  # noqa: E402
+
+from test_trainer import corpus, tiny  # noqa: E402,F401  (the module's fixture and arguments)
+
+
+def listing(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def dry(args, capsys):
+    capsys.readouterr()
+    rc = orthros_main(["train", *args, "--dry-run"])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_dry_run_writes_nothing_and_reports_the_run(tmp_path, corpus, capsys):  # noqa: F811
+    out = tmp_path / "run"
+    before = listing(tmp_path)
+    rc, text, err = dry(tiny(out, corpus, "--max_steps", "6"), capsys)
+    assert rc == 0, err
+    assert listing(tmp_path) == before and not out.exists()
+    assert text.startswith("orthros train --dry-run: every check passed; nothing was written")
+    assert "output_dir" in text and "(does not exist yet)" in text
+    assert "2 sequences x 32 tokens a step = 64 tokens" in text and "0 -> 6: 6 steps, 384 tokens" in text
+    assert "(4 held-out sequences)" in text and "a fresh initialisation" in text
+    # the figures are the real run's: its parameter count and the steps it then trains
+    train(load_config(None, tiny(out, corpus, "--max_steps", "3", "--checkpoint.every", "3")))
+    n_params = int(re.search(r"; ([\d,]+) parameters;", text).group(1).replace(",", ""))
+    from orthros import OrthrosForCausalLM
+
+    ckpt = out / "checkpoints" / "step_00000003"
+    assert n_params == sum(p.numel() for p in OrthrosForCausalLM.from_pretrained(str(ckpt)).parameters())
+    rc, text, err = dry(tiny(out, corpus, "--max_steps", "6"), capsys)  # the run is there now: it resumes
+    assert rc == 0, err
+    assert f"resumes from {ckpt} (step 3)" in text and "3 -> 6: 3 steps, 192 tokens" in text
+
+
+def test_dry_run_refuses_what_the_run_refuses(tmp_path, corpus, capsys):  # noqa: F811
+    rc, _, err = dry(tiny(tmp_path / "run", corpus, "--seq_len", "64", "--model.max_position_embeddings", "32"),
+                     capsys)
+    assert rc == 2 and "data.seq_len (64) is larger" in err
+    rc, _, err = dry(tiny(tmp_path / "run", corpus, "--data.train", str(tmp_path / "none.jsonl")), capsys)
+    assert rc == 2 and "none.jsonl" in err
+    assert not (tmp_path / "run").exists()
