@@ -7,6 +7,7 @@ For the shared ``orthros`` CLI: call :func:`add_parser` with the subparsers obje
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Optional
 
@@ -48,7 +49,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         from .trainer import dry_run, train
 
         if dry:
-            print(dry_run(cfg))
+            plan = dry_run(cfg)
+            if os.environ.get("RANK", "0") == "0":  # under torchrun, one copy of it
+                print(plan)
         else:
             train(cfg)
     except (ConfigError, DataError) as e:

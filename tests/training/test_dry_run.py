@@ -56,3 +56,13 @@ def test_dry_run_refuses_what_the_run_refuses(tmp_path, corpus, capsys):  # noqa
     rc, _, err = dry(tiny(tmp_path / "run", corpus, "--data.train", str(tmp_path / "none.jsonl")), capsys)
     assert rc == 2 and "none.jsonl" in err
     assert not (tmp_path / "run").exists()
+
+
+def test_dry_run_under_torchrun_prints_one_plan(tmp_path, corpus):  # noqa: F811
+    from test_trainer import run_cli
+
+    r = run_cli([*tiny(tmp_path / "run", corpus, "--max_steps", "4"), "--dry-run"], torchrun=2)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.count("every check passed") == 1, r.stdout
+    assert "4 sequences x 32 tokens a step = 128 tokens (micro-batch 2 x grad_accum 1 x 2 processes)" in r.stdout
+    assert not (tmp_path / "run").exists()
