@@ -118,6 +118,9 @@ def test_import_orthros_registers_the_auto_classes(checkpoint, order):
 
 BAD_INPUT = [
     ["nosuchcommand"],
+    ["bench", "prefill", "--device", "cpu", "--systems", "orthros,bogus"],
+    ["bench", "decode", "--device", "cpu", "--chunk", "0"],
+    ["info", "/nonexistent/model"],
     ["train", "--no_such_key", "1"],
     ["train", "--lr", "-1"],
     ["eval", "mqar", "--steps", "0"],

@@ -106,16 +106,18 @@ def main(argv=None) -> int:
 
     dev = torch.device(args.device)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        print("orthros bench: no CUDA device; pass --device cpu (with --preset tiny for a smoke run)", file=sys.stderr)
+        print("orthros bench: error: no CUDA device; pass --device cpu (with --preset tiny for a smoke run)",
+              file=sys.stderr)
         return 2
     if args.chunk < 1:
-        print("orthros bench: --chunk must be >= 1", file=sys.stderr)
+        print("orthros bench: error: --chunk must be >= 1", file=sys.stderr)
         return 2
     if hasattr(args, "systems") and any(s not in I.PREFILL_SYSTEMS for s in args.systems.split(",") if s):
-        print(f"orthros bench: unknown systems in {args.systems!r}; choose from {I.PREFILL_SYSTEMS}", file=sys.stderr)
+        print(f"orthros bench: error: unknown systems in {args.systems!r}; choose from {I.PREFILL_SYSTEMS}",
+              file=sys.stderr)
         return 2
     if getattr(args, "batch", 1) < 1:
-        print("orthros bench: --batch must be >= 1", file=sys.stderr)
+        print("orthros bench: error: --batch must be >= 1", file=sys.stderr)
         return 2
     dtype = parse_dtype(args.dtype, "--dtype")
     if dev.type == "cuda":
