@@ -96,6 +96,9 @@ class DocSource:
         files = None if fmt == "hub" else _resolve_files(spec)
         kwargs = {}
         if files is None:
+            from .hub import check_hub_name
+
+            check_hub_name(name, str(spec), "dataset")
             builder, load_args = str(spec), {}
         else:
             fmts = {_EXT_FORMAT.get(Path(_strip_compression(f)).suffix) for f in files} if fmt == "auto" else {fmt}

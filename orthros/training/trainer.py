@@ -29,6 +29,7 @@ from ..utils import Progress
 from . import checkpoint as ckpt
 from .config import ARCH_TO_ATTENTION_MODE, ConfigError, RunConfig, dump_yaml
 from .data import DataError, PackedBatch, build_stream, collate, count_targets, eval_rows
+from .hub import check_hub_name
 from .metrics import MetricsLogger, detect_peak_flops, train_flops
 from .optim import build_optimizer, build_scheduler
 
@@ -142,6 +143,8 @@ def load_tokenizer(cfg: RunConfig):
     init = cfg.model.init_from
     if name == "embedded" and init and (Path(init) / "tokenizer_config.json").is_file():
         name = init  # a checkpoint's own tokenizer beats the embedded one (it may be a converted model)
+    if name != "embedded" and not Path(name).expanduser().is_dir():
+        check_hub_name("data.tokenizer", name, "tokenizer")
     try:
         tok = _load(name)
     except Exception as e:  # noqa: BLE001
@@ -171,8 +174,10 @@ def model_config_for(cfg: RunConfig, tokenizer):
         else {"attention_mode": ARCH_TO_ATTENTION_MODE[arch]}
     mode = layout.get("attention_mode", "full")
     if m.init_from:
-        if not os.path.isdir(m.init_from) and not re.fullmatch(r"[\w.-]+/[\w.-]+", m.init_from):
-            raise ConfigError(f"model.init_from: {m.init_from!r} is not a checkpoint directory")
+        if not os.path.isdir(m.init_from):
+            if not re.fullmatch(r"[\w.-]+/[\w.-]+", m.init_from):
+                raise ConfigError(f"model.init_from: {m.init_from!r} is not a checkpoint directory")
+            check_hub_name("model.init_from", m.init_from, "model")
         try:
             mc = AutoConfig.from_pretrained(m.init_from)
         except Exception as e:  # noqa: BLE001
@@ -647,6 +652,7 @@ def dry_run(cfg: RunConfig) -> str:
     real run makes before it starts (output directory, resume point, tokenizer, model config, the
     data's first documents, the eval sequences). The model is built on the meta device (no
     weights are read or initialised) and nothing is written."""
+    from ..data import TOKENIZER_DIR
     from ..kinds import model_kind
     from ..models import OrthrosForCausalLM
 
@@ -669,6 +675,9 @@ def dry_run(cfg: RunConfig) -> str:
     where = ("does not exist yet" if not out.exists() else
              "holds the checkpoint it resumes from" if trainer.resume_dir else "exists and holds no checkpoint")
     steps_left = max(t.max_steps - start, 0)
+    source = trainer.tokenizer.name_or_path
+    tokenizer = (repr(d.tokenizer) if d.tokenizer != "embedded" else
+                 "'embedded'" if Path(source).resolve() == TOKENIZER_DIR.resolve() else f"of {source}")
     schedule = (f"AdamW, lr {o.lr:g}, {o.warmup_steps} warm-up steps, then {o.schedule}" +
                 (f" to {o.min_lr_ratio:g}x" if o.schedule != "constant" else ""))
     rows_out = [
@@ -677,7 +686,7 @@ def dry_run(cfg: RunConfig) -> str:
                   f"{mc.num_attention_heads} heads ({mc.num_key_value_heads} KV) of {mc.head_dim}, "
                   f"vocab {mc.vocab_size:,}; {n_params:,} parameters; {weights}"),
         ("data", f"train {d.train!r}, eval {d.eval!r} ({len(trainer.eval_rows)} held-out sequences); "
-                 f"tokenizer {d.tokenizer!r} ({len(trainer.tokenizer):,} tokens)"),
+                 f"tokenizer {tokenizer} ({len(trainer.tokenizer):,} tokens)"),
         ("batch", f"{rows} sequences x {d.seq_len} tokens a step = {per_step:,} tokens (micro-batch "
                   f"{t.micro_batch_size} x grad_accum {t.grad_accum} x {dist.world} process"
                   f"{'es' if dist.world != 1 else ''})"),
