@@ -14,6 +14,7 @@ file) is one line and exit code 2, as for every command. Nothing is written.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 from collections import Counter
@@ -82,7 +83,7 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
     from .serving import check_servable
     from .models import OrthrosConfig, OrthrosForCausalLM
     from .training.checkpoint import MANIFEST, CheckpointError, verify as verify_manifest
-    from .training.metrics import window_keys
+    from .training.metrics import forward_flops
     from .utils import dtype_name, parse_dtype
 
     d = checkpoint_dir(path, arg="PATH")
@@ -117,13 +118,14 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
                           dtype=cache_dtype, device="meta", linear=linear_layers(model))
     per_token = cache.nbytes // (batch_size * L)
 
-    # attention FLOPs of a prefill of L tokens (scores and values: 4 * heads * head_dim a key)
+    # FLOPs of a prefill of L tokens (logits at the last one), against the same layers with full
+    # attention; the Orthros output query of the last token attends to all L keys
     mode, types = config.attention_mode, list(config.layer_types)
-    n_attn = sum(t in ATTENTION_LAYER_TYPES for t in types)
-    per_key = 4 * config.num_attention_heads * config.head_dim * n_attn
-    full_keys = L * (L + 1) // 2
-    keys = {"full": full_keys, "window": window_keys(L, config.window_size),
-            "orthros": window_keys(L, config.window_size) + L}[mode]  # + the last token's output query
+    full = copy.deepcopy(config)
+    full.attention_mode = "full"
+    full.layer_types = ["full_attention" if t in ATTENTION_LAYER_TYPES else t for t in types]
+    flops = forward_flops(config, [L], 1, out_keys=L)
+    flops_full = forward_flops(full, [L], 1)
 
     tok_cfg = _read_json(d / "tokenizer_config.json") or {}
     auto_map = (_read_json(d / "config.json") or {}).get("auto_map") or {}
@@ -177,7 +179,8 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
         "origin": origin,
         "cache": {"batch_size": batch_size, "max_seq_len": L, "dtype": dtype_name(cache_dtype),
                   "kv_bytes_per_token": per_token, "kv_bytes": cache.nbytes, "state_bytes": cache.state_nbytes},
-        "prefill_attention_flops": {"tokens": L, "model": per_key * keys, "transformer": per_key * full_keys},
+        "prefill_flops": {"tokens": L, "attention": flops["attention"], "attention_full": flops_full["attention"],
+                          "total": sum(flops.values()), "total_full": sum(flops_full.values())},
     }
 
 
@@ -239,13 +242,18 @@ def format_report(r: dict) -> str:
             (f" + {states}" if c["state_bytes"] else ""))
     else:
         row("cache", f"no K/V (Gated DeltaNet layers only): {rows}, {states} ({c['dtype']}) at any length")
-    f = r["prefill_attention_flops"]
-    if r["attention_mode"] != "full" and f["model"]:
+    f = r["prefill_flops"]
+    if r["attention_mode"] != "full" and f["attention"]:
         baseline = "the same layers with full attention" if r["gdn"] else "a Transformer's"
-        row("prefill", f"attention FLOPs at {f['tokens']:,} tokens: {_flops(f['model'])}, {baseline} "
-                       f"{_flops(f['transformer'])} ({f['transformer'] / f['model']:.1f}x)")
-    elif f["model"]:
-        row("prefill", f"attention FLOPs at {f['tokens']:,} tokens: {_flops(f['model'])}")
+        row("prefill", f"FLOPs at {f['tokens']:,} tokens, against {baseline}: attention {_flops(f['attention'])} vs "
+                       f"{_flops(f['attention_full'])} ({f['attention_full'] / f['attention']:.1f}x fewer)")
+        row("", f"whole forward {_flops(f['total'])} vs {_flops(f['total_full'])} "
+                f"({f['total_full'] / f['total']:.2f}x fewer; projections and MLPs are the same)")
+    elif f["attention"]:
+        row("prefill", f"FLOPs at {f['tokens']:,} tokens: attention {_flops(f['attention'])}, whole forward "
+                       f"{_flops(f['total'])}")
+    else:
+        row("prefill", f"FLOPs at {f['tokens']:,} tokens: whole forward {_flops(f['total'])} (no attention layers)")
     return "\n".join(out)
 
 

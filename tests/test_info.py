@@ -56,18 +56,29 @@ def test_figures_match_the_model_and_the_engines_cache(which, request):
 
 
 @pytest.mark.parametrize("L,w", [(1, 16), (16, 16), (17, 16), (100, 16), (300, 128)])
-def test_prefill_attention_flops_count_the_attended_keys(ckpt, L, w):
+def test_prefill_flops_count_the_attended_keys_and_the_weights(ckpt, L, w):
     """Orthros: every token sees its last ``w`` keys, and the last token's output query all ``L``;
-    a Transformer: every token all keys before it. 4 FLOPs a key, head dimension and head."""
-    brute_window = sum(min(t + 1, w) for t in range(L))
-    assert window_keys(L, w) == brute_window
-    r = describe(ckpt, max_seq_len=min(L, 256))
+    a Transformer: every token all keys before it. 4 FLOPs a key, head dimension and head; the
+    rest is 2 FLOPs a weight of the layers' linear maps a token (the output token's too) plus the
+    LM head at one position."""
+    from torch import nn
+
+    from orthros.models import OrthrosConfig, OrthrosForCausalLM
+
+    assert window_keys(L, w) == sum(min(t + 1, w) for t in range(L))
+    n = min(L, 256)
+    r = describe(ckpt, max_seq_len=n)
     cfg = json.loads((ckpt / "config.json").read_text())
     per_key = 4 * cfg["num_attention_heads"] * cfg["head_dim"] * cfg["num_hidden_layers"]
-    n = min(L, 256)
-    f = r["prefill_attention_flops"]
-    assert f["model"] == per_key * (sum(min(t + 1, cfg["window_size"]) for t in range(n)) + n)
-    assert f["transformer"] == per_key * n * (n + 1) // 2
+    f = r["prefill_flops"]
+    assert f["attention"] == per_key * (sum(min(t + 1, cfg["window_size"]) for t in range(n)) + n)
+    assert f["attention_full"] == per_key * n * (n + 1) // 2
+    with torch.device("meta"):
+        model = OrthrosForCausalLM(OrthrosConfig.from_pretrained(str(ckpt)))
+    linear = sum(m.weight.numel() for m in model.model.layers.modules() if isinstance(m, nn.Linear))
+    head = 2 * cfg["hidden_size"] * cfg["vocab_size"]
+    assert f["total"] - f["attention"] == 2 * (n + 1) * linear + head  # n base tokens and the output token
+    assert f["total_full"] - f["attention_full"] == 2 * n * linear + head
 
 
 def test_table_and_json(ckpt, hybrid, capsys):

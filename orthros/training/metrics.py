@@ -54,6 +54,15 @@ def train_flops(model_cfg, seg_lens: list, n_out: int) -> float:
       attention kernels' masked-out blocks are not;
     * every layer: the SwiGLU MLP; the LM head on the ``n_out`` scored positions.
     """
+    return 3.0 * sum(forward_flops(model_cfg, seg_lens, n_out).values())
+
+
+def forward_flops(model_cfg, seg_lens: list, n_out: int, *, out_keys=None) -> dict:
+    """The forward FLOPs :func:`train_flops` counts, by part: ``mlp``, ``attention_projections``,
+    ``attention`` (the (query, key) pairs), ``gdn`` (Gated DeltaNet layers) and ``lm_head``.
+    ``out_keys``: the keys all output queries attend to together, when known (a prefill's one
+    output query, at the last of ``T`` tokens, attends to ``T``); by default each output query
+    is taken at an average position (``n_out / T`` of the causal pairs)."""
     c = model_cfg
     d, H, KV, hd, I, V = (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
                           c.intermediate_size, c.vocab_size)
@@ -68,7 +77,7 @@ def train_flops(model_cfg, seg_lens: list, n_out: int) -> float:
     full_keys = sum(s * (s + 1) // 2 for s in seg_lens)
     win_keys = sum(window_keys(s, c.window_size) for s in seg_lens)
     if mode == "orthros":
-        keys = win_keys + full_keys * (n_out / max(T, 1))
+        keys = win_keys + (full_keys * (n_out / max(T, 1)) if out_keys is None else out_keys)
     elif mode == "window":
         keys = win_keys
     else:
@@ -85,7 +94,9 @@ def train_flops(model_cfg, seg_lens: list, n_out: int) -> float:
         out = 2 * d * (key_dim + value_dim) + 2 * value_dim * d + 2 * hv * dk * dv
         gdn = (base * T + out * extra) * n_linear
     head = 2 * d * V * n_out
-    return 3.0 * (mlp + attn_proj + attn + gdn + head)
+    return {"mlp": mlp, "attention_projections": attn_proj, "attention": attn, "gdn": gdn, "lm_head": head}
+
+
 
 
 class MetricsLogger:
