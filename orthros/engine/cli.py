@@ -2,6 +2,7 @@
 
     orthros generate --model PATH "Once upon a time"
     orthros generate --model PATH --chat --interactive        # multi-turn, the cache is kept
+    orthros generate --model PATH --chat --system "Be brief." "Why is the sky blue?"
     orthros generate --model PATH --prompts FILE -o out.jsonl  # a file of prompts, in batches
 
 In ``--interactive`` mode every line read from stdin is a new user turn appended to the same
@@ -45,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(measured 2-13%% faster on an H200 at B = 1-8; docs/engine.md)")
     g.add_argument("--no-gemv", action="store_true", help="decode with the projections' ops one by one")
     p.add_argument("--chat", action="store_true", help="wrap turns in the tokenizer's chat template")
+    p.add_argument("--system", metavar="TEXT", default=None,
+                   help="with --chat: a system message that opens the conversation (every prompt's, with --prompts)")
     p.add_argument("--interactive", action="store_true", help="multi-turn: read one user turn per stdin line")
     g = p.add_argument_group("a file of prompts")
     g.add_argument("--prompts", default=None, metavar="FILE",
@@ -116,6 +119,8 @@ def main(argv=None) -> int:
         for name in ("max_new_tokens", "max_seq_len", "prefill_chunk", "batch_size"):
             if getattr(args, name) is not None and getattr(args, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+        if args.system is not None and not args.chat:
+            raise ValueError("--system goes with --chat (it is a message of the chat template)")
         prompts = _check_prompt_file(args)
         dev, dtype = _resolve(args)
         config, tok_dir = _check_checkpoint(args)
@@ -205,7 +210,7 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
         raise ValueError(f"{tok_dir}: the tokenizer does not load ({type(e).__name__}: {e})") from None
     if prompts is not None:
         return _generate_file(args, sampling, dev, dtype, config, tok, prompts)
-    messages, history = [], []
+    messages, history = _opening(args), []
 
     def encode_turn(text):
         if not args.chat:
@@ -276,6 +281,11 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
     return 0
 
 
+def _opening(args) -> list:
+    """The messages a conversation starts with: the ``--system`` message, if any."""
+    return [{"role": "system", "content": args.system}] if args.system else []
+
+
 def _chat_ids(tok, messages) -> list:
     """The token ids of ``messages`` in the tokenizer's chat template, ready for the reply."""
     ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
@@ -310,7 +320,8 @@ def _generate_file(args, sampling, dev, dtype, config, tok, texts) -> int:
 
     encoded = []
     for i, text in enumerate(texts):
-        ids = _chat_ids(tok, [{"role": "user", "content": text}]) if args.chat else tok(text)["input_ids"]
+        ids = _chat_ids(tok, [*_opening(args), {"role": "user", "content": text}]) if args.chat \
+            else tok(text)["input_ids"]
         if not ids:
             raise ValueError(f"--prompts: prompt {i + 1} encodes to no tokens")
         check_fits(0, len(ids), args.max_new_tokens, max_seq_len=args.max_seq_len,

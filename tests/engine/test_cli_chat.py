@@ -1,0 +1,106 @@
+"""``orthros generate --chat`` (and ``--system``) on a tiny checkpoint with the shipped ChatML
+tokenizer: the text is the engine's greedy reply to the chat-templated prompt, a later turn runs
+only its new tokens, and the system message opens every conversation."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import pytest
+import torch
+
+from orthros.cli import main as orthros_main
+from orthros.engine import Engine
+from orthros.evaluation.common import make_tiny_checkpoint
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("chat") / "ckpt", max_position_embeddings=512)
+
+
+@pytest.fixture(scope="module")
+def model_and_tok(ckpt):
+    from transformers import AutoTokenizer
+
+    from orthros.models import OrthrosForCausalLM
+
+    return OrthrosForCausalLM.from_pretrained(str(ckpt)).eval(), AutoTokenizer.from_pretrained(str(ckpt))
+
+
+def run(argv, stdin=""):
+    out, old_out, old_in = io.StringIO(), sys.stdout, sys.stdin
+    sys.stdout, sys.stdin = out, io.StringIO(stdin)
+    try:
+        rc = orthros_main(["generate", *argv])
+    finally:
+        sys.stdout, sys.stdin = old_out, old_in
+    return rc, out.getvalue()
+
+
+def chat_ids(tok, messages):
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def reply(model, tok, ids, n=6):
+    new = Engine(model, max_seq_len=256).generate([ids], n, eos_token_id=tok.eos_token_id)[0]
+    return tok.decode(new, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("system", [None, "Answer in one word."])
+def test_chat_reply_is_the_engines_reply_to_the_templated_prompt(ckpt, model_and_tok, system):
+    model, tok = model_and_tok
+    torch.set_num_threads(1)
+    sys_args = ["--system", system] if system else []
+    rc, text = run(["--model", str(ckpt), "--device", "cpu", "--max-new-tokens", "6", "--chat", *sys_args,
+                    "What is the capital of France?"])
+    assert rc == 0
+    messages = ([{"role": "system", "content": system}] if system else []) + \
+        [{"role": "user", "content": "What is the capital of France?"}]
+    ids = chat_ids(tok, messages)
+    assert ("Answer in one word." in tok.decode(ids)) == bool(system)
+    assert text == reply(model, tok, ids) + "\n"
+
+
+def test_interactive_chat_keeps_the_system_message_and_the_history(ckpt, model_and_tok):
+    model, tok = model_and_tok
+    torch.set_num_threads(1)
+    rc, text = run(["--model", str(ckpt), "--device", "cpu", "--max-new-tokens", "4", "--chat", "--interactive",
+                    "--system", "Be brief."], stdin="Hello there\nAnd again\n")
+    assert rc == 0
+    lines = text.split("\n")
+    # turn 1 from the opening [system, user]; turn 2 continues the same cache with the template's new tokens
+    m1 = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+    ids1 = chat_ids(tok, m1)
+    eng = Engine(model, max_seq_len=256)
+    new1 = eng.generate([ids1], 4, eos_token_id=tok.eos_token_id)[0]
+    assert lines[0] == tok.decode(new1, skip_special_tokens=True)
+    m2 = m1 + [{"role": "assistant", "content": tok.decode(new1, skip_special_tokens=True)},
+               {"role": "user", "content": "And again"}]
+    full, history = chat_ids(tok, m2), ids1 + new1
+    turn2 = full[len(history):] if full[:len(history)] == history else chat_ids(tok, m2[-1:])
+    new2 = eng.generate([turn2], 4, eos_token_id=tok.eos_token_id, continue_=True)[0]
+    assert lines[1] == tok.decode(new2, skip_special_tokens=True)
+
+
+def test_a_file_of_prompts_with_a_system_message(ckpt, model_and_tok, tmp_path):
+    model, tok = model_and_tok
+    torch.set_num_threads(1)
+    f = tmp_path / "p.txt"
+    f.write_text("Hello\nWhat is two and two?\n")
+    out = tmp_path / "out.jsonl"
+    rc, _ = run(["--model", str(ckpt), "--device", "cpu", "--max-new-tokens", "5", "--chat", "--system", "Be kind.",
+                 "--prompts", str(f), "-o", str(out)])
+    assert rc == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    for rec, prompt in zip(recs, ["Hello", "What is two and two?"]):
+        ids = chat_ids(tok, [{"role": "system", "content": "Be kind."}, {"role": "user", "content": prompt}])
+        assert rec["prompt"] == prompt and rec["completion"] == reply(model, tok, ids, 5)
+
+
+def test_system_without_chat_is_refused(ckpt, capsys):
+    assert orthros_main(["generate", "--model", str(ckpt), "--system", "Be brief.", "hi"]) == 2
+    assert "--system goes with --chat" in capsys.readouterr().err
