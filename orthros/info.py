@@ -2,10 +2,11 @@
 
 It prints the model (kind, window, layers, shape, positions), the weights (parameters, dtypes,
 files, each file's header checked against its size), whether a tokenizer and a chat template
-and the remote code are there, where the checkpoint came from (``conversion_report.json`` of
-``orthros convert``, ``manifest.json`` of a training checkpoint), the cache a request of
-``--batch-size`` rows of ``--max-seq-len`` tokens needs in the engine, and the attention FLOPs
-of a prefill of ``--max-seq-len`` tokens against a Transformer's. ``--verify`` checks a
+and the remote code are there, whether the vLLM plugin serves it, where the checkpoint came
+from (``conversion_report.json`` of ``orthros convert``, ``manifest.json`` of a training
+checkpoint), the cache a request of ``--batch-size`` rows of ``--max-seq-len`` tokens needs in
+the engine, and the FLOPs of a prefill of ``--max-seq-len`` tokens (attention, and the whole
+forward) against the same layers with full attention. ``--verify`` checks a
 training checkpoint's files against the sha256 sums of its manifest. ``--json`` prints the same
 as one JSON object. Bad input (not a directory, not an Orthros checkpoint, a damaged weight
 file) is one line and exit code 2, as for every command. Nothing is written.
@@ -34,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="orthros info",
         description="Describe an Orthros checkpoint directory without loading its weights: the model, its weights "
                     "(each file's header checked against its size), tokenizer, remote code, where it came from, "
-                    "the engine's cache for a request, and a prefill's attention FLOPs against a Transformer's.")
+                    "whether vLLM serves it, the engine's cache for a request, and a prefill's FLOPs against a "
+                    "Transformer's.")
     p.add_argument("path", metavar="PATH", help="an Orthros checkpoint directory (save_pretrained, orthros convert, "
                                                 "or a training checkpoint)")
     p.add_argument("--max-seq-len", type=int, default=None, metavar="N",
