@@ -203,3 +203,12 @@ def test_transformers_bars_stay_out_of_logs(tmp_path):
                         "--device", "cpu", "hello"], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "\r" not in r.stderr and "Loading weights" not in r.stderr, r.stderr
+
+
+def test_an_unknown_option_is_named_with_its_sub_command(capsys):
+    from orthros.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["eval", "mqar", "--modesl", "x"])
+    assert e.value.code == 2
+    assert "orthros eval mqar: error: unrecognized arguments: --modesl x" in capsys.readouterr().err

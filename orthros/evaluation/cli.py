@@ -196,6 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
     _niah_train_parser(sub)
     _lm_parser(sub)
     _ppl_parser(sub)
+    for sp in sub.choices.values():  # each sub-command names itself in its errors (see main)
+        sp.set_defaults(sub_parser=sp)
     return p
 
 
@@ -295,7 +297,9 @@ def _lm(a) -> int:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    a = parser.parse_args(argv)
+    a, extra = parser.parse_known_args(argv)
+    if extra:  # named by the sub-command they were given to (argparse names only `orthros eval`)
+        getattr(a, "sub_parser", parser).error(f"unrecognized arguments: {' '.join(extra)}")
     if a.what is None:
         parser.print_help()
         return 0
