@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 from .kinds import ATTENTION_LAYER_TYPES, LINEAR_LAYER_TYPE, model_kind
-from .utils import DTYPE_CHOICES, check_positive_int
+from .utils import DTYPE_CHOICES, check_positive_int, format_bytes
 
 # safetensors dtype -> the short name CLIs use (floating dtypes a cache can have)
 _SHORT = {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}
@@ -50,14 +50,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "checkpoints carry one); reads every byte")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     return p
-
-
-def _bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def _flops(n: float) -> str:
@@ -213,7 +205,7 @@ def format_report(r: dict) -> str:
     row("positions", f"up to {r['max_position_embeddings']:,}{rope_text}")
     dtypes = ", ".join(r["weight_dtypes"])
     nfiles = len(r["files"])
-    row("weights", f"{r['parameters']:,} parameters ({dtypes}), {_bytes(r['weight_bytes'])} in {nfiles} "
+    row("weights", f"{r['parameters']:,} parameters ({dtypes}), {format_bytes(r['weight_bytes'])} in {nfiles} "
                    f"file{'s' if nfiles != 1 else ''}; every header matches its file's size")
     if not r["tokenizer"]:
         tok = "none (orthros generate needs --tokenizer DIR)"
@@ -235,12 +227,12 @@ def format_report(r: dict) -> str:
         row("origin", f"training checkpoint of step {origin['training_step']} (manifest.json: {check})")
     c = r["cache"]
     rows = f"{c['batch_size']:,} row{'s' if c['batch_size'] != 1 else ''}"
-    states = f"GDN states {_bytes(c['state_bytes'])}"
+    states = f"GDN states {format_bytes(c['state_bytes'])}"
     if attention:
         peer = "the Linear Hybrid" if r["gdn"] else "a Transformer"
         same = f", as for {peer} of this shape (output tokens write none)" if r["attention_mode"] == "orthros" else ""
-        row("cache", f"K/V {_bytes(c['kv_bytes_per_token'])} a token ({c['dtype']}){same}")
-        row("", f"{rows} x {c['max_seq_len']:,} tokens: {_bytes(c['kv_bytes'])}" +
+        row("cache", f"K/V {format_bytes(c['kv_bytes_per_token'])} a token ({c['dtype']}){same}")
+        row("", f"{rows} x {c['max_seq_len']:,} tokens: {format_bytes(c['kv_bytes'])}" +
             (f" + {states}" if c["state_bytes"] else ""))
     else:
         row("cache", f"no K/V (Gated DeltaNet layers only): {rows}, {states} ({c['dtype']}) at any length")

@@ -38,6 +38,15 @@ def dtype_name(dtype) -> str:
     return _SHORT.get(str(dtype).replace("torch.", ""), str(dtype))
 
 
+def format_bytes(n: float) -> str:
+    """``n`` bytes in binary units: ``512 B``, ``22.5 KiB``, ``256.7 MiB``, ``1.4 GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
 def check_positive_int(name: str, value, *, allow_none: bool = False):
     """Raise ``ValueError`` naming ``name`` unless ``value`` is an int >= 1 (or ``None`` when
     allowed); return ``value``."""

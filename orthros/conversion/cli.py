@@ -11,6 +11,7 @@ import argparse
 import signal
 import sys
 
+from ..utils import format_bytes
 from .architectures import SUPPORTED_ARCHITECTURES
 
 
@@ -34,7 +35,34 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-scale-offset", dest="scale_offset", action="store_false",
                    help="do not add the learnable alpha/beta query transforms")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--dry-run", action="store_true",
+                   help="make every check the conversion makes before it writes, print what it would write, "
+                        "write nothing")
     return p
+
+
+def format_plan(plan: dict) -> str:
+    """What ``orthros convert --dry-run`` prints (:func:`orthros.conversion.convert.plan_conversion`)."""
+    rows = [("source", f"{plan['architecture']}, {plan['source']} ({plan['source_format']})")]
+    dst = f"{plan['dst']} ({'replaced: --overwrite' if plan['dst_exists'] else 'new'})"
+    rows.append(("result", f"Orthros, window {plan['window_size']}, {plan['dtype']}"
+                           f"{'' if plan['scale_offset'] else ', no scale-offset'} -> {dst}"))
+    if plan["source_format"] == "gguf":
+        types = ", ".join(f"{t} {n}" for t, n in plan["tensor_types"].items())
+        rows.append(("tensors", f"{plan['tensors']} in the GGUF ({types}), {plan['parameters']:,} parameters; "
+                                f"de-quantised to float32 first, then mapped as a safetensors source"))
+    else:
+        dropped = "; ".join(f"{k}: {v}" for k, v in plan["dropped"].items())
+        rows.append(("tensors", f"{plan['mapped']} mapped from {plan['files']} file{'s' if plan['files'] != 1 else ''}, "
+                                f"{plan['added']} added (alpha/beta at 1/0), {len(plan['dropped'])} dropped"
+                                + (f" ({dropped})" if dropped else "")))
+        copied = ", ".join(plan["copied_files"]) or "none"
+        rows.append(("other files", f"copied: {copied}" +
+                     "".join(f"; skipped {s['file']} ({s['reason']})" for s in plan["skipped_files"])))
+        rows += [("note", n) for n in plan["notes"]]
+    rows.append(("disk", f"about {format_bytes(plan['bytes_needed'])} written"))
+    return "\n".join(["orthros convert --dry-run: every check passed; nothing was written"] +
+                     [f"  {k:<12} {v}" for k, v in rows])
 
 
 class _Terminated(BaseException):
@@ -50,8 +78,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.window_size < 1:
         print(f"orthros convert: error: --window-size must be >= 1, got {args.window_size}", file=sys.stderr)
         return 2
-    from .convert import convert_checkpoint
+    from .convert import convert_checkpoint, plan_conversion
 
+    if args.dry_run:
+        try:
+            print(format_plan(plan_conversion(args.src, args.dst, window_size=args.window_size, dtype=args.dtype,
+                                              overwrite=args.overwrite, scale_offset=args.scale_offset)))
+        except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError) as e:
+            print(f"orthros convert: error: {e}", file=sys.stderr)
+            return 2
+        except (OSError, ImportError) as e:
+            print(f"orthros convert: error: {e}", file=sys.stderr)
+            return 1
+        return 0
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:

@@ -370,17 +370,65 @@ def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrit
     if is_gguf_source(src):
         return _convert_gguf(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite,
                              scale_offset=scale_offset, progress=progress)
-    source = load_source(src)
-    _check_destination(source.path, dst, overwrite)
-    plan = make_plan(source.config, source.architecture, source.shapes(), window_size=window_size,
-                     scale_offset=scale_offset, out_dtype=out_dtype, config_dtype=_source_dtype(source))
-    _check_disk(dst, sum(t.nbytes * plan.cast(t.dtype).itemsize // t.dtype.itemsize
-                         for h in source.headers.values() for t in h.tensors.values()))
+    source, plan, _ = _prepare(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite,
+                               scale_offset=scale_offset)
     clean_stale(dst)
     with _atomic_directory(dst, overwrite) as tmp:
         report = _write_checkpoint(source, plan, tmp, window_size=window_size, scale_offset=scale_offset,
                                    progress=progress)
     return report
+
+
+def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: bool = False,
+                    scale_offset: bool = True) -> dict:
+    """Every check :func:`convert_checkpoint` makes before it writes, and what it would write
+    (``orthros convert --dry-run``), as a dict. Reads headers only; writes nothing. For a GGUF
+    source the file is checked whole, but its tensor plan is only made once transformers has
+    de-quantised it, so the dict has the GGUF's figures instead."""
+    _check_window(window_size)
+    out_dtype = resolve_dtype(dtype)
+    dst = Path(os.fspath(dst)).expanduser()
+    from .gguf import is_gguf_source
+
+    base = {"dst": str(dst), "dst_exists": dst.exists() and any(dst.iterdir()) if dst.is_dir() else dst.exists(),
+            "window_size": window_size, "scale_offset": scale_offset}
+    if is_gguf_source(src):
+        info, need = _prepare_gguf(src, dst, out_dtype=out_dtype, overwrite=overwrite)
+        return {**base, "source": str(info.path), "source_format": "gguf", "architecture": info.architecture,
+                "tensors": info.n_tensors, "parameters": info.n_params, "tensor_types": info.tensor_types,
+                "dtype": _dtype_name(out_dtype) if out_dtype else "float32", "bytes_needed": need}
+    source, plan, need = _prepare(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite,
+                                  scale_offset=scale_offset)
+    copied, skipped = _other_files(source)
+    return {**base, "source": str(source.path), "source_format": "safetensors", "architecture": source.architecture,
+            "files": len(source.headers), "dtype": _dtype_name(plan.config.dtype) if plan.config.dtype else None,
+            "mapped": len(plan.mapped), "added": len(plan.added), "dropped": dict(plan.dropped),
+            "notes": list(plan.notes), "copied_files": [f.name for f in copied], "skipped_files": skipped,
+            "bytes_needed": need}
+
+
+def _prepare(src, dst: Path, *, window_size: int, out_dtype, overwrite: bool, scale_offset: bool):
+    """The checks of a safetensors source before anything is written: ``(source, plan, bytes)``."""
+    source = load_source(src)
+    _check_destination(source.path, dst, overwrite)
+    plan = make_plan(source.config, source.architecture, source.shapes(), window_size=window_size,
+                     scale_offset=scale_offset, out_dtype=out_dtype, config_dtype=_source_dtype(source))
+    need = sum(t.nbytes * plan.cast(t.dtype).itemsize // t.dtype.itemsize
+               for h in source.headers.values() for t in h.tensors.values())
+    _check_disk(dst, need)
+    return source, plan, need
+
+
+def _prepare_gguf(src, dst: Path, *, out_dtype, overwrite: bool):
+    """The checks of a GGUF source before anything is written: ``(GGUFInfo, bytes)`` (the bytes
+    of the de-quantised staging copy and of the result)."""
+    from .gguf import inspect_gguf
+
+    info = inspect_gguf(src)  # the whole file is checked before anything is written
+    _check_destination(info.path, dst, overwrite)
+    need = info.n_params * 4 + info.n_params * (out_dtype.itemsize if out_dtype else 4)
+    _check_disk(dst, need)
+    return info, need
 
 
 def _check_disk(dst: Path, need: int) -> None:
@@ -393,11 +441,9 @@ def _check_disk(dst: Path, need: int) -> None:
 
 def _convert_gguf(src, dst: Path, *, window_size: int, out_dtype, overwrite: bool, scale_offset: bool,
                   progress: bool) -> dict:
-    from .gguf import gguf_to_hf_directory, inspect_gguf
+    from .gguf import gguf_to_hf_directory
 
-    info = inspect_gguf(src)  # the whole file is checked before anything is written
-    _check_destination(info.path, dst, overwrite)
-    _check_disk(dst, info.n_params * 4 + info.n_params * (out_dtype.itemsize if out_dtype else 4))
+    info, _ = _prepare_gguf(src, dst, out_dtype=out_dtype, overwrite=overwrite)
     clean_stale(dst)
     extra = {"source": str(info.path.absolute()), "source_format": "gguf",
              "gguf": {"file": info.path.name, "architecture": info.gguf_architecture, "name": info.name,
@@ -490,23 +536,30 @@ def _write_checkpoint(source: "SourceCheckpoint", plan: Plan, tmp: Path, *, wind
     if source.sharded:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-    for p in sorted(source.path.iterdir()):
-        if p.name in _NOT_COPIED or p.name.startswith("."):
-            continue
-        if p.name.endswith(_WEIGHT_SUFFIXES):
-            report["skipped_files"].append({"file": p.name, "reason": "weights not part of the converted checkpoint"
-                                            if p.name not in source.headers else "converted"})
-            continue
-        if not p.is_file():
-            report["skipped_files"].append({"file": p.name, "reason": "not a regular file (directories are not copied)"})
-            continue
+    copied, report["skipped_files"] = _other_files(source)
+    for p in copied:
         shutil.copy2(p, tmp / p.name)
         report["copied_files"].append(p.name)
-    report["skipped_files"] = [s for s in report["skipped_files"] if s["reason"] != "converted"]
     report["summary"] = (f"{len(report['mapped'])} source tensors mapped, {len(report['dropped'])} dropped "
                          f"(reasons given), {len(report['added'])} Orthros tensors added")
     (tmp / REPORT_FILE).write_text(_report_json(report))
     return report
+
+
+def _other_files(source: "SourceCheckpoint"):
+    """The source's files besides its config and weights: ``(files copied as they are,
+    [{"file", "reason"} of those skipped]``)."""
+    copied, skipped = [], []
+    for p in sorted(source.path.iterdir()):
+        if p.name in _NOT_COPIED or p.name.startswith(".") or p.name in source.headers:
+            continue
+        if p.name.endswith(_WEIGHT_SUFFIXES):
+            skipped.append({"file": p.name, "reason": "weights not part of the converted checkpoint"})
+        elif not p.is_file():
+            skipped.append({"file": p.name, "reason": "not a regular file (directories are not copied)"})
+        else:
+            copied.append(p)
+    return copied, skipped
 
 
 def _report_json(report: dict) -> str:

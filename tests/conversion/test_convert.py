@@ -410,3 +410,37 @@ def test_not_enough_disk_space(tmp_path, good_src, monkeypatch):
     with pytest.raises(OSError, match="not enough disk space"):
         convert_checkpoint(good_src, tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []
+
+
+# ------------------------------------------------------------------------ --dry-run
+def test_dry_run_reports_what_the_conversion_writes(good_src, tmp_path, capsys):
+    """--dry-run makes the checks and prints the plan; the real run then writes what it said."""
+    from orthros.conversion.convert import plan_conversion
+
+    dst = tmp_path / "out"
+    capsys.readouterr()
+    assert convert_main([str(good_src), str(dst), "--window-size", "16", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("orthros convert --dry-run: every check passed; nothing was written")
+    assert not dst.exists() and _leftovers(tmp_path) == []
+    plan = plan_conversion(good_src, dst, window_size=16)
+    report = convert_checkpoint(good_src, dst, window_size=16, progress=False)
+    assert (plan["mapped"], plan["added"], len(plan["dropped"])) == \
+        (len(report["mapped"]), len(report["added"]), len(report["dropped"]))
+    assert plan["copied_files"] == report["copied_files"] and plan["skipped_files"] == report["skipped_files"]
+    assert f"{plan['mapped']} mapped from {plan['files']} files, {plan['added']} added" in out
+    assert plan["architecture"] == report["architecture"] and plan["dtype"] == report["dtype"]
+
+
+def test_dry_run_refuses_what_the_conversion_refuses(good_src, tmp_path, capsys):
+    dst = tmp_path / "full"
+    dst.mkdir()
+    (dst / "keep.txt").write_text("x")
+    assert convert_main([str(good_src), str(dst), "--dry-run"]) == 2
+    assert "directory is not empty; pass --overwrite" in capsys.readouterr().err
+    assert convert_main([str(good_src), str(dst), "--dry-run", "--overwrite"]) == 0
+    assert "(replaced: --overwrite)" in capsys.readouterr().out
+    assert sorted(p.name for p in dst.iterdir()) == ["keep.txt"]  # nothing replaced by a dry run
+    assert convert_main([str(good_src), str(tmp_path / "o"), "--dry-run", "--window-size", "100000"]) == 2
+    assert "exceeds the source's max_position_embeddings" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

@@ -189,3 +189,13 @@ def test_gguf_progress_display(gguf_source, tmp_path, monkeypatch, stream, quiet
     else:
         assert not any(b in text for b in hf_bars) and "\r" not in text, text
     assert ("de-quantising tiny-llama.gguf" in text) == (not quiet), text
+
+
+def test_gguf_dry_run_checks_the_file_and_writes_nothing(gguf_source, tmp_path, capsys):
+    path, _, _ = gguf_source
+    info = inspect_gguf(path)
+    capsys.readouterr()
+    assert convert_main([str(path), str(tmp_path / "out"), "--window-size", str(W), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"{info.n_tensors} in the GGUF" in out and f"{info.n_params:,} parameters" in out
+    assert list(tmp_path.iterdir()) == []
