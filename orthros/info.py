@@ -74,7 +74,7 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
     from .conversion.convert import REPORT_FILE
     from .engine.cache import StaticKVCache, linear_layers
     from .models.loading import DTYPE_BYTES, TOKENIZER_FILES, checkpoint_dir, weight_headers
-    from .serving import check_servable
+    from .serving import ARCHITECTURE, HYBRID_ARCHITECTURE, check_servable, is_hybrid
     from .models import OrthrosConfig, OrthrosForCausalLM
     from .training.checkpoint import MANIFEST, CheckpointError, verify as verify_manifest
     from .training.metrics import forward_flops
@@ -169,7 +169,8 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
         "tokenizer": any((d / f).is_file() for f in TOKENIZER_FILES),
         "chat_template": bool(tok_cfg.get("chat_template")) or (d / "chat_template.jinja").is_file(),
         "remote_code": remote,
-        "vllm": {"servable": vllm is None, "why_not": vllm},
+        "vllm": {"servable": vllm is None, "why_not": vllm,
+                 "architecture": HYBRID_ARCHITECTURE if is_hybrid(config) else ARCHITECTURE},
         "origin": origin,
         "cache": {"batch_size": batch_size, "max_seq_len": L, "dtype": dtype_name(cache_dtype),
                   "kv_bytes_per_token": per_token, "kv_bytes": cache.nbytes, "state_bytes": cache.state_nbytes},
@@ -215,8 +216,10 @@ def format_report(r: dict) -> str:
     row("remote code", "yes: loads with trust_remote_code=True where orthros is not installed"
         if r["remote_code"] else "no (loads where orthros is installed and imported)")
     v = r["vllm"]
-    row("vLLM", f"vllm serve {r['path']} (with orthros[vllm] installed: docs/serving.md)" if v["servable"] else
-        f"no: {v['why_not'].removeprefix('the vLLM Orthros model ')}; orthros generate runs it")
+    hybrid = v["architecture"] != "OrthrosForCausalLM"
+    row("vLLM", (f"vllm serve {r['path']} (with orthros[vllm] installed: docs/serving.md)" +
+                 (f"; as {v['architecture']} (CPU backend only, so far)" if hybrid else ""))
+        if v["servable"] else f"no: {v['why_not'].removeprefix('the vLLM Orthros model ')}; orthros generate runs it")
     origin = r["origin"]
     if "converted_from" in origin:
         c = origin["converted_from"]

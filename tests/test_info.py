@@ -92,11 +92,11 @@ def test_table_and_json(ckpt, hybrid, capsys):
     r = json.loads(out)
     assert rc == 0 and r["kind"] == "Orthros-H" and r["cache"]["dtype"] == "bf16"
     assert r["cache"] == describe(hybrid, max_seq_len=64, dtype="bf16")["cache"]
-    assert r["vllm"] == {"servable": False, "why_not": r["vllm"]["why_not"]} and "Gated DeltaNet" in r["vllm"]["why_not"]
+    assert r["vllm"] == {"servable": True, "why_not": None, "architecture": "OrthrosHybridForCausalLM"}
     rc, out, _ = run([str(hybrid)], capsys)
     assert "(3 Gated DeltaNet + 1 Orthros attention)" in out and "+ GDN states" in out
-    assert "the same layers with full attention" in out and "vLLM         no: does not serve Gated DeltaNet" in out
-    assert describe(ckpt)["vllm"] == {"servable": True, "why_not": None}
+    assert "the same layers with full attention" in out and "as OrthrosHybridForCausalLM (CPU backend only" in out
+    assert describe(ckpt)["vllm"] == {"servable": True, "why_not": None, "architecture": "OrthrosForCausalLM"}
 
 
 def test_origin_of_a_converted_checkpoint(tmp_path, capsys):

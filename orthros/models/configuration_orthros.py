@@ -136,8 +136,16 @@ class OrthrosConfig(PreTrainedConfig):
         checkpoint loads with ``trust_remote_code=True`` alone (``orthros/models/remote_code.py``)."""
         from .remote_code import remote_code_saved
 
-        with remote_code_saved(self, save_directory):
-            super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+        old = self.__dict__.get("architectures")
+        if old == ["OrthrosForCausalLM"] and "linear_attention" in (self.layer_types or []):
+            # vLLM picks its model class by this name, and keeps recurrent states only for a hybrid
+            # class (orthros/serving: OrthrosHybridForCausalLM); transformers goes by model_type
+            self.architectures = ["OrthrosHybridForCausalLM"]
+        try:
+            with remote_code_saved(self, save_directory):
+                super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
+        finally:
+            self.architectures = old
 
     def _validate(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

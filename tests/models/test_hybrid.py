@@ -131,8 +131,14 @@ def test_cached_left_padded_generation_equals_uncached(kind):
 @pytest.mark.parametrize("kind", KINDS)
 @torch.no_grad()
 def test_save_load_roundtrip(kind, tmp_path):
+    import json
+
     m = tiny(kind, seed=3)
     m.save_pretrained(tmp_path)
+    # vLLM picks its model class by this name (the hybrid one keeps recurrent states); the model's own
+    # config is not changed by saving
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["OrthrosHybridForCausalLM"]
+    assert m.config.architectures == ["OrthrosForCausalLM"]
     m2 = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert m2.config.layer_types == m.config.layer_types
     ids = torch.randint(0, 61, (2, 9))

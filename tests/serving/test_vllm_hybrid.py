@@ -1,0 +1,107 @@
+"""vLLM serving checkpoints with Gated DeltaNet layers (Orthros-H and the Linear Hybrid) through
+``OrthrosHybridForCausalLM``: vLLM's own GDN layers for the base rows, the output stream reading
+each request's recurrent state (``gdn_output_stream``). vLLM's CPU GDN kernels run in bf16 only
+(and head dims of 128), so the reference is the package's model in fp32 on the same weights, and
+the check is on logprobs: every generated token's logprob (vLLM's, bf16) against the model's
+(prompt + generated tokens in one forward, an output token at every position) within a bf16
+tolerance, and every greedy token within that tolerance of the model's best."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+
+import pytest
+import torch
+
+if not os.environ.get("ORTHROS_REQUIRE_VLLM"):
+    pytest.importorskip("vllm")
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+
+from vllm import LLM, SamplingParams  # noqa: E402
+
+from vllm_support import BLOCK_SIZE, MAX_MODEL_LEN, WINDOW, build_checkpoint  # noqa: E402
+
+TOL = 0.15  # nats: bf16 weights, activations and states against fp32 (the package's own model in bf16
+#              is up to 0.07 off its fp32 logprobs here; a wrong state read is off by more than 1)
+
+
+def hybrid_checkpoint(path, kind: str, seed: int):
+    from orthros.kinds import hybrid_layout
+
+    build_checkpoint(path, seed=seed, num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4,
+                     linear_key_head_dim=128, linear_value_head_dim=128, **hybrid_layout(kind, 4))
+    import orthros
+
+    model = orthros.OrthrosForCausalLM.from_pretrained(path, dtype=torch.float32)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # decays and gates away from their init, so the states matter
+        for name, p in model.named_parameters():
+            if name.endswith(("A_log", "dt_bias")) or ".norm.weight" in name:
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+    model.to(torch.bfloat16).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module", params=["orthros-h", "linear-hybrid"])
+def served(request, tmp_path_factory):
+    path = hybrid_checkpoint(tmp_path_factory.mktemp(request.param) / "ckpt", request.param, seed=3)
+    assert json.loads((path / "config.json").read_text())["architectures"] == ["OrthrosHybridForCausalLM"]
+    import orthros
+
+    ref = orthros.OrthrosForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    llm = LLM(model=str(path), dtype="bfloat16", max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE,
+              kv_cache_memory_bytes=64 << 20, max_num_seqs=8, enforce_eager=True, seed=0,
+              enable_prefix_caching=False, enable_chunked_prefill=True, max_num_batched_tokens=64)
+    yield request.param, llm, ref
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+
+
+def check_logprobs(ref, prompt, out):
+    new = list(out.outputs[0].token_ids)
+    got = [lp[t].logprob for lp, t in zip(out.outputs[0].logprobs, new)]
+    ids = torch.tensor([prompt + new])
+    with torch.no_grad():
+        logp = torch.log_softmax(ref(ids).logits[0].float(), -1)
+    rows = logp[len(prompt) - 1:len(prompt) - 1 + len(new)]
+    want = rows[torch.arange(len(new)), torch.tensor(new)]
+    assert torch.allclose(torch.tensor(got), want, atol=TOL), (got, want.tolist())
+    assert bool((rows.max(-1).values - want <= TOL).all()), "a greedy token is not the model's best"
+
+
+@pytest.mark.parametrize("lengths", [[5], [WINDOW + 1, 40, 150]])  # one request; a batch across windows and chunks
+def test_greedy_logprobs_match_the_model(served, prompt_of, lengths):
+    kind, llm, ref = served
+    prompts = [prompt_of(n, seed=n) for n in lengths]
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=1))
+    for p, out in zip(prompts, outs):
+        check_logprobs(ref, p, out)
+
+
+def test_attention_only_class_refuses_a_hybrid_checkpoint(tmp_path):
+    from orthros.serving import check_servable
+    import orthros
+
+    path = hybrid_checkpoint(tmp_path / "h", "orthros-h", seed=4)
+    config = orthros.OrthrosConfig.from_pretrained(path)
+    with pytest.raises(ValueError, match="OrthrosHybridForCausalLM"):
+        check_servable(config, hybrid=False)
+    check_servable(config, hybrid=True)
+    with pytest.raises(ValueError, match="serve it as OrthrosForCausalLM"):
+        check_servable(orthros.OrthrosConfig(vocab_size=64, hidden_size=64, num_attention_heads=2, head_dim=32),
+                       hybrid=True)
+
+
+def test_head_dims_the_cpu_kernels_do_not_take_are_refused_at_load(tmp_path):
+    from orthros.kinds import hybrid_layout
+
+    path = build_checkpoint(tmp_path / "h32", seed=5, num_hidden_layers=4, linear_num_key_heads=1,
+                            linear_num_value_heads=1, linear_key_head_dim=32, linear_value_head_dim=32,
+                            **hybrid_layout("orthros-h", 4))
+    with pytest.raises(Exception, match=r"head dims \[64, 128\]; this checkpoint has linear_key_head_dim=32"):
+        LLM(model=str(path), dtype="bfloat16", max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE,
+            kv_cache_memory_bytes=64 << 20, max_num_seqs=2, enforce_eager=True, enable_prefix_caching=False)
