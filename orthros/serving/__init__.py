@@ -73,8 +73,6 @@ def check_servable(config, *, hybrid=None) -> None:
     if gdn and not any(k != "linear_attention" for k in kinds):
         raise ValueError("the vLLM Orthros model does not serve a model of Gated DeltaNet layers only (no "
                          "attention layer)")
-    if getattr(config, "attn_output_gate", False):
-        raise ValueError("the vLLM Orthros model does not serve attn_output_gate=True (gated attention) yet")
     if config.hidden_act != "silu":
         raise ValueError(f"the vLLM Orthros model supports hidden_act 'silu', got {config.hidden_act!r}")
 

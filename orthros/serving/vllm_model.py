@@ -214,7 +214,12 @@ class OrthrosAttention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, self.num_heads, self.num_kv_heads,
+        # Qwen3.5's attention output gate: q_proj holds [query | gate] per head, and a row's attention
+        # output is multiplied by sigmoid(its own gate) before o_proj (as in orthros.layers.OrthrosAttention)
+        self.output_gate = bool(getattr(config, "attn_output_gate", False))
+        self.q_cols = self.q_size * (2 if self.output_gate else 1)
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim,
+                                          self.num_heads * (2 if self.output_gate else 1), self.num_kv_heads,
                                           bias=config.attention_bias, prefix=f"{prefix}.qkv_proj")
         self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, bias=config.o_proj_bias,
                                         prefix=f"{prefix}.o_proj")
@@ -251,10 +256,14 @@ class OrthrosAttention(nn.Module):
         an Orthros model, whose base stream is never read again) of the output rows only."""
         N = x.shape[0] - n_out
         qkv, _ = self.qkv_proj(x)
-        q = self._norm_heads(self.q_norm, qkv[:, :self.q_size])
+        q, gate = qkv[:, :self.q_cols], None
+        if self.output_gate:
+            q, gate = q.view(-1, self.num_heads, 2 * self.head_dim).split(self.head_dim, dim=-1)
+            q, gate = q.reshape(-1, self.q_size), gate.reshape(-1, self.q_size)
+        q = self._norm_heads(self.q_norm, q)
         # keys of every row (the output rows' are never stored or read): one RoPE call below
-        k = self._norm_heads(self.k_norm, qkv[:, self.q_size:self.q_size + self.kv_size])
-        v = qkv[:N, self.q_size + self.kv_size:]
+        k = self._norm_heads(self.k_norm, qkv[:, self.q_cols:self.q_cols + self.kv_size])
+        v = qkv[:N, self.q_cols + self.kv_size:]
         if self.scale_offset:
             q_base = q[:N] if final else torch.addcmul(self.beta, q[:N], self.alpha)
             q = torch.cat([q_base, torch.addcmul(self.beta_out, q[N:], self.alpha_out)])
@@ -268,6 +277,8 @@ class OrthrosAttention(nn.Module):
         if n_out:
             o_out = output_stream_attention(self.attn, q[N:], s)
             o = o_out if final else torch.cat([o, o_out])
+        if gate is not None:
+            o = o * torch.sigmoid(gate[N:] if final else gate)
         out, _ = self.o_proj(o)
         return out
 

@@ -27,11 +27,16 @@ TOL = 0.15  # nats: bf16 weights, activations and states against fp32 (the packa
 #              is up to 0.07 off its fp32 logprobs here; a wrong state read is off by more than 1)
 
 
-def hybrid_checkpoint(path, kind: str, seed: int):
+# Qwen3.5's attention: output gate, q/k norms, RoPE on part of each head
+QWEN3_5_ATTENTION = dict(attn_output_gate=True, qk_norm=True,
+                         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+
+
+def hybrid_checkpoint(path, kind: str, seed: int, **extra):
     from orthros.kinds import hybrid_layout
 
     build_checkpoint(path, seed=seed, num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4,
-                     linear_key_head_dim=128, linear_value_head_dim=128, **hybrid_layout(kind, 4))
+                     linear_key_head_dim=128, linear_value_head_dim=128, **hybrid_layout(kind, 4), **extra)
     import orthros
 
     model = orthros.OrthrosForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -44,9 +49,53 @@ def hybrid_checkpoint(path, kind: str, seed: int):
     return path
 
 
-@pytest.fixture(scope="module", params=["orthros-h", "linear-hybrid"])
+def converted_qwen3_5(tmp, seed: int):
+    """A tiny random Qwen3.5 (transformers' ``Qwen3_5ForCausalLM``: gated attention, q/k norms,
+    partial RoPE, zero-centred norms) converted by ``orthros convert``, its alpha/beta then
+    randomised (a converted model starts at 1/0 and is trained), saved in bf16."""
+    from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
+
+    import orthros
+    from orthros.conversion.convert import convert_checkpoint
+    from orthros.data import load_tokenizer
+
+    tok = load_tokenizer()
+    torch.manual_seed(seed)
+    src = Qwen3_5ForCausalLM(Qwen3_5TextConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+        linear_key_head_dim=128, linear_value_head_dim=128, max_position_embeddings=1024,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None)).float()
+    with torch.no_grad():
+        for name, p in src.named_parameters():
+            if name.endswith("norm.weight"):
+                p.normal_(0.0, 0.3)  # zero-centred norms away from their init
+    src.save_pretrained(tmp / "qwen3_5")
+    tok.save_pretrained(tmp / "qwen3_5")
+    dst = tmp / "converted"
+    convert_checkpoint(tmp / "qwen3_5", dst, window_size=WINDOW, dtype="fp32", progress=False)
+    model = orthros.OrthrosForCausalLM.from_pretrained(dst, dtype=torch.float32)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("alpha", "alpha_out")):
+                p.copy_(1 + 0.3 * torch.randn(p.shape, generator=g))
+            elif name.endswith(("beta", "beta_out")):
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+    model.to(torch.bfloat16).save_pretrained(dst)
+    return dst
+
+
+@pytest.fixture(scope="module", params=["orthros-h", "linear-hybrid", "orthros-h-qwen3.5-attention",
+                                        "converted-qwen3.5"])
 def served(request, tmp_path_factory):
-    path = hybrid_checkpoint(tmp_path_factory.mktemp(request.param) / "ckpt", request.param, seed=3)
+    tmp = tmp_path_factory.mktemp(request.param)
+    if request.param == "converted-qwen3.5":
+        path = converted_qwen3_5(tmp, seed=6)
+    else:
+        kind = request.param.removesuffix("-qwen3.5-attention")
+        extra = QWEN3_5_ATTENTION if request.param != kind else {}
+        path = hybrid_checkpoint(tmp / "ckpt", kind, seed=3, **extra)
     assert json.loads((path / "config.json").read_text())["architectures"] == ["OrthrosHybridForCausalLM"]
     import orthros
 
