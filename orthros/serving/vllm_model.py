@@ -56,6 +56,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec
 
 from . import check_servable
 from ..layers.common import ResidualMLP
+from ..ops.gdn.naive import l2norm
 
 
 class WindowAttention(Attention):
@@ -96,18 +97,21 @@ def rows_from_metadata(metadata, num_tokens: int, device) -> SampledRows:
     return SampledRows(rows=rows, write_rows=write_rows, metadata=metadata, backend_state={})
 
 
-def sampled_rows(layer_name: str, num_tokens: int, device) -> SampledRows:
-    """:func:`rows_from_metadata` for ``layer_name``'s metadata in the current forward context."""
-    metadata = None
+def layer_metadata(layer_name: str):
+    """``layer_name``'s metadata in the current forward context (None outside vLLM's runner, or
+    in a dummy run)."""
     try:
         attn_metadata = get_forward_context().attn_metadata
     except AssertionError:  # no forward context (called outside vLLM's runner)
-        attn_metadata = None
+        return None
     if isinstance(attn_metadata, list):  # micro-batches: [0] is the model's own metadata
         attn_metadata = attn_metadata[0]
-    if isinstance(attn_metadata, dict):
-        metadata = attn_metadata.get(layer_name)
-    return rows_from_metadata(metadata, num_tokens, device)
+    return attn_metadata.get(layer_name) if isinstance(attn_metadata, dict) else None
+
+
+def sampled_rows(layer_name: str, num_tokens: int, device) -> SampledRows:
+    """:func:`rows_from_metadata` for ``layer_name``'s metadata in the current forward context."""
+    return rows_from_metadata(layer_metadata(layer_name), num_tokens, device)
 
 
 def _cpu_output_stream(attn: Attention, q: torch.Tensor, out: torch.Tensor, s: SampledRows) -> None:
@@ -295,19 +299,12 @@ def gdn_output_stream(layer, x_out: torch.Tensor, s: SampledRows) -> torch.Tenso
     q = F.silu(qkvz[:, :layer.key_dim].float()).view(R, Hk, K)
     z = qkvz[:, 2 * layer.key_dim + layer.value_dim:].reshape(R, Hv, V)
     o = torch.zeros(R, Hv, V, dtype=x_out.dtype, device=x_out.device)
-    metadata = None
-    try:
-        metadata = get_forward_context().attn_metadata
-    except AssertionError:  # no forward context
-        metadata = None
-    if isinstance(metadata, dict):
-        metadata = metadata.get(layer.prefix)
+    metadata = layer_metadata(layer.prefix)
     if metadata is not None and s.metadata is not None:  # (None: warm-up / profiling, nothing cached)
         idx = metadata.non_spec_state_indices_tensor[:R].long()  # one a request, in the batch's order
         state = layer.kv_cache[1]  # [slots, HV, V, K] as allocated; the CPU kernels keep [HV, K, V] in it
         S = state.view(state.shape[0], Hv, K, V)[idx].float()
-        q = q * torch.rsqrt((q * q).sum(-1, keepdim=True) + 1e-6) * K ** -0.5
-        q = q.repeat_interleave(Hv // Hk, dim=1)  # key heads -> value heads
+        q = (l2norm(q) * K ** -0.5).repeat_interleave(Hv // Hk, dim=1)  # key heads -> value heads
         o = torch.einsum("rhk,rhkv->rhv", q, S).to(x_out.dtype)
     return layer._output_projection(o, z)
 
@@ -489,4 +486,4 @@ class OrthrosHybridForCausalLM(OrthrosForCausalLM, IsHybrid):
 
 
 __all__ = ["OUTPUT_STREAM_OPS", "OrthrosForCausalLM", "OrthrosHybridForCausalLM", "OrthrosModel", "WindowAttention",
-           "gdn_output_stream", "output_stream_attention", "output_stream_op", "rows_from_metadata", "sampled_rows"]
+           "gdn_output_stream", "layer_metadata", "output_stream_attention", "output_stream_op", "rows_from_metadata", "sampled_rows"]
