@@ -1,9 +1,9 @@
-"""Small vocabularies every layer of the package shares: dtype names, argument checks, the
-commit a measurement ran at, writing a JSON file or a figure without leaving half a file, and
-progress on stderr.
+"""Small vocabularies every layer of the package shares: dtype names, argument checks, sizes in
+bytes, the commit a measurement ran at, writing a JSON file or a figure without leaving half a
+file, and progress on stderr (ours, and transformers' own bars).
 
-This module imports nothing heavy (torch only inside :func:`parse_dtype`), so anything (ops,
-the CLIs' argument parsers) may import it.
+This module imports nothing heavy (torch only inside :func:`parse_dtype`, transformers only
+inside :func:`hf_progress_bars`), so anything (ops, the CLIs' argument parsers) may import it.
 """
 
 from __future__ import annotations
