@@ -23,8 +23,9 @@ from vllm import LLM, SamplingParams  # noqa: E402
 
 from vllm_support import BLOCK_SIZE, MAX_MODEL_LEN, WINDOW, build_checkpoint  # noqa: E402
 
-TOL = 0.15  # nats: bf16 weights, activations and states against fp32 (the package's own model in bf16
-#              is up to 0.07 off its fp32 logprobs here; a wrong state read is off by more than 1)
+TOL = 0.2  # nats: bf16 weights, activations and states against fp32. Measured on this CPU: vLLM up to 0.11 off,
+#           the package's own model in bf16 up to 0.07 off; 0.2 leaves room for other CPUs' bf16 kernels, and a
+#           wrong state read, head order or output gate is off by more than 1
 
 
 # Qwen3.5's attention: output gate, q/k norms, RoPE on part of each head
