@@ -21,15 +21,11 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from .kinds import ATTENTION_LAYER_TYPES, LINEAR_LAYER_TYPE, model_kind
+from .kinds import ATTENTION_LAYER_TYPES, LINEAR_LAYER_TYPE, describe_layers, model_kind
 from .utils import DTYPE_CHOICES, check_positive_int, format_bytes
 
 # safetensors dtype -> the short name CLIs use (floating dtypes a cache can have)
 _SHORT = {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}
-_LAYER_NAMES = {"orthros_attention": "Orthros attention", "full_attention": "full attention",
-                "window_attention": "window attention", LINEAR_LAYER_TYPE: "Gated DeltaNet"}
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="orthros info",
@@ -187,10 +183,8 @@ def format_report(r: dict) -> str:
         out.append(f"  {name:<12} {text}")
 
     counts = r["layers"]
-    layers = (f"of {_LAYER_NAMES[next(iter(counts))]}" if len(counts) == 1 else
-              "(" + " + ".join(f"{n} {_LAYER_NAMES[t]}" for t, n in counts.items()) + ")")
     window = f", window {r['window_size']}" if r["window_size"] else ""
-    row("model", f"{r['kind']}{window}: {len(r['layer_types'])} layers {layers}")
+    row("model", f"{r['kind']}{window}: {describe_layers(r['layer_types'])}")
     tied = ", tied embeddings" if r["tie_word_embeddings"] else ""
     attention = any(t in ATTENTION_LAYER_TYPES for t in counts)
     heads = (f"{r['num_attention_heads']} query / {r['num_key_value_heads']} KV heads of {r['head_dim']}, "

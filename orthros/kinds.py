@@ -77,6 +77,21 @@ def hybrid_layout(name: str, num_layers: int) -> dict:
     return {"layer_types": interval_layer_types(num_layers, every, mode), "attention_mode": mode}
 
 
+# layer type -> how tables name it
+LAYER_DISPLAY = {"orthros_attention": "Orthros attention", "full_attention": "full attention",
+                 "window_attention": "window attention", LINEAR_LAYER_TYPE: "Gated DeltaNet"}
+
+
+def describe_layers(layer_types: Sequence[str]) -> str:
+    """``"4 layers of Orthros attention"`` or ``"8 layers (6 Gated DeltaNet + 2 Orthros attention)"``."""
+    counts: dict = {}
+    for t in layer_types:
+        counts[t] = counts.get(t, 0) + 1
+    what = (f"of {LAYER_DISPLAY[next(iter(counts))]}" if len(counts) == 1 else
+            "(" + " + ".join(f"{n} {LAYER_DISPLAY[t]}" for t, n in counts.items()) + ")")
+    return f"{len(layer_types)} layers {what}"
+
+
 def model_kind(layer_types: Sequence[str], mode: str) -> str:
     """How tables name a model of these layer types and attention mode: ``"Orthros"``,
     ``"Transformer"`` or ``"SWA"``; with GDN layers ``"Orthros-H"``, ``"Linear Hybrid"`` or
@@ -123,4 +138,4 @@ def resolve_layer_types(layer_types: Optional[Sequence[str]], num_layers: int,
 __all__ = ["ATTENTION_MODES", "MODE_ALIASES", "MODE_DISPLAY", "ATTENTION_LAYER_TYPES", "LAYER_TYPES",
            "resolve_mode", "has_output_stream", "layer_type_for", "resolve_layer_types", "LINEAR_LAYER_TYPE",
            "HYBRID_KINDS", "HYBRID_ALIASES", "HYBRID_DISPLAY", "interval_layer_types", "hybrid_layout",
-           "model_kind"]
+           "model_kind", "describe_layers", "LAYER_DISPLAY"]

@@ -653,7 +653,7 @@ def dry_run(cfg: RunConfig) -> str:
     data's first documents, the eval sequences). The model is built on the meta device (no
     weights are read or initialised) and nothing is written."""
     from ..data import TOKENIZER_DIR
-    from ..kinds import model_kind
+    from ..kinds import describe_layers, model_kind
     from ..models import OrthrosForCausalLM
 
     trainer = Trainer(cfg)
@@ -682,8 +682,7 @@ def dry_run(cfg: RunConfig) -> str:
                 (f" to {o.min_lr_ratio:g}x" if o.schedule != "constant" else ""))
     rows_out = [
         ("run", f"{cfg.mode}, seed {cfg.seed}; output_dir {cfg.output_dir} ({where})"),
-        ("model", f"{kind}{window}: {mc.num_hidden_layers} layers, hidden {mc.hidden_size}, "
-                  f"{mc.num_attention_heads} heads ({mc.num_key_value_heads} KV) of {mc.head_dim}, "
+        ("model", f"{kind}{window}: {describe_layers(mc.layer_types)}, hidden {mc.hidden_size}, "
                   f"vocab {mc.vocab_size:,}; {n_params:,} parameters; {weights}"),
         ("data", f"train {d.train!r}, eval {d.eval!r} ({len(trainer.eval_rows)} held-out sequences); "
                  f"tokenizer {tokenizer} ({len(trainer.tokenizer):,} tokens)"),
