@@ -106,7 +106,6 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
         model = OrthrosForCausalLM(config)
     cache = StaticKVCache(config.num_hidden_layers, batch_size, L, config.num_key_value_heads, config.head_dim,
                           dtype=cache_dtype, device="meta", linear=linear_layers(model))
-    per_token = cache.nbytes // (batch_size * L)
 
     # FLOPs of a prefill of L tokens (logits at the last one), against the same layers with full
     # attention; the Orthros output query of the last token attends to all L keys
@@ -126,13 +125,12 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
         origin["converted_from"] = {k: report.get(k) for k in ("architecture", "source", "orthros_version",
                                                                "window_size")}
     if manifest.is_file():
-        m = _read_json(manifest) or {}
+        try:  # verify reads the manifest too (and returns it)
+            m = verify_manifest(d) if verify else _read_json(manifest) or {}
+        except CheckpointError as e:
+            raise ValueError(str(e)) from None
         origin["training_step"] = m.get("step")
         if verify:
-            try:
-                verify_manifest(d)
-            except CheckpointError as e:
-                raise ValueError(str(e)) from None
             origin["verified"] = len(m.get("files", {}))
     try:
         check_servable(config)
@@ -169,7 +167,7 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
                  "architecture": HYBRID_ARCHITECTURE if is_hybrid(config) else ARCHITECTURE},
         "origin": origin,
         "cache": {"batch_size": batch_size, "max_seq_len": L, "dtype": dtype_name(cache_dtype),
-                  "kv_bytes_per_token": per_token, "kv_bytes": cache.nbytes, "state_bytes": cache.state_nbytes},
+                  "kv_bytes_per_token": cache.bytes_per_token(), "kv_bytes": cache.nbytes, "state_bytes": cache.state_nbytes},
         "prefill_flops": {"tokens": L, "attention": flops["attention"], "attention_full": flops_full["attention"],
                           "total": sum(flops.values()), "total_full": sum(flops_full.values())},
     }
@@ -210,9 +208,8 @@ def format_report(r: dict) -> str:
     row("remote code", "yes: loads with trust_remote_code=True where orthros is not installed"
         if r["remote_code"] else "no (loads where orthros is installed and imported)")
     v = r["vllm"]
-    hybrid = v["architecture"] != "OrthrosForCausalLM"
     row("vLLM", (f"vllm serve {r['path']} (with orthros[vllm] installed: docs/serving.md)" +
-                 (f"; as {v['architecture']} (CPU backend only, so far)" if hybrid else ""))
+                 (f"; as {v['architecture']} (CPU backend only, so far)" if r["gdn"] else ""))
         if v["servable"] else f"no: {v['why_not'].removeprefix('the vLLM Orthros model ')}; orthros generate runs it")
     origin = r["origin"]
     if "converted_from" in origin:

@@ -390,7 +390,7 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
     dst = Path(os.fspath(dst)).expanduser()
     from .gguf import is_gguf_source
 
-    base = {"dst": str(dst), "dst_exists": dst.exists() and any(dst.iterdir()) if dst.is_dir() else dst.exists(),
+    base = {"dst": str(dst), "dst_exists": dst.is_dir() and any(dst.iterdir()),  # (a file DST is refused below)
             "window_size": window_size, "scale_offset": scale_offset}
     if is_gguf_source(src):
         info, need = _prepare_gguf(src, dst, out_dtype=out_dtype, overwrite=overwrite)
