@@ -34,10 +34,13 @@ QWEN3_5_ATTENTION = dict(attn_output_gate=True, qk_norm=True,
 
 
 def hybrid_checkpoint(path, kind: str, seed: int, **extra):
+    """A 4-layer ``kind`` checkpoint (3 GDN layers, then attention), ``extra`` config entries over
+    the defaults, with its decays, gates and norms randomised; saved in bf16."""
     from orthros.kinds import hybrid_layout
 
-    build_checkpoint(path, seed=seed, num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4,
-                     linear_key_head_dim=128, linear_value_head_dim=128, **hybrid_layout(kind, 4), **extra)
+    shape = dict(num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=128,
+                 linear_value_head_dim=128)
+    build_checkpoint(path, seed=seed, **{**shape, **hybrid_layout(kind, 4), **extra})
     import orthros
 
     model = orthros.OrthrosForCausalLM.from_pretrained(path, dtype=torch.float32)
@@ -130,6 +133,45 @@ def test_greedy_logprobs_match_the_model(served, prompt_of, lengths):
                         SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=1))
     for p, out in zip(prompts, outs):
         check_logprobs(ref, p, out)
+
+
+# GDN states small against the attention's K/V pages (GDN head dims 64, attention heads of 64 with two
+# KV heads): vLLM gives a hybrid one block size for both kinds of page, ~100 tokens here (~2K tokens with
+# the shape above), and caches GDN states at block boundaries only, so prompts of a few blocks can hit
+PREFIX_CACHE_SHAPE = dict(linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=64,
+                          linear_value_head_dim=64, num_key_value_heads=2, head_dim=64)
+
+
+def test_prefix_cache_hits_keep_the_logprobs(tmp_path, prompt_of):
+    """With prefix caching, a request that shares a cached prefix starts from the GDN states and
+    K/V that vLLM cached at a block boundary: its output rows then read states the request did
+    not compute itself, and every logprob must still match the model's."""
+    path = hybrid_checkpoint(tmp_path / "h", "orthros-h", seed=7, **PREFIX_CACHE_SHAPE)
+    import orthros
+
+    ref = orthros.OrthrosForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    llm = LLM(model=str(path), dtype="bfloat16", max_model_len=1024, block_size=BLOCK_SIZE,
+              kv_cache_memory_bytes=64 << 20, max_num_seqs=8, enforce_eager=True, seed=0,
+              enable_prefix_caching=True, enable_chunked_prefill=True, max_num_batched_tokens=64)
+    try:
+        cache = llm.llm_engine.vllm_config.cache_config
+        block = cache.block_size
+        assert cache.mamba_cache_mode == "align" and block <= 256, (cache.mamba_cache_mode, block)
+        shared = prompt_of(3 * block + 5, seed=11)
+        params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1)
+        first = llm.generate([{"prompt_token_ids": shared}], params)[0]
+        assert first.num_cached_tokens == 0
+        check_logprobs(ref, shared, first)
+        # vLLM keeps a GDN state at the last block boundary a prompt's prefill crossed (here 3 blocks)
+        prompts = [shared, shared + prompt_of(20, seed=12), shared[:3 * block] + prompt_of(40, seed=13)]
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        for p, out in zip(prompts, outs):
+            assert out.num_cached_tokens >= block, (len(p), out.num_cached_tokens)  # a hit
+            check_logprobs(ref, p, out)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
 
 
 def test_attention_only_class_refuses_a_hybrid_checkpoint(tmp_path):
