@@ -54,10 +54,11 @@ def checkpoint_dir(path, *, arg: str = "--model") -> Path:
                               f"nothing is downloaded)")
     if not p.is_dir():
         raise CheckpointError(f"{arg} {path}: not a directory (expected a checkpoint directory with config.json "
-                              f"and model.safetensors)")
+                              f"and model.safetensors){_gguf_hint(p, path)}")
     cfg = p / "config.json"
     if not cfg.is_file():
-        raise CheckpointError(f"{arg} {path}: no config.json (not a checkpoint directory){_run_hint(p)}")
+        raise CheckpointError(f"{arg} {path}: no config.json (not a checkpoint directory)"
+                              f"{_run_hint(p) or _gguf_hint(p, path)}")
     try:
         d = json.loads(cfg.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -68,6 +69,14 @@ def checkpoint_dir(path, *, arg: str = "--model") -> Path:
                 f" (convertible to Orthros: {', '.join(CONVERTIBLE)})")
         raise CheckpointError(f"{arg} {path}: model_type {mt!r} is not an Orthros checkpoint{hint}")
     return p
+
+
+def _gguf_hint(p: Path, path) -> str:
+    """For a GGUF file, or a directory holding one and no config.json, how to convert it, as the end
+    of an error message; otherwise ``""``."""
+    if p.is_file() and p.suffix.lower() == ".gguf" or p.is_dir() and any(p.glob("*.gguf")):
+        return f"; it is a GGUF checkpoint: convert it first: orthros convert {path} DST"
+    return ""
 
 
 def _run_hint(d: Path) -> str:

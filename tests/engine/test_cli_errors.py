@@ -63,6 +63,14 @@ def test_file_instead_of_directory(tmp_path, capsys):
     refused(["--model", str(f), "hi"], capsys, "not a directory")
 
 
+def test_gguf_file_or_folder_names_the_conversion(tmp_path, capsys):
+    f = tmp_path / "m" / "SmolLM2.Q4_1.gguf"
+    f.parent.mkdir()
+    f.write_bytes(b"GGUF")
+    refused(["--model", str(f), "hi"], capsys, "not a directory", "GGUF", f"orthros convert {f} DST")
+    refused(["--model", str(f.parent), "hi"], capsys, "no config.json", "GGUF", f"orthros convert {f.parent} DST")
+
+
 def test_unconverted_llama_checkpoint(tmp_path, capsys):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
