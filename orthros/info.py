@@ -70,7 +70,7 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
     from .conversion.convert import REPORT_FILE
     from .engine.cache import StaticKVCache, linear_layers
     from .models.loading import DTYPE_BYTES, TOKENIZER_FILES, checkpoint_dir, weight_headers
-    from .serving import ARCHITECTURE, HYBRID_ARCHITECTURE, check_servable, is_hybrid
+    from .serving import ARCHITECTURE, HYBRID_ARCHITECTURE, check_servable, hybrid_block_tokens, is_hybrid
     from .models import OrthrosConfig, OrthrosForCausalLM
     from .training.checkpoint import MANIFEST, CheckpointError, verify as verify_manifest
     from .training.metrics import forward_flops
@@ -164,7 +164,8 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
         "chat_template": bool(tok_cfg.get("chat_template")) or (d / "chat_template.jinja").is_file(),
         "remote_code": remote,
         "vllm": {"servable": vllm is None, "why_not": vllm,
-                 "architecture": HYBRID_ARCHITECTURE if is_hybrid(config) else ARCHITECTURE},
+                 "architecture": HYBRID_ARCHITECTURE if is_hybrid(config) else ARCHITECTURE,
+                 "prefix_block_tokens": hybrid_block_tokens(config) if vllm is None and is_hybrid(config) else None},
         "origin": origin,
         "cache": {"batch_size": batch_size, "max_seq_len": L, "dtype": dtype_name(cache_dtype),
                   "kv_bytes_per_token": cache.bytes_per_token(), "kv_bytes": cache.nbytes, "state_bytes": cache.state_nbytes},
@@ -209,7 +210,8 @@ def format_report(r: dict) -> str:
         if r["remote_code"] else "no (loads where orthros is installed and imported)")
     v = r["vllm"]
     row("vLLM", (f"vllm serve {r['path']} (with orthros[vllm] installed: docs/serving.md)" +
-                 (f"; as {v['architecture']} (CPU backend only, so far)" if r["gdn"] else ""))
+                 (f"; as {v['architecture']} (CPU backend only, so far; prefix caching reuses whole blocks of "
+                  f"{v['prefix_block_tokens']:,} tokens)" if v["prefix_block_tokens"] else ""))
         if v["servable"] else f"no: {v['why_not'].removeprefix('the vLLM Orthros model ')}; orthros generate runs it")
     origin = r["origin"]
     if "converted_from" in origin:

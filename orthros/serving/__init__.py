@@ -56,6 +56,23 @@ def is_hybrid(config) -> bool:
     return "linear_attention" in (getattr(config, "layer_types", None) or [])
 
 
+CPU_BLOCK_ALIGN = 32  # vLLM's CPU attention takes blocks of a multiple of 32 tokens
+
+
+def hybrid_block_tokens(config, dtype_bytes: int = 2) -> int:
+    """The block size vLLM's CPU backend gives a hybrid ``config`` (its prefix-cache granularity:
+    GDN states are kept only at block boundaries, docs/serving.md): the fewest tokens, a multiple
+    of :data:`CPU_BLOCK_ALIGN`, whose K/V in one attention layer hold one GDN layer's state, its
+    recurrent state in float32 (the CPU kernels') and its convolution window in the model's dtype
+    (``dtype_bytes``). Needs no vLLM; the vLLM tests check it against vLLM's own choice."""
+    hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
+    k, v = config.linear_key_head_dim, config.linear_value_head_dim
+    state = hv * k * v * 4 + (config.linear_conv_kernel_dim - 1) * (2 * hk * k + hv * v) * dtype_bytes
+    per_token = 2 * config.num_key_value_heads * config.head_dim * dtype_bytes
+    tokens = -(-state // per_token)
+    return -(-tokens // CPU_BLOCK_ALIGN) * CPU_BLOCK_ALIGN
+
+
 def check_servable(config, *, hybrid=None) -> None:
     """Refuse (``ValueError``), before any weight is loaded, an Orthros config that the vLLM model
     does not implement. ``hybrid``: the model class serving it (None: the one the config's kind
@@ -90,4 +107,4 @@ def register() -> None:
 
 
 __all__ = ["ARCHITECTURE", "HYBRID_ARCHITECTURE", "HYBRID_MODEL_CLASS", "MODEL_CLASS", "PROMPT_LOGPROBS_MESSAGE",
-           "check_servable", "is_hybrid", "is_orthros", "register"]
+           "check_servable", "hybrid_block_tokens", "is_hybrid", "is_orthros", "register"]

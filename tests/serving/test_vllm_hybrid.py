@@ -23,6 +23,8 @@ from vllm import LLM, SamplingParams  # noqa: E402
 
 from vllm_support import BLOCK_SIZE, MAX_MODEL_LEN, WINDOW, build_checkpoint  # noqa: E402
 
+from orthros.serving import hybrid_block_tokens  # noqa: E402
+
 TOL = 0.2  # nats: bf16 weights, activations and states against fp32. Measured on this CPU: vLLM up to 0.11 off,
 #           the package's own model in bf16 up to 0.07 off; 0.2 leaves room for other CPUs' bf16 kernels, and a
 #           wrong state read, head order or output gate is off by more than 1
@@ -156,7 +158,7 @@ def test_prefix_cache_hits_keep_the_logprobs(tmp_path, prompt_of):
     try:
         cache = llm.llm_engine.vllm_config.cache_config
         block = cache.block_size
-        assert cache.mamba_cache_mode == "align" and block <= 256, (cache.mamba_cache_mode, block)
+        assert cache.mamba_cache_mode == "align" and block == hybrid_block_tokens(ref.config) == 96, block
         shared = prompt_of(3 * block + 5, seed=11)
         params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1)
         first = llm.generate([{"prompt_token_ids": shared}], params)[0]

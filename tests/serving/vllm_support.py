@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from orthros.serving import CPU_BLOCK_ALIGN
+
 WINDOW = 16
 MAX_MODEL_LEN = 256
-BLOCK_SIZE = 32  # vLLM's CPU attention takes blocks of a multiple of 32 tokens
+BLOCK_SIZE = CPU_BLOCK_ALIGN
 
 
 def _randomise(model, seed: int, matrices: bool = True):
