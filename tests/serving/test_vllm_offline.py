@@ -197,8 +197,12 @@ def test_unsupported_checkpoints_refused_before_loading():
     small = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
                  num_key_value_heads=1, head_dim=32)
     check_servable(orthros.OrthrosConfig(**small))
-    hybrid = orthros.OrthrosConfig(layer_types=["linear_attention", "orthros_attention"], **small)
+    hybrid = orthros.OrthrosConfig(layer_types=["linear_attention", "orthros_attention"], linear_key_head_dim=64,
+                                   linear_value_head_dim=64, **small)
     check_servable(hybrid)  # by OrthrosHybridForCausalLM (tests/serving/test_vllm_hybrid.py)
+    with pytest.raises(ValueError, match=r"head dims \[64, 128\]; this checkpoint has linear_key_head_dim=32"):
+        check_servable(orthros.OrthrosConfig(layer_types=["linear_attention", "orthros_attention"],
+                                             linear_key_head_dim=32, linear_value_head_dim=32, **small))
     with pytest.raises(ValueError, match="Gated DeltaNet layers .* OrthrosHybridForCausalLM"):
         check_servable(hybrid, hybrid=False)
     with pytest.raises(ValueError, match="Gated DeltaNet layers only"):
