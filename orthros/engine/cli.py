@@ -115,7 +115,12 @@ def main(argv=None) -> int:
     from .sampling import SamplingParams
 
     try:  # argument and checkpoint errors before loading anything
-        sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+        try:
+            sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                      seed=args.seed)
+        except ValueError as e:  # named by its field ("top_p must be ..."): name the option instead
+            field, rest = str(e).split(" ", 1)
+            raise ValueError(f"--{field.replace('_', '-')} {rest}") from None
         for name in ("max_new_tokens", "max_seq_len", "prefill_chunk", "batch_size"):
             if getattr(args, name) is not None and getattr(args, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

@@ -47,6 +47,13 @@ def refused(argv, capsys, *needles, cwd=None, code=2):
     return err
 
 
+def test_bad_sampling_options_are_named(ckpt, capsys):
+    for argv, needle in ((["--temperature", "-0.5"], "--temperature must be a finite number >= 0"),
+                         (["--top-p", "1.5"], "--top-p must be a number in (0, 1]"),
+                         (["--top-k", "-1"], "--top-k must be an integer >= 0")):
+        refused(["--model", str(ckpt), *argv, "hi"], capsys, needle)
+
+
 def test_missing_path(tmp_path, capsys):
     refused(["--model", str(tmp_path / "nope"), "hi"], capsys, str(tmp_path / "nope"), "no such directory")
 
