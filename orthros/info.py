@@ -26,6 +26,8 @@ from .utils import DTYPE_CHOICES, check_positive_int, format_bytes
 
 # safetensors dtype -> the short name CLIs use (floating dtypes a cache can have)
 _SHORT = {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="orthros info",
@@ -174,10 +176,11 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
     }
 
 
-def _never_hits(v: dict, r: dict) -> str:
+def _never_hits(r: dict) -> str:
     """What a hybrid's prefix-cache block longer than its positions means, for the vLLM row."""
     limit = r["max_position_embeddings"]
-    return f", more than its {limit:,} positions: no prompt is ever reused" if v["prefix_block_tokens"] > limit else ""
+    return (f", more than its {limit:,} positions: no prompt is ever reused"
+            if r["vllm"]["prefix_block_tokens"] > limit else "")
 
 
 def format_report(r: dict) -> str:
@@ -217,7 +220,7 @@ def format_report(r: dict) -> str:
     v = r["vllm"]
     row("vLLM", (f"vllm serve {r['path']} (with orthros[vllm] installed: docs/serving.md)" +
                  (f"; as {v['architecture']} (CPU backend only, so far; prefix caching reuses whole blocks of "
-                  f"{v['prefix_block_tokens']:,} tokens{_never_hits(v, r)})" if v["prefix_block_tokens"] else ""))
+                  f"{v['prefix_block_tokens']:,} tokens{_never_hits(r)})" if v["prefix_block_tokens"] else ""))
         if v["servable"] else f"no: {v['why_not'].removeprefix('the vLLM Orthros model ')}; orthros generate runs it")
     origin = r["origin"]
     if "converted_from" in origin:

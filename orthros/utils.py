@@ -57,6 +57,12 @@ def check_positive_int(name: str, value, *, allow_none: bool = False):
     return value
 
 
+def check_png(name: str, path) -> None:
+    """Raise ``ValueError`` naming ``name`` unless ``path`` (a figure to write) ends in ``.png``."""
+    if not str(path).lower().endswith(".png"):
+        raise ValueError(f"{name} {path}: a .png path is needed")
+
+
 def pyplot():
     """``matplotlib.pyplot`` on the Agg backend (files only: no display is needed or opened)."""
     import matplotlib
@@ -86,8 +92,9 @@ def save_figure(fig, path, dpi: int = 120) -> None:
         plt.close(fig)
 
 
-__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "check_positive_int", "commit_id", "dtype_name",
-           "parse_dtype", "pyplot", "save_figure", "write_json", "write_text"]
+__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "check_png", "check_positive_int", "commit_id", "dtype_name",
+           "format_bytes", "hf_progress_bars", "isatty", "parse_dtype", "pyplot", "save_figure", "write_json",
+           "write_text"]
 
 
 def write_text(path, text: str) -> None:

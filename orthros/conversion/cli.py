@@ -80,20 +80,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from .convert import convert_checkpoint, plan_conversion
 
-    if args.dry_run:
-        try:
-            print(format_plan(plan_conversion(args.src, args.dst, window_size=args.window_size, dtype=args.dtype,
-                                              overwrite=args.overwrite, scale_offset=args.scale_offset)))
-        except (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError) as e:
-            print(f"orthros convert: error: {e}", file=sys.stderr)
-            return 2
-        except (OSError, ImportError) as e:
-            print(f"orthros convert: error: {e}", file=sys.stderr)
-            return 1
-        return 0
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
+        if args.dry_run:
+            print(format_plan(plan_conversion(args.src, args.dst, window_size=args.window_size, dtype=args.dtype,
+                                              overwrite=args.overwrite, scale_offset=args.scale_offset)))
+            return 0
         report = convert_checkpoint(args.src, args.dst, window_size=args.window_size, dtype=args.dtype,
                                     overwrite=args.overwrite, scale_offset=args.scale_offset,
                                     progress=not args.quiet)

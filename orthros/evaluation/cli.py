@@ -138,15 +138,15 @@ def _ppl_parser(sub):
 
 
 def _ppl(a) -> int:
-    from ..utils import write_json
+    from ..utils import check_png, write_json
     from .common import default_device, load_model, load_tokenizer, parse_int_list, read_model_type
     from .perplexity import (check_buckets, format_table, load_documents, make_windows, plot_position_perplexity,
                              position_perplexity)
 
     if a.seq_len < 2 or a.windows < 1:
         raise ValueError(f"--seq-len must be >= 2 and --windows >= 1, got {a.seq_len} and {a.windows}")
-    if a.plot is not None and not a.plot.lower().endswith(".png"):
-        raise ValueError(f"--plot {a.plot}: a .png path is needed")
+    if a.plot is not None:
+        check_png("--plot", a.plot)
     edges = check_buckets(parse_int_list(a.buckets, "--buckets"), a.seq_len)
     docs = load_documents(a.data)
     read_model_type(a.model)
@@ -202,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _mqar(a) -> int:
-    from ..utils import write_json
+    from ..utils import check_png, write_json
     from .common import check_device
     from .mqar import MODEL_ALIASES, MQARTask, MQARTrain, format_table, plot_recall, run_mqar
 
@@ -215,8 +215,8 @@ def _mqar(a) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     if a.lr <= 0:
         raise ValueError(f"--lr must be > 0, got {a.lr}")
-    if a.plot is not None and not a.plot.lower().endswith(".png"):
-        raise ValueError(f"--plot {a.plot}: a .png path is needed")
+    if a.plot is not None:
+        check_png("--plot", a.plot)
     if a.linear_heads is not None and (a.linear_heads < 1 or a.hidden_size % a.linear_heads):
         raise ValueError(f"--linear-heads must be >= 1 and divide --hidden-size ({a.hidden_size}), got {a.linear_heads}")
     task = MQARTask(vocab_size=a.vocab_size, seq_len=a.seq_len, num_pairs=a.num_pairs, power=a.power,

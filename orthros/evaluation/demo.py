@@ -16,6 +16,8 @@ import statistics
 import sys
 import time
 
+from ..utils import check_png
+
 # The demo setting; verified numbers in docs/evaluation.md.
 DEMO_TASK = dict(vocab_size=64, seq_len=64, num_pairs=4, power=1.0, min_gap=1)
 DEMO_TRAIN = dict(hidden_size=64, num_layers=2, num_heads=2, window_size=8, steps=800, batch_size=32, lr=3e-3,
@@ -144,9 +146,13 @@ def main(argv=None) -> int:
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default: 0)")
     a = p.parse_args(list(sys.argv[1:] if argv is None else argv))
-    if a.plot is not None and (a.skip_recall or not a.plot.lower().endswith(".png")):
-        p.error(f"--plot {a.plot}: " + ("part 1 is skipped (--skip-recall)" if a.skip_recall else
-                                        "a .png path is needed"))
+    if a.plot is not None:
+        if a.skip_recall:
+            p.error(f"--plot {a.plot}: part 1 is skipped (--skip-recall)")
+        try:
+            check_png("--plot", a.plot)
+        except ValueError as e:
+            p.error(str(e))
     import torch
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")

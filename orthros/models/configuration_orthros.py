@@ -137,7 +137,7 @@ class OrthrosConfig(PreTrainedConfig):
         from .remote_code import remote_code_saved
 
         old = self.__dict__.get("architectures")
-        if old == ["OrthrosForCausalLM"] and "linear_attention" in (self.layer_types or []):
+        if old == ["OrthrosForCausalLM"] and LINEAR_LAYER_TYPE in (self.layer_types or []):
             # vLLM picks its model class by this name, and keeps recurrent states only for a hybrid
             # class (orthros/serving: OrthrosHybridForCausalLM); transformers goes by model_type
             self.architectures = ["OrthrosHybridForCausalLM"]

@@ -185,5 +185,5 @@ def check_tokenizer_dir(path, *, arg: str = "--tokenizer") -> Path:
     return p
 
 
-__all__ = ["CheckpointError", "checkpoint_dir", "check_weights", "weight_headers", "check_safetensors_file", "check_local_checkpoint",
-           "check_tokenizer_dir", "looks_local"]
+__all__ = ["CheckpointError", "checkpoint_dir", "check_weights", "weight_headers", "check_safetensors_file",
+           "check_local_checkpoint", "check_tokenizer_dir", "looks_local"]

@@ -12,6 +12,8 @@ docs/serving.md.
 
 from __future__ import annotations
 
+from ..kinds import LINEAR_LAYER_TYPE
+
 ARCHITECTURE = "OrthrosForCausalLM"
 MODEL_CLASS = "orthros.serving.vllm_model:OrthrosForCausalLM"
 # checkpoints with Gated DeltaNet layers (Orthros-H, the Linear Hybrid) name this one in config.json's
@@ -53,7 +55,7 @@ def _refuse_prompt_logprobs() -> None:
 
 def is_hybrid(config) -> bool:
     """Whether ``config`` has Gated DeltaNet layers (served by :data:`HYBRID_ARCHITECTURE`)."""
-    return "linear_attention" in (getattr(config, "layer_types", None) or [])
+    return LINEAR_LAYER_TYPE in (getattr(config, "layer_types", None) or [])
 
 
 CPU_BLOCK_ALIGN = 32  # vLLM's CPU attention takes blocks of a multiple of 32 tokens
@@ -90,7 +92,7 @@ def check_servable(config, *, hybrid=None) -> None:
     if hybrid is True and not gdn:
         raise ValueError(f"{HYBRID_ARCHITECTURE} serves checkpoints with Gated DeltaNet layers; this one has "
                          f"layer_types {kinds}: serve it as {ARCHITECTURE}")
-    if gdn and not any(k != "linear_attention" for k in kinds):
+    if gdn and not any(k != LINEAR_LAYER_TYPE for k in kinds):
         raise ValueError("the vLLM Orthros model does not serve a model of Gated DeltaNet layers only (no "
                          "attention layer)")
     if gdn and not {config.linear_key_head_dim, config.linear_value_head_dim} <= set(CPU_GDN_HEAD_DIMS):

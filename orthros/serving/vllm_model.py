@@ -55,6 +55,7 @@ from vllm.sequence import IntermediateTensors
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheSpec
 
 from . import check_servable
+from ..kinds import LINEAR_LAYER_TYPE
 from ..layers.common import ResidualMLP
 from ..ops.gdn.naive import l2norm
 
@@ -313,7 +314,7 @@ class OrthrosDecoderLayer(ResidualMLP, nn.Module):
     def __init__(self, config, vllm_config, layer_idx: int, prefix: str):
         super().__init__()
         kinds = getattr(config, "layer_types", None) or []
-        if kinds and kinds[layer_idx] == "linear_attention":  # Orthros-H: vLLM's own Gated DeltaNet layer
+        if kinds and kinds[layer_idx] == LINEAR_LAYER_TYPE:  # Orthros-H: vLLM's own Gated DeltaNet layer
             from vllm.model_executor.layers.mamba.gdn.qwen_gdn_linear_attn import QwenGatedDeltaNetAttention
 
             self.self_attn = None

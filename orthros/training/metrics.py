@@ -97,8 +97,6 @@ def forward_flops(model_cfg, seg_lens: list, n_out: int, *, out_keys=None) -> di
     return {"mlp": mlp, "attention_projections": attn_proj, "attention": attn, "gdn": gdn, "lm_head": head}
 
 
-
-
 class MetricsLogger:
     """Appends one JSON object per line to ``metrics.jsonl``; mirrors scalars to TensorBoard."""
 
