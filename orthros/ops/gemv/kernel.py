@@ -52,6 +52,7 @@ import triton.language as tl
 from ..triton import common as _tc
 from ..triton.common import (cdiv, env_number, interpreting, pdl_enter, pdl_kwargs, pdl_signal, pdl_wait, pow2,
                              prefetch_l2)
+from . import preload as _preload
 from .naive import DTYPES, MAX_M, check_gemv_inputs
 
 
@@ -542,7 +543,6 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     yn = torch.empty_like(y) if norm_out else None
     if M == 0 or N == 0:
         return (y, yn) if norm_out else y
-    part = torch.empty(split, M, N, dtype=torch.float32, device=dev) if split > 1 else y
     b = bias if bias is not None else y  # placeholder pointers, not read without their flags
     nw = norm_weight if norm_weight is not None else y
     r = r2 if r2 is not None else y
@@ -558,15 +558,22 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     # what a PDL launch does before its wait (the weight prefetch) and where it signals
     early = dict(prefetch_tile(N, k_per_split, split, x.element_size()), SIGNAL_END=_tc.PDL_SIGNAL == "end") \
         if pdl else {}
-    _gemv_kernel[(cdiv(N, cfg.block_n), split)](
-        x2, weight, b, y, part, nw, r, M, N, K, sxm, weight.stride(0), srm, k_per_split,
-        float(norm_eps) if norm_weight is not None else 0.0,
-        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, M_ROWS=M, DOT=cfg.dot, SPLIT=split,
-        HAS_BIAS=bias is not None, UPCAST=upcast, PREC=prec, EVEN_K=K % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
-        NORM=flags["NORM"] and not late, SILU=flags["SILU"], HAS_RES=split == 1 and flags["HAS_RES"], EMU_RNE=emu_rne,
-        **_norm_tile(M, K, flags["NORM"] and not late), DEFER=cfg.defer, NORM_LATE=flags["NORM"] and late,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl, **early)
-    if split > 1 and norm_out:  # one program a row: the whole row for its RMSNorm
+    preloaded = norm_out and _preload.applies(M, K, x.dtype, pdl=bool(pdl), plain=bias is None and norm_weight is None
+                                              and act is None and _preload.aligned(x2, sxm))
+    split = 1 if preloaded else split  # preload.py's kernel writes [1, M, N] partials
+    part = torch.empty(split, M, N, dtype=torch.float32, device=dev) if split > 1 or preloaded else y
+    if preloaded:  # W_O behind the attention: its weight read into shared memory before the PDL wait
+        _preload.launch(x2, weight, part, sxm, pdl=True)
+    else:
+        _gemv_kernel[(cdiv(N, cfg.block_n), split)](
+            x2, weight, b, y, part, nw, r, M, N, K, sxm, weight.stride(0), srm, k_per_split,
+            float(norm_eps) if norm_weight is not None else 0.0,
+            BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, M_ROWS=M, DOT=cfg.dot, SPLIT=split,
+            HAS_BIAS=bias is not None, UPCAST=upcast, PREC=prec, EVEN_K=K % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
+            NORM=flags["NORM"] and not late, SILU=flags["SILU"], HAS_RES=split == 1 and flags["HAS_RES"], EMU_RNE=emu_rne,
+            **_norm_tile(M, K, flags["NORM"] and not late), DEFER=cfg.defer, NORM_LATE=flags["NORM"] and late,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl, **early)
+    if (split > 1 or preloaded) and norm_out:  # one program a row: the whole row for its RMSNorm
         block = pow2(N)
         _gemv_reduce_norm[(M,)](part, b, y, r, out_norm_weight, yn, M * N, N, srm, float(out_norm_eps), SPLIT=split,
                                 BLOCK=block, HAS_BIAS=bias is not None, HAS_RES=flags["HAS_RES"], EMU_RNE=emu_rne,

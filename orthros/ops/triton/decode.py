@@ -46,9 +46,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ..gemv import preload as _preload
 from ..gemv.naive import MAX_M as GEMV_MAX_M
 from .common import (LOG2E, PDL_MIN_M, block_d, cdiv, dummy, interpreting, merge_splits, num_sms, pdl_enter,
-                     pdl_kwargs, pow2, precision, softmax_result, softmax_step, zeroed_counters)
+                     pdl_kwargs, pdl_signal, pdl_wait, pow2, precision, softmax_result, softmax_step,
+                     zeroed_counters)
 
 
 # ============================================================================ kernels
@@ -336,8 +338,12 @@ def _decode_split_qkv(
 @triton.jit(do_not_specialize=["NUM_SPLITS"])
 def _decode_combine(OP, LP, O, OO, sob, soh, soob, sooh,
                     HQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                    NUM_SPLITS, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
-    pdl_enter(PDL)
+                    NUM_SPLITS, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False, EARLY: tl.constexpr = False):
+    if EARLY:  # the W_O kernel behind preloads its weight (gemv/preload.py): let it be resident now
+        pdl_signal(PDL)
+        pdl_wait(PDL)
+    else:
+        pdl_enter(PDL)
     _merge_row(OP, LP, O, OO, tl.program_id(2).to(tl.int64), tl.program_id(1), tl.program_id(0).to(tl.int64),
                sob, soh, soob, sooh, HQ=HQ, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=NUM_SPLITS, BLOCK_S=BLOCK_S,
                CACHE="")
@@ -527,7 +533,7 @@ class _Plan:
             _decode_combine[(self.consts["HQ"], 2, o.shape[0])](
                 self.op, self.lp, o, o_out, o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
                 HQ=self.consts["HQ"], D=self.consts["D"], BLOCK_D=self.BD, NUM_SPLITS=self.S,
-                BLOCK_S=max(2, pow2(self.S)), **self.pdl)
+                BLOCK_S=max(2, pow2(self.S)), EARLY=bool(self.pdl) and _preload.EARLY_COMBINE, **self.pdl)
 
 
 def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window_size, scale=None,

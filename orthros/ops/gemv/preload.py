@@ -1,0 +1,148 @@
+"""W_O's GEMV with its weight read into shared memory while the attention runs (issue #18,
+target 1; docs/performance.md, inference change 37). Experimental, off by default.
+
+A pair layer's W_O GEMV at a 1K context starts only when the attention's merge is over, and
+through the attention (~6.6 us a layer) HBM carries only the span's 4 MB of K/V. The kernel of
+``preload.cu`` streams W_O's rows into a shared-memory ring with the bulk copy engine from a
+producer thread that reads nothing another kernel writes, so under programmatic dependent launch
+(PDL) its first ``ORTHROS_GEMV_PRELOAD`` rows a block arrive before its wait for the merge
+returns. For the blocks to be resident that early the merge launch signals before its own wait
+(``EARLY_COMBINE``; :func:`orthros.ops.triton.decode._decode_combine`): every kernel ahead of
+W_O's is resident by then, so no waiting block holds a slot that one ahead still needs.
+
+It writes float32 ``[1, M, N]`` partials; the GEMV's split-K reduce (``_gemv_reduce_norm``)
+adds the residual and writes the output's RMSNorm as for the Triton GEMV. Used by
+:func:`orthros.ops.gemv.kernel.gemv_triton` for a launch it :func:`applies` to: a PDL launch
+(``M >= ORTHROS_PDL_MIN_M``) of ``M <= 2`` bf16 rows with the output's norm (the layer's W_O),
+no bias, no prologue, ``K`` in 2048 / 4096 / 8192.
+
+CUDA C++, so it is built with ``nvcc -arch=sm_90`` (on ``PATH`` or ``ORTHROS_NVCC``) at first
+use into ``$ORTHROS_CACHE/kernels`` (default ``~/.cache/orthros/kernels``), named by a hash of
+the source and flags; there is no CPU form. ``ORTHROS_GEMV_PRELOAD`` (read at import): rows a
+block preloads (the ring's slots, ``K * 2`` bytes each), 0 (the default) turns it off;
+``ORTHROS_GEMV_PRELOAD_EARLY=0``: the merge signals after its wait as without the preload
+(the W_O blocks then become resident only once the attention is over).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+from ..triton.common import cdiv, env_number, num_sms
+
+SOURCE = Path(__file__).with_name("preload.cu")
+NVCC_FLAGS = ("-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-shared", "-Xcompiler", "-fPIC")
+KS = (2048, 4096, 8192)  # the K the kernel is instantiated for (8 warps x 32 lanes x 8, 16, 32)
+MAX_ROWS = 2
+
+PIECES = env_number("ORTHROS_GEMV_PRELOAD", "0", int, "a whole number of weight rows (0: off)")
+if PIECES < 0:
+    raise ValueError(f"ORTHROS_GEMV_PRELOAD must be >= 0 (rows a block preloads; 0: off), got {PIECES}")
+EARLY_COMBINE = PIECES > 0 and env_number("ORTHROS_GEMV_PRELOAD_EARLY", "1", int, "0 or 1") != 0
+
+_LIB = None
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ORTHROS_CACHE") or Path.home() / ".cache" / "orthros").expanduser() / "kernels"
+
+
+def build(nvcc: str | None = None, out_dir: Path | None = None) -> Path:
+    """The kernel's shared library, built once per source and flags (a hash in its name; ptxas'
+    register report beside it), written under a temporary name, then renamed. ``RuntimeError``
+    naming ``nvcc`` when it is missing or fails."""
+    nvcc = nvcc or os.environ.get("ORTHROS_NVCC") or "nvcc"
+    if shutil.which(nvcc) is None:
+        raise RuntimeError(f"ORTHROS_GEMV_PRELOAD: the kernel is CUDA C++ and needs nvcc, but {nvcc!r} is not an "
+                           f"executable on PATH (set ORTHROS_NVCC, or ORTHROS_GEMV_PRELOAD=0)")
+    src = SOURCE.read_bytes()
+    key = hashlib.sha256(src + " ".join(NVCC_FLAGS).encode()).hexdigest()[:16]
+    d = Path(out_dir) if out_dir is not None else cache_dir()
+    so = d / f"preload-{key}.so"
+    if so.exists():
+        return so
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".preload-{key}.{os.getpid()}.so"
+    p = subprocess.run([nvcc, *NVCC_FLAGS, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True)
+    if p.returncode:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"nvcc failed on {SOURCE.name} (exit {p.returncode}):\n{p.stderr[-3000:]}")
+    (d / f"preload-{key}.ptxas.txt").write_text(p.stderr)
+    os.replace(tmp, so)
+    return so
+
+
+def _lib(device: torch.device):
+    global _LIB
+    if _LIB is None:
+        lib = ctypes.CDLL(str(build()))
+        lib.wo_preload_smem_bytes.restype = ctypes.c_longlong
+        lib.wo_preload_smem_bytes.argtypes = [ctypes.c_int] * 4
+        lib.wo_preload_prepare.argtypes = [ctypes.c_int]
+        lib.wo_preload_launch.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + [ctypes.c_longlong]
+                                          + [ctypes.c_int] * 4 + [ctypes.c_void_p])
+        lib.wo_preload_error_string.restype = ctypes.c_char_p
+        _check(lib, lib.wo_preload_prepare(torch.cuda.get_device_properties(device).shared_memory_per_block_optin),
+               "cudaFuncSetAttribute")
+        _LIB = lib
+    return _LIB
+
+
+def _check(lib, rc: int, what: str) -> None:
+    if rc:
+        raise RuntimeError(f"the W_O preload kernel, {what}: {lib.wo_preload_error_string(rc).decode()} "
+                           f"(cudaError {rc})")
+
+
+def layout(N: int, device: torch.device) -> tuple:
+    """``(rows_per_block, blocks)``: one block a multiprocessor at most, whole rows each."""
+    rows = cdiv(N, num_sms(device))
+    return rows, cdiv(N, rows)
+
+
+def smem_bytes(M: int, K: int, rows_per_block: int, pieces: int) -> int:
+    """What ``preload.cu`` asks a block for: the ring, its mbarriers and the warps' row sums."""
+    return pieces * K * 2 + 16 * pieces + 4 * rows_per_block * 8 * M
+
+
+def applies(M: int, K: int, dtype: torch.dtype, *, pdl: bool, plain: bool) -> bool:
+    """Whether :func:`gemv_triton` hands this launch to the kernel: the preload is on, the launch
+    uses PDL (so it can start before the attention ends), ``M <= 2`` bf16 rows, a supported ``K``
+    and no bias or prologue (``plain``)."""
+    return PIECES > 0 and pdl and plain and 1 <= M <= MAX_ROWS and K in KS and dtype == torch.bfloat16
+
+
+def aligned(x2: torch.Tensor, sx: int) -> bool:
+    """Whether the kernel's 16-byte loads of ``x2``'s rows (row stride ``sx`` elements) are aligned."""
+    return x2.data_ptr() % 16 == 0 and sx % 8 == 0
+
+
+def launch(x2: torch.Tensor, weight: torch.Tensor, part: torch.Tensor, sx: int, *, pdl: bool,
+           pieces: int | None = None) -> None:
+    """``part[0] = x2 @ weight.T`` (float32) on the current stream; ``x2 [M, K]`` with row stride
+    ``sx``, ``weight [N, K]`` contiguous, ``part [1, M, N]`` contiguous float32."""
+    M, K = x2.shape
+    N = weight.shape[0]
+    pieces = PIECES if pieces is None else int(pieces)
+    dev = x2.device
+    lib = _lib(dev)
+    rows, blocks = layout(N, dev)
+    pieces = max(1, min(pieces, rows))
+    need = smem_bytes(M, K, rows, pieces)
+    most = torch.cuda.get_device_properties(dev).shared_memory_per_block_optin
+    if need > most:
+        raise ValueError(f"ORTHROS_GEMV_PRELOAD={pieces}: {pieces} rows of {K * 2} B need {need} B of shared memory a "
+                         f"block, more than the {most} of this GPU")
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    _check(lib, lib.wo_preload_launch(weight.data_ptr(), x2.data_ptr(), part.data_ptr(), M, N, K, sx, rows, blocks,
+                                      pieces, int(pdl), stream), "launch")
+
+
+__all__ = ["PIECES", "EARLY_COMBINE", "applies", "aligned", "launch", "build", "layout", "smem_bytes"]

@@ -1,0 +1,168 @@
+"""W_O's GEMV with its weight preloaded into shared memory (orthros.ops.gemv.preload, CUDA C++):
+where it applies, its refusals and its build on the CPU (the build and the kernel's own sizing
+where nvcc is present); on a GPU, the kernel against the float64 product at every instantiated
+K, the W_O site through the Triton GEMV's entry against the Triton kernel, and the kernel behind
+a PDL-launched Triton GEMV inside a CUDA graph, replayed on new inputs."""
+
+import ctypes
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from orthros.ops.gemv import gemv, preload  # noqa: E402
+from conftest import rel  # noqa: E402
+
+gpu = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+nvcc = pytest.mark.skipif(shutil.which(os.environ.get("ORTHROS_NVCC") or "nvcc") is None, reason="needs nvcc")
+
+
+def test_applies_only_to_a_plain_pdl_launch_of_at_most_two_bf16_rows(monkeypatch):
+    monkeypatch.setattr(preload, "PIECES", 12)
+    ok = dict(pdl=True, plain=True)
+    assert preload.applies(2, 4096, torch.bfloat16, **ok) and preload.applies(1, 2048, torch.bfloat16, **ok)
+    assert not preload.applies(2, 4096, torch.bfloat16, pdl=False, plain=True)  # nothing to overlap
+    assert not preload.applies(2, 4096, torch.bfloat16, pdl=True, plain=False)  # a bias or a prologue
+    assert not preload.applies(3, 4096, torch.bfloat16, **ok)
+    assert not preload.applies(2, 4000, torch.bfloat16, **ok)  # no kernel for this K
+    assert not preload.applies(2, 4096, torch.float16, **ok)
+    monkeypatch.setattr(preload, "PIECES", 0)
+    assert not preload.applies(2, 4096, torch.bfloat16, **ok)
+
+
+def test_off_by_default_and_the_merge_signals_as_before():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ORTHROS_GEMV_PRELOAD")}
+    code = "from orthros.ops.gemv import preload as p; print(p.PIECES, p.EARLY_COMBINE)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["0", "False"]
+    env["ORTHROS_GEMV_PRELOAD"] = "12"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["12", "True"]
+    env["ORTHROS_GEMV_PRELOAD_EARLY"] = "0"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["12", "False"]
+
+
+@pytest.mark.parametrize("value", ["-1", "twelve"])
+def test_bad_setting_refused_at_import_naming_the_variable(value):
+    env = dict(os.environ, ORTHROS_GEMV_PRELOAD=value)
+    p = subprocess.run([sys.executable, "-c", "import orthros.ops.gemv.preload"], env=env, capture_output=True,
+                       text=True)
+    assert p.returncode != 0 and "ORTHROS_GEMV_PRELOAD must be" in p.stderr
+
+
+def test_build_without_nvcc_names_the_setting_and_writes_nothing(tmp_path):
+    with pytest.raises(RuntimeError, match="ORTHROS_NVCC"):
+        preload.build(nvcc=str(tmp_path / "no-nvcc"), out_dir=tmp_path / "k")
+    assert not (tmp_path / "k").exists()
+
+
+def test_layout_gives_whole_rows_to_at_most_one_block_a_multiprocessor(monkeypatch):
+    monkeypatch.setattr(preload, "num_sms", lambda dev: 132)
+    assert preload.layout(4096, None) == (32, 128)
+    rows, blocks = preload.layout(1000, None)
+    assert blocks <= 132 and rows * blocks >= 1000 and rows * (blocks - 1) < 1000
+
+
+@nvcc
+def test_built_kernel_sizes_its_shared_memory_as_the_host_does(tmp_path):
+    """Built by nvcc (no GPU needed to build or to call the sizing functions)."""
+    so = preload.build(out_dir=tmp_path)
+    assert so.exists() and (tmp_path / (so.stem + ".ptxas.txt")).exists()
+    assert not list(tmp_path.glob(".preload-*"))  # the temporary name renamed
+    assert preload.build(out_dir=tmp_path) == so  # built once per source and flags
+    lib = ctypes.CDLL(str(so))
+    lib.wo_preload_smem_bytes.restype = ctypes.c_longlong
+    for M, K, rows, pieces in [(2, 4096, 32, 12), (1, 2048, 8, 1), (2, 8192, 31, 5)]:
+        assert lib.wo_preload_smem_bytes(M, K, rows, pieces) == preload.smem_bytes(M, K, rows, pieces)
+    for M in (1, 2):
+        for K in preload.KS:
+            assert lib.wo_preload_supports(M, K) == 0
+    assert lib.wo_preload_supports(3, 4096) == -1 and lib.wo_preload_supports(2, 4000) == -1
+
+
+def _case(M, N, K, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(M, K, generator=g).to("cuda", torch.bfloat16),
+            (torch.randn(N, K, generator=g) * 0.05).to("cuda", torch.bfloat16))
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("pieces", [1, 5, 12])
+@pytest.mark.parametrize("N", [4096, 1000])
+@pytest.mark.parametrize("K", list(preload.KS))
+@pytest.mark.parametrize("M", [1, 2])
+def test_gpu_kernel_matches_float64(M, K, N, pieces):
+    x, w = _case(M, N, K, seed=M * 31 + K + N + pieces)
+    part = torch.full((1, M, N), float("nan"), device="cuda")
+    preload.launch(x, w, part, x.stride(0), pdl=False, pieces=pieces)
+    torch.cuda.synchronize()
+    assert rel(part[0], x.double() @ w.double().T) < 1e-5
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_w_o_site_as_the_triton_kernel_computes_it(monkeypatch):
+    """Qwen3-8B's o-projection of the pair (M = 2, PDL on) with its residual and the output's
+    norm: through the preload the same ``y`` and ``yn`` up to the float32 sums' order."""
+    from orthros.ops.triton.common import PDL_MIN_M, pdl_kwargs
+
+    if not pdl_kwargs(torch.device("cuda")) or PDL_MIN_M > 2:
+        pytest.skip("the preload needs PDL launches of 2-row GEMVs")
+    x, w = _case(2, 4096, 4096, seed=7)
+    res = torch.randn(2, 4096, device="cuda", dtype=torch.bfloat16) * 4
+    onw = torch.rand(4096, device="cuda", dtype=torch.bfloat16) + 0.5
+    kw = dict(backend="triton", residual=res, out_norm_weight=onw, out_norm_eps=1e-6)
+    monkeypatch.setattr(preload, "PIECES", 0)
+    y0, yn0 = gemv(x, w, **kw)
+    monkeypatch.setattr(preload, "PIECES", 12)
+    calls = []
+    real = preload.launch
+    monkeypatch.setattr(preload, "launch", lambda *a, **k: calls.append(1) or real(*a, **k))
+    y1, yn1 = gemv(x, w, **kw)
+    assert calls, "the W_O site did not take the preload kernel"
+    for a, b in ((y1, y0), (yn1, yn0)):
+        assert rel(a, b) < 1e-2 and (a == b).float().mean() > 0.95
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_behind_a_pdl_gemv_in_a_cuda_graph(monkeypatch):
+    """x is made by a PDL-launched Triton GEMV right ahead; the preload kernel (PDL) must wait for
+    it: replays with new inputs give the eager float64 chain's result."""
+    from orthros.ops.triton.common import PDL_MIN_M, pdl_kwargs
+
+    if not pdl_kwargs(torch.device("cuda")) or PDL_MIN_M > 2:
+        pytest.skip("the preload needs PDL launches of 2-row GEMVs")
+    monkeypatch.setattr(preload, "PIECES", 12)
+    x0, w0 = _case(2, 4096, 4096, seed=1)
+    _, w = _case(2, 4096, 4096, seed=2)
+    res = torch.zeros(2, 4096, device="cuda", dtype=torch.bfloat16)
+    onw = torch.ones(4096, device="cuda", dtype=torch.bfloat16)
+
+    def chain():
+        x = gemv(x0, w0, backend="triton")
+        return gemv(x, w, backend="triton", residual=res, out_norm_weight=onw, out_norm_eps=1e-6)[0]
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        chain()  # build and compile outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = chain()
+    for seed in (3, 4, 5):
+        x0.copy_(_case(2, 4096, 4096, seed=seed)[0])
+        g.replay()
+        torch.cuda.synchronize()
+        want = (gemv(x0, w0, backend="naive").double() @ w.double().T)
+        assert rel(out, want) < 1e-2
