@@ -166,3 +166,48 @@ def test_gpu_behind_a_pdl_gemv_in_a_cuda_graph(monkeypatch):
         torch.cuda.synchronize()
         want = (gemv(x0, w0, backend="naive").double() @ w.double().T)
         assert rel(out, want) < 1e-2
+
+
+@nvcc
+def test_built_merge_kernel_sizes_its_shared_memory_as_the_host_does(tmp_path):
+    lib = ctypes.CDLL(str(preload.build(out_dir=tmp_path)))
+    lib.wo_merge_smem_bytes.restype = ctypes.c_longlong
+    for heads, pieces in [(4, 12), (2, 1), (8, 6)]:
+        assert lib.wo_merge_smem_bytes(heads, pieces) == preload.merge_smem_bytes(heads, pieces)
+
+
+def test_merge_layout_covers_every_row_in_whole_pieces(monkeypatch):
+    monkeypatch.setattr(preload, "num_sms", lambda dev: 132)
+    for N, HQ, heads in [(4096, 32, 4), (4096, 32, 8), (1000, 16, 2)]:
+        rows, groups = preload.merge_layout(N, HQ, heads, None)
+        assert rows % preload.PIECE_ROWS == 0 and rows * groups >= N and rows * (groups - 1) < N
+        assert (HQ // heads) * groups <= 132
+    assert preload.merge_layout(4096, 32, 4, None) == (256, 16)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("pieces", [1, 12])
+@pytest.mark.parametrize("heads", [2, 4, 8])
+@pytest.mark.parametrize("S,N", [(16, 4096), (5, 1000), (1, 264)])
+def test_gpu_merge_kernel_matches_the_torch_merge_then_the_product(S, N, heads, pieces):
+    """The decode kernel's partials (a split without keys among them: lse -inf), merged and rounded
+    to bf16 as the merge launch does, times each K slice of the weight."""
+    import math
+
+    from orthros.ops.merge import merge_partials
+
+    HQ, D = 16, preload.HEAD_DIM
+    g = torch.Generator().manual_seed(S * 100 + N + heads)
+    op = torch.randn(1, 2, HQ, S, D, generator=g).cuda()
+    lp = (torch.randn(1, 2, HQ, S, generator=g) * 3).cuda()
+    if S > 1:
+        lp[0, 0, :, -1] = float("-inf")  # the window row: a split past its keys
+    w = (torch.randn(N, HQ * D, generator=g) * 0.05).to("cuda", torch.bfloat16)
+    part = torch.full((HQ // heads, 2, N), float("nan"), device="cuda")
+    preload.launch_merge(op, lp, w, part, heads=heads, pieces=pieces, pdl=False)
+    torch.cuda.synchronize()
+    x, _ = merge_partials(op[0].movedim(-2, 0), lp[0].movedim(-1, 0) * math.log(2.0))  # [2, HQ, D]
+    x = x.to(torch.bfloat16).double().reshape(2, HQ // heads, heads * D)
+    want = torch.einsum("msk,nsk->smn", x, w.double().reshape(N, HQ // heads, heads * D))
+    assert rel(part, want) < 1e-4

@@ -144,6 +144,128 @@ wo_preload_kernel(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __re
     }
 }
 
+// The same stream with the attention's merge in front (inference change 37, form "merge"): the
+// kernel ahead is the decode split kernel, whose partials it merges itself, so no merge launch
+// stands between the attention and W_O. Block (s, g): the K slice of heads [s * HS, (s + 1) * HS)
+// (HS * 128 columns) of the weight rows [g * R, (g + 1) * R), in pieces of 8 rows (8 copies of
+// HS * 256 bytes a piece); after the wait its 256 consumer threads merge the slice's partials
+// of both query rows (the pair's window and full rows, B = 1) into shared memory, rounded to
+// bf16 as the merge launch rounds them, and warp w then takes row w of every piece. It writes
+// float32 partials [HQ / HS, 2, N] for the split-K reduce.
+constexpr int MD = 128;  // head dim
+constexpr int PIECE_ROWS = CONSUMER_WARPS;
+
+template <int HS>
+__global__ void __launch_bounds__(THREADS, 1)
+wo_merge_kernel(const float* __restrict__ op, const float* __restrict__ lp, int S, int HQ,
+                const __nv_bfloat16* __restrict__ w, float* __restrict__ out, int N, int rows_per_block,
+                int pieces, int pdl) {
+    constexpr int C = HS * MD;         // the slice's columns
+    constexpr int E = C / 32;          // a lane's columns of a row
+    constexpr uint32_t SEG = C * 2;    // bytes of one row's segment
+    static_assert(E % 8 == 0, "16-byte loads");
+    extern __shared__ __align__(128) unsigned char smem[];
+    __nv_bfloat16* ring = reinterpret_cast<__nv_bfloat16*>(smem);
+    uint64_t* full = reinterpret_cast<uint64_t*>(smem + static_cast<size_t>(pieces) * PIECE_ROWS * SEG);
+    uint64_t* empty = full + pieces;
+    float* xs = reinterpret_cast<float*>(empty + pieces);  // the merged rows, [2][E][32] (no bank conflicts)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int s = blockIdx.x, K = HQ * MD;
+    const int row0 = blockIdx.y * rows_per_block;
+    const int rows = min(rows_per_block, N - row0);
+    const int npieces = (rows + PIECE_ROWS - 1) / PIECE_ROWS;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < pieces; ++i) {
+            mbar_init(&full[i], 1);
+            mbar_init(&empty[i], CONSUMER_WARPS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (warp == CONSUMER_WARPS) {  // the producer
+        if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+        if (lane == 0) {
+            for (int i = 0; i < npieces; ++i) {
+                const int slot = i % pieces, round = i / pieces;
+                if (round) mbar_wait(&empty[slot], (round - 1) & 1);
+                const int r0 = i * PIECE_ROWS, nr = min(PIECE_ROWS, rows - r0);
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                             :: "r"(saddr(&full[slot])), "r"(nr * SEG) : "memory");
+                for (int r = 0; r < nr; ++r) {
+                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                                 :: "r"(saddr(ring + (static_cast<size_t>(slot) * PIECE_ROWS + r) * C)),
+                                    "l"(w + static_cast<size_t>(row0 + r0 + r) * K + static_cast<size_t>(s) * C),
+                                    "r"(SEG), "r"(saddr(&full[slot])) : "memory");
+                }
+            }
+        }
+        return;
+    }
+    if (pdl) asm volatile("griddepcontrol.wait;" ::: "memory");  // the partials are the kernel ahead's
+    // merge: thread t takes 4 columns of one of the two rows (as merge_splits in triton/common.py)
+    for (int idx = threadIdx.x * 4; idx < 2 * C; idx += CONSUMER_WARPS * 32 * 4) {
+        const int r = idx / C, c = idx % C;
+        const int h = s * HS + c / MD, d = c % MD;
+        const size_t base = (static_cast<size_t>(r) * HQ + h) * S;
+        float mx = -INFINITY;
+        for (int k = 0; k < S; ++k) mx = fmaxf(mx, __ldcg(lp + base + k));
+        const float ms = mx == -INFINITY ? 0.f : mx;
+        float den = 0.f, a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
+        for (int k = 0; k < S; ++k) {
+            const float wt = exp2f(__ldcg(lp + base + k) - ms);
+            const float4 v = __ldcg(reinterpret_cast<const float4*>(op + (base + k) * MD + d));
+            den += wt;
+            a0 += v.x * wt;
+            a1 += v.y * wt;
+            a2 += v.z * wt;
+            a3 += v.w * wt;
+        }
+        const float inv = den > 0.f ? den : 1.f;
+        const float o[4] = {a0 / inv, a1 / inv, a2 / inv, a3 / inv};
+#pragma unroll
+        for (int q = 0; q < 4; ++q)  // column c + q is lane (c + q) / E's element (c + q) % E: stored [r][j][lane]
+            xs[(r * E + (c + q) % E) * 32 + (c + q) / E] = __bfloat162float(__float2bfloat16_rn(o[q]));
+    }
+    asm volatile("bar.sync 1, %0;" :: "n"(CONSUMER_WARPS * 32) : "memory");
+    if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    float xr[2][E];
+#pragma unroll
+    for (int m = 0; m < 2; ++m) {
+#pragma unroll
+        for (int j = 0; j < E; ++j) xr[m][j] = xs[(m * E + j) * 32 + lane];
+    }
+    for (int i = 0; i < npieces; ++i) {
+        const int slot = i % pieces, round = i / pieces;
+        mbar_wait(&full[slot], round & 1);
+        const int row = i * PIECE_ROWS + warp;
+        float acc[2] = {0.f, 0.f};
+        if (row < rows) {
+            const __nv_bfloat16* p = ring + (static_cast<size_t>(slot) * PIECE_ROWS + warp) * C + lane * E;
+#pragma unroll
+            for (int j = 0; j < E; j += 8) {
+                float wf[8];
+                unpack8(*reinterpret_cast<const uint4*>(p + j), wf);
+#pragma unroll
+                for (int t = 0; t < 8; ++t) {
+                    acc[0] = fmaf(wf[t], xr[0][j + t], acc[0]);
+                    acc[1] = fmaf(wf[t], xr[1][j + t], acc[1]);
+                }
+            }
+        }
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty[slot]);
+#pragma unroll
+        for (int m = 0; m < 2; ++m) {
+#pragma unroll
+            for (int off = 16; off; off >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], off);
+        }
+        if (lane == 0 && row < rows) {
+            out[(static_cast<size_t>(s) * 2) * N + row0 + row] = acc[0];
+            out[(static_cast<size_t>(s) * 2 + 1) * N + row0 + row] = acc[1];
+        }
+    }
+}
+
 typedef void (*Kernel)(const __nv_bfloat16*, const __nv_bfloat16*, float*, int, long long, int, int, int);
 
 static Kernel pick(int M, int K) {
@@ -193,6 +315,46 @@ extern "C" int wo_preload_launch(const void* w, const void* x, void* out, int M,
                                              static_cast<const __nv_bfloat16*>(x), static_cast<float*>(out), N, sx,
                                              rows_per_block, pieces, pdl);
     return static_cast<int>(e);
+}
+
+typedef void (*MergeKernel)(const float*, const float*, int, int, const __nv_bfloat16*, float*, int, int, int, int);
+
+static MergeKernel pick_merge(int hs) {
+    if (hs == 2) return wo_merge_kernel<2>;
+    if (hs == 4) return wo_merge_kernel<4>;
+    if (hs == 8) return wo_merge_kernel<8>;
+    return nullptr;
+}
+
+extern "C" long long wo_merge_smem_bytes(int hs, int pieces) {
+    return static_cast<long long>(pieces) * PIECE_ROWS * hs * MD * 2 + 16LL * pieces + 4LL * 2 * hs * MD;
+}
+
+extern "C" int wo_merge_prepare(int bytes) {
+    for (int hs : {2, 4, 8}) {
+        const cudaError_t e = cudaFuncSetAttribute(pick_merge(hs), cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+        if (e != cudaSuccess) return static_cast<int>(e);
+    }
+    return 0;
+}
+
+extern "C" int wo_merge_launch(const void* op, const void* lp, int S, int HQ, int hs, const void* w, void* out, int N,
+                               int rows_per_block, int groups, int pieces, int pdl, void* stream) {
+    const MergeKernel fn = pick_merge(hs);
+    if (!fn || HQ % hs) return static_cast<int>(cudaErrorInvalidValue);
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(HQ / hs, groups);
+    cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = static_cast<size_t>(wo_merge_smem_bytes(hs, pieces));
+    cfg.stream = static_cast<cudaStream_t>(stream);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return static_cast<int>(cudaLaunchKernelEx(&cfg, fn, static_cast<const float*>(op), static_cast<const float*>(lp), S,
+                                               HQ, static_cast<const __nv_bfloat16*>(w), static_cast<float*>(out), N,
+                                               rows_per_block, pieces, pdl));
 }
 
 extern "C" const char* wo_preload_error_string(int e) { return cudaGetErrorString(static_cast<cudaError_t>(e)); }

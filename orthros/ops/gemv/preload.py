@@ -88,9 +88,15 @@ def _lib(device: torch.device):
         lib.wo_preload_prepare.argtypes = [ctypes.c_int]
         lib.wo_preload_launch.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + [ctypes.c_longlong]
                                           + [ctypes.c_int] * 4 + [ctypes.c_void_p])
+        lib.wo_merge_smem_bytes.restype = ctypes.c_longlong
+        lib.wo_merge_smem_bytes.argtypes = [ctypes.c_int] * 2
+        lib.wo_merge_prepare.argtypes = [ctypes.c_int]
+        lib.wo_merge_launch.argtypes = ([ctypes.c_void_p] * 2 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
+                                        + [ctypes.c_int] * 5 + [ctypes.c_void_p])
         lib.wo_preload_error_string.restype = ctypes.c_char_p
-        _check(lib, lib.wo_preload_prepare(torch.cuda.get_device_properties(device).shared_memory_per_block_optin),
-               "cudaFuncSetAttribute")
+        most = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+        _check(lib, lib.wo_preload_prepare(most), "cudaFuncSetAttribute")
+        _check(lib, lib.wo_merge_prepare(most), "cudaFuncSetAttribute")
         _LIB = lib
     return _LIB
 
@@ -145,4 +151,47 @@ def launch(x2: torch.Tensor, weight: torch.Tensor, part: torch.Tensor, sx: int, 
                                       pieces, int(pdl), stream), "launch")
 
 
-__all__ = ["PIECES", "EARLY_COMBINE", "applies", "aligned", "launch", "build", "layout", "smem_bytes"]
+# the merge form (wo_merge_kernel): heads a block's K slice holds, rows a piece, the head dim
+MERGE_HEADS = (2, 4, 8)
+PIECE_ROWS = 8
+HEAD_DIM = 128
+
+
+def merge_layout(N: int, HQ: int, heads: int, device: torch.device) -> tuple:
+    """``(rows_per_block, groups)`` of the merge form: ``HQ / heads`` K slices times ``groups`` row
+    groups of whole pieces, about one block a multiprocessor in all."""
+    groups = max(1, num_sms(device) // (HQ // heads))
+    rows = cdiv(cdiv(N, groups), PIECE_ROWS) * PIECE_ROWS
+    return rows, cdiv(N, rows)
+
+
+def merge_smem_bytes(heads: int, pieces: int) -> int:
+    """What ``wo_merge_kernel`` asks a block for: the ring, its mbarriers and the merged rows."""
+    return pieces * PIECE_ROWS * heads * HEAD_DIM * 2 + 16 * pieces + 4 * 2 * heads * HEAD_DIM
+
+
+def launch_merge(op: torch.Tensor, lp: torch.Tensor, weight: torch.Tensor, part: torch.Tensor, *, heads: int,
+                 pieces: int, pdl: bool) -> None:
+    """``part[s] = merge(op, lp)[:, slice s] @ weight[:, slice s].T`` (float32) on the current
+    stream, for the decode kernel's partials of one batch row's two query rows: ``op [1, 2, HQ,
+    S, 128]`` and ``lp [1, 2, HQ, S]`` float32 contiguous (base-2 log-sum-exps), ``weight [N, HQ *
+    128]`` bf16 contiguous, ``part [HQ / heads, 2, N]`` float32 contiguous: K slices of ``heads``
+    heads, summed by the split-K reduce."""
+    _, _, HQ, S, D = op.shape
+    N = weight.shape[0]
+    dev = op.device
+    lib = _lib(dev)
+    rows, groups = merge_layout(N, HQ, heads, dev)
+    pieces = max(1, min(int(pieces), cdiv(rows, PIECE_ROWS)))
+    need = merge_smem_bytes(heads, pieces)
+    most = torch.cuda.get_device_properties(dev).shared_memory_per_block_optin
+    if need > most:
+        raise ValueError(f"ORTHROS_GEMV_PRELOAD={pieces}: {pieces} pieces of {PIECE_ROWS} rows x {heads * D * 2} B need "
+                         f"{need} B of shared memory a block, more than the {most} of this GPU")
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    _check(lib, lib.wo_merge_launch(op.data_ptr(), lp.data_ptr(), S, HQ, heads, weight.data_ptr(), part.data_ptr(),
+                                    N, rows, groups, pieces, int(pdl), stream), "merge launch")
+
+
+__all__ = ["PIECES", "EARLY_COMBINE", "applies", "aligned", "launch", "build", "layout", "smem_bytes",
+           "merge_layout", "merge_smem_bytes", "launch_merge"]
