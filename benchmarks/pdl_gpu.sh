@@ -17,7 +17,8 @@
 #      W_O's split-K reduce, ORTHROS_GEMV_NORM_OUT=0, as before inference change 25), then optionally
 #      "wpN" (W_O's GEMV by the CUDA kernel that reads N weight rows a block into shared memory before
 #      its PDL wait, ORTHROS_GEMV_PRELOAD=N; "wpNlate": the merge ahead of it signals after its own
-#      wait, ORTHROS_GEMV_PRELOAD_EARLY=0; inference change 37).
+#      wait, ORTHROS_GEMV_PRELOAD_EARLY=0; "wpNm": the merge form, no merge launch, W_O's blocks merge
+#      the split partials, ORTHROS_GEMV_PRELOAD_MERGE=1, N pieces of 8 rows x 1 KB; inference change 37).
 #      The engine's defaults: pf4m2.
 # Nothing is installed: the image's torch / triton run it. From the repo root (the `run` tool):
 #   command: ORTHROS_COMMIT=<sha> bash benchmarks/pdl_gpu.sh
@@ -34,9 +35,10 @@ settings() {  # a setting's name -> its environment in env_, extra benchmark arg
   local rest=$1 min_m=1
   args_=()
   local qkv_env=() hoist_env=() wp_env=()
-  if [[ $rest =~ ^(.*)wp([0-9]+)(late)?$ ]]; then  # wpN[late]: W_O preloads N rows a block (inference change 37)
+  if [[ $rest =~ ^(.*)wp([0-9]+)(late|m)?$ ]]; then  # wpN[late|m]: W_O preloads N pieces a block (inference change 37)
     wp_env=(ORTHROS_GEMV_PRELOAD="${BASH_REMATCH[2]}")
-    [ -n "${BASH_REMATCH[3]}" ] && wp_env+=(ORTHROS_GEMV_PRELOAD_EARLY=0)
+    [ "${BASH_REMATCH[3]}" = late ] && wp_env+=(ORTHROS_GEMV_PRELOAD_EARLY=0)
+    [ "${BASH_REMATCH[3]}" = m ] && wp_env+=(ORTHROS_GEMV_PRELOAD_MERGE=1)
     rest=${BASH_REMATCH[1]}
   fi
   case "$rest" in *nohoist) hoist_env=(ORTHROS_GEMV_NORM_OUT=0); rest=${rest%nohoist} ;; esac
@@ -56,7 +58,7 @@ settings() {  # a setting's name -> its environment in env_, extra benchmark arg
 }
 [[ ${ROOF:-0} =~ ^[0-9]+$ ]] || { echo "ROOF: give a count of roofline processes, got '$ROOF'" >&2; exit 2; }
 for v in $VARIANTS ${PROFILE:-}; do  # every name checked before any work
-  settings "$v" || { echo "VARIANTS / PROFILE: unknown setting '$v' (off, or pdl / pfN, then optionally end, then m2; then optionally nocombo, then optionally noqkv / nopeel, then optionally nohoist, then optionally wpN / wpNlate)" >&2; exit 2; }
+  settings "$v" || { echo "VARIANTS / PROFILE: unknown setting '$v' (off, or pdl / pfN, then optionally end, then m2; then optionally nocombo, then optionally noqkv / nopeel, then optionally nohoist, then optionally wpN / wpNlate / wpNm)" >&2; exit 2; }
 done
 mkdir -p "$OUT"
 { date -u; echo "commit $ORTHROS_COMMIT"

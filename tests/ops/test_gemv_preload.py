@@ -211,3 +211,87 @@ def test_gpu_merge_kernel_matches_the_torch_merge_then_the_product(S, N, heads, 
     x = x.to(torch.bfloat16).double().reshape(2, HQ // heads, heads * D)
     want = torch.einsum("msk,nsk->smn", x, w.double().reshape(N, HQ // heads, heads * D))
     assert rel(part, want) < 1e-4
+
+
+def _partials(B=1, HQ=8, S=3, D=128, seed=0, device="cpu"):
+    from orthros.ops.merge import SplitPartials
+
+    g = torch.Generator().manual_seed(seed)
+    lse = torch.randn(B, 2, HQ, S, generator=g) * 2
+    lse[:, 0, :, -1] = float("-inf")
+    return SplitPartials(torch.randn(B, 2, HQ, S, D, generator=g).to(device), lse.to(device))
+
+
+def test_split_partials_merge_is_the_exact_merge():
+    """SplitPartials.merge against the softmax over the concatenated splits' scores, built so: the
+    split s of a row holds o_s with weight 2^lse_s."""
+    p = _partials(HQ=2, S=4, D=8)
+    w = torch.exp2(p.lse).nan_to_num(0.0)
+    want = (w.unsqueeze(-1) * p.o).sum(-2) / w.sum(-1, keepdim=True)
+    assert torch.allclose(p.merge(torch.float32), want, atol=1e-5)
+
+
+def test_gemv_of_split_partials_off_the_kernel_merges_in_torch_first():
+    p = _partials(HQ=2, D=128, seed=3)
+    w = torch.randn(16, 256, dtype=torch.float32)
+    res = torch.randn(1, 2, 16)
+    y = gemv(p, w, backend="auto", residual=res)
+    assert torch.equal(y, gemv(p.merge(torch.float32).flatten(-2), w, backend="auto", residual=res))
+    with pytest.raises(ValueError, match="^x: split partials"):
+        gemv(p, w, backend="triton")
+
+
+def test_split_partials_refused_where_only_one_stream_is_kept_or_merge_is_not_a_bool():
+    from orthros.engine.cache import DecodeView
+    from orthros.ops.decode import orthros_decode_qkv_attention
+
+    view = DecodeView.__new__(DecodeView)
+    with pytest.raises(ValueError, match="keep must be"):
+        view.attend_qkv(0, None, keep=(False, True), backend="auto", merge=False)
+    with pytest.raises(ValueError, match="merge must be True or False"):
+        orthros_decode_qkv_attention(None, None, None, None, num_heads=1, rope=None, window_size=1, merge="no")
+
+
+def test_the_merge_is_deferred_only_where_the_kernel_takes_it(monkeypatch):
+    monkeypatch.setattr(preload, "MERGE", True)
+    assert not preload.defers_merge(1, 32, 128, torch.bfloat16, torch.device("cpu"))  # a CUDA device only
+    monkeypatch.setattr(preload, "MERGE", False)
+    assert not preload.defers_merge(1, 32, 128, torch.bfloat16, torch.device("cuda", 0))
+    p = _partials(HQ=8)
+    assert not preload.merged_takes(p.o, p.lse, torch.zeros(4, 8 * 128, dtype=torch.bfloat16))
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_decode_partials_through_the_merge_form_as_through_the_merge_launch(monkeypatch):
+    """The decode kernel's partials (merge=False) into W_O's merge form: the same y and yn as the
+    merge launch then the W_O GEMV, up to the float32 sums' order."""
+    from orthros.ops.decode import orthros_decode_qkv_attention
+    from orthros.ops.merge import SplitPartials
+
+    monkeypatch.setattr(preload, "PIECES", 12)
+    monkeypatch.setattr(preload, "MERGE", True)
+    dev = torch.device("cuda")
+    if not preload.defers_merge(1, 32, 128, torch.bfloat16, dev):
+        pytest.skip("the merge form needs PDL launches of 2-row GEMVs")
+    g = torch.Generator().manual_seed(0)
+    H, HKV, D, L = 32, 8, 128, 1100
+    qkv = torch.randn(1, 2, (H + 2 * HKV) * D, generator=g).to(dev, torch.bfloat16)
+    kc = torch.randn(1, 2048, HKV, D, generator=g).to(dev, torch.bfloat16)
+    vc = torch.randn(1, 2048, HKV, D, generator=g).to(dev, torch.bfloat16)
+    lens = torch.tensor([L], device=dev)
+    pos = torch.arange(D // 2, device=dev) / (D // 2)
+    rope = (torch.cos(pos).repeat(2).view(1, 1, D).to(torch.bfloat16), torch.sin(pos).repeat(2).view(1, 1, D)
+            .to(torch.bfloat16))
+    kw = dict(num_heads=H, q_rows=(0, 1), rope=rope, window_size=128, backend="triton")
+    merged = orthros_decode_qkv_attention(qkv, kc.clone(), vc.clone(), lens, **kw)
+    p = orthros_decode_qkv_attention(qkv, kc.clone(), vc.clone(), lens, merge=False, **kw)
+    assert isinstance(p, SplitPartials) and p.o.shape[3] > 1
+    assert rel(p.merge(torch.bfloat16), merged) < 1e-2
+    w = (torch.randn(4096, H * D, generator=g) * 0.05).to(dev, torch.bfloat16)
+    res = torch.randn(1, 2, 4096, device=dev, dtype=torch.bfloat16)
+    onw = torch.rand(4096, device=dev, dtype=torch.bfloat16) + 0.5
+    want = gemv(merged.flatten(2), w, backend="triton", residual=res, out_norm_weight=onw, out_norm_eps=1e-6)
+    got = gemv(p, w, backend="triton", residual=res, out_norm_weight=onw, out_norm_eps=1e-6)
+    for a, b in zip(got, want):
+        assert rel(a, b) < 1e-2 and (a == b).float().mean() > 0.9

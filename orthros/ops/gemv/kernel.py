@@ -573,17 +573,48 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
             NORM=flags["NORM"] and not late, SILU=flags["SILU"], HAS_RES=split == 1 and flags["HAS_RES"], EMU_RNE=emu_rne,
             **_norm_tile(M, K, flags["NORM"] and not late), DEFER=cfg.defer, NORM_LATE=flags["NORM"] and late,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl, **early)
-    if (split > 1 or preloaded) and norm_out:  # one program a row: the whole row for its RMSNorm
+    if split > 1 or preloaded:
+        _launch_reduce(part, b, y, r, srm, yn, out_norm_weight, out_norm_eps, has_bias=bias is not None,
+                       has_res=flags["HAS_RES"], emu_rne=emu_rne, pdl=pdl)
+    return (y, yn) if norm_out else y
+
+
+def _launch_reduce(part, b, y, r, srm, yn, out_norm_weight, out_norm_eps, *, has_bias, has_res, emu_rne, pdl):
+    """The split-K reduce of ``part [split, M, N]`` into ``y`` (``+ b``, ``+ r``), and with
+    ``out_norm_weight`` the output's RMSNorm into ``yn`` (one program a row)."""
+    split, M, N = part.shape
+    if out_norm_weight is not None:
         block = pow2(N)
         _gemv_reduce_norm[(M,)](part, b, y, r, out_norm_weight, yn, M * N, N, srm, float(out_norm_eps), SPLIT=split,
-                                BLOCK=block, HAS_BIAS=bias is not None, HAS_RES=flags["HAS_RES"], EMU_RNE=emu_rne,
+                                BLOCK=block, HAS_BIAS=has_bias, HAS_RES=has_res, EMU_RNE=emu_rne,
                                 num_warps=min(NORM_OUT_WARPS, max(1, block // 256)), **pdl)
-    elif split > 1:
+    else:
         block = 1024
         _gemv_reduce[(cdiv(M * N, block),)](part, b, y, r, M * N, N, srm, SPLIT=split, BLOCK=block,
-                                            HAS_BIAS=bias is not None, HAS_RES=flags["HAS_RES"], EMU_RNE=emu_rne,
-                                            num_warps=4, **pdl)
-    return (y, yn) if norm_out else y
+                                            HAS_BIAS=has_bias, HAS_RES=has_res, EMU_RNE=emu_rne, num_warps=4, **pdl)
+
+
+def gemv_merged(o: torch.Tensor, lse: torch.Tensor, weight: torch.Tensor, *, residual: Optional[torch.Tensor] = None,
+                out_norm_weight: Optional[torch.Tensor] = None, out_norm_eps: Optional[float] = None):
+    """``residual + merge(o, lse).flatten @ weight.T`` (and with ``out_norm_weight`` the output's
+    RMSNorm: ``(y, yn)``) for the decode kernel's unmerged split partials of one batch row's two
+    query rows (:class:`~orthros.ops.merge.SplitPartials`, ``o [1, 2, HQ, S, 128]``): W_O's
+    preloading kernel merges them after its wait and writes K-slice partials
+    (:func:`.preload.launch_merge`), this GEMV's split-K reduce sums them. Only where
+    :func:`.preload.merged_takes` holds (checked by :func:`orthros.ops.gemv.gemv`)."""
+    B, R, HQ, S, D = o.shape
+    N = weight.shape[0]
+    dev = o.device
+    heads = _preload.MERGE_HEADS
+    part = torch.empty(HQ // heads, R, N, dtype=torch.float32, device=dev)
+    y = torch.empty(B, R, N, dtype=weight.dtype, device=dev)
+    yn = torch.empty_like(y) if out_norm_weight is not None else None
+    pdl = pdl_kwargs(dev)
+    _preload.launch_merge(o, lse, weight, part, heads=heads, pieces=_preload.PIECES, pdl=bool(pdl))
+    r2 = residual.reshape(R, N) if residual is not None else None
+    _launch_reduce(part, y, y, r2 if r2 is not None else y, r2.stride(0) if r2 is not None else 0, yn,
+                   out_norm_weight, out_norm_eps, has_bias=False, has_res=r2 is not None, emu_rne=False, pdl=pdl)
+    return (y, yn) if out_norm_weight is not None else y
 
 
 # The widest output whose RMSNorm the split-K reduce computes (one program a row holds it whole).
@@ -682,4 +713,4 @@ def _rows(t: torch.Tensor, name: str, M: int, C: int) -> torch.Tensor:
 
 __all__ = ["GemvConfig", "CONFIGS", "pick_config", "norm_out_fused", "NORM_OUT_MAX_N", "late_norm", "prefetch_tile",
            "split_k", "pdl_settings",
-           "class_rows", "rows_to_json", "rows_from_json", "configs_installed", "gemv_triton"]
+           "class_rows", "rows_to_json", "rows_from_json", "configs_installed", "gemv_triton", "gemv_merged"]

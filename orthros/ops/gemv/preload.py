@@ -21,7 +21,10 @@ use into ``$ORTHROS_CACHE/kernels`` (default ``~/.cache/orthros/kernels``), name
 the source and flags; there is no CPU form. ``ORTHROS_GEMV_PRELOAD`` (read at import): rows a
 block preloads (the ring's slots, ``K * 2`` bytes each), 0 (the default) turns it off;
 ``ORTHROS_GEMV_PRELOAD_EARLY=0``: the merge signals after its wait as without the preload
-(the W_O blocks then become resident only once the attention is over).
+(the W_O blocks then become resident only once the attention is over);
+``ORTHROS_GEMV_PRELOAD_MERGE=1``: the merge form, where the attention hands W_O its split
+partials unmerged and W_O's blocks merge them after their wait (no merge launch; blocks of K
+slices of 4 heads; :func:`defers_merge`, :func:`launch_merge`).
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ PIECES = env_number("ORTHROS_GEMV_PRELOAD", "0", int, "a whole number of weight 
 if PIECES < 0:
     raise ValueError(f"ORTHROS_GEMV_PRELOAD must be >= 0 (rows a block preloads; 0: off), got {PIECES}")
 EARLY_COMBINE = PIECES > 0 and env_number("ORTHROS_GEMV_PRELOAD_EARLY", "1", int, "0 or 1") != 0
+# the merge form: the decode kernel's split partials merged by W_O's blocks (no merge launch)
+MERGE = PIECES > 0 and env_number("ORTHROS_GEMV_PRELOAD_MERGE", "0", int, "0 or 1") != 0
 
 _LIB = None
 
@@ -151,10 +156,34 @@ def launch(x2: torch.Tensor, weight: torch.Tensor, part: torch.Tensor, sx: int, 
                                       pieces, int(pdl), stream), "launch")
 
 
-# the merge form (wo_merge_kernel): heads a block's K slice holds, rows a piece, the head dim
-MERGE_HEADS = (2, 4, 8)
+# the merge form (wo_merge_kernel): the heads a block's K slice may hold (MERGE_HEADS of them in
+# the engine's launches: 8 slices x 16 row groups for Qwen3-8B's 32 heads), rows a piece, head dim
+MERGE_HEAD_COUNTS = (2, 4, 8)
+MERGE_HEADS = 4
 PIECE_ROWS = 8
 HEAD_DIM = 128
+
+
+def defers_merge(batch: int, num_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> bool:
+    """Whether a pair layer's attention hands its split partials to W_O unmerged (the merge form
+    on, one batch row, 128-dim bf16 heads in whole slices, a CUDA device whose launches use PDL
+    for 2-row GEMVs): what :func:`merged_takes` then accepts."""
+    from ..triton.common import PDL_MIN_M, pdl_kwargs
+
+    return (MERGE and batch == 1 and head_dim == HEAD_DIM and num_heads % MERGE_HEADS == 0
+            and dtype == torch.bfloat16 and device.type == "cuda" and PDL_MIN_M <= 2 and bool(pdl_kwargs(device)))
+
+
+def merged_takes(o: torch.Tensor, lse: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether :func:`launch_merge` takes these partials and weight (:func:`defers_merge`'s
+    conditions, float32 contiguous partials of two rows, a contiguous bf16 ``[N, HQ * 128]``
+    weight on their device)."""
+    if o.dim() != 5 or lse.shape != o.shape[:-1]:
+        return False
+    B, R, HQ, _, D = o.shape
+    return (R == 2 and defers_merge(B, HQ, D, weight.dtype, o.device) and o.dtype == lse.dtype == torch.float32
+            and o.is_contiguous() and lse.is_contiguous() and weight.is_contiguous() and weight.device == o.device
+            and weight.dim() == 2 and weight.shape[1] == HQ * D)
 
 
 def merge_layout(N: int, HQ: int, heads: int, device: torch.device) -> tuple:
@@ -194,4 +223,5 @@ def launch_merge(op: torch.Tensor, lp: torch.Tensor, weight: torch.Tensor, part:
 
 
 __all__ = ["PIECES", "EARLY_COMBINE", "applies", "aligned", "launch", "build", "layout", "smem_bytes",
-           "merge_layout", "merge_smem_bytes", "launch_merge"]
+           "merge_layout", "merge_smem_bytes", "launch_merge",
+           "MERGE", "defers_merge", "merged_takes"]

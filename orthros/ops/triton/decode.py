@@ -48,6 +48,7 @@ import triton.language as tl
 
 from ..gemv import preload as _preload
 from ..gemv.naive import MAX_M as GEMV_MAX_M
+from ..merge import SplitPartials
 from .common import (LOG2E, PDL_MIN_M, block_d, cdiv, dummy, interpreting, merge_splits, num_sms, pdl_enter,
                      pdl_kwargs, pdl_signal, pdl_wait, pow2, precision, softmax_result, softmax_step,
                      zeroed_counters)
@@ -580,9 +581,11 @@ def _launched_early(pdl, rows: int) -> bool:
 
 def decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, *, num_heads, q_rows, rope, window_size, scale=None,
                                 q_norm=None, k_norm=None, eps=1e-6, scale_offset=(None, None, None, None),
-                                _config=None):
+                                merge=True, _config=None):
     """:func:`orthros.ops.decode.orthros_decode_qkv_attention` (arguments checked there) in one
-    split launch (plus the merge): returns ``[B, 2, HQ, D]``, writes the new K/V."""
+    split launch (plus the merge): returns ``[B, 2, HQ, D]``, writes the new K/V. ``merge=False``
+    with partials to merge in a second launch: no merge launch, the partials returned
+    (:class:`~orthros.ops.merge.SplitPartials`)."""
     B = qkv.shape[0]
     L_max, HKV, D = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     if scale is None:
@@ -610,5 +613,7 @@ def decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, *, num_heads, q_row
         HKV=HKV, HAS_QN=q_norm is not None, HAS_KN=k_norm is not None, HAS_SO=scale_offset[0] is not None,
         PEEL=QKV_PEEL and _launched_early(plan.pdl, qkv.shape[0] * qkv.shape[1]), **plan.consts,
         **plan.launch)
+    if not merge and plan.mode == _PARTIAL:
+        return SplitPartials(plan.op, plan.lp)
     plan.combine(o, o_out)
     return both
