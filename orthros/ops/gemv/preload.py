@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from ..triton.common import cdiv, env_number, num_sms
+from ..triton.common import PDL_MIN_M, cdiv, env_number, num_sms, pdl_kwargs
 
 SOURCE = Path(__file__).with_name("preload.cu")
 NVCC_FLAGS = ("-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-shared", "-Xcompiler", "-fPIC")
@@ -168,8 +168,6 @@ def defers_merge(batch: int, num_heads: int, head_dim: int, dtype: torch.dtype, 
     """Whether a pair layer's attention hands its split partials to W_O unmerged (the merge form
     on, one batch row, 128-dim bf16 heads in whole slices, a CUDA device whose launches use PDL
     for 2-row GEMVs): what :func:`merged_takes` then accepts."""
-    from ..triton.common import PDL_MIN_M, pdl_kwargs
-
     return (MERGE and batch == 1 and head_dim == HEAD_DIM and num_heads % MERGE_HEADS == 0
             and dtype == torch.bfloat16 and device.type == "cuda" and PDL_MIN_M <= 2 and bool(pdl_kwargs(device)))
 
