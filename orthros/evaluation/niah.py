@@ -109,25 +109,26 @@ class NIAHConfig:
 
 def validate(cfg: NIAHConfig, max_positions: Optional[int] = None) -> None:
     if not cfg.lengths or not cfg.depths:
-        raise ValueError(f"give at least one context length and one depth, got lengths {list(cfg.lengths)} and "
-                         f"depths {list(cfg.depths)}")
+        raise ValueError(f"give at least one context length and one depth (lengths / --lengths, depths / --depths), "
+                         f"got lengths {list(cfg.lengths)} and depths {list(cfg.depths)}")
     for L in cfg.lengths:
         if isinstance(L, bool) or not isinstance(L, int) or L < 32:
-            raise ValueError(f"context lengths must be integers >= 32, got {L!r}")
+            raise ValueError(f"lengths (--lengths) must be integers >= 32 (context lengths in tokens), got {L!r}")
         if max_positions is not None and L > max_positions:
-            raise ValueError(f"context length {L} is above the model's maximum (max_position_embeddings = "
+            raise ValueError(f"lengths (--lengths): {L} is above the model's maximum (max_position_embeddings = "
                              f"{max_positions}); choose lengths <= {max_positions}")
     for d in cfg.depths:
         if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d <= 100:
-            raise ValueError(f"needle depths are percentages and must lie in 0..100, got {d!r}")
+            raise ValueError(f"depths (--depths) are percentages and must lie in 0..100, got {d!r}")
     if isinstance(cfg.samples, bool) or not isinstance(cfg.samples, int) or cfg.samples < 1:
-        raise ValueError(f"samples must be an integer >= 1, got {cfg.samples!r}")
+        raise ValueError(f"samples (--samples) must be an integer >= 1, got {cfg.samples!r}")
     if not isinstance(cfg.digits, int) or not 1 <= cfg.digits <= 18:
-        raise ValueError(f"digits must be an integer in 1..18, got {cfg.digits!r}")
+        raise ValueError(f"digits (--digits) must be an integer in 1..18, got {cfg.digits!r}")
     if cfg.engine not in ("auto", "on", "off"):
-        raise ValueError(f"engine must be one of auto, on, off, got {cfg.engine!r}")
+        raise ValueError(f"engine (--engine) must be one of auto, on, off, got {cfg.engine!r}")
     if cfg.haystack not in HAYSTACKS and not Path(cfg.haystack).is_file():
-        raise ValueError(f"--haystack must be one of {HAYSTACKS} or a path to a .txt/.jsonl file, got {cfg.haystack!r}")
+        raise ValueError(f"haystack (--haystack) must be one of {HAYSTACKS} or a path to a .txt/.jsonl file, got "
+                         f"{cfg.haystack!r}")
 
 
 class PromptBuilder:

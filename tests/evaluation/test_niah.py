@@ -127,9 +127,12 @@ def test_cli_niah_writes_json_and_png(tiny, tmp_path):
 
 
 @pytest.mark.parametrize("args, msg", [
-    (["--lengths", "1024"], "above the model's maximum"),
-    (["--depths", "0,120"], "0..100"),
+    (["--lengths", "1024"], "--lengths): 1024 is above the model's maximum"),
+    (["--lengths", "16"], "lengths (--lengths) must be integers >= 32"),
+    (["--depths", "0,120"], "depths (--depths) are percentages and must lie in 0..100"),
     (["--depths", "-5"], "0..100"),
+    (["--samples", "0"], "samples (--samples) must be"),
+    (["--digits", "19"], "digits (--digits) must be"),
     (["--lengths", "abc"], "comma-separated list of integers"),
     (["--haystack", "nowhere.txt"], "--haystack"),
 ])
