@@ -678,10 +678,13 @@ def split_k(cfg: GemvConfig, K: int) -> Tuple[int, int]:
 
 def pdl_settings(device) -> dict:
     """What the decode step's launches do on ``device`` (for a benchmark's metadata): PDL on or off
-    and, when on, where a GEMV signals, the fewest rows it uses PDL at, and its prefetch budget."""
+    and, when on, where a GEMV signals, the fewest rows it uses PDL at, its prefetch budget and
+    W_O's preload (:mod:`.preload`; ``None`` when off)."""
     if not pdl_kwargs(torch.device(device)):
         return {"on": False}
-    return {"on": True, "signal": _tc.PDL_SIGNAL, "min_m": _tc.PDL_MIN_M, "gemv_prefetch_bytes": PREFETCH_BYTES}
+    preload = {"pieces": _preload.PIECES, "early_merge_signal": _preload.EARLY_COMBINE, "merge_form": _preload.MERGE}
+    return {"on": True, "signal": _tc.PDL_SIGNAL, "min_m": _tc.PDL_MIN_M, "gemv_prefetch_bytes": PREFETCH_BYTES,
+            "w_o_preload": preload if _preload.PIECES else None}
 
 
 def late_norm(cfg: GemvConfig, split: int, dtype: torch.dtype) -> bool:
