@@ -295,3 +295,73 @@ def test_gpu_decode_partials_through_the_merge_form_as_through_the_merge_launch(
     got = gemv(p, w, backend="triton", residual=res, out_norm_weight=onw, out_norm_eps=1e-6)
     for a, b in zip(got, want):
         assert rel(a, b) < 1e-2 and (a == b).float().mean() > 0.9
+
+
+def _emulate_merge_kernel(op, lp, w, heads, rows_per_block, pieces):
+    """``wo_merge_kernel`` of preload.cu, its index arithmetic transcribed statement by statement
+    (block, thread, lane; the ring's slots; the merged rows' [r][j][lane] layout), with the
+    arithmetic in float64: so an indexing slip in the CUDA source shows on a CPU too."""
+    MD, WARPS = preload.HEAD_DIM, 8
+    _, _, HQ, S, _ = op.shape
+    N, K = w.shape
+    C, E = heads * MD, heads * MD // 32
+    opf, lpf, wf = op.double().flatten(), lp.double().flatten(), w.double().flatten()
+    out = torch.full((HQ // heads, 2, N), float("nan"), dtype=torch.float64)
+    for s in range(HQ // heads):
+        for gy in range(-(-N // rows_per_block)):
+            row0 = gy * rows_per_block
+            rows = min(rows_per_block, N - row0)
+            npieces = -(-rows // WARPS)
+            ring = torch.zeros(pieces * WARPS * C, dtype=torch.float64)
+            xs = torch.zeros(2 * E * 32, dtype=torch.float64)
+            for t in range(WARPS * 32):  # the merge
+                for idx in range(t * 4, 2 * C, WARPS * 32 * 4):
+                    r, c = idx // C, idx % C
+                    h, d = s * heads + c // MD, c % MD
+                    base = (r * HQ + h) * S
+                    lse = lpf[base:base + S]
+                    mx = lse.max()
+                    ms = 0.0 if mx == float("-inf") else mx
+                    wt = torch.exp2(lse - ms)
+                    den = wt.sum()
+                    v = torch.stack([opf[(base + k) * MD + d:(base + k) * MD + d + 4] for k in range(S)])
+                    o = (v * wt[:, None]).sum(0) / (den if den > 0 else 1.0)
+                    for q in range(4):
+                        xs[(r * E + (c + q) % E) * 32 + (c + q) // E] = o[q].to(torch.bfloat16).double()
+            for i in range(npieces):  # the producer's copies, then the consumers' rows
+                slot = i % pieces
+                r0 = i * WARPS
+                for r in range(min(WARPS, rows - r0)):
+                    src = (row0 + r0 + r) * K + s * C
+                    ring[(slot * WARPS + r) * C:(slot * WARPS + r + 1) * C] = wf[src:src + C]
+                for warp in range(WARPS):
+                    row = i * WARPS + warp
+                    if row >= rows:
+                        continue
+                    acc = [0.0, 0.0]
+                    for lane in range(32):
+                        p = (slot * WARPS + warp) * C + lane * E
+                        for m in range(2):
+                            x = torch.stack([xs[(m * E + j) * 32 + lane] for j in range(E)])
+                            acc[m] += float((ring[p:p + E] * x).sum())
+                    out[s, 0, row0 + row], out[s, 1, row0 + row] = acc
+    return out
+
+
+@pytest.mark.parametrize("heads,rows_per_block,pieces", [(2, 24, 2), (4, 16, 1)])
+def test_merge_kernel_index_arithmetic_on_the_cpu(heads, rows_per_block, pieces):
+    import math
+
+    from orthros.ops.merge import merge_partials
+
+    HQ, S, N, D = 4, 3, 40, preload.HEAD_DIM
+    g = torch.Generator().manual_seed(heads)
+    op = torch.randn(1, 2, HQ, S, D, generator=g)
+    lp = torch.randn(1, 2, HQ, S, generator=g) * 2
+    lp[0, 0, 1, :] = float("-inf")  # a head of the window row with no keys at all: zeros
+    w = torch.randn(N, HQ * D, generator=g).to(torch.bfloat16)
+    got = _emulate_merge_kernel(op, lp, w, heads, rows_per_block, pieces)
+    x, _ = merge_partials(op[0].double().movedim(-2, 0), lp[0].double().movedim(-1, 0) * math.log(2.0))
+    x = x.to(torch.bfloat16).double().reshape(2, HQ // heads, heads * D)
+    want = torch.einsum("msk,nsk->smn", x, w.double().reshape(N, HQ // heads, heads * D))
+    assert torch.allclose(got, want, rtol=1e-9, atol=1e-9)
