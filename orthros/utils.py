@@ -9,6 +9,8 @@ inside :func:`hf_progress_bars`), so anything (ops, the CLIs' argument parsers) 
 from __future__ import annotations
 
 import contextlib
+import os
+from pathlib import Path
 
 # user-facing dtype names (CLI flags, configs, JSON) -> torch dtype attribute names
 DTYPE_ALIASES = {
@@ -47,6 +49,12 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def cache_root() -> Path:
+    """Orthros' cache folder: ``$ORTHROS_CACHE``, else ``~/.cache/orthros`` (fetched weights, built
+    kernels)."""
+    return Path(os.environ.get("ORTHROS_CACHE") or Path.home() / ".cache" / "orthros").expanduser()
+
+
 def check_positive_int(name: str, value, *, allow_none: bool = False):
     """Raise ``ValueError`` naming ``name`` unless ``value`` is an int >= 1 (or ``None`` when
     allowed); return ``value``."""
@@ -76,8 +84,6 @@ def pyplot():
 def save_figure(fig, path, dpi: int = 120) -> None:
     """Write a matplotlib figure to ``path`` (its folder made) through a temporary name in the
     same folder, then rename, and close the figure: a reader never sees half a PNG."""
-    import os
-    from pathlib import Path
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -92,16 +98,14 @@ def save_figure(fig, path, dpi: int = 120) -> None:
         plt.close(fig)
 
 
-__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "check_png", "check_positive_int", "commit_id", "dtype_name",
-           "format_bytes", "hf_progress_bars", "isatty", "parse_dtype", "pyplot", "save_figure", "write_json",
-           "write_text"]
+__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "cache_root", "check_png", "check_positive_int", "commit_id",
+           "dtype_name", "format_bytes", "hf_progress_bars", "isatty", "parse_dtype", "pyplot", "save_figure",
+           "write_json", "write_text"]
 
 
 def write_text(path, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` (its folder made) through a temporary name in the same
     folder, then rename: a reader (or a run killed mid-write) never sees half a file."""
-    import os
-    from pathlib import Path
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -124,7 +128,6 @@ def commit_id():
     """The commit a measurement runs at: ``$ORTHROS_COMMIT`` (set where the tree travels without
     its .git, e.g. the GPU machine), else ``git rev-parse --short HEAD`` of this checkout, else
     ``None``."""
-    import os
     import subprocess
 
     c = os.environ.get("ORTHROS_COMMIT")

