@@ -53,6 +53,19 @@ __device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t b
                  :: "r"(saddr(dst)), "l"(src), "r"(bytes), "r"(saddr(bar)) : "memory");
 }
 
+// the ring's barriers: "full" completes on the producer's arrival and its copies' bytes, "empty"
+// on one arrival a consumer warp; the block waits until they are initialised
+__device__ __forceinline__ void init_ring(uint64_t* full, uint64_t* empty, int pieces) {
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < pieces; ++i) {
+            mbar_init(&full[i], 1);
+            mbar_init(&empty[i], CONSUMER_WARPS);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+}
+
 __device__ __forceinline__ void unpack8(const uint4& v, float* f) {
     const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
 #pragma unroll
@@ -77,14 +90,7 @@ wo_preload_kernel(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __re
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int row0 = blockIdx.x * rows_per_block;
     const int rows = min(rows_per_block, N - row0);
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < pieces; ++i) {
-            mbar_init(&full[i], 1);
-            mbar_init(&empty[i], CONSUMER_WARPS);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
+    init_ring(full, empty, pieces);
     if (warp == CONSUMER_WARPS) {  // the producer: the weight is read-only, so no wait before its copies
         if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
         if (lane == 0) {
@@ -179,14 +185,7 @@ wo_merge_kernel(const float* __restrict__ op, const float* __restrict__ lp, int 
     const int row0 = blockIdx.y * rows_per_block;
     const int rows = min(rows_per_block, N - row0);
     const int npieces = (rows + PIECE_ROWS - 1) / PIECE_ROWS;
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < pieces; ++i) {
-            mbar_init(&full[i], 1);
-            mbar_init(&empty[i], CONSUMER_WARPS);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
+    init_ring(full, empty, pieces);
     if (warp == CONSUMER_WARPS) {  // the producer
         if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
         if (lane == 0) {

@@ -30,15 +30,13 @@ slices of 4 heads; :func:`defers_merge`, :func:`launch_merge`).
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import torch
 
-from ...utils import cache_root
+from ...utils import build_shared_library, cache_root
 from ..triton.common import PDL_MIN_M, cdiv, env_number, num_sms, pdl_kwargs
 
 SOURCE = Path(__file__).with_name("preload.cu")
@@ -64,21 +62,8 @@ def build(nvcc: str | None = None, out_dir: Path | None = None) -> Path:
     if shutil.which(nvcc) is None:
         raise RuntimeError(f"ORTHROS_GEMV_PRELOAD: the kernel is CUDA C++ and needs nvcc, but {nvcc!r} is not an "
                            f"executable on PATH (set ORTHROS_NVCC, or ORTHROS_GEMV_PRELOAD=0)")
-    src = SOURCE.read_bytes()
-    key = hashlib.sha256(src + " ".join(NVCC_FLAGS).encode()).hexdigest()[:16]
-    d = Path(out_dir) if out_dir is not None else cache_root() / "kernels"
-    so = d / f"preload-{key}.so"
-    if so.exists():
-        return so
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".preload-{key}.{os.getpid()}.so"
-    p = subprocess.run([nvcc, *NVCC_FLAGS, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True)
-    if p.returncode:
-        tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"nvcc failed on {SOURCE.name} (exit {p.returncode}):\n{p.stderr[-3000:]}")
-    (d / f"preload-{key}.ptxas.txt").write_text(p.stderr)
-    os.replace(tmp, so)
-    return so
+    return build_shared_library(nvcc, SOURCE, NVCC_FLAGS, out_dir if out_dir is not None else cache_root() / "kernels",
+                                "preload")
 
 
 def _lib(device: torch.device):
