@@ -76,6 +76,31 @@ __device__ __forceinline__ void unpack8(const uint4& v, float* f) {
     }
 }
 
+// acc[m] += the lane's E weights at p (bf16, 16-byte aligned) times its E columns xr[m] of row m
+template <int M, int E>
+__device__ __forceinline__ void dot_lane(const __nv_bfloat16* p, const float (&xr)[M][E], float (&acc)[M]) {
+#pragma unroll
+    for (int j = 0; j < E; j += 8) {
+        float wf[8];
+        unpack8(*reinterpret_cast<const uint4*>(p + j), wf);
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+#pragma unroll
+            for (int m = 0; m < M; ++m) acc[m] = fmaf(wf[t], xr[m][j + t], acc[m]);
+        }
+    }
+}
+
+// each acc[m] summed over the warp's lanes (every lane gets the sum)
+template <int M>
+__device__ __forceinline__ void warp_sum(float (&acc)[M]) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+#pragma unroll
+        for (int off = 16; off; off >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], off);
+    }
+}
+
 template <int M, int E>
 __global__ void __launch_bounds__(THREADS, 1)
 wo_preload_kernel(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ x, float* __restrict__ out,
@@ -120,26 +145,11 @@ wo_preload_kernel(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __re
         const int slot = i % pieces, round = i / pieces;
         mbar_wait(&full[slot], round & 1);
         const __nv_bfloat16* p = ring + static_cast<size_t>(slot) * K + col;
-        float acc[M];
-#pragma unroll
-        for (int m = 0; m < M; ++m) acc[m] = 0.f;
-#pragma unroll
-        for (int j = 0; j < E; j += 8) {
-            float wf[8];
-            unpack8(*reinterpret_cast<const uint4*>(p + j), wf);
-#pragma unroll
-            for (int t = 0; t < 8; ++t) {
-#pragma unroll
-                for (int m = 0; m < M; ++m) acc[m] = fmaf(wf[t], xr[m][j + t], acc[m]);
-            }
-        }
+        float acc[M] = {};
+        dot_lane<M, E>(p, xr, acc);
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[slot]);  // every lane has read its part of the slot
-#pragma unroll
-        for (int m = 0; m < M; ++m) {
-#pragma unroll
-            for (int off = 16; off; off >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], off);
-        }
+        warp_sum<M>(acc);
         if (lane == 0) {
 #pragma unroll
             for (int m = 0; m < M; ++m) red[(i * CONSUMER_WARPS + warp) * M + m] = acc[m];
@@ -239,27 +249,11 @@ wo_merge_kernel(const float* __restrict__ op, const float* __restrict__ lp, int 
         const int slot = i % pieces, round = i / pieces;
         mbar_wait(&full[slot], round & 1);
         const int row = i * PIECE_ROWS + warp;
-        float acc[2] = {0.f, 0.f};
-        if (row < rows) {
-            const __nv_bfloat16* p = ring + (static_cast<size_t>(slot) * PIECE_ROWS + warp) * C + lane * E;
-#pragma unroll
-            for (int j = 0; j < E; j += 8) {
-                float wf[8];
-                unpack8(*reinterpret_cast<const uint4*>(p + j), wf);
-#pragma unroll
-                for (int t = 0; t < 8; ++t) {
-                    acc[0] = fmaf(wf[t], xr[0][j + t], acc[0]);
-                    acc[1] = fmaf(wf[t], xr[1][j + t], acc[1]);
-                }
-            }
-        }
+        float acc[2] = {};
+        if (row < rows) dot_lane<2, E>(ring + (static_cast<size_t>(slot) * PIECE_ROWS + warp) * C + lane * E, xr, acc);
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty[slot]);
-#pragma unroll
-        for (int m = 0; m < 2; ++m) {
-#pragma unroll
-            for (int off = 16; off; off >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], off);
-        }
+        warp_sum<2>(acc);
         if (lane == 0 && row < rows) {
             out[(static_cast<size_t>(s) * 2) * N + row0 + row] = acc[0];
             out[(static_cast<size_t>(s) * 2 + 1) * N + row0 + row] = acc[1];
