@@ -261,6 +261,23 @@ wo_merge_kernel(const float* __restrict__ op, const float* __restrict__ lp, int 
     }
 }
 
+// `fn` on `stream` with THREADS threads a block and `smem` bytes of dynamic shared memory; with `pdl`, as a
+// programmatic dependent launch (it may start while the kernel ahead runs: griddepcontrol.wait orders the rest)
+template <typename... Params, typename... Args>
+static int launch(void (*fn)(Params...), dim3 grid, long long smem, void* stream, int pdl, Args... args) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(THREADS);
+    cfg.dynamicSmemBytes = static_cast<size_t>(smem);
+    cfg.stream = static_cast<cudaStream_t>(stream);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    return static_cast<int>(cudaLaunchKernelEx(&cfg, fn, args...));
+}
+
 typedef void (*Kernel)(const __nv_bfloat16*, const __nv_bfloat16*, float*, int, long long, int, int, int);
 
 static Kernel pick(int M, int K) {
@@ -296,20 +313,9 @@ extern "C" int wo_preload_launch(const void* w, const void* x, void* out, int M,
                                  int rows_per_block, int blocks, int pieces, int pdl, void* stream) {
     const Kernel fn = pick(M, K);
     if (!fn) return static_cast<int>(cudaErrorInvalidValue);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(blocks);
-    cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = static_cast<size_t>(wo_preload_smem_bytes(M, K, rows_per_block, pieces));
-    cfg.stream = static_cast<cudaStream_t>(stream);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, fn, static_cast<const __nv_bfloat16*>(w),
-                                             static_cast<const __nv_bfloat16*>(x), static_cast<float*>(out), N, sx,
-                                             rows_per_block, pieces, pdl);
-    return static_cast<int>(e);
+    return launch(fn, dim3(blocks), wo_preload_smem_bytes(M, K, rows_per_block, pieces), stream, pdl,
+                  static_cast<const __nv_bfloat16*>(w), static_cast<const __nv_bfloat16*>(x), static_cast<float*>(out),
+                  N, sx, rows_per_block, pieces, pdl);
 }
 
 typedef void (*MergeKernel)(const float*, const float*, int, int, const __nv_bfloat16*, float*, int, int, int, int);
@@ -337,20 +343,9 @@ extern "C" int wo_merge_launch(const void* op, const void* lp, int S, int HQ, in
                                int rows_per_block, int groups, int pieces, int pdl, void* stream) {
     const MergeKernel fn = pick_merge(hs);
     if (!fn || HQ % hs) return static_cast<int>(cudaErrorInvalidValue);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(HQ / hs, groups);
-    cfg.blockDim = dim3(THREADS);
-    cfg.dynamicSmemBytes = static_cast<size_t>(wo_merge_smem_bytes(hs, pieces));
-    cfg.stream = static_cast<cudaStream_t>(stream);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return static_cast<int>(cudaLaunchKernelEx(&cfg, fn, static_cast<const float*>(op), static_cast<const float*>(lp),
-                                               S,
-                                               HQ, static_cast<const __nv_bfloat16*>(w), static_cast<float*>(out), N,
-                                               rows_per_block, pieces, pdl));
+    return launch(fn, dim3(HQ / hs, groups), wo_merge_smem_bytes(hs, pieces), stream, pdl,
+                  static_cast<const float*>(op), static_cast<const float*>(lp), S, HQ,
+                  static_cast<const __nv_bfloat16*>(w), static_cast<float*>(out), N, rows_per_block, pieces, pdl);
 }
 
 extern "C" const char* wo_preload_error_string(int e) { return cudaGetErrorString(static_cast<cudaError_t>(e)); }
