@@ -265,7 +265,7 @@ def test_the_merge_is_deferred_only_where_the_kernel_takes_it(monkeypatch):
 @pytest.mark.gpu
 def test_gpu_decode_partials_through_the_merge_form_as_through_the_merge_launch(monkeypatch):
     """The decode kernel's partials (merge=False) into W_O's merge form: the same y and yn as the
-    merge launch then the W_O GEMV, up to the float32 sums' order."""
+    merge launch then the Triton W_O GEMV, up to the float32 sums' order."""
     from orthros.ops.decode import orthros_decode_qkv_attention
     from orthros.ops.merge import SplitPartials
 
@@ -291,7 +291,9 @@ def test_gpu_decode_partials_through_the_merge_form_as_through_the_merge_launch(
     w = (torch.randn(4096, H * D, generator=g) * 0.05).to(dev, torch.bfloat16)
     res = torch.randn(1, 2, 4096, device=dev, dtype=torch.bfloat16)
     onw = torch.rand(4096, device=dev, dtype=torch.bfloat16) + 0.5
+    monkeypatch.setattr(preload, "PIECES", 0)  # the merge launch's rows through the Triton GEMV
     want = gemv(merged.flatten(2), w, backend="triton", residual=res, out_norm_weight=onw, out_norm_eps=1e-6)
+    monkeypatch.setattr(preload, "PIECES", 12)
     got = gemv(p, w, backend="triton", residual=res, out_norm_weight=onw, out_norm_eps=1e-6)
     for a, b in zip(got, want):
         assert rel(a, b) < 1e-2 and (a == b).float().mean() > 0.9
