@@ -3,7 +3,7 @@ set -u; export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD ORTHROS_COMMIT=${ORTHROS_COMMI
 mkdir -p $OUT; { date -u; nvcc --version | tail -1; } | tee $OUT/log
 python3 -c "from orthros.ops.gemv import preload; print(preload.build())" >> $OUT/log 2>&1  # built once, before the tests
 T="tests/engine/test_engine_gemv.py tests/engine/test_decode_qkv_kernel.py -m gpu -p no:cacheprovider -rfE -W ignore"
-ORTHROS_GEMV_PRELOAD=12 timeout -k 5 110 python3 -m pytest tests/ops/test_gemv_preload.py $T -n 4 > $OUT/tests_plain.log 2>&1 &
+ORTHROS_GEMV_PRELOAD=12 timeout -k 5 110 python3 -m pytest tests/ops/test_gemv_preload.py tests/engine/test_engine_preload.py $T -n 4 > $OUT/tests_plain.log 2>&1 &
 ORTHROS_GEMV_PRELOAD=12 ORTHROS_GEMV_PRELOAD_MERGE=1 timeout -k 5 110 python3 -m pytest $T -n 3 > $OUT/tests_merge.log 2>&1
 wait
 for f in plain merge; do echo "gpu tests ($f): $(grep -E '[0-9]+ (passed|failed)' $OUT/tests_$f.log | tail -1)" | tee -a $OUT/log
