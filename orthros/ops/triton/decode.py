@@ -534,7 +534,12 @@ class _Plan:
             _decode_combine[(self.consts["HQ"], 2, o.shape[0])](
                 self.op, self.lp, o, o_out, o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
                 HQ=self.consts["HQ"], D=self.consts["D"], BLOCK_D=self.BD, NUM_SPLITS=self.S,
-                BLOCK_S=max(2, pow2(self.S)), EARLY=bool(self.pdl) and _preload.EARLY_COMBINE, **self.pdl)
+                BLOCK_S=max(2, pow2(self.S)), EARLY=self._early(o.shape[0]), **self.pdl)
+
+    def _early(self, batch: int) -> bool:
+        """Whether the merge signals before its wait: under PDL with W_O's preload on, for one batch
+        row (the pair's 2 rows: the only W_O the preload takes, gemv/preload.py)."""
+        return bool(self.pdl) and _preload.EARLY_COMBINE and batch == 1
 
 
 def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window_size, scale=None,
