@@ -95,6 +95,22 @@ TINY = dict(vocab_size=97, hidden_size=48, intermediate_size=96, num_hidden_laye
             rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
 
 
+def fed_decode(model, prompts, steps: int, tokens=None, **engine_kw):
+    """``Engine(model, **engine_kw)``: prefill ``prompts``, then ``steps`` decode steps fed the
+    argmax (or ``tokens[s]``, to give a second engine the first one's tokens). Returns the float
+    logits stacked over the steps, and the tokens fed."""
+    from orthros.engine import Engine
+
+    eng = Engine(model, **engine_kw)
+    out = [eng.prefill(prompts)]
+    fed = []
+    for s in range(steps):
+        t = out[-1].argmax(-1) if tokens is None else tokens[s]
+        fed.append(t)
+        out.append(eng.step(t))
+    return torch.stack(out).float(), fed
+
+
 def tiny_config(**overrides):
     """A tiny :class:`OrthrosConfig` (3 layers, GQA 4/2, head_dim 12, window 8) with overrides."""
     from orthros import OrthrosConfig

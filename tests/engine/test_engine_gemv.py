@@ -13,7 +13,7 @@ import torch
 from orthros.engine import Engine
 from orthros.kinds import hybrid_layout
 
-from conftest import tiny_model
+from conftest import fed_decode, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -207,18 +207,9 @@ def test_gpu_engine_with_the_kernel_matches_the_unfused_engine(mode, compile, he
                    num_hidden_layers=2, attention_mode=mode, vocab_size=512).cuda()
     prompts = [[(7 * i + 3) % 500 + 1 for i in range(40)], [(5 * i + 1) % 500 + 1 for i in range(23)]]
 
-    def run(tokens=None, **kw):
-        eng = Engine(m, max_batch_size=2, max_seq_len=96, compile=compile, **kw)
-        out = [eng.prefill(prompts)]
-        fed = []
-        for s in range(6):
-            t = out[-1].argmax(-1) if tokens is None else tokens[s]
-            fed.append(t)
-            out.append(eng.step(t))
-        return torch.stack(out).float(), fed
-
-    want, fed = run()
-    got, _ = run(tokens=fed, gemv=True)
+    kw = dict(max_batch_size=2, max_seq_len=96, compile=compile)
+    want, fed = fed_decode(m, prompts, 6, **kw)
+    got, _ = fed_decode(m, prompts, 6, tokens=fed, gemv=True, **kw)
     assert torch.isfinite(got).all()
     # bf16 rounding of differently ordered sums; the logits are O(1)
     torch.testing.assert_close(got, want, atol=5e-2, rtol=5e-2)

@@ -12,10 +12,9 @@ import warnings
 import pytest
 import torch
 
-from orthros.engine import Engine
 from orthros.ops.gemv import preload
 
-from conftest import tiny_model
+from conftest import fed_decode, tiny_model
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -34,18 +33,9 @@ def test_gpu_engine_with_the_preload_matches_the_triton_gemv(form, compile, monk
                    num_hidden_layers=2, attention_mode="orthros", vocab_size=512).cuda()
     prompt = [[(7 * i + 3) % 500 + 1 for i in range(300)]]
 
-    def run(tokens=None):
-        eng = Engine(m, max_batch_size=1, max_seq_len=512, compile=compile, gemv=True)
-        out = [eng.prefill(prompt)]
-        fed = []
-        for s in range(5):
-            t = out[-1].argmax(-1) if tokens is None else tokens[s]
-            fed.append(t)
-            out.append(eng.step(t))
-        return torch.stack(out).float(), fed
-
+    kw = dict(max_batch_size=1, max_seq_len=512, compile=compile, gemv=True)
     monkeypatch.setattr(preload, "PIECES", 0)
-    want, fed = run()
+    want, fed = fed_decode(m, prompt, 5, **kw)
     calls = []
     for name in ("launch", "launch_merge"):
         real = getattr(preload, name)
@@ -55,7 +45,7 @@ def test_gpu_engine_with_the_preload_matches_the_triton_gemv(form, compile, monk
     monkeypatch.setattr(preload, "MERGE", form == "merge")
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="torch.compile of", category=RuntimeWarning)  # no eager fallback
-        got, _ = run(tokens=fed)
+        got, _ = fed_decode(m, prompt, 5, tokens=fed, **kw)
     # the first layer keeps both streams (the kernel's); the last keeps the output row only (1 row: Triton)
     assert {"plain": "launch", "merge": "launch_merge"}[form] in calls and len(set(calls)) == 1, calls
     assert torch.isfinite(got).all()
