@@ -6,9 +6,10 @@ through the attention (~6.6 us a layer) HBM carries only the span's 4 MB of K/V.
 ``preload.cu`` streams W_O's rows into a shared-memory ring with the bulk copy engine from a
 producer thread that reads nothing another kernel writes, so under programmatic dependent launch
 (PDL) its first ``ORTHROS_GEMV_PRELOAD`` rows a block arrive before its wait for the merge
-returns. For the blocks to be resident that early the merge launch signals before its own wait
-(``EARLY_COMBINE``; :func:`orthros.ops.triton.decode._decode_combine`): every kernel ahead of
-W_O's is resident by then, so no waiting block holds a slot that one ahead still needs.
+returns. For the blocks to be resident that early the merge launch (at one batch row) signals
+before its own wait (``EARLY_COMBINE``; :func:`orthros.ops.triton.decode._decode_combine`): every
+kernel ahead of W_O's is resident by then, so no waiting block holds a slot that one ahead still
+needs.
 
 It writes float32 ``[1, M, N]`` partials; the GEMV's split-K reduce (``_gemv_reduce_norm``)
 adds the residual and writes the output's RMSNorm as for the Triton GEMV. Used by
@@ -18,8 +19,9 @@ no bias, no prologue, ``K`` in 2048 / 4096 / 8192.
 
 CUDA C++, so it is built with ``nvcc -arch=sm_90`` (on ``PATH`` or ``ORTHROS_NVCC``) at first
 use into ``$ORTHROS_CACHE/kernels`` (default ``~/.cache/orthros/kernels``), named by a hash of
-the source and flags; there is no CPU form. ``ORTHROS_GEMV_PRELOAD`` (read at import): rows a
-block preloads (the ring's slots, ``K * 2`` bytes each), 0 (the default) turns it off;
+the source and flags; there is no CPU form. ``ORTHROS_GEMV_PRELOAD`` (read at import): the
+ring's slots a block fills before its wait (a weight row of ``K * 2`` bytes each; in the merge
+form 8 rows of one K slice, 8 KB for 4 heads of 128), 0 (the default) turns it off;
 ``ORTHROS_GEMV_PRELOAD_EARLY=0``: the merge signals after its wait as without the preload
 (the W_O blocks then become resident only once the attention is over);
 ``ORTHROS_GEMV_PRELOAD_MERGE=1``: the merge form, where the attention hands W_O its split
