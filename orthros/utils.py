@@ -109,7 +109,6 @@ def pyplot():
 def save_figure(fig, path, dpi: int = 120) -> None:
     """Write a matplotlib figure to ``path`` (its folder made) through a temporary name in the
     same folder, then rename, and close the figure: a reader never sees half a PNG."""
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp" + path.suffix)  # the suffix tells matplotlib the format
@@ -123,15 +122,14 @@ def save_figure(fig, path, dpi: int = 120) -> None:
         plt.close(fig)
 
 
-__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "build_shared_library", "cache_root", "check_png", "check_positive_int", "commit_id",
-           "dtype_name", "format_bytes", "hf_progress_bars", "isatty", "parse_dtype", "pyplot", "save_figure",
-           "write_json", "write_text"]
+__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "build_shared_library", "cache_root", "check_png",
+           "check_positive_int", "commit_id", "dtype_name", "format_bytes", "hf_progress_bars", "isatty", "parse_dtype",
+           "pyplot", "save_figure", "write_json", "write_text"]
 
 
 def write_text(path, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` (its folder made) through a temporary name in the same
     folder, then rename: a reader (or a run killed mid-write) never sees half a file."""
-
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")

@@ -138,7 +138,7 @@ def test_greedy_logprobs_match_the_model(served, prompt_of, lengths):
 
 
 # GDN states small against the attention's K/V pages (GDN head dims 64, attention heads of 64 with two
-# KV heads): vLLM gives a hybrid one block size for both kinds of page, ~100 tokens here (~2K tokens with
+# KV heads): vLLM gives a hybrid one block size for both kinds of page, 64-96 tokens here (~1-2K with
 # the shape above), and caches GDN states at block boundaries only, so prompts of a few blocks can hit
 PREFIX_CACHE_SHAPE = dict(linear_num_key_heads=1, linear_num_value_heads=2, linear_key_head_dim=64,
                           linear_value_head_dim=64, num_key_value_heads=2, head_dim=64)
