@@ -38,16 +38,21 @@ def test_applies_only_to_a_plain_pdl_launch_of_at_most_two_bf16_rows(monkeypatch
 
 
 def test_off_by_default_and_the_merge_signals_as_before():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ORTHROS_GEMV_PRELOAD")}
-    code = "from orthros.ops.gemv import preload as p; print(p.PIECES, p.EARLY_COMBINE)"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["0", "False"]
-    env["ORTHROS_GEMV_PRELOAD"] = "12"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["12", "True"]
-    env["ORTHROS_GEMV_PRELOAD_EARLY"] = "0"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["12", "False"]
+    """Off unless asked for; with it, the merge ahead signals early and the split kernel drops the
+    stages its loop cannot use (capped at its trips), each of them switched on its own too."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("ORTHROS_GEMV_PRELOAD") and k != "ORTHROS_QKV_FIT_STAGES"}
+    code = "from orthros.ops.gemv import preload as p; print(p.PIECES, p.EARLY_COMBINE, p.FIT_STAGES)"
+
+    def seen(**kw):
+        return subprocess.run([sys.executable, "-c", code], env={**env, **kw}, capture_output=True, text=True,
+                              check=True).stdout.split()
+
+    assert seen() == ["0", "False", "False"]
+    assert seen(ORTHROS_QKV_FIT_STAGES="1") == ["0", "False", "True"]
+    assert seen(ORTHROS_GEMV_PRELOAD="12") == ["12", "True", "True"]
+    assert seen(ORTHROS_GEMV_PRELOAD="12", ORTHROS_GEMV_PRELOAD_EARLY="0") == ["12", "False", "True"]
+    assert seen(ORTHROS_GEMV_PRELOAD="12", ORTHROS_QKV_FIT_STAGES="0") == ["12", "True", "False"]
 
 
 @pytest.mark.parametrize("value", ["-1", "twelve"])

@@ -680,12 +680,13 @@ def split_k(cfg: GemvConfig, K: int) -> Tuple[int, int]:
 def pdl_settings(device) -> dict:
     """What the decode step's launches do on ``device`` (for a benchmark's metadata): PDL on or off
     and, when on, where a GEMV signals, the fewest rows it uses PDL at, its prefetch budget and
-    W_O's preload (:mod:`.preload`; ``None`` when off)."""
+    W_O's preload (:mod:`.preload`; ``None`` when off), and whether the attention's split kernel
+    caps its pipeline stages at its loop's trips (``ORTHROS_QKV_FIT_STAGES``)."""
     if not pdl_kwargs(torch.device(device)):
         return {"on": False}
     preload = {"pieces": _preload.PIECES, "early_merge_signal": _preload.EARLY_COMBINE, "merge_form": _preload.MERGE}
     return {"on": True, "signal": _tc.PDL_SIGNAL, "min_m": _tc.PDL_MIN_M, "gemv_prefetch_bytes": PREFETCH_BYTES,
-            "w_o_preload": preload if _preload.PIECES else None}
+            "w_o_preload": preload if _preload.PIECES else None, "qkv_fit_stages": _preload.FIT_STAGES}
 
 
 def late_norm(cfg: GemvConfig, split: int, dtype: torch.dtype) -> bool:

@@ -26,7 +26,16 @@ form 8 rows of one K slice, 8 KB for 4 heads of 128), 0 (the default) turns it o
 (the W_O blocks then become resident only once the attention is over);
 ``ORTHROS_GEMV_PRELOAD_MERGE=1``: the merge form, where the attention hands W_O its split
 partials unmerged and W_O's blocks merge them after their wait (no merge launch; blocks of K
-slices of 4 heads; :func:`defers_merge`, :func:`launch_merge`).
+slices of 4 heads; :func:`defers_merge`, :func:`launch_merge`); ``ORTHROS_QKV_FIT_STAGES``
+(:data:`FIT_STAGES`, on with the preload unless set to 0): the split kernel beside the ring gets
+no more pipeline stages than its loop has trips (at 1K: one stage, 18 KB of shared memory a
+program instead of 66 KB; inference change 38).
+
+How large a ring the blocks can hold while the attention runs: a multiprocessor's 228 KB less
+the split programs beside it and the merge launch's 2 KB program (1 KB reserved a block). At
+Qwen3-8B's shape and 1K, with :data:`FIT_STAGES`, up to 25 pieces beside one split program and
+22 beside two (19 and 10 at 3 stages) in either form; a larger ring still runs, but its blocks
+become resident only once the attention's programs leave.
 """
 
 from __future__ import annotations
@@ -52,6 +61,17 @@ if PIECES < 0:
 EARLY_COMBINE = PIECES > 0 and env_number("ORTHROS_GEMV_PRELOAD_EARLY", "1", int, "0 or 1") != 0
 # the merge form: the decode kernel's split partials merged by W_O's blocks (no merge launch)
 MERGE = PIECES > 0 and env_number("ORTHROS_GEMV_PRELOAD_MERGE", "0", int, "0 or 1") != 0
+# The attention's split kernel with no more pipeline stages than its loop has trips (at 1K one
+# or none: the first key block is loaded ahead of its wait, a split holds one or two): Triton
+# sizes 66 KB of shared memory a program at 3 stages, 18 KB at 1 (compiled for sm_90,
+# tests/ops/test_decode.py), room the ring of the W_O blocks resident beside it can take
+# (orthros.ops.triton.decode.qkv_stages; inference change 38). ORTHROS_QKV_FIT_STAGES: 1 on, 0
+# off; unset: on with the preload.
+_FIT = os.environ.get("ORTHROS_QKV_FIT_STAGES", "1" if PIECES > 0 else "0")
+if _FIT not in ("0", "1"):
+    raise ValueError(f"ORTHROS_QKV_FIT_STAGES must be 0 or 1 (the decode kernel's pipeline stages capped at its "
+                     f"loop's trips; unset: on with ORTHROS_GEMV_PRELOAD), got {_FIT!r}")
+FIT_STAGES = _FIT == "1"
 
 _LIB = None
 
@@ -204,6 +224,6 @@ def launch_merge(op: torch.Tensor, lp: torch.Tensor, weight: torch.Tensor, part:
                                     N, rows, groups, pieces, int(pdl), stream), "merge launch")
 
 
-__all__ = ["PIECES", "EARLY_COMBINE", "applies", "aligned", "launch", "build", "layout", "smem_bytes",
+__all__ = ["PIECES", "EARLY_COMBINE", "FIT_STAGES", "applies", "aligned", "launch", "build", "layout", "smem_bytes",
            "merge_layout", "merge_smem_bytes", "launch_merge",
            "MERGE", "defers_merge", "merged_takes"]

@@ -584,6 +584,16 @@ def _launched_early(pdl, rows: int) -> bool:
     return bool(pdl) and PDL_MIN_M <= rows <= GEMV_MAX_M
 
 
+def qkv_stages(num_stages: int, split_len: int, block_n: int, peel: bool) -> int:
+    """The raw-projection kernel's pipeline stages: ``num_stages``, or with ``ORTHROS_QKV_FIT_STAGES``
+    on (:data:`orthros.ops.gemv.preload.FIT_STAGES`) no more than its loop has trips (a split's
+    key blocks, less the one loaded ahead of the wait with ``peel``), and at least 1: the shared
+    memory a longer pipeline holds goes to W_O's preload ring (inference change 38)."""
+    if not _preload.FIT_STAGES:
+        return num_stages
+    return max(1, min(num_stages, split_len // block_n - int(peel)))
+
+
 def decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, *, num_heads, q_rows, rope, window_size, scale=None,
                                 q_norm=None, k_norm=None, eps=1e-6, scale_offset=(None, None, None, None),
                                 merge=True, _config=None):
@@ -605,6 +615,9 @@ def decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, *, num_heads, q_row
         cos, sin = cos.contiguous(), sin.contiguous()
     so = tuple(t.contiguous() if t is not None else dummy(dev) for t in scale_offset)
     plan = _Plan(B, num_heads, HKV, D, L_max, qkv.dtype, dev, _config)
+    peel = QKV_PEEL and _launched_early(plan.pdl, qkv.shape[0] * qkv.shape[1])
+    launch = {**plan.launch, "num_stages": qkv_stages(plan.launch["num_stages"], plan.split_len,
+                                                      plan.consts["BLOCK_N"], peel)}
     both = torch.empty(B, 2, num_heads, D, dtype=qkv.dtype, device=dev)
     o, o_out = both[:, :1], both[:, 1:]
     _decode_split_qkv[(plan.S, HKV, B)](
@@ -616,8 +629,7 @@ def decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, *, num_heads, q_row
         o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
         int(q_rows[0]), int(q_rows[1]), int(window_size), scale * LOG2E, plan.split_len, L_max, float(eps),
         HKV=HKV, HAS_QN=q_norm is not None, HAS_KN=k_norm is not None, HAS_SO=scale_offset[0] is not None,
-        PEEL=QKV_PEEL and _launched_early(plan.pdl, qkv.shape[0] * qkv.shape[1]), **plan.consts,
-        **plan.launch)
+        PEEL=peel, **plan.consts, **launch)
     if not merge and plan.mode == _PARTIAL:
         return SplitPartials(plan.op, plan.lp)
     plan.combine(o, o_out)
