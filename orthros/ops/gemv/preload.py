@@ -32,10 +32,11 @@ no more pipeline stages than its loop has trips (at 1K: one stage, 18 KB of shar
 program instead of 66 KB; inference change 38).
 
 How large a ring the blocks can hold while the attention runs: a multiprocessor's 228 KB less
-the split programs beside it and the merge launch's 2 KB program (1 KB reserved a block). At
-Qwen3-8B's shape and 1K, with :data:`FIT_STAGES`, up to 25 pieces beside one split program and
-22 beside two (19 and 10 at 3 stages) in either form; a larger ring still runs, but its blocks
-become resident only once the attention's programs leave.
+the split program beside it and the merge launch's 2 KB program (1 KB reserved a block). At
+Qwen3-8B's shape and 1K (a cache span of up to ~1.1K slots: at most one split program a
+multiprocessor) up to 25 pieces with :data:`FIT_STAGES`, 19 without, in either form. Beside two
+split programs (a 2048-slot span) their registers leave no room for a block at all. A block
+that does not fit still runs, but becomes resident only once the attention's programs leave.
 """
 
 from __future__ import annotations
