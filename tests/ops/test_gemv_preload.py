@@ -55,12 +55,21 @@ def test_off_by_default_and_the_merge_signals_as_before():
     assert seen(ORTHROS_GEMV_PRELOAD="12", ORTHROS_QKV_FIT_STAGES="0") == ["12", "True", "False"]
 
 
-@pytest.mark.parametrize("value", ["-1", "twelve"])
-def test_bad_setting_refused_at_import_naming_the_variable(value):
-    env = dict(os.environ, ORTHROS_GEMV_PRELOAD=value)
+@pytest.mark.parametrize("var,value", [("ORTHROS_GEMV_PRELOAD", "-1"), ("ORTHROS_GEMV_PRELOAD", "twelve"),
+                                       ("ORTHROS_GEMV_PRELOAD_GROUP", "3"), ("ORTHROS_GEMV_PRELOAD_GROUP", "two")])
+def test_bad_setting_refused_at_import_naming_the_variable(var, value):
+    env = dict(os.environ, **{var: value})
     p = subprocess.run([sys.executable, "-c", "import orthros.ops.gemv.preload"], env=env, capture_output=True,
                        text=True)
-    assert p.returncode != 0 and "ORTHROS_GEMV_PRELOAD must be" in p.stderr
+    assert p.returncode != 0 and var in p.stderr and value in p.stderr, p.stderr[-500:]
+
+
+def test_a_step_takes_two_pieces_unless_the_ring_is_smaller():
+    """The pieces a consumer warp takes a step: ORTHROS_GEMV_PRELOAD_GROUP (default 2), never more
+    than the ring's slots (a step holds every slot it waits on)."""
+    assert preload.GROUP == int(os.environ.get("ORTHROS_GEMV_PRELOAD_GROUP", "2"))
+    assert preload._group(None, 12) == preload.GROUP and preload._group(1, 12) == 1
+    assert preload._group(2, 1) == 1 and preload._group(2, 2) == 2
 
 
 def test_build_without_nvcc_names_the_setting_and_writes_nothing(tmp_path):
@@ -101,14 +110,15 @@ def _case(M, N, K, seed):
 
 @gpu
 @pytest.mark.gpu
+@pytest.mark.parametrize("group", [1, 2])
 @pytest.mark.parametrize("pieces", [1, 5, 12])
 @pytest.mark.parametrize("N", [4096, 1000])
 @pytest.mark.parametrize("K", list(preload.KS))
 @pytest.mark.parametrize("M", [1, 2])
-def test_gpu_kernel_matches_float64(M, K, N, pieces):
+def test_gpu_kernel_matches_float64(M, K, N, pieces, group):
     x, w = _case(M, N, K, seed=M * 31 + K + N + pieces)
     part = torch.full((1, M, N), float("nan"), device="cuda")
-    preload.launch(x, w, part, x.stride(0), pdl=False, pieces=pieces)
+    preload.launch(x, w, part, x.stride(0), pdl=False, pieces=pieces, group=group)
     torch.cuda.synchronize()
     assert rel(part[0], x.double() @ w.double().T) < 1e-5
 
@@ -192,10 +202,11 @@ def test_merge_layout_covers_every_row_in_whole_pieces(monkeypatch):
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("pieces", [1, 12])
+@pytest.mark.parametrize("group", [1, 2])
+@pytest.mark.parametrize("pieces", [1, 3, 12])
 @pytest.mark.parametrize("heads", [2, 4, 8])
 @pytest.mark.parametrize("S,N", [(16, 4096), (5, 1000), (1, 264)])
-def test_gpu_merge_kernel_matches_the_torch_merge_then_the_product(S, N, heads, pieces):
+def test_gpu_merge_kernel_matches_the_torch_merge_then_the_product(S, N, heads, pieces, group):
     """The decode kernel's partials (a split without keys among them: lse -inf), merged and rounded
     to bf16 as the merge launch does, times each K slice of the weight."""
     import math
@@ -210,7 +221,7 @@ def test_gpu_merge_kernel_matches_the_torch_merge_then_the_product(S, N, heads, 
         lp[0, 0, :, -1] = float("-inf")  # the window row: a split past its keys
     w = (torch.randn(N, HQ * D, generator=g) * 0.05).to("cuda", torch.bfloat16)
     part = torch.full((HQ // heads, 2, N), float("nan"), device="cuda")
-    preload.launch_merge(op, lp, w, part, heads=heads, pieces=pieces, pdl=False)
+    preload.launch_merge(op, lp, w, part, heads=heads, pieces=pieces, pdl=False, group=group)
     torch.cuda.synchronize()
     x, _ = merge_partials(op[0].movedim(-2, 0), lp[0].movedim(-1, 0) * math.log(2.0))  # [2, HQ, D]
     x = x.to(torch.bfloat16).double().reshape(2, HQ // heads, heads * D)
@@ -304,10 +315,12 @@ def test_gpu_decode_partials_through_the_merge_form_as_through_the_merge_launch(
         assert rel(a, b) < 1e-2 and (a == b).float().mean() > 0.9
 
 
-def _emulate_merge_kernel(op, lp, w, heads, rows_per_block, pieces):
+def _emulate_merge_kernel(op, lp, w, heads, rows_per_block, pieces, group):
     """``wo_merge_kernel`` of preload.cu, its index arithmetic transcribed statement by statement
-    (block, thread, lane; the ring's slots; the merged rows' [r][j][lane] layout), with the
-    arithmetic in float64: so an indexing slip in the CUDA source shows on a CPU too."""
+    (block, thread, lane; the ring's slots; the merged rows' [r][j][lane] layout; ``group`` pieces
+    a consumer step, past the last piece or row a slot's stale bytes, their sums dropped), with
+    the arithmetic in float64: so an indexing slip in the CUDA source shows on a CPU too."""
+    assert group <= pieces  # what the host keeps (preload._group): a step's slots are distinct
     MD, WARPS = preload.HEAD_DIM, 8
     _, _, HQ, S, _ = op.shape
     N, K = w.shape
@@ -335,28 +348,76 @@ def _emulate_merge_kernel(op, lp, w, heads, rows_per_block, pieces):
                     o = (v * wt[:, None]).sum(0) / (den if den > 0 else 1.0)
                     for q in range(4):
                         xs[(r * E + (c + q) % E) * 32 + (c + q) // E] = o[q].to(torch.bfloat16).double()
-            for i in range(npieces):  # the producer's copies, then the consumers' rows
-                slot = i % pieces
-                r0 = i * WARPS
-                for r in range(min(WARPS, rows - r0)):
-                    src = (row0 + r0 + r) * K + s * C
-                    ring[(slot * WARPS + r) * C:(slot * WARPS + r + 1) * C] = wf[src:src + C]
+            for i0 in range(0, npieces, group):  # the producer's copies of a step's pieces, then the consumers'
+                for i in range(i0, min(i0 + group, npieces)):
+                    slot, r0 = i % pieces, i * WARPS
+                    for r in range(min(WARPS, rows - r0)):
+                        src = (row0 + r0 + r) * K + s * C
+                        ring[(slot * WARPS + r) * C:(slot * WARPS + r + 1) * C] = wf[src:src + C]
                 for warp in range(WARPS):
-                    row = i * WARPS + warp
-                    if row >= rows:
-                        continue
-                    acc = [0.0, 0.0]
-                    for lane in range(32):
-                        p = (slot * WARPS + warp) * C + lane * E
-                        for m in range(2):
-                            x = torch.stack([xs[(m * E + j) * 32 + lane] for j in range(E)])
-                            acc[m] += float((ring[p:p + E] * x).sum())
-                    out[s, 0, row0 + row], out[s, 1, row0 + row] = acc
+                    acc = [[0.0, 0.0] for _ in range(group)]
+                    for g in range(group):
+                        for lane in range(32):
+                            p = (((i0 + g) % pieces) * WARPS + warp) * C + lane * E
+                            for m in range(2):
+                                x = torch.stack([xs[(m * E + j) * 32 + lane] for j in range(E)])
+                                acc[g][m] += float((ring[p:p + E] * x).sum())
+                    for g in range(group):
+                        row = (i0 + g) * WARPS + warp
+                        if i0 + g < npieces and row < rows:
+                            out[s, 0, row0 + row], out[s, 1, row0 + row] = acc[g]
     return out
 
 
-@pytest.mark.parametrize("heads,rows_per_block,pieces", [(2, 24, 2), (4, 16, 1)])
-def test_merge_kernel_index_arithmetic_on_the_cpu(heads, rows_per_block, pieces):
+def _emulate_plain_kernel(x, w, rows_per_block, pieces, group):
+    """``wo_preload_kernel`` of preload.cu transcribed as above: block b's rows, the ring's slots,
+    ``group`` rows a consumer step (stale slots past the last row, their sums dropped), warp c's
+    columns and a lane's E of them, the row sums per warp in ``red`` and their sum at the end."""
+    assert group <= pieces
+    WARPS = 8
+    M, K = x.shape
+    N = w.shape[0]
+    E = K // (32 * WARPS)
+    xf, wf = x.double().flatten(), w.double().flatten()
+    out = torch.full((M, N), float("nan"), dtype=torch.float64)
+    for b in range(-(-N // rows_per_block)):
+        row0 = b * rows_per_block
+        rows = min(rows_per_block, N - row0)
+        ring = torch.zeros(pieces * K, dtype=torch.float64)
+        red = torch.full((rows_per_block * WARPS * M,), float("nan"), dtype=torch.float64)
+        for i0 in range(0, rows, group):
+            for i in range(i0, min(i0 + group, rows)):  # the producer's copies
+                ring[(i % pieces) * K:(i % pieces + 1) * K] = wf[(row0 + i) * K:(row0 + i + 1) * K]
+            for warp in range(WARPS):
+                acc = [[0.0] * M for _ in range(group)]
+                for g in range(group):
+                    for lane in range(32):
+                        col = warp * 32 * E + lane * E
+                        p = ((i0 + g) % pieces) * K + col
+                        for m in range(M):
+                            acc[g][m] += float((ring[p:p + E] * xf[m * K + col:m * K + col + E]).sum())
+                for g in range(group):
+                    for m in range(M):
+                        if i0 + g < rows:
+                            red[((i0 + g) * WARPS + warp) * M + m] = acc[g][m]
+        for t in range(rows * M):
+            i, m = t // M, t % M
+            out[m, row0 + i] = sum(red[(i * WARPS + c) * M + m] for c in range(WARPS))
+    return out
+
+
+@pytest.mark.parametrize("M,rows_per_block,pieces,group", [(2, 5, 2, 1), (2, 5, 2, 2), (1, 4, 3, 2), (2, 7, 1, 1)])
+def test_plain_kernel_index_arithmetic_on_the_cpu(M, rows_per_block, pieces, group):
+    N, K = 17, 2048
+    g = torch.Generator().manual_seed(M * 10 + group)
+    x, w = torch.randn(M, K, generator=g).to(torch.bfloat16), torch.randn(N, K, generator=g).to(torch.bfloat16)
+    got = _emulate_plain_kernel(x, w, rows_per_block, pieces, group)
+    assert torch.allclose(got, x.double() @ w.double().T, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("heads,rows_per_block,pieces,group", [(2, 24, 2, 1), (4, 16, 1, 1), (2, 24, 2, 2),
+                                                               (4, 16, 3, 2), (4, 40, 3, 2)])
+def test_merge_kernel_index_arithmetic_on_the_cpu(heads, rows_per_block, pieces, group):
     import math
 
     from orthros.ops.merge import merge_partials
@@ -367,7 +428,7 @@ def test_merge_kernel_index_arithmetic_on_the_cpu(heads, rows_per_block, pieces)
     lp = torch.randn(1, 2, HQ, S, generator=g) * 2
     lp[0, 0, 1, :] = float("-inf")  # a head of the window row with no keys at all: zeros
     w = torch.randn(N, HQ * D, generator=g).to(torch.bfloat16)
-    got = _emulate_merge_kernel(op, lp, w, heads, rows_per_block, pieces)
+    got = _emulate_merge_kernel(op, lp, w, heads, rows_per_block, pieces, group)
     x, _ = merge_partials(op[0].double().movedim(-2, 0), lp[0].double().movedim(-1, 0) * math.log(2.0))
     x = x.to(torch.bfloat16).double().reshape(2, HQ // heads, heads * D)
     want = torch.einsum("msk,nsk->smn", x, w.double().reshape(N, HQ // heads, heads * D))

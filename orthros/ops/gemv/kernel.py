@@ -684,7 +684,8 @@ def pdl_settings(device) -> dict:
     caps its pipeline stages at its loop's trips (``ORTHROS_QKV_FIT_STAGES``)."""
     if not pdl_kwargs(torch.device(device)):
         return {"on": False}
-    preload = {"pieces": _preload.PIECES, "early_merge_signal": _preload.EARLY_COMBINE, "merge_form": _preload.MERGE}
+    preload = {"pieces": _preload.PIECES, "early_merge_signal": _preload.EARLY_COMBINE, "merge_form": _preload.MERGE,
+               "group": _preload.GROUP}
     return {"on": True, "signal": _tc.PDL_SIGNAL, "min_m": _tc.PDL_MIN_M, "gemv_prefetch_bytes": PREFETCH_BYTES,
             "w_o_preload": preload if _preload.PIECES else None, "qkv_fit_stages": _preload.FIT_STAGES}
 

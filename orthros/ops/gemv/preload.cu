@@ -9,7 +9,9 @@
 // consumers' griddepcontrol.wait: launched early behind the attention (PDL), the first `pieces`
 // rows stream in while the attention still runs. The consumer warps wait for the kernel ahead,
 // load x, then take every piece: warp c the columns [c * 32 * E, (c + 1) * 32 * E), a lane E of
-// them, a warp reduction a row, and release the slot ("empty" mbarrier, one arrive a warp).
+// them, and release the slot ("empty" mbarrier, one arrive a warp). A warp takes G pieces a step
+// (G <= the ring's slots), so the reductions of G rows interleave: a row's 5-step shuffle
+// reduction is the step's longest dependent chain (docs/performance.md, inference change 39).
 // The block's rows are summed over the warps at the end and written as float32.
 #include <cuda_runtime.h>
 #include <cuda_bf16.h>
@@ -76,32 +78,42 @@ __device__ __forceinline__ void unpack8(const uint4& v, float* f) {
     }
 }
 
-// acc[m] += the lane's E weights at p (bf16, 16-byte aligned) times its E columns xr[m] of row m
-template <int M, int E>
-__device__ __forceinline__ void dot_lane(const __nv_bfloat16* p, const float (&xr)[M][E], float (&acc)[M]) {
+// the lane's E weights at p (bf16, 16-byte aligned) into registers
+template <int E>
+__device__ __forceinline__ void load_lane(const __nv_bfloat16* p, uint4 (&w)[E / 8]) {
 #pragma unroll
-    for (int j = 0; j < E; j += 8) {
+    for (int j = 0; j < E / 8; ++j) w[j] = *reinterpret_cast<const uint4*>(p + 8 * j);
+}
+
+// acc[m] += the lane's E weights w times its E columns xr[m] of row m
+template <int M, int E>
+__device__ __forceinline__ void dot_lane(const uint4 (&w)[E / 8], const float (&xr)[M][E], float (&acc)[M]) {
+#pragma unroll
+    for (int j = 0; j < E / 8; ++j) {
         float wf[8];
-        unpack8(*reinterpret_cast<const uint4*>(p + j), wf);
+        unpack8(w[j], wf);
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
 #pragma unroll
-            for (int m = 0; m < M; ++m) acc[m] = fmaf(wf[t], xr[m][j + t], acc[m]);
+            for (int m = 0; m < M; ++m) acc[m] = fmaf(wf[t], xr[m][8 * j + t], acc[m]);
         }
     }
 }
 
-// each acc[m] summed over the warp's lanes (every lane gets the sum)
-template <int M>
-__device__ __forceinline__ void warp_sum(float (&acc)[M]) {
+// each acc[g][m] summed over the warp's lanes (every lane gets the sum); the G * M chains interleave
+template <int G, int M>
+__device__ __forceinline__ void warp_sum(float (&acc)[G][M]) {
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
+    for (int off = 16; off; off >>= 1) {
 #pragma unroll
-        for (int off = 16; off; off >>= 1) acc[m] += __shfl_xor_sync(0xffffffffu, acc[m], off);
+        for (int g = 0; g < G; ++g) {
+#pragma unroll
+            for (int m = 0; m < M; ++m) acc[g][m] += __shfl_xor_sync(0xffffffffu, acc[g][m], off);
+        }
     }
 }
 
-template <int M, int E>
+template <int M, int E, int G>
 __global__ void __launch_bounds__(THREADS, 1)
 wo_preload_kernel(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __restrict__ x, float* __restrict__ out,
                   int N, long long sx, int rows_per_block, int pieces, int pdl) {
@@ -141,18 +153,31 @@ wo_preload_kernel(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __re
         }
     }
     if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    for (int i = 0; i < rows; ++i) {
-        const int slot = i % pieces, round = i / pieces;
-        mbar_wait(&full[slot], round & 1);
-        const __nv_bfloat16* p = ring + static_cast<size_t>(slot) * K + col;
-        float acc[M] = {};
-        dot_lane<M, E>(p, xr, acc);
+    for (int i0 = 0; i0 < rows; i0 += G) {  // G rows a step (G <= pieces: a step never waits on a slot it holds)
+        float acc[G][M] = {};
+        uint4 w[G][E / 8];
+#pragma unroll
+        for (int g = 0; g < G; ++g)  // the step's pieces landed and loaded first, so that their products interleave
+            if (i0 + g < rows) mbar_wait(&full[(i0 + g) % pieces], ((i0 + g) / pieces) & 1);
+#pragma unroll
+        for (int g = 0; g < G; ++g)  // past the last row: a slot's stale bytes, whose sums are dropped below
+            load_lane<E>(ring + static_cast<size_t>((i0 + g) % pieces) * K + col, w[g]);
+#pragma unroll
+        for (int g = 0; g < G; ++g) dot_lane<M, E>(w[g], xr, acc[g]);
         __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[slot]);  // every lane has read its part of the slot
-        warp_sum<M>(acc);
+        if (lane == 0) {  // every lane has read its part of the step's slots
+#pragma unroll
+            for (int g = 0; g < G; ++g)
+                if (i0 + g < rows) mbar_arrive(&empty[(i0 + g) % pieces]);
+        }
+        warp_sum<G, M>(acc);
         if (lane == 0) {
 #pragma unroll
-            for (int m = 0; m < M; ++m) red[(i * CONSUMER_WARPS + warp) * M + m] = acc[m];
+            for (int g = 0; g < G; ++g) {
+#pragma unroll
+                for (int m = 0; m < M; ++m)
+                    if (i0 + g < rows) red[((i0 + g) * CONSUMER_WARPS + warp) * M + m] = acc[g][m];
+            }
         }
     }
     asm volatile("bar.sync 1, %0;" :: "n"(CONSUMER_WARPS * 32) : "memory");  // the consumers only
@@ -172,11 +197,11 @@ wo_preload_kernel(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __re
 // HS * 256 bytes a piece); after the wait its 256 consumer threads merge the slice's partials
 // of both query rows (the pair's window and full rows, B = 1) into shared memory, rounded to
 // bf16 as the merge launch rounds them, and warp w then takes row w of every piece. It writes
-// float32 partials [HQ / HS, 2, N] for the split-K reduce.
+// float32 partials [HQ / HS, 2, N] for the split-K reduce. A warp takes G pieces a step, as above.
 constexpr int MD = 128;  // head dim
 constexpr int PIECE_ROWS = CONSUMER_WARPS;
 
-template <int HS>
+template <int HS, int G>
 __global__ void __launch_bounds__(THREADS, 1)
 wo_merge_kernel(const float* __restrict__ op, const float* __restrict__ lp, int S, int HQ,
                 const __nv_bfloat16* __restrict__ w, float* __restrict__ out, int N, int rows_per_block,
@@ -245,18 +270,33 @@ wo_merge_kernel(const float* __restrict__ op, const float* __restrict__ lp, int 
 #pragma unroll
         for (int j = 0; j < E; ++j) xr[m][j] = xs[(m * E + j) * 32 + lane];
     }
-    for (int i = 0; i < npieces; ++i) {
-        const int slot = i % pieces, round = i / pieces;
-        mbar_wait(&full[slot], round & 1);
-        const int row = i * PIECE_ROWS + warp;
-        float acc[2] = {};
-        if (row < rows) dot_lane<2, E>(ring + (static_cast<size_t>(slot) * PIECE_ROWS + warp) * C + lane * E, xr, acc);
+    for (int i0 = 0; i0 < npieces; i0 += G) {  // G pieces a step (G <= pieces)
+        float acc[G][2] = {};
+        uint4 w[G][E / 8];
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+            if (i0 + g < npieces) mbar_wait(&full[(i0 + g) % pieces], ((i0 + g) / pieces) & 1);
+#pragma unroll
+        for (int g = 0; g < G; ++g)  // warp w's row of each piece (past the block's rows: stale bytes, dropped below)
+            load_lane<E>(ring + (static_cast<size_t>((i0 + g) % pieces) * PIECE_ROWS + warp) * C + lane * E, w[g]);
+#pragma unroll
+        for (int g = 0; g < G; ++g) dot_lane<2, E>(w[g], xr, acc[g]);
         __syncwarp();
-        if (lane == 0) mbar_arrive(&empty[slot]);
-        warp_sum<2>(acc);
-        if (lane == 0 && row < rows) {
-            out[(static_cast<size_t>(s) * 2) * N + row0 + row] = acc[0];
-            out[(static_cast<size_t>(s) * 2 + 1) * N + row0 + row] = acc[1];
+        if (lane == 0) {
+#pragma unroll
+            for (int g = 0; g < G; ++g)
+                if (i0 + g < npieces) mbar_arrive(&empty[(i0 + g) % pieces]);
+        }
+        warp_sum<G, 2>(acc);
+        if (lane == 0) {
+#pragma unroll
+            for (int g = 0; g < G; ++g) {
+                const int row = (i0 + g) * PIECE_ROWS + warp;
+                if (i0 + g < npieces && row < rows) {
+                    out[(static_cast<size_t>(s) * 2) * N + row0 + row] = acc[g][0];
+                    out[(static_cast<size_t>(s) * 2 + 1) * N + row0 + row] = acc[g][1];
+                }
+            }
         }
     }
 }
@@ -280,11 +320,12 @@ static int launch(void (*fn)(Params...), dim3 grid, long long smem, void* stream
 
 typedef void (*Kernel)(const __nv_bfloat16*, const __nv_bfloat16*, float*, int, long long, int, int, int);
 
-static Kernel pick(int M, int K) {
+// G: the pieces a consumer warp takes a step, 1 or 2 (the host keeps it <= the ring's slots)
+static Kernel pick(int M, int K, int G) {
     const int E = K / (32 * CONSUMER_WARPS);
-    if (E * 32 * CONSUMER_WARPS != K) return nullptr;
+    if (E * 32 * CONSUMER_WARPS != K || (G != 1 && G != 2)) return nullptr;
 #define PICK(m_, e_) \
-    if (M == m_ && E == e_) return wo_preload_kernel<m_, e_>;
+    if (M == m_ && E == e_) return G == 1 ? wo_preload_kernel<m_, e_, 1> : wo_preload_kernel<m_, e_, 2>;
     PICK(1, 8) PICK(1, 16) PICK(1, 32) PICK(2, 8) PICK(2, 16) PICK(2, 32)
 #undef PICK
     return nullptr;
@@ -296,23 +337,25 @@ extern "C" long long wo_preload_smem_bytes(int M, int K, int rows_per_block, int
 }
 
 // 0 where (M, K) has a kernel, else -1.
-extern "C" int wo_preload_supports(int M, int K) { return pick(M, K) ? 0 : -1; }
+extern "C" int wo_preload_supports(int M, int K) { return pick(M, K, 1) ? 0 : -1; }
 
 // Lets every kernel ask for up to `bytes` of dynamic shared memory (once, before any capture).
 extern "C" int wo_preload_prepare(int bytes) {
     const int ms[] = {1, 2}, ks[] = {2048, 4096, 8192};
     for (int m : ms)
-        for (int k : ks) {
-            const cudaError_t e = cudaFuncSetAttribute(pick(m, k), cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-            if (e != cudaSuccess) return static_cast<int>(e);
-        }
+        for (int k : ks)
+            for (int g = 1; g <= 2; ++g) {
+                const cudaError_t e =
+                    cudaFuncSetAttribute(pick(m, k, g), cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+                if (e != cudaSuccess) return static_cast<int>(e);
+            }
     return 0;
 }
 
 extern "C" int wo_preload_launch(const void* w, const void* x, void* out, int M, int N, int K, long long sx,
-                                 int rows_per_block, int blocks, int pieces, int pdl, void* stream) {
-    const Kernel fn = pick(M, K);
-    if (!fn) return static_cast<int>(cudaErrorInvalidValue);
+                                 int rows_per_block, int blocks, int pieces, int group, int pdl, void* stream) {
+    const Kernel fn = pick(M, K, group);
+    if (!fn || group > pieces) return static_cast<int>(cudaErrorInvalidValue);
     return launch(fn, dim3(blocks), wo_preload_smem_bytes(M, K, rows_per_block, pieces), stream, pdl,
                   static_cast<const __nv_bfloat16*>(w), static_cast<const __nv_bfloat16*>(x), static_cast<float*>(out),
                   N, sx, rows_per_block, pieces, pdl);
@@ -320,10 +363,11 @@ extern "C" int wo_preload_launch(const void* w, const void* x, void* out, int M,
 
 typedef void (*MergeKernel)(const float*, const float*, int, int, const __nv_bfloat16*, float*, int, int, int, int);
 
-static MergeKernel pick_merge(int hs) {
-    if (hs == 2) return wo_merge_kernel<2>;
-    if (hs == 4) return wo_merge_kernel<4>;
-    if (hs == 8) return wo_merge_kernel<8>;
+static MergeKernel pick_merge(int hs, int G) {
+    if (G != 1 && G != 2) return nullptr;
+    if (hs == 2) return G == 1 ? wo_merge_kernel<2, 1> : wo_merge_kernel<2, 2>;
+    if (hs == 4) return G == 1 ? wo_merge_kernel<4, 1> : wo_merge_kernel<4, 2>;
+    if (hs == 8) return G == 1 ? wo_merge_kernel<8, 1> : wo_merge_kernel<8, 2>;
     return nullptr;
 }
 
@@ -332,17 +376,19 @@ extern "C" long long wo_merge_smem_bytes(int hs, int pieces) {
 }
 
 extern "C" int wo_merge_prepare(int bytes) {
-    for (int hs : {2, 4, 8}) {
-        const cudaError_t e = cudaFuncSetAttribute(pick_merge(hs), cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-        if (e != cudaSuccess) return static_cast<int>(e);
-    }
+    for (int hs : {2, 4, 8})
+        for (int g = 1; g <= 2; ++g) {
+            const cudaError_t e =
+                cudaFuncSetAttribute(pick_merge(hs, g), cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+            if (e != cudaSuccess) return static_cast<int>(e);
+        }
     return 0;
 }
 
 extern "C" int wo_merge_launch(const void* op, const void* lp, int S, int HQ, int hs, const void* w, void* out, int N,
-                               int rows_per_block, int groups, int pieces, int pdl, void* stream) {
-    const MergeKernel fn = pick_merge(hs);
-    if (!fn || HQ % hs) return static_cast<int>(cudaErrorInvalidValue);
+                               int rows_per_block, int groups, int pieces, int group, int pdl, void* stream) {
+    const MergeKernel fn = pick_merge(hs, group);
+    if (!fn || HQ % hs || group > pieces) return static_cast<int>(cudaErrorInvalidValue);
     return launch(fn, dim3(HQ / hs, groups), wo_merge_smem_bytes(hs, pieces), stream, pdl,
                   static_cast<const float*>(op), static_cast<const float*>(lp), S, HQ,
                   static_cast<const __nv_bfloat16*>(w), static_cast<float*>(out), N, rows_per_block, pieces, pdl);

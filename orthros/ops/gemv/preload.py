@@ -22,6 +22,8 @@ use into ``$ORTHROS_CACHE/kernels`` (default ``~/.cache/orthros/kernels``), name
 the source and flags; there is no CPU form. ``ORTHROS_GEMV_PRELOAD`` (read at import): the
 ring's slots a block fills before its wait (a weight row of ``K * 2`` bytes each; in the merge
 form 8 rows of one K slice, 8 KB for 4 heads of 128), 0 (the default) turns it off;
+``ORTHROS_GEMV_PRELOAD_GROUP`` (:data:`GROUP`, 1 or 2, default 2): the pieces a consumer warp
+takes a step, so that two rows' shuffle reductions interleave (inference change 39);
 ``ORTHROS_GEMV_PRELOAD_EARLY=0``: the merge signals after its wait as without the preload
 (the W_O blocks then become resident only once the attention is over);
 ``ORTHROS_GEMV_PRELOAD_MERGE=1``: the merge form, where the attention hands W_O its split
@@ -73,6 +75,12 @@ if _FIT not in ("0", "1"):
     raise ValueError(f"ORTHROS_QKV_FIT_STAGES must be 0 or 1 (the decode kernel's pipeline stages capped at its "
                      f"loop's trips; unset: on with ORTHROS_GEMV_PRELOAD), got {_FIT!r}")
 FIT_STAGES = _FIT == "1"
+# The pieces a consumer warp takes a step (1 or 2): with 2, two rows' shuffle reductions
+# interleave (inference change 39). ORTHROS_GEMV_PRELOAD_GROUP (read at import), default 2.
+GROUP = env_number("ORTHROS_GEMV_PRELOAD_GROUP", "2", int, "1 or 2")
+if GROUP not in (1, 2):
+    raise ValueError(f"ORTHROS_GEMV_PRELOAD_GROUP must be 1 or 2 (the pieces a consumer warp takes a step), "
+                     f"got {GROUP}")
 
 _LIB = None
 
@@ -97,12 +105,12 @@ def _lib(device: torch.device):
         lib.wo_preload_smem_bytes.argtypes = [ctypes.c_int] * 4
         lib.wo_preload_prepare.argtypes = [ctypes.c_int]
         lib.wo_preload_launch.argtypes = ([ctypes.c_void_p] * 3 + [ctypes.c_int] * 3 + [ctypes.c_longlong]
-                                          + [ctypes.c_int] * 4 + [ctypes.c_void_p])
+                                          + [ctypes.c_int] * 5 + [ctypes.c_void_p])
         lib.wo_merge_smem_bytes.restype = ctypes.c_longlong
         lib.wo_merge_smem_bytes.argtypes = [ctypes.c_int] * 2
         lib.wo_merge_prepare.argtypes = [ctypes.c_int]
         lib.wo_merge_launch.argtypes = ([ctypes.c_void_p] * 2 + [ctypes.c_int] * 3 + [ctypes.c_void_p] * 2
-                                        + [ctypes.c_int] * 5 + [ctypes.c_void_p])
+                                        + [ctypes.c_int] * 6 + [ctypes.c_void_p])
         lib.wo_preload_error_string.restype = ctypes.c_char_p
         most = torch.cuda.get_device_properties(device).shared_memory_per_block_optin
         _check(lib, lib.wo_preload_prepare(most), "cudaFuncSetAttribute")
@@ -133,6 +141,12 @@ def layout(N: int, device: torch.device) -> tuple:
     return rows, cdiv(N, rows)
 
 
+def _group(group: int | None, pieces: int) -> int:
+    """The pieces a consumer warp takes a step: ``group`` (default :data:`GROUP`), at most the
+    ring's ``pieces`` (a step waits for all of its slots before it releases any)."""
+    return max(1, min(GROUP if group is None else int(group), pieces))
+
+
 def smem_bytes(M: int, K: int, rows_per_block: int, pieces: int) -> int:
     """What ``preload.cu`` asks a block for: the ring, its mbarriers and the warps' row sums."""
     return pieces * K * 2 + 16 * pieces + 4 * rows_per_block * 8 * M
@@ -151,9 +165,11 @@ def aligned(x2: torch.Tensor, sx: int) -> bool:
 
 
 def launch(x2: torch.Tensor, weight: torch.Tensor, part: torch.Tensor, sx: int, *, pdl: bool,
-           pieces: int | None = None) -> None:
+           pieces: int | None = None, group: int | None = None) -> None:
     """``part[0] = x2 @ weight.T`` (float32) on the current stream; ``x2 [M, K]`` with row stride
-    ``sx``, ``weight [N, K]`` contiguous, ``part [1, M, N]`` contiguous float32."""
+    ``sx``, ``weight [N, K]`` contiguous, ``part [1, M, N]`` contiguous float32. ``pieces`` /
+    ``group``: the ring's slots and the pieces a warp takes a step (default :data:`PIECES`,
+    :data:`GROUP`; the group is kept within the slots)."""
     M, K = x2.shape
     N = weight.shape[0]
     pieces = PIECES if pieces is None else int(pieces)
@@ -163,7 +179,7 @@ def launch(x2: torch.Tensor, weight: torch.Tensor, part: torch.Tensor, sx: int, 
     pieces = max(1, min(pieces, rows))
     stream = _fits(dev, smem_bytes(M, K, rows, pieces), f"{pieces} rows of {K * 2} B")
     _check(lib, lib.wo_preload_launch(weight.data_ptr(), x2.data_ptr(), part.data_ptr(), M, N, K, sx, rows, blocks,
-                                      pieces, int(pdl), stream), "launch")
+                                      pieces, _group(group, pieces), int(pdl), stream), "launch")
 
 
 # the merge form (wo_merge_kernel): the heads a block's K slice may hold (MERGE_HEADS of them in
@@ -208,12 +224,12 @@ def merge_smem_bytes(heads: int, pieces: int) -> int:
 
 
 def launch_merge(op: torch.Tensor, lp: torch.Tensor, weight: torch.Tensor, part: torch.Tensor, *, heads: int,
-                 pieces: int, pdl: bool) -> None:
+                 pieces: int, pdl: bool, group: int | None = None) -> None:
     """``part[s] = merge(op, lp)[:, slice s] @ weight[:, slice s].T`` (float32) on the current
     stream, for the decode kernel's partials of one batch row's two query rows: ``op [1, 2, HQ,
     S, 128]`` and ``lp [1, 2, HQ, S]`` float32 contiguous (base-2 log-sum-exps), ``weight [N, HQ *
     128]`` bf16 contiguous, ``part [HQ / heads, 2, N]`` float32 contiguous: K slices of ``heads``
-    heads, summed by the split-K reduce."""
+    heads, summed by the split-K reduce. ``group``: as for :func:`launch`."""
     _, _, HQ, S, D = op.shape
     N = weight.shape[0]
     dev = op.device
@@ -222,9 +238,9 @@ def launch_merge(op: torch.Tensor, lp: torch.Tensor, weight: torch.Tensor, part:
     pieces = max(1, min(int(pieces), cdiv(rows, PIECE_ROWS)))
     stream = _fits(dev, merge_smem_bytes(heads, pieces), f"{pieces} pieces of {PIECE_ROWS} rows x {heads * D * 2} B")
     _check(lib, lib.wo_merge_launch(op.data_ptr(), lp.data_ptr(), S, HQ, heads, weight.data_ptr(), part.data_ptr(),
-                                    N, rows, groups, pieces, int(pdl), stream), "merge launch")
+                                    N, rows, groups, pieces, _group(group, pieces), int(pdl), stream), "merge launch")
 
 
-__all__ = ["PIECES", "EARLY_COMBINE", "FIT_STAGES", "applies", "aligned", "launch", "build", "layout", "smem_bytes",
+__all__ = ["PIECES", "EARLY_COMBINE", "FIT_STAGES", "GROUP", "applies", "aligned", "launch", "build", "layout", "smem_bytes",
            "merge_layout", "merge_smem_bytes", "launch_merge",
            "MERGE", "defers_merge", "merged_takes"]
