@@ -41,7 +41,8 @@ settings() {  # a setting's name -> its environment in env_, extra benchmark arg
   local qkv_env=() hoist_env=() wp_env=() fit_env=()
   case "$rest" in *nofit) fit_env=(ORTHROS_QKV_FIT_STAGES=0); rest=${rest%nofit} ;;
     *fit) fit_env=(ORTHROS_QKV_FIT_STAGES=1); rest=${rest%fit} ;; esac
-  if [[ $rest =~ ^(.*)wp([0-9]+)(late|m)?(g[12])?$ ]]; then  # wpN[late|m][gG]: W_O preloads N pieces a block (inference change 37)
+  # wpN[late|m][gG]: W_O preloads N pieces a block (inference changes 37, 39)
+  if [[ $rest =~ ^(.*)wp([0-9]+)(late|m)?(g[12])?$ ]]; then
     wp_env=(ORTHROS_GEMV_PRELOAD="${BASH_REMATCH[2]}")
     [ "${BASH_REMATCH[3]}" = late ] && wp_env+=(ORTHROS_GEMV_PRELOAD_EARLY=0)
     [ "${BASH_REMATCH[3]}" = m ] && wp_env+=(ORTHROS_GEMV_PRELOAD_MERGE=1)

@@ -241,6 +241,5 @@ def launch_merge(op: torch.Tensor, lp: torch.Tensor, weight: torch.Tensor, part:
                                     N, rows, groups, pieces, _group(group, pieces), int(pdl), stream), "merge launch")
 
 
-__all__ = ["PIECES", "EARLY_COMBINE", "FIT_STAGES", "GROUP", "applies", "aligned", "launch", "build", "layout", "smem_bytes",
-           "merge_layout", "merge_smem_bytes", "launch_merge",
-           "MERGE", "defers_merge", "merged_takes"]
+__all__ = ["PIECES", "EARLY_COMBINE", "FIT_STAGES", "GROUP", "MERGE", "applies", "aligned", "launch", "build",
+           "layout", "smem_bytes", "merge_layout", "merge_smem_bytes", "launch_merge", "defers_merge", "merged_takes"]
