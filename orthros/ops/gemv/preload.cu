@@ -155,15 +155,15 @@ wo_preload_kernel(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __re
     if (pdl) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     for (int i0 = 0; i0 < rows; i0 += G) {  // G rows a step (G <= pieces: a step never waits on a slot it holds)
         float acc[G][M] = {};
-        uint4 w[G][E / 8];
+        uint4 wv[G][E / 8];  // the step's weights, loaded before any product
 #pragma unroll
         for (int g = 0; g < G; ++g)  // the step's pieces landed and loaded first, so that their products interleave
             if (i0 + g < rows) mbar_wait(&full[(i0 + g) % pieces], ((i0 + g) / pieces) & 1);
 #pragma unroll
         for (int g = 0; g < G; ++g)  // past the last row: a slot's stale bytes, whose sums are dropped below
-            load_lane<E>(ring + static_cast<size_t>((i0 + g) % pieces) * K + col, w[g]);
+            load_lane<E>(ring + static_cast<size_t>((i0 + g) % pieces) * K + col, wv[g]);
 #pragma unroll
-        for (int g = 0; g < G; ++g) dot_lane<M, E>(w[g], xr, acc[g]);
+        for (int g = 0; g < G; ++g) dot_lane<M, E>(wv[g], xr, acc[g]);
         __syncwarp();
         if (lane == 0) {  // every lane has read its part of the step's slots
 #pragma unroll
@@ -272,15 +272,15 @@ wo_merge_kernel(const float* __restrict__ op, const float* __restrict__ lp, int 
     }
     for (int i0 = 0; i0 < npieces; i0 += G) {  // G pieces a step (G <= pieces)
         float acc[G][2] = {};
-        uint4 w[G][E / 8];
+        uint4 wv[G][E / 8];  // the step's weights, loaded before any product
 #pragma unroll
         for (int g = 0; g < G; ++g)
             if (i0 + g < npieces) mbar_wait(&full[(i0 + g) % pieces], ((i0 + g) / pieces) & 1);
 #pragma unroll
         for (int g = 0; g < G; ++g)  // warp w's row of each piece (past the block's rows: stale bytes, dropped below)
-            load_lane<E>(ring + (static_cast<size_t>((i0 + g) % pieces) * PIECE_ROWS + warp) * C + lane * E, w[g]);
+            load_lane<E>(ring + (static_cast<size_t>((i0 + g) % pieces) * PIECE_ROWS + warp) * C + lane * E, wv[g]);
 #pragma unroll
-        for (int g = 0; g < G; ++g) dot_lane<2, E>(w[g], xr, acc[g]);
+        for (int g = 0; g < G; ++g) dot_lane<2, E>(wv[g], xr, acc[g]);
         __syncwarp();
         if (lane == 0) {
 #pragma unroll
