@@ -568,15 +568,7 @@ COMPILE_QKV_SM90 = textwrap.dedent('''
         k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
                            target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": stages})
         print("SHARED", int(peel), stages, k.metadata.shared)
-        if stages == 1:  # and the merge launch's program, resident beside it while W_O preloads
-            fn = td._decode_combine
-            const = dict(HQ=32, D=128, BLOCK_D=128, BLOCK_S=32, PDL=True, EARLY=True)
-            sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in fn.arg_names}
-            attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)
-                     if sig[n] != "constexpr" and n != "NUM_SPLITS"}
-            k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-                               target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
-            print("MERGE", k.metadata.shared)
+        if stages == 1:
             continue
         lines = k.asm["ptx"].splitlines()
         at = lambda pat: [i for i, t in enumerate(lines) if re.search(pat, t)]
@@ -585,6 +577,15 @@ COMPILE_QKV_SM90 = textwrap.dedent('''
         writes = at(r"(st|atom|red)\\.global|cp\\.async")
         print("PEEL", int(peel), wait, signal, sum(i < wait for i in loads), sum(i > wait for i in loads),
               min(writes), min(at(r"cp\\.async")), sum(".local" in t for t in lines))
+    # the merge launch's program, resident beside the split kernel's while W_O preloads
+    comb = td._decode_combine
+    const = dict(HQ=32, D=128, BLOCK_D=128, BLOCK_S=32, PDL=True, EARLY=True)
+    sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in comb.arg_names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(comb.arg_names)
+             if sig[n] != "constexpr" and n != "NUM_SPLITS"}
+    k = triton.compile(ASTSource(fn=comb, signature=sig, constexprs=const, attrs=attrs),
+                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
+    print("MERGE", k.metadata.shared)
     print("OK")
 ''')
 
