@@ -586,12 +586,13 @@ def _launched_early(pdl, rows: int) -> bool:
 
 def qkv_stages(num_stages: int, split_len: int, block_n: int, peel: bool) -> int:
     """The raw-projection kernel's pipeline stages: ``num_stages``, or with ``ORTHROS_QKV_FIT_STAGES``
-    on (:data:`orthros.ops.gemv.preload.FIT_STAGES`) no more than its loop has trips (a split's
-    key blocks, less the one loaded ahead of the wait with ``peel``), and at least 1: the shared
-    memory a longer pipeline holds goes to W_O's preload ring (inference change 38)."""
-    if not _preload.FIT_STAGES:
+    on (:data:`orthros.ops.gemv.preload.FIT_STAGES`) and the kernel launched early (``peel``: its
+    first key block loaded ahead of the wait, so the kernels behind it can be resident while it
+    runs) no more than its loop has trips (a split's key blocks less that one), and at least 1:
+    the shared memory a longer pipeline holds goes to W_O's preload ring (inference change 38)."""
+    if not (_preload.FIT_STAGES and peel):
         return num_stages
-    return max(1, min(num_stages, split_len // block_n - int(peel)))
+    return max(1, min(num_stages, split_len // block_n - 1))
 
 
 def decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, *, num_heads, q_rows, rope, window_size, scale=None,
