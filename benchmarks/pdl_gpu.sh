@@ -16,8 +16,8 @@
 #      then optionally "nohoist" (the post-attention norm in gate/up's prologue, not written by
 #      W_O's split-K reduce, ORTHROS_GEMV_NORM_OUT=0, as before inference change 25), then optionally
 #      "wpN" (W_O's GEMV by the CUDA kernel that reads N weight rows a block into shared memory before
-#      its PDL wait, ORTHROS_GEMV_PRELOAD=N; "wpNlate": the merge ahead of it signals after its own
-#      wait, ORTHROS_GEMV_PRELOAD_EARLY=0; "wpNm": the merge form, no merge launch, W_O's blocks merge
+#      its PDL wait, ORTHROS_GEMV_PRELOAD=N; "wpNearly": the merge ahead of it signals before its own
+#      wait, ORTHROS_GEMV_PRELOAD_EARLY=1 ("wpNlate": =0, the default); "wpNm": the merge form, no merge launch, W_O's blocks merge
 #      the split partials, ORTHROS_GEMV_PRELOAD_MERGE=1, N pieces of 8 rows x 1 KB; inference change 37;
 #      then optionally "g1" / "g2": the pieces a consumer warp takes a step, ORTHROS_GEMV_PRELOAD_GROUP,
 #      default 2, inference change 39),
@@ -41,10 +41,11 @@ settings() {  # a setting's name -> its environment in env_, extra benchmark arg
   local qkv_env=() hoist_env=() wp_env=() fit_env=()
   case "$rest" in *nofit) fit_env=(ORTHROS_QKV_FIT_STAGES=0); rest=${rest%nofit} ;;
     *fit) fit_env=(ORTHROS_QKV_FIT_STAGES=1); rest=${rest%fit} ;; esac
-  # wpN[late|m][gG]: W_O preloads N pieces a block (inference changes 37, 39)
-  if [[ $rest =~ ^(.*)wp([0-9]+)(late|m)?(g[12])?$ ]]; then
+  # wpN[late|early|m][gG]: W_O preloads N pieces a block (inference changes 37, 39)
+  if [[ $rest =~ ^(.*)wp([0-9]+)(late|early|m)?(g[12])?$ ]]; then
     wp_env=(ORTHROS_GEMV_PRELOAD="${BASH_REMATCH[2]}")
     [ "${BASH_REMATCH[3]}" = late ] && wp_env+=(ORTHROS_GEMV_PRELOAD_EARLY=0)
+    [ "${BASH_REMATCH[3]}" = early ] && wp_env+=(ORTHROS_GEMV_PRELOAD_EARLY=1)
     [ "${BASH_REMATCH[3]}" = m ] && wp_env+=(ORTHROS_GEMV_PRELOAD_MERGE=1)
     [ -n "${BASH_REMATCH[4]}" ] && wp_env+=(ORTHROS_GEMV_PRELOAD_GROUP="${BASH_REMATCH[4]#g}")
     rest=${BASH_REMATCH[1]}
@@ -66,7 +67,7 @@ settings() {  # a setting's name -> its environment in env_, extra benchmark arg
 }
 [[ ${ROOF:-0} =~ ^[0-9]+$ ]] || { echo "ROOF: give a count of roofline processes, got '$ROOF'" >&2; exit 2; }
 for v in $VARIANTS ${PROFILE:-}; do  # every name checked before any work
-  settings "$v" || { echo "VARIANTS / PROFILE: unknown setting '$v' (off, or pdl / pfN, then optionally end, then m2; then optionally nocombo, then optionally noqkv / nopeel, then optionally nohoist, then optionally wpN / wpNlate / wpNm (then optionally g1 / g2), then optionally fit / nofit)" >&2; exit 2; }
+  settings "$v" || { echo "VARIANTS / PROFILE: unknown setting '$v' (off, or pdl / pfN, then optionally end, then m2; then optionally nocombo, then optionally noqkv / nopeel, then optionally nohoist, then optionally wpN / wpNlate / wpNearly / wpNm (then optionally g1 / g2), then optionally fit / nofit)" >&2; exit 2; }
 done
 mkdir -p "$OUT"
 { date -u; echo "commit $ORTHROS_COMMIT"

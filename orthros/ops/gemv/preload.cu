@@ -148,7 +148,10 @@ wo_preload_kernel(const __nv_bfloat16* __restrict__ w, const __nv_bfloat16* __re
     for (int m = 0; m < M; ++m) {
 #pragma unroll
         for (int j = 0; j < E; j += 8) {
-            const uint4 v = *reinterpret_cast<const uint4*>(x + m * sx + col + j);
+            // ld.global.cg: x is written by a grid that may still run when this one starts (PDL); the
+            // non-coherent path a const __restrict__ load would take may hold stale lines (NaN logits
+            // with the early merge signal on an H100, 2026-12-05)
+            const uint4 v = __ldcg(reinterpret_cast<const uint4*>(x + m * sx + col + j));
             unpack8(v, &xr[m][j]);
         }
     }

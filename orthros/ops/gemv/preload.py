@@ -6,10 +6,15 @@ through the attention (~6.6 us a layer) HBM carries only the span's 4 MB of K/V.
 ``preload.cu`` streams W_O's rows into a shared-memory ring with the bulk copy engine from a
 producer thread that reads nothing another kernel writes, so under programmatic dependent launch
 (PDL) its first ``ORTHROS_GEMV_PRELOAD`` rows a block arrive before its wait for the merge
-returns. For the blocks to be resident that early the merge launch (at one batch row) signals
-before its own wait (``EARLY_COMBINE``; :func:`orthros.ops.triton.decode._decode_combine`): every
-kernel ahead of W_O's is resident by then, so no waiting block holds a slot that one ahead still
-needs.
+returns. For the blocks to be resident that early the merge launch (at one batch row) may signal
+before its own wait (``EARLY_COMBINE``, off unless ``ORTHROS_GEMV_PRELOAD_EARLY=1``;
+:func:`orthros.ops.triton.decode._decode_combine`): every kernel ahead of W_O's is resident by
+then, so no waiting block holds a slot that one ahead still needs. Measured on an H100
+(2026-12-05, docs/performance.md, changes 37-39): no setting is faster than the Triton GEMV.
+Without the early signal the plain form is 1.6% slower a 1K pair step, the merge form 3.2%
+slower. With it, the plain form gave NaN logits: its ``x`` loads took the non-coherent path
+while the kernel ahead still wrote ``x``. They are coherent now (``__ldcg``), which no GPU has
+run yet, hence the opt-in.
 
 It writes float32 ``[1, M, N]`` partials; the GEMV's split-K reduce (``_gemv_reduce_norm``)
 adds the residual and writes the output's RMSNorm as for the Triton GEMV. Used by
@@ -24,8 +29,8 @@ ring's slots a block fills before its wait (a weight row of ``K * 2`` bytes each
 form 8 rows of one K slice, 8 KB for 4 heads of 128), 0 (the default) turns it off;
 ``ORTHROS_GEMV_PRELOAD_GROUP`` (:data:`GROUP`, 1 or 2, default 2): the pieces a consumer warp
 takes a step, so that two rows' shuffle reductions interleave (inference change 39);
-``ORTHROS_GEMV_PRELOAD_EARLY=0``: the merge signals after its wait as without the preload
-(the W_O blocks then become resident only once the attention is over);
+``ORTHROS_GEMV_PRELOAD_EARLY=1``: the merge signals before its wait (default 0: after it, as
+without the preload; the W_O blocks then become resident only once the attention is over);
 ``ORTHROS_GEMV_PRELOAD_MERGE=1``: the merge form, where the attention hands W_O its split
 partials unmerged and W_O's blocks merge them after their wait (no merge launch; blocks of K
 slices of 4 heads; :func:`defers_merge`, :func:`launch_merge`); ``ORTHROS_QKV_FIT_STAGES``
@@ -61,7 +66,7 @@ MAX_ROWS = 2
 PIECES = env_number("ORTHROS_GEMV_PRELOAD", "0", int, "a whole number of weight rows (0: off)")
 if PIECES < 0:
     raise ValueError(f"ORTHROS_GEMV_PRELOAD must be >= 0 (rows a block preloads; 0: off), got {PIECES}")
-EARLY_COMBINE = PIECES > 0 and env_number("ORTHROS_GEMV_PRELOAD_EARLY", "1", int, "0 or 1") != 0
+EARLY_COMBINE = PIECES > 0 and env_number("ORTHROS_GEMV_PRELOAD_EARLY", "0", int, "0 or 1") != 0
 # the merge form: the decode kernel's split partials merged by W_O's blocks (no merge launch)
 MERGE = PIECES > 0 and env_number("ORTHROS_GEMV_PRELOAD_MERGE", "0", int, "0 or 1") != 0
 # The attention's split kernel with no more pipeline stages than its loop has trips (at 1K one
