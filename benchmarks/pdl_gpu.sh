@@ -17,8 +17,9 @@
 #      W_O's split-K reduce, ORTHROS_GEMV_NORM_OUT=0, as before inference change 25), then optionally
 #      "wpN" (W_O's GEMV by the CUDA kernel that reads N weight rows a block into shared memory before
 #      its PDL wait, ORTHROS_GEMV_PRELOAD=N; "wpNearly": the merge ahead of it signals before its own
-#      wait, ORTHROS_GEMV_PRELOAD_EARLY=1 ("wpNlate": =0, the default); "wpNm": the merge form, no merge launch, W_O's blocks merge
-#      the split partials, ORTHROS_GEMV_PRELOAD_MERGE=1, N pieces of 8 rows x 1 KB; inference change 37;
+#      wait, ORTHROS_GEMV_PRELOAD_EARLY=1 ("wpNlate": =0, the default); "wpNm": the merge form, no
+#      merge launch, W_O's blocks merge the split partials, ORTHROS_GEMV_PRELOAD_MERGE=1, N pieces
+#      of 8 rows x 1 KB; inference change 37;
 #      then optionally "g1" / "g2": the pieces a consumer warp takes a step, ORTHROS_GEMV_PRELOAD_GROUP,
 #      default 2, inference change 39),
 #      then optionally "fit" / "nofit" (the attention's split kernel with its pipeline stages capped at

@@ -41,8 +41,8 @@ def test_applies_only_to_a_plain_pdl_launch_of_at_most_two_bf16_rows(monkeypatch
 
 def test_off_by_default_and_the_merge_signals_as_before():
     """Off unless asked for; with it the split kernel drops the stages its loop cannot use (capped
-    at its trips), and the merge ahead signals early only when asked for (ORTHROS_GEMV_PRELOAD_EARLY=1),
-    each of them switched on its own too."""
+    at its trips), and the merge ahead signals early only when asked for
+    (ORTHROS_GEMV_PRELOAD_EARLY=1); each of them switched on its own too."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("ORTHROS_GEMV_PRELOAD") and k != "ORTHROS_QKV_FIT_STAGES"}
     code = "from orthros.ops.gemv import preload as p; print(p.PIECES, p.EARLY_COMBINE, p.FIT_STAGES)"
@@ -94,7 +94,7 @@ def test_kernels_read_the_kernel_aheads_output_through_coherent_loads(tmp_path):
     """Launched early (PDL), the kernels run while the kernel ahead still writes ``x`` (or the split
     partials): a load of it through the non-coherent path (``LDG.E...CONSTANT``, what nvcc emits for
     a ``const __restrict__`` pointer) may see stale lines. It did: NaN logits with the early merge
-    signal on an H100 (docs/performance.md, change 37's result). Only the weight, which no kernel
+    signal on an H100 (docs/performance.md, change 39's "Measured"). Only the weight, which no kernel
     writes, may take that path, and the kernels read it with bulk copies."""
     import triton
 
