@@ -12,5 +12,5 @@ for f in plain merge; do echo "gpu tests ($f): $(grep -E '[0-9]+ (passed|failed)
   grep -E '^(FAILED|ERROR)' $OUT/tests_$f.log | head -10 | tee -a $OUT/log; done
 grep -hE "registers|spill" ~/.cache/orthros/kernels/preload-*.ptxas.txt | sort | uniq -c | head -6 | tee -a $OUT/log
 OUT=$OUT/ab TESTS=0 CONTEXTS=1024 T_CELL=60 \
-  VARIANTS="pf4m2 pf4m2wp12 pf4m2wp20 pf4m2wp20g1 pf4m2wp12m pf4m2wp20m pf4m2fit pf4m2" \
+  VARIANTS="${VARIANTS:-pf4m2 pf4m2wp12 pf4m2wp20 pf4m2wp20g1 pf4m2wp12m pf4m2wp20m pf4m2fit pf4m2}" \
   bash benchmarks/pdl_gpu.sh 2>&1 | tail -30
