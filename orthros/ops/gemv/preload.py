@@ -63,6 +63,17 @@ NVCC_FLAGS = ("-O3", "-std=c++17", "-arch=sm_90", "-Xptxas", "-v", "-shared", "-
 KS = (2048, 4096, 8192)  # the K the kernel is instantiated for (8 warps x 32 lanes x 8, 16, 32)
 MAX_ROWS = 2
 
+
+def _one_of(name: str, default: str, allowed: tuple, what: str) -> int:
+    """The integer setting ``name`` (read at import), one of ``allowed``; ``ValueError`` naming the
+    variable, what it sets and the values allowed otherwise."""
+    must = f"{' or '.join(map(str, allowed))} ({what})"
+    value = env_number(name, default, int, must)
+    if value not in allowed:
+        raise ValueError(f"{name} must be {must}, got {value}")
+    return value
+
+
 PIECES = env_number("ORTHROS_GEMV_PRELOAD", "0", int, "a whole number of weight rows (0: off)")
 if PIECES < 0:
     raise ValueError(f"ORTHROS_GEMV_PRELOAD must be >= 0 (rows a block preloads; 0: off), got {PIECES}")
@@ -75,17 +86,12 @@ MERGE = PIECES > 0 and env_number("ORTHROS_GEMV_PRELOAD_MERGE", "0", int, "0 or 
 # tests/ops/test_decode.py), room the ring of the W_O blocks resident beside it can take
 # (orthros.ops.triton.decode.qkv_stages; inference change 38). ORTHROS_QKV_FIT_STAGES: 1 on, 0
 # off; unset: on with the preload.
-_FIT = os.environ.get("ORTHROS_QKV_FIT_STAGES", "1" if PIECES > 0 else "0")
-if _FIT not in ("0", "1"):
-    raise ValueError(f"ORTHROS_QKV_FIT_STAGES must be 0 or 1 (the decode kernel's pipeline stages capped at its "
-                     f"loop's trips; unset: on with ORTHROS_GEMV_PRELOAD), got {_FIT!r}")
-FIT_STAGES = _FIT == "1"
+FIT_STAGES = _one_of("ORTHROS_QKV_FIT_STAGES", "1" if PIECES > 0 else "0", (0, 1),
+                     "the decode kernel's pipeline stages capped at its loop's trips; unset: on with "
+                     "ORTHROS_GEMV_PRELOAD") == 1
 # The pieces a consumer warp takes a step (1 or 2): with 2, two rows' shuffle reductions
 # interleave (inference change 39). ORTHROS_GEMV_PRELOAD_GROUP (read at import), default 2.
-GROUP = env_number("ORTHROS_GEMV_PRELOAD_GROUP", "2", int, "1 or 2")
-if GROUP not in (1, 2):
-    raise ValueError(f"ORTHROS_GEMV_PRELOAD_GROUP must be 1 or 2 (the pieces a consumer warp takes a step), "
-                     f"got {GROUP}")
+GROUP = _one_of("ORTHROS_GEMV_PRELOAD_GROUP", "2", (1, 2), "the pieces a consumer warp takes a step")
 
 _LIB = None
 
