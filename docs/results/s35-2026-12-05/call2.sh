@@ -1,3 +1,4 @@
-# call 2: the 1K step's timeline, kernel by kernel, of the default and the two correct preload forms
-# (one process each; call 1 is docs/results/s34-2026-12-05/call1.sh with the A/B of its README)
-OUT=$OUT TESTS=0 VARIANTS="" PROFILE="${PROFILE:-pf4m2 pf4m2wp20late pf4m2wp20m}" exec bash benchmarks/pdl_gpu.sh
+# calls 2 and 3 (12:49 and 12:51 UTC, commit f1e7433): the 1K step's timeline, kernel by kernel, one process a
+# setting; call 2 ran PROFILE="pf4m2wp20late pf4m2" T_PROFILE=125, call 3 PROFILE="pf4m2wp20m" T_PROFILE=100
+OUT=$OUT TESTS=0 VARIANTS="" ORTHROS_COMMIT=f1e7433 PROFILE="${PROFILE:-pf4m2 pf4m2wp20late pf4m2wp20m}" \
+  exec bash benchmarks/pdl_gpu.sh
