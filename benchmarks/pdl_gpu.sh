@@ -14,16 +14,7 @@
 #      outside the attention kernel, Engine(qkv_kernel=False), as before inference change 21) or
 #      "nopeel" (that kernel's first key block not loaded ahead of its PDL wait, ORTHROS_QKV_PEEL=0),
 #      then optionally "nohoist" (the post-attention norm in gate/up's prologue, not written by
-#      W_O's split-K reduce, ORTHROS_GEMV_NORM_OUT=0, as before inference change 25), then optionally
-#      "wpN" (W_O's GEMV by the CUDA kernel that reads N weight rows a block into shared memory before
-#      its PDL wait, ORTHROS_GEMV_PRELOAD=N; "wpNearly": the merge ahead of it signals before its own
-#      wait, ORTHROS_GEMV_PRELOAD_EARLY=1 ("wpNlate": =0, the default); "wpNm": the merge form, no
-#      merge launch, W_O's blocks merge the split partials, ORTHROS_GEMV_PRELOAD_MERGE=1, N pieces
-#      of 8 rows x 1 KB; inference change 37;
-#      then optionally "g1" / "g2": the pieces a consumer warp takes a step, ORTHROS_GEMV_PRELOAD_GROUP,
-#      default 2, inference change 39),
-#      then optionally "fit" / "nofit" (the attention's split kernel with its pipeline stages capped at
-#      its loop's trips, ORTHROS_QKV_FIT_STAGES=1 / 0; unset: on with wpN; inference change 38).
+#      W_O's split-K reduce, ORTHROS_GEMV_NORM_OUT=0, as before inference change 25).
 #      The engine's defaults: pf4m2.
 # Nothing is installed: the image's torch / triton run it. From the repo root (the `run` tool):
 #   command: ORTHROS_COMMIT=<sha> bash benchmarks/pdl_gpu.sh
@@ -39,18 +30,7 @@ T_TESTS=${T_TESTS:-150} T_CELL=${T_CELL:-75}
 settings() {  # a setting's name -> its environment in env_, extra benchmark arguments in args_ (return 1: not a setting's name)
   local rest=$1 min_m=1
   args_=()
-  local qkv_env=() hoist_env=() wp_env=() fit_env=()
-  case "$rest" in *nofit) fit_env=(ORTHROS_QKV_FIT_STAGES=0); rest=${rest%nofit} ;;
-    *fit) fit_env=(ORTHROS_QKV_FIT_STAGES=1); rest=${rest%fit} ;; esac
-  # wpN[late|early|m][gG]: W_O preloads N pieces a block (inference changes 37, 39)
-  if [[ $rest =~ ^(.*)wp([0-9]+)(late|early|m)?(g[12])?$ ]]; then
-    wp_env=(ORTHROS_GEMV_PRELOAD="${BASH_REMATCH[2]}")
-    [ "${BASH_REMATCH[3]}" = late ] && wp_env+=(ORTHROS_GEMV_PRELOAD_EARLY=0)
-    [ "${BASH_REMATCH[3]}" = early ] && wp_env+=(ORTHROS_GEMV_PRELOAD_EARLY=1)
-    [ "${BASH_REMATCH[3]}" = m ] && wp_env+=(ORTHROS_GEMV_PRELOAD_MERGE=1)
-    [ -n "${BASH_REMATCH[4]}" ] && wp_env+=(ORTHROS_GEMV_PRELOAD_GROUP="${BASH_REMATCH[4]#g}")
-    rest=${BASH_REMATCH[1]}
-  fi
+  local qkv_env=() hoist_env=()
   case "$rest" in *nohoist) hoist_env=(ORTHROS_GEMV_NORM_OUT=0); rest=${rest%nohoist} ;; esac
   case "$rest" in *noqkv) args_+=(--qkv-kernel off); rest=${rest%noqkv} ;;
     *nopeel) qkv_env=(ORTHROS_QKV_PEEL=0); rest=${rest%nopeel} ;; esac
@@ -64,11 +44,11 @@ settings() {  # a setting's name -> its environment in env_, extra benchmark arg
     pf[0-9]*) [[ ${rest#pf} =~ ^[0-9]+$ ]] || return 1; env_+=(ORTHROS_GEMV_PREFETCH_MB="${rest#pf}") ;;
     *) return 1 ;;
   esac
-  env_+=("${qkv_env[@]}" "${hoist_env[@]}" "${wp_env[@]}" "${fit_env[@]}")
+  env_+=("${qkv_env[@]}" "${hoist_env[@]}")
 }
 [[ ${ROOF:-0} =~ ^[0-9]+$ ]] || { echo "ROOF: give a count of roofline processes, got '$ROOF'" >&2; exit 2; }
 for v in $VARIANTS ${PROFILE:-}; do  # every name checked before any work
-  settings "$v" || { echo "VARIANTS / PROFILE: unknown setting '$v' (off, or pdl / pfN, then optionally end, then m2; then optionally nocombo, then optionally noqkv / nopeel, then optionally nohoist, then optionally wpN / wpNlate / wpNearly / wpNm (then optionally g1 / g2), then optionally fit / nofit)" >&2; exit 2; }
+  settings "$v" || { echo "VARIANTS / PROFILE: unknown setting '$v' (off, or pdl / pfN, then optionally end, then m2; then optionally nocombo, then optionally noqkv / nopeel, then optionally nohoist)" >&2; exit 2; }
 done
 mkdir -p "$OUT"
 { date -u; echo "commit $ORTHROS_COMMIT"

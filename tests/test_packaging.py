@@ -1,6 +1,6 @@
 """The wheel holds every file the package reads at run time: setuptools ships a non-Python file
-under orthros/ only where pyproject's package-data names it (orthros/ops/gemv/preload.cu, the W_O
-preload kernel's source, was once left out of the wheel while the editable install found it)."""
+under orthros/ only where pyproject's package-data names it (a CUDA C++ source the package built
+at first use was once left out of the wheel while the editable install found it)."""
 
 from pathlib import Path
 

@@ -195,13 +195,10 @@ class DecodeView:
     def attend_qkv(self, i: int, qkv, *, keep, backend: str, **prologue):
         """Layer ``i``'s step from its raw QKV rows (``prologue``: the arguments of
         :func:`~orthros.ops.decode.orthros_decode_qkv_attention`): writes the token's K/V at
-        ``lens`` and returns the rows of the streams ``keep = (window, full)`` keeps (the split
-        partials of both with ``merge=False``, where the kernel leaves them unmerged)."""
-        window, full = keep
-        if not (window and full) and not prologue.get("merge", True):
-            raise ValueError("attend_qkv: merge=False hands on both streams' rows; keep must be (True, True)")
+        ``lens`` and returns the rows of the streams ``keep = (window, full)`` keeps."""
         kc, vc = self._buffers(i)
         o = orthros_decode_qkv_attention(qkv, kc, vc, self.lens, backend=backend, **prologue)
+        window, full = keep
         return o if window and full else o[:, :1] if window else o[:, 1:]
 
 

@@ -28,8 +28,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.gemv.preload import defers_merge
-from ..ops.merge import SplitPartials
 from .common import FusedProjections, RMSNorm, apply_rope, linear
 from .step import StepInputs
 
@@ -304,14 +302,9 @@ class OrthrosAttention(FusedProjections, nn.Module):
 
     def _attend_raw(self, p: RawQKV, step: StepInputs, final: bool):
         """:meth:`attend` of :class:`RawQKV`: the cache's ``attend_qkv`` with this layer's prologue
-        parameters (q/k norm weights, each stream's alpha/beta, the step's RoPE). Where W_O's
-        preloading GEMV merges the split partials itself
-        (:func:`~orthros.ops.gemv.preload.defers_merge`), both rows go to it unmerged."""
-        s = self.streams(step, final)
-        merge = not (step.gemv is not None and p.window and p.full and not s.gather
-                     and defers_merge(p.qkv.shape[0], self.num_heads, self.head_dim, p.qkv.dtype, p.qkv.device))
+        parameters (q/k norm weights, each stream's alpha/beta, the step's RoPE)."""
         so = (None,) * 4
-        if s.scale_offset:
+        if self.streams(step, final).scale_offset:
             out = (self.alpha_out, self.beta_out)
             so = ((self.alpha, self.beta) if p.window else out) + out
         norm = self.q_norm
@@ -319,7 +312,7 @@ class OrthrosAttention(FusedProjections, nn.Module):
             self.layer_idx, p.qkv, num_heads=self.num_heads, q_rows=p.q_rows, keep=(p.window, p.full),
             rope=step.rope_base, window_size=self.window_size, scale=self.scale,
             q_norm=None if norm is None else norm.weight, k_norm=None if norm is None else self.k_norm.weight,
-            eps=1e-6 if norm is None else norm.eps, scale_offset=so, backend=self.backend, merge=merge), None
+            eps=1e-6 if norm is None else norm.eps, scale_offset=so, backend=self.backend), None
 
     def attend(self, p, step: StepInputs, final: bool):
         """The cache's update and the attention kernels (never compiled): ``(o, gate)``, ``o`` the
@@ -349,9 +342,9 @@ class OrthrosAttention(FusedProjections, nn.Module):
             gate = step.gather_out_rows(gate) if gate is not None else None
         if gate is not None:
             o = o * torch.sigmoid(gate)
-        if step.gemv is not None:  # o may be SplitPartials (_attend_raw): W_O's GEMV merges them
-            return linear(o if isinstance(o, SplitPartials) else o.flatten(2), self.o_proj.weight, self.o_proj.bias,
-                          residual=residual, gemv=step.gemv, out_norm=out_norm)
+        if step.gemv is not None:
+            return linear(o.flatten(2), self.o_proj.weight, self.o_proj.bias, residual=residual, gemv=step.gemv,
+                          out_norm=out_norm)
         a = self.o_proj(o.flatten(2))
         a = a if residual is None else residual + a
         return (a, None) if out_norm is not None else a

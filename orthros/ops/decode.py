@@ -187,8 +187,7 @@ def _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_n
 
 def orthros_decode_qkv_attention(qkv, k_cache, v_cache, lens, *, num_heads: int, q_rows=(0, 1), rope,
                                  window_size: int, scale: Optional[float] = None, q_norm=None, k_norm=None,
-                                 eps: float = 1e-6, scale_offset=(None, None, None, None), backend: str = "auto",
-                                 merge: bool = True):
+                                 eps: float = 1e-6, scale_offset=(None, None, None, None), backend: str = "auto"):
     """One decode step from the fused QKV projection's raw output; returns ``[B, 2, Hq, D]``
     (the window stream's row, then the full stream's: ``stacked`` of
     :func:`orthros_decode_attention`), and writes the new token's K/V into the caches.
@@ -206,17 +205,8 @@ def orthros_decode_qkv_attention(qkv, k_cache, v_cache, lens, *, num_heads: int,
       the window and full queries' ``alpha * q + beta`` (after the norm, before RoPE).
 
     ``backend``: "auto" (the Triton kernel on CUDA, else the reference), "triton",
-    "reference" / "sdpa" (the reference).
-
-    ``merge=False``: where the Triton kernel splits the keys into chunks and would merge their
-    partial results in a second launch, it returns them unmerged instead, as
-    :class:`~orthros.ops.merge.SplitPartials` (``o [B, 2, Hq, S, D]``, ``lse [B, 2, Hq, S]``), for
-    a consumer that merges them itself (W_O's preloading GEMV,
-    :func:`orthros.ops.gemv.preload.defers_merge`); a tensor otherwise (one split, the
-    reference)."""
+    "reference" / "sdpa" (the reference)."""
     check_backend(backend)
-    if not isinstance(merge, bool):
-        raise ValueError(f"merge must be True or False, got {merge!r}")
     q_rows = tuple(q_rows)
     _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_norm, scale_offset, window_size)
     kw = dict(num_heads=num_heads, q_rows=q_rows, rope=rope, window_size=window_size, scale=scale, q_norm=q_norm,
@@ -224,7 +214,7 @@ def orthros_decode_qkv_attention(qkv, k_cache, v_cache, lens, *, num_heads: int,
     if resolve_backend(backend, qkv.unflatten(-1, (-1, k_cache.shape[3])), k_cache) == "triton":
         from .triton import decode_qkv_attention_triton
 
-        return decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, merge=merge, **kw)
+        return decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, **kw)
     return decode_qkv_attention_reference(qkv, k_cache, v_cache, lens, **kw)
 
 __all__ = ["orthros_decode_attention", "decode_attention_reference", "orthros_decode_qkv_attention",

@@ -8,17 +8,12 @@ log-sum-exp of its scores, and the partials merge exactly:
 
 Pure PyTorch in float32 (float64 stays float64). Used by the sequence-parallel path
 (``orthros.parallel``): the output query's partial over each rank's keys, merged across ranks.
-
-:class:`SplitPartials` is the same merge handed on undone: the decode kernel's per-split
-results (flash-decoding's key splits), which W_O's preloading GEMV merges itself after its wait
-instead of a merge launch between the two (docs/performance.md, inference change 37);
-:meth:`SplitPartials.merge` is the merge in torch, the reference.
 """
 
 from __future__ import annotations
 
 import math
-from typing import NamedTuple, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -88,18 +83,3 @@ def merge_partials(o: torch.Tensor, lse: torch.Tensor) -> Tuple[torch.Tensor, to
     lse_out = torch.where(has, mx_safe + torch.log(torch.where(has, den, torch.ones_like(den))),
                           torch.full_like(mx, float("-inf")))
     return out, lse_out
-
-
-class SplitPartials(NamedTuple):
-    """Attention rows left as ``S`` per-split partials (the decode kernel's buffers): ``o [..., H,
-    S, D]`` float32 (each split's softmax-normalised output) and ``lse [..., H, S]`` float32, the
-    splits' log-sum-exp in base 2 (``-inf`` for a split without keys). The rows they stand for
-    are :meth:`merge`: ``sum_s 2^(lse_s - lse) o_s``, rounded to the attention's dtype."""
-
-    o: torch.Tensor
-    lse: torch.Tensor
-
-    def merge(self, dtype: torch.dtype) -> torch.Tensor:
-        """The merged rows ``[..., H, D]`` in ``dtype`` (:func:`merge_partials`; all splits empty: 0)."""
-        o, _ = merge_partials(self.o.movedim(-2, 0), self.lse.movedim(-1, 0) * math.log(2.0))
-        return o.to(dtype)

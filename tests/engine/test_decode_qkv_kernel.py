@@ -166,27 +166,3 @@ def test_hybrid_model_attention_layers_take_the_kernel(monkeypatch):
     assert raw == attn * 3 and other == []
     for a, b in zip(got, want):
         assert (a - b).abs().max().item() <= 1e-5 * max(1.0, b.abs().max().item())
-
-
-def test_split_partials_handed_to_w_o_give_the_merged_steps(monkeypatch):
-    """Inference change 37's merge form, its plumbing on the CPU: with the merge deferred (as
-    ``ORTHROS_GEMV_PRELOAD_MERGE=1`` does on a GPU) the decode kernel (Triton interpreter, several
-    key splits) hands each layer's partials to W_O's GEMV unmerged; off the CUDA kernel the GEMV
-    merges them in torch. The steps equal the merge launch's."""
-    import orthros.layers.attention as attention
-    from orthros.ops import gemv as gemv_mod
-    from orthros.ops.triton.decode import decode_config
-
-    m = _model("orthros", "triton")
-    with decode_config(block_n=16, min_split=16):
-        want, _ = _steps(m, gemv="auto", qkv_kernel=True)
-        seen = []
-        real = gemv_mod._gemv_partials
-        monkeypatch.setattr(gemv_mod, "_gemv_partials", lambda p, *a: seen.append(p.o.shape) or real(p, *a))
-        monkeypatch.setattr(attention, "defers_merge", lambda *a: True)
-        got, _ = _steps(m, gemv="auto", qkv_kernel=True)
-    n_layers, steps = m.config.num_hidden_layers, 4
-    # every layer but the last (which keeps only the full stream's row: merged as before), several splits
-    assert len(seen) == (n_layers - 1) * steps and all(s[3] > 1 for s in seen)
-    for a, b in zip(got, want):
-        assert (a - b).abs().max().item() <= 1e-5 * max(1.0, b.abs().max().item())

@@ -558,7 +558,7 @@ COMPILE_QKV_SM90 = textwrap.dedent('''
                 AW="*bf16", BW="*bf16", AF="*bf16", BF="*bf16", OP="*fp32", LP="*fp32", O="*bf16", OO="*bf16",
                 CNT="*i32")
     floats = ("qk_scale", "eps")
-    for peel, stages in ((False, 3), (True, 3), (True, 1)):
+    for peel in (False, True):
         const = dict(G=4, HQ=32, HKV=8, D=128, BLOCK_D=128, BLOCK_H=16, BLOCK_N=64, PREC="tf32", MERGE=td._PARTIAL,
                      BLOCK_S=2, UPCAST=False, HAS_QN=True, HAS_KN=True, HAS_SO=True, PEEL=peel, PDL=True)
         sig = {n: ptrs.get(n, "constexpr" if n in const else "fp32" if n in floats else "i32") for n in fn.arg_names}
@@ -566,10 +566,7 @@ COMPILE_QKV_SM90 = textwrap.dedent('''
                  if sig[n] != "constexpr" and n not in floats + ("window", "split_len", "NUM_SPLITS", "QW_ROW",
                                                                  "QF_ROW", "L_MAX")}
         k = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=const, attrs=attrs),
-                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": stages})
-        print("SHARED", int(peel), stages, k.metadata.shared)
-        if stages == 1:
-            continue
+                           target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
         lines = k.asm["ptx"].splitlines()
         at = lambda pat: [i for i, t in enumerate(lines) if re.search(pat, t)]
         wait, signal = min(at(r"griddepcontrol\\.wait")), min(at(r"griddepcontrol\\.launch_dependents"))
@@ -577,15 +574,6 @@ COMPILE_QKV_SM90 = textwrap.dedent('''
         writes = at(r"(st|atom|red)\\.global|cp\\.async")
         print("PEEL", int(peel), wait, signal, sum(i < wait for i in loads), sum(i > wait for i in loads),
               min(writes), min(at(r"cp\\.async")), sum(".local" in t for t in lines))
-    # the merge launch's program, resident beside the split kernel's while W_O preloads
-    comb = td._decode_combine
-    const = dict(HQ=32, D=128, BLOCK_D=128, BLOCK_S=32, PDL=True, EARLY=True)
-    sig = {n: "constexpr" if n in const else ptrs.get(n, "i32") for n in comb.arg_names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(comb.arg_names)
-             if sig[n] != "constexpr" and n != "NUM_SPLITS"}
-    k = triton.compile(ASTSource(fn=comb, signature=sig, constexprs=const, attrs=attrs),
-                       target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
-    print("MERGE", k.metadata.shared)
     print("OK")
 ''')
 
@@ -603,61 +591,6 @@ def test_qkv_kernel_compiles_for_sm90_loading_ahead_of_its_wait(tmp_path):
         assert wait < signal < first_write and wait < first_cp and spills == 0, (peel, rows[peel])
         assert before > 1 and after > 0
     assert rows[1][2] > rows[0][2]  # the peeled key block is loaded ahead of the wait
-
-
-@pytest.mark.skipif(HAS_CUDA, reason="the GPU tests compile and run the kernels there")
-def test_qkv_kernel_at_one_stage_leaves_room_for_w_os_preload_ring(tmp_path):
-    """What ORTHROS_QKV_FIT_STAGES rests on (inference change 38): compiled for sm_90 at the
-    engine's shape, most of the peeled kernel's shared memory at 3 stages is its loop's pipeline
-    (at one or two key blocks a split the loop runs once or never). At 1 stage one of its
-    programs (the benchmarks' 1K span: 72 programs on 132 multiprocessors), the merge launch's
-    program and a W_O preload block of 20 rows fit one multiprocessor's shared memory (228 KB, 1
-    KB reserved a block); at 3 stages they do not."""
-    from orthros.ops.gemv import preload
-
-    lines = compile_sm90(COMPILE_QKV_SM90, tmp_path)
-    shared = {(int(p), int(n)): int(b) for p, n, b in printed(lines, "SHARED")}
-    assert sorted(shared) == [(0, 3), (1, 1), (1, 3)]
-    [[merge]] = printed(lines, "MERGE")
-    one, three = shared[(1, 1)], shared[(1, 3)]
-    assert one <= three // 2, shared  # the K/V tiles in flight are the larger part
-    rest = int(merge) + 1024 + preload.smem_bytes(2, 4096, 32, 20) + 1024  # W_O: 4096 rows, 128 blocks of 32
-    assert one + 1024 + rest <= 228 * 1024 < three + 1024 + rest, (shared, merge)
-
-
-def test_qkv_stages_no_more_than_the_loop_has_trips(monkeypatch):
-    """With the switch on and the kernel launched early (peeled), the stages are capped at the
-    loop's trips (at least 1); otherwise as configured (the one-row Transformer's kernel is not
-    peeled; a bad value of the switch: tests/ops/test_gemv.py)."""
-    from orthros.ops.gemv import preload
-    from orthros.ops.triton import decode as td
-
-    monkeypatch.setattr(preload, "FIT_STAGES", True)
-    # (split_len, peel) -> stages: the loop's trips are split_len / 64 less the peeled block
-    for (split_len, peel), want in {(64, True): 1, (128, True): 1, (64, False): 3, (128, False): 3,
-                                    (192, True): 2, (256, True): 3, (4096, True): 3}.items():
-        assert td.qkv_stages(3, split_len, 64, peel) == want, (split_len, peel)
-    monkeypatch.setattr(preload, "FIT_STAGES", False)
-    assert td.qkv_stages(3, 64, 64, True) == 3 and td.qkv_stages(3, 128, 64, True) == 3
-
-
-@pytest.mark.gpu
-@gpu
-@pytest.mark.parametrize("L", [1024, 1081, 2048, 4153])
-def test_gpu_qkv_kernel_at_fitted_stages_matches_reference(L, monkeypatch):
-    """The pair's decode at B = 1 (its first key block loaded ahead of the wait under PDL) with
-    the stages capped at the loop's trips (ORTHROS_QKV_FIT_STAGES: 0 or 1 trips at these spans):
-    against the reference at lengths on and around the splits' edges."""
-    from orthros.ops.gemv import preload
-    from orthros.ops.triton.decode import _Plan, qkv_stages
-
-    monkeypatch.setattr(preload, "FIT_STAGES", True)
-    plan = _Plan(1, 32, 8, 128, L, torch.bfloat16, torch.device(DEV))
-    assert qkv_stages(3, plan.split_len, 64, True) == 1, plan.split_len
-    for n in (0, 63, 64, 65, 129, L // 2, L - 1):
-        qkv, kc, vc, lens, kw = make_qkv(1, L, 32, 8, 128, [n], dtype=torch.bfloat16, seed=n)
-        (a, ka, va), (b, kb, vb) = _qkv_both(qkv, kc, vc, lens, kw, q_rows=(0, 1), window_size=128)
-        assert rel(a, b) < 1e-2 and rel(ka, kb) < 4e-3 and torch.equal(va, vb), n
 
 
 @pytest.mark.gpu

@@ -161,7 +161,7 @@ def test_split_k_slices_whole_tiles_without_an_empty_one():
 
 
 @pytest.mark.parametrize("var, value", [("ORTHROS_PDL_SIGNAL", "mid"), ("ORTHROS_PDL_MIN_M", "two"),
-                                        ("ORTHROS_GEMV_PREFETCH_MB", "4MB"), ("ORTHROS_QKV_FIT_STAGES", "yes")])
+                                        ("ORTHROS_GEMV_PREFETCH_MB", "4MB")])
 def test_bad_pdl_settings_refused_naming_the_variable(var, value):
     env = {**os.environ, var: value}
     p = subprocess.run([sys.executable, "-c", "import orthros.ops.gemv.kernel"], capture_output=True, text=True,

@@ -38,7 +38,6 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from ..merge import SplitPartials
 from .naive import ACTS, DTYPES, MAX_M, check_gemv_inputs, gemv_ref, prologue_ref
 
 GEMV_BACKENDS = ("auto", "torch", "triton", "naive")
@@ -124,43 +123,6 @@ def _gemv_norm_out_op_fake(x, weight, bias, norm_weight, norm_eps, act, residual
     return y, torch.empty_like(y)
 
 
-@torch.library.custom_op("orthros::gemv_merged", mutates_args=(),
-                         schema="(Tensor o, Tensor lse, Tensor weight, Tensor? residual, Tensor? out_norm_weight, "
-                                "float out_norm_eps) -> (Tensor, Tensor)")
-def gemv_merged_op(o: torch.Tensor, lse: torch.Tensor, weight: torch.Tensor, residual: Optional[torch.Tensor],
-                   out_norm_weight: Optional[torch.Tensor], out_norm_eps: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``orthros::gemv_merged``: W_O of unmerged split partials (:func:`.kernel.gemv_merged`);
-    the second output is the output's RMSNorm, or an empty tensor without ``out_norm_weight``.
-    Use :func:`gemv` with ``x`` a :class:`~orthros.ops.merge.SplitPartials`."""
-    from . import kernel
-
-    out = kernel.gemv_merged(o, lse, weight, residual=residual, out_norm_weight=out_norm_weight,
-                             out_norm_eps=out_norm_eps)
-    return out if out_norm_weight is not None else (out, out.new_empty(0))
-
-
-@gemv_merged_op.register_fake
-def _gemv_merged_op_fake(o, lse, weight, residual, out_norm_weight, out_norm_eps):
-    y = weight.new_empty(*o.shape[:-3], weight.shape[0])
-    return y, (torch.empty_like(y) if out_norm_weight is not None else y.new_empty(0))
-
-
-def _gemv_partials(p: SplitPartials, weight, bias, backend, residual, out_norm_weight, out_norm_eps):
-    """:func:`gemv` of attention rows left as split partials: W_O's preloading kernel merges them
-    where it takes them (:func:`.preload.merged_takes`), else the torch merge, then :func:`gemv`."""
-    from . import preload
-
-    if backend in ("auto", "triton") and bias is None and preload.merged_takes(p.o, p.lse, weight):
-        y, yn = gemv_merged_op(p.o, p.lse, weight, residual, out_norm_weight,
-                               float(out_norm_eps) if out_norm_weight is not None else 0.0)
-        return (y, yn) if out_norm_weight is not None else y
-    if backend == "triton":
-        raise ValueError("x: split partials go to the triton backend only where W_O's preloading kernel merges them "
-                         "(orthros.ops.gemv.preload.merged_takes); give backend 'auto' to merge them in torch")
-    return gemv(p.merge(weight.dtype).flatten(-2), weight, bias, backend, residual=residual,
-                out_norm_weight=out_norm_weight, out_norm_eps=out_norm_eps)
-
-
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None,
          backend: str = "auto", *, norm_weight: Optional[torch.Tensor] = None, norm_eps: Optional[float] = None,
          act: Optional[str] = None, residual: Optional[torch.Tensor] = None,
@@ -183,17 +145,11 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = N
     whole row, writes it (one program a row), so the next GEMV streams its weight without a
     norm prologue.
 
-    ``x`` may be :class:`~orthros.ops.merge.SplitPartials` (a pair layer's attention rows left
-    unmerged, ``o [1, 2, H, S, D]``): W_O's preloading kernel merges them where it takes them
-    (:mod:`.preload`), else they are merged in torch first.
-
     Float32 accumulation (the kernel and the reference; ``"torch"`` accumulates as cuBLAS does).
     Bad arguments raise ``ValueError`` naming the argument before anything runs; see
     :func:`.kernel.gemv_triton` for what the ``"triton"`` backend refuses besides."""
     if backend not in GEMV_BACKENDS:
         raise ValueError(f"backend must be one of {GEMV_BACKENDS}, got {backend!r}")
-    if isinstance(x, SplitPartials):
-        return _gemv_partials(x, weight, bias, backend, residual, out_norm_weight, out_norm_eps)
     check_gemv_inputs(x, weight, bias, norm_weight=norm_weight, norm_eps=norm_eps, act=act, residual=residual,
                       out_norm_weight=out_norm_weight, out_norm_eps=out_norm_eps)
     out_norm = out_norm_weight is not None
@@ -217,5 +173,4 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = N
     return (y, prologue_ref(y, out_norm_weight, out_norm_eps)) if out_norm else y
 
 
-__all__ = ["GEMV_BACKENDS", "MAX_M", "ACTS", "gemv", "gemv_op", "gemv_norm_out_op", "gemv_merged_op", "gemv_ref",
-           "prologue_ref", "check_gemv_inputs"]
+__all__ = ["GEMV_BACKENDS", "MAX_M", "ACTS", "gemv", "gemv_op", "gemv_norm_out_op", "gemv_ref", "prologue_ref", "check_gemv_inputs"]

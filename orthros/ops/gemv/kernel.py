@@ -52,7 +52,6 @@ import triton.language as tl
 from ..triton import common as _tc
 from ..triton.common import (cdiv, env_number, interpreting, pdl_enter, pdl_kwargs, pdl_signal, pdl_wait, pow2,
                              prefetch_l2)
-from . import preload as _preload
 from .naive import DTYPES, MAX_M, check_gemv_inputs
 
 
@@ -543,6 +542,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     yn = torch.empty_like(y) if norm_out else None
     if M == 0 or N == 0:
         return (y, yn) if norm_out else y
+    part = torch.empty(split, M, N, dtype=torch.float32, device=dev) if split > 1 else y
     b = bias if bias is not None else y  # placeholder pointers, not read without their flags
     nw = norm_weight if norm_weight is not None else y
     r = r2 if r2 is not None else y
@@ -558,64 +558,25 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     # what a PDL launch does before its wait (the weight prefetch) and where it signals
     early = dict(prefetch_tile(N, k_per_split, split, x.element_size()), SIGNAL_END=_tc.PDL_SIGNAL == "end") \
         if pdl else {}
-    preloaded = norm_out and _preload.applies(M, K, x.dtype, pdl=bool(pdl), plain=bias is None and norm_weight is None
-                                              and act is None and _preload.aligned(x2, sxm))
-    split = 1 if preloaded else split  # preload.py's kernel writes [1, M, N] partials
-    part = torch.empty(split, M, N, dtype=torch.float32, device=dev) if split > 1 or preloaded else y
-    if preloaded:  # W_O behind the attention: its weight read into shared memory before the PDL wait
-        _preload.launch(x2, weight, part, sxm, pdl=True)
-    else:
-        _gemv_kernel[(cdiv(N, cfg.block_n), split)](
-            x2, weight, b, y, part, nw, r, M, N, K, sxm, weight.stride(0), srm, k_per_split,
-            float(norm_eps) if norm_weight is not None else 0.0,
-            BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, M_ROWS=M, DOT=cfg.dot, SPLIT=split,
-            HAS_BIAS=bias is not None, UPCAST=upcast, PREC=prec, EVEN_K=K % cfg.block_k == 0,
-            NUM_STAGES=cfg.num_stages, NORM=flags["NORM"] and not late, SILU=flags["SILU"],
-            HAS_RES=split == 1 and flags["HAS_RES"], EMU_RNE=emu_rne,
-            **_norm_tile(M, K, flags["NORM"] and not late), DEFER=cfg.defer, NORM_LATE=flags["NORM"] and late,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl, **early)
-    if split > 1 or preloaded:
-        _launch_reduce(part, b, y, r, srm, yn, out_norm_weight, out_norm_eps, has_bias=bias is not None,
-                       has_res=flags["HAS_RES"], emu_rne=emu_rne, pdl=pdl)
-    return (y, yn) if norm_out else y
-
-
-def _launch_reduce(part, b, y, r, srm, yn, out_norm_weight, out_norm_eps, *, has_bias, has_res, emu_rne, pdl):
-    """The split-K reduce of ``part [split, M, N]`` into ``y`` (``+ b``, ``+ r``), and with
-    ``out_norm_weight`` the output's RMSNorm into ``yn`` (one program a row)."""
-    split, M, N = part.shape
-    if out_norm_weight is not None:
+    _gemv_kernel[(cdiv(N, cfg.block_n), split)](
+        x2, weight, b, y, part, nw, r, M, N, K, sxm, weight.stride(0), srm, k_per_split,
+        float(norm_eps) if norm_weight is not None else 0.0,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, M_ROWS=M, DOT=cfg.dot, SPLIT=split,
+        HAS_BIAS=bias is not None, UPCAST=upcast, PREC=prec, EVEN_K=K % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
+        NORM=flags["NORM"] and not late, SILU=flags["SILU"], HAS_RES=split == 1 and flags["HAS_RES"], EMU_RNE=emu_rne,
+        **_norm_tile(M, K, flags["NORM"] and not late), DEFER=cfg.defer, NORM_LATE=flags["NORM"] and late,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl, **early)
+    if split > 1 and norm_out:  # one program a row: the whole row for its RMSNorm
         block = pow2(N)
         _gemv_reduce_norm[(M,)](part, b, y, r, out_norm_weight, yn, M * N, N, srm, float(out_norm_eps), SPLIT=split,
-                                BLOCK=block, HAS_BIAS=has_bias, HAS_RES=has_res, EMU_RNE=emu_rne,
+                                BLOCK=block, HAS_BIAS=bias is not None, HAS_RES=flags["HAS_RES"], EMU_RNE=emu_rne,
                                 num_warps=min(NORM_OUT_WARPS, max(1, block // 256)), **pdl)
-    else:
+    elif split > 1:
         block = 1024
         _gemv_reduce[(cdiv(M * N, block),)](part, b, y, r, M * N, N, srm, SPLIT=split, BLOCK=block,
-                                            HAS_BIAS=has_bias, HAS_RES=has_res, EMU_RNE=emu_rne, num_warps=4, **pdl)
-
-
-def gemv_merged(o: torch.Tensor, lse: torch.Tensor, weight: torch.Tensor, *, residual: Optional[torch.Tensor] = None,
-                out_norm_weight: Optional[torch.Tensor] = None, out_norm_eps: Optional[float] = None):
-    """``residual + merge(o, lse).flatten @ weight.T`` (and with ``out_norm_weight`` the output's
-    RMSNorm: ``(y, yn)``) for the decode kernel's unmerged split partials of one batch row's two
-    query rows (:class:`~orthros.ops.merge.SplitPartials`, ``o [1, 2, HQ, S, 128]``): W_O's
-    preloading kernel merges them after its wait and writes K-slice partials
-    (:func:`.preload.launch_merge`), this GEMV's split-K reduce sums them. Only where
-    :func:`.preload.merged_takes` holds (checked by :func:`orthros.ops.gemv.gemv`)."""
-    B, R, HQ, S, D = o.shape
-    N = weight.shape[0]
-    dev = o.device
-    heads = _preload.MERGE_HEADS
-    part = torch.empty(HQ // heads, R, N, dtype=torch.float32, device=dev)
-    y = torch.empty(B, R, N, dtype=weight.dtype, device=dev)
-    yn = torch.empty_like(y) if out_norm_weight is not None else None
-    pdl = pdl_kwargs(dev)
-    _preload.launch_merge(o, lse, weight, part, heads=heads, pieces=_preload.PIECES, pdl=bool(pdl))
-    r2 = residual.reshape(R, N) if residual is not None else None
-    _launch_reduce(part, y, y, r2 if r2 is not None else y, r2.stride(0) if r2 is not None else 0, yn,
-                   out_norm_weight, out_norm_eps, has_bias=False, has_res=r2 is not None, emu_rne=False, pdl=pdl)
-    return (y, yn) if out_norm_weight is not None else y
+                                            HAS_BIAS=bias is not None, HAS_RES=flags["HAS_RES"], EMU_RNE=emu_rne,
+                                            num_warps=4, **pdl)
+    return (y, yn) if norm_out else y
 
 
 # The widest output whose RMSNorm the split-K reduce computes (one program a row holds it whole).
@@ -679,15 +640,10 @@ def split_k(cfg: GemvConfig, K: int) -> Tuple[int, int]:
 
 def pdl_settings(device) -> dict:
     """What the decode step's launches do on ``device`` (for a benchmark's metadata): PDL on or off
-    and, when on, where a GEMV signals, the fewest rows it uses PDL at, its prefetch budget and
-    W_O's preload (:mod:`.preload`; ``None`` when off), and whether the attention's split kernel
-    caps its pipeline stages at its loop's trips (``ORTHROS_QKV_FIT_STAGES``)."""
+    and, when on, where a GEMV signals, the fewest rows it uses PDL at, and its prefetch budget."""
     if not pdl_kwargs(torch.device(device)):
         return {"on": False}
-    preload = {"pieces": _preload.PIECES, "early_merge_signal": _preload.EARLY_COMBINE, "merge_form": _preload.MERGE,
-               "group": _preload.GROUP}
-    return {"on": True, "signal": _tc.PDL_SIGNAL, "min_m": _tc.PDL_MIN_M, "gemv_prefetch_bytes": PREFETCH_BYTES,
-            "w_o_preload": preload if _preload.PIECES else None, "qkv_fit_stages": _preload.FIT_STAGES}
+    return {"on": True, "signal": _tc.PDL_SIGNAL, "min_m": _tc.PDL_MIN_M, "gemv_prefetch_bytes": PREFETCH_BYTES}
 
 
 def late_norm(cfg: GemvConfig, split: int, dtype: torch.dtype) -> bool:
@@ -719,4 +675,4 @@ def _rows(t: torch.Tensor, name: str, M: int, C: int) -> torch.Tensor:
 
 __all__ = ["GemvConfig", "CONFIGS", "pick_config", "norm_out_fused", "NORM_OUT_MAX_N", "late_norm", "prefetch_tile",
            "split_k", "pdl_settings",
-           "class_rows", "rows_to_json", "rows_from_json", "configs_installed", "gemv_triton", "gemv_merged"]
+           "class_rows", "rows_to_json", "rows_from_json", "configs_installed", "gemv_triton"]

@@ -46,12 +46,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..gemv import preload as _preload
 from ..gemv.naive import MAX_M as GEMV_MAX_M
-from ..merge import SplitPartials
 from .common import (LOG2E, PDL_MIN_M, block_d, cdiv, dummy, interpreting, merge_splits, num_sms, pdl_enter,
-                     pdl_kwargs, pdl_signal, pdl_wait, pow2, precision, softmax_result, softmax_step,
-                     zeroed_counters)
+                     pdl_kwargs, pow2, precision, softmax_result, softmax_step, zeroed_counters)
 
 
 # ============================================================================ kernels
@@ -339,12 +336,8 @@ def _decode_split_qkv(
 @triton.jit(do_not_specialize=["NUM_SPLITS"])
 def _decode_combine(OP, LP, O, OO, sob, soh, soob, sooh,
                     HQ: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-                    NUM_SPLITS, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False, EARLY: tl.constexpr = False):
-    if EARLY:  # the W_O kernel behind preloads its weight (gemv/preload.py): let it be resident now
-        pdl_signal(PDL)
-        pdl_wait(PDL)
-    else:
-        pdl_enter(PDL)
+                    NUM_SPLITS, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
+    pdl_enter(PDL)
     _merge_row(OP, LP, O, OO, tl.program_id(2).to(tl.int64), tl.program_id(1), tl.program_id(0).to(tl.int64),
                sob, soh, soob, sooh, HQ=HQ, D=D, BLOCK_D=BLOCK_D, NUM_SPLITS=NUM_SPLITS, BLOCK_S=BLOCK_S,
                CACHE="")
@@ -534,12 +527,7 @@ class _Plan:
             _decode_combine[(self.consts["HQ"], 2, o.shape[0])](
                 self.op, self.lp, o, o_out, o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
                 HQ=self.consts["HQ"], D=self.consts["D"], BLOCK_D=self.BD, NUM_SPLITS=self.S,
-                BLOCK_S=max(2, pow2(self.S)), EARLY=self._early(o.shape[0]), **self.pdl)
-
-    def _early(self, batch: int) -> bool:
-        """Whether the merge signals before its wait: under PDL with W_O's preload on, for one batch
-        row (the pair's 2 rows: the only W_O the preload takes, gemv/preload.py)."""
-        return bool(self.pdl) and _preload.EARLY_COMBINE and batch == 1
+                BLOCK_S=max(2, pow2(self.S)), **self.pdl)
 
 
 def decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, *, window_size, scale=None,
@@ -584,24 +572,11 @@ def _launched_early(pdl, rows: int) -> bool:
     return bool(pdl) and PDL_MIN_M <= rows <= GEMV_MAX_M
 
 
-def qkv_stages(num_stages: int, split_len: int, block_n: int, peel: bool) -> int:
-    """The raw-projection kernel's pipeline stages: ``num_stages``, or with ``ORTHROS_QKV_FIT_STAGES``
-    on (:data:`orthros.ops.gemv.preload.FIT_STAGES`) and the kernel launched early (``peel``: its
-    first key block loaded ahead of the wait, so the kernels behind it can be resident while it
-    runs) no more than its loop has trips (a split's key blocks less that one), and at least 1:
-    the shared memory a longer pipeline holds goes to W_O's preload ring (inference change 38)."""
-    if not (_preload.FIT_STAGES and peel):
-        return num_stages
-    return max(1, min(num_stages, split_len // block_n - 1))
-
-
 def decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, *, num_heads, q_rows, rope, window_size, scale=None,
                                 q_norm=None, k_norm=None, eps=1e-6, scale_offset=(None, None, None, None),
-                                merge=True, _config=None):
+                                _config=None):
     """:func:`orthros.ops.decode.orthros_decode_qkv_attention` (arguments checked there) in one
-    split launch (plus the merge): returns ``[B, 2, HQ, D]``, writes the new K/V. ``merge=False``
-    with partials to merge in a second launch: no merge launch, the partials returned
-    (:class:`~orthros.ops.merge.SplitPartials`)."""
+    split launch (plus the merge): returns ``[B, 2, HQ, D]``, writes the new K/V."""
     B = qkv.shape[0]
     L_max, HKV, D = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     if scale is None:
@@ -616,9 +591,6 @@ def decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, *, num_heads, q_row
         cos, sin = cos.contiguous(), sin.contiguous()
     so = tuple(t.contiguous() if t is not None else dummy(dev) for t in scale_offset)
     plan = _Plan(B, num_heads, HKV, D, L_max, qkv.dtype, dev, _config)
-    peel = QKV_PEEL and _launched_early(plan.pdl, qkv.shape[0] * qkv.shape[1])
-    launch = {**plan.launch, "num_stages": qkv_stages(plan.launch["num_stages"], plan.split_len,
-                                                      plan.consts["BLOCK_N"], peel)}
     both = torch.empty(B, 2, num_heads, D, dtype=qkv.dtype, device=dev)
     o, o_out = both[:, :1], both[:, 1:]
     _decode_split_qkv[(plan.S, HKV, B)](
@@ -630,8 +602,7 @@ def decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, *, num_heads, q_row
         o.stride(0), o.stride(2), o_out.stride(0), o_out.stride(2),
         int(q_rows[0]), int(q_rows[1]), int(window_size), scale * LOG2E, plan.split_len, L_max, float(eps),
         HKV=HKV, HAS_QN=q_norm is not None, HAS_KN=k_norm is not None, HAS_SO=scale_offset[0] is not None,
-        PEEL=peel, **plan.consts, **launch)
-    if not merge and plan.mode == _PARTIAL:
-        return SplitPartials(plan.op, plan.lp)
+        PEEL=QKV_PEEL and _launched_early(plan.pdl, qkv.shape[0] * qkv.shape[1]), **plan.consts,
+        **plan.launch)
     plan.combine(o, o_out)
     return both
