@@ -71,8 +71,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import probe_harness  # noqa: E402  (beside this script)
 from persistent_chain import SHAPES, ChainWeights, chain_sites  # noqa: E402
 
-from orthros.utils import build_shared_library  # noqa: E402
-
 SYSTEMS = ("engine", "cuda", "torch")
 SOURCE = Path(__file__).resolve().with_name("stream_chain.cu")
 PIECE = 4096  # bf16 elements a piece (the kernel's PIECE): every K must be a multiple
@@ -200,8 +198,26 @@ def variant(a) -> dict:
 def build(nvcc: str, build_dir: str, **kw) -> Path:
     """The kernel's shared library for a variant (:func:`build_flags`' keywords), built once per
     source and flags (a hash in its name) with the register report in ``<name>.ptxas.txt`` beside
-    it; written under a temporary name, then renamed."""
-    return build_shared_library(nvcc, SOURCE, build_flags(**kw), build_dir, "stream_chain")
+    it; written under a temporary name, then renamed. ``RuntimeError`` with the end of nvcc's
+    stderr when it fails."""
+    import hashlib
+    import subprocess
+
+    flags = build_flags(**kw)
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    d = Path(build_dir)
+    so = d / f"stream_chain-{key}.so"
+    if so.exists():
+        return so
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".stream_chain-{key}.{os.getpid()}.so"
+    p = subprocess.run([nvcc, *flags, "-o", str(tmp), str(SOURCE)], capture_output=True, text=True)
+    if p.returncode:
+        tmp.unlink(missing_ok=True)
+        raise RuntimeError(f"nvcc failed on {SOURCE.name} (exit {p.returncode}):\n{p.stderr[-3000:]}")
+    (d / f"stream_chain-{key}.ptxas.txt").write_text(p.stderr)
+    os.replace(tmp, so)
+    return so
 
 
 def acc_rows(shape, blocks: int) -> int:

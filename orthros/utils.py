@@ -50,34 +50,8 @@ def format_bytes(n: float) -> str:
 
 
 def cache_root() -> Path:
-    """Orthros' cache folder: ``$ORTHROS_CACHE``, else ``~/.cache/orthros`` (fetched weights, built
-    kernels)."""
+    """Orthros' cache folder: ``$ORTHROS_CACHE``, else ``~/.cache/orthros`` (fetched weights)."""
     return Path(os.environ.get("ORTHROS_CACHE") or Path.home() / ".cache" / "orthros").expanduser()
-
-
-def build_shared_library(nvcc: str, source, flags, out_dir, name: str) -> Path:
-    """``nvcc *flags -o OUT source``: a CUDA C++ shared library built once per source and flags (a
-    hash of both in its name, ``<name>-<hash>.so`` in ``out_dir``), nvcc's stderr (ptxas' register
-    report with ``-Xptxas -v``) in ``<name>-<hash>.ptxas.txt`` beside it; written under a
-    temporary name, then renamed. ``RuntimeError`` with the end of nvcc's stderr when it fails."""
-    import hashlib
-    import subprocess
-
-    source = Path(source)
-    key = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
-    d = Path(out_dir)
-    so = d / f"{name}-{key}.so"
-    if so.exists():
-        return so
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{name}-{key}.{os.getpid()}.so"
-    p = subprocess.run([nvcc, *flags, "-o", str(tmp), str(source)], capture_output=True, text=True)
-    if p.returncode:
-        tmp.unlink(missing_ok=True)
-        raise RuntimeError(f"nvcc failed on {source.name} (exit {p.returncode}):\n{p.stderr[-3000:]}")
-    (d / f"{name}-{key}.ptxas.txt").write_text(p.stderr)
-    os.replace(tmp, so)
-    return so
 
 
 def check_positive_int(name: str, value, *, allow_none: bool = False):
@@ -122,9 +96,9 @@ def save_figure(fig, path, dpi: int = 120) -> None:
         plt.close(fig)
 
 
-__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "build_shared_library", "cache_root", "check_png",
-           "check_positive_int", "commit_id", "dtype_name", "format_bytes", "hf_progress_bars", "isatty", "parse_dtype",
-           "pyplot", "save_figure", "write_json", "write_text"]
+__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "cache_root", "check_png", "check_positive_int", "commit_id",
+           "dtype_name", "format_bytes", "hf_progress_bars", "isatty", "parse_dtype", "pyplot", "save_figure", "write_json",
+           "write_text"]
 
 
 def write_text(path, text: str) -> None:
