@@ -11,12 +11,16 @@ and the top host (CPU) and device (CUDA) operators, Orthros vs the Transformer.
     python benchmarks/profile_engine.py [--phase decode|prefill] [--compile] [--gemv] [--timeline] [--context 1024]
         [--batch 1] [--json out.json]
         [--preset qwen3-8b|qwen3.5-9b|tiny|tiny-h] [--reps 10] [--profiled 3] [--decode-config JSON]
-        [--decode-compile-options JSON]
+        [--decode-compile-options JSON] [--peer GPT_FAST_DIR]
 
 ``--timeline`` (decode, CUDA): the same step replayed from its CUDA graph under the profiler,
 kernel by kernel with start times (:func:`graph_kernels`, :func:`timeline_summary`): the step's
 span, the time a kernel runs, the idle time and the PDL overlap, the gap after each kernel, and
 the middle of the step (about a layer) kernel by kernel.
+
+``--peer DIR`` (decode): also gpt-fast's decode step of the same shape (its ``model.py`` in
+``DIR``, compiled as ``roofline.py`` compiles it with ``--compile``), timed, and with
+``--timeline`` traced the same way, so the two steps can be read kernel by kernel side by side.
 
 ``--decode-compile-options '{}'``: the compiled decode pieces with Inductor's defaults instead
 of the engine's ``DECODE_COMPILE_OPTIONS`` (what those options change, kernel by kernel).
@@ -37,7 +41,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from orthros.benchmarks.inference import (copy_bandwidth, decode_compile_options, decode_qkv_kernel,  # noqa: E402
                                           parse_compile_options, parse_decode_config, time_call,
-                                          weight_bytes_per_step)
+                                          trace_kernels, weight_bytes_per_step)
 from orthros.ops.triton.decode import decode_config  # noqa: E402
 from orthros.benchmarks.models import PRESETS, orthros_model  # noqa: E402
 from orthros.engine import Engine  # noqa: E402
@@ -115,17 +119,11 @@ def graph_kernels(eng, B, L, reps=TIMELINE_REPS):
     for _ in range(3):  # captured, replayed
         eng.set_lengths([L] * B)
         eng.step(toks)
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            eng.set_lengths([L] * B)
-            eng.step(toks)
-        torch.cuda.synchronize()
-    out = []
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.lower().startswith(("memcpy", "memset")):
-            out.append((e.name, float(e.time_range.start), float(e.time_range.elapsed_us())))
-    return sorted(out, key=lambda k: k[1])
+
+    def one():
+        eng.set_lengths([L] * B)
+        eng.step(toks)
+    return trace_kernels(one, dev, reps)
 
 
 def timeline_summary(kernels, reps: int, window: int = 16) -> dict:
@@ -267,7 +265,20 @@ def main():
     p.add_argument("--qkv-kernel", default=None, choices=("on", "off"),
                    help="decode: the q/k prologue and the K/V write inside the attention kernel on or off "
                         "(default: the engine's default)")
+    p.add_argument("--peer", default=None, metavar="DIR",
+                   help="decode: also time (and with --timeline trace) gpt-fast's step of the same shape, its "
+                        "model.py in DIR (as roofline.py's --gpt-fast-dir)")
     a = p.parse_args()
+    a.peer_mod = None
+    if a.peer is not None:
+        if a.phase != "decode":
+            p.error("--peer: only with --phase decode")
+        from orthros.benchmarks.roofline import load_gpt_fast
+
+        try:
+            a.peer_mod = load_gpt_fast(a.peer)
+        except ValueError as e:
+            p.error(str(e).replace("--gpt-fast-dir", "--peer", 1))
     overrides = {}
     if a.decode_config is not None:
         try:
@@ -301,8 +312,50 @@ def main():
     with decode_config(**overrides), decode_compile_options(compile_options), decode_qkv_kernel(qkv) as qkv_on:
         out["qkv_kernel"] = bool(qkv_on) and dev.type == "cuda"  # the CUDA engines' default (the CPU's: off)
         decode_modes(a, model, dev, bw, wb, out)
+    if a.peer_mod is not None:
+        decode_peer(a, model, dev, bw, wb, out)
     if a.json:
         write_json(a.json, out, indent=1)
+
+
+def report_timeline(kernels, dev, out_mode: dict) -> None:
+    """Print :func:`timeline_summary` of a step's traced kernels and keep it in ``out_mode``."""
+    if not kernels:
+        why = "a CPU has no kernel trace" if dev.type != "cuda" else "the profiler saw no kernel of the graph"
+        print(f"   graph timeline: no kernel recorded ({why})", flush=True)
+        return
+    try:
+        t = timeline_summary(kernels, TIMELINE_REPS)
+    except ValueError as e:  # e.g. a trace without the graph's kernels
+        print(f"   graph timeline: {e}", flush=True)
+    else:
+        print_timeline(t)
+        out_mode["timeline"] = t
+
+
+def decode_peer(a, model, dev, bw, wb, out):
+    """gpt-fast's step of the model's shape (``a.peer_mod``), timed as ``roofline.py`` times it
+    (50 steps after 5), and with ``--timeline`` its kernels over :data:`TIMELINE_REPS` more steps."""
+    from orthros.benchmarks.roofline import GptFastPeer, kv_bytes_per_token
+
+    dtype = next(model.parameters()).dtype
+    steps, warmup = 50, 5
+    peer = GptFastPeer(a.peer_mod, model.config, device=dev, dtype=dtype,
+                       block_size=a.context + steps + warmup + TIMELINE_REPS + 8, compile=a.compile)
+    r = peer.time_decode(a.batch, a.context, steps=steps, warmup=warmup, trace=TIMELINE_REPS if a.timeline else 0)
+    floor_ms = 1000 * (wb + a.batch * a.context * kv_bytes_per_token(model.config, dtype)) / bw
+    ms = r["ms_per_step"]
+    print(f"\n== gpt-fast: step {ms:.3f} ms ({'compiled, CUDA graphs' if a.compile else 'eager'}), HBM floor "
+          f"{floor_ms:.3f} ms ({floor_ms / ms:.0%})", flush=True)
+    for note in peer.notes:
+        print(f"   note: {note}")
+    out["modes"]["gpt-fast"] = {"step_ms": ms, "floor_ms": floor_ms, "notes": peer.notes,
+                                "upstream": getattr(a.peer_mod, "UPSTREAM", None)}
+    if a.timeline:
+        report_timeline(r["kernels"], dev, out["modes"]["gpt-fast"])
+    del peer
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def decode_modes(a, model, dev, bw, wb, out):
@@ -324,18 +377,7 @@ def decode_modes(a, model, dev, bw, wb, out):
                               "by_class": {c: {"ms": v[0] / 1000, "kernels": v[1]} for c, v in by.items()},
                               "top": [{"name": nm, "ms": v[0] / 1000, "count": v[1]} for nm, v in top]}
         if a.timeline:
-            kernels = graph_kernels(eng, a.batch, a.context)
-            if not kernels:
-                why = "a CPU has no kernel trace" if dev.type != "cuda" else "the profiler saw no kernel of the graph"
-                print(f"   graph timeline: no kernel recorded ({why})", flush=True)
-            else:
-                try:
-                    t = timeline_summary(kernels, TIMELINE_REPS)
-                except ValueError as e:  # e.g. a trace without the graph's kernels
-                    print(f"   graph timeline: {e}", flush=True)
-                else:
-                    print_timeline(t)
-                    out["modes"][mode]["timeline"] = t
+            report_timeline(graph_kernels(eng, a.batch, a.context), dev, out["modes"][mode])
         del eng
         if dev.type == "cuda":
             torch.cuda.empty_cache()

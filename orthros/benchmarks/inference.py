@@ -14,7 +14,7 @@ import gc
 import platform
 import statistics
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -178,6 +178,22 @@ def time_call(fn: Callable, device) -> float:
     fn()
     _sync(device)
     return time.perf_counter() - t
+
+
+def trace_kernels(fn: Callable, device, reps: int) -> List[Tuple[str, float, float]]:
+    """The CUDA kernels of ``reps`` calls of ``fn`` (kernels replayed from a CUDA graph included)
+    as the profiler records them: ``[(name, start_us, duration_us)]`` sorted by start, copies
+    and memsets left out; ``[]`` off CUDA."""
+    if torch.device(device).type != "cuda":
+        return []
+    _sync(device)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            fn()
+        _sync(device)
+    out = [(e.name, float(e.time_range.start), float(e.time_range.elapsed_us())) for e in prof.events()
+           if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.lower().startswith(("memcpy", "memset"))]
+    return sorted(out, key=lambda k: k[1])
 
 
 def _environment(device) -> Dict:
@@ -571,5 +587,5 @@ def plot_e2e(rows, path, title="End-to-end generation"):
 
 
 __all__ = ["bench_prefill", "bench_decode", "bench_e2e", "fit_check", "prefill_summary", "copy_bandwidth",
-           "measure", "metadata", "save", "print_table", "plot_prefill", "plot_decode", "plot_e2e",
+           "trace_kernels", "measure", "metadata", "save", "print_table", "plot_prefill", "plot_decode", "plot_e2e",
            "PREFILL_SYSTEMS"]

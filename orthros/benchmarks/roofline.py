@@ -44,7 +44,7 @@ from ..utils import Progress, pyplot, save_figure
 from .cli import _ints
 from .inference import _free, bench_decode, copy_bandwidth, decode_compile_options, \
     decode_qkv_kernel, measure, metadata, parse_bwd_config, parse_compile_options, parse_decode_config, print_table, \
-    save, time_call
+    save, time_call, trace_kernels
 from .models import orthros_model, weight_bytes_per_step
 
 SECTIONS = ("decode", "batched", "window")
@@ -259,7 +259,10 @@ class GptFastPeer:
         S = _cdiv(L, 8) * 8
         return B * S * kv_per_token + S * S
 
-    def time_decode(self, B: int, L: int, *, steps: int, warmup: int) -> Dict:
+    def time_decode(self, B: int, L: int, *, steps: int, warmup: int, trace: int = 0) -> Dict:
+        """The compiled step's time at ``B`` rows of context ``L``; with ``trace`` (CUDA) also the
+        kernels of ``trace`` more steps (:func:`~orthros.benchmarks.inference.trace_kernels`)
+        under ``"kernels"``."""
         m = self.model
         m.max_seq_length = m.max_batch_size = -1  # setup_caches rebuilds for this cell
         with torch.device(self.device):
@@ -277,9 +280,14 @@ class GptFastPeer:
                     one()
                 pos.fill_(L)
                 dt = time_call(lambda: [one() for _ in range(steps)], self.device)
+                pos.fill_(L)
+                kernels = trace_kernels(one, self.device, trace) if trace else []
         finally:
             self.free_caches()
-        return {"ms_per_step": 1000 * dt / steps, "tokens_per_s": B * steps / dt, "first_call_s": first}
+        out = {"ms_per_step": 1000 * dt / steps, "tokens_per_s": B * steps / dt, "first_call_s": first}
+        if trace:
+            out["kernels"] = kernels
+        return out
 
     def free_caches(self):
         for layer in getattr(self.model, "layers", []):

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from gpt_fast_stand_in import write_stand_in
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "profile_engine.py"
@@ -64,6 +65,29 @@ def test_decode_compile_options_recorded_and_bad_ones_refused(tmp_path):
     for bad, says in (('{"realize_reads": 5}', "'realize_reads'"), ("{5", "not JSON")):
         p = _run("--decode-compile-options", bad, "--json", str(tmp_path / "never.json"))
         assert p.returncode == 2 and "--decode-compile-options" in p.stderr and says in p.stderr, p.stderr
+    assert not (tmp_path / "never.json").exists()
+
+
+def test_peer_timed_beside_the_engine_on_cpu(tmp_path):
+    """--peer: gpt-fast's step of the same shape (the stand-in's model.py) is timed after both
+    engine modes and recorded with its floor and where the peer came from."""
+    out = tmp_path / "p.json"
+    p = _run("--preset", "tiny", "--context", "64", "--peer", str(write_stand_in(tmp_path)), "--json", str(out))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert set(data["modes"]) == {"orthros", "full", "gpt-fast"}
+    peer = data["modes"]["gpt-fast"]
+    assert peer["step_ms"] > 0 and peer["floor_ms"] == data["modes"]["full"]["floor_ms"]
+    assert peer["upstream"] == "stand-in for the test" and "== gpt-fast: step" in p.stdout
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--peer", "/nonexistent/gpt-fast"], "--peer '/nonexistent/gpt-fast' is not a directory"),
+    (["--phase", "prefill", "--peer", "."], "--peer: only with --phase decode"),
+])
+def test_bad_peer_refused_before_any_model(tmp_path, args, says):
+    p = _run(*args, "--json", str(tmp_path / "never.json"))
+    assert p.returncode == 2 and says in p.stderr, p.stderr
     assert not (tmp_path / "never.json").exists()
 
 
