@@ -318,14 +318,15 @@ def main():
         write_json(a.json, out, indent=1)
 
 
-def report_timeline(kernels, dev, out_mode: dict) -> None:
-    """Print :func:`timeline_summary` of a step's traced kernels and keep it in ``out_mode``."""
+def report_timeline(kernels, dev, out_mode: dict, window: int = 16) -> None:
+    """Print :func:`timeline_summary` of a step's traced kernels (``window`` of them from the
+    middle of the step) and keep it in ``out_mode``."""
     if not kernels:
         why = "a CPU has no kernel trace" if dev.type != "cuda" else "the profiler saw no kernel of the graph"
         print(f"   graph timeline: no kernel recorded ({why})", flush=True)
         return
     try:
-        t = timeline_summary(kernels, TIMELINE_REPS)
+        t = timeline_summary(kernels, TIMELINE_REPS, window=window)
     except ValueError as e:  # e.g. a trace without the graph's kernels
         print(f"   graph timeline: {e}", flush=True)
     else:
@@ -352,7 +353,7 @@ def decode_peer(a, model, dev, bw, wb, out):
     out["modes"]["gpt-fast"] = {"step_ms": ms, "floor_ms": floor_ms, "notes": peer.notes,
                                 "upstream": getattr(a.peer_mod, "UPSTREAM", None)}
     if a.timeline:
-        report_timeline(r["kernels"], dev, out["modes"]["gpt-fast"])
+        report_timeline(r["kernels"], dev, out["modes"]["gpt-fast"], window=40)  # its layer: more, smaller kernels
     del peer
     if dev.type == "cuda":
         torch.cuda.empty_cache()
