@@ -11,7 +11,7 @@ and the top host (CPU) and device (CUDA) operators, Orthros vs the Transformer.
     python benchmarks/profile_engine.py [--phase decode|prefill] [--compile] [--gemv] [--timeline] [--context 1024]
         [--batch 1] [--json out.json]
         [--preset qwen3-8b|qwen3.5-9b|tiny|tiny-h] [--reps 10] [--profiled 3] [--decode-config JSON]
-        [--decode-compile-options JSON] [--peer GPT_FAST_DIR]
+        [--decode-compile-options JSON] [--peer GPT_FAST_DIR [--peer-sources DIR]]
 
 ``--timeline`` (decode, CUDA): the same step replayed from its CUDA graph under the profiler,
 kernel by kernel with start times (:func:`graph_kernels`, :func:`timeline_summary`): the step's
@@ -21,6 +21,10 @@ the middle of the step (about a layer) kernel by kernel.
 ``--peer DIR`` (decode): also gpt-fast's decode step of the same shape (its ``model.py`` in
 ``DIR``, compiled as ``roofline.py`` compiles it with ``--compile``), timed, and with
 ``--timeline`` traced the same way, so the two steps can be read kernel by kernel side by side.
+
+``--peer-sources DIR`` (with ``--peer --compile --timeline``): the Inductor source of gpt-fast's
+heaviest kernels (by time a step) and the launch config its coordinate-descent tuning kept for
+each (the ``.best_config`` files beside the source in Inductor's cache), copied to ``DIR``.
 
 ``--decode-compile-options '{}'``: the compiled decode pieces with Inductor's defaults instead
 of the engine's ``DECODE_COMPILE_OPTIONS`` (what those options change, kernel by kernel).
@@ -45,7 +49,7 @@ from orthros.benchmarks.inference import (copy_bandwidth, decode_compile_options
 from orthros.ops.triton.decode import decode_config  # noqa: E402
 from orthros.benchmarks.models import PRESETS, orthros_model  # noqa: E402
 from orthros.engine import Engine  # noqa: E402
-from orthros.utils import commit_id, write_json  # noqa: E402
+from orthros.utils import commit_id, write_json, write_text  # noqa: E402
 
 
 def kernel_class(name: str) -> str:
@@ -268,8 +272,13 @@ def main():
     p.add_argument("--peer", default=None, metavar="DIR",
                    help="decode: also time (and with --timeline trace) gpt-fast's step of the same shape, its "
                         "model.py in DIR (as roofline.py's --gpt-fast-dir)")
+    p.add_argument("--peer-sources", default=None, metavar="DIR",
+                   help="with --peer --compile --timeline: copy the Inductor source and the tuned launch config "
+                        "(.best_config) of gpt-fast's heaviest kernels to DIR")
     a = p.parse_args()
     a.peer_mod = None
+    if a.peer_sources is not None and not (a.peer and a.compile and a.timeline):
+        p.error("--peer-sources: only with --peer, --compile and --timeline (the kernels' names come from the trace)")
     if a.peer is not None:
         if a.phase != "decode":
             p.error("--peer: only with --phase decode")
@@ -334,6 +343,38 @@ def report_timeline(kernels, dev, out_mode: dict, window: int = 16) -> None:
         out_mode["timeline"] = t
 
 
+PEER_SOURCES = 8  # --peer-sources: the peer's kernels copied, the heaviest first
+
+
+def copy_kernel_sources(names, root, dest) -> dict:
+    """For each kernel name, the Inductor-generated source under ``root`` that defines it (``def
+    NAME(``; the names are unique with ``triton.unique_kernel_names``) and the ``.best_config``
+    files beside it (the launch config that tuning kept), copied to ``dest`` as ``NAME.py`` and
+    ``NAME.best_config[.N]`` (each through a temporary name). Returns ``{name: [files written]}``
+    for the names found."""
+    wanted = {f"def {n}(": n for n in names}
+    found = {}
+    for folder, _, files in os.walk(root):
+        for f in sorted(files):
+            if not f.endswith(".py"):
+                continue
+            try:
+                text = open(os.path.join(folder, f), encoding="utf-8", errors="replace").read()
+            except OSError:
+                continue
+            for marker, name in wanted.items():
+                if name in found or marker not in text:
+                    continue
+                written = [os.path.join(dest, f"{name}.py")]
+                write_text(written[0], text)
+                configs = sorted(c for c in os.listdir(folder) if c.endswith(".best_config"))
+                for i, c in enumerate(configs):
+                    written.append(os.path.join(dest, f"{name}.best_config" + (f".{i}" if i else "")))
+                    write_text(written[-1], open(os.path.join(folder, c), encoding="utf-8").read())
+                found[name] = written
+    return found
+
+
 def decode_peer(a, model, dev, bw, wb, out):
     """gpt-fast's step of the model's shape (``a.peer_mod``), timed as ``roofline.py`` times it
     (50 steps after 5), and with ``--timeline`` its kernels over :data:`TIMELINE_REPS` more steps."""
@@ -354,6 +395,16 @@ def decode_peer(a, model, dev, bw, wb, out):
                                 "upstream": getattr(a.peer_mod, "UPSTREAM", None)}
     if a.timeline:
         report_timeline(r["kernels"], dev, out["modes"]["gpt-fast"], window=40)  # its layer: more, smaller kernels
+        by_name = out["modes"]["gpt-fast"].get("timeline", {}).get("by_name", {})
+        if a.peer_sources and by_name:
+            heavy = sorted(by_name, key=lambda n: -by_name[n]["calls"] * by_name[n]["mean_us"])[:PEER_SOURCES]
+            from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+            found = copy_kernel_sources(heavy, cache_dir(), a.peer_sources)
+            out["modes"]["gpt-fast"]["sources"] = found
+            missing = [n for n in heavy if n not in found]
+            print(f"   the sources of {len(found)} of its {len(heavy)} heaviest kernels in {a.peer_sources}"
+                  + (f" (not found: {', '.join(missing)})" if missing else ""))
     del peer
     if dev.type == "cuda":
         torch.cuda.empty_cache()

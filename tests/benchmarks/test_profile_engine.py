@@ -137,3 +137,28 @@ def test_timeline_flag_on_cpu_says_there_is_no_trace(tmp_path):
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "graph timeline: no kernel recorded" in p.stdout
     assert "timeline" not in json.loads(out.read_text())["modes"]["orthros"]
+
+
+def test_peer_kernel_sources_copied_with_their_tuned_configs(tmp_path):
+    """--peer-sources' copier: the source file that defines each named kernel and the
+    .best_config files beside it land in the destination; a name no source defines is left out."""
+    mod = _script()
+    root = tmp_path / "inductor"
+    (root / "ab").mkdir(parents=True)
+    (root / "cd").mkdir()
+    (root / "ab" / "cabc.py").write_text("import triton\ndef triton_red_fused_mm_t_view_11(in_ptr0):\n    pass\n")
+    (root / "ab" / "k1.best_config").write_text('{"XBLOCK": 1, "R0_BLOCK": 2048, "num_warps": 16}')
+    (root / "cd" / "ccdd.py").write_text("def triton_red_fused_mm_t_view_111(x):\n    pass\n")  # a longer name only
+    dest = tmp_path / "out"
+    found = mod.copy_kernel_sources(["triton_red_fused_mm_t_view_11", "triton_missing_1"], str(root), str(dest))
+    assert list(found) == ["triton_red_fused_mm_t_view_11"]
+    assert (dest / "triton_red_fused_mm_t_view_11.py").read_text().startswith("import triton")
+    assert '"R0_BLOCK": 2048' in (dest / "triton_red_fused_mm_t_view_11.best_config").read_text()
+    assert sorted(p.name for p in dest.iterdir()) == ["triton_red_fused_mm_t_view_11.best_config",
+                                                      "triton_red_fused_mm_t_view_11.py"]
+
+
+def test_peer_sources_needs_the_compiled_traced_peer(tmp_path):
+    p = _run("--peer", ".", "--peer-sources", str(tmp_path / "src"), "--json", str(tmp_path / "never.json"))
+    assert p.returncode == 2 and "--peer-sources: only with --peer, --compile and --timeline" in p.stderr, p.stderr
+    assert not (tmp_path / "never.json").exists() and not (tmp_path / "src").exists()
