@@ -127,7 +127,7 @@ def parse_args(argv=None):
 
 
 def sweep_configs(quick: bool):
-    """Candidate launch configs for ``--sweep`` (94): tiles of 4-32 K elements, the three inner
+    """Candidate launch configs for ``--sweep`` (100): tiles of 4-32 K elements, the three inner
     forms, split-K 1-8 (per shape only the splits that leave >= 2 tiles per slice), pipeline
     depths 1 / 3 / 4 for the CUDA-core form, 3 for the tensor-core form and 4-6 at the M = 2
     table's tiles (:func:`dot_depth_configs`); the deferred-reduction form at tiles whose
@@ -147,7 +147,7 @@ def sweep_configs(quick: bool):
                 out.append(GemvConfig(block_n=bn, block_k=bk, split=split, dot=dot, num_warps=warps, num_stages=3))
             if not dot:  # pipeline depth: 1 (plain loads, one tile in flight) and 4, without split-K
                 out += [GemvConfig(block_n=bn, block_k=bk, dot=False, num_warps=warps, num_stages=st) for st in (1, 4)]
-    return out + dot_depth_configs() + defer_configs()
+    return out + dot_depth_configs() + defer_configs() + peer_tile_configs()
 
 
 def dot_depth_configs():
@@ -178,11 +178,26 @@ def defer_configs():
                                       (64, 128, 1, 8, 3), (16, 512, 1, 8, 3))]
 
 
+def peer_tile_configs():
+    """The tile family of gpt-fast's GEMVs (Inductor's reduction kernels, tuned by coordinate
+    descent): few output rows a program, a long K tile, products summed over K once after the
+    loop, so thousands of programs that the hardware scheduler deals out as slots free up. On an
+    H100 the peer's gate/up ran 4.9% faster than the table's tensor-core tile (docs/performance.md,
+    inference change 40). Our deferred form at 1-8 rows and 1-4K columns, <= 64 accumulator
+    registers a thread at M = 2."""
+    from orthros.ops.gemv.kernel import GemvConfig
+
+    return [GemvConfig(block_n=bn, block_k=bk, num_warps=w, num_stages=st, defer=True)
+            for bn, bk, w, st in ((1, 4096, 8, 2), (2, 2048, 4, 3), (2, 2048, 8, 3), (4, 1024, 4, 3),
+                                  (4, 2048, 8, 3), (8, 1024, 8, 3))]
+
+
 def fused_sweep_configs(quick: bool):
     """``--fused --sweep``: the fused call over the plain GEMV's measured winners and their
     neighbours (the prologue adds per-tile work, which may move the best tile / depth / split):
     the tensor-core form's, every deferred-reduction config, and the M = 1 winners of the
-    per-tile CUDA-core form (which lost at M = 2 in the plain sweep of 2026-12-01)."""
+    per-tile CUDA-core form (which lost at M = 2 in the plain sweep of 2026-12-01), and the peer's
+    tile family (:func:`peer_tile_configs`)."""
     from orthros.ops.gemv.kernel import GemvConfig
 
     if quick:
@@ -190,7 +205,7 @@ def fused_sweep_configs(quick: bool):
     fma = [GemvConfig(block_n=bn, block_k=256, num_warps=4, num_stages=st) for bn, st in ((16, 4), (32, 1))]
     dot = [GemvConfig(block_n=bn, block_k=bk, split=sp, dot=True, num_warps=4, num_stages=3)
            for bn, bk, sp in ((64, 128, 1), (64, 128, 2), (64, 128, 4), (32, 256, 2), (32, 256, 4), (64, 256, 1))]
-    return dot + dot_depth_configs() + defer_configs() + fma
+    return dot + dot_depth_configs() + defer_configs() + peer_tile_configs() + fma
 
 
 def label(c):

@@ -196,5 +196,7 @@ def test_full_sweeps_time_the_tensor_core_form_deeper_than_three():
     deep = mod.dot_depth_configs()
     assert deep and all(c.dot and c.num_stages >= 4 for c in deep)
     assert {(c.block_n, c.block_k, c.split) for c in deep} == {(64, 256, 1), (64, 128, 1), (64, 128, 4)}
+    peer = mod.peer_tile_configs()  # gpt-fast's tile family (inference change 40): thin, long, deferred
+    assert peer and all(c.defer and c.block_n <= 8 and c.block_k >= 1024 for c in peer)
     for configs in (mod.sweep_configs(False), mod.fused_sweep_configs(False)):
-        assert all(c in configs for c in deep) and len(set(configs)) == len(configs)
+        assert all(c in configs for c in deep + peer) and len(set(configs)) == len(configs)

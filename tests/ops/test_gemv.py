@@ -73,6 +73,17 @@ def test_every_form_and_split(cfg, dtype, N, K, nan_empty):
     assert rel(y, exact(x, w, b)) < TOL[dtype]
 
 
+@pytest.mark.parametrize("cfg", [GemvConfig(block_n=1, block_k=512, defer=True, num_warps=8, num_stages=2),
+                                 GemvConfig(block_n=2, block_k=256, defer=True)], ids=["1x512", "2x256"])
+@pytest.mark.parametrize("N,K", [(5, 1024), (6, 700)], ids=["even-k", "ragged"])
+def test_thin_long_tiles(cfg, N, K, nan_empty):
+    """The deferred form at one or two rows a program and a long K tile (gpt-fast's tile family,
+    benchmarks/gemv.py's peer_tile_configs): every row its own program, the last tile ragged."""
+    x, w, b = make(2, N, K, torch.bfloat16, bias=True, seed=4)
+    y = gemv_triton(x, w, b, config=cfg)
+    assert rel(y, exact(x, w, b)) < TOL[torch.bfloat16]
+
+
 def test_wrong_layout_would_fail():
     # a square weight, so x @ w (the wrong transposition) has the same shape as x @ w.T
     x, w, _ = make(2, 64, 64, seed=3)
