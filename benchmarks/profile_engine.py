@@ -39,6 +39,7 @@ import argparse
 import os
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import torch
 
@@ -354,24 +355,20 @@ def copy_kernel_sources(names, root, dest) -> dict:
     for the names found."""
     wanted = {f"def {n}(": n for n in names}
     found = {}
-    for folder, _, files in os.walk(root):
-        for f in sorted(files):
-            if not f.endswith(".py"):
+    for source in sorted(Path(root).rglob("*.py")):
+        try:
+            text = source.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        for marker, name in wanted.items():
+            if name in found or marker not in text:
                 continue
-            try:
-                text = open(os.path.join(folder, f), encoding="utf-8", errors="replace").read()
-            except OSError:
-                continue
-            for marker, name in wanted.items():
-                if name in found or marker not in text:
-                    continue
-                written = [os.path.join(dest, f"{name}.py")]
-                write_text(written[0], text)
-                configs = sorted(c for c in os.listdir(folder) if c.endswith(".best_config"))
-                for i, c in enumerate(configs):
-                    written.append(os.path.join(dest, f"{name}.best_config" + (f".{i}" if i else "")))
-                    write_text(written[-1], open(os.path.join(folder, c), encoding="utf-8").read())
-                found[name] = written
+            written = [os.path.join(dest, f"{name}.py")]
+            write_text(written[0], text)
+            for i, config in enumerate(sorted(source.parent.glob("*.best_config"))):
+                written.append(os.path.join(dest, f"{name}.best_config" + (f".{i}" if i else "")))
+                write_text(written[-1], config.read_text(encoding="utf-8"))
+            found[name] = written
     return found
 
 
