@@ -209,8 +209,10 @@ def fused_sweep_configs(quick: bool):
 
 
 def label(c):
-    form = "dot" if c["dot"] else "defer" if c.get("defer") else "fma"
-    return f"{c['block_n']}x{c['block_k']} s{c['split']} {form} w{c['num_warps']} st{c['num_stages']}"
+    """A row's config (a dict of :class:`GemvConfig` fields) as the tables print it."""
+    from orthros.ops.gemv.kernel import GemvConfig
+
+    return GemvConfig(**c).label
 
 
 def config_dict(cfg):

@@ -207,10 +207,16 @@ class Engine:
         again and drop the CUDA graphs captured against the old addresses."""
         if self._signature() != self._sig:
             self._apply_fuse()
-            if self._graphs:
-                torch.cuda.synchronize(self.device)
-                self._graphs = {}
+            self.drop_graphs()
             self._sig = self._signature()
+
+    def drop_graphs(self):
+        """Forget the captured CUDA graphs: the next decode step of each shape captures again. For
+        a change a graph cannot see, e.g. a GEMV launch config a benchmark installs for one shape
+        (:func:`orthros.ops.gemv.kernel.configs_overridden`)."""
+        if self._graphs:
+            torch.cuda.synchronize(self.device)
+            self._graphs = {}
 
     def _signature(self):
         # captured CUDA graphs hold the parameters' addresses and the attention backends of

@@ -228,6 +228,49 @@ def test_class_rows_and_installed_table():
             kernel.rows_from_json(bad)
 
 
+def test_installed_rows_of_one_width_leave_wider_m_rows_of_the_table_in_their_place():
+    """One site's rows for one M (the M = 1 gate/up, 2026-12-05) take the shapes of their class
+    (M = 1 up to N = 24576, QKV's too: one class in the table) and nothing else: M = 1 QKV must
+    not fall to the table's narrower-weight M = 2 row (its tensor-core form), as it did when the
+    table's rows were reordered around the new ones; M = 2 and the M = 1 o/down class keep theirs.
+    Blocks nest: the inner table over the outer, each restored on leaving."""
+    from orthros.ops.gemv import kernel
+
+    gate_up = GemvConfig(block_n=4, block_k=2048, num_warps=8, defer=True)
+    qkv = GemvConfig(block_n=2, block_k=1024, num_warps=16, num_stages=1, defer=True)
+    shapes = [(M, N, K) for M in (1, 2) for N, K in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288))]
+    before = {s: pick_config(*s) for s in shapes}
+    with kernel.configs_installed(kernel.class_rows(1, {(24576, 4096): gate_up})):
+        got = {s: pick_config(*s) for s in shapes}
+        with kernel.configs_installed(kernel.class_rows(1, {(6144, 4096): qkv})):
+            assert pick_config(1, 6144, 4096) is qkv and pick_config(1, 24576, 4096) is gate_up
+        assert pick_config(1, 6144, 4096) is gate_up
+    assert got == {**before, (1, 6144, 4096): gate_up, (1, 24576, 4096): gate_up}
+    assert {s: pick_config(*s) for s in shapes} == before
+
+
+def test_config_labels_parse_back_and_overrides_take_one_exact_shape():
+    for cfg in (GemvConfig(), GemvConfig(block_n=2, block_k=1024, num_warps=16, num_stages=1, defer=True),
+                GemvConfig(block_n=64, block_k=128, split=4, dot=True)):
+        assert GemvConfig.parse(cfg.label) == cfg
+    assert GemvConfig.parse("2x1024 defer w16 st1") == GemvConfig(block_n=2, block_k=1024, num_warps=16,
+                                                                   num_stages=1, defer=True)
+    for bad, says in (("2x", "is no GEMV config"), ("2x1024 fast", "is no GEMV config"),
+                      ("3x1024", "power of two"), ("2x1024 dot", "dot=True needs")):
+        with pytest.raises(ValueError, match=says):
+            GemvConfig.parse(bad)
+    from orthros.ops.gemv import kernel
+
+    peer = GemvConfig.parse("2x1024 defer w16 st1")
+    others = {s: pick_config(*s) for s in ((2, 6144, 4096), (1, 24576, 4096), (2, 24576, 8192))}
+    with kernel.configs_overridden({(2, 24576, 4096): peer}):
+        assert pick_config(2, 24576, 4096) is peer
+        assert {s: pick_config(*s) for s in others} == others
+    assert pick_config(2, 24576, 4096) is not peer and kernel.OVERRIDES == {}
+    with pytest.raises(ValueError, match="not a GemvConfig"), kernel.configs_overridden({(2, 8, 8): "2x8"}):
+        pass
+
+
 @pytest.mark.parametrize("kw,message", [
     ({"block_n": 24}, "block_n must be a positive power of two"),
     ({"block_k": 0}, "block_k must be a positive power of two"),

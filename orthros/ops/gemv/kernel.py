@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Dict, Optional, Tuple
 
@@ -373,6 +374,31 @@ class GemvConfig:
         if not isinstance(self.num_stages, int) or self.num_stages < 1:
             raise ValueError(f"GemvConfig.num_stages must be a positive int, got {self.num_stages!r}")
 
+    @property
+    def label(self) -> str:
+        """``"<block_n>x<block_k> s<split> <dot|defer|fma> w<num_warps> st<num_stages>"``, as the
+        benchmarks print a config (:meth:`parse` reads it back)."""
+        form = "dot" if self.dot else "defer" if self.defer else "fma"
+        return f"{self.block_n}x{self.block_k} s{self.split} {form} w{self.num_warps} st{self.num_stages}"
+
+    @classmethod
+    def parse(cls, text: str) -> "GemvConfig":
+        """The config a :attr:`label` names, e.g. ``"2x1024 s1 defer w16 st1"``; the split, form,
+        warps and stages may be left out (``s1``, ``fma``, ``w4``, ``st3``). ``ValueError``
+        saying what is wrong."""
+        m = re.fullmatch(r"\s*(\d+)x(\d+)((?:\s+(?:s\d+|dot|defer|fma|w\d+|st\d+))*)\s*", str(text))
+        if m is None:
+            raise ValueError(f"{text!r} is no GEMV config: write '<block_n>x<block_k> [s<split>] [dot|defer|fma] "
+                             f"[w<warps>] [st<stages>]', e.g. '2x1024 s1 defer w16 st1'")
+        kw = {"block_n": int(m.group(1)), "block_k": int(m.group(2))}
+        for part in m.group(3).split():
+            key = {"s": "split", "w": "num_warps", "st": "num_stages"}.get(part.rstrip("0123456789"))
+            if key is None:
+                kw.update(dot=part == "dot", defer=part == "defer")
+            else:
+                kw[key] = int(part[len(part.rstrip("0123456789")):])
+        return cls(**kw)
+
 
 # Shape classes -> config, first match wins: (M at most, N at most, K at most, config).
 # Measured on one H200 at Qwen3-8B's decode weights, in two sweeps (every tried config is in the
@@ -403,13 +429,37 @@ CONFIGS: Tuple[Tuple[int, int, int, GemvConfig], ...] = (
 )
 
 
+# Exact shapes ``(M, N, K)`` -> config, looked up before :data:`CONFIGS`. Empty: a benchmark fills it
+# for a block (:func:`configs_overridden`) to time one shape's candidates inside the engine's step.
+OVERRIDES: Dict[Tuple[int, int, int], GemvConfig] = {}
+
+
 def pick_config(M: int, N: int, K: int) -> GemvConfig:
-    """The :data:`CONFIGS` entry for this shape: a pure function of ``(M, N, K)`` (no tuning, no
-    device query). The launch lowers ``split`` where ``K`` has fewer ``block_k`` tiles."""
-    for m_max, n_max, k_max, cfg in CONFIGS:
-        if M <= m_max and N <= n_max and K <= k_max:
+    """The :data:`CONFIGS` entry for this shape (:data:`OVERRIDES`' first, then the rows of
+    :func:`configs_installed`): a pure function of ``(M, N, K)`` (no tuning, no device query).
+    The launch lowers ``split`` where ``K`` has fewer ``block_k`` tiles."""
+    if OVERRIDES:
+        cfg = OVERRIDES.get((M, N, K))
+        if cfg is not None:
             return cfg
-    return CONFIGS[-1][3]
+    return _row(M, N, K, len(_INSTALLED))[3]
+
+
+def _first(rows, M: int, N: int, K: int):
+    return next((r for r in rows if M <= r[0] and N <= r[1] and K <= r[2]), None)
+
+
+def _row(M: int, N: int, K: int, layers: int):
+    """The row that gives ``(M, N, K)`` its config: :data:`CONFIGS`' first match (its last row
+    if none), then through the first ``layers`` installed tables in turn, each of which takes
+    the shape when one of its rows covers it and the row below is not of a narrower class."""
+    if not layers:
+        return _first(CONFIGS, M, N, K) or CONFIGS[-1]
+    below = _row(M, N, K, layers - 1)
+    rows, m_min, n_min = _INSTALLED[layers - 1]
+    if below[0] < m_min or below[1] < n_min:
+        return below
+    return _first(rows, M, N, K) or below
 
 
 def class_rows(M: int, measured: Dict[Tuple[int, int], GemvConfig]) -> Tuple[Tuple[int, int, int, GemvConfig], ...]:
@@ -454,24 +504,43 @@ def rows_from_json(items) -> Tuple[Tuple[int, int, int, GemvConfig], ...]:
     return tuple(out)
 
 
+# configs_installed's tables, innermost last: (rows, their least m_max, their least n_max)
+_INSTALLED: list = []
+
+
 @contextlib.contextmanager
 def configs_installed(rows):
-    """Within the block, ``rows`` (:func:`class_rows`' output) stand in :data:`CONFIGS` after
-    the rows of narrower classes (fewer rows ``m_max < M``, or narrower weights ``n_max`` below
-    every new row's) and before all others, so a benchmark can run the engine with a table
-    measured earlier in the same run; the table is restored afterwards."""
-    global CONFIGS
-    keep = CONFIGS
+    """Within the block, ``rows`` (:func:`class_rows`' output) stand in :data:`CONFIGS` for every
+    shape they cover except those whose table row is of a narrower class (fewer rows, ``m_max``
+    below every new row's, or narrower weights, ``n_max`` below every new row's), so a benchmark
+    can run the engine with a table measured earlier in the same run; the table is restored
+    afterwards. Blocks nest (the inner table over the outer)."""
     rows = tuple(rows)
-    m = min((r[0] for r in rows), default=MAX_M)
-    n = min((r[1] for r in rows), default=0)
-    narrower = [r[0] < m or r[1] < n for r in keep]
-    CONFIGS = (tuple(r for r, a in zip(keep, narrower) if a) + rows
-               + tuple(r for r, a in zip(keep, narrower) if not a))
+    layer = (rows, min((r[0] for r in rows), default=MAX_M), min((r[1] for r in rows), default=0))
+    _INSTALLED.append(layer)
     try:
-        yield CONFIGS
+        yield rows
     finally:
-        CONFIGS = keep
+        _INSTALLED.remove(layer)
+
+
+@contextlib.contextmanager
+def configs_overridden(shapes: Dict[Tuple[int, int, int], GemvConfig]):
+    """Within the block, each exact shape ``(M, N, K)`` of ``shapes`` takes its config; every other
+    shape keeps its :data:`CONFIGS` row. (A compiled caller that decided something at trace time
+    from a config, :func:`norm_out_fused`, must not see that decision change.)"""
+    global OVERRIDES
+    for key, cfg in shapes.items():
+        if not (isinstance(key, tuple) and len(key) == 3 and all(isinstance(v, int) and v >= 1 for v in key)):
+            raise ValueError(f"configs_overridden: keys are (M, N, K) tuples of positive ints, got {key!r}")
+        if not isinstance(cfg, GemvConfig):
+            raise ValueError(f"configs_overridden: {key} maps to a {type(cfg).__name__}, not a GemvConfig")
+    keep = OVERRIDES
+    OVERRIDES = {**keep, **shapes}
+    try:
+        yield OVERRIDES
+    finally:
+        OVERRIDES = keep
 
 
 # ============================================================================ host
@@ -675,4 +744,5 @@ def _rows(t: torch.Tensor, name: str, M: int, C: int) -> torch.Tensor:
 
 __all__ = ["GemvConfig", "CONFIGS", "pick_config", "norm_out_fused", "NORM_OUT_MAX_N", "late_norm", "prefetch_tile",
            "split_k", "pdl_settings",
-           "class_rows", "rows_to_json", "rows_from_json", "configs_installed", "gemv_triton"]
+           "class_rows", "rows_to_json", "rows_from_json", "configs_installed", "configs_overridden", "OVERRIDES",
+           "gemv_triton"]
