@@ -71,6 +71,7 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (a smoke run)")
     p.add_argument("--out", required=True, help="JSON path")
     a = p.parse_args(argv)
+    a.argv = list(sys.argv[1:] if argv is None else argv)
     for name in ("rounds", "steps", "context", "batch"):
         if getattr(a, name) < 1:
             p.error(f"--{name} must be >= 1, got {getattr(a, name)}")
@@ -128,7 +129,7 @@ def run(a) -> int:
     dev = torch.device(a.device)
     model = orthros_model(a.preset, device=dev, dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32)
     bw = copy_bandwidth(dev) if dev.type == "cuda" else None
-    meta = {**script_meta(dev, sys.argv[1:]), "site": a.site, "N": a.N, "K": a.K, "context": a.context,
+    meta = {**script_meta(dev, a.argv), "site": a.site, "N": a.N, "K": a.K, "context": a.context,
             "batch": a.batch, "compile": a.compile, "backend": a.backend, "steps": a.steps, "rounds": a.rounds,
             "copy_bw_tb_s": bw and bw / 1e12, "weight_bytes": weight_bytes_per_step(model)}
     rows, summary = [], []

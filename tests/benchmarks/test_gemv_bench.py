@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench_script import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "gemv.py"
@@ -88,14 +89,9 @@ def test_fused_dry_run_times_every_system_per_site(tmp_path):
     assert "as CONFIGS rows" in p.stdout and "(2, 48, 4611686018427387904, GemvConfig(" in p.stdout
 
 
-def load_script():
+def _bench():
     """benchmarks/gemv.py as a module (a script, not a package)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gemv_bench", SCRIPT)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_script(SCRIPT, "gemv_bench")
 
 
 BAD_ARGS = [
@@ -123,7 +119,7 @@ def test_bad_arguments_refused_before_work(tmp_path, capsys, args, message):
     if "--out" not in args:
         args = [*args, "--out", str(tmp_path / "g.json")]
     with pytest.raises(SystemExit) as e:
-        load_script().main(args)  # parse_args is main's first step: nothing measured, nothing written
+        _bench().main(args)  # parse_args is main's first step: nothing measured, nothing written
     assert e.value.code == 2
     assert message in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
@@ -134,7 +130,7 @@ def test_a_wrong_config_is_never_the_best(tmp_path, monkeypatch):
     dot config, and the table row is flagged in the metadata."""
     from orthros.ops.gemv import kernel
 
-    bench = load_script()
+    bench = _bench()
     real = kernel.gemv_triton
     table = kernel.pick_config(2, 64, 64)  # --quick's "o" is 64 x 64
 
@@ -158,7 +154,7 @@ def test_cuda_without_a_gpu_is_refused(tmp_path, capsys):
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    assert load_script().main(["--out", str(tmp_path / "g.json")]) == 2
+    assert _bench().main(["--out", str(tmp_path / "g.json")]) == 2
     assert "no CUDA device" in capsys.readouterr().err and list(tmp_path.iterdir()) == []
 
 
@@ -167,7 +163,7 @@ def test_a_wrong_fused_result_is_flagged(tmp_path, monkeypatch):
     flagged, the plain rows (no residual) are not, and the layer sums cover all four sites."""
     from orthros.ops.gemv import kernel
 
-    bench = load_script()
+    bench = _bench()
     real = kernel.gemv_triton
 
     def broken(x, w, bias=None, *, residual=None, **kw):
@@ -188,11 +184,7 @@ def test_full_sweeps_time_the_tensor_core_form_deeper_than_three():
     """The full sweeps (not ``--quick``) hold the M = 2 table's tensor-core tiles at depths 4-6
     besides every config at depth 3, with no config twice (docs/performance.md, inference
     change 29)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gemv_bench", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _bench()
     deep = mod.dot_depth_configs()
     assert deep and all(c.dot and c.num_stages >= 4 for c in deep)
     assert {(c.block_n, c.block_k, c.split) for c in deep} == {(64, 256, 1), (64, 128, 1), (64, 128, 4)}

@@ -4,12 +4,11 @@ site's config changes), the table is timed in every round, the rounds rotate the
 summary's ratios are to the same round's table; bad arguments exit 2 before a model is built and
 write nothing."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from bench_script import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "gemv_engine.py"
@@ -17,10 +16,7 @@ SCRIPT = ROOT / "benchmarks" / "gemv_engine.py"
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("gemv_engine_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "gemv_engine_script")
 
 
 def test_site_shapes_of_qwen3_8b(script):
@@ -50,6 +46,7 @@ def test_candidates_reach_the_kernel_inside_the_step(script, tmp_path, monkeypat
     assert script.run(a) == 0
     data = json.loads(out.read_text())
     N, K = 2 * 128, 64  # the tiny preset's gate/up
+    assert data["meta"]["argv"][:2] == ["--device", "cpu"]
     assert (data["meta"]["N"], data["meta"]["K"]) == (N, K)
     rows = data["rows"]
     assert len(rows) == 2 * 2 * 3  # modes x rounds x candidates

@@ -1,21 +1,18 @@
 """benchmarks/hybrid.py on CPU at tiny shapes: the --prefill-chunk and --families flags reach the
 rows, and bad values are refused before any model is built or any file written."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from bench_script import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "hybrid.py"
 
 
 @pytest.fixture(scope="module")
 def hybrid():
-    spec = importlib.util.spec_from_file_location("hybrid_bench_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "hybrid_bench_script")
 
 
 @pytest.mark.parametrize("chunk, want", [("0", None), ("128", 128)])

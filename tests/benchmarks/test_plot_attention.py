@@ -1,19 +1,17 @@
 """benchmarks/plot_attention.py draws the kernel figure from a real results file (the one
 committed under docs/results) and refuses files that are not benchmark results."""
 
-import importlib.util
 import json
 from pathlib import Path
+
+from bench_script import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "docs/results/kernels-2026-11-30/attention_targets.json"
 
 
 def load():
-    spec = importlib.util.spec_from_file_location("plot_attention", REPO / "benchmarks/plot_attention.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(REPO / "benchmarks/plot_attention.py", "plot_attention")
 
 
 def test_plot_from_committed_results(tmp_path):

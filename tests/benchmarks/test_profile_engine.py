@@ -2,13 +2,13 @@
 the Transformer presets and the Orthros-H presets, the JSON names both modes, bad counts are
 refused before any model is built; and its kernel classes sort real H200 kernel names."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from bench_script import load_script
 from gpt_fast_stand_in import write_stand_in
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,10 +92,7 @@ def test_bad_peer_refused_before_any_model(tmp_path, args, says):
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("profile_engine_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "profile_engine_script")
 
 
 def test_kernel_classes():

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from conftest import engine_compiles_with, tiny_model  # at import: tests/serving's conftest takes the name later in a full run
+from bench_script import load_script
 from gpt_fast_stand_in import write_stand_in
 
 from orthros.benchmarks import roofline as R
@@ -391,11 +392,8 @@ def test_window_timing_module_is_importable_by_name():
     name: benchmarks/attention.py, loaded from its file by the script, must be in sys.modules under
     that name (the 2026-12-02 GPU run lost every Flex figure to a ModuleNotFoundError here)."""
     import importlib
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("orthros_roofline_script", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(SCRIPT, "orthros_roofline_script")
     att = script._attention_module()
     assert importlib.import_module(att.flex_window.__module__) is att
 

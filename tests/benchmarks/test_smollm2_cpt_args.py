@@ -1,18 +1,15 @@
 """benchmarks/smollm2_cpt.py refuses a passkey range with no length in it before any work."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from bench_script import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "smollm2_cpt.py"
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("smollm2_cpt_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "smollm2_cpt_script")
 
 
 def test_niah_max_below_the_shortest_length_is_refused(tmp_path, capsys):

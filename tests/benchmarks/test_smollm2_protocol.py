@@ -4,13 +4,13 @@ GGUF-loaded HF model, both CPT runs, perplexity by bucket and passkey retrieval 
 maximum length through the engine (the path that failed on the H200 smoke run before NIAH gave
 the answer its positions). The real-model run is a GPU measurement (docs/pretrained.md)."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from bench_script import load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("gguf")
@@ -54,10 +54,7 @@ def _run(d, out, *args):
 
 def _script():
     """benchmarks/smollm2_cpt.py as a module (its ``main`` runs the plot command in-process)."""
-    spec = importlib.util.spec_from_file_location("smollm2_cpt_script", ROOT / "benchmarks/smollm2_cpt.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(ROOT / "benchmarks/smollm2_cpt.py", "smollm2_cpt_script")
 
 
 def test_protocol_runs_end_to_end_on_a_tiny_gguf(setup):

@@ -8,6 +8,7 @@ norm kernels) and keeps every other check free of compilation.
 import numpy as np
 import pytest
 import torch
+from bench_script import load_script
 
 from orthros.evaluation.mqar import MQARTask, MQARTrain, _batch, generate, model_backend, run_mqar, train_one
 
@@ -81,16 +82,13 @@ def test_cli_compile_and_device_reach_mqar_train(monkeypatch, capsys):
 
 
 def test_hybrid_bench_mqar_compile_flag_reaches_mqar_train(monkeypatch, tmp_path):
-    import importlib.util
     import json
     from pathlib import Path
 
     from orthros.evaluation import mqar
 
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "hybrid.py"
-    spec = importlib.util.spec_from_file_location("hybrid_bench_script_mqar", script)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script(script, "hybrid_bench_script_mqar")
     seen = []
 
     def fake_run(task, tr, progress=True, log=print, jobs=1):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from bench_script import load_script
 
 # `datasets` reads the training data; it must be a dependency of the package (pyproject).
 pytest.importorskip("datasets", reason="training needs the `datasets` package")
@@ -325,11 +326,7 @@ def test_activation_checkpointing_gives_the_same_losses(tmp_path, corpus, refere
 
 
 def test_throughput_benchmark_runs_on_cpu(capsys):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("train_throughput", REPO / "benchmarks" / "train_throughput.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script(REPO / "benchmarks" / "train_throughput.py", "train_throughput")
     assert mod.main(["--shape", "tiny", "--device", "cpu", "--dtype", "fp32", "--steps", "1", "--warmup", "0",
                      "--seq-len", "32", "--micro-batch", "1", "--arch", "orthros", "transformer"]) == 0
     lines = [json.loads(l) for l in capsys.readouterr().out.splitlines() if l.startswith("{")]

@@ -415,6 +415,10 @@ class GemvConfig:
 #   stages), widths between the measured ones, and M = 3..8 (the tensor-core form, x padded to
 #   16 rows, so M up to 8 costs what M = 2 does; only M = 2 was timed).
 # * N <= 2048 (no Qwen3-8B weight): not measured; split K 4 so few rows still fill the SMs.
+# * 2026-12-05, on an H100, inside the engine's compiled 1K step (`benchmarks/gemv_engine.py`,
+#   docs/results/s37-2026-12-05/): at M = 2 these rows were the best of 36 candidates over the four
+#   sites (QKV's 8x512 defer 0.34% faster a step: noise); at M = 1 gate/up's 4x2048 defer w8 st3
+#   made the step 1.6% faster (not adopted: never timed on an H200, where these rows were measured).
 CONFIGS: Tuple[Tuple[int, int, int, GemvConfig], ...] = (
     (MAX_M, 2048, 2 ** 62, GemvConfig(block_n=16, block_k=512, split=4)),                       # few rows
     (1, 4096, 2 ** 62, GemvConfig(block_n=8, block_k=512, num_stages=4, defer=True)),          # o, down
