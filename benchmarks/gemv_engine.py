@@ -158,7 +158,6 @@ def run(a) -> int:
                 rows.append({"mode": mode, "M": M, "round": r, "candidate": label, "config": cfg.label,
                              "ms_per_step": 1000 * dt / a.steps})
                 bar.update(1, line=True, **{"mode": mode, "config": cfg.label, "ms": f"{1000 * dt / a.steps:.3f}"})
-        eng.drop_graphs()
         del eng
         summary += summarize([x for x in rows if x["mode"] == mode], mode, table)
         write_json(a.out, {"meta": meta, "rows": rows, "summary": summary}, indent=1)

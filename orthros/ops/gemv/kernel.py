@@ -391,12 +391,11 @@ class GemvConfig:
             raise ValueError(f"{text!r} is no GEMV config: write '<block_n>x<block_k> [s<split>] [dot|defer|fma] "
                              f"[w<warps>] [st<stages>]', e.g. '2x1024 s1 defer w16 st1'")
         kw = {"block_n": int(m.group(1)), "block_k": int(m.group(2))}
-        for part in m.group(3).split():
-            key = {"s": "split", "w": "num_warps", "st": "num_stages"}.get(part.rstrip("0123456789"))
-            if key is None:
-                kw.update(dot=part == "dot", defer=part == "defer")
-            else:
-                kw[key] = int(part[len(part.rstrip("0123456789")):])
+        for name, digits in re.findall(r"([a-z]+)(\d*)", m.group(3)):
+            if digits:  # s / w / st and a count
+                kw[{"s": "split", "w": "num_warps", "st": "num_stages"}[name]] = int(digits)
+            else:  # the form
+                kw.update(dot=name == "dot", defer=name == "defer")
         return cls(**kw)
 
 
@@ -748,5 +747,5 @@ def _rows(t: torch.Tensor, name: str, M: int, C: int) -> torch.Tensor:
 
 __all__ = ["GemvConfig", "CONFIGS", "pick_config", "norm_out_fused", "NORM_OUT_MAX_N", "late_norm", "prefetch_tile",
            "split_k", "pdl_settings",
-           "class_rows", "rows_to_json", "rows_from_json", "configs_installed", "configs_overridden", "OVERRIDES",
+           "class_rows", "rows_to_json", "rows_from_json", "configs_installed", "configs_overridden",
            "gemv_triton"]
