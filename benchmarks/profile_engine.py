@@ -11,7 +11,8 @@ and the top host (CPU) and device (CUDA) operators, Orthros vs the Transformer.
     python benchmarks/profile_engine.py [--phase decode|prefill] [--compile] [--gemv] [--timeline] [--context 1024]
         [--batch 1] [--json out.json]
         [--preset qwen3-8b|qwen3.5-9b|tiny|tiny-h] [--reps 10] [--profiled 3] [--decode-config JSON]
-        [--decode-compile-options JSON] [--peer GPT_FAST_DIR [--peer-sources DIR]]
+        [--decode-compile-options JSON] [--modes orthros,full] [--peer GPT_FAST_DIR [--peer-sources DIR]
+        [--peer-repeats N]]
 
 ``--timeline`` (decode, CUDA): the same step replayed from its CUDA graph under the profiler,
 kernel by kernel with start times (:func:`graph_kernels`, :func:`timeline_summary`): the step's
@@ -21,6 +22,10 @@ the middle of the step (about a layer) kernel by kernel.
 ``--peer DIR`` (decode): also gpt-fast's decode step of the same shape (its ``model.py`` in
 ``DIR``, compiled as ``roofline.py`` compiles it with ``--compile``), timed, and with
 ``--timeline`` traced the same way, so the two steps can be read kernel by kernel side by side.
+
+``--peer-repeats N``: the peer's step timed N times in the process, each time on caches set up
+anew (as ``roofline.py``'s cells do): how much of the peer's spread between processes is also
+inside one. ``--modes ''`` (with ``--peer``) leaves the engine out, the peer alone.
 
 ``--peer-sources DIR`` (with ``--peer --compile --timeline``): the Inductor source of gpt-fast's
 heaviest kernels (by time a step) and the launch config its coordinate-descent tuning kept for
@@ -223,7 +228,7 @@ def profile_prefill(eng, B, L, reps=10, profiled=3):
 
 def main_prefill(a, model, dev):
     out = {"phase": "prefill", "context": a.context, "batch": a.batch, "compile": a.compile, "modes": {}}
-    for mode in ("orthros", "full"):
+    for mode in a.modes:
         eng = Engine(model, max_batch_size=a.batch, max_seq_len=a.context + 64, attention_mode=mode,
                      compile=a.compile, prefill_chunk=None if mode == "full" else 16384)
         dt, cpu, gpu, by = profile_prefill(eng, a.batch, a.context, reps=a.reps, profiled=a.profiled)
@@ -275,8 +280,24 @@ def main():
     p.add_argument("--peer-sources", default=None, metavar="DIR",
                    help="with --peer --compile --timeline: copy the Inductor source and the tuned launch config "
                         "(.best_config) of gpt-fast's heaviest kernels to DIR")
+    p.add_argument("--modes", default="orthros,full",
+                   help="decode: the engine's modes profiled, comma-separated (orthros, full); '' (with --peer): "
+                        "none, the peer alone")
+    p.add_argument("--peer-repeats", type=int, default=1, metavar="N",
+                   help="with --peer: time the peer's step N times in this process, each on caches set up anew")
     a = p.parse_args()
     a.peer_mod = None
+    for name in ("context", "batch", "reps", "profiled", "peer_repeats"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} {getattr(a, name)}: give a positive integer")
+    a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
+    bad = [m for m in a.modes if m not in ("orthros", "full")]
+    if bad or len(set(a.modes)) != len(a.modes):
+        p.error(f"--modes {','.join(a.modes)!r}: give orthros and/or full, each once (or '' with --peer)")
+    if not a.modes and (a.peer is None or a.phase != "decode"):
+        p.error("--modes '': only with --peer and --phase decode (something must be profiled)")
+    if a.peer_repeats != 1 and a.peer is None:
+        p.error("--peer-repeats: only with --peer")
     if a.peer_sources is not None and not (a.peer and a.compile and a.timeline):
         p.error("--peer-sources: only with --peer, --compile and --timeline (the kernels' names come from the trace)")
     if a.peer is not None:
@@ -302,9 +323,6 @@ def main():
             compile_options = parse_compile_options(a.decode_compile_options)
         except ValueError as e:
             p.error(f"--decode-compile-options {a.decode_compile_options!r}: {e}")
-    for name in ("context", "batch", "reps", "profiled"):
-        if getattr(a, name) < 1:
-            p.error(f"--{name} {getattr(a, name)}: give a positive integer")
     dev = torch.device(a.device)
     model = orthros_model(a.preset, device=dev, dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32)
     if a.phase == "prefill":
@@ -383,14 +401,19 @@ def decode_peer(a, model, dev, bw, wb, out):
     peer = GptFastPeer(a.peer_mod, model.config, device=dev, dtype=dtype,
                        block_size=a.context + steps + warmup + TIMELINE_REPS + 8, compile=a.compile)
     r = peer.time_decode(a.batch, a.context, steps=steps, warmup=warmup, trace=TIMELINE_REPS if a.timeline else 0)
+    repeats = [r["ms_per_step"]] + [peer.time_decode(a.batch, a.context, steps=steps, warmup=warmup)["ms_per_step"]
+                                    for _ in range(a.peer_repeats - 1)]
     floor_ms = 1000 * (wb + a.batch * a.context * kv_bytes_per_token(model.config, dtype)) / bw
     ms = r["ms_per_step"]
     print(f"\n== gpt-fast: step {ms:.3f} ms ({'compiled, CUDA graphs' if a.compile else 'eager'}), HBM floor "
           f"{floor_ms:.3f} ms ({floor_ms / ms:.0%})", flush=True)
+    if len(repeats) > 1:
+        print(f"   the step timed {len(repeats)} times in this process (caches set up anew each time): "
+              + " ".join(f"{x:.3f}" for x in repeats) + f" ms; max / min {max(repeats) / min(repeats):.4f}")
     for note in peer.notes:
         print(f"   note: {note}")
     out["modes"]["gpt-fast"] = {"step_ms": ms, "floor_ms": floor_ms, "notes": peer.notes,
-                                "upstream": getattr(a.peer_mod, "UPSTREAM", None)}
+                                "upstream": getattr(a.peer_mod, "UPSTREAM", None), "repeats_ms": repeats}
     if a.timeline:
         report_timeline(r["kernels"], dev, out["modes"]["gpt-fast"], window=40)  # its layer: more, smaller kernels
         by_name = out["modes"]["gpt-fast"].get("timeline", {}).get("by_name", {})
@@ -409,7 +432,7 @@ def decode_peer(a, model, dev, bw, wb, out):
 
 
 def decode_modes(a, model, dev, bw, wb, out):
-    for mode in ("orthros", "full"):
+    for mode in a.modes:
         eng = Engine(model, max_batch_size=a.batch, max_seq_len=a.context + 64, attention_mode=mode, compile=a.compile,
                      gemv=a.gemv)
         floor_ms = 1000 * (wb + a.batch * a.context * eng.cache.bytes_per_token()) / bw

@@ -159,3 +159,37 @@ def test_peer_sources_needs_the_compiled_traced_peer(tmp_path):
     p = _run("--peer", ".", "--peer-sources", str(tmp_path / "src"), "--json", str(tmp_path / "never.json"))
     assert p.returncode == 2 and "--peer-sources: only with --peer, --compile and --timeline" in p.stderr, p.stderr
     assert not (tmp_path / "never.json").exists() and not (tmp_path / "src").exists()
+
+
+def test_peer_alone_timed_repeatedly_on_cpu(tmp_path):
+    """--modes '' --peer-repeats 3: no engine mode is profiled; the peer's step is timed three
+    times in the process, each recorded, the first of them its step_ms."""
+    out = tmp_path / "r.json"
+    p = _run("--preset", "tiny", "--context", "64", "--modes", "", "--peer", str(write_stand_in(tmp_path)),
+             "--peer-repeats", "3", "--json", str(out))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert set(data["modes"]) == {"gpt-fast"} and "== orthros" not in p.stdout
+    peer = data["modes"]["gpt-fast"]
+    assert len(peer["repeats_ms"]) == 3 and all(x > 0 for x in peer["repeats_ms"])
+    assert peer["repeats_ms"][0] == peer["step_ms"] and "timed 3 times in this process" in p.stdout
+
+
+def test_one_engine_mode_only_on_cpu(tmp_path):
+    out = tmp_path / "f.json"
+    p = _run("--preset", "tiny", "--context", "64", "--modes", "full", "--json", str(out))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    assert set(json.loads(out.read_text())["modes"]) == {"full"}
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--modes", "orthros,pair"], "--modes 'orthros,pair': give orthros and/or full"),
+    (["--modes", "full,full"], "--modes 'full,full': give orthros and/or full, each once"),
+    (["--modes", ""], "--modes '': only with --peer"),
+    (["--peer-repeats", "3"], "--peer-repeats: only with --peer"),
+    (["--peer", ".", "--peer-repeats", "0"], "--peer-repeats 0: give a positive integer"),
+])
+def test_bad_modes_and_repeats_refused(tmp_path, args, says):
+    p = _run(*args, "--json", str(tmp_path / "never.json"))
+    assert p.returncode == 2 and says in p.stderr, p.stderr
+    assert not (tmp_path / "never.json").exists()
