@@ -364,30 +364,45 @@ def report_timeline(kernels, dev, out_mode: dict, window: int = 16) -> None:
 PEER_SOURCES = 8  # --peer-sources: the peer's kernels copied, the heaviest first
 
 
-def copy_kernel_sources(names, root, dest) -> dict:
+def inductor_best_config(source: Path) -> Path:
+    """Where Inductor's autotune cache keeps the launch config tuned for the kernel in ``source``
+    (a hash of the file's name, the cache tag and the torch build, in the same folder)."""
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+    return Path(AutotuneCache._make_local_cache_key(str(source.parent), AutotuneCache._prepare_key(str(source))))
+
+
+def copy_kernel_sources(names, root, dest, config_of=inductor_best_config) -> dict:
     """For each kernel name, the Inductor-generated source under ``root`` that defines it (``def
-    NAME(``; the names are unique with ``triton.unique_kernel_names``) and the ``.best_config``
-    files beside it (the launch config that tuning kept), copied to ``dest`` as ``NAME.py`` and
-    ``NAME.best_config[.N]`` (each through a temporary name). Returns ``{name: [files written]}``
-    for the names found."""
+    NAME(``; the names are unique with ``triton.unique_kernel_names``) and the launch config that
+    tuning kept for it (``config_of(source)``: :func:`inductor_best_config`), copied to ``dest``
+    as ``NAME.py`` and ``NAME.best_config`` (each through a temporary name). The graph's own
+    module also defines every kernel, but has no config of its own: a kernel's file with its
+    config is preferred, the module taken only where none is found. Returns ``{name: [files
+    written]}`` for the names found."""
     wanted = {f"def {n}(": n for n in names}
-    found = {}
+    best = {}  # name -> (source, its config or None)
     for source in sorted(Path(root).rglob("*.py")):
-        if len(found) == len(wanted):  # the rest of the cache need not be read
-            break
         try:
             text = source.read_text(encoding="utf-8", errors="replace")
         except OSError:
             continue
+        config = config_of(source)
+        config = config if config.is_file() else None
         for marker, name in wanted.items():
-            if name in found or marker not in text:
-                continue
-            written = [os.path.join(dest, f"{name}.py")]
-            write_text(written[0], text)
-            for i, config in enumerate(sorted(source.parent.glob("*.best_config"))):
-                written.append(os.path.join(dest, f"{name}.best_config" + (f".{i}" if i else "")))
-                write_text(written[-1], config.read_text(encoding="utf-8"))
-            found[name] = written
+            if marker in text and (name not in best or (best[name][1] is None and config is not None)):
+                best[name] = (source, config)
+    found = {}
+    for name in names:
+        if name not in best:
+            continue
+        source, config = best[name]
+        written = [os.path.join(dest, f"{name}.py")]
+        write_text(written[0], source.read_text(encoding="utf-8", errors="replace"))
+        if config is not None:
+            written.append(os.path.join(dest, f"{name}.best_config"))
+            write_text(written[-1], config.read_text(encoding="utf-8"))
+        found[name] = written
     return found
 
 

@@ -137,22 +137,43 @@ def test_timeline_flag_on_cpu_says_there_is_no_trace(tmp_path):
 
 
 def test_peer_kernel_sources_copied_with_their_tuned_configs(tmp_path):
-    """--peer-sources' copier: the source file that defines each named kernel and the
-    .best_config files beside it land in the destination; a name no source defines is left out."""
+    """--peer-sources' copier: each named kernel's own source and its .best_config (here: the
+    same stem; Inductor's own rule is checked below) land in the destination, not another kernel's config from the same folder, nor the
+    graph module that defines every kernel (found first in sorted order, and taken only for a
+    kernel with no file of its own); a name no source defines is left out."""
     mod = _script()
     root = tmp_path / "inductor"
-    (root / "ab").mkdir(parents=True)
-    (root / "cd").mkdir()
+    for d in ("ab", "aa", "cd"):
+        (root / d).mkdir(parents=True)
+    (root / "aa" / "module.py").write_text("def triton_red_fused_mm_t_view_11(a):\n    pass\n"
+                                           "def triton_poi_only_in_module_3(b):\n    pass\n")
     (root / "ab" / "cabc.py").write_text("import triton\ndef triton_red_fused_mm_t_view_11(in_ptr0):\n    pass\n")
-    (root / "ab" / "k1.best_config").write_text('{"XBLOCK": 1, "R0_BLOCK": 2048, "num_warps": 16}')
+    (root / "ab" / "cabc.best_config").write_text('{"XBLOCK": 1, "R0_BLOCK": 2048, "num_warps": 16}')
+    (root / "ab" / "caaa.best_config").write_text('{"XBLOCK": 64, "R0_BLOCK": 4}')  # another kernel's
     (root / "cd" / "ccdd.py").write_text("def triton_red_fused_mm_t_view_111(x):\n    pass\n")  # a longer name only
     dest = tmp_path / "out"
-    found = mod.copy_kernel_sources(["triton_red_fused_mm_t_view_11", "triton_missing_1"], str(root), str(dest))
-    assert list(found) == ["triton_red_fused_mm_t_view_11"]
+    found = mod.copy_kernel_sources(["triton_red_fused_mm_t_view_11", "triton_missing_1", "triton_poi_only_in_module_3"],
+                                    str(root), str(dest), config_of=lambda source: source.with_suffix(".best_config"))
+    assert list(found) == ["triton_red_fused_mm_t_view_11", "triton_poi_only_in_module_3"]
     assert (dest / "triton_red_fused_mm_t_view_11.py").read_text().startswith("import triton")
     assert '"R0_BLOCK": 2048' in (dest / "triton_red_fused_mm_t_view_11.best_config").read_text()
-    assert sorted(p.name for p in dest.iterdir()) == ["triton_red_fused_mm_t_view_11.best_config",
+    assert (dest / "triton_poi_only_in_module_3.py").read_text().startswith("def triton_red_fused_mm_t_view_11(a)")
+    assert sorted(p.name for p in dest.iterdir()) == ["triton_poi_only_in_module_3.py",
+                                                      "triton_red_fused_mm_t_view_11.best_config",
                                                       "triton_red_fused_mm_t_view_11.py"]
+
+
+def test_inductor_best_config_is_where_inductor_writes_it(tmp_path):
+    """The config path the copier reads is the one Inductor's autotune cache writes for a
+    kernel file (its local cache key), in the kernel's folder."""
+    from torch._inductor.runtime.autotune_cache import AutotuneCache
+
+    mod = _script()
+    source = tmp_path / "ab" / "cabcdef.py"
+    path = mod.inductor_best_config(source)
+    cache = AutotuneCache.create({"autotune_local_cache": True}, str(source), "0" * 64)
+    assert path.parent == source.parent and path.suffix == ".best_config"
+    assert cache is not None and str(path) == cache.local_cache[1]
 
 
 def test_peer_sources_needs_the_compiled_traced_peer(tmp_path):
