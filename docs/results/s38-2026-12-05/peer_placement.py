@@ -12,7 +12,10 @@ tuned configs), and none inside a process. Here, in one process (run from the re
 
 Each graph's step is timed as ``roofline.py`` times it and traced kernel by kernel. The output has
 one line a graph: the step, the down kernel's time a call, and the two gate/up kernels'.
-``--out FILE`` writes the rows as JSON.
+``--out FILE`` writes the rows as JSON. ``--pair`` (call 3) also times the engine's Orthros pair
+of the same shape (compiled, fused GEMVs, as ``roofline.py --gemv`` does) before the first graph
+and after the last, and prints each graph's ratio to it: the #18 target's ratio, one setup of
+the peer at a time, in one process.
 """
 
 import argparse
@@ -50,13 +53,28 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--preset", default="qwen3-8b", choices=("qwen3-8b", "tiny"))
     ap.add_argument("--device", default="cuda", help="cpu: a smoke run (eager, no trace)")
+    ap.add_argument("--pair", action="store_true", help="also time the engine's Orthros pair, before and after")
     a = ap.parse_args()
     cfg = OrthrosConfig(**PRESETS[a.preset], qk_norm=True, window_size=128,
                         rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA})
     mod = load_gpt_fast(a.peer)
-    spacers, rows = [], []
+    spacers, rows, pair = [], [], []
+
+    def time_pair():
+        from orthros.benchmarks.inference import bench_decode
+        from orthros.benchmarks.models import orthros_model
+
+        model = orthros_model(a.preset, device=a.device, dtype=torch.bfloat16 if cuda else torch.float32)
+        r = bench_decode(model, [a.context], batch_sizes=(1,), modes=("orthros",), compile=cuda, gemv=True)[0]
+        pair.append(r["ms_per_step"])
+        print(f"the Orthros pair: {r['ms_per_step']:.3f} ms", flush=True)
+        del model
+        if cuda:
+            torch.cuda.empty_cache()
     cuda = a.device == "cuda"
     print(torch.cuda.get_device_name() if cuda else a.device, flush=True)
+    if a.pair:
+        time_pair()
     for m in range(2):
         spacers.append(torch.empty((37 + 293 * m) << 20, dtype=torch.uint8, device=a.device))
         peer = GptFastPeer(mod, cfg, device=a.device, dtype=torch.bfloat16 if cuda else torch.float32,
@@ -83,6 +101,12 @@ def main():
             torch.cuda.empty_cache()
     steps = [r["step_ms"] for r in rows]
     print(f"steps {min(steps):.3f}-{max(steps):.3f} ms, max / min {max(steps) / min(steps):.4f}")
+    if a.pair:
+        time_pair()
+        ratios = [s / max(pair) for s in steps]
+        print(f"gpt-fast / the pair ({max(pair):.3f} ms, the slower of its two timings): "
+              + " ".join(f"{x:.3f}" for x in ratios) + f"; 1.2x in {sum(x >= 1.2 for x in ratios)} of {len(ratios)}")
+        rows.append({"pair_ms": pair, "ratios": ratios})
     if a.out:
         with open(a.out + ".tmp", "w") as f:
             json.dump(rows, f, indent=1)
