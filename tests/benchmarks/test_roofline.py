@@ -174,6 +174,7 @@ def test_gpt_fast_contexts_all_and_list(tmp_path):
     (["--gpt-fast-dir", "/nonexistent/gpt-fast"], "--gpt-fast-dir"),
     (["--gpt-fast-contexts", "999"], "--gpt-fast-contexts"),
     (["--gpt-fast-contexts", "most"], "--gpt-fast-contexts"),
+    (["--gpt-fast-setups", "0"], "--gpt-fast-setups"),
     (["--device", "cpu"], "--quick"),
     (["--device", "tpu", "--quick"], "--device"),
     (["--plot-only", "/nonexistent/results.json"], "--plot-only"),
@@ -355,6 +356,37 @@ def test_systems_flag_runs_only_the_systems_named(tmp_path):
     assert {r["system"] for r in data["rows"]} == {"full+gemv"} and all("ms_per_step" in r for r in data["rows"])
     assert data["meta"]["systems"] == ["full+gemv"]
     assert data["meta"]["pdl"] == {"on": False}  # no PDL on a CPU
+
+
+def test_gpt_fast_setups_row_is_the_fastest_and_records_each(tmp_path, gpt_fast_dir, monkeypatch):
+    """``--gpt-fast-setups 3``: the decode section times gpt-fast's step in three setups (a new
+    setup before each but the first), its row the fastest, every setup recorded in order; the
+    batched section's cells run one setup."""
+    calls = []
+    real = R.GptFastPeer.new_setup
+
+    def counted(self):
+        calls.append(len(self._spacers))
+        real(self)  # eager on a CPU: nothing to set up anew
+    monkeypatch.setattr(R.GptFastPeer, "new_setup", counted)
+    out = tmp_path / "o"
+    assert R.main(["--device", "cpu", "--quick", "--sections", "decode,batched", "--systems", "full,gpt-fast",
+                   "--gpt-fast-dir", str(gpt_fast_dir), "--gpt-fast-setups", "3", "--contexts", "256",
+                   "--batch-sizes", "2", "--batched-contexts", "256", "--out", str(out)]) == 0
+    data = json.loads((out / "results.json").read_text())
+    dec = [r for r in data["rows"] if r["system"] == "gpt-fast" and r["section"] == "decode"]
+    bat = [r for r in data["rows"] if r["system"] == "gpt-fast" and r["section"] == "batched"]
+    assert len(dec) == 1 and len(dec[0]["setups_ms"]) == 3 and dec[0]["ms_per_step"] == min(dec[0]["setups_ms"])
+    assert len(bat) == 1 and "setups_ms" not in bat[0]
+    assert calls == [0, 0] and data["meta"]["gpt_fast"]["setups"] == 3
+
+
+def test_gpt_fast_time_decode_refuses_no_setups(gpt_fast_dir):
+    cfg = R.orthros_model("tiny", device="meta", dtype=torch.float32).config
+    peer = R.GptFastPeer(R.load_gpt_fast(str(gpt_fast_dir)), cfg, device="cpu", dtype=torch.float32, block_size=64,
+                         compile=False)
+    with pytest.raises(ValueError, match="setups 0"):
+        peer.time_decode(1, 8, steps=1, warmup=1, setups=0)
 
 
 def test_gemv_configs_runs_the_fused_engine_with_the_swept_rows(tmp_path, monkeypatch):
