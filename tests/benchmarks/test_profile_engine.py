@@ -84,8 +84,13 @@ def test_peer_timed_beside_the_engine_on_cpu(tmp_path):
 @pytest.mark.parametrize("args, says", [
     (["--peer", "/nonexistent/gpt-fast"], "--peer '/nonexistent/gpt-fast' is not a directory"),
     (["--phase", "prefill", "--peer", "."], "--peer: only with --phase decode"),
+    (["--modes", "orthros,pair"], "--modes 'orthros,pair': give orthros and/or full"),
+    (["--modes", "full,full"], "--modes 'full,full': give orthros and/or full, each once"),
+    (["--modes", ""], "--modes '': only with --peer"),
+    (["--peer-setups", "3"], "--peer-setups: only with --peer"),
+    (["--peer", ".", "--peer-setups", "0"], "--peer-setups 0: give a positive integer"),
 ])
-def test_bad_peer_refused_before_any_model(tmp_path, args, says):
+def test_bad_peer_modes_or_setups_refused_before_any_model(tmp_path, args, says):
     p = _run(*args, "--json", str(tmp_path / "never.json"))
     assert p.returncode == 2 and says in p.stderr, p.stderr
     assert not (tmp_path / "never.json").exists()
@@ -201,16 +206,3 @@ def test_one_engine_mode_only_on_cpu(tmp_path):
     p = _run("--preset", "tiny", "--context", "64", "--modes", "full", "--json", str(out))
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert set(json.loads(out.read_text())["modes"]) == {"full"}
-
-
-@pytest.mark.parametrize("args, says", [
-    (["--modes", "orthros,pair"], "--modes 'orthros,pair': give orthros and/or full"),
-    (["--modes", "full,full"], "--modes 'full,full': give orthros and/or full, each once"),
-    (["--modes", ""], "--modes '': only with --peer"),
-    (["--peer-setups", "3"], "--peer-setups: only with --peer"),
-    (["--peer", ".", "--peer-setups", "0"], "--peer-setups 0: give a positive integer"),
-])
-def test_bad_modes_and_repeats_refused(tmp_path, args, says):
-    p = _run(*args, "--json", str(tmp_path / "never.json"))
-    assert p.returncode == 2 and says in p.stderr, p.stderr
-    assert not (tmp_path / "never.json").exists()
