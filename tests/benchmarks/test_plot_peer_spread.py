@@ -12,10 +12,11 @@ REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "plot_peer_spread.py"
 
 
-def results(path: Path, ours: float, peer: float, commit: str = "abc1234", L: int = 1024) -> Path:
+def results(path: Path, ours: float, peer: float, commit: str = "abc1234", L: int = 1024, setups=None) -> Path:
     rows = [{"section": "decode", "system": "orthros+gemv", "B": 1, "L": L, "ms_per_step": ours},
             {"section": "decode", "system": "full+gemv", "B": 1, "L": L, "ms_per_step": ours * 0.99},
-            {"section": "decode", "system": "gpt-fast", "B": 1, "L": L, "ms_per_step": peer},
+            {"section": "decode", "system": "gpt-fast", "B": 1, "L": L, "ms_per_step": peer,
+             **({"setups_ms": setups} if setups else {})},
             {"section": "decode", "system": "orthros+gemv", "B": 1, "L": 4096, "ms_per_step": 99.0}]
     path.write_text(json.dumps({"meta": {"commit": commit, "date": "2026-12-02"}, "rows": rows}))
     return path
@@ -35,6 +36,18 @@ def test_ratios_median_and_plot(tmp_path):
     assert "median 1.200x over 3 processes; >= 1.2x in 2" in p.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(tmp_path.glob("*.tmp*"))
+
+
+def test_a_run_of_several_peer_setups_reads_as_its_fastest(tmp_path):
+    """A roofline run with --gpt-fast-setups: its row (the fastest setup) gives the ratio; the
+    printout names the setups' range (the plot draws it as a bar)."""
+    files = [results(tmp_path / "r0.json", 4.5, 5.4, setups=[5.6, 5.4, 6.0]), results(tmp_path / "r1.json", 4.5, 5.0)]
+    png = tmp_path / "spread.png"
+    p = run(*files, "--out", png)
+    assert p.returncode == 0, p.stderr
+    assert "gpt-fast 5.400 ms (the fastest of 3 setups, up to 6.000), 1.200x" in p.stdout
+    assert "gpt-fast 5.000 ms, 1.111x" in p.stdout and ">= 1.2x in 1" in p.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_refusals_before_any_output(tmp_path):
