@@ -24,6 +24,7 @@ before any model is built.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import sys
@@ -47,6 +48,19 @@ def site_shape(config, site: str):
             "lm_head": (config["vocab_size"], h)}[site]
 
 
+TABLE_EF = "table ef"  # a candidate: the table's config with its weight loads evict_first
+
+
+def resolve(candidate, table):
+    """The config a candidate runs: the table's for ``None``, the table's with ``evict_first`` for
+    :data:`TABLE_EF`, else the candidate itself."""
+    if candidate is None:
+        return table
+    if candidate == TABLE_EF:
+        return dataclasses.replace(table, evict_first=True)
+    return candidate
+
+
 def parse_args(argv=None):
     from orthros.benchmarks.models import PRESETS
 
@@ -54,8 +68,9 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--site", required=True, choices=SITES, help="the GEMV whose config is varied")
     p.add_argument("--configs", required=True,
-                   help="';'-separated candidates: 'table' (the CONFIGS row, timed anyway) or a config label "
-                        "'<block_n>x<block_k> [s<split>] [dot|defer|fma] [w<warps>] [st<stages>]'")
+                   help="';'-separated candidates: 'table' (the CONFIGS row, timed anyway), 'table ef' (that row "
+                        "with its weight loads evict_first) or a config label "
+                        "'<block_n>x<block_k> [s<split>] [dot|defer|fma] [w<warps>] [st<stages>] [ef]'")
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated subset of {','.join(MODES)}")
     p.add_argument("--rounds", type=int, default=4, help="rounds over every candidate (default 4)")
     p.add_argument("--steps", type=int, default=30, help="timed decode steps a candidate and round (default 30)")
@@ -90,10 +105,13 @@ def parse_args(argv=None):
         os.environ.setdefault("TRITON_INTERPRET", "1")
     from orthros.ops.gemv.kernel import MAX_M, GemvConfig, norm_out_fused, pick_config, configs_overridden
 
-    labels = [c.strip() for c in a.configs.split(";") if c.strip()]
-    a.candidates = {"table": None}  # label -> config (None: the table's), the table first
+    labels = [" ".join(c.split()) for c in a.configs.split(";") if c.strip()]
+    a.candidates = {"table": None}  # label -> config (None: the table's; TABLE_EF: it with evict_first), the table first
     for text in labels:
         if text == "table":
+            continue
+        if text == "table ef":
+            a.candidates[text] = TABLE_EF
             continue
         try:
             cfg = GemvConfig.parse(text)
@@ -111,7 +129,7 @@ def parse_args(argv=None):
             p.error(f"--batch {a.batch}: the {mode} step's {M} GEMV rows exceed the fused GEMV's {MAX_M}")
         table_fused = norm_out_fused(M, a.N, a.K)
         for label, cfg in a.candidates.items():
-            with configs_overridden({(M, a.N, a.K): cfg or pick_config(M, a.N, a.K)}):
+            with configs_overridden({(M, a.N, a.K): resolve(cfg, pick_config(M, a.N, a.K))}):
                 if norm_out_fused(M, a.N, a.K) != table_fused:
                     p.error(f"--configs {label!r}: at M = {M} it {'drops' if table_fused else 'adds'} the split-K "
                             f"reduce that computes the next norm, which the compiled step decides when it is traced")
@@ -144,7 +162,7 @@ def run(a) -> int:
         for r in range(a.rounds):
             for i in range(len(labels)):
                 label = labels[(i + r) % len(labels)]  # each round starts one candidate later
-                cfg = a.candidates[label] or table
+                cfg = resolve(a.candidates[label], table)
                 with configs_overridden({shape: cfg}):
                     eng.drop_graphs()  # the next step captures with this config
                     eng.set_lengths([a.context] * a.batch)

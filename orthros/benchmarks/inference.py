@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import gc
+import os
 import platform
 import statistics
 import time
@@ -197,7 +198,9 @@ def trace_kernels(fn: Callable, device, reps: int) -> List[Tuple[str, float, flo
 
 
 def _environment(device) -> Dict:
-    """Where a result was measured: the device's name, the commit, torch / triton / Python versions."""
+    """Where a result was measured: the device's name, the commit, torch / triton / Python
+    versions, and the ``ORTHROS_*`` settings of the environment (the kernels' A/B switches, read
+    at import: e.g. ``ORTHROS_GEMV_EVICT_FIRST``, ``ORTHROS_PDL_SIGNAL``)."""
     try:
         import triton
         triton_version = triton.__version__
@@ -206,7 +209,8 @@ def _environment(device) -> Dict:
     dev = torch.device(device)
     return {"device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else (platform.processor() or "cpu"),
             "commit": commit_id(), "torch": torch.__version__, "triton": triton_version,
-            "python": platform.python_version()}
+            "python": platform.python_version(),
+            "orthros_env": {k: v for k, v in sorted(os.environ.items()) if k.startswith("ORTHROS_")}}
 
 
 def script_meta(device, argv) -> Dict:

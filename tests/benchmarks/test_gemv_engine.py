@@ -74,6 +74,30 @@ def test_candidates_reach_the_kernel_inside_the_step(script, tmp_path, monkeypat
     assert kernel.OVERRIDES == {}
 
 
+def test_table_ef_runs_the_tables_config_with_its_weight_loads_evict_first(script, tmp_path, monkeypatch):
+    from orthros.ops.gemv import kernel
+
+    launched = []
+    real = kernel.gemv_triton
+
+    def spy(x, weight, bias=None, **kw):
+        launched.append((tuple(weight.shape), kernel.pick_config(x.numel() // x.shape[-1], *weight.shape)))
+        return real(x, weight, bias, **kw)
+
+    monkeypatch.setattr(kernel, "gemv_triton", spy)
+    out = tmp_path / "r.json"
+    a = script.parse_args(["--device", "cpu", "--preset", "tiny", "--backend", "triton", "--site", "down",
+                           "--configs", "table;table  ef", "--rounds", "1", "--steps", "1", "--warmup", "1",
+                           "--context", "8", "--modes", "full", "--out", str(out)])
+    assert list(a.candidates) == ["table", "table ef"]
+    assert script.run(a) == 0
+    rows = json.loads(out.read_text())["rows"]
+    table = kernel.pick_config(1, 64, 128)  # the tiny preset's down: N = hidden 64, K = intermediate 128
+    assert {r["candidate"]: r["config"] for r in rows} == {"table": table.label, "table ef": table.label + " ef"}
+    site = {c.evict_first for shape, c in launched if shape == (64, 128)}
+    assert site == {False, True} and not any(c.evict_first for shape, c in launched if shape != (64, 128))
+
+
 @pytest.mark.parametrize("args, says", [
     (["--configs", "table"], "at least one config besides 'table'"),
     (["--configs", "3x64 defer"], "power of two"),

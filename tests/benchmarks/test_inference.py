@@ -66,3 +66,15 @@ def test_gpu_capture_graph_replays_the_call_and_times_it():
     assert x[0].item() == 3.0
     t = replay_seconds(g, reps=5, warmup=1)
     assert t > 0 and x[0].item() == 9.0  # 1 warm + 5 timed replays
+
+
+def test_script_meta_records_the_orthros_switches_of_the_environment(monkeypatch):
+    """A benchmark's metadata names every ORTHROS_* setting it ran under (the kernels' A/B
+    switches are read at import, so a run's JSON is the only record of them), and no others."""
+    from orthros.benchmarks.inference import script_meta
+
+    monkeypatch.setenv("ORTHROS_GEMV_EVICT_FIRST", "1")
+    monkeypatch.setenv("NOT_ORTHROS_X", "y")
+    meta = script_meta("cpu", ["--a"])
+    assert meta["orthros_env"]["ORTHROS_GEMV_EVICT_FIRST"] == "1"
+    assert all(k.startswith("ORTHROS_") for k in meta["orthros_env"]) and meta["argv"] == ["--a"]

@@ -32,6 +32,7 @@ DOT = GemvConfig(block_n=16, block_k=32, dot=True)
 DOT_SPLIT = GemvConfig(block_n=32, block_k=16, split=2, dot=True)
 DEFER = GemvConfig(block_n=16, block_k=64, defer=True)
 DEFER_SPLIT = GemvConfig(block_n=32, block_k=32, split=3, defer=True)
+DOT_EF = GemvConfig(block_n=16, block_k=32, dot=True, evict_first=True)  # weight loads evict_first (the same sums)
 
 
 @pytest.fixture
@@ -63,8 +64,8 @@ def test_triton_matches_float64(M, N, K, bias, dtype, nan_empty):
     assert rel(y, exact(x, w, b)) < TOL[dtype]
 
 
-@pytest.mark.parametrize("cfg", [FMA, FMA_SPLIT, DOT, DOT_SPLIT, DEFER, DEFER_SPLIT],
-                         ids=["fma", "fma-split3", "dot", "dot-split2", "defer", "defer-split3"])
+@pytest.mark.parametrize("cfg", [FMA, FMA_SPLIT, DOT, DOT_SPLIT, DEFER, DEFER_SPLIT, DOT_EF],
+                         ids=["fma", "fma-split3", "dot", "dot-split2", "defer", "defer-split3", "dot-ef"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("N,K", [(70, 150), (72, 192)], ids=["ragged", "even-k"])  # even: K a multiple of block_k
 def test_every_form_and_split(cfg, dtype, N, K, nan_empty):
@@ -251,8 +252,9 @@ def test_installed_rows_of_one_width_leave_wider_m_rows_of_the_table_in_their_pl
 
 def test_config_labels_parse_back_and_overrides_take_one_exact_shape():
     for cfg in (GemvConfig(), GemvConfig(block_n=2, block_k=1024, num_warps=16, num_stages=1, defer=True),
-                GemvConfig(block_n=64, block_k=128, split=4, dot=True)):
+                GemvConfig(block_n=64, block_k=128, split=4, dot=True), GemvConfig(dot=True, evict_first=True)):
         assert GemvConfig.parse(cfg.label) == cfg
+    assert GemvConfig(evict_first=True).label.endswith(" st3 ef") and not GemvConfig().label.endswith("ef")
     assert GemvConfig.parse("2x1024 defer w16 st1") == GemvConfig(block_n=2, block_k=1024, num_warps=16,
                                                                    num_stages=1, defer=True)
     for bad, says in (("2x", "is no GEMV config"), ("2x1024 fast", "is no GEMV config"),
@@ -271,6 +273,21 @@ def test_config_labels_parse_back_and_overrides_take_one_exact_shape():
         pass
 
 
+def test_evict_first_everywhere_switch(monkeypatch):
+    """``ORTHROS_GEMV_EVICT_FIRST=1`` (``kernel.EVICT_FIRST``): every table config with its weight
+    loads evict_first, nothing else changed; an exact-shape override is taken as given."""
+    shapes = [(M, N, K) for M in (1, 2) for N, K in ((6144, 4096), (24576, 4096), (4096, 12288))]
+    before = {s: pick_config(*s) for s in shapes}
+    monkeypatch.setattr(gk, "EVICT_FIRST", True)
+    for s in shapes:
+        assert pick_config(*s) == GemvConfig(**{**before[s].__dict__, "evict_first": True})
+    with gk.configs_overridden({(2, 6144, 4096): DOT}):
+        assert pick_config(2, 6144, 4096) is DOT
+    env = {**os.environ, "ORTHROS_GEMV_EVICT_FIRST": "2x"}
+    p = subprocess.run([sys.executable, "-c", "import orthros.ops.gemv.kernel"], capture_output=True, text=True, env=env)
+    assert p.returncode != 0 and "ORTHROS_GEMV_EVICT_FIRST" in p.stderr
+
+
 @pytest.mark.parametrize("kw,message", [
     ({"block_n": 24}, "block_n must be a positive power of two"),
     ({"block_k": 0}, "block_k must be a positive power of two"),
@@ -278,6 +295,7 @@ def test_config_labels_parse_back_and_overrides_take_one_exact_shape():
     ({"dot": True, "block_n": 8}, "dot=True needs block_n and block_k >= 16"),
     ({"num_stages": 0}, "num_stages must be a positive int"),
     ({"dot": True, "defer": True}, "defer .* and dot .* exclude each other"),
+    ({"evict_first": "yes"}, "evict_first must be a bool"),
 ])
 def test_bad_config_refused(kw, message):
     with pytest.raises(ValueError, match=message):
@@ -396,7 +414,7 @@ COMPILE_SM90 = textwrap.dedent('''
                      SPLIT=split, HAS_BIAS=True, UPCAST=False, PREC="tf32", EVEN_K="RAGGED" not in fused,
                      NUM_STAGES=stages, EMU_RNE=False, **flags, **_norm_tile(M, 4096, flags["NORM"]),
                      DEFER="DEFER" in fused, NORM_LATE="NORM_LATE" in fused.split(","), PDL=False, PF_LINES=0,
-                     PF_STEP=64, SIGNAL_END=False)
+                     PF_STEP=64, SIGNAL_END=False, W_EVICT="")
         ptx = compile_(_gemv_kernel, types, const, warps, stages).asm["ptx"]
         # the weight stream: 16-byte asynchronous copies into shared memory (pipelined), no 2-byte loads of it
         print("CASE", dt, M, dot, ptx.count("cp.async.cg.shared.global"), ptx.count("ld.global.b16"),
@@ -421,6 +439,17 @@ COMPILE_SM90 = textwrap.dedent('''
         print("PDL", name, first(ptx, r"prefetch[.]global[.]L2::evict_last"), first(ptx, r"griddepcontrol[.]wait"),
               first(ptx, r"griddepcontrol[.]launch_dependents"), first(ptx, access),
               ptx.count("prefetch.global.L2::evict_last"))
+
+    # W_EVICT (GemvConfig.evict_first): the weight's asynchronous copies carry an L2 evict_first
+    # policy, the input rows' copies none
+    for M, dot, bn, bk, warps, stages in [(2, True, 64, 128, 4, 3), (1, False, 16, 256, 4, 4)]:
+        for ev in ("", "evict_first"):
+            const_ = dict(const, BLOCK_M=16 if dot else M, BLOCK_N=bn, BLOCK_K=bk, M_ROWS=M, DOT=dot, SPLIT=1,
+                          HAS_BIAS=False, EVEN_K=True, NUM_STAGES=stages, NORM=False, SILU=False, HAS_RES=False,
+                          DEFER=not dot, NORM_LATE=False, **_norm_tile(M, 4096, False), W_EVICT=ev)
+            ptx = compile_(_gemv_kernel, types, const_, warps, stages).asm["ptx"]
+            print("EVICT", M, ev or "-", ptx.count("cp.async.cg.shared.global"), ptx.count("L2::cache_hint"),
+                  ptx.count("createpolicy.fractional.L2::evict_first"), bn * bk * 2 // (32 * warps * 16))
     print("OK")
 ''')
 
@@ -444,6 +473,13 @@ def test_kernel_compiles_for_sm90_with_pipelined_vector_loads(tmp_path):
             assert 0 <= pref < wait and n_pref >= 1, (name, pref, wait, n_pref)
         else:
             assert pref == -1 and n_pref == 0, (name, pref, n_pref)
+    evict = {(int(M), ev): [int(v) for v in rest] for M, ev, *rest in printed(lines, "EVICT")}
+    assert sorted(evict) == [(1, "-"), (1, "evict_first"), (2, "-"), (2, "evict_first")]
+    for M in (1, 2):
+        n_async, n_hint, n_policy, w_copies = evict[(M, "evict_first")]
+        assert n_policy == 1 and n_hint >= w_copies >= 1, (M, evict[(M, "evict_first")])  # every weight copy
+        assert n_async == evict[(M, "-")][0] and n_hint < n_async or M == 1, (M, n_async, n_hint)  # not x's (dot)
+        assert evict[(M, "-")][1:3] == [0, 0], (M, evict[(M, "-")])  # the default: no policy
     for dt, M, dot, n_async, n_b16, n_shfl, fused in cases:
         if dot == "False" and M == "2":
             # the per-tile CUDA-core form reduces in its K loop (why it loses at M = 2); the

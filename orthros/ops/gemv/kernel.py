@@ -146,7 +146,8 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
                  NORM: tl.constexpr = False, SILU: tl.constexpr = False, HAS_RES: tl.constexpr = False,
                  EMU_RNE: tl.constexpr = False, NORM_M: tl.constexpr = 1, NORM_K: tl.constexpr = 16,
                  DEFER: tl.constexpr = False, NORM_LATE: tl.constexpr = False, PDL: tl.constexpr = False,
-                 PF_LINES: tl.constexpr = 0, PF_STEP: tl.constexpr = 64, SIGNAL_END: tl.constexpr = False):
+                 PF_LINES: tl.constexpr = 0, PF_STEP: tl.constexpr = 64, SIGNAL_END: tl.constexpr = False,
+                 W_EVICT: tl.constexpr = ""):
     """Program ``(pid_n, pid_k)``: output rows ``[pid_n * BLOCK_N, +BLOCK_N)`` over ``K`` slice
     ``[pid_k * k_per_split, +k_per_split)``. ``M_ROWS`` (= M, constexpr) unrolls the CUDA-core
     form; ``BLOCK_M`` is the accumulator's row count (pow2 >= M; 16 in the dot form). ``DEFER``
@@ -173,7 +174,11 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
     for the first ``PF_LINES`` lines (``PF_STEP`` elements each) of each of its weight rows
     (read-only, so safe to read early), so its K loop starts on L2 hits instead of a cold HBM
     stream; it touches no other memory before its wait. It signals the kernel behind right after
-    the wait, or after its K loop with ``SIGNAL_END``."""
+    the wait, or after its K loop with ``SIGNAL_END``.
+
+    ``W_EVICT``: the weight loads' eviction policy (``""``: the default; ``"evict_first"``: the
+    streamed weight is the first L2 lets go, as Inductor marks gpt-fast's weights, so the small
+    data that is read again, the input rows and the next GEMV's prefetched lines, stays)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -227,9 +232,9 @@ def _gemv_kernel(X, W, B, Y, P, NW, R, M, N, K, sxm, swn, srm, k_per_split, eps,
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_ok = offs_k < k_hi
         if EVEN_K:
-            w = tl.load(w_rows + offs_k[None, :])
+            w = tl.load(w_rows + offs_k[None, :], eviction_policy=W_EVICT)
         else:
-            w = tl.load(w_rows + offs_k[None, :], mask=k_ok[None, :], other=0.0)
+            w = tl.load(w_rows + offs_k[None, :], mask=k_ok[None, :], other=0.0, eviction_policy=W_EVICT)
         if DOT:
             xt = _prologue(X, offs_m[None, :] * sxm + offs_k[:, None], m_ok[None, :] & k_ok[:, None],
                            NW, offs_k[:, None], k_ok[:, None], rstd[None, :], K, NORM, SILU, True, not EVEN_K, EMU_RNE)
@@ -348,7 +353,8 @@ class GemvConfig:
     """One launch configuration: ``block_n`` output rows and ``block_k`` of K per tile
     (powers of two; ``dot`` needs both >= 16), ``split`` K slices (1: no split-K),
     ``dot`` the tensor-core form, ``defer`` the CUDA-core form with its reduction over K
-    deferred to after the loop (not with ``dot``), and Triton's ``num_warps`` / ``num_stages``."""
+    deferred to after the loop (not with ``dot``), Triton's ``num_warps`` / ``num_stages``, and
+    ``evict_first``: the weight loads marked ``evict_first`` (``W_EVICT`` of the kernel)."""
 
     block_n: int = 16
     block_k: int = 512
@@ -357,6 +363,7 @@ class GemvConfig:
     num_warps: int = 4
     num_stages: int = 3
     defer: bool = False
+    evict_first: bool = False
 
     def __post_init__(self):
         for name in ("block_n", "block_k", "num_warps"):
@@ -373,27 +380,32 @@ class GemvConfig:
             raise ValueError(f"GemvConfig.split must be an int in [1, 64], got {self.split!r}")
         if not isinstance(self.num_stages, int) or self.num_stages < 1:
             raise ValueError(f"GemvConfig.num_stages must be a positive int, got {self.num_stages!r}")
+        if not isinstance(self.evict_first, bool):
+            raise ValueError(f"GemvConfig.evict_first must be a bool, got {self.evict_first!r}")
 
     @property
     def label(self) -> str:
-        """``"<block_n>x<block_k> s<split> <dot|defer|fma> w<num_warps> st<num_stages>"``, as the
-        benchmarks print a config (:meth:`parse` reads it back)."""
+        """``"<block_n>x<block_k> s<split> <dot|defer|fma> w<num_warps> st<num_stages>[ ef]"``, as
+        the benchmarks print a config (:meth:`parse` reads it back; ``ef``: ``evict_first``)."""
         form = "dot" if self.dot else "defer" if self.defer else "fma"
-        return f"{self.block_n}x{self.block_k} s{self.split} {form} w{self.num_warps} st{self.num_stages}"
+        return (f"{self.block_n}x{self.block_k} s{self.split} {form} w{self.num_warps} st{self.num_stages}"
+                + (" ef" if self.evict_first else ""))
 
     @classmethod
     def parse(cls, text: str) -> "GemvConfig":
         """The config a :attr:`label` names, e.g. ``"2x1024 s1 defer w16 st1"``; the split, form,
-        warps and stages may be left out (``s1``, ``fma``, ``w4``, ``st3``). ``ValueError``
-        saying what is wrong."""
-        m = re.fullmatch(r"\s*(\d+)x(\d+)((?:\s+(?:s\d+|dot|defer|fma|w\d+|st\d+))*)\s*", str(text))
+        warps and stages may be left out (``s1``, ``fma``, ``w4``, ``st3``), ``ef`` added
+        (``evict_first``). ``ValueError`` saying what is wrong."""
+        m = re.fullmatch(r"\s*(\d+)x(\d+)((?:\s+(?:s\d+|dot|defer|fma|w\d+|st\d+|ef))*)\s*", str(text))
         if m is None:
             raise ValueError(f"{text!r} is no GEMV config: write '<block_n>x<block_k> [s<split>] [dot|defer|fma] "
-                             f"[w<warps>] [st<stages>]', e.g. '2x1024 s1 defer w16 st1'")
+                             f"[w<warps>] [st<stages>] [ef]', e.g. '2x1024 s1 defer w16 st1'")
         kw = {"block_n": int(m.group(1)), "block_k": int(m.group(2))}
         for name, digits in re.findall(r"([a-z]+)(\d*)", m.group(3)):
             if digits:  # s / w / st and a count
                 kw[{"s": "split", "w": "num_warps", "st": "num_stages"}[name]] = int(digits)
+            elif name == "ef":
+                kw["evict_first"] = True
             else:  # the form
                 kw.update(dot=name == "dot", defer=name == "defer")
         return cls(**kw)
@@ -445,7 +457,14 @@ def pick_config(M: int, N: int, K: int) -> GemvConfig:
         cfg = OVERRIDES.get((M, N, K))
         if cfg is not None:
             return cfg
-    return _row(M, N, K, len(_INSTALLED))[3]
+    cfg = _row(M, N, K, len(_INSTALLED))[3]
+    return dataclasses.replace(cfg, evict_first=True) if EVICT_FIRST else cfg
+
+
+# ORTHROS_GEMV_EVICT_FIRST=1 (read at import): every table config with ``evict_first`` (the weight
+# stream marked evict_first in L2), for A/B runs of the whole step. Not measured yet
+# (docs/results/s38-2026-12-05/next_call.sh).
+EVICT_FIRST = env_number("ORTHROS_GEMV_EVICT_FIRST", "0", int, "0 or 1") != 0
 
 
 def _first(rows, M: int, N: int, K: int):
@@ -637,7 +656,8 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
         HAS_BIAS=bias is not None, UPCAST=upcast, PREC=prec, EVEN_K=K % cfg.block_k == 0, NUM_STAGES=cfg.num_stages,
         NORM=flags["NORM"] and not late, SILU=flags["SILU"], HAS_RES=split == 1 and flags["HAS_RES"], EMU_RNE=emu_rne,
         **_norm_tile(M, K, flags["NORM"] and not late), DEFER=cfg.defer, NORM_LATE=flags["NORM"] and late,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl, **early)
+        W_EVICT="evict_first" if cfg.evict_first else "", num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl,
+        **early)
     if split > 1 and norm_out:  # one program a row: the whole row for its RMSNorm
         block = pow2(N)
         _gemv_reduce_norm[(M,)](part, b, y, r, out_norm_weight, yn, M * N, N, srm, float(out_norm_eps), SPLIT=split,
