@@ -462,8 +462,9 @@ def pick_config(M: int, N: int, K: int) -> GemvConfig:
 
 
 # ORTHROS_GEMV_EVICT_FIRST=1 (read at import): every table config with ``evict_first`` (the weight
-# stream marked evict_first in L2), for A/B runs of the whole step. Not measured yet
-# (docs/results/s38-2026-12-05/next_call.sh).
+# stream marked evict_first in L2), for A/B runs of the whole step. On an H100 the pair's 1K step
+# was level with it (5.682 / 5.684 against 5.683 / 5.685 ms; docs/performance.md, inference change
+# 42), so it is off; not tried on an H200.
 EVICT_FIRST = env_number("ORTHROS_GEMV_EVICT_FIRST", "0", int, "0 or 1") != 0
 
 
