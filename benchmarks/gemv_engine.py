@@ -110,7 +110,7 @@ def parse_args(argv=None):
     for text in labels:
         if text == "table":
             continue
-        if text == "table ef":
+        if text == TABLE_EF:
             a.candidates[text] = TABLE_EF
             continue
         try:

@@ -1,10 +1,10 @@
 """Issue #18, target 1 across processes: the B = 1 decode step of Orthros and of gpt-fast at one
 context, each process its own point (``roofline.py`` results.json files that hold both rows), and
 the ratio against the 1.2x target (against gpt-fast's fastest setup where the run timed several:
-``roofline.py --gpt-fast-setups``, their range drawn as a bar). gpt-fast's step varies between processes much more than ours,
-and with the same kernels and tuned configs: it depends on where its CUDA graph's buffers land,
-mostly through its down projection (docs/results/s38-2026-12-05/). One process says little about
-the ratio.
+``roofline.py --gpt-fast-setups``, their range drawn as a bar). gpt-fast's step varies between
+processes much more than ours, and with the same kernels and tuned configs: it depends on where
+its CUDA graph's buffers land, mostly through its down projection (docs/results/s38-2026-12-05/).
+One process says little about the ratio.
 
     python benchmarks/plot_peer_spread.py RESULTS_JSON [RESULTS_JSON ...] --out PNG [--system orthros+gemv]
 """

@@ -282,7 +282,7 @@ def main():
                    help="with --peer --compile --timeline: copy the Inductor source and the tuned launch config "
                         "(.best_config) of gpt-fast's heaviest kernels to DIR")
     p.add_argument("--modes", default="orthros,full",
-                   help="decode: the engine's modes profiled, comma-separated (orthros, full); '' (with --peer): "
+                   help="the engine's modes profiled, comma-separated (orthros, full); '' (decode, with --peer): "
                         "none, the peer alone")
     p.add_argument("--peer-setups", type=int, default=1, metavar="N",
                    help="with --peer: time the peer's step in N setups (a new CUDA graph and activation pool each, "

@@ -244,7 +244,7 @@ class GptFastPeer:
 
         self.step = (torch.compile(_decode_one_token, mode="reduce-overhead", fullgraph=True) if compile
                      else _decode_one_token)
-        self._spacers = []  # new_setup's allocations, held until free_caches
+        self._spacers = []  # new_setup's allocations, held until time_decode returns
 
     def new_setup(self) -> None:
         """A new setup of the compiled step: Dynamo's caches dropped and the step compiled again.
