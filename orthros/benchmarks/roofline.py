@@ -242,8 +242,7 @@ class GptFastPeer:
             self.model = mod.Transformer(self.args).eval()
         self.model.requires_grad_(False)
 
-        self.step = (torch.compile(_decode_one_token, mode="reduce-overhead", fullgraph=True) if compile
-                     else _decode_one_token)
+        self.step = self._compiled_step() if compile else _decode_one_token
         self._spacers = []  # new_setup's allocations, held until time_decode returns
 
     def new_setup(self) -> None:
@@ -258,7 +257,12 @@ class GptFastPeer:
         torch._dynamo.reset()  # the engine's compiled pieces, if any, compile again on next use
         n = len(self._spacers) + 1
         self._spacers.append(torch.empty((11 + 97 * n % 509) << 20, dtype=torch.uint8, device=self.device))
-        self.step = torch.compile(_decode_one_token, mode="reduce-overhead", fullgraph=True)
+        self.step = self._compiled_step()
+
+    @staticmethod
+    def _compiled_step():
+        """The step compiled as gpt-fast's ``generate.py`` compiles ``decode_one_token``."""
+        return torch.compile(_decode_one_token, mode="reduce-overhead", fullgraph=True)
 
     def _context(self):
         stack = contextlib.ExitStack()
