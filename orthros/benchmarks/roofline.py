@@ -7,7 +7,11 @@ command; ``docs/benchmarks.md``, section "Issue #18", has the method and the exa
   same engine's Transformer (:func:`orthros.benchmarks.inference.bench_decode`, compiled
   engine, CUDA graphs) and of gpt-fast's own ``model.py`` (a peer of the same shape, compiled
   with ``mode="reduce-overhead", fullgraph=True`` as its ``generate.py`` does); each as a
-  fraction of the HBM floor ``(weight bytes + B * L * KV bytes per token) / copy bandwidth``.
+  fraction of the HBM floor ``(weight bytes + B * L * KV bytes per token) / copy bandwidth``,
+  and of the read floor, the same bytes over the read-only ceiling measured in the same run
+  (:func:`orthros.benchmarks.read_stream.read_bandwidth`: a stream that only reads runs past a
+  copy, which also writes). Where the pair misses 1.2x over gpt-fast, the summary says what
+  step it would need, as a fraction of each floor.
   gpt-fast's step moves with where its CUDA graph's activations land; ``--gpt-fast-setups N``
   times it in N setups a cell (:meth:`GptFastPeer.new_setup`) and keeps the fastest.
 * **batched** (B = 8, 32, 64 at 4K and 32K): tokens/s of the same three systems; a cell whose
@@ -48,6 +52,7 @@ from .inference import _free, bench_decode, copy_bandwidth, decode_compile_optio
     decode_qkv_kernel, measure, metadata, parse_bwd_config, parse_compile_options, parse_decode_config, print_table, \
     save, time_call, trace_kernels
 from .models import orthros_model, weight_bytes_per_step
+from .read_stream import read_bandwidth
 
 SECTIONS = ("decode", "batched", "window")
 SYSTEMS = ("orthros", "full", "gpt-fast")  # the engine's two modes, and the peer
@@ -82,7 +87,8 @@ def kv_bytes_per_token(config, dtype) -> int:
 
 def decode_floor_ms(weight_bytes: int, kv_per_token: int, B: int, L: int, bandwidth: float) -> float:
     """HBM floor of one decode step: every weight once plus the K/V of ``B`` rows of ``L``
-    tokens, at ``bandwidth`` (bytes/s, read + written, as :func:`copy_bandwidth` measures)."""
+    tokens, at ``bandwidth`` (bytes/s: the copy's, read + written, as :func:`copy_bandwidth`
+    measures, for the targets' floor; the read-only ceiling for the read floor)."""
     return 1000.0 * (weight_bytes + B * L * kv_per_token) / bandwidth
 
 
@@ -395,11 +401,12 @@ def _decode_cells(sweep: Sweep, section: str, pairs, ctx) -> None:
         ctx["peer"]
     for B, L in pairs:
         floor = decode_floor_ms(wbytes, kvtok, B, L, bw)
+        read_floor = decode_floor_ms(wbytes, kvtok, B, L, ctx["read_bw"])
         for system in SYSTEMS + (GEMV_SYSTEMS if a.gemv else ()):
             if a.systems is not None and system not in a.systems:
                 continue  # --systems (recorded in the metadata)
-            base = {"section": section, "system": system, "B": B, "L": L, "floor_ms": floor, "weight_bytes": wbytes,
-                    "kv_bytes": B * L * kvtok}
+            base = {"section": section, "system": system, "B": B, "L": L, "floor_ms": floor,
+                    "read_floor_ms": read_floor, "weight_bytes": wbytes, "kv_bytes": B * L * kvtok}
             rows = B * (2 if system.startswith("orthros") else 1)  # a step's GEMV rows: the pair has two a sequence
             if system in GEMV_SYSTEMS and rows > MAX_M:
                 sweep.skip(base, f"{rows} GEMV rows: the fused GEMV takes <= {MAX_M} (it would run the "
@@ -439,7 +446,8 @@ def _decode_cells(sweep: Sweep, section: str, pairs, ctx) -> None:
                 _free(dev)
                 sweep.skip(base, f"out of memory: {str(e)[:120]}")
                 continue
-            row = {**base, **res, "frac_of_floor": floor / res["ms_per_step"], "cell_s": round(time.time() - t, 1)}
+            row = {**base, **res, "frac_of_floor": floor / res["ms_per_step"],
+                   "frac_of_read_floor": read_floor / res["ms_per_step"], "cell_s": round(time.time() - t, 1)}
             eager = (f"; WARNING: not the compiled engine, pieces ran eagerly after a failed torch.compile: "
                      f"{', '.join(row['eager_fallbacks'])}" if row.get("eager_fallbacks") else "")
             setups = (f"; the fastest of {len(row['setups_ms'])} setups: "
@@ -550,10 +558,35 @@ def summarize(rows: List[Dict]) -> List[Dict]:
     return out
 
 
+def gpt_fast_needs(rows: List[Dict]) -> List[Dict]:
+    """For each decode point where an Orthros system misses 1.2x over gpt-fast (the target at the
+    shortest context, :data:`TARGETS`): the step it would need, as milliseconds and as fractions of
+    the point's copy floor and read floor (rows without a read floor, from runs before it was
+    measured, give ``None`` for it)."""
+    ms = {(r["system"], r["B"], r["L"]): r for r in _by(rows, section="decode") if "ms_per_step" in r}
+    if not ms:
+        return []
+    first = min(L for _, _, L in ms)
+    goal = TARGETS["decode_vs_gpt_fast"]
+    out = []
+    for (system, B, L), r in sorted(ms.items()):
+        g = ms.get(("gpt-fast", B, L))
+        if L != first or not system.startswith("orthros") or g is None or g["ms_per_step"] / r["ms_per_step"] >= goal:
+            continue
+        need = g["ms_per_step"] / goal
+        rf = r.get("read_floor_ms")
+        out.append({"point": f"{system} B={B} L={L}", "ms_per_step": r["ms_per_step"], "needs_ms": need,
+                    "cut": 1 - need / r["ms_per_step"], "needs_frac_of_floor": r["floor_ms"] / need,
+                    "needs_frac_of_read_floor": None if rf is None else rf / need,
+                    "frac_of_read_floor": None if rf is None else rf / r["ms_per_step"]})
+    return out
+
+
 def join_runs(runs: List[Dict]):
     """Rows of several results.json and the first run's metadata, with what differs between the
     runs: every run's commit, date and device (" / " between them) and the range of the ceilings
-    they measured (``copy_bw_tb_s`` and ``matmul_tflop_s`` become ``[lowest, highest]``).
+    they measured (``copy_bw_tb_s``, ``read_bw_tb_s`` and ``matmul_tflop_s`` become
+    ``[lowest, highest]``).
 
     A point (section, B, L, T and pass: every system compared there) is taken whole from the
     last run that measured any system at it, so that each ratio drawn or summarized is one of
@@ -573,7 +606,7 @@ def join_runs(runs: List[Dict]):
         seen = list(dict.fromkeys(str(m[key]) for m in metas if m.get(key)))
         if len(seen) > 1:
             meta[key] = " / ".join(seen)
-    for key in ("copy_bw_tb_s", "matmul_tflop_s"):
+    for key in ("copy_bw_tb_s", "read_bw_tb_s", "matmul_tflop_s"):
         seen = [m[key] for m in metas if isinstance(m.get(key), (int, float))]
         if len(set(seen)) > 1:
             meta[key] = [min(seen), max(seen)]
@@ -591,7 +624,9 @@ def print_summary(rows: List[Dict]):
     dec = [r for r in rows if r.get("section") in ("decode", "batched")]
     if dec:
         print_table(dec, ["section", "system", "B", "L", "ms_per_step", "tokens_per_s", "floor_ms", "frac_of_floor",
-                          "skipped"], "decode steps (floor = (weights + B*L*KV bytes) / copy bandwidth)")
+                          "read_floor_ms", "frac_of_read_floor", "skipped"],
+                    "decode steps (floor = (weights + B*L*KV bytes) / copy bandwidth; read floor: the same bytes "
+                    "/ the read-only ceiling)")
     win = [r for r in rows if r.get("section") == "window"]
     if win:
         print_table(win, ["T", "pass", "orthros_ms", "flex_ms", "speedup_vs_flex", "floor_ms", "bound", "frac_of_floor",
@@ -601,6 +636,12 @@ def print_summary(rows: List[Dict]):
         print_table([{**s, "goal": "" if s["goal"] is None else s["goal"],
                       "met": {True: "met", False: "NOT met", None: "info"}[s["met"]]} for s in summ],
                     ["target", "point", "value", "goal", "met"], "targets")
+    needs = gpt_fast_needs(rows)
+    if needs:
+        print_table(needs, ["point", "ms_per_step", "needs_ms", "cut", "needs_frac_of_floor", "frac_of_read_floor",
+                            "needs_frac_of_read_floor"],
+                    f"what {TARGETS['decode_vs_gpt_fast']:g}x over gpt-fast needs (the step, and the fractions of the "
+                    f"floors it would run at)")
     return summ
 
 
@@ -672,7 +713,8 @@ def plot(rows: List[Dict], meta: Dict, path: str) -> None:
               label=f"Flex {pas}", color=c, linestyle=":")
     finish(axes[1, 2], "window stream: own floor / measured", "fraction of floor", 1.0, "T (tokens)")
     fig.suptitle(f"Issue #18 roofline: {meta.get('device', '?')}, {meta.get('date', '')}, commit "
-                 f"{meta.get('commit', '?')}, copy {_ceiling(meta.get('copy_bw_tb_s'), '.2f')} TB/s, GEMM "
+                 f"{meta.get('commit', '?')}, copy {_ceiling(meta.get('copy_bw_tb_s'), '.2f')} TB/s, read "
+                 f"{_ceiling(meta.get('read_bw_tb_s'), '.2f')} TB/s, GEMM "
                  f"{_ceiling(meta.get('matmul_tflop_s'), '.0f')} TFLOP/s", fontsize=11)
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
@@ -867,6 +909,7 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
     os.makedirs(a.out, exist_ok=True)
     shape_model = orthros_model(preset, device="meta", dtype=dtype)  # the shape, no memory
     bw = copy_bandwidth(dev, 2**30 if cuda else 2**24)
+    read = read_bandwidth(dev, 2**31 if cuda else 2**24)
     gemm_n = 8192 if cuda else 256
     flops = matmul_throughput(dev, dtype, gemm_n)
     pairs_dec = [(1, L) for L in a.contexts] if "decode" in a.sections else []
@@ -880,7 +923,9 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
         "argv": sys.argv[1:], "sections": a.sections, "quick": a.quick, "compile": a.compile, "fuse": not a.no_fuse, "gemv": a.gemv,
         "systems": list(a.systems) if a.systems else "all",
         "pdl": pdl_settings(dev),
-        "copy_bw_tb_s": bw / 1e12, "matmul_tflop_s": flops / 1e12, "matmul_n": gemm_n,
+        "copy_bw_tb_s": bw / 1e12, "read_bw_tb_s": read["bytes_per_s"] / 1e12, "read_bw_how": read["how"],
+        "read_bw_candidates": {how: b / 1e12 for how, b in read["candidates"]},
+        "matmul_tflop_s": flops / 1e12, "matmul_n": gemm_n,
         "weight_bytes_per_step": weight_bytes_per_step(shape_model),
         "kv_bytes_per_token": kv_bytes_per_token(shape_model.config, dtype),
         "steps": a.steps, "warmup": a.warmup, "targets": TARGETS,
@@ -891,10 +936,11 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
     if not a.gpt_fast and (pairs_dec or pairs_bat):
         print("note: no --gpt-fast-dir given: the gpt-fast rows are skipped", flush=True)
     print(f"# issue 18 roofline on {meta['device']} (torch {meta['torch']}, triton {meta['triton']}), commit "
-          f"{meta['commit']}: copy {bw / 1e12:.3f} TB/s, {gemm_n}^3 GEMM {flops / 1e12:.1f} TFLOP/s", flush=True)
+          f"{meta['commit']}: copy {bw / 1e12:.3f} TB/s, read {read['bytes_per_s'] / 1e12:.3f} TB/s ({read['how']}), "
+          f"{gemm_n}^3 GEMM {flops / 1e12:.1f} TFLOP/s", flush=True)
     sweep = Sweep(a, meta, total)
     sweep.write()
-    ctx = {"device": dev, "bw": bw, "flops": flops, "compile": a.compile, "peer": None, "model": None}
+    ctx = {"device": dev, "bw": bw, "read_bw": read["bytes_per_s"], "flops": flops, "compile": a.compile, "peer": None, "model": None}
     from .inference import CompileFallbacks
 
     from ..ops.gemv.kernel import configs_installed, rows_to_json
@@ -979,4 +1025,4 @@ def main(argv=None, window_factory: Optional[Callable] = None) -> int:
 
 __all__ = ["SECTIONS", "TARGETS", "kv_bytes_per_token", "decode_floor_ms", "query_block_tiles", "key_block_tiles",
            "window_floor", "matmul_throughput", "load_gpt_fast", "gpt_fast_args", "GptFastPeer", "summarize",
-           "join_runs", "plot", "build_parser", "parse_args", "run", "main"]
+           "gpt_fast_needs", "join_runs", "plot", "build_parser", "parse_args", "run", "main"]

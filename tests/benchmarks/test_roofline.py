@@ -104,6 +104,8 @@ def test_quick_cpu_sweep_writes_consistent_json_and_plot(tmp_path, gpt_fast_dir)
     assert meta["issue"] == 18 and meta["device"] and meta["date"] and "commit" in meta and meta["torch"]
     assert meta["gpt_fast"]["upstream"] == "stand-in for the test"
     assert meta["kv_bytes_per_token"] == 512 and meta["copy_bw_tb_s"] > 0 and meta["matmul_tflop_s"] > 0
+    assert meta["read_bw_how"] == "torch.sum" and meta["read_bw_candidates"] == {"torch.sum": meta["read_bw_tb_s"]}
+    read_bw = meta["read_bw_tb_s"] * 1e12
     assert meta["fuse"] is True  # the engine's default: fused projections
     bw = meta["copy_bw_tb_s"] * 1e12
     dec = [r for r in rows if r["section"] in ("decode", "batched")]
@@ -120,6 +122,8 @@ def test_quick_cpu_sweep_writes_consistent_json_and_plot(tmp_path, gpt_fast_dir)
         assert r["kv_bytes"] == r["B"] * r["L"] * 512
         assert r["floor_ms"] == pytest.approx(1000 * (meta["weight_bytes_per_step"] + r["kv_bytes"]) / bw)
         assert r["frac_of_floor"] == pytest.approx(r["floor_ms"] / r["ms_per_step"])
+        assert r["read_floor_ms"] == pytest.approx(1000 * (meta["weight_bytes_per_step"] + r["kv_bytes"]) / read_bw)
+        assert r["frac_of_read_floor"] == pytest.approx(r["read_floor_ms"] / r["ms_per_step"])
         assert r["tokens_per_s"] == pytest.approx(1000 * r["B"] / r["ms_per_step"], rel=1e-6)
     win = [r for r in rows if r["section"] == "window"]
     assert {r["pass"] for r in win} == {"fwd", "fwd+bwd", "fwd+bwd graph"}
@@ -233,11 +237,12 @@ def test_join_runs_prefers_measured_cells():
     assert rows == [ours2, full2]
     assert {s["target"] for s in R.summarize(rows)} == {"batched_vs_full"}  # no ratio of run 2 to run 1's peer
     _, meta = R.join_runs([{"meta": {"date": "2026-12-03", "device": "H200", "copy_bw_tb_s": 4.0,
-                                     "matmul_tflop_s": 770.0}, "rows": []},
+                                     "read_bw_tb_s": 4.5, "matmul_tflop_s": 770.0}, "rows": []},
                            {"meta": {"date": "2026-12-04", "device": "H200", "copy_bw_tb_s": 4.2,
-                                     "matmul_tflop_s": 770.0}, "rows": []}])
+                                     "read_bw_tb_s": 4.4, "matmul_tflop_s": 770.0}, "rows": []}])
     assert meta["date"] == "2026-12-03 / 2026-12-04" and meta["device"] == "H200"
-    assert meta["copy_bw_tb_s"] == [4.0, 4.2] and meta["matmul_tflop_s"] == 770.0
+    assert meta["copy_bw_tb_s"] == [4.0, 4.2] and meta["read_bw_tb_s"] == [4.4, 4.5]
+    assert meta["matmul_tflop_s"] == 770.0
     assert R._ceiling(meta["copy_bw_tb_s"], ".2f") == "4.00-4.20" and R._ceiling(770.0, ".0f") == "770"
     assert R._ceiling(None, ".2f") == "nan"
 
@@ -490,3 +495,27 @@ def test_qkv_kernel_flag_sets_the_engines_default_for_the_run_and_restores_it(tm
     assert seen and not any(seen)
     assert engine_mod.DECODE_QKV_KERNEL is keep
     assert json.loads((out / "results.json").read_text())["meta"]["qkv_kernel"] is False
+
+
+def test_gpt_fast_needs_names_the_step_that_1_2x_needs_at_the_shortest_context_only():
+    """The summary's "what 1.2x needs" table: for an Orthros system short of 1.2x over gpt-fast at
+    the target's context, the step it needs and the fractions of both floors; none where the ratio
+    is met, none at longer contexts, and no read fraction from rows measured before the read floor."""
+    def row(system, L, t, read=True):
+        r = {"section": "decode", "system": system, "B": 1, "L": L, "ms_per_step": t, "floor_ms": 5.2}
+        if read:
+            r["read_floor_ms"] = 4.85
+        return r
+
+    rows = [row("gpt-fast", 1024, 6.246), row("orthros+gemv", 1024, 5.685), row("orthros", 1024, 5.0),
+            row("full+gemv", 1024, 5.7), row("gpt-fast", 4096, 9.0), row("orthros+gemv", 4096, 8.0)]
+    needs = R.gpt_fast_needs(rows)
+    assert [n["point"] for n in needs] == ["orthros+gemv B=1 L=1024"]  # orthros meets 1.2x; full is no pair
+    n = needs[0]
+    assert n["needs_ms"] == pytest.approx(6.246 / 1.2) and n["cut"] == pytest.approx(1 - 6.246 / 1.2 / 5.685)
+    assert n["needs_frac_of_floor"] == pytest.approx(5.2 / (6.246 / 1.2))
+    assert n["needs_frac_of_read_floor"] == pytest.approx(4.85 / (6.246 / 1.2))
+    assert n["frac_of_read_floor"] == pytest.approx(4.85 / 5.685)
+    old = R.gpt_fast_needs([row("gpt-fast", 1024, 6.246, read=False), row("orthros+gemv", 1024, 5.685, read=False)])
+    assert old[0]["needs_frac_of_read_floor"] is None and old[0]["frac_of_read_floor"] is None
+    assert R.gpt_fast_needs([]) == [] and R.gpt_fast_needs([dict(row("gpt-fast", 1024, 6.0), skipped="deadline")]) == []
