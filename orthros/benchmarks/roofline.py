@@ -713,9 +713,9 @@ def plot(rows: List[Dict], meta: Dict, path: str) -> None:
               label=f"Flex {pas}", color=c, linestyle=":")
     finish(axes[1, 2], "window stream: own floor / measured", "fraction of floor", 1.0, "T (tokens)")
     fig.suptitle(f"Issue #18 roofline: {meta.get('device', '?')}, {meta.get('date', '')}, commit "
-                 f"{meta.get('commit', '?')}, copy {_ceiling(meta.get('copy_bw_tb_s'), '.2f')} TB/s, read "
-                 f"{_ceiling(meta.get('read_bw_tb_s'), '.2f')} TB/s, GEMM "
-                 f"{_ceiling(meta.get('matmul_tflop_s'), '.0f')} TFLOP/s", fontsize=11)
+                 f"{meta.get('commit', '?')}, copy {_ceiling(meta.get('copy_bw_tb_s'), '.2f')} TB/s, "
+                 + (f"read {_ceiling(meta['read_bw_tb_s'], '.2f')} TB/s, " if meta.get("read_bw_tb_s") else "")
+                 + f"GEMM {_ceiling(meta.get('matmul_tflop_s'), '.0f')} TFLOP/s", fontsize=11)
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
 
