@@ -2,7 +2,7 @@
 
 :func:`orthros.benchmarks.inference.copy_bandwidth` times a device-to-device copy, which reads and
 writes; the decode floors of issue #18 divide a step's bytes by it. A decode step only reads its
-weights and cache, and a read-only stream runs past a copy (on an H100 at 106-107% of it, on an
+weights and cache, and a read-only stream runs past a copy (on an H100 at 106-108% of it, on an
 H200 the LM head's GEMV at 109%). :func:`read_bandwidth` measures that ceiling in the same run, so
 a step can also be read against ``bytes / read ceiling``: the floor of a kernel that reads those
 bytes once.

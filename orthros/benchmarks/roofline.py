@@ -940,7 +940,8 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
           f"{gemm_n}^3 GEMM {flops / 1e12:.1f} TFLOP/s", flush=True)
     sweep = Sweep(a, meta, total)
     sweep.write()
-    ctx = {"device": dev, "bw": bw, "read_bw": read["bytes_per_s"], "flops": flops, "compile": a.compile, "peer": None, "model": None}
+    ctx = {"device": dev, "bw": bw, "read_bw": read["bytes_per_s"], "flops": flops, "compile": a.compile, "peer": None,
+           "model": None}
     from .inference import CompileFallbacks
 
     from ..ops.gemv.kernel import configs_installed, rows_to_json
