@@ -498,6 +498,11 @@ def _by(rows, **kw):
     return [r for r in rows if all(r.get(k) == v for k, v in kw.items()) and "skipped" not in r]
 
 
+def _steps(rows, section: str) -> Dict:
+    """The measured step rows of ``section`` by ``(system, B, L)``."""
+    return {(r["system"], r["B"], r["L"]): r for r in _by(rows, section=section) if "ms_per_step" in r}
+
+
 def summarize(rows: List[Dict]) -> List[Dict]:
     """One line per target and point: the measured ratio, the target, met or not. A point that
     uses a row timed with pieces run eagerly after a failed compile (``eager_fallbacks``) is
@@ -563,7 +568,7 @@ def gpt_fast_needs(rows: List[Dict]) -> List[Dict]:
     shortest context, :data:`TARGETS`): the step it would need, as milliseconds and as fractions of
     the point's copy floor and read floor (rows without a read floor, from runs before it was
     measured, give ``None`` for it)."""
-    ms = {(r["system"], r["B"], r["L"]): r for r in _by(rows, section="decode") if "ms_per_step" in r}
+    ms = _steps(rows, "decode")
     if not ms:
         return []
     first = min(L for _, _, L in ms)
@@ -671,7 +676,7 @@ def plot(rows: List[Dict], meta: Dict, path: str) -> None:
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", **kw)
 
-    ms = {(r["system"], r["B"], r["L"]): r for r in _by(rows, section="decode") if "ms_per_step" in r}
+    ms = _steps(rows, "decode")
     for s in SYSTEMS + GEMV_SYSTEMS:
         curve(axes[0, 0], [(L, r["frac_of_floor"]) for (x, _, L), r in ms.items() if x == s],
               label=LABELS[s], color=colors[s])
@@ -683,7 +688,7 @@ def plot(rows: List[Dict], meta: Dict, path: str) -> None:
               label=f"{LABELS[s]} vs gpt-fast", color=colors[s])
     finish(axes[0, 1], "decode B=1: speed-up over gpt-fast (target at 1K)", "gpt-fast time / time",
            TARGETS["decode_vs_gpt_fast"], "context (tokens)")
-    bms = {(r["system"], r["B"], r["L"]): r for r in _by(rows, section="batched") if "ms_per_step" in r}
+    bms = _steps(rows, "batched")
     Ls = sorted({k[2] for k in bms})
     for i, L in enumerate(Ls):
         curve(axes[0, 2], [(B, r["ms_per_step"] / bms[("full", B, L)]["ms_per_step"])

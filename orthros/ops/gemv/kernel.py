@@ -449,6 +449,13 @@ CONFIGS: Tuple[Tuple[int, int, int, GemvConfig], ...] = (
 OVERRIDES: Dict[Tuple[int, int, int], GemvConfig] = {}
 
 
+# ORTHROS_GEMV_EVICT_FIRST=1 (read at import): every table config with ``evict_first`` (the weight
+# stream marked evict_first in L2), for A/B runs of the whole step. On an H100 the pair's 1K step
+# was level with it (5.682 / 5.684 against 5.683 / 5.685 ms; docs/performance.md, inference change
+# 42), so it is off; not tried on an H200.
+EVICT_FIRST = env_number("ORTHROS_GEMV_EVICT_FIRST", "0", int, "0 or 1") != 0
+
+
 def pick_config(M: int, N: int, K: int) -> GemvConfig:
     """The :data:`CONFIGS` entry for this shape (:data:`OVERRIDES`' first, then the rows of
     :func:`configs_installed`): a pure function of ``(M, N, K)`` (no tuning, no device query).
@@ -459,13 +466,6 @@ def pick_config(M: int, N: int, K: int) -> GemvConfig:
             return cfg
     cfg = _row(M, N, K, len(_INSTALLED))[3]
     return dataclasses.replace(cfg, evict_first=True) if EVICT_FIRST else cfg
-
-
-# ORTHROS_GEMV_EVICT_FIRST=1 (read at import): every table config with ``evict_first`` (the weight
-# stream marked evict_first in L2), for A/B runs of the whole step. On an H100 the pair's 1K step
-# was level with it (5.682 / 5.684 against 5.683 / 5.685 ms; docs/performance.md, inference change
-# 42), so it is off; not tried on an H200.
-EVICT_FIRST = env_number("ORTHROS_GEMV_EVICT_FIRST", "0", int, "0 or 1") != 0
 
 
 def _first(rows, M: int, N: int, K: int):
