@@ -15,7 +15,9 @@
 #   command: ORTHROS_COMMIT=<sha> bash benchmarks/roofline_gpu.sh     carry: [".gpu/gpt-fast"]
 # Optional: SECTIONS (default decode,window), T_SWEEP (hard limit, 545 s), DEADLINE (cells stop
 # starting at 475 s), RESERVE (the last 120 s before the deadline kept for the window section),
-# EXTRA (more flags, e.g. --gpt-fast-contexts all, --no-fuse), GPT_FAST (gpt-fast's folder; `none`: no peer).
+# EXTRA (more flags, e.g. --gpt-fast-contexts all, --no-fuse with GEMV=0), GPT_FAST (gpt-fast's folder; `none`: no peer),
+# GEMV (default 1: --gemv, so the engine's default on CUDA, its fused GEMVs, is measured beside the unfused rows;
+# 0: without them).
 set -u
 OUT=${OUT:-/tmp/roofline}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -30,7 +32,8 @@ GPT_FAST=${GPT_FAST:-.gpu/gpt-fast}
 
 PEER=(--gpt-fast-dir "$GPT_FAST")
 [ "$GPT_FAST" = none ] && PEER=()  # GPT_FAST=none: the engine's systems only (no ~110 s gpt-fast compiles)
-timeout -k 10 "$T_SWEEP" python3 benchmarks/roofline.py "${PEER[@]}" --sections "$SECTIONS" \
+GEMV_FLAG=(--gemv); [ "${GEMV:-1}" = 0 ] && GEMV_FLAG=()
+timeout -k 10 "$T_SWEEP" python3 benchmarks/roofline.py "${PEER[@]}" "${GEMV_FLAG[@]}" --sections "$SECTIONS" \
   --deadline-s "$DEADLINE" --window-reserve-s "$RESERVE" --out "$OUT" ${EXTRA:-} 2>&1 | tee -a "$OUT/log"
 status=${PIPESTATUS[0]}
 if [ "$status" = 124 ] || [ "$status" = 137 ]; then

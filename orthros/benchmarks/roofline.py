@@ -756,8 +756,9 @@ def build_parser():
     p.add_argument("--no-fuse", action="store_true",
                    help="engine without fused projections (Engine(fuse=False)), to compare with the default")
     p.add_argument("--gemv", action="store_true",
-                   help="decode and batched sections: also the engine with Engine(gemv=True) (fused GEMVs), both "
-                        "modes, same run (cells of <= 8 GEMV rows: the pair at B <= 4, the Transformer at B <= 8)")
+                   help="decode and batched sections: also the engine with Engine(gemv=True) (fused GEMVs, the "
+                        "engine's default on CUDA; the orthros / full rows run without them), both modes, same run "
+                        "(cells of <= 8 GEMV rows: the pair at B <= 4, the Transformer at B <= 8)")
     p.add_argument("--gemv-configs", default=None, metavar="RESULTS_JSON",
                    help="with --gemv: run the fused GEMVs with the CONFIGS rows a `benchmarks/gemv.py --fused "
                         "--sweep` run stored in this file (meta.tuned_rows), ahead of the built-in table")
@@ -858,6 +859,9 @@ def parse_args(argv=None, *, window_available: bool = True):
             p.error(f"--gpt-fast-contexts: {e}; or 'all'")
         if not set(a.gpt_fast_contexts) <= set(a.contexts):
             p.error(f"--gpt-fast-contexts {a.gpt_fast_contexts}: each must be one of --contexts {a.contexts}")
+    if a.gemv and a.no_fuse:
+        p.error("--gemv with --no-fuse: the fused GEMVs run over the fused QKV and gate/up weights "
+                "(drop one of them; roofline_gpu.sh: GEMV=0 with EXTRA=--no-fuse)")
     if a.systems is not None:
         names = [x for x in a.systems.split(",") if x]
         known = SYSTEMS + GEMV_SYSTEMS

@@ -184,6 +184,7 @@ def test_gpt_fast_contexts_all_and_list(tmp_path):
     (["--plot-only", "/nonexistent/results.json"], "--plot-only"),
     (["--gemv-configs", "/nonexistent/gemv.json"], "--gemv-configs needs --gemv"),
     (["--gemv", "--gemv-configs", "/nonexistent/gemv.json"], "no tuned rows"),
+    (["--gemv", "--no-fuse"], "--gemv with --no-fuse"),
     (["--decode-config", '{"min_spit": 64}'], "unknown key 'min_spit'"),
     (["--decode-config", "64"], "--decode-config"),
     (["--decode-compile-options", '{"combo_kernel": true}'], "not options of torch._inductor.config: 'combo_kernel'"),
