@@ -47,7 +47,7 @@ def parse_args(argv=None):
         ap.error(f"--atol must be > 0, got {a.atol}")
     if a.text is not None and not Path(a.text).is_file():
         ap.error(f"--text: {a.text!r} is not a file")
-    from orthros.evaluation.common import check_device
+    from orthros.utils import check_device
 
     try:
         a.device = check_device(a.device)

@@ -64,6 +64,60 @@ def check_positive_int(name: str, value, *, allow_none: bool = False):
     return value
 
 
+def check_device(name: str, arg: str = "--device", *, auto: bool = False) -> str:
+    """``name`` as a torch device string (``cpu``, ``cuda`` or ``cuda:N``; with ``auto``, also
+    ``"auto"``: cuda where there is one, else cpu), or a ``ValueError`` naming ``arg``: an unparsable
+    or other device type, CUDA on a machine without it, or a GPU index it lacks."""
+    import torch
+
+    allowed = ("auto, " if auto else "") + "cpu, cuda or cuda:N"
+    if auto and name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"{arg} must be {allowed}, got {name!r}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"{arg} must be {allowed}, got {name!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{arg} {name}: no CUDA device here")
+    if dev.type == "cuda" and dev.index is not None and dev.index >= torch.cuda.device_count():
+        n = torch.cuda.device_count()
+        raise ValueError(f"{arg} {name}: this machine has {n} CUDA device(s), cuda:0 to cuda:{n - 1}")
+    return str(dev)
+
+
+def file_in_the_way(path) -> Path | None:
+    """The nearest of ``path`` and its parents that exists, when it is not a directory (so nothing
+    can be made at or below ``path``), else ``None``."""
+    p = Path(path).expanduser().absolute()
+    for a in (p, *p.parents):
+        if a.exists() or a.is_symlink():
+            return None if a.is_dir() else a
+    return None
+
+
+def check_output_path(arg: str, path, *, directory: bool = False) -> None:
+    """Refuse, before any work, an output path (``arg``) that could not be written at the end: a file
+    path that is an existing directory, a folder path (``directory``) that is an existing file, or
+    either below an existing file. Creates nothing."""
+    p = Path(path).expanduser()
+    if not directory and p.is_dir():
+        raise ValueError(f"{arg} {path}: is a directory (a file path is needed)")
+    blocked = file_in_the_way(p if directory else p.parent)
+    if blocked is not None:
+        raise ValueError(f"{arg} {path}: {blocked} is a file, not a directory")
+
+
+def read_text_file(path, arg: str) -> str:
+    """The text of ``path`` as UTF-8, or a ``ValueError`` naming ``arg`` when it is not UTF-8."""
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{arg} {p}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
 def check_png(name: str, path) -> None:
     """Raise ``ValueError`` naming ``name`` unless ``path`` (a figure to write) ends in ``.png``."""
     if not str(path).lower().endswith(".png"):

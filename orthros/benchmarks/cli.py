@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..utils import DTYPE_CHOICES, parse_dtype
+from ..utils import DTYPE_CHOICES, check_device, check_output_path, parse_dtype
 
 
 def _ints(s):
@@ -104,20 +104,16 @@ def main(argv=None) -> int:
     from . import inference as I
     from .models import hf_qwen3_like, orthros_model
 
-    dev = torch.device(args.device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        print("orthros bench: error: no CUDA device; pass --device cpu (with --preset tiny for a smoke run)",
-              file=sys.stderr)
+    try:
+        dev = torch.device(check_device(args.device))
+    except ValueError as e:
+        hint = " (pass --device cpu, with --preset tiny for a smoke run)" if args.device.startswith("cuda") else ""
+        print(f"orthros bench: error: {e}{hint}", file=sys.stderr)
         return 2
-    if args.chunk < 1:
-        print("orthros bench: error: --chunk must be >= 1", file=sys.stderr)
-        return 2
-    if hasattr(args, "systems") and any(s not in I.PREFILL_SYSTEMS for s in args.systems.split(",") if s):
-        print(f"orthros bench: error: unknown systems in {args.systems!r}; choose from {I.PREFILL_SYSTEMS}",
-              file=sys.stderr)
-        return 2
-    if getattr(args, "batch", 1) < 1:
-        print("orthros bench: error: --batch must be >= 1", file=sys.stderr)
+    try:
+        _check_args(args, I.PREFILL_SYSTEMS)
+    except ValueError as e:
+        print(f"orthros bench: error: {e}", file=sys.stderr)
         return 2
     dtype = parse_dtype(args.dtype, "--dtype")
     if dev.type == "cuda":
@@ -127,6 +123,43 @@ def main(argv=None) -> int:
     for what in (("prefill", "decode", "e2e") if args.what == "all" else (args.what,)):
         _run_section(what, args, model, dev, dtype, I, hf_qwen3_like)
     return 0
+
+
+def _check_args(args, systems):
+    """Every option checked before the model is built (what the sections would otherwise find out
+    mid-sweep): ``ValueError`` naming the option."""
+    from .models import PRESETS
+
+    if args.chunk < 1:
+        raise ValueError("--chunk must be >= 1")
+    if hasattr(args, "systems") and any(s not in systems for s in args.systems.split(",") if s):
+        raise ValueError(f"unknown systems in {args.systems!r}; choose from {systems}")
+    if hasattr(args, "systems") and not any(args.systems.split(",")):
+        raise ValueError(f"--systems names no system; choose from {systems}")
+    if getattr(args, "batch", 1) < 1:
+        raise ValueError("--batch must be >= 1")
+    if args.window < 1:
+        raise ValueError(f"--window must be >= 1, got {args.window}")
+    if hasattr(args, "steps") and args.steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {args.steps}")
+    check_output_path("--out", args.out, directory=True)
+    if args.model is not None:  # a local checkpoint directory (never a hub lookup), its weights readable
+        from ..models import OrthrosConfig
+        from ..models.loading import check_weights, checkpoint_dir
+
+        d = checkpoint_dir(args.model, arg="--model")
+        check_weights(d)
+        limit = OrthrosConfig.from_pretrained(str(d), local_files_only=True).max_position_embeddings
+        src = f"the model's max_position_embeddings={limit}"
+    else:
+        limit = PRESETS[args.preset]["max_position_embeddings"]
+        src = f"max_position_embeddings={limit} of --preset {args.preset}"
+    # the positions a point runs through: a prompt of T (prefill), IN + OUT - 1 (e2e, fit)
+    for opt, need in (("--lengths", max(getattr(args, "lengths", None) or [0])),
+                      ("--pairs", max((i + o - 1 for i, o in getattr(args, "pairs", None) or []), default=0)),
+                      ("--fit", max((i + o - 1 for i, o in getattr(args, "fit", None) or []), default=0))):
+        if need > limit:
+            raise ValueError(f"{opt} needs positions 0..{need - 1}, beyond {src}")
 
 
 def _run_section(what, args, model, dev, dtype, I, hf_qwen3_like):

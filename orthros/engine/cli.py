@@ -16,7 +16,7 @@ import argparse
 import sys
 import time
 
-from ..utils import DTYPE_ALIASES as DTYPES, parse_dtype
+from ..utils import DTYPE_ALIASES as DTYPES, check_device, check_output_path, parse_dtype, read_text_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,12 +79,7 @@ def turn_stats(prompt_tokens: int, new_tokens: int, t_start: float, t_first, t_l
 def _resolve(args):
     import torch
 
-    dev = args.device
-    if dev == "auto":
-        dev = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(dev)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda requested but no CUDA device is available")
+    dev = torch.device(check_device(args.device, auto=True))
     if args.dtype == "auto":
         dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     elif args.dtype in DTYPES:
@@ -163,10 +158,10 @@ def _check_prompt_file(args):
         raise ValueError(f"--prompts {path}: no such file")
     if path.suffix not in (".txt", ".jsonl"):
         raise ValueError(f"--prompts {path}: a .txt (one prompt a line) or a .jsonl file is needed")
-    if args.output is not None and Path(args.output).is_dir():
-        raise ValueError(f"--output {args.output}: is a directory (a .jsonl file path is needed)")
+    if args.output is not None:  # written at the end: refused now if it cannot be
+        check_output_path("--output", args.output)
     texts = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(read_text_file(path, "--prompts").splitlines(), 1):
         if not line.strip():
             continue
         if path.suffix == ".txt":
@@ -200,6 +195,10 @@ def _check_checkpoint(args):
     elif args.max_seq_len > limit:
         raise ValueError(f"--max-seq-len {args.max_seq_len} exceeds the model's max_position_embeddings={limit} "
                          f"(positions it was not built for)")
+    if args.interactive and args.max_new_tokens > args.max_seq_len:  # no turn could ever fit
+        raise ValueError(f"--max-new-tokens {args.max_new_tokens} does not fit --max-seq-len {args.max_seq_len} "
+                         f"(the cache slots of the whole conversation; default min(8192, the model's "
+                         f"max_position_embeddings={limit})): no turn could run; lower --max-new-tokens")
     return config, tok_dir
 
 
@@ -213,11 +212,19 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
         tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
     except Exception as e:  # noqa: BLE001  (transformers raises many kinds here)
         raise ValueError(f"{tok_dir}: the tokenizer does not load ({type(e).__name__}: {e})") from None
+    if args.chat and not getattr(tok, "chat_template", None):
+        raise ValueError(f"--chat: the tokenizer in {tok_dir} has no chat template; drop --chat (and --system) "
+                         f"for plain-text prompts, or give --tokenizer a directory with one")
     if prompts is not None:
         return _generate_file(args, sampling, dev, dtype, config, tok, prompts)
     messages, history = _opening(args), []
 
     def encode_turn(text):
+        try:  # argv and stdin keep bytes that are not UTF-8 as lone surrogates: the tokenizer takes none
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"the prompt is not UTF-8 text (a byte that is not UTF-8 at character "
+                             f"{e.start})") from None
         if not args.chat:
             ids = tok(text, add_special_tokens=not history)["input_ids"]
             return ids
@@ -233,6 +240,7 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
         if not text:
             raise ValueError("empty prompt")
         first = encode_turn(text)
+        _check_vocab(first, config, tok, "the prompt")
         check_fits(0, len(first), args.max_new_tokens, max_seq_len=args.max_seq_len,
                    max_positions=config.max_position_embeddings)
 
@@ -286,6 +294,14 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
     return 0
 
 
+def _check_vocab(ids, config, tok, what: str) -> None:
+    """Token ids the model has no embedding for mean the tokenizer is not the model's: said
+    before the weights load (the engine would refuse them after)."""
+    if ids and max(ids) >= config.vocab_size:
+        raise ValueError(f"{what} encodes to token id {max(ids)}, outside the model's vocabulary (vocab_size="
+                         f"{config.vocab_size}): the tokenizer in {tok.name_or_path} does not belong to --model")
+
+
 def _opening(args) -> list:
     """The messages a conversation starts with: the ``--system`` message, if any."""
     return [{"role": "system", "content": args.system}] if args.system else []
@@ -329,6 +345,7 @@ def _generate_file(args, sampling, dev, dtype, config, tok, texts) -> int:
             else tok(text)["input_ids"]
         if not ids:
             raise ValueError(f"--prompts: prompt {i + 1} encodes to no tokens")
+        _check_vocab(ids, config, tok, f"--prompts: prompt {i + 1}")
         check_fits(0, len(ids), args.max_new_tokens, max_seq_len=args.max_seq_len,
                    max_positions=config.max_position_embeddings, row=i + 1)
         encoded.append(ids)

@@ -78,3 +78,81 @@ def test_script_meta_records_the_orthros_switches_of_the_environment(monkeypatch
     meta = script_meta("cpu", ["--a"])
     assert meta["orthros_env"]["ORTHROS_GEMV_EVICT_FIRST"] == "1"
     assert all(k.startswith("ORTHROS_") for k in meta["orthros_env"]) and meta["argv"] == ["--a"]
+
+
+# ------------------------------------------------ refused before the model is built (issue hunt)
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Building the benchmarked model fails the test: these inputs must be refused before it."""
+    import socket
+
+    from orthros.benchmarks import models
+
+    def refuse(*a, **k):
+        raise AssertionError("the model was built")
+
+    def no_network(*a, **k):
+        raise AssertionError("network access attempted")
+
+    monkeypatch.setattr(models, "orthros_model", refuse)
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+
+
+@pytest.mark.parametrize("what, extra, says", [
+    # was: ZeroDivisionError (exit 1) after the first point ran; a negative count: "the cache is full"
+    ("decode", ["--steps", "0"], "--steps must be >= 1, got 0"),
+    ("all", ["--steps", "-3"], "--steps must be >= 1, got -3"),
+    # was: torch's RuntimeError (exit 1), not naming --device
+    ("decode", ["--device", "nonsense"], "--device must be cpu, cuda or cuda:N, got 'nonsense'"),
+    ("decode", ["--device", "meta"], "--device must be cpu, cuda or cuda:N, got 'meta'"),
+    # was: OrthrosConfig.window_size's error, not naming --window
+    ("e2e", ["--window", "0"], "--window must be >= 1, got 0"),
+    # was: no point measured, empty JSON and PNG written, exit 0
+    ("prefill", ["--systems", ","], "--systems names no system"),
+    # was: the engine refused the point mid-sweep, after the shorter ones ran
+    ("prefill", [], "--lengths needs positions 0..131071, beyond max_position_embeddings=65536 of --preset tiny"),
+    ("e2e", ["--pairs", "8:4,60000:6000"], "--pairs needs positions 0..65998"),
+    ("e2e", ["--pairs", "8:4", "--fit", "65536:2"], "--fit needs positions 0..65536"),
+])
+def test_bench_refuses_before_building_the_model(tmp_path, capsys, no_model, what, extra, says):
+    out = tmp_path / "out"
+    assert orthros_main(["bench", what, *TINY, "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.startswith("orthros bench: error: ") and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_bench_out_that_is_a_file(tmp_path, capsys, no_model):
+    """Was: FileExistsError from os.makedirs after the model was built."""
+    f = tmp_path / "f"
+    f.write_text("keep")
+    for out in (f, f / "sub"):
+        assert orthros_main(["bench", "decode", *TINY, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"--out {out}: {f} is a file, not a directory" in err, err
+    assert f.read_text() == "keep"
+
+
+def test_bench_model_must_be_a_local_checkpoint(tmp_path, capsys, monkeypatch, no_model):
+    """Was: transformers' OSError (exit 1) for a missing path, and a hub lookup (five retries) for
+    a name that looks like a repo id."""
+    monkeypatch.chdir(tmp_path)
+    for name in (str(tmp_path / "nope"), "some-org/nope"):
+        assert orthros_main(["bench", "decode", *TINY, "--model", name, "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err
+        assert f"--model {name}: no such directory" in err and "nothing is downloaded" in err, err
+
+
+def test_bench_lengths_beyond_a_checkpoints_positions(tmp_path, capsys):
+    """A checkpoint's own max_position_embeddings bounds the lengths (was: the 60:10 point failed
+    after the 8:4 one ran); within it, --model still benchmarks the checkpoint."""
+    from orthros.evaluation.common import make_tiny_checkpoint
+
+    d = make_tiny_checkpoint(tmp_path / "ck", max_position_embeddings=64)
+    argv = ["bench", "e2e", "--device", "cpu", "--dtype", "fp32", "--model", str(d), "--batch", "1"]
+    assert orthros_main(argv + ["--out", str(tmp_path / "o1"), "--pairs", "8:4,60:10"]) == 2
+    assert "--pairs needs positions 0..68, beyond the model's max_position_embeddings=64" in capsys.readouterr().err
+    assert not (tmp_path / "o1").exists()
+    assert orthros_main(argv + ["--out", str(tmp_path / "o2"), "--pairs", "8:4"]) == 0
+    assert json.loads((tmp_path / "o2" / "e2e.json").read_text())["meta"]["model_path"] == str(d)

@@ -140,3 +140,124 @@ def test_exit_code_and_one_line_through_the_console_entry(tmp_path):
     assert r.stderr.strip().splitlines() == [f"orthros generate: error: --model {tmp_path / 'nope'}: no such "
                                              f"directory (a local Orthros checkpoint directory is needed; nothing "
                                              f"is downloaded)"]
+
+
+# --------------------------------------------------- refused before the weights load (issue hunt)
+
+@pytest.fixture
+def no_weights(monkeypatch):
+    """Any load of the model's weights fails the test: these inputs must be refused before it."""
+    from orthros.models import OrthrosForCausalLM
+
+    def refuse(*a, **k):
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(OrthrosForCausalLM, "from_pretrained", refuse)
+
+
+@pytest.mark.parametrize("device", ["nonsense", "cuda:x", "meta", "mps"])
+def test_device_outside_the_documented_ones(ckpt, capsys, no_weights, device):
+    """Was: exit 1 with torch's "RuntimeError: Expected one of cpu, cuda, ..." (not naming
+    --device), or, for a real device type the CLI does not run on (meta, mps), a failure after
+    the checkpoint loaded."""
+    refused(["--model", str(ckpt), "--device", device, "--max-new-tokens", "2", "hi"], capsys,
+            "--device must be auto, cpu, cuda or cuda:N", repr(device))
+
+
+def test_device_index_beyond_the_machine(ckpt, capsys, no_weights, monkeypatch):
+    """Was: cuda:N past the machine's devices failed at ``.to(device)``, after the weights loaded."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    refused(["--model", str(ckpt), "--device", "cuda:3", "--max-new-tokens", "2", "hi"], capsys,
+            "--device cuda:3", "1 CUDA device(s), cuda:0 to cuda:0")
+
+
+def test_chat_needs_a_chat_template(ckpt, tmp_path, capsys, monkeypatch, no_weights):
+    """Was: --chat --interactive loaded the model, then refused every turn (exit 0); --chat with
+    a prompt was refused with transformers' message, which does not name --chat."""
+    import io
+    import json
+
+    d = shutil.copytree(ckpt, tmp_path / "ck")
+    (d / "chat_template.jinja").unlink()
+    assert "chat_template" not in json.loads((d / "tokenizer_config.json").read_text())
+    (tmp_path / "p.txt").write_text("hi\n")
+    for extra in (["hi"], ["--interactive"], ["--prompts", str(tmp_path / "p.txt")]):
+        monkeypatch.setattr(sys, "stdin", io.StringIO("hi\nthere\n"))
+        refused(["--model", str(d), "--device", "cpu", "--max-new-tokens", "2", "--chat", *extra], capsys,
+                "--chat: the tokenizer in", "has no chat template")
+
+
+def test_interactive_max_new_tokens_beyond_the_cache(ckpt, capsys, monkeypatch, no_weights):
+    """Was: with --interactive (no first turn to check) the model loaded, then every turn was
+    refused (exit 0): the default --max-new-tokens 256 never fits a 64-position model."""
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hi\n"))
+    refused(["--model", str(ckpt), "--device", "cpu", "--interactive"], capsys, "--max-new-tokens 256",
+            f"--max-seq-len {MPE}", f"max_position_embeddings={MPE}")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hi\n"))
+    refused(["--model", str(ckpt), "--device", "cpu", "--interactive", "--max-seq-len", "8", "--max-new-tokens",
+             "9"], capsys, "--max-new-tokens 9 does not fit --max-seq-len 8")
+
+
+def test_interactive_max_new_tokens_within_the_cache_still_runs(ckpt, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("The river\n"))
+    capsys.readouterr()
+    assert orthros_main(["generate", "--model", str(ckpt), "--device", "cpu", "--interactive", "--max-seq-len", "8",
+                         "--max-new-tokens", "3"]) == 0
+    assert capsys.readouterr().out.strip()
+
+
+def test_output_under_a_file(ckpt, tmp_path, capsys, no_weights):
+    """Was: ``-o FILE/out.jsonl`` generated every prompt, then failed writing (FileExistsError,
+    exit 1)."""
+    (tmp_path / "p.txt").write_text("hi\n")
+    (tmp_path / "afile").write_text("keep")
+    before = listing(tmp_path)
+    for out in (tmp_path / "afile" / "out.jsonl", tmp_path / "afile" / "sub" / "out.jsonl"):
+        refused(["--model", str(ckpt), "--device", "cpu", "--max-new-tokens", "2", "--prompts",
+                 str(tmp_path / "p.txt"), "-o", str(out)], capsys, f"--output {out}",
+                f"{tmp_path / 'afile'} is a file, not a directory")
+    assert listing(tmp_path) == before
+
+
+def test_tokenizer_that_is_not_the_models(tmp_path, capsys, no_weights):
+    """Was: a tokenizer with ids past the model's vocab_size was found out by the engine, after
+    the weights loaded ("prompts[0] has token ids outside ...")."""
+    d = make_tiny_checkpoint(tmp_path / "small_vocab", max_position_embeddings=MPE, vocab_size=100)
+    (tmp_path / "p.txt").write_text("hello world\n")
+    base = ["--model", str(d), "--device", "cpu", "--max-new-tokens", "2"]
+    refused(base + ["hello world"], capsys, "the prompt encodes to token id", "vocab_size=100",
+            "does not belong to --model")
+    refused(base + ["--prompts", str(tmp_path / "p.txt")], capsys, "--prompts: prompt 1 encodes to token id",
+            "vocab_size=100")
+
+
+def test_prompt_that_is_not_utf8(ckpt, tmp_path, capsys, no_weights):
+    """Was: bytes that are not UTF-8 in a prompt (argv and stdin keep them as lone surrogates)
+    reached the tokenizer: "TypeError: TextEncodeInput must be ...", exit 1; in a --prompts file,
+    the codec's message without the option or the file."""
+    refused(["--model", str(ckpt), "--device", "cpu", "--max-new-tokens", "2", "\udcffhi"], capsys,
+            "the prompt is not UTF-8 text")
+    f = tmp_path / "p.txt"
+    f.write_bytes(b"\xff\xfehi\n")
+    refused(["--model", str(ckpt), "--device", "cpu", "--max-new-tokens", "2", "--prompts", str(f)], capsys,
+            f"--prompts {f}: not UTF-8 text")
+
+
+def test_interactive_line_that_is_not_utf8_is_reported_and_the_conversation_goes_on(ckpt, capsys, monkeypatch):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("The river\n\udcffhi\nThe sea\n"))
+    capsys.readouterr()
+    rc = orthros_main(["generate", "--model", str(ckpt), "--device", "cpu", "--interactive", "--max-seq-len", "32",
+                       "--max-new-tokens", "3"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert len(cap.out.strip("\n").split("\n")) == 2
+    assert cap.err.count("orthros generate: error: the prompt is not UTF-8 text") == 1, cap.err
