@@ -80,6 +80,9 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
 
     d = checkpoint_dir(path, arg="PATH")
     headers = weight_headers(d)
+    if not headers:
+        raise ValueError(f"PATH {path}: no weights (neither model.safetensors nor model.safetensors.index.json); "
+                         f"not a complete checkpoint")
     config = OrthrosConfig.from_pretrained(str(d), local_files_only=True)
     limit = config.max_position_embeddings
     L = limit if max_seq_len is None else max_seq_len

@@ -226,3 +226,16 @@ def test_weights_dtype_is_the_cache_default(ckpt, tmp_path):
     r = describe(tmp_path / "half", max_seq_len=10)
     assert r["weight_dtypes"] == {"fp16": r["parameters"]} and r["cache"]["dtype"] == "fp16"
     assert describe(ckpt, max_seq_len=10)["cache"]["kv_bytes"] == 2 * r["cache"]["kv_bytes"]  # fp32: twice
+
+
+def test_directory_without_weights_is_refused(ckpt, tmp_path, capsys):
+    """config.json and no weight file: it printed "0 parameters ... every header matches" and a
+    `vllm serve` line for a checkpoint nothing can load."""
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(ckpt, bare)
+    (bare / "model.safetensors").unlink()
+    rc, out, err = run([str(bare)], capsys)
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "no weights" in err and "model.safetensors" in err, err

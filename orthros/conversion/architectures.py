@@ -41,6 +41,8 @@ def architecture_of(config_dict: dict) -> str:
     archs = config_dict.get("architectures") or []
     if isinstance(archs, str):
         archs = [archs]
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise UnsupportedModelError(f"config.json: 'architectures' must be a list of class names, got {archs!r}")
     if len(archs) > 1:
         raise UnsupportedModelError(f"config.json lists several architectures {archs}; expected exactly one of "
                                     f"{', '.join(SUPPORTED_ARCHITECTURES)}")

@@ -25,7 +25,9 @@ def _parser() -> argparse.ArgumentParser:
                     "only when complete. Continue pre-training it with `orthros train <config.yaml>`.",
     )
     p.add_argument("src", metavar="SRC", help="source checkpoint directory (config.json + safetensors), a .gguf "
-                                              "file, or a directory holding one .gguf file")
+                                              "file, or a directory holding one .gguf file; a name such as "
+                                              "owner/model that is no local path is a Hugging Face hub id, "
+                                              "downloaded when the hub is reachable")
     p.add_argument("dst", metavar="DST", help="output directory (must not exist or be empty, unless --overwrite)")
     p.add_argument("--window-size", type=int, default=128, metavar="N",
                    help="sliding window of the base stream, the query's own position included (default: 128)")
@@ -34,7 +36,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", help="replace DST if it exists and is not empty")
     p.add_argument("--no-scale-offset", dest="scale_offset", action="store_false",
                    help="do not add the learnable alpha/beta query transforms")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no progress bar, no summary and no notes after the conversion (errors and --dry-run's "
+                        "plan are still printed)")
     p.add_argument("--dry-run", action="store_true",
                    help="make every check the conversion makes before it writes, print what it would write, "
                         "write nothing")
@@ -75,6 +79,11 @@ def _on_sigterm(signum, frame):
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    for name, value in (("SRC", args.src), ("DST", args.dst)):
+        if not value.strip():  # "" is the current directory to pathlib: an unset shell variable, not a choice
+            print(f"orthros convert: error: {name} must not be empty (name a path; '.' for the current directory)",
+                  file=sys.stderr)
+            return 2
     if args.window_size < 1:
         print(f"orthros convert: error: --window-size must be >= 1, got {args.window_size}", file=sys.stderr)
         return 2

@@ -32,7 +32,7 @@ import torch
 
 from ..layers import SCALE_OFFSET_INIT
 from ..models import OrthrosConfig, OrthrosForCausalLM
-from ..utils import Progress, check_positive_int, parse_dtype
+from ..utils import Progress, check_positive_int, file_in_the_way, parse_dtype
 from .architectures import (
     SUPPORTED_ARCHITECTURES,
     UnsupportedModelError,
@@ -182,13 +182,21 @@ def load_source(path) -> SourceCheckpoint:
         raise FileNotFoundError(f"source {str(root)!r} has no config.json (not an HF model directory)")
     try:
         config_dict = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{cfg_path}: not valid JSON ({e})") from None
+    if not isinstance(config_dict, dict):
+        raise ValueError(f"{cfg_path}: not a JSON object (got a {type(config_dict).__name__})")
     arch = architecture_of(config_dict)
     check_supported(arch)
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(root)
+    try:
+        config = AutoConfig.from_pretrained(root)
+    except ImportError:
+        raise
+    except Exception as e:  # noqa: BLE001 - transformers' checks of the values (validation, ZeroDivisionError)
+        raise ValueError(f"{cfg_path}: transformers refuses this {arch} config "
+                         f"({type(e).__name__}: {' '.join(str(e).split())})") from None
 
     index_path = root / INDEX_FILE
     all_st = sorted(p.name for p in root.glob("*.safetensors"))
@@ -197,8 +205,15 @@ def load_source(path) -> SourceCheckpoint:
             index = json.loads(index_path.read_text())
             weight_map = index["weight_map"]
             assert isinstance(weight_map, dict) and weight_map
-        except (json.JSONDecodeError, KeyError, TypeError, AssertionError):
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AssertionError):
             raise ValueError(f"{index_path}: corrupt index (expected JSON with a non-empty 'weight_map')") from None
+        # the result keeps the shard names: one that is not a plain file name would be read from, and
+        # written to, a path outside the source and the result (``../x`` truncated the source shard)
+        bad = sorted({repr(f) for f in weight_map.values()
+                      if not isinstance(f, str) or f in ("", ".", "..") or Path(f).name != f})
+        if bad:
+            raise ValueError(f"{index_path}: shard names must be plain file names in the source directory, "
+                             f"got {', '.join(bad[:5])}")
         files = sorted(set(weight_map.values()))
         missing = [f for f in files if not (root / f).is_file()]
         if missing:
@@ -239,15 +254,21 @@ def _source_dtype(src: SourceCheckpoint):
 
 # ------------------------------------------------------------------------------- dir -> dir
 def _check_destination(src: Path, dst: Path, overwrite: bool):
+    s, d = src.resolve(), dst.resolve()
+    if s == d or s in d.parents or d in s.parents:  # before "pass --overwrite", which would be refused here
+        raise ValueError(f"destination {str(dst)!r} must not be the source directory, inside it, or contain it")
+    if dst.name == "..":  # the final rename of a path ending in '..' fails, after the whole conversion
+        raise ValueError(f"destination {str(dst)!r}: name the directory itself, not '..' "
+                         f"(e.g. {str(dst.absolute().resolve())!r})")
+    above = file_in_the_way(dst.parent)
+    if above is not None:
+        raise NotADirectoryError(f"destination {str(dst)!r}: {str(above)!r} is not a directory")
     if dst.exists():
         if dst.is_dir() and not any(dst.iterdir()):
             pass
         elif not overwrite:
             what = "directory is not empty" if dst.is_dir() else "path exists and is not a directory"
             raise FileExistsError(f"destination {str(dst)!r}: {what}; pass --overwrite (overwrite=True) to replace it")
-    s, d = src.resolve(), dst.resolve()
-    if s == d or s in d.parents or d in s.parents:
-        raise ValueError(f"destination {str(dst)!r} must not be the source directory, inside it, or contain it")
 
 
 TMP_TAG = ".orthros-tmp-"  # .<DST name>.orthros-tmp-<pid>-<random>: a conversion in progress
@@ -390,10 +411,10 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
     dst = Path(os.fspath(dst)).expanduser()
     from .gguf import is_gguf_source
 
-    base = {"dst": str(dst), "dst_exists": dst.is_dir() and any(dst.iterdir()),  # (a file DST is refused below)
+    base = {"dst": str(dst), "dst_exists": dst.exists() and not (dst.is_dir() and not any(dst.iterdir())),
             "window_size": window_size, "scale_offset": scale_offset}
     if is_gguf_source(src):
-        info, need = _prepare_gguf(src, dst, out_dtype=out_dtype, overwrite=overwrite)
+        info, need = _prepare_gguf(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite)
         return {**base, "source": str(info.path), "source_format": "gguf", "architecture": info.architecture,
                 "tensors": info.n_tensors, "parameters": info.n_params, "tensor_types": info.tensor_types,
                 "dtype": _dtype_name(out_dtype) if out_dtype else "float32", "bytes_needed": need}
@@ -419,12 +440,17 @@ def _prepare(src, dst: Path, *, window_size: int, out_dtype, overwrite: bool, sc
     return source, plan, need
 
 
-def _prepare_gguf(src, dst: Path, *, out_dtype, overwrite: bool):
+def _prepare_gguf(src, dst: Path, *, window_size: int, out_dtype, overwrite: bool):
     """The checks of a GGUF source before anything is written: ``(GGUFInfo, bytes)`` (the bytes
     of the de-quantised staging copy and of the result)."""
     from .gguf import inspect_gguf
 
     info = inspect_gguf(src)  # the whole file is checked before anything is written
+    limit = info.context_length  # max_position_embeddings once de-quantised: refused now, as make_plan would
+    if limit is not None and window_size > limit:
+        raise ValueError(f"window_size={window_size} exceeds the source's max_position_embeddings={limit} "
+                         f"(the GGUF's context_length): the window would hold every position of the model "
+                         f"(no sliding window); choose a window_size <= {limit}")
     _check_destination(info.path, dst, overwrite)
     need = info.n_params * 4 + info.n_params * (out_dtype.itemsize if out_dtype else 4)
     _check_disk(dst, need)
@@ -443,7 +469,7 @@ def _convert_gguf(src, dst: Path, *, window_size: int, out_dtype, overwrite: boo
                   progress: bool) -> dict:
     from .gguf import gguf_to_hf_directory
 
-    info, _ = _prepare_gguf(src, dst, out_dtype=out_dtype, overwrite=overwrite)
+    info, _ = _prepare_gguf(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite)
     clean_stale(dst)
     extra = {"source": str(info.path.absolute()), "source_format": "gguf",
              "gguf": {"file": info.path.name, "architecture": info.gguf_architecture, "name": info.name,

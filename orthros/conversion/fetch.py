@@ -26,7 +26,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..utils import Progress, cache_root
+from ..utils import Progress, cache_root, file_in_the_way
 
 
 @dataclass(frozen=True)
@@ -156,8 +156,23 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_cache_dir(cache_dir) -> str | None:
+    """The error for a cache directory that is, or lies below, something other than a directory."""
+    root = Path(cache_dir or cache_root()).expanduser()
+    above = file_in_the_way(root)
+    if above is None:
+        return None
+    what = (f"--cache-dir {cache_dir}" if cache_dir else
+            f"$ORTHROS_CACHE {root}" if os.environ.get("ORTHROS_CACHE") else f"the cache directory {root}")
+    where = "" if above == root else f" ({above} is a file)"
+    return f"{what}: not a directory{where}; name a directory (it is created if missing)"
+
+
 def main(argv=None) -> int:
     a = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if (problem := _check_cache_dir(a.cache_dir)) is not None:
+        print(f"orthros fetch: error: {problem}", file=sys.stderr)
+        return 2
     try:
         path = fetch(a.name, a.cache_dir, progress=not a.quiet)
     except KeyboardInterrupt:

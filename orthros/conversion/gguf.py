@@ -51,6 +51,7 @@ class GGUFInfo:
     n_params: int
     size: int  # bytes
     has_tokenizer: bool
+    context_length: int | None = None  # <arch>.context_length: transformers' max_position_embeddings
 
 
 def is_gguf_source(path) -> bool:
@@ -140,10 +141,12 @@ def inspect_gguf(path) -> GGUFInfo:
         n_params += int(t.n_elements)
     name = _field_value(reader, "general.name")
     ft = _field_value(reader, "general.file_type")
+    ctx = _field_value(reader, f"{arch}.context_length")
     return GGUFInfo(path=gguf_file, architecture=GGUF_ARCHITECTURES[arch], gguf_architecture=arch,
                     name=name if isinstance(name, str) else None, file_type=ft if isinstance(ft, int) else None,
                     tensor_types=types, n_tensors=len(reader.tensors), n_params=n_params, size=size,
-                    has_tokenizer="tokenizer.ggml.tokens" in reader.fields)
+                    has_tokenizer="tokenizer.ggml.tokens" in reader.fields,
+                    context_length=ctx if isinstance(ctx, int) and not isinstance(ctx, bool) else None)
 
 
 @contextlib.contextmanager

@@ -444,3 +444,123 @@ def test_dry_run_refuses_what_the_conversion_refuses(good_src, tmp_path, capsys)
     assert convert_main([str(good_src), str(tmp_path / "o"), "--dry-run", "--window-size", "100000"]) == 2
     assert "exceeds the source's max_position_embeddings" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+# ------------------------------------------------------------- paths and odd input found by hunting
+def test_destination_equal_to_or_holding_the_source_says_so_without_overwrite(tmp_path, good_src, capsys):
+    """Without --overwrite the error used to say "pass --overwrite", which is then refused too."""
+    src = _copy(good_src, tmp_path / "src")
+    for dst in (src, tmp_path):
+        capsys.readouterr()
+        assert convert_main([str(src), str(dst), "-q"]) == 2
+        err = capsys.readouterr().err
+        assert "must not be the source" in err and "--overwrite" not in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"] and _leftovers(tmp_path) == []
+
+
+def test_destination_below_a_file_is_refused_naming_it(tmp_path, good_src, capsys):
+    (tmp_path / "afile").write_text("x")
+    for dst in (tmp_path / "afile" / "out", tmp_path / "afile" / "sub" / "out"):
+        for extra in ([], ["--dry-run"]):  # the dry run said "every check passed"
+            capsys.readouterr()
+            assert convert_main([str(good_src), str(dst), "-q", *extra]) == 2, extra
+            err = capsys.readouterr().err
+            assert f"destination {str(dst)!r}" in err and "afile" in err and "not a directory" in err, err
+        with pytest.raises(NotADirectoryError, match="not a directory"):
+            convert_checkpoint(good_src, dst, progress=False)
+    assert (tmp_path / "afile").read_text() == "x" and _leftovers(tmp_path) == []
+
+
+def test_destination_ending_in_dotdot_refused_before_any_work(tmp_path, good_src, capsys, monkeypatch):
+    """``a/b/..`` with --overwrite: the whole conversion ran, then the rename failed (EBUSY, exit 1)."""
+    from orthros.conversion import convert as conv_mod
+
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / "a" / "keep").write_text("x")
+    monkeypatch.setattr(conv_mod, "_write_checkpoint", lambda *a, **k: pytest.fail("work started"))
+    dst = tmp_path / "a" / "b" / ".."
+    assert convert_main([str(good_src), str(dst), "-q", "--overwrite"]) == 2
+    assert "'..'" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["b", "keep"] and _leftovers(tmp_path / "a") == []
+
+
+@pytest.mark.parametrize("config", ["[]", '{"architectures": 5}', b"\xff\xfe{", {"num_attention_heads": None},
+                                    {"num_attention_heads": 0}],
+                         ids=["list", "architectures-int", "not-utf8", "heads-null", "heads-zero"])
+def test_malformed_config_json_refused(tmp_path, config):
+    """These were tracebacks (AttributeError, TypeError, huggingface_hub's validation error) or
+    exit 1 with "integer modulo by zero" (transformers' Llama config checks heads that way)."""
+    src = tmp_path / "src"
+    _build("llama", src, max_shard_size="10GB")
+    cfg = src / "config.json"
+    if isinstance(config, dict):
+        cfg.write_text(json.dumps({**json.loads(cfg.read_text()), **config}))
+    elif isinstance(config, bytes):
+        cfg.write_bytes(config)
+    else:
+        cfg.write_text(config)
+    _refused(tmp_path, src, match="config.json")
+
+
+def _index_pointing(src: Path, fname: str, to) -> None:
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    index["weight_map"] = {k: (to if v == fname else v) for k, v in index["weight_map"].items()}
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize("where", ["int", "parent", "absolute", "subdirectory"])
+def test_index_shard_names_must_be_plain_files_of_the_source(tmp_path, good_src, where):
+    """A shard named ``../x.safetensors`` (or an absolute path) was written to that name
+    relative to the temporary directory: the conversion truncated the source shard itself (a
+    file outside the source) and failed; ``sub/x.safetensors`` failed midway with the
+    temporary directory's path; an int was a traceback."""
+    src = _copy(good_src, tmp_path / "src")
+    shard = sorted(src.glob("model-*.safetensors"))[0]
+    outside = tmp_path / "outside" / "shard.safetensors"
+    outside.parent.mkdir()
+    data = shard.read_bytes()
+    if where == "int":
+        _index_pointing(src, shard.name, 3)
+    elif where == "parent":
+        shutil.move(shard, tmp_path / shard.name)
+        _index_pointing(src, shard.name, f"../{shard.name}")
+    elif where == "absolute":
+        shutil.move(shard, outside)
+        _index_pointing(src, shard.name, str(outside))
+    else:
+        (src / "sub").mkdir()
+        shutil.move(shard, src / "sub" / shard.name)
+        _index_pointing(src, shard.name, f"sub/{shard.name}")
+    _refused(tmp_path, src, match="model.safetensors.index.json.*file name")
+    for p in (tmp_path / shard.name, outside, src / "sub" / shard.name):
+        assert not p.exists() or p.read_bytes() == data  # never written to
+
+
+def test_dry_run_says_a_file_destination_is_replaced(tmp_path, good_src, capsys):
+    (tmp_path / "afile").write_text("x")
+    capsys.readouterr()
+    assert convert_main([str(good_src), str(tmp_path / "afile"), "--overwrite", "--dry-run"]) == 0
+    assert "(replaced: --overwrite)" in capsys.readouterr().out  # it said "(new)"
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_help_says_what_quiet_hides_and_that_src_may_be_a_hub_id():
+    from orthros.conversion.cli import _parser
+
+    text = " ".join(_parser().format_help().split())
+    assert "-q, --quiet no progress bar, no summary and no notes" in text, text
+    assert "hub id" in text, text
+
+
+def test_empty_src_or_dst_refused(tmp_path, good_src, capsys, monkeypatch):
+    """``orthros convert SRC "$OUT" --overwrite`` with $OUT unset replaced the current directory."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "keep.txt").write_text("precious")
+    monkeypatch.chdir(work)
+    for argv, name in (([str(good_src), "", "--overwrite"], "DST"), (["", str(tmp_path / "o")], "SRC")):
+        capsys.readouterr()
+        assert convert_main([*argv, "-q"]) == 2
+        assert f"{name} must not be empty" in capsys.readouterr().err
+    assert sorted(p.name for p in work.iterdir()) == ["keep.txt"] and _leftovers(tmp_path) == []
+    assert not (tmp_path / "o").exists()

