@@ -26,8 +26,9 @@ def _mqar_parser(sub):
                    help="what fills the positions between pairs and queries: pad (token 0) or noise (random tokens)")
     g = p.add_argument_group("models and training (identical for every model)")
     g.add_argument("--models", default="orthros,transformer,swa",
-                   help="comma list of orthros, transformer, swa, orthros-h, linear-hybrid, gdn (the hybrids: "
-                        "GDN layers with attention every 4th layer; use --layers >= 4)")
+                   help="comma list of orthros, transformer, swa, orthros-h, linear-hybrid, gdn (orthros-h, "
+                        "linear-hybrid: GDN layers with attention every 4th layer, use --layers >= 4; gdn: GDN "
+                        "layers only)")
     g.add_argument("--hidden-size", type=int, default=64, help="model width of every model (default: 64)")
     g.add_argument("--layers", type=int, default=2, help="decoder layers of every model (default: 2)")
     g.add_argument("--heads", type=int, default=2, help="attention heads of every model (default: 2)")
@@ -138,8 +139,8 @@ def _ppl_parser(sub):
 
 
 def _ppl(a) -> int:
-    from ..utils import check_png, write_json
-    from .common import default_device, load_model, load_tokenizer, parse_int_list, read_model_type
+    from ..utils import check_device, check_output_path, check_png, write_json
+    from .common import default_device, load_model, load_tokenizer, parse_int_list, read_max_positions, read_model_type
     from .perplexity import (check_buckets, format_table, load_documents, make_windows, plot_position_perplexity,
                              position_perplexity)
 
@@ -147,12 +148,17 @@ def _ppl(a) -> int:
         raise ValueError(f"--seq-len must be >= 2 and --windows >= 1, got {a.seq_len} and {a.windows}")
     if a.plot is not None:
         check_png("--plot", a.plot)
+        check_output_path("--plot", a.plot)
+    if a.output:
+        check_output_path("--output", a.output)
     edges = check_buckets(parse_int_list(a.buckets, "--buckets"), a.seq_len)
+    device = check_device(a.device) if a.device else default_device()
     docs = load_documents(a.data)
-    read_model_type(a.model)
+    max_pos = read_max_positions(a.model)  # (and a clear error when --model is not a checkpoint)
+    if max_pos is not None and a.seq_len > max_pos:
+        raise ValueError(f"--seq-len {a.seq_len} is above the model's max_position_embeddings ({max_pos})")
     tok = load_tokenizer(a.model, a.tokenizer)
     windows = make_windows(tok, docs, a.seq_len, a.windows)
-    device = a.device or default_device()
     if a.attention_mode:
         if read_model_type(a.model) != "orthros":
             raise ValueError("--attention-mode applies to Orthros checkpoints (convert the model first)")
@@ -202,8 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _mqar(a) -> int:
-    from ..utils import check_png, write_json
-    from .common import check_device
+    from ..kinds import HYBRID_DISPLAY, hybrid_layout
+    from ..utils import check_device, check_output_path, check_png, write_json
     from .mqar import MODEL_ALIASES, MQARTask, MQARTrain, format_table, plot_recall, run_mqar
 
     models = tuple(m.strip().lower() for m in a.models.split(",") if m.strip())
@@ -213,10 +219,23 @@ def _mqar(a) -> int:
     for name in ("steps", "batch_size", "hidden_size", "layers", "heads", "window", "eval_examples", "jobs"):
         if getattr(a, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
+    for m in models:  # a hybrid it cannot build would fail after the models before it had trained
+        if MODEL_ALIASES[m] in HYBRID_DISPLAY:
+            try:
+                hybrid_layout(MODEL_ALIASES[m], a.layers)
+            except ValueError as e:
+                raise ValueError(f"--layers {a.layers}: {e}") from None
     if a.lr <= 0:
         raise ValueError(f"--lr must be > 0, got {a.lr}")
+    if a.seed < 0:
+        raise ValueError(f"--seed must be >= 0, got {a.seed}")
+    if a.threads is not None and a.threads < 0:
+        raise ValueError(f"--threads must be >= 0 (0: torch's own choice), got {a.threads}")
     if a.plot is not None:
         check_png("--plot", a.plot)
+        check_output_path("--plot", a.plot)
+    if a.output:
+        check_output_path("--output", a.output)
     if a.linear_heads is not None and (a.linear_heads < 1 or a.hidden_size % a.linear_heads):
         raise ValueError(f"--linear-heads must be >= 1 and divide --hidden-size ({a.hidden_size}), got {a.linear_heads}")
     task = MQARTask(vocab_size=a.vocab_size, seq_len=a.seq_len, num_pairs=a.num_pairs, power=a.power,
@@ -244,17 +263,20 @@ def _mqar(a) -> int:
 
 
 def _niah(a) -> int:
-    from ..utils import write_json
-    from .common import default_device, load_model, load_tokenizer, parse_int_list, read_model_type
-    from .niah import NIAHConfig, format_grid, run_niah, save_heatmap, validate
+    from ..utils import check_device, check_output_path, write_json
+    from .common import default_device, load_model, load_tokenizer, parse_int_list, read_max_positions
+    from .niah import NIAHConfig, check_lengths, format_grid, haystack_sentences, run_niah, save_heatmap, validate
 
     cfg = NIAHConfig(lengths=parse_int_list(a.lengths, "--lengths"), depths=parse_int_list(a.depths, "--depths"),
                      samples=a.samples, haystack=a.haystack, digits=a.digits, seed=a.seed, engine=a.engine)
     validate(cfg)  # everything that needs no model, before loading it
-    read_model_type(a.model)
-    device = a.device or default_device()
-    model = load_model(a.model, device=device, dtype=a.dtype, window_size=a.window)
+    check_output_path("--output-dir", a.output_dir, directory=True)
+    device = check_device(a.device) if a.device else default_device()
+    validate(cfg, read_max_positions(a.model))
+    haystack_sentences(cfg.haystack)  # readable, with text in it
     tok = load_tokenizer(a.model, a.tokenizer)
+    check_lengths(cfg, tok)
+    model = load_model(a.model, device=device, dtype=a.dtype, window_size=a.window)
     validate(cfg, model.config.max_position_embeddings)
     out = run_niah(model, tok, cfg, progress=not a.no_progress)
     out["model"]["path"] = str(a.model)
@@ -275,15 +297,26 @@ def _niah_train(a) -> int:
 
 
 def _lm(a) -> int:
-    from ..utils import write_json
+    from ..utils import check_device, check_output_path, write_json
     from .common import default_device
     from .lm import run_lm_eval, summary
 
     limit = a.limit
-    if limit is not None and float(limit).is_integer() and limit >= 1:
+    if limit is not None and not (0 < limit < 1 or (limit >= 1 and float(limit).is_integer())):
+        raise ValueError(f"--limit must be an integer >= 1 or a fraction in (0, 1), got {limit:g}")
+    if limit is not None and limit >= 1:
         limit = int(limit)
+    if a.batch_size < 1:
+        raise ValueError(f"--batch_size must be >= 1, got {a.batch_size}")
+    if a.num_fewshot is not None and a.num_fewshot < 0:
+        raise ValueError(f"--num_fewshot must be >= 0, got {a.num_fewshot}")
+    if not 0 <= a.seed < 2 ** 32:  # lm-eval seeds numpy's legacy generator with it
+        raise ValueError(f"--seed must be in 0..{2 ** 32 - 1}, got {a.seed}")
+    device = check_device(a.device) if a.device else default_device()
+    if a.output:
+        check_output_path("--output", a.output)
     res = run_lm_eval(a.model, a.tasks.split(","), include_path=a.include_path, limit=limit,
-                      batch_size=a.batch_size, device=a.device or default_device(), dtype=a.dtype,
+                      batch_size=a.batch_size, device=device, dtype=a.dtype,
                       num_fewshot=a.num_fewshot, window_size=a.window, tokenizer=a.tokenizer, seed=a.seed)
     from lm_eval.utils import make_table
 

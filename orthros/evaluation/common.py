@@ -12,24 +12,39 @@ LM_TASKS_DIR = DATA_DIR / "lm_tasks"
 CONVERTIBLE_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 
-def read_model_type(path) -> str:
-    """``model_type`` of a local checkpoint directory; a clear ``ValueError`` when ``path`` is not one."""
+def read_config(path, arg: str = "--model",
+                expected: str = "an Orthros checkpoint, or a Llama / Qwen2 / Qwen3 / Mistral one to convert") -> dict:
+    """The ``config.json`` of a local checkpoint directory, read without loading the model; a clear
+    ``ValueError`` naming ``arg`` (and what is ``expected``) when ``path`` is not a checkpoint directory."""
     p = Path(path)
     if not p.exists():
-        raise ValueError(f"--model {path!s}: no such file or directory (a local checkpoint directory is needed; "
+        raise ValueError(f"{arg} {path!s}: no such file or directory (a local checkpoint directory is needed; "
                          f"nothing is downloaded)")
     if not p.is_dir() or not (p / "config.json").is_file():
-        raise ValueError(f"--model {path!s} is not a checkpoint directory: it has no config.json "
-                         f"(expected an Orthros checkpoint, or a Llama / Qwen2 / Qwen3 / Mistral one to convert)")
+        raise ValueError(f"{arg} {path!s} is not a checkpoint directory: it has no config.json "
+                         f"(expected {expected})")
     try:
         cfg = json.loads((p / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"--model {path!s}: config.json is not readable JSON ({e})") from None
-    mt = cfg.get("model_type") if isinstance(cfg, dict) else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{arg} {path!s}: config.json is not readable JSON ({e})") from None
+    return cfg if isinstance(cfg, dict) else {}
+
+
+def read_model_type(path) -> str:
+    """``model_type`` of a local checkpoint directory; a clear ``ValueError`` when ``path`` is not one."""
+    mt = read_config(path).get("model_type")
     if mt == "orthros" or mt in CONVERTIBLE_MODEL_TYPES:
         return mt
     raise ValueError(f"--model {path!s} has model_type {mt!r}: not an Orthros checkpoint and not convertible "
                      f"(convertible: {', '.join(CONVERTIBLE_MODEL_TYPES)})")
+
+
+def read_max_positions(path):
+    """``max_position_embeddings`` of a checkpoint (``--model``) from its config.json (``None`` if it sets
+    none), so that a length beyond it is refused before the weights load."""
+    read_model_type(path)
+    n = read_config(path).get("max_position_embeddings")
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
 
 
 def load_model(path, *, device: str = "cpu", dtype=None, window_size: int = 128):
@@ -66,22 +81,6 @@ def default_device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def check_device(name: str, arg: str = "--device") -> str:
-    """``name`` as a torch device string (``cpu``, ``cuda`` or ``cuda:N``), or a ValueError naming
-    ``arg``: an unparsable or other device type, or CUDA on a machine without it."""
-    import torch
-
-    try:
-        dev = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise ValueError(f"{arg} must be cpu, cuda or cuda:N, got {name!r}") from None
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"{arg} must be cpu, cuda or cuda:N, got {name!r}")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"{arg} {name}: no CUDA device here")
-    return str(dev)
 
 
 def parse_int_list(text: str, name: str) -> list[int]:

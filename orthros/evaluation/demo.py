@@ -135,8 +135,8 @@ def run_prefill(quick: bool, device: str, seed: int = 0) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="orthros demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true",
-                   help="shorter run: 150 training steps, prefill at 1K/4K/8K (49 s on a 2-core CPU shared with "
-                        "other jobs, 2026-12-01; 15 s idle; the full demo ~1.5 min idle)")
+                   help="shorter run: 150 training steps, prefill at 1K/4K/8K (4K/16K on a GPU) (49 s on a 2-core "
+                        "CPU shared with other jobs, 2026-12-01; 15 s idle; the full demo ~1.5 min idle)")
     p.add_argument("--device", default=None, help="device for the prefill timing (default: cuda if available)")
     p.add_argument("--skip-prefill", action="store_true", help="skip part 2 (prefill timing)")
     p.add_argument("--skip-recall", action="store_true", help="skip part 1 (in-context recall)")
@@ -146,21 +146,34 @@ def main(argv=None) -> int:
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default: 0)")
     a = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    from ..utils import check_device, check_output_path
+
+    if a.skip_recall and a.skip_prefill:
+        p.error("--skip-recall and --skip-prefill together leave nothing to run")
+    if a.seed < 0:
+        p.error(f"--seed must be >= 0, got {a.seed}")
     if a.plot is not None:
         if a.skip_recall:
             p.error(f"--plot {a.plot}: part 1 is skipped (--skip-recall)")
         try:
             check_png("--plot", a.plot)
+            check_output_path("--plot", a.plot)
         except ValueError as e:
             p.error(str(e))
+    try:
+        if a.output:
+            check_output_path("--output", a.output)
+    except ValueError as e:
+        p.error(str(e))
+    try:
+        if a.device:
+            check_device(a.device)
+    except ValueError as e:
+        print(f"orthros demo: error: {e}", file=sys.stderr)
+        return 2
     import torch
 
     device = a.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        torch.empty(1, device=device)
-    except (RuntimeError, AssertionError) as e:
-        print(f"orthros demo: error: --device {device!r} is not usable here ({e})", file=sys.stderr)
-        return 2
     t0 = time.perf_counter()
     print("Orthros demo: sliding-window attention everywhere + full attention only where a token is predicted.\n")
     out = {"quick": a.quick}

@@ -67,8 +67,8 @@ def run_lm_eval(model_path, tasks, *, include_path=None, limit=None, batch_size=
             args["dtype"] = str(parse_dtype(dtype, "dtype")).replace("torch.", "")
         lm = HFLM(**args)
     else:  # converted on the fly (or a separate tokenizer): hand lm-eval the model object
+        tok = load_tokenizer(model_path, tokenizer)  # before the model: a bad --tokenizer costs no load
         model = load_model(model_path, device=device, dtype=dtype, window_size=window_size)
-        tok = load_tokenizer(model_path, tokenizer)
         lm = HFLM(pretrained=model, tokenizer=tok, batch_size=batch_size)
     return simple_evaluate(model=lm, tasks=tasks, task_manager=tm, limit=limit, num_fewshot=num_fewshot,
                            random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,

@@ -391,6 +391,8 @@ def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print, jo
     for m in tr.models:
         if m not in MODEL_ALIASES:
             raise ValueError(f"unknown MQAR model {m!r}; choose from {sorted(set(MODEL_ALIASES))}")
+        if MODEL_ALIASES[m] in HYBRID_DISPLAY:  # before any model trains, not when its turn comes
+            hybrid_layout(MODEL_ALIASES[m], tr.num_layers)
         names.append(m)
     if tr.window_size < 1:
         raise ValueError(f"window_size must be >= 1, got {tr.window_size}")

@@ -24,7 +24,7 @@ from typing import Optional
 import numpy as np
 
 from .common import DATA_DIR
-from ..utils import Progress, pyplot, save_figure
+from ..utils import Progress, pyplot, read_text_file, save_figure
 
 NEEDLE = " The secret number is {key}."
 QUESTION = "\nWhat is the secret number mentioned in the text above? The secret number is"
@@ -64,7 +64,7 @@ def prefix_match(prediction: str, answer: str) -> float:
     return n / len(answer)
 
 
-def _haystack_sentences(source: str) -> list[str]:
+def haystack_sentences(source: str) -> list[str]:
     if source == "synthetic":
         path = SYNTHETIC_FILE
     elif source == "corpus":
@@ -76,14 +76,20 @@ def _haystack_sentences(source: str) -> list[str]:
         path = Path(source)
         if not path.is_file():
             raise ValueError(f"--haystack must be one of {HAYSTACKS} or a path to a .txt/.jsonl file, got {source!r}")
+    arg = "haystack" if source in HAYSTACKS else f"--haystack {source}"
+    text = read_text_file(path, "--haystack" if source not in HAYSTACKS else "haystack")
     text_lines = []
     if path.suffix == ".jsonl":
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for i, line in enumerate(text.splitlines(), 1):
             if line.strip():
-                rec = json.loads(line)
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{arg}: line {i} is not JSON ({e.msg}); a .jsonl haystack holds one "
+                                     f"object with a 'text' field a line") from None
                 text_lines.append(rec.get("text", "") if isinstance(rec, dict) else str(rec))
     else:
-        text_lines = [path.read_text(encoding="utf-8")]
+        text_lines = [text]
     # remove digits so that no number in the haystack can be mistaken for the needle
     sents = []
     for t in text_lines:
@@ -122,6 +128,8 @@ def validate(cfg: NIAHConfig, max_positions: Optional[int] = None) -> None:
             raise ValueError(f"depths (--depths) are percentages and must lie in 0..100, got {d!r}")
     if isinstance(cfg.samples, bool) or not isinstance(cfg.samples, int) or cfg.samples < 1:
         raise ValueError(f"samples (--samples) must be an integer >= 1, got {cfg.samples!r}")
+    if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or cfg.seed < 0:
+        raise ValueError(f"seed (--seed) must be an integer >= 0, got {cfg.seed!r}")
     if not isinstance(cfg.digits, int) or not 1 <= cfg.digits <= 18:
         raise ValueError(f"digits (--digits) must be an integer in 1..18, got {cfg.digits!r}")
     if cfg.engine not in ("auto", "on", "off"):
@@ -131,12 +139,23 @@ def validate(cfg: NIAHConfig, max_positions: Optional[int] = None) -> None:
                          f"{cfg.haystack!r}")
 
 
+def check_lengths(cfg: NIAHConfig, tokenizer) -> None:
+    """Refuse a context length too short for the needle and the question (and a few haystack tokens):
+    the check that needs the tokenizer but no model."""
+    probe = str(10 ** (cfg.digits - 1))
+    need = (int(getattr(tokenizer, "bos_token_id", None) is not None)
+            + sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in (NEEDLE.format(key=probe), QUESTION)))
+    for L in cfg.lengths:
+        if L < need + 8:
+            raise ValueError(f"context length {L} is too short: the needle and question alone take {need} tokens")
+
+
 class PromptBuilder:
     """Tokenises the haystack once (sentence by sentence) and builds prompts of exact length."""
 
     def __init__(self, tokenizer, haystack: str, seed: int = 0):
         self.tok = tokenizer
-        self.sents = [self._enc(" " + s) for s in _haystack_sentences(haystack)]
+        self.sents = [self._enc(" " + s) for s in haystack_sentences(haystack)]
         self.question = self._enc(QUESTION)
         self.bos = [tokenizer.bos_token_id] if getattr(tokenizer, "bos_token_id", None) is not None else []
         self.rng = np.random.default_rng(seed)
@@ -214,10 +233,7 @@ def run_niah(model, tokenizer, cfg: NIAHConfig, progress: bool = True, log=print
     rng = np.random.default_rng(cfg.seed + 1)
     lo = 10 ** (cfg.digits - 1)
     probe = str(lo)
-    need = builder.overhead(probe)
-    for L in cfg.lengths:
-        if L < need + 8:
-            raise ValueError(f"context length {L} is too short: the needle and question alone take {need} tokens")
+    check_lengths(cfg, tokenizer)
     max_new = len(builder._enc(" " + probe)) + 4
     # A context length is the whole window the model reads, answer included: at the model's
     # maximum (e.g. 8K on an 8K model) the prompt gives up the answer's positions, so greedy

@@ -16,7 +16,6 @@ evaluation prompt is seen in training.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -26,7 +25,7 @@ from typing import Optional
 import numpy as np
 
 from ..kinds import ATTENTION_MODES
-from ..utils import Progress
+from ..utils import Progress, write_json
 from .niah import NEEDLE, PromptBuilder
 
 IGNORE = -100
@@ -57,9 +56,16 @@ class NIAHTrainConfig:
     def validate(self) -> "NIAHTrainConfig":
         if self.attention_mode not in ATTENTION_MODES:
             raise ValueError(f"attention_mode must be one of {', '.join(ATTENTION_MODES)}, got {self.attention_mode!r}")
-        for n in ("window_size", "num_layers", "hidden_size", "num_heads", "steps", "batch_size", "min_len", "digits"):
+        for n in ("window_size", "num_layers", "hidden_size", "num_heads", "steps", "batch_size", "min_len", "digits",
+                  "log_every"):
             if getattr(self, n) < 1:
                 raise ValueError(f"{n} must be >= 1, got {getattr(self, n)}")
+        if self.digits > 18:  # keys are drawn as int64
+            raise ValueError(f"digits (--digits) must be in 1..18, got {self.digits}")
+        if self.seed < 0:
+            raise ValueError(f"seed (--seed) must be >= 0, got {self.seed}")
+        if self.threads is not None and self.threads < 0:
+            raise ValueError(f"threads (--threads) must be >= 0 (0: torch's own choice), got {self.threads}")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size ({self.hidden_size}) must be a multiple of num_heads ({self.num_heads})")
         if self.max_len < self.min_len:
@@ -68,6 +74,19 @@ class NIAHTrainConfig:
             raise ValueError("max_len plus the answer must fit in max_position_embeddings")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.init is not None:  # before any data or weights: what from_pretrained would refuse later
+            from .common import read_config
+
+            c = read_config(self.init, "--init", expected="an Orthros checkpoint to continue")
+            if c.get("model_type") != "orthros":
+                raise ValueError(f"--init {self.init}: a {c.get('model_type')!r} checkpoint; --init continues an "
+                                 f"Orthros checkpoint (`orthros convert` converts a Llama / Qwen2 / Qwen3 / Mistral one)")
+            if c.get("attention_mode", self.attention_mode) != self.attention_mode:
+                raise ValueError(f"--init {self.init} has attention_mode {c['attention_mode']!r}, "
+                                 f"not {self.attention_mode!r}")
+            n = c.get("max_position_embeddings")
+            if isinstance(n, int) and n < self.max_len + self.digits + 4:
+                raise ValueError(f"--init {self.init}: max_position_embeddings is below --max-len")
         return self
 
 
@@ -148,6 +167,10 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progres
         torch.set_num_threads(cfg.threads)
     tok = tokenizer if tokenizer is not None else load_tokenizer()
     builder = PromptBuilder(tok, cfg.haystack, seed=cfg.seed)
+    need = builder.overhead(str(10 ** (cfg.digits - 1)))
+    if cfg.min_len <= need:  # PromptBuilder.build needs a haystack token besides the needle and question
+        raise ValueError(f"--min-len {cfg.min_len} is too short: the needle and question alone take {need} tokens; "
+                         f"use --min-len >= {need + 1}")
     rng = np.random.default_rng(cfg.seed + 1)
     if cfg.init:
         from ..models import OrthrosForCausalLM
@@ -202,7 +225,7 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progres
         out.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(str(out))
         tok.save_pretrained(str(out))
-        (out / "niah_train.json").write_text(json.dumps(result, indent=2) + "\n")
+        write_json(out / "niah_train.json", result)
         log(f"saved {out} ({result['params']:,} params, {secs:.0f}s of training)")
     result["model"] = model
     return result
@@ -246,7 +269,10 @@ def config_from_args(a) -> NIAHTrainConfig:
 
 
 def run_cli(a) -> int:
+    from ..utils import check_output_path
+
     cfg = config_from_args(a).validate()
+    check_output_path("--out", a.out, directory=True)
     print(f"NIAH training{' from ' + cfg.init if cfg.init else ''}: {cfg.attention_mode}, window {cfg.window_size}, {cfg.num_layers} layers, d={cfg.hidden_size}, "
           f"prompts {cfg.min_len}..{cfg.max_len} tokens, {cfg.steps} steps x {cfg.batch_size}, lr {cfg.lr:g}")
     train(cfg, out_dir=a.out, progress=not getattr(a, "no_progress", False))

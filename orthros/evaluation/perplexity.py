@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ..utils import Progress
+from ..utils import Progress, read_text_file
 
 DEFAULT_BUCKETS = (0, 128, 512, 2048, 8192)
 
@@ -49,9 +49,10 @@ def load_documents(path, arg: str = "--data") -> list[str]:
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"{arg} {str(path)!r}: no such file (a .jsonl with a 'text' field per line, or a .txt)")
+    text = read_text_file(p, arg)
     if p.suffix == ".jsonl":
         docs = []
-        for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
+        for i, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -62,7 +63,7 @@ def load_documents(path, arg: str = "--data") -> list[str]:
                 raise ValueError(f"{arg} {p}: line {i} has no string field 'text'")
             docs.append(rec["text"])
     else:
-        docs = [p.read_text(encoding="utf-8")]
+        docs = [text]
     docs = [d for d in docs if d.strip()]
     if not docs:
         raise ValueError(f"{arg} {p}: no text")

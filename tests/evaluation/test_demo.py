@@ -30,3 +30,37 @@ def test_demo_bad_device(capsys):
         with pytest.raises(SystemExit) as e:
             main(["demo", *args])
         assert e.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_demo_bad_input_refused_before_the_runs(tmp_path, capsys, monkeypatch):
+    """Issue: --seed -2 failed at the start of part 1 with numpy's `expected non-negative integer`; an
+    --output that is a directory failed after both parts had run; --skip-recall with --skip-prefill ran
+    nothing and wrote an empty result."""
+    import orthros.evaluation.demo as demo
+    from orthros.cli import main
+
+    monkeypatch.setattr(demo, "run_recall", lambda *a, **kw: pytest.fail("part 1 ran"))
+    monkeypatch.setattr(demo, "run_prefill", lambda *a, **kw: pytest.fail("part 2 ran"))
+    (tmp_path / "f").write_text("x")
+    for args, says in ((["--seed", "-2"], "--seed must be >= 0, got -2"),
+                       (["-o", str(tmp_path)], f"--output {tmp_path}: is a directory"),
+                       (["--plot", str(tmp_path / "f" / "r.png")], "is a file, not a directory"),
+                       (["--skip-recall", "--skip-prefill", "-o", str(tmp_path / "d.json")], "nothing to run")):
+        with pytest.raises(SystemExit) as e:
+            main(["demo", "--device", "cpu", *args])
+        assert e.value.code == 2 and says in capsys.readouterr().err, args
+    assert not (tmp_path / "d.json").exists()
+
+
+def test_demo_quick_help_names_the_gpu_lengths():
+    """Issue: --quick's help gave the CPU prompt lengths only (1K/4K/8K); on a GPU it times 4K/16K."""
+    import io
+    from contextlib import redirect_stdout
+
+    from orthros.evaluation import demo
+
+    buf = io.StringIO()
+    with redirect_stdout(buf), pytest.raises(SystemExit):
+        demo.main(["--help"])
+    text = " ".join(buf.getvalue().split())
+    assert "/".join(f"{n // 1024}K" for n in demo.QUICK_GPU_PREFILL_LENGTHS) + " on a GPU" in text

@@ -104,3 +104,34 @@ def test_plain_lm_eval_cli_with_orthros_imported(tiny, tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     assert "orthros_tiny_cloze" in p.stdout
     assert list(Path(tmp_path / "res").rglob("results*.json"))
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--seed", "-1"], "--seed must be in 0..4294967295, got -1"),
+    (["--batch_size", "0"], "--batch_size must be >= 1, got 0"),
+    (["--num_fewshot", "-1"], "--num_fewshot must be >= 0, got -1"),
+    (["--limit", "2.5"], "--limit must be an integer >= 1 or a fraction in (0, 1), got 2.5"),
+    (["--limit", "inf"], "--limit must be an integer >= 1 or a fraction in (0, 1), got inf"),
+    (["--device", "bogus"], "--device must be cpu, cuda or cuda:N, got 'bogus'"),
+    (["-o", "{tmp}"], "--output {tmp}: is a directory"),
+])
+def test_cli_lm_bad_input_refused_before_the_model_loads(tiny, tmp_path, capsys, monkeypatch, args, msg):
+    """Issue: --seed -1 failed after the model had loaded (numpy's `Seed must be between 0 and 2**32 - 1`);
+    --batch_size 0, --num_fewshot -1, --limit 2.5 and --device bogus ran without a word; an --output that is
+    a directory failed after the whole evaluation."""
+    import orthros.evaluation.lm as lm
+    from orthros.cli import main
+
+    monkeypatch.setattr(lm, "run_lm_eval", lambda *a, **kw: pytest.fail("the evaluation started"))
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    assert main(["eval", "lm", "--model", str(tiny), "--tasks", "orthros_tiny_cloze", *args]) == 2
+    assert msg.replace("{tmp}", str(tmp_path)) in capsys.readouterr().err
+
+
+def test_bad_tokenizer_refused_before_the_model_loads(tiny, tmp_path, monkeypatch):
+    """Issue: with --tokenizer (or a converted model) the model loaded before the tokenizer was tried."""
+    import orthros.evaluation.lm as lm
+
+    monkeypatch.setattr(lm, "load_model", lambda *a, **kw: pytest.fail("the model was loaded"))
+    with pytest.raises(ValueError, match="no usable tokenizer"):
+        lm.run_lm_eval(tiny, ["orthros_tiny_cloze"], limit=2, device="cpu", tokenizer=str(tmp_path))

@@ -231,3 +231,47 @@ def test_accuracy_by_gap_buckets_add_up_and_plot(tmp_path):
     lines = fig.axes[0].get_lines()
     assert [list(l.get_ydata()) for l in lines[:2]] == [[100 * x["acc"] for x in r["acc_by_gap"]]
                                                          for r in out["results"]]
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--models", "orthros,orthros-h", "--layers", "2"], "--layers 2: a 'orthros-h' model needs num_layers >= 4"),
+    (["--models", "linear_hybrid", "--layers", "3"], "--layers 3: a 'linear-hybrid' model needs num_layers >= 4"),
+    (["--seed", "-5"], "--seed must be >= 0, got -5"),
+    (["--threads", "-1"], "--threads must be >= 0 (0: torch's own choice), got -1"),
+    (["-o", "{tmp}"], "--output {tmp}: is a directory"),
+    (["-o", "{tmp}/f/m.json"], "is a file, not a directory"),
+    (["--plot", "{tmp}/f/m.png"], "is a file, not a directory"),
+])
+def test_cli_mqar_bad_input_refused_before_training(tmp_path, capsys, monkeypatch, args, msg):
+    """Issue: a hybrid with --layers < 4 failed after the models before it had trained; --seed -5 and
+    --threads -1 failed at the start with numpy's / torch's words (`expected non-negative integer`,
+    RuntimeError, exit 1); an --output that is a directory failed after every model had trained."""
+    import orthros.evaluation.mqar as mqar
+    from orthros.cli import main
+
+    monkeypatch.setattr(mqar, "run_mqar", lambda *a, **kw: pytest.fail("training started"))
+    (tmp_path / "f").write_text("x")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    assert main(["eval", "mqar", "--no-progress", *args]) == 2
+    assert msg.replace("{tmp}", str(tmp_path)) in capsys.readouterr().err
+
+
+def test_run_mqar_checks_hybrid_layers_before_training():
+    """The library path: run_mqar refuses a hybrid it cannot build before training the models before it."""
+    task = MQARTask(vocab_size=16, seq_len=32, num_pairs=2)
+    tr = MQARTrain(models=("orthros", "orthros-h"), num_layers=2, steps=1, batch_size=2, eval_examples=2)
+    import orthros.evaluation.mqar as mqar
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(mqar, "train_one", lambda *a, **kw: pytest.fail("training started"))
+        with pytest.raises(ValueError, match="needs num_layers >= 4"):
+            run_mqar(task, tr, progress=False, log=None)
+
+
+def test_cli_mqar_help_on_gdn_layers():
+    """Issue: --models's help said every hybrid, gdn included, needs --layers >= 4; gdn (GDN layers only)
+    trains with any --layers."""
+    from orthros.evaluation.cli import build_parser
+
+    text = " ".join(build_parser()._subparsers._group_actions[0].choices["mqar"].format_help().split())
+    assert "gdn: GDN layers only" in text

@@ -171,3 +171,42 @@ def test_validate_context_too_short_for_needle(tiny, tok):
 def test_validate_needs_a_length_and_a_depth(kw):
     with pytest.raises(ValueError, match="at least one context length and one depth"):
         validate(NIAHConfig(**kw))
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Any model load fails the test: bad input must be refused before the weights load."""
+    import orthros.evaluation.common as common
+
+    def refuse(*a, **kw):
+        raise AssertionError("the model was loaded before the bad input was refused")
+
+    monkeypatch.setattr(common, "load_model", refuse)
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--lengths", "1024"], "--lengths): 1024 is above the model's maximum"),
+    (["--lengths", "40"], "context length 40 is too short"),
+    (["--seed", "-1"], "seed (--seed) must be an integer >= 0"),
+    (["--device", "bogus"], "--device must be cpu, cuda or cuda:N, got 'bogus'"),
+    (["--tokenizer", "{tmp}"], "no usable tokenizer"),
+    (["--haystack", "{tmp}/digits.txt"], "has no text"),
+    (["--haystack", "{tmp}/bad.jsonl"], "--haystack {tmp}/bad.jsonl: line 2 is not JSON"),
+    (["--haystack", "{tmp}/bin.txt"], "--haystack {tmp}/bin.txt: not UTF-8 text"),
+    (["-o", "{tmp}/f"], "--output-dir {tmp}/f: {tmp}/f is a file, not a directory"),
+])
+def test_cli_niah_bad_input_before_the_model_loads(tiny, tmp_path, capsys, no_model_load, args, msg):
+    """Issue: these were refused only after the model had loaded (a bad haystack, --tokenizer, --seed,
+    --device or a too-short context length), or after the whole grid had run (--output-dir a file)."""
+    from orthros.cli import main
+
+    (tmp_path / "digits.txt").write_text("1234 5678\n")
+    (tmp_path / "bad.jsonl").write_text('{"text": "a b c."}\nnot json\n')
+    (tmp_path / "bin.txt").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe" * 8)
+    (tmp_path / "f").write_text("x")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    rc = main(["eval", "niah", "--model", str(tiny), "--no-progress", "--engine", "off", "--samples", "1",
+               "--lengths", "64", "--depths", "50", "-o", str(tmp_path / "out")] + args)
+    assert rc == 2
+    assert msg.replace("{tmp}", str(tmp_path)) in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

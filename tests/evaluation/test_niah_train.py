@@ -75,3 +75,90 @@ def test_cli_progress_bar_and_no_progress(tmp_path, capsys, flag):
     assert ("niah-train orthros" in err and "3/3" in err) == (not flag), err
     rec = json.loads((out / "niah_train.json").read_text())
     assert rec["history"][-1]["step"] == 3 and (out / "config.json").is_file()
+
+
+TINY = ["--steps", "2", "--batch-size", "2", "--hidden-size", "32", "--heads", "2", "--layers", "1", "--window", "8",
+        "--min-len", "48", "--max-len", "48", "--threads", "1", "--no-progress"]
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--log-every", "0"], "log_every must be >= 1, got 0"),
+    (["--threads", "-1"], "threads (--threads) must be >= 0"),
+    (["--digits", "19"], "digits (--digits) must be in 1..18, got 19"),
+    (["--seed", "-1"], "seed (--seed) must be >= 0, got -1"),
+    (["--out", "{tmp}/f"], "--out {tmp}/f: {tmp}/f is a file, not a directory"),
+    (["--out", "{tmp}/f/m"], "is a file, not a directory"),
+    (["--init", "{tmp}/nowhere"], "--init {tmp}/nowhere: no such file or directory"),
+    (["--init", "{tmp}"], "--init {tmp} is not a checkpoint directory"),
+    (["--init", "{tmp}/llama"], "--init {tmp}/llama: a 'llama' checkpoint"),
+    (["--init", "{tmp}/swa"], "--init {tmp}/swa has attention_mode 'window', not 'orthros'"),
+])
+def test_cli_bad_input_refused_before_training(tmp_path, capsys, monkeypatch, args, msg):
+    """Issue: each of these passed the checks and failed later: inside the training loop (--log-every 0:
+    ZeroDivisionError; --digits 19: `high is out of bounds for int64`), at its start (--threads -1, --seed -1,
+    --init not an Orthros checkpoint: transformers' OSError), or after training (--out a file)."""
+    import json
+
+    import orthros.evaluation.niah_train as nt
+    from orthros.evaluation.cli import main
+
+    monkeypatch.setattr(nt, "train", lambda *a, **kw: pytest.fail("training started"))
+    (tmp_path / "f").write_text("x")
+    (tmp_path / "llama").mkdir()
+    (tmp_path / "llama" / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "swa").mkdir()
+    (tmp_path / "swa" / "config.json").write_text(json.dumps({"model_type": "orthros", "attention_mode": "window",
+                                                              "max_position_embeddings": 1024}))
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    if "--out" not in args:
+        args += ["--out", str(tmp_path / "m")]
+    assert main(["niah-train", *TINY, *args]) == 2
+    assert msg.replace("{tmp}", str(tmp_path)) in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
+
+
+@pytest.mark.parametrize("args, msg", [
+    (["--min-len", "5"], "--min-len 5 is too short: the needle and question alone take"),
+    (["--haystack", "{tmp}/bad.jsonl"], "--haystack {tmp}/bad.jsonl: line 1 is not JSON"),
+    (["--haystack", "{tmp}/bin.txt"], "--haystack {tmp}/bin.txt: not UTF-8 text"),
+])
+def test_cli_bad_input_refused_before_the_model_is_built(tmp_path, capsys, monkeypatch, args, msg):
+    """Issue: a --min-len shorter than the needle and question failed inside the training loop, at the
+    first step that drew such a length, with `context length 21 is too short ...` (not naming --min-len);
+    a .jsonl --haystack with a line that is not JSON, or a file that is not UTF-8, gave only the decoder's
+    words (`Expecting value: line 1 column 1 (char 0)`, `'utf-8' codec can't decode ...`)."""
+    import orthros.evaluation.niah_train as nt
+    from orthros.evaluation.cli import main
+
+    monkeypatch.setattr(nt, "build_model", lambda *a, **kw: pytest.fail("the model was built"))
+    (tmp_path / "bad.jsonl").write_text("not json\n")
+    (tmp_path / "bin.txt").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe" * 8)
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    tiny = list(TINY)
+    if "--min-len" in args:
+        del tiny[tiny.index("--min-len"):tiny.index("--min-len") + 2]
+    assert main(["niah-train", *tiny, *args, "--out", str(tmp_path / "m")]) == 2
+    assert msg.replace("{tmp}", str(tmp_path)) in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
+
+
+def test_record_is_written_through_a_temporary_name(tmp_path, monkeypatch):
+    """Issue: niah_train.json was written in place (Path.write_text): a run killed or a disk filled
+    mid-write left half a JSON file behind."""
+    import pathlib
+
+    from orthros.evaluation.cli import main
+
+    real = pathlib.Path.write_text
+
+    def half_then_fail(self, data, *a, **kw):
+        if "niah_train.json" in self.name:
+            real(self, data[: len(data) // 2], *a, **kw)
+            raise OSError(28, "No space left on device")
+        return real(self, data, *a, **kw)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", half_then_fail)
+    out = tmp_path / "m"
+    with pytest.raises(OSError):
+        main(["niah-train", *TINY, "--out", str(out)])
+    assert not [p.name for p in out.iterdir() if "niah_train.json" in p.name]

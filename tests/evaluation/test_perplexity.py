@@ -102,3 +102,45 @@ def test_plot_draws_each_models_curve(tiny, tmp_path):
     assert [line.get_label() for line in lines[:2]] == [f"{n}: {r['overall']['ppl']:.3f} overall" for n in "ab"]
     assert np.allclose(lines[0].get_ydata(), [math.exp(p["nll"]) for p in r["curve"]])
     assert len(r["curve"]) == 3 and (tmp_path / "p.png").is_file()
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Any model load fails the test: bad input must be refused before the weights load."""
+    import orthros.evaluation.common as common
+
+    def refuse(*a, **kw):
+        raise AssertionError("the model was loaded before the bad input was refused")
+
+    monkeypatch.setattr(common, "load_model", refuse)
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--device", "bogus"], "--device must be cpu, cuda or cuda:N, got 'bogus'"),
+    (["--seq-len", "300", "--buckets", "0,300"], "--seq-len 300 is above the model's max_position_embeddings (256)"),
+    (["-o", "{tmp}"], "is a directory"),
+    (["-o", "{file}/x.json"], "is a file, not a directory"),
+    (["--plot", "{file}/x.png"], "is a file, not a directory"),
+])
+def test_cli_bad_input_refused_before_the_model_loads(tiny, tmp_path, capsys, no_model_load, extra, says):
+    """Issue: a bad --device, a --seq-len beyond the model, an --output that is a directory (or under a file)
+    failed only after loading the model (and, for the paths, after the whole evaluation)."""
+    ck, _ = tiny
+    data = tmp_path / "long.jsonl"
+    data.write_text(json.dumps({"text": " ".join(["thou art the king"] * 300)}) + "\n")
+    (tmp_path / "f").write_text("x")
+    extra = [x.format(tmp=tmp_path, file=tmp_path / "f") for x in extra]
+    args = ["ppl", "--model", str(ck), "--data", str(data), "--seq-len", "16", "--buckets", "0,16", "--no-progress"]
+    assert eval_main(args + extra) == 2
+    assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["bin.txt", "bin.jsonl"])
+def test_binary_data_is_named(tiny, tmp_path, capsys, name):
+    """Issue: a --data file that is not UTF-8 text gave only `'utf-8' codec can't decode byte ...`."""
+    ck, _ = tiny
+    data = tmp_path / name
+    data.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe" * 8)
+    assert eval_main(["ppl", "--model", str(ck), "--data", str(data), "--seq-len", "16", "--buckets", "0,16"]) == 2
+    err = capsys.readouterr().err
+    assert f"--data {data}: not UTF-8 text" in err
