@@ -39,11 +39,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("config keys and defaults:\n" + describe_keys())
         return 0
     from .data import DataError
+    dry = "--dry-run" in argv
+    argv = [a for a in argv if a != "--dry-run"]  # before the config file is picked: --dry-run CONFIG.yaml
     path = None
     if argv and not argv[0].startswith("--"):
         path, argv = argv[0], argv[1:]
-    dry = "--dry-run" in argv
-    argv = [a for a in argv if a != "--dry-run"]
     try:
         cfg = load_config(path, argv)
         from .trainer import dry_run, train

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import typing
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Any, Optional, Union
 
 import yaml
 
-from ..kinds import HYBRID_ALIASES, MODE_ALIASES
+from ..kinds import HYBRID_ALIASES, HYBRID_KINDS, MODE_ALIASES
 from .optim import SCHEDULES
 
 MODES = ("pt", "sft", "cpt")
@@ -262,6 +263,13 @@ def _set(cfg: RunConfig, key: str, value: Any) -> None:
         setattr(cfg, key, value)
 
 
+def _get(cfg: RunConfig, key: str) -> Any:
+    obj = cfg
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def _flatten(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
     out = []
     for k, v in d.items():
@@ -292,8 +300,22 @@ def parse_overrides(argv: list[str]) -> list[tuple[str, Any]]:
             i += 1
         if key == "resume":
             key = "checkpoint.resume"
-        out.append((key, yaml.safe_load(raw) if raw != "" else "")) 
+        out.append((key, _override_value(raw)))
     return out
+
+
+def _override_value(raw: str) -> Any:
+    """An override's value as YAML reads it (numbers, true/false, null, lists), or its text where
+    YAML would not keep it: '*.jsonl' (an alias to YAML), '@x', 'run #2' (' #2' a comment)."""
+    if raw == "":
+        return ""
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        return raw
+    if isinstance(value, str) and "#" in raw and not raw.lstrip().startswith(("'", '"')):
+        return raw
+    return value
 
 
 def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None) -> RunConfig:
@@ -330,8 +352,19 @@ def validate(cfg: RunConfig) -> None:
         if val is None or val < 0 or (val == 0 and not zero_ok):
             raise ConfigError(f"{key} must be {'>= 0' if zero_ok else '> 0'}, got {val!r}")
 
+    for key in valid_keys():  # nan passes every comparison below; inf is no setting (grad_clip: no clipping)
+        v = _get(cfg, key)
+        if isinstance(v, float) and (math.isnan(v) or (math.isinf(v) and key != "optim.grad_clip")):
+            raise ConfigError(f"{key} must be a finite number, got {v!r}")
+    if not 0 <= cfg.seed < 2 ** 64:  # numpy's shuffle and torch.manual_seed take these
+        raise ConfigError(f"seed must be an integer in [0, 2**64 - 1], got {cfg.seed!r}")
     choice("mode", cfg.mode, MODES)
     choice("model.architecture", cfg.model.architecture, ARCHITECTURES)
+    every = HYBRID_KINDS.get(HYBRID_ALIASES.get(cfg.model.architecture), (None, None))[1]
+    if every and cfg.model.num_hidden_layers < every and not cfg.model.init_from:  # else the checkpoint's layers
+        raise ConfigError(f"model.num_hidden_layers must be >= {every} for model.architecture "
+                          f"{cfg.model.architecture!r} (an attention layer every {every}th layer), "
+                          f"got {cfg.model.num_hidden_layers}")
     choice("train.precision", cfg.train.precision, PRECISIONS)
     choice("optim.schedule", cfg.optim.schedule, SCHEDULES)
     choice("data.format", cfg.data.format, FORMATS)
@@ -345,8 +378,21 @@ def validate(cfg: RunConfig) -> None:
                 "optim.grad_clip", "data.eval_sequences"):
         sec, leaf = key.split(".")
         positive(key, getattr(getattr(cfg, sec), leaf), zero_ok=True)
+    if cfg.data.seq_len < 2:
+        raise ConfigError(f"data.seq_len must be >= 2 (a row of one token predicts nothing), got {cfg.data.seq_len}")
     positive("optim.lr", cfg.optim.lr)
     positive("optim.scale_offset_lr_mult", cfg.optim.scale_offset_lr_mult)
+    positive("optim.eps", cfg.optim.eps, zero_ok=True)
+    positive("model.initializer_range", cfg.model.initializer_range, zero_ok=True)
+    for key in ("optim.beta1", "optim.beta2"):  # AdamW's range
+        if not 0.0 <= _get(cfg, key) < 1.0:
+            raise ConfigError(f"{key} must be in [0, 1), got {_get(cfg, key)!r}")
+    if cfg.train.threads is not None and cfg.train.threads < 0:
+        raise ConfigError(f"train.threads must be >= 1 (or null / 0: torch's default), got {cfg.train.threads!r}")
+    if cfg.train.peak_tflops is not None and cfg.train.peak_tflops < 0:
+        raise ConfigError(f"train.peak_tflops must be > 0 (or null / 0: auto-detected), got {cfg.train.peak_tflops!r}")
+    if cfg.checkpoint.resume == "":
+        raise ConfigError("checkpoint.resume must be auto, true, false or a checkpoint directory, got ''")
     rp = cfg.data.repeat_passage
     if rp:
         most = (cfg.data.seq_len - 1) // 2
@@ -363,8 +409,10 @@ def validate(cfg: RunConfig) -> None:
                           "to an Orthros (or converted) checkpoint directory")
     if not cfg.output_dir:
         raise ConfigError("output_dir must be set")
-    if isinstance(cfg.data.train, str) and not cfg.data.train:
-        raise ConfigError("data.train must name a dataset")
+    if not cfg.data.train:  # '' or []
+        raise ConfigError(f"data.train must name a dataset, got {cfg.data.train!r}")
+    if cfg.data.eval is not None and not cfg.data.eval:
+        raise ConfigError(f"data.eval must name a dataset (or be null: no eval), got {cfg.data.eval!r}")
 
 
 def dump_yaml(cfg: RunConfig) -> str:

@@ -102,8 +102,8 @@ class MetricsLogger:
 
     def __init__(self, output_dir: str, enabled: bool = True, tensorboard: bool = True,
                  resume_step: Optional[int] = None):
-        """``resume_step``: the run continues from a checkpoint of this step, so the rows a killed
-        run logged after it are dropped (those steps run again and log again)."""
+        """``resume_step``: the run continues from a checkpoint of this step (0: a fresh start), so
+        the rows a killed run logged after it are dropped (those steps run again and log again)."""
         self.enabled = enabled
         self.path = os.path.join(output_dir, "metrics.jsonl")
         if enabled and resume_step is not None:

@@ -51,7 +51,7 @@ def param_groups(model, weight_decay: float, *, lr: float | None = None,
     if not (isinstance(scale_offset_lr_mult, (int, float)) and scale_offset_lr_mult > 0
             and math.isfinite(scale_offset_lr_mult)):
         raise ValueError(f"scale_offset_lr_mult must be a finite number > 0, got {scale_offset_lr_mult!r}")
-    own = scale_offset_lr_mult != 1
+    own = scale_offset_lr_mult != 1  # a third group (group_count)
     if own and lr is None:
         raise ValueError("param_groups: scale_offset_lr_mult != 1 needs the peak lr")
     decay, no_decay, so = [], [], []
@@ -62,6 +62,12 @@ def param_groups(model, weight_decay: float, *, lr: float | None = None,
     if own:
         groups.append({"params": so, "weight_decay": 0.0, "lr": float(lr) * scale_offset_lr_mult})
     return groups
+
+
+def group_count(scale_offset_lr_mult: float) -> int:
+    """How many groups :func:`param_groups` makes: decay and no decay, and the scale-offset
+    parameters' own when ``scale_offset_lr_mult != 1`` (a resumed optimizer state must match it)."""
+    return 2 + (scale_offset_lr_mult != 1)
 
 
 def check_schedule(*, total_steps: int, warmup_steps: int, schedule: str = "cosine", min_lr_ratio: float = 0.0) -> None:

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+from ..utils import check_output_path
 from .metrics import read_metrics
 
 X_AXES = ("tokens", "step")
@@ -34,19 +35,24 @@ def load_run(run_dir) -> dict:
     train = [r for r in rows if r.get("kind") == "train" and r.get("loss") is not None]
     if not train:
         raise PlotError(f"{run_dir}: no training step logged yet")
-    return {"label": _label(run_dir), "train": train, "eval": [r for r in rows if r.get("kind") == "eval"]}
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    for r in train + evals:  # what loss_figure draws: a number each
+        for key in ("step", "tokens", "loss" if r["kind"] == "train" else "eval_loss"):
+            if isinstance(r.get(key), bool) or not isinstance(r.get(key), (int, float)):
+                raise PlotError(f"{run_dir}: a {r['kind']} row of metrics.jsonl has no number for {key!r}: {r}")
+    return {"label": _label(run_dir), "train": train, "eval": evals}
 
 
 def _label(run_dir: Path) -> str:
     """The folder's name, with the run's mode and architecture when its run_config.yaml says them."""
+    import yaml
+
     name = run_dir.resolve().name
     try:
-        import yaml
-
         cfg = yaml.safe_load((run_dir / "run_config.yaml").read_text()) or {}
         arch = (cfg.get("model") or {}).get("architecture")
         mode = cfg.get("mode")
-    except (OSError, ValueError, AttributeError, ImportError):  # no config, or one we cannot read
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):  # no config, or one we cannot read
         return name
     what = "/".join(str(s) for s in (mode, arch) if s)
     return f"{name} ({what})" if what and what != name else name
@@ -111,8 +117,12 @@ def main(argv: Optional[list] = None) -> int:
         if not os.path.isdir(d):
             p.error(f"RUN {d}: no such directory")
     out = args.output or (os.path.join(args.runs[0], "loss.png") if len(args.runs) == 1 else "loss.png")
-    if not out.lower().endswith(".png"):
+    if Path(out).suffix.lower() != ".png":  # Path(".png").suffix is ''
         p.error(f"--output {out}: a .png path is needed")
+    try:
+        check_output_path("--output", out)
+    except ValueError as e:
+        p.error(str(e))
     try:
         plot_runs(args.runs, out, x=args.x, title=args.title)
     except PlotError as e:

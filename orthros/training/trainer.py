@@ -25,7 +25,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..utils import Progress
+from ..utils import Progress, write_text
 from . import checkpoint as ckpt
 from .config import ARCH_TO_ATTENTION_MODE, ConfigError, RunConfig, dump_yaml
 from .data import DataError, PackedBatch, build_stream, collate, count_targets, eval_rows
@@ -133,7 +133,20 @@ def resolve_resume(cfg: RunConfig) -> Optional[Path]:
     p = Path(r)
     if not p.is_dir():
         raise ConfigError(f"checkpoint.resume: {r!r} is not a directory")
+    refuse_run_dir("checkpoint.resume", r)
     return p
+
+
+def refuse_run_dir(key: str, path: str) -> None:
+    """A :class:`ConfigError` naming ``key`` when ``path`` is a training run's output_dir (or its
+    ``checkpoints`` folder) where one checkpoint directory is needed."""
+    p = Path(path)
+    run = p.parent if p.name == ckpt.ckpt_root("").name else p
+    if p.is_dir() and not (p / ckpt.MANIFEST).is_file() and not (p / "config.json").is_file() \
+            and ckpt.list_checkpoints(str(run)):
+        latest = ckpt.latest_checkpoint(str(run))
+        raise ConfigError(f"{key}: {str(path)!r} is not a checkpoint but holds a training run's checkpoints: name "
+                          f"one of them" + (f" (the latest: {latest})" if latest else ""))
 
 
 def load_tokenizer(cfg: RunConfig):
@@ -164,16 +177,16 @@ def model_config_for(cfg: RunConfig, tokenizer):
 
     from ..models import OrthrosConfig
 
-    from ..kinds import HYBRID_ALIASES, hybrid_layout
+    from ..kinds import HYBRID_ALIASES, HYBRID_DISPLAY, HYBRID_KINDS, LINEAR_LAYER_TYPE, describe_layers, hybrid_layout
 
     m = cfg.model
     arch = m.architecture
     # the attention baselines set the mode of every layer; the hybrids (Orthros-H, Linear Hybrid, GDN)
     # a layout of GDN and attention layers
-    layout = hybrid_layout(arch, m.num_hidden_layers) if arch in HYBRID_ALIASES \
-        else {"attention_mode": ARCH_TO_ATTENTION_MODE[arch]}
-    mode = layout.get("attention_mode", "full")
+    kind = HYBRID_ALIASES.get(arch)
+    mode = (HYBRID_KINDS[kind][0] or "full") if kind else ARCH_TO_ATTENTION_MODE[arch]
     if m.init_from:
+        refuse_run_dir("model.init_from", m.init_from)
         if not os.path.isdir(m.init_from):
             if not re.fullmatch(r"[\w.-]+/[\w.-]+", m.init_from):
                 raise ConfigError(f"model.init_from: {m.init_from!r} is not a checkpoint directory")
@@ -185,6 +198,19 @@ def model_config_for(cfg: RunConfig, tokenizer):
         if getattr(mc, "model_type", None) != "orthros":
             raise ConfigError(f"model.init_from {m.init_from!r} is a {mc.model_type!r} model; convert it to Orthros "
                               f"first (the conversion tool), then continue pre-training with mode cpt")
+        if kind:  # a layout of layers, which a run cannot give a checkpoint's layers: it must have it
+            have = list(getattr(mc, "layer_types", None) or [])
+            try:
+                want = hybrid_layout(kind, mc.num_hidden_layers)["layer_types"]
+            except ValueError:  # too few layers for it
+                want = None
+            gdn = lambda types: [t == LINEAR_LAYER_TYPE for t in types]  # noqa: E731
+            if not have or want is None or gdn(want) != gdn(have):
+                raise ConfigError(
+                    f"model.architecture {arch!r} is a layout of layers ({HYBRID_DISPLAY[kind]}), but the checkpoint "
+                    f"at model.init_from {m.init_from!r} has {describe_layers(have) if have else 'no layer_types'}; a run "
+                    f"keeps a checkpoint's layers: set model.architecture to orthros, transformer or swa to choose the "
+                    f"mode of its attention layers")
         mc.attention_mode = mode
         if getattr(mc, "layer_types", None):  # attention layers take the new mode: the saved config must load
             from ..kinds import ATTENTION_LAYER_TYPES, layer_type_for
@@ -192,6 +218,7 @@ def model_config_for(cfg: RunConfig, tokenizer):
             mc.layer_types = [layer_type_for(mode) if t in ATTENTION_LAYER_TYPES else t for t in mc.layer_types]
         mc.use_cache = True  # checkpoints generate with a KV cache (training passes use_cache=False)
         return mc
+    layout = hybrid_layout(arch, m.num_hidden_layers) if kind else {"attention_mode": mode}
     vocab = len(tokenizer)
     vocab = (vocab + 63) // 64 * 64
     try:
@@ -378,6 +405,16 @@ class Trainer:
         if self.resume_dir is not None:
             self.config_changes = check_resume_config(cfg, mc, self.resume_dir)
             self.resume_state = load_trainer_state(self.resume_dir)
+            from .optim import group_count
+
+            have = len(self.resume_state["optimizer"]["param_groups"])
+            want = group_count(cfg.optim.scale_offset_lr_mult)
+            if have != want:
+                raise ConfigError(
+                    f"cannot resume from {self.resume_dir}: its optimizer state has {have} parameter groups "
+                    f"(optim.scale_offset_lr_mult {'1' if have == 2 else 'not 1'}), this config makes {want} "
+                    f"(optim.scale_offset_lr_mult {cfg.optim.scale_offset_lr_mult}); set it back, or start a new run "
+                    f"from the weights (--mode cpt --model.init_from {self.resume_dir} in a new output_dir)")
         if cfg.data.seq_len > mc.max_position_embeddings:
             raise ConfigError(f"data.seq_len ({cfg.data.seq_len}) is larger than the model allows "
                               f"(max_position_embeddings = {mc.max_position_embeddings})")
@@ -558,10 +595,12 @@ class Trainer:
         self._setup_model()
         start_step = self.step
         Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)  # checked (not created) in the preflight
+        # a fresh start drops every step row an earlier start in this output_dir logged (killed before
+        # its first checkpoint), so metrics.jsonl keeps one row a step
         logger = MetricsLogger(cfg.output_dir, enabled=dist.main, tensorboard=cfg.train.tensorboard,
-                               resume_step=self.step if self.resume_dir else None)
+                               resume_step=self.step if self.resume_dir else 0)
         if dist.main:
-            (Path(cfg.output_dir) / "run_config.yaml").write_text(dump_yaml(cfg))
+            write_text(Path(cfg.output_dir) / "run_config.yaml", dump_yaml(cfg))
             for k, (old, new) in self.config_changes.items():
                 print(f"[orthros train] resuming with {k} = {new!r} (checkpoint: {old!r}; allowed by "
                       f"checkpoint.allow_changes)", file=sys.stderr, flush=True)

@@ -77,3 +77,63 @@ def test_help_config_gives_each_key_its_default_and_meaning():
     assert "rows per micro-batch per process" in by_key["train.micro_batch_size"]  # the block above the field
     assert "#" not in by_key["seed"]  # no comment, none shown
     assert len({line.index("#") for line in lines if "#" in line}) == 1  # one column
+
+
+@pytest.mark.parametrize("args,msg", [
+    # torch's AdamW refused these only once the model was built (after --dry-run said every check
+    # passed), without naming the key; `python -m orthros.train` showed a traceback
+    (["--optim.beta1", "1.5"], r"optim.beta1 must be in \[0, 1\), got 1.5"),
+    (["--optim.beta2", "-0.1"], r"optim.beta2 must be in \[0, 1\), got -0.1"),
+    (["--optim.eps", "-1"], "optim.eps must be >= 0"),
+    (["--model.initializer_range", "-1"], "model.initializer_range must be >= 0"),  # RuntimeError, exit 1
+    # nan passed every `> 0` check; a nan grad_clip trained silently
+    (["--lr", "nan"], "optim.lr must be a finite number, got nan"),
+    (["--optim.grad_clip", "nan"], "optim.grad_clip must be a finite number"),
+    (["--optim.weight_decay", "inf"], "optim.weight_decay must be a finite number"),
+    (["--model.rope_theta", ".inf"], "model.rope_theta must be a finite number"),
+    (["--threads", "-1"], r"train.threads must be >= 1 \(or null"),  # RuntimeError from torch, exit 1
+    (["--train.peak_tflops", "-5"], r"train.peak_tflops must be > 0 \(or null"),  # a negative MFU logged
+    # numpy's / torch's seeding refused these without naming the key
+    (["--seed", "-1"], r"seed must be an integer in \[0, 2\*\*64 - 1\], got -1"),
+    (["--seed", str(2 ** 64)], r"seed must be an integer in \[0, 2\*\*64 - 1\]"),
+    # a ValueError from the layer layout (a traceback under python -m orthros.train)
+    (["--model.architecture", "orthros-h", "--model.num_hidden_layers", "2"],
+     r"model.num_hidden_layers must be >= 4 for model.architecture 'orthros-h'"),
+    (["--resume="], "checkpoint.resume must be auto, true, false or a checkpoint directory, got ''"),
+    # trained with loss 0: a row of one token has no target
+    (["--seq_len", "1"], r"data.seq_len must be >= 2 \(a row of one token predicts nothing\), got 1"),
+    # 'cannot tell the format of []'
+    (["--data.train", "[]"], r"data.train must name a dataset, got \[\]"),
+    (["--data.eval", "[]"], r"data.eval must name a dataset \(or be null: no eval\), got \[\]"),
+])
+def test_bad_values_are_refused_at_load_time(args, msg):
+    with pytest.raises(ConfigError, match=msg):
+        load_config(None, args)
+
+
+@pytest.mark.parametrize("args", [["--optim.grad_clip", "inf"], ["--optim.grad_clip", "0"], ["--threads", "0"],
+                                  ["--seed", str(2 ** 64 - 1)], ["--train.peak_tflops", "0"],
+                                  ["--optim.beta1", "0"],
+                                  ["--model.architecture", "gdn", "--model.num_hidden_layers", "1"]])
+def test_edge_values_that_work_stay_accepted(args):
+    load_config(None, args)
+
+
+def test_dry_run_flag_before_the_config_file(tmp_path, capsys):
+    """`orthros train --dry-run CONFIG.yaml`: the file was taken for a stray override."""
+    p = tmp_path / "c.yaml"
+    p.write_text("mode: rlhf\n")
+    assert cli_main(["--dry-run", str(p)]) == 2
+    err = capsys.readouterr().err
+    assert "mode must be one of" in err and "expected an override" not in err
+
+
+def test_override_values_yaml_cannot_read_are_taken_as_text():
+    """A glob as data.train (`--data.train '*.jsonl'`, a YAML alias) was a ScannerError traceback;
+    `--output_dir 'runs/a #2'` lost ' #2' as a YAML comment. Quoting still makes a string."""
+    assert parse_overrides(["--data.train", "*.jsonl", "--output_dir", "runs/a #2", "--data.tokenizer", "@tok",
+                            "--data.eval", "'2024'", "--lr", "3e-4", "--data.eval", "null # none"]) == [
+        ("data.train", "*.jsonl"), ("output_dir", "runs/a #2"), ("data.tokenizer", "@tok"), ("data.eval", "2024"),
+        ("lr", "3e-4"), ("data.eval", None)]
+    cfg = load_config(None, ["--data.train", "*.jsonl", "--output_dir", "runs/a #2"])
+    assert cfg.data.train == "*.jsonl" and cfg.output_dir == "runs/a #2"

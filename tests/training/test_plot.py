@@ -65,3 +65,32 @@ def test_cli_writes_the_png_and_refuses_bad_runs(tmp_path, capsys):
         assert e.value.code == 2
         assert says in capsys.readouterr().err
     assert not (tmp_path / "bad.png").exists() and not (tmp_path / "x.jpg").exists()
+
+
+def test_unreadable_run_files_and_bad_outputs_are_refused_cleanly(tmp_path, capsys):
+    """A torn run_config.yaml only loses the label; a metrics row without a number where the plot
+    needs one, an --output that is a folder or has no .png name: exit 2 naming it, nothing written
+    (they were a KeyError / YAML traceback, or an IsADirectoryError after drawing)."""
+    a = fake_run(tmp_path / "a", "orthros", [5.0, 4.0])
+    (a / "run_config.yaml").write_text("mode: [pt\n")  # torn mid-write
+    assert load_run(a)["label"] == "a"
+    for name, row, says in (("no_tokens", {"kind": "train", "step": 1, "loss": 3.0}, "'tokens'"),
+                            ("str_loss", {"kind": "train", "step": 1, "loss": "x", "tokens": 5}, "'loss'"),
+                            ("no_eval_loss", {"kind": "eval", "step": 1, "tokens": 5}, "'eval_loss'")):
+        run = fake_run(tmp_path / name, "orthros", [5.0])
+        with open(run / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            main(["plot", str(run), "-o", str(tmp_path / "bad.png")])
+        assert e.value.code == 2
+        assert says in capsys.readouterr().err
+    (tmp_path / "dir.png").mkdir()
+    for out, says in ((tmp_path / "dir.png", "is a directory"), (tmp_path / ".png", "a .png path"),
+                      (a / "metrics.jsonl" / "x.png", "is a file, not a directory")):
+        with pytest.raises(SystemExit) as e:
+            main(["plot", str(a), "-o", str(out)])
+        assert e.value.code == 2
+        assert says in capsys.readouterr().err
+    assert not (tmp_path / "bad.png").exists() and not (tmp_path / ".png").exists()
+    assert list((tmp_path / "dir.png").iterdir()) == []

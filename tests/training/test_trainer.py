@@ -429,6 +429,17 @@ def test_drop_rows_after(tmp_path):
     assert drop_rows_after(str(tmp_path / "none.jsonl"), 4) == 0
 
 
+def test_a_fresh_start_drops_the_rows_of_a_start_killed_before_its_first_checkpoint(tmp_path, corpus):
+    """metrics.jsonl keeps one row a step: the rows of an earlier start in the same output_dir that
+    left no checkpoint (so this start is fresh) are dropped, not followed by steps 1, 2 again."""
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"kind": "train", "step": s, "loss": 9.0}) + "\n"
+                                                    for s in (1, 2, 3)))
+    train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "2", "--checkpoint.every", "0")))
+    rows = read_metrics(str(tmp_path))
+    assert [r["step"] for r in rows] == [1, 2] and all(r["loss"] != 9.0 for r in rows)
+    assert (tmp_path / "run_config.yaml").is_file() and not list(tmp_path.glob("*.tmp*"))
+
+
 def test_progress_in_a_log_is_one_plain_line_a_logged_step(tmp_path, corpus, capsys):
     """stderr not a terminal (a log file, a batch job): no bar's carriage returns, a line a logged
     step; at the end the run's loss curves (train.plot)."""
@@ -455,3 +466,48 @@ def test_loss_png_follows_the_run_at_each_eval(tmp_path, corpus, monkeypatch):
                                  "--checkpoint.every", "0")))
     assert drawn == [2, 4]  # at step 2's eval, then at the end (whose eval is the end's)
     assert (tmp_path / "loss.png").is_file()
+
+
+def test_resume_or_init_from_a_run_dir_names_its_checkpoint(tmp_path, corpus, reference):
+    """--resume RUN (an output_dir, not a checkpoint) was refused as a checkpoint 'probably
+    interrupted while saving'; model.init_from RUN as a config.json without a model_type."""
+    run, _, summary = reference
+    out = tmp_path / "run"
+    for where in (run, run / "checkpoints"):
+        says = (rf"'{where}' is not a checkpoint but holds a training run's checkpoints: name one of them "
+                rf"\(the latest: {summary['checkpoint']}\)")
+        with pytest.raises(ConfigError, match="checkpoint.resume: " + says):
+            train(load_config(None, tiny(out, corpus, "--max_steps", "1", "--resume", str(where))))
+        with pytest.raises(ConfigError, match="model.init_from: " + says):
+            train(load_config(None, tiny(out, corpus, "--max_steps", "1", "--mode", "cpt", "--model.init_from",
+                                         str(where))))
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("arch", ["gdn", "orthros-h", "linear-hybrid"])
+def test_a_hybrid_architecture_needs_a_checkpoint_of_its_layout(tmp_path, corpus, reference, arch):
+    """model.architecture gdn / orthros-h / linear-hybrid with model.init_from an Orthros checkpoint
+    trained a full-attention Transformer / plain Orthros (a checkpoint's layers stay as they are)."""
+    _, _, summary = reference
+    with pytest.raises(ConfigError, match=rf"model.architecture '{arch}' .* but the checkpoint at model.init_from "
+                                          rf".* has 2 layers of Orthros attention.* orthros, transformer or swa"):
+        train(load_config(None, tiny(tmp_path / "run", corpus, "--max_steps", "1", "--mode", "cpt",
+                                     "--model.init_from", summary["checkpoint"], "--model.architecture", arch)))
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_refuses_a_changed_optimizer_grouping(tmp_path, corpus, reference):
+    """optim.scale_offset_lr_mult moved between 1 and not 1 on resume: the checkpoint's optimizer
+    and scheduler have another number of parameter groups. It failed in the scheduler after a step
+    had run and run_config.yaml had been rewritten (1 -> 2), or with an IndexError traceback (2 -> 1)."""
+    _, _, summary = reference
+    out = tmp_path / "run"
+    shutil.copytree(Path(summary["checkpoint"]).parents[1], out)
+    before = (out / "run_config.yaml").read_text()
+    with pytest.raises(ConfigError, match=r"cannot resume from .*step_00000008: its optimizer state has 2 parameter "
+                                          r"groups \(optim.scale_offset_lr_mult 1\), this config makes 3 "
+                                          r"\(optim.scale_offset_lr_mult 2.0\)"):
+        train(load_config(None, tiny(out, corpus, "--max_steps", "10", "--resume",
+                                     "--optim.scale_offset_lr_mult", "2")))
+    assert (out / "run_config.yaml").read_text() == before
+    assert latest_checkpoint(str(out)).name == "step_00000008"
