@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import math
+
 from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
 
 from ..kinds import ATTENTION_MODES, LINEAR_LAYER_TYPE, interval_layer_types, resolve_layer_types, resolve_mode
 from ..ops.backends import BACKENDS as ATTN_BACKENDS
 from ..utils import check_positive_int
+
+
+def _finite_number(x) -> bool:
+    return not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x)
 
 
 class OrthrosConfig(PreTrainedConfig):
@@ -129,6 +136,12 @@ class OrthrosConfig(PreTrainedConfig):
             tie_word_embeddings=tie_word_embeddings,
             **kwargs,
         )
+        pad = getattr(self, "pad_token_id", None)
+        if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or not -vocab_size <= pad < vocab_size):
+            # the embedding's padding_idx: out of range it fails in nn.Embedding without naming the field
+            raise ValueError(f"OrthrosConfig.pad_token_id must be None or an id in [-vocab_size, vocab_size) = "
+                             f"[{-vocab_size}, {vocab_size}) (the embedding's padding_idx), "
+                             f"got {pad!r}")
         self.layer_types = layer_types
 
     def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
@@ -158,11 +171,17 @@ class OrthrosConfig(PreTrainedConfig):
             raise ValueError(f"OrthrosConfig.head_dim must be even for RoPE, got {self.head_dim}")
         if self.attn_backend not in ATTN_BACKENDS:
             raise ValueError(f"OrthrosConfig.attn_backend must be one of {ATTN_BACKENDS}, got {self.attn_backend!r}")
-        if not isinstance(self.rms_norm_eps, (int, float)) or self.rms_norm_eps <= 0:
-            raise ValueError(f"OrthrosConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
-        if not isinstance(self.rope_parameters.get("rope_theta"), (int, float)) or self.rope_parameters["rope_theta"] <= 0:
-            raise ValueError(f"OrthrosConfig.rope_parameters['rope_theta'] must be > 0, got "
+        if not _finite_number(self.rms_norm_eps) or self.rms_norm_eps <= 0:
+            raise ValueError(f"OrthrosConfig.rms_norm_eps must be a finite number > 0, got {self.rms_norm_eps!r}")
+        if not _finite_number(self.rope_parameters.get("rope_theta")) or self.rope_parameters["rope_theta"] <= 0:
+            raise ValueError(f"OrthrosConfig.rope_parameters['rope_theta'] must be a finite number > 0, got "
                              f"{self.rope_parameters.get('rope_theta')!r}")
+        if not isinstance(self.hidden_act, str) or self.hidden_act not in ACT2FN:
+            raise ValueError(f"OrthrosConfig.hidden_act must be an activation of transformers' ACT2FN (e.g. 'silu', "
+                             f"'gelu'), got {self.hidden_act!r}")
+        if not _finite_number(self.initializer_range) or self.initializer_range < 0:
+            raise ValueError(f"OrthrosConfig.initializer_range (the init std) must be a finite number >= 0, got "
+                             f"{self.initializer_range!r}")
 
 
     def _validate_linear(self, layer_types):

@@ -7,6 +7,7 @@ One signature for every backend (the pure-PyTorch reference here, Triton kernels
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Optional, Tuple
 
 import torch
@@ -16,7 +17,7 @@ from .backends import BACKENDS, check_backend, resolve_backend
 from .reference import full_attention_reference, orthros_attention_reference
 from .sdpa import causal_attention_sdpa, window_attention_sdpa
 
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _check_tensor(name, t, ndim):
@@ -24,8 +25,16 @@ def _check_tensor(name, t, ndim):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != ndim:
         raise ValueError(f"{name} must have {ndim} dims [B, T, H, D], got shape {tuple(t.shape)}")
-    if t.dtype not in _FLOAT_DTYPES:
+    if t.dtype not in FLOAT_DTYPES:
         raise ValueError(f"{name} must be a floating tensor (fp16/bf16/fp32/fp64), got {t.dtype}")
+
+
+def check_scale(scale):
+    """``scale`` (the softmax scale) must be ``None`` or a finite real number: a string or a
+    tensor would fail deep in a kernel, a NaN/inf would silently make every output NaN."""
+    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
+                              or not math.isfinite(scale)):
+        raise ValueError(f"scale must be None (1 / sqrt(D)) or a finite real number, got {scale!r}")
 
 
 def normalize_output_positions(output_positions, B: int, T_out: int, T_k: int, device) -> torch.Tensor:
@@ -126,6 +135,8 @@ def orthros_attention(
         raise ValueError(f"q_out must be [B={B}, T_out, Hq={Hq}, D={D}], got {tuple(q_out.shape)}")
     if Hkv == 0 or Hq % Hkv != 0:
         raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv}) (GQA)")
+    if D == 0:
+        raise ValueError(f"the head dim D of q, k, v, q_out must be >= 1, got shape {tuple(q.shape)}")
     if T_k < T:
         raise ValueError(f"k/v must cover at least the query length: T_k={T_k} < T={T}")
     T_out = q_out.shape[1]
@@ -135,12 +146,16 @@ def orthros_attention(
         raise ValueError(f"q, k, v, q_out must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}, {q_out.dtype}")
     if not (q.device == k.device == v.device == q_out.device):
         raise ValueError("q, k, v, q_out must be on the same device")
+    check_scale(scale)
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     pos = normalize_output_positions(output_positions, B, T_out, T_k, q.device)
     doc_ids = None if cu_seqlens is None else doc_ids_from_cu_seqlens(cu_seqlens, B, T_k, q.device)
     if kv_start is not None:
-        kv_start = torch.as_tensor(kv_start, device=q.device).long().view(-1)
+        kv_start = torch.as_tensor(kv_start, device=q.device)
+        if kv_start.dtype.is_floating_point or kv_start.is_complex() or kv_start.dtype == torch.bool:
+            raise ValueError(f"kv_start must be an integer tensor [B] (first valid key of each row), got {kv_start.dtype}")
+        kv_start = kv_start.long().view(-1)
         if kv_start.numel() != B:
             raise ValueError(f"kv_start must have one entry per batch row ({B}), got {kv_start.numel()}")
 

@@ -30,6 +30,7 @@ from typing import Optional
 import torch
 
 from ..utils import check_positive_int
+from .attention import FLOAT_DTYPES, check_scale
 from .backends import check_backend, resolve_backend
 from .pointwise import apply_rope, rms_norm
 
@@ -64,7 +65,7 @@ def decode_attention_reference(q, q_out, k_cache, v_cache, cache_seqlens, *, win
     return torch.cat(outs, dim=1) if stacked else (outs[0], outs[1])
 
 
-def _check(q, q_out, k_cache, v_cache, cache_seqlens, window_size):
+def _check(q, q_out, k_cache, v_cache, cache_seqlens, window_size, scale=None):
     for name, t in (("q", q), ("q_out", q_out), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor, got {type(t).__name__} "
@@ -78,14 +79,23 @@ def _check(q, q_out, k_cache, v_cache, cache_seqlens, window_size):
     Hkv = k_cache.shape[2]
     if Hkv == 0 or Hq % Hkv:
         raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv})")
+    if D == 0 or k_cache.shape[1] == 0:
+        raise ValueError(f"the head dim D must be >= 1 and the caches must have L_max >= 1 (they hold the new "
+                         f"token), got q {tuple(q.shape)} and k_cache {tuple(k_cache.shape)}")
     if not (q.dtype == q_out.dtype == k_cache.dtype == v_cache.dtype):
         raise ValueError("q, q_out, k_cache, v_cache must share one dtype")
+    if q.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"q, q_out, k_cache, v_cache must be floating tensors (fp16/bf16/fp32/fp64), got {q.dtype}")
+    if not (q.device == q_out.device == k_cache.device == v_cache.device):
+        raise ValueError(f"q, q_out, k_cache, v_cache must be on the same device, got {q.device}, {q_out.device}, "
+                         f"{k_cache.device}, {v_cache.device}")
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dim() != 1 or cache_seqlens.numel() != B \
             or cache_seqlens.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"cache_seqlens must be an int32/int64 tensor of shape [{B}]")
     if cache_seqlens.device != q.device:
         raise ValueError("cache_seqlens must be on the same device as q")
     check_positive_int("window_size", window_size)
+    check_scale(scale)
 
 
 def orthros_decode_attention(q, q_out, k_cache, v_cache, cache_seqlens, *, window_size: int,
@@ -97,7 +107,7 @@ def orthros_decode_attention(q, q_out, k_cache, v_cache, cache_seqlens, *, windo
     check_backend(backend)
     if not isinstance(stacked, bool):
         raise ValueError(f"stacked must be True or False, got {stacked!r}")
-    _check(q, q_out, k_cache, v_cache, cache_seqlens, window_size)
+    _check(q, q_out, k_cache, v_cache, cache_seqlens, window_size, scale)
     if resolve_backend(backend, q, k_cache) == "triton":
         from .triton import decode_attention_triton
 
@@ -143,7 +153,8 @@ def decode_qkv_attention_reference(qkv, k_cache, v_cache, lens, *, num_heads: in
                                       k_cache, v_cache, pos + 1, window_size=window_size, scale=scale, stacked=True)
 
 
-def _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_norm, scale_offset, window_size):
+def _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_norm, scale_offset, window_size,
+               scale=None):
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 3:
         raise ValueError(f"qkv must be a [B, rows, (Hq + 2 Hkv) D] tensor, got "
                          f"{tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__}")
@@ -156,14 +167,22 @@ def _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_n
         raise ValueError(f"k_cache/v_cache must be [B={B}, L_max, Hkv, D], got {tuple(k_cache.shape)} and "
                          f"{tuple(v_cache.shape)}")
     Hkv, D = k_cache.shape[2], k_cache.shape[3]
-    if Hkv == 0 or num_heads % Hkv or D % 2:
+    if Hkv == 0 or num_heads % Hkv or D % 2 or D == 0:
         raise ValueError(f"num_heads ({num_heads}) must be a multiple of the caches' KV heads ({Hkv}), and "
-                         f"head_dim ({D}) even")
+                         f"head_dim ({D}) even and >= 2")
+    if k_cache.shape[1] == 0:
+        raise ValueError(f"k_cache/v_cache must have L_max >= 1 (the new token is written there), got "
+                         f"{tuple(k_cache.shape)}")
     if C != (num_heads + 2 * Hkv) * D:
         raise ValueError(f"qkv's last dimension must be (num_heads + 2 * Hkv) * head_dim = "
                          f"{(num_heads + 2 * Hkv) * D}, got {C}")
     if not (qkv.dtype == k_cache.dtype == v_cache.dtype):
         raise ValueError("qkv, k_cache and v_cache must share one dtype")
+    if qkv.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"qkv, k_cache and v_cache must be floating tensors (fp16/bf16/fp32/fp64), got {qkv.dtype}")
+    if not (qkv.device == k_cache.device == v_cache.device):
+        raise ValueError(f"qkv, k_cache and v_cache must be on the same device, got {qkv.device}, {k_cache.device}, "
+                         f"{v_cache.device}")
     if len(q_rows) != 2 or not all(isinstance(r, int) and 0 <= r < R for r in q_rows):
         raise ValueError(f"q_rows must be two row indices of qkv in [0, {R}), got {q_rows!r}")
     if not isinstance(lens, torch.Tensor) or lens.shape != (B,) or lens.dtype not in (torch.int32, torch.int64) \
@@ -183,6 +202,7 @@ def _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_n
         if (a is None) != (b is None) or (a is not None and (a.numel() != num_heads * D or b.numel() != num_heads * D)):
             raise ValueError(f"scale_offset: each stream's alpha and beta must both be None or both [{num_heads * D}]")
     check_positive_int("window_size", window_size)
+    check_scale(scale)
 
 
 def orthros_decode_qkv_attention(qkv, k_cache, v_cache, lens, *, num_heads: int, q_rows=(0, 1), rope,
@@ -208,7 +228,8 @@ def orthros_decode_qkv_attention(qkv, k_cache, v_cache, lens, *, num_heads: int,
     "reference" / "sdpa" (the reference)."""
     check_backend(backend)
     q_rows = tuple(q_rows)
-    _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_norm, scale_offset, window_size)
+    _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_norm, scale_offset, window_size,
+               scale)
     kw = dict(num_heads=num_heads, q_rows=q_rows, rope=rope, window_size=window_size, scale=scale, q_norm=q_norm,
               k_norm=k_norm, eps=eps, scale_offset=tuple(scale_offset))
     if resolve_backend(backend, qkv.unflatten(-1, (-1, k_cache.shape[3])), k_cache) == "triton":

@@ -176,6 +176,11 @@ def test_llama3_rope_scaling_runs():
     (dict(hidden_size=-1), "hidden_size"),
     (dict(attn_backend="cuda"), "attn_backend"),
     (dict(rms_norm_eps=0), "rms_norm_eps"),
+    (dict(rms_norm_eps=float("nan")), "rms_norm_eps"),
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": float("nan")}), "rope_theta"),
+    (dict(hidden_act="swiglu_typo"), "hidden_act"),
+    (dict(initializer_range=-0.02), "initializer_range"),
+    (dict(pad_token_id=97), "pad_token_id"),
     (dict(sliding_window=128), "sliding_window"),
 ])
 def test_invalid_config_values(kw, name):

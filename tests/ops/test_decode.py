@@ -143,6 +143,16 @@ def test_dispatch_and_validation():
         orthros_decode_attention(q, qo[:, :, :2], kc, vc, lens, window_size=3)
     with pytest.raises(ValueError, match="backend"):
         orthros_decode_attention(q, qo, kc, vc, lens, window_size=3, backend="cuda")
+    with pytest.raises(ValueError, match="floating"):
+        orthros_decode_attention(q.long(), qo.long(), kc.long(), vc.long(), lens, window_size=3)
+    with pytest.raises(ValueError, match="same device"):
+        orthros_decode_attention(q, qo, kc.to("meta"), vc.to("meta"), lens, window_size=3)
+    with pytest.raises(ValueError, match="L_max >= 1"):
+        orthros_decode_attention(q, qo, kc[:, :0], vc[:, :0], lens * 0, window_size=3)
+    with pytest.raises(ValueError, match="head dim"):
+        orthros_decode_attention(q[..., :0], qo[..., :0], kc[..., :0], vc[..., :0], lens, window_size=3)
+    with pytest.raises(ValueError, match="scale"):
+        orthros_decode_attention(q, qo, kc, vc, lens, window_size=3, scale=float("nan"))
 
 
 @pytest.mark.gpu
@@ -543,6 +553,14 @@ def test_qkv_dispatch_and_validation():
         orthros_decode_qkv_attention(qkv, kc, vc, lens[:1], **base)
     with pytest.raises(ValueError, match="share one dtype"):
         orthros_decode_qkv_attention(qkv.double(), kc, vc, lens, **base)
+    with pytest.raises(ValueError, match="floating"):
+        orthros_decode_qkv_attention(qkv.long(), kc.long(), vc.long(), lens, **base)
+    with pytest.raises(ValueError, match="same device"):
+        orthros_decode_qkv_attention(qkv, kc.to("meta"), vc.to("meta"), lens, **base)
+    with pytest.raises(ValueError, match="L_max >= 1"):
+        orthros_decode_qkv_attention(qkv, kc[:, :0], vc[:, :0], lens, **base)
+    with pytest.raises(ValueError, match="scale"):
+        orthros_decode_qkv_attention(qkv, kc, vc, lens, **{**base, "scale": "1"})
 
 
 COMPILE_QKV_SM90 = textwrap.dedent('''

@@ -140,6 +140,9 @@ BAD = [
     (dict(output_positions=torch.tensor([0, 99])), "output_positions"),
     (dict(output_positions=torch.tensor([0.0, 1.0])), "output_positions"),
     (dict(cu_seqlens=torch.tensor([0, 4])), "cu_seqlens"),
+    (dict(scale="0.5"), "scale"),
+    (dict(scale=float("nan")), "scale"),
+    (dict(kv_start=torch.tensor([2.5])), "kv_start"),
 ]
 
 
@@ -163,6 +166,8 @@ def test_bad_shapes_and_dtypes():
         orthros_attention(q, k.long(), v, q_out, window_size=4)
     with pytest.raises(ValueError, match="dims"):
         orthros_attention(q[0], k, v, q_out, window_size=4)
+    with pytest.raises(ValueError, match="head dim"):
+        orthros_attention(*make(1, 10, 4, 2, 0, 2), window_size=4)
     with pytest.raises(ValueError, match="batch size 1"):
         q2, k2, v2, qo2 = make(2, 10, 4, 2, 8, 2)
         orthros_attention(q2, k2, v2, qo2, window_size=4, cu_seqlens=torch.tensor([0, 5, 10]))
