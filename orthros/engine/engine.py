@@ -135,10 +135,10 @@ class Engine:
             raise ValueError(f"qkv_kernel must be None, True or False, got {qkv_kernel!r}")
         if qkv_kernel and not fuse:
             raise ValueError("qkv_kernel needs fuse=True: the kernel reads the fused QKV projection's output")
-        cfg = model.config
-        mode = resolve_mode(cfg.attention_mode if attention_mode is None else attention_mode)
         if not hasattr(model, "model") or not hasattr(model.model, "run_layers") or not hasattr(model, "lm_head"):
             raise TypeError(f"model must be an OrthrosForCausalLM, got {type(model).__name__}")
+        cfg = model.config
+        mode = resolve_mode(cfg.attention_mode if attention_mode is None else attention_mode)
         self.model = model.eval()
         self.config = cfg
         self.mode = mode
@@ -157,7 +157,11 @@ class Engine:
         if cuda_graphs and self.device.type != "cuda":
             raise ValueError("cuda_graphs=True needs the model on a CUDA device")
         self.cuda_graphs = bool(cuda_graphs)
-        sizes = range(1, max_batch_size + 1) if graph_batch_sizes is None else graph_batch_sizes
+        if graph_batch_sizes is not None and (isinstance(graph_batch_sizes, (str, bytes))
+                                              or not hasattr(graph_batch_sizes, "__iter__")):
+            raise TypeError(f"graph_batch_sizes must be None or a sequence of integers in [1, max_batch_size="
+                            f"{max_batch_size}], got {graph_batch_sizes!r}")
+        sizes = range(1, max_batch_size + 1) if graph_batch_sizes is None else list(graph_batch_sizes)
         for s in sizes:
             if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= max_batch_size:
                 raise ValueError(f"graph_batch_sizes must hold integers in [1, max_batch_size={max_batch_size}], "
@@ -256,7 +260,8 @@ class Engine:
         if isinstance(prompts, torch.Tensor):
             if prompts.dim() == 1:
                 prompts = prompts.view(1, -1)
-            if prompts.dim() != 2 or prompts.dtype.is_floating_point or prompts.dtype == torch.bool:
+            if (prompts.dim() != 2 or prompts.dtype.is_floating_point or prompts.dtype.is_complex
+                    or prompts.dtype == torch.bool):
                 raise ValueError(f"prompts as a tensor must be an integer [B, T] tensor, got {prompts.dtype} "
                                  f"{tuple(prompts.shape)}")
             if prompts.shape[0] == 0:
@@ -269,6 +274,10 @@ class Engine:
                                                                      for t in prompts):
             rows = [list(prompts)]
         elif isinstance(prompts, (list, tuple)):
+            for i, r in enumerate(prompts):
+                if not (isinstance(r, (list, tuple)) or isinstance(r, torch.Tensor) and r.dim() == 1):
+                    raise TypeError(f"prompts must be one list of token ids or a list of rows (lists or 1-D "
+                                    f"tensors of token ids), got prompts[{i}] = {r!r}")
             rows = [list(r.tolist() if isinstance(r, torch.Tensor) else r) for r in prompts]
         else:
             raise TypeError(f"prompts must be a list of token-id lists or an integer tensor, got {type(prompts).__name__}")
@@ -284,6 +293,8 @@ class Engine:
 
     def _plan(self, prompts, continue_: bool, max_new_tokens: int):
         """Validate and return (new tokens per row incl. pending, past length per row)."""
+        if not isinstance(continue_, bool):
+            raise TypeError(f"continue_ must be True or False, got {continue_!r}")
         self._check_model()
         rows = self._as_rows(prompts)
         b = len(rows)
@@ -450,8 +461,15 @@ class Engine:
     def step(self, tokens) -> torch.Tensor:
         """One decode step for the current rows: feed ``tokens [B]`` (one per row), return the
         next-token logits ``[B, V]``. Low level (benchmarks); :meth:`generate` is the API."""
-        tokens = torch.as_tensor(tokens, device=self.device).long().view(-1)
+        tokens = torch.as_tensor(tokens, device=self.device)
+        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            raise TypeError(f"step() tokens must be integer token ids, got {tokens.dtype}")
+        tokens = tokens.long().view(-1)
         bs = tokens.numel()
+        if not self._lens:
+            raise ValueError("step() needs a conversation in the cache: call prefill(), generate() or set_lengths() first")
+        if tokens.device.type != "cuda" and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size):
+            raise ValueError(f"step() tokens must be ids in [0, vocab_size={self.config.vocab_size}), got {tokens.tolist()}")
         if bs != len(self._lens):
             raise ValueError(f"step() needs one token per row of the conversation ({len(self._lens)}), got {bs}")
         if max(self._lens) >= self.max_seq_len:
@@ -490,7 +508,7 @@ class Engine:
             sampling = SamplingParams()
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
-        eos = set() if eos_token_id is None else {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
+        eos = _eos_set(eos_token_id)
         rows, past = self._plan(prompts, continue_, max_new_tokens)
         gen = None
         if sampling.seed is not None and not sampling.greedy:
@@ -554,6 +572,8 @@ class Engine:
                  callback: Optional[Callable[[List[Optional[int]]], None]] = None) -> List[List[int]]:
         """Generate up to ``max_new_tokens`` per row; return the new tokens of each row (up to and
         including ``eos_token_id``). ``callback`` gets every step's tokens (streaming)."""
+        if callback is not None and not callable(callback):
+            raise TypeError(f"callback must be callable or None, got {type(callback).__name__}")
         rows_out = None
         for toks in self.stream(prompts, max_new_tokens, sampling, eos_token_id=eos_token_id, continue_=continue_):
             if rows_out is None:
@@ -564,6 +584,21 @@ class Engine:
             if callback is not None:
                 callback(toks)
         return rows_out
+
+
+def _eos_set(eos_token_id) -> set:
+    """``eos_token_id`` (None, one id or a collection of ids, e.g. a list or 1-D tensor) as a set of
+    ints; a ``TypeError`` / ``ValueError`` naming it for anything else."""
+    if eos_token_id is None:
+        return set()
+    ids = eos_token_id.tolist() if isinstance(eos_token_id, torch.Tensor) else eos_token_id
+    ids = [ids] if isinstance(ids, int) else ids
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple, set, frozenset)) or any(
+            isinstance(t, bool) or not isinstance(t, int) for t in ids):
+        raise TypeError(f"eos_token_id must be None, an integer token id or a list of them, got {eos_token_id!r}")
+    if any(t < 0 for t in ids):
+        raise ValueError(f"eos_token_id must hold token ids >= 0, got {eos_token_id!r}")
+    return set(ids)
 
 
 def _decode_inputs(model, ids, cos, sin, pos, out_rel, output_tokens: bool):

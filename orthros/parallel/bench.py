@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from ..utils import DTYPE_CHOICES, parse_dtype
+from ..utils import DTYPE_CHOICES, check_output_path, parse_dtype
 from .comm import ParallelContext, init_from_env
 from .sharded import ShardedOrthros
 
@@ -52,6 +52,16 @@ def parse_lengths(s: str):
             raise argparse.ArgumentTypeError(f"lengths must be >= 1, got {val}")
         out.append(val)
     return out
+
+
+def positive_int(s: str) -> int:
+    try:
+        val = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {s!r}") from None
+    if val < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {s!r}")
+    return val
 
 
 def model_config(name: str, layers=None, window: int = 128):
@@ -342,8 +352,8 @@ def main(argv=None) -> int:
                                 description="Sequence-parallel prefill benchmark (launch with torchrun).")
     p.add_argument("--model", default="qwen3-8b", choices=["qwen3-8b", "tiny"],
                    help="architecture of the random-weight model: qwen3-8b or tiny (CPU runs) (default: %(default)s)")
-    p.add_argument("--layers", type=int, default=None, help="override the number of layers")
-    p.add_argument("--window", type=int, default=128, help="Orthros window (default: %(default)s)")
+    p.add_argument("--layers", type=positive_int, default=None, help="override the number of layers")
+    p.add_argument("--window", type=positive_int, default=128, help="Orthros window (default: %(default)s)")
     p.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES,
                    help="weights and activations (default: %(default)s)")
     p.add_argument("--lengths", type=parse_lengths, default=parse_lengths("64K,128K,256K,512K"),
@@ -359,20 +369,39 @@ def main(argv=None) -> int:
                    help="Transformer lengths with PyTorch context parallelism on all ranks ('' for none)")
     p.add_argument("--transformer-late", type=parse_lengths, default=[],
                    help="Transformer lengths on 1 GPU measured last, if the time budget allows")
-    p.add_argument("--warmup", type=int, default=8192,
+    p.add_argument("--warmup", type=positive_int, default=8192,
                    help="tokens of the warm-up prefill before the timed ones (default: %(default)s)")
-    p.add_argument("--check-len", type=int, default=4096,
+    p.add_argument("--check-len", type=positive_int, default=4096,
                    help="tokens of the sanity check (sharded prefill against the model's own forward) (default: %(default)s)")
-    p.add_argument("--chunk-size", type=int, default=32768,
+    p.add_argument("--chunk-size", type=positive_int, default=32768,
                    help="tokens per token-wise step within a shard (bounds activation memory) (default: %(default)s)")
-    p.add_argument("--key-chunk", type=int, default=65536,
+    p.add_argument("--key-chunk", type=positive_int, default=65536,
                    help="keys per step of the output query's partial attention (default: %(default)s)")
     p.add_argument("--time-budget", type=float, default=0.0, help="seconds; skip runs predicted to overrun")
     p.add_argument("--timeout", type=float, default=180.0, help="process-group timeout (s)")
     p.add_argument("--device", default=None, choices=["cuda", "cpu"], help="cuda or cpu (default: cuda if available)")
     p.add_argument("--out", default="parallel_bench.json", help="results JSON (default: %(default)s)")
     a = p.parse_args(argv)
+    if len(a.single_max) != 1:
+        p.error(f"--single-max takes one length, got {a.single_max}")
     a.single_max = a.single_max[0]
+    if not a.timeout > 0:
+        p.error(f"--timeout must be > 0 seconds, got {a.timeout:g}")
+    if not a.time_budget >= 0:
+        p.error(f"--time-budget must be >= 0 seconds (0 = no budget), got {a.time_budget:g}")
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's, known before the process group starts
+    short = [T for T in a.lengths + a.extra_lengths if T < world]
+    if short:
+        p.error(f"--lengths / --extra-lengths must be >= the number of ranks ({world}): one token per rank; "
+                f"got {short}")
+    if a.out:
+        try:
+            check_output_path("--out", a.out)
+        except ValueError as e:
+            p.error(str(e))
+        parent = os.path.dirname(os.path.abspath(a.out))
+        if not os.path.isdir(parent):  # the JSON is written as records come in, so the folder must exist
+            p.error(f"--out {a.out}: folder {parent} does not exist")
     use_cuda = (a.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
     try:
         ctx = init_from_env("nccl" if use_cuda else "gloo", timeout_s=a.timeout)

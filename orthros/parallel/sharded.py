@@ -40,8 +40,7 @@ def shard_bounds(seq_len: int, world_size: int) -> List[Tuple[int, int]]:
     """Contiguous, balanced shards ``[(s_r, e_r)]``: the first ``seq_len % world_size`` ranks hold
     one token more."""
     check_positive_int("seq_len", seq_len)
-    if world_size < 1:
-        raise ValueError(f"world_size must be >= 1, got {world_size!r}")
+    check_positive_int("world_size", world_size)
     if seq_len < world_size:
         raise ValueError(f"the prompt ({seq_len} tokens) must have at least one token per rank "
                          f"({world_size} ranks)")
@@ -168,6 +167,10 @@ class ShardedOrthros:
                              f"{model.config.attention_mode!r} with layer types {kinds}")
         check_positive_int("chunk_size", chunk_size)
         check_positive_int("key_chunk", key_chunk)
+        if isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0:
+            raise ValueError(f"reserve must be an integer >= 0, got {reserve!r}")
+        if ctx is not None and not isinstance(ctx, ParallelContext):
+            raise TypeError(f"ctx must be a ParallelContext or None, got {type(ctx).__name__}")
         self.model = model
         self.core = core
         self.ctx = ctx if ctx is not None else ParallelContext.from_group()
@@ -219,6 +222,9 @@ class ShardedOrthros:
             input_ids = input_ids.view(1, -1)
         if input_ids.dim() != 2 or input_ids.shape[0] < 1:
             raise ValueError(f"input_ids must be [B, T], got {tuple(input_ids.shape)}")
+        V = self.model.config.vocab_size
+        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= V):
+            raise ValueError(f"input_ids has token ids outside [0, vocab_size={V})")
         return input_ids
 
     # ------------------------------------------------------------------ prefill
@@ -304,7 +310,13 @@ class ShardedOrthros:
         ctx, core, dev, dtype = self.ctx, self.core, self.device, self.dtype
         if cache.seq_len == 0:
             raise ValueError("decode_step needs a cache filled by prefill()")
-        tokens = torch.as_tensor(tokens, device=dev).long().view(-1, 1)
+        tokens = torch.as_tensor(tokens, device=dev)
+        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
+            raise TypeError(f"tokens must be integer token ids, got {tokens.dtype}")
+        V = self.model.config.vocab_size
+        if tokens.device.type != "cuda" and tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= V):
+            raise ValueError(f"tokens must be ids in [0, vocab_size={V}), got {tokens.view(-1).tolist()}")
+        tokens = tokens.long().view(-1, 1)
         B = tokens.shape[0]
         if B != cache.k[0].shape[0]:
             raise ValueError(f"tokens has {B} rows but the cache was built for {cache.k[0].shape[0]}")

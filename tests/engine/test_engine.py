@@ -181,6 +181,7 @@ def test_filter_logits_and_sample():
     (dict(top_p=0.0), "top_p"),
     (dict(top_p=1.5), "top_p"),
     (dict(seed="x"), "seed"),
+    (dict(seed=2**64), "seed"),  # beyond torch.Generator.manual_seed's range
 ])
 def test_invalid_sampling_params(kwargs, match):
     with pytest.raises(ValueError, match=match):
@@ -218,6 +219,62 @@ def test_bad_input_is_rejected_before_any_work():
         Engine(m, cuda_graphs=True)
     with pytest.raises(ValueError, match="prefill_chunk"):
         Engine(m, prefill_chunk=0)
+
+
+def test_bad_argument_types_are_rejected_before_any_work():
+    """Wrongly typed or shaped arguments get an error naming the argument, before prefill (not a
+    torch or Python internal message, and not after the work: the cache stays untouched)."""
+    m = tiny_model()
+    with pytest.raises(TypeError, match="model must be an OrthrosForCausalLM"):
+        Engine(None)
+    with pytest.raises(TypeError, match="graph_batch_sizes"):
+        Engine(m, max_batch_size=2, max_seq_len=16, graph_batch_sizes=2)
+    # an iterator is read once: its sizes are kept, not consumed by the check
+    assert Engine(m, max_batch_size=2, max_seq_len=16, graph_batch_sizes=iter([2, 1])).graph_batch_sizes == (1, 2)
+    eng = Engine(m, max_batch_size=2, max_seq_len=16)
+    for bad in ([1, [2, 3]], [[1, 2], 3], [torch.tensor(5)]):
+        with pytest.raises(TypeError, match="prompts"):
+            eng.generate(bad, 2)
+    with pytest.raises(ValueError, match="prompts"):
+        eng.generate(torch.ones(1, 3, dtype=torch.complex64), 2)
+    for bad in ("3", 3.0, True, [None], [2, 1.5]):
+        with pytest.raises(TypeError, match="eos_token_id"):
+            eng.generate([[1, 2]], 2, eos_token_id=bad)
+    with pytest.raises(ValueError, match="eos_token_id"):
+        eng.generate([[1, 2]], 2, eos_token_id=-1)
+    with pytest.raises(TypeError, match="continue_"):
+        eng.generate([[1, 2]], 2, continue_="no")
+    with pytest.raises(TypeError, match="continue_"):
+        eng.prefill([[1, 2]], continue_=1)
+    with pytest.raises(TypeError, match="callback"):
+        eng.generate([[1, 2]], 2, callback=5)
+    assert eng.batch_size == 0 and int(eng.cache.seqlens.abs().sum()) == 0  # nothing ran
+
+
+def test_eos_token_id_as_a_tensor_stops_rows():
+    """``eos_token_id`` as a tensor (what a generation config may hold) stops a row like the same
+    ids as ints (a set of tensors matched no generated int)."""
+    m = tiny_model()
+    free = Engine(m, max_batch_size=1, max_seq_len=32).generate(PROMPTS[:1], 6)
+    eos = free[0][2]
+    want = free[0][:free[0].index(eos) + 1]
+    for e in (torch.tensor([eos]), torch.tensor(eos)):
+        assert Engine(m, max_batch_size=1, max_seq_len=32).generate(PROMPTS[:1], 6, eos_token_id=e) == [want]
+
+
+def test_step_rejects_bad_tokens():
+    m = tiny_model()
+    eng = Engine(m, max_batch_size=2, max_seq_len=32)
+    with pytest.raises(ValueError, match="prefill"):
+        eng.step(torch.zeros(0, dtype=torch.long))  # no conversation yet
+    eng.set_lengths([10])
+    with pytest.raises(TypeError, match="integer token ids"):
+        eng.step([1.7])  # was truncated to token 1
+    with pytest.raises(ValueError, match="vocab_size"):
+        eng.step([500])
+    with pytest.raises(ValueError, match="vocab_size"):
+        eng.step(torch.tensor([-1]))
+    assert eng.lengths() == [10] and eng.cache.seqlens[0] == 10
 
 
 def test_set_lengths_and_step_api():

@@ -60,6 +60,9 @@ def test_shard_bounds_balanced_and_validated():
         shard_bounds(3, 4)
     with pytest.raises(ValueError, match="seq_len"):
         shard_bounds(0, 1)
+    for bad in (2.0, True, "2"):  # were a TypeError of range() / '<', or one shard for True
+        with pytest.raises(ValueError, match="world_size"):
+            shard_bounds(10, bad)
 
 
 def test_halo_crosses_several_shards():
@@ -114,6 +117,61 @@ def test_rejects_bad_input():
         sh.prefill(torch.zeros(1, 4))
     with pytest.raises(ValueError, match="max_new_tokens"):
         sh.generate(torch.zeros(1, 4, dtype=torch.long), 0)
+    # ids outside the vocabulary: an IndexError of the embedding on one rank (a device assert on CUDA)
+    for bad in (torch.tensor([[1, V]]), torch.tensor([[-1, 2]])):
+        with pytest.raises(ValueError, match="vocab_size"):
+            sh.prefill(bad)
+    with pytest.raises(ValueError, match="reserve"):
+        ShardedOrthros(tiny_model(), reserve=None)
+    with pytest.raises(ValueError, match="reserve"):
+        ShardedOrthros(tiny_model(), reserve=-3)
+    with pytest.raises(TypeError, match="ctx"):
+        ShardedOrthros(tiny_model(), 2)
+    _, cache = sh.prefill(torch.ones(1, 4, dtype=torch.long))
+    with pytest.raises(TypeError, match="tokens"):
+        sh.decode_step(torch.tensor([1.7]), cache)  # was truncated to token 1
+    with pytest.raises(ValueError, match="vocab_size"):
+        sh.decode_step(torch.tensor([V]), cache)
+    assert cache.seq_len == 4 and cache.length == 4
+
+
+@pytest.mark.parametrize("args, env, match", [
+    (["--chunk-size", "0"], {}, "--chunk-size"),
+    (["--key-chunk", "-1"], {}, "--key-chunk"),
+    (["--warmup", "0"], {}, "--warmup"),
+    (["--check-len", "-5"], {}, "--check-len"),
+    (["--layers", "0"], {}, "--layers"),
+    (["--window", "0"], {}, "--window"),
+    (["--single-max", ""], {}, "--single-max"),
+    (["--single-max", "1K,2K"], {}, "--single-max"),
+    (["--timeout", "-1"], {}, "--timeout"),
+    (["--time-budget", "-1"], {}, "--time-budget"),
+    (["--lengths", "1,300"], {"WORLD_SIZE": "2"}, "one token per rank"),
+    (["--out", "{tmp}/missing/bench.json"], {}, "does not exist"),
+    (["--out", "{tmp}"], {}, "is a directory"),
+])
+def test_bench_rejects_bad_arguments_before_any_work(args, env, match, tmp_path, monkeypatch, capsys):
+    """Bad ``python -m orthros.parallel.bench`` arguments end in a usage error naming the flag,
+    before the process group starts or a model is built (they failed after, or silently did
+    nothing: a negative time budget skipped every run)."""
+    from orthros.parallel import bench
+
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    def started(*a, **k):
+        raise RuntimeError("the process group was started")
+
+    def exit_(code):  # main's last resort (os._exit) must not end the test session
+        raise SystemExit(f"os._exit({code})")
+
+    monkeypatch.setattr(bench, "init_from_env", started)
+    monkeypatch.setattr(bench.os, "_exit", exit_)
+    base = ["--model", "tiny", "--device", "cpu", "--out", str(tmp_path / "b.json")]
+    with pytest.raises(SystemExit) as e:
+        bench.main(base + [a.format(tmp=tmp_path) for a in args])
+    assert e.value.code == 2
+    assert match in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
 
 
 # ---------------------------------------------------------------- gloo, 2-4 processes
