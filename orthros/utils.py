@@ -87,6 +87,20 @@ def check_device(name: str, arg: str = "--device", *, auto: bool = False) -> str
     return str(dev)
 
 
+def check_token_ids(ids, vocab_size: int, arg: str, *, on_cuda: bool = False):
+    """``ids`` (a tensor) must hold integer token ids in ``[0, vocab_size)``: a ``TypeError`` naming
+    ``arg`` for another dtype (a float would be truncated), a ``ValueError`` for an id out of range
+    (an embedding's IndexError on the CPU, a device assert on CUDA). The range of a CUDA tensor is
+    read (a sync) only with ``on_cuda``: a decode step's tokens stay unchecked there."""
+    import torch
+
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise TypeError(f"{arg} must be integer token ids, got {ids.dtype}")
+    if ids.numel() and (on_cuda or ids.device.type != "cuda") and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
+        raise ValueError(f"{arg} must be token ids in [0, vocab_size={vocab_size}), got ids from {int(ids.min())} "
+                         f"to {int(ids.max())}")
+
+
 def file_in_the_way(path) -> Path | None:
     """The nearest of ``path`` and its parents that exists, when it is not a directory (so nothing
     can be made at or below ``path``), else ``None``."""

@@ -93,3 +93,39 @@ def test_progress_lines_at_most_every_interval_and_where_it_ended(monkeypatch):
     p.close()
     p.close()  # twice is once
     assert out.getvalue() == "[NIAH] needle 2 acc 0.50\n"
+
+
+def test_input_checks_name_the_argument(tmp_path, monkeypatch):
+    """The shared refusals every CLI and entry point uses: each names its argument, and none
+    creates anything."""
+    import torch
+
+    from orthros.utils import check_device, check_output_path, check_token_ids, file_in_the_way, read_text_file
+
+    f = tmp_path / "f"
+    f.write_text("x")
+    assert file_in_the_way(tmp_path / "new" / "deeper") is None and file_in_the_way(f / "a" / "b") == f
+    check_output_path("--out", tmp_path / "new" / "r.json")  # a folder to be made: fine
+    for path, directory, says in ((tmp_path, False, "is a directory"), (f / "x.json", False, f"{f} is a file"),
+                                  (f, True, f"{f} is a file")):
+        with pytest.raises(ValueError, match="--out") as e:
+            check_output_path("--out", path, directory=directory)
+        assert says in str(e.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+    (tmp_path / "bin.txt").write_bytes(b"\xff\xfe")
+    with pytest.raises(ValueError, match="--data .*not UTF-8"):
+        read_text_file(tmp_path / "bin.txt", "--data")
+    assert check_device("cpu") == "cpu" and check_device("auto", auto=True) in ("cpu", "cuda")
+    for bad in ("nonsense", "meta", "auto"):
+        with pytest.raises(ValueError, match="--device must be cpu, cuda or cuda:N"):
+            check_device(bad)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ValueError, match="2 CUDA device"):
+        check_device("cuda:2")
+    check_token_ids(torch.tensor([0, 9]), 10, "ids")
+    with pytest.raises(TypeError, match="ids must be integer token ids"):
+        check_token_ids(torch.tensor([1.0]), 10, "ids")
+    for bad in ([10], [-1]):
+        with pytest.raises(ValueError, match=r"ids must be token ids in \[0, vocab_size=10\)"):
+            check_token_ids(torch.tensor(bad), 10, "ids")

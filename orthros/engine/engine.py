@@ -38,7 +38,7 @@ from ..layers import StepInputs
 from ..kinds import has_output_stream, resolve_mode
 from ..layers.common import linear
 from ..layers.step import append_output_tokens, call as _eager
-from ..utils import check_positive_int
+from ..utils import check_positive_int, check_token_ids
 from ..ops.gemv import GEMV_BACKENDS
 from .cache import StaticKVCache, linear_layers
 from .sampling import SamplingParams, sample
@@ -462,14 +462,11 @@ class Engine:
         """One decode step for the current rows: feed ``tokens [B]`` (one per row), return the
         next-token logits ``[B, V]``. Low level (benchmarks); :meth:`generate` is the API."""
         tokens = torch.as_tensor(tokens, device=self.device)
-        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-            raise TypeError(f"step() tokens must be integer token ids, got {tokens.dtype}")
+        check_token_ids(tokens, self.config.vocab_size, "step() tokens")
         tokens = tokens.long().view(-1)
         bs = tokens.numel()
         if not self._lens:
             raise ValueError("step() needs a conversation in the cache: call prefill(), generate() or set_lengths() first")
-        if tokens.device.type != "cuda" and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.vocab_size):
-            raise ValueError(f"step() tokens must be ids in [0, vocab_size={self.config.vocab_size}), got {tokens.tolist()}")
         if bs != len(self._lens):
             raise ValueError(f"step() needs one token per row of the conversation ({len(self._lens)}), got {bs}")
         if max(self._lens) >= self.max_seq_len:

@@ -31,7 +31,7 @@ from typing import List, Optional, Tuple
 import torch
 
 from ..ops import orthros_attention
-from ..utils import check_positive_int
+from ..utils import check_positive_int, check_token_ids
 from .comm import ParallelContext
 from ..ops.merge import acc_dtype, merge_partials, partial_attention
 
@@ -222,9 +222,7 @@ class ShardedOrthros:
             input_ids = input_ids.view(1, -1)
         if input_ids.dim() != 2 or input_ids.shape[0] < 1:
             raise ValueError(f"input_ids must be [B, T], got {tuple(input_ids.shape)}")
-        V = self.model.config.vocab_size
-        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= V):
-            raise ValueError(f"input_ids has token ids outside [0, vocab_size={V})")
+        check_token_ids(input_ids, self.model.config.vocab_size, "input_ids", on_cuda=True)
         return input_ids
 
     # ------------------------------------------------------------------ prefill
@@ -311,11 +309,7 @@ class ShardedOrthros:
         if cache.seq_len == 0:
             raise ValueError("decode_step needs a cache filled by prefill()")
         tokens = torch.as_tensor(tokens, device=dev)
-        if tokens.dtype.is_floating_point or tokens.dtype.is_complex or tokens.dtype == torch.bool:
-            raise TypeError(f"tokens must be integer token ids, got {tokens.dtype}")
-        V = self.model.config.vocab_size
-        if tokens.device.type != "cuda" and tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= V):
-            raise ValueError(f"tokens must be ids in [0, vocab_size={V}), got {tokens.view(-1).tolist()}")
+        check_token_ids(tokens, self.model.config.vocab_size, "tokens")
         tokens = tokens.long().view(-1, 1)
         B = tokens.shape[0]
         if B != cache.k[0].shape[0]:
