@@ -30,9 +30,10 @@ def read_config(path, arg: str = "--model",
     return cfg if isinstance(cfg, dict) else {}
 
 
-def read_model_type(path) -> str:
-    """``model_type`` of a local checkpoint directory; a clear ``ValueError`` when ``path`` is not one."""
-    mt = read_config(path).get("model_type")
+def read_model_type(path, cfg: dict | None = None) -> str:
+    """``model_type`` of a local checkpoint directory (from its config.json, or ``cfg`` when read
+    already); a clear ``ValueError`` when ``path`` is not one."""
+    mt = (read_config(path) if cfg is None else cfg).get("model_type")
     if mt == "orthros" or mt in CONVERTIBLE_MODEL_TYPES:
         return mt
     raise ValueError(f"--model {path!s} has model_type {mt!r}: not an Orthros checkpoint and not convertible "
@@ -42,8 +43,9 @@ def read_model_type(path) -> str:
 def read_max_positions(path):
     """``max_position_embeddings`` of a checkpoint (``--model``) from its config.json (``None`` if it sets
     none), so that a length beyond it is refused before the weights load."""
-    read_model_type(path)
-    n = read_config(path).get("max_position_embeddings")
+    cfg = read_config(path)
+    read_model_type(path, cfg)
+    n = cfg.get("max_position_embeddings")
     return n if isinstance(n, int) and not isinstance(n, bool) else None
 
 

@@ -76,8 +76,8 @@ def haystack_sentences(source: str) -> list[str]:
         path = Path(source)
         if not path.is_file():
             raise ValueError(f"--haystack must be one of {HAYSTACKS} or a path to a .txt/.jsonl file, got {source!r}")
+    text = read_text_file(path, "haystack" if source in HAYSTACKS else "--haystack")
     arg = "haystack" if source in HAYSTACKS else f"--haystack {source}"
-    text = read_text_file(path, "--haystack" if source not in HAYSTACKS else "haystack")
     text_lines = []
     if path.suffix == ".jsonl":
         for i, line in enumerate(text.splitlines(), 1):
@@ -142,12 +142,19 @@ def validate(cfg: NIAHConfig, max_positions: Optional[int] = None) -> None:
 def check_lengths(cfg: NIAHConfig, tokenizer) -> None:
     """Refuse a context length too short for the needle and the question (and a few haystack tokens):
     the check that needs the tokenizer but no model."""
-    probe = str(10 ** (cfg.digits - 1))
-    need = (int(getattr(tokenizer, "bos_token_id", None) is not None)
-            + sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in (NEEDLE.format(key=probe), QUESTION)))
+    need = prompt_overhead(tokenizer, str(10 ** (cfg.digits - 1)))
     for L in cfg.lengths:
         if L < need + 8:
             raise ValueError(f"context length {L} is too short: the needle and question alone take {need} tokens")
+
+
+def prompt_overhead(tokenizer, key: str) -> int:
+    """The tokens of a prompt besides its haystack: BOS (if the tokenizer has one), the needle
+    holding ``key`` and the question."""
+    def n(text):
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    return int(getattr(tokenizer, "bos_token_id", None) is not None) + n(NEEDLE.format(key=key)) + n(QUESTION)
 
 
 class PromptBuilder:
@@ -164,7 +171,7 @@ class PromptBuilder:
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
 
     def overhead(self, key: str) -> int:
-        return len(self.bos) + len(self._enc(NEEDLE.format(key=key))) + len(self.question)
+        return prompt_overhead(self.tok, key)
 
     def build(self, length: int, depth: float, key: str) -> tuple[list[int], int]:
         """Prompt of exactly ``length`` tokens with the needle at ``depth`` percent (moved to the
