@@ -64,7 +64,11 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: Optional[tor
     """Next token of every row: ``logits [B, V]`` -> ``[B]`` int64, on the logits' device."""
     if params.greedy:
         return logits.argmax(dim=-1)
-    logits = filter_logits(logits.float() / params.temperature, params.top_k, params.top_p)
+    logits = logits.float()
+    # the row's maximum first: a temperature so small that max / t overflows would otherwise give
+    # inf - inf = NaN in the softmax; now the maximum is 0 and everything below it goes to -inf
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / params.temperature
+    logits = filter_logits(logits, params.top_k, params.top_p)
     probs = torch.softmax(logits, dim=-1)
     race = torch.empty_like(probs).exponential_(generator=generator)
     return (probs / race).argmax(dim=-1)

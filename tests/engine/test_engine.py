@@ -173,6 +173,18 @@ def test_filter_logits_and_sample():
     assert torch.allclose(freq, torch.softmax(one[0], -1), atol=0.03)
 
 
+@pytest.mark.parametrize("t", [1e-45, 1e-30, 1e-6])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sample_tiny_temperature_is_greedy(t, dtype):
+    """A temperature so small that ``logits / t`` overflows (1e-45: every logit to +-inf) still
+    samples the argmax, with top-k and top-p on or off; it gave index 0 (a NaN softmax) before."""
+    logits = torch.tensor([[1.0, 3.0, 2.0, -4.0], [0.5, 0.1, 0.7, 0.2], [-3.0, -1.0, -2.0, -5.0]], dtype=dtype)
+    g = torch.Generator().manual_seed(0)
+    for kw in ({}, dict(top_k=2), dict(top_p=0.9)):
+        for _ in range(5):
+            assert sample(logits, SamplingParams(temperature=t, **kw), g).tolist() == [1, 2, 1]
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(temperature=-1.0), "temperature"),
     (dict(temperature=float("nan")), "temperature"),
