@@ -211,6 +211,7 @@ def model_config_for(cfg: RunConfig, tokenizer):
                     f"at model.init_from {m.init_from!r} has {describe_layers(have) if have else 'no layer_types'}; a run "
                     f"keeps a checkpoint's layers: set model.architecture to orthros, transformer or swa to choose the "
                     f"mode of its attention layers")
+        _apply_model_keys(m, mc)
         mc.attention_mode = mode
         if getattr(mc, "layer_types", None):  # attention layers take the new mode: the saved config must load
             from ..kinds import ATTENTION_LAYER_TYPES, layer_type_for
@@ -234,6 +235,40 @@ def model_config_for(cfg: RunConfig, tokenizer):
             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
         )
+    except ValueError as e:
+        raise ConfigError(f"model: {e}") from None
+
+
+# model.* keys on a model.init_from checkpoint: those that fix the weights' shapes must agree with the
+# checkpoint (set away from their default and unlike it, they are refused); the rest change no weight
+# and, set away from their default, replace the checkpoint's value (a key left at its default keeps it)
+SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+              "head_dim", "tie_word_embeddings", "qk_norm", "scale_offset")
+RUNTIME_KEYS = ("window_size", "max_position_embeddings", "rope_theta", "attn_backend", "initializer_range")
+
+
+def _apply_model_keys(m, mc) -> None:
+    defaults = type(m)()
+
+    def have(key):
+        return mc.rope_parameters.get("rope_theta") if key == "rope_theta" else getattr(mc, key, None)
+
+    for key in SHAPE_KEYS:
+        want = getattr(m, key)
+        if want != getattr(defaults, key) and want != have(key):
+            raise ConfigError(
+                f"model.{key} is {want!r}, but the checkpoint at model.init_from {m.init_from!r} has {have(key)!r}; a "
+                f"run keeps a checkpoint's weights, so its shape keys must agree: drop model.{key} (or set it to "
+                f"{have(key)!r})")
+    for key in RUNTIME_KEYS:
+        want = getattr(m, key)
+        if want != getattr(defaults, key):
+            if key == "rope_theta":
+                mc.rope_parameters = {**mc.rope_parameters, "rope_theta": want}
+            else:
+                setattr(mc, key, want)
+    try:
+        mc._validate()
     except ValueError as e:
         raise ConfigError(f"model: {e}") from None
 

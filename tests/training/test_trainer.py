@@ -484,6 +484,40 @@ def test_resume_or_init_from_a_run_dir_names_its_checkpoint(tmp_path, corpus, re
     assert not out.exists()
 
 
+@pytest.mark.parametrize("key, value, has", [("hidden_size", "64", "32"), ("num_hidden_layers", "3", "2"),
+                                             ("qk_norm", "true", "False"), ("scale_offset", "false", "True")])
+def test_init_from_refuses_shape_keys_unlike_the_checkpoint(tmp_path, corpus, reference, key, value, has):
+    """model.* keys that fix the weights' shapes, set unlike the model.init_from checkpoint, were
+    silently ignored (the run trained the checkpoint's shape); they are refused before any work."""
+    _, _, summary = reference
+    with pytest.raises(ConfigError, match=rf"(?i)model.{key} is {value}, but the checkpoint at model.init_from "
+                                          rf".* has {has}; .* drop model.{key}"):
+        train(load_config(None, tiny(tmp_path / "run", corpus, "--max_steps", "1", "--mode", "cpt",
+                                     "--model.init_from", summary["checkpoint"], f"--model.{key}", value)))
+    assert not (tmp_path / "run").exists()
+
+
+def test_init_from_takes_the_keys_that_change_no_weight(tmp_path, corpus, reference):
+    """window_size, max_position_embeddings, rope_theta set on a model.init_from run replace the
+    checkpoint's values (they were ignored); keys left at their defaults keep the checkpoint's
+    (the tiny runs' window is 8, the default 32); a bad value is refused by the model's own check."""
+    _, _, summary = reference
+    base = json.loads((Path(summary["checkpoint"]) / "config.json").read_text())
+    s = train(load_config(None, tiny(tmp_path / "run", corpus, "--max_steps", "1", "--mode", "cpt", "--model.init_from",
+                                     summary["checkpoint"], "--model.window_size", "16", "--model.rope_theta", "5e5",
+                                     "--model.max_position_embeddings", "2048")))
+    cfg = json.loads((Path(s["checkpoint"]) / "config.json").read_text())
+    assert (cfg["window_size"], cfg["rope_parameters"]["rope_theta"], cfg["max_position_embeddings"]) == (16, 5e5, 2048)
+    assert (base["window_size"], base["rope_parameters"]["rope_theta"]) == (8, 10000.0)
+    args = [a for a in tiny(tmp_path / "run2", corpus) if a not in ("--model.window_size", "8")]
+    s = train(load_config(None, [*args, "--max_steps", "1", "--mode", "cpt", "--model.init_from", summary["checkpoint"]]))
+    assert json.loads((Path(s["checkpoint"]) / "config.json").read_text())["window_size"] == 8
+    with pytest.raises(ConfigError, match="model: OrthrosConfig.window_size"):
+        train(load_config(None, tiny(tmp_path / "run3", corpus, "--max_steps", "1", "--mode", "cpt",
+                                     "--model.init_from", summary["checkpoint"], "--model.window_size", "-4")))
+    assert not (tmp_path / "run3").exists()
+
+
 @pytest.mark.parametrize("arch", ["gdn", "orthros-h", "linear-hybrid"])
 def test_a_hybrid_architecture_needs_a_checkpoint_of_its_layout(tmp_path, corpus, reference, arch):
     """model.architecture gdn / orthros-h / linear-hybrid with model.init_from an Orthros checkpoint
