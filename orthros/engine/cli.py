@@ -28,8 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=256,
                    help="tokens to generate per turn (default: 256; fewer at an end-of-sequence token)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=0, help="0 = off")
-    p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    p.add_argument("--top-k", type=int, default=0, help="0 = off (with --temperature > 0)")
+    p.add_argument("--top-p", type=float, default=1.0, help="1 = off (with --temperature > 0)")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the sampler (default: none; greedy decoding needs none)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
@@ -116,6 +116,9 @@ def main(argv=None) -> int:
         except ValueError as e:  # named by its field ("top_p must be ..."): name the option instead
             field, rest = str(e).split(" ", 1)
             raise ValueError(f"--{field.replace('_', '-')} {rest}") from None
+        if sampling.greedy and (args.top_k or args.top_p < 1):  # argmax is in every top-k / top-p set
+            raise ValueError("--top-k and --top-p filter what is sampled, and --temperature 0 (the default) is greedy: "
+                             "set --temperature > 0 to sample (1 = the model's distribution)")
         for name in ("max_new_tokens", "max_seq_len", "prefill_chunk", "batch_size"):
             if getattr(args, name) is not None and getattr(args, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")

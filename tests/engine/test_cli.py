@@ -94,6 +94,16 @@ def test_generate_rejects_bad_arguments(flag, value, capsys):
     assert flag.lstrip("-").replace("-", "_").split("_")[0] in capsys.readouterr().err.replace("-", "_")
 
 
+@pytest.mark.parametrize("flags", [["--top-k", "5"], ["--top-p", "0.9"], ["--temperature", "0", "--top-k", "5"]])
+def test_generate_refuses_sampling_filters_when_greedy(flags, capsys):
+    """--top-k / --top-p without --temperature > 0 asked for sampling and got greedy text."""
+    assert orthros_main(["generate", "--model", "/nonexistent", *flags, "hi"]) == 2
+    err = capsys.readouterr().err
+    assert "--temperature 0 (the default) is greedy" in err and "/nonexistent" not in err
+    assert orthros_main(["generate", "--model", "/nonexistent", "--temperature", "0.7", *flags[-2:], "hi"]) == 2
+    assert "greedy" not in capsys.readouterr().err  # sampling: the filters pass, the model path is what fails
+
+
 def test_generate_reports_prompt_too_long(checkpoint, capsys):
     d, _ = checkpoint
     rc = orthros_main(["generate", "--model", str(d), "--device", "cpu", "--max-seq-len", "4",
