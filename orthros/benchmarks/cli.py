@@ -208,7 +208,7 @@ def _run_measurements(what, args, model, dev, dtype, I, hf_qwen3_like, meta, jso
                     compile=args.compile)
         if args.fit:
             for n_in, n_out in args.fit:
-                fit = I.fit_check(model, n_in, n_out, chunk=args.chunk, compile=args.compile)
+                fit = I.fit_check(model, n_in, n_out, chunk=args.chunk, compile=args.compile, cuda_graphs=graphs)
                 rows.append({"fit": fit})
                 I.print_table([fit], list(fit), "fit check")
         I.save(json_path, meta, rows)

@@ -505,14 +505,17 @@ def bench_e2e(model, pairs: Sequence[tuple], *, batch: int = 2, modes: Sequence[
     return rows
 
 
-def fit_check(model, n_in: int, n_out: int, *, chunk: int = 16384, steps: int = 32, compile: bool = False) -> Dict:
+def fit_check(model, n_in: int, n_out: int, *, chunk: int = 16384, steps: int = 32, compile: bool = False,
+              cuda_graphs: Optional[bool] = None) -> Dict:
     """Does an ``n_in`` prefill plus ``n_out`` decode fit (batch 1)? The static cache is sized
-    for ``n_in + n_out`` up front, so memory after ``steps`` decode steps is the run's peak."""
+    for ``n_in + n_out`` up front, so memory after ``steps`` decode steps is the run's peak
+    (``cuda_graphs``: the Engine's; the graphs' memory pool counts in that peak)."""
     device = next(model.parameters()).device
     if device.type == "cuda":
         _free(device)
         torch.cuda.reset_peak_memory_stats(device)
-    eng = Engine(model, max_batch_size=1, max_seq_len=n_in + n_out, prefill_chunk=chunk, compile=compile)
+    eng = Engine(model, max_batch_size=1, max_seq_len=n_in + n_out, prefill_chunk=chunk, compile=compile,
+                 cuda_graphs=cuda_graphs)
     ids = torch.randint(0, model.config.vocab_size, (1, n_in), device=device)
     t = time.perf_counter()
     toks = eng.generate(ids, min(steps, n_out))

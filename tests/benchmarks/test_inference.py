@@ -34,6 +34,23 @@ def test_bench_writes_table_json_and_plot(tmp_path, capsys, what, extra, key):
         assert any("fit" in r for r in data["rows"])
 
 
+def test_bench_e2e_no_cuda_graphs_reaches_the_fit_check(tmp_path, monkeypatch):
+    """--no-cuda-graphs reaches every Engine of the e2e section, the --fit check's too (it built
+    its Engine with the default, so it measured the graphs' memory pool the run had switched off)."""
+    from orthros.benchmarks import inference as I
+
+    seen, real = [], I.Engine
+
+    def spy(*args, **kw):
+        seen.append((kw.get("max_seq_len"), kw.get("cuda_graphs")))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(I, "Engine", spy)
+    assert orthros_main(["bench", "e2e", *TINY, "--out", str(tmp_path), "--pairs", "8:3", "--batch", "1",
+                         "--fit", "16:4", "--no-cuda-graphs"]) == 0
+    assert (20, False) in seen and {g for _, g in seen} == {False}
+
+
 def test_bench_rejects_bad_arguments(capsys):
     with pytest.raises(SystemExit):
         orthros_main(["bench", "prefill", "--lengths", "0,5"])
