@@ -62,7 +62,7 @@ class DataSection:
     format: str = "auto"  # auto | text | json | parquet | csv | arrow | hub
     text_field: str = "text"  # the field of a record that holds its text (pt / cpt)
     messages_field: str = "messages"  # the field of a chat record (sft): a list of {role, content}
-    text_sample_by: str = "document"  # for .txt files: document | paragraph | line
+    text_sample_by: str = "document"  # for .txt files (data.format text) only: document | paragraph | line
     tokenizer: str = "embedded"  # "embedded" or a local tokenizer dir / hub name
     seq_len: int = 256  # tokens per packed training sequence
     streaming: bool = False  # read the data as a stream (datasets' IterableDataset) instead of loading it
@@ -78,7 +78,7 @@ class DataSection:
 @dataclass
 class OptimSection:
     lr: float = 1e-3  # peak learning rate (AdamW)
-    min_lr_ratio: float = 0.1  # the schedule ends at lr x this
+    min_lr_ratio: float = 0.1  # cosine / linear end at lr x this (constant: refused unless left at 0.1)
     schedule: str = "cosine"  # cosine | constant | linear
     warmup_steps: int = 20
     weight_decay: float = 0.1
@@ -404,6 +404,19 @@ def validate(cfg: RunConfig) -> None:
                               f"2*N+1 <= data.seq_len ({cfg.data.seq_len}), i.e. 1..{most}, got {rp!r}")
     if not 0.0 <= cfg.optim.min_lr_ratio <= 1.0:
         raise ConfigError(f"optim.min_lr_ratio must be in [0, 1], got {cfg.optim.min_lr_ratio}")
+    # keys of one mode or schedule only, set away from their default where they would do nothing
+    # (a key left at its default is never refused: run_config.yaml, every key, may be fed back)
+    unset = RunConfig()
+    if cfg.optim.schedule == "constant" and cfg.optim.min_lr_ratio != unset.optim.min_lr_ratio:
+        raise ConfigError(f"optim.min_lr_ratio ({cfg.optim.min_lr_ratio:g}) is where schedules "
+                          f"['cosine', 'linear'] end; optim.schedule 'constant' stays at the peak lr: drop "
+                          f"optim.min_lr_ratio, or choose another schedule")
+    field_of = {"data.text_field": ("pt", "cpt"), "data.messages_field": ("sft",)}
+    for key, modes in field_of.items():
+        if cfg.mode not in modes and _get(cfg, key) != _get(unset, key):
+            raise ConfigError(f"{key} ({_get(cfg, key)!r}) applies to mode{'s' if len(modes) > 1 else ''} "
+                              f"{list(modes)}; mode {cfg.mode!r} reads "
+                              f"{'data.messages_field' if cfg.mode == 'sft' else 'data.text_field'}: drop {key}")
     if cfg.mode == "cpt" and not cfg.model.init_from:
         raise ConfigError("mode 'cpt' continues pre-training from a checkpoint: set model.init_from "
                           "to an Orthros (or converted) checkpoint directory")

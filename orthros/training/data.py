@@ -115,6 +115,8 @@ class DocSource:
             where = f"files {files[:3]}" if files else f"'{spec}' (not a local path, so tried as a hub dataset)"
             raise DataError(f"{name}: could not load {where}: {type(e).__name__}: {e}") from None
         self.ds = ds
+        # how it was read: "text" for .txt files (the one data.text_sample_by applies to), "json", ... or "hub"
+        self.builder = "hub" if files is None else builder
         self.columns = list(ds.column_names or []) if ds.column_names is not None else None
         if streaming:
             self.num_docs = None

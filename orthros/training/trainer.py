@@ -460,12 +460,18 @@ class Trainer:
         self.stream = build_stream(cfg, self.tokenizer, "train")
         self.stream._fill()
         self.stream.load_state_dict({"epoch": 0, "doc": 0, "offset": 0, "rows": 0})
-        self.eval_rows = []
+        self.eval_rows, read = [], [("data.train", self.stream.source)]
         if cfg.data.eval is not None and cfg.data.eval_sequences > 0:
             es = build_stream(cfg, self.tokenizer, "eval")
             self.eval_rows = eval_rows(es, cfg.data.eval_sequences)
             if not self.eval_rows:
                 raise DataError(f"data.eval {cfg.data.eval!r} produced no sequences")
+            read.append(("data.eval", es.source))
+        if cfg.data.text_sample_by != "document" and not any(src.builder == "text" for _, src in read):
+            what = "; ".join(f"{key} {src.spec!r} is read as {src.builder!r}" for key, src in read)
+            raise ConfigError(f"data.text_sample_by ({cfg.data.text_sample_by!r}) splits plain-text files (.txt, "
+                              f"data.format text) into documents; no data of this run is one ({what}): drop "
+                              f"data.text_sample_by")
 
     def _setup_model(self) -> None:
         cfg, dist = self.cfg, self.dist
@@ -543,13 +549,42 @@ class Trainer:
     def _load_state(self, st: dict) -> None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
+        fresh = [dict(g) for g in self.optimizer.param_groups]  # this config's hyperparameters
         set_optimizer_state_dict(self.model, self.optimizer, st["optimizer"],
                                  options=StateDictOptions(full_state_dict=True))
         self.scheduler.load_state_dict(st["scheduler"])
+        self._apply_optim_keys(fresh)
         self.stream.load_state_dict(st["data"])
         self.step, self.tokens_seen = st["step"], st["tokens_seen"]
         rngs = st["rng"]
         _set_rng_state(rngs[self.dist.rank] if len(rngs) == self.dist.world else rngs[0])
+
+    def _apply_optim_keys(self, fresh: list) -> None:
+        """The optimizer and scheduler states of a checkpoint carry the hyperparameters they were
+        made with (each group's lr, weight decay, betas, eps; the scheduler's base lrs): give them
+        this config's ``optim.*`` instead, so a resume honours a changed ``optim.lr``, ``weight_decay``,
+        ``beta1`` / ``beta2``, ``eps`` or ``scale_offset_lr_mult`` (and the schedule keys from the first
+        resumed step on). Unchanged keys give the same numbers, bit for bit (the lr is the scheduler's
+        own base x multiplier at its step)."""
+        groups, sched = self.optimizer.param_groups, self.scheduler
+        o, old = self.cfg.optim, groups[0]
+        was = {"optim.lr": old["initial_lr"], "optim.weight_decay": old["weight_decay"],
+               "optim.beta1": old["betas"][0], "optim.beta2": old["betas"][1], "optim.eps": old["eps"]}
+        if len(groups) > 2:
+            was["optim.scale_offset_lr_mult"] = groups[2]["initial_lr"] / old["initial_lr"]
+        for g, f in zip(groups, fresh):
+            for k in ("initial_lr", "weight_decay", "betas", "eps"):
+                g[k] = f[k]
+        sched.base_lrs = [g["initial_lr"] for g in groups]
+        for g, fn, base in zip(groups, sched.lr_lambdas, sched.base_lrs):
+            g["lr"] = base * fn(sched.last_epoch)
+        sched._last_lr = [g["lr"] for g in groups]
+        now = {k: float(getattr(o, k.split(".")[1])) for k in was}
+        changed = [k for k in was if not math.isclose(was[k], now[k], rel_tol=1e-9)]
+        if changed and self.dist.main:
+            print("[orthros train] resuming with " + ", ".join(f"{k} = {now[k]:g} (checkpoint: {was[k]:g})"
+                                                               for k in changed),
+                  file=sys.stderr, flush=True)
 
     # ---------------------------------------------------------------- steps
     def _autocast(self):

@@ -149,6 +149,9 @@ def test_rejects_bad_input():
     (["--lengths", "1,300"], {"WORLD_SIZE": "2"}, "one token per rank"),
     (["--out", "{tmp}/missing/bench.json"], {}, "does not exist"),
     (["--out", "{tmp}"], {}, "is a directory"),
+    # ran only when WORLD_SIZE > 1: on one rank the lengths were accepted and nothing ran
+    (["--transformer-cp", "1K"], {"WORLD_SIZE": "1"},
+     "--transformer-cp runs the Transformer with context parallelism over several"),
 ])
 def test_bench_rejects_bad_arguments_before_any_work(args, env, match, tmp_path, monkeypatch, capsys):
     """Bad ``python -m orthros.parallel.bench`` arguments end in a usage error naming the flag,

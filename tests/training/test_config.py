@@ -3,7 +3,7 @@
 import pytest
 
 from orthros.training.cli import main as cli_main
-from orthros.training.config import ConfigError, load_config, nearest_key, parse_overrides
+from orthros.training.config import ConfigError, dump_yaml, load_config, nearest_key, parse_overrides
 
 
 def test_defaults_are_valid_and_overrides_apply(tmp_path):
@@ -137,3 +137,29 @@ def test_override_values_yaml_cannot_read_are_taken_as_text():
         ("lr", "3e-4"), ("data.eval", None)]
     cfg = load_config(None, ["--data.train", "*.jsonl", "--output_dir", "runs/a #2"])
     assert cfg.data.train == "*.jsonl" and cfg.output_dir == "runs/a #2"
+
+
+@pytest.mark.parametrize("args, msg", [
+    # lr_multiplier never reads min_lr_ratio on a constant schedule: the run stayed at the peak lr
+    (["--optim.schedule", "constant", "--optim.min_lr_ratio", "0.5"],
+     r"optim.min_lr_ratio \(0.5\) is where schedules \['cosine', 'linear'\] end; optim.schedule 'constant'"),
+    # the encoder of a mode reads one field: the other was accepted and never read
+    (["--mode", "sft", "--data.text_field", "body"],
+     r"data.text_field \('body'\) applies to modes \['pt', 'cpt'\]; mode 'sft' reads data.messages_field"),
+    (["--data.messages_field", "conversation"],
+     r"data.messages_field \('conversation'\) applies to mode \['sft'\]; mode 'pt' reads data.text_field"),
+])
+def test_keys_another_mode_or_schedule_reads_are_refused(args, msg):
+    with pytest.raises(ConfigError, match=msg):
+        load_config(None, args)
+
+
+def test_those_keys_at_their_default_stay_accepted(tmp_path):
+    """run_config.yaml (every key) may be fed back: a key at its default is never refused, and
+    each key is accepted where it applies."""
+    cfg = load_config(None, ["--mode", "sft", "--schedule", "constant"])
+    p = tmp_path / "run_config.yaml"
+    p.write_text(dump_yaml(cfg))
+    assert load_config(str(p)).optim.schedule == "constant"
+    load_config(None, ["--schedule", "linear", "--min_lr_ratio", "0.5", "--text_field", "body"])
+    load_config(None, ["--mode", "sft", "--messages_field", "conversation"])

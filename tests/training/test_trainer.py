@@ -545,3 +545,40 @@ def test_resume_refuses_a_changed_optimizer_grouping(tmp_path, corpus, reference
                                      "--optim.scale_offset_lr_mult", "2")))
     assert (out / "run_config.yaml").read_text() == before
     assert latest_checkpoint(str(out)).name == "step_00000008"
+
+
+def test_text_sample_by_without_text_files_is_refused(tmp_path, corpus):
+    """data.text_sample_by splits .txt files only: on JSON lines it was accepted and did nothing."""
+    with pytest.raises(ConfigError, match=r"data.text_sample_by \('paragraph'\) splits plain-text files .* no "
+                                          r"data of this run is one \(data.train '.*docs.jsonl' is read as 'json'"):
+        train(load_config(None, tiny(tmp_path / "run", corpus, "--text_sample_by", "paragraph")))
+    assert not (tmp_path / "run").exists()
+    txt = tmp_path / "plays.txt"
+    txt.write_text("\n\n".join(json.loads(line)["text"] for line in Path(corpus).read_text().splitlines()))
+    from orthros.training.trainer import Trainer
+
+    t = Trainer(load_config(None, tiny(tmp_path / "run", corpus, "--data.train", str(txt),
+                                       "--text_sample_by", "paragraph")))
+    assert t.stream.source.builder == "text" and not (tmp_path / "run").exists()
+
+
+def test_resume_honours_changed_optimizer_keys(tmp_path, corpus, reference, capsys):
+    """The checkpoint's optimizer and scheduler states carry the lr, weight decay, betas and eps
+    they were made with, and loading them replaced the config's: `--optim.lr 1e-4` on resume
+    trained on at the old lr, silently. An unchanged config resumes bit for bit (the kill-and-resume
+    test); a changed one takes effect from the first resumed step and is reported."""
+    _, _, summary = reference
+    out = tmp_path / "run"
+    shutil.copytree(Path(summary["checkpoint"]).parents[1], out)
+    capsys.readouterr()
+    train(load_config(None, tiny(out, corpus, "--max_steps", "9", "--resume", "--schedule", "constant",
+                                 "--lr", "1e-4", "--weight_decay", "0.5", "--beta2", "0.9")))
+    rows = {r["step"]: r for r in read_metrics(str(out))}
+    assert rows[9]["lr"] == pytest.approx(1e-4)
+    st = torch.load(latest_checkpoint(str(out)) / "trainer_state.pt", weights_only=True)
+    g = st["optimizer"]["param_groups"][0]
+    assert (g["initial_lr"], g["weight_decay"], tuple(g["betas"])) == (1e-4, 0.5, (0.9, 0.9))
+    assert st["scheduler"]["base_lrs"] == [1e-4, 1e-4]
+    err = capsys.readouterr().err
+    assert "resuming with optim.lr = 0.0001 (checkpoint: 0.003), optim.weight_decay = 0.5 (checkpoint: 0.1), " \
+           "optim.beta2 = 0.9 (checkpoint: 0.95)" in err
