@@ -8,6 +8,26 @@ from pathlib import Path
 
 from ..utils import DTYPE_CHOICES, parse_dtype
 
+CONVERT_WINDOW = 128  # --window of niah / lm / ppl: a Transformer checkpoint converted on the fly
+
+
+def _conversion_window(a) -> int:
+    """``--window`` of ``niah`` / ``lm`` / ``ppl``: the base stream window of a Llama / Qwen2 / Qwen3 /
+    Mistral ``--model`` converted on the fly. An Orthros checkpoint keeps the window it was built with,
+    so an explicit ``--window`` for one is refused rather than ignored."""
+    from .common import read_config, read_model_type
+
+    if a.window is None:
+        return CONVERT_WINDOW
+    cfg = read_config(a.model)
+    if read_model_type(a.model, cfg) == "orthros":
+        raise ValueError(f"--window applies to a Llama / Qwen2 / Qwen3 / Mistral checkpoint converted on the fly; "
+                         f"--model {a.model} is an Orthros checkpoint, which keeps its own window "
+                         f"({cfg.get('window_size')}); drop --window")
+    if a.window < 1:
+        raise ValueError(f"--window must be >= 1, got {a.window}")
+    return a.window
+
 
 def _mqar_parser(sub):
     p = sub.add_parser("mqar", help="train and evaluate Orthros / Transformer / SWA on multi-query associative recall",
@@ -33,7 +53,8 @@ def _mqar_parser(sub):
     g.add_argument("--layers", type=int, default=2, help="decoder layers of every model (default: 2)")
     g.add_argument("--heads", type=int, default=2, help="attention heads of every model (default: 2)")
     g.add_argument("--linear-heads", type=int, default=None,
-                   help="heads of the GDN layers (their state is heads x (d/heads)^2); default --heads")
+                   help="heads of the GDN layers of orthros-h, linear-hybrid, gdn (their state is heads x "
+                        "(d/heads)^2); default --heads")
     g.add_argument("--window", type=int, default=8, help="window of Orthros's base stream and of SWA")
     g.add_argument("--steps", type=int, default=800, help="training steps of every model (default: 800)")
     g.add_argument("--batch-size", type=int, default=32, help="sequences per training step (default: 32)")
@@ -71,7 +92,9 @@ def _niah_parser(sub):
     p.add_argument("--samples", type=int, default=2, help="needles per cell")
     p.add_argument("--haystack", default="synthetic", help="synthetic | corpus | PATH.txt | PATH.jsonl")
     p.add_argument("--digits", type=int, default=7, help="digits of the hidden number (default: 7)")
-    p.add_argument("--window", type=int, default=128, help="window when converting a Transformer checkpoint")
+    p.add_argument("--window", type=int, default=None,
+                   help=f"base stream window of a Llama/Qwen2/Qwen3/Mistral checkpoint converted on the fly "
+                        f"(default: {CONVERT_WINDOW}; refused for an Orthros checkpoint, which keeps its own)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default=None, choices=DTYPE_CHOICES, help="weights' dtype (default: as stored)")
     p.add_argument("--engine", default="auto", choices=("auto", "on", "off"),
@@ -111,7 +134,9 @@ def _lm_parser(sub):
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default=None, choices=DTYPE_CHOICES, help="weights' dtype (default: as stored)")
     p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: the model dir)")
-    p.add_argument("--window", type=int, default=128, help="window when converting a Transformer checkpoint")
+    p.add_argument("--window", type=int, default=None,
+                   help=f"base stream window of a Llama/Qwen2/Qwen3/Mistral checkpoint converted on the fly "
+                        f"(default: {CONVERT_WINDOW}; refused for an Orthros checkpoint, which keeps its own)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default: 0)")
     p.add_argument("--output", "-o", default=None, help="write the results as JSON here")
 
@@ -130,7 +155,9 @@ def _ppl_parser(sub):
     p.add_argument("--attention-mode", default=None, choices=("orthros", "full", "window"),
                    help="override the checkpoint's attention (full: the same weights as a Transformer; "
                         "default: the checkpoint's)")
-    p.add_argument("--window", type=int, default=128, help="window when converting a Transformer checkpoint")
+    p.add_argument("--window", type=int, default=None,
+                   help=f"base stream window of a Llama/Qwen2/Qwen3/Mistral checkpoint converted on the fly "
+                        f"(default: {CONVERT_WINDOW}; refused for an Orthros checkpoint, which keeps its own)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default=None, choices=DTYPE_CHOICES, help="weights' dtype (default: as stored)")
     p.add_argument("--output", "-o", default=None, help="write the results as JSON here")
@@ -155,6 +182,7 @@ def _ppl(a) -> int:
     device = check_device(a.device) if a.device else default_device()
     docs = load_documents(a.data)
     max_pos = read_max_positions(a.model)  # (and a clear error when --model is not a checkpoint)
+    window = _conversion_window(a)
     if max_pos is not None and a.seq_len > max_pos:
         raise ValueError(f"--seq-len {a.seq_len} is above the model's max_position_embeddings ({max_pos})")
     tok = load_tokenizer(a.model, a.tokenizer)
@@ -176,7 +204,7 @@ def _ppl(a) -> int:
         dtype = parse_dtype(a.dtype, "--dtype") if a.dtype else None
         model = AutoModelForCausalLM.from_pretrained(a.model, config=cfg, dtype=dtype).to(device).eval()
     else:
-        model = load_model(a.model, device=device, dtype=a.dtype, window_size=a.window)
+        model = load_model(a.model, device=device, dtype=a.dtype, window_size=window)
     if a.seq_len > model.config.max_position_embeddings:
         raise ValueError(f"--seq-len {a.seq_len} is above the model's max_position_embeddings "
                          f"({model.config.max_position_embeddings})")
@@ -238,6 +266,9 @@ def _mqar(a) -> int:
         check_output_path("--output", a.output)
     if a.linear_heads is not None and (a.linear_heads < 1 or a.hidden_size % a.linear_heads):
         raise ValueError(f"--linear-heads must be >= 1 and divide --hidden-size ({a.hidden_size}), got {a.linear_heads}")
+    if a.linear_heads is not None and not any(MODEL_ALIASES[m] in HYBRID_DISPLAY for m in models):
+        raise ValueError(f"--linear-heads {a.linear_heads} sets the heads of the GDN layers of "
+                         f"{', '.join(HYBRID_DISPLAY)}; --models {','.join(models)} has none")
     task = MQARTask(vocab_size=a.vocab_size, seq_len=a.seq_len, num_pairs=a.num_pairs, power=a.power,
                     min_gap=a.min_gap, max_gap=a.max_gap, fill=a.fill).validate()
     tr = MQARTrain(models=models, hidden_size=a.hidden_size, num_layers=a.layers, num_heads=a.heads,
@@ -273,10 +304,11 @@ def _niah(a) -> int:
     check_output_path("--output-dir", a.output_dir, directory=True)
     device = check_device(a.device) if a.device else default_device()
     validate(cfg, read_max_positions(a.model))
+    window = _conversion_window(a)
     haystack_sentences(cfg.haystack)  # readable, with text in it
     tok = load_tokenizer(a.model, a.tokenizer)
     check_lengths(cfg, tok)
-    model = load_model(a.model, device=device, dtype=a.dtype, window_size=a.window)
+    model = load_model(a.model, device=device, dtype=a.dtype, window_size=window)
     validate(cfg, model.config.max_position_embeddings)
     out = run_niah(model, tok, cfg, progress=not a.no_progress)
     out["model"]["path"] = str(a.model)
@@ -313,11 +345,12 @@ def _lm(a) -> int:
     if not 0 <= a.seed < 2 ** 32:  # lm-eval seeds numpy's legacy generator with it
         raise ValueError(f"--seed must be in 0..{2 ** 32 - 1}, got {a.seed}")
     device = check_device(a.device) if a.device else default_device()
+    window = _conversion_window(a)
     if a.output:
         check_output_path("--output", a.output)
     res = run_lm_eval(a.model, a.tasks.split(","), include_path=a.include_path, limit=limit,
                       batch_size=a.batch_size, device=device, dtype=a.dtype,
-                      num_fewshot=a.num_fewshot, window_size=a.window, tokenizer=a.tokenizer, seed=a.seed)
+                      num_fewshot=a.num_fewshot, window_size=window, tokenizer=a.tokenizer, seed=a.seed)
     from lm_eval.utils import make_table
 
     print(make_table(res))

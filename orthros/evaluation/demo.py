@@ -137,7 +137,9 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="shorter run: 150 training steps, prefill at 1K/4K/8K (4K/16K on a GPU) (49 s on a 2-core "
                         "CPU shared with other jobs, 2026-12-01; 15 s idle; the full demo ~1.5 min idle)")
-    p.add_argument("--device", default=None, help="device for the prefill timing (default: cuda if available)")
+    p.add_argument("--device", default=None,
+                   help="device for part 2, the prefill timing (default: cuda if available; part 1 trains on the "
+                        "CPU; refused with --skip-prefill)")
     p.add_argument("--skip-prefill", action="store_true", help="skip part 2 (prefill timing)")
     p.add_argument("--skip-recall", action="store_true", help="skip part 1 (in-context recall)")
     p.add_argument("--output", "-o", default=None, help="write all numbers as JSON here")
@@ -152,6 +154,9 @@ def main(argv=None) -> int:
         p.error("--skip-recall and --skip-prefill together leave nothing to run")
     if a.seed < 0:
         p.error(f"--seed must be >= 0, got {a.seed}")
+    if a.device is not None and a.skip_prefill:  # part 1 trains on the CPU whatever --device says
+        p.error(f"--device {a.device}: it is the device of part 2 (prefill timing), which --skip-prefill skips; "
+                f"part 1 always trains on the CPU")
     if a.plot is not None:
         if a.skip_recall:
             p.error(f"--plot {a.plot}: part 1 is skipped (--skip-recall)")

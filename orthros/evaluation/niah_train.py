@@ -236,11 +236,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", "-o", required=True, help="output checkpoint dir (model + tokenizer + niah_train.json)")
     p.add_argument("--mode", default=d.attention_mode, choices=ATTENTION_MODES,
                    help="attention_mode: orthros, window (SWA) or full (Transformer)")
-    p.add_argument("--window", type=int, default=d.window_size,
-                   help="window of the base stream (orthros) or of SWA (default: %(default)s)")
-    p.add_argument("--layers", type=int, default=d.num_layers, help="decoder layers (default: %(default)s)")
-    p.add_argument("--hidden-size", type=int, default=d.hidden_size, help="model width (default: %(default)s)")
-    p.add_argument("--heads", type=int, default=d.num_heads, help="attention heads (default: %(default)s)")
+    # the architecture options (None: the default, or with --init the checkpoint's own value)
+    p.add_argument("--window", type=int, default=None,
+                   help=f"window of the base stream (orthros) or of SWA; not for --mode full (default: "
+                        f"{d.window_size})")
+    p.add_argument("--layers", type=int, default=None, help=f"decoder layers (default: {d.num_layers})")
+    p.add_argument("--hidden-size", type=int, default=None, help=f"model width (default: {d.hidden_size})")
+    p.add_argument("--heads", type=int, default=None, help=f"attention heads (default: {d.num_heads})")
     p.add_argument("--steps", type=int, default=d.steps, help="training steps (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="prompts per step (default: %(default)s)")
     p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate, cosine schedule (default: %(default)s)")
@@ -249,20 +251,55 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--digits", type=int, default=d.digits, help="digits of the passkey (default: %(default)s)")
     p.add_argument("--haystack", default=d.haystack,
                    help="synthetic | corpus | PATH.txt | PATH.jsonl (as `orthros eval niah`)")
-    p.add_argument("--max-positions", type=int, default=d.max_position_embeddings,
-                   help="the model's max_position_embeddings (default: %(default)s)")
+    p.add_argument("--max-positions", type=int, default=None,
+                   help=f"the model's max_position_embeddings (default: {d.max_position_embeddings})")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of every random draw (default: %(default)s)")
     p.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads (default: 1; 0 = torch's own choice)")
     p.add_argument("--log-every", type=int, default=d.log_every,
                    help="steps between log lines: loss and held-out accuracy (default: %(default)s)")
     p.add_argument("--init", default=None, help="continue training this checkpoint (e.g. a longer-context stage); "
-                                                "its architecture is kept, --mode must match")
+                                                "its architecture is kept: --mode must match, and --window, "
+                                                "--layers, --hidden-size, --heads, --max-positions, when given, "
+                                                "must equal the checkpoint's")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (the log lines still print)")
 
 
+# architecture options: (argument, NIAHTrainConfig field, key of an --init checkpoint's config.json)
+_ARCHITECTURE_ARGS = (("window", "window_size", "window_size"), ("layers", "num_layers", "num_hidden_layers"),
+                      ("hidden_size", "hidden_size", "hidden_size"), ("heads", "num_heads", "num_attention_heads"),
+                      ("max_positions", "max_position_embeddings", "max_position_embeddings"))
+
+
+def _architecture_from_args(a) -> dict:
+    """The architecture fields of the config: the options given, else the defaults; with ``--init``
+    the checkpoint's own values (an option given with another value is refused: it would be ignored)."""
+    d = NIAHTrainConfig()
+    if a.window is not None and a.mode == "full":
+        raise ValueError(f"--window {a.window} sets the window of --mode orthros or window (SWA); --mode full "
+                         f"attends to every token")
+    init = None
+    if a.init is not None:
+        from .common import read_config
+
+        init = read_config(a.init, "--init", expected="an Orthros checkpoint to continue")
+        if init.get("model_type") != "orthros":
+            init = None  # refused by NIAHTrainConfig.validate, with the reason
+    out = {}
+    for arg, name, key in _ARCHITECTURE_ARGS:
+        given = getattr(a, arg)
+        have = init.get(key) if init is not None else None
+        if not isinstance(have, int) or isinstance(have, bool):
+            out[name] = getattr(d, name) if given is None else given
+        elif given is not None and given != have:
+            flag = "--" + arg.replace("_", "-")
+            raise ValueError(f"{flag} {given}: --init {a.init} keeps its architecture ({key} {have}); drop {flag}")
+        else:
+            out[name] = have
+    return out
+
+
 def config_from_args(a) -> NIAHTrainConfig:
-    return NIAHTrainConfig(attention_mode=a.mode, window_size=a.window, num_layers=a.layers, hidden_size=a.hidden_size,
-                           num_heads=a.heads, max_position_embeddings=a.max_positions, steps=a.steps,
+    return NIAHTrainConfig(attention_mode=a.mode, **_architecture_from_args(a), steps=a.steps,
                            batch_size=a.batch_size, lr=a.lr, min_len=a.min_len, max_len=a.max_len, digits=a.digits,
                            haystack=a.haystack, seed=a.seed, threads=a.threads, log_every=a.log_every,
                            init=a.init)

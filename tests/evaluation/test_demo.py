@@ -64,3 +64,17 @@ def test_demo_quick_help_names_the_gpu_lengths():
         demo.main(["--help"])
     text = " ".join(buf.getvalue().split())
     assert "/".join(f"{n // 1024}K" for n in demo.QUICK_GPU_PREFILL_LENGTHS) + " on a GPU" in text
+
+
+def test_demo_device_refused_with_skip_prefill(capsys, monkeypatch):
+    """Issue: --device only places part 2 (prefill timing); with --skip-prefill it was accepted and ignored
+    (part 1 trains on the CPU whatever --device says)."""
+    import orthros.evaluation.demo as demo
+    from orthros.cli import main
+
+    monkeypatch.setattr(demo, "run_recall", lambda *a, **kw: pytest.fail("part 1 ran"))
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "--skip-prefill", "--device", "cpu"])
+    assert e.value.code == 2
+    assert "--device cpu: it is the device of part 2 (prefill timing), which --skip-prefill skips" in \
+        capsys.readouterr().err

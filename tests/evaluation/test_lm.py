@@ -135,3 +135,14 @@ def test_bad_tokenizer_refused_before_the_model_loads(tiny, tmp_path, monkeypatc
     monkeypatch.setattr(lm, "load_model", lambda *a, **kw: pytest.fail("the model was loaded"))
     with pytest.raises(ValueError, match="no usable tokenizer"):
         lm.run_lm_eval(tiny, ["orthros_tiny_cloze"], limit=2, device="cpu", tokenizer=str(tmp_path))
+
+
+def test_cli_lm_window_refused_for_an_orthros_checkpoint(tiny, capsys, monkeypatch):
+    """Issue: `--window 4` was accepted for an Orthros checkpoint and ignored (it only sets the window of a
+    Transformer checkpoint converted on the fly)."""
+    import orthros.evaluation.lm as lm
+    from orthros.cli import main
+
+    monkeypatch.setattr(lm, "run_lm_eval", lambda *a, **kw: pytest.fail("the evaluation started"))
+    assert main(["eval", "lm", "--model", str(tiny), "--tasks", "orthros_tiny_cloze", "--window", "4"]) == 2
+    assert "is an Orthros checkpoint, which keeps its own window (16)" in capsys.readouterr().err

@@ -178,6 +178,18 @@ def test_cli_mqar_bad_linear_heads(capsys):
     assert "--linear-heads must be >= 1 and divide --hidden-size (64), got 5" in capsys.readouterr().err
 
 
+def test_cli_mqar_linear_heads_refused_without_a_gdn_model(capsys, monkeypatch):
+    """Issue: --linear-heads sets only the GDN layers' heads; with --models of attention models only it was
+    accepted, ignored, and recorded in the JSON."""
+    import orthros.evaluation.mqar as mqar
+    from orthros.cli import main
+
+    monkeypatch.setattr(mqar, "run_mqar", lambda *a, **kw: pytest.fail("training started"))
+    assert main(["eval", "mqar", "--models", "transformer,orthros", "--linear-heads", "4"]) == 2
+    assert ("--linear-heads 4 sets the heads of the GDN layers of orthros-h, linear-hybrid, gdn; --models "
+            "transformer,orthros has none") in capsys.readouterr().err
+
+
 def test_jobs_train_each_model_in_its_own_process_with_the_same_results():
     """``jobs=2``: every model in a spawned worker that regenerates the same data from the same
     seeds; per-model accuracy and losses equal the one-process run's (one thread both ways), in

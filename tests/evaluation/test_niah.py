@@ -210,3 +210,15 @@ def test_cli_niah_bad_input_before_the_model_loads(tiny, tmp_path, capsys, no_mo
     assert rc == 2
     assert msg.replace("{tmp}", str(tmp_path)) in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_cli_niah_window_refused_for_an_orthros_checkpoint(tiny, tmp_path, capsys, no_model_load):
+    """Issue: `--window 64` was accepted for an Orthros checkpoint and ignored (it only sets the window of
+    a Transformer checkpoint converted on the fly): the grid was that of the checkpoint's window."""
+    from orthros.cli import main
+
+    rc = main(["eval", "niah", "--model", str(tiny), "--window", "64", "--no-progress", "--engine", "off",
+               "--lengths", "64", "--depths", "50", "-o", str(tmp_path / "out")])
+    assert rc == 2
+    assert "--window applies to a Llama / Qwen2 / Qwen3 / Mistral checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -162,3 +162,39 @@ def test_record_is_written_through_a_temporary_name(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         main(["niah-train", *TINY, "--out", str(out)])
     assert not [p.name for p in out.iterdir() if "niah_train.json" in p.name]
+
+
+def test_cli_init_keeps_its_architecture_and_refuses_other_values(tmp_path, capsys, monkeypatch):
+    """Issue: with --init, --window / --layers / --hidden-size / --heads / --max-positions were accepted and
+    ignored (the checkpoint's architecture is kept), while the header line and niah_train.json reported the
+    ignored values; --window with --mode full (no window) was accepted and ignored too."""
+    import orthros.evaluation.niah_train as nt
+    from orthros.evaluation.cli import main
+    from orthros.evaluation.common import make_tiny_checkpoint
+
+    ck = make_tiny_checkpoint(tmp_path / "s1", window_size=4, max_position_embeddings=512)
+    seen = []
+    monkeypatch.setattr(nt, "train", lambda cfg, **kw: seen.append(cfg))
+    base = ["niah-train", "--init", str(ck), "--steps", "1", "--min-len", "48", "--max-len", "48", "--no-progress",
+            "--out", str(tmp_path / "m")]
+    for args, msg in ((["--window", "8"], "--window 8: --init {ck} keeps its architecture (window_size 4); "
+                                          "drop --window"),
+                      (["--layers", "3"], "(num_hidden_layers 2); drop --layers"),
+                      (["--hidden-size", "64"], "(hidden_size 32); drop --hidden-size"),
+                      (["--heads", "4"], "(num_attention_heads 2); drop --heads"),
+                      (["--max-positions", "1024"], "(max_position_embeddings 512); drop --max-positions")):
+        assert main([*base, *args]) == 2, args
+        assert msg.replace("{ck}", str(ck)) in capsys.readouterr().err
+    assert not seen
+    # the checkpoint's values, whether left out or given as they are
+    assert main(base) == 0
+    assert main([*base, "--window", "4", "--layers", "2", "--hidden-size", "32", "--heads", "2",
+                 "--max-positions", "512"]) == 0
+    assert "window 4, 2 layers, d=32" in capsys.readouterr().out
+    for cfg in seen:
+        assert (cfg.window_size, cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.max_position_embeddings) == \
+            (4, 2, 32, 2, 512)
+    # --window has nothing to set in a full-attention model
+    assert main(["niah-train", "--mode", "full", "--window", "8", "--out", str(tmp_path / "f")]) == 2
+    assert "--window 8 sets the window of --mode orthros or window (SWA)" in capsys.readouterr().err
+    assert len(seen) == 2

@@ -144,3 +144,34 @@ def test_binary_data_is_named(tiny, tmp_path, capsys, name):
     assert eval_main(["ppl", "--model", str(ck), "--data", str(data), "--seq-len", "16", "--buckets", "0,16"]) == 2
     err = capsys.readouterr().err
     assert f"--data {data}: not UTF-8 text" in err
+
+
+def test_window_is_refused_for_an_orthros_checkpoint_and_reaches_a_conversion(tiny, tmp_path, capsys, monkeypatch):
+    """Issue: `--window N` ("window when converting a Transformer checkpoint") was accepted for an Orthros
+    checkpoint and silently ignored: the perplexities were those of the checkpoint's own window."""
+    import orthros.evaluation.common as common
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    ck, data = tiny
+    args = ["ppl", "--data", str(data), "--seq-len", "16", "--buckets", "0,16", "--no-progress", "--device", "cpu"]
+    monkeypatch.setattr(common, "load_model", lambda *a, **kw: pytest.fail("the model was loaded"))
+    assert eval_main(args + ["--model", str(ck), "--window", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "--window applies to a Llama / Qwen2 / Qwen3 / Mistral checkpoint converted on the fly" in err
+    assert "is an Orthros checkpoint, which keeps its own window (8)" in err
+    # a Llama checkpoint is converted with the --window given (default 128)
+    tok = AutoTokenizer.from_pretrained(str(ck))
+    llama = tmp_path / "llama"
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, max_position_embeddings=256)).save_pretrained(llama)
+    tok.save_pretrained(llama)
+    seen = []
+
+    def record(path, **kw):
+        seen.append(kw["window_size"])
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(common, "load_model", record)
+    assert eval_main(args + ["--model", str(llama), "--window", "4"]) == 2
+    assert eval_main(args + ["--model", str(llama)]) == 2
+    assert seen == [4, 128]
