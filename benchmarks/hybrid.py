@@ -61,12 +61,14 @@ def main(argv=None):
     ap.add_argument("--sections", default="prefill,decode,e2e,mqar")
     ap.add_argument("--prefill", default="8192,32768,131072")
     ap.add_argument("--prefill-chunk", type=int, default=16384,
-                    help="the Orthros systems' prefill chunk (0: the whole prompt in one call, like the Linear Hybrid)")
+                    help="the Orthros systems' prefill chunk, prefill and e2e sections (0: the whole prompt in one "
+                         "call, like the Linear Hybrid)")
     ap.add_argument("--decode-context", type=int, default=8192)
     ap.add_argument("--pairs", default="128:128,1024:1024,8192:1024")
     ap.add_argument("--families", default="hybrid,transformer",
                     help="hybrid (Orthros-H vs Linear Hybrid), transformer (Orthros vs Transformer), or both")
-    ap.add_argument("--mqar-steps", type=int, default=4000)
+    ap.add_argument("--mqar-steps", type=int, default=None, help="mqar section: training steps (default 4000; 8 with "
+                    "--tiny)")
     ap.add_argument("--mqar-compile", action="store_true",
                     help="mqar section: train through torch.compile (MQARTrain.compile; same run, fewer launches)")
     ap.add_argument("--mqar-jobs", type=int, default=1,
@@ -82,6 +84,8 @@ def main(argv=None):
     families = [f for f in args.families.split(",") if f]
     if not families or any(f not in ("hybrid", "transformer") for f in families):
         ap.error(f"--families: {args.families!r}; choose from hybrid, transformer (comma-separated)")
+    if args.mqar_steps is None:  # --tiny's default only: a number given is run
+        args.mqar_steps = 8 if args.tiny else 4000
     for name in ("mqar_steps", "mqar_jobs"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')}: {getattr(args, name)}; must be >= 1")
@@ -147,9 +151,9 @@ def main(argv=None):
     if "e2e" in sections:
         for fam in families:
             model, t = models[fam], tag(fam)
-            section(f"e2e_{fam}", lambda emit, model=model, t=t: bench_e2e(model, pairs, batch=2,
-                                                                        on_row=lambda r: emit(t(r)),
-                                                                        compile=args.compile))
+            section(f"e2e_{fam}", lambda emit, model=model, t=t: bench_e2e(model, pairs, batch=2, chunk=chunk,
+                                                                        on_row=lambda r: emit(
+                {**t(r), "prefill_chunk": None if r.get("mode") == "full" else chunk}), compile=args.compile))
     del models
     import gc
 
@@ -157,7 +161,7 @@ def main(argv=None):
     if device == "cuda":
         torch.cuda.empty_cache()
     if "mqar" in sections:
-        section("mqar", lambda emit: run_mqar_section(emit, 8 if args.tiny else args.mqar_steps, device,
+        section("mqar", lambda emit: run_mqar_section(emit, args.mqar_steps, device,
                                                             compile=args.mqar_compile, jobs=args.mqar_jobs))
     out["total_seconds"] = round(time.perf_counter() - t_start, 1)
     save()

@@ -261,8 +261,8 @@ def main():
     p.add_argument("--json", default=None)
     p.add_argument("--preset", default="qwen3-8b", choices=list(PRESETS),
                    help="qwen3.5-9b / tiny-h: Orthros-H, whose 'full' mode is the Linear Hybrid")
-    p.add_argument("--reps", type=int, default=10, help="prefill: timed repetitions")
-    p.add_argument("--profiled", type=int, default=3, help="prefill: profiled repetitions")
+    p.add_argument("--reps", type=int, default=None, help="prefill: timed repetitions (default 10)")
+    p.add_argument("--profiled", type=int, default=None, help="prefill: profiled repetitions (default 3)")
     p.add_argument("--device", default="cuda", help="cpu: a smoke run (no kernel trace)")
     p.add_argument("--decode-config", default=None, metavar="JSON",
                    help="decode: DECODE_CONFIG overrides of the decode attention, e.g. '{\"min_split\": 64}'")
@@ -289,6 +289,20 @@ def main():
                         "the same kernels); the step printed is the fastest")
     a = p.parse_args()
     a.peer_mod = None
+    # each phase's own options: the other phase would accept them and run without them
+    only = {"prefill": [("--reps", a.reps is not None), ("--profiled", a.profiled is not None)],
+            "decode": [("--gemv", a.gemv), ("--decode-config", a.decode_config is not None),
+                       ("--decode-compile-options", a.decode_compile_options is not None),
+                       ("--timeline", a.timeline), ("--qkv-kernel", a.qkv_kernel is not None)]}
+    for phase, opts in only.items():
+        for opt, given in opts:
+            if given and a.phase != phase:
+                p.error(f"{opt}: only with --phase {phase}")
+    if a.decode_compile_options is not None and not a.compile:
+        p.error("--decode-compile-options: only with --compile (Inductor options of the compiled decode pieces; "
+                "the eager engine compiles nothing)")
+    a.reps = 10 if a.reps is None else a.reps
+    a.profiled = 3 if a.profiled is None else a.profiled
     for name in ("context", "batch", "reps", "profiled", "peer_setups"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} {getattr(a, name)}: give a positive integer")

@@ -48,15 +48,20 @@ def build_parser():
 
     def common(sp):
         sp.add_argument("--model", default=None, help="Orthros checkpoint directory (default: random weights)")
-        sp.add_argument("--preset", default="qwen3-8b", choices=["qwen3-8b", "tiny"],
-                        help="architecture for random weights (tiny: CPU smoke runs)")
+        sp.add_argument("--preset", default=None, choices=["qwen3-8b", "tiny"],
+                        help="architecture for random weights (default: qwen3-8b; tiny: CPU smoke runs); "
+                             "not with --model")
         sp.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default: cuda)")
         sp.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES, help="weights and cache (default: bf16)")
-        sp.add_argument("--window", type=int, default=128, help="window size of the random-weight model")
+        sp.add_argument("--window", type=int, default=None,
+                        help="window size of the random-weight model (default: 128); not with --model (a "
+                             "checkpoint keeps its own)")
         sp.add_argument("--out", default="bench_results", help="directory for JSON and PNG")
-        sp.add_argument("--chunk", type=int, default=16384, help="Orthros prefill chunk (tokens)")
         sp.add_argument("--compile", action="store_true",
                         help="torch.compile the engine's token-wise layer parts (both Orthros and its Transformer)")
+
+    def chunk_arg(sp):  # prefill and e2e only: decode steps run no prefill
+        sp.add_argument("--chunk", type=int, default=16384, help="Orthros prefill chunk (tokens)")
 
     def prefill_args(sp):
         sp.add_argument("--lengths", type=_ints, default=[8192, 16384, 32768, 65536, 131072],
@@ -79,17 +84,22 @@ def build_parser():
         sp.add_argument("--pairs", type=_pairs, default=[(128, 128), (1024, 1024), (8192, 8192)],
                         help="IN:OUT prompt and output lengths, comma list (default: 128:128,1024:1024,8192:8192)")
         sp.add_argument("--batch", type=int, default=2, help="sequences generated together (default: 2)")
-        sp.add_argument("--fit", type=_pairs, default=None, help="IN:OUT: check that an IN prefill + OUT decode fits")
+        sp.add_argument("--fit", type=_pairs, default=None,
+                        help="IN:OUT: check that an IN prefill + OUT decode of one sequence fits (batch 1, whatever "
+                             "--batch)")
 
-    for name, help_, adders in (("prefill", "prefill latency vs prompt length", [prefill_args]),
+    for name, help_, adders in (("prefill", "prefill latency vs prompt length", [chunk_arg, prefill_args]),
                                 ("decode", "decode step latency vs context, vs the HBM floor", [decode_args]),
-                                ("e2e", "end-to-end generation: TTFT, E2E, throughputs (paper Table 4)", [e2e_args]),
-                                ("all", "prefill, decode and e2e on one model load", [prefill_args, decode_args,
-                                                                                       e2e_args])):
+                                ("e2e", "end-to-end generation: TTFT, E2E, throughputs (paper Table 4)",
+                                 [chunk_arg, e2e_args]),
+                                ("all", "prefill, decode and e2e on one model load", [chunk_arg, prefill_args,
+                                                                                       decode_args, e2e_args])):
         sp = sub.add_parser(name, help=help_)
         common(sp)
         for add in adders:
             add(sp)
+        if name == "decode":  # no prefill runs: refused with a message (_check_args), not "unrecognized arguments"
+            sp.add_argument("--chunk", type=int, default=None, help=argparse.SUPPRESS)
         if name != "prefill":
             sp.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly, without CUDA graphs")
     return p
@@ -130,7 +140,10 @@ def _check_args(args, systems):
     mid-sweep): ``ValueError`` naming the option."""
     from .models import PRESETS
 
-    if args.chunk < 1:
+    if args.what == "decode" and args.chunk is not None:
+        raise ValueError("--chunk goes with prefill, e2e and all (the prefill chunk): decode times steps over a "
+                         "cache declared filled, no prefill runs")
+    if args.what != "decode" and args.chunk < 1:
         raise ValueError("--chunk must be >= 1")
     if hasattr(args, "systems") and any(s not in systems for s in args.systems.split(",") if s):
         raise ValueError(f"unknown systems in {args.systems!r}; choose from {systems}")
@@ -138,7 +151,10 @@ def _check_args(args, systems):
         raise ValueError(f"--systems names no system; choose from {systems}")
     if getattr(args, "batch", 1) < 1:
         raise ValueError("--batch must be >= 1")
-    if args.window < 1:
+    if args.model is None:  # the random-weight model's defaults
+        args.preset = args.preset or "qwen3-8b"
+        args.window = 128 if args.window is None else args.window
+    if args.window is not None and args.window < 1:
         raise ValueError(f"--window must be >= 1, got {args.window}")
     if hasattr(args, "steps") and args.steps < 1:
         raise ValueError(f"--steps must be >= 1, got {args.steps}")
@@ -149,6 +165,10 @@ def _check_args(args, systems):
 
         d = checkpoint_dir(args.model, arg="--model")
         check_weights(d)
+        for opt, val in (("--preset", args.preset), ("--window", args.window)):  # a checkpoint keeps its own
+            if val is not None:
+                raise ValueError(f"{opt} shapes the random-weight model; --model {args.model} benchmarks a "
+                                 f"checkpoint, which keeps its own: drop {opt} or --model")
         limit = OrthrosConfig.from_pretrained(str(d), local_files_only=True).max_position_embeddings
         src = f"the model's max_position_embeddings={limit}"
     else:

@@ -54,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="generate for every prompt of FILE, --batch-size at a time: a .txt (one prompt a line, "
                         "blank lines skipped) or a .jsonl (one {\"prompt\": ...} a line); one JSON line a prompt "
                         "(prompt, completion, token counts, why it stopped) to --output, in the file's order")
-    g.add_argument("--batch-size", type=int, default=8, help="prompts generated together (default: 8)")
+    g.add_argument("--batch-size", type=int, default=None,
+                   help="with --prompts: prompts generated together (default: 8)")
     g.add_argument("--output", "-o", default=None, metavar="FILE",
                    help="the JSON lines of --prompts (written through a temporary name; default: stdout)")
     p.add_argument("--stats", action="store_true",
@@ -153,7 +154,11 @@ def _check_prompt_file(args):
     if args.prompts is None:
         if args.output is not None:
             raise ValueError("--output goes with --prompts (a single prompt streams its text to stdout)")
+        if args.batch_size is not None:
+            raise ValueError("--batch-size goes with --prompts (a single prompt or --interactive runs one row)")
         return None
+    if args.batch_size is None:
+        args.batch_size = 8
     if args.prompt or args.interactive:
         raise ValueError("--prompts replaces the prompt argument and --interactive: give one of them")
     path = Path(args.prompts)

@@ -56,3 +56,34 @@ def test_mqar_alone_builds_no_benchmark_model(hybrid, tmp_path, monkeypatch):
     hybrid.main(["--sections", "mqar", "--mqar-steps", "7", "--mqar-compile", "--mqar-jobs", "4", "--out", str(out)])
     data = json.loads(out.read_text())
     assert calls == [(7, True, 4)] and data["errors"] == {} and list(data["sections"]) == ["mqar"]
+
+
+def test_prefill_chunk_reaches_the_e2e_section(hybrid, tmp_path, monkeypatch):
+    """Was: the e2e section built its Orthros engine with bench_e2e's default 16K chunk whatever
+    --prefill-chunk said (only the prefill section got it)."""
+    from orthros.benchmarks import inference as I
+
+    seen, real = [], I.Engine
+
+    def spy(*a, **k):
+        seen.append((k.get("attention_mode"), k.get("prefill_chunk")))
+        return real(*a, **k)
+
+    monkeypatch.setattr(I, "Engine", spy)
+    out = tmp_path / "e.json"
+    hybrid.main(["--tiny", "--sections", "e2e", "--families", "transformer", "--pairs", "8:3",
+                 "--prefill-chunk", "4", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert data["errors"] == {} and seen == [("orthros", 4), ("full", None)]
+    assert {(r["mode"], r["prefill_chunk"]) for r in data["sections"]["e2e_transformer"]} == {("orthros", 4),
+                                                                                               ("full", None)}
+
+
+@pytest.mark.parametrize("args, steps", [([], 8), (["--mqar-steps", "100"], 100)])
+def test_tiny_keeps_a_given_mqar_steps(hybrid, tmp_path, monkeypatch, args, steps):
+    """Was: --tiny ran 8 MQAR steps whatever --mqar-steps said; now 8 is --tiny's default only."""
+    calls = []
+    monkeypatch.setattr(hybrid, "run_mqar_section", lambda emit, steps, device, compile=False, jobs=1: calls.append(
+        steps) or emit({"model": "stub"}))
+    hybrid.main(["--tiny", "--sections", "mqar", *args, "--out", str(tmp_path / "m.json")])
+    assert calls == [steps]

@@ -131,6 +131,8 @@ def no_model(monkeypatch):
     ("prefill", [], "--lengths needs positions 0..131071, beyond max_position_embeddings=65536 of --preset tiny"),
     ("e2e", ["--pairs", "8:4,60000:6000"], "--pairs needs positions 0..65998"),
     ("e2e", ["--pairs", "8:4", "--fit", "65536:2"], "--fit needs positions 0..65536"),
+    # was: accepted and ignored (decode steps run over a cache declared filled: no prefill, no chunk)
+    ("decode", ["--chunk", "64"], "--chunk goes with prefill, e2e and all"),
 ])
 def test_bench_refuses_before_building_the_model(tmp_path, capsys, no_model, what, extra, says):
     out = tmp_path / "out"
@@ -173,3 +175,17 @@ def test_bench_lengths_beyond_a_checkpoints_positions(tmp_path, capsys):
     assert not (tmp_path / "o1").exists()
     assert orthros_main(argv + ["--out", str(tmp_path / "o2"), "--pairs", "8:4"]) == 0
     assert json.loads((tmp_path / "o2" / "e2e.json").read_text())["meta"]["model_path"] == str(d)
+
+
+@pytest.mark.parametrize("extra", [["--window", "64"], ["--preset", "tiny"]])
+def test_bench_random_weight_options_refused_with_a_checkpoint(tmp_path, capsys, no_model, extra):
+    """Was: --window and --preset with --model were accepted and ignored (the checkpoint's own
+    window and shape were benchmarked; the JSON recorded neither)."""
+    from orthros.evaluation.common import make_tiny_checkpoint
+
+    d = make_tiny_checkpoint(tmp_path / "ck", max_position_embeddings=64)
+    out = tmp_path / "o"
+    assert orthros_main(["bench", "decode", "--device", "cpu", "--dtype", "fp32", "--model", str(d), *extra,
+                         "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{extra[0]} shapes the random-weight model; --model {d}" in err and not out.exists(), err

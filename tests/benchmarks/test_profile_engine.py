@@ -23,8 +23,8 @@ def _run(*args):
 @pytest.mark.parametrize("preset, phase", [("tiny-h", "prefill"), ("tiny-h", "decode")])
 def test_smoke_on_cpu(tmp_path, preset, phase):
     out = tmp_path / "p.json"
-    p = _run("--preset", preset, "--phase", phase, "--context", "200", "--reps", "1", "--profiled", "1",
-             "--json", str(out))
+    counts = ["--reps", "1", "--profiled", "1"] if phase == "prefill" else []  # prefill's options
+    p = _run("--preset", preset, "--phase", phase, "--context", "200", *counts, "--json", str(out))
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     data = json.loads(out.read_text())
     assert set(data["modes"]) == {"orthros", "full"}
@@ -41,7 +41,7 @@ def test_decode_with_fused_gemvs_on_cpu(tmp_path):
 
 
 def test_bad_counts_refused():
-    p = _run("--reps", "0")
+    p = _run("--phase", "prefill", "--reps", "0")
     assert p.returncode == 2 and "--reps 0" in p.stderr
 
 
@@ -55,15 +55,23 @@ def test_decode_config_recorded_and_bad_one_refused(tmp_path):
     assert not (tmp_path / "never.json").exists()
 
 
-def test_decode_compile_options_recorded_and_bad_ones_refused(tmp_path):
+def test_decode_compile_options_recorded_and_bad_ones_refused(tmp_path, monkeypatch):
     """--decode-compile-options replaces the engine's DECODE_COMPILE_OPTIONS for the run (recorded);
-    a key that is no Inductor option, or text that is not JSON, stops it before any model is built."""
-    out = tmp_path / "o.json"
-    p = _run("--preset", "tiny", "--context", "64", "--decode-compile-options", "{}", "--json", str(out))
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    a key that is no Inductor option, or text that is not JSON, stops it before any model is built.
+    (In-process, the decode step stubbed: compiling it on a CPU takes half a minute.)"""
+    import orthros.engine.engine as engine_mod
+
+    mod, seen, out = _script(), [], tmp_path / "o.json"
+    monkeypatch.setattr(mod, "copy_bandwidth", lambda dev: 1e12)
+    monkeypatch.setattr(mod, "decode_modes",
+                        lambda a, *rest: seen.append((a.compile, engine_mod.DECODE_COMPILE_OPTIONS)))
+    monkeypatch.setattr(sys, "argv", ["profile_engine.py", "--device", "cpu", "--preset", "tiny", "--context", "64",
+                                      "--compile", "--decode-compile-options", "{}", "--json", str(out)])
+    mod.main()
+    assert seen == [(True, {})] and engine_mod.DECODE_COMPILE_OPTIONS != {}  # the default back afterwards
     assert json.loads(out.read_text())["decode_compile_options"] == {}
     for bad, says in (('{"realize_reads": 5}', "'realize_reads'"), ("{5", "not JSON")):
-        p = _run("--decode-compile-options", bad, "--json", str(tmp_path / "never.json"))
+        p = _run("--compile", "--decode-compile-options", bad, "--json", str(tmp_path / "never.json"))
         assert p.returncode == 2 and "--decode-compile-options" in p.stderr and says in p.stderr, p.stderr
     assert not (tmp_path / "never.json").exists()
 
@@ -92,6 +100,23 @@ def test_peer_timed_beside_the_engine_on_cpu(tmp_path):
 ])
 def test_bad_peer_modes_or_setups_refused_before_any_model(tmp_path, args, says):
     p = _run(*args, "--json", str(tmp_path / "never.json"))
+    assert p.returncode == 2 and says in p.stderr, p.stderr
+    assert not (tmp_path / "never.json").exists()
+
+
+@pytest.mark.parametrize("args, says", [
+    # was: accepted and ignored (the other phase's options; the JSON of a prefill run did not say)
+    (["--phase", "prefill", "--gemv"], "--gemv: only with --phase decode"),
+    (["--phase", "prefill", "--timeline"], "--timeline: only with --phase decode"),
+    (["--phase", "prefill", "--qkv-kernel", "off"], "--qkv-kernel: only with --phase decode"),
+    (["--phase", "prefill", "--decode-config", '{"min_split": 64}'], "--decode-config: only with --phase decode"),
+    (["--reps", "5"], "--reps: only with --phase prefill"),
+    (["--profiled", "1"], "--profiled: only with --phase prefill"),
+    # was: accepted and recorded in the JSON, though the eager engine compiles nothing
+    (["--decode-compile-options", "{}"], "--decode-compile-options: only with --compile"),
+])
+def test_other_phase_options_refused_before_any_model(tmp_path, args, says):
+    p = _run("--preset", "tiny", "--context", "64", *args, "--json", str(tmp_path / "never.json"))
     assert p.returncode == 2 and says in p.stderr, p.stderr
     assert not (tmp_path / "never.json").exists()
 

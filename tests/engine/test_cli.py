@@ -221,6 +221,16 @@ def test_generate_prompt_file_errors_before_any_work(checkpoint, tmp_path, capsy
         assert text == "" and not out.exists()
 
 
+@pytest.mark.parametrize("extra", [["w1"], ["--interactive"]])
+def test_generate_batch_size_goes_with_prompts(checkpoint, capsys, extra):
+    """Was: --batch-size without --prompts was accepted and ignored (one prompt runs one row)."""
+    d, _ = checkpoint
+    rc, text = run_cli(["generate", "--model", str(d), "--device", "cpu", "--max-new-tokens", "2",
+                        "--batch-size", "4", *extra], stdin="w1\n")
+    err = capsys.readouterr().err
+    assert rc == 2 and text == "" and "--batch-size goes with --prompts" in err, err
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_generate_prompt_file_on_cuda_matches_each_prompt_alone(checkpoint, tmp_path):
