@@ -391,8 +391,8 @@ def main(argv=None) -> int:
         p.error(f"--time-budget must be >= 0 seconds (0 = no budget), got {a.time_budget:g}")
     world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's, known before the process group starts
     if world == 1 and a.transformer_cp and a.transformer_cp != p.get_default("transformer_cp"):
-        p.error(f"--transformer-cp runs the Transformer with context parallelism over several ranks; this run has "
-                f"one (launch with torchrun --nproc-per-node N >= 2, or use --transformer for 1-GPU lengths)")
+        p.error("--transformer-cp runs the Transformer with context parallelism over several ranks; this run has "
+                "one (launch with torchrun --nproc-per-node N >= 2, or use --transformer for 1-GPU lengths)")
     short = [T for T in a.lengths + a.extra_lengths if T < world]
     if short:
         p.error(f"--lengths / --extra-lengths must be >= the number of ranks ({world}): one token per rank; "
