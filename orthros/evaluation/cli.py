@@ -29,6 +29,13 @@ def _conversion_window(a) -> int:
     return a.window
 
 
+def _add_conversion_window(p) -> None:
+    """The ``--window`` option of ``niah`` / ``lm`` / ``ppl``, read by :func:`_conversion_window`."""
+    p.add_argument("--window", type=int, default=None,
+                   help=f"base stream window of a Llama/Qwen2/Qwen3/Mistral checkpoint converted on the fly "
+                        f"(default: {CONVERT_WINDOW}; refused for an Orthros checkpoint, which keeps its own)")
+
+
 def _mqar_parser(sub):
     p = sub.add_parser("mqar", help="train and evaluate Orthros / Transformer / SWA on multi-query associative recall",
                        description="Multi-query associative recall (Zoology-style). Trains each model with the same "
@@ -92,9 +99,7 @@ def _niah_parser(sub):
     p.add_argument("--samples", type=int, default=2, help="needles per cell")
     p.add_argument("--haystack", default="synthetic", help="synthetic | corpus | PATH.txt | PATH.jsonl")
     p.add_argument("--digits", type=int, default=7, help="digits of the hidden number (default: 7)")
-    p.add_argument("--window", type=int, default=None,
-                   help=f"base stream window of a Llama/Qwen2/Qwen3/Mistral checkpoint converted on the fly "
-                        f"(default: {CONVERT_WINDOW}; refused for an Orthros checkpoint, which keeps its own)")
+    _add_conversion_window(p)
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default=None, choices=DTYPE_CHOICES, help="weights' dtype (default: as stored)")
     p.add_argument("--engine", default="auto", choices=("auto", "on", "off"),
@@ -134,9 +139,7 @@ def _lm_parser(sub):
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default=None, choices=DTYPE_CHOICES, help="weights' dtype (default: as stored)")
     p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: the model dir)")
-    p.add_argument("--window", type=int, default=None,
-                   help=f"base stream window of a Llama/Qwen2/Qwen3/Mistral checkpoint converted on the fly "
-                        f"(default: {CONVERT_WINDOW}; refused for an Orthros checkpoint, which keeps its own)")
+    _add_conversion_window(p)
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default: 0)")
     p.add_argument("--output", "-o", default=None, help="write the results as JSON here")
 
@@ -155,9 +158,7 @@ def _ppl_parser(sub):
     p.add_argument("--attention-mode", default=None, choices=("orthros", "full", "window"),
                    help="override the checkpoint's attention (full: the same weights as a Transformer; "
                         "default: the checkpoint's)")
-    p.add_argument("--window", type=int, default=None,
-                   help=f"base stream window of a Llama/Qwen2/Qwen3/Mistral checkpoint converted on the fly "
-                        f"(default: {CONVERT_WINDOW}; refused for an Orthros checkpoint, which keeps its own)")
+    _add_conversion_window(p)
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default=None, choices=DTYPE_CHOICES, help="weights' dtype (default: as stored)")
     p.add_argument("--output", "-o", default=None, help="write the results as JSON here")

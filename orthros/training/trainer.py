@@ -254,12 +254,12 @@ def _apply_model_keys(m, mc) -> None:
         return mc.rope_parameters.get("rope_theta") if key == "rope_theta" else getattr(mc, key, None)
 
     for key in SHAPE_KEYS:
-        want = getattr(m, key)
-        if want != getattr(defaults, key) and want != have(key):
+        want, ckpt_value = getattr(m, key), have(key)
+        if want != getattr(defaults, key) and want != ckpt_value:
             raise ConfigError(
-                f"model.{key} is {want!r}, but the checkpoint at model.init_from {m.init_from!r} has {have(key)!r}; a "
-                f"run keeps a checkpoint's weights, so its shape keys must agree: drop model.{key} (or set it to "
-                f"{have(key)!r})")
+                f"model.{key} is {want!r}, but the checkpoint at model.init_from {m.init_from!r} has {ckpt_value!r}; "
+                f"a run keeps a checkpoint's weights, so its shape keys must agree: drop model.{key} (or set it to "
+                f"{ckpt_value!r})")
     for key in RUNTIME_KEYS:
         want = getattr(m, key)
         if want != getattr(defaults, key):

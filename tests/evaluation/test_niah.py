@@ -173,17 +173,6 @@ def test_validate_needs_a_length_and_a_depth(kw):
         validate(NIAHConfig(**kw))
 
 
-@pytest.fixture
-def no_model_load(monkeypatch):
-    """Any model load fails the test: bad input must be refused before the weights load."""
-    import orthros.evaluation.common as common
-
-    def refuse(*a, **kw):
-        raise AssertionError("the model was loaded before the bad input was refused")
-
-    monkeypatch.setattr(common, "load_model", refuse)
-
-
 @pytest.mark.parametrize("args, msg", [
     (["--lengths", "1024"], "--lengths): 1024 is above the model's maximum"),
     (["--lengths", "40"], "context length 40 is too short"),

@@ -104,17 +104,6 @@ def test_plot_draws_each_models_curve(tiny, tmp_path):
     assert len(r["curve"]) == 3 and (tmp_path / "p.png").is_file()
 
 
-@pytest.fixture
-def no_model_load(monkeypatch):
-    """Any model load fails the test: bad input must be refused before the weights load."""
-    import orthros.evaluation.common as common
-
-    def refuse(*a, **kw):
-        raise AssertionError("the model was loaded before the bad input was refused")
-
-    monkeypatch.setattr(common, "load_model", refuse)
-
-
 @pytest.mark.parametrize("extra, says", [
     (["--device", "bogus"], "--device must be cpu, cuda or cuda:N, got 'bogus'"),
     (["--seq-len", "300", "--buckets", "0,300"], "--seq-len 300 is above the model's max_position_embeddings (256)"),
