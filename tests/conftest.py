@@ -24,9 +24,24 @@ def one_thread():
     torch.set_num_threads(n)
 
 
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Any model load fails the test: bad input must be refused before the weights load (the
+    evaluation CLI's tests)."""
+    import orthros.evaluation.common as common
+
+    def refuse(*a, **kw):
+        raise AssertionError("the model was loaded before the bad input was refused")
+
+    monkeypatch.setattr(common, "load_model", refuse)
+
+
 # ------------------------------------------------------------------ shared helpers
 # Test modules import these directly (``from conftest import rel, tiny_model``): pytest puts
-# this directory on sys.path for its conftest.
+# this directory on sys.path for its conftest. A second conftest.py below tests/ would be
+# imported under the same name ``conftest`` and shadow this one for test modules collected after
+# it (tests/serving/ is the one exception: its modules run in their own environment), so shared
+# fixtures live here too.
 
 def engine_compiles_with(monkeypatch, compile_fn) -> None:
     """Engines built from here on compile their pieces with ``compile_fn(fn, **kw)`` (standing in
