@@ -263,7 +263,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         check_positive_int("--batch-size", args.batch_size)
-        check_positive_int("--max-seq-len", args.max_seq_len, allow_none=True)
+        if args.max_seq_len is not None:  # omitted: the model's max_position_embeddings
+            check_positive_int("--max-seq-len", args.max_seq_len)
         r = describe(args.path, max_seq_len=args.max_seq_len, batch_size=args.batch_size, dtype=args.dtype,
                      verify=args.verify)
     except (ValueError, FileNotFoundError) as e:

@@ -203,7 +203,7 @@ def test_bad_input_is_one_line_and_writes_nothing(ckpt, tmp_path, capsys):
         ([str(tmp_path / "file")], "not a directory"),
         ([str(bad)], "truncated safetensors file"),
         ([str(ckpt), "--max-seq-len", "257"], "exceeds the model's max_position_embeddings=256"),
-        ([str(ckpt), "--max-seq-len", "0"], "--max-seq-len must be an integer >= 1"),
+        ([str(ckpt), "--max-seq-len", "0"], "--max-seq-len must be an integer >= 1, got 0"),  # no "or None": a CLI user omits it
         ([str(ckpt), "--batch-size", "-1"], "--batch-size must be an integer >= 1"),
         ([str(ckpt), "--verify"], "has no manifest.json"),
     ]
