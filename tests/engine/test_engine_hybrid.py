@@ -76,6 +76,27 @@ def test_multi_turn_continuation_equals_from_scratch():
         assert g == reference_greedy(m, c, 7)
 
 
+@pytest.mark.parametrize("stop", ["eos", "eos in a batch", "consumer"])
+def test_continuation_after_a_stop_with_a_step_in_flight(stop):
+    """A row that stops while the step queued ahead has already fed its last token (at EOS, alone or
+    in a batch whose other row goes on; when the consumer stops reading) continues from the state
+    before that token: a GDN state cannot be rewound, so the engine keeps the one it needs."""
+    m = tiny(seed=2)
+    prompts = [PROMPTS[0], PROMPTS[1]] if stop == "eos in a batch" else [PROMPTS[0]]
+    eng = Engine(m, max_batch_size=2, max_seq_len=64)
+    if stop == "consumer":
+        it = eng.stream(prompts, 8)
+        gen1 = [[next(it)[0] for _ in range(2)]]
+        it.close()
+    else:
+        gen1 = eng.generate(prompts, 8, eos_token_id=reference_greedy(m, PROMPTS[0], 4)[3])
+        assert len(gen1[0]) == 4 and len(gen1[-1]) in ((4,) if len(prompts) == 1 else range(5, 9))
+    turn2 = [[21, 22, 23]] * len(prompts)
+    gen2 = eng.generate(turn2, 6, continue_=True)
+    for p, g, t, g2 in zip(prompts, gen1, turn2, gen2):
+        assert g2 == reference_greedy(m, p + g + t, 6)
+
+
 def test_full_mode_of_orthros_h_is_the_linear_hybrid():
     oh = tiny("orthros-h", seed=3)
     lh = tiny("linear-hybrid", seed=3)
