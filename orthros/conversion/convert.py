@@ -52,6 +52,9 @@ _NEW_RE = re.compile(r"^model\.layers\.(\d+)\.self_attn\.(alpha|beta|alpha_out|b
 # files of a source directory that are never copied to the result (weights and what describes them)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx", ".npz")
 _NOT_COPIED = {"config.json", INDEX_FILE, "pytorch_model.bin.index.json", REPORT_FILE}
+# the one folder of a source directory that is copied: transformers' tokenizer keeps its named chat
+# templates (all but "default") there; other folders (``original/`` weights, ``onnx/`` ...) are not
+_COPIED_DIRS = {"additional_chat_templates"}
 
 
 # ----------------------------------------------------------------------------------------- checks
@@ -564,7 +567,10 @@ def _write_checkpoint(source: "SourceCheckpoint", plan: Plan, tmp: Path, *, wind
         (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
     copied, report["skipped_files"] = _other_files(source)
     for p in copied:
-        shutil.copy2(p, tmp / p.name)
+        if p.is_dir():
+            shutil.copytree(p, tmp / p.name)
+        else:
+            shutil.copy2(p, tmp / p.name)
         report["copied_files"].append(p.name)
     report["summary"] = (f"{len(report['mapped'])} source tensors mapped, {len(report['dropped'])} dropped "
                          f"(reasons given), {len(report['added'])} Orthros tensors added")
@@ -573,14 +579,16 @@ def _write_checkpoint(source: "SourceCheckpoint", plan: Plan, tmp: Path, *, wind
 
 
 def _other_files(source: "SourceCheckpoint"):
-    """The source's files besides its config and weights: ``(files copied as they are,
-    [{"file", "reason"} of those skipped]``)."""
+    """The source's files besides its config and weights: ``(files (and the chat-template
+    folder) copied as they are, [{"file", "reason"} of those skipped]``)."""
     copied, skipped = [], []
     for p in sorted(source.path.iterdir()):
         if p.name in _NOT_COPIED or p.name.startswith(".") or p.name in source.headers:
             continue
         if p.name.endswith(_WEIGHT_SUFFIXES):
             skipped.append({"file": p.name, "reason": "weights not part of the converted checkpoint"})
+        elif p.name in _COPIED_DIRS and p.is_dir():
+            copied.append(p)
         elif not p.is_file():
             skipped.append({"file": p.name, "reason": "not a regular file (directories are not copied)"})
         else:

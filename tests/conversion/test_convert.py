@@ -564,3 +564,25 @@ def test_empty_src_or_dst_refused(tmp_path, good_src, capsys, monkeypatch):
         assert f"{name} must not be empty" in capsys.readouterr().err
     assert sorted(p.name for p in work.iterdir()) == ["keep.txt"] and _leftovers(tmp_path) == []
     assert not (tmp_path / "o").exists()
+
+
+def test_additional_chat_templates_copied(tmp_path, good_src):
+    """transformers saves a tokenizer's named chat templates (all but "default") in the folder
+    ``additional_chat_templates/``; the converted tokenizer lost them (the folder was skipped
+    as "not a regular file")."""
+    from transformers import AutoTokenizer
+
+    src = _copy(good_src, tmp_path / "src")
+    templates = {"default": "{% for m in messages %}{{ m['content'] }}{% endfor %}",
+                 "tool_use": "TOOLS {% for m in messages %}{{ m['content'] }}{% endfor %}"}
+    tok = AutoTokenizer.from_pretrained(src)
+    tok.chat_template = templates
+    tok.save_pretrained(src)
+    assert (src / "additional_chat_templates" / "tool_use.jinja").is_file()
+    (src / "original").mkdir()  # any other folder (Meta's weights in Llama repos, onnx/ ...) is not copied
+    (src / "original" / "consolidated.00.pth").write_bytes(b"x")
+    report = convert_checkpoint(src, tmp_path / "out", window_size=W, progress=False)
+    assert AutoTokenizer.from_pretrained(tmp_path / "out").chat_template == templates
+    assert "additional_chat_templates" in report["copied_files"]
+    assert {"file": "original", "reason": "not a regular file (directories are not copied)"} in report["skipped_files"]
+    assert not (tmp_path / "out" / "original").exists()
