@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import weakref
 from typing import Callable, Iterator, List, Optional, Sequence
 
 import torch
@@ -196,6 +197,7 @@ class Engine:
         self._run_decode = _decode_runner(DECODE_COMPILE_OPTIONS) if compile else _eager
         self._head = _compiled(_lm_head) if compile else _lm_head
         self._sig = self._signature()
+        self._open_stream = None  # a weak reference to the generator of the latest stream()
         self.reset()
 
     def _apply_fuse(self):
@@ -237,9 +239,20 @@ class Engine:
     # ------------------------------------------------------------------ state
     def reset(self):
         """Forget every conversation (the cache memory stays allocated)."""
+        self._end_open_stream()
         self.cache.seqlens.zero_()
         self._lens: List[int] = []  # committed tokens per active row (host copy)
         self._pending: List[Optional[int]] = []  # last sampled token per row, not yet in the cache
+
+    def _end_open_stream(self):
+        """Every request (and :meth:`reset`) starts here: a stream of an earlier request that was
+        not run to its end is closed, as ``close()`` would (its tokens so far stay in the
+        conversation), so that it can neither write the cache of this request later nor set the
+        conversation's lengths when it is garbage-collected."""
+        gen = self._open_stream() if self._open_stream is not None else None
+        self._open_stream = None
+        if gen is not None:
+            gen.close()
 
     @property
     def batch_size(self) -> int:
@@ -293,6 +306,7 @@ class Engine:
 
     def _plan(self, prompts, continue_: bool, max_new_tokens: int):
         """Validate and return (new tokens per row incl. pending, past length per row)."""
+        self._end_open_stream()
         if not isinstance(continue_, bool):
             raise TypeError(f"continue_ must be True or False, got {continue_!r}")
         self._check_model()
@@ -461,6 +475,7 @@ class Engine:
     def step(self, tokens) -> torch.Tensor:
         """One decode step for the current rows: feed ``tokens [B]`` (one per row), return the
         next-token logits ``[B, V]``. Low level (benchmarks); :meth:`generate` is the API."""
+        self._end_open_stream()
         tokens = torch.as_tensor(tokens, device=self.device)
         check_token_ids(tokens, self.config.vocab_size, "step() tokens")
         tokens = tokens.long().view(-1)
@@ -482,6 +497,7 @@ class Engine:
         holds there: rewinds a conversation to an earlier length (the tokens past it are
         forgotten), and lets benchmarks time decode at a context without prefilling it (a step
         costs the same whatever the cached values)."""
+        self._end_open_stream()
         lengths = list(lengths)
         if not lengths or len(lengths) > self.max_batch_size or any(
                 isinstance(n, bool) or not isinstance(n, int) or not 0 < n < self.max_seq_len for n in lengths):
@@ -499,7 +515,8 @@ class Engine:
         that already produced ``eos_token_id``). The first item comes right after prefill.
 
         ``continue_=True`` appends ``prompts`` (one new turn per row) to the conversation in the
-        cache and runs only the new tokens."""
+        cache and runs only the new tokens. A later request on the engine (or :meth:`reset`) closes
+        a stream not run to its end."""
         check_positive_int("max_new_tokens", max_new_tokens)
         if sampling is None:
             sampling = SamplingParams()
@@ -510,7 +527,9 @@ class Engine:
         gen = None
         if sampling.seed is not None and not sampling.greedy:
             gen = torch.Generator(device=self.device).manual_seed(sampling.seed)
-        return self._stream(rows, past, max_new_tokens, sampling, gen, eos)
+        stream = self._stream(rows, past, max_new_tokens, sampling, gen, eos)
+        self._open_stream = weakref.ref(stream)
+        return stream
 
     @torch.no_grad()  # wraps every resumption of the generator, not just its creation
     def _stream(self, rows, past, max_new_tokens, sampling, gen, eos):

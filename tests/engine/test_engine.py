@@ -110,6 +110,27 @@ def test_multi_turn_continuation_equals_from_scratch(mode):
     assert gen3 == Engine(m, max_batch_size=2, max_seq_len=64).generate(convo3, 4)
 
 
+def test_a_later_request_closes_an_unfinished_stream():
+    """A stream not run to its end is closed by the engine's next request, as ``close()`` would: its
+    tokens so far stay in the conversation, and it can neither decode into a later conversation's
+    cache nor, garbage-collected after it, set that conversation's lengths."""
+    import gc
+
+    m = tiny_model()
+    eng = Engine(m, max_batch_size=1, max_seq_len=32)
+    it = eng.stream([PROMPTS[1]], 6)
+    seen = [next(it)[0], next(it)[0]]
+    assert eng.generate([[7]], 3, continue_=True) == [reference_greedy(m, PROMPTS[1] + seen + [7], 3)]
+    old = eng.stream([PROMPTS[2]], 6)
+    next(old)
+    new = eng.generate([[9, 9, 9]], 2)
+    assert next(old, None) is None
+    del old
+    gc.collect()
+    assert eng.lengths() == [4]
+    assert eng.generate([[1]], 2, continue_=True) == [reference_greedy(m, [9, 9, 9] + new[0] + [1], 2)]
+
+
 def test_continuation_runs_only_new_tokens():
     m = tiny_model()
     eng = Engine(m, max_batch_size=1, max_seq_len=64, prefill_chunk=None)
