@@ -210,7 +210,12 @@ class Engine:
     def _check_model(self):
         """At a request's start: if the model's parameters moved since this engine last ran it
         (another engine fused or un-fused them, ``.to()``), apply this engine's fuse setting
-        again and drop the CUDA graphs captured against the old addresses."""
+        again and drop the CUDA graphs captured against the old addresses. A model moved to
+        another dtype or device is refused: the cache and the RoPE table are the engine's own."""
+        p = next(self.model.parameters())
+        if (p.dtype, p.device) != (self.dtype, self.device):
+            raise ValueError(f"the model is now {p.dtype} on {p.device}, but this engine was built for it in "
+                             f"{self.dtype} on {self.device} (its cache and RoPE table are): build a new Engine")
         if self._signature() != self._sig:
             self._apply_fuse()
             self.drop_graphs()

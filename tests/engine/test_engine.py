@@ -295,6 +295,20 @@ def test_eos_token_id_as_a_tensor_stops_rows():
         assert Engine(m, max_batch_size=1, max_seq_len=32).generate(PROMPTS[:1], 6, eos_token_id=e) == [want]
 
 
+def test_a_model_moved_to_another_dtype_is_refused_by_its_engine():
+    """The static cache and the RoPE table are the engine's, built in the model's dtype: a request
+    after ``model.to(dtype)`` is refused before any work, naming the change; a ``.to()`` back to the
+    engine's dtype serves again."""
+    m = tiny_model()
+    eng = Engine(m, max_batch_size=1, max_seq_len=16)
+    want = eng.generate([[3, 4, 5]], 3)
+    m.to(torch.bfloat16)
+    with pytest.raises(ValueError, match=r"now torch.bfloat16 on cpu.*built for it in torch.float32 on cpu"):
+        eng.generate([[3, 4, 5]], 3)
+    m.to(torch.float32)
+    assert eng.generate([[3, 4, 5]], 3) == want
+
+
 def test_step_rejects_bad_tokens():
     m = tiny_model()
     eng = Engine(m, max_batch_size=2, max_seq_len=32)
