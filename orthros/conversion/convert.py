@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -91,6 +92,23 @@ class Plan:
         return self.out_dtype if (self.out_dtype is not None and dtype.is_floating_point) else dtype
 
 
+HEAD, EMBED = "lm_head.weight", "model.embed_tokens.weight"
+
+
+def head_differs(config, shapes: dict, rows) -> bool:
+    """Whether ``config`` ties the LM head to the embedding while the source stores an
+    ``lm_head.weight`` of another shape or other values. ``rows(name, start, stop)``: rows of a
+    source tensor, so that two large tensors are compared a slice at a time."""
+    if not getattr(config, "tie_word_embeddings", False) or HEAD not in shapes or EMBED not in shapes:
+        return False
+    if tuple(shapes[HEAD]) != tuple(shapes[EMBED]):
+        return True
+    n = shapes[HEAD][0] if shapes[HEAD] else 0
+    step = max(1, (16 << 20) // max(1, math.prod(shapes[HEAD][1:]) * 4))  # about 16 MB of float32 a slice
+    return any(not torch.equal(rows(HEAD, i, i + step).float(), rows(EMBED, i, i + step).float())
+               for i in range(0, n, step))
+
+
 def expected_tensors(config: OrthrosConfig) -> dict:
     """``{name: shape}`` of an Orthros checkpoint for ``config`` (the model built on the meta device)."""
     with torch.device("meta"):
@@ -102,11 +120,20 @@ def expected_tensors(config: OrthrosConfig) -> dict:
 
 
 def make_plan(src_config, arch: str, src_shapes: dict, *, window_size: int, scale_offset: bool,
-              out_dtype, config_dtype) -> Plan:
-    """Map every source tensor (``src_shapes``: name -> shape) or refuse, listing every reason."""
+              out_dtype, config_dtype, untie_head: bool = False) -> Plan:
+    """Map every source tensor (``src_shapes``: name -> shape) or refuse, listing every reason.
+
+    ``untie_head``: the source's config ties the LM head to the embedding, but the source stores
+    an ``lm_head.weight`` of other values (:func:`head_differs`); transformers loads such a
+    source untied, and so the result keeps that head."""
     check_supported(arch)
     config, notes = orthros_config_from(src_config, arch, window_size=window_size, scale_offset=scale_offset,
                                         dtype=out_dtype or config_dtype)
+    if untie_head and config.tie_word_embeddings:
+        config.tie_word_embeddings = False
+        notes.append(f"config.json sets tie_word_embeddings=true, but the checkpoint stores an {HEAD} that differs "
+                     f"from {EMBED}; transformers loads such a source untied, so the converted model "
+                     f"keeps that head (tie_word_embeddings=false)")
     if window_size > config.max_position_embeddings:  # (issue 17.5) refused, not silently accepted
         raise ValueError(f"window_size={window_size} exceeds the source's max_position_embeddings="
                          f"{config.max_position_embeddings}: the window would hold every position of the model "
@@ -156,6 +183,15 @@ class SourceCheckpoint:
 
     def shapes(self) -> dict:
         return {n: t.shape for h in self.headers.values() for n, t in h.tensors.items()}
+
+    def head_differs(self) -> bool:
+        """:func:`head_differs` for this checkpoint (reads the two tensors a slice at a time)."""
+        def rows(name, start, stop):
+            header = next(h for h in self.headers.values() if name in h.tensors)
+            with TensorReader(header) as reader:
+                return reader.get_rows(name, start, stop)
+
+        return head_differs(self.config, self.shapes(), rows)
 
 
 def _resolve_source(path) -> Path:
@@ -436,7 +472,8 @@ def _prepare(src, dst: Path, *, window_size: int, out_dtype, overwrite: bool, sc
     source = load_source(src)
     _check_destination(source.path, dst, overwrite)
     plan = make_plan(source.config, source.architecture, source.shapes(), window_size=window_size,
-                     scale_offset=scale_offset, out_dtype=out_dtype, config_dtype=_source_dtype(source))
+                     scale_offset=scale_offset, out_dtype=out_dtype, config_dtype=_source_dtype(source),
+                     untie_head=source.head_differs())
     need = sum(t.nbytes * plan.cast(t.dtype).itemsize // t.dtype.itemsize
                for h in source.headers.values() for t in h.tensors.values())
     _check_disk(dst, need)
@@ -488,7 +525,8 @@ def _convert_gguf(src, dst: Path, *, window_size: int, out_dtype, overwrite: boo
         gguf_to_hf_directory(info.path, stage, progress=progress)
         source = load_source(stage)
         plan = make_plan(source.config, source.architecture, source.shapes(), window_size=window_size,
-                         scale_offset=scale_offset, out_dtype=out_dtype, config_dtype=torch.float32)
+                         scale_offset=scale_offset, out_dtype=out_dtype, config_dtype=torch.float32,
+                         untie_head=source.head_differs())
         report = _write_checkpoint(source, plan, tmp, window_size=window_size, scale_offset=scale_offset,
                                    progress=progress, extra=extra)
         shutil.rmtree(stage)
@@ -669,8 +707,10 @@ def convert_from_hf(model_or_path, *, window_size: int = 128, scale_offset: bool
         check_supported(arch)
         state = src_model.state_dict()
         src_dtype = next((t.dtype for t in state.values() if t.dtype.is_floating_point), torch.float32)
-        plan = make_plan(src_model.config, arch, {k: v.shape for k, v in state.items()}, window_size=window_size,
-                         scale_offset=scale_offset, out_dtype=out_dtype, config_dtype=src_dtype)
+        shapes = {k: v.shape for k, v in state.items()}
+        plan = make_plan(src_model.config, arch, shapes, window_size=window_size, scale_offset=scale_offset,
+                         out_dtype=out_dtype, config_dtype=src_dtype,
+                         untie_head=head_differs(src_model.config, shapes, lambda n, a, b: state[n][a:b]))
         model = _build_model(plan, out_dtype or src_dtype)
         sd, loaded = model.state_dict(), set()
         with torch.no_grad():
@@ -690,7 +730,8 @@ def convert_from_hf(model_or_path, *, window_size: int = 128, scale_offset: bool
     source = load_source(model_or_path)
     src_dtype = _source_dtype(source) or torch.float32
     plan = make_plan(source.config, source.architecture, source.shapes(), window_size=window_size,
-                     scale_offset=scale_offset, out_dtype=out_dtype, config_dtype=src_dtype)
+                     scale_offset=scale_offset, out_dtype=out_dtype, config_dtype=src_dtype,
+                     untie_head=source.head_differs())
     model = _build_model(plan, out_dtype or src_dtype)
     sd, loaded = model.state_dict(), set()
     with torch.no_grad():

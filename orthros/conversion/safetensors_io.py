@@ -123,14 +123,27 @@ class TensorReader:
 
     def get(self, name: str) -> torch.Tensor:
         info = self.header.tensors[name]
-        if info.nbytes == 0:
-            return torch.empty(info.shape, dtype=info.dtype)
-        buf = bytearray(info.nbytes)
-        self._f.seek(self.header.data_start + info.begin)
+        return self._read(name, 0, info.nbytes, info.shape)
+
+    def get_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` of the first dimension (a slice of a large tensor, read alone)."""
+        info = self.header.tensors[name]
+        n = info.shape[0]
+        start = min(start, n)
+        stop = max(start, min(stop, n))  # as t[start:stop]
+        row = info.nbytes // max(n, 1)
+        return self._read(name, start * row, (stop - start) * row, (stop - start, *info.shape[1:]))
+
+    def _read(self, name: str, offset: int, nbytes: int, shape) -> torch.Tensor:
+        info = self.header.tensors[name]
+        if nbytes == 0:
+            return torch.empty(shape, dtype=info.dtype)
+        buf = bytearray(nbytes)
+        self._f.seek(self.header.data_start + info.begin + offset)
         got = self._f.readinto(buf)
-        if got != info.nbytes:
+        if got != nbytes:
             raise SafetensorsError(f"{self.header.path}: truncated while reading tensor {name!r}")
-        return torch.frombuffer(buf, dtype=info.dtype).reshape(info.shape)
+        return torch.frombuffer(buf, dtype=info.dtype).reshape(shape)
 
     def close(self):
         self._f.close()

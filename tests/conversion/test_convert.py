@@ -586,3 +586,26 @@ def test_additional_chat_templates_copied(tmp_path, good_src):
     assert "additional_chat_templates" in report["copied_files"]
     assert {"file": "original", "reason": "not a regular file (directories are not copied)"} in report["skipped_files"]
     assert not (tmp_path / "out" / "original").exists()
+
+
+def test_tied_config_with_a_different_stored_head_keeps_the_head(tmp_path):
+    """config.json says tie_word_embeddings=true but the checkpoint stores an lm_head.weight
+    of its own (a fine-tune that untied the head and kept the config): transformers then
+    loads the source untied. The conversion dropped the stored head and tied it to the
+    embedding: a different model (logits off by ~1) with the report saying "as in the source"."""
+    src = tmp_path / "src"
+    _build("llama", src, max_shard_size="60KB")
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+    ref = AutoModelForCausalLM.from_pretrained(src).eval()  # transformers: untied
+    assert not torch.equal(ref.lm_head.weight, ref.model.embed_tokens.weight)
+    report = convert_checkpoint(src, tmp_path / "out", window_size=W, progress=False)
+    assert "lm_head.weight" in {m["source"] for m in report["mapped"]} and not report["dropped"]
+    assert any("lm_head.weight" in n and "tie_word_embeddings" in n for n in report["notes"]), report["notes"]
+    ids = torch.randint(0, VOCAB, (2, W), generator=torch.Generator().manual_seed(3))
+    models = (AutoModelForCausalLM.from_pretrained(tmp_path / "out"), convert_from_hf(src, window_size=W),
+              convert_from_hf(ref, window_size=W))
+    with torch.no_grad():
+        for model in models:
+            assert not model.config.tie_word_embeddings
+            assert _max_diff(model.eval()(ids).logits, ref(ids).logits) < 1e-4

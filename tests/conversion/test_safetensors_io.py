@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
-from orthros.conversion.safetensors_io import StreamingWriter, read_header
+from orthros.conversion.safetensors_io import StreamingWriter, TensorReader, read_header
 
 _MEASURE = textwrap.dedent("""
     import json, sys
@@ -126,5 +126,10 @@ def test_streaming_writer_matches_safetensors(tmp_path_factory, specs):
         assert back[n].dtype == t.dtype and torch.equal(back[n], t)
     hdr = read_header(path)  # ... and so does our validator, on our files and on theirs
     assert list(hdr.tensors) == list(tensors)
+    with TensorReader(hdr) as reader:  # whole tensors, and slices of rows (the tied-head check reads those)
+        for n, t in tensors.items():
+            assert torch.equal(reader.get(n), t)
+            for a, b in ((0, 1), (1, 3), (2, 99)) if t.dim() else ():
+                assert torch.equal(reader.get_rows(n, a, b), t[a:b])
     save_file(tensors, path)
     assert set(read_header(path).tensors) == set(tensors)
