@@ -345,7 +345,7 @@ def _generate_file(args, sampling, dev, dtype, config, tok, texts) -> int:
     import torch
 
     from ..utils import Progress, write_text
-    from .engine import check_fits
+    from .engine import _eos_set, check_fits
 
     encoded = []
     for i, text in enumerate(texts):
@@ -362,6 +362,7 @@ def _generate_file(args, sampling, dev, dtype, config, tok, texts) -> int:
     # would hold far more memory than short prompts need
     need = max(len(ids) for ids in encoded) + args.max_new_tokens - 1
     engine, eos = _load_engine(args, config, dtype, dev, tok, max_batch_size=bs, max_seq_len=need)
+    stops = _eos_set(eos)  # one id, or the model config's list of them
     records, t0, n_new = [], time.perf_counter(), 0
     with Progress(len(encoded), "orthros generate", unit="prompt") as bar, \
             torch.no_grad():
@@ -369,7 +370,7 @@ def _generate_file(args, sampling, dev, dtype, config, tok, texts) -> int:
             batch = encoded[start:start + bs]
             outs = engine.generate(batch, args.max_new_tokens, sampling, eos_token_id=eos)
             for text, ids, new in zip(texts[start:start + bs], batch, outs):
-                ended = bool(new) and eos is not None and new[-1] == eos
+                ended = bool(new) and new[-1] in stops
                 records.append({"prompt": text, "completion": tok.decode(new, skip_special_tokens=True),
                                 "prompt_tokens": len(ids), "new_tokens": len(new),
                                 "finish": "eos" if ended else "length"})

@@ -193,6 +193,30 @@ def test_generate_a_file_of_prompts_in_batches(checkpoint, tmp_path, capsys):
     assert rc == 0 and [json.loads(line)["completion"] for line in text.splitlines()] == [r["completion"] for r in recs]
 
 
+def test_prompt_file_finish_with_the_model_configs_list_of_eos_ids(tmp_path):
+    """A tokenizer without an EOS token: generation stops at any of the model config's
+    ``eos_token_id`` list, and such a row's record says ``finish: eos``."""
+    import json
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from test_engine import tiny_model
+
+    m = tiny_model()
+    free = Engine(m, max_seq_len=16).generate([[2, 3]], 6)[0]
+    m.config.eos_token_id = [0, free[2]]
+    m.save_pretrained(tmp_path)
+    t = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=t, unk_token="<unk>").save_pretrained(tmp_path)
+    (tmp_path / "p.txt").write_text("w0 w1\n")  # token ids [2, 3]
+    rc, text = run_cli(["generate", "--model", str(tmp_path), "--device", "cpu", "--max-new-tokens", "6",
+                        "--prompts", str(tmp_path / "p.txt")])
+    rec = json.loads(text)
+    assert rc == 0 and (rec["new_tokens"], rec["finish"]) == (free.index(free[2]) + 1, "eos")
+
+
 def test_generate_prompt_file_errors_before_any_work(checkpoint, tmp_path, capsys):
     d, _ = checkpoint
     good = tmp_path / "p.txt"
