@@ -209,7 +209,7 @@ def _resolve_source(path) -> Path:
                                                              "*.jinja", "*.tiktoken"]))
         except Exception as e:  # noqa: BLE001 - any failure means "not found" for the user
             raise FileNotFoundError(f"source {s!r} is not a local directory and could not be downloaded from "
-                                    f"the Hugging Face hub ({type(e).__name__}: {e})") from None
+                                    f"the Hugging Face hub ({type(e).__name__}: {' '.join(str(e).split())})") from None
     raise FileNotFoundError(f"source directory {s!r} does not exist")
 
 

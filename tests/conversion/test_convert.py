@@ -609,3 +609,20 @@ def test_tied_config_with_a_different_stored_head_keeps_the_head(tmp_path):
         for model in models:
             assert not model.config.tie_word_embeddings
             assert _max_diff(model.eval()(ids).logits, ref(ids).logits) < 1e-4
+
+
+def test_hub_id_that_cannot_be_downloaded_is_one_line(tmp_path, capsys, monkeypatch):
+    """Offline, huggingface_hub's error spans two lines; every orthros error is one line."""
+    import huggingface_hub
+
+    def offline(repo_id, **kw):
+        raise huggingface_hub.errors.LocalEntryNotFoundError(
+            "Got: ConnectError: Name or service not known\nAn error happened while trying to locate the files")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert convert_main(["someone/model", "out", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'someone/model' is not a local directory" in err and "ConnectError" in err, err
+    assert sorted(tmp_path.iterdir()) == []
