@@ -72,31 +72,21 @@ class StaticKVCache:
         """Bytes of the GDN layers' convolution windows and recurrent states (fixed per row)."""
         return sum(t.numel() * t.element_size() for t in self.conv + self.rec if t is not None)
 
-    def linear_states(self, bs: int) -> list:
-        """Rows ``0:bs`` of every GDN layer's convolution window and recurrent state: views of the
-        buffers that prefill and decode update in place (empty without GDN layers)."""
-        return [t[:bs] for pair in zip(self.conv, self.rec) for t in pair if t is not None]
+    def save_linear(self, rows) -> list:
+        """A copy of every GDN state of ``rows``: ``bs`` for rows ``0:bs`` (a CUDA-graph capture runs
+        decode steps), or a list of row indices (a row that stopped while its batch goes on)."""
+        idx = slice(0, rows) if isinstance(rows, int) else rows
+        return [(c[idx].clone(), r[idx].clone()) for c, r in zip(self.conv, self.rec) if c is not None]
 
-    def save_linear(self, bs: int, into=None) -> list:
-        """A copy of rows ``0:bs`` of every GDN state (a CUDA-graph capture runs decode steps);
-        ``into``: an earlier copy of the same rows, overwritten (no allocation)."""
-        live = self.linear_states(bs)
-        if into is None:
-            return [t.clone() for t in live]
-        if live:
-            torch._foreach_copy_(into, live)
-        return into
-
-    def restore_linear(self, bs: int, saved, rows=None) -> None:
-        """Put back rows ``0:bs`` of a :meth:`save_linear` copy (only ``rows``, a list of row
-        indices, when given)."""
-        live = self.linear_states(bs)
-        if rows is None:
-            if live:
-                torch._foreach_copy_(live, saved)
-            return
-        for t, s in zip(live, saved):
-            t[rows] = s[rows]
+    def restore_linear(self, rows, saved) -> None:
+        """Put back a :meth:`save_linear` copy of the same ``rows``."""
+        idx = slice(0, rows) if isinstance(rows, int) else rows
+        it = iter(saved)
+        for c, r in zip(self.conv, self.rec):
+            if c is not None:
+                sc, sr = next(it)
+                c[idx] = sc
+                r[idx] = sr
 
     def bytes_per_token(self) -> int:
         """K+V bytes one token occupies over all layers."""

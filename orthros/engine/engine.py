@@ -553,7 +553,7 @@ class Engine:
             if cuda:
                 events[slot].record()
 
-        def collect(slot):
+        def collect(slot, fed_now):
             if cuda:
                 events[slot].synchronize()
             out = []
@@ -563,53 +563,45 @@ class Engine:
                     continue
                 n_gen[r] += 1
                 last[r] = t
+                fed[r] = fed_now
                 out.append(t)
                 if t in eos:
                     done[r] = True
                     stopped.append(r)
             return out
 
-        # A GDN layer's state cannot be rewound, and the step queued ahead feeds each row's latest
-        # token before the host has read it: a row that stops while a step is in flight (at EOS,
-        # or when the consumer stops) has taken in its pending token, which a continuation feeds
-        # again, and a stopped row of a batch takes in every token fed after it. So the states
-        # before the step in flight are kept (`before`), and a stopped row's (`kept`) go back at
-        # the end.
-        before = self.cache.save_linear(b)  # [] without GDN layers
-        kept = self.cache.save_linear(b)
-        stopped, ahead = [], []
-        in_flight = False
+        # The step queued ahead feeds each row's latest token before the host has read it. A row
+        # whose last token a step has fed (`fed`: it stopped at EOS, or the consumer stopped, with a
+        # step in flight) keeps that token in the cache instead of leaving it pending, since a GDN
+        # state cannot be rewound to before it. A row stopped at EOS in a batch that goes on is fed
+        # by every later step, so its GDN states are copied before the next one (`kept`: once a
+        # row; nothing without GDN layers) and put back at the end.
+        fed = [False] * b
+        stopped, kept = [], []
         longest = max(p + len(r) for p, r in zip(past, rows))
         to_host(tok, 0)
         try:
             for s in range(1, max_new_tokens + 1):
                 in_flight = s < max_new_tokens
                 if in_flight:  # queue step s before reading token s-1 back (overlap)
-                    self.cache.save_linear(b, into=before)
+                    if stopped:
+                        kept.append((list(stopped), self.cache.save_linear(stopped)))
+                        stopped.clear()
                     self._tok_buf[:b].copy_(tok)
                     tok = sample(self._step_fn(b, longest + s)(), sampling, gen)
                     to_host(tok, s % 2)
-                out = collect((s - 1) % 2)
-                if before and in_flight and stopped:
-                    _copy_rows(kept, before, stopped)
-                    ahead += stopped
-                stopped.clear()
+                out = collect((s - 1) % 2, in_flight)
                 yield out
                 if all(done):
                     break
         finally:
             if cuda:
                 torch.cuda.synchronize(self.device)
-            if before:
-                if in_flight:  # it fed the pending token of every row still going
-                    going = [r for r in range(b) if not done[r]]
-                    _copy_rows(kept, before, going)
-                    ahead += going
-                if ahead:
-                    self.cache.restore_linear(b, kept, rows=ahead)
-            # committed: everything fed so far; the last generated token is pending (no K/V yet)
-            self._lens = [p + len(r) + max(n - 1, 0) for p, r, n in zip(past, rows, n_gen)]
-            self._pending = last
+            for rows_stopped, saved in kept:
+                self.cache.restore_linear(rows_stopped, saved)
+            # committed: everything fed so far; a row's last token is pending (no K/V yet) unless fed
+            self._lens = [p + len(r) + max(n - 1, 0) + f for p, r, n, f in zip(past, rows, n_gen, fed)]
+            self._pending = [None if f else t for t, f in zip(last, fed)]
             self._sync_lengths()
 
     def generate(self, prompts, max_new_tokens: int = 128, sampling: Optional[SamplingParams] = None, *,
@@ -629,13 +621,6 @@ class Engine:
             if callback is not None:
                 callback(toks)
         return rows_out
-
-
-def _copy_rows(dst: list, src: list, rows: list) -> None:
-    """Rows ``rows`` of every tensor of ``src`` into the same rows of ``dst``."""
-    if rows:
-        for d, s in zip(dst, src):
-            d[rows] = s[rows]
 
 
 def _eos_set(eos_token_id) -> set:
