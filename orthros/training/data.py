@@ -218,8 +218,9 @@ def encode_chat(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
     """Chat example -> (input_ids, labels) with labels = ids on assistant-answer tokens only.
 
     The answer of assistant turn i is the text the template adds between rendering
-    ``messages[:i]`` with the generation prompt and rendering ``messages[:i+1]`` (its end
-    marker included, trailing whitespace excluded); tokens that start inside it are labelled.
+    ``messages[:i]`` with the generation prompt (for a first turn: the generation prompt alone)
+    and rendering ``messages[:i+1]`` (its end marker included, trailing whitespace excluded);
+    tokens that start inside it are labelled.
     Works for any template whose renderings of prefixes are prefixes of the full rendering.
     """
     _check_messages(messages)
@@ -231,9 +232,13 @@ def encode_chat(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        prefix = render(messages[:i], True) if i else render_generation_prompt_only(tokenizer)
         upto = render(messages[: i + 1])
-        if not (full.startswith(upto) and upto.startswith(prefix)):
+        if i:
+            prefix = render(messages[:i], True)
+        else:  # transformers renders no empty conversation: the answer follows the generation prompt
+            gp = _generation_prompt(render)
+            prefix = upto[: upto.find(gp) + len(gp)] if gp and gp in upto else None
+        if prefix is None or not (full.startswith(upto) and upto.startswith(prefix)):
             raise DataError("the tokenizer's chat template does not render conversations prefix-consistently; "
                             "cannot locate assistant answers")
         spans.append((len(prefix), len(upto.rstrip())))
@@ -246,11 +251,11 @@ def encode_chat(tokenizer, messages: list[dict]) -> tuple[list[int], list[int]]:
     return ids, labels
 
 
-def render_generation_prompt_only(tokenizer) -> str:
-    try:
-        return tokenizer.apply_chat_template([], tokenize=False, add_generation_prompt=True)
-    except Exception:  # noqa: BLE001 - some templates refuse an empty conversation
-        return ""
+def _generation_prompt(render) -> str:
+    """The text ``add_generation_prompt`` appends to a conversation (its assistant header), or ""."""
+    one = [{"role": "user", "content": ""}]
+    bare, gen = render(one), render(one, True)
+    return gen[len(bare):] if gen.startswith(bare) else ""
 
 
 def make_encoder(mode: str, tokenizer, data_cfg, seq_len: int) -> Callable[[list[dict]], list]:

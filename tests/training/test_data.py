@@ -199,3 +199,15 @@ def test_empty_or_missing_data_is_a_clear_error(tmp_path, tok):
         build_stream(load_config(None, ["--data.train", str(tmp_path / "blank.jsonl")]), tok).next_row()
     with pytest.raises(DataError, match="not found"):
         build_stream(load_config(None, ["--data.train", str(tmp_path / "nope.jsonl")]), tok)
+
+
+def test_sft_assistant_first_turn_trains_no_role_header(tok):
+    """A conversation that opens with the assistant: only its answer is labelled, not the
+    ``<|im_start|>assistant`` header before it (transformers renders no empty conversation, so
+    the header was once taken for part of the answer)."""
+    msgs = [{"role": "assistant", "content": "Good morrow."}, {"role": "user", "content": "Hail!"},
+            {"role": "assistant", "content": "Well met."}]
+    ids, labels = encode_chat(tok, msgs)
+    ref = tok.apply_chat_template(msgs, return_assistant_tokens_mask=True, return_dict=True)
+    assert ref["input_ids"] == ids
+    assert [int(l != IGNORE) for l in labels] == ref["assistant_masks"]
