@@ -281,6 +281,10 @@ def make_encoder(mode: str, tokenizer, data_cfg, seq_len: int) -> Callable[[list
         if records and field not in records[0]:
             raise DataError(f"record has no '{field}' field (fields: {list(records[0])}); set data.text_field")
         texts = [r[field] for r in records]
+        bad = next((t for t in texts if t is not None and not isinstance(t, str)), None)
+        if bad is not None:  # a null (a record without the field) is an empty document, skipped
+            raise DataError(f"data.text_field '{field}' holds a {type(bad).__name__}, not text: {bad!r:.100}; "
+                            f"set data.text_field to a field of strings")
         if passage:
             return encode_repeat_batch(tokenizer, texts, eos, passage)
         return encode_text_batch(tokenizer, texts, eos)

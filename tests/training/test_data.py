@@ -211,3 +211,20 @@ def test_sft_assistant_first_turn_trains_no_role_header(tok):
     ref = tok.apply_chat_template(msgs, return_assistant_tokens_mask=True, return_dict=True)
     assert ref["input_ids"] == ids
     assert [int(l != IGNORE) for l in labels] == ref["assistant_masks"]
+
+
+@pytest.mark.parametrize("value", [7, ["To be", "or not"], {"line": "To be"}])
+def test_text_field_that_is_not_text_is_refused(tmp_path, tok, value):
+    """A data.text_field holding numbers, lists or objects (a wrong field) is refused naming the
+    field and what it holds; it was read as empty text: skipped, or 'produced no tokens'."""
+    with open(tmp_path / "d.jsonl", "w") as f:
+        f.write(json.dumps({"text": "Once more unto the breach", "body": value}) + "\n")
+    cfg = load_config(None, ["--data.train", str(tmp_path / "d.jsonl"), "--text_field", "body", "--seq_len", "8"])
+    with pytest.raises(DataError, match=f"data.text_field 'body' holds a {type(value).__name__}, not text"):
+        build_stream(cfg, tok).next_row()
+    # a null (a record without the field) is still an empty document, skipped
+    with open(tmp_path / "n.jsonl", "w") as f:
+        f.write(json.dumps({"text": "Once more"}) + "\n" + json.dumps({"body": "x"}) + "\n")
+    n = len(tok("Once more", add_special_tokens=False)["input_ids"]) + 1
+    rows = build_stream(load_config(None, ["--data.train", str(tmp_path / "n.jsonl"), "--seq_len", str(n)]), tok).take(2)
+    assert [tok.decode(r.input_ids) for r in rows] == ["Once more<|endoftext|>"] * 2
