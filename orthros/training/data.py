@@ -113,7 +113,11 @@ class DocSource:
             ds = datasets.load_dataset(builder, split="train", streaming=streaming, **load_args, **kwargs)
         except Exception as e:  # noqa: BLE001 - re-raised with the data key named
             where = f"files {files[:3]}" if files else f"'{spec}' (not a local path, so tried as a hub dataset)"
-            raise DataError(f"{name}: could not load {where}: {type(e).__name__}: {e}") from None
+            why, cause = [], e
+            while cause is not None:  # datasets wraps the reason (a parse error, ...) in a generic error
+                why.append(f"{type(cause).__name__}: {cause}")
+                cause = cause.__cause__
+            raise DataError(f"{name}: could not load {where}: {' <- '.join(why)}") from None
         self.ds = ds
         # how it was read: "text" for .txt files (the one data.text_sample_by applies to), "json", ... or "hub"
         self.builder = "hub" if files is None else builder

@@ -228,3 +228,11 @@ def test_text_field_that_is_not_text_is_refused(tmp_path, tok, value):
     n = len(tok("Once more", add_special_tokens=False)["input_ids"]) + 1
     rows = build_stream(load_config(None, ["--data.train", str(tmp_path / "n.jsonl"), "--seq_len", str(n)]), tok).take(2)
     assert [tok.decode(r.input_ids) for r in rows] == ["Once more<|endoftext|>"] * 2
+
+
+def test_unreadable_json_names_the_parse_error(tmp_path, tok):
+    """A JSON lines file that does not parse: the error says why (datasets' own error is a
+    generic 'An error occurred while generating the dataset'; the reason is its cause)."""
+    (tmp_path / "d.jsonl").write_text('{"text": "To be"}\n{"text": "or not"\n')
+    with pytest.raises(DataError, match=r"could not load files .*d.jsonl.*JSON parse error"):
+        build_stream(load_config(None, ["--data.train", str(tmp_path / "d.jsonl")]), tok)
