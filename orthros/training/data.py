@@ -69,7 +69,7 @@ def _resolve_files(spec) -> Optional[list[str]]:
                 raise DataError(f"data directory {s} holds no .txt/.json/.jsonl/.parquet/.csv/.arrow files")
             files.extend(found)
         elif any(c in s for c in "*?["):
-            found = sorted(glob.glob(s, recursive=True))
+            found = sorted(p for p in glob.glob(s, recursive=True) if os.path.isfile(p))
             if not found:
                 raise DataError(f"data glob {s!r} matches no file")
             files.extend(found)

@@ -236,3 +236,14 @@ def test_unreadable_json_names_the_parse_error(tmp_path, tok):
     (tmp_path / "d.jsonl").write_text('{"text": "To be"}\n{"text": "or not"\n')
     with pytest.raises(DataError, match=r"could not load files .*d.jsonl.*JSON parse error"):
         build_stream(load_config(None, ["--data.train", str(tmp_path / "d.jsonl")]), tok)
+
+
+def test_glob_skips_the_directories_it_matches(tmp_path, tok):
+    """``data/*`` over a folder that also holds a subfolder reads the files (datasets was handed
+    the subfolder too and failed: 'Unable to find ...')."""
+    _write_jsonl(tmp_path / "a.jsonl", ["Once more unto the breach"])
+    (tmp_path / "sub").mkdir()
+    rows = build_stream(load_config(None, ["--data.train", str(tmp_path / "*"), "--seq_len", "4"]), tok).take(1)
+    assert tok.decode(rows[0].input_ids).startswith("Once")
+    with pytest.raises(DataError, match="matches no file"):
+        build_stream(load_config(None, ["--data.train", str(tmp_path / "s*")]), tok)
