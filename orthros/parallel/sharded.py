@@ -220,8 +220,8 @@ class ShardedOrthros:
             raise TypeError("input_ids must be an integer torch.Tensor [B, T]")
         if input_ids.dim() == 1:
             input_ids = input_ids.view(1, -1)
-        if input_ids.dim() != 2 or input_ids.shape[0] < 1:
-            raise ValueError(f"input_ids must be [B, T], got {tuple(input_ids.shape)}")
+        if input_ids.dim() != 2 or 0 in input_ids.shape:
+            raise ValueError(f"input_ids must be [B, T] with B, T >= 1, got {tuple(input_ids.shape)}")
         check_token_ids(input_ids, self.model.config.vocab_size, "input_ids", on_cuda=True)
         return input_ids
 
@@ -310,10 +310,10 @@ class ShardedOrthros:
             raise ValueError("decode_step needs a cache filled by prefill()")
         tokens = torch.as_tensor(tokens, device=dev)
         check_token_ids(tokens, self.model.config.vocab_size, "tokens")
+        B = cache.k[0].shape[0]
+        if tokens.shape not in ((B,), (B, 1)):
+            raise ValueError(f"tokens must be [B] or [B, 1] with B = {B} (the cache's batch), got {tuple(tokens.shape)}")
         tokens = tokens.long().view(-1, 1)
-        B = tokens.shape[0]
-        if B != cache.k[0].shape[0]:
-            raise ValueError(f"tokens has {B} rows but the cache was built for {cache.k[0].shape[0]}")
         pos = cache.seq_len
         wm1 = self.window - 1
         rope = self._rope(pos, pos + 1)

@@ -132,7 +132,15 @@ def test_rejects_bad_input():
         sh.decode_step(torch.tensor([1.7]), cache)  # was truncated to token 1
     with pytest.raises(ValueError, match="vocab_size"):
         sh.decode_step(torch.tensor([V]), cache)
+    # one token per row: two tokens for the one row were read as 2 rows ('tokens has 2 rows')
+    for bad in (torch.tensor([[1, 2]]), torch.tensor([1, 2]), torch.tensor(1)):
+        with pytest.raises(ValueError, match=r"tokens must be \[B\] or \[B, 1\] with B = 1"):
+            sh.decode_step(bad, cache)
     assert cache.seq_len == 4 and cache.length == 4
+    # an empty prompt was refused as 'seq_len must be an integer >= 1', naming no argument of prefill
+    for bad in (torch.zeros(1, 0, dtype=torch.long), torch.zeros(0, 3, dtype=torch.long)):
+        with pytest.raises(ValueError, match=r"input_ids must be \[B, T\] with B, T >= 1"):
+            sh.prefill(bad)
 
 
 @pytest.mark.parametrize("args, env, match", [
