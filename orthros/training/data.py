@@ -368,10 +368,12 @@ class PackedStream:
         while len(ids_row) < self.seq_len:
             room = self.seq_len - len(ids_row)
             if not self._queue:
-                if not self.split_docs and ids_row:
-                    # SFT: do not start an example that may not fit; peek by filling
-                    pass
-                self._fill()
+                try:
+                    self._fill()
+                except StopIteration:  # the last pass ended (eval): pad and return what the row holds
+                    if not ids_row:
+                        raise
+                    break
             idx, ids, labels, cuts = self._queue[0]
             rem = next(c for c in cuts if c > self.offset) - self.offset  # to the end of this document
             if self.split_docs:

@@ -247,3 +247,20 @@ def test_glob_skips_the_directories_it_matches(tmp_path, tok):
     assert tok.decode(rows[0].input_ids).startswith("Once")
     with pytest.raises(DataError, match="matches no file"):
         build_stream(load_config(None, ["--data.train", str(tmp_path / "s*")]), tok)
+
+
+def test_eval_stream_scores_its_last_partial_row(tmp_path, tok):
+    """The held-out data's tail that does not fill a row is padded and scored: a held-out set
+    shorter than seq_len gave no eval sequence at all, and a longer one lost its tail."""
+    from orthros.training.data import eval_rows
+
+    text = "To be, or not to be, that is the question."
+    n = len(tok(text, add_special_tokens=False)["input_ids"]) + 1  # + EOS
+    _write_jsonl(tmp_path / "ev.jsonl", [text])
+    for seq_len in (n + 5, n - 3):
+        cfg = load_config(None, ["--data.eval", str(tmp_path / "ev.jsonl"), "--seq_len", str(seq_len)])
+        rows = eval_rows(build_stream(cfg, tok, "eval"), 32)
+        _check_rows(rows, seq_len)
+        assert tok.decode([t for r in rows for t in r.input_ids][:n]) == text + "<|endoftext|>"
+        assert count_targets(rows) == n - 1 - (seq_len < n)  # every token but each piece's first
+        assert rows[-1].seg_lens[-1] == len(rows) * seq_len - n  # the pad
