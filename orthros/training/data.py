@@ -103,7 +103,10 @@ class DocSource:
         else:
             fmts = {_EXT_FORMAT.get(Path(_strip_compression(f)).suffix) for f in files} if fmt == "auto" else {fmt}
             fmts.discard(None)
-            if len(fmts) != 1:
+            if len(fmts) > 1:  # data.format would read them all as one format
+                raise DataError(f"{name}: the files are of several formats ({', '.join(sorted(fmts))}); the data "
+                                f"of one key must be of one format: {files[:3]}")
+            if not fmts:
                 raise DataError(f"{name}: cannot tell the format of {files[:3]} (set data.format)")
             builder = fmts.pop()
             load_args = {"data_files": files}

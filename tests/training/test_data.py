@@ -264,3 +264,12 @@ def test_eval_stream_scores_its_last_partial_row(tmp_path, tok):
         assert tok.decode([t for r in rows for t in r.input_ids][:n]) == text + "<|endoftext|>"
         assert count_targets(rows) == n - 1 - (seq_len < n)  # every token but each piece's first
         assert rows[-1].seg_lens[-1] == len(rows) * seq_len - n  # the pad
+
+
+def test_files_of_several_formats_are_refused_as_such(tmp_path, tok):
+    """A .txt and a .jsonl in one data.train: the error said 'cannot tell the format (set
+    data.format)', but no one format reads both."""
+    (tmp_path / "a.txt").write_text("To be.\n")
+    _write_jsonl(tmp_path / "b.jsonl", ["Or not."])
+    with pytest.raises(DataError, match=r"several formats \(json, text\)"):
+        DocSource([str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")])
