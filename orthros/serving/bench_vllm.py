@@ -30,6 +30,10 @@ import time
 from pathlib import Path
 
 
+# --quick: the sizes of a smoke run
+QUICK = {"prefill_lengths": [256, 1024], "decode_tokens": 32, "repeats": 1, "layers": 2}
+
+
 def _parser():
     p = argparse.ArgumentParser(prog="python -m orthros.serving.bench_vllm", description=__doc__.split("\n\n")[0])
     p.add_argument("--hidden-size", type=int, default=512, help="model width (default: %(default)s)")
@@ -49,9 +53,20 @@ def _parser():
                    help="new tokens of each decode sequence (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=3,
                    help="timed runs per workload and model, their median reported (default: %(default)s)")
-    p.add_argument("--quick", action="store_true", help="small sizes (a smoke run of a minute or two)")
+    p.add_argument("--quick", action="store_true",
+                   help="small sizes, a smoke run of a minute or two (options given keep their values)")
     p.add_argument("--json", type=Path, help="also write the results here")
     return p
+
+
+def parse_args(argv=None):
+    """The arguments; with ``--quick``, :data:`QUICK`'s values for the options not given."""
+    p = _parser()
+    args = p.parse_args(argv)
+    if args.quick:
+        p.set_defaults(**QUICK)
+        args = p.parse_args(argv)
+    return args
 
 
 def _check(args):
@@ -138,9 +153,7 @@ def bench(llms: dict, args) -> dict:
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
-    if args.quick:
-        args.prefill_lengths, args.decode_tokens, args.repeats, args.layers = [256, 1024], 32, 1, 2
+    args = parse_args(argv)
     _check(args)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     try:
