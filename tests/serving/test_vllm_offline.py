@@ -208,6 +208,11 @@ def test_unsupported_checkpoints_refused_before_loading():
     with pytest.raises(ValueError, match="keys and values of one head dim; .*key_head_dim=64, .*value_head_dim=128"):
         check_servable(orthros.OrthrosConfig(layer_types=["linear_attention", "orthros_attention"],
                                              linear_key_head_dim=64, linear_value_head_dim=128, **small))
+    # vLLM's C++ convolution takes 4 taps only: 3 failed at the first prefill ("Unexpected block size, 3 x 64")
+    with pytest.raises(ValueError, match="linear_conv_kernel_dim=4; this checkpoint has linear_conv_kernel_dim=3"):
+        check_servable(orthros.OrthrosConfig(layer_types=["linear_attention", "orthros_attention"],
+                                             linear_key_head_dim=64, linear_value_head_dim=64,
+                                             linear_conv_kernel_dim=3, **small))
     with pytest.raises(ValueError, match="Gated DeltaNet layers .* OrthrosHybridForCausalLM"):
         check_servable(hybrid, hybrid=False)
     with pytest.raises(ValueError, match="Gated DeltaNet layers only"):
