@@ -220,3 +220,12 @@ def test_unsupported_checkpoints_refused_before_loading():
     check_servable(orthros.OrthrosConfig(attn_output_gate=True, **small))  # gated attention (test_vllm_hybrid.py)
     with pytest.raises(ValueError, match="hidden_act"):
         check_servable(orthros.OrthrosConfig(hidden_act="gelu", **small))
+
+
+def test_speculative_decoding_refused_at_load(orthros_checkpoint):
+    """vLLM verifies draft tokens with the logits of every drafted row, which Orthros leaves zero
+    (its output stream runs at the last scheduled row only): n-gram drafts gave wrong tokens (ids 0)
+    without a word, so the model refuses a speculative config when it is built."""
+    with pytest.raises(Exception, match="does not serve speculative decoding"):
+        close(make_llm(orthros_checkpoint, speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                                               "prompt_lookup_max": 3, "prompt_lookup_min": 1}))
