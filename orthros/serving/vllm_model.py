@@ -420,6 +420,10 @@ class OrthrosForCausalLM(nn.Module):
             raise ValueError("the vLLM Orthros model does not serve speculative decoding (drop --speculative-config): "
                              "vLLM checks draft tokens against the logits of every drafted row, and Orthros computes "
                              "its output stream only at each request's last scheduled row")
+        if vllm_config.quant_config is not None:  # (the layers are built without it: it would be ignored, silently)
+            raise ValueError(f"the vLLM Orthros model does not serve quantization (got "
+                             f"{vllm_config.quant_config.get_name()!r}: drop --quantization, or serve an unquantized "
+                             f"checkpoint)")
         runner = vllm_config.model_config.runner_type
         if runner != "generate":
             raise ValueError(f"the vLLM Orthros model serves text generation (--runner generate), not --runner {runner}: "

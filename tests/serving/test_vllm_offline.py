@@ -230,6 +230,13 @@ def test_pooling_refused_at_load(orthros_checkpoint):
         close(make_llm(orthros_checkpoint, runner="pooling", convert="embed", pooler_config={"pooling_type": "MEAN"}))
 
 
+def test_quantization_refused_at_load(orthros_checkpoint):
+    """The model builds its layers without vLLM's quant config: --quantization fp8 loaded and served
+    the unquantized model without a word."""
+    with pytest.raises(Exception, match="does not serve quantization"):
+        close(make_llm(orthros_checkpoint, dtype="bfloat16", quantization="fp8"))
+
+
 def test_speculative_decoding_refused_at_load(orthros_checkpoint):
     """vLLM verifies draft tokens with the logits of every drafted row, which Orthros leaves zero:
     n-gram drafts gave wrong tokens (ids 0) without a word, so the model refuses a speculative
