@@ -61,6 +61,37 @@ class OrthrosCache(DynamicCache):
         kv = [layer.get_seq_length() for layer in self.layers if getattr(layer, "is_initialized", True)]
         return max([self.linear_seen, *kv]) if layer_idx == 0 else super().get_seq_length(layer_idx)
 
+    # generate()'s batch edits of the cache (beam search, ...) apply to the GDN states too
+    def _edit_linear_states(self, fn):
+        self.linear_states = {i: tuple(fn(s) for s in states) for i, states in self.linear_states.items()}
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        super().reorder_cache(beam_idx)
+        self._edit_linear_states(lambda s: s.index_select(0, beam_idx.to(s.device)))
+
+    def batch_repeat_interleave(self, repeats: int):
+        super().batch_repeat_interleave(repeats)
+        self._edit_linear_states(lambda s: s.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor):
+        super().batch_select_indices(indices)
+        self._edit_linear_states(lambda s: s[indices, ...])
+
+    def reset(self):
+        super().reset()
+        self.linear_states, self.linear_seen = {}, 0
+
+    @property
+    def is_croppable(self) -> bool:
+        """A GDN state cannot be rolled back (assisted decoding checks this and refuses)."""
+        return not self.linear_states and super().is_croppable
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if self.linear_states:
+            raise ValueError("OrthrosCache.crop: the Gated DeltaNet layers' recurrent states cannot be rolled back "
+                             "(no assisted / prompt-lookup decoding for a model with linear_attention layers)")
+        super().crop(tokens_to_remove)
+
 
 def _project(layer, h, step: StepInputs, final: bool, slot=None):
     """Token-wise part 1 of the layer step: the input norm, then the mixer's projections (the

@@ -159,3 +159,19 @@ def test_model_gradients_match_float64():
             assert p.grad is None, n
             continue
         torch.testing.assert_close(p.grad.double(), p64.grad, rtol=1e-3, atol=1e-5, msg=lambda s: f"{n}: {s}")
+
+
+@pytest.mark.parametrize("kind", ["orthros-h", "gdn"])
+@torch.no_grad()
+def test_beam_search_and_assisted_decoding_with_gdn_states(kind):
+    """Beam search reorders the cache between steps: the GDN layers' states must follow their
+    beams (they did not: cached beams differed from uncached ones). A GDN state cannot be
+    rolled back, so assisted (prompt-lookup) decoding is refused instead of emitting tokens
+    from states that saw the rejected draft."""
+    m = tiny(kind, seed=5)
+    ids = torch.randint(1, 61, (2, 6))
+    kw = dict(max_new_tokens=6, num_beams=3, do_sample=False, use_engine=False)
+    torch.testing.assert_close(m.generate(ids, **kw), m.generate(ids, use_cache=False, **kw), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="cropped"):
+        m.generate(ids[:1].repeat(1, 3), max_new_tokens=6, do_sample=False, prompt_lookup_num_tokens=3,
+                   use_engine=False)
