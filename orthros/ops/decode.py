@@ -44,11 +44,13 @@ def decode_attention_reference(q, q_out, k_cache, v_cache, cache_seqlens, *, win
     if scale is None:
         scale = 1.0 / math.sqrt(D)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    kf = k_cache.to(acc)
-    vf = v_cache.to(acc)
     lens = cache_seqlens.to(device=q.device, dtype=torch.int64).view(B, 1)
     kpos = torch.arange(L, device=q.device).view(1, L)
     valid = kpos < lens
+    kf = k_cache.to(acc)
+    # slots past a row's length are not data (a static cache may hold anything there, NaN
+    # included): zero them, else their zero softmax weight times NaN/inf poisons the row
+    vf = v_cache.to(acc).masked_fill(~valid.view(B, L, 1, 1), 0.0)
     in_win = valid & (kpos >= lens - window_size)
     outs = []
     for qq, allowed in ((q, in_win), (q_out, valid)):

@@ -115,6 +115,19 @@ def test_triton_fp16_and_zero_length_row():
         assert torch.all(x[0] == 0)
 
 
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_slots_past_each_rows_length_are_ignored_even_nan(backend):
+    """A static cache holds anything past a row's length (``torch.empty``: NaN, inf): the step
+    must give what it gives with zeros there, not NaN through a zero weight times NaN."""
+    q, qo, kc, vc, lens = make(3, 12, 4, 2, 8, [1, 5, 12], seed=3)
+    clean = orthros_decode_attention(q, qo, kc, vc, lens, window_size=3, backend=backend)
+    for b, n in enumerate(lens.tolist()):
+        kc[b, n:], vc[b, n:] = float("nan"), float("inf")
+    dirty = orthros_decode_attention(q, qo, kc, vc, lens, window_size=3, backend=backend)
+    for x, y in zip(dirty, clean):
+        assert torch.equal(x, y)
+
+
 @pytest.mark.parametrize("backend", ["triton", "reference"])
 def test_stacked_is_both_rows_in_one_buffer(backend):
     """``stacked=True`` (the engine's decode: W_O's input as the kernel wrote it): one
