@@ -47,7 +47,7 @@ def normalize_output_positions(output_positions, B: int, T_out: int, T_k: int, d
     if output_positions is None:
         return torch.arange(T_k - T_out, T_k, device=device).view(1, T_out)
     pos = torch.as_tensor(output_positions, device=device)
-    if pos.dtype.is_floating_point or pos.dtype == torch.bool:
+    if pos.numel() and (pos.dtype.is_floating_point or pos.dtype == torch.bool):  # [] is float32
         raise ValueError(f"output_positions must be an integer tensor, got {pos.dtype}")
     pos = pos.long()
     if pos.dim() == 1:
@@ -56,7 +56,7 @@ def normalize_output_positions(output_positions, B: int, T_out: int, T_k: int, d
         raise ValueError(
             f"output_positions must have shape [T_out] or [B, T_out] = [{T_out}] or [{B}, {T_out}], got {tuple(pos.shape)}"
         )
-    if T_out:
+    if pos.numel():  # T_out or B may be 0
         if int(pos.min()) < 0 or int(pos.max()) >= T_k:
             raise ValueError(f"output_positions must lie in [0, {T_k}) (key positions), got range "
                              f"[{int(pos.min())}, {int(pos.max())}]")

@@ -185,3 +185,16 @@ def test_auto_backend_causal_fast_path_equals_reference(G):
     gb = torch.autograd.grad(sum(t.sum() for t in b), (q, k, v, q_out))
     for x, y in zip(ga, gb):
         assert rel_err(x, y) < 1e-5
+
+
+@pytest.mark.parametrize("backend", ["reference", "sdpa"])
+def test_empty_batch_or_no_output_queries_with_explicit_positions(backend):
+    # B = 0 with per-row positions [0, T_out], and T_out = 0 with positions [] (a float32 list)
+    q, k, v, q_out = make(0, 5, 4, 2, 8, 2)
+    o, o_out = orthros_attention(q, k, v, q_out, window_size=3, backend=backend,
+                                 output_positions=torch.zeros(0, 2, dtype=torch.long))
+    assert o.shape == (0, 5, 4, 8) and o_out.shape == (0, 2, 4, 8)
+    q, k, v, q_out = make(1, 5, 4, 2, 8, 0)
+    o, o_out = orthros_attention(q, k, v, q_out, window_size=3, backend=backend, output_positions=[])
+    assert torch.equal(o, orthros_attention(q, k, v, q_out, window_size=3, backend=backend)[0])
+    assert o_out.shape == (1, 0, 4, 8)
