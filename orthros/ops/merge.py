@@ -17,6 +17,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from ..utils import check_positive_int
+
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -34,6 +36,7 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scal
         ``o [B, M, Hq, D]`` and ``lse [B, M, Hq]`` in float32 (float64 for float64 input), where
         ``lse = log sum_j exp(scale * q.k_j)``; ``L == 0`` gives ``o = 0`` and ``lse = -inf``.
     """
+    check_positive_int("key_chunk", key_chunk)  # <= 0 skipped every key: o = 0, lse = -inf
     B, M, Hq, D = q.shape
     L, Hkv = k.shape[1], k.shape[2]
     if v.shape[:3] != k.shape[:3] or k.shape[3] != D:
