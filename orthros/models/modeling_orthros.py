@@ -348,7 +348,9 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
         """``logits[:, i]`` is the output-stream prediction at the i-th output position (the
         next token after it). Output positions: ``output_positions`` if given; else where the
         shifted ``labels`` are not -100; else the last ``logits_to_keep``; else every position.
-        ``loss`` is the mean cross-entropy over the scored positions."""
+        ``loss`` is the mean cross-entropy over the scored positions, or their summed cross-entropy
+        divided by ``num_items_in_batch`` when given (HF ``Trainer`` passes the scored tokens of all
+        its gradient-accumulation micro-batches, and then does not divide the loss itself)."""
         T = (input_ids if input_ids is not None else inputs_embeds).shape[1]
         dev = (input_ids if input_ids is not None else inputs_embeds).device
         out_rel = resolve_output_positions(T, labels=labels, logits_to_keep=logits_to_keep,
@@ -365,7 +367,8 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
             valid = targets != -100
             ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
                                  ignore_index=-100, reduction="sum")
-            loss = ce / valid.sum().clamp(min=1)
+            n = kwargs.get("num_items_in_batch")
+            loss = ce / (valid.sum().clamp(min=1) if n is None else torch.as_tensor(n, device=ce.device))
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KWARG: getattr(out, CACHE_KWARG)})
 
     def generate(self, *args, use_engine: Optional[bool] = None, **kwargs):

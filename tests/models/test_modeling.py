@@ -114,6 +114,22 @@ def test_sft_loss_equals_pt_loss_on_answer_positions():
     assert sft.logits.shape[1] == int(m.any(0).sum())
 
 
+def test_loss_divides_by_num_items_in_batch():
+    """HF Trainer (gradient accumulation) passes ``num_items_in_batch``, the scored tokens of all
+    its micro-batches, and then does not divide the loss by the accumulation steps itself: the
+    loss must be the summed cross-entropy over that count (it was the per-micro-batch mean,
+    making an accumulated step's gradient ``steps`` times too large)."""
+    model = tiny_model()
+    ids = torch.randint(0, V, (2, 12))
+    labels = ids.clone()
+    labels[0, :7] = -100
+    with torch.no_grad():
+        mean = model(ids, labels=labels).loss
+        n_scored = int((labels[:, 1:] != -100).sum())
+        for n in (40, torch.tensor(40)):
+            torch.testing.assert_close(model(ids, labels=labels, num_items_in_batch=n).loss, mean * n_scored / 40)
+
+
 def test_packed_documents_equal_separate_runs():
     model = tiny_model()
     docs = [torch.randint(0, V, (n,)) for n in (7, 20, 3)]
