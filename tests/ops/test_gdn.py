@@ -75,6 +75,15 @@ def test_dense_and_last_readouts():
     torch.testing.assert_close(o_pos, o_all[:, 5:9], rtol=1e-10, atol=1e-10)
 
 
+
+@pytest.mark.parametrize("pos", [torch.tensor([[5.0, 6.0]]), torch.tensor([[5, 6, 7]]), torch.tensor([[5, 6]] * 3)])
+def test_output_positions_checked_dtype_and_shape(pos):
+    # float positions were truncated silently; a wrong length failed inside scatter
+    q, k, v, g, beta = _inputs(2, 10, 1, 1, 4, 4, seed=2)
+    with pytest.raises(ValueError, match="output_positions"):
+        gated_delta_rule(q, k, v, g, beta, q_out=torch.randn(2, 2, 1, 4, dtype=q.dtype), output_positions=pos,
+                         backend="torch")
+
 def test_varlen_resets_state_at_document_starts():
     H, Hv, K, V = 2, 2, 8, 8
     cu = torch.tensor([0, 20, 57, 100, 101])

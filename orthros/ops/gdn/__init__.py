@@ -98,6 +98,13 @@ def gated_delta_rule(
                 raise ValueError(f"q_out must be [B, T, H, K] when output_positions is None, got {tuple(q_out.shape)}")
             dense = q_out
         else:
+            # checks that read nothing back from the device (range and order are the caller's)
+            T_out = q_out.shape[1]
+            if output_positions.dtype.is_floating_point or output_positions.dtype == torch.bool \
+                    or output_positions.dim() not in (1, 2) or output_positions.shape[-1] != T_out \
+                    or output_positions.dim() == 2 and output_positions.shape[0] not in (1, B):
+                raise ValueError(f"output_positions must be an integer tensor [T_out] or [1 or B, T_out] = [{T_out}] "
+                                 f"or [{B}, {T_out}], got {output_positions.dtype} {tuple(output_positions.shape)}")
             idx = output_positions.to(device=q.device, dtype=torch.long).expand(B, -1)
             idx4 = idx[:, :, None, None].expand(-1, -1, H, K)
             dense = torch.zeros_like(q).scatter(1, idx4, q_out.to(q.dtype))
