@@ -118,6 +118,15 @@ def _finish(layer, h, o, step: StepInputs, final: bool):
     return layer.post_attention(a, None, gemv=step.gemv, normed=normed)
 
 
+def _refuse_extra_outputs(config, kwargs) -> None:
+    """``output_attentions`` / ``output_hidden_states`` (HF's per-layer outputs) are not computed:
+    refused instead of returning ``None`` where the caller expects them."""
+    for name in ("output_attentions", "output_hidden_states"):
+        if kwargs.get(name) or (kwargs.get(name) is None and getattr(config, name, False)):
+            raise ValueError(f"{name}=True is not supported by Orthros models (no per-layer outputs are kept; "
+                             f"OrthrosModel returns the final hidden states of the output positions)")
+
+
 class OrthrosDecoderLayer(ResidualMLP, GradientCheckpointingLayer):
     """One decoder layer; :meth:`forward` is THE layer step of every execution path.
 
@@ -219,6 +228,7 @@ class OrthrosModel(OrthrosPreTrainedModel):
         ``output_positions``: ``[1 or B, T_out]`` positions within this input (default: all).
         """
         past_key_values = cache if past_key_values is None else past_key_values
+        _refuse_extra_outputs(self.config, kwargs)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         h = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
@@ -357,7 +367,8 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
                                            output_positions=output_positions, device=dev)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          past_key_values=cache if past_key_values is None else past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                         output_positions=out_rel, cu_seqlens=cu_seqlens)
+                         output_positions=out_rel, cu_seqlens=cu_seqlens,
+                         **{k: kwargs.get(k) for k in ("output_attentions", "output_hidden_states")})
         logits = self.lm_head(out.last_hidden_state)
         loss = None
         if labels is not None:
@@ -386,9 +397,14 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
                     return out
             elif use_engine:
                 raise RuntimeError("generate(use_engine=True) needs the engine: import orthros.engine first")
-        if kwargs.get("past_key_values") is None and kwargs.get("cache") is None \
-                and kwargs.get("use_cache", True) and kwargs.get("cache_implementation") is None:
+        impl = kwargs.get("cache_implementation",
+                          getattr(kwargs.get("generation_config") or self.generation_config, "cache_implementation", None))
+        if impl not in (None, "dynamic"):  # transformers' other caches are built from layer_types it does not know
+            raise ValueError(f"cache_implementation={impl!r} is not supported by Orthros models: generate() keeps "
+                             f"every token's K/V (and the GDN states) in an OrthrosCache; leave it unset or 'dynamic'")
+        if kwargs.get("past_key_values") is None and kwargs.get("cache") is None and kwargs.get("use_cache", True):
             kwargs[CACHE_KWARG] = OrthrosCache()
+            kwargs["cache_implementation"] = None  # "dynamic": the OrthrosCache is one
         return super().generate(*args, **kwargs)
 
 

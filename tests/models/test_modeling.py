@@ -94,6 +94,41 @@ def test_generate_sampling_and_eos_run():
         assert out2.shape[1] <= 11 and (out2[0, 6] == greedy_first)
 
 
+def test_generate_cache_implementation():
+    """``cache_implementation`` "dynamic" (an argument or the generation config's) generates with
+    the OrthrosCache; the others are refused by name (they failed with ``KeyError:
+    'orthros_attention'``, or "passing both a cache and cache_implementation" for a generation
+    config's "dynamic")."""
+    model = tiny_model()
+    ids = torch.randint(0, V, (2, 6))
+    kw = dict(max_new_tokens=4, do_sample=False, use_engine=False)
+    with torch.no_grad():
+        ref = model.generate(ids, **kw)
+        assert torch.equal(model.generate(ids, cache_implementation="dynamic", **kw), ref)
+        model.generation_config.cache_implementation = "dynamic"
+        assert torch.equal(model.generate(ids, **kw), ref)
+        for impl in ("static", "offloaded"):
+            with pytest.raises(ValueError, match=f"cache_implementation='{impl}' is not supported"):
+                model.generate(ids, cache_implementation=impl, **kw)
+
+
+def test_per_layer_outputs_refused():
+    """HF's ``output_attentions`` / ``output_hidden_states`` are not computed: refused (they were
+    accepted and returned as ``None``), as an argument or from the config."""
+    model = tiny_model()
+    ids = torch.randint(0, V, (1, 5))
+    for name in ("output_attentions", "output_hidden_states"):
+        for fwd in (model, model.model):
+            with pytest.raises(ValueError, match=name):
+                fwd(ids, **{name: True})
+        with pytest.raises(ValueError, match=name):
+            model.generate(ids, max_new_tokens=2, return_dict_in_generate=True, use_engine=False, **{name: True})
+    model.config.output_hidden_states = True
+    with pytest.raises(ValueError, match="output_hidden_states"):
+        model(ids)
+    assert model(ids, output_hidden_states=False).logits.shape == (1, 5, V)
+
+
 def test_sft_loss_equals_pt_loss_on_answer_positions():
     model = tiny_model()
     ids = torch.randint(0, V, (2, 30))
