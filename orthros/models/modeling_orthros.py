@@ -118,6 +118,13 @@ def _finish(layer, h, o, step: StepInputs, final: bool):
     return layer.post_attention(a, None, gemv=step.gemv, normed=normed)
 
 
+def _one_input(input_ids, inputs_embeds) -> torch.Tensor:
+    """The forward's input: exactly one of ``input_ids`` and ``inputs_embeds`` is given."""
+    if (input_ids is None) == (inputs_embeds is None):
+        raise ValueError("pass exactly one of input_ids or inputs_embeds")
+    return input_ids if inputs_embeds is None else inputs_embeds
+
+
 def _refuse_extra_outputs(config, kwargs) -> None:
     """``output_attentions`` / ``output_hidden_states`` (HF's per-layer outputs) are not computed:
     refused instead of returning ``None`` where the caller expects them."""
@@ -229,9 +236,7 @@ class OrthrosModel(OrthrosPreTrainedModel):
         """
         past_key_values = cache if past_key_values is None else past_key_values
         _refuse_extra_outputs(self.config, kwargs)
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids or inputs_embeds")
-        h = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        h = self.embed_tokens(_one_input(input_ids, inputs_embeds)) if inputs_embeds is None else inputs_embeds
         B, T = h.shape[:2]
         dev = h.device
         if T == 0:
@@ -278,6 +283,8 @@ class OrthrosModel(OrthrosPreTrainedModel):
         position_ids = torch.as_tensor(position_ids, device=dev).long()
         if position_ids.dim() == 1:
             position_ids = position_ids.view(1, -1)
+        if position_ids.dim() != 2 or position_ids.shape[0] not in (1, B) or position_ids.shape[1] != T:
+            raise ValueError(f"position_ids must be [T] or [1 or B, T] = [1 or {B}, {T}], got {tuple(position_ids.shape)}")
 
         out_rel = resolve_output_positions(T, output_positions=output_positions, device=dev)
         pos_out = torch.gather(position_ids.expand(max(B, out_rel.shape[0]), T), 1, out_rel.expand(B, -1))
@@ -361,8 +368,10 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
         ``loss`` is the mean cross-entropy over the scored positions, or their summed cross-entropy
         divided by ``num_items_in_batch`` when given (HF ``Trainer`` passes the scored tokens of all
         its gradient-accumulation micro-batches, and then does not divide the loss itself)."""
-        T = (input_ids if input_ids is not None else inputs_embeds).shape[1]
-        dev = (input_ids if input_ids is not None else inputs_embeds).device
+        x = _one_input(input_ids, inputs_embeds)
+        T, dev = x.shape[1], x.device
+        if labels is not None and labels.shape[0] != x.shape[0]:
+            raise ValueError(f"labels must be [B, T] like input_ids, got {tuple(labels.shape)} for B = {x.shape[0]}")
         out_rel = resolve_output_positions(T, labels=labels, logits_to_keep=logits_to_keep,
                                            output_positions=output_positions, device=dev)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,

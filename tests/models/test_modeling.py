@@ -252,6 +252,14 @@ def test_invalid_forward_inputs():
         model(ids, logits_to_keep=-1)
     with pytest.raises(ValueError, match="labels"):
         model(ids, labels=ids[:, :5])
+    # these failed inside torch (AttributeError on None, gather / expand size errors)
+    with pytest.raises(ValueError, match="input_ids or inputs_embeds"):
+        model()
+    with pytest.raises(ValueError, match="labels"):
+        model(ids, labels=ids[:1])
+    for pos in (torch.arange(5), torch.arange(10).repeat(3, 1)):
+        with pytest.raises(ValueError, match="position_ids"):
+            model(ids, position_ids=pos)
 
 
 @pytest.mark.parametrize("mode", ["orthros", "full"])
