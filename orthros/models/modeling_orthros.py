@@ -236,7 +236,8 @@ class OrthrosModel(OrthrosPreTrainedModel):
         """
         past_key_values = cache if past_key_values is None else past_key_values
         _refuse_extra_outputs(self.config, kwargs)
-        h = self.embed_tokens(_one_input(input_ids, inputs_embeds)) if inputs_embeds is None else inputs_embeds
+        x = _one_input(input_ids, inputs_embeds)
+        h = self.embed_tokens(x) if inputs_embeds is None else x
         B, T = h.shape[:2]
         dev = h.device
         if T == 0:

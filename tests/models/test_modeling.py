@@ -255,6 +255,10 @@ def test_invalid_forward_inputs():
     # these failed inside torch (AttributeError on None, gather / expand size errors)
     with pytest.raises(ValueError, match="input_ids or inputs_embeds"):
         model()
+    emb = model.model.embed_tokens(ids)
+    for fn in (model, model.model):  # both inputs: which one was meant?
+        with pytest.raises(ValueError, match="exactly one of input_ids or inputs_embeds"):
+            fn(ids, inputs_embeds=emb)
     with pytest.raises(ValueError, match="labels"):
         model(ids, labels=ids[:1])
     for pos in (torch.arange(5), torch.arange(10).repeat(3, 1)):
