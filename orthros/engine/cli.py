@@ -325,14 +325,20 @@ def _load_engine(args, config, dtype, dev, tok, max_batch_size: int, max_seq_len
     """The engine over the checkpoint's model on ``dev`` (``max_seq_len`` cache slots a row,
     default ``--max-seq-len``), and the token that ends a generation."""
     from ..models import OrthrosForCausalLM
-    from .engine import Engine
+    from .engine import Engine, _eos_set
 
+    eos = tok.eos_token_id if tok.eos_token_id is not None else config.eos_token_id
+    try:
+        _eos_set(eos, config.vocab_size)
+    except ValueError:  # said before the weights load, with where the id came from
+        where = "the tokenizer's" if tok.eos_token_id is not None else "config.json's"
+        raise ValueError(f"{where} eos_token_id {eos!r} is outside the model's vocabulary "
+                         f"[0, {config.vocab_size}): the tokenizer is not the model's") from None
     model = OrthrosForCausalLM.from_pretrained(str(args.model), config=config, dtype=dtype,
                                                local_files_only=True).to(dev)
     engine = Engine(model, max_batch_size=max_batch_size, max_seq_len=max_seq_len or args.max_seq_len,
                     prefill_chunk=args.prefill_chunk, cuda_graphs=(dev.type == "cuda" and not args.no_cuda_graphs),
                     compile=args.compile, gemv=True if args.gemv else False if args.no_gemv else None)
-    eos = tok.eos_token_id if tok.eos_token_id is not None else model.config.eos_token_id
     return engine, eos
 
 
@@ -362,7 +368,7 @@ def _generate_file(args, sampling, dev, dtype, config, tok, texts) -> int:
     # would hold far more memory than short prompts need
     need = max(len(ids) for ids in encoded) + args.max_new_tokens - 1
     engine, eos = _load_engine(args, config, dtype, dev, tok, max_batch_size=bs, max_seq_len=need)
-    stops = _eos_set(eos)  # one id, or the model config's list of them
+    stops = _eos_set(eos, config.vocab_size)  # one id, or the model config's list of them
     records, t0, n_new = [], time.perf_counter(), 0
     with Progress(len(encoded), "orthros generate", unit="prompt") as bar, \
             torch.no_grad():

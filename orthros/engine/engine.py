@@ -527,7 +527,7 @@ class Engine:
             sampling = SamplingParams()
         if not isinstance(sampling, SamplingParams):
             raise TypeError(f"sampling must be a SamplingParams, got {type(sampling).__name__}")
-        eos = _eos_set(eos_token_id)
+        eos = _eos_set(eos_token_id, self.config.vocab_size)
         rows, past = self._plan(prompts, continue_, max_new_tokens)
         gen = None
         if sampling.seed is not None and not sampling.greedy:
@@ -623,9 +623,10 @@ class Engine:
         return rows_out
 
 
-def _eos_set(eos_token_id) -> set:
+def _eos_set(eos_token_id, vocab_size: int) -> set:
     """``eos_token_id`` (None, one id or a collection of ids, e.g. a list or 1-D tensor) as a set of
-    ints; a ``TypeError`` / ``ValueError`` naming it for anything else."""
+    ints in ``[0, vocab_size)``; a ``TypeError`` / ``ValueError`` naming it for anything else (an id
+    the model cannot sample would never stop a row)."""
     if eos_token_id is None:
         return set()
     ids = eos_token_id.tolist() if isinstance(eos_token_id, torch.Tensor) else eos_token_id
@@ -633,8 +634,8 @@ def _eos_set(eos_token_id) -> set:
     if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple, set, frozenset)) or any(
             isinstance(t, bool) or not isinstance(t, int) for t in ids):
         raise TypeError(f"eos_token_id must be None, an integer token id or a list of them, got {eos_token_id!r}")
-    if any(t < 0 for t in ids):
-        raise ValueError(f"eos_token_id must hold token ids >= 0, got {eos_token_id!r}")
+    if any(not 0 <= t < vocab_size for t in ids):
+        raise ValueError(f"eos_token_id must hold token ids in [0, vocab_size={vocab_size}), got {eos_token_id!r}")
     return set(ids)
 
 

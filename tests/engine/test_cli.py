@@ -10,6 +10,7 @@ import torch
 
 from orthros.cli import main as orthros_main
 from orthros.engine import Engine
+from orthros.models import OrthrosForCausalLM
 
 WORDS = ["<eos>", "<unk>"] + [f"w{i}" for i in range(95)]
 
@@ -273,3 +274,29 @@ def test_generate_prompt_file_on_cuda_matches_each_prompt_alone(checkpoint, tmp_
     for p, g in zip(prompts, got):
         rc, alone = run_cli(base + [p])
         assert rc == 0 and alone.split() == g, p
+
+
+def test_generate_refuses_a_config_eos_id_outside_the_vocabulary_before_loading(tmp_path, monkeypatch, capsys):
+    """config.json's EOS id past the model's vocabulary (a tokenizer or config that is not the
+    model's) would never stop a row: refused with where it came from, before the weights load."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from test_engine import tiny_model
+
+    m = tiny_model()
+    m.config.eos_token_id = m.config.vocab_size + 3
+    m.save_pretrained(tmp_path)
+    t = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=t, unk_token="<unk>").save_pretrained(tmp_path)
+
+    def refuse(*a, **kw):
+        raise AssertionError("the model was loaded before the bad EOS id was refused")
+
+    monkeypatch.setattr(OrthrosForCausalLM, "from_pretrained", refuse)
+    rc, text = run_cli(["generate", "--model", str(tmp_path), "--device", "cpu", "--max-new-tokens", "2",
+                        "w0 w1"])
+    err = capsys.readouterr().err
+    assert rc != 0 and text == ""
+    assert f"config.json's eos_token_id {m.config.vocab_size + 3} is outside the model's vocabulary" in err

@@ -442,3 +442,16 @@ def test_generate_through_engine_sampling_and_unsupported():
         m.generate(ids, max_new_tokens=2, use_engine="yes")
     # beam search still works through transformers under the default (auto)
     assert m.generate(ids, attention_mask=mask, max_new_tokens=3, num_beams=2).shape[0] == 2
+
+
+def test_eos_token_id_outside_the_vocabulary_is_refused_before_any_work():
+    """An EOS id the model can never sample (>= vocab_size) would never stop a row: it is refused,
+    naming the argument and the vocabulary size, before prefill."""
+    m = tiny_model()
+    eng = Engine(m, max_batch_size=1, max_seq_len=32)
+    V = m.config.vocab_size
+    for bad in (V, [2, V + 5], torch.tensor([V])):
+        with pytest.raises(ValueError, match=rf"eos_token_id.*\[0, vocab_size={V}\)"):
+            eng.generate(PROMPTS[:1], 3, eos_token_id=bad)
+    assert eng.batch_size == 0 and int(eng.cache.seqlens.abs().sum()) == 0  # nothing ran
+    assert eng.generate(PROMPTS[:1], 2, eos_token_id=V - 1)  # the last id is fine
