@@ -430,9 +430,16 @@ class Trainer:
         self.resume_dir = resolve_resume(cfg)
         if self.resume_dir is not None:
             try:
-                ckpt.verify(self.resume_dir, hashes=cfg.checkpoint.verify and dist.main)
+                step = ckpt.verify(self.resume_dir, hashes=cfg.checkpoint.verify and dist.main)["step"]
             except ckpt.CheckpointError as e:
                 raise ConfigError(f"cannot resume: {e}") from None
+            later = [p.name for p in ckpt.list_checkpoints(cfg.output_dir)
+                     if int(ckpt.CKPT_RE.match(p.name)[1]) > step]
+            if later:  # they would be reported and resumed as this run's, and outlive its own when pruned
+                raise ConfigError(
+                    f"output_dir {cfg.output_dir!r} holds checkpoints after step {step}, the one resumed from "
+                    f"({', '.join(later)}): they belong to the run that went on from it. Resume into another "
+                    f"output_dir, or move those checkpoints away")
         self.tokenizer = load_tokenizer(cfg)
         self.model_config = model_config_for(cfg, self.tokenizer)
         mc = self.model_config

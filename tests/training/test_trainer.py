@@ -582,3 +582,24 @@ def test_resume_honours_changed_optimizer_keys(tmp_path, corpus, reference, caps
     err = capsys.readouterr().err
     assert "resuming with optim.lr = 0.0001 (checkpoint: 0.003), optim.weight_decay = 0.5 (checkpoint: 0.1), " \
            "optim.beta2 = 0.9 (checkpoint: 0.95)" in err
+
+
+def test_resume_from_an_older_checkpoint_refuses_the_later_ones(tmp_path, corpus, reference):
+    """--resume PATH to an older checkpoint of the same output_dir trained on beside the later
+    checkpoints of the run it abandons: the run's summary named one of those as its checkpoint, a
+    later --resume picked it up, and pruning kept it over the new ones (keep_last 1 deleted every
+    checkpoint the resumed run saved). Refused before any work, naming them."""
+    _, _, summary = reference
+    out = tmp_path / "run"
+    shutil.copytree(Path(summary["checkpoint"]).parents[1], out)
+    before = (out / "metrics.jsonl").read_text()
+    older = out / "checkpoints" / "step_00000004"
+    with pytest.raises(ConfigError, match=r"output_dir .* holds checkpoints after step 4, the one resumed from "
+                                          r"\(step_00000008\)"):
+        train(load_config(None, tiny(out, corpus, "--max_steps", "6", "--checkpoint.every", "0", "--keep_last", "1",
+                                     "--resume", str(older))))
+    assert [p.name for p in list_checkpoints(str(out))] == ["step_00000004", "step_00000008"]
+    assert (out / "metrics.jsonl").read_text() == before
+    # into another output_dir, the same checkpoint resumes
+    s = train(load_config(None, tiny(tmp_path / "other", corpus, "--max_steps", "6", "--resume", str(older))))
+    assert Path(s["checkpoint"]).name == "step_00000006"
