@@ -156,6 +156,10 @@ ALIASES = {
 }
 
 
+# keys that name one local path (data.train / data.eval: paths, globs or lists, expanded as read)
+PATH_KEYS = ("output_dir", "model.init_from", "data.tokenizer", "checkpoint.resume")
+
+
 def _section_types() -> dict[str, type]:
     hints = typing.get_type_hints(RunConfig)
     return {k: v for k, v in hints.items() if dataclasses.is_dataclass(v)}
@@ -339,6 +343,10 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
             _set(cfg, key, value)
     for key, value in parse_overrides(list(overrides or [])):
         _set(cfg, resolve_key(key), value)
+    for key in PATH_KEYS:  # '~/runs' in a YAML file (a shell expands it on the command line only)
+        value = _get(cfg, key)
+        if isinstance(value, str) and value.startswith("~"):
+            _set(cfg, key, os.path.expanduser(value))
     validate(cfg)
     return cfg
 

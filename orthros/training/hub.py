@@ -13,10 +13,16 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import socket
 from urllib.parse import urlparse
 
 from .config import ConfigError
+
+# a hub id: a name or owner/name of letters, digits, '_', '-', '.', neither starting nor ending
+# with '-' or '.', no '--' or '..' (huggingface_hub's rule); './x', '~/x', '/x', 'a/b/c' are paths
+_PART = r"(?!.*(?:--|\.\.))[A-Za-z0-9_](?:[\w.-]{0,94}[A-Za-z0-9_])?"
+HUB_ID = re.compile(rf"(?:{_PART}/)?{_PART}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -34,11 +40,14 @@ def hub_unreachable() -> str | None:
 
 def check_hub_name(key: str, name: str, what: str) -> None:
     """``name`` (not a local path) is about to be looked up on the hub as ``what``: a
-    :class:`~orthros.training.config.ConfigError` naming ``key`` when the hub is unreachable."""
+    :class:`~orthros.training.config.ConfigError` naming ``key`` when the hub is unreachable, or
+    when ``name`` cannot be a hub id (a local path that does not exist)."""
+    if not HUB_ID.fullmatch(name):
+        raise ConfigError(f"{key}: {name!r} does not exist (no such local path; nor is it a hub {what} name)")
     why = hub_unreachable()
     if why is not None:
         raise ConfigError(f"{key}: {name!r} is not a local path, and as a hub {what} it cannot be fetched: "
                           f"the hub is unreachable ({why})")
 
 
-__all__ = ["check_hub_name", "hub_unreachable"]
+__all__ = ["HUB_ID", "check_hub_name", "hub_unreachable"]

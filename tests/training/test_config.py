@@ -163,3 +163,18 @@ def test_those_keys_at_their_default_stay_accepted(tmp_path):
     assert load_config(str(p)).optim.schedule == "constant"
     load_config(None, ["--schedule", "linear", "--min_lr_ratio", "0.5", "--text_field", "body"])
     load_config(None, ["--mode", "sft", "--messages_field", "conversation"])
+
+
+def test_paths_from_a_yaml_file_expand_the_home_dir(tmp_path, monkeypatch):
+    """'~/runs' in a YAML file (no shell expands it) was used as is: output_dir became a folder
+    named '~' under the current one, and data.tokenizer passed the check (which expanded it) but
+    transformers then refused '~/tok' as a hub id."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    p = tmp_path / "c.yaml"
+    p.write_text("mode: cpt\noutput_dir: ~/runs/a\nmodel:\n  init_from: ~/ckpt\ndata:\n  tokenizer: ~/tok\n"
+                 "checkpoint:\n  resume: ~/runs/a/checkpoints/step_00000004\n")
+    cfg = load_config(str(p))
+    assert cfg.output_dir == str(tmp_path / "runs/a") and cfg.model.init_from == str(tmp_path / "ckpt")
+    assert cfg.data.tokenizer == str(tmp_path / "tok")
+    assert cfg.checkpoint.resume == str(tmp_path / "runs/a/checkpoints/step_00000004")
+    assert load_config(None, ["--resume"]).checkpoint.resume is True

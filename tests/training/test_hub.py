@@ -4,6 +4,7 @@ the hub client's retries (about 50 s for a tokenizer) and fail with a network er
 
 from __future__ import annotations
 
+import re
 import socket
 
 import pytest
@@ -62,3 +63,20 @@ def test_a_config_naming_the_hub_offline_fails_at_once(tmp_path, corpus, offline
     with pytest.raises(ConfigError, match=rf"^{what}: '{value}' is not a local path.*unreachable"):
         dry_run(load_config(None, tiny(tmp_path / "run", corpus, *extra, key, value)))
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("name", ["./tok", "../tok", "/no/such/tok", "~/tok", "a/b/c", "-tok", "org/.."])
+def test_a_missing_local_path_is_no_hub_name(monkeypatch, name):
+    """A path that does not exist was taken for a hub id: offline 'is not a local path, and ... the
+    hub is unreachable', online the hub client's own error about repo ids."""
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **k: [])  # the hub would be reachable
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    hub_unreachable.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=rf"^data.tokenizer: '{re.escape(name)}' does not exist \(no such local "
+                                              rf"path; nor is it a hub tokenizer name\)"):
+            check_hub_name("data.tokenizer", name, "tokenizer")
+        for ok in ("gpt2", "HuggingFaceTB/SmolLM2-135M", "org_1/tok.v2"):
+            check_hub_name("data.tokenizer", ok, "tokenizer")
+    finally:
+        hub_unreachable.cache_clear()
