@@ -603,3 +603,19 @@ def test_resume_from_an_older_checkpoint_refuses_the_later_ones(tmp_path, corpus
     # into another output_dir, the same checkpoint resumes
     s = train(load_config(None, tiny(tmp_path / "other", corpus, "--max_steps", "6", "--resume", str(older))))
     assert Path(s["checkpoint"]).name == "step_00000006"
+
+
+def test_python_m_orthros_train_reports_a_failure_as_orthros_train_does(tmp_path, corpus, monkeypatch, capsys):
+    """`python -m orthros.train` (documented as the same as `orthros train`; torchrun's entry point)
+    called the config's main only: a failure once training ran (here a diverging loss) was a
+    traceback, where `orthros train` gives one line and exit code 1."""
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", ["orthros.train", *tiny(tmp_path, corpus, "--max_steps", "20", "--lr", "1e30",
+                                                              "--warmup_steps", "0", "--grad_clip", "0",
+                                                              "--checkpoint.every", "0")])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_module("orthros.train", run_name="__main__")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 1, err[-5:]
+    assert err[-1].startswith("orthros train: error: FloatingPointError: loss is "), err[-3:]
