@@ -14,7 +14,6 @@ haystack), ``corpus`` (the shipped held-out Shakespeare corpus), or a path to a 
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass, field
@@ -24,7 +23,8 @@ from typing import Optional
 import numpy as np
 
 from .common import DATA_DIR
-from ..utils import Progress, pyplot, read_text_file, save_figure
+from .perplexity import load_documents
+from ..utils import Progress, pyplot, save_figure
 
 NEEDLE = " The secret number is {key}."
 QUESTION = "\nWhat is the secret number mentioned in the text above? The secret number is"
@@ -76,20 +76,8 @@ def haystack_sentences(source: str) -> list[str]:
         path = Path(source)
         if not path.is_file():
             raise ValueError(f"--haystack must be one of {HAYSTACKS} or a path to a .txt/.jsonl file, got {source!r}")
-    text = read_text_file(path, "haystack" if source in HAYSTACKS else "--haystack")
-    arg = "haystack" if source in HAYSTACKS else f"--haystack {source}"
-    text_lines = []
-    if path.suffix == ".jsonl":
-        for i, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{arg}: line {i} is not JSON ({e.msg}); a .jsonl haystack holds one "
-                                     f"object with a 'text' field a line") from None
-                text_lines.append(rec.get("text", "") if isinstance(rec, dict) else str(rec))
-    else:
-        text_lines = [text]
+    # a .jsonl: one object with a string field 'text' a line, as `eval ppl --data` reads it
+    text_lines = load_documents(path, "haystack" if source in HAYSTACKS else "--haystack")
     # remove digits so that no number in the haystack can be mistaken for the needle
     sents = []
     for t in text_lines:

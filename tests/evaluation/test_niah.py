@@ -182,6 +182,8 @@ def test_validate_needs_a_length_and_a_depth(kw):
     (["--haystack", "{tmp}/digits.txt"], "has no text"),
     (["--haystack", "{tmp}/bad.jsonl"], "--haystack {tmp}/bad.jsonl: line 2 is not JSON"),
     (["--haystack", "{tmp}/bin.txt"], "--haystack {tmp}/bin.txt: not UTF-8 text"),
+    # was a TypeError traceback from re.sub (a number, not a string, in 'text')
+    (["--haystack", "{tmp}/num.jsonl"], "--haystack {tmp}/num.jsonl: line 2 has no string field 'text'"),
     (["-o", "{tmp}/f"], "--output-dir {tmp}/f: {tmp}/f is a file, not a directory"),
 ])
 def test_cli_niah_bad_input_before_the_model_loads(tiny, tmp_path, capsys, no_model_load, args, msg):
@@ -191,6 +193,7 @@ def test_cli_niah_bad_input_before_the_model_loads(tiny, tmp_path, capsys, no_mo
 
     (tmp_path / "digits.txt").write_text("1234 5678\n")
     (tmp_path / "bad.jsonl").write_text('{"text": "a b c."}\nnot json\n')
+    (tmp_path / "num.jsonl").write_text('{"text": "a b c."}\n{"text": 5}\n')
     (tmp_path / "bin.txt").write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe" * 8)
     (tmp_path / "f").write_text("x")
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
