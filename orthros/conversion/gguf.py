@@ -130,9 +130,28 @@ def inspect_gguf(path) -> GGUFInfo:
     if arch not in GGUF_ARCHITECTURES:
         raise GGUFError(f"{gguf_file}: cannot convert GGUF architecture {arch!r}: supported are "
                         f"{', '.join(GGUF_ARCHITECTURES)}")
-    for key in (f"{arch}.block_count", f"{arch}.embedding_length", f"{arch}.attention.head_count"):
-        if not isinstance(_field_value(reader, key), int):
-            raise GGUFError(f"{gguf_file}: corrupted GGUF file: the {key} field is missing or not an integer")
+    # the sizes transformers builds the model from: required, or optional (its defaults apply)
+    sizes = {}
+    for key, required in ((f"{arch}.block_count", True), (f"{arch}.embedding_length", True),
+                          (f"{arch}.attention.head_count", True), (f"{arch}.attention.head_count_kv", False),
+                          (f"{arch}.feed_forward_length", False), (f"{arch}.context_length", False)):
+        v = _field_value(reader, key)
+        if v is None and not required:
+            continue
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise GGUFError(f"{gguf_file}: corrupted GGUF file: the {key} field is "
+                            f"{'missing' if v is None else repr(v)}, not an integer >= 1")
+        sizes[key] = v
+    # a block_count above the layers stored made transformers initialise the others at random,
+    # one below dropped the extra layers without a word
+    blocks = sizes[f"{arch}.block_count"]
+    stored = {int(t.name.split(".")[1]) for t in reader.tensors
+              if t.name.startswith("blk.") and t.name.split(".")[1].isdigit()}
+    if stored != set(range(blocks)):
+        held = f"of layers {min(stored)}..{max(stored)}" if stored else "of no layer (no blk.N.* tensors)"
+        if stored and len(stored) != max(stored) - min(stored) + 1:
+            held = f"of layers {sorted(stored)}"
+        raise GGUFError(f"{gguf_file}: corrupted GGUF file: {arch}.block_count is {blocks}, its tensors are {held}")
     types: dict = {}
     n_params = 0
     for t in reader.tensors:
@@ -141,12 +160,11 @@ def inspect_gguf(path) -> GGUFInfo:
         n_params += int(t.n_elements)
     name = _field_value(reader, "general.name")
     ft = _field_value(reader, "general.file_type")
-    ctx = _field_value(reader, f"{arch}.context_length")
     return GGUFInfo(path=gguf_file, architecture=GGUF_ARCHITECTURES[arch], gguf_architecture=arch,
                     name=name if isinstance(name, str) else None, file_type=ft if isinstance(ft, int) else None,
                     tensor_types=types, n_tensors=len(reader.tensors), n_params=n_params, size=size,
                     has_tokenizer="tokenizer.ggml.tokens" in reader.fields,
-                    context_length=ctx if isinstance(ctx, int) and not isinstance(ctx, bool) else None)
+                    context_length=sizes.get(f"{arch}.context_length"))
 
 
 @contextlib.contextmanager
@@ -172,6 +190,13 @@ def _transformers_bars(progress: bool):
             gguf_utils.tqdm = saved
 
 
+def _one_line(e: BaseException) -> str:
+    """``Type: message`` of a transformers error on one line; huggingface_hub's config validation
+    errors by their cause (the value refused), not the validator's name."""
+    cause = e.__cause__ if type(e).__module__.startswith("huggingface_hub") and e.__cause__ else e
+    return f"{type(cause).__name__}: {' '.join(str(cause).split())}"
+
+
 def load_gguf_model(path, *, with_tokenizer: bool = True, progress: bool = True):
     """``(model, tokenizer or None, GGUFInfo)``: the de-quantised transformers model (fp32) and
     tokenizer that transformers builds from the GGUF file, after :func:`inspect_gguf`.
@@ -179,20 +204,36 @@ def load_gguf_model(path, *, with_tokenizer: bool = True, progress: bool = True)
     info = inspect_gguf(path)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from huggingface_hub.errors import StrictDataclassError  # a config value transformers refuses
+    from transformers.utils import logging as hf_logging
+
+    errors = (OSError, ValueError, KeyError, RuntimeError, TypeError, StrictDataclassError)
     folder, name = str(info.path.parent), info.path.name
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report: what is wrong is raised below, in one line
     try:
         with _transformers_bars(progress):
-            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32")
-    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as e:
-        raise GGUFError(f"{info.path}: transformers could not load this GGUF file "
-                        f"({type(e).__name__}: {e})") from None
+            model, loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32",
+                                                                 ignore_mismatched_sizes=True,
+                                                                 output_loading_info=True)
+    except errors as e:
+        raise GGUFError(f"{info.path}: transformers could not load this GGUF file ({_one_line(e)})") from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    # a tensor the file lacks, or one of another shape than its fields give, would be left at random
+    wrong = [f"missing {k}" for k in sorted(loaded["missing_keys"])]
+    wrong += [f"{k[0]} of shape {list(k[1])}, expected {list(k[2])}" for k in sorted(loaded["mismatched_keys"])]
+    if wrong:
+        more = f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
+        raise GGUFError(f"{info.path}: the GGUF's tensors do not fit the model its fields describe: "
+                        f"{'; '.join(wrong[:3])}{more}")
     tok = None
     if with_tokenizer and info.has_tokenizer:
         try:
             tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        except (OSError, ValueError, KeyError, RuntimeError, TypeError) as e:
+        except errors as e:
             raise GGUFError(f"{info.path}: transformers could not build the tokenizer stored in this GGUF file "
-                            f"({type(e).__name__}: {e})") from None
+                            f"({_one_line(e)})") from None
     # the weights are plain fp32 tensors now: what describes the GGUF quantisation no longer applies
     for cfg in (model.config, getattr(model, "generation_config", None)):
         if cfg is not None and hasattr(cfg, "quantization_config"):

@@ -217,3 +217,80 @@ def test_gguf_window_beyond_its_context_refused_before_dequantising(gguf_source,
         assert msg in err and "de-quantising" not in err, err
     assert list(tmp_path.iterdir()) == []
     assert inspect_gguf(path).context_length == limit
+
+
+def _rewritten(src: Path, out: Path, *, fields: dict | None = None, drop_fields=(), drop_tensors=()) -> Path:
+    """A copy of the GGUF ``src`` with some key-value fields set (key -> (GGUFValueType, value)) or
+    dropped, and some tensors left out."""
+    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+
+    fields = dict(fields or {})
+    r = GGUFReader(str(src))
+    w = GGUFWriter(str(out), r.fields["general.architecture"].contents())
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture" or key in drop_fields or key in fields:
+            continue
+        sub = f.types[-1] if f.types[0] == GGUFValueType.ARRAY else None
+        w.add_key_value(key, f.contents(), f.types[0], sub_type=sub)
+    for key, (vtype, value) in fields.items():
+        w.add_key_value(key, value, vtype)
+    for t in r.tensors:
+        if t.name not in drop_tensors:
+            w.add_tensor(t.name, t.data, raw_shape=list(reversed([int(s) for s in t.shape])),
+                         raw_dtype=t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out
+
+
+def _u32(v):
+    return (gguf.GGUFValueType.UINT32, v)
+
+
+@pytest.mark.parametrize("change,words", [
+    (dict(fields={"llama.block_count": _u32(3)}), "llama.block_count is 3, its tensors are of layers 0..1"),
+    (dict(fields={"llama.block_count": _u32(1)}), "llama.block_count is 1, its tensors are of layers 0..1"),
+    (dict(fields={"llama.context_length": (gguf.GGUFValueType.STRING, "abc")}), "llama.context_length"),
+    (dict(fields={"llama.context_length": _u32(0)}), "llama.context_length"),
+    (dict(fields={"llama.attention.head_count_kv": _u32(0)}), "llama.attention.head_count_kv"),
+], ids=["more-blocks", "fewer-blocks", "context-str", "context-0", "kv-heads-0"])
+def test_gguf_metadata_that_does_not_fit_refused_before_dequantising(gguf_source, tmp_path, capsys, monkeypatch,
+                                                                       change, words):
+    """A block_count above the layers the tensors hold made transformers initialise the missing
+    layers at random (exit 0, a random model); one below dropped the extra layers silently; a
+    context_length of text was a StrictDataclass traceback, one of 0 an error asking for a window
+    <= 0. Now: refused with the file's field named, before de-quantising, in --dry-run too."""
+    from orthros.conversion import gguf as gguf_mod
+
+    path, _, _ = gguf_source
+    bad = _rewritten(path, tmp_path / "bad.gguf", **change)
+    monkeypatch.setattr(gguf_mod, "gguf_to_hf_directory", lambda *a, **k: pytest.fail("de-quantised"))
+    for extra in ([], ["--dry-run"]):
+        capsys.readouterr()
+        assert convert_main([str(bad), str(tmp_path / "out"), "--window-size", str(W), "-q", *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("orthros convert: error: ") and "\n" not in err and words in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
+
+
+@pytest.mark.parametrize("change,words", [
+    (dict(drop_tensors=("blk.0.attn_q.weight",)), "model.layers.0.self_attn.q_proj.weight"),
+    (dict(drop_tensors=("output_norm.weight",)), "model.norm.weight"),
+    (dict(fields={"llama.attention.head_count": _u32(3)}), "attention heads (3)"),
+], ids=["no-q-proj", "no-final-norm", "heads-do-not-divide"])
+def test_gguf_that_transformers_cannot_load_whole_refused(gguf_source, tmp_path, capsys, change, words):
+    """A tensor missing from the GGUF was initialised at random by transformers' loader, and the
+    conversion succeeded (exit 0) with a random tensor in the model; a hidden size that the head
+    count does not divide was a traceback (huggingface_hub's StrictDataclass error). Now: one
+    line, exit 2, nothing written."""
+    path, _, _ = gguf_source
+    bad = _rewritten(path, tmp_path / "bad.gguf", **change)
+    capsys.readouterr()
+    assert convert_main([str(bad), str(tmp_path / "out"), "--window-size", str(W), "-q"]) == 2
+    out, err = capsys.readouterr()
+    err = err.strip()
+    assert err.startswith("orthros convert: error: ") and "\n" not in err and words in err, err
+    assert "LOAD REPORT" not in out + err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
