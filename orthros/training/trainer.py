@@ -720,6 +720,7 @@ class Trainer:
                                 "grad_norm": m["grad_norm"], "tokens": self.tokens_seen, "tokens_per_s": tps,
                                 "mfu": mfu, "targets": m["step_targets"]})
                     t_window, tok_window, flop_window = time.perf_counter(), 0, 0.0
+                paused = time.perf_counter()  # evals and saves are not training time (tok/s, MFU)
                 if cfg.train.eval_every and self.step % cfg.train.eval_every == 0 and self.step < cfg.train.max_steps:
                     eval_loss = self.evaluate()
                     if eval_loss is not None:
@@ -730,6 +731,7 @@ class Trainer:
                 if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
                     self.save()
                     last_saved = self.step
+                t_window += time.perf_counter() - paused
                 ckpt._fault("after_step", self.step)
             if self.eval_rows and self.step > start_step:
                 eval_loss = self.evaluate()

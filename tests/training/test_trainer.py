@@ -619,3 +619,26 @@ def test_python_m_orthros_train_reports_a_failure_as_orthros_train_does(tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 1, err[-5:]
     assert err[-1].startswith("orthros train: error: FloatingPointError: loss is "), err[-3:]
+
+
+def test_tokens_per_s_counts_training_time_only(tmp_path, corpus, monkeypatch):
+    """tokens/s (and MFU) of a logged step took the time of the evals and checkpoint saves in its
+    window for training time: here a step 'takes' 1 s, an eval or a save 100 s (a fake clock)."""
+    from orthros.training import trainer
+
+    clock = [0.0]
+    monkeypatch.setattr(trainer.time, "perf_counter", lambda: clock[0])
+
+    def taking(seconds, f):
+        def g(*a, **k):
+            clock[0] += seconds
+            return f(*a, **k)
+        return g
+
+    for name, seconds in (("train_step", 1.0), ("evaluate", 100.0), ("save", 100.0)):
+        monkeypatch.setattr(trainer.Trainer, name, taking(seconds, getattr(trainer.Trainer, name)))
+    train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "6", "--log_every", "3", "--eval_every", "2",
+                                 "--checkpoint.every", "1")))
+    rows = read_metrics(str(tmp_path))
+    assert [r["step"] for r in rows] == [3, 6]
+    assert [r["tokens_per_s"] for r in rows] == [3 * 64 / 3.0] * 2  # 3 steps of 2 rows x 32 tokens, 3 s
