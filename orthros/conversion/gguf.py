@@ -202,13 +202,19 @@ def load_gguf_model(path, *, with_tokenizer: bool = True, progress: bool = True)
     tokenizer that transformers builds from the GGUF file, after :func:`inspect_gguf`.
     ``progress``: transformers' bars, at a terminal."""
     info = inspect_gguf(path)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from huggingface_hub.errors import StrictDataclassError  # a config value transformers refuses
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    errors = (OSError, ValueError, KeyError, RuntimeError, TypeError, StrictDataclassError)
+    errors = (OSError, ValueError, LookupError, RuntimeError, TypeError, StrictDataclassError)
     folder, name = str(info.path.parent), info.path.name
+    tok = None
+    if with_tokenizer and info.has_tokenizer:  # first: a bad tokenizer is found before the long de-quantising
+        try:
+            tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        except errors as e:
+            raise GGUFError(f"{info.path}: transformers could not build the tokenizer stored in this GGUF file "
+                            f"({_one_line(e)})") from None
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its load report: what is wrong is raised below, in one line
     try:
@@ -227,13 +233,6 @@ def load_gguf_model(path, *, with_tokenizer: bool = True, progress: bool = True)
         more = f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
         raise GGUFError(f"{info.path}: the GGUF's tensors do not fit the model its fields describe: "
                         f"{'; '.join(wrong[:3])}{more}")
-    tok = None
-    if with_tokenizer and info.has_tokenizer:
-        try:
-            tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        except errors as e:
-            raise GGUFError(f"{info.path}: transformers could not build the tokenizer stored in this GGUF file "
-                            f"({_one_line(e)})") from None
     # the weights are plain fp32 tensors now: what describes the GGUF quantisation no longer applies
     for cfg in (model.config, getattr(model, "generation_config", None)):
         if cfg is not None and hasattr(cfg, "quantization_config"):
