@@ -137,6 +137,12 @@ class DocSource:
             raise DataError(f"{self.name}: dataset has no column '{column}' (columns: {self.columns}); "
                             f"set data.text_field / data.messages_field")
 
+    def row(self, epoch: int, i: int) -> Optional[int]:
+        """The dataset row of document ``i`` of ``epoch``'s order (None: a shuffled stream's)."""
+        if self.num_docs is not None:
+            return int(self.order(epoch)[i])
+        return None if self.shuffle else i
+
     def order(self, epoch: int) -> np.ndarray:
         if not self.shuffle:
             return np.arange(self.num_docs)
@@ -358,7 +364,18 @@ class PackedStream:
                 self._next_fetch, self.offset, self._epoch_tokens = 0, 0, 0
                 self._iter = None
                 continue
-            encoded = self.encoder([r for _, r in batch])
+            try:
+                encoded = self.encoder([r for _, r in batch])
+            except DataError:
+                for idx, r in batch:  # name the record (its batch encoded one by one, on this path only)
+                    try:
+                        self.encoder([r])
+                    except DataError as e:
+                        row = self.source.row(self.epoch, idx)
+                        where = (f"row {row}" if row is not None else
+                                 f"document {idx} of epoch {self.epoch}'s shuffled stream")
+                        raise DataError(f"{self.source.name}, {where} (from 0): {e}") from None
+                raise
             for (idx, _), e in zip(batch, encoded):
                 if e is not None:
                     cuts = tuple(e[2]) if len(e) > 2 else (len(e[0]),)

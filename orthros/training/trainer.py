@@ -738,6 +738,8 @@ class Trainer:
                 logger.log({"kind": "eval", "step": self.step, "eval_loss": eval_loss, "tokens": self.tokens_seen})
             if last_saved != self.step:
                 self.save()
+        except DataError as e:  # a bad record past those the checks read: a failure while working
+            raise RuntimeError(f"at step {self.step + 1}: {e}") from None
         finally:
             progress.close()
             logger.close()

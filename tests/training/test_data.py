@@ -273,3 +273,17 @@ def test_files_of_several_formats_are_refused_as_such(tmp_path, tok):
     _write_jsonl(tmp_path / "b.jsonl", ["Or not."])
     with pytest.raises(DataError, match=r"several formats \(json, text\)"):
         DocSource([str(tmp_path / "a.txt"), str(tmp_path / "b.jsonl")])
+
+
+def test_a_bad_record_is_named_by_its_row(tmp_path, tok):
+    """A bad record past the first ones was reported without saying where it is (in a large file:
+    'each message needs role and string content, got {...}' and no more)."""
+    good = {"messages": [{"role": "user", "content": "Hail!"}, {"role": "assistant", "content": "Well met."}]}
+    rows = [good] * 7 + [{"messages": [{"role": "user"}]}] + [good] * 2
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for shuffle in ("false", "true"):
+        cfg = load_config(None, ["--mode", "sft", "--data.train", str(tmp_path / "c.jsonl"), "--seq_len", "64",
+                                 "--encode_batch", "3", "--data.shuffle", shuffle])
+        with pytest.raises(DataError, match=r"^data.train, row 7 \(from 0\): each message needs 'role' and string "
+                                            r"'content', got \{'role': 'user'\}"):
+            build_stream(cfg, tok).take(len(rows))

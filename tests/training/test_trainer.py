@@ -3,6 +3,7 @@ process, packed batches isolate documents, bad input refused up front, HF Traine
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -642,3 +643,23 @@ def test_tokens_per_s_counts_training_time_only(tmp_path, corpus, monkeypatch):
     rows = read_metrics(str(tmp_path))
     assert [r["step"] for r in rows] == [3, 6]
     assert [r["tokens_per_s"] for r in rows] == [3 * 64 / 3.0] * 2  # 3 steps of 2 rows x 32 tokens, 3 s
+
+
+def test_a_bad_record_met_while_training_is_a_failure_while_working(tmp_path, capsys):
+    """Bad data the checks before the run did not read (they read the first documents) stopped a
+    run that had trained and saved with exit code 2, which says 'refused before any work', and
+    without naming the record; it is exit code 1, naming the step and the record's row."""
+    from orthros.cli import main
+
+    good = {"messages": [{"role": "user", "content": "Hail!"}, {"role": "assistant", "content": "Well met."}]}
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in [good] * 4 + [{"messages": []}]))
+    rc = main(["train", "--mode", "sft", "--output_dir", str(tmp_path / "run"), "--data.train", str(data),
+               "--data.eval", "null", "--data.shuffle", "false", "--encode_batch", "2", "--seq_len", "32",
+               "--grad_accum", "1", "--model.hidden_size", "32", "--model.intermediate_size", "64",
+               "--model.num_hidden_layers", "1", "--model.num_attention_heads", "2", "--max_steps", "10",
+               "--threads", "1", "--progress", "false", "--tensorboard", "false", "--plot", "false"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1, err[-3:]
+    assert re.match(r"orthros train: error: RuntimeError: at step [2-9]: data.train, row 4 \(from 0\): an SFT "
+                    r"example's messages must be a non-empty list", err[-1]), err[-3:]
