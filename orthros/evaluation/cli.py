@@ -237,23 +237,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _mqar(a) -> int:
-    from ..kinds import HYBRID_DISPLAY, hybrid_layout
+    from ..kinds import HYBRID_DISPLAY
     from ..utils import check_device, check_output_path, check_png, write_json
-    from .mqar import MODEL_ALIASES, MQARTask, MQARTrain, format_table, plot_recall, run_mqar
+    from .mqar import MODEL_ALIASES, MQARTask, MQARTrain, check_models, format_table, plot_recall, run_mqar
 
     models = tuple(m.strip().lower() for m in a.models.split(",") if m.strip())
-    for m in models:
-        if m not in MODEL_ALIASES:
-            raise ValueError(f"--models: unknown model {m!r}; choose from {', '.join(MODEL_ALIASES)}")
     for name in ("steps", "batch_size", "hidden_size", "layers", "heads", "window", "eval_examples", "jobs"):
         if getattr(a, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
-    for m in models:  # a hybrid it cannot build would fail after the models before it had trained
-        if MODEL_ALIASES[m] in HYBRID_DISPLAY:
-            try:
-                hybrid_layout(MODEL_ALIASES[m], a.layers)
-            except ValueError as e:
-                raise ValueError(f"--layers {a.layers}: {e}") from None
+    check_models(models, a.layers, "--models", "--layers")
     if a.lr <= 0:
         raise ValueError(f"--lr must be > 0, got {a.lr}")
     if a.seed < 0:

@@ -377,6 +377,29 @@ def _log_result(log, res: dict):
             + (f", then {res['step_ms_after_first']:.1f} ms/step)" if res["step_ms_after_first"] is not None else ")"))
 
 
+def check_models(models, num_layers: int, arg: str = "models", layers_arg: str = "num_layers") -> tuple:
+    """``models`` (names of ``MODEL_ALIASES``) checked before any model trains: at least one, each
+    known and named once (two names of one model, e.g. ``transformer,full``, would train it twice on
+    the same data and seed), every hybrid buildable with ``num_layers``. Errors name ``arg`` /
+    ``layers_arg``."""
+    if not models:
+        raise ValueError(f"{arg} must name at least one model; choose from {', '.join(MODEL_ALIASES)}")
+    seen = {}
+    for m in models:
+        if m not in MODEL_ALIASES:
+            raise ValueError(f"{arg}: unknown model {m!r}; choose from {', '.join(MODEL_ALIASES)}")
+        mode = MODEL_ALIASES[m]
+        if mode in seen:
+            raise ValueError(f"{arg} names {DISPLAY[mode]} twice ({seen[mode]}, {m}); name each model once")
+        seen[mode] = m
+        if mode in HYBRID_DISPLAY:  # before any model trains, not when its turn comes
+            try:
+                hybrid_layout(mode, num_layers)
+            except ValueError as e:
+                raise ValueError(f"{layers_arg} {num_layers}: {e}") from None
+    return tuple(models)
+
+
 def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print, jobs: int = 1) -> dict:
     """Train each model on the same stream of batches (same seeds, steps, lr, size) and evaluate
     on the same held-out sequences. Returns a JSON-able dict.
@@ -387,13 +410,7 @@ def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print, jo
     model. Results (and the table) keep the order of ``tr.models``; no progress bars then, a
     line per model as it finishes."""
     task.validate()
-    names = []
-    for m in tr.models:
-        if m not in MODEL_ALIASES:
-            raise ValueError(f"unknown MQAR model {m!r}; choose from {sorted(set(MODEL_ALIASES))}")
-        if MODEL_ALIASES[m] in HYBRID_DISPLAY:  # before any model trains, not when its turn comes
-            hybrid_layout(MODEL_ALIASES[m], tr.num_layers)
-        names.append(m)
+    names = list(check_models(tr.models, tr.num_layers))
     if tr.window_size < 1:
         raise ValueError(f"window_size must be >= 1, got {tr.window_size}")
     if not isinstance(tr.compile, bool):

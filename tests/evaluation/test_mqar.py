@@ -1,6 +1,7 @@
 """MQAR generator validity and a tiny end-to-end training run."""
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -253,6 +254,9 @@ def test_accuracy_by_gap_buckets_add_up_and_plot(tmp_path):
     (["-o", "{tmp}"], "--output {tmp}: is a directory"),
     (["-o", "{tmp}/f/m.json"], "is a file, not a directory"),
     (["--plot", "{tmp}/f/m.png"], "is a file, not a directory"),
+    # were accepted: no model printed an empty table (exit 0); one model twice trained twice
+    (["--models", ","], "--models must name at least one model; choose from orthros, transformer"),
+    (["--models", "transformer,swa,full"], "--models names Transformer twice (transformer, full)"),
 ])
 def test_cli_mqar_bad_input_refused_before_training(tmp_path, capsys, monkeypatch, args, msg):
     """Issue: a hybrid with --layers < 4 failed after the models before it had trained; --seed -5 and
@@ -278,6 +282,14 @@ def test_run_mqar_checks_hybrid_layers_before_training():
         mp.setattr(mqar, "train_one", lambda *a, **kw: pytest.fail("training started"))
         with pytest.raises(ValueError, match="needs num_layers >= 4"):
             run_mqar(task, tr, progress=False, log=None)
+
+
+@pytest.mark.parametrize("models, msg", [((), "models must name at least one model"),
+                                         (("orthros", "swa", "window"), "models names SWA twice (swa, window)")])
+def test_run_mqar_refuses_no_model_and_a_model_twice(models, msg):
+    task = MQARTask(vocab_size=16, seq_len=32, num_pairs=2)
+    with pytest.raises(ValueError, match=re.escape(msg)):
+        run_mqar(task, MQARTrain(models=models, steps=1, batch_size=2, eval_examples=2), progress=False, log=None)
 
 
 def test_cli_mqar_help_on_gdn_layers():
