@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import torch
@@ -25,6 +26,9 @@ def probe(ckpt_dir: str, passage: int = 96, n: int = 32) -> dict:
     from ..data import CORPUS_EVAL
 
     model = AutoModelForCausalLM.from_pretrained(ckpt_dir).eval()
+    if 2 * passage > model.config.max_position_embeddings:
+        raise ValueError(f"--passage {passage}: P P is {2 * passage} tokens, more than {ckpt_dir} takes "
+                         f"(max_position_embeddings {model.config.max_position_embeddings})")
     tok = AutoTokenizer.from_pretrained(ckpt_dir)
     docs = [json.loads(l)["text"] for l in open(CORPUS_EVAL, encoding="utf-8")]
     first, second, count = 0.0, 0.0, 0
@@ -44,25 +48,40 @@ def probe(ckpt_dir: str, passage: int = 96, n: int = 32) -> dict:
         count += 1
         if count == n:
             break
+    if not count:
+        raise ValueError(f"--passage {passage}: no held-out scene has the {passage + 64} tokens it needs")
     return {"checkpoint": ckpt_dir, "attention_mode": model.config.attention_mode,
             "window": model.config.window_size, "passage_tokens": passage, "passages": count,
             "loss_first_copy": first / count, "loss_second_copy": second / count}
 
 
 def main(argv=None) -> int:
+    from ..utils import check_positive_int
     from .checkpoint import latest_checkpoint
     from .metrics import read_metrics
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m orthros.training.compare", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="output_dir of each run")
-    p.add_argument("--passage", type=int, default=96)
-    p.add_argument("--n", type=int, default=32)
+    p.add_argument("--passage", type=int, default=96, help="passage length in tokens")
+    p.add_argument("--n", type=int, default=32, help="passages probed (at most one a held-out scene)")
     a = p.parse_args(argv)
-    for run in a.runs:
-        ck = latest_checkpoint(run)
+    try:
+        check_positive_int("--passage", a.passage)
+        check_positive_int("--n", a.n)
+    except ValueError as e:
+        p.error(str(e))
+    ckpts = {run: latest_checkpoint(run) for run in a.runs}
+    for run, ck in ckpts.items():  # every run checked before the first is probed
+        if ck is None or not os.path.isfile(os.path.join(run, "metrics.jsonl")):
+            p.error(f"{run}: not a training run's output_dir (one with a complete checkpoint and metrics.jsonl)")
+    for run, ck in ckpts.items():
         evals = read_metrics(run, "eval")
         train = read_metrics(run, "train")
-        r = probe(str(ck), a.passage, a.n)
+        try:
+            r = probe(str(ck), a.passage, a.n)
+        except ValueError as e:
+            p.error(str(e))
         r.update({"run": run, "step": evals[-1]["step"] if evals else None,
                   "eval_loss": evals[-1]["eval_loss"] if evals else None,
                   "train_loss_last": train[-1]["loss"] if train else None,

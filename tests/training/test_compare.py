@@ -1,0 +1,58 @@
+"""``python -m orthros.training.compare``: the long-range probe of trained runs refuses bad
+arguments before any work (it probed every scene for --n 0, and failed with tracebacks)."""
+
+import json
+import re
+
+import pytest
+
+pytest.importorskip("datasets", reason="training needs the `datasets` package")
+
+from orthros.training.compare import main  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A training output_dir: a tiny random checkpoint (20000 positions) and one metrics row."""
+    from orthros.data import load_tokenizer
+    from orthros.models import OrthrosConfig, OrthrosForCausalLM
+
+    out = tmp_path_factory.mktemp("run")
+    ck = out / "checkpoints" / "step_00000001"
+    tok = load_tokenizer()
+    cfg = OrthrosConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                        num_attention_heads=2, window_size=8, max_position_embeddings=20000)
+    OrthrosForCausalLM(cfg).save_pretrained(ck)
+    tok.save_pretrained(ck)
+    (ck / "manifest.json").write_text("{}")
+    (out / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 1, "loss": 8.0, "tokens": 8}) + "\n")
+    return out
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--n", "0"], "--n must be an integer >= 1, got 0"),
+    (["--passage", "0"], "--passage must be an integer >= 1, got 0"),
+    (["--passage", "10001"], "--passage 10001: P P is 20002 tokens, more than .* takes \\(max_position_embeddings "
+                             "20000\\)"),
+    (["--passage", "9000"], "--passage 9000: no held-out scene has the 9064 tokens it needs"),
+])
+def test_bad_arguments_are_refused(run, capsys, args, says):
+    with pytest.raises(SystemExit) as e:
+        main([str(run), *args])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and re.search(f"error: {says}", err), err
+
+
+def test_a_folder_that_is_not_a_run_is_refused_before_any_probe(run, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([str(run), str(tmp_path)])
+    assert e.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and f"error: {tmp_path}: not a training run's output_dir" in err
+
+
+def test_probes_n_passages(run, capsys):
+    assert main([str(run), "--n", "2", "--passage", "16"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert (r["passages"], r["passage_tokens"], r["step"], r["train_loss_last"]) == (2, 16, None, 8.0)
