@@ -154,7 +154,9 @@ def _ppl_parser(sub):
     p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: the model dir)")
     p.add_argument("--seq-len", type=int, default=8192, help="tokens per scored window (default 8192)")
     p.add_argument("--windows", type=int, default=16, help="at most this many windows (default 16)")
-    p.add_argument("--buckets", default="0,128,512,2048,8192", help="bucket edges in positions, comma list")
+    p.add_argument("--buckets", default=None,
+                   help="bucket edges in positions, comma list (default: 0,128,512,2048,8192, those below a "
+                        "shorter --seq-len then --seq-len)")
     p.add_argument("--attention-mode", default=None, choices=("orthros", "full", "window"),
                    help="override the checkpoint's attention (full: the same weights as a Transformer; "
                         "default: the checkpoint's)")
@@ -169,8 +171,8 @@ def _ppl_parser(sub):
 def _ppl(a) -> int:
     from ..utils import check_device, check_output_path, check_png, write_json
     from .common import default_device, load_model, load_tokenizer, parse_int_list, read_max_positions, read_model_type
-    from .perplexity import (check_buckets, format_table, load_documents, make_windows, plot_position_perplexity,
-                             position_perplexity)
+    from .perplexity import (check_buckets, default_buckets, format_table, load_documents, make_windows,
+                             plot_position_perplexity, position_perplexity)
 
     if a.seq_len < 2 or a.windows < 1:
         raise ValueError(f"--seq-len must be >= 2 and --windows >= 1, got {a.seq_len} and {a.windows}")
@@ -179,7 +181,8 @@ def _ppl(a) -> int:
         check_output_path("--plot", a.plot)
     if a.output:
         check_output_path("--output", a.output)
-    edges = check_buckets(parse_int_list(a.buckets, "--buckets"), a.seq_len)
+    edges = check_buckets(default_buckets(a.seq_len) if a.buckets is None else parse_int_list(a.buckets, "--buckets"),
+                          a.seq_len)
     device = check_device(a.device) if a.device else default_device()
     docs = load_documents(a.data)
     max_pos = read_max_positions(a.model)  # (and a clear error when --model is not a checkpoint)

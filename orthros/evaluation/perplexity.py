@@ -34,12 +34,23 @@ def bucket_names(edges) -> list[str]:
     return [f"{_fmt(a)}-{_fmt(b)}" for a, b in zip(edges[:-1], edges[1:])]
 
 
+def default_buckets(seq_len: int) -> list[int]:
+    """The bucket edges when none are given: ``DEFAULT_BUCKETS`` up to ``seq_len`` (the edges below it,
+    then ``seq_len``), so a shorter ``--seq-len`` needs no ``--buckets`` of its own."""
+    if seq_len >= DEFAULT_BUCKETS[-1]:
+        return list(DEFAULT_BUCKETS)
+    return [e for e in DEFAULT_BUCKETS if e < seq_len] + [seq_len]
+
+
 def check_buckets(edges, seq_len: int) -> list[int]:
     edges = [int(e) for e in edges]
     if len(edges) < 2 or edges[0] < 0 or any(b <= a for a, b in zip(edges, edges[1:])):
         raise ValueError(f"--buckets must be at least two increasing integers >= 0, got {edges}")
     if edges[-1] > seq_len:
         raise ValueError(f"--buckets: the last edge ({edges[-1]}) is beyond --seq-len ({seq_len})")
+    if edges[:2] == [0, 1]:
+        raise ValueError("--buckets: the bucket 0-1 holds no scored token (the token at position 0 is never "
+                         "predicted); start the edges at 1, or end the first bucket after 1")
     return edges
 
 
@@ -89,9 +100,10 @@ def make_windows(tokenizer, documents, seq_len: int, max_windows: int | None = N
     return windows
 
 
-def position_perplexity(model, windows, *, buckets=DEFAULT_BUCKETS, device=None, autocast_dtype=None,
+def position_perplexity(model, windows, *, buckets=None, device=None, autocast_dtype=None,
                         chunk: int = 2048, progress: bool = True) -> dict:
-    """Perplexity of ``model`` per position bucket over ``windows`` (lists of token ids of one length)."""
+    """Perplexity of ``model`` per position bucket over ``windows`` (lists of token ids of one length);
+    ``buckets``: the edges (default: :func:`default_buckets` of the windows' length)."""
     import torch
     import torch.nn.functional as F
 
@@ -100,7 +112,7 @@ def position_perplexity(model, windows, *, buckets=DEFAULT_BUCKETS, device=None,
     T = len(windows[0])
     if any(len(w) != T for w in windows):
         raise ValueError("every window must have the same length")
-    edges = check_buckets(buckets, T)
+    edges = check_buckets(default_buckets(T) if buckets is None else buckets, T)
     dev = torch.device(device) if device is not None else next(model.parameters()).device
     nll = torch.zeros(T, dtype=torch.float64)  # summed NLL of the token at each position
     was_training = model.training
@@ -183,5 +195,5 @@ def format_table(results: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["DEFAULT_BUCKETS", "bucket_names", "check_buckets", "load_documents", "make_windows",
+__all__ = ["DEFAULT_BUCKETS", "bucket_names", "check_buckets", "default_buckets", "load_documents", "make_windows",
            "position_perplexity", "format_table", "plot_position_perplexity"]

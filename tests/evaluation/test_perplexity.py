@@ -14,7 +14,8 @@ from transformers import AutoTokenizer
 
 from orthros.evaluation.cli import main as eval_main
 from orthros.evaluation.common import make_tiny_checkpoint
-from orthros.evaluation.perplexity import check_buckets, load_documents, make_windows, position_perplexity
+from orthros.evaluation.perplexity import (DEFAULT_BUCKETS, check_buckets, default_buckets, load_documents,
+                                          make_windows, position_perplexity)
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +64,23 @@ def test_windows_and_bucket_checks(tiny):
         check_buckets([0, 64, 32], 128)
     with pytest.raises(ValueError, match="beyond --seq-len"):
         check_buckets([0, 512], 128)
+    # was accepted: the bucket 0-1 (position 0 is never predicted) was dropped, an empty table column
+    with pytest.raises(ValueError, match="the bucket 0-1 holds no scored token"):
+        check_buckets([0, 1], 128)
+    assert check_buckets([1, 64], 128) == [1, 64]
+
+
+def test_default_buckets_end_at_a_shorter_seq_len(tiny, tmp_path, capsys):
+    """Issue: the default --buckets (0,128,512,2048,8192) was refused with any --seq-len below 8192
+    ("the last edge (8192) is beyond --seq-len"), an option the user had not given."""
+    assert default_buckets(64) == [0, 64] and default_buckets(1000) == [0, 128, 512, 1000]
+    assert default_buckets(8192) == default_buckets(16384) == list(DEFAULT_BUCKETS)
+    ck, data = tiny
+    out = tmp_path / "ppl.json"
+    assert eval_main(["ppl", "--model", str(ck), "--data", str(data), "--seq-len", "192", "--windows", "1",
+                      "--no-progress", "-o", str(out)]) == 0
+    assert [b["bucket"] for b in json.loads(out.read_text())["buckets"]] == ["0-128", "128-192"]
+    assert "| model | 0-128 | 128-192 | all |" in capsys.readouterr().out
 
 
 def test_cli(tiny, tmp_path, capsys):
