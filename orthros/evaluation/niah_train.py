@@ -71,7 +71,9 @@ class NIAHTrainConfig:
         if self.max_len < self.min_len:
             raise ValueError(f"max_len ({self.max_len}) must be >= min_len ({self.min_len})")
         if self.max_len + self.digits + 4 > self.max_position_embeddings:
-            raise ValueError("max_len plus the answer must fit in max_position_embeddings")
+            raise ValueError(f"max_len (--max-len) {self.max_len} plus the answer ({self.digits} digits + 4 tokens) "
+                             f"must fit in max_position_embeddings ({self.max_position_embeddings}, --max-positions): "
+                             f"use --max-len <= {self.max_position_embeddings - self.digits - 4}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.init is not None:  # before any data or weights: what from_pretrained would refuse later
@@ -86,7 +88,9 @@ class NIAHTrainConfig:
                                  f"not {self.attention_mode!r}")
             n = c.get("max_position_embeddings")
             if isinstance(n, int) and n < self.max_len + self.digits + 4:
-                raise ValueError(f"--init {self.init}: max_position_embeddings is below --max-len")
+                raise ValueError(f"--init {self.init}: its max_position_embeddings ({n}) is too small for --max-len "
+                                 f"{self.max_len} plus the answer ({self.digits} digits + 4 tokens): use --max-len "
+                                 f"<= {n - self.digits - 4}")
         return self
 
 

@@ -1,6 +1,8 @@
 """NIAH training data: same prompt as `orthros eval niah` scores, labels only on the answer;
 a few training steps lower the loss."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -92,6 +94,9 @@ TINY = ["--steps", "2", "--batch-size", "2", "--hidden-size", "32", "--heads", "
     (["--init", "{tmp}"], "--init {tmp} is not a checkpoint directory"),
     (["--init", "{tmp}/llama"], "--init {tmp}/llama: a 'llama' checkpoint"),
     (["--init", "{tmp}/swa"], "--init {tmp}/swa has attention_mode 'window', not 'orthros'"),
+    # said only "max_len plus the answer must fit in max_position_embeddings", no value, no option
+    (["--max-len", "2000"], "max_len (--max-len) 2000 plus the answer (7 digits + 4 tokens) must fit in "
+                            "max_position_embeddings (1024, --max-positions): use --max-len <= 1013"),
 ])
 def test_cli_bad_input_refused_before_training(tmp_path, capsys, monkeypatch, args, msg):
     """Issue: each of these passed the checks and failed later: inside the training loop (--log-every 0:
@@ -140,6 +145,16 @@ def test_cli_bad_input_refused_before_the_model_is_built(tmp_path, capsys, monke
     assert main(["niah-train", *tiny, *args, "--out", str(tmp_path / "m")]) == 2
     assert msg.replace("{tmp}", str(tmp_path)) in capsys.readouterr().err
     assert not (tmp_path / "m").exists()
+
+
+def test_init_too_short_for_max_len_names_the_values(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "orthros", "max_position_embeddings": 64}))
+    with pytest.raises(ValueError, match=re.escape(f"--init {tmp_path}: its max_position_embeddings (64) is too "
+                                                   f"small for --max-len 128 plus the answer (7 digits + 4 tokens): "
+                                                   f"use --max-len <= 53")):
+        NIAHTrainConfig(init=str(tmp_path), max_len=128).validate()
 
 
 def test_record_is_written_through_a_temporary_name(tmp_path, monkeypatch):
