@@ -222,8 +222,9 @@ def _batch(data: dict, sl, device="cpu"):
 @torch.no_grad()
 def evaluate(model, data: dict, window_size: int, batch_size: int = 250, device="cpu") -> dict:
     """Accuracy of the argmax (over the whole vocabulary) at every answer, overall, split by
-    whether the key-value pair lies inside the sliding window of the query (gap < w) or not, and
-    per power-of-two bucket of gaps (``acc_by_gap``: ``[lo, hi)``, the queries in it, accuracy)."""
+    whether the key-value pair lies inside the sliding window of the query (gap < w) or not
+    (``None`` for a split that holds no query: JSON has no NaN), and per power-of-two bucket of gaps
+    (``acc_by_gap``: ``[lo, hi)``, the queries in it, accuracy)."""
     model.eval()
     n = data["input_ids"].shape[0]
     correct = []
@@ -236,7 +237,7 @@ def evaluate(model, data: dict, window_size: int, batch_size: int = 250, device=
     far = data["gaps"] >= window_size  # key outside the query's window (w keys incl. itself)
 
     def acc(mask):
-        return float(correct[mask].mean()) if mask.any() else float("nan")
+        return float(correct[mask].mean()) if mask.any() else None
 
     gaps, by_gap, lo = data["gaps"], [], 1
     while lo <= gaps.max():
@@ -370,9 +371,14 @@ def _train_alone(name: str, task: MQARTask, tr: MQARTrain) -> dict:
     return train_one(name, task, tr, _batches(_train_stream(task, tr), tr), _held_out(task, tr))
 
 
+def _pct(x, width: int = 0) -> str:
+    """A share as a percentage; ``-`` for ``None`` (a split of :func:`evaluate` without queries)."""
+    return "-".rjust(width + 1) if x is None else f"{100 * x:{width}.1f}%"
+
+
 def _log_result(log, res: dict):
     if log:
-        log(f"  {res['model']:<11} acc {100 * res['acc']:5.1f}%  (gap >= window: {100 * res['acc_gap_ge_window']:5.1f}%)"
+        log(f"  {res['model']:<11} acc {_pct(res['acc'], 5)}  (gap >= window: {_pct(res['acc_gap_ge_window'], 5)})"
             f"  loss {res['final_loss']:.3f}  {res['train_seconds']:.0f}s (first step {res['first_step_seconds']:.1f}s"
             + (f", then {res['step_ms_after_first']:.1f} ms/step)" if res["step_ms_after_first"] is not None else ")"))
 
@@ -493,9 +499,7 @@ def format_table(out: dict) -> str:
     w = out["train"]["window_size"]
     rows = [("model", "accuracy", f"gap >= {w}", f"gap < {w}", "params", "train s")]
     for r in out["results"]:
-        def pct(x):
-            return "   -" if x != x else f"{100 * x:.1f}%"
-        rows.append((r["model"], pct(r["acc"]), pct(r["acc_gap_ge_window"]), pct(r["acc_gap_lt_window"]),
+        rows.append((r["model"], _pct(r["acc"]), _pct(r["acc_gap_ge_window"]), _pct(r["acc_gap_lt_window"]),
                      f"{r['params']:,}", f"{r['train_seconds']:.0f}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(widths[i]) if i == 0 else c.rjust(widths[i]) for i, c in enumerate(row)) for row in rows]

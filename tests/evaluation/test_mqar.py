@@ -292,6 +292,27 @@ def test_run_mqar_refuses_no_model_and_a_model_twice(models, msg):
         run_mqar(task, MQARTrain(models=models, steps=1, batch_size=2, eval_examples=2), progress=False, log=None)
 
 
+def test_a_split_without_queries_is_none_not_nan(tmp_path):
+    """Issue: with every gap inside the window (--window 64, sequences of 64), acc_gap_ge_window was NaN,
+    written into the --output JSON as `NaN`, which strict JSON readers (jq, JavaScript) refuse."""
+    from orthros.evaluation.mqar import _log_result, build_model, evaluate, format_table
+    from orthros.utils import write_json
+
+    task = MQARTask(vocab_size=16, seq_len=32, num_pairs=2)
+    tr = MQARTrain(hidden_size=32, num_heads=2, window_size=32)
+    res = evaluate(build_model("window", task, tr, seed=0), generate(task, 8, seed=0), tr.window_size)
+    assert res["acc_gap_ge_window"] is None and res["acc_gap_lt_window"] is not None
+    res.update(model="SWA", params=1, train_seconds=0.0, final_loss=1.0, first_step_seconds=0.1,
+               step_ms_after_first=None)
+    write_json(tmp_path / "r.json", {"results": [res]})
+    json.loads((tmp_path / "r.json").read_text(), parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
+    lines = []
+    _log_result(lines.append, res)
+    assert "(gap >= window:      -)" in lines[0]  # as wide as "  0.0%"
+    row = format_table({"train": {"window_size": 32}, "results": [res]}).splitlines()[2]
+    assert row.split()[2] == "-"
+
+
 def test_cli_mqar_help_on_gdn_layers():
     """Issue: --models's help said every hybrid, gdn included, needs --layers >= 4; gdn (GDN layers only)
     trains with any --layers."""
