@@ -192,15 +192,22 @@ def write_json(path, obj, *, indent: int = 2, default=None) -> None:
 def commit_id():
     """The commit a measurement runs at: ``$ORTHROS_COMMIT`` (set where the tree travels without
     its .git, e.g. the GPU machine), else ``git rev-parse --short HEAD`` of this checkout, else
-    ``None``."""
+    ``None`` (also when the package lies untracked inside another repository: installed into a
+    project's ``.venv``, whose HEAD says nothing about orthros)."""
     import subprocess
 
     c = os.environ.get("ORTHROS_COMMIT")
     if c:
         return c
+    here = os.path.abspath(__file__)
+
+    def git(*args):
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=os.path.dirname(here), timeout=10)
+
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10).stdout.strip() or None
+        if git("ls-files", "--error-unmatch", os.path.basename(here)).returncode != 0:
+            return None
+        return git("rev-parse", "--short", "HEAD").stdout.strip() or None
     except Exception:  # noqa: BLE001  (no git, not a checkout)
         return None
 

@@ -129,3 +129,26 @@ def test_input_checks_name_the_argument(tmp_path, monkeypatch):
     for bad in ([10], [-1]):
         with pytest.raises(ValueError, match=r"ids must be token ids in \[0, vocab_size=10\)"):
             check_token_ids(torch.tensor(bad), 10, "ids")
+
+
+def test_commit_id_is_none_outside_a_checkout_of_orthros(tmp_path, monkeypatch):
+    """Installed into a folder that another repository holds (a project's .venv), the package is
+    not a checkout of orthros: no commit, not that project's HEAD."""
+    import subprocess
+
+    import orthros.utils as utils
+
+    git = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, check=True, capture_output=True, text=True)  # noqa: E731
+    git("init", "-q")
+    (tmp_path / ".gitignore").write_text(".venv\n")
+    pkg = tmp_path / ".venv" / "site" / "orthros"
+    pkg.mkdir(parents=True)
+    (pkg / "utils.py").write_text("")
+    git("add", ".gitignore")
+    git("-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "-m", "a project")
+    monkeypatch.delenv("ORTHROS_COMMIT", raising=False)
+    monkeypatch.setattr(utils, "__file__", str(pkg / "utils.py"))
+    assert utils.commit_id() is None
+    git("add", "-f", str(pkg / "utils.py"))  # tracked: a checkout
+    git("-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "-m", "orthros")
+    assert utils.commit_id() == git("rev-parse", "--short", "HEAD").stdout.strip()
