@@ -69,9 +69,9 @@ def hybrid_layout(name: str, num_layers: int) -> dict:
     if kind is None:
         raise ValueError(f"hybrid model must be one of {', '.join(HYBRID_ALIASES)}, got {name!r}")
     mode, every = HYBRID_KINDS[kind]
-    if every is not None and (isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < every):
-        raise ValueError(f"a {kind!r} model needs num_layers >= {every} (an attention layer every {every}th layer), "
-                         f"got {num_layers!r}")
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < (every or 1):
+        why = f" (an attention layer every {every}th layer)" if every else ""
+        raise ValueError(f"a {kind!r} model needs num_layers >= {every or 1}{why}, got {num_layers!r}")
     if mode is None:
         return {"layer_types": [LINEAR_LAYER_TYPE] * num_layers}
     return {"layer_types": interval_layer_types(num_layers, every, mode), "attention_mode": mode}
@@ -118,7 +118,7 @@ def resolve_layer_types(layer_types: Optional[Sequence[str]], num_layers: int,
     if len(types) != num_layers:
         raise ValueError(f"layer_types must have one entry per layer (num_hidden_layers={num_layers}), "
                          f"got {len(types)}")
-    bad = sorted({t for t in types if t not in LAYER_TYPES}, key=str)
+    bad = sorted([t for i, t in enumerate(types) if t not in LAYER_TYPES and t not in types[:i]], key=str)
     if bad:
         raise ValueError(f"layer_types has unknown kinds {bad}; known: {', '.join(LAYER_TYPES)}")
     modes = {ATTENTION_LAYER_TYPES[t] for t in types if t in ATTENTION_LAYER_TYPES}
