@@ -11,8 +11,9 @@ from .utils import isatty
 # Exit codes of every sub-command: 0 success; 2 bad input or usage (argparse's convention: an
 # unknown option, a value out of range, a path that does not exist or is not a model), reported
 # before any work is done; 1 a failure while working (out of memory, a diverging loss, a disk
-# error); 130 / 143 interrupted by Ctrl-C / SIGTERM.
+# error); 130 / 143 interrupted by Ctrl-C / SIGTERM; 141 stdout's reader went away.
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_READER_GONE = 128 + 13  # stdout's reader closed it (`orthros info X | head -1`): a shell's tools' SIGPIPE exit
 BAD_INPUT_ERRORS = (ValueError, FileNotFoundError, FileExistsError, NotADirectoryError)  # a named path is wrong
 RUNTIME_ERRORS = (OSError, RuntimeError, ArithmeticError, MemoryError, ImportError)
 
@@ -40,6 +41,30 @@ def _usage() -> str:
 
 
 def main(argv=None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        if not _reader_gone():
+            raise
+        # `orthros ... | head`: the reader has what it wanted; no error, and none at exit's flush either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_READER_GONE
+
+
+def _reader_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (a BrokenPipeError may also be a
+    worker's pipe): such a pipe polls as an error."""
+    import select
+
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), no file descriptor
+        return False
+
+
+def _main(argv) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
@@ -71,7 +96,7 @@ def main(argv=None) -> int:
         print(f"orthros {cmd}: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except RUNTIME_ERRORS as e:
-        if os.environ.get("ORTHROS_TRACEBACK"):
+        if os.environ.get("ORTHROS_TRACEBACK") or (isinstance(e, BrokenPipeError) and _reader_gone()):
             raise
         print(f"orthros {cmd}: error: {type(e).__name__}: {_one_line(e)} (ORTHROS_TRACEBACK=1 shows the traceback)",
               file=sys.stderr)

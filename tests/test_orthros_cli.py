@@ -212,3 +212,17 @@ def test_an_unknown_option_is_named_with_its_sub_command(capsys):
         main(["eval", "mqar", "--modesl", "x"])
     assert e.value.code == 2
     assert "orthros eval mqar: error: unrecognized arguments: --modesl x" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["info", "CKPT"]], ids=["help", "info"])
+def test_a_reader_that_stops_early_is_no_error(argv, checkpoint):
+    """``orthros --help | head -1``: the usage was a BrokenPipeError traceback, ``orthros info X |
+    head`` "error: BrokenPipeError" and exit 1. A closed stdout ends the command quietly with
+    141 (128 + SIGPIPE, as a shell's tools exit)."""
+    argv = [str(checkpoint) if a == "CKPT" else a for a in argv]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "orthros", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=env, cwd=REPO, text=True)
+    p.stdout.close()  # before the command prints anything: it starts in a fraction of a second at best
+    err = p.stderr.read()
+    assert p.wait(timeout=300) == 141 and err == "", err
