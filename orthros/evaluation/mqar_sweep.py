@@ -15,6 +15,21 @@ import time
 
 from .mqar import MQARTask, MQARTrain, format_table, run_mqar
 
+KEYS = ("V", "T", "N", "power", "mingap", "fill", "repeat", "d", "L", "H", "w", "steps", "B", "lr", "neval", "seed",
+        "device", "backend", "threads", "compile")
+
+
+def parse_setting(grp: list) -> tuple:
+    """``[NAME, key=value, ...]`` -> ``(NAME, {key: value})``; a ``ValueError`` for an item without ``=``
+    or a key not in ``KEYS`` (a typo such as ``step=100`` would otherwise be ignored and run the default)."""
+    name, kv = grp[0], {}
+    for item in grp[1:]:
+        key, eq, value = item.partition("=")
+        if not eq or key not in KEYS:
+            raise ValueError(f"setting {name}: {item!r} is not key=value with a key of {' '.join(KEYS)}")
+        kv[key] = value
+    return name, kv
+
 
 def run_one(name: str, kv: dict) -> dict:
     def g(k, d, f=int):
@@ -45,8 +60,12 @@ def main(argv=None) -> int:
             cur = []
         else:
             cur.append(a)
-    for grp in groups:
-        name, kv = grp[0], dict(x.split("=", 1) for x in grp[1:])
+    try:
+        settings = [parse_setting(grp) for grp in groups]  # every setting checked before the first runs
+    except ValueError as e:
+        print(f"mqar_sweep: error: {e}", file=sys.stderr)
+        return 2
+    for name, kv in settings:
         print(json.dumps(run_one(name, kv)), flush=True)
     return 0
 

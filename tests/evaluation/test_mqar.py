@@ -313,6 +313,20 @@ def test_a_split_without_queries_is_none_not_nan(tmp_path):
     assert row.split()[2] == "-"
 
 
+@pytest.mark.parametrize("args, says", [
+    (["a", "steps=1", "--", "b", "step=1"], "setting b: 'step=1' is not key=value with a key of V T N"),
+    (["a", "steps"], "setting a: 'steps' is not key=value"),
+])
+def test_mqar_sweep_refuses_unknown_keys_before_any_run(args, says, capsys, monkeypatch):
+    """Issue: a key not in the list (`step=1` for `steps=1`) was ignored, so the setting ran 800 steps;
+    an item without `=` ended in `dictionary update sequence element #0 has length 1`."""
+    import orthros.evaluation.mqar_sweep as sweep
+
+    monkeypatch.setattr(sweep, "run_one", lambda *a: pytest.fail("a setting ran"))
+    assert sweep.main(args) == 2
+    assert says in capsys.readouterr().err
+
+
 def test_cli_mqar_help_on_gdn_layers():
     """Issue: --models's help said every hybrid, gdn included, needs --layers >= 4; gdn (GDN layers only)
     trains with any --layers."""
