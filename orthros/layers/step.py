@@ -127,7 +127,13 @@ class DenseKV:
 
     def linear_state(self, layer_idx: int):
         """A GDN layer's (conv, recurrent) state from the HF cache (``OrthrosCache``), or None."""
-        return None if self.cache is None else self.cache.linear_state(layer_idx)
+        if self.cache is None:
+            return None
+        if not hasattr(self.cache, "linear_state"):
+            raise TypeError(f"a model with linear_attention (Gated DeltaNet) layers keeps their states in an "
+                            f"OrthrosCache, got a {type(self.cache).__name__} (pass no cache, or "
+                            f"orthros.models.OrthrosCache())")
+        return self.cache.linear_state(layer_idx)
 
     def set_linear_state(self, layer_idx: int, conv_state, recurrent_state):
         if self.cache is not None:

@@ -125,3 +125,18 @@ def test_cached_chunks_and_decode_pairs_equal_one_pass():
         y = m(torch.cat([x[:, t:t + 1], x[:, t:t + 1]], 1), _step(1, torch.tensor([[0]]), cache=cache))
         torch.testing.assert_close(y[:, 0], ref[:, t], rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(y[:, 1], ref[:, T + t], rtol=1e-4, atol=1e-5)
+
+
+def test_an_hf_cache_without_gdn_states_is_named():
+    """The HF path keeps GDN states in an OrthrosCache; a plain transformers cache (HF's usual
+    ``past_key_values=DynamicCache()``) is refused by name (was AttributeError 'linear_state')."""
+    import pytest
+    from transformers import DynamicCache
+
+    from orthros.layers.step import DenseKV
+
+    m = GatedDeltaNet(_config(), 0)
+    x = torch.randn(1, 4, 32)
+    step = _step(3, torch.tensor([[2]]), cache=DenseKV(DynamicCache()))
+    with pytest.raises(TypeError, match="DynamicCache.*OrthrosCache"):
+        m(x, step)
