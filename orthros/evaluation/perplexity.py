@@ -113,6 +113,8 @@ def position_perplexity(model, windows, *, buckets=None, device=None, autocast_d
     if any(len(w) != T for w in windows):
         raise ValueError("every window must have the same length")
     edges = check_buckets(default_buckets(T) if buckets is None else buckets, T)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:  # < 1 scored nothing: ppl 1.0
+        raise ValueError(f"chunk (positions per log-softmax) must be an integer >= 1, got {chunk!r}")
     dev = torch.device(device) if device is not None else next(model.parameters()).device
     nll = torch.zeros(T, dtype=torch.float64)  # summed NLL of the token at each position
     was_training = model.training

@@ -70,6 +70,15 @@ def test_windows_and_bucket_checks(tiny):
     assert check_buckets([1, 64], 128) == [1, 64]
 
 
+@pytest.mark.parametrize("chunk", [0, -4])
+def test_chunk_below_one_is_refused(tiny, chunk):
+    """Issue: chunk=-4 scored no position and reported perplexity 1.0 everywhere; chunk=0 ended in range()."""
+    from orthros.evaluation.common import load_model
+
+    with pytest.raises(ValueError, match=f"chunk .* must be an integer >= 1, got {chunk}"):
+        position_perplexity(load_model(tiny[0]), [[1, 2, 3, 4]], buckets=[0, 4], chunk=chunk, progress=False)
+
+
 def test_default_buckets_end_at_a_shorter_seq_len(tiny, tmp_path, capsys):
     """Issue: the default --buckets (0,128,512,2048,8192) was refused with any --seq-len below 8192
     ("the last edge (8192) is beyond --seq-len"), an option the user had not given."""
