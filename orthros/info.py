@@ -9,7 +9,8 @@ the engine, and the FLOPs of a prefill of ``--max-seq-len`` tokens (attention, a
 forward) against the same layers with full attention. ``--verify`` checks a
 training checkpoint's files against the sha256 sums of its manifest. ``--json`` prints the same
 as one JSON object. Bad input (not a directory, not an Orthros checkpoint, a damaged weight
-file) is one line and exit code 2, as for every command. Nothing is written.
+file, weights that lack a tensor of config.json's model or hold one of another shape) is one
+line and exit code 2, as for every command. Nothing is written.
 """
 
 from __future__ import annotations
@@ -106,9 +107,12 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
     weights_dtype = _SHORT[max(floats)[1]] if floats else "fp32"
     cache_dtype = parse_dtype(dtype or weights_dtype, "--dtype")
 
-    # the engine's cache for B rows of L tokens, on the meta device (no memory)
+    # the model config.json describes, on the meta device (no memory): its tensors are the files'
     with torch.device("meta"):
         model = OrthrosForCausalLM(config)
+    _check_fit(path, model, headers)
+
+    # the engine's cache for B rows of L tokens
     cache = StaticKVCache(config.num_hidden_layers, batch_size, L, config.num_key_value_heads, config.head_dim,
                           dtype=cache_dtype, device="meta", linear=linear_layers(model))
 
@@ -177,6 +181,20 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
         "prefill_flops": {"tokens": L, "attention": flops["attention"], "attention_full": flops_full["attention"],
                           "total": sum(flops.values()), "total_full": sum(flops_full.values())},
     }
+
+
+def _check_fit(path, model, headers: dict) -> None:
+    """``ValueError`` when the weight files lack a tensor of the model of config.json, or hold one
+    of another shape (a load would leave it at random, or fail)."""
+    want = {k: list(v.shape) for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        want.pop("lm_head.weight", None)  # the embedding: need not be stored
+    have = {k: [int(s) for s in info["shape"]] for entries in headers.values() for k, info in entries.items()}
+    wrong = [f"missing {k}" for k in sorted(want.keys() - have.keys())]
+    wrong += [f"{k} of shape {have[k]}, config.json gives {want[k]}" for k in want if k in have and have[k] != want[k]]
+    if wrong:
+        more = f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
+        raise ValueError(f"PATH {path}: the weights do not fit its config.json: {'; '.join(wrong[:3])}{more}")
 
 
 def _never_hits(r: dict) -> str:

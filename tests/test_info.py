@@ -239,3 +239,28 @@ def test_directory_without_weights_is_refused(ckpt, tmp_path, capsys):
     rc, out, err = run([str(bare)], capsys)
     assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     assert "no weights" in err and "model.safetensors" in err, err
+
+
+def test_weights_that_do_not_fit_the_config_are_refused(ckpt, hybrid, tmp_path, capsys):
+    """A config.json whose sizes the weights do not have (or a tensor missing from the weights)
+    was described as a sound checkpoint ("every header matches its file's size", a parameter count
+    of the files, figures of the config); loading it fails, or leaves the missing tensor at random."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    wide = tmp_path / "wide"
+    shutil.copytree(ckpt, wide)
+    cfg = json.loads((wide / "config.json").read_text())
+    cfg["intermediate_size"] *= 2
+    (wide / "config.json").write_text(json.dumps(cfg))
+    holed = tmp_path / "holed"
+    shutil.copytree(hybrid, holed)  # tied embeddings: no lm_head.weight stored, and that is fine
+    sd = load_file(holed / "model.safetensors")
+    del sd["model.norm.weight"]
+    save_file(sd, holed / "model.safetensors", metadata={"format": "pt"})
+    for path, needle in ((wide, "model.layers.0.mlp.down_proj.weight of shape [32, 64], config.json gives "
+                                "[32, 128]"), (holed, "missing model.norm.weight")):
+        rc, out, err = run([str(path)], capsys)
+        assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+        assert "do not fit its config.json" in err and needle in err, err
