@@ -13,7 +13,8 @@ The two streams of an Orthros model (``h = [base tokens | output tokens]``):
 * **output stream** ("GDN as cross-attention part"): the output token's query reads the state
   at its own position, ``o' = S_p^T q'``. The output token is not part of the base sequence, so
   its query **bypasses the short convolution** (projection and SiLU only); it writes no state
-  (its k, v, beta and decay are never computed) and its output gate ``z'`` is its own.
+  (its k, v, beta and decay, where a shared projection computes them, are dropped unread) and
+  its output gate ``z'`` is its own.
 
 A model without an output stream (the Linear Hybrid, pure GDN) runs the base stream alone.
 The layer step calls :meth:`GatedDeltaNet.project` (token-wise projections and gates),
