@@ -191,12 +191,21 @@ class OrthrosAttention(FusedProjections, nn.Module):
         q = apply_rope(q.to(dtype), cos, sin)
         return (q, gate) if with_gate else q
 
-    def queries(self, x: torch.Tensor, rope, stream: Optional[str] = "base") -> torch.Tensor:
+    def queries(self, x: torch.Tensor, rope, stream: Optional[str] = "base", with_gate: bool = False):
         """Queries ``[B, T, Hq, D]`` of one stream: ``"base"`` (alpha, beta), ``"out"`` (alpha',
-        beta') or ``None`` (the plain projection, as in a Transformer)."""
+        beta') or ``None`` (the plain projection, as in a Transformer). ``with_gate``: ``(q,
+        gate)``, the rows' output gates for :meth:`gate_output` (``None`` without
+        ``attn_output_gate``)."""
         if stream not in ("base", "out", None):
             raise ValueError(f"stream must be 'base', 'out' or None, got {stream!r}")
-        return self.stream_queries(x, 0 if stream == "out" else x.shape[1], rope, rope, scale_offset=stream is not None)
+        return self.stream_queries(x, 0 if stream == "out" else x.shape[1], rope, rope, scale_offset=stream is not None,
+                                   with_gate=with_gate)
+
+    @staticmethod
+    def gate_output(o: torch.Tensor, gate: Optional[torch.Tensor]) -> torch.Tensor:
+        """The attention output ``o [B, T, Hq, D]`` times ``sigmoid(gate)`` of its own rows
+        (``attn_output_gate``), before W_O; ``o`` itself without a gate."""
+        return o if gate is None else o * torch.sigmoid(gate)
 
     def keys_values(self, x: torch.Tensor, rope):
         """K (k-norm, RoPE) and V ``[B, T, Hkv, D]`` of base tokens ``x`` (fused: one GEMM)."""
@@ -340,8 +349,7 @@ class OrthrosAttention(FusedProjections, nn.Module):
         if self.streams(step, final).gather:  # the window stream only: its rows at the output positions
             o = step.gather_out_rows(o)
             gate = step.gather_out_rows(gate) if gate is not None else None
-        if gate is not None:
-            o = o * torch.sigmoid(gate)
+        o = self.gate_output(o, gate)
         if step.gemv is not None:
             return linear(o.flatten(2), self.o_proj.weight, self.o_proj.bias, residual=residual, gemv=step.gemv,
                           out_norm=out_norm)

@@ -29,7 +29,7 @@ def transformer_prefill(model, input_ids: torch.Tensor, position_ids: torch.Tens
     for layer in core.layers:
         attn = layer.self_attn
         x = layer.pre_attention(h)
-        q = attn.queries(x, rope, stream=None)
+        q, gate = attn.queries(x, rope, stream=None, with_gate=True)
         k, v = attn.keys_values(x, rope)
         del x
         if keep_cache:
@@ -40,8 +40,8 @@ def transformer_prefill(model, input_ids: torch.Tensor, position_ids: torch.Tens
         # looked up at call time: context_parallel patches torch.nn.functional
         o = F.scaled_dot_product_attention(q.transpose(1, 2), kt, vt, is_causal=True)
         del q, kt, vt
-        a = attn.o_proj(o.transpose(1, 2).reshape(B, n, -1))
-        del o
+        a = attn.o_proj(attn.gate_output(o.transpose(1, 2), gate).reshape(B, n, -1))
+        del o, gate
         for c in range(0, n, chunk_size):  # the layer's own residual + MLP, chunked (activation memory)
             h[:, c:c + chunk_size] = layer.post_attention(h[:, c:c + chunk_size], a[:, c:c + chunk_size])
         del a

@@ -201,7 +201,7 @@ class ShardedOrthros:
         B = h.shape[0]
         wm1 = self.window - 1
         hc = h[:, cs:ce]
-        q = attn.queries(layer.pre_attention(hc), rope, "base")
+        q, gate = attn.queries(layer.pre_attention(hc), rope, "base", with_gate=True)
         lo = cs - wm1
         if lo >= 0:
             kk, vv = kbuf[:, lo:ce], vbuf[:, lo:ce]
@@ -213,7 +213,7 @@ class ShardedOrthros:
             kk = torch.cat([hk[:, keep:], kbuf[:, :ce]], dim=1)
             vv = torch.cat([hv[:, keep:], vbuf[:, :ce]], dim=1)
         o, _ = orthros_attention(q, kk, vv, q[:, :0], window_size=self.window, backend=attn.backend)
-        h[:, cs:ce] = layer.post_attention(hc, attn.o_proj(o.reshape(B, ce - cs, -1)))
+        h[:, cs:ce] = layer.post_attention(hc, attn.o_proj(attn.gate_output(o, gate).reshape(B, ce - cs, -1)))
 
     def _check_ids(self, input_ids):
         if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.int32, torch.int64):
@@ -259,7 +259,7 @@ class ShardedOrthros:
                 kl, vl = cache.update(i, *attn.keys_values(layer.pre_attention(h[:, c[0]:c[1]]), ropes[c]), start=c[0])
             kbuf, vbuf = cache.k[i], cache.v[i]
             # 2) the output query's partial attention over the local keys
-            q_out = attn.queries(layer.pre_attention(h_out), rope_out, "out")
+            q_out, gate_out = attn.queries(layer.pre_attention(h_out), rope_out, "out", with_gate=True)
             o_p, lse_p = partial_attention(q_out, kl, vl, key_chunk=self.key_chunk)
             # 3) one gather: this rank's tail (right-aligned in w-1 rows) + its partial
             c_me = counts[ctx.rank]
@@ -293,7 +293,8 @@ class ShardedOrthros:
                     self._window_chunk(layer, attn, h, c[0], c[1], kbuf, vbuf, halo, ropes[c])
             # 4) exact merge of the partials; the output token's residual + MLP
             o_out, _ = merge_partials(o_all, lse_all)
-            h_out = layer.post_attention(h_out, attn.o_proj(o_out.to(dtype).reshape(B, 1, -1)))
+            o_out = attn.gate_output(o_out.to(dtype), gate_out)
+            h_out = layer.post_attention(h_out, attn.o_proj(o_out.reshape(B, 1, -1)))
         del h
         cache.length = n
         cache.seq_len = T
@@ -327,20 +328,22 @@ class ShardedOrthros:
             final = i == L - 1
             x = layer.pre_attention(h2)
             k, v = attn.keys_values(x[:, :1], rope)
-            q_out = attn.queries(x[:, 1:], rope, "out")
+            q_out, gate_out = attn.queries(x[:, 1:], rope, "out", with_gate=True)
             kl, vl = cache.update(i, k, v) if ctx.is_last else cache.local(i)
             o_p, lse_p = partial_attention(q_out, kl, vl, key_chunk=self.key_chunk)
             g = ctx.all_gather(self._pack([o_p, lse_p], B), f"decode (position {pos}) layer {i}: partial output")
             Hq, D = o_p.shape[2], o_p.shape[3]
             o_out, _ = merge_partials(g[:, :, :Hq * D].reshape(-1, B, 1, Hq, D), g[:, :, Hq * D:].reshape(-1, B, 1, Hq))
+            o_out = attn.gate_output(o_out.to(dtype), gate_out)
             wk = torch.cat([cache.window_k[i], k], dim=1)
             wv = torch.cat([cache.window_v[i], v], dim=1)
             if not final:
-                q = attn.queries(x[:, :1], rope, "base")
+                q, gate = attn.queries(x[:, :1], rope, "base", with_gate=True)
                 o, _ = orthros_attention(q, wk, wv, q[:, :0], window_size=self.window, backend=attn.backend)
-                h2 = layer.post_attention(h2, attn.o_proj(torch.cat([o, o_out.to(dtype)], dim=1).reshape(B, 2, -1)))
+                o = torch.cat([attn.gate_output(o, gate), o_out], dim=1)
+                h2 = layer.post_attention(h2, attn.o_proj(o.reshape(B, 2, -1)))
             else:  # the last layer keeps only the output token
-                h2 = layer.post_attention(h2[:, 1:], attn.o_proj(o_out.to(dtype).reshape(B, 1, -1)))
+                h2 = layer.post_attention(h2[:, 1:], attn.o_proj(o_out.reshape(B, 1, -1)))
             cache.window_k[i] = wk[:, max(0, wk.shape[1] - wm1):]
             cache.window_v[i] = wv[:, max(0, wv.shape[1] - wm1):]
         if ctx.is_last:

@@ -109,6 +109,33 @@ def test_single_process_equals_model(T, chunk):
     assert cache.length == T + 4 and cache.seq_len == T + 4
 
 
+def test_single_process_equals_model_with_the_attention_output_gate():
+    """Qwen3.5's attention output gate (``attn_output_gate``: q_proj also holds a gate a head, and
+    the attention output is multiplied by its sigmoid before W_O) in every sequence-parallel
+    piece: the window chunks, the output query's merge, and the decode pair."""
+    model = tiny_model(seed=3, attn_output_gate=True)
+    ids = torch.randint(0, V, (2, 29))
+    toks, logits = reference_generate(model, ids, 5)
+    got_t, got_l, _ = ShardedOrthros(model, ParallelContext.single(), chunk_size=5, reserve=1).generate(ids, 5)
+    assert torch.equal(got_t, toks)
+    assert rel_err(got_l, logits) < 1e-5
+
+
+@pytest.mark.parametrize("gate", [False, True])
+def test_transformer_baseline_prefill_equals_the_full_attention_model(gate):
+    """The benchmark's Transformer baseline (the layer pieces with SDPA) gives the logits of the
+    same weights run as a full-attention model, with and without the attention output gate."""
+    from orthros.parallel.baseline import transformer_prefill
+
+    model = tiny_model(seed=5, attention_mode="full", attn_output_gate=gate).eval()
+    ids = torch.randint(0, V, (2, 23))
+    pos = torch.arange(23).expand(2, 23)
+    got, cache = transformer_prefill(model, ids, pos, chunk_size=7)
+    with torch.no_grad():
+        want = model(ids).logits[:, -1:]
+    assert rel_err(got, want) < 1e-5 and len(cache) == model.config.num_hidden_layers
+
+
 def test_rejects_bad_input():
     with pytest.raises(ValueError, match="attention_mode"):
         ShardedOrthros(tiny_model(attention_mode="full"))
