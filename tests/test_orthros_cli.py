@@ -214,12 +214,21 @@ def test_an_unknown_option_is_named_with_its_sub_command(capsys):
     assert "orthros eval mqar: error: unrecognized arguments: --modesl x" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["info", "CKPT"]], ids=["help", "info"])
-def test_a_reader_that_stops_early_is_no_error(argv, checkpoint):
+@pytest.mark.parametrize("argv", [["--help"], ["info", "CKPT"], ["convert", "LLAMA", "NEW", "--dry-run", "--window-size", "8"]],
+                         ids=["help", "info", "convert-dry-run"])
+def test_a_reader_that_stops_early_is_no_error(argv, checkpoint, tmp_path):
     """``orthros --help | head -1``: the usage was a BrokenPipeError traceback, ``orthros info X |
-    head`` "error: BrokenPipeError" and exit 1. A closed stdout ends the command quietly with
-    141 (128 + SIGPIPE, as a shell's tools exit)."""
-    argv = [str(checkpoint) if a == "CKPT" else a for a in argv]
+    head`` "error: BrokenPipeError" and exit 1, ``orthros convert --dry-run ... | head`` "error:
+    [Errno 32] Broken pipe". A closed stdout ends the command quietly with 141 (128 + SIGPIPE, as
+    a shell's tools exit)."""
+    if "LLAMA" in argv:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)
+                         ).save_pretrained(tmp_path / "llama")
+    paths = {"CKPT": str(checkpoint), "LLAMA": str(tmp_path / "llama"), "NEW": str(tmp_path / "new")}
+    argv = [paths.get(a, a) for a in argv]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     p = subprocess.Popen([sys.executable, "-m", "orthros", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          env=env, cwd=REPO, text=True)

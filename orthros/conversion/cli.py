@@ -92,13 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.getsignal(signal.SIGTERM)
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        if args.dry_run:
-            print(format_plan(plan_conversion(args.src, args.dst, window_size=args.window_size, dtype=args.dtype,
-                                              overwrite=args.overwrite, scale_offset=args.scale_offset)))
-            return 0
-        report = convert_checkpoint(args.src, args.dst, window_size=args.window_size, dtype=args.dtype,
-                                    overwrite=args.overwrite, scale_offset=args.scale_offset,
-                                    progress=not args.quiet)
+        if args.dry_run:  # printed below, out of the try: a closed stdout is no conversion error
+            plan = plan_conversion(args.src, args.dst, window_size=args.window_size, dtype=args.dtype,
+                                   overwrite=args.overwrite, scale_offset=args.scale_offset)
+        else:
+            report = convert_checkpoint(args.src, args.dst, window_size=args.window_size, dtype=args.dtype,
+                                        overwrite=args.overwrite, scale_offset=args.scale_offset,
+                                        progress=not args.quiet)
     except _Terminated:
         print(f"orthros convert: terminated (SIGTERM); nothing was written to {args.dst}", file=sys.stderr)
         return 128 + signal.SIGTERM
@@ -113,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     finally:
         signal.signal(signal.SIGTERM, previous)
-    if not args.quiet:
+    if args.dry_run:
+        print(format_plan(plan))
+    elif not args.quiet:
         print(f"converted {report['architecture']} -> Orthros (window {report['window_size']}, dtype "
               f"{report['dtype']}): {len(report['mapped'])} tensors mapped, {len(report['added'])} added, "
               f"{len(report['dropped'])} dropped, {len(report['copied_files'])} other "
