@@ -119,6 +119,12 @@ def inspect_gguf(path) -> GGUFInfo:
     except Exception as e:  # noqa: BLE001 - numpy / struct errors on a damaged file
         raise GGUFError(f"{gguf_file}: corrupted or truncated GGUF file ({size} bytes; "
                         f"{type(e).__name__}: {e})") from None
+    parts = _field_value(reader, "split.count")  # llama.cpp's gguf-split: each part a GGUF file of some tensors
+    if isinstance(parts, int) and parts > 1:
+        no = _field_value(reader, "split.no")
+        which = f"part {no + 1} of {parts}" if isinstance(no, int) else f"one of {parts} parts"
+        raise GGUFError(f"{gguf_file}: {which} of a split GGUF file: merge the parts first (llama.cpp's "
+                        f"`llama-gguf-split --merge FIRST-PART OUT.gguf`) and convert OUT.gguf")
     ends = [int(t.data_offset) + int(t.n_bytes) for t in reader.tensors]
     if not ends:
         raise GGUFError(f"{gguf_file}: the GGUF file holds no tensors")

@@ -255,13 +255,18 @@ def _u32(v):
     (dict(fields={"llama.context_length": (gguf.GGUFValueType.STRING, "abc")}), "llama.context_length"),
     (dict(fields={"llama.context_length": _u32(0)}), "llama.context_length"),
     (dict(fields={"llama.attention.head_count_kv": _u32(0)}), "llama.attention.head_count_kv"),
-], ids=["more-blocks", "fewer-blocks", "context-str", "context-0", "kv-heads-0"])
+    (dict(fields={"split.no": (gguf.GGUFValueType.UINT16, 0), "split.count": (gguf.GGUFValueType.UINT16, 2)},
+          drop_tensors=[f"blk.1.{t}.weight" for t in ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v",
+                                                       "attn_output", "ffn_gate", "ffn_up", "ffn_down")]),
+     "part 1 of 2 of a split GGUF file: merge the parts first"),
+], ids=["more-blocks", "fewer-blocks", "context-str", "context-0", "kv-heads-0", "split-part"])
 def test_gguf_metadata_that_does_not_fit_refused_before_dequantising(gguf_source, tmp_path, capsys, monkeypatch,
                                                                        change, words):
     """A block_count above the layers the tensors hold made transformers initialise the missing
     layers at random (exit 0, a random model); one below dropped the extra layers silently; a
     context_length of text was a StrictDataclass traceback, one of 0 an error asking for a window
-    <= 0. Now: refused with the file's field named, before de-quantising, in --dry-run too."""
+    <= 0; the first part of a split GGUF (llama.cpp's gguf-split) was "corrupted". Now: refused
+    with the file's field named, before de-quantising, in --dry-run too."""
     from orthros.conversion import gguf as gguf_mod
 
     path, _, _ = gguf_source
