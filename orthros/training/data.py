@@ -395,7 +395,12 @@ class PackedStream:
                         raise
                     break
             idx, ids, labels, cuts = self._queue[0]
-            rem = next(c for c in cuts if c > self.offset) - self.offset  # to the end of this document
+            end = next((c for c in cuts if c > self.offset), None)
+            if end is None:  # a resumed position past this record's end: not the data it was saved on
+                raise DataError(f"{self.source.name}: the data position (document {idx} of epoch {self.epoch}, "
+                                f"token {self.offset}) is past that document's end ({len(ids)} tokens): the data "
+                                f"changed since the checkpoint was saved")
+            rem = end - self.offset  # to the end of this document
             if self.split_docs:
                 take = min(rem, room)
             else:

@@ -27,7 +27,7 @@ import torch
 
 from ..utils import Progress, write_text
 from . import checkpoint as ckpt
-from .config import ARCH_TO_ATTENTION_MODE, ConfigError, RunConfig, dump_yaml
+from .config import ARCH_TO_ATTENTION_MODE, ConfigError, RunConfig, _get, dump_yaml
 from .data import DataError, PackedBatch, build_stream, collate, count_targets, eval_rows
 from .hub import check_hub_name
 from .metrics import MetricsLogger, detect_peak_flops, train_flops
@@ -406,6 +406,32 @@ def check_resume_config(cfg: RunConfig, mc, resume_dir: Path) -> dict:
     return diff
 
 
+# what a checkpoint's data position (epoch, document of the seeded order, token offset) refers to
+DATA_KEYS = ("mode", "seed", "data.train", "data.format", "data.text_field", "data.messages_field",
+             "data.text_sample_by", "data.tokenizer", "data.streaming", "data.shuffle", "data.shuffle_buffer",
+             "data.repeat_passage")
+
+
+def data_changes(cfg: RunConfig, resume_dir: Path) -> dict:
+    """The keys of :data:`DATA_KEYS` set otherwise than in the checkpoint's ``run_config.yaml``, as
+    ``{key: (checkpoint value, new value)}``: where there is one, the checkpoint's data position
+    does not apply (it points into other documents)."""
+    import yaml
+
+    try:
+        old = yaml.safe_load((Path(resume_dir) / "run_config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    out, missing = {}, object()
+    for key in DATA_KEYS:
+        v = old
+        for part in key.split("."):
+            v = v.get(part, missing) if isinstance(v, dict) else missing
+        if v is not missing and v != _get(cfg, key):
+            out[key] = (v, _get(cfg, key))
+    return out
+
+
 # --------------------------------------------------------------------------- the trainer
 
 
@@ -443,9 +469,10 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg)
         self.model_config = model_config_for(cfg, self.tokenizer)
         mc = self.model_config
-        self.resume_state, self.config_changes = None, {}
+        self.resume_state, self.config_changes, self.data_changes = None, {}, {}
         if self.resume_dir is not None:
             self.config_changes = check_resume_config(cfg, mc, self.resume_dir)
+            self.data_changes = data_changes(cfg, self.resume_dir)
             self.resume_state = load_trainer_state(self.resume_dir)
             from .optim import group_count
 
@@ -561,7 +588,8 @@ class Trainer:
                                  options=StateDictOptions(full_state_dict=True))
         self.scheduler.load_state_dict(st["scheduler"])
         self._apply_optim_keys(fresh)
-        self.stream.load_state_dict(st["data"])
+        if not self.data_changes:  # else the data is read from its start
+            self.stream.load_state_dict(st["data"])
         self.step, self.tokens_seen = st["step"], st["tokens_seen"]
         rngs = st["rng"]
         _set_rng_state(rngs[self.dist.rank] if len(rngs) == self.dist.world else rngs[0])
@@ -681,6 +709,10 @@ class Trainer:
             for k, (old, new) in self.config_changes.items():
                 print(f"[orthros train] resuming with {k} = {new!r} (checkpoint: {old!r}; allowed by "
                       f"checkpoint.allow_changes)", file=sys.stderr, flush=True)
+            if self.data_changes:
+                print("[orthros train] resuming with " + ", ".join(f"{k} = {new!r} (checkpoint: {old!r})" for k, (old, new)
+                                                                   in self.data_changes.items()) +
+                      ": the data is read from its start", file=sys.stderr, flush=True)
         peak = cfg.train.peak_tflops * 1e12 if cfg.train.peak_tflops else detect_peak_flops(self.device, self.precision)
         n_params = sum(p.numel() for p in self.model.parameters())
         if dist.main:

@@ -287,3 +287,13 @@ def test_a_bad_record_is_named_by_its_row(tmp_path, tok):
         with pytest.raises(DataError, match=r"^data.train, row 7 \(from 0\): each message needs 'role' and string "
                                             r"'content', got \{'role': 'user'\}"):
             build_stream(cfg, tok).take(len(rows))
+
+
+def test_a_position_past_a_documents_end_is_a_clear_error():
+    """A resumed data position on data that changed since (a file edited in place) failed with a
+    bare StopIteration."""
+    s = PackedStream(ListSource([[1, 2, 3], [4, 5]]), _passthrough, 4, split_docs=True, pad_id=0)
+    s.load_state_dict({"epoch": 0, "doc": 1, "offset": 7, "rows": 3})
+    with pytest.raises(DataError, match=r"^data.train: the data position \(document 1 of epoch 0, token 7\) is past "
+                                        r"that document's end \(2 tokens\): the data changed since"):
+        s.next_row()

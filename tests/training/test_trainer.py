@@ -663,3 +663,28 @@ def test_a_bad_record_met_while_training_is_a_failure_while_working(tmp_path, ca
     assert rc == 1, err[-3:]
     assert re.match(r"orthros train: error: RuntimeError: at step [2-9]: data.train, row 4 \(from 0\): an SFT "
                     r"example's messages must be a non-empty list", err[-1]), err[-3:]
+
+
+def test_resume_on_other_data_reads_it_from_its_start(tmp_path, corpus, reference, capsys):
+    """The checkpoint's data position (epoch, document of the seeded order, token offset) was
+    applied to whatever data the resumed config names: on another data.train it pointed into
+    other documents, and an offset past the end of one failed with a bare StopIteration traceback.
+    A resume whose data keys differ from the checkpoint's run_config.yaml reads its data from
+    the start, and says so."""
+    from orthros.training.data import build_stream
+    from orthros.training.trainer import load_tokenizer
+
+    _, _, summary = reference
+    other = tmp_path / "one_token_docs.jsonl"
+    other.write_text("".join(json.dumps({"text": w}) + "\n" for w in ("a", "b", "c", "d") * 10))
+    capsys.readouterr()
+    args = tiny(tmp_path / "run", corpus, "--data.train", str(other), "--max_steps", "9", "--resume",
+                summary["checkpoint"])
+    s = train(load_config(None, args))
+    cfg = load_config(None, args)
+    fresh = build_stream(cfg, load_tokenizer(cfg))
+    fresh.take(2)  # one step of 2 rows
+    st = torch.load(Path(s["checkpoint"]) / "trainer_state.pt", weights_only=True)
+    assert st["data"] == fresh.state_dict()
+    assert f"resuming with data.train = '{other}' (checkpoint: '{corpus}'): the data is read from its start" \
+        in capsys.readouterr().err
