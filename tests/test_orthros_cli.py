@@ -120,6 +120,9 @@ BAD_INPUT = [
     ["nosuchcommand"],
     ["bench", "prefill", "--device", "cpu", "--systems", "orthros,bogus"],
     ["bench", "decode", "--device", "cpu", "--chunk", "0"],
+    # was: measured and written, positions far beyond the model's (prefill's --lengths were refused)
+    ["bench", "decode", "--device", "cpu", "--preset", "tiny", "--contexts", "65530", "--steps", "7", "--batch-sizes",
+     "1", "--out", "/tmp/orthros-never-written"],
     ["info", "/nonexistent/model"],
     ["train", "--no_such_key", "1"],
     ["train", "--lr", "-1"],
