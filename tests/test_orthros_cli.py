@@ -123,6 +123,10 @@ BAD_INPUT = [
     # was: measured and written, positions far beyond the model's (prefill's --lengths were refused)
     ["bench", "decode", "--device", "cpu", "--preset", "tiny", "--contexts", "65530", "--steps", "7", "--batch-sizes",
      "1", "--out", "/tmp/orthros-never-written"],
+    ["bench", "prefill", "--device", "cpu", "--preset", "tiny", "--lengths", "8", "--budget-s", "-1", "--out",
+     "/tmp/orthros-never-written"],  # was: taken as 0
+    ["bench", "prefill", "--device", "cpu", "--preset", "tiny", "--lengths", "8", "--single-shot-s", "nan", "--out",
+     "/tmp/orthros-never-written"],
     ["info", "/nonexistent/model"],
     ["train", "--no_such_key", "1"],
     ["train", "--lr", "-1"],

@@ -158,6 +158,9 @@ def _check_args(args, systems):
         raise ValueError(f"--window must be >= 1, got {args.window}")
     if hasattr(args, "steps") and args.steps < 1:
         raise ValueError(f"--steps must be >= 1, got {args.steps}")
+    for opt in ("budget_s", "single_shot_s"):  # nan and negatives timed one call, as 0 does
+        if hasattr(args, opt) and not getattr(args, opt) >= 0:
+            raise ValueError(f"--{opt.replace('_', '-')} must be a number of seconds >= 0, got {getattr(args, opt)}")
     check_output_path("--out", args.out, directory=True)
     if args.model is not None:  # a local checkpoint directory (never a hub lookup), its weights readable
         from ..models import OrthrosConfig
