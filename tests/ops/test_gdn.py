@@ -294,3 +294,24 @@ def test_fla_equals_torch_every_gradient(dtype, varlen):
 def test_auto_backend_trains_where_fla_has_no_backward():
     run = _fla_case(torch.float32, False)
     _compare(run("auto", True), run("torch", True), torch.float32, False)
+
+
+def test_fla_backend_on_cpu_tensors_falls_back_to_torch_with_a_warning():
+    """fla-core's kernels need CUDA tensors. ``backend="fla"`` on CPU tensors (a model with
+    ``attn_backend="triton"`` run on CPU) computes with the PyTorch GDN and warns, as the Triton
+    attention falls back to its reference, instead of failing inside Triton ("0 active drivers")."""
+    import warnings
+
+    from orthros.ops.gdn import resolve_gdn_backend
+
+    q, k, v, g, beta = _inputs(1, 9, 2, 2, 4, 4, dtype=torch.float32)
+    want = gated_delta_rule(q, k, v, g, beta, backend="torch")
+    with pytest.warns(UserWarning, match="fla.*CUDA.*PyTorch"):
+        assert resolve_gdn_backend("fla", q) == "torch"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = gated_delta_rule(q, k, v, g, beta, backend="fla")
+        x, w = torch.randn(1, 7, 6), torch.randn(6, 4)
+        conv = causal_conv1d(x, w, backend="fla")
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(conv, causal_conv1d(x, w, backend="torch"))

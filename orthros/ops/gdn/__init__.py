@@ -31,6 +31,9 @@ def resolve_gdn_backend(backend: str, x: torch.Tensor) -> str:
         raise ValueError(f"GDN backend must be one of {GDN_BACKENDS}, got {backend!r}")
     if backend == "auto":
         return "fla" if (x.is_cuda and HAVE_FLA) else "torch"
+    if backend == "fla" and not x.is_cuda:  # as the Triton attention falls back to its reference
+        warnings.warn(f"the 'fla' GDN backend needs CUDA tensors, got {x.device}: using the PyTorch GDN", stacklevel=3)
+        return "torch"
     return backend
 
 
