@@ -242,6 +242,11 @@ class OrthrosModel(OrthrosPreTrainedModel):
         dev = h.device
         if T == 0:
             raise ValueError("input_ids must hold at least one token")
+        if cu_seqlens is not None:  # a cache holds one sequence a row; packed rows hold several
+            if use_cache or past_key_values is not None:
+                raise ValueError("cu_seqlens (packed documents) cannot be combined with a KV cache (use_cache=True "
+                                 "or past_key_values): a cache holds one sequence a row")
+            use_cache = False
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if self.gradient_checkpointing and self.training:
             use_cache = False
@@ -249,8 +254,6 @@ class OrthrosModel(OrthrosPreTrainedModel):
             past_key_values = OrthrosCache()
         cache = past_key_values if use_cache else None
         past = cache.get_seq_length() if cache is not None else 0
-        if cu_seqlens is not None and past:
-            raise ValueError("cu_seqlens (packed documents) cannot be combined with a non-empty KV cache")
         if position_ids is None and cu_seqlens is None and past + T > self.config.max_position_embeddings:
             # computed anyway (transformers' convention), warned once; the engine refuses (docs/checkpoints.md)
             warnings.warn(f"input positions beyond max_position_embeddings={self.config.max_position_embeddings}: "
@@ -288,6 +291,9 @@ class OrthrosModel(OrthrosPreTrainedModel):
             raise ValueError(f"position_ids must be [T] or [1 or B, T] = [1 or {B}, {T}], got {tuple(position_ids.shape)}")
 
         out_rel = resolve_output_positions(T, output_positions=output_positions, device=dev)
+        if out_rel.shape[0] not in (1, B):
+            raise ValueError(f"output_positions must be [T_out] or [1 or B, T_out] = [1 or {B}, T_out], "
+                             f"got {tuple(out_rel.shape)}")
         pos_out = torch.gather(position_ids.expand(max(B, out_rel.shape[0]), T), 1, out_rel.expand(B, -1))
         step = StepInputs(
             n_base=T,

@@ -177,6 +177,29 @@ def test_packed_documents_equal_separate_runs():
             torch.testing.assert_close(packed[:, a:a + len(d)], alone, rtol=1e-5, atol=1e-5)
 
 
+def test_packed_documents_return_no_cache_and_refuse_one():
+    """A cache holds one sequence a row: packed documents (``cu_seqlens``) return none by default
+    (continuing one gave wrong logits, or a shape error with GDN layers), and asking for one
+    (``use_cache=True`` or a cache given) is refused, naming both arguments."""
+    from orthros.models import OrthrosCache
+
+    model = tiny_model()
+    ids = torch.randint(0, V, (1, 12))
+    cu = torch.tensor([0, 5, 12])
+    with torch.no_grad():
+        assert model(ids, cu_seqlens=cu).past_key_values is None
+        for kw in (dict(use_cache=True), dict(past_key_values=OrthrosCache())):
+            with pytest.raises(ValueError, match="cu_seqlens.*cannot be combined with a KV cache"):
+                model(ids, cu_seqlens=cu, **kw)
+
+
+def test_output_positions_of_another_batch_size_are_named():
+    model = tiny_model()
+    ids = torch.randint(0, V, (2, 9))
+    with torch.no_grad(), pytest.raises(ValueError, match=r"output_positions must be .*1 or 2, T_out\].*\(3, 2\)"):
+        model(ids, output_positions=torch.tensor([[1, 4]] * 3))
+
+
 def test_training_step_backpropagates_to_everything():
     model = tiny_model().train()
     ids = torch.randint(0, V, (2, 20))
