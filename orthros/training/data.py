@@ -108,6 +108,9 @@ class DocSource:
                                 f"of one key must be of one format: {files[:3]}")
             if not fmts:
                 raise DataError(f"{name}: cannot tell the format of {files[:3]} (set data.format)")
+            if all(os.path.getsize(f) == 0 for f in files):  # datasets' own error names no reason
+                what = files[0] if len(files) == 1 else f"every file of {files[:3]}"
+                raise DataError(f"{name}: {what} is empty (0 bytes)")
             builder = fmts.pop()
             load_args = {"data_files": files}
             if builder == "text":

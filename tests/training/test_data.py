@@ -297,3 +297,15 @@ def test_a_position_past_a_documents_end_is_a_clear_error():
     with pytest.raises(DataError, match=r"^data.train: the data position \(document 1 of epoch 0, token 7\) is past "
                                         r"that document's end \(2 tokens\): the data changed since"):
         s.next_row()
+
+
+@pytest.mark.parametrize("name", ["e.jsonl", "e.csv", "e.parquet"])
+def test_empty_files_are_said_to_be_empty(tmp_path, name):
+    """Files of 0 bytes were 'could not load files [...]: StopIteration: ' (JSON lines), a CSV or
+    Parquet parser's error: said to be empty, as an empty dataset is."""
+    (tmp_path / name).write_bytes(b"")
+    with pytest.raises(DataError, match=rf"^data.train: {tmp_path / name} is empty \(0 bytes\)"):
+        DocSource(str(tmp_path / name))
+    (tmp_path / f"2{name}").write_bytes(b"")
+    with pytest.raises(DataError, match=r"^data.eval: every file of .* is empty \(0 bytes\)"):
+        DocSource(str(tmp_path / "*"), name="data.eval")
