@@ -197,6 +197,16 @@ def _check_fit(path, model, headers: dict) -> None:
         raise ValueError(f"PATH {path}: the weights do not fit its config.json: {'; '.join(wrong[:3])}{more}")
 
 
+def _many(n: int, word: str) -> str:
+    return f"{n:,} {word}{'s' if n != 1 else ''}"
+
+
+def _fewer(baseline: float, ours: float, digits: int) -> str:
+    """``4.0x fewer``, or where the output query costs more than the window saves (a prefill of a
+    few tokens) ``2.0x more``."""
+    return f"{baseline / ours:.{digits}f}x fewer" if ours <= baseline else f"{ours / baseline:.{digits}f}x more"
+
+
 def _never_hits(r: dict) -> str:
     """What a hybrid's prefix-cache block longer than its positions means, for the vLLM row."""
     limit = r["max_position_embeddings"]
@@ -252,28 +262,30 @@ def format_report(r: dict) -> str:
                  else "--verify checks its sha256 sums")
         row("origin", f"training checkpoint of step {origin['training_step']} (manifest.json: {check})")
     c = r["cache"]
-    rows = f"{c['batch_size']:,} row{'s' if c['batch_size'] != 1 else ''}"
+    rows = _many(c["batch_size"], "row")
     states = f"GDN states {format_bytes(c['state_bytes'])}"
     if attention:
         peer = "the Linear Hybrid" if r["gdn"] else "a Transformer"
         same = f", as for {peer} of this shape (output tokens write none)" if r["attention_mode"] == "orthros" else ""
         row("cache", f"K/V {format_bytes(c['kv_bytes_per_token'])} a token ({c['dtype']}){same}")
-        row("", f"{rows} x {c['max_seq_len']:,} tokens: {format_bytes(c['kv_bytes'])}" +
+        row("", f"{rows} x {_many(c['max_seq_len'], 'token')}: {format_bytes(c['kv_bytes'])}" +
             (f" + {states}" if c["state_bytes"] else ""))
     else:
         row("cache", f"no K/V (Gated DeltaNet layers only): {rows}, {states} ({c['dtype']}) at any length")
     f = r["prefill_flops"]
     if r["attention_mode"] != "full" and f["attention"]:
         baseline = "the same layers with full attention" if r["gdn"] else "a Transformer's"
-        row("prefill", f"FLOPs at {f['tokens']:,} tokens, against {baseline}: attention {_flops(f['attention'])} vs "
-                       f"{_flops(f['attention_full'])} ({f['attention_full'] / f['attention']:.1f}x fewer)")
+        row("prefill", f"FLOPs at {_many(f['tokens'], 'token')}, against {baseline}: attention "
+                       f"{_flops(f['attention'])} vs {_flops(f['attention_full'])} "
+                       f"({_fewer(f['attention_full'], f['attention'], 1)})")
         row("", f"whole forward {_flops(f['total'])} vs {_flops(f['total_full'])} "
-                f"({f['total_full'] / f['total']:.2f}x fewer; projections and MLPs are the same)")
+                f"({_fewer(f['total_full'], f['total'], 2)}; projections and MLPs are the same)")
     elif f["attention"]:
-        row("prefill", f"FLOPs at {f['tokens']:,} tokens: attention {_flops(f['attention'])}, whole forward "
+        row("prefill", f"FLOPs at {_many(f['tokens'], 'token')}: attention {_flops(f['attention'])}, whole forward "
                        f"{_flops(f['total'])}")
     else:
-        row("prefill", f"FLOPs at {f['tokens']:,} tokens: whole forward {_flops(f['total'])} (no attention layers)")
+        row("prefill", f"FLOPs at {_many(f['tokens'], 'token')}: whole forward {_flops(f['total'])} "
+                       f"(no attention layers)")
     return "\n".join(out)
 
 

@@ -264,3 +264,14 @@ def test_weights_that_do_not_fit_the_config_are_refused(ckpt, hybrid, tmp_path, 
         rc, out, err = run([str(path)], capsys)
         assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
         assert "do not fit its config.json" in err and needle in err, err
+
+
+def test_short_prefills_where_orthros_costs_more(ckpt, capsys):
+    """At a few tokens the output query (and the output token's projections) cost more than the
+    window saves: the table said "0.5x fewer" / "0.83x fewer" (and "1 tokens")."""
+    rc, out, err = run([str(ckpt), "--max-seq-len", "1"], capsys)
+    assert rc == 0, err
+    assert "1 row x 1 token:" in out and "FLOPs at 1 token," in out, out
+    assert "(2.0x more)" in out and "x more; projections and MLPs are the same" in out and "fewer" not in out, out
+    rc, out, _ = run([str(ckpt), "--max-seq-len", "256"], capsys)
+    assert "(7.8x fewer)" in out and "x fewer; projections" in out and "more" not in out, out
