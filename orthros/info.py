@@ -72,7 +72,7 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
 
     from .conversion.convert import REPORT_FILE
     from .engine.cache import StaticKVCache, linear_layers
-    from .models.loading import DTYPE_BYTES, TOKENIZER_FILES, checkpoint_dir, weight_headers
+    from .models.loading import DTYPE_BYTES, TOKENIZER_FILES, check_weights_fit, checkpoint_dir, weight_headers
     from .serving import ARCHITECTURE, HYBRID_ARCHITECTURE, check_servable, hybrid_block_tokens, is_hybrid
     from .models import OrthrosConfig, OrthrosForCausalLM
     from .training.checkpoint import MANIFEST, CheckpointError, verify as verify_manifest
@@ -107,10 +107,10 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
     weights_dtype = _SHORT[max(floats)[1]] if floats else "fp32"
     cache_dtype = parse_dtype(dtype or weights_dtype, "--dtype")
 
-    # the model config.json describes, on the meta device (no memory): its tensors are the files'
+    check_weights_fit(path, config, arg="PATH", headers=headers)
+    # the model config.json describes, on the meta device (no memory)
     with torch.device("meta"):
         model = OrthrosForCausalLM(config)
-    _check_fit(path, model, headers)
 
     # the engine's cache for B rows of L tokens
     cache = StaticKVCache(config.num_hidden_layers, batch_size, L, config.num_key_value_heads, config.head_dim,
@@ -181,20 +181,6 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
         "prefill_flops": {"tokens": L, "attention": flops["attention"], "attention_full": flops_full["attention"],
                           "total": sum(flops.values()), "total_full": sum(flops_full.values())},
     }
-
-
-def _check_fit(path, model, headers: dict) -> None:
-    """``ValueError`` when the weight files lack a tensor of the model of config.json, or hold one
-    of another shape (a load would leave it at random, or fail)."""
-    want = {k: list(v.shape) for k, v in model.state_dict().items()}
-    if model.config.tie_word_embeddings:
-        want.pop("lm_head.weight", None)  # the embedding: need not be stored
-    have = {k: [int(s) for s in info["shape"]] for entries in headers.values() for k, info in entries.items()}
-    wrong = [f"missing {k}" for k in sorted(want.keys() - have.keys())]
-    wrong += [f"{k} of shape {have[k]}, config.json gives {want[k]}" for k in want if k in have and have[k] != want[k]]
-    if wrong:
-        more = f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
-        raise ValueError(f"PATH {path}: the weights do not fit its config.json: {'; '.join(wrong[:3])}{more}")
 
 
 def _many(n: int, word: str) -> str:

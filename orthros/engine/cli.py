@@ -325,6 +325,7 @@ def _load_engine(args, config, dtype, dev, tok, max_batch_size: int, max_seq_len
     """The engine over the checkpoint's model on ``dev`` (``max_seq_len`` cache slots a row,
     default ``--max-seq-len``), and the token that ends a generation."""
     from ..models import OrthrosForCausalLM
+    from ..models.loading import check_weights_fit
     from .engine import Engine, _eos_set
 
     eos = tok.eos_token_id if tok.eos_token_id is not None else config.eos_token_id
@@ -334,6 +335,7 @@ def _load_engine(args, config, dtype, dev, tok, max_batch_size: int, max_seq_len
         where = "the tokenizer's" if tok.eos_token_id is not None else "config.json's"
         raise ValueError(f"{where} eos_token_id {eos!r} is outside the model's vocabulary "
                          f"[0, {config.vocab_size}): the tokenizer is not the model's") from None
+    check_weights_fit(args.model, config)  # transformers would leave a missing tensor at random
     model = OrthrosForCausalLM.from_pretrained(str(args.model), config=config, dtype=dtype,
                                                local_files_only=True).to(dev)
     engine = Engine(model, max_batch_size=max_batch_size, max_seq_len=max_seq_len or args.max_seq_len,

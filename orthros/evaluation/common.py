@@ -58,8 +58,11 @@ def load_model(path, *, device: str = "cpu", dtype=None, window_size: int = 128)
     if isinstance(dtype, str):
         dtype = parse_dtype(dtype)
     if mt == "orthros":
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoConfig, AutoModelForCausalLM
 
+        from ..models.loading import check_weights_fit
+
+        check_weights_fit(path, AutoConfig.from_pretrained(str(path)))  # a missing tensor would be random
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
     else:
         from ..conversion import convert_from_hf

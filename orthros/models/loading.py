@@ -23,6 +23,7 @@ import json
 import os
 import struct
 from pathlib import Path
+from typing import Optional
 
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -156,6 +157,29 @@ def weight_headers(path) -> dict:
 def check_weights(path) -> list[Path]:
     """Check every safetensors file a load of directory ``path`` reads; return them."""
     return list(weight_headers(path))
+
+
+def check_weights_fit(path, config, *, arg: str = "--model", headers: Optional[dict] = None) -> None:
+    """:class:`CheckpointError` naming ``arg`` when the weight files of directory ``path`` lack a
+    tensor of the model ``config`` describes, or hold one of another shape: a load would leave
+    that tensor at random (transformers only logs it) or fail. Reads the headers only (pass
+    ``headers`` from :func:`weight_headers` if already read); the model is built on the meta device."""
+    import torch
+
+    from .modeling_orthros import OrthrosForCausalLM
+
+    headers = weight_headers(path) if headers is None else headers
+    with torch.device("meta"):
+        model = OrthrosForCausalLM(config)
+    want = {k: list(v.shape) for k, v in model.state_dict().items()}
+    if config.tie_word_embeddings:
+        want.pop("lm_head.weight", None)  # the embedding: need not be stored
+    have = {k: [int(s) for s in info["shape"]] for entries in headers.values() for k, info in entries.items()}
+    wrong = [f"missing {k}" for k in sorted(want.keys() - have.keys())]
+    wrong += [f"{k} of shape {have[k]}, config.json gives {want[k]}" for k in want if k in have and have[k] != want[k]]
+    if wrong:
+        more = f" and {len(wrong) - 3} more" if len(wrong) > 3 else ""
+        raise CheckpointError(f"{arg} {path}: the weights do not fit its config.json: {'; '.join(wrong[:3])}{more}")
 
 
 def check_local_checkpoint(path, subfolder: str = "") -> None:

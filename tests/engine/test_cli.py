@@ -300,3 +300,26 @@ def test_generate_refuses_a_config_eos_id_outside_the_vocabulary_before_loading(
     err = capsys.readouterr().err
     assert rc != 0 and text == ""
     assert f"config.json's eos_token_id {m.config.vocab_size + 3} is outside the model's vocabulary" in err
+
+
+def test_generate_refuses_a_checkpoint_missing_a_tensor_before_loading(checkpoint, tmp_path, monkeypatch, capsys):
+    """A checkpoint without one of its model's tensors would generate from a random one: refused,
+    naming the tensor, before the weights load."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    d, _ = checkpoint
+    holed = tmp_path / "holed"
+    shutil.copytree(d, holed)
+    sd = load_file(holed / "model.safetensors")
+    del sd["model.norm.weight"]
+    save_file(sd, holed / "model.safetensors", metadata={"format": "pt"})
+
+    def refuse(*a, **kw):
+        raise AssertionError("the model was loaded before the missing tensor was named")
+
+    monkeypatch.setattr(OrthrosForCausalLM, "from_pretrained", refuse)
+    rc, text = run_cli(["generate", "--model", str(holed), "--device", "cpu", "--max-new-tokens", "2", "w1 w2"])
+    assert rc == 2 and text == ""
+    assert "the weights do not fit its config.json: missing model.norm.weight" in capsys.readouterr().err

@@ -137,3 +137,31 @@ def test_a_training_runs_directory_names_its_latest_checkpoint(saved, tmp_path):
     with pytest.raises(CheckpointError, match=r"it looks like a training run: its latest checkpoint is .*step_00000040"):
         OrthrosForCausalLM.from_pretrained(run)
     assert OrthrosForCausalLM.from_pretrained(run / "checkpoints" / "step_00000040") is not None
+
+
+def test_weights_that_do_not_fit_the_config_are_named(saved, tmp_path):
+    """A tensor the files lack (transformers would leave it at random and only log it) or one of
+    another shape is named with the argument, from the headers alone; a complete checkpoint and
+    a tied embedding without a stored lm_head pass."""
+    from safetensors.torch import load_file, save_file
+
+    from orthros.models.loading import check_weights_fit
+
+    single, sharded, _ = saved
+    for d in (single, sharded):
+        check_weights_fit(d, OrthrosConfig.from_pretrained(d))
+    d = _copy(single, tmp_path / "holed")
+    sd = load_file(d / "model.safetensors")
+    del sd["model.norm.weight"]
+    sd["model.layers.0.mlp.up_proj.weight"] = sd["model.layers.0.mlp.up_proj.weight"][:8]
+    save_file(sd, d / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=r"--model .*holed: the weights do not fit its config.json: missing "
+                                              r"model.norm.weight; model.layers.0.mlp.up_proj.weight of shape \[8, 32\]"):
+        check_weights_fit(d, OrthrosConfig.from_pretrained(d))
+    from orthros.evaluation.common import load_model  # every eval command's loader checks first
+
+    with pytest.raises(CheckpointError, match="missing model.norm.weight"):
+        load_model(d)
+    tied = tmp_path / "tied"
+    tiny(tie_word_embeddings=True).save_pretrained(tied)
+    check_weights_fit(tied, OrthrosConfig.from_pretrained(tied))
