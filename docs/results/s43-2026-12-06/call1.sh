@@ -12,7 +12,7 @@ case "$name" in
       --systems orthros+gemv,full+gemv,gpt-fast --gpt-fast-dir .gpu/gpt-fast --gpt-fast-setups 4 --out $OUT/roofline \
       2>&1 | grep -v -E "Warning|warn_once" | tee $OUT/roofline.log | grep -E "^# issue|decode |setups|decode_vs|needs|B=1 L=1024 " ;;
   *)
-    timeout -k 5 120 python3 docs/results/s41-2026-12-05/call4_sample.py 2>&1 | tee $OUT/sample.log | tail -5
-    timeout -k 5 420 python3 -m pytest -p no:cacheprovider -o addopts="" -q -n 6 -rfEs -W ignore \
+    timeout -k 5 100 python3 docs/results/s41-2026-12-05/call4_sample.py 2>&1 | tee $OUT/sample.log | tail -5
+    timeout -k 5 320 python3 -m pytest -p no:cacheprovider -o addopts="" -q -n 6 -rfEs -W ignore \
       tests/engine tests/models/test_modeling_gpu.py --durations 10 2>&1 | tee $OUT/gpu_tests.log | tail -40 ;;
 esac
