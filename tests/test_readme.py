@@ -61,3 +61,34 @@ def test_every_orthros_command_in_the_readme_exists(capsys):
                     assert f"--{flag}" in text, (argv, flag)
                 checked += 1
     assert checked >= 15
+
+
+def script_help(monkeypatch, capsys, script):
+    """``python SCRIPT --help``'s text, run in this process (torch is imported once)."""
+    import runpy
+    import sys
+
+    monkeypatch.setattr(sys, "argv", [script, "--help"])
+    try:
+        runpy.run_path(str(README.parent / script), run_name="__main__")
+    except SystemExit as e:
+        assert e.code in (0, None), script
+    return capsys.readouterr().out
+
+
+def test_every_benchmark_script_line_runs_as_written(monkeypatch, capsys):
+    """Each `python benchmarks/X.py ...` line of the README's shell blocks: every option it shows is
+    in the script's --help, and every option the script requires is on the line."""
+    lines = [line.strip().split("  #")[0] for b in blocks("bash") for line in b.splitlines()
+             if line.strip().startswith("python benchmarks/")]
+    assert len(lines) >= 4
+    for line in lines:
+        script = line.split()[1]
+        text = script_help(monkeypatch, capsys, script)
+        usage = text.split("\n\n")[0]
+        while re.search(r"\[[^\[\]]*\]", usage):  # drop the optional groups, nested ones too
+            usage = re.sub(r"\[[^\[\]]*\]", "", usage)
+        for flag in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", usage):
+            assert flag in line.split(), (line, f"{flag} is required")
+        for flag in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", line):
+            assert flag in text, (line, flag)
