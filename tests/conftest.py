@@ -14,6 +14,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# A test that sends CPU tensors through the Triton kernels needs the interpreter, which is on only
+# without CUDA: on a GPU machine such a test is skipped (the gpu tests run the kernels on CUDA).
+cpu_triton = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                reason="CPU tensors through the Triton interpreter (set only without CUDA)")
+
 
 @pytest.fixture
 def one_thread():

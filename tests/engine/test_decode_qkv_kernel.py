@@ -15,7 +15,7 @@ from orthros.engine import Engine
 from orthros.engine.cache import DecodeView
 from orthros.engine.engine import compile_fallbacks
 
-from conftest import record_engine_graphs, tiny_model, writes_cache
+from conftest import cpu_triton, record_engine_graphs, tiny_model, writes_cache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -61,7 +61,7 @@ def _steps(model, n=4, **kw):
     return logits, eng
 
 
-@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("backend", ["reference", pytest.param("triton", marks=cpu_triton)])
 @pytest.mark.parametrize("mode", ["orthros", "full", "window"])
 def test_qkv_kernel_steps_equal_the_separate_path(monkeypatch, mode, backend):
     m = _model(mode, backend)
@@ -79,6 +79,7 @@ def test_qkv_kernel_steps_equal_the_separate_path(monkeypatch, mode, backend):
         assert (ka - kb).abs().max().item() <= tol * 10 and (va - vb).abs().max().item() <= tol * 10
 
 
+@cpu_triton
 def test_qkv_kernel_tokens_equal_the_hf_model():
     m = _model("orthros", "triton", layers=2)
     got = Engine(m, max_batch_size=2, max_seq_len=40, qkv_kernel=True).generate(PROMPTS, 4)

@@ -13,7 +13,7 @@ import torch
 from orthros.engine import Engine
 from orthros.kinds import hybrid_layout
 
-from conftest import fed_decode, tiny_model
+from conftest import cpu_triton, fed_decode, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -79,6 +79,7 @@ def test_gemv_reaches_every_fused_site(monkeypatch):
     assert calls == site * m.config.num_hidden_layers + head
 
 
+@cpu_triton
 @pytest.mark.parametrize("mode", ["orthros", "full"])
 def test_o_projections_reduce_writes_the_mlp_norm(mode, monkeypatch):
     """Where W_O's GEMV splits K (a config that does at the tiny model's 32 x 32, installed for
@@ -113,6 +114,7 @@ def test_o_projections_reduce_writes_the_mlp_norm(mode, monkeypatch):
     assert calls == unfused * layers + head
 
 
+@cpu_triton
 @pytest.mark.parametrize("mode", ["orthros", "full"])
 def test_head_gemv_takes_the_final_norm_as_its_prologue(mode, monkeypatch):
     """:data:`~orthros.engine.engine.DECODE_HEAD_GEMV` (on unless ``ORTHROS_HEAD_GEMV=0``, set
@@ -165,6 +167,7 @@ def test_default_is_on_for_cuda_models_with_fused_projections():
         assert Engine(mc).gemv == "auto" and Engine(mc, fuse=False).gemv is None
 
 
+@cpu_triton
 def test_triton_kernel_through_the_interpreter_matches_the_unfused_engine():
     """The fused kernel itself (the ``orthros::gemv`` op; the Triton interpreter on CPU, the
     kernel on a GPU) in every fused site of a decode step, against the unfused engine."""
@@ -173,6 +176,7 @@ def test_triton_kernel_through_the_interpreter_matches_the_unfused_engine():
                                atol=1e-4, rtol=1e-4)
 
 
+@cpu_triton
 def test_compiled_engine_calls_the_fused_op_inside_its_graphs():
     """``compile=True`` with fused GEMVs: the op is one opaque node of the compiled pieces (no
     compile failure, which the engine would answer with a RuntimeWarning and eager pieces),
