@@ -88,6 +88,10 @@ def _run_hint(d: Path) -> str:
 
 
 def _weight_files(d: Path) -> list[Path]:
+    """The safetensors files a load of ``d`` reads, as transformers picks them: ``model.safetensors``
+    when it is there (even beside an index), else the shards of the index."""
+    if (d / WEIGHTS).is_file():
+        return [d / WEIGHTS]
     index = d / WEIGHTS_INDEX
     if index.is_file():
         try:
@@ -99,7 +103,7 @@ def _weight_files(d: Path) -> list[Path]:
         if missing:
             raise CheckpointError(f"{index} names shard(s) that are missing: {', '.join(missing)}")
         return [d / s for s in shards]
-    return [d / WEIGHTS] if (d / WEIGHTS).is_file() else []
+    return []
 
 
 def check_safetensors_file(path) -> dict:

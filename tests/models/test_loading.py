@@ -165,3 +165,15 @@ def test_weights_that_do_not_fit_the_config_are_named(saved, tmp_path):
     tied = tmp_path / "tied"
     tiny(tie_word_embeddings=True).save_pretrained(tied)
     check_weights_fit(tied, OrthrosConfig.from_pretrained(tied))
+
+
+def test_a_single_file_beside_an_index_is_what_is_checked(saved, tmp_path):
+    """transformers loads ``model.safetensors`` when it is there, even beside an index: the checks
+    read the same file (they read the index's shards, here a missing one, and refused a sound
+    checkpoint), and the load gives the single file's weights."""
+    single, _, _ = saved
+    d = _copy(single, tmp_path / "both")
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"lm_head.weight": "gone.safetensors"}}))
+    assert check_weights(d) == [d / "model.safetensors"]
+    got = OrthrosForCausalLM.from_pretrained(d)
+    torch.testing.assert_close(got.lm_head.weight, OrthrosForCausalLM.from_pretrained(single).lm_head.weight)
