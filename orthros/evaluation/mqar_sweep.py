@@ -23,6 +23,8 @@ def parse_setting(grp: list) -> tuple:
     """``[NAME, key=value, ...]`` -> ``(NAME, {key: value})``; a ``ValueError`` for an item without ``=``
     or a key not in ``KEYS`` (a typo such as ``step=100`` would otherwise be ignored and run the default)."""
     name, kv = grp[0], {}
+    if name.startswith("-"):
+        raise ValueError(f"setting names must not start with '-', got {name!r}")
     for item in grp[1:]:
         key, eq, value = item.partition("=")
         if not eq or key not in KEYS:
@@ -52,6 +54,9 @@ def run_one(name: str, kv: dict) -> dict:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or "-h" in argv or "--help" in argv:
+        print(__doc__.strip(), file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
     groups, cur = [], []
     for a in argv + ["--"]:
         if a == "--":

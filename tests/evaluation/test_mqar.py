@@ -316,6 +316,7 @@ def test_a_split_without_queries_is_none_not_nan(tmp_path):
 @pytest.mark.parametrize("args, says", [
     (["a", "steps=1", "--", "b", "step=1"], "setting b: 'step=1' is not key=value with a key of V T N"),
     (["a", "steps"], "setting a: 'steps' is not key=value"),
+    (["--steps", "steps=1"], "setting names must not start with '-', got '--steps'"),
 ])
 def test_mqar_sweep_refuses_unknown_keys_before_any_run(args, says, capsys, monkeypatch):
     """Issue: a key not in the list (`step=1` for `steps=1`) was ignored, so the setting ran 800 steps;
@@ -325,6 +326,17 @@ def test_mqar_sweep_refuses_unknown_keys_before_any_run(args, says, capsys, monk
     monkeypatch.setattr(sweep, "run_one", lambda *a: pytest.fail("a setting ran"))
     assert sweep.main(args) == 2
     assert says in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, rc", [(["--help"], 0), (["a", "steps=1", "-h"], 0), ([], 2)])
+def test_mqar_sweep_help_prints_usage_and_runs_nothing(args, rc, capsys, monkeypatch):
+    """Issue: ``--help`` was taken for a setting's name and trained a whole default sweep (~5 min)."""
+    import orthros.evaluation.mqar_sweep as sweep
+
+    monkeypatch.setattr(sweep, "run_one", lambda *a: pytest.fail("a setting ran"))
+    assert sweep.main(args) == rc
+    out = capsys.readouterr()
+    assert "python -m orthros.evaluation.mqar_sweep NAME key=value" in (out.out if rc == 0 else out.err)
 
 
 def test_cli_mqar_help_on_gdn_layers():
