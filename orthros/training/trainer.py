@@ -403,7 +403,27 @@ def check_resume_config(cfg: RunConfig, mc, resume_dir: Path) -> dict:
             f"{', '.join(refused)} ({what}). Restore those settings, or, if the change is intended, allow it "
             f"with --checkpoint.allow_changes {','.join(refused)} (keys that change weight shapes cannot change "
             f"on resume)")
+    if diff:  # allowed: refused still if they change a weight's shape (the load would fail after the model is built)
+        reshaped = _shape_changes(type(mc).from_dict(old), mc)
+        if reshaped:
+            raise ConfigError(
+                f"cannot resume from {resume_dir}: checkpoint.allow_changes lists {', '.join(diff)}, whose new values "
+                f"change the weights' shapes ({'; '.join(reshaped[:3])}); keys that change weight shapes cannot "
+                f"change on resume (start a new run, or --mode cpt --model.init_from for one that keeps the shapes)")
     return diff
+
+
+def _shape_changes(old_config, new_config) -> list[str]:
+    """The weights whose shape (or presence) differs between the models of two configs, built on
+    the meta device (no memory)."""
+    from ..models import OrthrosForCausalLM
+
+    with torch.device("meta"):
+        a, b = (dict((k, list(v.shape)) for k, v in OrthrosForCausalLM(c).state_dict().items())
+                for c in (old_config, new_config))
+    out = [f"{k}: checkpoint {a.get(k, 'absent')}, now {b.get(k, 'absent')}" for k in sorted(set(a) | set(b))
+           if a.get(k) != b.get(k)]
+    return out
 
 
 # what a checkpoint's data position (epoch, document of the seeded order, token offset) refers to

@@ -390,7 +390,7 @@ def test_old_pickled_trainer_state_is_refused(tmp_path, corpus, reference):
         train(load_config(None, tiny(out, corpus, "--max_steps", "10", "--checkpoint.every", "4", "--resume")))
 
 
-def test_resume_refuses_a_changed_model_config(tmp_path, corpus, reference):
+def test_resume_refuses_a_changed_model_config(tmp_path, corpus, reference, capsys):
     """Issue 17 #7: a changed window was applied silently, a changed shape gave a traceback."""
     _, ref, summary = reference
     out = tmp_path / "run"
@@ -403,10 +403,17 @@ def test_resume_refuses_a_changed_model_config(tmp_path, corpus, reference):
     with pytest.raises(ConfigError, match=r"differs from the checkpoint's in [^(]*hidden_size, intermediate_size[^(]* \(.*"
                                           r"hidden_size: checkpoint 32, now 48; intermediate_size: checkpoint 64, now 96"):
         train(load_config(None, base + ["--model.hidden_size", "48", "--model.intermediate_size", "96"]))
-    # allowing a shape change does not help: refused cleanly, no traceback
-    with pytest.raises(ConfigError, match="do not fit the model config"):
-        train(load_config(None, base + ["--model.intermediate_size", "96", "--checkpoint.allow_changes",
-                                        "intermediate_size"]))
+    # allowing a shape change does not help: refused before any work, in a dry run too, naming the weights
+    reshape = ["--model.intermediate_size", "96", "--checkpoint.allow_changes", "intermediate_size"]
+    says = (r"allow_changes lists intermediate_size, whose new values change the weights' shapes "
+            r"\(model.layers.0.mlp.down_proj.weight: checkpoint \[32, 64\], now \[32, 96\]")
+    with pytest.raises(ConfigError, match=says):
+        train(load_config(None, base + reshape))
+    from orthros.cli import main as orthros_main
+
+    capsys.readouterr()
+    assert orthros_main(["train", *base, *reshape, "--dry-run"]) == 2
+    assert re.search(says, capsys.readouterr().err)
     with pytest.raises(ConfigError, match=r"allow_changes: \['windw_size'\] are not model config keys"):
         train(load_config(None, base + ["--checkpoint.allow_changes", "windw_size"]))
     assert latest_checkpoint(str(out)).name == "step_00000004"  # nothing was trained by the refused runs
