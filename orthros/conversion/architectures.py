@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 
-from ..models import OrthrosConfig
 from . import qwen3_5
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
@@ -64,6 +63,8 @@ def orthros_config_from(src, arch: str, *, window_size: int, scale_offset: bool,
 
     ``notes``: human-readable facts the user should know (kept in the conversion report).
     """
+    from ..models import OrthrosConfig  # here, so `orthros convert --help` starts without torch
+
     check_supported(arch)
     g = lambda name, default=None: getattr(src, name, default)  # noqa: E731
     notes = []
