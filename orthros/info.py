@@ -107,10 +107,10 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
     weights_dtype = _SHORT[max(floats)[1]] if floats else "fp32"
     cache_dtype = parse_dtype(dtype or weights_dtype, "--dtype")
 
-    check_weights_fit(path, config, arg="PATH", headers=headers)
-    # the model config.json describes, on the meta device (no memory)
+    # the model config.json describes, on the meta device (no memory): its weights are the files'
     with torch.device("meta"):
         model = OrthrosForCausalLM(config)
+    check_weights_fit(path, config, arg="PATH", headers=headers, model=model)
 
     # the engine's cache for B rows of L tokens
     cache = StaticKVCache(config.num_hidden_layers, batch_size, L, config.num_key_value_heads, config.head_dim,

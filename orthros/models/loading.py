@@ -163,19 +163,27 @@ def check_weights(path) -> list[Path]:
     return list(weight_headers(path))
 
 
-def check_weights_fit(path, config, *, arg: str = "--model", headers: Optional[dict] = None) -> None:
+def weight_shapes(config, model=None) -> dict:
+    """``{name: shape}`` of every weight of the model ``config`` describes (``model``: that model,
+    if already built; else it is built on the meta device, with no memory)."""
+    if model is None:
+        import torch
+
+        from .modeling_orthros import OrthrosForCausalLM
+
+        with torch.device("meta"):
+            model = OrthrosForCausalLM(config)
+    return {k: list(v.shape) for k, v in model.state_dict().items()}
+
+
+def check_weights_fit(path, config, *, arg: str = "--model", headers: Optional[dict] = None, model=None) -> None:
     """:class:`CheckpointError` naming ``arg`` when the weight files of directory ``path`` lack a
     tensor of the model ``config`` describes, or hold one of another shape: a load would leave
     that tensor at random (transformers only logs it) or fail. Reads the headers only (pass
-    ``headers`` from :func:`weight_headers` if already read); the model is built on the meta device."""
-    import torch
-
-    from .modeling_orthros import OrthrosForCausalLM
-
+    ``headers`` from :func:`weight_headers` if already read, ``model`` if built: see
+    :func:`weight_shapes`)."""
     headers = weight_headers(path) if headers is None else headers
-    with torch.device("meta"):
-        model = OrthrosForCausalLM(config)
-    want = {k: list(v.shape) for k, v in model.state_dict().items()}
+    want = weight_shapes(config, model)
     if config.tie_word_embeddings:
         want.pop("lm_head.weight", None)  # the embedding: need not be stored
     have = {k: [int(s) for s in info["shape"]] for entries in headers.values() for k, info in entries.items()}

@@ -414,16 +414,12 @@ def check_resume_config(cfg: RunConfig, mc, resume_dir: Path) -> dict:
 
 
 def _shape_changes(old_config, new_config) -> list[str]:
-    """The weights whose shape (or presence) differs between the models of two configs, built on
-    the meta device (no memory)."""
-    from ..models import OrthrosForCausalLM
+    """The weights whose shape (or presence) differs between the models of two configs."""
+    from ..models.loading import weight_shapes
 
-    with torch.device("meta"):
-        a, b = (dict((k, list(v.shape)) for k, v in OrthrosForCausalLM(c).state_dict().items())
-                for c in (old_config, new_config))
-    out = [f"{k}: checkpoint {a.get(k, 'absent')}, now {b.get(k, 'absent')}" for k in sorted(set(a) | set(b))
-           if a.get(k) != b.get(k)]
-    return out
+    a, b = weight_shapes(old_config), weight_shapes(new_config)
+    return [f"{k}: checkpoint {a.get(k, 'absent')}, now {b.get(k, 'absent')}" for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k)]
 
 
 # what a checkpoint's data position (epoch, document of the seeded order, token offset) refers to
