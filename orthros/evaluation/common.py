@@ -62,8 +62,9 @@ def load_model(path, *, device: str = "cpu", dtype=None, window_size: int = 128)
 
         from ..models.loading import check_weights_fit
 
-        check_weights_fit(path, AutoConfig.from_pretrained(str(path)))  # a missing tensor would be random
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+        config = AutoConfig.from_pretrained(str(path))
+        check_weights_fit(path, config)  # a missing tensor would be random
+        model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=dtype)
     else:
         from ..conversion import convert_from_hf
 
