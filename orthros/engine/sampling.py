@@ -70,7 +70,10 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: Optional[tor
     logits = (logits - logits.amax(dim=-1, keepdim=True)) / params.temperature
     logits = filter_logits(logits, params.top_k, params.top_p)
     probs = torch.softmax(logits, dim=-1)
-    race = torch.empty_like(probs).exponential_(generator=generator)
+    # the exponential race (argmax of p / E, E ~ Exp(1), draws with probabilities p). CUDA's draw can be an
+    # exact 0 (pytorch#20179): 0 / 0 = NaN, which argmax takes over the row's maximum; clamped finite and positive
+    tiny, big = torch.finfo(probs.dtype).tiny, torch.finfo(probs.dtype).max
+    race = torch.empty_like(probs).exponential_(generator=generator).clamp_(tiny, big)
     return (probs / race).argmax(dim=-1)
 
 

@@ -206,6 +206,28 @@ def test_sample_tiny_temperature_is_greedy(t, dtype):
             assert sample(logits, SamplingParams(temperature=t, **kw), g).tolist() == [1, 2, 1]
 
 
+@pytest.mark.parametrize("draw", [0.0, float("inf")])
+def test_sample_survives_the_race_s_extreme_draws(monkeypatch, draw):
+    """CUDA's ``exponential_`` can draw an exact 0 (pytorch#20179; seen on an H100 in the forty-fourth
+    session: a temperature-1e-45 pick that was not a row's maximum): 0 / 0 = NaN, which ``argmax`` takes.
+    A draw of inf at the maximum would leave the row all zeros (index 0). The race is clamped to finite,
+    positive values, so a pick is always a token the filters kept."""
+    real = torch.Tensor.exponential_
+
+    def extreme(self, *a, **kw):  # the real draws, with the extreme value at every third token
+        out = real(self, *a, **kw)
+        out[..., ::3] = draw
+        return out
+
+    monkeypatch.setattr(torch.Tensor, "exponential_", extreme)
+    logits = torch.tensor([[1.0, 2.0, 0.0, 3.0, -4.0, 0.5], [0.5, 0.1, 0.7, 0.2, 0.9, -1.0]])
+    g = torch.Generator().manual_seed(0)
+    for t in (1e-45, 1e-6):  # every probability but the maximum's is exactly 0
+        assert sample(logits, SamplingParams(temperature=t), g).tolist() == [3, 4]
+    for _ in range(20):  # top-k 2 keeps tokens 3 and 1 in the first row
+        assert sample(logits, SamplingParams(temperature=1.0, top_k=2), g).tolist()[0] in (3, 1)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(temperature=-1.0), "temperature"),
     (dict(temperature=float("nan")), "temperature"),
