@@ -206,10 +206,28 @@ def test_sample_tiny_temperature_is_greedy(t, dtype):
             assert sample(logits, SamplingParams(temperature=t, **kw), g).tolist() == [1, 2, 1]
 
 
+def test_tiny_temperature_under_cuda_s_scalar_division(monkeypatch):
+    """CUDA divides a tensor by a Python number as a product with the number's float32 reciprocal, which is
+    inf for a temperature of 1e-45: (x - max) * inf made the maximum NaN, and every row's pick token 0 (an H100,
+    the forty-fourth session). The CPU divides, so here the division is CUDA's, emulated."""
+    real_div = torch.Tensor.__truediv__
+
+    def cuda_div(self, other):
+        if isinstance(other, (int, float)):
+            return self * (torch.tensor(1.0) / torch.tensor(float(other), dtype=torch.float32))
+        return real_div(self, other)
+
+    monkeypatch.setattr(torch.Tensor, "__truediv__", cuda_div)
+    logits = torch.tensor([[1.0, 3.0, 2.0, -4.0], [0.5, 0.1, 0.7, 0.2], [-3.0, -1.0, -2.0, -5.0]])
+    g = torch.Generator().manual_seed(0)
+    for t in (1e-45, 1e-39, 1e-30):
+        for kw in ({}, dict(top_k=2), dict(top_p=0.9)):
+            assert sample(logits, SamplingParams(temperature=t, **kw), g).tolist() == [1, 2, 1], (t, kw)
+
+
 @pytest.mark.parametrize("draw", [0.0, float("inf")])
 def test_sample_survives_the_race_s_extreme_draws(monkeypatch, draw):
-    """CUDA's ``exponential_`` can draw an exact 0 (pytorch#20179; seen on an H100 in the forty-fourth
-    session: a temperature-1e-45 pick that was not a row's maximum): 0 / 0 = NaN, which ``argmax`` takes.
+    """CUDA's ``exponential_`` can draw an exact 0 (pytorch#20179): 0 / 0 = NaN, which ``argmax`` takes.
     A draw of inf at the maximum would leave the row all zeros (index 0). The race is clamped to finite,
     positive values, so a pick is always a token the filters kept."""
     real = torch.Tensor.exponential_
