@@ -91,6 +91,10 @@ class Plan:
     def cast(self, dtype: torch.dtype) -> torch.dtype:
         return self.out_dtype if (self.out_dtype is not None and dtype.is_floating_point) else dtype
 
+    def value(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """The Orthros value of the source tensor ``name`` (``t``): changed where :attr:`transforms` says."""
+        return self.transforms[name][1](t) if name in self.transforms else t
+
 
 HEAD, EMBED = "lm_head.weight", "model.embed_tokens.weight"
 
@@ -573,9 +577,7 @@ def _write_checkpoint(source: "SourceCheckpoint", plan: Plan, tmp: Path, *, wind
                     if name is None:
                         t = torch.full(plan.added[out][1], plan.added[out][0], dtype=od)
                     else:
-                        t = reader.get(name)
-                        if name in plan.transforms:
-                            t = plan.transforms[name][1](t)
+                        t = plan.value(name, reader.get(name))
                         t = t.to(od) if t.dtype != od else t
                     writer.write(out, t)
                     weight_map[out] = fname
@@ -675,7 +677,7 @@ def _finish_model(model: OrthrosForCausalLM, plan: Plan, loaded: set) -> Orthros
 
 def convert_from_hf(model_or_path, *, window_size: int = 128, scale_offset: bool = True,
                     dtype=None) -> OrthrosForCausalLM:
-    """An :class:`OrthrosForCausalLM` with the weights of a Llama / Qwen2 / Qwen3 / Mistral model.
+    """An :class:`OrthrosForCausalLM` with the weights of a Llama / Qwen2 / Qwen3 / Mistral / Qwen3.5 model.
 
     ``model_or_path``: an in-memory ``*ForCausalLM`` model of a supported architecture, or a
     local HF checkpoint directory (safetensors), a ``.gguf`` file (de-quantised by
@@ -685,7 +687,8 @@ def convert_from_hf(model_or_path, *, window_size: int = 128, scale_offset: bool
     ``dtype``: ``None`` keeps the source's dtype; else ``bf16 | fp16 | fp32`` or a torch dtype.
 
     With alpha = alpha' = 1, beta = beta' = 0, the result computes exactly what the source
-    computes on sequences of at most ``window_size`` tokens.
+    computes on sequences of at most ``window_size`` tokens (a Qwen3.5 source excepted: its
+    GDN layers gain the output stream, see :mod:`orthros.conversion.qwen3_5`).
     """
     _check_window(window_size)
     out_dtype = resolve_dtype(dtype)
@@ -703,7 +706,7 @@ def convert_from_hf(model_or_path, *, window_size: int = 128, scale_offset: bool
         sd, loaded = model.state_dict(), set()
         with torch.no_grad():
             for name, out in plan.mapped.items():
-                sd[out].copy_(state[name])
+                sd[out].copy_(plan.value(name, state[name]))
                 loaded.add(out)
         return _finish_model(model, plan, loaded)
     if isinstance(model_or_path, (str, os.PathLike)):
@@ -728,7 +731,7 @@ def convert_from_hf(model_or_path, *, window_size: int = 128, scale_offset: bool
                 for name in header.tensors:
                     if name in plan.mapped:
                         out = plan.mapped[name]
-                        sd[out].copy_(reader.get(name))
+                        sd[out].copy_(plan.value(name, reader.get(name)))
                         loaded.add(out)
     return _finish_model(model, plan, loaded)
 

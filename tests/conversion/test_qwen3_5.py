@@ -108,3 +108,18 @@ def test_multimodal_checkpoint_refused(tmp_path):
     with pytest.raises(UnsupportedModelError, match="multimodal"):
         convert_checkpoint(src, tmp_path / "out", window_size=4, progress=False)
     assert not (tmp_path / "out").exists()
+
+
+@torch.no_grad()
+def test_convert_from_hf_applies_the_zero_centred_norm_transform(tmp_path):
+    """convert_from_hf (a directory or an in-memory model) stores 1 + w for Qwen3.5's zero-centred
+    norms, as convert_checkpoint does (it copied w as is: every decoder norm near zero)."""
+    from orthros import convert_from_hf
+
+    ref, src = tiny_qwen3_5(tmp_path)
+    convert_checkpoint(src, tmp_path / "dst", window_size=4, progress=False)
+    want = AutoModelForCausalLM.from_pretrained(tmp_path / "dst").state_dict()
+    for got in (convert_from_hf(src, window_size=4), convert_from_hf(ref, window_size=4)):
+        sd = got.state_dict()
+        assert sorted(sd) == sorted(want)
+        assert [k for k in want if not torch.equal(sd[k], want[k])] == []
