@@ -243,7 +243,9 @@ def load_source(path) -> SourceCheckpoint:
 
     index_path = root / INDEX_FILE
     all_st = sorted(p.name for p in root.glob("*.safetensors"))
-    if index_path.is_file():
+    if (root / SINGLE_FILE).is_file():  # as transformers picks: the single file, even beside an index
+        files, weight_map, sharded = [SINGLE_FILE], None, False
+    elif index_path.is_file():
         try:
             index = json.loads(index_path.read_text())
             weight_map = index["weight_map"]
@@ -262,8 +264,6 @@ def load_source(path) -> SourceCheckpoint:
         if missing:
             raise FileNotFoundError(f"{index_path} names shard(s) that do not exist: {missing}")
         sharded = True
-    elif (root / SINGLE_FILE).is_file():
-        files, weight_map, sharded = [SINGLE_FILE], None, False
     else:
         others = sorted(p.name for p in root.iterdir() if p.name.endswith(_WEIGHT_SUFFIXES))
         hint = f" (found {others}; re-save the model with save_pretrained(..., safe_serialization=True))" \

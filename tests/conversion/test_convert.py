@@ -626,3 +626,25 @@ def test_hub_id_that_cannot_be_downloaded_is_one_line(tmp_path, capsys, monkeypa
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'someone/model' is not a local directory" in err and "ConnectError" in err, err
     assert sorted(tmp_path.iterdir()) == []
+
+
+def test_single_file_beside_a_stale_index_is_what_is_converted(tmp_path):
+    """transformers loads ``model.safetensors`` when it is there, even beside an index, and its
+    save_pretrained leaves the old index behind when it re-saves a sharded model as one file:
+    the conversion refused that checkpoint (the index's shards are gone) and, with the shards
+    still there, converted them instead of the weights the source loads."""
+    _build("mistral", tmp_path / "src")  # sharded: index + shards
+    src = tmp_path / "src"
+    for p in src.glob("model-*.safetensors"):
+        p.unlink()
+    ref = _randomise(ARCHS["mistral"]())  # other weights, as the single file
+    ref.save_pretrained(src)  # leaves the stale index
+    assert (src / "model.safetensors.index.json").is_file() and (src / "model.safetensors").is_file()
+    loaded = AutoModelForCausalLM.from_pretrained(src).eval()
+    assert convert_main([str(src), str(tmp_path / "out"), "--window-size", str(W), "-q"]) == 0
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.glob("*.safetensors*")) == ["model.safetensors"]
+    for conv in (AutoModelForCausalLM.from_pretrained(out), convert_from_hf(src, window_size=W)):
+        ids = torch.arange(W)[None] % VOCAB
+        with torch.no_grad():
+            assert _max_diff(conv(ids).logits, loaded(ids).logits) < 1e-4
