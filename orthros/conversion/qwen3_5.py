@@ -20,7 +20,8 @@ What changes besides the kind of the attention layers:
 
 Refused, before anything is written: multimodal checkpoints (``Qwen3_5ForConditionalGeneration``),
 the MoE variant, layer kinds other than ``linear_attention`` / ``full_attention``, models
-without any attention layer, and a missing attention output gate.
+without any attention layer, a missing attention output gate, and ``hidden_act`` other than
+silu (the GDN's convolution activation).
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ def config_kwargs(src, attention_mode: str = "orthros") -> tuple[dict, list]:
         _refuse("it has no attention layer (pure GDN): there is nothing for Orthros attention to replace")
     if g("attn_output_gate", True) is False:
         _refuse("attn_output_gate=False is not a Qwen3.5 layout")
+    if g("hidden_act", "silu") != "silu":  # transformers' GDN applies it after the short convolution
+        _refuse(f"hidden_act={g('hidden_act')!r}: Orthros's Gated DeltaNet applies silu after its short "
+                f"convolution (every Qwen3.5 checkpoint uses silu)")
     for name in ("num_experts", "moe_intermediate_size"):
         if g(name):
             _refuse(f"{name}={g(name)} (mixture-of-experts MLPs are not supported)")

@@ -87,6 +87,8 @@ def test_linear_hybrid_computes_what_qwen3_5_computes(tmp_path):
     (dict(layer_types=["linear_attention"] * 4), "no attention layer"),
     (dict(layer_types=["linear_attention", "sliding_attention", "linear_attention", "full_attention"]),
      "not supported"),
+    # transformers' GDN applies hidden_act after its short convolution, Orthros's silu: it converted, to other logits
+    (dict(hidden_act="gelu"), "hidden_act='gelu'"),
 ])
 def test_unsupported_variants_refused_nothing_written(tmp_path, over, match):
     try:
