@@ -27,7 +27,7 @@ import time
 
 import torch
 
-from ..utils import DTYPE_CHOICES, check_output_path, parse_dtype
+from ..utils import DTYPE_CHOICES, check_device, check_output_path, commit_id, parse_dtype, write_json
 from .comm import ParallelContext, init_from_env
 from .sharded import ShardedOrthros
 
@@ -112,9 +112,8 @@ class Bench:
             torch.cuda.synchronize(self.device)
 
     def save(self):
-        if self.ctx.rank == 0 and self.args.out:
-            with open(self.args.out, "w") as f:
-                json.dump(dict(meta=self.meta, records=self.records), f, indent=1)
+        if self.ctx.rank == 0 and self.args.out:  # atomically: a run killed mid-write keeps the last whole file
+            write_json(self.args.out, dict(meta=self.meta, records=self.records), indent=1)
 
     def add(self, rec):
         self.records.append(rec)
@@ -227,7 +226,7 @@ class Bench:
         N = ctx.world_size
         self.cfg = model_config(a.model, a.layers, a.window)
         self.meta = dict(
-            date=time.strftime("%Y-%m-%d"), commit=os.environ.get("ORTHROS_COMMIT", "unknown"),
+            date=time.strftime("%Y-%m-%d"), commit=commit_id() or "unknown",
             torch=torch.__version__, python=platform.python_version(), world_size=N,
             device=torch.cuda.get_device_name(self.device) if self.cuda else "cpu",
             model=a.model, layers=self.cfg.num_hidden_layers, dtype=a.dtype, window=a.window,
@@ -405,6 +404,11 @@ def main(argv=None) -> int:
         parent = os.path.dirname(os.path.abspath(a.out))
         if not os.path.isdir(parent):  # the JSON is written as records come in, so the folder must exist
             p.error(f"--out {a.out}: folder {parent} does not exist")
+    if a.device == "cuda":
+        try:
+            check_device(a.device, "--device")
+        except ValueError as e:
+            p.error(str(e))
     use_cuda = (a.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
     try:
         ctx = init_from_env("nccl" if use_cuda else "gloo", timeout_s=a.timeout)

@@ -282,3 +282,58 @@ def test_bench_entry_point_runs_under_torchrun(tmp_path):
     assert {("orthros", 2, 300, "ok"), ("orthros", 1, 300, "ok"), ("transformer", 1, 512, "ok"),
             ("transformer", 2, 300, "estimate")} <= got
     assert "| 300 |" in proc.stdout
+
+
+def test_bench_refuses_cuda_without_a_gpu_before_any_work(tmp_path, monkeypatch, capsys):
+    """``--device cuda`` on a machine without CUDA: a usage error naming the flag (it was an
+    AssertionError traceback of ``torch.cuda.current_device()`` after the process group started)."""
+    from orthros.parallel import bench
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(bench, "init_from_env", lambda *a, **k: pytest.fail("the process group was started"))
+    monkeypatch.setattr(bench.os, "_exit", lambda code: pytest.fail(f"os._exit({code})"))
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--model", "tiny", "--device", "cuda", "--out", str(tmp_path / "b.json")])
+    assert e.value.code == 2
+    assert "--device cuda: no CUDA device here" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_results_are_replaced_whole(tmp_path):
+    """The results JSON is rewritten after every record; a write that fails part-way (here a
+    record JSON cannot encode) leaves the previous file whole (open(..., 'w') had truncated it
+    and json.dump had written half a record)."""
+    import argparse
+    import json
+
+    from orthros.parallel import bench
+
+    out = tmp_path / "b.json"
+    b = bench.Bench(argparse.Namespace(out=str(out)), ParallelContext.single(), torch.device("cpu"))
+    b.meta = {"world_size": 1}
+    b.records = [{"tokens": 8}]
+    b.save()
+    before = out.read_text()
+    b.records.append({"tokens": 16, "bad": object()})
+    with pytest.raises(TypeError):
+        b.save()
+    assert out.read_text() == before and json.loads(before)["records"] == [{"tokens": 8}]
+    assert [p.name for p in tmp_path.iterdir()] == ["b.json"]
+
+
+def test_bench_records_the_checkout_commit(tmp_path, monkeypatch):
+    """Without ``ORTHROS_COMMIT`` the results name this checkout's commit, as the other
+    benchmarks do (they said 'unknown'); one process, tiny model, CPU."""
+    import json
+
+    from orthros.parallel import bench
+    from orthros.utils import commit_id
+
+    monkeypatch.delenv("ORTHROS_COMMIT", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    out = tmp_path / "b.json"
+    assert bench.main(["--model", "tiny", "--dtype", "fp32", "--device", "cpu", "--lengths", "40", "--transformer", "",
+                       "--transformer-cp", "", "--warmup", "16", "--check-len", "20", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["meta"]["commit"] == (commit_id() or "unknown")
+    assert {(r["model"], r["tokens"]) for r in got["records"] if r.get("status") == "ok"} == {("orthros", 40)}
