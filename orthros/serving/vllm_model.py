@@ -464,6 +464,11 @@ class OrthrosHybridForCausalLM(OrthrosForCausalLM, IsHybrid):
         if not current_platform.is_cpu():  # the state layout read by gdn_output_stream is the CPU kernels'
             raise ValueError("OrthrosHybridForCausalLM (Gated DeltaNet layers) is checked on vLLM's CPU backend "
                              "only; its GPU kernels keep the recurrent state in another layout, not read yet")
+        dtype = vllm_config.model_config.dtype
+        if dtype != torch.bfloat16:  # (they assert it at the first forward, taking the engine down)
+            raise ValueError(f"OrthrosHybridForCausalLM runs in bfloat16 only (vLLM's CPU Gated DeltaNet kernels); "
+                             f"this engine has dtype {str(dtype).removeprefix('torch.')}: pass --dtype bfloat16 "
+                             f"(dtype='bfloat16')")
         super().__init__(vllm_config=vllm_config, prefix=prefix)
 
     @classmethod

@@ -200,3 +200,15 @@ def test_head_dims_the_cpu_kernels_do_not_take_are_refused_at_load(tmp_path):
     with pytest.raises(Exception, match=r"head dims \[64, 128\].*; this checkpoint has linear_key_head_dim=32"):
         LLM(model=str(path), dtype="bfloat16", max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE,
             kv_cache_memory_bytes=64 << 20, max_num_seqs=2, enforce_eager=True, enable_prefix_caching=False)
+
+
+def test_a_dtype_other_than_bf16_is_refused_at_load(tmp_path):
+    """vLLM's CPU GDN kernels run in bf16 only: with --dtype float32 (or float16) the engine loaded
+    and died at the first request ("AssertionError: CPU GDN attention requires BF16.", taking
+    ``vllm serve`` down); the hybrid class refuses such a dtype at load, naming --dtype bfloat16."""
+    path = build_checkpoint(tmp_path / "h", seed=8, num_hidden_layers=2, **PREFIX_CACHE_SHAPE,
+                            layer_types=["linear_attention", "orthros_attention"])
+    with pytest.raises(Exception, match="bfloat16 only.*float32.*--dtype bfloat16"):
+        llm = LLM(model=str(path), dtype="float32", max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE,
+                  kv_cache_memory_bytes=64 << 20, max_num_seqs=2, enforce_eager=True, enable_prefix_caching=False)
+        llm.llm_engine.engine_core.shutdown()
