@@ -451,7 +451,9 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
                 "dtype": _dtype_name(out_dtype) if out_dtype else "float32", "bytes_needed": need}
     source, plan, need = _prepare(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite,
                                   scale_offset=scale_offset)
-    copied, skipped = _other_files(source)
+    with tempfile.TemporaryDirectory() as d:  # the names the result's config brings (its remote code)
+        plan.config.save_pretrained(d)
+        copied, skipped = _other_files(source, taken=set(os.listdir(d)))
     return {**base, "source": str(source.path), "source_format": "safetensors", "architecture": source.architecture,
             "files": len(source.headers), "dtype": _dtype_name(plan.config.dtype) if plan.config.dtype else None,
             "mapped": len(plan.mapped), "added": len(plan.added), "dropped": dict(plan.dropped),
@@ -548,6 +550,7 @@ def _write_checkpoint(source: "SourceCheckpoint", plan: Plan, tmp: Path, *, wind
         report.update(extra)
     weight_map, total = {}, 0
     plan.config.save_pretrained(tmp)
+    taken = {p.name for p in tmp.iterdir()}  # config.json and Orthros's remote code
     bar = Progress(len(source.headers), "orthros convert", unit="shard", enabled=progress)
     for index, (fname, header) in enumerate(source.headers.items()):
         entries, jobs = [], []
@@ -593,7 +596,7 @@ def _write_checkpoint(source: "SourceCheckpoint", plan: Plan, tmp: Path, *, wind
     if source.sharded:
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-    copied, report["skipped_files"] = _other_files(source)
+    copied, report["skipped_files"] = _other_files(source, taken)
     for p in copied:
         if p.is_dir():
             shutil.copytree(p, tmp / p.name)
@@ -606,14 +609,18 @@ def _write_checkpoint(source: "SourceCheckpoint", plan: Plan, tmp: Path, *, wind
     return report
 
 
-def _other_files(source: "SourceCheckpoint"):
+def _other_files(source: "SourceCheckpoint", taken=frozenset()):
     """The source's files besides its config and weights: ``(files (and the chat-template
-    folder) copied as they are, [{"file", "reason"} of those skipped]``)."""
+    folder) copied as they are, [{"file", "reason"} of those skipped]``). ``taken``: names the
+    result's config writes itself (Orthros's remote code), never replaced by a source file."""
     copied, skipped = [], []
     for p in sorted(source.path.iterdir()):
         if p.name in _NOT_COPIED or p.name.startswith(".") or p.name in source.headers:
             continue
-        if p.name.endswith(_WEIGHT_SUFFIXES):
+        if p.name in taken:
+            skipped.append({"file": p.name, "reason": "Orthros's own file of that name is written instead "
+                                                      "(its code, for trust_remote_code)"})
+        elif p.name.endswith(_WEIGHT_SUFFIXES):
             skipped.append({"file": p.name, "reason": "weights not part of the converted checkpoint"})
         elif p.name in _COPIED_DIRS and p.is_dir():
             copied.append(p)

@@ -648,3 +648,20 @@ def test_single_file_beside_a_stale_index_is_what_is_converted(tmp_path):
         ids = torch.arange(W)[None] % VOCAB
         with torch.no_grad():
             assert _max_diff(conv(ids).logits, loaded(ids).logits) < 1e-4
+
+
+def test_source_file_named_like_orthros_code_does_not_replace_it(tmp_path, good_src, capsys):
+    """The result carries Orthros's remote code (utils.py, layers.py, ...) for loading with
+    trust_remote_code; a source file of the same name was copied over it afterwards, and the
+    result then loaded the source's file (here: raised). It is skipped, and said so, in the
+    conversion and in --dry-run alike."""
+    src = _copy(good_src, tmp_path / "src")
+    (src / "utils.py").write_text("raise RuntimeError('the source helper')\n")
+    (src / "helper.py").write_text("X = 1\n")  # other code is copied as before
+    assert convert_main([str(src), str(tmp_path / "o"), "--window-size", str(W), "--dry-run"]) == 0
+    plan = capsys.readouterr().out
+    assert "skipped utils.py (Orthros's own file of that name" in plan and "helper.py" in plan.split("skipped")[0]
+    report = convert_checkpoint(src, tmp_path / "out", window_size=W, progress=False)
+    assert "the source helper" not in (tmp_path / "out" / "utils.py").read_text()
+    assert (tmp_path / "out" / "helper.py").read_text() == "X = 1\n" and "helper.py" in report["copied_files"]
+    assert [s["file"] for s in report["skipped_files"]] == ["utils.py"]
