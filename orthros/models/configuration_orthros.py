@@ -50,6 +50,15 @@ class OrthrosConfig(PreTrainedConfig):
     model_type = "orthros"
     keys_to_ignore_at_inference = ["past_key_values"]
 
+    def __init_subclass__(cls, **kwargs):
+        own_init = "__init__" in cls.__dict__
+        super().__init_subclass__(**kwargs)
+        if not own_init and "__init__" in cls.__dict__:
+            # transformers (>= 5.2x) gives a subclass without an __init__ a dataclass one of the declared
+            # fields, which would skip this class's __init__ (no window_size, layer_types, checks):
+            # a user's subclass inherits ours instead
+            del cls.__init__
+
     def __init__(
         self,
         vocab_size: int = 32000,

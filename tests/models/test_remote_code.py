@@ -318,4 +318,16 @@ def test_a_subclass_defined_elsewhere_saves_without_remote_code(tmp_path):
     with pytest.warns(UserWarning, match="saving without remote code: .*MyConfig is defined outside"):
         c.save_pretrained(tmp_path)
     assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
-    assert "auto_map" not in json.loads((tmp_path / "config.json").read_text())
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert "auto_map" not in saved
+    # transformers gave a subclass without an __init__ a dataclass one that skipped OrthrosConfig's:
+    # no window_size, layer_types ... on the config or in config.json, and no model could be built
+    assert saved["window_size"] == 128 and saved["layer_types"] == ["orthros_attention"]
+    c = MyConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_hidden_layers=2, num_attention_heads=2,
+                 window_size=4, attention_mode="swa")
+    assert (c.window_size, c.attention_mode, c.layer_types) == (4, "window", ["window_attention"] * 2)
+    assert MyConfig.from_pretrained(tmp_path).window_size == 128
+    with pytest.raises(ValueError, match="window_size"):
+        MyConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2,
+                 window_size=0)
+    assert OrthrosForCausalLM(c)(torch.tensor([[1, 2, 3, 4, 5]])).logits.shape == (1, 5, 10)
