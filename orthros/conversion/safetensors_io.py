@@ -84,6 +84,8 @@ def read_header(path) -> SafetensorsHeader:
     if not isinstance(header, dict):
         raise SafetensorsError(f"{where}corrupt safetensors header (not a JSON object)")
     metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict):
+        raise SafetensorsError(f"{where}corrupt safetensors header (__metadata__ is not a JSON object: {metadata!r})")
     tensors = []
     for name, entry in header.items():
         try:
@@ -92,7 +94,7 @@ def read_header(path) -> SafetensorsHeader:
             begin, end = int(begin), int(end)
         except (TypeError, KeyError, ValueError):
             raise SafetensorsError(f"{where}corrupt header entry for tensor {name!r}: {entry!r}") from None
-        if code not in _CODES:
+        if not isinstance(code, str) or code not in _CODES:
             raise SafetensorsError(f"{where}tensor {name!r} has unsupported dtype {code!r}")
         dtype = _CODES[code]
         nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()

@@ -129,7 +129,6 @@ class OrthrosConfig(PreTrainedConfig):
         self.linear_value_head_dim = self.head_dim if linear_value_head_dim is None else linear_value_head_dim
         self.linear_conv_kernel_dim = linear_conv_kernel_dim
         self.attn_output_gate = bool(attn_output_gate)
-        self._validate_linear(layer_types)
         self.layer_types = None  # set after transformers' own checks, which know only its layer kinds
         self.attn_backend = attn_backend
         rope_parameters = dict(rope_parameters) if rope_parameters else {}
@@ -137,7 +136,7 @@ class OrthrosConfig(PreTrainedConfig):
         rope_parameters.setdefault("rope_theta", kwargs.pop("rope_theta", 10000.0))
         self.rope_parameters = rope_parameters
         self.tie_word_embeddings = tie_word_embeddings
-        self._validate()
+        self._validate(layer_types)
         super().__init__(
             pad_token_id=pad_token_id,
             bos_token_id=bos_token_id,
@@ -158,6 +157,7 @@ class OrthrosConfig(PreTrainedConfig):
         checkpoint loads with ``trust_remote_code=True`` alone (``orthros/models/remote_code.py``)."""
         from .remote_code import remote_code_saved
 
+        self.validate()  # before any file is written (transformers validates only before config.json)
         old = self.__dict__.get("architectures")
         if old == ["OrthrosForCausalLM"] and LINEAR_LAYER_TYPE in (self.layer_types or []):
             # vLLM picks its model class by this name, and keeps recurrent states only for a hybrid
@@ -169,7 +169,12 @@ class OrthrosConfig(PreTrainedConfig):
         finally:
             self.architectures = old
 
-    def _validate(self):
+    def _validate(self, layer_types=None):
+        """Check every field as it is now (``layer_types``: the list ``__init__`` resolved, set on the
+        config after transformers' checks). Also run by the model's ``__init__`` and by
+        ``save_pretrained``, for fields set after ``__init__`` (``from_pretrained(path, window_size=0)``
+        sets its keywords on the loaded config, and so may a user); an attention-mode alias set so
+        is resolved here, as ``__init__`` resolves it (the layers compare the canonical names)."""
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "max_position_embeddings", "window_size"):
             check_positive_int(f"OrthrosConfig.{name}", getattr(self, name))
@@ -191,7 +196,9 @@ class OrthrosConfig(PreTrainedConfig):
         if not _finite_number(self.initializer_range) or self.initializer_range < 0:
             raise ValueError(f"OrthrosConfig.initializer_range (the init std) must be a finite number >= 0, got "
                              f"{self.initializer_range!r}")
-
+        layer_types, self.attention_mode = resolve_layer_types(
+            self.layer_types if layer_types is None else layer_types, self.num_hidden_layers, self.attention_mode)
+        self._validate_linear(layer_types)
 
     def _validate_linear(self, layer_types):
         if LINEAR_LAYER_TYPE not in layer_types:
@@ -214,6 +221,7 @@ class OrthrosConfig(PreTrainedConfig):
         for validator in getattr(PreTrainedConfig, "__class_validators__", ()):
             if validator.__name__ != "validate_layer_type":
                 validator(self)
+        self._validate()
 
 
 __all__ = ["OrthrosConfig", "ATTENTION_MODES"]

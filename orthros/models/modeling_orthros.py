@@ -203,6 +203,7 @@ class OrthrosPreTrainedModel(PreTrainedModel):
 
 class OrthrosModel(OrthrosPreTrainedModel):
     def __init__(self, config: OrthrosConfig):
+        config._validate()  # fields set after the config's __init__ (from_pretrained's keywords, a user's edits)
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
         self.layers = nn.ModuleList([OrthrosDecoderLayer(config, i) for i in range(config.num_hidden_layers)])

@@ -133,3 +133,22 @@ def test_streaming_writer_matches_safetensors(tmp_path_factory, specs):
                 assert torch.equal(reader.get_rows(n, a, b), t[a:b])
     save_file(tensors, path)
     assert set(read_header(path).tensors) == set(tensors)
+
+
+def test_malformed_header_values_are_a_safetensors_error(tmp_path):
+    """A header whose ``__metadata__`` is no object, or whose dtype is no string, was a
+    TypeError traceback (``orthros convert`` printed it whole) instead of the error naming the file."""
+    import pytest
+
+    from orthros.conversion.safetensors_io import SafetensorsError
+
+    path = tmp_path / "x.safetensors"
+    save_file({"a": torch.ones(2)}, path)
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    for key, value in (("__metadata__", 5), ("__metadata__", ["x"]), ("a", {**header["a"], "dtype": ["F32"]})):
+        raw = json.dumps({**header, key: value}).encode()
+        path.write_bytes(len(raw).to_bytes(8, "little") + raw + data[8 + n:])
+        with pytest.raises(SafetensorsError, match="x.safetensors: (corrupt|tensor .a. has unsupported dtype)"):
+            read_header(path)

@@ -262,6 +262,40 @@ def test_invalid_config_values(kw, name):
         tiny_config(**kw)
 
 
+@pytest.mark.parametrize("kw,match", [
+    (dict(window_size=0), "window_size"),
+    (dict(num_hidden_layers=2), r"one entry per layer \(num_hidden_layers=2\), got 3"),
+    (dict(attention_mode="full"), "contradicts layer_types"),
+])
+def test_fields_set_after_init_are_checked_before_a_model_or_file(tmp_path, kw, match):
+    # from_pretrained(path, **kw) sets its keywords on the loaded config, bypassing __init__'s
+    # checks: window 0 ran, full attention ran under orthros_attention layer_types, and
+    # save_pretrained wrote a checkpoint whose config.json then failed to load
+    tiny_model().save_pretrained(tmp_path / "ok")
+    with pytest.raises(ValueError, match=match):
+        OrthrosForCausalLM.from_pretrained(tmp_path / "ok", **kw)
+    config = tiny_config()
+    for k, v in kw.items():
+        setattr(config, k, v)
+    with pytest.raises(ValueError, match=match):
+        OrthrosForCausalLM(config)
+    with pytest.raises(ValueError, match=match):
+        config.save_pretrained(tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_mode_alias_set_after_init_runs_that_mode():
+    # "transformer" set on a config after __init__ computed sliding-window attention
+    ref = tiny_model(attention_mode="full")
+    config = tiny_config()
+    config.attention_mode, config.layer_types = "transformer", ["full_attention"] * config.num_hidden_layers
+    model = OrthrosForCausalLM(config).eval()
+    model.load_state_dict(ref.state_dict())
+    ids = torch.randint(0, V, (1, 20))  # > window 8
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, ref(ids).logits)
+
+
 def test_invalid_forward_inputs():
     model = tiny_model()
     ids = torch.randint(0, V, (2, 10))
