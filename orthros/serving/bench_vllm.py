@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import statistics
@@ -29,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from orthros.utils import check_output_path, write_json
 
 # --quick: the sizes of a smoke run
 QUICK = {"prefill_lengths": [256, 1024], "decode_tokens": 32, "repeats": 1, "layers": 2}
@@ -80,6 +80,11 @@ def _check(args):
         raise SystemExit("error: head_dim (--hidden-size / --heads) must be >= 32 for vLLM's CPU attention")
     if min(args.prefill_lengths) < 1:
         raise SystemExit("error: --prefill-lengths must be >= 1")
+    if args.json is not None:
+        try:  # written at the end of a run of minutes: refused now
+            check_output_path("--json", args.json)
+        except ValueError as e:
+            raise SystemExit(f"error: {e}") from None
 
 
 def make_checkpoints(args, root: Path):
@@ -93,7 +98,8 @@ def make_checkpoints(args, root: Path):
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=args.vocab_size, hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
                       num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-                      max_position_embeddings=max_len, tie_word_embeddings=False, bos_token_id=None,
+                      max_position_embeddings=max(max_len, args.window_size),  # (the window fits the positions)
+                      tie_word_embeddings=False, bos_token_id=None,
                       eos_token_id=None, pad_token_id=None)
     llama = LlamaForCausalLM(cfg).float()
     llama.save_pretrained(root / "llama")
@@ -188,9 +194,7 @@ def main(argv=None) -> int:
               f"{o['tokens_per_cpu_s'] / t['tokens_per_cpu_s']:>7.2f}")
     print(f"load average at the end (1, 5, 15 min): {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}")
     if args.json:
-        tmp_json = args.json.with_suffix(args.json.suffix + ".tmp")
-        tmp_json.write_text(json.dumps(info, indent=2))
-        tmp_json.replace(args.json)
+        write_json(args.json, info)
     return 0
 
 
