@@ -169,7 +169,9 @@ def _check_prompt_file(args):
     if args.output is not None:  # written at the end: refused now if it cannot be
         check_output_path("--output", args.output)
     texts = []
-    for n, line in enumerate(read_text_file(path, "--prompts").splitlines(), 1):
+    # lines end at newlines only (read_text_file's universal newlines make \r\n and \r one): str.splitlines
+    # would also split at a form feed, U+0085 or U+2028 inside a prompt (raw in JSON with ensure_ascii=False)
+    for n, line in enumerate(read_text_file(path, "--prompts").split("\n"), 1):
         if not line.strip():
             continue
         if path.suffix == ".txt":

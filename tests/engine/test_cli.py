@@ -323,3 +323,20 @@ def test_generate_refuses_a_checkpoint_missing_a_tensor_before_loading(checkpoin
     rc, text = run_cli(["generate", "--model", str(holed), "--device", "cpu", "--max-new-tokens", "2", "w1 w2"])
     assert rc == 2 and text == ""
     assert "the weights do not fit its config.json: missing model.norm.weight" in capsys.readouterr().err
+
+
+def test_prompt_file_lines_end_at_newlines_only(checkpoint, tmp_path):
+    """One prompt a line means a line of the file: a form feed, U+0085 or U+2028 inside a prompt
+    (raw in JSON written with ensure_ascii=False, as this command writes its own records) is part of
+    it. Was: ``str.splitlines`` split there (a .txt prompt became two, a .jsonl line "not JSON")."""
+    import json
+
+    d, _ = checkpoint
+    inner = ["w1\x0cw2", "w3\x85w4", "w5\u2028w6"]
+    (tmp_path / "p.txt").write_text("\n".join(inner) + "\r\nw7\n", encoding="utf-8")
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps({"prompt": p}, ensure_ascii=False) + "\n" for p in inner),
+                                      encoding="utf-8")
+    base = ["generate", "--model", str(d), "--device", "cpu", "--max-new-tokens", "2", "--prompts"]
+    for name, want in (("p.txt", inner + ["w7"]), ("p.jsonl", inner)):
+        rc, text = run_cli(base + [str(tmp_path / name)])
+        assert rc == 0 and [json.loads(line)["prompt"] for line in text.split("\n")[:-1]] == want, (name, text)
