@@ -43,8 +43,11 @@ class ParallelContext:
     def from_group(cls, group=None, timeout_s: Optional[float] = None) -> "ParallelContext":
         if not (dist.is_available() and dist.is_initialized()):
             return cls.single()
-        return cls(group=group, rank=dist.get_rank(group), world_size=dist.get_world_size(group),
-                   timeout_s=timeout_s)
+        rank = dist.get_rank(group)
+        if rank < 0:  # torch's answer outside the group (its world size then reads -1 too)
+            raise ValueError(f"this process (global rank {dist.get_rank()}) is not a member of the group: build its "
+                             f"ParallelContext only on the group's ranks")
+        return cls(group=group, rank=rank, world_size=dist.get_world_size(group), timeout_s=timeout_s)
 
     @property
     def is_last(self) -> bool:

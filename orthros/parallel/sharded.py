@@ -223,7 +223,23 @@ class ShardedOrthros:
         if input_ids.dim() != 2 or 0 in input_ids.shape:
             raise ValueError(f"input_ids must be [B, T] with B, T >= 1, got {tuple(input_ids.shape)}")
         check_token_ids(input_ids, self.model.config.vocab_size, "input_ids", on_cuda=True)
+        if self.ctx.world_size > 1:
+            self._check_same_prompt(input_ids)
         return input_ids
+
+    def _check_same_prompt(self, ids):
+        """Every rank must pass the same prompt: ranks of another length shard it differently (each
+        rank's logits differ, silently), another batch breaks the gathers. One small gather of
+        ``(B, T, a weighted sum of the tokens)`` per prefill, the same ``ValueError`` on every rank."""
+        ids = ids.to(self.device).long()
+        weights = torch.arange(1, ids.numel() + 1, device=ids.device).view(ids.shape)
+        key = torch.stack([ids.new_tensor(ids.shape[0]), ids.new_tensor(ids.shape[1]), (ids * weights).sum()])
+        keys = self.ctx.all_gather(key, "prefill: every rank's prompt (shape and tokens)").tolist()
+        if any(k != keys[0] for k in keys):
+            shapes = ", ".join(f"rank {r}: [{b}, {t}]" for r, (b, t, _) in enumerate(keys))
+            same = " (same shape, other tokens)" if all(k[:2] == keys[0][:2] for k in keys) else ""
+            raise ValueError(f"input_ids differ across ranks{same}: every rank must pass the same prompt "
+                             f"({shapes})")
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()

@@ -337,3 +337,51 @@ def test_bench_records_the_checkout_commit(tmp_path, monkeypatch):
     got = json.loads(out.read_text())
     assert got["meta"]["commit"] == (commit_id() or "unknown")
     assert {(r["model"], r["tokens"]) for r in got["records"] if r.get("status") == "ok"} == {("orthros", 40)}
+
+
+def _prefill_each_rank_its_ids(ctx, model_dir, prompts):
+    """(gloo worker) prefill ``prompts[i][rank]`` for each i; the error or the logits of each."""
+    model = OrthrosForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    out = []
+    for per_rank in prompts:
+        try:
+            out.append(ShardedOrthros(model, ctx).prefill(per_rank[ctx.rank])[0])
+        except ValueError as e:
+            out.append(str(e))
+    return out
+
+
+def test_ranks_with_different_prompts_are_refused_on_every_rank(model_dir):
+    """Every rank must pass the same prompt. A different length gave each rank different logits
+    without a word (the shards overlapped); a different batch aborted the processes inside gloo
+    ('terminate called ... Received data size doesn't match'). Now every rank raises the same
+    ValueError before any work, and the processes go on (here: with a sound prompt)."""
+    g = torch.Generator().manual_seed(3)
+    a = torch.randint(0, V, (2, 9), generator=g)
+    b = a.clone()
+    b[1, 2] = (b[1, 2] + 1) % V
+    prompts = [(a[:, :8], a), (a[:1], a), (a, b), (a, a)]
+    run = run_ranks(_prefill_each_rank_its_ids, 2, timeout_s=30, join_timeout=120, model_dir=model_dir,
+                    prompts=prompts)
+    assert not run["hung"] and not run["errors"], run["errors"]
+    for r in range(2):
+        got = run["results"][r]
+        assert "input_ids differ across ranks" in got[0] and "[2, 8]" in got[0] and "[2, 9]" in got[0]
+        assert "input_ids differ across ranks" in got[1] and "[1, 9]" in got[1]
+        assert "input_ids differ across ranks" in got[2] and "same shape, other tokens" in got[2]
+        assert isinstance(got[3], torch.Tensor)
+    assert torch.equal(run["results"][0][3], run["results"][1][3])
+
+
+def test_context_of_a_group_this_process_is_not_in_is_refused(monkeypatch):
+    """``ParallelContext.from_group`` on a rank outside the group: torch answers rank -1 and
+    world size -1, which gave a context ShardedOrthros failed on later with 'world_size must be
+    an integer >= 1, got -1'."""
+    from orthros.parallel import comm
+
+    monkeypatch.setattr(comm.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(comm.dist, "get_rank", lambda group=None: 3 if group is None else -1)
+    monkeypatch.setattr(comm.dist, "get_world_size", lambda group=None: 4 if group is None else -1)
+    with pytest.raises(ValueError, match=r"\(global rank 3\) is not a member of the group"):
+        ParallelContext.from_group(object())
+    assert ParallelContext.from_group().rank == 3
