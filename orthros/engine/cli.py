@@ -125,6 +125,8 @@ def main(argv=None) -> int:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
         if args.system is not None and not args.chat:
             raise ValueError("--system goes with --chat (it is a message of the chat template)")
+        if args.system is not None:
+            _check_utf8(args.system, "--system")
         prompts = _check_prompt_file(args)
         dev, dtype = _resolve(args)
         config, tok_dir = _check_checkpoint(args)
@@ -183,6 +185,7 @@ def _check_prompt_file(args):
             raise ValueError(f"--prompts {path}:{n}: not JSON ({e.msg})") from None
         if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str) or not rec["prompt"]:
             raise ValueError(f"--prompts {path}:{n}: a JSON object with a non-empty string \"prompt\" is needed")
+        _check_utf8(rec["prompt"], f"--prompts {path}:{n}: the prompt")
         texts.append(rec["prompt"])
     if not texts:
         raise ValueError(f"--prompts {path}: no prompt in the file")
@@ -230,11 +233,7 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
     messages, history = _opening(args), []
 
     def encode_turn(text):
-        try:  # argv and stdin keep bytes that are not UTF-8 as lone surrogates: the tokenizer takes none
-            text.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise ValueError(f"the prompt is not UTF-8 text (a byte that is not UTF-8 at character "
-                             f"{e.start})") from None
+        _check_utf8(text, "the prompt")
         if not args.chat:
             ids = tok(text, add_special_tokens=not history)["input_ids"]
             return ids
@@ -302,6 +301,16 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
         if prompt:
             sys.stderr.write("\n")
     return 0
+
+
+def _check_utf8(text: str, what: str) -> None:
+    """A ``ValueError`` naming ``what`` for text the tokenizer cannot take: argv and stdin keep bytes
+    that are not UTF-8 as lone surrogates, and JSON may escape one (``"\\udcff"``)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} is not UTF-8 text (a lone surrogate at character {e.start}: a byte that is not "
+                         f"UTF-8, or half a \\u surrogate pair in JSON)") from None
 
 
 def _check_vocab(ids, config, tok, what: str) -> None:

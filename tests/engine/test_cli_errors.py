@@ -250,6 +250,17 @@ def test_prompt_that_is_not_utf8(ckpt, tmp_path, capsys, no_weights):
             f"--prompts {f}: not UTF-8 text")
 
 
+def test_lone_surrogate_in_a_jsonl_prompt_or_the_system_message(ckpt, tmp_path, capsys, no_weights):
+    """Was: a JSON escape of half a surrogate pair ("\\udcff", valid JSON) in a --prompts record,
+    or a --system text with a byte that is not UTF-8, reached the tokenizer: "TypeError:
+    TextEncodeInput must be ...", exit 1, naming neither the file's line nor --system."""
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "hi"}\n{"prompt": "\\udcffhi"}\n')
+    base = ["--model", str(ckpt), "--device", "cpu", "--max-new-tokens", "2"]
+    refused(base + ["--prompts", str(f)], capsys, f"--prompts {f}:2: the prompt is not UTF-8 text")
+    refused(base + ["--chat", "--system", "be \udcff", "hi"], capsys, "--system is not UTF-8 text")
+
+
 def test_interactive_line_that_is_not_utf8_is_reported_and_the_conversation_goes_on(ckpt, capsys, monkeypatch):
     import io
 
