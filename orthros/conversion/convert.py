@@ -209,12 +209,22 @@ def _resolve_source(path) -> Path:
         try:  # a hub id; only when the hub is reachable
             from huggingface_hub import snapshot_download
 
-            return Path(snapshot_download(s, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt",
-                                                             "*.jinja", "*.tiktoken"]))
+            # config, index and tokenizer first, then only the weights the conversion reads (Mistral's
+            # repos also hold a consolidated.safetensors: the whole model a second time)
+            root = Path(snapshot_download(s, allow_patterns=["*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken"]))
+            return Path(snapshot_download(s, allow_patterns=[SINGLE_FILE, *_index_shards(root / INDEX_FILE)]))
         except Exception as e:  # noqa: BLE001 - any failure means "not found" for the user
             raise FileNotFoundError(f"source {s!r} is not a local directory and could not be downloaded from "
                                     f"the Hugging Face hub ({type(e).__name__}: {' '.join(str(e).split())})") from None
     raise FileNotFoundError(f"source directory {s!r} does not exist")
+
+
+def _index_shards(index_path: Path) -> list:
+    """The shard names an index lists; none where it is missing or unreadable (load_source says why)."""
+    try:
+        return sorted({f for f in json.loads(index_path.read_text())["weight_map"].values() if isinstance(f, str)})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
 
 
 def load_source(path) -> SourceCheckpoint:

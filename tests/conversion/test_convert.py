@@ -665,3 +665,32 @@ def test_source_file_named_like_orthros_code_does_not_replace_it(tmp_path, good_
     assert "the source helper" not in (tmp_path / "out" / "utils.py").read_text()
     assert (tmp_path / "out" / "helper.py").read_text() == "X = 1\n" and "helper.py" in report["copied_files"]
     assert [s["file"] for s in report["skipped_files"]] == ["utils.py"]
+
+
+def test_hub_id_downloads_only_the_checkpoint_weights(tmp_path, good_src, monkeypatch):
+    """Mistral's hub repos hold the weights twice (``consolidated.safetensors`` beside the HF
+    shards); a hub id downloaded every ``*.safetensors`` (twice the model) though the
+    conversion reads only the shards its index names (or ``model.safetensors``)."""
+    import huggingface_hub
+    from huggingface_hub.utils import filter_repo_objects
+
+    repo = _copy(good_src, tmp_path / "repo")
+    shutil.copy(sorted(repo.glob("model-*.safetensors"))[0], repo / "consolidated.safetensors")
+    (repo / "original").mkdir()
+    shutil.copy(repo / "model.safetensors.index.json", repo / "original" / "extra.safetensors")
+    cache, fetched = tmp_path / "cache", []
+
+    def snapshot(repo_id, allow_patterns=None, ignore_patterns=None, **kw):
+        names = [p.relative_to(repo).as_posix() for p in repo.rglob("*") if p.is_file()]
+        for name in filter_repo_objects(names, allow_patterns=allow_patterns, ignore_patterns=ignore_patterns):
+            (cache / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(repo / name, cache / name)
+            fetched.append(name)
+        return str(cache)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    monkeypatch.chdir(tmp_path)
+    assert convert_main(["someone/mistral", "out", "--window-size", str(W), "-q"]) == 0
+    assert not {"consolidated.safetensors", "original/extra.safetensors"} & set(fetched), fetched
+    shards = {p.name for p in repo.glob("model-*.safetensors")}
+    assert shards <= set(fetched) and {p.name for p in (tmp_path / "out").glob("model-*.safetensors")} == shards
