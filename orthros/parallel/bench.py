@@ -384,8 +384,8 @@ def main(argv=None) -> int:
     if len(a.single_max) != 1:
         p.error(f"--single-max takes one length, got {a.single_max}")
     a.single_max = a.single_max[0]
-    if not a.timeout > 0:
-        p.error(f"--timeout must be > 0 seconds, got {a.timeout:g}")
+    if not 0 < a.timeout < float("inf"):  # the process group's timedelta: finite
+        p.error(f"--timeout must be a finite number of seconds > 0, got {a.timeout:g}")
     if not a.time_budget >= 0:
         p.error(f"--time-budget must be >= 0 seconds (0 = no budget), got {a.time_budget:g}")
     world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's, known before the process group starts

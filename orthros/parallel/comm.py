@@ -131,14 +131,16 @@ def init_from_env(backend: Optional[str] = None, timeout_s: float = 600.0) -> Pa
 
     ``backend``: ``"nccl"`` (default with CUDA) or ``"gloo"``.
     """
+    if backend not in (None, "nccl", "gloo"):
+        raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < float("inf"):
+        raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
     if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         return ParallelContext.single()
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend not in ("nccl", "gloo"):
-        raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     kw = {}
     if backend == "nccl":

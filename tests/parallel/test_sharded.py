@@ -180,6 +180,7 @@ def test_rejects_bad_input():
     (["--single-max", ""], {}, "--single-max"),
     (["--single-max", "1K,2K"], {}, "--single-max"),
     (["--timeout", "-1"], {}, "--timeout"),
+    (["--timeout", "inf"], {}, "--timeout"),  # an OverflowError of timedelta on every rank, after the start
     (["--time-budget", "-1"], {}, "--time-budget"),
     (["--lengths", "1,300"], {"WORLD_SIZE": "2"}, "one token per rank"),
     (["--out", "{tmp}/missing/bench.json"], {}, "does not exist"),
@@ -385,3 +386,16 @@ def test_context_of_a_group_this_process_is_not_in_is_refused(monkeypatch):
     with pytest.raises(ValueError, match=r"\(global rank 3\) is not a member of the group"):
         ParallelContext.from_group(object())
     assert ParallelContext.from_group().rank == 3
+
+
+@pytest.mark.parametrize("kw, match", [(dict(timeout_s=float("inf")), "timeout_s"), (dict(timeout_s=0), "timeout_s"),
+                                       (dict(timeout_s="60"), "timeout_s"), (dict(backend="mpi"), "backend")])
+def test_init_from_env_checks_its_arguments_on_one_process_too(kw, match, monkeypatch):
+    """Bad arguments are refused wherever the script runs: without torchrun's environment they
+    were ignored, and under it an infinite timeout was an OverflowError of timedelta on every rank."""
+    from orthros.parallel import init_from_env
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match=match):
+        init_from_env(**kw)
+    assert init_from_env(backend="gloo", timeout_s=5).world_size == 1
