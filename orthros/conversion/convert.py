@@ -306,9 +306,10 @@ def _source_dtype(src: SourceCheckpoint):
 
 
 # ------------------------------------------------------------------------------- dir -> dir
-def _check_destination(src: Path, dst: Path, overwrite: bool):
-    s, d = src.resolve(), dst.resolve()
-    if s == d or s in d.parents or d in s.parents:  # before "pass --overwrite", which would be refused here
+def _check_destination(src: Path | None, dst: Path, overwrite: bool):
+    """``src``: ``None`` for the checks that need no source (made before a hub download)."""
+    s, d = (src.resolve() if src is not None else None), dst.resolve()
+    if s is not None and (s == d or s in d.parents or d in s.parents):  # before "pass --overwrite"
         raise ValueError(f"destination {str(dst)!r} must not be the source directory, inside it, or contain it")
     if dst.name == "..":  # the final rename of a path ending in '..' fails, after the whole conversion
         raise ValueError(f"destination {str(dst)!r}: name the directory itself, not '..' "
@@ -473,6 +474,8 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
 
 def _prepare(src, dst: Path, *, window_size: int, out_dtype, overwrite: bool, scale_offset: bool):
     """The checks of a safetensors source before anything is written: ``(source, plan, bytes)``."""
+    if not Path(os.fspath(src)).expanduser().exists():  # perhaps a hub id: the destination before the download
+        _check_destination(None, dst, overwrite)
     source = load_source(src)
     _check_destination(source.path, dst, overwrite)
     plan = make_plan(source.config, source.architecture, source.shapes(), window_size=window_size,

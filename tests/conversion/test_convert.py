@@ -694,3 +694,19 @@ def test_hub_id_downloads_only_the_checkpoint_weights(tmp_path, good_src, monkey
     assert not {"consolidated.safetensors", "original/extra.safetensors"} & set(fetched), fetched
     shards = {p.name for p in repo.glob("model-*.safetensors")}
     assert shards <= set(fetched) and {p.name for p in (tmp_path / "out").glob("model-*.safetensors")} == shards
+
+
+def test_hub_id_into_a_destination_in_the_way_downloads_nothing(tmp_path, capsys, monkeypatch):
+    """The destination was checked only after the hub download (the whole model), then refused."""
+    import huggingface_hub
+
+    calls = []
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, **kw: calls.append(repo_id))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("x")
+    (tmp_path / "afile").write_text("x")
+    for dst in ("out", "afile/sub", "x/.."):
+        assert convert_main(["someone/model", dst, "-q"]) == 2
+        assert dst.split("/")[0] in capsys.readouterr().err
+    assert calls == [] and sorted(p.name for p in tmp_path.iterdir()) == ["afile", "out"]
