@@ -241,7 +241,7 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
         full = _chat_ids(tok, messages)
         if full[:len(history)] == history:  # only the new tokens of the conversation
             return full[len(history):]
-        return _chat_ids(tok, messages[-1:])
+        return _after_reply(tok, messages, history)
 
     first = None  # the first turn is encoded and checked before the weights load
     if args.prompt or not args.interactive:
@@ -330,6 +330,21 @@ def _chat_ids(tok, messages) -> list:
     """The token ids of ``messages`` in the tokenizer's chat template, ready for the reply."""
     ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     return ids["input_ids"] if hasattr(ids, "keys") else ids  # a BatchEncoding in newer transformers
+
+
+def _after_reply(tok, messages, history) -> list:
+    """The token ids the chat template renders after the last reply (``messages[-2]``): its end of
+    turn, the new user turn and the generation prompt. For when the rendered conversation does not
+    start with the tokens in the cache (``history``): the reply's text encodes to other tokens than
+    the ones generated (cut inside a character, a merge the model did not make). The reply's end
+    of turn is not repeated when the model generated it (``history``'s last token)."""
+    mark = "\x00orthros reply\x00"
+    marked = [*messages[:-2], {**messages[-2], "content": mark}, messages[-1]]
+    text = tok.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
+    if mark not in text:  # a template that does not render the reply: the new turn alone
+        return _chat_ids(tok, messages[-1:])
+    ids = tok(text[text.rindex(mark) + len(mark):], add_special_tokens=False)["input_ids"]
+    return ids[1:] if ids[:1] == history[-1:] and ids[0] in tok.all_special_ids else ids
 
 
 def _load_engine(args, config, dtype, dev, tok, max_batch_size: int, max_seq_len=None):

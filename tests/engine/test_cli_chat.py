@@ -81,7 +81,8 @@ def test_interactive_chat_keeps_the_system_message_and_the_history(ckpt, model_a
     m2 = m1 + [{"role": "assistant", "content": tok.decode(new1, skip_special_tokens=True)},
                {"role": "user", "content": "And again"}]
     full, history = chat_ids(tok, m2), ids1 + new1
-    turn2 = full[len(history):] if full[:len(history)] == history else chat_ids(tok, m2[-1:])
+    assert full[:len(history)] == history  # (a reply that does not re-tokenize: the test below)
+    turn2 = full[len(history):]
     new2 = eng.generate([turn2], 4, eos_token_id=tok.eos_token_id, continue_=True)[0]
     assert lines[1] == tok.decode(new2, skip_special_tokens=True)
 
@@ -104,3 +105,61 @@ def test_a_file_of_prompts_with_a_system_message(ckpt, model_and_tok, tmp_path):
 def test_system_without_chat_is_refused(ckpt, capsys):
     assert orthros_main(["generate", "--model", str(ckpt), "--system", "Be brief.", "hi"]) == 2
     assert "--system goes with --chat" in capsys.readouterr().err
+
+
+# SmolLM2-Instruct's template (docs/pretrained.md): a default system message when the first is not one
+DEFAULT_SYSTEM = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+                  "{{ '<|im_start|>system\nYou are SmolLM.<|im_end|>\n' }}{% endif %}"
+                  "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}{% endfor %}"
+                  "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+@pytest.mark.parametrize("template", ["shipped", "default system"])
+def test_a_turn_after_a_reply_that_does_not_retokenize_closes_the_reply(ckpt, tmp_path, monkeypatch, template):
+    """A reply whose text encodes to other tokens than the ones generated (here one cut inside a
+    character: U+FFFD) cannot be found at the start of the re-rendered conversation. Was: every
+    later turn then fed only the template of its own user message: the reply's end of turn
+    (``<|im_end|>\\n``) was never in the cache, and a template with a default system message put
+    one in the middle of the conversation at every turn. Now the turn is what the template
+    renders after the reply."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from orthros.engine import engine as engine_mod
+
+    d = ckpt
+    if template != "shipped":
+        d = shutil.copytree(ckpt, tmp_path / "ck")
+        (d / "chat_template.jinja").write_text(DEFAULT_SYSTEM)
+    tok = AutoTokenizer.from_pretrained(str(d))
+    fed, real = [], engine_mod.Engine.stream
+
+    def spy(self, prompts, *a, **k):
+        fed.append(list(prompts[0]))
+        return real(self, prompts, *a, **k)
+
+    monkeypatch.setattr(engine_mod.Engine, "stream", spy)
+    torch.set_num_threads(1)
+    rc, text = run(["--model", str(d), "--device", "cpu", "--max-new-tokens", "5", "--chat", "--interactive",
+                    "--system", "Sys"], stdin="Hello\nHow are you\nok\n")
+    assert rc == 0 and "\ufffd" in text.split("\n")[1]  # the second reply does not re-tokenize
+    turn3 = tok("<|im_end|>\n<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n",
+                add_special_tokens=False)["input_ids"]
+    assert len(fed) == 3 and fed[2] == turn3, tok.decode(fed[2])
+
+
+def test_an_end_of_turn_the_model_generated_is_not_repeated(model_and_tok):
+    """After a reply that does not re-tokenize but ended with the template's end-of-turn token
+    (a special token the model generated), the next turn starts after it."""
+    from orthros.engine.cli import _after_reply
+
+    _, tok = model_and_tok
+    messages = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                {"role": "user", "content": "c"}]
+    rest = tok("<|im_end|>\n<|im_start|>user\nc<|im_end|>\n<|im_start|>assistant\n",
+               add_special_tokens=False)["input_ids"]
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert rest[0] == end
+    assert _after_reply(tok, messages, [7, 8]) == rest
+    assert _after_reply(tok, messages, [7, end]) == rest[1:]
