@@ -46,7 +46,7 @@ import torch
 from ..engine.cache import StaticKVCache
 from ..ops.gemv.kernel import pdl_settings
 from ..ops.gemv.naive import MAX_M
-from ..utils import Progress, pyplot, save_figure
+from ..utils import Progress, check_output_path, pyplot, save_figure
 from .cli import _ints
 from .inference import _free, bench_decode, copy_bandwidth, decode_compile_options, \
     decode_qkv_kernel, measure, metadata, parse_bwd_config, parse_compile_options, parse_decode_config, print_table, \
@@ -811,8 +811,10 @@ def parse_args(argv=None, *, window_available: bool = True):
     """Parse and check every argument; a bad one exits (code 2) naming it, before any work."""
     p = build_parser()
     a = p.parse_args(argv)
-    if os.path.exists(a.out) and not os.path.isdir(a.out):
-        p.error(f"--out {a.out!r} exists and is not a directory")
+    try:  # a file there, or above it: refused now, not by os.makedirs once the run has started
+        check_output_path("--out", a.out, directory=True)
+    except ValueError as e:
+        p.error(str(e))
     if a.plot_only is not None:
         a.data = []
         for path in a.plot_only:
@@ -821,6 +823,10 @@ def parse_args(argv=None, *, window_available: bool = True):
                     data = json.load(f)
                 if not isinstance(data.get("rows"), list):
                     raise ValueError("no 'rows' list")
+                if not all(isinstance(r, dict) for r in data["rows"]):
+                    raise ValueError("its rows must be JSON objects")
+                if not isinstance(data.get("meta", {}), dict):
+                    raise ValueError("its 'meta' is not a JSON object")
             except (OSError, ValueError, AttributeError) as e:
                 p.error(f"--plot-only {path!r}: not a readable results.json ({e})")
             a.data.append(data)

@@ -208,6 +208,30 @@ def test_bad_arguments_refused_before_any_work(tmp_path, capsys, args, message):
     assert not out.exists()
 
 
+@pytest.mark.parametrize("text, message", [
+    ('{"rows": [1, 2]}', "rows must be JSON objects"),  # an AttributeError of join_runs
+    ('{"rows": [], "meta": 5}', "'meta' is not a JSON object"),  # a TypeError of join_runs
+])
+def test_plot_only_refuses_results_of_the_wrong_form(tmp_path, capsys, text, message):
+    bad = tmp_path / "results.json"
+    bad.write_text(text)
+    with pytest.raises(SystemExit) as e:
+        R.main(["--plot-only", str(bad), "--out", str(tmp_path / "never")])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "never").exists()
+
+
+def test_out_below_a_file_refused_before_any_work(tmp_path, capsys):
+    """``--out`` below an existing file: a usage error (a NotADirectoryError traceback of
+    os.makedirs once the run had started)."""
+    (tmp_path / "f").write_text("x")
+    for extra in ([], ["--plot-only", str(tmp_path / "f")]):
+        with pytest.raises(SystemExit) as e:
+            R.main(["--device", "cpu", "--quick", *extra, "--out", str(tmp_path / "f" / "sub")],
+                   window_factory=lambda dev: None)
+        assert e.value.code == 2 and "is a file, not a directory" in capsys.readouterr().err
+
+
 def test_gpt_fast_dir_without_model_py_and_script_exit_code(tmp_path):
     (tmp_path / "empty").mkdir()
     p = _run_script("--device", "cpu", "--quick", "--gpt-fast-dir", str(tmp_path / "empty"), "--out",
