@@ -195,9 +195,9 @@ def check_weights_fit(path, config, *, arg: str = "--model", headers: Optional[d
 
 
 def check_local_checkpoint(path, subfolder: str = "") -> None:
-    """What ``from_pretrained`` checks first: a local directory's weights are complete; a
-    local-looking path that does not exist is an error (it never becomes a hub lookup). Other
-    names (hub repo ids) are left to transformers."""
+    """What ``from_pretrained`` checks first: a local directory's weights are complete; a file (its
+    ``config.json``, a weights or GGUF file) or a local-looking path that does not exist is an error
+    (the latter never becomes a hub lookup). Other names (hub repo ids) are left to transformers."""
     if not isinstance(path, (str, os.PathLike)):
         return
     d = Path(os.fspath(path)).expanduser()
@@ -206,6 +206,10 @@ def check_local_checkpoint(path, subfolder: str = "") -> None:
         if hint:
             raise CheckpointError(f"{path}: no config.json (not a checkpoint directory){hint}")
         check_weights(d / subfolder if subfolder else d)
+    elif d.is_file():  # transformers would read it as a config (JSON) or as torch.load weights
+        where = _gguf_hint(d, path) or f"; pass the directory that holds it: {d.parent}"
+        raise CheckpointError(f"{path}: not a directory (from_pretrained takes a checkpoint directory, with "
+                              f"config.json and the weights){where}")
     elif not d.exists() and looks_local(path):
         raise FileNotFoundError(f"{path}: no such checkpoint directory (a local path is never looked up on the hub)")
 

@@ -128,6 +128,19 @@ def test_local_looking_missing_paths_never_reach_the_hub(tmp_path, monkeypatch):
     assert not looks_local("org/name") and not looks_local("name")
 
 
+def test_a_file_is_named_as_not_a_checkpoint_directory(saved, tmp_path):
+    # config.json failed as an UnpicklingError about torch.load's weights_only, model.safetensors as
+    # 'the config file ... is not a valid JSON file'
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    for f in (saved[0] / "config.json", saved[0] / "model.safetensors"):
+        with pytest.raises(CheckpointError, match=f"not a directory .*; pass the directory that holds it: .*{saved[0].name}$"):
+            OrthrosForCausalLM.from_pretrained(f)
+    with pytest.raises(CheckpointError, match="not a directory .*; it is a GGUF checkpoint: convert it first"):
+        OrthrosForCausalLM.from_pretrained(tmp_path / "m.gguf")
+    with pytest.raises(CheckpointError, match="not a directory"):  # AutoConfig reads it as the config first
+        AutoModelForCausalLM.from_pretrained(saved[0] / "config.json")
+
+
 def test_a_training_runs_directory_names_its_latest_checkpoint(saved, tmp_path):
     """``from_pretrained(output_dir)`` of a training run (config.json only in its checkpoints):
     one line naming the latest checkpoint, instead of transformers' missing-file error."""
