@@ -380,12 +380,12 @@ def _atomic_directory(dst: Path, overwrite: bool):
         p = p.parent
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}{TMP_TAG}{os.getpid()}-", dir=dst.parent))
+    old = None
     try:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would otherwise become DST's mode
         yield tmp
-        old = None
         if dst.exists() or dst.is_symlink():
             if dst.is_dir() and not dst.is_symlink() and not any(dst.iterdir()):
                 dst.rmdir()
@@ -400,6 +400,8 @@ def _atomic_directory(dst: Path, overwrite: bool):
                 old.unlink()
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and os.path.lexists(old) and not os.path.lexists(dst):
+            os.replace(old, dst)  # stopped between the two renames: the previous DST back
         for c in created:  # innermost first
             with contextlib.suppress(OSError):
                 c.rmdir()

@@ -710,3 +710,25 @@ def test_hub_id_into_a_destination_in_the_way_downloads_nothing(tmp_path, capsys
         assert convert_main(["someone/model", dst, "-q"]) == 2
         assert dst.split("/")[0] in capsys.readouterr().err
     assert calls == [] and sorted(p.name for p in tmp_path.iterdir()) == ["afile", "out"]
+
+
+def test_interrupt_between_the_renames_puts_the_old_destination_back(tmp_path, good_src, monkeypatch):
+    """With --overwrite the old DST is moved aside, then the new one renamed in: a Ctrl-C between
+    the two removed the new result and left the old one hidden (DST gone, while the CLI said
+    "nothing was written"); the old DST comes back at once."""
+    from orthros.conversion import convert as conv_mod
+
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / "keep.txt").write_text("previous result")
+    real_replace = os.replace
+
+    def interrupted(a, b):
+        if conv_mod.TMP_TAG in Path(a).name:
+            raise KeyboardInterrupt
+        real_replace(a, b)
+
+    monkeypatch.setattr(conv_mod.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        convert_checkpoint(good_src, dst, window_size=W, overwrite=True, progress=False)
+    assert sorted(p.name for p in dst.iterdir()) == ["keep.txt"] and _leftovers(tmp_path) == []
