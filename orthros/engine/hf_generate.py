@@ -139,7 +139,10 @@ def _engine_for(model, batch: int, need: int) -> Engine:
     while slots < need:
         slots *= 2
     slots = min(slots, max(need, getattr(model.config, "max_position_embeddings", need) or need))
+    modes = [(mod, mod.training) for mod in model.modules()]
     eng = Engine(model, max_batch_size=batch, max_seq_len=slots)
+    for mod, training in modes:  # the engine puts the model in eval mode; generate() leaves it as it was
+        mod.training = training
     object.__setattr__(model, _ENGINE_ATTR, eng)  # not a submodule: never saved, never moved
     return eng
 

@@ -484,6 +484,16 @@ def test_generate_through_engine_sampling_and_unsupported():
     assert m.generate(ids, attention_mask=mask, max_new_tokens=3, num_beams=2).shape[0] == 2
 
 
+def test_generate_through_engine_leaves_the_model_s_mode():
+    """``model.generate()`` leaves a model in training mode as it was, as transformers' does. Was:
+    building the engine put it in eval mode, which turns gradient checkpointing off for the
+    training that follows."""
+    m = tiny_model().train()
+    m.generate(torch.tensor([PROMPTS[0]]), max_new_tokens=2, use_engine=True)
+    assert m.training and all(mod.training for mod in m.modules())
+    m.eval().generate(torch.tensor([PROMPTS[0]]), max_new_tokens=2, use_engine=True)
+    assert not m.training
+
 def test_eos_token_id_outside_the_vocabulary_is_refused_before_any_work():
     """An EOS id the model can never sample (>= vocab_size) would never stop a row: it is refused,
     naming the argument and the vocabulary size, before prefill."""
