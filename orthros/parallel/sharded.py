@@ -217,7 +217,8 @@ class ShardedOrthros:
 
     def _check_ids(self, input_ids):
         if not isinstance(input_ids, torch.Tensor) or input_ids.dtype not in (torch.int32, torch.int64):
-            raise TypeError("input_ids must be an integer torch.Tensor [B, T]")
+            got = input_ids.dtype if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+            raise TypeError(f"input_ids must be an int32 or int64 torch.Tensor [B, T], got {got}")
         if input_ids.dim() == 1:
             input_ids = input_ids.view(1, -1)
         if input_ids.dim() != 2 or 0 in input_ids.shape:

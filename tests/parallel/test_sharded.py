@@ -142,6 +142,10 @@ def test_rejects_bad_input():
     sh = ShardedOrthros(tiny_model())
     with pytest.raises(TypeError, match="input_ids"):
         sh.prefill(torch.zeros(1, 4))
+    # an int16 tensor was told it must be 'an integer torch.Tensor'; a list likewise, naming nothing
+    for bad, got in ((torch.zeros(1, 4, dtype=torch.int16), "torch.int16"), ([[1, 2]], "list")):
+        with pytest.raises(TypeError, match=rf"input_ids must be an int32 or int64 torch.Tensor \[B, T\], got {got}"):
+            sh.prefill(bad)
     with pytest.raises(ValueError, match="max_new_tokens"):
         sh.generate(torch.zeros(1, 4, dtype=torch.long), 0)
     # ids outside the vocabulary: an IndexError of the embedding on one rank (a device assert on CUDA)
