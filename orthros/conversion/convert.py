@@ -152,18 +152,25 @@ def make_plan(src_config, arch: str, src_shapes: dict, *, window_size: int, scal
                 problems.append(f"{name}: shape {list(shape)} but the Orthros model expects {list(expected[name])}")
             else:
                 plan.mapped[name] = name
-        elif name == "lm_head.weight" and config.tie_word_embeddings:
+        elif name == HEAD and config.tie_word_embeddings and EMBED not in src_shapes:
+            if expected[EMBED] != shape:  # the tied matrix stored under the head's name only (transformers ties it)
+                problems.append(f"{name}: shape {list(shape)} but the Orthros model expects {list(expected[EMBED])} "
+                                f"(as {EMBED}: tie_word_embeddings=true and the checkpoint stores no {EMBED})")
+            else:
+                plan.mapped[name] = EMBED
+        elif name == HEAD and config.tie_word_embeddings:
             plan.dropped[name] = "tie_word_embeddings=True: the LM head is model.embed_tokens.weight (as in the source)"
         elif (reason := droppable_reason(name)) is not None:
             plan.dropped[name] = reason
         else:
             problems.append(f"{name}: no counterpart in a {arch} -> Orthros conversion (unexpected tensor)")
+    targets = set(plan.mapped.values())
     for name, shape in expected.items():
         m = _NEW_RE.match(name)
         if m:
             anchor = f"model.layers.{m.group(1)}.self_attn.q_proj.weight"
             plan.added[name] = (_NEW_PARAMS[m.group(2)], shape, anchor)
-        elif name not in plan.mapped:
+        elif name not in targets:
             problems.append(f"{name}: missing from the source checkpoint")
     plan.transforms = value_transforms(arch, plan.mapped)
     if problems:

@@ -732,3 +732,26 @@ def test_interrupt_between_the_renames_puts_the_old_destination_back(tmp_path, g
     with pytest.raises(KeyboardInterrupt):
         convert_checkpoint(good_src, dst, window_size=W, overwrite=True, progress=False)
     assert sorted(p.name for p in dst.iterdir()) == ["keep.txt"] and _leftovers(tmp_path) == []
+
+
+def test_tied_checkpoint_storing_only_the_head_converts(tmp_path):
+    """A tied checkpoint may store the shared matrix as ``lm_head.weight`` alone (no
+    ``model.embed_tokens.weight``): transformers loads it tied; the conversion refused it
+    ("model.embed_tokens.weight: missing"). The head becomes the embedding."""
+    src = tmp_path / "src"
+    ref = _build("qwen2", src, max_shard_size="60KB")  # tied
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    shard = index["weight_map"].pop("model.embed_tokens.weight")
+    sd = load_file(src / shard)
+    sd["lm_head.weight"] = sd.pop("model.embed_tokens.weight")
+    save_file(sd, src / shard, metadata={"format": "pt"})
+    index["weight_map"]["lm_head.weight"] = shard
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    report = convert_checkpoint(src, tmp_path / "out", window_size=W, progress=False)
+    assert {"source": "lm_head.weight", "target": "model.embed_tokens.weight"}.items() <= \
+        next(m for m in report["mapped"] if m["source"] == "lm_head.weight").items()
+    ids = torch.arange(W)[None] % VOCAB
+    for conv in (AutoModelForCausalLM.from_pretrained(tmp_path / "out"), convert_from_hf(src, window_size=W)):
+        assert conv.config.tie_word_embeddings
+        with torch.no_grad():
+            assert _max_diff(conv(ids).logits, ref(ids).logits) < 1e-4
