@@ -121,6 +121,11 @@ class OrthrosConfig(PreTrainedConfig):
         if layer_types is None and full_attention_interval is not None:
             layer_types = interval_layer_types(num_hidden_layers, full_attention_interval,
                                                resolve_mode("orthros" if attention_mode is None else attention_mode))
+        pad, vocab = getattr(self, "pad_token_id", None), self.vocab_size
+        if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or not -vocab <= pad < vocab):
+            # the embedding's padding_idx: out of range it fails in nn.Embedding without naming the field
+            raise ValueError(f"OrthrosConfig.pad_token_id must be None or an id in [-vocab_size, vocab_size) = "
+                             f"[{-vocab}, {vocab}) (the embedding's padding_idx), got {pad!r}")
         layer_types, self.attention_mode = resolve_layer_types(layer_types, num_hidden_layers, attention_mode)
         self.linear_num_key_heads = num_attention_heads if linear_num_key_heads is None else linear_num_key_heads
         self.linear_num_value_heads = self.linear_num_key_heads if linear_num_value_heads is None \
@@ -136,6 +141,7 @@ class OrthrosConfig(PreTrainedConfig):
         rope_parameters.setdefault("rope_theta", kwargs.pop("rope_theta", 10000.0))
         self.rope_parameters = rope_parameters
         self.tie_word_embeddings = tie_word_embeddings
+        self.pad_token_id = pad_token_id
         self._validate(layer_types)
         super().__init__(
             pad_token_id=pad_token_id,
@@ -144,12 +150,6 @@ class OrthrosConfig(PreTrainedConfig):
             tie_word_embeddings=tie_word_embeddings,
             **kwargs,
         )
-        pad = getattr(self, "pad_token_id", None)
-        if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or not -vocab_size <= pad < vocab_size):
-            # the embedding's padding_idx: out of range it fails in nn.Embedding without naming the field
-            raise ValueError(f"OrthrosConfig.pad_token_id must be None or an id in [-vocab_size, vocab_size) = "
-                             f"[{-vocab_size}, {vocab_size}) (the embedding's padding_idx), "
-                             f"got {pad!r}")
         self.layer_types = layer_types
 
     def save_pretrained(self, save_directory, push_to_hub: bool = False, **kwargs):
@@ -196,6 +196,11 @@ class OrthrosConfig(PreTrainedConfig):
         if not _finite_number(self.initializer_range) or self.initializer_range < 0:
             raise ValueError(f"OrthrosConfig.initializer_range (the init std) must be a finite number >= 0, got "
                              f"{self.initializer_range!r}")
+        pad, vocab = getattr(self, "pad_token_id", None), self.vocab_size
+        if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or not -vocab <= pad < vocab):
+            # the embedding's padding_idx: out of range it fails in nn.Embedding without naming the field
+            raise ValueError(f"OrthrosConfig.pad_token_id must be None or an id in [-vocab_size, vocab_size) = "
+                             f"[{-vocab}, {vocab}) (the embedding's padding_idx), got {pad!r}")
         layer_types, self.attention_mode = resolve_layer_types(
             self.layer_types if layer_types is None else layer_types, self.num_hidden_layers, self.attention_mode)
         self._validate_linear(layer_types)

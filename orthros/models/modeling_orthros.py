@@ -190,6 +190,12 @@ class OrthrosPreTrainedModel(PreTrainedModel):
         check_local_checkpoint(pretrained_model_name_or_path, kwargs.get("subfolder") or "")
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' ``save_pretrained``, after checking the config: one that would not load
+        (a field set after its ``__init__``) writes nothing, not even the directory."""
+        self.config.validate()
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
     @torch.no_grad()
     def _init_weights(self, module):
         super()._init_weights(module)

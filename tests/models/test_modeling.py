@@ -284,6 +284,19 @@ def test_fields_set_after_init_are_checked_before_a_model_or_file(tmp_path, kw, 
     assert not (tmp_path / "bad").exists()
 
 
+def test_a_config_that_would_not_load_is_refused_before_the_model_saves(tmp_path):
+    # resizing below the pad id wrote a checkpoint whose config.json failed to load; a bad field
+    # left an empty directory behind
+    model = tiny_model(pad_token_id=5)
+    model.resize_token_embeddings(4, mean_resizing=False)
+    with pytest.raises(ValueError, match=r"pad_token_id must be None or an id in \[-vocab_size, vocab_size\) = \[-4, 4\)"):
+        model.save_pretrained(tmp_path / "m")
+    model.config.pad_token_id, model.config.window_size = None, 0
+    with pytest.raises(ValueError, match="window_size"):
+        model.save_pretrained(tmp_path / "m")
+    assert not (tmp_path / "m").exists()
+
+
 def test_a_mode_alias_set_after_init_runs_that_mode():
     # "transformer" set on a config after __init__ computed sliding-window attention
     ref = tiny_model(attention_mode="full")
