@@ -378,7 +378,8 @@ def main(argv=None) -> int:
                    help="keys per step of the output query's partial attention (default: %(default)s)")
     p.add_argument("--time-budget", type=float, default=0.0, help="seconds; skip runs predicted to overrun")
     p.add_argument("--timeout", type=float, default=180.0, help="process-group timeout (s)")
-    p.add_argument("--device", default=None, choices=["cuda", "cpu"], help="cuda or cpu (default: cuda if available)")
+    p.add_argument("--device", default=None, choices=["cuda", "cpu"],
+                   help="cuda or cpu (default: cuda if available; cpu needs --model tiny)")
     p.add_argument("--out", default="parallel_bench.json", help="results JSON (default: %(default)s)")
     a = p.parse_args(argv)
     if len(a.single_max) != 1:
@@ -410,6 +411,9 @@ def main(argv=None) -> int:
         except ValueError as e:
             p.error(str(e))
     use_cuda = (a.device or ("cuda" if torch.cuda.is_available() else "cpu")) == "cuda"
+    if not use_cuda and a.model == "qwen3-8b":  # 16 GB of bf16 weights, then prompts of 64K+ tokens on the CPU
+        p.error("--model qwen3-8b is a GPU measurement; on the CPU" + ("" if a.device else " (no CUDA here)")
+                + " use --model tiny (a smoke run)")
     try:
         ctx = init_from_env("nccl" if use_cuda else "gloo", timeout_s=a.timeout)
         device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")

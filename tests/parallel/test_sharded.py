@@ -188,6 +188,8 @@ def test_rejects_bad_input():
     (["--time-budget", "-1"], {}, "--time-budget"),
     (["--lengths", "1,300"], {"WORLD_SIZE": "2"}, "one token per rank"),
     (["--out", "{tmp}/missing/bench.json"], {}, "does not exist"),
+    # built the 8B model on the CPU (16 GB), then prefilled 64K-512K tokens there
+    (["--model", "qwen3-8b"], {}, "--model qwen3-8b is a GPU measurement; on the CPU use --model tiny"),
     (["--out", "{tmp}"], {}, "is a directory"),
     # ran only when WORLD_SIZE > 1: on one rank the lengths were accepted and nothing ran
     (["--transformer-cp", "1K"], {"WORLD_SIZE": "1"},
