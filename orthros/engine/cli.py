@@ -13,6 +13,7 @@ stderr prompts for each turn; end with Ctrl-D.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -140,6 +141,8 @@ def main(argv=None) -> int:
         print("orthros generate: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001  (a runtime failure: one line, exit 1)
+        if isinstance(e, BrokenPipeError) or os.environ.get("ORTHROS_TRACEBACK"):
+            raise  # `orthros` handles these as for every command: a reader gone (141), the traceback shown
         return _fail(f"{type(e).__name__}: {e}", 1)
 
 

@@ -272,3 +272,36 @@ def test_interactive_line_that_is_not_utf8_is_reported_and_the_conversation_goes
     assert rc == 0, cap.err
     assert len(cap.out.strip("\n").split("\n")) == 2
     assert cap.err.count("orthros generate: error: the prompt is not UTF-8 text") == 1, cap.err
+
+
+def test_a_reader_that_stops_early_is_no_error(ckpt):
+    """``orthros generate ... | head -c 5``: was "orthros generate: error: BrokenPipeError: [Errno 32]
+    Broken pipe" and exit 1 (the command's own catch-all took it); now what every command does, a
+    quiet exit 141 (128 + SIGPIPE)."""
+    import os
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    p = subprocess.Popen([sys.executable, "-m", "orthros", "generate", "--model", str(ckpt), "--device", "cpu",
+                          "--max-new-tokens", "8", "The river"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env=env, cwd=repo, text=True)
+    p.stdout.close()
+    err = p.stderr.read()
+    assert p.wait(timeout=300) == 141 and err == "", err
+
+
+def test_orthros_traceback_shows_a_runtime_failure_s_traceback(ckpt, monkeypatch, capsys):
+    """README: ``ORTHROS_TRACEBACK=1`` shows the traceback of a failure while working, for every
+    command. Was: generate's own catch-all printed its one line anyway."""
+    from orthros.engine import engine as engine_mod
+
+    def fail(*a, **k):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(engine_mod.Engine, "stream", fail)
+    argv = ["generate", "--model", str(ckpt), "--device", "cpu", "--max-new-tokens", "2", "hi"]
+    refused(argv[1:], capsys, "RuntimeError: boom", code=1)
+    monkeypatch.setenv("ORTHROS_TRACEBACK", "1")
+    with pytest.raises(RuntimeError, match="boom"):
+        orthros_main(argv)
