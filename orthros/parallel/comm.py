@@ -34,6 +34,13 @@ class ParallelContext:
     world_size: int = 1
     timeout_s: Optional[float] = None
 
+    def __post_init__(self):  # a hand-built context: wrong here failed later as an IndexError or a collective's error
+        n, r = self.world_size, self.rank
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"world_size must be an integer >= 1, got {n!r}")
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < n:
+            raise ValueError(f"rank must be an integer in [0, world_size) = [0, {n}), got {r!r}")
+
     @classmethod
     def single(cls) -> "ParallelContext":
         """One process, no communication: the 1-GPU path of the same code."""

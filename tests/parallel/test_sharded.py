@@ -405,3 +405,14 @@ def test_init_from_env_checks_its_arguments_on_one_process_too(kw, match, monkey
     with pytest.raises(ValueError, match=match):
         init_from_env(**kw)
     assert init_from_env(backend="gloo", timeout_s=5).world_size == 1
+
+
+@pytest.mark.parametrize("kw, match", [(dict(rank=2, world_size=2), "rank"), (dict(rank=-1, world_size=2), "rank"),
+                                       (dict(rank=0, world_size=0), "world_size"),
+                                       (dict(rank=0, world_size=2.0), "world_size")])
+def test_hand_built_context_is_checked(kw, match):
+    """A ParallelContext built by hand with a rank outside [0, world_size) or a non-integer world
+    size: a ValueError naming the field (it failed in the first collective, 'Default process group
+    has not been initialized', or as a TypeError of torch.empty)."""
+    with pytest.raises(ValueError, match=match):
+        ParallelContext(**kw)
