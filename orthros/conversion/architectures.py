@@ -93,6 +93,9 @@ def orthros_config_from(src, arch: str, *, window_size: int, scale_offset: bool,
         mlp_bias, qk_norm = extra.pop("mlp_bias"), extra.pop("qk_norm")
     else:  # MistralForCausalLM: no biases
         qkv_bias = o_bias = mlp_bias = qk_norm = False
+    if arch != qwen3_5.ARCHITECTURE and rope.get("partial_rotary_factor", 1.0) != 1.0:
+        notes.append(f"config.json sets partial_rotary_factor={rope.pop('partial_rotary_factor')}, which transformers' "
+                     f"{arch} ignores (its RoPE rotates the whole head); so does the converted model")
 
     # Source models that are themselves (partly) sliding-window models
     sw = g("sliding_window")

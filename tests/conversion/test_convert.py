@@ -236,6 +236,25 @@ def test_sliding_window_source_is_noted(tmp_path):
     assert any("sliding-window" in n and "32" in n for n in report["notes"])
 
 
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_partial_rotary_factor_the_source_ignores_is_not_applied(tmp_path, arch):
+    """A Llama/Qwen3 config with ``partial_rotary_factor`` (transformers moves it into
+    ``rope_parameters``): their default RoPE rotates the whole head regardless, Orthros's honours
+    the factor (Qwen3.5's), so the converted model differed at T <= window (logits off by ~0.1)."""
+    cls, cfg_cls = {"llama": (LlamaForCausalLM, LlamaConfig), "qwen3": (Qwen3ForCausalLM, Qwen3Config)}[arch]
+    torch.manual_seed(0)
+    ref = _randomise(cls(cfg_cls(**_COMMON, partial_rotary_factor=0.5)))
+    assert ref.config.rope_parameters["partial_rotary_factor"] == 0.5
+    ref.save_pretrained(tmp_path / "src")
+    report = convert_checkpoint(tmp_path / "src", tmp_path / "dst", window_size=W, progress=False)
+    assert any("partial_rotary_factor=0.5" in n for n in report["notes"])
+    conv = AutoModelForCausalLM.from_pretrained(tmp_path / "dst")
+    ids = torch.arange(W)[None] % VOCAB
+    with torch.no_grad():
+        assert _max_diff(conv(ids).logits, ref(ids).logits) < 1e-4
+
+
 # ------------------------------------------------------------------------------------- bad input
 @pytest.fixture(scope="module")
 def good_src(tmp_path_factory):
