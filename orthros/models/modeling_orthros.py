@@ -19,6 +19,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.utils.generic import can_return_tuple
 
 from ..layers import DenseKV, OrthrosAttention, ResidualMLP, RMSNorm, RotaryEmbedding, StepInputs, SwiGLUMLP
 from ..layers.gated_deltanet import GatedDeltaNet
@@ -224,6 +225,7 @@ class OrthrosModel(OrthrosPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embed_tokens = value
 
+    @can_return_tuple  # return_dict=False (or config.return_dict=False): a tuple, as transformers' models
     def forward(
         self,
         input_ids: Optional[torch.LongTensor] = None,
@@ -361,6 +363,7 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
     def set_output_embeddings(self, value):
         self.lm_head = value
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: Optional[torch.LongTensor] = None,
@@ -390,7 +393,7 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
                                            output_positions=output_positions, device=dev)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          past_key_values=cache if past_key_values is None else past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                         output_positions=out_rel, cu_seqlens=cu_seqlens,
+                         output_positions=out_rel, cu_seqlens=cu_seqlens, return_dict=True,
                          **{k: kwargs.get(k) for k in ("output_attentions", "output_hidden_states")})
         logits = self.lm_head(out.last_hidden_state)
         loss = None

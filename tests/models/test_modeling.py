@@ -347,6 +347,26 @@ def test_bf16_autocast_forward_backward(mode):
     assert torch.isfinite(loss) and model.model.layers[0].self_attn.q_proj.weight.grad is not None
 
 
+def test_return_dict_false_returns_tuples():
+    # HF's convention: `loss, logits = model(ids, labels=ids, return_dict=False)[:2]` unpacked the
+    # output dataclass's keys (loss == "loss") where transformers' models return a tuple
+    model = tiny_model()
+    ids = torch.randint(0, V, (2, 10))
+    ref = model(ids, labels=ids)
+    out = model(ids, labels=ids, return_dict=False)
+    assert isinstance(out, tuple) and len(out) == 3
+    loss, logits, _ = out
+    torch.testing.assert_close(loss, ref.loss)
+    torch.testing.assert_close(logits, ref.logits)
+    hidden = model.model(ids, return_dict=False)
+    assert isinstance(hidden, tuple) and hidden[0].shape == (2, 10, model.config.hidden_size)
+    model.config.return_dict = False  # the config's default, as in transformers
+    assert isinstance(model(ids), tuple) and isinstance(model.model(ids), tuple)
+    assert not isinstance(model(ids, return_dict=True), tuple)
+    out = model.generate(ids, max_new_tokens=3, do_sample=False, use_engine=False)
+    assert out.shape == (2, 13)
+
+
 @pytest.mark.parametrize("mode", ["orthros", "full", "window"])
 def test_single_token_with_labels_has_no_targets(mode):
     """T = 1 with labels: no position has a next token, so no output token exists; the forward,
