@@ -382,13 +382,18 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
         """``logits[:, i]`` is the output-stream prediction at the i-th output position (the
         next token after it). Output positions: ``output_positions`` if given; else where the
         shifted ``labels`` are not -100; else the last ``logits_to_keep``; else every position.
-        ``loss`` is the mean cross-entropy over the scored positions, or their summed cross-entropy
+        With packed documents (``cu_seqlens``) no position is scored against the next document's
+        first token. ``loss`` is the mean cross-entropy over the scored positions, or their summed cross-entropy
         divided by ``num_items_in_batch`` when given (HF ``Trainer`` passes the scored tokens of all
         its gradient-accumulation micro-batches, and then does not divide the loss itself)."""
         x = _one_input(input_ids, inputs_embeds)
         T, dev = x.shape[1], x.device
         if labels is not None and labels.shape[0] != x.shape[0]:
             raise ValueError(f"labels must be [B, T] like input_ids, got {tuple(labels.shape)} for B = {x.shape[0]}")
+        if labels is not None and cu_seqlens is not None and labels.dim() == 2 and labels.shape[1] == T:
+            # a document's first token is no target of the one before it (the model validates cu_seqlens)
+            starts = torch.as_tensor(cu_seqlens, device=labels.device).long()[1:-1]
+            labels = labels.index_fill(1, starts[(starts > 0) & (starts < T)], -100)
         out_rel = resolve_output_positions(T, labels=labels, logits_to_keep=logits_to_keep,
                                            output_positions=output_positions, device=dev)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,

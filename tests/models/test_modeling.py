@@ -177,6 +177,18 @@ def test_packed_documents_equal_separate_runs():
             torch.testing.assert_close(packed[:, a:a + len(d)], alone, rtol=1e-5, atol=1e-5)
 
 
+def test_packed_loss_scores_no_position_against_the_next_document():
+    # labels=ids with cu_seqlens trained each document's last token to predict the next one's first
+    model = tiny_model()
+    docs = [torch.randint(0, V, (n,)) for n in (7, 20, 3)]
+    ids = torch.cat(docs).view(1, -1)
+    with torch.no_grad():
+        packed = model(ids, labels=ids, cu_seqlens=torch.tensor([0, 7, 27, 30]), use_cache=False)
+        alone = [model(d.view(1, -1), labels=d.view(1, -1), use_cache=False).loss * (len(d) - 1) for d in docs]
+    assert packed.logits.shape[1] == 27  # output tokens only where a target of the same document follows
+    torch.testing.assert_close(packed.loss, sum(alone) / 27, rtol=1e-5, atol=1e-6)
+
+
 def test_packed_documents_return_no_cache_and_refuse_one():
     """A cache holds one sequence a row: packed documents (``cu_seqlens``) return none by default
     (continuing one gave wrong logits, or a shape error with GDN layers), and asking for one
