@@ -134,6 +134,8 @@ class Engine:
             raise ValueError("gemv needs fuse=True: the fused GEMVs run over the fused QKV and gate/up weights")
         if qkv_kernel not in (None, True, False):
             raise ValueError(f"qkv_kernel must be None, True or False, got {qkv_kernel!r}")
+        if cuda_graphs not in (None, True, False):
+            raise ValueError(f"cuda_graphs must be None, True or False, got {cuda_graphs!r}")
         if qkv_kernel and not fuse:
             raise ValueError("qkv_kernel needs fuse=True: the kernel reads the fused QKV projection's output")
         if not hasattr(model, "model") or not hasattr(model.model, "run_layers") or not hasattr(model, "lm_head"):

@@ -302,6 +302,9 @@ def test_bad_argument_types_are_rejected_before_any_work():
         Engine(None)
     with pytest.raises(TypeError, match="graph_batch_sizes"):
         Engine(m, max_batch_size=2, max_seq_len=16, graph_batch_sizes=2)
+    for bad in ("no", "False", 2):  # was: truthy, so CUDA graphs on (off CUDA: "cuda_graphs=True needs ...")
+        with pytest.raises(ValueError, match=f"cuda_graphs must be None, True or False, got {bad!r}"):
+            Engine(m, max_batch_size=2, max_seq_len=16, cuda_graphs=bad)
     # an iterator is read once: its sizes are kept, not consumed by the check
     assert Engine(m, max_batch_size=2, max_seq_len=16, graph_batch_sizes=iter([2, 1])).graph_batch_sizes == (1, 2)
     eng = Engine(m, max_batch_size=2, max_seq_len=16)
