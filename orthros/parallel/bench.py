@@ -19,6 +19,7 @@ markdown table at the end.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import platform
@@ -26,6 +27,7 @@ import sys
 import time
 
 import torch
+import torch.distributed as dist
 
 from ..utils import DTYPE_CHOICES, check_device, check_output_path, commit_id, parse_dtype, write_json
 from .comm import ParallelContext, init_from_env
@@ -235,12 +237,19 @@ class Bench:
         self.model = build_model(self.cfg, parse_dtype(a.dtype, "--dtype"), self.device)
         self.log(f"model built ({sum(p.numel() for p in self.model.parameters()) / 1e9:.2f} B params), world {N}")
         single = ParallelContext.single()
+        # the other ranks wait while rank 0 measures a 1-GPU run, which may outlast the collectives'
+        # --timeout: they wait in a group of their own, up to the time budget (a day without one)
+        idle = ctx
+        if N > 1:
+            wait_s = max(a.timeout, a.time_budget) if a.time_budget else 86400.0
+            idle = ParallelContext.from_group(dist.new_group(timeout=datetime.timedelta(seconds=wait_s)),
+                                              timeout_s=wait_s)
 
         # warm-up (kernels, allocator) and a correctness check on the device
         self.orthros(max(a.warmup, N), ctx, "warmup")
         if N > 1 and a.single and ctx.rank == 0:
             self.orthros(a.warmup, single, "warmup")
-        ctx.barrier("after warm-up", self.device)
+        idle.barrier("after warm-up", self.device)
         self.check()
 
         for T in a.lengths:  # Orthros over all N ranks
@@ -251,16 +260,16 @@ class Bench:
                 if self.go(self.predict("orthros", 1, T)):
                     if ctx.rank == 0:
                         self.add(self.orthros(T, single, "measured"))
-                    ctx.barrier("after a 1-GPU run", self.device)
+                    idle.barrier("after a 1-GPU run", self.device)
         if a.transformer:  # Transformer on 1 GPU
             if ctx.rank == 0:
                 self.transformer(min(a.warmup, a.transformer[0]), single)
-            ctx.barrier("after a 1-GPU run", self.device)
+            idle.barrier("after a 1-GPU run", self.device)
             for T in a.transformer:
                 if self.go(self.predict("transformer", 1, T)):
                     if ctx.rank == 0:
                         self.add(self.transformer(T, single))
-                    ctx.barrier("after a 1-GPU run", self.device)
+                    idle.barrier("after a 1-GPU run", self.device)
         for T in a.extra_lengths:  # longer Orthros runs over N ranks
             if self.go(self.predict("orthros", N, T)):
                 self.add(self.orthros(T, ctx, "measured"))
@@ -270,7 +279,7 @@ class Bench:
             if self.go(self.predict("transformer", 1, T)):
                 if ctx.rank == 0:
                     self.add(self.transformer(T, single))
-                ctx.barrier("after a 1-GPU run", self.device)
+                idle.barrier("after a 1-GPU run", self.device)
         self.summarize()
 
     def transformer_cp(self, lengths):
@@ -346,7 +355,9 @@ class Bench:
         print("\n".join(lines), flush=True)
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The checked arguments (``device`` resolved to ``"cuda"`` or ``"cpu"``); a bad one exits with a
+    usage error before the process group starts."""
     p = argparse.ArgumentParser(prog="python -m orthros.parallel.bench",
                                 description="Sequence-parallel prefill benchmark (launch with torchrun).")
     p.add_argument("--model", default="qwen3-8b", choices=["qwen3-8b", "tiny"],
@@ -377,7 +388,9 @@ def main(argv=None) -> int:
     p.add_argument("--key-chunk", type=positive_int, default=65536,
                    help="keys per step of the output query's partial attention (default: %(default)s)")
     p.add_argument("--time-budget", type=float, default=0.0, help="seconds; skip runs predicted to overrun")
-    p.add_argument("--timeout", type=float, default=180.0, help="process-group timeout (s)")
+    p.add_argument("--timeout", type=float, default=180.0,
+                   help="process-group timeout (s) of the collectives; ranks idle during a 1-GPU run wait up "
+                        "to --time-budget (a day without one) (default: %(default)s)")
     p.add_argument("--device", default=None, choices=["cuda", "cpu"],
                    help="cuda or cpu (default: cuda if available; cpu needs --model tiny)")
     p.add_argument("--out", default="parallel_bench.json", help="results JSON (default: %(default)s)")
@@ -414,6 +427,13 @@ def main(argv=None) -> int:
     if not use_cuda and a.model == "qwen3-8b":  # 16 GB of bf16 weights, then prompts of 64K+ tokens on the CPU
         p.error("--model qwen3-8b is a GPU measurement; on the CPU" + ("" if a.device else " (no CUDA here)")
                 + " use --model tiny (a smoke run)")
+    a.device = "cuda" if use_cuda else "cpu"
+    return a
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    use_cuda = a.device == "cuda"
     try:
         ctx = init_from_env("nccl" if use_cuda else "gloo", timeout_s=a.timeout)
         device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")

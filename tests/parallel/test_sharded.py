@@ -416,3 +416,36 @@ def test_hand_built_context_is_checked(kw, match):
     has not been initialized', or as a TypeError of torch.empty)."""
     with pytest.raises(ValueError, match=match):
         ParallelContext(**kw)
+
+
+def _bench_with_a_slow_single_run(ctx, argv, slow_s):
+    """(gloo worker) the benchmark's run with every 1-GPU Orthros measurement ``slow_s`` longer."""
+    import time
+
+    from orthros.parallel import bench
+
+    orig = bench.Bench.orthros
+
+    def orthros(self, T, run_ctx, label):
+        if run_ctx.world_size == 1 and label == "measured":
+            time.sleep(slow_s)
+        return orig(self, T, run_ctx, label)
+
+    bench.Bench.orthros = orthros
+    b = bench.Bench(bench.parse_args(argv), ctx, torch.device("cpu"))
+    b.run()
+    return b.records
+
+
+def test_bench_ranks_wait_out_a_1_gpu_run_longer_than_the_timeout(tmp_path):
+    """While rank 0 measures a 1-GPU run the other ranks wait in a barrier; it ran under the
+    collectives' --timeout, so a 1-GPU run longer than that stopped every rank ('collective
+    after a 1-GPU run failed ... within the 3 s timeout') and the rest of the benchmark. The
+    idle ranks now wait up to the time budget (a day without one)."""
+    argv = ["--model", "tiny", "--dtype", "fp32", "--device", "cpu", "--lengths", "40", "--transformer", "",
+            "--transformer-cp", "", "--warmup", "16", "--check-len", "20", "--timeout", "3",
+            "--out", str(tmp_path / "b.json")]
+    run = run_ranks(_bench_with_a_slow_single_run, 2, timeout_s=3, join_timeout=120, argv=argv, slow_s=5)
+    assert not run["hung"] and not run["errors"], run["errors"]
+    got = {(r["model"], r["gpus"], r["tokens"], r["status"]) for r in run["results"][0] if "status" in r}
+    assert got == {("orthros", 2, 40, "ok"), ("orthros", 1, 40, "ok")}
