@@ -341,13 +341,32 @@ def _after_reply(tok, messages, history) -> list:
     start with the tokens in the cache (``history``): the reply's text encodes to other tokens than
     the ones generated (cut inside a character, a merge the model did not make). The reply's end
     of turn is not repeated when the model generated it (``history``'s last token)."""
-    mark = "\x00orthros reply\x00"
-    marked = [*messages[:-2], {**messages[-2], "content": mark}, messages[-1]]
-    text = tok.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
-    if mark not in text:  # a template that does not render the reply: the new turn alone
+    after = _rendered_after(tok, messages, len(messages) - 2)
+    if after is None:  # a template that does not render the reply: the new turn alone
         return _chat_ids(tok, messages[-1:])
-    ids = tok(text[text.rindex(mark) + len(mark):], add_special_tokens=False)["input_ids"]
+    ids = tok(after, add_special_tokens=False)["input_ids"]
     return ids[1:] if ids[:1] == history[-1:] and ids[0] in tok.all_special_ids else ids
+
+
+def _turn_end(tok) -> list:
+    """The special token the chat template closes a reply with (ChatML's ``<|im_end|>``, Llama 3's
+    ``<|eot_id|>``), as a list of its id ([] for a template without one): what SFT teaches a reply
+    to end with (``orthros.training.data.encode_chat``), so --chat stops there as at EOS."""
+    try:
+        after = _rendered_after(tok, [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}], 1)
+    except Exception:  # noqa: BLE001  (a template that takes no such conversation: EOS alone ends a reply)
+        return []
+    ids = tok(after or "", add_special_tokens=False)["input_ids"][:1]
+    return [i for i in ids if i in tok.all_special_ids]
+
+
+def _rendered_after(tok, messages, i: int):
+    """The text the chat template renders after the content of ``messages[i]`` (with the generation
+    prompt), or None when it does not render that content."""
+    mark = "\x00orthros reply\x00"
+    marked = [*messages[:i], {**messages[i], "content": mark}, *messages[i + 1:]]
+    text = tok.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
+    return text[text.rindex(mark) + len(mark):] if mark in text else None
 
 
 def _load_engine(args, config, dtype, dev, tok, max_batch_size: int, max_seq_len=None):
@@ -364,6 +383,8 @@ def _load_engine(args, config, dtype, dev, tok, max_batch_size: int, max_seq_len
         where = "the tokenizer's" if tok.eos_token_id is not None else "config.json's"
         raise ValueError(f"{where} eos_token_id {eos!r} is outside the model's vocabulary "
                          f"[0, {config.vocab_size}): the tokenizer is not the model's") from None
+    if args.chat:  # a reply also ends with the template's end of turn
+        eos = sorted(_eos_set(eos, config.vocab_size) | {i for i in _turn_end(tok) if i < config.vocab_size}) or None
     check_weights_fit(args.model, config)  # transformers would leave a missing tensor at random
     model = OrthrosForCausalLM.from_pretrained(str(args.model), config=config, dtype=dtype,
                                                local_files_only=True).to(dev)

@@ -45,8 +45,13 @@ def chat_ids(tok, messages):
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
+def stops(tok):
+    """What ends a --chat reply: EOS and the template's end of turn."""
+    return [tok.eos_token_id, tok.convert_tokens_to_ids("<|im_end|>")]
+
+
 def reply(model, tok, ids, n=6):
-    new = Engine(model, max_seq_len=256).generate([ids], n, eos_token_id=tok.eos_token_id)[0]
+    new = Engine(model, max_seq_len=256).generate([ids], n, eos_token_id=stops(tok))[0]
     return tok.decode(new, skip_special_tokens=True)
 
 
@@ -76,14 +81,14 @@ def test_interactive_chat_keeps_the_system_message_and_the_history(ckpt, model_a
     m1 = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
     ids1 = chat_ids(tok, m1)
     eng = Engine(model, max_seq_len=256)
-    new1 = eng.generate([ids1], 4, eos_token_id=tok.eos_token_id)[0]
+    new1 = eng.generate([ids1], 4, eos_token_id=stops(tok))[0]
     assert lines[0] == tok.decode(new1, skip_special_tokens=True)
     m2 = m1 + [{"role": "assistant", "content": tok.decode(new1, skip_special_tokens=True)},
                {"role": "user", "content": "And again"}]
     full, history = chat_ids(tok, m2), ids1 + new1
     assert full[:len(history)] == history  # (a reply that does not re-tokenize: the test below)
     turn2 = full[len(history):]
-    new2 = eng.generate([turn2], 4, eos_token_id=tok.eos_token_id, continue_=True)[0]
+    new2 = eng.generate([turn2], 4, eos_token_id=stops(tok), continue_=True)[0]
     assert lines[1] == tok.decode(new2, skip_special_tokens=True)
 
 
@@ -163,3 +168,26 @@ def test_an_end_of_turn_the_model_generated_is_not_repeated(model_and_tok):
     assert rest[0] == end
     assert _after_reply(tok, messages, [7, 8]) == rest
     assert _after_reply(tok, messages, [7, end]) == rest[1:]
+
+
+def test_chat_replies_end_at_the_template_s_end_of_turn(ckpt, tmp_path, monkeypatch):
+    """SFT teaches a reply to end with the token the chat template closes it with (ChatML's
+    ``<|im_end|>``), which is not the shipped tokenizer's EOS (``<|endoftext|>``). Was: --chat
+    stopped at EOS only, so a reply ran on through ``<|im_end|>`` into made-up turns up to
+    --max-new-tokens. Now --chat also stops there; plain prompts stop at EOS only."""
+    from orthros.engine import engine as engine_mod
+
+    seen, real = [], engine_mod.Engine.stream
+
+    def stream(self, *a, eos_token_id=None, **k):  # (generate() runs through it too)
+        seen.append(sorted(engine_mod._eos_set(eos_token_id, 10 ** 6)))
+        return real(self, *a, eos_token_id=eos_token_id, **k)
+
+    monkeypatch.setattr(engine_mod.Engine, "stream", stream)
+    (tmp_path / "p.txt").write_text("Hello\n")
+    base = ["--model", str(ckpt), "--device", "cpu", "--max-new-tokens", "2"]
+    for extra in (["hi"], ["--interactive"], ["--prompts", str(tmp_path / "p.txt")]):
+        seen.clear()
+        assert run(base + extra, stdin="hi\n")[0] == 0 and seen == [[0]], (extra, seen)
+        seen.clear()
+        assert run(base + ["--chat"] + extra, stdin="hi\n")[0] == 0 and seen == [[0, 3]], (extra, seen)
