@@ -66,10 +66,15 @@ def checkpoint_dir(path, *, arg: str = "--model") -> Path:
         raise CheckpointError(f"{arg} {path}: config.json is not readable JSON ({e})") from None
     mt = d.get("model_type") if isinstance(d, dict) else None
     if mt != "orthros":
-        hint = (f"; convert it first: orthros convert {path} DST" if mt in CONVERTIBLE else
-                f" (convertible to Orthros: {', '.join(CONVERTIBLE)})")
-        raise CheckpointError(f"{arg} {path}: model_type {mt!r} is not an Orthros checkpoint{hint}")
+        raise CheckpointError(f"{arg} {path}: {_not_orthros(mt, path)}")
     return p
+
+
+def _not_orthros(model_type, path) -> str:
+    """Why a checkpoint of another ``model_type`` is refused, and what to do instead."""
+    hint = (f"; convert it first: orthros convert {path} DST" if model_type in CONVERTIBLE else
+            f" (convertible to Orthros: {', '.join(CONVERTIBLE)})")
+    return f"model_type {model_type!r} is not an Orthros checkpoint{hint}"
 
 
 def _gguf_hint(p: Path, path) -> str:
@@ -194,10 +199,12 @@ def check_weights_fit(path, config, *, arg: str = "--model", headers: Optional[d
         raise CheckpointError(f"{arg} {path}: the weights do not fit its config.json: {'; '.join(wrong[:3])}{more}")
 
 
-def check_local_checkpoint(path, subfolder: str = "") -> None:
-    """What ``from_pretrained`` checks first: a local directory's weights are complete; a file (its
-    ``config.json``, a weights or GGUF file) or a local-looking path that does not exist is an error
-    (the latter never becomes a hub lookup). Other names (hub repo ids) are left to transformers."""
+def check_local_checkpoint(path, subfolder: str = "", *, config_given: bool = False) -> None:
+    """What ``from_pretrained`` checks first: a local directory's weights are complete and, unless
+    the caller passes its own config (``config_given``), its ``config.json`` is an Orthros one (a
+    Llama / Qwen / Mistral checkpoint gets "convert it first"); a file (its ``config.json``, a
+    weights or GGUF file) or a local-looking path that does not exist is an error (the latter never
+    becomes a hub lookup). Other names (hub repo ids) are left to transformers."""
     if not isinstance(path, (str, os.PathLike)):
         return
     d = Path(os.fspath(path)).expanduser()
@@ -205,13 +212,28 @@ def check_local_checkpoint(path, subfolder: str = "") -> None:
         hint = "" if subfolder or (d / "config.json").is_file() else _run_hint(d)
         if hint:
             raise CheckpointError(f"{path}: no config.json (not a checkpoint directory){hint}")
-        check_weights(d / subfolder if subfolder else d)
+        d = d / subfolder if subfolder else d
+        if not config_given:
+            mt = _model_type(d / "config.json")
+            if isinstance(mt, str) and mt != "orthros":
+                raise CheckpointError(f"{path}: {_not_orthros(mt, path)}")
+        check_weights(d)
     elif d.is_file():  # transformers would read it as a config (JSON) or as torch.load weights
         where = _gguf_hint(d, path) or f"; pass the directory that holds it: {d.parent}"
         raise CheckpointError(f"{path}: not a directory (from_pretrained takes a checkpoint directory, with "
                               f"config.json and the weights){where}")
     elif not d.exists() and looks_local(path):
         raise FileNotFoundError(f"{path}: no such checkpoint directory (a local path is never looked up on the hub)")
+
+
+def _model_type(config_json: Path):
+    """The ``model_type`` of a config.json, or ``None`` where there is none to read (transformers
+    then says what is wrong)."""
+    try:
+        d = json.loads(config_json.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return d.get("model_type") if isinstance(d, dict) else None
 
 
 def check_tokenizer_dir(path, *, arg: str = "--tokenizer") -> Path:

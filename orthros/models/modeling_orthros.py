@@ -185,10 +185,12 @@ class OrthrosPreTrainedModel(PreTrainedModel):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         """transformers' ``from_pretrained``, after checking a local directory's safetensors files
-        (a damaged one is named; a missing local path is never a hub lookup): ``loading.py``."""
+        (a damaged one is named; a missing local path is never a hub lookup) and, without a
+        ``config``, that it is an Orthros checkpoint: ``loading.py``."""
         from .loading import check_local_checkpoint
 
-        check_local_checkpoint(pretrained_model_name_or_path, kwargs.get("subfolder") or "")
+        check_local_checkpoint(pretrained_model_name_or_path, kwargs.get("subfolder") or "",
+                               config_given=kwargs.get("config") is not None)
         return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs):

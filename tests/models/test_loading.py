@@ -141,6 +141,24 @@ def test_a_file_is_named_as_not_a_checkpoint_directory(saved, tmp_path):
         AutoModelForCausalLM.from_pretrained(saved[0] / "config.json")
 
 
+def test_another_model_types_checkpoint_is_named_to_convert(saved, tmp_path):
+    # Qwen2 failed with "OrthrosConfig has no `sliding_window` ...; use `window_size`"; Llama with
+    # attention_bias loaded, its o_proj biases dropped (transformers only logged them)
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)
+    LlamaForCausalLM(LlamaConfig(**small, attention_bias=True)).save_pretrained(tmp_path / "llama")
+    Qwen2ForCausalLM(Qwen2Config(**small)).save_pretrained(tmp_path / "qwen2")
+    for name in ("llama", "qwen2"):
+        with pytest.raises(CheckpointError, match=f"model_type '{name}' is not an Orthros checkpoint; convert it "
+                                                  f"first: orthros convert .*{name} DST"):
+            OrthrosForCausalLM.from_pretrained(tmp_path / name)
+    # a config of the caller's own is what it asked to build: transformers loads what fits
+    own = OrthrosForCausalLM.from_pretrained(tmp_path / "llama", config=OrthrosConfig(**small, attention_bias=True,
+                                                                                     o_proj_bias=True))
+    assert own.model.layers[0].self_attn.o_proj.bias is not None
+
+
 def test_a_training_runs_directory_names_its_latest_checkpoint(saved, tmp_path):
     """``from_pretrained(output_dir)`` of a training run (config.json only in its checkpoints):
     one line naming the latest checkpoint, instead of transformers' missing-file error."""
