@@ -136,7 +136,9 @@ class OrthrosConfig(PreTrainedConfig):
         self.attn_output_gate = bool(attn_output_gate)
         self.layer_types = None  # set after transformers' own checks, which know only its layer kinds
         self.attn_backend = attn_backend
-        rope_parameters = dict(rope_parameters) if rope_parameters else {}
+        # transformers 4.x's rope_scaling, taken here: passed on, it replaced rope_parameters, rope_theta lost
+        legacy_rope = kwargs.pop("rope_scaling", None)
+        rope_parameters = dict(rope_parameters or legacy_rope or {})
         rope_parameters.setdefault("rope_type", rope_parameters.pop("type", "default"))
         rope_parameters.setdefault("rope_theta", kwargs.pop("rope_theta", 10000.0))
         self.rope_parameters = rope_parameters

@@ -254,6 +254,17 @@ def test_llama3_rope_scaling_runs():
     assert torch.isfinite(model(torch.randint(0, V, (1, 12))).logits).all()
 
 
+def test_legacy_rope_scaling_keeps_its_rope_theta():
+    # a transformers 4.x style config (rope_scaling beside rope_theta): rope_theta became 10000
+    legacy = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 64}
+    config = tiny_config(rope_parameters=None, rope_scaling=legacy, rope_theta=500000.0)
+    want = {"rope_type": "llama3", "rope_theta": 500000.0, **{k: v for k, v in legacy.items() if k != "type"}}
+    assert config.rope_parameters == want
+    rope = tiny_model(rope_parameters=want).model.rotary_emb.inv_freq
+    torch.testing.assert_close(OrthrosForCausalLM(config).model.rotary_emb.inv_freq, rope)
+
+
 @pytest.mark.parametrize("kw,name", [
     (dict(window_size=0), "window_size"),
     (dict(num_key_value_heads=3), "num_attention_heads"),
