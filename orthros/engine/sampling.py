@@ -68,8 +68,10 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: Optional[tor
     # the row's maximum first: a temperature so small that max / t overflows would otherwise give
     # inf - inf = NaN in the softmax; now the maximum is 0 and everything below it goes to -inf
     # and times 1 / t, not over t: CUDA divides by a Python number as times its float32 reciprocal, which is inf
-    # for t < ~3e-39 (0 * inf = NaN at the maximum); a reciprocal past float32's largest is clamped to it
-    scale = min(1.0 / params.temperature, torch.finfo(torch.float32).max)
+    # for t < ~3e-39 (0 * inf = NaN at the maximum). So the reciprocal is clamped to float32's normal range: past
+    # its largest it would be inf, and for t > ~7e44 it would be 0, which makes a filtered -inf NaN (-inf * 0)
+    f32 = torch.finfo(torch.float32)
+    scale = min(max(1.0 / params.temperature, f32.tiny), f32.max)
     logits = (logits - logits.amax(dim=-1, keepdim=True)) * scale
     logits = filter_logits(logits, params.top_k, params.top_p)
     probs = torch.softmax(logits, dim=-1)

@@ -225,6 +225,17 @@ def test_tiny_temperature_under_cuda_s_scalar_division(monkeypatch):
             assert sample(logits, SamplingParams(temperature=t, **kw), g).tolist() == [1, 2, 1], (t, kw)
 
 
+def test_huge_temperature_samples_the_kept_tokens():
+    """t = 1e46: 1 / t is 0 in float32, and -inf * 0 (a logit top-k removed, or an fp16 overflow) was NaN: every
+    pick token 0. The scale is clamped to float32's smallest normal, so a huge temperature is uniform over the
+    tokens the filters keep."""
+    logits = torch.tensor([[float("-inf"), 1.0, 3.0, 2.0, -4.0]]).repeat(400, 1)
+    g = torch.Generator().manual_seed(0)
+    picks = sample(logits, SamplingParams(temperature=1e46, top_k=2), g)
+    assert set(picks.tolist()) == {2, 3}
+    assert set(sample(logits, SamplingParams(temperature=1e46), g).tolist()) == {1, 2, 3, 4}
+
+
 @pytest.mark.parametrize("draw", [0.0, float("inf")])
 def test_sample_survives_the_race_s_extreme_draws(monkeypatch, draw):
     """CUDA's ``exponential_`` can draw an exact 0 (pytorch#20179): 0 / 0 = NaN, which ``argmax`` takes.
