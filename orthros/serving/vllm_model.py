@@ -79,7 +79,8 @@ class SampledRows:
 
     rows: torch.Tensor  # [R] int64, rows of the flat batch
     write_rows: torch.Tensor  # [R] int64: ``rows``, or the spare row N for a request with no token this step
-    metadata: object  # the backend's attention metadata of this step (None in a dummy run)
+    metadata: object  # the first attention layer's metadata of this step (None in a dummy run); each layer's
+    #                   output stream reads its own (its KV-cache group's block table)
     backend_state: dict  # per-step scratch of the output-stream op (e.g. scheduler metadata)
 
 
@@ -115,14 +116,13 @@ def sampled_rows(layer_name: str, num_tokens: int, device) -> SampledRows:
     return rows_from_metadata(layer_metadata(layer_name), num_tokens, device)
 
 
-def _cpu_output_stream(attn: Attention, q: torch.Tensor, out: torch.Tensor, s: SampledRows) -> None:
+def _cpu_output_stream(attn: Attention, q: torch.Tensor, out: torch.Tensor, m, st: dict) -> None:
     """``CPU_ATTN``: vLLM's CPU paged-attention op, its cache viewed as the CPU backend lays it
     out (per block and KV head: ``block_size`` key rows, then ``block_size`` value rows)."""
     from vllm import _custom_ops as ops
     from vllm import envs
 
     R, H, D = q.shape
-    m, st = s.metadata, s.backend_state
     if "sched" not in st:  # the same for every layer of this step: built once
         st["sched"] = ops.cpu_attn_get_scheduler_metadata(
             num_reqs=R, num_heads=H, num_kv_heads=attn.num_kv_heads, head_dim=D, seq_lens=m.seq_lens,
@@ -138,7 +138,7 @@ def _cpu_output_stream(attn: Attention, q: torch.Tensor, out: torch.Tensor, s: S
         k_scale=attn._k_scale_float, v_scale=attn._v_scale_float, kv_cache_dtype=attn.kv_cache_dtype)
 
 
-def _triton_output_stream(attn: Attention, q: torch.Tensor, out: torch.Tensor, s: SampledRows) -> None:
+def _triton_output_stream(attn: Attention, q: torch.Tensor, out: torch.Tensor, m, st: dict) -> None:
     """``FLASH_ATTN`` and ``TRITON_ATTN`` (GPU): both keep a layer's cache in the logical layout
     ``[blocks, kv_heads, block_size, 2 * head_dim]`` (keys, then values, in the last dim), which
     vLLM's Triton ``unified_attention`` reads through the block table: one query per request
@@ -147,10 +147,9 @@ def _triton_output_stream(attn: Attention, q: torch.Tensor, out: torch.Tensor, s
     from vllm.v1.attention.ops.triton_unified_attention import unified_attention
 
     D = q.shape[-1]
-    m = s.metadata
     key_cache, value_cache = attn.kv_cache.transpose(1, 2).split(D, dim=-1)
     unified_attention(
-        q=q, k=key_cache, v=value_cache, out=out, cu_seqlens_q=s.backend_state["qsl"], max_seqlen_q=1,
+        q=q, k=key_cache, v=value_cache, out=out, cu_seqlens_q=st["qsl"], max_seqlen_q=1,
         seqused_k=m.seq_lens, max_seqlen_k=m.max_seq_len, softmax_scale=attn.impl.scale, causal=True,
         window_size=(-1, -1), block_table=m.block_table, softcap=0, q_descale=None, k_descale=None,
         v_descale=None)
@@ -178,17 +177,21 @@ def output_stream_op(attn: Attention):
 def output_stream_attention(attn: Attention, q_out: torch.Tensor, s: SampledRows) -> torch.Tensor:
     """Full causal attention of one output query per request (``q_out [R, Hq * D]``) over all of
     that request's cached keys ``0 .. seq_len - 1`` of ``attn``'s layer, read from the paged KV
-    cache through the block table (the cache already holds this step's K/V). Returns
-    ``[R, Hq * D]``."""
+    cache through the block table of the layer's own metadata (the cache already holds this
+    step's K/V; a hybrid's attention layers may sit in several KV-cache groups, each with its own
+    block table). Returns ``[R, Hq * D]``."""
     R = q_out.shape[0]
     H, D = attn.num_heads, attn.head_size
     out = torch.zeros(R, H, D, dtype=q_out.dtype, device=q_out.device)
     if s.metadata is None:  # warm-up / profiling run: no cache, nothing to attend to
         return out.view(R, H * D)
     op = output_stream_op(attn)
+    m = layer_metadata(attn.layer_name)
+    if m is None:  # called outside vLLM's forward context (the op tests): the step's metadata
+        m = s.metadata
     if "qsl" not in s.backend_state:  # one query per request; the same for every layer of this step
         s.backend_state["qsl"] = torch.arange(R + 1, dtype=s.metadata.query_start_loc.dtype, device=q_out.device)
-    op(attn, q_out.view(R, H, D), out, s)
+    op(attn, q_out.view(R, H, D), out, m, s.backend_state)
     return out.view(R, H * D)
 
 

@@ -177,6 +177,33 @@ def test_prefix_cache_hits_keep_the_logprobs(tmp_path, prompt_of):
         gc.collect()
 
 
+def test_attention_layers_in_several_kv_cache_groups_read_their_own_blocks(tmp_path, prompt_of):
+    """vLLM gives a hybrid's layers KV-cache groups of equal size, so attention layers that
+    outnumber the GDN layers (3 against 1 here) sit in several groups, each with its own block
+    table. The output stream read every layer's cache through the first attention layer's block
+    table: logprobs 2-5 nats off. Each layer reads through its own metadata now."""
+    path = hybrid_checkpoint(tmp_path / "h", "orthros-h", seed=9, **PREFIX_CACHE_SHAPE,
+                             layer_types=["orthros_attention"] * 3 + ["linear_attention"])
+    import orthros
+
+    ref = orthros.OrthrosForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    llm = LLM(model=str(path), dtype="bfloat16", max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE,
+              kv_cache_memory_bytes=64 << 20, max_num_seqs=4, enforce_eager=True, seed=0,
+              enable_prefix_caching=False)
+    try:
+        runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        groups = [g.layer_names for g in runner.kv_cache_config.kv_cache_groups if "self_attn" in g.layer_names[0]]
+        assert len(groups) > 1, groups  # (what this test is about)
+        prompts = [prompt_of(n, seed=n) for n in (5, WINDOW + 1, 40)]
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                            SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=1))
+        for p, out in zip(prompts, outs):
+            check_logprobs(ref, p, out)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+
 def test_attention_only_class_refuses_a_hybrid_checkpoint(tmp_path):
     from orthros.serving import check_servable
     import orthros

@@ -55,8 +55,8 @@ _CHECK = textwrap.dedent(r"""
     qsl = torch.tensor([0, 1, 3, 4, 9, 9], dtype=torch.int32)  # the last request has no token this step
     metadata = types.SimpleNamespace(query_start_loc=qsl, seq_lens=torch.tensor(lens, dtype=torch.int32),
                                      max_seq_len=max(lens), block_table=block_table)
-    attn = types.SimpleNamespace(attn_backend=types.SimpleNamespace(get_name=lambda: backend), num_heads=H,
-                                 num_kv_heads=Hk, head_size=D, kv_cache=kv_cache, kv_cache_dtype="auto",
+    attn = types.SimpleNamespace(attn_backend=types.SimpleNamespace(get_name=lambda: backend), layer_name="l0",
+                                 num_heads=H, num_kv_heads=Hk, head_size=D, kv_cache=kv_cache, kv_cache_dtype="auto",
                                  impl=types.SimpleNamespace(scale=D ** -0.5))
     q = torch.randn(R, H * D, generator=g).to(dtype)
     s = rows_from_metadata(metadata, num_tokens=9, device="cpu")
