@@ -39,8 +39,8 @@ class OrthrosConfig(PreTrainedConfig):
       ``linear_num_value_heads`` (a multiple of the key heads), ``linear_key_head_dim``,
       ``linear_value_head_dim`` (defaults: the attention's heads and head_dim) and
       ``linear_conv_kernel_dim`` (4). ``full_attention_interval=N`` (Qwen3.5's name), when
-      ``layer_types`` is not given: every N-th layer an attention layer of ``attention_mode``,
-      the others GDN (``orthros/kinds.py`` ``hybrid_layout``: ``"orthros-h"``, ``"linear-hybrid"``,
+      ``layer_types`` is not given: every N-th layer an attention layer of ``attention_mode``
+      (N <= ``num_hidden_layers``), the others GDN (``orthros/kinds.py`` ``hybrid_layout``: ``"orthros-h"``, ``"linear-hybrid"``,
       ``"gdn"``). ``attn_output_gate``: Qwen3.5's sigmoid gate on the attention output (``q_proj``
       holds query and gate per head).
     * ``attn_backend``: ``"auto"`` (Triton kernels on CUDA, SDPA fast paths elsewhere), ``"reference"``,
@@ -119,6 +119,10 @@ class OrthrosConfig(PreTrainedConfig):
         self.scale_offset = scale_offset
         check_positive_int("OrthrosConfig.num_hidden_layers", num_hidden_layers)
         if layer_types is None and full_attention_interval is not None:
+            if isinstance(full_attention_interval, int) and full_attention_interval > num_hidden_layers:
+                raise ValueError(f"OrthrosConfig.full_attention_interval={full_attention_interval} exceeds "
+                                 f"num_hidden_layers={num_hidden_layers}: no layer would be an attention layer "
+                                 f"(GDN layers only: layer_types=['linear_attention'] * {num_hidden_layers})")
             layer_types = interval_layer_types(num_hidden_layers, full_attention_interval,
                                                resolve_mode("orthros" if attention_mode is None else attention_mode))
         pad, vocab = getattr(self, "pad_token_id", None), self.vocab_size

@@ -72,6 +72,14 @@ def test_hybrid_layout_needs_an_attention_layer():
         hybrid_layout("mamba", 4)
 
 
+def test_an_interval_beyond_the_layers_is_refused():
+    # full_attention_interval=5 over 4 layers built GDN layers only (mode 'full'), without a word
+    kw = dict(vocab_size=10, hidden_size=16, intermediate_size=16, num_hidden_layers=4, num_attention_heads=2)
+    with pytest.raises(ValueError, match=r"full_attention_interval=5 exceeds num_hidden_layers=4: no layer"):
+        OrthrosConfig(**kw, full_attention_interval=5)
+    assert OrthrosConfig(**kw, full_attention_interval=4).layer_types[-1] == "orthros_attention"
+
+
 def test_bad_gdn_sizes_rejected():
     with pytest.raises(ValueError, match="linear_num_value_heads"):
         OrthrosConfig(vocab_size=10, hidden_size=16, intermediate_size=16, num_hidden_layers=4, num_attention_heads=2,
