@@ -165,9 +165,11 @@ class OrthrosConfig(PreTrainedConfig):
 
         self.validate()  # before any file is written (transformers validates only before config.json)
         old = self.__dict__.get("architectures")
-        if old == ["OrthrosForCausalLM"] and LINEAR_LAYER_TYPE in (self.layer_types or []):
-            # vLLM picks its model class by this name, and keeps recurrent states only for a hybrid
-            # class (orthros/serving: OrthrosHybridForCausalLM); transformers goes by model_type
+        # vLLM picks its model class by this name (a config saved on its own, as the trainer's checkpoints
+        # are, has none: vLLM then refuses to start), and keeps recurrent states only for a hybrid class
+        # (orthros/serving: OrthrosHybridForCausalLM); transformers goes by model_type
+        self.architectures = old or ["OrthrosForCausalLM"]
+        if self.architectures == ["OrthrosForCausalLM"] and LINEAR_LAYER_TYPE in (self.layer_types or []):
             self.architectures = ["OrthrosHybridForCausalLM"]
         try:
             with remote_code_saved(self, save_directory):

@@ -183,3 +183,18 @@ def test_beam_search_and_assisted_decoding_with_gdn_states(kind):
     with pytest.raises(ValueError, match="cropped"):
         m.generate(ids[:1].repeat(1, 3), max_new_tokens=6, do_sample=False, prompt_lookup_num_tokens=3,
                    use_engine=False)
+
+
+@pytest.mark.parametrize("kind", ("orthros",) + KINDS)
+def test_a_config_saved_on_its_own_names_its_architecture(kind, tmp_path):
+    """The trainer saves its checkpoints' config on its own (no model.save_pretrained, so no architectures):
+    config.json had none, and `vllm serve` stopped with 'No model architectures are specified'."""
+    import json
+
+    cfg = tiny(kind).config if kind != "orthros" else OrthrosConfig(
+        vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4)
+    cfg.architectures = None
+    cfg.save_pretrained(tmp_path)
+    want = "OrthrosForCausalLM" if kind == "orthros" else "OrthrosHybridForCausalLM"
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [want]
+    assert cfg.architectures is None
