@@ -109,13 +109,14 @@ def test_save_pretrained_writes_flat_code_and_auto_map(ckpt):
 LOAD = NO_ORTHROS.join(["""
 import json, sys
 import torch
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, pipeline
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer, pipeline
 
 torch.set_num_threads(1)
 ck, ids, out, resaved = sys.argv[1], torch.tensor([json.loads(sys.argv[2])]), sys.argv[3], sys.argv[4]
 cfg = AutoConfig.from_pretrained(ck, trust_remote_code=True)
 m = AutoModelForCausalLM.from_pretrained(ck, trust_remote_code=True).eval()
 base = AutoModel.from_pretrained(ck, trust_remote_code=True)
+assert AutoTokenizer.from_pretrained(ck, trust_remote_code=True)("The river ran").input_ids  # docs/checkpoints.md
 with torch.no_grad():
     logits = m(ids).logits
     gen = m.generate(ids, max_new_tokens=6, do_sample=False)
