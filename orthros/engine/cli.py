@@ -369,6 +369,31 @@ def _rendered_after(tok, messages, i: int):
     return text[text.rindex(mark) + len(mark):] if mark in text else None
 
 
+def _generation_config_eos(model_dir, vocab_size: int) -> list:
+    """The stop ids of the checkpoint's ``generation_config.json`` (``eos_token_id``: an id or a list,
+    e.g. Llama 3 Instruct's three), which transformers' ``generate`` stops at; [] without one. Ids
+    outside the vocabulary are refused before the weights load, as the tokenizer's are."""
+    import json
+    from pathlib import Path
+
+    from ..utils import read_text_file
+
+    path = Path(model_dir) / "generation_config.json"
+    if not path.is_file():
+        return []
+    try:
+        d = json.loads(read_text_file(path, "--model"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--model {path}: not JSON ({e.msg})") from None
+    ids = d.get("eos_token_id") if isinstance(d, dict) else None
+    ids = [] if ids is None else [ids] if isinstance(ids, int) and not isinstance(ids, bool) else ids
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError(f"{path}: eos_token_id must be a token id or a list of them, got {ids!r}")
+    if any(not 0 <= i < vocab_size for i in ids):
+        raise ValueError(f"{path}: eos_token_id {ids!r} is outside the model's vocabulary [0, {vocab_size})")
+    return ids
+
+
 def _load_engine(args, config, dtype, dev, tok, max_batch_size: int, max_seq_len=None):
     """The engine over the checkpoint's model on ``dev`` (``max_seq_len`` cache slots a row,
     default ``--max-seq-len``), and the token that ends a generation."""
@@ -383,8 +408,11 @@ def _load_engine(args, config, dtype, dev, tok, max_batch_size: int, max_seq_len
         where = "the tokenizer's" if tok.eos_token_id is not None else "config.json's"
         raise ValueError(f"{where} eos_token_id {eos!r} is outside the model's vocabulary "
                          f"[0, {config.vocab_size}): the tokenizer is not the model's") from None
+    extra = set(_generation_config_eos(args.model, config.vocab_size))  # as model.generate stops there too
     if args.chat:  # a reply also ends with the template's end of turn
-        eos = sorted(_eos_set(eos, config.vocab_size) | {i for i in _turn_end(tok) if i < config.vocab_size}) or None
+        extra |= {i for i in _turn_end(tok) if i < config.vocab_size}
+    if extra:
+        eos = sorted(_eos_set(eos, config.vocab_size) | extra)
     check_weights_fit(args.model, config)  # transformers would leave a missing tensor at random
     model = OrthrosForCausalLM.from_pretrained(str(args.model), config=config, dtype=dtype,
                                                local_files_only=True).to(dev)

@@ -191,3 +191,33 @@ def test_chat_replies_end_at_the_template_s_end_of_turn(ckpt, tmp_path, monkeypa
         assert run(base + extra, stdin="hi\n")[0] == 0 and seen == [[0]], (extra, seen)
         seen.clear()
         assert run(base + ["--chat"] + extra, stdin="hi\n")[0] == 0 and seen == [[0, 3]], (extra, seen)
+
+
+def test_generation_config_stop_ids_end_a_generation(ckpt, tmp_path, monkeypatch, capsys):
+    """transformers' generate stops at every id of the checkpoint's generation_config.json (Llama 3 Instruct
+    lists three); `orthros generate` stopped at the tokenizer's EOS alone. Ids outside the vocabulary, or of
+    another type, are refused before the weights load."""
+    import shutil
+
+    from orthros.engine import engine as engine_mod
+
+    seen, real = [], engine_mod.Engine.stream
+
+    def stream(self, *a, eos_token_id=None, **k):
+        seen.append(sorted(engine_mod._eos_set(eos_token_id, 10 ** 6)))
+        return real(self, *a, eos_token_id=eos_token_id, **k)
+
+    monkeypatch.setattr(engine_mod.Engine, "stream", stream)
+    ck = shutil.copytree(ckpt, tmp_path / "ck")
+    gen = json.loads((ck / "generation_config.json").read_text())
+    base = ["--model", str(ck), "--device", "cpu", "--max-new-tokens", "2", "hi"]
+    for ids, want in (([0, 5, 7], [0, 5, 7]), (6, [0, 6])):
+        (ck / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": ids}))
+        seen.clear()
+        assert run(base)[0] == 0 and seen == [want], (ids, seen)
+    for bad, match in (([0, 10 ** 7], "outside the model's vocabulary"), ("x", "a token id or a list")):
+        (ck / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": bad}))
+        seen.clear()
+        capsys.readouterr()
+        rc, err = run(base)[0], capsys.readouterr().err
+        assert rc == 2 and match in err and "generation_config.json" in err and not seen, (bad, err)
