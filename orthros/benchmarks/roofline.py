@@ -830,6 +830,9 @@ def parse_args(argv=None, *, window_available: bool = True):
             except (OSError, ValueError, AttributeError) as e:
                 p.error(f"--plot-only {path!r}: not a readable results.json ({e})")
             a.data.append(data)
+        if not any(r.get("section") in SECTIONS for d in a.data for r in d["rows"]):
+            p.error(f"--plot-only: no roofline row (a 'section' of {' / '.join(SECTIONS)}) in "
+                    f"{' '.join(map(repr, a.plot_only))}: another benchmark's results, or a run that measured nothing")
         return a
     sections = [s for s in a.sections.split(",") if s]
     bad = [s for s in sections if s not in SECTIONS]

@@ -211,6 +211,9 @@ def test_bad_arguments_refused_before_any_work(tmp_path, capsys, args, message):
 @pytest.mark.parametrize("text, message", [
     ('{"rows": [1, 2]}', "rows must be JSON objects"),  # an AttributeError of join_runs
     ('{"rows": [], "meta": 5}', "'meta' is not a JSON object"),  # a TypeError of join_runs
+    # another benchmark's results (or an empty run): an empty figure was written without a word
+    ('{"rows": [{"name": "x", "ms": 1.0}], "meta": {}}', "no roofline row"),
+    ('{"rows": [], "meta": {}}', "no roofline row"),
 ])
 def test_plot_only_refuses_results_of_the_wrong_form(tmp_path, capsys, text, message):
     bad = tmp_path / "results.json"
