@@ -339,19 +339,26 @@ class Bench:
 
         allr = ok + est
         g = lambda m, n, T: next((r for r in allr if r["model"] == m and r["gpus"] == n and r["tokens"] == T), None)  # noqa: E731
-        lines = [f"| tokens | Orthros 1 GPU (s) | Orthros {N} GPU (s) | scaling | mem/GPU {N} GPU (GiB) "
-                 f"| KV/GPU (GiB) | Transformer 1 GPU (s) | Transformer {N} GPU (s) | Orthros {N} vs Transformer {N} |",
-                 "|---|---|---|---|---|---|---|---|---|"]
-        for T in lengths:
+
+        def table_row(T, name):  # (header, cell) pairs; with one process the N-GPU columns would repeat the 1-GPU ones
             o1, oN, t1, tN = g("orthros", 1, T), g("orthros", N, T), g("transformer", 1, T), g("transformer", N, T)
             sc = f"{o1['latency_s'] / oN['latency_s']:.2f}x" if o1 and oN and N > 1 else "-"
-            mem = "/".join(f"{m:.1f}" for m in oN["peak_mem_gib"]) if oN else "-"
-            kv = "/".join(f"{m:.1f}" for m in oN["kv_cache_gib"]) if oN else "-"
             sp = f"{tN['latency_s'] / oN['latency_s']:.1f}x" if tN and oN else "-"
             if tN and tN.get("status") == "estimate" and sp != "-":
                 sp += " (est.)"
-            name = f"{T // 1024}K" if T % 1024 == 0 else str(T)
-            lines.append(f"| {name} | {cell(o1)} | {cell(oN)} | {sc} | {mem} | {kv} | {cell(t1)} | {cell(tN)} | {sp} |")
+            many = N > 1
+            return [("tokens", name), ("Orthros 1 GPU (s)", cell(o1))] + (
+                [(f"Orthros {N} GPU (s)", cell(oN)), ("scaling", sc)] if many else []) + [
+                (f"mem/GPU {N} GPU (GiB)", "/".join(f"{m:.1f}" for m in oN["peak_mem_gib"]) if oN else "-"),
+                ("KV/GPU (GiB)", "/".join(f"{m:.1f}" for m in oN["kv_cache_gib"]) if oN else "-"),
+                ("Transformer 1 GPU (s)", cell(t1))] + (
+                [(f"Transformer {N} GPU (s)", cell(tN))] if many else []) + [
+                (f"Orthros {N} vs Transformer {N}", sp)]
+
+        rows = [table_row(T, f"{T // 1024}K" if T % 1024 == 0 else str(T)) for T in lengths]
+        heads = [h for h, _ in rows[0]] if rows else []
+        lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+        lines += ["| " + " | ".join(c for _, c in r) + " |" for r in rows]
         print("\n".join(lines), flush=True)
 
 

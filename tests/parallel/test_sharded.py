@@ -328,9 +328,10 @@ def test_bench_results_are_replaced_whole(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["b.json"]
 
 
-def test_bench_records_the_checkout_commit(tmp_path, monkeypatch):
+def test_bench_records_the_checkout_commit(tmp_path, monkeypatch, capsys):
     """Without ``ORTHROS_COMMIT`` the results name this checkout's commit, as the other
-    benchmarks do (they said 'unknown'); one process, tiny model, CPU."""
+    benchmarks do (they said 'unknown'); one process, tiny model, CPU. Its table has no N-GPU
+    columns (with one process they repeated the 1-GPU ones under the same names)."""
     import json
 
     from orthros.parallel import bench
@@ -343,6 +344,9 @@ def test_bench_records_the_checkout_commit(tmp_path, monkeypatch):
                        "--transformer-cp", "", "--warmup", "16", "--check-len", "20", "--out", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["meta"]["commit"] == (commit_id() or "unknown")
+    head = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| tokens |"))
+    cols = [c.strip() for c in head.strip("|").split("|")]
+    assert len(cols) == len(set(cols)) and "scaling" not in cols, cols
     assert {(r["model"], r["tokens"]) for r in got["records"] if r.get("status") == "ok"} == {("orthros", 40)}
 
 
