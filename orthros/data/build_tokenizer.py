@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 from pathlib import Path
 
 HERE = Path(__file__).parent
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"]
+MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # the byte-level alphabet and the special tokens
 # ChatML. Each assistant answer is wrapped in {% generation %} so that
 # ``return_assistant_tokens_mask`` works too; orthros' own SFT masking does not need it.
 CHAT_TEMPLATE = (
@@ -27,13 +30,20 @@ CHAT_TEMPLATE = (
 
 
 def main(argv=None) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument("--vocab-size", type=int, default=4096,
+                   help=f"tokens in all, at least {MIN_VOCAB} (the 256 byte symbols and the special tokens)")
     p.add_argument("--out", default=str(HERE / "tokenizer"))
     a = p.parse_args(argv)
+    if a.vocab_size < MIN_VOCAB:  # the trainer would quietly give MIN_VOCAB tokens (or fail on a negative size)
+        p.error(f"--vocab-size must be >= {MIN_VOCAB} (256 byte symbols + {len(SPECIAL_TOKENS)} special tokens), "
+                f"got {a.vocab_size}")
+    out = Path(a.out)
+    if out.exists() and not out.is_dir():
+        p.error(f"--out {out}: not a folder")
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
 
     def texts():
         with open(HERE / "corpus" / "shakespeare_train.jsonl", encoding="utf-8") as f:
@@ -61,13 +71,21 @@ def main(argv=None) -> None:
         model_max_length=1_000_000,
     )
     fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(a.out)
-    # Name the class every transformers 5.x knows (5.24 writes its new backend name).
-    cfg_path = Path(a.out) / "tokenizer_config.json"
-    cfg = json.loads(cfg_path.read_text())
-    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
-    print(f"saved {len(fast)} tokens to {a.out}")
+    # Saved into a temporary folder beside OUT, then each file moved in: OUT never holds a half-written file.
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    try:
+        fast.save_pretrained(str(tmp))
+        # Name the class every transformers 5.x knows (5.24 writes its new backend name).
+        cfg_path = tmp / "tokenizer_config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+        cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+        out.mkdir(parents=True, exist_ok=True)
+        for f in sorted(tmp.iterdir()):
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"saved {len(fast)} tokens to {out}")
 
 
 if __name__ == "__main__":
