@@ -2,8 +2,9 @@
 
 * **Attention modes** (``OrthrosConfig.attention_mode``, ``Engine(attention_mode=...)``):
   ``"orthros"`` (window stream + output stream, paper Algorithm 2), ``"full"`` (a causal
-  Transformer) and ``"window"`` (sliding window only). Users may also write the aliases in
-  :data:`MODE_ALIASES` (``"transformer"``, ``"swa"``); :func:`resolve_mode` maps them.
+  Transformer) and ``"window"`` (sliding window only). Where :func:`resolve_mode` reads the name
+  (``OrthrosConfig``, ``Engine``, MQAR), users may also write the aliases in :data:`MODE_ALIASES`
+  (``"transformer"``, ``"swa"``).
 * **Layer types** (``OrthrosConfig.layer_types``, one per layer, the name transformers'
   hybrid models use): the attention kinds ``"orthros_attention"``, ``"full_attention"`` and
   ``"window_attention"``. All attention layers of one model share one kind, which is the
@@ -21,7 +22,9 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 ATTENTION_MODES = ("orthros", "full", "window")
-# user-facing names (CLI, configs, MQAR) -> attention mode
+# every name resolve_mode takes (OrthrosConfig / Engine attention_mode, MQAR models) -> attention mode;
+# `orthros train` model.architecture takes orthros/transformer/swa, the --mode / --attention-mode options
+# of niah_train and eval the canonical orthros/full/window (argparse lists them)
 MODE_ALIASES = {"orthros": "orthros", "transformer": "full", "full": "full", "swa": "window", "window": "window"}
 # how tables and plots name each mode
 MODE_DISPLAY = {"orthros": "Orthros", "full": "Transformer", "window": "SWA"}
