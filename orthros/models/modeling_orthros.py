@@ -210,6 +210,15 @@ class OrthrosPreTrainedModel(PreTrainedModel):
             module.init_gdn_parameters(only_uninitialized=True)
 
 
+def warn_beyond_positions(config, n: int, stacklevel: int = 2) -> None:
+    """Positions ``0 .. n - 1`` past ``config.max_position_embeddings`` are computed anyway
+    (transformers' convention) with a warning (once a call site); the engine refuses them
+    (docs/checkpoints.md)."""
+    if n > config.max_position_embeddings:
+        warnings.warn(f"input positions beyond max_position_embeddings={config.max_position_embeddings}: "
+                      f"the model was not built for them and may degrade there", UserWarning, stacklevel=stacklevel + 1)
+
+
 class OrthrosModel(OrthrosPreTrainedModel):
     def __init__(self, config: OrthrosConfig):
         config._validate()  # fields set after the config's __init__ (from_pretrained's keywords, a user's edits)
@@ -265,10 +274,8 @@ class OrthrosModel(OrthrosPreTrainedModel):
             past_key_values = OrthrosCache()
         cache = past_key_values if use_cache else None
         past = cache.get_seq_length() if cache is not None else 0
-        if position_ids is None and cu_seqlens is None and past + T > self.config.max_position_embeddings:
-            # computed anyway (transformers' convention), warned once; the engine refuses (docs/checkpoints.md)
-            warnings.warn(f"input positions beyond max_position_embeddings={self.config.max_position_embeddings}: "
-                          f"the model was not built for them and may degrade there", UserWarning, stacklevel=2)
+        if position_ids is None and cu_seqlens is None:
+            warn_beyond_positions(self.config, past + T, stacklevel=3)
 
         kv_start = pad_rows = None
         if attention_mask is not None:

@@ -30,6 +30,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from ..models.modeling_orthros import warn_beyond_positions
 from ..ops import orthros_attention
 from ..utils import check_positive_int, check_token_ids
 from .comm import ParallelContext
@@ -251,6 +252,7 @@ class ShardedOrthros:
         ids = self._check_ids(input_ids)
         ctx, core, dev, dtype = self.ctx, self.core, self.device, self.dtype
         B, T = ids.shape
+        warn_beyond_positions(self.model.config, T)
         bounds = shard_bounds(T, ctx.world_size)
         s, e = bounds[ctx.rank]
         n = e - s
@@ -377,6 +379,7 @@ class ShardedOrthros:
         broadcast from the last rank, so every rank continues with the same one.
         """
         check_positive_int("max_new_tokens", max_new_tokens)
+        warn_beyond_positions(self.model.config, input_ids.shape[-1] + max_new_tokens - 1)
         logits, cache = self.prefill(input_ids)
         toks, all_logits = [], [logits]
         for step in range(max_new_tokens):

@@ -121,6 +121,22 @@ def test_single_process_equals_model_with_the_attention_output_gate():
     assert rel_err(got_l, logits) < 1e-5
 
 
+def test_positions_past_the_model_s_are_warned_as_the_model_warns():
+    """A prompt, or a generation, past ``max_position_embeddings`` is computed with the model's warning (it ran
+    without a word); within the positions, none."""
+    import warnings
+
+    model = tiny_model(max_position_embeddings=32)
+    sh = ShardedOrthros(model, ParallelContext.single(), chunk_size=5, reserve=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sh.generate(torch.randint(0, V, (1, 28)), 5)  # positions 0..31
+    with pytest.warns(UserWarning, match="beyond max_position_embeddings=32"):
+        sh.generate(torch.randint(0, V, (1, 28)), 6)
+    with pytest.warns(UserWarning, match="beyond max_position_embeddings=32"):
+        sh.prefill(torch.randint(0, V, (1, 33)))
+
+
 @pytest.mark.parametrize("gate", [False, True])
 def test_transformer_baseline_prefill_equals_the_full_attention_model(gate):
     """The benchmark's Transformer baseline (the layer pieces with SDPA) gives the logits of the
