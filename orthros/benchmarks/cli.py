@@ -178,9 +178,12 @@ def _check_args(args, systems):
         limit = PRESETS[args.preset]["max_position_embeddings"]
         src = f"max_position_embeddings={limit} of --preset {args.preset}"
     # the positions a point runs through: a prompt of T (prefill), a context of L and --steps tokens
-    # decoded after it (decode), IN + OUT - 1 (e2e, fit)
+    # decoded after it, or the warm-up's steps if more (decode), IN + OUT - 1 (e2e, fit)
+    from .inference import DECODE_WARMUP
+
+    steps = max(getattr(args, "steps", 0), DECODE_WARMUP)
     for opt, need in (("--lengths", max(getattr(args, "lengths", None) or [0])),
-                      ("--contexts", max(getattr(args, "contexts", None) or [0]) + getattr(args, "steps", 0)),
+                      ("--contexts", max(getattr(args, "contexts", None) or [0]) + steps),
                       ("--pairs", max((i + o - 1 for i, o in getattr(args, "pairs", None) or []), default=0)),
                       ("--fit", max((i + o - 1 for i, o in getattr(args, "fit", None) or []), default=0))):
         if need > limit:

@@ -418,8 +418,11 @@ def copy_bandwidth(device, nbytes: int = 2**30) -> float:
     return 2 * nbytes / statistics.median(ts)
 
 
+DECODE_WARMUP = 5  # untimed steps before each decode point's timed ones (from the same context)
+
+
 def bench_decode(model, contexts: Sequence[int], *, batch_sizes: Sequence[int] = (1, 2),
-                 modes: Sequence[str] = ("orthros", "full"), steps: int = 50, warmup: int = 5,
+                 modes: Sequence[str] = ("orthros", "full"), steps: int = 50, warmup: int = DECODE_WARMUP,
                  cuda_graphs: Optional[bool] = None, on_row: Optional[Callable] = None,
                  compile: bool = False, fuse: bool = True, gemv: bool = False) -> List[Dict]:
     """Per-step decode latency at context ``L`` (cache declared filled by :meth:`Engine.set_lengths`:

@@ -130,6 +130,8 @@ def no_model(monkeypatch):
     # was: the engine refused the point mid-sweep, after the shorter ones ran
     ("prefill", [], "--lengths needs positions 0..131071, beyond max_position_embeddings=65536 of --preset tiny"),
     ("e2e", ["--pairs", "8:4,60000:6000"], "--pairs needs positions 0..65998"),
+    # was: accepted, and the 5 warm-up steps ran past the positions (--steps 3 alone was counted)
+    ("decode", ["--contexts", "65533", "--steps", "3"], "--contexts needs positions 0..65537"),
     ("e2e", ["--pairs", "8:4", "--fit", "65536:2"], "--fit needs positions 0..65536"),
     # was: accepted and ignored (decode steps run over a cache declared filled: no prefill, no chunk)
     ("decode", ["--chunk", "64"], "--chunk goes with prefill, e2e and all"),
