@@ -315,3 +315,35 @@ def test_fla_backend_on_cpu_tensors_falls_back_to_torch_with_a_warning():
         conv = causal_conv1d(x, w, backend="fla")
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(conv, causal_conv1d(x, w, backend="torch"))
+
+
+def test_malformed_arguments_refused_before_any_work():
+    # each of these ran: wrong q_out / initial_state shapes failed deep in an einsum (or, for
+    # q_out with fewer heads, silently broadcast them), integer values came back as int64,
+    # cu_seqlens that do not cover [0, T) silently dropped or repeated tokens
+    q, k, v, g, beta = _inputs(1, 8, 2, 2, 4, 3)
+    bad = [
+        (dict(q_out=torch.randn(1, 8, 1, 4, dtype=q.dtype)), "q_out"),  # 1 head for 2
+        (dict(q_out=torch.randn(1, 1, 1, 4, dtype=q.dtype), output_positions="last"), "q_out"),
+        (dict(q_out=torch.randn(1, 8, 2, 5, dtype=q.dtype)), "q_out"),
+        (dict(q_out=torch.randn(1, 2, 2, 4, dtype=q.dtype), output_positions=[1.0, 3.0]), "output_positions"),
+        (dict(initial_state=torch.zeros(1, 2, 4, 4)), "initial_state"),
+        (dict(initial_state=torch.zeros(3, 2, 4, 3), cu_seqlens=torch.tensor([0, 4, 8])), "initial_state"),
+        (dict(cu_seqlens=torch.tensor([0.0, 8.0])), "cu_seqlens"),
+        (dict(cu_seqlens=torch.tensor([0, 5])), "cu_seqlens"),
+        (dict(cu_seqlens=torch.tensor([2, 8])), "cu_seqlens"),
+        (dict(cu_seqlens=torch.tensor([0, 5, 3, 8])), "cu_seqlens"),
+        (dict(scale=float("nan")), "scale"),
+    ]
+    for kw, name in bad:
+        with pytest.raises(ValueError, match=name):
+            gated_delta_rule(q, k, v, g, beta, backend="torch", **kw)
+    with pytest.raises(ValueError, match="floating"):
+        gated_delta_rule(q, k, v.long(), g, beta)
+    with pytest.raises(ValueError, match="H, K >= 1"):
+        gated_delta_rule(q[..., :0], k[..., :0], v, g, beta)
+    # a list of positions (as orthros_attention takes) reads as the tensor; empty documents are legal
+    qo = torch.randn(1, 2, 2, 4, dtype=q.dtype)
+    a = gated_delta_rule(q, k, v, g, beta, q_out=qo, output_positions=[1, 3])[1]
+    torch.testing.assert_close(a, gated_delta_rule(q, k, v, g, beta, q_out=qo, output_positions=torch.tensor([1, 3]))[1])
+    gated_delta_rule(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 4, 4, 8]), initial_state=torch.zeros(3, 2, 4, 3))

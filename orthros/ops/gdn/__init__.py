@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 import warnings
 
+from ..attention import check_scale
 from .fla import HAVE_FLA, causal_conv1d_fla, chunk_gated_delta_rule_fla, fla_backward_supported
 from .naive import chunk_gated_delta_rule_ref, expand_heads, gated_delta_rule_step_ref, l2norm
 
@@ -60,20 +61,41 @@ def gated_delta_rule(
     * ``q_out [B, T_out, H, K]``: output-stream queries (None: no output stream).
       ``output_positions``: where they read the state, positions in ``[0, T)``: ``None`` (every
       position, ``T_out == T``), ``"last"`` (``T_out == 1``: the state after the last token,
-      read from the final state, no extra pass), or an int64 ``[1 or B, T_out]`` tensor.
+      read from the final state, no extra pass), or integer positions ``[T_out]`` or
+      ``[1 or B, T_out]`` (a tensor or a list), any order but DISTINCT within a row: their range
+      and uniqueness are not checked (that would read the device back once per layer), and a
+      repeated position gives wrong readouts (the output queries share one dense slot per token).
     * ``initial_state [N, HV, K, V]`` (float32), ``N = B`` or the number of documents of
-      ``cu_seqlens`` (``B == 1``; the state restarts at every document start).
+      ``cu_seqlens`` (``B == 1``; the state restarts at every document start). ``cu_seqlens``:
+      integers rising from 0 to ``T`` (values checked by the PyTorch GDN, which reads them anyway).
 
     Returns ``(o [B, T, HV, V], o_out [B, T_out, HV, V] or None, final_state [N, HV, K, V] or None)``.
     """
     B, T, H, K = k.shape
     Hv = v.shape[2]
-    if q.shape != k.shape or v.shape[:2] != (B, T) or Hv % H or g.shape != (B, T, Hv) or beta.shape != g.shape:
-        raise ValueError(f"gated_delta_rule: q, k must be [B, T, H, K], v [B, T, HV, V] (HV a multiple of H), g and "
-                         f"beta [B, T, HV]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+    if q.shape != k.shape or v.dim() != 4 or v.shape[:2] != (B, T) or H == 0 or K == 0 or Hv % H \
+            or g.shape != (B, T, Hv) or beta.shape != g.shape:
+        raise ValueError(f"gated_delta_rule: q, k must be [B, T, H, K] (H, K >= 1), v [B, T, HV, V] (HV a multiple of "
+                         f"H), g and beta [B, T, HV]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"g {tuple(g.shape)}, beta {tuple(beta.shape)}")
-    if cu_seqlens is not None and B != 1:
-        raise ValueError(f"gated_delta_rule: cu_seqlens needs B == 1 (packed documents), got B = {B}")
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("q_out", q_out)):
+        if t is not None and not t.is_floating_point():
+            raise ValueError(f"gated_delta_rule: {name} must be a floating tensor, got {t.dtype}")
+    if q_out is not None and (q_out.dim() != 4 or q_out.shape[0] != B or q_out.shape[2:] != (H, K)):
+        raise ValueError(f"gated_delta_rule: q_out must be [B={B}, T_out, H={H}, K={K}], got {tuple(q_out.shape)}")
+    if cu_seqlens is not None:  # its values are checked where they are read (the PyTorch GDN)
+        cu_seqlens = torch.as_tensor(cu_seqlens, device=q.device)
+        if B != 1:
+            raise ValueError(f"gated_delta_rule: cu_seqlens needs B == 1 (packed documents), got B = {B}")
+        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.is_floating_point() \
+                or cu_seqlens.is_complex() or cu_seqlens.dtype == torch.bool:
+            raise ValueError(f"gated_delta_rule: cu_seqlens must be a 1-D integer tensor [num_docs + 1], got "
+                             f"{cu_seqlens.dtype} {tuple(cu_seqlens.shape)}")
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    if initial_state is not None and tuple(initial_state.shape) != (N, Hv, K, v.shape[3]):
+        raise ValueError(f"gated_delta_rule: initial_state must be [N={N}, HV={Hv}, K={K}, V={v.shape[3]}] (N: B, or "
+                         f"the documents of cu_seqlens), got {tuple(initial_state.shape)}")
+    check_scale(scale)
     scale = K ** -0.5 if scale is None else float(scale)
     asked = backend
     backend = resolve_gdn_backend(backend, v)
@@ -101,9 +123,11 @@ def gated_delta_rule(
                 raise ValueError(f"q_out must be [B, T, H, K] when output_positions is None, got {tuple(q_out.shape)}")
             dense = q_out
         else:
-            # checks that read nothing back from the device (range and order are the caller's)
+            # checks that read nothing back from the device (range and uniqueness are the caller's)
             T_out = q_out.shape[1]
-            if output_positions.dtype.is_floating_point or output_positions.dtype == torch.bool \
+            output_positions = torch.as_tensor(output_positions, device=q.device)
+            if output_positions.dtype.is_floating_point or output_positions.is_complex() \
+                    or output_positions.dtype == torch.bool \
                     or output_positions.dim() not in (1, 2) or output_positions.shape[-1] != T_out \
                     or output_positions.dim() == 2 and output_positions.shape[0] not in (1, B):
                 raise ValueError(f"output_positions must be an integer tensor [T_out] or [1 or B, T_out] = [{T_out}] "

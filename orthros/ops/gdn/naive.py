@@ -132,6 +132,8 @@ def chunk_gated_delta_rule_ref(
     ks = expand_heads(l2norm(k) if use_qk_l2norm else k.to(acc), Hv)
     vs, gs, bs = v.to(acc), g.to(acc), beta.to(acc)
     bounds = [0, T] if cu_seqlens is None else [int(x) for x in cu_seqlens.tolist()]
+    if bounds[0] != 0 or bounds[-1] != T or any(a > b for a, b in zip(bounds, bounds[1:])):
+        raise ValueError(f"cu_seqlens must rise from 0 to the sequence length {T}, got {bounds}")
     N = B if cu_seqlens is None else len(bounds) - 1
     if initial_state is None:
         h0 = torch.zeros(N, Hv, K, v.shape[-1], dtype=acc, device=v.device)
