@@ -22,9 +22,9 @@ from __future__ import annotations
 from typing import List, Optional, Sequence
 
 ATTENTION_MODES = ("orthros", "full", "window")
-# every name resolve_mode takes (OrthrosConfig / Engine attention_mode, MQAR models) -> attention mode;
-# `orthros train` model.architecture takes orthros/transformer/swa, the --mode / --attention-mode options
-# of niah_train and eval the canonical orthros/full/window (argparse lists them)
+# every name resolve_mode takes (OrthrosConfig / Engine attention_mode, MQAR models, the --mode /
+# --attention-mode options of niah_train and eval) -> attention mode; `orthros train`
+# model.architecture takes orthros/transformer/swa (and the hybrids' names)
 MODE_ALIASES = {"orthros": "orthros", "transformer": "full", "full": "full", "swa": "window", "window": "window"}
 # how tables and plots name each mode
 MODE_DISPLAY = {"orthros": "Orthros", "full": "Transformer", "window": "SWA"}
@@ -46,6 +46,17 @@ def resolve_mode(name, arg: str = "attention_mode") -> str:
     if mode is None:
         raise ValueError(f"{arg} must be one of {', '.join(MODE_ALIASES)}, got {name!r}")
     return mode
+
+
+def mode_option(value: str) -> str:
+    """An argparse ``type`` for an attention-mode option: a mode or an alias -> the mode (argparse
+    names the option in its error)."""
+    import argparse
+
+    if value not in MODE_ALIASES:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(MODE_ALIASES)} (transformer = full, swa = "
+                                         f"window), got {value!r}")
+    return MODE_ALIASES[value]
 
 
 def has_output_stream(mode: str) -> bool:

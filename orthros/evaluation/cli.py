@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..kinds import mode_option
 from ..utils import DTYPE_CHOICES, parse_dtype
 
 CONVERT_WINDOW = 128  # --window of niah / lm / ppl: a Transformer checkpoint converted on the fly
@@ -157,9 +158,9 @@ def _ppl_parser(sub):
     p.add_argument("--buckets", default=None,
                    help="bucket edges in positions, comma list (default: 0,128,512,2048,8192, those below a "
                         "shorter --seq-len then --seq-len)")
-    p.add_argument("--attention-mode", default=None, choices=("orthros", "full", "window"),
-                   help="override the checkpoint's attention (full: the same weights as a Transformer; "
-                        "default: the checkpoint's)")
+    p.add_argument("--attention-mode", default=None, type=mode_option, metavar="{orthros,full,window}",
+                   help="override the checkpoint's attention (full or transformer: the same weights as a "
+                        "Transformer; window or swa; default: the checkpoint's)")
     _add_conversion_window(p)
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default=None, choices=DTYPE_CHOICES, help="weights' dtype (default: as stored)")

@@ -24,7 +24,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..kinds import ATTENTION_MODES
+from ..kinds import ATTENTION_MODES, mode_option
 from ..utils import Progress, write_json
 from .niah import NEEDLE, PromptBuilder
 
@@ -238,8 +238,8 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progres
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = NIAHTrainConfig()
     p.add_argument("--out", "-o", required=True, help="output checkpoint dir (model + tokenizer + niah_train.json)")
-    p.add_argument("--mode", default=d.attention_mode, choices=ATTENTION_MODES,
-                   help="attention_mode: orthros, window (SWA) or full (Transformer)")
+    p.add_argument("--mode", default=d.attention_mode, type=mode_option, metavar="{orthros,full,window}",
+                   help="attention_mode: orthros, window (or swa) or full (or transformer)")
     # the architecture options (None: the default, or with --init the checkpoint's own value)
     p.add_argument("--window", type=int, default=None,
                    help=f"window of the base stream (orthros) or of SWA; not for --mode full (default: "

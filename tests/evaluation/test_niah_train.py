@@ -212,4 +212,10 @@ def test_cli_init_keeps_its_architecture_and_refuses_other_values(tmp_path, caps
     # --window has nothing to set in a full-attention model
     assert main(["niah-train", "--mode", "full", "--window", "8", "--out", str(tmp_path / "f")]) == 2
     assert "--window 8 sets the window of --mode orthros or window (SWA)" in capsys.readouterr().err
+    # the aliases of OrthrosConfig and the engine (transformer = full, swa = window) are taken; others named
+    assert main(["niah-train", "--mode", "transformer", "--window", "8", "--out", str(tmp_path / "f")]) == 2
+    assert "--window 8 sets the window of --mode orthros or window (SWA)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["niah-train", "--mode", "sliding", "--out", str(tmp_path / "f")])
+    assert "must be one of orthros, transformer, full, swa, window" in capsys.readouterr().err
     assert len(seen) == 2

@@ -101,7 +101,8 @@ def test_cli(tiny, tmp_path, capsys):
     assert (tmp_path / "ppl.png").read_bytes().startswith(b"\x89PNG")
     r = json.loads(out.read_text())
     assert r["windows"] == 3 and r["attention_mode"] == "orthros" and len(r["buckets"]) == 2
-    assert eval_main(args + ["-o", str(tmp_path / "full.json"), "--attention-mode", "full"]) == 0
+    # "transformer" is "full" here too, as in OrthrosConfig and the engine (the option took orthros/full/window only)
+    assert eval_main(args + ["-o", str(tmp_path / "full.json"), "--attention-mode", "transformer"]) == 0
     f = json.loads((tmp_path / "full.json").read_text())
     assert f["attention_mode"] == "full"
     # positions inside the window (<= 8 tokens seen) are the same model; beyond it they differ
