@@ -143,6 +143,9 @@ BAD = [
     (dict(scale="0.5"), "scale"),
     (dict(scale=float("nan")), "scale"),
     (dict(kv_start=torch.tensor([2.5])), "kv_start"),
+    # complex positions / lengths were cast to int64 with only a torch warning (imaginary part dropped)
+    (dict(output_positions=torch.tensor([3, 9], dtype=torch.complex64)), "output_positions"),
+    (dict(cu_seqlens=torch.tensor([0, 10], dtype=torch.complex64)), "cu_seqlens"),
 ]
 
 
