@@ -324,11 +324,12 @@ def _check_destination(src: Path | None, dst: Path, overwrite: bool):
     above = file_in_the_way(dst.parent)
     if above is not None:
         raise NotADirectoryError(f"destination {str(dst)!r}: {str(above)!r} is not a directory")
-    if dst.exists():
+    if dst.exists() or dst.is_symlink():
         if dst.is_dir() and not any(dst.iterdir()):
             pass
         elif not overwrite:
-            what = "directory is not empty" if dst.is_dir() else "path exists and is not a directory"
+            what = ("directory is not empty" if dst.is_dir() else "path exists and is not a directory"
+                    if dst.exists() else f"a symbolic link to the missing {os.readlink(dst)!r}")
             raise FileExistsError(f"destination {str(dst)!r}: {what}; pass --overwrite (overwrite=True) to replace it")
 
 

@@ -465,6 +465,18 @@ def test_dry_run_refuses_what_the_conversion_refuses(good_src, tmp_path, capsys)
     assert not (tmp_path / "o").exists()
 
 
+def test_a_dangling_symlink_at_dst_needs_overwrite(good_src, tmp_path, capsys):
+    """A symbolic link at DST to a missing path is something there: it was replaced without --overwrite
+    (Path.exists follows the link)."""
+    dst = tmp_path / "link"
+    dst.symlink_to(tmp_path / "missing")
+    assert convert_main([str(good_src), str(dst), "--window-size", "16"]) == 2
+    assert "a symbolic link to the missing" in capsys.readouterr().err
+    assert dst.is_symlink() and _leftovers(tmp_path) == []
+    assert convert_main([str(good_src), str(dst), "--window-size", "16", "--overwrite"]) == 0
+    assert not dst.is_symlink() and (dst / "config.json").is_file()
+
+
 # ------------------------------------------------------------- paths and odd input found by hunting
 def test_destination_equal_to_or_holding_the_source_says_so_without_overwrite(tmp_path, good_src, capsys):
     """Without --overwrite the error used to say "pass --overwrite", which is then refused too."""
