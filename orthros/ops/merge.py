@@ -18,6 +18,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..utils import check_positive_int
+from .attention import check_scale
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -37,6 +38,7 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scal
         ``lse = log sum_j exp(scale * q.k_j)``; ``L == 0`` gives ``o = 0`` and ``lse = -inf``.
     """
     check_positive_int("key_chunk", key_chunk)  # <= 0 skipped every key: o = 0, lse = -inf
+    check_scale(scale)
     B, M, Hq, D = q.shape
     L, Hkv = k.shape[1], k.shape[2]
     if v.shape[:3] != k.shape[:3] or k.shape[3] != D:

@@ -13,3 +13,11 @@ def test_key_chunk_must_be_a_positive_int(key_chunk):
     q, k, v = torch.randn(1, 2, 2, 4), torch.randn(1, 5, 2, 4), torch.randn(1, 5, 2, 4)
     with pytest.raises(ValueError, match="key_chunk"):
         partial_attention(q, k, v, key_chunk=key_chunk)
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), "0.5"])
+def test_scale_must_be_finite(scale):
+    # a NaN / inf scale made every output and log-sum-exp NaN without a word
+    q, k, v = torch.randn(1, 2, 2, 4), torch.randn(1, 5, 2, 4), torch.randn(1, 5, 2, 4)
+    with pytest.raises(ValueError, match="scale"):
+        partial_attention(q, k, v, scale=scale)
