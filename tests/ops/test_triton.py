@@ -744,3 +744,16 @@ def test_dq_gqa_variant_gpu(poison, monkeypatch, dtype, variant, fused):
         monkeypatch.setattr(ta, "DKDV_VARIANT", "edge")
     use_dq_variant(monkeypatch, fused, variant.split("+")[0])
     variant_sweep_gpu(dtype)
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the Triton interpreter's bf16 tl.dot")
+def test_bf16_under_the_interpreter_runs_the_reference():
+    # the interpreter's bf16 tl.dot is wrong (triton 3.9): backend="triton" returned values of
+    # ~1e9 without a word; it now warns and runs the reference, as for float64
+    g = torch.Generator().manual_seed(0)
+    q, k, v, q_out = (torch.randn(1, 6, 2, 4, generator=g).bfloat16() for _ in range(4))
+    with pytest.warns(UserWarning, match="reference"):
+        o, o_out = orthros_attention(q, k, v, q_out, window_size=3, backend="triton")
+    ref = orthros_attention(q, k, v, q_out, window_size=3, backend="reference")
+    torch.testing.assert_close(o, ref[0])
+    torch.testing.assert_close(o_out, ref[1])

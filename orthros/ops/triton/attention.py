@@ -1047,7 +1047,8 @@ def _sdpa_causal(q_out, k, v, scale):
 
 def orthros_attention_triton(q, k, v, q_out, *, window_size, output_positions, scale, doc_ids=None, kv_start=None):
     """Triton implementation of :func:`orthros.ops.orthros_attention` (arguments already normalised)."""
-    if not triton_supports(q, k) and not (interpreting() and q.dtype != torch.float64):
+    # under the interpreter (CPU): fp32/fp16 only, its bf16 tl.dot is wrong (triton 3.9)
+    if not triton_supports(q, k) and not (interpreting() and q.dtype in (torch.float16, torch.float32)):
         warnings.warn("orthros_attention_triton: input not supported by the Triton kernels "
                       f"(device={q.device}, dtype={q.dtype}, head_dim={q.shape[-1]}); using the reference")
         from ..reference import orthros_attention_reference
