@@ -347,3 +347,12 @@ def test_malformed_arguments_refused_before_any_work():
     a = gated_delta_rule(q, k, v, g, beta, q_out=qo, output_positions=[1, 3])[1]
     torch.testing.assert_close(a, gated_delta_rule(q, k, v, g, beta, q_out=qo, output_positions=torch.tensor([1, 3]))[1])
     gated_delta_rule(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 4, 4, 8]), initial_state=torch.zeros(3, 2, 4, 3))
+
+
+def test_causal_conv1d_refuses_mismatched_weight_and_state():
+    # a state of the wrong width was concatenated as is: y came back with T + 3 rows
+    x = torch.randn(1, 6, 4)
+    for kw, name in ((dict(weight=torch.randn(5, 3)), "weight"), (dict(weight=torch.randn(4, 3), state=torch.randn(1, 4, 5)),
+                                                                  "state")):
+        with pytest.raises(ValueError, match=name):
+            causal_conv1d(x, **kw)

@@ -191,6 +191,10 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: Optional[torch.T
     need gradients where fla-core's gated backward is refused (then both ops run in PyTorch)."""
     B, T, C = x.shape
     W = weight.shape[-1]
+    if weight.dim() != 2 or weight.shape[0] != C or W == 0:
+        raise ValueError(f"causal_conv1d: weight must be [C={C}, W >= 1], got {tuple(weight.shape)}")
+    if state is not None and tuple(state.shape) != (B, C, W - 1):
+        raise ValueError(f"causal_conv1d: state must be [B={B}, C={C}, W - 1={W - 1}], got {tuple(state.shape)}")
     asked = backend
     backend = resolve_gdn_backend(backend, x)
     if backend == "fla" and (
