@@ -125,11 +125,6 @@ class OrthrosConfig(PreTrainedConfig):
                                  f"(GDN layers only: layer_types=['linear_attention'] * {num_hidden_layers})")
             layer_types = interval_layer_types(num_hidden_layers, full_attention_interval,
                                                resolve_mode("orthros" if attention_mode is None else attention_mode))
-        pad, vocab = getattr(self, "pad_token_id", None), self.vocab_size
-        if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or not -vocab <= pad < vocab):
-            # the embedding's padding_idx: out of range it fails in nn.Embedding without naming the field
-            raise ValueError(f"OrthrosConfig.pad_token_id must be None or an id in [-vocab_size, vocab_size) = "
-                             f"[{-vocab}, {vocab}) (the embedding's padding_idx), got {pad!r}")
         layer_types, self.attention_mode = resolve_layer_types(layer_types, num_hidden_layers, attention_mode)
         self.linear_num_key_heads = num_attention_heads if linear_num_key_heads is None else linear_num_key_heads
         self.linear_num_value_heads = self.linear_num_key_heads if linear_num_value_heads is None \
