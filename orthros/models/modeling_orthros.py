@@ -268,8 +268,8 @@ class OrthrosModel(OrthrosPreTrainedModel):
                                  "or past_key_values): a cache holds one sequence a row")
             use_cache = False
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        if self.gradient_checkpointing and self.training:
-            use_cache = False
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            use_cache = False  # without gradients nothing is recomputed: the cache stays (generate in training mode)
         if use_cache and past_key_values is None:
             past_key_values = OrthrosCache()
         cache = past_key_values if use_cache else None

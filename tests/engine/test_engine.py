@@ -508,6 +508,7 @@ def test_generate_through_engine_leaves_the_model_s_mode():
     m.eval().generate(torch.tensor([PROMPTS[0]]), max_new_tokens=2, use_engine=True)
     assert not m.training
 
+
 def test_eos_token_id_outside_the_vocabulary_is_refused_before_any_work():
     """An EOS id the model can never sample (>= vocab_size) would never stop a row: it is refused,
     naming the argument and the vocabulary size, before prefill."""

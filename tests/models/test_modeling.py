@@ -425,3 +425,22 @@ def test_stream_queries_equal_per_stream_queries(qk_norm):
                                    attn.queries(x[:, 5:], rope_out, "out"))
     with pytest.raises(ValueError, match="stream"):
         attn.queries(x, rope, "both")
+
+
+def test_generate_in_training_mode_with_gradient_checkpointing_keeps_the_cache():
+    """generate() of a model in training mode with gradient checkpointing on (an eval during training)
+    gave other tokens than in eval mode: the forward turned the cache off, and generate fed one token a step
+    to a model that had forgotten the prompt. Without gradients nothing is checkpointed, as in transformers'
+    layers; with them the cache is still off."""
+    import warnings
+
+    m = tiny_model().eval()
+    ids = torch.randint(0, m.config.vocab_size, (2, 10))
+    want = m.generate(ids, max_new_tokens=6, do_sample=False, use_engine=False)
+    m.gradient_checkpointing_enable()
+    m.train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = m.generate(ids, max_new_tokens=6, do_sample=False, use_engine=False)
+        assert torch.equal(got, want) and m.training
+        assert m(ids, labels=ids, use_cache=True).past_key_values is None  # training: no cache
