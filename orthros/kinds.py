@@ -3,8 +3,9 @@
 * **Attention modes** (``OrthrosConfig.attention_mode``, ``Engine(attention_mode=...)``):
   ``"orthros"`` (window stream + output stream, paper Algorithm 2), ``"full"`` (a causal
   Transformer) and ``"window"`` (sliding window only). Where :func:`resolve_mode` reads the name
-  (``OrthrosConfig``, ``Engine``, MQAR), users may also write the aliases in :data:`MODE_ALIASES`
-  (``"transformer"``, ``"swa"``).
+  (``OrthrosConfig``, ``Engine``, MQAR, and through :func:`mode_option` the ``--mode`` /
+  ``--attention-mode`` options of niah-train and eval), users may also write the aliases in
+  :data:`MODE_ALIASES` (``"transformer"``, ``"swa"``).
 * **Layer types** (``OrthrosConfig.layer_types``, one per layer, the name transformers'
   hybrid models use): the attention kinds ``"orthros_attention"``, ``"full_attention"`` and
   ``"window_attention"``. All attention layers of one model share one kind, which is the
@@ -53,10 +54,10 @@ def mode_option(value: str) -> str:
     names the option in its error)."""
     import argparse
 
-    if value not in MODE_ALIASES:
-        raise argparse.ArgumentTypeError(f"must be one of {', '.join(MODE_ALIASES)} (transformer = full, swa = "
-                                         f"window), got {value!r}")
-    return MODE_ALIASES[value]
+    try:
+        return resolve_mode(value, "it")
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def has_output_stream(mode: str) -> bool:

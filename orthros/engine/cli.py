@@ -377,6 +377,7 @@ def _generation_config_eos(model_dir, vocab_size: int) -> list:
     from pathlib import Path
 
     from ..utils import read_text_file
+    from .engine import _eos_set
 
     path = Path(model_dir) / "generation_config.json"
     if not path.is_file():
@@ -386,12 +387,12 @@ def _generation_config_eos(model_dir, vocab_size: int) -> list:
     except json.JSONDecodeError as e:
         raise ValueError(f"--model {path}: not JSON ({e.msg})") from None
     ids = d.get("eos_token_id") if isinstance(d, dict) else None
-    ids = [] if ids is None else [ids] if isinstance(ids, int) and not isinstance(ids, bool) else ids
-    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise ValueError(f"{path}: eos_token_id must be a token id or a list of them, got {ids!r}")
-    if any(not 0 <= i < vocab_size for i in ids):
-        raise ValueError(f"{path}: eos_token_id {ids!r} is outside the model's vocabulary [0, {vocab_size})")
-    return ids
+    try:
+        return sorted(_eos_set(ids, vocab_size))
+    except TypeError:
+        raise ValueError(f"{path}: eos_token_id must be a token id or a list of them, got {ids!r}") from None
+    except ValueError:
+        raise ValueError(f"{path}: eos_token_id {ids!r} is outside the model's vocabulary [0, {vocab_size})") from None
 
 
 def _load_engine(args, config, dtype, dev, tok, max_batch_size: int, max_seq_len=None):
