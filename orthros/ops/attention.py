@@ -29,7 +29,8 @@ def _check_tensor(name, t, ndim):
         raise ValueError(f"{name} must be a floating tensor (fp16/bf16/fp32/fp64), got {t.dtype}")
 
 
-def _is_int(t: torch.Tensor) -> bool:
+def is_int_tensor(t: torch.Tensor) -> bool:
+    """An integer dtype (not floating, complex or bool): what positions and document bounds hold."""
     return not (t.dtype.is_floating_point or t.is_complex() or t.dtype == torch.bool)
 
 
@@ -51,7 +52,7 @@ def normalize_output_positions(output_positions, B: int, T_out: int, T_k: int, d
     if output_positions is None:
         return torch.arange(T_k - T_out, T_k, device=device).view(1, T_out)
     pos = torch.as_tensor(output_positions, device=device)
-    if pos.numel() and not _is_int(pos):  # [] is float32
+    if pos.numel() and not is_int_tensor(pos):  # [] is float32
         raise ValueError(f"output_positions must be an integer tensor, got {pos.dtype}")
     pos = pos.long()
     if pos.dim() == 1:
@@ -74,7 +75,7 @@ def doc_ids_from_cu_seqlens(cu_seqlens, B: int, T_k: int, device) -> torch.Tenso
     if B != 1:
         raise ValueError(f"cu_seqlens (packed documents) requires batch size 1, got B={B}")
     cu = torch.as_tensor(cu_seqlens, device=device)
-    if cu.dim() != 1 or cu.numel() < 2 or not _is_int(cu):
+    if cu.dim() != 1 or cu.numel() < 2 or not is_int_tensor(cu):
         raise ValueError(f"cu_seqlens must be a 1-D integer tensor [num_docs + 1], got {cu.dtype} {tuple(cu.shape)}")
     cu = cu.long()
     if int(cu[0]) != 0 or int(cu[-1]) != T_k:
@@ -157,7 +158,7 @@ def orthros_attention(
     doc_ids = None if cu_seqlens is None else doc_ids_from_cu_seqlens(cu_seqlens, B, T_k, q.device)
     if kv_start is not None:
         kv_start = torch.as_tensor(kv_start, device=q.device)
-        if not _is_int(kv_start):
+        if not is_int_tensor(kv_start):
             raise ValueError(f"kv_start must be an integer tensor [B] (first valid key of each row), got {kv_start.dtype}")
         kv_start = kv_start.long().view(-1)
         if kv_start.numel() != B:

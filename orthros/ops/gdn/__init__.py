@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import warnings
 
-from ..attention import check_scale
+from ..attention import check_scale, is_int_tensor
 from .fla import HAVE_FLA, causal_conv1d_fla, chunk_gated_delta_rule_fla, fla_backward_supported
 from .naive import chunk_gated_delta_rule_ref, expand_heads, gated_delta_rule_step_ref, l2norm
 
@@ -87,8 +87,7 @@ def gated_delta_rule(
         cu_seqlens = torch.as_tensor(cu_seqlens, device=q.device)
         if B != 1:
             raise ValueError(f"gated_delta_rule: cu_seqlens needs B == 1 (packed documents), got B = {B}")
-        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or cu_seqlens.is_floating_point() \
-                or cu_seqlens.is_complex() or cu_seqlens.dtype == torch.bool:
+        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or not is_int_tensor(cu_seqlens):
             raise ValueError(f"gated_delta_rule: cu_seqlens must be a 1-D integer tensor [num_docs + 1], got "
                              f"{cu_seqlens.dtype} {tuple(cu_seqlens.shape)}")
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
@@ -126,10 +125,8 @@ def gated_delta_rule(
             # checks that read nothing back from the device (range and uniqueness are the caller's)
             T_out = q_out.shape[1]
             output_positions = torch.as_tensor(output_positions, device=q.device)
-            if output_positions.dtype.is_floating_point or output_positions.is_complex() \
-                    or output_positions.dtype == torch.bool \
-                    or output_positions.dim() not in (1, 2) or output_positions.shape[-1] != T_out \
-                    or output_positions.dim() == 2 and output_positions.shape[0] not in (1, B):
+            if not is_int_tensor(output_positions) or output_positions.dim() not in (1, 2) \
+                    or output_positions.shape[-1] != T_out or output_positions.dim() == 2 and output_positions.shape[0] not in (1, B):
                 raise ValueError(f"output_positions must be an integer tensor [T_out] or [1 or B, T_out] = [{T_out}] "
                                  f"or [{B}, {T_out}], got {output_positions.dtype} {tuple(output_positions.shape)}")
             idx = output_positions.to(device=q.device, dtype=torch.long).expand(B, -1)
