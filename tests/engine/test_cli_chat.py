@@ -170,35 +170,10 @@ def test_an_end_of_turn_the_model_generated_is_not_repeated(model_and_tok):
     assert _after_reply(tok, messages, [7, end]) == rest[1:]
 
 
-def test_chat_replies_end_at_the_template_s_end_of_turn(ckpt, tmp_path, monkeypatch):
-    """SFT teaches a reply to end with the token the chat template closes it with (ChatML's
-    ``<|im_end|>``), which is not the shipped tokenizer's EOS (``<|endoftext|>``). Was: --chat
-    stopped at EOS only, so a reply ran on through ``<|im_end|>`` into made-up turns up to
-    --max-new-tokens. Now --chat also stops there; plain prompts stop at EOS only."""
-    from orthros.engine import engine as engine_mod
-
-    seen, real = [], engine_mod.Engine.stream
-
-    def stream(self, *a, eos_token_id=None, **k):  # (generate() runs through it too)
-        seen.append(sorted(engine_mod._eos_set(eos_token_id, 10 ** 6)))
-        return real(self, *a, eos_token_id=eos_token_id, **k)
-
-    monkeypatch.setattr(engine_mod.Engine, "stream", stream)
-    (tmp_path / "p.txt").write_text("Hello\n")
-    base = ["--model", str(ckpt), "--device", "cpu", "--max-new-tokens", "2"]
-    for extra in (["hi"], ["--interactive"], ["--prompts", str(tmp_path / "p.txt")]):
-        seen.clear()
-        assert run(base + extra, stdin="hi\n")[0] == 0 and seen == [[0]], (extra, seen)
-        seen.clear()
-        assert run(base + ["--chat"] + extra, stdin="hi\n")[0] == 0 and seen == [[0, 3]], (extra, seen)
-
-
-def test_generation_config_stop_ids_end_a_generation(ckpt, tmp_path, monkeypatch, capsys):
-    """transformers' generate stops at every id of the checkpoint's generation_config.json (Llama 3 Instruct
-    lists three); `orthros generate` stopped at the tokenizer's EOS alone. Ids outside the vocabulary, or of
-    another type, are refused before the weights load."""
-    import shutil
-
+@pytest.fixture
+def stop_ids(monkeypatch):
+    """The stop ids of every generation the engine runs (``Engine.stream``; generate() runs through it),
+    one sorted list a call."""
     from orthros.engine import engine as engine_mod
 
     seen, real = [], engine_mod.Engine.stream
@@ -208,16 +183,39 @@ def test_generation_config_stop_ids_end_a_generation(ckpt, tmp_path, monkeypatch
         return real(self, *a, eos_token_id=eos_token_id, **k)
 
     monkeypatch.setattr(engine_mod.Engine, "stream", stream)
+    return seen
+
+
+def test_chat_replies_end_at_the_template_s_end_of_turn(ckpt, tmp_path, stop_ids):
+    """SFT teaches a reply to end with the token the chat template closes it with (ChatML's
+    ``<|im_end|>``), which is not the shipped tokenizer's EOS (``<|endoftext|>``). Was: --chat
+    stopped at EOS only, so a reply ran on through ``<|im_end|>`` into made-up turns up to
+    --max-new-tokens. Now --chat also stops there; plain prompts stop at EOS only."""
+    (tmp_path / "p.txt").write_text("Hello\n")
+    base = ["--model", str(ckpt), "--device", "cpu", "--max-new-tokens", "2"]
+    for extra in (["hi"], ["--interactive"], ["--prompts", str(tmp_path / "p.txt")]):
+        stop_ids.clear()
+        assert run(base + extra, stdin="hi\n")[0] == 0 and stop_ids == [[0]], (extra, stop_ids)
+        stop_ids.clear()
+        assert run(base + ["--chat"] + extra, stdin="hi\n")[0] == 0 and stop_ids == [[0, 3]], (extra, stop_ids)
+
+
+def test_generation_config_stop_ids_end_a_generation(ckpt, tmp_path, stop_ids, capsys):
+    """transformers' generate stops at every id of the checkpoint's generation_config.json (Llama 3 Instruct
+    lists three); `orthros generate` stopped at the tokenizer's EOS alone. Ids outside the vocabulary, or of
+    another type, are refused before the weights load."""
+    import shutil
+
     ck = shutil.copytree(ckpt, tmp_path / "ck")
     gen = json.loads((ck / "generation_config.json").read_text())
     base = ["--model", str(ck), "--device", "cpu", "--max-new-tokens", "2", "hi"]
     for ids, want in (([0, 5, 7], [0, 5, 7]), (6, [0, 6])):
         (ck / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": ids}))
-        seen.clear()
-        assert run(base)[0] == 0 and seen == [want], (ids, seen)
+        stop_ids.clear()
+        assert run(base)[0] == 0 and stop_ids == [want], (ids, stop_ids)
     for bad, match in (([0, 10 ** 7], "outside the model's vocabulary"), ("x", "a token id or a list")):
         (ck / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": bad}))
-        seen.clear()
+        stop_ids.clear()
         capsys.readouterr()
         rc, err = run(base)[0], capsys.readouterr().err
-        assert rc == 2 and match in err and "generation_config.json" in err and not seen, (bad, err)
+        assert rc == 2 and match in err and "generation_config.json" in err and not stop_ids, (bad, err)
