@@ -860,7 +860,9 @@ def dry_run(cfg: RunConfig) -> str:
         ("steps", f"{start} -> {t.max_steps}: {steps_left:,} steps, {steps_left * per_step:,} tokens; {schedule}"),
         ("device", f"{trainer.device}, {trainer.precision}" + (", compiled layers" if t.compile else "") +
                    (", activation checkpointing" if t.activation_checkpointing else "")),
-        ("eval", f"every {t.eval_every} steps and at the end" if t.eval_every else "at the end"),
+        ("eval", ("none (data.eval null)" if d.eval is None else "none (data.eval_sequences 0)")
+                 if not trainer.eval_rows else
+                 f"every {t.eval_every} steps and at the end" if t.eval_every else "at the end"),
         ("checkpoints", (f"every {c.every} steps and at the end" if c.every else "at the end") +
                         f", the last {c.keep_last} kept"),
     ]

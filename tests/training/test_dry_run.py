@@ -66,3 +66,12 @@ def test_dry_run_under_torchrun_prints_one_plan(tmp_path, corpus):  # noqa: F811
     assert r.stdout.count("every check passed") == 1, r.stdout
     assert "4 sequences x 32 tokens a step = 128 tokens (micro-batch 2 x grad_accum 1 x 2 processes)" in r.stdout
     assert not (tmp_path / "run").exists()
+
+
+def test_dry_run_says_when_no_eval_runs(tmp_path, corpus, capsys):  # noqa: F811
+    """data.eval null or data.eval_sequences 0: the run evaluates nothing, whatever train.eval_every says."""
+    for extra in (["--data.eval", "null"], ["--data.eval_sequences", "0"]):
+        rc, text, err = dry(tiny(tmp_path / "run", corpus, "--eval_every", "3", *extra), capsys)
+        assert rc == 0, err
+        row = next(line for line in text.splitlines() if line.lstrip().startswith("eval "))
+        assert "none" in row and "every" not in row, row
