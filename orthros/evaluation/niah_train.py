@@ -16,6 +16,7 @@ evaluation prompt is seen in training.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -74,8 +75,8 @@ class NIAHTrainConfig:
             raise ValueError(f"max_len (--max-len) {self.max_len} plus the answer ({self.digits} digits + 4 tokens) "
                              f"must fit in max_position_embeddings ({self.max_position_embeddings}, --max-positions): "
                              f"use --max-len <= {self.max_position_embeddings - self.digits - 4}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise ValueError(f"lr (--lr) must be a finite number > 0, got {self.lr}")
         if self.init is not None:  # before any data or weights: what from_pretrained would refuse later
             from .common import read_config
 
@@ -197,8 +198,7 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progres
     v_ids, v_lab = make_batch(vb, np.random.default_rng(cfg.seed + 8), 64, cfg.max_len, cfg.digits)
     history, t0, losses = [], time.perf_counter(), []
     bar = Progress(cfg.steps, f"niah-train {cfg.attention_mode}", unit="step", enabled=progress)
-    if progress and log is print:
-        log = bar.write
+    step_log = bar.write if progress and log is print else log  # above the bar; `log` again once it is closed
     for step in range(cfg.steps):
         L = int(rng.integers(cfg.min_len, cfg.max_len + 1))
         ids, lab = make_batch(builder, rng, cfg.batch_size, L, cfg.digits)
@@ -217,7 +217,7 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progres
             rec = {"step": step + 1, "loss": float(np.mean(losses[-cfg.log_every:])), "heldout_exact": acc,
                    "seconds": round(time.perf_counter() - t0, 1)}
             history.append(rec)
-            log(f"step {rec['step']:5d}  loss {rec['loss']:.4f}  held-out exact (len {cfg.max_len}) "
+            step_log(f"step {rec['step']:5d}  loss {rec['loss']:.4f}  held-out exact (len {cfg.max_len}) "
                 f"{100 * acc:5.1f}%  {rec['seconds']:.0f}s")
     bar.close()
     secs = round(time.perf_counter() - t0, 1)

@@ -73,8 +73,11 @@ def test_cli_progress_bar_and_no_progress(tmp_path, capsys, flag):
                "--heads", "2", "--layers", "1", "--window", "8", "--min-len", "48", "--max-len", "48",
                "--log-every", "3", "--threads", "1", *flag])
     assert rc == 0
-    err = capsys.readouterr().err
+    cap = capsys.readouterr()
+    err = cap.err
     assert ("niah-train orthros" in err and "3/3" in err) == (not flag), err
+    # the closing line: it went through the closed bar's write (a no-op) and was lost with the bar on
+    assert f"saved {out} (" in cap.out + cap.err
     rec = json.loads((out / "niah_train.json").read_text())
     assert rec["history"][-1]["step"] == 3 and (out / "config.json").is_file()
 
@@ -88,6 +91,9 @@ TINY = ["--steps", "2", "--batch-size", "2", "--hidden-size", "32", "--heads", "
     (["--threads", "-1"], "threads (--threads) must be >= 0"),
     (["--digits", "19"], "digits (--digits) must be in 1..18, got 19"),
     (["--seed", "-1"], "seed (--seed) must be >= 0, got -1"),
+    # NaN passed `lr <= 0`: refused by the optimiser after the prompts and the model were built
+    (["--lr", "nan"], "lr (--lr) must be a finite number > 0, got nan"),
+    (["--lr", "inf"], "lr (--lr) must be a finite number > 0, got inf"),
     (["--out", "{tmp}/f"], "--out {tmp}/f: {tmp}/f is a file, not a directory"),
     (["--out", "{tmp}/f/m"], "is a file, not a directory"),
     (["--init", "{tmp}/nowhere"], "--init {tmp}/nowhere: no such file or directory"),
