@@ -18,6 +18,22 @@ import sys
 import torch
 
 
+def check_passage(ckpt_dir: str, passage: int, config=None) -> None:
+    """``ValueError`` unless the probe of ``passage`` tokens fits the checkpoint: ``P P`` within its
+    ``max_position_embeddings`` (``config``: its config, read when not given), and two tokens a copy
+    (the first token of each copy is not scored; one token a copy scores nothing)."""
+    if isinstance(passage, bool) or not isinstance(passage, int) or passage < 2:
+        raise ValueError(f"--passage must be an integer >= 2, got {passage!r}")
+    if config is None:
+        import orthros  # noqa: F401
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(ckpt_dir)
+    if 2 * passage > config.max_position_embeddings:
+        raise ValueError(f"--passage {passage}: P P is {2 * passage} tokens, more than {ckpt_dir} takes "
+                         f"(max_position_embeddings {config.max_position_embeddings})")
+
+
 @torch.no_grad()
 def probe(ckpt_dir: str, passage: int = 96, n: int = 32) -> dict:
     import orthros  # noqa: F401
@@ -26,9 +42,7 @@ def probe(ckpt_dir: str, passage: int = 96, n: int = 32) -> dict:
     from ..data import CORPUS_EVAL
 
     model = AutoModelForCausalLM.from_pretrained(ckpt_dir).eval()
-    if 2 * passage > model.config.max_position_embeddings:
-        raise ValueError(f"--passage {passage}: P P is {2 * passage} tokens, more than {ckpt_dir} takes "
-                         f"(max_position_embeddings {model.config.max_position_embeddings})")
+    check_passage(ckpt_dir, passage, model.config)
     tok = AutoTokenizer.from_pretrained(ckpt_dir)
     docs = [json.loads(l)["text"] for l in open(CORPUS_EVAL, encoding="utf-8")]
     first, second, count = 0.0, 0.0, 0
@@ -63,11 +77,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m orthros.training.compare", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="output_dir of each run")
-    p.add_argument("--passage", type=int, default=96, help="passage length in tokens")
+    p.add_argument("--passage", type=int, default=96, help="passage length in tokens (>= 2)")
     p.add_argument("--n", type=int, default=32, help="passages probed (at most one a held-out scene)")
     a = p.parse_args(argv)
     try:
-        check_positive_int("--passage", a.passage)
         check_positive_int("--n", a.n)
     except ValueError as e:
         p.error(str(e))
@@ -75,6 +88,10 @@ def main(argv=None) -> int:
     for run, ck in ckpts.items():  # every run checked before the first is probed
         if ck is None or not os.path.isfile(os.path.join(run, "metrics.jsonl")):
             p.error(f"{run}: not a training run's output_dir (one with a complete checkpoint and metrics.jsonl)")
+        try:
+            check_passage(str(ck), a.passage)
+        except ValueError as e:
+            p.error(str(e))
     for run, ck in ckpts.items():
         evals = read_metrics(run, "eval")
         train = read_metrics(run, "train")

@@ -11,17 +11,15 @@ pytest.importorskip("datasets", reason="training needs the `datasets` package")
 from orthros.training.compare import main  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """A training output_dir: a tiny random checkpoint (20000 positions) and one metrics row."""
+def make_run(out, positions=20000):
+    """A training output_dir: a tiny random checkpoint and one metrics row."""
     from orthros.data import load_tokenizer
     from orthros.models import OrthrosConfig, OrthrosForCausalLM
 
-    out = tmp_path_factory.mktemp("run")
     ck = out / "checkpoints" / "step_00000001"
     tok = load_tokenizer()
     cfg = OrthrosConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                        num_attention_heads=2, window_size=8, max_position_embeddings=20000)
+                        num_attention_heads=2, window_size=8, max_position_embeddings=positions)
     OrthrosForCausalLM(cfg).save_pretrained(ck)
     tok.save_pretrained(ck)
     (ck / "manifest.json").write_text("{}")
@@ -29,9 +27,15 @@ def run(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return make_run(tmp_path_factory.mktemp("run"))
+
+
 @pytest.mark.parametrize("args, says", [
     (["--n", "0"], "--n must be an integer >= 1, got 0"),
-    (["--passage", "0"], "--passage must be an integer >= 1, got 0"),
+    (["--passage", "0"], "--passage must be an integer >= 2, got 0"),
+    (["--passage", "1"], "--passage must be an integer >= 2, got 1"),  # scored nothing: losses of 0.0
     (["--passage", "10001"], "--passage 10001: P P is 20002 tokens, more than .* takes \\(max_position_embeddings "
                              "20000\\)"),
     (["--passage", "9000"], "--passage 9000: no held-out scene has the 9064 tokens it needs"),
@@ -56,3 +60,12 @@ def test_probes_n_passages(run, capsys):
     assert main([str(run), "--n", "2", "--passage", "16"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert (r["passages"], r["passage_tokens"], r["step"], r["train_loss_last"]) == (2, 16, None, 8.0)
+
+
+def test_a_passage_too_long_for_a_later_run_is_refused_before_any_probe(run, tmp_path, capsys):
+    short = make_run(tmp_path / "short", positions=64)
+    with pytest.raises(SystemExit) as e:
+        main([str(run), str(short), "--n", "1", "--passage", "40"])
+    assert e.value.code == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "--passage 40: P P is 80 tokens, more than" in err, (out, err)
