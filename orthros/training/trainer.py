@@ -475,6 +475,10 @@ class Trainer:
                 step = ckpt.verify(self.resume_dir, hashes=cfg.checkpoint.verify and dist.main)["step"]
             except ckpt.CheckpointError as e:
                 raise ConfigError(f"cannot resume: {e}") from None
+            if cfg.train.max_steps < step:  # nothing to train; run_config.yaml would say max_steps < step
+                raise ConfigError(f"train.max_steps ({cfg.train.max_steps}) is below step {step}, that of the "
+                                  f"checkpoint it resumes from ({self.resume_dir}): set train.max_steps to {step} or "
+                                  f"more, or start a new run in another output_dir")
             later = [p.name for p in ckpt.list_checkpoints(cfg.output_dir)
                      if int(ckpt.CKPT_RE.match(p.name)[1]) > step]
             if later:  # they would be reported and resumed as this run's, and outlive its own when pruned

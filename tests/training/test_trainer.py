@@ -695,3 +695,15 @@ def test_resume_on_other_data_reads_it_from_its_start(tmp_path, corpus, referenc
     assert st["data"] == fresh.state_dict()
     assert f"resuming with data.train = '{other}' (checkpoint: '{corpus}'): the data is read from its start" \
         in capsys.readouterr().err
+
+
+def test_resume_past_max_steps_is_refused(tmp_path, corpus, reference):
+    """A resume from step 8 with train.max_steps 4 trained nothing, said `done: step 8`, and
+    rewrote run_config.yaml with max_steps 4 beside a step-8 checkpoint. Refused before any work."""
+    _, _, summary = reference
+    out = tmp_path / "run"
+    shutil.copytree(Path(summary["checkpoint"]).parents[1], out)
+    before = (out / "run_config.yaml").read_text()
+    with pytest.raises(ConfigError, match=r"train.max_steps \(4\) is below step 8, that of the checkpoint"):
+        train(load_config(None, tiny(out, corpus, "--max_steps", "4")))
+    assert (out / "run_config.yaml").read_text() == before
