@@ -198,6 +198,18 @@ def model_config_for(cfg: RunConfig, tokenizer):
         if getattr(mc, "model_type", None) != "orthros":
             raise ConfigError(f"model.init_from {m.init_from!r} is a {mc.model_type!r} model; convert it to Orthros "
                               f"first (the conversion tool), then continue pre-training with mode cpt")
+        if os.path.isdir(m.init_from):  # its weights are there and complete (headers only): else the load
+            # fails once the run has started (and --dry-run, which reads no weights, passes)
+            from ..models.loading import check_weights
+
+            try:
+                found = check_weights(m.init_from) or [f for f in ("pytorch_model.bin", "pytorch_model.bin.index.json")
+                                                       if os.path.isfile(os.path.join(m.init_from, f))]
+            except ValueError as e:
+                raise ConfigError(f"model.init_from: {e}") from None
+            if not found:
+                raise ConfigError(f"model.init_from: {m.init_from!r} holds no weights (model.safetensors, "
+                                  f"model.safetensors.index.json or pytorch_model.bin)")
         if kind:  # a layout of layers, which a run cannot give a checkpoint's layers: it must have it
             have = list(getattr(mc, "layer_types", None) or [])
             try:

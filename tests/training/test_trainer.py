@@ -707,3 +707,27 @@ def test_resume_past_max_steps_is_refused(tmp_path, corpus, reference):
     with pytest.raises(ConfigError, match=r"train.max_steps \(4\) is below step 8, that of the checkpoint"):
         train(load_config(None, tiny(out, corpus, "--max_steps", "4")))
     assert (out / "run_config.yaml").read_text() == before
+
+
+def test_init_from_without_complete_weights_is_refused_before_any_work(tmp_path, corpus, reference, capsys):
+    """model.init_from a directory with config.json but no weight file failed after the preflight
+    with a bare OSError (exit 1), and --dry-run passed it; a truncated model.safetensors passed the
+    dry-run too. Both refused up front, naming the key (exit 2, nothing written)."""
+    from orthros.cli import main as orthros_main
+
+    _, _, summary = reference
+    ck = tmp_path / "ck"
+    shutil.copytree(summary["checkpoint"], ck)
+    (ck / "model.safetensors").unlink()
+    trunc = tmp_path / "trunc"
+    shutil.copytree(summary["checkpoint"], trunc)
+    with open(trunc / "model.safetensors", "r+b") as f:
+        f.truncate(1000)
+    for src, says in ((ck, "holds no weights"), (trunc, "truncated")):
+        for dry in ([], ["--dry-run"]):
+            capsys.readouterr()
+            rc = orthros_main(["train", *tiny(tmp_path / "out", corpus, "--mode", "cpt", "--model.init_from",
+                                              str(src)), *dry])
+            err = capsys.readouterr().err
+            assert rc == 2 and f"model.init_from: " in err and says in err, err
+    assert not (tmp_path / "out").exists()
