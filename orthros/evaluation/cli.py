@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -250,8 +251,8 @@ def _mqar(a) -> int:
         if getattr(a, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     check_models(models, a.layers, "--models", "--layers")
-    if a.lr <= 0:
-        raise ValueError(f"--lr must be > 0, got {a.lr}")
+    if not (math.isfinite(a.lr) and a.lr > 0):
+        raise ValueError(f"--lr must be a finite number > 0, got {a.lr}")
     if a.seed < 0:
         raise ValueError(f"--seed must be >= 0, got {a.seed}")
     if a.threads is not None and a.threads < 0:

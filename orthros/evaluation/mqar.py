@@ -193,14 +193,19 @@ def model_backend(tr: MQARTrain) -> str:
     return "sdpa" if tr.compile and tr.attn_backend == "auto" else tr.attn_backend
 
 
+def _check_heads(tr: MQARTrain) -> int:
+    """The GDN layers' heads (``linear_heads``, default ``num_heads``), once both divide ``hidden_size``."""
+    lin = tr.linear_heads or tr.num_heads
+    for name, h in (("num_heads", tr.num_heads), ("linear_heads", lin)):
+        if tr.hidden_size % h:
+            raise ValueError(f"hidden_size ({tr.hidden_size}) must be a multiple of {name} ({h})")
+    return lin
+
+
 def build_model(mode: str, task: MQARTask, tr: MQARTrain, seed: int):
     from ..models import OrthrosConfig, OrthrosForCausalLM
 
-    if tr.hidden_size % tr.num_heads:
-        raise ValueError(f"hidden_size ({tr.hidden_size}) must be a multiple of num_heads ({tr.num_heads})")
-    lin = tr.linear_heads or tr.num_heads
-    if tr.hidden_size % lin:
-        raise ValueError(f"hidden_size ({tr.hidden_size}) must be a multiple of linear_heads ({lin})")
+    lin = _check_heads(tr)
     cfg = OrthrosConfig(
         vocab_size=task.vocab_size, hidden_size=tr.hidden_size, intermediate_size=2 * tr.hidden_size,
         num_hidden_layers=tr.num_layers, num_attention_heads=tr.num_heads, num_key_value_heads=tr.num_heads,
@@ -406,6 +411,31 @@ def check_models(models, num_layers: int, arg: str = "models", layers_arg: str =
     return tuple(models)
 
 
+def check_run(task: MQARTask, tr: MQARTrain, jobs: int = 1) -> list:
+    """Everything :func:`run_mqar` refuses, checked before it generates data or builds a model (and by
+    ``mqar_sweep`` for every setting before the first runs): the task, the models, the sizes, the
+    learning rate, seed, threads, compile and ``jobs``. Returns the model names."""
+    task.validate()
+    names = list(check_models(tr.models, tr.num_layers))
+    for name in ("hidden_size", "num_layers", "num_heads", "window_size", "steps", "batch_size", "eval_examples"):
+        v = getattr(tr, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"MQAR {name} must be an integer >= 1, got {v!r}")
+    _check_heads(tr)
+    if not (isinstance(tr.lr, (int, float)) and math.isfinite(tr.lr) and tr.lr > 0):
+        raise ValueError(f"MQAR lr must be a finite number > 0, got {tr.lr!r}")
+    if isinstance(tr.seed, bool) or not isinstance(tr.seed, int) or tr.seed < 0:
+        raise ValueError(f"MQAR seed must be an integer >= 0, got {tr.seed!r}")
+    if tr.threads is not None and tr.threads < 0:
+        raise ValueError(f"MQAR threads must be >= 0 (0 or None: torch's own choice), got {tr.threads!r}")
+    if not isinstance(tr.compile, bool):
+        raise ValueError(f"MQAR compile must be a bool (True: train through torch.compile, False: eager), "
+                         f"got {tr.compile!r}")
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"MQAR jobs must be an int >= 1 (models trained at once, one process each), got {jobs!r}")
+    return names
+
+
 def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print, jobs: int = 1) -> dict:
     """Train each model on the same stream of batches (same seeds, steps, lr, size) and evaluate
     on the same held-out sequences. Returns a JSON-able dict.
@@ -415,15 +445,7 @@ def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print, jo
     launch-bound, the device interleaves them and the wall time is about that of the slowest
     model. Results (and the table) keep the order of ``tr.models``; no progress bars then, a
     line per model as it finishes."""
-    task.validate()
-    names = list(check_models(tr.models, tr.num_layers))
-    if tr.window_size < 1:
-        raise ValueError(f"window_size must be >= 1, got {tr.window_size}")
-    if not isinstance(tr.compile, bool):
-        raise ValueError(f"MQAR compile must be a bool (True: train through torch.compile, False: eager), "
-                         f"got {tr.compile!r}")
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"MQAR jobs must be an int >= 1 (models trained at once, one process each), got {jobs!r}")
+    names = check_run(task, tr, jobs)
     if jobs > 1 and len(names) > 1:
         import concurrent.futures as cf
         import multiprocessing as mp

@@ -13,7 +13,7 @@ import json
 import sys
 import time
 
-from .mqar import MQARTask, MQARTrain, format_table, run_mqar
+from .mqar import MQARTask, MQARTrain, check_run, format_table, run_mqar
 
 KEYS = ("V", "T", "N", "power", "mingap", "fill", "repeat", "d", "L", "H", "w", "steps", "B", "lr", "neval", "seed",
         "device", "backend", "threads", "compile")
@@ -33,9 +33,20 @@ def parse_setting(grp: list) -> tuple:
     return name, kv
 
 
-def run_one(name: str, kv: dict) -> dict:
+def build_setting(name: str, kv: dict) -> tuple:
+    """``(MQARTask, MQARTrain)`` of a parsed setting, checked as :func:`run_mqar` checks it (and the
+    device): a ``ValueError`` naming the setting, so that :func:`main` refuses a bad setting before the
+    first one runs."""
+    from ..utils import check_device
+
     def g(k, d, f=int):
-        return f(kv.get(k, d))
+        if k not in kv:
+            return d
+        try:
+            return f(kv[k])
+        except ValueError:
+            raise ValueError(f"setting {name}: {k}={kv[k]} is not {'an integer' if f is int else 'a number'}") \
+                from None
 
     task = MQARTask(vocab_size=g("V", 64), seq_len=g("T", 64), num_pairs=g("N", 4), power=g("power", 1.0, float),
                     min_gap=g("mingap", 1), fill=kv.get("fill", "pad"),
@@ -44,6 +55,16 @@ def run_one(name: str, kv: dict) -> dict:
                    steps=g("steps", 800), batch_size=g("B", 32), lr=g("lr", 3e-3, float), eval_examples=g("neval", 1000),
                    seed=g("seed", 0), device=kv.get("device", "cpu"), attn_backend=kv.get("backend", "auto"),
                    threads=g("threads", 0) or None, compile=bool(g("compile", 0)))
+    try:
+        check_device(tr.device, "device")
+        check_run(task, tr)
+    except ValueError as e:
+        raise ValueError(f"setting {name}: {e}") from None
+    return task, tr
+
+
+def run_one(name: str, kv: dict) -> dict:
+    task, tr = build_setting(name, kv)
     t0 = time.perf_counter()
     out = run_mqar(task, tr, progress=False, log=None)
     out["name"] = name
@@ -67,6 +88,8 @@ def main(argv=None) -> int:
             cur.append(a)
     try:
         settings = [parse_setting(grp) for grp in groups]  # every setting checked before the first runs
+        for name, kv in settings:
+            build_setting(name, kv)
     except ValueError as e:
         print(f"mqar_sweep: error: {e}", file=sys.stderr)
         return 2

@@ -257,6 +257,8 @@ def test_accuracy_by_gap_buckets_add_up_and_plot(tmp_path):
     # were accepted: no model printed an empty table (exit 0); one model twice trained twice
     (["--models", ","], "--models must name at least one model; choose from orthros, transformer"),
     (["--models", "transformer,swa,full"], "--models names Transformer twice (transformer, full)"),
+    # NaN passed `lr <= 0`; the optimiser refused it only after the training data was generated
+    (["--lr", "nan"], "--lr must be a finite number > 0, got nan"),
 ])
 def test_cli_mqar_bad_input_refused_before_training(tmp_path, capsys, monkeypatch, args, msg):
     """Issue: a hybrid with --layers < 4 failed after the models before it had trained; --seed -5 and
@@ -317,6 +319,16 @@ def test_a_split_without_queries_is_none_not_nan(tmp_path):
     (["a", "steps=1", "--", "b", "step=1"], "setting b: 'step=1' is not key=value with a key of V T N"),
     (["a", "steps"], "setting a: 'steps' is not key=value"),
     (["--steps", "steps=1"], "setting names must not start with '-', got '--steps'"),
+    # values were read only when their setting's turn came, after the settings before it had trained:
+    # int('abc') or run_mqar's own error, each as a traceback
+    (["a", "steps=1", "--", "b", "V=abc"], "setting b: V=abc is not an integer"),
+    (["a", "steps=1", "--", "b", "lr=x"], "setting b: lr=x is not a number"),
+    (["a", "steps=1", "--", "b", "V=3"], "setting b: MQAR vocab_size must be >= 5"),
+    (["a", "steps=1", "--", "b", "d=63"], "setting b: hidden_size (63) must be a multiple of num_heads (2)"),
+    (["a", "steps=1", "--", "b", "lr=nan"], "setting b: MQAR lr must be a finite number > 0, got nan"),
+    (["a", "steps=1", "--", "b", "steps=0"], "setting b: MQAR steps must be an integer >= 1, got 0"),
+    (["a", "steps=1", "--", "b", "threads=-1"], "setting b: MQAR threads must be >= 0"),
+    (["a", "steps=1", "--", "b", "device=tpu"], "setting b: device must be cpu, cuda or cuda:N, got 'tpu'"),
 ])
 def test_mqar_sweep_refuses_unknown_keys_before_any_run(args, says, capsys, monkeypatch):
     """Issue: a key not in the list (`step=1` for `steps=1`) was ignored, so the setting ran 800 steps;
