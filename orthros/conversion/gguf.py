@@ -6,8 +6,9 @@ one ``.gguf``) goes through three steps:
 
 1. :func:`inspect_gguf` reads and checks the file *before anything is written*: magic and
    header, every key-value field, every tensor's extent inside the file (a truncated or
-   corrupted file is refused naming the file), and the architecture (``llama``, ``qwen2``,
-   ``qwen3``, ``mistral``).
+   corrupted file is refused naming the file), the architecture (``llama``, which includes
+   llama.cpp's Mistral files, ``qwen2``, ``qwen3``), that the gguf package de-quantises every
+   tensor type, and that the file asks for no RoPE scaling (which transformers' loader drops).
 2. :func:`gguf_to_hf_directory` loads it with transformers' own GGUF loader
    (``from_pretrained(dir, gguf_file=...)``, which de-quantises every tensor to fp32 and
    rebuilds the tokenizer, chat template included) and writes a plain HF checkpoint
@@ -31,8 +32,8 @@ from pathlib import Path
 GGUF_SUFFIX = ".gguf"
 GGUF_MAGIC = b"GGUF"
 # GGUF general.architecture -> the transformers class the conversion maps
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                      "mistral": "MistralForCausalLM"}
+# (llama.cpp writes Mistral models as `llama`; gguf-py has no `mistral` tensor map to load one by)
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
 class GGUFError(ValueError):
@@ -104,6 +105,38 @@ def _field_value(reader, key):
     return v
 
 
+def _dequantizable(gguf, qtype) -> bool:
+    """Whether the gguf package de-quantises tensors of GGML type ``qtype`` (tried on one zero block)."""
+    import numpy as np
+
+    try:
+        gguf.quants.dequantize(np.zeros((1, gguf.GGML_QUANT_SIZES[qtype][1]), dtype=np.uint8), qtype)
+    except (NotImplementedError, KeyError):
+        return False
+    return True
+
+
+def _check_rope_scaling(reader, arch: str, gguf_file) -> None:
+    """Refuse RoPE scaling, which transformers' GGUF loader drops (it reads only rope.freq_base): the
+    model it builds would have plain RoPE, other logits than the GGUF's. llama.cpp stores Llama 3's
+    scaling as per-dimension divisors (a ``rope_freqs.weight`` tensor), linear / YaRN scaling as
+    ``<arch>.rope.scaling.*`` fields (a factor without a type is linear, as llama.cpp reads it)."""
+    import numpy as np
+
+    what = None
+    kind = _field_value(reader, f"{arch}.rope.scaling.type")
+    factor = _field_value(reader, f"{arch}.rope.scaling.factor")
+    if kind != "none" and isinstance(factor, (int, float)) and factor not in (0, 1):
+        what = f"{arch}.rope.scaling.type {kind or 'absent (linear)'}, factor {factor}"
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if freqs is not None and not np.all(np.asarray(freqs.data) == 1):
+        what = "a rope_freqs.weight tensor"
+    if what is not None:
+        raise GGUFError(f"{gguf_file}: RoPE scaling ({what}) that transformers' GGUF loader ignores: the "
+                        f"converted model would use plain RoPE and compute other logits than the GGUF's; "
+                        f"convert the model's HF checkpoint (safetensors) instead")
+
+
 def inspect_gguf(path) -> GGUFInfo:
     """Read and check a GGUF file without loading its tensors; a :class:`GGUFError` naming the
     file when it is not a complete, readable GGUF of a supported architecture."""
@@ -158,12 +191,20 @@ def inspect_gguf(path) -> GGUFInfo:
         if stored and len(stored) != max(stored) - min(stored) + 1:
             held = f"of layers {sorted(stored)}"
         raise GGUFError(f"{gguf_file}: corrupted GGUF file: {arch}.block_count is {blocks}, its tensors are {held}")
+    _check_rope_scaling(reader, arch, gguf_file)
     types: dict = {}
     n_params = 0
     for t in reader.tensors:
         name = getattr(t.tensor_type, "name", str(t.tensor_type))
         types[name] = types.get(name, 0) + 1
         n_params += int(t.n_elements)
+    # a type the gguf package cannot de-quantise failed only after the tokenizer and the tensors before it
+    unreadable = {t.tensor_type for t in reader.tensors if not _dequantizable(gguf, t.tensor_type)}
+    if unreadable:
+        names = sorted(getattr(q, "name", str(q)) for q in unreadable)
+        first = next(t.name for t in reader.tensors if t.tensor_type in unreadable)
+        raise GGUFError(f"{gguf_file}: tensors of type {', '.join(names)} ({sum(types[n] for n in names)}, e.g. "
+                        f"{first}) that the installed gguf package cannot de-quantise")
     name = _field_value(reader, "general.name")
     ft = _field_value(reader, "general.file_type")
     return GGUFInfo(path=gguf_file, architecture=GGUF_ARCHITECTURES[arch], gguf_architecture=arch,

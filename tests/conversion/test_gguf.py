@@ -9,6 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -219,14 +220,16 @@ def test_gguf_window_beyond_its_context_refused_before_dequantising(gguf_source,
     assert inspect_gguf(path).context_length == limit
 
 
-def _rewritten(src: Path, out: Path, *, fields: dict | None = None, drop_fields=(), drop_tensors=()) -> Path:
+def _rewritten(src: Path, out: Path, *, fields: dict | None = None, drop_fields=(), drop_tensors=(),
+               tensors: dict | None = None, arch: str | None = None) -> Path:
     """A copy of the GGUF ``src`` with some key-value fields set (key -> (GGUFValueType, value)) or
-    dropped, and some tensors left out."""
+    dropped, some tensors left out, some added or replaced (name -> (array, raw_dtype or None)),
+    and ``general.architecture`` set to ``arch``."""
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
-    fields = dict(fields or {})
+    fields, tensors = dict(fields or {}), dict(tensors or {})
     r = GGUFReader(str(src))
-    w = GGUFWriter(str(out), r.fields["general.architecture"].contents())
+    w = GGUFWriter(str(out), arch or r.fields["general.architecture"].contents())
     for key, f in r.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture" or key in drop_fields or key in fields:
             continue
@@ -235,9 +238,11 @@ def _rewritten(src: Path, out: Path, *, fields: dict | None = None, drop_fields=
     for key, (vtype, value) in fields.items():
         w.add_key_value(key, value, vtype)
     for t in r.tensors:
-        if t.name not in drop_tensors:
+        if t.name not in drop_tensors and t.name not in tensors:
             w.add_tensor(t.name, t.data, raw_shape=list(reversed([int(s) for s in t.shape])),
                          raw_dtype=t.tensor_type)
+    for name, (data, raw_dtype) in tensors.items():
+        w.add_tensor(name, data, raw_dtype=raw_dtype, raw_shape=data.shape if raw_dtype is not None else None)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -259,13 +264,29 @@ def _u32(v):
           drop_tensors=[f"blk.1.{t}.weight" for t in ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v",
                                                        "attn_output", "ffn_gate", "ffn_up", "ffn_down")]),
      "part 1 of 2 of a split GGUF file: merge the parts first"),
-], ids=["more-blocks", "fewer-blocks", "context-str", "context-0", "kv-heads-0", "split-part"])
+    (dict(tensors={"rope_freqs.weight": (np.linspace(1, 8, 8, dtype=np.float32), None)}),
+     "RoPE scaling (a rope_freqs.weight tensor) that transformers' GGUF loader ignores"),
+    (dict(fields={"llama.rope.scaling.type": (gguf.GGUFValueType.STRING, "linear"),
+                  "llama.rope.scaling.factor": (gguf.GGUFValueType.FLOAT32, 4.0)}),
+     "RoPE scaling (llama.rope.scaling.type linear, factor 4.0) that transformers' GGUF loader ignores"),
+    (dict(fields={"llama.rope.scaling.factor": (gguf.GGUFValueType.FLOAT32, 2.0)}), "factor 2.0"),
+    (dict(tensors={"blk.1.ffn_norm.weight": (np.ones(64), None)}),
+     "tensors of type F64 (1, e.g. blk.1.ffn_norm.weight) that the installed gguf package cannot de-quantise"),
+    (dict(tensors={"blk.0.ffn_gate.weight": (np.zeros((96, 292), dtype=np.uint8), gguf.GGMLQuantizationType.Q8_K)}),
+     "tensors of type Q8_K (1, e.g. blk.0.ffn_gate.weight)"),
+    (dict(arch="mistral"), "cannot convert GGUF architecture 'mistral'"),
+], ids=["more-blocks", "fewer-blocks", "context-str", "context-0", "kv-heads-0", "split-part", "rope-freqs",
+        "rope-linear", "rope-factor", "f64-tensor", "q8k-tensor", "mistral-arch"])
 def test_gguf_metadata_that_does_not_fit_refused_before_dequantising(gguf_source, tmp_path, capsys, monkeypatch,
                                                                        change, words):
     """A block_count above the layers the tensors hold made transformers initialise the missing
     layers at random (exit 0, a random model); one below dropped the extra layers silently; a
     context_length of text was a StrictDataclass traceback, one of 0 an error asking for a window
-    <= 0; the first part of a split GGUF (llama.cpp's gguf-split) was "corrupted". Now: refused
+    <= 0; the first part of a split GGUF (llama.cpp's gguf-split) was "corrupted". RoPE scaling
+    (Llama 3's rope_freqs tensor, rope.scaling.* fields) was dropped by transformers' loader without
+    a word: exit 0 and a model of other logits than the GGUF's. A tensor type the gguf package cannot
+    de-quantise (F64, Q8_K) and the architecture 'mistral' (no tensor map in gguf-py) passed
+    --dry-run and failed only after the tokenizer was built and tensors de-quantised. Now: refused
     with the file's field named, before de-quantising, in --dry-run too."""
     from orthros.conversion import gguf as gguf_mod
 
