@@ -223,10 +223,13 @@ def _type_of(key: str):
     return hints_top[key]
 
 
-def _coerce(key: str, value: Any):
+def _allowed_types(key: str) -> tuple:
     tp = _type_of(key)
-    origin = typing.get_origin(tp)
-    allowed = typing.get_args(tp) if origin is Union else (tp,)
+    return typing.get_args(tp) if typing.get_origin(tp) is Union else (tp,)
+
+
+def _coerce(key: str, value: Any):
+    allowed = _allowed_types(key)
     if value is None:
         if type(None) in allowed:
             return None
@@ -287,6 +290,11 @@ def _flatten(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
 
 def parse_overrides(argv: list[str]) -> list[tuple[str, Any]]:
     """``--a.b 1 --flag --c x`` -> [("a.b", 1), ("flag", True), ("c", "x")]; ``--resume [PATH]`` too."""
+    return [(key, True if raw is None else _override_value(raw)) for key, raw in _override_texts(argv)]
+
+
+def _override_texts(argv: list[str]) -> list[tuple[str, Optional[str]]]:
+    """``--a.b 1 --flag`` -> [("a.b", "1"), ("flag", None)]: each key with its value as typed."""
     out, i = [], 0
     while i < len(argv):
         tok = argv[i]
@@ -300,11 +308,11 @@ def parse_overrides(argv: list[str]) -> list[tuple[str, Any]]:
             raw = argv[i + 1]
             i += 2
         else:
-            raw = "true"
+            raw = None  # a bare --flag: true
             i += 1
         if key == "resume":
             key = "checkpoint.resume"
-        out.append((key, _override_value(raw)))
+        out.append((key, raw))
     return out
 
 
@@ -341,8 +349,15 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
                     raise ConfigError(f"config section '{key}' must be a mapping")
                 raise _unknown(key)
             _set(cfg, key, value)
-    for key, value in parse_overrides(list(overrides or [])):
-        _set(cfg, resolve_key(key), value)
+    for key, raw in _override_texts(list(overrides or [])):
+        key = resolve_key(key)
+        value = True if raw is None else _override_value(raw)
+        try:
+            _set(cfg, key, value)
+        except ConfigError:  # '001', 'yes' for a key of text: YAML's number / boolean, the text as typed
+            if raw is None or not isinstance(value, (bool, int, float)) or str not in _allowed_types(key):
+                raise
+            _set(cfg, key, raw)
     for key in PATH_KEYS:  # '~/runs' in a YAML file (a shell expands it on the command line only)
         value = _get(cfg, key)
         if isinstance(value, str) and value.startswith("~"):

@@ -178,3 +178,20 @@ def test_paths_from_a_yaml_file_expand_the_home_dir(tmp_path, monkeypatch):
     assert cfg.data.tokenizer == str(tmp_path / "tok")
     assert cfg.checkpoint.resume == str(tmp_path / "runs/a/checkpoints/step_00000004")
     assert load_config(None, ["--resume"]).checkpoint.resume is True
+
+
+def test_override_text_that_yaml_reads_as_a_number_is_text_for_a_text_key():
+    """`--output_dir 001` was refused as "expects str, got 1" (and `--output_dir yes` as True): YAML
+    reads those as numbers / booleans, and the shell leaves no way to quote them. A key that takes
+    text keeps the text as typed; a bare flag, a null and the other keys are read as before."""
+    cfg = load_config(None, ["--output_dir", "001", "--data.text_field", "0", "--data.tokenizer", "yes"])
+    assert (cfg.output_dir, cfg.data.text_field, cfg.data.tokenizer) == ("001", "0", "yes")
+    assert load_config(None, ["--data.eval", "1.50"]).data.eval == "1.50"
+    assert load_config(None, ["--resume", "7"]).checkpoint.resume == "7"  # a checkpoint folder named 7
+    assert load_config(None, ["--resume"]).checkpoint.resume is True
+    with pytest.raises(ConfigError, match="'output_dir' expects str, got True"):
+        load_config(None, ["--output_dir"])
+    with pytest.raises(ConfigError, match="'output_dir' may not be null"):
+        load_config(None, ["--output_dir", "null"])
+    with pytest.raises(ConfigError, match="'data.seq_len' expects int"):
+        load_config(None, ["--seq_len", "yes"])
