@@ -29,6 +29,8 @@ def task_manager(include_path: Optional[Sequence[str]] = None):
     for p in paths:
         if not Path(p).exists():
             raise ValueError(f"--include_path {p}: no such directory")
+        if not Path(p).is_dir():  # lm-eval scans it for YAMLs: a file would hold none
+            raise ValueError(f"--include_path {p}: not a directory (give the folder that holds the task YAMLs)")
     return TaskManager(include_path=paths)
 
 

@@ -67,6 +67,11 @@ def test_unknown_task_and_bad_model_are_clear_errors(tiny, tmp_path):
         run_lm_eval(tmp_path, ["orthros_tiny_cloze"])
     with pytest.raises(ValueError, match="include_path"):
         run_lm_eval(tiny, ["orthros_tiny_cloze"], include_path=[str(tmp_path / "nope")])
+    # a task's YAML file given for the folder was taken and scanned as a folder (no task in it): its
+    # task was then "unknown", the path passed without a word
+    (tmp_path / "my_task.yaml").write_text("task: my_task\n")
+    with pytest.raises(ValueError, match="--include_path .*my_task.yaml: not a directory"):
+        run_lm_eval(tiny, ["my_task"], include_path=[str(tmp_path / "my_task.yaml")])
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
