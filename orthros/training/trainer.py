@@ -408,15 +408,16 @@ def check_resume_config(cfg: RunConfig, mc, resume_dir: Path) -> dict:
     diff = {k: (old.get(k, missing), new.get(k, missing)) for k in sorted(set(old) | set(new))
             if k not in RUNTIME_CONFIG_KEYS and old.get(k, missing) != new.get(k, missing)}
     refused = {k: v for k, v in diff.items() if k not in allowed}
+    reshaped = _shape_changes(type(mc).from_dict(old), mc) if diff else []
     if refused:
         what = "; ".join(f"{k}: checkpoint {a!r}, now {b!r}" for k, (a, b) in refused.items())
-        raise ConfigError(
-            f"cannot resume from {resume_dir}: the model config differs from the checkpoint's in "
-            f"{', '.join(refused)} ({what}). Restore those settings, or, if the change is intended, allow it "
-            f"with --checkpoint.allow_changes {','.join(refused)} (keys that change weight shapes cannot change "
-            f"on resume)")
+        how = (f"Restore those settings: the new config changes the weights' shapes ({'; '.join(reshaped[:3])}), which a "
+               f"resume cannot (for a model of the new shape, start a new run in another output_dir)" if reshaped else
+               f"Restore those settings, or, if the change is intended, allow it with --checkpoint.allow_changes "
+               f"{','.join(refused)}")
+        raise ConfigError(f"cannot resume from {resume_dir}: the model config differs from the checkpoint's in "
+                          f"{', '.join(refused)} ({what}). {how}")
     if diff:  # allowed: refused still if they change a weight's shape (the load would fail after the model is built)
-        reshaped = _shape_changes(type(mc).from_dict(old), mc)
         if reshaped:
             raise ConfigError(
                 f"cannot resume from {resume_dir}: checkpoint.allow_changes lists {', '.join(diff)}, whose new values "

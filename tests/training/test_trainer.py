@@ -731,3 +731,16 @@ def test_init_from_without_complete_weights_is_refused_before_any_work(tmp_path,
             err = capsys.readouterr().err
             assert rc == 2 and f"model.init_from: " in err and says in err, err
     assert not (tmp_path / "out").exists()
+
+
+def test_resume_with_a_changed_shape_does_not_suggest_allow_changes(tmp_path, corpus, reference):
+    """A resume whose model config changes the weights' shapes was told to pass --checkpoint.allow_changes
+    with those keys, which is then refused in turn: it is told the change cannot be made on resume."""
+    _, _, summary = reference
+    out = tmp_path / "run"
+    shutil.copytree(Path(summary["checkpoint"]).parents[1], out)
+    with pytest.raises(ConfigError) as e:
+        train(load_config(None, tiny(out, corpus, "--max_steps", "9", "--model.hidden_size", "48")))
+    msg = str(e.value)
+    assert "hidden_size: checkpoint 32, now 48" in msg and "--checkpoint.allow_changes" not in msg, msg
+    assert "changes the weights' shapes (" in msg and "another output_dir" in msg, msg
