@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kinds import ATTENTION_MODES, resolve_mode
 from .common import FusedProjections, RMSNorm, apply_rope, linear
 from .step import StepInputs
 
@@ -78,8 +79,15 @@ class OrthrosAttention(FusedProjections, nn.Module):
 
     def __init__(self, config, layer_idx: int):
         super().__init__()
+        n = config.num_hidden_layers
+        if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or not 0 <= layer_idx < n:
+            # it decides the parameters (the last layer has no alpha/beta) and keys the cache
+            raise ValueError(f"layer_idx must be an integer in [0, {n}) (config.num_hidden_layers = {n}), "
+                             f"got {layer_idx!r}")
         self.layer_idx = layer_idx
-        self.mode = config.attention_mode
+        # an alias set on the config after OrthrosConfig.__init__ (which resolves them) would
+        # otherwise fall through streams() as a window layer
+        self.mode = resolve_mode(config.attention_mode, "config.attention_mode")
         self.window_size = config.window_size
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
@@ -136,7 +144,9 @@ class OrthrosAttention(FusedProjections, nn.Module):
             return Streams(window=not final, full="tokens", scale_offset=so)
         if mode == "full":
             return Streams(window=False, full="out_rows" if final else "rows")
-        return Streams(window=True, full=None, gather=final)  # window
+        if mode != "window":
+            raise ValueError(f"StepInputs.mode must be None or one of {ATTENTION_MODES}, got {mode!r}")
+        return Streams(window=True, full=None, gather=final)
 
     # ------------------------------------------------------------ token-wise pieces
     def stream_queries(self, x: torch.Tensor, n_base: int, rope, rope_out, scale_offset: bool = True,
@@ -147,6 +157,9 @@ class OrthrosAttention(FusedProjections, nn.Module):
         ``rope_out``, ``[B, T - n_base or 1, R]``). ``scale_offset=False`` (or a layer without
         the parameters): the plain projection, as in a Transformer. ``with_gate``: also the
         rows' output gates (pre-sigmoid, ``None`` without ``attn_output_gate``): ``(q, gate)``."""
+        if scale_offset and n_base and self.has_scale_offset and "alpha" not in self._parameters:
+            raise ValueError(f"layer {self.layer_idx} is the model's last layer: it has no base stream (no alpha, "
+                             f"beta); ask for its output-stream queries or scale_offset=False")
         return self._queries_of(self.q_proj(x), n_base, rope, rope_out, scale_offset, with_gate)
 
     def _queries_of(self, q: torch.Tensor, n_base: int, rope, rope_out, scale_offset: bool, with_gate: bool,

@@ -58,12 +58,14 @@ class StepInputs:
     ``h`` holds ``n_base`` base tokens, followed (``output_tokens``: the model has an output
     stream, paper Algorithm 2) by one output token per output position. ``out_rel [1 or B,
     T_out]`` are the output positions within this step's base rows; ``output_positions`` the
-    same as absolute key positions (a cache included). ``mode`` overrides the attention mode of
-    every attention layer (the engine runs the same weights as a Transformer); ``None`` keeps
-    each layer's configured kind. ``run(fn, *args)`` runs the token-wise pieces of the step
-    (the engine passes a ``torch.compile`` dispatcher). ``gemv`` (the engine's decode under
-    ``Engine(gemv=True)``): the projections run as :func:`orthros.layers.common.linear` GEMVs
-    with their norms, activation and residual adds fused in; ``None``: op by op."""
+    same as absolute key positions (a cache included; ``None``: :class:`DenseKV` derives them,
+    the base rows being the last ``n_base`` keys). ``mode`` (one of ``ATTENTION_MODES``, no
+    alias) overrides the attention mode of every attention layer (the engine runs the same
+    weights as a Transformer); ``None`` keeps each layer's configured kind. ``run(fn, *args)``
+    runs the token-wise pieces of the step (the engine passes a ``torch.compile`` dispatcher).
+    ``gemv`` (the engine's decode under ``Engine(gemv=True)``): the projections run as
+    :func:`orthros.layers.common.linear` GEMVs with their norms, activation and residual adds
+    fused in; ``None``: op by op."""
 
     n_base: int
     rope_base: tuple  # (cos, sin) [B or 1, n_base, R]
@@ -151,7 +153,10 @@ class DenseKV:
             T_k = k.shape[1]
             pos = torch.arange(T_k - step.n_base, T_k, device=k.device).view(1, -1)
         else:
-            pos = step.output_positions if q_full is not None else step.output_positions[:, :0]
+            pos = step.output_positions
+            if pos is None:  # a step built by hand: the base rows are the last n_base keys
+                pos = step.out_rel + (k.shape[1] - step.n_base)
+            pos = pos if q_full is not None else pos[:, :0]
         # inputs were validated once per forward by the model: the op's per-call checks (host
         # syncs) are skipped here
         o, o_full = run_attention(empty if q is None else q, k, v, empty if q_full is None else q_full,

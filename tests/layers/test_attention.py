@@ -129,3 +129,76 @@ def test_gradients_with_qk_norm_biases_and_output_gate(mode, final):
     # q/k norms compute in float32 (Llama's order), so only the gate and biases run at float64 here
     _run(mode, W + 2, [1, W + 1], final, grads=True, attention_bias=True, o_proj_bias=True, attn_output_gate=True)
     _run(mode, W + 2, [1, W + 1], final, qk_norm=True)
+
+
+def _bare_step(cfg, tokens, T, out, **kw):
+    """A step of ``T`` base rows (positions 0..T-1) with outputs at ``out``, built by hand."""
+    rope = RotaryEmbedding(cfg)(torch.arange(T).view(1, T))
+    return StepInputs(n_base=T, rope_base=rope, rope_out=tuple(t[:, out] for t in rope), out_rel=torch.tensor([out]),
+                      output_tokens=tokens, **kw)
+
+
+@pytest.mark.parametrize("mode", ["orthros", "full", "window"])
+def test_dense_kv_derives_output_positions_when_the_step_has_none(mode):
+    """``StepInputs.output_positions`` is optional: the HF path's cache derives them from
+    ``out_rel`` and its key length (was a TypeError / AttributeError on None inside DenseKV)."""
+    from orthros.models import OrthrosCache
+
+    cfg = tiny_config(attention_mode=mode)
+    attn = OrthrosAttention(cfg, 0).eval()
+    tok = mode == "orthros"
+    x = torch.randn(2, 7, cfg.hidden_size)
+    with torch.no_grad():
+        for past in (0, 3):  # without a cache, and after 3 cached tokens
+            want, got = [], []
+            for positions, res in ((torch.tensor([[past + 1, past + 3]]), want), (None, got)):
+                cache = DenseKV(OrthrosCache())
+                if past:
+                    attn(x[:, :past], _bare_step(cfg, False, past, [past - 1], cache=cache, mode="full",
+                                                 output_positions=torch.tensor([[past - 1]])))
+                step = _bare_step(cfg, tok, 4, [1, 3], cache=cache, output_positions=positions)
+                res.append(attn(torch.cat([x[:, past:past + 4], x[:, past:past + 4][:, [1, 3]]], 1) if tok
+                                else x[:, past:past + 4], step))
+            assert rel(got[0], want[0]) == 0.0
+
+
+@pytest.mark.parametrize("mode,arg", [("transformer", None), ("swa", None), ("Full", "config.attention_mode"),
+                                      ("causal", "config.attention_mode")])
+def test_attention_mode_is_resolved_at_construction(mode, arg):
+    """A config's attention mode set after ``OrthrosConfig.__init__`` (which resolves aliases) is
+    resolved by the layer: an alias runs its mode, an unknown name is refused naming the field
+    (both ran a sliding-window layer without a word)."""
+    cfg = tiny_config()
+    cfg.attention_mode = mode
+    if arg is None:
+        assert OrthrosAttention(cfg, 0).mode == {"transformer": "full", "swa": "window"}[mode]
+    else:
+        with pytest.raises(ValueError, match=f"{arg} must be one of .*got '{mode}'"):
+            OrthrosAttention(cfg, 0)
+
+
+def test_an_unknown_step_mode_is_refused():
+    cfg = tiny_config()
+    attn = OrthrosAttention(cfg, 0)
+    with pytest.raises(ValueError, match="StepInputs.mode must be None or one of .*got 'transformer'"):
+        attn(torch.randn(1, 4, cfg.hidden_size), _bare_step(cfg, False, 4, [3], cache=DenseKV(), mode="transformer"))
+
+
+@pytest.mark.parametrize("idx", [-1, 3, 1.0, True, None])
+def test_layer_idx_out_of_range_is_refused_at_construction(idx):
+    """``layer_idx`` decides which scale-offset parameters the layer has (the last one has no
+    alpha/beta) and keys the cache: outside [0, num_hidden_layers) it was taken as it was."""
+    with pytest.raises(ValueError, match=r"layer_idx must be an integer in \[0, 3\)"):
+        OrthrosAttention(tiny_config(), idx)
+
+
+def test_base_queries_of_the_last_layer_are_refused_by_name():
+    """The last layer has no base stream (no alpha, beta): asking for its base queries was an
+    AttributeError 'alpha' deep in the scale-offset."""
+    cfg = tiny_config()
+    last = OrthrosAttention(cfg, cfg.num_hidden_layers - 1)
+    rope = RotaryEmbedding(cfg)(torch.arange(3).view(1, 3))
+    x = torch.randn(1, 3, cfg.hidden_size)
+    with pytest.raises(ValueError, match="last layer.*no base stream"):
+        last.queries(x, rope, "base")
+    assert last.queries(x, rope, "out").shape == last.queries(x, rope, None).shape == (1, 3, 4, 12)
