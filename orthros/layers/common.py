@@ -232,6 +232,9 @@ class SwiGLUMLP(FusedProjections, nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int, hidden_act: str = "silu", bias: bool = False):
         super().__init__()
+        if not isinstance(hidden_act, str) or hidden_act not in ACT2FN:
+            raise ValueError(f"hidden_act must be an activation of transformers' ACT2FN (e.g. 'silu', 'gelu'), "
+                             f"got {hidden_act!r}")
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)

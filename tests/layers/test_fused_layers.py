@@ -156,3 +156,10 @@ def test_a_parameter_replaced_by_hand_is_found_at_the_next_forward():
         mlp.unfuse_projections()
         want = mlp(x)
     assert rel(got, want) < 1e-6
+
+
+@pytest.mark.parametrize("act", ["bogus", None, 3])
+def test_mlp_refuses_an_unknown_activation_by_name(act):
+    """``SwiGLUMLP(hidden_act=...)`` was a bare KeyError 'bogus' from transformers' ACT2FN."""
+    with pytest.raises(ValueError, match=f"hidden_act must be an activation of transformers' ACT2FN.*got {act!r}"):
+        SwiGLUMLP(8, 16, hidden_act=act)
