@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..kinds import mode_option
-from ..utils import DTYPE_CHOICES, parse_dtype
+from ..utils import DTYPE_CHOICES
 
 CONVERT_WINDOW = 128  # --window of niah / lm / ppl: a Transformer checkpoint converted on the fly
 
@@ -172,7 +172,8 @@ def _ppl_parser(sub):
 
 def _ppl(a) -> int:
     from ..utils import check_device, check_output_path, check_png, write_json
-    from .common import default_device, load_model, load_tokenizer, parse_int_list, read_max_positions, read_model_type
+    from .common import (check_attention_mode, default_device, load_model, load_tokenizer, parse_int_list,
+                         read_max_positions)
     from .perplexity import (check_buckets, default_buckets, format_table, load_documents, make_windows,
                              plot_position_perplexity, position_perplexity)
 
@@ -188,29 +189,13 @@ def _ppl(a) -> int:
     device = check_device(a.device) if a.device else default_device()
     docs = load_documents(a.data)
     max_pos = read_max_positions(a.model)  # (and a clear error when --model is not a checkpoint)
+    check_attention_mode(a.model, a.attention_mode)
     window = _conversion_window(a)
     if max_pos is not None and a.seq_len > max_pos:
         raise ValueError(f"--seq-len {a.seq_len} is above the model's max_position_embeddings ({max_pos})")
     tok = load_tokenizer(a.model, a.tokenizer)
     windows = make_windows(tok, docs, a.seq_len, a.windows)
-    if a.attention_mode:
-        if read_model_type(a.model) != "orthros":
-            raise ValueError("--attention-mode applies to Orthros checkpoints (convert the model first)")
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        import orthros  # noqa: F401  (registers the Auto classes)
-
-        cfg = AutoConfig.from_pretrained(a.model)
-        cfg.attention_mode = a.attention_mode  # before the layers are built: they fix their mode then
-        if getattr(cfg, "layer_types", None):
-            from ..kinds import ATTENTION_LAYER_TYPES, layer_type_for
-
-            cfg.layer_types = [layer_type_for(a.attention_mode) if t in ATTENTION_LAYER_TYPES else t
-                               for t in cfg.layer_types]
-        dtype = parse_dtype(a.dtype, "--dtype") if a.dtype else None
-        model = AutoModelForCausalLM.from_pretrained(a.model, config=cfg, dtype=dtype).to(device).eval()
-    else:
-        model = load_model(a.model, device=device, dtype=a.dtype, window_size=window)
+    model = load_model(a.model, device=device, dtype=a.dtype, window_size=window, attention_mode=a.attention_mode)
     if a.seq_len > model.config.max_position_embeddings:
         raise ValueError(f"--seq-len {a.seq_len} is above the model's max_position_embeddings "
                          f"({model.config.max_position_embeddings})")

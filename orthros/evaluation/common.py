@@ -49,14 +49,24 @@ def read_max_positions(path):
     return n if isinstance(n, int) and not isinstance(n, bool) else None
 
 
-def load_model(path, *, device: str = "cpu", dtype=None, window_size: int = 128):
+def check_attention_mode(path, attention_mode, model_type: str | None = None) -> None:
+    """``--attention-mode`` (any but ``None``) overrides an Orthros checkpoint's attention: refused for
+    another checkpoint (``model_type``: read from ``path`` when not given)."""
+    if attention_mode is not None and (model_type or read_model_type(path)) != "orthros":
+        raise ValueError("--attention-mode applies to Orthros checkpoints (convert the model first)")
+
+
+def load_model(path, *, device: str = "cpu", dtype=None, window_size: int = 128, attention_mode=None):
     """An ``OrthrosForCausalLM`` from an Orthros checkpoint, or converted on the fly from a
-    supported Transformer checkpoint (its base stream window = ``window_size``)."""
+    supported Transformer checkpoint (its base stream window = ``window_size``). ``attention_mode``
+    (Orthros checkpoints only) overrides the checkpoint's: its attention layers run as ``orthros``,
+    ``full`` or ``window`` with the same weights (scale-offset parameters it lacks start at the identity)."""
     import orthros  # noqa: F401  (registers the Auto classes)
 
     mt = read_model_type(path)
     if isinstance(dtype, str):
         dtype = parse_dtype(dtype)
+    check_attention_mode(path, attention_mode, mt)
     if mt == "orthros":
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -64,6 +74,13 @@ def load_model(path, *, device: str = "cpu", dtype=None, window_size: int = 128)
 
         config = AutoConfig.from_pretrained(str(path))
         check_weights_fit(path, config)  # a missing tensor would be random
+        if attention_mode is not None:  # before the layers are built: they fix their mode then
+            from ..kinds import ATTENTION_LAYER_TYPES, layer_type_for
+
+            config.attention_mode = attention_mode
+            if getattr(config, "layer_types", None):
+                config.layer_types = [layer_type_for(attention_mode) if t in ATTENTION_LAYER_TYPES else t
+                                      for t in config.layer_types]
         model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=dtype)
     else:
         from ..conversion import convert_from_hf

@@ -192,3 +192,33 @@ def test_window_is_refused_for_an_orthros_checkpoint_and_reaches_a_conversion(ti
     assert eval_main(args + ["--model", str(llama), "--window", "4"]) == 2
     assert eval_main(args + ["--model", str(llama)]) == 2
     assert seen == [4, 128]
+    # --attention-mode is for an Orthros checkpoint: refused before the held-out text is tokenized (it was
+    # refused only after every window had been cut)
+    import orthros.evaluation.perplexity as perplexity
+
+    monkeypatch.setattr(perplexity, "make_windows", lambda *a, **kw: pytest.fail("the windows were cut"))
+    capsys.readouterr()
+    assert eval_main(args + ["--model", str(llama), "--attention-mode", "swa"]) == 2
+    assert "--attention-mode applies to Orthros checkpoints" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", [None, "orthros", "swa"])
+def test_a_checkpoint_missing_a_tensor_is_refused_with_or_without_attention_mode(tiny, tmp_path, capsys, mode):
+    """Issue: with --attention-mode the model was loaded past load_model's check that the weights fit
+    config.json, so a checkpoint missing a tensor was scored with that tensor at random (transformers only
+    logged it)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    ck, data = tiny
+    broken = tmp_path / "broken"
+    shutil.copytree(ck, broken)
+    sd = load_file(broken / "model.safetensors")
+    del sd["model.layers.1.mlp.down_proj.weight"]
+    save_file(sd, broken / "model.safetensors", metadata={"format": "pt"})
+    args = ["ppl", "--model", str(broken), "--data", str(data), "--seq-len", "16", "--buckets", "0,16",
+            "--no-progress", "--device", "cpu"] + (["--attention-mode", mode] if mode else [])
+    assert eval_main(args) == 2
+    assert "the weights do not fit its config.json: missing model.layers.1.mlp.down_proj.weight" in \
+        capsys.readouterr().err
