@@ -230,6 +230,7 @@ class GatedDeltaNet(FusedProjections, nn.Module):
 
     def forward(self, x: torch.Tensor, step, final: bool = False) -> torch.Tensor:
         """The whole mixer of one step (outside the decoder layer: tests, tools)."""
+        step.check_rows(x)
         return self.output(self.attend(self.project(x, step, final), step, final), step, final)
 
 

@@ -101,6 +101,16 @@ class StepInputs:
         base rows at the output positions."""
         return h[:, self.n_base:] if self.output_tokens else self.gather_out_rows(h[:, :self.n_base])
 
+    def check_rows(self, x: torch.Tensor) -> None:
+        """A mixer's ``forward`` (outside the layer step: tests, tools) takes ``x [B, rows, d]``
+        of :meth:`with_output_tokens`' rows; ``ValueError`` otherwise (the pieces would drop or
+        broadcast the output stream's rows without a word)."""
+        rows = self.n_base + (self.n_out if self.output_tokens else 0)
+        if x.dim() != 3 or x.shape[1] != rows:
+            what = f" + T_out = {self.n_out} output tokens" if self.output_tokens else " (no output tokens)"
+            raise ValueError(f"x must have {rows} rows (n_base = {self.n_base} base tokens{what}) as [B, rows, "
+                             f"hidden], got {' x '.join(map(str, x.shape))}")
+
     def with_output_tokens(self, h: torch.Tensor) -> torch.Tensor:
         """Algorithm 2: append a copy of the base embedding at every output position."""
         return append_output_tokens(h, self.out_rel, self.output_tokens)

@@ -202,3 +202,19 @@ def test_base_queries_of_the_last_layer_are_refused_by_name():
     with pytest.raises(ValueError, match="last layer.*no base stream"):
         last.queries(x, rope, "base")
     assert last.queries(x, rope, "out").shape == last.queries(x, rope, None).shape == (1, 3, 4, 12)
+
+
+@pytest.mark.parametrize("final", [False, True])
+@pytest.mark.parametrize("tokens,rows", [(True, 5), (True, 6), (True, 8), (False, 7)])
+def test_forward_refuses_rows_that_do_not_match_the_step(tokens, rows, final):
+    """``x`` of a layer's forward holds the step's base rows, then (``output_tokens``) one output
+    token per output position. Without the output tokens the output stream was silently dropped
+    (5 rows out for 5 + 2 expected); one output token for two output positions was broadcast by
+    RoPE into two rows."""
+    cfg = tiny_config(attention_mode="orthros" if tokens else "full")
+    attn = OrthrosAttention(cfg, cfg.num_hidden_layers - 1 if final else 0)
+    step = _bare_step(cfg, tokens, 5, [2, 4], cache=DenseKV())
+    want = 5 + 2 * tokens
+    with pytest.raises(ValueError, match=rf"x must have {want} rows \(n_base = 5.*got 1 x {rows}"):
+        attn(torch.randn(1, rows, cfg.hidden_size), step, final)
+    assert attn(torch.randn(1, want, cfg.hidden_size), step, final).shape[1] == (2 if final else want)

@@ -140,3 +140,14 @@ def test_an_hf_cache_without_gdn_states_is_named():
     step = _step(3, torch.tensor([[2]]), cache=DenseKV(DynamicCache()))
     with pytest.raises(TypeError, match="DynamicCache.*OrthrosCache"):
         m(x, step)
+
+
+def test_forward_refuses_rows_that_do_not_match_the_step():
+    """Rows of ``x`` other than n_base (+ one output token per output position) were refused by
+    the delta rule's check of ``output_positions``, which named the wrong argument."""
+    import pytest
+
+    m = GatedDeltaNet(_config(), 0)
+    for tokens, rows in ((True, 5), (True, 8), (False, 7)):
+        with pytest.raises(ValueError, match=rf"x must have {5 + 2 * tokens} rows \(n_base = 5"):
+            m(torch.randn(1, rows, 32), _step(5, torch.tensor([[2, 4]]), output_tokens=tokens))
