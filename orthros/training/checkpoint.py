@@ -149,9 +149,16 @@ def verify(path: Path, hashes: bool = True) -> dict:
                               f"interrupted while saving")
     try:
         manifest = json.loads(mpath.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{mpath} is corrupt: {e}") from None
-    for rel, meta in manifest["files"].items():
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    step = manifest.get("step") if isinstance(manifest, dict) else None
+    if not (isinstance(step, int) and not isinstance(step, bool) and isinstance(files, dict) and all(
+            isinstance(m, dict) and type(m.get("size")) is int and isinstance(m.get("sha256"), str)
+            for m in files.values())):
+        raise CheckpointError(f"{mpath} is corrupt: it is not {{step, files: {{name: {{size, sha256}}}}}} as a save "
+                              f"writes it")
+    for rel, meta in files.items():
         p = path / rel
         if not p.is_file():
             raise CheckpointError(f"checkpoint {path} is missing {rel}")

@@ -744,3 +744,17 @@ def test_resume_with_a_changed_shape_does_not_suggest_allow_changes(tmp_path, co
     msg = str(e.value)
     assert "hidden_size: checkpoint 32, now 48" in msg and "--checkpoint.allow_changes" not in msg, msg
     assert "changes the weights' shapes (" in msg and "another output_dir" in msg, msg
+
+
+@pytest.mark.parametrize("manifest", ["{}", "[]", '{"step": 4}', '{"step": "4", "files": {}}',
+                                      '{"step": 4, "files": {"model.safetensors": 5}}',
+                                      '{"step": 4, "files": {"model.safetensors": {"size": 1}}}'])
+def test_a_manifest_of_the_wrong_shape_is_a_checkpoint_error(tmp_path, manifest):
+    """A manifest.json that parses but is not {step, files: {name: {size, sha256}}} failed with a
+    bare KeyError / TypeError traceback where a resume names the checkpoint as corrupt."""
+    from orthros.training.checkpoint import CheckpointError, verify
+
+    (tmp_path / "model.safetensors").write_bytes(b"x")
+    (tmp_path / "manifest.json").write_text(manifest)
+    with pytest.raises(CheckpointError, match="manifest.json is corrupt"):
+        verify(tmp_path)
