@@ -372,7 +372,7 @@ class OrthrosAttention(FusedProjections, nn.Module):
 
     def forward(self, x: torch.Tensor, step: StepInputs, final: bool = False):
         """The whole attention block of one step (outside the decoder layer: tests, tools)."""
-        step.check_rows(x)
+        step.check_rows(x, rope=True)
         return self.output(self.attend(self.project(x, step, final), step, final), step, final)
 
 

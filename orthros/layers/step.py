@@ -101,15 +101,21 @@ class StepInputs:
         base rows at the output positions."""
         return h[:, self.n_base:] if self.output_tokens else self.gather_out_rows(h[:, :self.n_base])
 
-    def check_rows(self, x: torch.Tensor) -> None:
+    def check_rows(self, x: torch.Tensor, rope: bool = False) -> None:
         """A mixer's ``forward`` (outside the layer step: tests, tools) takes ``x [B, rows, d]``
-        of :meth:`with_output_tokens`' rows; ``ValueError`` otherwise (the pieces would drop or
-        broadcast the output stream's rows without a word)."""
+        of :meth:`with_output_tokens`' rows and (``rope``: a layer that reads them) RoPE tables
+        of ``n_base`` and ``T_out`` rows; ``ValueError`` otherwise (the pieces would drop or
+        broadcast the output stream's rows, or rotate every row by one table row, without a word)."""
         rows = self.n_base + (self.n_out if self.output_tokens else 0)
         if x.dim() != 3 or x.shape[1] != rows:
             what = f" + T_out = {self.n_out} output tokens" if self.output_tokens else " (no output tokens)"
             raise ValueError(f"x must have {rows} rows (n_base = {self.n_base} base tokens{what}) as [B, rows, "
                              f"hidden], got {' x '.join(map(str, x.shape))}")
+        for name, table, n in (("rope_base", self.rope_base, self.n_base), ("rope_out", self.rope_out, self.n_out)):
+            if rope and n and any(t.dim() != 3 or t.shape[1] != n for t in table):
+                raise ValueError(f"StepInputs.{name} must be (cos, sin) of [B or 1, {n}, R] (one row per "
+                                 f"{'base row' if name == 'rope_base' else 'output position'}), got "
+                                 f"{[tuple(t.shape) for t in table]}")
 
     def with_output_tokens(self, h: torch.Tensor) -> torch.Tensor:
         """Algorithm 2: append a copy of the base embedding at every output position."""

@@ -218,3 +218,15 @@ def test_forward_refuses_rows_that_do_not_match_the_step(tokens, rows, final):
     with pytest.raises(ValueError, match=rf"x must have {want} rows \(n_base = 5.*got 1 x {rows}"):
         attn(torch.randn(1, rows, cfg.hidden_size), step, final)
     assert attn(torch.randn(1, want, cfg.hidden_size), step, final).shape[1] == (2 if final else want)
+
+
+@pytest.mark.parametrize("which,rows", [("rope_out", 1), ("rope_out", 3), ("rope_base", 1), ("rope_base", 6)])
+def test_forward_refuses_rope_tables_that_do_not_match_the_step(which, rows):
+    """A RoPE table of one row for two output positions was broadcast: both output queries were
+    rotated to one position without a word (the others failed in a broadcast deep in RoPE)."""
+    cfg = tiny_config()
+    attn = OrthrosAttention(cfg, 0)
+    step = _bare_step(cfg, True, 5, [2, 4], cache=DenseKV())
+    setattr(step, which, tuple(t[:, :1].expand(-1, rows, -1) for t in getattr(step, which)))
+    with pytest.raises(ValueError, match=rf"StepInputs.{which} must be \(cos, sin\) of \[B or 1, {5 if which == 'rope_base' else 2}, R\]"):
+        attn(torch.randn(1, 7, cfg.hidden_size), step)
