@@ -49,7 +49,7 @@ def brute(attn, x, T, out_rel, pos_ids, final, mode, kv_start=None, doc=None):
         q = _rot(q, pick(cos, qpos), pick(sin, qpos))
         s = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(D)
         kp, qp = torch.arange(T)[None, None, :], qpos.expand(B, -1)[:, :, None]
-        mask = (kp <= qp) & ((kp > qp - W) if window else True)
+        mask = (kp <= qp) & ((kp > qp - attn.window_size) if window else True)
         if kv_start is not None:
             mask = mask & (kp >= kv_start[:, None, None])
         if doc is not None:
@@ -71,7 +71,7 @@ def brute(attn, x, T, out_rel, pos_ids, final, mode, kv_start=None, doc=None):
 
 
 def _run(mode, T, out, final, *, B=2, kv_start=None, cu=None, backend="reference", grads=False, **over):
-    cfg = tiny_config(attention_mode=mode, window_size=W, attn_backend=backend, **over)
+    cfg = tiny_config(**{"attention_mode": mode, "window_size": W, "attn_backend": backend, **over})
     attn = OrthrosAttention(cfg, cfg.num_hidden_layers - 1 if final else 0).double()
     attn.config = cfg
     g = torch.Generator().manual_seed(T * 7 + len(out))
@@ -116,6 +116,13 @@ MODES = [(m, f) for m in ("orthros", "full", "window") for f in (False, True)]
 @pytest.mark.parametrize("T,out", [(1, [0]), (W, [W - 1]), (W + 1, [0, W]), (11, list(range(11))), (11, [2, 5, 10])])
 def test_layer_equals_brute_force(mode, final, T, out):
     _run(mode, T, out, final)
+
+
+@pytest.mark.parametrize("mode,final", MODES)
+@pytest.mark.parametrize("w,heads", [(1, (4, 2)), (2, (8, 1)), (32, (3, 3))])
+def test_window_one_window_beyond_the_sequence_and_gqa_ratios(mode, final, w, heads):
+    _run(mode, 9, [0, w, 8] if w < 8 else [0, 8], final, window_size=w, num_attention_heads=heads[0],
+         num_key_value_heads=heads[1], head_dim=4 if heads[0] == 8 else 12)
 
 
 @pytest.mark.parametrize("mode,final", MODES)
