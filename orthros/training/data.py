@@ -56,6 +56,11 @@ def _strip_compression(path: str) -> str:
     return path
 
 
+def _file_format(path: str) -> Optional[str]:
+    """The ``datasets`` builder of a data file from its extension (compressed too), or None."""
+    return _EXT_FORMAT.get(Path(_strip_compression(path)).suffix)
+
+
 def _resolve_files(spec) -> Optional[list[str]]:
     """Local files named by ``spec`` (path, dir, glob, or list), or None when nothing local matches."""
     specs = spec if isinstance(spec, (list, tuple)) else [spec]
@@ -64,9 +69,12 @@ def _resolve_files(spec) -> Optional[list[str]]:
         s = os.path.expanduser(str(s))
         if os.path.isdir(s):
             found = sorted(p for p in glob.glob(os.path.join(s, "**", "*"), recursive=True)
-                           if os.path.isfile(p) and Path(_strip_compression(p)).suffix in _EXT_FORMAT)
+                           if os.path.isfile(p) and _file_format(p))
             if not found:
                 raise DataError(f"data directory {s} holds no .txt/.json/.jsonl/.parquet/.csv/.arrow files")
+            cards = [p for p in found if os.path.basename(p).lower() == "readme.md"]
+            if cards and any(_file_format(p) != "text" for p in found):  # a dataset's card, not one of its documents
+                found = [p for p in found if p not in cards]
             files.extend(found)
         elif any(c in s for c in "*?["):
             found = sorted(p for p in glob.glob(s, recursive=True) if os.path.isfile(p))
@@ -101,7 +109,7 @@ class DocSource:
             check_hub_name(name, str(spec), "dataset")
             builder, load_args = str(spec), {}
         else:
-            fmts = {_EXT_FORMAT.get(Path(_strip_compression(f)).suffix) for f in files} if fmt == "auto" else {fmt}
+            fmts = {_file_format(f) for f in files} if fmt == "auto" else {fmt}
             fmts.discard(None)
             if len(fmts) > 1:  # data.format would read them all as one format
                 raise DataError(f"{name}: the files are of several formats ({', '.join(sorted(fmts))}); the data "

@@ -309,3 +309,19 @@ def test_empty_files_are_said_to_be_empty(tmp_path, name):
     (tmp_path / f"2{name}").write_bytes(b"")
     with pytest.raises(DataError, match=r"^data.eval: every file of .* is empty \(0 bytes\)"):
         DocSource(str(tmp_path / "*"), name="data.eval")
+
+
+def test_a_dataset_folder_with_its_card_reads_the_data(tmp_path, tok):
+    """A dataset folder as the hub lays it out (README.md, the dataset card, beside the data files)
+    was refused as 'files of several formats (json, text)': the card is not a document. A folder of
+    text files keeps its .md files, and a README.md named on its own is read."""
+    d = tmp_path / "ds"
+    d.mkdir()
+    (d / "README.md").write_text("---\nlicense: mit\n---\n# A card\n")
+    _write_jsonl(d / "train.jsonl", ["Once more unto the breach"])
+    src = DocSource(str(d))
+    assert src.builder == "json" and src.num_docs == 1
+    (d / "train.jsonl").unlink()
+    (d / "more.txt").write_text("To be.\n")
+    assert DocSource(str(d)).num_docs == 2  # README.md and more.txt: text files both, both read
+    assert DocSource(str(d / "README.md")).builder == "text"
