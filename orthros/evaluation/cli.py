@@ -172,8 +172,8 @@ def _ppl_parser(sub):
 
 def _ppl(a) -> int:
     from ..utils import check_device, check_output_path, check_png, write_json
-    from .common import (check_attention_mode, default_device, load_model, load_tokenizer, parse_int_list,
-                         read_max_positions)
+    from .common import (check_attention_mode, check_token_range, default_device, load_model, load_tokenizer,
+                         parse_int_list, read_config, read_max_positions, tokenizer_name)
     from .perplexity import (check_buckets, default_buckets, format_table, load_documents, make_windows,
                              plot_position_perplexity, position_perplexity)
 
@@ -195,6 +195,8 @@ def _ppl(a) -> int:
         raise ValueError(f"--seq-len {a.seq_len} is above the model's max_position_embeddings ({max_pos})")
     tok = load_tokenizer(a.model, a.tokenizer)
     windows = make_windows(tok, docs, a.seq_len, a.windows)
+    check_token_range(max(map(max, windows)), read_config(a.model).get("vocab_size"),
+                      tokenizer_name(a.model, a.tokenizer))
     model = load_model(a.model, device=device, dtype=a.dtype, window_size=window, attention_mode=a.attention_mode)
     if a.seq_len > model.config.max_position_embeddings:
         raise ValueError(f"--seq-len {a.seq_len} is above the model's max_position_embeddings "
@@ -278,8 +280,10 @@ def _mqar(a) -> int:
 
 def _niah(a) -> int:
     from ..utils import check_device, check_output_path, write_json
-    from .common import default_device, load_model, load_tokenizer, parse_int_list, read_max_positions
-    from .niah import NIAHConfig, check_lengths, format_grid, haystack_sentences, run_niah, save_heatmap, validate
+    from .common import (check_token_range, default_device, load_model, load_tokenizer, parse_int_list, read_config,
+                         read_max_positions, tokenizer_name)
+    from .niah import (NIAHConfig, PromptBuilder, check_lengths, format_grid, haystack_sentences, run_niah,
+                       save_heatmap, validate)
 
     cfg = NIAHConfig(lengths=parse_int_list(a.lengths, "--lengths"), depths=parse_int_list(a.depths, "--depths"),
                      samples=a.samples, haystack=a.haystack, digits=a.digits, seed=a.seed, engine=a.engine)
@@ -291,9 +295,11 @@ def _niah(a) -> int:
     haystack_sentences(cfg.haystack)  # readable, with text in it
     tok = load_tokenizer(a.model, a.tokenizer)
     check_lengths(cfg, tok)
+    builder, tok_name = PromptBuilder(tok, cfg.haystack, seed=cfg.seed), tokenizer_name(a.model, a.tokenizer)
+    check_token_range(builder.max_id, read_config(a.model).get("vocab_size"), tok_name)
     model = load_model(a.model, device=device, dtype=a.dtype, window_size=window)
     validate(cfg, model.config.max_position_embeddings)
-    out = run_niah(model, tok, cfg, progress=not a.no_progress)
+    out = run_niah(model, tok, cfg, progress=not a.no_progress, tokenizer_name=tok_name, builder=builder)
     out["model"]["path"] = str(a.model)
     d = Path(a.output_dir)
     d.mkdir(parents=True, exist_ok=True)

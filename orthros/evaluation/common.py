@@ -100,6 +100,20 @@ def load_tokenizer(model_path, tokenizer_path=None):
         raise ValueError(f"no usable tokenizer in {src!s}{hint}: {type(e).__name__}: {e}") from None
 
 
+def tokenizer_name(model_path, tokenizer_path=None) -> str:
+    """How an error names the tokenizer in use: ``--tokenizer DIR``, or the one of ``--model``."""
+    return f"--tokenizer {tokenizer_path}" if tokenizer_path else f"the tokenizer of --model {model_path}"
+
+
+def check_token_range(max_id: int, vocab_size, tokenizer: str = "the tokenizer") -> None:
+    """The largest token id of the text to score (``max_id``) must be an id of the model (its
+    ``vocab_size``; ``None``: unknown, nothing checked): a tokenizer of another model would end in the
+    embedding's ``IndexError``. ``tokenizer`` names it in the error (:func:`tokenizer_name`)."""
+    if isinstance(vocab_size, int) and not isinstance(vocab_size, bool) and max_id >= vocab_size:
+        raise ValueError(f"{tokenizer} gives token ids up to {max_id}, beyond the model's vocab_size "
+                         f"({vocab_size}): not this model's tokenizer")
+
+
 def default_device() -> str:
     import torch
 

@@ -22,7 +22,7 @@ from typing import Optional
 
 import numpy as np
 
-from .common import DATA_DIR
+from .common import DATA_DIR, check_token_range
 from .perplexity import load_documents
 from ..utils import Progress, pyplot, save_figure
 
@@ -158,6 +158,13 @@ class PromptBuilder:
     def _enc(self, text):
         return list(self.tok(text, add_special_tokens=False)["input_ids"])
 
+    @property
+    def max_id(self) -> int:
+        """The largest token id a prompt (or its answer) can hold: BOS, the haystack, the question, the
+        needle sentence with every digit."""
+        parts = [self.bos, self.question, self._enc(NEEDLE.format(key="0123456789")), *self.sents]
+        return max(max(p) for p in parts if p)
+
     def overhead(self, key: str) -> int:
         return prompt_overhead(self.tok, key)
 
@@ -221,10 +228,15 @@ def _generator(model, tokenizer, engine_mode: str, max_len: int, max_new: int):
     return gen_hf
 
 
-def run_niah(model, tokenizer, cfg: NIAHConfig, progress: bool = True, log=print) -> dict:
+def run_niah(model, tokenizer, cfg: NIAHConfig, progress: bool = True, log=print, tokenizer_name: str = "the tokenizer",
+             builder: Optional[PromptBuilder] = None) -> dict:
+    """The grid of ``cfg`` on ``model``. ``builder``: a :class:`PromptBuilder` of ``tokenizer``, the haystack
+    and the seed made already (for its checks before the model loaded); ``tokenizer_name`` names the tokenizer
+    in errors."""
     max_pos = getattr(model.config, "max_position_embeddings", None)
     validate(cfg, max_pos)
-    builder = PromptBuilder(tokenizer, cfg.haystack, seed=cfg.seed)
+    builder = PromptBuilder(tokenizer, cfg.haystack, seed=cfg.seed) if builder is None else builder
+    check_token_range(builder.max_id, getattr(model.config, "vocab_size", None), tokenizer_name)
     rng = np.random.default_rng(cfg.seed + 1)
     lo = 10 ** (cfg.digits - 1)
     probe = str(lo)

@@ -214,3 +214,33 @@ def test_cli_niah_window_refused_for_an_orthros_checkpoint(tiny, tmp_path, capsy
     assert rc == 2
     assert "--window applies to a Llama / Qwen2 / Qwen3 / Mistral checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_tokenizer_beyond_the_models_vocabulary_is_named(tiny, tmp_path, capsys, no_model_load):
+    """Issue: a tokenizer that is not the model's (ids beyond its vocab_size, e.g. a --tokenizer of another
+    model) ended in `IndexError: index out of range in self` from the embedding, after the model had loaded."""
+    from orthros.cli import main
+    from orthros.evaluation.common import make_tiny_checkpoint
+
+    small = make_tiny_checkpoint(tmp_path / "small", vocab_size=300, max_position_embeddings=512)
+    rc = main(["eval", "niah", "--model", str(small), "--no-progress", "--engine", "off", "--samples", "1",
+               "--lengths", "64", "--depths", "50", "-o", str(tmp_path / "out")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert f"the tokenizer of --model {small} gives token ids up to" in err
+    assert "beyond the model's vocab_size (300): not this model's tokenizer" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_run_niah_checks_the_tokenizer_against_the_model(tok):
+    import torch
+
+    from orthros.evaluation.niah import PromptBuilder
+    from orthros.models import OrthrosConfig, OrthrosForCausalLM
+
+    model = OrthrosForCausalLM(OrthrosConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                                             max_position_embeddings=512, window_size=8)).eval()
+    assert PromptBuilder(tok, "synthetic").max_id >= 300
+    with torch.no_grad(), pytest.raises(ValueError, match=r"beyond the model's vocab_size \(300\)"):
+        run_niah(model, tok, NIAHConfig(lengths=[64], depths=[50], samples=1, engine="off"), progress=False)

@@ -222,3 +222,17 @@ def test_a_checkpoint_missing_a_tensor_is_refused_with_or_without_attention_mode
     assert eval_main(args) == 2
     assert "the weights do not fit its config.json: missing model.layers.1.mlp.down_proj.weight" in \
         capsys.readouterr().err
+
+
+def test_a_tokenizer_beyond_the_models_vocabulary_is_named(tiny, tmp_path, capsys, no_model_load):
+    """Issue: ids beyond the model's vocab_size (a --tokenizer of another model) ended in `IndexError: index
+    out of range in self` from the embedding, after the model had loaded."""
+    ck, data = tiny
+    small = make_tiny_checkpoint(tmp_path / "small", vocab_size=300, max_position_embeddings=256)
+    args = ["ppl", "--data", str(data), "--seq-len", "16", "--buckets", "0,16", "--no-progress", "--device", "cpu"]
+    assert eval_main(args + ["--model", str(small)]) == 2
+    err = capsys.readouterr().err
+    assert f"the tokenizer of --model {small} gives token ids up to" in err
+    assert "beyond the model's vocab_size (300): not this model's tokenizer" in err
+    assert eval_main(args + ["--model", str(small), "--tokenizer", str(ck)]) == 2
+    assert f"--tokenizer {ck} gives token ids up to" in capsys.readouterr().err
