@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kinds import ATTENTION_MODES, resolve_mode
-from .common import FusedProjections, RMSNorm, apply_rope, linear
+from .common import FusedProjections, RMSNorm, apply_rope, attn_backend_of, linear
 from .step import StepInputs
 
 # Initial values of the scale-offset parameters: both streams start as the plain projections
@@ -92,7 +92,7 @@ class OrthrosAttention(FusedProjections, nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.backend = config.attn_backend
+        self.backend = attn_backend_of(config)
         self.scale = 1.0 / math.sqrt(self.head_dim)
         qd, kd = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         # Qwen3.5's attention output gate: q_proj holds [query | gate] per head, and the

@@ -11,7 +11,17 @@ from torch import nn
 from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from ..ops.backends import BACKENDS
 from ..ops.pointwise import apply_rope, rms_norm
+
+
+def attn_backend_of(config) -> str:
+    """``config.attn_backend`` (the attention op's backend, which the GDN layers map to theirs),
+    checked where a layer is built: a config edited after ``OrthrosConfig.__init__`` is not."""
+    name = config.attn_backend
+    if not isinstance(name, str) or name not in BACKENDS:
+        raise ValueError(f"config.attn_backend must be one of {BACKENDS}, got {name!r}")
+    return name
 
 
 class RMSNorm(nn.Module):

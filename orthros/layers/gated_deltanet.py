@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops.gdn import FROM_ATTN_BACKEND, causal_conv1d, gated_delta_rule, gated_delta_rule_step
-from .common import FusedProjections
+from .common import FusedProjections, attn_backend_of
 
 
 class RMSNormGated(nn.Module):
@@ -92,7 +92,7 @@ class GatedDeltaNet(FusedProjections, nn.Module):
         self.value_dim = self.num_v_heads * self.head_v_dim
         self.conv_kernel_size = config.linear_conv_kernel_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
-        self.backend = FROM_ATTN_BACKEND.get(config.attn_backend, "auto")
+        self.backend = FROM_ATTN_BACKEND[attn_backend_of(config)]
         self.scale = self.head_k_dim ** -0.5
 
         self.in_proj_qkv = nn.Linear(self.hidden_size, self.conv_dim, bias=False)

@@ -237,3 +237,13 @@ def test_forward_refuses_rope_tables_that_do_not_match_the_step(which, rows):
     setattr(step, which, tuple(t[:, :1].expand(-1, rows, -1) for t in getattr(step, which)))
     with pytest.raises(ValueError, match=rf"StepInputs.{which} must be \(cos, sin\) of \[B or 1, {5 if which == 'rope_base' else 2}, R\]"):
         attn(torch.randn(1, 7, cfg.hidden_size), step)
+
+
+def test_an_unknown_attn_backend_is_refused_at_construction():
+    """``config.attn_backend`` set after ``OrthrosConfig.__init__`` (which checks it): an unknown
+    name ran the reference op without a word."""
+    cfg = tiny_config()
+    cfg.attn_backend = "triton2"
+    with pytest.raises(ValueError, match=r"config.attn_backend must be one of \('auto', 'reference', 'sdpa', 'triton'\), "
+                                         r"got 'triton2'"):
+        OrthrosAttention(cfg, 0)

@@ -151,3 +151,12 @@ def test_forward_refuses_rows_that_do_not_match_the_step():
     for tokens, rows in ((True, 5), (True, 8), (False, 7)):
         with pytest.raises(ValueError, match=rf"x must have {5 + 2 * tokens} rows \(n_base = 5"):
             m(torch.randn(1, rows, 32), _step(5, torch.tensor([[2, 4]]), output_tokens=tokens))
+
+
+def test_an_unknown_attn_backend_is_refused_at_construction():
+    """It was mapped to the GDN's ``"auto"`` without a word."""
+    import pytest
+
+    with pytest.raises(ValueError, match="config.attn_backend must be one of .*got 'fla'"):
+        GatedDeltaNet(_config(attn_backend="fla"), 0)
+    assert GatedDeltaNet(_config(attn_backend="sdpa"), 0).backend == "torch"
