@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kinds import ATTENTION_MODES, resolve_mode
+from ..utils import check_positive_int
 from .common import FusedProjections, RMSNorm, apply_rope, attn_backend_of, linear
 from .step import StepInputs
 
@@ -88,7 +89,7 @@ class OrthrosAttention(FusedProjections, nn.Module):
         # an alias set on the config after OrthrosConfig.__init__ (which resolves them) would
         # otherwise fall through streams() as a window layer
         self.mode = resolve_mode(config.attention_mode, "config.attention_mode")
-        self.window_size = config.window_size
+        self.window_size = check_positive_int("config.window_size", config.window_size)
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim

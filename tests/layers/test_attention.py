@@ -247,3 +247,13 @@ def test_an_unknown_attn_backend_is_refused_at_construction():
     with pytest.raises(ValueError, match=r"config.attn_backend must be one of \('auto', 'reference', 'sdpa', 'triton'\), "
                                          r"got 'triton2'"):
         OrthrosAttention(cfg, 0)
+
+
+@pytest.mark.parametrize("w", [0, -1, 2.5, None, True])
+def test_a_bad_window_size_is_refused_at_construction(w):
+    """``config.window_size`` edited after ``OrthrosConfig.__init__``: 0 or -1 zeroed every window
+    row without a word; a float or None failed deep in the op."""
+    cfg = tiny_config()
+    cfg.window_size = w
+    with pytest.raises(ValueError, match=rf"config.window_size must be an integer >= 1, got {w!r}"):
+        OrthrosAttention(cfg, 0)
