@@ -53,6 +53,7 @@ class GGUFInfo:
     size: int  # bytes
     has_tokenizer: bool
     context_length: int | None = None  # <arch>.context_length: transformers' max_position_embeddings
+    head_dim: int | None = None  # <arch>.attention.key_length
 
 
 def is_gguf_source(path) -> bool:
@@ -173,7 +174,8 @@ def inspect_gguf(path) -> GGUFInfo:
     sizes = {}
     for key, required in ((f"{arch}.block_count", True), (f"{arch}.embedding_length", True),
                           (f"{arch}.attention.head_count", True), (f"{arch}.attention.head_count_kv", False),
-                          (f"{arch}.feed_forward_length", False), (f"{arch}.context_length", False)):
+                          (f"{arch}.feed_forward_length", False), (f"{arch}.context_length", False),
+                          (f"{arch}.attention.key_length", False)):
         v = _field_value(reader, key)
         if v is None and not required:
             continue
@@ -211,7 +213,8 @@ def inspect_gguf(path) -> GGUFInfo:
                     name=name if isinstance(name, str) else None, file_type=ft if isinstance(ft, int) else None,
                     tensor_types=types, n_tensors=len(reader.tensors), n_params=n_params, size=size,
                     has_tokenizer="tokenizer.ggml.tokens" in reader.fields,
-                    context_length=sizes.get(f"{arch}.context_length"))
+                    context_length=sizes.get(f"{arch}.context_length"),
+                    head_dim=sizes.get(f"{arch}.attention.key_length"))
 
 
 @contextlib.contextmanager
@@ -255,6 +258,9 @@ def load_gguf_model(path, *, with_tokenizer: bool = True, progress: bool = True)
 
     errors = (OSError, ValueError, LookupError, RuntimeError, TypeError, StrictDataclassError)
     folder, name = str(info.path.parent), info.path.name
+    # transformers reads no head dim of a Qwen3 GGUF (its config then has the default 128): the
+    # file's key_length is given to the config
+    config_kw = {"head_dim": info.head_dim} if info.head_dim and info.gguf_architecture == "qwen3" else {}
     tok = None
     if with_tokenizer and info.has_tokenizer:  # first: a bad tokenizer is found before the long de-quantising
         try:
@@ -268,7 +274,7 @@ def load_gguf_model(path, *, with_tokenizer: bool = True, progress: bool = True)
         with _transformers_bars(progress):
             model, loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32",
                                                                  ignore_mismatched_sizes=True,
-                                                                 output_loading_info=True)
+                                                                 output_loading_info=True, **config_kw)
     except errors as e:
         raise GGUFError(f"{info.path}: transformers could not load this GGUF file ({_one_line(e)})") from None
     finally:
@@ -310,18 +316,23 @@ def _permute_qk(w, n_head: int):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+_WRITABLE = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+
+
 def write_llama_gguf(model, tokenizer, path, *, dtype: str = "f32") -> Path:
-    """Write a transformers ``LlamaForCausalLM`` and its byte-level BPE fast tokenizer as a GGUF
-    file (llama.cpp's tensor names and q/k row order; ``dtype`` ``f32`` or ``f16`` for the
-    matrices, norms stay f32). Small models only (the tensors are held in memory); used by the
-    tests and the GPU smoke run to make a GGUF without any download."""
+    """Write a transformers ``LlamaForCausalLM`` (or ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM``)
+    and its byte-level BPE fast tokenizer as a GGUF file (llama.cpp's tensor names and, for Llama,
+    its q/k row order; ``dtype`` ``f32`` or ``f16`` for the matrices, norms and biases stay f32).
+    Small models only (the tensors are held in memory); used by the tests and the GPU smoke run to
+    make a GGUF without any download."""
     import json
 
     import numpy as np
 
     gguf = _require_gguf()
-    if type(model).__name__ != "LlamaForCausalLM":
-        raise ValueError(f"model must be a LlamaForCausalLM, got {type(model).__name__}")
+    arch = _WRITABLE.get(type(model).__name__)
+    if arch is None:
+        raise ValueError(f"model must be a {', '.join(_WRITABLE)}, got {type(model).__name__}")
     if dtype not in ("f32", "f16"):
         raise ValueError(f"dtype must be 'f32' or 'f16', got {dtype!r}")
     c = model.config
@@ -329,8 +340,8 @@ def write_llama_gguf(model, tokenizer, path, *, dtype: str = "f32") -> Path:
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
     rope = dict(getattr(c, "rope_parameters", None) or {})
     path = Path(path)
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name(getattr(c, "name_or_path", None) or "orthros-test-llama")
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(getattr(c, "name_or_path", None) or f"orthros-test-{arch}")
     w.add_context_length(c.max_position_embeddings)
     w.add_embedding_length(c.hidden_size)
     w.add_block_count(c.num_hidden_layers)
@@ -338,6 +349,8 @@ def write_llama_gguf(model, tokenizer, path, *, dtype: str = "f32") -> Path:
     w.add_rope_dimension_count(head_dim)
     w.add_head_count(heads)
     w.add_head_count_kv(kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
     w.add_layer_norm_rms_eps(c.rms_norm_eps)
     w.add_rope_freq_base(float(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0))))
     w.add_vocab_size(c.vocab_size)
@@ -371,7 +384,8 @@ def write_llama_gguf(model, tokenizer, path, *, dtype: str = "f32") -> Path:
              "lm_head.weight": "output.weight"}
     per_layer = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
                  "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-                 "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+                 "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+                 "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
                  "mlp.down_proj": "ffn_down"}
     sd = model.state_dict()
     for name, t in sd.items():
@@ -388,9 +402,9 @@ def write_llama_gguf(model, tokenizer, path, *, dtype: str = "f32") -> Path:
                 raise ValueError(f"no GGUF name for tensor {name}")
             out = f"blk.{parts[2]}.{per_layer[mod]}.{parts[-1]}"
         a = t.detach().float().cpu().numpy()
-        if out.endswith("attn_q.weight"):
+        if arch == "llama" and ".attn_q." in out:  # weight and bias, as transformers' loader undoes it
             a = _permute_qk(a, heads)
-        elif out.endswith("attn_k.weight"):
+        elif arch == "llama" and ".attn_k." in out:
             a = _permute_qk(a, kv)
         a = a.astype(np.float32 if a.ndim == 1 else np_dtype)
         w.add_tensor(out, np.ascontiguousarray(a))

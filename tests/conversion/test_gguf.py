@@ -117,6 +117,40 @@ def test_gguf_conversion_equals_hf_from_gguf(gguf_source, tmp_path, how):
     assert torch.equal(model.generate(prompt, **kw), hf.generate(prompt, **kw))
 
 
+@pytest.mark.parametrize("arch,head_dim,tied", [("qwen2", None, False), ("qwen3", 32, True)], ids=["qwen2", "qwen3"])
+def test_qwen_gguf_conversion_equals_its_source(tmp_path, arch, head_dim, tied):
+    """Qwen2 (q/k/v biases) and Qwen3 (q/k norms) GGUFs convert to the model they were written
+    from (same tensors, same logits inside the window, same tokenizer). transformers reads no head
+    dim from a Qwen GGUF: a Qwen3 of head dim 32 (hidden 64, 4 heads) got its config's default 128
+    and was refused after de-quantising ("k_norm.weight of shape [32], expected [128]")."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZER_DIR))
+    cfg_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if arch == "qwen2" else (Qwen3Config, Qwen3ForCausalLM)
+    torch.manual_seed(0)
+    cfg = cfg_cls(vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=tied, bos_token_id=0,
+                  eos_token_id=0, rope_parameters={"rope_type": "default", "rope_theta": 50000.0},
+                  **({"head_dim": head_dim} if head_dim else {}))
+    src = model_cls(cfg).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in src.parameters():
+            p.add_(0.25 * torch.randn(p.shape, generator=g))
+    write_llama_gguf(src, tok, tmp_path / "m.gguf")
+    dst = tmp_path / "converted"
+    assert convert_main([str(tmp_path / "m.gguf"), str(dst), "--window-size", str(W), "-q"]) == 0
+    model = AutoModelForCausalLM.from_pretrained(dst).eval()
+    sd = model.state_dict()
+    for name, t in src.state_dict().items():
+        assert torch.equal(sd[name], t), name
+    ids = torch.randint(0, len(tok), (2, W), generator=g)
+    with torch.no_grad():
+        assert (model(ids).logits - src(ids).logits).abs().max().item() < 1e-4
+    text = "To be, or not to be: that is the question.\n<|im_start|>user\nSo fare thee well.<|im_end|>"
+    assert AutoTokenizer.from_pretrained(dst)(text)["input_ids"] == tok(text)["input_ids"]
+
+
 def _damaged(src: Path, folder: Path, how: str) -> Path:
     data = bytearray(src.read_bytes())
     if how == "truncated":
