@@ -151,3 +151,24 @@ def test_cli_lm_window_refused_for_an_orthros_checkpoint(tiny, capsys, monkeypat
     monkeypatch.setattr(lm, "run_lm_eval", lambda *a, **kw: pytest.fail("the evaluation started"))
     assert main(["eval", "lm", "--model", str(tiny), "--tasks", "orthros_tiny_cloze", "--window", "4"]) == 2
     assert "is an Orthros checkpoint, which keeps its own window (16)" in capsys.readouterr().err
+
+
+def test_tiny_cloze_does_not_reward_a_model_that_knows_nothing():
+    """Issue: every item's answer was its first choice, and lm-eval's argmax keeps the first of tied
+    choices, so a model with constant logits (a uniform guess) scored acc 0.60 / acc_norm 0.35 against a
+    chance of 0.25. The answers now sit at every position equally often; such a model (log-likelihood
+    -n log V for a choice of n tokens) scores below chance."""
+    from collections import Counter
+
+    from orthros.data import load_tokenizer
+
+    rows = [json.loads(line) for line in (LM_TASKS_DIR / "orthros_tiny_cloze.jsonl").read_text().splitlines()]
+    assert Counter(r["gold"] for r in rows) == {0: 5, 1: 5, 2: 5, 3: 5}
+    tok = load_tokenizer()
+    acc = acc_norm = 0
+    for r in rows:
+        n_ctx = len(tok(r["context"], add_special_tokens=False)["input_ids"])
+        n = [len(tok(r["context"] + " " + c, add_special_tokens=False)["input_ids"]) - n_ctx for c in r["choices"]]
+        acc += min(range(4), key=lambda i: (n[i], i)) == r["gold"]  # argmax of -n log V: first of the fewest
+        acc_norm += max(range(4), key=lambda i: (-n[i] / len((" " + r["choices"][i]).encode()), -i)) == r["gold"]
+    assert acc / len(rows) <= 0.25 and acc_norm / len(rows) <= 0.25, (acc, acc_norm)
