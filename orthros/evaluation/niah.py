@@ -133,7 +133,8 @@ def check_lengths(cfg: NIAHConfig, tokenizer) -> None:
     need = prompt_overhead(tokenizer, str(10 ** (cfg.digits - 1)))
     for L in cfg.lengths:
         if L < need + 8:
-            raise ValueError(f"context length {L} is too short: the needle and question alone take {need} tokens")
+            raise ValueError(f"lengths (--lengths): context length {L} is too short: the needle and question alone "
+                             f"take {need} tokens; use lengths >= {need + 8}")
 
 
 def prompt_overhead(tokenizer, key: str) -> int:

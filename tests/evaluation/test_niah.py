@@ -1,11 +1,12 @@
 """NIAH: scorer, prompt construction, grid run on a tiny random model, and bad input."""
 
 import json
+import re
 
 import pytest
 
-from orthros.evaluation.niah import (NIAHConfig, PromptBuilder, format_grid, prefix_match, run_niah, save_heatmap,
-                                    score_answer, validate)
+from orthros.evaluation.niah import (NIAHConfig, PromptBuilder, check_lengths, format_grid, prefix_match, run_niah,
+                                    save_heatmap, score_answer, validate)
 
 
 @pytest.mark.parametrize("pred, answer, want", [
@@ -163,6 +164,11 @@ def test_validate_context_too_short_for_needle(tiny, tok):
 
     with pytest.raises(ValueError, match="too short"):
         run_niah(load_model(tiny), tok, NIAHConfig(lengths=[33], depths=[50], samples=1), progress=False)
+    # the refused length named neither the option nor the shortest length taken (37 + 8 haystack tokens)
+    with pytest.raises(ValueError, match=re.escape("lengths (--lengths): context length 44 is too short: the "
+                                                   "needle and question alone take 37 tokens; use lengths >= 45")):
+        check_lengths(NIAHConfig(lengths=[64, 44]), tok)
+    check_lengths(NIAHConfig(lengths=[45]), tok)
     with pytest.raises(ValueError, match="samples"):
         validate(NIAHConfig(samples=0))
 
