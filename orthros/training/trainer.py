@@ -149,6 +149,14 @@ def refuse_run_dir(key: str, path: str) -> None:
                           f"one of them" + (f" (the latest: {latest})" if latest else ""))
 
 
+def refuse_file(key: str, path: str, need: str) -> None:
+    """A :class:`ConfigError` naming ``key`` when ``path`` is a file where a ``need`` (a directory) is
+    needed: it is no missing path, nor a hub name."""
+    p = Path(path).expanduser()
+    if p.exists() and not p.is_dir():
+        raise ConfigError(f"{key}: {path!r} is a file, not a {need} (the folder that holds it: {p.parent})")
+
+
 def load_tokenizer(cfg: RunConfig):
     from ..data import load_tokenizer as _load
 
@@ -157,6 +165,7 @@ def load_tokenizer(cfg: RunConfig):
     if name == "embedded" and init and (Path(init) / "tokenizer_config.json").is_file():
         name = init  # a checkpoint's own tokenizer beats the embedded one (it may be a converted model)
     if name != "embedded" and not Path(name).expanduser().is_dir():
+        refuse_file("data.tokenizer", name, "tokenizer directory")
         check_hub_name("data.tokenizer", name, "tokenizer")
     try:
         tok = _load(name)
@@ -188,6 +197,7 @@ def model_config_for(cfg: RunConfig, tokenizer):
     if m.init_from:
         refuse_run_dir("model.init_from", m.init_from)
         if not os.path.isdir(m.init_from):
+            refuse_file("model.init_from", m.init_from, "checkpoint directory")
             if not re.fullmatch(r"[\w.-]+/[\w.-]+", m.init_from):
                 raise ConfigError(f"model.init_from: {m.init_from!r} is not a checkpoint directory")
             check_hub_name("model.init_from", m.init_from, "model")

@@ -758,3 +758,26 @@ def test_a_manifest_of_the_wrong_shape_is_a_checkpoint_error(tmp_path, manifest)
     (tmp_path / "manifest.json").write_text(manifest)
     with pytest.raises(CheckpointError, match="manifest.json is corrupt"):
         verify(tmp_path)
+
+
+def test_a_tokenizer_file_is_not_said_to_be_missing(tmp_path, corpus, reference, monkeypatch):
+    """data.tokenizer naming a file (the checkpoint's tokenizer.json, a YAML) was reported as 'does not
+    exist (no such local path ...)' or 'is not a local path' (a hub name): it names the file and its folder."""
+    _, _, summary = reference
+    f = Path(summary["checkpoint"]) / "tokenizer.json"
+    other = tmp_path / "tok.yaml"
+    other.write_text("x: 1\n")
+    for path in (f, other):
+        with pytest.raises(ConfigError, match=rf"data.tokenizer: '{re.escape(str(path))}' is a file, not a "
+                                              rf"tokenizer directory \(the folder that holds it: "
+                                              rf"{re.escape(str(path.parent))}\)"):
+            train(load_config(None, tiny(tmp_path / "out", corpus, "--data.tokenizer", str(path))))
+    assert not (tmp_path / "out").exists()
+    weights = Path(summary["checkpoint"]) / "model.safetensors"  # 'dir/file' reads as a hub name 'owner/name'
+    with pytest.raises(ConfigError, match=rf"model.init_from: '{re.escape(str(weights))}' is a file, not a "
+                                          rf"checkpoint directory \(the folder that holds it: "):
+        train(load_config(None, tiny(tmp_path / "out", corpus, "--mode", "cpt", "--model.init_from", str(weights))))
+    monkeypatch.chdir(weights.parents[1])
+    with pytest.raises(ConfigError, match=r"model.init_from: 'step_00000008/model.safetensors' is a file"):
+        train(load_config(None, tiny(tmp_path / "out", corpus, "--mode", "cpt", "--model.init_from",
+                                     "step_00000008/model.safetensors")))
