@@ -61,7 +61,7 @@ def load_documents(path, arg: str = "--data") -> list[str]:
     if not p.is_file():
         raise ValueError(f"{arg} {str(path)!r}: no such file (a .jsonl with a 'text' field per line, or a .txt)")
     text = read_text_file(p, arg)
-    if p.suffix == ".jsonl":
+    if p.suffix.lower() == ".jsonl":
         docs = []
         for i, line in enumerate(text.splitlines(), 1):
             if not line.strip():

@@ -236,3 +236,10 @@ def test_a_tokenizer_beyond_the_models_vocabulary_is_named(tiny, tmp_path, capsy
     assert "beyond the model's vocab_size (300): not this model's tokenizer" in err
     assert eval_main(args + ["--model", str(small), "--tokenizer", str(ck)]) == 2
     assert f"--tokenizer {ck} gives token ids up to" in capsys.readouterr().err
+
+
+def test_a_jsonl_file_is_read_as_jsonl_whatever_the_case_of_its_suffix(tmp_path):
+    """Issue: `held.JSONL` was read as one plain-text document, so its JSON syntax ({"text": ...) was scored."""
+    p = tmp_path / "held.JSONL"
+    p.write_text(json.dumps({"text": "thou art"}) + "\n" + json.dumps({"text": "the king"}) + "\n")
+    assert load_documents(p) == ["thou art", "the king"]
