@@ -428,6 +428,10 @@ def check_run(task: MQARTask, tr: MQARTrain, jobs: int = 1) -> list:
         raise ValueError(f"MQAR seed must be an integer >= 0, got {tr.seed!r}")
     if tr.threads is not None and tr.threads < 0:
         raise ValueError(f"MQAR threads must be >= 0 (0 or None: torch's own choice), got {tr.threads!r}")
+    from ..ops.backends import BACKENDS
+
+    if tr.attn_backend not in BACKENDS:
+        raise ValueError(f"MQAR attn_backend must be one of {', '.join(BACKENDS)}, got {tr.attn_backend!r}")
     if not isinstance(tr.compile, bool):
         raise ValueError(f"MQAR compile must be a bool (True: train through torch.compile, False: eager), "
                          f"got {tr.compile!r}")

@@ -329,6 +329,7 @@ def test_a_split_without_queries_is_none_not_nan(tmp_path):
     (["a", "steps=1", "--", "b", "steps=0"], "setting b: MQAR steps must be an integer >= 1, got 0"),
     (["a", "steps=1", "--", "b", "threads=-1"], "setting b: MQAR threads must be >= 0"),
     (["a", "steps=1", "--", "b", "device=tpu"], "setting b: device must be cpu, cuda or cuda:N, got 'tpu'"),
+    (["a", "steps=1", "--", "b", "backend=flash"], "setting b: MQAR attn_backend must be one of auto, reference"),
 ])
 def test_mqar_sweep_refuses_unknown_keys_before_any_run(args, says, capsys, monkeypatch):
     """Issue: a key not in the list (`step=1` for `steps=1`) was ignored, so the setting ran 800 steps;
