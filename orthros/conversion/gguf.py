@@ -7,8 +7,9 @@ one ``.gguf``) goes through three steps:
 1. :func:`inspect_gguf` reads and checks the file *before anything is written*: magic and
    header, every key-value field, every tensor's extent inside the file (a truncated or
    corrupted file is refused naming the file), the architecture (``llama``, which includes
-   llama.cpp's Mistral files, ``qwen2``, ``qwen3``), that the gguf package de-quantises every
-   tensor type, and that the file asks for no RoPE scaling (which transformers' loader drops).
+   llama.cpp's Mistral files, ``qwen2``, ``qwen3``), that every tensor is one the model takes,
+   that the gguf package de-quantises every tensor type, and that the file asks for no RoPE
+   scaling (transformers' loader drops tensors it has no place for and RoPE scaling).
 2. :func:`gguf_to_hf_directory` loads it with transformers' own GGUF loader
    (``from_pretrained(dir, gguf_file=...)``, which de-quantises every tensor to fp32 and
    rebuilds the tokenizer, chat template included) and writes a plain HF checkpoint
@@ -34,6 +35,15 @@ GGUF_MAGIC = b"GGUF"
 # GGUF general.architecture -> the transformers class the conversion maps
 # (llama.cpp writes Mistral models as `llama`; gguf-py has no `mistral` tensor map to load one by)
 GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+# the tensors transformers' loader puts into the model of each architecture (any other it drops);
+# rope_freqs.weight is checked by _check_rope_scaling
+_GGUF_TOP_TENSORS = {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight"}
+_LLAMA_LAYER = {f"{n}.weight" for n in ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output",
+                                        "ffn_gate", "ffn_up", "ffn_down")}
+_GGUF_LAYER_TENSORS = {"llama": _LLAMA_LAYER, "qwen2": _LLAMA_LAYER | {"attn_q.bias", "attn_k.bias", "attn_v.bias"},
+                       "qwen3": _LLAMA_LAYER | {"attn_q_norm.weight", "attn_k_norm.weight"}}
 
 
 class GGUFError(ValueError):
@@ -193,6 +203,13 @@ def inspect_gguf(path) -> GGUFInfo:
         if stored and len(stored) != max(stored) - min(stored) + 1:
             held = f"of layers {sorted(stored)}"
         raise GGUFError(f"{gguf_file}: corrupted GGUF file: {arch}.block_count is {blocks}, its tensors are {held}")
+    layer = _GGUF_LAYER_TENSORS[arch]
+    dropped = sorted(t.name for t in reader.tensors if t.name not in _GGUF_TOP_TENSORS
+                     and not (t.name.startswith("blk.") and t.name.split(".", 2)[-1] in layer))
+    if dropped:
+        more = f" and {len(dropped) - 3} more" if len(dropped) > 3 else ""
+        raise GGUFError(f"{gguf_file}: tensors that transformers' GGUF loader would leave out of the model: "
+                        f"{', '.join(dropped[:3])}{more} (the converted model would compute without them)")
     _check_rope_scaling(reader, arch, gguf_file)
     types: dict = {}
     n_params = 0

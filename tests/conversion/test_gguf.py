@@ -309,8 +309,12 @@ def _u32(v):
     (dict(tensors={"blk.0.ffn_gate.weight": (np.zeros((96, 292), dtype=np.uint8), gguf.GGMLQuantizationType.Q8_K)}),
      "tensors of type Q8_K (1, e.g. blk.0.ffn_gate.weight)"),
     (dict(arch="mistral"), "cannot convert GGUF architecture 'mistral'"),
+    (dict(tensors={f"blk.{i}.attn_{x}.bias": (np.ones(64 if x == "q" else 32, dtype=np.float32), None)
+                   for i in (0, 1) for x in "qkv"}),
+     "tensors that transformers' GGUF loader would leave out of the model: blk.0.attn_k.bias, blk.0.attn_q.bias, "
+     "blk.0.attn_v.bias and 3 more"),
 ], ids=["more-blocks", "fewer-blocks", "context-str", "context-0", "kv-heads-0", "split-part", "rope-freqs",
-        "rope-linear", "rope-factor", "f64-tensor", "q8k-tensor", "mistral-arch"])
+        "rope-linear", "rope-factor", "f64-tensor", "q8k-tensor", "mistral-arch", "llama-biases"])
 def test_gguf_metadata_that_does_not_fit_refused_before_dequantising(gguf_source, tmp_path, capsys, monkeypatch,
                                                                        change, words):
     """A block_count above the layers the tensors hold made transformers initialise the missing
@@ -320,7 +324,8 @@ def test_gguf_metadata_that_does_not_fit_refused_before_dequantising(gguf_source
     (Llama 3's rope_freqs tensor, rope.scaling.* fields) was dropped by transformers' loader without
     a word: exit 0 and a model of other logits than the GGUF's. A tensor type the gguf package cannot
     de-quantise (F64, Q8_K) and the architecture 'mistral' (no tensor map in gguf-py) passed
-    --dry-run and failed only after the tokenizer was built and tensors de-quantised. Now: refused
+    --dry-run and failed only after the tokenizer was built and tensors de-quantised. A tensor the
+    loader has no place for (a Llama's q/k/v biases) was dropped: exit 0, a model without them. Now: refused
     with the file's field named, before de-quantising, in --dry-run too."""
     from orthros.conversion import gguf as gguf_mod
 
