@@ -206,13 +206,18 @@ def test_each_paradigm_appends_exactly_t_out_output_tokens():
     assert cache.get_seq_length() == 21
 
 
-def test_decode_token_pairs_are_algorithm_2_at_the_last_position():
-    """Section 3.2 (Decoding, T_in = 0, T_out = 1): each step's base token appends its K/V and
-    runs the window stream, its output copy attends to the whole cache including itself; both
-    the HF cache path and the inference engine give Algorithm 2's logits of the whole sequence."""
+HYBRID = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6)
+
+
+@pytest.mark.parametrize("kind", ["orthros", "orthros-h"])
+def test_decode_token_pairs_are_algorithm_2_at_the_last_position(kind):
+    """Section 3.2 (Decoding, T_in = 0, T_out = 1): each step's base token appends its K/V (a
+    GDN layer: updates its state) and runs the window stream, its output copy attends to the
+    whole cache including itself (reads the state after its token); both the HF cache path and
+    the inference engine (chunked prefill) give Algorithm 2's logits of the whole sequence."""
     from orthros.engine import Engine
 
-    model = _model()
+    model = _model() if kind == "orthros" else _model(num_hidden_layers=4, **HYBRID, **hybrid_layout(kind, 4))
     ids = torch.randint(0, V, (2, 22), generator=torch.Generator().manual_seed(3))
     P = 10
     want = [algorithm2(model, ids[:, :t + 1], [t])[:, 0] for t in range(P - 1, 22)]
@@ -298,8 +303,7 @@ def test_orthros_h_is_one_attention_layer_to_three_gdn_layers_in_qwen3_5s_order(
 def test_orthros_h_is_algorithm_2_with_gdn_as_the_cross_attention_part(layer_types):
     """Section 4.6: in Orthros-H's GDN layers the output query bypasses the convolution and reads
     the base stream's state at its position; PT and SFT logits equal the brute force above."""
-    model = _model(num_hidden_layers=len(layer_types), layer_types=layer_types, linear_num_key_heads=2,
-                   linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6)
+    model = _model(num_hidden_layers=len(layer_types), layer_types=layer_types, **HYBRID)
     with torch.no_grad():
         for layer in model.model.layers:
             if layer.layer_type == LINEAR_LAYER_TYPE:
