@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import rel, tiny_model
+from conftest import cpu_triton, rel, tiny_model
 
 from orthros import OrthrosCache
 from orthros.kinds import LINEAR_LAYER_TYPE, hybrid_layout
@@ -133,15 +133,17 @@ def _model(**kw):
 
 
 # ------------------------------------------------------------------ Section 3.1: the two streams
-@pytest.mark.parametrize("backend", ["reference", "sdpa"])
-def test_window_stream_sees_w_keys_including_itself_and_output_stream_every_earlier_key(backend):
+@pytest.mark.parametrize("backend", ["reference", "sdpa", pytest.param("triton", marks=cpu_triton)])
+@pytest.mark.parametrize("w", [1, 4, 13, 20])
+def test_window_stream_sees_w_keys_including_itself_and_output_stream_every_earlier_key(backend, w):
     """Section 3.1: o_t sums over j = max(1, t-w+1) .. t (w keys, the query's own included);
     o'_t over j = 1 .. t (its own position's base key included). With zero queries the softmax
     is uniform over the visible keys, and one-hot values (v_j = e_j) show exactly which."""
-    T, w = 13, 4
-    q, q_out = torch.zeros(1, T, 1, 16, dtype=torch.float64), torch.zeros(1, T, 1, 16, dtype=torch.float64)
-    k = torch.randn(1, T, 1, 16, dtype=torch.float64)
-    v = torch.eye(16, dtype=torch.float64)[:T].view(1, T, 1, 16)
+    T = 13
+    dt = torch.float32 if backend == "triton" else torch.float64
+    q, q_out = torch.zeros(1, T, 1, 16, dtype=dt), torch.zeros(1, T, 1, 16, dtype=dt)
+    k = torch.randn(1, T, 1, 16, dtype=dt)
+    v = torch.eye(16, dtype=dt)[:T].view(1, T, 1, 16)
     o, o_out = orthros_attention(q, k, v, q_out, window_size=w, backend=backend)
     for t in range(T):
         assert torch.nonzero(o[0, t, 0]).view(-1).tolist() == list(range(max(0, t - w + 1), t + 1))
