@@ -23,6 +23,7 @@ from orthros.ops import orthros_attention
 pytestmark = pytest.mark.usefixtures("one_thread")
 V = 97  # tiny_config's vocabulary
 TOL = 1e-6  # float32 norms and RoPE inside the model; a wrong window gives ~1e-2
+HYBRID = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6)
 
 
 # ------------------------------------------------------------------ Algorithm 2, from the paper
@@ -102,12 +103,14 @@ def _gdn(g, c, hb, ho, out_pos):
     return gated.flatten(2) @ g("out_proj.weight").T
 
 
-def algorithm2(model, ids, out_pos, w=None):
+def algorithm2(model, ids, out_pos, w=None, params=None):
     """Logits ``[B, T_out, V]`` of the output tokens at ``out_pos`` (0-based), Algorithm 2: the
     embeddings of the output positions are duplicated and appended, every layer runs over the
-    concatenation (norms and MLPs token-wise), logits come from the output tokens only."""
+    concatenation (norms and MLPs token-wise), logits come from the output tokens only.
+    ``params``: tensors used in place of the model's (by state-dict name), e.g. leaves to
+    differentiate."""
     c = model.config
-    sd = {k: t.double() for k, t in model.state_dict().items()}
+    sd = {k: t.double() for k, t in {**model.state_dict(), **(params or {})}.items()}
     w = c.window_size if w is None else w
     T = ids.shape[1]
     out_pos = torch.as_tensor(out_pos)
@@ -179,6 +182,27 @@ def test_sft_and_prefill_are_algorithm_2_with_their_output_positions():
     assert rel(pre, algorithm2(model, ids, [29])) < TOL
 
 
+@pytest.mark.parametrize("kind", ["orthros", "orthros-h"])
+def test_sft_loss_and_its_gradient_are_algorithm_2s(kind):
+    """Section 3.2 (SFT; strict training-inference consistency): the loss is the cross-entropy of
+    Algorithm 2's output tokens over the response only, and its gradient (here with respect to
+    the embeddings, which reach the loss through both streams and the shared K/V) is the brute
+    force's."""
+    model = _model() if kind == "orthros" else _model(num_hidden_layers=4, **HYBRID, **hybrid_layout(kind, 4))
+    model.train()
+    ids = torch.randint(0, V, (2, 20), generator=torch.Generator().manual_seed(6))
+    labels = ids.clone()
+    labels[:, :5] = -100  # the prompt: tokens 0 .. 4
+    emb = model.model.embed_tokens.weight
+    loss = model(ids, labels=labels).loss
+    grad = torch.autograd.grad(loss, emb)[0]
+    leaf = emb.detach().double().requires_grad_(True)
+    logits = algorithm2(model, ids, range(4, 19), params={"model.embed_tokens.weight": leaf})
+    want = F.cross_entropy(logits.reshape(-1, V), ids[:, 5:].reshape(-1))
+    assert abs(loss.item() - want.item()) < TOL * want.item()
+    assert rel(grad, torch.autograd.grad(want, leaf)[0]) < 10 * TOL
+
+
 def _rows_through_first_mlp(model, **kw):
     seen = []
     hook = model.model.layers[0].mlp.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[1]))
@@ -206,9 +230,6 @@ def test_each_paradigm_appends_exactly_t_out_output_tokens():
     assert _rows_through_first_mlp(model, input_ids=ids[:, :1], past_key_values=cache, use_cache=True) == 1 + 1
     # output tokens write no K/V: the cache holds one entry per token
     assert cache.get_seq_length() == 21
-
-
-HYBRID = dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=6)
 
 
 @pytest.mark.parametrize("kind", ["orthros", "orthros-h"])
