@@ -131,12 +131,15 @@ def _check_rope_scaling(reader, arch: str, gguf_file) -> None:
     """Refuse RoPE scaling, which transformers' GGUF loader drops (it reads only rope.freq_base): the
     model it builds would have plain RoPE, other logits than the GGUF's. llama.cpp stores Llama 3's
     scaling as per-dimension divisors (a ``rope_freqs.weight`` tensor), linear / YaRN scaling as
-    ``<arch>.rope.scaling.*`` fields (a factor without a type is linear, as llama.cpp reads it)."""
+    ``<arch>.rope.scaling.*`` fields (a factor without a type is linear, as llama.cpp reads it; older
+    files: ``<arch>.rope.scale_linear``)."""
     import numpy as np
 
     what = None
     kind = _field_value(reader, f"{arch}.rope.scaling.type")
     factor = _field_value(reader, f"{arch}.rope.scaling.factor")
+    if factor is None:
+        factor = _field_value(reader, f"{arch}.rope.scale_linear")
     if kind != "none" and isinstance(factor, (int, float)) and factor not in (0, 1):
         what = f"{arch}.rope.scaling.type {kind or 'absent (linear)'}, factor {factor}"
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)

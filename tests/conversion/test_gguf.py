@@ -304,6 +304,7 @@ def _u32(v):
                   "llama.rope.scaling.factor": (gguf.GGUFValueType.FLOAT32, 4.0)}),
      "RoPE scaling (llama.rope.scaling.type linear, factor 4.0) that transformers' GGUF loader ignores"),
     (dict(fields={"llama.rope.scaling.factor": (gguf.GGUFValueType.FLOAT32, 2.0)}), "factor 2.0"),
+    (dict(fields={"llama.rope.scale_linear": (gguf.GGUFValueType.FLOAT32, 2.0)}), "factor 2.0"),
     (dict(tensors={"blk.1.ffn_norm.weight": (np.ones(64), None)}),
      "tensors of type F64 (1, e.g. blk.1.ffn_norm.weight) that the installed gguf package cannot de-quantise"),
     (dict(tensors={"blk.0.ffn_gate.weight": (np.zeros((96, 292), dtype=np.uint8), gguf.GGMLQuantizationType.Q8_K)}),
@@ -314,7 +315,7 @@ def _u32(v):
      "tensors that transformers' GGUF loader would leave out of the model: blk.0.attn_k.bias, blk.0.attn_q.bias, "
      "blk.0.attn_v.bias and 3 more"),
 ], ids=["more-blocks", "fewer-blocks", "context-str", "context-0", "kv-heads-0", "split-part", "rope-freqs",
-        "rope-linear", "rope-factor", "f64-tensor", "q8k-tensor", "mistral-arch", "llama-biases"])
+        "rope-linear", "rope-factor", "rope-scale-linear", "f64-tensor", "q8k-tensor", "mistral-arch", "llama-biases"])
 def test_gguf_metadata_that_does_not_fit_refused_before_dequantising(gguf_source, tmp_path, capsys, monkeypatch,
                                                                        change, words):
     """A block_count above the layers the tensors hold made transformers initialise the missing
