@@ -6,7 +6,7 @@ tokens (Algorithm 2 duplicates the embeddings of the output positions). K and V 
 base tokens only; the queries get stream-specific scale-offset transforms
 
     q  = alpha  * (x  W_Q) + beta        (base stream:   sliding window of w keys)
-    q' = alpha' * (x' W_Q) + beta'       (output stream: every earlier key)
+    q' = alpha' * (x' W_Q) + beta'       (output stream: keys 1..t, its own position's included)
 
 and both outputs are concatenated before W_O. With a cache, the base tokens' K/V are appended
 first and both streams read the whole cache.

@@ -53,6 +53,12 @@ def train_flops(model_cfg, seg_lens: list, n_out: int) -> float:
       head) and ``out_proj``. The chunked kernels' extra intra-chunk work is not counted, as the
       attention kernels' masked-out blocks are not;
     * every layer: the SwiGLU MLP; the LM head on the ``n_out`` scored positions.
+
+    Every layer is counted with both streams, as the paper's count (Section 3.3) does. The model
+    skips the last layer's base stream (only that layer's keys and values of the base tokens are
+    read again), so an Orthros count is above the work done by that stream's MLP, query and output
+    projections and window: 1.5-1.7% of a 1.3B pre-training step at 2048 tokens, ~3% of an 8K prefill
+    (SmolLM2-135M and Qwen3-8B shapes), so the Transformer ratios `orthros info` prints err low.
     """
     return 3.0 * sum(forward_flops(model_cfg, seg_lens, n_out).values())
 
