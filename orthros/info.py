@@ -9,8 +9,9 @@ the engine, and the FLOPs of a prefill of ``--max-seq-len`` tokens (attention, a
 forward) against the same layers with full attention. ``--verify`` checks a
 training checkpoint's files against the sha256 sums of its manifest. ``--json`` prints the same
 as one JSON object. Bad input (not a directory, not an Orthros checkpoint, a damaged weight
-file, weights that lack a tensor of config.json's model or hold one of another shape) is one
-line and exit code 2, as for every command. Nothing is written.
+file, weights that lack a tensor of config.json's model or hold one of another shape, a training
+checkpoint whose manifest.json is corrupt or names a file that is missing or of another size) is
+one line and exit code 2, as for every command. Nothing is written.
 """
 
 from __future__ import annotations
@@ -134,8 +135,8 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
         origin["converted_from"] = {k: report.get(k) for k in ("architecture", "source", "orthros_version",
                                                                "window_size")}
     if manifest.is_file():
-        try:  # verify reads the manifest too (and returns it)
-            m = verify_manifest(d) if verify else _read_json(manifest) or {}
+        try:  # the manifest's form and its files' sizes (no byte is read); with --verify their sha256 sums too
+            m = verify_manifest(d, hashes=verify)
         except CheckpointError as e:
             raise ValueError(str(e)) from None
         origin["training_step"] = m.get("step")

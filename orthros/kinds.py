@@ -104,7 +104,7 @@ def describe_layers(layer_types: Sequence[str]) -> str:
         counts[t] = counts.get(t, 0) + 1
     what = (f"of {LAYER_DISPLAY[next(iter(counts))]}" if len(counts) == 1 else
             "(" + " + ".join(f"{n} {LAYER_DISPLAY[t]}" for t, n in counts.items()) + ")")
-    return f"{len(layer_types)} layers {what}"
+    return f"{len(layer_types)} layer{'s' if len(layer_types) != 1 else ''} {what}"
 
 
 def model_kind(layer_types: Sequence[str], mode: str) -> str:

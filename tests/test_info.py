@@ -275,3 +275,30 @@ def test_short_prefills_where_orthros_costs_more(ckpt, capsys):
     assert "(2.0x more)" in out and "x more; projections and MLPs are the same" in out and "fewer" not in out, out
     rc, out, _ = run([str(ckpt), "--max-seq-len", "256"], capsys)
     assert "(7.8x fewer)" in out and "x fewer; projections" in out and "more" not in out, out
+
+
+def test_a_corrupt_manifest_is_one_line_without_verify(ckpt, tmp_path, capsys):
+    """Without --verify the manifest was read as is: a list was an AttributeError traceback, and
+    unreadable JSON (or a dict without a step) a "training checkpoint of step None"."""
+    import shutil
+
+    from orthros.training import checkpoint
+
+    tmp = checkpoint.begin(str(tmp_path / "run"), 3)
+    for f in ckpt.iterdir():
+        shutil.copy(f, tmp / f.name)
+    final = checkpoint.commit(tmp, str(tmp_path / "run"), 3, keep_last=1)
+    for text in ("[1]", "{", '{"files": {}}'):
+        (final / "manifest.json").write_text(text)
+        rc, out, err = run([str(final)], capsys)
+        assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, (text, err)
+        assert "manifest.json is corrupt" in err, (text, err)
+
+
+def test_one_layer_is_one_layer(tmp_path, capsys):
+    from orthros.kinds import describe_layers
+
+    assert describe_layers(["full_attention"]) == "1 layer of full attention"
+    path = make_tiny_checkpoint(tmp_path / "one", num_hidden_layers=1)
+    rc, out, err = run([str(path)], capsys)
+    assert rc == 0 and "window 16: 1 layer of Orthros attention" in out, err
