@@ -63,7 +63,7 @@ def format_plan(plan: dict) -> str:
         copied = ", ".join(plan["copied_files"]) or "none"
         rows.append(("other files", f"copied: {copied}" +
                      "".join(f"; skipped {s['file']} ({s['reason']})" for s in plan["skipped_files"])))
-        rows += [("note", n) for n in plan["notes"]]
+    rows += [("note", n) for n in plan["notes"]]
     rows.append(("disk", f"about {format_bytes(plan['bytes_needed'])} written"))
     return "\n".join(["orthros convert --dry-run: every check passed; nothing was written"] +
                      [f"  {k:<12} {v}" for k, v in rows])

@@ -461,7 +461,7 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
     _check_window(window_size)
     out_dtype = resolve_dtype(dtype)
     dst = Path(os.fspath(dst)).expanduser()
-    from .gguf import is_gguf_source
+    from .gguf import gguf_notes, is_gguf_source
 
     base = {"dst": str(dst), "dst_exists": dst.exists() and not (dst.is_dir() and not any(dst.iterdir())),
             "window_size": window_size, "scale_offset": scale_offset}
@@ -469,7 +469,8 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
         info, need = _prepare_gguf(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite)
         return {**base, "source": str(info.path), "source_format": "gguf", "architecture": info.architecture,
                 "tensors": info.n_tensors, "parameters": info.n_params, "tensor_types": info.tensor_types,
-                "dtype": _dtype_name(out_dtype) if out_dtype else "float32", "bytes_needed": need}
+                "dtype": _dtype_name(out_dtype) if out_dtype else "float32", "bytes_needed": need,
+                "notes": gguf_notes(info)}
     source, plan, need = _prepare(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite,
                                   scale_offset=scale_offset)
     with tempfile.TemporaryDirectory() as d:  # the names the result's config brings (its remote code)
@@ -524,7 +525,7 @@ def _check_disk(dst: Path, need: int) -> None:
 
 def _convert_gguf(src, dst: Path, *, window_size: int, out_dtype, overwrite: bool, scale_offset: bool,
                   progress: bool) -> dict:
-    from .gguf import gguf_to_hf_directory
+    from .gguf import gguf_notes, gguf_to_hf_directory
 
     info, _ = _prepare_gguf(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite)
     clean_stale(dst)
@@ -544,6 +545,7 @@ def _convert_gguf(src, dst: Path, *, window_size: int, out_dtype, overwrite: boo
         plan = make_plan(source.config, source.architecture, source.shapes(), window_size=window_size,
                          scale_offset=scale_offset, out_dtype=out_dtype, config_dtype=torch.float32,
                          untie_head=source.head_differs())
+        plan.notes.extend(gguf_notes(info))  # into conversion_report.json with the plan's own
         report = _write_checkpoint(source, plan, tmp, window_size=window_size, scale_offset=scale_offset,
                                    progress=progress, extra=extra)
         shutil.rmtree(stage)

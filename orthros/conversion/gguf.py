@@ -66,6 +66,15 @@ class GGUFInfo:
     head_dim: int | None = None  # <arch>.attention.key_length
 
 
+def gguf_notes(info: "GGUFInfo") -> list:
+    """What a conversion of ``info``'s file should tell its user beyond the plan (``--dry-run``
+    and the notes after the conversion)."""
+    if info.has_tokenizer:
+        return []
+    return [f"{info.path.name} holds no tokenizer (no tokenizer.ggml.* fields): the checkpoint will have none; "
+            f"copy the model's tokenizer files into it before `orthros generate` (or pass --tokenizer there)"]
+
+
 def is_gguf_source(path) -> bool:
     """True for a ``.gguf`` file, or a directory that holds a ``.gguf`` file and no config.json."""
     p = Path(os.fspath(path)).expanduser()

@@ -362,3 +362,27 @@ def test_gguf_that_transformers_cannot_load_whole_refused(gguf_source, tmp_path,
     assert err.startswith("orthros convert: error: ") and "\n" not in err and words in err, err
     assert "LOAD REPORT" not in out + err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
+
+
+def test_gguf_without_a_tokenizer_is_said_in_the_plan_and_the_report(gguf_source, tmp_path, capsys):
+    """A GGUF without tokenizer.ggml.* fields converted to a checkpoint without a tokenizer, and
+    neither --dry-run nor the conversion said so (`orthros generate` then failed on the tokenizer)."""
+    import json
+
+    from gguf import GGUFReader
+
+    path, _, _ = gguf_source
+    keys = [k for k in GGUFReader(str(path)).fields if k.startswith("tokenizer.")]
+    bare = _rewritten(path, tmp_path / "bare.gguf", drop_fields=keys)
+    assert not inspect_gguf(bare).has_tokenizer
+    capsys.readouterr()
+    assert convert_main([str(bare), str(tmp_path / "plan"), "--window-size", str(W), "--dry-run"]) == 0
+    assert "note" in (out := capsys.readouterr().out) and "holds no tokenizer" in out, out
+    assert convert_main([str(bare), str(tmp_path / "out"), "--window-size", str(W)]) == 0
+    assert "note: bare.gguf holds no tokenizer" in capsys.readouterr().out
+    report = json.loads((tmp_path / "out" / "conversion_report.json").read_text())
+    assert any("holds no tokenizer" in n for n in report["notes"])
+    assert not (tmp_path / "out" / "tokenizer.json").exists()
+    capsys.readouterr()  # the tokenizer-carrying source: no such note
+    assert convert_main([str(path), str(tmp_path / "plan2"), "--window-size", str(W), "--dry-run"]) == 0
+    assert "holds no tokenizer" not in capsys.readouterr().out
