@@ -148,17 +148,31 @@ def pyplot():
     return plt
 
 
+def _write_target(path) -> tuple[Path, bool]:
+    """Where a file written to ``path`` goes, and whether in place: a pipe or a device
+    (``/dev/stdout``, ``/dev/null``) is written as it is (a rename would put a regular file in its
+    place); through a symbolic link, its target (a rename would replace the link)."""
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        return path, True
+    return Path(os.path.realpath(path)), False
+
+
 def save_figure(fig, path, dpi: int = 120) -> None:
     """Write a matplotlib figure to ``path`` (its folder made) through a temporary name in the
-    same folder, then rename, and close the figure: a reader never sees half a PNG."""
-    path = Path(path)
+    same folder, then rename, and close the figure: a reader never sees half a PNG. (A pipe or a
+    device is written in place; a symbolic link's target is replaced, the link kept.)"""
+    path, in_place = _write_target(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp" + path.suffix)  # the suffix tells matplotlib the format
+    # the temporary's suffix tells matplotlib the format
+    tmp = path if in_place else path.with_name(path.name + ".tmp" + path.suffix)
     try:
         fig.savefig(tmp, dpi=dpi)
-        os.replace(tmp, path)
+        if not in_place:
+            os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        if not in_place:
+            tmp.unlink(missing_ok=True)
         import matplotlib.pyplot as plt
 
         plt.close(fig)
@@ -171,8 +185,14 @@ __all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "cache_root", "check_pn
 
 def write_text(path, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` (its folder made) through a temporary name in the same
-    folder, then rename: a reader (or a run killed mid-write) never sees half a file."""
-    path = Path(path)
+    folder, then rename: a reader (or a run killed mid-write) never sees half a file. (A pipe or a
+    device, such as ``/dev/stdout``, is written in place; a symbolic link's target is replaced, the
+    link kept.)"""
+    path, in_place = _write_target(path)
+    if in_place:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:

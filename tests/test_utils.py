@@ -152,3 +152,38 @@ def test_commit_id_is_none_outside_a_checkout_of_orthros(tmp_path, monkeypatch):
     git("add", "-f", str(pkg / "utils.py"))  # tracked: a checkout
     git("-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "-m", "orthros")
     assert utils.commit_id() == git("rev-parse", "--short", "HEAD").stdout.strip()
+
+
+def test_writes_go_through_a_link_and_into_a_pipe(tmp_path):
+    """``-o LINK`` replaced the symbolic link with a file and left its target as it was; ``-o``
+    a pipe or a device (``/dev/stdout``, ``/dev/null``) was replaced by a regular file (as root:
+    the system's ``/dev/null``) or refused by /dev's permissions. A link's target is written
+    through a temporary name, a pipe or a device in place."""
+    import os
+    import threading
+
+    from orthros.utils import write_json, write_text
+
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "r.json"
+    target.write_text("old")
+    link = tmp_path / "r.json"
+    link.symlink_to(target)
+    write_json(link, {"x": 1})
+    assert link.is_symlink() and target.read_text() == '{\n  "x": 1\n}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json", "real"]
+    assert sorted(p.name for p in target.parent.iterdir()) == ["r.json"]
+    fig, ax = plt.subplots()
+    (tmp_path / "real" / "p.png").write_text("old")
+    (tmp_path / "p.png").symlink_to(tmp_path / "real" / "p.png")
+    save_figure(fig, tmp_path / "p.png")
+    assert (tmp_path / "p.png").is_symlink() and (tmp_path / "real" / "p.png").read_bytes()[:4] == b"\x89PNG"
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_text()), daemon=True)
+    reader.start()
+    write_text(fifo, "through the pipe\n")
+    reader.join(timeout=30)
+    assert got == ["through the pipe\n"] and fifo.is_fifo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.png", "pipe", "r.json", "real"]
