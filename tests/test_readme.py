@@ -92,3 +92,19 @@ def test_every_benchmark_script_line_runs_as_written(monkeypatch, capsys):
             assert flag in line.split(), (line, f"{flag} is required")
         for flag in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", line):
             assert flag in text, (line, flag)
+
+
+def test_progress_switches_are_where_the_readme_says(capsys):
+    """The README said `--no-progress` turns progress off for the commands other than convert,
+    fetch and train; `generate --prompts` and `bench` show it and take no such option. If one of
+    them gains a switch, the README's list changes with it."""
+    text = " ".join(README.read_text().split())
+    assert "`--no-progress` (`demo`; `eval` mqar, niah, niah-train, ppl), `-q` (`convert`, `fetch`)" in text
+    assert "(`generate --prompts` and `bench` have no such switch)" in text
+    for argv, flag in ((["demo"], "--no-progress"), (["eval", "mqar"], "--no-progress"), (["eval", "niah"], "--no-progress"),
+                       (["eval", "niah-train"], "--no-progress"), (["eval", "ppl"], "--no-progress"),
+                       (["convert"], "--quiet"), (["fetch"], "--quiet")):
+        assert flag in help_text(capsys, argv), argv
+    for argv in (["generate"], ["bench", "prefill"], ["bench", "decode"], ["bench", "e2e"], ["bench", "all"]):
+        h = help_text(capsys, argv)
+        assert "--no-progress" not in h and "--quiet" not in h, argv
