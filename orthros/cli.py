@@ -49,6 +49,11 @@ def main(argv=None) -> int:
         # `orthros ... | head`: the reader has what it wanted; no error, and none at exit's flush either
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_READER_GONE
+    except OSError as e:  # the usage or the version to a full disk (a command's own are caught in _main)
+        if os.environ.get("ORTHROS_TRACEBACK"):
+            raise
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return _failure("orthros", e)
 
 
 def _reader_gone() -> bool:
@@ -98,9 +103,13 @@ def _main(argv) -> int:
     except RUNTIME_ERRORS as e:
         if os.environ.get("ORTHROS_TRACEBACK") or (isinstance(e, BrokenPipeError) and _reader_gone()):
             raise
-        print(f"orthros {cmd}: error: {type(e).__name__}: {_one_line(e)} (ORTHROS_TRACEBACK=1 shows the traceback)",
-              file=sys.stderr)
-        return EXIT_FAILURE
+        return _failure(f"orthros {cmd}", e)
+
+
+def _failure(prog: str, e: BaseException) -> int:
+    print(f"{prog}: error: {type(e).__name__}: {_one_line(e)} (ORTHROS_TRACEBACK=1 shows the traceback)",
+          file=sys.stderr)
+    return EXIT_FAILURE
 
 
 def _one_line(e: BaseException) -> str:

@@ -242,3 +242,18 @@ def test_a_reader_that_stops_early_is_no_error(argv, checkpoint, tmp_path):
     p.stdout.close()  # before the command prints anything: it starts in a fraction of a second at best
     err = p.stderr.read()
     assert p.wait(timeout=300) == 141 and err == "", err
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"]])
+def test_a_stdout_that_cannot_be_written_is_one_line(argv):
+    """``orthros --help > /dev/full``: a disk error is exit code 1 and one line, as for every
+    command; the usage and the version were printed outside the handler (an OSError traceback)."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("ORTHROS_TRACEBACK", None)
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "orthros", *argv], stdout=full, stderr=subprocess.PIPE, text=True,
+                           env=env, cwd=REPO, timeout=120)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        "orthros: error: OSError: [Errno 28] No space left on device (ORTHROS_TRACEBACK=1 shows the traceback)"], r.stderr
