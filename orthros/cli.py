@@ -26,7 +26,7 @@ COMMANDS = {
     "info": ("orthros.info", "describe a checkpoint without loading it: model, weights, cache, prefill cost"),
     "plot": ("orthros.training.plot", "draw training runs' loss curves (their metrics.jsonl) to a PNG"),
     "generate": ("orthros.engine.cli", "generate text with the fast inference engine (streams tokens)"),
-    "bench": ("orthros.benchmarks.cli", "prefill / end-to-end benchmarks against baselines"),
+    "bench": ("orthros.benchmarks.cli", "prefill / decode / end-to-end benchmarks against baselines"),
     "eval": ("orthros.evaluation.cli", "MQAR, needle-in-a-haystack, perplexity by position, lm-evaluation-harness"),
     "demo": ("orthros.evaluation.demo", "show the paper's point on this machine in a few minutes"),
 }

@@ -59,6 +59,13 @@ def test_version_and_help_output():
                        env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
     assert r.returncode == 0 and r.stdout.strip().startswith("orthros ")
     assert main(["--help"]) == 0
+    from orthros.benchmarks.cli import build_parser
+    from orthros.cli import _usage
+
+    # the usage's line of `bench` names what it measures: it said "prefill / end-to-end", no decode
+    bench = next(a for a in build_parser()._actions if a.choices).choices
+    line = next(line for line in _usage().splitlines() if line.startswith("  bench "))
+    assert all(what.replace("e2e", "end-to-end") in line for what in bench if what != "all"), line
 
 
 def test_public_names_load_on_first_use():
