@@ -292,3 +292,7 @@ def main(argv=None) -> int:
 
 
 __all__ = ["describe", "format_report", "main"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

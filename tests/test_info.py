@@ -302,3 +302,17 @@ def test_one_layer_is_one_layer(tmp_path, capsys):
     path = make_tiny_checkpoint(tmp_path / "one", num_hidden_layers=1)
     rc, out, err = run([str(path)], capsys)
     assert rc == 0 and "window 16: 1 layer of Orthros attention" in out, err
+
+
+def test_python_m_orthros_info_runs(ckpt):
+    """Every command's module runs with ``python -m`` as ``orthros <command>`` does; ``python -m
+    orthros.info PATH`` printed nothing and exited 0 (no ``__main__`` guard)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "orthros.info", str(ckpt), "--max-seq-len", "8"], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert r.returncode == 0 and r.stdout.startswith(f"{ckpt}: Orthros checkpoint"), r.stdout + r.stderr[-2000:]
