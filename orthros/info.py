@@ -127,8 +127,9 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
     flops_full = forward_flops(full, [L], 1)
 
     tok_cfg = _read_json(d / "tokenizer_config.json") or {}
-    auto_map = (_read_json(d / "config.json") or {}).get("auto_map") or {}
-    remote = bool(auto_map) and all((d / f"{ref.split('.')[0]}.py").is_file() for ref in auto_map.values())
+    auto_map = (_read_json(d / "config.json") or {}).get("auto_map")
+    refs = [auto_map.get(k) if isinstance(auto_map, dict) else None for k in ("AutoConfig", "AutoModelForCausalLM")]
+    remote = all(isinstance(ref, str) and (d / f"{ref.split('.')[0]}.py").is_file() for ref in refs)
     origin = {}
     report = _read_json(d / REPORT_FILE)
     if isinstance(report, dict):

@@ -316,3 +316,22 @@ def test_python_m_orthros_info_runs(ckpt):
     r = subprocess.run([sys.executable, "-m", "orthros.info", str(ckpt), "--max-seq-len", "8"], capture_output=True,
                        text=True, env=env, timeout=300)
     assert r.returncode == 0 and r.stdout.startswith(f"{ckpt}: Orthros checkpoint"), r.stdout + r.stderr[-2000:]
+
+
+def test_remote_code_row_reads_the_models_auto_map(ckpt, tmp_path, capsys):
+    """An ``auto_map`` that also names a tokenizer (transformers writes a [slow, fast] pair) was an
+    AttributeError traceback; the row is about AutoConfig and AutoModelForCausalLM's code."""
+    import shutil
+
+    def remote_row(name, edit):
+        d = tmp_path / name
+        shutil.copytree(ckpt, d)
+        cfg = json.loads((d / "config.json").read_text())
+        edit(cfg["auto_map"])
+        (d / "config.json").write_text(json.dumps(cfg))
+        rc, out, err = run([str(d)], capsys)
+        assert rc == 0, err
+        return next(line for line in out.splitlines() if line.lstrip().startswith("remote code"))
+
+    assert "yes: loads" in remote_row("tok", lambda m: m.update(AutoTokenizer=["tokenization_x.XTokenizer", None]))
+    assert "no (loads" in remote_row("nolm", lambda m: m.pop("AutoModelForCausalLM"))
