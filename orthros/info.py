@@ -59,11 +59,13 @@ def _flops(n: float) -> str:
     return f"{n:,.0f} FLOP"
 
 
-def _read_json(path: Path):
+def _read_json(path: Path) -> dict:
+    """The JSON object in ``path``; ``{}`` for a file that is missing, unreadable or holds no object."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        obj = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
+        return {}
+    return obj if isinstance(obj, dict) else {}
 
 
 def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify: bool = False) -> dict:
@@ -126,13 +128,13 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
     flops = forward_flops(config, [L], 1, out_keys=L)
     flops_full = forward_flops(full, [L], 1)
 
-    tok_cfg = _read_json(d / "tokenizer_config.json") or {}
-    auto_map = (_read_json(d / "config.json") or {}).get("auto_map")
+    tok_cfg = _read_json(d / "tokenizer_config.json")
+    auto_map = _read_json(d / "config.json").get("auto_map")
     refs = [auto_map.get(k) if isinstance(auto_map, dict) else None for k in ("AutoConfig", "AutoModelForCausalLM")]
     remote = all(isinstance(ref, str) and (d / f"{ref.split('.')[0]}.py").is_file() for ref in refs)
     origin = {}
     report = _read_json(d / REPORT_FILE)
-    if isinstance(report, dict):
+    if report:
         origin["converted_from"] = {k: report.get(k) for k in ("architecture", "source", "orthros_version",
                                                                "window_size")}
     if manifest.is_file():

@@ -335,3 +335,15 @@ def test_remote_code_row_reads_the_models_auto_map(ckpt, tmp_path, capsys):
 
     assert "yes: loads" in remote_row("tok", lambda m: m.update(AutoTokenizer=["tokenization_x.XTokenizer", None]))
     assert "no (loads" in remote_row("nolm", lambda m: m.pop("AutoModelForCausalLM"))
+
+
+def test_a_tokenizer_config_that_is_no_object_is_no_traceback(ckpt, tmp_path, capsys):
+    """tokenizer_config.json holding a list was an AttributeError traceback."""
+    import shutil
+
+    d = tmp_path / "tok"
+    shutil.copytree(ckpt, d)
+    (d / "chat_template.jinja").unlink()
+    (d / "tokenizer_config.json").write_text("[1]")
+    rc, out, err = run([str(d)], capsys)
+    assert rc == 0 and "tokenizer    yes (no chat template: no --chat)" in out, err
