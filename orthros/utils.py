@@ -1,6 +1,6 @@
 """Small vocabularies every layer of the package shares: dtype names, argument checks, sizes in
-bytes, the commit a measurement ran at, writing a JSON file or a figure without leaving half a
-file, and progress on stderr (ours, and transformers' own bars).
+bytes, the commit a measurement ran at, writing a JSON file, a figure or a directory without
+leaving half of one, and progress on stderr (ours, and transformers' own bars).
 
 This module imports nothing heavy (torch only inside :func:`parse_dtype`, transformers only
 inside :func:`hf_progress_bars`), so anything (ops, the CLIs' argument parsers) may import it.
@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import tempfile
+import uuid
 from pathlib import Path
 
 # user-facing dtype names (CLI flags, configs, JSON) -> torch dtype attribute names
@@ -178,7 +181,7 @@ def save_figure(fig, path, dpi: int = 120) -> None:
         plt.close(fig)
 
 
-__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "cache_root", "check_png", "check_positive_int", "commit_id",
+__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "atomic_directory", "cache_root", "clean_stale", "check_png", "check_positive_int", "commit_id",
            "dtype_name", "format_bytes", "hf_progress_bars", "isatty", "parse_dtype", "pyplot", "save_figure", "write_json",
            "write_text"]
 
@@ -345,3 +348,80 @@ def _count(n, scale: bool) -> str:
         if abs(n) < 1000 or suffix == "T":
             return f"{n:.1f}{suffix}" if suffix else f"{n:.0f}"
         n /= 1000
+
+
+# Directory outputs written whole (orthros convert, eval niah-train): built in a temporary directory beside
+# DST, renamed into place at the end.
+TMP_TAG = ".orthros-tmp-"  # .<DST name>.orthros-tmp-<pid>-<random>: a directory being written
+OLD_TAG = ".orthros-old-"  # .<DST name>.orthros-old-<pid>-<random>: the replaced DST, removed at the end
+
+
+def clean_stale(dst) -> list:
+    """Remove what a killed :func:`atomic_directory` writer into ``dst`` left beside it (``kill -9``, power loss):
+    ``.<name>.orthros-tmp-<pid>-*`` directories whose process is gone, and ``.orthros-old-``
+    copies of a replaced ``dst`` (put back as ``dst`` when the kill came between the two
+    renames, so the previous result is never lost). Returns the paths removed or restored."""
+    dst = Path(os.fspath(dst)).expanduser().absolute()
+    parent = dst.parent
+    if not parent.is_dir():
+        return []
+    done = []
+    for tag in (TMP_TAG, OLD_TAG):
+        prefix = f".{dst.name}{tag}"
+        for p in sorted(parent.iterdir()):
+            if not p.name.startswith(prefix):
+                continue
+            pid = p.name[len(prefix):].split("-", 1)[0]
+            if pid.isdigit() and pid_alive(int(pid)):
+                continue  # a writer running right now
+            if tag == OLD_TAG and not (dst.exists() or dst.is_symlink()):
+                os.replace(p, dst)  # killed after moving the old result aside, before the new one landed
+            elif p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    p.unlink()
+            done.append(p)
+    return done
+
+
+
+@contextlib.contextmanager
+def atomic_directory(dst: Path, overwrite: bool):
+    """Yield a fresh temporary directory next to ``dst``; on success it becomes ``dst`` (a
+    previous ``dst``, which the caller has allowed to be replaced, is moved aside and removed
+    only once the new one is in place). On any error nothing is left behind (neither the
+    temporary directory nor new parents)."""
+    dst = dst.absolute()
+    created, p = [], dst.parent
+    while not p.exists():
+        created.append(p)
+        p = p.parent
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}{TMP_TAG}{os.getpid()}-", dir=dst.parent))
+    old = None
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would otherwise become DST's mode
+        yield tmp
+        if dst.exists() or dst.is_symlink():
+            if dst.is_dir() and not dst.is_symlink() and not any(dst.iterdir()):
+                dst.rmdir()
+            else:  # overwrite was checked before any work
+                old = dst.parent / f".{dst.name}{OLD_TAG}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+                os.replace(dst, old)
+        os.replace(tmp, dst)
+        if old is not None:
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old)
+            else:
+                old.unlink()
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and os.path.lexists(old) and not os.path.lexists(dst):
+            os.replace(old, dst)  # stopped between the two renames: the previous DST back
+        for c in created:  # innermost first
+            with contextlib.suppress(OSError):
+                c.rmdir()
+        raise

@@ -25,7 +25,6 @@ import re
 import shutil
 import sys
 import tempfile
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +32,8 @@ import torch
 
 from ..layers import SCALE_OFFSET_INIT
 from ..models import OrthrosConfig, OrthrosForCausalLM
-from ..utils import Progress, check_positive_int, file_in_the_way, parse_dtype, pid_alive
+from ..utils import (OLD_TAG, TMP_TAG, Progress, atomic_directory, check_positive_int, clean_stale,  # noqa: F401
+                     file_in_the_way, parse_dtype)
 from .architectures import (
     SUPPORTED_ARCHITECTURES,
     UnsupportedModelError,
@@ -333,39 +333,6 @@ def _check_destination(src: Path | None, dst: Path, overwrite: bool):
             raise FileExistsError(f"destination {str(dst)!r}: {what}; pass --overwrite (overwrite=True) to replace it")
 
 
-TMP_TAG = ".orthros-tmp-"  # .<DST name>.orthros-tmp-<pid>-<random>: a conversion in progress
-OLD_TAG = ".orthros-old-"  # .<DST name>.orthros-old-<pid>-<random>: the replaced DST, removed at the end
-
-
-def clean_stale(dst) -> list:
-    """Remove what a killed conversion into ``dst`` left beside it (``kill -9``, power loss):
-    ``.<name>.orthros-tmp-<pid>-*`` directories whose process is gone, and ``.orthros-old-``
-    copies of a replaced ``dst`` (put back as ``dst`` when the kill came between the two
-    renames, so the previous result is never lost). Returns the paths removed or restored."""
-    dst = Path(os.fspath(dst)).expanduser().absolute()
-    parent = dst.parent
-    if not parent.is_dir():
-        return []
-    done = []
-    for tag in (TMP_TAG, OLD_TAG):
-        prefix = f".{dst.name}{tag}"
-        for p in sorted(parent.iterdir()):
-            if not p.name.startswith(prefix):
-                continue
-            pid = p.name[len(prefix):].split("-", 1)[0]
-            if pid.isdigit() and pid_alive(int(pid)):
-                continue  # a conversion running right now
-            if tag == OLD_TAG and not (dst.exists() or dst.is_symlink()):
-                os.replace(p, dst)  # killed after moving the old result aside, before the new one landed
-            elif p.is_dir() and not p.is_symlink():
-                shutil.rmtree(p, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
-                    p.unlink()
-            done.append(p)
-    return done
-
-
 _PAUSE_ENV = "ORTHROS_CONVERT_TEST_PAUSE"  # test hook: "<shard index>:<seconds>" sleeps after that shard
 
 
@@ -375,45 +342,6 @@ def _test_pause(index: int) -> None:
         import time
 
         time.sleep(float(spec.split(":")[1]))
-
-
-@contextlib.contextmanager
-def _atomic_directory(dst: Path, overwrite: bool):
-    """Yield a fresh temporary directory next to ``dst``; on success it becomes ``dst``.
-    On any error nothing is left behind (neither the temporary directory nor new parents)."""
-    dst = dst.absolute()
-    created, p = [], dst.parent
-    while not p.exists():
-        created.append(p)
-        p = p.parent
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}{TMP_TAG}{os.getpid()}-", dir=dst.parent))
-    old = None
-    try:
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp's 0700 would otherwise become DST's mode
-        yield tmp
-        if dst.exists() or dst.is_symlink():
-            if dst.is_dir() and not dst.is_symlink() and not any(dst.iterdir()):
-                dst.rmdir()
-            else:  # overwrite was checked before any work
-                old = dst.parent / f".{dst.name}{OLD_TAG}{os.getpid()}-{uuid.uuid4().hex[:8]}"
-                os.replace(dst, old)
-        os.replace(tmp, dst)
-        if old is not None:
-            if old.is_dir() and not old.is_symlink():
-                shutil.rmtree(old)
-            else:
-                old.unlink()
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and os.path.lexists(old) and not os.path.lexists(dst):
-            os.replace(old, dst)  # stopped between the two renames: the previous DST back
-        for c in created:  # innermost first
-            with contextlib.suppress(OSError):
-                c.rmdir()
-        raise
 
 
 def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrite: bool = False,
@@ -446,7 +374,7 @@ def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrit
     source, plan, _ = _prepare(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite,
                                scale_offset=scale_offset)
     clean_stale(dst)
-    with _atomic_directory(dst, overwrite) as tmp:
+    with atomic_directory(dst, overwrite) as tmp:
         report = _write_checkpoint(source, plan, tmp, window_size=window_size, scale_offset=scale_offset,
                                    progress=progress)
     return report
@@ -534,7 +462,7 @@ def _convert_gguf(src, dst: Path, *, window_size: int, out_dtype, overwrite: boo
                       "bytes": info.size, "tensors": info.n_tensors, "parameters": info.n_params,
                       "tensor_types": info.tensor_types,
                       "note": "de-quantised to float32 by transformers' GGUF loader before conversion"}}
-    with _atomic_directory(dst, overwrite) as tmp:
+    with atomic_directory(dst, overwrite) as tmp:
         stage = tmp / ".gguf-source"
         stage.mkdir()
         if progress:
