@@ -26,7 +26,7 @@ from typing import Optional
 import numpy as np
 
 from ..kinds import ATTENTION_MODES, mode_option
-from ..utils import Progress, write_json
+from ..utils import Progress, atomic_directory, check_output_path, write_json
 from .niah import NEEDLE, PromptBuilder
 
 IGNORE = -100
@@ -159,8 +159,20 @@ def answer_accuracy(model, ids, labels) -> float:
     return float((pred == tgt).all(-1).float().mean())
 
 
-def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progress: bool = False) -> dict:
-    """Train on generated passkey data; save the model and tokenizer to ``out_dir`` (if given).
+def check_out_dir(out_dir, overwrite: bool) -> None:
+    """Refuse, before any work, an ``--out`` that holds something (a non-empty directory) unless
+    ``overwrite``: the checkpoint replaces the whole directory at the end."""
+    check_output_path("--out", out_dir, directory=True)
+    out = Path(out_dir).expanduser()
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise ValueError(f"--out {out_dir}: the directory is not empty; pass --overwrite to replace it")
+
+
+def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progress: bool = False,
+          overwrite: bool = False) -> dict:
+    """Train on generated passkey data; save the model and tokenizer to ``out_dir`` (if given),
+    written whole at the end (a temporary directory renamed into place: a failure leaves nothing);
+    a non-empty ``out_dir`` is refused before any work unless ``overwrite``.
     ``progress``: :class:`orthros.utils.Progress` over the steps (on stderr; the log lines print above it)."""
     import torch
 
@@ -168,6 +180,8 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progres
     from ..training.optim import build_optimizer, build_scheduler, warmup_steps_from_fraction
 
     cfg.validate()
+    if out_dir is not None:
+        check_out_dir(out_dir, overwrite)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     tok = tokenizer if tokenizer is not None else load_tokenizer()
@@ -225,11 +239,11 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progres
     result = {"config": asdict(cfg), "train_seconds": secs, "history": history,
               "params": sum(p.numel() for p in model.parameters())}
     if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(str(out))
-        tok.save_pretrained(str(out))
-        write_json(out / "niah_train.json", result)
+        out = Path(out_dir).expanduser()
+        with atomic_directory(out, overwrite) as tmp:
+            model.save_pretrained(str(tmp))
+            tok.save_pretrained(str(tmp))
+            write_json(tmp / "niah_train.json", result)
         log(f"saved {out} ({result['params']:,} params, {secs:.0f}s of training)")
     result["model"] = model
     return result
@@ -237,7 +251,9 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progres
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     d = NIAHTrainConfig()
-    p.add_argument("--out", "-o", required=True, help="output checkpoint dir (model + tokenizer + niah_train.json)")
+    p.add_argument("--out", "-o", required=True, help="output checkpoint dir (model + tokenizer + niah_train.json), "
+                                                      "written whole at the end")
+    p.add_argument("--overwrite", action="store_true", help="replace --out if it exists and is not empty")
     p.add_argument("--mode", default=d.attention_mode, type=mode_option, metavar="{orthros,full,window}",
                    help="attention_mode: orthros, window (or swa) or full (or transformer)")
     # the architecture options (None: the default, or with --init the checkpoint's own value)
@@ -310,13 +326,11 @@ def config_from_args(a) -> NIAHTrainConfig:
 
 
 def run_cli(a) -> int:
-    from ..utils import check_output_path
-
     cfg = config_from_args(a).validate()
-    check_output_path("--out", a.out, directory=True)
+    check_out_dir(a.out, a.overwrite)
     print(f"NIAH training{' from ' + cfg.init if cfg.init else ''}: {cfg.attention_mode}, window {cfg.window_size}, {cfg.num_layers} layers, d={cfg.hidden_size}, "
           f"prompts {cfg.min_len}..{cfg.max_len} tokens, {cfg.steps} steps x {cfg.batch_size}, lr {cfg.lr:g}")
-    train(cfg, out_dir=a.out, progress=not getattr(a, "no_progress", False))
+    train(cfg, out_dir=a.out, progress=not getattr(a, "no_progress", False), overwrite=a.overwrite)
     return 0
 
 

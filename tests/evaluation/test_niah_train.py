@@ -182,7 +182,26 @@ def test_record_is_written_through_a_temporary_name(tmp_path, monkeypatch):
     out = tmp_path / "m"
     with pytest.raises(OSError):
         main(["niah-train", *TINY, "--out", str(out)])
-    assert not [p.name for p in out.iterdir() if "niah_train.json" in p.name]
+    assert not out.exists() and list(tmp_path.iterdir()) == []  # nothing of the checkpoint either
+
+
+def test_a_non_empty_out_is_refused_before_any_work_unless_overwrite(tmp_path, capsys, monkeypatch):
+    """Issue: the checkpoint was written straight into --out, over whatever was there (another
+    run's checkpoint, files of its own), and a failure mid-save left a mix of the two."""
+    import orthros.evaluation.niah_train as nt
+    from orthros.evaluation.cli import main
+
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep")
+    monkeypatch.setattr(nt, "build_model", lambda *a, **k: pytest.fail("work started"))
+    assert main(["niah-train", *TINY, "--out", str(out)]) == 2
+    assert "--out " + str(out) + ": the directory is not empty; pass --overwrite" in capsys.readouterr().err
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    monkeypatch.undo()
+    assert main(["niah-train", *TINY, "--out", str(out), "--overwrite"]) == 0
+    assert not (out / "mine.txt").exists() and (out / "niah_train.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temporary or old copy beside it
 
 
 def test_cli_init_keeps_its_architecture_and_refuses_other_values(tmp_path, capsys, monkeypatch):
