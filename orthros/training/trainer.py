@@ -29,7 +29,7 @@ from ..utils import Progress, write_text
 from . import checkpoint as ckpt
 from .config import ARCH_TO_ATTENTION_MODE, ConfigError, RunConfig, _get, dump_yaml
 from .data import DataError, PackedBatch, build_stream, collate, count_targets, eval_rows
-from .hub import check_hub_name
+from .hub import HUB_ID, check_hub_name
 from .metrics import MetricsLogger, detect_peak_flops, train_flops
 from .optim import build_optimizer, build_scheduler
 
@@ -160,17 +160,21 @@ def refuse_file(key: str, path: str, need: str) -> None:
 def load_tokenizer(cfg: RunConfig):
     from ..data import load_tokenizer as _load
 
-    name = cfg.data.tokenizer
+    name, key = cfg.data.tokenizer, "data.tokenizer"
     init = cfg.model.init_from
-    if name == "embedded" and init and (Path(init) / "tokenizer_config.json").is_file():
-        name = init  # a checkpoint's own tokenizer beats the embedded one (it may be a converted model)
+    if name == "embedded" and init:
+        p = Path(init).expanduser()
+        if (p / "tokenizer_config.json").is_file() or (not p.exists() and HUB_ID.fullmatch(init)):
+            # a checkpoint's own tokenizer, local or on the hub, beats the embedded one (a converted
+            # or pretrained model has its own vocabulary)
+            name, key = init, "model.init_from"
     if name != "embedded" and not Path(name).expanduser().is_dir():
-        refuse_file("data.tokenizer", name, "tokenizer directory")
-        check_hub_name("data.tokenizer", name, "tokenizer")
+        refuse_file(key, name, "tokenizer directory")
+        check_hub_name(key, name, "tokenizer")
     try:
         tok = _load(name)
     except Exception as e:  # noqa: BLE001
-        raise ConfigError(f"data.tokenizer: cannot load {cfg.data.tokenizer!r}: {type(e).__name__}: {e}") from None
+        raise ConfigError(f"{key}: cannot load the tokenizer {name!r}: {type(e).__name__}: {e}") from None
     if tok.eos_token_id is None and cfg.mode != "sft":
         raise ConfigError("data.tokenizer has no eos token; pre-training needs one to mark document ends")
     return tok

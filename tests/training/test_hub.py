@@ -80,3 +80,31 @@ def test_a_missing_local_path_is_no_hub_name(monkeypatch, name):
             check_hub_name("data.tokenizer", ok, "tokenizer")
     finally:
         hub_unreachable.cache_clear()
+
+
+def test_a_hub_init_from_brings_its_own_tokenizer(tmp_path, corpus, monkeypatch):  # noqa: F811
+    """With model.init_from a hub name and data.tokenizer left at 'embedded', the run tokenized its
+    data with the embedded 4,096-token tokenizer, not the model's own (a local checkpoint's own
+    tokenizer was already preferred): the hub model's tokenizer is loaded, under model.init_from."""
+    import orthros.data as data_mod
+    from orthros.training.trainer import load_tokenizer
+
+    monkeypatch.setattr(socket, "getaddrinfo", lambda host, *a, **k: [])  # the hub would be reachable
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    hub_unreachable.cache_clear()
+    asked = []
+
+    def fake_load(name=None):
+        asked.append(name)
+        raise OSError("no network in tests")
+
+    monkeypatch.setattr(data_mod, "load_tokenizer", fake_load)
+    try:
+        cfg = load_config(None, tiny(tmp_path / "run", corpus, "--mode", "cpt",
+                                     "--model.init_from", "HuggingFaceTB/SmolLM2-135M"))
+        with pytest.raises(ConfigError, match=r"^model.init_from: cannot load the tokenizer "
+                                              r"'HuggingFaceTB/SmolLM2-135M'"):
+            load_tokenizer(cfg)
+        assert asked == ["HuggingFaceTB/SmolLM2-135M"]
+    finally:
+        hub_unreachable.cache_clear()
