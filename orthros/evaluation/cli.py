@@ -146,6 +146,9 @@ def _lm_parser(sub):
     p.add_argument("--output", "-o", default=None, help="write the results as JSON here")
 
 
+PPL_SEQ_LEN = 8192  # eval ppl's --seq-len, unless the model has fewer positions
+
+
 def _ppl_parser(sub):
     p = sub.add_parser("ppl", help="perplexity on held-out text by token position (0-128, 128-512, 512-2K, 2K-8K)",
                        description="Perplexity of a checkpoint on windows of --seq-len tokens of held-out "
@@ -154,7 +157,8 @@ def _ppl_parser(sub):
     p.add_argument("--data", required=True, help="held-out text: a .jsonl (field 'text', one document per line) "
                                                  "or a .txt")
     p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: the model dir)")
-    p.add_argument("--seq-len", type=int, default=8192, help="tokens per scored window (default 8192)")
+    p.add_argument("--seq-len", type=int, default=None,
+                   help="tokens per scored window (default: 8192, or the model's max_position_embeddings if fewer)")
     p.add_argument("--windows", type=int, default=16, help="at most this many windows (default 16)")
     p.add_argument("--buckets", default=None,
                    help="bucket edges in positions, comma list (default: 0,128,512,2048,8192, those below a "
@@ -177,18 +181,20 @@ def _ppl(a) -> int:
     from .perplexity import (check_buckets, default_buckets, format_table, load_documents, make_windows,
                              plot_position_perplexity, position_perplexity)
 
-    if a.seq_len < 2 or a.windows < 1:
+    if (a.seq_len is not None and a.seq_len < 2) or a.windows < 1:
         raise ValueError(f"--seq-len must be >= 2 and --windows >= 1, got {a.seq_len} and {a.windows}")
     if a.plot is not None:
         check_png("--plot", a.plot)
         check_output_path("--plot", a.plot)
     if a.output:
         check_output_path("--output", a.output)
+    max_pos = read_max_positions(a.model)  # (and a clear error when --model is not a checkpoint)
+    if a.seq_len is None:
+        a.seq_len = min(PPL_SEQ_LEN, max_pos) if max_pos is not None else PPL_SEQ_LEN
     edges = check_buckets(default_buckets(a.seq_len) if a.buckets is None else parse_int_list(a.buckets, "--buckets"),
                           a.seq_len)
     device = check_device(a.device) if a.device else default_device()
     docs = load_documents(a.data)
-    max_pos = read_max_positions(a.model)  # (and a clear error when --model is not a checkpoint)
     check_attention_mode(a.model, a.attention_mode)
     window = _conversion_window(a)
     if max_pos is not None and a.seq_len > max_pos:

@@ -92,6 +92,16 @@ def test_default_buckets_end_at_a_shorter_seq_len(tiny, tmp_path, capsys):
     assert "| model | 0-128 | 128-192 | all |" in capsys.readouterr().out
 
 
+def test_seq_len_defaults_to_a_shorter_models_positions(tiny, tmp_path, capsys):
+    """Issue: --seq-len defaulted to 8192 and refused every model of fewer positions ("--seq-len 8192
+    is above the model's max_position_embeddings"), an option the user had not given."""
+    ck, data = tiny
+    out = tmp_path / "ppl.json"
+    assert eval_main(["ppl", "--model", str(ck), "--data", str(data), "--windows", "1", "--no-progress",
+                      "-o", str(out)]) == 0
+    assert [b["bucket"] for b in json.loads(out.read_text())["buckets"]] == ["0-128", "128-256"]
+
+
 def test_cli(tiny, tmp_path, capsys):
     ck, data = tiny
     out = tmp_path / "ppl.json"
