@@ -376,6 +376,18 @@ def _train_alone(name: str, task: MQARTask, tr: MQARTrain) -> dict:
     return train_one(name, task, tr, _batches(_train_stream(task, tr), tr), _held_out(task, tr))
 
 
+def _train_indexed(job: tuple) -> tuple:
+    """``(i, name, task, tr) -> (i, result)``: :func:`_train_alone` in a pool of workers."""
+    i, name, task, tr = job
+    return i, _train_alone(name, task, tr)
+
+
+def _ignore_sigint() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _pct(x, width: int = 0) -> str:
     """A share as a percentage; ``-`` for ``None`` (a split of :func:`evaluate` without queries)."""
     return "-".rjust(width + 1) if x is None else f"{100 * x:{width}.1f}%"
@@ -451,14 +463,15 @@ def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print, jo
     line per model as it finishes."""
     names = check_run(task, tr, jobs)
     if jobs > 1 and len(names) > 1:
-        import concurrent.futures as cf
         import multiprocessing as mp
 
-        with cf.ProcessPoolExecutor(max_workers=min(jobs, len(names)), mp_context=mp.get_context("spawn")) as pool:
-            futures = {pool.submit(_train_alone, name, task, tr): i for i, name in enumerate(names)}
-            results = [None] * len(names)
-            for fut in cf.as_completed(futures):
-                results[futures[fut]] = res = fut.result()
+        # Workers ignore SIGINT: a Ctrl-C (sent to the whole process group) is the parent's, whose
+        # `with` then terminates them. (concurrent.futures' pool handed each worker's
+        # KeyboardInterrupt back as a result, started the next model, and waited for them all.)
+        results = [None] * len(names)
+        with mp.get_context("spawn").Pool(min(jobs, len(names)), initializer=_ignore_sigint) as pool:
+            for i, res in pool.imap_unordered(_train_indexed, [(i, name, task, tr) for i, name in enumerate(names)]):
+                results[i] = res
                 _log_result(log, res)
         eval_data = _held_out(task, tr)  # for the gap statistics below
     else:

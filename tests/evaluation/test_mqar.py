@@ -359,3 +359,64 @@ def test_cli_mqar_help_on_gdn_layers():
 
     text = " ".join(build_parser()._subparsers._group_actions[0].choices["mqar"].format_help().split())
     assert "gdn: GDN layers only" in text
+
+
+def test_ctrl_c_stops_the_workers_of_jobs(tmp_path):
+    """Issue: a Ctrl-C at a terminal (SIGINT to the whole process group) did not stop `eval mqar
+    --jobs 2`: each worker handed its KeyboardInterrupt back as a result and started the next
+    model, and the parent waited for them all (still running minutes later). Now the workers
+    ignore SIGINT and the parent terminates them: exit 130, no process left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    args = ["--models", "swa,orthros,transformer", "--jobs", "2", "--steps", "100000", "--batch-size", "2",
+            "--seq-len", "32", "--vocab-size", "16", "--num-pairs", "2", "--hidden-size", "16", "--heads", "2",
+            "--window", "4", "--eval-examples", "8", "--threads", "1", "--no-progress"]
+    proc = subprocess.Popen([sys.executable, "-m", "orthros", "eval", "mqar", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        assert proc.stdout.readline().startswith("MQAR: ")  # the header: the workers start next
+        children = f"/proc/{proc.pid}/task/{proc.pid}/children"
+        for _ in range(600):  # until two workers have spent a CPU second each (past their imports)
+            busy = 0
+            for c in open(children).read().split():
+                try:
+                    busy += int(open(f"/proc/{c}/stat").read().rsplit(")", 1)[1].split()[11]) >= os.sysconf("SC_CLK_TCK")
+                except (OSError, IndexError):
+                    pass
+            if busy >= 2:
+                break
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)
+        assert proc.wait(timeout=120) == 130, proc.stderr.read()
+        assert "interrupted" in proc.stderr.read()
+        for _ in range(100):  # the workers (and multiprocessing's resource tracker) go with the parent
+            if not _running_in_group(proc.pid):
+                break
+            time.sleep(0.1)
+        assert _running_in_group(proc.pid) == []
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the session this test started, whatever is left of it
+        except ProcessLookupError:
+            pass
+        proc.wait()
+
+
+def _running_in_group(pgid: int) -> list:
+    """Processes of process group ``pgid`` that still run (zombies, which have exited, excepted)."""
+    import os
+
+    out = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.append(int(pid))
+    return out
