@@ -158,6 +158,14 @@ def verify(path: Path, hashes: bool = True) -> dict:
             for m in files.values())):
         raise CheckpointError(f"{mpath} is corrupt: it is not {{step, files: {{name: {{size, sha256}}}}}} as a save "
                               f"writes it")
+    # the model's own files must be among those the manifest vouches for (a manifest of no files,
+    # or one that leaves the weights out, checked nothing)
+    model_files = [p.name for p in sorted(path.iterdir()) if p.is_file()
+                   and (p.name == "config.json" or p.name.endswith((".safetensors", ".safetensors.index.json")))]
+    unlisted = [n for n in model_files if n not in files]
+    if unlisted or not files:
+        raise CheckpointError(f"{mpath} is corrupt: it does not list {', '.join(unlisted) or 'any file'} "
+                              f"(a save lists every file it writes)")
     for rel, meta in files.items():
         p = path / rel
         if not p.is_file():

@@ -760,6 +760,25 @@ def test_a_manifest_of_the_wrong_shape_is_a_checkpoint_error(tmp_path, manifest)
         verify(tmp_path)
 
 
+def test_a_manifest_that_leaves_the_weights_out_is_a_checkpoint_error(tmp_path, reference):
+    """A manifest of no files ('files': {}), or one that left the weights out, passed verify (`orthros
+    info --verify`: 'all 0 files match') though it vouches for nothing of the model."""
+    import json
+
+    from orthros.training.checkpoint import CheckpointError, verify
+
+    _, _, summary = reference
+    ck = tmp_path / "ck"
+    shutil.copytree(summary["checkpoint"], ck)
+    good = json.loads((ck / "manifest.json").read_text())
+    assert verify(ck)["files"] == good["files"]  # the save's own manifest passes
+    for name, missing in (("none", "config.json, model.safetensors"), ("model.safetensors", "model.safetensors")):
+        files = {} if name == "none" else {k: v for k, v in good["files"].items() if k != name}
+        (ck / "manifest.json").write_text(json.dumps({"step": good["step"], "files": files}))
+        with pytest.raises(CheckpointError, match=f"manifest.json is corrupt: it does not list {missing}"):
+            verify(ck, hashes=False)
+
+
 def test_a_tokenizer_file_is_not_said_to_be_missing(tmp_path, corpus, reference, monkeypatch):
     """data.tokenizer naming a file (the checkpoint's tokenizer.json, a YAML) was reported as 'does not
     exist (no such local path ...)' or 'is not a local path' (a hub name): it names the file and its folder."""
