@@ -69,22 +69,28 @@ def parse_args(argv=None):
     return args
 
 
+def _refuse(msg: str):
+    """Bad input: one line on stderr, exit code 2 (as every orthros command)."""
+    print(f"bench_vllm: error: {msg}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def _check(args):
     for name in ("hidden_size", "layers", "heads", "kv_heads", "intermediate_size", "vocab_size", "window_size",
                  "prefill_batch", "decode_batch", "decode_prompt", "decode_tokens", "repeats"):
         if getattr(args, name) < 1:
-            raise SystemExit(f"error: --{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            _refuse(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.hidden_size % args.heads or args.heads % args.kv_heads:
-        raise SystemExit("error: --hidden-size must be a multiple of --heads, and --heads of --kv-heads")
+        _refuse("--hidden-size must be a multiple of --heads, and --heads of --kv-heads")
     if args.hidden_size // args.heads < 32:
-        raise SystemExit("error: head_dim (--hidden-size / --heads) must be >= 32 for vLLM's CPU attention")
+        _refuse("head_dim (--hidden-size / --heads) must be >= 32 for vLLM's CPU attention")
     if min(args.prefill_lengths) < 1:
-        raise SystemExit("error: --prefill-lengths must be >= 1")
+        _refuse("--prefill-lengths must be >= 1")
     if args.json is not None:
         try:  # written at the end of a run of minutes: refused now
             check_output_path("--json", args.json)
         except ValueError as e:
-            raise SystemExit(f"error: {e}") from None
+            _refuse(str(e))
 
 
 def make_checkpoints(args, root: Path):

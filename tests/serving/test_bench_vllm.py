@@ -11,17 +11,24 @@ def test_quick_presets_only_the_sizes_not_given():
     assert parse_args([]).prefill_lengths == [512, 2048, 8192]
 
 
-def test_a_json_path_that_cannot_be_written_is_refused_before_the_run(tmp_path):
+def test_a_json_path_that_cannot_be_written_is_refused_before_the_run(tmp_path, capsys):
     """--json was written only after the whole run (minutes), and a folder or a path below a file
-    failed there with a traceback, the results lost."""
+    failed there with a traceback, the results lost. Bad input exits 2 (it exited 1), one line."""
+    import re
+
     import pytest
 
     from orthros.serving.bench_vllm import _check
 
     (tmp_path / "file").write_text("")
     for bad, why in ((tmp_path, "is a directory"), (tmp_path / "file" / "out.json", "is a file")):
-        with pytest.raises(SystemExit, match=f"--json .*{why}"):
+        with pytest.raises(SystemExit) as e:
             _check(parse_args(["--json", str(bad)]))
+        assert e.value.code == 2
+        assert re.fullmatch(f"bench_vllm: error: --json .*{why}.*\n", capsys.readouterr().err)
+    with pytest.raises(SystemExit) as e:
+        _check(parse_args(["--heads", "3"]))
+    assert e.value.code == 2 and "--hidden-size must be a multiple of --heads" in capsys.readouterr().err
     _check(parse_args(["--json", str(tmp_path / "new_folder" / "out.json")]))  # its folder is made at the end
 
 
