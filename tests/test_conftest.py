@@ -37,3 +37,24 @@ def test_every_name_imported_from_conftest_is_defined_there():
                 missing = [a.name for a in node.names if a.name not in defined]
                 assert not missing, f"{path.relative_to(TESTS)} imports {missing} from conftest"
     assert users, "no test module imports from conftest: this test checks nothing"
+
+
+def test_conftest_is_imported_only_where_it_is_the_shared_one():
+    """pytest collects tests/ in name order, and tests/serving/conftest.py is imported as `conftest`
+    when tests/serving/ is collected. From then on `from conftest import` finds the serving one: in
+    a module collected after it (tests/test_*.py, tests/training/) and in any function body (run
+    after all collection). tests/test_paper_fidelity.py did both and failed at import in the suite."""
+    bad = []
+    for path in TESTS.rglob("*.py"):
+        rel = path.relative_to(TESTS)
+        if rel.parts[0] == "serving" or path.name == "conftest.py":
+            continue
+        tree = ast.parse(path.read_text())
+        top = {id(n) for n in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module == "conftest":
+                if id(node) not in top:
+                    bad.append(f"{rel}:{node.lineno} (inside a function: runs after tests/serving/ is collected)")
+                elif rel.parts[0] > "serving":
+                    bad.append(f"{rel}:{node.lineno} (a module collected after tests/serving/)")
+    assert not bad, bad

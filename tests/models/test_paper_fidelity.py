@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import cpu_triton, rel, tiny_model
+from conftest import cpu_triton, rel, tiny_config, tiny_model
 
 from orthros import OrthrosCache
 from orthros.kinds import LINEAR_LAYER_TYPE, hybrid_layout
@@ -261,7 +261,6 @@ def test_scale_offset_vectors_per_query_channel_initialised_to_the_plain_project
     streams start as the shared W_Q) are the package's choice, the paper gives none. The last
     layer has only alpha', beta' (its base queries are never read: docs/design.md)."""
     from orthros import OrthrosForCausalLM
-    from conftest import tiny_config
 
     cfg = tiny_config()
     model = OrthrosForCausalLM(cfg)
@@ -347,7 +346,6 @@ def test_attention_flops_follow_section_3_3():
     """Section 3.3: sliding window O(T W) plus cross-attention O(T_out T): with T_out = 1
     (prefill) the attention FLOPs grow linearly in T; with T_out = T (pre-training) they are a
     Transformer's causal attention plus the window stream."""
-    from conftest import tiny_config
 
     from orthros.training.metrics import forward_flops
 
