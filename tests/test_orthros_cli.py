@@ -68,6 +68,18 @@ def test_version_and_help_output():
     assert all(what.replace("e2e", "end-to-end") in line for what in bench if what != "all"), line
 
 
+def test_a_command_group_alone_prints_its_help(capsys):
+    """`orthros` and `orthros eval` alone print their help and exit 0; `orthros bench` alone exited 2
+    with 'the following arguments are required: what' (an argument name the help never shows)."""
+    from orthros.cli import main
+
+    for group, sub in (("eval", "mqar"), ("bench", "prefill")):
+        capsys.readouterr()
+        assert main([group]) == 0, group
+        out = capsys.readouterr().out
+        assert out.startswith(f"usage: orthros {group}") and sub in out, out
+
+
 def test_public_names_load_on_first_use():
     out = py("import orthros, sys\n"
              "assert 'torch' not in sys.modules\n"

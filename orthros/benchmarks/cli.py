@@ -44,7 +44,7 @@ def _pairs(s):
 def build_parser():
     p = argparse.ArgumentParser(prog="orthros bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="what", required=True)
+    sub = p.add_subparsers(dest="what")
 
     def common(sp):
         sp.add_argument("--model", default=None, help="Orthros checkpoint directory (default: random weights)")
@@ -106,7 +106,11 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.what is None:  # as `orthros` and `orthros eval` alone: the help, exit 0
+        parser.print_help()
+        return 0
     import os
 
     import torch
