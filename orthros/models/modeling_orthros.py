@@ -92,6 +92,7 @@ class OrthrosCache(DynamicCache):
             raise ValueError("OrthrosCache.crop: the Gated DeltaNet layers' recurrent states cannot be rolled back "
                              "(no assisted / prompt-lookup decoding for a model with linear_attention layers)")
         super().crop(tokens_to_remove)
+        self.linear_seen = 0  # no GDN state: the K/V count the tokens (the old count would outlive the crop)
 
 
 def _project(layer, h, step: StepInputs, final: bool, slot=None):

@@ -112,6 +112,24 @@ def test_generate_cache_implementation():
                 model.generate(ids, cache_implementation=impl, **kw)
 
 
+@torch.no_grad()
+def test_a_cropped_cache_continues_from_its_new_length():
+    """``OrthrosCache.crop`` (assisted / prompt-lookup decoding rolls back rejected drafts) left
+    the token count the forward records at the old length: the next chunk took positions past the
+    kept K/V, and prompt-lookup generation differed from greedy."""
+    model = tiny_model()
+    ids = torch.randint(1, V, (1, 20))
+    full = model(ids).logits
+    cache = orthros.models.OrthrosCache()
+    model(ids[:, :15], past_key_values=cache)
+    cache.crop(-5)
+    assert cache.get_seq_length() == 10
+    torch.testing.assert_close(model(ids[:, 10:], past_key_values=cache).logits, full[:, 10:], rtol=1e-5, atol=1e-5)
+    ids = torch.cat([ids, ids[:, :10]], dim=1)  # a repeat: prompt lookup drafts from it
+    kw = dict(max_new_tokens=15, do_sample=False, use_engine=False)
+    assert torch.equal(model.generate(ids, prompt_lookup_num_tokens=4, **kw), model.generate(ids, **kw))
+
+
 def test_per_layer_outputs_refused():
     """HF's ``output_attentions`` / ``output_hidden_states`` are not computed: refused (they were
     accepted and returned as ``None``), as an argument or from the config."""
