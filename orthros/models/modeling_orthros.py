@@ -124,7 +124,11 @@ def _one_input(input_ids, inputs_embeds) -> torch.Tensor:
     """The forward's input: exactly one of ``input_ids`` and ``inputs_embeds`` is given."""
     if (input_ids is None) == (inputs_embeds is None):
         raise ValueError("pass exactly one of input_ids or inputs_embeds")
-    return input_ids if inputs_embeds is None else inputs_embeds
+    x, name, shape = (input_ids, "input_ids", "[B, T]") if inputs_embeds is None else \
+        (inputs_embeds, "inputs_embeds", "[B, T, hidden_size]")
+    if x.dim() != shape.count(",") + 1:  # an unbatched input failed deep inside (IndexError, a norm's size)
+        raise ValueError(f"{name} must be {shape} (a batch, even of one), got shape {tuple(x.shape)}")
+    return x
 
 
 def _refuse_extra_outputs(config, kwargs) -> None:

@@ -375,6 +375,11 @@ def test_invalid_forward_inputs():
     for pos in (torch.arange(5), torch.arange(10).repeat(3, 1)):
         with pytest.raises(ValueError, match="position_ids"):
             model(ids, position_ids=pos)
+    for fn in (model, model.model):  # an unbatched input failed with IndexError / a size mismatch in a norm
+        with pytest.raises(ValueError, match=r"input_ids must be \[B, T\]"):
+            fn(ids[0])
+        with pytest.raises(ValueError, match=r"inputs_embeds must be \[B, T, hidden_size\]"):
+            fn(inputs_embeds=emb[0])
 
 
 @pytest.mark.parametrize("mode", ["orthros", "full"])
