@@ -274,10 +274,11 @@ class OrthrosModel(OrthrosPreTrainedModel):
             use_cache = False
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-            use_cache = False  # without gradients nothing is recomputed: the cache stays (generate in training mode)
+            # without gradients nothing is recomputed: the cache stays (generate in training mode)
+            use_cache, past_key_values = False, None
         if use_cache and past_key_values is None:
             past_key_values = OrthrosCache()
-        cache = past_key_values if use_cache else None
+        cache = past_key_values  # a given cache is used (and extended) whatever use_cache, as transformers' models do
         past = cache.get_seq_length() if cache is not None else 0
         if position_ids is None and cu_seqlens is None:
             warn_beyond_positions(self.config, past + T, stacklevel=3)
@@ -442,12 +443,13 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
                     return out
             elif use_engine:
                 raise RuntimeError("generate(use_engine=True) needs the engine: import orthros.engine first")
-        impl = kwargs.get("cache_implementation",
-                          getattr(kwargs.get("generation_config") or self.generation_config, "cache_implementation", None))
+        gen_config = kwargs.get("generation_config") or self.generation_config
+        impl = kwargs.get("cache_implementation", getattr(gen_config, "cache_implementation", None))
         if impl not in (None, "dynamic"):  # transformers' other caches are built from layer_types it does not know
             raise ValueError(f"cache_implementation={impl!r} is not supported by Orthros models: generate() keeps "
                              f"every token's K/V (and the GDN states) in an OrthrosCache; leave it unset or 'dynamic'")
-        if kwargs.get("past_key_values") is None and kwargs.get("cache") is None and kwargs.get("use_cache", True):
+        if kwargs.get("past_key_values") is None and kwargs.get("cache") is None and \
+                kwargs.get("use_cache", getattr(gen_config, "use_cache", True)):
             kwargs[CACHE_KWARG] = OrthrosCache()
             kwargs["cache_implementation"] = None  # "dynamic": the OrthrosCache is one
         return super().generate(*args, **kwargs)

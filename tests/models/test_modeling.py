@@ -130,6 +130,28 @@ def test_a_cropped_cache_continues_from_its_new_length():
     assert torch.equal(model.generate(ids, prompt_lookup_num_tokens=4, **kw), model.generate(ids, **kw))
 
 
+@torch.no_grad()
+def test_a_given_cache_is_used_whatever_use_cache():
+    """A cache passed with ``use_cache=False`` was ignored: the chunk ran from position 0 with no
+    past (silently wrong logits), where transformers' models continue from it. Generation without
+    a cache (the argument, the generation config's or the model config's ``use_cache=False``)
+    still runs every step over the whole sequence, and equals cached generation."""
+    model = tiny_model()
+    ids = torch.randint(1, V, (2, 12))
+    cache = orthros.models.OrthrosCache()
+    model(ids[:, :8], past_key_values=cache)
+    out = model(ids[:, 8:], past_key_values=cache, use_cache=False)
+    torch.testing.assert_close(out.logits, model(ids).logits[:, 8:], rtol=1e-5, atol=1e-5)
+    assert cache.get_seq_length() == 12
+    kw = dict(max_new_tokens=4, do_sample=False, use_engine=False)
+    ref = model.generate(ids, **kw)
+    assert torch.equal(model.generate(ids, use_cache=False, **kw), ref)
+    model.generation_config.use_cache = False
+    assert torch.equal(model.generate(ids, **kw), ref)
+    no_cache = tiny_model(use_cache=False)
+    assert torch.equal(no_cache.generate(ids, **kw), ref)
+
+
 def test_per_layer_outputs_refused():
     """HF's ``output_attentions`` / ``output_hidden_states`` are not computed: refused (they were
     accepted and returned as ``None``), as an argument or from the config."""
