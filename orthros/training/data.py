@@ -129,7 +129,8 @@ class DocSource:
             where = f"files {files[:3]}" if files else f"'{spec}' (not a local path, so tried as a hub dataset)"
             why, cause = [], e
             while cause is not None:  # datasets wraps the reason (a parse error, ...) in a generic error
-                why.append(f"{type(cause).__name__}: {cause}")
+                text = " ".join(str(cause).split())  # one line: datasets' messages run to a dozen
+                why.append(f"{type(cause).__name__}: {text[:400] + ' ...' if len(text) > 400 else text}")
                 cause = cause.__cause__
             raise DataError(f"{name}: could not load {where}: {' <- '.join(why)}") from None
         self.ds = ds

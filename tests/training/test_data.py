@@ -238,6 +238,16 @@ def test_unreadable_json_names_the_parse_error(tmp_path, tok):
         build_stream(load_config(None, ["--data.train", str(tmp_path / "d.jsonl")]), tok)
 
 
+def test_files_of_other_columns_are_one_line(tmp_path, tok):
+    """JSON lines files of different columns: datasets' reason ran to a dozen lines (its CastError
+    lists both schemas), where a data error is one line."""
+    (tmp_path / "a.jsonl").write_text('{"text": "To be"}\n' * 3)
+    (tmp_path / "b.jsonl").write_text('{"prompt": "or not", "completion": "to be", "id": 3}\n' * 3)
+    with pytest.raises(DataError) as e:
+        build_stream(load_config(None, ["--data.train", str(tmp_path / "*.jsonl")]), tok)
+    assert "could not load files" in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
 def test_glob_skips_the_directories_it_matches(tmp_path, tok):
     """``data/*`` over a folder that also holds a subfolder reads the files (datasets was handed
     the subfolder too and failed: 'Unable to find ...')."""
