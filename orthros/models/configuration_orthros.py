@@ -132,7 +132,7 @@ class OrthrosConfig(PreTrainedConfig):
         self.linear_key_head_dim = self.head_dim if linear_key_head_dim is None else linear_key_head_dim
         self.linear_value_head_dim = self.head_dim if linear_value_head_dim is None else linear_value_head_dim
         self.linear_conv_kernel_dim = linear_conv_kernel_dim
-        self.attn_output_gate = bool(attn_output_gate)
+        self.attn_output_gate = attn_output_gate
         self.layer_types = None  # set after transformers' own checks, which know only its layer kinds
         self.attn_backend = attn_backend
         # transformers 4.x's rope_scaling, taken here: passed on, it replaced rope_parameters, rope_theta lost
@@ -186,6 +186,9 @@ class OrthrosConfig(PreTrainedConfig):
                              f"num_key_value_heads ({self.num_key_value_heads})")
         if self.head_dim % 2:
             raise ValueError(f"OrthrosConfig.head_dim must be even for RoPE, got {self.head_dim}")
+        for name in ("attention_bias", "o_proj_bias", "mlp_bias", "qk_norm", "scale_offset", "attn_output_gate"):
+            if getattr(self, name) not in (True, False):  # (1 and 0 are True and False) "false" would be taken as True
+                raise ValueError(f"OrthrosConfig.{name} must be True or False, got {getattr(self, name)!r}")
         if self.attn_backend not in ATTN_BACKENDS:
             raise ValueError(f"OrthrosConfig.attn_backend must be one of {ATTN_BACKENDS}, got {self.attn_backend!r}")
         if not _finite_number(self.rms_norm_eps) or self.rms_norm_eps <= 0:

@@ -319,6 +319,12 @@ def test_legacy_rope_scaling_keeps_its_rope_theta():
     (dict(initializer_range=-0.02), "initializer_range"),
     (dict(pad_token_id=97), "pad_token_id"),
     (dict(sliding_window=128), "sliding_window"),
+    # a switch that is not True/False (a string from a JSON or a command line) was taken by its truth
+    # value: "false" built q/k norms, scale offsets, biases, output gates
+    (dict(qk_norm="false"), "qk_norm"),
+    (dict(scale_offset="no"), "scale_offset"),
+    (dict(attention_bias="False"), "attention_bias"),
+    (dict(attn_output_gate="false"), "attn_output_gate"),
 ])
 def test_invalid_config_values(kw, name):
     with pytest.raises(ValueError, match=name):
