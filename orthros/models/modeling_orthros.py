@@ -263,6 +263,9 @@ class OrthrosModel(OrthrosPreTrainedModel):
         _refuse_extra_outputs(self.config, kwargs)
         x = _one_input(input_ids, inputs_embeds)
         h = self.embed_tokens(x) if inputs_embeds is None else x
+        if h.shape[-1] != self.config.hidden_size:  # inputs_embeds of another width failed in the first norm
+            raise ValueError(f"inputs_embeds must be [B, T, hidden_size] = [*, *, {self.config.hidden_size}], got "
+                             f"shape {tuple(h.shape)}")
         B, T = h.shape[:2]
         dev = h.device
         if T == 0:

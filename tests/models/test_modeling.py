@@ -408,6 +408,8 @@ def test_invalid_forward_inputs():
             fn(ids[0])
         with pytest.raises(ValueError, match=r"inputs_embeds must be \[B, T, hidden_size\]"):
             fn(inputs_embeds=emb[0])
+        with pytest.raises(ValueError, match=r"inputs_embeds must be \[B, T, hidden_size\] = \[\*, \*, 48\]"):
+            fn(inputs_embeds=emb[..., :40])  # failed in an RMSNorm's multiply
 
 
 @pytest.mark.parametrize("mode", ["orthros", "full"])
