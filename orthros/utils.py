@@ -181,9 +181,9 @@ def save_figure(fig, path, dpi: int = 120) -> None:
         plt.close(fig)
 
 
-__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "atomic_directory", "cache_root", "clean_stale", "check_png", "check_positive_int", "commit_id",
-           "dtype_name", "format_bytes", "hf_progress_bars", "isatty", "parse_dtype", "pyplot", "save_figure", "write_json",
-           "write_text"]
+__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "atomic_directory", "cache_root", "check_png",
+           "check_positive_int", "clean_stale", "commit_id", "dtype_name", "format_bytes", "hf_progress_bars", "isatty",
+           "parse_dtype", "pyplot", "save_figure", "write_json", "write_text"]
 
 
 def write_text(path, text: str) -> None:
@@ -350,15 +350,15 @@ def _count(n, scale: bool) -> str:
         n /= 1000
 
 
-# Directory outputs written whole (orthros convert, eval niah-train): built in a temporary directory beside
-# DST, renamed into place at the end.
+# Directory outputs written whole (orthros convert, eval niah-train): built in a temporary directory
+# beside DST, renamed into place at the end.
 TMP_TAG = ".orthros-tmp-"  # .<DST name>.orthros-tmp-<pid>-<random>: a directory being written
 OLD_TAG = ".orthros-old-"  # .<DST name>.orthros-old-<pid>-<random>: the replaced DST, removed at the end
 
 
 def clean_stale(dst) -> list:
-    """Remove what a killed :func:`atomic_directory` writer into ``dst`` left beside it (``kill -9``, power loss):
-    ``.<name>.orthros-tmp-<pid>-*`` directories whose process is gone, and ``.orthros-old-``
+    """Remove what a killed :func:`atomic_directory` writer into ``dst`` left beside it (``kill -9``,
+    power loss): ``.<name>.orthros-tmp-<pid>-*`` directories whose process is gone, and ``.orthros-old-``
     copies of a replaced ``dst`` (put back as ``dst`` when the kill came between the two
     renames, so the previous result is never lost). Returns the paths removed or restored."""
     dst = Path(os.fspath(dst)).expanduser().absolute()

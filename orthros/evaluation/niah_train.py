@@ -26,7 +26,7 @@ from typing import Optional
 import numpy as np
 
 from ..kinds import ATTENTION_MODES, mode_option
-from ..utils import Progress, atomic_directory, check_output_path, write_json
+from ..utils import Progress, atomic_directory, check_output_path, clean_stale, write_json
 from .niah import NEEDLE, PromptBuilder
 
 IGNORE = -100
@@ -240,6 +240,7 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progres
               "params": sum(p.numel() for p in model.parameters())}
     if out_dir is not None:
         out = Path(out_dir).expanduser()
+        clean_stale(out)  # what a killed run left beside it
         with atomic_directory(out, overwrite) as tmp:
             model.save_pretrained(str(tmp))
             tok.save_pretrained(str(tmp))
