@@ -151,3 +151,17 @@ def tiny_model(seed: int = 0, dtype=torch.float32, **overrides):
             for name, p in (attn.scale_offset_params().items() if attn is not None else ()):
                 p.uniform_(0.5, 1.5) if name.startswith("alpha") else p.normal_(0, 0.2)
     return model.to(dtype)
+
+
+def checkpoint_missing(src, dst, tensor: str):
+    """A copy of the single-file checkpoint ``src`` at ``dst`` whose ``model.safetensors`` lacks
+    ``tensor`` (a checkpoint whose weights do not fit its config.json). Returns ``dst``."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    sd = load_file(dst / "model.safetensors")
+    del sd[tensor]
+    save_file(sd, dst / "model.safetensors", metadata={"format": "pt"})
+    return dst

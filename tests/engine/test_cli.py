@@ -12,6 +12,8 @@ from orthros.cli import main as orthros_main
 from orthros.engine import Engine
 from orthros.models import OrthrosForCausalLM
 
+from conftest import checkpoint_missing
+
 WORDS = ["<eos>", "<unk>"] + [f"w{i}" for i in range(95)]
 
 
@@ -305,16 +307,8 @@ def test_generate_refuses_a_config_eos_id_outside_the_vocabulary_before_loading(
 def test_generate_refuses_a_checkpoint_missing_a_tensor_before_loading(checkpoint, tmp_path, monkeypatch, capsys):
     """A checkpoint without one of its model's tensors would generate from a random one: refused,
     naming the tensor, before the weights load."""
-    import shutil
-
-    from safetensors.torch import load_file, save_file
-
     d, _ = checkpoint
-    holed = tmp_path / "holed"
-    shutil.copytree(d, holed)
-    sd = load_file(holed / "model.safetensors")
-    del sd["model.norm.weight"]
-    save_file(sd, holed / "model.safetensors", metadata={"format": "pt"})
+    holed = checkpoint_missing(d, tmp_path / "holed", "model.norm.weight")
 
     def refuse(*a, **kw):
         raise AssertionError("the model was loaded before the missing tensor was named")

@@ -17,6 +17,8 @@ from orthros.evaluation.common import make_tiny_checkpoint
 from orthros.evaluation.perplexity import (DEFAULT_BUCKETS, check_buckets, default_buckets, load_documents,
                                           make_windows, position_perplexity)
 
+from conftest import checkpoint_missing
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
@@ -217,16 +219,8 @@ def test_a_checkpoint_missing_a_tensor_is_refused_with_or_without_attention_mode
     """Issue: with --attention-mode the model was loaded past load_model's check that the weights fit
     config.json, so a checkpoint missing a tensor was scored with that tensor at random (transformers only
     logged it)."""
-    import shutil
-
-    from safetensors.torch import load_file, save_file
-
     ck, data = tiny
-    broken = tmp_path / "broken"
-    shutil.copytree(ck, broken)
-    sd = load_file(broken / "model.safetensors")
-    del sd["model.layers.1.mlp.down_proj.weight"]
-    save_file(sd, broken / "model.safetensors", metadata={"format": "pt"})
+    broken = checkpoint_missing(ck, tmp_path / "broken", "model.layers.1.mlp.down_proj.weight")
     args = ["ppl", "--model", str(broken), "--data", str(data), "--seq-len", "16", "--buckets", "0,16",
             "--no-progress", "--device", "cpu"] + (["--attention-mode", mode] if mode else [])
     assert eval_main(args) == 2
