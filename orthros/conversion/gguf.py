@@ -230,7 +230,7 @@ def inspect_gguf(path) -> GGUFInfo:
         types[name] = types.get(name, 0) + 1
         n_params += int(t.n_elements)
     # a type the gguf package cannot de-quantise failed only after the tokenizer and the tensors before it
-    unreadable = {t.tensor_type for t in reader.tensors if not _dequantizable(gguf, t.tensor_type)}
+    unreadable = {q for q in {t.tensor_type for t in reader.tensors} if not _dequantizable(gguf, q)}  # once a type
     if unreadable:
         names = sorted(getattr(q, "name", str(q)) for q in unreadable)
         first = next(t.name for t in reader.tensors if t.tensor_type in unreadable)
@@ -345,7 +345,7 @@ def _permute_qk(w, n_head: int):
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-_WRITABLE = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+_WRITABLE = {cls: arch for arch, cls in GGUF_ARCHITECTURES.items()}  # class name -> general.architecture
 
 
 def write_llama_gguf(model, tokenizer, path, *, dtype: str = "f32") -> Path:
