@@ -20,7 +20,7 @@ from .sdpa import causal_attention_sdpa, window_attention_sdpa
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _check_tensor(name, t, ndim):
+def check_tensor(name, t, ndim):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != ndim:
@@ -124,10 +124,10 @@ def orthros_attention(
     Returns:
         ``(o, o_out)`` with shapes ``[B, T, Hq, D]`` and ``[B, T_out, Hq, D]``.
     """
-    _check_tensor("q", q, 4)
-    _check_tensor("k", k, 4)
-    _check_tensor("v", v, 4)
-    _check_tensor("q_out", q_out, 4)
+    check_tensor("q", q, 4)
+    check_tensor("k", k, 4)
+    check_tensor("v", v, 4)
+    check_tensor("q_out", q_out, 4)
     check_backend(backend)
     check_positive_int("window_size", window_size)
     B, T, Hq, D = q.shape

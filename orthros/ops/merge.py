@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..utils import check_positive_int
-from .attention import check_scale
+from .attention import check_scale, check_tensor
 
 
 def acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -39,10 +39,13 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scal
     """
     check_positive_int("key_chunk", key_chunk)  # <= 0 skipped every key: o = 0, lse = -inf
     check_scale(scale)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, 4)
     B, M, Hq, D = q.shape
     L, Hkv = k.shape[1], k.shape[2]
-    if v.shape[:3] != k.shape[:3] or k.shape[3] != D:
-        raise ValueError(f"k and v must be [B, L, Hkv, *], got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[0] != B or v.shape[:3] != k.shape[:3] or k.shape[3] != D:
+        raise ValueError(f"k and v must be [B={B}, L, Hkv, *] (k's last dim D={D}, q's), got {tuple(k.shape)} and "
+                         f"{tuple(v.shape)}")
     if Hkv == 0 or Hq % Hkv:
         raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv})")
     G = Hq // Hkv
@@ -79,6 +82,9 @@ def merge_partials(o: torch.Tensor, lse: torch.Tensor) -> Tuple[torch.Tensor, to
     Exact (up to rounding) and independent of how the keys were split; rows where every partial
     is empty (``lse = -inf``) give ``o = 0``, ``lse = -inf``, never NaN.
     """
+    if o.dim() < 2 or o.shape[0] == 0 or lse.shape != o.shape[:-1]:
+        raise ValueError(f"merge_partials needs o [R, ..., D] and lse [R, ...] = o's shape without D, R >= 1 "
+                         f"partials; got o {tuple(o.shape)} and lse {tuple(lse.shape)}")
     mx = lse.amax(0)
     mx_safe = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
     w = torch.exp(lse - mx_safe.unsqueeze(0))  # -inf -> 0

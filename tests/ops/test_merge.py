@@ -4,7 +4,7 @@ full attention in tests/parallel/test_sharded.py)."""
 import pytest
 import torch
 
-from orthros.ops import partial_attention
+from orthros.ops import merge_partials, partial_attention
 
 
 @pytest.mark.parametrize("key_chunk", [0, -1, 2.5])
@@ -21,3 +21,22 @@ def test_scale_must_be_finite(scale):
     q, k, v = torch.randn(1, 2, 2, 4), torch.randn(1, 5, 2, 4), torch.randn(1, 5, 2, 4)
     with pytest.raises(ValueError, match="scale"):
         partial_attention(q, k, v, scale=scale)
+
+
+def test_mismatched_shapes_refused_naming_the_arguments():
+    # keys of batch 1 under queries of batch 2 were broadcast silently (and the reverse failed in a
+    # reshape), a 3-D q failed unpacking its shape; merge_partials broadcast an lse of the wrong
+    # shape or failed in amax on zero partials
+    q, k, v = torch.randn(2, 3, 4, 8), torch.randn(1, 5, 2, 8), torch.randn(1, 5, 2, 8)
+    with pytest.raises(ValueError, match="k and v must be"):
+        partial_attention(q, k, v)
+    with pytest.raises(ValueError, match="k and v must be"):
+        partial_attention(q[:1], k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1))
+    with pytest.raises(ValueError, match="q must have 4 dims"):
+        partial_attention(q[0], k, v)
+    with pytest.raises(ValueError, match="q must be a floating"):
+        partial_attention(q.long(), k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1))
+    for o, lse in ((torch.randn(3, 1, 4), torch.randn(3, 5)), (torch.randn(3, 2, 4), torch.randn(3, 5)),
+                   (torch.randn(0, 2, 4), torch.randn(0, 2))):
+        with pytest.raises(ValueError, match="merge_partials needs o"):
+            merge_partials(o, lse)
