@@ -92,7 +92,8 @@ class Plan:
         return self.out_dtype if (self.out_dtype is not None and dtype.is_floating_point) else dtype
 
     def value(self, name: str, t: torch.Tensor) -> torch.Tensor:
-        """The Orthros value of the source tensor ``name`` (``t``): changed where :attr:`transforms` says."""
+        """The Orthros value of the source tensor ``name`` (``t``): changed where :attr:`transforms` says
+        (then float32: the caller casts it to the result's dtype)."""
         return self.transforms[name][1](t) if name in self.transforms else t
 
 

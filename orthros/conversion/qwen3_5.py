@@ -104,11 +104,13 @@ def config_kwargs(src, attention_mode: str = "orthros") -> tuple[dict, list]:
 
 
 def transforms(names) -> dict:
-    """``{source tensor name: (description, fn)}`` for the tensors whose values change."""
+    """``{source tensor name: (description, fn)}`` for the tensors whose values change. ``fn`` returns
+    float32 (1 + w as Qwen3.5 computes it), which the caller casts to the result's dtype once: rounded to
+    a bf16 source's dtype first, ``--dtype fp32`` kept that rounding (up to 2^-8)."""
     out = {}
     for n in names:
         if _ZERO_CENTRED.match(n):
-            out[n] = ("1 + w (zero-centred RMSNorm)", lambda t: (t.float() + 1.0).to(t.dtype))
+            out[n] = ("1 + w (zero-centred RMSNorm)", lambda t: t.float() + 1.0)
     return out
 
 

@@ -125,3 +125,18 @@ def test_convert_from_hf_applies_the_zero_centred_norm_transform(tmp_path):
         sd = got.state_dict()
         assert sorted(sd) == sorted(want)
         assert [k for k in want if not torch.equal(sd[k], want[k])] == []
+
+
+@torch.no_grad()
+def test_zero_centred_norms_of_a_bf16_source_converted_to_fp32_are_exact(tmp_path):
+    """--dtype fp32 of a bf16 Qwen3.5: 1 + w in float32, as Qwen3.5 computes it (it was rounded to bf16
+    first, then cast: up to 2^-8 off, ~0.1 in the logits of this tiny model)."""
+    from safetensors.torch import load_file
+
+    ref, src = tiny_qwen3_5(tmp_path)
+    ref.to(torch.bfloat16).save_pretrained(src)
+    convert_checkpoint(src, tmp_path / "dst", window_size=4, dtype="fp32", progress=False)
+    got, w = load_file(tmp_path / "dst" / "model.safetensors"), load_file(src / "model.safetensors")
+    names = [n for n in w if n.endswith(("norm.weight", "q_norm.weight", "k_norm.weight")) and "linear_attn" not in n]
+    assert "model.norm.weight" in names and got["model.norm.weight"].dtype == torch.float32
+    assert [n for n in names if not torch.equal(got[n], w[n].float() + 1.0)] == []
