@@ -62,17 +62,26 @@ def run_lm_eval(model_path, tasks, *, include_path=None, limit=None, batch_size=
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
 
+    tok = load_tokenizer(model_path, tokenizer)  # before the model: a missing or bad tokenizer costs no load
     if mt == "orthros" and tokenizer is None:
+        from transformers import AutoConfig
+
+        from ..models.loading import check_weights_fit
+
+        # lm-eval's loader would leave a tensor the weights lack at random (transformers only logs it)
+        check_weights_fit(model_path, AutoConfig.from_pretrained(str(model_path)))
         # exactly what `lm_eval --model hf --model_args pretrained=PATH` does
-        args = {"pretrained": str(model_path), "device": device, "batch_size": batch_size}
+        # (the tokenizer is the one it would load: AutoTokenizer of PATH)
+        args = {"pretrained": str(model_path), "tokenizer": tok, "device": device, "batch_size": batch_size}
         if dtype:  # lm-eval reads torch's own names (bfloat16), not our short ones (bf16)
             args["dtype"] = str(parse_dtype(dtype, "dtype")).replace("torch.", "")
         lm = HFLM(**args)
     else:  # converted on the fly (or a separate tokenizer): hand lm-eval the model object
-        tok = load_tokenizer(model_path, tokenizer)  # before the model: a bad --tokenizer costs no load
         model = load_model(model_path, device=device, dtype=dtype, window_size=window_size)
         lm = HFLM(pretrained=model, tokenizer=tok, batch_size=batch_size)
+    # batch_size and device only go into the results' config here (lm-eval records its own arguments)
     return simple_evaluate(model=lm, tasks=tasks, task_manager=tm, limit=limit, num_fewshot=num_fewshot,
+                           batch_size=batch_size, device=device,
                            random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
                            log_samples=False)
 

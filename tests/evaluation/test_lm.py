@@ -13,6 +13,7 @@ import torch
 lm_eval = pytest.importorskip("lm_eval")
 pytest.importorskip("accelerate")
 
+from conftest import checkpoint_missing  # noqa: E402
 from orthros.evaluation.common import LM_TASKS_DIR, make_tiny_checkpoint  # noqa: E402
 
 
@@ -94,7 +95,10 @@ def test_cli_lm_writes_json(tiny, tmp_path, capsys):
     out = tmp_path / "lm.json"
     assert main(["eval", "lm", "--model", str(tiny), "--tasks", "orthros_tiny_cloze", "--limit", "3",
                  "--device", "cpu", "-o", str(out)]) == 0
-    assert "orthros_tiny_cloze" in json.loads(out.read_text())["results"]
+    written = json.loads(out.read_text())
+    assert "orthros_tiny_cloze" in written["results"]
+    # the run's batch size and device, not lm-eval's null for arguments it was not given
+    assert (written["config"]["batch_size"], written["config"]["device"]) == (1, "cpu")
     assert main(["eval", "lm", "--model", str(tiny), "--tasks", "no_such_task"]) == 2
     assert "unknown lm-eval task" in capsys.readouterr().err
 
@@ -140,6 +144,39 @@ def test_bad_tokenizer_refused_before_the_model_loads(tiny, tmp_path, monkeypatc
     monkeypatch.setattr(lm, "load_model", lambda *a, **kw: pytest.fail("the model was loaded"))
     with pytest.raises(ValueError, match="no usable tokenizer"):
         lm.run_lm_eval(tiny, ["orthros_tiny_cloze"], limit=2, device="cpu", tokenizer=str(tmp_path))
+
+
+def test_a_checkpoint_missing_a_tensor_is_refused_before_lm_eval_loads_it(tiny, tmp_path, monkeypatch):
+    """Issue: lm-eval's loader (HFLM) was handed the directory unchecked, and transformers only logs a
+    tensor that the weights lack: the task was scored with that tensor at random (as every other
+    evaluation refuses)."""
+    import lm_eval.models.huggingface as hf
+
+    from orthros.evaluation.lm import run_lm_eval
+
+    broken = checkpoint_missing(tiny, tmp_path / "broken", "model.layers.1.mlp.down_proj.weight")
+    monkeypatch.setattr(hf.HFLM, "__init__", lambda *a, **kw: pytest.fail("lm-eval loaded the model"))
+    with pytest.raises(ValueError, match="do not fit its config.json: missing model.layers.1.mlp.down_proj.weight"):
+        run_lm_eval(broken, ["orthros_tiny_cloze"], limit=2, device="cpu")
+
+
+def test_a_checkpoint_without_a_tokenizer_is_refused_before_lm_eval_loads_it(tiny, tmp_path, monkeypatch):
+    """Issue: an Orthros checkpoint saved without its tokenizer went to lm-eval's loader, which loaded the
+    model and then failed with transformers' "Couldn't instantiate the backend tokenizer ..." (no path,
+    no --tokenizer hint)."""
+    import shutil
+
+    import lm_eval.models.huggingface as hf
+
+    from orthros.evaluation.lm import run_lm_eval
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(tiny / f, bare / f)
+    monkeypatch.setattr(hf.HFLM, "__init__", lambda *a, **kw: pytest.fail("lm-eval loaded the model"))
+    with pytest.raises(ValueError, match=f"no usable tokenizer in {bare} \\(pass --tokenizer DIR\\)"):
+        run_lm_eval(bare, ["orthros_tiny_cloze"], limit=2, device="cpu")
 
 
 def test_cli_lm_window_refused_for_an_orthros_checkpoint(tiny, capsys, monkeypatch):
