@@ -80,7 +80,11 @@ def _plan(model, args, kwargs):
         why.append("inputs must be a non-empty [B, T] integer tensor of token ids")
         return why
     B, T = ids.shape
+    eos = cfg.eos_token_id
+    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos.tolist() if torch.is_tensor(eos) else eos)
     mask = rest.get("attention_mask")
+    if mask is None and cfg.pad_token_id is not None and cfg.pad_token_id not in eos:
+        mask = ids != cfg.pad_token_id  # transformers infers the mask from the padding (a pad id that is no EOS)
     prompts = []
     if mask is not None:
         if not isinstance(mask, torch.Tensor) or mask.shape != ids.shape:
@@ -123,8 +127,6 @@ def _plan(model, args, kwargs):
         params = SamplingParams()
     if why:
         return why
-    eos = cfg.eos_token_id
-    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos.tolist() if torch.is_tensor(eos) else eos)
     pad = cfg.pad_token_id if cfg.pad_token_id is not None else (eos[0] if eos else 0)
     return prompts, ids, n_new, params, eos, pad
 

@@ -478,6 +478,23 @@ def test_generate_through_engine_equals_transformers(mode):
     assert m._orthros_engine is eng
 
 
+def test_generate_through_engine_infers_the_mask_from_pad_token_id_as_transformers():
+    """Without an ``attention_mask``, transformers masks the ``pad_token_id`` tokens of the input
+    (when the pad id is no EOS id); the engine took the padding as prompt tokens (other tokens).
+    Inner padding so inferred goes to transformers (and ``use_engine=True`` says why)."""
+    m = tiny_model()
+    ids, _ = _left_padded(PROMPTS[:3], pad=96)
+    for kw in (dict(pad_token_id=96), dict(pad_token_id=96, eos_token_id=3)):
+        want = m.generate(ids, max_new_tokens=6, use_engine=False, **kw)
+        assert torch.equal(m.generate(ids, max_new_tokens=6, use_engine=True, **kw), want)
+    # the pad id is an EOS id: transformers infers nothing, nor does the engine
+    kw = dict(pad_token_id=96, eos_token_id=[3, 96])
+    assert torch.equal(m.generate(ids, max_new_tokens=6, use_engine=True, **kw),
+                       m.generate(ids, max_new_tokens=6, use_engine=False, **kw))
+    with pytest.raises(ValueError, match="right or inner padding"):
+        m.generate(torch.tensor([[5, 96, 6]]), max_new_tokens=2, pad_token_id=96, use_engine=True)
+
+
 def test_generate_through_engine_sampling_and_unsupported():
     m = tiny_model("orthros")
     ids, mask = _left_padded(PROMPTS[:2])
