@@ -356,3 +356,39 @@ def test_causal_conv1d_refuses_mismatched_weight_and_state():
                                                                   "state")):
         with pytest.raises(ValueError, match=name):
             causal_conv1d(x, **kw)
+
+
+def test_last_readout_keeps_float64_without_l2norm():
+    # output_positions="last" with use_qk_l2norm=False cast q_out to float32 before reading the
+    # float64 state: 7e-8 off the dense readout, where every other path is exact in float64
+    q, k, v, g, beta = _inputs(2, 20, 1, 2, 4, 4, seed=8)
+    qo = torch.randn(2, 20, 1, 4, dtype=torch.float64)
+    for l2 in (True, False):
+        _, dense, _ = gated_delta_rule(q, k, v, g, beta, q_out=qo, use_qk_l2norm=l2, backend="torch")
+        _, last, _ = gated_delta_rule(q, k, v, g, beta, q_out=qo[:, -1:], output_positions="last", use_qk_l2norm=l2,
+                                      backend="torch")
+        torch.testing.assert_close(last, dense[:, -1:], rtol=1e-12, atol=1e-12)
+
+
+def test_shapes_and_documents_refused_naming_the_argument():
+    # a 3-D k failed unpacking its shape, a 2-D x of causal_conv1d too; cu_seqlens as a list
+    # (gated_delta_rule takes one) failed inside torch.searchsorted; chunk_size 0 divided by zero
+    from orthros.ops.gdn import chunk_gated_delta_rule_ref
+
+    q, k, v, g, beta = _inputs(1, 8, 2, 2, 4, 3)
+    with pytest.raises(ValueError, match="q, k must be"):
+        gated_delta_rule(q, k[0], v, g, beta, backend="torch")
+    with pytest.raises(ValueError, match="v \\[B, T, HV, V\\]"):
+        gated_delta_rule(q, k, v[0], g, beta, backend="torch")
+    x, w = torch.randn(1, 10, 3), torch.randn(3, 4)
+    with pytest.raises(ValueError, match="x must be a tensor \\[B, T, C\\]"):
+        causal_conv1d(x[0], w)
+    y, _ = causal_conv1d(x, w, cu_seqlens=[0, 4, 10])
+    torch.testing.assert_close(y, causal_conv1d(x, w, cu_seqlens=torch.tensor([0, 4, 10]))[0])
+    with pytest.raises(ValueError, match="cu_seqlens must be a 1-D integer"):
+        causal_conv1d(x, w, cu_seqlens=[0.0, 4.0, 10.0])
+    with pytest.raises(ValueError, match="cu_seqlens needs B == 1"):
+        causal_conv1d(x.expand(2, -1, -1), w, cu_seqlens=[0, 10])
+    for c in (0, -1):
+        with pytest.raises(ValueError, match="chunk_size"):
+            chunk_gated_delta_rule_ref(q, k, v, g, beta, chunk_size=c)

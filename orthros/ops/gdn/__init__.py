@@ -71,9 +71,9 @@ def gated_delta_rule(
 
     Returns ``(o [B, T, HV, V], o_out [B, T_out, HV, V] or None, final_state [N, HV, K, V] or None)``.
     """
-    B, T, H, K = k.shape
-    Hv = v.shape[2]
-    if q.shape != k.shape or v.dim() != 4 or v.shape[:2] != (B, T) or H == 0 or K == 0 or Hv % H \
+    B, T, H, K = k.shape if k.dim() == 4 else (0,) * 4  # not 4-D: refused below with the others
+    Hv = v.shape[2] if v.dim() == 4 else 0
+    if k.dim() != 4 or q.shape != k.shape or v.dim() != 4 or v.shape[:2] != (B, T) or H == 0 or K == 0 or Hv % H \
             or g.shape != (B, T, Hv) or beta.shape != g.shape:
         raise ValueError(f"gated_delta_rule: q, k must be [B, T, H, K] (H, K >= 1), v [B, T, HV, V] (HV a multiple of "
                          f"H), g and beta [B, T, HV]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
@@ -84,12 +84,7 @@ def gated_delta_rule(
     if q_out is not None and (q_out.dim() != 4 or q_out.shape[0] != B or q_out.shape[2:] != (H, K)):
         raise ValueError(f"gated_delta_rule: q_out must be [B={B}, T_out, H={H}, K={K}], got {tuple(q_out.shape)}")
     if cu_seqlens is not None:  # its values are checked where they are read (the PyTorch GDN)
-        cu_seqlens = torch.as_tensor(cu_seqlens, device=q.device)
-        if B != 1:
-            raise ValueError(f"gated_delta_rule: cu_seqlens needs B == 1 (packed documents), got B = {B}")
-        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or not is_int_tensor(cu_seqlens):
-            raise ValueError(f"gated_delta_rule: cu_seqlens must be a 1-D integer tensor [num_docs + 1], got "
-                             f"{cu_seqlens.dtype} {tuple(cu_seqlens.shape)}")
+        cu_seqlens = _check_cu_seqlens("gated_delta_rule", cu_seqlens, B, q.device)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     if initial_state is not None and tuple(initial_state.shape) != (N, Hv, K, v.shape[3]):
         raise ValueError(f"gated_delta_rule: initial_state must be [N={N}, HV={Hv}, K={K}, V={v.shape[3]}] (N: B, or "
@@ -147,13 +142,25 @@ def gated_delta_rule(
     o_out = None
     if q_out is not None:
         if last:  # the state after the last token is the final state: o' = scale * S_T^T q'
-            qo = expand_heads(l2norm(q_out) if use_qk_l2norm else q_out.float(), Hv)[:, 0] * scale
-            o_out = torch.einsum("bhk,bhkv->bhv", qo.to(final.dtype), final)[:, None].to(v.dtype)
+            qo = expand_heads(l2norm(q_out) if use_qk_l2norm else q_out, Hv)[:, 0].to(final.dtype) * scale
+            o_out = torch.einsum("bhk,bhkv->bhv", qo, final)[:, None].to(v.dtype)
         elif idx is None:
             o_out = o_dense
         else:
             o_out = torch.gather(o_dense, 1, idx[:, :, None, None].expand(-1, -1, Hv, o_dense.shape[-1]))
     return o, o_out, (final if output_final_state else None)
+
+
+def _check_cu_seqlens(who: str, cu_seqlens, B: int, device) -> torch.Tensor:
+    """``cu_seqlens`` (a tensor or a list) as a tensor on ``device``: 1-D integers, ``B == 1``;
+    its values are not read here (that would read the device back)."""
+    cu_seqlens = torch.as_tensor(cu_seqlens, device=device)
+    if B != 1:
+        raise ValueError(f"{who}: cu_seqlens needs B == 1 (packed documents), got B = {B}")
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or not is_int_tensor(cu_seqlens):
+        raise ValueError(f"{who}: cu_seqlens must be a 1-D integer tensor [num_docs + 1], got "
+                         f"{cu_seqlens.dtype} {tuple(cu_seqlens.shape)}")
+    return cu_seqlens
 
 
 _WARNED = set()
@@ -186,6 +193,9 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: Optional[torch.T
     a generic depthwise kernel, ~3 ms of a 16K-token chunk of Qwen3.5-9B's 8192 channels) or
     ``"auto"``, the GDN backends' rule: ``"fla"`` on CUDA with fla-core, except for steps that
     need gradients where fla-core's gated backward is refused (then both ops run in PyTorch)."""
+    if not isinstance(x, torch.Tensor) or x.dim() != 3:
+        raise ValueError(f"causal_conv1d: x must be a tensor [B, T, C], got "
+                         f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
     B, T, C = x.shape
     W = weight.shape[-1]
     if weight.dim() != 2 or weight.shape[0] != C or W == 0:
@@ -198,8 +208,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: Optional[torch.T
             _needs_grad(state)  # a gradient into the cached window: PyTorch's (training starts from no window)
             or asked != "fla" and not fla_backward_supported() and _needs_grad(x, weight)):
         backend = "torch"
-    if cu_seqlens is not None and B != 1:
-        raise ValueError(f"causal_conv1d: cu_seqlens needs B == 1 (packed documents), got B = {B}")
+    if cu_seqlens is not None:
+        cu_seqlens = _check_cu_seqlens("causal_conv1d", cu_seqlens, B, x.device)
     if backend == "fla":
         return causal_conv1d_fla(x, weight, state, activation, cu_seqlens), _window_after(x, state, W)
     xt = x.transpose(1, 2)
