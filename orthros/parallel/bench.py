@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ..utils import DTYPE_CHOICES, check_device, check_output_path, commit_id, parse_dtype, write_json
-from .comm import ParallelContext, init_from_env
+from .comm import MAX_TIMEOUT_S, ParallelContext, check_timeout, init_from_env
 from .sharded import ShardedOrthros
 
 
@@ -405,10 +405,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     if len(a.single_max) != 1:
         p.error(f"--single-max takes one length, got {a.single_max}")
     a.single_max = a.single_max[0]
-    if not 0 < a.timeout < float("inf"):  # the process group's timedelta: finite
-        p.error(f"--timeout must be a finite number of seconds > 0, got {a.timeout:g}")
-    if not a.time_budget >= 0:
-        p.error(f"--time-budget must be >= 0 seconds (0 = no budget), got {a.time_budget:g}")
+    try:  # the process group's timedelta
+        check_timeout("--timeout", a.timeout)
+    except ValueError as e:
+        p.error(str(e))
+    if not 0 <= a.time_budget <= MAX_TIMEOUT_S:  # the idle ranks' group waits that long
+        p.error(f"--time-budget must be >= 0 and <= {MAX_TIMEOUT_S:g} seconds (0 = no budget), got {a.time_budget:g}")
     world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's, known before the process group starts
     if world == 1 and a.transformer_cp and a.transformer_cp != p.get_default("transformer_cp"):
         p.error("--transformer-cp runs the Transformer with context parallelism over several ranks; this run has "

@@ -21,6 +21,17 @@ import torch
 import torch.distributed as dist
 
 
+# the longest process-group timeout (about 31 years): timedelta overflows past ~8.6e13 s, and c10d counts a
+# timeout in int64 nanoseconds (past ~9.2e9 s gloo's every collective timed out at once)
+MAX_TIMEOUT_S = 1e9
+
+
+def check_timeout(name: str, value) -> None:
+    """A process-group timeout: a number of seconds in ``(0, MAX_TIMEOUT_S]``, else a ``ValueError`` naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_TIMEOUT_S:
+        raise ValueError(f"{name} must be a number of seconds > 0 and <= {MAX_TIMEOUT_S:g}, got {value!r}")
+
+
 class ParallelError(RuntimeError):
     """A collective failed: a peer rank crashed, was killed, or did not arrive in time."""
 
@@ -140,8 +151,7 @@ def init_from_env(backend: Optional[str] = None, timeout_s: float = 600.0) -> Pa
     """
     if backend not in (None, "nccl", "gloo"):
         raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s < float("inf"):
-        raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}")
+    check_timeout("timeout_s", timeout_s)
     if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))

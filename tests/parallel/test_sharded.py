@@ -202,6 +202,11 @@ def test_rejects_bad_input():
     (["--timeout", "-1"], {}, "--timeout"),
     (["--timeout", "inf"], {}, "--timeout"),  # an OverflowError of timedelta on every rank, after the start
     (["--time-budget", "-1"], {}, "--time-budget"),
+    # an OverflowError of timedelta on every rank, after the model was built (the idle ranks' group)
+    (["--time-budget", "inf"], {}, "--time-budget"),
+    (["--time-budget", "1e15"], {}, "--time-budget"),
+    # an OverflowError of timedelta in init_process_group; 1e10 s made gloo's every collective time out at once
+    (["--timeout", "1e10"], {}, "--timeout"),
     (["--lengths", "1,300"], {"WORLD_SIZE": "2"}, "one token per rank"),
     (["--out", "{tmp}/missing/bench.json"], {}, "does not exist"),
     # built the 8B model on the CPU (16 GB), then prefilled 64K-512K tokens there
@@ -415,6 +420,7 @@ def test_context_of_a_group_this_process_is_not_in_is_refused(monkeypatch):
 
 
 @pytest.mark.parametrize("kw, match", [(dict(timeout_s=float("inf")), "timeout_s"), (dict(timeout_s=0), "timeout_s"),
+                                       (dict(timeout_s=1e10), "timeout_s"), (dict(timeout_s=float("nan")), "timeout_s"),
                                        (dict(timeout_s="60"), "timeout_s"), (dict(backend="mpi"), "backend")])
 def test_init_from_env_checks_its_arguments_on_one_process_too(kw, match, monkeypatch):
     """Bad arguments are refused wherever the script runs: without torchrun's environment they
