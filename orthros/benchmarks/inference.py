@@ -39,13 +39,16 @@ SYSTEM_LABELS = {
 # ------------------------------------------------------------------ the engine's no-attention floor
 class _NoAttention:
     """A cache view whose attention is a no-op (its output is the query): K/V are still
-    written, so everything but the attention kernels is the engine's own work."""
+    written, so everything but the attention kernels is the engine's own work. The rest of the
+    view's protocol (a GDN layer's states, ``out_last``, the decode write) is the view's own."""
+
+    qkv_kernel = False  # no attention kernel to take the q/k prologue and the K/V write
 
     def __init__(self, view):
         self.view = view
 
-    def update(self, i, k, v):
-        return self.view.update(i, k, v)
+    def __getattr__(self, name):
+        return getattr(self.view, name)
 
     def attend(self, q, q_full, k, v, step, **kw):
         return stack_rows(q, q_full)

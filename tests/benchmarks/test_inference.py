@@ -191,3 +191,15 @@ def test_bench_random_weight_options_refused_with_a_checkpoint(tmp_path, capsys,
                          "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert f"{extra[0]} shapes the random-weight model; --model {d}" in err and not out.exists(), err
+
+
+def test_prefill_floor_of_an_orthros_h_model():
+    """The engine's no-attention floor of an Orthros-H model (``--model`` an Orthros-H checkpoint):
+    its GDN layers read and write their states through the floor's cache view (was: AttributeError
+    '_NoAttention' object has no attribute 'linear_state', a traceback, exit 1)."""
+    from orthros.benchmarks.inference import bench_prefill
+    from orthros.benchmarks.models import orthros_model
+
+    model = orthros_model("tiny-h", device="cpu", dtype=torch.float32, window_size=8)
+    rows = bench_prefill(model, [24], systems=("orthros-floor", "orthros"), chunk=16, budget_s=0)
+    assert [r["system"] for r in rows] == ["orthros-floor", "orthros"] and all(r["ms"] > 0 for r in rows)
