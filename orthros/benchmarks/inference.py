@@ -583,12 +583,13 @@ def plot_decode(rows, path, title="Decode step latency"):
 def plot_e2e(rows, path, title="End-to-end generation"):
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    pairs = sorted({(r["in"], r["out"]) for r in rows})  # one tick each, every mode's point of it there
     for ax, key, lab in ((axes[0], "ttft_s", "time to first token (s)"), (axes[1], "e2e_s", "end-to-end latency (s)")):
         for mode in sorted({r["mode"] for r in rows}):
-            pts = sorted((r["in"], r[key], r["out"]) for r in rows if r["mode"] == mode)
-            ax.plot(range(len(pts)), [p[1] for p in pts], marker="o",
+            pts = sorted((pairs.index((r["in"], r["out"])), r[key]) for r in rows if r["mode"] == mode)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
                     label="Orthros" if mode == "orthros" else "Transformer (same engine)")
-            ax.set_xticks(range(len(pts)), [f"{p[0]}/{p[2]}" for p in pts])
+        ax.set_xticks(range(len(pairs)), [f"{i}/{o}" for i, o in pairs])
         ax.set_yscale("log")
         ax.set_xlabel("input / output tokens")
         ax.set_ylabel(lab)

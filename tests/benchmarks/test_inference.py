@@ -203,3 +203,22 @@ def test_prefill_floor_of_an_orthros_h_model():
     model = orthros_model("tiny-h", device="cpu", dtype=torch.float32, window_size=8)
     rows = bench_prefill(model, [24], systems=("orthros-floor", "orthros"), chunk=16, budget_s=0)
     assert [r["system"] for r in rows] == ["orthros-floor", "orthros"] and all(r["ms"] > 0 for r in rows)
+
+
+def test_e2e_plot_puts_each_pair_at_its_own_label(monkeypatch):
+    """Pairs of one input length (8:4, 8:2): each mode's point of a pair sits at that pair's tick
+    (was: each mode's points sorted by (in, time, out), so a mode whose 8:2 ran slower than its
+    8:4 drew them at each other's labels)."""
+    from orthros.benchmarks import inference as I
+
+    figs = []
+    monkeypatch.setattr(I, "save_figure", lambda fig, path: figs.append(fig))
+    rows = [{"mode": m, "in": 8, "out": o, "ttft_s": t, "e2e_s": 10 * t}
+            for m, o, t in (("orthros", 4, 1.0), ("orthros", 2, 2.0), ("full", 4, 3.0), ("full", 2, 0.5))]
+    I.plot_e2e(rows, "unused.png")
+    for ax, key in zip(figs[0].axes, ("ttft_s", "e2e_s")):
+        labels = [t.get_text() for t in ax.get_xticklabels()]
+        for line in ax.get_lines():
+            mode = "orthros" if line.get_label() == "Orthros" else "full"
+            drawn = {labels[int(x)]: y for x, y in zip(line.get_xdata(), line.get_ydata())}
+            assert drawn == {f"{r['in']}/{r['out']}": r[key] for r in rows if r["mode"] == mode}
