@@ -13,6 +13,7 @@ table and writes ``<out>/<command>.json`` and ``<out>/<command>.png`` (log axes)
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..utils import DTYPE_CHOICES, check_device, check_output_path, parse_dtype
@@ -111,8 +112,6 @@ def main(argv=None) -> int:
     if args.what is None:  # as `orthros` and `orthros eval` alone: the help, exit 0
         parser.print_help()
         return 0
-    import os
-
     import torch
 
     from . import inference as I
@@ -126,6 +125,7 @@ def main(argv=None) -> int:
         return 2
     try:
         _check_args(args, I.PREFILL_SYSTEMS)
+        make_out_dir(args.out)
     except ValueError as e:
         print(f"orthros bench: error: {e}", file=sys.stderr)
         return 2
@@ -133,10 +133,19 @@ def main(argv=None) -> int:
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     model = orthros_model(args.preset, path=args.model, device=dev, dtype=dtype, window_size=args.window)
-    os.makedirs(args.out, exist_ok=True)
     for what in (("prefill", "decode", "e2e") if args.what == "all" else (args.what,)):
         _run_section(what, args, model, dev, dtype, I, hf_qwen3_like)
     return 0
+
+
+def make_out_dir(path, arg: str = "--out") -> None:
+    """Make the output directory ``path`` (the option ``arg``) once the arguments are checked and
+    before any work: ``ValueError`` naming the option when it cannot be made (``''``, a read-only
+    place), not an ``os.makedirs`` error after the model is built."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{arg} {path!r}: cannot make the directory ({e.strerror or e})") from None
 
 
 def _check_args(args, systems):
@@ -195,8 +204,6 @@ def _check_args(args, systems):
 
 
 def _run_section(what, args, model, dev, dtype, I, hf_qwen3_like):
-    import os
-
     json_path, png_path = (os.path.join(args.out, f"{what}.{ext}") for ext in ("json", "png"))
     meta = I.metadata(model, dev, dtype, {"preset": None if args.model else args.preset, "model_path": args.model,
                                           "compile": args.compile})

@@ -47,7 +47,7 @@ from ..engine.cache import StaticKVCache
 from ..ops.gemv.kernel import pdl_settings
 from ..ops.gemv.naive import MAX_M
 from ..utils import Progress, check_output_path, pyplot, save_figure
-from .cli import _ints
+from .cli import _ints, make_out_dir
 from .inference import _free, bench_decode, copy_bandwidth, decode_compile_options, \
     decode_qkv_kernel, measure, metadata, parse_bwd_config, parse_compile_options, parse_decode_config, print_table, \
     save, time_call, trace_kernels
@@ -1031,10 +1031,13 @@ def main(argv=None, window_factory: Optional[Callable] = None) -> int:
     t_start = time.time()
     a = parse_args(argv, window_available=window_factory is not None)
     a.t_start = t_start
+    try:  # every argument checked: the directory now, before anything is measured
+        make_out_dir(a.out)
+    except ValueError as e:
+        build_parser().error(str(e))
     if a.plot_only is not None:
         rows, meta = join_runs(a.data)
         print_summary(rows)
-        os.makedirs(a.out, exist_ok=True)
         png = os.path.join(a.out, "roofline.png")
         plot(rows, meta, png)
         print(f"\nwrote {png}")

@@ -222,3 +222,13 @@ def test_e2e_plot_puts_each_pair_at_its_own_label(monkeypatch):
             mode = "orthros" if line.get_label() == "Orthros" else "full"
             drawn = {labels[int(x)]: y for x, y in zip(line.get_xdata(), line.get_ydata())}
             assert drawn == {f"{r['in']}/{r['out']}": r[key] for r in rows if r["mode"] == mode}
+
+
+@pytest.mark.parametrize("out", ["", "/proc/orthros-bench-out"])
+def test_bench_out_that_cannot_be_made(out, capsys, no_model):
+    """Was: os.makedirs failed after the model was built, the message not naming --out
+    ("[Errno 2] No such file or directory: ''")."""
+    assert orthros_main(["bench", "decode", *TINY, "--contexts", "8", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"orthros bench: error: --out {out!r}: cannot make the directory") and \
+        len(err.strip().splitlines()) == 1, err

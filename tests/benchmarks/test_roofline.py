@@ -235,6 +235,18 @@ def test_out_below_a_file_refused_before_any_work(tmp_path, capsys):
         assert e.value.code == 2 and "is a file, not a directory" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("out", ["", "/proc/orthros-roofline-out"])
+def test_out_that_cannot_be_made_refused_naming_it(tmp_path, capsys, out):
+    """``--out ''`` or a place no directory can be made: a usage error naming --out (was a
+    FileNotFoundError traceback of os.makedirs, after the ceilings were measured in a run)."""
+    (tmp_path / "results.json").write_text(json.dumps({"rows": [{"section": "decode", "skipped": "x"}]}))
+    for extra in ([], ["--plot-only", str(tmp_path / "results.json")]):
+        with pytest.raises(SystemExit) as e:
+            R.main(["--device", "cpu", "--quick", "--sections", "decode", *extra, "--out", out],
+                   window_factory=lambda dev: None)
+        assert e.value.code == 2 and f"--out {out!r}: cannot make the directory" in capsys.readouterr().err
+
+
 def test_gpt_fast_dir_without_model_py_and_script_exit_code(tmp_path):
     (tmp_path / "empty").mkdir()
     p = _run_script("--device", "cpu", "--quick", "--gpt-fast-dir", str(tmp_path / "empty"), "--out",
