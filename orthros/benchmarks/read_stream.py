@@ -47,7 +47,8 @@ BUFFER_QUANTUM = 65536  # read_bandwidth's buffer is a multiple of this many ele
 def read_sum(x: torch.Tensor, *, block: int = 8192, warps: int = 8, stages: int = 2, chunk: int = 8,
              out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Float32 sums of the runs of ``chunk * block`` contiguous elements of a contiguous 1-D ``x``
-    (its length a multiple of that), one program a run; the result's sum is ``x``'s."""
+    (its length a multiple of that), one program a run; the result's sum is ``x``'s. ``out``: where
+    to write them (float32, one a run, on ``x``'s device)."""
     if block < 1 or block & (block - 1):
         raise ValueError(f"block must be a power of two, got {block}")
     if warps not in (1, 2, 4, 8, 16):
@@ -63,6 +64,10 @@ def read_sum(x: torch.Tensor, *, block: int = 8192, warps: int = 8, stages: int 
     grid = x.numel() // (chunk * block)
     if out is None:
         out = torch.empty(grid, dtype=torch.float32, device=x.device)
+    elif (out.shape != (grid,) or out.dtype != torch.float32 or out.device != x.device
+          or not out.is_contiguous()):  # the kernel writes grid sums, one after the other
+        raise ValueError(f"out must be a contiguous float32 tensor of shape ({grid},) on {x.device}, got "
+                         f"{out.dtype} {tuple(out.shape)} on {out.device}")
     _read_sum_kernel[(grid,)](x, out, BLOCK=block, CHUNK=chunk, num_warps=warps, num_stages=stages)
     return out
 

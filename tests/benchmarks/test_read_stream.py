@@ -33,6 +33,17 @@ def test_read_sum_refuses_inputs_that_are_not_flat():
         read_sum(torch.zeros(4, 1024, dtype=torch.bfloat16), block=512, chunk=1)
 
 
+@pytest.mark.parametrize("out", [torch.zeros(100)[:2], torch.zeros(8, dtype=torch.int32), torch.zeros(8, 1),
+                                 torch.zeros(16)[::2]])
+def test_read_sum_refuses_an_out_of_another_shape_or_dtype(out):
+    """Was: the kernel wrote its 8 sums into a 2-element ``out`` (past its end: here into the rest of
+    its base tensor, on a GPU into whatever memory follows) and returned the 2; cast them to int; or
+    wrote them one after the other into a strided view."""
+    with pytest.raises(ValueError, match=r"out must be a contiguous float32 tensor of shape \(8,\)"):
+        read_sum(torch.ones(512 * 8, dtype=torch.bfloat16), block=512, chunk=1, warps=4, out=out)
+    assert out.sum() == 0
+
+
 def test_read_bandwidth_on_the_cpu_times_torch_sum_and_checks_its_arguments():
     r = read_bandwidth("cpu", 2**18, reps=3)
     assert r["how"] == "torch.sum" and r["bytes_per_s"] > 0 and r["candidates"] == [("torch.sum", r["bytes_per_s"])]
