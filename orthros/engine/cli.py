@@ -252,6 +252,8 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
         if not text:
             raise ValueError("empty prompt")
         first = encode_turn(text)
+        if not first:  # as --prompts refuses one (nothing would run, and exit 0 would say it did)
+            raise ValueError("the prompt encodes to no tokens")
         _check_vocab(first, config, tok, "the prompt")
         check_fits(0, len(first), args.max_new_tokens, max_seq_len=args.max_seq_len,
                    max_positions=config.max_position_embeddings)

@@ -114,6 +114,20 @@ def test_generate_reports_prompt_too_long(checkpoint, capsys):
     assert rc == 2 and "max_seq_len=4" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("stdin", [None, "  \n"])
+def test_generate_refuses_a_prompt_of_no_tokens_before_loading(checkpoint, capsys, monkeypatch, stdin):
+    """Was: a prompt (argument or stdin) that encodes to no tokens loaded the weights, generated
+    nothing and exited 0 with no output; --prompts refuses such a prompt (exit 2), so does this."""
+    d, _ = checkpoint
+    monkeypatch.setattr(OrthrosForCausalLM, "from_pretrained",
+                        lambda *a, **k: pytest.fail("the weights were loaded"))
+    capsys.readouterr()
+    argv = ["generate", "--model", str(d), "--device", "cpu", "--max-new-tokens", "2"]
+    rc, text = run_cli(argv + ["   "] if stdin is None else argv, stdin=stdin or "")
+    err = capsys.readouterr().err
+    assert rc == 2 and text == "" and "the prompt encodes to no tokens" in err, err
+
+
 def test_generate_compile_flag_gives_the_same_text(checkpoint):
     d, _ = checkpoint
     torch.set_num_threads(1)
