@@ -158,10 +158,13 @@ def _check_args(args, systems):
                          "cache declared filled, no prefill runs")
     if args.what != "decode" and args.chunk < 1:
         raise ValueError("--chunk must be >= 1")
-    if hasattr(args, "systems") and any(s not in systems for s in args.systems.split(",") if s):
-        raise ValueError(f"unknown systems in {args.systems!r}; choose from {systems}")
-    if hasattr(args, "systems") and not any(args.systems.split(",")):
-        raise ValueError(f"--systems names no system; choose from {systems}")
+    if hasattr(args, "systems"):
+        unknown = [s for s in args.systems.split(",") if s and s not in systems]
+        if unknown:
+            raise ValueError(f"--systems {args.systems!r}: unknown {', '.join(unknown)}; choose from "
+                             f"{', '.join(systems)}")
+        if not any(args.systems.split(",")):
+            raise ValueError(f"--systems names no system; choose from {', '.join(systems)}")
     if getattr(args, "batch", 1) < 1:
         raise ValueError("--batch must be >= 1")
     if args.model is None:  # the random-weight model's defaults

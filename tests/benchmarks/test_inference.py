@@ -127,6 +127,9 @@ def no_model(monkeypatch):
     ("e2e", ["--window", "0"], "--window must be >= 1, got 0"),
     # was: no point measured, empty JSON and PNG written, exit 0
     ("prefill", ["--systems", ","], "--systems names no system"),
+    # was: "unknown systems in 'orthros,vllm'; choose from ('orthros', ...)": no option named, a tuple's repr
+    ("all", ["--systems", "orthros,vllm"], "--systems 'orthros,vllm': unknown vllm; choose from orthros, "
+                                           "orthros-floor, full, hf-sdpa, hf-floor"),
     # was: the engine refused the point mid-sweep, after the shorter ones ran
     ("prefill", [], "--lengths needs positions 0..131071, beyond max_position_embeddings=65536 of --preset tiny"),
     ("e2e", ["--pairs", "8:4,60000:6000"], "--pairs needs positions 0..65998"),
