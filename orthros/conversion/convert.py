@@ -367,6 +367,7 @@ def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrit
     _check_window(window_size)
     out_dtype = resolve_dtype(dtype)
     dst = Path(os.fspath(dst)).expanduser()
+    clean_stale(dst)  # before the checks of DST: it may put back a previous DST, which --overwrite must then allow
     from .gguf import is_gguf_source
 
     if is_gguf_source(src):
@@ -374,7 +375,6 @@ def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrit
                              scale_offset=scale_offset, progress=progress)
     source, plan, _ = _prepare(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite,
                                scale_offset=scale_offset)
-    clean_stale(dst)
     with atomic_directory(dst, overwrite) as tmp:
         report = _write_checkpoint(source, plan, tmp, window_size=window_size, scale_offset=scale_offset,
                                    progress=progress)
@@ -457,7 +457,6 @@ def _convert_gguf(src, dst: Path, *, window_size: int, out_dtype, overwrite: boo
     from .gguf import gguf_notes, gguf_to_hf_directory
 
     info, _ = _prepare_gguf(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite)
-    clean_stale(dst)
     extra = {"source": str(info.path.absolute()), "source_format": "gguf",
              "gguf": {"file": info.path.name, "architecture": info.gguf_architecture, "name": info.name,
                       "bytes": info.size, "tensors": info.n_tensors, "parameters": info.n_params,

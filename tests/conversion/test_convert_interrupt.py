@@ -121,3 +121,16 @@ def test_clean_stale_keeps_live_and_restores_replaced(tmp_path):
     old.mkdir()
     clean_stale(dst)
     assert not old.exists() and dst.is_dir()
+
+
+def test_previous_result_put_back_is_not_replaced_without_overwrite(sharded_source, tmp_path, capsys):
+    """A kill -9 between moving the old DST aside and renaming the new one in leaves the old one as
+    .out.orthros-old-<pid>-*: the next run puts it back before checking DST, so without --overwrite
+    it is refused (it was put back after the check, then replaced by the new conversion)."""
+    dst = tmp_path / "out"
+    old = tmp_path / f".out.orthros-old-{_dead_pid()}-0a1b2c3d"
+    old.mkdir()
+    (old / "config.json").write_text("{}")
+    assert convert_main([str(sharded_source), str(dst), "--window-size", "8", "-q"]) == 2
+    assert "pass --overwrite" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (dst / "config.json").read_text() == "{}"
