@@ -159,7 +159,8 @@ class ShardedOrthros:
     def __init__(self, model, ctx: Optional[ParallelContext] = None, *, chunk_size: int = 32768,
                  key_chunk: int = 65536, reserve: int = 256):
         core = getattr(model, "model", None)
-        if core is None or not hasattr(core, "layers") or not hasattr(model, "lm_head"):
+        if core is None or not hasattr(core, "layers") or not hasattr(model, "lm_head") or \
+                not hasattr(model.config, "attention_mode"):  # another architecture's (Llama, ...)
             raise TypeError(f"model must be an OrthrosForCausalLM, got {type(model).__name__}")
         if model.config.attention_mode != "orthros" or any(t != "orthros_attention" for t in model.config.layer_types):
             kinds = sorted(set(model.config.layer_types))
@@ -250,9 +251,12 @@ class ShardedOrthros:
         rank embeds only its shard). Returns ``(logits [B, 1, V], cache)``: the prediction after
         the last prompt token (identical on every rank) and this rank's :class:`ShardedKVCache`."""
         ids = self._check_ids(input_ids)
+        warn_beyond_positions(self.model.config, ids.shape[1])
+        return self._prefill(ids)
+
+    def _prefill(self, ids: torch.Tensor):  # ids checked (_check_ids)
         ctx, core, dev, dtype = self.ctx, self.core, self.device, self.dtype
         B, T = ids.shape
-        warn_beyond_positions(self.model.config, T)
         bounds = shard_bounds(T, ctx.world_size)
         s, e = bounds[ctx.rank]
         n = e - s
@@ -379,8 +383,9 @@ class ShardedOrthros:
         broadcast from the last rank, so every rank continues with the same one.
         """
         check_positive_int("max_new_tokens", max_new_tokens)
-        warn_beyond_positions(self.model.config, input_ids.shape[-1] + max_new_tokens - 1)
-        logits, cache = self.prefill(input_ids)
+        ids = self._check_ids(input_ids)
+        warn_beyond_positions(self.model.config, ids.shape[1] + max_new_tokens - 1)
+        logits, cache = self._prefill(ids)
         toks, all_logits = [], [logits]
         for step in range(max_new_tokens):
             tok = logits[:, -1].argmax(-1).contiguous()

@@ -155,6 +155,13 @@ def test_transformer_baseline_prefill_equals_the_full_attention_model(gate):
 def test_rejects_bad_input():
     with pytest.raises(ValueError, match="attention_mode"):
         ShardedOrthros(tiny_model(attention_mode="full"))
+    # another architecture's model (its config has no attention_mode): an AttributeError of the config
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    llama = LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2))
+    with pytest.raises(TypeError, match="model must be an OrthrosForCausalLM, got LlamaForCausalLM"):
+        ShardedOrthros(llama)
     sh = ShardedOrthros(tiny_model())
     with pytest.raises(TypeError, match="input_ids"):
         sh.prefill(torch.zeros(1, 4))
@@ -164,6 +171,9 @@ def test_rejects_bad_input():
             sh.prefill(bad)
     with pytest.raises(ValueError, match="max_new_tokens"):
         sh.generate(torch.zeros(1, 4, dtype=torch.long), 0)
+    # generate of a list: an AttributeError ('list' object has no attribute 'shape'), where prefill names input_ids
+    with pytest.raises(TypeError, match=r"input_ids must be an int32 or int64 torch.Tensor \[B, T\], got list"):
+        sh.generate([[1, 2]], 2)
     # ids outside the vocabulary: an IndexError of the embedding on one rank (a device assert on CUDA)
     for bad in (torch.tensor([[1, V]]), torch.tensor([[-1, 2]])):
         with pytest.raises(ValueError, match="vocab_size"):
