@@ -32,7 +32,7 @@ import torch
 from ..utils import check_positive_int
 from .attention import FLOAT_DTYPES, check_scale
 from .backends import check_backend, resolve_backend
-from .pointwise import apply_rope, rms_norm
+from .pointwise import apply_rope, check_eps, rms_norm
 
 
 def decode_attention_reference(q, q_out, k_cache, v_cache, cache_seqlens, *, window_size: int,
@@ -155,7 +155,7 @@ def decode_qkv_attention_reference(qkv, k_cache, v_cache, lens, *, num_heads: in
                                       k_cache, v_cache, pos + 1, window_size=window_size, scale=scale, stacked=True)
 
 
-def _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_norm, scale_offset, window_size,
+def _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_norm, eps, scale_offset, window_size,
                scale=None):
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 3:
         raise ValueError(f"qkv must be a [B, rows, (Hq + 2 Hkv) D] tensor, got "
@@ -198,6 +198,8 @@ def _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_n
     for name, t in (("q_norm", q_norm), ("k_norm", k_norm)):
         if t is not None and t.shape != (D,):
             raise ValueError(f"{name} must be a [{D}] weight or None, got {tuple(t.shape)}")
+    if q_norm is not None or k_norm is not None:
+        check_eps("eps", eps, "q_norm / k_norm")
     if len(scale_offset) != 4:
         raise ValueError("scale_offset must be (alpha_w, beta_w, alpha_f, beta_f), each [Hq * D] or None")
     for a, b in (scale_offset[:2], scale_offset[2:]):
@@ -230,7 +232,7 @@ def orthros_decode_qkv_attention(qkv, k_cache, v_cache, lens, *, num_heads: int,
     "reference" / "sdpa" (the reference)."""
     check_backend(backend)
     q_rows = tuple(q_rows)
-    _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_norm, scale_offset, window_size,
+    _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_norm, eps, scale_offset, window_size,
                scale)
     kw = dict(num_heads=num_heads, q_rows=q_rows, rope=rope, window_size=window_size, scale=scale, q_norm=q_norm,
               k_norm=k_norm, eps=eps, scale_offset=tuple(scale_offset))

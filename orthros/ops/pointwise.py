@@ -8,6 +8,9 @@ whose Triton kernel computes the same in its prologue.
 
 from __future__ import annotations
 
+import math
+import numbers
+
 import torch
 
 
@@ -18,6 +21,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x = x.float()
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return weight * x.to(dtype)
+
+
+def check_eps(name: str, eps, weight_name: str) -> None:
+    """An RMSNorm epsilon must be a finite real >= 0: a negative or NaN one makes the norm (and all
+    that reads it) NaN, a string or None fails inside the op."""
+    if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not math.isfinite(eps) or eps < 0:
+        raise ValueError(f"{name} must be a finite float >= 0 with {weight_name} (the RMSNorm epsilon), got {eps!r}")
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -32,4 +42,4 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return torch.cat((out, xp), dim=-1) if xp.shape[-1] else out
 
 
-__all__ = ["rms_norm", "apply_rope"]
+__all__ = ["rms_norm", "apply_rope", "check_eps"]

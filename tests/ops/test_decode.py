@@ -574,6 +574,15 @@ def test_qkv_dispatch_and_validation():
         orthros_decode_qkv_attention(qkv, kc[:, :0], vc[:, :0], lens, **base)
     with pytest.raises(ValueError, match="scale"):
         orthros_decode_qkv_attention(qkv, kc, vc, lens, **{**base, "scale": "1"})
+    # an eps < 0 or NaN with q/k norms made the outputs NaN and wrote a NaN key into the cache; a
+    # string failed inside the norm. Without norms eps is not read.
+    for eps in (-5.0, float("nan"), "1e-6", None):
+        k, v = kc.clone(), vc.clone()
+        with pytest.raises(ValueError, match="eps must be a finite float >= 0"):
+            orthros_decode_qkv_attention(qkv, k, v, lens, **{**base, "eps": eps})
+        assert torch.equal(k, kc) and torch.equal(v, vc)
+    orthros_decode_qkv_attention(qkv, kc.clone(), vc.clone(), lens, **{**base, "eps": None, "q_norm": None,
+                                                                         "k_norm": None})
 
 
 COMPILE_QKV_SM90 = textwrap.dedent('''

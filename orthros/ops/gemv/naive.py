@@ -17,13 +17,12 @@ to ``x.dtype`` (as eager ``h + F.linear(...)`` does).
 
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from ..pointwise import rms_norm
+from ..pointwise import check_eps, rms_norm
 
 MAX_M = 8  # rows the triton kernel takes (its M is unrolled)
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # what the triton kernel takes
@@ -76,8 +75,7 @@ def _check_norm(wname: str, ename: str, w, eps, size: int, dim: str) -> None:
         raise ValueError(f"{wname} must be None or a tensor [{dim}] = [{size}] (the RMSNorm weight), got {_shape(w)}")
     if not w.is_floating_point():
         raise ValueError(f"{wname} must be a floating-point tensor, got {w.dtype}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not math.isfinite(eps) or eps < 0:
-        raise ValueError(f"{ename} must be a finite float >= 0 with {wname} (the RMSNorm epsilon), got {eps!r}")
+    check_eps(ename, eps, wname)
 
 
 def check_gemv_inputs(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], *,
