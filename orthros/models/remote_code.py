@@ -249,16 +249,19 @@ def remote_code_saved(config, save_directory):
         yield
         return
     auto_map = write_remote_code(config, save_directory)
-    had = "auto_map" in config.__dict__
-    old = config.__dict__.get("auto_map")
-    config.auto_map = {**(old or {}), **auto_map}
+    saved = {k: config.__dict__[k] for k in ("auto_map", "_auto_class") if k in config.__dict__}
+    config.auto_map = {**(saved.get("auto_map") or {}), **auto_map}
+    # a class registered with register_for_auto_class: transformers' custom_object_save would copy the
+    # package's own files (parent-relative imports) over the flat ones
+    config._auto_class = None
     try:
         yield
     finally:
-        if had:
-            config.auto_map = old
-        else:
-            del config.auto_map
+        for k in ("auto_map", "_auto_class"):
+            if k in saved:
+                setattr(config, k, saved[k])
+            else:
+                delattr(config, k)
 
 
 __all__ = ["bundle", "collect", "flat_names", "write_remote_code", "remote_code_saved", "RemoteCodeError"]

@@ -332,3 +332,16 @@ def test_a_subclass_defined_elsewhere_saves_without_remote_code(tmp_path):
         MyConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2,
                  window_size=0)
     assert OrthrosForCausalLM(c)(torch.tensor([[1, 2, 3, 4, 5]])).logits.shape == (1, 5, 10)
+
+
+def test_a_config_registered_for_auto_class_saves_the_flat_code(tmp_path, monkeypatch):
+    """Issue: after OrthrosConfig.register_for_auto_class() (HF's way to export custom code), saving ran
+    transformers' custom_object_save on the package's own file: configuration_orthros.py was overwritten
+    by the package's (`from ..kinds import ...`, which cannot load flat) and its scan of that file failed
+    (FileNotFoundError: .../orthros/models/.kinds.py) before config.json was written."""
+    monkeypatch.setattr(OrthrosConfig, "_auto_class", "AutoConfig")  # what register_for_auto_class() sets
+    c = OrthrosConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2)
+    c.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["auto_map"] == AUTO_MAP
+    assert "from .kinds import" in (tmp_path / "configuration_orthros.py").read_text()
+    assert c._auto_class == "AutoConfig" and "auto_map" not in c.to_dict()  # the config as it was
