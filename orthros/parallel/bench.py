@@ -12,8 +12,8 @@ Random weights of a Qwen3-8B-shaped model (bf16). In one launch it measures, for
 Where a Transformer figure was not measured it is ESTIMATED from the measured 1-GPU figures (a
 least-squares fit ``t = a T + b T^2``; N GPUs: that / N, ideal scaling with no communication, a
 lower bound on ring attention) and labelled ``estimate``. A time budget skips measurements
-predicted to overrun it. Results go to ``--out`` (JSON) as they are measured; rank 0 prints a
-markdown table at the end.
+predicted to overrun it (a ``skipped`` record says so). Results go to ``--out`` (JSON) as they are
+measured; rank 0 prints a markdown table at the end.
 """
 
 from __future__ import annotations
@@ -122,13 +122,19 @@ class Bench:
         self.log(json.dumps(rec))
         self.save()
 
-    def go(self, predicted_s: float) -> bool:
-        """Rank 0 decides whether a run predicted to take ``predicted_s`` fits the time budget;
-        every rank learns the same answer."""
+    def go(self, model: str, gpus: int, T: int) -> bool:
+        """Rank 0 decides whether the run of ``model`` on ``gpus`` at ``T`` tokens, predicted from the
+        measured ones, fits the time budget; every rank learns the same answer. A skipped run is recorded."""
+        predicted_s = self.predict(model, gpus, T)
         skip = 0.0
         if self.ctx.rank == 0 and self.args.time_budget:
             skip = float(time.time() - self.t0 + predicted_s > self.args.time_budget)
-        return self.ctx.all_reduce_max(skip, self.device, "time-budget decision") == 0.0
+        if self.ctx.all_reduce_max(skip, self.device, "time-budget decision") == 0.0:
+            return True
+        self.add(dict(model=model, gpus=gpus, tokens=T, status="skipped",
+                      note=f"predicted {predicted_s:.3g} s at {time.time() - self.t0:.0f} s into the run: past "
+                           f"--time-budget {self.args.time_budget:g}"))
+        return False
 
     def timed(self, fn, ctx: ParallelContext):
         """Run ``fn`` on the ranks of ``ctx``: (seconds of the slowest rank, peak bytes per rank, result)."""
@@ -253,11 +259,11 @@ class Bench:
         self.check()
 
         for T in a.lengths:  # Orthros over all N ranks
-            if self.go(self.predict("orthros", N, T)):
+            if self.go("orthros", N, T):
                 self.add(self.orthros(T, ctx, "measured"))
         if N > 1 and a.single:  # Orthros on rank 0 alone
             for T in [t for t in a.lengths if t <= a.single_max]:
-                if self.go(self.predict("orthros", 1, T)):
+                if self.go("orthros", 1, T):
                     if ctx.rank == 0:
                         self.add(self.orthros(T, single, "measured"))
                     idle.barrier("after a 1-GPU run", self.device)
@@ -266,17 +272,17 @@ class Bench:
                 self.transformer(min(a.warmup, a.transformer[0]), single)
             idle.barrier("after a 1-GPU run", self.device)
             for T in a.transformer:
-                if self.go(self.predict("transformer", 1, T)):
+                if self.go("transformer", 1, T):
                     if ctx.rank == 0:
                         self.add(self.transformer(T, single))
                     idle.barrier("after a 1-GPU run", self.device)
         for T in a.extra_lengths:  # longer Orthros runs over N ranks
-            if self.go(self.predict("orthros", N, T)):
+            if self.go("orthros", N, T):
                 self.add(self.orthros(T, ctx, "measured"))
         if N > 1 and a.transformer_cp:  # Transformer with PyTorch context parallelism (risky: late)
             self.transformer_cp(a.transformer_cp)
         for T in a.transformer_late:  # long Transformer runs on 1 GPU, if the budget allows
-            if self.go(self.predict("transformer", 1, T)):
+            if self.go("transformer", 1, T):
                 if ctx.rank == 0:
                     self.add(self.transformer(T, single))
                 idle.barrier("after a 1-GPU run", self.device)
@@ -294,7 +300,7 @@ class Bench:
                           note=f"{type(e).__name__}: {str(e)[:300]}"))
             return
         for T in lengths:
-            if self.go(self.predict("transformer", N, T)):
+            if self.go("transformer", N, T):
                 self.add(self.transformer(T, ctx, mesh))
 
     # -------------------------------------------------------------- report

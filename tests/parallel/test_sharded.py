@@ -381,6 +381,26 @@ def test_bench_records_the_checkout_commit(tmp_path, monkeypatch, capsys):
     assert {(r["model"], r["tokens"]) for r in got["records"] if r.get("status") == "ok"} == {("orthros", 40)}
 
 
+def test_bench_records_the_runs_the_time_budget_skipped(tmp_path, monkeypatch):
+    """A run predicted to overrun ``--time-budget`` is skipped with a ``skipped`` record (log line and JSON)
+    naming its prediction; it left no trace, so the results could not tell a skipped length from one never
+    asked for."""
+    import json
+
+    from orthros.parallel import bench
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    out = tmp_path / "b.json"
+    # 64M tokens: predicted from the 40-token run, far past 60 s
+    assert bench.main(["--model", "tiny", "--dtype", "fp32", "--device", "cpu", "--lengths", "40,64M",
+                       "--transformer", "", "--transformer-cp", "", "--warmup", "16", "--check-len", "20",
+                       "--time-budget", "60", "--out", str(out)]) == 0
+    recs = {(r["model"], r["tokens"]): r for r in json.loads(out.read_text())["records"] if "status" in r}
+    assert recs[("orthros", 40)]["status"] == "ok"
+    skipped = recs[("orthros", 64 << 20)]
+    assert skipped["status"] == "skipped" and skipped["gpus"] == 1 and "--time-budget 60" in skipped["note"]
+
+
 def _prefill_each_rank_its_ids(ctx, model_dir, prompts):
     """(gloo worker) prefill ``prompts[i][rank]`` for each i; the error or the logits of each."""
     model = OrthrosForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
