@@ -138,8 +138,8 @@ def orthros_attention(
         raise ValueError(f"k must be [B={B}, T_k, Hkv, D={D}], got {tuple(k.shape)}")
     if q_out.shape[0] != B or q_out.shape[2] != Hq or q_out.shape[3] != D:
         raise ValueError(f"q_out must be [B={B}, T_out, Hq={Hq}, D={D}], got {tuple(q_out.shape)}")
-    if Hkv == 0 or Hq % Hkv != 0:
-        raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv}) (GQA)")
+    if Hq == 0 or Hkv == 0 or Hq % Hkv != 0:
+        raise ValueError(f"query heads ({Hq}) must be a positive multiple of key/value heads ({Hkv}) (GQA)")
     if D == 0:
         raise ValueError(f"the head dim D of q, k, v, q_out must be >= 1, got shape {tuple(q.shape)}")
     if T_k < T:

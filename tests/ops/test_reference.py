@@ -171,6 +171,11 @@ def test_bad_shapes_and_dtypes():
         orthros_attention(q[0], k, v, q_out, window_size=4)
     with pytest.raises(ValueError, match="head dim"):
         orthros_attention(*make(1, 10, 4, 2, 0, 2), window_size=4)
+    # no query heads passed the GQA check (0 is a multiple of any Hkv) and failed inside the SDPA
+    # path (backend "auto" on a CPU) with a size mismatch
+    for backend in ("auto", "sdpa", "reference"):
+        with pytest.raises(ValueError, match="positive multiple"):
+            orthros_attention(*make(1, 10, 0, 2, 8, 2), window_size=4, backend=backend)
     with pytest.raises(ValueError, match="batch size 1"):
         q2, k2, v2, qo2 = make(2, 10, 4, 2, 8, 2)
         orthros_attention(q2, k2, v2, qo2, window_size=4, cu_seqlens=torch.tensor([0, 5, 10]))
