@@ -526,6 +526,9 @@ def _write_checkpoint(source: "SourceCheckpoint", plan: Plan, tmp: Path, *, wind
             entries.append((name, od, shape))
             jobs.append((name, None, od))
             report["added"].append({"target": name, "target_file": fname, "init": val, "dtype": _dtype_name(od)})
+        if not entries:  # a shard of dropped tensors only (e.g. a tied head stored alone): no file, as no index entry
+            bar.update(1)
+            continue
         writer = StreamingWriter(tmp / fname, entries)
         try:
             with TensorReader(header) as reader:

@@ -786,3 +786,19 @@ def test_tied_checkpoint_storing_only_the_head_converts(tmp_path):
         assert conv.config.tie_word_embeddings
         with torch.no_grad():
             assert _max_diff(conv(ids).logits, ref(ids).logits) < 1e-4
+
+
+def test_a_shard_of_dropped_tensors_only_writes_no_file(tmp_path):
+    """A shard holding only tensors the conversion drops (here the tied head, stored in a shard of
+    its own): an empty safetensors file of that name was written, listed by no index entry."""
+    src = tmp_path / "src"
+    _build("qwen2", src, max_shard_size="60KB")  # tied
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    embed = load_file(src / index["weight_map"]["model.embed_tokens.weight"])["model.embed_tokens.weight"]
+    save_file({"lm_head.weight": embed.clone()}, src / "head.safetensors", metadata={"format": "pt"})
+    index["weight_map"]["lm_head.weight"] = "head.safetensors"
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    report = convert_checkpoint(src, tmp_path / "out", window_size=W, progress=False)
+    assert [d["source"] for d in report["dropped"]] == ["lm_head.weight"]
+    listed = set(json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())["weight_map"].values())
+    assert sorted(p.name for p in (tmp_path / "out").glob("*.safetensors")) == sorted(listed)
