@@ -99,6 +99,22 @@ def test_index_naming_a_missing_shard(saved, tmp_path):
         AutoModelForCausalLM.from_pretrained(d)
 
 
+def test_every_dtype_safetensors_writes_is_a_complete_file(tmp_path):
+    """Issue: the FNUZ float8 dtypes (F8_E4M3FNUZ, F8_E5M2FNUZ: ROCm's fp8), which safetensors writes,
+    were missing from the byte sizes: a complete file holding one was called a corrupted header."""
+    from safetensors.torch import save_file
+
+    names = ("bool", "uint8", "int8", "int16", "uint16", "int32", "uint32", "int64", "uint64", "float16", "bfloat16",
+             "float32", "float64", "complex64", "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
+             "float8_e8m0fnu")
+    for name in names:
+        if not hasattr(torch, name):
+            continue
+        p = tmp_path / f"{name}.safetensors"
+        save_file({"w": torch.zeros(3, 5).to(getattr(torch, name))}, p)
+        assert list(check_safetensors_file(p)) == ["w"], name
+
+
 def test_header_with_wrong_tensor_size(saved, tmp_path):
     d = _copy(saved[0], tmp_path / "ck")
     p = d / "model.safetensors"
