@@ -361,8 +361,11 @@ class Bench:
                 [(f"Transformer {N} GPU (s)", cell(tN))] if many else []) + [
                 (f"Orthros {N} vs Transformer {N}", sp)]
 
+        if not lengths:
+            print(f"no Orthros length measured: no table (the records are in {self.args.out or 'no --out'})", flush=True)
+            return
         rows = [table_row(T, f"{T // 1024}K" if T % 1024 == 0 else str(T)) for T in lengths]
-        heads = [h for h, _ in rows[0]] if rows else []
+        heads = [h for h, _ in rows[0]]
         lines = ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
         lines += ["| " + " | ".join(c for _, c in r) + " |" for r in rows]
         print("\n".join(lines), flush=True)

@@ -401,6 +401,19 @@ def test_bench_records_the_runs_the_time_budget_skipped(tmp_path, monkeypatch):
     assert skipped["status"] == "skipped" and skipped["gpus"] == 1 and "--time-budget 60" in skipped["note"]
 
 
+def test_bench_with_no_orthros_length_measured_prints_no_empty_table(tmp_path, monkeypatch, capsys):
+    """With no Orthros length measured (``--lengths ''``, or every one skipped) the summary was a broken
+    table ('|  |' and '|'); it says there is none."""
+    from orthros.parallel import bench
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    assert bench.main(["--model", "tiny", "--dtype", "fp32", "--device", "cpu", "--lengths", "", "--transformer", "",
+                       "--transformer-cp", "", "--warmup", "16", "--check-len", "20",
+                       "--out", str(tmp_path / "b.json")]) == 0
+    out = capsys.readouterr().out
+    assert "|  |" not in out and "no Orthros length measured: no table" in out
+
+
 def _prefill_each_rank_its_ids(ctx, model_dir, prompts):
     """(gloo worker) prefill ``prompts[i][rank]`` for each i; the error or the logits of each."""
     model = OrthrosForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
