@@ -364,11 +364,12 @@ class Sweep:
             return math.inf
         return self.args.deadline_s - (time.time() - self.t0)
 
-    def add(self, row: Dict, label: str = ""):
+    def add(self, row: Dict, label: str = "", advance: int = 1):
+        """Keep and save ``row``; ``advance``: the cells it completes (a window length's rows: the last)."""
         row["elapsed_s"] = round(time.time() - self.t0, 1)
         self.rows.append(row)
         self.write()
-        self.bar.update(1, last=label[:60])
+        self.bar.update(advance, last=label[:60])
         self.bar.write(f"  {label}")  # above the bar, on its own line
 
     def skip(self, row: Dict, why: str):
@@ -394,6 +395,20 @@ def _fits(device, need_bytes: int):
     return False, f"does not fit: caches need {need_bytes / 2**30:.1f} GiB, {free / 2**30:.1f} GiB free"
 
 
+def _cell_systems(a, B: int, L: int, peer: bool) -> List[str]:
+    """The systems that get a row (measured or skipped) at decode cell (B, L): those of --systems
+    (default all; the +gemv ones with --gemv), gpt-fast where a peer is loaded (at B = 1 only at
+    --gpt-fast-contexts)."""
+    out = []
+    for system in SYSTEMS + (GEMV_SYSTEMS if a.gemv else ()):
+        if a.systems is not None and system not in a.systems:
+            continue  # --systems (recorded in the metadata)
+        if system == "gpt-fast" and (not peer or (B == 1 and L not in a.gpt_fast_contexts)):
+            continue  # no --gpt-fast-dir: noted once in the metadata; --gpt-fast-contexts: recorded there
+        out.append(system)
+    return out
+
+
 def _decode_cells(sweep: Sweep, section: str, pairs, ctx) -> None:
     """One row per (B, L, system): measured, or skipped with the reason."""
     a = sweep.args
@@ -402,9 +417,7 @@ def _decode_cells(sweep: Sweep, section: str, pairs, ctx) -> None:
     for B, L in pairs:
         floor = decode_floor_ms(wbytes, kvtok, B, L, bw)
         read_floor = decode_floor_ms(wbytes, kvtok, B, L, ctx["read_bw"])
-        for system in SYSTEMS + (GEMV_SYSTEMS if a.gemv else ()):
-            if a.systems is not None and system not in a.systems:
-                continue  # --systems (recorded in the metadata)
+        for system in _cell_systems(a, B, L, peer is not None):
             base = {"section": section, "system": system, "B": B, "L": L, "floor_ms": floor,
                     "read_floor_ms": read_floor, "weight_bytes": wbytes, "kv_bytes": B * L * kvtok}
             rows = B * (2 if system.startswith("orthros") else 1)  # a step's GEMV rows: the pair has two a sequence
@@ -412,10 +425,6 @@ def _decode_cells(sweep: Sweep, section: str, pairs, ctx) -> None:
                 sweep.skip(base, f"{rows} GEMV rows: the fused GEMV takes <= {MAX_M} (it would run the "
                                  f"unfused ops, as without --gemv)")
                 continue
-            if system == "gpt-fast" and peer is None:
-                continue  # no --gpt-fast-dir: noted once in the metadata
-            if system == "gpt-fast" and B == 1 and L not in a.gpt_fast_contexts:
-                continue  # --gpt-fast-contexts (recorded in the metadata)
             if sweep.left_s() - ctx["reserve_s"] <= 0:
                 sweep.skip(base, "deadline" + (f" (the last {ctx['reserve_s']:g} s kept for the window section)"
                                                if ctx["reserve_s"] else ""))
@@ -467,7 +476,7 @@ def _window_cells(sweep: Sweep, ctx, bench_window: Callable) -> None:
             continue
         t = time.time()
         measured, shape, errors = bench_window(T0)
-        n_rows = len(sweep.rows)
+        rows = []
         fl = window_floor(shape["T"], Hq=shape["Hq"], Hkv=shape["Hkv"], D=shape["D"], window=shape["window"],
                           elem_bytes=shape["elem_bytes"], bandwidth=bw, flops_per_s=flops)
         for pas, ours, flex, key in (("fwd", "ours_fwd", "flex_fwd", "fwd"), ("fwd+bwd", "ours_fb", "flex_fb", "fb"),
@@ -487,9 +496,11 @@ def _window_cells(sweep: Sweep, ctx, bench_window: Callable) -> None:
                 row["speedup_vs_flex"] = f / o
             if errors:
                 row["errors"] = errors
-            sweep.add(row, f"window {pas} T={T0}: ours {o if o is None else round(o, 4)} ms, Flex "
-                           f"{f if f is None else round(f, 4)} ms, floor {row['floor_ms']:.4f} ms ({row['bound']})")
-        if len(sweep.rows) == n_rows:
+            rows.append((row, f"window {pas} T={T0}: ours {o if o is None else round(o, 4)} ms, Flex "
+                              f"{f if f is None else round(f, 4)} ms, floor {row['floor_ms']:.4f} ms ({row['bound']})"))
+        for i, (row, label) in enumerate(rows):  # one cell of the progress: the length
+            sweep.add(row, label, advance=int(i == len(rows) - 1))
+        if not rows:
             sweep.skip({**base, "errors": errors}, "nothing measured")
 
 
@@ -932,9 +943,8 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
     flops = matmul_throughput(dev, dtype, gemm_n)
     pairs_dec = [(1, L) for L in a.contexts] if "decode" in a.sections else []
     pairs_bat = [(B, L) for L in a.batched_contexts for B in a.batch_sizes] if "batched" in a.sections else []
-    n_sys = 3 if a.gpt_fast else 2
-    total = (2 * len(pairs_dec) + (len(a.gpt_fast_contexts) if a.gpt_fast and pairs_dec else 0)
-             + n_sys * len(pairs_bat) + (3 * len(a.window_lengths) if "window" in a.sections else 0))
+    total = (sum(len(_cell_systems(a, B, L, a.gpt_fast is not None)) for B, L in pairs_dec + pairs_bat)
+             + (len(a.window_lengths) if "window" in a.sections else 0))
     gpt_upstream = getattr(a.gpt_fast, "UPSTREAM", None) if a.gpt_fast else None
     meta = metadata(shape_model, dev, dtype, {
         "issue": 18, "utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),

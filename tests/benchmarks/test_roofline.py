@@ -325,6 +325,24 @@ def test_window_reserve_skips_decode_cells_but_runs_the_window_section(tmp_path)
     assert win["speedup_vs_flex"] == pytest.approx(1.5) and win["frac_of_floor"] == pytest.approx(win["floor_ms"] / 2)
 
 
+def test_progress_counts_the_cells_the_run_has(tmp_path, capsys):
+    """The progress total is the run's cells: one a system of each decode cell (--gemv adds two,
+    --systems keeps those named) and one a window length, whatever passes it measured (was: two
+    systems a decode cell and three rows a length, so this run ended at "point 4/8"; a --gemv
+    run of all four systems at "point 4/2")."""
+    def factory(device):
+        def bench(T):
+            return ({"ours_fwd": 2.0, "flex_fwd": 3.0, "ours_fb": 8.0},
+                    {"T": 64, "Hq": 2, "Hkv": 1, "D": 16, "window": 128, "elem_bytes": 4}, [])
+        return bench
+    assert R.main(["--device", "cpu", "--quick", "--sections", "decode,window", "--gemv", "--systems",
+                   "orthros,full+gemv", "--contexts", "64", "--steps", "1", "--warmup", "1", "--window-lengths",
+                   "8192,16384", "--out", str(tmp_path / "o")], window_factory=factory) == 0
+    rows = json.loads((tmp_path / "o" / "results.json").read_text())["rows"]
+    assert len(rows) == 2 + 2 * 2  # two decode rows, two passes at each of two lengths
+    assert capsys.readouterr().err.splitlines()[-1].startswith("[roofline] point 4/4 ")
+
+
 def test_bench_decode_builds_its_engines_fused_or_not():
     """``--no-fuse`` reaches the engine: bench_decode(fuse=False) leaves the model unfused (and
     un-fuses one an earlier engine fused), fuse=True fuses it."""
