@@ -97,6 +97,12 @@ def orthros_config_from(src, arch: str, *, window_size: int, scale_offset: bool,
         notes.append(f"config.json sets partial_rotary_factor={rope.pop('partial_rotary_factor')}, which transformers' "
                      f"{arch} ignores (its RoPE rotates the whole head); so does the converted model")
 
+    if rope["rope_type"] == "longrope" and rope.get("original_max_position_embeddings"):
+        n = rope["original_max_position_embeddings"]
+        notes.append(f"the source's longrope RoPE switches every position to long_factor once a sequence exceeds "
+                     f"original_max_position_embeddings={n} tokens; the converted model keeps short_factor at every "
+                     f"length, so it matches the source only for sequences of at most min(window_size, {n}) tokens")
+
     # Source models that are themselves (partly) sliding-window models
     sw = g("sliding_window")
     layer_types = g("layer_types")

@@ -802,3 +802,21 @@ def test_a_shard_of_dropped_tensors_only_writes_no_file(tmp_path):
     assert [d["source"] for d in report["dropped"]] == ["lm_head.weight"]
     listed = set(json.loads((tmp_path / "out" / "model.safetensors.index.json").read_text())["weight_map"].values())
     assert sorted(p.name for p in (tmp_path / "out").glob("*.safetensors")) == sorted(listed)
+
+
+def test_longrope_source_is_noted(tmp_path):
+    """transformers' longrope switches to long_factor for sequences longer than
+    original_max_position_embeddings; Orthros's RoPE keeps short_factor: equal only up to that
+    length, and the report said nothing (logits ~0.4 off at T = W)."""
+    half = _COMMON["hidden_size"] // _COMMON["num_attention_heads"] // 2
+    rope = {"rope_type": "longrope", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 8,
+            "short_factor": [1.0] * half, "long_factor": [float(i + 2) for i in range(half)]}
+    torch.manual_seed(0)
+    ref = _randomise(LlamaForCausalLM(LlamaConfig(**_COMMON, rope_parameters=rope)))
+    ref.save_pretrained(tmp_path / "src")
+    report = convert_checkpoint(tmp_path / "src", tmp_path / "dst", window_size=W, progress=False)
+    assert any("longrope" in n and "min(window_size, 8)" in n for n in report["notes"]), report["notes"]
+    conv = AutoModelForCausalLM.from_pretrained(tmp_path / "dst")
+    ids = torch.arange(8)[None] % VOCAB
+    with torch.no_grad():
+        assert _max_diff(conv(ids).logits, ref(ids).logits) < 1e-4
