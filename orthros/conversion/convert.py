@@ -325,13 +325,18 @@ def _check_destination(src: Path | None, dst: Path, overwrite: bool):
     above = file_in_the_way(dst.parent)
     if above is not None:
         raise NotADirectoryError(f"destination {str(dst)!r}: {str(above)!r} is not a directory")
-    if dst.exists() or dst.is_symlink():
-        if dst.is_dir() and not any(dst.iterdir()):
-            pass
-        elif not overwrite:
-            what = ("directory is not empty" if dst.is_dir() else "path exists and is not a directory"
-                    if dst.exists() else f"a symbolic link to the missing {os.readlink(dst)!r}")
-            raise FileExistsError(f"destination {str(dst)!r}: {what}; pass --overwrite (overwrite=True) to replace it")
+    if _dst_taken(dst) and not overwrite:
+        what = (f"a symbolic link to {os.readlink(dst)!r} (the result would replace the link, not fill its "
+                f"target: name the target itself)" if dst.is_symlink() and dst.exists() else
+                "directory is not empty" if dst.is_dir() else "path exists and is not a directory"
+                if dst.exists() else f"a symbolic link to the missing {os.readlink(dst)!r}")
+        raise FileExistsError(f"destination {str(dst)!r}: {what}; pass --overwrite (overwrite=True) to replace it")
+
+
+def _dst_taken(dst: Path) -> bool:
+    """Whether writing ``dst`` replaces something: anything there but an empty directory (a symbolic
+    link, even to an empty directory, is replaced by the result, not filled)."""
+    return (dst.exists() or dst.is_symlink()) and not (dst.is_dir() and not dst.is_symlink() and not any(dst.iterdir()))
 
 
 _PAUSE_ENV = "ORTHROS_CONVERT_TEST_PAUSE"  # test hook: "<shard index>:<seconds>" sleeps after that shard
@@ -392,7 +397,7 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
     dst = Path(os.fspath(dst)).expanduser()
     from .gguf import gguf_notes, is_gguf_source
 
-    base = {"dst": str(dst), "dst_exists": dst.exists() and not (dst.is_dir() and not any(dst.iterdir())),
+    base = {"dst": str(dst), "dst_exists": _dst_taken(dst),
             "window_size": window_size, "scale_offset": scale_offset}
     if is_gguf_source(src):
         info, need = _prepare_gguf(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite)

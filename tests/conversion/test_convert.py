@@ -477,6 +477,22 @@ def test_a_dangling_symlink_at_dst_needs_overwrite(good_src, tmp_path, capsys):
     assert not dst.is_symlink() and (dst / "config.json").is_file()
 
 
+
+def test_a_symlink_to_an_empty_directory_at_dst_needs_overwrite(good_src, tmp_path, capsys):
+    """DST a link to an empty directory (on another disk, say): the link was replaced by a new
+    directory without --overwrite, its target left empty (and the disk check measured the target)."""
+    (tmp_path / "target").mkdir()
+    dst = tmp_path / "link"
+    dst.symlink_to(tmp_path / "target")
+    for extra in ([], ["--dry-run"]):
+        assert convert_main([str(good_src), str(dst), "--window-size", "16", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "a symbolic link to" in err and "name the target itself" in err and "--overwrite" in err, err
+    assert dst.is_symlink() and sorted((tmp_path / "target").iterdir()) == [] and _leftovers(tmp_path) == []
+    assert convert_main([str(good_src), str(dst), "--window-size", "16", "--overwrite", "--dry-run"]) == 0
+    assert "(replaced: --overwrite)" in capsys.readouterr().out
+
+
 # ------------------------------------------------------------- paths and odd input found by hunting
 def test_destination_equal_to_or_holding_the_source_says_so_without_overwrite(tmp_path, good_src, capsys):
     """Without --overwrite the error used to say "pass --overwrite", which is then refused too."""
