@@ -249,6 +249,11 @@ def load_source(path) -> SourceCheckpoint:
         raise ValueError(f"{cfg_path}: not a JSON object (got a {type(config_dict).__name__})")
     arch = architecture_of(config_dict)
     check_supported(arch)
+    quant = config_dict.get("quantization_config")
+    if quant:  # its scales / packed weights were refused one by one as "unexpected tensor", never saying why
+        method = quant.get("quant_method") if isinstance(quant, dict) else None
+        raise UnsupportedModelError(f"{cfg_path}: a quantized checkpoint (quantization_config, quant_method="
+                                    f"{method!r}) cannot be converted; convert the unquantized model")
     from transformers import AutoConfig
 
     try:

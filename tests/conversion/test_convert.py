@@ -549,6 +549,32 @@ def test_malformed_config_json_refused(tmp_path, config):
     _refused(tmp_path, src, match="config.json")
 
 
+
+def test_quantized_checkpoint_refused_naming_it(tmp_path, good_src, capsys):
+    """An FP8 checkpoint (weights in float8 with a weight_scale_inv each): refused as a list of
+    'unexpected tensor's that never said the checkpoint is quantized."""
+    src = _copy(good_src, tmp_path / "src")
+    for shard in src.glob("*.safetensors"):
+        sd = load_file(shard)
+        for k in [k for k in sd if k.endswith("proj.weight")]:
+            sd[k] = sd[k].to(torch.float8_e4m3fn)
+            sd[k + "_scale_inv"] = torch.ones(1)
+        save_file(sd, shard, metadata={"format": "pt"})
+    index = json.loads((src / "model.safetensors.index.json").read_text())
+    shard_of = index["weight_map"]
+    for k in [k for k in shard_of if k.endswith("proj.weight")]:
+        shard_of[k + "_scale_inv"] = shard_of[k]
+    (src / "model.safetensors.index.json").write_text(json.dumps(index))
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    (src / "config.json").write_text(json.dumps(cfg))
+    for extra in ([], ["--dry-run"]):
+        assert convert_main([str(src), str(tmp_path / "out"), "--window-size", str(W), "-q", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "quantized checkpoint" in err and "quant_method='fp8'" in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
 def _index_pointing(src: Path, fname: str, to) -> None:
     index = json.loads((src / "model.safetensors.index.json").read_text())
     index["weight_map"] = {k: (to if v == fname else v) for k, v in index["weight_map"].items()}
