@@ -22,7 +22,6 @@ moved (nor the layers' attention backends changed); :func:`release_engine` frees
 
 from __future__ import annotations
 
-import copy
 from typing import Optional
 
 import torch
@@ -63,13 +62,16 @@ def _plan(model, args, kwargs):
               "negative_prompt_ids", "negative_prompt_attention_mask", "synced_gpus", "custom_generate"):
         if kwargs.pop(k, None) is not None:
             why.append(k)
-    cfg = copy.deepcopy(gen_cfg if gen_cfg is not None else model.generation_config)
-    rest = cfg.update(**kwargs)
+    # transformers' settings: the given config's unset fields from the model's, then its defaults (top_k=50,
+    # max_length=20, ...), then the keywords; with no length set anywhere, 20 new tokens (as there)
+    default_length = kwargs.get("max_length") is None and getattr(gen_cfg, "max_length", None) is None \
+        and model.generation_config.max_length is None
+    cfg, rest = model._prepare_generation_config(gen_cfg, **kwargs)
     ids = inputs if inputs is not None else rest.get("input_ids")
     for k in rest:
         if k not in _MODEL_KWARGS:
             why.append(f"model keyword {k!r}")
-    if rest.get("use_cache") is False:
+    if cfg.use_cache is False:
         why.append("use_cache=False")
     for field, ok in _NEUTRAL.items():
         if getattr(cfg, field, None) not in ok:
@@ -104,10 +106,10 @@ def _plan(model, args, kwargs):
         prompts = [ids[b] for b in range(B)]
     if cfg.max_new_tokens is not None:
         n_new = cfg.max_new_tokens
-    elif cfg.max_length is not None:
-        n_new = cfg.max_length - T
+    elif default_length:  # transformers' max_length = min(T + 20, max_position_embeddings)
+        n_new = min(cfg.max_length, model.config.max_position_embeddings - T)
     else:
-        n_new = 20
+        n_new = cfg.max_length - T
     if n_new < 1:
         why.append(f"nothing to generate (max_new_tokens={cfg.max_new_tokens}, max_length={cfg.max_length}, "
                    f"prompt length {T})")

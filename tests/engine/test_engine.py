@@ -495,6 +495,33 @@ def test_generate_through_engine_infers_the_mask_from_pad_token_id_as_transforme
         m.generate(torch.tensor([[5, 96, 6]]), max_new_tokens=2, pad_token_id=96, use_engine=True)
 
 
+def test_generate_through_engine_takes_the_settings_transformers_takes(monkeypatch):
+    """As transformers: a ``generation_config`` argument's unset fields come from the model's
+    generation config (was: lost, e.g. its eos_token_id: rows ran past it), then transformers'
+    defaults (was: sampling without top_k ran unfiltered where transformers keeps the top 50), and
+    with no length given, 20 new tokens within max_position_embeddings (was: refused)."""
+    from transformers import GenerationConfig
+
+    m = tiny_model(max_position_embeddings=24)
+    ids = torch.tensor([PROMPTS[0]])
+    first = m.generate(ids, max_new_tokens=8, use_engine=False)[0, ids.shape[1]:].tolist()
+    m.generation_config.eos_token_id = first[2]
+    # use_cache=True: OrthrosForCausalLM.generate takes a config's unset use_cache for False (no OrthrosCache)
+    want = m.generate(ids, generation_config=GenerationConfig(max_new_tokens=8, use_cache=True), use_engine=False)
+    got = m.generate(ids, generation_config=GenerationConfig(max_new_tokens=8, use_cache=True), use_engine=True)
+    assert want.shape[1] == ids.shape[1] + 3 and torch.equal(got, want)
+    m.generation_config.eos_token_id = None
+    assert torch.equal(m.generate(ids, use_engine=True), m.generate(ids, use_engine=False))  # 12 new: position 23
+    seen = []
+    real = Engine.generate
+    monkeypatch.setattr(Engine, "generate", lambda self, p, n, s=None, **kw: seen.append(s) or real(self, p, n, s, **kw))
+    m.generate(ids, do_sample=True, max_new_tokens=2, use_engine=True)
+    m.generation_config.top_k = 7
+    m.generate(ids, generation_config=GenerationConfig(do_sample=True, max_new_tokens=2, use_cache=True),
+               use_engine=True)
+    assert [s.top_k for s in seen] == [50, 7]
+
+
 def test_generate_through_engine_sampling_and_unsupported():
     m = tiny_model("orthros")
     ids, mask = _left_padded(PROMPTS[:2])
