@@ -232,7 +232,8 @@ def _run_measurements(what, args, model, dev, dtype, I, hf_qwen3_like, meta, jso
                         compile=args.compile)
         summary = I.prefill_summary(rows)
         I.save(json_path, meta, rows + [{"summary": summary}])
-        I.print_table(rows, ["system", "T", "ms", "n", "peak_gib", "kv_cache_gib"], "prefill (ms)")
+        I.print_table(rows, ["system", "T", "ms", "n", "peak_gib", "kv_cache_gib"]
+                      + (["error"] if any("error" in r for r in rows) else []), "prefill (ms)")
         cols = ["T"] + [s for s in I.PREFILL_SYSTEMS if s in systems] + \
                [c for c in ("hf-floor/orthros", "hf-sdpa/orthros", "full/orthros", "orthros-floor/orthros")
                 if any(c in r for r in summary)]

@@ -317,11 +317,12 @@ def print_table(rows: List[Dict], cols: Sequence[str], title: str = ""):
 
 # ------------------------------------------------------------------ prefill
 def _measure_or_oom(run, device, **kw) -> Dict:
-    """:func:`measure`, or a NaN point marked "out of memory" (the sweep goes on)."""
+    """:func:`measure`, or a point of no time (``None``: JSON has no NaN) marked "out of memory"
+    (the sweep goes on)."""
     try:
         return measure(run, device, **kw)
     except torch.cuda.OutOfMemoryError:
-        return {"ms": float("nan"), "error": "out of memory"}
+        return {"ms": None, "error": "out of memory"}
 
 
 def _emit(rows: List[Dict], row: Dict, on_row: Optional[Callable], bar, label: str) -> None:
@@ -353,8 +354,8 @@ def bench_prefill(model, lengths: Sequence[int], *, systems: Sequence[str] = PRE
     ids = {T: torch.randint(0, V, (batch, T), generator=gen).to(device) for T in lengths}
 
     def record(system, T, res):
-        _emit(rows, {"system": system, "T": T, "batch": batch, **res}, on_row, bar,
-              f"{system} T={T}: {res.get('ms', float('nan')):.1f} ms")
+        said = res["error"] if "error" in res else f"{res['ms']:.1f} ms"
+        _emit(rows, {"system": system, "T": T, "batch": batch, **res}, on_row, bar, f"{system} T={T}: {said}")
 
     for system in [s for s in systems if not s.startswith("hf")]:
         mode = "full" if system == "full" else "orthros"
@@ -503,7 +504,7 @@ def bench_e2e(model, pairs: Sequence[tuple], *, batch: int = 2, modes: Sequence[
             e2e = time.perf_counter() - t0
             row = {"mode": mode, "batch": batch, "in": n_in, "out": n_out, "ttft_s": ttft, "e2e_s": e2e,
                    "output_tok_s": batch * n / e2e,
-                   "decode_tok_s": batch * (n - 1) / (e2e - ttft) if n > 1 else float("nan")}
+                   "decode_tok_s": batch * (n - 1) / (e2e - ttft) if n > 1 else None}  # no decode step
             _emit(rows, row, on_row, bar, f"{mode} {n_in}/{n_out}: {e2e:.2f} s")
         del eng
         _free(device)
@@ -540,14 +541,16 @@ def fit_check(model, n_in: int, n_out: int, *, chunk: int = 16384, steps: int = 
 
 # -------------------------------------------------------------------- plots
 def _save_loglog(fig, ax, xlabel, ylabel, title, path):
-    """Log-log axes (base 2 for lengths), grid, legend, then write the PNG."""
+    """Log-log axes (base 2 for lengths), grid, legend (none where no point was measured, e.g.
+    every one out of memory), then write the PNG."""
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.lines:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     save_figure(fig, path)
 
@@ -556,7 +559,7 @@ def plot_prefill(rows, path, title="Prefill latency"):
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for s in PREFILL_SYSTEMS:
-        pts = sorted((r["T"], r["ms"]) for r in rows if r["system"] == s and r.get("ms") == r.get("ms"))
+        pts = sorted((r["T"], r["ms"]) for r in rows if r["system"] == s and r.get("ms") is not None)
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=SYSTEM_LABELS[s],
                     linestyle="--" if "floor" in s else "-")

@@ -235,3 +235,34 @@ def test_bench_out_that_cannot_be_made(out, capsys, no_model):
     err = capsys.readouterr().err
     assert err.startswith(f"orthros bench: error: --out {out!r}: cannot make the directory") and \
         len(err.strip().splitlines()) == 1, err
+
+
+def _strict_json(path):
+    """The file as standard JSON (NaN / Infinity refused, as JSON.parse and other readers refuse them)."""
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON")
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def test_bench_json_is_standard_json_where_a_figure_is_missing(tmp_path, monkeypatch, capsys):
+    """An e2e pair of one output token has no decode throughput, and a prefill point out of memory
+    no time: null in the JSON (was NaN, which JSON.parse and other strict readers refuse); the
+    table names the error, the plot leaves the point out."""
+    import warnings
+
+    from orthros.benchmarks import inference as I
+
+    assert orthros_main(["bench", "e2e", *TINY, "--out", str(tmp_path), "--pairs", "4:1", "--batch", "1"]) == 0
+    rows = [r for r in _strict_json(tmp_path / "e2e.json")["rows"] if "mode" in r]
+    assert rows and all(r["decode_tok_s"] is None for r in rows)
+
+    def oom(fn, device, **kw):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+    monkeypatch.setattr(I, "measure", oom)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="No artists with labels")  # an empty legend
+        assert orthros_main(["bench", "prefill", *TINY, "--out", str(tmp_path), "--lengths", "16",
+                             "--systems", "orthros,full"]) == 0
+    rows = _strict_json(tmp_path / "prefill.json")["rows"]
+    assert [(r.get("ms"), r.get("error")) for r in rows if "system" in r] == [(None, "out of memory")] * 2
+    assert "out of memory" in capsys.readouterr().out and (tmp_path / "prefill.png").exists()
