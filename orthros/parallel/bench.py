@@ -41,13 +41,13 @@ def parse_lengths(s: str):
         part = part.strip()
         if not part:
             continue
-        mult = 1
+        mult, digits = 1, part
         if part[-1] in "kK":
-            mult, part = 1024, part[:-1]
+            mult, digits = 1024, part[:-1]
         elif part[-1] in "mM":
-            mult, part = 1024 * 1024, part[:-1]
+            mult, digits = 1024 * 1024, part[:-1]
         try:
-            val = int(part) * mult
+            val = int(digits) * mult
         except ValueError:
             raise argparse.ArgumentTypeError(f"bad length {part!r}: use integers like 65536 or 64K") from None
         if val < 1:

@@ -218,6 +218,9 @@ def test_rejects_bad_input():
     # an OverflowError of timedelta in init_process_group; 1e10 s made gloo's every collective time out at once
     (["--timeout", "1e10"], {}, "--timeout"),
     (["--lengths", "1,300"], {"WORLD_SIZE": "2"}, "one token per rank"),
+    # the length was named without its suffix ('1.5', '')
+    (["--lengths", "1.5K"], {}, "bad length '1.5K'"),
+    (["--extra-lengths", "M"], {}, "bad length 'M'"),
     (["--out", "{tmp}/missing/bench.json"], {}, "does not exist"),
     # built the 8B model on the CPU (16 GB), then prefilled 64K-512K tokens there
     (["--model", "qwen3-8b"], {}, "--model qwen3-8b is a GPU measurement; on the CPU use --model tiny"),
