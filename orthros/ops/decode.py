@@ -67,11 +67,15 @@ def decode_attention_reference(q, q_out, k_cache, v_cache, cache_seqlens, *, win
     return torch.cat(outs, dim=1) if stacked else (outs[0], outs[1])
 
 
+def _desc(t) -> str:
+    """A tensor's shape, or the type of what is not a tensor (for error messages)."""
+    return str(tuple(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
 def _check(q, q_out, k_cache, v_cache, cache_seqlens, window_size, scale=None):
     for name, t in (("q", q), ("q_out", q_out), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a 4-D tensor, got {type(t).__name__} "
-                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else ''}")
+            raise ValueError(f"{name} must be a 4-D tensor, got {_desc(t)}")
     B, one, Hq, D = q.shape
     if one != 1 or q_out.shape != q.shape:
         raise ValueError(f"q and q_out must both be [B, 1, Hq, D], got {tuple(q.shape)} and {tuple(q_out.shape)}")
@@ -158,8 +162,7 @@ def decode_qkv_attention_reference(qkv, k_cache, v_cache, lens, *, num_heads: in
 def _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_norm, eps, scale_offset, window_size,
                scale=None):
     if not isinstance(qkv, torch.Tensor) or qkv.dim() != 3:
-        raise ValueError(f"qkv must be a [B, rows, (Hq + 2 Hkv) D] tensor, got "
-                         f"{tuple(qkv.shape) if isinstance(qkv, torch.Tensor) else type(qkv).__name__}")
+        raise ValueError(f"qkv must be a [B, rows, (Hq + 2 Hkv) D] tensor, got {_desc(qkv)}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor [B, L_max, Hkv, D]")
@@ -190,14 +193,16 @@ def _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_n
     if not isinstance(lens, torch.Tensor) or lens.shape != (B,) or lens.dtype not in (torch.int32, torch.int64) \
             or lens.device != qkv.device:
         raise ValueError(f"lens must be an int32/int64 tensor of shape [{B}] on qkv's device")
-    cos, sin = rope
-    for name, t in (("cos", cos), ("sin", sin)):
-        if t.dim() != 3 or t.shape[0] not in (1, B) or t.shape[1] != 1 or t.shape[2] != D:
+    if not (isinstance(rope, (tuple, list)) and len(rope) == 2):
+        raise ValueError(f"rope must be the pair (cos, sin) of the new token's position, got {_desc(rope)}")
+    for name, t in zip(("cos", "sin"), rope):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.shape[0] not in (1, B) or t.shape[1] != 1 \
+                or t.shape[2] != D:
             raise ValueError(f"rope's {name} must be [1 or B={B}, 1, head_dim={D}] (RoPE over the whole head), "
-                             f"got {tuple(t.shape)}")
+                             f"got {_desc(t)}")
     for name, t in (("q_norm", q_norm), ("k_norm", k_norm)):
-        if t is not None and t.shape != (D,):
-            raise ValueError(f"{name} must be a [{D}] weight or None, got {tuple(t.shape)}")
+        if t is not None and (not isinstance(t, torch.Tensor) or t.shape != (D,)):
+            raise ValueError(f"{name} must be a [{D}] weight or None, got {_desc(t)}")
     if q_norm is not None or k_norm is not None:
         check_eps("eps", eps, "q_norm / k_norm")
     if len(scale_offset) != 4:

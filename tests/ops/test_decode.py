@@ -558,6 +558,11 @@ def test_qkv_dispatch_and_validation():
                           ({"window_size": 0}, "window_size"),
                           ({"q_norm": torch.ones(7)}, "q_norm must be a \\[8\\] weight"),
                           ({"rope": (torch.ones(2, 1, 4), torch.ones(2, 1, 4))}, "RoPE over the whole head"),
+                          # these failed unpacking or reading a list's .dim / .shape
+                          ({"rope": None}, "rope must be the pair \\(cos, sin\\)"),
+                          ({"rope": kw["rope"][:1]}, "rope must be the pair"),
+                          ({"rope": (kw["rope"][0].tolist(), kw["rope"][1])}, "rope's cos must be"),
+                          ({"q_norm": [1.0] * 8}, "q_norm must be a \\[8\\] weight or None, got list"),
                           ({"scale_offset": (torch.ones(32), None, None, None)}, "alpha and beta must both"),
                           ({"backend": "cuda"}, "backend must be one of")):
         with pytest.raises(ValueError, match=match):
