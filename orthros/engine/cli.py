@@ -109,6 +109,9 @@ class _TextStream:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    for name in ("model", "tokenizer", "prompts", "output"):  # the shell leaves the ~ of --model=~/x
+        if getattr(args, name) is not None:
+            setattr(args, name, os.path.expanduser(getattr(args, name)))
     from .sampling import SamplingParams
 
     try:  # argument and checkpoint errors before loading anything

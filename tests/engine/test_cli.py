@@ -210,6 +210,24 @@ def test_generate_a_file_of_prompts_in_batches(checkpoint, tmp_path, capsys):
     assert rc == 0 and [json.loads(line)["completion"] for line in text.splitlines()] == [r["completion"] for r in recs]
 
 
+def test_paths_with_a_tilde_are_the_home_s(checkpoint, tmp_path, monkeypatch):
+    """The shell leaves ``~`` in ``--model=~/x`` as it is. Was: --model passed the checks (which
+    expanded it), then loading failed on the literal path (exit 1, a hub repo-id error); --output
+    was checked at home but written to ``./~/``; --prompts was "no such file"."""
+    import shutil
+
+    d, _ = checkpoint
+    shutil.copytree(d, tmp_path / "ckpt")
+    (tmp_path / "p.txt").write_text("w1 w2\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    rc, text = run_cli(["generate", "--model=~/ckpt", "--device", "cpu", "--max-new-tokens", "2", "w1"])
+    assert rc == 0 and text.strip()
+    rc, _ = run_cli(["generate", "--model=~/ckpt", "--device", "cpu", "--max-new-tokens", "2", "--prompts=~/p.txt",
+                     "--output=~/out/o.jsonl"])
+    assert rc == 0 and (tmp_path / "out" / "o.jsonl").is_file() and not (tmp_path / "~").exists()
+
+
 def test_prompt_file_finish_with_the_model_configs_list_of_eos_ids(tmp_path):
     """A tokenizer without an EOS token: generation stops at any of the model config's
     ``eos_token_id`` list, and such a row's record says ``finish: eos``."""
