@@ -78,6 +78,7 @@ def run_lm_eval(model_path, tasks, *, include_path=None, limit=None, batch_size=
         lm = HFLM(**args)
     else:  # converted on the fly (or a separate tokenizer): hand lm-eval the model object
         model = load_model(model_path, device=device, dtype=dtype, window_size=window_size)
+        model.config.name_or_path = str(model_path)  # what lm-eval's results name the model by (converted: none)
         lm = HFLM(pretrained=model, tokenizer=tok, batch_size=batch_size)
     # batch_size and device only go into the results' config here (lm-eval records its own arguments)
     return simple_evaluate(model=lm, tasks=tasks, task_manager=tm, limit=limit, num_fewshot=num_fewshot,

@@ -179,6 +179,25 @@ def test_a_checkpoint_without_a_tokenizer_is_refused_before_lm_eval_loads_it(tin
         run_lm_eval(bare, ["orthros_tiny_cloze"], limit=2, device="cpu")
 
 
+def test_a_model_converted_on_the_fly_is_named_in_the_results(tmp_path, monkeypatch):
+    """Issue: lm-eval names the model in its results' config by the model's name_or_path, which a
+    Llama checkpoint converted on the fly did not have: `-o` wrote "model": "" (which model was it?)."""
+    import lm_eval
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from orthros.data import load_tokenizer
+    from orthros.evaluation.lm import run_lm_eval
+
+    tok = load_tokenizer()
+    src = tmp_path / "llama"
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, max_position_embeddings=64)).save_pretrained(src)
+    tok.save_pretrained(src)
+    monkeypatch.setattr(lm_eval, "simple_evaluate", lambda model, **kw: model)  # the lm-eval model it is given
+    lm = run_lm_eval(src, ["orthros_tiny_cloze"], limit=1, device="cpu", window_size=8)
+    assert type(lm.model).__name__ == "OrthrosForCausalLM" and lm.config._name_or_path == str(src)
+
+
 def test_cli_lm_window_refused_for_an_orthros_checkpoint(tiny, capsys, monkeypatch):
     """Issue: `--window 4` was accepted for an Orthros checkpoint and ignored (it only sets the window of a
     Transformer checkpoint converted on the fly)."""
