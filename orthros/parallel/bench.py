@@ -428,6 +428,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if short:
         p.error(f"--lengths / --extra-lengths must be >= the number of ranks ({world}): one token per rank; "
                 f"got {short}")
+    odd = [T for T in a.transformer_cp if T % (2 * world)] if world > 1 else []
+    if odd:  # torch's context_parallel turns its head-tail load balancing off there, without a word
+        p.error(f"--transformer-cp lengths must be multiples of 2 x the number of ranks ({2 * world}): PyTorch's "
+                f"head-tail load balancing needs it; got {odd}")
     if a.out:
         try:
             check_output_path("--out", a.out)

@@ -218,6 +218,9 @@ def test_rejects_bad_input():
     # an OverflowError of timedelta in init_process_group; 1e10 s made gloo's every collective time out at once
     (["--timeout", "1e10"], {}, "--timeout"),
     (["--lengths", "1,300"], {"WORLD_SIZE": "2"}, "one token per rank"),
+    # torch's context_parallel drops its head-tail load balancing without a word there: the record still said
+    # 'context_parallel ring attention' (load-balanced, docs), or the run failed after the Orthros ones
+    (["--transformer-cp", "64K,301"], {"WORLD_SIZE": "2"}, "multiples of 2 x the number of ranks (4)"),
     # the length was named without its suffix ('1.5', '')
     (["--lengths", "1.5K"], {}, "bad length '1.5K'"),
     (["--extra-lengths", "M"], {}, "bad length 'M'"),
