@@ -32,6 +32,7 @@ from orthros.utils import check_output_path, write_json
 
 # --quick: the sizes of a smoke run
 QUICK = {"prefill_lengths": [256, 1024], "decode_tokens": 32, "repeats": 1, "layers": 2}
+PROMPT_ID_LOW = 10  # random prompt token ids start here (clear of the tokenizer's special tokens)
 
 
 def _parser():
@@ -82,8 +83,9 @@ def _check(args):
             _refuse(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.hidden_size % args.heads or args.heads % args.kv_heads:
         _refuse("--hidden-size must be a multiple of --heads, and --heads of --kv-heads")
-    if args.hidden_size // args.heads < 32:
-        _refuse("head_dim (--hidden-size / --heads) must be >= 32 for vLLM's CPU attention")
+    if args.vocab_size <= PROMPT_ID_LOW:
+        _refuse(f"--vocab-size must be > {PROMPT_ID_LOW} (prompt token ids are drawn from {PROMPT_ID_LOW} to "
+                f"--vocab-size - 1), got {args.vocab_size}")
     if min(args.prefill_lengths) < 1:
         _refuse("--prefill-lengths must be >= 1")
     if args.json is not None:
@@ -91,6 +93,14 @@ def _check(args):
             check_output_path("--json", args.json)
         except ValueError as e:
             _refuse(str(e))
+    try:  # (last: vLLM takes seconds to import; without it main says so)
+        from vllm.platforms import current_platform
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    except ImportError:
+        return
+    head_dim, sizes = args.hidden_size // args.heads, CPUAttentionBackend.get_supported_head_sizes()
+    if current_platform.is_cpu() and head_dim not in sizes:  # (vLLM fails at the first request otherwise)
+        _refuse(f"head_dim {head_dim} (--hidden-size / --heads) is not one that vLLM's CPU attention takes: {sizes}")
 
 
 def make_checkpoints(args, root: Path):
@@ -141,9 +151,10 @@ def bench(llms: dict, args) -> dict:
     g = torch.Generator().manual_seed(1)
     workloads = []
     for L in args.prefill_lengths:
-        prompts = [torch.randint(10, args.vocab_size, (L,), generator=g).tolist() for _ in range(args.prefill_batch)]
+        prompts = [torch.randint(PROMPT_ID_LOW, args.vocab_size, (L,), generator=g).tolist()
+                   for _ in range(args.prefill_batch)]
         workloads.append((f"prefill_{L}", prompts, 1, L * args.prefill_batch))
-    prompts = [torch.randint(10, args.vocab_size, (args.decode_prompt,), generator=g).tolist()
+    prompts = [torch.randint(PROMPT_ID_LOW, args.vocab_size, (args.decode_prompt,), generator=g).tolist()
                for _ in range(args.decode_batch)]
     workloads.append(("decode", prompts, args.decode_tokens, args.decode_tokens * args.decode_batch))
     out = {name: {} for name in llms}
@@ -166,8 +177,9 @@ def bench(llms: dict, args) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # the engine in this process, whatever the environment says: tok/CPU-s counts this process's CPU time
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     _check(args)
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     try:
         import vllm
     except ImportError:

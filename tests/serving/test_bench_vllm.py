@@ -45,3 +45,54 @@ def test_prompts_shorter_than_the_window_still_convert(tmp_path):
                        "--decode-prompt", "8", "--decode-tokens", "2"])
     _, orthros_path, max_len = make_checkpoints(args, tmp_path)
     assert max_len == 48 and json.loads((orthros_path / "config.json").read_text())["window_size"] == 128
+
+
+def test_a_vocabulary_without_room_for_the_prompt_ids_is_refused_before_the_run(capsys):
+    """Prompt token ids are drawn from 10 .. vocab-size - 1: --vocab-size 10 built and loaded both
+    models, then died in the first workload (torch's 'random_ expects from to be less than to')."""
+    import pytest
+
+    from orthros.serving.bench_vllm import _check
+
+    with pytest.raises(SystemExit) as e:
+        _check(parse_args(["--vocab-size", "10"]))
+    assert e.value.code == 2 and "--vocab-size must be > 10" in capsys.readouterr().err
+
+
+def test_a_head_dim_the_cpu_attention_does_not_take_is_refused_before_the_run(capsys):
+    """head_dim 40 passed the check (>= 32), then both models were built and loaded and the first
+    generate died in vLLM's CPU attention ('Unsupported CPU attention configuration: head_dim=40')."""
+    import pytest
+
+    pytest.importorskip("vllm")
+    from orthros.serving.bench_vllm import _check
+
+    with pytest.raises(SystemExit) as e:
+        _check(parse_args(["--hidden-size", "80", "--heads", "2", "--kv-heads", "1"]))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "head_dim 40" in err and "64" in err, err
+    _check(parse_args(["--hidden-size", "64", "--heads", "2", "--kv-heads", "1"]))  # head_dim 32: taken
+
+
+def test_the_engine_runs_in_this_process_whatever_the_environment(monkeypatch):
+    """tok/CPU-s counts this process's CPU time: with VLLM_ENABLE_V1_MULTIPROCESSING=1 in the
+    environment (it was only a default) the engine ran in a child process and the bench reported
+    some 40x the in-process figure."""
+    import os
+
+    import pytest
+
+    pytest.importorskip("vllm")
+    from orthros.serving import bench_vllm
+
+    seen = []
+
+    def stop(*a, **k):
+        seen.append(os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"))
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
+    monkeypatch.setattr(bench_vllm, "make_checkpoints", stop)
+    with pytest.raises(KeyboardInterrupt):
+        bench_vllm.main(["--hidden-size", "64", "--heads", "2", "--kv-heads", "1"])
+    assert seen == ["0"]
