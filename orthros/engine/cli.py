@@ -179,7 +179,8 @@ def _check_prompt_file(args):
     texts = []
     # lines end at newlines only (read_text_file's universal newlines make \r\n and \r one): str.splitlines
     # would also split at a form feed, U+0085 or U+2028 inside a prompt (raw in JSON with ensure_ascii=False)
-    for n, line in enumerate(read_text_file(path, "--prompts").split("\n"), 1):
+    # and a UTF-8 byte order mark (Windows editors write one) is no part of the first prompt
+    for n, line in enumerate(read_text_file(path, "--prompts").removeprefix("\ufeff").split("\n"), 1):
         if not line.strip():
             continue
         if path.suffix == ".txt":

@@ -366,3 +366,21 @@ def test_prompt_file_lines_end_at_newlines_only(checkpoint, tmp_path):
     for name, want in (("p.txt", inner + ["w7"]), ("p.jsonl", inner)):
         rc, text = run_cli(base + [str(tmp_path / name)])
         assert rc == 0 and [json.loads(line)["prompt"] for line in text.split("\n")[:-1]] == want, (name, text)
+
+
+def test_prompt_file_with_a_byte_order_mark(checkpoint, tmp_path):
+    """A file saved with a UTF-8 byte order mark (Windows editors): was, in a .txt, part of the
+    first prompt (its first word became another token, the record's prompt began with U+FEFF); a
+    .jsonl was refused as "not JSON". The mark is not text: both read as without it."""
+    import json
+
+    d, _ = checkpoint
+    (tmp_path / "p.txt").write_bytes(b"\xef\xbb\xbfw1 w2\nw3\n")
+    (tmp_path / "p.jsonl").write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps({"prompt": p}) + "\n"
+                                                                   for p in ("w1 w2", "w3")).encode())
+    base = ["generate", "--model", str(d), "--device", "cpu", "--max-new-tokens", "2", "--prompts"]
+    (tmp_path / "plain.txt").write_text("w1 w2\nw3\n")
+    rc, want = run_cli(base + [str(tmp_path / "plain.txt")])
+    assert rc == 0 and json.loads(want.split("\n")[0])["prompt"] == "w1 w2"
+    for name in ("p.txt", "p.jsonl"):
+        assert run_cli(base + [str(tmp_path / name)]) == (0, want), name
