@@ -96,7 +96,7 @@ def config_kwargs(src, attention_mode: str = "orthros") -> tuple[dict, list]:
     n_attn = types.count("full_attention")
     notes = [f"Qwen3.5 hybrid: {n - n_attn} Gated DeltaNet layers and {n_attn} attention layers "
              f"(now {attn_type}); zero-centred RMSNorm weights w stored as 1 + w"]
-    if attention_mode == "orthros":
+    if attention_mode == "orthros" and n_attn < n:  # without GDN layers it is the source at T <= window_size
         notes.append("GDN layers gain the output stream (the output token's query bypasses the short convolution "
                      "and reads the base stream's state): unlike the attention layers at T <= window_size, this "
                      "changes the model's outputs from the first token on, so expect to train before use")

@@ -140,3 +140,15 @@ def test_zero_centred_norms_of_a_bf16_source_converted_to_fp32_are_exact(tmp_pat
     names = [n for n in w if n.endswith(("norm.weight", "q_norm.weight", "k_norm.weight")) and "linear_attn" not in n]
     assert "model.norm.weight" in names and got["model.norm.weight"].dtype == torch.float32
     assert [n for n in names if not torch.equal(got[n], w[n].float() + 1.0)] == []
+
+
+@torch.no_grad()
+def test_without_gdn_layers_orthros_equals_qwen3_5_below_the_window(tmp_path):
+    """Attention layers only: Orthros (gated attention, 1 + w norms) computes what Qwen3.5 computes
+    for T <= window, and the report does not say the GDN layers change the model (there are none)."""
+    ref, src = tiny_qwen3_5(tmp_path, layer_types=["full_attention"] * 4)
+    report = convert_checkpoint(src, tmp_path / "dst", window_size=8, progress=False)
+    assert not any("GDN layers gain" in n for n in report["notes"]), report["notes"]
+    conv = AutoModelForCausalLM.from_pretrained(tmp_path / "dst").eval()
+    ids = torch.randint(0, 61, (2, 12), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(conv(ids).logits[:, :8], ref(ids).logits[:, :8], rtol=1e-4, atol=1e-4)
