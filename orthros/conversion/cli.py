@@ -56,7 +56,11 @@ def format_plan(plan: dict) -> str:
         rows.append(("tensors", f"{plan['tensors']} in the GGUF ({types}), {plan['parameters']:,} parameters; "
                                 f"de-quantised to float32 first, then mapped as a safetensors source"))
     else:
-        dropped = "; ".join(f"{k}: {v}" for k, v in plan["dropped"].items())
+        by_reason = {}  # one entry a reason: an old Llama's inv_freq buffers, Qwen3.5's mtp head, were a name each
+        for name, reason in plan["dropped"].items():
+            by_reason.setdefault(reason, []).append(name)
+        dropped = "; ".join(f"{names[0]}: {r}" if len(names) == 1 else f"{len(names)} tensors ({names[0]} ...): {r}"
+                            for r, names in by_reason.items())
         rows.append(("tensors", f"{plan['mapped']} mapped from {plan['files']} file{'s' if plan['files'] != 1 else ''}, "
                                 f"{plan['added']} added (alpha/beta at 1/0), {len(plan['dropped'])} dropped"
                                 + (f" ({dropped})" if dropped else "")))

@@ -451,6 +451,22 @@ def test_dry_run_reports_what_the_conversion_writes(good_src, tmp_path, capsys):
     assert plan["architecture"] == report["architecture"] and plan["dtype"] == report["dtype"]
 
 
+
+def test_dry_run_lists_dropped_tensors_once_a_reason(tmp_path, capsys):
+    """An older checkpoint with a RoPE buffer in every layer: the plan's line named each of them with
+    the same reason (a line of 32 for a Llama-2 7B)."""
+    src = tmp_path / "src"
+    _build("llama", src, max_shard_size="10GB")
+    sd = load_file(src / "model.safetensors")
+    for i in range(_COMMON["num_hidden_layers"]):
+        sd[f"model.layers.{i}.self_attn.rotary_emb.inv_freq"] = torch.ones(8)
+    save_file(sd, src / "model.safetensors", metadata={"format": "pt"})
+    assert convert_main([str(src), str(tmp_path / "out"), "--window-size", str(W), "--dry-run"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("tensors"))
+    assert line.endswith("2 dropped (2 tensors (model.layers.0.self_attn.rotary_emb.inv_freq ...): "
+                         "RoPE buffer, recomputed from the config)"), line
+
+
 def test_dry_run_refuses_what_the_conversion_refuses(good_src, tmp_path, capsys):
     dst = tmp_path / "full"
     dst.mkdir()
