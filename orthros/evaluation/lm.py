@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..utils import parse_dtype
-from .common import LM_TASKS_DIR, load_model, load_tokenizer, read_model_type
+from .common import (LM_TASKS_DIR, check_token_range, load_model, load_tokenizer, read_config, read_model_type,
+                     tokenizer_name)
 
 
 def _require_lm_eval():
@@ -52,7 +53,8 @@ def run_lm_eval(model_path, tasks, *, include_path=None, limit=None, batch_size=
                 num_fewshot=None, window_size=128, tokenizer=None, seed=0) -> dict:
     """Validate everything, then run ``lm_eval.simple_evaluate``. Returns lm-eval's results dict."""
     _require_lm_eval()
-    mt = read_model_type(model_path)
+    cfg = read_config(model_path)
+    mt = read_model_type(model_path, cfg)
     if limit is not None and (isinstance(limit, bool) or limit <= 0):
         raise ValueError(f"--limit must be > 0, got {limit!r}")
     tm = task_manager(include_path)
@@ -63,6 +65,8 @@ def run_lm_eval(model_path, tasks, *, include_path=None, limit=None, batch_size=
     from lm_eval.models.huggingface import HFLM
 
     tok = load_tokenizer(model_path, tokenizer)  # before the model: a missing or bad tokenizer costs no load
+    # ids beyond the embedding would be its IndexError, deep in lm-eval's run
+    check_token_range(len(tok) - 1, cfg.get("vocab_size"), tokenizer_name(model_path, tokenizer))
     if mt == "orthros" and tokenizer is None:
         from transformers import AutoConfig
 

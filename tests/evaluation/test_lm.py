@@ -179,6 +179,21 @@ def test_a_checkpoint_without_a_tokenizer_is_refused_before_lm_eval_loads_it(tin
         run_lm_eval(bare, ["orthros_tiny_cloze"], limit=2, device="cpu")
 
 
+def test_a_tokenizer_beyond_the_models_vocab_is_refused_before_lm_eval_loads_it(tmp_path, monkeypatch):
+    """Issue: a tokenizer of more tokens than the model's vocab_size (another model's, or --tokenizer of
+    one) ran into the embedding's IndexError ("index out of range in self") after the model loaded, a
+    raw traceback from `orthros eval lm`; the other evaluations name the tokenizer (check_token_range)."""
+    import lm_eval.models.huggingface as hf
+
+    from orthros.evaluation.lm import run_lm_eval
+
+    small = make_tiny_checkpoint(tmp_path / "small", vocab_size=1000)
+    monkeypatch.setattr(hf.HFLM, "__init__", lambda *a, **kw: pytest.fail("lm-eval loaded the model"))
+    with pytest.raises(ValueError, match=f"the tokenizer of --model {small} gives token ids up to 4095, beyond the "
+                                         f"model's vocab_size \\(1000\\)"):
+        run_lm_eval(small, ["orthros_tiny_cloze"], limit=2, device="cpu")
+
+
 def test_a_model_converted_on_the_fly_is_named_in_the_results(tmp_path, monkeypatch):
     """Issue: lm-eval names the model in its results' config by the model's name_or_path, which a
     Llama checkpoint converted on the fly did not have: `-o` wrote "model": "" (which model was it?)."""
