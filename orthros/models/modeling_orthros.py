@@ -200,9 +200,21 @@ class OrthrosPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """transformers' ``save_pretrained``, after checking the config: one that would not load
-        (a field set after its ``__init__``) writes nothing, not even the directory."""
+        (a field set after its ``__init__``) writes nothing, not even the directory. The config's
+        save writes the flat modeling code and ``auto_map`` (``remote_code.py``), so the package's class,
+        registered with ``register_for_auto_class``, is hidden from transformers here: its
+        ``custom_object_save`` would copy the package's own file (parent-relative imports) and fail
+        scanning them."""
         self.config.validate()
-        return super().save_pretrained(save_directory, *args, **kwargs)
+        cls = type(self)
+        registered = cls.__dict__.get("_auto_class")  # transformers reads it off the class
+        if registered is None or cls.__module__.split(".")[0] != "orthros":  # a flat copy's save copies itself
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        cls._auto_class = None
+        try:
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        finally:
+            cls._auto_class = registered
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -451,8 +463,9 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
         if impl not in (None, "dynamic"):  # transformers' other caches are built from layer_types it does not know
             raise ValueError(f"cache_implementation={impl!r} is not supported by Orthros models: generate() keeps "
                              f"every token's K/V (and the GDN states) in an OrthrosCache; leave it unset or 'dynamic'")
-        if kwargs.get("past_key_values") is None and kwargs.get("cache") is None and \
-                kwargs.get("use_cache", getattr(gen_config, "use_cache", True)):
+        use_cache = next((u for u in (kwargs.get("use_cache"), getattr(gen_config, "use_cache", None),
+                                      getattr(self.generation_config, "use_cache", None)) if u is not None), True)
+        if kwargs.get("past_key_values") is None and kwargs.get("cache") is None and use_cache:
             kwargs[CACHE_KWARG] = OrthrosCache()
             kwargs["cache_implementation"] = None  # "dynamic": the OrthrosCache is one
         return super().generate(*args, **kwargs)

@@ -497,3 +497,18 @@ def test_generate_in_training_mode_with_gradient_checkpointing_keeps_the_cache()
         got = m.generate(ids, max_new_tokens=6, do_sample=False, use_engine=False)
         assert torch.equal(got, want) and m.training
         assert m(ids, labels=ids, use_cache=True).past_key_values is None  # training: no cache
+
+
+@torch.no_grad()
+def test_generate_with_a_generation_config_that_leaves_use_cache_unset():
+    """``generate(ids, generation_config=GenerationConfig(max_new_tokens=8))``: transformers 5 leaves
+    the config's ``use_cache`` at None (unset: the model's setting, else True), which read as False,
+    so no OrthrosCache was made and transformers' DynamicCache failed with ``KeyError:
+    'orthros_attention'`` (a helper's finding)."""
+    from transformers import GenerationConfig
+
+    model = tiny_model()
+    ids = torch.randint(1, V, (2, 6))
+    ref = model.generate(ids, max_new_tokens=8, do_sample=False, use_engine=False)
+    out = model.generate(ids, generation_config=GenerationConfig(max_new_tokens=8, do_sample=False), use_engine=False)
+    assert torch.equal(out, ref)

@@ -345,3 +345,18 @@ def test_a_config_registered_for_auto_class_saves_the_flat_code(tmp_path, monkey
     assert json.loads((tmp_path / "config.json").read_text())["auto_map"] == AUTO_MAP
     assert "from .kinds import" in (tmp_path / "configuration_orthros.py").read_text()
     assert c._auto_class == "AutoConfig" and "auto_map" not in c.to_dict()  # the config as it was
+
+
+def test_a_model_registered_for_auto_class_saves_the_flat_code(tmp_path, monkeypatch):
+    """After OrthrosForCausalLM.register_for_auto_class("AutoModelForCausalLM"), model.save_pretrained
+    ran transformers' custom_object_save on the package's modeling file before the config was saved:
+    it failed (FileNotFoundError: .../orthros/models/.ops.py) and left a directory holding only the
+    package's modeling_orthros.py (a helper's finding)."""
+    monkeypatch.setattr(OrthrosForCausalLM, "_auto_class", "AutoModelForCausalLM")
+    c = OrthrosConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2)
+    model = OrthrosForCausalLM(c)
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["auto_map"] == AUTO_MAP
+    assert "from .." not in (tmp_path / "modeling_orthros.py").read_text()  # the flat file, not the package's
+    assert model._auto_class == "AutoModelForCausalLM"
+    assert torch.equal(OrthrosForCausalLM.from_pretrained(tmp_path).lm_head.weight, model.lm_head.weight)
