@@ -506,9 +506,8 @@ def test_generate_through_engine_takes_the_settings_transformers_takes(monkeypat
     ids = torch.tensor([PROMPTS[0]])
     first = m.generate(ids, max_new_tokens=8, use_engine=False)[0, ids.shape[1]:].tolist()
     m.generation_config.eos_token_id = first[2]
-    # use_cache=True: OrthrosForCausalLM.generate takes a config's unset use_cache for False (no OrthrosCache)
-    want = m.generate(ids, generation_config=GenerationConfig(max_new_tokens=8, use_cache=True), use_engine=False)
-    got = m.generate(ids, generation_config=GenerationConfig(max_new_tokens=8, use_cache=True), use_engine=True)
+    want = m.generate(ids, generation_config=GenerationConfig(max_new_tokens=8), use_engine=False)
+    got = m.generate(ids, generation_config=GenerationConfig(max_new_tokens=8), use_engine=True)
     assert want.shape[1] == ids.shape[1] + 3 and torch.equal(got, want)
     m.generation_config.eos_token_id = None
     assert torch.equal(m.generate(ids, use_engine=True), m.generate(ids, use_engine=False))  # 12 new: position 23
@@ -517,7 +516,7 @@ def test_generate_through_engine_takes_the_settings_transformers_takes(monkeypat
     monkeypatch.setattr(Engine, "generate", lambda self, p, n, s=None, **kw: seen.append(s) or real(self, p, n, s, **kw))
     m.generate(ids, do_sample=True, max_new_tokens=2, use_engine=True)
     m.generation_config.top_k = 7
-    m.generate(ids, generation_config=GenerationConfig(do_sample=True, max_new_tokens=2, use_cache=True),
+    m.generate(ids, generation_config=GenerationConfig(do_sample=True, max_new_tokens=2),
                use_engine=True)
     assert [s.top_k for s in seen] == [50, 7]
 
