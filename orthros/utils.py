@@ -63,7 +63,9 @@ def check_positive_int(name: str, value, *, allow_none: bool = False):
     if allow_none and value is None:
         return value
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1{' or None' if allow_none else ''}, got {value!r}")
+        kind = "" if isinstance(value, (int, float, str)) or value is None else \
+            f" (a {type(value).__module__}.{type(value).__qualname__}: pass a Python int)"
+        raise ValueError(f"{name} must be an integer >= 1{' or None' if allow_none else ''}, got {value!r}{kind}")
     return value
 
 

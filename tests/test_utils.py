@@ -187,3 +187,17 @@ def test_writes_go_through_a_link_and_into_a_pipe(tmp_path):
     reader.join(timeout=30)
     assert got == ["through the pipe\n"] and fifo.is_fifo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.png", "pipe", "r.json", "real"]
+
+
+def test_check_positive_int_says_what_a_numpy_integer_is():
+    """A numpy integer was refused as 'must be an integer >= 1, got np.int64(3)', which reads as a
+    contradiction; the message names its type and what to pass (a helper's finding)."""
+    import numpy as np
+
+    from orthros.utils import check_positive_int
+
+    assert check_positive_int("w", 3) == 3
+    with pytest.raises(ValueError, match=r"w must be an integer >= 1, got np.int64\(3\) \(a numpy.int64: pass a Python int\)"):
+        check_positive_int("w", np.int64(3))
+    with pytest.raises(ValueError, match=r"w must be an integer >= 1, got 0$"):
+        check_positive_int("w", 0)
