@@ -80,6 +80,22 @@ def test_a_command_group_alone_prints_its_help(capsys):
         assert out.startswith(f"usage: orthros {group}") and sub in out, out
 
 
+def test_bench_points_to_the_benchmarks_that_are_their_own_commands(capsys):
+    """`orthros bench parallel` failed with 'argument what: invalid choice' (a name the help never
+    shows) and the help did not say where the parallel, vLLM and roofline benchmarks are."""
+    from orthros.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "parallel"])
+    assert e.value.code == 2
+    assert "argument COMMAND: invalid choice: 'parallel'" in capsys.readouterr().err
+    assert main(["bench"]) == 0
+    out = capsys.readouterr().out
+    assert "usage: orthros bench [-h] COMMAND" in out
+    for command in ("-m orthros.parallel.bench", "-m orthros.serving.bench_vllm", "benchmarks/roofline.py"):
+        assert command in out, command
+
+
 def test_public_names_load_on_first_use():
     out = py("import orthros, sys\n"
              "assert 'torch' not in sys.modules\n"

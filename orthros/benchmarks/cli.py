@@ -8,6 +8,11 @@
 Default model: the Qwen3-8B architecture with random weights (latency does not depend on the
 weight values); ``--model PATH`` benchmarks a real Orthros checkpoint. Each command prints a
 table and writes ``<out>/<command>.json`` and ``<out>/<command>.png`` (log axes).
+
+Other benchmarks are their own commands: sequence-parallel prefill
+``torchrun --nproc-per-node N -m orthros.parallel.bench`` (docs/parallel.md), serving through vLLM
+``python -m orthros.serving.bench_vllm`` (docs/serving.md), and issue #18's roofline
+``python benchmarks/roofline.py`` (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ def _pairs(s):
 def build_parser():
     p = argparse.ArgumentParser(prog="orthros bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="what")
+    sub = p.add_subparsers(dest="what", metavar="COMMAND", title="commands")  # errors name COMMAND, as usage does
 
     def common(sp):
         sp.add_argument("--model", default=None, help="Orthros checkpoint directory (default: random weights)")
