@@ -284,7 +284,10 @@ class RotaryEmbedding(nn.Module):
     init functions (``llama3``, ``yarn``, ``linear``, ``dynamic`` ... ) for the frequencies.
 
     ``forward(position_ids [B, T]) -> (cos, sin)`` each ``[B, T, rot_dim]`` in float32.
-    Dynamic (length-dependent) rope types are computed for ``max_position_embeddings``.
+    The frequencies are computed once, as transformers' init functions give them without a length:
+    ``dynamic`` as for ``max_position_embeddings``, ``longrope`` with its short factors at every
+    length (transformers switches to the long factors past ``original_max_position_embeddings``;
+    ``orthros convert`` notes the difference).
     """
 
     def __init__(self, config):
