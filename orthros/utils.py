@@ -410,6 +410,9 @@ def atomic_directory(dst: Path, overwrite: bool):
         if dst.exists() or dst.is_symlink():
             if dst.is_dir() and not dst.is_symlink() and not any(dst.iterdir()):
                 dst.rmdir()
+            elif not overwrite:  # checked empty before any work: another run wrote DST meanwhile
+                raise FileExistsError(f"destination {str(dst)!r} appeared while this run was writing (another run "
+                                      f"into it?); it is kept: pass --overwrite (overwrite=True) to replace it")
             else:  # overwrite was checked before any work
                 old = dst.parent / f".{dst.name}{OLD_TAG}{os.getpid()}-{uuid.uuid4().hex[:8]}"
                 os.replace(dst, old)

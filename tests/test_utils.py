@@ -201,3 +201,22 @@ def test_check_positive_int_says_what_a_numpy_integer_is():
         check_positive_int("w", np.int64(3))
     with pytest.raises(ValueError, match=r"w must be an integer >= 1, got 0$"):
         check_positive_int("w", 0)
+
+
+def test_atomic_directory_keeps_a_destination_another_run_wrote_meanwhile(tmp_path):
+    """Two runs into one new DST at once both passed the check that DST is free; the second to finish
+    replaced the first's result without overwrite (a helper's finding). Now it keeps it and leaves
+    nothing of its own behind; with overwrite the new result replaces it."""
+    from orthros.utils import atomic_directory
+
+    dst = tmp_path / "out"
+    with pytest.raises(FileExistsError, match="appeared while this run was writing"):
+        with atomic_directory(dst, overwrite=False) as tmp:
+            (tmp / "mine.txt").write_text("mine")
+            dst.mkdir()
+            (dst / "theirs.txt").write_text("theirs")  # the other run finishes first
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (dst / "theirs.txt").exists()
+    with atomic_directory(dst, overwrite=True) as tmp:
+        (tmp / "mine.txt").write_text("mine")
+    assert sorted(p.name for p in dst.iterdir()) == ["mine.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
