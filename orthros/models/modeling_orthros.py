@@ -206,15 +206,12 @@ class OrthrosPreTrainedModel(PreTrainedModel):
         ``custom_object_save`` would copy the package's own file (parent-relative imports) and fail
         scanning them."""
         self.config.validate()
-        cls = type(self)
-        registered = cls.__dict__.get("_auto_class")  # transformers reads it off the class
-        if registered is None or cls.__module__.split(".")[0] != "orthros":  # a flat copy's save copies itself
+        if type(self).__module__.split(".")[0] != "orthros":  # a flat copy (or a user's class) copies itself
             return super().save_pretrained(save_directory, *args, **kwargs)
-        cls._auto_class = None
-        try:
+        from .remote_code import auto_class_hidden
+
+        with auto_class_hidden(type(self)):
             return super().save_pretrained(save_directory, *args, **kwargs)
-        finally:
-            cls._auto_class = registered
 
     @torch.no_grad()
     def _init_weights(self, module):

@@ -249,19 +249,37 @@ def remote_code_saved(config, save_directory):
         yield
         return
     auto_map = write_remote_code(config, save_directory)
-    saved = {k: config.__dict__[k] for k in ("auto_map", "_auto_class") if k in config.__dict__}
-    config.auto_map = {**(saved.get("auto_map") or {}), **auto_map}
-    # a class registered with register_for_auto_class: transformers' custom_object_save would copy the
-    # package's own files (parent-relative imports) over the flat ones
-    config._auto_class = None
+    had = "auto_map" in config.__dict__
+    old = config.__dict__.get("auto_map")
+    config.auto_map = {**(old or {}), **auto_map}
+    try:
+        with auto_class_hidden(config):
+            yield
+    finally:
+        if had:
+            config.auto_map = old
+        else:
+            del config.auto_map
+
+
+@contextlib.contextmanager
+def auto_class_hidden(target):
+    """``target``'s ``register_for_auto_class`` mark (``_auto_class``: on a config instance, or on a
+    model class, where transformers reads it) is None inside the block, as it was after. Saving the
+    package's classes so marked, transformers' ``custom_object_save`` would copy the package's own
+    files (parent-relative imports) over the flat ones and fail scanning them; the package writes
+    the flat code itself (:func:`remote_code_saved`)."""
+    had = "_auto_class" in vars(target)
+    old = vars(target).get("_auto_class")
+    target._auto_class = None
     try:
         yield
     finally:
-        for k in ("auto_map", "_auto_class"):
-            if k in saved:
-                setattr(config, k, saved[k])
-            else:
-                delattr(config, k)
+        if had:
+            target._auto_class = old
+        else:
+            delattr(target, "_auto_class")
 
 
-__all__ = ["bundle", "collect", "flat_names", "write_remote_code", "remote_code_saved", "RemoteCodeError"]
+__all__ = ["auto_class_hidden", "bundle", "collect", "flat_names", "write_remote_code", "remote_code_saved",
+           "RemoteCodeError"]
