@@ -2,7 +2,6 @@
 # On an H200: the fortieth session's roofline at 1K. On anything else: the `gpu`-marked tests at this commit (the
 # forty-sixth session's helpers changed argument checks, generate and save_pretrained, GDN's readout dtype), less the
 # window candidates and the seven fp32 Triton backward cases (no kernel changed since they passed): 96 tests.
-# window candidates and the seven fp32 Triton backward cases (no kernel changed since they passed): 96 tests.
 export PYTHONUNBUFFERED=1 ORTHROS_COMMIT=${ORTHROS_COMMIT:?}
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "card: $name commit: $ORTHROS_COMMIT" | tee $OUT/card.log
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/fla_core-0.6.0-py3-none-any.whl 2>&1 | tail -1
