@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import sys
 
 from .utils import isatty
@@ -69,8 +70,24 @@ def _reader_gone() -> bool:
         return False
 
 
+_TILDE_OPTION = re.compile(r"(--[^=\s]+=|-[A-Za-z])(~[^/]*(?:/.*)?)", re.DOTALL)
+
+
+def expand_user_options(argv: list[str]) -> list[str]:
+    """``argv`` with the ``~`` of ``--opt=~/x`` and ``-o~/x`` expanded (to the home folder, or
+    ``~user``'s), as the shell expands ``--opt ~/x`` but not these (a ``~`` only starts a word
+    there): every command then reads and writes the same path. Not after ``--``."""
+    out = []
+    for i, a in enumerate(argv):
+        if a == "--":
+            return out + argv[i:]
+        m = _TILDE_OPTION.fullmatch(a)
+        out.append(m[1] + os.path.expanduser(m[2]) if m else a)
+    return out
+
+
 def _main(argv) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+    argv = expand_user_options(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0

@@ -292,3 +292,25 @@ def test_a_stdout_that_cannot_be_written_is_one_line(argv):
                            env=env, cwd=REPO, timeout=120)
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
         "orthros: error: OSError: [Errno 28] No space left on device (ORTHROS_TRACEBACK=1 shows the traceback)"], r.stderr
+
+
+def test_a_tilde_after_an_equals_sign_is_the_home_folder(tmp_path, monkeypatch, capsys):
+    """``orthros plot RUN --output=~/p.png``: the shell expands ``~`` only at a word's start, so the
+    command got ``~/p.png`` and wrote ``./~/p.png`` (a folder named ``~``) while some commands
+    checked the path at the home folder. The dispatcher expands ``--opt=~/...`` and ``-o~/...``
+    as the shell does ``--opt ~/...`` (not after ``--``, not ``~`` inside a value)."""
+    from orthros.cli import expand_user_options, main
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    assert expand_user_options(["--out=~/x", "-o~/y", "--out=~", "--a=x~/z", "--a=~nosuchuser9/q", "~/p", "--",
+                                "--out=~/x"]) == [
+        f"--out={home}/x", f"-o{home}/y", f"--out={home}", "--a=x~/z", "--a=~nosuchuser9/q", "~/p", "--", "--out=~/x"]
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"kind": "train", "step": 1, "tokens": 8, "loss": 3.0}\n')
+    monkeypatch.chdir(tmp_path)
+    assert main(["plot", str(run), "--output=~/p.png"]) == 0
+    assert (home / "p.png").is_file() and not (tmp_path / "~").exists()
+    assert f"wrote {home}/p.png" in capsys.readouterr().out
