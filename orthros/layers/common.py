@@ -314,6 +314,16 @@ class RotaryEmbedding(nn.Module):
         meta device it holds garbage until recomputed)."""
         self.inv_freq.copy_(self._compute(self.config)[0].to(self.inv_freq.device))
 
+    def _apply(self, fn, recurse=True):
+        """``inv_freq`` stays float32 through ``.to(dtype)`` / ``.half()`` (only its device follows):
+        rounded to bf16 (2^-9) it is off by radians at long distances, where a model built in bf16
+        computes it in float32."""
+        inv_freq = self.inv_freq
+        out = super()._apply(fn, recurse)
+        if self.inv_freq.dtype != inv_freq.dtype:
+            self.inv_freq = inv_freq.to(self.inv_freq.device)
+        return out
+
     @torch.no_grad()
     def forward(self, position_ids: torch.Tensor):
         freqs = position_ids[..., None].float() * self.inv_freq.to(position_ids.device)

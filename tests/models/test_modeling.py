@@ -305,6 +305,22 @@ def test_legacy_rope_scaling_keeps_its_rope_theta():
     torch.testing.assert_close(OrthrosForCausalLM(config).model.rotary_emb.inv_freq, rope)
 
 
+@pytest.mark.parametrize("cast", [lambda m: m.to(torch.bfloat16), lambda m: m.half(),
+                                  lambda m: m.to("cpu", torch.bfloat16)])
+def test_a_dtype_cast_keeps_the_rope_frequencies_in_float32(cast):
+    # model.to(bf16) rounded inv_freq to bf16 (2^-9 relative): at position 20000 the cos/sin table was
+    # off by ~1 (angles off by radians, growing with the distance between tokens), where a model built
+    # in bf16 (its inv_freq computed in float32) is exact
+    model = tiny_model(max_position_embeddings=32768)
+    pos = torch.arange(20000, 20016).view(1, -1)
+    want = model.model.rotary_emb(pos)
+    cast(model)
+    assert model.model.rotary_emb.inv_freq.dtype == torch.float32
+    for got, w in zip(model.model.rotary_emb(pos), want):
+        torch.testing.assert_close(got, w, rtol=0, atol=0)
+    assert model.model.embed_tokens.weight.dtype != torch.float32  # the weights were cast
+
+
 @pytest.mark.parametrize("kw,name", [
     (dict(window_size=0), "window_size"),
     (dict(num_key_value_heads=3), "num_attention_heads"),
