@@ -434,6 +434,11 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"optim.min_lr_ratio ({cfg.optim.min_lr_ratio:g}) is where schedules "
                           f"['cosine', 'linear'] end; optim.schedule 'constant' stays at the peak lr: drop "
                           f"optim.min_lr_ratio, or choose another schedule")
+    if cfg.optim.warmup_steps > cfg.train.max_steps and cfg.optim.warmup_steps != unset.optim.warmup_steps:
+        raise ConfigError(f"optim.warmup_steps ({cfg.optim.warmup_steps}) is more than train.max_steps "
+                          f"({cfg.train.max_steps}): the run would end inside its warm-up, never reaching optim.lr "
+                          f"({cfg.optim.lr:g}); set optim.warmup_steps to at most {cfg.train.max_steps} (0: no "
+                          f"warm-up), or raise train.max_steps")
     field_of = {"data.text_field": ("pt", "cpt"), "data.messages_field": ("sft",)}
     for key, modes in field_of.items():
         if cfg.mode not in modes and _get(cfg, key) != _get(unset, key):

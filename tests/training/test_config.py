@@ -154,6 +154,21 @@ def test_keys_another_mode_or_schedule_reads_are_refused(args, msg):
         load_config(None, args)
 
 
+@pytest.mark.parametrize("args", [["--optim.warmup_steps", "50", "--train.max_steps", "10"],
+                                  ["--warmup_steps", "8", "--max_steps", "7", "--schedule", "constant"]])
+def test_a_warmup_longer_than_the_run_is_refused(args):
+    """optim.warmup_steps above train.max_steps was accepted: the run ended inside its warm-up and
+    never trained at optim.lr, while the dry run and run_config.yaml said it would. Refused before
+    any work, naming both keys; a warm-up as long as the run (and the default 20 on a short run,
+    a key left at its default) stays accepted."""
+    warm, steps = args[1], args[3]
+    with pytest.raises(ConfigError, match=rf"optim.warmup_steps \({warm}\) is more than train.max_steps "
+                                          rf"\({steps}\): .* set optim.warmup_steps to at most {steps}"):
+        load_config(None, args)
+    assert load_config(None, ["--warmup_steps", steps, "--max_steps", steps]).optim.warmup_steps == int(steps)
+    assert load_config(None, ["--max_steps", "3"]).optim.warmup_steps == 20
+
+
 def test_those_keys_at_their_default_stay_accepted(tmp_path):
     """run_config.yaml (every key) may be fed back: a key at its default is never refused, and
     each key is accepted where it applies."""

@@ -485,9 +485,9 @@ def test_resume_or_init_from_a_run_dir_names_its_checkpoint(tmp_path, corpus, re
         says = (rf"'{where}' is not a checkpoint but holds a training run's checkpoints: name one of them "
                 rf"\(the latest: {summary['checkpoint']}\)")
         with pytest.raises(ConfigError, match="checkpoint.resume: " + says):
-            train(load_config(None, tiny(out, corpus, "--max_steps", "1", "--resume", str(where))))
+            train(load_config(None, tiny(out, corpus, "--max_steps", "1", "--warmup_steps", "1", "--resume", str(where))))
         with pytest.raises(ConfigError, match="model.init_from: " + says):
-            train(load_config(None, tiny(out, corpus, "--max_steps", "1", "--mode", "cpt", "--model.init_from",
+            train(load_config(None, tiny(out, corpus, "--max_steps", "1", "--warmup_steps", "1", "--mode", "cpt", "--model.init_from",
                                          str(where))))
     assert not out.exists()
 
@@ -500,7 +500,7 @@ def test_init_from_refuses_shape_keys_unlike_the_checkpoint(tmp_path, corpus, re
     _, _, summary = reference
     with pytest.raises(ConfigError, match=rf"(?i)model.{key} is {value}, but the checkpoint at model.init_from "
                                           rf".* has {has}; .* drop model.{key}"):
-        train(load_config(None, tiny(tmp_path / "run", corpus, "--max_steps", "1", "--mode", "cpt",
+        train(load_config(None, tiny(tmp_path / "run", corpus, "--max_steps", "1", "--warmup_steps", "1", "--mode", "cpt",
                                      "--model.init_from", summary["checkpoint"], f"--model.{key}", value)))
     assert not (tmp_path / "run").exists()
 
@@ -511,17 +511,17 @@ def test_init_from_takes_the_keys_that_change_no_weight(tmp_path, corpus, refere
     (the tiny runs' window is 8, the default 32); a bad value is refused by the model's own check."""
     _, _, summary = reference
     base = json.loads((Path(summary["checkpoint"]) / "config.json").read_text())
-    s = train(load_config(None, tiny(tmp_path / "run", corpus, "--max_steps", "1", "--mode", "cpt", "--model.init_from",
+    s = train(load_config(None, tiny(tmp_path / "run", corpus, "--max_steps", "1", "--warmup_steps", "1", "--mode", "cpt", "--model.init_from",
                                      summary["checkpoint"], "--model.window_size", "16", "--model.rope_theta", "5e5",
                                      "--model.max_position_embeddings", "2048")))
     cfg = json.loads((Path(s["checkpoint"]) / "config.json").read_text())
     assert (cfg["window_size"], cfg["rope_parameters"]["rope_theta"], cfg["max_position_embeddings"]) == (16, 5e5, 2048)
     assert (base["window_size"], base["rope_parameters"]["rope_theta"]) == (8, 10000.0)
     args = [a for a in tiny(tmp_path / "run2", corpus) if a not in ("--model.window_size", "8")]
-    s = train(load_config(None, [*args, "--max_steps", "1", "--mode", "cpt", "--model.init_from", summary["checkpoint"]]))
+    s = train(load_config(None, [*args, "--max_steps", "1", "--warmup_steps", "1", "--mode", "cpt", "--model.init_from", summary["checkpoint"]]))
     assert json.loads((Path(s["checkpoint"]) / "config.json").read_text())["window_size"] == 8
     with pytest.raises(ConfigError, match="model: OrthrosConfig.window_size"):
-        train(load_config(None, tiny(tmp_path / "run3", corpus, "--max_steps", "1", "--mode", "cpt",
+        train(load_config(None, tiny(tmp_path / "run3", corpus, "--max_steps", "1", "--warmup_steps", "1", "--mode", "cpt",
                                      "--model.init_from", summary["checkpoint"], "--model.window_size", "-4")))
     assert not (tmp_path / "run3").exists()
 
@@ -533,7 +533,7 @@ def test_a_hybrid_architecture_needs_a_checkpoint_of_its_layout(tmp_path, corpus
     _, _, summary = reference
     with pytest.raises(ConfigError, match=rf"model.architecture '{arch}' .* but the checkpoint at model.init_from "
                                           rf".* has 2 layers of Orthros attention.* orthros, transformer or swa"):
-        train(load_config(None, tiny(tmp_path / "run", corpus, "--max_steps", "1", "--mode", "cpt",
+        train(load_config(None, tiny(tmp_path / "run", corpus, "--max_steps", "1", "--warmup_steps", "1", "--mode", "cpt",
                                      "--model.init_from", summary["checkpoint"], "--model.architecture", arch)))
     assert not (tmp_path / "run").exists()
 
