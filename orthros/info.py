@@ -154,7 +154,8 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
         "path": str(d),
         "kind": model_kind(types, mode),
         "attention_mode": mode,
-        "window_size": config.window_size if mode != "full" else None,
+        "window_size": config.window_size if mode != "full" and any(t in ATTENTION_LAYER_TYPES for t in types)
+        else None,  # GDN layers only (in any mode): no window
         "layers": dict(Counter(types)),
         "layer_types": types,
         "hidden_size": config.hidden_size,
