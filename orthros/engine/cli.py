@@ -23,7 +23,8 @@ from ..utils import DTYPE_ALIASES as DTYPES, check_device, check_output_path, pa
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="orthros generate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("prompt", nargs="*", help="prompt text (default: read stdin)")
+    p.add_argument("prompt", nargs="*",
+                   help="prompt text (default: read stdin, less its trailing newlines, as the shell's $(...) drops them)")
     p.add_argument("--model", required=True, help="directory of an Orthros checkpoint (save_pretrained)")
     p.add_argument("--tokenizer", default=None, help="tokenizer directory (default: --model)")
     p.add_argument("--max-new-tokens", type=int, default=256,
@@ -252,7 +253,8 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
 
     first = None  # the first turn is encoded and checked before the weights load
     if args.prompt or not args.interactive:
-        text = " ".join(args.prompt) if args.prompt else sys.stdin.read()
+        # `echo PROMPT |` adds a line break the user did not mean as prompt (the model would continue after it)
+        text = " ".join(args.prompt) if args.prompt else sys.stdin.read().rstrip("\r\n")
         if not text:
             raise ValueError("empty prompt")
         first = encode_turn(text)

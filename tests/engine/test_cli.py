@@ -384,3 +384,23 @@ def test_prompt_file_with_a_byte_order_mark(checkpoint, tmp_path):
     assert rc == 0 and json.loads(want.split("\n")[0])["prompt"] == "w1 w2"
     for name in ("p.txt", "p.jsonl"):
         assert run_cli(base + [str(tmp_path / name)]) == (0, want), name
+
+
+def test_generate_drops_stdin_trailing_newline(checkpoint, tmp_path):
+    """Was: `echo PROMPT | orthros generate` kept the newline `echo` adds, so the model was asked to
+    continue after a line break and gave another text than `orthros generate PROMPT`. With a
+    tokenizer that keeps newlines (here: words split on spaces only, "w5\\n" unknown) the two differ."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    d, m = checkpoint
+    tok_dir = tmp_path / "tok"
+    t = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.Split(" ", behavior="removed")
+    t.decoder = decoders.WordPiece(prefix="##")
+    PreTrainedTokenizerFast(tokenizer_object=t, eos_token="<eos>", unk_token="<unk>").save_pretrained(tok_dir)
+    argv = ["generate", "--model", str(d), "--tokenizer", str(tok_dir), "--max-new-tokens", "6", "--device", "cpu"]
+    rc_arg, from_argv = run_cli(argv + ["w1 w5 w7 w9"])
+    rc_in, from_stdin = run_cli(argv, stdin="w1 w5 w7 w9\n\n")
+    assert rc_arg == rc_in == 0
+    assert from_stdin == from_argv
