@@ -486,10 +486,12 @@ def bench_e2e(model, pairs: Sequence[tuple], *, batch: int = 2, modes: Sequence[
     rows = []
     bar = Progress(len(modes) * len(pairs), "e2e", unit="point")
     for mode in modes:
-        eng = Engine(model, max_batch_size=batch, max_seq_len=max(20, max(i + o for i, o in pairs)), attention_mode=mode,
+        eng = Engine(model, max_batch_size=batch, max_seq_len=max(i + o for i, o in pairs), attention_mode=mode,
                      prefill_chunk=None if mode == "full" else chunk, cuda_graphs=cuda_graphs,
                      compile=compile)
-        eng.generate(torch.randint(0, V, (batch, 16), generator=gen).tolist(), 4)  # warm-up, graph capture
+        # warm-up, graph capture: at most 16 + 4 tokens, within the first pair (a model may have fewer positions)
+        warm_in, warm_out = min(16, pairs[0][0]), min(4, pairs[0][1])
+        eng.generate(torch.randint(0, V, (batch, warm_in), generator=gen).tolist(), warm_out)
         for n_in, n_out in pairs:
             prompts = torch.randint(0, V, (batch, n_in), generator=gen).tolist()
             eng.reset()  # warm-up at this prompt length: Triton / torch.compile specialise on shapes,

@@ -48,7 +48,7 @@ def test_bench_e2e_no_cuda_graphs_reaches_the_fit_check(tmp_path, monkeypatch):
     monkeypatch.setattr(I, "Engine", spy)
     assert orthros_main(["bench", "e2e", *TINY, "--out", str(tmp_path), "--pairs", "8:3", "--batch", "1",
                          "--fit", "16:4", "--no-cuda-graphs"]) == 0
-    assert (20, False) in seen and {g for _, g in seen} == {False}
+    assert (11, False) in seen and {g for _, g in seen} == {False}
 
 
 def test_bench_rejects_bad_arguments(capsys):
@@ -266,3 +266,17 @@ def test_bench_json_is_standard_json_where_a_figure_is_missing(tmp_path, monkeyp
     rows = _strict_json(tmp_path / "prefill.json")["rows"]
     assert [(r.get("ms"), r.get("error")) for r in rows if "system" in r] == [(None, "out of memory")] * 2
     assert "out of memory" in capsys.readouterr().out and (tmp_path / "prefill.png").exists()
+
+
+def test_bench_e2e_on_a_checkpoint_of_few_positions(tmp_path, capsys):
+    """Was: the e2e section's warm-up generated 16 + 4 tokens whatever --pairs asked, so a checkpoint of
+    fewer than 20 positions failed after the checks had passed its pairs (8:4 needs 11)."""
+    from orthros.evaluation.common import make_tiny_checkpoint
+
+    d = make_tiny_checkpoint(tmp_path / "ck", max_position_embeddings=16)
+    out = tmp_path / "out"
+    rc = orthros_main(["bench", "e2e", "--model", str(d), "--device", "cpu", "--dtype", "fp32", "--out", str(out),
+                       "--pairs", "8:4", "--batch", "1"])
+    assert rc == 0, capsys.readouterr().err
+    rows = json.loads((out / "e2e.json").read_text())["rows"]
+    assert {(r["in"], r["out"]) for r in rows if "mode" in r} == {(8, 4)}
