@@ -455,16 +455,19 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
                     return out
             elif use_engine:
                 raise RuntimeError("generate(use_engine=True) needs the engine: import orthros.engine first")
-        gen_config = kwargs.get("generation_config") or self.generation_config
-        impl = kwargs.get("cache_implementation", getattr(gen_config, "cache_implementation", None))
+        # kwargs over a given generation_config over the model's (which transformers fills unset fields from)
+        configs = (kwargs.get("generation_config"), self.generation_config)
+        impl = kwargs["cache_implementation"] if "cache_implementation" in kwargs else \
+            next((c for c in (getattr(g, "cache_implementation", None) for g in configs) if c is not None), None)
         if impl not in (None, "dynamic"):  # transformers' other caches are built from layer_types it does not know
             raise ValueError(f"cache_implementation={impl!r} is not supported by Orthros models: generate() keeps "
                              f"every token's K/V (and the GDN states) in an OrthrosCache; leave it unset or 'dynamic'")
-        use_cache = next((u for u in (kwargs.get("use_cache"), getattr(gen_config, "use_cache", None),
-                                      getattr(self.generation_config, "use_cache", None)) if u is not None), True)
+        use_cache = next((u for u in (kwargs.get("use_cache"), *(getattr(g, "use_cache", None) for g in configs))
+                          if u is not None), True)
         if kwargs.get("past_key_values") is None and kwargs.get("cache") is None and use_cache:
             kwargs[CACHE_KWARG] = OrthrosCache()
-            kwargs["cache_implementation"] = None  # "dynamic": the OrthrosCache is one
+            if impl is not None:  # "dynamic": the OrthrosCache is one (set only then: beside a generation_config
+                kwargs["cache_implementation"] = None  # transformers warns of any generation argument)
         return super().generate(*args, **kwargs)
 
 

@@ -528,3 +528,22 @@ def test_generate_with_a_generation_config_that_leaves_use_cache_unset():
     ref = model.generate(ids, max_new_tokens=8, do_sample=False, use_engine=False)
     out = model.generate(ids, generation_config=GenerationConfig(max_new_tokens=8, do_sample=False), use_engine=False)
     assert torch.equal(out, ref)
+
+
+@torch.no_grad()
+def test_generate_with_only_a_generation_config_gets_no_deprecation_warning(monkeypatch):
+    """generate() set ``cache_implementation=None`` among the arguments on every call, so
+    ``generate(ids, generation_config=...)`` alone was told "Passing `generation_config` together with
+    generation-related arguments=({'cache_implementation'}) is deprecated": an argument the user never
+    passed. It is set only where a "dynamic" cache_implementation would be refused beside the cache."""
+    import transformers.generation.utils as gen_utils
+    from transformers import GenerationConfig
+
+    said = []
+    monkeypatch.setattr(gen_utils.logger, "warning_once", lambda msg, *a, **k: said.append(msg))
+    model = tiny_model()
+    ids = torch.randint(1, V, (2, 6))
+    ref = model.generate(ids, max_new_tokens=4, do_sample=False, use_engine=False)
+    out = model.generate(ids, generation_config=GenerationConfig(max_new_tokens=4, do_sample=False), use_engine=False)
+    assert torch.equal(out, ref)
+    assert not [m for m in said if "together with generation-related" in m], said
