@@ -31,7 +31,7 @@ def _ints(s):
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {s!r}")
     if not vals or min(vals) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {s!r}")
-    return vals
+    return list(dict.fromkeys(vals))  # a value given twice is one point (it ran twice, two rows of one key)
 
 
 def _pairs(s):
@@ -44,7 +44,7 @@ def _pairs(s):
             raise argparse.ArgumentTypeError(f"expected IN:OUT pairs like 128:128,1024:1024, got {s!r}")
         if min(out[-1]) < 1:
             raise argparse.ArgumentTypeError(f"lengths must be >= 1, got {item!r}")
-    return out
+    return list(dict.fromkeys(out))  # a pair given twice is one point
 
 
 def build_parser():

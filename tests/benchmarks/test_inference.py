@@ -280,3 +280,14 @@ def test_bench_e2e_on_a_checkpoint_of_few_positions(tmp_path, capsys):
     assert rc == 0, capsys.readouterr().err
     rows = json.loads((out / "e2e.json").read_text())["rows"]
     assert {(r["in"], r["out"]) for r in rows if "mode" in r} == {(8, 4)}
+
+
+def test_bench_runs_a_repeated_value_once():
+    """Was: --lengths 32,32 (or --pairs 8:4,8:4, --batch-sizes 1,1) measured the point twice and wrote two rows of
+    one key, which the plot drew as one point and the table as two."""
+    from orthros.benchmarks.cli import build_parser
+
+    p = build_parser()
+    assert p.parse_args(["prefill", "--lengths", "32,64,32"]).lengths == [32, 64]
+    assert p.parse_args(["decode", "--batch-sizes", "1,1,2"]).batch_sizes == [1, 2]
+    assert p.parse_args(["e2e", "--pairs", "8:4,16:3,8:4"]).pairs == [(8, 4), (16, 3)]
