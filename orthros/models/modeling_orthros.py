@@ -408,11 +408,16 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
     ) -> CausalLMOutputWithPast:
         """``logits[:, i]`` is the output-stream prediction at the i-th output position (the
         next token after it). Output positions: ``output_positions`` if given; else where the
-        shifted ``labels`` are not -100; else the last ``logits_to_keep``; else every position.
+        shifted ``labels`` are not -100; else the last ``logits_to_keep`` (old name
+        ``num_logits_to_keep``); else every position.
         With packed documents (``cu_seqlens``) no position is scored against the next document's
         first token. ``loss`` is the mean cross-entropy over the scored positions, or their summed cross-entropy
         divided by ``num_items_in_batch`` when given (HF ``Trainer`` passes the scored tokens of all
         its gradient-accumulation micro-batches, and then does not divide the loss itself)."""
+        if "num_logits_to_keep" in kwargs:  # transformers < 4.50's name (unread, it kept every position's logits)
+            if not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
+                raise ValueError("pass logits_to_keep or its old name num_logits_to_keep, not both")
+            logits_to_keep = kwargs.pop("num_logits_to_keep")
         x = _one_input(input_ids, inputs_embeds)
         T, dev = x.shape[1], x.device
         if labels is not None and labels.shape[0] != x.shape[0]:

@@ -394,6 +394,17 @@ def test_a_mode_alias_set_after_init_runs_that_mode():
         torch.testing.assert_close(model(ids).logits, ref(ids).logits)
 
 
+@torch.no_grad()
+def test_num_logits_to_keep_is_taken_as_logits_to_keep():
+    # transformers < 4.50's name went into **kwargs unread: logits (and Orthros' output tokens) for all T
+    # positions where the caller asked for the last one
+    model = tiny_model()
+    ids = torch.randint(0, V, (2, 10))
+    torch.testing.assert_close(model(ids, num_logits_to_keep=3).logits, model(ids, logits_to_keep=3).logits)
+    with pytest.raises(ValueError, match="not both"):
+        model(ids, logits_to_keep=2, num_logits_to_keep=3)
+
+
 def test_invalid_forward_inputs():
     model = tiny_model()
     ids = torch.randint(0, V, (2, 10))
