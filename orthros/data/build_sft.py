@@ -22,7 +22,7 @@ import random
 import re
 from pathlib import Path
 
-from ..utils import write_text
+from ..utils import file_in_the_way, write_text
 
 HERE = Path(__file__).parent
 SYSTEM = "You are a helpful assistant who knows the plays of Shakespeare."
@@ -76,6 +76,22 @@ def _examples(doc: dict, rng: random.Random) -> list[dict]:
     return ex
 
 
+def _read_corpus(p: argparse.ArgumentParser, file: Path) -> list[dict]:
+    """The scenes of a corpus JSONL file; a parser error naming the file and line of one that is
+    not a JSON object with string ``play`` and ``text`` fields."""
+    docs = []
+    with open(file, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                d = json.loads(line)
+            except ValueError as e:
+                p.error(f"--corpus {file}: line {n} is not JSON ({e})")
+            if not (isinstance(d, dict) and isinstance(d.get("play"), str) and isinstance(d.get("text"), str)):
+                p.error(f"--corpus {file}: line {n} is not an object with string 'play' and 'text' fields")
+            docs.append(d)
+    return docs
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", default=str(HERE / "corpus"),
@@ -87,15 +103,15 @@ def main(argv=None) -> None:
     missing = [str(f) for f in splits.values() if not f.is_file()]
     if missing:
         p.error(f"--corpus {corpus}: no {' or '.join(missing)}")
-    if out.exists() and not out.is_dir():
-        p.error(f"--out {out}: not a folder")
+    if (blocked := file_in_the_way(out)) is not None:  # OUT, or a folder above it, is a file
+        p.error(f"--out {out}: not a folder ({blocked} is a file)")
+    # both splits read (and checked) before anything is written: a bad line is no half-written pair
+    docs = {split: _read_corpus(p, file) for split, file in splits.items()}
     rng = random.Random(0)
     for split, rounds in (("train", 2), ("eval", 1)):
-        with open(splits[split], encoding="utf-8") as f:
-            docs = [json.loads(l) for l in f]
         ex = []
         for _ in range(rounds):
-            for d in docs:
+            for d in docs[split]:
                 ex.extend(_examples(d, rng))
         rng.shuffle(ex)
         write_text(out / f"shakespeare_sft_{split}.jsonl", "".join(json.dumps(e, ensure_ascii=False) + "\n" for e in ex))

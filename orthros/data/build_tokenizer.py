@@ -13,6 +13,8 @@ import os
 import shutil
 from pathlib import Path
 
+from ..utils import file_in_the_way
+
 HERE = Path(__file__).parent
 SPECIAL_TOKENS = ["<|endoftext|>", "<|pad|>", "<|im_start|>", "<|im_end|>"]
 MIN_VOCAB = 256 + len(SPECIAL_TOKENS)  # the byte-level alphabet and the special tokens
@@ -39,8 +41,8 @@ def main(argv=None) -> None:
         p.error(f"--vocab-size must be >= {MIN_VOCAB} (256 byte symbols + {len(SPECIAL_TOKENS)} special tokens), "
                 f"got {a.vocab_size}")
     out = Path(a.out)
-    if out.exists() and not out.is_dir():
-        p.error(f"--out {out}: not a folder")
+    if (blocked := file_in_the_way(out)) is not None:  # OUT, or a folder above it, is a file
+        p.error(f"--out {out}: not a folder ({blocked} is a file)")
 
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
