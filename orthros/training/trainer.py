@@ -807,7 +807,9 @@ class Trainer:
                         progress.write(f"step {self.step}: eval_loss {eval_loss:.4f}")
                         if dist.main and cfg.train.plot:  # loss.png follows the run
                             _plot_run(cfg.output_dir, say=False)
-                if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0:
+                # the last step's checkpoint is written after the final eval (below): one saved before
+                # it would, after a kill during that eval, be resumed as a finished run that has none
+                if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0 and self.step < cfg.train.max_steps:
                     self.save()
                     last_saved = self.step
                 t_window += time.perf_counter() - paused

@@ -113,6 +113,20 @@ def test_kill_and_resume_reproduces_the_trajectory_exactly(tmp_path, corpus, ref
     assert [r["step"] for r in read_metrics(str(tmp_path), "eval")] == [8]
 
 
+def test_a_kill_before_the_final_eval_gets_its_eval_on_resume(tmp_path, corpus, reference):
+    """The last step's checkpoint was saved before the final eval: a run killed during that eval
+    resumed as finished (`done: step 8, loss -, eval_loss -`), and its final eval, which the dry
+    run promises, was never logged. The last checkpoint now follows the final eval."""
+    _, ref, _ = reference
+    args = tiny(tmp_path, corpus, "--max_steps", "8", "--checkpoint.every", "4")
+    assert run_cli(args, {"ORTHROS_TRAIN_FAULT": "after_step:8"}).returncode == 17
+    assert latest_checkpoint(str(tmp_path)).name == "step_00000004"
+    train(load_config(None, args))
+    assert losses(tmp_path) == ref
+    assert [r["step"] for r in read_metrics(str(tmp_path), "eval")] == [8]
+    assert [p.name for p in list_checkpoints(str(tmp_path))] == ["step_00000004", "step_00000008"]
+
+
 def test_crash_mid_save_never_leaves_a_loadable_bad_checkpoint(tmp_path, corpus, reference):
     _, ref, _ = reference
     args = tiny(tmp_path, corpus, "--max_steps", "8", "--checkpoint.every", "2")
