@@ -110,6 +110,15 @@ def _require_gguf():
     return gguf
 
 
+def _gguf_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"gguf {version('gguf')}"
+    except PackageNotFoundError:
+        return "gguf"
+
+
 def _field_value(reader, key):
     f = reader.fields.get(key)
     if f is None or not f.data:
@@ -173,6 +182,10 @@ def inspect_gguf(path) -> GGUFInfo:
     try:
         reader = gguf.GGUFReader(str(gguf_file), "r")
     except Exception as e:  # noqa: BLE001 - numpy / struct errors on a damaged file
+        if isinstance(e, ValueError) and "GGMLQuantizationType" in str(e):  # a type id the package has no name for
+            raise GGUFError(f"{gguf_file}: a tensor of a GGML type that the installed gguf package "
+                            f"({_gguf_version()}) does not know ({e}): a newer llama.cpp quantisation "
+                            f"(pip install -U gguf, if a newer release reads it) or a corrupted file") from None
         raise GGUFError(f"{gguf_file}: corrupted or truncated GGUF file ({size} bytes; "
                         f"{type(e).__name__}: {e})") from None
     parts = _field_value(reader, "split.count")  # llama.cpp's gguf-split: each part a GGUF file of some tensors

@@ -386,3 +386,25 @@ def test_gguf_without_a_tokenizer_is_said_in_the_plan_and_the_report(gguf_source
     capsys.readouterr()  # the tokenizer-carrying source: no such note
     assert convert_main([str(path), str(tmp_path / "plan2"), "--window-size", str(W), "--dry-run"]) == 0
     assert "holds no tokenizer" not in capsys.readouterr().out
+
+
+def test_gguf_tensor_type_unknown_to_the_gguf_package_named(gguf_source, tmp_path, capsys):
+    """A tensor whose GGML type id the installed gguf package has no name for (a quantisation of a
+    newer llama.cpp) was refused as "corrupted or truncated GGUF file", sending the user after a
+    damaged download; now the type is named as unknown to the package, with the upgrade to try."""
+    import struct
+
+    from gguf import GGUFReader
+
+    path, _, _ = gguf_source
+    t = next(t for t in GGUFReader(str(path)).tensors if t.name == "blk.0.ffn_up.weight")
+    pos = t.field.offset + 8 + len(t.name.encode()) + 4 + 8 * len(t.shape)  # name, n_dims, dims, then the type
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, pos, 200)
+    bad = tmp_path / "newtype.gguf"
+    bad.write_bytes(bytes(data))
+    assert convert_main([str(bad), str(tmp_path / "out"), "--window-size", str(W), "-q", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "a tensor of a GGML type that the installed gguf package (gguf " in err and "200" in err, err
+    assert "corrupted or truncated" not in err and "\n" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["newtype.gguf"]
