@@ -25,6 +25,7 @@ import re
 import shutil
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -635,6 +636,8 @@ def _build_model(plan: Plan, dtype) -> OrthrosForCausalLM:
 
 @torch.no_grad()
 def _finish_model(model: OrthrosForCausalLM, plan: Plan, loaded: set) -> OrthrosForCausalLM:
+    for note in plan.notes:  # what the CLI prints and the report records: the Python API's caller sees it too
+        warnings.warn(f"convert_from_hf: {note}", UserWarning, stacklevel=3)
     sd = model.state_dict()
     for name, (val, _, _) in plan.added.items():
         sd[name].fill_(val)

@@ -236,6 +236,16 @@ def test_sliding_window_source_is_noted(tmp_path):
     assert any("sliding-window" in n and "32" in n for n in report["notes"])
 
 
+def test_convert_from_hf_warns_the_plan_notes(tmp_path):
+    """Was: the Python API dropped the notes the CLI prints and the report records (here: the source's own
+    sliding window, which the converted model does not keep), in memory and from a directory alike."""
+    model = MistralForCausalLM(MistralConfig(**_COMMON, sliding_window=32))
+    model.save_pretrained(tmp_path / "src")
+    for source in (model, tmp_path / "src"):
+        with pytest.warns(UserWarning, match="sliding-window attention of 32 tokens"):
+            convert_from_hf(source, window_size=W)
+
+
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_partial_rotary_factor_the_source_ignores_is_not_applied(tmp_path, arch):
