@@ -296,11 +296,12 @@ def _niah(a) -> int:
     validate(cfg)  # everything that needs no model, before loading it
     check_output_path("--output-dir", a.output_dir, directory=True)
     device = check_device(a.device) if a.device else default_device()
-    validate(cfg, read_max_positions(a.model))
+    max_pos = read_max_positions(a.model)
+    validate(cfg, max_pos)
     window = _conversion_window(a)
     haystack_sentences(cfg.haystack)  # readable, with text in it
     tok = load_tokenizer(a.model, a.tokenizer)
-    check_lengths(cfg, tok)
+    check_lengths(cfg, tok, max_pos)
     builder, tok_name = PromptBuilder(tok, cfg.haystack, seed=cfg.seed), tokenizer_name(a.model, a.tokenizer)
     check_token_range(builder.max_id, read_config(a.model).get("vocab_size"), tok_name)
     model = load_model(a.model, device=device, dtype=a.dtype, window_size=window)

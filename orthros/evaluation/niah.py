@@ -114,6 +114,12 @@ def validate(cfg: NIAHConfig, max_positions: Optional[int] = None) -> None:
     for d in cfg.depths:
         if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d <= 100:
             raise ValueError(f"depths (--depths) are percentages and must lie in 0..100, got {d!r}")
+    for name, values in (("lengths", cfg.lengths), ("depths", cfg.depths)):
+        # a repeated one would run its needles twice and draw two identical rows or columns of the grid,
+        # each the mean of both
+        repeated = next((v for i, v in enumerate(values) if v in values[:i]), None)
+        if repeated is not None:
+            raise ValueError(f"{name} (--{name}) names {repeated:g} twice; name each once")
     if isinstance(cfg.samples, bool) or not isinstance(cfg.samples, int) or cfg.samples < 1:
         raise ValueError(f"samples (--samples) must be an integer >= 1, got {cfg.samples!r}")
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int) or cfg.seed < 0:
@@ -127,14 +133,33 @@ def validate(cfg: NIAHConfig, max_positions: Optional[int] = None) -> None:
                          f"{cfg.haystack!r}")
 
 
-def check_lengths(cfg: NIAHConfig, tokenizer) -> None:
-    """Refuse a context length too short for the needle and the question (and a few haystack tokens):
-    the check that needs the tokenizer but no model."""
+def answer_tokens(tokenizer, digits: int) -> int:
+    """Tokens generated per needle: those of the answer ``" <key>"`` and 4 more."""
+    return len(tokenizer(" " + str(10 ** (digits - 1)), add_special_tokens=False)["input_ids"]) + 4
+
+
+def prompt_lengths(cfg: NIAHConfig, tokenizer, max_positions: Optional[int] = None) -> dict:
+    """``{context length: prompt tokens}``. A context length is the whole window the model reads, answer
+    included: at the model's maximum (e.g. 8K on an 8K model) the prompt gives up the answer's positions,
+    so greedy decoding stays inside ``max_positions`` (the engine refuses to go past it)."""
+    room = None if max_positions is None else max_positions - answer_tokens(tokenizer, cfg.digits)
+    return {L: L if room is None else min(L, room) for L in cfg.lengths}
+
+
+def check_lengths(cfg: NIAHConfig, tokenizer, max_positions: Optional[int] = None) -> None:
+    """Refuse a context length too short for the needle and the question (and a few haystack tokens),
+    at the model's maximum (``max_positions``) once the prompt has given up the answer's positions: the
+    check that needs the tokenizer but no model."""
     need = prompt_overhead(tokenizer, str(10 ** (cfg.digits - 1)))
-    for L in cfg.lengths:
+    for L, P in prompt_lengths(cfg, tokenizer, max_positions).items():
         if L < need + 8:
             raise ValueError(f"lengths (--lengths): context length {L} is too short: the needle and question alone "
                              f"take {need} tokens; use lengths >= {need + 8}")
+        if P < need + 8:
+            raise ValueError(f"lengths (--lengths): context length {L} is too short: at the model's "
+                             f"max_position_embeddings ({max_positions}) its prompt keeps {P} tokens (the answer "
+                             f"takes {max_positions - P}), and the needle and question alone take {need}; NIAH needs "
+                             f"a model of at least {need + 8 + max_positions - P} positions")
 
 
 def prompt_overhead(tokenizer, key: str) -> int:
@@ -240,13 +265,9 @@ def run_niah(model, tokenizer, cfg: NIAHConfig, progress: bool = True, log=print
     check_token_range(builder.max_id, getattr(model.config, "vocab_size", None), tokenizer_name)
     rng = np.random.default_rng(cfg.seed + 1)
     lo = 10 ** (cfg.digits - 1)
-    probe = str(lo)
-    check_lengths(cfg, tokenizer)
-    max_new = len(builder._enc(" " + probe)) + 4
-    # A context length is the whole window the model reads, answer included: at the model's
-    # maximum (e.g. 8K on an 8K model) the prompt gives up the answer's positions, so greedy
-    # decoding stays inside max_position_embeddings (the engine refuses to go past it).
-    prompt_len = {L: (L if max_pos is None else min(L, max_pos - max_new)) for L in cfg.lengths}
+    check_lengths(cfg, tokenizer, max_pos)
+    max_new = answer_tokens(tokenizer, cfg.digits)
+    prompt_len = prompt_lengths(cfg, tokenizer, max_pos)
     if any(prompt_len[L] < L for L in cfg.lengths):
         log(f"NIAH: prompts at {[L for L in cfg.lengths if prompt_len[L] < L]} tokens are shortened by up to "
             f"{max_new} tokens so the answer fits in max_position_embeddings = {max_pos}")

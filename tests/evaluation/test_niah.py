@@ -250,3 +250,28 @@ def test_run_niah_checks_the_tokenizer_against_the_model(tok):
     assert PromptBuilder(tok, "synthetic").max_id >= 300
     with torch.no_grad(), pytest.raises(ValueError, match=r"beyond the model's vocab_size \(300\)"):
         run_niah(model, tok, NIAHConfig(lengths=[64], depths=[50], samples=1, engine="off"), progress=False)
+
+
+def test_a_length_at_a_small_models_maximum_is_refused_before_the_model_loads(tmp_path, capsys, no_model_load):
+    """Issue: at the model's maximum a prompt gives up the answer's tokens; on a model of 48 positions that
+    left 36 tokens for a 37-token needle and question: `context length 36 is too short` (a length never
+    asked for) after the model had loaded and the shorter lengths had run."""
+    from orthros.cli import main
+    from orthros.evaluation.common import make_tiny_checkpoint
+
+    small = make_tiny_checkpoint(tmp_path / "small", max_position_embeddings=48)
+    rc = main(["eval", "niah", "--model", str(small), "--no-progress", "--engine", "off", "--samples", "1",
+               "--lengths", "48", "--depths", "50", "-o", str(tmp_path / "out")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "context length 48 is too short" in err and "max_position_embeddings (48)" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("kw, says", [({"lengths": [64, 128, 64]}, "lengths (--lengths) names 64 twice"),
+                                      ({"depths": [0, 50, 50.0]}, "depths (--depths) names 50 twice")])
+def test_validate_refuses_a_repeated_length_or_depth(kw, says):
+    """Issue: `--lengths 64,64` ran every needle twice and drew the grid with two identical columns, each the
+    mean of both columns' needles (2 x --samples per cell)."""
+    with pytest.raises(ValueError, match=re.escape(says)):
+        validate(NIAHConfig(**kw))
