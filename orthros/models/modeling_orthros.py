@@ -269,6 +269,10 @@ class OrthrosModel(OrthrosPreTrainedModel):
         ``output_positions``: ``[1 or B, T_out]`` positions within this input (default: all).
         """
         past_key_values = cache if past_key_values is None else past_key_values
+        if past_key_values is not None and not isinstance(past_key_values, Cache):  # failed in .get_seq_length
+            raise ValueError(f"past_key_values (cache) must be a transformers Cache (an OrthrosCache, or None for a new "
+                             f"one), got {type(past_key_values).__name__}: transformers 4.x's tuples of (k, v) are "
+                             f"not taken")
         _refuse_extra_outputs(self.config, kwargs)
         x = _one_input(input_ids, inputs_embeds)
         h = self.embed_tokens(x) if inputs_embeds is None else x

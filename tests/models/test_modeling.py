@@ -405,6 +405,18 @@ def test_num_logits_to_keep_is_taken_as_logits_to_keep():
         model(ids, logits_to_keep=2, num_logits_to_keep=3)
 
 
+@torch.no_grad()
+def test_a_legacy_tuple_cache_is_refused_by_name():
+    # transformers 4.x's tuple of (k, v) per layer failed in "'tuple' object has no attribute 'get_seq_length'"
+    model = tiny_model()
+    ids = torch.randint(0, V, (1, 6))
+    kv = model(ids, use_cache=True).past_key_values
+    legacy = tuple((layer.keys, layer.values) for layer in kv.layers)
+    for fn in (model, model.model):
+        with pytest.raises(ValueError, match=r"past_key_values \(cache\) must be a transformers Cache .*got tuple"):
+            fn(ids[:, :1], past_key_values=legacy)
+
+
 def test_invalid_forward_inputs():
     model = tiny_model()
     ids = torch.randint(0, V, (2, 10))
