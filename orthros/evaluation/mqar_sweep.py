@@ -20,15 +20,21 @@ KEYS = ("V", "T", "N", "power", "mingap", "fill", "repeat", "d", "L", "H", "w", 
 
 
 def parse_setting(grp: list) -> tuple:
-    """``[NAME, key=value, ...]`` -> ``(NAME, {key: value})``; a ``ValueError`` for an item without ``=``
-    or a key not in ``KEYS`` (a typo such as ``step=100`` would otherwise be ignored and run the default)."""
+    """``[NAME, key=value, ...]`` -> ``(NAME, {key: value})``; a ``ValueError`` for an item without ``=``,
+    a key not in ``KEYS`` (a typo such as ``step=100`` would otherwise be ignored and run the default) or
+    given twice, or a name holding ``=`` (a forgotten name: the first ``key=value`` taken for it)."""
     name, kv = grp[0], {}
     if name.startswith("-"):
         raise ValueError(f"setting names must not start with '-', got {name!r}")
+    if "=" in name:
+        raise ValueError(f"setting names must not contain '=', got {name!r} (the name comes first: NAME key=value "
+                         f"...)")
     for item in grp[1:]:
         key, eq, value = item.partition("=")
         if not eq or key not in KEYS:
             raise ValueError(f"setting {name}: {item!r} is not key=value with a key of {' '.join(KEYS)}")
+        if key in kv:
+            raise ValueError(f"setting {name}: {key} is given twice ({key}={kv[key]}, {item})")
         kv[key] = value
     return name, kv
 
@@ -88,7 +94,9 @@ def main(argv=None) -> int:
             cur.append(a)
     try:
         settings = [parse_setting(grp) for grp in groups]  # every setting checked before the first runs
-        for name, kv in settings:
+        for i, (name, kv) in enumerate(settings):
+            if any(name == other for other, _ in settings[:i]):  # its JSON lines could not be told apart
+                raise ValueError(f"two settings are named {name!r}; name each once")
             build_setting(name, kv)
     except ValueError as e:
         print(f"mqar_sweep: error: {e}", file=sys.stderr)

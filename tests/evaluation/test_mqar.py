@@ -330,6 +330,12 @@ def test_a_split_without_queries_is_none_not_nan(tmp_path):
     (["a", "steps=1", "--", "b", "threads=-1"], "setting b: MQAR threads must be >= 0"),
     (["a", "steps=1", "--", "b", "device=tpu"], "setting b: device must be cpu, cuda or cuda:N, got 'tpu'"),
     (["a", "steps=1", "--", "b", "backend=flash"], "setting b: MQAR attn_backend must be one of auto, reference"),
+    # a forgotten name: `V=32` was taken for the name and the setting ran at V=64
+    (["V=32", "steps=1"], "setting names must not contain '=', got 'V=32' (the name comes first: NAME key=value"),
+    # the last of two values was taken silently
+    (["a", "V=64", "steps=1", "V=32"], "setting a: V is given twice (V=64, V=32)"),
+    # two JSON lines of one name
+    (["a", "steps=1", "--", "a", "steps=2"], "two settings are named 'a'"),
 ])
 def test_mqar_sweep_refuses_unknown_keys_before_any_run(args, says, capsys, monkeypatch):
     """Issue: a key not in the list (`step=1` for `steps=1`) was ignored, so the setting ran 800 steps;
