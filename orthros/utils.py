@@ -119,13 +119,21 @@ def file_in_the_way(path) -> Path | None:
 def check_output_path(arg: str, path, *, directory: bool = False) -> None:
     """Refuse, before any work, an output path (``arg``) that could not be written at the end: a file
     path that is an existing directory, a folder path (``directory``) that is an existing file, or
-    either below an existing file. Creates nothing."""
+    either below an existing file, or in a folder this process may not write into (read-only,
+    another user's). Creates nothing."""
     p = Path(path).expanduser()
     if not directory and p.is_dir():
         raise ValueError(f"{arg} {path}: is a directory (a file path is needed)")
     blocked = file_in_the_way(p if directory else p.parent)
     if blocked is not None:
         raise ValueError(f"{arg} {path}: {blocked} is a file, not a directory")
+    target, in_place = _write_target(p)  # a file is written beside its target, then renamed onto it
+    if in_place and not target.is_dir():  # a pipe or a device (/dev/stdout): written as it is
+        folder, mode = target, os.W_OK
+    else:  # the folder written into, or the nearest one above it that exists (where it is made)
+        folder, mode = next(a for a in (target, *target.parents) if a.is_dir()), os.W_OK | os.X_OK
+    if not os.access(folder, mode):
+        raise ValueError(f"{arg} {path}: {folder} is not writable")
 
 
 def read_text_file(path, arg: str) -> str:

@@ -220,3 +220,31 @@ def test_atomic_directory_keeps_a_destination_another_run_wrote_meanwhile(tmp_pa
         (tmp / "mine.txt").write_text("mine")
     assert sorted(p.name for p in dst.iterdir()) == ["mine.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_path, monkeypatch):
+    """``orthros eval mqar -o /read-only/m.json`` trained every model, printed the table, then
+    failed with "OSError: Read-only file system" and exit 1: check_output_path only looked for a
+    file in the way. A folder this process may not write into (read-only, or another user's) is
+    now bad input, named, before the work."""
+    import os
+    import stat
+    from pathlib import Path
+
+    from orthros.utils import check_output_path
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(stat.S_IRUSR | stat.S_IXUSR)
+    real_access = os.access
+    if real_access(ro, os.W_OK):  # root writes anywhere a mode forbids: say what a read-only mount would
+        monkeypatch.setattr(os, "access", lambda p, mode, **kw: False if Path(p) == ro and mode & os.W_OK
+                            else real_access(p, mode, **kw))
+    try:
+        for path, directory in ((ro / "m.json", False), (ro / "deep" / "m.json", False), (ro / "out", True)):
+            with pytest.raises(ValueError, match=f"--out {path}: {ro} is not writable") as e:
+                check_output_path("--out", path, directory=directory)
+            assert "--out" in str(e.value)
+        check_output_path("--out", tmp_path / "w" / "m.json")  # a writable folder: fine
+    finally:
+        ro.chmod(stat.S_IRWXU)
