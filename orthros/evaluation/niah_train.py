@@ -190,6 +190,14 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progres
     if cfg.min_len <= need:  # PromptBuilder.build needs a haystack token besides the needle and question
         raise ValueError(f"--min-len {cfg.min_len} is too short: the needle and question alone take {need} tokens; "
                          f"use --min-len >= {need + 1}")
+    if cfg.init:  # the prompts' ids must be rows of its embedding (an IndexError at the first step otherwise)
+        from .common import check_token_range, read_config
+
+        try:
+            check_token_range(builder.max_id, read_config(cfg.init, "--init").get("vocab_size"),
+                              "the shipped tokenizer (niah-train's prompts)" if tokenizer is None else "the tokenizer")
+        except ValueError as e:
+            raise ValueError(f"--init {cfg.init}: {e}") from None
     rng = np.random.default_rng(cfg.seed + 1)
     if cfg.init:
         from ..models import OrthrosForCausalLM

@@ -245,3 +245,21 @@ def test_cli_init_keeps_its_architecture_and_refuses_other_values(tmp_path, caps
         main(["niah-train", "--mode", "sliding", "--out", str(tmp_path / "f")])
     assert "must be one of orthros, transformer, full, swa, window" in capsys.readouterr().err
     assert len(seen) == 2
+
+
+def test_init_of_a_smaller_vocabulary_is_refused_before_it_loads(tmp_path, capsys, monkeypatch):
+    """Issue: --init of a checkpoint whose vocab_size is below the shipped tokenizer's ids (the one niah-train
+    writes its prompts with) loaded the model and ended in the embedding's `IndexError: index out of range in
+    self`, a raw traceback."""
+    from orthros.evaluation.cli import main
+    from orthros.evaluation.common import make_tiny_checkpoint
+    from orthros.models import OrthrosForCausalLM
+
+    ck = make_tiny_checkpoint(tmp_path / "small", vocab_size=300, max_position_embeddings=256)
+    monkeypatch.setattr(OrthrosForCausalLM, "from_pretrained", lambda *a, **kw: pytest.fail("the model loaded"))
+    assert main(["niah-train", "--init", str(ck), "--steps", "1", "--batch-size", "1", "--no-progress",
+                 "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert f"--init {ck}: the shipped tokenizer (niah-train's prompts) gives token ids up to" in err, err
+    assert "beyond the model's vocab_size (300)" in err
+    assert not (tmp_path / "m").exists()
