@@ -434,11 +434,8 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"optim.min_lr_ratio ({cfg.optim.min_lr_ratio:g}) is where schedules "
                           f"['cosine', 'linear'] end; optim.schedule 'constant' stays at the peak lr: drop "
                           f"optim.min_lr_ratio, or choose another schedule")
-    if cfg.optim.warmup_steps > cfg.train.max_steps and cfg.optim.warmup_steps != unset.optim.warmup_steps:
-        raise ConfigError(f"optim.warmup_steps ({cfg.optim.warmup_steps}) is more than train.max_steps "
-                          f"({cfg.train.max_steps}): the run would end inside its warm-up, never reaching optim.lr "
-                          f"({cfg.optim.lr:g}); set optim.warmup_steps to at most {cfg.train.max_steps} (0: no "
-                          f"warm-up), or raise train.max_steps")
+    if cfg.optim.warmup_steps != unset.optim.warmup_steps and warmup_note(cfg):
+        raise ConfigError(f"{warmup_note(cfg)} (0: no warm-up), or raise train.max_steps")
     field_of = {"data.text_field": ("pt", "cpt"), "data.messages_field": ("sft",)}
     for key, modes in field_of.items():
         if cfg.mode not in modes and _get(cfg, key) != _get(unset, key):
@@ -454,6 +451,17 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"data.train must name a dataset, got {cfg.data.train!r}")
     if cfg.data.eval is not None and not cfg.data.eval:
         raise ConfigError(f"data.eval must name a dataset (or be null: no eval), got {cfg.data.eval!r}")
+
+
+def warmup_note(cfg: RunConfig) -> Optional[str]:
+    """Why the run never trains at ``optim.lr``: its warm-up is longer than the run (refused when
+    ``optim.warmup_steps`` is set away from its default; the default on a short run is said at its
+    start and in its dry run), or None."""
+    w, n = cfg.optim.warmup_steps, cfg.train.max_steps
+    if w <= n:
+        return None
+    return (f"optim.warmup_steps ({w}) is more than train.max_steps ({n}): the run ends inside its warm-up, its "
+            f"last step at {n / w:.0%} of optim.lr ({cfg.optim.lr:g}); set optim.warmup_steps to at most {n}")
 
 
 def dump_yaml(cfg: RunConfig) -> str:

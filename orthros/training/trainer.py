@@ -27,7 +27,7 @@ import torch
 
 from ..utils import Progress, write_text
 from . import checkpoint as ckpt
-from .config import ARCH_TO_ATTENTION_MODE, ConfigError, RunConfig, _get, dump_yaml
+from .config import ARCH_TO_ATTENTION_MODE, ConfigError, RunConfig, _get, dump_yaml, warmup_note
 from .data import DataError, PackedBatch, build_stream, collate, count_targets, eval_rows
 from .hub import HUB_ID, check_hub_name
 from .metrics import MetricsLogger, detect_peak_flops, train_flops
@@ -770,6 +770,8 @@ class Trainer:
                   f"world={dist.world} device={self.device} precision={self.precision} "
                   f"global_batch={dist.world * cfg.train.grad_accum * cfg.train.micro_batch_size}x{cfg.data.seq_len} "
                   f"tokens; {what}", file=sys.stderr, flush=True)
+            if warmup_note(cfg):  # the default warm-up on a short run (set away from it, refused)
+                print(f"[orthros train] note: {warmup_note(cfg)} for the whole schedule", file=sys.stderr, flush=True)
         progress = Progress(cfg.train.max_steps, f"{cfg.mode}/{cfg.model.architecture}", unit="step",
                             initial=self.step, enabled=dist.main and cfg.train.progress, every_s=None)
         last_loss, eval_loss = None, None
@@ -880,7 +882,8 @@ def dry_run(cfg: RunConfig) -> str:
     tokenizer = (repr(d.tokenizer) if d.tokenizer != "embedded" else
                  "'embedded'" if Path(source).resolve() == TOKENIZER_DIR.resolve() else f"of {source}")
     schedule = (f"AdamW, lr {o.lr:g}, {o.warmup_steps} warm-up steps, then {o.schedule}" +
-                (f" to {o.min_lr_ratio:g}x" if o.schedule != "constant" else ""))
+                (f" to {o.min_lr_ratio:g}x" if o.schedule != "constant" else "") +
+                (f" (note: {warmup_note(cfg)} for the whole schedule)" if warmup_note(cfg) else ""))
     rows_out = [
         ("run", f"{cfg.mode}, seed {cfg.seed}; output_dir {cfg.output_dir} ({where})"),
         ("model", f"{kind}{window}: {describe_layers(mc.layer_types)}, hidden {mc.hidden_size}, "

@@ -75,3 +75,19 @@ def test_dry_run_says_when_no_eval_runs(tmp_path, corpus, capsys):  # noqa: F811
         assert rc == 0, err
         row = next(line for line in text.splitlines() if line.lstrip().startswith("eval "))
         assert "none" in row and "every" not in row, row
+
+
+def test_a_default_warmup_longer_than_the_run_is_said(tmp_path, corpus, capsys):  # noqa: F811
+    """optim.warmup_steps at its default (20), more than a short run's train.max_steps, is accepted
+    (a key left at its default), but the dry run said '20 warm-up steps, then cosine' and the run
+    nothing, while its last step trained at 2 / 20 of optim.lr. Both say so now."""
+    args = tiny(tmp_path / "run", corpus, "--max_steps", "2", "--warmup_steps", "20", "--checkpoint.every", "0")
+    note = (r"optim.warmup_steps \(20\) is more than train.max_steps \(2\): the run ends inside its warm-up, "
+            r"its last step at 10% of optim.lr \(0.003\); set optim.warmup_steps to at most 2 for the whole schedule")
+    rc, text, err = dry(args, capsys)
+    assert rc == 0, err
+    assert re.search(note, next(line for line in text.splitlines() if line.lstrip().startswith("steps "))), text
+    train(load_config(None, args))
+    assert re.search(r"\[orthros train\] note: " + note, capsys.readouterr().err)
+    rc, text, err = dry(tiny(tmp_path / "other", corpus, "--max_steps", "2"), capsys)
+    assert rc == 0 and "note" not in text, err
