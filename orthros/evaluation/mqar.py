@@ -76,6 +76,10 @@ class MQARTask:
         mx = self.seq_len if self.max_gap is None else self.max_gap
         if isinstance(mx, bool) or not isinstance(mx, int) or mx < self.min_gap:
             raise ValueError(f"MQAR max_gap must be an integer >= min_gap ({self.min_gap}), got {self.max_gap!r}")
+        if mx < 2 * self.num_pairs:
+            raise ValueError(f"MQAR max_gap {mx} is too short for num_pairs={self.num_pairs}: the first key (position "
+                             f"0) can be asked only after the {2 * self.num_pairs} tokens of pairs; need max_gap >= "
+                             f"{2 * self.num_pairs}")
         # the last key sits at 2N-2; all N queries (2 tokens each) must fit after the context
         first = max(2 * self.num_pairs, 2 * self.num_pairs - 2 + self.min_gap)
         if self.seq_len - first < 3 * self.num_pairs:

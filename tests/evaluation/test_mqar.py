@@ -95,6 +95,8 @@ def test_generator_is_deterministic_per_seed():
     (dict(fill="zeros"), "fill"),
     (dict(power=-1.0), "power"),
     (dict(min_gap=10, max_gap=5), "max_gap"),
+    # passed validate, then every sequence failed to generate (in each worker with --jobs)
+    (dict(num_pairs=4, max_gap=7), r"max_gap 7 is too short for num_pairs=4: .* need max_gap >= 8"),
     (dict(vocab_size=0), "vocab_size"),
 ])
 def test_bad_task_settings_are_rejected(kw, msg):
