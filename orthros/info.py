@@ -96,10 +96,19 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
     if verify and not manifest.is_file():
         raise ValueError(f"--verify: {path} has no manifest.json (only training checkpoints carry sha256 sums)")
 
-    # weights, from the headers
-    params, nbytes, by_dtype = 0, 0, Counter()
+    # the model config.json describes, on the meta device (no memory): its weights are the files'
+    with torch.device("meta"):
+        model = OrthrosForCausalLM(config)
+    check_weights_fit(path, config, arg="PATH", headers=headers, model=model)
+    loads = set(model.state_dict()) - ({"lm_head.weight"} if config.tie_word_embeddings else set())
+
+    # weights, from the headers: those the model loads (a load ignores the others)
+    params, nbytes, by_dtype, unused = 0, 0, Counter(), []
     for entries in headers.values():
-        for info in entries.values():
+        for name, info in entries.items():
+            if name not in loads:
+                unused.append(name)
+                continue
             n = 1
             for s in info["shape"]:
                 n *= int(s)
@@ -109,11 +118,6 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
     floats = [(n, t) for t, n in by_dtype.items() if t in _SHORT]
     weights_dtype = _SHORT[max(floats)[1]] if floats else "fp32"
     cache_dtype = parse_dtype(dtype or weights_dtype, "--dtype")
-
-    # the model config.json describes, on the meta device (no memory): its weights are the files'
-    with torch.device("meta"):
-        model = OrthrosForCausalLM(config)
-    check_weights_fit(path, config, arg="PATH", headers=headers, model=model)
 
     # the engine's cache for B rows of L tokens
     cache = StaticKVCache(config.num_hidden_layers, batch_size, L, config.num_key_value_heads, config.head_dim,
@@ -174,6 +178,7 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
         "weight_bytes": nbytes,
         "weight_dtypes": {_SHORT.get(t, t.lower()): n for t, n in by_dtype.most_common()},
         "files": {f.name: f.stat().st_size for f in headers},
+        "unused_tensors": sorted(unused),
         "tokenizer": any((d / f).is_file() for f in TOKENIZER_FILES),
         "chat_template": bool(tok_cfg.get("chat_template")) or (d / "chat_template.jinja").is_file(),
         "remote_code": remote,
@@ -232,6 +237,10 @@ def format_report(r: dict) -> str:
     nfiles = len(r["files"])
     row("weights", f"{r['parameters']:,} parameters ({dtypes}), {format_bytes(r['weight_bytes'])} in {nfiles} "
                    f"file{'s' if nfiles != 1 else ''}; every header matches its file's size")
+    if r["unused_tensors"]:
+        names = r["unused_tensors"]
+        more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+        row("", f"and {_many(len(names), 'stored tensor')} the model does not load ({', '.join(names[:3])}{more})")
     if not r["tokenizer"]:
         tok = "none (orthros generate needs --tokenizer DIR)"
     else:

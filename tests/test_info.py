@@ -357,3 +357,29 @@ def test_a_model_without_window_layers_shows_no_window(tmp_path, capsys):
     assert describe(path, max_seq_len=8)["window_size"] is None
     rc, out, err = run([str(path), "--max-seq-len", "8"], capsys)
     assert rc == 0 and "model        GDN: 2 layers of Gated DeltaNet" in out, out + err
+
+
+def test_stored_tensors_the_model_does_not_load_are_not_its_parameters(hybrid, tmp_path, capsys):
+    """Tied embeddings with lm_head.weight stored anyway (and a stray tensor): the table counted
+    them as parameters (356,780 for a model of 225,708); loading ignores them."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from orthros.models import OrthrosForCausalLM
+
+    d = tmp_path / "extra"
+    shutil.copytree(hybrid, d)
+    sd = load_file(d / "model.safetensors")
+    sd["lm_head.weight"] = sd["model.embed_tokens.weight"].clone()
+    sd["model.rotary_emb.inv_freq"] = torch.ones(8)
+    save_file(sd, d / "model.safetensors", metadata={"format": "pt"})
+    r = describe(d, max_seq_len=8)
+    model = OrthrosForCausalLM.from_pretrained(str(d))
+    assert r["parameters"] == sum(p.numel() for p in model.parameters()) == describe(hybrid, max_seq_len=8)["parameters"]
+    assert r["weight_bytes"] == sum(p.numel() * p.element_size() for p in model.parameters())
+    assert r["unused_tensors"] == ["lm_head.weight", "model.rotary_emb.inv_freq"]
+    rc, out, err = run([str(d), "--max-seq-len", "8"], capsys)
+    assert rc == 0 and "2 stored tensors the model does not load (lm_head.weight, model.rotary_emb.inv_freq)" in out, \
+        out + err
+    assert "does not load" not in run([str(hybrid), "--max-seq-len", "8"], capsys)[1]
