@@ -147,7 +147,9 @@ def init_from_env(backend: Optional[str] = None, timeout_s: float = 600.0) -> Pa
     ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``...) with a timeout, pick this rank's GPU, and
     return its context. Without that environment (plain ``python``), a single-process context.
 
-    ``backend``: ``"nccl"`` (default with CUDA) or ``"gloo"``.
+    ``backend``: ``"nccl"`` (default with CUDA) or ``"gloo"``. With a default group already up, its
+    context is returned: the group keeps the timeout it was made with (``timeout_s`` is not it), and a
+    ``backend`` other than the group's is refused.
     """
     if backend not in (None, "nccl", "gloo"):
         raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
@@ -156,6 +158,13 @@ def init_from_env(backend: Optional[str] = None, timeout_s: float = 600.0) -> Pa
         if torch.cuda.is_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         return ParallelContext.single()
+    existing = dist.is_initialized()
+    if existing:  # the group's backend is what runs: one asked for must be it
+        have = dist.get_backend()
+        if backend is not None and backend != have:
+            raise ValueError(f"backend={backend!r}, but the default process group is already initialised with "
+                             f"{have!r}: pass backend={have!r} or None, or destroy the group first")
+        backend = have
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -165,6 +174,7 @@ def init_from_env(backend: Optional[str] = None, timeout_s: float = 600.0) -> Pa
             raise ValueError("backend='nccl' needs CUDA; use backend='gloo' on CPU")
         torch.cuda.set_device(local_rank)
         kw["device_id"] = torch.device("cuda", local_rank)
-    if not dist.is_initialized():
+    if not existing:
         dist.init_process_group(backend=backend, timeout=_dt.timedelta(seconds=timeout_s), **kw)
-    return ParallelContext.from_group(None, timeout_s=timeout_s)
+    # an existing group's timeout is its own: a failure's message must not name timeout_s as the one that ran out
+    return ParallelContext.from_group(None, timeout_s=None if existing else timeout_s)

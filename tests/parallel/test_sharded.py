@@ -482,6 +482,24 @@ def test_init_from_env_checks_its_arguments_on_one_process_too(kw, match, monkey
     assert init_from_env(backend="gloo", timeout_s=5).world_size == 1
 
 
+def test_init_from_env_refuses_another_backend_than_the_existing_group(monkeypatch):
+    """Was: with a process group already up, init_from_env(backend="nccl") returned the gloo group's context,
+    the backend asked for silently dropped (NCCL-only work then failed far from the cause)."""
+    from orthros.parallel import comm, init_from_env
+
+    monkeypatch.setattr(comm.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(comm.dist, "get_backend", lambda group=None: "gloo")
+    monkeypatch.setattr(comm.dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(comm.dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(comm.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(comm.torch.cuda, "set_device", lambda i: None)
+    with pytest.raises(ValueError, match="backend='nccl', but .*already initialised with 'gloo'"):
+        init_from_env(backend="nccl")
+    ctx = init_from_env(backend="gloo", timeout_s=5)
+    assert ctx.world_size == 2 and ctx.timeout_s is None  # the group's own timeout, not 5 s, is what runs
+    assert init_from_env().world_size == 2  # no backend asked: the group's
+
+
 @pytest.mark.parametrize("kw, match", [(dict(rank=2, world_size=2), "rank"), (dict(rank=-1, world_size=2), "rank"),
                                        (dict(rank=0, world_size=0), "world_size"),
                                        (dict(rank=0, world_size=2.0), "world_size")])
