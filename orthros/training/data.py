@@ -61,8 +61,9 @@ def _file_format(path: str) -> Optional[str]:
     return _EXT_FORMAT.get(Path(_strip_compression(path)).suffix)
 
 
-def _resolve_files(spec) -> Optional[list[str]]:
-    """Local files named by ``spec`` (path, dir, glob, or list), or None when nothing local matches."""
+def _resolve_files(spec, name: str = "data.train") -> Optional[list[str]]:
+    """Local files named by ``spec`` (path, dir, glob, or list), or None when nothing local matches;
+    ``name``: the config key that names them, in its errors."""
     specs = spec if isinstance(spec, (list, tuple)) else [spec]
     files = []
     for s in specs:
@@ -71,7 +72,7 @@ def _resolve_files(spec) -> Optional[list[str]]:
             found = sorted(p for p in glob.glob(os.path.join(s, "**", "*"), recursive=True)
                            if os.path.isfile(p) and _file_format(p))
             if not found:
-                raise DataError(f"data directory {s} holds no .txt/.json/.jsonl/.parquet/.csv/.arrow files")
+                raise DataError(f"{name}: data directory {s} holds no .txt/.json/.jsonl/.parquet/.csv/.arrow files")
             cards = [p for p in found if os.path.basename(p).lower() == "readme.md"]
             if cards and any(_file_format(p) != "text" for p in found):  # a dataset's card, not one of its documents
                 found = [p for p in found if p not in cards]
@@ -79,13 +80,13 @@ def _resolve_files(spec) -> Optional[list[str]]:
         elif any(c in s for c in "*?["):
             found = sorted(p for p in glob.glob(s, recursive=True) if os.path.isfile(p))
             if not found:
-                raise DataError(f"data glob {s!r} matches no file")
+                raise DataError(f"{name}: data glob {s!r} matches no file")
             files.extend(found)
         elif os.path.isfile(s):
             files.append(s)
         else:
             if len(specs) > 1 or os.sep in s and (s.startswith((".", "/", "~")) or Path(s).suffix):
-                raise DataError(f"data file not found: {s}")
+                raise DataError(f"{name}: data file not found: {s}")
             return None
     return files
 
@@ -101,7 +102,7 @@ class DocSource:
         datasets.disable_progress_bars()
         self.name, self.spec, self.shuffle, self.seed = name, spec, shuffle, seed
         self.streaming, self.shuffle_buffer = streaming, shuffle_buffer
-        files = None if fmt == "hub" else _resolve_files(spec)
+        files = None if fmt == "hub" else _resolve_files(spec, name)
         kwargs = {}
         if files is None:
             from .hub import check_hub_name

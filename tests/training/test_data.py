@@ -259,6 +259,17 @@ def test_glob_skips_the_directories_it_matches(tmp_path, tok):
         build_stream(load_config(None, ["--data.train", str(tmp_path / "s*")]), tok)
 
 
+@pytest.mark.parametrize("which", ["train", "eval"])
+def test_missing_data_names_its_key(tmp_path, tok, which):
+    """A data file, glob or folder that is not there was refused without the key that named it
+    ('data file not found: ...'), where data.train and data.eval may both be set."""
+    (tmp_path / "empty").mkdir()
+    for spec, what in ((tmp_path / "none.jsonl", "data file not found"), (tmp_path / "n*.jsonl", "matches no file"),
+                       (tmp_path / "empty", "holds no")):
+        with pytest.raises(DataError, match=f"^data.{which}: .*{what}"):
+            build_stream(load_config(None, [f"--data.{which}", str(spec)]), tok, which)
+
+
 def test_eval_stream_scores_its_last_partial_row(tmp_path, tok):
     """The held-out data's tail that does not fill a row is padded and scored: a held-out set
     shorter than seq_len gave no eval sequence at all, and a longer one lost its tail."""
