@@ -26,6 +26,7 @@ in bytes of RAM; the staging directory needs as much disk.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -218,6 +219,11 @@ def inspect_gguf(path) -> GGUFInfo:
             raise GGUFError(f"{gguf_file}: corrupted GGUF file: the {key} field is "
                             f"{'missing' if v is None else repr(v)}, not an integer >= 1")
         sizes[key] = v
+    # optional too; one <= 0, NaN or text failed only after de-quantising (the model config refused it)
+    for key in (f"{arch}.rope.freq_base", f"{arch}.attention.layer_norm_rms_epsilon"):
+        v = _field_value(reader, key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0):
+            raise GGUFError(f"{gguf_file}: corrupted GGUF file: the {key} field is {v!r}, not a finite number > 0")
     # a block_count above the layers stored made transformers initialise the others at random,
     # one below dropped the extra layers without a word
     blocks = sizes[f"{arch}.block_count"]

@@ -294,6 +294,10 @@ def _u32(v):
     (dict(fields={"llama.context_length": (gguf.GGUFValueType.STRING, "abc")}), "llama.context_length"),
     (dict(fields={"llama.context_length": _u32(0)}), "llama.context_length"),
     (dict(fields={"llama.attention.head_count_kv": _u32(0)}), "llama.attention.head_count_kv"),
+    (dict(fields={"llama.rope.freq_base": (gguf.GGUFValueType.FLOAT32, 0.0)}),
+     "the llama.rope.freq_base field is 0.0, not a finite number > 0"),
+    (dict(fields={"llama.attention.layer_norm_rms_epsilon": (gguf.GGUFValueType.STRING, "1e-5")}),
+     "the llama.attention.layer_norm_rms_epsilon field is '1e-5', not a finite number > 0"),
     (dict(fields={"split.no": (gguf.GGUFValueType.UINT16, 0), "split.count": (gguf.GGUFValueType.UINT16, 2)},
           drop_tensors=[f"blk.1.{t}.weight" for t in ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v",
                                                        "attn_output", "ffn_gate", "ffn_up", "ffn_down")]),
@@ -314,14 +318,15 @@ def _u32(v):
                    for i in (0, 1) for x in "qkv"}),
      "tensors that transformers' GGUF loader would leave out of the model: blk.0.attn_k.bias, blk.0.attn_q.bias, "
      "blk.0.attn_v.bias and 3 more"),
-], ids=["more-blocks", "fewer-blocks", "context-str", "context-0", "kv-heads-0", "split-part", "rope-freqs",
+], ids=["more-blocks", "fewer-blocks", "context-str", "context-0", "kv-heads-0", "rope-theta-0", "eps-str", "split-part", "rope-freqs",
         "rope-linear", "rope-factor", "rope-scale-linear", "f64-tensor", "q8k-tensor", "mistral-arch", "llama-biases"])
 def test_gguf_metadata_that_does_not_fit_refused_before_dequantising(gguf_source, tmp_path, capsys, monkeypatch,
                                                                        change, words):
     """A block_count above the layers the tensors hold made transformers initialise the missing
     layers at random (exit 0, a random model); one below dropped the extra layers silently; a
     context_length of text was a StrictDataclass traceback, one of 0 an error asking for a window
-    <= 0; the first part of a split GGUF (llama.cpp's gguf-split) was "corrupted". RoPE scaling
+    <= 0; a rope.freq_base of 0 or an rms epsilon of text passed --dry-run and were refused by the
+    model config after de-quantising, naming no GGUF field; the first part of a split GGUF (llama.cpp's gguf-split) was "corrupted". RoPE scaling
     (Llama 3's rope_freqs tensor, rope.scaling.* fields) was dropped by transformers' loader without
     a word: exit 0 and a model of other logits than the GGUF's. A tensor type the gguf package cannot
     de-quantise (F64, Q8_K) and the architecture 'mistral' (no tensor map in gguf-py) passed
