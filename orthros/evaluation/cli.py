@@ -237,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _mqar(a) -> int:
     from ..kinds import HYBRID_DISPLAY
     from ..utils import check_device, check_output_path, check_png, write_json
+    from .common import check_seed
     from .mqar import MODEL_ALIASES, MQARTask, MQARTrain, check_models, format_table, plot_recall, run_mqar
 
     models = tuple(m.strip().lower() for m in a.models.split(",") if m.strip())
@@ -246,8 +247,7 @@ def _mqar(a) -> int:
     check_models(models, a.layers, "--models", "--layers")
     if not (math.isfinite(a.lr) and a.lr > 0):
         raise ValueError(f"--lr must be a finite number > 0, got {a.lr}")
-    if a.seed < 0:
-        raise ValueError(f"--seed must be >= 0, got {a.seed}")
+    check_seed(a.seed)
     if a.threads is not None and a.threads < 0:
         raise ValueError(f"--threads must be >= 0 (0: torch's own choice), got {a.threads}")
     if a.plot is not None:

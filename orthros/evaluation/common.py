@@ -114,6 +114,17 @@ def check_token_range(max_id: int, vocab_size, tokenizer: str = "the tokenizer")
                          f"({vocab_size}): not this model's tokenizer")
 
 
+SEED_MAX = 2 ** 64 - 1  # the largest seed torch.manual_seed takes ("Overflow when unpacking long long" above it)
+
+
+def check_seed(seed: int, arg: str = "--seed") -> None:
+    """A ``ValueError`` naming ``arg`` unless ``0 <= seed <= SEED_MAX``, the seeds torch (and numpy) take."""
+    if seed < 0:
+        raise ValueError(f"{arg} must be >= 0, got {seed}")
+    if seed > SEED_MAX:
+        raise ValueError(f"{arg} must be <= {SEED_MAX} (the largest seed torch takes), got {seed}")
+
+
 def default_device() -> str:
     import torch
 

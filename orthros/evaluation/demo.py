@@ -149,11 +149,14 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default: 0)")
     a = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     from ..utils import check_device, check_output_path
+    from .common import check_seed
 
     if a.skip_recall and a.skip_prefill:
         p.error("--skip-recall and --skip-prefill together leave nothing to run")
-    if a.seed < 0:
-        p.error(f"--seed must be >= 0, got {a.seed}")
+    try:
+        check_seed(a.seed)
+    except ValueError as e:
+        p.error(str(e))
     if a.device is not None and a.skip_prefill:  # part 1 trains on the CPU whatever --device says
         p.error(f"--device {a.device}: it is the device of part 2 (prefill timing), which --skip-prefill skips; "
                 f"part 1 always trains on the CPU")

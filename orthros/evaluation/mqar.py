@@ -28,6 +28,7 @@ import torch
 
 from ..kinds import HYBRID_ALIASES, HYBRID_DISPLAY, MODE_ALIASES, MODE_DISPLAY, hybrid_layout
 from ..utils import Progress
+from .common import check_seed
 
 FILLER = 0
 FILL_CHOICES = ("pad", "noise")
@@ -440,8 +441,9 @@ def check_run(task: MQARTask, tr: MQARTrain, jobs: int = 1) -> list:
     _check_heads(tr)
     if not (isinstance(tr.lr, (int, float)) and math.isfinite(tr.lr) and tr.lr > 0):
         raise ValueError(f"MQAR lr must be a finite number > 0, got {tr.lr!r}")
-    if isinstance(tr.seed, bool) or not isinstance(tr.seed, int) or tr.seed < 0:
+    if isinstance(tr.seed, bool) or not isinstance(tr.seed, int):
         raise ValueError(f"MQAR seed must be an integer >= 0, got {tr.seed!r}")
+    check_seed(tr.seed, "MQAR seed")
     if tr.threads is not None and tr.threads < 0:
         raise ValueError(f"MQAR threads must be >= 0 (0 or None: torch's own choice), got {tr.threads!r}")
     from ..ops.backends import BACKENDS

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..kinds import ATTENTION_MODES, mode_option
 from ..utils import Progress, atomic_directory, check_output_path, clean_stale, write_json
+from .common import check_seed
 from .niah import NEEDLE, PromptBuilder
 
 IGNORE = -100
@@ -63,8 +64,7 @@ class NIAHTrainConfig:
                 raise ValueError(f"{n} must be >= 1, got {getattr(self, n)}")
         if self.digits > 18:  # keys are drawn as int64
             raise ValueError(f"digits (--digits) must be in 1..18, got {self.digits}")
-        if self.seed < 0:
-            raise ValueError(f"seed (--seed) must be >= 0, got {self.seed}")
+        check_seed(self.seed, "seed (--seed)")
         if self.threads is not None and self.threads < 0:
             raise ValueError(f"threads (--threads) must be >= 0 (0: torch's own choice), got {self.threads}")
         if self.hidden_size % self.num_heads:

@@ -43,6 +43,7 @@ def test_demo_bad_input_refused_before_the_runs(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(demo, "run_prefill", lambda *a, **kw: pytest.fail("part 2 ran"))
     (tmp_path / "f").write_text("x")
     for args, says in ((["--seed", "-2"], "--seed must be >= 0, got -2"),
+                       (["--skip-recall", "--seed", str(2 ** 64)], "--seed must be <= 18446744073709551615"),
                        (["-o", str(tmp_path)], f"--output {tmp_path}: is a directory"),
                        (["--plot", str(tmp_path / "f" / "r.png")], "is a file, not a directory"),
                        (["--skip-recall", "--skip-prefill", "-o", str(tmp_path / "d.json")], "nothing to run")):

@@ -252,6 +252,8 @@ def test_accuracy_by_gap_buckets_add_up_and_plot(tmp_path):
     (["--models", "orthros,orthros-h", "--layers", "2"], "--layers 2: a 'orthros-h' model needs num_layers >= 4"),
     (["--models", "linear_hybrid", "--layers", "3"], "--layers 3: a 'linear-hybrid' model needs num_layers >= 4"),
     (["--seed", "-5"], "--seed must be >= 0, got -5"),
+    # torch.manual_seed's 'Overflow when unpacking long long', after the training data was generated
+    (["--seed", str(2 ** 64)], f"--seed must be <= {2 ** 64 - 1} (the largest seed torch takes), got {2 ** 64}"),
     (["--threads", "-1"], "--threads must be >= 0 (0: torch's own choice), got -1"),
     (["-o", "{tmp}"], "--output {tmp}: is a directory"),
     (["-o", "{tmp}/f/m.json"], "is a file, not a directory"),

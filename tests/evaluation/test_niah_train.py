@@ -91,6 +91,7 @@ TINY = ["--steps", "2", "--batch-size", "2", "--hidden-size", "32", "--heads", "
     (["--threads", "-1"], "threads (--threads) must be >= 0"),
     (["--digits", "19"], "digits (--digits) must be in 1..18, got 19"),
     (["--seed", "-1"], "seed (--seed) must be >= 0, got -1"),
+    (["--seed", str(2 ** 64)], f"seed (--seed) must be <= {2 ** 64 - 1} (the largest seed torch takes)"),
     # NaN passed `lr <= 0`: refused by the optimiser after the prompts and the model were built
     (["--lr", "nan"], "lr (--lr) must be a finite number > 0, got nan"),
     (["--lr", "inf"], "lr (--lr) must be a finite number > 0, got inf"),
