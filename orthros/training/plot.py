@@ -39,7 +39,7 @@ def load_run(run_dir) -> dict:
     for r in train + evals:  # what loss_figure draws: a number each
         for key in ("step", "tokens", "loss" if r["kind"] == "train" else "eval_loss"):
             if isinstance(r.get(key), bool) or not isinstance(r.get(key), (int, float)):
-                raise PlotError(f"{run_dir}: a {r['kind']} row of metrics.jsonl has no number for {key!r}: {r}")
+                raise PlotError(f"{run_dir}: {'an' if r['kind'] == 'eval' else 'a'} {r['kind']} row of metrics.jsonl has no number for {key!r}: {r}")
     return {"label": _label(run_dir), "train": train, "eval": evals}
 
 
@@ -115,7 +115,8 @@ def main(argv: Optional[list] = None) -> int:
     args = p.parse_args(argv)
     for d in args.runs:
         if not os.path.isdir(d):
-            p.error(f"RUN {d}: no such directory")
+            p.error(f"RUN {d}: " + (f"is a file, not a training output_dir (the folder of metrics.jsonl: "
+                                    f"{os.path.dirname(d) or '.'})" if os.path.exists(d) else "no such directory"))
     out = args.output or (os.path.join(args.runs[0], "loss.png") if len(args.runs) == 1 else "loss.png")
     if Path(out).suffix.lower() != ".png":  # Path(".png").suffix is ''
         p.error(f"--output {out}: a .png path is needed")

@@ -56,6 +56,9 @@ def test_cli_writes_the_png_and_refuses_bad_runs(tmp_path, capsys):
     (tmp_path / "evals_only" / "metrics.jsonl").write_text('{"kind": "eval", "step": 1, "eval_loss": 3.0}\n')
     capsys.readouterr()
     for args, says in (([str(tmp_path / "nope")], "no such directory"),
+                       # the run's metrics.jsonl was said to be 'no such directory'
+                       ([str(a / "metrics.jsonl")], f"is a file, not a training output_dir (the folder of "
+                                                    f"metrics.jsonl: {a})"),
                        ([str(a), str(empty)], "no metrics.jsonl"),
                        ([str(tmp_path / "evals_only")], "no training step logged"),
                        ([str(a), "-o", str(tmp_path / "x.jpg")], "a .png path"),
@@ -76,7 +79,7 @@ def test_unreadable_run_files_and_bad_outputs_are_refused_cleanly(tmp_path, caps
     assert load_run(a)["label"] == "a"
     for name, row, says in (("no_tokens", {"kind": "train", "step": 1, "loss": 3.0}, "'tokens'"),
                             ("str_loss", {"kind": "train", "step": 1, "loss": "x", "tokens": 5}, "'loss'"),
-                            ("no_eval_loss", {"kind": "eval", "step": 1, "tokens": 5}, "'eval_loss'")):
+                            ("no_eval_loss", {"kind": "eval", "step": 1, "tokens": 5}, "an eval row of metrics.jsonl has no number for 'eval_loss'")):
         run = fake_run(tmp_path / name, "orthros", [5.0])
         with open(run / "metrics.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
