@@ -315,13 +315,13 @@ class RotaryEmbedding(nn.Module):
         self.inv_freq.copy_(self._compute(self.config)[0].to(self.inv_freq.device))
 
     def _apply(self, fn, recurse=True):
-        """``inv_freq`` stays float32 through ``.to(dtype)`` / ``.half()`` (only its device follows):
-        rounded to bf16 (2^-9) it is off by radians at long distances, where a model built in bf16
-        computes it in float32."""
+        """``inv_freq`` keeps at least float32 through ``.to(dtype)`` / ``.half()`` (only its device
+        follows): rounded to bf16 (2^-9) it is off by radians at long distances, where a model built
+        in bf16 computes it in float32."""
         inv_freq = self.inv_freq
         out = super()._apply(fn, recurse)
-        if self.inv_freq.dtype != inv_freq.dtype:
-            self.inv_freq = inv_freq.to(self.inv_freq.device)
+        if torch.finfo(self.inv_freq.dtype).bits < 32:
+            self.inv_freq = inv_freq.to(self.inv_freq.device, torch.float32)
         return out
 
     @torch.no_grad()
