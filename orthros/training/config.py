@@ -299,7 +299,9 @@ def _override_texts(argv: list[str]) -> list[tuple[str, Optional[str]]]:
     while i < len(argv):
         tok = argv[i]
         if not tok.startswith("--") or tok == "--":
-            raise ConfigError(f"expected an override '--key value', got {tok!r}")
+            where = (" (a config file comes first: orthros train CONFIG.yaml [--key value ...])"
+                     if tok.endswith((".yaml", ".yml")) else "")
+            raise ConfigError(f"expected an override '--key value', got {tok!r}{where}")
         key = tok[2:]
         if "=" in key:
             key, raw = key.split("=", 1)

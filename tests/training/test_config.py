@@ -53,6 +53,9 @@ def test_override_parsing():
         ("a.b", 1), ("flag", True), ("c", "x"), ("checkpoint.resume", "/p")]
     with pytest.raises(ConfigError, match="expected an override"):
         parse_overrides(["oops"])
+    # `orthros train --lr 3e-4 c.yaml`: the file after the overrides was a stray value, nothing more
+    with pytest.raises(ConfigError, match=r"got 'c.yaml' \(a config file comes first: orthros train CONFIG.yaml"):
+        load_config(None, ["--lr", "3e-4", "c.yaml"])
 
 
 def test_cli_reports_errors_before_training(capsys, tmp_path):
