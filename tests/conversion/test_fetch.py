@@ -173,6 +173,13 @@ def test_something_in_the_way_refused_before_any_download(tmp_path, monkeypatch)
     with pytest.raises(F.FetchError, match=r"wheels is in the way \(a file\): remove it"):
         F.fetch(spec, cache, progress=False)
     assert sorted(p.name for p in (cache / "fake").iterdir()) == ["wheels"]
+    # a file at the model's folder: was "[Errno 17] File exists: '<cache>/fake'"
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "fake").write_text("x")
+    with pytest.raises(F.FetchError, match=r"fake is in the way \(a file\): remove it"):
+        F.fetch(spec, other, progress=False)
+    assert sorted(p.name for p in other.iterdir()) == ["fake"]
 
 
 def test_concurrent_fetches_share_one_download(tmp_path, monkeypatch):
