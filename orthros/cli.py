@@ -77,11 +77,11 @@ def expand_user_options(argv: list[str]) -> list[str]:
     """``argv`` with the ``~`` of ``--opt=~/x`` and ``-o~/x`` expanded (to the home folder, or
     ``~user``'s), as the shell expands ``--opt ~/x`` but not these (a ``~`` only starts a word
     there): every command then reads and writes the same path. Not after ``--``."""
-    out = []
+    argv, out = list(argv), []
     for i, a in enumerate(argv):
         if a == "--":
             return out + argv[i:]
-        m = _TILDE_OPTION.fullmatch(a)
+        m = _TILDE_OPTION.fullmatch(a) if isinstance(a, str) else None
         out.append(m[1] + os.path.expanduser(m[2]) if m else a)
     return out
 
