@@ -29,26 +29,32 @@ def resolve_output_positions(
     tensor of indices); else every position (the PT form, ``logits`` of shape ``[B, T, V]``).
     """
     if output_positions is not None:
-        pos = torch.as_tensor(output_positions, device=device)
-        if pos.dtype.is_floating_point or pos.dtype == torch.bool:
-            raise ValueError(f"output_positions must be integers, got {pos.dtype}")
-        pos = pos.long()
-        pos = pos.view(1, -1) if pos.dim() == 1 else pos
-        if pos.dim() != 2:
-            raise ValueError(f"output_positions must be [T_out] or [B, T_out], got shape {tuple(pos.shape)}")
-        if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= seq_len):
-            raise ValueError(f"output_positions must lie in [0, {seq_len}), got [{int(pos.min())}, {int(pos.max())}]")
-        if pos.shape[1] > 1 and not bool((pos[:, 1:] > pos[:, :-1]).all()):
-            raise ValueError("output_positions must be strictly increasing")
-        return pos
+        return _checked_positions(output_positions, seq_len, device, "output_positions")
     if labels is not None:
         if labels.dim() != 2 or labels.shape[1] != seq_len:
             raise ValueError(f"labels must be [B, T] = [*, {seq_len}] like input_ids, got {tuple(labels.shape)}")
         scored = (labels[:, 1:] != -100).any(dim=0)  # position t scored against labels[t+1]
         return torch.nonzero(scored).view(1, -1).to(device)
     if isinstance(logits_to_keep, torch.Tensor):
-        return resolve_output_positions(seq_len, output_positions=logits_to_keep, device=device)
+        return _checked_positions(logits_to_keep, seq_len, device, "logits_to_keep")
     if isinstance(logits_to_keep, bool) or not isinstance(logits_to_keep, int) or logits_to_keep < 0:
         raise ValueError(f"logits_to_keep must be an int >= 0 or a tensor of positions, got {logits_to_keep!r}")
     k = seq_len if logits_to_keep == 0 else min(logits_to_keep, seq_len)
     return torch.arange(seq_len - k, seq_len, device=device).view(1, -1)
+
+
+def _checked_positions(positions, seq_len: int, device, arg: str) -> torch.Tensor:
+    """``positions`` (``[T_out]`` or ``[B, T_out]``) as int64 ``[1 or B, T_out]``; a ``ValueError``
+    naming ``arg`` (the argument they came as) unless integers in ``[0, seq_len)``, strictly increasing."""
+    pos = torch.as_tensor(positions, device=device)
+    if pos.dtype.is_floating_point or pos.dtype == torch.bool:
+        raise ValueError(f"{arg} must be integers, got {pos.dtype}")
+    pos = pos.long()
+    pos = pos.view(1, -1) if pos.dim() == 1 else pos
+    if pos.dim() != 2:
+        raise ValueError(f"{arg} must be [T_out] or [B, T_out], got shape {tuple(pos.shape)}")
+    if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= seq_len):
+        raise ValueError(f"{arg} must lie in [0, {seq_len}), got [{int(pos.min())}, {int(pos.max())}]")
+    if pos.shape[1] > 1 and not bool((pos[:, 1:] > pos[:, :-1]).all()):
+        raise ValueError(f"{arg} must be strictly increasing")
+    return pos

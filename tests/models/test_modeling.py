@@ -428,6 +428,9 @@ def test_invalid_forward_inputs():
         model(ids, attention_mask=torch.tensor([[1] * 5 + [0] * 5] * 2))
     with pytest.raises(ValueError, match="logits_to_keep"):
         model(ids, logits_to_keep=-1)
+    for bad in (torch.tensor([-1]), torch.tensor([4, 2]), torch.tensor([0.5])):  # errors named output_positions
+        with pytest.raises(ValueError, match="^logits_to_keep"):
+            model(ids, logits_to_keep=bad)
     with pytest.raises(ValueError, match="labels"):
         model(ids, labels=ids[:, :5])
     # these failed inside torch (AttributeError on None, gather / expand size errors)
