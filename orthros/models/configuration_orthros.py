@@ -6,6 +6,7 @@ import math
 
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from ..kinds import ATTENTION_MODES, LINEAR_LAYER_TYPE, interval_layer_types, resolve_layer_types, resolve_mode
 from ..ops.backends import BACKENDS as ATTN_BACKENDS
@@ -196,6 +197,10 @@ class OrthrosConfig(PreTrainedConfig):
         if not _finite_number(self.rope_parameters.get("rope_theta")) or self.rope_parameters["rope_theta"] <= 0:
             raise ValueError(f"OrthrosConfig.rope_parameters['rope_theta'] must be a finite number > 0, got "
                              f"{self.rope_parameters.get('rope_theta')!r}")
+        rope_type = self.rope_parameters.get("rope_type", "default")
+        if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
+            raise ValueError(f"OrthrosConfig.rope_parameters['rope_type']={rope_type!r} is not supported; known: "
+                             f"default, {', '.join(sorted(ROPE_INIT_FUNCTIONS))}")
         if not isinstance(self.hidden_act, str) or self.hidden_act not in ACT2FN:
             raise ValueError(f"OrthrosConfig.hidden_act must be an activation of transformers' ACT2FN (e.g. 'silu', "
                              f"'gelu'), got {self.hidden_act!r}")

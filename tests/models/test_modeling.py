@@ -331,6 +331,8 @@ def test_a_dtype_cast_keeps_the_rope_frequencies_in_float32(cast):
     (dict(rms_norm_eps=0), "rms_norm_eps"),
     (dict(rms_norm_eps=float("nan")), "rms_norm_eps"),
     (dict(rope_parameters={"rope_type": "default", "rope_theta": float("nan")}), "rope_theta"),
+    # an unknown rope_type was refused only when a model was built (a config saved alone wrote it)
+    (dict(rope_parameters={"rope_type": "bogus", "rope_theta": 1e4}), r"rope_parameters\['rope_type'\]='bogus'"),
     (dict(hidden_act="swiglu_typo"), "hidden_act"),
     (dict(initializer_range=-0.02), "initializer_range"),
     (dict(pad_token_id=97), "pad_token_id"),
