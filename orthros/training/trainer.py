@@ -134,6 +134,11 @@ def resolve_resume(cfg: RunConfig) -> Optional[Path]:
     if not p.is_dir():
         raise ConfigError(f"checkpoint.resume: {r!r} is not a directory")
     refuse_run_dir("checkpoint.resume", r)
+    if (p / "config.json").is_file() and not (p / ckpt.MANIFEST).is_file() and not (p / TRAINER_STATE).is_file() \
+            and not (ckpt.CKPT_RE.match(p.name) or p.name.startswith(".tmp-")):  # else a save cut short
+        raise ConfigError(f"checkpoint.resume: {r!r} is a model directory, not a checkpoint of a training run (it has "
+                          f"no {TRAINER_STATE} or {ckpt.MANIFEST}); to train from its weights, start a run with "
+                          f"--model.init_from {r} (--mode cpt to continue pre-training)")
     return p
 
 

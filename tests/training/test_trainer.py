@@ -127,6 +127,19 @@ def test_a_kill_before_the_final_eval_gets_its_eval_on_resume(tmp_path, corpus, 
     assert [p.name for p in list_checkpoints(str(tmp_path))] == ["step_00000004", "step_00000008"]
 
 
+def test_resume_from_a_model_directory_points_to_init_from(tmp_path, corpus, reference):
+    """--resume MODEL_DIR (a save_pretrained / converted model: weights, no trainer state) was
+    refused as 'not a complete checkpoint (no manifest.json); it was probably interrupted while
+    saving', though nothing was interrupted: it is named a model directory, with model.init_from."""
+    _, _, summary = reference
+    model = tmp_path / "model"
+    shutil.copytree(summary["checkpoint"], model, ignore=shutil.ignore_patterns("manifest.json", "trainer_state.pt"))
+    with pytest.raises(ConfigError, match=rf"checkpoint.resume: '{model}' is a model directory, not a checkpoint of a "
+                                          rf"training run .* --model.init_from {model} \(--mode cpt"):
+        train(load_config(None, tiny(tmp_path / "run", corpus, "--resume", str(model))))
+    assert not (tmp_path / "run").exists()
+
+
 def test_crash_mid_save_never_leaves_a_loadable_bad_checkpoint(tmp_path, corpus, reference):
     _, ref, _ = reference
     args = tiny(tmp_path, corpus, "--max_steps", "8", "--checkpoint.every", "2")
