@@ -313,7 +313,7 @@ def load_gguf_model(path, *, with_tokenizer: bool = True, progress: bool = True)
     if with_tokenizer and info.has_tokenizer:  # first: a bad tokenizer is found before the long de-quantising
         try:
             tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        except errors as e:
+        except Exception as e:  # noqa: BLE001 - the tokenizers library raises a bare Exception (merges vs vocab)
             raise GGUFError(f"{info.path}: transformers could not build the tokenizer stored in this GGUF file "
                             f"({_one_line(e)})") from None
     verbosity = hf_logging.get_verbosity()

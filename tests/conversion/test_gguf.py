@@ -351,12 +351,15 @@ def test_gguf_metadata_that_does_not_fit_refused_before_dequantising(gguf_source
     (dict(drop_tensors=("output_norm.weight",)), "model.norm.weight"),
     (dict(fields={"llama.attention.head_count": _u32(3)}), "attention heads (3)"),
     (dict(fields={"tokenizer.ggml.bos_token_id": _u32(99999)}), "tokenizer"),
-], ids=["no-q-proj", "no-final-norm", "heads-do-not-divide", "bos-beyond-vocab"])
+    (dict(fields={"tokenizer.ggml.tokens": (gguf.GGUFValueType.ARRAY, ["a", "b"])}),
+     "could not build the tokenizer stored in this GGUF file (Exception: Error while initializing BPE"),
+], ids=["no-q-proj", "no-final-norm", "heads-do-not-divide", "bos-beyond-vocab", "merges-beyond-tokens"])
 def test_gguf_that_transformers_cannot_load_whole_refused(gguf_source, tmp_path, capsys, change, words):
     """A tensor missing from the GGUF was initialised at random by transformers' loader, and the
     conversion succeeded (exit 0) with a random tensor in the model; a hidden size that the head
     count does not divide was a traceback (huggingface_hub's StrictDataclass error), a special
-    token id beyond the vocabulary an IndexError traceback. Now: one line, exit 2, nothing
+    token id beyond the vocabulary an IndexError traceback, merges of tokens the vocabulary lacks
+    the tokenizers library's bare Exception, a traceback. Now: one line, exit 2, nothing
     written."""
     path, _, _ = gguf_source
     bad = _rewritten(path, tmp_path / "bad.gguf", **change)
