@@ -171,6 +171,14 @@ def _write_target(path) -> tuple[Path, bool]:
     return Path(os.path.realpath(path)), False
 
 
+def _replace(tmp: Path, path: Path) -> None:
+    """Rename the finished ``tmp`` onto ``path``, with the mode of the file it replaces (a private
+    0600 file stays private), else the umask's."""
+    with contextlib.suppress(FileNotFoundError):
+        shutil.copymode(path, tmp)
+    os.replace(tmp, path)
+
+
 def save_figure(fig, path, dpi: int = 120) -> None:
     """Write a matplotlib figure to ``path`` (its folder made) through a temporary name in the
     same folder, then rename, and close the figure: a reader never sees half a PNG. (A pipe or a
@@ -182,7 +190,7 @@ def save_figure(fig, path, dpi: int = 120) -> None:
     try:
         fig.savefig(tmp, dpi=dpi)
         if not in_place:
-            os.replace(tmp, path)
+            _replace(tmp, path)
     finally:
         if not in_place:
             tmp.unlink(missing_ok=True)
@@ -210,7 +218,7 @@ def write_text(path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        _replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -248,3 +248,19 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_pa
         check_output_path("--out", tmp_path / "w" / "m.json")  # a writable folder: fine
     finally:
         ro.chmod(stat.S_IRWXU)
+
+
+def test_a_rewritten_file_keeps_its_mode(tmp_path):
+    """write_text / save_figure replace a file through a temporary one: a results file the user had
+    made private (0600) came back 0644 (the umask's mode of a new file)."""
+    import stat
+
+    from orthros.utils import write_text
+
+    for name, write in (("r.json", lambda p: write_text(p, "{}\n")),
+                        ("p.png", lambda p: save_figure(plt.subplots()[0], p))):
+        p = tmp_path / name
+        write(p)
+        p.chmod(0o600)
+        write(p)
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600, name
