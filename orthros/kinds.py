@@ -11,7 +11,9 @@
   ``"window_attention"``. All attention layers of one model share one kind, which is the
   model's attention mode; whether the model has an output stream follows from it.
   ``"linear_attention"`` is a Gated DeltaNet layer (Orthros-H, ``orthros/layers/gated_deltanet.py``);
-  a model of GDN layers only has no output stream (its mode reads ``"full"``).
+  a model of GDN layers only has no output stream (its mode reads ``"full"``) unless its
+  ``attention_mode`` is given as ``"orthros"``: its GDN layers then read one (the output tokens'
+  queries against each position's state), another model of the same weights.
 * **Hybrid layouts** (:data:`HYBRID_ALIASES`, user-facing model names of configs and MQAR):
   ``"orthros-h"`` (three GDN layers, then one Orthros attention layer, repeated: paper Section
   4.6), its baseline ``"linear-hybrid"`` (the same with full attention: Qwen3.5's layout) and
