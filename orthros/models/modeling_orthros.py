@@ -457,6 +457,11 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
         ``orthros/engine/hf_generate.py``."""
         if use_engine not in (None, True, False):
             raise ValueError(f"use_engine must be None (auto), True or False, got {use_engine!r}")
+        ids = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs"))
+        bad = isinstance(ids, torch.Tensor) and (ids.dim() != 2 or not ids.shape[1])
+        if bad and kwargs.get("inputs_embeds") is None:  # transformers' generate fails in its indexing (IndexError)
+            raise ValueError(f"input_ids must be [B, T] with T >= 1 (a batch, even of one), got shape "
+                             f"{tuple(ids.shape)}")
         if use_engine is not False:
             if _GENERATE_BACKEND is not None:
                 out = _GENERATE_BACKEND(self, args, kwargs, required=use_engine is True)

@@ -419,6 +419,17 @@ def test_a_legacy_tuple_cache_is_refused_by_name():
             fn(ids[:, :1], past_key_values=legacy)
 
 
+@torch.no_grad()
+@pytest.mark.parametrize("ids", [torch.tensor([1, 2, 3]), torch.zeros(2, 0, dtype=torch.long)])
+def test_generate_refuses_unbatched_or_empty_input_ids_by_name(ids):
+    # a 1-D prompt (tokenizer.encode's list as a tensor) failed in transformers' generate with "IndexError:
+    # tuple index out of range", an empty one with "index -1 is out of bounds"; the forward names them
+    model = tiny_model()
+    for call in (lambda: model.generate(ids, max_new_tokens=2), lambda: model.generate(input_ids=ids, max_new_tokens=2)):
+        with pytest.raises(ValueError, match=r"input_ids must be \[B, T\] with T >= 1"):
+            call()
+
+
 def test_invalid_forward_inputs():
     model = tiny_model()
     ids = torch.randint(0, V, (2, 10))
