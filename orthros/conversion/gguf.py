@@ -211,7 +211,7 @@ def inspect_gguf(path) -> GGUFInfo:
     for key, required in ((f"{arch}.block_count", True), (f"{arch}.embedding_length", True),
                           (f"{arch}.attention.head_count", True), (f"{arch}.attention.head_count_kv", False),
                           (f"{arch}.feed_forward_length", False), (f"{arch}.context_length", False),
-                          (f"{arch}.attention.key_length", False)):
+                          (f"{arch}.attention.key_length", False), (f"{arch}.rope.dimension_count", False)):
         v = _field_value(reader, key)
         if v is None and not required:
             continue
@@ -314,8 +314,9 @@ def load_gguf_model(path, *, with_tokenizer: bool = True, progress: bool = True)
         try:
             tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         except Exception as e:  # noqa: BLE001 - the tokenizers library raises a bare Exception (merges vs vocab)
-            raise GGUFError(f"{info.path}: transformers could not build the tokenizer stored in this GGUF file "
-                            f"({_one_line(e)})") from None
+            # the tokenizer's loading builds the model config from the file's fields too: either may be wrong
+            raise GGUFError(f"{info.path}: transformers could not build the model config or the tokenizer from this "
+                            f"GGUF file's fields ({_one_line(e)})") from None
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # its load report: what is wrong is raised below, in one line
     try:

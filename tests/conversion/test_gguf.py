@@ -294,6 +294,7 @@ def _u32(v):
     (dict(fields={"llama.context_length": (gguf.GGUFValueType.STRING, "abc")}), "llama.context_length"),
     (dict(fields={"llama.context_length": _u32(0)}), "llama.context_length"),
     (dict(fields={"llama.attention.head_count_kv": _u32(0)}), "llama.attention.head_count_kv"),
+    (dict(fields={"llama.rope.dimension_count": _u32(0)}), "the llama.rope.dimension_count field is 0, not an integer"),
     (dict(fields={"llama.rope.freq_base": (gguf.GGUFValueType.FLOAT32, 0.0)}),
      "the llama.rope.freq_base field is 0.0, not a finite number > 0"),
     (dict(fields={"llama.attention.layer_norm_rms_epsilon": (gguf.GGUFValueType.STRING, "1e-5")}),
@@ -318,14 +319,14 @@ def _u32(v):
                    for i in (0, 1) for x in "qkv"}),
      "tensors that transformers' GGUF loader would leave out of the model: blk.0.attn_k.bias, blk.0.attn_q.bias, "
      "blk.0.attn_v.bias and 3 more"),
-], ids=["more-blocks", "fewer-blocks", "context-str", "context-0", "kv-heads-0", "rope-theta-0", "eps-str", "split-part", "rope-freqs",
+], ids=["more-blocks", "fewer-blocks", "context-str", "context-0", "kv-heads-0", "rope-dim-0", "rope-theta-0", "eps-str", "split-part", "rope-freqs",
         "rope-linear", "rope-factor", "rope-scale-linear", "f64-tensor", "q8k-tensor", "mistral-arch", "llama-biases"])
 def test_gguf_metadata_that_does_not_fit_refused_before_dequantising(gguf_source, tmp_path, capsys, monkeypatch,
                                                                        change, words):
     """A block_count above the layers the tensors hold made transformers initialise the missing
     layers at random (exit 0, a random model); one below dropped the extra layers silently; a
     context_length of text was a StrictDataclass traceback, one of 0 an error asking for a window
-    <= 0; a rope.freq_base of 0 or an rms epsilon of text passed --dry-run and were refused by the
+    <= 0; a rope.dimension_count of 0 (a Llama's head dim) a ZeroDivisionError naming no file; a rope.freq_base of 0 or an rms epsilon of text passed --dry-run and were refused by the
     model config after de-quantising, naming no GGUF field; the first part of a split GGUF (llama.cpp's gguf-split) was "corrupted". RoPE scaling
     (Llama 3's rope_freqs tensor, rope.scaling.* fields) was dropped by transformers' loader without
     a word: exit 0 and a model of other logits than the GGUF's. A tensor type the gguf package cannot
@@ -349,10 +350,13 @@ def test_gguf_metadata_that_does_not_fit_refused_before_dequantising(gguf_source
 @pytest.mark.parametrize("change,words", [
     (dict(drop_tensors=("blk.0.attn_q.weight",)), "model.layers.0.self_attn.q_proj.weight"),
     (dict(drop_tensors=("output_norm.weight",)), "model.norm.weight"),
-    (dict(fields={"llama.attention.head_count": _u32(3)}), "attention heads (3)"),
+    (dict(fields={"llama.attention.head_count": _u32(3)}),  # a config error: was "could not build the tokenizer"
+     "could not build the model config or the tokenizer from this GGUF file's fields (ValueError: The hidden size "
+     "(64) is not a multiple of the number of attention heads (3)"),
     (dict(fields={"tokenizer.ggml.bos_token_id": _u32(99999)}), "tokenizer"),
     (dict(fields={"tokenizer.ggml.tokens": (gguf.GGUFValueType.ARRAY, ["a", "b"])}),
-     "could not build the tokenizer stored in this GGUF file (Exception: Error while initializing BPE"),
+     "could not build the model config or the tokenizer from this GGUF file's fields (Exception: Error while "
+     "initializing BPE"),
 ], ids=["no-q-proj", "no-final-norm", "heads-do-not-divide", "bos-beyond-vocab", "merges-beyond-tokens"])
 def test_gguf_that_transformers_cannot_load_whole_refused(gguf_source, tmp_path, capsys, change, words):
     """A tensor missing from the GGUF was initialised at random by transformers' loader, and the
