@@ -7,7 +7,7 @@ import os
 import re
 import sys
 
-from .utils import isatty
+from .utils import isatty, show_traceback
 
 # Exit codes of every sub-command: 0 success; 2 bad input or usage (argparse's convention: an
 # unknown option, a value out of range, a path that does not exist or is not a model), reported
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_READER_GONE
     except OSError as e:  # the usage or the version to a full disk (a command's own are caught in _main)
-        if os.environ.get("ORTHROS_TRACEBACK"):
+        if show_traceback():
             raise
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
         return _failure("orthros", e)
@@ -113,12 +113,12 @@ def _main(argv) -> int:
         print(f"orthros {cmd}: interrupted", file=sys.stderr)
         return 130
     except BAD_INPUT_ERRORS as e:  # bad input the command did not report itself
-        if os.environ.get("ORTHROS_TRACEBACK"):
+        if show_traceback():
             raise
         print(f"orthros {cmd}: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except RUNTIME_ERRORS as e:
-        if os.environ.get("ORTHROS_TRACEBACK") or (isinstance(e, BrokenPipeError) and _reader_gone()):
+        if show_traceback() or (isinstance(e, BrokenPipeError) and _reader_gone()):
             raise
         return _failure(f"orthros {cmd}", e)
 

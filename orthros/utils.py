@@ -351,6 +351,12 @@ def hf_progress_bars(enabled: bool):
         (hf_logging.enable_progress_bar if was else hf_logging.disable_progress_bar)()
 
 
+def show_traceback() -> bool:
+    """Whether ``ORTHROS_TRACEBACK`` asks for a failure's traceback: set, and not ``0`` / ``false`` / ``no`` / ``off``
+    (``ORTHROS_TRACEBACK=0`` is a choice to leave it off, not to turn it on)."""
+    return os.environ.get("ORTHROS_TRACEBACK", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
 def isatty(stream) -> bool:
     try:
         return stream.isatty()

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-from ..utils import DTYPE_ALIASES as DTYPES, check_device, check_output_path, parse_dtype, read_text_file
+from ..utils import DTYPE_ALIASES as DTYPES, check_device, check_output_path, parse_dtype, read_text_file, show_traceback
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
         print("orthros generate: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001  (a runtime failure: one line, exit 1)
-        if isinstance(e, BrokenPipeError) or os.environ.get("ORTHROS_TRACEBACK"):
+        if isinstance(e, BrokenPipeError) or show_traceback():
             raise  # `orthros` handles these as for every command: a reader gone (141), the traceback shown
         return _fail(f"{type(e).__name__}: {e}", 1)
 

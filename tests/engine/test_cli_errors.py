@@ -302,6 +302,8 @@ def test_orthros_traceback_shows_a_runtime_failure_s_traceback(ckpt, monkeypatch
     monkeypatch.setattr(engine_mod.Engine, "stream", fail)
     argv = ["generate", "--model", str(ckpt), "--device", "cpu", "--max-new-tokens", "2", "hi"]
     refused(argv[1:], capsys, "RuntimeError: boom", code=1)
+    monkeypatch.setenv("ORTHROS_TRACEBACK", "0")  # was: any value, "0" too, showed the traceback
+    refused(argv[1:], capsys, "RuntimeError: boom", code=1)
     monkeypatch.setenv("ORTHROS_TRACEBACK", "1")
     with pytest.raises(RuntimeError, match="boom"):
         orthros_main(argv)
