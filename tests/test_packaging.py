@@ -20,3 +20,11 @@ def test_package_data_names_every_non_python_file():
     assert needed, "no data files found under orthros/: the walk is wrong"
     missing = sorted(str(p.relative_to(ROOT)) for p in needed - shipped)
     assert not missing, f"not in pyproject's [tool.setuptools.package-data] (left out of the wheel): {missing}"
+
+
+def test_the_version_is_one_figure():
+    """pyproject.toml's version (the wheel's metadata, pip's) and ``orthros.__version__`` (``orthros --version``)
+    are written in two places: they must say the same."""
+    import orthros
+
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"] == orthros.__version__
