@@ -136,6 +136,16 @@ def check_output_path(arg: str, path, *, directory: bool = False) -> None:
         raise ValueError(f"{arg} {path}: {folder} is not writable")
 
 
+def check_input_file(arg: str, path, hint: str = "") -> Path:
+    """``path`` as a ``Path`` if it is a file to read, else a ``ValueError`` naming ``arg`` and what is there
+    instead (nothing, or a folder); ``hint`` (e.g. "a .jsonl or a .txt") follows the reason."""
+    p = Path(path)
+    if not p.is_file():
+        why = "a folder, not a file" if p.is_dir() else "no such file"
+        raise ValueError(f"{arg} {path}: {why}" + (f" ({hint})" if hint else ""))
+    return p
+
+
 def read_text_file(path, arg: str) -> str:
     """The text of ``path`` as UTF-8, or a ``ValueError`` naming ``arg`` when it is not UTF-8."""
     p = Path(path)

@@ -17,7 +17,8 @@ import os
 import sys
 import time
 
-from ..utils import DTYPE_ALIASES as DTYPES, check_device, check_output_path, parse_dtype, read_text_file, show_traceback
+from ..utils import (DTYPE_ALIASES as DTYPES, check_device, check_input_file, check_output_path, parse_dtype,
+                     read_text_file, show_traceback)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -158,7 +159,6 @@ def _fail(e, code: int) -> int:
 def _check_prompt_file(args):
     """The prompts of ``--prompts`` (None without it), read and checked before anything loads."""
     import json
-    from pathlib import Path
 
     if args.prompts is None:
         if args.output is not None:
@@ -170,9 +170,7 @@ def _check_prompt_file(args):
         args.batch_size = 8
     if args.prompt or args.interactive:
         raise ValueError("--prompts replaces the prompt argument and --interactive: give one of them")
-    path = Path(args.prompts)
-    if not path.is_file():
-        raise ValueError(f"--prompts {path}: no such file")
+    path = check_input_file("--prompts", args.prompts)
     if path.suffix not in (".txt", ".jsonl"):
         raise ValueError(f"--prompts {path}: a .txt (one prompt a line) or a .jsonl file is needed")
     if args.output is not None:  # written at the end: refused now if it cannot be

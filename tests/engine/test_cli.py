@@ -264,6 +264,7 @@ def test_generate_prompt_file_errors_before_any_work(checkpoint, tmp_path, capsy
     out = tmp_path / "never.jsonl"
     base = ["generate", "--model", str(d), "--device", "cpu", "--max-new-tokens", "4"]
     for extra, says in ((["--prompts", str(tmp_path / "none.txt")], "no such file"),
+                        (["--prompts", str(tmp_path)], "a folder, not a file"),  # was: "no such file"
                         (["--prompts", str(tmp_path / "p.csv")], "a .txt (one prompt a line) or a .jsonl"),
                         (["--prompts", str(tmp_path / "bad.jsonl")], "bad.jsonl:2: a JSON object"),
                         (["--prompts", str(tmp_path / "torn.jsonl")], "torn.jsonl:1: not JSON"),
