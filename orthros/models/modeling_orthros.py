@@ -292,6 +292,7 @@ class OrthrosModel(OrthrosPreTrainedModel):
         if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
             # without gradients nothing is recomputed: the cache stays (generate in training mode)
             use_cache, past_key_values = False, None
+        cache_given = past_key_values is not None
         if use_cache and past_key_values is None:
             past_key_values = OrthrosCache()
         cache = past_key_values  # a given cache is used (and extended) whatever use_cache, as transformers' models do
@@ -307,14 +308,23 @@ class OrthrosModel(OrthrosPreTrainedModel):
                                  f"{tuple(attention_mask.shape)}")
             am = attention_mask.long()
             if not bool((am == 1).all()):
-                if not bool(((am == 0) | (am == 1)).all()) or not bool((am[:, 1:] >= am[:, :-1]).all()):
-                    raise ValueError("attention_mask must be 0/1 with padding on the left only (0 ... 0 1 ... 1)")
-                if cu_seqlens is not None:
+                binary, left = bool(((am == 0) | (am == 1)).all()), bool((am[:, 1:] >= am[:, :-1]).all())
+                if binary and not left and not cache_given and bool((am[:, 1:] <= am[:, :-1]).all()):
+                    # right padding (tokenizers' default; training, scoring): under causal attention every real
+                    # token's output is what it is without the pads, so the mask changes nothing there. A cache
+                    # would hold the pads between the prompt and what follows it: none is made.
+                    am, cache = None, None
+                elif not binary or not left:
+                    raise ValueError("attention_mask must be 0/1 with padding on the left (0 ... 0 1 ... 1), or on "
+                                     "the right (1 ... 1 0 ... 0) when no cache is given (a forward for a loss or "
+                                     "scores; generation takes left padding)")
+                elif cu_seqlens is not None:
                     raise ValueError("cu_seqlens cannot be combined with a padding attention_mask")
-                kv_start = (am == 0).sum(dim=1)
-                pad_rows = am[:, past:] == 0
-                if position_ids is None:
-                    position_ids = (am.cumsum(dim=1) - 1).clamp(min=0)[:, past:]
+                if am is not None:
+                    kv_start = (am == 0).sum(dim=1)
+                    pad_rows = am[:, past:] == 0
+                    if position_ids is None:
+                        position_ids = (am.cumsum(dim=1) - 1).clamp(min=0)[:, past:]
         doc = None
         if cu_seqlens is not None:  # validated once here, not in every layer
             cu_seqlens = torch.as_tensor(cu_seqlens, device=dev).long()

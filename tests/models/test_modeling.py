@@ -437,8 +437,10 @@ def test_invalid_forward_inputs():
         model(ids, output_positions=torch.tensor([4, 2]))
     with pytest.raises(ValueError, match="output_positions"):
         model(ids, output_positions=torch.tensor([0, 10]))
-    with pytest.raises(ValueError, match="attention_mask"):
-        model(ids, attention_mask=torch.tensor([[1] * 5 + [0] * 5] * 2))
+    with pytest.raises(ValueError, match="attention_mask"):  # inner padding
+        model(ids, attention_mask=torch.tensor([[1] * 3 + [0] * 4 + [1] * 3] * 2))
+    with pytest.raises(ValueError, match="attention_mask"):  # right padding after a given cache
+        model(ids, attention_mask=torch.tensor([[1] * 5 + [0] * 5] * 2), past_key_values=orthros.OrthrosCache())
     with pytest.raises(ValueError, match="logits_to_keep"):
         model(ids, logits_to_keep=-1)
     for bad in (torch.tensor([-1]), torch.tensor([4, 2]), torch.tensor([0.5])):  # errors named output_positions
@@ -586,3 +588,36 @@ def test_generate_with_only_a_generation_config_gets_no_deprecation_warning(monk
     out = model.generate(ids, generation_config=GenerationConfig(max_new_tokens=4, do_sample=False), use_engine=False)
     assert torch.equal(out, ref)
     assert not [m for m in said if "together with generation-related" in m], said
+
+
+@pytest.mark.parametrize("kind", ["orthros", "full", "orthros-h"])
+def test_right_padding_gives_each_row_its_own_outputs(kind):
+    """Was: a right-padded batch (tokenizers' default padding side: tokenizer(texts, padding=True), HF's
+    collators) was refused, so training and scoring code written for HF models failed on Orthros. Under causal
+    attention every real token's logits and loss are what the row gives alone; no cache holds the pads."""
+    from orthros.kinds import hybrid_layout
+
+    over = hybrid_layout("orthros-h", 4) if kind == "orthros-h" else dict(attention_mode=kind)
+    if kind == "orthros-h":
+        over.update(num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                    linear_value_head_dim=6)
+    model = tiny_model(**over)
+    torch.manual_seed(1)
+    rows = [torch.randint(3, V, (n,)) for n in (11, 6, 1)]
+    T = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), T, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.long)
+    labels = torch.full((len(rows), T), -100)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)], mask[i, :len(r)], labels[i, :len(r)] = r, 1, r
+    with torch.no_grad():
+        out = model(ids, attention_mask=mask)
+        assert out.past_key_values is None
+        loss = model(ids, attention_mask=mask, labels=labels).loss
+        losses, counts = [], []
+        for i, r in enumerate(rows):
+            torch.testing.assert_close(out.logits[i, :len(r)], model(r[None]).logits[0], atol=1e-5, rtol=1e-5)
+            if len(r) > 1:
+                losses.append(model(r[None], labels=r[None]).loss * (len(r) - 1))
+                counts.append(len(r) - 1)
+    torch.testing.assert_close(loss, sum(losses) / sum(counts), atol=1e-5, rtol=1e-5)
