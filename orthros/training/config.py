@@ -194,7 +194,13 @@ def nearest_key(key: str) -> Optional[str]:
     return m[0] if m else None
 
 
+_FLAGS = {"dry_run": "--dry-run", "help_config": "--help-config"}  # the command's flags, which take no value
+
+
 def _unknown(key: str) -> ConfigError:
+    flag = _FLAGS.get(key.replace("-", "_"))
+    if flag is not None:  # --dry_run, --dry-run=true: a flag written as a key
+        return ConfigError(f"'{key}' is not a config key: the flag is {flag}, written as such (no value)")
     near = nearest_key(key)
     hint = f"; did you mean '{near}'?" if near else ""
     return ConfigError(f"unknown config key '{key}'{hint} (valid keys: see `orthros train --help-config`)")

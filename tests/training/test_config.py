@@ -56,6 +56,10 @@ def test_override_parsing():
     # `orthros train --lr 3e-4 c.yaml`: the file after the overrides was a stray value, nothing more
     with pytest.raises(ConfigError, match=r"got 'c.yaml' \(a config file comes first: orthros train CONFIG.yaml"):
         load_config(None, ["--lr", "3e-4", "c.yaml"])
+    # the command's flags written as keys were "unknown config key 'dry_run'" with no word of --dry-run
+    for args in (["--dry_run"], ["--dry-run=true"], ["--help_config"]):
+        with pytest.raises(ConfigError, match=r"is not a config key: the flag is --(dry-run|help-config)"):
+            load_config(None, args)
 
 
 def test_cli_reports_errors_before_training(capsys, tmp_path):
