@@ -210,7 +210,7 @@ def _ppl(a) -> int:
     out = position_perplexity(model, windows, buckets=edges, progress=not a.no_progress)
     out["model"] = str(a.model)
     out["attention_mode"] = model.config.attention_mode
-    name = Path(a.model).name + (f" ({a.attention_mode})" if a.attention_mode else "")
+    name = Path(a.model).resolve().name + (f" ({a.attention_mode})" if a.attention_mode else "")
     print(format_table({name: out}))
     if a.output:
         write_json(a.output, out)
@@ -311,7 +311,7 @@ def _niah(a) -> int:
     d = Path(a.output_dir)
     d.mkdir(parents=True, exist_ok=True)
     write_json(d / "niah.json", out)
-    save_heatmap(out, d / "niah.png", title=f"NIAH {Path(a.model).name}: {100 * out['accuracy']:.1f}%")
+    save_heatmap(out, d / "niah.png", title=f"NIAH {Path(a.model).resolve().name}: {100 * out['accuracy']:.1f}%")
     print(format_grid(out))
     print(f"\noverall accuracy {100 * out['accuracy']:.1f}%  ({out['seconds']:.0f}s)\nwrote {d / 'niah.json'} and "
           f"{d / 'niah.png'}")

@@ -247,3 +247,14 @@ def test_a_jsonl_file_is_read_as_jsonl_whatever_the_case_of_its_suffix(tmp_path)
     p = tmp_path / "held.JSONL"
     p.write_text(json.dumps({"text": "thou art"}) + "\n" + json.dumps({"text": "the king"}) + "\n")
     assert load_documents(p) == ["thou art", "the king"]
+
+
+def test_cli_names_the_model_given_as_dot(tiny, capsys, monkeypatch):
+    """Issue: `--model .` (run inside the checkpoint) printed the table's row with an empty model name
+    (`Path(".").name` is "")."""
+    ck, data = tiny
+    monkeypatch.chdir(ck)
+    assert eval_main(["ppl", "--model", ".", "--data", str(data), "--seq-len", "64", "--windows", "1",
+                      "--no-progress"]) == 0
+    row = capsys.readouterr().out.splitlines()[2]
+    assert row.startswith(f"| {ck.name} | "), row
