@@ -60,6 +60,8 @@ def load_documents(path, arg: str = "--data") -> list[str]:
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"{arg} {str(path)!r}: no such file (a .jsonl with a 'text' field per line, or a .txt)")
+    if p.suffix.lower() == ".json":  # would be read as one plain-text document, brackets and field names too
+        raise ValueError(f"{arg} {p}: a .json file; give a .jsonl (one object with a 'text' field a line) or a .txt")
     text = read_text_file(p, arg)
     if p.suffix.lower() == ".jsonl":
         docs = []

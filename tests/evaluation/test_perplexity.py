@@ -258,3 +258,12 @@ def test_cli_names_the_model_given_as_dot(tiny, capsys, monkeypatch):
                       "--no-progress"]) == 0
     row = capsys.readouterr().out.splitlines()[2]
     assert row.startswith(f"| {ck.name} | "), row
+
+
+def test_a_json_file_is_refused_not_scored_as_text(tmp_path):
+    """Issue: a `.json` --data (say a list of {"text": ...} records) was read as one plain-text document, its
+    brackets, quotes and field names scored as held-out text."""
+    p = tmp_path / "held.json"
+    p.write_text(json.dumps([{"text": "thou art the king"}]))
+    with pytest.raises(ValueError, match=r"--data .*held\.json: a \.json file; give a \.jsonl"):
+        load_documents(p)
