@@ -242,6 +242,10 @@ class OrthrosModel(OrthrosPreTrainedModel):
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
         self.gradient_checkpointing = False
+        if not any(getattr(layer, "self_attn", None) is not None and layer.self_attn.scale_offset_params()
+                   for layer in self.layers):  # an Orthros checkpoint run as full / window attention (a choice):
+            # its alpha / beta have no place in these layers, and transformers' load report listed them as UNEXPECTED
+            self._keys_to_ignore_on_load_unexpected = [r"self_attn\.(alpha|beta)(_out)?$"]
         self.post_init()
 
     def get_input_embeddings(self):

@@ -224,3 +224,22 @@ def test_a_single_file_beside_an_index_is_what_is_checked(saved, tmp_path):
     assert check_weights(d) == [d / "model.safetensors"]
     got = OrthrosForCausalLM.from_pretrained(d)
     torch.testing.assert_close(got.lm_head.weight, OrthrosForCausalLM.from_pretrained(single).lm_head.weight)
+
+
+def test_an_orthros_checkpoint_run_as_full_attention_reports_no_unexpected_weights(tmp_path):
+    """Was: loading an Orthros checkpoint with attention_mode full or window (orthros eval ppl --attention-mode,
+    the paper's ablations) printed transformers' load report with every layer's alpha / beta as UNEXPECTED."""
+    from transformers import AutoConfig
+
+    from orthros.evaluation.common import make_tiny_checkpoint
+    from orthros.kinds import layer_type_for
+
+    d = make_tiny_checkpoint(tmp_path / "ck", max_position_embeddings=64)
+    for mode in ("full", "window"):
+        config = AutoConfig.from_pretrained(d)
+        config.attention_mode = mode
+        config.layer_types = [layer_type_for(mode)] * config.num_hidden_layers
+        _, info = OrthrosForCausalLM.from_pretrained(d, config=config, output_loading_info=True)
+        assert not info["unexpected_keys"] and not info["missing_keys"], info
+    _, info = OrthrosForCausalLM.from_pretrained(d, output_loading_info=True)  # its own mode: every tensor used
+    assert not info["unexpected_keys"]
