@@ -18,10 +18,9 @@ from __future__ import annotations
 import json
 import math
 import time
-from pathlib import Path
 from typing import Optional
 
-from ..utils import Progress, read_text_file
+from ..utils import Progress, check_input_file, read_text_file
 
 DEFAULT_BUCKETS = (0, 128, 512, 2048, 8192)
 
@@ -57,9 +56,7 @@ def check_buckets(edges, seq_len: int) -> list[int]:
 def load_documents(path, arg: str = "--data") -> list[str]:
     """Documents of a ``.jsonl`` file (field ``text``, one per line) or a ``.txt`` file (one document).
     Errors name the file as the command-line argument ``arg``."""
-    p = Path(path)
-    if not p.is_file():
-        raise ValueError(f"{arg} {str(path)!r}: no such file (a .jsonl with a 'text' field per line, or a .txt)")
+    p = check_input_file(arg, path, "a .jsonl with a 'text' field per line, or a .txt")
     if p.suffix.lower() == ".json":  # would be read as one plain-text document, brackets and field names too
         raise ValueError(f"{arg} {p}: a .json file; give a .jsonl (one object with a 'text' field a line) or a .txt")
     text = read_text_file(p, arg)

@@ -123,6 +123,8 @@ def test_cli(tiny, tmp_path, capsys):
     capsys.readouterr()
     assert eval_main(["ppl", "--model", str(ck), "--data", str(tmp_path / "missing.jsonl")]) == 2
     assert "no such file" in capsys.readouterr().err
+    assert eval_main(["ppl", "--model", str(ck), "--data", str(tmp_path)]) == 2  # was: "no such file"
+    assert "a folder, not a file" in capsys.readouterr().err
     assert eval_main(["ppl", "--model", str(ck), "--data", str(data), "--buckets", "0,9000"]) == 2
     assert "beyond --seq-len" in capsys.readouterr().err
     assert eval_main(["ppl", "--model", str(ck), "--data", str(data), "--plot", "p.pdf"]) == 2
