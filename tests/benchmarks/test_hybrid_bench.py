@@ -34,6 +34,18 @@ def test_prefill_chunk_and_families_reach_the_rows(hybrid, tmp_path, chunk, want
     (["--sections", "prefill,train"], "--sections"),
     (["--mqar-jobs", "0"], "--mqar-jobs: 0; must be >= 1"),
     (["--mqar-steps", "0"], "--mqar-steps: 0; must be >= 1"),
+    # were: a traceback (int() of 'abc'), or the section's error after the model was built and other points ran
+    (["--prefill", "64,abc"], "argument --prefill: expected comma-separated integers"),
+    (["--prefill", "-5"], "argument --prefill: expected positive integers"),
+    (["--pairs", "128"], "argument --pairs: expected IN:OUT pairs"),
+    (["--pairs", "8:x"], "argument --pairs: expected IN:OUT pairs"),
+    (["--decode-context", "0"], "--decode-context: 0; must be >= 1"),
+    (["--deadline", "nan"], "--deadline: nan; give seconds >= 0"),
+    # was: 'beyond the model's max_position_embeddings' as the prefill section's error, after the shorter lengths
+    (["--prefill", "256,131072"], "--prefill needs positions 0..131071 in the prefill section, beyond "
+                                  "max_position_embeddings=65536 of the hybrid family's model (tiny-h)"),
+    (["--sections", "e2e", "--pairs", "65536:2"], "--pairs needs positions 0..65536 in the e2e section"),
+    (["--sections", "decode", "--decode-context", "65500"], "--decode-context needs positions 0..65539"),
 ])
 def test_bad_arguments_refused_before_work(hybrid, tmp_path, capsys, args, message):
     out = tmp_path / "never.json"
@@ -87,3 +99,32 @@ def test_tiny_keeps_a_given_mqar_steps(hybrid, tmp_path, monkeypatch, args, step
         steps) or emit({"model": "stub"}))
     hybrid.main(["--tiny", "--sections", "mqar", *args, "--out", str(tmp_path / "m.json")])
     assert calls == [steps]
+
+
+def test_out_that_cannot_be_written_is_refused_before_work(hybrid, tmp_path, capsys, monkeypatch):
+    """Was: a folder or a path below a file as --out ran the section (its error recorded), then the
+    final save raised IsADirectoryError / FileExistsError as a traceback."""
+    monkeypatch.setattr(hybrid, "orthros_model", lambda *a, **k: pytest.fail("a model was built"))
+    blocker = tmp_path / "f.txt"
+    blocker.write_text("x")
+    for out, message in ((tmp_path, "is a directory"), (blocker / "h.json", "is a file, not a directory")):
+        with pytest.raises(SystemExit) as e:
+            hybrid.main(["--tiny", "--sections", "prefill", "--out", str(out)])
+        assert e.value.code == 2 and f"--out {out}: " in capsys.readouterr().err and message
+
+
+def test_tiny_defaults_run_and_a_repeated_length_is_measured_once(hybrid, tmp_path, monkeypatch):
+    """Was: --tiny kept the GPU lengths (128K prefill, past the tiny models' 64K positions: an error in
+    the prefill section; 8192:1024 e2e, minutes on a CPU), and --prefill 64,64 measured 64 twice."""
+    seen = {}
+    monkeypatch.setattr(hybrid, "bench_prefill", lambda model, lengths, **k: seen.setdefault("prefill", lengths))
+    monkeypatch.setattr(hybrid, "bench_decode", lambda model, contexts, **k: seen.setdefault("decode", contexts))
+    monkeypatch.setattr(hybrid, "bench_e2e", lambda model, pairs, **k: seen.setdefault("e2e", pairs))
+    out = tmp_path / "t.json"
+    hybrid.main(["--tiny", "--sections", "prefill,decode,e2e", "--families", "transformer", "--out", str(out)])
+    assert seen == {"prefill": [256, 1024], "decode": [256], "e2e": [(16, 8), (64, 16)]}
+    assert json.loads(out.read_text())["errors"] == {}
+    seen.clear()
+    hybrid.main(["--tiny", "--sections", "prefill,e2e", "--families", "transformer", "--prefill", "64,64,32",
+                 "--pairs", "8:3,8:3", "--out", str(out)])
+    assert seen == {"prefill": [64, 32], "e2e": [(8, 3)]}
