@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=0, help="0 = off (with --temperature > 0)")
     p.add_argument("--top-p", type=float, default=1.0, help="1 = off (with --temperature > 0)")
     p.add_argument("--seed", type=int, default=None,
-                   help="seed of the sampler (default: none; greedy decoding needs none)")
+                   help="seed of the sampler (default: none; greedy decoding needs none). With --prompts one "
+                        "generator serves a batch: a prompt's text depends on its batch too (--batch-size, order)")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), bf16, fp16, fp32")
     p.add_argument("--max-seq-len", type=int, default=None,

@@ -17,7 +17,9 @@ import torch
 @dataclass(frozen=True)
 class SamplingParams:
     """``temperature == 0`` is greedy (argmax; top_k / top_p are then irrelevant).
-    ``top_k == 0`` and ``top_p == 1`` switch those filters off. ``seed`` fixes the draws."""
+    ``top_k == 0`` and ``top_p == 1`` switch those filters off. ``seed`` fixes the draws of a call: the same
+    prompts, batched alike, give the same text. One generator serves the whole batch, so a prompt's text also
+    depends on the other rows it is batched with (``--batch-size``, the order of ``--prompts``)."""
 
     temperature: float = 0.0
     top_k: int = 0
