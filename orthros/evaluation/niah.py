@@ -44,9 +44,10 @@ def _checked_answer(prediction, answer) -> str:
 
 def score_answer(prediction: str, answer: str) -> float:
     """1.0 when ``answer`` occurs in ``prediction`` as a whole token (not inside a longer
-    number or word), else 0.0. Case- and surrounding-whitespace-insensitive."""
+    number or word: ``4821937.5`` and ``1,4821937`` are other numbers), else 0.0. Case- and
+    surrounding-whitespace-insensitive."""
     answer = _checked_answer(prediction, answer)
-    pat = r"(?<![0-9A-Za-z])" + re.escape(answer.lower()) + r"(?![0-9A-Za-z])"
+    pat = r"(?<![0-9A-Za-z])(?<![0-9][.,])" + re.escape(answer.lower()) + r"(?![0-9A-Za-z])(?![.,][0-9])"
     return 1.0 if re.search(pat, prediction.lower()) else 0.0
 
 

@@ -22,6 +22,10 @@ from orthros.evaluation.niah import (NIAHConfig, PromptBuilder, check_lengths, f
     ("", "4821937", 0.0),
     (" I do not know.", "4821937", 0.0),
     (" 1234567", "4821937", 0.0),
+    (" 4821937.5", "4821937", 0.0),  # another number (was a hit)
+    (" 3.4821937", "4821937", 0.0),
+    (" 1,4821937", "4821937", 0.0),
+    ("It is 4821937, I think.", "4821937", 1.0),
 ])
 def test_scorer_known_right_and_wrong(pred, answer, want):
     assert score_answer(pred, answer) == want
