@@ -24,7 +24,7 @@ import numpy as np
 
 from .common import DATA_DIR, check_token_range
 from .perplexity import load_documents
-from ..utils import Progress, pyplot, save_figure
+from ..utils import Progress, dtype_name, pyplot, save_figure
 
 NEEDLE = " The secret number is {key}."
 QUESTION = "\nWhat is the secret number mentioned in the text above? The secret number is"
@@ -223,7 +223,8 @@ class PromptBuilder:
 
 
 def _generator(model, tokenizer, engine_mode: str, max_len: int, max_new: int):
-    """A function ids -> generated token ids (greedy)."""
+    """``(name, fn)``: which generator runs (``"engine"`` or ``"transformers"``) and a function ids ->
+    generated token ids (greedy)."""
     import torch
 
     dev = next(model.parameters()).device
@@ -241,7 +242,7 @@ def _generator(model, tokenizer, engine_mode: str, max_len: int, max_new: int):
                 eng.reset()
                 return list(eng.generate([ids], max_new_tokens=max_new)[0])
 
-            return gen_engine
+            return "engine", gen_engine
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
 
@@ -252,7 +253,7 @@ def _generator(model, tokenizer, engine_mode: str, max_len: int, max_new: int):
                              pad_token_id=pad)
         return out[0, x.shape[1]:].tolist()
 
-    return gen_hf
+    return "transformers", gen_hf
 
 
 def run_niah(model, tokenizer, cfg: NIAHConfig, progress: bool = True, log=print, tokenizer_name: str = "the tokenizer",
@@ -272,7 +273,7 @@ def run_niah(model, tokenizer, cfg: NIAHConfig, progress: bool = True, log=print
     if any(prompt_len[L] < L for L in cfg.lengths):
         log(f"NIAH: prompts at {[L for L in cfg.lengths if prompt_len[L] < L]} tokens are shortened by up to "
             f"{max_new} tokens so the answer fits in max_position_embeddings = {max_pos}")
-    gen = _generator(model, tokenizer, cfg.engine, max(prompt_len.values()), max_new)
+    gen_name, gen = _generator(model, tokenizer, cfg.engine, max(prompt_len.values()), max_new)
     cells = [(L, d, s) for L in cfg.lengths for d in cfg.depths for s in range(cfg.samples)]
     bar = Progress(len(cells), "NIAH", unit="needle", enabled=progress)
     records = []
@@ -296,6 +297,9 @@ def run_niah(model, tokenizer, cfg: NIAHConfig, progress: bool = True, log=print
                    "haystack": cfg.haystack, "digits": cfg.digits, "seed": cfg.seed},
         "model": {"attention_mode": getattr(model.config, "attention_mode", None),
                   "window_size": getattr(model.config, "window_size", None), "max_position_embeddings": max_pos},
+        # what ran (--engine auto picks by device): a figure is read with its generator, device and dtype
+        "run": {"generator": gen_name, "device": str(next(model.parameters()).device),
+                "dtype": dtype_name(next(model.parameters()).dtype)},
         "accuracy": float(np.mean([r["score"] for r in records])),
         # diagnostic (prefix_match): how much of each number came back, exact or not
         "prefix_accuracy": float(np.mean([r["prefix"] for r in records])),

@@ -96,6 +96,7 @@ def test_run_niah_on_tiny_model(tiny, tok, tmp_path):
         assert r["score"] == score_answer(r["prediction"], r["answer"])
         assert r["prefix"] == pytest.approx(prefix_match(r["prediction"], r["answer"]), abs=1e-4)
     assert out["prefix_accuracy"] == pytest.approx(sum(r["prefix"] for r in out["records"]) / 6, abs=1e-4)
+    assert out["run"] == {"generator": "transformers", "device": "cpu", "dtype": "fp32"}  # was: not recorded
     assert "depth" in format_grid(out)
     save_heatmap(out, tmp_path / "h.png")
     assert (tmp_path / "h.png").stat().st_size > 1000
