@@ -309,7 +309,8 @@ def make_encoder(mode: str, tokenizer, data_cfg, seq_len: int) -> Callable[[list
         texts = [r[field] for r in records]
         bad = next((t for t in texts if t is not None and not isinstance(t, str)), None)
         if bad is not None:  # a null (a record without the field) is an empty document, skipped
-            raise DataError(f"data.text_field '{field}' holds a {type(bad).__name__}, not text: {bad!r:.100}; "
+            kind = type(bad).__name__
+            raise DataError(f"data.text_field '{field}' holds {'an' if kind[0] in 'aeiou' else 'a'} {kind}, not text: {bad!r:.100}; "
                             f"set data.text_field to a field of strings")
         if passage:
             return encode_repeat_batch(tokenizer, texts, eos, passage)

@@ -893,7 +893,7 @@ def dry_run(cfg: RunConfig) -> str:
         ("run", f"{cfg.mode}, seed {cfg.seed}; output_dir {cfg.output_dir} ({where})"),
         ("model", f"{kind}{window}: {describe_layers(mc.layer_types)}, hidden {mc.hidden_size}, "
                   f"vocab {mc.vocab_size:,}; {n_params:,} parameters; {weights}"),
-        ("data", f"train {d.train!r}, eval {d.eval!r} ({len(trainer.eval_rows)} held-out sequences); "
+        ("data", f"train {d.train!r}, eval {d.eval!r} ({len(trainer.eval_rows)} held-out sequence{'s' if len(trainer.eval_rows) != 1 else ''}); "
                  f"tokenizer {tokenizer} ({len(trainer.tokenizer):,} tokens)"),
         ("batch", f"{rows} sequences x {d.seq_len} tokens a step = {per_step:,} tokens (micro-batch "
                   f"{t.micro_batch_size} x grad_accum {t.grad_accum} x {dist.world} process"

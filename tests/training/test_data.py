@@ -220,7 +220,8 @@ def test_text_field_that_is_not_text_is_refused(tmp_path, tok, value):
     with open(tmp_path / "d.jsonl", "w") as f:
         f.write(json.dumps({"text": "Once more unto the breach", "body": value}) + "\n")
     cfg = load_config(None, ["--data.train", str(tmp_path / "d.jsonl"), "--text_field", "body", "--seq_len", "8"])
-    with pytest.raises(DataError, match=f"data.text_field 'body' holds a {type(value).__name__}, not text"):
+    kind = type(value).__name__  # "an int" (was "a int"), "a list"
+    with pytest.raises(DataError, match=f"data.text_field 'body' holds {'an' if kind == 'int' else 'a'} {kind}, not text"):
         build_stream(cfg, tok).next_row()
     # a null (a record without the field) is still an empty document, skipped
     with open(tmp_path / "n.jsonl", "w") as f:
