@@ -31,9 +31,17 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from orthros.benchmarks.cli import _ints, _pairs  # noqa: E402
 from orthros.benchmarks.inference import bench_decode, bench_e2e, bench_prefill, metadata  # noqa: E402
-from orthros.benchmarks.models import orthros_model  # noqa: E402
-from orthros.utils import write_json  # noqa: E402
+from orthros.benchmarks.models import PRESETS, orthros_model  # noqa: E402
+from orthros.utils import check_output_path, write_json  # noqa: E402
+
+DECODE_STEPS, DECODE_WARMUP = 40, 5  # the decode section's timed and untimed steps after its context
+# the lengths' defaults: (the GPU run's, --tiny's). A --tiny run is a CPU smoke run: the GPU defaults
+# take minutes there, and 128K is past the tiny models' 64K positions. A value given is run.
+PRESETS_OF = {"hybrid": ("qwen3.5-9b", "tiny-h"), "transformer": ("qwen3-8b", "tiny")}  # (GPU, --tiny) models
+LENGTH_DEFAULTS = {"prefill": ([8192, 32768, 131072], [256, 1024]), "decode_context": (8192, 256),
+                   "pairs": ([(128, 128), (1024, 1024), (8192, 1024)], [(16, 8), (64, 16)])}
 
 def run_mqar_section(emit, steps: int, device, compile: bool = False, jobs: int = 1):
     """MQAR with every gap past the window (paper Section 4.4's task; docs/evaluation.md):
@@ -59,12 +67,15 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--sections", default="prefill,decode,e2e,mqar")
-    ap.add_argument("--prefill", default="8192,32768,131072")
+    ap.add_argument("--prefill", type=_ints, default=None,
+                    help="prompt lengths, comma list (default 8192,32768,131072; 256,1024 with --tiny)")
     ap.add_argument("--prefill-chunk", type=int, default=16384,
                     help="the Orthros systems' prefill chunk, prefill and e2e sections (0: the whole prompt in one "
                          "call, like the Linear Hybrid)")
-    ap.add_argument("--decode-context", type=int, default=8192)
-    ap.add_argument("--pairs", default="128:128,1024:1024,8192:1024")
+    ap.add_argument("--decode-context", type=int, default=None, help="decode section's context (default 8192; "
+                    "256 with --tiny)")
+    ap.add_argument("--pairs", type=_pairs, default=None, help="e2e section's IN:OUT lengths, comma list (default "
+                    "128:128,1024:1024,8192:1024; 16:8,64:16 with --tiny)")
     ap.add_argument("--families", default="hybrid,transformer",
                     help="hybrid (Orthros-H vs Linear Hybrid), transformer (Orthros vs Transformer), or both")
     ap.add_argument("--mqar-steps", type=int, default=None, help="mqar section: training steps (default 4000; 8 with "
@@ -86,14 +97,32 @@ def main(argv=None):
         ap.error(f"--families: {args.families!r}; choose from hybrid, transformer (comma-separated)")
     if args.mqar_steps is None:  # --tiny's default only: a number given is run
         args.mqar_steps = 8 if args.tiny else 4000
-    for name in ("mqar_steps", "mqar_jobs"):
+    for name, defaults in LENGTH_DEFAULTS.items():  # as --mqar-steps: --tiny's defaults only
+        if getattr(args, name) is None:
+            setattr(args, name, defaults[args.tiny])
+    for name in ("mqar_steps", "mqar_jobs", "decode_context"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')}: {getattr(args, name)}; must be >= 1")
-    lengths = [int(x) for x in args.prefill.split(",") if x]
     if args.prefill_chunk < 0:
         ap.error(f"--prefill-chunk: {args.prefill_chunk}; give a positive chunk length, or 0 for unchunked")
-    chunk = args.prefill_chunk or None
-    pairs = [tuple(int(y) for y in x.split(":")) for x in args.pairs.split(",") if x]
+    if args.deadline is not None and not args.deadline >= 0:
+        ap.error(f"--deadline: {args.deadline}; give seconds >= 0")
+    lengths, pairs, chunk = args.prefill, args.pairs, args.prefill_chunk or None
+    if not any(s in sections for s in ("prefill", "decode", "e2e")):
+        families = []  # MQAR alone trains its own tiny models: do not build the 9B-shape ones
+    for fam in families:  # the positions each section runs through, against the model's (the engine refuses more)
+        preset = PRESETS_OF[fam][args.tiny]
+        limit = PRESETS[preset]["max_position_embeddings"]
+        decode_need = args.decode_context + max(DECODE_STEPS, DECODE_WARMUP)  # each from the context
+        for opt, section, need in (("--prefill", "prefill", max(lengths)), ("--decode-context", "decode", decode_need),
+                                   ("--pairs", "e2e", max(i + o - 1 for i, o in pairs))):
+            if section in sections and need > limit:
+                ap.error(f"{opt} needs positions 0..{need - 1} in the {section} section, beyond "
+                         f"max_position_embeddings={limit} of the {fam} family's model ({preset})")
+    try:
+        check_output_path("--out", args.out)
+    except ValueError as e:
+        ap.error(str(e))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     out = {"sections": {}, "errors": {}, "skipped": [], "seconds": {}}
@@ -121,13 +150,11 @@ def main(argv=None):
         save()
 
     models, labels = {}, {}
-    if not any(s in sections for s in ("prefill", "decode", "e2e")):
-        families = []  # MQAR alone trains its own tiny models: do not build the 9B-shape ones
     if "hybrid" in families:
-        models["hybrid"] = orthros_model("tiny-h" if args.tiny else "qwen3.5-9b", device=device, dtype=dtype)
+        models["hybrid"] = orthros_model(PRESETS_OF["hybrid"][args.tiny], device=device, dtype=dtype)
         labels["hybrid"] = {"orthros": "Orthros-H", "full": "Linear Hybrid"}
     if "transformer" in families:
-        models["transformer"] = orthros_model("tiny" if args.tiny else "qwen3-8b", device=device, dtype=dtype)
+        models["transformer"] = orthros_model(PRESETS_OF["transformer"][args.tiny], device=device, dtype=dtype)
         labels["transformer"] = {"orthros": "Orthros", "full": "Transformer"}
     for fam, model in models.items():
         out.setdefault("meta", {})[fam] = metadata(model, device, dtype, {"labels": labels[fam],
@@ -146,7 +173,7 @@ def main(argv=None):
                 on_row=lambda r: emit({**t(r), "prefill_chunk": None if r.get("system") == "full" else chunk}), compile=args.compile))
         if "decode" in sections:
             section(f"decode_{fam}", lambda emit, model=model, t=t: bench_decode(
-                model, [args.decode_context], batch_sizes=(2,), steps=40, warmup=5, on_row=lambda r: emit(t(r)),
+                model, [args.decode_context], batch_sizes=(2,), steps=DECODE_STEPS, warmup=DECODE_WARMUP, on_row=lambda r: emit(t(r)),
                 compile=args.compile))
     if "e2e" in sections:
         for fam in families:

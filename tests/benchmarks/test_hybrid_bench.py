@@ -110,7 +110,8 @@ def test_out_that_cannot_be_written_is_refused_before_work(hybrid, tmp_path, cap
     for out, message in ((tmp_path, "is a directory"), (blocker / "h.json", "is a file, not a directory")):
         with pytest.raises(SystemExit) as e:
             hybrid.main(["--tiny", "--sections", "prefill", "--out", str(out)])
-        assert e.value.code == 2 and f"--out {out}: " in capsys.readouterr().err and message
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and f"--out {out}: " in err and message in err
 
 
 def test_tiny_defaults_run_and_a_repeated_length_is_measured_once(hybrid, tmp_path, monkeypatch):
