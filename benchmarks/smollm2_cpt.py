@@ -212,6 +212,40 @@ def _cfg(config_file: str, a, init_from: Path, output_dir: Path, max_steps: int,
     return load_config(str(ROOT / "configs" / config_file), ov)
 
 
+def _check_run(a) -> None:
+    """What ``run`` would otherwise find out after the conversion or the probes: a ``ValueError``
+    naming the option (or the config key of the CPT configs these options set)."""
+    from orthros.utils import check_device, check_input_file, check_output_path, check_positive_int
+
+    phases = set(a.phases.split(","))
+    for name in ("window", "seq_len", "micro_batch", "grad_accum", "eval_sequences", "min_steps", "max_steps",
+                 "max_steps_cap", "probe_steps", "curve_points", "ppl_windows", "niah_samples"):
+        check_positive_int(f"--{name.replace('_', '-')}", getattr(a, name),
+                           allow_none=name in ("max_steps", "max_steps_cap"))
+    if a.device:
+        check_device(a.device)
+    check_output_path("--out", a.out, directory=True)
+    if a.work:
+        check_output_path("--work", a.work, directory=True)
+    if "convert" in phases:
+        check_input_file("--gguf", a.gguf)
+    data = Path(a.data)
+    for name, needed in (("heldout.jsonl", True), ("train.jsonl", bool(phases & {"probe", "train"})),
+                         ("haystack.txt", "niah" in phases)):
+        if needed:
+            check_input_file("--data", data / name, "the folder `prepare` wrote")
+    # both CPT configs with these options, at the step count when one is given (the probes' choice
+    # from the budget is checked when made): their own checks (precision, lr, warm-up <= steps ...)
+    fixed = [n for n in (a.max_steps, a.max_steps_cap if "probe" in phases else None) if n]
+    if phases & {"probe", "train"}:
+        for config_file in ("smollm2_cpt.yaml", "smollm2_base_cpt.yaml"):
+            try:
+                _cfg(config_file, a, data, data, min(fixed, default=10 ** 6), 1)
+            except ValueError as e:
+                raise ValueError(f"configs/{config_file} with these options (--max-steps / --max-steps-cap set its "
+                                 f"train.max_steps): {e}") from None
+
+
 def _probe(cfg, steps: int, t0: float):
     """Step-0 eval loss and seconds per step (median after the first) of a throwaway Trainer."""
     import torch
@@ -539,6 +573,10 @@ def main(argv=None) -> int:
         bad = set(a.cpt_runs.split(",")) - set(CPT_RUNS)
         if bad:
             p.error(f"--cpt-runs: unknown {', '.join(sorted(bad))}; allowed: {', '.join(CPT_RUNS)}")
+        try:
+            _check_run(a)
+        except ValueError as e:
+            p.error(str(e))
     if a.cmd == "plot":  # every results file read once, here, and refused before anything is drawn
         a.loaded = {}
         for f in [a.results] + [f for f, _ in a.compare]:

