@@ -13,7 +13,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from orthros.utils import save_figure  # noqa: E402
+from orthros.utils import check_output_path, check_png, save_figure  # noqa: E402
 
 
 def _series(results, prefix):
@@ -91,17 +91,35 @@ def plot(results: dict, meta: dict, path: str) -> None:
     save_figure(fig, path, dpi=110)
 
 
+def _refuse(message: str) -> int:
+    print(f"plot_attention.py: {message}", file=sys.stderr)
+    return 2
+
+
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
     if len(argv) != 2:
         print(__doc__, file=sys.stderr)
         return 2
     src, dst = argv
-    with open(src) as f:
-        data = json.load(f)
-    if "results" not in data:
-        print(f"{src}: not a benchmarks/attention.py --json file (no 'results')", file=sys.stderr)
-        return 2
+    # everything refused before drawing (were: tracebacks, and a PNG of another format after the figure)
+    try:
+        check_png("OUT.png", dst)
+        check_output_path("OUT.png", dst)
+    except ValueError as e:
+        return _refuse(str(e))
+    try:
+        with open(src) as f:
+            data = json.load(f)
+    except OSError as e:
+        return _refuse(f"RESULTS.json {src}: {e.strerror or e}")
+    except ValueError as e:  # not JSON, or not UTF-8
+        return _refuse(f"RESULTS.json {src}: not JSON ({e})")
+    if not isinstance(data, dict) or not isinstance(data.get("results"), dict):
+        return _refuse(f"{src}: not a benchmarks/attention.py --json file (no 'results')")
     plot(data["results"], data, dst)
     print(f"wrote {dst}")
     return 0
