@@ -18,22 +18,27 @@ import statistics
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
 from orthros.benchmarks.roofline import TARGETS  # noqa: E402
 from orthros.utils import save_figure  # noqa: E402
+from plot_probe_cells import check_inputs  # noqa: E402
 
 
 def points(paths, system, context):
     """(label, ours ms, gpt-fast ms, gpt-fast's setups ms) of every file holding both rows at B = 1
     and ``context``; the setups are ``roofline.py --gpt-fast-setups``' (the row is the fastest),
-    ``[]`` for a run of one setup."""
+    ``[]`` for a run of one setup. ``ValueError`` naming a file that is not a results.json."""
     out = []
     for path in paths:
-        with open(path) as f:
-            data = json.load(f)
-        rows = {r["system"]: r for r in data["rows"]
-                if r.get("section") == "decode" and r.get("B") == 1 and r.get("L") == context and r.get("ms_per_step")}
+        try:
+            with open(path) as f:
+                data = json.load(f)
+            rows = {r["system"]: r for r in data["rows"] if r.get("section") == "decode" and r.get("B") == 1
+                    and r.get("L") == context and r.get("ms_per_step")}
+        except (ValueError, KeyError, TypeError, AttributeError) as e:  # JSONDecodeError is a ValueError
+            raise ValueError(f"{path}: not a roofline.py results.json ({e!r})") from None
         if system in rows and "gpt-fast" in rows:
             meta = data.get("meta", {})
             out.append((f"{meta.get('commit', '?')} {meta.get('date', '')}", rows[system]["ms_per_step"],
@@ -48,12 +53,11 @@ def main(argv=None) -> int:
     ap.add_argument("--system", default="orthros+gemv", help="our row (default orthros+gemv)")
     ap.add_argument("--context", type=int, default=1024, help="context of the rows (default 1024)")
     a = ap.parse_args(argv)
-    if not a.out.endswith(".png"):
-        ap.error(f"--out {a.out!r}: give a .png path")
-    for path in a.results:
-        if not os.path.isfile(path):
-            ap.error(f"results {path!r}: no such file")
-    pts = points(a.results, a.system, a.context)
+    a.results = check_inputs(ap, a.out, a.results, "results")
+    try:
+        pts = points(a.results, a.system, a.context)
+    except ValueError as e:
+        ap.error(f"results: {e}")
     if not pts:
         ap.error(f"no file holds both a {a.system!r} and a gpt-fast row at B=1, L={a.context}")
     import matplotlib

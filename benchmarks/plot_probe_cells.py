@@ -19,13 +19,31 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from orthros.utils import save_figure  # noqa: E402
+from orthros.utils import check_output_path, check_png, save_figure  # noqa: E402
 
 
 def label(path: str, suffix: str = ".json") -> str:
     """A cell's label: its file name without a leading ``<n>-`` and ``suffix``."""
     name = os.path.basename(path)
     return re.sub(r"^\d+-", "", name[:-len(suffix)] if name.endswith(suffix) else name)
+
+
+def check_inputs(ap, out: str, paths, arg: str) -> list:
+    """``paths`` each once, in order (a file named twice would be two cells, or two processes of
+    the peer-spread's median), after refusing through ``ap.error`` an ``--out`` that is no .png path
+    or cannot be written, and a path (of the positional ``arg``) that is no file."""
+    try:
+        check_png("--out", out)
+        check_output_path("--out", out)
+    except ValueError as e:
+        ap.error(str(e))
+    for path in paths:
+        if not os.path.isfile(path):
+            ap.error(f"{arg}: {path!r}: no such file")
+    once: dict = {}
+    for path in paths:
+        once.setdefault(os.path.realpath(path), path)
+    return list(once.values())
 
 
 def finish_bars(fig, ax, labels, title: str, xlabel: str, out: str, **legend) -> None:
@@ -47,6 +65,8 @@ def cell_times(path) -> dict:
     """``{system: us a layer}`` of a probe's JSON (its rows with a time)."""
     with open(path) as f:
         data = json.load(f)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a probe's JSON (no object)")
     return {r["system"]: r["us_per_layer"] for r in data.get("rows", [])
             if isinstance(r, dict) and r.get("us_per_layer") is not None}
 
@@ -73,15 +93,11 @@ def main(argv=None) -> int:
     ap.add_argument("--base", default="engine", help="the system the others are compared with (default engine)")
     ap.add_argument("--title", default="us a layer, one process a setting")
     a = ap.parse_args(argv)
-    if not a.out.endswith(".png"):
-        ap.error(f"--out {a.out!r}: give a .png path")
-    for path in a.cells:
-        if not os.path.isfile(path):
-            ap.error(f"cells: {path!r}: no such file")
+    a.cells = check_inputs(ap, a.out, a.cells, "cells")
     systems = [s.strip() for s in a.systems.split(",") if s.strip()] if a.systems else None
     try:
         data = cells(a.cells, systems, a.base)
-    except (ValueError, KeyError, json.JSONDecodeError) as e:
+    except (ValueError, KeyError) as e:  # JSONDecodeError is a ValueError
         ap.error(f"cells: {e}")
     names = [s for s in dict.fromkeys(s for _, row in data for s in row) if s != a.base]
     for lab, row in data:

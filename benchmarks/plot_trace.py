@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-from plot_probe_cells import cell_times, finish_bars, label  # noqa: E402
+from plot_probe_cells import cell_times, check_inputs, finish_bars, label  # noqa: E402
 from stream_chain import read_trace, trace_summary  # noqa: E402
 
 PARTS = ("busy", "imbalance", "barrier")  # a layer's wall, in this order
@@ -45,13 +45,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True, help="the plot (.png)")
     ap.add_argument("--title", default="the stream chain's layer: where the time goes (us, one process a bar)")
     a = ap.parse_args(argv)
-    if not a.out.endswith(".png"):
-        ap.error(f"--out {a.out!r}: give a .png path")
     for path in a.traces:
         if not path.endswith(".trace.json"):
             ap.error(f"traces: {path!r}: give stream_chain.py's .trace.json files")
-        if not os.path.isfile(path):
-            ap.error(f"traces: {path!r}: no such file")
+    a.traces = check_inputs(ap, a.out, a.traces, "traces")
     try:
         data = [(label(p, ".trace.json"), layer_parts(p)) for p in a.traces]
     except (ValueError, KeyError, IndexError, TypeError, json.JSONDecodeError) as e:

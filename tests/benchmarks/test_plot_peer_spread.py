@@ -53,9 +53,24 @@ def test_a_run_of_several_peer_setups_reads_as_its_fastest(tmp_path):
 def test_refusals_before_any_output(tmp_path):
     good = results(tmp_path / "r.json", 4.5, 5.4)
     png = tmp_path / "out.png"
+    (tmp_path / "text.json").write_text("not json")
+    (tmp_path / "norows.json").write_text("{}")
+    (tmp_path / "f").write_text("x")
     for args, msg in (((tmp_path / "missing.json", "--out", png), "no such file"),
-                      ((good, "--out", tmp_path / "out.svg"), "give a .png path"),
-                      ((good, "--out", png, "--context", "2048"), "no file holds both")):
+                      ((good, "--out", tmp_path / "out.svg"), "out.svg: a .png path is needed"),
+                      ((good, "--out", png, "--context", "2048"), "no file holds both"),
+                      # were tracebacks: JSONDecodeError, KeyError 'rows', FileExistsError after drawing
+                      ((good, tmp_path / "text.json", "--out", png), "text.json: not a roofline.py results.json"),
+                      ((tmp_path / "norows.json", "--out", png), "norows.json: not a roofline.py results.json"),
+                      ((good, "--out", tmp_path / "f" / "o.png"), "is a file, not a directory")):
         p = run(*args)
         assert p.returncode == 2 and msg in p.stderr, (args, p.stderr)
         assert not png.exists()
+
+
+def test_a_file_named_twice_is_one_process(tmp_path):
+    """Was: each name a point, so one process given twice moved the median and the count."""
+    a, b = results(tmp_path / "a.json", 4.5, 5.4), results(tmp_path / "b.json", 4.5, 6.3)
+    p = run(a, b, tmp_path / "." / "a.json", "--out", tmp_path / "s.png")
+    assert p.returncode == 0, p.stderr
+    assert "median 1.300x over 2 processes" in p.stdout and p.stdout.count("1.200x") == 1

@@ -45,10 +45,22 @@ def test_refusals_before_any_output(tmp_path):
     good = cell(tmp_path / "c.json", 78.0, 80.0)
     cpu = tmp_path / "cpu.json"
     cpu.write_text(json.dumps({"rows": [{"system": "engine", "us_per_layer": None}]}))
+    (tmp_path / "list.json").write_text("[1]")
+    (tmp_path / "f").write_text("x")
     for args, needle in [((good, "--out", tmp_path / "x.pdf"), "--out"),
                          ((tmp_path / "missing.json", "--out", png), "no such file"),
+                         # were tracebacks: AttributeError, FileExistsError after drawing
+                         ((tmp_path / "list.json", "--out", png), "list.json: not a probe's JSON"),
+                         ((good, "--out", tmp_path / "f" / "x.png"), "is a file, not a directory"),
                          ((cpu, "--out", png), "no 'engine' row"),
                          ((good, "--base", "launch", "--out", png), "no 'launch' row")]:
         p = run(*args)
         assert p.returncode == 2 and needle in p.stderr, (args, p.stderr)
         assert not png.exists()
+
+
+def test_a_file_named_twice_is_one_cell(tmp_path):
+    a = cell(tmp_path / "1-a.json", 78.0, 83.5)
+    p = run(a, cell(tmp_path / "2-b.json", 74.5, 76.0), a, "--out", tmp_path / "c.png")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("a: engine 78.00") == 1 and "b: engine 74.50" in p.stdout

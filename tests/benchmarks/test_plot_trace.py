@@ -53,10 +53,19 @@ def test_refusals_before_any_output(tmp_path):
     good = trace(tmp_path, "c", 0)
     bad = tmp_path / "bad.trace.json"
     bad.write_text(json.dumps({"stamps": [[[1, 2]]]}))
+    (tmp_path / "f").write_text("x")
     for args, needle in [((good, "--out", tmp_path / "x.pdf"), "--out"),
                          ((tmp_path / "missing.trace.json", "--out", png), "no such file"),
+                         ((good, "--out", tmp_path / "f" / "x.png"), "is a file, not a directory"),  # was a traceback
                          ((tmp_path / "c.json", "--out", png), ".trace.json"),
                          ((bad, "--out", png), "not a trace")]:
         p = run(*args)
         assert p.returncode == 2 and needle in p.stderr, (args, p.stderr)
         assert not png.exists()
+
+
+def test_a_trace_named_twice_is_one_bar(tmp_path):
+    a = trace(tmp_path, "1-claimed", 300)
+    p = run(a, trace(tmp_path, "2-static", 0), a, "--out", tmp_path / "t.png")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.count("claimed: wall") == 1 and "static: wall" in p.stdout
