@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -137,12 +136,11 @@ def save():
     """The results so far to ``--json``, atomically (a temporary name, then a rename): a run
     killed at its time limit leaves the last complete file."""
     if JSON_PATH:
+        from orthros.utils import write_json
+
         try:
-            tmp = JSON_PATH + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump({**META, "elapsed_s": round(time.time() - T_START, 1), "results": RES}, f, indent=1,
-                          default=str)
-            os.replace(tmp, JSON_PATH)
+            write_json(JSON_PATH, {**META, "elapsed_s": round(time.time() - T_START, 1), "results": RES}, indent=1,
+                       default=str)
         except Exception as e:  # noqa: BLE001
             log(f"  (json write failed: {e})")
 
@@ -1131,6 +1129,17 @@ def main():
     fwd_names = candidate_names("--window-fwd-candidates", a.window_fwd_candidates, WINDOW_FWD_CANDIDATES)
     if a.window_bwd_only and a.window_fwd_only:
         ap.error("--window-bwd-only and --window-fwd-only exclude each other")
+    # an unknown section measured nothing (and the run said nothing of it)
+    candidate_names("--only", a.only, [(n,) for n in ("train", "window", "prefill", "decode")])
+    if a.json:
+        from orthros.utils import check_output_path
+
+        try:  # was found at the first save, after the measurements (logged, the results lost)
+            check_output_path("--json", a.json)
+        except ValueError as e:
+            ap.error(str(e))
+    if not a.dry_run and not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU (--dry-run runs every selected path on the CPU through the Triton interpreter)")
     JSON_PATH = a.json
     if a.dry_run:
         DRY, DEV, DT = True, "cpu", torch.float32

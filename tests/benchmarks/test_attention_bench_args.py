@@ -24,3 +24,20 @@ def test_bad_candidate_lists_exit_2_naming_the_argument(tmp_path, args, message)
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and message in p.stderr, p.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--only", "trian", "--dry-run"], "--only: unknown ['trian']; allowed: train, window, prefill, decode"),
+    (["--json", "{f}/x.json", "--dry-run"], "--json {f}/x.json: {f} is a file, not a directory"),
+    pytest.param([], "needs a CUDA GPU (--dry-run runs", marks=pytest.mark.skipif(
+        __import__("torch").cuda.is_available(), reason="the refusal of a machine without CUDA")),
+])
+def test_bad_options_and_no_gpu_exit_2_in_one_line(tmp_path, args, message):
+    """Were: an unknown --only section measured nothing and said nothing; a --json that cannot be
+    written was found at the first save, after the measurements; no CUDA was an AssertionError
+    traceback from torch.cuda."""
+    f = tmp_path / "f"
+    f.write_text("x")
+    p = subprocess.run([sys.executable, str(SCRIPT), *(x.format(f=f) for x in args)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and message.format(f=f) in p.stderr and "Traceback" not in p.stderr, p.stderr
