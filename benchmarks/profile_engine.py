@@ -56,7 +56,7 @@ from orthros.benchmarks.inference import (copy_bandwidth, decode_compile_options
 from orthros.ops.triton.decode import decode_config  # noqa: E402
 from orthros.benchmarks.models import PRESETS, orthros_model  # noqa: E402
 from orthros.engine import Engine  # noqa: E402
-from orthros.utils import commit_id, write_json, write_text  # noqa: E402
+from orthros.utils import check_device, check_output_path, commit_id, write_json, write_text  # noqa: E402
 
 
 def kernel_class(name: str) -> str:
@@ -314,6 +314,12 @@ def main():
         p.error("--modes '': only with --peer and --phase decode (something must be profiled)")
     if a.peer_setups != 1 and a.peer is None:
         p.error("--peer-setups: only with --peer")
+    try:  # were: torch's AssertionError (no CUDA) or RuntimeError (a device type), the JSON's after the run
+        a.device = check_device(a.device)
+        if a.json:
+            check_output_path("--json", a.json)
+    except ValueError as e:
+        p.error(str(e))
     if a.peer_sources is not None and not (a.peer and a.compile and a.timeline):
         p.error("--peer-sources: only with --peer, --compile and --timeline (the kernels' names come from the trace)")
     if a.peer is not None:
