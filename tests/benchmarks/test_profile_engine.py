@@ -45,6 +45,19 @@ def test_bad_counts_refused():
     assert p.returncode == 2 and "--reps 0" in p.stderr
 
 
+@pytest.mark.parametrize("args, message", [
+    (["--device", "tpu"], "--device must be cpu, cuda or cuda:N, got 'tpu'"),  # was torch's RuntimeError
+    (["--json", "{f}/p.json"], "--json {f}/p.json: {f} is a file, not a directory"),  # was raised after the run
+    pytest.param(["--device", "cuda"], "--device cuda: no CUDA device here", marks=pytest.mark.skipif(
+        __import__("torch").cuda.is_available(), reason="the refusal of a machine without CUDA")),  # AssertionError
+])
+def test_device_and_json_refused_in_one_line_before_any_model(tmp_path, args, message):
+    f = tmp_path / "f"
+    f.write_text("x")
+    p = _run("--preset", "tiny", "--context", "64", *(x.format(f=f) for x in args))
+    assert p.returncode == 2 and message.format(f=f) in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
 def test_decode_config_recorded_and_bad_one_refused(tmp_path):
     out = tmp_path / "d.json"
     p = _run("--preset", "tiny", "--context", "64", "--decode-config", '{"min_split": 128}', "--json", str(out))
