@@ -98,11 +98,16 @@ def parse_args(argv=None):
     a.modes = modes
     if os.path.isdir(a.out) or not a.out.endswith(".json"):
         p.error(f"--out must be a .json file path, got {a.out!r}")
-    if not (a.device == "cpu" or a.device.startswith("cuda")):
-        p.error(f"--device must be cuda, cuda:N or cpu, got {a.device!r}")
-    a.compile = a.device != "cpu" and not a.eager
     if a.device == "cpu":  # the kernel runs in the Triton interpreter (set before triton loads)
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    from orthros.utils import check_device, check_output_path
+
+    try:  # were: torch's AssertionError (no CUDA) or RuntimeError ('cuda:x'), the JSON's after the run
+        a.device = check_device(a.device)
+        check_output_path("--out", a.out)
+    except ValueError as e:
+        p.error(str(e))
+    a.compile = a.device != "cpu" and not a.eager
     from orthros.ops.gemv.kernel import MAX_M, GemvConfig, norm_out_fused, pick_config, configs_overridden
 
     labels = [" ".join(c.split()) for c in a.configs.split(";") if c.strip()]

@@ -106,6 +106,11 @@ def test_table_ef_runs_the_tables_config_with_its_weight_loads_evict_first(scrip
     (["--configs", "2x64", "--modes", "orthros,window"], "--modes"),
     (["--configs", "2x64", "--batch", "5"], "exceed the fused GEMV's 8"),
     (["--configs", "2x64", "--out", "r.txt"], "--out must be a .json"),
+    # were tracebacks: torch's RuntimeError, AssertionError (no CUDA), FileExistsError after the run
+    (["--configs", "2x64", "--device", "cuda:x"], "--device must be cpu, cuda or cuda:N, got 'cuda:x'"),
+    (["--configs", "2x64", "--out", f"{SCRIPT}/r.json"], f"{SCRIPT}/r.json: {SCRIPT} is a file, not a directory"),
+    pytest.param(["--configs", "2x64", "--device", "cuda"], "--device cuda: no CUDA device here",
+                 marks=pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a machine without CUDA")),
 ])
 def test_bad_arguments_exit_2_before_any_work(script, tmp_path, capsys, args, says):
     argv = ["--device", "cpu", "--preset", "tiny", "--site", "gate_up", "--out", str(tmp_path / "r.json"), *args]
