@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -46,7 +47,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from orthros.utils import DTYPE_CHOICES, Progress, parse_dtype  # noqa: E402  (imports no torch: arguments first)
+from orthros.utils import DTYPE_CHOICES, Progress, check_output_path, parse_dtype  # noqa: E402  (imports no torch: arguments first)
 
 # (N, K) of each weight: Qwen3-8B (hidden 4096, 32 / 8 heads of 128, intermediate 12288, vocab 151936)
 SHAPES = {
@@ -90,23 +91,22 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     if a.dry_run:
         a.device, a.quick = "cpu", True
-    dev = a.device.split(":")[0]
-    if dev not in ("cuda", "cpu"):
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", a.device):  # 'cuda:x' was torch's RuntimeError in the run
         p.error(f"--device must be cuda, cuda:N or cpu, got {a.device!r}")
-    if dev == "cpu" and not a.quick:
+    if a.device == "cpu" and not a.quick:
         p.error("--device cpu needs --quick (the interpreter runs the real shapes for hours)")
     names = [s.strip() for s in a.shapes.split(",") if s.strip()]
     bad = [s for s in names if s not in SHAPES]
     if not names or bad:
         p.error(f"--shapes must be a comma-separated subset of {','.join(SHAPES)}, got {a.shapes!r}")
-    a.shapes = names
+    a.shapes = list(dict.fromkeys(names))  # each measured once
     sites = [s.strip() for s in a.sites.split(",") if s.strip()]
     bad = [s for s in sites if s not in SITES]
     if not sites or bad:
         p.error(f"--sites must be a comma-separated subset of {','.join(SITES)}, got {a.sites!r}")
-    a.sites = sites
+    a.sites = list(dict.fromkeys(sites))
     try:
-        a.m = [int(v) for v in a.m.split(",") if v.strip()]
+        a.m = list(dict.fromkeys(int(v) for v in a.m.split(",") if v.strip()))  # '1,1' measured M=1 twice
     except ValueError:
         p.error(f"--m must be comma-separated integers in 1..8, got {a.m!r}")
     if not a.m or any(not 1 <= m <= 8 for m in a.m):
@@ -121,6 +121,10 @@ def parse_args(argv=None):
         p.error(f"--deadline-s must be > 0, got {a.deadline_s}")
     if os.path.isdir(a.out) or not a.out.endswith(".json"):
         p.error(f"--out must be a .json file path (not a directory), got {a.out!r}")
+    try:  # below a file, or not writable: was raised at the first row's save
+        check_output_path("--out", a.out)
+    except ValueError as e:
+        p.error(str(e))
     if a.quick:
         a.reps = min(a.reps, 2)
     return a

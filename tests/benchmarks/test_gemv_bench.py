@@ -105,6 +105,8 @@ BAD_ARGS = [
     (["--deadline-s", "-1"], "--deadline-s must be > 0"),
     (["--out", "results.txt"], "--out must be a .json file path"),
     (["--fused", "--sites", "norm_qkv,mlp"], "--sites must be a comma-separated subset of norm_qkv,o_res"),
+    (["--device", "cuda:x"], "--device must be cuda, cuda:N or cpu, got 'cuda:x'"),  # was torch's RuntimeError
+    (["--quick", "--out", f"{SCRIPT}/g.json"], f"--out {SCRIPT}/g.json: {SCRIPT} is a file"),  # was at the 1st save
 ]
 
 
@@ -192,3 +194,10 @@ def test_full_sweeps_time_the_tensor_core_form_deeper_than_three():
     assert peer and all(c.defer and c.block_n <= 8 and c.block_k >= 1024 for c in peer)
     for configs in (mod.sweep_configs(False), mod.fused_sweep_configs(False)):
         assert all(c in configs for c in deep + peer) and len(set(configs)) == len(configs)
+
+
+def test_a_repeated_list_value_is_measured_once():
+    """Was: --m 1,1 timed M=1 twice (two rows of one key); --shapes and --sites likewise kept each repeat."""
+    a = _bench().parse_args(["--quick", "--device", "cpu", "--m", "1,2,1", "--shapes", "o,qkv,o", "--sites",
+                             "o_res,o_res", "--out", "g.json"])
+    assert a.m == [1, 2] and a.shapes == ["o", "qkv"] and a.sites == ["o_res"]
