@@ -31,7 +31,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from orthros.benchmarks.cli import _ints, _pairs  # noqa: E402
+from orthros.benchmarks.cli import int_list, pair_list  # noqa: E402
 from orthros.benchmarks.inference import bench_decode, bench_e2e, bench_prefill, metadata  # noqa: E402
 from orthros.benchmarks.models import PRESETS, orthros_model  # noqa: E402
 from orthros.utils import check_output_path, write_json  # noqa: E402
@@ -67,14 +67,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--sections", default="prefill,decode,e2e,mqar")
-    ap.add_argument("--prefill", type=_ints, default=None,
+    ap.add_argument("--prefill", type=int_list, default=None,
                     help="prompt lengths, comma list (default 8192,32768,131072; 256,1024 with --tiny)")
     ap.add_argument("--prefill-chunk", type=int, default=16384,
                     help="the Orthros systems' prefill chunk, prefill and e2e sections (0: the whole prompt in one "
                          "call, like the Linear Hybrid)")
     ap.add_argument("--decode-context", type=int, default=None, help="decode section's context (default 8192; "
                     "256 with --tiny)")
-    ap.add_argument("--pairs", type=_pairs, default=None, help="e2e section's IN:OUT lengths, comma list (default "
+    ap.add_argument("--pairs", type=pair_list, default=None, help="e2e section's IN:OUT lengths, comma list (default "
                     "128:128,1024:1024,8192:1024; 16:8,64:16 with --tiny)")
     ap.add_argument("--families", default="hybrid,transformer",
                     help="hybrid (Orthros-H vs Linear Hybrid), transformer (Orthros vs Transformer), or both")

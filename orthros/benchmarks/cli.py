@@ -24,7 +24,8 @@ import sys
 from ..utils import DTYPE_CHOICES, check_device, check_output_path, parse_dtype
 
 
-def _ints(s):
+def int_list(s):
+    """argparse type: ``"8192,32768"`` -> ``[8192, 32768]``, positive, each value once (the benchmark scripts' too)."""
     try:
         vals = [int(x) for x in s.split(",") if x]
     except ValueError:
@@ -34,7 +35,8 @@ def _ints(s):
     return list(dict.fromkeys(vals))  # a value given twice is one point (it ran twice, two rows of one key)
 
 
-def _pairs(s):
+def pair_list(s):
+    """argparse type: ``"128:128,1024:512"`` -> ``[(128, 128), (1024, 512)]``, positive, each pair once."""
     out = []
     for item in s.split(","):
         try:
@@ -70,7 +72,7 @@ def build_parser():
         sp.add_argument("--chunk", type=int, default=16384, help="Orthros prefill chunk (tokens)")
 
     def prefill_args(sp):
-        sp.add_argument("--lengths", type=_ints, default=[8192, 16384, 32768, 65536, 131072],
+        sp.add_argument("--lengths", type=int_list, default=[8192, 16384, 32768, 65536, 131072],
                         help="prompt lengths in tokens, comma list (default: 8K to 128K)")
         sp.add_argument("--systems", default="orthros,orthros-floor,full,hf-sdpa,hf-floor",
                         help="comma list of: orthros (the engine), orthros-floor (the engine without attention), "
@@ -81,16 +83,16 @@ def build_parser():
                         help="a point whose first (warm-up) call takes longer is not repeated")
 
     def decode_args(sp):
-        sp.add_argument("--contexts", type=_ints, default=[1024, 8192, 32768, 131072],
+        sp.add_argument("--contexts", type=int_list, default=[1024, 8192, 32768, 131072],
                         help="cached tokens per row, comma list (default: 1K, 8K, 32K, 128K)")
-        sp.add_argument("--batch-sizes", type=_ints, default=[1, 2], help="rows per step, comma list (default: 1,2)")
+        sp.add_argument("--batch-sizes", type=int_list, default=[1, 2], help="rows per step, comma list (default: 1,2)")
         sp.add_argument("--steps", type=int, default=50, help="timed decode steps per point (default: 50)")
 
     def e2e_args(sp):
-        sp.add_argument("--pairs", type=_pairs, default=[(128, 128), (1024, 1024), (8192, 8192)],
+        sp.add_argument("--pairs", type=pair_list, default=[(128, 128), (1024, 1024), (8192, 8192)],
                         help="IN:OUT prompt and output lengths, comma list (default: 128:128,1024:1024,8192:8192)")
         sp.add_argument("--batch", type=int, default=2, help="sequences generated together (default: 2)")
-        sp.add_argument("--fit", type=_pairs, default=None,
+        sp.add_argument("--fit", type=pair_list, default=None,
                         help="IN:OUT: check that an IN prefill + OUT decode of one sequence fits (batch 1, whatever "
                              "--batch)")
 

@@ -47,7 +47,7 @@ from ..engine.cache import StaticKVCache
 from ..ops.gemv.kernel import pdl_settings
 from ..ops.gemv.naive import MAX_M
 from ..utils import Progress, check_output_path, pyplot, save_figure
-from .cli import _ints, make_out_dir
+from .cli import int_list, make_out_dir
 from .inference import _free, bench_decode, copy_bandwidth, decode_compile_options, \
     decode_qkv_kernel, measure, metadata, parse_bwd_config, parse_compile_options, parse_decode_config, print_table, \
     save, time_call, trace_kernels
@@ -799,10 +799,10 @@ def build_parser():
                    help="decode section: time gpt-fast's step in N setups a cell (a new CUDA graph and activation "
                         "pool each, the same kernels and tuned configs; its step moves with where the pool lands); "
                         "the row is the fastest setup's, every setup's time recorded (default 1)")
-    p.add_argument("--contexts", type=_ints, default=None, help="decode contexts at B=1 (default 1K,4K,32K,128K)")
-    p.add_argument("--batch-sizes", type=_ints, default=None, help="batched decode sizes (default 8,32,64)")
-    p.add_argument("--batched-contexts", type=_ints, default=None, help="batched decode contexts (default 4K,32K)")
-    p.add_argument("--window-lengths", type=_ints, default=None, help="window stream T (default 8K..1M)")
+    p.add_argument("--contexts", type=int_list, default=None, help="decode contexts at B=1 (default 1K,4K,32K,128K)")
+    p.add_argument("--batch-sizes", type=int_list, default=None, help="batched decode sizes (default 8,32,64)")
+    p.add_argument("--batched-contexts", type=int_list, default=None, help="batched decode contexts (default 4K,32K)")
+    p.add_argument("--window-lengths", type=int_list, default=None, help="window stream T (default 8K..1M)")
     p.add_argument("--steps", type=_positive_int, default=None, help="timed decode steps per cell (default 50)")
     p.add_argument("--warmup", type=_positive_int, default=None, help="decode warm-up steps per cell (default 5)")
     p.add_argument("--deadline-s", type=_positive_float, default=None,
@@ -874,7 +874,7 @@ def parse_args(argv=None, *, window_available: bool = True):
         a.gpt_fast_contexts = list(a.contexts)
     else:
         try:
-            a.gpt_fast_contexts = _ints(a.gpt_fast_contexts)
+            a.gpt_fast_contexts = int_list(a.gpt_fast_contexts)
         except argparse.ArgumentTypeError as e:
             p.error(f"--gpt-fast-contexts: {e}; or 'all'")
         if not set(a.gpt_fast_contexts) <= set(a.contexts):
