@@ -13,7 +13,6 @@ stderr prompts for each turn; end with Ctrl-D.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 
@@ -112,9 +111,6 @@ class _TextStream:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    for name in ("model", "tokenizer", "prompts", "output"):  # the shell leaves the ~ of --model=~/x
-        if getattr(args, name) is not None:
-            setattr(args, name, os.path.expanduser(getattr(args, name)))
     from .sampling import SamplingParams
 
     try:  # argument and checkpoint errors before loading anything

@@ -442,8 +442,8 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"optim.min_lr_ratio ({cfg.optim.min_lr_ratio:g}) is where schedules "
                           f"['cosine', 'linear'] end; optim.schedule 'constant' stays at the peak lr: drop "
                           f"optim.min_lr_ratio, or choose another schedule")
-    if cfg.optim.warmup_steps != unset.optim.warmup_steps and warmup_note(cfg):
-        raise ConfigError(f"{warmup_note(cfg)} (0: no warm-up), or raise train.max_steps")
+    if cfg.optim.warmup_steps != unset.optim.warmup_steps and (note := warmup_note(cfg)):
+        raise ConfigError(f"{note} (0: no warm-up), or raise train.max_steps")
     field_of = {"data.text_field": ("pt", "cpt"), "data.messages_field": ("sft",)}
     for key, modes in field_of.items():
         if cfg.mode not in modes and _get(cfg, key) != _get(unset, key):

@@ -775,8 +775,8 @@ class Trainer:
                   f"world={dist.world} device={self.device} precision={self.precision} "
                   f"global_batch={dist.world * cfg.train.grad_accum * cfg.train.micro_batch_size}x{cfg.data.seq_len} "
                   f"tokens; {what}", file=sys.stderr, flush=True)
-            if warmup_note(cfg):  # the default warm-up on a short run (set away from it, refused)
-                print(f"[orthros train] note: {warmup_note(cfg)} for the whole schedule", file=sys.stderr, flush=True)
+            if note := warmup_note(cfg):  # the default warm-up on a short run (set away from it, refused)
+                print(f"[orthros train] note: {note} for the whole schedule", file=sys.stderr, flush=True)
         progress = Progress(cfg.train.max_steps, f"{cfg.mode}/{cfg.model.architecture}", unit="step",
                             initial=self.step, enabled=dist.main and cfg.train.progress, every_s=None)
         last_loss, eval_loss = None, None
@@ -886,9 +886,10 @@ def dry_run(cfg: RunConfig) -> str:
     source = trainer.tokenizer.name_or_path
     tokenizer = (repr(d.tokenizer) if d.tokenizer != "embedded" else
                  "'embedded'" if Path(source).resolve() == TOKENIZER_DIR.resolve() else f"of {source}")
+    note = warmup_note(cfg)
     schedule = (f"AdamW, lr {o.lr:g}, {o.warmup_steps} warm-up steps, then {o.schedule}" +
                 (f" to {o.min_lr_ratio:g}x" if o.schedule != "constant" else "") +
-                (f" (note: {warmup_note(cfg)} for the whole schedule)" if warmup_note(cfg) else ""))
+                (f" (note: {note} for the whole schedule)" if note else ""))
     rows_out = [
         ("run", f"{cfg.mode}, seed {cfg.seed}; output_dir {cfg.output_dir} ({where})"),
         ("model", f"{kind}{window}: {describe_layers(mc.layer_types)}, hidden {mc.hidden_size}, "
