@@ -90,7 +90,9 @@ def merge_partials(o: torch.Tensor, lse: torch.Tensor) -> Tuple[torch.Tensor, to
     w = torch.exp(lse - mx_safe.unsqueeze(0))  # -inf -> 0
     den = w.sum(0)
     has = den > 0
-    out = (w.unsqueeze(-1) * o).sum(0) / torch.where(has, den, torch.ones_like(den)).unsqueeze(-1)
+    wo = w.unsqueeze(-1)
+    # an empty partial's o is no data (a kernel may leave NaN there): 0 * NaN would poison the row
+    out = (wo * o.masked_fill(wo == 0, 0.0)).sum(0) / torch.where(has, den, torch.ones_like(den)).unsqueeze(-1)
     lse_out = torch.where(has, mx_safe + torch.log(torch.where(has, den, torch.ones_like(den))),
                           torch.full_like(mx, float("-inf")))
     return out, lse_out

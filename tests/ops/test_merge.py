@@ -40,3 +40,16 @@ def test_mismatched_shapes_refused_naming_the_arguments():
                    (torch.randn(0, 2, 4), torch.randn(0, 2))):
         with pytest.raises(ValueError, match="merge_partials needs o"):
             merge_partials(o, lse)
+
+
+def test_empty_partials_contribute_nothing_even_when_their_o_is_not_finite():
+    # an empty partial (lse = -inf) has no output: a kernel may leave anything in its o (NaN, inf, garbage);
+    # its weight exp(-inf) = 0 times NaN made the merged row NaN (and an all-empty row too, "never NaN")
+    o = torch.randn(3, 2, 4)
+    lse = torch.tensor([[0.5, float("-inf")], [float("-inf"), float("-inf")], [1.5, float("-inf")]])
+    want_o, want_lse = merge_partials(o, lse)
+    o[1] = float("nan")
+    o[:, 1] = float("inf")
+    got_o, got_lse = merge_partials(o, lse)
+    assert torch.equal(got_lse, want_lse) and torch.equal(got_o, want_o)
+    assert torch.equal(got_o[1], torch.zeros(4)) and torch.isfinite(got_o).all()
