@@ -34,6 +34,16 @@ def is_int_tensor(t: torch.Tensor) -> bool:
     return not (t.dtype.is_floating_point or t.is_complex() or t.dtype == torch.bool)
 
 
+def as_int_tensor(name: str, value, device, what: str) -> torch.Tensor:
+    """``value`` (a tensor, list or array) as a tensor on ``device``; what torch cannot read as one
+    (a string, a ragged list, ``None`` inside) is a ``ValueError`` naming ``name`` and ``what`` it must be,
+    not torch's ``TypeError``/``RuntimeError`` that names neither. The dtype is the caller's to check."""
+    try:
+        return torch.as_tensor(value, device=device)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"{name} must be {what}, got {type(value).__name__} {value!r:.80} ({e})") from None
+
+
 def check_scale(scale):
     """``scale`` (the softmax scale) must be ``None`` or a finite real number: a string or a
     tensor would fail deep in a kernel, a NaN/inf would silently make every output NaN."""
@@ -51,7 +61,7 @@ def normalize_output_positions(output_positions, B: int, T_out: int, T_k: int, d
     """
     if output_positions is None:
         return torch.arange(T_k - T_out, T_k, device=device).view(1, T_out)
-    pos = torch.as_tensor(output_positions, device=device)
+    pos = as_int_tensor("output_positions", output_positions, device, "integer positions [T_out] or [B, T_out]")
     if pos.numel() and not is_int_tensor(pos):  # [] is float32
         raise ValueError(f"output_positions must be an integer tensor, got {pos.dtype}")
     pos = pos.long()
@@ -74,7 +84,7 @@ def doc_ids_from_cu_seqlens(cu_seqlens, B: int, T_k: int, device) -> torch.Tenso
     """Validate ``cu_seqlens`` (packed documents) and return the document id of each position."""
     if B != 1:
         raise ValueError(f"cu_seqlens (packed documents) requires batch size 1, got B={B}")
-    cu = torch.as_tensor(cu_seqlens, device=device)
+    cu = as_int_tensor("cu_seqlens", cu_seqlens, device, "a 1-D integer tensor [num_docs + 1]")
     if cu.dim() != 1 or cu.numel() < 2 or not is_int_tensor(cu):
         raise ValueError(f"cu_seqlens must be a 1-D integer tensor [num_docs + 1], got {cu.dtype} {tuple(cu.shape)}")
     cu = cu.long()
@@ -157,7 +167,7 @@ def orthros_attention(
     pos = normalize_output_positions(output_positions, B, T_out, T_k, q.device)
     doc_ids = None if cu_seqlens is None else doc_ids_from_cu_seqlens(cu_seqlens, B, T_k, q.device)
     if kv_start is not None:
-        kv_start = torch.as_tensor(kv_start, device=q.device)
+        kv_start = as_int_tensor("kv_start", kv_start, q.device, "an integer tensor [B] (first valid key of each row)")
         if not is_int_tensor(kv_start):
             raise ValueError(f"kv_start must be an integer tensor [B] (first valid key of each row), got {kv_start.dtype}")
         kv_start = kv_start.long().view(-1)

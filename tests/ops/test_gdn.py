@@ -76,9 +76,11 @@ def test_dense_and_last_readouts():
 
 
 
-@pytest.mark.parametrize("pos", [torch.tensor([[5.0, 6.0]]), torch.tensor([[5, 6, 7]]), torch.tensor([[5, 6]] * 3)])
+@pytest.mark.parametrize("pos", [torch.tensor([[5.0, 6.0]]), torch.tensor([[5, 6, 7]]), torch.tensor([[5, 6]] * 3),
+                                 [[5], [6, 7]], [5, None]])
 def test_output_positions_checked_dtype_and_shape(pos):
-    # float positions were truncated silently; a wrong length failed inside scatter
+    # float positions were truncated silently; a wrong length failed inside scatter; a ragged list or a None
+    # in it was torch's ValueError / RuntimeError naming no argument
     q, k, v, g, beta = _inputs(2, 10, 1, 1, 4, 4, seed=2)
     with pytest.raises(ValueError, match="output_positions"):
         gated_delta_rule(q, k, v, g, beta, q_out=torch.randn(2, 2, 1, 4, dtype=q.dtype), output_positions=pos,
@@ -385,8 +387,9 @@ def test_shapes_and_documents_refused_naming_the_argument():
         causal_conv1d(x[0], w)
     y, _ = causal_conv1d(x, w, cu_seqlens=[0, 4, 10])
     torch.testing.assert_close(y, causal_conv1d(x, w, cu_seqlens=torch.tensor([0, 4, 10]))[0])
-    with pytest.raises(ValueError, match="cu_seqlens must be a 1-D integer"):
-        causal_conv1d(x, w, cu_seqlens=[0.0, 4.0, 10.0])
+    for bad in ([0.0, 4.0, 10.0], "0,4,10"):  # a string was torch's TypeError ('new(): invalid data type')
+        with pytest.raises(ValueError, match="causal_conv1d: cu_seqlens must be a 1-D integer"):
+            causal_conv1d(x, w, cu_seqlens=bad)
     with pytest.raises(ValueError, match="cu_seqlens needs B == 1"):
         causal_conv1d(x.expand(2, -1, -1), w, cu_seqlens=[0, 10])
     for c in (0, -1):

@@ -146,6 +146,11 @@ BAD = [
     # complex positions / lengths were cast to int64 with only a torch warning (imaginary part dropped)
     (dict(output_positions=torch.tensor([3, 9], dtype=torch.complex64)), "output_positions"),
     (dict(cu_seqlens=torch.tensor([0, 10], dtype=torch.complex64)), "cu_seqlens"),
+    # what torch cannot read as a tensor was its TypeError / RuntimeError / ValueError naming no argument
+    (dict(output_positions="ab"), "output_positions must be integer positions"),
+    (dict(output_positions=[[1, 2], [3]]), "output_positions must be integer positions"),
+    (dict(cu_seqlens=[0, "a"]), "cu_seqlens must be a 1-D integer tensor"),
+    (dict(kv_start=[None]), r"kv_start must be an integer tensor \[B\]"),
 ]
 
 

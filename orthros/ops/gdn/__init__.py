@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import warnings
 
-from ..attention import check_scale, is_int_tensor
+from ..attention import as_int_tensor, check_scale, is_int_tensor
 from .fla import HAVE_FLA, causal_conv1d_fla, chunk_gated_delta_rule_fla, fla_backward_supported
 from .naive import chunk_gated_delta_rule_ref, expand_heads, gated_delta_rule_step_ref, l2norm
 
@@ -119,7 +119,8 @@ def gated_delta_rule(
         else:
             # checks that read nothing back from the device (range and uniqueness are the caller's)
             T_out = q_out.shape[1]
-            output_positions = torch.as_tensor(output_positions, device=q.device)
+            output_positions = as_int_tensor("output_positions", output_positions, q.device,
+                                             "integer positions [T_out] or [1 or B, T_out]")
             if not is_int_tensor(output_positions) or output_positions.dim() not in (1, 2) \
                     or output_positions.shape[-1] != T_out or output_positions.dim() == 2 and output_positions.shape[0] not in (1, B):
                 raise ValueError(f"output_positions must be an integer tensor [T_out] or [1 or B, T_out] = [{T_out}] "
@@ -154,7 +155,7 @@ def gated_delta_rule(
 def _check_cu_seqlens(who: str, cu_seqlens, B: int, device) -> torch.Tensor:
     """``cu_seqlens`` (a tensor or a list) as a tensor on ``device``: 1-D integers, ``B == 1``;
     its values are not read here (that would read the device back)."""
-    cu_seqlens = torch.as_tensor(cu_seqlens, device=device)
+    cu_seqlens = as_int_tensor(f"{who}: cu_seqlens", cu_seqlens, device, "a 1-D integer tensor [num_docs + 1]")
     if B != 1:
         raise ValueError(f"{who}: cu_seqlens needs B == 1 (packed documents), got B = {B}")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or not is_int_tensor(cu_seqlens):
