@@ -295,7 +295,7 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
             line = sys.stdin.readline()
             if not line:
                 break
-            line = line.rstrip("\n")
+            line = line.rstrip("\r\n")  # the line end, Windows' too (stdin keeps a CR before the LF)
             if not line.strip():
                 continue
             try:  # a turn that does not fit is reported; the conversation so far stays

@@ -391,17 +391,37 @@ def test_generate_drops_stdin_trailing_newline(checkpoint, tmp_path):
     """Was: `echo PROMPT | orthros generate` kept the newline `echo` adds, so the model was asked to
     continue after a line break and gave another text than `orthros generate PROMPT`. With a
     tokenizer that keeps newlines (here: words split on spaces only, "w5\\n" unknown) the two differ."""
+    d, _ = checkpoint
+    argv = ["generate", "--model", str(d), "--tokenizer", str(space_split_tokenizer(tmp_path)), "--max-new-tokens",
+            "6", "--device", "cpu"]
+    rc_arg, from_argv = run_cli(argv + ["w1 w5 w7 w9"])
+    rc_in, from_stdin = run_cli(argv, stdin="w1 w5 w7 w9\n\n")
+    assert rc_arg == rc_in == 0
+    assert from_stdin == from_argv
+
+
+def space_split_tokenizer(tmp_path):
+    """The checkpoint's words split on spaces only (a line break or CR stays in its word, which is
+    then unknown): a directory for --tokenizer."""
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders
     from transformers import PreTrainedTokenizerFast
 
-    d, m = checkpoint
     tok_dir = tmp_path / "tok"
     t = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
     t.pre_tokenizer = pre_tokenizers.Split(" ", behavior="removed")
     t.decoder = decoders.WordPiece(prefix="##")
     PreTrainedTokenizerFast(tokenizer_object=t, eos_token="<eos>", unk_token="<unk>").save_pretrained(tok_dir)
-    argv = ["generate", "--model", str(d), "--tokenizer", str(tok_dir), "--max-new-tokens", "6", "--device", "cpu"]
-    rc_arg, from_argv = run_cli(argv + ["w1 w5 w7 w9"])
-    rc_in, from_stdin = run_cli(argv, stdin="w1 w5 w7 w9\n\n")
-    assert rc_arg == rc_in == 0
-    assert from_stdin == from_argv
+    return tok_dir
+
+
+def test_interactive_turns_end_at_crlf_as_at_lf(checkpoint, tmp_path):
+    """Was: a turn piped with Windows line ends kept its CR (only the LF was dropped), so the model
+    was asked to continue after a CR ("w5\\r" an unknown word here) and gave another text than the
+    same turns with LF line ends; the first prompt read from stdin and --prompts drop both."""
+    d, _ = checkpoint
+    argv = ["generate", "--model", str(d), "--tokenizer", str(space_split_tokenizer(tmp_path)), "--max-new-tokens",
+            "4", "--device", "cpu", "--interactive"]
+    rc_lf, lf = run_cli(argv, stdin="w1 w5\nw7 w9\n")
+    rc_crlf, crlf = run_cli(argv, stdin="w1 w5\r\nw7 w9\r\n")
+    assert rc_lf == rc_crlf == 0 and len(lf.split("\n")) == 3
+    assert crlf == lf
