@@ -53,7 +53,7 @@ def parse_lengths(s: str):
         if val < 1:
             raise argparse.ArgumentTypeError(f"lengths must be >= 1, got {val}")
         out.append(val)
-    return out
+    return list(dict.fromkeys(out))  # a length given twice is one point (it was measured twice)
 
 
 def positive_int(s: str) -> int:

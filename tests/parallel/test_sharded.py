@@ -256,6 +256,15 @@ def test_bench_rejects_bad_arguments_before_any_work(args, env, match, tmp_path,
     assert list(tmp_path.iterdir()) == []
 
 
+def test_bench_lengths_given_twice_are_measured_once(tmp_path):
+    # '--lengths 64,1K,64,1024' measured 64 and 1024 twice each (two records of one key; the table showed the first)
+    from orthros.parallel.bench import parse_args
+
+    a = parse_args(["--model", "tiny", "--device", "cpu", "--out", str(tmp_path / "b.json"), "--lengths", "64,1K,64,1024",
+                    "--transformer", "2K,2048", "--transformer-cp", "", "--single-max", "1K,1024"])
+    assert a.lengths == [64, 1024] and a.transformer == [2048] and a.single_max == 1024
+
+
 # ---------------------------------------------------------------- gloo, 2-4 processes
 
 CASES = {
