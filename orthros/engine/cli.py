@@ -94,17 +94,26 @@ def _resolve(args):
 
 
 class _TextStream:
-    """Prints the text of a growing token list, only the part not printed yet."""
+    """Prints the text of a growing token list, only the part not printed yet; :meth:`end` ends
+    the line after what is left (the text printed is then the tokens' decoded text)."""
 
     def __init__(self, tok, out):
         self.tok, self.out, self.ids, self.printed = tok, out, [], ""
 
     def push(self, t):
         self.ids.append(t)
+        self._write(partial_ok=False)
+
+    def end(self):
+        """After the last token: a character cut by the end of the reply prints as U+FFFD (as the
+        decoded text has it), then the line ends."""
+        self._write(partial_ok=True, tail="\n")
+
+    def _write(self, partial_ok: bool, tail: str = ""):
         text = self.tok.decode(self.ids, skip_special_tokens=True)
-        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for more
+        if text.endswith("\ufffd") and not partial_ok:  # an incomplete multi-byte character: wait for more
             return
-        self.out.write(text[len(self.printed):])
+        self.out.write(text[len(self.printed):] + tail)
         self.out.flush()
         self.printed = text
 
@@ -275,8 +284,7 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
                     t_first = t_last if t_first is None else t_first
                     new.append(step[0])
                     out.push(step[0])
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        out.end()
         if args.stats:
             print(turn_stats(len(ids), len(new), t_start, t_first, t_last), file=sys.stderr, flush=True)
         history.extend(ids + new)

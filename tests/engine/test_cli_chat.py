@@ -219,3 +219,22 @@ def test_generation_config_stop_ids_end_a_generation(ckpt, tmp_path, stop_ids, c
         capsys.readouterr()
         rc, err = run(base)[0], capsys.readouterr().err
         assert rc == 2 and match in err and "generation_config.json" in err and not stop_ids, (bad, err)
+
+
+def test_a_reply_cut_inside_a_character_prints_all_its_text(ckpt, model_and_tok, monkeypatch):
+    """The streamed text holds back a character whose bytes have not all come (U+FFFD at the end of
+    the decoded text). Was: a turn that ended there (--max-new-tokens reached) never printed it, so
+    the text differed from the reply's decoded tokens (what --prompts writes and the chat history
+    keeps); the end of a turn now prints what is left."""
+    from orthros.engine import engine as engine_mod
+
+    _, tok = model_and_tok
+    new = tok("日本", add_special_tokens=False)["input_ids"][:4]  # 日 and the first byte of 本
+    assert tok.decode(new).endswith("\ufffd")
+
+    def stream(self, prompts, *a, **k):
+        yield from ([t] for t in new)
+
+    monkeypatch.setattr(engine_mod.Engine, "stream", stream)
+    rc, text = run(["--model", str(ckpt), "--device", "cpu", "--max-new-tokens", "4", "Hello"])
+    assert rc == 0 and text == tok.decode(new, skip_special_tokens=True) + "\n"
