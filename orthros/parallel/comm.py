@@ -51,6 +51,8 @@ class ParallelContext:
             raise ValueError(f"world_size must be an integer >= 1, got {n!r}")
         if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < n:
             raise ValueError(f"rank must be an integer in [0, world_size) = [0, {n}), got {r!r}")
+        if self.timeout_s is not None:  # only named in a failure's message, which a timedelta broke
+            check_timeout("timeout_s", self.timeout_s)
 
     @classmethod
     def single(cls) -> "ParallelContext":

@@ -5,6 +5,8 @@ process (fp32, tight tolerance), for prompt lengths that do not divide evenly an
 cross several shards; a failing or stalled rank must make every rank exit with a clear error.
 """
 
+import datetime
+
 import pytest
 import torch
 
@@ -511,11 +513,17 @@ def test_init_from_env_refuses_another_backend_than_the_existing_group(monkeypat
 
 @pytest.mark.parametrize("kw, match", [(dict(rank=2, world_size=2), "rank"), (dict(rank=-1, world_size=2), "rank"),
                                        (dict(rank=0, world_size=0), "world_size"),
-                                       (dict(rank=0, world_size=2.0), "world_size")])
+                                       (dict(rank=0, world_size=2.0), "world_size"),
+                                       (dict(rank=0, world_size=2, timeout_s=datetime.timedelta(seconds=10)),
+                                        "timeout_s"),
+                                       (dict(rank=0, world_size=2, timeout_s="10"), "timeout_s"),
+                                       (dict(rank=0, world_size=2, timeout_s=-1), "timeout_s")])
 def test_hand_built_context_is_checked(kw, match):
     """A ParallelContext built by hand with a rank outside [0, world_size) or a non-integer world
     size: a ValueError naming the field (it failed in the first collective, 'Default process group
-    has not been initialized', or as a TypeError of torch.empty)."""
+    has not been initialized', or as a TypeError of torch.empty). A timeout_s that is not seconds
+    (a timedelta, as init_process_group takes, or a string) passed too, and the first failed
+    collective's ParallelError was replaced by a TypeError of formatting it into the message."""
     with pytest.raises(ValueError, match=match):
         ParallelContext(**kw)
 
