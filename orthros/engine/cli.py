@@ -165,6 +165,7 @@ def _fail(e, code: int) -> int:
 def _check_prompt_file(args):
     """The prompts of ``--prompts`` (None without it), read and checked before anything loads."""
     import json
+    from pathlib import Path
 
     if args.prompts is None:
         if args.output is not None:
@@ -181,6 +182,9 @@ def _check_prompt_file(args):
         raise ValueError(f"--prompts {path}: a .txt (one prompt a line) or a .jsonl file is needed")
     if args.output is not None:  # written at the end: refused now if it cannot be
         check_output_path("--output", args.output)
+        out = Path(args.output).expanduser()
+        if out.exists() and out.samefile(path):  # the records would replace the prompts
+            raise ValueError(f"--output {args.output} is the --prompts file: name another file for the records")
     texts = []
     # lines end at newlines only (read_text_file's universal newlines make \r\n and \r one): str.splitlines
     # would also split at a form feed, U+0085 or U+2028 inside a prompt (raw in JSON with ensure_ascii=False)

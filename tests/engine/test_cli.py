@@ -425,3 +425,18 @@ def test_interactive_turns_end_at_crlf_as_at_lf(checkpoint, tmp_path):
     rc_crlf, crlf = run_cli(argv, stdin="w1 w5\r\nw7 w9\r\n")
     assert rc_lf == rc_crlf == 0 and len(lf.split("\n")) == 3
     assert crlf == lf
+
+
+def test_output_that_is_the_prompt_file_is_refused_before_any_work(checkpoint, tmp_path, capsys):
+    """Was: ``--prompts p.jsonl -o p.jsonl`` (or a link to it) ran every prompt, then replaced the
+    prompts with the records: the input was lost. Refused up front, the file left as it was."""
+    d, _ = checkpoint
+    p = tmp_path / "p.txt"
+    p.write_text("w1 w2\n")
+    (tmp_path / "link.txt").symlink_to(p)
+    for out in (p, tmp_path / "link.txt", tmp_path / "." / "p.txt"):
+        rc, text = run_cli(["generate", "--model", str(d), "--device", "cpu", "--max-new-tokens", "2",
+                            "--prompts", str(p), "-o", str(out)])
+        err = capsys.readouterr().err
+        assert rc == 2 and text == "" and "--output" in err and "is the --prompts file" in err, err
+        assert p.read_text() == "w1 w2\n"
