@@ -20,8 +20,10 @@ ecosystem with ``trust_remote_code=True`` alone (no ``import orthros``, no orthr
 transformers finds the files to copy with a regular expression over ``from .name import``
 lines (``dynamic_module_utils.get_relative_import_files``), so every rewritten import has that
 form; ``from . import module`` (not matched by it) is preceded by an ``from .module import
-__name__ as ...`` line that is. It requires the packages imported outside ``try`` blocks of the
-two entry files to be installed (``check_imports``): those are torch and transformers only; the
+__name__ as ...`` line that is. It requires the packages imported outside ``try`` blocks to be
+installed (``check_imports``: of the two entry files for a local directory, of every file for a
+hub repository), so each import of a package other than torch, transformers and the standard
+library is written inside a ``try`` block that re-raises (:func:`_optional_imports`); the
 Triton kernels are imported lazily, when a CUDA tensor reaches the op and ``triton`` imports.
 So the remote code computes exactly what the package computes: Triton kernels on CUDA when
 triton is installed, the SDPA / reference ops everywhere else (docs/checkpoints.md).
@@ -35,6 +37,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import os
+import sys
 import warnings
 from pathlib import Path
 
@@ -164,6 +167,14 @@ def _rewrite(text: str, tree, mod: tuple, is_pkg: bool, names: dict, rel: str, r
                 stmts.append(f"from . import {names[s]} as {a.asname or a.name}")
         edits.append((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset,
                       ("\n" + indent).join(stmts)))
+    for node in _optional_imports(tree):  # the same statement in a try block, which check_imports skips
+        indent = lines[node.lineno - 1][:node.col_offset]
+        rest = lines[node.end_lineno - 1].encode("utf-8")[node.end_col_offset:].decode("utf-8").strip()
+        if indent.strip() or (rest and not rest.startswith("#")):
+            raise RemoteCodeError(f"orthros/{rel}:{node.lineno}: put this import on a line of its own")
+        stmt = ast.get_source_segment(text, node)
+        edits.append((node.lineno, node.col_offset, node.end_lineno, node.end_col_offset,
+                      f"try:  # {OPTIONAL_NOTE}\n{indent}    {stmt}\n{indent}except ImportError:\n{indent}    raise"))
 
     def offset(lineno, col):  # character offset of (1-based line, utf-8 byte column)
         return sum(len(x) for x in lines[:lineno - 1]) + len(lines[lineno - 1].encode("utf-8")[:col].decode("utf-8"))
@@ -172,6 +183,30 @@ def _rewrite(text: str, tree, mod: tuple, is_pkg: bool, names: dict, rel: str, r
         a, b = offset(l0, c0), offset(l1, c1)
         text = text[:a] + new + text[b:]
     return text
+
+
+# What every remote-code model imports anyway (transformers' check_imports demands the rest too)
+REQUIRED = ("torch", "transformers")
+OPTIONAL_NOTE = "optional (CUDA kernels, plots): outside transformers' check_imports, which skips try blocks"
+
+
+def _optional_imports(tree):
+    """The imports of packages other than :data:`REQUIRED` and the standard library outside a ``try``
+    block. Loading a checkpoint from the hub, transformers' ``check_imports`` requires what every code
+    file imports, in any function, to be installed (of a local directory, the two entry files' only):
+    ``triton``, ``fla`` and ``matplotlib``, which no CPU model needs, would then be ImportErrors."""
+    guarded = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) for n in ast.walk(t)}
+    for node in ast.walk(tree):
+        if id(node) in guarded:
+            continue
+        if isinstance(node, ast.Import):
+            tops = [a.name.split(".")[0] for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            tops = [node.module.split(".")[0]]
+        else:
+            continue
+        if any(t not in REQUIRED and t != "orthros" and t not in sys.stdlib_module_names for t in tops):
+            yield node
 
 
 def _version() -> str:

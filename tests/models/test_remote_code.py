@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -144,6 +145,54 @@ def test_loads_without_orthros_and_computes_what_the_package_computes(ckpt, env,
     assert torch.equal(got["gen"], gen)
 
 
+NO_OPTIONAL = BLOCKER + '''
+import importlib.machinery
+
+
+class _NoOptional(importlib.machinery.PathFinder):
+    """Test guard: packages the remote code must not need (absent on a CPU or macOS machine) are not found."""
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name.split(".")[0] in ("triton", "fla", "matplotlib"):
+            return None
+        return super().find_spec(name, path, target)
+
+
+sys.meta_path[:] = [_NoOptional if f is importlib.machinery.PathFinder else f for f in sys.meta_path]
+'''
+
+LOAD_HUB = NO_ORTHROS.join(["""
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM
+
+torch.set_num_threads(1)
+m = AutoModelForCausalLM.from_pretrained("someone/orthros-tiny", trust_remote_code=True).eval()
+with torch.no_grad():
+    logits = m(torch.tensor([json.loads(sys.argv[1])])).logits
+""", """
+torch.save(logits, sys.argv[2])
+"""])
+
+
+def test_a_checkpoint_from_the_hub_loads_without_triton_fla_or_matplotlib(ckpt, env, tmp_path, one_thread):
+    """A checkpoint from the hub (here its offline cache) has every code file checked by transformers'
+    check_imports, not only the two entry files as for a local directory: the flat ops_triton_*.py,
+    ops_gdn_fla.py and utils.py made it ImportError 'requires the following packages ...: triton' (fla,
+    matplotlib) where those are not installed, though only CUDA with triton ever imports them."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hf" / "hub" / "models--someone--orthros-tiny"
+    shutil.copytree(ckpt, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    (tmp_path / "guard").mkdir()
+    (tmp_path / "guard" / "sitecustomize.py").write_text(NO_OPTIONAL)
+    hub_env = {**env, "PYTHONPATH": str(tmp_path / "guard"), "HF_HOME": str(tmp_path / "hf")}
+    run_python(LOAD_HUB, hub_env, tmp_path, json.dumps(IDS), tmp_path / "out.pt")
+    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), package_outputs(ckpt)[0], rtol=1e-5, atol=1e-5)
+
+
 def _lm_eval_command():
     exe = Path(sys.executable).with_name("lm_eval")
     return [str(exe)] if exe.is_file() else [sys.executable, "-m", "lm_eval"]
@@ -251,6 +300,7 @@ def test_bundle_flattens_any_import_form(tmp_path):
     ("from .. import something_defined_in_the_root\n", "top-level package"),
     ("import orthros.ops\n", "is not supported"),
     ("from ... import x\n", "beyond the orthros package"),
+    ("import numpy; x = 1\n", "on a line of its own"),  # an optional import is put in a try block: x = 1 in it
 ])
 def test_bundle_refuses_imports_it_cannot_flatten(tmp_path, line, match):
     root = _synth(tmp_path / "pkg", {"__init__.py": "something_defined_in_the_root = 1\n", "models/__init__.py": "",
