@@ -163,7 +163,8 @@ def _fail(e, code: int) -> int:
 
 
 def _check_prompt_file(args):
-    """The prompts of ``--prompts`` (None without it), read and checked before anything loads."""
+    """The prompts of ``--prompts`` (None without it) as ``(line, text)`` pairs, read and checked
+    before anything loads."""
     import json
     from pathlib import Path
 
@@ -185,7 +186,7 @@ def _check_prompt_file(args):
         out = Path(args.output).expanduser()
         if out.exists() and out.samefile(path):  # the records would replace the prompts
             raise ValueError(f"--output {args.output} is the --prompts file: name another file for the records")
-    texts = []
+    prompts = []
     # lines end at newlines only (read_text_file's universal newlines make \r\n and \r one): str.splitlines
     # would also split at a form feed, U+0085 or U+2028 inside a prompt (raw in JSON with ensure_ascii=False)
     # and a UTF-8 byte order mark (Windows editors write one) is no part of the first prompt
@@ -193,7 +194,7 @@ def _check_prompt_file(args):
         if not line.strip():
             continue
         if path.suffix == ".txt":
-            texts.append(line)
+            prompts.append((n, line))
             continue
         try:
             rec = json.loads(line)
@@ -202,10 +203,10 @@ def _check_prompt_file(args):
         if not isinstance(rec, dict) or not isinstance(rec.get("prompt"), str) or not rec["prompt"]:
             raise ValueError(f"--prompts {path}:{n}: a JSON object with a non-empty string \"prompt\" is needed")
         _check_utf8(rec["prompt"], f"--prompts {path}:{n}: the prompt")
-        texts.append(rec["prompt"])
-    if not texts:
+        prompts.append((n, rec["prompt"]))
+    if not prompts:
         raise ValueError(f"--prompts {path}: no prompt in the file")
-    return texts
+    return prompts
 
 
 def _check_checkpoint(args):
@@ -438,8 +439,9 @@ def _load_engine(args, config, dtype, dev, tok, max_batch_size: int, max_seq_len
     return engine, eos
 
 
-def _generate_file(args, sampling, dev, dtype, config, tok, texts) -> int:
-    """``--prompts``: every prompt encoded and checked first, then generated ``--batch-size`` at a
+def _generate_file(args, sampling, dev, dtype, config, tok, prompts) -> int:
+    """``--prompts`` (``(line, text)`` pairs): every prompt encoded and checked first (an error names
+    its line), then generated ``--batch-size`` at a
     time; one JSON line a prompt, in the file's order, to ``--output`` (through a temporary name)
     or stdout."""
     import json
@@ -449,15 +451,16 @@ def _generate_file(args, sampling, dev, dtype, config, tok, texts) -> int:
     from ..utils import Progress, write_text
     from .engine import _eos_set, check_fits
 
-    encoded = []
-    for i, text in enumerate(texts):
+    encoded, texts = [], [text for _, text in prompts]
+    for n, text in prompts:
+        where = f"--prompts {args.prompts}:{n}"
         ids = _chat_ids(tok, [*_opening(args), {"role": "user", "content": text}]) if args.chat \
             else tok(text)["input_ids"]
         if not ids:
-            raise ValueError(f"--prompts: prompt {i + 1} encodes to no tokens")
-        _check_vocab(ids, config, tok, f"--prompts: prompt {i + 1}")
+            raise ValueError(f"{where}: the prompt encodes to no tokens")
+        _check_vocab(ids, config, tok, f"{where}: the prompt")
         check_fits(0, len(ids), args.max_new_tokens, max_seq_len=args.max_seq_len,
-                   max_positions=config.max_position_embeddings, row=i + 1)
+                   max_positions=config.max_position_embeddings, where=where)
         encoded.append(ids)
     bs = min(args.batch_size, len(encoded))
     # cache slots for the longest request only (each batch starts afresh): bs x 8192 slots by default

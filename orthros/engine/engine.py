@@ -49,12 +49,13 @@ MIN_SPAN = 512  # smallest cache span a decode graph is captured for
 
 
 def check_fits(n_cached: int, n_new: int, max_new_tokens: int, *, max_seq_len: int, max_positions: int,
-               row: int = 0) -> None:
+               row: int = 0, where: Optional[str] = None) -> None:
     """The length check of one row of a request: ``n_cached`` tokens in the cache, ``n_new``
     new prompt tokens, ``max_new_tokens`` to generate (the last is never fed back) must fit the
-    model's positions and the cache's slots. A ``ValueError`` names what does not fit."""
+    model's positions and the cache's slots. A ``ValueError`` names what does not fit, and the
+    row by ``where`` (e.g. a file and line), else ``row {row}``."""
     need = n_cached + n_new + max_new_tokens - 1
-    what = f"row {row}: {n_cached} cached + {n_new} new prompt tokens + {max_new_tokens} new tokens"
+    what = f"{where or f'row {row}'}: {n_cached} cached + {n_new} new prompt tokens + {max_new_tokens} new tokens"
     if need > max_positions:
         raise ValueError(f"{what} need positions 0..{need - 1}, beyond the model's max_position_embeddings="
                          f"{max_positions}; shorten the prompt or lower max_new_tokens")

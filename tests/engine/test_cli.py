@@ -274,7 +274,7 @@ def test_generate_prompt_file_errors_before_any_work(checkpoint, tmp_path, capsy
                         (["w1", "-o", str(out)], "--output goes with --prompts"),
                         (["--prompts", str(good), "-o", str(tmp_path)], "is a directory"),
                         (["--prompts", str(good), "--batch-size", "0"], "--batch-size must be >= 1"),
-                        (["--prompts", str(tmp_path / "long.txt"), "--max-seq-len", "32"], "row 1: 0 cached + 70")):
+                        (["--prompts", str(tmp_path / "long.txt"), "--max-seq-len", "32"], "long.txt:1: 0 cached + 70")):
         rc, text = run_cli(base + extra + ([] if "-o" in extra else ["-o", str(out)]))
         err = capsys.readouterr().err
         assert rc == 2 and says in err, (extra, err)
@@ -440,3 +440,21 @@ def test_output_that_is_the_prompt_file_is_refused_before_any_work(checkpoint, t
         err = capsys.readouterr().err
         assert rc == 2 and text == "" and "--output" in err and "is the --prompts file" in err, err
         assert p.read_text() == "w1 w2\n"
+
+
+def test_a_prompt_file_error_names_the_prompt_s_line(checkpoint, tmp_path, capsys):
+    """Was: a prompt too long for the cache was "row 2", one with no tokens or out of the model's
+    vocabulary "prompt 2": its place among the prompts, not the file's line (blank lines are
+    skipped), and "row" 1-based where the engine's rows are 0-based. Now FILE:LINE, as the file's
+    other errors."""
+    import json
+
+    d, _ = checkpoint
+    (tmp_path / "long.txt").write_text("w1\n\n" + "w1 " * 70 + "\n")
+    (tmp_path / "blank.jsonl").write_text(json.dumps({"prompt": "w1"}) + "\n\n" + json.dumps({"prompt": " "}) + "\n")
+    for name, says in (("long.txt", "long.txt:3: 0 cached + 70 new prompt tokens"),
+                       ("blank.jsonl", "blank.jsonl:3: the prompt encodes to no tokens")):
+        rc, text = run_cli(["generate", "--model", str(d), "--device", "cpu", "--max-new-tokens", "4",
+                            "--max-seq-len", "32", "--prompts", str(tmp_path / name)])
+        err = capsys.readouterr().err
+        assert rc == 2 and text == "" and says in err, err

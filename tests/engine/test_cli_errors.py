@@ -234,7 +234,7 @@ def test_tokenizer_that_is_not_the_models(tmp_path, capsys, no_weights):
     base = ["--model", str(d), "--device", "cpu", "--max-new-tokens", "2"]
     refused(base + ["hello world"], capsys, "the prompt encodes to token id", "vocab_size=100",
             "does not belong to --model")
-    refused(base + ["--prompts", str(tmp_path / "p.txt")], capsys, "--prompts: prompt 1 encodes to token id",
+    refused(base + ["--prompts", str(tmp_path / "p.txt")], capsys, "p.txt:1: the prompt encodes to token id",
             "vocab_size=100")
 
 
