@@ -114,6 +114,7 @@ def orthros_decode_attention(q, q_out, k_cache, v_cache, cache_seqlens, *, windo
     if not isinstance(stacked, bool):
         raise ValueError(f"stacked must be True or False, got {stacked!r}")
     _check(q, q_out, k_cache, v_cache, cache_seqlens, window_size, scale)
+    window_size = min(window_size, k_cache.shape[1])  # the same keys; 10**20 overflowed int64 below
     if resolve_backend(backend, q, k_cache) == "triton":
         from .triton import decode_attention_triton
 
@@ -239,6 +240,7 @@ def orthros_decode_qkv_attention(qkv, k_cache, v_cache, lens, *, num_heads: int,
     q_rows = tuple(q_rows)
     _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_norm, eps, scale_offset, window_size,
                scale)
+    window_size = min(window_size, k_cache.shape[1])  # the same keys; 10**20 overflowed int64 below
     kw = dict(num_heads=num_heads, q_rows=q_rows, rope=rope, window_size=window_size, scale=scale, q_norm=q_norm,
               k_norm=k_norm, eps=eps, scale_offset=tuple(scale_offset))
     if resolve_backend(backend, qkv.unflatten(-1, (-1, k_cache.shape[3])), k_cache) == "triton":

@@ -168,6 +168,22 @@ def test_dispatch_and_validation():
         orthros_decode_attention(q, qo, kc, vc, lens, window_size=3, scale=float("nan"))
 
 
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_window_longer_than_any_int64_is_the_whole_cache(backend):
+    # window_size=10**20 (an "infinite" window; orthros_attention takes it) was an OverflowError of int64
+    # (the reference's lens - w, the kernel's argument) in both decode ops
+    from orthros.ops.decode import orthros_decode_qkv_attention
+
+    q, qo, kc, vc, lens = make(2, 12, 4, 2, 16, [12, 5])
+    for a, b in zip(orthros_decode_attention(q, qo, kc, vc, lens, window_size=10**20, backend=backend),
+                    orthros_decode_attention(q, qo, kc, vc, lens, window_size=12, backend=backend)):
+        assert torch.equal(a, b)
+    qkv, kc, vc, lens, kw = make_qkv(2, 12, 4, 2, 8, [3, 11])
+    outs = [orthros_decode_qkv_attention(qkv, kc.clone(), vc.clone(), lens, window_size=w, backend=backend, **kw)
+            for w in (10**20, 12)]
+    assert torch.equal(*outs)
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
