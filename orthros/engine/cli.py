@@ -346,8 +346,15 @@ def _opening(args) -> list:
 
 
 def _chat_ids(tok, messages) -> list:
-    """The token ids of ``messages`` in the tokenizer's chat template, ready for the reply."""
-    ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    """The token ids of ``messages`` in the tokenizer's chat template, ready for the reply. A
+    template that refuses them (``raise_exception``: e.g. no system role) is a ``ValueError``."""
+    from jinja2 import TemplateError
+
+    try:
+        ids = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    except TemplateError as e:
+        raise ValueError(f"--chat: the tokenizer's chat template refuses this conversation ({e}) "
+                         f"(roles: {', '.join(m['role'] for m in messages)})") from None
     return ids["input_ids"] if hasattr(ids, "keys") else ids  # a BatchEncoding in newer transformers
 
 

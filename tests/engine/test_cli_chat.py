@@ -238,3 +238,28 @@ def test_a_reply_cut_inside_a_character_prints_all_its_text(ckpt, model_and_tok,
     monkeypatch.setattr(engine_mod.Engine, "stream", stream)
     rc, text = run(["--model", str(ckpt), "--device", "cpu", "--max-new-tokens", "4", "Hello"])
     assert rc == 0 and text == tok.decode(new, skip_special_tokens=True) + "\n"
+
+
+NO_SYSTEM = ("{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+             "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+             "'<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+@pytest.mark.parametrize("prompts", [False, True])
+def test_a_chat_template_that_refuses_the_system_message(ckpt, tmp_path, capsys, monkeypatch, prompts):
+    """A template that raises for a conversation (Gemma's and Mistral's refuse a system message).
+    Was: exit 1 (a runtime failure) with jinja's "TemplateError: ..." and no word of the option;
+    now bad input (exit 2) naming --chat / --system and the template's reason, before the weights load."""
+    import shutil
+
+    from orthros.models import OrthrosForCausalLM
+
+    d = shutil.copytree(ckpt, tmp_path / "ck")
+    (d / "chat_template.jinja").write_text(NO_SYSTEM)
+    (tmp_path / "p.txt").write_text("Hello\n")
+    monkeypatch.setattr(OrthrosForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("the weights were loaded"))
+    capsys.readouterr()
+    rc, text = run(["--model", str(d), "--device", "cpu", "--chat", "--system", "Be brief.",
+                    *(["--prompts", str(tmp_path / "p.txt")] if prompts else ["Hello"])])
+    err = capsys.readouterr().err
+    assert rc == 2 and text == "" and "--chat" in err and "System role not supported" in err, err
