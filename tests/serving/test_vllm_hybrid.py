@@ -177,6 +177,31 @@ def test_prefix_cache_hits_keep_the_logprobs(tmp_path, prompt_of):
         gc.collect()
 
 
+@pytest.mark.parametrize("block_size", [None, 64])
+def test_hybrid_block_tokens_follow_the_engines_block_size(tmp_path, block_size):
+    """vLLM raises the block size in steps of the --block-size it starts from (128 on CPU when none
+    is given), not of 32: this checkpoint's 96-token blocks at --block-size 32 are 128 tokens with
+    vLLM's default and with --block-size 64, which hybrid_block_tokens (orthros info) said were 96."""
+    from orthros.serving import CPU_DEFAULT_BLOCK_SIZE
+
+    path = build_checkpoint(tmp_path / "h", seed=8, num_hidden_layers=2, **PREFIX_CACHE_SHAPE,
+                            layer_types=["linear_attention", "orthros_attention"])
+    kw = {} if block_size is None else {"block_size": block_size}
+    llm = LLM(model=str(path), dtype="bfloat16", max_model_len=MAX_MODEL_LEN, kv_cache_memory_bytes=64 << 20,
+              max_num_seqs=2, enforce_eager=True, enable_prefix_caching=True, **kw)
+    try:
+        import orthros
+
+        config = orthros.OrthrosConfig.from_pretrained(path)
+        want = hybrid_block_tokens(config, block_size=block_size or CPU_DEFAULT_BLOCK_SIZE)
+        assert llm.llm_engine.vllm_config.cache_config.block_size == want
+        assert hybrid_block_tokens(config, block_size=BLOCK_SIZE) == hybrid_block_tokens(config)  # (default: 32)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+
+
 def test_attention_layers_in_several_kv_cache_groups_read_their_own_blocks(tmp_path, prompt_of):
     """vLLM gives a hybrid's layers KV-cache groups of equal size, so attention layers that
     outnumber the GDN layers (3 against 1 here) sit in several groups, each with its own block
