@@ -28,11 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from orthros.serving import CPU_DEFAULT_BLOCK_SIZE
 from orthros.utils import check_output_path, write_json
 
 # --quick: the sizes of a smoke run
 QUICK = {"prefill_lengths": [256, 1024], "decode_tokens": 32, "repeats": 1, "layers": 2}
 PROMPT_ID_LOW = 10  # random prompt token ids start here (clear of the tokenizer's special tokens)
+KV_CACHE_BYTES = 2 << 30  # the KV-cache budget each model's engine gets (kv_cache_memory_bytes)
 
 
 def _parser():
@@ -67,7 +69,13 @@ def parse_args(argv=None):
     if args.quick:
         p.set_defaults(**QUICK)
         args = p.parse_args(argv)
+    args.prefill_lengths = list(dict.fromkeys(args.prefill_lengths))  # a length given twice is one workload
     return args
+
+
+def model_len(args) -> int:
+    """The models' max_model_len: the workloads' longest sequence, + 16."""
+    return max(args.prefill_lengths + [args.decode_prompt + args.decode_tokens]) + 16
 
 
 def _refuse(msg: str):
@@ -88,6 +96,15 @@ def _check(args):
                 f"--vocab-size - 1), got {args.vocab_size}")
     if min(args.prefill_lengths) < 1:
         _refuse("--prefill-lengths must be >= 1")
+    # vLLM refuses (a traceback, after both checkpoints were made) an engine whose KV cache cannot hold one
+    # sequence of max_model_len, in whole blocks (one block held back); fp32 K/V of every layer
+    per_token = args.layers * 2 * args.kv_heads * (args.hidden_size // args.heads) * 4
+    blocks = -(-model_len(args) // CPU_DEFAULT_BLOCK_SIZE) + 1
+    if blocks * CPU_DEFAULT_BLOCK_SIZE * per_token > KV_CACHE_BYTES:
+        _refuse(f"a sequence of {model_len(args)} tokens (the longest workload + 16) needs "
+                f"{blocks * CPU_DEFAULT_BLOCK_SIZE * per_token / 2 ** 20:,.0f} MiB of fp32 KV cache at this shape, over "
+                f"the {KV_CACHE_BYTES / 2 ** 20:,.0f} MiB each engine gets: shorten --prefill-lengths (or --decode-prompt "
+                f"+ --decode-tokens), or shrink --layers / --kv-heads")
     if args.json is not None:
         try:  # written at the end of a run of minutes: refused now
             check_output_path("--json", args.json)
@@ -110,11 +127,11 @@ def make_checkpoints(args, root: Path):
 
     from orthros.conversion.convert import convert_checkpoint
 
-    max_len = max(args.prefill_lengths + [args.decode_prompt + args.decode_tokens]) + 16
+    length = model_len(args)
     torch.manual_seed(0)
     cfg = LlamaConfig(vocab_size=args.vocab_size, hidden_size=args.hidden_size, intermediate_size=args.intermediate_size,
                       num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-                      max_position_embeddings=max(max_len, args.window_size),  # (the window fits the positions)
+                      max_position_embeddings=max(length, args.window_size),  # (the window fits the positions)
                       tie_word_embeddings=False, bos_token_id=None,
                       eos_token_id=None, pad_token_id=None)
     llama = LlamaForCausalLM(cfg).float()
@@ -123,7 +140,7 @@ def make_checkpoints(args, root: Path):
 
     load_tokenizer().save_pretrained(root / "llama")
     convert_checkpoint(root / "llama", root / "orthros", window_size=args.window_size, dtype="fp32")
-    return root / "llama", root / "orthros", max_len
+    return root / "llama", root / "orthros", length
 
 
 def _timed(llm, reqs, params):
@@ -139,7 +156,7 @@ def make_llm(path, max_len, args):
     batched = max(max(args.prefill_lengths), args.decode_batch * (args.decode_prompt + 1))
     return LLM(model=str(path), dtype="float32", max_model_len=max_len, enforce_eager=True, seed=0,
                enable_prefix_caching=False, max_num_seqs=max(args.decode_batch, args.prefill_batch),
-               max_num_batched_tokens=batched, kv_cache_memory_bytes=2 << 30)
+               max_num_batched_tokens=batched, kv_cache_memory_bytes=KV_CACHE_BYTES)
 
 
 def bench(llms: dict, args) -> dict:

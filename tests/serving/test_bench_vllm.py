@@ -96,3 +96,24 @@ def test_the_engine_runs_in_this_process_whatever_the_environment(monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         bench_vllm.main(["--hidden-size", "64", "--heads", "2", "--kv-heads", "1"])
     assert seen == ["0"]
+
+
+def test_a_sequence_the_kv_cache_cannot_hold_is_refused_before_the_run(capsys):
+    """Each engine gets 2 GiB of KV cache: --prefill-lengths 140000 at the default shape (16 KiB a
+    token) made both checkpoints, loaded the Orthros model, and died in vLLM's KV-cache check with a
+    traceback that advised raising gpu_memory_utilization, which the bench does not take."""
+    import pytest
+
+    from orthros.serving.bench_vllm import _check
+
+    with pytest.raises(SystemExit) as e:
+        _check(parse_args(["--prefill-lengths", "140000"]))
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "140016 tokens" in err and "2,190 MiB" in err and "2,048 MiB" in err and "--prefill-lengths" in err, err
+    _check(parse_args(["--prefill-lengths", "130928"]))  # 130,944 tokens: the most vLLM takes in 2 GiB here
+    _check(parse_args(["--prefill-lengths", "140000", "--layers", "4"]))  # half the K/V a token
+
+
+def test_a_prefill_length_given_twice_is_one_workload():
+    """--prefill-lengths 32 32 ran the workload twice (warm-up and repeats) and reported it once."""
+    assert parse_args(["--prefill-lengths", "32", "64", "32"]).prefill_lengths == [32, 64]
