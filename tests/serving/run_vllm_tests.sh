@@ -28,9 +28,11 @@ fi
 # orthros itself without its dependencies, so vLLM's pinned torch / transformers stay
 "$PY" -m pip install -q --no-deps -e .
 "$PY" -c "import vllm, orthros.serving; print('vllm', vllm.__version__)"
-# a test path among the arguments (a file, a folder, file::test) runs that alone; else all of tests/serving
+# a test path among the arguments (a file, a folder, file::test, inside tests/) runs that alone; else all of
+# tests/serving (an option's value that names another path, as -k orthros does, is no test path)
 TARGET=(tests/serving)
 for a in "$@"; do
-    if [[ $a != -* && -e ${a%%::*} ]]; then TARGET=(); break; fi
+    p=${a%%::*}
+    if [[ $a != -* && -e $p && $(realpath "$p")/ == "$PWD"/tests/* ]]; then TARGET=(); break; fi
 done
 ORTHROS_REQUIRE_VLLM=1 "$PY" -m pytest ${TARGET[@]+"${TARGET[@]}"} -p no:cacheprovider "$@"

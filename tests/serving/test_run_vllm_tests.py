@@ -33,3 +33,12 @@ def test_a_test_path_given_runs_that_alone(tmp_path):
     assert pytest_args(tmp_path / "c", "-q", one) == ["-p", "no:cacheprovider", "-q", one]
     assert pytest_args(tmp_path / "d", f"{one}::test_quick_presets_only_the_sizes_not_given", "-k", "quick") == [
         "-p", "no:cacheprovider", f"{one}::test_quick_presets_only_the_sizes_not_given", "-k", "quick"]
+
+
+def test_an_option_value_that_names_a_folder_is_no_test_path(tmp_path):
+    """``-k orthros`` (or ``-k docs``): the value names a folder of the repository, which the script
+    took for a test path, so pytest ran without tests/serving, over the whole tests folder
+    (pyproject's testpaths) in the vLLM venv. Only paths inside tests/ are test paths."""
+    for word in ("orthros", "docs"):
+        assert pytest_args(tmp_path / word, "-k", word) == ["tests/serving", "-p", "no:cacheprovider", "-k", word]
+    assert pytest_args(tmp_path / "abs", str(SCRIPT.parent)) == ["-p", "no:cacheprovider", str(SCRIPT.parent)]
