@@ -264,6 +264,7 @@ class ShardedOrthros:
         Hkv, Hq, D = cfg.num_key_value_heads, cfg.num_attention_heads, cfg.head_dim
         wm1 = self.window - 1
         counts = [min(b - a, wm1) for a, b in bounds]  # valid tail rows per rank
+        slot = max(counts)  # rows of a tail in the gather: w - 1, or the longest shard when shards are shorter
         chunks = [(c, min(n, c + self.chunk_size)) for c in range(0, n, self.chunk_size)]
         layers = core.layers
         L = len(layers)
@@ -284,13 +285,13 @@ class ShardedOrthros:
             # 2) the output query's partial attention over the local keys
             q_out, gate_out = attn.queries(layer.pre_attention(h_out), rope_out, "out", with_gate=True)
             o_p, lse_p = partial_attention(q_out, kl, vl, key_chunk=self.key_chunk)
-            # 3) one gather: this rank's tail (right-aligned in w-1 rows) + its partial
+            # 3) one gather: this rank's tail (right-aligned in slot rows) + its partial
             c_me = counts[ctx.rank]
-            tail_k = kl.new_zeros(B, wm1, Hkv, D)
-            tail_v = vl.new_zeros(B, wm1, Hkv, D)
+            tail_k = kl.new_zeros(B, slot, Hkv, D)
+            tail_v = vl.new_zeros(B, slot, Hkv, D)
             if c_me:
-                tail_k[:, wm1 - c_me:] = kl[:, n - c_me:]
-                tail_v[:, wm1 - c_me:] = vl[:, n - c_me:]
+                tail_k[:, slot - c_me:] = kl[:, n - c_me:]
+                tail_v[:, slot - c_me:] = vl[:, n - c_me:]
             pending = ctx.all_gather(self._pack([tail_k, tail_v, o_p, lse_p], B),
                                      f"prefill layer {i}: K/V halo + partial output", async_op=True)
             # window stream of the chunks that need no halo, overlapping the gather
@@ -301,9 +302,9 @@ class ShardedOrthros:
                         self._window_chunk(layer, attn, h, c[0], c[1], kbuf, vbuf, None, ropes[c])
             g = pending.wait()  # [R, B, P]
             R = g.shape[0]
-            nt = wm1 * Hkv * D
-            tails_k = g[:, :, :nt].reshape(R, B, wm1, Hkv, D).to(dtype)
-            tails_v = g[:, :, nt:2 * nt].reshape(R, B, wm1, Hkv, D).to(dtype)
+            nt = slot * Hkv * D
+            tails_k = g[:, :, :nt].reshape(R, B, slot, Hkv, D).to(dtype)
+            tails_v = g[:, :, nt:2 * nt].reshape(R, B, slot, Hkv, D).to(dtype)
             o_all = g[:, :, 2 * nt:2 * nt + Hq * D].reshape(R, B, 1, Hq, D)
             lse_all = g[:, :, 2 * nt + Hq * D:].reshape(R, B, 1, Hq)
             # the whole sequence's last w-1 K/V: the decode window (replicated)

@@ -123,6 +123,18 @@ def test_single_process_equals_model_with_the_attention_output_gate():
     assert rel_err(got_l, logits) < 1e-5
 
 
+def test_window_longer_than_the_prompt_sends_only_the_shards_tails():
+    """The gathered tail of every rank was w - 1 rows whatever the shard's length: a window of 10**12 (full
+    attention, which the model runs) allocated 96 TB; 10**6 gathered ~100 MB a layer for a 9-token prompt. The
+    slot is the longest tail (at most w - 1 rows); the multi-rank test covers slots shorter than w - 1."""
+    model = tiny_model(window_size=10**12)
+    ids = torch.randint(0, V, (2, 9))
+    toks, logits = reference_generate(model, ids, 3)
+    got_t, got_l, cache = ShardedOrthros(model, ParallelContext.single(), chunk_size=4).generate(ids, 3)
+    assert torch.equal(got_t, toks) and rel_err(got_l, logits) < 1e-5
+    assert cache.window_k[0].shape[1] == 11  # the whole sequence is the decode window
+
+
 def test_positions_past_the_model_s_are_warned_as_the_model_warns():
     """A prompt, or a generation, past ``max_position_embeddings`` is computed with the model's warning (it ran
     without a word); within the positions, none."""
