@@ -33,7 +33,8 @@ DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E4M3
                "F64": 8, "C64": 8}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
                    "spiece.model", "tiktoken.model")
-CONVERTIBLE = ("llama", "qwen2", "qwen3", "mistral")
+# the model types `orthros convert` takes (conversion/architectures.py; not imported: remote code)
+CONVERTIBLE = ("llama", "qwen2", "qwen3", "mistral", "qwen3_5_text")
 
 
 class CheckpointError(ValueError):

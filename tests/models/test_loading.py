@@ -175,6 +175,21 @@ def test_another_model_types_checkpoint_is_named_to_convert(saved, tmp_path):
     assert own.model.layers[0].self_attn.o_proj.bias is not None
 
 
+def test_every_model_type_orthros_convert_takes_is_named_to_convert(tmp_path):
+    """A Qwen3.5 text checkpoint (model_type qwen3_5_text, which `orthros convert` takes) was refused as
+    "not an Orthros checkpoint (convertible to Orthros: llama, qwen2, qwen3, mistral)": the list
+    lacked it. It is the converter's list of model types (loading.py imports nothing of orthros:
+    remote code), so the two are compared here."""
+    from orthros.conversion.architectures import _MODEL_TYPES
+    from orthros.models.loading import CONVERTIBLE
+
+    assert sorted(CONVERTIBLE) == sorted(_MODEL_TYPES)
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / "config.json").write_text(json.dumps({"model_type": "qwen3_5_text"}))
+    with pytest.raises(CheckpointError, match="'qwen3_5_text' is not an Orthros checkpoint; convert it first"):
+        OrthrosForCausalLM.from_pretrained(tmp_path / "q")
+
+
 def test_a_training_runs_directory_names_its_latest_checkpoint(saved, tmp_path):
     """``from_pretrained(output_dir)`` of a training run (config.json only in its checkpoints):
     one line naming the latest checkpoint, instead of transformers' missing-file error."""
