@@ -174,7 +174,9 @@ def engine_generate(model, args, kwargs, required: bool) -> Optional[torch.Tenso
     prompts, ids, n_new, params, eos, pad = plan
     need = max(len(p) for p in prompts) + n_new
     eng = _engine_for(model, len(prompts), need)
-    new = eng.generate([p.tolist() for p in prompts], n_new, params, eos_token_id=eos or None)
+    # an id the model cannot sample never stops a row (transformers runs with it; the engine refuses it)
+    stops = [e for e in eos if 0 <= e < model.config.vocab_size]
+    new = eng.generate([p.tolist() for p in prompts], n_new, params, eos_token_id=stops or None)
     width = max(len(r) for r in new)
     out = torch.full((len(new), width), pad, dtype=ids.dtype, device=ids.device)
     for b, r in enumerate(new):

@@ -563,3 +563,21 @@ def test_eos_token_id_outside_the_vocabulary_is_refused_before_any_work():
             eng.generate(PROMPTS[:1], 3, eos_token_id=bad)
     assert eng.batch_size == 0 and int(eng.cache.seqlens.abs().sum()) == 0  # nothing ran
     assert eng.generate(PROMPTS[:1], 2, eos_token_id=V - 1)  # the last id is fine
+
+
+def test_generate_through_engine_with_eos_ids_the_model_cannot_sample():
+    """An EOS id outside the vocabulary (a generation config written for a larger tokenizer):
+    transformers' ``generate`` runs, such an id never stopping a row. Was: ``generate()`` through
+    the engine raised the engine's ValueError (under ``use_engine=None`` on CUDA too, where
+    transformers would have served the request); now those ids are left out of the engine's stops,
+    which gives transformers' tokens and padding."""
+    m = tiny_model()
+    ids, mask = _left_padded(PROMPTS[:2])
+    V = m.config.vocab_size
+    free = m.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, use_engine=False)
+    stop = int(free[0, ids.shape[1] + 1])  # row 0 stops at its second token, row 1 later or never
+    for eos in (V + 3, [stop, V]):  # [V, stop]: transformers pads with V, which its next step cannot embed
+        kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, eos_token_id=eos)
+        want = m.generate(ids, use_engine=False, **kw)
+        got = m.generate(ids, use_engine=True, **kw)
+        assert got.shape == want.shape and torch.equal(got, want), eos
