@@ -504,7 +504,9 @@ class Engine:
         """Declare that rows ``0..len(lengths)-1`` hold ``lengths`` tokens, whatever the cache
         holds there: rewinds a conversation to an earlier length (the tokens past it are
         forgotten), and lets benchmarks time decode at a context without prefilling it (a step
-        costs the same whatever the cached values)."""
+        costs the same whatever the cached values). A GDN layer's state (Orthros-H) holds no
+        tokens to forget: it is not rewound, so a rewound hybrid conversation does not continue
+        as it would have from that length (docs/engine.md)."""
         self._end_open_stream()
         lengths = list(lengths)
         if not lengths or len(lengths) > self.max_batch_size or any(
