@@ -76,7 +76,8 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
     from .conversion.convert import REPORT_FILE
     from .engine.cache import StaticKVCache, linear_layers
     from .models.loading import DTYPE_BYTES, TOKENIZER_FILES, check_weights_fit, checkpoint_dir, weight_headers
-    from .serving import ARCHITECTURE, HYBRID_ARCHITECTURE, check_servable, hybrid_block_tokens, is_hybrid
+    from .serving import ARCHITECTURE, CPU_DEFAULT_BLOCK_SIZE, HYBRID_ARCHITECTURE, check_servable, hybrid_block_tokens, \
+        is_hybrid
     from .models import OrthrosConfig, OrthrosForCausalLM
     from .training.checkpoint import MANIFEST, CheckpointError, verify as verify_manifest
     from .training.metrics import forward_flops
@@ -184,7 +185,8 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
         "remote_code": remote,
         "vllm": {"servable": vllm is None, "why_not": vllm,
                  "architecture": HYBRID_ARCHITECTURE if is_hybrid(config) else ARCHITECTURE,
-                 "prefix_block_tokens": hybrid_block_tokens(config) if vllm is None and is_hybrid(config) else None},
+                 "prefix_block_tokens": hybrid_block_tokens(config, block_size=CPU_DEFAULT_BLOCK_SIZE)
+                 if vllm is None and is_hybrid(config) else None},
         "origin": origin,
         "cache": {"batch_size": batch_size, "max_seq_len": L, "dtype": dtype_name(cache_dtype),
                   "kv_bytes_per_token": cache.bytes_per_token(), "kv_bytes": cache.nbytes, "state_bytes": cache.state_nbytes},
@@ -251,7 +253,7 @@ def format_report(r: dict) -> str:
     v = r["vllm"]
     row("vLLM", (f"vllm serve {r['path']} (with orthros[vllm] installed: docs/serving.md)" +
                  (f"; as {v['architecture']} (CPU backend only, so far; prefix caching reuses whole blocks of "
-                  f"{v['prefix_block_tokens']:,} tokens{_never_hits(r)})" if v["prefix_block_tokens"] else ""))
+                  f"{v['prefix_block_tokens']:,} tokens at vLLM's default --block-size{_never_hits(r)})" if v["prefix_block_tokens"] else ""))
         if v["servable"] else f"no: {v['why_not'].removeprefix('the vLLM Orthros model ')}; orthros generate runs it")
     origin = r["origin"]
     if "converted_from" in origin:

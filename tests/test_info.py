@@ -14,7 +14,7 @@ from orthros.cli import main as orthros_main
 from orthros.evaluation.common import make_tiny_checkpoint
 from orthros.info import describe
 from orthros.kinds import hybrid_layout
-from orthros.serving import hybrid_block_tokens
+from orthros.serving import CPU_DEFAULT_BLOCK_SIZE, hybrid_block_tokens
 from orthros.training.metrics import window_keys
 
 
@@ -95,13 +95,15 @@ def test_table_and_json(ckpt, hybrid, capsys):
     r = json.loads(out)
     assert rc == 0 and r["kind"] == "Orthros-H" and r["cache"]["dtype"] == "bf16"
     assert r["cache"] == describe(hybrid, max_seq_len=64, dtype="bf16")["cache"]
-    block = hybrid_block_tokens(orthros.OrthrosConfig.from_pretrained(hybrid))
+    # what a plain `vllm serve` (no --block-size) keeps, the default the row speaks of
+    block = hybrid_block_tokens(orthros.OrthrosConfig.from_pretrained(hybrid), block_size=CPU_DEFAULT_BLOCK_SIZE)
     assert r["vllm"] == {"servable": True, "why_not": None, "architecture": "OrthrosHybridForCausalLM",
                          "prefix_block_tokens": block}
     rc, out, _ = run([str(hybrid)], capsys)
     assert "(3 Gated DeltaNet + 1 Orthros attention)" in out and "+ GDN states" in out
     assert "the same layers with full attention" in out and "as OrthrosHybridForCausalLM (CPU backend only" in out
-    assert f"prefix caching reuses whole blocks of {block:,} tokens" in out and "never" not in out
+    assert f"prefix caching reuses whole blocks of {block:,} tokens at vLLM's default --block-size" in out
+    assert "never" not in out
     assert describe(ckpt)["vllm"] == {"servable": True, "why_not": None, "architecture": "OrthrosForCausalLM",
                                       "prefix_block_tokens": None}
 
@@ -117,10 +119,12 @@ def test_vllm_row_of_hybrids_vllm_would_not_serve_or_never_reuse(tmp_path, capsy
 
     row = vllm_row("dims16", linear_key_head_dim=16, linear_value_head_dim=16)  # the CPU GDN kernels' dims are 64 and 128
     assert "no: vLLM's CPU Gated DeltaNet kernels take head dims [64, 128]" in row and "orthros generate runs it" in row
-    # a GDN state of 4 x 128 x 128 x 4 bytes (+ its convolution window) over 128 bytes of K/V a token: 2,112 tokens
+    # a GDN state of 4 x 128 x 128 x 4 bytes (+ its convolution window) over 128 bytes of K/V a token: 2,112 tokens,
+    # rounded up to vLLM's default --block-size steps of 128 (a plain `vllm serve`): 2,176
     row = vllm_row("big_state", linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=128, linear_value_head_dim=128,
                    num_key_value_heads=1, head_dim=32, max_position_embeddings=1024)
-    assert "blocks of 2,112 tokens, more than its 1,024 positions: no prompt is ever reused" in row, row
+    assert "blocks of 2,176 tokens at vLLM's default --block-size, more than its 1,024 positions: no prompt is ever " \
+           "reused" in row, row
 
 
 @pytest.mark.parametrize("shape, state_bytes, tokens", [
