@@ -143,7 +143,7 @@ class Engine:
             raise TypeError(f"model must be an OrthrosForCausalLM, got {type(model).__name__}")
         cfg = model.config
         mode = resolve_mode(cfg.attention_mode if attention_mode is None else attention_mode)
-        self.model = model.eval()
+        self.model = model
         self.config = cfg
         self.mode = mode
         self.output_tokens = has_output_stream(mode)
@@ -154,8 +154,6 @@ class Engine:
         self.window = cfg.window_size
         self.max_batch_size, self.max_seq_len = max_batch_size, max_seq_len
         self.prefill_chunk = prefill_chunk
-        self.cache = self.cache_class(self.num_layers, max_batch_size, max_seq_len, self.Hkv, self.D,
-                                      dtype=self.dtype, device=self.device, linear=linear_layers(model))
         if cuda_graphs is None:
             cuda_graphs = self.device.type == "cuda"
         if cuda_graphs and self.device.type != "cuda":
@@ -171,6 +169,9 @@ class Engine:
                 raise ValueError(f"graph_batch_sizes must hold integers in [1, max_batch_size={max_batch_size}], "
                                  f"got {list(sizes)!r}")
         self.graph_batch_sizes = tuple(sorted(set(sizes)))
+        model.eval()  # the arguments checked: the engine runs the model in eval mode
+        self.cache = self.cache_class(self.num_layers, max_batch_size, max_seq_len, self.Hkv, self.D,
+                                      dtype=self.dtype, device=self.device, linear=linear_layers(model))
         self._graphs = {}
         self._pool = None
         self._tok_buf = torch.zeros(max_batch_size, dtype=torch.long, device=self.device)

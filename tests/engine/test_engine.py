@@ -581,3 +581,21 @@ def test_generate_through_engine_with_eos_ids_the_model_cannot_sample():
         want = m.generate(ids, use_engine=False, **kw)
         got = m.generate(ids, use_engine=True, **kw)
         assert got.shape == want.shape and torch.equal(got, want), eos
+
+
+@pytest.mark.parametrize("kw, what", [(dict(cuda_graphs=True), "cuda_graphs"),
+                                      (dict(graph_batch_sizes=[3]), "graph_batch_sizes"),
+                                      (dict(graph_batch_sizes=2), "graph_batch_sizes")])
+def test_bad_engine_arguments_are_refused_before_the_cache_is_allocated(kw, what):
+    """Was: ``cuda_graphs=True`` off CUDA and a bad ``graph_batch_sizes`` were refused only after
+    the static cache (``max_batch_size x max_seq_len`` slots a layer, GBs for a real model) had been
+    allocated (and the model put in eval mode), so a big request could run out of memory before
+    the error naming the argument."""
+    class NoCache(Engine):
+        def cache_class(*a, **k):
+            raise AssertionError("the cache was allocated before the bad argument was refused")
+
+    m = tiny_model().train()
+    with pytest.raises((ValueError, TypeError), match=what):
+        NoCache(m, max_batch_size=2, max_seq_len=16, **kw)
+    assert m.training  # nor was the model put in eval mode
