@@ -342,7 +342,7 @@ def _check_vocab(ids, config, tok, what: str) -> None:
 
 def _opening(args) -> list:
     """The messages a conversation starts with: the ``--system`` message, if any."""
-    return [{"role": "system", "content": args.system}] if args.system else []
+    return [{"role": "system", "content": args.system}] if args.system is not None else []
 
 
 def _chat_ids(tok, messages) -> list:

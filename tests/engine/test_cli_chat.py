@@ -263,3 +263,28 @@ def test_a_chat_template_that_refuses_the_system_message(ckpt, tmp_path, capsys,
                     *(["--prompts", str(tmp_path / "p.txt")] if prompts else ["Hello"])])
     err = capsys.readouterr().err
     assert rc == 2 and text == "" and "--chat" in err and "System role not supported" in err, err
+
+
+def test_an_empty_system_message_is_a_system_message(ckpt, tmp_path, monkeypatch):
+    """``--system ""`` asks for an empty system message, which is how a template with a default
+    one (SmolLM2's "You are SmolLM.") is told to leave it out. Was: dropped as if not given, so the
+    default came back."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from orthros.engine import engine as engine_mod
+
+    d = shutil.copytree(ckpt, tmp_path / "ck")
+    (d / "chat_template.jinja").write_text(DEFAULT_SYSTEM)
+    tok = AutoTokenizer.from_pretrained(str(d))
+    fed, real = [], engine_mod.Engine.stream
+
+    def spy(self, prompts, *a, **k):
+        fed.append(list(prompts[0]))
+        return real(self, prompts, *a, **k)
+
+    monkeypatch.setattr(engine_mod.Engine, "stream", spy)
+    rc, _ = run(["--model", str(d), "--device", "cpu", "--max-new-tokens", "2", "--chat", "--system", "", "Hello"])
+    assert rc == 0 and fed == [chat_ids(tok, [{"role": "system", "content": ""}, {"role": "user", "content": "Hello"}])]
+    assert "You are SmolLM" not in tok.decode(fed[0])
