@@ -331,8 +331,8 @@ class OrthrosModel(OrthrosPreTrainedModel):
                         position_ids = (am.cumsum(dim=1) - 1).clamp(min=0)[:, past:]
         doc = None
         if cu_seqlens is not None:  # validated once here, not in every layer
+            doc = doc_ids_from_cu_seqlens(cu_seqlens, B, T, dev)  # before .long(): floats are refused, not cut
             cu_seqlens = torch.as_tensor(cu_seqlens, device=dev).long()
-            doc = doc_ids_from_cu_seqlens(cu_seqlens, B, T, dev)
         if position_ids is None:
             if doc is not None:  # RoPE positions restart in every document
                 position_ids = (torch.arange(T, device=dev) - cu_seqlens[doc]).view(1, T)

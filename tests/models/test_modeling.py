@@ -245,6 +245,18 @@ def test_packed_documents_return_no_cache_and_refuse_one():
                 model(ids, cu_seqlens=cu, **kw)
 
 
+def test_cu_seqlens_of_floats_or_strings_refused_naming_it():
+    """The model took float cu_seqlens by truncating them ([0., 2.7, 6.] ran as [0, 2, 6]) and a string
+    raised torch's TypeError: both are refused by the op's check, naming cu_seqlens."""
+    model = tiny_model()
+    ids = torch.randint(0, V, (1, 6))
+    with torch.no_grad():
+        for bad in ([0.0, 2.7, 6.0], torch.tensor([0.0, 3.0, 6.0]), "x"):
+            with pytest.raises(ValueError, match="cu_seqlens"):
+                model(ids, cu_seqlens=bad, use_cache=False)
+        model(ids, cu_seqlens=[0, 2, 6], use_cache=False)  # a list of ints stays accepted
+
+
 def test_output_positions_of_another_batch_size_are_named():
     model = tiny_model()
     ids = torch.randint(0, V, (2, 9))
