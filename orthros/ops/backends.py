@@ -5,12 +5,16 @@
 * ``"auto"``: the Triton kernels on CUDA when they take the inputs, else ``"sdpa"``;
 * ``"sdpa"``: PyTorch SDPA fast paths where one exists (training / prefill), else the reference;
 * ``"reference"``: pure PyTorch, the specification;
-* ``"triton"``: the Triton kernels (through the interpreter on CPU under ``TRITON_INTERPRET=1``).
+* ``"triton"``: the Triton kernels (through the interpreter on CPU under ``TRITON_INTERPRET=1``, in fp16 /
+  fp32; inputs they do not run, such as CPU tensors without it, take the reference with a warning).
 
 The decode step has no SDPA form: there ``"sdpa"`` runs the reference.
 """
 
 from __future__ import annotations
+
+import os
+import warnings
 
 import torch
 
@@ -18,6 +22,9 @@ BACKENDS = ("auto", "reference", "sdpa", "triton")
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 TRITON_MAX_HEAD_DIM = 256
+# Read once: triton decides interpreter mode when the kernels are decorated (import time) too.
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+INTERPRETER_DTYPES = (torch.float16, torch.float32)  # the interpreter's bf16 tl.dot is wrong (triton 3.9)
 
 
 def check_backend(backend: str) -> str:
@@ -43,6 +50,18 @@ def triton_supports(q: torch.Tensor, k: torch.Tensor) -> bool:
     return True
 
 
+def triton_runs(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether the Triton kernels run these inputs: :func:`triton_supports` (CUDA), or fp16 / fp32
+    under the interpreter (``TRITON_INTERPRET=1``, CPU)."""
+    return triton_supports(q, k) or (INTERPRET and q.dtype in INTERPRETER_DTYPES)
+
+
+def reference_instead(op: str, q: torch.Tensor) -> None:
+    """The warning of an op asked for ``"triton"`` on inputs the kernels do not run."""
+    warnings.warn(f"{op}: input not supported by the Triton kernels (device={q.device}, dtype={q.dtype}, "
+                  f"head_dim={q.shape[-1]}); using the reference", stacklevel=4)
+
+
 def resolve_backend(backend: str, q: torch.Tensor, k: torch.Tensor) -> str:
     """``"auto"`` -> ``"triton"`` or ``"sdpa"`` for these inputs; other names unchanged."""
     if backend == "auto":
@@ -50,4 +69,17 @@ def resolve_backend(backend: str, q: torch.Tensor, k: torch.Tensor) -> str:
     return backend
 
 
-__all__ = ["BACKENDS", "TRITON_DTYPES", "TRITON_MAX_HEAD_DIM", "check_backend", "triton_supports", "resolve_backend"]
+def use_triton(backend: str, q: torch.Tensor, k: torch.Tensor, op: str) -> bool:
+    """Whether an op given ``backend`` runs its Triton kernel: ``"auto"`` where the kernels take the
+    inputs; ``"triton"`` where they run (else the reference, with :func:`reference_instead`'s warning:
+    ``"triton"`` on a CPU without the interpreter, as the training op does)."""
+    if resolve_backend(backend, q, k) != "triton":
+        return False
+    if backend == "triton" and not triton_runs(q, k):
+        reference_instead(op, q)
+        return False
+    return True
+
+
+__all__ = ["BACKENDS", "INTERPRET", "TRITON_DTYPES", "TRITON_MAX_HEAD_DIM", "check_backend", "reference_instead",
+           "resolve_backend", "triton_runs", "triton_supports", "use_triton"]

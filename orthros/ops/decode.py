@@ -31,7 +31,7 @@ import torch
 
 from ..utils import check_positive_int
 from .attention import FLOAT_DTYPES, check_scale
-from .backends import check_backend, resolve_backend
+from .backends import check_backend, use_triton
 from .pointwise import apply_rope, check_eps, rms_norm
 
 
@@ -115,7 +115,7 @@ def orthros_decode_attention(q, q_out, k_cache, v_cache, cache_seqlens, *, windo
         raise ValueError(f"stacked must be True or False, got {stacked!r}")
     _check(q, q_out, k_cache, v_cache, cache_seqlens, window_size, scale)
     window_size = min(window_size, k_cache.shape[1])  # the same keys; 10**20 overflowed int64 below
-    if resolve_backend(backend, q, k_cache) == "triton":
+    if use_triton(backend, q, k_cache, "orthros_decode_attention"):
         from .triton import decode_attention_triton
 
         return decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, window_size=window_size, scale=scale,
@@ -243,7 +243,7 @@ def orthros_decode_qkv_attention(qkv, k_cache, v_cache, lens, *, num_heads: int,
     window_size = min(window_size, k_cache.shape[1])  # the same keys; 10**20 overflowed int64 below
     kw = dict(num_heads=num_heads, q_rows=q_rows, rope=rope, window_size=window_size, scale=scale, q_norm=q_norm,
               k_norm=k_norm, eps=eps, scale_offset=tuple(scale_offset))
-    if resolve_backend(backend, qkv.unflatten(-1, (-1, k_cache.shape[3])), k_cache) == "triton":
+    if use_triton(backend, qkv.unflatten(-1, (-1, k_cache.shape[3])), k_cache, "orthros_decode_qkv_attention"):
         from .triton import decode_qkv_attention_triton
 
         return decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, **kw)

@@ -184,6 +184,26 @@ def test_window_longer_than_any_int64_is_the_whole_cache(backend):
     assert torch.equal(*outs)
 
 
+@pytest.mark.skipif(HAS_CUDA, reason="CPU tensors: the case of a CPU machine")
+def test_triton_on_cpu_without_the_interpreter_runs_the_reference(monkeypatch):
+    # backend "triton" (a config's attn_backend) on CPU tensors without TRITON_INTERPRET: both decode ops raised
+    # Triton's "0 active drivers" after the prefill had run (the training op takes the reference, with a warning)
+    from orthros.ops import backends
+    from orthros.ops.decode import orthros_decode_qkv_attention
+
+    monkeypatch.setattr(backends, "INTERPRET", False)
+    q, qo, kc, vc, lens = make(2, 12, 4, 2, 16, [12, 5])
+    with pytest.warns(UserWarning, match="orthros_decode_attention: input not supported by the Triton kernels"):
+        got = orthros_decode_attention(q, qo, kc, vc, lens, window_size=4, backend="triton")
+    for a, b in zip(got, decode_attention_reference(q, qo, kc, vc, lens, window_size=4)):
+        assert torch.equal(a, b)
+    qkv, kc, vc, lens, kw = make_qkv(2, 12, 4, 2, 8, [3, 11])
+    with pytest.warns(UserWarning, match="orthros_decode_qkv_attention: input not supported"):
+        got = orthros_decode_qkv_attention(qkv, kc.clone(), vc.clone(), lens, window_size=4, backend="triton", **kw)
+    assert torch.equal(got, orthros_decode_qkv_attention(qkv, kc.clone(), vc.clone(), lens, window_size=4,
+                                                         backend="reference", **kw))
+
+
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -23,13 +23,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import warnings
 
 import torch
 import triton
 import triton.language as tl
 
-from ..backends import triton_supports
+from ..backends import reference_instead, triton_runs
 from . import common as _common
 from .common import (LOG2E, band, bind, block_d, cdiv, dummy, interpreting, last_contig, launch, merge_splits,
                      num_sms, pow2, precision, softmax_result, softmax_step, visible)
@@ -1047,10 +1046,8 @@ def _sdpa_causal(q_out, k, v, scale):
 
 def orthros_attention_triton(q, k, v, q_out, *, window_size, output_positions, scale, doc_ids=None, kv_start=None):
     """Triton implementation of :func:`orthros.ops.orthros_attention` (arguments already normalised)."""
-    # under the interpreter (CPU): fp32/fp16 only, its bf16 tl.dot is wrong (triton 3.9)
-    if not triton_supports(q, k) and not (interpreting() and q.dtype in (torch.float16, torch.float32)):
-        warnings.warn("orthros_attention_triton: input not supported by the Triton kernels "
-                      f"(device={q.device}, dtype={q.dtype}, head_dim={q.shape[-1]}); using the reference")
+    if not triton_runs(q, k):
+        reference_instead("orthros_attention_triton", q)
         from ..reference import orthros_attention_reference
 
         return orthros_attention_reference(q, k, v, q_out, window_size=window_size, output_positions=output_positions,

@@ -14,10 +14,9 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-LOG2E = 1.4426950408889634
+from ..backends import INTERPRET as _INTERPRET  # read once, at import
 
-# Read once: triton decides interpreter mode when the kernels are decorated (import time) too.
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+LOG2E = 1.4426950408889634
 
 
 def interpreting() -> bool:
