@@ -5,15 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..models.loading import CONVERTIBLE
 from ..utils import parse_dtype
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 LM_TASKS_DIR = DATA_DIR / "lm_tasks"
-CONVERTIBLE_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 
 
 def read_config(path, arg: str = "--model",
-                expected: str = "an Orthros checkpoint, or a Llama / Qwen2 / Qwen3 / Mistral one to convert") -> dict:
+                expected: str = "an Orthros checkpoint, or a Llama / Qwen2 / Qwen3 / Mistral / Qwen3.5 one to convert") -> dict:
     """The ``config.json`` of a local checkpoint directory, read without loading the model; a clear
     ``ValueError`` naming ``arg`` (and what is ``expected``) when ``path`` is not a checkpoint directory."""
     p = Path(path)
@@ -34,10 +34,10 @@ def read_model_type(path, cfg: dict | None = None) -> str:
     """``model_type`` of a local checkpoint directory (from its config.json, or ``cfg`` when read
     already); a clear ``ValueError`` when ``path`` is not one."""
     mt = (read_config(path) if cfg is None else cfg).get("model_type")
-    if mt == "orthros" or mt in CONVERTIBLE_MODEL_TYPES:
+    if mt == "orthros" or mt in CONVERTIBLE:
         return mt
     raise ValueError(f"--model {path!s} has model_type {mt!r}: not an Orthros checkpoint and not convertible "
-                     f"(convertible: {', '.join(CONVERTIBLE_MODEL_TYPES)})")
+                     f"(convertible: {', '.join(CONVERTIBLE)})")
 
 
 def read_max_positions(path):
