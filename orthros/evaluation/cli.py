@@ -23,7 +23,7 @@ def _conversion_window(a) -> int:
         return CONVERT_WINDOW
     cfg = read_config(a.model)
     if read_model_type(a.model, cfg) == "orthros":
-        raise ValueError(f"--window applies to a Llama / Qwen2 / Qwen3 / Mistral checkpoint converted on the fly; "
+        raise ValueError(f"--window applies to a Llama / Qwen2 / Qwen3 / Mistral / Qwen3.5 checkpoint converted on the fly; "
                          f"--model {a.model} is an Orthros checkpoint, which keeps its own window "
                          f"({cfg.get('window_size')}); drop --window")
     if a.window < 1:
