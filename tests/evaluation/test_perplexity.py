@@ -188,7 +188,7 @@ def test_window_is_refused_for_an_orthros_checkpoint_and_reaches_a_conversion(ti
     monkeypatch.setattr(common, "load_model", lambda *a, **kw: pytest.fail("the model was loaded"))
     assert eval_main(args + ["--model", str(ck), "--window", "4"]) == 2
     err = capsys.readouterr().err
-    assert "--window applies to a Llama / Qwen2 / Qwen3 / Mistral checkpoint converted on the fly" in err
+    assert "--window applies to a Llama / Qwen2 / Qwen3 / Mistral / Qwen3.5 checkpoint converted on the fly" in err
     assert "is an Orthros checkpoint, which keeps its own window (8)" in err
     # a Llama checkpoint is converted with the --window given (default 128)
     tok = AutoTokenizer.from_pretrained(str(ck))
