@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 import uuid
+import warnings
 from pathlib import Path
 
 # user-facing dtype names (CLI flags, configs, JSON) -> torch dtype attribute names
@@ -448,12 +449,7 @@ def atomic_directory(dst: Path, overwrite: bool):
             else:  # overwrite was checked before any work
                 old = dst.parent / f".{dst.name}{OLD_TAG}{os.getpid()}-{uuid.uuid4().hex[:8]}"
                 os.replace(dst, old)
-        os.replace(tmp, dst)
-        if old is not None:
-            if old.is_dir() and not old.is_symlink():
-                shutil.rmtree(old)
-            else:
-                old.unlink()
+        os.replace(tmp, dst)  # the commit: from here DST is the new result
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None and os.path.lexists(old) and not os.path.lexists(dst):
@@ -462,3 +458,13 @@ def atomic_directory(dst: Path, overwrite: bool):
             with contextlib.suppress(OSError):
                 c.rmdir()
         raise
+    if old is not None:
+        try:
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old)
+            else:
+                old.unlink()
+        except BaseException as e:  # noqa: BLE001 - Ctrl-C, SIGTERM, an OSError: after the commit, the run is done
+            warnings.warn(f"{type(e).__name__} while the previous {str(dst)!r} was removed: the new one is in "
+                          f"place; what is left of the old one ({old.name}) is removed at the next run into it",
+                          stacklevel=3)

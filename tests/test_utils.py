@@ -222,6 +222,39 @@ def test_atomic_directory_keeps_a_destination_another_run_wrote_meanwhile(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
+def test_an_interrupt_while_the_replaced_destination_is_removed_is_after_the_commit(tmp_path, monkeypatch):
+    """Ctrl-C while an --overwrite run removed the previous DST (the new one already in place) ended the
+    run as interrupted, and `orthros convert` said "nothing was written to DST" over the new DST. The
+    removal is past the commit: the run completes, says so in a warning, and what is left of the old
+    copy is a dot-folder that clean_stale removes at the next run into DST."""
+    import shutil
+
+    from orthros import utils
+    from orthros.utils import OLD_TAG, atomic_directory, clean_stale
+
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / "old.txt").write_text("old")
+    real = shutil.rmtree
+
+    def interrupted(path, *a, **k):
+        if OLD_TAG in str(path) and not k.get("ignore_errors"):
+            raise KeyboardInterrupt
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(utils.shutil, "rmtree", interrupted)
+    with pytest.warns(UserWarning, match="KeyboardInterrupt while the previous .*out.* was removed: the new one is in place"):
+        with atomic_directory(dst, overwrite=True) as tmp:
+            (tmp / "new.txt").write_text("new")
+    monkeypatch.setattr(utils.shutil, "rmtree", real)
+    assert sorted(p.name for p in dst.iterdir()) == ["new.txt"]
+    left = [p.name for p in tmp_path.iterdir() if p.name != "out"]
+    assert len(left) == 1 and OLD_TAG in left[0]
+    monkeypatch.setattr(utils, "pid_alive", lambda pid: False)  # the next run, this process gone
+    clean_stale(dst)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
 def test_an_output_path_that_cannot_be_written_is_refused_before_any_work(tmp_path, monkeypatch):
     """``orthros eval mqar -o /read-only/m.json`` trained every model, printed the table, then
     failed with "OSError: Read-only file system" and exit 1: check_output_path only looked for a
