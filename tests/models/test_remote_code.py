@@ -193,6 +193,38 @@ def test_a_checkpoint_from_the_hub_loads_without_triton_fla_or_matplotlib(ckpt, 
     torch.testing.assert_close(torch.load(tmp_path / "out.pt"), package_outputs(ckpt)[0], rtol=1e-5, atol=1e-5)
 
 
+LOAD_CUDA = NO_ORTHROS.join(["""
+import json, sys
+import torch
+from transformers import AutoModelForCausalLM
+
+ck, ids, out = sys.argv[1], torch.tensor([json.loads(sys.argv[2])], device="cuda"), sys.argv[3]
+m = AutoModelForCausalLM.from_pretrained(ck, trust_remote_code=True, dtype=torch.bfloat16).to("cuda").eval()
+with torch.no_grad():
+    logits = m(ids).logits.float().cpu()
+    gen = m.generate(ids, max_new_tokens=6, do_sample=False).cpu()
+""", """
+torch.save({"logits": logits, "gen": gen}, out)
+print(json.dumps({"triton": sorted(k.rsplit(".", 1)[-1] for k in sys.modules if ".ops_triton" in k)}))
+"""])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_remote_code_on_cuda_runs_the_triton_kernels_as_the_package(ckpt, env, tmp_path):
+    """On CUDA the flat code's Triton modules (their imports wrapped for transformers' check_imports) load and
+    run: the same logits and greedy tokens as the package in bf16."""
+    r = run_python(LOAD_CUDA, env, tmp_path, ckpt, json.dumps(IDS), tmp_path / "out.pt")
+    assert json.loads(r.stdout.strip().splitlines()[-1])["triton"], "no flat Triton module was imported"
+    m = OrthrosForCausalLM.from_pretrained(str(ckpt), dtype=torch.bfloat16).to("cuda").eval()
+    ids = torch.tensor([IDS], device="cuda")
+    with torch.no_grad():
+        logits, gen = m(ids).logits.float().cpu(), m.generate(ids, max_new_tokens=6, do_sample=False).cpu()
+    got = torch.load(tmp_path / "out.pt")
+    torch.testing.assert_close(got["logits"], logits, rtol=2e-2, atol=2e-2)
+    assert torch.equal(got["gen"], gen)
+
+
 def _lm_eval_command():
     exe = Path(sys.executable).with_name("lm_eval")
     return [str(exe)] if exe.is_file() else [sys.executable, "-m", "lm_eval"]
