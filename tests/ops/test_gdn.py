@@ -183,12 +183,21 @@ def test_causal_conv1d_fla_equals_torch(dtype, monkeypatch):
     of a fused projection, with and without a cached window, chunks shorter than the window,
     packed documents, and the gradients of a training step. On CPU through the Triton
     interpreter, one pinned config per kernel (no autotuning)."""
+    import orthros.ops.gdn as gdn
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cpu":
         import fla.modules.causal_conv1d.ops as fla_conv
 
         for kernel in (fla_conv.causal_conv1d_fwd_kernel, fla_conv.causal_conv1d_bwd_kernel):
             monkeypatch.setattr(kernel.fn, "configs", kernel.fn.configs[:1])
+        # the ops send 'fla' on CPU tensors to PyTorch (fla's GDN kernels need a GPU): this test
+        # compared PyTorch with itself on CPU. fla's short convolution runs in the interpreter.
+        resolve = gdn.resolve_gdn_backend
+        monkeypatch.setattr(gdn, "resolve_gdn_backend", lambda b, x: b if b == "fla" else resolve(b, x))
+    calls = []
+    fla_conv1d = gdn.causal_conv1d_fla
+    monkeypatch.setattr(gdn, "causal_conv1d_fla", lambda *a: calls.append(1) or fla_conv1d(*a))
     gen = torch.Generator().manual_seed(3)
     B, T, C, W = 2, 70, 40, 4
     x = torch.randn(B, T, 3 * C, generator=gen).to(device, dtype)[..., C:2 * C]  # not contiguous
@@ -217,6 +226,7 @@ def test_causal_conv1d_fla_equals_torch(dtype, monkeypatch):
             grads.append(torch.autograd.grad((y.float() * go[:y.shape[0]].float()).sum(), (xl, wl)))
         for name, gf, gr in zip(("dx", "dw"), grads[1], grads[0]):
             torch.testing.assert_close(gf, gr, **tol, msg=lambda m, name=name: f"{name}, documents={docs is not None}: {m}")
+    assert len(calls) == 7  # every 'fla' call ran fla-core's kernel
 
 
 def test_bad_inputs_rejected():
