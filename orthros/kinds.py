@@ -81,7 +81,8 @@ def interval_layer_types(num_layers: int, interval: int, mode: str) -> List[str]
 
 def hybrid_layout(name: str, num_layers: int) -> dict:
     """``OrthrosConfig`` fields (``layer_types``, ``attention_mode``) of a hybrid model name
-    (:data:`HYBRID_ALIASES`): ``"orthros-h"``, ``"linear-hybrid"`` or ``"gdn"``."""
+    (:data:`HYBRID_ALIASES`): ``"orthros-h"``, ``"linear-hybrid"`` or ``"gdn"`` (mode ``"full"``: no
+    output stream, whatever mode the fields are merged over)."""
     kind = HYBRID_ALIASES.get(name) if isinstance(name, str) else None
     if kind is None:
         raise ValueError(f"hybrid model must be one of {', '.join(HYBRID_ALIASES)}, got {name!r}")
@@ -90,7 +91,7 @@ def hybrid_layout(name: str, num_layers: int) -> dict:
         why = f" (an attention layer every {every}th layer)" if every else ""
         raise ValueError(f"a {kind!r} model needs num_layers >= {every or 1}{why}, got {num_layers!r}")
     if mode is None:
-        return {"layer_types": [LINEAR_LAYER_TYPE] * num_layers}
+        return {"layer_types": [LINEAR_LAYER_TYPE] * num_layers, "attention_mode": "full"}
     return {"layer_types": interval_layer_types(num_layers, every, mode), "attention_mode": mode}
 
 
@@ -112,11 +113,12 @@ def describe_layers(layer_types: Sequence[str]) -> str:
 def model_kind(layer_types: Sequence[str], mode: str) -> str:
     """How tables name a model of these layer types and attention mode: ``"Orthros"``,
     ``"Transformer"`` or ``"SWA"``; with GDN layers ``"Orthros-H"``, ``"Linear Hybrid"`` or
-    ``"GDN"`` (GDN layers with window attention: ``"SWA + GDN"``)."""
+    ``"GDN"`` (GDN layers with window attention: ``"SWA + GDN"``; GDN layers only in mode
+    ``"orthros"``, which read an output stream: ``"GDN with output stream"``)."""
     if LINEAR_LAYER_TYPE not in layer_types:
         return MODE_DISPLAY[mode]
     if all(t == LINEAR_LAYER_TYPE for t in layer_types):
-        return HYBRID_DISPLAY["gdn"]
+        return HYBRID_DISPLAY["gdn"] + (" with output stream" if has_output_stream(mode) else "")
     kind = next((k for k, (m, _) in HYBRID_KINDS.items() if m == mode), None)
     return HYBRID_DISPLAY[kind] if kind else f"{MODE_DISPLAY[mode]} + GDN"
 
