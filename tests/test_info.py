@@ -356,11 +356,12 @@ def test_a_tokenizer_config_that_is_no_object_is_no_traceback(ckpt, tmp_path, ca
 def test_a_model_without_window_layers_shows_no_window(tmp_path, capsys):
     """GDN layers only, saved with attention_mode "orthros" (make_tiny_checkpoint's default): the
     table said "GDN, window 16" and the JSON window_size 16, for a model with no window to slide."""
-    path = make_tiny_checkpoint(tmp_path / "gdn", linear_key_head_dim=16, linear_value_head_dim=16,
-                                **hybrid_layout("gdn", 2))
-    assert describe(path, max_seq_len=8)["window_size"] is None
-    rc, out, err = run([str(path), "--max-seq-len", "8"], capsys)
-    assert rc == 0 and "model        GDN: 2 layers of Gated DeltaNet" in out, out + err
+    for mode, kind in (("orthros", "GDN with output stream"), ("full", "GDN")):  # the layout's own mode is full
+        path = make_tiny_checkpoint(tmp_path / mode, linear_key_head_dim=16, linear_value_head_dim=16,
+                                    **{**hybrid_layout("gdn", 2), "attention_mode": mode})
+        assert describe(path, max_seq_len=8)["window_size"] is None
+        rc, out, err = run([str(path), "--max-seq-len", "8"], capsys)
+        assert rc == 0 and f"model        {kind}: 2 layers of Gated DeltaNet" in out, out + err
 
 
 def test_stored_tensors_the_model_does_not_load_are_not_its_parameters(hybrid, tmp_path, capsys):
