@@ -37,11 +37,36 @@ from .optim import build_optimizer, build_scheduler
 # --------------------------------------------------------------------------- distributed
 
 
+LAUNCH = "several processes are started by torchrun --nproc-per-node N -m orthros.train ..., which sets them"
+
+
+def _env_int(name: str, default: int, low: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = low - 1
+    if value < low:
+        raise ConfigError(f"environment variable {name} is {raw!r}: not an integer >= {low} ({LAUNCH})")
+    return value
+
+
 class Dist:
     def __init__(self):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        """torchrun's WORLD_SIZE, RANK, LOCAL_RANK, checked (set by hand or left over, they were read
+        as they came: a RANK past WORLD_SIZE trained on no rows)."""
+        self.world = _env_int("WORLD_SIZE", 1, 1)
+        missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if self.world > 1 and not os.environ.get(k)]
+        if missing:
+            raise ConfigError(f"environment variable WORLD_SIZE is {self.world} but {', '.join(missing)} "
+                              f"{'is' if len(missing) == 1 else 'are'} not set ({LAUNCH})")
+        self.rank = _env_int("RANK", 0, 0)
+        if self.rank >= self.world:
+            raise ConfigError(f"environment variable RANK is {self.rank}, outside [0, WORLD_SIZE = {self.world}) "
+                              f"({LAUNCH})")
+        self.local_rank = _env_int("LOCAL_RANK", 0, 0)
         self.enabled = self.world > 1
         self.comm_device = torch.device("cpu")
 

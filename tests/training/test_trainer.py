@@ -827,3 +827,26 @@ def test_a_tokenizer_file_is_not_said_to_be_missing(tmp_path, corpus, reference,
     with pytest.raises(ConfigError, match=r"model.init_from: 'step_00000008/model.safetensors' is a file"):
         train(load_config(None, tiny(tmp_path / "out", corpus, "--mode", "cpt", "--model.init_from",
                                      "step_00000008/model.safetensors")))
+
+
+@pytest.mark.parametrize("env, says", [
+    ({"RANK": "1"}, "RANK is 1, outside [0, WORLD_SIZE = 1)"),  # was: 'input_ids must hold at least one token'
+    ({"WORLD_SIZE": "2", "RANK": "5", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}, "RANK is 5, outside"),
+    ({"WORLD_SIZE": "abc"}, "WORLD_SIZE is 'abc': not an integer >= 1"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE is '0': not an integer >= 1"),
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE is 2 but RANK, MASTER_ADDR, MASTER_PORT are not set"),
+])
+def test_a_bad_launch_environment_is_refused_before_any_work(tmp_path, corpus, monkeypatch, env, says):
+    """torchrun's variables, set by hand or left over, were read as they came: RANK past WORLD_SIZE
+    trained on no rows (a bare 'input_ids must hold at least one token' after output_dir was made),
+    WORLD_SIZE abc was int()'s message, and WORLD_SIZE 2 alone was torch's rendezvous error."""
+    for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    out = tmp_path / "run"
+    with pytest.raises(ConfigError, match=re.escape(says)) as e:
+        train(load_config(None, tiny(out, corpus, "--max_steps", "2")))
+    assert "torchrun" in str(e.value)
+    assert not out.exists()
+
