@@ -27,7 +27,7 @@ import torch
 
 from ..utils import Progress, write_text
 from . import checkpoint as ckpt
-from .config import ARCH_TO_ATTENTION_MODE, ConfigError, RunConfig, _get, dump_yaml, warmup_note
+from .config import ARCH_TO_ATTENTION_MODE, ConfigError, RunConfig, _flatten, _get, dump_yaml, warmup_note
 from .data import DataError, PackedBatch, build_stream, collate, count_targets, eval_rows
 from .hub import HUB_ID, check_hub_name
 from .metrics import MetricsLogger, detect_peak_flops, train_flops
@@ -527,6 +527,7 @@ class Trainer:
         cfg, dist = self.cfg, self.dist
         check_output_dir(cfg.output_dir)
         self.resume_dir = resolve_resume(cfg)
+        self._check_ranks_agree()
         if self.resume_dir is not None:
             try:
                 step = ckpt.verify(self.resume_dir, hashes=cfg.checkpoint.verify and dist.main)["step"]
@@ -583,6 +584,27 @@ class Trainer:
             raise ConfigError(f"data.text_sample_by ({cfg.data.text_sample_by!r}) splits plain-text files (.txt, "
                               f"data.format text) into documents; no data of this run is one ({what}): drop "
                               f"data.text_sample_by")
+
+    def _check_ranks_agree(self) -> None:
+        """Every process reads its own config and output_dir: one started with another (another file on
+        its node, a node-local output_dir with other checkpoints) trained its shard of the weights by it,
+        silently. Refused on every process, naming the keys (one collective, before any work)."""
+        if not self.dist.enabled:
+            return
+        mine = dict(_flatten(self.cfg.to_dict()))
+        mine["the resume point"] = str(self.resume_dir) if self.resume_dir else "none (a fresh start)"
+        every = self.dist.gather_object(mine)
+        differ = [k for k in mine if any(r.get(k) != mine[k] for r in every)]
+        if differ:
+            def ranks(key):
+                by_value = {}
+                for rank, r in enumerate(every):
+                    by_value.setdefault(repr(r.get(key)), []).append(str(rank))
+                return ", ".join(f"rank{'s' if len(rs) > 1 else ''} {' '.join(rs)}: {v}" for v, rs in by_value.items())
+
+            raise ConfigError("the processes of this run were started with different settings: " +
+                              "; ".join(f"{k} ({ranks(k)})" for k in differ) + ". Every process must get the same "
+                              "config and see the same output_dir")
 
     def _setup_model(self) -> None:
         cfg, dist = self.cfg, self.dist

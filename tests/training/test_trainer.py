@@ -850,3 +850,18 @@ def test_a_bad_launch_environment_is_refused_before_any_work(tmp_path, corpus, m
     assert "torchrun" in str(e.value)
     assert not out.exists()
 
+
+def test_processes_started_with_different_configs_are_refused(tmp_path, corpus):
+    """Each process reads its own config: one of another optim.lr (or seed, max_steps...) trained its
+    shard of the weights with it, silently (or died in a mismatched collective at the end). The
+    processes compare their configs and resume points before any work."""
+    out = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    args = " ".join(tiny(out, corpus, "--max_steps", "2"))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--no-python",
+           "sh", "-c", f'exec "{sys.executable}" -m orthros.train {args} --optim.lr "0.00$((RANK + 1))"']
+    r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert r.returncode != 0, r.stderr[-3000:]
+    assert "the processes of this run were started with different settings: optim.lr (rank 0: 0.001, rank 1: " \
+           "0.002)" in r.stderr, r.stderr[-3000:]
+    assert not out.exists()
