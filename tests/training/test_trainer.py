@@ -191,7 +191,7 @@ def test_two_process_fsdp_matches_one_process(tmp_path, corpus):
     one, two = tmp_path / "one", tmp_path / "two"
     common = ["--max_steps", "4", "--checkpoint.every", "0"]
     train(load_config(None, tiny(one, corpus, *common, "--grad_accum", "2")))
-    r = run_cli(tiny(two, corpus, *common, "--grad_accum", "1"), torchrun=2)
+    r = run_cli(tiny(two, corpus, "--max_steps", "4", "--checkpoint.every", "2", "--grad_accum", "1"), torchrun=2)
     assert r.returncode == 0, r.stderr[-3000:]
     l1, l2 = losses(one), losses(two)
     assert l1.keys() == l2.keys() == {1, 2, 3, 4}
@@ -206,6 +206,14 @@ def test_two_process_fsdp_matches_one_process(tmp_path, corpus):
     m2 = AutoModelForCausalLM.from_pretrained(str(latest_checkpoint(str(two))))
     for (k, a), (_, b) in zip(m1.state_dict().items(), m2.state_dict().items()):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5), k
+    # the 2 processes' checkpoint of step 2 resumes in 1 process (docs/training.md, "Several processes")
+    resumed = tmp_path / "resumed"
+    shutil.copytree(two / "checkpoints" / "step_00000002", resumed / "checkpoints" / "step_00000002")
+    train(load_config(None, tiny(resumed, corpus, *common, "--grad_accum", "2", "--resume")))
+    l3 = losses(resumed)
+    assert l3.keys() == {3, 4}
+    for s in l3:
+        assert l3[s] == pytest.approx(l1[s], rel=2e-5, abs=2e-5), (s, l1[s], l3[s])
 
 
 def test_sft_trains_only_on_answers(tmp_path):
