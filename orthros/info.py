@@ -23,7 +23,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from .kinds import ATTENTION_LAYER_TYPES, LINEAR_LAYER_TYPE, describe_layers, model_kind
+from .kinds import ATTENTION_LAYER_TYPES, LINEAR_LAYER_TYPE, describe_layers, model_kind, window_of
 from .utils import DTYPE_CHOICES, check_positive_int, format_bytes
 
 # safetensors dtype -> the short name CLIs use (floating dtypes a cache can have)
@@ -159,8 +159,7 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
         "path": str(d),
         "kind": model_kind(types, mode),
         "attention_mode": mode,
-        "window_size": config.window_size if mode != "full" and any(t in ATTENTION_LAYER_TYPES for t in types)
-        else None,  # GDN layers only (in any mode): no window
+        "window_size": window_of(types, mode, config.window_size),
         "layers": dict(Counter(types)),
         "layer_types": types,
         "hidden_size": config.hidden_size,

@@ -123,6 +123,12 @@ def model_kind(layer_types: Sequence[str], mode: str) -> str:
     return HYBRID_DISPLAY[kind] if kind else f"{MODE_DISPLAY[mode]} + GDN"
 
 
+def window_of(layer_types: Sequence[str], mode: str, window_size: int) -> Optional[int]:
+    """The window a model of these layer types and attention mode slides (``window_size``), or None:
+    mode ``"full"``, or no attention layer (GDN layers only, in any mode)."""
+    return window_size if mode != "full" and any(t in ATTENTION_LAYER_TYPES for t in layer_types) else None
+
+
 def resolve_layer_types(layer_types: Optional[Sequence[str]], num_layers: int,
                         attention_mode: Optional[str]) -> tuple[List[str], str]:
     """Validate ``layer_types`` against ``num_layers`` and ``attention_mode`` and return
@@ -154,7 +160,7 @@ def resolve_layer_types(layer_types: Optional[Sequence[str]], num_layers: int,
     return types, mode or "full"
 
 
-__all__ = ["ATTENTION_MODES", "MODE_ALIASES", "MODE_DISPLAY", "ATTENTION_LAYER_TYPES", "LAYER_TYPES",
+__all__ = ["window_of", "ATTENTION_MODES", "MODE_ALIASES", "MODE_DISPLAY", "ATTENTION_LAYER_TYPES", "LAYER_TYPES",
            "resolve_mode", "has_output_stream", "layer_type_for", "resolve_layer_types", "LINEAR_LAYER_TYPE",
            "HYBRID_KINDS", "HYBRID_ALIASES", "HYBRID_DISPLAY", "interval_layer_types", "hybrid_layout",
            "model_kind", "describe_layers", "LAYER_DISPLAY"]

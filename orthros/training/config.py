@@ -137,10 +137,6 @@ class RunConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    @property
-    def global_batch_sequences(self) -> int:
-        return self.train.micro_batch_size * self.train.grad_accum * int(os.environ.get("WORLD_SIZE", "1"))
-
 
 # Common names from other trainers, used only to suggest the right key.
 ALIASES = {

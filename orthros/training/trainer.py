@@ -908,7 +908,7 @@ def dry_run(cfg: RunConfig) -> str:
     data's first documents, the eval sequences). The model is built on the meta device (no
     weights are read or initialised) and nothing is written."""
     from ..data import TOKENIZER_DIR
-    from ..kinds import describe_layers, model_kind
+    from ..kinds import describe_layers, model_kind, window_of
     from ..models import OrthrosForCausalLM
 
     trainer = Trainer(cfg)
@@ -923,7 +923,8 @@ def dry_run(cfg: RunConfig) -> str:
     rows = dist.world * t.grad_accum * t.micro_batch_size
     per_step = rows * d.seq_len
     kind = model_kind(mc.layer_types, mc.attention_mode)
-    window = f", window {mc.window_size}" if mc.attention_mode != "full" else ""
+    w = window_of(mc.layer_types, mc.attention_mode, mc.window_size)
+    window = f", window {w}" if w else ""
     weights = (f"resumes from {trainer.resume_dir} (step {start})" if trainer.resume_dir else
                f"weights from {cfg.model.init_from}" if cfg.model.init_from else "a fresh initialisation")
     out = Path(cfg.output_dir)
