@@ -18,7 +18,7 @@ one ``.gguf``) goes through three steps:
    (:func:`orthros.conversion.convert.convert_checkpoint`): same plan, report, refusals and
    atomic output.
 
-Needs the ``gguf`` package (``pip install 'orthros[gguf]'``). The de-quantised model is held
+Needs the ``gguf`` and ``accelerate`` packages (``pip install 'orthros[gguf]'``). The de-quantised model is held
 in memory once (fp32: 4 bytes per parameter), so a GGUF needs about 4x its parameter count
 in bytes of RAM; the staging directory needs as much disk.
 """
@@ -111,6 +111,16 @@ def _require_gguf():
     return gguf
 
 
+def _require_accelerate():
+    """transformers' GGUF loader (the de-quantising load) needs accelerate: checked with the file, so a
+    dry run says it too, not the load after the work began."""
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        raise ImportError("converting a GGUF file needs the 'accelerate' package (transformers' GGUF loader): "
+                          "pip install 'orthros[gguf]' (or pip install accelerate)") from None
+
+
 def _gguf_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -175,6 +185,7 @@ def inspect_gguf(path) -> GGUFInfo:
     file when it is not a complete, readable GGUF of a supported architecture."""
     gguf_file = resolve_gguf_file(path)
     gguf = _require_gguf()
+    _require_accelerate()
     size = gguf_file.stat().st_size
     with open(gguf_file, "rb") as fh:
         magic = fh.read(4)

@@ -16,11 +16,13 @@ from .common import (LM_TASKS_DIR, check_token_range, load_model, load_tokenizer
 
 
 def _require_lm_eval():
-    try:
-        import lm_eval  # noqa: F401
-    except ImportError:
-        raise ValueError("`orthros eval lm` needs lm-evaluation-harness: pip install lm_eval "
-                         "(or pip install 'orthros[eval]')") from None
+    """lm-evaluation-harness and the accelerate its HF model needs, before any work."""
+    for module, what in (("lm_eval", "lm-evaluation-harness"), ("accelerate", "accelerate (lm_eval's HF model)")):
+        try:
+            __import__(module)
+        except ImportError:
+            raise ValueError(f"`orthros eval lm` needs {what}: pip install lm_eval accelerate "
+                             f"(or pip install 'orthros[eval]')") from None
 
 
 def task_manager(include_path: Optional[Sequence[str]] = None):

@@ -75,6 +75,18 @@ def test_unknown_task_and_bad_model_are_clear_errors(tiny, tmp_path):
         run_lm_eval(tiny, ["my_task"], include_path=[str(tmp_path / "my_task.yaml")])
 
 
+def test_lm_without_accelerate_refused_before_any_work(tiny, monkeypatch):
+    # lm_eval's HF model imports accelerate: missing, it was a ModuleNotFoundError (exit 1) after the model loaded
+    import sys
+
+    from orthros.evaluation import lm
+
+    monkeypatch.setitem(sys.modules, "accelerate", None)
+    monkeypatch.setattr(lm, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(ValueError, match="needs accelerate .*pip install lm_eval accelerate"):
+        lm.run_lm_eval(tiny, ["orthros_tiny_cloze"])
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "fp32"])
 def test_short_dtype_names_reach_lm_eval(tiny, dtype, monkeypatch):
     """`--dtype bf16` (the names every orthros command takes) used to reach lm-eval's loader as is,
