@@ -20,7 +20,7 @@ import math
 import re
 import time
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
 import numpy as np
@@ -387,6 +387,15 @@ def _train_indexed(job: tuple) -> tuple:
     return i, _train_alone(name, task, tr)
 
 
+def _worker_threads(tr: "MQARTrain", workers: int) -> Optional[int]:
+    """Threads of each of ``workers`` processes training at once: ``tr.threads`` when given; on the CPU
+    otherwise this process's share (each spawned worker would take torch's default, all cores: two
+    workers on two cores ran 40-100x slower a step); elsewhere torch's choice."""
+    if tr.threads or not str(tr.device).startswith("cpu"):
+        return tr.threads
+    return max(1, torch.get_num_threads() // workers)
+
+
 def _ignore_sigint() -> None:
     import signal
 
@@ -475,8 +484,10 @@ def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print, jo
         # `with` then terminates them. (concurrent.futures' pool handed each worker's
         # KeyboardInterrupt back as a result, started the next model, and waited for them all.)
         results = [None] * len(names)
-        with mp.get_context("spawn").Pool(min(jobs, len(names)), initializer=_ignore_sigint) as pool:
-            for i, res in pool.imap_unordered(_train_indexed, [(i, name, task, tr) for i, name in enumerate(names)]):
+        workers = min(jobs, len(names))
+        tr_w = replace(tr, threads=_worker_threads(tr, workers))
+        with mp.get_context("spawn").Pool(workers, initializer=_ignore_sigint) as pool:
+            for i, res in pool.imap_unordered(_train_indexed, [(i, name, task, tr_w) for i, name in enumerate(names)]):
                 results[i] = res
                 _log_result(log, res)
         eval_data = _held_out(task, tr)  # for the gap statistics below

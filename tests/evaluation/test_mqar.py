@@ -211,6 +211,17 @@ def test_jobs_train_each_model_in_its_own_process_with_the_same_results():
     assert one["eval_gap_stats"] == two["eval_gap_stats"]
 
 
+def test_jobs_on_the_cpu_share_this_process_threads(monkeypatch):
+    # each spawned worker took torch's default thread count (all cores): 2 workers on 2 cores ran 40-100x
+    # slower a step than one process (the fresh-clone walkthrough); they now share this process's threads
+    from orthros.evaluation.mqar import MQARTrain, _worker_threads
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 8)
+    assert _worker_threads(MQARTrain(device="cpu"), 2) == 4 and _worker_threads(MQARTrain(device="cpu"), 16) == 1
+    assert _worker_threads(MQARTrain(device="cpu", threads=3), 2) == 3  # given: kept
+    assert _worker_threads(MQARTrain(device="cuda"), 2) is None  # the GPU's runs: torch's choice
+
+
 @pytest.mark.parametrize("jobs", [0, -1, 1.5, True])
 def test_bad_jobs_rejected(jobs):
     with pytest.raises(ValueError, match="jobs must be an int >= 1"):
