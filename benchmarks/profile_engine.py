@@ -53,7 +53,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from orthros.benchmarks.inference import (copy_bandwidth, decode_compile_options, decode_qkv_kernel,  # noqa: E402
                                           parse_compile_options, parse_decode_config, time_call,
                                           trace_kernels, weight_bytes_per_step)
-from orthros.ops.triton.decode import decode_config  # noqa: E402
 from orthros.benchmarks.models import PRESETS, orthros_model  # noqa: E402
 from orthros.engine import Engine  # noqa: E402
 from orthros.utils import check_device, check_output_path, commit_id, write_json, write_text  # noqa: E402
@@ -357,6 +356,8 @@ def main():
     out = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "commit": commit_id(),
            "compile": a.compile, "gemv": a.gemv, "context": a.context, "batch": a.batch, "copy_bw_tb_s": bw / 1e12,
            "decode_config": overrides, "decode_compile_options": compile_options, "modes": {}}
+    from orthros.ops.triton.decode import decode_config  # Triton: imported by a run, not by --help
+
     qkv = None if a.qkv_kernel is None else a.qkv_kernel == "on"
     with decode_config(**overrides), decode_compile_options(compile_options), decode_qkv_kernel(qkv) as qkv_on:
         out["qkv_kernel"] = bool(qkv_on) and dev.type == "cuda"  # the CUDA engines' default (the CPU's: off)

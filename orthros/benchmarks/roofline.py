@@ -44,7 +44,6 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from ..engine.cache import StaticKVCache
-from ..ops.gemv.kernel import pdl_settings
 from ..ops.gemv.naive import MAX_M
 from ..utils import Progress, check_output_path, pyplot, save_figure
 from .cli import int_list, make_out_dir
@@ -52,7 +51,6 @@ from .inference import _free, bench_decode, copy_bandwidth, decode_compile_optio
     decode_qkv_kernel, measure, metadata, parse_bwd_config, parse_compile_options, parse_decode_config, print_table, \
     save, time_call, trace_kernels
 from .models import orthros_model, weight_bytes_per_step
-from .read_stream import read_bandwidth
 
 SECTIONS = ("decode", "batched", "window")
 SYSTEMS = ("orthros", "full", "gpt-fast")  # the engine's two modes, and the peer
@@ -936,6 +934,9 @@ def run(a, window_factory: Optional[Callable] = None) -> int:
     if cuda:
         torch.backends.cuda.matmul.allow_tf32 = True
     os.makedirs(a.out, exist_ok=True)
+    from ..ops.gemv.kernel import pdl_settings  # Triton: imported by a run, not by --help or --plot-only
+    from .read_stream import read_bandwidth
+
     shape_model = orthros_model(preset, device="meta", dtype=dtype)  # the shape, no memory
     bw = copy_bandwidth(dev, 2**30 if cuda else 2**24)
     read = read_bandwidth(dev, 2**31 if cuda else 2**24)

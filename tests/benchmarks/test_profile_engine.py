@@ -244,3 +244,14 @@ def test_one_engine_mode_only_on_cpu(tmp_path):
     p = _run("--preset", "tiny", "--context", "64", "--modes", "full", "--json", str(out))
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert set(json.loads(out.read_text())["modes"]) == {"full"}
+
+
+@pytest.mark.parametrize("script", ["profile_engine.py", "roofline.py"])
+def test_help_without_triton(script):
+    """The GPU tools' --help (and roofline's --plot-only) imported Triton kernels at the top: a base install
+    (torch's CPU wheel, no triton) got a ModuleNotFoundError traceback for --help."""
+    code = (f"import runpy, sys; sys.modules['triton'] = None; sys.argv = [{script!r}, '--help']; "
+            f"runpy.run_path({str(ROOT / 'benchmarks' / script)!r}, run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0 and "usage:" in r.stdout, r.stderr[-2000:]
+
