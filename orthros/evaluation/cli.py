@@ -34,7 +34,7 @@ def _conversion_window(a) -> int:
 def _add_conversion_window(p) -> None:
     """The ``--window`` option of ``niah`` / ``lm`` / ``ppl``, read by :func:`_conversion_window`."""
     p.add_argument("--window", type=int, default=None,
-                   help=f"base stream window of a Llama/Qwen2/Qwen3/Mistral checkpoint converted on the fly "
+                   help=f"base stream window of a Llama/Qwen2/Qwen3/Mistral/Qwen3.5 checkpoint converted on the fly "
                         f"(default: {CONVERT_WINDOW}; refused for an Orthros checkpoint, which keeps its own)")
 
 
@@ -86,7 +86,7 @@ def _mqar_parser(sub):
 
 
 def _add_model_argument(p):
-    p.add_argument("--model", required=True, help="Orthros checkpoint dir (or a Llama/Qwen2/Qwen3/Mistral one: "
+    p.add_argument("--model", required=True, help="Orthros checkpoint dir (or a Llama/Qwen2/Qwen3/Mistral/Qwen3.5 one: "
                                                   "converted on the fly with --window)")
 
 
@@ -127,7 +127,7 @@ def _lm_parser(sub):
                        description="Runs lm-evaluation-harness (pip install lm_eval) with Orthros registered. The "
                                    "shipped offline task `orthros_tiny_cloze` is always available.")
     p.add_argument("--model", required=True,
-                   help="Orthros checkpoint dir (or a Llama/Qwen2/Qwen3/Mistral one: converted on the fly with "
+                   help="Orthros checkpoint dir (or a Llama/Qwen2/Qwen3/Mistral/Qwen3.5 one: converted on the fly with "
                         "--window)")
     p.add_argument("--tasks", required=True, help="comma list of lm-eval task names")
     p.add_argument("--include_path", "--include-path", dest="include_path", action="append", default=None,
