@@ -234,7 +234,7 @@ def test_cli_niah_window_refused_for_an_orthros_checkpoint(tiny, tmp_path, capsy
     rc = main(["eval", "niah", "--model", str(tiny), "--window", "64", "--no-progress", "--engine", "off",
                "--lengths", "64", "--depths", "50", "-o", str(tmp_path / "out")])
     assert rc == 2
-    assert "--window applies to a Llama / Qwen2 / Qwen3 / Mistral checkpoint" in capsys.readouterr().err
+    assert "--window applies to a Llama / Qwen2 / Qwen3 / Mistral / Qwen3.5 checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
