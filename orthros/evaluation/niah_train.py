@@ -239,8 +239,9 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progres
             rec = {"step": step + 1, "loss": float(np.mean(losses[-cfg.log_every:])), "heldout_exact": acc,
                    "seconds": round(time.perf_counter() - t0, 1)}
             history.append(rec)
-            step_log(f"step {rec['step']:5d}  loss {rec['loss']:.4f}  held-out exact (len {cfg.max_len}) "
-                f"{100 * acc:5.1f}%  {rec['seconds']:.0f}s")
+            n = len(losses[-cfg.log_every:])  # the bar shows the last step's loss, this line their mean
+            step_log(f"step {rec['step']:5d}  loss {rec['loss']:.4f} (mean of {n} steps)  held-out exact "
+                     f"(len {cfg.max_len}) {100 * acc:5.1f}%  {rec['seconds']:.0f}s")
     bar.close()
     secs = round(time.perf_counter() - t0, 1)
     model.eval()
