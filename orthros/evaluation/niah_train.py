@@ -83,7 +83,8 @@ class NIAHTrainConfig:
             c = read_config(self.init, "--init", expected="an Orthros checkpoint to continue")
             if c.get("model_type") != "orthros":
                 raise ValueError(f"--init {self.init}: a {c.get('model_type')!r} checkpoint; --init continues an "
-                                 f"Orthros checkpoint (`orthros convert` converts a Llama / Qwen2 / Qwen3 / Mistral one, Qwen3.5 to Orthros-H)")
+                                 f"Orthros checkpoint (`orthros convert` converts a Llama / Qwen2 / Qwen3 / Mistral one, "
+                                 f"Qwen3.5 to Orthros-H)")
             if c.get("attention_mode", self.attention_mode) != self.attention_mode:
                 raise ValueError(f"--init {self.init} has attention_mode {c['attention_mode']!r}, "
                                  f"not {self.attention_mode!r}")
