@@ -277,6 +277,13 @@ class OrthrosModel(OrthrosPreTrainedModel):
             raise ValueError(f"past_key_values (cache) must be a transformers Cache (an OrthrosCache, or None for a new "
                              f"one), got {type(past_key_values).__name__}: transformers 4.x's tuples of (k, v) are "
                              f"not taken")
+        if past_key_values is not None and type(past_key_values) is not OrthrosCache and \
+                any(layer.is_sliding or layer.is_compileable for layer in past_key_values.layers):
+            # a static layer's empty slots were attended as keys, a sliding one dropped old tokens: wrong logits
+            raise ValueError(f"past_key_values (cache) must keep every token's K/V, each once (the output stream "
+                             f"attends to all of them), got a {type(past_key_values).__name__} with sliding-window "
+                             f"or static layers: pass an OrthrosCache, a DynamicCache() built without a config, "
+                             f"or None for a new one")
         _refuse_extra_outputs(self.config, kwargs)
         x = _one_input(input_ids, inputs_embeds)
         h = self.embed_tokens(x) if inputs_embeds is None else x

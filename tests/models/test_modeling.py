@@ -432,6 +432,31 @@ def test_a_legacy_tuple_cache_is_refused_by_name():
 
 
 @torch.no_grad()
+def test_a_sliding_or_static_cache_is_refused_by_name():
+    """A given cache must keep every token's K/V, each once (the output stream attends to all of
+    them): a StaticCache (its zero-filled slots past the tokens were attended) or a DynamicCache
+    with sliding-window layers (old tokens dropped) gave silently wrong logits and generations."""
+    from transformers import DynamicCache, LlamaConfig, StaticCache
+
+    from orthros.models.modeling_orthros import CACHE_KWARG
+
+    model = tiny_model()
+    c = model.config
+    lc = LlamaConfig(hidden_size=c.hidden_size, num_attention_heads=c.num_attention_heads, head_dim=c.head_dim,
+                     num_key_value_heads=c.num_key_value_heads, num_hidden_layers=c.num_hidden_layers, sliding_window=4)
+    ids = torch.randint(0, V, (2, 12))
+    sliding = LlamaConfig(**{**lc.to_dict(), "layer_types": ["sliding_attention"] * c.num_hidden_layers})
+    for cache in (StaticCache(config=lc, max_cache_len=32), DynamicCache(config=sliding)):
+        with pytest.raises(ValueError, match=r"past_key_values \(cache\) must keep every token's K/V.*" + type(cache).__name__):
+            model(ids, past_key_values=cache)
+        with pytest.raises(ValueError, match="must keep every token's K/V"):
+            model.generate(ids, max_new_tokens=2, use_engine=False, **{CACHE_KWARG: cache})
+    # a DynamicCache built without a config keeps everything: taken, and equal to the default
+    kw = dict(max_new_tokens=4, do_sample=False, use_engine=False)
+    assert torch.equal(model.generate(ids, **{CACHE_KWARG: DynamicCache()}, **kw), model.generate(ids, **kw))
+
+
+@torch.no_grad()
 @pytest.mark.parametrize("ids", [torch.tensor([1, 2, 3]), torch.zeros(2, 0, dtype=torch.long)])
 def test_generate_refuses_unbatched_or_empty_input_ids_by_name(ids):
     # a 1-D prompt (tokenizer.encode's list as a tensor) failed in transformers' generate with "IndexError:
