@@ -490,8 +490,9 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
                     return out
             elif use_engine:
                 raise RuntimeError("generate(use_engine=True) needs the engine: import orthros.engine first")
-        # kwargs over a given generation_config over the model's (which transformers fills unset fields from)
-        configs = (kwargs.get("generation_config"), self.generation_config)
+        # kwargs over a given generation_config (generate's second parameter) over the model's (which transformers
+        # fills unset fields from)
+        configs = (args[1] if len(args) > 1 else kwargs.get("generation_config"), self.generation_config)
         impl = kwargs["cache_implementation"] if "cache_implementation" in kwargs else \
             next((c for c in (getattr(g, "cache_implementation", None) for g in configs) if c is not None), None)
         if impl not in (None, "dynamic"):  # transformers' other caches are built from layer_types it does not know

@@ -609,6 +609,27 @@ def test_generate_with_a_generation_config_that_leaves_use_cache_unset():
 
 
 @torch.no_grad()
+def test_generate_reads_a_positional_generation_config():
+    """``generate(ids, GenerationConfig(...))`` (its second parameter, by position) was not read for
+    ``cache_implementation`` / ``use_cache``: a "dynamic" one failed with transformers' "Passing both
+    `cache_implementation` ... and `cache`", "static" was not refused by name, and ``use_cache=False``
+    still generated with an OrthrosCache. Positional and keyword configs now act alike."""
+    from transformers import GenerationConfig
+
+    model = tiny_model()
+    ids = torch.randint(1, V, (2, 6))
+    ref = model.generate(ids, max_new_tokens=4, do_sample=False, use_engine=False)
+    out = model.generate(ids, GenerationConfig(max_new_tokens=4, cache_implementation="dynamic"), use_engine=False)
+    assert torch.equal(out, ref)
+    with pytest.raises(ValueError, match="cache_implementation='static' is not supported"):
+        model.generate(ids, GenerationConfig(max_new_tokens=4, cache_implementation="static"), use_engine=False)
+    caches, forward = [], model.model.forward
+    model.model.forward = lambda *a, **k: caches.append(k.get("past_key_values")) or forward(*a, **k)
+    out = model.generate(ids, GenerationConfig(max_new_tokens=4, use_cache=False), use_engine=False)
+    assert torch.equal(out, ref) and caches == [None] * 4
+
+
+@torch.no_grad()
 def test_generate_with_only_a_generation_config_gets_no_deprecation_warning(monkeypatch):
     """generate() set ``cache_implementation=None`` among the arguments on every call, so
     ``generate(ids, generation_config=...)`` alone was told "Passing `generation_config` together with
