@@ -131,6 +131,15 @@ def _one_input(input_ids, inputs_embeds) -> torch.Tensor:
     return x
 
 
+def _cache_rows(cache) -> Optional[int]:
+    """The batch size of what a cache holds (its first filled K/V layer, else its GDN states), or None."""
+    for layer in cache.layers:
+        if getattr(layer, "is_initialized", False) and layer.keys.dim() == 4:
+            return layer.keys.shape[0]
+    states = getattr(cache, "linear_states", None)
+    return next(iter(states.values()))[0].shape[0] if states else None
+
+
 def _refuse_extra_outputs(config, kwargs) -> None:
     """``output_attentions`` / ``output_hidden_states`` (HF's per-layer outputs) are not computed:
     refused instead of returning ``None`` where the caller expects them."""
@@ -308,6 +317,10 @@ class OrthrosModel(OrthrosPreTrainedModel):
             past_key_values = OrthrosCache()
         cache = past_key_values  # a given cache is used (and extended) whatever use_cache, as transformers' models do
         past = cache.get_seq_length() if cache is not None else 0
+        rows = _cache_rows(cache) if past else None
+        if rows is not None and rows != B:  # failed in the first layer's torch.cat ("Sizes of tensors must match")
+            raise ValueError(f"past_key_values (cache) holds {rows} sequences, the input {B} rows: continue a cache "
+                             f"with the batch it was filled with")
         if position_ids is None and cu_seqlens is None:
             warn_beyond_positions(self.config, past + T, stacklevel=3)
 

@@ -457,6 +457,23 @@ def test_a_sliding_or_static_cache_is_refused_by_name():
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("kind", ["orthros", "orthros-h"])
+def test_a_cache_of_another_batch_size_is_refused_by_name(kind):
+    """Continuing a cache with fewer (or more) rows than it was filled with failed inside the first
+    layer's cache update: "RuntimeError: Sizes of tensors must match except in dimension 2"."""
+    from orthros.kinds import hybrid_layout
+
+    model = tiny_model(**({} if kind == "orthros" else dict(hybrid_layout(kind, 4), num_hidden_layers=4)))
+    ids = torch.randint(0, V, (2, 6))
+    cache = model(ids, use_cache=True).past_key_values
+    with pytest.raises(ValueError, match=r"past_key_values \(cache\) holds 2 sequences, the input 1 rows"):
+        model(ids[:1, :1], past_key_values=cache)
+    assert cache.get_seq_length() == 6  # untouched: it continues with its own batch
+    torch.testing.assert_close(model(ids[:, :1], past_key_values=cache).logits,
+                               model(torch.cat([ids, ids[:, :1]], 1)).logits[:, 6:], rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
 @pytest.mark.parametrize("ids", [torch.tensor([1, 2, 3]), torch.zeros(2, 0, dtype=torch.long)])
 def test_generate_refuses_unbatched_or_empty_input_ids_by_name(ids):
     # a 1-D prompt (tokenizer.encode's list as a tensor) failed in transformers' generate with "IndexError:
