@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..models.loading import CONVERTIBLE
 from ..utils import parse_dtype
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -33,6 +32,8 @@ def read_config(path, arg: str = "--model",
 def read_model_type(path, cfg: dict | None = None) -> str:
     """``model_type`` of a local checkpoint directory (from its config.json, or ``cfg`` when read
     already); a clear ``ValueError`` when ``path`` is not one."""
+    from ..models.loading import CONVERTIBLE  # here: `orthros eval --help` imports no torch
+
     mt = (read_config(path) if cfg is None else cfg).get("model_type")
     if mt == "orthros" or mt in CONVERTIBLE:
         return mt
