@@ -140,9 +140,18 @@ def main(argv=None) -> int:
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     model = orthros_model(args.preset, path=args.model, device=dev, dtype=dtype, window_size=args.window)
-    for what in (("prefill", "decode", "e2e") if args.what == "all" else (args.what,)):
+    for what in _sections(args.what):
         _run_section(what, args, model, dev, dtype, I, hf_qwen3_like)
     return 0
+
+
+def _sections(what):
+    return ("prefill", "decode", "e2e") if what == "all" else (what,)
+
+
+def _outputs(out, what):
+    """The JSON and PNG paths section ``what`` writes in ``out``."""
+    return tuple(os.path.join(out, f"{what}.{ext}") for ext in ("json", "png"))
 
 
 def make_out_dir(path, arg: str = "--out") -> None:
@@ -185,6 +194,10 @@ def _check_args(args, systems):
         if hasattr(args, opt) and not getattr(args, opt) >= 0:
             raise ValueError(f"--{opt.replace('_', '-')} must be a number of seconds >= 0, got {getattr(args, opt)}")
     check_output_path("--out", args.out, directory=True)
+    for path in (p for what in _sections(args.what) for p in _outputs(args.out, what)):
+        if os.path.isdir(path):  # was found by the first save, after the first point ran (IsADirectoryError)
+            raise ValueError(f"--out {args.out}: {path} is a folder, where this command writes a file (move it "
+                             f"away or choose another --out)")
     if args.model is not None:  # a local checkpoint directory (never a hub lookup), its weights readable
         from ..models import OrthrosConfig
         from ..models.loading import check_weights, checkpoint_dir
@@ -214,7 +227,7 @@ def _check_args(args, systems):
 
 
 def _run_section(what, args, model, dev, dtype, I, hf_qwen3_like):
-    json_path, png_path = (os.path.join(args.out, f"{what}.{ext}") for ext in ("json", "png"))
+    json_path, png_path = _outputs(args.out, what)
     meta = I.metadata(model, dev, dtype, {"preset": None if args.model else args.preset, "model_path": args.model,
                                           "compile": args.compile})
     with I.CompileFallbacks() as fallbacks:

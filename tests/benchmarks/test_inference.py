@@ -291,3 +291,14 @@ def test_bench_runs_a_repeated_value_once():
     assert p.parse_args(["prefill", "--lengths", "32,64,32"]).lengths == [32, 64]
     assert p.parse_args(["decode", "--batch-sizes", "1,1,2"]).batch_sizes == [1, 2]
     assert p.parse_args(["e2e", "--pairs", "8:4,16:3,8:4"]).pairs == [(8, 4), (16, 3)]
+
+
+@pytest.mark.parametrize("what, taken", [("decode", "decode.png"), ("all", "e2e.json")])
+def test_bench_out_whose_result_name_is_a_folder(tmp_path, capsys, no_model, what, taken):
+    """Was: IsADirectoryError at the first save (the first point measured) or at the end (the PNG,
+    the whole sweep measured); refused before the model is built."""
+    (tmp_path / taken).mkdir()
+    assert orthros_main(["bench", what, *TINY, "--contexts", "8", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"orthros bench: error: --out {tmp_path}: {tmp_path / taken} is a folder") and \
+        len(err.strip().splitlines()) == 1, err
