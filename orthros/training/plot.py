@@ -83,7 +83,8 @@ def loss_figure(runs: Sequence[dict], x: str = "tokens", title: Optional[str] = 
     for i, run in enumerate(runs):
         color = f"C{i % 10}"
         axes[0, 0].plot([r[x] for r in run["train"]], [r["loss"] for r in run["train"]], color=color,
-                        lw=1.2, label=run["label"])
+                        lw=1.2, label=run["label"], ms=3,
+                        marker="o" if len(run["train"]) == 1 else None)  # a line of one point is not drawn
         if run["eval"]:
             axes[0, 1].plot([r[x] for r in run["eval"]], [r["eval_loss"] for r in run["eval"]], "o-",
                             color=color, ms=3, lw=1.2, label=f"{run['label']}: {run['eval'][-1]['eval_loss']:.4f}")

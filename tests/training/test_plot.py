@@ -97,3 +97,13 @@ def test_unreadable_run_files_and_bad_outputs_are_refused_cleanly(tmp_path, caps
         assert says in capsys.readouterr().err
     assert not (tmp_path / "bad.png").exists() and not (tmp_path / ".png").exists()
     assert list((tmp_path / "dir.png").iterdir()) == []
+
+
+def test_a_run_of_one_logged_step_is_drawn(tmp_path):
+    """Was: a line through one point, which matplotlib draws as nothing (an empty panel, the
+    trainer's loss.png after its first eval with one train row logged); it gets a marker."""
+    one = load_run(fake_run(tmp_path / "one", "orthros", [5.0], evals=[4.5]))
+    many = load_run(fake_run(tmp_path / "many", "orthros", [5.0, 4.0]))
+    (line_one, line_many), _ = (ax.get_lines() for ax in loss_figure([one, many]).axes)
+    assert line_one.get_marker() == "o" and list(line_one.get_ydata()) == [5.0]
+    assert line_many.get_marker() in (None, "None", "")  # long curves stay plain lines
