@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -177,6 +178,9 @@ def main(argv=None) -> int:
             check_output_path("--output", a.output)
     except ValueError as e:
         p.error(str(e))
+    if a.output and a.plot and os.path.realpath(os.path.expanduser(a.output)) == \
+            os.path.realpath(os.path.expanduser(a.plot)):  # was: the PNG overwrote the JSON after both parts ran
+        p.error(f"--output {a.output} and --plot {a.plot} name the same file: the JSON and the PNG need two")
     try:
         if a.device:
             check_device(a.device)

@@ -46,7 +46,10 @@ def test_demo_bad_input_refused_before_the_runs(tmp_path, capsys, monkeypatch):
                        (["--skip-recall", "--seed", str(2 ** 64)], "--seed must be <= 18446744073709551615"),
                        (["-o", str(tmp_path)], f"--output {tmp_path}: is a directory"),
                        (["--plot", str(tmp_path / "f" / "r.png")], "is a file, not a directory"),
-                       (["--skip-recall", "--skip-prefill", "-o", str(tmp_path / "d.json")], "nothing to run")):
+                       (["--skip-recall", "--skip-prefill", "-o", str(tmp_path / "d.json")], "nothing to run"),
+                       # was: both parts ran, then the PNG overwrote the JSON ("wrote r.png" twice)
+                       (["-o", str(tmp_path / "r.png"), "--plot", str(tmp_path / "." / "r.png")],
+                        "name the same file")):
         with pytest.raises(SystemExit) as e:
             main(["demo", "--device", "cpu", *args])
         assert e.value.code == 2 and says in capsys.readouterr().err, args
