@@ -230,6 +230,10 @@ def _run_section(what, args, model, dev, dtype, I, hf_qwen3_like):
     json_path, png_path = _outputs(args.out, what)
     meta = I.metadata(model, dev, dtype, {"preset": None if args.model else args.preset, "model_path": args.model,
                                           "compile": args.compile})
+    if what != "decode":  # the options the section's timings depend on (prefill and e2e run chunked prefills)
+        meta["chunk"] = args.chunk
+    if what != "prefill":
+        meta["no_cuda_graphs"] = args.no_cuda_graphs
     with I.CompileFallbacks() as fallbacks:
         if args.compile:  # the live list: pieces that fell back to eager show up in every save
             meta["compile_failures"] = fallbacks
@@ -246,7 +250,6 @@ def _run_measurements(what, args, model, dev, dtype, I, hf_qwen3_like, meta, jso
     graphs = False if getattr(args, "no_cuda_graphs", False) else None
     if what == "prefill":
         systems = [s for s in args.systems.split(",") if s]
-        meta["chunk"] = args.chunk
         I.bench_prefill(model, args.lengths, systems=systems, chunk=args.chunk, budget_s=args.budget_s,
                         single_shot_s=args.single_shot_s, hf_model_fn=lambda: hf_qwen3_like(model.config, device=dev, dtype=dtype), on_row=checkpoint,
                         compile=args.compile)

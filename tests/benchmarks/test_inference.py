@@ -32,6 +32,9 @@ def test_bench_writes_table_json_and_plot(tmp_path, capsys, what, extra, key):
         assert {r["system"] for r in rows} == {"orthros", "orthros-floor", "full", "hf-sdpa", "hf-floor"}
     if what == "e2e":
         assert any("fit" in r for r in data["rows"])
+    # the options the timings depend on (e2e's --chunk and --no-cuda-graphs were left out of its JSON)
+    assert data["meta"].get("chunk") == {"prefill": 16, "decode": None, "e2e": 16384}[what]
+    assert data["meta"].get("no_cuda_graphs") == (None if what == "prefill" else False)
 
 
 def test_bench_e2e_no_cuda_graphs_reaches_the_fit_check(tmp_path, monkeypatch):
