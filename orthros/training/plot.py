@@ -43,11 +43,11 @@ def load_run(run_dir) -> dict:
     return {"label": _label(run_dir), "train": train, "eval": evals}
 
 
-def _label(run_dir: Path) -> str:
-    """The folder's name, with the run's mode and architecture when its run_config.yaml says them."""
+def _label(run_dir: Path, name: Optional[str] = None) -> str:
+    """The folder's name (or ``name``), with the run's mode and architecture when its run_config.yaml says them."""
     import yaml
 
-    name = run_dir.resolve().name
+    name = name or run_dir.resolve().name
     try:
         cfg = yaml.safe_load((run_dir / "run_config.yaml").read_text()) or {}
         arch = (cfg.get("model") or {}).get("architecture")
@@ -63,7 +63,12 @@ def plot_runs(run_dirs: Sequence, out, x: str = "tokens", title: Optional[str] =
     from ..utils import save_figure
 
     out = Path(out)
-    save_figure(loss_figure([load_run(d) for d in run_dirs], x, title), out)
+    runs = [load_run(d) for d in run_dirs]
+    labels = [r["label"] for r in runs]
+    for d, run in zip(run_dirs, runs):  # runs/a/out and runs/b/out: told apart by their paths as given
+        if labels.count(run["label"]) > 1:
+            run["label"] = _label(Path(d), os.path.normpath(d))
+    save_figure(loss_figure(runs, x, title), out)
     return out
 
 

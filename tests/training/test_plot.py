@@ -107,3 +107,18 @@ def test_a_run_of_one_logged_step_is_drawn(tmp_path):
     (line_one, line_many), _ = (ax.get_lines() for ax in loss_figure([one, many]).axes)
     assert line_one.get_marker() == "o" and list(line_one.get_ydata()) == [5.0]
     assert line_many.get_marker() in (None, "None", "")  # long curves stay plain lines
+
+
+def test_runs_of_one_folder_name_are_told_apart(tmp_path, monkeypatch):
+    """Was: exp1/out and exp2/out, same mode and architecture, were both labelled 'out (pt/orthros)';
+    such runs are labelled with their paths as given."""
+    from orthros.training import plot
+
+    seen = []
+    monkeypatch.setattr(plot, "loss_figure", lambda runs, *a: seen.extend(r["label"] for r in runs))
+    monkeypatch.setattr("orthros.utils.save_figure", lambda *a: None)
+    monkeypatch.chdir(tmp_path)
+    for exp in ("exp1", "exp2", "exp3"):
+        fake_run(tmp_path / exp / "out", "orthros" if exp != "exp3" else "swa", [5.0, 4.0])
+    plot.plot_runs(["exp1/out", "exp2/out/", "exp3/out"], tmp_path / "x.png")
+    assert seen == ["exp1/out (pt/orthros)", "exp2/out (pt/orthros)", "out (pt/swa)"]
