@@ -90,7 +90,7 @@ def _time_prefill(model, ids, reps):
     return statistics.median(once() for _ in range(reps))
 
 
-def run_prefill(quick: bool, device: str, seed: int = 0) -> dict:
+def run_prefill(quick: bool, device: str, seed: int = 0, progress: bool = True) -> dict:
     import torch
 
     from ..models import OrthrosConfig, OrthrosForCausalLM
@@ -115,6 +115,7 @@ def run_prefill(quick: bool, device: str, seed: int = 0) -> dict:
     rows = [("prompt tokens", "Transformer ms", "Orthros ms", "Orthros speed-up")]
     res = []
     g = torch.Generator().manual_seed(seed)
+    show = progress and sys.stdout.isatty()  # a line redrawn per length: only on a terminal, not with --no-progress
     for T in lengths:
         ids = torch.randint(0, 4096, (1, T), generator=g).to(device)
         t_full = _time_prefill(models["full"], ids, reps)
@@ -122,9 +123,9 @@ def run_prefill(quick: bool, device: str, seed: int = 0) -> dict:
         res.append({"tokens": T, "transformer_ms": 1e3 * t_full, "orthros_ms": 1e3 * t_orth,
                     "speedup": t_full / t_orth})
         rows.append((T, f"{1e3 * t_full:.1f}", f"{1e3 * t_orth:.1f}", f"{t_full / t_orth:.2f}x"))
-        if sys.stdout.isatty():
+        if show:
             print(f"      ... {T} tokens done", end="\r", flush=True)
-    if sys.stdout.isatty():
+    if show:
         print(" " * 40, end="\r")
     print(_indent(_table(rows)))
     print(f"\n      Measured here: Orthros at {res[0]['speedup']:.2f}x the Transformer's speed at {res[0]['tokens']} "
@@ -150,7 +151,7 @@ def main(argv=None) -> int:
     p.add_argument("--output", "-o", default=None, help="write all numbers as JSON here")
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="draw part 1's accuracy against the key-to-query distance here")
-    p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
+    p.add_argument("--no-progress", action="store_true", help="no progress display (part 1's on stderr, part 2's per-length line)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default: 0)")
     a = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     from ..utils import check_device, check_output_path
@@ -196,7 +197,7 @@ def main(argv=None) -> int:
     if not a.skip_recall:
         out["mqar"] = run_recall(a.quick, progress=not a.no_progress, seed=a.seed)
     if not a.skip_prefill:
-        out["prefill"] = run_prefill(a.quick, device, seed=a.seed)
+        out["prefill"] = run_prefill(a.quick, device, seed=a.seed, progress=not a.no_progress)
     out["seconds"] = round(time.perf_counter() - t0, 1)
     print(f"\nDone in {out['seconds']:.0f}s.")
     if a.output:

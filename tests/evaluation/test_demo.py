@@ -98,3 +98,19 @@ def test_prefill_text_reports_what_was_measured(capsys, monkeypatch):
     n = demo.QUICK_PREFILL_LENGTHS
     assert f"Measured here: Orthros at 0.50x the Transformer's speed at {n[0]} tokens, 0.50x at {n[-1]}." in text
     assert "median of 1 run." in text
+
+
+def test_no_progress_silences_part_2s_progress_line(capsys, monkeypatch):
+    """Was: --no-progress silenced part 1's progress only; part 2 still redrew '... N tokens done'
+    on a terminal."""
+    import sys
+
+    import orthros.evaluation.demo as demo
+
+    monkeypatch.setattr(demo, "_time_prefill", lambda model, ids, reps: 0.001)
+    monkeypatch.setattr(demo, "QUICK_PREFILL_LENGTHS", [64])
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    demo.run_prefill(True, "cpu")
+    assert "tokens done" in capsys.readouterr().out
+    demo.run_prefill(True, "cpu", progress=False)
+    assert "tokens done" not in capsys.readouterr().out
