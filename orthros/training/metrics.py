@@ -174,7 +174,8 @@ def read_metrics(output_dir: str, kind: Optional[str] = "train") -> list[dict]:
     """The rows of ``output_dir/metrics.jsonl`` of one ``kind`` (train / eval; None: every row),
     in order; a line torn by a kill mid-write is skipped."""
     rows = []
-    with open(os.path.join(output_dir, "metrics.jsonl"), encoding="utf-8") as f:
+    # a damaged byte spoils its line only (skipped as a torn one), not the file
+    with open(os.path.join(output_dir, "metrics.jsonl"), encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
                 rec = json.loads(line)

@@ -122,3 +122,16 @@ def test_runs_of_one_folder_name_are_told_apart(tmp_path, monkeypatch):
         fake_run(tmp_path / exp / "out", "orthros" if exp != "exp3" else "swa", [5.0, 4.0])
     plot.plot_runs(["exp1/out", "exp2/out/", "exp3/out"], tmp_path / "x.png")
     assert seen == ["exp1/out (pt/orthros)", "exp2/out (pt/orthros)", "out (pt/swa)"]
+
+
+def test_a_corrupt_byte_in_metrics_skips_its_line_as_a_torn_one(tmp_path):
+    """A byte that is no UTF-8 (a damaged file) made read_metrics raise for the whole file: `orthros plot`
+    said "'utf-8' codec can't decode ..." naming no file. Such a line is skipped, as a torn line is."""
+    from orthros.training.metrics import read_metrics
+
+    run = fake_run(tmp_path / "r", "orthros", [5.0, 4.0])
+    with open(run / "metrics.jsonl", "ab") as f:
+        f.write(b'{"kind": "train", "step": 30, "loss": \xff\n')
+    assert [r["step"] for r in read_metrics(str(run))] == [10, 20]
+    assert main(["plot", str(run), "-o", str(tmp_path / "p.png")]) == 0
+
