@@ -38,7 +38,7 @@ def int_list(s):
 def pair_list(s):
     """argparse type: ``"128:128,1024:512"`` -> ``[(128, 128), (1024, 512)]``, positive, each pair once."""
     out = []
-    for item in s.split(","):
+    for item in filter(None, s.split(",")):  # a trailing comma is nothing, as in int_list
         try:
             a, b = item.split(":")
             out.append((int(a), int(b)))
@@ -46,6 +46,8 @@ def pair_list(s):
             raise argparse.ArgumentTypeError(f"expected IN:OUT pairs like 128:128,1024:1024, got {s!r}")
         if min(out[-1]) < 1:
             raise argparse.ArgumentTypeError(f"lengths must be >= 1, got {item!r}")
+    if not out:
+        raise argparse.ArgumentTypeError(f"expected IN:OUT pairs like 128:128,1024:1024, got {s!r}")
     return list(dict.fromkeys(out))  # a pair given twice is one point
 
 

@@ -305,3 +305,16 @@ def test_bench_out_whose_result_name_is_a_folder(tmp_path, capsys, no_model, wha
     err = capsys.readouterr().err
     assert err.startswith(f"orthros bench: error: --out {tmp_path}: {tmp_path / taken} is a folder") and \
         len(err.strip().splitlines()) == 1, err
+
+
+def test_pair_and_int_lists_read_alike():
+    # int_list took a trailing comma ('1024,'), pair_list refused one ('8:4,'): one rule for both
+    import argparse
+
+    from orthros.benchmarks.cli import int_list, pair_list
+
+    assert int_list("1024,") == [1024] and pair_list("8:4,") == [(8, 4)]
+    assert pair_list("8:4,8:4,16:2") == [(8, 4), (16, 2)]
+    for bad in ("", ",", "8", "8:0"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            pair_list(bad)
