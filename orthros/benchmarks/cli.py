@@ -78,7 +78,7 @@ def build_parser():
                         help="prompt lengths in tokens, comma list (default: 8K to 128K)")
         sp.add_argument("--systems", default="orthros,orthros-floor,full,hf-sdpa,hf-floor",
                         help="comma list of: orthros (the engine), orthros-floor (the engine without attention), "
-                             "full (the engine's Transformer), hf-sdpa (HF transformers' Qwen3), hf-floor (HF "
+                             "full (the engine's Transformer), hf-sdpa (HF transformers' Qwen3 of the model's sizes, all attention layers), hf-floor (HF "
                              "without attention) (default: all five)")
         sp.add_argument("--budget-s", type=float, default=3.0, help="seconds of repeats per point")
         sp.add_argument("--single-shot-s", type=float, default=25.0,
@@ -229,6 +229,8 @@ def _check_args(args, systems):
 
 
 def _run_section(what, args, model, dev, dtype, I, hf_qwen3_like):
+    from ..kinds import LINEAR_LAYER_TYPE
+
     json_path, png_path = _outputs(args.out, what)
     meta = I.metadata(model, dev, dtype, {"preset": None if args.model else args.preset, "model_path": args.model,
                                           "compile": args.compile})
@@ -236,6 +238,12 @@ def _run_section(what, args, model, dev, dtype, I, hf_qwen3_like):
         meta["chunk"] = args.chunk
     if what != "prefill":
         meta["no_cuda_graphs"] = args.no_cuda_graphs
+    hf = [x for x in getattr(args, "systems", "").split(",") if x.startswith("hf-")]
+    if hf and LINEAR_LAYER_TYPE in (getattr(model.config, "layer_types", None) or []):
+        # hf_qwen3_like builds an all-attention Qwen3 of the checkpoint's sizes: the ratio is then across layer kinds
+        meta["hf_baseline"] = ("an all-attention Qwen3 of the checkpoint's sizes: its Gated DeltaNet layers are "
+                               "attention layers there")
+        print(f"orthros bench: note: {', '.join(hf)} time {meta['hf_baseline']}", file=sys.stderr)
     with I.CompileFallbacks() as fallbacks:
         if args.compile:  # the live list: pieces that fell back to eager show up in every save
             meta["compile_failures"] = fallbacks

@@ -318,3 +318,21 @@ def test_pair_and_int_lists_read_alike():
     for bad in ("", ",", "8", "8:0"):
         with pytest.raises(argparse.ArgumentTypeError):
             pair_list(bad)
+
+
+def test_bench_hf_baselines_of_a_hybrid_checkpoint_say_what_they_time(tmp_path, capsys):
+    # hf-sdpa / hf-floor time an all-attention Qwen3 of the checkpoint's sizes: for an Orthros-H checkpoint the
+    # ratios compared other layer kinds, and neither the table nor the JSON said so
+    from orthros.evaluation.common import make_tiny_checkpoint
+    from orthros.kinds import hybrid_layout
+
+    d = make_tiny_checkpoint(tmp_path / "ck", max_position_embeddings=64, num_hidden_layers=4,
+                             linear_key_head_dim=16, linear_value_head_dim=16, **hybrid_layout("orthros-h", 4))
+    capsys.readouterr()
+    assert orthros_main(["bench", "prefill", "--model", str(d), "--device", "cpu", "--dtype", "fp32", "--out",
+                         str(tmp_path / "o"), "--lengths", "32", "--budget-s", "0.01", "--systems",
+                         "orthros,hf-sdpa"]) == 0
+    assert "hf-sdpa time an all-attention Qwen3" in capsys.readouterr().err
+    meta = json.loads((tmp_path / "o" / "prefill.json").read_text())["meta"]
+    assert "all-attention Qwen3" in meta["hf_baseline"]
+
