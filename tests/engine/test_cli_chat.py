@@ -55,6 +55,18 @@ def reply(model, tok, ids, n=6):
     return tok.decode(new, skip_special_tokens=True)
 
 
+
+def fed_prompts(monkeypatch) -> list:
+    """The token ids of row 0 of each engine ``stream`` call the CLI makes, in order."""
+    fed, real = [], Engine.stream
+
+    def spy(self, prompts, *a, **k):
+        fed.append(list(prompts[0]))
+        return real(self, prompts, *a, **k)
+
+    monkeypatch.setattr(Engine, "stream", spy)
+    return fed
+
 @pytest.mark.parametrize("system", [None, "Answer in one word."])
 def test_chat_reply_is_the_engines_reply_to_the_templated_prompt(ckpt, model_and_tok, system):
     model, tok = model_and_tok
@@ -131,20 +143,12 @@ def test_a_turn_after_a_reply_that_does_not_retokenize_closes_the_reply(ckpt, tm
 
     from transformers import AutoTokenizer
 
-    from orthros.engine import engine as engine_mod
-
     d = ckpt
     if template != "shipped":
         d = shutil.copytree(ckpt, tmp_path / "ck")
         (d / "chat_template.jinja").write_text(DEFAULT_SYSTEM)
     tok = AutoTokenizer.from_pretrained(str(d))
-    fed, real = [], engine_mod.Engine.stream
-
-    def spy(self, prompts, *a, **k):
-        fed.append(list(prompts[0]))
-        return real(self, prompts, *a, **k)
-
-    monkeypatch.setattr(engine_mod.Engine, "stream", spy)
+    fed = fed_prompts(monkeypatch)
     torch.set_num_threads(1)
     rc, text = run(["--model", str(d), "--device", "cpu", "--max-new-tokens", "5", "--chat", "--interactive",
                     "--system", "Sys"], stdin="Hello\nHow are you\nok\n")
@@ -273,18 +277,10 @@ def test_an_empty_system_message_is_a_system_message(ckpt, tmp_path, monkeypatch
 
     from transformers import AutoTokenizer
 
-    from orthros.engine import engine as engine_mod
-
     d = shutil.copytree(ckpt, tmp_path / "ck")
     (d / "chat_template.jinja").write_text(DEFAULT_SYSTEM)
     tok = AutoTokenizer.from_pretrained(str(d))
-    fed, real = [], engine_mod.Engine.stream
-
-    def spy(self, prompts, *a, **k):
-        fed.append(list(prompts[0]))
-        return real(self, prompts, *a, **k)
-
-    monkeypatch.setattr(engine_mod.Engine, "stream", spy)
+    fed = fed_prompts(monkeypatch)
     rc, _ = run(["--model", str(d), "--device", "cpu", "--max-new-tokens", "2", "--chat", "--system", "", "Hello"])
     assert rc == 0 and fed == [chat_ids(tok, [{"role": "system", "content": ""}, {"role": "user", "content": "Hello"}])]
     assert "You are SmolLM" not in tok.decode(fed[0])
