@@ -117,6 +117,16 @@ def file_in_the_way(path) -> Path | None:
     return None
 
 
+def same_file(a, b) -> bool:
+    """Whether paths ``a`` and ``b`` name one file (an output that would replace an input, two outputs
+    that would overwrite each other): one file when both exist (links, hard links), else the same
+    path once ``~`` and links are resolved."""
+    a, b = (Path(os.fspath(p)).expanduser() for p in (a, b))
+    if a.exists() and b.exists():
+        return a.samefile(b)
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
 def check_output_path(arg: str, path, *, directory: bool = False) -> None:
     """Refuse, before any work, an output path (``arg``) that could not be written at the end: a file
     path that is an existing directory, a folder path (``directory``) that is an existing file, or
@@ -210,7 +220,7 @@ def save_figure(fig, path, dpi: int = 120) -> None:
         plt.close(fig)
 
 
-__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "atomic_directory", "cache_root", "check_png",
+__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "atomic_directory", "cache_root", "check_png", "same_file",
            "check_positive_int", "clean_stale", "commit_id", "dtype_name", "format_bytes", "hf_progress_bars", "isatty",
            "parse_dtype", "pyplot", "save_figure", "write_json", "write_text"]
 

@@ -17,7 +17,7 @@ import sys
 import time
 
 from ..utils import (DTYPE_ALIASES as DTYPES, check_device, check_input_file, check_output_path, parse_dtype,
-                     read_text_file, show_traceback)
+                     read_text_file, same_file, show_traceback)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -166,7 +166,6 @@ def _check_prompt_file(args):
     """The prompts of ``--prompts`` (None without it) as ``(line, text)`` pairs, read and checked
     before anything loads."""
     import json
-    from pathlib import Path
 
     if args.prompts is None:
         if args.output is not None:
@@ -183,8 +182,7 @@ def _check_prompt_file(args):
         raise ValueError(f"--prompts {path}: a .txt (one prompt a line) or a .jsonl file is needed")
     if args.output is not None:  # written at the end: refused now if it cannot be
         check_output_path("--output", args.output)
-        out = Path(args.output).expanduser()
-        if out.exists() and out.samefile(path):  # the records would replace the prompts
+        if same_file(args.output, path):  # the records would replace the prompts
             raise ValueError(f"--output {args.output} is the --prompts file: name another file for the records")
     prompts = []
     # lines end at newlines only (read_text_file's universal newlines make \r\n and \r one): str.splitlines
