@@ -78,8 +78,8 @@ def build_parser():
                         help="prompt lengths in tokens, comma list (default: 8K to 128K)")
         sp.add_argument("--systems", default="orthros,orthros-floor,full,hf-sdpa,hf-floor",
                         help="comma list of: orthros (the engine), orthros-floor (the engine without attention), "
-                             "full (the engine's Transformer), hf-sdpa (HF transformers' Qwen3 of the model's sizes, all attention layers), hf-floor (HF "
-                             "without attention) (default: all five)")
+                             "full (the engine's Transformer), hf-sdpa (HF transformers' Qwen3 of the model's sizes, "
+                             "all attention layers), hf-floor (HF without attention) (default: all five)")
         sp.add_argument("--budget-s", type=float, default=3.0, help="seconds of repeats per point")
         sp.add_argument("--single-shot-s", type=float, default=25.0,
                         help="a point whose first (warm-up) call takes longer is not repeated")
