@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
                         "plan are still printed)")
     p.add_argument("--dry-run", action="store_true",
                    help="make every check the conversion makes before it writes, print what it would write, "
-                        "write nothing")
+                        "write and download nothing (a hub id is read from the local Hugging Face cache)")
     return p
 
 

@@ -207,7 +207,8 @@ class SourceCheckpoint:
         return head_differs(self.config, self.shapes(), rows)
 
 
-def _resolve_source(path) -> Path:
+def _resolve_source(path, download: bool = True) -> Path:
+    """``download=False`` (a dry run): a hub id is looked up in the local Hugging Face cache only."""
     p = Path(os.fspath(path)).expanduser()
     if p.is_dir():
         return p
@@ -220,11 +221,20 @@ def _resolve_source(path) -> Path:
 
             # config, index and tokenizer first, then only the weights the conversion reads (Mistral's
             # repos also hold a consolidated.safetensors: the whole model a second time)
-            root = Path(snapshot_download(s, allow_patterns=["*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken"]))
-            return Path(snapshot_download(s, allow_patterns=[SINGLE_FILE, *_index_shards(root / INDEX_FILE)]))
+            root = Path(snapshot_download(s, allow_patterns=["*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken"],
+                                          local_files_only=not download))
+            return Path(snapshot_download(s, allow_patterns=[SINGLE_FILE, *_index_shards(root / INDEX_FILE)],
+                                          local_files_only=not download))
         except Exception as e:  # noqa: BLE001 - any failure means "not found" for the user
-            raise FileNotFoundError(f"source {s!r} is not a local directory and could not be downloaded from "
-                                    f"the Hugging Face hub ({type(e).__name__}: {' '.join(str(e).split())})") from None
+            why = f" ({type(e).__name__}: {' '.join(str(e).split())})"
+            if download:
+                raise FileNotFoundError(f"source {s!r} is not a local directory and could not be downloaded "
+                                        f"from the Hugging Face hub{why}") from None
+            # huggingface_hub's own words for "not cached" tell to pass local_files_only=False: not for a CLI user
+            raise FileNotFoundError(f"source {s!r} is not a local directory and is not in the local Hugging Face "
+                                    f"cache (a dry run downloads nothing: run without --dry-run to download it, or "
+                                    f"name a local directory)"
+                                    f"{'' if type(e).__name__ == 'LocalEntryNotFoundError' else why}") from None
     raise FileNotFoundError(f"source directory {s!r} does not exist")
 
 
@@ -236,9 +246,10 @@ def _index_shards(index_path: Path) -> list:
         return []
 
 
-def load_source(path) -> SourceCheckpoint:
-    """Find, read and validate the source config and every safetensors header (no tensor data)."""
-    root = _resolve_source(path)
+def load_source(path, *, download: bool = True) -> SourceCheckpoint:
+    """Find, read and validate the source config and every safetensors header (no tensor data).
+    ``download=False``: a hub id is read from the local Hugging Face cache only."""
+    root = _resolve_source(path, download)
     cfg_path = root / "config.json"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"source {str(root)!r} has no config.json (not an HF model directory)")
@@ -395,9 +406,10 @@ def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrit
 def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: bool = False,
                     scale_offset: bool = True) -> dict:
     """Every check :func:`convert_checkpoint` makes before it writes, and what it would write
-    (``orthros convert --dry-run``), as a dict. Reads headers only; writes nothing. For a GGUF
-    source the file is checked whole, but its tensor plan is only made once transformers has
-    de-quantised it, so the dict has the GGUF's figures instead."""
+    (``orthros convert --dry-run``), as a dict. Reads headers only; writes and downloads nothing
+    (a hub id is read from the local Hugging Face cache). For a GGUF source the file is checked
+    whole, but its tensor plan is only made once transformers has de-quantised it, so the dict
+    has the GGUF's figures instead."""
     _check_window(window_size)
     out_dtype = resolve_dtype(dtype)
     dst = Path(os.fspath(dst)).expanduser()
@@ -412,7 +424,7 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
                 "dtype": _dtype_name(out_dtype) if out_dtype else "float32", "bytes_needed": need,
                 "notes": gguf_notes(info)}
     source, plan, need = _prepare(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite,
-                                  scale_offset=scale_offset)
+                                  scale_offset=scale_offset, download=False)
     with tempfile.TemporaryDirectory() as d:  # the names the result's config brings (its remote code)
         plan.config.save_pretrained(d)
         copied, skipped = _other_files(source, taken=set(os.listdir(d)))
@@ -423,11 +435,12 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
             "bytes_needed": need}
 
 
-def _prepare(src, dst: Path, *, window_size: int, out_dtype, overwrite: bool, scale_offset: bool):
+def _prepare(src, dst: Path, *, window_size: int, out_dtype, overwrite: bool, scale_offset: bool,
+             download: bool = True):
     """The checks of a safetensors source before anything is written: ``(source, plan, bytes)``."""
     if not Path(os.fspath(src)).expanduser().exists():  # perhaps a hub id: the destination before the download
         _check_destination(None, dst, overwrite)
-    source = load_source(src)
+    source = load_source(src, download=download)
     _check_destination(source.path, dst, overwrite)
     plan = make_plan(source.config, source.architecture, source.shapes(), window_size=window_size,
                      scale_offset=scale_offset, out_dtype=out_dtype, config_dtype=_source_dtype(source),

@@ -811,6 +811,36 @@ def test_hub_id_into_a_destination_in_the_way_downloads_nothing(tmp_path, capsys
     assert calls == [] and sorted(p.name for p in tmp_path.iterdir()) == ["afile", "out"]
 
 
+def test_dry_run_of_a_hub_id_reads_the_local_cache_and_downloads_nothing(tmp_path, good_src, capsys, monkeypatch):
+    """``--dry-run`` writes nothing, yet for a hub id it downloaded the whole model (every weight
+    shard, into the Hugging Face cache) before printing its plan, and offline it waited on the hub.
+    It reads the local cache only: a cached model is planned, one not cached is refused at once."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    snap = cache / "models--someone--mistral" / "snapshots" / ("a" * 40)
+    _copy(good_src, snap)
+    (cache / "models--someone--mistral" / "refs").mkdir()
+    (cache / "models--someone--mistral" / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    real, calls = huggingface_hub.snapshot_download, []
+
+    def spy(repo_id, **kw):
+        calls.append((repo_id, kw.get("local_files_only")))
+        return real(repo_id, **kw) if kw.get("local_files_only") else pytest.fail(f"dry run went online: {kw}")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", spy)
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert convert_main(["someone/mistral", "out", "--window-size", str(W), "--dry-run"]) == 0
+    assert "every check passed" in capsys.readouterr().out and calls
+    assert convert_main(["someone/other", "out", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "'someone/other'" in err and "dry run downloads nothing" in err and err.count("\n") == 1, err
+    assert all(local for _, local in calls) and not (tmp_path / "out").exists()
+
+
 def test_interrupt_between_the_renames_puts_the_old_destination_back(tmp_path, good_src, monkeypatch):
     """With --overwrite the old DST is moved aside, then the new one renamed in: a Ctrl-C between
     the two removed the new result and left the old one hidden (DST gone, while the CLI said
