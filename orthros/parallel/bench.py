@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from ..utils import DTYPE_CHOICES, check_device, check_output_path, commit_id, parse_dtype, write_json
-from .comm import MAX_TIMEOUT_S, ParallelContext, check_timeout, init_from_env
+from .comm import MAX_TIMEOUT_S, ParallelContext, ParallelError, check_timeout, env_world_size, init_from_env
 from .sharded import ShardedOrthros
 
 
@@ -420,7 +420,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(str(e))
     if not 0 <= a.time_budget <= MAX_TIMEOUT_S:  # the idle ranks' group waits that long
         p.error(f"--time-budget must be >= 0 and <= {MAX_TIMEOUT_S:g} seconds (0 = no budget), got {a.time_budget:g}")
-    world = int(os.environ.get("WORLD_SIZE", "1"))  # torchrun's, known before the process group starts
+    try:  # torchrun's, known before the process group starts
+        world = env_world_size()
+    except ParallelError as e:
+        p.error(str(e))
     if world == 1 and a.transformer_cp and a.transformer_cp != p.get_default("transformer_cp"):
         p.error("--transformer-cp runs the Transformer with context parallelism over several ranks; this run has "
                 "one (launch with torchrun --nproc-per-node N >= 2, or use --transformer for 1-GPU lengths)")

@@ -33,7 +33,37 @@ def check_timeout(name: str, value) -> None:
 
 
 class ParallelError(RuntimeError):
-    """A collective failed: a peer rank crashed, was killed, or did not arrive in time."""
+    """A collective failed (a peer rank crashed, was killed, or did not arrive in time), or the
+    launcher's environment (``WORLD_SIZE``, ``RANK``...) cannot start a process group."""
+
+
+def _env_int(name: str, lo: int, hi: Optional[int] = None, default: Optional[int] = None, role: str = "") -> int:
+    """The integer environment variable ``name`` in ``[lo, hi]`` (``default`` when unset, if any), else a
+    ``ParallelError`` naming it and what is allowed: torch's own reading was a bare ``int()`` ValueError, a
+    missing-variable error, or a rank outside the world that waited out the rendezvous timeout."""
+    raw = os.environ.get(name)
+    if raw is None and default is not None:
+        return default
+    allowed = f"an integer >= {lo}" if hi is None else f"an integer in [{lo}, {hi}]"
+    try:
+        val = int(raw) if raw is not None else None
+    except ValueError:
+        val = None
+    if val is None or val < lo or (hi is not None and val > hi):
+        got = "is not set" if raw is None else f"is {raw!r}"
+        raise ParallelError(f"environment variable {name} {got}: it must be {allowed}{role}; torchrun sets it")
+    return val
+
+
+def env_world_size() -> int:
+    """``WORLD_SIZE`` of the launcher (``torchrun``), 1 when unset; a ``ParallelError`` when it is not an integer >= 1."""
+    return _env_int("WORLD_SIZE", 1, default=1, role=" (the number of processes; unset: one)")
+
+
+def _local_rank() -> int:
+    """This process's GPU (``LOCAL_RANK``, default 0), one of the visible devices."""
+    n = torch.cuda.device_count()
+    return _env_int("LOCAL_RANK", 0, n - 1, default=0, role=f" (this process's GPU; {n} visible)")
 
 
 @dataclass
@@ -156,11 +186,18 @@ def init_from_env(backend: Optional[str] = None, timeout_s: float = 600.0) -> Pa
     if backend not in (None, "nccl", "gloo"):
         raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
     check_timeout("timeout_s", timeout_s)
-    if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        return ParallelContext.single()
     existing = dist.is_initialized()
+    if not existing:  # torchrun's environment, checked before any process group starts
+        world = env_world_size()
+        if world == 1:
+            if torch.cuda.is_available():
+                torch.cuda.set_device(_local_rank())
+            return ParallelContext.single()
+        _env_int("RANK", 0, world - 1, role=f" (this process's rank, WORLD_SIZE={world})")
+        if not os.environ.get("MASTER_ADDR", "").strip():
+            raise ParallelError("environment variable MASTER_ADDR is not set (or empty): it must be the host of "
+                                "rank 0 (torchrun sets it)")
+        _env_int("MASTER_PORT", 1, 65535, role=" (rank 0's port)")
     if existing:  # the group's backend is what runs: one asked for must be it
         have = dist.get_backend()
         if backend is not None and backend != have:
@@ -169,11 +206,11 @@ def init_from_env(backend: Optional[str] = None, timeout_s: float = 600.0) -> Pa
         backend = have
     if backend is None:
         backend = "nccl" if torch.cuda.is_available() else "gloo"
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
     kw = {}
     if backend == "nccl":
         if not torch.cuda.is_available():
             raise ValueError("backend='nccl' needs CUDA; use backend='gloo' on CPU")
+        local_rank = _local_rank()
         torch.cuda.set_device(local_rank)
         kw["device_id"] = torch.device("cuda", local_rank)
     if not existing:

@@ -232,6 +232,8 @@ def test_rejects_bad_input():
     # an OverflowError of timedelta in init_process_group; 1e10 s made gloo's every collective time out at once
     (["--timeout", "1e10"], {}, "--timeout"),
     (["--lengths", "1,300"], {"WORLD_SIZE": "2"}, "one token per rank"),
+    # a bare "invalid literal for int()" traceback of reading torchrun's WORLD_SIZE
+    ([], {"WORLD_SIZE": "abc"}, "environment variable WORLD_SIZE is 'abc': it must be an integer >= 1"),
     # torch's context_parallel drops its head-tail load balancing without a word there: the record still said
     # 'context_parallel ring attention' (load-balanced, docs), or the run failed after the Orthros ones
     (["--transformer-cp", "64K,301"], {"WORLD_SIZE": "2"}, "multiples of 2 x the number of ranks (4)"),
