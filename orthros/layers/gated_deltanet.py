@@ -39,7 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops.gdn import FROM_ATTN_BACKEND, causal_conv1d, gated_delta_rule, gated_delta_rule_step
+from ..ops.gdn import FROM_ATTN_BACKEND, causal_conv1d, gated_delta_rule
+from ..ops.gdn.naive import gated_delta_rule_step_ref
 from .common import FusedProjections, attn_backend_of
 
 
@@ -201,8 +202,10 @@ class GatedDeltaNet(FusedProjections, nn.Module):
             y = F.silu((window * weight.to(window.dtype)).sum(-1)).to(qkv.dtype)
             conv_state.copy_(window[:, :, 1:])
             q, k, v = torch.split(y, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
-            o, o_out = gated_delta_rule_step(q.view(B, Hk, K), k.view(B, Hk, K), v.view(B, Hv, V), g[:, 0], beta[:, 0],
-                                             rec_state, q_out=q_out[:, 0] if two else None, scale=self.scale)
+            # shapes follow from the config: the op's per-call checks (gated_delta_rule_step) skipped
+            o, o_out = gated_delta_rule_step_ref(q.view(B, Hk, K), k.view(B, Hk, K), v.view(B, Hv, V), g[:, 0],
+                                                 beta[:, 0], rec_state, q_out=q_out[:, 0] if two else None,
+                                                 scale=self.scale)
             o, o_out = o[:, None], (o_out[:, None] if two else None)
             new_conv, final_state = conv_state, rec_state
         else:

@@ -405,3 +405,29 @@ def test_shapes_and_documents_refused_naming_the_argument():
     for c in (0, -1):
         with pytest.raises(ValueError, match="chunk_size"):
             chunk_gated_delta_rule_ref(q, k, v, g, beta, chunk_size=c)
+
+
+def test_decode_step_refuses_mismatched_shapes_and_dtypes_by_name():
+    # the step had no checks: q of one head (or of batch 1) for H = 2 and g [B, 1] broadcast silently,
+    # a bfloat16 state accumulated in bfloat16, integer v came back int64, a wrong K / V / state
+    # failed deep in an einsum or an in-place add
+    B, H, Hv, K, V = 2, 2, 4, 8, 6
+    q, k, v, g, beta = [x[:, 0] for x in _inputs(B, 1, H, Hv, K, V, dtype=torch.float32)]
+    state = torch.zeros(B, Hv, K, V)
+    bad = [
+        (dict(q=q[:, :1]), "must be \\[B, H, K\\]"), (dict(q=q[:1]), "must be \\[B, H, K\\]"),
+        (dict(k=torch.randn(B, H, K + 1)), "got q"), (dict(v=torch.randn(B, Hv, V + 1)), "state \\[B, HV, K, V\\]"),
+        (dict(g=g[:, :1]), "g and beta \\[B, HV\\]"), (dict(beta=beta[0]), "g and beta \\[B, HV\\]"),
+        (dict(state=state[:1]), "state \\[B, HV, K, V\\]"), (dict(q_out=q[:, :, :K - 1]), "q_out"),
+        (dict(q=q[:, :, None], k=k[:, :, None]), "must be \\[B, H, K\\]"),
+        (dict(q=torch.randn(B, 3, K), k=torch.randn(B, 3, K)), "multiple of H"),
+        (dict(state=state.bfloat16()), "state must be float32"), (dict(v=v.long()), "v must be a floating"),
+        (dict(scale=float("inf")), "scale"),
+    ]
+    for kw, match in bad:
+        a = dict(q=q, k=k, v=v, g=g, beta=beta, state=state.clone())
+        a.update(kw)
+        with pytest.raises(ValueError, match=match):
+            gated_delta_rule_step(a.pop("q"), a.pop("k"), a.pop("v"), a.pop("g"), a.pop("beta"), a.pop("state"), **a)
+    o, o_out = gated_delta_rule_step(q, k, v, g, beta, state, q_out=q)
+    assert o.shape == o_out.shape == (B, Hv, V)

@@ -174,9 +174,29 @@ def _warn_once(msg: str) -> None:
 
 
 def gated_delta_rule_step(q, k, v, g, beta, state, *, q_out=None, scale=None, use_qk_l2norm=True):
-    """Decode step: one token per sequence, ``state [B, HV, K, V]`` updated in place. See
-    :func:`.naive.gated_delta_rule_step_ref` (plain tensor ops, fine under CUDA graphs and
-    torch.compile; the state is read once for both queries of a decode pair)."""
+    """Decode step: one token per sequence, ``q, k [B, H, K]``, ``v [B, HV, V]``, ``g`` and ``beta``
+    ``[B, HV]``, ``q_out [B, H, K]`` or None, ``state [B, HV, K, V]`` (float32, or float64)
+    updated in place. Shapes and dtypes are checked here (shapes only: no device read); the GDN
+    layer, whose shapes follow from its config, calls :func:`.naive.gated_delta_rule_step_ref`
+    directly (plain tensor ops, fine under CUDA graphs and torch.compile; the state is read once
+    for both queries of a decode pair)."""
+    who = "gated_delta_rule_step"
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("state", state), ("q_out", q_out)):
+        if (t is not None or name != "q_out") and not (isinstance(t, torch.Tensor) and t.is_floating_point()):
+            raise ValueError(f"{who}: {name} must be a floating tensor, got "
+                             f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
+    B, H, K = k.shape if k.dim() == 3 else (0,) * 3  # not 3-D: refused below with the others
+    Hv, V = (v.shape[1], v.shape[2]) if v.dim() == 3 else (0, 0)
+    if k.dim() != 3 or q.shape != k.shape or v.dim() != 3 or v.shape[0] != B or H == 0 or K == 0 or Hv % H \
+            or g.shape != (B, Hv) or beta.shape != g.shape or (q_out is not None and q_out.shape != k.shape) \
+            or state.shape != (B, Hv, K, V):
+        raise ValueError(f"{who}: q, k (and q_out) must be [B, H, K] (H, K >= 1), v [B, HV, V] (HV a multiple of H), "
+                         f"g and beta [B, HV], state [B, HV, K, V]; got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}, g {tuple(g.shape)}, beta {tuple(beta.shape)}, state {tuple(state.shape)}"
+                         + (f", q_out {tuple(q_out.shape)}" if q_out is not None else ""))
+    if state.dtype not in (torch.float32, torch.float64):  # the recurrence accumulates in the state's dtype
+        raise ValueError(f"{who}: state must be float32 (or float64), got {state.dtype}")
+    check_scale(scale)
     return gated_delta_rule_step_ref(q, k, v, g, beta, state, q_out=q_out, scale=scale, use_qk_l2norm=use_qk_l2norm)
 
 
