@@ -140,6 +140,46 @@ def _cache_rows(cache) -> Optional[int]:
     return next(iter(states.values()))[0].shape[0] if states else None
 
 
+def _check_cache_fits(model, cache, B: int, past: int) -> None:
+    """A cache holding ``past`` tokens continues only with the batch it was filled with, in a model of the
+    config that filled it: every attention layer's K/V ``[B, num_key_value_heads, past, head_dim]``, every GDN
+    layer's state, nothing for layers the model lacks. Otherwise a ``ValueError`` naming the first layer that
+    differs, before any layer runs (other K/V heads or head_dim failed in a layer's torch.cat; other layers
+    or layer kinds ran without an error, with wrong logits)."""
+    rows = _cache_rows(cache)
+    if rows is not None and rows != B:  # failed in the first layer's torch.cat ("Sizes of tensors must match")
+        raise ValueError(f"past_key_values (cache) holds {rows} sequences, the input {B} rows: continue a cache "
+                         f"with the batch it was filled with")
+    states = getattr(cache, "linear_states", None)  # None: no OrthrosCache (a GDN layer names that itself)
+
+    def held(i):
+        kv = cache.layers[i] if i < len(cache.layers) else None
+        if kv is not None and getattr(kv, "is_initialized", False) and kv.get_seq_length():
+            return f"K/V {[*kv.keys.shape[:2], kv.get_seq_length(), kv.keys.shape[-1]]}"
+        if states and i in states:
+            return f"a GDN state (conv {list(states[i][0].shape)}, recurrent {list(states[i][1].shape)})"
+        return "nothing"
+
+    def wanted(i):
+        if i >= len(model.layers):
+            return "nothing"
+        mixer = model.layers[i].mixer
+        if model.layers[i].layer_type != LINEAR_LAYER_TYPE:
+            return f"K/V {[B, model.config.num_key_value_heads, past, model.config.head_dim]}"
+        if states is None:
+            return None
+        return (f"a GDN state (conv {[B, mixer.conv_dim, mixer.conv_kernel_size - 1]}, recurrent "
+                f"{[B, mixer.num_v_heads, mixer.head_k_dim, mixer.head_v_dim]})")
+
+    for i in range(max(len(model.layers), len(cache.layers), *(j + 1 for j in states or ()))):
+        want, have = wanted(i), held(i)
+        if want is not None and have != want:
+            raise ValueError(f"past_key_values (cache) does not fit this model at layer {i}: it holds {have}, the "
+                             f"model ({len(model.layers)} layers, num_key_value_heads="
+                             f"{model.config.num_key_value_heads}, head_dim={model.config.head_dim}) needs {want} "
+                             f"after {past} tokens: continue a cache in the model (config) that filled it")
+
+
 def _refuse_extra_outputs(config, kwargs) -> None:
     """``output_attentions`` / ``output_hidden_states`` (HF's per-layer outputs) are not computed:
     refused instead of returning ``None`` where the caller expects them."""
@@ -317,10 +357,8 @@ class OrthrosModel(OrthrosPreTrainedModel):
             past_key_values = OrthrosCache()
         cache = past_key_values  # a given cache is used (and extended) whatever use_cache, as transformers' models do
         past = cache.get_seq_length() if cache is not None else 0
-        rows = _cache_rows(cache) if past else None
-        if rows is not None and rows != B:  # failed in the first layer's torch.cat ("Sizes of tensors must match")
-            raise ValueError(f"past_key_values (cache) holds {rows} sequences, the input {B} rows: continue a cache "
-                             f"with the batch it was filled with")
+        if past:
+            _check_cache_fits(self, cache, B, past)
         if position_ids is None and cu_seqlens is None:
             warn_beyond_positions(self.config, past + T, stacklevel=3)
 

@@ -474,6 +474,40 @@ def test_a_cache_of_another_batch_size_is_refused_by_name(kind):
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("other, match", [
+    (dict(num_key_value_heads=4), r"layer 0: it holds K/V \[2, 2, 6, 12\], .* needs K/V \[2, 4, 6, 12\]"),
+    (dict(head_dim=16), r"layer 0: it holds K/V \[2, 2, 6, 12\], .* needs K/V \[2, 2, 6, 16\]"),
+    (dict(num_hidden_layers=4), r"layer 3: it holds nothing, .* needs K/V"),
+    (dict(num_hidden_layers=2), r"layer 2: it holds K/V \[2, 2, 6, 12\], .* needs nothing"),
+    ("orthros-h", r"layer 0: it holds K/V .* needs a GDN state"),
+])
+def test_a_cache_of_another_config_is_refused_by_name(other, match):
+    """A cache filled by a model of other K/V heads or head_dim failed inside the first layer's cache update
+    ("RuntimeError: Sizes of tensors must match"); one of other layers or layer kinds ran silently with wrong
+    logits. The forward names the first layer that differs before any layer runs."""
+    from orthros.kinds import hybrid_layout
+
+    ids = torch.randint(0, V, (2, 6))
+    cache = tiny_model()(ids, use_cache=True).past_key_values
+    if other == "orthros-h":
+        other = dict(hybrid_layout(other, 4), num_hidden_layers=4)
+    with pytest.raises(ValueError, match=r"past_key_values \(cache\) does not fit this model at " + match):
+        tiny_model(**other)(ids[:, :1], past_key_values=cache)
+    assert cache.get_seq_length() == 6
+
+
+@torch.no_grad()
+def test_a_hybrid_cache_in_an_attention_model_is_refused_by_name():
+    from orthros.kinds import hybrid_layout
+
+    ids = torch.randint(0, V, (2, 6))
+    cache = tiny_model(**hybrid_layout("orthros-h", 4), num_hidden_layers=4)(ids, use_cache=True).past_key_values
+    with pytest.raises(ValueError, match=r"at layer 0: it holds a GDN state \(conv \[2, 144, 3\], recurrent "
+                                         r"\[2, 4, 12, 12\]\), .* needs K/V \[2, 2, 6, 12\]"):
+        tiny_model(num_hidden_layers=4)(ids[:, :1], past_key_values=cache)
+
+
+@torch.no_grad()
 @pytest.mark.parametrize("ids", [torch.tensor([1, 2, 3]), torch.zeros(2, 0, dtype=torch.long)])
 def test_generate_refuses_unbatched_or_empty_input_ids_by_name(ids):
     # a 1-D prompt (tokenizer.encode's list as a tensor) failed in transformers' generate with "IndexError:
