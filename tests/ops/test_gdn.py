@@ -431,3 +431,20 @@ def test_decode_step_refuses_mismatched_shapes_and_dtypes_by_name():
             gated_delta_rule_step(a.pop("q"), a.pop("k"), a.pop("v"), a.pop("g"), a.pop("beta"), a.pop("state"), **a)
     o, o_out = gated_delta_rule_step(q, k, v, g, beta, state, q_out=q)
     assert o.shape == o_out.shape == (B, Hv, V)
+
+
+def test_causal_conv1d_refuses_integer_inputs_and_takes_an_empty_chunk():
+    # an integer x was convolved in the weight's dtype and cast back: y rounded to integers without a word;
+    # T = 0 (which gated_delta_rule takes) failed inside F.conv1d ("Kernel size can't be greater than ...")
+    x, w = torch.randn(1, 5, 3), torch.randn(3, 4)
+    for kw, name in ((dict(x=x.long()), "x"), (dict(weight=w.long()), "weight"),
+                     (dict(state=torch.ones(1, 3, 3, dtype=torch.long)), "state")):
+        a = dict(x=x, weight=w)
+        a.update(kw)
+        with pytest.raises(ValueError, match=f"causal_conv1d: {name} must be a floating tensor"):
+            causal_conv1d(**a)
+    s0 = torch.randn(1, 3, 3)
+    for state in (None, s0):
+        y, s = causal_conv1d(x[:, :0], w, state)
+        assert y.shape == (1, 0, 3)
+        torch.testing.assert_close(s, s0 if state is not None else torch.zeros(1, 3, 3))

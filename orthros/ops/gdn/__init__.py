@@ -223,6 +223,11 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: Optional[torch.T
         raise ValueError(f"causal_conv1d: weight must be [C={C}, W >= 1], got {tuple(weight.shape)}")
     if state is not None and tuple(state.shape) != (B, C, W - 1):
         raise ValueError(f"causal_conv1d: state must be [B={B}, C={C}, W - 1={W - 1}], got {tuple(state.shape)}")
+    for name, t in (("x", x), ("weight", weight), ("state", state)):
+        if t is not None and not t.is_floating_point():  # an integer x came back rounded to integers
+            raise ValueError(f"causal_conv1d: {name} must be a floating tensor, got {t.dtype}")
+    if T == 0:  # nothing to convolve (F.conv1d refuses an input shorter than its kernel); the window stays
+        return x.new_empty(B, 0, C), _window_after(x, state, W)
     asked = backend
     backend = resolve_gdn_backend(backend, x)
     if backend == "fla" and (
