@@ -371,10 +371,41 @@ class Bench:
         print("\n".join(lines), flush=True)
 
 
+class _Parser(argparse.ArgumentParser):
+    """Under ``torchrun`` every rank parses the same arguments: only rank 0 prints the usage error or the
+    help (each rank printed its own copy), every rank exits with the same code. On an error the other ranks
+    first wait (up to ``QUIET_RANK_WAIT_S``): torchrun stops every rank once one fails, which could be before
+    rank 0 had printed anything; rank 0 meets the same error and its exit ends the wait."""
+
+    QUIET_RANK_WAIT_S = 30.0
+
+    @staticmethod
+    def _quiet() -> bool:
+        try:
+            return int(os.environ.get("RANK", "0")) > 0
+        except ValueError:  # not a rank torchrun set: print
+            return False
+
+    def print_usage(self, file=None):
+        if not self._quiet():
+            super().print_usage(file)
+
+    def print_help(self, file=None):
+        if not self._quiet():
+            super().print_help(file)
+
+    def exit(self, status=0, message=None):
+        if self._quiet():
+            if status:
+                time.sleep(self.QUIET_RANK_WAIT_S)
+            message = None
+        super().exit(status, message)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     """The checked arguments (``device`` resolved to ``"cuda"`` or ``"cpu"``); a bad one exits with a
     usage error before the process group starts."""
-    p = argparse.ArgumentParser(prog="python -m orthros.parallel.bench",
+    p = _Parser(prog="python -m orthros.parallel.bench",
                                 description="Sequence-parallel prefill benchmark (launch with torchrun).")
     p.add_argument("--model", default="qwen3-8b", choices=["qwen3-8b", "tiny"],
                    help="architecture of the random-weight model: qwen3-8b or tiny (CPU runs) (default: %(default)s)")

@@ -272,6 +272,33 @@ def test_bench_rejects_bad_arguments_before_any_work(args, env, match, tmp_path,
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("rank", ["0", "1", "3"])
+def test_bench_argument_errors_and_help_are_printed_by_rank_0_only(rank, tmp_path, monkeypatch, capsys):
+    """Under torchrun every rank printed the usage and the error (or the whole --help). Only rank 0 prints;
+    the others exit with the same code, after an error first waiting for rank 0 to print it (torchrun stops
+    every rank once one fails, which could be before rank 0 had printed anything); --help waits for nothing."""
+    from orthros.parallel import bench
+
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", rank)
+    waited = []
+    monkeypatch.setattr(bench.time, "sleep", waited.append)
+    monkeypatch.setattr(bench, "init_from_env", lambda *a, **k: pytest.fail("the process group was started"))
+    quiet = rank != "0"
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--model", "tiny", "--device", "cpu", "--warmup", "0", "--out", str(tmp_path / "b.json")])
+    assert e.value.code == 2
+    out = capsys.readouterr()
+    assert (out.out + out.err == "") == quiet and ("argument --warmup" in out.err) != quiet
+    assert waited == ([bench._Parser.QUIET_RANK_WAIT_S] if quiet else [])
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--help"])
+    assert e.value.code in (0, None)
+    out = capsys.readouterr()
+    assert (out.out + out.err == "") == quiet and ("usage:" in out.out) != quiet
+    assert len(waited) == (1 if quiet else 0)
+
+
 def test_bench_lengths_given_twice_are_measured_once(tmp_path):
     # '--lengths 64,1K,64,1024' measured 64 and 1024 twice each (two records of one key; the table showed the first)
     from orthros.parallel.bench import parse_args
