@@ -359,6 +359,9 @@ def test_malformed_arguments_refused_before_any_work():
     a = gated_delta_rule(q, k, v, g, beta, q_out=qo, output_positions=[1, 3])[1]
     torch.testing.assert_close(a, gated_delta_rule(q, k, v, g, beta, q_out=qo, output_positions=torch.tensor([1, 3]))[1])
     gated_delta_rule(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 4, 4, 8]), initial_state=torch.zeros(3, 2, 4, 3))
+    # no output position as an empty list (torch reads [] as float32; orthros_attention takes it) was refused as
+    # "must be an integer tensor ..., got torch.float32 (0,)"
+    assert gated_delta_rule(q, k, v, g, beta, q_out=qo[:, :0], output_positions=[])[1].shape == (1, 0, 2, 3)
 
 
 def test_causal_conv1d_refuses_mismatched_weight_and_state():

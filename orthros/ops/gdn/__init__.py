@@ -121,7 +121,8 @@ def gated_delta_rule(
             T_out = q_out.shape[1]
             output_positions = as_int_tensor("output_positions", output_positions, q.device,
                                              "integer positions [T_out] or [1 or B, T_out]")
-            if not is_int_tensor(output_positions) or output_positions.dim() not in (1, 2) \
+            if not is_int_tensor(output_positions) and output_positions.numel() \
+                    or output_positions.dim() not in (1, 2) \
                     or output_positions.shape[-1] != T_out or output_positions.dim() == 2 and output_positions.shape[0] not in (1, B):
                 raise ValueError(f"output_positions must be an integer tensor [T_out] or [1 or B, T_out] = [{T_out}] "
                                  f"or [{B}, {T_out}], got {output_positions.dtype} {tuple(output_positions.shape)}")
