@@ -283,8 +283,8 @@ def _flatten(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
     out = []
     for k, v in d.items():
         full = f"{prefix}{k}"
-        if isinstance(v, dict) and full in _section_types():
-            out.extend(_flatten(v, full + "."))
+        if (v is None or isinstance(v, dict)) and full in _section_types():  # None: its keys commented out
+            out.extend(_flatten(v or {}, full + "."))
         else:
             out.append((full, v))
     return out
@@ -334,6 +334,29 @@ def _override_value(raw: str) -> Any:
     return value
 
 
+class _KeySetTwice(Exception):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load``, refusing a key set twice in one mapping (YAML keeps the last without a
+    word: a second ``optim:`` section dropped the whole first one)."""
+
+    def construct_mapping(self, node, deep=False):
+        first = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # '<<: *defaults': YAML's own override rule
+                continue
+            key, line = self.construct_object(key_node, deep=deep), key_node.start_mark.line + 1
+            if not isinstance(key, str):  # not a config key: refused as such once loaded
+                continue
+            if key in first:
+                raise _KeySetTwice(f"'{key}' is set twice (lines {first[key]} and {line}); YAML would keep "
+                                   f"the second only: keep one")
+            first[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None) -> RunConfig:
     """Load a YAML config (or the defaults), apply overrides, validate. Raises ConfigError."""
     cfg = RunConfig()
@@ -342,7 +365,9 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
         if not p.is_file():
             raise ConfigError(f"config file not found: {path}")
         try:
-            raw = yaml.safe_load(p.read_text()) or {}
+            raw = yaml.load(p.read_text(), Loader=_UniqueKeyLoader) or {}
+        except _KeySetTwice as e:
+            raise ConfigError(f"config file {path}: {e}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
         if not isinstance(raw, dict):

@@ -217,3 +217,28 @@ def test_override_text_that_yaml_reads_as_a_number_is_text_for_a_text_key():
         load_config(None, ["--output_dir", "null"])
     with pytest.raises(ConfigError, match="'data.seq_len' expects int"):
         load_config(None, ["--seq_len", "yes"])
+
+
+def test_a_yaml_section_with_every_key_commented_out_is_empty(tmp_path):
+    """`model:` with its keys commented out is YAML's null: it was refused as "config section 'model'
+    must be a mapping", though an empty file (no section at all) is a valid config."""
+    p = tmp_path / "c.yaml"
+    p.write_text("model:\n  # hidden_size: 64\ndata:\n  seq_len: 64\n")
+    cfg = load_config(str(p))
+    assert cfg.model.hidden_size == 128 and cfg.data.seq_len == 64
+
+
+@pytest.mark.parametrize("text, key, lines", [
+    ("optim:\n  lr: 3.0e-3\n  warmup_steps: 5\n  lr: 1.0e-4\n", "lr", "2 and 4"),
+    # a section written twice: the second replaced the whole first one (optim.lr fell back to its default)
+    ("optim:\n  lr: 3.0e-3\ntrain:\n  max_steps: 9\noptim:\n  warmup_steps: 5\n", "optim", "1 and 5"),
+])
+def test_a_key_set_twice_in_a_yaml_file_is_refused(tmp_path, text, key, lines):
+    """YAML keeps the last of two equal keys without a word: a config that set optim.lr twice, or
+    had two optim sections, trained with one of them silently dropped."""
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=rf"config file {p}: '{key}' is set twice \(lines {lines}\)"):
+        load_config(str(p))
+    p.write_text("optim:\n  <<: {lr: 3.0e-3, warmup_steps: 5}\n  lr: 1.0e-4\n")  # a merge key's override: YAML's rule
+    assert (load_config(str(p)).optim.lr, load_config(str(p)).optim.warmup_steps) == (1e-4, 5)
