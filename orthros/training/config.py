@@ -412,11 +412,12 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"seed must be an integer in [0, 2**64 - 1], got {cfg.seed!r}")
     choice("mode", cfg.mode, MODES)
     choice("model.architecture", cfg.model.architecture, ARCHITECTURES)
-    every = HYBRID_KINDS.get(HYBRID_ALIASES.get(cfg.model.architecture), (None, None))[1]
-    if every and cfg.model.num_hidden_layers < every and not cfg.model.init_from:  # else the checkpoint's layers
-        raise ConfigError(f"model.num_hidden_layers must be >= {every} for model.architecture "
-                          f"{cfg.model.architecture!r} (an attention layer every {every}th layer), "
-                          f"got {cfg.model.num_hidden_layers}")
+    kind = HYBRID_ALIASES.get(cfg.model.architecture)
+    every = HYBRID_KINDS[kind][1] if kind else None  # gdn: no attention layer, at least one layer
+    if kind and cfg.model.num_hidden_layers < (every or 1) and not cfg.model.init_from:  # else the checkpoint's
+        raise ConfigError(f"model.num_hidden_layers must be >= {every or 1} for model.architecture "
+                          f"{cfg.model.architecture!r}" + (f" (an attention layer every {every}th layer)" if every else "")
+                          + f", got {cfg.model.num_hidden_layers}")
     choice("train.precision", cfg.train.precision, PRECISIONS)
     choice("optim.schedule", cfg.optim.schedule, SCHEDULES)
     choice("data.format", cfg.data.format, FORMATS)
@@ -434,7 +435,9 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"data.seq_len must be >= 2 (a row of one token predicts nothing), got {cfg.data.seq_len}")
     positive("optim.lr", cfg.optim.lr)
     positive("optim.scale_offset_lr_mult", cfg.optim.scale_offset_lr_mult)
-    positive("optim.eps", cfg.optim.eps, zero_ok=True)
+    if not cfg.optim.eps > 0:  # 0: 0/0, so nan weights, where a gradient is still zero (an unseen token's row)
+        raise ConfigError(f"optim.eps must be > 0 (AdamW divides by sqrt(v) + eps, 0/0 for a parameter whose "
+                          f"gradient is still zero), got {cfg.optim.eps!r}")
     positive("model.initializer_range", cfg.model.initializer_range, zero_ok=True)
     for key in ("optim.beta1", "optim.beta2"):  # AdamW's range
         if not 0.0 <= _get(cfg, key) < 1.0:

@@ -91,7 +91,10 @@ def test_help_config_gives_each_key_its_default_and_meaning():
     # passed), without naming the key; `python -m orthros.train` showed a traceback
     (["--optim.beta1", "1.5"], r"optim.beta1 must be in \[0, 1\), got 1.5"),
     (["--optim.beta2", "-0.1"], r"optim.beta2 must be in \[0, 1\), got -0.1"),
-    (["--optim.eps", "-1"], "optim.eps must be >= 0"),
+    (["--optim.eps", "-1"], "optim.eps must be > 0"),
+    # 0/0 in AdamW's first update of a parameter whose gradient is zero (an untied embedding row of a
+    # token not yet seen): the loss went nan at step 2, blamed on optim.lr or the data
+    (["--optim.eps", "0"], r"optim.eps must be > 0 \(AdamW divides by sqrt\(v\) \+ eps"),
     (["--model.initializer_range", "-1"], "model.initializer_range must be >= 0"),  # RuntimeError, exit 1
     # nan passed every `> 0` check; a nan grad_clip trained silently
     (["--lr", "nan"], "optim.lr must be a finite number, got nan"),
@@ -106,6 +109,9 @@ def test_help_config_gives_each_key_its_default_and_meaning():
     # a ValueError from the layer layout (a traceback under python -m orthros.train)
     (["--model.architecture", "orthros-h", "--model.num_hidden_layers", "2"],
      r"model.num_hidden_layers must be >= 4 for model.architecture 'orthros-h'"),
+    # "a 'gdn' model needs num_layers >= 1", from the layer layout once the trainer built the config
+    (["--model.architecture", "gdn", "--model.num_hidden_layers", "0"],
+     r"model.num_hidden_layers must be >= 1 for model.architecture 'gdn', got 0"),
     (["--resume="], "checkpoint.resume must be auto, true, false or a checkpoint directory, got ''"),
     # trained with loss 0: a row of one token has no target
     (["--seq_len", "1"], r"data.seq_len must be >= 2 \(a row of one token predicts nothing\), got 1"),
