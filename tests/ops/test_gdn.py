@@ -451,3 +451,15 @@ def test_causal_conv1d_refuses_integer_inputs_and_takes_an_empty_chunk():
         y, s = causal_conv1d(x[:, :0], w, state)
         assert y.shape == (1, 0, 3)
         torch.testing.assert_close(s, s0 if state is not None else torch.zeros(1, 3, 3))
+
+
+def test_causal_conv1d_window_is_never_a_view_of_the_chunk():
+    # documented as its own memory, but at B = 1 with W = 2 (or C = 1) `.contiguous()` of the tail was a
+    # view of x: a decode step's in-place window update wrote into x, and a cache kept the prefill's whole
+    # projection alive
+    for shape, W in (((1, 5, 3), 2), ((1, 5, 1), 4), ((2, 5, 3), 4)):
+        x = torch.randn(*shape)
+        _, s = causal_conv1d(x, torch.randn(shape[-1], W))
+        assert s.is_contiguous() and s.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+        s.zero_()
+        assert bool((x != 0).all())
