@@ -187,7 +187,8 @@ class OrthrosConfig(PreTrainedConfig):
                              f"num_key_value_heads ({self.num_key_value_heads})")
         if self.head_dim % 2:
             raise ValueError(f"OrthrosConfig.head_dim must be even for RoPE, got {self.head_dim}")
-        for name in ("attention_bias", "o_proj_bias", "mlp_bias", "qk_norm", "scale_offset", "attn_output_gate"):
+        for name in ("attention_bias", "o_proj_bias", "mlp_bias", "qk_norm", "scale_offset", "attn_output_gate",
+                     "tie_word_embeddings", "use_cache"):
             if getattr(self, name) not in (True, False):  # (1 and 0 are True and False) "false" would be taken as True
                 raise ValueError(f"OrthrosConfig.{name} must be True or False, got {getattr(self, name)!r}")
         if self.attn_backend not in ATTN_BACKENDS:

@@ -355,6 +355,9 @@ def test_a_dtype_cast_keeps_the_rope_frequencies_in_float32(cast):
     (dict(scale_offset="no"), "scale_offset"),
     (dict(attention_bias="False"), "attention_bias"),
     (dict(attn_output_gate="false"), "attn_output_gate"),
+    # "false" tied the LM head to the embedding; use_cache="false" kept a cache
+    (dict(tie_word_embeddings="false"), "tie_word_embeddings"),
+    (dict(use_cache="false"), "use_cache"),
 ])
 def test_invalid_config_values(kw, name):
     with pytest.raises(ValueError, match=name):
