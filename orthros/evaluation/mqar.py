@@ -77,10 +77,15 @@ class MQARTask:
         mx = self.seq_len if self.max_gap is None else self.max_gap
         if isinstance(mx, bool) or not isinstance(mx, int) or mx < self.min_gap:
             raise ValueError(f"MQAR max_gap must be an integer >= min_gap ({self.min_gap}), got {self.max_gap!r}")
-        if mx < 2 * self.num_pairs:
-            raise ValueError(f"MQAR max_gap {mx} is too short for num_pairs={self.num_pairs}: the first key (position "
-                             f"0) can be asked only after the {2 * self.num_pairs} tokens of pairs; need max_gap >= "
-                             f"{2 * self.num_pairs}")
+        # the first key (position 0) is asked at >= max(2N, min_gap); generate places the queries one at a
+        # time, and each of the other N - 1 takes up to 3 of its positions (the query, its answer slot, the
+        # slot before): with fewer than 3N - 2 allowed positions it can find none left
+        earliest = max(2 * self.num_pairs, self.min_gap)
+        if mx < earliest + 3 * self.num_pairs - 3:
+            raise ValueError(f"MQAR max_gap {mx} is too short for num_pairs={self.num_pairs} and min_gap={self.min_gap}: "
+                             f"the first key (position 0) can be asked only from position {earliest} on, and its "
+                             f"query needs room beside the other {self.num_pairs - 1} (3 positions each); need "
+                             f"max_gap >= {earliest + 3 * self.num_pairs - 3}")
         # the last key sits at 2N-2; all N queries (2 tokens each) must fit after the context
         first = max(2 * self.num_pairs, 2 * self.num_pairs - 2 + self.min_gap)
         if self.seq_len - first < 3 * self.num_pairs:

@@ -96,12 +96,29 @@ def test_generator_is_deterministic_per_seed():
     (dict(power=-1.0), "power"),
     (dict(min_gap=10, max_gap=5), "max_gap"),
     # passed validate, then every sequence failed to generate (in each worker with --jobs)
-    (dict(num_pairs=4, max_gap=7), r"max_gap 7 is too short for num_pairs=4: .* need max_gap >= 8"),
+    (dict(num_pairs=4, max_gap=7), r"max_gap 7 is too short for num_pairs=4 and min_gap=1: .* need max_gap >= 17"),
     (dict(vocab_size=0), "vocab_size"),
 ])
 def test_bad_task_settings_are_rejected(kw, msg):
     with pytest.raises(ValueError, match=msg):
         MQARTask(**kw).validate()
+
+
+@pytest.mark.parametrize("num_pairs, min_gap", [(1, 1), (2, 3), (4, 1), (4, 12), (8, 1)])
+def test_every_max_gap_that_validates_generates(num_pairs, min_gap):
+    """Issue: validate accepted max_gap >= 2 * num_pairs, but the queries, placed one at a time at random,
+    need more room: --max-gap 16 with 4 pairs passed, then every run failed while generating its data
+    ('leaves no room for a query ... raise seq_len', which does not help). The bound now refused is the
+    one below which a query can find every allowed position taken."""
+    T = 128
+    for max_gap in range(2 * num_pairs, T + 1):
+        task = MQARTask(vocab_size=64, seq_len=T, num_pairs=num_pairs, min_gap=min_gap, max_gap=max_gap)
+        try:
+            task.validate()
+        except ValueError as e:
+            assert re.search(r"max_gap .*must be|need max_gap >= ", str(e)), str(e)
+            continue
+        generate(task, 400, seed=max_gap)  # raised for every setting between the old bound and the new
 
 
 def test_output_stream_trained_only_at_answers():
