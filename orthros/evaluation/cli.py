@@ -176,8 +176,8 @@ def _ppl_parser(sub):
 
 def _ppl(a) -> int:
     from ..utils import check_device, check_output_path, check_png, write_json
-    from .common import (check_attention_mode, check_token_range, default_device, load_model, load_tokenizer,
-                         parse_int_list, read_config, read_max_positions, tokenizer_name)
+    from .common import (check_attention_mode, check_distinct_files, check_token_range, default_device, load_model,
+                         load_tokenizer, parse_int_list, read_config, read_max_positions, tokenizer_name)
     from .perplexity import (check_buckets, default_buckets, format_table, load_documents, make_windows,
                              plot_position_perplexity, position_perplexity)
 
@@ -188,6 +188,7 @@ def _ppl(a) -> int:
         check_output_path("--plot", a.plot)
     if a.output:
         check_output_path("--output", a.output)
+    check_distinct_files([("--output", a.output), ("--plot", a.plot)], [("--data", a.data)])
     max_pos = read_max_positions(a.model)  # (and a clear error when --model is not a checkpoint)
     if a.seq_len is None:
         a.seq_len = min(PPL_SEQ_LEN, max_pos) if max_pos is not None else PPL_SEQ_LEN
@@ -237,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _mqar(a) -> int:
     from ..kinds import HYBRID_DISPLAY
     from ..utils import check_device, check_output_path, check_png, write_json
-    from .common import check_seed
+    from .common import check_distinct_files, check_seed
     from .mqar import MODEL_ALIASES, MQARTask, MQARTrain, check_models, format_table, plot_recall, run_mqar
 
     models = tuple(m.strip().lower() for m in a.models.split(",") if m.strip())
@@ -255,6 +256,7 @@ def _mqar(a) -> int:
         check_output_path("--plot", a.plot)
     if a.output:
         check_output_path("--output", a.output)
+    check_distinct_files([("--output", a.output), ("--plot", a.plot)])
     if a.linear_heads is not None and (a.linear_heads < 1 or a.hidden_size % a.linear_heads):
         raise ValueError(f"--linear-heads must be >= 1 and divide --hidden-size ({a.hidden_size}), got {a.linear_heads}")
     if a.linear_heads is not None and not any(MODEL_ALIASES[m] in HYBRID_DISPLAY for m in models):

@@ -115,6 +115,22 @@ def check_token_range(max_id: int, vocab_size, tokenizer: str = "the tokenizer")
                          f"({vocab_size}): not this model's tokenizer")
 
 
+def check_distinct_files(outputs, inputs=()) -> None:
+    """Refuse, before any work, two outputs naming one file (the second written would replace the first)
+    or an output naming an input (it would replace the data read): ``outputs`` and ``inputs`` are
+    ``(argument, path)`` pairs, an empty or ``None`` path is one not given."""
+    from ..utils import same_file
+
+    outs = [(arg, p) for arg, p in outputs if p]
+    for i, (arg, p) in enumerate(outs):
+        for other, q in outs[:i]:
+            if same_file(p, q):
+                raise ValueError(f"{other} {q} and {arg} {p} name the same file: each needs its own")
+        for other, q in inputs:
+            if q and same_file(p, q):
+                raise ValueError(f"{arg} {p} is the {other} file: name another file for the results")
+
+
 SEED_MAX = 2 ** 64 - 1  # the largest seed torch.manual_seed takes ("Overflow when unpacking long long" above it)
 
 

@@ -153,8 +153,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-progress", action="store_true", help="no progress display (part 1's on stderr, part 2's per-length line)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default: 0)")
     a = p.parse_args(list(sys.argv[1:] if argv is None else argv))
-    from ..utils import check_device, check_output_path, same_file
-    from .common import check_seed
+    from ..utils import check_device, check_output_path
+    from .common import check_distinct_files, check_seed
 
     if a.skip_recall and a.skip_prefill:
         p.error("--skip-recall and --skip-prefill together leave nothing to run")
@@ -178,8 +178,10 @@ def main(argv=None) -> int:
             check_output_path("--output", a.output)
     except ValueError as e:
         p.error(str(e))
-    if a.output and a.plot and same_file(a.output, a.plot):  # was: the PNG overwrote the JSON after both parts ran
-        p.error(f"--output {a.output} and --plot {a.plot} name the same file: the JSON and the PNG need two")
+    try:  # was: the PNG overwrote the JSON after both parts ran
+        check_distinct_files([("--output", a.output), ("--plot", a.plot)])
+    except ValueError as e:
+        p.error(str(e))
     try:
         if a.device:
             check_device(a.device)

@@ -286,6 +286,8 @@ def test_accuracy_by_gap_buckets_add_up_and_plot(tmp_path):
     (["-o", "{tmp}"], "--output {tmp}: is a directory"),
     (["-o", "{tmp}/f/m.json"], "is a file, not a directory"),
     (["--plot", "{tmp}/f/m.png"], "is a file, not a directory"),
+    # was trained, then the PNG replaced the JSON ('wrote m.png' twice)
+    (["-o", "{tmp}/m.png", "--plot", "{tmp}/m.png"], "--output {tmp}/m.png and --plot {tmp}/m.png name the same file"),
     # were accepted: no model printed an empty table (exit 0); one model twice trained twice
     (["--models", ","], "--models must name at least one model; choose from orthros, transformer"),
     (["--models", "transformer,swa,full"], "--models names Transformer twice (transformer, full)"),

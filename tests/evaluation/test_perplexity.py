@@ -152,18 +152,23 @@ def test_plot_draws_each_models_curve(tiny, tmp_path):
     (["-o", "{tmp}"], "is a directory"),
     (["-o", "{file}/x.json"], "is a file, not a directory"),
     (["--plot", "{file}/x.png"], "is a file, not a directory"),
+    # were run, then the PNG replaced the JSON ('wrote r.png' twice), or the JSON replaced the held-out data
+    (["-o", "{tmp}/r.png", "--plot", "{tmp}/r.png"], "--output {tmp}/r.png and --plot {tmp}/r.png name the same file"),
+    (["-o", "{data}"], "--output {data} is the --data file"),
 ])
 def test_cli_bad_input_refused_before_the_model_loads(tiny, tmp_path, capsys, no_model_load, extra, says):
     """Issue: a bad --device, a --seq-len beyond the model, an --output that is a directory (or under a file)
-    failed only after loading the model (and, for the paths, after the whole evaluation)."""
+    failed only after loading the model (and, for the paths, after the whole evaluation); an --output that
+    was the --plot or the --data file was overwritten after the evaluation."""
     ck, _ = tiny
     data = tmp_path / "long.jsonl"
     data.write_text(json.dumps({"text": " ".join(["thou art the king"] * 300)}) + "\n")
     (tmp_path / "f").write_text("x")
-    extra = [x.format(tmp=tmp_path, file=tmp_path / "f") for x in extra]
+    extra = [x.format(tmp=tmp_path, file=tmp_path / "f", data=data) for x in extra]
     args = ["ppl", "--model", str(ck), "--data", str(data), "--seq-len", "16", "--buckets", "0,16", "--no-progress"]
     assert eval_main(args + extra) == 2
-    assert says in capsys.readouterr().err
+    assert says.format(tmp=tmp_path, data=data) in capsys.readouterr().err
+    assert json.loads(data.read_text())["text"].startswith("thou art")
 
 
 @pytest.mark.parametrize("name", ["bin.txt", "bin.jsonl"])
