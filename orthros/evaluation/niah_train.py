@@ -33,6 +33,12 @@ from .niah import NEEDLE, PromptBuilder
 IGNORE = -100
 
 
+# the NIAHTrainConfig fields that must be >= 1, and the option of `orthros eval niah-train` that sets each
+_FLAGS = {"window_size": "--window", "num_layers": "--layers", "hidden_size": "--hidden-size", "num_heads": "--heads",
+          "max_position_embeddings": "--max-positions", "steps": "--steps", "batch_size": "--batch-size",
+          "min_len": "--min-len", "digits": "--digits", "log_every": "--log-every"}
+
+
 @dataclass
 class NIAHTrainConfig:
     attention_mode: str = "orthros"  # "orthros" | "window" (SWA) | "full"
@@ -58,19 +64,19 @@ class NIAHTrainConfig:
     def validate(self) -> "NIAHTrainConfig":
         if self.attention_mode not in ATTENTION_MODES:
             raise ValueError(f"attention_mode must be one of {', '.join(ATTENTION_MODES)}, got {self.attention_mode!r}")
-        for n in ("window_size", "num_layers", "hidden_size", "num_heads", "steps", "batch_size", "min_len", "digits",
-                  "log_every"):
+        for n, flag in _FLAGS.items():
             if getattr(self, n) < 1:
-                raise ValueError(f"{n} must be >= 1, got {getattr(self, n)}")
+                raise ValueError(f"{n} ({flag}) must be >= 1, got {getattr(self, n)}")
         if self.digits > 18:  # keys are drawn as int64
             raise ValueError(f"digits (--digits) must be in 1..18, got {self.digits}")
         check_seed(self.seed, "seed (--seed)")
         if self.threads is not None and self.threads < 0:
             raise ValueError(f"threads (--threads) must be >= 0 (0: torch's own choice), got {self.threads}")
         if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size ({self.hidden_size}) must be a multiple of num_heads ({self.num_heads})")
+            raise ValueError(f"hidden_size (--hidden-size, {self.hidden_size}) must be a multiple of num_heads "
+                             f"(--heads, {self.num_heads})")
         if self.max_len < self.min_len:
-            raise ValueError(f"max_len ({self.max_len}) must be >= min_len ({self.min_len})")
+            raise ValueError(f"max_len (--max-len, {self.max_len}) must be >= min_len (--min-len, {self.min_len})")
         if self.max_len + self.digits + 4 > self.max_position_embeddings:
             raise ValueError(f"max_len (--max-len) {self.max_len} plus the answer ({self.digits} digits + 4 tokens) "
                              f"must fit in max_position_embeddings ({self.max_position_embeddings}, --max-positions): "

@@ -87,7 +87,14 @@ TINY = ["--steps", "2", "--batch-size", "2", "--hidden-size", "32", "--heads", "
 
 
 @pytest.mark.parametrize("args, msg", [
-    (["--log-every", "0"], "log_every must be >= 1, got 0"),
+    # named the config field only ('steps must be >= 1'); --max-positions 0 said 'use --max-len <= -11'
+    (["--log-every", "0"], "log_every (--log-every) must be >= 1, got 0"),
+    (["--steps", "0"], "steps (--steps) must be >= 1, got 0"),
+    (["--batch-size", "-2"], "batch_size (--batch-size) must be >= 1, got -2"),
+    (["--window", "0"], "window_size (--window) must be >= 1, got 0"),
+    (["--max-positions", "0"], "max_position_embeddings (--max-positions) must be >= 1, got 0"),
+    (["--heads", "3"], "hidden_size (--hidden-size, 32) must be a multiple of num_heads (--heads, 3)"),
+    (["--max-len", "40"], "max_len (--max-len, 40) must be >= min_len (--min-len, 48)"),
     (["--threads", "-1"], "threads (--threads) must be >= 0"),
     (["--digits", "19"], "digits (--digits) must be in 1..18, got 19"),
     (["--seed", "-1"], "seed (--seed) must be >= 0, got -1"),
