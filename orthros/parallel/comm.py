@@ -83,6 +83,14 @@ class ParallelContext:
             raise ValueError(f"rank must be an integer in [0, world_size) = [0, {n}), got {r!r}")
         if self.timeout_s is not None:  # only named in a failure's message, which a timedelta broke
             check_timeout("timeout_s", self.timeout_s)
+        if n > 1:  # else the first collective failed as 'a peer rank exited, crashed or did not arrive'
+            if not (dist.is_available() and dist.is_initialized()):
+                raise ValueError(f"world_size={n} needs a torch.distributed process group, and none is initialised: "
+                                 f"call init_from_env() (under torchrun) or dist.init_process_group() first")
+            have = (dist.get_rank(self.group), dist.get_world_size(self.group))
+            if have != (r, n):
+                raise ValueError(f"rank={r}, world_size={n} are not this process's in the group (rank {have[0]} of "
+                                 f"{have[1]}): build the context with ParallelContext.from_group(group)")
 
     @classmethod
     def single(cls) -> "ParallelContext":

@@ -66,3 +66,37 @@ def test_init_from_env_without_torchrun_is_one_process(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("LOCAL_RANK", "0")
     assert init_from_env(timeout_s=5).world_size == 1
+
+
+def _hand_built_contexts(ctx):
+    """(gloo worker) build contexts by hand: the error of each, or 'ok'."""
+    from orthros.parallel import ParallelContext
+
+    out = []
+    for kw in (dict(rank=ctx.rank, world_size=3), dict(rank=1 - ctx.rank, world_size=2),
+               dict(rank=ctx.rank, world_size=2)):
+        try:
+            ParallelContext(**kw)
+            out.append("ok")
+        except ValueError as e:
+            out.append(str(e))
+    return out
+
+
+def test_hand_built_context_must_match_the_process_group():
+    """A context of several ranks without a process group failed in the first collective as 'a peer rank
+    exited, crashed or did not arrive'; one whose world size is not the group's likewise (the gather's
+    sizes); one with another rank than the process's computed another rank's shard, and the halos and
+    logits were wrong without a word. Each is a ValueError when the context is built."""
+    from orthros.parallel import ParallelContext
+    from orthros.parallel.testing import run_ranks
+
+    with pytest.raises(ValueError, match="world_size=2 needs a torch.distributed process group, and none is"):
+        ParallelContext(rank=0, world_size=2)
+    run = run_ranks(_hand_built_contexts, 2, timeout_s=30, join_timeout=90)
+    assert not run["hung"] and not run["errors"], run["errors"]
+    for r in range(2):
+        wrong_world, wrong_rank, ok = run["results"][r]
+        assert f"rank={r}, world_size=3 are not this process's in the group (rank {r} of 2)" in wrong_world
+        assert f"rank={1 - r}, world_size=2 are not this process's in the group (rank {r} of 2)" in wrong_rank
+        assert ok == "ok"
