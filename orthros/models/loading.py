@@ -201,14 +201,15 @@ def check_weights_fit(path, config, *, arg: str = "--model", headers: Optional[d
         raise CheckpointError(f"{arg} {path}: the weights do not fit its config.json: {'; '.join(wrong[:3])}{more}")
 
 
-def check_local_checkpoint(path, subfolder: str = "", *, config_given: bool = False) -> None:
+def check_local_checkpoint(path, subfolder: str = "", *, config_given: bool = False):
     """What ``from_pretrained`` checks first: a local directory's weights are complete and, unless
     the caller passes its own config (``config_given``), its ``config.json`` is an Orthros one (a
     Llama / Qwen / Mistral checkpoint gets "convert it first"); a file (its ``config.json``, a
     weights or GGUF file) or a local-looking path that does not exist is an error (the latter never
-    becomes a hub lookup). Other names (hub repo ids) are left to transformers."""
+    becomes a hub lookup). Other names (hub repo ids) are left to transformers. Returns the path to
+    load: a local directory's with ``~`` expanded (transformers takes ``~/ckpt`` for a repo id)."""
     if not isinstance(path, (str, os.PathLike)):
-        return
+        return path
     d = Path(os.fspath(path)).expanduser()
     if d.is_dir():
         hint = "" if subfolder or (d / "config.json").is_file() else _run_hint(d)
@@ -220,12 +221,14 @@ def check_local_checkpoint(path, subfolder: str = "", *, config_given: bool = Fa
             if isinstance(mt, str) and mt != "orthros":
                 raise CheckpointError(f"{path}: {_not_orthros(mt, path)}")
         check_weights(d)
+        return os.path.expanduser(path)
     elif d.is_file():  # transformers would read it as a config (JSON) or as torch.load weights
         where = _gguf_hint(d, path) or f"; pass the directory that holds it: {d.parent}"
         raise CheckpointError(f"{path}: not a directory (from_pretrained takes a checkpoint directory, with "
                               f"config.json and the weights){where}")
     elif not d.exists() and looks_local(path):
         raise FileNotFoundError(f"{path}: no such checkpoint directory (a local path is never looked up on the hub)")
+    return path
 
 
 def _model_type(config_json: Path):

@@ -243,9 +243,9 @@ class OrthrosPreTrainedModel(PreTrainedModel):
         ``config``, that it is an Orthros checkpoint: ``loading.py``."""
         from .loading import check_local_checkpoint
 
-        check_local_checkpoint(pretrained_model_name_or_path, kwargs.get("subfolder") or "",
-                               config_given=kwargs.get("config") is not None)
-        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        path = check_local_checkpoint(pretrained_model_name_or_path, kwargs.get("subfolder") or "",
+                                      config_given=kwargs.get("config") is not None)
+        return super().from_pretrained(path, *args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """transformers' ``save_pretrained``, after checking the config: one that would not load

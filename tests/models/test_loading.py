@@ -144,6 +144,16 @@ def test_local_looking_missing_paths_never_reach_the_hub(tmp_path, monkeypatch):
     assert not looks_local("org/name") and not looks_local("name")
 
 
+def test_a_home_relative_checkpoint_directory_loads(saved, tmp_path, monkeypatch):
+    # '~/ckpt' passed the local checks (they expand '~'), then transformers took it for a repo id:
+    # "OSError: Repo id must use alphanumeric chars ... '~/ckpt'"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    shutil.copytree(saved[0], tmp_path / "ckpt")
+    model = OrthrosForCausalLM.from_pretrained("~/ckpt")
+    ids = torch.randint(0, 64, (1, 5))
+    torch.testing.assert_close(model(ids).logits, OrthrosForCausalLM.from_pretrained(saved[0])(ids).logits)
+
+
 def test_a_file_is_named_as_not_a_checkpoint_directory(saved, tmp_path):
     # config.json failed as an UnpicklingError about torch.load's weights_only, model.safetensors as
     # 'the config file ... is not a valid JSON file'
