@@ -506,8 +506,8 @@ def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print, jo
             bar = Progress(tr.steps, f"MQAR {DISPLAY[MODEL_ALIASES[name]]}", unit="step", enabled=progress,
                            leave=False)
 
-            def cb(_n, step, loss, bar=bar):
-                bar.update(1, **({"loss": f"{float(loss):.3f}"} if step % 25 == 0 else {}))
+            def cb(_n, step, loss, bar=bar):  # the loss read (a device sync) every 25th step and at the last
+                bar.update(1, **({"loss": f"{float(loss):.3f}"} if step % 25 == 0 or step == tr.steps - 1 else {}))
 
             res = train_one(name, task, tr, data_fn, eval_data, progress=cb if progress else None)
             bar.close()

@@ -151,6 +151,17 @@ def test_run_mqar_end_to_end_tiny(tmp_path):
     json.dumps(out)  # JSON-able
 
 
+def test_progress_ends_on_the_last_steps_loss(capsys):
+    """Issue: the bar's loss was set every 25th step only, so a run of 20 steps ended on
+    'step 20/20 loss <step 1's loss>' (and an 800-step run on step 776's)."""
+    task = MQARTask(vocab_size=16, seq_len=32, num_pairs=2, min_gap=6)
+    tr = MQARTrain(models=("swa",), hidden_size=16, num_heads=2, window_size=4, steps=3, batch_size=4,
+                   eval_examples=8, lr=0.5)
+    out = run_mqar(task, tr, progress=True, log=None)  # stderr is no terminal here: plain lines
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last == f"[MQAR SWA] step 3/3 loss {out['results'][0]['final_loss']:.3f}"  # the mean of the last step
+
+
 def test_cli_mqar_writes_json(tmp_path):
     from orthros.cli import main
 
