@@ -155,29 +155,34 @@ def _check_cache_fits(model, cache, B: int, past: int) -> None:
     def held(i):
         kv = cache.layers[i] if i < len(cache.layers) else None
         if kv is not None and getattr(kv, "is_initialized", False) and kv.get_seq_length():
-            return f"K/V {[*kv.keys.shape[:2], kv.get_seq_length(), kv.keys.shape[-1]]}"
+            return "K/V", (*kv.keys.shape[:2], kv.get_seq_length(), kv.keys.shape[-1])
         if states and i in states:
-            return f"a GDN state (conv {list(states[i][0].shape)}, recurrent {list(states[i][1].shape)})"
-        return "nothing"
+            return "GDN", tuple(states[i][0].shape), tuple(states[i][1].shape)
+        return ("nothing",)
 
     def wanted(i):
         if i >= len(model.layers):
-            return "nothing"
+            return ("nothing",)
         mixer = model.layers[i].mixer
         if model.layers[i].layer_type != LINEAR_LAYER_TYPE:
-            return f"K/V {[B, model.config.num_key_value_heads, past, model.config.head_dim]}"
+            return "K/V", (B, model.config.num_key_value_heads, past, model.config.head_dim)
         if states is None:
             return None
-        return (f"a GDN state (conv {[B, mixer.conv_dim, mixer.conv_kernel_size - 1]}, recurrent "
-                f"{[B, mixer.num_v_heads, mixer.head_k_dim, mixer.head_v_dim]})")
+        return "GDN", (B, mixer.conv_dim, mixer.conv_kernel_size - 1), \
+            (B, mixer.num_v_heads, mixer.head_k_dim, mixer.head_v_dim)
+
+    def say(entry):  # formatted only for the error
+        if entry[0] == "GDN":
+            return f"a GDN state (conv {list(entry[1])}, recurrent {list(entry[2])})"
+        return f"K/V {list(entry[1])}" if entry[0] == "K/V" else "nothing"
 
     for i in range(max(len(model.layers), len(cache.layers), *(j + 1 for j in states or ()))):
         want, have = wanted(i), held(i)
         if want is not None and have != want:
-            raise ValueError(f"past_key_values (cache) does not fit this model at layer {i}: it holds {have}, the "
-                             f"model ({len(model.layers)} layers, num_key_value_heads="
-                             f"{model.config.num_key_value_heads}, head_dim={model.config.head_dim}) needs {want} "
-                             f"after {past} tokens: continue a cache in the model (config) that filled it")
+            raise ValueError(f"past_key_values (cache) does not fit this model at layer {i}: it holds {say(have)}, "
+                             f"the model ({len(model.layers)} layers, num_key_value_heads="
+                             f"{model.config.num_key_value_heads}, head_dim={model.config.head_dim}) needs "
+                             f"{say(want)} after {past} tokens: continue a cache in the model (config) that filled it")
 
 
 def _refuse_extra_outputs(config, kwargs) -> None:
