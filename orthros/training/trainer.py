@@ -544,8 +544,12 @@ class Trainer:
                     f"output_dir {cfg.output_dir!r} holds checkpoints after step {step}, the one resumed from "
                     f"({', '.join(later)}): they belong to the run that went on from it. Resume into another "
                     f"output_dir, or move those checkpoints away")
-        self.tokenizer = load_tokenizer(cfg)
-        self.model_config = model_config_for(cfg, self.tokenizer)
+        src = cfg  # a resume's model and tokenizer are its checkpoint's: model.init_from, read when the run
+        if self.resume_dir is not None and cfg.model.init_from:  # started, may be gone (pruned, moved) since
+            src = copy.deepcopy(cfg)
+            src.model.init_from = str(self.resume_dir)
+        self.tokenizer = load_tokenizer(src)
+        self.model_config = model_config_for(src, self.tokenizer)
         mc = self.model_config
         self.resume_state, self.config_changes, self.data_changes = None, {}, {}
         if self.resume_dir is not None:

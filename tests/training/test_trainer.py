@@ -311,6 +311,22 @@ def test_cpt_from_a_checkpoint_and_switch_architecture(tmp_path, corpus, referen
     assert losses(tmp_path)[1] < ref[1] - 0.2  # starts from the trained weights, not from scratch
 
 
+def test_a_cpt_run_resumes_once_its_init_from_is_gone(tmp_path, corpus, reference):
+    """A resume reads the model and its tokenizer from the checkpoint it resumes, yet the cpt / sft
+    run's model.init_from was read again: once that folder was gone (pruned by keep_last, moved,
+    another machine) the resume was refused ("model.init_from: ... is not a checkpoint directory")."""
+    init = tmp_path / "init"
+    shutil.copytree(reference[2]["checkpoint"], init)
+    a, b = tmp_path / "a", tmp_path / "b"
+    args = ("--mode", "cpt", "--model.init_from", str(init), "--max_steps", "3", "--checkpoint.every", "2")
+    train(load_config(None, tiny(a, corpus, *args)))
+    shutil.copytree(a, b)
+    shutil.rmtree(b / "checkpoints" / "step_00000003")  # b: a run killed after its step-2 checkpoint
+    shutil.rmtree(init)
+    train(load_config(None, tiny(b, corpus, *args, "--resume")))
+    assert losses(b) == losses(a)
+
+
 def test_hf_trainer_trains_orthros(tmp_path):
     from datasets import Dataset
     from transformers import Trainer, TrainingArguments
