@@ -330,7 +330,7 @@ class ShardedOrthros:
     def decode_step(self, tokens: torch.Tensor, cache: ShardedKVCache) -> torch.Tensor:
         """One decode step for ``tokens [B]`` (the same on every rank). The base token's K/V is
         appended to the last rank's shard; returns ``logits [B, 1, V]`` (identical on every rank)."""
-        ctx, core, dev, dtype = self.ctx, self.core, self.device, self.dtype
+        dev = self.device
         if cache.seq_len == 0:
             raise ValueError("decode_step needs a cache filled by prefill()")
         tokens = torch.as_tensor(tokens, device=dev)
@@ -338,7 +338,12 @@ class ShardedOrthros:
         B = cache.k[0].shape[0]
         if tokens.shape not in ((B,), (B, 1)):
             raise ValueError(f"tokens must be [B] or [B, 1] with B = {B} (the cache's batch), got {tuple(tokens.shape)}")
-        tokens = tokens.long().view(-1, 1)
+        warn_beyond_positions(self.model.config, cache.seq_len + 1)
+        return self._decode_step(tokens.long().view(-1, 1), cache)
+
+    def _decode_step(self, tokens: torch.Tensor, cache: ShardedKVCache) -> torch.Tensor:  # tokens [B, 1], checked
+        ctx, core, dtype = self.ctx, self.core, self.dtype
+        B = tokens.shape[0]
         pos = cache.seq_len
         wm1 = self.window - 1
         rope = self._rope(pos, pos + 1)
@@ -394,6 +399,6 @@ class ShardedOrthros:
             toks.append(tok)
             if step == max_new_tokens - 1:
                 break
-            logits = self.decode_step(tok, cache)
+            logits = self._decode_step(tok.long().view(-1, 1), cache)  # generate warned for its positions
             all_logits.append(logits)
         return torch.stack(toks, dim=1), torch.cat(all_logits, dim=1), cache

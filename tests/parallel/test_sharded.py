@@ -149,6 +149,17 @@ def test_positions_past_the_model_s_are_warned_as_the_model_warns():
         sh.generate(torch.randint(0, V, (1, 28)), 6)
     with pytest.warns(UserWarning, match="beyond max_position_embeddings=32"):
         sh.prefill(torch.randint(0, V, (1, 33)))
+    # a decode loop of one's own: the step to position 32 warns (it ran without a word), the one to 31 not
+    _, cache = sh.prefill(torch.randint(0, V, (1, 31)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sh.decode_step(torch.tensor([1]), cache)
+    with pytest.warns(UserWarning, match="beyond max_position_embeddings=32"):
+        sh.decode_step(torch.tensor([1]), cache)
+    with warnings.catch_warnings(record=True) as seen:  # generate warns once, for all its positions
+        warnings.simplefilter("always")
+        sh.generate(torch.randint(0, V, (1, 28)), 8)
+    assert len(seen) == 1, [str(w.message) for w in seen]
 
 
 @pytest.mark.parametrize("gate", [False, True])
