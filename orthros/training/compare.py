@@ -71,7 +71,7 @@ def probe(ckpt_dir: str, passage: int = 96, n: int = 32) -> dict:
 
 def main(argv=None) -> int:
     from ..utils import check_positive_int
-    from .checkpoint import latest_checkpoint
+    from .checkpoint import CKPT_RE, latest_checkpoint
     from .metrics import read_metrics
 
     p = argparse.ArgumentParser(prog="python -m orthros.training.compare", description=__doc__,
@@ -99,8 +99,9 @@ def main(argv=None) -> int:
             r = probe(str(ck), a.passage, a.n)
         except ValueError as e:
             p.error(str(e))
-        r.update({"run": run, "step": evals[-1]["step"] if evals else None,
-                  "eval_loss": evals[-1]["eval_loss"] if evals else None,
+        step = int(CKPT_RE.match(ck.name)[1])  # the probed checkpoint's, and its eval (a killed run's last
+        at_step = [e["eval_loss"] for e in evals if e.get("step") == step]  # eval may be past its last checkpoint)
+        r.update({"run": run, "step": step, "eval_loss": at_step[-1] if at_step else None,
                   "train_loss_last": train[-1]["loss"] if train else None,
                   "eval_curve": [(e["step"], round(e["eval_loss"], 4)) for e in evals]})
         print(json.dumps(r), flush=True)

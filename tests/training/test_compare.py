@@ -59,7 +59,21 @@ def test_a_folder_that_is_not_a_run_is_refused_before_any_probe(run, tmp_path, c
 def test_probes_n_passages(run, capsys):
     assert main([str(run), "--n", "2", "--passage", "16"]) == 0
     r = json.loads(capsys.readouterr().out)
-    assert (r["passages"], r["passage_tokens"], r["step"], r["train_loss_last"]) == (2, 16, None, 8.0)
+    assert (r["passages"], r["passage_tokens"], r["step"], r["train_loss_last"]) == (2, 16, 1, 8.0)
+
+
+def test_step_and_eval_loss_are_the_probed_checkpoints(tmp_path, capsys):
+    """"step" and "eval_loss" were the last eval row's, not the probed checkpoint's: a run killed after
+    an eval that no checkpoint followed (eval at step 3, latest checkpoint step 1) was reported as
+    step 3 with step 3's eval loss, and a run without evals as step None."""
+    run = make_run(tmp_path / "run")
+    with open(run / "metrics.jsonl", "a") as f:
+        for step, loss in ((1, 7.9), (3, 7.5)):
+            f.write(json.dumps({"kind": "eval", "step": step, "eval_loss": loss, "tokens": 8 * step}) + "\n")
+    assert main([str(run), "--n", "1", "--passage", "16"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert (r["checkpoint"].endswith("step_00000001"), r["step"], r["eval_loss"]) == (True, 1, 7.9)
+    assert r["eval_curve"] == [[1, 7.9], [3, 7.5]]
 
 
 def test_a_passage_too_long_for_a_later_run_is_refused_before_any_probe(run, tmp_path, capsys):
