@@ -185,7 +185,9 @@ class PendingGather:
 def init_from_env(backend: Optional[str] = None, timeout_s: float = 600.0) -> ParallelContext:
     """Initialise the default process group from ``torchrun``'s environment (``RANK``,
     ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``...) with a timeout, pick this rank's GPU, and
-    return its context. Without that environment (plain ``python``), a single-process context.
+    return its context. Without that environment (plain ``python``), a single-process context. A
+    missing or bad variable (``RANK`` outside ``[0, WORLD_SIZE)``, a port that is not one...) is a
+    :class:`ParallelError` naming it, before any process group starts.
 
     ``backend``: ``"nccl"`` (default with CUDA) or ``"gloo"``. With a default group already up, its
     context is returned: the group keeps the timeout it was made with (``timeout_s`` is not it), and a
