@@ -415,6 +415,11 @@ def load_trainer_state(path: Path) -> dict:
     try:
         st = torch.load(f, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
+        import zipfile
+
+        if not zipfile.is_zipfile(f):  # every save, the old format's too, wrote torch's zip archive
+            raise ConfigError(f"cannot resume from {path}: {TRAINER_STATE} is damaged: it is no file torch.save "
+                              f"wrote (checkpoint.verify true compares every file with the manifest)") from None
         raise ConfigError(
             f"cannot resume from {path}: {TRAINER_STATE} is in the old pickled format (written before "
             f"2026-12-01), which is not loaded because unpickling it could run arbitrary code. Keep the weights by "

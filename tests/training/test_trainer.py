@@ -441,6 +441,17 @@ def test_old_pickled_trainer_state_is_refused(tmp_path, corpus, reference):
         train(load_config(None, tiny(out, corpus, "--max_steps", "10", "--checkpoint.every", "4", "--resume")))
 
 
+def test_a_corrupt_trainer_state_is_not_called_the_old_format(tmp_path, corpus, reference):
+    """With checkpoint.verify false (no hashes), a trainer_state.pt of damaged bytes was refused as
+    "in the old pickled format (written before 2026-12-01)": no save ever wrote it so."""
+    out = tmp_path / "bad"
+    shutil.copytree(Path(reference[2]["checkpoint"]).parents[1], out)
+    f = latest_checkpoint(str(out)) / "trainer_state.pt"
+    f.write_bytes(bytes(range(256)) * (f.stat().st_size // 256) + b"x" * (f.stat().st_size % 256))
+    with pytest.raises(ConfigError, match=r"trainer_state.pt is damaged: it is no file torch.save wrote"):
+        train(load_config(None, tiny(out, corpus, "--max_steps", "10", "--resume", "--checkpoint.verify", "false")))
+
+
 def test_resume_refuses_a_changed_model_config(tmp_path, corpus, reference, capsys):
     """Issue 17 #7: a changed window was applied silently, a changed shape gave a traceback."""
     _, ref, summary = reference
