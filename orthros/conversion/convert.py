@@ -301,8 +301,10 @@ def load_source(path, *, download: bool = True) -> SourceCheckpoint:
         sharded = True
     else:
         others = sorted(p.name for p in root.iterdir() if p.name.endswith(_WEIGHT_SUFFIXES))
-        hint = f" (found {others}; re-save the model with save_pretrained(..., safe_serialization=True))" \
-            if others else ""
+        ggufs = [n for n in others if n.lower().endswith(".gguf")]  # read as a GGUF source only without config.json
+        hint = (f" (found {others}; to convert the GGUF, name the file itself: {str(root / ggufs[0])!r})" if ggufs
+                else f" (found {others}; re-save the model with save_pretrained(..., safe_serialization=True))"
+                if others else "")
         raise FileNotFoundError(f"source {str(root)!r} has neither {SINGLE_FILE} nor {INDEX_FILE}{hint}")
     headers = {f: read_header(root / f) for f in files}
     if weight_map is not None:

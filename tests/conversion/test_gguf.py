@@ -201,6 +201,20 @@ def test_gguf_argument_refusals(gguf_source, tmp_path, capsys):
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
 
 
+def test_gguf_beside_a_config_json_is_named_not_resaved(gguf_source, tmp_path, capsys):
+    """A directory with a config.json is read as an HF checkpoint directory: one holding a .gguf and
+    no safetensors was refused with the hint to re-save with save_pretrained(safe_serialization=True);
+    the hint names the .gguf file to pass instead."""
+    path, _, _ = gguf_source
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    shutil.copy(path, folder / NAME)
+    (folder / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
+    assert convert_main([str(folder), str(tmp_path / "out"), "-q", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert str(folder / NAME) in err and "save_pretrained" not in err, err
+
+
 class _Terminal(__import__("io").StringIO):
     def isatty(self):
         return True
