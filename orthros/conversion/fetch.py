@@ -207,7 +207,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check_cache_dir(cache_dir) -> str | None:
-    """The error for a cache directory that is, or lies below, something other than a directory."""
+    """The error for a cache directory that is empty (an unset shell variable: not the default cache),
+    or is, or lies below, something other than a directory."""
+    if cache_dir is not None and not cache_dir.strip():
+        return "--cache-dir must not be empty (name a directory; leave the option out for the default cache)"
     root = Path(cache_dir or cache_root()).expanduser()
     above = file_in_the_way(root)
     if above is None:

