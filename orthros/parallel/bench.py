@@ -406,7 +406,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     """The checked arguments (``device`` resolved to ``"cuda"`` or ``"cpu"``); a bad one exits with a
     usage error before the process group starts."""
     p = _Parser(prog="python -m orthros.parallel.bench",
-                                description="Sequence-parallel prefill benchmark (launch with torchrun).")
+                description="Sequence-parallel prefill benchmark (launch with torchrun).")
     p.add_argument("--model", default="qwen3-8b", choices=["qwen3-8b", "tiny"],
                    help="architecture of the random-weight model: qwen3-8b or tiny (CPU runs) (default: %(default)s)")
     p.add_argument("--layers", type=positive_int, default=None, help="override the number of layers")
