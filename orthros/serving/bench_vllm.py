@@ -153,9 +153,11 @@ def _timed(llm, reqs, params):
 def make_llm(path, max_len, args):
     from vllm import LLM
 
-    batched = max(max(args.prefill_lengths), args.decode_batch * (args.decode_prompt + 1))
+    seqs = max(args.decode_batch, args.prefill_batch)
+    # (vLLM refuses fewer tokens a step than sequences: many short prefill prompts)
+    batched = max(max(args.prefill_lengths), args.decode_batch * (args.decode_prompt + 1), seqs)
     return LLM(model=str(path), dtype="float32", max_model_len=max_len, enforce_eager=True, seed=0,
-               enable_prefix_caching=False, max_num_seqs=max(args.decode_batch, args.prefill_batch),
+               enable_prefix_caching=False, max_num_seqs=seqs,
                max_num_batched_tokens=batched, kv_cache_memory_bytes=KV_CACHE_BYTES)
 
 

@@ -117,3 +117,21 @@ def test_a_sequence_the_kv_cache_cannot_hold_is_refused_before_the_run(capsys):
 def test_a_prefill_length_given_twice_is_one_workload():
     """--prefill-lengths 32 32 ran the workload twice (warm-up and repeats) and reported it once."""
     assert parse_args(["--prefill-lengths", "32", "64", "32"]).prefill_lengths == [32, 64]
+
+
+def test_more_prefill_prompts_than_tokens_a_step_still_start(monkeypatch):
+    """max_num_batched_tokens was the longest prompt (or the decode batch's tokens), and vLLM
+    refuses fewer than max_num_seqs: --prefill-batch 40 of 4-token prompts made both checkpoints,
+    then died in vLLM's SchedulerConfig ('max_num_batched_tokens (18) must be greater than or equal
+    to max_num_seqs (40)')."""
+    import pytest
+
+    vllm = pytest.importorskip("vllm")
+    from orthros.serving import bench_vllm
+
+    seen = {}
+    monkeypatch.setattr(vllm, "LLM", lambda **kw: seen.update(kw))
+    args = parse_args(["--prefill-lengths", "4", "--prefill-batch", "40", "--decode-prompt", "8",
+                       "--decode-batch", "2"])
+    bench_vllm.make_llm("ckpt", bench_vllm.model_len(args), args)
+    assert seen["max_num_seqs"] == 40 and seen["max_num_batched_tokens"] >= 40
