@@ -351,6 +351,9 @@ class Engine:
 
     def _prefill(self, rows, past) -> torch.Tensor:
         b = len(rows)
+        # the chunks overwrite the earlier conversation (or, continuing it, advance its GDN states):
+        # a prefill cut short (an interrupt, an error) leaves no conversation to continue
+        self._lens, self._pending = [], []
         logits = [None] * b
         i = 0
         while i < b:  # contiguous runs of rows with equal (past, new) lengths share one batched forward
@@ -586,6 +589,7 @@ class Engine:
         stopped, kept = [], []
         longest = max(p + len(r) for p, r in zip(past, rows))
         to_host(tok, 0)
+        cut = False
         try:
             for s in range(1, max_new_tokens + 1):
                 in_flight = s < max_new_tokens
@@ -600,14 +604,19 @@ class Engine:
                 yield out
                 if all(done):
                     break
+        except BaseException as e:
+            # a step cut short (an interrupt, an error; not a close() at a yield) may have advanced
+            # GDN states by a token the lengths below do not count, and a state cannot be rewound
+            cut = not isinstance(e, GeneratorExit) and self.cache.state_nbytes > 0
+            raise
         finally:
             if cuda:
                 torch.cuda.synchronize(self.device)
             for rows_stopped, saved in kept:
                 self.cache.restore_linear(rows_stopped, saved)
             # committed: everything fed so far; a row's last token is pending (no K/V yet) unless fed
-            self._lens = [p + len(r) + max(n - 1, 0) + f for p, r, n, f in zip(past, rows, n_gen, fed)]
-            self._pending = [None if f else t for t, f in zip(last, fed)]
+            self._lens = [] if cut else [p + len(r) + max(n - 1, 0) + f for p, r, n, f in zip(past, rows, n_gen, fed)]
+            self._pending = [] if cut else [None if f else t for t, f in zip(last, fed)]
             self._sync_lengths()
 
     def generate(self, prompts, max_new_tokens: int = 128, sampling: Optional[SamplingParams] = None, *,

@@ -131,6 +131,54 @@ def test_a_later_request_closes_an_unfinished_stream():
     assert eng.generate([[1]], 2, continue_=True) == [reference_greedy(m, [9, 9, 9] + new[0] + [1], 2)]
 
 
+@pytest.mark.parametrize("continue_", [False, True])
+def test_a_prefill_cut_short_leaves_no_conversation_to_continue(monkeypatch, continue_):
+    """Was: a request whose prefill was cut short (Ctrl-C, an out-of-memory error in a long prompt)
+    kept the earlier conversation's lengths over a cache its chunks had overwritten, so the next
+    ``continue_=True`` silently continued a corrupted conversation. Now it is refused by name."""
+    m = tiny_model()
+    eng = Engine(m, max_batch_size=1, max_seq_len=64, prefill_chunk=4)
+    eng.generate([PROMPTS[0][:6]], 3)
+    chunk, calls = eng._forward_chunk, []
+
+    def cut(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return chunk(*a, **k)
+    monkeypatch.setattr(eng, "_forward_chunk", cut)
+    with pytest.raises(KeyboardInterrupt):
+        eng.generate([[9] * 9], 3, continue_=continue_)
+    monkeypatch.setattr(eng, "_forward_chunk", chunk)
+    assert eng.batch_size == 0
+    with pytest.raises(ValueError, match="continue_=True needs an earlier generate"):
+        eng.generate([[7, 8]], 2, continue_=True)
+    assert eng.generate([PROMPTS[1]], 4) == [reference_greedy(m, PROMPTS[1], 4)]  # a new request runs
+
+
+def test_a_decode_cut_short_keeps_an_attention_conversation(monkeypatch):
+    """A generation cut short inside its decode loop keeps what it fed: K/V past a row's length is
+    never read, so (unlike a GDN state, tests/engine/test_engine_hybrid.py) the conversation of the
+    tokens seen so far continues correctly."""
+    import orthros.engine.engine as engine_module
+
+    m = tiny_model()
+    eng = Engine(m, max_batch_size=1, max_seq_len=64)
+    sample, calls, seen = engine_module.sample, [], []
+
+    def cut(*a, **k):
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return sample(*a, **k)
+    monkeypatch.setattr(engine_module, "sample", cut)
+    with pytest.raises(KeyboardInterrupt):
+        eng.generate([PROMPTS[0]], 8, callback=lambda t: seen.append(t[0]))
+    monkeypatch.setattr(engine_module, "sample", sample)
+    assert len(seen) == 2 and eng.lengths() == [len(PROMPTS[0]) + 2]
+    assert eng.generate([[21, 22]], 3, continue_=True) == [reference_greedy(m, PROMPTS[0] + seen + [21, 22], 3)]
+
+
 def test_continuation_runs_only_new_tokens():
     m = tiny_model()
     eng = Engine(m, max_batch_size=1, max_seq_len=64, prefill_chunk=None)

@@ -97,6 +97,32 @@ def test_continuation_after_a_stop_with_a_step_in_flight(stop):
         assert g2 == reference_greedy(m, p + g + t, 6)
 
 
+def test_a_decode_cut_short_leaves_no_hybrid_conversation_to_continue(monkeypatch):
+    """Was: a generation cut short inside a decode step (Ctrl-C in a notebook, an error) kept the
+    conversation, but the step had advanced the GDN states by a token its lengths do not count (a
+    state cannot be rewound), so the next ``continue_=True`` silently continued from the wrong
+    state. Now that conversation is dropped and a continuation refused by name."""
+    import orthros.engine.engine as engine_module
+
+    m = tiny(seed=2)
+    eng = Engine(m, max_batch_size=1, max_seq_len=64)
+    sample, calls = engine_module.sample, []
+
+    def cut(*a, **k):  # the third decode step ran, its token not yet read back
+        calls.append(1)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return sample(*a, **k)
+    monkeypatch.setattr(engine_module, "sample", cut)
+    with pytest.raises(KeyboardInterrupt):
+        eng.generate([PROMPTS[0]], 8)
+    monkeypatch.setattr(engine_module, "sample", sample)
+    assert eng.batch_size == 0
+    with pytest.raises(ValueError, match="continue_=True needs an earlier generate"):
+        eng.generate([[21, 22]], 2, continue_=True)
+    assert eng.generate([PROMPTS[1]], 4) == [reference_greedy(m, PROMPTS[1], 4)]
+
+
 def test_full_mode_of_orthros_h_is_the_linear_hybrid():
     oh = tiny("orthros-h", seed=3)
     lh = tiny("linear-hybrid", seed=3)
