@@ -512,11 +512,12 @@ class Engine:
         tokens to forget: it is not rewound, so a rewound hybrid conversation does not continue
         as it would have from that length (docs/engine.md)."""
         self._end_open_stream()
-        lengths = list(lengths)
+        given = lengths
+        lengths = list(lengths) if hasattr(lengths, "__iter__") else None
         if not lengths or len(lengths) > self.max_batch_size or any(
                 isinstance(n, bool) or not isinstance(n, int) or not 0 < n < self.max_seq_len for n in lengths):
             raise ValueError(f"set_lengths needs 1..{self.max_batch_size} integer lengths in [1, {self.max_seq_len}), "
-                             f"got {lengths!r}")
+                             f"got {given!r}")
         self._lens = lengths
         self._pending = [None] * len(lengths)
         self._sync_lengths()

@@ -4,6 +4,8 @@ continuation equals a from-scratch run; bad input is rejected before any work.""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -431,6 +433,10 @@ def test_set_lengths_and_step_api():
     eng = Engine(m, max_batch_size=2, max_seq_len=32)
     eng.set_lengths([10, 20])
     assert eng.step([1, 2]).shape == (2, 97) and eng.cache.seqlens[:2].tolist() == [11, 21]
+    for bad in (10, None, "10", [0], [32], [10, 10, 10]):  # was: 10 and None a TypeError "'int' object is not iterable"
+        with pytest.raises(ValueError, match=re.escape(f"set_lengths needs 1..2 integer lengths in [1, 32), got {bad!r}")):
+            eng.set_lengths(bad)
+    assert eng.lengths() == [11, 21]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
