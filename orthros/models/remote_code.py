@@ -280,7 +280,7 @@ def remote_code_saved(config, save_directory):
     if foreign:  # a user's subclass: its code is not the package's to copy
         warnings.warn(f"saving without remote code: {', '.join(foreign)} is defined outside the orthros package "
                       f"(loading this checkpoint needs its code imported)", stacklevel=4)
-    if not PACKAGE_MODE or foreign:
+    if not PACKAGE_MODE or foreign or os.path.isfile(save_directory):  # a file: transformers' own refusal
         yield
         return
     auto_map = write_remote_code(config, save_directory)

@@ -442,3 +442,14 @@ def test_a_model_registered_for_auto_class_saves_the_flat_code(tmp_path, monkeyp
     assert "from .." not in (tmp_path / "modeling_orthros.py").read_text()  # the flat file, not the package's
     assert model._auto_class == "AutoModelForCausalLM"
     assert torch.equal(OrthrosForCausalLM.from_pretrained(tmp_path).lm_head.weight, model.lm_head.weight)
+
+
+def test_saving_a_config_to_a_file_is_transformers_clear_refusal(tmp_path):
+    """config.save_pretrained(FILE) wrote the remote code first, so its mkdir raised a bare
+    'FileExistsError: [Errno 17] File exists' instead of transformers' 'should be a directory, not a file'."""
+    f = tmp_path / "config.json"
+    f.write_text("{}")
+    c = OrthrosConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2)
+    with pytest.raises(AssertionError, match="should be a directory, not a file"):
+        c.save_pretrained(f)
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"] and f.read_text() == "{}"
