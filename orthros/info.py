@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import shlex
 import sys
 from collections import Counter
 from pathlib import Path
@@ -250,7 +251,7 @@ def format_report(r: dict) -> str:
     row("remote code", "yes: loads with trust_remote_code=True where orthros is not installed"
         if r["remote_code"] else "no (loads where orthros is installed and imported)")
     v = r["vllm"]
-    row("vLLM", (f"vllm serve {r['path']} (with orthros[vllm] installed: docs/serving.md)" +
+    row("vLLM", (f"vllm serve {shlex.quote(r['path'])} (with orthros[vllm] installed: docs/serving.md)" +
                  (f"; as {v['architecture']} (CPU backend only, so far; prefix caching reuses whole blocks of "
                   f"{v['prefix_block_tokens']:,} tokens at vLLM's default --block-size{_never_hits(r)})" if v["prefix_block_tokens"] else ""))
         if v["servable"] else f"no: {v['why_not'].removeprefix('the vLLM Orthros model ')}; orthros generate runs it")

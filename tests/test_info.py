@@ -388,3 +388,17 @@ def test_stored_tensors_the_model_does_not_load_are_not_its_parameters(hybrid, t
     assert rc == 0 and "2 stored tensors the model does not load (lm_head.weight, model.rotary_emb.inv_freq)" in out, \
         out + err
     assert "does not load" not in run([str(hybrid), "--max-seq-len", "8"], capsys)[1]
+
+
+def test_the_vllm_command_runs_as_printed_for_a_path_with_spaces(ckpt, tmp_path, capsys):
+    """The vLLM row printed ``vllm serve /tmp/my ckpt`` for a folder with a space in its name: pasted
+    into a shell, vllm got two arguments (``/tmp/my`` and ``ckpt``). The path is shell-quoted."""
+    import shlex
+    import shutil
+
+    d = tmp_path / "my ckpt é"
+    shutil.copytree(ckpt, d)
+    rc, out, err = run([str(d), "--max-seq-len", "8"], capsys)
+    (line,) = [x for x in out.splitlines() if x.lstrip().startswith("vLLM")]
+    assert rc == 0 and shlex.split(line.split("vLLM", 1)[1])[:3] == ["vllm", "serve", str(d)], line
+    assert f"vllm serve {ckpt} (" in run([str(ckpt), "--max-seq-len", "8"], capsys)[1]  # a plain path as it is
