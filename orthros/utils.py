@@ -47,7 +47,7 @@ def dtype_name(dtype) -> str:
 def format_bytes(n: float) -> str:
     """``n`` bytes in binary units: ``512 B``, ``22.5 KiB``, ``256.7 MiB``, ``1.4 GiB``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
+        if round(abs(n), 0 if unit == "B" else 1) < 1024 or unit == "TiB":  # as shown: no "1,024.0 KiB"
             return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")

@@ -297,3 +297,12 @@ def test_a_rewritten_file_keeps_its_mode(tmp_path):
         p.chmod(0o600)
         write(p)
         assert stat.S_IMODE(p.stat().st_mode) == 0o600, name
+
+
+def test_format_bytes_rounds_up_into_the_next_unit():
+    """A size just under a unit's boundary was shown as 1,024 of the unit below (1,048,575 bytes:
+    '1,024.0 KiB'); the unit is chosen after rounding to the digits shown."""
+    from orthros.utils import format_bytes
+
+    assert [format_bytes(n) for n in (0, 1023, 1023.6, 1024, 1048575, 1024 * 1023.9, 3 * 2**40)] == [
+        "0 B", "1,023 B", "1.0 KiB", "1.0 KiB", "1.0 MiB", "1,023.9 KiB", "3.0 TiB"]
