@@ -129,7 +129,9 @@ def orthros_attention(
             full stream as causal attention when every position has an output query, the
             reference otherwise), ``"reference"`` (pure PyTorch, the specification) or
             ``"triton"``.
-        kv_start: ``[B]`` first valid key of each row (left padding); keys before are ignored.
+        kv_start: ``[B]`` first valid key of each row (left padding), in ``[0, T_k]``; keys
+            before it are masked out (their values must be finite: a NaN / inf value there still
+            reaches the output through its zero weight).
 
     Returns:
         ``(o, o_out)`` with shapes ``[B, T, Hq, D]`` and ``[B, T_out, Hq, D]``.
@@ -173,6 +175,9 @@ def orthros_attention(
         kv_start = kv_start.long().view(-1)
         if kv_start.numel() != B:
             raise ValueError(f"kv_start must have one entry per batch row ({B}), got {kv_start.numel()}")
+        if B and (int(kv_start.min()) < 0 or int(kv_start.max()) > T_k):
+            raise ValueError(f"kv_start must lie in [0, {T_k}] (the first valid key of each row; {T_k}: no key), "
+                             f"got range [{int(kv_start.min())}, {int(kv_start.max())}]")
 
     return run_attention(q, k, v, q_out, window_size=window_size, output_positions=pos, scale=scale, doc_ids=doc_ids,
                          kv_start=kv_start, backend=backend)

@@ -63,7 +63,9 @@ def reference_instead(op: str, q: torch.Tensor) -> None:
 
 
 def resolve_backend(backend: str, q: torch.Tensor, k: torch.Tensor) -> str:
-    """``"auto"`` -> ``"triton"`` or ``"sdpa"`` for these inputs; other names unchanged."""
+    """``"auto"`` -> ``"triton"`` or ``"sdpa"`` for these inputs; other names of :data:`BACKENDS`
+    unchanged; any other name is a ``ValueError`` listing them."""
+    check_backend(backend)
     if backend == "auto":
         return "triton" if triton_supports(q, k) else "sdpa"
     return backend

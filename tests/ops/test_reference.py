@@ -151,6 +151,9 @@ BAD = [
     (dict(output_positions=[[1, 2], [3]]), "output_positions must be integer positions"),
     (dict(cu_seqlens=[0, "a"]), "cu_seqlens must be a 1-D integer tensor"),
     (dict(kv_start=[None]), r"kv_start must be an integer tensor \[B\]"),
+    # a first valid key outside [0, T_k] (T_k = 10) ran as if clamped: -1 as 0, 11 as an all-padding row
+    (dict(kv_start=[-1]), r"kv_start must lie in \[0, 10\]"),
+    (dict(kv_start=[11]), r"kv_start must lie in \[0, 10\]"),
 ]
 
 
@@ -184,6 +187,20 @@ def test_bad_shapes_and_dtypes():
     with pytest.raises(ValueError, match="batch size 1"):
         q2, k2, v2, qo2 = make(2, 10, 4, 2, 8, 2)
         orthros_attention(q2, k2, v2, qo2, window_size=4, cu_seqlens=torch.tensor([0, 5, 10]))
+
+
+def test_run_attention_refuses_an_unknown_backend():
+    # run_attention (the model's per-layer entry, inputs already normalised) ran a misspelt
+    # backend ("tirton") as the reference without a word; resolve_backend returned it unchanged
+    from orthros.ops import resolve_backend, run_attention
+
+    q, k, v, q_out = make(1, 6, 4, 2, 8, 6)
+    with pytest.raises(ValueError, match="backend must be one of .*'triton'.*got 'tirton'"):
+        run_attention(q, k, v, q_out, window_size=3, output_positions=torch.arange(6).view(1, 6), scale=0.3,
+                      backend="tirton")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        resolve_backend("cuda", q, k)
+    assert resolve_backend("auto", q, k) == "sdpa" and resolve_backend("reference", q, k) == "reference"
 
 
 @pytest.mark.parametrize("G", [1, 4])
