@@ -48,6 +48,8 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scal
                          f"{tuple(v.shape)}")
     if Hkv == 0 or Hq % Hkv:
         raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv})")
+    if D == 0:
+        raise ValueError(f"the head dim D of q and k must be >= 1, got q {tuple(q.shape)}")
     G = Hq // Hkv
     acc = acc_dtype(q.dtype)
     if scale is None:
@@ -82,6 +84,10 @@ def merge_partials(o: torch.Tensor, lse: torch.Tensor) -> Tuple[torch.Tensor, to
     Exact (up to rounding) and independent of how the keys were split; rows where every partial
     is empty (``lse = -inf``) give ``o = 0``, ``lse = -inf``, never NaN.
     """
+    for name, t in (("o", o), ("lse", lse)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+            raise ValueError(f"merge_partials: {name} must be a floating-point tensor, got "
+                             f"{t.dtype if isinstance(t, torch.Tensor) else type(t).__name__}")
     if o.dim() < 2 or o.shape[0] == 0 or lse.shape != o.shape[:-1]:
         raise ValueError(f"merge_partials needs o [R, ..., D] and lse [R, ...] = o's shape without D, R >= 1 "
                          f"partials; got o {tuple(o.shape)} and lse {tuple(lse.shape)}")

@@ -53,3 +53,19 @@ def test_empty_partials_contribute_nothing_even_when_their_o_is_not_finite():
     got_o, got_lse = merge_partials(o, lse)
     assert torch.equal(got_lse, want_lse) and torch.equal(got_o, want_o)
     assert torch.equal(got_o[1], torch.zeros(4)) and torch.isfinite(got_o).all()
+
+
+def test_head_dim_zero_and_non_tensor_partials_refused_naming_the_argument():
+    # partial_attention with D = 0 failed computing its default scale (ZeroDivisionError);
+    # merge_partials read .dim() of a list (AttributeError) and took an integer lse into
+    # torch.where (RuntimeError: value cannot be converted to type int64_t without overflow)
+    q, k, v = torch.randn(1, 2, 2, 0), torch.randn(1, 5, 2, 0), torch.randn(1, 5, 2, 0)
+    with pytest.raises(ValueError, match="head dim"):
+        partial_attention(q, k, v)
+    o, lse = torch.randn(2, 3, 4), torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="o must be a floating"):
+        merge_partials(list(o), lse)
+    with pytest.raises(ValueError, match="lse must be a floating"):
+        merge_partials(o, lse.long())
+    with pytest.raises(ValueError, match="o must be a floating"):
+        merge_partials(o.long(), lse)
