@@ -189,7 +189,8 @@ def _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_n
     if not (qkv.device == k_cache.device == v_cache.device):
         raise ValueError(f"qkv, k_cache and v_cache must be on the same device, got {qkv.device}, {k_cache.device}, "
                          f"{v_cache.device}")
-    if len(q_rows) != 2 or not all(isinstance(r, int) and 0 <= r < R for r in q_rows):
+    if not isinstance(q_rows, tuple) or len(q_rows) != 2 or not all(isinstance(r, int) and 0 <= r < R
+                                                                     for r in q_rows):
         raise ValueError(f"q_rows must be two row indices of qkv in [0, {R}), got {q_rows!r}")
     if not isinstance(lens, torch.Tensor) or lens.shape != (B,) or lens.dtype not in (torch.int32, torch.int64) \
             or lens.device != qkv.device:
@@ -206,10 +207,13 @@ def _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_n
             raise ValueError(f"{name} must be a [{D}] weight or None, got {_desc(t)}")
     if q_norm is not None or k_norm is not None:
         check_eps("eps", eps, "q_norm / k_norm")
-    if len(scale_offset) != 4:
-        raise ValueError("scale_offset must be (alpha_w, beta_w, alpha_f, beta_f), each [Hq * D] or None")
+    if not isinstance(scale_offset, (tuple, list)) or len(scale_offset) != 4:
+        raise ValueError(f"scale_offset must be (alpha_w, beta_w, alpha_f, beta_f), each [Hq * D] or None, got "
+                         f"{_desc(scale_offset)}")
     for a, b in (scale_offset[:2], scale_offset[2:]):
-        if (a is None) != (b is None) or (a is not None and (a.numel() != num_heads * D or b.numel() != num_heads * D)):
+        if (a is None) != (b is None) or (a is not None and not (
+                isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and a.numel() == num_heads * D and b.numel() == num_heads * D)):
             raise ValueError(f"scale_offset: each stream's alpha and beta must both be None or both [{num_heads * D}]")
     check_positive_int("window_size", window_size)
     check_scale(scale)
@@ -237,7 +241,7 @@ def orthros_decode_qkv_attention(qkv, k_cache, v_cache, lens, *, num_heads: int,
     ``backend``: "auto" (the Triton kernel on CUDA, else the reference), "triton",
     "reference" / "sdpa" (the reference)."""
     check_backend(backend)
-    q_rows = tuple(q_rows)
+    q_rows = tuple(q_rows) if isinstance(q_rows, (tuple, list)) else q_rows
     _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_norm, eps, scale_offset, window_size,
                scale)
     window_size = min(window_size, k_cache.shape[1])  # the same keys; 10**20 overflowed int64 below

@@ -600,6 +600,10 @@ def test_qkv_dispatch_and_validation():
                           ({"rope": (kw["rope"][0].tolist(), kw["rope"][1])}, "rope's cos must be"),
                           ({"q_norm": [1.0] * 8}, "q_norm must be a \\[8\\] weight or None, got list"),
                           ({"scale_offset": (torch.ones(32), None, None, None)}, "alpha and beta must both"),
+                          # these failed in tuple() / len() / .numel() of what is no pair or tensor
+                          ({"q_rows": 1}, "q_rows must be two row indices"),
+                          ({"scale_offset": None}, "scale_offset must be"),
+                          ({"scale_offset": (1.0, 2.0, None, None)}, "alpha and beta must both"),
                           ({"backend": "cuda"}, "backend must be one of")):
         with pytest.raises(ValueError, match=match):
             orthros_decode_qkv_attention(qkv, kc, vc, lens, **{**base, **change})
