@@ -249,6 +249,10 @@ class OrthrosAttention(nn.Module):
         self.attn = WindowAttention(self.num_heads, self.head_dim, self.head_dim ** -0.5,
                                     num_kv_heads=self.num_kv_heads, cache_config=cache_config,
                                     per_layer_sliding_window=window, prefix=f"{prefix}.attn")
+        backend = self.attn.attn_backend
+        if not backend.supports_head_size(self.head_dim):  # (its kernel fails at the first request otherwise)
+            raise ValueError(f"this checkpoint has head_dim={self.head_dim}, which vLLM's {backend.get_name()} "
+                             f"attention does not take (head dims {backend.get_supported_head_sizes()})")
         if self.mode == "orthros":
             output_stream_op(self.attn)  # refuse, at load, a backend or cache dtype it cannot serve
 

@@ -253,3 +253,12 @@ def test_speculative_decoding_refused_at_load(orthros_checkpoint):
     r = subprocess.run([sys.executable, "-c", code, str(orthros_checkpoint)], capture_output=True, text=True,
                        timeout=300, env={**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
     assert r.returncode != 0 and "does not serve speculative decoding" in r.stderr, r.stderr[-3000:]
+
+
+def test_a_head_dim_the_attention_backend_does_not_take_is_refused_at_load(tmp_path):
+    """vLLM's CPU attention takes head dims 32, 64, 80, ...: a checkpoint of head_dim 40 loaded (and
+    `vllm serve` answered /health), then the first request died in the kernel ('Unsupported CPU
+    attention configuration: head_dim=40'), taking the engine down. Refused at load, naming the dims."""
+    path = build_checkpoint(tmp_path / "hd40", seed=6, num_hidden_layers=1, head_dim=40)
+    with pytest.raises(Exception, match=r"head_dim=40.*CPU_ATTN.*\[32, 64, 80"):
+        close(make_llm(path, max_num_seqs=2, enable_prefix_caching=False))
