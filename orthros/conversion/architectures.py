@@ -31,6 +31,9 @@ class UnsupportedModelError(ValueError):
 def unsupported_message(arch) -> str:
     if arch in qwen3_5.REFUSED:
         return f"cannot convert architecture {arch!r}: {qwen3_5.REFUSED[arch]}"
+    if isinstance(arch, str) and arch.startswith("Orthros"):
+        return (f"cannot convert architecture {arch!r}: it is an Orthros checkpoint already; load it as it is "
+                f"(AutoModelForCausalLM.from_pretrained, orthros generate)")
     return (f"cannot convert architecture {arch!r}: supported architectures are "
             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
 

@@ -506,6 +506,20 @@ def _convert_gguf(src, dst: Path, *, window_size: int, out_dtype, overwrite: boo
     return report
 
 
+def _cast_checked(t: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
+    """``t`` in ``dtype``; a ``ValueError`` naming the tensor where a finite value overflows it (fp16's
+    range ends at 65504: such a weight became inf without a word, and the converted model gave inf / NaN)."""
+    if t.dtype == dtype:
+        return t
+    out = t.to(dtype)
+    if out.dtype.is_floating_point and torch.finfo(out.dtype).max < torch.finfo(t.dtype).max \
+            and bool(torch.isinf(out).any()) and not bool(torch.isinf(t).any()):
+        big = float(t.abs().max())
+        raise ValueError(f"dtype {_dtype_name(dtype)} (--dtype): tensor {name!r} holds values up to {big:.4g}, "
+                         f"beyond its range ({torch.finfo(dtype).max:.6g}); convert with --dtype bf16 or fp32")
+    return out
+
+
 def _write_checkpoint(source: "SourceCheckpoint", plan: Plan, tmp: Path, *, window_size: int, scale_offset: bool,
                       progress: bool, extra: dict | None = None) -> dict:
     """Write the converted checkpoint of ``source`` into the (temporary) directory ``tmp``."""
@@ -562,8 +576,7 @@ def _write_checkpoint(source: "SourceCheckpoint", plan: Plan, tmp: Path, *, wind
                     if name is None:
                         t = torch.full(plan.added[out][1], plan.added[out][0], dtype=od)
                     else:
-                        t = plan.value(name, reader.get(name))
-                        t = t.to(od) if t.dtype != od else t
+                        t = _cast_checked(plan.value(name, reader.get(name)), od, name)
                     writer.write(out, t)
                     weight_map[out] = fname
                     del t

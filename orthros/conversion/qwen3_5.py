@@ -94,7 +94,8 @@ def config_kwargs(src, attention_mode: str = "orthros") -> tuple[dict, list]:
         linear_conv_kernel_dim=src.linear_conv_kernel_dim,
     )
     n_attn = types.count("full_attention")
-    notes = [f"Qwen3.5 hybrid: {n - n_attn} Gated DeltaNet layers and {n_attn} attention layers "
+    notes = [f"Qwen3.5 hybrid: {n - n_attn} Gated DeltaNet layer{'s' * (n - n_attn != 1)} and {n_attn} attention "
+             f"layer{'s' * (n_attn != 1)} "
              f"(now {attn_type}); zero-centred RMSNorm weights w stored as 1 + w"]
     if attention_mode == "orthros" and n_attn < n:  # without GDN layers it is the source at T <= window_size
         notes.append("GDN layers gain the output stream (the output token's query bypasses the short convolution "

@@ -918,3 +918,21 @@ def test_longrope_source_is_noted(tmp_path):
     ids = torch.arange(8)[None] % VOCAB
     with torch.no_grad():
         assert _max_diff(conv(ids).logits, ref(ids).logits) < 1e-4
+
+
+def test_an_orthros_checkpoint_is_named_converted_already(tmp_path, good_src):
+    convert_checkpoint(good_src, tmp_path / "once", progress=False)
+    _refused(tmp_path, tmp_path / "once", match="Orthros checkpoint already")
+
+
+def test_fp16_overflow_refused_naming_the_tensor(tmp_path, good_src):
+    """A weight beyond fp16's 65504 became inf under --dtype fp16 without a word; now refused, nothing left."""
+    src = _copy(good_src, tmp_path / "src")
+    f = sorted(src.glob("model-*.safetensors"))[0]
+    sd = load_file(f)
+    name = sorted(n for n in sd if sd[n].is_floating_point() and sd[n].dim() == 2)[0]
+    sd[name] = sd[name].float().clone()
+    sd[name][0, 0] = 1e5
+    save_file(sd, f, metadata={"format": "pt"})
+    _refused(tmp_path, src, ("dtype", "fp16"), match=f"{name}.*1e\\+05.*range")
+    convert_checkpoint(src, tmp_path / "bf16", dtype="bf16", progress=False)  # bf16 holds it
