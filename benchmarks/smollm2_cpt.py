@@ -233,15 +233,23 @@ def _check_run(a) -> None:
     if a.work:
         check_output_path("--work", a.work, directory=True)
     if "convert" in phases:
+        from orthros.conversion.gguf import inspect_gguf
+
         check_input_file("--gguf", a.gguf)
+        inspect_gguf(a.gguf)  # a GGUFError (a ValueError) naming the file: its header, not its tensors
+    if "probe" in phases and not a.max_steps and not (math.isfinite(a.train_budget_s) and a.train_budget_s > 0):
+        raise ValueError(f"--train-budget-s must be a finite number of seconds > 0, got {a.train_budget_s}")
     data = Path(a.data)
     for name, needed in (("heldout.jsonl", True), ("train.jsonl", bool(phases & {"probe", "train"})),
                          ("haystack.txt", "niah" in phases)):
         if needed:
             check_input_file("--data", data / name, "the folder `prepare` wrote")
-    # both CPT configs with these options, at the step count when one is given (the probes' choice
-    # from the budget is checked when made): their own checks (precision, lr, warm-up <= steps ...)
-    fixed = [n for n in (a.max_steps, a.max_steps_cap if "probe" in phases else None) if n]
+    if "convert" not in phases:
+        _check_later_call(a, phases)
+    # both CPT configs with these options, at the fewest steps this call can train (--max-steps, else
+    # the probes' choice from the budget: --min-steps at least, --max-steps-cap at most): their own
+    # checks (precision, lr, warm-up <= steps ...)
+    fixed = [a.max_steps] if a.max_steps else [n for n in (a.min_steps, a.max_steps_cap) if n and "probe" in phases]
     if phases & {"probe", "train"}:
         for config_file in ("smollm2_cpt.yaml", "smollm2_base_cpt.yaml"):
             try:
@@ -249,6 +257,39 @@ def _check_run(a) -> None:
             except ValueError as e:
                 raise ValueError(f"configs/{config_file} with these options (--max-steps / --max-steps-cap set its "
                                  f"train.max_steps): {e}") from None
+
+
+# what a later call's CPT run must share with the earlier call's for the two to compare
+SAME_CPT_ARGS = ("data", "seq_len", "micro_batch", "grad_accum", "lr", "eval_sequences", "precision")
+
+
+def _check_later_call(a, phases: set) -> None:
+    """A call without the convert phase continues the run in ``--work``: its conversion must be
+    there, a train phase needs the step count of its probe (or ``--max-steps``), and a CPT run
+    trained now must use the data, tokens and schedule of the earlier call's."""
+    work = Path(a.work) if a.work else None
+    if work is None or not (work / "orthros_zero" / "config.json").is_file():
+        raise ValueError(f"--phases {a.phases}: a call without convert continues an earlier call's run, but there is "
+                         f"no conversion of an earlier call in --work {a.work or '(not given)'}: give that call's "
+                         f"--work, or add convert to --phases")
+    if "train" not in phases:
+        return
+    carried = _carried(work, phases)
+    chosen = carried.get("probe", {}).get("steps")
+    if not (a.max_steps or chosen or "probe" in phases):
+        raise ValueError(f"--phases {a.phases}: no probe chose a step count in {work}: give --max-steps, or add probe")
+    if a.max_steps and chosen and "probe" not in phases and a.max_steps != chosen:
+        raise ValueError(f"--max-steps {a.max_steps}: the earlier call of this run (in {work}) chose {chosen} "
+                         f"steps; both CPT runs must train the same number (leave --max-steps out)")
+    earlier = carried.get("meta", {}).get("args", {})
+    for key in SAME_CPT_ARGS:
+        mine, theirs = getattr(a, key), earlier.get(key, getattr(a, key))
+        if key == "data":
+            mine, theirs = Path(mine).resolve(), Path(theirs).resolve()
+        if mine != theirs:
+            raise ValueError(f"--{key.replace('_', '-')} {getattr(a, key)}: the earlier call of this run (in {work}) "
+                             f"trained with {earlier[key]}; both CPT runs must train alike (give the same, or start "
+                             f"afresh with convert)")
 
 
 def _probe(cfg, steps: int, t0: float):
@@ -310,10 +351,6 @@ def run(a) -> int:
     phases, cpt_runs = set(a.phases.split(",")), a.cpt_runs.split(",")
     work = Path(a.work or tempfile.mkdtemp(prefix="smollm2-"))
     carried = _carried(work, phases)
-    chosen = carried.get("probe", {}).get("steps")
-    if "probe" not in phases and "train" in phases and a.max_steps and chosen and a.max_steps != chosen:
-        raise SystemExit(f"--max-steps {a.max_steps}: the earlier call of this run (in {work}) chose {chosen} "
-                         f"steps; both CPT runs must train the same number (leave --max-steps out)")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""benchmarks/smollm2_cpt.py refuses a passkey range with no length in it before any work."""
+"""benchmarks/smollm2_cpt.py refuses bad arguments (and a later call that would not continue its run) before any work."""
 
 from pathlib import Path
 
@@ -12,14 +12,34 @@ def _script():
     return load_script(SCRIPT, "smollm2_cpt_script")
 
 
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    """A readable GGUF (a 1-layer Llama of the shipped tokenizer): the checks read its header."""
+    pytest.importorskip("gguf")
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from orthros.conversion.gguf import write_llama_gguf
+
+    root = Path(__file__).resolve().parents[2]
+    tok = AutoTokenizer.from_pretrained(str(root / "orthros/data/tokenizer"))
+    torch.manual_seed(0)
+    m = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                                     tie_word_embeddings=True))
+    path = tmp_path_factory.mktemp("gguf") / "tiny.gguf"
+    write_llama_gguf(m, tok, path)
+    return path
+
+
 @pytest.fixture
-def inputs(tmp_path):
-    """A GGUF and a data folder where `run` looks for them (their contents are not read by the checks)."""
+def inputs(tmp_path, tiny_gguf):
+    """A GGUF and a data folder where `run` looks for them (the data's contents are not read by the checks)."""
     data = tmp_path / "data"
     data.mkdir()
-    for name in ("train.jsonl", "heldout.jsonl", "haystack.txt", "../m.gguf"):
+    for name in ("train.jsonl", "heldout.jsonl", "haystack.txt"):
         (data / name).write_text("x")
-    return ["run", "--gguf", str(tmp_path / "m.gguf"), "--data", str(data)]
+    return ["run", "--gguf", str(tiny_gguf), "--data", str(data)]
 
 
 def test_niah_max_below_the_shortest_length_is_refused(tmp_path, capsys, inputs):
@@ -131,21 +151,24 @@ def test_unknown_phase_or_cpt_run_is_refused_before_any_work(tmp_path, capsys, f
     assert not out.exists()
 
 
-def test_a_later_call_refuses_a_step_count_other_than_the_first_calls(tmp_path, inputs):
+def test_a_later_call_refuses_a_step_count_other_than_the_first_calls(tmp_path, capsys, inputs):
     """Both CPT runs of one protocol train the same steps: a second call of a split run (same
     --work) with another --max-steps stops before any work (no --out written)."""
     import json
 
     mod = _script()
     work = tmp_path / "work"
-    work.mkdir()
+    (work / "orthros_zero").mkdir(parents=True)
+    (work / "orthros_zero" / "config.json").write_text("{}")
     (work / "results.json").write_text(json.dumps({"meta": {"commit": "x"}, "probe": {"steps": 900}}))
     assert mod._carried(work, {"train"})["probe"]["steps"] == 900
     assert mod._carried(work, {"convert", "train"}) == {}  # a call that converts starts afresh
     out = tmp_path / "never"
-    with pytest.raises(SystemExit, match="--max-steps 800: the earlier call .* chose 900 steps"):
+    with pytest.raises(SystemExit) as e:
         mod.main([*inputs, "--out", str(out), "--work", str(work), "--phases", "train,ppl", "--cpt-runs", "base_cpt",
                   "--max-steps", "800"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--max-steps 800: the earlier call" in err and "chose 900 steps" in err
     assert not out.exists()
 
 
@@ -178,3 +201,82 @@ def test_plot_refuses_a_run_without_perplexity_and_a_png_of_another_format(tmp_p
     assert e.value.code == 2 and "r.txt: a .png path is needed" in capsys.readouterr().err
     assert not (tmp_path / "r.txt").exists()
     assert _script().main(["plot", str(res), str(tmp_path / "r.png")]) == 0 and (tmp_path / "r.png").is_file()
+
+
+def test_a_file_that_is_no_gguf_is_refused_before_any_work(tmp_path, capsys, inputs):
+    """Was: the GGUFError traceback from the conversion, after --out/results.json was written."""
+    mod = _script()
+    mod.run = lambda a: pytest.fail("run started")
+    out, bad = tmp_path / "never", tmp_path / "m.gguf"
+    bad.write_text("x")
+    with pytest.raises(SystemExit) as e:
+        mod.main([*inputs, "--out", str(out), "--gguf", str(bad)])
+    assert e.value.code == 2 and "m.gguf: not a GGUF file" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    # was: optim.warmup_steps (10) > train.max_steps (5) raised by the trainer after conversion and probes
+    (["--min-steps", "5"], "optim.warmup_steps (10) is more than train.max_steps (5)"),
+    # were: int(nan) / int(inf) after conversion and probes; 0 or less trained --min-steps silently
+    (["--train-budget-s", "nan"], "--train-budget-s must be a finite number of seconds > 0, got nan"),
+    (["--train-budget-s", "0"], "--train-budget-s must be a finite number of seconds > 0, got 0.0"),
+])
+def test_a_step_count_the_probe_could_choose_is_checked_before_any_work(tmp_path, capsys, inputs, args, message):
+    mod = _script()
+    mod.run = lambda a: pytest.fail("run started")
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit) as e:
+        mod.main([*inputs, "--out", str(out), *args])
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_call_without_convert_needs_the_earlier_run_in_work(tmp_path, capsys, inputs):
+    """Was: transformers' 'Repo id must be in the form ...' traceback for <work>/orthros_zero (a fresh
+    temp folder without --work), after --out/results.json was written; and a call that trains
+    without a probe and without --max-steps trained 0 steps (the trainer's error, a traceback)."""
+    mod = _script()
+    mod.run = lambda a: pytest.fail("run started")
+    out, work = tmp_path / "never", tmp_path / "work"
+    for extra in ([], ["--work", str(work)]):
+        with pytest.raises(SystemExit) as e:
+            mod.main([*inputs, "--out", str(out), "--phases", "ppl", *extra])
+        assert e.value.code == 2 and "no conversion of an earlier call" in capsys.readouterr().err
+    (work / "orthros_zero").mkdir(parents=True)
+    (work / "orthros_zero" / "config.json").write_text("{}")
+    (work / "results.json").write_text('{"meta": {"args": {}}, "convert": {}}')  # convert only: no probe
+    with pytest.raises(SystemExit) as e:
+        mod.main([*inputs, "--out", str(out), "--work", str(work), "--phases", "train", "--cpt-runs", "base_cpt"])
+    assert e.value.code == 2 and "no probe chose a step count" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, mine, theirs", [
+    (["--lr", "1e-4"], "--lr 0.0001: the earlier call", "trained with 0.0003;"),
+    (["--seq-len", "4096"], "--seq-len 4096: the earlier call", "trained with 8192;"),
+    (["--micro-batch", "1"], "--micro-batch 1: the earlier call", "trained with 2;"),
+])
+def test_a_later_call_refuses_cpt_settings_other_than_the_first_calls(tmp_path, capsys, inputs, args, mine, theirs):
+    """Both CPT runs of one protocol train on the same data, tokens and schedule: a second call
+    (Base CPT) with another --lr, --seq-len, ... was trained and compared silently."""
+    import json
+
+    mod = _script()
+    mod.run = lambda a: pytest.fail("run started")
+    work = tmp_path / "work"
+    (work / "orthros_zero").mkdir(parents=True)
+    (work / "orthros_zero" / "config.json").write_text("{}")
+    first = dict(data=inputs[-1], seq_len=8192, micro_batch=2, grad_accum=1, lr=3e-4, eval_sequences=16, precision=None)
+    (work / "results.json").write_text(json.dumps({"meta": {"args": first}, "probe": {"steps": 900}}))
+    out = tmp_path / "never"
+    later = [*inputs, "--out", str(out), "--work", str(work), "--phases", "train,ppl", "--cpt-runs", "base_cpt"]
+    ran = []
+    mod.run = lambda a: ran.append(a) or 0
+    assert mod.main(later) == 0 and ran  # the same settings: continues
+    mod.run = lambda a: pytest.fail("run started")
+    with pytest.raises(SystemExit) as e:
+        mod.main([*later, *args])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and mine in err and theirs in err
+    assert not out.exists()
