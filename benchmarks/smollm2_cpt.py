@@ -237,6 +237,12 @@ def _check_run(a) -> None:
 
         check_input_file("--gguf", a.gguf)
         inspect_gguf(a.gguf)  # a GGUFError (a ValueError) naming the file: its header, not its tensors
+        # a call that converts starts afresh: an earlier run's CPT folders would be resumed from, or
+        # (a run not trained now) scored beside this one
+        stale = [n for n in CPT_RUNS if a.work and (Path(a.work) / n).exists()]
+        if stale:
+            raise ValueError(f"--work {a.work} holds an earlier run's CPT ({', '.join(stale)}): a call with convert "
+                             f"starts afresh; give an empty --work, or leave convert out of --phases to continue it")
     if "probe" in phases and not a.max_steps and not (math.isfinite(a.train_budget_s) and a.train_budget_s > 0):
         raise ValueError(f"--train-budget-s must be a finite number of seconds > 0, got {a.train_budget_s}")
     data = Path(a.data)

@@ -280,3 +280,18 @@ def test_a_later_call_refuses_cpt_settings_other_than_the_first_calls(tmp_path, 
     err = capsys.readouterr().err
     assert e.value.code == 2 and mine in err and theirs in err
     assert not out.exists()
+
+
+def test_a_call_that_converts_refuses_a_work_folder_with_an_earlier_runs_cpt(tmp_path, capsys, inputs):
+    """A call with convert starts afresh, but the CPT output folders of an earlier run in the same
+    --work stayed: the trainer resumed from their checkpoints, and a run not trained in this call
+    (e.g. --cpt-runs orthros_cpt) was scored and compared from the earlier run's checkpoint."""
+    mod = _script()
+    mod.run = lambda a: pytest.fail("run started")
+    work, out = tmp_path / "work", tmp_path / "never"
+    (work / "base_cpt" / "checkpoints" / "step_00000010").mkdir(parents=True)
+    with pytest.raises(SystemExit) as e:
+        mod.main([*inputs, "--out", str(out), "--work", str(work), "--cpt-runs", "orthros_cpt"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--work" in err and "base_cpt" in err and "an earlier run" in err
+    assert not out.exists()
