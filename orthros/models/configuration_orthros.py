@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
@@ -159,6 +160,12 @@ class OrthrosConfig(PreTrainedConfig):
         checkpoint loads with ``trust_remote_code=True`` alone (``orthros/models/remote_code.py``)."""
         from .remote_code import remote_code_saved
 
+        if push_to_hub:  # transformers lists the folder before it saves and uploads the files changed since: the
+            # remote code, written before that listing, was left out (config.json alone reached the hub). Saved
+            # here, then pushed by push_to_hub, which saves again into a fresh folder and uploads all of it
+            repo_id = kwargs.pop("repo_id", os.fspath(save_directory).split(os.path.sep)[-1])
+            self.save_pretrained(save_directory)
+            return self.push_to_hub(repo_id, **kwargs)
         self.validate()  # before any file is written (transformers validates only before config.json)
         old = self.__dict__.get("architectures")
         # vLLM picks its model class by this name (a config saved on its own, as the trainer's checkpoints

@@ -453,3 +453,38 @@ def test_saving_a_config_to_a_file_is_transformers_clear_refusal(tmp_path):
     with pytest.raises(AssertionError, match="should be a directory, not a file"):
         c.save_pretrained(f)
     assert [p.name for p in tmp_path.iterdir()] == ["config.json"] and f.read_text() == "{}"
+
+
+class _FakeHub:
+    """Stands in for huggingface_hub's HfApi: records the files each commit uploads."""
+
+    def __init__(self):
+        self.uploaded = []
+
+    def create_repo(self, repo_id, **kwargs):
+        return type("Repo", (), {"repo_id": repo_id})()
+
+    def create_commit(self, repo_id, operations, **kwargs):
+        self.uploaded.append(sorted(op.path_in_repo for op in operations))
+
+
+@pytest.mark.parametrize("how", ["config.save_pretrained", "config.push_to_hub", "model.save_pretrained"])
+def test_a_push_to_the_hub_uploads_the_remote_code(tmp_path, monkeypatch, how):
+    """config.save_pretrained(d, push_to_hub=True) uploaded config.json alone: the remote code was written
+    before transformers listed the folder, so it counted as unchanged, and the pushed repo did not load."""
+    import transformers.utils.hub as hub
+
+    fake = _FakeHub()
+    monkeypatch.setattr(hub, "_hf_api", fake)
+    monkeypatch.setattr(hub, "create_and_tag_model_card", lambda *a, **k: type("Card", (), {
+        "save": lambda self, path: Path(path).write_text("card\n")})())
+    model = OrthrosForCausalLM(OrthrosConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, num_key_value_heads=1, head_dim=16))
+    if how == "config.save_pretrained":
+        model.config.save_pretrained(str(tmp_path / "repo"), push_to_hub=True)
+    elif how == "config.push_to_hub":
+        model.config.push_to_hub("me/repo")
+    else:
+        model.save_pretrained(str(tmp_path / "repo"), push_to_hub=True)
+    (files,) = fake.uploaded
+    assert "config.json" in files and "modeling_orthros.py" in files and "configuration_orthros.py" in files
