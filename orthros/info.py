@@ -69,6 +69,28 @@ def _read_json(path: Path) -> dict:
     return obj if isinstance(obj, dict) else {}
 
 
+def _remote_code(d: Path, refs) -> tuple:
+    """``(complete, missing)``: whether the code ``auto_map``'s AutoConfig / AutoModelForCausalLM
+    entries name is there with every file it imports relatively (what transformers copies and
+    loads), and the names of the files that are not (a missing one was a transformers
+    ``FileNotFoundError`` at load, after this said "yes")."""
+    from transformers.dynamic_module_utils import get_relative_imports
+
+    if not all(isinstance(ref, str) for ref in refs):
+        return False, []
+    todo, seen, missing = [f"{ref.split('.')[0]}.py" for ref in refs], set(), []
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if not (d / name).is_file():
+            missing.append(name)
+            continue
+        todo.extend(f"{m}.py" for m in get_relative_imports(d / name))
+    return not missing, sorted(missing)
+
+
 def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify: bool = False) -> dict:
     """The report of ``orthros info`` as a dict (``ValueError`` for a directory that is not a
     complete Orthros checkpoint)."""
@@ -137,7 +159,7 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
     tok_cfg = _read_json(d / "tokenizer_config.json")
     auto_map = _read_json(d / "config.json").get("auto_map")
     refs = [auto_map.get(k) if isinstance(auto_map, dict) else None for k in ("AutoConfig", "AutoModelForCausalLM")]
-    remote = all(isinstance(ref, str) and (d / f"{ref.split('.')[0]}.py").is_file() for ref in refs)
+    remote, remote_missing = _remote_code(d, refs)
     origin = {}
     report = _read_json(d / REPORT_FILE)
     if report:
@@ -183,6 +205,7 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
         "tokenizer": any((d / f).is_file() for f in TOKENIZER_FILES),
         "chat_template": bool(tok_cfg.get("chat_template")) or (d / "chat_template.jinja").is_file(),
         "remote_code": remote,
+        "remote_code_missing": remote_missing,
         "vllm": {"servable": vllm is None, "why_not": vllm,
                  "architecture": HYBRID_ARCHITECTURE if is_hybrid(config) else ARCHITECTURE,
                  "prefix_block_tokens": hybrid_block_tokens(config, block_size=CPU_DEFAULT_BLOCK_SIZE)
@@ -248,8 +271,9 @@ def format_report(r: dict) -> str:
     else:
         tok = "yes, with a chat template" if r["chat_template"] else "yes (no chat template: no --chat)"
     row("tokenizer", tok)
-    row("remote code", "yes: loads with trust_remote_code=True where orthros is not installed"
-        if r["remote_code"] else "no (loads where orthros is installed and imported)")
+    row("remote code", "yes: loads with trust_remote_code=True where orthros is not installed" if r["remote_code"]
+        else f"no{': ' + ', '.join(r['remote_code_missing']) + ' missing' if r.get('remote_code_missing') else ''} "
+             f"(loads where orthros is installed and imported)")
     v = r["vllm"]
     row("vLLM", (f"vllm serve {shlex.quote(r['path'])} (with orthros[vllm] installed: docs/serving.md)" +
                  (f"; as {v['architecture']} (CPU backend only, so far; prefix caching reuses whole blocks of "

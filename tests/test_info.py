@@ -341,6 +341,22 @@ def test_remote_code_row_reads_the_models_auto_map(ckpt, tmp_path, capsys):
     assert "no (loads" in remote_row("nolm", lambda m: m.pop("AutoModelForCausalLM"))
 
 
+def test_remote_code_row_says_no_when_a_file_the_code_imports_is_missing(ckpt, tmp_path, capsys):
+    """With a file the entry modules import (ops_sdpa.py) deleted, the row said 'yes: loads with
+    trust_remote_code=True', and transformers' load failed with FileNotFoundError."""
+    import shutil
+
+    d = tmp_path / "partial"
+    shutil.copytree(ckpt, d)
+    (d / "ops_sdpa.py").unlink()
+    rc, out, err = run([str(d)], capsys)
+    assert rc == 0, err
+    line = next(line for line in out.splitlines() if line.lstrip().startswith("remote code"))
+    assert "no: ops_sdpa.py missing" in line
+    rc, out, err = run([str(d), "--json"], capsys)
+    assert json.loads(out)["remote_code_missing"] == ["ops_sdpa.py"]
+
+
 def test_a_tokenizer_config_that_is_no_object_is_no_traceback(ckpt, tmp_path, capsys):
     """tokenizer_config.json holding a list was an AttributeError traceback."""
     import shutil
