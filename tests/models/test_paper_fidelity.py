@@ -254,6 +254,27 @@ def test_decode_token_pairs_are_algorithm_2_at_the_last_position(kind):
     assert max(rel(a, b) for a, b in zip(got, want)) < TOL
 
 
+@pytest.mark.parametrize("kind", ["orthros", "orthros-h"])
+def test_a_continuation_of_a_cache_is_algorithm_2_of_the_whole_sequence(kind):
+    """Section 3.2: the paradigms differ only in T_in / T_out. A new turn appended to a cache
+    (several base tokens at once, output tokens at a few of them, one with a left-padded row)
+    is Algorithm 2 over the whole sequence at those positions: the new base tokens read the
+    cached keys (the window crosses the cache boundary; a GDN layer continues its state) and
+    each output token every key up to its own position, cache included."""
+    model = _model() if kind == "orthros" else _model(num_hidden_layers=4, **HYBRID, **hybrid_layout(kind, 4))
+    ids = torch.randint(1, V, (2, 26), generator=torch.Generator().manual_seed(7))
+    pad = 3  # row 1: its first 3 tokens are left padding
+    mask = torch.ones_like(ids)
+    mask[1, :pad] = 0
+    cache = OrthrosCache()
+    with torch.no_grad():
+        model(ids[:, :11], attention_mask=mask[:, :11], logits_to_keep=1, past_key_values=cache, use_cache=True)
+        got = model(ids[:, 11:], attention_mask=mask, output_positions=[0, 4, 14], past_key_values=cache,
+                    use_cache=True).logits
+    assert rel(got[:1], algorithm2(model, ids[:1], [11, 15, 25])) < TOL
+    assert rel(got[1:], algorithm2(model, ids[1:, pad:], [11 - pad, 15 - pad, 25 - pad])) < TOL
+
+
 # ------------------------------------------------------------------ scale-offset (3.1, 4.1)
 def test_scale_offset_vectors_per_query_channel_initialised_to_the_plain_projection():
     """Section 3.1: alpha, beta, alpha', beta' in R^{1 x d} (d = the query projection's width),
