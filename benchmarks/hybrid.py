@@ -110,6 +110,9 @@ def main(argv=None):
     lengths, pairs, chunk = args.prefill, args.pairs, args.prefill_chunk or None
     if not any(s in sections for s in ("prefill", "decode", "e2e")):
         families = []  # MQAR alone trains its own tiny models: do not build the 9B-shape ones
+    if families and not args.tiny and not torch.cuda.is_available():  # the 9B / 8B shapes in fp32: 32+ GiB
+        ap.error("no CUDA device here: pass --tiny for a CPU smoke run (the benchmark models are the Qwen3.5-9B / "
+                 "Qwen3-8B shapes, a GPU measurement), or run --sections mqar alone")
     for fam in families:  # the positions each section runs through, against the model's (the engine refuses more)
         preset = PRESETS_OF[fam][args.tiny]
         limit = PRESETS[preset]["max_position_embeddings"]

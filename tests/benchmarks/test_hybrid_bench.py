@@ -129,3 +129,15 @@ def test_tiny_defaults_run_and_a_repeated_length_is_measured_once(hybrid, tmp_pa
     hybrid.main(["--tiny", "--sections", "prefill,e2e", "--families", "transformer", "--prefill", "64,64,32",
                  "--pairs", "8:3,8:3", "--out", str(out)])
     assert seen == {"prefill": [64, 32], "e2e": [(8, 3)]}
+
+
+def test_no_gpu_without_tiny_is_refused_before_a_model(hybrid, tmp_path, capsys, monkeypatch):
+    """Was: with no CUDA device and no --tiny, the 9B / 8B-shape models were built in fp32 on the
+    CPU (32+ GiB: minutes of allocation, then out of memory), no word said; now refused at once."""
+    monkeypatch.setattr(hybrid.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(hybrid, "orthros_model", lambda *a, **k: pytest.fail("a benchmark model was built"))
+    out = tmp_path / "never.json"
+    with pytest.raises(SystemExit) as e:
+        hybrid.main(["--sections", "decode", "--families", "transformer", "--out", str(out)])
+    assert e.value.code == 2 and "no CUDA device here: pass --tiny" in capsys.readouterr().err
+    assert not out.exists()
