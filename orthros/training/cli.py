@@ -32,6 +32,10 @@ def main(argv: Optional[list[str]] = None) -> int:
     from .config import ConfigError, describe_keys, load_config
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if os.environ.get("WORLD_SIZE", "1") != "1" and hasattr(sys.stderr, "reconfigure"):
+        # torchrun's processes share one stderr, and each reports a refused config: a line goes out in
+        # one write (print's text and its newline were two, so the processes' lines interleaved mid-line)
+        sys.stderr.reconfigure(line_buffering=True, write_through=False)
     if any(a in ("-h", "--help") for a in argv):
         print(USAGE)
         return 0

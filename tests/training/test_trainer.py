@@ -900,3 +900,32 @@ def test_processes_started_with_different_configs_are_refused(tmp_path, corpus):
     assert "the processes of this run were started with different settings: optim.lr (rank 0: 0.001, rank 1: " \
            "0.002)" in r.stderr, r.stderr[-3000:]
     assert not out.exists()
+
+
+def test_under_torchrun_an_error_line_goes_to_stderr_in_one_write(tmp_path, monkeypatch):
+    """torchrun's processes share one stderr, and each refuses a bad config (every process checks it):
+    print's text and its newline were two writes on Python's unbuffered stderr, so two processes'
+    lines interleaved mid-line ('... under run/checkpointsorthros train: error: ...'). Under torchrun
+    a line of stderr goes out in one write."""
+    import io
+
+    from orthros.training.cli import main as cli_main
+
+    class Writes(io.RawIOBase):  # stderr's buffer: a FileIO, one write(2) a call
+        def __init__(self):
+            self.chunks = []
+
+        def writable(self):
+            return True
+
+        def write(self, b):
+            self.chunks.append(bytes(b))
+            return len(b)
+
+    raw = Writes()
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(raw, encoding="utf-8", write_through=True))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cli_main(["--output_dir", str(tmp_path / "run"), "--max_stepz", "2"]) == 2
+    sys.stderr.flush()
+    assert raw.chunks and all(c.endswith(b"\n") for c in raw.chunks), raw.chunks
+    assert b"".join(raw.chunks).startswith(b"orthros train: error: unknown config key 'max_stepz'")
