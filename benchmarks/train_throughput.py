@@ -114,6 +114,27 @@ def bench_one(arch: str, a, device: torch.device) -> dict:
     return res
 
 
+def _check_args(a) -> str:
+    """Every value a run would otherwise trip over after its model is built (an empty median, no
+    loss, a NaN MFU in the JSON, an --out that cannot be appended to): ``ValueError`` naming the
+    option. Makes --out's folder; returns the device."""
+    from orthros.utils import check_device, check_output_path, check_positive_int
+
+    for name in ("steps", "micro_batch", "grad_accum", "window", "swa_window", "seq_len"):
+        check_positive_int(f"--{name.replace('_', '-')}", getattr(a, name))
+    if a.seq_len < 2:
+        raise ValueError(f"--seq-len must be >= 2 (a step predicts each token from the ones before), got {a.seq_len}")
+    if a.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {a.warmup}")
+    if a.peak_tflops is not None and not 0 < a.peak_tflops < math.inf:
+        raise ValueError(f"--peak-tflops must be a positive number of TFLOP/s, got {a.peak_tflops}")
+    dev = check_device(a.device, auto=True)
+    if a.out:
+        check_output_path("--out", a.out)
+        os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    return dev
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--arch", nargs="+", default=["transformer", "orthros", "swa"], choices=list(MODES))
@@ -134,9 +155,12 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
     a = p.parse_args(argv)
-    dev = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = _check_args(a)
+    except ValueError as e:
+        p.error(str(e))
     device = torch.device(dev)
-    if dev == "cuda":
+    if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     results = {}
     for arch in a.arch:
