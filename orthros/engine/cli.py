@@ -34,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-p", type=float, default=1.0, help="1 = off (with --temperature > 0)")
     p.add_argument("--seed", type=int, default=None,
                    help="seed of the sampler (default: none; greedy decoding needs none). With --prompts one "
-                        "generator serves a batch: a prompt's text depends on its batch too (--batch-size, order)")
+                        "generator serves a batch: a prompt's text depends on its batch too (--batch-size, order); "
+                        "each batch (each --interactive turn) draws from its own seed, derived from this one")
     p.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), bf16, fp16, fp32")
     p.add_argument("--max-seq-len", type=int, default=None,
@@ -280,7 +281,8 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
         new = []
         t_start, t_first, t_last = time.perf_counter(), None, None
         with torch.no_grad():
-            for step in engine.stream([ids], args.max_new_tokens, sampling, eos_token_id=eos,
+            for step in engine.stream([ids], args.max_new_tokens, _request_sampling(sampling, len(history)),
+                                      eos_token_id=eos,
                                       continue_=bool(history)):
                 if step[0] is not None:  # a host int: the step's device work is done
                     t_last = time.perf_counter()
@@ -318,6 +320,21 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
         if prompt:
             sys.stderr.write("\n")
     return 0
+
+
+def _request_sampling(sampling, k: int):
+    """The sampling of the request that starts ``k`` in (a batch: its first prompt's index; an
+    ``--interactive`` turn: the conversation's tokens so far). The engine seeds a generator per
+    request, so with --seed each request after the first gets its own seed derived from it: the
+    same seed for all would repeat the first request's draws (a prompt repeated down the file
+    would get one completion in every batch). ``k == 0`` keeps the seed: the first batch or turn
+    draws as a single prompt does."""
+    if sampling.seed is None or sampling.greedy or k == 0:
+        return sampling
+    import dataclasses
+    import random
+
+    return dataclasses.replace(sampling, seed=random.Random(f"{sampling.seed}/{k}").getrandbits(63))
 
 
 def _check_utf8(text: str, what: str) -> None:
@@ -478,7 +495,7 @@ def _generate_file(args, sampling, dev, dtype, config, tok, prompts) -> int:
             torch.no_grad():
         for start in range(0, len(encoded), bs):
             batch = encoded[start:start + bs]
-            outs = engine.generate(batch, args.max_new_tokens, sampling, eos_token_id=eos)
+            outs = engine.generate(batch, args.max_new_tokens, _request_sampling(sampling, start), eos_token_id=eos)
             for text, ids, new in zip(texts[start:start + bs], batch, outs):
                 ended = bool(new) and new[-1] in stops
                 records.append({"prompt": text, "completion": tok.decode(new, skip_special_tokens=True),

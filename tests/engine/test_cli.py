@@ -458,3 +458,22 @@ def test_a_prompt_file_error_names_the_prompt_s_line(checkpoint, tmp_path, capsy
                             "--max-seq-len", "32", "--prompts", str(tmp_path / name)])
         err = capsys.readouterr().err
         assert rc == 2 and text == "" and says in err, err
+
+
+def test_a_seeded_prompt_file_draws_afresh_in_every_batch(checkpoint, tmp_path):
+    """--seed with --prompts: reproducible, and each batch draws its own numbers. Was: every batch
+    reseeded the generator with --seed, so a prompt repeated down the file (N samples of it) got the
+    same completion in every batch (--batch-size 1: N copies of one sample)."""
+    import json
+
+    d, _ = checkpoint
+    (tmp_path / "p.txt").write_text("w1 w2\n" * 4)
+    argv = ["generate", "--model", str(d), "--device", "cpu", "--max-new-tokens", "6", "--temperature", "1",
+            "--seed", "0", "--prompts", str(tmp_path / "p.txt"), "--batch-size", "1"]
+    rc, text = run_cli(argv)
+    assert rc == 0
+    got = [json.loads(line)["completion"] for line in text.splitlines()]
+    assert len(set(got)) == 4, got
+    assert run_cli(argv) == (0, text)  # the same seed, the same file: the same text
+    rc, alone = run_cli(argv[:9] + ["--seed", "0", "w1 w2"])  # the first batch draws as a single prompt does
+    assert rc == 0 and alone.split() == got[0].split()
