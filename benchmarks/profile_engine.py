@@ -226,8 +226,14 @@ def profile_prefill(eng, B, L, reps=10, profiled=3):
         [(e.key, getattr(e, "self_device_time_total", 0) / n / 1e3, e.count / n) for e in dev_t], dict(by)
 
 
+def run_header(a, dev) -> dict:
+    """The JSON's first fields, both phases: what ran, where, at which commit."""
+    return {"phase": a.phase, "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+            "commit": commit_id(), "preset": a.preset, "context": a.context, "batch": a.batch, "compile": a.compile}
+
+
 def main_prefill(a, model, dev):
-    out = {"phase": "prefill", "context": a.context, "batch": a.batch, "compile": a.compile, "modes": {}}
+    out = {**run_header(a, dev), "modes": {}}
     for mode in a.modes:
         eng = Engine(model, max_batch_size=a.batch, max_seq_len=a.context + 64, attention_mode=mode,
                      compile=a.compile, prefill_chunk=None if mode == "full" else 16384)
@@ -353,8 +359,7 @@ def main():
         return
     bw = copy_bandwidth(dev)
     wb = weight_bytes_per_step(model)
-    out = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu", "commit": commit_id(),
-           "compile": a.compile, "gemv": a.gemv, "context": a.context, "batch": a.batch, "copy_bw_tb_s": bw / 1e12,
+    out = {**run_header(a, dev), "gemv": a.gemv, "copy_bw_tb_s": bw / 1e12,
            "decode_config": overrides, "decode_compile_options": compile_options, "modes": {}}
     from orthros.ops.triton.decode import decode_config  # Triton: imported by a run, not by --help
 
@@ -476,7 +481,7 @@ def decode_modes(a, model, dev, bw, wb, out):
         floor_ms = 1000 * (wb + a.batch * a.context * eng.cache.bytes_per_token()) / bw
         dt, by, names = profile(eng, a.batch, a.context)
         tot = sum(v[0] for v in by.values()) / 1000
-        print(f"\n== {mode}: step {1000 * dt:.3f} ms (graph), HBM floor {floor_ms:.3f} ms "
+        print(f"\n== {mode}: step {1000 * dt:.3f} ms ({'graph' if eng.cuda_graphs else 'eager'}), HBM floor {floor_ms:.3f} ms "
               f"({floor_ms / (1000 * dt):.0%}), kernel time {tot:.3f} ms, kernels/step "
               f"{sum(v[1] for v in by.values()):.0f}, gaps {1000 * dt - tot:.3f} ms", flush=True)
         for c, (us, n) in sorted(by.items(), key=lambda kv: -kv[1][0]):

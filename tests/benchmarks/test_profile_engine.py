@@ -29,6 +29,11 @@ def test_smoke_on_cpu(tmp_path, preset, phase):
     data = json.loads(out.read_text())
     assert set(data["modes"]) == {"orthros", "full"}
     assert "== orthros" in p.stdout and "== full" in p.stdout
+    # were: the prefill JSON said neither device nor commit, neither phase's the preset (a tiny run's
+    # JSON read as the 8B's); the CPU's eager decode step was printed as "(graph)"
+    assert {k: data.get(k) for k in ("phase", "device", "preset")} == {"phase": phase, "device": "cpu",
+                                                                       "preset": preset}
+    assert "commit" in data and "(graph)" not in p.stdout
 
 
 def test_decode_with_fused_gemvs_on_cpu(tmp_path):
