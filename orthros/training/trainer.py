@@ -510,6 +510,30 @@ def data_changes(cfg: RunConfig, resume_dir: Path) -> dict:
     return out
 
 
+def _batch_text(micro: int, accum: int, world: int) -> str:
+    return f"micro-batch {micro} x grad_accum {accum} x {world} process{'es' if world != 1 else ''}"
+
+
+def batch_note(cfg: RunConfig, world: int, resume_dir: Path, state: dict) -> Optional[str]:
+    """The checkpoint's global batch (micro-batch x grad_accum x processes), for a resume to say when
+    its own differs, e.g. a run of N processes resumed in M (else the batch changed without a word);
+    None when it is the same, or the checkpoint does not say."""
+    import yaml
+
+    try:
+        train = (yaml.safe_load((Path(resume_dir) / "run_config.yaml").read_text()) or {}).get("train") or {}
+        was = (int(train["micro_batch_size"]), int(train["grad_accum"]), int(state["world_size"]))
+    except (OSError, yaml.YAMLError, AttributeError, KeyError, TypeError, ValueError):
+        return None
+    t = cfg.train
+    rows, old_rows = t.micro_batch_size * t.grad_accum * world, math.prod(was)
+    if rows == old_rows:
+        return None
+    keep, rest = divmod(old_rows, t.micro_batch_size * world)
+    return (f"the checkpoint's global batch was {old_rows} sequences ({_batch_text(*was)})" +
+            ("" if rest else f": --grad_accum {keep} keeps it"))
+
+
 # --------------------------------------------------------------------------- the trainer
 
 
@@ -556,11 +580,12 @@ class Trainer:
         self.tokenizer = load_tokenizer(src)
         self.model_config = model_config_for(src, self.tokenizer)
         mc = self.model_config
-        self.resume_state, self.config_changes, self.data_changes = None, {}, {}
+        self.resume_state, self.config_changes, self.data_changes, self.batch_note = None, {}, {}, None
         if self.resume_dir is not None:
             self.config_changes = check_resume_config(cfg, mc, self.resume_dir)
             self.data_changes = data_changes(cfg, self.resume_dir)
             self.resume_state = load_trainer_state(self.resume_dir)
+            self.batch_note = batch_note(cfg, dist.world, self.resume_dir, self.resume_state)
             from .optim import group_count
 
             have = len(self.resume_state["optimizer"]["param_groups"])
@@ -821,6 +846,11 @@ class Trainer:
                 print("[orthros train] resuming with " + ", ".join(f"{k} = {new!r} (checkpoint: {old!r})" for k, (old, new)
                                                                    in self.data_changes.items()) +
                       ": the data is read from its start", file=sys.stderr, flush=True)
+            if self.batch_note:
+                t = cfg.train
+                print(f"[orthros train] resuming with a global batch of {dist.world * t.grad_accum * t.micro_batch_size} "
+                      f"sequences ({_batch_text(t.micro_batch_size, t.grad_accum, dist.world)}); {self.batch_note}",
+                      file=sys.stderr, flush=True)
         peak = cfg.train.peak_tflops * 1e12 if cfg.train.peak_tflops else detect_peak_flops(self.device, self.precision)
         n_params = sum(p.numel() for p in self.model.parameters())
         if dist.main:
@@ -955,7 +985,7 @@ def dry_run(cfg: RunConfig) -> str:
                  f"tokenizer {tokenizer} ({len(trainer.tokenizer):,} tokens)"),
         ("batch", f"{rows} sequences x {d.seq_len} tokens a step = {per_step:,} tokens (micro-batch "
                   f"{t.micro_batch_size} x grad_accum {t.grad_accum} x {dist.world} process"
-                  f"{'es' if dist.world != 1 else ''})"),
+                  f"{'es' if dist.world != 1 else ''})" + (f"; {trainer.batch_note}" if trainer.batch_note else "")),
         ("steps", f"{start} -> {t.max_steps}: {steps_left:,} steps, {steps_left * per_step:,} tokens; {schedule}"),
         ("device", f"{trainer.device}, {trainer.precision}" + (", compiled layers" if t.compile else "") +
                    (", activation checkpointing" if t.activation_checkpointing else "")),

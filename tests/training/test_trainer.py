@@ -929,3 +929,17 @@ def test_under_torchrun_an_error_line_goes_to_stderr_in_one_write(tmp_path, monk
     sys.stderr.flush()
     assert raw.chunks and all(c.endswith(b"\n") for c in raw.chunks), raw.chunks
     assert b"".join(raw.chunks).startswith(b"orthros train: error: unknown config key 'max_stepz'")
+
+
+def test_a_resume_with_another_global_batch_says_so(tmp_path, corpus, capsys):
+    """A checkpoint of N processes resumes in M (docs), and the global batch (micro-batch x grad_accum
+    x processes) then changed without a word: 2 GPUs' run resumed on 1 trained on half the batch.
+    The run says so, and which grad_accum keeps it."""
+    train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "2", "--micro_batch_size", "1", "--grad_accum", "4")))
+    capsys.readouterr()
+    train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "3", "--micro_batch_size", "1", "--grad_accum", "2")))
+    assert ("resuming with a global batch of 2 sequences (micro-batch 1 x grad_accum 2 x 1 process); the checkpoint's "
+            "global batch was 4 sequences (micro-batch 1 x grad_accum 4 x 1 process): --grad_accum 4 keeps it"
+            ) in capsys.readouterr().err
+    train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "4", "--micro_batch_size", "1", "--grad_accum", "2")))
+    assert "global batch" not in capsys.readouterr().err  # the same batch: nothing said
