@@ -1130,7 +1130,7 @@ def main():
     if a.window_bwd_only and a.window_fwd_only:
         ap.error("--window-bwd-only and --window-fwd-only exclude each other")
     # an unknown section measured nothing (and the run said nothing of it)
-    candidate_names("--only", a.only, [(n,) for n in ("train", "window", "prefill", "decode")])
+    only = candidate_names("--only", a.only, [(n,) for n in ("train", "window", "prefill", "decode")])
     if a.json:
         from orthros.utils import check_output_path
 
@@ -1174,7 +1174,6 @@ def main():
     else:
         if a.sweep:
             guard("sweep", sweep)
-        only = a.only.split(",")
         if a.short:
             compare_fused([2048, 8192, 32768])
             training([2048, 8192, 16384])

@@ -3,6 +3,7 @@ need a CUDA GPU or ``--dry-run``)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +42,13 @@ def test_bad_options_and_no_gpu_exit_2_in_one_line(tmp_path, args, message):
     p = subprocess.run([sys.executable, str(SCRIPT), *(x.format(f=f) for x in args)], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 2 and message.format(f=f) in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_only_with_spaces_runs_the_sections_it_accepted(tmp_path):
+    """Was: --only 'train, decode' was checked with its names stripped, then run with them as
+    given: ' decode' matched no section, so nothing was measured (exit 0, empty results)."""
+    out = tmp_path / "a.json"
+    p = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--only", " decode ", "--json", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert any(k.startswith("decode_") for k in json.loads(out.read_text())["results"])
