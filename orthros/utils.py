@@ -267,9 +267,10 @@ def pid_alive(pid: int) -> bool:
 
 def commit_id():
     """The commit a measurement runs at: ``$ORTHROS_COMMIT`` (set where the tree travels without
-    its .git, e.g. the GPU machine), else ``git rev-parse --short HEAD`` of this checkout, else
-    ``None`` (also when the package lies untracked inside another repository: installed into a
-    project's ``.venv``, whose HEAD says nothing about orthros)."""
+    its .git, e.g. the GPU machine), else ``git rev-parse --short HEAD`` of this checkout (with
+    ``+dirty`` when tracked files differ from it), else ``None`` (also when the package lies
+    untracked inside another repository: installed into a project's ``.venv``, whose HEAD says
+    nothing about orthros)."""
     import subprocess
 
     c = os.environ.get("ORTHROS_COMMIT")
@@ -283,7 +284,11 @@ def commit_id():
     try:
         if git("ls-files", "--error-unmatch", os.path.basename(here)).returncode != 0:
             return None
-        return git("rev-parse", "--short", "HEAD").stdout.strip() or None
+        head = git("rev-parse", "--short", "HEAD").stdout.strip()
+        if not head:
+            return None
+        # tracked files changed since HEAD: the code that runs is not HEAD's (a figure named HEAD alone)
+        return head + "+dirty" if git("diff", "--quiet", "HEAD", "--").returncode == 1 else head
     except Exception:  # noqa: BLE001  (no git, not a checkout)
         return None
 

@@ -152,6 +152,8 @@ def test_commit_id_is_none_outside_a_checkout_of_orthros(tmp_path, monkeypatch):
     git("add", "-f", str(pkg / "utils.py"))  # tracked: a checkout
     git("-c", "user.email=a@b", "-c", "user.name=a", "commit", "-q", "-m", "orthros")
     assert utils.commit_id() == git("rev-parse", "--short", "HEAD").stdout.strip()
+    (pkg / "utils.py").write_text("# changed\n")  # the code that runs is not HEAD's: said so
+    assert utils.commit_id() == git("rev-parse", "--short", "HEAD").stdout.strip() + "+dirty"
 
 
 def test_writes_go_through_a_link_and_into_a_pipe(tmp_path):
