@@ -110,7 +110,8 @@ def _main(argv) -> int:
         module = importlib.import_module(COMMANDS[cmd][0])
         return int(module.main(rest) or 0)
     except KeyboardInterrupt:
-        print(f"orthros {cmd}: interrupted", file=sys.stderr)
+        if os.environ.get("RANK", "0").strip() in ("0", ""):  # torchrun interrupts every rank: one line, rank 0's
+            print(f"orthros {cmd}: interrupted", file=sys.stderr)
         return 130
     except BAD_INPUT_ERRORS as e:  # bad input the command did not report itself
         if show_traceback():

@@ -314,3 +314,20 @@ def test_a_tilde_after_an_equals_sign_is_the_home_folder(tmp_path, monkeypatch, 
     assert main(["plot", str(run), "--output=~/p.png"]) == 0
     assert (home / "p.png").is_file() and not (tmp_path / "~").exists()
     assert f"wrote {home}/p.png" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("rank, printed", [(None, True), ("0", True), ("1", False)])
+def test_an_interrupt_is_reported_once_under_torchrun(monkeypatch, capsys, rank, printed):
+    """torchrun passes Ctrl-C to every rank: each printed 'orthros train: interrupted'; rank 0 alone does."""
+    import orthros.cli as cli
+
+    def main(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli.importlib, "import_module", lambda name: type("M", (), {"main": staticmethod(main)}))
+    if rank is None:
+        monkeypatch.delenv("RANK", raising=False)
+    else:
+        monkeypatch.setenv("RANK", rank)
+    assert cli._main(["train"]) == 130
+    assert ("orthros train: interrupted" in capsys.readouterr().err) is printed
