@@ -983,9 +983,9 @@ def dry_run(cfg: RunConfig) -> str:
                   f"vocab {mc.vocab_size:,}; {n_params:,} parameters; {weights}"),
         ("data", f"train {d.train!r}, eval {d.eval!r} ({len(trainer.eval_rows)} held-out sequence{'s' if len(trainer.eval_rows) != 1 else ''}); "
                  f"tokenizer {tokenizer} ({len(trainer.tokenizer):,} tokens)"),
-        ("batch", f"{rows} sequences x {d.seq_len} tokens a step = {per_step:,} tokens (micro-batch "
-                  f"{t.micro_batch_size} x grad_accum {t.grad_accum} x {dist.world} process"
-                  f"{'es' if dist.world != 1 else ''})" + (f"; {trainer.batch_note}" if trainer.batch_note else "")),
+        ("batch", f"{rows} sequences x {d.seq_len} tokens a step = {per_step:,} tokens "
+                  f"({_batch_text(t.micro_batch_size, t.grad_accum, dist.world)})"
+                  + (f"; {trainer.batch_note}" if trainer.batch_note else "")),
         ("steps", f"{start} -> {t.max_steps}: {steps_left:,} steps, {steps_left * per_step:,} tokens; {schedule}"),
         ("device", f"{trainer.device}, {trainer.precision}" + (", compiled layers" if t.compile else "") +
                    (", activation checkpointing" if t.activation_checkpointing else "")),
