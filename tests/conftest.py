@@ -131,6 +131,18 @@ def fed_decode(model, prompts, steps: int, tokens=None, **engine_kw):
     return torch.stack(out).float(), fed
 
 
+def interrupted_at(fn, n: int):
+    """``fn`` that raises ``KeyboardInterrupt`` at its ``n``-th call (a Ctrl-C at that point), else calls it."""
+    calls = []
+
+    def cut(*a, **k):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return fn(*a, **k)
+    return cut
+
+
 def tiny_config(**overrides):
     """A tiny :class:`OrthrosConfig` (3 layers, GQA 4/2, head_dim 12, window 8) with overrides."""
     from orthros import OrthrosConfig

@@ -11,7 +11,7 @@ import torch
 
 from orthros.engine import Engine, SamplingParams, filter_logits, sample
 
-from conftest import tiny_model as _tiny_model
+from conftest import interrupted_at, tiny_model as _tiny_model
 
 W = 5
 
@@ -141,14 +141,8 @@ def test_a_prefill_cut_short_leaves_no_conversation_to_continue(monkeypatch, con
     m = tiny_model()
     eng = Engine(m, max_batch_size=1, max_seq_len=64, prefill_chunk=4)
     eng.generate([PROMPTS[0][:6]], 3)
-    chunk, calls = eng._forward_chunk, []
-
-    def cut(*a, **k):
-        calls.append(1)
-        if len(calls) == 2:
-            raise KeyboardInterrupt
-        return chunk(*a, **k)
-    monkeypatch.setattr(eng, "_forward_chunk", cut)
+    chunk = eng._forward_chunk
+    monkeypatch.setattr(eng, "_forward_chunk", interrupted_at(chunk, 2))
     with pytest.raises(KeyboardInterrupt):
         eng.generate([[9] * 9], 3, continue_=continue_)
     monkeypatch.setattr(eng, "_forward_chunk", chunk)
@@ -166,14 +160,8 @@ def test_a_decode_cut_short_keeps_an_attention_conversation(monkeypatch):
 
     m = tiny_model()
     eng = Engine(m, max_batch_size=1, max_seq_len=64)
-    sample, calls, seen = engine_module.sample, [], []
-
-    def cut(*a, **k):
-        calls.append(1)
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return sample(*a, **k)
-    monkeypatch.setattr(engine_module, "sample", cut)
+    sample, seen = engine_module.sample, []
+    monkeypatch.setattr(engine_module, "sample", interrupted_at(sample, 4))
     with pytest.raises(KeyboardInterrupt):
         eng.generate([PROMPTS[0]], 8, callback=lambda t: seen.append(t[0]))
     monkeypatch.setattr(engine_module, "sample", sample)

@@ -13,6 +13,8 @@ from orthros.engine import Engine
 from orthros.kinds import hybrid_layout
 from orthros.models import OrthrosConfig, OrthrosForCausalLM
 
+from conftest import interrupted_at
+
 pytestmark = pytest.mark.usefixtures("one_thread")
 W = 4
 PROMPTS = [[1, 5, 7, 9, 11, 13, 2, 4, 6, 8, 10, 3], [4, 3, 2, 8, 9], [7, 7, 1], [50, 60, 70, 80, 90, 20, 30, 40]]
@@ -106,14 +108,9 @@ def test_a_decode_cut_short_leaves_no_hybrid_conversation_to_continue(monkeypatc
 
     m = tiny(seed=2)
     eng = Engine(m, max_batch_size=1, max_seq_len=64)
-    sample, calls = engine_module.sample, []
-
-    def cut(*a, **k):  # the third decode step ran, its token not yet read back
-        calls.append(1)
-        if len(calls) == 4:
-            raise KeyboardInterrupt
-        return sample(*a, **k)
-    monkeypatch.setattr(engine_module, "sample", cut)
+    sample = engine_module.sample
+    # at the 4th sample: the third decode step ran, its token not yet read back
+    monkeypatch.setattr(engine_module, "sample", interrupted_at(sample, 4))
     with pytest.raises(KeyboardInterrupt):
         eng.generate([PROMPTS[0]], 8)
     monkeypatch.setattr(engine_module, "sample", sample)
