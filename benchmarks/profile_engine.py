@@ -232,10 +232,26 @@ def run_header(a, dev) -> dict:
             "commit": commit_id(), "preset": a.preset, "context": a.context, "batch": a.batch, "compile": a.compile}
 
 
+CACHE_HEADROOM = 64  # the engines' cache: --context + this many slots (the decode steps past the context)
+
+
+def check_context(context: int, preset: str) -> None:
+    """``--context`` against the preset's positions, before any model is built: both phases build
+    the engine with ``context + CACHE_HEADROOM`` cache slots, every one of them a position the
+    model must have (a decode step's CUDA graph is captured at the last slot; the prefill was
+    refused by the engine only after the model was built, the decode ran past the positions
+    silently). ``ValueError`` naming ``--context`` and the allowed range."""
+    limit = PRESETS[preset]["max_position_embeddings"]
+    if not 1 <= context <= limit - CACHE_HEADROOM:
+        raise ValueError(f"--context {context}: give 1..{limit - CACHE_HEADROOM} for --preset {preset} (the engine's "
+                         f"cache holds --context + {CACHE_HEADROOM} positions, the preset has "
+                         f"max_position_embeddings={limit})")
+
+
 def main_prefill(a, model, dev):
     out = {**run_header(a, dev), "modes": {}}
     for mode in a.modes:
-        eng = Engine(model, max_batch_size=a.batch, max_seq_len=a.context + 64, attention_mode=mode,
+        eng = Engine(model, max_batch_size=a.batch, max_seq_len=a.context + CACHE_HEADROOM, attention_mode=mode,
                      compile=a.compile, prefill_chunk=None if mode == "full" else 16384)
         dt, cpu, gpu, by = profile_prefill(eng, a.batch, a.context, reps=a.reps, profiled=a.profiled)
         print(f"\n== {mode}: prefill B={a.batch} T={a.context}: {1000 * dt:.2f} ms", flush=True)
@@ -311,6 +327,10 @@ def main():
     for name in ("context", "batch", "reps", "profiled", "peer_setups"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} {getattr(a, name)}: give a positive integer")
+    try:
+        check_context(a.context, a.preset)
+    except ValueError as e:
+        p.error(str(e))
     a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     bad = [m for m in a.modes if m not in ("orthros", "full")]
     if bad or len(set(a.modes)) != len(a.modes):
@@ -476,8 +496,8 @@ def decode_peer(a, model, dev, bw, wb, out):
 
 def decode_modes(a, model, dev, bw, wb, out):
     for mode in a.modes:
-        eng = Engine(model, max_batch_size=a.batch, max_seq_len=a.context + 64, attention_mode=mode, compile=a.compile,
-                     gemv=a.gemv)
+        eng = Engine(model, max_batch_size=a.batch, max_seq_len=a.context + CACHE_HEADROOM, attention_mode=mode,
+                     compile=a.compile, gemv=a.gemv)
         floor_ms = 1000 * (wb + a.batch * a.context * eng.cache.bytes_per_token()) / bw
         dt, by, names = profile(eng, a.batch, a.context)
         tot = sum(v[0] for v in by.values()) / 1000

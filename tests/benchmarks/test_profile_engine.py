@@ -260,3 +260,16 @@ def test_help_without_triton(script):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0 and "usage:" in r.stdout, r.stderr[-2000:]
 
+
+
+@pytest.mark.parametrize("phase", ["prefill", "decode"])
+def test_context_beyond_the_preset_refused_before_any_model(tmp_path, phase):
+    """--context was not checked against the preset's positions: the prefill failed in the engine after
+    the model was built, the decode ran past max_position_embeddings silently."""
+    mod = load_script(SCRIPT, "profile_engine_ctx")
+    top = mod.PRESETS["tiny"]["max_position_embeddings"] - mod.CACHE_HEADROOM
+    mod.check_context(top, "tiny")  # the largest allowed: the engine's cache ends at the last position
+    out = tmp_path / "never.json"
+    p = _run("--preset", "tiny", "--phase", phase, "--context", str(top + 1), "--json", str(out))
+    assert p.returncode == 2 and f"--context {top + 1}: give 1..{top} for --preset tiny" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and not out.exists()
