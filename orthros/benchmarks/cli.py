@@ -59,8 +59,8 @@ def build_parser():
     def common(sp):
         sp.add_argument("--model", default=None, help="Orthros checkpoint directory (default: random weights)")
         sp.add_argument("--preset", default=None, choices=["qwen3-8b", "tiny"],
-                        help="architecture for random weights (default: qwen3-8b; tiny: CPU smoke runs); "
-                             "not with --model")
+                        help="architecture for random weights (default: qwen3-8b; tiny: CPU smoke runs; --device cpu "
+                             "needs it named); not with --model")
         sp.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default: cuda)")
         sp.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES, help="weights and cache (default: bf16)")
         sp.add_argument("--window", type=int, default=None,
@@ -185,6 +185,13 @@ def _check_args(args, systems):
             raise ValueError(f"--systems names no system; choose from {', '.join(systems)}")
     if getattr(args, "batch", 1) < 1:
         raise ValueError("--batch must be >= 1")
+    import torch
+
+    if args.model is None and args.preset is None and torch.device(args.device).type == "cpu":
+        # was: the default preset, the 8B shape (16 GB of random weights in bf16), built on the CPU
+        # for minutes, then the 8K..128K sweep; a CPU run is a smoke run unless the 8B is asked for
+        raise ValueError(f"--device {args.device}: give --preset tiny for a CPU smoke run (the default preset, qwen3-8b, "
+                         "builds 8B parameters on the CPU; pass --preset qwen3-8b to do so anyway)")
     if args.model is None:  # the random-weight model's defaults
         args.preset = args.preset or "qwen3-8b"
         args.window = 128 if args.window is None else args.window

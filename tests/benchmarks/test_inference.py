@@ -336,3 +336,14 @@ def test_bench_hf_baselines_of_a_hybrid_checkpoint_say_what_they_time(tmp_path, 
     meta = json.loads((tmp_path / "o" / "prefill.json").read_text())["meta"]
     assert "all-attention Qwen3" in meta["hf_baseline"]
 
+
+
+@pytest.mark.parametrize("what", ["prefill", "decode", "e2e", "all"])
+def test_bench_on_cpu_needs_a_named_preset(tmp_path, capsys, no_model, what):
+    """Was: --device cpu without --preset built the default qwen3-8b shape on the CPU (minutes, 16 GB
+    of random weights) before the sweep began."""
+    out = tmp_path / "out"
+    assert orthros_main(["bench", what, "--device", "cpu", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--device cpu: give --preset tiny" in err and "--preset qwen3-8b" in err, err
+    assert not out.exists()
