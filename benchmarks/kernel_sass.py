@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import re
 import subprocess
@@ -155,6 +154,16 @@ def main(argv=None):
         ap.error("--visible is for fwd / dkdv, --band for dq")
     if a.ds and a.kind != "dkdv":
         ap.error("--ds is for dkdv")
+    from orthros.utils import check_output_path, commit_id, write_json, write_text
+
+    try:  # was: found by the write, after the compile (a missing folder: a FileNotFoundError traceback)
+        for opt, path in (("--sass", a.sass), ("--json", a.json)):
+            if path is not None:
+                check_output_path(opt, path)
+    except ValueError as e:
+        ap.error(str(e))
+    if a.sass is not None and a.json is not None and os.path.abspath(a.sass) == os.path.abspath(a.json):
+        ap.error(f"--sass and --json name one file ({a.json}): give two")
     table = {"fwd": "win_fwd_gqa" if ta.FWD_VARIANTS[a.variant][0] else "win_fwd", "dkdv": "bwd_dkdv",
              "dq": "bwd_dq", "dqds": "bwd_dkdv"}[a.kind]
     cfg = a.config or ta.CONFIGS[table][128]
@@ -171,15 +180,15 @@ def main(argv=None):
         what = "instructions a trip" if lp["inner"] else "instructions in its body, inner loops once"
         print(f"  loop {lp['start']}-{lp['end']}: {lp['instructions']} {what} ({top})")
     if a.sass:
-        with open(a.sass, "w") as f:
-            f.write(res["sass"])
+        write_text(a.sass, res["sass"])
     if a.json:
-        out = {k2: v for k2, v in res.items() if k2 != "sass"}
-        out.update(kind=a.kind, config=list(cfg), mask="band" if band else "visible", shared=k.metadata.shared)
-        tmp = a.json + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(out, f, indent=1)
-        os.replace(tmp, a.json)
+        import triton
+
+        out = {"target": "sm_90", "commit": commit_id(), "triton": triton.__version__}  # what compiled it
+        out.update({k2: v for k2, v in res.items() if k2 != "sass"})
+        out.update(kind=a.kind, variant=a.variant if a.kind == "fwd" else None, config=list(cfg),
+                   mask="band" if band else "visible", ds=a.ds, shared=k.metadata.shared)
+        write_json(a.json, out, indent=1)
 
 
 if __name__ == "__main__":

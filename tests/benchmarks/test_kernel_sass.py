@@ -42,3 +42,16 @@ def test_band_mask_trims_the_dkdv_trip(tmp_path):
 def test_bad_arguments_exit_2(tmp_path, args, message):
     p = run(*args, tmp_path=tmp_path)
     assert p.returncode == 2 and message in p.stderr, p.stderr[-2000:]
+
+
+def test_outputs_checked_before_the_compile(tmp_path):
+    """Were: opened after the compile (a missing folder's FileNotFoundError traceback; --sass written in place)."""
+    f = tmp_path / "f"
+    f.write_text("keep")
+    for opt in ("--sass", "--json"):
+        p = run("fwd", opt, str(f / "out"), tmp_path=tmp_path)
+        assert p.returncode == 2 and f"{opt} {f / 'out'}: {f} is a file, not a directory" in p.stderr, p.stderr[-2000:]
+        assert "Traceback" not in p.stderr and not (tmp_path / "cache").exists()  # nothing compiled
+    p = run("fwd", "--sass", str(tmp_path / "x"), "--json", str(tmp_path / "x"), tmp_path=tmp_path)
+    assert p.returncode == 2 and "--sass and --json name one file" in p.stderr, p.stderr[-2000:]
+    assert f.read_text() == "keep"
