@@ -12,6 +12,8 @@
 #   part 2: .gpu/gguf.partB, .gpu/data.tar.gz (prepare's output folder, tar -czf ... -C DIR .)
 #   bash benchmarks/smollm2_gpu.sh part1     # stage into $HOME/smol, install wheels, smoke run on a tiny GGUF
 #   bash benchmarks/smollm2_gpu.sh part2 [protocol args...]   # join + verify the GGUF, unpack the data, run
+#                                                             # (again: an earlier run's $HOME/smol/work is
+#                                                             # moved to $HOME/smol/work.earlier first)
 #   bash benchmarks/smollm2_gpu.sh more [protocol args...]    # another call of the same run (same --work):
 #                                                             # e.g. --phases train,ppl,niah --cpt-runs base_cpt
 set -euo pipefail
@@ -69,6 +71,19 @@ part2)
   if [ -f .gpu/src.tar.gz ]; then rm -rf "$H/src" && mkdir -p "$H/src" && tar -xzf .gpu/src.tar.gz -C "$H/src"; fi
   commit
   export PYTHONPATH="$H/src:$H/site"
+  # part2 starts a run afresh (its phases convert), and the protocol refuses a --work that holds an earlier
+  # run's CPT (it would resume from it, or score it beside this one): an earlier part2's folder on this warm
+  # machine is moved aside, not mixed in, not deleted (only the one before it). A part2 without convert in
+  # its --phases continues the run in $H/work, as `more` does.
+  phases=$(python3 -c 'import argparse, sys
+p = argparse.ArgumentParser(add_help=False)  # (the protocol parser: the same abbreviations)
+p.add_argument("--phases", default="convert")
+print(p.parse_known_args(sys.argv[1:])[0].phases)' "$@" 2>/dev/null) || phases=  # (bad: the protocol says so)
+  if [[ ",$phases," == *,convert,* ]] && [ -e "$H/work" ]; then
+    rm -rf "$H/work.earlier" && mv "$H/work" "$H/work.earlier"
+    echo "part2: $H/work held an earlier run; this part2 starts afresh, the earlier run is now in $H/work.earlier" \
+         "(\`more\` continues a run: to continue that one, move it back to $H/work and call more)" >&2
+  fi
   python3 "$H/src/benchmarks/smollm2_cpt.py" run --gguf "$H/model.gguf" --data "$H/data" --out "$OUT" \
     --work "$H/work" "$@" 2>&1 | grep --line-buffered -v "it/s\]"
   ;;
