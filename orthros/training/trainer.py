@@ -137,6 +137,55 @@ def check_output_dir(path: str) -> None:
         raise ConfigError(f"output_dir {path!r} is not writable: {e.strerror or e}") from None
 
 
+def _glob_reaches(pattern: Path, target: Path) -> bool:
+    """Whether the glob ``pattern`` (absolute) may match a path at or under ``target`` (absolute)."""
+    import fnmatch
+
+    pat, tgt = pattern.parts, target.parts
+    for p, t in zip(pat, tgt):
+        if "**" in p:
+            return True
+        if p != t and not (any(c in p for c in "*?[") and fnmatch.fnmatchcase(t, p)):
+            return False
+    return len(pat) > len(tgt)  # matches at target's depth: target itself, a directory, is not read as data
+
+
+def check_data_outside_output_dir(cfg: RunConfig) -> None:
+    """Refuse ``data.train`` / ``data.eval`` paths that overlap ``output_dir``: a data folder (or glob)
+    that holds it would read the run's own files (metrics.jsonl, the checkpoints' JSON) as data once
+    they exist (a resume then trained on other data, or failed on its config.json); data inside
+    ``output_dir`` is among the files the run writes and prunes."""
+    out = Path(os.path.realpath(os.path.expanduser(cfg.output_dir)))
+    for key in ("data.train", "data.eval"):
+        spec = _get(cfg, key)
+        for s in (spec if isinstance(spec, (list, tuple)) else [spec]):
+            if s is None or s == "embedded":
+                continue
+            text = os.path.expanduser(str(s))
+            pattern = any(c in text for c in "*?[")
+            if pattern:  # the folders before its first wildcard, and whether the rest may reach output_dir
+                parts = Path(os.path.abspath(text)).parts
+                fixed = next(i for i, part in enumerate(parts) if any(c in part for c in "*?["))
+                root = Path(os.path.realpath(Path(*parts[:fixed])))
+                reaches = _glob_reaches(root.joinpath(*parts[fixed:]), out)
+            elif os.path.exists(text):
+                root = Path(os.path.realpath(text))
+                reaches = root.is_dir()  # a folder is read with its subfolders
+            else:  # a hub name, or a path the data checks report missing
+                continue
+            if out == root and not pattern:
+                where = f"is {key} {str(s)!r}"
+            elif root.is_relative_to(out):
+                where = f"holds {key} {str(s)!r}"
+            elif out.is_relative_to(root) and reaches:
+                where = f"is inside {key} {str(s)!r}"
+            else:
+                continue
+            raise ConfigError(f"output_dir {cfg.output_dir!r} {where}: the run would read its own files "
+                              f"(metrics.jsonl, its checkpoints) as data, or write among the data; choose an "
+                              f"output_dir outside the data, and data outside output_dir")
+
+
 def resolve_resume(cfg: RunConfig) -> Optional[Path]:
     r = cfg.checkpoint.resume
     if isinstance(r, str) and r.lower() in ("true", "yes", "latest"):
@@ -555,6 +604,7 @@ class Trainer:
     def _preflight(self) -> None:
         cfg, dist = self.cfg, self.dist
         check_output_dir(cfg.output_dir)
+        check_data_outside_output_dir(cfg)
         self.resume_dir = resolve_resume(cfg)
         self._check_ranks_agree()
         if self.resume_dir is not None:

@@ -943,3 +943,39 @@ def test_a_resume_with_another_global_batch_says_so(tmp_path, corpus, capsys):
             ) in capsys.readouterr().err
     train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "4", "--micro_batch_size", "1", "--grad_accum", "2")))
     assert "global batch" not in capsys.readouterr().err  # the same batch: nothing said
+
+
+@pytest.mark.parametrize("train_spec, out, says", [
+    ("data", "data/run", "is inside data.train 'data'"),
+    ("data", "data", "is data.train 'data'"),
+    ("data/docs.jsonl", "data", "holds data.train 'data/docs.jsonl'"),
+    ("data/**/*.jsonl", "data/run", r"is inside data.train 'data/\*\*/\*.jsonl'"),
+    ("data/r*/*", "data/run", r"is inside data.train 'data/r\*/\*'"),
+    (["data/docs.jsonl", "data"], "data/a/b", "is inside data.train 'data'"),
+])
+def test_an_output_dir_that_overlaps_the_data_is_refused(tmp_path, corpus, monkeypatch, train_spec, out, says):
+    """An output_dir inside a data.train folder (or holding its files) made the run read its own files as
+    training data: a second start (a resume) read metrics.jsonl and the checkpoints' JSON files too,
+    and failed on their columns (or trained on them). Refused before any work, naming both keys."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    shutil.copy(corpus, tmp_path / "data" / "docs.jsonl")
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    spec = train_spec if isinstance(train_spec, str) else "[" + ",".join(train_spec) + "]"
+    with pytest.raises(ConfigError, match=f"output_dir '{out}' {says}: the run would read its own files"):
+        train(load_config(None, tiny(out, corpus, "--data.train", spec)))
+    with pytest.raises(ConfigError, match=f"output_dir 'data/x' is inside data.eval 'data'"):
+        train(load_config(None, tiny("data/x", corpus, "--data.eval", "data")))
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing written
+
+
+@pytest.mark.parametrize("train_spec", ["data/*.jsonl", "data/*", "data/x*/*"])
+def test_a_glob_that_cannot_reach_the_output_dir_is_accepted(tmp_path, corpus, monkeypatch, train_spec):
+    """Files matched at one level only (data/*.jsonl) never include output_dir's: no refusal."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data" / "xs").mkdir(parents=True)
+    shutil.copy(corpus, tmp_path / "data" / "docs.jsonl")
+    shutil.copy(corpus, tmp_path / "data" / "xs" / "docs.jsonl")
+    from orthros.training.trainer import dry_run
+
+    assert "every check passed" in dry_run(load_config(None, tiny("data/run", corpus, "--data.train", train_spec)))
