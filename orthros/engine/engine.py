@@ -28,6 +28,7 @@ GEMM for Q/K/V, one for gate/up: ``FusedProjections`` in :mod:`orthros.layers.co
 
 from __future__ import annotations
 
+import numbers
 import os
 import warnings
 import weakref
@@ -292,23 +293,21 @@ class Engine:
             if prompts.numel() and (int(prompts.min()) < 0 or int(prompts.max()) >= V):
                 raise ValueError(f"prompts has token ids outside [0, vocab_size={V})")
             return list(prompts.long())  # rows stay tensors: no host round trip for long prompts
-        elif isinstance(prompts, (list, tuple)) and prompts and all(isinstance(t, int) and not isinstance(t, bool)
-                                                                     for t in prompts):
-            rows = [list(prompts)]
+        elif isinstance(prompts, (list, tuple)) and prompts and all(_is_token_id(t) for t in prompts):
+            rows = [_token_ids(prompts, "prompts")]
         elif isinstance(prompts, (list, tuple)):
             for i, r in enumerate(prompts):
                 if not (isinstance(r, (list, tuple)) or isinstance(r, torch.Tensor) and r.dim() == 1):
                     raise TypeError(f"prompts must be one list of token ids or a list of rows (lists or 1-D "
                                     f"tensors of token ids), got prompts[{i}] = {r!r}")
-            rows = [list(r.tolist() if isinstance(r, torch.Tensor) else r) for r in prompts]
+            rows = [_token_ids(r.tolist() if isinstance(r, torch.Tensor) else r, f"prompts[{i}]")
+                    for i, r in enumerate(prompts)]
         else:
             raise TypeError(f"prompts must be a list of token-id lists or an integer tensor, got {type(prompts).__name__}")
         if not rows:
             raise ValueError("prompts must hold at least one row")
         V = self.config.vocab_size
         for i, r in enumerate(rows):
-            if any(isinstance(t, bool) or not isinstance(t, int) for t in r):
-                raise TypeError(f"prompts[{i}] must hold integer token ids")
             if r and (min(r) < 0 or max(r) >= V):
                 raise ValueError(f"prompts[{i}] has token ids outside [0, vocab_size={V})")
         return rows
@@ -488,6 +487,12 @@ class Engine:
         """One decode step for the current rows: feed ``tokens [B]`` (one per row), return the
         next-token logits ``[B, V]``. Low level (benchmarks); :meth:`generate` is the API."""
         self._end_open_stream()
+        if isinstance(tokens, (list, tuple)):  # torch.as_tensor would take True for token 1
+            tokens = _token_ids(tokens, "tokens", "step() ")
+        elif not isinstance(tokens, torch.Tensor) and not (isinstance(tokens, numbers.Integral)
+                                                           or hasattr(tokens, "__array__")):
+            raise TypeError(f"step() tokens must be a tensor or a list of integer token ids (one per row), "
+                            f"got {type(tokens).__name__}")
         tokens = torch.as_tensor(tokens, device=self.device)
         check_token_ids(tokens, self.config.vocab_size, "step() tokens")
         tokens = tokens.long().view(-1)
@@ -639,6 +644,21 @@ class Engine:
         return rows_out
 
 
+def _is_token_id(t) -> bool:
+    """An integer (Python's or NumPy's), not a bool (``True`` is no token id, though Python counts it as 1)."""
+    return isinstance(t, numbers.Integral) and not isinstance(t, bool)
+
+
+def _token_ids(seq, arg: str, where: str = "") -> List[int]:
+    """``seq`` (a list or tuple of integer token ids) as a list of Python ints; a ``TypeError`` naming
+    ``arg`` (of ``where``, e.g. ``"step() "``) and the first element that is no integer (a bool, a
+    float, a nested list, ...)."""
+    for i, t in enumerate(seq):
+        if not _is_token_id(t):
+            raise TypeError(f"{where}{arg} must hold integer token ids, got {arg}[{i}] = {t!r}")
+    return [int(t) for t in seq]
+
+
 def _eos_set(eos_token_id, vocab_size: int) -> set:
     """``eos_token_id`` (None, one id or a collection of ids, e.g. a list or 1-D tensor) as a set of
     ints in ``[0, vocab_size)``; a ``TypeError`` / ``ValueError`` naming it for anything else (an id
@@ -646,13 +666,13 @@ def _eos_set(eos_token_id, vocab_size: int) -> set:
     if eos_token_id is None:
         return set()
     ids = eos_token_id.tolist() if isinstance(eos_token_id, torch.Tensor) else eos_token_id
-    ids = [ids] if isinstance(ids, int) else ids
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple, set, frozenset)) or any(
-            isinstance(t, bool) or not isinstance(t, int) for t in ids):
+    ids = [ids] if _is_token_id(ids) else ids
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple, set, frozenset)) or not all(
+            _is_token_id(t) for t in ids):
         raise TypeError(f"eos_token_id must be None, an integer token id or a list of them, got {eos_token_id!r}")
     if any(not 0 <= t < vocab_size for t in ids):
         raise ValueError(f"eos_token_id must hold token ids in [0, vocab_size={vocab_size}), got {eos_token_id!r}")
-    return set(ids)
+    return {int(t) for t in ids}
 
 
 def _decode_inputs(model, ids, cos, sin, pos, out_rel, output_tokens: bool):

@@ -416,6 +416,38 @@ def test_step_rejects_bad_tokens():
     assert eng.lengths() == [10] and eng.cache.seqlens[0] == 10
 
 
+def test_token_lists_refuse_bools_and_take_numpy_integers():
+    """Was: ``step([1, True])`` fed token 1 for ``True`` (``torch.as_tensor`` casts a mixed list to int64),
+    ``step("ab")`` / ``step(None)`` failed inside torch, and NumPy integers in a prompt list were refused as
+    no "list of token ids". A bool or float in a token list is a ``TypeError`` naming the argument and the
+    element, before any work; NumPy integers are token ids like Python ints."""
+    import numpy as np
+
+    m = tiny_model()
+    eng = Engine(m, max_batch_size=2, max_seq_len=32)
+    eng.set_lengths([10, 10])
+    for bad, says in (([1, True], "tokens[1] = True"), ((True, 2), "tokens[0] = True"),
+                      ([1, 2.0], "tokens[1] = 2.0"), ([np.int64(1), np.float32(2)], "tokens[1] = "),
+                      ([[1], [2]], "tokens[0] = [1]")):
+        with pytest.raises(TypeError, match=re.escape(f"step() tokens must hold integer token ids, got {says}")):
+            eng.step(bad)
+    for bad in ("ab", None, object()):
+        with pytest.raises(TypeError, match="step\\(\\) tokens must be a tensor or a list of integer token ids"):
+            eng.step(bad)
+    assert eng.lengths() == [10, 10] and eng.cache.seqlens[:2].tolist() == [10, 10]  # nothing ran
+    want = Engine(m, max_batch_size=2, max_seq_len=32)
+    want.set_lengths([10, 10])
+    assert torch.equal(eng.step([np.int64(1), np.int32(2)]), want.step([1, 2]))
+    for bad, says in (([[1, True]], "prompts[0] must hold integer token ids, got prompts[0][1] = True"),
+                      ([[1, 2], [3, False]], "prompts[1] must hold integer token ids, got prompts[1][1] = False"),
+                      ([torch.tensor([True, False])], "prompts[0][0] = True")):
+        with pytest.raises(TypeError, match=re.escape(says)):
+            eng.generate(bad, 2)
+    assert eng.generate([np.int64(3), np.int64(4)], 3) == Engine(m, max_seq_len=32).generate([3, 4], 3)
+    assert eng.generate([[np.int16(3), 4]], 3, eos_token_id=np.int64(5)) == \
+        Engine(m, max_seq_len=32).generate([[3, 4]], 3, eos_token_id=5)
+
+
 def test_set_lengths_and_step_api():
     m = tiny_model()
     eng = Engine(m, max_batch_size=2, max_seq_len=32)
