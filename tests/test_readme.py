@@ -1,5 +1,6 @@
-"""The README stays true to the code: its Python usage runs as written, and every `orthros`
-command its command-line block names exists and answers --help."""
+"""The README and docs stay true to the code: the README's Python usage runs as written, every
+`orthros` command its command-line block names exists and answers --help, and every `orthros`
+command of docs/*.md parses as written."""
 
 import re
 from pathlib import Path
@@ -108,3 +109,71 @@ def test_progress_switches_are_where_the_readme_says(capsys):
     for argv in (["generate"], ["bench", "prefill"], ["bench", "decode"], ["bench", "e2e"], ["bench", "all"]):
         h = help_text(capsys, argv)
         assert "--no-progress" not in h and "--quiet" not in h, argv
+
+
+def doc_commands():
+    """``(page, line)`` for each `orthros ...` command in a code block of docs/*.md, a
+    backslash-continued command joined into one line; in a block of ``$ ``-prompted lines only
+    those lines (the others are the command's output), an environment assignment before it dropped."""
+    out = []
+    for page in sorted((README.parent / "docs").glob("*.md")):
+        for block in re.findall(r"^ *```[a-z]*\n(.*?)^ *```", page.read_text(), flags=re.S | re.M):
+            prompted = any(line.lstrip().startswith("$ ") for line in block.splitlines())
+            for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+                s = line.strip()
+                if prompted and not s.startswith("$ "):
+                    continue
+                s = re.sub(r"^(\$ )?(\w+=\S* )*", "", s)
+                if s.startswith("orthros "):
+                    out.append((page.name, s))
+    return out
+
+
+def test_every_orthros_command_in_the_docs_parses(capsys, monkeypatch):
+    """Each `orthros ...` command of docs/*.md, as written, gets through its command's argparse
+    (no unknown option, no bad choice, every required argument), and `orthros train`'s options
+    are config keys. Parsing is where it stops: nothing runs."""
+    import argparse
+    import shlex
+
+    from orthros.cli import main
+    from orthros.training.config import valid_keys
+
+    class Parsed(BaseException):  # past every `except Exception` of a command's main
+        pass
+
+    parse, depth = argparse.ArgumentParser.parse_known_args, [0]
+
+    def parse_then_stop(self, args=None, namespace=None):
+        depth[0] += 1  # a sub-command's parser is called inside its parent's
+        try:
+            result = parse(self, args, namespace)
+        finally:
+            depth[0] -= 1
+        if depth[0] == 0:
+            raise Parsed(result)
+        return result
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_known_args", parse_then_stop)
+    keys = set(valid_keys())
+    leaves = [k.rsplit(".", 1)[-1] for k in keys]
+    commands, bad = doc_commands(), []
+    for page, line in commands:
+        argv = shlex.split(re.split(r"\s#\s|\s&$", line)[0])[1:]
+        if argv[0] == "train":
+            for flag in (a[2:] for a in argv[1:] if a.startswith("--")):
+                if flag not in ("resume", "help-config", "dry-run") and flag not in keys and leaves.count(flag) != 1:
+                    bad.append(f"{page}: {line}: --{flag} is no config key")
+            continue
+        try:
+            main(argv)
+            bad.append(f"{page}: {line}: never parsed its arguments")
+        except Parsed as p:
+            _, extra = p.args[0]
+            if extra:
+                bad.append(f"{page}: {line}: unrecognized {extra}")
+        except SystemExit as e:
+            bad.append(f"{page}: {line}: exit {e.code}: {capsys.readouterr().err.strip().splitlines()[-1:]}")
+    assert not bad, "\n".join(bad)
+    named = {line.split()[1] for _, line in commands}
+    assert {"convert", "generate", "eval", "info", "train", "bench"} <= named, named
