@@ -65,6 +65,16 @@ def prefix_match(prediction: str, answer: str) -> float:
     return n / len(answer)
 
 
+def _check_haystack_file(source: str) -> None:
+    """A ``--haystack`` that is not a built-in name must be a file to read: what is there instead (nothing,
+    a folder) is said, so that a mistyped path does not read as a wrong kind of value."""
+    p = Path(source)
+    if not p.is_file():
+        why = "a folder, not a file" if p.is_dir() else "no such file"
+        raise ValueError(f"--haystack {source}: {why} (the haystack is {' or '.join(HAYSTACKS)}, or a .txt / "
+                         f".jsonl file)")
+
+
 def haystack_sentences(source: str) -> list[str]:
     if source == "synthetic":
         path = SYNTHETIC_FILE
@@ -75,8 +85,7 @@ def haystack_sentences(source: str) -> list[str]:
                              f"use --haystack synthetic or a text file")
     else:
         path = Path(source)
-        if not path.is_file():
-            raise ValueError(f"--haystack must be one of {HAYSTACKS} or a path to a .txt/.jsonl file, got {source!r}")
+        _check_haystack_file(source)
     # a .jsonl: one object with a string field 'text' a line, as `eval ppl --data` reads it
     text_lines = load_documents(path, "haystack" if source in HAYSTACKS else "--haystack")
     # remove digits so that no number in the haystack can be mistaken for the needle
@@ -129,9 +138,8 @@ def validate(cfg: NIAHConfig, max_positions: Optional[int] = None) -> None:
         raise ValueError(f"digits (--digits) must be an integer in 1..18, got {cfg.digits!r}")
     if cfg.engine not in ("auto", "on", "off"):
         raise ValueError(f"engine (--engine) must be one of auto, on, off, got {cfg.engine!r}")
-    if cfg.haystack not in HAYSTACKS and not Path(cfg.haystack).is_file():
-        raise ValueError(f"haystack (--haystack) must be one of {HAYSTACKS} or a path to a .txt/.jsonl file, got "
-                         f"{cfg.haystack!r}")
+    if cfg.haystack not in HAYSTACKS:
+        _check_haystack_file(cfg.haystack)
 
 
 def answer_tokens(tokenizer, digits: int) -> int:

@@ -206,6 +206,9 @@ def test_validate_needs_a_length_and_a_depth(kw):
     (["--haystack", "{tmp}/bin.txt"], "--haystack {tmp}/bin.txt: not UTF-8 text"),
     # was a TypeError traceback from re.sub (a number, not a string, in 'text')
     (["--haystack", "{tmp}/num.jsonl"], "--haystack {tmp}/num.jsonl: line 2 has no string field 'text'"),
+    # said it must be "a path to a .txt/.jsonl file, got 'nowhere.txt'": what is wrong with the path is said
+    (["--haystack", "{tmp}/nowhere.txt"], "--haystack {tmp}/nowhere.txt: no such file"),
+    (["--haystack", "{tmp}"], "--haystack {tmp}: a folder, not a file"),
     (["-o", "{tmp}/f"], "--output-dir {tmp}/f: {tmp}/f is a file, not a directory"),
 ])
 def test_cli_niah_bad_input_before_the_model_loads(tiny, tmp_path, capsys, no_model_load, args, msg):

@@ -140,6 +140,10 @@ def test_cli_bad_input_refused_before_training(tmp_path, capsys, monkeypatch, ar
     (["--min-len", "5"], "--min-len 5 is too short: the needle and question alone take"),
     (["--haystack", "{tmp}/bad.jsonl"], "--haystack {tmp}/bad.jsonl: line 1 is not JSON"),
     (["--haystack", "{tmp}/bin.txt"], "--haystack {tmp}/bin.txt: not UTF-8 text"),
+    # a mistyped path read as a wrong kind of value ("must be one of ('synthetic', 'corpus') or a path to a
+    # .txt/.jsonl file, got 'nowhere.txt'"), though it was a .txt path: what is wrong with it is said
+    (["--haystack", "{tmp}/nowhere.txt"], "--haystack {tmp}/nowhere.txt: no such file"),
+    (["--haystack", "{tmp}"], "--haystack {tmp}: a folder, not a file"),
 ])
 def test_cli_bad_input_refused_before_the_model_is_built(tmp_path, capsys, monkeypatch, args, msg):
     """Issue: a --min-len shorter than the needle and question failed inside the training loop, at the
