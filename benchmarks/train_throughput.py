@@ -21,6 +21,7 @@ attention for the output stream; recomputation under activation checkpointing is
 from __future__ import annotations
 
 import argparse
+import datetime
 import gc
 import json
 import math
@@ -36,6 +37,7 @@ import orthros  # noqa: E402,F401
 from orthros.models import OrthrosConfig, OrthrosForCausalLM  # noqa: E402
 from orthros.training.metrics import detect_peak_flops, train_flops  # noqa: E402
 from orthros.training.trainer import enable_activation_checkpointing  # noqa: E402
+from orthros.utils import commit_id  # noqa: E402
 
 SHAPES = {
     "1.3b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=24, num_attention_heads=16,
@@ -105,7 +107,8 @@ def bench_one(arch: str, a, device: torch.device) -> dict:
         "mfu": (flops / step_s / peak) if peak else None, "loss": float(loss.detach()),
         "peak_mem_GiB": torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__,
+        "torch": torch.__version__, "commit": commit_id(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     del model, opt
     gc.collect()
@@ -129,6 +132,11 @@ def _check_args(a) -> str:
     if a.peak_tflops is not None and not 0 < a.peak_tflops < math.inf:
         raise ValueError(f"--peak-tflops must be a positive number of TFLOP/s, got {a.peak_tflops}")
     dev = check_device(a.device, auto=True)
+    if a.device == "auto" and dev == "cpu" and a.shape != "tiny":
+        # was: --device auto fell back to the CPU and trained the 1.3B shape there (hours, tens of GB)
+        raise ValueError(f"--device auto: no CUDA device here, and --shape {a.shape} is a GPU benchmark; give "
+                         f"--shape tiny --device cpu for a runnability check (or --device cpu to run --shape "
+                         f"{a.shape} on the CPU anyway)")
     if a.out:
         check_output_path("--out", a.out)
         os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
@@ -152,7 +160,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--peak-tflops", type=float, default=None, help="override the detected peak (bf16 dense)")
-    p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"])
+    p.add_argument("--device", default="auto", choices=["auto", "cuda", "cpu"],
+                   help="auto (default): cuda where there is one; without one, only --shape tiny falls back to the CPU")
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
     a = p.parse_args(argv)
     try:

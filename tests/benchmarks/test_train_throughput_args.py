@@ -53,3 +53,15 @@ def test_cuda_without_a_gpu_is_refused_by_name(tt, capsys, monkeypatch):
     with pytest.raises(SystemExit) as e:  # was: AssertionError "Torch not compiled with CUDA enabled" mid-build
         tt.main(["--shape", "tiny", "--device", "cuda"])
     assert e.value.code == 2 and "--device cuda: no CUDA device here" in capsys.readouterr().err
+
+
+def test_auto_device_without_a_gpu_needs_the_tiny_shape(tt, capsys, monkeypatch):
+    """Was: --device auto fell back to the CPU and trained the default 1.3B shape there."""
+    monkeypatch.setattr(tt.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(tt, "bench_one", lambda arch, a, device: {"arch": arch, "device": str(device)})
+    with pytest.raises(SystemExit) as e:
+        tt.main([])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--device auto: no CUDA device here, and --shape 1.3b" in err and "--shape tiny" in err
+    assert tt.main(["--shape", "tiny", "--arch", "orthros"]) == 0  # a tiny shape still falls back
+    assert '"device": "cpu"' in capsys.readouterr().out
