@@ -69,6 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# the engine's length errors (RequestTooLong) in this command's option names
+CLI_NAMES = {"max_seq_len": "--max-seq-len {}", "max_new_tokens": "--max-new-tokens",
+             "more_slots": "raise --max-seq-len (up to the model's max_position_embeddings={max_positions})"}
+
+
 def turn_stats(prompt_tokens: int, new_tokens: int, t_start: float, t_first, t_last) -> str:
     """One line of a turn's timings (seconds from ``time.perf_counter``; ``t_first`` / ``t_last``:
     when the first and the last new token arrived, None when none did)."""
@@ -235,7 +240,7 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
     import torch
     from transformers import AutoTokenizer
 
-    from .engine import check_fits
+    from .engine import RequestTooLong, check_fits
 
     try:
         tok = AutoTokenizer.from_pretrained(str(tok_dir), local_files_only=True)
@@ -270,7 +275,7 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
             raise ValueError("the prompt encodes to no tokens")
         _check_vocab(first, config, tok, "the prompt")
         check_fits(0, len(first), args.max_new_tokens, max_seq_len=args.max_seq_len,
-                   max_positions=config.max_position_embeddings)
+                   max_positions=config.max_position_embeddings, where="the prompt", names=CLI_NAMES)
 
     engine, eos = _load_engine(args, config, dtype, dev, tok, max_batch_size=1)
 
@@ -280,10 +285,13 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
         out = _TextStream(tok, sys.stdout)
         new = []
         t_start, t_first, t_last = time.perf_counter(), None, None
+        try:  # the request is checked here, before any work
+            steps = engine.stream([ids], args.max_new_tokens, _request_sampling(sampling, len(history)),
+                                  eos_token_id=eos, continue_=bool(history))
+        except RequestTooLong as e:  # said with the options that change it, not the engine's arguments
+            raise ValueError(e.phrased(CLI_NAMES, where="this turn")) from None
         with torch.no_grad():
-            for step in engine.stream([ids], args.max_new_tokens, _request_sampling(sampling, len(history)),
-                                      eos_token_id=eos,
-                                      continue_=bool(history)):
+            for step in steps:
                 if step[0] is not None:  # a host int: the step's device work is done
                     t_last = time.perf_counter()
                     t_first = t_last if t_first is None else t_first
@@ -482,7 +490,7 @@ def _generate_file(args, sampling, dev, dtype, config, tok, prompts) -> int:
             raise ValueError(f"{where}: the prompt encodes to no tokens")
         _check_vocab(ids, config, tok, f"{where}: the prompt")
         check_fits(0, len(ids), args.max_new_tokens, max_seq_len=args.max_seq_len,
-                   max_positions=config.max_position_embeddings, where=where)
+                   max_positions=config.max_position_embeddings, where=where, names=CLI_NAMES)
         encoded.append(ids)
     bs = min(args.batch_size, len(encoded))
     # cache slots for the longest request only (each batch starts afresh): bs x 8192 slots by default

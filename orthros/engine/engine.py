@@ -49,20 +49,49 @@ DEFAULT_PREFILL_CHUNK = 16384
 MIN_SPAN = 512  # smallest cache span a decode graph is captured for
 
 
+# How a request's length error names the settings it can change: the engine's arguments here,
+# a front end's own (the CLI: ``--max-seq-len``, :meth:`RequestTooLong.phrased`)
+ENGINE_NAMES = {"max_seq_len": "max_seq_len={}", "max_new_tokens": "max_new_tokens",
+                "more_slots": "build the engine with a larger max_seq_len"}
+
+
+class RequestTooLong(ValueError):
+    """:func:`check_fits`' error: a request that does not fit the model's positions or the cache.
+    It keeps what it measured, so a front end can say it in its own option names
+    (:meth:`phrased`) instead of the engine's argument names."""
+
+    def __init__(self, n_cached: int, n_new: int, max_new_tokens: int, *, max_seq_len: int, max_positions: int,
+                 where: str, names: Optional[dict] = None):
+        self.n_cached, self.n_new, self.max_new_tokens = n_cached, n_new, max_new_tokens
+        self.max_seq_len, self.max_positions, self.where = max_seq_len, max_positions, where
+        self.need = n_cached + n_new + max_new_tokens - 1
+        super().__init__(self.phrased(names))
+
+    def phrased(self, names: Optional[dict] = None, where: Optional[str] = None) -> str:
+        """The message with ``names`` (keys of :data:`ENGINE_NAMES`; ``max_seq_len`` formats the
+        value, ``more_slots`` may name ``{max_positions}``) for the settings and ``where`` (default:
+        the request's row or place) for the request."""
+        n = {**ENGINE_NAMES, **(names or {})}
+        what = (f"{where or self.where}: {self.n_cached} cached + {self.n_new} new prompt tokens + "
+                f"{self.max_new_tokens} new tokens")
+        if self.need > self.max_positions:
+            return (f"{what} need positions 0..{self.need - 1}, beyond the model's max_position_embeddings="
+                    f"{self.max_positions}; shorten the prompt or lower {n['max_new_tokens']}")
+        return (f"{what} needs {self.need} cache slots > {n['max_seq_len'].format(self.max_seq_len)}; shorten the "
+                f"prompt, lower {n['max_new_tokens']} or {n['more_slots'].format(max_positions=self.max_positions)}")
+
+
 def check_fits(n_cached: int, n_new: int, max_new_tokens: int, *, max_seq_len: int, max_positions: int,
-               row: int = 0, where: Optional[str] = None) -> None:
+               row: int = 0, where: Optional[str] = None, names: Optional[dict] = None) -> None:
     """The length check of one row of a request: ``n_cached`` tokens in the cache, ``n_new``
     new prompt tokens, ``max_new_tokens`` to generate (the last is never fed back) must fit the
-    model's positions and the cache's slots. A ``ValueError`` names what does not fit, and the
-    row by ``where`` (e.g. a file and line), else ``row {row}``."""
+    model's positions and the cache's slots. A :class:`RequestTooLong` (a ``ValueError``) names
+    what does not fit, the settings by ``names`` (default :data:`ENGINE_NAMES`) and the row by
+    ``where`` (e.g. a file and line), else ``row {row}``."""
     need = n_cached + n_new + max_new_tokens - 1
-    what = f"{where or f'row {row}'}: {n_cached} cached + {n_new} new prompt tokens + {max_new_tokens} new tokens"
-    if need > max_positions:
-        raise ValueError(f"{what} need positions 0..{need - 1}, beyond the model's max_position_embeddings="
-                         f"{max_positions}; shorten the prompt or lower max_new_tokens")
-    if need > max_seq_len:
-        raise ValueError(f"{what} needs {need} cache slots > max_seq_len={max_seq_len}; shorten the prompt, "
-                         f"lower max_new_tokens or build the engine with a larger max_seq_len")
+    if need > max_positions or need > max_seq_len:
+        raise RequestTooLong(n_cached, n_new, max_new_tokens, max_seq_len=max_seq_len, max_positions=max_positions,
+                             where=where or f"row {row}", names=names)
 
 
 class Engine:
@@ -767,4 +796,4 @@ def _decode_runner(options):
     return run
 
 
-__all__ = ["Engine", "DEFAULT_PREFILL_CHUNK", "check_fits", "compile_fallbacks"]
+__all__ = ["Engine", "DEFAULT_PREFILL_CHUNK", "RequestTooLong", "check_fits", "compile_fallbacks"]

@@ -108,10 +108,34 @@ def test_generate_refuses_sampling_filters_when_greedy(flags, capsys):
 
 
 def test_generate_reports_prompt_too_long(checkpoint, capsys):
+    """In the command's option names (was: the engine's, "max_seq_len=4 ... build the engine with a
+    larger max_seq_len", which no user of the command can do as said)."""
     d, _ = checkpoint
     rc = orthros_main(["generate", "--model", str(d), "--device", "cpu", "--max-seq-len", "4",
                        "w1 w2 w3 w4 w5 w6"])
-    assert rc == 2 and "max_seq_len=4" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert rc == 2 and "the prompt: 0 cached + 6 new prompt tokens + 256 new tokens needs 261 cache slots > " \
+        "--max-seq-len 4; shorten the prompt, lower --max-new-tokens or raise --max-seq-len" in err, err
+    assert "max_seq_len" not in err and "max_new_tokens" not in err and "build the engine" not in err
+
+
+def test_interactive_turn_too_long_is_said_in_option_names(checkpoint, capsys):
+    """A turn that does not fit the conversation's cache is reported with the command's options (was:
+    "row 0: ... > max_seq_len=16; ... lower max_new_tokens or build the engine with a larger
+    max_seq_len"), and the conversation goes on with the next turn."""
+    d, m = checkpoint
+    argv = ["generate", "--model", str(d), "--device", "cpu", "--max-new-tokens", "3", "--max-seq-len", "16",
+            "--interactive"]
+    rc, text = run_cli(argv, stdin="w1 w2 w3\n" + "w4 " * 12 + "\nw5\n")
+    err = capsys.readouterr().err
+    assert rc == 0 and "this turn: 5 cached + 13 new prompt tokens + 3 new tokens needs 20 cache slots > " \
+        "--max-seq-len 16; shorten the prompt, lower --max-new-tokens or raise --max-seq-len" in err, err
+    assert "max_seq_len" not in err and "max_new_tokens" not in err and "row 0" not in err
+    eng = Engine(m, max_seq_len=16)
+    g1 = eng.generate([[WORDS.index(w) for w in "w1 w2 w3".split()]], 3, eos_token_id=0)[0]
+    g2 = eng.generate([[WORDS.index("w5")]], 3, eos_token_id=0, continue_=True)[0]
+    assert [line.split() for line in text.strip("\n").split("\n")] == \
+        [[WORDS[i] for i in g if i > 1] for g in (g1, g2)]
 
 
 @pytest.mark.parametrize("stdin", [None, "  \n"])
@@ -274,7 +298,9 @@ def test_generate_prompt_file_errors_before_any_work(checkpoint, tmp_path, capsy
                         (["w1", "-o", str(out)], "--output goes with --prompts"),
                         (["--prompts", str(good), "-o", str(tmp_path)], "is a directory"),
                         (["--prompts", str(good), "--batch-size", "0"], "--batch-size must be >= 1"),
-                        (["--prompts", str(tmp_path / "long.txt"), "--max-seq-len", "32"], "long.txt:1: 0 cached + 70")):
+                        (["--prompts", str(tmp_path / "long.txt"), "--max-seq-len", "32"], "long.txt:1: 0 cached + 70 new prompt "
+                         "tokens + 4 new tokens needs 73 cache slots > --max-seq-len 32; shorten the prompt, lower "
+                         "--max-new-tokens or raise --max-seq-len")):
         rc, text = run_cli(base + extra + ([] if "-o" in extra else ["-o", str(out)]))
         err = capsys.readouterr().err
         assert rc == 2 and says in err, (extra, err)

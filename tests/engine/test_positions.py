@@ -4,6 +4,7 @@ before any work; the HF model computes it with a warning (transformers' conventi
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -43,6 +44,25 @@ def test_check_fits_names_positions_before_cache_slots():
     with pytest.raises(ValueError, match="max_seq_len=4"):
         check_fits(0, 5, 1, max_seq_len=4, max_positions=8)
     check_fits(2, 3, 4, max_seq_len=8, max_positions=8)
+
+
+def test_check_fits_error_can_be_said_in_a_front_end_s_names():
+    """The error keeps what it measured: a front end (the CLI) says it with its own option names,
+    for the cache and for the positions alike; the engine's names by default."""
+    from orthros.engine.engine import RequestTooLong
+
+    names = {"max_seq_len": "--max-seq-len {}", "max_new_tokens": "--max-new-tokens",
+             "more_slots": "raise --max-seq-len (up to {max_positions})"}
+    with pytest.raises(RequestTooLong, match=re.escape("lower max_new_tokens or build the engine with a larger "
+                                                       "max_seq_len")) as e:
+        check_fits(3, 5, 2, max_seq_len=8, max_positions=16, row=1)
+    assert e.value.phrased(names, where="this turn") == (
+        "this turn: 3 cached + 5 new prompt tokens + 2 new tokens needs 9 cache slots > --max-seq-len 8; shorten "
+        "the prompt, lower --max-new-tokens or raise --max-seq-len (up to 16)")
+    assert str(e.value).startswith("row 1: 3 cached")
+    with pytest.raises(ValueError, match=re.escape("beyond the model's max_position_embeddings=8; shorten the "
+                                                   "prompt or lower --max-new-tokens")):
+        check_fits(0, 9, 1, max_seq_len=4, max_positions=8, names=names)
 
 
 def _position_warnings(rec):
