@@ -313,7 +313,7 @@ def _cases():
         ("M > 8 by leading dims", dict(x=torch.randn(3, 3, 16).to(DEV), weight=w), "M = 9 from x \\(3, 3, 16\\)"),
         ("dtype mismatch", dict(x=x, weight=w.half()), "x and weight must share one dtype"),
         ("int dtype", dict(x=x.int(), weight=w.int()), "x and weight must share one dtype"),
-        ("bias dtype", dict(x=x, weight=w, bias=b.double()), "bias must be fp16 / bf16 / fp32"),
+        ("bias dtype", dict(x=x, weight=w, bias=b.double()), "bias must have x's dtype torch.float32"),
         ("weight not contiguous", dict(x=x, weight=torch.randn(16, 8).to(DEV).T), "weight must be contiguous"),
         ("x last dim strided", dict(x=torch.randn(16, 2).to(DEV).T, weight=w), "x must be contiguous along its last dim"),
         ("x rows not viewable", dict(x=torch.randn(4, 2, 16).to(DEV).transpose(0, 1), weight=w),

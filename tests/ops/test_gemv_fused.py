@@ -325,6 +325,22 @@ def _bad_cases():
         ("out norm shape K", dict(x=x, weight=w, out_norm_weight=nw, out_norm_eps=1e-6),
          "out_norm_weight must be None or a tensor \\[N\\] = \\[8\\]"),
         ("out norm without eps", dict(x=x, weight=w, out_norm_weight=r[0]), "out_norm_eps must be a finite float"),
+        # mixed dtypes: torch's own "expected m1 and m2 to have the same dtype" came mid-call before
+        ("x bf16, weight fp32", dict(x=x.bfloat16(), weight=w.float()),
+         "x and weight must share one dtype.* got x torch.bfloat16, weight torch.float32"),
+        ("x fp32, weight fp16", dict(x=x.float(), weight=w.half()), "got x torch.float32, weight torch.float16"),
+        ("int x and weight", dict(x=x.int(), weight=w.int()), "a floating-point one, got x torch.int32"),
+        ("bias dtype", dict(x=x.float(), weight=w.float(), bias=r[0].bfloat16()),
+         "bias must have x's dtype torch.float32 .*got torch.bfloat16"),
+        ("norm weight promotes x", dict(x=x.bfloat16(), weight=w.bfloat16(), norm_weight=nw.float(), norm_eps=1e-6),
+         "norm_weight's dtype torch.float32 would promote the normalised x to torch.float32"),
+        # a tensor on another device (meta: no second device needed)
+        ("weight device", dict(x=x, weight=w.to("meta")), "weight must be on x's device .*, got meta"),
+        ("bias device", dict(x=x, weight=w, bias=r[0].to("meta")), "bias must be on x's device"),
+        ("norm device", dict(x=x, weight=w, norm_weight=nw.to("meta"), norm_eps=1e-6), "norm_weight must be on x's"),
+        ("residual device", dict(x=x, weight=w, residual=r.to("meta")), "residual must be on x's device"),
+        ("out norm device", dict(x=x, weight=w, out_norm_weight=r[0].to("meta"), out_norm_eps=1e-6),
+         "out_norm_weight must be on x's device"),
     ]
 
 

@@ -146,7 +146,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = N
     norm prologue.
 
     Float32 accumulation (the kernel and the reference; ``"torch"`` accumulates as cuBLAS does).
-    Bad arguments raise ``ValueError`` naming the argument before anything runs; see
+    Every backend needs ``x``, ``weight``, ``bias`` and ``residual`` of one floating dtype, a
+    ``norm_weight`` whose dtype does not promote ``x``'s (``F.linear`` would refuse the result),
+    and every tensor on ``x``'s device. Bad arguments raise ``ValueError`` naming the argument
+    before anything runs; see
     :func:`.kernel.gemv_triton` for what the ``"triton"`` backend refuses besides."""
     if backend not in GEMV_BACKENDS:
         raise ValueError(f"backend must be one of {GEMV_BACKENDS}, got {backend!r}")

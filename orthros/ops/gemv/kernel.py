@@ -578,7 +578,7 @@ def gemv_triton(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tens
     ``x.dtype``. ``M = prod(x.shape[:-1]) <= 8``. ``config``: a :class:`GemvConfig` to use
     instead of :func:`pick_config`'s (benchmark sweeps). Raises ``ValueError`` (naming the
     argument) before launching anything for: shapes, ``M > 8``, dtypes other than
-    fp16/bf16/fp32 or differing between ``x``, ``weight`` and ``norm_weight``, tensors on
+    fp16/bf16/fp32 or differing between ``x``, ``weight``, ``bias``, ``residual`` and ``norm_weight``, tensors on
     different devices or on a CPU outside the Triton interpreter, a ``weight``, ``bias`` or
     ``norm_weight`` that is not contiguous, an ``x`` or ``residual`` whose last dim is not
     contiguous or whose rows cannot be viewed as ``[M, *]``.

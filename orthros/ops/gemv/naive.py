@@ -82,7 +82,9 @@ def check_gemv_inputs(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
                       norm_weight: Optional[torch.Tensor] = None, norm_eps: Optional[float] = None,
                       act: Optional[str] = None, residual: Optional[torch.Tensor] = None,
                       out_norm_weight: Optional[torch.Tensor] = None, out_norm_eps: Optional[float] = None) -> None:
-    """Checks every backend shares (``ValueError`` naming the argument); nothing reads data."""
+    """Checks every backend shares (``ValueError`` naming the argument); nothing reads data: shapes,
+    ``x`` / ``weight`` / ``bias`` / ``residual`` of one floating dtype, a ``norm_weight`` that does
+    not promote it, every tensor on ``x``'s device."""
     if act not in ACTS:
         raise ValueError(f"act must be one of {ACTS}, got {act!r}")
     if norm_weight is not None and act is not None:
@@ -113,8 +115,26 @@ def check_gemv_inputs(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torc
         if not isinstance(residual, torch.Tensor) or tuple(residual.shape) != want:
             raise ValueError(f"residual must be None or a tensor of the output's shape {want} (x's leading dims, "
                              f"N = {N}), got {_shape(residual)}")
-        if residual.dtype != x.dtype:
-            raise ValueError(f"residual must have x's dtype {x.dtype}, got {residual.dtype}")
+    _check_dtypes_devices(x, weight, bias, norm_weight, residual, out_norm_weight)
+
+
+def _check_dtypes_devices(x, weight, bias, norm_weight, residual, out_norm_weight) -> None:
+    """One floating dtype for the product's operands (what ``F.linear`` needs, so no backend meets
+    torch's own dtype error mid-call) and one device for every tensor (metadata only: no sync)."""
+    if not x.is_floating_point() or weight.dtype != x.dtype:
+        raise ValueError(f"x and weight must share one dtype, a floating-point one, got x {x.dtype}, "
+                         f"weight {weight.dtype}")
+    for name, t in (("bias", bias), ("residual", residual)):
+        if t is not None and t.dtype != x.dtype:
+            raise ValueError(f"{name} must have x's dtype {x.dtype} (and weight's), got {t.dtype}")
+    if norm_weight is not None and torch.promote_types(norm_weight.dtype, x.dtype) != x.dtype:
+        raise ValueError(f"norm_weight's dtype {norm_weight.dtype} would promote the normalised x to "
+                         f"{torch.promote_types(norm_weight.dtype, x.dtype)}, not x's and weight's dtype {x.dtype}: "
+                         f"pass a norm_weight of x's dtype")
+    for name, t in (("weight", weight), ("bias", bias), ("norm_weight", norm_weight), ("residual", residual),
+                    ("out_norm_weight", out_norm_weight)):
+        if t is not None and t.device != x.device:
+            raise ValueError(f"{name} must be on x's device {x.device}, got {t.device}")
 
 
 __all__ = ["MAX_M", "DTYPES", "ACTS", "prologue_ref", "gemv_ref", "check_gemv_inputs"]
