@@ -310,6 +310,21 @@ def test_invalid_sampling_params(kwargs, match):
         SamplingParams(**kwargs)
 
 
+def test_sampling_params_take_numpy_numbers():
+    """Was: ``SamplingParams(temperature=np.float32(0.7))`` (a value read from an array, a sweep's grid)
+    was refused as no "finite number >= 0". NumPy numbers are kept as Python ones; bools and tensors
+    stay refused."""
+    import numpy as np
+
+    p = SamplingParams(temperature=np.float32(0.5), top_k=np.int64(3), top_p=np.float64(0.25), seed=np.uint32(7))
+    assert p == SamplingParams(temperature=0.5, top_k=3, top_p=0.25, seed=7)
+    assert [type(v) for v in (p.temperature, p.top_k, p.top_p, p.seed)] == [float, int, float, int]
+    for bad, match in ((dict(temperature=torch.tensor(0.5)), "temperature"), (dict(top_k=np.float32(2)), "top_k"),
+                       (dict(seed=np.bool_(True)), "seed"), (dict(temperature=np.float64("nan")), "temperature")):
+        with pytest.raises(ValueError, match=match):
+            SamplingParams(**bad)
+
+
 def test_bad_input_is_rejected_before_any_work():
     m = tiny_model()
     eng = Engine(m, max_batch_size=2, max_seq_len=16)
