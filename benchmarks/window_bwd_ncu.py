@@ -9,17 +9,37 @@ The optional argument is a backward config as ``--window-bwd-config`` takes it (
 ``orthros.ops.triton.attention.check_bwd_config``); default: the defaults.
 """
 
+import argparse
+import os
 import sys
 
 import torch
 
-from orthros.benchmarks.inference import parse_bwd_config
-from orthros.ops import orthros_attention
-from orthros.ops.triton import attention as ta
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from orthros.benchmarks.inference import parse_bwd_config  # noqa: E402
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                epilog="needs a CUDA GPU (Nsight Compute profiles its launches)")
+    p.add_argument("config", nargs="?", default=None, metavar="JSON",
+                   help="a backward config as --window-bwd-config takes it, e.g. "
+                        "'{\"bwd_dkdv\": [32, 64, 4, 2], \"fused\": true}' (default: the defaults)")
+    a = p.parse_args(argv)
+    try:  # were: a ValueError traceback for bad JSON, torch's AssertionError without a GPU
+        a.over = parse_bwd_config(a.config) if a.config is not None else {}
+    except ValueError as e:
+        p.error(f"config {a.config!r}: {e}")
+    if not torch.cuda.is_available():
+        p.error("needs a CUDA GPU (the window stream's Triton kernels, profiled by Nsight Compute)")
+    return a
 
 
 def main(argv):
-    over = parse_bwd_config(argv[0]) if argv else {}
+    from orthros.ops import orthros_attention
+    from orthros.ops.triton import attention as ta
+
+    over = parse_args(argv).over
     with ta.bwd_config(**over):
         print("bwd_dkdv", ta.CONFIGS["bwd_dkdv"][128], "fused", ta.FUSED_BWD, "dq", ta.DQ_VARIANT, "dkdv",
               ta.DKDV_VARIANT, flush=True)
