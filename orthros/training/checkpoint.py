@@ -34,10 +34,15 @@ class CheckpointError(RuntimeError):
 
 
 def _fault(point: str, step: int) -> None:
-    """Test hook: ORTHROS_TRAIN_FAULT=<point>:<step> hard-exits the process there (as a kill would)."""
+    """Test hook: ORTHROS_TRAIN_FAULT=<point>:<step> hard-exits the process there (as a kill would);
+    <point>:<step>:SIGTERM (or SIGINT) sends the process that signal there instead."""
     spec = os.environ.get("ORTHROS_TRAIN_FAULT", "")
     if spec and spec == f"{point}:{step}":
         os._exit(17)
+    if spec.startswith(f"{point}:{step}:"):
+        import signal
+
+        os.kill(os.getpid(), getattr(signal, spec.rsplit(":", 1)[1]))
 
 
 def ckpt_root(output_dir: str) -> Path:

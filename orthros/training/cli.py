@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from typing import Optional
 
 USAGE = """orthros train [CONFIG.yaml] [--key value ...] [--resume [PATH]] [--dry-run] [--help-config]
@@ -24,6 +26,8 @@ With no config, trains a tiny Orthros model on the embedded Shakespeare corpus (
                     point, tokenizer, data), print what it would train, write nothing
 
 Several processes: torchrun --nproc-per-node N -m orthros.train CONFIG.yaml (FSDP2).
+Ctrl-C or SIGTERM (a scheduler's preemption, torchrun stopping its workers) stops the run at once
+(exit 130 / 143): the checkpoints already written stay, one cut short is removed; --resume goes on.
 """
 
 
@@ -48,6 +52,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     path = None
     if argv and not argv[0].startswith("--"):
         path, argv = argv[0], argv[1:]
+    from ..conversion.cli import _on_sigterm, _Terminated
+
+    main_thread = threading.current_thread() is threading.main_thread()  # where a handler can be set
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
+    cfg = None
     try:
         cfg = load_config(path, argv)
         from .trainer import dry_run, train
@@ -61,7 +70,28 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (ConfigError, DataError) as e:
         print(f"orthros train: error: {e}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, _Terminated) as e:  # as Ctrl-C: the run stops, its checkpoints stay
+        return _stopped(e, cfg, dry)
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     return 0
+
+
+def _stopped(e: BaseException, cfg, dry: bool) -> int:
+    """Report a run stopped by Ctrl-C (exit 130) or SIGTERM (143), and where it can go on from."""
+    ctrl_c = isinstance(e, KeyboardInterrupt)
+    what = "interrupted" if ctrl_c else "terminated (SIGTERM)"
+    if os.environ.get("RANK", "0").strip() in ("0", ""):  # every process of torchrun gets it: one line
+        if cfg is None or dry:
+            print(f"orthros train: {what}" + ("; nothing was written" if dry else ""), file=sys.stderr)
+        else:
+            from .checkpoint import latest_checkpoint
+
+            last = latest_checkpoint(cfg.output_dir)
+            print(f"orthros train: {what}; " + (f"the latest checkpoint is {last}: --resume goes on from it" if last
+                                                 else "no checkpoint was written"), file=sys.stderr)
+    return 128 + (signal.SIGINT if ctrl_c else signal.SIGTERM)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:

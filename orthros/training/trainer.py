@@ -16,6 +16,7 @@ import math
 import os
 import random
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -736,30 +737,34 @@ class Trainer:
             from safetensors.torch import save_file
 
             tmp = ckpt.begin(cfg.output_dir, self.step)
-            if getattr(self.model.config, "tie_word_embeddings", False):
-                msd.pop("lm_head.weight", None)
-            msd = {k.replace("_orig_mod.", ""): v.contiguous() for k, v in msd.items()}
-            save_file(msd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-            self.model.config.save_pretrained(str(tmp))
-            gen = copy.deepcopy(getattr(self.model, "generation_config", None))
-            if gen is not None:  # generate() through transformers uses a KV cache
-                gen.use_cache = True
-                gen.save_pretrained(str(tmp))
-            self.tokenizer.save_pretrained(str(tmp))
-            ckpt._fault("save_mid", self.step)
-            state = {
-                "format": STATE_FORMAT,
-                "step": self.step,
-                "tokens_seen": self.tokens_seen,
-                "optimizer": osd,
-                "scheduler": self.scheduler.state_dict(),
-                "rng": rngs,
-                "data": self.stream.state_dict(),
-                "world_size": dist.world,
-            }
-            torch.save(state, tmp / TRAINER_STATE)
-            (tmp / "run_config.yaml").write_text(dump_yaml(cfg))
-            final = ckpt.commit(tmp, cfg.output_dir, self.step, cfg.checkpoint.keep_last)
+            try:
+                if getattr(self.model.config, "tie_word_embeddings", False):
+                    msd.pop("lm_head.weight", None)
+                msd = {k.replace("_orig_mod.", ""): v.contiguous() for k, v in msd.items()}
+                save_file(msd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+                self.model.config.save_pretrained(str(tmp))
+                gen = copy.deepcopy(getattr(self.model, "generation_config", None))
+                if gen is not None:  # generate() through transformers uses a KV cache
+                    gen.use_cache = True
+                    gen.save_pretrained(str(tmp))
+                self.tokenizer.save_pretrained(str(tmp))
+                ckpt._fault("save_mid", self.step)
+                state = {
+                    "format": STATE_FORMAT,
+                    "step": self.step,
+                    "tokens_seen": self.tokens_seen,
+                    "optimizer": osd,
+                    "scheduler": self.scheduler.state_dict(),
+                    "rng": rngs,
+                    "data": self.stream.state_dict(),
+                    "world_size": dist.world,
+                }
+                torch.save(state, tmp / TRAINER_STATE)
+                (tmp / "run_config.yaml").write_text(dump_yaml(cfg))
+                final = ckpt.commit(tmp, cfg.output_dir, self.step, cfg.checkpoint.keep_last)
+            except BaseException:  # Ctrl-C, SIGTERM, a full disk: no half-written checkpoint stays behind
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
         dist.barrier()
         return final
 

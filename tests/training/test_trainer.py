@@ -979,3 +979,24 @@ def test_a_glob_that_cannot_reach_the_output_dir_is_accepted(tmp_path, corpus, m
     from orthros.training.trainer import dry_run
 
     assert "every check passed" in dry_run(load_config(None, tiny("data/run", corpus, "--data.train", train_spec)))
+
+
+@pytest.mark.parametrize("fault, code, says", [
+    ("save_mid:4:SIGTERM", 143, "terminated (SIGTERM)"),  # a scheduler's preemption, mid-save
+    ("after_step:3:SIGINT", 130, "interrupted"),  # Ctrl-C between two steps
+])
+def test_sigterm_or_ctrl_c_stops_the_run_cleanly(tmp_path, corpus, reference, fault, code, says):
+    """SIGTERM (a scheduler preempting the job, torchrun stopping its workers) killed a run where it
+    stood, without a word, and a save it cut short left its .tmp- folder; it now stops as Ctrl-C does:
+    one line naming the checkpoint to go on from, exit 143 (Ctrl-C 130), no half-written checkpoint,
+    and --resume goes on as the uninterrupted run."""
+    _, ref, _ = reference
+    args = tiny(tmp_path, corpus, "--max_steps", "8", "--checkpoint.every", "2")
+    r = run_cli(args, {"ORTHROS_TRAIN_FAULT": fault})
+    assert r.returncode == code, r.stderr[-2000:]
+    last = tmp_path / "checkpoints" / "step_00000002"
+    assert f"orthros train: {says}; the latest checkpoint is {last}: --resume goes on from it" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_00000002"]  # no .tmp- left
+    train(load_config(None, args + ["--resume"]))
+    assert losses(tmp_path) == ref
