@@ -25,6 +25,7 @@ elementwise kernel and the cache write before it), with its reference
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Optional
 
 import torch
@@ -72,6 +73,19 @@ def _desc(t) -> str:
     return str(tuple(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
 
 
+def _no_backward(backend: str, op: str, *tensors) -> bool:
+    """Whether the step must run the reference because autograd records it: the Triton kernels
+    have no backward (their outputs would not require grad, so ``backward`` failed or the
+    gradient was silently lost). ``"triton"`` asked for explicitly warns, as on inputs the kernels
+    do not run. Host-side flags only: no sync, nothing in an inference-mode decode."""
+    if not (torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)):
+        return False
+    if backend == "triton":
+        warnings.warn(f"{op}: the Triton kernel has no backward and an input requires grad; using the reference",
+                      stacklevel=3)
+    return True
+
+
 def _check(q, q_out, k_cache, v_cache, cache_seqlens, window_size, scale=None):
     for name, t in (("q", q), ("q_out", q_out), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
@@ -115,7 +129,8 @@ def orthros_decode_attention(q, q_out, k_cache, v_cache, cache_seqlens, *, windo
         raise ValueError(f"stacked must be True or False, got {stacked!r}")
     _check(q, q_out, k_cache, v_cache, cache_seqlens, window_size, scale)
     window_size = min(window_size, k_cache.shape[1])  # the same keys; 10**20 overflowed int64 below
-    if use_triton(backend, q, k_cache, "orthros_decode_attention"):
+    if not _no_backward(backend, "orthros_decode_attention", q, q_out, k_cache, v_cache) \
+            and use_triton(backend, q, k_cache, "orthros_decode_attention"):
         from .triton import decode_attention_triton
 
         return decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, window_size=window_size, scale=scale,
@@ -215,6 +230,13 @@ def _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_n
                 isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
                 and a.numel() == num_heads * D and b.numel() == num_heads * D)):
             raise ValueError(f"scale_offset: each stream's alpha and beta must both be None or both [{num_heads * D}]")
+    params = (("rope's cos", rope[0]), ("rope's sin", rope[1]), ("q_norm", q_norm), ("k_norm", k_norm),
+              *zip((f"scale_offset's {n}" for n in ("alpha_w", "beta_w", "alpha_f", "beta_f")), scale_offset))
+    for name, t in params:  # the kernel reads them through pointers: a CPU one in a CUDA step is no address there
+        if t is not None and not t.is_floating_point():
+            raise ValueError(f"{name} must be a floating-point tensor, got {t.dtype}")
+        if t is not None and t.device != qkv.device:
+            raise ValueError(f"{name} must be on qkv's device {qkv.device}, got {t.device}")
     check_positive_int("window_size", window_size)
     check_scale(scale)
 
@@ -247,7 +269,9 @@ def orthros_decode_qkv_attention(qkv, k_cache, v_cache, lens, *, num_heads: int,
     window_size = min(window_size, k_cache.shape[1])  # the same keys; 10**20 overflowed int64 below
     kw = dict(num_heads=num_heads, q_rows=q_rows, rope=rope, window_size=window_size, scale=scale, q_norm=q_norm,
               k_norm=k_norm, eps=eps, scale_offset=tuple(scale_offset))
-    if use_triton(backend, qkv.unflatten(-1, (-1, k_cache.shape[3])), k_cache, "orthros_decode_qkv_attention"):
+    if not _no_backward(backend, "orthros_decode_qkv_attention", qkv, k_cache, v_cache, q_norm, k_norm, *rope,
+                        *scale_offset) \
+            and use_triton(backend, qkv.unflatten(-1, (-1, k_cache.shape[3])), k_cache, "orthros_decode_qkv_attention"):
         from .triton import decode_qkv_attention_triton
 
         return decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, **kw)

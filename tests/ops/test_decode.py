@@ -12,6 +12,7 @@ hypothesis cases, graph replays and repeated launches on the H200.
 
 import os
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -182,6 +183,47 @@ def test_window_longer_than_any_int64_is_the_whole_cache(backend):
     outs = [orthros_decode_qkv_attention(qkv, kc.clone(), vc.clone(), lens, window_size=w, backend=backend, **kw)
             for w in (10**20, 12)]
     assert torch.equal(*outs)
+
+
+@pytest.mark.parametrize("backend", ["auto", "triton"])
+def test_inputs_that_require_grad_take_the_differentiable_reference(backend):
+    # the decode kernels have no backward: their outputs did not require grad, so backward() failed
+    # ("element 0 of tensors does not require grad") or the gradient was silently lost
+    from orthros.ops.decode import decode_qkv_attention_reference, orthros_decode_qkv_attention
+
+    q, qo, kc, vc, lens = make(2, 12, 4, 2, 16, [12, 5])
+    grads = []
+    for run in ("op", "reference"):
+        qg = q.clone().requires_grad_()
+        if run == "reference":
+            o, oo = decode_attention_reference(qg, qo, kc, vc, lens, window_size=4)
+        elif backend == "triton":
+            with pytest.warns(UserWarning, match="orthros_decode_attention: the Triton kernel has no backward"):
+                o, oo = orthros_decode_attention(qg, qo, kc, vc, lens, window_size=4, backend=backend)
+        else:
+            o, oo = orthros_decode_attention(qg, qo, kc, vc, lens, window_size=4, backend=backend)
+        (o.sum() + oo.sum()).backward()
+        grads.append(qg.grad)
+    assert torch.equal(*grads)
+    with torch.no_grad(), warnings.catch_warnings():  # no graph recorded: the kernel again, without a warning
+        warnings.simplefilter("error")
+        orthros_decode_attention(q.clone().requires_grad_(), qo, kc, vc, lens, window_size=4, backend=backend)
+    qkv, kc, vc, lens, kw = make_qkv(2, 12, 4, 2, 8, [3, 11])
+    grads = []
+    for run in ("op", "reference"):
+        qn = kw["q_norm"].clone().requires_grad_()
+        args = (qkv, kc.clone(), vc.clone(), lens)
+        kwr = {**kw, "q_norm": qn, "window_size": 4}
+        if run == "reference":
+            out = decode_qkv_attention_reference(*args, **kwr)
+        elif backend == "triton":
+            with pytest.warns(UserWarning, match="orthros_decode_qkv_attention: the Triton kernel has no backward"):
+                out = orthros_decode_qkv_attention(*args, backend=backend, **kwr)
+        else:
+            out = orthros_decode_qkv_attention(*args, backend=backend, **kwr)
+        out.sum().backward()
+        grads.append(qn.grad)
+    assert torch.equal(*grads)
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="CPU tensors: the case of a CPU machine")
@@ -604,7 +646,14 @@ def test_qkv_dispatch_and_validation():
                           ({"q_rows": 1}, "q_rows must be two row indices"),
                           ({"scale_offset": None}, "scale_offset must be"),
                           ({"scale_offset": (1.0, 2.0, None, None)}, "alpha and beta must both"),
-                          ({"backend": "cuda"}, "backend must be one of")):
+                          ({"backend": "cuda"}, "backend must be one of"),
+                          # the prologue's parameters on another device or of an integer dtype: torch's own
+                          # device error mid-step (reference) or a pointer of no address for the kernel
+                          ({"q_norm": kw["q_norm"].to("meta")}, "q_norm must be on qkv's device .*, got meta"),
+                          ({"k_norm": kw["k_norm"].long()}, "k_norm must be a floating-point tensor"),
+                          ({"rope": (kw["rope"][0], kw["rope"][1].to("meta"))}, "rope's sin must be on qkv's"),
+                          ({"scale_offset": (*kw["scale_offset"][:3], kw["scale_offset"][3].to("meta"))},
+                           "scale_offset's beta_f must be on qkv's device")):
         with pytest.raises(ValueError, match=match):
             orthros_decode_qkv_attention(qkv, kc, vc, lens, **{**base, **change})
     with pytest.raises(ValueError, match="lens must be"):
