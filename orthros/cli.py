@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import re
@@ -96,19 +97,24 @@ def _main(argv) -> int:
 
         print(f"orthros {__version__}")
         return 0
+    if argv[0] == "help":  # `orthros help [command]`, as git's, pip's and cargo's
+        if len(argv) == 1 or argv[1].startswith("-"):  # (`orthros help --help`)
+            print(_usage())
+            return 0
+        argv = [argv[1], "--help"]
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
-        import difflib
-
-        close = difflib.get_close_matches(cmd, COMMANDS, n=1)
-        hint = f" (did you mean `{close[0]}`?)" if close else ""
-        print(f"orthros: error: unknown command {cmd!r}{hint}\n\n{_usage()}", file=sys.stderr)
-        return 2
+        try:
+            print(f"orthros: error: {_unknown(cmd, rest)}\n\n{_usage()}", file=sys.stderr)
+        except OSError:  # stderr's reader gone (`2>&1 >/dev/null | head -1`): still bad input, as argparse's
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stderr.fileno())  # (and none at exit's flush)
+        return EXIT_BAD_INPUT
     if not isatty(sys.stderr):  # a log or a pipe: transformers' bars would fill it with carriage returns
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         module = importlib.import_module(COMMANDS[cmd][0])
-        return int(module.main(rest) or 0)
+        with _stdout_write_errors_raise():
+            return int(module.main(rest) or 0)
     except KeyboardInterrupt:
         if os.environ.get("RANK", "0").strip() in ("0", ""):  # torchrun interrupts every rank: one line, rank 0's
             print(f"orthros {cmd}: interrupted", file=sys.stderr)
@@ -121,7 +127,79 @@ def _main(argv) -> int:
     except RUNTIME_ERRORS as e:
         if show_traceback() or (isinstance(e, BrokenPipeError) and _reader_gone()):
             raise
+        no_home = _no_home(rest) if isinstance(e, RuntimeError) and "home directory" in str(e) else None
+        if no_home:  # pathlib's expanduser of `~bbo/x`, a typo the shell leaves as typed: bad input
+            print(f"orthros {cmd}: error: {no_home}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         return _failure(f"orthros {cmd}", e)
+
+
+@contextlib.contextmanager
+def _stdout_write_errors_raise():
+    """argparse drops an error writing its help, usage or version (``ArgumentParser._print_message``
+    swallows OSError) and exits 0: ``orthros info --help > /dev/full`` succeeded, unlike ``orthros
+    --help``. While a command runs, a failed write to stdout raises (a full disk exits 1, a reader
+    gone 141); one to stderr is still dropped (an error's exit code is already non-zero)."""
+    import argparse
+
+    drop = argparse.ArgumentParser._print_message
+
+    def print_message(self, message, file=None):
+        if message and file is not None and file is sys.stdout:
+            file.write(message)
+        else:
+            drop(self, message, file)
+
+    argparse.ArgumentParser._print_message = print_message
+    try:
+        yield
+    finally:
+        argparse.ArgumentParser._print_message = drop
+
+
+# other tools' words for a command, and what orthros leaves to another tool
+SYNONYMS = {"download": "fetch", "pull": "fetch", "finetune": "train", "fine-tune": "train", "sft": "train",
+            "pretrain": "train", "cpt": "train", "run": "generate", "chat": "generate", "complete": "generate",
+            "inspect": "info", "show": "info", "describe": "info", "benchmark": "bench", "evaluate": "eval"}
+ELSEWHERE = {"serve": "vLLM serves Orthros checkpoints (`vllm serve PATH`): see docs/serving.md"}
+ELSEWHERE["vllm"] = ELSEWHERE["serve"]
+
+
+def _unknown(cmd: str, rest: list) -> str:
+    """The error for a first word that is no command, naming the one most likely meant."""
+    if cmd.startswith("-") and len(cmd) > 1:  # an option before the command
+        after = next((a for a in rest if a in COMMANDS), None)
+        hint = f"; did you mean `orthros {after} {cmd}`?" if after else ""
+        return f"unknown option {cmd!r}: options go after the command (orthros <command> [options]){hint}"
+    key = cmd.lower()
+    if key in ELSEWHERE:
+        return f"unknown command {cmd!r}: {ELSEWHERE[key]}"
+    prefixed = [c for c in COMMANDS if key and c.startswith(key)]
+    if key in COMMANDS or key in SYNONYMS or len(prefixed) == 1:
+        meant = key if key in COMMANDS else SYNONYMS.get(key) or prefixed[0]
+    else:
+        import difflib
+
+        meant = next(iter(difflib.get_close_matches(key, COMMANDS, n=1)), None)
+    return f"unknown command {cmd!r}" + (f" (did you mean `{meant}`?)" if meant else "")
+
+
+def _no_home(argv: list) -> str | None:
+    """The error for the first path of ``argv`` (a word, or an ``--opt=`` value) that starts with the
+    home folder of a user this machine does not have (``~bbo/x``), else ``None``."""
+    try:
+        import pwd
+    except ImportError:  # (Windows)
+        return None
+    for a in argv:
+        value = a.split("=", 1)[1] if a.startswith("--") and "=" in a else a
+        name = value[1:].split("/", 1)[0] if value.startswith("~") else ""
+        if name:
+            try:
+                pwd.getpwnam(name)
+            except KeyError:
+                return f"{value}: no user {name!r} on this machine (a path's ~NAME is NAME's home folder)"
+    return None
 
 
 def _failure(prog: str, e: BaseException) -> int:

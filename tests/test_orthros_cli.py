@@ -256,13 +256,14 @@ def test_an_unknown_option_is_named_with_its_sub_command(capsys):
     assert "orthros eval mqar: error: unrecognized arguments: --modesl x" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["info", "CKPT"], ["convert", "LLAMA", "NEW", "--dry-run", "--window-size", "8"]],
-                         ids=["help", "info", "convert-dry-run"])
+@pytest.mark.parametrize("argv", [["--help"], ["info", "--help"], ["info", "CKPT"],
+                                  ["convert", "LLAMA", "NEW", "--dry-run", "--window-size", "8"]],
+                         ids=["help", "info-help", "info", "convert-dry-run"])
 def test_a_reader_that_stops_early_is_no_error(argv, checkpoint, tmp_path):
     """``orthros --help | head -1``: the usage was a BrokenPipeError traceback, ``orthros info X |
     head`` "error: BrokenPipeError" and exit 1, ``orthros convert --dry-run ... | head`` "error:
-    [Errno 32] Broken pipe". A closed stdout ends the command quietly with 141 (128 + SIGPIPE, as
-    a shell's tools exit)."""
+    [Errno 32] Broken pipe", ``orthros info --help`` exit 0 (argparse drops a failed write). A
+    closed stdout ends the command quietly with 141 (128 + SIGPIPE, as a shell's tools exit)."""
     if "LLAMA" in argv:
         from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -292,6 +293,22 @@ def test_a_stdout_that_cannot_be_written_is_one_line(argv):
                            env=env, cwd=REPO, timeout=120)
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
         "orthros: error: OSError: [Errno 28] No space left on device (ORTHROS_TRACEBACK=1 shows the traceback)"], r.stderr
+
+
+@pytest.mark.parametrize("argv", [["info", "--help"], ["eval", "mqar", "--help"], ["plot", "--help"]])
+def test_a_command_help_that_cannot_be_written_is_a_failure(argv):
+    """``orthros info --help > /dev/full`` exited 0 with nothing on stderr (argparse drops a failed
+    write of its help), while ``orthros --help`` and ``orthros train --help`` exit 1 with one line."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("ORTHROS_TRACEBACK", None)
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "orthros", *argv], stdout=full, stderr=subprocess.PIPE, text=True,
+                           env=env, cwd=REPO, timeout=120)
+    assert r.returncode == 1 and r.stderr.strip().splitlines() == [
+        f"orthros {argv[0]}: error: OSError: [Errno 28] No space left on device "
+        "(ORTHROS_TRACEBACK=1 shows the traceback)"], r.stderr
 
 
 def test_a_tilde_after_an_equals_sign_is_the_home_folder(tmp_path, monkeypatch, capsys):
@@ -331,3 +348,69 @@ def test_an_interrupt_is_reported_once_under_torchrun(monkeypatch, capsys, rank,
         monkeypatch.setenv("RANK", rank)
     assert cli._main(["train"]) == 130
     assert ("orthros train: interrupted" in capsys.readouterr().err) is printed
+
+
+@pytest.mark.parametrize("typed, hint", [
+    ("genrate", "did you mean `generate`?"),  # a typo
+    ("INFO", "did you mean `info`?"),  # capitals: difflib found nothing
+    ("gen", "did you mean `generate`?"),  # a prefix: difflib found nothing
+    ("download", "did you mean `fetch`?"),  # another tool's word for a command
+    ("finetune", "did you mean `train`?"),
+    ("serve", "docs/serving.md"),  # vLLM serves the checkpoints, not an orthros command
+])
+def test_an_unknown_command_names_the_one_meant(typed, hint, capsys):
+    from orthros.cli import main
+
+    assert main([typed]) == 2
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith(f"orthros: error: unknown command {typed!r}") and hint in first, first
+
+
+def test_an_option_before_the_command_is_named_as_an_option(capsys):
+    """``orthros --json info X`` said "unknown command '--json'": options go after the command."""
+    from orthros.cli import main
+
+    assert main(["--json", "info", "X"]) == 2
+    first = capsys.readouterr().err.splitlines()[0]
+    assert first.startswith("orthros: error: unknown option '--json'") and "orthros info --json" in first, first
+
+
+def test_help_as_a_command(capsys):
+    """``orthros help`` (git's, pip's, cargo's way) was an unknown command; ``orthros help info``
+    is ``orthros info --help``."""
+    from orthros.cli import _usage, main
+
+    assert main(["help"]) == 0 and capsys.readouterr().out.strip() == _usage()
+    with pytest.raises(SystemExit) as e:
+        main(["help", "info"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("usage: orthros info")
+    assert main(["help", "nosuch"]) == 2 and "unknown command 'nosuch'" in capsys.readouterr().err
+
+
+def test_an_unknown_command_exits_2_when_stderr_is_gone():
+    """``orthros bogus 2>&1 >/dev/null | head -1``: the reader of stderr went away after the
+    error's first line, and the usage's lines after it raised BrokenPipeError: exit code 1 (a
+    traceback nobody saw). Bad input exits 2 whatever becomes of its message, as argparse's."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("ORTHROS_TRACEBACK", None)
+    p = subprocess.Popen([sys.executable, "-m", "orthros", "bogus"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, env=env, cwd=REPO)
+    p.stderr.close()  # before the command prints anything
+    assert p.wait(timeout=120) == 2
+
+
+@pytest.mark.parametrize("argv, named", [(["info", "~nosuchuser9/ckpt"], "~nosuchuser9/ckpt"),
+                                          (["plot", "RUN", "--output=~nosuchuser9/x.png"], "~nosuchuser9/x.png")])
+def test_a_home_folder_of_no_user_is_bad_input(argv, named, tmp_path, capsys):
+    """``orthros info ~bbo/ckpt`` (a typo of ``~bob``: the shell leaves it as typed) was pathlib's
+    ``RuntimeError: Could not determine home directory.``, exit 1, naming no path, in every
+    command. It is bad input: exit 2, one line naming the path and the user."""
+    pwd = pytest.importorskip("pwd")
+    from orthros.cli import main
+
+    with pytest.raises(KeyError):
+        pwd.getpwnam("nosuchuser9")
+    assert main([str(tmp_path) if a == "RUN" else a for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"orthros {argv[0]}: error: {named}: ") and "no user 'nosuchuser9'" in err, err
+    assert len(err.splitlines()) == 1
