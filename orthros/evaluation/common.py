@@ -94,6 +94,12 @@ def load_tokenizer(model_path, tokenizer_path=None):
     from transformers import AutoTokenizer
 
     src = tokenizer_path or model_path
+    if tokenizer_path is not None and not Path(tokenizer_path).is_dir():
+        # AutoTokenizer takes a name that is no local folder for a hub id: a mistyped path spent half a minute
+        # in network retries, then read as a connection error
+        why = "a file, not a directory" if Path(tokenizer_path).exists() else "no such directory"
+        raise ValueError(f"--tokenizer {tokenizer_path}: {why} (a local tokenizer directory is needed; nothing is "
+                         f"downloaded)")
     try:
         return AutoTokenizer.from_pretrained(str(src))
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds here

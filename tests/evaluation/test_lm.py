@@ -158,6 +158,26 @@ def test_bad_tokenizer_refused_before_the_model_loads(tiny, tmp_path, monkeypatc
         lm.run_lm_eval(tiny, ["orthros_tiny_cloze"], limit=2, device="cpu", tokenizer=str(tmp_path))
 
 
+@pytest.mark.parametrize("what", ["missing", "file"])
+def test_a_tokenizer_path_that_is_no_directory_is_refused_without_asking_the_hub(tmp_path, monkeypatch, what):
+    """Issue: AutoTokenizer takes a name that is no local folder for a hub id, so a mistyped --tokenizer path
+    (of `eval lm`, `niah`, `ppl`) spent half a minute in network retries (a dozen 'Retrying in 8s' lines),
+    then was refused as "no usable tokenizer in nowhere: OSError: We couldn't connect to
+    'https://huggingface.co' ..."; the evaluations download nothing (their --model is local too)."""
+    import transformers
+
+    from orthros.evaluation.common import load_tokenizer
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained",
+                        lambda *a, **kw: pytest.fail("the name was handed to transformers (a hub look-up)"))
+    path = tmp_path / "nowhere"
+    if what == "file":
+        path.write_text("{}")
+    why = "no such directory" if what == "missing" else "a file, not a directory"
+    with pytest.raises(ValueError, match=f"--tokenizer {path}: {why} \\(a local tokenizer directory is needed"):
+        load_tokenizer(tmp_path, str(path))
+
+
 def test_a_checkpoint_missing_a_tensor_is_refused_before_lm_eval_loads_it(tiny, tmp_path, monkeypatch):
     """Issue: lm-eval's loader (HFLM) was handed the directory unchecked, and transformers only logs a
     tensor that the weights lack: the task was scored with that tensor at random (as every other
