@@ -75,8 +75,17 @@ class MQARTask:
         if self.fill not in FILL_CHOICES:
             raise ValueError(f"MQAR fill must be one of {FILL_CHOICES}, got {self.fill!r}")
         mx = self.seq_len if self.max_gap is None else self.max_gap
-        if isinstance(mx, bool) or not isinstance(mx, int) or mx < self.min_gap:
+        if self.max_gap is not None and (isinstance(mx, bool) or not isinstance(mx, int) or mx < self.min_gap):
             raise ValueError(f"MQAR max_gap must be an integer >= min_gap ({self.min_gap}), got {self.max_gap!r}")
+        # the last key sits at 2N-2; all N queries (2 tokens each) must fit after the context. Checked before
+        # max_gap: an unset max_gap is seq_len, for which this bound is the stricter one, so a short seq_len is
+        # named as itself (it was refused as "max_gap 4 is too short", a max_gap never given)
+        first = max(2 * self.num_pairs, 2 * self.num_pairs - 2 + self.min_gap)
+        if self.seq_len - first < 3 * self.num_pairs:
+            raise ValueError(
+                f"MQAR seq_len {self.seq_len} is too short for num_pairs={self.num_pairs} and min_gap={self.min_gap}: "
+                f"need seq_len >= {first + 3 * self.num_pairs} (context of {2 * self.num_pairs} tokens, then room "
+                f"for {self.num_pairs} query/answer pairs)")
         # the first key (position 0) is asked at >= max(2N, min_gap); generate places the queries one at a
         # time, and each of the other N - 1 takes up to 3 of its positions (the query, its answer slot, the
         # slot before): with fewer than 3N - 2 allowed positions it can find none left
@@ -86,13 +95,6 @@ class MQARTask:
                              f"the first key (position 0) can be asked only from position {earliest} on, and its "
                              f"query needs room beside the other {self.num_pairs - 1} (3 positions each); need "
                              f"max_gap >= {earliest + 3 * self.num_pairs - 3}")
-        # the last key sits at 2N-2; all N queries (2 tokens each) must fit after the context
-        first = max(2 * self.num_pairs, 2 * self.num_pairs - 2 + self.min_gap)
-        if self.seq_len - first < 3 * self.num_pairs:
-            raise ValueError(
-                f"MQAR seq_len {self.seq_len} is too short for num_pairs={self.num_pairs} and min_gap={self.min_gap}: "
-                f"need seq_len >= {first + 3 * self.num_pairs} (context of {2 * self.num_pairs} tokens, then room "
-                f"for {self.num_pairs} query/answer pairs)")
         return self
 
     def gap_pmf(self) -> np.ndarray:

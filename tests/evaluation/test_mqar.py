@@ -98,6 +98,10 @@ def test_generator_is_deterministic_per_seed():
     # passed validate, then every sequence failed to generate (in each worker with --jobs)
     (dict(num_pairs=4, max_gap=7), r"max_gap 7 is too short for num_pairs=4 and min_gap=1: .* need max_gap >= 17"),
     (dict(vocab_size=0), "vocab_size"),
+    # max_gap unset (seq_len): a short seq_len was refused as "max_gap 4 is too short" (--seq-len 4) or "max_gap
+    # must be an integer >= min_gap (10), got None" (--seq-len 8 --min-gap 10), naming a max_gap never given
+    (dict(seq_len=4), r"^MQAR seq_len 4 is too short for num_pairs=4 and min_gap=1: need seq_len >= 20 "),
+    (dict(seq_len=8, min_gap=10), r"^MQAR seq_len 8 is too short for num_pairs=4 and min_gap=10: need seq_len >= 28 "),
 ])
 def test_bad_task_settings_are_rejected(kw, msg):
     with pytest.raises(ValueError, match=msg):
