@@ -271,7 +271,7 @@ def _mqar(a) -> int:
     if a.hidden_size % a.heads:
         raise ValueError(f"--hidden-size ({a.hidden_size}) must be a multiple of --heads ({a.heads})")
     print(f"MQAR: vocab {task.vocab_size}, seq {task.seq_len}, {task.num_pairs} pairs, gaps ~ gap^-{task.power:g} "
-          f"in [{task.min_gap}, {task.max_gap or task.seq_len}], window {tr.window_size}; {tr.num_layers} layers, "
+          f"in [{task.min_gap}, {min(task.max_gap or task.seq_len, task.seq_len - 2)}], window {tr.window_size}; {tr.num_layers} layers, "
           f"d={tr.hidden_size}, {tr.steps} steps x {tr.batch_size} on {tr.device}{', compiled' if tr.compile else ''}"
           + (f", {min(a.jobs, len(models))} models at once" if a.jobs > 1 and len(models) > 1 else ""))
     out = run_mqar(task, tr, progress=not a.no_progress, jobs=a.jobs)

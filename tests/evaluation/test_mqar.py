@@ -323,6 +323,22 @@ def test_cli_mqar_bad_input_refused_before_training(tmp_path, capsys, monkeypatc
     assert msg.replace("{tmp}", str(tmp_path)) in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args, gaps", [([], "[1, 30]"), (["--max-gap", "100"], "[1, 30]"),
+                                         (["--min-gap", "3", "--max-gap", "20"], "[3, 20]")])
+def test_cli_mqar_header_names_the_gaps_the_sequences_can_hold(capsys, monkeypatch, args, gaps):
+    """Issue: the header said 'gaps ~ gap^-1 in [1, 32]' for --seq-len 32, but a query sits at most at
+    position seq_len - 2 (its answer follows it) and a key at 0 or later: no gap exceeds seq_len - 2."""
+    import orthros.evaluation.mqar as mqar
+    from orthros.evaluation.cli import main
+
+    def stop(*a, **kw):
+        raise ValueError("stopped before training")
+
+    monkeypatch.setattr(mqar, "run_mqar", stop)
+    assert main(["mqar", "--no-progress", "--seq-len", "32", *args]) == 2
+    assert f"gaps ~ gap^-1 in {gaps}, window 8" in capsys.readouterr().out
+
+
 def test_run_mqar_checks_hybrid_layers_before_training():
     """The library path: run_mqar refuses a hybrid it cannot build before training the models before it."""
     task = MQARTask(vocab_size=16, seq_len=32, num_pairs=2)
