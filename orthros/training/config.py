@@ -323,8 +323,8 @@ def _override_texts(argv: list[str]) -> list[tuple[str, Optional[str]]]:
 def _override_value(raw: str) -> Any:
     """An override's value as YAML reads it (numbers, true/false, null, lists), or its text where
     YAML would not keep it: '*.jsonl' (an alias to YAML), '@x', 'run #2' (' #2' a comment)."""
-    if raw == "":
-        return ""
+    if not raw.strip():  # YAML's null: '' or ' ' is no value given (refused as such), not "none"
+        return raw
     try:
         value = yaml.safe_load(raw)
     except yaml.YAMLError:
@@ -477,8 +477,14 @@ def validate(cfg: RunConfig) -> None:
     if cfg.mode == "cpt" and not cfg.model.init_from:
         raise ConfigError("mode 'cpt' continues pre-training from a checkpoint: set model.init_from "
                           "to an Orthros (or converted) checkpoint directory")
-    if not cfg.output_dir:
-        raise ConfigError("output_dir must be set")
+    names = {"output_dir": "a directory", "model.init_from": "a checkpoint directory or hub model (null: none)",
+             "data.tokenizer": "'embedded', a tokenizer directory or hub name", "data.train": "a dataset",
+             "data.eval": "a dataset (null: no eval)"}
+    for key, what in names.items():  # '' or ' ': an unset shell variable ('' init_from trained from scratch)
+        v = _get(cfg, key)
+        for item in (v if isinstance(v, list) else [v]):
+            if isinstance(item, str) and not item.strip():
+                raise ConfigError(f"{key} is {item!r}: name {what}")
     if not cfg.data.train:  # '' or []
         raise ConfigError(f"data.train must name a dataset, got {cfg.data.train!r}")
     if cfg.data.eval is not None and not cfg.data.eval:

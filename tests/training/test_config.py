@@ -118,6 +118,14 @@ def test_help_config_gives_each_key_its_default_and_meaning():
     # 'cannot tell the format of []'
     (["--data.train", "[]"], r"data.train must name a dataset, got \[\]"),
     (["--data.eval", "[]"], r"data.eval must name a dataset \(or be null: no eval\), got \[\]"),
+    # an unset shell variable: '' init_from trained from scratch without a word, '' tokenizer failed as a
+    # hub repo id, ' ' was YAML's null ("'output_dir' may not be null")
+    (["--model.init_from", ""], r"model.init_from is '': name a checkpoint directory or hub model \(null: none\)"),
+    (["--data.tokenizer", ""], "data.tokenizer is '': name 'embedded', a tokenizer directory or hub name"),
+    (["--output_dir", " "], "output_dir is ' ': name a directory"),
+    (["--data.train", "[a.jsonl, ' ']"], "data.train is ' ': name a dataset"),
+    (["--data.eval", " "], r"data.eval is ' ': name a dataset \(null: no eval\)"),
+    (["--model.head_dim", " "], "'model.head_dim' expects int or NoneType, got ' '"),
 ])
 def test_bad_values_are_refused_at_load_time(args, msg):
     with pytest.raises(ConfigError, match=msg):
