@@ -250,7 +250,7 @@ def load_tokenizer(cfg: RunConfig):
             name, key = init, "model.init_from"
     if name != "embedded" and not Path(name).expanduser().is_dir():
         refuse_file(key, name, "tokenizer directory")
-        check_hub_name(key, name, "tokenizer")
+        check_hub_name(key, name, "model" if key == "model.init_from" else "tokenizer")  # init_from names a model
     try:
         tok = _load(name)
     except Exception as e:  # noqa: BLE001

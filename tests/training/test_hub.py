@@ -52,15 +52,16 @@ def test_reachable_when_the_host_resolves(monkeypatch):
         hub_unreachable.cache_clear()
 
 
-@pytest.mark.parametrize("key,value,what", [
-    ("--model.init_from", "no-such-org/no-such-model", "model.init_from"),
-    ("--data.tokenizer", "no-such-org/no-such-tokenizer", "data.tokenizer"),
-    ("--data.train", "no-such-org/no-such-dataset", "data.train"),
+@pytest.mark.parametrize("key,value,what,kind", [
+    ("--model.init_from", "no-such-org/no-such-model", "model.init_from", "model"),  # said 'a hub tokenizer'
+    ("--data.tokenizer", "no-such-org/no-such-tokenizer", "data.tokenizer", "tokenizer"),
+    ("--data.train", "no-such-org/no-such-dataset", "data.train", "dataset"),
 ])
-def test_a_config_naming_the_hub_offline_fails_at_once(tmp_path, corpus, offline, key, value, what):  # noqa: F811
-    """Our error (before any hub client runs: it would have raised its own), naming the key."""
+def test_a_config_naming_the_hub_offline_fails_at_once(tmp_path, corpus, offline, key, value, what, kind):  # noqa: F811
+    """Our error (before any hub client runs: it would have raised its own), naming the key and what
+    it names (model.init_from's own tokenizer is looked up first: it was called 'a hub tokenizer')."""
     extra = ["--mode", "cpt"] if key == "--model.init_from" else []
-    with pytest.raises(ConfigError, match=rf"^{what}: '{value}' is not a local path.*unreachable"):
+    with pytest.raises(ConfigError, match=rf"^{what}: '{value}' is not a local path, and as a hub {kind} .*unreachable"):
         dry_run(load_config(None, tiny(tmp_path / "run", corpus, *extra, key, value)))
     assert not (tmp_path / "run").exists()
 
