@@ -463,3 +463,34 @@ def test_causal_conv1d_window_is_never_a_view_of_the_chunk():
         assert s.is_contiguous() and s.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
         s.zero_()
         assert bool((x != 0).all())
+
+
+def test_tensors_on_another_device_refused_by_name():
+    # a tensor on another device than q (x for the convolution) was torch's own "Tensor on device cpu is
+    # not on the expected device meta!" mid-op, naming no argument; a q_out there ran; an integer
+    # initial_state was taken. The meta device stands for a second device (no data, metadata only).
+    q, k, v, g, beta = _inputs(1, 6, 2, 2, 4, 3)
+    state = torch.zeros(1, 2, 4, 3, dtype=q.dtype)
+    for name, kw in (("k", dict(k=k.to("meta"))), ("v", dict(v=v.to("meta"))), ("g", dict(g=g.to("meta"))),
+                     ("beta", dict(beta=beta.to("meta"))), ("q_out", dict(q_out=q.to("meta"))),
+                     ("initial_state", dict(initial_state=state.to("meta")))):
+        a = dict(q=q, k=k, v=v, g=g, beta=beta)
+        a.update(kw)
+        with pytest.raises(ValueError, match=f"gated_delta_rule: {name} must be on q's device cpu, got meta"):
+            gated_delta_rule(a.pop("q"), a.pop("k"), a.pop("v"), a.pop("g"), a.pop("beta"), backend="torch", **a)
+    with pytest.raises(ValueError, match="gated_delta_rule: initial_state must be a floating tensor"):
+        gated_delta_rule(q, k, v, g, beta, initial_state=state.long())
+    step = [t[:, 0] for t in (q, k, v, g, beta)]
+    for name, i in (("v", 2), ("state", 5), ("q_out", 6)):
+        a = [*step, state.clone(), step[0]]
+        a[i] = a[i].to("meta")
+        with pytest.raises(ValueError, match=f"gated_delta_rule_step: {name} must be on q's device cpu, got meta"):
+            gated_delta_rule_step(*a[:6], q_out=a[6])
+    x, w = torch.randn(1, 5, 3), torch.randn(3, 4)
+    for name, kw in (("weight", dict(weight=w.to("meta"))), ("state", dict(state=torch.zeros(1, 3, 3, device="meta")))):
+        a = dict(x=x, weight=w)
+        a.update(kw)
+        with pytest.raises(ValueError, match=f"causal_conv1d: {name} must be on x's device cpu, got meta"):
+            causal_conv1d(**a)
+    with pytest.raises(ValueError, match="causal_conv1d: weight must be a tensor \\[C=3, W >= 1\\], got list"):
+        causal_conv1d(x, w.tolist())  # was AttributeError: 'list' object has no attribute 'shape'

@@ -78,9 +78,11 @@ def gated_delta_rule(
         raise ValueError(f"gated_delta_rule: q, k must be [B, T, H, K] (H, K >= 1), v [B, T, HV, V] (HV a multiple of "
                          f"H), g and beta [B, T, HV]; got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"g {tuple(g.shape)}, beta {tuple(beta.shape)}")
-    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("q_out", q_out)):
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("q_out", q_out),
+                    ("initial_state", initial_state)):
         if t is not None and not t.is_floating_point():
             raise ValueError(f"gated_delta_rule: {name} must be a floating tensor, got {t.dtype}")
+    _check_devices("gated_delta_rule", q=q, k=k, v=v, g=g, beta=beta, q_out=q_out, initial_state=initial_state)
     if q_out is not None and (q_out.dim() != 4 or q_out.shape[0] != B or q_out.shape[2:] != (H, K)):
         raise ValueError(f"gated_delta_rule: q_out must be [B={B}, T_out, H={H}, K={K}], got {tuple(q_out.shape)}")
     if cu_seqlens is not None:  # its values are checked where they are read (the PyTorch GDN)
@@ -153,6 +155,15 @@ def gated_delta_rule(
     return o, o_out, (final if output_final_state else None)
 
 
+def _check_devices(who: str, **tensors) -> None:
+    """Every tensor given (None: absent) on the first one's device: else torch's own "not on the
+    expected device" came mid-op. Metadata only, no sync."""
+    (first, ref), *rest = tensors.items()
+    for name, t in rest:
+        if t is not None and t.device != ref.device:
+            raise ValueError(f"{who}: {name} must be on {first}'s device {ref.device}, got {t.device}")
+
+
 def _check_cu_seqlens(who: str, cu_seqlens, B: int, device) -> torch.Tensor:
     """``cu_seqlens`` (a tensor or a list) as a tensor on ``device``: 1-D integers, ``B == 1``;
     its values are not read here (that would read the device back)."""
@@ -195,6 +206,7 @@ def gated_delta_rule_step(q, k, v, g, beta, state, *, q_out=None, scale=None, us
                          f"g and beta [B, HV], state [B, HV, K, V]; got q {tuple(q.shape)}, k {tuple(k.shape)}, "
                          f"v {tuple(v.shape)}, g {tuple(g.shape)}, beta {tuple(beta.shape)}, state {tuple(state.shape)}"
                          + (f", q_out {tuple(q_out.shape)}" if q_out is not None else ""))
+    _check_devices(who, q=q, k=k, v=v, g=g, beta=beta, state=state, q_out=q_out)
     if state.dtype not in (torch.float32, torch.float64):  # the recurrence accumulates in the state's dtype
         raise ValueError(f"{who}: state must be float32 (or float64), got {state.dtype}")
     check_scale(scale)
@@ -219,14 +231,18 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: Optional[torch.T
         raise ValueError(f"causal_conv1d: x must be a tensor [B, T, C], got "
                          f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
     B, T, C = x.shape
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+        raise ValueError(f"causal_conv1d: weight must be a tensor [C={C}, W >= 1], got "
+                         f"{tuple(weight.shape) if isinstance(weight, torch.Tensor) else type(weight).__name__}")
     W = weight.shape[-1]
-    if weight.dim() != 2 or weight.shape[0] != C or W == 0:
+    if weight.shape[0] != C or W == 0:
         raise ValueError(f"causal_conv1d: weight must be [C={C}, W >= 1], got {tuple(weight.shape)}")
     if state is not None and tuple(state.shape) != (B, C, W - 1):
         raise ValueError(f"causal_conv1d: state must be [B={B}, C={C}, W - 1={W - 1}], got {tuple(state.shape)}")
     for name, t in (("x", x), ("weight", weight), ("state", state)):
         if t is not None and not t.is_floating_point():  # an integer x came back rounded to integers
             raise ValueError(f"causal_conv1d: {name} must be a floating tensor, got {t.dtype}")
+    _check_devices("causal_conv1d", x=x, weight=weight, state=state)
     if T == 0:  # nothing to convolve (F.conv1d refuses an input shorter than its kernel); the window stays
         return x.new_empty(B, 0, C), _window_after(x, state, W)
     asked = backend
