@@ -17,18 +17,24 @@ def _conversion_window(a) -> int:
     """``--window`` of ``niah`` / ``lm`` / ``ppl``: the base stream window of a Llama / Qwen2 / Qwen3 /
     Mistral ``--model`` converted on the fly. An Orthros checkpoint keeps the window it was built with,
     so an explicit ``--window`` for one is refused rather than ignored."""
-    from .common import read_config, read_model_type
+    from .common import read_config, read_max_positions, read_model_type
 
-    if a.window is None:
-        return CONVERT_WINDOW
     cfg = read_config(a.model)
     if read_model_type(a.model, cfg) == "orthros":
+        if a.window is None:
+            return CONVERT_WINDOW
         raise ValueError(f"--window applies to a Llama / Qwen2 / Qwen3 / Mistral / Qwen3.5 checkpoint converted on the fly; "
                          f"--model {a.model} is an Orthros checkpoint, which keeps its own window "
                          f"({cfg.get('window_size')}); drop --window")
-    if a.window < 1:
-        raise ValueError(f"--window must be >= 1, got {a.window}")
-    return a.window
+    window = CONVERT_WINDOW if a.window is None else a.window
+    if window < 1:
+        raise ValueError(f"--window must be >= 1, got {window}")
+    max_pos = read_max_positions(a.model)
+    if max_pos is not None and window > max_pos:  # the conversion refuses it, naming window_size, not the option
+        raise ValueError(f"--window {window}{' (the default)' if a.window is None else ''} exceeds the "
+                         f"max_position_embeddings ({max_pos}) of --model {a.model}: the window would hold every "
+                         f"position (no sliding window); give --window <= {max_pos}")
+    return window
 
 
 def _add_conversion_window(p) -> None:

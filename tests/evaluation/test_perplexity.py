@@ -211,6 +211,19 @@ def test_window_is_refused_for_an_orthros_checkpoint_and_reaches_a_conversion(ti
     assert eval_main(args + ["--model", str(llama), "--window", "4"]) == 2
     assert eval_main(args + ["--model", str(llama)]) == 2
     assert seen == [4, 128]
+    # a window beyond the model's positions was refused by the conversion as "window_size=300 exceeds the
+    # source's max_position_embeddings=256; choose a window_size <= 256", an option `eval` does not have
+    assert eval_main(args + ["--model", str(llama), "--window", "300"]) == 2
+    assert ("--window 300 exceeds the max_position_embeddings (256) of --model "
+            f"{llama}: the window would hold every position (no sliding window); give --window <= 256"
+            in capsys.readouterr().err)
+    short = tmp_path / "short"
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, max_position_embeddings=64)).save_pretrained(short)
+    tok.save_pretrained(short)
+    assert eval_main(args + ["--model", str(short)]) == 2
+    assert "--window 128 (the default) exceeds the max_position_embeddings (64)" in capsys.readouterr().err
+    assert seen == [4, 128]
     # --attention-mode is for an Orthros checkpoint: refused before the held-out text is tokenized (it was
     # refused only after every window had been cut)
     import orthros.evaluation.perplexity as perplexity
