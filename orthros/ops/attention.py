@@ -162,7 +162,8 @@ def orthros_attention(
     if not (q.dtype == k.dtype == v.dtype == q_out.dtype):
         raise ValueError(f"q, k, v, q_out must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}, {q_out.dtype}")
     if not (q.device == k.device == v.device == q_out.device):
-        raise ValueError("q, k, v, q_out must be on the same device")
+        raise ValueError(f"q, k, v, q_out must be on the same device, got {q.device}, {k.device}, {v.device}, "
+                         f"{q_out.device}")
     check_scale(scale)
     if scale is None:
         scale = 1.0 / math.sqrt(D)

@@ -50,6 +50,8 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scal
         raise ValueError(f"query heads ({Hq}) must be a multiple of key/value heads ({Hkv})")
     if D == 0:
         raise ValueError(f"the head dim D of q and k must be >= 1, got q {tuple(q.shape)}")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     G = Hq // Hkv
     acc = acc_dtype(q.dtype)
     if scale is None:
@@ -91,6 +93,8 @@ def merge_partials(o: torch.Tensor, lse: torch.Tensor) -> Tuple[torch.Tensor, to
     if o.dim() < 2 or o.shape[0] == 0 or lse.shape != o.shape[:-1]:
         raise ValueError(f"merge_partials needs o [R, ..., D] and lse [R, ...] = o's shape without D, R >= 1 "
                          f"partials; got o {tuple(o.shape)} and lse {tuple(lse.shape)}")
+    if o.device != lse.device:
+        raise ValueError(f"merge_partials: o and lse must be on one device, got {o.device} and {lse.device}")
     mx = lse.amax(0)
     mx_safe = torch.where(torch.isfinite(mx), mx, torch.zeros_like(mx))
     w = torch.exp(lse - mx_safe.unsqueeze(0))  # -inf -> 0

@@ -69,3 +69,14 @@ def test_head_dim_zero_and_non_tensor_partials_refused_naming_the_argument():
         merge_partials(o, lse.long())
     with pytest.raises(ValueError, match="o must be a floating"):
         merge_partials(o.long(), lse)
+
+
+def test_tensors_on_another_device_refused_naming_them():
+    # torch's own "Tensor on device meta is not on the expected device cpu!" came from inside the
+    # einsum / amax (the meta device stands for a second one)
+    q, k, v = torch.randn(1, 2, 2, 4), torch.randn(1, 5, 2, 4), torch.randn(1, 5, 2, 4)
+    with pytest.raises(ValueError, match="q, k, v must be on one device, got cpu, meta, cpu"):
+        partial_attention(q, k.to("meta"), v)
+    o, lse = partial_attention(q, k, v)
+    with pytest.raises(ValueError, match="merge_partials: o and lse must be on one device, got cpu and meta"):
+        merge_partials(o[None], lse[None].to("meta"))

@@ -175,6 +175,8 @@ def test_bad_shapes_and_dtypes():
         orthros_attention(q, k.half(), v, q_out, window_size=4)
     with pytest.raises(ValueError, match="floating"):
         orthros_attention(q, k.long(), v, q_out, window_size=4)
+    with pytest.raises(ValueError, match="same device, got cpu, cpu, meta, cpu"):  # the devices named
+        orthros_attention(q, k, v.to("meta"), q_out, window_size=4)
     with pytest.raises(ValueError, match="dims"):
         orthros_attention(q[0], k, v, q_out, window_size=4)
     with pytest.raises(ValueError, match="head dim"):
