@@ -289,7 +289,9 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
             steps = engine.stream([ids], args.max_new_tokens, _request_sampling(sampling, len(history)),
                                   eos_token_id=eos, continue_=bool(history))
         except RequestTooLong as e:  # said with the options that change it, not the engine's arguments
-            raise ValueError(e.phrased(CLI_NAMES, where="this turn")) from None
+            full = e.n_cached + e.max_new_tokens > min(e.max_seq_len, e.max_positions)  # not even 1 token fits
+            raise ValueError(e.phrased(CLI_NAMES, where="this turn") + (
+                " (the conversation has no room left for another turn)" if full else "")) from None
         with torch.no_grad():
             for step in steps:
                 if step[0] is not None:  # a host int: the step's device work is done

@@ -72,8 +72,9 @@ class RequestTooLong(ValueError):
         value, ``more_slots`` may name ``{max_positions}``) for the settings and ``where`` (default:
         the request's row or place) for the request."""
         n = {**ENGINE_NAMES, **(names or {})}
-        what = (f"{where or self.where}: {self.n_cached} cached + {self.n_new} new prompt tokens + "
-                f"{self.max_new_tokens} new tokens")
+        held = f"{self.n_cached} tokens so far + {self.n_new} of the new turn" if self.n_cached else \
+            f"{self.n_new} prompt tokens"
+        what = f"{where or self.where}: {held} + {self.max_new_tokens} new tokens"
         if self.need > self.max_positions:
             return (f"{what} need positions 0..{self.need - 1}, beyond the model's max_position_embeddings="
                     f"{self.max_positions}; shorten the prompt or lower {n['max_new_tokens']}")
@@ -83,8 +84,8 @@ class RequestTooLong(ValueError):
 
 def check_fits(n_cached: int, n_new: int, max_new_tokens: int, *, max_seq_len: int, max_positions: int,
                row: int = 0, where: Optional[str] = None, names: Optional[dict] = None) -> None:
-    """The length check of one row of a request: ``n_cached`` tokens in the cache, ``n_new``
-    new prompt tokens, ``max_new_tokens`` to generate (the last is never fed back) must fit the
+    """The length check of one row of a request: ``n_cached`` tokens of the conversation so far
+    (in the cache, or its last token pending), ``n_new`` new prompt tokens, ``max_new_tokens`` to generate (the last is never fed back) must fit the
     model's positions and the cache's slots. A :class:`RequestTooLong` (a ``ValueError``) names
     what does not fit, the settings by ``names`` (default :data:`ENGINE_NAMES`) and the row by
     ``where`` (e.g. a file and line), else ``row {row}``."""
@@ -365,7 +366,8 @@ class Engine:
         for i, r in enumerate(rows):
             if len(r) == 0:
                 raise ValueError(f"prompts[{i}] is empty: every row needs at least one new token")
-            check_fits(past[i], len(r), max_new_tokens, max_seq_len=self.max_seq_len,
+            so_far = past[i] + (continue_ and self._pending[i] is not None)  # a pending token is the conversation's
+            check_fits(so_far, past[i] + len(r) - so_far, max_new_tokens, max_seq_len=self.max_seq_len,
                        max_positions=self.config.max_position_embeddings, row=i)
         return rows, past
 

@@ -114,26 +114,33 @@ def test_generate_reports_prompt_too_long(checkpoint, capsys):
     rc = orthros_main(["generate", "--model", str(d), "--device", "cpu", "--max-seq-len", "4",
                        "w1 w2 w3 w4 w5 w6"])
     err = capsys.readouterr().err
-    assert rc == 2 and "the prompt: 0 cached + 6 new prompt tokens + 256 new tokens needs 261 cache slots > " \
+    assert rc == 2 and "the prompt: 6 prompt tokens + 256 new tokens needs 261 cache slots > " \
         "--max-seq-len 4; shorten the prompt, lower --max-new-tokens or raise --max-seq-len" in err, err
     assert "max_seq_len" not in err and "max_new_tokens" not in err and "build the engine" not in err
 
 
 def test_interactive_turn_too_long_is_said_in_option_names(checkpoint, capsys):
-    """A turn that does not fit the conversation's cache is reported with the command's options (was:
-    "row 0: ... > max_seq_len=16; ... lower max_new_tokens or build the engine with a larger
-    max_seq_len"), and the conversation goes on with the next turn."""
+    """A turn that does not fit the conversation's cache is reported with the command's options and
+    the conversation's tokens so far (was: "row 0: 5 cached + 13 new prompt tokens ... > max_seq_len=12;
+    ... lower max_new_tokens or build the engine with a larger max_seq_len": the engine's names, and the
+    reply's last token counted in the user's turn); the conversation goes on with the next turn, and
+    once no turn can fit any more, the error says so."""
     d, m = checkpoint
-    argv = ["generate", "--model", str(d), "--device", "cpu", "--max-new-tokens", "3", "--max-seq-len", "16",
+    argv = ["generate", "--model", str(d), "--device", "cpu", "--max-new-tokens", "3", "--max-seq-len", "12",
             "--interactive"]
-    rc, text = run_cli(argv, stdin="w1 w2 w3\n" + "w4 " * 12 + "\nw5\n")
+    rc, text = run_cli(argv, stdin="w1 w2 w3\n" + "w4 " * 12 + "\nw5\nw6\n")
     err = capsys.readouterr().err
-    assert rc == 0 and "this turn: 5 cached + 13 new prompt tokens + 3 new tokens needs 20 cache slots > " \
-        "--max-seq-len 16; shorten the prompt, lower --max-new-tokens or raise --max-seq-len" in err, err
-    assert "max_seq_len" not in err and "max_new_tokens" not in err and "row 0" not in err
-    eng = Engine(m, max_seq_len=16)
+    eng = Engine(m, max_seq_len=12)
     g1 = eng.generate([[WORDS.index(w) for w in "w1 w2 w3".split()]], 3, eos_token_id=0)[0]
     g2 = eng.generate([[WORDS.index("w5")]], 3, eos_token_id=0, continue_=True)[0]
+    n1, n2 = 3 + len(g1), 3 + len(g1) + 1 + len(g2)
+    assert rc == 0 and f"this turn: {n1} tokens so far + 12 of the new turn + 3 new tokens needs {n1 + 14} cache " \
+        "slots > --max-seq-len 12; shorten the prompt, lower --max-new-tokens or raise --max-seq-len (up to the " \
+        "model's max_position_embeddings=512)\n" in err, err
+    assert n2 + 3 > 12 and f"this turn: {n2} tokens so far + 1 of the new turn + 3 new tokens needs {n2 + 3} cache " \
+        "slots > --max-seq-len 12; shorten the prompt, lower --max-new-tokens or raise --max-seq-len (up to the " \
+        "model's max_position_embeddings=512) (the conversation has no room left for another turn)" in err, err
+    assert "max_seq_len" not in err and "max_new_tokens" not in err and "row 0" not in err
     assert [line.split() for line in text.strip("\n").split("\n")] == \
         [[WORDS[i] for i in g if i > 1] for g in (g1, g2)]
 
@@ -298,8 +305,8 @@ def test_generate_prompt_file_errors_before_any_work(checkpoint, tmp_path, capsy
                         (["w1", "-o", str(out)], "--output goes with --prompts"),
                         (["--prompts", str(good), "-o", str(tmp_path)], "is a directory"),
                         (["--prompts", str(good), "--batch-size", "0"], "--batch-size must be >= 1"),
-                        (["--prompts", str(tmp_path / "long.txt"), "--max-seq-len", "32"], "long.txt:1: 0 cached + 70 new prompt "
-                         "tokens + 4 new tokens needs 73 cache slots > --max-seq-len 32; shorten the prompt, lower "
+                        (["--prompts", str(tmp_path / "long.txt"), "--max-seq-len", "32"], "long.txt:1: 70 prompt tokens + 4 new "
+                         "tokens needs 73 cache slots > --max-seq-len 32; shorten the prompt, lower "
                          "--max-new-tokens or raise --max-seq-len")):
         rc, text = run_cli(base + extra + ([] if "-o" in extra else ["-o", str(out)]))
         err = capsys.readouterr().err
@@ -478,7 +485,7 @@ def test_a_prompt_file_error_names_the_prompt_s_line(checkpoint, tmp_path, capsy
     d, _ = checkpoint
     (tmp_path / "long.txt").write_text("w1\n\n" + "w1 " * 70 + "\n")
     (tmp_path / "blank.jsonl").write_text(json.dumps({"prompt": "w1"}) + "\n\n" + json.dumps({"prompt": " "}) + "\n")
-    for name, says in (("long.txt", "long.txt:3: 0 cached + 70 new prompt tokens"),
+    for name, says in (("long.txt", "long.txt:3: 70 prompt tokens + 4 new tokens"),
                        ("blank.jsonl", "blank.jsonl:3: the prompt encodes to no tokens")):
         rc, text = run_cli(["generate", "--model", str(d), "--device", "cpu", "--max-new-tokens", "4",
                             "--max-seq-len", "32", "--prompts", str(tmp_path / name)])
