@@ -1,4 +1,4 @@
-"""Where the engine's time goes (GPU). ``--phase decode`` (default): a decode step the engine's step on the Qwen3-8B shape (random
+"""Where the engine's time goes (GPU). ``--phase decode`` (default): the engine's decode step on the Qwen3-8B shape (random
 weights, bf16), timed under its CUDA graph, then profiled kernel by kernel (the same step run
 outside the graph, so every kernel is recorded). Prints the step time, the HBM floor, the sum
 of kernel times and a breakdown by kernel class (GEMM/GEMV, fused elementwise, attention,
@@ -42,6 +42,7 @@ Hybrid's 128K prefill time goes (kernel classes: matmul, attention, GDN, element
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import sys
 from collections import defaultdict
@@ -227,9 +228,10 @@ def profile_prefill(eng, B, L, reps=10, profiled=3):
 
 
 def run_header(a, dev) -> dict:
-    """The JSON's first fields, both phases: what ran, where, at which commit."""
+    """The JSON's first fields, both phases: what ran, where, when, at which commit."""
     return {"phase": a.phase, "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
-            "commit": commit_id(), "preset": a.preset, "context": a.context, "batch": a.batch, "compile": a.compile}
+            "commit": commit_id(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__, "preset": a.preset, "context": a.context, "batch": a.batch, "compile": a.compile}
 
 
 CACHE_HEADROOM = 64  # the engines' cache: --context + this many slots (the decode steps past the context)
@@ -272,16 +274,19 @@ def main_prefill(a, model, dev):
 
 
 def main():
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--phase", default="decode", choices=["decode", "prefill"])
-    p.add_argument("--compile", action="store_true")
+    p.add_argument("--compile", action="store_true", help="the engine's torch.compile'd pieces (and the peer's)")
     p.add_argument("--gemv", action="store_true",
                    help="decode: the engine with Engine(gemv=True) (fused weight-streaming GEMVs)")
-    p.add_argument("--context", type=int, default=1024)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--json", default=None)
-    p.add_argument("--preset", default="qwen3-8b", choices=list(PRESETS),
-                   help="qwen3.5-9b / tiny-h: Orthros-H, whose 'full' mode is the Linear Hybrid")
+    p.add_argument("--context", type=int, default=1024,
+                   help=f"decode: cached tokens per row; prefill: prompt tokens per row (default 1024; at most the "
+                        f"preset's max_position_embeddings - {CACHE_HEADROOM})")
+    p.add_argument("--batch", type=int, default=1, help="rows (default 1)")
+    p.add_argument("--json", default=None, help="write the figures here (JSON, with device, commit and date)")
+    p.add_argument("--preset", default=None, choices=list(PRESETS),
+                   help="the model's shape (default qwen3-8b; --device cpu needs one named, tiny or tiny-h for a "
+                        "smoke run); qwen3.5-9b / tiny-h: Orthros-H, whose 'full' mode is the Linear Hybrid")
     p.add_argument("--reps", type=int, default=None, help="prefill: timed repetitions (default 10)")
     p.add_argument("--profiled", type=int, default=None, help="prefill: profiled repetitions (default 3)")
     p.add_argument("--device", default="cuda", help="cpu: a smoke run (no kernel trace)")
@@ -327,10 +332,6 @@ def main():
     for name in ("context", "batch", "reps", "profiled", "peer_setups"):
         if getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} {getattr(a, name)}: give a positive integer")
-    try:
-        check_context(a.context, a.preset)
-    except ValueError as e:
-        p.error(str(e))
     a.modes = [m.strip() for m in a.modes.split(",") if m.strip()]
     bad = [m for m in a.modes if m not in ("orthros", "full")]
     if bad or len(set(a.modes)) != len(a.modes):
@@ -370,6 +371,15 @@ def main():
             compile_options = parse_compile_options(a.decode_compile_options)
         except ValueError as e:
             p.error(f"--decode-compile-options {a.decode_compile_options!r}: {e}")
+    if a.preset is None:
+        if a.device.split(":")[0] == "cpu":  # was: the 8B shape built on the CPU in fp32 (32 GB), then profiled
+            p.error(f"--device {a.device}: give --preset tiny or tiny-h for a CPU smoke run (the default preset, "
+                    f"qwen3-8b, builds 8B parameters on the CPU; pass --preset qwen3-8b to do so anyway)")
+        a.preset = "qwen3-8b"
+    try:
+        check_context(a.context, a.preset)
+    except ValueError as e:
+        p.error(str(e))
     dev = torch.device(a.device)
     model = orthros_model(a.preset, device=dev, dtype=torch.bfloat16 if dev.type == "cuda" else torch.float32)
     if a.phase == "prefill":

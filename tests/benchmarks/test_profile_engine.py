@@ -34,6 +34,7 @@ def test_smoke_on_cpu(tmp_path, preset, phase):
     assert {k: data.get(k) for k in ("phase", "device", "preset")} == {"phase": phase, "device": "cpu",
                                                                        "preset": preset}
     assert "commit" in data and "(graph)" not in p.stdout
+    assert data["date"].startswith("20") and "torch" in data  # was: no date, no torch version
 
 
 def test_decode_with_fused_gemvs_on_cpu(tmp_path):
@@ -273,3 +274,11 @@ def test_context_beyond_the_preset_refused_before_any_model(tmp_path, phase):
     p = _run("--preset", "tiny", "--phase", phase, "--context", str(top + 1), "--json", str(out))
     assert p.returncode == 2 and f"--context {top + 1}: give 1..{top} for --preset tiny" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr and not out.exists()
+
+
+def test_cpu_without_a_preset_refused_before_any_model(tmp_path):
+    """Was: --device cpu alone built the default qwen3-8b shape on the CPU (fp32, 32 GB) before profiling it."""
+    out = tmp_path / "never.json"
+    p = _run("--json", str(out))
+    assert p.returncode == 2 and "--device cpu: give --preset tiny or tiny-h" in p.stderr, p.stderr[-2000:]
+    assert "--preset qwen3-8b" in p.stderr and not out.exists()
