@@ -72,13 +72,15 @@ class RequestTooLong(ValueError):
         value, ``more_slots`` may name ``{max_positions}``) for the settings and ``where`` (default:
         the request's row or place) for the request."""
         n = {**ENGINE_NAMES, **(names or {})}
-        held = f"{self.n_cached} tokens so far + {self.n_new} of the new turn" if self.n_cached else \
-            f"{self.n_new} prompt tokens"
-        what = f"{where or self.where}: {held} + {self.max_new_tokens} new tokens"
+        def tokens(k, what):
+            return f"{k} {what}token{'s' if k != 1 else ''}"
+        held = f"{tokens(self.n_cached, '')} so far + {self.n_new} of the new turn" if self.n_cached else \
+            tokens(self.n_new, "prompt ")
+        what = f"{where or self.where}: {held} + {tokens(self.max_new_tokens, 'new ')}"
         if self.need > self.max_positions:
             return (f"{what} need positions 0..{self.need - 1}, beyond the model's max_position_embeddings="
                     f"{self.max_positions}; shorten the prompt or lower {n['max_new_tokens']}")
-        return (f"{what} needs {self.need} cache slots > {n['max_seq_len'].format(self.max_seq_len)}; shorten the "
+        return (f"{what} need {self.need} cache slots > {n['max_seq_len'].format(self.max_seq_len)}; shorten the "
                 f"prompt, lower {n['max_new_tokens']} or {n['more_slots'].format(max_positions=self.max_positions)}")
 
 

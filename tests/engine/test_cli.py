@@ -114,7 +114,7 @@ def test_generate_reports_prompt_too_long(checkpoint, capsys):
     rc = orthros_main(["generate", "--model", str(d), "--device", "cpu", "--max-seq-len", "4",
                        "w1 w2 w3 w4 w5 w6"])
     err = capsys.readouterr().err
-    assert rc == 2 and "the prompt: 6 prompt tokens + 256 new tokens needs 261 cache slots > " \
+    assert rc == 2 and "the prompt: 6 prompt tokens + 256 new tokens need 261 cache slots > " \
         "--max-seq-len 4; shorten the prompt, lower --max-new-tokens or raise --max-seq-len" in err, err
     assert "max_seq_len" not in err and "max_new_tokens" not in err and "build the engine" not in err
 
@@ -134,10 +134,10 @@ def test_interactive_turn_too_long_is_said_in_option_names(checkpoint, capsys):
     g1 = eng.generate([[WORDS.index(w) for w in "w1 w2 w3".split()]], 3, eos_token_id=0)[0]
     g2 = eng.generate([[WORDS.index("w5")]], 3, eos_token_id=0, continue_=True)[0]
     n1, n2 = 3 + len(g1), 3 + len(g1) + 1 + len(g2)
-    assert rc == 0 and f"this turn: {n1} tokens so far + 12 of the new turn + 3 new tokens needs {n1 + 14} cache " \
+    assert rc == 0 and f"this turn: {n1} tokens so far + 12 of the new turn + 3 new tokens need {n1 + 14} cache " \
         "slots > --max-seq-len 12; shorten the prompt, lower --max-new-tokens or raise --max-seq-len (up to the " \
         "model's max_position_embeddings=512)\n" in err, err
-    assert n2 + 3 > 12 and f"this turn: {n2} tokens so far + 1 of the new turn + 3 new tokens needs {n2 + 3} cache " \
+    assert n2 + 3 > 12 and f"this turn: {n2} tokens so far + 1 of the new turn + 3 new tokens need {n2 + 3} cache " \
         "slots > --max-seq-len 12; shorten the prompt, lower --max-new-tokens or raise --max-seq-len (up to the " \
         "model's max_position_embeddings=512) (the conversation has no room left for another turn)" in err, err
     assert "max_seq_len" not in err and "max_new_tokens" not in err and "row 0" not in err
@@ -306,7 +306,7 @@ def test_generate_prompt_file_errors_before_any_work(checkpoint, tmp_path, capsy
                         (["--prompts", str(good), "-o", str(tmp_path)], "is a directory"),
                         (["--prompts", str(good), "--batch-size", "0"], "--batch-size must be >= 1"),
                         (["--prompts", str(tmp_path / "long.txt"), "--max-seq-len", "32"], "long.txt:1: 70 prompt tokens + 4 new "
-                         "tokens needs 73 cache slots > --max-seq-len 32; shorten the prompt, lower "
+                         "tokens need 73 cache slots > --max-seq-len 32; shorten the prompt, lower "
                          "--max-new-tokens or raise --max-seq-len")):
         rc, text = run_cli(base + extra + ([] if "-o" in extra else ["-o", str(out)]))
         err = capsys.readouterr().err

@@ -43,7 +43,7 @@ def test_a_continuation_too_long_counts_the_pending_token_in_the_conversation(mo
     turn's (was: "row 0: 6 cached + 10 new prompt tokens" for a turn of 9)."""
     eng = Engine(model, max_seq_len=16)
     assert len(eng.generate([[1, 2, 3]], 4)[0]) == 4 and eng.lengths() == [6]  # 3 + 3 fed, 1 pending
-    with pytest.raises(ValueError, match=re.escape("row 0: 7 tokens so far + 9 of the new turn + 2 new tokens needs "
+    with pytest.raises(ValueError, match=re.escape("row 0: 7 tokens so far + 9 of the new turn + 2 new tokens need "
                                                    "17 cache slots > max_seq_len=16")):
         eng.generate([[5] * 9], 2, continue_=True)
     assert eng.lengths() == [6] and len(eng.generate([[5] * 8], 2, continue_=True)[0]) == 2  # 16 slots: fits
@@ -68,7 +68,7 @@ def test_check_fits_error_can_be_said_in_a_front_end_s_names():
                                                        "max_seq_len")) as e:
         check_fits(3, 5, 2, max_seq_len=8, max_positions=16, row=1)
     assert e.value.phrased(names, where="this turn") == (
-        "this turn: 3 tokens so far + 5 of the new turn + 2 new tokens needs 9 cache slots > --max-seq-len 8; shorten "
+        "this turn: 3 tokens so far + 5 of the new turn + 2 new tokens need 9 cache slots > --max-seq-len 8; shorten "
         "the prompt, lower --max-new-tokens or raise --max-seq-len (up to 16)")
     assert str(e.value).startswith("row 1: 3 tokens so far")
     with pytest.raises(ValueError, match=re.escape("beyond the model's max_position_embeddings=8; shorten the "
