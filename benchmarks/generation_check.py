@@ -17,6 +17,7 @@ cause of its passkey misses.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import sys
 import time
@@ -47,10 +48,12 @@ def parse_args(argv=None):
         ap.error(f"--atol must be > 0, got {a.atol}")
     if a.text is not None and not Path(a.text).is_file():
         ap.error(f"--text: {a.text!r} is not a file")
-    from orthros.utils import check_device
+    from orthros.utils import check_device, check_output_path
 
     try:
         a.device = check_device(a.device)
+        if a.out is not None:  # was: found by the write, after the model ran
+            check_output_path("--out", a.out)
     except ValueError as e:
         ap.error(str(e))
     return a
@@ -99,7 +102,8 @@ def main(argv=None) -> int:
         print(f"step {i}: |generate - PT form| max {gap:.3e} (logits up to {scale:.1f}), "
               f"argmax equal: {same}", flush=True)
     res = {"model": a.model, "length": T, "new_tokens": new, "dtype": a.dtype, "device": a.device,
-           "commit": commit_id(), "steps": steps}
+           "commit": commit_id(), "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "steps": steps}
     if a.engine:
         from orthros.engine import Engine
 

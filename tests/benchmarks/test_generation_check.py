@@ -28,6 +28,7 @@ def test_generate_equals_the_pt_form_past_the_window(tiny, tmp_path):
     assert load_script().main(["--model", str(tiny), "--length", "120", "--new", "4", "--engine", "--out", str(out)]) == 0
     r = json.loads(out.read_text())
     assert r["ok"] and r["engine_equal"] and len(r["steps"]) == 4 and len(r["new_tokens"]) == 4
+    assert r["date"].startswith("20") and r["device"] == "cpu"
     assert all(s["argmax_equal"] and s["max_logit_gap"] < 1e-3 for s in r["steps"])
 
 
@@ -63,11 +64,14 @@ def test_a_broken_decode_is_caught(tiny, monkeypatch, capsys):
     (["--atol", "0"], "--atol must be > 0"),
     (["--device", "tpu"], "--device must be cpu"),
     (["--text", "/nonexistent.txt"], "is not a file"),
+    # was: found by the write, after the model ran
+    (["--out", "{tmp}/f/gc.json"], "--out {tmp}/f/gc.json: {tmp}/f is a file, not a directory"),
 ])
-def test_refusals(tiny, args, message, capsys):
+def test_refusals(tiny, args, message, capsys, tmp_path):
+    (tmp_path / "f").write_text("keep")
     with pytest.raises(SystemExit) as e:
-        load_script().main(["--model", str(tiny), *args])
-    assert e.value.code == 2 and message in capsys.readouterr().err
+        load_script().main(["--model", str(tiny), *(x.format(tmp=tmp_path) for x in args)])
+    assert e.value.code == 2 and message.format(tmp=tmp_path) in capsys.readouterr().err
 
 
 def test_too_long_for_the_model(tiny, capsys):
