@@ -78,7 +78,8 @@ def _plan(model, args, kwargs):
             why.append(f"{field}={getattr(cfg, field)!r}")
     if getattr(cfg, "cache_implementation", None) is not None:
         why.append(f"cache_implementation={cfg.cache_implementation!r}")
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.dtype.is_floating_point or ids.shape[1] == 0:
+    if (not isinstance(ids, torch.Tensor) or ids.dim() != 2 or ids.shape[1] == 0 or ids.dtype.is_floating_point
+            or ids.dtype.is_complex or ids.dtype == torch.bool):
         why.append("inputs must be a non-empty [B, T] integer tensor of token ids")
         return why
     B, T = ids.shape

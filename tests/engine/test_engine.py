@@ -4,12 +4,13 @@ continuation equals a from-scratch run; bad input is rejected before any work.""
 
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
 import torch
 
-from orthros.engine import Engine, SamplingParams, filter_logits, sample
+from orthros.engine import Engine, SamplingParams, filter_logits, release_engine, sample
 
 from conftest import interrupted_at, tiny_model as _tiny_model
 
@@ -626,8 +627,18 @@ def test_generate_through_engine_sampling_and_unsupported():
         m.generate(torch.tensor([[5, 6, 0]]), attention_mask=right, max_new_tokens=2, use_engine=True)
     with pytest.raises(ValueError, match="use_engine"):
         m.generate(ids, max_new_tokens=2, use_engine="yes")
-    # beam search still works through transformers under the default (auto)
-    assert m.generate(ids, attention_mask=mask, max_new_tokens=3, num_beams=2).shape[0] == 2
+    # beam search still works through transformers under the default (auto), with the engine (one row, kept
+    # on the model: it fused the projections) left in place, as on a model that never had an engine
+    release_engine(m)
+    fresh = copy.deepcopy(m)
+    m.generate(ids[:1], attention_mask=mask[:1], max_new_tokens=3, use_engine=True)
+    assert m._orthros_engine.max_batch_size == 1
+    for kw in (dict(num_beams=2), dict(num_beams=3, num_return_sequences=2)):
+        want = fresh.generate(ids, attention_mask=mask, max_new_tokens=3, use_engine=False, **kw)
+        assert torch.equal(m.generate(ids, attention_mask=mask, max_new_tokens=3, **kw), want), kw
+    # input_ids of bools are no token ids (was: the engine's "prompts[0] must hold integer token ids")
+    with pytest.raises(ValueError, match="inputs must be a non-empty \\[B, T\\] integer tensor"):
+        m.generate(torch.ones(1, 3, dtype=torch.bool), max_new_tokens=2, use_engine=True)
 
 
 def test_generate_through_engine_leaves_the_model_s_mode():
