@@ -494,3 +494,24 @@ def test_tensors_on_another_device_refused_by_name():
             causal_conv1d(**a)
     with pytest.raises(ValueError, match="causal_conv1d: weight must be a tensor \\[C=3, W >= 1\\], got list"):
         causal_conv1d(x, w.tolist())  # was AttributeError: 'list' object has no attribute 'shape'
+
+
+def test_cu_seqlens_values_checked_by_both_ops_in_one_way():
+    # causal_conv1d read no value of cu_seqlens: [0, 2, 9] with T = 5 ran (searchsorted made up
+    # document starts), and a falling list gave undefined starts; gated_delta_rule refused both
+    x, w = torch.randn(1, 5, 3), torch.randn(3, 4)
+    q, k, v, g, beta = _inputs(1, 5, 2, 2, 4, 3)
+    for bad, what in (([0, 2, 9], "it ends at 9"), ([1, 5], "it starts at 1"),
+                      ([0, 4, 2, 5], "it falls from 4 to 2 at index 2")):
+        for cu in (bad, torch.tensor(bad), torch.tensor(bad, dtype=torch.int32)):
+            with pytest.raises(ValueError, match=f"causal_conv1d: cu_seqlens must rise from 0 to the sequence "
+                                                 f"length 5 .*: {what}"):
+                causal_conv1d(x, w, cu_seqlens=cu, backend="torch")
+            with pytest.raises(ValueError, match=f"gated_delta_rule: cu_seqlens must rise .*: {what}"):
+                gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, backend="torch")
+    with pytest.raises(ValueError, match="causal_conv1d: cu_seqlens .* it ends at 5"):  # before the empty return
+        causal_conv1d(x[:, :0], w, cu_seqlens=[0, 5])
+    # empty documents stay legal, for both
+    y, _ = causal_conv1d(x, w, cu_seqlens=[0, 2, 2, 5])
+    torch.testing.assert_close(y, causal_conv1d(x, w, cu_seqlens=[0, 2, 5])[0])
+    gated_delta_rule(q, k, v, g, beta, cu_seqlens=[0, 2, 2, 5])

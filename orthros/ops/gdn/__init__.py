@@ -20,7 +20,7 @@ import warnings
 
 from ..attention import as_int_tensor, check_scale, is_int_tensor
 from .fla import HAVE_FLA, causal_conv1d_fla, chunk_gated_delta_rule_fla, fla_backward_supported
-from .naive import chunk_gated_delta_rule_ref, expand_heads, gated_delta_rule_step_ref, l2norm
+from .naive import check_cu_seqlens_values, chunk_gated_delta_rule_ref, expand_heads, gated_delta_rule_step_ref, l2norm
 
 GDN_BACKENDS = ("auto", "torch", "fla")
 # OrthrosConfig.attn_backend -> GDN backend (the attention layers' names, one knob for the model)
@@ -67,7 +67,9 @@ def gated_delta_rule(
       repeated position gives wrong readouts (the output queries share one dense slot per token).
     * ``initial_state [N, HV, K, V]`` (float32), ``N = B`` or the number of documents of
       ``cu_seqlens`` (``B == 1``; the state restarts at every document start). ``cu_seqlens``:
-      integers rising from 0 to ``T`` (values checked by the PyTorch GDN, which reads them anyway).
+      integers rising from 0 to ``T``, empty documents allowed (values checked when on the host, a
+      list or a CPU tensor; a device tensor's by the PyTorch GDN, which reads them anyway, not
+      under ``"fla"``: that would synchronise).
 
     Returns ``(o [B, T, HV, V], o_out [B, T_out, HV, V] or None, final_state [N, HV, K, V] or None)``.
     """
@@ -85,8 +87,8 @@ def gated_delta_rule(
     _check_devices("gated_delta_rule", q=q, k=k, v=v, g=g, beta=beta, q_out=q_out, initial_state=initial_state)
     if q_out is not None and (q_out.dim() != 4 or q_out.shape[0] != B or q_out.shape[2:] != (H, K)):
         raise ValueError(f"gated_delta_rule: q_out must be [B={B}, T_out, H={H}, K={K}], got {tuple(q_out.shape)}")
-    if cu_seqlens is not None:  # its values are checked where they are read (the PyTorch GDN)
-        cu_seqlens = _check_cu_seqlens("gated_delta_rule", cu_seqlens, B, q.device)
+    if cu_seqlens is not None:  # values on the host checked here; a device tensor's where they are read
+        cu_seqlens = _check_cu_seqlens("gated_delta_rule", cu_seqlens, B, T, q.device)
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     if initial_state is not None and tuple(initial_state.shape) != (N, Hv, K, v.shape[3]):
         raise ValueError(f"gated_delta_rule: initial_state must be [N={N}, HV={Hv}, K={K}, V={v.shape[3]}] (N: B, or "
@@ -164,16 +166,20 @@ def _check_devices(who: str, **tensors) -> None:
             raise ValueError(f"{who}: {name} must be on {first}'s device {ref.device}, got {t.device}")
 
 
-def _check_cu_seqlens(who: str, cu_seqlens, B: int, device) -> torch.Tensor:
-    """``cu_seqlens`` (a tensor or a list) as a tensor on ``device``: 1-D integers, ``B == 1``;
-    its values are not read here (that would read the device back)."""
-    cu_seqlens = as_int_tensor(f"{who}: cu_seqlens", cu_seqlens, device, "a 1-D integer tensor [num_docs + 1]")
+def _check_cu_seqlens(who: str, cu_seqlens, B: int, T: int, device) -> torch.Tensor:
+    """``cu_seqlens`` (a tensor or a list) as a tensor on ``device``: 1-D integers, ``B == 1``,
+    and values rising from 0 to ``T`` (:func:`.naive.check_cu_seqlens_values`) where they are on
+    the host (a list, a CPU tensor); a device tensor's values are not read here (that would
+    synchronise: the PyTorch GDN checks them as it reads them)."""
+    cu_seqlens = as_int_tensor(f"{who}: cu_seqlens", cu_seqlens, None, "a 1-D integer tensor [num_docs + 1]")
     if B != 1:
         raise ValueError(f"{who}: cu_seqlens needs B == 1 (packed documents), got B = {B}")
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2 or not is_int_tensor(cu_seqlens):
         raise ValueError(f"{who}: cu_seqlens must be a 1-D integer tensor [num_docs + 1], got "
                          f"{cu_seqlens.dtype} {tuple(cu_seqlens.shape)}")
-    return cu_seqlens
+    if cu_seqlens.device.type == "cpu":
+        check_cu_seqlens_values(cu_seqlens, T, who)
+    return cu_seqlens.to(device)
 
 
 _WARNED = set()
@@ -219,8 +225,11 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: Optional[torch.T
 
     ``x [B, T, C]``, ``weight [C, W]``; ``state [B, C, W - 1]``: the inputs just before ``x``
     (None: zeros, a sequence start). ``cu_seqlens`` (``B == 1``): windows never reach across a
-    document start. Returns ``(y [B, T, C], new_state [B, C, W - 1])``: the last ``W - 1``
-    inputs (for the next chunk or decode step).
+    document start; integers rising from 0 to ``T`` as for :func:`gated_delta_rule`, their values
+    checked when on the host (a list or a CPU tensor; a device tensor's are not read: no sync,
+    and the layer's :func:`gated_delta_rule` checks them under the PyTorch GDN). Returns
+    ``(y [B, T, C], new_state [B, C, W - 1])``: the last ``W - 1`` inputs (for the next chunk or
+    decode step).
 
     ``backend``: ``"torch"`` (``F.conv1d``), ``"fla"`` (fla-core's Triton kernel, one pass in
     ``x``'s layout: on the GPU the PyTorch form pays a strided concatenation, two transposes and
@@ -243,6 +252,8 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: Optional[torch.T
         if t is not None and not t.is_floating_point():  # an integer x came back rounded to integers
             raise ValueError(f"causal_conv1d: {name} must be a floating tensor, got {t.dtype}")
     _check_devices("causal_conv1d", x=x, weight=weight, state=state)
+    if cu_seqlens is not None:
+        cu_seqlens = _check_cu_seqlens("causal_conv1d", cu_seqlens, B, T, x.device)
     if T == 0:  # nothing to convolve (F.conv1d refuses an input shorter than its kernel); the window stays
         return x.new_empty(B, 0, C), _window_after(x, state, W)
     asked = backend
@@ -251,8 +262,6 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: Optional[torch.T
             _needs_grad(state)  # a gradient into the cached window: PyTorch's (training starts from no window)
             or asked != "fla" and not fla_backward_supported() and _needs_grad(x, weight)):
         backend = "torch"
-    if cu_seqlens is not None:
-        cu_seqlens = _check_cu_seqlens("causal_conv1d", cu_seqlens, B, x.device)
     if backend == "fla":
         return causal_conv1d_fla(x, weight, state, activation, cu_seqlens), _window_after(x, state, W)
     xt = x.transpose(1, 2)

@@ -30,6 +30,22 @@ import torch.nn.functional as F
 from ...utils import check_positive_int
 
 
+def check_cu_seqlens_values(cu_seqlens, T: int, who: str = "") -> list:
+    """The one check of ``cu_seqlens``'s values for the GDN ops (:func:`chunk_gated_delta_rule_ref`,
+    :func:`orthros.ops.gdn.causal_conv1d`): integers rising from 0 to ``T``, empty documents
+    allowed. Reads the values (``.tolist()``): callers pass it values already on the host, or
+    that they read anyway. Returns them as a list of ints; ``who`` prefixes the error."""
+    bounds = [int(x) for x in (cu_seqlens.tolist() if isinstance(cu_seqlens, torch.Tensor) else cu_seqlens)]
+    fall = next((i for i in range(1, len(bounds)) if bounds[i] < bounds[i - 1]), None)
+    if bounds[0] != 0 or bounds[-1] != T or fall is not None:
+        what = (f"it starts at {bounds[0]}" if bounds[0] != 0 else f"it ends at {bounds[-1]}" if bounds[-1] != T
+                else f"it falls from {bounds[fall - 1]} to {bounds[fall]} at index {fall}")
+        shown = bounds if len(bounds) <= 12 else bounds[:5] + ["..."] + bounds[-5:]
+        raise ValueError(f"{who + ': ' if who else ''}cu_seqlens must rise from 0 to the sequence length {T} "
+                         f"(never falling; empty documents allowed): {what}, got [{', '.join(map(str, shown))}]")
+    return bounds
+
+
 def _acc(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
@@ -134,9 +150,7 @@ def chunk_gated_delta_rule_ref(
     qo = prep_q(q_out) if q_out is not None else None
     ks = expand_heads(l2norm(k) if use_qk_l2norm else k.to(acc), Hv)
     vs, gs, bs = v.to(acc), g.to(acc), beta.to(acc)
-    bounds = [0, T] if cu_seqlens is None else [int(x) for x in cu_seqlens.tolist()]
-    if bounds[0] != 0 or bounds[-1] != T or any(a > b for a, b in zip(bounds, bounds[1:])):
-        raise ValueError(f"cu_seqlens must rise from 0 to the sequence length {T}, got {bounds}")
+    bounds = [0, T] if cu_seqlens is None else check_cu_seqlens_values(cu_seqlens, T)
     N = B if cu_seqlens is None else len(bounds) - 1
     if initial_state is None:
         h0 = torch.zeros(N, Hv, K, v.shape[-1], dtype=acc, device=v.device)
@@ -192,4 +206,4 @@ def gated_delta_rule_step_ref(
     return o2[:, :, 0], o2[:, :, 1]
 
 
-__all__ = ["chunk_gated_delta_rule_ref", "gated_delta_rule_step_ref", "l2norm", "expand_heads"]
+__all__ = ["check_cu_seqlens_values", "chunk_gated_delta_rule_ref", "gated_delta_rule_step_ref", "l2norm", "expand_heads"]
