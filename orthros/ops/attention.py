@@ -173,9 +173,10 @@ def orthros_attention(
         kv_start = as_int_tensor("kv_start", kv_start, q.device, "an integer tensor [B] (first valid key of each row)")
         if not is_int_tensor(kv_start):
             raise ValueError(f"kv_start must be an integer tensor [B] (first valid key of each row), got {kv_start.dtype}")
-        kv_start = kv_start.long().view(-1)
-        if kv_start.numel() != B:
-            raise ValueError(f"kv_start must have one entry per batch row ({B}), got {kv_start.numel()}")
+        if kv_start.dim() != 1 or kv_start.numel() != B:  # .view(-1) took [[1], [2]] and a 0-d tensor
+            raise ValueError(f"kv_start must be a 1-D tensor [B={B}] (one first valid key per batch row), got shape "
+                             f"{tuple(kv_start.shape)}")
+        kv_start = kv_start.long()
         if B and (int(kv_start.min()) < 0 or int(kv_start.max()) > T_k):
             raise ValueError(f"kv_start must lie in [0, {T_k}] (the first valid key of each row; {T_k}: no key), "
                              f"got range [{int(kv_start.min())}, {int(kv_start.max())}]")

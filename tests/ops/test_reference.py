@@ -154,6 +154,10 @@ BAD = [
     # a first valid key outside [0, T_k] (T_k = 10) ran as if clamped: -1 as 0, 11 as an all-padding row
     (dict(kv_start=[-1]), r"kv_start must lie in \[0, 10\]"),
     (dict(kv_start=[11]), r"kv_start must lie in \[0, 10\]"),
+    # not 1-D: .view(-1) took a [B, 1] nesting and a 0-d tensor as [B]
+    (dict(kv_start=[[1]]), r"kv_start must be a 1-D tensor \[B=1\] .*got shape \(1, 1\)"),
+    (dict(kv_start=torch.tensor(1)), r"kv_start must be a 1-D tensor \[B=1\] .*got shape \(\)"),
+    (dict(kv_start=[1, 2]), r"kv_start must be a 1-D tensor \[B=1\] .*got shape \(2,\)"),
 ]
 
 
