@@ -20,6 +20,10 @@ projection: the q/k RMSNorm, the queries' scale-offset, RoPE and the new token's
 run inside the attention kernel (one launch where the layer's token-wise code would add one
 elementwise kernel and the cache write before it), with its reference
 :func:`decode_qkv_attention_reference` (the layer's ops, then :func:`decode_attention_reference`).
+
+The kernels have no backward: a step that autograd records (grad mode on and an input requiring
+grad) runs the differentiable reference, silently under ``backend="auto"``, with a warning under
+``backend="triton"`` (host-side flags only: an inference-mode decode is unchanged).
 """
 
 from __future__ import annotations
