@@ -14,7 +14,9 @@ The decode step has no SDPA form: there ``"sdpa"`` runs the reference.
 from __future__ import annotations
 
 import os
+import sys
 import warnings
+from typing import Optional
 
 import torch
 
@@ -56,10 +58,36 @@ def triton_runs(q: torch.Tensor, k: torch.Tensor) -> bool:
     return triton_supports(q, k) or (INTERPRET and q.dtype in INTERPRETER_DTYPES)
 
 
-def reference_instead(op: str, q: torch.Tensor) -> None:
-    """The warning of an op asked for ``"triton"`` on inputs the kernels do not run."""
-    warnings.warn(f"{op}: input not supported by the Triton kernels (device={q.device}, dtype={q.dtype}, "
-                  f"head_dim={q.shape[-1]}); using the reference", stacklevel=4)
+def _why_not_triton(q: torch.Tensor, k: torch.Tensor) -> str:
+    """Why :func:`triton_runs` refuses ``q``, ``k`` (for the warning: the user sees what to change)."""
+    if not (q.is_cuda and k.is_cuda):
+        if INTERPRET:
+            return f"dtype {q.dtype}: the Triton interpreter (TRITON_INTERPRET=1) runs fp16 and fp32 only"
+        return f"{q.device} tensors: the kernels run on CUDA, on a CPU only with TRITON_INTERPRET=1 set before import"
+    if q.dtype not in TRITON_DTYPES or k.dtype != q.dtype:
+        return f"dtype {q.dtype} (keys {k.dtype}): the kernels take one of fp16, bf16, fp32"
+    if not 1 <= q.shape[-1] <= TRITON_MAX_HEAD_DIM:
+        return f"head_dim {q.shape[-1]}: the kernels take 1 to {TRITON_MAX_HEAD_DIM}"
+    if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
+        return f"{q.shape[2]} query heads for {k.shape[2]} key heads (GQA needs a multiple)"
+    return "triton is not importable"
+
+
+def _first_frame_outside_ops() -> int:
+    """The ``stacklevel`` (counted from the caller) of the first frame outside ``orthros/ops``:
+    the user's call (or the layer's), however many ops frames lie between."""
+    ops_dir = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(ops_dir):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def reference_instead(op: str, q: torch.Tensor, k: Optional[torch.Tensor] = None) -> None:
+    """The warning of an op asked for ``"triton"`` on inputs the kernels do not run: it says why, and
+    points at the first frame outside the ops (the call to change, not an ops line)."""
+    warnings.warn(f"{op}: input not supported by the Triton kernels ({_why_not_triton(q, q if k is None else k)}); "
+                  f"using the reference", stacklevel=_first_frame_outside_ops())
 
 
 def resolve_backend(backend: str, q: torch.Tensor, k: torch.Tensor) -> str:
@@ -78,7 +106,7 @@ def use_triton(backend: str, q: torch.Tensor, k: torch.Tensor, op: str) -> bool:
     if resolve_backend(backend, q, k) != "triton":
         return False
     if backend == "triton" and not triton_runs(q, k):
-        reference_instead(op, q)
+        reference_instead(op, q, k)
         return False
     return True
 

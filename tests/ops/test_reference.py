@@ -234,3 +234,23 @@ def test_empty_batch_or_no_output_queries_with_explicit_positions(backend):
     o, o_out = orthros_attention(q, k, v, q_out, window_size=3, backend=backend, output_positions=[])
     assert torch.equal(o, orthros_attention(q, k, v, q_out, window_size=3, backend=backend)[0])
     assert o_out.shape == (1, 0, 4, 8)
+
+
+def test_triton_on_inputs_it_does_not_run_warns_why_at_the_callers_line(monkeypatch):
+    # the warning pointed at orthros/ops/attention.py (whatever the caller), named the internal
+    # orthros_attention_triton and said only "device=cpu, dtype=...", not what to change
+    from orthros.ops import backends
+
+    q, k, v, q_out = make(1, 10, 4, 2, 8, 2)
+    for interpret, dtype, why in ((False, torch.float32, "cpu tensors: the kernels run on CUDA, on a CPU only with "
+                                                         "TRITON_INTERPRET=1"),
+                                  (True, torch.float64, "dtype torch.float64: the Triton interpreter .* runs fp16 and "
+                                                        "fp32 only")):
+        monkeypatch.setattr(backends, "INTERPRET", interpret)
+        args = [t.to(dtype) for t in (q, k, v, q_out)]
+        with pytest.warns(UserWarning, match=f"^orthros_attention: input not supported by the Triton kernels "
+                                             f"\\({why}.*\\); using the reference$") as rec:
+            got = orthros_attention(*args, window_size=4, backend="triton")
+        assert [w.filename for w in rec] == [__file__]
+        want = orthros_attention(*args, window_size=4, backend="reference")
+        assert all(torch.equal(a, b) for a, b in zip(got, want))

@@ -1047,7 +1047,7 @@ def _sdpa_causal(q_out, k, v, scale):
 def orthros_attention_triton(q, k, v, q_out, *, window_size, output_positions, scale, doc_ids=None, kv_start=None):
     """Triton implementation of :func:`orthros.ops.orthros_attention` (arguments already normalised)."""
     if not triton_runs(q, k):
-        reference_instead("orthros_attention_triton", q)
+        reference_instead("orthros_attention", q, k)
         from ..reference import orthros_attention_reference
 
         return orthros_attention_reference(q, k, v, q_out, window_size=window_size, output_positions=output_positions,
