@@ -80,6 +80,13 @@ def normalize_output_positions(output_positions, B: int, T_out: int, T_k: int, d
     return pos
 
 
+def _show_ints(t: torch.Tensor, edge: int = 5) -> str:
+    """A 1-D integer tensor for an error message: whole when short, else its first and last ``edge``."""
+    v = t.tolist()
+    return str(v) if len(v) <= 2 * edge + 2 else f"[{', '.join(map(str, v[:edge]))}, ..., " \
+        f"{', '.join(map(str, v[-edge:]))}] ({len(v)} values)"
+
+
 def doc_ids_from_cu_seqlens(cu_seqlens, B: int, T_k: int, device) -> torch.Tensor:
     """Validate ``cu_seqlens`` (packed documents) and return the document id of each position."""
     if B != 1:
@@ -88,10 +95,12 @@ def doc_ids_from_cu_seqlens(cu_seqlens, B: int, T_k: int, device) -> torch.Tenso
     if cu.dim() != 1 or cu.numel() < 2 or not is_int_tensor(cu):
         raise ValueError(f"cu_seqlens must be a 1-D integer tensor [num_docs + 1], got {cu.dtype} {tuple(cu.shape)}")
     cu = cu.long()
-    if int(cu[0]) != 0 or int(cu[-1]) != T_k:
-        raise ValueError(f"cu_seqlens must start at 0 and end at the sequence length {T_k}, got {cu.tolist()[:3]}...{int(cu[-1])}")
+    if int(cu[0]) != 0 or int(cu[-1]) != T_k:  # was "got [0, 4]...4" for [0, 4]
+        raise ValueError(f"cu_seqlens must start at 0 and end at the sequence length {T_k}, got {_show_ints(cu)}")
     if not bool((cu[1:] > cu[:-1]).all()):
-        raise ValueError("cu_seqlens must be strictly increasing (no empty documents)")
+        i = int((cu[1:] <= cu[:-1]).nonzero()[0]) + 1  # the first bound that does not rise (read on failure only)
+        raise ValueError(f"cu_seqlens must be strictly increasing (no empty documents): {int(cu[i - 1])} then "
+                         f"{int(cu[i])} at index {i}, got {_show_ints(cu)}")
     return torch.searchsorted(cu[1:], torch.arange(T_k, device=device), right=True)
 
 

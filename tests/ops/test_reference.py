@@ -140,6 +140,11 @@ BAD = [
     (dict(output_positions=torch.tensor([0, 99])), "output_positions"),
     (dict(output_positions=torch.tensor([0.0, 1.0])), "output_positions"),
     (dict(cu_seqlens=torch.tensor([0, 4])), "cu_seqlens"),
+    # the values were shown as "[0, 4]...4", and a bound that does not rise was not located
+    (dict(cu_seqlens=[0, 4]), r"end at the sequence length 10, got \[0, 4\]$"),
+    (dict(cu_seqlens=list(range(12)) + [10]), r"got \[0, 1, 2, 3, 4, \.\.\., 8, 9, 10, 11, 10\] \(13 values\)$"),
+    (dict(cu_seqlens=[0, 4, 4, 10]), r"strictly increasing \(no empty documents\): 4 then 4 at index 2, got "
+                                     r"\[0, 4, 4, 10\]$"),
     (dict(scale="0.5"), "scale"),
     (dict(scale=float("nan")), "scale"),
     (dict(kv_start=torch.tensor([2.5])), "kv_start"),
