@@ -74,11 +74,12 @@ def _why_not_triton(q: torch.Tensor, k: torch.Tensor) -> str:
 
 
 def _first_frame_outside_ops() -> int:
-    """The ``stacklevel`` (counted from the caller) of the first frame outside ``orthros/ops``:
-    the user's call (or the layer's), however many ops frames lie between."""
-    ops_dir = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    """The ``stacklevel`` (counted from the caller) of the first frame outside ``orthros/ops`` and
+    torch (a model's layers reach the ops through torch's wrappers): the user's call (or the
+    layer's), however many frames lie between."""
+    skip = tuple(os.path.dirname(os.path.abspath(f)) + os.sep for f in (__file__, torch.__file__))
     frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename.startswith(ops_dir):
+    while frame is not None and frame.f_code.co_filename.startswith(skip):
         frame, level = frame.f_back, level + 1
     return level
 

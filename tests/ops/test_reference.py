@@ -259,3 +259,7 @@ def test_triton_on_inputs_it_does_not_run_warns_why_at_the_callers_line(monkeypa
         assert [w.filename for w in rec] == [__file__]
         want = orthros_attention(*args, window_size=4, backend="reference")
         assert all(torch.equal(a, b) for a, b in zip(got, want))
+    # through torch's wrappers (as a model's layers reach it) the warning pointed into torch/_dynamo
+    with pytest.warns(UserWarning, match="orthros_attention: input not supported") as rec:
+        torch.compiler.disable(orthros_attention)(*args, window_size=4, backend="triton")
+    assert [w.filename for w in rec] == [__file__]
