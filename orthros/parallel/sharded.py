@@ -26,6 +26,8 @@ shard cache owns its writes (``update``). Orthros mode only; see ``docs/parallel
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import List, Optional, Tuple
 
 import torch
@@ -35,6 +37,14 @@ from ..ops import orthros_attention
 from ..utils import check_positive_int, check_token_ids
 from .comm import ParallelContext
 from ..ops.merge import acc_dtype, merge_partials, partial_attention
+
+
+# the config fields that change what a rank computes: ranks that differ in one of them computed another model
+# (silently, or aborted inside the backend on a gather of another size)
+_MODEL_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                 "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "attention_bias", "o_proj_bias",
+                 "mlp_bias", "qk_norm", "window_size", "scale_offset", "attention_mode", "layer_types",
+                 "attn_output_gate", "rope_parameters", "tie_word_embeddings")
 
 
 def shard_bounds(seq_len: int, world_size: int) -> List[Tuple[int, int]]:
@@ -230,19 +240,54 @@ class ShardedOrthros:
             self._check_same_prompt(input_ids)
         return input_ids
 
+    def _model_key(self) -> Tuple[int, torch.Tensor]:
+        """(a hash of the config fields that shape the computation and the dtype, the sum of squares of every
+        weight in float64): what every rank's model must share. The weights are read once (in slices, no copy
+        of a large matrix), as a decode step reads them."""
+        cfg = self.model.config
+        fields = {f: getattr(cfg, f, None) for f in _MODEL_FIELDS}
+        text = json.dumps([fields, str(self.dtype)], sort_keys=True, default=str)
+        cfg_hash = int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "little")
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        for p in self.model.parameters():
+            for part in p.detach().reshape(-1).split(1 << 24):
+                sq += torch.linalg.vector_norm(part, dtype=torch.float64).square()
+        return cfg_hash, sq
+
     def _check_same_prompt(self, ids):
         """Every rank must pass the same prompt: ranks of another length shard it differently (each
-        rank's logits differ, silently), another batch breaks the gathers. One small gather of
-        ``(B, T, a weighted sum of the tokens)`` per prefill, the same ``ValueError`` on every rank."""
+        rank's logits differ, silently), another batch breaks the gathers. The model must be the same too: another
+        config (layers, window, dtype...) aborted the processes inside the backend or gave other logits without
+        a word, other weights (random weights not seeded alike) other logits. One small gather of ``(B, T, a
+        weighted sum of the tokens, a hash of the config, the weights' sum of squares)`` per prefill, the same
+        ``ValueError`` on every rank."""
         ids = ids.to(self.device).long()
         weights = torch.arange(1, ids.numel() + 1, device=ids.device).view(ids.shape)
-        key = torch.stack([ids.new_tensor(ids.shape[0]), ids.new_tensor(ids.shape[1]), (ids * weights).sum()])
-        keys = self.ctx.all_gather(key, "prefill: every rank's prompt (shape and tokens)").tolist()
+        cfg_hash, sq = self._model_key()
+        cfg = self.model.config
+        dtypes = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+        shape = [cfg.num_hidden_layers, self.window, cfg.hidden_size, dtypes.index(self.dtype) if self.dtype in dtypes else -1]
+        key = torch.stack([ids.new_tensor(ids.shape[0]), ids.new_tensor(ids.shape[1]), (ids * weights).sum(),
+                           ids.new_tensor(cfg_hash), sq.view(1).view(torch.int64)[0]] + [ids.new_tensor(x) for x in shape])
+        g = self.ctx.all_gather(key, "prefill: every rank's prompt (shape and tokens) and model")
+        keys = g[:, :3].tolist()
         if any(k != keys[0] for k in keys):
             shapes = ", ".join(f"rank {r}: [{b}, {t}]" for r, (b, t, _) in enumerate(keys))
             same = " (same shape, other tokens)" if all(k[:2] == keys[0][:2] for k in keys) else ""
             raise ValueError(f"input_ids differ across ranks{same}: every rank must pass the same prompt "
                              f"({shapes})")
+        if len(set(g[:, 3].tolist())) > 1:
+            names = dict(enumerate(["float16", "bfloat16", "float32", "float64"]))
+            got = "; ".join(f"rank {r}: {n} layers, window {w}, hidden {d}, {names.get(t, 'another dtype')}"
+                            for r, (n, w, d, t) in enumerate(g[:, 5:].tolist()))
+            raise ValueError(f"the model differs across ranks: its config (layers, sizes, window, rope...) or dtype is "
+                             f"not the same on every rank ({got}); every rank must load the same model")
+        bits, sqs = g[:, 4].tolist(), g[:, 4].contiguous().view(torch.float64).tolist()
+        # the same bits (a NaN too), or float64 sums that differ by rounding only (~1e-16; other GPUs may sum otherwise)
+        if any(b != bits[0] and not abs(x - sqs[0]) <= 1e-9 * abs(sqs[0]) for b, x in zip(bits, sqs)):
+            got = ", ".join(f"rank {r}: {x:.10g}" for r, x in enumerate(sqs))
+            raise ValueError(f"the model's weights differ across ranks (sum of squares of every weight: {got}): every "
+                             f"rank must hold the same weights (random weights: seed every rank alike)")
 
     # ------------------------------------------------------------------ prefill
     @torch.no_grad()

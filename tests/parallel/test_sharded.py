@@ -517,6 +517,46 @@ def test_ranks_with_different_prompts_are_refused_on_every_rank(model_dir):
     assert torch.equal(run["results"][0][3], run["results"][1][3])
 
 
+def _prefill_each_rank_its_model(ctx, model_dir, changes):
+    """(gloo worker) for each ``{rank: change}`` in ``changes``, this rank's model (the saved one, changed:
+    ``window`` / ``layers`` / ``dtype`` / ``weights``) prefills the same prompt; the error or the logits."""
+    ids = torch.arange(20).view(1, 20) % V
+    out = []
+    for per_rank in changes:
+        change = per_rank.get(ctx.rank)
+        kw = {"window_size": 5} if change == "window" else \
+            {"num_hidden_layers": 2, "layer_types": ["orthros_attention"] * 2} if change == "layers" else {}
+        model = OrthrosForCausalLM.from_pretrained(model_dir, dtype=torch.float64 if change == "dtype" else
+                                                   torch.float32, **kw).eval()
+        if change == "weights":  # one weight of the output stream's scale-offset, a little off
+            with torch.no_grad():
+                next(iter(model.model.layers[-1].self_attn.scale_offset_params().values())).view(-1)[0] += 1e-3
+        try:
+            out.append(ShardedOrthros(model, ctx).prefill(ids)[0])
+        except ValueError as e:
+            out.append(str(e))
+    return out
+
+
+def test_ranks_with_different_models_are_refused_on_every_rank(model_dir):
+    """Every rank must hold the same model. Another window or dtype aborted the processes inside gloo
+    ('terminate called ... Received data size doesn't match'; NCCL reads other sizes), another number of layers
+    or other weights (random weights not seeded alike) gave other logits without a word. Now every rank raises
+    the same ValueError before any work, and the processes go on."""
+    changes = [{1: "window"}, {0: "layers"}, {1: "dtype"}, {0: "weights"}, {}]
+    run = run_ranks(_prefill_each_rank_its_model, 2, timeout_s=30, join_timeout=120, model_dir=model_dir,
+                    changes=changes)
+    assert not run["hung"] and not run["errors"], run["errors"]
+    for r in range(2):
+        got = run["results"][r]
+        assert "the model differs across ranks" in got[0] and "window 5" in got[0] and f"window {W}" in got[0]
+        assert "the model differs across ranks" in got[1] and "rank 0: 2 layers" in got[1]
+        assert "the model differs across ranks" in got[2] and "rank 1: 3 layers, window 12, hidden 48, float64" in got[2]
+        assert "the model's weights differ across ranks" in got[3] and "seed every rank alike" in got[3]
+        assert isinstance(got[4], torch.Tensor)
+    assert torch.equal(run["results"][0][4], run["results"][1][4])
+
+
 def test_context_of_a_group_this_process_is_not_in_is_refused(monkeypatch):
     """``ParallelContext.from_group`` on a rank outside the group: torch answers rank -1 and
     world size -1, which gave a context ShardedOrthros failed on later with 'world_size must be
