@@ -150,6 +150,7 @@ def _lm_parser(sub):
     _add_conversion_window(p)
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default: 0)")
     p.add_argument("--output", "-o", default=None, help="write the results as JSON here")
+    p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
 
 
 PPL_SEQ_LEN = 8192  # eval ppl's --seq-len, unless the model has fewer positions
@@ -354,7 +355,8 @@ def _lm(a) -> int:
         check_output_path("--output", a.output)
     res = run_lm_eval(a.model, a.tasks.split(","), include_path=a.include_path, limit=limit,
                       batch_size=a.batch_size, device=device, dtype=a.dtype,
-                      num_fewshot=a.num_fewshot, window_size=window, tokenizer=a.tokenizer, seed=a.seed)
+                      num_fewshot=a.num_fewshot, window_size=window, tokenizer=a.tokenizer, seed=a.seed,
+                      progress=not a.no_progress)
     from lm_eval.utils import make_table
 
     print(make_table(res))

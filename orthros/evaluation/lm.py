@@ -6,11 +6,14 @@ The shipped offline task folder (``data/lm_tasks``) is always on the include pat
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import os
+import subprocess
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..utils import parse_dtype
+from ..utils import hf_progress_bars, parse_dtype
 from .common import (LM_TASKS_DIR, check_token_range, load_model, load_tokenizer, read_config, read_model_type,
                      tokenizer_name)
 
@@ -51,9 +54,103 @@ def check_tasks(tasks: Sequence[str], tm) -> list[str]:
     return tasks
 
 
+class _ProgressBar:
+    """What lm-eval's ``tqdm(...)`` calls get inside :func:`_lm_eval_quietly`: an
+    :class:`orthros.utils.Progress`, so that lm-eval's progress follows the rule of the other
+    commands (a bar at a terminal, plain ``[desc] it n/total`` lines in a log or a pipe, nothing
+    with ``enabled=False``)."""
+
+    def __init__(self, iterable=None, desc=None, total=None, disable=False, *, enabled=True, **_):
+        from ..utils import Progress
+
+        if total is None and iterable is not None:
+            try:
+                total = len(iterable)
+            except TypeError:
+                total = None
+        self.iterable = iterable
+        self._p = Progress(total, desc or "lm-eval", enabled=enabled and not disable)
+
+    def __iter__(self):
+        try:
+            for x in self.iterable:
+                yield x
+                self._p.update(1)
+        finally:
+            self._p.close()
+
+    def update(self, n=1):
+        self._p.update(n)
+
+    def close(self):
+        self._p.close()
+
+    def set_description(self, *_, **__):
+        pass
+
+    def set_postfix(self, *_, **__):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _git_commit_hash():
+    """lm-eval's ``get_git_commit_hash`` (the commit of the folder it runs in, recorded in its results)
+    without git's ``fatal: not a git repository`` on stderr when that folder is no checkout."""
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    try:
+        r = subprocess.run(["git", "describe", "--always"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):  # no git
+        r = None
+    if r is not None and r.returncode == 0 and r.stdout.strip():
+        return r.stdout.strip()
+    return get_commit_from_path(os.getcwd())
+
+
+def _no_metadata_hint(record) -> bool:
+    """Drops lm-eval's warning for every task with a dataset function (as the shipped task has), which
+    points at lm-eval's own ``--metadata`` option: ``orthros eval lm`` has none."""
+    return "Custom kwargs can be passed to `--metadata`" not in str(record.msg)
+
+
+@contextlib.contextmanager
+def _lm_eval_quietly(progress: bool):
+    """Inside the block, lm-eval's progress bars are :class:`_ProgressBar` (``progress``: shown),
+    transformers' own bars (loading weights) show only with ``progress`` at a terminal, and lm-eval's
+    git look-up keeps git's complaint off stderr (and its ``--metadata`` hint: :func:`_no_metadata_hint`);
+    as they were after it."""
+    import functools
+    import importlib
+    import logging
+
+    patches = [("lm_eval.evaluator", "get_git_commit_hash", _git_commit_hash)]
+    bar = functools.partial(_ProgressBar, enabled=progress)
+    patches += [(m, "tqdm", bar) for m in ("lm_eval.api.task", "lm_eval.api.model", "lm_eval.models.huggingface")]
+    saved, task_log = [], logging.getLogger("lm_eval.api.task")
+    task_log.addFilter(_no_metadata_hint)
+    try:
+        for module, name, new in patches:
+            mod = importlib.import_module(module)
+            if hasattr(mod, name):  # (another lm-eval version may not have it: then its own stays)
+                saved.append((mod, name, getattr(mod, name)))
+                setattr(mod, name, new)
+        with hf_progress_bars(progress):
+            yield
+    finally:
+        for mod, name, old in reversed(saved):
+            setattr(mod, name, old)
+        task_log.removeFilter(_no_metadata_hint)
+
+
 def run_lm_eval(model_path, tasks, *, include_path=None, limit=None, batch_size=1, device="cpu", dtype=None,
-                num_fewshot=None, window_size=128, tokenizer=None, seed=0) -> dict:
-    """Validate everything, then run ``lm_eval.simple_evaluate``. Returns lm-eval's results dict."""
+                num_fewshot=None, window_size=128, tokenizer=None, seed=0, progress: bool = True) -> dict:
+    """Validate everything, then run ``lm_eval.simple_evaluate``. Returns lm-eval's results dict.
+    ``progress``: lm-eval's progress on stderr (a bar at a terminal, plain lines elsewhere)."""
     _require_lm_eval()
     cfg = read_config(model_path)
     mt = read_model_type(model_path, cfg)
@@ -69,28 +166,29 @@ def run_lm_eval(model_path, tasks, *, include_path=None, limit=None, batch_size=
     tok = load_tokenizer(model_path, tokenizer)  # before the model: a missing or bad tokenizer costs no load
     # ids beyond the embedding would be its IndexError, deep in lm-eval's run
     check_token_range(len(tok) - 1, cfg.get("vocab_size"), tokenizer_name(model_path, tokenizer))
-    if mt == "orthros" and tokenizer is None:
-        from transformers import AutoConfig
+    with _lm_eval_quietly(progress):  # (from here: the model loads with the progress bars it shows)
+        if mt == "orthros" and tokenizer is None:
+            from transformers import AutoConfig
 
-        from ..models.loading import check_weights_fit
+            from ..models.loading import check_weights_fit
 
-        # lm-eval's loader would leave a tensor the weights lack at random (transformers only logs it)
-        check_weights_fit(model_path, AutoConfig.from_pretrained(str(model_path)))
-        # exactly what `lm_eval --model hf --model_args pretrained=PATH` does
-        # (the tokenizer is the one it would load: AutoTokenizer of PATH)
-        args = {"pretrained": str(model_path), "tokenizer": tok, "device": device, "batch_size": batch_size}
-        if dtype:  # lm-eval reads torch's own names (bfloat16), not our short ones (bf16)
-            args["dtype"] = str(parse_dtype(dtype, "dtype")).replace("torch.", "")
-        lm = HFLM(**args)
-    else:  # converted on the fly (or a separate tokenizer): hand lm-eval the model object
-        model = load_model(model_path, device=device, dtype=dtype, window_size=window_size)
-        model.config.name_or_path = str(model_path)  # what lm-eval's results name the model by (converted: none)
-        lm = HFLM(pretrained=model, tokenizer=tok, batch_size=batch_size)
-    # batch_size and device only go into the results' config here (lm-eval records its own arguments)
-    return simple_evaluate(model=lm, tasks=tasks, task_manager=tm, limit=limit, num_fewshot=num_fewshot,
-                           batch_size=batch_size, device=device,
-                           random_seed=seed, numpy_random_seed=seed, torch_random_seed=seed, fewshot_random_seed=seed,
-                           log_samples=False)
+            # lm-eval's loader would leave a tensor the weights lack at random (transformers only logs it)
+            check_weights_fit(model_path, AutoConfig.from_pretrained(str(model_path)))
+            # exactly what `lm_eval --model hf --model_args pretrained=PATH` does
+            # (the tokenizer is the one it would load: AutoTokenizer of PATH)
+            args = {"pretrained": str(model_path), "tokenizer": tok, "device": device, "batch_size": batch_size,
+                    "backend": "causal"}  # (lm-eval warns that it cannot tell for a model type it does not know)
+            if dtype:  # lm-eval reads torch's own names (bfloat16), not our short ones (bf16)
+                args["dtype"] = str(parse_dtype(dtype, "dtype")).replace("torch.", "")
+            lm = HFLM(**args)
+        else:  # converted on the fly (or a separate tokenizer): hand lm-eval the model object
+            model = load_model(model_path, device=device, dtype=dtype, window_size=window_size)
+            model.config.name_or_path = str(model_path)  # what lm-eval's results name the model by (converted: none)
+            lm = HFLM(pretrained=model, tokenizer=tok, batch_size=batch_size, backend="causal")
+        # batch_size and device only go into the results' config here (lm-eval records its own arguments)
+        return simple_evaluate(model=lm, tasks=tasks, task_manager=tm, limit=limit, num_fewshot=num_fewshot,
+                               batch_size=batch_size, device=device, random_seed=seed, numpy_random_seed=seed,
+                               torch_random_seed=seed, fewshot_random_seed=seed, log_samples=False)
 
 
 def summary(results: dict) -> dict:

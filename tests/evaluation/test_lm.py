@@ -275,3 +275,26 @@ def test_tiny_cloze_does_not_reward_a_model_that_knows_nothing():
         acc += min(range(4), key=lambda i: (n[i], i)) == r["gold"]  # argmax of -n log V: first of the fewest
         acc_norm += max(range(4), key=lambda i: (-n[i] / len((" " + r["choices"][i]).encode()), -i)) == r["gold"]
     assert acc / len(rows) <= 0.25 and acc_norm / len(rows) <= 0.25, (acc, acc_norm)
+
+
+@pytest.mark.parametrize("progress", [True, False])
+def test_lm_eval_outside_a_checkout_prints_no_git_error_and_plain_progress_lines(tiny, tmp_path, monkeypatch, capfd,
+                                                                                 progress):
+    """lm-eval records the git commit of the folder it runs in: outside a checkout git's `fatal: not a
+    git repository` must not reach stderr. With stderr not a terminal (captured here), its progress
+    comes as plain lines (no carriage returns), as every other command's; progress=False shows none."""
+    from orthros.evaluation.lm import run_lm_eval
+
+    run_dir = tmp_path / "not_a_checkout"
+    run_dir.mkdir()
+    monkeypatch.chdir(run_dir)
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # git looks no higher than run_dir
+    capfd.readouterr()
+    res = run_lm_eval(tiny, ["orthros_tiny_cloze"], limit=2, device="cpu", progress=progress)
+    err = capfd.readouterr().err
+    assert "not a git repository" not in err and "\r" not in err, err
+    # nor lm-eval's notes that do not apply: an unknown model type, its --metadata option for the shipped task
+    assert "neither marked" not in err and "--metadata" not in err, err
+    assert ("[Running loglikelihood requests] it 8/8" in err) == progress, err
+    assert "git_hash" in res  # lm-eval's record is still made (None: no checkout here)
+    assert res["results"]["orthros_tiny_cloze"]["acc,none"] is not None
