@@ -663,9 +663,8 @@ def _build_model(plan: Plan, dtype) -> OrthrosForCausalLM:
 
 
 @torch.no_grad()
-def _finish_model(model: OrthrosForCausalLM, plan: Plan, loaded: set) -> OrthrosForCausalLM:
-    for note in plan.notes:  # what the CLI prints and the report records: the Python API's caller sees it too
-        warnings.warn(f"convert_from_hf: {note}", UserWarning, stacklevel=3)
+def _finish_model(model: OrthrosForCausalLM, plan: Plan, loaded: set) -> tuple[OrthrosForCausalLM, list]:
+    """The model with its added tensors set, and the plan's notes (for :func:`convert_from_hf` to pass on)."""
     sd = model.state_dict()
     for name, (val, _, _) in plan.added.items():
         sd[name].fill_(val)
@@ -676,11 +675,11 @@ def _finish_model(model: OrthrosForCausalLM, plan: Plan, loaded: set) -> Orthros
     missing = sorted(set(sd) - loaded)
     if missing:  # make_plan guarantees this cannot happen; never return uninitialised weights
         raise RuntimeError(f"internal error: Orthros tensors left unset after conversion: {missing[:10]}")
-    return model.eval()
+    return model.eval(), list(plan.notes)
 
 
 def convert_from_hf(model_or_path, *, window_size: int = 128, scale_offset: bool = True,
-                    dtype=None) -> OrthrosForCausalLM:
+                    dtype=None, on_note=None) -> OrthrosForCausalLM:
     """An :class:`OrthrosForCausalLM` with the weights of a Llama / Qwen2 / Qwen3 / Mistral / Qwen3.5 model.
 
     ``model_or_path``: an in-memory ``*ForCausalLM`` model of a supported architecture, or a
@@ -693,7 +692,23 @@ def convert_from_hf(model_or_path, *, window_size: int = 128, scale_offset: bool
     With alpha = alpha' = 1, beta = beta' = 0, the result computes exactly what the source
     computes on sequences of at most ``window_size`` tokens (a Qwen3.5 source excepted: its
     GDN layers gain the output stream, see :mod:`orthros.conversion.qwen3_5`).
+
+    The conversion's notes (what ``orthros convert`` prints after ``note:`` and its report records:
+    a source feature the result does not keep, a changed layer kind) go to ``on_note`` (called
+    with each, one line of text), or, with ``on_note=None``, come as ``UserWarning`` warnings at the
+    caller's line.
     """
+    model, notes = _convert_from_hf(model_or_path, window_size=window_size, scale_offset=scale_offset, dtype=dtype)
+    for note in notes:
+        if on_note is None:
+            warnings.warn(f"convert_from_hf: {note}", UserWarning, stacklevel=2)
+        else:
+            on_note(note)
+    return model
+
+
+def _convert_from_hf(model_or_path, *, window_size: int, scale_offset: bool, dtype) -> tuple[OrthrosForCausalLM, list]:
+    """:func:`convert_from_hf`'s work: the model and the conversion's notes."""
     _check_window(window_size)
     out_dtype = resolve_dtype(dtype)
     if isinstance(model_or_path, torch.nn.Module):
@@ -718,7 +733,7 @@ def convert_from_hf(model_or_path, *, window_size: int = 128, scale_offset: bool
 
         if is_gguf_source(model_or_path):
             src_model, _, _ = load_gguf_model(model_or_path, with_tokenizer=False)
-            return convert_from_hf(src_model, window_size=window_size, scale_offset=scale_offset, dtype=dtype)
+            return _convert_from_hf(src_model, window_size=window_size, scale_offset=scale_offset, dtype=dtype)
     if not isinstance(model_or_path, (str, os.PathLike)):
         raise TypeError(f"model_or_path must be a transformers model ({', '.join(SUPPORTED_ARCHITECTURES)}) or a "
                         f"checkpoint directory, got {type(model_or_path).__name__}")

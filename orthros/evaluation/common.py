@@ -59,7 +59,8 @@ def check_attention_mode(path, attention_mode, model_type: str | None = None) ->
 
 def load_model(path, *, device: str = "cpu", dtype=None, window_size: int = 128, attention_mode=None):
     """An ``OrthrosForCausalLM`` from an Orthros checkpoint, or converted on the fly from a
-    supported Transformer checkpoint (its base stream window = ``window_size``). ``attention_mode``
+    supported Transformer checkpoint (its base stream window = ``window_size``; the conversion's notes
+    print as ``note: ...`` lines on stderr). ``attention_mode``
     (Orthros checkpoints only) overrides the checkpoint's: its attention layers run as ``orthros``,
     ``full`` or ``window`` with the same weights (scale-offset parameters it lacks start at the identity)."""
     import orthros  # noqa: F401  (registers the Auto classes)
@@ -86,8 +87,16 @@ def load_model(path, *, device: str = "cpu", dtype=None, window_size: int = 128,
     else:
         from ..conversion import convert_from_hf
 
-        model = convert_from_hf(str(path), window_size=window_size, dtype=dtype)
+        # the conversion's notes as `orthros convert` prints them (not as Python warnings with a source line)
+        model = convert_from_hf(str(path), window_size=window_size, dtype=dtype, on_note=print_note)
     return model.to(device).eval()
+
+
+def print_note(note: str) -> None:
+    """A note of a checkpoint converted on the fly, one line on stderr (stdout holds the results)."""
+    import sys
+
+    print(f"note: {note}", file=sys.stderr, flush=True)
 
 
 def load_tokenizer(model_path, tokenizer_path=None):

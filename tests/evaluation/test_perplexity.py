@@ -287,3 +287,56 @@ def test_a_json_file_is_refused_not_scored_as_text(tmp_path):
     p.write_text(json.dumps([{"text": "thou art the king"}]))
     with pytest.raises(ValueError, match=r"--data .*held\.json: a \.json file; give a \.jsonl"):
         load_documents(p)
+
+
+@pytest.fixture(scope="module")
+def mistral_with_sliding_window(tiny):
+    """A Mistral checkpoint whose own sliding window (32) the conversion does not keep: a conversion note."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    ck, _ = tiny
+    tok = AutoTokenizer.from_pretrained(str(ck))
+    src = ck.parent / "mistral"
+    torch.manual_seed(0)
+    MistralForCausalLM(MistralConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                                     sliding_window=32)).save_pretrained(src)
+    tok.save_pretrained(src)
+    return src
+
+
+def test_notes_of_a_conversion_on_the_fly_print_as_one_line_notes(tiny, mistral_with_sliding_window, capfd):
+    """Was: `eval ppl --model <a checkpoint to convert>` showed the conversion's notes as raw Python warnings
+    ("convert.py:740: UserWarning: convert_from_hf: ..." and the source line `return _finish_model(...)`)."""
+    import warnings
+
+    _, data = tiny
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert eval_main(["ppl", "--model", str(mistral_with_sliding_window), "--window", "8", "--data", str(data),
+                          "--seq-len", "16", "--windows", "1", "--no-progress", "--device", "cpu"]) == 0
+    out, err = capfd.readouterr()
+    assert not [w for w in caught if "convert_from_hf" in str(w.message)]
+    notes = [line for line in err.splitlines() if line.startswith("note: ")]
+    assert any("sliding-window attention of 32 tokens" in n for n in notes), err
+    assert "UserWarning" not in err and "_finish_model" not in err and "note:" not in out
+
+
+def test_convert_from_hf_notes_warn_at_the_callers_line_or_go_to_on_note(mistral_with_sliding_window):
+    """The Python API's warning named convert.py (the `@torch.no_grad` wrapper took a stack level), not
+    the caller; ``on_note`` takes the notes instead of warnings."""
+    import warnings
+
+    from orthros.conversion import convert_from_hf
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        convert_from_hf(mistral_with_sliding_window, window_size=8)
+    mine = [w for w in caught if "convert_from_hf: " in str(w.message)]
+    assert mine and all(w.filename == __file__ for w in mine), [(w.filename, w.lineno) for w in mine]
+    got = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        convert_from_hf(mistral_with_sliding_window, window_size=8, on_note=got.append)
+    assert not [w for w in caught if "convert_from_hf" in str(w.message)]
+    assert [f"convert_from_hf: {n}" for n in got] == [str(w.message) for w in mine]
