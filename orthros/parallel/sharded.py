@@ -376,8 +376,18 @@ class ShardedOrthros:
         """One decode step for ``tokens [B]`` (the same on every rank). The base token's K/V is
         appended to the last rank's shard; returns ``logits [B, 1, V]`` (identical on every rank)."""
         dev = self.device
+        if not isinstance(cache, ShardedKVCache):  # was an AttributeError ('... has no attribute seq_len')
+            raise TypeError(f"cache must be the ShardedKVCache prefill() returned, got {type(cache).__name__}")
         if cache.seq_len == 0:
             raise ValueError("decode_step needs a cache filled by prefill()")
+        cfg = self.model.config
+        mine = (len(self.core.layers), self.ctx.rank, self.ctx.world_size, cfg.num_key_value_heads, cfg.head_dim)
+        have = (cache.num_layers, cache.rank, len(cache.bounds)) + tuple(cache.k[0].shape[2:])
+        if have != mine:  # another model's or another rank's cache: an IndexError, or other logits without a word
+            raise ValueError(f"cache is not this model's on this rank: it holds {have[0]} layers of {have[3]} K/V heads "
+                             f"of size {have[4]} for rank {have[1]} of {have[2]}, this model and rank need {mine[0]} layers "
+                             f"of {mine[3]} heads of size {mine[4]} for rank {mine[1]} of {mine[2]} (pass the cache this "
+                             f"rank's prefill() returned)")
         tokens = torch.as_tensor(tokens, device=dev)
         check_token_ids(tokens, self.model.config.vocab_size, "tokens")
         B = cache.k[0].shape[0]

@@ -20,6 +20,7 @@ from typing import Any, Optional, Union
 import yaml
 
 from ..kinds import HYBRID_ALIASES, HYBRID_KINDS, MODE_ALIASES
+from ..utils import expand_path
 from .optim import SCHEDULES
 
 MODES = ("pt", "sft", "cpt")
@@ -390,7 +391,10 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
     for key in PATH_KEYS:  # '~/runs' in a YAML file (a shell expands it on the command line only)
         value = _get(cfg, key)
         if isinstance(value, str) and value.startswith("~"):
-            _set(cfg, key, os.path.expanduser(value))
+            try:  # os.path.expanduser kept ~NAME of no user as typed: a folder '~NAME' in the working directory
+                _set(cfg, key, str(expand_path(value, key)))
+            except ValueError as e:
+                raise ConfigError(str(e)) from None
     validate(cfg)
     return cfg
 

@@ -225,6 +225,31 @@ def test_rejects_bad_input():
             sh.prefill(bad)
 
 
+def test_decode_step_refuses_a_cache_that_is_not_this_model_s_on_this_rank():
+    """A cache that is not a ShardedKVCache was an AttributeError ('... has no attribute seq_len'); another
+    model's (fewer layers) an IndexError; another world's (a cache of rank 0 of 2 on one process) other
+    logits without a word. Each is refused naming ``cache``, and the cache is left as it was."""
+    from orthros.models import OrthrosCache
+    from orthros.parallel import ShardedKVCache
+
+    model = tiny_model()
+    sh = ShardedOrthros(model, chunk_size=4)
+    for bad in (OrthrosCache(), None):
+        with pytest.raises(TypeError, match="cache must be the ShardedKVCache prefill\\(\\) returned, got"):
+            sh.decode_step(torch.tensor([1]), bad)
+    _, other = ShardedOrthros(tiny_model(num_hidden_layers=2)).prefill(torch.ones(1, 5, dtype=torch.long))
+    with pytest.raises(ValueError, match="cache is not this model's on this rank: it holds 2 layers"):
+        sh.decode_step(torch.tensor([1]), other)
+    _, mine = sh.prefill(torch.ones(1, 6, dtype=torch.long))
+    two = ShardedKVCache(mine.num_layers, shard_bounds(6, 2), 0, 0)  # rank 0's shard of a 2-rank prefill
+    two.k, two.v, two.window_k, two.window_v = mine.k, mine.v, mine.window_k, mine.window_v
+    two.length, two.seq_len = 3, 6
+    with pytest.raises(ValueError, match="for rank 0 of 2, this model and rank need 3 layers .* for rank 0 of 1"):
+        sh.decode_step(torch.tensor([1]), two)
+    assert two.seq_len == 6 and mine.seq_len == 6
+    assert sh.decode_step(torch.tensor([1]), mine).shape == (1, 1, V)
+
+
 @pytest.mark.parametrize("args, env, match", [
     (["--chunk-size", "0"], {}, "--chunk-size"),
     (["--key-chunk", "-1"], {}, "--key-chunk"),
