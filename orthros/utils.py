@@ -55,7 +55,8 @@ def format_bytes(n: float) -> str:
 
 def cache_root() -> Path:
     """Orthros' cache folder: ``$ORTHROS_CACHE``, else ``~/.cache/orthros`` (fetched weights)."""
-    return Path(os.environ.get("ORTHROS_CACHE") or Path.home() / ".cache" / "orthros").expanduser()
+    env = os.environ.get("ORTHROS_CACHE")
+    return expand_path(env, "$ORTHROS_CACHE") if env else Path.home() / ".cache" / "orthros"
 
 
 def check_positive_int(name: str, value, *, allow_none: bool = False):
@@ -107,6 +108,23 @@ def check_token_ids(ids, vocab_size: int, arg: str, *, on_cuda: bool = False):
                          f"to {int(ids.max())}")
 
 
+def expand_path(value, name: str) -> Path:
+    """``value`` (a str or path) as a ``Path`` with a leading ``~`` / ``~user`` expanded, or a
+    ``ValueError`` naming ``name`` where it cannot be: a ``~user`` this machine has no user of (pathlib
+    raises a bare ``RuntimeError``; ``os.path.expanduser`` leaves it as typed, a folder named ``~user``
+    in the working directory), or ``~`` without a home folder."""
+    p = Path(os.fspath(value))
+    head = p.parts[0] if p.parts else ""
+    try:
+        expanded = p.expanduser()
+    except RuntimeError:
+        expanded = p
+    if head.startswith("~") and expanded == p:
+        who = f"no user {head[1:]!r} on this machine" if head != "~" else "no home folder ($HOME) is set"
+        raise ValueError(f"{name} {value}: {who} (a path's ~NAME is NAME's home folder)")
+    return expanded
+
+
 def file_in_the_way(path) -> Path | None:
     """The nearest of ``path`` and its parents that exists, when it is not a directory (so nothing
     can be made at or below ``path``), else ``None``."""
@@ -131,8 +149,8 @@ def check_output_path(arg: str, path, *, directory: bool = False) -> None:
     """Refuse, before any work, an output path (``arg``) that could not be written at the end: a file
     path that is an existing directory, a folder path (``directory``) that is an existing file, or
     either below an existing file, or in a folder this process may not write into (read-only,
-    another user's). Creates nothing."""
-    p = Path(path).expanduser()
+    another user's), or under the ``~NAME`` of no user. Creates nothing."""
+    p = expand_path(path, arg)
     if not directory and p.is_dir():
         raise ValueError(f"{arg} {path}: is a directory (a file path is needed)")
     blocked = file_in_the_way(p if directory else p.parent)
@@ -221,7 +239,8 @@ def save_figure(fig, path, dpi: int = 120) -> None:
 
 
 __all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "atomic_directory", "cache_root", "check_png", "same_file",
-           "check_positive_int", "clean_stale", "commit_id", "dtype_name", "format_bytes", "hf_progress_bars", "isatty",
+           "check_positive_int", "clean_stale", "commit_id", "expand_path", "sigterm_as_interrupt", "stop_on_sigterm",
+           "Terminated", "dtype_name", "format_bytes", "hf_progress_bars", "isatty",
            "parse_dtype", "pyplot", "save_figure", "write_json", "write_text"]
 
 
@@ -381,6 +400,58 @@ def show_traceback() -> bool:
     """Whether ``ORTHROS_TRACEBACK`` asks for a failure's traceback: set, and not ``0`` / ``false`` / ``no`` / ``off``
     (``ORTHROS_TRACEBACK=0`` is a choice to leave it off, not to turn it on)."""
     return os.environ.get("ORTHROS_TRACEBACK", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+class Terminated(BaseException):
+    """Raised in the main thread on SIGTERM inside :func:`sigterm_as_interrupt`, so that ``finally``
+    blocks and ``except BaseException`` cleanups run as for Ctrl-C (the default SIGTERM ends the process
+    at once and runs none: a temporary file or directory stays behind)."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """Inside the block, SIGTERM (a scheduler's preemption, ``kill``, torchrun stopping its workers)
+    raises :class:`Terminated` in the main thread, as Ctrl-C raises ``KeyboardInterrupt``; the previous
+    handler is back after it. Outside the main thread (where no handler can be set) it changes nothing."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def stop_on_sigterm(prog: str):
+    """Decorator for a command's ``main(argv) -> int``: a SIGTERM while it runs stops it as Ctrl-C does
+    (:func:`sigterm_as_interrupt`: what it was writing is removed), prints ``PROG: terminated (SIGTERM)``
+    on stderr (once under torchrun: rank 0's) and returns 143, the exit code of a process SIGTERM ended."""
+    import functools
+    import signal
+    import sys
+
+    def decorate(main):
+        @functools.wraps(main)
+        def run(*args, **kwargs):
+            try:
+                with sigterm_as_interrupt():
+                    return main(*args, **kwargs)
+            except Terminated:
+                if os.environ.get("RANK", "0").strip() in ("0", ""):
+                    print(f"{prog}: terminated (SIGTERM)", file=sys.stderr)
+                return 128 + signal.SIGTERM
+
+        return run
+
+    return decorate
 
 
 def isatty(stream) -> bool:

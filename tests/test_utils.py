@@ -1,5 +1,7 @@
 """orthros.utils: save_figure writes through a temporary name and leaves nothing behind on failure."""
 
+from pathlib import Path
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -308,3 +310,78 @@ def test_format_bytes_rounds_up_into_the_next_unit():
 
     assert [format_bytes(n) for n in (0, 1023, 1023.6, 1024, 1048575, 1024 * 1023.9, 3 * 2**40)] == [
         "0 B", "1,023 B", "1.0 KiB", "1.0 KiB", "1.0 MiB", "1,023.9 KiB", "3.0 TiB"]
+
+
+def test_expand_path_names_the_argument_for_a_user_this_machine_lacks(tmp_path, monkeypatch):
+    """pathlib's expanduser raised a bare RuntimeError('Could not determine home directory.') for
+    `~nosuchuser/x`, naming neither the path nor the argument; os.path.expanduser kept it as typed
+    (a folder named '~nosuchuser' in the working directory)."""
+    from orthros.utils import expand_path
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert expand_path("~/x", "dst") == tmp_path / "x"
+    assert expand_path(tmp_path / "a~b", "dst") == tmp_path / "a~b"
+    assert expand_path("x/~nosuchuser9", "dst") == Path("x/~nosuchuser9")  # a ~ inside a path is a name
+    for value in ("~nosuchuser9/x", "~nosuchuser9"):
+        with pytest.raises(ValueError, match=r"^--out ~nosuchuser9.*: no user 'nosuchuser9' on this machine"):
+            expand_path(value, "--out")
+    from orthros.utils import check_output_path
+
+    with pytest.raises(ValueError, match=r"^--out ~nosuchuser9/r.json: no user 'nosuchuser9'"):
+        check_output_path("--out", "~nosuchuser9/r.json")  # every CLI's output check, for API callers too
+
+
+def test_orthros_cache_with_a_user_this_machine_lacks_is_named(monkeypatch):
+    from orthros.utils import cache_root
+
+    monkeypatch.setenv("ORTHROS_CACHE", "~nosuchuser9/cache")
+    with pytest.raises(ValueError, match=r"^\$ORTHROS_CACHE ~nosuchuser9/cache: no user 'nosuchuser9'"):
+        cache_root()
+
+
+def test_stop_on_sigterm_runs_cleanups_and_exits_143_with_one_line(tmp_path, capsys):
+    """A command's main under @stop_on_sigterm: SIGTERM stops it as Ctrl-C does (its finally blocks run:
+    no temporary file stays), one line on stderr, exit 143; the previous SIGTERM handler is back."""
+    import os
+    import signal
+
+    from orthros.utils import stop_on_sigterm, write_text
+
+    before = signal.getsignal(signal.SIGTERM)
+
+    @stop_on_sigterm("orthros thing")
+    def main(argv):
+        tmp = tmp_path / ".out.tmp"
+        try:
+            tmp.write_text("half")
+            os.kill(os.getpid(), signal.SIGTERM)
+            write_text(tmp_path / "out", "never")
+        finally:
+            tmp.unlink(missing_ok=True)
+        return 0
+
+    assert main([]) == 143
+    assert list(tmp_path.iterdir()) == []
+    assert capsys.readouterr().err == "orthros thing: terminated (SIGTERM)\n"
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert stop_on_sigterm("x")(lambda: 7)() == 7  # a run SIGTERM did not reach returns its own code
+
+
+def test_sigterm_as_interrupt_outside_the_main_thread_changes_nothing():
+    """signal.signal raises ValueError outside the main thread: the helper (used by `orthros train`
+    main, which a notebook may run in a thread) leaves the handler alone there."""
+    import signal
+    import threading
+
+    from orthros.utils import sigterm_as_interrupt
+
+    before, seen = signal.getsignal(signal.SIGTERM), []
+
+    def work():
+        with sigterm_as_interrupt():
+            seen.append(signal.getsignal(signal.SIGTERM))
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert seen == [before] and signal.getsignal(signal.SIGTERM) is before

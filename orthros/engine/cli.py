@@ -218,6 +218,7 @@ def _check_checkpoint(args):
     weights: returns the model config and the tokenizer directory."""
     from ..models import OrthrosConfig
     from ..models.loading import check_tokenizer_dir, check_weights, checkpoint_dir
+    from .engine import check_max_seq_len
 
     d = checkpoint_dir(args.model, arg="--model")
     check_weights(d)
@@ -226,9 +227,7 @@ def _check_checkpoint(args):
     limit = config.max_position_embeddings
     if args.max_seq_len is None:
         args.max_seq_len = min(8192, limit)
-    elif args.max_seq_len > limit:
-        raise ValueError(f"--max-seq-len {args.max_seq_len} exceeds the model's max_position_embeddings={limit} "
-                         f"(positions it was not built for)")
+    check_max_seq_len(args.max_seq_len, limit, names=CLI_NAMES)  # the engine's check, before the weights load
     if args.interactive and args.max_new_tokens > args.max_seq_len:  # no turn could ever fit
         raise ValueError(f"--max-new-tokens {args.max_new_tokens} does not fit --max-seq-len {args.max_seq_len} "
                          f"(the cache slots of the whole conversation; default min(8192, the model's "

@@ -46,6 +46,7 @@ from .cache import StaticKVCache, linear_layers
 from .sampling import SamplingParams, sample
 
 DEFAULT_PREFILL_CHUNK = 16384
+DEFAULT_MAX_SEQ_LEN = 4096  # cache slots a row by default (fewer for a model with fewer positions)
 MIN_SPAN = 512  # smallest cache span a decode graph is captured for
 
 
@@ -84,6 +85,17 @@ class RequestTooLong(ValueError):
                 f"prompt, lower {n['max_new_tokens']} or {n['more_slots'].format(max_positions=self.max_positions)}")
 
 
+def check_max_seq_len(max_seq_len: int, max_positions: Optional[int], names: Optional[dict] = None) -> None:
+    """A cache of ``max_seq_len`` slots a row must not outgrow the model's positions
+    (``config.max_position_embeddings``: ``max_positions``, None for no limit): a decode step would
+    run past them without a word. A ``ValueError`` naming the setting by ``names`` (keys of
+    :data:`ENGINE_NAMES`: the engine's argument by default, a front end's option) and the limit."""
+    if max_positions is not None and max_seq_len > max_positions:
+        n = {**ENGINE_NAMES, **(names or {})}
+        raise ValueError(f"{n['max_seq_len'].format(max_seq_len)} exceeds the model's max_position_embeddings="
+                         f"{max_positions} (positions it was not built for)")
+
+
 def check_fits(n_cached: int, n_new: int, max_new_tokens: int, *, max_seq_len: int, max_positions: int,
                row: int = 0, where: Optional[str] = None, names: Optional[dict] = None) -> None:
     """The length check of one row of a request: ``n_cached`` tokens of the conversation so far
@@ -106,7 +118,9 @@ class Engine:
     Args:
         model: an ``OrthrosForCausalLM`` (any dtype/device; the engine runs where it lives).
         max_batch_size: rows of the static cache (the largest batch :meth:`generate` takes).
-        max_seq_len: tokens per row of the static cache (prompt + generated, all turns).
+        max_seq_len: tokens per row of the static cache (prompt + generated, all turns); at most the
+            model's ``config.max_position_embeddings`` (more is refused: positions it was not built
+            for). Default: ``min(4096, max_position_embeddings)``.
         prefill_chunk: prompt tokens per prefill chunk (``None``: the whole prompt at once).
         cuda_graphs: capture decode steps in CUDA graphs (default: on CUDA devices).
         graph_batch_sizes: batch sizes that get a graph (default ``1..max_batch_size``); another
@@ -151,12 +165,12 @@ class Engine:
 
     cache_class = StaticKVCache
 
-    def __init__(self, model, *, max_batch_size: int = 1, max_seq_len: int = 4096,
+    def __init__(self, model, *, max_batch_size: int = 1, max_seq_len: Optional[int] = None,
                  prefill_chunk: Optional[int] = DEFAULT_PREFILL_CHUNK, cuda_graphs: Optional[bool] = None,
                  graph_batch_sizes: Optional[Sequence[int]] = None, attention_mode: Optional[str] = None,
                  compile: bool = False, fuse: bool = True, gemv=None, qkv_kernel: Optional[bool] = None):
         check_positive_int("max_batch_size", max_batch_size)
-        check_positive_int("max_seq_len", max_seq_len)
+        check_positive_int("max_seq_len", max_seq_len, allow_none=True)
         check_positive_int("prefill_chunk", prefill_chunk, allow_none=True)
         if not isinstance(compile, bool):
             raise ValueError(f"compile must be True or False, got {compile!r}")
@@ -176,6 +190,10 @@ class Engine:
             raise TypeError(f"model must be an OrthrosForCausalLM, got {type(model).__name__}")
         cfg = model.config
         mode = resolve_mode(cfg.attention_mode if attention_mode is None else attention_mode)
+        limit = getattr(cfg, "max_position_embeddings", None)
+        if max_seq_len is None:
+            max_seq_len = DEFAULT_MAX_SEQ_LEN if limit is None else min(DEFAULT_MAX_SEQ_LEN, limit)
+        check_max_seq_len(max_seq_len, limit)
         self.model = model
         self.config = cfg
         self.mode = mode
@@ -800,4 +818,5 @@ def _decode_runner(options):
     return run
 
 
-__all__ = ["Engine", "DEFAULT_PREFILL_CHUNK", "RequestTooLong", "check_fits", "compile_fallbacks"]
+__all__ = ["Engine", "DEFAULT_MAX_SEQ_LEN", "DEFAULT_PREFILL_CHUNK", "RequestTooLong", "check_fits",
+           "check_max_seq_len", "compile_fallbacks"]

@@ -143,7 +143,9 @@ def _engine_for(model, batch: int, need: int) -> Engine:
     slots = 256
     while slots < need:
         slots *= 2
-    slots = min(slots, max(need, getattr(model.config, "max_position_embeddings", need) or need))
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit:  # the engine takes no more slots than positions (_plan refused a request beyond them)
+        slots = min(slots, limit)
     modes = [(mod, mod.training) for mod in model.modules()]
     eng = Engine(model, max_batch_size=batch, max_seq_len=slots)
     for mod, training in modes:  # the engine puts the model in eval mode; generate() leaves it as it was
@@ -173,7 +175,7 @@ def engine_generate(model, args, kwargs, required: bool) -> Optional[torch.Tenso
                              " (use_engine=None falls back to transformers' generate for it)")
         return None
     prompts, ids, n_new, params, eos, pad = plan
-    need = max(len(p) for p in prompts) + n_new
+    need = max(len(p) for p in prompts) + n_new - 1  # cache slots: the last new token is never fed back
     eng = _engine_for(model, len(prompts), need)
     # an id the model cannot sample never stops a row (transformers runs with it; the engine refuses it)
     stops = [e for e in eos if 0 <= e < model.config.vocab_size]

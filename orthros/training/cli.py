@@ -10,7 +10,6 @@ import argparse
 import os
 import signal
 import sys
-import threading
 from typing import Optional
 
 USAGE = """orthros train [CONFIG.yaml] [--key value ...] [--resume [PATH]] [--dry-run] [--help-config]
@@ -52,29 +51,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     path = None
     if argv and not argv[0].startswith("--"):
         path, argv = argv[0], argv[1:]
-    from ..conversion.cli import _on_sigterm, _Terminated
+    from ..utils import Terminated, sigterm_as_interrupt
 
-    main_thread = threading.current_thread() is threading.main_thread()  # where a handler can be set
-    previous = signal.signal(signal.SIGTERM, _on_sigterm) if main_thread else None
     cfg = None
     try:
-        cfg = load_config(path, argv)
-        from .trainer import dry_run, train
+        with sigterm_as_interrupt():  # in the main thread: a handler cannot be set elsewhere
+            cfg = load_config(path, argv)
+            from .trainer import dry_run, train
 
-        if dry:
-            plan = dry_run(cfg)
-            if os.environ.get("RANK", "0") == "0":  # under torchrun, one copy of it
-                print(plan)
-        else:
-            train(cfg)
+            if dry:
+                plan = dry_run(cfg)
+                if os.environ.get("RANK", "0") == "0":  # under torchrun, one copy of it
+                    print(plan)
+            else:
+                train(cfg)
     except (ConfigError, DataError) as e:
         print(f"orthros train: error: {e}", file=sys.stderr)
         return 2
-    except (KeyboardInterrupt, _Terminated) as e:  # as Ctrl-C: the run stops, its checkpoints stay
+    except (KeyboardInterrupt, Terminated) as e:  # as Ctrl-C: the run stops, its checkpoints stay
         return _stopped(e, cfg, dry)
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
     return 0
 
 

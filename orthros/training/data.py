@@ -34,6 +34,7 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 import torch
 
+from ..utils import expand_path
 from .config import ConfigError
 
 IGNORE = -100
@@ -67,7 +68,12 @@ def _resolve_files(spec, name: str = "data.train") -> Optional[list[str]]:
     specs = spec if isinstance(spec, (list, tuple)) else [spec]
     files = []
     for s in specs:
-        s = os.path.expanduser(str(s))
+        s = str(s)
+        if s.startswith("~"):  # os.path.expanduser kept ~NAME of no user as typed: 'data file not found'
+            try:
+                s = str(expand_path(s, name))
+            except ValueError as e:
+                raise DataError(str(e)) from None
         if os.path.isdir(s):
             found = sorted(p for p in glob.glob(os.path.join(s, "**", "*"), recursive=True)
                            if os.path.isfile(p) and _file_format(p))

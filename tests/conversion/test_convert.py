@@ -936,3 +936,25 @@ def test_fp16_overflow_refused_naming_the_tensor(tmp_path, good_src):
     save_file(sd, f, metadata={"format": "pt"})
     _refused(tmp_path, src, ("dtype", "fp16"), match=f"{name}.*1e\\+05.*range")
     convert_checkpoint(src, tmp_path / "bf16", dtype="bf16", progress=False)  # bf16 holds it
+
+
+def test_a_home_folder_of_no_user_is_refused_naming_the_argument(tmp_path, capsys):
+    """`~nosuchuser9/m` reached pathlib's expanduser: `orthros convert` (run as `python -m
+    orthros.conversion.cli`, without the dispatcher's catch) and fetch raised a bare
+    RuntimeError('Could not determine home directory.') naming neither the path nor the argument.
+    Now the argument and the user are named, before any work."""
+    from orthros.conversion import fetch as F
+
+    no_user = r"no user 'nosuchuser9' on this machine"
+    with pytest.raises(ValueError, match=rf"^cache_dir ~nosuchuser9/c: {no_user}"):
+        F.target_path("smollm2", "~nosuchuser9/c")
+    capsys.readouterr()
+    assert convert_main(["~nosuchuser9/m", str(tmp_path / "out")]) == 2
+    assert convert_main([str(tmp_path), "~nosuchuser9/out"]) == 2
+    assert F.main(["smollm2", "--cache-dir", "~nosuchuser9/c"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"orthros convert: error: SRC ~nosuchuser9/m: {no_user} (a path's ~NAME is NAME's home folder)",
+                   f"orthros convert: error: DST ~nosuchuser9/out: {no_user} (a path's ~NAME is NAME's home folder)",
+                   f"orthros fetch: error: --cache-dir ~nosuchuser9/c: {no_user} (a path's ~NAME is NAME's home "
+                   f"folder)"], err
+    assert list(tmp_path.iterdir()) == []

@@ -25,8 +25,19 @@ def model():
                                             max_position_embeddings=MPE, attn_backend="reference")).eval()
 
 
+def test_engine_refuses_a_cache_beyond_the_positions(model):
+    """A cache row longer than the model's positions is refused when the engine is built, naming
+    max_seq_len and the limit (was: built, and set_lengths() + step() ran past the positions
+    without a word); the default cache is no longer than the positions."""
+    with pytest.raises(ValueError, match=re.escape(f"max_seq_len={MPE + 1} exceeds the model's "
+                                                   f"max_position_embeddings={MPE}")):
+        Engine(model, max_seq_len=MPE + 1)
+    assert Engine(model, max_seq_len=MPE).max_seq_len == MPE
+    assert Engine(model).max_seq_len == MPE  # min(4096, max_position_embeddings)
+
+
 def test_engine_refuses_a_request_beyond_the_positions(model):
-    eng = Engine(model, max_seq_len=64)
+    eng = Engine(model, max_seq_len=MPE)
     with pytest.raises(ValueError, match=f"max_position_embeddings={MPE}"):
         eng.generate([list(range(MPE + 1))], 1)
     with pytest.raises(ValueError, match=rf"need positions 0\.\.{MPE}, beyond"):

@@ -272,3 +272,15 @@ def test_every_shipped_config_loads(name):
         assert load_config(str(path), ["--model.init_from", "/ckpt/converted"]).model.init_from == "/ckpt/converted"
     else:
         load_config(str(path))
+
+
+@pytest.mark.parametrize("key", ["--output_dir", "--model.init_from", "--data.tokenizer", "--resume"])
+def test_a_home_folder_of_no_user_is_refused_naming_the_key(key, tmp_path, monkeypatch):
+    """os.path.expanduser keeps `~nosuchuser9/run` as typed: output_dir became a folder named
+    '~nosuchuser9' in the working directory (and --dry-run said all was well)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=rf"^{key.lstrip('-').replace('resume', 'checkpoint.resume')} "
+                                          r"~nosuchuser9/x: no user 'nosuchuser9' on this machine"):
+        load_config(None, [key, "~nosuchuser9/x"] + (["--mode", "cpt"] if key == "--model.init_from" else []))
+    assert list(tmp_path.iterdir()) == []
+

@@ -347,3 +347,15 @@ def test_a_dataset_folder_with_its_card_reads_the_data(tmp_path, tok):
     (d / "more.txt").write_text("To be.\n")
     assert DocSource(str(d)).num_docs == 2  # README.md and more.txt: text files both, both read
     assert DocSource(str(d / "README.md")).builder == "text"
+
+
+def test_a_data_path_under_the_home_folder_of_no_user_is_named(tmp_path, monkeypatch):
+    """os.path.expanduser keeps `~nosuchuser9/x.txt` as typed: the run said 'data file not found:
+    ~nosuchuser9/x.txt', as if the user existed and lacked the file."""
+    from orthros.training.data import _resolve_files
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "d.txt").write_text("hello\n")
+    assert _resolve_files("~/d.txt") == [str(tmp_path / "d.txt")]
+    with pytest.raises(DataError, match=r"^data.eval ~nosuchuser9/x.txt: no user 'nosuchuser9' on this machine"):
+        _resolve_files(["~/d.txt", "~nosuchuser9/x.txt"], "data.eval")
