@@ -222,7 +222,8 @@ def _check_checkpoint(args):
 
     d = checkpoint_dir(args.model, arg="--model")
     check_weights(d)
-    tok_dir = check_tokenizer_dir(args.tokenizer or d, arg="--tokenizer" if args.tokenizer else "--model")
+    given = args.tokenizer is not None  # --tokenizer "" is refused as empty, not taken for the default
+    tok_dir = check_tokenizer_dir(args.tokenizer if given else d, arg="--tokenizer" if given else "--model")
     config = OrthrosConfig.from_pretrained(str(d), local_files_only=True)
     limit = config.max_position_embeddings
     if args.max_seq_len is None:

@@ -49,8 +49,17 @@ def looks_local(path) -> bool:
             or s.endswith("/"))
 
 
+def _check_not_blank(path, arg: str, what: str) -> None:
+    """An empty or blank path (an unset shell variable) names no directory, though ``Path("")`` is
+    the current one: refused, naming ``arg``."""
+    if not os.fspath(path).strip():
+        raise CheckpointError(f"{arg} is empty ({os.fspath(path)!r}): give the {what} directory "
+                              f"('.' for the current one)")
+
+
 def checkpoint_dir(path, *, arg: str = "--model") -> Path:
     """``path`` as a checkpoint directory with a readable ``config.json`` of an Orthros model."""
+    _check_not_blank(path, arg, "checkpoint")
     p = Path(os.fspath(path)).expanduser()
     if not p.exists():
         raise CheckpointError(f"{arg} {path}: no such directory (a local Orthros checkpoint directory is needed; "
@@ -243,6 +252,7 @@ def _model_type(config_json: Path):
 
 def check_tokenizer_dir(path, *, arg: str = "--tokenizer") -> Path:
     """``path`` as a directory holding tokenizer files."""
+    _check_not_blank(path, arg, "tokenizer")
     p = Path(os.fspath(path)).expanduser()
     if not p.is_dir():
         raise CheckpointError(f"{arg} {path}: no such directory")

@@ -58,6 +58,16 @@ def test_missing_path(tmp_path, capsys):
     refused(["--model", str(tmp_path / "nope"), "hi"], capsys, str(tmp_path / "nope"), "no such directory")
 
 
+def test_an_empty_model_or_tokenizer_path_is_named(ckpt, tmp_path, capsys, monkeypatch):
+    """An empty path (an unset shell variable) is no directory: refused by name (was: ``--model ""`` read
+    as the current folder, 'no config.json'; ``--tokenizer ""`` taken for the default, --model's)."""
+    monkeypatch.chdir(tmp_path)
+    for blank in ("", " "):
+        refused(["--model", blank, "hi"], capsys, f"--model is empty ({blank!r})")
+        refused(["--model", str(ckpt), "--tokenizer", blank, "hi"], capsys, f"--tokenizer is empty ({blank!r})")
+    assert not any(tmp_path.iterdir())
+
+
 def test_typo_directory_is_not_a_hub_lookup(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for name in ("ckpt_typo", "my-org/ckpt_typo", "./ckpt_typo"):

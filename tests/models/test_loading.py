@@ -5,6 +5,7 @@ exist never become hub lookups."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import struct
 
@@ -142,6 +143,19 @@ def test_local_looking_missing_paths_never_reach_the_hub(tmp_path, monkeypatch):
         with pytest.raises(FileNotFoundError, match="no such checkpoint directory"):
             OrthrosForCausalLM.from_pretrained(path)
     assert not looks_local("org/name") and not looks_local("name")
+
+
+def test_an_empty_path_is_refused_by_name(tmp_path, monkeypatch):
+    """``Path("")`` is the current folder: ``orthros info ""`` said 'PATH : no config.json (not a
+    checkpoint directory)' of a path never given; an empty or blank path is refused as such."""
+    from orthros.models.loading import check_tokenizer_dir, checkpoint_dir
+
+    monkeypatch.chdir(tmp_path)
+    for blank in ("", " ", "\t"):
+        with pytest.raises(CheckpointError, match=re.escape(f"PATH is empty ({blank!r})")):
+            checkpoint_dir(blank, arg="PATH")
+        with pytest.raises(CheckpointError, match=re.escape(f"--tokenizer is empty ({blank!r})")):
+            check_tokenizer_dir(blank)
 
 
 def test_a_home_relative_checkpoint_directory_loads(saved, tmp_path, monkeypatch):
