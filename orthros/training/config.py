@@ -399,6 +399,30 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
     return cfg
 
 
+def _check_head_dim(m: ModelSection) -> None:
+    """The head size a fresh model gets, in the keys that make it: ``model.head_dim``, or (null)
+    ``model.hidden_size / model.num_attention_heads``, which must divide and be even (RoPE rotates
+    pairs of dimensions). The model's own check names only ``head_dim``, a key the user may never have
+    set. A model.init_from checkpoint has its own shape (its keys are compared with it when it loads)."""
+    def size(v):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+    if m.init_from or not (size(m.hidden_size) and size(m.num_attention_heads)):
+        return  # (a size out of range: the model's checks name it)
+    if m.head_dim is None:
+        d, heads = m.hidden_size, m.num_attention_heads
+        if d % heads:
+            raise ConfigError(f"model.hidden_size ({d}) must be a multiple of model.num_attention_heads ({heads}): "
+                              f"model.head_dim is null, so each head gets hidden_size / num_attention_heads "
+                              f"dimensions; change one of them, or set model.head_dim")
+        if (d // heads) % 2:
+            raise ConfigError(f"model.hidden_size / model.num_attention_heads (the head size, model.head_dim being "
+                              f"null) must be even for RoPE (it rotates pairs of dimensions), got {d} / {heads} = "
+                              f"{d // heads}")
+    elif size(m.head_dim) and m.head_dim % 2:
+        raise ConfigError(f"model.head_dim must be even for RoPE (it rotates pairs of dimensions), got {m.head_dim}")
+
+
 def validate(cfg: RunConfig) -> None:
     def choice(key, val, allowed):
         if val not in allowed:
@@ -422,6 +446,7 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"model.num_hidden_layers must be >= {every or 1} for model.architecture "
                           f"{cfg.model.architecture!r}" + (f" (an attention layer every {every}th layer)" if every else "")
                           + f", got {cfg.model.num_hidden_layers}")
+    _check_head_dim(cfg.model)
     choice("train.precision", cfg.train.precision, PRECISIONS)
     choice("optim.schedule", cfg.optim.schedule, SCHEDULES)
     choice("data.format", cfg.data.format, FORMATS)

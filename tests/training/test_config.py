@@ -284,3 +284,16 @@ def test_a_home_folder_of_no_user_is_refused_naming_the_key(key, tmp_path, monke
         load_config(None, [key, "~nosuchuser9/x"] + (["--mode", "cpt"] if key == "--model.init_from" else []))
     assert list(tmp_path.iterdir()) == []
 
+
+@pytest.mark.parametrize("args, msg", [
+    (["--model.hidden_size", "30"], r"^model.hidden_size \(30\) must be a multiple of model.num_attention_heads \(4\)"),
+    (["--model.hidden_size", "28"], r"^model.hidden_size / model.num_attention_heads .* must be even for RoPE .*"
+                                    r"got 28 / 4 = 7$"),
+    (["--model.num_attention_heads", "2", "--model.head_dim", "7"], r"^model.head_dim must be even for RoPE"),
+])
+def test_a_head_size_that_cannot_work_names_the_keys_that_make_it(args, msg):
+    """`--model.hidden_size 30` said 'model: OrthrosConfig.head_dim must be even for RoPE, got 7' (a key
+    the user never set; 7 = 30 // 4). The keys that make the head size are named now."""
+    with pytest.raises(ConfigError, match=msg):
+        load_config(None, args)
+    load_config(None, ["--model.hidden_size", "132", "--model.head_dim", "16"])  # an explicit head size divides nothing
