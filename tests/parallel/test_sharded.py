@@ -347,10 +347,10 @@ def test_bench_lengths_given_twice_are_measured_once(tmp_path):
 # ---------------------------------------------------------------- gloo, 2-4 processes
 
 CASES = {
-    # world: [(B, T, new tokens, chunk)] -- T never a multiple of the world size
-    2: [(2, 37, 6, 5), (1, 3, 4, 2)],
+    # world: [(B, T, new tokens, chunk)] -- T a multiple of the world size only at one token a rank
+    2: [(2, 37, 6, 5), (1, 3, 4, 2), (2, 2, 3, 1)],  # and one token a rank
     3: [(2, 10, 6, 3)],  # shards 4,3,3: rank 2's halo spans ranks 1 and 0
-    4: [(1, 13, 6, 2), (2, 23, 5, 4)],  # shards 4,3,3,3 (halo over 3 shards) and 6,6,6,5
+    4: [(1, 13, 6, 2), (2, 23, 5, 4), (1, 4, 3, 2)],  # shards 4,3,3,3 (halo over 3 shards), 6,6,6,5 and 1,1,1,1
 }
 
 
