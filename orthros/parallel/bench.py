@@ -496,6 +496,11 @@ def main(argv=None) -> int:
         Bench(a, ctx, device).run()
     except BaseException as e:  # noqa: BLE001 - one clear line per rank, then exit without hanging
         rank = os.environ.get("RANK", "0")
+        if isinstance(e, KeyboardInterrupt):  # Ctrl-C reaches every rank: each printed a traceback
+            if rank == "0":
+                saved = f"; the records measured so far are in {a.out}" if a.out and os.path.exists(a.out) else ""
+                print(f"orthros.parallel.bench: interrupted{saved}", file=sys.stderr, flush=True)
+            os._exit(130)
         print(f"orthros.parallel.bench: rank {rank} FAILED: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         import traceback
 

@@ -416,6 +416,39 @@ def test_bench_entry_point_runs_under_torchrun(tmp_path):
     assert "| 300 |" in proc.stdout
 
 
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_bench_ctrl_c_is_one_line_from_rank_0(rank, tmp_path, monkeypatch, capsys):
+    """Ctrl-C under torchrun reaches every rank: each printed 'rank r FAILED: KeyboardInterrupt: ' and a
+    traceback, and exited 1. Now rank 0 prints one line naming the results written so far, the others
+    nothing; every rank exits 130 (interrupted)."""
+    import json
+
+    from orthros.parallel import bench
+
+    def exit_(code):
+        raise SystemExit(code)
+
+    def interrupted(self):
+        self.meta, self.records = {}, [{"tokens": 8}]
+        self.save()
+        raise KeyboardInterrupt
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setattr(bench.os, "_exit", exit_)
+    monkeypatch.setattr(bench.Bench, "run", interrupted)
+    out = tmp_path / "b.json"
+    with pytest.raises(SystemExit) as e:
+        bench.main(["--model", "tiny", "--device", "cpu", "--out", str(out)])
+    assert e.value.code == 130
+    err = capsys.readouterr().err
+    if rank == "0":
+        assert err == f"orthros.parallel.bench: interrupted; the records measured so far are in {out}\n"
+        assert json.loads(out.read_text())["records"] == [{"tokens": 8}]
+    else:
+        assert err == ""
+
+
 def test_bench_refuses_cuda_without_a_gpu_before_any_work(tmp_path, monkeypatch, capsys):
     """``--device cuda`` on a machine without CUDA: a usage error naming the flag (it was an
     AssertionError traceback of ``torch.cuda.current_device()`` after the process group started)."""
