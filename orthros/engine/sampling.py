@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import torch
+if TYPE_CHECKING:  # imported where used: SamplingParams' checks (orthros generate's options) need no torch
+    import torch
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class SamplingParams:
 def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
     """Mask (to -inf) everything outside the top-k and outside the smallest top-p nucleus.
     ``logits``: ``[B, V]`` float. The most likely token always survives."""
+    import torch
+
     V = logits.shape[-1]
     if top_k and top_k < V:
         kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
@@ -70,6 +73,8 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: Optional[torch.Generator] = None) -> torch.Tensor:
     """Next token of every row: ``logits [B, V]`` -> ``[B]`` int64, on the logits' device."""
+    import torch
+
     if params.greedy:
         return logits.argmax(dim=-1)
     logits = logits.float()

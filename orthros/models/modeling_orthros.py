@@ -9,6 +9,7 @@ only its K/V (for the cache and the output queries); its window attention and ML
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from typing import Optional
 
@@ -449,6 +450,14 @@ def register_generate_backend(fn) -> None:
     _GENERATE_BACKEND = fn
 
 
+def _register_engine() -> None:
+    """Register ``orthros.engine`` behind ``generate()``: imported at call time only (the engine sits
+    above this module), by name (a checkpoint's remote-code copy of this module collects the modules
+    it imports, and has no engine: it runs transformers' generate)."""
+    if __name__ == "orthros.models.modeling_orthros":
+        importlib.import_module("orthros.engine").register()
+
+
 class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
@@ -540,6 +549,8 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
             raise ValueError(f"input_ids must be [B, T] with T >= 1 (a batch, even of one), got shape "
                              f"{tuple(ids.shape)}")
         if use_engine is not False:
+            if _GENERATE_BACKEND is None:  # not registered yet (orthros.engine was imported before the models)
+                _register_engine()
             if _GENERATE_BACKEND is not None:
                 out = _GENERATE_BACKEND(self, args, kwargs, required=use_engine is True)
                 if out is not None:

@@ -510,3 +510,48 @@ def test_a_seeded_prompt_file_draws_afresh_in_every_batch(checkpoint, tmp_path):
     assert run_cli(argv) == (0, text)  # the same seed, the same file: the same text
     rc, alone = run_cli(argv[:9] + ["--seed", "0", "w1 w2"])  # the first batch draws as a single prompt does
     assert rc == 0 and alone.split() == got[0].split()
+
+
+def _heavy_after(code: str) -> list:
+    """The heavy modules (torch, transformers, numpy) a fresh interpreter holds after ``code``."""
+    import json
+    import os
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
+    code += "\nimport sys, json\nprint(json.dumps([m for m in ('torch', 'transformers', 'numpy') if m in sys.modules]))"
+    r = subprocess.run([sys.executable, "-c", code], env=env, cwd=repo, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--model", "x", "--top-p", "2", "hi"],
+                                  ["--model", "x", "--top-k", "3", "hi"], ["--model", "x", "--max-new-tokens", "0"],
+                                  ["--model", "x", "--top-k", "zz"]])
+def test_help_and_argument_errors_import_no_torch(argv):
+    """``orthros generate --help`` took ~5 s of CPU: ``orthros.engine`` (the package of its CLI) imported
+    the engine, torch and transformers, and SamplingParams' checks of the sampling options torch."""
+    code = ("import contextlib, io\nfrom orthros.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            f"    try:\n        assert main(['generate', *{argv!r}]) == 2\n    except SystemExit as e:\n"
+            "        assert e.code in (0, 2)")
+    assert _heavy_after(code) == []
+
+
+def test_engine_imported_before_the_models_still_serves_generate():
+    """The package loads its names on first use; imported before the models, generate(use_engine=True)
+    still finds the engine (was registered only by the package's import)."""
+    code = ("import orthros.engine.cli\nimport torch\nfrom orthros.models import OrthrosConfig, OrthrosForCausalLM\n"
+            "import orthros.models.modeling_orthros as mo\n"
+            "m = OrthrosForCausalLM(OrthrosConfig(vocab_size=50, hidden_size=32, intermediate_size=64, "
+            "num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, window_size=4, "
+            "max_position_embeddings=32)).eval()\n"
+            "ids = torch.tensor([[1, 2, 3]])\n"
+            "assert torch.equal(m.generate(ids, max_new_tokens=4, use_engine=True), "
+            "m.generate(ids, max_new_tokens=4, use_engine=False))\n"
+            "assert mo._GENERATE_BACKEND is not None\n"
+            "from orthros.engine import Engine, SamplingParams, StaticKVCache\n"
+            "import orthros.engine as e\nassert e.Engine is Engine and 'Engine' in dir(e)")
+    assert "torch" in _heavy_after(code)
