@@ -111,17 +111,31 @@ def generate(task: MQARTask, n: int, seed: int = 0, rng: Optional[np.random.Gene
     ``input_ids`` / ``labels`` ``[n, T]``; ``query_pos`` ``[n, N]`` (sorted: the positions that
     predict an answer, i.e. the output positions); ``gaps`` ``[n, N]`` (query position minus key
     position, aligned with ``query_pos``); ``key_pos`` ``[n, N]``.
+    (:func:`generate_chunks` gives the same rows a piece at a time.)
     """
     task.validate()
     rng = np.random.default_rng(seed) if rng is None else rng
     T, N = task.seq_len, task.num_pairs
-    mx = T if task.max_gap is None else task.max_gap
     v0, v1 = task.value_range
-    ids = np.full((n, T), FILLER, dtype=np.int64)
-    if task.fill == "noise":
-        ids[:] = rng.integers(v0, v1, size=(n, T))
-    keys = np.argsort(rng.random((n, task.n_keys)), axis=1)[:, :N] + 1  # distinct keys per row
+    # the draws, in this order: noise, key order, values, query order, then each query's place
+    noise = rng.integers(v0, v1, size=(n, T)) if task.fill == "noise" else None
+    key_u = rng.random((n, task.n_keys))
     vals = rng.integers(v0, v1, size=(n, N))
+    order_u = rng.random((n, N))
+    return _assemble(task, noise, key_u, vals, order_u, lambda j: rng.random(n))
+
+
+def _assemble(task: MQARTask, noise, key_u, vals, order_u, place_u) -> dict:
+    """The sequences of :func:`generate` from its draws (row ``i`` only from row ``i`` of each):
+    ``noise`` ``[n, T]`` (``None``: filler), ``key_u`` ``[n, n_keys]``, ``vals`` / ``order_u``
+    ``[n, N]``, ``place_u(j)`` ``[n]`` (the uniforms placing the j-th query, asked in order j = 0, 1, ...)."""
+    n = len(key_u)
+    T, N = task.seq_len, task.num_pairs
+    mx = T if task.max_gap is None else task.max_gap
+    ids = np.full((n, T), FILLER, dtype=np.int64)
+    if noise is not None:
+        ids[:] = noise
+    keys = np.argsort(key_u, axis=1)[:, :N] + 1  # distinct keys per row
     ids[:, 0:2 * N:2] = keys
     ids[:, 1:2 * N:2] = vals
     labels = np.full((n, T), -100, dtype=np.int64)
@@ -131,7 +145,7 @@ def generate(task: MQARTask, n: int, seed: int = 0, rng: Optional[np.random.Gene
     qpos = np.zeros((n, N), dtype=np.int64)
     kpos = np.zeros((n, N), dtype=np.int64)
     pos = np.arange(T)
-    order = np.argsort(rng.random((n, N)), axis=1)  # query keys in random order
+    order = np.argsort(order_u, axis=1)  # query keys in random order
     rows = np.arange(n)
     for j in range(N):
         ki = order[:, j]
@@ -145,7 +159,7 @@ def generate(task: MQARTask, n: int, seed: int = 0, rng: Optional[np.random.Gene
             raise ValueError(f"MQAR setting leaves no room for a query (seq_len={T}, num_pairs={N}, "
                              f"min_gap={task.min_gap}, max_gap={mx}); raise seq_len or max_gap, or lower num_pairs")
         cum = np.cumsum(w, axis=1)
-        u = rng.random(n) * tot
+        u = place_u(j) * tot
         p = np.minimum((cum <= u[:, None]).sum(axis=1), T - 2)
         # guard against rounding at the top end: step back to the last allowed position
         bad = ~ok[rows, p]
@@ -163,6 +177,87 @@ def generate(task: MQARTask, n: int, seed: int = 0, rng: Optional[np.random.Gene
     qpos = np.take_along_axis(qpos, srt, 1)
     kpos = np.take_along_axis(kpos, srt, 1)
     return {"input_ids": ids, "labels": labels, "query_pos": qpos, "key_pos": kpos, "gaps": qpos - kpos}
+
+
+class _Draws:
+    """One stretch of the 64-bit stream of ``default_rng(seed)``, from a given state on, read a piece at
+    a time with exactly the values one numpy call over the whole stretch would give: ``random`` takes a
+    word a double (so pieces join up as they are), ``integers`` replays numpy's bounded draw of int64s
+    below 2**32 apart (32-bit halves of each word, low first, Lemire's method with its rejections; the
+    half a call leaves unused is the next value of the same call, and is dropped by the next call)."""
+
+    def __init__(self, state: dict):
+        self.bits = np.random.PCG64()
+        self.bits.state = state
+        self.gen = np.random.Generator(self.bits)
+        self.half = np.empty(0, np.uint64)  # the unused high half of the last word of `integers`
+
+    def state(self) -> dict:
+        return self.bits.state
+
+    def random(self, shape):
+        return self.gen.random(shape)
+
+    def integers(self, lo: int, hi: int, k: int):
+        span = hi - lo  # numpy's rng + 1
+        if span == 1:
+            return np.full(k, lo, np.int64)  # numpy draws nothing then
+        if not 1 < span < 2 ** 32:
+            raise ValueError(f"MQAR value range {lo}..{hi} is too wide for the chunked stream")
+        span_u = np.uint64(span)
+        threshold = np.uint64((2 ** 32 - span) % span)
+        out, need = [], k
+        while need > 0:
+            words = self.bits.random_raw(max(0, -(-(need - self.half.size) // 2)))
+            x = np.empty(self.half.size + 2 * words.size, np.uint64)
+            x[:self.half.size] = self.half
+            x[self.half.size::2] = words & np.uint64(0xFFFFFFFF)
+            x[self.half.size + 1::2] = words >> np.uint64(32)
+            m = x * span_u
+            hit = np.flatnonzero((m & np.uint64(0xFFFFFFFF)) >= threshold)[:need]
+            out.append((m[hit] >> np.uint64(32)).astype(np.int64) + lo)
+            # all of x used unless `need` was met: then what follows the last value kept (at most one half)
+            self.half = x[hit[-1] + 1:].copy() if hit.size == need else np.empty(0, np.uint64)
+            need -= hit.size
+        return np.concatenate(out) if out else np.empty(0, np.int64)
+
+    def skip_integers(self, lo: int, hi: int, k: int, piece: int = 1 << 20) -> None:
+        """Past the ``k`` values of one ``integers`` call (read ``piece`` at a time), to where the next draw starts."""
+        for i in range(0, k, piece):
+            self.integers(lo, hi, min(piece, k - i))
+        self.half = np.empty(0, np.uint64)  # a new numpy call starts at a new word
+
+
+def generate_chunks(task: MQARTask, n: int, seed: int = 0, rows: int = 4096):
+    """The ``n`` sequences of ``generate(task, n, seed)``, the same row for row, as dicts of at most
+    ``rows`` sequences each (in order): only one piece is held at a time, so a long training stream
+    needs the memory of ``rows`` sequences instead of ``n``. Each of generate's draws keeps its own
+    place in the random stream (found without holding the draws before it)."""
+    task.validate()
+    if rows < 1:
+        raise ValueError(f"rows must be >= 1, got {rows}")
+    T, N, K = task.seq_len, task.num_pairs, task.n_keys
+    v0, v1 = task.value_range
+    start = np.random.default_rng(seed).bit_generator.state
+    noise = _Draws(start) if task.fill == "noise" else None
+    walk = _Draws(start)  # through generate's draws, to where each one starts
+    if noise is not None:
+        walk.skip_integers(v0, v1, n * T)
+    key_u = _Draws(walk.state())
+    walk.bits.advance(n * K)
+    vals = _Draws(walk.state())
+    walk.skip_integers(v0, v1, n * N)
+    order_u = _Draws(walk.state())
+    walk.bits.advance(n * N)
+    place = []
+    for _ in range(N):
+        place.append(_Draws(walk.state()))
+        walk.bits.advance(n)
+    for a in range(0, n, rows):
+        m = min(rows, n - a)
+        yield _assemble(task, None if noise is None else noise.integers(v0, v1, m * T).reshape(m, T),
+                        key_u.random((m, K)), vals.integers(v0, v1, m * N).reshape(m, N), order_u.random((m, N)),
+                        lambda j, m=m: place[j].random(m))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -366,9 +461,43 @@ def train_one(name: str, task: MQARTask, tr: MQARTrain, train_data_fn, eval_data
     return res
 
 
-def _train_stream(task: MQARTask, tr: MQARTrain) -> dict:
-    """The training sequences of the run's seed: every model, in every process, sees the same."""
-    return generate(task, tr.steps * tr.batch_size, seed=tr.seed + 1)
+STREAM_TOKENS = 1 << 22  # tokens (or key draws) of the training stream made at once, in whole sequences
+
+
+class _TrainStream:
+    """``step -> (input_ids, labels, query_pos)`` on ``tr.device``: batch ``step`` of the run's training
+    sequences, ``generate(task, steps * batch_size, seed + 1)`` (every model, in every process, sees the
+    same). Made once, a piece at a time (:func:`generate_chunks`), and kept compact: the tokens in the
+    smallest integer type that holds the vocabulary, the query positions and their answers (the labels
+    are -100 but after each query). At --steps 20000 --batch-size 64 --seq-len 512 that is 1.3 GB, where
+    the stream made whole took ~25 GB."""
+
+    def __init__(self, task: MQARTask, tr: MQARTrain, tokens: int = STREAM_TOKENS):
+        n, T, N = tr.steps * tr.batch_size, task.seq_len, task.num_pairs
+        self.batch_size, self.device = tr.batch_size, tr.device
+        self.input_ids = np.empty((n, T), np.min_scalar_type(task.vocab_size - 1))
+        self.query_pos = np.empty((n, N), np.min_scalar_type(T - 1))
+        self.answers = np.empty((n, N), self.input_ids.dtype)
+        rows, a = max(1, tokens // max(T, task.n_keys)), 0  # (a row draws n_keys uniforms to pick its keys)
+        for piece in generate_chunks(task, n, seed=tr.seed + 1, rows=rows):
+            m, qp = len(piece["input_ids"]), piece["query_pos"]
+            self.input_ids[a:a + m] = piece["input_ids"]
+            self.query_pos[a:a + m] = qp
+            self.answers[a:a + m] = np.take_along_axis(piece["labels"], qp + 1, axis=1)
+            a += m
+
+    def __call__(self, step: int):
+        sl = slice(step * self.batch_size, (step + 1) * self.batch_size)
+        qp = self.query_pos[sl].astype(np.int64)
+        labels = np.full(self.input_ids[sl].shape, -100, dtype=np.int64)
+        np.put_along_axis(labels, qp + 1, self.answers[sl].astype(np.int64), axis=1)
+        return _batch({"input_ids": self.input_ids[sl].astype(np.int64), "labels": labels, "query_pos": qp}, slice(None),
+                      self.device)
+
+
+def _train_stream(task: MQARTask, tr: MQARTrain) -> _TrainStream:
+    """The run's training batches, ``step -> (input_ids, labels, query_pos)`` (see :class:`_TrainStream`)."""
+    return _TrainStream(task, tr)
 
 
 def _held_out(task: MQARTask, tr: MQARTrain) -> dict:
@@ -376,16 +505,11 @@ def _held_out(task: MQARTask, tr: MQARTrain) -> dict:
     return generate(task, tr.eval_examples, seed=tr.seed + 2)
 
 
-def _batches(train: dict, tr: MQARTrain):
-    """``step -> (input_ids, labels, query_pos)`` of the training stream, on ``tr.device``."""
-    return lambda step: _batch(train, slice(step * tr.batch_size, (step + 1) * tr.batch_size), tr.device)
-
-
 def _train_alone(name: str, task: MQARTask, tr: MQARTrain) -> dict:
     """One model in a worker process of ``run_mqar(jobs > 1)``: the same data from the same seeds."""
     if tr.threads:
         torch.set_num_threads(tr.threads)
-    return train_one(name, task, tr, _batches(_train_stream(task, tr), tr), _held_out(task, tr))
+    return train_one(name, task, tr, _train_stream(task, tr), _held_out(task, tr))
 
 
 def _train_indexed(job: tuple) -> tuple:
@@ -502,7 +626,7 @@ def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print, jo
         if tr.threads:
             torch.set_num_threads(tr.threads)
         eval_data = _held_out(task, tr)
-        data_fn = _batches(_train_stream(task, tr), tr)
+        data_fn = _train_stream(task, tr)
         results = []
         for name in names:
             bar = Progress(tr.steps, f"MQAR {DISPLAY[MODEL_ALIASES[name]]}", unit="step", enabled=progress,

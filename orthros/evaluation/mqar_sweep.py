@@ -2,8 +2,9 @@
 
     python -m orthros.evaluation.mqar_sweep NAME key=value ... [-- NAME key=value ...]
 
-keys: V T N power mingap fill repeat d L H w steps B lr neval seed device backend threads compile
-(compile=1: MQARTrain.compile, the decoder layers through torch.compile).
+keys: V T N power mingap maxgap fill repeat d L H w steps B lr neval seed device backend threads compile
+(mingap / maxgap: `eval mqar`'s --min-gap / --max-gap, maxgap by default as the sequence allows;
+compile=1: MQARTrain.compile, the decoder layers through torch.compile).
 Prints one JSON line per setting.
 """
 
@@ -15,7 +16,7 @@ import time
 
 from .mqar import MQARTask, MQARTrain, check_run, format_table, run_mqar
 
-KEYS = ("V", "T", "N", "power", "mingap", "fill", "repeat", "d", "L", "H", "w", "steps", "B", "lr", "neval", "seed",
+KEYS = ("V", "T", "N", "power", "mingap", "maxgap", "fill", "repeat", "d", "L", "H", "w", "steps", "B", "lr", "neval", "seed",
         "device", "backend", "threads", "compile")
 
 
@@ -55,7 +56,7 @@ def build_setting(name: str, kv: dict) -> tuple:
                 from None
 
     task = MQARTask(vocab_size=g("V", 64), seq_len=g("T", 64), num_pairs=g("N", 4), power=g("power", 1.0, float),
-                    min_gap=g("mingap", 1), fill=kv.get("fill", "pad"),
+                    min_gap=g("mingap", 1), max_gap=g("maxgap", None), fill=kv.get("fill", "pad"),
                     answer_in_input=bool(g("repeat", 0)))
     tr = MQARTrain(hidden_size=g("d", 64), num_layers=g("L", 2), num_heads=g("H", 2), window_size=g("w", 8),
                    steps=g("steps", 800), batch_size=g("B", 32), lr=g("lr", 3e-3, float), eval_examples=g("neval", 1000),

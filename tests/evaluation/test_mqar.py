@@ -395,6 +395,8 @@ def test_a_split_without_queries_is_none_not_nan(tmp_path):
     (["a", "steps=1", "--", "b", "threads=-1"], "setting b: MQAR threads must be >= 0"),
     (["a", "steps=1", "--", "b", "device=tpu"], "setting b: device must be cpu, cuda or cuda:N, got 'tpu'"),
     (["a", "steps=1", "--", "b", "backend=flash"], "setting b: MQAR attn_backend must be one of auto, reference"),
+    (["a", "steps=1", "--", "b", "maxgap=x"], "setting b: maxgap=x is not an integer"),
+    (["a", "steps=1", "--", "b", "mingap=4", "maxgap=3"], "setting b: MQAR max_gap must be an integer >= min_gap (4)"),
     # a forgotten name: `V=32` was taken for the name and the setting ran at V=64
     (["V=32", "steps=1"], "setting names must not contain '=', got 'V=32' (the name comes first: NAME key=value"),
     # the last of two values was taken silently
@@ -491,3 +493,67 @@ def _running_in_group(pgid: int) -> list:
         if int(fields[2]) == pgid and fields[0] != "Z":
             out.append(int(pid))
     return out
+
+
+_STREAM_TASKS = [MQARTask(), MQARTask(fill="noise"),
+                 MQARTask(vocab_size=33, seq_len=96, num_pairs=6, power=0.5, min_gap=3, max_gap=40, fill="noise",
+                          answer_in_input=True),
+                 MQARTask(vocab_size=5, seq_len=16, num_pairs=2)]
+
+
+@pytest.mark.parametrize("task", _STREAM_TASKS, ids=["pad", "noise", "gaps-answer-in-input", "smallest-vocab"])
+def test_chunked_stream_is_the_all_at_once_stream(task):
+    """Was: the training stream was made whole (`generate(task, steps * batch_size)`, ~25 GB at --steps 20000
+    --batch-size 64 --seq-len 512). generate_chunks holds a piece at a time and gives the same rows: every
+    draw of generate in its place in the random stream, whatever the piece size."""
+    from orthros.evaluation.mqar import generate_chunks
+
+    n, seed = 53, 4
+    whole = generate(task, n, seed=seed)
+    for rows in (1, 7, 16, n, n + 3):
+        pieces = list(generate_chunks(task, n, seed=seed, rows=rows))
+        assert [len(p["input_ids"]) for p in pieces] == [min(rows, n - a) for a in range(0, n, rows)]
+        for k, v in whole.items():
+            assert np.array_equal(np.concatenate([p[k] for p in pieces]), v), (rows, k)
+
+
+@pytest.mark.parametrize("span", [3, 1000, 3 * 2 ** 30])
+def test_chunked_bounded_integers_are_numpys_one_call(span):
+    """The chunked stream's replay of numpy's bounded integers (32-bit halves, rejections: frequent for a
+    span near 2**32) read in pieces equals one `Generator.integers` call, and leaves the stream where
+    that call does."""
+    from orthros.evaluation.mqar import _Draws
+
+    lo, k = 7, 1001
+    ref = np.random.default_rng(11)
+    want = ref.integers(lo, lo + span, size=k)
+    draws = _Draws(np.random.default_rng(11).bit_generator.state)
+    got = np.concatenate([draws.integers(lo, lo + span, m) for m in (1, 2, 5, 400, 593)])
+    assert np.array_equal(got, want)
+    assert draws.random(4).tolist() == ref.random(4).tolist()
+
+
+def test_training_stream_batches_are_generates():
+    """The training stream, made in pieces and kept compact, gives generate's batches, any step in any order."""
+    from orthros.evaluation.mqar import _TrainStream
+
+    task = MQARTask(vocab_size=300, seq_len=24, num_pairs=3, fill="noise")  # token ids beyond one byte
+    tr = MQARTrain(steps=7, batch_size=3, seed=2)
+    whole = generate(task, tr.steps * tr.batch_size, seed=tr.seed + 1)
+    stream = _TrainStream(task, tr, tokens=5 * task.seq_len)  # made 5 sequences at a time
+    for step in [*range(tr.steps), 0, 4]:
+        ids, labels, qp = stream(step)
+        sl = slice(step * 3, step * 3 + 3)
+        assert ids.dtype == labels.dtype == qp.dtype == torch.int64
+        assert np.array_equal(ids.numpy(), whole["input_ids"][sl]) and np.array_equal(labels.numpy(), whole["labels"][sl])
+        assert np.array_equal(qp.numpy(), whole["query_pos"][sl])
+
+
+def test_mqar_sweep_maxgap_is_eval_mqars_max_gap():
+    """`eval mqar --max-gap` had no key in the sweep: a setting could not bound the key-to-query distance."""
+    from orthros.evaluation.mqar_sweep import build_setting, parse_setting
+
+    task, _ = build_setting(*parse_setting(["a", "T=64", "maxgap=20", "steps=1"]))
+    assert task.max_gap == 20
+    assert generate(task, 50, seed=0)["gaps"].max() <= 20
+    assert build_setting(*parse_setting(["b", "steps=1"]))[0].max_gap is None
