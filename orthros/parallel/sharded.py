@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from typing import List, Optional, Tuple
 
 import torch
@@ -45,6 +46,11 @@ _MODEL_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_l
                  "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "attention_bias", "o_proj_bias",
                  "mlp_bias", "qk_norm", "window_size", "scale_offset", "attention_mode", "layer_types",
                  "attn_output_gate", "rope_parameters", "tie_word_embeddings")
+
+
+# model -> (its parameters' identities and in-place versions, their sum of squares): the weights are read again
+# only when a parameter was replaced or written to (load_state_dict, an optimizer step...)
+_WEIGHTS_SQ: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def shard_bounds(seq_len: int, world_size: int) -> List[Tuple[int, int]]:
@@ -242,16 +248,22 @@ class ShardedOrthros:
 
     def _model_key(self) -> Tuple[int, torch.Tensor]:
         """(a hash of the config fields that shape the computation and the dtype, the sum of squares of every
-        weight in float64): what every rank's model must share. The weights are read once (in slices, no copy
-        of a large matrix), as a decode step reads them."""
+        weight in float64): what every rank's model must share. The weights are read (in slices, no copy of a
+        large matrix), as a decode step reads them, once until a parameter is replaced or written to."""
         cfg = self.model.config
         fields = {f: getattr(cfg, f, None) for f in _MODEL_FIELDS}
         text = json.dumps([fields, str(self.dtype)], sort_keys=True, default=str)
         cfg_hash = int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "little")
+        params = list(self.model.parameters())
+        versions = tuple((id(p), p._version) for p in params)
+        seen = _WEIGHTS_SQ.get(self.model)
+        if seen is not None and seen[0] == versions:
+            return cfg_hash, seen[1]
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
-        for p in self.model.parameters():
+        for p in params:
             for part in p.detach().reshape(-1).split(1 << 24):
                 sq += torch.linalg.vector_norm(part, dtype=torch.float64).square()
+        _WEIGHTS_SQ[self.model] = (versions, sq)
         return cfg_hash, sq
 
     def _check_same_prompt(self, ids):

@@ -615,6 +615,21 @@ def test_ranks_with_different_models_are_refused_on_every_rank(model_dir):
     assert torch.equal(run["results"][0][4], run["results"][1][4])
 
 
+def test_the_model_check_reads_the_weights_again_only_after_they_change():
+    """The weights' sum of squares (the cross-rank model check) is kept while no parameter was written to or
+    replaced (a benchmark's timed prefills do not re-read 16 GB each), and computed again after a change
+    (weights loaded after the ShardedOrthros was made must not be checked as the old ones)."""
+    model = tiny_model()
+    sh = ShardedOrthros(model)
+    first = sh._model_key()[1]
+    assert ShardedOrthros(model)._model_key()[1] is first  # another ShardedOrthros of the same model
+    model.load_state_dict(tiny_model(seed=1).state_dict())
+    loaded = sh._model_key()[1]
+    assert float(loaded) == float(ShardedOrthros(tiny_model(seed=1))._model_key()[1]) != float(first)
+    model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach() * 2)
+    assert float(sh._model_key()[1]) > float(loaded)
+
+
 def test_context_of_a_group_this_process_is_not_in_is_refused(monkeypatch):
     """``ParallelContext.from_group`` on a rank outside the group: torch answers rank -1 and
     world size -1, which gave a context ShardedOrthros failed on later with 'world_size must be
