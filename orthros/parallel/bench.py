@@ -137,7 +137,8 @@ class Bench:
         return False
 
     def timed(self, fn, ctx: ParallelContext):
-        """Run ``fn`` on the ranks of ``ctx``: (seconds of the slowest rank, peak bytes per rank, result)."""
+        """Run ``fn`` on the ranks of ``ctx``: (seconds of the slowest rank, peak GiB per rank (None on the CPU: not
+        measured there; it was recorded as 0.0), result)."""
         ctx.barrier("before timed run", self.device)
         self.sync()
         if self.cuda:
@@ -147,9 +148,11 @@ class Bench:
         self.sync()
         dt = time.perf_counter() - t
         dt = ctx.all_reduce_max(dt, self.device, "latency")
-        peak = torch.cuda.max_memory_allocated(self.device) if self.cuda else 0
+        if not self.cuda:  # every rank: the device is one for all
+            return dt, None, res
+        peak = torch.cuda.max_memory_allocated(self.device)
         peaks = ctx.all_gather(torch.tensor([float(peak)], dtype=torch.float64, device=self.device), "peak memory")
-        return dt, [float(p) for p in peaks.view(-1).tolist()], res
+        return dt, [round(p / 2**30, 2) for p in peaks.view(-1).tolist()], res
 
     def ids(self, T):
         g = torch.Generator(device=self.device).manual_seed(T)
@@ -180,7 +183,7 @@ class Bench:
         if self.cuda:
             torch.cuda.empty_cache()
         return dict(model="orthros", gpus=ctx.world_size, tokens=T, status="ok", latency_s=round(dt, 4),
-                    tokens_per_s=round(T / dt, 1), peak_mem_gib=[round(p / 2**30, 2) for p in peaks],
+                    tokens_per_s=round(T / dt, 1), peak_mem_gib=peaks,
                     kv_cache_gib=[round(c / 2**30, 2) for c in cache], logits_finite=finite, run=label)
 
     def transformer(self, T, ctx: ParallelContext, mesh=None):
@@ -206,7 +209,7 @@ class Bench:
             torch.cuda.empty_cache()
         how = "SDPA (causal)" if mesh is None else "context_parallel ring attention"
         return dict(model="transformer", gpus=ctx.world_size, tokens=T, status="ok", latency_s=round(dt, 4),
-                    tokens_per_s=round(T / dt, 1), peak_mem_gib=[round(p / 2**30, 2) for p in peaks], impl=how)
+                    tokens_per_s=round(T / dt, 1), peak_mem_gib=peaks, impl=how)
 
     def predict(self, model, gpus, T):
         pts = [(r["tokens"], r["latency_s"]) for r in self.records
@@ -355,7 +358,7 @@ class Bench:
             many = N > 1
             return [("tokens", name), ("Orthros 1 GPU (s)", cell(o1))] + (
                 [(f"Orthros {N} GPU (s)", cell(oN)), ("scaling", sc)] if many else []) + [
-                (f"mem/GPU {N} GPU (GiB)", "/".join(f"{m:.1f}" for m in oN["peak_mem_gib"]) if oN else "-"),
+                (f"mem/GPU {N} GPU (GiB)", "/".join(f"{m:.1f}" for m in oN["peak_mem_gib"]) if oN and oN["peak_mem_gib"] else "-"),
                 ("KV/GPU (GiB)", "/".join(f"{m:.1f}" for m in oN["kv_cache_gib"]) if oN else "-"),
                 ("Transformer 1 GPU (s)", cell(t1))] + (
                 [(f"Transformer {N} GPU (s)", cell(tN))] if many else []) + [

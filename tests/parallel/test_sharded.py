@@ -502,10 +502,15 @@ def test_bench_records_the_checkout_commit(tmp_path, monkeypatch, capsys):
                        "--transformer-cp", "", "--warmup", "16", "--check-len", "20", "--out", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got["meta"]["commit"] == (commit_id() or "unknown")
-    head = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| tokens |"))
+    out = capsys.readouterr().out
+    head = next(line for line in out.splitlines() if line.startswith("| tokens |"))
     cols = [c.strip() for c in head.strip("|").split("|")]
     assert len(cols) == len(set(cols)) and "scaling" not in cols, cols
     assert {(r["model"], r["tokens"]) for r in got["records"] if r.get("status") == "ok"} == {("orthros", 40)}
+    # the CPU's peak memory is not measured: it was recorded (and tabled) as 0.0 GiB
+    assert [r["peak_mem_gib"] for r in got["records"] if r.get("status") == "ok"] == [None]
+    row = next(line for line in out.splitlines() if line.startswith("| 40 |"))
+    assert [c.strip() for c in row.strip("|").split("|")][cols.index("mem/GPU 1 GPU (GiB)")] == "-"
 
 
 def test_bench_records_the_runs_the_time_budget_skipped(tmp_path, monkeypatch):
