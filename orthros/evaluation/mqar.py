@@ -469,8 +469,8 @@ class _TrainStream:
     sequences, ``generate(task, steps * batch_size, seed + 1)`` (every model, in every process, sees the
     same). Made once, a piece at a time (:func:`generate_chunks`), and kept compact: the tokens in the
     smallest integer type that holds the vocabulary, the query positions and their answers (the labels
-    are -100 but after each query). At --steps 20000 --batch-size 64 --seq-len 512 that is 1.3 GB, where
-    the stream made whole took ~25 GB."""
+    are -100 but after each query). At --steps 20000 --batch-size 64 --seq-len 512 that is 0.7 GB (1.3 GB
+    for a vocabulary above 256 tokens), where the stream made whole took ~25 GB."""
 
     def __init__(self, task: MQARTask, tr: MQARTrain, tokens: int = STREAM_TOKENS):
         n, T, N = tr.steps * tr.batch_size, task.seq_len, task.num_pairs

@@ -154,10 +154,23 @@ def position_perplexity(model, windows, *, buckets=None, device=None, autocast_d
     return out
 
 
+def _position_ticks(lo: float, seq_len: int, edges) -> list[int]:
+    """The x ticks of :func:`plot_position_perplexity`: ``seq_len`` and the bucket ``edges`` (the lengths
+    measured), and the powers of two from the one at or below ``lo`` (the first point) up that are not
+    within a factor 1.5 of one of them."""
+    marks = sorted({int(e) for e in edges if lo <= e < seq_len} | {int(seq_len)})
+    p = 2 ** math.floor(math.log2(max(lo, 1)))
+    while p < seq_len:
+        if all(max(p, m) / min(p, m) >= 1.5 for m in marks):
+            marks.append(p)
+        p *= 2
+    return sorted(marks)
+
+
 def plot_position_perplexity(results: dict, path, title: Optional[str] = None):
     """``{name: position_perplexity output}`` -> perplexity against token position (bins of 64,
     log axis), one line a model, the buckets' edges marked: how much the context helps."""
-    from matplotlib.ticker import FuncFormatter
+    from matplotlib.ticker import FuncFormatter, NullLocator
 
     from ..utils import pyplot, save_figure
 
@@ -172,6 +185,13 @@ def plot_position_perplexity(results: dict, path, title: Optional[str] = None):
     for b in first["buckets"][1:]:
         ax.axvline(b["start"], color="0.75", lw=0.8)
     ax.set_xscale("log", base=2)
+    # ticks at the lengths measured (the bucket edges, the window's end) and powers of two between them:
+    # the log axis's own left the window's end unmarked (--seq-len 128: ticks 32 and 64 only)
+    lo = min((max(p["start"], 1) + p["end"]) / 2 for r in results.values() for p in r["curve"])
+    ticks = _position_ticks(lo, first["seq_len"], [b["start"] for b in first["buckets"][1:]])
+    ax.set_xticks(ticks)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlim(min(lo, ticks[0]) / 1.1, first["seq_len"] * 1.05)
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: _fmt(int(v)) if v >= 1 else f"{v:g}"))
     ax.set_xlabel("token position in the window (bins of 64; grey: bucket edges)")
     ax.set_ylabel("perplexity")

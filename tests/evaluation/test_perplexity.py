@@ -146,6 +146,27 @@ def test_plot_draws_each_models_curve(tiny, tmp_path):
     assert len(r["curve"]) == 3 and (tmp_path / "p.png").is_file()
 
 
+@pytest.mark.parametrize("seq_len, buckets", [(128, None), (192, [0, 64, 192])])
+def test_plot_ticks_are_the_measured_lengths(tiny, tmp_path, seq_len, buckets):
+    """Was: with --seq-len 128 the log axis had ticks at 32 and 64 only, the window's end unmarked. Now
+    its ticks are the window's end, the bucket edges and powers of two between, each labelled, all shown."""
+    from orthros.evaluation.common import load_model, load_tokenizer
+    from orthros.evaluation.perplexity import plot_position_perplexity
+
+    ck, data = tiny
+    windows = make_windows(load_tokenizer(ck, None), load_documents(data), seq_len, 1)
+    r = position_perplexity(load_model(ck), windows, buckets=buckets, progress=False)
+    fig = plot_position_perplexity({"a": r}, tmp_path / "p.png")
+    ax = fig.axes[0]
+    ticks = list(ax.get_xticks())
+    lo, hi = ax.get_xlim()
+    assert seq_len in ticks and all(lo <= t <= hi for t in ticks), (ticks, lo, hi)
+    assert all(b["start"] in ticks for b in r["buckets"][1:])
+    assert min(ticks) <= min(ax.get_lines()[0].get_xdata())  # the first point has a tick at or before it
+    fig.canvas.draw()
+    assert [t.get_text() for t in ax.get_xticklabels()][-1] == str(seq_len)
+
+
 @pytest.mark.parametrize("extra, says", [
     (["--device", "bogus"], "--device must be cpu, cuda or cuda:N, got 'bogus'"),
     (["--seq-len", "300", "--buckets", "0,300"], "--seq-len 300 is above the model's max_position_embeddings (256)"),
