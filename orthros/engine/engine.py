@@ -330,12 +330,18 @@ class Engine:
 
     # ------------------------------------------------------------- validation
     def _as_rows(self, prompts) -> List[List[int]]:
+        if _is_array(prompts):  # a NumPy array (a tokenizer's return_tensors="np"): as a tensor
+            try:
+                prompts = torch.as_tensor(prompts)
+            except (TypeError, ValueError, RuntimeError):
+                raise TypeError(f"prompts as an array must be an integer [B, T] array, got dtype "
+                                f"{getattr(prompts, 'dtype', '?')} {tuple(getattr(prompts, 'shape', ()))}") from None
         if isinstance(prompts, torch.Tensor):
             if prompts.dim() == 1:
                 prompts = prompts.view(1, -1)
             if (prompts.dim() != 2 or prompts.dtype.is_floating_point or prompts.dtype.is_complex
                     or prompts.dtype == torch.bool):
-                raise ValueError(f"prompts as a tensor must be an integer [B, T] tensor, got {prompts.dtype} "
+                raise ValueError(f"prompts as a tensor (or array) must be an integer [B, T] tensor, got {prompts.dtype} "
                                  f"{tuple(prompts.shape)}")
             if prompts.shape[0] == 0:
                 raise ValueError("prompts must hold at least one row")
@@ -343,14 +349,15 @@ class Engine:
             if prompts.numel() and (int(prompts.min()) < 0 or int(prompts.max()) >= V):
                 raise ValueError(f"prompts has token ids outside [0, vocab_size={V})")
             return list(prompts.long())  # rows stay tensors: no host round trip for long prompts
-        elif isinstance(prompts, (list, tuple)) and prompts and all(_is_token_id(t) for t in prompts):
-            rows = [_token_ids(prompts, "prompts")]
+        elif isinstance(prompts, (list, tuple)) and prompts and not any(
+                isinstance(t, (list, tuple, torch.Tensor)) or _is_array(t) for t in prompts):
+            rows = [_token_ids(prompts, "prompts")]  # one row: a bool or float in it is named (prompts[1] = 2.5)
         elif isinstance(prompts, (list, tuple)):
             for i, r in enumerate(prompts):
-                if not (isinstance(r, (list, tuple)) or isinstance(r, torch.Tensor) and r.dim() == 1):
+                if not (isinstance(r, (list, tuple)) or (isinstance(r, torch.Tensor) or _is_array(r)) and r.ndim == 1):
                     raise TypeError(f"prompts must be one list of token ids or a list of rows (lists or 1-D "
-                                    f"tensors of token ids), got prompts[{i}] = {r!r}")
-            rows = [_token_ids(r.tolist() if isinstance(r, torch.Tensor) else r, f"prompts[{i}]")
+                                    f"tensors or arrays of token ids), got prompts[{i}] = {r!r}")
+            rows = [_token_ids(r.tolist() if isinstance(r, torch.Tensor) or _is_array(r) else r, f"prompts[{i}]")
                     for i, r in enumerate(prompts)]
         else:
             raise TypeError(f"prompts must be a list of token-id lists or an integer tensor, got {type(prompts).__name__}")
@@ -698,6 +705,11 @@ class Engine:
 def _is_token_id(t) -> bool:
     """An integer (Python's or NumPy's), not a bool (``True`` is no token id, though Python counts it as 1)."""
     return isinstance(t, numbers.Integral) and not isinstance(t, bool)
+
+
+def _is_array(x) -> bool:
+    """A NumPy array (or another array with ``__array__`` and ``ndim``), not a tensor or a number."""
+    return not isinstance(x, (torch.Tensor, numbers.Number)) and hasattr(x, "__array__") and hasattr(x, "ndim")
 
 
 def _token_ids(seq, arg: str, where: str = "") -> List[int]:

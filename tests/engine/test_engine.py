@@ -464,6 +464,28 @@ def test_token_lists_refuse_bools_and_take_numpy_integers():
         Engine(m, max_seq_len=32).generate([[3, 4]], 3, eos_token_id=5)
 
 
+def test_prompts_take_numpy_arrays_and_name_a_float_in_one_row():
+    """Was: a NumPy array (a tokenizer's ``return_tensors="np"``) or a list of 1-D arrays refused as
+    'got ndarray' though ``step()`` takes one, and ``[1, 2.5]`` said 'got prompts[0] = 1' (the row was read
+    as a list of rows); a bool or float in one row of ids is named as in a list of rows."""
+    import numpy as np
+
+    m = tiny_model()
+    want = Engine(m, max_batch_size=2, max_seq_len=32).generate([[3, 4], [5, 6]], 3)
+    eng = Engine(m, max_batch_size=2, max_seq_len=32)
+    assert eng.generate(np.array([[3, 4], [5, 6]]), 3) == want
+    assert eng.generate([np.array([3, 4]), np.array([5, 6], dtype=np.int32)], 3) == want
+    assert eng.generate(np.array([3, 4]), 3) == want[:1]
+    for bad, err, says in (([1, 2.5], TypeError, "prompts must hold integer token ids, got prompts[1] = 2.5"),
+                           ((True, 2), TypeError, "prompts must hold integer token ids, got prompts[0] = True"),
+                           ([[1, 2], 3], TypeError, "got prompts[1] = 3"),
+                           ([np.array([1.0, 2.0])], TypeError, "prompts[0] must hold integer token ids"),
+                           (np.array([[1.0, 2.0]]), ValueError, "must be an integer [B, T] tensor"),
+                           (np.array([["a", "b"]]), TypeError, "prompts as an array must be an integer [B, T] array")):
+        with pytest.raises(err, match=re.escape(says)):
+            eng.generate(bad, 2)
+
+
 def test_set_lengths_and_step_api():
     m = tiny_model()
     eng = Engine(m, max_batch_size=2, max_seq_len=32)
