@@ -192,6 +192,11 @@ class ShardedOrthros:
         self.model = model
         self.core = core
         self.ctx = ctx if ctx is not None else ParallelContext.from_group()
+        if self.ctx.world_size > 1 and self.device.type != "cuda" and \
+                torch.distributed.get_backend(self.ctx.group) == "nccl":  # failed as 'a peer rank exited, crashed...'
+            raise ValueError(f"the model is on {self.device}, but the process group's backend is NCCL, which moves "
+                             f"GPU tensors only: move the model to this rank's GPU (model.to('cuda'), after "
+                             f"init_from_env() picked it)")
         self.chunk_size = chunk_size
         self.key_chunk = key_chunk
         self.reserve = reserve

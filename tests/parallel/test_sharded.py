@@ -635,6 +635,21 @@ def test_the_model_check_reads_the_weights_again_only_after_they_change():
     assert float(sh._model_key()[1]) > float(loaded)
 
 
+def test_a_cpu_model_over_nccl_is_refused_before_any_work(monkeypatch):
+    """Under torchrun with NCCL, a model left on the CPU failed in the first gather, reported as 'a peer rank
+    exited, crashed or did not arrive' (NCCL moves GPU tensors only)."""
+    from orthros.parallel import comm
+
+    monkeypatch.setattr(comm.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(comm.dist, "get_rank", lambda group=None: 0)
+    monkeypatch.setattr(comm.dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(comm.dist, "get_backend", lambda group=None: "nccl")
+    with pytest.raises(ValueError, match=r"the model is on cpu, but the process group's backend is NCCL"):
+        ShardedOrthros(tiny_model(), ParallelContext.from_group())
+    monkeypatch.setattr(comm.dist, "get_backend", lambda group=None: "gloo")
+    assert ShardedOrthros(tiny_model(), ParallelContext.from_group()).ctx.world_size == 2
+
+
 def test_context_of_a_group_this_process_is_not_in_is_refused(monkeypatch):
     """``ParallelContext.from_group`` on a rank outside the group: torch answers rank -1 and
     world size -1, which gave a context ShardedOrthros failed on later with 'world_size must be
