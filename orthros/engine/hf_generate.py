@@ -1,8 +1,10 @@
 """``OrthrosForCausalLM.generate()`` through the engine, where it helps.
 
-The model (``orthros.models``) cannot import the engine (it sits above it), so the engine
-registers :func:`engine_generate` with the model class when ``orthros.engine`` is imported
-(``import orthros`` does). ``model.generate(...)`` then takes the engine path:
+The model (``orthros.models``) cannot import the engine at its own import (the engine sits above
+it), so the engine registers :func:`engine_generate` with the model class
+(``orthros.engine.register``): when ``orthros.engine`` is imported beside the models (``import
+orthros`` arranges it whenever the models are imported) or its first public name loads, and at
+the latest at ``generate()``'s first call. ``model.generate(...)`` then takes the engine path:
 
 * ``use_engine=None`` (default): on CUDA, when the request is one the engine serves exactly
   (greedy or temperature / top-k / top-p sampling, one sequence per prompt, left padding or
