@@ -45,7 +45,8 @@ def test_help_and_version_import_nothing_heavy(code):
 
 @pytest.mark.parametrize("argv", [["train", "--help"], ["train", "--help-config"], ["eval", "--help"],
                                   ["eval", "mqar", "--help"], ["eval", "niah-train", "--help"], ["demo", "--help"],
-                                  ["plot", "--help"], ["info", "--help"], ["fetch", "--help"], ["convert", "--help"]])
+                                  ["plot", "--help"], ["info", "--help"], ["fetch", "--help"], ["convert", "--help"],
+                                  ["generate", "--help"], ["help", "generate"]])
 def test_subcommand_help_needs_no_torch(argv):
     code = ("import contextlib, io\nfrom orthros.cli import main\nwith contextlib.redirect_stdout(io.StringIO()):\n"
             f"    try:\n        main({argv!r})\n    except SystemExit:\n        pass")

@@ -100,9 +100,10 @@ def test_progress_switches_are_where_the_readme_says(capsys):
     fetch and train; `generate --prompts` and `bench` show it and take no such option. If one of
     them gains a switch, the README's list changes with it."""
     text = " ".join(README.read_text().split())
-    assert "`--no-progress` (`demo`; `eval` mqar, niah, niah-train, ppl), `-q` (`convert`, `fetch`)" in text
+    assert "`--no-progress` (`demo`; `eval` lm, mqar, niah, niah-train, ppl), `-q` (`convert`, `fetch`)" in text
     assert "(`generate --prompts` and `bench` have no such switch)" in text
-    for argv, flag in ((["demo"], "--no-progress"), (["eval", "mqar"], "--no-progress"), (["eval", "niah"], "--no-progress"),
+    for argv, flag in ((["demo"], "--no-progress"), (["eval", "lm"], "--no-progress"), (["eval", "mqar"], "--no-progress"),
+                       (["eval", "niah"], "--no-progress"),
                        (["eval", "niah-train"], "--no-progress"), (["eval", "ppl"], "--no-progress"),
                        (["convert"], "--quiet"), (["fetch"], "--quiet")):
         assert flag in help_text(capsys, argv), argv
