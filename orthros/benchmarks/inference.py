@@ -441,7 +441,8 @@ def bench_decode(model, contexts: Sequence[int], *, batch_sizes: Sequence[int] =
     rows = []
     bar = Progress(len(modes) * len(batch_sizes) * len(contexts), "decode", unit="point")
     for mode in modes:
-        eng = Engine(model, max_batch_size=max(batch_sizes), max_seq_len=max(contexts) + steps + warmup + 2,
+        # a point's steps (warm-up, then timed) each run from L: the last writes slot L + max(...) - 1
+        eng = Engine(model, max_batch_size=max(batch_sizes), max_seq_len=max(contexts) + max(steps, warmup),
                      attention_mode=mode, cuda_graphs=cuda_graphs, compile=compile, fuse=fuse, gemv=gemv)
         kvtok = eng.cache.bytes_per_token()
         for B in batch_sizes:
@@ -486,7 +487,7 @@ def bench_e2e(model, pairs: Sequence[tuple], *, batch: int = 2, modes: Sequence[
     rows = []
     bar = Progress(len(modes) * len(pairs), "e2e", unit="point")
     for mode in modes:
-        eng = Engine(model, max_batch_size=batch, max_seq_len=max(i + o for i, o in pairs), attention_mode=mode,
+        eng = Engine(model, max_batch_size=batch, max_seq_len=max(i + o - 1 for i, o in pairs), attention_mode=mode,
                      prefill_chunk=None if mode == "full" else chunk, cuda_graphs=cuda_graphs,
                      compile=compile)
         # warm-up, graph capture: at most 16 + 4 tokens, within the first pair (a model may have fewer positions)
@@ -517,13 +518,14 @@ def bench_e2e(model, pairs: Sequence[tuple], *, batch: int = 2, modes: Sequence[
 def fit_check(model, n_in: int, n_out: int, *, chunk: int = 16384, steps: int = 32, compile: bool = False,
               cuda_graphs: Optional[bool] = None) -> Dict:
     """Does an ``n_in`` prefill plus ``n_out`` decode fit (batch 1)? The static cache is sized
-    for ``n_in + n_out`` up front, so memory after ``steps`` decode steps is the run's peak
+    for the request up front (``n_in + n_out - 1`` slots: the last token is never fed back), so
+    memory after ``steps`` decode steps is the run's peak
     (``cuda_graphs``: the Engine's; the graphs' memory pool counts in that peak)."""
     device = next(model.parameters()).device
     if device.type == "cuda":
         _free(device)
         torch.cuda.reset_peak_memory_stats(device)
-    eng = Engine(model, max_batch_size=1, max_seq_len=n_in + n_out, prefill_chunk=chunk, compile=compile,
+    eng = Engine(model, max_batch_size=1, max_seq_len=n_in + n_out - 1, prefill_chunk=chunk, compile=compile,
                  cuda_graphs=cuda_graphs)
     ids = torch.randint(0, model.config.vocab_size, (1, n_in), device=device)
     t = time.perf_counter()

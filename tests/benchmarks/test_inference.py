@@ -347,3 +347,30 @@ def test_bench_on_cpu_needs_a_named_preset(tmp_path, capsys, no_model, what):
     err = capsys.readouterr().err
     assert "--device cpu: give --preset tiny" in err and "--preset qwen3-8b" in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("what, extra", [
+    ("decode", ["--contexts", "11", "--steps", "5", "--batch-sizes", "1"]),  # 11 + 5 steps: the 16 positions
+    ("decode", ["--contexts", "13", "--steps", "1", "--batch-sizes", "1"]),  # 13 + the 5 warm-up steps: 18 > 16
+    ("e2e", ["--pairs", "12:5", "--batch", "1", "--fit", "10:7"]),  # 12 + 5 - 1 = 10 + 7 - 1 = 16
+])
+def test_bench_at_the_exact_position_limit(tmp_path, capsys, what, extra):
+    """What the checks accept runs: the engines were sized a slot or two past the need (decode:
+    context + steps + warm-up + 2; e2e: in + out; fit: in + out) and refused by Engine at the limit
+    after the checks had passed the request (max_seq_len=18 exceeds the model's
+    max_position_embeddings=16)."""
+    from orthros.evaluation.common import make_tiny_checkpoint
+
+    d = make_tiny_checkpoint(tmp_path / "ck", max_position_embeddings=16)
+    out = tmp_path / "out"
+    rc = orthros_main(["bench", what, "--model", str(d), "--device", "cpu", "--dtype", "fp32", "--out", str(out),
+                       *extra])
+    err = capsys.readouterr().err
+    if extra[1] == "13":  # one past: refused by the check, before the model, naming the option
+        assert rc == 2 and "--contexts needs positions 0..17, beyond the model's max_position_embeddings=16" in err
+        return
+    assert rc == 0, err
+    rows = json.loads((out / f"{what}.json").read_text())["rows"]
+    assert rows and all("error" not in r for r in rows)
+    if what == "e2e":
+        assert [r["fit"]["in"] for r in rows if "fit" in r] == [10]
