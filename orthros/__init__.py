@@ -6,7 +6,8 @@ use (PEP 562), so ``orthros --help`` starts in a fraction of a second. It still 
 of ``AutoConfig.from_pretrained`` / ``AutoConfig.for_model`` (which ``AutoModel*.from_pretrained``,
 ``AutoTokenizer``, ``pipeline`` and lm-eval go through) first imports :mod:`orthros.models`,
 whose import does the registration. Whenever :mod:`orthros.models` is imported, the inference
-engine behind ``OrthrosForCausalLM.generate()`` (:mod:`orthros.engine`) is registered too.
+engine behind ``OrthrosForCausalLM.generate()`` (:mod:`orthros.engine`) is registered too
+(``generate()`` also registers it at its first call, for a models module imported on its own).
 :func:`register` does both at once.
 """
 
@@ -38,7 +39,7 @@ def register() -> None:
     """Register the ``"orthros"`` model type with transformers' Auto classes and the engine behind
     ``generate()`` now (both happen on their own when needed; calling this is never required)."""
     importlib.import_module(".models", __name__)
-    importlib.import_module(".engine", __name__)
+    importlib.import_module(".engine", __name__).register()  # (an engine imported before the models registered nothing)
 
 
 def __getattr__(name: str):
@@ -90,7 +91,7 @@ def _on_config_auto(module) -> None:
 
 
 def _on_models(_module) -> None:
-    importlib.import_module(".engine", __name__)  # registers the engine behind generate()
+    importlib.import_module(".engine", __name__).register()  # the engine behind generate()
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):

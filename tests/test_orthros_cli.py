@@ -112,6 +112,16 @@ def test_public_names_load_on_first_use():
     assert "engine True" in out.stdout  # importing the models registers the engine behind generate()
 
 
+def test_register_registers_the_engine_whatever_came_first():
+    """``orthros.register()`` registers the engine behind ``generate()`` "now", also when
+    ``orthros.engine`` (lazy since 869e9c5) was imported before the models: importing an imported
+    package again runs nothing, so the engine stayed unregistered until generate()'s first call."""
+    out = py("import orthros.engine\nimport orthros\northros.register()\n"
+             "import orthros.models.modeling_orthros as mo\nprint('engine', mo._GENERATE_BACKEND is not None)\n")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "engine True" in out.stdout
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     import torch
