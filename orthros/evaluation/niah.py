@@ -244,7 +244,8 @@ def _generator(model, tokenizer, engine_mode: str, max_len: int, max_new: int):
             if engine_mode == "on":
                 raise ValueError(f"--engine on, but the fast engine is unavailable: {e}") from None
         else:
-            eng = Engine(model, max_batch_size=1, max_seq_len=max_len + max_new + 1)
+            # a prompt and its answer: the last answer token is never fed back (the engine's check_fits)
+            eng = Engine(model, max_batch_size=1, max_seq_len=max_len + max_new - 1)
 
             def gen_engine(ids):
                 eng.reset()
