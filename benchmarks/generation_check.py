@@ -77,8 +77,9 @@ def main(argv=None) -> int:
     tok = AutoTokenizer.from_pretrained(a.model)
     model = load_model(a.model).to(a.device, torch.float32 if a.dtype == "fp32" else torch.bfloat16).eval()
     limit = getattr(model.config, "max_position_embeddings", None)
-    if limit is not None and a.length + a.new > limit:
-        print(f"--length {a.length} + --new {a.new} exceeds the model's max_position_embeddings = {limit}", file=sys.stderr)
+    if limit is not None and a.length + a.new - 1 > limit:  # the last new token is never fed back
+        print(f"--length {a.length} + --new {a.new} - 1 exceeds the model's max_position_embeddings = {limit} "
+              f"(use --length <= {limit + 1 - a.new})", file=sys.stderr)
         return 2
     ids = tok(text, return_tensors="pt").input_ids[:, :a.length].to(a.device)
     if ids.shape[1] < a.length:
@@ -107,7 +108,7 @@ def main(argv=None) -> int:
     if a.engine:
         from orthros.engine import Engine
 
-        eng = Engine(model, max_batch_size=1, max_seq_len=T + a.new + 1)
+        eng = Engine(model, max_batch_size=1, max_seq_len=T + a.new - 1)
         etoks = list(eng.generate([ids[0].tolist()], max_new_tokens=a.new)[0])
         res["engine_tokens"], res["engine_equal"] = etoks, etoks == new
         ok &= etoks == new

@@ -76,4 +76,15 @@ def test_refusals(tiny, args, message, capsys, tmp_path):
 
 def test_too_long_for_the_model(tiny, capsys):
     assert load_script().main(["--model", str(tiny), "--length", "255", "--new", "3"]) == 2
-    assert "max_position_embeddings" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "max_position_embeddings = 256" in err and "--length <= 254" in err, err
+
+
+def test_at_the_model_maximum_with_the_engine(tiny, tmp_path):
+    """The request's last position is the model's last (254 + 3 - 1 = 256 positions: the last new
+    token is never fed): was refused by the script's check (255 + 3 > 256 counted one slot too many)
+    and, with --engine, by Engine(max_seq_len = length + new + 1) after the whole check had run."""
+    out = tmp_path / "gc.json"
+    assert load_script().main(["--model", str(tiny), "--length", "254", "--new", "3", "--engine", "--out", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["ok"] and r["engine_equal"] and r["length"] == 254
