@@ -61,6 +61,11 @@ def resolve(candidate, table):
     return candidate
 
 
+def cache_slots(a) -> int:
+    """The engine's slots a row: the warm-up's steps and the timed ones each run from ``--context``."""
+    return a.context + max(a.warmup, a.steps)
+
+
 def parse_args(argv=None):
     from orthros.benchmarks.models import PRESETS
 
@@ -96,6 +101,11 @@ def parse_args(argv=None):
     if not modes or any(m not in MODES for m in modes) or len(set(modes)) != len(modes):
         p.error(f"--modes must be a comma-separated subset of {','.join(MODES)}, got {a.modes!r}")
     a.modes = modes
+    limit = PRESETS[a.preset]["max_position_embeddings"]
+    if a.context + max(a.warmup, a.steps) > limit:  # was: Engine's refusal, after the model was built
+        p.error(f"--context {a.context}: its steps (--warmup {a.warmup}, then --steps {a.steps}, each from --context) "
+                f"reach position {a.context + max(a.warmup, a.steps) - 1}, beyond max_position_embeddings={limit} "
+                f"of --preset {a.preset}: give --context <= {limit - max(a.warmup, a.steps)}")
     if os.path.isdir(a.out) or not a.out.endswith(".json"):
         p.error(f"--out must be a .json file path, got {a.out!r}")
     if a.device == "cpu":  # the kernel runs in the Triton interpreter (set before triton loads)
@@ -162,7 +172,7 @@ def run(a) -> int:
     for mode in a.modes:
         M, shape = a.M[mode], (a.M[mode], a.N, a.K)
         table = pick_config(*shape)
-        eng = Engine(model, max_batch_size=a.batch, max_seq_len=a.context + a.warmup + a.steps + 2,
+        eng = Engine(model, max_batch_size=a.batch, max_seq_len=cache_slots(a),
                      attention_mode=mode, compile=a.compile, gemv=a.backend if a.backend != "auto" else True)
         for r in range(a.rounds):
             for i in range(len(labels)):

@@ -133,3 +133,24 @@ def test_a_config_that_changes_a_trace_time_choice_is_refused(script, capsys, tm
         script.parse_args(["--device", "cpu", "--preset", "tiny", "--site", "o", "--configs", flip,
                            "--modes", "orthros", "--out", str(tmp_path / "r.json")])
     assert e.value.code == 2 and "split-K reduce" in capsys.readouterr().err
+
+
+def test_context_at_the_presets_last_position(script, tmp_path, capsys, monkeypatch):
+    """--context + max(--warmup, --steps) may reach the preset's last position and no further: was
+    unchecked (an engine of --context + --warmup + --steps + 2 slots, refused by Engine after the
+    model was built even where every step fitted)."""
+    from orthros.benchmarks.models import PRESETS
+
+    monkeypatch.setitem(PRESETS["tiny"], "max_position_embeddings", 24)
+    out = tmp_path / "r.json"
+    argv = ["--device", "cpu", "--preset", "tiny", "--site", "down", "--configs", "table;2x64", "--rounds", "1",
+            "--steps", "3", "--warmup", "2", "--modes", "full", "--out", str(out)]
+    a = script.parse_args(argv + ["--context", "21"])  # steps write slots 21..23: the last position
+    assert script.cache_slots(a) == 24
+    assert script.run(a) == 0 and json.loads(out.read_text())["rows"]
+    out.unlink()
+    with pytest.raises(SystemExit) as e:
+        script.parse_args(argv + ["--context", "22"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--context 22" in err and "max_position_embeddings=24" in err, err
+    assert "--context <= 21" in err and list(tmp_path.iterdir()) == []
