@@ -34,7 +34,7 @@ import torch
 from ..layers import SCALE_OFFSET_INIT
 from ..models import OrthrosConfig, OrthrosForCausalLM
 from ..utils import (OLD_TAG, TMP_TAG, Progress, atomic_directory, check_positive_int, clean_stale,  # noqa: F401
-                     file_in_the_way, parse_dtype)
+                     expand_path, file_in_the_way, parse_dtype)
 from .architectures import (
     SUPPORTED_ARCHITECTURES,
     UnsupportedModelError,
@@ -209,7 +209,7 @@ class SourceCheckpoint:
 
 def _resolve_source(path, download: bool = True) -> Path:
     """``download=False`` (a dry run): a hub id is looked up in the local Hugging Face cache only."""
-    p = Path(os.fspath(path)).expanduser()
+    p = expand_path(path, "source")
     if p.is_dir():
         return p
     if p.exists():
@@ -390,7 +390,8 @@ def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrit
     """
     _check_window(window_size)
     out_dtype = resolve_dtype(dtype)
-    dst = Path(os.fspath(dst)).expanduser()
+    dst = expand_path(dst, "dst")
+    expand_path(src, "src")  # ~NAME of no user: named before any work
     clean_stale(dst)  # before the checks of DST: it may put back a previous DST, which --overwrite must then allow
     from .gguf import is_gguf_source
 
@@ -414,7 +415,8 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
     has the GGUF's figures instead."""
     _check_window(window_size)
     out_dtype = resolve_dtype(dtype)
-    dst = Path(os.fspath(dst)).expanduser()
+    dst = expand_path(dst, "dst")
+    expand_path(src, "src")
     from .gguf import gguf_notes, is_gguf_source
 
     base = {"dst": str(dst), "dst_exists": _dst_taken(dst),
@@ -440,7 +442,7 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
 def _prepare(src, dst: Path, *, window_size: int, out_dtype, overwrite: bool, scale_offset: bool,
              download: bool = True):
     """The checks of a safetensors source before anything is written: ``(source, plan, bytes)``."""
-    if not Path(os.fspath(src)).expanduser().exists():  # perhaps a hub id: the destination before the download
+    if not expand_path(src, "src").exists():  # perhaps a hub id: the destination before the download
         _check_destination(None, dst, overwrite)
     source = load_source(src, download=download)
     _check_destination(source.path, dst, overwrite)
@@ -731,6 +733,7 @@ def _convert_from_hf(model_or_path, *, window_size: int, scale_offset: bool, dty
     if isinstance(model_or_path, (str, os.PathLike)):
         from .gguf import is_gguf_source, load_gguf_model
 
+        expand_path(model_or_path, "model_or_path")  # ~NAME of no user: named here, not as a "source"
         if is_gguf_source(model_or_path):
             src_model, _, _ = load_gguf_model(model_or_path, with_tokenizer=False)
             return _convert_from_hf(src_model, window_size=window_size, scale_offset=scale_offset, dtype=dtype)

@@ -31,6 +31,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..utils import expand_path
+
 GGUF_SUFFIX = ".gguf"
 GGUF_MAGIC = b"GGUF"
 # GGUF general.architecture -> the transformers class the conversion maps
@@ -78,7 +80,7 @@ def gguf_notes(info: "GGUFInfo") -> list:
 
 def is_gguf_source(path) -> bool:
     """True for a ``.gguf`` file, or a directory that holds a ``.gguf`` file and no config.json."""
-    p = Path(os.fspath(path)).expanduser()
+    p = expand_path(path, "source")
     if p.is_file() or (not p.exists() and p.suffix.lower() == GGUF_SUFFIX):
         return p.suffix.lower() == GGUF_SUFFIX
     if p.is_dir() and not (p / "config.json").is_file():
@@ -88,7 +90,7 @@ def is_gguf_source(path) -> bool:
 
 def resolve_gguf_file(path) -> Path:
     """The ``.gguf`` file named by ``path`` (the file itself, or the only one in a directory)."""
-    p = Path(os.fspath(path)).expanduser()
+    p = expand_path(path, "source")
     if p.is_dir():
         found = sorted(c for c in p.iterdir() if c.is_file() and c.suffix.lower() == GGUF_SUFFIX)
         if not found:

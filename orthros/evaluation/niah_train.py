@@ -26,7 +26,7 @@ from typing import Optional
 import numpy as np
 
 from ..kinds import ATTENTION_MODES, mode_option
-from ..utils import Progress, atomic_directory, check_output_path, clean_stale, write_json
+from ..utils import Progress, atomic_directory, check_output_path, clean_stale, expand_path, write_json
 from .common import check_seed
 from .niah import NEEDLE, PromptBuilder
 
@@ -170,7 +170,7 @@ def check_out_dir(out_dir, overwrite: bool) -> None:
     """Refuse, before any work, an ``--out`` that holds something (a non-empty directory) unless
     ``overwrite``: the checkpoint replaces the whole directory at the end."""
     check_output_path("--out", out_dir, directory=True)
-    out = Path(out_dir).expanduser()
+    out = expand_path(out_dir, "--out")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise ValueError(f"--out {out_dir}: the directory is not empty; pass --overwrite to replace it")
 
@@ -255,7 +255,7 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progres
     result = {"config": asdict(cfg), "train_seconds": secs, "history": history,
               "params": sum(p.numel() for p in model.parameters())}
     if out_dir is not None:
-        out = Path(out_dir).expanduser()
+        out = expand_path(out_dir, "out_dir")
         clean_stale(out)  # what a killed run left beside it
         with atomic_directory(out, overwrite) as tmp:
             model.save_pretrained(str(tmp))

@@ -25,6 +25,8 @@ import struct
 from pathlib import Path
 from typing import Optional
 
+from ..utils import expand_path
+
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
 # bytes per element of the safetensors dtype names
@@ -39,6 +41,15 @@ CONVERTIBLE = ("llama", "qwen2", "qwen3", "mistral", "qwen3_5_text")
 
 class CheckpointError(ValueError):
     """A checkpoint directory or file that cannot be loaded, with the reason."""
+
+
+def _expand(path, arg: str) -> Path:
+    """``path`` with ``~`` / ``~NAME`` expanded, or a :class:`CheckpointError` naming ``arg`` for the
+    ``~NAME`` of no user (pathlib raises a bare RuntimeError; os.path keeps it as typed)."""
+    try:
+        return expand_path(path, arg)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def looks_local(path) -> bool:
@@ -60,7 +71,7 @@ def _check_not_blank(path, arg: str, what: str) -> None:
 def checkpoint_dir(path, *, arg: str = "--model") -> Path:
     """``path`` as a checkpoint directory with a readable ``config.json`` of an Orthros model."""
     _check_not_blank(path, arg, "checkpoint")
-    p = Path(os.fspath(path)).expanduser()
+    p = _expand(path, arg)
     if not p.exists():
         raise CheckpointError(f"{arg} {path}: no such directory (a local Orthros checkpoint directory is needed; "
                               f"nothing is downloaded)")
@@ -170,7 +181,7 @@ def check_safetensors_file(path) -> dict:
 def weight_headers(path) -> dict:
     """Check every safetensors file a load of directory ``path`` reads; return each file's
     tensor entries (:func:`check_safetensors_file`), in load order."""
-    d = Path(os.fspath(path)).expanduser()
+    d = _expand(path, "path")
     return {f: check_safetensors_file(f) for f in _weight_files(d)}
 
 
@@ -219,7 +230,7 @@ def check_local_checkpoint(path, subfolder: str = "", *, config_given: bool = Fa
     load: a local directory's with ``~`` expanded (transformers takes ``~/ckpt`` for a repo id)."""
     if not isinstance(path, (str, os.PathLike)):
         return path
-    d = Path(os.fspath(path)).expanduser()
+    d = _expand(path, "pretrained_model_name_or_path")
     if d.is_dir():
         hint = "" if subfolder or (d / "config.json").is_file() else _run_hint(d)
         if hint:
@@ -230,7 +241,7 @@ def check_local_checkpoint(path, subfolder: str = "", *, config_given: bool = Fa
             if isinstance(mt, str) and mt != "orthros":
                 raise CheckpointError(f"{path}: {_not_orthros(mt, path)}")
         check_weights(d)
-        return os.path.expanduser(path)
+        return str(_expand(path, "pretrained_model_name_or_path"))
     elif d.is_file():  # transformers would read it as a config (JSON) or as torch.load weights
         where = _gguf_hint(d, path) or f"; pass the directory that holds it: {d.parent}"
         raise CheckpointError(f"{path}: not a directory (from_pretrained takes a checkpoint directory, with "
@@ -253,7 +264,7 @@ def _model_type(config_json: Path):
 def check_tokenizer_dir(path, *, arg: str = "--tokenizer") -> Path:
     """``path`` as a directory holding tokenizer files."""
     _check_not_blank(path, arg, "tokenizer")
-    p = Path(os.fspath(path)).expanduser()
+    p = _expand(path, arg)
     if not p.is_dir():
         raise CheckpointError(f"{arg} {path}: no such directory")
     if not any((p / f).is_file() for f in TOKENIZER_FILES):

@@ -36,6 +36,8 @@ import orthros
 from orthros import OrthrosForCausalLM, convert_from_hf
 from orthros.conversion import SUPPORTED_ARCHITECTURES, SafetensorsError, UnsupportedModelError, convert_checkpoint
 from orthros.conversion.cli import main as convert_main
+from orthros.conversion.convert import load_source, plan_conversion
+from orthros.conversion.gguf import is_gguf_source, resolve_gguf_file
 
 W = 16  # window used throughout
 VOCAB = 101
@@ -957,4 +959,23 @@ def test_a_home_folder_of_no_user_is_refused_naming_the_argument(tmp_path, capsy
                    f"orthros convert: error: DST ~nosuchuser9/out: {no_user} (a path's ~NAME is NAME's home folder)",
                    f"orthros fetch: error: --cache-dir ~nosuchuser9/c: {no_user} (a path's ~NAME is NAME's home "
                    f"folder)"], err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("call, arg", [
+    (lambda t: convert_checkpoint("~nosuchuser9/m", t / "out", progress=False), "src"),
+    (lambda t: convert_checkpoint(t, "~nosuchuser9/out", progress=False), "dst"),
+    (lambda t: plan_conversion("~nosuchuser9/m", t / "out"), "src"),
+    (lambda t: plan_conversion(t, "~nosuchuser9/out"), "dst"),
+    (lambda t: convert_from_hf("~nosuchuser9/m"), "model_or_path"),
+    (lambda t: load_source("~nosuchuser9/m"), "source"),
+    (lambda t: is_gguf_source("~nosuchuser9/m.gguf"), "source"),
+    (lambda t: resolve_gguf_file("~nosuchuser9/m.gguf"), "source"),
+])
+def test_the_api_names_the_argument_of_a_home_folder_of_no_user(tmp_path, call, arg):
+    """The functions behind `orthros convert` took `~nosuchuser9/m` to pathlib's expanduser and
+    raised a bare RuntimeError('Could not determine home directory.'), naming neither the path nor
+    the argument. Now a ValueError names both, before anything is written."""
+    with pytest.raises(ValueError, match=rf"^{arg} ~nosuchuser9/\w+(\.gguf)?: no user 'nosuchuser9' on this machine"):
+        call(tmp_path)
     assert list(tmp_path.iterdir()) == []

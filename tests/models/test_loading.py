@@ -14,7 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from orthros.models import OrthrosConfig, OrthrosForCausalLM
-from orthros.models.loading import CheckpointError, check_safetensors_file, check_weights, looks_local
+from orthros.models.loading import (CheckpointError, check_safetensors_file, check_tokenizer_dir, check_weights,
+                                    checkpoint_dir, looks_local)
 
 
 def tiny(**kw):
@@ -282,3 +283,16 @@ def test_an_orthros_checkpoint_run_as_full_attention_reports_no_unexpected_weigh
         assert not info["unexpected_keys"] and not info["missing_keys"], info
     _, info = OrthrosForCausalLM.from_pretrained(d, output_loading_info=True)  # its own mode: every tensor used
     assert not info["unexpected_keys"]
+
+
+@pytest.mark.parametrize("call, arg", [
+    (lambda: checkpoint_dir("~nosuchuser9/m"), "--model"),
+    (lambda: check_tokenizer_dir("~nosuchuser9/m"), "--tokenizer"),
+    (lambda: check_weights("~nosuchuser9/m"), "path"),
+    (lambda: OrthrosForCausalLM.from_pretrained("~nosuchuser9/m"), "pretrained_model_name_or_path"),
+])
+def test_a_home_folder_of_no_user_is_a_checkpoint_error_naming_the_argument(call, arg):
+    """`~nosuchuser9/m` reached pathlib's expanduser: a bare RuntimeError('Could not determine home
+    directory.') naming neither the path nor the argument. Now a CheckpointError names both."""
+    with pytest.raises(CheckpointError, match=rf"^{re.escape(arg)} ~nosuchuser9/m: no user 'nosuchuser9'"):
+        call()
