@@ -51,7 +51,7 @@ def test_bench_e2e_no_cuda_graphs_reaches_the_fit_check(tmp_path, monkeypatch):
     monkeypatch.setattr(I, "Engine", spy)
     assert orthros_main(["bench", "e2e", *TINY, "--out", str(tmp_path), "--pairs", "8:3", "--batch", "1",
                          "--fit", "16:4", "--no-cuda-graphs"]) == 0
-    assert (11, False) in seen and {g for _, g in seen} == {False}
+    assert {s for s, _ in seen} == {8 + 3 - 1, 16 + 4 - 1} and {g for _, g in seen} == {False}  # e2e, fit
 
 
 def test_bench_rejects_bad_arguments(capsys):
@@ -374,3 +374,39 @@ def test_bench_at_the_exact_position_limit(tmp_path, capsys, what, extra):
     assert rows and all("error" not in r for r in rows)
     if what == "e2e":
         assert [r["fit"]["in"] for r in rows if "fit" in r] == [10]
+
+
+def test_bench_stopped_by_sigterm(tmp_path):
+    """SIGTERM (a scheduler's preemption, `kill`) mid-sweep: was the default handler's silent death
+    (exit -15, a `.decode.json.tmp-<pid>` left where it came mid-save). Now one line, exit 143, the
+    JSON of the points done whole and no temporary file."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    out = tmp_path / "out"
+    contexts = ",".join(str(n) for n in range(16, 20000))  # runs for minutes: each point is saved when done
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "orthros", "bench", "decode", "--preset", "tiny", "--device", "cpu",
+                             "--steps", "1", "--batch-sizes", "1", "--contexts", contexts, "--out", str(out)],
+                            cwd=Path(__file__).resolve().parents[2], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300  # a guard against a hang, not a measurement
+        while not (out / "decode.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, proc.stderr.read()  # still sweeping: the first points saved
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    lines = [x for x in err.splitlines() if "terminated" in x or "Traceback" in x]
+    assert proc.returncode == 143 and lines == ["orthros bench: terminated (SIGTERM)"], err[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["decode.json"]  # no .decode.json.tmp-<pid>
+    rows = json.loads((out / "decode.json").read_text())["rows"]
+    assert rows and all(r["mode"] == "orthros" for r in rows)
