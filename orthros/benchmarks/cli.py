@@ -21,7 +21,7 @@ import argparse
 import os
 import sys
 
-from ..utils import DTYPE_CHOICES, check_device, check_output_path, parse_dtype
+from ..utils import DTYPE_CHOICES, check_device, check_output_path, parse_dtype, stop_on_sigterm
 
 
 def int_list(s):
@@ -115,6 +115,7 @@ def build_parser():
     return p
 
 
+@stop_on_sigterm("orthros bench")  # a SIGTERM (a scheduler, kill): one line, exit 143, no temporary file left
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)

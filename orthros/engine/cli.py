@@ -17,7 +17,7 @@ import sys
 import time
 
 from ..utils import (DTYPE_ALIASES as DTYPES, check_device, check_input_file, check_output_path, parse_dtype,
-                     read_text_file, same_file, show_traceback)
+                     read_text_file, same_file, show_traceback, stop_on_sigterm)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,6 +124,7 @@ class _TextStream:
         self.printed = text
 
 
+@stop_on_sigterm("orthros generate")  # a SIGTERM (a scheduler, kill): one line, exit 143, no temporary file left
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from .sampling import SamplingParams

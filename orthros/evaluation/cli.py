@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..kinds import mode_option
-from ..utils import DTYPE_CHOICES
+from ..utils import DTYPE_CHOICES, stop_on_sigterm
 
 CONVERT_WINDOW = 128  # --window of niah / lm / ppl: a Transformer checkpoint converted on the fly
 
@@ -366,6 +366,7 @@ def _lm(a) -> int:
     return 0
 
 
+@stop_on_sigterm("orthros eval")  # a SIGTERM (a scheduler, kill): one line, exit 143, no temporary file left
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
