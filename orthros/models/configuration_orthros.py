@@ -142,6 +142,8 @@ class OrthrosConfig(PreTrainedConfig):
         rope_parameters = dict(rope_parameters or legacy_rope or {})
         rope_parameters.setdefault("rope_type", rope_parameters.pop("type", "default"))
         rope_parameters.setdefault("rope_theta", kwargs.pop("rope_theta", 10000.0))
+        if "partial_rotary_factor" in kwargs:  # a flat key (transformers moves it in later): checked below with it
+            rope_parameters.setdefault("partial_rotary_factor", kwargs.pop("partial_rotary_factor"))
         self.rope_parameters = rope_parameters
         self.tie_word_embeddings = tie_word_embeddings
         self.pad_token_id = pad_token_id
@@ -205,6 +207,7 @@ class OrthrosConfig(PreTrainedConfig):
         if not _finite_number(self.rope_parameters.get("rope_theta")) or self.rope_parameters["rope_theta"] <= 0:
             raise ValueError(f"OrthrosConfig.rope_parameters['rope_theta'] must be a finite number > 0, got "
                              f"{self.rope_parameters.get('rope_theta')!r}")
+        self._validate_partial_rotary()
         rope_type = self.rope_parameters.get("rope_type", "default")
         if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
             raise ValueError(f"OrthrosConfig.rope_parameters['rope_type']={rope_type!r} is not supported; known: "
@@ -223,6 +226,25 @@ class OrthrosConfig(PreTrainedConfig):
         layer_types, self.attention_mode = resolve_layer_types(
             self.layer_types if layer_types is None else layer_types, self.num_hidden_layers, self.attention_mode)
         self._validate_linear(layer_types)
+
+    def _validate_partial_rotary(self):
+        """``rope_parameters["partial_rotary_factor"]``: RoPE turns the first ``int(head_dim * factor)``
+        dimensions of each head. Outside (0, 1] the model failed in its forward (a tensor-size error
+        above 1, torch's arange error below 0) or, at 0 or a width under 2, ran with no rotation at
+        all; an odd width turns one dimension more than it says, at frequencies of that odd width."""
+        factor = self.rope_parameters.get("partial_rotary_factor", 1.0)
+        key = "OrthrosConfig.rope_parameters['partial_rotary_factor']"
+        if not _finite_number(factor) or not 0 < factor <= 1:
+            raise ValueError(f"{key} must be a number in (0, 1] (the share of each head's dimensions RoPE turns), "
+                             f"got {factor!r}")
+        width = int(self.head_dim * factor)
+        if width < 2 or width % 2:
+            fits = sorted({w for w in ((width - 1, width + 1) if width >= 2 else (2,)) if w <= self.head_dim
+                           and int(self.head_dim * (w / self.head_dim)) == w})
+            hint = " or ".join(f"{w / self.head_dim!r} (width {w})" for w in fits)
+            raise ValueError(f"{key}={factor!r} gives a rotary width of int(head_dim * factor) = {width} of "
+                             f"head_dim={self.head_dim}: it must be an even number >= 2"
+                             + (f"; e.g. {hint}" if hint else ""))
 
     def _validate_linear(self, layer_types):
         if LINEAR_LAYER_TYPE not in layer_types:
