@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -421,6 +422,28 @@ def _check_head_dim(m: ModelSection) -> None:
                               f"{d // heads}")
     elif size(m.head_dim) and m.head_dim % 2:
         raise ConfigError(f"model.head_dim must be even for RoPE (it rotates pairs of dimensions), got {m.head_dim}")
+
+
+# model.* keys that are fields of the same name in the model's config (OrthrosConfig); rope_theta is its
+# rope_parameters['rope_theta']
+_MODEL_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                 "head_dim", "window_size", "max_position_embeddings", "tie_word_embeddings", "qk_norm", "scale_offset",
+                 "attn_backend", "initializer_range")
+_MODEL_FIELD_RE = re.compile(r"OrthrosConfig\.rope_parameters\['rope_theta'\]|(?:OrthrosConfig\.|(?<![\w.'\"]))"
+                             rf"({'|'.join(_MODEL_FIELDS)})(?![\w'\"])")
+
+
+def model_config_error(e: ValueError) -> ConfigError:
+    """A ``ValueError`` of the model's config (its own checks, run on the ``model.*`` keys) as a
+    :class:`ConfigError` naming the training keys: ``OrthrosConfig.hidden_size`` is
+    ``model.hidden_size``, ``OrthrosConfig.rope_parameters['rope_theta']`` ``model.rope_theta``.
+    A field no ``model.*`` key sets (``vocab_size``, from the tokenizer) keeps its name after
+    ``model: ``."""
+    msg = str(e)
+    named = _MODEL_FIELD_RE.sub(lambda m: f"model.{m.group(1) or 'rope_theta'}", msg)
+    if named.startswith("model."):
+        return ConfigError(named)
+    return ConfigError(f"model: {named}")
 
 
 def validate(cfg: RunConfig) -> None:

@@ -1,5 +1,6 @@
 """Training config: YAML + overrides, nearest-key suggestions, validation (no model needed)."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -297,3 +298,27 @@ def test_a_head_size_that_cannot_work_names_the_keys_that_make_it(args, msg):
     with pytest.raises(ConfigError, match=msg):
         load_config(None, args)
     load_config(None, ["--model.hidden_size", "132", "--model.head_dim", "16"])  # an explicit head size divides nothing
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(hidden_size=0), r"^model.hidden_size must be an integer >= 1, got 0$"),
+    (dict(num_key_value_heads=3), r"^model.num_attention_heads \(4\) must be a multiple of model.num_key_value_heads "
+                                  r"\(3\)$"),
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": -1.0}),
+     r"^model.rope_theta must be a finite number > 0, got -1.0$"),
+    (dict(attn_backend="cuda"), r"^model.attn_backend must be one of "),
+    (dict(vocab_size=0), r"^model: OrthrosConfig.vocab_size must be an integer >= 1"),  # no model.* key sets it
+])
+def test_an_error_of_the_model_config_names_the_training_key(kw, msg):
+    """`orthros train --model.hidden_size 0 --dry-run` said 'model: OrthrosConfig.hidden_size must be an
+    integer >= 1', naming the model's field, not the key to change. model_config_error names the key."""
+    from orthros.models import OrthrosConfig
+    from orthros.training.config import model_config_error
+
+    base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                window_size=4)
+    with pytest.raises(ValueError) as e:
+        OrthrosConfig(**{**base, **kw})
+    err = model_config_error(e.value)
+    assert isinstance(err, ConfigError)
+    assert re.match(msg, str(err)), str(err)
