@@ -231,20 +231,17 @@ class OrthrosConfig(PreTrainedConfig):
         """``rope_parameters["partial_rotary_factor"]``: RoPE turns the first ``int(head_dim * factor)``
         dimensions of each head. Outside (0, 1] the model failed in its forward (a tensor-size error
         above 1, torch's arange error below 0) or, at 0 or a width under 2, ran with no rotation at
-        all; an odd width turns one dimension more than it says, at frequencies of that odd width."""
+        all. An odd width is taken, as transformers takes it (the frequencies of that width, one
+        dimension more turned): a config written elsewhere with one still loads."""
         factor = self.rope_parameters.get("partial_rotary_factor", 1.0)
         key = "OrthrosConfig.rope_parameters['partial_rotary_factor']"
         if not _finite_number(factor) or not 0 < factor <= 1:
             raise ValueError(f"{key} must be a number in (0, 1] (the share of each head's dimensions RoPE turns), "
                              f"got {factor!r}")
         width = int(self.head_dim * factor)
-        if width < 2 or width % 2:
-            fits = sorted({w for w in ((width - 1, width + 1) if width >= 2 else (2,)) if w <= self.head_dim
-                           and int(self.head_dim * (w / self.head_dim)) == w})
-            hint = " or ".join(f"{w / self.head_dim!r} (width {w})" for w in fits)
+        if width < 2:
             raise ValueError(f"{key}={factor!r} gives a rotary width of int(head_dim * factor) = {width} of "
-                             f"head_dim={self.head_dim}: it must be an even number >= 2"
-                             + (f"; e.g. {hint}" if hint else ""))
+                             f"head_dim={self.head_dim}: it must be >= 2; e.g. {2 / self.head_dim!r} (width 2)")
 
     def _validate_linear(self, layer_types):
         if LINEAR_LAYER_TYPE not in layer_types:

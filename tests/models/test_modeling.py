@@ -346,14 +346,14 @@ def test_a_dtype_cast_keeps_the_rope_frequencies_in_float32(cast):
     # an unknown rope_type was refused only when a model was built (a config saved alone wrote it)
     (dict(rope_parameters={"rope_type": "bogus", "rope_theta": 1e4}), r"rope_parameters\['rope_type'\]='bogus'"),
     # partial_rotary_factor outside (0, 1] failed in the forward (1.5: a tensor-size error; -0.5:
-    # torch's arange error) or ran with no rotation (0.0); an odd rotary width turned one more dimension
+    # torch's arange error) or ran with no rotation (0.0, or a width under 2)
     *[(dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": f}),
        r"^OrthrosConfig.rope_parameters\['partial_rotary_factor'\] must be a number in \(0, 1\]")
       for f in (1.5, -0.5, 0.0, "0.5")],
     (dict(partial_rotary_factor=1.5), r"rope_parameters\['partial_rotary_factor'\] must be a number in \(0, 1\]"),
-    (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25}),
-     r"\['partial_rotary_factor'\]=0.25 gives a rotary width of int\(head_dim \* factor\) = 3 of head_dim=12: it "
-     r"must be an even number >= 2; e.g. 0.16666666666666666 \(width 2\) or 0.3333333333333333 \(width 4\)"),
+    (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.1}),
+     r"\['partial_rotary_factor'\]=0.1 gives a rotary width of int\(head_dim \* factor\) = 1 of head_dim=12: it "
+     r"must be >= 2; e.g. 0.16666666666666666 \(width 2\)"),
     (dict(hidden_act="swiglu_typo"), "hidden_act"),
     (dict(initializer_range=-0.02), "initializer_range"),
     (dict(pad_token_id=97), "pad_token_id"),
@@ -371,6 +371,16 @@ def test_a_dtype_cast_keeps_the_rope_frequencies_in_float32(cast):
 def test_invalid_config_values(kw, name):
     with pytest.raises(ValueError, match=name):
         tiny_config(**kw)
+
+
+def test_an_odd_rotary_width_is_taken_as_transformers_takes_it():
+    """transformers takes an odd partial rotary width (its validate_rope: rounded up, still fits); a
+    config written elsewhere with one loads and runs here."""
+    config = tiny_config(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.25})
+    assert int(config.head_dim * 0.25) % 2 == 1
+    torch.manual_seed(0)
+    out = OrthrosForCausalLM(config)(torch.randint(0, config.vocab_size, (1, 5))).logits
+    assert out.shape[:2] == (1, 5) and torch.isfinite(out).all()
 
 
 @pytest.mark.parametrize("kw,match", [
