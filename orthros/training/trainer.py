@@ -28,7 +28,8 @@ import torch
 
 from ..utils import Progress, write_text
 from . import checkpoint as ckpt
-from .config import ARCH_TO_ATTENTION_MODE, ConfigError, RunConfig, _flatten, _get, dump_yaml, warmup_note
+from .config import (ARCH_TO_ATTENTION_MODE, ConfigError, RunConfig, _flatten, _get, dump_yaml, model_config_error,
+                     warmup_note)
 from .data import DataError, PackedBatch, build_stream, collate, count_targets, eval_rows
 from .hub import HUB_ID, check_hub_name
 from .metrics import MetricsLogger, detect_peak_flops, train_flops
@@ -342,7 +343,7 @@ def model_config_for(cfg: RunConfig, tokenizer):
             pad_token_id=tokenizer.pad_token_id,
         )
     except ValueError as e:
-        raise ConfigError(f"model: {e}") from None
+        raise model_config_error(e) from None
 
 
 # model.* keys on a model.init_from checkpoint: those that fix the weights' shapes must agree with the
@@ -376,7 +377,7 @@ def _apply_model_keys(m, mc) -> None:
     try:
         mc._validate()
     except ValueError as e:
-        raise ConfigError(f"model: {e}") from None
+        raise model_config_error(e) from None
 
 
 def build_model(cfg: RunConfig, mc, resume_dir: Optional[Path]):

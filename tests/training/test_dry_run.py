@@ -58,6 +58,13 @@ def test_dry_run_refuses_what_the_run_refuses(tmp_path, corpus, capsys):  # noqa
     assert not (tmp_path / "run").exists()
 
 
+def test_a_model_config_error_names_the_training_key(tmp_path, corpus, capsys):  # noqa: F811
+    """The model's own checks, reached through the training keys, name those keys: it said
+    'model: OrthrosConfig.hidden_size must be an integer >= 1' (91db46c's model_config_error, used)."""
+    rc, _, err = dry(tiny(tmp_path / "run", corpus, "--model.hidden_size", "0"), capsys)
+    assert rc == 2 and "model.hidden_size must be an integer >= 1" in err and "OrthrosConfig" not in err, err
+
+
 def test_dry_run_under_torchrun_prints_one_plan(tmp_path, corpus):  # noqa: F811
     from test_trainer import run_cli
 
