@@ -544,6 +544,9 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
         if use_engine not in (None, True, False):
             raise ValueError(f"use_engine must be None (auto), True or False, got {use_engine!r}")
         ids = args[0] if args else kwargs.get("input_ids", kwargs.get("inputs"))
+        if ids is not None and not isinstance(ids, torch.Tensor):  # transformers: AttributeError ('str' ... 'type')
+            raise TypeError(f"input_ids must be a torch.Tensor of token ids [B, T] (torch.as_tensor(...) of a NumPy "
+                            f"array or a list), got {type(ids).__name__}")
         bad = isinstance(ids, torch.Tensor) and (ids.dim() != 2 or not ids.shape[1])
         if bad and kwargs.get("inputs_embeds") is None:  # transformers' generate fails in its indexing (IndexError)
             raise ValueError(f"input_ids must be [B, T] with T >= 1 (a batch, even of one), got shape "

@@ -1,5 +1,6 @@
 """Model-level equivalences: the backbone of Orthros' correctness."""
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
@@ -538,6 +539,15 @@ def test_generate_refuses_unbatched_or_empty_input_ids_by_name(ids):
     for call in (lambda: model.generate(ids, max_new_tokens=2), lambda: model.generate(input_ids=ids, max_new_tokens=2)):
         with pytest.raises(ValueError, match=r"input_ids must be \[B, T\] with T >= 1"):
             call()
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("ids", [np.array([[1, 2]]), [[1, 2]]], ids=["numpy", "list"])
+def test_generate_refuses_input_ids_that_are_no_tensor_by_name(ids):
+    # transformers failed with "AttributeError: 'str' object has no attribute 'type'" (NumPy) or
+    # "'list' object has no attribute 'shape'"
+    with pytest.raises(TypeError, match=r"input_ids must be a torch.Tensor .* got (ndarray|list)"):
+        tiny_model().generate(ids, max_new_tokens=2)
 
 
 def test_invalid_forward_inputs():
