@@ -179,53 +179,22 @@ def _assemble(task: MQARTask, noise, key_u, vals, order_u, place_u) -> dict:
     return {"input_ids": ids, "labels": labels, "query_pos": qpos, "key_pos": kpos, "gaps": qpos - kpos}
 
 
-class _Draws:
-    """One stretch of the 64-bit stream of ``default_rng(seed)``, from a given state on, read a piece at
-    a time with exactly the values one numpy call over the whole stretch would give: ``random`` takes a
-    word a double (so pieces join up as they are), ``integers`` replays numpy's bounded draw of int64s
-    below 2**32 apart (32-bit halves of each word, low first, Lemire's method with its rejections; the
-    half a call leaves unused is the next value of the same call, and is dropped by the next call)."""
+def _rng_at(state: dict) -> np.random.Generator:
+    """A generator that goes on from a saved ``PCG64`` state (a 32-bit half an ``integers`` call
+    left buffered included: numpy's next bounded draw, in any later call, starts with it)."""
+    bits = np.random.PCG64()
+    bits.state = state
+    return np.random.Generator(bits)
 
-    def __init__(self, state: dict):
-        self.bits = np.random.PCG64()
-        self.bits.state = state
-        self.gen = np.random.Generator(self.bits)
-        self.half = np.empty(0, np.uint64)  # the unused high half of the last word of `integers`
 
-    def state(self) -> dict:
-        return self.bits.state
-
-    def random(self, shape):
-        return self.gen.random(shape)
-
-    def integers(self, lo: int, hi: int, k: int):
-        span = hi - lo  # numpy's rng + 1
-        if span == 1:
-            return np.full(k, lo, np.int64)  # numpy draws nothing then
-        if not 1 < span < 2 ** 32:
-            raise ValueError(f"MQAR value range {lo}..{hi} is too wide for the chunked stream")
-        span_u = np.uint64(span)
-        threshold = np.uint64((2 ** 32 - span) % span)
-        out, need = [], k
-        while need > 0:
-            words = self.bits.random_raw(max(0, -(-(need - self.half.size) // 2)))
-            x = np.empty(self.half.size + 2 * words.size, np.uint64)
-            x[:self.half.size] = self.half
-            x[self.half.size::2] = words & np.uint64(0xFFFFFFFF)
-            x[self.half.size + 1::2] = words >> np.uint64(32)
-            m = x * span_u
-            hit = np.flatnonzero((m & np.uint64(0xFFFFFFFF)) >= threshold)[:need]
-            out.append((m[hit] >> np.uint64(32)).astype(np.int64) + lo)
-            # all of x used unless `need` was met: then what follows the last value kept (at most one half)
-            self.half = x[hit[-1] + 1:].copy() if hit.size == need else np.empty(0, np.uint64)
-            need -= hit.size
-        return np.concatenate(out) if out else np.empty(0, np.int64)
-
-    def skip_integers(self, lo: int, hi: int, k: int, piece: int = 1 << 20) -> None:
-        """Past the ``k`` values of one ``integers`` call (read ``piece`` at a time), to where the next draw starts."""
-        for i in range(0, k, piece):
-            self.integers(lo, hi, min(piece, k - i))
-        self.half = np.empty(0, np.uint64)  # a new numpy call starts at a new word
+def _skip(rng: np.random.Generator, words: int) -> None:
+    """Past ``words`` 64-bit draws (``random``'s doubles) at no cost; ``advance`` drops a buffered
+    32-bit half, which ``random`` never touches and the next ``integers`` call takes: it is kept."""
+    before = rng.bit_generator.state
+    rng.bit_generator.advance(words)
+    after = rng.bit_generator.state
+    after["has_uint32"], after["uinteger"] = before["has_uint32"], before["uinteger"]
+    rng.bit_generator.state = after
 
 
 def generate_chunks(task: MQARTask, n: int, seed: int = 0, rows: int = 4096):
@@ -239,24 +208,26 @@ def generate_chunks(task: MQARTask, n: int, seed: int = 0, rows: int = 4096):
     T, N, K = task.seq_len, task.num_pairs, task.n_keys
     v0, v1 = task.value_range
     start = np.random.default_rng(seed).bit_generator.state
-    noise = _Draws(start) if task.fill == "noise" else None
-    walk = _Draws(start)  # through generate's draws, to where each one starts
-    if noise is not None:
-        walk.skip_integers(v0, v1, n * T)
-    key_u = _Draws(walk.state())
-    walk.bits.advance(n * K)
-    vals = _Draws(walk.state())
-    walk.skip_integers(v0, v1, n * N)
-    order_u = _Draws(walk.state())
-    walk.bits.advance(n * N)
+    noise = _rng_at(start) if task.fill == "noise" else None
+    walk = _rng_at(start)  # through generate's draws, to where each one starts
+    if noise is not None:  # numpy's bounded integers read in pieces are one call's (the half-word carries over)
+        for a in range(0, n * T, 1 << 20):
+            walk.integers(v0, v1, size=min(1 << 20, n * T - a))
+    key_u = _rng_at(walk.bit_generator.state)
+    _skip(walk, n * K)
+    vals = _rng_at(walk.bit_generator.state)
+    for a in range(0, n * N, 1 << 20):
+        walk.integers(v0, v1, size=min(1 << 20, n * N - a))
+    order_u = _rng_at(walk.bit_generator.state)
+    _skip(walk, n * N)
     place = []
     for _ in range(N):
-        place.append(_Draws(walk.state()))
-        walk.bits.advance(n)
+        place.append(_rng_at(walk.bit_generator.state))
+        _skip(walk, n)
     for a in range(0, n, rows):
         m = min(rows, n - a)
-        yield _assemble(task, None if noise is None else noise.integers(v0, v1, m * T).reshape(m, T),
-                        key_u.random((m, K)), vals.integers(v0, v1, m * N).reshape(m, N), order_u.random((m, N)),
+        yield _assemble(task, None if noise is None else noise.integers(v0, v1, size=(m, T)),
+                        key_u.random((m, K)), vals.integers(v0, v1, size=(m, N)), order_u.random((m, N)),
                         lambda j, m=m: place[j].random(m))
 
 
