@@ -254,13 +254,15 @@ class ShardedOrthros:
     def _model_key(self) -> Tuple[int, torch.Tensor]:
         """(a hash of the config fields that shape the computation and the dtype, the sum of squares of every
         weight in float64): what every rank's model must share. The weights are read (in slices, no copy of a
-        large matrix), as a decode step reads them, once until a parameter is replaced or written to."""
+        large matrix), as a decode step reads them, once until a parameter is replaced, written to, moved or
+        cast (``model.to`` / ``.half()`` swap ``p.data`` without a new version: its address and dtype change).
+        A write into ``p.data`` in place is not seen (it bumps no version)."""
         cfg = self.model.config
         fields = {f: getattr(cfg, f, None) for f in _MODEL_FIELDS}
         text = json.dumps([fields, str(self.dtype)], sort_keys=True, default=str)
         cfg_hash = int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "little")
         params = list(self.model.parameters())
-        versions = tuple((id(p), p._version) for p in params)
+        versions = tuple((id(p), p._version, p.data_ptr(), p.dtype, p.device) for p in params)
         seen = _WEIGHTS_SQ.get(self.model)
         if seen is not None and seen[0] == versions:
             return cfg_hash, seen[1]

@@ -633,6 +633,11 @@ def test_the_model_check_reads_the_weights_again_only_after_they_change():
     assert float(loaded) == float(ShardedOrthros(tiny_model(seed=1))._model_key()[1]) != float(first)
     model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach() * 2)
     assert float(sh._model_key()[1]) > float(loaded)
+    # a cast keeps each Parameter and its version (Module._apply swaps p.data): the old weights' sum was kept
+    cast = float(sh._model_key()[1])
+    model.half()
+    want = sum(float(p.detach().double().square().sum()) for p in model.parameters())
+    assert float(sh._model_key()[1]) == pytest.approx(want, rel=1e-12) and want != pytest.approx(cast, rel=1e-9)
 
 
 def test_a_cpu_model_over_nccl_is_refused_before_any_work(monkeypatch):
