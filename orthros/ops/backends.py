@@ -73,7 +73,7 @@ def _why_not_triton(q: torch.Tensor, k: torch.Tensor) -> str:
     return "triton is not importable"
 
 
-def _first_frame_outside_ops() -> int:
+def stacklevel_outside_ops() -> int:
     """The ``stacklevel`` (counted from the caller) of the first frame outside ``orthros/ops`` and
     torch (a model's layers reach the ops through torch's wrappers): the user's call (or the
     layer's), however many frames lie between."""
@@ -88,7 +88,7 @@ def reference_instead(op: str, q: torch.Tensor, k: Optional[torch.Tensor] = None
     """The warning of an op asked for ``"triton"`` on inputs the kernels do not run: it says why, and
     points at the first frame outside the ops (the call to change, not an ops line)."""
     warnings.warn(f"{op}: input not supported by the Triton kernels ({_why_not_triton(q, q if k is None else k)}); "
-                  f"using the reference", stacklevel=_first_frame_outside_ops())
+                  f"using the reference", stacklevel=stacklevel_outside_ops())
 
 
 def resolve_backend(backend: str, q: torch.Tensor, k: torch.Tensor) -> str:

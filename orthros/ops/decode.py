@@ -36,7 +36,7 @@ import torch
 
 from ..utils import check_positive_int
 from .attention import FLOAT_DTYPES, check_scale
-from .backends import check_backend, use_triton
+from .backends import check_backend, stacklevel_outside_ops, use_triton
 from .pointwise import apply_rope, check_eps, rms_norm
 
 
@@ -86,7 +86,7 @@ def _no_backward(backend: str, op: str, *tensors) -> bool:
         return False
     if backend == "triton":
         warnings.warn(f"{op}: the Triton kernel has no backward and an input requires grad; using the reference",
-                      stacklevel=3)
+                      stacklevel=stacklevel_outside_ops())
     return True
 
 
