@@ -540,6 +540,12 @@ def test_help_and_argument_errors_import_no_torch(argv):
     assert _heavy_after(code) == []
 
 
+def test_sampling_params_from_the_package_import_no_torch():
+    """``from orthros.engine import SamplingParams`` registered the engine first (models, torch, transformers)
+    though SamplingParams needs neither."""
+    assert _heavy_after("from orthros.engine import SamplingParams\nSamplingParams(temperature=0.5, top_k=3)") == []
+
+
 def test_engine_imported_before_the_models_still_serves_generate():
     """The package loads its names on first use; imported before the models, generate(use_engine=True)
     still finds the engine (was registered only by the package's import)."""
