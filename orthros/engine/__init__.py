@@ -6,7 +6,8 @@ The package itself is light: its public names load on first use (PEP 562), so ``
 generate --help`` (``orthros.engine.cli``) and its argument errors import neither torch nor
 transformers. The engine is registered behind ``OrthrosForCausalLM.generate()`` when the package
 is imported beside the models (``import orthros`` arranges it whenever :mod:`orthros.models` is
-imported) or when its first public name loads (but the sampling ones, which need no torch); ``generate()`` also looks it up itself."""
+imported) or when its first public name loads (but the sampling ones, which need no torch);
+``generate()`` also looks it up itself."""
 
 from __future__ import annotations
 
