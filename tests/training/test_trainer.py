@@ -582,7 +582,7 @@ def test_init_from_takes_the_keys_that_change_no_weight(tmp_path, corpus, refere
     args = [a for a in tiny(tmp_path / "run2", corpus) if a not in ("--model.window_size", "8")]
     s = train(load_config(None, [*args, "--max_steps", "1", "--warmup_steps", "1", "--mode", "cpt", "--model.init_from", summary["checkpoint"]]))
     assert json.loads((Path(s["checkpoint"]) / "config.json").read_text())["window_size"] == 8
-    with pytest.raises(ConfigError, match="model: OrthrosConfig.window_size"):
+    with pytest.raises(ConfigError, match=r"^model.window_size must be an integer >= 1"):
         train(load_config(None, tiny(tmp_path / "run3", corpus, "--max_steps", "1", "--warmup_steps", "1", "--mode", "cpt",
                                      "--model.init_from", summary["checkpoint"], "--model.window_size", "-4")))
     assert not (tmp_path / "run3").exists()
