@@ -32,7 +32,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..utils import Progress, cache_root, expand_path, file_in_the_way, sigterm_as_interrupt, Terminated
+from ..utils import Progress, Terminated, cache_root, expand_path, file_in_the_way, sigterm_as_interrupt
 
 
 @dataclass(frozen=True)

@@ -241,7 +241,7 @@ def check_local_checkpoint(path, subfolder: str = "", *, config_given: bool = Fa
             if isinstance(mt, str) and mt != "orthros":
                 raise CheckpointError(f"{path}: {_not_orthros(mt, path)}")
         check_weights(d)
-        return str(_expand(path, "pretrained_model_name_or_path"))
+        return str(d)  # (expanded above)
     elif d.is_file():  # transformers would read it as a config (JSON) or as torch.load weights
         where = _gguf_hint(d, path) or f"; pass the directory that holds it: {d.parent}"
         raise CheckpointError(f"{path}: not a directory (from_pretrained takes a checkpoint directory, with "
