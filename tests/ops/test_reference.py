@@ -54,8 +54,12 @@ def make(B, T, Hq, Hkv, D, T_out, Tk=None, dtype=torch.float32, seed=0):
 
 
 def check(q, k, v, q_out, w, tol=1e-5, **kw):
+    """Each backend on the inputs as given and on float64 copies, where every value and gradient must
+    match the brute force to rounding alone (float32 rounding is what ``tol`` allows)."""
+    exact = [t.detach().double().requires_grad_(True) for t in (q, k, v, q_out)]
     for backend in ("reference", "sdpa"):  # the specification and the CPU fast path
         check_backend(backend, q, k, v, q_out, w, tol, **kw)
+        check_backend(backend, *exact, w, 1e-10, **kw)
 
 
 def check_backend(backend, q, k, v, q_out, w, tol=1e-5, **kw):
@@ -63,15 +67,22 @@ def check_backend(backend, q, k, v, q_out, w, tol=1e-5, **kw):
     ro, ro_out = brute_force(q, k, v, q_out, w, **kw)
     assert not torch.isnan(o).any() and not torch.isnan(o_out).any()
     assert rel_err(o, ro) < tol and rel_err(o_out, ro_out) < tol
-    go, go_out = torch.randn_like(o), torch.randn_like(o_out)
+    # seeded, so that a failing example fails again (hypothesis called the global RNG's cotangents flaky)
+    g = torch.Generator().manual_seed(0)
+    go, go_out = (torch.randn(t.shape, generator=g, dtype=t.dtype) for t in (o, o_out))
     grads = torch.autograd.grad((o * go).sum() + (o_out * go_out).sum(), (q, k, v, q_out), allow_unused=True)
     rgrads = torch.autograd.grad((ro * go.double()).sum() + (ro_out * go_out.double()).sum(), (q, k, v, q_out),
                                  allow_unused=True)
+    # A key's gradient sums terms that cancel (each softmax row's gradient sums to zero), so its float32
+    # rounding is of the size of the terms, not of the sum: below float64 each gradient's error is measured
+    # against the size of all four (rel_err reached 1.5e-4 on grad k for T=2); in float64, each alone.
+    scale = torch.cat([b.flatten() for b in rgrads if b is not None]).norm()
     for name, a, b in zip("q k v q_out".split(), grads, rgrads):
         if b is None or b.abs().sum() == 0:
             assert a is None or a.abs().max() < 1e-5, f"{backend} grad {name}"
             continue
-        assert rel_err(a, b) < tol, f"{backend} grad {name}: {rel_err(a, b)}"
+        err = rel_err(a, b) if q.dtype == torch.float64 else ((a.double() - b).norm() / scale).item()
+        assert err < tol, f"{backend} grad {name} ({q.dtype}): {err}"
 
 
 @pytest.mark.parametrize("G", [1, 2, 4])
