@@ -7,12 +7,50 @@ the kernel tests independent of which test module happens to import triton first
 """
 
 import os
+import random
 
+import numpy as np
 import pytest
 import torch
 
+try:
+    from hypothesis import settings
+except ImportError:  # the vLLM serving tests' venv (tests/serving/run_vllm_tests.sh) has none
+    settings = None
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# One run is one draw: the global generators start every test from one state, and hypothesis draws its
+# examples from each test's name, not from the clock (a CI run failed on a float32 tolerance that one
+# random example in hundreds crossed, and passed when rerun). ORTHROS_TEST_SEED=N explores, to look for
+# tests that pass for one draw only: the global generators start from state N and hypothesis draws at
+# random (pytest's --hypothesis-seed=M repeats its draws).
+_SEED = 0
+
+
+def pytest_configure(config):
+    global _SEED
+    value = os.environ.get("ORTHROS_TEST_SEED", "").strip()
+    try:
+        _SEED = int(value) if value else 0
+    except ValueError:
+        raise pytest.UsageError(f"ORTHROS_TEST_SEED is {value!r}: it must be an integer (or unset)") from None
+    if settings is not None:
+        settings.register_profile("orthros", derandomize=not value, print_blob=True)
+        settings.load_profile("orthros")
+
+
+@pytest.fixture(autouse=True)
+def _seeded_global_rngs():
+    """torch's, numpy's and python's global generators at one state when each test starts, whatever ran
+    before it in its pytest-xdist worker (workers take tests in no fixed order, so a test drawing from a
+    global generator saw other numbers from run to run)."""
+    random.seed(_SEED)
+    np.random.seed(_SEED)
+    torch.manual_seed(_SEED)
+
 
 # A test that sends CPU tensors through the Triton kernels needs the interpreter, which is on only
 # without CUDA: on a GPU machine such a test is skipped (the gpu tests run the kernels on CUDA).
