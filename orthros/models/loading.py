@@ -29,6 +29,8 @@ from ..utils import expand_path
 
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
+# what transformers also loads, where there are no safetensors files (no header to read without loading it)
+PT_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 # bytes per element of the safetensors dtype names
 DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E4M3FNUZ": 1, "F8_E5M2FNUZ": 1,
                "F8_E8M0": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8,
@@ -208,8 +210,16 @@ def check_weights_fit(path, config, *, arg: str = "--model", headers: Optional[d
     tensor of the model ``config`` describes, or hold one of another shape: a load would leave
     that tensor at random (transformers only logs it) or fail. Reads the headers only (pass
     ``headers`` from :func:`weight_headers` if already read, ``model`` if built: see
-    :func:`weight_shapes`)."""
+    :func:`weight_shapes`). A directory with no weights at all is named as such; one with
+    ``pytorch_model.bin`` weights only (which transformers loads, but which have no header to read)
+    is left to the load."""
     headers = weight_headers(path) if headers is None else headers
+    if not headers:
+        d = _expand(path, arg)
+        if any((d / f).is_file() for f in PT_WEIGHTS):
+            return
+        raise CheckpointError(f"{arg} {path}: no weights ({WEIGHTS}, {WEIGHTS_INDEX} or {PT_WEIGHTS[0]}): "
+                              f"not a complete checkpoint")
     want = weight_shapes(config, model)
     if config.tie_word_embeddings:
         want.pop("lm_head.weight", None)  # the embedding: need not be stored

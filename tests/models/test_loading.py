@@ -296,3 +296,31 @@ def test_a_home_folder_of_no_user_is_a_checkpoint_error_naming_the_argument(call
     directory.') naming neither the path nor the argument. Now a CheckpointError names both."""
     with pytest.raises(CheckpointError, match=rf"^{re.escape(arg)} ~nosuchuser9/m: no user 'nosuchuser9'"):
         call()
+
+
+def test_a_directory_without_weights_is_named_so_and_pytorch_bin_weights_are_left_to_the_load(saved, tmp_path):
+    """No weight file at all was "the weights do not fit its config.json: missing lm_head.weight; ..." (every
+    tensor listed as missing), and so was a checkpoint of ``pytorch_model.bin`` weights, which
+    ``from_pretrained`` loads: ``orthros generate`` / ``eval`` refused it."""
+    from safetensors.torch import load_file
+
+    from orthros.evaluation.common import load_model
+    from orthros.models.loading import check_weights_fit
+
+    single = saved[0]
+    config = OrthrosConfig.from_pretrained(single)
+    empty = _copy(single, tmp_path / "empty")
+    (empty / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match=r"--model .*empty: no weights \(model.safetensors, "
+                                              r"model.safetensors.index.json or pytorch_model.bin\)"):
+        check_weights_fit(empty, config)
+    with pytest.raises(CheckpointError, match="no weights"):
+        load_model(empty)
+    binary = _copy(single, tmp_path / "bin")
+    sd = load_file(binary / "model.safetensors")
+    (binary / "model.safetensors").unlink()
+    torch.save(sd, binary / "pytorch_model.bin")
+    check_weights_fit(binary, config)
+    ids = torch.tensor([[1, 5, 9, 2]])
+    with torch.no_grad():
+        torch.testing.assert_close(load_model(binary)(ids).logits, OrthrosForCausalLM.from_pretrained(single)(ids).logits)
