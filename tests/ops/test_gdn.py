@@ -86,6 +86,15 @@ def test_output_positions_checked_dtype_and_shape(pos):
         gated_delta_rule(q, k, v, g, beta, q_out=torch.randn(2, 2, 1, 4, dtype=q.dtype), output_positions=pos,
                          backend="torch")
 
+
+@pytest.mark.parametrize("pos", ["last", [3, 5], torch.tensor([[5.0, 6.0]])])
+def test_output_positions_without_output_queries_refused(pos):
+    # positions given with q_out=None were ignored (even float ones): the call returned o_out=None, as if no
+    # output stream had been asked for
+    q, k, v, g, beta = _inputs(2, 10, 1, 1, 4, 4, seed=2)
+    with pytest.raises(ValueError, match="output_positions.*q_out"):
+        gated_delta_rule(q, k, v, g, beta, output_positions=pos, backend="torch")
+
 def test_varlen_resets_state_at_document_starts():
     H, Hv, K, V = 2, 2, 8, 8
     cu = torch.tensor([0, 20, 57, 100, 101])

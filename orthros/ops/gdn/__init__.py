@@ -65,6 +65,7 @@ def gated_delta_rule(
       ``[1 or B, T_out]`` (a tensor or a list), any order but DISTINCT within a row: their range
       and uniqueness are not checked (that would read the device back once per layer), and a
       repeated position gives wrong readouts (the output queries share one dense slot per token).
+      Positions without ``q_out`` are refused.
     * ``initial_state [N, HV, K, V]`` (float32), ``N = B`` or the number of documents of
       ``cu_seqlens`` (``B == 1``; the state restarts at every document start). ``cu_seqlens``:
       integers rising from 0 to ``T``, empty documents allowed (values checked when on the host, a
@@ -93,6 +94,9 @@ def gated_delta_rule(
     if initial_state is not None and tuple(initial_state.shape) != (N, Hv, K, v.shape[3]):
         raise ValueError(f"gated_delta_rule: initial_state must be [N={N}, HV={Hv}, K={K}, V={v.shape[3]}] (N: B, or "
                          f"the documents of cu_seqlens), got {tuple(initial_state.shape)}")
+    if q_out is None and output_positions is not None:  # else ignored: o_out None as if no stream was asked for
+        raise ValueError("gated_delta_rule: output_positions needs q_out, the output stream's queries "
+                         "[B, T_out, H, K]; got q_out=None")
     check_scale(scale)
     scale = K ** -0.5 if scale is None else float(scale)
     asked = backend
