@@ -249,6 +249,23 @@ def test_bad_inputs_rejected():
         gated_delta_rule(q, k, v, g, beta, backend="cuda")
 
 
+@pytest.mark.parametrize("name, bad", [(n, b) for n in ("q", "k", "v", "g", "beta", "q_out", "initial_state")
+                                       for b in ("numpy", "list", None) if b or n not in ("q_out", "initial_state")])
+def test_non_tensor_inputs_refused_by_name(name, bad):
+    # a numpy array, a list or a missing g failed as AttributeError ("... has no attribute 'is_floating_point'")
+    q, k, v, g, beta = _inputs(2, 6, 1, 2, 4, 3)
+    args = dict(q=q, k=k, v=v, g=g, beta=beta, q_out=q.clone(), initial_state=torch.zeros(2, 2, 4, 3, dtype=q.dtype))
+    args[name] = None if bad is None else args[name].numpy() if bad == "numpy" else args[name].tolist()
+    with pytest.raises(ValueError, match=f"gated_delta_rule: {name} must be a"):
+        gated_delta_rule(**args, backend="torch")
+
+
+def test_causal_conv1d_non_tensor_state_refused():
+    x, w = torch.randn(1, 3, 2), torch.randn(2, 4)
+    with pytest.raises(ValueError, match="causal_conv1d: state must be None or a tensor"):
+        causal_conv1d(x, w, [[0.0] * 3] * 2)  # was AttributeError: 'list' object has no attribute 'shape'
+
+
 cuda_fla = pytest.mark.skipif(not (torch.cuda.is_available() and HAVE_FLA), reason="needs CUDA and fla-core")
 
 

@@ -74,6 +74,10 @@ def gated_delta_rule(
 
     Returns ``(o [B, T, HV, V], o_out [B, T_out, HV, V] or None, final_state [N, HV, K, V] or None)``.
     """
+    for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("q_out", q_out),
+                    ("initial_state", initial_state)):
+        if not (isinstance(t, torch.Tensor) or t is None and name in ("q_out", "initial_state")):
+            raise ValueError(f"gated_delta_rule: {name} must be a floating tensor, got {type(t).__name__}")
     B, T, H, K = k.shape if k.dim() == 4 else (0,) * 4  # not 4-D: refused below with the others
     Hv = v.shape[2] if v.dim() == 4 else 0
     if k.dim() != 4 or q.shape != k.shape or v.dim() != 4 or v.shape[:2] != (B, T) or H == 0 or K == 0 or Hv % H \
@@ -250,6 +254,9 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, state: Optional[torch.T
     W = weight.shape[-1]
     if weight.shape[0] != C or W == 0:
         raise ValueError(f"causal_conv1d: weight must be [C={C}, W >= 1], got {tuple(weight.shape)}")
+    if state is not None and not isinstance(state, torch.Tensor):
+        raise ValueError(f"causal_conv1d: state must be None or a tensor [B={B}, C={C}, W - 1={W - 1}], got "
+                         f"{type(state).__name__}")
     if state is not None and tuple(state.shape) != (B, C, W - 1):
         raise ValueError(f"causal_conv1d: state must be [B={B}, C={C}, W - 1={W - 1}], got {tuple(state.shape)}")
     for name, t in (("x", x), ("weight", weight), ("state", state)):
