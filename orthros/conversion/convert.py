@@ -344,6 +344,12 @@ def _check_destination(src: Path | None, dst: Path, overwrite: bool):
     above = file_in_the_way(dst.parent)
     if above is not None:
         raise NotADirectoryError(f"destination {str(dst)!r}: {str(above)!r} is not a directory")
+    # the temporary directory is made beside DST (and missing parents created): a read-only or another
+    # user's folder failed only there, after a GGUF's checks, with an errno line that named no DST
+    folder = next(a for a in (dst.absolute().parent, *dst.absolute().parent.parents) if a.is_dir())
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"destination {str(dst)!r}: {str(folder)!r} is not writable (read-only or another "
+                         f"user's); name a DST in a folder you can write to")
     if _dst_taken(dst) and not overwrite:
         what = (f"a symbolic link to {os.readlink(dst)!r} (the result would replace the link, not fill its "
                 f"target: name the target itself)" if dst.is_symlink() and dst.exists() else

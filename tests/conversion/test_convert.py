@@ -546,6 +546,25 @@ def test_destination_below_a_file_is_refused_naming_it(tmp_path, good_src, capsy
     assert (tmp_path / "afile").read_text() == "x" and _leftovers(tmp_path) == []
 
 
+def test_destination_in_a_folder_not_writable_is_refused_by_the_checks(tmp_path, good_src, capsys, monkeypatch):
+    """A DST in a read-only folder passed --dry-run ("every check passed") and failed only when the
+    temporary directory was made, exit 1, with an errno line that named no DST. (Root writes
+    anywhere, so the folder's answer to os.access is what the test sets.)"""
+    import os as _os
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real = _os.access
+    monkeypatch.setattr(_os, "access", lambda p, mode, **kw: False if Path(p) == ro else real(p, mode, **kw))
+    for dst in (ro / "out", ro / "sub" / "out"):
+        for extra in ([], ["--dry-run"]):
+            capsys.readouterr()
+            assert convert_main([str(good_src), str(dst), "-q", *extra]) == 2, extra
+            err = capsys.readouterr().err
+            assert f"destination {str(dst)!r}" in err and f"{str(ro)!r} is not writable" in err, err
+    assert list(ro.iterdir()) == [] and _leftovers(tmp_path) == []
+
+
 def test_destination_ending_in_dotdot_refused_before_any_work(tmp_path, good_src, capsys, monkeypatch):
     """``a/b/..`` with --overwrite: the whole conversion ran, then the rename failed (EBUSY, exit 1)."""
     from orthros.conversion import convert as conv_mod
