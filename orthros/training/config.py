@@ -55,6 +55,12 @@ class ModelSection:
     qk_norm: bool = False  # RMSNorm on each head's queries and keys (Qwen3)
     attn_backend: str = "auto"  # auto (Triton kernels on CUDA) | reference | sdpa | triton
     initializer_range: float = 0.02  # std of the weights' normal init
+    # the Gated DeltaNet layers of orthros-h / linear-hybrid / gdn (Qwen3.5's names; docs/hybrid.md)
+    linear_num_key_heads: Optional[int] = None  # null: as many as attention heads
+    linear_num_value_heads: Optional[int] = None  # a multiple of the key heads; null: as many as key heads
+    linear_key_head_dim: Optional[int] = None  # null: the attention's head size
+    linear_value_head_dim: Optional[int] = None  # null: the attention's head size
+    linear_conv_kernel_dim: int = 4  # the short convolution's width
 
 
 @dataclass
@@ -428,7 +434,9 @@ def _check_head_dim(m: ModelSection) -> None:
 # rope_parameters['rope_theta']
 _MODEL_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                  "head_dim", "window_size", "max_position_embeddings", "tie_word_embeddings", "qk_norm", "scale_offset",
-                 "attn_backend", "initializer_range")
+                 "attn_backend", "initializer_range", "linear_num_key_heads", "linear_num_value_heads",
+                 "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")
+LINEAR_KEYS = _MODEL_FIELDS[-5:]  # the Gated DeltaNet layers' sizes
 _MODEL_FIELD_RE = re.compile(r"OrthrosConfig\.rope_parameters\['rope_theta'\]|(?:OrthrosConfig\.|(?<![\w.'\"]))"
                              rf"({'|'.join(_MODEL_FIELDS)})(?![\w'\"])")
 
@@ -469,6 +477,12 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"model.num_hidden_layers must be >= {every or 1} for model.architecture "
                           f"{cfg.model.architecture!r}" + (f" (an attention layer every {every}th layer)" if every else "")
                           + f", got {cfg.model.num_hidden_layers}")
+    if not kind and not cfg.model.init_from:  # (a checkpoint's GDN layers, if any, are compared with them)
+        for key in LINEAR_KEYS:
+            if getattr(cfg.model, key) != getattr(ModelSection(), key):
+                raise ConfigError(f"model.{key} sizes the Gated DeltaNet layers of model.architecture "
+                                  f"{[a for a in ARCHITECTURES if a in HYBRID_ALIASES]}; {cfg.model.architecture!r} has none: drop model.{key}, "
+                                  f"or choose a hybrid architecture")
     _check_head_dim(cfg.model)
     choice("train.precision", cfg.train.precision, PRECISIONS)
     choice("optim.schedule", cfg.optim.schedule, SCHEDULES)

@@ -28,8 +28,8 @@ import torch
 
 from ..utils import Progress, write_text
 from . import checkpoint as ckpt
-from .config import (ARCH_TO_ATTENTION_MODE, ConfigError, RunConfig, _flatten, _get, dump_yaml, model_config_error,
-                     warmup_note)
+from .config import (ARCH_TO_ATTENTION_MODE, LINEAR_KEYS, ConfigError, RunConfig, _flatten, _get, dump_yaml,
+                     model_config_error, warmup_note)
 from .data import DataError, PackedBatch, build_stream, collate, count_targets, eval_rows
 from .hub import HUB_ID, check_hub_name
 from .metrics import MetricsLogger, detect_peak_flops, train_flops
@@ -338,7 +338,7 @@ def model_config_for(cfg: RunConfig, tokenizer):
             rope_parameters={"rope_type": "default", "rope_theta": m.rope_theta},
             tie_word_embeddings=m.tie_word_embeddings, window_size=m.window_size, scale_offset=m.scale_offset,
             qk_norm=m.qk_norm, attn_backend=m.attn_backend, **layout,
-            initializer_range=m.initializer_range,
+            initializer_range=m.initializer_range, **{k: getattr(m, k) for k in LINEAR_KEYS},
             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
             pad_token_id=tokenizer.pad_token_id,
         )
@@ -350,7 +350,7 @@ def model_config_for(cfg: RunConfig, tokenizer):
 # checkpoint (set away from their default and unlike it, they are refused); the rest change no weight
 # and, set away from their default, replace the checkpoint's value (a key left at its default keeps it)
 SHAPE_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-              "head_dim", "tie_word_embeddings", "qk_norm", "scale_offset")
+              "head_dim", "tie_word_embeddings", "qk_norm", "scale_offset", *LINEAR_KEYS)
 RUNTIME_KEYS = ("window_size", "max_position_embeddings", "rope_theta", "attn_backend", "initializer_range")
 
 

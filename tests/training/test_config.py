@@ -322,3 +322,31 @@ def test_an_error_of_the_model_config_names_the_training_key(kw, msg):
     err = model_config_error(e.value)
     assert isinstance(err, ConfigError)
     assert re.match(msg, str(err)), str(err)
+
+
+def test_the_gdn_layers_sizes_are_training_keys(tmp_path):
+    """`orthros train --model.architecture orthros-h` could not size its Gated DeltaNet layers ('unknown
+    config key model.linear_num_value_heads'): every hybrid run had as many key / value heads as attention
+    heads. The model.linear_* keys reach the model's config; on an attention-only architecture, where they
+    would size nothing, they are refused; on a model.init_from checkpoint they are shape keys."""
+    from orthros.data import load_tokenizer
+    from orthros.training.trainer import model_config_for
+
+    tok = load_tokenizer("embedded")
+    sizes = {"linear_num_key_heads": 2, "linear_num_value_heads": 6, "linear_key_head_dim": 16,
+             "linear_value_head_dim": 24, "linear_conv_kernel_dim": 3}
+    args = ["--model.architecture", "orthros-h"] + [a for k, v in sizes.items() for a in (f"--model.{k}", str(v))]
+    mc = model_config_for(load_config(None, args), tok)
+    assert {k: getattr(mc, k) for k in sizes} == sizes
+    with pytest.raises(ConfigError, match=r"^model.linear_num_value_heads \(4\) must be a multiple of "
+                                          r"model.linear_num_key_heads \(3\)$"):
+        model_config_for(load_config(None, ["--model.architecture", "gdn", "--model.linear_num_key_heads", "3",
+                                            "--model.linear_num_value_heads", "4"]), tok)
+    with pytest.raises(ConfigError, match=r"^model.linear_key_head_dim sizes the Gated DeltaNet layers of "
+                                          r"model.architecture \['orthros-h', 'linear-hybrid', 'gdn'\]; 'swa' has none"):
+        load_config(None, ["--model.architecture", "swa", "--model.linear_key_head_dim", "16"])
+    # at their default they stay accepted everywhere (run_config.yaml, every key, may be fed back)
+    assert load_config(None, ["--model.architecture", "swa", "--model.linear_conv_kernel_dim", "4"])
+
+    from orthros.training.trainer import SHAPE_KEYS
+    assert set(sizes) <= set(SHAPE_KEYS)
