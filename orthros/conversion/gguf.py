@@ -255,6 +255,13 @@ def inspect_gguf(path) -> GGUFInfo:
         raise GGUFError(f"{gguf_file}: tensors that transformers' GGUF loader would leave out of the model: "
                         f"{', '.join(dropped[:3])}{more} (the converted model would compute without them)")
     _check_rope_scaling(reader, arch, gguf_file)
+    # transformers copies a chat template of another type as it is into tokenizer_config.json: the
+    # conversion succeeded and `orthros generate --chat` failed later in jinja ("non template nodes")
+    for key in [k for k in reader.fields if k == "tokenizer.chat_template" or k.startswith("tokenizer.chat_template.")]:
+        v = _field_value(reader, key)
+        if not isinstance(v, str):
+            raise GGUFError(f"{gguf_file}: corrupted GGUF file: the {key} field is {v!r}, not a string "
+                            f"(a Jinja chat template)")
     types: dict = {}
     n_params = 0
     for t in reader.tensors:

@@ -342,13 +342,15 @@ def _u32(v):
      "tensors of type F64 (1, e.g. blk.1.ffn_norm.weight) that the installed gguf package cannot de-quantise"),
     (dict(tensors={"blk.0.ffn_gate.weight": (np.zeros((96, 292), dtype=np.uint8), gguf.GGMLQuantizationType.Q8_K)}),
      "tensors of type Q8_K (1, e.g. blk.0.ffn_gate.weight)"),
+    (dict(fields={"tokenizer.chat_template": _u32(5)}),
+     "the tokenizer.chat_template field is 5, not a string (a Jinja chat template)"),
     (dict(arch="mistral"), "cannot convert GGUF architecture 'mistral'"),
     (dict(tensors={f"blk.{i}.attn_{x}.bias": (np.ones(64 if x == "q" else 32, dtype=np.float32), None)
                    for i in (0, 1) for x in "qkv"}),
      "tensors that transformers' GGUF loader would leave out of the model: blk.0.attn_k.bias, blk.0.attn_q.bias, "
      "blk.0.attn_v.bias and 3 more"),
 ], ids=["more-blocks", "fewer-blocks", "context-str", "context-0", "kv-heads-0", "rope-dim-0", "rope-theta-0", "eps-str", "split-part", "rope-freqs",
-        "rope-linear", "rope-factor", "rope-scale-linear", "f64-tensor", "q8k-tensor", "mistral-arch", "llama-biases"])
+        "rope-linear", "rope-factor", "rope-scale-linear", "f64-tensor", "q8k-tensor", "chat-template-int", "mistral-arch", "llama-biases"])
 def test_gguf_metadata_that_does_not_fit_refused_before_dequantising(gguf_source, tmp_path, capsys, monkeypatch,
                                                                        change, words):
     """A block_count above the layers the tensors hold made transformers initialise the missing
