@@ -298,3 +298,19 @@ def test_lm_eval_outside_a_checkout_prints_no_git_error_and_plain_progress_lines
     assert ("[Running loglikelihood requests] it 8/8" in err) == progress, err
     assert "git_hash" in res  # lm-eval's record is still made (None: no checkout here)
     assert res["results"]["orthros_tiny_cloze"]["acc,none"] is not None
+
+
+@pytest.mark.parametrize("model, msg", [
+    # Path("") is the current directory: an unset shell variable was reported as "--model  is not ..."
+    ("", "--model is empty (''): give a checkpoint directory ('.' for the current one)"),
+    ("  ", "--model is empty ('  ')"),
+    # a checkpoint's config.json was said to have "no config.json"
+    ("{tiny}/config.json", "--model {tiny}/config.json is a file, not a checkpoint directory"),
+])
+def test_eval_model_paths_that_name_no_checkpoint_directory(tiny, capsys, monkeypatch, model, msg):
+    import orthros.evaluation.lm as lm
+    from orthros.cli import main
+
+    monkeypatch.setattr(lm, "run_lm_eval", lambda *a, **kw: pytest.fail("the evaluation started"))
+    assert main(["eval", "lm", "--model", model.replace("{tiny}", str(tiny)), "--tasks", "orthros_tiny_cloze"]) == 2
+    assert msg.replace("{tiny}", str(tiny)) in capsys.readouterr().err
