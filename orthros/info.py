@@ -109,6 +109,11 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
     d = checkpoint_dir(path, arg="PATH")
     headers = weight_headers(d)
     if not headers:
+        if any((d / f).is_file() for f in ("pytorch_model.bin", "pytorch_model.bin.index.json")):
+            # (generate / eval load them: from_pretrained reads .bin; info reads safetensors headers, no weights)
+            raise ValueError(f"PATH {path}: its weights are pytorch_model.bin, which info cannot read without "
+                             f"loading them (it reads safetensors headers); re-save the model with "
+                             f"save_pretrained (safetensors) to inspect it")
         raise ValueError(f"PATH {path}: no weights (neither model.safetensors nor model.safetensors.index.json); "
                          f"not a complete checkpoint")
     config = OrthrosConfig.from_pretrained(str(d), local_files_only=True)

@@ -243,6 +243,11 @@ def test_directory_without_weights_is_refused(ckpt, tmp_path, capsys):
     rc, out, err = run([str(bare)], capsys)
     assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
     assert "no weights" in err and "model.safetensors" in err, err
+    # pytorch_model.bin weights, which generate / eval load, were called "no weights ... not a complete checkpoint"
+    (bare / "pytorch_model.bin").write_bytes(b"")
+    rc, out, err = run([str(bare)], capsys)
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1, err
+    assert "its weights are pytorch_model.bin" in err and "save_pretrained" in err, err
 
 
 def test_weights_that_do_not_fit_the_config_are_refused(ckpt, hybrid, tmp_path, capsys):
