@@ -5,8 +5,8 @@ fp32/fp16 only: with triton 3.9 a bf16 ``tl.dot`` is wrong under the interpreter
 the same tests run natively, plus larger bf16 cases and a longer hypothesis sweep
 (``@pytest.mark.gpu``).
 
-Every output and every gradient (q, k, v, q_out) is compared with ||a-b||/||b|| against the
-fp32 reference; outputs are allocated NaN-poisoned so an unwritten element fails.
+Every output is compared with ||a-b||/||b|| and every gradient (q, k, v, q_out) with ||a-b|| over the norm of
+all four gradients, against the fp32 reference; outputs are allocated NaN-poisoned so an unwritten element fails.
 """
 
 import os
@@ -78,12 +78,20 @@ def run_case(B=1, T=37, Tk=None, T_out=None, Hq=4, Hkv=2, D=16, w=5, dtype=torch
         gos = [torch.randn(r.shape, generator=g).to(DEV) for r in ref]
         torch.autograd.backward([o for o in out if o.numel()], [x.to(dtype) for x, o in zip(gos, out) if o.numel()])
         torch.autograd.backward([o for o in ref if o.numel()], [x for x, o in zip(gos, ref) if o.numel()])
+        # Each query's softmax gradient sums to 0 over its keys, so dq, dk and dq_out sum terms that cancel
+        # (to exactly 0 where a query sees one key): their rounding is of the size of the terms, not of the
+        # sum. Each gradient's error is measured against the norm of all four gradients, which are of the
+        # size of those terms, as tests/ops/test_reference.py does (a floor of 1e-2 per element covered an
+        # exact 0 only marginally: that rounding grows as u * sqrt(D * G); dk at T = 1, D = 32, G = 4 reached
+        # 0.9 of the float32 tolerance over 600 seeds).
+        scale = torch.cat([r.grad.double().flatten() for r in rs if r.grad is not None]).norm().clamp_min(1e-12)
         for name, a, b in zip(("dq", "dk", "dv", "dq_out"), xs, rs):
             if b.grad is None:
                 assert a.grad is None or a.grad.abs().max() == 0
                 continue
             assert a.grad is not None, name
-            assert rel(a.grad, b.grad) < tol * (3 if dtype != torch.float32 else 1), (name, rel(a.grad, b.grad))
+            err = ((a.grad.double() - b.grad.double()).norm() / scale).item()  # NaN (unwritten) fails
+            assert err < tol * (3 if dtype != torch.float32 else 1), (name, err)
 
 
 # ---------------------------------------------------------------- deterministic cases
