@@ -147,15 +147,18 @@ def make_plan(src_config, arch: str, src_shapes: dict, *, window_size: int, scal
     plan = Plan(config, arch, notes, out_dtype=out_dtype)
     expected = expected_tensors(config)
     problems = []
+    misshapen = set()  # targets that the source has in another shape: named once, not also as missing
     for name, shape in src_shapes.items():
         shape = tuple(shape)
         if name in expected and not _NEW_RE.match(name):
             if expected[name] != shape:
+                misshapen.add(name)
                 problems.append(f"{name}: shape {list(shape)} but the Orthros model expects {list(expected[name])}")
             else:
                 plan.mapped[name] = name
         elif name == HEAD and config.tie_word_embeddings and EMBED not in src_shapes:
             if expected[EMBED] != shape:  # the tied matrix stored under the head's name only (transformers ties it)
+                misshapen.add(EMBED)
                 problems.append(f"{name}: shape {list(shape)} but the Orthros model expects {list(expected[EMBED])} "
                                 f"(as {EMBED}: tie_word_embeddings=true and the checkpoint stores no {EMBED})")
             else:
@@ -172,7 +175,7 @@ def make_plan(src_config, arch: str, src_shapes: dict, *, window_size: int, scal
         if m:
             anchor = f"model.layers.{m.group(1)}.self_attn.q_proj.weight"
             plan.added[name] = (_NEW_PARAMS[m.group(2)], shape, anchor)
-        elif name not in targets:
+        elif name not in targets and name not in misshapen:
             problems.append(f"{name}: missing from the source checkpoint")
     plan.transforms = value_transforms(arch, plan.mapped)
     if problems:

@@ -340,6 +340,10 @@ def test_shape_mismatch_and_missing_tensor(tmp_path, good_src):
     cfg["intermediate_size"] = 80  # the stored MLP weights no longer fit
     (src / "config.json").write_text(json.dumps(cfg))
     _refused(tmp_path, src, match="shape")
+    # each of the 2 x 3 MLP weights named once: they were also listed as "missing from the source checkpoint"
+    with pytest.raises(ValueError) as e:
+        convert_checkpoint(src, tmp_path / "out2", progress=False)
+    assert "; 6 tensor problem(s):" in str(e.value) and "missing" not in str(e.value), str(e.value)
     cfg["intermediate_size"], cfg["num_hidden_layers"] = 96, 3  # layer 2 missing from the weights
     (src / "config.json").write_text(json.dumps(cfg))
     _refused(tmp_path, src, match="model.layers.2.*missing")
