@@ -182,6 +182,66 @@ def _check_rope_scaling(reader, arch: str, gguf_file) -> None:
                         f"convert the model's HF checkpoint (safetensors) instead")
 
 
+def _tokenizer_models() -> tuple:
+    """The ``tokenizer.ggml.model`` values that the installed transformers builds a tokenizer from."""
+    try:
+        from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_TOKENIZER_TYPES
+    except ImportError:  # another layout of transformers' GGUF code: the two of llama / qwen files
+        return ("gpt2", "llama")
+    return tuple(sorted(GGUF_TOKENIZER_TYPES))
+
+
+def _check_vocabulary(reader, arch: str, gguf_file) -> None:
+    """The fields transformers builds the tokenizer and the model config's vocabulary from: each
+    of these passed --dry-run and failed in the real run (a special token id beyond the vocabulary:
+    transformers' warning, then an IndexError; one given as text: a StrictDataclass error; an
+    unknown or missing tokenizer.ggml.model; no merges nor scores: KeyError 'scores'), a vocab_size
+    that does not match token_embd only after de-quantising."""
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    n_tokens = len(tokens.data) if tokens is not None else None
+    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    rows = int(embd.shape[-1]) if embd is not None and len(embd.shape) == 2 else None
+    key = f"{arch}.vocab_size"
+    vocab = _field_value(reader, key)
+    if vocab is not None and (not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1):
+        raise GGUFError(f"{gguf_file}: corrupted GGUF file: the {key} field is {vocab!r}, not an integer >= 1")
+    if rows is not None:
+        if vocab is not None and vocab != rows:
+            raise GGUFError(f"{gguf_file}: corrupted GGUF file: the {key} field is {vocab}, token_embd.weight "
+                            f"has {rows} rows (one per token): they must be equal")
+        if vocab is None and n_tokens is not None and n_tokens != rows:
+            raise GGUFError(f"{gguf_file}: corrupted GGUF file: no {key} field, and tokenizer.ggml.tokens (the "
+                            f"vocabulary size transformers takes then) holds {n_tokens} tokens, token_embd.weight "
+                            f"has {rows} rows: add {key} = {rows}")
+        if vocab is None and n_tokens is None:
+            raise GGUFError(f"{gguf_file}: corrupted GGUF file: neither a {key} field nor tokenizer.ggml.tokens "
+                            f"(transformers would build a model of its default vocabulary size, not "
+                            f"token_embd.weight's {rows} rows): add {key} = {rows}")
+    # special token ids: the model config takes them, the tokenizer looks each up in its tokens
+    bound = n_tokens if n_tokens is not None else (vocab or rows)
+    for name in ("bos", "eos", "unknown", "padding"):
+        key = f"tokenizer.ggml.{name}_token_id"
+        if key not in reader.fields:
+            continue
+        v = _field_value(reader, key)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0 or (bound is not None and v >= bound):
+            allowed = f"0..{bound - 1}" if bound else ">= 0"
+            raise GGUFError(f"{gguf_file}: corrupted GGUF file: the {key} field is {v!r}, not a token id of "
+                            f"the vocabulary (an integer {allowed})")
+    if tokens is None:  # no tokenizer: none is built (said in the plan's notes)
+        return
+    model = _field_value(reader, "tokenizer.ggml.model")
+    known = _tokenizer_models()
+    if model not in known:
+        raise GGUFError(f"{gguf_file}: the tokenizer.ggml.model field is {'missing' if model is None else repr(model)}: "
+                        f"transformers builds a tokenizer from one of {', '.join(known)}")
+    if "tokenizer.ggml.scores" not in reader.fields and (model == "t5" or "tokenizer.ggml.merges" not in reader.fields):
+        need = "tokenizer.ggml.scores" if model == "t5" else \
+            "tokenizer.ggml.merges (or tokenizer.ggml.scores to derive them from)"
+        raise GGUFError(f"{gguf_file}: corrupted GGUF file: a {model!r} tokenizer without {need}: "
+                        f"transformers cannot build it")
+
+
 def inspect_gguf(path) -> GGUFInfo:
     """Read and check a GGUF file without loading its tensors; a :class:`GGUFError` naming the
     file when it is not a complete, readable GGUF of a supported architecture."""
@@ -255,6 +315,7 @@ def inspect_gguf(path) -> GGUFInfo:
         raise GGUFError(f"{gguf_file}: tensors that transformers' GGUF loader would leave out of the model: "
                         f"{', '.join(dropped[:3])}{more} (the converted model would compute without them)")
     _check_rope_scaling(reader, arch, gguf_file)
+    _check_vocabulary(reader, arch, gguf_file)
     # transformers copies a chat template of another type as it is into tokenizer_config.json: the
     # conversion succeeded and `orthros generate --chat` failed later in jinja ("non template nodes")
     for key in [k for k in reader.fields if k == "tokenizer.chat_template" or k.startswith("tokenizer.chat_template.")]:

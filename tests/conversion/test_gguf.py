@@ -450,3 +450,48 @@ def test_gguf_tensor_type_unknown_to_the_gguf_package_named(gguf_source, tmp_pat
     assert "a tensor of a GGML type that the installed gguf package (gguf " in err and "200" in err, err
     assert "corrupted or truncated" not in err and "\n" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["newtype.gguf"]
+
+
+@pytest.mark.parametrize("change,words", [
+    (dict(fields={"tokenizer.ggml.eos_token_id": _u32(99999)}),
+     "the tokenizer.ggml.eos_token_id field is 99999, not a token id of the vocabulary (an integer 0..4095)"),
+    (dict(fields={"tokenizer.ggml.padding_token_id": _u32(4096)}),
+     "the tokenizer.ggml.padding_token_id field is 4096, not a token id of the vocabulary (an integer 0..4095)"),
+    (dict(fields={"tokenizer.ggml.bos_token_id": (gguf.GGUFValueType.STRING, "1")}),
+     "the tokenizer.ggml.bos_token_id field is '1', not a token id of the vocabulary"),
+    (dict(drop_fields=["tokenizer.ggml.model"]),
+     "the tokenizer.ggml.model field is missing: transformers builds a tokenizer from one of "),
+    (dict(fields={"tokenizer.ggml.model": (gguf.GGUFValueType.STRING, "bpe")}),
+     "the tokenizer.ggml.model field is 'bpe': transformers builds a tokenizer from one of "),
+    (dict(drop_fields=["tokenizer.ggml.merges"]),
+     "a 'gpt2' tokenizer without tokenizer.ggml.merges (or tokenizer.ggml.scores to derive them from)"),
+    (dict(fields={"llama.vocab_size": _u32(1000)}),
+     "the llama.vocab_size field is 1000, token_embd.weight has 4096 rows (one per token): they must be equal"),
+    (dict(drop_fields=["llama.vocab_size", "tokenizer.ggml.merges"], fields={
+        "tokenizer.ggml.tokens": (gguf.GGUFValueType.ARRAY, [f"t{i}" for i in range(4000)])}),
+     "no llama.vocab_size field, and tokenizer.ggml.tokens (the vocabulary size transformers takes then) holds "
+     "4000 tokens, token_embd.weight has 4096 rows"),
+], ids=["eos-beyond-vocab", "pad-beyond-vocab", "bos-text", "no-tokenizer-model", "unknown-tokenizer-model",
+        "no-merges", "vocab-size-not-embd", "tokens-not-embd"])
+def test_gguf_tokenizer_fields_refused_by_the_checks(gguf_source, tmp_path, capsys, monkeypatch, change, words):
+    """--dry-run said "every check passed" for GGUF files whose tokenizer or vocabulary fields the real
+    run then refused: a special token id beyond the vocabulary (transformers' two-line warning, then
+    "IndexError: list index out of range"), a bos_token_id of text (a StrictDataclass error), a
+    tokenizer.ggml.model missing or unknown, no merges ("KeyError: 'scores'"), a vocab_size (or, without
+    one, a count of tokens) that is not token_embd's rows (found only after de-quantising). Now: one line
+    naming the field and what is allowed, exit 2, in --dry-run and before any work, nothing written."""
+    from orthros.conversion import gguf as gguf_mod
+
+    path, _, _ = gguf_source
+    bad = _rewritten(path, tmp_path / "bad.gguf", **change)
+    monkeypatch.setattr(gguf_mod, "gguf_to_hf_directory", lambda *a, **k: pytest.fail("de-quantised"))
+    for extra in (["--dry-run"], []):
+        capsys.readouterr()
+        assert convert_main([str(bad), str(tmp_path / "out"), "--window-size", str(W), "-q", *extra]) == 2, extra
+        out, err = capsys.readouterr()
+        err = err.strip()
+        assert err.startswith(f"orthros convert: error: {bad}: ") and "\n" not in err and words in err, err
+        assert "every check passed" not in out
+    with pytest.raises(GGUFError, match="tokenizer.ggml|vocab_size"):
+        inspect_gguf(bad)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
