@@ -240,6 +240,41 @@ def _check_vocabulary(reader, arch: str, gguf_file) -> None:
             "tokenizer.ggml.merges (or tokenizer.ggml.scores to derive them from)"
         raise GGUFError(f"{gguf_file}: corrupted GGUF file: a {model!r} tokenizer without {need}: "
                         f"transformers cannot build it")
+    if model != "t5" and "tokenizer.ggml.merges" in reader.fields:  # a unigram (t5) tokenizer takes no merges
+        _check_merges(reader, model, gguf_file)
+
+
+def _check_merges(reader, model: str, gguf_file) -> None:
+    """Each merge "A B" of tokenizer.ggml.merges: the tokenizers library's BPE refuses the whole
+    tokenizer ("Error while initializing BPE: Token `X` out of vocabulary") unless A, B and AB are
+    tokens of the vocabulary, the one transformers builds from tokenizer.ggml.tokens (a 'gpt2'
+    vocabulary respelled in the byte alphabet, as transformers' byte_level_tokenizer does); a merge
+    of other than two parts is a TypeError."""
+    merges, tokens = _field_value(reader, "tokenizer.ggml.merges"), _field_value(reader, "tokenizer.ggml.tokens")
+    if merges is None or not isinstance(tokens, list):  # no merges (an empty array); tokens unread: not judged
+        return
+    field = "the tokenizer.ggml.merges field"
+    allowed = "each merge is 'A B' where A, B and AB are tokens of tokenizer.ggml.tokens"
+    if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
+        raise GGUFError(f"{gguf_file}: corrupted GGUF file: {field} is not an array of strings ({allowed})")
+    vocab = set(tokens)
+    if model == "gpt2":
+        try:
+            from transformers.convert_slow_tokenizer import bytes_to_unicode
+        except ImportError:  # another layout of transformers: its spelling unknown, nothing refused
+            return
+        spelling = bytes_to_unicode()
+        alphabet = set(spelling.values())
+        vocab = {t if set(t) <= alphabet else "".join(spelling[b] for b in t.encode("utf-8")) for t in tokens}
+    for i, merge in enumerate(merges):
+        parts = merge.split(" ")
+        if len(parts) != 2:
+            raise GGUFError(f"{gguf_file}: corrupted GGUF file: {field} holds {merge!r} (merge {i}), not two "
+                            f"tokens joined by one space: {allowed}")
+        missing = next((t for t in (parts[0], parts[1], parts[0] + parts[1]) if t not in vocab), None)
+        if missing is not None:
+            raise GGUFError(f"{gguf_file}: corrupted GGUF file: {field} holds {merge!r} (merge {i}), and "
+                            f"{missing!r} is not a token of the vocabulary: {allowed}")
 
 
 def inspect_gguf(path) -> GGUFInfo:
