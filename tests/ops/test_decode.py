@@ -395,7 +395,7 @@ def test_inline_merge_default_split_count_and_bad_merge():
         decode_attention_triton(q, qo, kc, vc, lens, window_size=4, _config={"merge": "fused"})
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck))
 @given(B=st.integers(1, 3), Hkv=st.integers(1, 2), G=st.integers(1, 4), L=st.integers(1, 160),
        S=st.integers(2, 6), w=st.integers(1, 170), data=st.data())
 def test_hypothesis_inline_small(B, Hkv, G, L, S, w, data):
@@ -473,7 +473,7 @@ def test_split_kernel_compiles_for_sm90_with_ordered_ticket(tmp_path):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_gpu_hypothesis_inline_merge(dtype):
     """40 random cases per dtype: inline == separate == reference, counters back to 0."""
-    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
     # (G, D, block_n and the split count's power-of-2 bucket select compiled variants: few values)
     @given(B=st.integers(1, 4), Hkv=st.sampled_from([1, 2, 8]), G=st.sampled_from([1, 4, 8]),
            L=st.integers(1, 5000), D=st.sampled_from([80, 128]), w=st.integers(1, 600),

@@ -75,13 +75,14 @@ def check_backend(backend, q, k, v, q_out, w, tol=1e-5, **kw):
                                  allow_unused=True)
     # A key's gradient sums terms that cancel (each softmax row's gradient sums to zero), so its float32
     # rounding is of the size of the terms, not of the sum: below float64 each gradient's error is measured
-    # against the size of all four (rel_err reached 1.5e-4 on grad k for T=2); in float64, each alone.
-    scale = torch.cat([b.flatten() for b in rgrads if b is not None]).norm()
+    # against its own norm or a tenth of the size of all four, the larger (rel_err reached 1.5e-4 on grad k
+    # for T=2); in float64, each against its own norm.
+    scale = 0.1 * torch.cat([b.flatten() for b in rgrads if b is not None]).norm()
     for name, a, b in zip("q k v q_out".split(), grads, rgrads):
         if b is None or b.abs().sum() == 0:
             assert a is None or a.abs().max() < 1e-5, f"{backend} grad {name}"
             continue
-        err = rel_err(a, b) if q.dtype == torch.float64 else ((a.double() - b).norm() / scale).item()
+        err = rel_err(a, b) if q.dtype == torch.float64 else ((a.double() - b).norm() / max(b.norm(), scale)).item()
         assert err < tol, f"{backend} grad {name} ({q.dtype}): {err}"
 
 

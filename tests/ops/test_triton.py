@@ -5,8 +5,8 @@ fp32/fp16 only: with triton 3.9 a bf16 ``tl.dot`` is wrong under the interpreter
 the same tests run natively, plus larger bf16 cases and a longer hypothesis sweep
 (``@pytest.mark.gpu``).
 
-Every output is compared with ||a-b||/||b|| and every gradient (q, k, v, q_out) with ||a-b|| over the norm of
-all four gradients, against the fp32 reference; outputs are allocated NaN-poisoned so an unwritten element fails.
+Every output is compared with ||a-b||/||b|| and every gradient (q, k, v, q_out) with ||a-b|| over its own norm or
+a tenth of the norm of all four gradients, the larger, against the fp32 reference; outputs are allocated NaN-poisoned so an unwritten element fails.
 """
 
 import os
@@ -80,17 +80,19 @@ def run_case(B=1, T=37, Tk=None, T_out=None, Hq=4, Hkv=2, D=16, w=5, dtype=torch
         torch.autograd.backward([o for o in ref if o.numel()], [x for x, o in zip(gos, ref) if o.numel()])
         # Each query's softmax gradient sums to 0 over its keys, so dq, dk and dq_out sum terms that cancel
         # (to exactly 0 where a query sees one key): their rounding is of the size of the terms, not of the
-        # sum. Each gradient's error is measured against the norm of all four gradients, which are of the
-        # size of those terms, as tests/ops/test_reference.py does (a floor of 1e-2 per element covered an
-        # exact 0 only marginally: that rounding grows as u * sqrt(D * G); dk at T = 1, D = 32, G = 4 reached
-        # 0.9 of the float32 tolerance over 600 seeds).
-        scale = torch.cat([r.grad.double().flatten() for r in rs if r.grad is not None]).norm().clamp_min(1e-12)
+        # sum. Each gradient's error is measured against its own norm, or a tenth of the norm of all four
+        # gradients (the size of those terms) where it is smaller, as tests/ops/test_reference.py does (a
+        # floor of 1e-2 per element covered an exact 0 only marginally: that rounding grows as u * sqrt(D * G);
+        # dk at T = 1, D = 32, G = 4 reached 0.9 of the float32 tolerance over 600 seeds). A gradient of a
+        # fair share of the whole keeps its own relative bound (one wrong dq row at bf16 is caught).
+        scale = 0.1 * torch.cat([r.grad.double().flatten() for r in rs if r.grad is not None]).norm()
         for name, a, b in zip(("dq", "dk", "dv", "dq_out"), xs, rs):
             if b.grad is None:
                 assert a.grad is None or a.grad.abs().max() == 0
                 continue
             assert a.grad is not None, name
-            err = ((a.grad.double() - b.grad.double()).norm() / scale).item()  # NaN (unwritten) fails
+            size = torch.maximum(b.grad.double().norm(), scale).clamp_min(1e-12)
+            err = ((a.grad.double() - b.grad.double()).norm() / size).item()  # NaN (unwritten) fails
             assert err < tol * (3 if dtype != torch.float32 else 1), (name, err)
 
 
@@ -236,7 +238,7 @@ GPU_MODES = {"pt_last": ("pt", "last"), "sft": ("sft",), "varlen_pad": ("varlen"
 def test_hypothesis_gpu(poison, dtype, modes):
     # 9 x 40 random cases (one test per dtype and mode group so pytest-xdist spreads them; the
     # compiled kernels of one group are reused across its examples), NaN-poisoned outputs
-    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
     @given(cases(big=True, dtype=dtype, modes=GPU_MODES[modes]))
     def inner(c):
         run_case(**c)
@@ -667,7 +669,7 @@ def variant_sweep_gpu(dtype, group=None):
     ``group``: one part only, so pytest-xdist can spread a sweep (a ``GPU_MODES`` key: 20 cases of
     its modes; ``"fixed"``: the fixed cases)."""
     if group != "fixed":
-        @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+        @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
         @given(cases(big=True, dtype=dtype, **({} if group is None else {"modes": GPU_MODES[group]})))
         def inner(c):
             run_case(**c)
