@@ -55,12 +55,12 @@ class ModelSection:
     qk_norm: bool = False  # RMSNorm on each head's queries and keys (Qwen3)
     attn_backend: str = "auto"  # auto (Triton kernels on CUDA) | reference | sdpa | triton
     initializer_range: float = 0.02  # std of the weights' normal init
-    # the Gated DeltaNet layers of orthros-h / linear-hybrid / gdn (Qwen3.5's names; docs/hybrid.md)
-    linear_num_key_heads: Optional[int] = None  # null: as many as attention heads
-    linear_num_value_heads: Optional[int] = None  # a multiple of the key heads; null: as many as key heads
-    linear_key_head_dim: Optional[int] = None  # null: the attention's head size
-    linear_value_head_dim: Optional[int] = None  # null: the attention's head size
-    linear_conv_kernel_dim: int = 4  # the short convolution's width
+    # the hybrids' Gated DeltaNet layers (orthros-h / linear-hybrid / gdn; Qwen3.5's names, docs/hybrid.md):
+    linear_num_key_heads: Optional[int] = None  # GDN key heads; null: as many as attention heads
+    linear_num_value_heads: Optional[int] = None  # GDN value heads, a multiple of the key heads; null: as many
+    linear_key_head_dim: Optional[int] = None  # GDN key head size; null: the attention's head size
+    linear_value_head_dim: Optional[int] = None  # GDN value head size; null: the attention's head size
+    linear_conv_kernel_dim: int = 4  # the GDN short convolution's width
 
 
 @dataclass
@@ -432,11 +432,11 @@ def _check_head_dim(m: ModelSection) -> None:
 
 # model.* keys that are fields of the same name in the model's config (OrthrosConfig); rope_theta is its
 # rope_parameters['rope_theta']
+LINEAR_KEYS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+               "linear_conv_kernel_dim")  # the Gated DeltaNet layers' sizes
 _MODEL_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                  "head_dim", "window_size", "max_position_embeddings", "tie_word_embeddings", "qk_norm", "scale_offset",
-                 "attn_backend", "initializer_range", "linear_num_key_heads", "linear_num_value_heads",
-                 "linear_key_head_dim", "linear_value_head_dim", "linear_conv_kernel_dim")
-LINEAR_KEYS = _MODEL_FIELDS[-5:]  # the Gated DeltaNet layers' sizes
+                 "attn_backend", "initializer_range", *LINEAR_KEYS)
 _MODEL_FIELD_RE = re.compile(r"OrthrosConfig\.rope_parameters\['rope_theta'\]|(?:OrthrosConfig\.|(?<![\w.'\"]))"
                              rf"({'|'.join(_MODEL_FIELDS)})(?![\w'\"])")
 

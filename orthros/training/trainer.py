@@ -295,10 +295,10 @@ def model_config_for(cfg: RunConfig, tokenizer):
                               f"first (the conversion tool), then continue pre-training with mode cpt")
         if os.path.isdir(m.init_from):  # its weights are there and complete (headers only): else the load
             # fails once the run has started (and --dry-run, which reads no weights, passes)
-            from ..models.loading import check_weights
+            from ..models.loading import PT_WEIGHTS, check_weights
 
             try:
-                found = check_weights(m.init_from) or [f for f in ("pytorch_model.bin", "pytorch_model.bin.index.json")
+                found = check_weights(m.init_from) or [f for f in PT_WEIGHTS
                                                        if os.path.isfile(os.path.join(m.init_from, f))]
             except ValueError as e:
                 raise ConfigError(f"model.init_from: {e}") from None
@@ -360,6 +360,13 @@ def _apply_model_keys(m, mc) -> None:
     def have(key):
         return mc.rope_parameters.get("rope_theta") if key == "rope_theta" else getattr(mc, key, None)
 
+    from ..kinds import LINEAR_LAYER_TYPE
+
+    if LINEAR_LAYER_TYPE not in (getattr(mc, "layer_types", None) or []):
+        for key in LINEAR_KEYS:  # (the config's values of them size nothing)
+            if getattr(m, key) != getattr(defaults, key):
+                raise ConfigError(f"model.{key} sizes Gated DeltaNet layers; the checkpoint at model.init_from "
+                                  f"{m.init_from!r} has none: drop model.{key}")
     for key in SHAPE_KEYS:
         want, ckpt_value = getattr(m, key), have(key)
         if want != getattr(defaults, key) and want != ckpt_value:

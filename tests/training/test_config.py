@@ -348,5 +348,19 @@ def test_the_gdn_layers_sizes_are_training_keys(tmp_path):
     # at their default they stay accepted everywhere (run_config.yaml, every key, may be fed back)
     assert load_config(None, ["--model.architecture", "swa", "--model.linear_conv_kernel_dim", "4"])
 
-    from orthros.training.trainer import SHAPE_KEYS
-    assert set(sizes) <= set(SHAPE_KEYS)
+    # on a model.init_from checkpoint: shape keys of its GDN layers; one without GDN layers has nothing to size
+    # (it was 'the checkpoint has 4', a value that sized nothing)
+    from orthros.models import OrthrosConfig
+    from orthros.training.config import ModelSection
+    from orthros.training.trainer import _apply_model_keys
+
+    base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                window_size=4)
+    with pytest.raises(ConfigError, match=r"^model.linear_conv_kernel_dim sizes Gated DeltaNet layers; the checkpoint "
+                                          r"at model.init_from 'ck' has none: drop model.linear_conv_kernel_dim$"):
+        _apply_model_keys(ModelSection(init_from="ck", linear_conv_kernel_dim=5), OrthrosConfig(**base))
+    hybrid = OrthrosConfig(**base, full_attention_interval=4)
+    with pytest.raises(ConfigError, match=r"^model.linear_conv_kernel_dim is 5, but the checkpoint at model.init_from "
+                                          r"'ck' has 4"):
+        _apply_model_keys(ModelSection(init_from="ck", linear_conv_kernel_dim=5), hybrid)
+    _apply_model_keys(ModelSection(init_from="ck", linear_conv_kernel_dim=4, linear_num_key_heads=4), hybrid)
