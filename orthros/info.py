@@ -98,7 +98,8 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
 
     from .conversion.convert import REPORT_FILE
     from .engine.cache import StaticKVCache, linear_layers
-    from .models.loading import DTYPE_BYTES, TOKENIZER_FILES, check_weights_fit, checkpoint_dir, weight_headers
+    from .models.loading import DTYPE_BYTES, PT_WEIGHTS, TOKENIZER_FILES, check_weights_fit, checkpoint_dir, \
+        weight_headers
     from .serving import ARCHITECTURE, CPU_DEFAULT_BLOCK_SIZE, HYBRID_ARCHITECTURE, check_servable, hybrid_block_tokens, \
         is_hybrid
     from .models import OrthrosConfig, OrthrosForCausalLM
@@ -109,7 +110,7 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
     d = checkpoint_dir(path, arg="PATH")
     headers = weight_headers(d)
     if not headers:
-        if any((d / f).is_file() for f in ("pytorch_model.bin", "pytorch_model.bin.index.json")):
+        if any((d / f).is_file() for f in PT_WEIGHTS):
             # (generate / eval load them: from_pretrained reads .bin; info reads safetensors headers, no weights)
             raise ValueError(f"PATH {path}: its weights are pytorch_model.bin, which info cannot read without "
                              f"loading them (it reads safetensors headers); re-save the model with "

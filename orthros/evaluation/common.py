@@ -16,14 +16,17 @@ def read_config(path, arg: str = "--model",
     """The ``config.json`` of a local checkpoint directory, read without loading the model; a clear
     ``ValueError`` naming ``arg`` (and what is ``expected``) when ``path`` is not a checkpoint directory."""
     if not str(path).strip():  # Path("") is the current directory: an unset shell variable named it
-        raise ValueError(f"{arg} is empty ({str(path)!r}): give a checkpoint directory ('.' for the current one)")
+        raise ValueError(f"{arg} is empty ({str(path)!r}): give the checkpoint directory ('.' for the current one)")
     p = expand_path(path, arg)
     if not p.exists():
         raise ValueError(f"{arg} {path!s}: no such file or directory (a local checkpoint directory is needed; "
                          f"nothing is downloaded)")
     if not p.is_dir():
-        raise ValueError(f"{arg} {path!s} is a file, not a checkpoint directory (give the directory that holds "
-                         f"config.json and the weights: {expected})")
+        if p.suffix.lower() == ".gguf":
+            raise ValueError(f"{arg} {path!s} is a GGUF file: convert it first (orthros convert {path!s} DST), "
+                             f"then give DST")
+        raise ValueError(f"{arg} {path!s} is not a directory (give the directory that holds config.json and the "
+                         f"weights: {expected})")
     if not (p / "config.json").is_file():
         raise ValueError(f"{arg} {path!s} is not a checkpoint directory: it has no config.json "
                          f"(expected {expected})")

@@ -302,15 +302,18 @@ def test_lm_eval_outside_a_checkout_prints_no_git_error_and_plain_progress_lines
 
 @pytest.mark.parametrize("model, msg", [
     # Path("") is the current directory: an unset shell variable was reported as "--model  is not ..."
-    ("", "--model is empty (''): give a checkpoint directory ('.' for the current one)"),
+    ("", "--model is empty (''): give the checkpoint directory ('.' for the current one)"),
     ("  ", "--model is empty ('  ')"),
     # a checkpoint's config.json was said to have "no config.json"
-    ("{tiny}/config.json", "--model {tiny}/config.json is a file, not a checkpoint directory"),
+    ("{tiny}/config.json", "--model {tiny}/config.json is not a directory (give the directory that holds"),
+    ("{tmp}/m.gguf", "--model {tmp}/m.gguf is a GGUF file: convert it first (orthros convert {tmp}/m.gguf DST)"),
 ])
-def test_eval_model_paths_that_name_no_checkpoint_directory(tiny, capsys, monkeypatch, model, msg):
+def test_eval_model_paths_that_name_no_checkpoint_directory(tiny, tmp_path, capsys, monkeypatch, model, msg):
     import orthros.evaluation.lm as lm
     from orthros.cli import main
 
     monkeypatch.setattr(lm, "run_lm_eval", lambda *a, **kw: pytest.fail("the evaluation started"))
-    assert main(["eval", "lm", "--model", model.replace("{tiny}", str(tiny)), "--tasks", "orthros_tiny_cloze"]) == 2
-    assert msg.replace("{tiny}", str(tiny)) in capsys.readouterr().err
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    fill = lambda t: t.replace("{tiny}", str(tiny)).replace("{tmp}", str(tmp_path))  # noqa: E731
+    assert main(["eval", "lm", "--model", fill(model), "--tasks", "orthros_tiny_cloze"]) == 2
+    assert fill(msg) in capsys.readouterr().err

@@ -77,7 +77,8 @@ def gated_delta_rule(
     for name, t in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("q_out", q_out),
                     ("initial_state", initial_state)):
         if not (isinstance(t, torch.Tensor) or t is None and name in ("q_out", "initial_state")):
-            raise ValueError(f"gated_delta_rule: {name} must be a floating tensor, got {type(t).__name__}")
+            raise ValueError(f"gated_delta_rule: {name} must be a floating tensor"
+                             f"{' (or None)' if name in ('q_out', 'initial_state') else ''}, got {type(t).__name__}")
     B, T, H, K = k.shape if k.dim() == 4 else (0,) * 4  # not 4-D: refused below with the others
     Hv = v.shape[2] if v.dim() == 4 else 0
     if k.dim() != 4 or q.shape != k.shape or v.dim() != 4 or v.shape[:2] != (B, T) or H == 0 or K == 0 or Hv % H \
