@@ -159,8 +159,10 @@ def _cache_writable(out: Path, cache_dir):
                 f"$ORTHROS_CACHE {root}" if os.environ.get("ORTHROS_CACHE") else f"the cache directory {root}")
         why = e.strerror or type(e).__name__
         where = f" ({e.filename})" if e.filename else ""
-        raise CacheDirError(f"{what}: cannot write there: {why}{where}; name a writable directory, or one "
-                            f"that already holds {out.parent.name}/{out.name}") from None
+        held = f"{out.parent.name}/{out.name}"
+        raise CacheDirError(f"{what}: cannot write there: {why}{where}; " + (  # (one there is not the verified file)
+            f"its {held} failed its sha256 check and cannot be replaced there: name a writable directory"
+            if out.is_file() else f"name a writable directory, or one that already holds {held}")) from None
 
 
 @contextlib.contextmanager

@@ -294,3 +294,8 @@ def test_cache_dir_not_writable_is_named_as_bad_input(tmp_path, capsys, monkeypa
     assert F.main(["fake", "--cache-dir", str(ro), "-q"]) == 0
     assert capsys.readouterr().out.strip() == str(ro / "fake" / "model.gguf")
     assert sorted(p.name for p in (ro / "fake").iterdir()) == ["model.gguf"]
+    # a damaged one there cannot be replaced: said so (it was "... or one that already holds fake/model.gguf")
+    (ro / "fake" / "model.gguf").write_bytes(b"damaged")
+    assert F.main(["fake", "--cache-dir", str(ro), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "its fake/model.gguf failed its sha256 check and cannot be replaced there" in err, err
