@@ -495,9 +495,11 @@ def test_gguf_tensor_type_unknown_to_the_gguf_package_named(gguf_source, tmp_pat
      "the tokenizer.ggml.merges field holds 'Ġt Ġt' (merge 1), and 'ĠtĠt' is not a token of the vocabulary"),
     (dict(fields={"tokenizer.ggml.merges": (gguf.GGUFValueType.ARRAY, ["Ġ t", "h e r"])}),
      "the tokenizer.ggml.merges field holds 'h e r' (merge 1), not two tokens joined by one space"),
+    (dict(drop_fields=["llama.vocab_size", "tokenizer.ggml.tokens"]),
+     "cannot tell the vocabulary size: neither a llama.vocab_size field nor tokenizer.ggml.tokens"),
 ], ids=["eos-beyond-vocab", "pad-beyond-vocab", "bos-text", "no-tokenizer-model", "unknown-tokenizer-model",
         "no-merges", "vocab-size-not-embd", "tokens-not-embd", "merges-beyond-tokens", "merge-part-not-token",
-        "merged-not-token", "merge-of-three"])
+        "merged-not-token", "merge-of-three", "no-vocab-size-nor-tokens"])
 def test_gguf_tokenizer_fields_refused_by_the_checks(gguf_source, tmp_path, capsys, monkeypatch, change, words):
     """--dry-run said "every check passed" for GGUF files whose tokenizer or vocabulary fields the real
     run then refused: a special token id beyond the vocabulary (transformers' two-line warning, then
