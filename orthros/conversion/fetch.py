@@ -146,6 +146,12 @@ class CacheDirError(FetchError):
     """The cache directory cannot be written (read-only, no permission): bad input, not a failed download."""
 
 
+def _cache_name(cache_dir, root: Path) -> str:
+    """Where the cache ``root`` came from, as an error names it: the option, the variable or the default."""
+    return (f"--cache-dir {cache_dir}" if cache_dir else
+            f"$ORTHROS_CACHE {root}" if os.environ.get("ORTHROS_CACHE") else f"the cache directory {root}")
+
+
 @contextlib.contextmanager
 def _cache_writable(out: Path, cache_dir):
     """A read-only cache (or one without permission) was "[Errno 30] Read-only file system: '...'",
@@ -154,9 +160,7 @@ def _cache_writable(out: Path, cache_dir):
     try:
         yield
     except OSError as e:
-        root = out.parent.parent
-        what = (f"--cache-dir {cache_dir}" if cache_dir else
-                f"$ORTHROS_CACHE {root}" if os.environ.get("ORTHROS_CACHE") else f"the cache directory {root}")
+        what = _cache_name(cache_dir, out.parent.parent)
         why = e.strerror or type(e).__name__
         where = f" ({e.filename})" if e.filename else ""
         held = f"{out.parent.name}/{out.name}"
@@ -246,8 +250,7 @@ def _check_cache_dir(cache_dir) -> str | None:
     above = file_in_the_way(root)
     if above is None:
         return None
-    what = (f"--cache-dir {cache_dir}" if cache_dir else
-            f"$ORTHROS_CACHE {root}" if os.environ.get("ORTHROS_CACHE") else f"the cache directory {root}")
+    what = _cache_name(cache_dir, root)
     where = "" if above == root else f" ({above} is a file)"
     return f"{what}: not a directory{where}; name a directory (it is created if missing)"
 
