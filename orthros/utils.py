@@ -108,6 +108,13 @@ def check_token_ids(ids, vocab_size: int, arg: str, *, on_cuda: bool = False):
                          f"to {int(ids.max())}")
 
 
+def check_not_blank(path, name: str, what: str) -> None:
+    """An empty or blank path (an unset shell variable) names no directory, though ``Path("")`` is
+    the current one: a ``ValueError`` naming ``name``; ``what``: the directory's kind, for the hint."""
+    if not os.fspath(path).strip():
+        raise ValueError(f"{name} is empty ({os.fspath(path)!r}): give the {what} directory ('.' for the current one)")
+
+
 def expand_path(value, name: str) -> Path:
     """``value`` (a str or path) as a ``Path`` with a leading ``~`` / ``~user`` expanded, or a
     ``ValueError`` naming ``name`` where it cannot be: a ``~user`` this machine has no user of (pathlib

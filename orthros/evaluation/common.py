@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..utils import expand_path, parse_dtype
+from ..utils import check_not_blank, expand_path, parse_dtype
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 LM_TASKS_DIR = DATA_DIR / "lm_tasks"
@@ -15,8 +15,7 @@ def read_config(path, arg: str = "--model",
                 expected: str = "an Orthros checkpoint, or a Llama / Qwen2 / Qwen3 / Mistral / Qwen3.5 one to convert") -> dict:
     """The ``config.json`` of a local checkpoint directory, read without loading the model; a clear
     ``ValueError`` naming ``arg`` (and what is ``expected``) when ``path`` is not a checkpoint directory."""
-    if not str(path).strip():  # Path("") is the current directory: an unset shell variable named it
-        raise ValueError(f"{arg} is empty ({str(path)!r}): give the checkpoint directory ('.' for the current one)")
+    check_not_blank(path, arg, "checkpoint")
     p = expand_path(path, arg)
     if not p.exists():
         raise ValueError(f"{arg} {path!s}: no such file or directory (a local checkpoint directory is needed; "

@@ -25,7 +25,7 @@ import struct
 from pathlib import Path
 from typing import Optional
 
-from ..utils import expand_path
+from ..utils import check_not_blank, expand_path
 
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -63,11 +63,11 @@ def looks_local(path) -> bool:
 
 
 def _check_not_blank(path, arg: str, what: str) -> None:
-    """An empty or blank path (an unset shell variable) names no directory, though ``Path("")`` is
-    the current one: refused, naming ``arg``."""
-    if not os.fspath(path).strip():
-        raise CheckpointError(f"{arg} is empty ({os.fspath(path)!r}): give the {what} directory "
-                              f"('.' for the current one)")
+    """:func:`~orthros.utils.check_not_blank` as a :class:`CheckpointError`."""
+    try:
+        check_not_blank(path, arg, what)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def checkpoint_dir(path, *, arg: str = "--model") -> Path:
