@@ -430,10 +430,19 @@ def _check_head_dim(m: ModelSection) -> None:
         raise ConfigError(f"model.head_dim must be even for RoPE (it rotates pairs of dimensions), got {m.head_dim}")
 
 
-# model.* keys that are fields of the same name in the model's config (OrthrosConfig); rope_theta is its
-# rope_parameters['rope_theta']
 LINEAR_KEYS = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
                "linear_conv_kernel_dim")  # the Gated DeltaNet layers' sizes
+
+
+def linear_key_set(m: ModelSection) -> Optional[str]:
+    """The first ``model.linear_*`` key set away from its default (where a model has no GDN layer to
+    size, it is refused), else ``None``."""
+    unset = ModelSection()
+    return next((k for k in LINEAR_KEYS if getattr(m, k) != getattr(unset, k)), None)
+
+
+# model.* keys that are fields of the same name in the model's config (OrthrosConfig); rope_theta is its
+# rope_parameters['rope_theta']
 _MODEL_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                  "head_dim", "window_size", "max_position_embeddings", "tie_word_embeddings", "qk_norm", "scale_offset",
                  "attn_backend", "initializer_range", *LINEAR_KEYS)
@@ -477,12 +486,11 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"model.num_hidden_layers must be >= {every or 1} for model.architecture "
                           f"{cfg.model.architecture!r}" + (f" (an attention layer every {every}th layer)" if every else "")
                           + f", got {cfg.model.num_hidden_layers}")
-    if not kind and not cfg.model.init_from:  # (a checkpoint's GDN layers, if any, are compared with them)
-        for key in LINEAR_KEYS:
-            if getattr(cfg.model, key) != getattr(ModelSection(), key):
-                raise ConfigError(f"model.{key} sizes the Gated DeltaNet layers of model.architecture "
-                                  f"{[a for a in ARCHITECTURES if a in HYBRID_ALIASES]}; {cfg.model.architecture!r} has none: drop model.{key}, "
-                                  f"or choose a hybrid architecture")
+    key = linear_key_set(cfg.model)
+    if key and not kind and not cfg.model.init_from:  # (a checkpoint's GDN layers, if any, are compared with them)
+        raise ConfigError(f"model.{key} sizes the Gated DeltaNet layers of model.architecture "
+                          f"{[a for a in ARCHITECTURES if a in HYBRID_ALIASES]}; {cfg.model.architecture!r} has none: "
+                          f"drop model.{key}, or choose a hybrid architecture")
     _check_head_dim(cfg.model)
     choice("train.precision", cfg.train.precision, PRECISIONS)
     choice("optim.schedule", cfg.optim.schedule, SCHEDULES)

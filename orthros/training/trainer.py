@@ -29,7 +29,7 @@ import torch
 from ..utils import Progress, write_text
 from . import checkpoint as ckpt
 from .config import (ARCH_TO_ATTENTION_MODE, LINEAR_KEYS, ConfigError, RunConfig, _flatten, _get, dump_yaml,
-                     model_config_error, warmup_note)
+                     linear_key_set, model_config_error, warmup_note)
 from .data import DataError, PackedBatch, build_stream, collate, count_targets, eval_rows
 from .hub import HUB_ID, check_hub_name
 from .metrics import MetricsLogger, detect_peak_flops, train_flops
@@ -362,11 +362,10 @@ def _apply_model_keys(m, mc) -> None:
 
     from ..kinds import LINEAR_LAYER_TYPE
 
-    if LINEAR_LAYER_TYPE not in (getattr(mc, "layer_types", None) or []):
-        for key in LINEAR_KEYS:  # (the config's values of them size nothing)
-            if getattr(m, key) != getattr(defaults, key):
-                raise ConfigError(f"model.{key} sizes Gated DeltaNet layers; the checkpoint at model.init_from "
-                                  f"{m.init_from!r} has none: drop model.{key}")
+    key = linear_key_set(m)
+    if key and LINEAR_LAYER_TYPE not in (getattr(mc, "layer_types", None) or []):  # (its values size nothing)
+        raise ConfigError(f"model.{key} sizes Gated DeltaNet layers; the checkpoint at model.init_from "
+                          f"{m.init_from!r} has none: drop model.{key}")
     for key in SHAPE_KEYS:
         want, ckpt_value = getattr(m, key), have(key)
         if want != getattr(defaults, key) and want != ckpt_value:
