@@ -197,6 +197,13 @@ def _skip(rng: np.random.Generator, words: int) -> None:
     rng.bit_generator.state = after
 
 
+def _skip_integers(rng: np.random.Generator, lo: int, hi: int, k: int, piece: int = 1 << 20) -> None:
+    """Past one ``integers(lo, hi, size=k)`` call's draws, ``piece`` values at a time (numpy's bounded
+    integers read in pieces are one call's: the buffered half-word carries over)."""
+    for a in range(0, k, piece):
+        rng.integers(lo, hi, size=min(piece, k - a))
+
+
 def generate_chunks(task: MQARTask, n: int, seed: int = 0, rows: int = 4096):
     """The ``n`` sequences of ``generate(task, n, seed)``, the same row for row, as dicts of at most
     ``rows`` sequences each (in order): only one piece is held at a time, so a long training stream
@@ -210,14 +217,12 @@ def generate_chunks(task: MQARTask, n: int, seed: int = 0, rows: int = 4096):
     start = np.random.default_rng(seed).bit_generator.state
     noise = _rng_at(start) if task.fill == "noise" else None
     walk = _rng_at(start)  # through generate's draws, to where each one starts
-    if noise is not None:  # numpy's bounded integers read in pieces are one call's (the half-word carries over)
-        for a in range(0, n * T, 1 << 20):
-            walk.integers(v0, v1, size=min(1 << 20, n * T - a))
+    if noise is not None:
+        _skip_integers(walk, v0, v1, n * T)
     key_u = _rng_at(walk.bit_generator.state)
     _skip(walk, n * K)
     vals = _rng_at(walk.bit_generator.state)
-    for a in range(0, n * N, 1 << 20):
-        walk.integers(v0, v1, size=min(1 << 20, n * N - a))
+    _skip_integers(walk, v0, v1, n * N)
     order_u = _rng_at(walk.bit_generator.state)
     _skip(walk, n * N)
     place = []
