@@ -215,8 +215,8 @@ def _check_vocabulary(reader, arch: str, gguf_file) -> None:
                             f"has {rows} rows: add {key} = {rows}")
         if vocab is None and n_tokens is None:
             raise GGUFError(f"{gguf_file}: cannot tell the vocabulary size: neither a {key} field nor "
-                            f"tokenizer.ggml.tokens (transformers would build a model of its default vocabulary size, not "
-                            f"token_embd.weight's {rows} rows): add {key} = {rows}")
+                            f"tokenizer.ggml.tokens (transformers would build a model of its default vocabulary "
+                            f"size, not token_embd.weight's {rows} rows): add {key} = {rows}")
     # special token ids: the model config takes them, the tokenizer looks each up in its tokens
     bound = n_tokens if n_tokens is not None else (vocab or rows)
     for name in ("bos", "eos", "unknown", "padding"):
