@@ -147,6 +147,7 @@ def test_compiled_engine_equals_eager_on_orthros_h():
     torch.testing.assert_close(comp.prefill(PROMPTS), eager.prefill(PROMPTS), atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("kind", ["orthros-h", "linear-hybrid", "gdn"])
 def test_cuda_graph_decode_equals_eager_and_hf(kind):

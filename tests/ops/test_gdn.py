@@ -266,7 +266,10 @@ def test_causal_conv1d_non_tensor_state_refused():
         causal_conv1d(x, w, [[0.0] * 3] * 2)  # was AttributeError: 'list' object has no attribute 'shape'
 
 
-cuda_fla = pytest.mark.skipif(not (torch.cuda.is_available() and HAVE_FLA), reason="needs CUDA and fla-core")
+def cuda_fla(test):
+    """A test of fla-core's GDN kernels against the PyTorch GDN: on CUDA with fla-core (``-m gpu`` selects it)."""
+    skip = pytest.mark.skipif(not (torch.cuda.is_available() and HAVE_FLA), reason="needs CUDA and fla-core")
+    return pytest.mark.gpu(skip(test))
 
 
 def _fla_case(dtype, varlen):
@@ -326,6 +329,35 @@ def test_fla_equals_torch_every_gradient(dtype, varlen):
                     "benchmarks/pack_triton.sh packs 3.7.1 for this test")
     run = _fla_case(dtype, varlen)
     _compare(run("fla", True), run("torch", True), dtype, varlen)
+
+
+# shapes at the edges of fla's chunking (64 tokens a chunk): one token, a chunk and one more, no
+# batch, no tokens, packed documents that are empty or one token long (the torch path handles each)
+ODD = {"T=1": (2, 1, None), "T=64": (1, 64, None), "T=65": (2, 65, None), "B=0": (0, 9, None), "T=0": (2, 0, None),
+       "empty docs": (1, 70, [0, 0, 5, 5, 69, 70, 70]), "one-token docs": (1, 3, [0, 1, 2, 3])}
+
+
+@cuda_fla
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("case", list(ODD))
+def test_fla_equals_torch_on_odd_shapes(case, dtype):
+    B, T, bounds = ODD[case]
+    H, Hv, K, V = 2, 4, 64, 32
+    q, k, v, g, beta = _inputs(B, T, H, Hv, K, V, dtype=dtype, seed=11, device="cuda")
+    cu = None if bounds is None else torch.tensor(bounds, device="cuda")
+    N = B if cu is None else len(bounds) - 1
+    gen = torch.Generator().manual_seed(12)
+    h0 = torch.randn(N, Hv, K, V, generator=gen).cuda()
+    T_out = min(T, 3)
+    pos = torch.arange(T)[torch.randperm(T, generator=gen)[:T_out]].sort().values.cuda()
+    qo = torch.randn(B, T_out, H, K, generator=gen).to("cuda", dtype)
+    got, want = [gated_delta_rule(q, k, v, g.float(), beta, q_out=qo, output_positions=pos, initial_state=h0,
+                                  output_final_state=True, cu_seqlens=cu, backend=b) for b in ("fla", "torch")]
+    for name, a, b in zip(FLA_NAMES, got, want):
+        assert a.shape == b.shape, f"{name} ({case}): fla {tuple(a.shape)} vs torch {tuple(b.shape)}"
+        if b.numel():
+            err = ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp(min=1e-6)).item()
+            assert err < FLA_TOL[dtype], f"{name} ({case}, {dtype}): relative max error {err:.2e}"
 
 
 @cuda_fla
