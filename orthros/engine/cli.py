@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--batch-size", type=int, default=None,
                    help="with --prompts: prompts generated together (default: 8)")
     g.add_argument("--output", "-o", default=None, metavar="FILE",
-                   help="the JSON lines of --prompts (written through a temporary name; default: stdout)")
+                   help="the JSON lines of --prompts (written through a temporary name; a run stopped early writes "
+                        "its finished lines to FILE.partial; default: stdout, batch by batch)")
     p.add_argument("--stats", action="store_true",
                    help="after each turn, print its timings on stderr: the prompt's tokens and the time to the "
                         "first new token (prefill), then the decode rate over the tokens after it (with --prompts: "
@@ -474,14 +475,16 @@ def _load_engine(args, config, dtype, dev, tok, max_batch_size: int, max_seq_len
 
 def _generate_file(args, sampling, dev, dtype, config, tok, prompts) -> int:
     """``--prompts`` (``(line, text)`` pairs): every prompt encoded and checked first (an error names
-    its line), then generated ``--batch-size`` at a
-    time; one JSON line a prompt, in the file's order, to ``--output`` (through a temporary name)
-    or stdout."""
+    its line), then generated ``--batch-size`` at a time; one JSON line a prompt, in the file's
+    order, to stdout as each batch ends, or to ``--output`` (through a temporary name) at the end.
+    A run stopped early (Ctrl-C, SIGTERM, a failure) writes the finished batches' lines to
+    ``OUTPUT.partial`` (through a temporary name) and says so: ``--output`` itself is only ever
+    the whole file."""
     import json
 
     import torch
 
-    from ..utils import Progress, write_text
+    from ..utils import Progress, expand_path, write_text
     from .engine import _eos_set, check_fits
 
     encoded, texts = [], [text for _, text in prompts]
@@ -501,28 +504,40 @@ def _generate_file(args, sampling, dev, dtype, config, tok, prompts) -> int:
     need = max(len(ids) for ids in encoded) + args.max_new_tokens - 1
     engine, eos = _load_engine(args, config, dtype, dev, tok, max_batch_size=bs, max_seq_len=need)
     stops = _eos_set(eos, config.vocab_size)  # one id, or the model config's list of them
-    records, t0, n_new = [], time.perf_counter(), 0
-    with Progress(len(encoded), "orthros generate", unit="prompt") as bar, \
-            torch.no_grad():
-        for start in range(0, len(encoded), bs):
-            batch = encoded[start:start + bs]
-            outs = engine.generate(batch, args.max_new_tokens, _request_sampling(sampling, start), eos_token_id=eos)
-            for text, ids, new in zip(texts[start:start + bs], batch, outs):
-                ended = bool(new) and new[-1] in stops
-                records.append({"prompt": text, "completion": tok.decode(new, skip_special_tokens=True),
-                                "prompt_tokens": len(ids), "new_tokens": len(new),
-                                "finish": "eos" if ended else "length"})
-                n_new += len(new)
-            bar.update(len(batch))
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
-    if args.output is None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
-        write_text(args.output, text)
+    lines, t0, n_new = [], time.perf_counter(), 0
+    try:
+        with Progress(len(encoded), "orthros generate", unit="prompt") as bar, torch.no_grad():
+            for start in range(0, len(encoded), bs):
+                batch = encoded[start:start + bs]
+                outs = engine.generate(batch, args.max_new_tokens, _request_sampling(sampling, start),
+                                       eos_token_id=eos)
+                done = []
+                for text, ids, new in zip(texts[start:start + bs], batch, outs):
+                    ended = bool(new) and new[-1] in stops
+                    done.append(json.dumps({"prompt": text, "completion": tok.decode(new, skip_special_tokens=True),
+                                            "prompt_tokens": len(ids), "new_tokens": len(new),
+                                            "finish": "eos" if ended else "length"}, ensure_ascii=False) + "\n")
+                    n_new += len(new)
+                lines += done
+                if args.output is None:  # a stream: each batch's lines as it ends
+                    sys.stdout.write("".join(done))
+                    sys.stdout.flush()
+                bar.update(len(batch))
+    except BaseException:  # Ctrl-C, SIGTERM (Terminated), a failure: keep what is finished, apart
+        if args.output is not None and lines:
+            out = expand_path(args.output, "--output")
+            stream = out.exists() and not out.is_file()  # a pipe or a device: written as it is
+            dest = out if stream else out.with_name(out.name + ".partial")
+            write_text(dest, "".join(lines))
+            print(f"orthros generate: stopped after {len(lines)} of {len(encoded)} prompts: their lines are in "
+                  f"{dest}" + ("" if stream else f" (--output {args.output} is not written)"),
+                  file=sys.stderr, flush=True)
+        raise
+    if args.output is not None:
+        write_text(args.output, "".join(lines))
     if args.stats:
         secs = time.perf_counter() - t0
-        print(f"[stats] {len(records)} prompts in batches of {bs}: {n_new} new tokens in {secs:.2f} s "
+        print(f"[stats] {len(lines)} prompts in batches of {bs}: {n_new} new tokens in {secs:.2f} s "
               f"({n_new / max(secs, 1e-9):.1f} tokens/s, prefill included)", file=sys.stderr, flush=True)
     return 0
 

@@ -241,6 +241,45 @@ def test_generate_a_file_of_prompts_in_batches(checkpoint, tmp_path, capsys):
     assert rc == 0 and [json.loads(line)["completion"] for line in text.splitlines()] == [r["completion"] for r in recs]
 
 
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, RuntimeError])
+def test_a_prompt_file_run_stopped_early_keeps_its_finished_batches(checkpoint, tmp_path, capsys, monkeypatch, stop):
+    """Ctrl-C (or a failure) in the third batch: the two finished batches' lines are on stdout
+    (streamed), or, with --output, in OUTPUT.partial, and --output is not written. Was: all lost."""
+    import json
+
+    from orthros.engine.engine import Engine as Eng
+
+    d, _ = checkpoint
+    prompts = ["w1 w5 w7", "w2", "w9 w8 w7 w6 w5", "w3 w3", "w11 w12 w13"]
+    (tmp_path / "p.txt").write_text("\n".join(prompts) + "\n")
+    argv = ["generate", "--model", str(d), "--device", "cpu", "--max-new-tokens", "4", "--prompts",
+            str(tmp_path / "p.txt"), "--batch-size", "2"]
+    out = tmp_path / "o" / "out.jsonl"
+    rc, _ = run_cli(argv + ["-o", str(out)])
+    assert rc == 0
+    whole = out.read_text().splitlines(keepends=True)
+    out.unlink()
+    real, calls = Eng.generate, []
+
+    def generate(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == 3:
+            raise stop("stopped in the third batch")
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Eng, "generate", generate)
+    capsys.readouterr()
+    code = 130 if stop is KeyboardInterrupt else 1
+    rc, text = run_cli(argv)
+    assert rc == code and text.splitlines(keepends=True) == whole[:4]
+    calls.clear()
+    rc, text = run_cli(argv + ["-o", str(out)])
+    assert rc == code and text == ""
+    assert sorted(p.name for p in out.parent.iterdir()) == ["out.jsonl.partial"]  # nor a temporary
+    assert (out.parent / "out.jsonl.partial").read_text().splitlines(keepends=True) == whole[:4]
+    assert "stopped after 4 of 5 prompts" in capsys.readouterr().err
+
+
 def test_paths_with_a_tilde_are_the_home_s(checkpoint, tmp_path, monkeypatch):
     """The shell leaves ``~`` in ``--model=~/x`` as it is. Was: --model passed the checks (which
     expanded it), then loading failed on the literal path (exit 1, a hub repo-id error); --output
