@@ -139,6 +139,68 @@ def check_output_dir(path: str) -> None:
         raise ConfigError(f"output_dir {path!r} is not writable: {e.strerror or e}") from None
 
 
+LOCK = ".orthros-train.lock"  # in output_dir: an flock held by the run that writes there
+
+
+def _lock_holder(fh) -> str:
+    fh.seek(0)
+    pid = fh.read().strip()
+    return f" (process {pid})" if pid.isdigit() else ""
+
+
+def _in_use(output_dir: str, holder: str) -> ConfigError:
+    return ConfigError(f"output_dir {output_dir!r} is in use by another training run{holder}: two runs in one "
+                       f"output_dir delete each other's checkpoint saves and mix their metrics.jsonl. Wait for it "
+                       f"to end (or stop it: its checkpoints stay, --resume goes on), or choose another output_dir")
+
+
+def check_output_dir_free(path: str) -> None:
+    """Refuse an output_dir whose lock another live run holds (writes nothing: a dir without the lock
+    file holds no run; a run that died, even by kill -9, released its lock)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        return
+    try:
+        fh = open(Path(path) / LOCK, encoding="utf-8")
+    except OSError:
+        return
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when fh closes
+        except BlockingIOError:
+            raise _in_use(path, _lock_holder(fh)) from None
+        except OSError:  # a file system without flock
+            return
+
+
+def lock_output_dir(path: str):
+    """Take output_dir's lock for this run (an exclusive flock, released when the returned file is
+    closed or the process ends, however it ends); :class:`ConfigError` when another run holds it."""
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    fh = open(Path(path) / LOCK, "a+", encoding="utf-8")
+    for attempt in range(20):  # check_output_dir_free (another run's preflight) holds it for a moment
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if attempt == 19:
+                holder = _lock_holder(fh)
+                fh.close()
+                raise _in_use(path, holder) from None
+            time.sleep(0.05)
+        except OSError:  # a file system without flock
+            return fh
+    fh.seek(0)
+    fh.truncate()
+    fh.write(f"{os.getpid()}\n")
+    fh.flush()
+    return fh
+
+
 def _glob_reaches(pattern: Path, target: Path) -> bool:
     """Whether the glob ``pattern`` (absolute) may match a path at or under ``target`` (absolute)."""
     import fnmatch
@@ -606,12 +668,14 @@ class Trainer:
         if precision == "auto":
             precision = "bf16" if self.device.type == "cuda" else "fp32"
         self.precision = precision
+        self.lock = None  # output_dir's lock, taken when the run starts writing there
         self._preflight()
 
     # ---------------------------------------------------------------- set-up
     def _preflight(self) -> None:
         cfg, dist = self.cfg, self.dist
         check_output_dir(cfg.output_dir)
+        check_output_dir_free(cfg.output_dir)  # on every process, before the first collective
         check_data_outside_output_dir(cfg)
         self.resume_dir = resolve_resume(cfg)
         self._check_ranks_agree()
@@ -895,6 +959,8 @@ class Trainer:
         self._setup_model()
         start_step = self.step
         Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)  # checked (not created) in the preflight
+        if dist.main:  # held until the run ends (train() closes it; so does the process's end)
+            self.lock = lock_output_dir(cfg.output_dir)
         # a fresh start drops every step row an earlier start in this output_dir logged (killed before
         # its first checkpoint), so metrics.jsonl keeps one row a step
         logger = MetricsLogger(cfg.output_dir, enabled=dist.main, tensorboard=cfg.train.tensorboard,
@@ -1068,3 +1134,5 @@ def train(cfg: RunConfig) -> dict:
         return trainer.run()
     finally:
         trainer.dist.close()
+        if trainer.lock is not None:
+            trainer.lock.close()

@@ -1000,3 +1000,33 @@ def test_sigterm_or_ctrl_c_stops_the_run_cleanly(tmp_path, corpus, reference, fa
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_00000002"]  # no .tmp- left
     train(load_config(None, args + ["--resume"]))
     assert losses(tmp_path) == ref
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="the output_dir lock is an flock (POSIX)")
+def test_a_second_run_into_an_output_dir_in_use_is_refused(tmp_path, corpus, reference):
+    """Two runs into one output_dir (a job started twice, a relaunch while the first still runs) both
+    trained: each one's save deleted the other's .tmp- folder mid-write (a crash with a bare ENOENT) and
+    both wrote metrics.jsonl. A run now holds output_dir's lock; a second one is refused before any work,
+    naming the process, and the lock is free again once the first run ends, however it ended."""
+    import fcntl
+
+    from orthros.training.trainer import LOCK, dry_run, lock_output_dir
+
+    _, ref, _ = reference
+    args = tiny(tmp_path, corpus, "--max_steps", "8", "--checkpoint.every", "4")
+    tmp_path.mkdir(exist_ok=True)
+    other = open(tmp_path / LOCK, "a+")  # the first run (an flock is per open file: this process conflicts too)
+    fcntl.flock(other, fcntl.LOCK_EX)
+    other.write("4242\n")
+    other.flush()
+    for attempt in (lambda c: train(c), lambda c: dry_run(c)):
+        with pytest.raises(ConfigError, match=r"output_dir .* is in use by another training run \(process 4242\)"):
+            attempt(load_config(None, args))
+    with pytest.raises(ConfigError, match="in use"):  # taken between the other's checks and its start
+        lock_output_dir(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK]  # nothing written
+    other.close()  # the first run ends
+    train(load_config(None, args))
+    assert losses(tmp_path) == ref
+    with open(tmp_path / LOCK, "a+") as fh:  # released when the run ended
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
