@@ -609,8 +609,12 @@ DATA_KEYS = ("mode", "seed", "data.train", "data.format", "data.text_field", "da
              "data.repeat_passage")
 
 
-def data_changes(cfg: RunConfig, resume_dir: Path) -> dict:
-    """The keys of :data:`DATA_KEYS` set otherwise than in the checkpoint's ``run_config.yaml``, as
+# what the learning rate of each step follows (a resume takes the config's: the lr jumps where they moved)
+SCHEDULE_KEYS = ("optim.schedule", "optim.warmup_steps", "optim.min_lr_ratio", "train.max_steps")
+
+
+def data_changes(cfg: RunConfig, resume_dir: Path, keys: tuple = DATA_KEYS) -> dict:
+    """The ``keys`` (:data:`DATA_KEYS`) set otherwise than in the checkpoint's ``run_config.yaml``, as
     ``{key: (checkpoint value, new value)}``: where there is one, the checkpoint's data position
     does not apply (it points into other documents)."""
     import yaml
@@ -620,7 +624,7 @@ def data_changes(cfg: RunConfig, resume_dir: Path) -> dict:
     except (OSError, yaml.YAMLError):
         return {}
     out, missing = {}, object()
-    for key in DATA_KEYS:
+    for key in keys:
         v = old
         for part in key.split("."):
             v = v.get(part, missing) if isinstance(v, dict) else missing
@@ -703,9 +707,11 @@ class Trainer:
         self.model_config = model_config_for(src, self.tokenizer)
         mc = self.model_config
         self.resume_state, self.config_changes, self.data_changes, self.batch_note = None, {}, {}, None
+        self.schedule_changes = {}
         if self.resume_dir is not None:
             self.config_changes = check_resume_config(cfg, mc, self.resume_dir)
             self.data_changes = data_changes(cfg, self.resume_dir)
+            self.schedule_changes = data_changes(cfg, self.resume_dir, SCHEDULE_KEYS)
             self.resume_state = load_trainer_state(self.resume_dir)
             self.batch_note = batch_note(cfg, dist.world, self.resume_dir, self.resume_state)
             from .optim import group_count
@@ -974,6 +980,19 @@ class Trainer:
                 print("[orthros train] resuming with " + ", ".join(f"{k} = {new!r} (checkpoint: {old!r})" for k, (old, new)
                                                                    in self.data_changes.items()) +
                       ": the data is read from its start", file=sys.stderr, flush=True)
+            if self.schedule_changes:  # extending a finished cosine run puts its lr back up: said, with the lr
+                from .optim import lr_multiplier
+
+                sched = {k.split(".")[1]: _get(cfg, k) for k in SCHEDULE_KEYS}
+                for k, (old, _) in self.schedule_changes.items():
+                    sched[k.split(".")[1]] = old
+                was = cfg.optim.lr * lr_multiplier(self.step, total_steps=sched["max_steps"],
+                                                   warmup_steps=sched["warmup_steps"], schedule=sched["schedule"],
+                                                   min_lr_ratio=sched["min_lr_ratio"])
+                print("[orthros train] resuming with " + ", ".join(f"{k} = {new!r} (checkpoint: {old!r})" for k, (old, new)
+                                                                   in self.schedule_changes.items()) +
+                      f": step {self.step + 1} trains at lr {self.scheduler.get_last_lr()[0]:.4g} (the checkpoint's "
+                      f"schedule: {was:.4g})", file=sys.stderr, flush=True)
             if self.batch_note:
                 t = cfg.train
                 print(f"[orthros train] resuming with a global batch of {dist.world * t.grad_accum * t.micro_batch_size} "

@@ -1030,3 +1030,22 @@ def test_a_second_run_into_an_output_dir_in_use_is_refused(tmp_path, corpus, ref
     assert losses(tmp_path) == ref
     with open(tmp_path / LOCK, "a+") as fh:  # released when the run ended
         fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_a_resume_with_another_schedule_says_where_its_lr_goes(tmp_path, corpus, reference, capsys):
+    """Extending a finished cosine run (--max_steps 8 -> 16) puts its learning rate back up from
+    min_lr_ratio x lr to the new schedule's, without a word (a changed optim.lr was said, the schedule
+    keys were not): the resume now names the keys and the lr of its first step under both schedules."""
+    from orthros.training.optim import lr_multiplier
+
+    _, _, summary = reference
+    out = tmp_path / "run"
+    shutil.copytree(Path(summary["checkpoint"]).parents[1], out)
+    capsys.readouterr()
+    train(load_config(None, tiny(out, corpus, "--max_steps", "10", "--resume")))
+    new, old = (3e-3 * lr_multiplier(8, total_steps=n, warmup_steps=2, min_lr_ratio=0.1) for n in (10, 8))
+    assert {r["step"]: r["lr"] for r in read_metrics(str(out))}[9] == pytest.approx(new)
+    assert (f"resuming with train.max_steps = 10 (checkpoint: 8): step 9 trains at lr {new:.4g} (the checkpoint's "
+            f"schedule: {old:.4g})") in capsys.readouterr().err
+    train(load_config(None, tiny(out, corpus, "--max_steps", "10", "--resume")))  # unchanged: no word
+    assert "resuming with" not in capsys.readouterr().err
