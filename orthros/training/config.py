@@ -370,10 +370,16 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
     cfg = RunConfig()
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"config file {path} is a directory, not a YAML file")
         if not p.is_file():
             raise ConfigError(f"config file not found: {path}")
         try:
-            raw = yaml.load(p.read_text(), Loader=_UniqueKeyLoader) or {}
+            raw = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config file {path} is not UTF-8 text (byte {e.start}): a YAML file is needed") from None
+        except OSError as e:
+            raise ConfigError(f"config file {path} cannot be read: {e.strerror or e}") from None
         except _KeySetTwice as e:
             raise ConfigError(f"config file {path}: {e}") from None
         except yaml.YAMLError as e:

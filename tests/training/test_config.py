@@ -364,3 +364,14 @@ def test_the_gdn_layers_sizes_are_training_keys(tmp_path):
                                           r"'ck' has 4"):
         _apply_model_keys(ModelSection(init_from="ck", linear_conv_kernel_dim=5), hybrid)
     _apply_model_keys(ModelSection(init_from="ck", linear_conv_kernel_dim=4, linear_num_key_heads=4), hybrid)
+
+
+def test_a_config_file_that_is_no_yaml_text_is_named(tmp_path):
+    """A config path that is a folder was 'not found', and a file that is not UTF-8 (a binary, a
+    Latin-1 file) failed as a bare codec message that named neither the file nor what was wrong."""
+    latin = tmp_path / "run.yaml"
+    latin.write_bytes(b"mode: pt\noutput_dir: r\xe9sum\xe9\n")
+    with pytest.raises(ConfigError, match=re.escape(f"config file {latin} is not UTF-8 text (byte 22)")):
+        load_config(str(latin))
+    with pytest.raises(ConfigError, match=re.escape(f"config file {tmp_path} is a directory, not a YAML file")):
+        load_config(str(tmp_path))
