@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -95,6 +96,27 @@ def build_model(cfg, dtype, device):
     finally:
         torch.set_default_dtype(prev)
     return model.eval().requires_grad_(False)
+
+
+def check_same_arguments(args, ctx: ParallelContext, device) -> None:
+    """Every rank must run the same measurements in the same order: a ``ValueError`` on every rank, naming the
+    options, when the ranks were given different arguments (launched by hand, or by a launcher that passes each
+    its own); ``--out`` may differ (rank 0 alone writes it). One ``all_gather`` of a digest per option (their
+    loops diverged and the first collective that no longer matched ran out the ``--timeout``, blaming a peer)."""
+    if ctx.world_size == 1:
+        return
+    names = sorted(k for k in vars(args) if k != "out")
+    digest = [int.from_bytes(hashlib.sha256(f"{k}={getattr(args, k)!r}".encode()).digest()[:8], "little", signed=True)
+              for k in names]
+    got = ctx.all_gather(torch.tensor(digest, dtype=torch.int64, device=device), "the ranks' arguments").cpu()
+    differ = [k for i, k in enumerate(names) if bool((got[:, i] != got[0, i]).any())]
+    if differ:
+        others = [r for r in range(ctx.world_size) if not torch.equal(got[r], got[0])]
+        opts = ", ".join(("--no-single" if k == "single" else "--" + k.replace("_", "-"))
+                         + f" (rank {ctx.rank}: {getattr(args, k)!r})" for k in differ)
+        raise ValueError(f"the ranks were given different arguments: {opts} differ between rank 0 and rank(s) "
+                         f"{', '.join(map(str, others))}; every rank must get the same ones (torchrun passes its "
+                         f"own to every rank)")
 
 
 class Bench:
@@ -235,6 +257,7 @@ class Bench:
     def run(self):
         a, ctx = self.args, self.ctx
         N = ctx.world_size
+        check_same_arguments(a, ctx, self.device)  # before any work: diverging ranks ran out the timeout
         self.cfg = model_config(a.model, a.layers, a.window)
         self.meta = dict(
             date=time.strftime("%Y-%m-%d"), commit=commit_id() or "unknown",

@@ -749,3 +749,33 @@ def test_bench_ranks_wait_out_a_1_gpu_run_longer_than_the_timeout(tmp_path):
     assert not run["hung"] and not run["errors"], run["errors"]
     got = {(r["model"], r["gpus"], r["tokens"], r["status"]) for r in run["results"][0] if "status" in r}
     assert got == {("orthros", 2, 40, "ok"), ("orthros", 1, 40, "ok")}
+
+
+def _bench_with_argv_of_rank(ctx, argv_of_rank):
+    """(gloo worker) the benchmark's run, each rank with its own arguments."""
+    from orthros.parallel import bench
+
+    b = bench.Bench(bench.parse_args(argv_of_rank[ctx.rank]), ctx, torch.device("cpu"))
+    b.run()
+    return b.records
+
+
+def test_bench_ranks_given_different_arguments_stop_at_once_naming_the_options(tmp_path):
+    """Ranks launched with different arguments (by hand, or a launcher passing each its own) ran their
+    loops apart until a collective no longer matched and ran out the --timeout, each rank blaming a peer
+    ('collective ... failed: a peer rank exited, crashed or did not arrive'). Now every rank stops before
+    any work with a ValueError naming the options that differ; --out may differ (rank 0 alone writes it)."""
+    base = ["--model", "tiny", "--dtype", "fp32", "--device", "cpu", "--transformer", "", "--transformer-cp", "",
+            "--warmup", "16", "--check-len", "20", "--timeout", "10"]
+    outs = [tmp_path / "r0.json", tmp_path / "r1.json"]
+    argv = {0: base + ["--lengths", "40,48", "--out", str(outs[0])],
+            1: base + ["--lengths", "40", "--out", str(outs[1])]}
+    run = run_ranks(_bench_with_argv_of_rank, 2, timeout_s=10, join_timeout=120, argv_of_rank=argv)
+    assert not run["hung"] and sorted(run["errors"]) == [0, 1], run
+    for r, want in ((0, "[40, 48]"), (1, "[40]")):
+        assert "ValueError: the ranks were given different arguments: --lengths (rank" in run["errors"][r]
+        assert f"rank {r}: {want})" in run["errors"][r] and "--out" not in run["errors"][r].split("\n")[0]
+    assert not any(o.exists() for o in outs)
+    same = {r: base + ["--lengths", "40", "--out", str(outs[r])] for r in (0, 1)}  # only --out differs: runs
+    run = run_ranks(_bench_with_argv_of_rank, 2, timeout_s=10, join_timeout=120, argv_of_rank=same)
+    assert not run["errors"] and outs[0].exists() and not outs[1].exists(), run["errors"]
