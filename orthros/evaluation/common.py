@@ -60,8 +60,20 @@ def read_max_positions(path):
 def check_attention_mode(path, attention_mode, model_type: str | None = None) -> None:
     """``--attention-mode`` (any but ``None``) overrides an Orthros checkpoint's attention: refused for
     another checkpoint (``model_type``: read from ``path`` when not given)."""
-    if attention_mode is not None and (model_type or read_model_type(path)) != "orthros":
+    if attention_mode is None:
+        return
+    cfg = read_config(path)
+    if (model_type or read_model_type(path, cfg)) != "orthros":
         raise ValueError("--attention-mode applies to Orthros checkpoints (convert the model first)")
+    from ..kinds import ATTENTION_LAYER_TYPES
+
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types and not any(t in ATTENTION_LAYER_TYPES for t in types):
+        # an all-GDN model: the mode would only switch an output stream through its GDN layers on or off
+        # (other numbers, read as another attention's)
+        raise ValueError(f"--attention-mode {attention_mode}: --model {path} has no attention layer (its "
+                         f"layer_types are all {', '.join(sorted(set(map(str, types))))}): there is no attention "
+                         f"to override; drop --attention-mode")
 
 
 def load_model(path, *, device: str = "cpu", dtype=None, window_size: int = 128, attention_mode=None):

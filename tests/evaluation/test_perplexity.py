@@ -361,3 +361,18 @@ def test_convert_from_hf_notes_warn_at_the_callers_line_or_go_to_on_note(mistral
         convert_from_hf(mistral_with_sliding_window, window_size=8, on_note=got.append)
     assert not [w for w in caught if "convert_from_hf" in str(w.message)]
     assert [f"convert_from_hf: {n}" for n in got] == [str(w.message) for w in mine]
+
+
+def test_attention_mode_is_refused_for_a_model_with_no_attention_layer(tiny, tmp_path, capsys, no_model_load):
+    """Issue: --attention-mode orthros on an all-GDN checkpoint was scored and reported as "(orthros)": with no
+    attention layer to override, the mode only turned an output stream through the GDN layers on (its query
+    bypasses the convolution), other numbers under another attention's name."""
+    _, data = tiny
+    gdn = make_tiny_checkpoint(tmp_path / "gdn", max_position_embeddings=256, attention_mode="full",
+                               layer_types=["linear_attention"] * 2)
+    args = ["ppl", "--model", str(gdn), "--data", str(data), "--seq-len", "16", "--buckets", "0,16",
+            "--no-progress", "--device", "cpu"]
+    assert eval_main(args + ["--attention-mode", "orthros"]) == 2
+    err = capsys.readouterr().err
+    assert f"--attention-mode orthros: --model {gdn} has no attention layer" in err
+    assert "linear_attention" in err and "drop --attention-mode" in err
