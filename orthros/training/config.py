@@ -401,6 +401,12 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
             if raw is None or not isinstance(value, (bool, int, float)) or str not in _allowed_types(key):
                 raise
             _set(cfg, key, raw)
+    _expand_home(cfg)
+    validate(cfg)
+    return cfg
+
+
+def _expand_home(cfg: RunConfig) -> None:
     for key in PATH_KEYS:  # '~/runs' in a YAML file (a shell expands it on the command line only)
         value = _get(cfg, key)
         if isinstance(value, str) and value.startswith("~"):
@@ -408,6 +414,26 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
                 _set(cfg, key, str(expand_path(value, key)))
             except ValueError as e:
                 raise ConfigError(str(e)) from None
+
+
+def check_config(cfg: RunConfig) -> RunConfig:
+    """The checks :func:`load_config` makes, for a :class:`RunConfig` built or changed in Python
+    (``train(cfg)``): every key's type (a ``pathlib.Path`` for a path key becomes its text, an int for
+    a float key a float), ``~``, and :func:`validate`. A :class:`ConfigError` names the key."""
+    if not isinstance(cfg, RunConfig):
+        raise ConfigError(f"a RunConfig is needed (orthros.training.load_config), got {type(cfg).__name__}")
+    for sec in _section_types():
+        if not isinstance(getattr(cfg, sec), _section_types()[sec]):
+            raise ConfigError(f"config section '{sec}' must be a {_section_types()[sec].__name__}, got "
+                              f"{type(getattr(cfg, sec)).__name__}")
+    for key in valid_keys():
+        value = _get(cfg, key)
+        if isinstance(value, os.PathLike):
+            value = os.fspath(value)
+        elif isinstance(value, (list, tuple)):
+            value = [os.fspath(v) if isinstance(v, os.PathLike) else v for v in value]
+        _set(cfg, key, value)
+    _expand_home(cfg)
     validate(cfg)
     return cfg
 

@@ -28,8 +28,8 @@ import torch
 
 from ..utils import Progress, write_text
 from . import checkpoint as ckpt
-from .config import (ARCH_TO_ATTENTION_MODE, LINEAR_KEYS, ConfigError, RunConfig, _flatten, _get, dump_yaml,
-                     linear_key_set, model_config_error, warmup_note)
+from .config import (ARCH_TO_ATTENTION_MODE, LINEAR_KEYS, ConfigError, RunConfig, _flatten, _get, check_config,
+                     dump_yaml, linear_key_set, model_config_error, warmup_note)
 from .data import DataError, PackedBatch, build_stream, collate, count_targets, eval_rows
 from .hub import HUB_ID, check_hub_name
 from .metrics import MetricsLogger, detect_peak_flops, train_flops
@@ -662,7 +662,7 @@ def batch_note(cfg: RunConfig, world: int, resume_dir: Path, state: dict) -> Opt
 
 class Trainer:
     def __init__(self, cfg: RunConfig):
-        self.cfg = cfg
+        self.cfg = check_config(cfg)  # load_config's checks, for a RunConfig built in Python
         self.dist = Dist()
         self.device = _device(cfg, self.dist)
         self.dist.init(self.device)

@@ -1049,3 +1049,28 @@ def test_a_resume_with_another_schedule_says_where_its_lr_goes(tmp_path, corpus,
             f"schedule: {old:.4g})") in capsys.readouterr().err
     train(load_config(None, tiny(out, corpus, "--max_steps", "10", "--resume")))  # unchanged: no word
     assert "resuming with" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("train.log_every", 0, "train.log_every must be > 0, got 0"),  # was a ZeroDivisionError at step 1
+    ("optim.lr", -5.0, "optim.lr must be > 0, got -5.0"),  # was a bare ValueError once the model was built
+    ("train.max_steps", "ten", "config key 'train.max_steps' expects int, got 'ten'"),
+])
+def test_a_run_config_built_in_python_gets_the_checks_of_load_config(tmp_path, corpus, key, value, says):
+    """train(cfg) with a RunConfig built or changed in Python skipped load_config's checks: a bad
+    value failed once the run had started (output_dir, metrics.jsonl and run_config.yaml written),
+    and a pathlib.Path output_dir failed writing run_config.yaml. Now refused before any work, naming
+    the key; a Path is taken as its text."""
+    def config(out):  # load_config's, then changed in Python
+        return load_config(None, tiny(out, corpus, "--max_steps", "2", "--checkpoint.every", "0"))
+
+    bad = config(tmp_path / "bad")
+    sec, leaf = key.split(".")
+    setattr(getattr(bad, sec), leaf, value)
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        train(bad)
+    assert not (tmp_path / "bad").exists()
+    good = config(tmp_path / "good")
+    good.output_dir = tmp_path / "good"  # a Path
+    assert train(good)["step"] == 2
+    assert (tmp_path / "good" / "run_config.yaml").read_text().startswith("mode: pt\noutput_dir: " + str(tmp_path))
