@@ -118,6 +118,11 @@ def print_note(note: str) -> None:
     print(f"note: {note}", file=sys.stderr, flush=True)
 
 
+# the files one of which a folder AutoTokenizer can load holds (fast, sentencepiece, BPE and WordPiece ones)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model", "tokenizer.tiktoken")
+
+
 def load_tokenizer(model_path, tokenizer_path=None):
     from transformers import AutoTokenizer
 
@@ -132,6 +137,11 @@ def load_tokenizer(model_path, tokenizer_path=None):
         return AutoTokenizer.from_pretrained(str(src))
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds here
         hint = "" if tokenizer_path else " (pass --tokenizer DIR)"
+        if Path(src).is_dir() and not any((Path(src) / f).is_file() for f in TOKENIZER_FILES):
+            # transformers' own words for a folder without one ("Couldn't instantiate the backend tokenizer ...
+            # You need to have sentencepiece or tiktoken installed") sent users to install a package
+            raise ValueError(f"no usable tokenizer in {src!s}{hint}: it holds no tokenizer file (none of "
+                             f"{', '.join(TOKENIZER_FILES)})") from None
         raise ValueError(f"no usable tokenizer in {src!s}{hint}: {type(e).__name__}: {e}") from None
 
 

@@ -317,3 +317,24 @@ def test_eval_model_paths_that_name_no_checkpoint_directory(tiny, tmp_path, caps
     fill = lambda t: t.replace("{tiny}", str(tiny)).replace("{tmp}", str(tmp_path))  # noqa: E731
     assert main(["eval", "lm", "--model", fill(model), "--tasks", "orthros_tiny_cloze"]) == 2
     assert fill(msg) in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("as_option", [False, True])
+def test_a_folder_without_tokenizer_files_is_named_so(tiny, tmp_path, as_option):
+    """Issue: a checkpoint saved without its tokenizer (or a --tokenizer folder holding none) was refused with
+    transformers' "Couldn't instantiate the backend tokenizer ... You need to have sentencepiece or tiktoken
+    installed": it sent users to install a package when the folder simply holds no tokenizer."""
+    import shutil
+
+    from orthros.evaluation.common import load_tokenizer
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for f in ("config.json", "model.safetensors"):
+        shutil.copy(tiny / f, bare / f)
+    with pytest.raises(ValueError) as e:
+        load_tokenizer(tiny, str(bare)) if as_option else load_tokenizer(bare)
+    msg = str(e.value)
+    assert f"no usable tokenizer in {bare}" in msg and "it holds no tokenizer file (none of tokenizer.json" in msg
+    assert "sentencepiece" not in msg
+    assert ("pass --tokenizer DIR" in msg) is not as_option
