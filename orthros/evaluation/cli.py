@@ -182,7 +182,7 @@ def _ppl_parser(sub):
 
 
 def _ppl(a) -> int:
-    from ..utils import check_device, check_output_path, check_png, write_json
+    from ..utils import check_device, check_output_path, check_png, dtype_name, write_json
     from .common import (check_attention_mode, check_distinct_files, check_token_range, default_device, load_model,
                          load_tokenizer, parse_int_list, read_config, read_max_positions, tokenizer_name)
     from .perplexity import (check_buckets, default_buckets, format_table, load_documents, make_windows,
@@ -218,6 +218,11 @@ def _ppl(a) -> int:
     out = position_perplexity(model, windows, buckets=edges, progress=not a.no_progress)
     out["model"] = str(a.model)
     out["attention_mode"] = model.config.attention_mode
+    # what the figures depend on besides the weights: the window (a converted model's is --window), the text
+    # scored and its tokenizer, the device and dtype (as `eval niah` records them)
+    param = next(model.parameters())
+    out.update(window_size=getattr(model.config, "window_size", None), data=str(a.data),
+               tokenizer=str(a.tokenizer or a.model), device=str(param.device), dtype=dtype_name(param.dtype))
     name = Path(a.model).resolve().name + (f" ({a.attention_mode})" if a.attention_mode else "")
     print(format_table({name: out}))
     if a.output:

@@ -113,6 +113,9 @@ def test_cli(tiny, tmp_path, capsys):
     assert (tmp_path / "ppl.png").read_bytes().startswith(b"\x89PNG")
     r = json.loads(out.read_text())
     assert r["windows"] == 3 and r["attention_mode"] == "orthros" and len(r["buckets"]) == 2
+    # what the figures depend on besides the weights (a converted model's window is --window; --dtype)
+    assert (r["window_size"], r["data"], r["tokenizer"], r["device"], r["dtype"]) == (8, str(data), str(ck), "cpu",
+                                                                                      "fp32")
     # "transformer" is "full" here too, as in OrthrosConfig and the engine (the option took orthros/full/window only)
     assert eval_main(args + ["-o", str(tmp_path / "full.json"), "--attention-mode", "transformer"]) == 0
     f = json.loads((tmp_path / "full.json").read_text())
