@@ -866,6 +866,16 @@ def parse_args(argv=None, *, window_available: bool = True):
     for k, v in (QUICK if a.quick else FULL).items():
         if getattr(a, k) is None:
             setattr(a, k, v)
+    from .models import PRESETS
+
+    preset = "tiny" if a.quick else "qwen3-8b"
+    limit = PRESETS[preset]["max_position_embeddings"]
+    for opt, section, contexts in (("--contexts", "decode", a.contexts),
+                                   ("--batched-contexts", "batched", a.batched_contexts)):
+        need = max(contexts) + max(a.steps, a.warmup)  # a cell's steps each run from L (bench_decode's cache)
+        if section in sections and need > limit:  # the engine refused it once the bandwidths were measured
+            p.error(f"{opt} needs positions 0..{need - 1} (a context of {max(contexts)}, then "
+                    f"{max(a.steps, a.warmup)} steps), beyond max_position_embeddings={limit} of the {preset} model")
     if a.gpt_fast_contexts is None:
         a.gpt_fast_contexts = [min(a.contexts)]
     elif a.gpt_fast_contexts == "all":

@@ -197,6 +197,9 @@ def test_gpt_fast_contexts_all_and_list(tmp_path):
     (["--systems", "orthros+gemv"], "need --gemv"),
     (["--systems", "full,gpt-fast"], "gpt-fast needs --gpt-fast-dir"),
     (["--systems", ","], "--systems"),
+    # the tiny model has 65536 positions: the engine refused max_seq_len=70003 after the bandwidths were measured
+    (["--sections", "decode", "--contexts", "70000"], "--contexts needs positions 0..70002 (a context of 70000, then 3 steps), beyond"),
+    (["--sections", "batched", "--batched-contexts", "65534"], "--batched-contexts needs positions 0..65536 (a context of 65534, then 3 steps), beyond"),
 ])
 def test_bad_arguments_refused_before_any_work(tmp_path, capsys, args, message):
     out = tmp_path / "never"
