@@ -280,6 +280,18 @@ def resolve_resume(cfg: RunConfig) -> Optional[Path]:
     return p
 
 
+def _older_checkpoint_hint(cfg: RunConfig, bad: Path) -> str:
+    """Where a run whose own checkpoint ``bad`` is damaged can go on from: its newest complete one
+    before it, once ``bad`` is moved away (a later checkpoint left there is refused, and taken as
+    the latest by ``--resume``); '' when ``bad`` is not of ``output_dir`` or none is older."""
+    root = ckpt.ckpt_root(cfg.output_dir)
+    if os.path.realpath(Path(bad).parent) != os.path.realpath(root):
+        return ""
+    older = [p for p in ckpt.list_checkpoints(cfg.output_dir) if p.name < Path(bad).name and (p / ckpt.MANIFEST).is_file()]
+    return (f". To go on from the checkpoint before it ({older[-1]}), move {bad} (and any later one) out of {root}"
+            if older else "")
+
+
 def refuse_run_dir(key: str, path: str) -> None:
     """A :class:`ConfigError` naming ``key`` when ``path`` is a training run's output_dir (or its
     ``checkpoints`` folder) where one checkpoint directory is needed."""
@@ -687,7 +699,7 @@ class Trainer:
             try:
                 step = ckpt.verify(self.resume_dir, hashes=cfg.checkpoint.verify and dist.main)["step"]
             except ckpt.CheckpointError as e:
-                raise ConfigError(f"cannot resume: {e}") from None
+                raise ConfigError(f"cannot resume: {e}{_older_checkpoint_hint(cfg, self.resume_dir)}") from None
             if cfg.train.max_steps < step:  # nothing to train; run_config.yaml would say max_steps < step
                 raise ConfigError(f"train.max_steps ({cfg.train.max_steps}) is below step {step}, that of the "
                                   f"checkpoint it resumes from ({self.resume_dir}): set train.max_steps to {step} or "

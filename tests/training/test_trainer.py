@@ -1074,3 +1074,22 @@ def test_a_run_config_built_in_python_gets_the_checks_of_load_config(tmp_path, c
     good.output_dir = tmp_path / "good"  # a Path
     assert train(good)["step"] == 2
     assert (tmp_path / "good" / "run_config.yaml").read_text().startswith("mode: pt\noutput_dir: " + str(tmp_path))
+
+
+def test_a_damaged_latest_checkpoint_names_the_one_to_go_on_from(tmp_path, corpus, reference):
+    """A run whose newest checkpoint was damaged (a disk error, a copy cut short) was refused with the
+    damage only; going on from the one before needs the damaged one moved away (--resume PATH to the
+    older one is refused while a later one is there), which the error now says, naming both."""
+    _, _, summary = reference
+    out = tmp_path / "run"
+    shutil.copytree(Path(summary["checkpoint"]).parents[1], out)
+    last, before = out / "checkpoints" / "step_00000008", out / "checkpoints" / "step_00000004"
+    with open(last / "model.safetensors", "r+b") as f:
+        f.truncate(100)
+    args = tiny(out, corpus, "--max_steps", "8", "--checkpoint.every", "4")
+    with pytest.raises(ConfigError, match=re.escape(
+            f"model.safetensors has 100 bytes, manifest says {(Path(summary['checkpoint']) / 'model.safetensors').stat().st_size}. "
+            f"To go on from the checkpoint before it ({before}), move {last} (and any later one) out of {last.parent}")):
+        train(load_config(None, args))
+    shutil.move(last, tmp_path / "damaged")
+    assert train(load_config(None, args))["step"] == 8
