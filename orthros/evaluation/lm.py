@@ -186,14 +186,29 @@ def run_lm_eval(model_path, tasks, *, include_path=None, limit=None, batch_size=
             model.config.name_or_path = str(model_path)  # what lm-eval's results name the model by (converted: none)
             lm = HFLM(pretrained=model, tokenizer=tok, batch_size=batch_size, backend="causal")
         # batch_size and device only go into the results' config here (lm-eval records its own arguments)
-        return simple_evaluate(model=lm, tasks=tasks, task_manager=tm, limit=limit, num_fewshot=num_fewshot,
-                               batch_size=batch_size, device=device, random_seed=seed, numpy_random_seed=seed,
-                               torch_random_seed=seed, fewshot_random_seed=seed, log_samples=False)
+        res = simple_evaluate(model=lm, tasks=tasks, task_manager=tm, limit=limit, num_fewshot=num_fewshot,
+                              batch_size=batch_size, device=device, random_seed=seed, numpy_random_seed=seed,
+                              torch_random_seed=seed, fewshot_random_seed=seed, log_samples=False)
+    if isinstance(res, dict):  # (None on the ranks but the first of a distributed run)
+        res["orthros"] = model_record(lm.model, mt, tokenizer or model_path)
+    return res
+
+
+def model_record(model, model_type: str, tokenizer) -> dict:
+    """What the scores depend on besides the weights, for the results: the attention and window the model
+    ran with (a converted model's window is ``--window``, lm-eval's config names none), the checkpoint's own
+    ``model_type`` (converted on the fly unless ``orthros``), the dtype and the tokenizer."""
+    from ..utils import dtype_name
+
+    c = model.config
+    return {"model_type": model_type, "converted": model_type != "orthros",
+            "attention_mode": getattr(c, "attention_mode", None), "window_size": getattr(c, "window_size", None),
+            "dtype": dtype_name(next(model.parameters()).dtype), "tokenizer": str(tokenizer)}
 
 
 def summary(results: dict) -> dict:
     """The JSON-able part of lm-eval's results (metrics per task, config)."""
-    keep = {k: results[k] for k in ("results", "versions", "n-shot", "higher_is_better") if k in results}
+    keep = {k: results[k] for k in ("results", "versions", "n-shot", "higher_is_better", "orthros") if k in results}
     cfg = results.get("config", {})
     keep["config"] = {k: v for k, v in cfg.items() if isinstance(v, (str, int, float, bool, type(None), list))}
     return keep

@@ -111,6 +111,9 @@ def test_cli_lm_writes_json(tiny, tmp_path, capsys):
     assert "orthros_tiny_cloze" in written["results"]
     # the run's batch size and device, not lm-eval's null for arguments it was not given
     assert (written["config"]["batch_size"], written["config"]["device"]) == (1, "cpu")
+    # the attention and window it ran with (a converted model's window is --window, in no lm-eval field), its dtype
+    assert written["orthros"] == {"model_type": "orthros", "converted": False, "attention_mode": "orthros",
+                                  "window_size": 16, "dtype": "fp32", "tokenizer": str(tiny)}
     assert main(["eval", "lm", "--model", str(tiny), "--tasks", "no_such_task"]) == 2
     assert "unknown lm-eval task" in capsys.readouterr().err
 
@@ -243,6 +246,12 @@ def test_a_model_converted_on_the_fly_is_named_in_the_results(tmp_path, monkeypa
     monkeypatch.setattr(lm_eval, "simple_evaluate", lambda model, **kw: model)  # the lm-eval model it is given
     lm = run_lm_eval(src, ["orthros_tiny_cloze"], limit=1, device="cpu", window_size=8)
     assert type(lm.model).__name__ == "OrthrosForCausalLM" and lm.config._name_or_path == str(src)
+    # what `-o` records of it: converted, with the window given (lm-eval's config names no window)
+    from orthros.evaluation.lm import model_record
+
+    assert model_record(lm.model, "llama", src) == {"model_type": "llama", "converted": True,
+                                                    "attention_mode": "orthros", "window_size": 8, "dtype": "fp32",
+                                                    "tokenizer": str(src)}
 
 
 def test_cli_lm_window_refused_for_an_orthros_checkpoint(tiny, capsys, monkeypatch):
