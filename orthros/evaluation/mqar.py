@@ -652,7 +652,7 @@ def plot_recall(out: dict, path, title: Optional[str] = None):
     ax.set_title(title or f"MQAR: {t['num_pairs']} pairs, sequences of {t['seq_len']}, "
                           f"{out['train']['steps']} steps a model", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="best")  # (lower left hid the points of models near chance)
     fig.tight_layout()
     save_figure(fig, path)
     return fig

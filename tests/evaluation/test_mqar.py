@@ -543,3 +543,27 @@ def test_mqar_sweep_maxgap_is_eval_mqars_max_gap():
     assert task.max_gap == 20
     assert generate(task, 50, seed=0)["gaps"].max() <= 20
     assert build_setting(*parse_setting(["b", "steps=1"]))[0].max_gap is None
+
+
+def test_recall_plot_legend_covers_no_point(tmp_path):
+    """Issue: the legend sat at the lower left whatever the curves were, over the points of models still near
+    chance (a short run, --steps 30: every model's first buckets hidden under it)."""
+    import matplotlib
+
+    from orthros.evaluation.mqar import plot_recall
+
+    def res(name, accs):
+        b = [{"lo": lo, "hi": 2 * lo, "n": 10, "acc": a} for lo, a in zip((2, 4, 8, 16, 32), accs)]
+        return {"model": name, "acc": sum(accs) / len(accs), "acc_by_gap": b}
+
+    out = {"train": {"window_size": 8, "steps": 30}, "task": {"num_pairs": 4, "seq_len": 64},
+           "results": [res("Orthros", [0.1, 0.16, 0.16, 0.11, 0.08]), res("Transformer", [0.2, 0.05, 0.2, 0.13, 0.23]),
+                       res("SWA", [0.0, 0.0, 0.05, 0.03, 0.04])]}
+    fig = plot_recall(out, tmp_path / "r.png")
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    box = ax.get_legend().get_window_extent()
+    for line in ax.get_lines()[:3]:
+        for x, y in ax.transData.transform(line.get_xydata()):
+            assert not box.contains(x, y), (line.get_label(), x, y)
+    matplotlib.pyplot.close(fig)
