@@ -412,8 +412,29 @@ class ShardedOrthros:
         B = cache.k[0].shape[0]
         if tokens.shape not in ((B,), (B, 1)):
             raise ValueError(f"tokens must be [B] or [B, 1] with B = {B} (the cache's batch), got {tuple(tokens.shape)}")
+        if self.ctx.world_size > 1:
+            self._check_same_step(tokens.long().view(-1), cache)
         warn_beyond_positions(self.model.config, cache.seq_len + 1)
         return self._decode_step(tokens.long().view(-1, 1), cache)
+
+    def _check_same_step(self, tokens: torch.Tensor, cache: ShardedKVCache) -> None:
+        """Every rank must step the same sequence: its cache at the same position, the same tokens. Ranks that
+        differ merged the partials of other queries, or of other positions: every rank returned wrong logits,
+        without a word. One gather of ``(position, batch, a weighted sum of the tokens)``, before the step; the
+        caches are left as they were. (``generate`` broadcasts its tokens: it needs no such check.)"""
+        weights = torch.arange(1, tokens.numel() + 1, device=tokens.device)
+        key = torch.stack([tokens.new_tensor(cache.seq_len), tokens.new_tensor(tokens.numel()), (tokens * weights).sum()])
+        got = self.ctx.all_gather(key, f"decode (position {cache.seq_len}): every rank's position and tokens").tolist()
+        if any(k[:2] != got[0][:2] for k in got):
+            batches = any(k[1] != got[0][1] for k in got)
+            where = ", ".join(f"rank {r} at position {p}" + (f" (batch {b})" if batches else "")
+                              for r, (p, b, _) in enumerate(got))
+            raise ValueError(f"the caches differ across ranks: {where}; every rank must pass the cache its prefill() "
+                             f"of the same prompt returned, stepped alike")
+        if any(k != got[0] for k in got):
+            raise ValueError(f"tokens differ across ranks at position {cache.seq_len} (rank {self.ctx.rank}: "
+                             f"{tokens.tolist()}): every rank must pass the same tokens (generate() broadcasts them "
+                             f"from the last rank)")
 
     def _decode_step(self, tokens: torch.Tensor, cache: ShardedKVCache) -> torch.Tensor:  # tokens [B, 1], checked
         ctx, core, dtype = self.ctx, self.core, self.dtype

@@ -779,3 +779,38 @@ def test_bench_ranks_given_different_arguments_stop_at_once_naming_the_options(t
     same = {r: base + ["--lengths", "40", "--out", str(outs[r])] for r in (0, 1)}  # only --out differs: runs
     run = run_ranks(_bench_with_argv_of_rank, 2, timeout_s=10, join_timeout=120, argv_of_rank=same)
     assert not run["errors"] and outs[0].exists() and not outs[1].exists(), run["errors"]
+
+
+def _decode_steps_of_rank(ctx, model_dir, steps_of_rank):
+    """(gloo worker) prefill two prompts (19 and 23 tokens) on every rank, then this rank's own decode steps
+    ``[(token, cache)]`` (cache 0 or 1: the first prompt's or the second's); returns the last logits and the
+    caches' positions."""
+    model = OrthrosForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    sh = ShardedOrthros(model, ctx, chunk_size=4)
+    caches = [sh.prefill(torch.arange(1, 1 + T).view(1, -1) % V)[1] for T in (19, 23)]
+    logits = None
+    for tok, c in steps_of_rank[ctx.rank]:
+        logits = sh.decode_step(torch.tensor([tok]), caches[c])
+    return logits, [c.seq_len for c in caches]
+
+
+@pytest.mark.parametrize("steps, match", [
+    ({0: [(5, 0)], 1: [(6, 0)]}, r"tokens differ across ranks at position 19 \((rank 0: \[5\]|rank 1: \[6\])\)"),
+    # rank 1 passed the other prompt's cache
+    ({0: [(5, 0)], 1: [(5, 1)]}, r"the caches differ across ranks: rank 0 at position 19, rank 1 at position 23"),
+])
+def test_decode_step_refuses_ranks_out_of_step(model_dir, steps, match):
+    """``decode_step`` on ranks passing different tokens (or caches at different positions) merged the
+    partials of other queries: every rank returned logits, wrong, without a word (``prefill`` checks its prompt
+    across ranks; ``generate`` broadcasts its tokens). Now every rank raises a ValueError, its cache untouched."""
+    import re
+
+    run = run_ranks(_decode_steps_of_rank, 2, timeout_s=30, join_timeout=120, model_dir=model_dir,
+                    steps_of_rank=steps)
+    assert not run["hung"] and sorted(run["errors"]) == [0, 1], run
+    for r in (0, 1):
+        assert "ValueError" in run["errors"][r] and re.search(match, run["errors"][r]), run["errors"][r]
+    same = run_ranks(_decode_steps_of_rank, 2, timeout_s=30, join_timeout=120, model_dir=model_dir,
+                     steps_of_rank={r: [(5, 0), (7, 1), (6, 0)] for r in (0, 1)})
+    assert not same["errors"] and torch.equal(same["results"][0][0], same["results"][1][0])
+    assert same["results"][0][1] == same["results"][1][1] == [21, 24]
