@@ -259,8 +259,27 @@ def _run_section(what, args, model, dev, dtype, I, hf_qwen3_like):
 
 
 def _run_measurements(what, args, model, dev, dtype, I, hf_qwen3_like, meta, json_path, png_path):
-    rows = []
+    """Section ``what``'s sweep, its JSON saved after every point. A sweep stopped early (Ctrl-C,
+    SIGTERM, a failure) keeps its points, marked: ``meta["stopped"]`` says why, and a line on stderr
+    says where they are (a stopped sweep's JSON looked like a finished one of fewer points)."""
+    rows, measured = [], []
+    try:
+        _measure(what, args, model, dev, dtype, I, hf_qwen3_like, meta, json_path, png_path, rows, measured)
+    except BaseException as e:
+        if rows and not measured:  # (a failure in the table or plot after the sweep: the JSON is whole)
+            from ..utils import Terminated
 
+            meta["stopped"] = ("interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else "terminated (SIGTERM)"
+                               if isinstance(e, Terminated) else f"{type(e).__name__}: {e}")
+            I.save(json_path, meta, rows)
+            print(f"orthros bench: stopped early: the {len(rows)} points measured so far are in {json_path} "
+                  f"(its meta has \"stopped\")", file=sys.stderr, flush=True)
+        raise
+
+
+def _measure(what, args, model, dev, dtype, I, hf_qwen3_like, meta, json_path, png_path, rows, measured):
+    """The sweep (``rows`` filled and saved point by point; ``measured`` gets an item once it is whole),
+    then its table and plot."""
     def checkpoint(row):  # keep partial results if a long run dies
         rows.append(row)
         I.save(json_path, meta, rows)
@@ -273,6 +292,7 @@ def _run_measurements(what, args, model, dev, dtype, I, hf_qwen3_like, meta, jso
                         compile=args.compile)
         summary = I.prefill_summary(rows)
         I.save(json_path, meta, rows + [{"summary": summary}])
+        measured.append(True)
         I.print_table(rows, ["system", "T", "ms", "n", "peak_gib", "kv_cache_gib"]
                       + (["error"] if any("error" in r for r in rows) else []), "prefill (ms)")
         cols = ["T"] + [s for s in I.PREFILL_SYSTEMS if s in systems] + \
@@ -284,6 +304,7 @@ def _run_measurements(what, args, model, dev, dtype, I, hf_qwen3_like, meta, jso
         I.bench_decode(model, args.contexts, batch_sizes=args.batch_sizes, steps=args.steps, cuda_graphs=graphs,
                        on_row=checkpoint, compile=args.compile)
         I.save(json_path, meta, rows)
+        measured.append(True)
         I.print_table(rows, ["mode", "B", "L", "ms_per_step", "tokens_per_s", "hbm_floor_ms", "frac_of_floor",
                              "vs_full"], "decode step")
         I.plot_decode(rows, png_path, f"Decode, {meta['device']}, {meta['dtype']}")
@@ -296,6 +317,7 @@ def _run_measurements(what, args, model, dev, dtype, I, hf_qwen3_like, meta, jso
                 rows.append({"fit": fit})
                 I.print_table([fit], list(fit), "fit check")
         I.save(json_path, meta, rows)
+        measured.append(True)
         I.print_table([r for r in rows if "mode" in r], ["mode", "batch", "in", "out", "ttft_s", "e2e_s",
                                                          "output_tok_s", "decode_tok_s"], "end-to-end")
         I.plot_e2e([r for r in rows if "mode" in r], png_path, f"End-to-end, batch {args.batch}, {meta['device']}")

@@ -410,3 +410,33 @@ def test_bench_stopped_by_sigterm(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["decode.json"]  # no .decode.json.tmp-<pid>
     rows = json.loads((out / "decode.json").read_text())["rows"]
     assert rows and all(r["mode"] == "orthros" for r in rows)
+
+
+@pytest.mark.parametrize("stop, code", [(KeyboardInterrupt, 130), (RuntimeError, 1)])
+def test_bench_stopped_early_marks_its_json_and_says_where(tmp_path, capsys, monkeypatch, stop, code):
+    """A sweep stopped after its first point (Ctrl-C, a failure): the point is kept, the JSON's meta
+    says the sweep stopped and why, and stderr names the file. Was: a JSON like a finished sweep of
+    fewer points, and only 'interrupted'."""
+    import orthros.benchmarks.inference as I
+
+    real = I.bench_decode
+
+    def one_then_stop(*a, on_row, **kw):
+        def row(r):
+            on_row(r)
+            raise stop("stopped after the first point")
+        return real(*a, on_row=row, **kw)
+
+    monkeypatch.setattr(I, "bench_decode", one_then_stop)
+    rc = orthros_main(["bench", "decode", *TINY, "--contexts", "16,48", "--steps", "1", "--batch-sizes", "1",
+                       "--out", str(tmp_path)])
+    assert rc == code
+    data = json.loads((tmp_path / "decode.json").read_text())
+    assert len(data["rows"]) == 1 and data["meta"]["stopped"].startswith(
+        "interrupted" if stop is KeyboardInterrupt else "RuntimeError: stopped after the first point")
+    assert f"the 1 points measured so far are in {tmp_path / 'decode.json'}" in capsys.readouterr().err
+    assert not (tmp_path / "decode.png").exists()
+    monkeypatch.setattr(I, "bench_decode", real)  # a whole sweep has no "stopped"
+    assert orthros_main(["bench", "decode", *TINY, "--contexts", "16", "--steps", "1", "--batch-sizes", "1",
+                         "--out", str(tmp_path)]) == 0
+    assert "stopped" not in json.loads((tmp_path / "decode.json").read_text())["meta"]
