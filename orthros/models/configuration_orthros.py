@@ -9,7 +9,8 @@ from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from ..kinds import ATTENTION_MODES, LINEAR_LAYER_TYPE, interval_layer_types, resolve_layer_types, resolve_mode
+from ..kinds import (ATTENTION_LAYER_TYPES, ATTENTION_MODES, LINEAR_LAYER_TYPE, interval_layer_types, layer_type_for,
+                     resolve_layer_types, resolve_mode)
 from ..ops.backends import BACKENDS as ATTN_BACKENDS
 from ..utils import check_positive_int
 
@@ -181,6 +182,27 @@ class OrthrosConfig(PreTrainedConfig):
                 super().save_pretrained(save_directory, push_to_hub=push_to_hub, **kwargs)
         finally:
             self.architectures = old
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """transformers' ``from_dict`` (``from_pretrained`` / ``AutoConfig`` land here; their keywords
+        are set on the config after its ``__init__``), then every field checked: a bad keyword
+        (``window_size=0``) is refused here, not left for the model. ``attention_mode`` given
+        without ``layer_types`` switches the attention layers' kind with it (GDN layers stay):
+        ``from_pretrained(path, attention_mode="full")`` runs a checkpoint as its Transformer
+        baseline (it contradicted the saved ``layer_types``); ``layer_types`` with attention kinds
+        given without ``attention_mode`` sets the mode to theirs."""
+        mode, types = kwargs.get("attention_mode"), kwargs.get("layer_types")
+        if mode is not None and types is None and isinstance(config_dict.get("layer_types"), list):
+            kind = layer_type_for(resolve_mode(mode))
+            config_dict = {**config_dict, "attention_mode": mode,
+                           "layer_types": [kind if t in ATTENTION_LAYER_TYPES else t for t in config_dict["layer_types"]]}
+        elif types is not None and mode is None and isinstance(types, (list, tuple)) and \
+                any(t in ATTENTION_LAYER_TYPES for t in types if isinstance(t, str)):
+            config_dict = {**config_dict, "attention_mode": None, "layer_types": types}  # the mode follows them
+        out = super().from_dict(config_dict, **kwargs)
+        (out[0] if isinstance(out, tuple) else out)._validate()
+        return out
 
     def _validate(self, layer_types=None):
         """Check every field as it is now (``layer_types``: the list ``__init__`` resolved, set on the

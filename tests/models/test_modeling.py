@@ -393,9 +393,13 @@ def test_fields_set_after_init_are_checked_before_a_model_or_file(tmp_path, kw, 
     # from_pretrained(path, **kw) sets its keywords on the loaded config, bypassing __init__'s
     # checks: window 0 ran, full attention ran under orthros_attention layer_types, and
     # save_pretrained wrote a checkpoint whose config.json then failed to load
+    # (from_pretrained(path, attention_mode=...) switches the layer kinds with it: the next test)
     tiny_model().save_pretrained(tmp_path / "ok")
-    with pytest.raises(ValueError, match=match):
-        OrthrosForCausalLM.from_pretrained(tmp_path / "ok", **kw)
+    if "attention_mode" not in kw:
+        with pytest.raises(ValueError, match=match):
+            OrthrosForCausalLM.from_pretrained(tmp_path / "ok", **kw)
+        with pytest.raises(ValueError, match=match):  # the config alone too: it came back unchecked
+            AutoConfig.from_pretrained(tmp_path / "ok", **kw)
     config = tiny_config()
     for k, v in kw.items():
         setattr(config, k, v)
@@ -404,6 +408,30 @@ def test_fields_set_after_init_are_checked_before_a_model_or_file(tmp_path, kw, 
     with pytest.raises(ValueError, match=match):
         config.save_pretrained(tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_from_pretrained_with_attention_mode_or_layer_types_runs_that_baseline(tmp_path, hybrid):
+    # from_pretrained(path, attention_mode="full"): the saved orthros_attention layer_types contradicted the
+    # keyword (a ValueError), so a checkpoint could not be loaded as its Transformer / SWA baseline by its mode
+    from orthros.kinds import layer_type_for
+
+    types = ["linear_attention", "orthros_attention", "linear_attention"] if hybrid else None
+    model = tiny_model(layer_types=types)
+    model.save_pretrained(tmp_path / "m")
+    ids = torch.randint(0, V, (2, 30))
+    for mode, kw in [("full", dict(attention_mode="full")), ("window", dict(attention_mode="swa")),
+                     ("full", dict(layer_types=[t.replace("orthros", "full") for t in model.config.layer_types]))]:
+        config = AutoConfig.from_pretrained(tmp_path / "m", **kw)
+        assert config.attention_mode == mode
+        assert config.layer_types == [t if t == "linear_attention" else layer_type_for(mode)
+                                      for t in model.config.layer_types]
+        loaded = OrthrosForCausalLM.from_pretrained(tmp_path / "m", **kw).eval()
+        twin = OrthrosForCausalLM(tiny_config(layer_types=config.layer_types)).eval()  # built in that mode
+        assert not twin.load_state_dict(model.state_dict(), strict=False).missing_keys
+        with torch.no_grad():
+            assert torch.equal(loaded(ids).logits, twin(ids).logits)
+            assert (loaded(ids).logits - model(ids).logits).abs().max() > 1e-4  # another model indeed
 
 
 def test_a_config_that_would_not_load_is_refused_before_the_model_saves(tmp_path):
