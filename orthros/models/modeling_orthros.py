@@ -510,6 +510,12 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
             logits_to_keep = kwargs.pop("num_logits_to_keep")
         x = _one_input(input_ids, inputs_embeds)
         T, dev = x.shape[1], x.device
+        if labels is not None:  # int32 ids (NumPy token files) failed in cross_entropy, floats were cut to ids
+            if not isinstance(labels, torch.Tensor) or labels.dtype == torch.bool or labels.is_floating_point() \
+                    or labels.is_complex():
+                what = labels.dtype if isinstance(labels, torch.Tensor) else type(labels).__name__
+                raise ValueError(f"labels must be a tensor of integer token ids [B, T] (-100: not scored), got {what}")
+            labels = labels.long()
         if labels is not None and labels.shape[0] != x.shape[0]:
             raise ValueError(f"labels must be [B, T] like input_ids, got {tuple(labels.shape)} for B = {x.shape[0]}")
         if labels is not None and cu_seqlens is not None and labels.dim() == 2 and labels.shape[1] == T:
@@ -529,8 +535,10 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
             nxt = (out_rel + 1).expand(B, -1)
             targets = torch.gather(labels.to(dev), 1, nxt.clamp(max=T - 1)).masked_fill(nxt >= T, -100)
             valid = targets != -100
-            ce = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                 ignore_index=-100, reduction="sum")
+            # in float32 at least (a float64 model's loss was rounded to float32, its gradients with it)
+            upcast = logits.to(torch.promote_types(logits.dtype, torch.float32))
+            ce = F.cross_entropy(upcast.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
+                                 reduction="sum")
             n = kwargs.get("num_items_in_batch")
             loss = ce / (valid.sum().clamp(min=1) if n is None else torch.as_tensor(n, device=ce.device))
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KWARG: getattr(out, CACHE_KWARG)})

@@ -617,6 +617,26 @@ def test_invalid_forward_inputs():
             fn(inputs_embeds=emb[..., :40])  # failed in an RMSNorm's multiply
 
 
+def test_labels_of_any_integer_dtype_and_a_float64_loss():
+    # int32 labels (NumPy token files) failed in cross_entropy ("expected target dtype to be Long"), float
+    # labels with it, naming no argument; a float64 model's loss was rounded to float32
+    model = tiny_model()
+    ids = torch.randint(0, V, (2, 10))
+    labels = ids.clone()
+    labels[:, :4] = -100
+    loss = model(ids, labels=labels).loss
+    for dtype in (torch.int32, torch.int16):
+        assert torch.equal(model(ids, labels=labels.to(dtype)).loss, loss)
+    for bad in (labels.float(), labels > 0, labels.tolist()):
+        with pytest.raises(ValueError, match="labels must be a tensor of integer token ids"):
+            model(ids, labels=bad)
+    m64 = tiny_model(dtype=torch.float64)
+    out = m64(ids, labels=labels)
+    logits = m64(ids).logits[:, 3:-1]
+    ref = torch.nn.functional.cross_entropy(logits.reshape(-1, V), labels[:, 4:].reshape(-1))
+    assert out.loss.dtype == torch.float64 and (out.loss - ref).abs() < 1e-12
+
+
 @pytest.mark.parametrize("mode", ["orthros", "full"])
 def test_bf16_autocast_forward_backward(mode):
     # fp32 norm and scale-offset parameters must not promote bf16 activations under autocast
