@@ -339,6 +339,9 @@ def test_a_dtype_cast_keeps_the_rope_frequencies_in_float32(cast):
     (dict(num_key_value_heads=3), "num_attention_heads"),
     (dict(attention_mode="linear"), "attention_mode"),
     (dict(head_dim=7), "head_dim"),
+    # an odd head_dim the user never set (hidden_size 44 over 4 heads) was named as if it were given
+    (dict(hidden_size=44, head_dim=None), r"head_dim must be even for RoPE, got 11 = hidden_size // "
+                                          r"num_attention_heads = 44 // 4, its default"),
     (dict(hidden_size=-1), "hidden_size"),
     (dict(attn_backend="cuda"), "attn_backend"),
     (dict(rms_norm_eps=0), "rms_norm_eps"),
