@@ -12,5 +12,5 @@ case "$name" in
       --systems orthros+gemv,full+gemv,gpt-fast --gpt-fast-dir .gpu/gpt-fast --gpt-fast-setups 4 --out $OUT/roofline \
       2>&1 | grep -v -E "Warning|warn_once" | tee $OUT/roofline.log | grep -E "^# issue|decode |setups|decode_vs|needs|B=1 L=1024 " ;;
   *)
-    bash docs/results/s52-2026-12-07/tests.sh 520 "tests/ops tests/engine" ;;
+    bash docs/results/s52-2026-12-07/tests.sh ${LIMIT:-520} "tests/ops tests/engine" ;;
 esac
