@@ -1071,7 +1071,9 @@ class Trainer:
                 logger.log({"kind": "eval", "step": self.step, "eval_loss": eval_loss, "tokens": self.tokens_seen})
             if last_saved != self.step:
                 self.save()
-        except DataError as e:  # a bad record past those the checks read: a failure while working
+        except (DataError, FileNotFoundError, FileExistsError, NotADirectoryError) as e:
+            # a bad record past those the checks read, a file gone while working: a failure while working (exit
+            # code 1), not the bad input `orthros` takes these for (2: refused before any work)
             raise RuntimeError(f"at step {self.step + 1}: {e}") from None
         finally:
             progress.close()

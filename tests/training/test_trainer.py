@@ -734,6 +734,24 @@ def test_a_bad_record_met_while_training_is_a_failure_while_working(tmp_path, ca
                     r"example's messages must be a non-empty list", err[-1]), err[-3:]
 
 
+def test_a_missing_file_met_while_training_is_a_failure_while_working(tmp_path, corpus, monkeypatch, capsys):
+    """A file gone while the run works (a data file deleted mid-stream, a folder removed under a
+    checkpoint save) raised FileNotFoundError, which `orthros` reads as a path given wrong: exit code
+    2, 'refused before any work', after steps had run. It is exit code 1, naming the step."""
+    from orthros.cli import main
+    from orthros.training import trainer
+
+    def gone(self, *a, **k):
+        raise FileNotFoundError(2, "No such file or directory", str(tmp_path / "run" / "vanished"))
+
+    monkeypatch.setattr(trainer.Trainer, "save", gone)
+    rc = main(["train", *tiny(tmp_path / "run", corpus, "--max_steps", "3", "--checkpoint.every", "2")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 1, err[-3:]
+    assert re.match(r"orthros train: error: RuntimeError: at step [23]: \[Errno 2\] No such file or directory: "
+                    r".*vanished", err[-1]), err[-3:]
+
+
 def test_resume_on_other_data_reads_it_from_its_start(tmp_path, corpus, reference, capsys):
     """The checkpoint's data position (epoch, document of the seeded order, token offset) was
     applied to whatever data the resumed config names: on another data.train it pointed into
