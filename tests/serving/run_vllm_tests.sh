@@ -28,11 +28,8 @@ fi
 # orthros itself without its dependencies, so vLLM's pinned torch / transformers stay
 "$PY" -m pip install -q --no-deps -e .
 "$PY" -c "import vllm, orthros.serving; print('vllm', vllm.__version__)"
-# a test path among the arguments (a file, a folder, file::test, inside tests/) runs that alone; else all of
-# tests/serving (an option's value that names another path, as -k orthros does, is no test path)
-TARGET=(tests/serving)
-for a in "$@"; do
-    p=${a%%::*}
-    if [[ $a != -* && -e $p && $(realpath "$p")/ == "$PWD"/tests/* ]]; then TARGET=(); break; fi
-done
-ORTHROS_REQUIRE_VLLM=1 "$PY" -m pytest ${TARGET[@]+"${TARGET[@]}"} -p no:cacheprovider "$@"
+# with no test path among the arguments, tests/serving; a test path given (a file, a folder, file::test) runs
+# that alone. pytest itself tells test paths from options' values (testpaths is its folder when no path
+# is given): guessing here took the value of --deselect / --ignore for a test path, and ran the whole
+# tests folder (pyproject's testpaths) in this venv
+ORTHROS_REQUIRE_VLLM=1 "$PY" -m pytest -o testpaths=tests/serving -p no:cacheprovider "$@"
