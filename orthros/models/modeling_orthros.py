@@ -24,7 +24,7 @@ from transformers.utils.generic import can_return_tuple
 
 from ..layers import DenseKV, OrthrosAttention, ResidualMLP, RMSNorm, RotaryEmbedding, StepInputs, SwiGLUMLP
 from ..layers.gated_deltanet import GatedDeltaNet
-from ..kinds import LINEAR_LAYER_TYPE, has_output_stream
+from ..kinds import LINEAR_LAYER_TYPE, MODE_ALIASES, has_output_stream
 from ..ops import doc_ids_from_cu_seqlens
 from .configuration_orthros import OrthrosConfig
 from .positions import resolve_output_positions
@@ -288,10 +288,18 @@ def warn_beyond_positions(config, n: int, stacklevel: int = 2) -> None:
                       f"the model was not built for them and may degrade there", UserWarning, stacklevel=stacklevel + 1)
 
 
+def _layer_fields(config) -> dict:
+    """The config fields the layers are built from (and keep): a change after the model is built would
+    not reach them."""
+    return {"attention_mode": config.attention_mode, "window_size": config.window_size,
+            "layer_types": list(config.layer_types)}
+
+
 class OrthrosModel(OrthrosPreTrainedModel):
     def __init__(self, config: OrthrosConfig):
         config._validate()  # fields set after the config's __init__ (from_pretrained's keywords, a user's edits)
         super().__init__(config)
+        self._built_with = _layer_fields(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
         self.layers = nn.ModuleList([OrthrosDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -340,6 +348,7 @@ class OrthrosModel(OrthrosPreTrainedModel):
                              f"or static layers: pass an OrthrosCache, a DynamicCache() built without a config, "
                              f"or None for a new one")
         _refuse_extra_outputs(self.config, kwargs)
+        self._check_layer_fields()
         x = _one_input(input_ids, inputs_embeds)
         h = self.embed_tokens(x) if inputs_embeds is None else x
         if h.shape[-1] != self.config.hidden_size:  # inputs_embeds of another width failed in the first norm
@@ -430,6 +439,24 @@ class OrthrosModel(OrthrosPreTrainedModel):
         if isinstance(cache, OrthrosCache):
             cache.linear_seen = past + T
         return BaseModelOutputWithPast(last_hidden_state=self.norm(h), **{CACHE_KWARG: cache})
+
+    def _check_layer_fields(self) -> None:
+        """``model.config.attention_mode`` / ``window_size`` / ``layer_types`` set after the model was built:
+        a ``ValueError`` (the layers keep what they were built with; a mode failed in a layer with a tensor
+        size error, a window was ignored)."""
+        built = getattr(self, "_built_with", None)  # (a model built by a path that skipped __init__: unchecked)
+        now = _layer_fields(self.config) if built is not None else None
+        if now == built:
+            return
+        if now["attention_mode"] != built["attention_mode"] and now["attention_mode"] in MODE_ALIASES:
+            now["attention_mode"] = MODE_ALIASES[now["attention_mode"]]  # an alias of the same mode is that mode
+            if now == built:
+                return
+        name = next(k for k in now if now[k] != built[k])
+        raise ValueError(f"config.{name} was set to {now[name]!r} after the model was built with {built[name]!r}: "
+                         f"the layers keep what they were built with. Build the model from the changed config "
+                         f"(OrthrosForCausalLM(config), then load_state_dict), or load a checkpoint with "
+                         f"from_pretrained(path, {name}=...); the engine takes Engine(model, attention_mode=...)")
 
     def run_layers(self, h: torch.Tensor, step: StepInputs) -> torch.Tensor:
         """Every layer's step over ``h`` (built by the caller: the model's forward, the engine);

@@ -462,6 +462,26 @@ def test_a_mode_alias_set_after_init_runs_that_mode():
         torch.testing.assert_close(model(ids).logits, ref(ids).logits)
 
 
+@pytest.mark.parametrize("name, value", [("attention_mode", "full"), ("attention_mode", "swa"), ("window_size", 2),
+                                         ("layer_types", ["full_attention"] * 3)])
+def test_layer_fields_set_on_the_config_of_a_built_model_are_refused_by_name(name, value):
+    # model.config.attention_mode = "full" failed in a layer ("The size of tensor a (0) must match ..."); a
+    # window_size set so was ignored without a word (the layers keep what they were built with)
+    model = tiny_model()
+    ids = torch.randint(0, V, (1, 12))
+    ref = model(ids).logits
+    setattr(model.config, name, value)
+    for fn in (model, model.model):
+        with pytest.raises(ValueError, match=rf"^config\.{name} was set to .* after the model was built with"):
+            fn(ids)
+    setattr(model.config, name, tiny_config().to_dict()[name])
+    torch.testing.assert_close(model(ids).logits, ref)
+    model.config.attention_mode = "orthros"  # the built mode (an alias of it too) runs
+    model = tiny_model(attention_mode="full")
+    model.config.attention_mode = "transformer"
+    model(ids)
+
+
 @torch.no_grad()
 def test_num_logits_to_keep_is_taken_as_logits_to_keep():
     # transformers < 4.50's name went into **kwargs unread: logits (and Orthros' output tokens) for all T
