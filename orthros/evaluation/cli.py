@@ -195,7 +195,8 @@ def _ppl(a) -> int:
         check_output_path("--plot", a.plot)
     if a.output:
         check_output_path("--output", a.output)
-    check_distinct_files([("--output", a.output), ("--plot", a.plot)], [("--data", a.data)])
+    check_distinct_files([("--output", a.output), ("--plot", a.plot)], [("--data", a.data)],
+                         [("--model", a.model), ("--tokenizer", a.tokenizer)])
     max_pos = read_max_positions(a.model)  # (and a clear error when --model is not a checkpoint)
     if a.seq_len is None:
         a.seq_len = min(PPL_SEQ_LEN, max_pos) if max_pos is not None else PPL_SEQ_LEN
@@ -340,7 +341,7 @@ def _niah_train(a) -> int:
 
 def _lm(a) -> int:
     from ..utils import check_device, check_output_path, write_json
-    from .common import default_device
+    from .common import check_distinct_files, default_device
     from .lm import run_lm_eval, summary
 
     limit = a.limit
@@ -358,6 +359,7 @@ def _lm(a) -> int:
     window = _conversion_window(a)
     if a.output:
         check_output_path("--output", a.output)
+        check_distinct_files([("--output", a.output)], checkpoints=[("--model", a.model), ("--tokenizer", a.tokenizer)])
     res = run_lm_eval(a.model, a.tasks.split(","), include_path=a.include_path, limit=limit,
                       batch_size=a.batch_size, device=device, dtype=a.dtype,
                       num_fewshot=a.num_fewshot, window_size=window, tokenizer=a.tokenizer, seed=a.seed,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from ..utils import check_not_blank, expand_path, parse_dtype
@@ -159,10 +160,13 @@ def check_token_range(max_id: int, vocab_size, tokenizer: str = "the tokenizer")
                          f"({vocab_size}): not this model's tokenizer")
 
 
-def check_distinct_files(outputs, inputs=()) -> None:
-    """Refuse, before any work, two outputs naming one file (the second written would replace the first)
-    or an output naming an input (it would replace the data read): ``outputs`` and ``inputs`` are
-    ``(argument, path)`` pairs, an empty or ``None`` path is one not given."""
+def check_distinct_files(outputs, inputs=(), checkpoints=()) -> None:
+    """Refuse, before any work, two outputs naming one file (the second written would replace the first),
+    an output naming an input (it would replace the data read), or an output naming a file of a checkpoint
+    folder read (its config, weights, tokenizer or code: ``-o MODEL/config.json`` would spoil the
+    checkpoint; another file in that folder, such as an earlier ``MODEL/eval.json``, is allowed).
+    ``outputs``, ``inputs`` and ``checkpoints`` (folders) are ``(argument, path)`` pairs, an empty or
+    ``None`` path is one not given."""
     from ..utils import same_file
 
     outs = [(arg, p) for arg, p in outputs if p]
@@ -173,6 +177,19 @@ def check_distinct_files(outputs, inputs=()) -> None:
         for other, q in inputs:
             if q and same_file(p, q):
                 raise ValueError(f"{arg} {p} is the {other} file: name another file for the results")
+        target = Path(os.path.realpath(os.path.expanduser(p)))
+        for other, d in checkpoints:
+            if d and Path(d).expanduser().is_dir() and target.parent == Path(os.path.realpath(Path(d).expanduser())) \
+                    and _is_checkpoint_file(target.name):
+                raise ValueError(f"{arg} {p} is a file of the {other} checkpoint {d} (its config, weights, tokenizer "
+                                 f"or code): name another file for the results")
+
+
+def _is_checkpoint_file(name: str) -> bool:
+    """Whether a file of this name in a checkpoint folder belongs to the checkpoint."""
+    return (name in ("config.json", "generation_config.json", "special_tokens_map.json", "added_tokens.json",
+                     "merges.txt", "chat_template.jinja", *TOKENIZER_FILES)
+            or name.endswith((".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".py", ".gguf")))
 
 
 SEED_MAX = 2 ** 64 - 1  # the largest seed torch.manual_seed takes ("Overflow when unpacking long long" above it)

@@ -138,6 +138,7 @@ def test_plain_lm_eval_cli_with_orthros_imported(tiny, tmp_path):
     (["--limit", "inf"], "--limit must be an integer >= 1 or a fraction in (0, 1), got inf"),
     (["--device", "bogus"], "--device must be cpu, cuda or cuda:N, got 'bogus'"),
     (["-o", "{tmp}"], "--output {tmp}: is a directory"),
+    (["-o", "{ck}/model.safetensors"], "--output {ck}/model.safetensors is a file of the --model checkpoint {ck}"),
 ])
 def test_cli_lm_bad_input_refused_before_the_model_loads(tiny, tmp_path, capsys, monkeypatch, args, msg):
     """Issue: --seed -1 failed after the model had loaded (numpy's `Seed must be between 0 and 2**32 - 1`);
@@ -147,9 +148,9 @@ def test_cli_lm_bad_input_refused_before_the_model_loads(tiny, tmp_path, capsys,
     from orthros.cli import main
 
     monkeypatch.setattr(lm, "run_lm_eval", lambda *a, **kw: pytest.fail("the evaluation started"))
-    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    args = [a.replace("{tmp}", str(tmp_path)).replace("{ck}", str(tiny)) for a in args]
     assert main(["eval", "lm", "--model", str(tiny), "--tasks", "orthros_tiny_cloze", *args]) == 2
-    assert msg.replace("{tmp}", str(tmp_path)) in capsys.readouterr().err
+    assert msg.replace("{tmp}", str(tmp_path)).replace("{ck}", str(tiny)) in capsys.readouterr().err
 
 
 def test_bad_tokenizer_refused_before_the_model_loads(tiny, tmp_path, monkeypatch):

@@ -179,6 +179,9 @@ def test_plot_ticks_are_the_measured_lengths(tiny, tmp_path, seq_len, buckets):
     # were run, then the PNG replaced the JSON ('wrote r.png' twice), or the JSON replaced the held-out data
     (["-o", "{tmp}/r.png", "--plot", "{tmp}/r.png"], "--output {tmp}/r.png and --plot {tmp}/r.png name the same file"),
     (["-o", "{data}"], "--output {data} is the --data file"),
+    # were written over the checkpoint after the evaluation (its config replaced by the results)
+    (["-o", "{ck}/config.json"], "--output {ck}/config.json is a file of the --model checkpoint {ck}"),
+    (["-o", "{ck}/tokenizer.json"], "--output {ck}/tokenizer.json is a file of the --model checkpoint"),
 ])
 def test_cli_bad_input_refused_before_the_model_loads(tiny, tmp_path, capsys, no_model_load, extra, says):
     """Issue: a bad --device, a --seq-len beyond the model, an --output that is a directory (or under a file)
@@ -188,10 +191,12 @@ def test_cli_bad_input_refused_before_the_model_loads(tiny, tmp_path, capsys, no
     data = tmp_path / "long.jsonl"
     data.write_text(json.dumps({"text": " ".join(["thou art the king"] * 300)}) + "\n")
     (tmp_path / "f").write_text("x")
-    extra = [x.format(tmp=tmp_path, file=tmp_path / "f", data=data) for x in extra]
+    extra = [x.format(tmp=tmp_path, file=tmp_path / "f", data=data, ck=ck) for x in extra]
     args = ["ppl", "--model", str(ck), "--data", str(data), "--seq-len", "16", "--buckets", "0,16", "--no-progress"]
+    config = (ck / "config.json").read_text()
     assert eval_main(args + extra) == 2
-    assert says.format(tmp=tmp_path, data=data) in capsys.readouterr().err
+    assert says.format(tmp=tmp_path, data=data, ck=ck) in capsys.readouterr().err
+    assert (ck / "config.json").read_text() == config
     assert json.loads(data.read_text())["text"].startswith("thou art")
 
 
