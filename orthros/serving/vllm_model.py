@@ -414,10 +414,7 @@ class OrthrosForCausalLM(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
         config = vllm_config.model_config.hf_config
-        if getattr(config, "model_type", None) != "orthros":
-            raise ValueError(f"{type(self).__name__} needs an Orthros config (model_type 'orthros'), got "
-                             f"{getattr(config, 'model_type', None)!r}")
-        check_servable(config, hybrid=self.serves_gdn)
+        self.check_config(config)
         if get_tensor_model_parallel_world_size() != 1 or get_pp_group().world_size != 1:
             raise ValueError("the vLLM Orthros model runs with tensor_parallel_size=1 and pipeline_parallel_size=1 "
                              "(the scale-offset parameters are not sharded yet)")
@@ -442,6 +439,15 @@ class OrthrosForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head = self.lm_head.tie_weights(self.model.embed_tokens)
         self.logits_processor = LogitsProcessor(config.vocab_size)
+
+    @classmethod
+    def check_config(cls, config) -> None:
+        """Refuse (``ValueError``) a checkpoint this class does not serve: not an Orthros one, or one
+        :func:`~orthros.serving.check_servable` refuses (another class's kind among them)."""
+        if getattr(config, "model_type", None) != "orthros":
+            raise ValueError(f"{cls.__name__} needs an Orthros config (model_type 'orthros'), got "
+                             f"{getattr(config, 'model_type', None)!r}")
+        check_servable(config, hybrid=cls.serves_gdn)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
@@ -468,6 +474,9 @@ class OrthrosHybridForCausalLM(OrthrosForCausalLM, IsHybrid):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         from vllm.platforms import current_platform
 
+        # the checkpoint first: an attention-only one (served by OrthrosForCausalLM in any dtype) was told to pass
+        # --dtype bfloat16, then refused for its kind
+        self.check_config(vllm_config.model_config.hf_config)
         if not current_platform.is_cpu():  # the state layout read by gdn_output_stream is the CPU kernels'
             raise ValueError("OrthrosHybridForCausalLM (Gated DeltaNet layers) is checked on vLLM's CPU backend "
                              "only; its GPU kernels keep the recurrent state in another layout, not read yet")

@@ -243,6 +243,18 @@ def test_attention_only_class_refuses_a_hybrid_checkpoint(tmp_path):
                        hybrid=True)
 
 
+def test_an_attention_only_checkpoint_in_the_hybrid_class_is_told_its_class_whatever_the_dtype(tmp_path):
+    """Served as OrthrosHybridForCausalLM (--hf-overrides) in float32, an attention-only checkpoint was
+    told to pass --dtype bfloat16, then, in bf16, that its class is OrthrosForCausalLM (which serves
+    it in float32 too): the checkpoint is checked before the dtype."""
+    path = build_checkpoint(tmp_path / "attn", seed=9, num_hidden_layers=1)
+    with pytest.raises(Exception, match="serve it as OrthrosForCausalLM"):
+        llm = LLM(model=str(path), dtype="float32", max_model_len=MAX_MODEL_LEN, block_size=BLOCK_SIZE,
+                  kv_cache_memory_bytes=64 << 20, max_num_seqs=2, enforce_eager=True, enable_prefix_caching=False,
+                  hf_overrides={"architectures": ["OrthrosHybridForCausalLM"]})
+        llm.llm_engine.engine_core.shutdown()
+
+
 def test_head_dims_the_cpu_kernels_do_not_take_are_refused_at_load(tmp_path):
     from orthros.kinds import hybrid_layout
 
