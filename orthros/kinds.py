@@ -71,6 +71,12 @@ def layer_type_for(mode: str) -> str:
     return f"{mode}_attention"
 
 
+def with_attention_mode(layer_types, mode: str) -> List[str]:
+    """``layer_types`` with every attention layer switched to ``mode``'s kind, GDN layers kept: one
+    checkpoint run as its Transformer / SWA baseline (``mode`` resolved: a name of :data:`ATTENTION_MODES`)."""
+    return [layer_type_for(mode) if t in ATTENTION_LAYER_TYPES else t for t in layer_types]
+
+
 def interval_layer_types(num_layers: int, interval: int, mode: str) -> List[str]:
     """Qwen3.5's ``full_attention_interval`` pattern: layer ``i`` is an attention layer of ``mode``
     when ``(i + 1) % interval == 0``, a GDN layer otherwise."""

@@ -97,12 +97,11 @@ def load_model(path, *, device: str = "cpu", dtype=None, window_size: int = 128,
         config = AutoConfig.from_pretrained(str(path))
         check_weights_fit(path, config)  # a missing tensor would be random
         if attention_mode is not None:  # before the layers are built: they fix their mode then
-            from ..kinds import ATTENTION_LAYER_TYPES, layer_type_for
+            from ..kinds import with_attention_mode
 
             config.attention_mode = attention_mode
             if getattr(config, "layer_types", None):
-                config.layer_types = [layer_type_for(attention_mode) if t in ATTENTION_LAYER_TYPES else t
-                                      for t in config.layer_types]
+                config.layer_types = with_attention_mode(config.layer_types, attention_mode)
         model = AutoModelForCausalLM.from_pretrained(str(path), config=config, dtype=dtype)
     else:
         from ..conversion import convert_from_hf

@@ -9,8 +9,8 @@ from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from ..kinds import (ATTENTION_LAYER_TYPES, ATTENTION_MODES, LINEAR_LAYER_TYPE, interval_layer_types, layer_type_for,
-                     resolve_layer_types, resolve_mode)
+from ..kinds import (ATTENTION_LAYER_TYPES, ATTENTION_MODES, LINEAR_LAYER_TYPE, interval_layer_types,
+                     resolve_layer_types, resolve_mode, with_attention_mode)
 from ..ops.backends import BACKENDS as ATTN_BACKENDS
 from ..utils import check_positive_int
 
@@ -194,9 +194,8 @@ class OrthrosConfig(PreTrainedConfig):
         given without ``attention_mode`` sets the mode to theirs."""
         mode, types = kwargs.get("attention_mode"), kwargs.get("layer_types")
         if mode is not None and types is None and isinstance(config_dict.get("layer_types"), list):
-            kind = layer_type_for(resolve_mode(mode))
             config_dict = {**config_dict, "attention_mode": mode,
-                           "layer_types": [kind if t in ATTENTION_LAYER_TYPES else t for t in config_dict["layer_types"]]}
+                           "layer_types": with_attention_mode(config_dict["layer_types"], resolve_mode(mode))}
         elif types is not None and mode is None and isinstance(types, (list, tuple)) and \
                 any(t in ATTENTION_LAYER_TYPES for t in types if isinstance(t, str)):
             config_dict = {**config_dict, "attention_mode": None, "layer_types": types}  # the mode follows them

@@ -395,9 +395,9 @@ def model_config_for(cfg: RunConfig, tokenizer):
         _apply_model_keys(m, mc)
         mc.attention_mode = mode
         if getattr(mc, "layer_types", None):  # attention layers take the new mode: the saved config must load
-            from ..kinds import ATTENTION_LAYER_TYPES, layer_type_for
+            from ..kinds import with_attention_mode
 
-            mc.layer_types = [layer_type_for(mode) if t in ATTENTION_LAYER_TYPES else t for t in mc.layer_types]
+            mc.layer_types = with_attention_mode(mc.layer_types, mode)
         mc.use_cache = True  # checkpoints generate with a KV cache (training passes use_cache=False)
         return mc
     layout = hybrid_layout(arch, m.num_hidden_layers) if kind else {"attention_mode": mode}
