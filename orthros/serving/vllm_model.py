@@ -357,6 +357,22 @@ class OrthrosDecoderLayer(ResidualMLP, nn.Module):
         return self.post_attention(h, attn)  # the package's one residual + MLP step
 
 
+def check_rope_positions(rotary_emb, config, max_model_len: int) -> None:
+    """Refuse (``ValueError``) a ``max_model_len`` past the positions vLLM's RoPE table covers:
+    vLLM allows ``max_position_embeddings * factor`` for ``rope_type`` "dynamic", but its table
+    holds ``max_position_embeddings`` rows (and "yarn" ``original_max_position_embeddings *
+    factor``, fewer than ``max_position_embeddings`` in some configs); a position past them
+    got NaN logits, sampled as token 0, without a word (vLLM's own Llama does the same)."""
+    cache = getattr(rotary_emb, "cos_sin_cache", None)
+    if cache is None or max_model_len <= cache.shape[0]:
+        return
+    rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    raise ValueError(f"vLLM's RoPE for this checkpoint (rope_type {rope_type!r}, max_position_embeddings="
+                     f"{config.max_position_embeddings}) covers positions below {cache.shape[0]}, and max_model_len is "
+                     f"{max_model_len}: a longer sequence would get NaN logits. Pass --max-model-len {cache.shape[0]} "
+                     f"or less (max_model_len= in vllm.LLM)")
+
+
 class OrthrosModel(nn.Module):
     hf_to_vllm_mapper = WeightsMapper(orig_to_new_stacked={
         ".q_proj": (".qkv_proj", "q"), ".k_proj": (".qkv_proj", "k"), ".v_proj": (".qkv_proj", "v"),
@@ -378,6 +394,8 @@ class OrthrosModel(nn.Module):
         # the sampled rows come from an attention layer's metadata (check_servable: there is one)
         self.first_attn_name = next(layer.self_attn.attn.layer_name for layer in self.layers
                                     if layer.self_attn is not None)
+        check_rope_positions(next(layer.self_attn for layer in self.layers if layer.self_attn is not None).rotary_emb,
+                             config, vllm_config.model_config.max_model_len)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
@@ -514,4 +532,4 @@ class OrthrosHybridForCausalLM(OrthrosForCausalLM, IsHybrid):
 
 
 __all__ = ["OUTPUT_STREAM_OPS", "OrthrosForCausalLM", "OrthrosHybridForCausalLM", "OrthrosModel", "WindowAttention",
-           "gdn_output_stream", "layer_metadata", "output_stream_attention", "output_stream_op", "rows_from_metadata", "sampled_rows"]
+           "check_rope_positions", "gdn_output_stream", "layer_metadata", "output_stream_attention", "output_stream_op", "rows_from_metadata", "sampled_rows"]

@@ -190,6 +190,25 @@ def test_baseline_modes_equal_generate(mode, tmp_path, prompt_of):
     check_checkpoint(path, [prompt_of(n, seed=60 + i) for i, n in enumerate([6, WINDOW + 5, 100])])
 
 
+def test_a_max_model_len_past_the_rope_table_is_refused_at_load(tmp_path, prompt_of):
+    """rope_type "dynamic": vLLM allows max_model_len up to max_position_embeddings * factor, but its
+    RoPE table holds max_position_embeddings rows; a prompt past them (100 tokens, 64 positions,
+    max_model_len 256 allowed) got NaN logits, sampled as token 0 twelve times, without a word.
+    Refused at load, naming the length that fits; within it, the tokens are generate()'s."""
+    rope = {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 4.0}
+    path = build_checkpoint(tmp_path / "dyn", seed=7, max_position_embeddings=64, rope_parameters=rope)
+    with pytest.raises(Exception, match="covers positions below 64, and max_model_len is 256.*--max-model-len 64"):
+        close(make_llm(path, max_model_len=4 * 64, enable_prefix_caching=False))
+    ref, llm = Reference(path), make_llm(path, max_model_len=64, enable_prefix_caching=False)
+    try:
+        prompts = [prompt_of(n, seed=70 + i) for i, n in enumerate([5, WINDOW + 3, 64 - NEW])]
+        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy(), use_tqdm=False)
+        for p, out in zip(prompts, outs):
+            assert tokens(out) == ref(p, NEW), f"prompt length {len(p)}"
+    finally:
+        close(llm)
+
+
 def test_unsupported_checkpoints_refused_before_loading():
     import orthros
     from orthros.serving import check_servable
