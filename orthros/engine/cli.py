@@ -484,7 +484,7 @@ def _generate_file(args, sampling, dev, dtype, config, tok, prompts) -> int:
 
     import torch
 
-    from ..utils import Progress, expand_path, write_text
+    from ..utils import Progress, write_text
     from .engine import _eos_set, check_fits
 
     encoded, texts = [], [text for _, text in prompts]
@@ -523,23 +523,44 @@ def _generate_file(args, sampling, dev, dtype, config, tok, prompts) -> int:
                     sys.stdout.write("".join(done))
                     sys.stdout.flush()
                 bar.update(len(batch))
-    except BaseException:  # Ctrl-C, SIGTERM (Terminated), a failure: keep what is finished, apart
-        if args.output is not None and lines:
-            out = expand_path(args.output, "--output")
-            stream = out.exists() and not out.is_file()  # a pipe or a device: written as it is
-            dest = out if stream else out.with_name(out.name + ".partial")
+    except BaseException as e:  # Ctrl-C, SIGTERM (Terminated), a failure: keep what is finished, apart
+        said = f"orthros generate: stopped after {len(lines)} of {len(encoded)} prompts"
+        if args.output is None:
+            if lines and not isinstance(e, BrokenPipeError):  # (a reader gone, e.g. `| head`: nothing to say)
+                print(f"{said}: their lines are on stdout", file=sys.stderr, flush=True)
+        elif lines:
+            stream, partial = _partial_path(args.output)
+            dest = args.output if stream else partial
             write_text(dest, "".join(lines))
-            print(f"orthros generate: stopped after {len(lines)} of {len(encoded)} prompts: their lines are in "
-                  f"{dest}" + ("" if stream else f" (--output {args.output} is not written)"),
+            print(f"{said}: their lines are in {dest}" + ("" if stream else f" (--output {args.output} is not written)"),
                   file=sys.stderr, flush=True)
+        else:
+            stream, partial = _partial_path(args.output)
+            if not stream and partial.is_file():  # not to be taken for this run's
+                print(f"{said}; {partial} is of an earlier run", file=sys.stderr, flush=True)
         raise
     if args.output is not None:
         write_text(args.output, "".join(lines))
+        stream, partial = _partial_path(args.output)
+        if not stream and partial.is_file():  # an earlier run's, stopped early: the whole file replaces it
+            partial.unlink()
+            print(f"orthros generate: removed {partial} (an earlier run's lines; --output {args.output} is whole)",
+                  file=sys.stderr, flush=True)
     if args.stats:
         secs = time.perf_counter() - t0
         print(f"[stats] {len(lines)} prompts in batches of {bs}: {n_new} new tokens in {secs:.2f} s "
               f"({n_new / max(secs, 1e-9):.1f} tokens/s, prefill included)", file=sys.stderr, flush=True)
     return 0
+
+
+def _partial_path(output):
+    """``(stream, partial)`` of ``--output``: whether it is a pipe or a device (written as it is, a
+    stopped run's lines too), and the ``OUTPUT.partial`` file beside it that a run stopped early
+    writes its finished lines to (beside a symbolic link, not its target)."""
+    from ..utils import expand_path
+
+    out = expand_path(output, "--output")
+    return out.exists() and not out.is_file(), out.with_name(out.name + ".partial")
 
 
 if __name__ == "__main__":

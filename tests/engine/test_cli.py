@@ -280,6 +280,52 @@ def test_a_prompt_file_run_stopped_early_keeps_its_finished_batches(checkpoint, 
     assert "stopped after 4 of 5 prompts" in capsys.readouterr().err
 
 
+def test_a_stopped_prompt_file_run_says_what_it_kept_and_leaves_no_stale_partial(checkpoint, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """Streamed to stdout, a stopped run says how many prompts' lines are there (stdout may be a file
+    the user reads later). With --output, OUTPUT.partial is only ever the latest run's: a run that
+    completes removes an earlier run's (the whole file replaces it), and a run stopped before any
+    batch finished says the one there is an earlier run's. Was: silent; a stale OUTPUT.partial stayed
+    beside the whole file, looking like this run's."""
+    from orthros.engine.engine import Engine as Eng
+
+    d, _ = checkpoint
+    (tmp_path / "p.txt").write_text("w1 w5 w7\nw2\nw9 w8 w7\n")
+    argv = ["generate", "--model", str(d), "--device", "cpu", "--max-new-tokens", "3", "--prompts",
+            str(tmp_path / "p.txt"), "--batch-size", "1"]
+    out, partial = tmp_path / "out.jsonl", tmp_path / "out.jsonl.partial"
+    real, calls = Eng.generate, []
+
+    def stop_at(n):
+        calls.clear()
+
+        def generate(self, *a, **kw):
+            calls.append(1)
+            if len(calls) == n:
+                raise KeyboardInterrupt
+            return real(self, *a, **kw)
+        monkeypatch.setattr(Eng, "generate", generate)
+
+    stop_at(3)
+    capsys.readouterr()
+    rc, text = run_cli(argv)
+    assert rc == 130 and len(text.splitlines()) == 2
+    assert "stopped after 2 of 3 prompts: their lines are on stdout" in capsys.readouterr().err
+    stop_at(3)
+    rc, _ = run_cli(argv + ["-o", str(out)])
+    assert rc == 130 and len(partial.read_text().splitlines()) == 2 and not out.exists()
+    stop_at(1)  # nothing finished: the partial there is the earlier run's, and said so
+    capsys.readouterr()
+    rc, _ = run_cli(argv + ["-o", str(out)])
+    assert rc == 130 and len(partial.read_text().splitlines()) == 2 and not out.exists()
+    assert f"stopped after 0 of 3 prompts; {partial} is of an earlier run" in capsys.readouterr().err
+    stop_at(0)  # runs to its end
+    rc, _ = run_cli(argv + ["-o", str(out)])
+    assert rc == 0 and len(out.read_text().splitlines()) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.jsonl", "p.txt"]
+    assert f"removed {partial}" in capsys.readouterr().err
+
+
 def test_paths_with_a_tilde_are_the_home_s(checkpoint, tmp_path, monkeypatch):
     """The shell leaves ``~`` in ``--model=~/x`` as it is. Was: --model passed the checks (which
     expanded it), then loading failed on the literal path (exit 1, a hub repo-id error); --output
