@@ -16,8 +16,8 @@ import argparse
 import sys
 import time
 
-from ..utils import (DTYPE_ALIASES as DTYPES, check_device, check_input_file, check_output_path, parse_dtype,
-                     read_text_file, same_file, show_traceback, stop_on_sigterm)
+from ..utils import (DTYPE_ALIASES as DTYPES, check_device, check_input_file, check_output_path, isatty,
+                     parse_dtype, read_text_file, same_file, show_traceback, stop_on_sigterm)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -269,6 +269,9 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
     first = None  # the first turn is encoded and checked before the weights load
     if args.prompt or not args.interactive:
         # `echo PROMPT |` adds a line break the user did not mean as prompt (the model would continue after it)
+        if not args.prompt and isatty(sys.stdin):  # else a terminal would wait for it without a word
+            print("orthros generate: reading the prompt from stdin; end it with Ctrl-D (or give it as an argument, "
+                  "or --interactive for one turn a line)", file=sys.stderr, flush=True)
         text = " ".join(args.prompt) if args.prompt else sys.stdin.read().rstrip("\r\n")
         if not text:
             raise ValueError("empty prompt")

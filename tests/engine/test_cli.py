@@ -90,6 +90,18 @@ def test_generate_interactive_prompts_at_a_terminal(checkpoint, capsys, monkeypa
     assert "> " not in cap.out and len(cap.out.strip("\n").split("\n")) == 2
 
 
+@pytest.mark.parametrize("tty", [True, False])
+def test_a_prompt_read_from_a_terminal_is_asked_for(checkpoint, capsys, monkeypatch, tty):
+    """No prompt argument at a terminal: stderr says the prompt is read from stdin and how to end it
+    (was: the command waited without a word, as if hung). Piped stdin gets no such line."""
+    d, _ = checkpoint
+    monkeypatch.setattr(sys, "stdin", _TTYInput("w1 w2 w3\n") if tty else io.StringIO("w1 w2 w3\n"))
+    rc = orthros_main(["generate", "--model", str(d), "--max-new-tokens", "4", "--device", "cpu"])
+    cap = capsys.readouterr()
+    assert rc == 0 and len(cap.out.split()) > 0
+    assert ("reading the prompt from stdin; end it with Ctrl-D" in cap.err) == tty
+
+
 @pytest.mark.parametrize("flag, value", [("--temperature", "-1"), ("--top-p", "2"), ("--top-k", "-3"),
                                          ("--max-new-tokens", "0"), ("--dtype", "int8")])
 def test_generate_rejects_bad_arguments(flag, value, capsys):
