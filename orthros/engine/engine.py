@@ -189,6 +189,7 @@ class Engine:
         if not hasattr(model, "model") or not hasattr(model.model, "run_layers") or not hasattr(model, "lm_head"):
             raise TypeError(f"model must be an OrthrosForCausalLM, got {type(model).__name__}")
         cfg = model.config
+        _check_layer_config(model)
         mode = resolve_mode(cfg.attention_mode if attention_mode is None else attention_mode)
         limit = getattr(cfg, "max_position_embeddings", None)
         if max_seq_len is None:
@@ -267,6 +268,7 @@ class Engine:
         (another engine fused or un-fused them, ``.to()``), apply this engine's fuse setting
         again and drop the CUDA graphs captured against the old addresses. A model moved to
         another dtype or device is refused: the cache and the RoPE table are the engine's own."""
+        _check_layer_config(self.model)
         p = next(self.model.parameters())
         if (p.dtype, p.device) != (self.dtype, self.device):
             raise ValueError(f"the model is now {p.dtype} on {p.device}, but this engine was built for it in "
@@ -700,6 +702,26 @@ class Engine:
             if callback is not None:
                 callback(toks)
         return rows_out
+
+
+def _check_layer_config(model) -> None:
+    """``model.config.window_size`` / ``layer_types`` set after the model was built: a ``ValueError``
+    naming the field. The layers keep what they were built with (the model's forward refuses such a
+    config too), and the engine's prefill read the window from the config: a chunk's window queries
+    lost their keys before the chunk, giving other tokens without a word. (``attention_mode`` is
+    the engine's own setting, taken from the config when not given.)"""
+    built = getattr(model.model, "_built_with", None)  # (a model built by a path that skipped __init__: unchecked)
+    for name in ("window_size", "layer_types"):
+        if built is None or name not in built:
+            continue
+        now = getattr(model.config, name, None)
+        now = list(now) if name == "layer_types" and now is not None else now
+        if now != built[name]:
+            raise ValueError(f"model.config.{name} was set to {now!r} after the model was built with {built[name]!r}: "
+                             f"its layers keep what they were built with. Build the model from the changed config "
+                             f"(OrthrosForCausalLM(config), then load_state_dict), or load the checkpoint with "
+                             f"from_pretrained(path, {name}=...); another attention mode is Engine(model, "
+                             f"attention_mode=...)")
 
 
 def _is_token_id(t) -> bool:

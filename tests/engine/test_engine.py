@@ -417,6 +417,24 @@ def test_a_model_moved_to_another_dtype_is_refused_by_its_engine():
     assert eng.generate([[3, 4, 5]], 3) == want
 
 
+def test_a_window_set_in_the_config_after_the_model_was_built_is_refused():
+    """``model.config.window_size = w`` after the model was built: its layers keep the old window (the
+    model's forward refuses it), but the engine's chunked prefill took the new one for the keys a
+    chunk's window queries see, and gave other tokens without a word. Refused now, naming the field,
+    when the engine is built and at a request after the change; set back, the engine serves again."""
+    m = tiny_model()
+    prompt = [[1, 5, 7, 9, 11, 13, 2, 4, 6, 8, 10, 3]]
+    eng = Engine(m, max_batch_size=1, max_seq_len=32, prefill_chunk=4)
+    want = eng.generate(prompt, 4)
+    m.config.window_size = 2
+    with pytest.raises(ValueError, match=r"model.config.window_size was set to 2 after the model was built with 5"):
+        Engine(m, max_batch_size=1, max_seq_len=32, prefill_chunk=4)
+    with pytest.raises(ValueError, match=r"config.window_size was set to 2"):
+        eng.generate(prompt, 4)
+    m.config.window_size = W
+    assert eng.generate(prompt, 4) == want == Engine(m, max_seq_len=32, prefill_chunk=4).generate(prompt, 4)
+
+
 def test_step_rejects_bad_tokens():
     m = tiny_model()
     eng = Engine(m, max_batch_size=2, max_seq_len=32)
