@@ -532,19 +532,19 @@ def _generate_file(args, sampling, dev, dtype, config, tok, prompts) -> int:
             if lines and not isinstance(e, BrokenPipeError):  # (a reader gone, e.g. `| head`: nothing to say)
                 print(f"{said}: their lines are on stdout", file=sys.stderr, flush=True)
         elif lines:
-            stream, partial = _partial_path(args.output)
-            dest = args.output if stream else partial
+            out, stream, partial = _partial_path(args.output)
+            dest = out if stream else partial
             write_text(dest, "".join(lines))
             print(f"{said}: their lines are in {dest}" + ("" if stream else f" (--output {args.output} is not written)"),
                   file=sys.stderr, flush=True)
         else:
-            stream, partial = _partial_path(args.output)
+            _, stream, partial = _partial_path(args.output)
             if not stream and partial.is_file():  # not to be taken for this run's
                 print(f"{said}; {partial} is of an earlier run", file=sys.stderr, flush=True)
         raise
     if args.output is not None:
         write_text(args.output, "".join(lines))
-        stream, partial = _partial_path(args.output)
+        _, stream, partial = _partial_path(args.output)
         if not stream and partial.is_file():  # an earlier run's, stopped early: the whole file replaces it
             partial.unlink()
             print(f"orthros generate: removed {partial} (an earlier run's lines; --output {args.output} is whole)",
@@ -557,13 +557,13 @@ def _generate_file(args, sampling, dev, dtype, config, tok, prompts) -> int:
 
 
 def _partial_path(output):
-    """``(stream, partial)`` of ``--output``: whether it is a pipe or a device (written as it is, a
-    stopped run's lines too), and the ``OUTPUT.partial`` file beside it that a run stopped early
-    writes its finished lines to (beside a symbolic link, not its target)."""
+    """``(out, stream, partial)`` of ``--output``: its path (``~`` expanded), whether it is a pipe or
+    a device (written as it is, a stopped run's lines too), and the ``OUTPUT.partial`` file beside it
+    that a run stopped early writes its finished lines to (beside a symbolic link, not its target)."""
     from ..utils import expand_path
 
     out = expand_path(output, "--output")
-    return out.exists() and not out.is_file(), out.with_name(out.name + ".partial")
+    return out, out.exists() and not out.is_file(), out.with_name(out.name + ".partial")
 
 
 if __name__ == "__main__":
