@@ -706,22 +706,10 @@ class Engine:
 
 def _check_layer_config(model) -> None:
     """``model.config.window_size`` / ``layer_types`` set after the model was built: a ``ValueError``
-    naming the field. The layers keep what they were built with (the model's forward refuses such a
-    config too), and the engine's prefill read the window from the config: a chunk's window queries
-    lost their keys before the chunk, giving other tokens without a word. (``attention_mode`` is
-    the engine's own setting, taken from the config when not given.)"""
-    built = getattr(model.model, "_built_with", None)  # (a model built by a path that skipped __init__: unchecked)
-    for name in ("window_size", "layer_types"):
-        if built is None or name not in built:
-            continue
-        now = getattr(model.config, name, None)
-        now = list(now) if name == "layer_types" and now is not None else now
-        if now != built[name]:
-            raise ValueError(f"model.config.{name} was set to {now!r} after the model was built with {built[name]!r}: "
-                             f"its layers keep what they were built with. Build the model from the changed config "
-                             f"(OrthrosForCausalLM(config), then load_state_dict), or load the checkpoint with "
-                             f"from_pretrained(path, {name}=...); another attention mode is Engine(model, "
-                             f"attention_mode=...)")
+    naming the field (:meth:`OrthrosModel.check_layer_fields`). The engine's prefill read the window
+    from the config while the layers kept theirs: a chunk's window queries lost their keys before the
+    chunk, giving other tokens without a word. (``attention_mode`` is the engine's own setting.)"""
+    model.model.check_layer_fields(("window_size", "layer_types"))
 
 
 def _is_token_id(t) -> bool:

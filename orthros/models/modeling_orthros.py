@@ -291,7 +291,8 @@ def warn_beyond_positions(config, n: int, stacklevel: int = 2) -> None:
 def _layer_fields(config) -> dict:
     """The config fields the layers are built from (and keep): a change after the model is built would
     not reach them."""
-    return {"attention_mode": config.attention_mode, "window_size": config.window_size,
+    mode = config.attention_mode
+    return {"attention_mode": MODE_ALIASES.get(mode, mode), "window_size": config.window_size,  # an alias: that mode
             "layer_types": list(config.layer_types)}
 
 
@@ -348,7 +349,7 @@ class OrthrosModel(OrthrosPreTrainedModel):
                              f"or static layers: pass an OrthrosCache, a DynamicCache() built without a config, "
                              f"or None for a new one")
         _refuse_extra_outputs(self.config, kwargs)
-        self._check_layer_fields()
+        self.check_layer_fields()
         x = _one_input(input_ids, inputs_embeds)
         h = self.embed_tokens(x) if inputs_embeds is None else x
         if h.shape[-1] != self.config.hidden_size:  # inputs_embeds of another width failed in the first norm
@@ -440,23 +441,21 @@ class OrthrosModel(OrthrosPreTrainedModel):
             cache.linear_seen = past + T
         return BaseModelOutputWithPast(last_hidden_state=self.norm(h), **{CACHE_KWARG: cache})
 
-    def _check_layer_fields(self) -> None:
-        """``model.config.attention_mode`` / ``window_size`` / ``layer_types`` set after the model was built:
-        a ``ValueError`` (the layers keep what they were built with; a mode failed in a layer with a tensor
-        size error, a window was ignored)."""
+    def check_layer_fields(self, names=("attention_mode", "window_size", "layer_types")) -> None:
+        """``config.attention_mode`` / ``window_size`` / ``layer_types`` (those of ``names``) set after the
+        model was built: a ``ValueError`` naming the field (the layers keep what they were built with; a
+        mode failed in a layer with a tensor size error, a window was ignored). The model's forward checks
+        all three; the engine, whose attention mode is its own setting, the other two."""
         built = getattr(self, "_built_with", None)  # (a model built by a path that skipped __init__: unchecked)
-        now = _layer_fields(self.config) if built is not None else None
-        if now == built:
+        if built is None:
             return
-        if now["attention_mode"] != built["attention_mode"] and now["attention_mode"] in MODE_ALIASES:
-            now["attention_mode"] = MODE_ALIASES[now["attention_mode"]]  # an alias of the same mode is that mode
-            if now == built:
-                return
-        name = next(k for k in now if now[k] != built[k])
-        raise ValueError(f"config.{name} was set to {now[name]!r} after the model was built with {built[name]!r}: "
-                         f"the layers keep what they were built with. Build the model from the changed config "
-                         f"(OrthrosForCausalLM(config), then load_state_dict), or load a checkpoint with "
-                         f"from_pretrained(path, {name}=...); the engine takes Engine(model, attention_mode=...)")
+        now = _layer_fields(self.config)
+        name = next((k for k in names if now[k] != built[k]), None)
+        if name is not None:
+            raise ValueError(f"config.{name} was set to {now[name]!r} after the model was built with {built[name]!r}: "
+                             f"the layers keep what they were built with. Build the model from the changed config "
+                             f"(OrthrosForCausalLM(config), then load_state_dict), or load a checkpoint with "
+                             f"from_pretrained(path, {name}=...); the engine takes Engine(model, attention_mode=...)")
 
     def run_layers(self, h: torch.Tensor, step: StepInputs) -> torch.Tensor:
         """Every layer's step over ``h`` (built by the caller: the model's forward, the engine);

@@ -427,7 +427,7 @@ def test_a_window_set_in_the_config_after_the_model_was_built_is_refused():
     eng = Engine(m, max_batch_size=1, max_seq_len=32, prefill_chunk=4)
     want = eng.generate(prompt, 4)
     m.config.window_size = 2
-    with pytest.raises(ValueError, match=r"model.config.window_size was set to 2 after the model was built with 5"):
+    with pytest.raises(ValueError, match=r"config.window_size was set to 2 after the model was built with 5"):
         Engine(m, max_batch_size=1, max_seq_len=32, prefill_chunk=4)
     with pytest.raises(ValueError, match=r"config.window_size was set to 2"):
         eng.generate(prompt, 4)
