@@ -167,7 +167,9 @@ def check_output_dir_free(path: str) -> None:
         return
     with fh:
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when fh closes
+            # shared: preflights at once (a torchrun's ranks resuming, a --dry-run beside a starting run) do not
+            # take each other for a run; a run's exclusive lock still blocks it. Released when fh closes
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
             raise _in_use(path, _lock_holder(fh)) from None
         except OSError:  # a file system without flock
@@ -977,8 +979,15 @@ class Trainer:
         self._setup_model()
         start_step = self.step
         Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)  # checked (not created) in the preflight
-        if dist.main:  # held until the run ends (train() closes it; so does the process's end)
-            self.lock = lock_output_dir(cfg.output_dir)
+        taken = None  # held by the first process until the run ends (train() closes it; so does the process's end)
+        if dist.main:
+            try:
+                self.lock = lock_output_dir(cfg.output_dir)
+            except ConfigError as e:  # another run started since the preflight
+                taken = str(e)
+        taken = next((t for t in dist.gather_object(taken) if t), None)  # every process stops, not the first alone
+        if taken:
+            raise ConfigError(taken)
         # a fresh start drops every step row an earlier start in this output_dir logged (killed before
         # its first checkpoint), so metrics.jsonl keeps one row a step
         logger = MetricsLogger(cfg.output_dir, enabled=dist.main, tensorboard=cfg.train.tensorboard,

@@ -1044,6 +1044,11 @@ def test_a_second_run_into_an_output_dir_in_use_is_refused(tmp_path, corpus, ref
         lock_output_dir(str(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == [LOCK]  # nothing written
     other.close()  # the first run ends
+    from orthros.training.trainer import check_output_dir_free
+
+    with open(tmp_path / LOCK) as peer:  # another process's preflight at the same moment (a torchrun's ranks
+        fcntl.flock(peer, fcntl.LOCK_SH)  # resuming, a --dry-run beside a starting run): not a run in the way
+        check_output_dir_free(str(tmp_path))  # was refused as "in use by another training run"
     train(load_config(None, args))
     assert losses(tmp_path) == ref
     with open(tmp_path / LOCK, "a+") as fh:  # released when the run ended
