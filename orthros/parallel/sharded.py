@@ -391,9 +391,13 @@ class ShardedOrthros:
 
     # ------------------------------------------------------------------ decode
     @torch.no_grad()
-    def decode_step(self, tokens: torch.Tensor, cache: ShardedKVCache) -> torch.Tensor:
+    def decode_step(self, tokens: torch.Tensor, cache: ShardedKVCache, *, check_ranks: bool = True) -> torch.Tensor:
         """One decode step for ``tokens [B]`` (the same on every rank). The base token's K/V is
-        appended to the last rank's shard; returns ``logits [B, 1, V]`` (identical on every rank)."""
+        appended to the last rank's shard; returns ``logits [B, 1, V]`` (identical on every rank).
+        ``check_ranks`` (with more than one rank): first gather every rank's position and tokens and
+        refuse a step out of step; it costs a collective and a host sync a step (the CPU waits for the
+        GPU before queueing the step): a tested loop may pass ``False`` (``generate`` checks nothing:
+        it broadcasts its tokens)."""
         dev = self.device
         if not isinstance(cache, ShardedKVCache):  # was an AttributeError ('... has no attribute seq_len')
             raise TypeError(f"cache must be the ShardedKVCache prefill() returned, got {type(cache).__name__}")
@@ -412,7 +416,7 @@ class ShardedOrthros:
         B = cache.k[0].shape[0]
         if tokens.shape not in ((B,), (B, 1)):
             raise ValueError(f"tokens must be [B] or [B, 1] with B = {B} (the cache's batch), got {tuple(tokens.shape)}")
-        if self.ctx.world_size > 1:
+        if check_ranks and self.ctx.world_size > 1:
             self._check_same_step(tokens.long().view(-1), cache)
         warn_beyond_positions(self.model.config, cache.seq_len + 1)
         return self._decode_step(tokens.long().view(-1, 1), cache)
