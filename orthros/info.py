@@ -24,7 +24,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from .kinds import ATTENTION_LAYER_TYPES, LINEAR_LAYER_TYPE, describe_layers, model_kind, window_of
+from .kinds import (ATTENTION_LAYER_TYPES, LINEAR_LAYER_TYPE, describe_layers, model_kind, window_of,
+                    with_attention_mode)
 from .utils import DTYPE_CHOICES, check_positive_int, format_bytes
 
 # safetensors dtype -> the short name CLIs use (floating dtypes a cache can have)
@@ -158,7 +159,7 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
     mode, types = config.attention_mode, list(config.layer_types)
     full = copy.deepcopy(config)
     full.attention_mode = "full"
-    full.layer_types = ["full_attention" if t in ATTENTION_LAYER_TYPES else t for t in types]
+    full.layer_types = with_attention_mode(types, "full")
     flops = forward_flops(config, [L], 1, out_keys=L)
     flops_full = forward_flops(full, [L], 1)
 

@@ -212,9 +212,16 @@ def _write_target(path) -> tuple[Path, bool]:
     (``/dev/stdout``, ``/dev/null``) is written as it is (a rename would put a regular file in its
     place); through a symbolic link, its target (a rename would replace the link)."""
     path = Path(path)
-    if path.exists() and not path.is_file():
+    if written_in_place(path):
         return path, True
     return Path(os.path.realpath(path)), False
+
+
+def written_in_place(path) -> bool:
+    """Whether a file written to ``path`` is written as it is, not through a temporary name: a pipe or
+    a device (``/dev/stdout``), something there that is not a regular file."""
+    path = Path(path)
+    return path.exists() and not path.is_file()
 
 
 def _replace(tmp: Path, path: Path) -> None:
@@ -248,7 +255,7 @@ def save_figure(fig, path, dpi: int = 120) -> None:
 __all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "atomic_directory", "cache_root", "check_png", "same_file",
            "check_positive_int", "clean_stale", "commit_id", "expand_path", "sigterm_as_interrupt", "stop_on_sigterm",
            "Terminated", "dtype_name", "format_bytes", "hf_progress_bars", "isatty",
-           "parse_dtype", "pyplot", "save_figure", "write_json", "write_text"]
+           "parse_dtype", "pyplot", "save_figure", "write_json", "write_text", "written_in_place"]
 
 
 def write_text(path, text: str) -> None:

@@ -560,10 +560,10 @@ def _partial_path(output):
     """``(out, stream, partial)`` of ``--output``: its path (``~`` expanded), whether it is a pipe or
     a device (written as it is, a stopped run's lines too), and the ``OUTPUT.partial`` file beside it
     that a run stopped early writes its finished lines to (beside a symbolic link, not its target)."""
-    from ..utils import expand_path
+    from ..utils import expand_path, written_in_place
 
     out = expand_path(output, "--output")
-    return out, out.exists() and not out.is_file(), out.with_name(out.name + ".partial")
+    return out, written_in_place(out), out.with_name(out.name + ".partial")
 
 
 if __name__ == "__main__":

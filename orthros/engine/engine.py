@@ -709,7 +709,9 @@ def _check_layer_config(model) -> None:
     naming the field (:meth:`OrthrosModel.check_layer_fields`). The engine's prefill read the window
     from the config while the layers kept theirs: a chunk's window queries lost their keys before the
     chunk, giving other tokens without a word. (``attention_mode`` is the engine's own setting.)"""
-    model.model.check_layer_fields(("window_size", "layer_types"))
+    check = getattr(model.model, "check_layer_fields", None)  # (remote code saved before it has none)
+    if check is not None:
+        check(("window_size", "layer_types"))
 
 
 def _is_token_id(t) -> bool:

@@ -118,11 +118,6 @@ def print_note(note: str) -> None:
     print(f"note: {note}", file=sys.stderr, flush=True)
 
 
-# the files one of which a folder AutoTokenizer can load holds (fast, sentencepiece, BPE and WordPiece ones)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
-                   "spiece.model", "tokenizer.tiktoken")
-
-
 def load_tokenizer(model_path, tokenizer_path=None):
     from transformers import AutoTokenizer
 
@@ -137,6 +132,8 @@ def load_tokenizer(model_path, tokenizer_path=None):
         return AutoTokenizer.from_pretrained(str(src))
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds here
         hint = "" if tokenizer_path else " (pass --tokenizer DIR)"
+        from ..models.loading import TOKENIZER_FILES
+
         if Path(src).is_dir() and not any((Path(src) / f).is_file() for f in TOKENIZER_FILES):
             # transformers' own words for a folder without one ("Couldn't instantiate the backend tokenizer ...
             # You need to have sentencepiece or tiktoken installed") sent users to install a package
@@ -186,6 +183,8 @@ def check_distinct_files(outputs, inputs=(), checkpoints=()) -> None:
 
 def _is_checkpoint_file(name: str) -> bool:
     """Whether a file of this name in a checkpoint folder belongs to the checkpoint."""
+    from ..models.loading import TOKENIZER_FILES
+
     return (name in ("config.json", "generation_config.json", "special_tokens_map.json", "added_tokens.json",
                      "merges.txt", "chat_template.jinja", *TOKENIZER_FILES)
             or name.endswith((".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".py", ".gguf")))

@@ -217,8 +217,9 @@ class OrthrosConfig(PreTrainedConfig):
                              f"num_key_value_heads ({self.num_key_value_heads})")
         if self.head_dim % 2:
             derived = self.hidden_size // self.num_attention_heads
-            why = (f" = hidden_size // num_attention_heads = {self.hidden_size} // {self.num_attention_heads}, its "
-                   f"default: pass an even head_dim, or sizes that give one" if self.head_dim == derived else "")
+            why = (f" (hidden_size // num_attention_heads = {self.hidden_size} // {self.num_attention_heads}, the "
+                   f"default where head_dim is not given: pass an even head_dim, or sizes that give one)"
+                   if self.head_dim == derived else "")
             raise ValueError(f"OrthrosConfig.head_dim must be even for RoPE, got {self.head_dim}{why}")
         for name in ("attention_bias", "o_proj_bias", "mlp_bias", "qk_norm", "scale_offset", "attn_output_gate",
                      "tie_word_embeddings", "use_cache"):

@@ -340,8 +340,8 @@ def test_a_dtype_cast_keeps_the_rope_frequencies_in_float32(cast):
     (dict(attention_mode="linear"), "attention_mode"),
     (dict(head_dim=7), "head_dim"),
     # an odd head_dim the user never set (hidden_size 44 over 4 heads) was named as if it were given
-    (dict(hidden_size=44, head_dim=None), r"head_dim must be even for RoPE, got 11 = hidden_size // "
-                                          r"num_attention_heads = 44 // 4, its default"),
+    (dict(hidden_size=44, head_dim=None), r"head_dim must be even for RoPE, got 11 \(hidden_size // "
+                                          r"num_attention_heads = 44 // 4, the default where head_dim is not given"),
     (dict(hidden_size=-1), "hidden_size"),
     (dict(attn_backend="cuda"), "attn_backend"),
     (dict(rms_norm_eps=0), "rms_norm_eps"),
@@ -477,6 +477,7 @@ def test_layer_fields_set_on_the_config_of_a_built_model_are_refused_by_name(nam
     setattr(model.config, name, tiny_config().to_dict()[name])
     torch.testing.assert_close(model(ids).logits, ref)
     model.config.attention_mode = "orthros"  # the built mode (an alias of it too) runs
+    model(ids)
     model = tiny_model(attention_mode="full")
     model.config.attention_mode = "transformer"
     model(ids)
