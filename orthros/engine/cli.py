@@ -257,9 +257,8 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
 
     def encode_turn(text):
         _check_utf8(text, "the prompt")
-        if not args.chat:
-            ids = tok(text, add_special_tokens=not history)["input_ids"]
-            return ids
+        if not args.chat:  # a later line continues the text after the reply and the line end typed (shown so too)
+            return tok(text if not history else "\n" + text, add_special_tokens=not history)["input_ids"]
         messages.append({"role": "user", "content": text})
         full = _chat_ids(tok, messages)
         if full[:len(history)] == history:  # only the new tokens of the conversation

@@ -557,6 +557,36 @@ def test_interactive_turns_end_at_crlf_as_at_lf(checkpoint, tmp_path):
     assert crlf == lf
 
 
+def test_plain_interactive_turns_are_lines_of_one_text(checkpoint, tmp_path, monkeypatch):
+    """Without --chat each later line continues the text after the reply, as the terminal shows it:
+    the reply, then the line end typed, then the line. Was: the line's tokens right after the reply's
+    ('...the mat.Then it slept'), the line end dropped."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    from transformers import PreTrainedTokenizerFast
+
+    import orthros.engine.engine as E
+
+    d, _ = checkpoint
+    words = WORDS[:2] + ["\n"] + WORDS[3:]  # id 2 is the line end here
+    t = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split("\n", behavior="isolated"),
+                                               pre_tokenizers.Split(" ", behavior="removed")])
+    t.decoder = decoders.WordPiece(prefix="##")
+    tok_dir = tmp_path / "tok"
+    PreTrainedTokenizerFast(tokenizer_object=t, eos_token="<eos>", unk_token="<unk>").save_pretrained(tok_dir)
+    seen, real = [], E.Engine.stream
+
+    def stream(self, prompts, *a, **kw):
+        seen.append(list(prompts[0]))
+        return real(self, prompts, *a, **kw)
+
+    monkeypatch.setattr(E.Engine, "stream", stream)
+    rc, _ = run_cli(["generate", "--model", str(d), "--tokenizer", str(tok_dir), "--max-new-tokens", "3",
+                     "--device", "cpu", "--interactive"], stdin="w4 w5\nw7 w9\n")
+    ids = {w: words.index(w) for w in ("w4", "w5", "w7", "w9")}
+    assert rc == 0 and seen == [[ids["w4"], ids["w5"]], [2, ids["w7"], ids["w9"]]]
+
+
 def test_output_that_is_the_prompt_file_is_refused_before_any_work(checkpoint, tmp_path, capsys):
     """Was: ``--prompts p.jsonl -o p.jsonl`` (or a link to it) ran every prompt, then replaced the
     prompts with the records: the input was lost. Refused up front, the file left as it was."""
