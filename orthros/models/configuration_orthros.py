@@ -198,7 +198,9 @@ class OrthrosConfig(PreTrainedConfig):
                            "layer_types": with_attention_mode(config_dict["layer_types"], resolve_mode(mode))}
         elif types is not None and mode is None and isinstance(types, (list, tuple)) and \
                 any(t in ATTENTION_LAYER_TYPES for t in types if isinstance(t, str)):
-            config_dict = {**config_dict, "attention_mode": None, "layer_types": types}  # the mode follows them
+            # the mode follows them; a layer count given with them goes in too (the list must match it at __init__)
+            config_dict = {**config_dict, "attention_mode": None, "layer_types": types,
+                           **{k: kwargs[k] for k in ("num_hidden_layers",) if k in kwargs}}
         out = super().from_dict(config_dict, **kwargs)
         (out[0] if isinstance(out, tuple) else out)._validate()
         return out

@@ -437,6 +437,16 @@ def test_from_pretrained_with_attention_mode_or_layer_types_runs_that_baseline(t
             assert (loaded(ids).logits - model(ids).logits).abs().max() > 1e-4  # another model indeed
 
 
+def test_from_pretrained_with_fewer_layers_and_their_layer_types(tmp_path):
+    # from_pretrained(path, num_hidden_layers=2, layer_types=[...] * 2), a checkpoint's first layers: 86779e0
+    # built the config with the new layer_types and the saved layer count ("one entry per layer ... got 2")
+    model = tiny_model()
+    model.save_pretrained(tmp_path / "m")
+    n = model.config.num_hidden_layers - 1
+    loaded = OrthrosForCausalLM.from_pretrained(tmp_path / "m", num_hidden_layers=n, layer_types=["full_attention"] * n)
+    assert (loaded.config.num_hidden_layers, loaded.config.attention_mode) == (n, "full") and len(loaded.model.layers) == n
+
+
 def test_a_config_that_would_not_load_is_refused_before_the_model_saves(tmp_path):
     # resizing below the pad id wrote a checkpoint whose config.json failed to load; a bad field
     # left an empty directory behind
