@@ -173,9 +173,10 @@ def check_distinct_files(outputs, inputs=(), checkpoints=()) -> None:
         for other, q in inputs:
             if q and same_file(p, q):
                 raise ValueError(f"{arg} {p} is the {other} file: name another file for the results")
-        target = Path(os.path.realpath(os.path.expanduser(p)))
+        target = Path(os.path.realpath(expand_path(p, arg)))
         for other, d in checkpoints:
-            if d and Path(d).expanduser().is_dir() and target.parent == Path(os.path.realpath(Path(d).expanduser())) \
+            folder = expand_path(d, other) if d else None
+            if folder is not None and folder.is_dir() and target.parent == Path(os.path.realpath(folder)) \
                     and _is_checkpoint_file(target.name):
                 raise ValueError(f"{arg} {p} is a file of the {other} checkpoint {d} (its config, weights, tokenizer "
                                  f"or code): name another file for the results")

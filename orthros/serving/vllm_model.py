@@ -392,10 +392,9 @@ class OrthrosModel(nn.Module):
             for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         # the sampled rows come from an attention layer's metadata (check_servable: there is one)
-        self.first_attn_name = next(layer.self_attn.attn.layer_name for layer in self.layers
-                                    if layer.self_attn is not None)
-        check_rope_positions(next(layer.self_attn for layer in self.layers if layer.self_attn is not None).rotary_emb,
-                             config, vllm_config.model_config.max_model_len)
+        first_attn = next(layer.self_attn for layer in self.layers if layer.self_attn is not None)
+        self.first_attn_name = first_attn.attn.layer_name
+        check_rope_positions(first_attn.rotary_emb, config, vllm_config.model_config.max_model_len)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)

@@ -627,10 +627,10 @@ DATA_KEYS = ("mode", "seed", "data.train", "data.format", "data.text_field", "da
 SCHEDULE_KEYS = ("optim.schedule", "optim.warmup_steps", "optim.min_lr_ratio", "train.max_steps")
 
 
-def data_changes(cfg: RunConfig, resume_dir: Path, keys: tuple = DATA_KEYS) -> dict:
-    """The ``keys`` (:data:`DATA_KEYS`) set otherwise than in the checkpoint's ``run_config.yaml``, as
-    ``{key: (checkpoint value, new value)}``: where there is one, the checkpoint's data position
-    does not apply (it points into other documents)."""
+def changes_since(cfg: RunConfig, resume_dir: Path, keys: tuple) -> dict:
+    """The ``keys`` set otherwise than in the checkpoint's ``run_config.yaml``, as ``{key: (checkpoint
+    value, new value)}``: a change of :data:`DATA_KEYS` means the checkpoint's data position does not
+    apply (it points into other documents), one of :data:`SCHEDULE_KEYS` moves the learning rate."""
     import yaml
 
     try:
@@ -724,8 +724,9 @@ class Trainer:
         self.schedule_changes = {}
         if self.resume_dir is not None:
             self.config_changes = check_resume_config(cfg, mc, self.resume_dir)
-            self.data_changes = data_changes(cfg, self.resume_dir)
-            self.schedule_changes = data_changes(cfg, self.resume_dir, SCHEDULE_KEYS)
+            changes = changes_since(cfg, self.resume_dir, DATA_KEYS + SCHEDULE_KEYS)  # (one read of the YAML)
+            self.data_changes = {k: v for k, v in changes.items() if k in DATA_KEYS}
+            self.schedule_changes = {k: v for k, v in changes.items() if k in SCHEDULE_KEYS}
             self.resume_state = load_trainer_state(self.resume_dir)
             self.batch_note = batch_note(cfg, dist.world, self.resume_dir, self.resume_state)
             from .optim import group_count
