@@ -176,11 +176,13 @@ def check_out_dir(out_dir, overwrite: bool) -> None:
 
 
 def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progress: bool = False,
-          overwrite: bool = False) -> dict:
+          overwrite: bool = False, header: Optional[str] = None) -> dict:
     """Train on generated passkey data; save the model and tokenizer to ``out_dir`` (if given),
     written whole at the end (a temporary directory renamed into place: a failure leaves nothing);
     a non-empty ``out_dir`` is refused before any work unless ``overwrite``.
-    ``progress``: :class:`orthros.utils.Progress` over the steps (on stderr; the log lines print above it)."""
+    ``progress``: :class:`orthros.utils.Progress` over the steps (on stderr; the log lines print above it).
+    ``header``: a line given to ``log`` once every check has passed (the haystack, ``min_len`` against the
+    prompt's needle and question, an ``init`` checkpoint's vocabulary), before the model is built."""
     import torch
 
     from ..data import load_tokenizer
@@ -189,8 +191,6 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progres
     cfg.validate()
     if out_dir is not None:
         check_out_dir(out_dir, overwrite)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     tok = tokenizer if tokenizer is not None else load_tokenizer()
     builder = PromptBuilder(tok, cfg.haystack, seed=cfg.seed)
     need = builder.overhead(str(10 ** (cfg.digits - 1)))
@@ -205,6 +205,10 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progres
                               "the shipped tokenizer (niah-train's prompts)" if tokenizer is None else "the tokenizer")
         except ValueError as e:
             raise ValueError(f"--init {cfg.init}: {e}") from None
+    if header is not None:
+        log(header)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     rng = np.random.default_rng(cfg.seed + 1)
     if cfg.init:
         from ..models import OrthrosForCausalLM
@@ -345,9 +349,11 @@ def config_from_args(a) -> NIAHTrainConfig:
 def run_cli(a) -> int:
     cfg = config_from_args(a).validate()
     check_out_dir(a.out, a.overwrite)
-    print(f"NIAH training{' from ' + cfg.init if cfg.init else ''}: {cfg.attention_mode}, window {cfg.window_size}, {cfg.num_layers} layers, d={cfg.hidden_size}, "
-          f"prompts {cfg.min_len}..{cfg.max_len} tokens, {cfg.steps} steps x {cfg.batch_size}, lr {cfg.lr:g}")
-    train(cfg, out_dir=a.out, progress=not getattr(a, "no_progress", False), overwrite=a.overwrite)
+    header = (f"NIAH training{' from ' + cfg.init if cfg.init else ''}: {cfg.attention_mode}, window "
+              f"{cfg.window_size}, {cfg.num_layers} layers, d={cfg.hidden_size}, prompts {cfg.min_len}..{cfg.max_len} "
+              f"tokens, {cfg.steps} steps x {cfg.batch_size}, lr {cfg.lr:g}")
+    # printed by train once its own checks (the haystack, --min-len, --init's vocabulary) have passed
+    train(cfg, out_dir=a.out, progress=not getattr(a, "no_progress", False), overwrite=a.overwrite, header=header)
     return 0
 
 

@@ -161,7 +161,10 @@ def test_cli_bad_input_refused_before_the_model_is_built(tmp_path, capsys, monke
     if "--min-len" in args:
         del tiny[tiny.index("--min-len"):tiny.index("--min-len") + 2]
     assert main(["niah-train", *tiny, *args, "--out", str(tmp_path / "m")]) == 2
-    assert msg.replace("{tmp}", str(tmp_path)) in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert msg.replace("{tmp}", str(tmp_path)) in err
+    # the run's header ("NIAH training: ...") printed first, as if the run had started, then the error
+    assert out == ""
     assert not (tmp_path / "m").exists()
 
 
@@ -227,7 +230,7 @@ def test_cli_init_keeps_its_architecture_and_refuses_other_values(tmp_path, caps
 
     ck = make_tiny_checkpoint(tmp_path / "s1", window_size=4, max_position_embeddings=512)
     seen = []
-    monkeypatch.setattr(nt, "train", lambda cfg, **kw: seen.append(cfg))
+    monkeypatch.setattr(nt, "train", lambda cfg, header=None, **kw: (seen.append(cfg), print(header)))
     base = ["niah-train", "--init", str(ck), "--steps", "1", "--min-len", "48", "--max-len", "48", "--no-progress",
             "--out", str(tmp_path / "m")]
     for args, msg in ((["--window", "8"], "--window 8: --init {ck} keeps its architecture (window_size 4); "
@@ -271,7 +274,8 @@ def test_init_of_a_smaller_vocabulary_is_refused_before_it_loads(tmp_path, capsy
     monkeypatch.setattr(OrthrosForCausalLM, "from_pretrained", lambda *a, **kw: pytest.fail("the model loaded"))
     assert main(["niah-train", "--init", str(ck), "--steps", "1", "--batch-size", "1", "--no-progress",
                  "--out", str(tmp_path / "m")]) == 2
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert f"--init {ck}: the shipped tokenizer (niah-train's prompts) gives token ids up to" in err, err
     assert "beyond the model's vocab_size (300)" in err
+    assert out == ""  # no header before the error
     assert not (tmp_path / "m").exists()
