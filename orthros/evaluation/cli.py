@@ -248,6 +248,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# the MQARTask fields and the `eval mqar` options that set them: the task's errors name the option typed
+MQAR_TASK_OPTIONS = {"vocab_size": "--vocab-size", "seq_len": "--seq-len", "num_pairs": "--num-pairs",
+                     "power": "--power", "min_gap": "--min-gap", "max_gap": "--max-gap", "fill": "--fill"}
+
+
 def _mqar(a) -> int:
     from ..kinds import HYBRID_DISPLAY
     from ..utils import check_device, check_output_path, check_png, write_json
@@ -276,7 +281,7 @@ def _mqar(a) -> int:
         raise ValueError(f"--linear-heads {a.linear_heads} sets the heads of the GDN layers of "
                          f"{', '.join(HYBRID_DISPLAY)}; --models {','.join(models)} has none")
     task = MQARTask(vocab_size=a.vocab_size, seq_len=a.seq_len, num_pairs=a.num_pairs, power=a.power,
-                    min_gap=a.min_gap, max_gap=a.max_gap, fill=a.fill).validate()
+                    min_gap=a.min_gap, max_gap=a.max_gap, fill=a.fill).validate(names=MQAR_TASK_OPTIONS)
     tr = MQARTrain(models=models, hidden_size=a.hidden_size, num_layers=a.layers, num_heads=a.heads,
                    linear_heads=a.linear_heads, window_size=a.window, steps=a.steps, batch_size=a.batch_size, lr=a.lr,
                    eval_examples=a.eval_examples, seed=a.seed, threads=a.threads, device=check_device(a.device),

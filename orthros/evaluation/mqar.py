@@ -60,41 +60,55 @@ class MQARTask:
     def value_range(self) -> tuple[int, int]:
         return 1 + self.n_keys, self.vocab_size
 
-    def validate(self) -> "MQARTask":
+    def validate(self, names: Optional[dict] = None) -> "MQARTask":
+        """Refuse a setting that cannot be generated; returns ``self``. Errors name the fields
+        (``MQAR num_pairs ...``), or, for a field in ``names`` (field -> what the caller calls it,
+        e.g. ``{"num_pairs": "--num-pairs"}``), that name."""
+        names = names or {}
+
+        def n(field):  # the field as the caller calls it
+            return names.get(field, field)
+
+        def nv(field, v=None):  # the field and its value: "num_pairs=4" / "--num-pairs 4"
+            v = getattr(self, field) if v is None else v
+            return f"{n(field)} {v}" if n(field).startswith("-") else f"{n(field)}={v}"
+
+        pre = "" if names else "MQAR "
         for name in ("vocab_size", "seq_len", "num_pairs", "min_gap"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"MQAR {name} must be an integer >= 1, got {v!r}")
+                raise ValueError(f"{pre}{n(name)} must be an integer >= 1, got {v!r}")
         if self.vocab_size < 5:
-            raise ValueError(f"MQAR vocab_size must be >= 5 (filler + keys + values), got {self.vocab_size}")
+            raise ValueError(f"{pre}{n('vocab_size')} must be >= 5 (filler + keys + values), got {self.vocab_size}")
         if self.num_pairs > self.n_keys:
-            raise ValueError(f"MQAR num_pairs ({self.num_pairs}) must be <= the number of keys "
-                             f"(vocab_size - 1) // 2 = {self.n_keys}; raise vocab_size")
+            raise ValueError(f"{pre}{n('num_pairs')} ({self.num_pairs}) must be <= the number of keys "
+                             f"({n('vocab_size')} - 1) // 2 = {self.n_keys}; raise {n('vocab_size')}")
         if not (isinstance(self.power, (int, float)) and math.isfinite(self.power) and self.power >= 0):
-            raise ValueError(f"MQAR power must be a finite number >= 0, got {self.power!r}")
+            raise ValueError(f"{pre}{n('power')} must be a finite number >= 0, got {self.power!r}")
         if self.fill not in FILL_CHOICES:
-            raise ValueError(f"MQAR fill must be one of {FILL_CHOICES}, got {self.fill!r}")
+            raise ValueError(f"{pre}{n('fill')} must be one of {FILL_CHOICES}, got {self.fill!r}")
         mx = self.seq_len if self.max_gap is None else self.max_gap
         if self.max_gap is not None and (isinstance(mx, bool) or not isinstance(mx, int) or mx < self.min_gap):
-            raise ValueError(f"MQAR max_gap must be an integer >= min_gap ({self.min_gap}), got {self.max_gap!r}")
+            raise ValueError(f"{pre}{n('max_gap')} must be an integer >= {n('min_gap')} ({self.min_gap}), "
+                             f"got {self.max_gap!r}")
         # the last key sits at 2N-2; all N queries (2 tokens each) must fit after the context. Checked before
         # max_gap: an unset max_gap is seq_len, for which this bound is the stricter one, so a short seq_len is
         # named as itself (it was refused as "max_gap 4 is too short", a max_gap never given)
         first = max(2 * self.num_pairs, 2 * self.num_pairs - 2 + self.min_gap)
         if self.seq_len - first < 3 * self.num_pairs:
             raise ValueError(
-                f"MQAR seq_len {self.seq_len} is too short for num_pairs={self.num_pairs} and min_gap={self.min_gap}: "
-                f"need seq_len >= {first + 3 * self.num_pairs} (context of {2 * self.num_pairs} tokens, then room "
-                f"for {self.num_pairs} query/answer pairs)")
+                f"{pre}{n('seq_len')} {self.seq_len} is too short for {nv('num_pairs')} and {nv('min_gap')}: "
+                f"need {n('seq_len')} >= {first + 3 * self.num_pairs} (context of {2 * self.num_pairs} tokens, then "
+                f"room for {self.num_pairs} query/answer pairs)")
         # the first key (position 0) is asked at >= max(2N, min_gap); generate places the queries one at a
         # time, and each of the other N - 1 takes up to 3 of its positions (the query, its answer slot, the
         # slot before): with fewer than 3N - 2 allowed positions it can find none left
         earliest = max(2 * self.num_pairs, self.min_gap)
         if mx < earliest + 3 * self.num_pairs - 3:
-            raise ValueError(f"MQAR max_gap {mx} is too short for num_pairs={self.num_pairs} and min_gap={self.min_gap}: "
+            raise ValueError(f"{pre}{n('max_gap')} {mx} is too short for {nv('num_pairs')} and {nv('min_gap')}: "
                              f"the first key (position 0) can be asked only from position {earliest} on, and its "
                              f"query needs room beside the other {self.num_pairs - 1} (3 positions each); need "
-                             f"max_gap >= {earliest + 3 * self.num_pairs - 3}")
+                             f"{n('max_gap')} >= {earliest + 3 * self.num_pairs - 3}")
         return self
 
     def gap_pmf(self) -> np.ndarray:
@@ -540,7 +554,7 @@ def check_models(models, num_layers: int, arg: str = "models", layers_arg: str =
             try:
                 hybrid_layout(mode, num_layers)
             except ValueError as e:
-                raise ValueError(f"{layers_arg} {num_layers}: {e}") from None
+                raise ValueError(f"{layers_arg} {num_layers}: {str(e).replace('num_layers', layers_arg)}") from None
     return tuple(models)
 
 

@@ -108,6 +108,17 @@ def test_bad_task_settings_are_rejected(kw, msg):
         MQARTask(**kw).validate()
 
 
+def test_task_errors_name_what_the_caller_calls_each_field():
+    """The Python API's errors name MQARTask's fields; ``names`` maps them to a caller's own (the CLI's options)."""
+    with pytest.raises(ValueError, match=re.escape("MQAR num_pairs (40) must be <= the number of keys "
+                                                   "(vocab_size - 1) // 2 = 31; raise vocab_size")):
+        MQARTask(num_pairs=40).validate()
+    with pytest.raises(ValueError, match=re.escape("^N (40) must be <= the number of keys (V - 1) // 2 = 31; raise V")[1:]):
+        MQARTask(num_pairs=40).validate(names={"num_pairs": "N", "vocab_size": "V"})
+    with pytest.raises(ValueError, match=re.escape("seq 10 is too short for num_pairs=4 and mingap=1: need seq >= 20")):
+        MQARTask(seq_len=10).validate(names={"seq_len": "seq", "min_gap": "mingap"})
+
+
 @pytest.mark.parametrize("num_pairs, min_gap", [(1, 1), (2, 3), (4, 1), (4, 12), (8, 1)])
 def test_every_max_gap_that_validates_generates(num_pairs, min_gap):
     """Issue: validate accepted max_gap >= 2 * num_pairs, but the queries, placed one at a time at random,
@@ -292,8 +303,8 @@ def test_accuracy_by_gap_buckets_add_up_and_plot(tmp_path):
 
 
 @pytest.mark.parametrize("args, msg", [
-    (["--models", "orthros,orthros-h", "--layers", "2"], "--layers 2: a 'orthros-h' model needs num_layers >= 4"),
-    (["--models", "linear_hybrid", "--layers", "3"], "--layers 3: a 'linear-hybrid' model needs num_layers >= 4"),
+    (["--models", "orthros,orthros-h", "--layers", "2"], "--layers 2: a 'orthros-h' model needs --layers >= 4"),
+    (["--models", "linear_hybrid", "--layers", "3"], "--layers 3: a 'linear-hybrid' model needs --layers >= 4"),
     (["--seed", "-5"], "--seed must be >= 0, got -5"),
     # torch.manual_seed's 'Overflow when unpacking long long', after the training data was generated
     (["--seed", str(2 ** 64)], f"--seed must be <= {2 ** 64 - 1} (the largest seed torch takes), got {2 ** 64}"),
@@ -308,6 +319,16 @@ def test_accuracy_by_gap_buckets_add_up_and_plot(tmp_path):
     (["--models", "transformer,swa,full"], "--models names Transformer twice (transformer, full)"),
     # NaN passed `lr <= 0`; the optimiser refused it only after the training data was generated
     (["--lr", "nan"], "--lr must be a finite number > 0, got nan"),
+    # the task's errors named MQARTask's fields ("MQAR num_pairs (40) must be <= ...; raise vocab_size"),
+    # not the options typed
+    (["--vocab-size", "3"], "--vocab-size must be >= 5 (filler + keys + values), got 3"),
+    (["--num-pairs", "40"], "--num-pairs (40) must be <= the number of keys (--vocab-size - 1) // 2 = 31; "
+                            "raise --vocab-size"),
+    (["--seq-len", "10"], "--seq-len 10 is too short for --num-pairs 4 and --min-gap 1: need --seq-len >= 20"),
+    (["--max-gap", "3"], "--max-gap 3 is too short for --num-pairs 4 and --min-gap 1: "),
+    (["--min-gap", "5", "--max-gap", "3"], "--max-gap must be an integer >= --min-gap (5), got 3"),
+    (["--min-gap", "0"], "--min-gap must be an integer >= 1, got 0"),
+    (["--power", "-1"], "--power must be a finite number >= 0, got -1.0"),
 ])
 def test_cli_mqar_bad_input_refused_before_training(tmp_path, capsys, monkeypatch, args, msg):
     """Issue: a hybrid with --layers < 4 failed after the models before it had trained; --seed -5 and
@@ -320,7 +341,11 @@ def test_cli_mqar_bad_input_refused_before_training(tmp_path, capsys, monkeypatc
     (tmp_path / "f").write_text("x")
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     assert main(["eval", "mqar", "--no-progress", *args]) == 2
-    assert msg.replace("{tmp}", str(tmp_path)) in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert msg.replace("{tmp}", str(tmp_path)) in err
+    fields = ("vocab_size", "seq_len", "num_pairs", "min_gap", "max_gap", "num_layers", "hidden_size", "num_heads")
+    assert "MQAR " not in err and not [f for f in fields if f in err], err  # options, not the fields they set
+    assert out == ""  # nothing before the error (the header is printed once every check has passed)
 
 
 @pytest.mark.parametrize("args, gaps", [([], "[1, 30]"), (["--max-gap", "100"], "[1, 30]"),
