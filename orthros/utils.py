@@ -60,15 +60,25 @@ def cache_root() -> Path:
 
 
 def check_positive_int(name: str, value, *, allow_none: bool = False):
-    """Raise ``ValueError`` naming ``name`` unless ``value`` is an int >= 1 (or ``None`` when
-    allowed); return ``value``."""
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is an integer >= 1 (or ``None`` when
+    allowed); return it as a Python ``int``. An integer is anything ``operator.index`` takes (a
+    NumPy integer, a one-element integer tensor) except a bool; a float (even ``3.0``), a string
+    or a bool is refused."""
+    import operator
+
     if allow_none and value is None:
         return value
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    n = None
+    if not isinstance(value, bool) and "bool" not in str(getattr(value, "dtype", "")):  # np.True_, tensor(True)
+        try:
+            n = operator.index(value)
+        except (TypeError, RuntimeError):  # no integer (a float, a str); a tensor of several elements or none
+            pass
+    if n is None or n < 1:
         kind = "" if isinstance(value, (int, float, str)) or value is None else \
-            f" (a {type(value).__module__}.{type(value).__qualname__}: pass a Python int)"
+            f" (a {type(value).__module__}.{type(value).__qualname__})"
         raise ValueError(f"{name} must be an integer >= 1{' or None' if allow_none else ''}, got {value!r}{kind}")
-    return value
+    return n
 
 
 def check_device(name: str, arg: str = "--device", *, auto: bool = False) -> str:

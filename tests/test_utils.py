@@ -193,18 +193,30 @@ def test_writes_go_through_a_link_and_into_a_pipe(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["p.png", "pipe", "r.json", "real"]
 
 
-def test_check_positive_int_says_what_a_numpy_integer_is():
-    """A numpy integer was refused as 'must be an integer >= 1, got np.int64(3)', which reads as a
-    contradiction; the message names its type and what to pass (a helper's finding)."""
+def test_check_positive_int_takes_numpy_integers_and_refuses_floats_bools_strings():
+    """Was: a NumPy integer (``max_new_tokens=np.int64(5)``, a value read from an array or a sweep's
+    grid) was refused ("pass a Python int"), though it is an integer. Anything ``operator.index`` takes,
+    except a bool, is one now, returned as a Python int; a float (``3.0`` too), a bool (NumPy's and a
+    bool tensor too) or a string is refused with the same message, naming the argument."""
+    import re
+
     import numpy as np
+    import torch
 
     from orthros.utils import check_positive_int
 
-    assert check_positive_int("w", 3) == 3
-    with pytest.raises(ValueError, match=r"w must be an integer >= 1, got np.int64\(3\) \(a numpy.int64: pass a Python int\)"):
-        check_positive_int("w", np.int64(3))
-    with pytest.raises(ValueError, match=r"w must be an integer >= 1, got 0$"):
-        check_positive_int("w", 0)
+    for good in (3, np.int64(3), np.int32(3), np.uint8(3), torch.tensor(3)):
+        got = check_positive_int("w", good)
+        assert got == 3 and type(got) is int, good
+    assert check_positive_int("w", None, allow_none=True) is None
+    for bad in (0, -2, np.int64(0), 3.0, np.float64(3), "3", True, np.True_, torch.tensor(True), torch.tensor(3.0),
+                None, [3]):
+        with pytest.raises(ValueError, match=r"^w must be an integer >= 1, got " + re.escape(repr(bad))):
+            check_positive_int("w", bad)
+    with pytest.raises(ValueError, match=r"^w must be an integer >= 1 or None, got 2.5$"):
+        check_positive_int("w", 2.5, allow_none=True)
+    with pytest.raises(ValueError, match=r"got np.float32\(2.0\) \(a numpy.float32\)$"):  # an unusual type is named
+        check_positive_int("w", np.float32(2))
 
 
 def test_atomic_directory_keeps_a_destination_another_run_wrote_meanwhile(tmp_path):

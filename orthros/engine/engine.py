@@ -169,9 +169,10 @@ class Engine:
                  prefill_chunk: Optional[int] = DEFAULT_PREFILL_CHUNK, cuda_graphs: Optional[bool] = None,
                  graph_batch_sizes: Optional[Sequence[int]] = None, attention_mode: Optional[str] = None,
                  compile: bool = False, fuse: bool = True, gemv=None, qkv_kernel: Optional[bool] = None):
-        check_positive_int("max_batch_size", max_batch_size)
-        check_positive_int("max_seq_len", max_seq_len, allow_none=True)
-        check_positive_int("prefill_chunk", prefill_chunk, allow_none=True)
+        # as Python ints: a NumPy integer (or another integer with __index__) is taken, a bool or float refused
+        max_batch_size = check_positive_int("max_batch_size", max_batch_size)
+        max_seq_len = check_positive_int("max_seq_len", max_seq_len, allow_none=True)
+        prefill_chunk = check_positive_int("prefill_chunk", prefill_chunk, allow_none=True)
         if not isinstance(compile, bool):
             raise ValueError(f"compile must be True or False, got {compile!r}")
         if not isinstance(fuse, bool):
@@ -217,10 +218,10 @@ class Engine:
                             f"{max_batch_size}], got {graph_batch_sizes!r}")
         sizes = range(1, max_batch_size + 1) if graph_batch_sizes is None else list(graph_batch_sizes)
         for s in sizes:
-            if isinstance(s, bool) or not isinstance(s, int) or not 1 <= s <= max_batch_size:
+            if not _is_token_id(s) or not 1 <= s <= max_batch_size:  # an integer (NumPy's too), not a bool
                 raise ValueError(f"graph_batch_sizes must hold integers in [1, max_batch_size={max_batch_size}], "
                                  f"got {list(sizes)!r}")
-        self.graph_batch_sizes = tuple(sorted(set(sizes)))
+        self.graph_batch_sizes = tuple(sorted({int(s) for s in sizes}))
         model.eval()  # the arguments checked: the engine runs the model in eval mode
         self.cache = self.cache_class(self.num_layers, max_batch_size, max_seq_len, self.Hkv, self.D,
                                       dtype=self.dtype, device=self.device, linear=linear_layers(model))
@@ -580,10 +581,10 @@ class Engine:
         given = lengths
         lengths = list(lengths) if hasattr(lengths, "__iter__") else None
         if not lengths or len(lengths) > self.max_batch_size or any(
-                isinstance(n, bool) or not isinstance(n, int) or not 0 < n < self.max_seq_len for n in lengths):
+                not _is_token_id(n) or not 0 < n < self.max_seq_len for n in lengths):  # NumPy's integers too
             raise ValueError(f"set_lengths needs 1..{self.max_batch_size} integer lengths in [1, {self.max_seq_len}), "
                              f"got {given!r}")
-        self._lens = lengths
+        self._lens = [int(n) for n in lengths]
         self._pending = [None] * len(lengths)
         self._sync_lengths()
 
@@ -597,7 +598,7 @@ class Engine:
         ``continue_=True`` appends ``prompts`` (one new turn per row) to the conversation in the
         cache and runs only the new tokens. A later request on the engine (or :meth:`reset`) closes
         a stream not run to its end."""
-        check_positive_int("max_new_tokens", max_new_tokens)
+        max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)  # a NumPy integer too, as an int
         if sampling is None:
             sampling = SamplingParams()
         if not isinstance(sampling, SamplingParams):

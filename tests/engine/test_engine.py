@@ -482,6 +482,34 @@ def test_token_lists_refuse_bools_and_take_numpy_integers():
         Engine(m, max_seq_len=32).generate([[3, 4]], 3, eos_token_id=5)
 
 
+def test_integer_arguments_take_numpy_integers():
+    """Was: ``generate(..., max_new_tokens=np.int64(5))``, ``Engine(max_batch_size=np.int32(2))``,
+    ``set_lengths`` of a NumPy array and NumPy ``graph_batch_sizes`` were refused as no integers (a
+    value read from an array or a sweep's grid). They are taken as the Python ints they equal; a
+    float, a bool or a string is still refused, naming the argument, before any work."""
+    import numpy as np
+
+    m = tiny_model()
+    want = Engine(m, max_batch_size=2, max_seq_len=32, prefill_chunk=4).generate([[3, 4], [5, 6]], 5)
+    eng = Engine(m, max_batch_size=np.int32(2), max_seq_len=np.int64(32), prefill_chunk=np.int64(4),
+                 graph_batch_sizes=[np.int64(1), np.int64(2)])
+    assert (eng.max_batch_size, eng.max_seq_len, eng.prefill_chunk, eng.graph_batch_sizes) == (2, 32, 4, (1, 2))
+    assert all(type(v) is int for v in (eng.max_batch_size, eng.max_seq_len, eng.prefill_chunk))
+    assert eng.generate([[3, 4], [5, 6]], np.int64(5)) == want
+    assert [len(t) for t in eng.stream([[3, 4]], np.uint16(3))] == [1, 1, 1]
+    eng.set_lengths(np.array([10, 12]))
+    assert eng.lengths() == [10, 12] and all(type(n) is int for n in eng.lengths())
+    eng.reset()
+    for bad in (5.0, np.float32(5), True, np.True_, "5", torch.tensor(True)):
+        with pytest.raises(ValueError, match=re.escape(f"max_new_tokens must be an integer >= 1, got {bad!r}")):
+            eng.generate([[3, 4]], bad)
+    with pytest.raises(ValueError, match=re.escape("max_batch_size must be an integer >= 1, got 2.0")):
+        Engine(m, max_batch_size=2.0)
+    with pytest.raises(ValueError, match="graph_batch_sizes must hold integers"):
+        Engine(m, max_batch_size=2, max_seq_len=16, graph_batch_sizes=[np.float64(1)])
+    assert eng.batch_size == 0 and int(eng.cache.seqlens.abs().sum()) == 0  # nothing ran
+
+
 def test_prompts_take_numpy_arrays_and_name_a_float_in_one_row():
     """Was: a NumPy array (a tokenizer's ``return_tensors="np"``) or a list of 1-D arrays refused as
     'got ndarray' though ``step()`` takes one, and ``[1, 2.5]`` said 'got prompts[0] = 1' (the row was read
