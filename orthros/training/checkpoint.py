@@ -150,8 +150,8 @@ def verify(path: Path, hashes: bool = True) -> dict:
     path = Path(path)
     mpath = path / MANIFEST
     if not mpath.is_file():
-        raise CheckpointError(f"{path} is not a complete checkpoint (no {MANIFEST}); it was probably "
-                              f"interrupted while saving")
+        raise CheckpointError(f"{path} is not a complete checkpoint (no {MANIFEST}): incomplete or damaged, "
+                              f"probably a save cut short")
     try:
         manifest = json.loads(mpath.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -259,6 +259,12 @@ def resolve_resume(cfg: RunConfig) -> Optional[Path]:
     if isinstance(r, str) and r.lower() in ("false", "no", "none"):
         r = False
     existing = ckpt.latest_checkpoint(cfg.output_dir)
+    if existing is None and r in (True, "auto") and ckpt.list_checkpoints(cfg.output_dir):
+        # checkpoint folders, none of them complete: not a fresh start (it would overwrite them), nor a resume
+        root = ckpt.ckpt_root(cfg.output_dir)
+        raise ConfigError(f"{'--resume' if r is True else f'output_dir {cfg.output_dir!r}'}: no complete checkpoint "
+                          f"under {root}: {_incomplete_note(cfg.output_dir)}. Start a fresh run in another "
+                          f"output_dir, or move those folders out of {root}")
     if r is False:
         if ckpt.list_checkpoints(cfg.output_dir):
             raise ConfigError(f"output_dir {cfg.output_dir!r} already holds checkpoints; pass --resume to continue "
@@ -282,6 +288,14 @@ def resolve_resume(cfg: RunConfig) -> Optional[Path]:
     return p
 
 
+def _incomplete_note(output_dir: str, after: int = -1) -> str:
+    """What the checkpoint folders of ``output_dir`` after step ``after`` that lack a manifest are."""
+    bad = [p.name for p in ckpt.list_checkpoints(output_dir)
+           if int(ckpt.CKPT_RE.match(p.name)[1]) > after and not (p / ckpt.MANIFEST).is_file()]
+    return (f"{', '.join(bad)} {'has' if len(bad) == 1 else 'have'} no {ckpt.MANIFEST} (incomplete or damaged: a "
+            f"save cut short, or files removed since), so {'it is' if len(bad) == 1 else 'they are'} not loaded")
+
+
 def _older_checkpoint_hint(cfg: RunConfig, bad: Path) -> str:
     """Where a run whose own checkpoint ``bad`` is damaged can go on from: its newest complete one
     before it, once ``bad`` is moved away (a later checkpoint left there is refused, and taken as
@@ -291,7 +305,7 @@ def _older_checkpoint_hint(cfg: RunConfig, bad: Path) -> str:
         return ""
     older = [p for p in ckpt.list_checkpoints(cfg.output_dir) if p.name < Path(bad).name and (p / ckpt.MANIFEST).is_file()]
     return (f". To go on from the checkpoint before it ({older[-1]}), move {bad} (and any later one) out of {root}"
-            if older else "")
+            if older else f". No complete checkpoint comes before it: start a fresh run in another output_dir")
 
 
 def refuse_run_dir(key: str, path: str) -> None:
@@ -708,6 +722,13 @@ class Trainer:
                                   f"more, or start a new run in another output_dir")
             later = [p.name for p in ckpt.list_checkpoints(cfg.output_dir)
                      if int(ckpt.CKPT_RE.match(p.name)[1]) > step]
+            if any(not (ckpt.ckpt_root(cfg.output_dir) / n / ckpt.MANIFEST).is_file() for n in later):
+                # a damaged later checkpoint is this run's, not "the run that went on from it"
+                root = ckpt.ckpt_root(cfg.output_dir)
+                raise ConfigError(
+                    f"cannot resume from {self.resume_dir} (step {step}): {_incomplete_note(cfg.output_dir, step)}. "
+                    f"To go on from step {step}, move the later folders ({', '.join(later)}) out of {root}; or start "
+                    f"a fresh run in another output_dir")
             if later:  # they would be reported and resumed as this run's, and outlive its own when pruned
                 raise ConfigError(
                     f"output_dir {cfg.output_dir!r} holds checkpoints after step {step}, the one resumed from "

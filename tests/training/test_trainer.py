@@ -1116,3 +1116,38 @@ def test_a_damaged_latest_checkpoint_names_the_one_to_go_on_from(tmp_path, corpu
         train(load_config(None, args))
     shutil.move(last, tmp_path / "damaged")
     assert train(load_config(None, args))["step"] == 8
+
+
+def test_a_checkpoint_without_its_manifest_is_named_as_incomplete(tmp_path, corpus, reference):
+    """A checkpoint folder whose manifest.json is gone: --resume (or the default, auto) took the
+    complete one before it and refused as if the damaged one were another run's ("they belong to
+    the run that went on from it"); with no complete one at all, auto started afresh over them
+    and --resume said only "no complete checkpoint". Each now names the folder as incomplete
+    (no manifest.json) and says what to do, before anything is written."""
+    _, _, summary = reference
+    out = tmp_path / "run"
+    shutil.copytree(Path(summary["checkpoint"]).parents[1], out)
+    root = out / "checkpoints"
+    (root / "step_00000008" / "manifest.json").unlink()
+    before = (out / "metrics.jsonl").read_text()
+    base = tiny(out, corpus, "--max_steps", "10", "--checkpoint.every", "2")
+    for extra in (["--resume"], []):
+        with pytest.raises(ConfigError, match=r"cannot resume from .*step_00000004 \(step 4\): step_00000008 has no "
+                                              r"manifest.json \(incomplete or damaged.*move the later folders "
+                                              r"\(step_00000008\) out of .*; or start a fresh run") as e:
+            train(load_config(None, base + extra))
+        assert "belong to the run" not in str(e.value)
+    # naming the damaged one: its own error, and where to go on from
+    with pytest.raises(ConfigError, match=r"not a complete checkpoint \(no manifest.json\).*the checkpoint before it "
+                                          r"\(.*step_00000004\)"):
+        train(load_config(None, base + ["--resume", str(root / "step_00000008")]))
+    # none complete: neither a resume nor a fresh start over them
+    (root / "step_00000004" / "manifest.json").unlink()
+    for extra, who in ((["--resume"], "--resume"), ([], "output_dir")):
+        with pytest.raises(ConfigError, match=rf"{who}.*no complete checkpoint under .*: step_00000004, step_00000008 "
+                                              rf"have no manifest.json.*Start a fresh run in another output_dir"):
+            train(load_config(None, base + extra))
+    with pytest.raises(ConfigError, match=r"No complete checkpoint comes before it: start a fresh run"):
+        train(load_config(None, base + ["--resume", str(root / "step_00000004")]))
+    assert sorted(p.name for p in root.iterdir()) == ["step_00000004", "step_00000008"]
+    assert (out / "metrics.jsonl").read_text() == before
