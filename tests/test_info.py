@@ -27,7 +27,7 @@ def ckpt(tmp_path_factory):
 def hybrid(tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("info") / "hybrid", max_position_embeddings=256,
                                 num_hidden_layers=4, tie_word_embeddings=True, linear_key_head_dim=64,
-                                linear_value_head_dim=64, **hybrid_layout("orthros-h", 4))
+                                linear_value_head_dim=64, head_dim=32, **hybrid_layout("orthros-h", 4))
 
 
 def run(argv, capsys):
@@ -97,15 +97,50 @@ def test_table_and_json(ckpt, hybrid, capsys):
     assert r["cache"] == describe(hybrid, max_seq_len=64, dtype="bf16")["cache"]
     # what a plain `vllm serve` (no --block-size) keeps, the default the row speaks of
     block = hybrid_block_tokens(orthros.OrthrosConfig.from_pretrained(hybrid), block_size=CPU_DEFAULT_BLOCK_SIZE)
-    assert r["vllm"] == {"servable": True, "why_not": None, "architecture": "OrthrosHybridForCausalLM",
-                         "prefix_block_tokens": block}
+    assert r["vllm"] == {"servable": True, "backends": ["cpu"], "why_not": None,
+                         "architecture": "OrthrosHybridForCausalLM", "prefix_block_tokens": block}
     rc, out, _ = run([str(hybrid)], capsys)
     assert "(3 Gated DeltaNet + 1 Orthros attention)" in out and "+ GDN states" in out
     assert "the same layers with full attention" in out and "as OrthrosHybridForCausalLM (CPU backend only" in out
     assert f"prefix caching reuses whole blocks of {block:,} tokens at vLLM's default --block-size" in out
     assert "never" not in out
-    assert describe(ckpt)["vllm"] == {"servable": True, "why_not": None, "architecture": "OrthrosForCausalLM",
-                                      "prefix_block_tokens": None}
+    assert describe(ckpt)["vllm"]["architecture"] == "OrthrosForCausalLM"
+    assert describe(ckpt)["vllm"]["prefix_block_tokens"] is None
+
+
+def test_vllm_row_names_the_backends_whose_attention_takes_the_head_dim(tmp_path, capsys):
+    """A head_dim vLLM's CPU attention does not take (16, the tiny checkpoints') was called servable
+    with a plain `vllm serve` line: the plugin refuses it at load on CPU. The row names the GPU as
+    the only place it serves, and the CPU's head dims; a hybrid (served on the CPU only) is "no"."""
+    from orthros.info import CPU_ATTENTION_HEAD_DIMS
+
+    def vllm_row(name, **kw):
+        path = make_tiny_checkpoint(tmp_path / name, **kw)
+        rc, out, err = run([str(path)], capsys)
+        assert rc == 0, err
+        return describe(path)["vllm"], next(x for x in out.splitlines() if x.lstrip().startswith("vLLM"))
+
+    dims = ", ".join(map(str, CPU_ATTENTION_HEAD_DIMS))
+    v, row = vllm_row("d16", head_dim=16)
+    assert v["servable"] and v["backends"] == ["gpu"], v
+    assert "on a GPU only" in row and f"CPU attention takes head_dim {dims}; this checkpoint has head_dim=16" in row
+    v, row = vllm_row("d32", head_dim=32)
+    assert v["backends"] == ["cpu", "gpu"] and v["why_not"] is None and "GPU" not in row and "vllm serve" in row
+    v, row = vllm_row("d20", head_dim=20)  # neither: TRITON_ATTN takes 32 and up, FLASH_ATTN multiples of 8
+    assert not v["servable"] and v["backends"] == [] and row.split("vLLM", 1)[1].split()[0] == "no:", row
+    assert "head_dim=20" in row and "vllm serve" not in row
+    v, row = vllm_row("hybrid16", num_hidden_layers=4, linear_key_head_dim=64, linear_value_head_dim=64, head_dim=16,
+                      **hybrid_layout("orthros-h", 4))
+    assert not v["servable"] and "CPU backend only" in row and "head_dim=16" in row and "vllm serve" not in row, row
+    assert v["prefix_block_tokens"] is None
+
+
+def test_cpu_head_dims_are_vllms():
+    """The head dims info names for vLLM's CPU attention are those the installed vLLM's backend takes."""
+    cpu_attn = pytest.importorskip("vllm.v1.attention.backends.cpu_attn")
+    from orthros.info import CPU_ATTENTION_HEAD_DIMS
+
+    assert list(CPU_ATTENTION_HEAD_DIMS) == cpu_attn.CPUAttentionBackend.get_supported_head_sizes()
 
 
 def test_vllm_row_of_hybrids_vllm_would_not_serve_or_never_reuse(tmp_path, capsys, monkeypatch):
@@ -421,5 +456,6 @@ def test_the_vllm_command_runs_as_printed_for_a_path_with_spaces(ckpt, tmp_path,
     shutil.copytree(ckpt, d)
     rc, out, err = run([str(d), "--max-seq-len", "8"], capsys)
     (line,) = [x for x in out.splitlines() if x.lstrip().startswith("vLLM")]
-    assert rc == 0 and shlex.split(line.split("vLLM", 1)[1])[:3] == ["vllm", "serve", str(d)], line
+    command = line.split("vLLM", 1)[1].split(" (with orthros[vllm]")[0]  # the command, without the notes after it
+    assert rc == 0 and shlex.split(command) == ["vllm", "serve", str(d)], line
     assert f"vllm serve {ckpt} (" in run([str(ckpt), "--max-seq-len", "8"], capsys)[1]  # a plain path as it is
