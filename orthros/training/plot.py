@@ -123,6 +123,15 @@ def main(argv: Optional[list] = None) -> int:
         if not os.path.isdir(d):
             p.error(f"RUN {d}: " + (f"is a file, not a training output_dir (the folder of metrics.jsonl: "
                                     f"{os.path.dirname(d) or '.'})" if os.path.exists(d) else "no such directory"))
+    runs, seen = [], {}
+    for d in args.runs:  # one folder named twice (run run/, or through a link) was two identical curves
+        key = os.path.realpath(d)
+        if key in seen:
+            print(f"orthros plot: note: RUN {d} is the same folder as RUN {seen[key]}: drawn once", file=sys.stderr)
+        else:
+            seen[key] = d
+            runs.append(d)
+    args.runs = runs
     out = args.output or (os.path.join(args.runs[0], "loss.png") if len(args.runs) == 1 else "loss.png")
     if Path(out).suffix.lower() != ".png":  # Path(".png").suffix is ''
         p.error(f"--output {out}: a .png path is needed")

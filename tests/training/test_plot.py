@@ -135,3 +135,28 @@ def test_a_corrupt_byte_in_metrics_skips_its_line_as_a_torn_one(tmp_path):
     assert [r["step"] for r in read_metrics(str(run))] == [10, 20]
     assert main(["plot", str(run), "-o", str(tmp_path / "p.png")]) == 0
 
+
+
+def test_one_run_named_twice_is_drawn_once_with_a_note(tmp_path, monkeypatch, capsys):
+    """`orthros plot RUN RUN/` (or RUN and a link to it) drew two identical curves, the second over the
+    first, with two legend entries of one name, and said nothing. It is drawn once; stderr says so;
+    and as one run it goes to RUN/loss.png by default."""
+    import os
+
+    from orthros.training import plot
+
+    a = fake_run(tmp_path / "a", "orthros", [5.0, 4.0])
+    b = fake_run(tmp_path / "b", "swa", [5.0, 4.4])
+    os.symlink(a, tmp_path / "link")
+    drawn = []
+    real = plot.plot_runs
+    monkeypatch.setattr(plot, "plot_runs", lambda runs, *args, **kw: (drawn.append(list(runs)), real(runs, *args, **kw))[1])
+    monkeypatch.chdir(tmp_path)
+    capsys.readouterr()
+    assert main(["plot", "a", "./a/", "b", "link", "-o", "two.png"]) == 0
+    assert drawn[-1] == ["a", "b"] and (tmp_path / "two.png").read_bytes().startswith(PNG)
+    err = capsys.readouterr().err
+    assert "RUN ./a/ is the same folder as RUN a: drawn once" in err and "RUN link is the same folder as RUN a" in err
+    assert main(["plot", "a", "a"]) == 0
+    assert drawn[-1] == ["a"] and (a / "loss.png").read_bytes().startswith(PNG) and not (tmp_path / "loss.png").exists()
+    assert "RUN a is the same folder as RUN a: drawn once" in capsys.readouterr().err
