@@ -188,8 +188,10 @@ def _ppl(a) -> int:
     from .perplexity import (check_buckets, default_buckets, format_table, load_documents, make_windows,
                              plot_position_perplexity, position_perplexity)
 
-    if (a.seq_len is not None and a.seq_len < 2) or a.windows < 1:
-        raise ValueError(f"--seq-len must be >= 2 and --windows >= 1, got {a.seq_len} and {a.windows}")
+    if a.seq_len is not None and a.seq_len < 2:
+        raise ValueError(f"--seq-len must be >= 2, got {a.seq_len}")
+    if a.windows < 1:
+        raise ValueError(f"--windows must be >= 1, got {a.windows}")
     if a.plot is not None:
         check_png("--plot", a.plot)
         check_output_path("--plot", a.plot)

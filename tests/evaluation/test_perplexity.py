@@ -182,6 +182,9 @@ def test_plot_ticks_are_the_measured_lengths(tiny, tmp_path, seq_len, buckets):
     # were written over the checkpoint after the evaluation (its config replaced by the results)
     (["-o", "{ck}/config.json"], "--output {ck}/config.json is a file of the --model checkpoint {ck}"),
     (["-o", "{ck}/tokenizer.json"], "--output {ck}/tokenizer.json is a file of the --model checkpoint"),
+    # one message for both said "--seq-len must be >= 2 and --windows >= 1, got None and 0" (--windows 0 alone)
+    (["--windows", "0"], "--windows must be >= 1, got 0"),
+    (["--seq-len", "1"], "--seq-len must be >= 2, got 1"),
 ])
 def test_cli_bad_input_refused_before_the_model_loads(tiny, tmp_path, capsys, no_model_load, extra, says):
     """Issue: a bad --device, a --seq-len beyond the model, an --output that is a directory (or under a file)
