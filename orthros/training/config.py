@@ -268,7 +268,9 @@ def _coerce(key: str, value: Any):
             except ValueError:
                 pass
     names = [getattr(t, "__name__", str(t)) for t in allowed]
-    raise ConfigError(f"config key '{key}' expects {' or '.join(names)}, got {value!r}")
+    bare = (f" (an override with no value after it, as --{key.rsplit('.', 1)[-1]} alone, is true: give it one)"
+            if value is True else "")
+    raise ConfigError(f"config key '{key}' expects {' or '.join(names)}, got {value!r}{bare}")
 
 
 def _set(cfg: RunConfig, key: str, value: Any) -> None:

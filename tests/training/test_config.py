@@ -45,6 +45,9 @@ def test_unknown_yaml_key_names_nearest_key(tmp_path):
     (["--seq_len", "0"], "data.seq_len must be > 0"),
     (["--mode", "cpt"], "set model.init_from"),
     (["--train.precision", "fp8"], "train.precision must be one of"),
+    # a value forgotten (`--lr --max_steps 4`): the bare flag is true; say so rather than only "got True"
+    (["--lr", "--max_steps", "4"], r"'optim.lr' expects float, got True \(an override with no value after it, as "
+                                   r"--lr alone, is true: give it one\)"),
 ])
 def test_bad_values_are_refused(args, msg):
     with pytest.raises(ConfigError, match=msg):
