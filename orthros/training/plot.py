@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..utils import check_output_path
+from ..utils import check_output_path, expand_path
 from .metrics import read_metrics
 
 X_AXES = ("tokens", "step")
@@ -119,6 +119,12 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--x", choices=X_AXES, default="tokens", help="the horizontal axis (default: tokens)")
     p.add_argument("--title", default=None, help="a title above the panels")
     args = p.parse_args(argv)
+    try:  # a leading ~ (or ~NAME) is a home folder, as in every orthros command (a quoted one reaches here)
+        args.runs = [str(expand_path(d, "RUN")) if d.startswith("~") else d for d in args.runs]  # else as typed
+        if args.output is not None and args.output.startswith("~"):
+            args.output = str(expand_path(args.output, "--output"))
+    except ValueError as e:
+        p.error(str(e))
     for d in args.runs:
         if not os.path.isdir(d):
             p.error(f"RUN {d}: " + (f"is a file, not a training output_dir (the folder of metrics.jsonl: "

@@ -160,3 +160,20 @@ def test_one_run_named_twice_is_drawn_once_with_a_note(tmp_path, monkeypatch, ca
     assert main(["plot", "a", "a"]) == 0
     assert drawn[-1] == ["a"] and (a / "loss.png").read_bytes().startswith(PNG) and not (tmp_path / "loss.png").exists()
     assert "RUN a is the same folder as RUN a: drawn once" in capsys.readouterr().err
+
+
+def test_a_home_folder_tilde_is_expanded(tmp_path, monkeypatch, capsys):
+    """`orthros plot RUN -o '~/x.png'` (a ~ the shell left, quoted or from a script) was checked as the home
+    folder's path but written to a folder named '~' in the working directory; RUN '~/run' was "no such
+    directory". Both are the home folder's, as in the other commands; a ~NAME of no user is refused."""
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    cwd.mkdir()
+    fake_run(home / "run", "orthros", [5.0, 4.0])
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    assert main(["plot", "~/run", "-o", "~/figs/x.png"]) == 0
+    assert (home / "figs" / "x.png").read_bytes().startswith(PNG) and list(cwd.iterdir()) == []
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["plot", "~/run", "-o", "~no_such_user_x/x.png"])
+    assert "--output ~no_such_user_x/x.png: no user 'no_such_user_x'" in capsys.readouterr().err
