@@ -7,7 +7,9 @@
 
 In ``--interactive`` mode every line read from stdin is a new user turn appended to the same
 cache: only the new tokens run (the old context is never recomputed). At a terminal, ``> `` on
-stderr prompts for each turn; end with Ctrl-D.
+stderr prompts for each turn; end with Ctrl-D (or Ctrl-C at the prompt). Ctrl-C while a reply
+streams stops that reply and returns to the prompt: the reply so far stays in the conversation, as
+a reply cut by --max-new-tokens does (stopped before its first token, the turn is dropped).
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chat", action="store_true", help="wrap turns in the tokenizer's chat template")
     p.add_argument("--system", metavar="TEXT", default=None,
                    help="with --chat: a system message that opens the conversation (every prompt's, with --prompts)")
-    p.add_argument("--interactive", action="store_true", help="multi-turn: read one user turn per stdin line")
+    p.add_argument("--interactive", action="store_true",
+                   help="multi-turn: read one user turn per stdin line (Ctrl-C during a reply stops the reply, "
+                        "which stays in the conversation as far as it got; Ctrl-D or Ctrl-C at the prompt ends)")
     g = p.add_argument_group("a file of prompts")
     g.add_argument("--prompts", default=None, metavar="FILE",
                    help="generate for every prompt of FILE, --batch-size at a time: a .txt (one prompt a line, "
@@ -287,28 +291,50 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
         if not ids:
             return
         out = _TextStream(tok, sys.stdout)
-        new = []
+        new = out.ids  # the reply's tokens: one list, so a reply stopped in push() shows what it keeps
         t_start, t_first, t_last = time.perf_counter(), None, None
+        # the engine holds the conversation unless a stopped turn lost it (below): then the turn runs it all again
+        resume = bool(history) and engine.batch_size == 0
         try:  # the request is checked here, before any work
-            steps = engine.stream([ids], args.max_new_tokens, _request_sampling(sampling, len(history)),
-                                  eos_token_id=eos, continue_=bool(history))
+            steps = engine.stream([history + ids if resume else ids], args.max_new_tokens,
+                                  _request_sampling(sampling, len(history)), eos_token_id=eos,
+                                  continue_=bool(history) and not resume)
         except RequestTooLong as e:  # said with the options that change it, not the engine's arguments
             full = e.n_cached + e.max_new_tokens > min(e.max_seq_len, e.max_positions)  # not even 1 token fits
+            if resume:  # the conversation so far, run again as a prompt: its own counts
+                full = len(history) + e.max_new_tokens > min(e.max_seq_len, e.max_positions)
             raise ValueError(e.phrased(CLI_NAMES, where="this turn") + (
                 " (the conversation has no room left for another turn)" if full else "")) from None
-        with torch.no_grad():
-            for step in steps:
-                if step[0] is not None:  # a host int: the step's device work is done
-                    t_last = time.perf_counter()
-                    t_first = t_last if t_first is None else t_first
-                    new.append(step[0])
-                    out.push(step[0])
+        stopped = False
+        try:
+            with torch.no_grad():
+                for step in steps:
+                    if step[0] is not None:  # a host int: the step's device work is done
+                        t_last = time.perf_counter()
+                        t_first = t_last if t_first is None else t_first
+                        out.push(step[0])
+        except KeyboardInterrupt:  # --interactive: Ctrl-C stops this reply, not the conversation
+            if not args.interactive:
+                raise
+            steps.close()  # a stream stopped at a step keeps the tokens it fed (as a reply cut by --max-new-tokens)
+            stopped = True
         out.end()
         if args.stats:
-            print(turn_stats(len(ids), len(new), t_start, t_first, t_last), file=sys.stderr, flush=True)
+            print(turn_stats(len(history) * resume + len(ids), len(new), t_start, t_first, t_last), file=sys.stderr,
+                  flush=True)
+        if stopped and not new:  # stopped before the reply began: the turn is dropped
+            engine.reset()  # (the cache may hold the turn: the next one runs the conversation again)
+            if args.chat:
+                messages.pop()
+            print("[stopped: the turn is dropped]", file=sys.stderr, flush=True)
+            return
         history.extend(ids + new)
         if args.chat:
             messages.append({"role": "assistant", "content": tok.decode(new, skip_special_tokens=True)})
+        if stopped:
+            if _held(engine) != len(history):  # the stream was cut inside a step (a hybrid model's state)
+                engine.reset()  # or the conversation differs from the tokens shown: the next turn runs it all again
+            print("[stopped: the reply so far stays in the conversation]", file=sys.stderr, flush=True)
 
     if first is not None:
         run_turn(first)
@@ -319,7 +345,12 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
             if prompt:
                 sys.stderr.write(prompt)
                 sys.stderr.flush()
-            line = sys.stdin.readline()
+            try:
+                line = sys.stdin.readline()
+            except KeyboardInterrupt:  # Ctrl-C at the prompt ends the session (exit 130), on a line of its own
+                if prompt:
+                    sys.stderr.write("\n")
+                raise
             if not line:
                 break
             line = line.rstrip("\r\n")  # the line end, Windows' too (stdin keeps a CR before the LF)
@@ -334,6 +365,14 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
         if prompt:
             sys.stderr.write("\n")
     return 0
+
+
+def _held(engine) -> int:
+    """Tokens of row 0's conversation the engine holds: in its cache, and the last one sampled if it
+    is pending (fed with the next turn); 0 without a conversation."""
+    if engine.batch_size == 0:
+        return 0
+    return engine.lengths()[0] + (engine._pending[0] is not None)
 
 
 def _request_sampling(sampling, k: int):

@@ -12,7 +12,7 @@ from orthros.cli import main as orthros_main
 from orthros.engine import Engine
 from orthros.models import OrthrosForCausalLM
 
-from conftest import checkpoint_missing
+from conftest import checkpoint_missing, interrupted_at
 
 WORDS = ["<eos>", "<unk>"] + [f"w{i}" for i in range(95)]
 
@@ -688,3 +688,100 @@ def test_engine_imported_before_the_models_still_serves_generate():
             "from orthros.engine import Engine, SamplingParams, StaticKVCache\n"
             "import orthros.engine as e\nassert e.Engine is Engine and 'Engine' in dir(e)")
     assert "torch" in _heavy_after(code)
+
+
+@pytest.fixture(scope="module")
+def hybrid_checkpoint(tmp_path_factory, checkpoint):
+    """An Orthros-H checkpoint (GDN layers: a state that cannot be rewound) with the same tokenizer."""
+    import shutil
+
+    from test_engine_hybrid import tiny
+
+    d = tmp_path_factory.mktemp("hybrid")
+    m = tiny("orthros-h")
+    m.config.eos_token_id = 0
+    m.save_pretrained(d)
+    for f in checkpoint[0].iterdir():
+        if "token" in f.name:
+            shutil.copy(f, d / f.name)
+    return d, m
+
+
+@pytest.mark.parametrize("kind", ["attention", "hybrid"])
+@pytest.mark.parametrize("where", ["step", "write", "yield"])
+def test_ctrl_c_during_an_interactive_reply_stops_the_reply_only(checkpoint, hybrid_checkpoint, monkeypatch, capsys,
+                                                                  kind, where):
+    """Was: Ctrl-C while a reply streamed ended the whole --interactive session (exit 130). Now it
+    stops that reply: the tokens shown stay in the conversation (as a reply cut by --max-new-tokens),
+    stderr says so, and the next line is a turn after them. Ctrl-C inside decode step 2 ("step": one
+    token shown), while the 2nd token prints ("write": two), or as the 2nd token arrives, before it
+    is shown ("yield": one). The engine's conversation goes on where it holds just the tokens shown;
+    else (a hybrid model cut inside a step: a GDN state cannot be rewound; a token the engine gave
+    but the screen never showed) the next turn runs the conversation shown again from its tokens."""
+    import orthros.engine.cli as cli
+    import orthros.engine.engine as E
+
+    d, m = checkpoint if kind == "attention" else hybrid_checkpoint
+    writes = []
+
+    class Out(io.StringIO):
+        def write(self, text):
+            writes.append(text)
+            if where == "write" and len(writes) == 2:
+                raise KeyboardInterrupt
+            return super().write(text)
+
+    if where == "step":  # the 3rd sample: inside decode step 2, after the first token was shown
+        monkeypatch.setattr(E, "sample", interrupted_at(E.sample, 3))
+    elif where == "yield":
+        monkeypatch.setattr(cli._TextStream, "push", interrupted_at(cli._TextStream.push, 2))
+    calls, real = [], E.Engine.stream
+
+    def stream(self, prompts, *a, continue_=False, **k):
+        calls.append((list(prompts[0]), continue_))
+        return real(self, prompts, *a, continue_=continue_, **k)
+
+    monkeypatch.setattr(E.Engine, "stream", stream)
+    out = Out()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("w1 w2 w3\nw4 w5\n"))
+    rc = orthros_main(["generate", "--model", str(d), "--max-new-tokens", "6", "--device", "cpu", "--interactive",
+                       "--max-seq-len", "64"])
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    lines = out.getvalue().split("\n")
+    assert len(lines) == 3 and lines[2] == "" and "[stopped: the reply so far stays in the conversation]" in err
+    t1, t2 = [WORDS.index(w) for w in "w1 w2 w3".split()], [WORDS.index(w) for w in "w4 w5".split()]
+    full = Engine(m, max_seq_len=64).generate([t1], 6, eos_token_id=0)[0]
+    kept = full[:2 if where == "write" else 1]
+    assert len(full) > 2 and lines[0].split() == [WORDS[i] for i in kept if i > 1]
+    want = Engine(m, max_seq_len=64).generate([t1 + kept + t2], 6, eos_token_id=0)[0]
+    assert lines[1].split() == [WORDS[i] for i in want if i > 1]
+    again = where == "yield" or kind == "hybrid" and where == "step"  # the conversation shown, run again
+    assert calls[1] == ((t1 + kept + t2, False) if again else (t2, True))
+
+
+def test_ctrl_c_before_an_interactive_reply_drops_the_turn(checkpoint, monkeypatch, capsys):
+    """Ctrl-C before a reply's first token (in the prefill, or before its first token is sampled)
+    drops that turn: stderr says so, and the next line is a turn of the conversation without it
+    (here the first: a fresh start). Ctrl-C at the prompt still ends the session (exit 130)."""
+    import orthros.engine.engine as E
+
+    d, m = checkpoint
+    monkeypatch.setattr(E, "sample", interrupted_at(E.sample, 1))
+    rc, text = run_cli(["generate", "--model", str(d), "--max-new-tokens", "4", "--device", "cpu", "--interactive",
+                        "--max-seq-len", "64"], stdin="w1 w2 w3\nw4 w5\n")
+    err = capsys.readouterr().err
+    assert rc == 0 and "[stopped: the turn is dropped]" in err, err
+    lines = text.split("\n")
+    want = Engine(m, max_seq_len=64).generate([[WORDS.index("w4"), WORDS.index("w5")]], 4, eos_token_id=0)[0]
+    assert lines[0] == "" and lines[1].split() == [WORDS[i] for i in want if i > 1] and len(lines) == 3
+
+    class CtrlC(io.StringIO):
+        def readline(self, *a):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(sys, "stdin", CtrlC())
+    assert orthros_main(["generate", "--model", str(d), "--max-new-tokens", "4", "--device", "cpu", "--interactive",
+                         "--max-seq-len", "64"]) == 130
+    assert "orthros generate: interrupted" in capsys.readouterr().err

@@ -284,3 +284,45 @@ def test_an_empty_system_message_is_a_system_message(ckpt, tmp_path, monkeypatch
     rc, _ = run(["--model", str(d), "--device", "cpu", "--max-new-tokens", "2", "--chat", "--system", "", "Hello"])
     assert rc == 0 and fed == [chat_ids(tok, [{"role": "system", "content": ""}, {"role": "user", "content": "Hello"}])]
     assert "You are SmolLM" not in tok.decode(fed[0])
+
+
+@pytest.mark.parametrize("cut", [1, 3])
+def test_ctrl_c_in_a_chat_reply_keeps_the_messages_in_step(ckpt, model_and_tok, monkeypatch, capsys, cut):
+    """Ctrl-C during an --interactive --chat reply stops that reply only (was: it ended the session).
+    Stopped after its first token (the 3rd sample), the reply so far is the assistant message the
+    next turn's template renders after; stopped before it (the 1st sample), the user turn is dropped
+    from the messages too, so the next turn is rendered without it (no two user turns in a row)."""
+    from conftest import interrupted_at
+
+    import orthros.engine.engine as E
+
+    model, tok = model_and_tok
+    torch.set_num_threads(1)
+    monkeypatch.setattr(E, "sample", interrupted_at(E.sample, cut))
+    fed, got, real = [], [], E.Engine.stream
+
+    def stream(self, prompts, *a, **k):
+        fed.append(list(prompts[0]))
+        got.append([])
+        for step in real(self, prompts, *a, **k):
+            got[-1].append(step[0])
+            yield step
+
+    monkeypatch.setattr(E.Engine, "stream", stream)
+    rc, text = run(["--model", str(ckpt), "--device", "cpu", "--max-new-tokens", "4", "--chat", "--interactive",
+                    "--system", "Be brief."], stdin="Hello there\nAnd again\n")
+    err = capsys.readouterr().err
+    assert rc == 0 and len(fed) == 2, err
+    system = {"role": "system", "content": "Be brief."}
+    if cut == 1:
+        assert "[stopped: the turn is dropped]" in err and got[0] == []
+        assert fed[1] == chat_ids(tok, [system, {"role": "user", "content": "And again"}])
+    else:
+        assert "[stopped: the reply so far stays in the conversation]" in err and len(got[0]) == 1
+        shown = tok.decode(got[0], skip_special_tokens=True)
+        assert text.split("\n")[0] == shown
+        m2 = [system, {"role": "user", "content": "Hello there"}, {"role": "assistant", "content": shown},
+              {"role": "user", "content": "And again"}]
+        rendered = tok.apply_chat_template(m2, add_generation_prompt=True, tokenize=False)
+        assert tok.decode(fed[0] + got[0] + fed[1]) == rendered
+    assert text.split("\n")[1] == tok.decode(got[1], skip_special_tokens=True)
