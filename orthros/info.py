@@ -152,6 +152,12 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
     if L > limit:
         raise ValueError(f"--max-seq-len {L} exceeds the model's max_position_embeddings={limit}")
     manifest = d / MANIFEST
+    # a training checkpoint (its trainer_state.pt: training.trainer.TRAINER_STATE) whose manifest is gone: a save cut
+    # short or a damaged copy, which a resume refuses; described, but not as a sound one
+    torn = not manifest.is_file() and (d / "trainer_state.pt").is_file()
+    if verify and torn:
+        raise ValueError(f"--verify: {path} is a training checkpoint without its manifest.json (incomplete or "
+                         f"damaged, probably a save cut short): there are no sha256 sums to check its files against")
     if verify and not manifest.is_file():
         raise ValueError(f"--verify: {path} has no manifest.json (only training checkpoints carry sha256 sums)")
 
@@ -200,6 +206,8 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
     if report:
         origin["converted_from"] = {k: report.get(k) for k in ("architecture", "source", "orthros_version",
                                                                "window_size")}
+    if torn:
+        origin["incomplete_training_checkpoint"] = True
     if manifest.is_file():
         try:  # the manifest's form and its files' sizes (no byte is read); with --verify their sha256 sums too
             m = verify_manifest(d, hashes=verify)
@@ -321,6 +329,9 @@ def format_report(r: dict) -> str:
         check = (f"all {origin['verified']} files match its sha256 sums" if "verified" in origin
                  else "--verify checks its sha256 sums")
         row("origin", f"training checkpoint of step {origin['training_step']} (manifest.json: {check})")
+    if origin.get("incomplete_training_checkpoint"):
+        row("origin", "a training checkpoint (trainer_state.pt) without its manifest.json: incomplete or damaged, "
+                      "probably a save cut short; its files are unchecked and --resume refuses it")
     c = r["cache"]
     rows = _many(c["batch_size"], "row")
     states = f"GDN states {format_bytes(c['state_bytes'])}"

@@ -225,6 +225,25 @@ def test_verify_a_training_checkpoint(ckpt, tmp_path, capsys):
     assert rc == 2 and out == "" and "tokenizer.json does not match its sha256" in err
 
 
+def test_a_training_checkpoint_without_its_manifest_is_named_so(ckpt, tmp_path, capsys):
+    """A training checkpoint whose manifest.json is gone (a save cut short, a partial copy), which
+    --resume refuses, was described as any sound model with no word of it; --verify said "only
+    training checkpoints carry sha256 sums", as if it were none."""
+    import shutil
+
+    d = tmp_path / "step_00000004"
+    shutil.copytree(ckpt, d)
+    (d / "trainer_state.pt").write_bytes(b"state")
+    rc, out, err = run([str(d)], capsys)
+    assert rc == 0 and "a training checkpoint (trainer_state.pt) without its manifest.json: incomplete or damaged" \
+        in out, err
+    assert describe(d)["origin"] == {"incomplete_training_checkpoint": True}
+    rc, out, err = run([str(d), "--verify"], capsys)
+    assert rc == 2 and out == "" and "is a training checkpoint without its manifest.json" in err, err
+    assert "only training checkpoints" not in err
+    assert "without its manifest" not in run([str(ckpt)], capsys)[1]  # a plain saved model: no such row
+
+
 def listing(root):
     return sorted((str(p.relative_to(root)), p.stat().st_size) for p in root.rglob("*"))
 
