@@ -49,35 +49,36 @@ def _mqar_parser(sub):
                        description="Multi-query associative recall (Zoology-style). Trains each model with the same "
                                    "budget (steps, batch, lr, size, data) and prints an accuracy table.")
     g = p.add_argument_group("task")
-    g.add_argument("--vocab-size", type=int, default=64, help="token 0 is filler; half the rest keys, half values")
+    g.add_argument("--vocab-size", type=int, default=64, help="token 0 is filler; half the rest keys, half values (default: 64)")
     g.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default: 64)")
-    g.add_argument("--num-pairs", type=int, default=4, help="key-value pairs per sequence (each queried once)")
-    g.add_argument("--power", type=float, default=1.0, help="P(gap) ~ gap^-power between a key and its query")
+    g.add_argument("--num-pairs", type=int, default=4, help="key-value pairs per sequence, each queried once (default: 4)")
+    g.add_argument("--power", type=float, default=1.0, help="P(gap) ~ gap^-power between a key and its query (default: 1)")
     g.add_argument("--min-gap", type=int, default=1,
                    help="shortest distance in tokens from a key to its query (default: 1)")
     g.add_argument("--max-gap", type=int, default=None,
                    help="longest distance from a key to its query (default: as the sequence allows)")
     g.add_argument("--fill", choices=("pad", "noise"), default="pad",
-                   help="what fills the positions between pairs and queries: pad (token 0) or noise (random tokens)")
+                   help="what fills the positions between pairs and queries: pad (token 0) or noise (random tokens) "
+                        "(default: pad)")
     g = p.add_argument_group("models and training (identical for every model)")
     g.add_argument("--models", default="orthros,transformer,swa",
                    help="comma list of orthros, transformer, swa, orthros-h, linear-hybrid, gdn (orthros-h, "
                         "linear-hybrid: GDN layers with attention every 4th layer, use --layers >= 4; gdn: GDN "
-                        "layers only)")
+                        "layers only; default: orthros,transformer,swa)")
     g.add_argument("--hidden-size", type=int, default=64, help="model width of every model (default: 64)")
     g.add_argument("--layers", type=int, default=2, help="decoder layers of every model (default: 2)")
     g.add_argument("--heads", type=int, default=2, help="attention heads of every model (default: 2)")
     g.add_argument("--linear-heads", type=int, default=None,
                    help="heads of the GDN layers of orthros-h, linear-hybrid, gdn (their state is heads x "
                         "(d/heads)^2); default --heads")
-    g.add_argument("--window", type=int, default=8, help="window of Orthros's base stream and of SWA")
+    g.add_argument("--window", type=int, default=8, help="window of Orthros's base stream and of SWA (default: 8)")
     g.add_argument("--steps", type=int, default=800, help="training steps of every model (default: 800)")
     g.add_argument("--batch-size", type=int, default=32, help="sequences per training step (default: 32)")
     g.add_argument("--lr", type=float, default=3e-3, help="peak learning rate (default: 3e-3)")
     g.add_argument("--eval-examples", type=int, default=1000,
                    help="held-out sequences scored after training (default: 1000)")
     g.add_argument("--seed", type=int, default=0, help="seed of every random draw (default: 0)")
-    g.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    g.add_argument("--threads", type=int, default=None, help="torch CPU threads (default or 0: torch's own choice)")
     g.add_argument("--device", default="cpu", help="cpu (default), cuda or cuda:N")
     g.add_argument("--compile", action="store_true",
                    help="train each model's decoder layers through torch.compile (static shapes; the same "
@@ -85,7 +86,8 @@ def _mqar_parser(sub):
                         "per model, then each step launches far fewer kernels: for long GPU runs)")
     g.add_argument("--jobs", type=int, default=1,
                    help="train up to this many models at once, one process each (same data from the same seeds; "
-                        "on a GPU the small, launch-bound models share the device: wall time ~ the slowest model's)")
+                        "on a GPU the small, launch-bound models share the device: wall time ~ the slowest model's; "
+                        "default: 1)")
     p.add_argument("--output", "-o", default=None, help="write the results as JSON here")
     p.add_argument("--plot", default=None, metavar="PNG", help="draw accuracy against the key-to-query distance here")
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
@@ -102,16 +104,16 @@ def _niah_parser(sub):
                                    "string match. Writes JSON and a heatmap PNG.")
     _add_model_argument(p)
     p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: the model dir)")
-    p.add_argument("--lengths", default="256,512,1024", help="context lengths in tokens, comma list")
-    p.add_argument("--depths", default="0,25,50,75,100", help="needle depths in percent (0..100), comma list")
-    p.add_argument("--samples", type=int, default=2, help="needles per cell")
-    p.add_argument("--haystack", default="synthetic", help="synthetic | corpus | PATH.txt | PATH.jsonl")
+    p.add_argument("--lengths", default="256,512,1024", help="context lengths in tokens, comma list (default: 256,512,1024)")
+    p.add_argument("--depths", default="0,25,50,75,100", help="needle depths in percent (integers 0..100), comma list (default: 0,25,50,75,100)")
+    p.add_argument("--samples", type=int, default=2, help="needles per cell (default: 2)")
+    p.add_argument("--haystack", default="synthetic", help="synthetic | corpus | PATH.txt | PATH.jsonl (default: synthetic)")
     p.add_argument("--digits", type=int, default=7, help="digits of the hidden number (default: 7)")
     _add_conversion_window(p)
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default=None, choices=DTYPE_CHOICES, help="weights' dtype (default: as stored)")
     p.add_argument("--engine", default="auto", choices=("auto", "on", "off"),
-                   help="fast engine: auto = on CUDA; otherwise transformers' generate")
+                   help="fast engine: on, off, or auto (the default): on CUDA; otherwise transformers' generate")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default: 0)")
     p.add_argument("--output-dir", "-o", default="niah_results",
                    help="folder for the results JSON and the heatmap PNG (default: niah_results)")

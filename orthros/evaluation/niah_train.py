@@ -276,7 +276,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                       "written whole at the end")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists and is not empty")
     p.add_argument("--mode", default=d.attention_mode, type=mode_option, metavar="{orthros,full,window}",
-                   help="attention_mode: orthros, window (or swa) or full (or transformer)")
+                   help="attention_mode: orthros, window (or swa) or full (or transformer) (default: %(default)s)")
     # the architecture options (None: the default, or with --init the checkpoint's own value)
     p.add_argument("--window", type=int, default=None,
                    help=f"window of the base stream (orthros) or of SWA; not for --mode full (default: "
@@ -287,11 +287,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=d.steps, help="training steps (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="prompts per step (default: %(default)s)")
     p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate, cosine schedule (default: %(default)s)")
-    p.add_argument("--min-len", type=int, default=d.min_len, help="shortest training prompt (tokens)")
-    p.add_argument("--max-len", type=int, default=d.max_len, help="longest training prompt (tokens)")
+    p.add_argument("--min-len", type=int, default=d.min_len, help="shortest training prompt in tokens (default: %(default)s)")
+    p.add_argument("--max-len", type=int, default=d.max_len, help="longest training prompt in tokens (default: %(default)s)")
     p.add_argument("--digits", type=int, default=d.digits, help="digits of the passkey (default: %(default)s)")
     p.add_argument("--haystack", default=d.haystack,
-                   help="synthetic | corpus | PATH.txt | PATH.jsonl (as `orthros eval niah`)")
+                   help="synthetic | corpus | PATH.txt | PATH.jsonl, as `orthros eval niah` (default: %(default)s)")
     p.add_argument("--max-positions", type=int, default=None,
                    help=f"the model's max_position_embeddings (default: {d.max_position_embeddings})")
     p.add_argument("--seed", type=int, default=d.seed, help="seed of every random draw (default: %(default)s)")
