@@ -113,6 +113,8 @@ def check_token_ids(ids, vocab_size: int, arg: str, *, on_cuda: bool = False):
 
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise TypeError(f"{arg} must be integer token ids, got {ids.dtype}")
+    if ids.dtype in (torch.uint16, torch.uint32, torch.uint64):  # (a uint16 token file): torch has no min / max of them
+        ids = ids.long()
     if ids.numel() and (on_cuda or ids.device.type != "cuda") and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         raise ValueError(f"{arg} must be token ids in [0, vocab_size={vocab_size}), got ids from {int(ids.min())} "
                          f"to {int(ids.max())}")

@@ -333,6 +333,7 @@ class Engine:
 
     # ------------------------------------------------------------- validation
     def _as_rows(self, prompts) -> List[List[int]]:
+        flat = False  # one list of ids (one row), not a list of rows
         if _is_array(prompts):  # a NumPy array (a tokenizer's return_tensors="np"): as a tensor
             try:
                 prompts = torch.as_tensor(prompts)
@@ -348,13 +349,17 @@ class Engine:
                                  f"{tuple(prompts.shape)}")
             if prompts.shape[0] == 0:
                 raise ValueError("prompts must hold at least one row")
+            prompts = prompts.long()  # (uint16 / uint32 token files have no min or max in torch; uint64 >= 2**63 wraps < 0)
             V = self.config.vocab_size
             if prompts.numel() and (int(prompts.min()) < 0 or int(prompts.max()) >= V):
-                raise ValueError(f"prompts has token ids outside [0, vocab_size={V})")
-            return list(prompts.long())  # rows stay tensors: no host round trip for long prompts
+                i, j = ((prompts < 0) | (prompts >= V)).nonzero()[0].tolist()
+                raise ValueError(f"prompts has token ids outside the vocabulary [0, vocab_size={V}): prompts[{i}, {j}] = "
+                                 f"{int(prompts[i, j])}")
+            return list(prompts)  # rows stay tensors: no host round trip for long prompts
         elif isinstance(prompts, (list, tuple)) and prompts and not any(
                 isinstance(t, (list, tuple, torch.Tensor)) or _is_array(t) for t in prompts):
             rows = [_token_ids(prompts, "prompts")]  # one row: a bool or float in it is named (prompts[1] = 2.5)
+            flat = True
         elif isinstance(prompts, (list, tuple)):
             for i, r in enumerate(prompts):
                 if not (isinstance(r, (list, tuple)) or (isinstance(r, torch.Tensor) or _is_array(r)) and r.ndim == 1):
@@ -369,7 +374,10 @@ class Engine:
         V = self.config.vocab_size
         for i, r in enumerate(rows):
             if r and (min(r) < 0 or max(r) >= V):
-                raise ValueError(f"prompts[{i}] has token ids outside [0, vocab_size={V})")
+                j = next(j for j, t in enumerate(r) if not 0 <= t < V)
+                where = f"prompts[{j}]" if flat else f"prompts[{i}][{j}]"  # as the caller indexes it
+                raise ValueError(f"{'prompts' if flat else f'prompts[{i}]'} has token ids outside the vocabulary "
+                                 f"[0, vocab_size={V}): {where} = {r[j]}")
         return rows
 
     def _plan(self, prompts, continue_: bool, max_new_tokens: int):

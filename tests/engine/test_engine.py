@@ -532,6 +532,38 @@ def test_prompts_take_numpy_arrays_and_name_a_float_in_one_row():
             eng.generate(bad, 2)
 
 
+def test_prompts_in_unsigned_dtypes_and_ids_outside_the_vocabulary():
+    """Was: a uint16 / uint32 array of prompt ids (a tokenized dataset's memmap, nanoGPT-style) failed
+    inside torch ('"min_all" not implemented for \'UInt16\'') in generate() and step(); and an id
+    outside the vocabulary was refused without saying which. They are taken now, and an id outside
+    [0, vocab_size) is a ValueError naming where it is and its value, before any work."""
+    import numpy as np
+
+    m = tiny_model()
+    eng = Engine(m, max_batch_size=2, max_seq_len=32)
+    want = Engine(m, max_batch_size=2, max_seq_len=32).generate([[3, 4], [5, 6]], 3)
+    for dt in (np.uint16, np.uint32, np.uint64):
+        assert eng.generate(np.array([[3, 4], [5, 6]], dtype=dt), 3) == want, dt
+    assert eng.generate(torch.tensor([[3, 4], [5, 6]], dtype=torch.uint32), 3) == want
+    V = m.config.vocab_size
+    for bad, says in (([[3, 4], [5, V]], f"prompts[1] has token ids outside the vocabulary [0, vocab_size={V}): "
+                                         f"prompts[1][1] = {V}"),
+                      ([3, -1, 4], "prompts has token ids outside the vocabulary [0, vocab_size=97): prompts[1] = -1"),
+                      (np.array([[3, 4], [V + 3, 6]], dtype=np.uint16), f"prompts[1, 0] = {V + 3}"),
+                      (torch.tensor([[3, -4]]), "prompts[0, 1] = -4")):
+        eng.reset()
+        with pytest.raises(ValueError, match=re.escape(says)):
+            eng.generate(bad, 2)
+        assert eng.batch_size == 0 and int(eng.cache.seqlens.abs().sum()) == 0  # nothing ran
+    eng, want = Engine(m, max_batch_size=2, max_seq_len=32), Engine(m, max_batch_size=2, max_seq_len=32)
+    eng.set_lengths([10, 10])
+    want.set_lengths([10, 10])
+    assert torch.equal(eng.step(np.array([3, 4], dtype=np.uint16)), want.step([3, 4]))
+    with pytest.raises(ValueError, match=re.escape(f"step() tokens must be token ids in [0, vocab_size={V}), got ids "
+                                                   f"from 3 to {V}")):
+        eng.step(np.array([3, V], dtype=np.uint32))
+
+
 def test_set_lengths_and_step_api():
     m = tiny_model()
     eng = Engine(m, max_batch_size=2, max_seq_len=32)
