@@ -349,12 +349,13 @@ class Engine:
                                  f"{tuple(prompts.shape)}")
             if prompts.shape[0] == 0:
                 raise ValueError("prompts must hold at least one row")
-            prompts = prompts.long()  # (uint16 / uint32 token files have no min or max in torch; uint64 >= 2**63 wraps < 0)
+            # (torch has no min / max of uint16 / uint32 ids, a token file's; a uint64 >= 2**63 wraps below 0)
+            prompts = prompts.long()
             V = self.config.vocab_size
             if prompts.numel() and (int(prompts.min()) < 0 or int(prompts.max()) >= V):
                 i, j = ((prompts < 0) | (prompts >= V)).nonzero()[0].tolist()
-                raise ValueError(f"prompts has token ids outside the vocabulary [0, vocab_size={V}): prompts[{i}, {j}] = "
-                                 f"{int(prompts[i, j])}")
+                raise ValueError(f"prompts has token ids outside the vocabulary [0, vocab_size={V}): "
+                                 f"prompts[{i}, {j}] = {int(prompts[i, j])}")
             return list(prompts)  # rows stay tensors: no host round trip for long prompts
         elif isinstance(prompts, (list, tuple)) and prompts and not any(
                 isinstance(t, (list, tuple, torch.Tensor)) or _is_array(t) for t in prompts):
