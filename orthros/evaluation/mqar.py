@@ -290,12 +290,15 @@ def model_backend(tr: MQARTrain) -> str:
     return "sdpa" if tr.compile and tr.attn_backend == "auto" else tr.attn_backend
 
 
-def _check_heads(tr: MQARTrain) -> int:
-    """The GDN layers' heads (``linear_heads``, default ``num_heads``), once both divide ``hidden_size``."""
+def _check_heads(tr: MQARTrain, names: Optional[dict] = None) -> int:
+    """The GDN layers' heads (``linear_heads``, default ``num_heads``), once both divide ``hidden_size``
+    (``names``: as :meth:`MQARTask.validate`'s)."""
+    names = names or {}
     lin = tr.linear_heads or tr.num_heads
     for name, h in (("num_heads", tr.num_heads), ("linear_heads", lin)):
         if tr.hidden_size % h:
-            raise ValueError(f"hidden_size ({tr.hidden_size}) must be a multiple of {name} ({h})")
+            raise ValueError(f"{names.get('hidden_size', 'hidden_size')} ({tr.hidden_size}) must be a multiple of "
+                             f"{names.get(name, name)} ({h})")
     return lin
 
 
@@ -558,34 +561,43 @@ def check_models(models, num_layers: int, arg: str = "models", layers_arg: str =
     return tuple(models)
 
 
-def check_run(task: MQARTask, tr: MQARTrain, jobs: int = 1) -> list:
+def check_run(task: MQARTask, tr: MQARTrain, jobs: int = 1, names: Optional[dict] = None) -> list:
     """Everything :func:`run_mqar` refuses, checked before it generates data or builds a model (and by
     ``mqar_sweep`` for every setting before the first runs): the task, the models, the sizes, the
-    learning rate, seed, threads, compile and ``jobs``. Returns the model names."""
-    task.validate()
-    names = list(check_models(tr.models, tr.num_layers))
+    learning rate, seed, threads, compile and ``jobs``. Returns the model names. Errors name the fields of
+    ``task`` and ``tr`` (``MQAR steps ...``), or, for a field in ``names``, that name (the caller's own, as
+    :meth:`MQARTask.validate`'s ``names``)."""
+    task.validate(names)
+    names = names or {}
+
+    def n(field):
+        return names.get(field, field)
+
+    pre = "" if names else "MQAR "
+    models = list(check_models(tr.models, tr.num_layers, n("models"), n("num_layers")))
     for name in ("hidden_size", "num_layers", "num_heads", "window_size", "steps", "batch_size", "eval_examples"):
         v = getattr(tr, name)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"MQAR {name} must be an integer >= 1, got {v!r}")
-    _check_heads(tr)
+            raise ValueError(f"{pre}{n(name)} must be an integer >= 1, got {v!r}")
+    _check_heads(tr, names)
     if not (isinstance(tr.lr, (int, float)) and math.isfinite(tr.lr) and tr.lr > 0):
-        raise ValueError(f"MQAR lr must be a finite number > 0, got {tr.lr!r}")
+        raise ValueError(f"{pre}{n('lr')} must be a finite number > 0, got {tr.lr!r}")
     if isinstance(tr.seed, bool) or not isinstance(tr.seed, int):
-        raise ValueError(f"MQAR seed must be an integer >= 0, got {tr.seed!r}")
-    check_seed(tr.seed, "MQAR seed")
+        raise ValueError(f"{pre}{n('seed')} must be an integer >= 0, got {tr.seed!r}")
+    check_seed(tr.seed, f"{pre}{n('seed')}")
     if tr.threads is not None and tr.threads < 0:
-        raise ValueError(f"MQAR threads must be >= 0 (0 or None: torch's own choice), got {tr.threads!r}")
+        raise ValueError(f"{pre}{n('threads')} must be >= 0 (0 or None: torch's own choice), got {tr.threads!r}")
     from ..ops.backends import BACKENDS
 
     if tr.attn_backend not in BACKENDS:
-        raise ValueError(f"MQAR attn_backend must be one of {', '.join(BACKENDS)}, got {tr.attn_backend!r}")
+        raise ValueError(f"{pre}{n('attn_backend')} must be one of {', '.join(BACKENDS)}, got {tr.attn_backend!r}")
     if not isinstance(tr.compile, bool):
-        raise ValueError(f"MQAR compile must be a bool (True: train through torch.compile, False: eager), "
+        raise ValueError(f"{pre}{n('compile')} must be a bool (True: train through torch.compile, False: eager), "
                          f"got {tr.compile!r}")
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"MQAR jobs must be an int >= 1 (models trained at once, one process each), got {jobs!r}")
-    return names
+        raise ValueError(f"{pre}{n('jobs')} must be an int >= 1 (models trained at once, one process each), "
+                         f"got {jobs!r}")
+    return models
 
 
 def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print, jobs: int = 1) -> dict:

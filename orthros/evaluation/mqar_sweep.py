@@ -20,6 +20,13 @@ KEYS = ("V", "T", "N", "power", "mingap", "maxgap", "fill", "repeat", "d", "L", 
         "device", "backend", "threads", "compile")
 
 
+# the MQARTask / MQARTrain fields and the keys that set them: a setting's errors name the key given
+FIELD_KEYS = {"vocab_size": "V", "seq_len": "T", "num_pairs": "N", "power": "power", "min_gap": "mingap",
+              "max_gap": "maxgap", "fill": "fill", "hidden_size": "d", "num_layers": "L", "num_heads": "H",
+              "window_size": "w", "steps": "steps", "batch_size": "B", "lr": "lr", "eval_examples": "neval",
+              "seed": "seed", "attn_backend": "backend", "threads": "threads", "compile": "compile"}
+
+
 def parse_setting(grp: list) -> tuple:
     """``[NAME, key=value, ...]`` -> ``(NAME, {key: value})``; a ``ValueError`` for an item without ``=``,
     a key not in ``KEYS`` (a typo such as ``step=100`` would otherwise be ignored and run the default) or
@@ -64,7 +71,7 @@ def build_setting(name: str, kv: dict) -> tuple:
                    threads=g("threads", 0) or None, compile=bool(g("compile", 0)))
     try:
         check_device(tr.device, "device")
-        check_run(task, tr)
+        check_run(task, tr, names=FIELD_KEYS)
     except ValueError as e:
         raise ValueError(f"setting {name}: {e}") from None
     return task, tr

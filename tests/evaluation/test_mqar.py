@@ -413,15 +413,19 @@ def test_a_split_without_queries_is_none_not_nan(tmp_path):
     # int('abc') or run_mqar's own error, each as a traceback
     (["a", "steps=1", "--", "b", "V=abc"], "setting b: V=abc is not an integer"),
     (["a", "steps=1", "--", "b", "lr=x"], "setting b: lr=x is not a number"),
-    (["a", "steps=1", "--", "b", "V=3"], "setting b: MQAR vocab_size must be >= 5"),
-    (["a", "steps=1", "--", "b", "d=63"], "setting b: hidden_size (63) must be a multiple of num_heads (2)"),
-    (["a", "steps=1", "--", "b", "lr=nan"], "setting b: MQAR lr must be a finite number > 0, got nan"),
-    (["a", "steps=1", "--", "b", "steps=0"], "setting b: MQAR steps must be an integer >= 1, got 0"),
-    (["a", "steps=1", "--", "b", "threads=-1"], "setting b: MQAR threads must be >= 0"),
+    (["a", "steps=1", "--", "b", "V=3"], "setting b: V must be >= 5"),
+    (["a", "steps=1", "--", "b", "d=63"], "setting b: d (63) must be a multiple of H (2)"),
+    (["a", "steps=1", "--", "b", "lr=nan"], "setting b: lr must be a finite number > 0, got nan"),
+    (["a", "steps=1", "--", "b", "steps=0"], "setting b: steps must be an integer >= 1, got 0"),
+    (["a", "steps=1", "--", "b", "threads=-1"], "setting b: threads must be >= 0"),
     (["a", "steps=1", "--", "b", "device=tpu"], "setting b: device must be cpu, cuda or cuda:N, got 'tpu'"),
-    (["a", "steps=1", "--", "b", "backend=flash"], "setting b: MQAR attn_backend must be one of auto, reference"),
+    (["a", "steps=1", "--", "b", "backend=flash"], "setting b: backend must be one of auto, reference"),
     (["a", "steps=1", "--", "b", "maxgap=x"], "setting b: maxgap=x is not an integer"),
-    (["a", "steps=1", "--", "b", "mingap=4", "maxgap=3"], "setting b: MQAR max_gap must be an integer >= min_gap (4)"),
+    (["a", "steps=1", "--", "b", "mingap=4", "maxgap=3"], "setting b: maxgap must be an integer >= mingap (4)"),
+    # the errors named MQARTask / MQARTrain's fields ("seq_len 10 is too short for num_pairs=4"), not the keys given
+    (["a", "T=10"], "setting a: T 10 is too short for N=4 and mingap=1: need T >= 20"),
+    (["a", "L=0"], "setting a: L must be an integer >= 1, got 0"),
+    (["a", "seed=-1"], "setting a: seed must be >= 0, got -1"),
     # a forgotten name: `V=32` was taken for the name and the setting ran at V=64
     (["V=32", "steps=1"], "setting names must not contain '=', got 'V=32' (the name comes first: NAME key=value"),
     # the last of two values was taken silently
