@@ -9,7 +9,10 @@ Every output is compared with ||a-b||/||b|| and every gradient (q, k, v, q_out) 
 a tenth of the norm of all four gradients, the larger, against the fp32 reference; outputs are allocated NaN-poisoned so an unwritten element fails.
 """
 
+import contextlib
+import fcntl
 import os
+import tempfile
 import textwrap
 
 import pytest
@@ -272,9 +275,30 @@ def test_gpu_long_prefill_split_keys(poison):
              positions=torch.tensor([19999], device=DEV), grad=True)
 
 
+@contextlib.contextmanager
+def one_big_case_at_a_time():
+    """The 1M-token case holds ~22 GB of the card (q and o 8 GiB each, k = v 2 GiB): pytest-xdist's workers take
+    turns at it through a lock file, and each hands the memory back after it. Five of them at once (it runs in
+    every bf16 forward variant test) with eleven other workers ran an 80 GB H100 out of memory (s53); a 141 GB
+    H200 had hidden it."""
+    with open(os.path.join(tempfile.gettempdir(), "orthros-tests-gpu-big-case.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()  # the case's tensors are gone with its frame: give their blocks back
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @pytest.mark.gpu
 @gpu
 def test_gpu_64bit_offsets_window():
+    with one_big_case_at_a_time():
+        _check_64bit_offsets_window()
+
+
+def _check_64bit_offsets_window():
     # 1M tokens x 32 heads x 128 dims: element offsets pass 2^31
     T, H, D = 1 << 20, 32, 128
     torch.manual_seed(0)
