@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import operator
 import os
 
 from transformers import PreTrainedConfig
@@ -213,7 +214,8 @@ class OrthrosConfig(PreTrainedConfig):
         is resolved here, as ``__init__`` resolves it (the layers compare the canonical names)."""
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "max_position_embeddings", "window_size"):
-            check_positive_int(f"OrthrosConfig.{name}", getattr(self, name))
+            # stored as a Python int: a NumPy integer passes the check, and config.json could not hold it
+            setattr(self, name, check_positive_int(f"OrthrosConfig.{name}", getattr(self, name)))
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(f"OrthrosConfig.num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                              f"num_key_value_heads ({self.num_key_value_heads})")
@@ -271,11 +273,16 @@ class OrthrosConfig(PreTrainedConfig):
                              f"head_dim={self.head_dim}: it must be >= 2; e.g. {2 / self.head_dim!r} (width 2)")
 
     def _validate_linear(self, layer_types):
+        names = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+                 "linear_conv_kernel_dim")
         if LINEAR_LAYER_TYPE not in layer_types:
+            for name in names:  # unused without GDN layers, but config.json keeps them (head_dim's default too)
+                value = getattr(self, name)
+                if hasattr(value, "__index__") and not isinstance(value, bool):
+                    setattr(self, name, operator.index(value))
             return
-        for name in ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
-                     "linear_conv_kernel_dim"):
-            check_positive_int(f"OrthrosConfig.{name}", getattr(self, name))
+        for name in names:
+            setattr(self, name, check_positive_int(f"OrthrosConfig.{name}", getattr(self, name)))
         if self.linear_num_value_heads % self.linear_num_key_heads:
             raise ValueError(f"OrthrosConfig.linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple "
                              f"of linear_num_key_heads ({self.linear_num_key_heads})")

@@ -460,6 +460,19 @@ def test_a_config_that_would_not_load_is_refused_before_the_model_saves(tmp_path
     assert not (tmp_path / "m").exists()
 
 
+def test_numpy_integer_config_fields_are_saved_as_python_ints(tmp_path):
+    # check_positive_int takes NumPy integers (operator.index) since 9efdddd: a config built with them passed its
+    # checks, then save_pretrained failed ("Object of type int64 is not JSON serializable")
+    config = tiny_config(num_hidden_layers=np.int64(2), window_size=np.int32(8), head_dim=torch.tensor(12))
+    assert type(config.num_hidden_layers) is int and type(config.window_size) is int and type(config.head_dim) is int
+    OrthrosForCausalLM(config).save_pretrained(tmp_path / "m")
+    assert OrthrosForCausalLM.from_pretrained(tmp_path / "m").config.num_hidden_layers == 2
+    hybrid = tiny_config(num_hidden_layers=2, layer_types=["linear_attention", "orthros_attention"],
+                         linear_num_key_heads=np.int64(2), linear_conv_kernel_dim=np.int64(4))
+    assert type(hybrid.linear_num_key_heads) is int and type(hybrid.linear_conv_kernel_dim) is int
+    hybrid.to_json_string()
+
+
 def test_a_mode_alias_set_after_init_runs_that_mode():
     # "transformer" set on a config after __init__ computed sliding-window attention
     ref = tiny_model(attention_mode="full")
