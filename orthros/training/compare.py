@@ -84,7 +84,15 @@ def main(argv=None) -> int:
         check_positive_int("--n", a.n)
     except ValueError as e:
         p.error(str(e))
-    ckpts = {run: latest_checkpoint(run) for run in a.runs}
+    runs, seen = [], {}
+    for run in a.runs:  # one folder named twice (run run/, or through a link) was probed twice, or once silently
+        key = os.path.realpath(run)
+        if key in seen:
+            print(f"note: {run} is the same folder as {seen[key]}: probed once", file=sys.stderr)
+        else:
+            seen[key] = run
+            runs.append(run)
+    ckpts = {run: latest_checkpoint(run) for run in runs}
     for run, ck in ckpts.items():  # every run checked before the first is probed
         if ck is None or not os.path.isfile(os.path.join(run, "metrics.jsonl")):
             p.error(f"{run}: not a training run's output_dir (one with a complete checkpoint and metrics.jsonl)")

@@ -62,6 +62,13 @@ def test_probes_n_passages(run, capsys):
     assert (r["passages"], r["passage_tokens"], r["step"], r["train_loss_last"]) == (2, 16, 1, 8.0)
 
 
+def test_a_run_named_twice_is_probed_once_with_a_note(run, capsys):
+    # `run run` was probed once without a word (a dict of the names), `run run/` twice
+    assert main([str(run), f"{run}/", str(run), "--n", "1", "--passage", "16"]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 1 and err.count("is the same folder as") == 2, (out, err)
+
+
 def test_step_and_eval_loss_are_the_probed_checkpoints(tmp_path, capsys):
     """"step" and "eval_loss" were the last eval row's, not the probed checkpoint's: a run killed after
     an eval that no checkpoint followed (eval at step 3, latest checkpoint step 1) was reported as
