@@ -273,8 +273,11 @@ def resolve_resume(cfg: RunConfig) -> Optional[Path]:
     if r == "auto":
         return existing
     if r is True:
-        if existing is None:
-            raise ConfigError(f"--resume: no complete checkpoint under {ckpt.ckpt_root(cfg.output_dir)}")
+        if existing is None:  # (none at all: a complete-less one was refused above)
+            where = (f"output_dir {cfg.output_dir!r} does not exist" if not Path(cfg.output_dir).exists() else
+                     f"no checkpoint under {ckpt.ckpt_root(cfg.output_dir)} (none was saved there)")
+            raise ConfigError(f"--resume: {where}, so there is no run to resume; drop --resume to start a fresh run "
+                              f"there, or give the output_dir of the run to resume")
         return existing
     p = Path(r)
     if not p.is_dir():

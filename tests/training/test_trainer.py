@@ -302,6 +302,23 @@ def test_existing_checkpoints_need_resume(reference, corpus):
         train(load_config(None, tiny(out, corpus, "--checkpoint.resume", "false")))
 
 
+def test_resume_with_nothing_to_resume_says_why_and_how_to_start_afresh(tmp_path, corpus):
+    """Was: --resume on an output_dir that does not exist (a typo) or holds no checkpoint said only
+    "no complete checkpoint under DIR/checkpoints". It now says the folder does not exist (or that
+    no checkpoint was saved there) and that dropping --resume starts a fresh run; nothing written."""
+    missing = tmp_path / "no_such_run"
+    with pytest.raises(ConfigError, match=rf"--resume: output_dir '{re.escape(str(missing))}' does not exist.*"
+                                          r"drop --resume to start a fresh run"):
+        train(load_config(None, tiny(missing, corpus, "--resume")))
+    assert not missing.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match=r"--resume: no checkpoint under .*checkpoints \(none was saved there\).*"
+                                          r"drop --resume to start a fresh run"):
+        train(load_config(None, tiny(empty, corpus, "--resume")))
+    assert list(empty.iterdir()) == []
+
+
 def test_cpt_from_a_checkpoint_and_switch_architecture(tmp_path, corpus, reference):
     _, ref, summary = reference
     s = train(load_config(None, tiny(tmp_path, corpus, "--mode", "cpt", "--model.init_from", summary["checkpoint"],
