@@ -113,11 +113,16 @@ def check_token_ids(ids, vocab_size: int, arg: str, *, on_cuda: bool = False):
 
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise TypeError(f"{arg} must be integer token ids, got {ids.dtype}")
+    wrapped = ids.dtype == torch.uint64  # as int64, an id >= 2**63 wraps below 0
     if ids.dtype in (torch.uint16, torch.uint32, torch.uint64):  # (a uint16 token file): torch has no min / max of them
         ids = ids.long()
     if ids.numel() and (on_cuda or ids.device.type != "cuda") and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
-        raise ValueError(f"{arg} must be token ids in [0, vocab_size={vocab_size}), got ids from {int(ids.min())} "
-                         f"to {int(ids.max())}")
+        lo, hi = int(ids.min()), int(ids.max())
+        if wrapped and lo < 0:  # the ids as given: the wrapped ones are the largest
+            small = ids[ids >= 0]
+            hi = int(ids[ids < 0].max()) + 2**64
+            lo = int(small.min()) if small.numel() else int(ids.min()) + 2**64
+        raise ValueError(f"{arg} must be token ids in [0, vocab_size={vocab_size}), got ids from {lo} to {hi}")
 
 
 def check_not_blank(path, name: str, what: str) -> None:

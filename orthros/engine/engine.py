@@ -350,12 +350,14 @@ class Engine:
             if prompts.shape[0] == 0:
                 raise ValueError("prompts must hold at least one row")
             # (torch has no min / max of uint16 / uint32 ids, a token file's; a uint64 >= 2**63 wraps below 0)
+            wrapped = prompts.dtype == torch.uint64
             prompts = prompts.long()
             V = self.config.vocab_size
             if prompts.numel() and (int(prompts.min()) < 0 or int(prompts.max()) >= V):
                 i, j = ((prompts < 0) | (prompts >= V)).nonzero()[0].tolist()
+                value = int(prompts[i, j]) + (2**64 if wrapped and int(prompts[i, j]) < 0 else 0)  # the id as given
                 raise ValueError(f"prompts has token ids outside the vocabulary [0, vocab_size={V}): "
-                                 f"prompts[{i}, {j}] = {int(prompts[i, j])}")
+                                 f"prompts[{i}, {j}] = {value}")
             return list(prompts)  # rows stay tensors: no host round trip for long prompts
         elif isinstance(prompts, (list, tuple)) and prompts and not any(
                 isinstance(t, (list, tuple, torch.Tensor)) or _is_array(t) for t in prompts):

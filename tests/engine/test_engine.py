@@ -564,6 +564,25 @@ def test_prompts_in_unsigned_dtypes_and_ids_outside_the_vocabulary():
         eng.step(np.array([3, V], dtype=np.uint32))
 
 
+def test_uint64_ids_beyond_int64_are_named_by_their_own_value():
+    """Was: a uint64 prompt id >= 2**63 (a corrupt token file) was refused, but named by its int64
+    wrap, a negative number (prompts[0, 1] = -9223372036854775803); step() said "ids from
+    -9223372036854775807". Both name the id as given now."""
+    import numpy as np
+
+    eng = Engine(tiny_model(), max_batch_size=2, max_seq_len=32)
+    big = 2**63 + 5
+    for bad, says in ((np.array([[3, big]], dtype=np.uint64), f"prompts[0, 1] = {big}"),
+                      (np.array([2**64 - 1, 3], dtype=np.uint64), f"prompts[0, 0] = {2**64 - 1}"),
+                      (torch.from_numpy(np.array([[3, 4], [5, big]], dtype=np.uint64)), f"prompts[1, 1] = {big}")):
+        with pytest.raises(ValueError, match=re.escape(says)):
+            eng.generate(bad, 2)
+    eng.set_lengths([10, 10])
+    for toks, lo, hi in (([big, 3], 3, big), ([big, 2**64 - 1], big, 2**64 - 1)):
+        with pytest.raises(ValueError, match=re.escape(f"got ids from {lo} to {hi}")):
+            eng.step(np.array(toks, dtype=np.uint64))
+
+
 def test_set_lengths_and_step_api():
     m = tiny_model()
     eng = Engine(m, max_batch_size=2, max_seq_len=32)
