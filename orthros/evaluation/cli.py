@@ -393,6 +393,9 @@ def main(argv=None) -> int:
         parser.print_help()
         return 0
     try:
+        from .common import check_no_empty_values
+
+        check_no_empty_values(a.sub_parser, a)
         return {"mqar": _mqar, "niah": _niah, "niah-train": _niah_train, "lm": _lm, "ppl": _ppl}[a.what](a)
     except ValueError as e:
         print(f"orthros eval {a.what}: error: {e}", file=sys.stderr)

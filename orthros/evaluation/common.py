@@ -191,6 +191,23 @@ def _is_checkpoint_file(name: str) -> bool:
             or name.endswith((".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".py", ".gguf")))
 
 
+def check_no_empty_values(parser, args, skip=("model",)) -> None:
+    """Refuse, before any work, an option of ``parser`` given an empty or blank value (``args``: its parsed
+    arguments), most likely an unset shell variable (``-o "$OUT"``): no option of the evaluations means
+    anything by one, and each was taken as "not given" (``-o ''``: the results written nowhere, ``--device
+    ''``: the default device) or as the current folder (``niah-train --out '' --overwrite`` replaced it). ``skip``: the ``dest`` of options refused in
+    their own words later, before any work (``--model``: :func:`read_config`)."""
+    for action in parser._actions:
+        if not action.option_strings or action.dest in skip:
+            continue
+        value = getattr(args, action.dest, None)
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, str) and not v.strip():
+                name = max(action.option_strings, key=len)
+                raise ValueError(f"{name} is empty ({v!r}): give a value"
+                                 + ("" if action.required else ", or leave the option out for its default"))
+
+
 SEED_MAX = 2 ** 64 - 1  # the largest seed torch.manual_seed takes ("Overflow when unpacking long long" above it)
 
 

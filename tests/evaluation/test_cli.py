@@ -1,0 +1,76 @@
+"""`orthros eval ...`: what every sub-command shares (its --help names each default; no option takes an empty value)."""
+
+import argparse
+
+import pytest
+
+from orthros.evaluation.cli import build_parser
+
+
+def _subparsers():
+    p = build_parser()
+    (sub,) = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub.choices
+
+
+@pytest.mark.parametrize("name", sorted(_subparsers()))
+def test_help_names_every_default(name):
+    """Issue: --vocab-size, --num-pairs, --power, --fill, --models, --window, --jobs (mqar), --lengths, --depths,
+    --samples, --haystack, --engine (niah), --mode, --min-len, --max-len (niah-train) ran with a default their
+    help did not name."""
+    sp = _subparsers()[name]
+    fmt = sp._get_formatter()
+    unsaid = []
+    for a in sp._actions:
+        if not a.option_strings or a.default in (None, False, argparse.SUPPRESS):
+            continue
+        text = fmt._expand_help(a) if a.help else ""
+        said = {str(a.default)}
+        if isinstance(a.default, float):
+            said |= {format(a.default, "g"), f"{a.default:.0e}".replace("e-0", "e-")}
+        if "default" not in text or not any(v in text for v in said):
+            unsaid.append(f"{a.option_strings[0]} (default {a.default!r}): {text!r}")
+    assert not unsaid, unsaid
+
+
+@pytest.mark.parametrize("args, says", [
+    # the results written nowhere after the whole run (exit 0)
+    (["mqar", "-o", ""], "--output is empty (''): give a value, or leave the option out for its default"),
+    (["ppl", "--model", "{ck}", "--data", "{data}", "-o", " "], "--output is empty (' ')"),
+    (["lm", "--model", "{ck}", "--tasks", "orthros_tiny_cloze", "-o", ""], "--output is empty ('')"),
+    # the results written into the current folder
+    (["niah", "--model", "{ck}", "-o", ""], "--output-dir is empty ('')"),
+    # the current folder replaced by the checkpoint (its files deleted)
+    (["niah-train", "--out", "", "--overwrite"], "--out is empty (''): give a value"),
+    # the default device, or the model's own tokenizer, taken silently
+    (["ppl", "--model", "{ck}", "--data", "{data}", "--device", ""], "--device is empty ('')"),
+    (["niah", "--model", "{ck}", "--tokenizer", ""], "--tokenizer is empty ('')"),
+    (["lm", "--model", "{ck}", "--tasks", "orthros_tiny_cloze", "--include-path", ""], "--include_path is empty"),
+])
+def test_an_empty_value_is_refused_before_any_work(tmp_path, capsys, monkeypatch, args, says):
+    """Issue: an empty value (an unset shell variable: `-o "$OUT"`) was taken as the option not given, or as
+    the current folder: `eval niah-train --out "" --overwrite` replaced the folder the command ran in."""
+    import orthros.evaluation.cli as cli
+
+    for name in ("_mqar", "_niah", "_niah_train", "_lm", "_ppl"):
+        monkeypatch.setattr(cli, name, lambda a: pytest.fail("the command ran"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.txt").write_text("keep")
+    args = [x.format(ck=tmp_path / "ck", data=tmp_path / "d.txt") for x in args]
+    assert cli.main(args) == 2
+    out, err = capsys.readouterr()
+    assert says in err and out == ""
+    assert [p.name for p in tmp_path.iterdir()] == ["mine.txt"]
+
+
+def test_niah_train_refuses_an_empty_out_in_the_python_api_and_module_cli(tmp_path, capsys, monkeypatch):
+    from orthros.evaluation import niah_train as nt
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mine.txt").write_text("keep")
+    monkeypatch.setattr(nt, "build_model", lambda *a, **kw: pytest.fail("the model was built"))
+    with pytest.raises(ValueError, match=r"--out is empty \(''\)"):
+        nt.train(nt.NIAHTrainConfig(steps=1), out_dir="", overwrite=True)
+    assert nt.main(["--out", " ", "--overwrite"]) == 2
+    assert "--out is empty (' ')" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["mine.txt"]
