@@ -154,8 +154,12 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default: 0)")
     a = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     from ..utils import check_device, check_output_path
-    from .common import check_distinct_files, check_seed
+    from .common import check_distinct_files, check_no_empty_values, check_seed
 
+    try:
+        check_no_empty_values(p, a)
+    except ValueError as e:
+        p.error(str(e))
     if a.skip_recall and a.skip_prefill:
         p.error("--skip-recall and --skip-prefill together leave nothing to run")
     try:

@@ -49,7 +49,9 @@ def test_demo_bad_input_refused_before_the_runs(tmp_path, capsys, monkeypatch):
                        (["--skip-recall", "--skip-prefill", "-o", str(tmp_path / "d.json")], "nothing to run"),
                        # was: both parts ran, then the PNG overwrote the JSON ("wrote r.png" twice)
                        (["-o", str(tmp_path / "r.png"), "--plot", str(tmp_path / "." / "r.png")],
-                        "name the same file")):
+                        "name the same file"),
+                       # an unset $OUT: both parts ran, then nothing was written (exit 0)
+                       (["-o", ""], "--output is empty (''): give a value, or leave the option out")):
         with pytest.raises(SystemExit) as e:
             main(["demo", "--device", "cpu", *args])
         assert e.value.code == 2 and says in capsys.readouterr().err, args
