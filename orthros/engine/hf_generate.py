@@ -136,6 +136,22 @@ def _plan(model, args, kwargs):
     return prompts, ids, n_new, params, eos, pad
 
 
+def _check_vocab(ids: torch.Tensor, prompts, vocab_size: int) -> None:
+    """The prompts' ids (``input_ids`` without its left padding) must be in ``[0, vocab_size)``: a
+    ``ValueError`` naming the first one outside as ``input_ids[b, t]`` (the caller's argument and
+    place; the engine would name its own ``prompts``), before the engine is built."""
+    B, T = ids.shape
+    lens = torch.tensor([len(p) for p in prompts], device=ids.device)
+    used = torch.arange(T, device=ids.device).view(1, T) >= (T - lens).view(B, 1)
+    wide = ids.long()  # (torch compares no uint16 / 32 / 64; a uint64 >= 2**63 wraps below 0)
+    bad = (used & ((wide < 0) | (wide >= vocab_size))).nonzero()
+    if bad.numel():
+        b, t = bad[0].tolist()
+        value = int(wide[b, t]) + (2**64 if ids.dtype == torch.uint64 and int(wide[b, t]) < 0 else 0)
+        raise ValueError(f"input_ids has token ids outside the vocabulary [0, vocab_size={vocab_size}): "
+                         f"input_ids[{b}, {t}] = {value}")
+
+
 def _engine_for(model, batch: int, need: int) -> Engine:
     eng = getattr(model, _ENGINE_ATTR, None)
     if eng is not None and eng.serves(model, batch, need):
@@ -177,6 +193,7 @@ def engine_generate(model, args, kwargs, required: bool) -> Optional[torch.Tenso
                              " (use_engine=None falls back to transformers' generate for it)")
         return None
     prompts, ids, n_new, params, eos, pad = plan
+    _check_vocab(ids, prompts, model.config.vocab_size)
     need = max(len(p) for p in prompts) + n_new - 1  # cache slots: the last new token is never fed back
     eng = _engine_for(model, len(prompts), need)
     # an id the model cannot sample never stops a row (transformers runs with it; the engine refuses it)

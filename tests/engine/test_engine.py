@@ -760,6 +760,30 @@ def test_generate_through_engine_sampling_and_unsupported():
         m.generate(torch.ones(1, 3, dtype=torch.bool), max_new_tokens=2, use_engine=True)
 
 
+def test_generate_through_engine_names_input_ids_for_an_id_outside_the_vocabulary():
+    """Was: ``model.generate(input_ids, use_engine=True)`` with an id >= vocab_size (or < 0) raised
+    the engine's "prompts[0] has token ids outside the vocabulary ...: prompts[0][2] = 97", the
+    engine's argument and, under left padding, a place in the unpadded row. It names the caller's
+    ``input_ids`` and the place in it now, before the engine is built; the engine's own message is
+    unchanged for its own callers."""
+    m = tiny_model()
+    V = m.config.vocab_size
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    for ids, says in ((torch.tensor([[3, 4, 5, V], [5, 6, 7, 8]]), f"input_ids[0, 3] = {V}"),
+                      (torch.tensor([[0, 3, V + 2, 4], [5, 6, 7, 8]]), f"input_ids[0, 2] = {V + 2}"),
+                      (torch.tensor([[0, 3, 4, 5], [5, -1, 7, 8]]), "input_ids[1, 1] = -1")):
+        with pytest.raises(ValueError, match=re.escape(f"input_ids has token ids outside the vocabulary "
+                                                       f"[0, vocab_size={V}): {says}")):
+            m.generate(ids, attention_mask=mask, max_new_tokens=2, use_engine=True)
+        assert getattr(m, "_orthros_engine", None) is None  # refused before the engine was built
+    # a masked (padding) position is no prompt token: the engine never reads it
+    ok = torch.tensor([[V + 9, 3, 4, 5]])
+    out = m.generate(ok, attention_mask=torch.tensor([[0, 1, 1, 1]]), max_new_tokens=2, use_engine=True)
+    assert out.shape == (1, 6) and torch.equal(out[:, :4], ok)
+    with pytest.raises(ValueError, match=re.escape(f"prompts[0][2] = {V}")):  # the engine's, to its own callers
+        Engine(m, max_batch_size=1, max_seq_len=16).generate([[3, 4, V]], 2)
+
+
 def test_generate_through_engine_leaves_the_model_s_mode():
     """``model.generate()`` leaves a model in training mode as it was, as transformers' does. Was:
     building the engine put it in eval mode, which turns gradient checkpointing off for the
