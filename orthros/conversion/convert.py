@@ -353,6 +353,10 @@ def _check_destination(src: Path | None, dst: Path, overwrite: bool):
     if not os.access(folder, os.W_OK | os.X_OK):
         raise ValueError(f"destination {str(dst)!r}: {str(folder)!r} is not writable (read-only or another "
                          f"user's); name a DST in a folder you can write to")
+    if not dst.is_symlink() and dst.exists() and not (dst.is_dir() or dst.is_file()):
+        # a device, FIFO or socket: --overwrite replaced it with the result (as root, /dev/null itself)
+        raise ValueError(f"destination {str(dst)!r} is a device, FIFO or socket, not a directory; it is never "
+                         f"replaced, --overwrite or not: name a directory (--dry-run checks without writing)")
     if _dst_taken(dst) and not overwrite:
         what = (f"a symbolic link to {os.readlink(dst)!r} (the result would replace the link, not fill its "
                 f"target: name the target itself)" if dst.is_symlink() and dst.exists() else

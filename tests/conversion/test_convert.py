@@ -668,6 +668,21 @@ def test_dry_run_says_a_file_destination_is_replaced(tmp_path, good_src, capsys)
     assert (tmp_path / "afile").read_text() == "x"
 
 
+def test_a_fifo_or_device_at_dst_is_never_replaced(tmp_path, good_src, capsys):
+    """``--overwrite`` replaced a FIFO (or a device: as root ``/dev/null`` itself) at DST with the result."""
+    dst = tmp_path / "fifo"
+    os.mkfifo(dst)
+    for extra in (["--overwrite"], ["--overwrite", "--dry-run"], []):
+        capsys.readouterr()
+        assert convert_main([str(good_src), str(dst), "--window-size", "16", "-q", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "is a device, FIFO or socket" in err and "never replaced" in err, err
+    assert stat.S_ISFIFO(os.lstat(dst).st_mode) and _leftovers(tmp_path) == []
+    with pytest.raises(ValueError, match="device, FIFO or socket"):
+        convert_checkpoint(good_src, dst, window_size=16, overwrite=True, progress=False)
+    assert stat.S_ISFIFO(os.lstat(dst).st_mode)
+
+
 def test_help_says_what_quiet_hides_and_that_src_may_be_a_hub_id():
     from orthros.conversion.cli import _parser
 
