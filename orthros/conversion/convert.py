@@ -141,9 +141,10 @@ def make_plan(src_config, arch: str, src_shapes: dict, *, window_size: int, scal
                      f"from {EMBED}; transformers loads such a source untied, so the converted model "
                      f"keeps that head (tie_word_embeddings=false)")
     if window_size > config.max_position_embeddings:  # (issue 17.5) refused, not silently accepted
-        raise ValueError(f"window_size={window_size} exceeds the source's max_position_embeddings="
-                         f"{config.max_position_embeddings}: the window would hold every position of the model "
-                         f"(no sliding window); choose a window_size <= {config.max_position_embeddings}")
+        limit = config.max_position_embeddings
+        raise ValueError(f"window_size={window_size} exceeds the source's max_position_embeddings={limit}: the "
+                         f"window would hold every position of the model (no sliding window); choose a "
+                         f"window_size (--window-size) <= {limit}")
     plan = Plan(config, arch, notes, out_dtype=out_dtype)
     expected = expected_tensors(config)
     problems = []
@@ -478,7 +479,7 @@ def _prepare_gguf(src, dst: Path, *, window_size: int, out_dtype, overwrite: boo
     if limit is not None and window_size > limit:
         raise ValueError(f"window_size={window_size} exceeds the source's max_position_embeddings={limit} "
                          f"(the GGUF's context_length): the window would hold every position of the model "
-                         f"(no sliding window); choose a window_size <= {limit}")
+                         f"(no sliding window); choose a window_size (--window-size) <= {limit}")
     _check_destination(info.path, dst, overwrite)
     need = info.n_params * 4 + info.n_params * (out_dtype.itemsize if out_dtype else 4)
     _check_disk(dst, need)
