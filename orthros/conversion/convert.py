@@ -64,6 +64,14 @@ def _check_window(window_size):
     check_positive_int("window_size", window_size)
 
 
+def _check_flags(**flags):
+    """``overwrite`` / ``scale_offset`` / ``progress`` are True or False: a string such as ``"no"`` or
+    ``"false"`` (a value read from a text config) was taken as true, and ``overwrite="no"`` replaced DST."""
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
 def resolve_dtype(dtype):
     """``None`` (keep the source's), a ``torch.dtype`` or one of ``bf16 | fp16 | fp32``."""
     if dtype is None or dtype == "auto":
@@ -403,6 +411,7 @@ def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrit
     from there (see :mod:`orthros.conversion.gguf`).
     """
     _check_window(window_size)
+    _check_flags(overwrite=overwrite, scale_offset=scale_offset, progress=progress)
     out_dtype = resolve_dtype(dtype)
     dst = expand_path(dst, "dst")
     expand_path(src, "src")  # ~NAME of no user: named before any work
@@ -428,6 +437,7 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
     whole, but its tensor plan is only made once transformers has de-quantised it, so the dict
     has the GGUF's figures instead."""
     _check_window(window_size)
+    _check_flags(overwrite=overwrite, scale_offset=scale_offset)
     out_dtype = resolve_dtype(dtype)
     dst = expand_path(dst, "dst")
     expand_path(src, "src")
@@ -726,6 +736,7 @@ def convert_from_hf(model_or_path, *, window_size: int = 128, scale_offset: bool
 def _convert_from_hf(model_or_path, *, window_size: int, scale_offset: bool, dtype) -> tuple[OrthrosForCausalLM, list]:
     """:func:`convert_from_hf`'s work: the model and the conversion's notes."""
     _check_window(window_size)
+    _check_flags(scale_offset=scale_offset)
     out_dtype = resolve_dtype(dtype)
     if isinstance(model_or_path, torch.nn.Module):
         src_model = model_or_path

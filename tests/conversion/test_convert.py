@@ -415,6 +415,22 @@ def test_bad_dtype(tmp_path, good_src):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("flag", ["overwrite", "scale_offset", "progress"])
+def test_flags_given_as_text_refused_naming_them(tmp_path, good_src, flag):
+    """``overwrite="no"`` (a value read from a text config) was true: it replaced a non-empty DST."""
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / "keep.txt").write_text("precious")
+    with pytest.raises(ValueError, match=f"{flag} must be True or False, got 'no'"):
+        convert_checkpoint(good_src, dst, window_size=W, **{"progress": False, flag: "no"})
+    if flag != "progress":
+        with pytest.raises(ValueError, match=f"{flag} must be True or False, got 'no'"):
+            plan_conversion(good_src, dst, window_size=W, **{flag: "no"})
+    assert sorted(p.name for p in dst.iterdir()) == ["keep.txt"] and _leftovers(tmp_path) == []
+    with pytest.raises(ValueError, match="scale_offset must be True or False, got 'no'"):
+        convert_from_hf(str(good_src), window_size=W, scale_offset="no")
+
+
 def test_failure_midway_leaves_nothing(tmp_path, good_src, monkeypatch):
     from orthros.conversion import convert as conv_mod
 
