@@ -209,8 +209,11 @@ def read_text_file(path, arg: str) -> str:
 
 
 def check_png(name: str, path) -> None:
-    """Raise ``ValueError`` naming ``name`` unless ``path`` (a figure to write) ends in ``.png``."""
-    if not str(path).lower().endswith(".png"):
+    """Raise ``ValueError`` naming ``name`` unless ``path`` (a figure to write) is a file name ending
+    in ``.png`` (``.png`` alone is no name); an existing folder is said to be one."""
+    if os.path.isdir(os.path.expanduser(os.fspath(path))):
+        raise ValueError(f"{name} {path}: is a directory (a .png file path is needed)")
+    if Path(os.fspath(path)).suffix.lower() != ".png":  # Path(".png").suffix is ''
         raise ValueError(f"{name} {path}: a .png path is needed")
 
 
@@ -249,24 +252,42 @@ def _replace(tmp: Path, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def save_figure(fig, path, dpi: int = 120) -> None:
+def save_figure(fig, path, dpi: int = 120, *, name: str | None = None) -> None:
     """Write a matplotlib figure to ``path`` (its folder made) through a temporary name in the
     same folder, then rename, and close the figure: a reader never sees half a PNG. (A pipe or a
-    device is written in place; a symbolic link's target is replaced, the link kept.)"""
+    device is written in place; a symbolic link's target is replaced, the link kept.) A failed
+    write raises its ``OSError`` (same class) naming ``name`` (the caller's option, e.g.
+    ``--output``) and ``path`` as given, not the temporary file."""
+    import matplotlib.pyplot as plt
+
+    given = path
     path, in_place = _write_target(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     # the temporary's suffix tells matplotlib the format
     tmp = path if in_place else path.with_name(path.name + ".tmp" + path.suffix)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(tmp, dpi=dpi)
         if not in_place:
             _replace(tmp, path)
+    except OSError as e:
+        raise _named_os_error(e, f"{name} {given}" if name else str(given), "cannot write the figure") from e
     finally:
         if not in_place:
-            tmp.unlink(missing_ok=True)
-        import matplotlib.pyplot as plt
-
+            with contextlib.suppress(OSError):  # (none there; a folder we could not write into)
+                tmp.unlink(missing_ok=True)
         plt.close(fig)
+
+
+def _named_os_error(e: OSError, where: str, what: str) -> OSError:
+    """``e`` re-said as ``"{where}: {what} ({reason})"``, of its class where it can be (a missing
+    folder stays a ``FileNotFoundError``), its ``errno`` kept."""
+    msg = f"{where}: {what} ({e.strerror or e})"
+    try:
+        new = type(e)(msg)
+    except Exception:  # a subclass with another constructor
+        new = OSError(msg)
+    new.errno = e.errno
+    return new
 
 
 __all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "atomic_directory", "cache_root", "check_png", "same_file",

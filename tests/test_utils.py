@@ -1,5 +1,7 @@
 """orthros.utils: save_figure writes through a temporary name and leaves nothing behind on failure."""
 
+import os
+import re
 from pathlib import Path
 
 import matplotlib
@@ -397,3 +399,48 @@ def test_sigterm_as_interrupt_outside_the_main_thread_changes_nothing():
     t.start()
     t.join()
     assert seen == [before] and signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_failed_figure_write_names_the_option_and_the_path_given(tmp_path, monkeypatch):
+    """Was: a figure that could not be written (`orthros plot -o /proc/x.png`: a place the folder
+    checks let through) failed naming the temporary file ('[Errno 2] ...: /proc/x.png.tmp.png'),
+    neither the option nor the path the user gave. The error (of the same class, errno kept) names
+    both, the figure is closed and no temporary is left."""
+    import errno
+
+    from matplotlib.figure import Figure
+
+    out = tmp_path / "figs" / "p.png"
+    for code, cls in ((errno.ENOENT, FileNotFoundError), (errno.EACCES, PermissionError), (errno.ENOSPC, OSError)):
+        def fail(self, fname, *a, code=code, **k):
+            open(fname, "wb").close()  # half written, then the failure
+            raise OSError(code, os.strerror(code), str(fname))
+
+        monkeypatch.setattr(Figure, "savefig", fail)
+        fig, _ = plt.subplots()
+        with pytest.raises(cls) as e:
+            save_figure(fig, out, name="--output")
+        assert str(e.value) == f"--output {out}: cannot write the figure ({os.strerror(code)})"
+        assert e.value.errno == code and ".tmp" not in str(e.value)
+        assert not plt.fignum_exists(fig.number) and list(out.parent.iterdir()) == []
+    monkeypatch.undo()
+    (tmp_path / "file").write_text("x")  # a folder to make where a file is
+    fig, _ = plt.subplots()
+    with pytest.raises(OSError, match=re.escape(f"{tmp_path / 'file' / 'p.png'}: cannot write the figure")):
+        save_figure(fig, tmp_path / "file" / "p.png")  # no option name: the path alone
+    assert not plt.fignum_exists(fig.number)
+
+
+def test_check_png_says_a_folder_is_one(tmp_path):
+    """Was: `--plot DIR` / `-o DIR` (an existing folder) said "a .png path is needed"; a folder is
+    said to be one (named with the option), even one whose name ends in .png."""
+    from orthros.utils import check_png
+
+    (tmp_path / "figs.png").mkdir()
+    for folder in (tmp_path, tmp_path / "figs.png"):
+        with pytest.raises(ValueError, match=re.escape(f"--plot {folder}: is a directory (a .png file path is needed)")):
+            check_png("--plot", folder)
+    for bad in (tmp_path / "x.jpg", tmp_path / ".png", "x"):
+        with pytest.raises(ValueError, match=re.escape(f"--plot {bad}: a .png path is needed")):
+            check_png("--plot", bad)
+    check_png("--plot", tmp_path / "new.PNG")

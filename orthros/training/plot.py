@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..utils import check_output_path, expand_path
+from ..utils import check_output_path, check_png, expand_path
 from .metrics import read_metrics
 
 X_AXES = ("tokens", "step")
@@ -58,8 +58,9 @@ def _label(run_dir: Path, name: Optional[str] = None) -> str:
     return f"{name} ({what})" if what and what != name else name
 
 
-def plot_runs(run_dirs: Sequence, out, x: str = "tokens", title: Optional[str] = None) -> Path:
-    """Draw the runs' loss curves to ``out`` (a PNG, written through a temporary name)."""
+def plot_runs(run_dirs: Sequence, out, x: str = "tokens", title: Optional[str] = None, *, name: str = "out") -> Path:
+    """Draw the runs' loss curves to ``out`` (a PNG, written through a temporary name); a failed
+    write is an ``OSError`` naming ``name`` (the caller's word for ``out``) and ``out``."""
     from ..utils import save_figure
 
     out = Path(out)
@@ -68,7 +69,7 @@ def plot_runs(run_dirs: Sequence, out, x: str = "tokens", title: Optional[str] =
     for d, run in zip(run_dirs, runs):  # runs/a/out and runs/b/out: told apart by their paths as given
         if labels.count(run["label"]) > 1:
             run["label"] = _label(Path(d), os.path.normpath(d))
-    save_figure(loss_figure(runs, x, title), out)
+    save_figure(loss_figure(runs, x, title), out, name=name)
     return out
 
 
@@ -139,14 +140,13 @@ def main(argv: Optional[list] = None) -> int:
             runs.append(d)
     args.runs = runs
     out = args.output or (os.path.join(args.runs[0], "loss.png") if len(args.runs) == 1 else "loss.png")
-    if Path(out).suffix.lower() != ".png":  # Path(".png").suffix is ''
-        p.error(f"--output {out}: a .png path is needed")
     try:
+        check_png("--output", out)  # a folder is said to be one
         check_output_path("--output", out)
     except ValueError as e:
         p.error(str(e))
     try:
-        plot_runs(args.runs, out, x=args.x, title=args.title)
+        plot_runs(args.runs, out, x=args.x, title=args.title, name="--output")
     except PlotError as e:
         p.error(f"RUN {e}")
     print(f"wrote {out}")

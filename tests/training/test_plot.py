@@ -90,6 +90,9 @@ def test_unreadable_run_files_and_bad_outputs_are_refused_cleanly(tmp_path, caps
         assert says in capsys.readouterr().err
     (tmp_path / "dir.png").mkdir()
     for out, says in ((tmp_path / "dir.png", "is a directory"), (tmp_path / ".png", "a .png path"),
+                      # a folder without .png in its name: was "a .png path is needed"
+                      (f"{tmp_path / 'dir.png'}/", f"--output {tmp_path / 'dir.png'}/: is a directory"),
+                      (tmp_path, f"--output {tmp_path}: is a directory (a .png file path is needed)"),
                       (a / "metrics.jsonl" / "x.png", "is a file, not a directory")):
         with pytest.raises(SystemExit) as e:
             main(["plot", str(a), "-o", str(out)])
@@ -116,7 +119,7 @@ def test_runs_of_one_folder_name_are_told_apart(tmp_path, monkeypatch):
 
     seen = []
     monkeypatch.setattr(plot, "loss_figure", lambda runs, *a: seen.extend(r["label"] for r in runs))
-    monkeypatch.setattr("orthros.utils.save_figure", lambda *a: None)
+    monkeypatch.setattr("orthros.utils.save_figure", lambda *a, **k: None)
     monkeypatch.chdir(tmp_path)
     for exp in ("exp1", "exp2", "exp3"):
         fake_run(tmp_path / exp / "out", "orthros" if exp != "exp3" else "swa", [5.0, 4.0])
@@ -177,3 +180,26 @@ def test_a_home_folder_tilde_is_expanded(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         main(["plot", "~/run", "-o", "~no_such_user_x/x.png"])
     assert "--output ~no_such_user_x/x.png: no user 'no_such_user_x'" in capsys.readouterr().err
+
+
+def test_an_output_the_checks_let_through_but_cannot_be_written_names_output(tmp_path, monkeypatch, capsys):
+    """Was: `orthros plot RUN -o /proc/x.png` (a place the folder checks pass, as root) failed
+    naming the temporary file: "error: [Errno 2] No such file or directory: '/proc/x.png.tmp.png'".
+    The error names --output and the path given; nothing is left behind."""
+    import errno
+    import os
+
+    from matplotlib.figure import Figure
+
+    a = fake_run(tmp_path / "a", "orthros", [5.0, 4.0])
+    out = tmp_path / "figs" / "x.png"
+
+    def fail(self, fname, *args, **kw):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(fname))
+
+    monkeypatch.setattr(Figure, "savefig", fail)
+    capsys.readouterr()
+    assert main(["plot", str(a), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"--output {out}: cannot write the figure (No such file or directory)" in err and ".tmp" not in err
+    assert list(out.parent.iterdir()) == []
