@@ -58,9 +58,10 @@ def _label(run_dir: Path, name: Optional[str] = None) -> str:
     return f"{name} ({what})" if what and what != name else name
 
 
-def plot_runs(run_dirs: Sequence, out, x: str = "tokens", title: Optional[str] = None, *, name: str = "out") -> Path:
+def plot_runs(run_dirs: Sequence, out, x: str = "tokens", title: Optional[str] = None, *,
+              name: Optional[str] = None) -> Path:
     """Draw the runs' loss curves to ``out`` (a PNG, written through a temporary name); a failed
-    write is an ``OSError`` naming ``name`` (the caller's word for ``out``) and ``out``."""
+    write is an ``OSError`` naming ``out`` (after ``name``, the caller's option for it, if given)."""
     from ..utils import save_figure
 
     out = Path(out)
