@@ -105,6 +105,11 @@ def orthros_config_from(src, arch: str, *, window_size: int, scale_offset: bool,
         notes.append(f"the source's longrope RoPE switches every position to long_factor once a sequence exceeds "
                      f"original_max_position_embeddings={n} tokens; the converted model keeps short_factor at every "
                      f"length, so it matches the source only for sequences of at most min(window_size, {n}) tokens")
+    if rope["rope_type"] == "dynamic":  # transformers' dynamic_rope_update; Orthros's RoPE is computed once
+        n = g("max_position_embeddings")
+        notes.append(f"the source's dynamic (NTK) RoPE rescales its frequencies once a sequence exceeds "
+                     f"max_position_embeddings={n} tokens; the converted model keeps the unscaled frequencies at "
+                     f"every length, so beyond {n} tokens it no longer extends the source's RoPE as the source does")
 
     # Source models that are themselves (partly) sliding-window models
     sw = g("sliding_window")

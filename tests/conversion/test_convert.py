@@ -976,6 +976,28 @@ def test_longrope_source_is_noted(tmp_path):
         assert _max_diff(conv(ids).logits, ref(ids).logits) < 1e-4
 
 
+def test_dynamic_rope_source_is_noted(tmp_path):
+    """transformers' ``dynamic`` RoPE rescales its frequencies for sequences longer than
+    max_position_embeddings (its whole point: a longer context); Orthros's RoPE keeps the unscaled
+    ones at every length, and the report said nothing of it. Up to the window both agree."""
+    rope = {"rope_type": "dynamic", "rope_theta": 1e4, "factor": 4.0}
+    torch.manual_seed(0)
+    ref = _randomise(LlamaForCausalLM(LlamaConfig(**{**_COMMON, "max_position_embeddings": W},
+                                                  rope_parameters=rope)))
+    ref.save_pretrained(tmp_path / "src")
+    report = convert_checkpoint(tmp_path / "src", tmp_path / "dst", window_size=W, progress=False)
+    assert any("dynamic (NTK) RoPE" in n and f"max_position_embeddings={W}" in n for n in report["notes"]), \
+        report["notes"]
+    conv = AutoModelForCausalLM.from_pretrained(tmp_path / "dst")
+    ids = torch.arange(W)[None] % VOCAB
+    with torch.no_grad():
+        assert _max_diff(conv(ids).logits, ref(ids).logits) < 1e-4
+    no_dyn = _randomise(LlamaForCausalLM(LlamaConfig(**{**_COMMON, "max_position_embeddings": W})))
+    no_dyn.save_pretrained(tmp_path / "src3")
+    assert not any("dynamic" in n for n in convert_checkpoint(tmp_path / "src3", tmp_path / "dst3", window_size=W,
+                                                             progress=False)["notes"])
+
+
 def test_an_orthros_checkpoint_is_named_converted_already(tmp_path, good_src):
     convert_checkpoint(good_src, tmp_path / "once", progress=False)
     _refused(tmp_path, tmp_path / "once", match="Orthros checkpoint already")
