@@ -137,8 +137,9 @@ def orthros_decode_attention(q, q_out, k_cache, v_cache, cache_seqlens, *, windo
             and use_triton(backend, q, k_cache, "orthros_decode_attention"):
         from .triton import decode_attention_triton
 
-        return decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens, window_size=window_size, scale=scale,
-                                       stacked=stacked)
+        # the kernel reads LENS[b] at b: a strided view (a column of a [B, 2] table) read other rows' values
+        return decode_attention_triton(q, q_out, k_cache, v_cache, cache_seqlens.contiguous(), window_size=window_size,
+                                       scale=scale, stacked=stacked)
     return decode_attention_reference(q, q_out, k_cache, v_cache, cache_seqlens, window_size=window_size,
                                       scale=scale, stacked=stacked)
 
@@ -278,7 +279,11 @@ def orthros_decode_qkv_attention(qkv, k_cache, v_cache, lens, *, num_heads: int,
             and use_triton(backend, qkv.unflatten(-1, (-1, k_cache.shape[3])), k_cache, "orthros_decode_qkv_attention"):
         from .triton import decode_qkv_attention_triton
 
-        return decode_qkv_attention_triton(qkv, k_cache, v_cache, lens, **kw)
+        # the kernel reads lens and the norm weights at unit stride: a strided view (lens a column of a table,
+        # a weight sliced w[::2]) read other elements, silently
+        kw.update(q_norm=None if q_norm is None else q_norm.contiguous(),
+                  k_norm=None if k_norm is None else k_norm.contiguous())
+        return decode_qkv_attention_triton(qkv, k_cache, v_cache, lens.contiguous(), **kw)
     return decode_qkv_attention_reference(qkv, k_cache, v_cache, lens, **kw)
 
 __all__ = ["orthros_decode_attention", "decode_attention_reference", "orthros_decode_qkv_attention",

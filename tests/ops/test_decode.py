@@ -185,6 +185,26 @@ def test_window_longer_than_any_int64_is_the_whole_cache(backend):
     assert torch.equal(*outs)
 
 
+def test_strided_lengths_and_norm_weights_are_read_as_their_values():
+    """The kernels read ``cache_seqlens`` / ``lens`` and the q/k norm weights at unit stride: a
+    strided view (the lengths a column of a [B, 2] table, a weight sliced ``w[::2]``) gave
+    other elements' values, silently (outputs off by ~1; the reference read them right)."""
+    from orthros.ops.decode import orthros_decode_qkv_attention
+
+    q, qo, kc, vc, lens = make(2, 12, 4, 2, 8, [3, 9], seed=7)
+    table = torch.stack([lens, lens.flip(0) + 2], 1)  # [[3, 11], [9, 5]]: column 0 is lens, stride 2
+    outs = [orthros_decode_attention(q, qo, kc, vc, table[:, 0], window_size=2, backend=b, stacked=True)
+            for b in ("triton", "reference")]
+    assert not table[:, 0].is_contiguous() and rel(*outs) < 1e-5
+    qkv, kc, vc, lens, kw = make_qkv(2, 12, 4, 2, 8, [3, 9], seed=7)
+    kw.update(q_norm=torch.stack([kw["q_norm"], kw["q_norm"] * 2], 1)[:, 0],  # stride 2
+              k_norm=torch.stack([-kw["k_norm"], kw["k_norm"]], 1)[:, 1])
+    table = torch.stack([lens + 1, lens], 1)
+    outs = [orthros_decode_qkv_attention(qkv, kc.clone(), vc.clone(), table[:, 1], window_size=3, backend=b, **kw)
+            for b in ("triton", "reference")]
+    assert rel(*outs) < 1e-5
+
+
 @pytest.mark.parametrize("backend", ["auto", "triton"])
 def test_inputs_that_require_grad_take_the_differentiable_reference(backend):
     # the decode kernels have no backward: their outputs did not require grad, so backward() failed
