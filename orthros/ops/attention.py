@@ -64,13 +64,13 @@ def normalize_output_positions(output_positions, B: int, T_out: int, T_k: int, d
     pos = as_int_tensor("output_positions", output_positions, device, "integer positions [T_out] or [B, T_out]")
     if pos.numel() and not is_int_tensor(pos):  # [] is float32
         raise ValueError(f"output_positions must be an integer tensor, got {pos.dtype}")
+    given = tuple(pos.shape)
     pos = pos.long()
     if pos.dim() == 1:
         pos = pos.view(1, -1)
     if pos.dim() != 2 or pos.shape[1] != T_out or pos.shape[0] not in (1, B):
-        raise ValueError(
-            f"output_positions must have shape [T_out] or [B, T_out] = [{T_out}] or [{B}, {T_out}], got {tuple(pos.shape)}"
-        )
+        raise ValueError(f"output_positions must have shape [T_out] or [B, T_out] = [{T_out}] or [{B}, {T_out}] "
+                         f"(one position per output query of q_out), got {given}")
     if pos.numel():  # T_out or B may be 0
         if int(pos.min()) < 0 or int(pos.max()) >= T_k:
             raise ValueError(f"output_positions must lie in [0, {T_k}) (key positions), got range "
@@ -167,7 +167,7 @@ def orthros_attention(
         raise ValueError(f"k/v must cover at least the query length: T_k={T_k} < T={T}")
     T_out = q_out.shape[1]
     if T_out > T_k:
-        raise ValueError(f"q_out has T_out={T_out} output positions but there are only T={T_k} positions")
+        raise ValueError(f"q_out has T_out={T_out} output positions but k/v have only T_k={T_k} positions")
     if not (q.dtype == k.dtype == v.dtype == q_out.dtype):
         raise ValueError(f"q, k, v, q_out must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}, {q_out.dtype}")
     if not (q.device == k.device == v.device == q_out.device):

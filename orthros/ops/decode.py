@@ -77,6 +77,11 @@ def _desc(t) -> str:
     return str(tuple(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
 
 
+def _desc_int(t) -> str:
+    """A lengths argument for an error message: dtype and shape of a tensor, else its type."""
+    return f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+
 def _no_backward(backend: str, op: str, *tensors) -> bool:
     """Whether the step must run the reference because autograd records it: the Triton kernels
     have no backward (their outputs would not require grad, so ``backward`` failed or the
@@ -107,7 +112,8 @@ def _check(q, q_out, k_cache, v_cache, cache_seqlens, window_size, scale=None):
         raise ValueError(f"the head dim D must be >= 1 and the caches must have L_max >= 1 (they hold the new "
                          f"token), got q {tuple(q.shape)} and k_cache {tuple(k_cache.shape)}")
     if not (q.dtype == q_out.dtype == k_cache.dtype == v_cache.dtype):
-        raise ValueError("q, q_out, k_cache, v_cache must share one dtype")
+        raise ValueError(f"q, q_out, k_cache, v_cache must share one dtype, got {q.dtype}, {q_out.dtype}, "
+                         f"{k_cache.dtype}, {v_cache.dtype}")
     if q.dtype not in FLOAT_DTYPES:
         raise ValueError(f"q, q_out, k_cache, v_cache must be floating tensors (fp16/bf16/fp32/fp64), got {q.dtype}")
     if not (q.device == q_out.device == k_cache.device == v_cache.device):
@@ -115,9 +121,10 @@ def _check(q, q_out, k_cache, v_cache, cache_seqlens, window_size, scale=None):
                          f"{k_cache.device}, {v_cache.device}")
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dim() != 1 or cache_seqlens.numel() != B \
             or cache_seqlens.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"cache_seqlens must be an int32/int64 tensor of shape [{B}]")
+        raise ValueError(f"cache_seqlens must be an int32/int64 tensor of shape [{B}] (each row's cached length), "
+                         f"got {_desc_int(cache_seqlens)}")
     if cache_seqlens.device != q.device:
-        raise ValueError("cache_seqlens must be on the same device as q")
+        raise ValueError(f"cache_seqlens must be on q's device {q.device}, got {cache_seqlens.device}")
     check_positive_int("window_size", window_size)
     check_scale(scale)
 
@@ -203,7 +210,8 @@ def _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_n
         raise ValueError(f"qkv's last dimension must be (num_heads + 2 * Hkv) * head_dim = "
                          f"{(num_heads + 2 * Hkv) * D}, got {C}")
     if not (qkv.dtype == k_cache.dtype == v_cache.dtype):
-        raise ValueError("qkv, k_cache and v_cache must share one dtype")
+        raise ValueError(f"qkv, k_cache and v_cache must share one dtype, got {qkv.dtype}, {k_cache.dtype}, "
+                         f"{v_cache.dtype}")
     if qkv.dtype not in FLOAT_DTYPES:
         raise ValueError(f"qkv, k_cache and v_cache must be floating tensors (fp16/bf16/fp32/fp64), got {qkv.dtype}")
     if not (qkv.device == k_cache.device == v_cache.device):
@@ -214,7 +222,8 @@ def _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_n
         raise ValueError(f"q_rows must be two row indices of qkv in [0, {R}), got {q_rows!r}")
     if not isinstance(lens, torch.Tensor) or lens.shape != (B,) or lens.dtype not in (torch.int32, torch.int64) \
             or lens.device != qkv.device:
-        raise ValueError(f"lens must be an int32/int64 tensor of shape [{B}] on qkv's device")
+        raise ValueError(f"lens must be an int32/int64 tensor of shape [{B}] on qkv's device {qkv.device}, got "
+                         f"{_desc_int(lens)}{'' if not isinstance(lens, torch.Tensor) else ' on ' + str(lens.device)}")
     if not (isinstance(rope, (tuple, list)) and len(rope) == 2):
         raise ValueError(f"rope must be the pair (cos, sin) of the new token's position, got {_desc(rope)}")
     for name, t in zip(("cos", "sin"), rope):

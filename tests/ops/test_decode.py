@@ -151,8 +151,17 @@ def test_dispatch_and_validation():
         assert all(torch.equal(x, y) for x, y in zip(a, b))
     with pytest.raises(ValueError, match="window_size"):
         orthros_decode_attention(q, qo, kc, vc, lens, window_size=0)
-    with pytest.raises(ValueError, match="cache_seqlens"):
+    # what was wrong was not said: the dtypes, the lengths' dtype / shape / type, the devices
+    with pytest.raises(ValueError, match=r"cache_seqlens must be an int32/int64 tensor of shape \[2\] .*got "
+                                         r"torch.float32 \(2,\)$"):
         orthros_decode_attention(q, qo, kc, vc, lens.float(), window_size=3)
+    with pytest.raises(ValueError, match=r"cache_seqlens must be .*got list$"):
+        orthros_decode_attention(q, qo, kc, vc, lens.tolist(), window_size=3)
+    with pytest.raises(ValueError, match="cache_seqlens must be on q's device cpu, got meta"):
+        orthros_decode_attention(q.cpu(), qo.cpu(), kc.cpu(), vc.cpu(), lens.to("meta"), window_size=3)
+    with pytest.raises(ValueError, match="share one dtype, got torch.float32, torch.float32, torch.float64, "
+                                         "torch.float64"):
+        orthros_decode_attention(q, qo, kc.double(), vc.double(), lens, window_size=3)
     with pytest.raises(ValueError, match="q and q_out"):
         orthros_decode_attention(q, qo[:, :, :2], kc, vc, lens, window_size=3)
     with pytest.raises(ValueError, match="backend"):
@@ -677,9 +686,12 @@ def test_qkv_dispatch_and_validation():
                            "scale_offset's beta_f must be on qkv's device")):
         with pytest.raises(ValueError, match=match):
             orthros_decode_qkv_attention(qkv, kc, vc, lens, **{**base, **change})
-    with pytest.raises(ValueError, match="lens must be"):
+    with pytest.raises(ValueError, match=r"lens must be .* of shape \[2\] on qkv's device \S+, got torch.int64 "
+                                         r"\(1,\) on \S+$"):
         orthros_decode_qkv_attention(qkv, kc, vc, lens[:1], **base)
-    with pytest.raises(ValueError, match="share one dtype"):
+    with pytest.raises(ValueError, match="lens must be .*got list$"):
+        orthros_decode_qkv_attention(qkv, kc, vc, lens.tolist(), **base)
+    with pytest.raises(ValueError, match="share one dtype, got torch.float64, torch.float32, torch.float32"):
         orthros_decode_qkv_attention(qkv.double(), kc, vc, lens, **base)
     with pytest.raises(ValueError, match="floating"):
         orthros_decode_qkv_attention(qkv.long(), kc.long(), vc.long(), lens, **base)

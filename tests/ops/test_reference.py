@@ -175,6 +175,9 @@ BAD = [
     (dict(kv_start=[[1]]), r"kv_start must be a 1-D tensor \[B=1\] .*got shape \(1, 1\)"),
     (dict(kv_start=torch.tensor(1)), r"kv_start must be a 1-D tensor \[B=1\] .*got shape \(\)"),
     (dict(kv_start=[1, 2]), r"kv_start must be a 1-D tensor \[B=1\] .*got shape \(2,\)"),
+    # positions of the wrong length were shown as the [1, T_out] view made of them: "got (1, 3)" for a list of 3
+    (dict(output_positions=[1, 2, 3]), r"output_positions must have shape \[T_out\] or \[B, T_out\] = \[2\] or "
+                                       r"\[1, 2\] \(one position per output query of q_out\), got \(3,\)$"),
 ]
 
 
@@ -190,7 +193,7 @@ def test_bad_shapes_and_dtypes():
     q, k, v, q_out = make(1, 10, 4, 2, 8, 2)
     with pytest.raises(ValueError, match="multiple"):
         orthros_attention(q, make(1, 10, 3, 3, 8, 1)[1], make(1, 10, 3, 3, 8, 1)[2], q_out, window_size=4)
-    with pytest.raises(ValueError, match="T_out"):
+    with pytest.raises(ValueError, match="T_out=11 output positions but k/v have only T_k=10 positions"):
         orthros_attention(q, k, v, make(1, 10, 4, 2, 8, 11)[3], window_size=4)
     with pytest.raises(ValueError, match="dtype"):
         orthros_attention(q, k.half(), v, q_out, window_size=4)
