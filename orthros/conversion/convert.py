@@ -225,7 +225,7 @@ def _resolve_source(path, download: bool = True) -> Path:
     if p.is_dir():
         return p
     if p.exists():
-        raise NotADirectoryError(f"source {str(p)!r} is not a directory (expected an HF checkpoint directory)")
+        raise NotADirectoryError(_not_a_directory(p))
     s = os.fspath(path)
     if re.fullmatch(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+", s) and not s.startswith((".", "/", "~")):
         try:  # a hub id; only when the hub is reachable
@@ -248,6 +248,22 @@ def _resolve_source(path, download: bool = True) -> Path:
                                     f"name a local directory)"
                                     f"{'' if type(e).__name__ == 'LocalEntryNotFoundError' else why}") from None
     raise FileNotFoundError(f"source directory {s!r} does not exist")
+
+
+def _not_a_directory(p: Path) -> str:
+    """The error for a source file that is neither a checkpoint directory nor a ``.gguf`` file: a GGUF file
+    named without the suffix (a Hugging Face cache blob, a renamed download) is told by that suffix only."""
+    try:
+        with open(p, "rb") as f:
+            magic = f.read(4)
+    except OSError:
+        magic = b""
+    if magic == b"GGUF":
+        return (f"source {str(p)!r} is a GGUF file whose name lacks the .gguf suffix (a GGUF source is told by "
+                f"it): name a link to it that ends in .gguf, e.g. ln -s {str(p.absolute())!r} {p.name}.gguf")
+    hint = (f"; name the directory that holds it: {str(p.absolute().parent)!r}"
+            if p.suffix == ".safetensors" or p.name == "config.json" else "")
+    return f"source {str(p)!r} is not a directory (expected an HF checkpoint directory or a .gguf file){hint}"
 
 
 def _index_shards(index_path: Path) -> list:

@@ -308,6 +308,21 @@ def test_not_a_model_directory(tmp_path):
     _refused(tmp_path, tmp_path / "empty", match="no config.json")
 
 
+def test_a_file_source_says_what_it_seems_to_be(tmp_path, good_src, capsys):
+    """A GGUF file named without its .gguf suffix (a Hugging Face cache blob) was "not a directory
+    (expected an HF checkpoint directory)"; a checkpoint's own file names its directory."""
+    blob = tmp_path / "3f2a9c"
+    blob.write_bytes(b"GGUF" + bytes(60))
+    assert convert_main([str(blob), str(tmp_path / "o"), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert "is a GGUF file whose name lacks the .gguf suffix" in err and f"{blob.name}.gguf" in err, err
+    with pytest.raises(NotADirectoryError, match="lacks the .gguf suffix"):
+        convert_from_hf(str(blob))
+    assert convert_main([str(good_src / "config.json"), str(tmp_path / "o")]) == 2
+    assert f"name the directory that holds it: {str(good_src)!r}" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_unsupported_architecture(tmp_path, capsys):
     src = tmp_path / "gpt2"
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50, n_positions=32))
