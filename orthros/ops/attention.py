@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..utils import check_positive_int
-from .backends import BACKENDS, check_backend, resolve_backend
+from .backends import BACKENDS, check_backend, reference_instead, resolve_backend, triton_runs
 from .reference import full_attention_reference, orthros_attention_reference
 from .sdpa import causal_attention_sdpa, window_attention_sdpa
 
@@ -202,6 +202,9 @@ def run_attention(q, k, v, q_out, *, window_size: int, output_positions: torch.T
     layer (the model): it does no host synchronisation of its own."""
     pos, T_out, T_k = output_positions, q_out.shape[1], k.shape[1]
     backend = resolve_backend(backend, q, k)
+    if backend == "triton" and not triton_runs(q, k):  # before the import: triton may not be installed
+        reference_instead("orthros_attention", q, k)
+        backend = "reference"
     if backend == "triton":
         from .triton import orthros_attention_triton
 

@@ -45,6 +45,16 @@ def triton_supports(q: torch.Tensor, k: torch.Tensor) -> bool:
           and k.shape[2] > 0 and q.shape[2] % k.shape[2] == 0)
     if not ok:
         return False
+    return _importable()
+
+
+def triton_runs(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Whether the Triton kernels run these inputs: :func:`triton_supports` (CUDA), or fp16 / fp32
+    under the interpreter (``TRITON_INTERPRET=1``, CPU)."""
+    return triton_supports(q, k) or (INTERPRET and q.dtype in INTERPRETER_DTYPES and _importable())
+
+
+def _importable() -> bool:
     try:
         import triton  # noqa: F401
     except ImportError:
@@ -52,15 +62,11 @@ def triton_supports(q: torch.Tensor, k: torch.Tensor) -> bool:
     return True
 
 
-def triton_runs(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """Whether the Triton kernels run these inputs: :func:`triton_supports` (CUDA), or fp16 / fp32
-    under the interpreter (``TRITON_INTERPRET=1``, CPU)."""
-    return triton_supports(q, k) or (INTERPRET and q.dtype in INTERPRETER_DTYPES)
-
-
 def _why_not_triton(q: torch.Tensor, k: torch.Tensor) -> str:
     """Why :func:`triton_runs` refuses ``q``, ``k`` (for the warning: the user sees what to change)."""
     if not (q.is_cuda and k.is_cuda):
+        if INTERPRET and not _importable():
+            return "triton is not importable (pip install 'orthros[kernels]')"
         if INTERPRET:
             return f"dtype {q.dtype}: the Triton interpreter (TRITON_INTERPRET=1) runs fp16 and fp32 only"
         return f"{q.device} tensors: the kernels run on CUDA, on a CPU only with TRITON_INTERPRET=1 set before import"

@@ -278,3 +278,29 @@ def test_triton_on_inputs_it_does_not_run_warns_why_at_the_callers_line(monkeypa
     with pytest.warns(UserWarning, match="orthros_attention: input not supported") as rec:
         torch.compiler.disable(orthros_attention)(*args, window_size=4, backend="triton")
     assert [w.filename for w in rec] == [__file__]
+
+
+def test_triton_backend_without_triton_installed_runs_the_reference():
+    """``triton`` is an extra (``orthros[kernels]``): without it ``backend="triton"`` on a CPU was
+    a ModuleNotFoundError from the kernels' import (the decode op warned and ran its reference),
+    with or without ``TRITON_INTERPRET=1``."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import sys, warnings; sys.modules['triton'] = None\n"
+              "import torch\n"
+              "from orthros.ops import orthros_attention\n"
+              "q = torch.randn(1, 6, 2, 4)\n"
+              "with warnings.catch_warnings(record=True) as rec:\n"
+              "    warnings.simplefilter('always')\n"
+              "    got = orthros_attention(q, q, q, q[:, 2:], window_size=3, backend='triton')\n"
+              "want = orthros_attention(q, q, q, q[:, 2:], window_size=3, backend='reference')\n"
+              "assert all(torch.equal(a, b) for a, b in zip(got, want))\n"
+              "print([str(w.message) for w in rec])\n")
+    for interpret in ("0", "1"):
+        p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           env={**os.environ, "TRITON_INTERPRET": interpret})
+        assert p.returncode == 0, p.stderr[-2000:]
+        assert "using the reference" in p.stdout
+        assert ("triton is not importable" in p.stdout) == (interpret == "1")
