@@ -387,6 +387,23 @@ def test_fla_backend_on_cpu_tensors_falls_back_to_torch_with_a_warning():
     torch.testing.assert_close(conv, causal_conv1d(x, w, backend="torch"))
 
 
+def test_fla_backend_without_fla_core_installed_falls_back_to_torch_with_a_warning(monkeypatch):
+    """fla-core is an extra (``orthros[hybrid]``): without it ``backend="fla"`` (what a hybrid
+    model's ``attn_backend="triton"`` maps to) was a ModuleNotFoundError from its import on CUDA;
+    it runs the PyTorch GDN and says why, as the Triton attention does without triton."""
+    import orthros.ops.gdn as gdn
+
+    monkeypatch.setattr(gdn, "HAVE_FLA", False)
+    q, k, v, g, beta = _inputs(1, 9, 2, 2, 4, 4, dtype=torch.float32)
+    with pytest.warns(UserWarning, match=r"needs fla-core \(pip install 'orthros\[hybrid\]'\), which is not installed"):
+        got = gated_delta_rule(q, k, v, g, beta, backend="fla")
+    torch.testing.assert_close(got, gated_delta_rule(q, k, v, g, beta, backend="torch"))
+    x, w = torch.randn(1, 7, 6), torch.randn(6, 4)
+    with pytest.warns(UserWarning, match="needs fla-core"):
+        conv = causal_conv1d(x, w, backend="fla")
+    torch.testing.assert_close(conv, causal_conv1d(x, w, backend="torch"))
+
+
 def test_malformed_arguments_refused_before_any_work():
     # each of these ran: wrong q_out / initial_state shapes failed deep in an einsum (or, for
     # q_out with fewer heads, silently broadcast them), integer values came back as int64,

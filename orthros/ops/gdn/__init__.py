@@ -32,6 +32,10 @@ def resolve_gdn_backend(backend: str, x: torch.Tensor) -> str:
         raise ValueError(f"GDN backend must be one of {GDN_BACKENDS}, got {backend!r}")
     if backend == "auto":
         return "fla" if (x.is_cuda and HAVE_FLA) else "torch"
+    if backend == "fla" and not HAVE_FLA:  # attn_backend="triton" maps here: as the attention without triton
+        warnings.warn("the 'fla' GDN backend needs fla-core (pip install 'orthros[hybrid]'), which is not "
+                      "installed: using the PyTorch GDN", stacklevel=3)
+        return "torch"
     if backend == "fla" and not x.is_cuda:  # as the Triton attention falls back to its reference
         warnings.warn(f"the 'fla' GDN backend needs CUDA tensors, got {x.device}: using the PyTorch GDN", stacklevel=3)
         return "torch"
