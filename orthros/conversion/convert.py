@@ -366,6 +366,13 @@ def _check_destination(src: Path | None, dst: Path, overwrite: bool):
     s, d = (src.resolve() if src is not None else None), dst.resolve()
     if s is not None and (s == d or s in d.parents or d in s.parents):  # before "pass --overwrite"
         raise ValueError(f"destination {str(dst)!r} must not be the source directory, inside it, or contain it")
+    try:
+        home = Path.home().resolve()
+    except (RuntimeError, KeyError, OSError):  # no HOME and no passwd entry: no home folder to keep
+        home = None
+    if home is not None and (d == home or d in home.parents):  # `orthros convert SRC ~/$NAME --overwrite` with NAME unset
+        raise ValueError(f"destination {str(dst)!r} is {'the home folder' if d == home else 'above the home folder'} "
+                         f"{str(home)!r}; it is never replaced, --overwrite or not: name a directory for the result")
     if dst.name == "..":  # the final rename of a path ending in '..' fails, after the whole conversion
         raise ValueError(f"destination {str(dst)!r}: name the directory itself, not '..' "
                          f"(e.g. {str(dst.absolute().resolve())!r})")

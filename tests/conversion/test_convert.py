@@ -714,6 +714,25 @@ def test_a_fifo_or_device_at_dst_is_never_replaced(tmp_path, good_src, capsys):
     assert stat.S_ISFIFO(os.lstat(dst).st_mode)
 
 
+def test_the_home_folder_is_never_replaced(tmp_path, good_src, capsys, monkeypatch):
+    """``orthros convert SRC ~/$NAME --overwrite`` with NAME unset replaced the home folder with the
+    result (a source outside it: /data/models ...); without --overwrite it said to pass --overwrite."""
+    home = tmp_path / "users" / "me"
+    home.mkdir(parents=True)
+    (home / "keep.txt").write_text("precious")
+    monkeypatch.setenv("HOME", str(home))
+    for dst, words in ((home, "is the home folder"), (home.parent, "is above the home folder")):
+        for extra in (["--overwrite"], ["--overwrite", "--dry-run"], []):
+            capsys.readouterr()
+            assert convert_main([str(good_src), str(dst), "--window-size", "16", "-q", *extra]) == 2
+            err = capsys.readouterr().err
+            assert words in err and "never replaced" in err and "pass --overwrite" not in err, err
+    assert convert_main([str(good_src), "~/", "--window-size", "16", "-q", "--overwrite"]) == 2
+    assert (home / "keep.txt").read_text() == "precious" and sorted(p.name for p in home.iterdir()) == ["keep.txt"]
+    assert _leftovers(home.parent) == [] and _leftovers(tmp_path) == []
+    assert convert_main([str(good_src), str(home / "model"), "--window-size", "16", "-q"]) == 0  # below it: fine
+
+
 def test_help_says_what_quiet_hides_and_that_src_may_be_a_hub_id():
     from orthros.conversion.cli import _parser
 
