@@ -26,7 +26,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..utils import Progress, write_text
+from ..utils import Progress, check_output_path, write_text
 from . import checkpoint as ckpt
 from .config import (ARCH_TO_ATTENTION_MODE, LINEAR_KEYS, ConfigError, RunConfig, _flatten, _get, check_config,
                      dump_yaml, linear_key_set, model_config_error, warmup_note)
@@ -710,6 +710,11 @@ class Trainer:
     def _preflight(self) -> None:
         cfg, dist = self.cfg, self.dist
         check_output_dir(cfg.output_dir)
+        if cfg.train.plot:  # drawn at every eval: a loss.png that could not be written ended the run at the first
+            try:
+                check_output_path("train.plot's figure", Path(cfg.output_dir) / "loss.png")
+            except ValueError as e:
+                raise ConfigError(f"{e}; move it away, or set train.plot false") from None
         check_output_dir_free(cfg.output_dir)  # on every process, before the first collective
         check_data_outside_output_dir(cfg)
         self.resume_dir = resolve_resume(cfg)
@@ -1123,15 +1128,25 @@ class Trainer:
         return summary
 
 
+_PLOT_FAILED = set()  # output_dirs whose loss.png could not be written (said once during the run)
+
+
 def _plot_run(output_dir: str, say: bool = True) -> None:
     """``output_dir/loss.png``, the run's loss curves (:mod:`orthros.training.plot`); ``say``:
     print where it went (at the run's end), or why none was drawn."""
     from .plot import PlotError, plot_runs
 
+    at_end, failed_before = say, output_dir in _PLOT_FAILED
     try:
         msg = f"loss curves: {plot_runs([output_dir], Path(output_dir) / 'loss.png')}"
     except PlotError as e:  # nothing logged yet (log_every > eval_every), or a run resumed at its end
         msg = f"no loss curves drawn: {e}"
+    except OSError as e:  # checked before the run, then the disk filled or the folder changed: the run goes on
+        msg = f"no loss curves drawn: {e}"
+        say = say or not failed_before  # said at the first eval it fails at, and at the end
+        _PLOT_FAILED.add(output_dir)
+    if at_end:
+        _PLOT_FAILED.discard(output_dir)  # a later run into the same output_dir starts afresh
     if say:
         print(f"[orthros train] {msg}", file=sys.stderr, flush=True)
 

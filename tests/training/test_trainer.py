@@ -555,6 +555,29 @@ def test_loss_png_follows_the_run_at_each_eval(tmp_path, corpus, monkeypatch):
     assert (tmp_path / "loss.png").is_file()
 
 
+def test_a_loss_png_that_cannot_be_written_is_refused_before_the_run(tmp_path, corpus):
+    # a folder named loss.png in output_dir: the run trained to its first eval, then died in the figure's write
+    (tmp_path / "loss.png").mkdir()
+    with pytest.raises(ConfigError, match=r"train.plot's figure .*loss.png: is a directory .*set train.plot false"):
+        train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "2", "--eval_every", "1", "--plot", "true")))
+    assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "checkpoints").exists()
+
+
+def test_a_loss_png_write_that_fails_mid_run_is_said_once_and_the_run_goes_on(tmp_path, corpus, monkeypatch, capsys):
+    # checked before the run, the write can still fail later (a full disk): the run went on only for PlotError
+    from orthros.training import plot
+
+    def fail(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(plot, "plot_runs", fail)
+    train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "3", "--eval_every", "1", "--plot", "true",
+                                 "--checkpoint.every", "0")))
+    err = capsys.readouterr().err
+    assert err.count("no loss curves drawn: [Errno 28] No space left on device") == 2, err  # first eval, end
+    assert losses(tmp_path).keys() >= {1, 2, 3}
+
+
 def test_resume_or_init_from_a_run_dir_names_its_checkpoint(tmp_path, corpus, reference):
     """--resume RUN (an output_dir, not a checkpoint) was refused as a checkpoint 'probably
     interrupted while saving'; model.init_from RUN as a config.json without a model_type."""
