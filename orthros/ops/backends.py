@@ -6,7 +6,8 @@
 * ``"sdpa"``: PyTorch SDPA fast paths where one exists (training / prefill), else the reference;
 * ``"reference"``: pure PyTorch, the specification;
 * ``"triton"``: the Triton kernels (through the interpreter on CPU under ``TRITON_INTERPRET=1``, in fp16 /
-  fp32; inputs they do not run, such as CPU tensors without it, take the reference with a warning).
+  fp32; inputs they do not run, such as CPU tensors without it, or any input without triton installed (the
+  ``orthros[kernels]`` extra), take the reference with a warning).
 
 The decode step has no SDPA form: there ``"sdpa"`` runs the reference.
 """
