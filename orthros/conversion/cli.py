@@ -12,6 +12,7 @@ import signal
 import sys
 
 from ..utils import Terminated, expand_path, format_bytes, sigterm_as_interrupt
+from . import qwen3_5
 from .architectures import SUPPORTED_ARCHITECTURES
 
 
@@ -49,7 +50,8 @@ def format_plan(plan: dict) -> str:
     """What ``orthros convert --dry-run`` prints (:func:`orthros.conversion.convert.plan_conversion`)."""
     rows = [("source", f"{plan['architecture']}, {plan['source']} ({plan['source_format']})")]
     dst = f"{plan['dst']} ({'replaced: --overwrite' if plan['dst_exists'] else 'new'})"
-    rows.append(("result", f"Orthros, window {plan['window_size']}, {plan['dtype']}"
+    kind = "Orthros-H" if plan["architecture"] == qwen3_5.ARCHITECTURE else "Orthros"  # GDN layers kept
+    rows.append(("result", f"{kind}, window {plan['window_size']}, {plan['dtype']}"
                            f"{'' if plan['scale_offset'] else ', no scale-offset'} -> {dst}"))
     if plan["source_format"] == "gguf":
         types = ", ".join(f"{t} {n}" for t, n in plan["tensor_types"].items())
@@ -62,7 +64,8 @@ def format_plan(plan: dict) -> str:
         dropped = "; ".join(f"{names[0]}: {r}" if len(names) == 1 else f"{len(names)} tensors ({names[0]} ...): {r}"
                             for r, names in by_reason.items())
         rows.append(("tensors", f"{plan['mapped']} mapped from {plan['files']} file{'s' if plan['files'] != 1 else ''}, "
-                                f"{plan['added']} added (alpha/beta at 1/0), {len(plan['dropped'])} dropped"
+                                f"{plan['added']} added{' (alpha/beta at 1/0)' if plan['added'] else ''}, "
+                                f"{len(plan['dropped'])} dropped"
                                 + (f" ({dropped})" if dropped else "")))
         copied = ", ".join(plan["copied_files"]) or "none"
         rows.append(("other files", f"copied: {copied}" +

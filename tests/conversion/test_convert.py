@@ -496,6 +496,12 @@ def test_dry_run_reports_what_the_conversion_writes(good_src, tmp_path, capsys):
     assert plan["copied_files"] == report["copied_files"] and plan["skipped_files"] == report["skipped_files"]
     assert f"{plan['mapped']} mapped from {plan['files']} files, {plan['added']} added" in out
     assert plan["architecture"] == report["architecture"] and plan["dtype"] == report["dtype"]
+    assert "result       Orthros, window 16" in out and "(alpha/beta at 1/0)" in out
+    capsys.readouterr()
+    assert convert_main([str(good_src), str(tmp_path / "o2"), "--window-size", "16", "--dry-run",
+                         "--no-scale-offset"]) == 0
+    out = capsys.readouterr().out  # said "0 added (alpha/beta at 1/0)"
+    assert ", 0 added, 0 dropped" in out and "alpha/beta" not in out and "no scale-offset" in out, out
 
 
 

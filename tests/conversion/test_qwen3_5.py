@@ -83,6 +83,18 @@ def test_linear_hybrid_computes_what_qwen3_5_computes(tmp_path):
     assert oh.generate(ids[:1, :5], max_new_tokens=3, do_sample=False, use_engine=False).shape == (1, 8)
 
 
+def test_dry_run_names_the_result_orthros_h(tmp_path, capsys):
+    """The dry run's result row said "Orthros" for a Qwen3.5 source, which becomes Orthros-H."""
+    from orthros.conversion.cli import main as convert_main
+
+    _, src = tiny_qwen3_5(tmp_path)
+    capsys.readouterr()
+    assert convert_main([str(src), str(tmp_path / "out"), "--window-size", "8", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "result       Orthros-H, window 8" in out, out
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("over, match", [
     (dict(layer_types=["linear_attention"] * 4), "no attention layer"),
     (dict(layer_types=["linear_attention", "sliding_attention", "linear_attention", "full_attention"]),
