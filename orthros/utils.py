@@ -132,6 +132,21 @@ def check_not_blank(path, name: str, what: str) -> None:
         raise ValueError(f"{name} is empty ({os.fspath(path)!r}): give the {what} directory ('.' for the current one)")
 
 
+def check_not_above_cwd(path, name: str) -> None:
+    """Refuse (``ValueError`` naming ``name``), before any work, an output folder that is replaced whole at the end
+    (``--overwrite``) when it is empty or blank, the working folder or one above it (``--out .``: the working
+    folder and everything in it would be moved aside and deleted for the result), or the home folder."""
+    if not os.fspath(path).strip():
+        raise ValueError(f"{name} is empty ({os.fspath(path)!r}): name the output directory")
+    p = expand_path(path, name).resolve()
+    cwd = Path.cwd().resolve()
+    where = ("the working folder" if p == cwd else "above the working folder" if p in cwd.parents else
+             "the home folder" if p == Path.home().resolve() else None)
+    if where is not None:
+        raise ValueError(f"{name} {path}: is {where} ({p}), which the result replaces whole (everything in it "
+                         f"deleted): name a folder of its own, e.g. {os.path.join(os.fspath(path), 'out')}")
+
+
 def expand_path(value, name: str) -> Path:
     """``value`` (a str or path) as a ``Path`` with a leading ``~`` / ``~user`` expanded, or a
     ``ValueError`` naming ``name`` where it cannot be: a ``~user`` this machine has no user of (pathlib

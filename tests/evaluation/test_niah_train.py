@@ -220,6 +220,25 @@ def test_a_non_empty_out_is_refused_before_any_work_unless_overwrite(tmp_path, c
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temporary or old copy beside it
 
 
+@pytest.mark.parametrize("out", [".", "..", "~"])
+def test_the_working_folder_or_one_above_it_is_never_replaced(tmp_path, capsys, monkeypatch, out):
+    # --out . --overwrite moved the working folder aside and deleted it (and every file in it) for the checkpoint
+    import orthros.evaluation.niah_train as nt
+    from orthros.evaluation.cli import main
+
+    work = tmp_path / "home" / "work"
+    work.mkdir(parents=True)
+    (work / "mine.txt").write_text("keep")
+    monkeypatch.chdir(work)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "elsewhere"))
+    monkeypatch.setattr(nt, "build_model", lambda *a, **k: pytest.fail("work started"))
+    assert main(["niah-train", *TINY, "--out", out, "--overwrite"]) == 2
+    where = {".": "the working folder", "..": "above the working folder", "~": "the home folder"}[out]
+    assert f"--out {out}: is {where}" in capsys.readouterr().err
+    assert (work / "mine.txt").read_text() == "keep"
+
+
 def test_cli_init_keeps_its_architecture_and_refuses_other_values(tmp_path, capsys, monkeypatch):
     """Issue: with --init, --window / --layers / --hidden-size / --heads / --max-positions were accepted and
     ignored (the checkpoint's architecture is kept), while the header line and niah_train.json reported the
