@@ -100,6 +100,19 @@ def test_noncontiguous_and_per_row_positions():
     check(q, k, v, q_out, 6, output_positions=torch.tensor([[1, 2, 9, 30, 31], [0, 10, 20, 33, 39]]))
 
 
+@pytest.mark.parametrize("backend", ["reference", "sdpa"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("T_out", [3, 5])  # 5 = T_k: the SDPA path's plain causal output stream
+def test_outputs_are_contiguous_on_every_backend(backend, dtype, T_out):
+    # float32 / float64 outputs were views of the padded key blocks (strides (288, 6, 96, 1) at [2, 5, 3, 6]):
+    # o.view(B, T, -1) worked on a GPU (the Triton kernels write contiguous outputs) and failed on the CPU
+    g = torch.Generator().manual_seed(0)
+    q, k, q_out = (torch.randn(2, n, h, 6, generator=g).to(dtype) for n, h in ((5, 4), (5, 2), (T_out, 4)))
+    o, o_out = orthros_attention(q, k, k, q_out, window_size=3, backend=backend)
+    assert o.is_contiguous() and o_out.is_contiguous(), (o.stride(), o_out.stride())
+    o.view(2, 5, -1), o_out.view(2, T_out, -1)
+
+
 def test_cache_alignment_queries_are_last_positions():
     q, k, v, q_out = make(2, 3, 4, 1, 8, 3, Tk=50)
     check(q, k, v, q_out, 8)
