@@ -132,19 +132,26 @@ def check_not_blank(path, name: str, what: str) -> None:
         raise ValueError(f"{name} is empty ({os.fspath(path)!r}): give the {what} directory ('.' for the current one)")
 
 
-def check_not_above_cwd(path, name: str) -> None:
-    """Refuse (``ValueError`` naming ``name``), before any work, an output folder that is replaced whole at the end
-    (``--overwrite``) when it is empty or blank, the working folder or one above it (``--out .``: the working
-    folder and everything in it would be moved aside and deleted for the result), or the home folder."""
+def check_replaceable_dir(path, name: str) -> None:
+    """Refuse (``ValueError`` naming ``name``), before any work, an output folder that the result replaces whole
+    (``--overwrite``; an empty one is replaced too) when it is empty or blank (an unset shell variable), the working
+    folder or one above it (``--out .``: the working folder and everything in it were moved aside and deleted for
+    the result, and a shell in it was left in a deleted folder), or the home folder or one above it (``~/$NAME``
+    with ``NAME`` unset). Such a folder is never replaced, ``--overwrite`` or not."""
     if not os.fspath(path).strip():
         raise ValueError(f"{name} is empty ({os.fspath(path)!r}): name the output directory")
     p = expand_path(path, name).resolve()
     cwd = Path.cwd().resolve()
+    try:
+        home = Path.home().resolve()
+    except (RuntimeError, KeyError, OSError):  # no HOME and no passwd entry: no home folder to keep
+        home = None
     where = ("the working folder" if p == cwd else "above the working folder" if p in cwd.parents else
-             "the home folder" if p == Path.home().resolve() else None)
+             "the home folder" if p == home else "above the home folder" if home is not None and p in home.parents
+             else None)
     if where is not None:
-        raise ValueError(f"{name} {path}: is {where} ({p}), which the result replaces whole (everything in it "
-                         f"deleted): name a folder of its own, e.g. {os.path.join(os.fspath(path), 'out')}")
+        raise ValueError(f"{name} {path}: is {where} ({p}); it is never replaced, --overwrite or not: name a "
+                         f"folder of its own for the result, e.g. {os.path.join(os.fspath(path), 'out')}")
 
 
 def expand_path(value, name: str) -> Path:

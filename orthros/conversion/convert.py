@@ -33,8 +33,8 @@ import torch
 
 from ..layers import SCALE_OFFSET_INIT
 from ..models import OrthrosConfig, OrthrosForCausalLM
-from ..utils import (OLD_TAG, TMP_TAG, Progress, atomic_directory, check_positive_int, clean_stale,  # noqa: F401
-                     expand_path, file_in_the_way, parse_dtype)
+from ..utils import (OLD_TAG, TMP_TAG, Progress, atomic_directory, check_positive_int,  # noqa: F401
+                     check_replaceable_dir, clean_stale, expand_path, file_in_the_way, parse_dtype)
 from .architectures import (
     SUPPORTED_ARCHITECTURES,
     UnsupportedModelError,
@@ -366,13 +366,7 @@ def _check_destination(src: Path | None, dst: Path, overwrite: bool):
     s, d = (src.resolve() if src is not None else None), dst.resolve()
     if s is not None and (s == d or s in d.parents or d in s.parents):  # before "pass --overwrite"
         raise ValueError(f"destination {str(dst)!r} must not be the source directory, inside it, or contain it")
-    try:
-        home = Path.home().resolve()
-    except (RuntimeError, KeyError, OSError):  # no HOME and no passwd entry: no home folder to keep
-        home = None
-    if home is not None and (d == home or d in home.parents):  # `orthros convert SRC ~/$NAME --overwrite` with NAME unset
-        raise ValueError(f"destination {str(dst)!r} is {'the home folder' if d == home else 'above the home folder'} "
-                         f"{str(home)!r}; it is never replaced, --overwrite or not: name a directory for the result")
+    check_replaceable_dir(dst, "destination")
     if dst.name == "..":  # the final rename of a path ending in '..' fails, after the whole conversion
         raise ValueError(f"destination {str(dst)!r}: name the directory itself, not '..' "
                          f"(e.g. {str(dst.absolute().resolve())!r})")

@@ -26,7 +26,7 @@ from typing import Optional
 import numpy as np
 
 from ..kinds import ATTENTION_MODES, mode_option
-from ..utils import Progress, atomic_directory, check_not_above_cwd, check_output_path, clean_stale, expand_path, write_json
+from ..utils import Progress, atomic_directory, check_replaceable_dir, check_output_path, clean_stale, expand_path, write_json
 from .common import check_seed
 from .niah import NEEDLE, PromptBuilder
 
@@ -169,7 +169,7 @@ def answer_accuracy(model, ids, labels) -> float:
 def check_out_dir(out_dir, overwrite: bool) -> None:
     """Refuse, before any work, an ``--out`` that holds something (a non-empty directory) unless
     ``overwrite``: the checkpoint replaces the whole directory at the end."""
-    check_not_above_cwd(out_dir, "--out")  # Path("") and "." are the current folder, which --overwrite would replace
+    check_replaceable_dir(out_dir, "--out")  # Path("") and "." are the current folder, which --overwrite would replace
     check_output_path("--out", out_dir, directory=True)
     out = expand_path(out_dir, "--out")
     if out.is_dir() and any(out.iterdir()) and not overwrite:

@@ -739,6 +739,26 @@ def test_the_home_folder_is_never_replaced(tmp_path, good_src, capsys, monkeypat
     assert convert_main([str(good_src), str(home / "model"), "--window-size", "16", "-q"]) == 0  # below it: fine
 
 
+@pytest.mark.parametrize("dst", [".", "..", "./"])
+def test_the_working_folder_or_one_above_it_is_never_replaced(tmp_path, good_src, capsys, monkeypatch, dst):
+    """``orthros convert SRC . --overwrite`` moved the working folder aside and deleted it, every file in it, for the
+    result; an empty one (``mkdir out; cd out; orthros convert SRC .``) was replaced, the shell left in a deleted
+    folder."""
+    work = tmp_path / "a" / "work"
+    work.mkdir(parents=True)
+    (work / "keep.txt").write_text("precious")
+    monkeypatch.chdir(work)
+    for extra in (["--overwrite"], []):
+        capsys.readouterr()
+        assert convert_main([str(good_src), dst, "--window-size", "16", "-q", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "the working folder" in err and "never replaced" in err and "pass --overwrite" not in err, err
+    assert (work / "keep.txt").read_text() == "precious" and _leftovers(tmp_path / "a") == []
+    (work / "keep.txt").unlink()
+    assert convert_main([str(good_src), ".", "--window-size", "16", "-q"]) == 2  # empty, and still refused
+    assert list(work.iterdir()) == []
+
+
 def test_help_says_what_quiet_hides_and_that_src_may_be_a_hub_id():
     from orthros.conversion.cli import _parser
 
