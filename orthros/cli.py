@@ -97,11 +97,12 @@ def _main(argv) -> int:
 
         print(f"orthros {__version__}")
         return 0
-    if argv[0] == "help":  # `orthros help [command]`, as git's, pip's and cargo's
+    if argv[0] == "help":  # `orthros help [command [sub-command]]`, as git's, pip's and cargo's
         if len(argv) == 1 or argv[1].startswith("-"):  # (`orthros help --help`)
             print(_usage())
             return 0
-        argv = [argv[1], "--help"]
+        sub = argv[2:3] if len(argv) > 2 and not argv[2].startswith("-") else []  # `orthros help eval mqar`
+        argv = [argv[1], *sub, "--help"]
     cmd, rest = argv[0], argv[1:]
     if cmd not in COMMANDS:
         try:

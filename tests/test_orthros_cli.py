@@ -416,3 +416,15 @@ def test_a_home_folder_of_no_user_is_bad_input(argv, named, tmp_path, capsys):
     assert rc == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]  # the path's argument named too (utils.expand_path)
     assert last.startswith(f"orthros {argv[0]}: error: ") and f"{named}: no user 'nosuchuser9'" in last, last
+
+
+@pytest.mark.parametrize("argv", [["eval", "mqar"], ["bench", "decode"]])
+def test_help_as_a_command_reaches_a_sub_command(argv, capsys):
+    """``orthros help eval mqar`` printed ``orthros eval --help`` (the sub-command dropped without a
+    word), where ``orthros eval mqar --help`` gives mqar's options: the README says ``orthros help
+    CMD`` says the same as ``--help``."""
+    from orthros.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["help", *argv])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith(f"usage: orthros {' '.join(argv)} ")
