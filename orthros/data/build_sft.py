@@ -96,7 +96,8 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", default=str(HERE / "corpus"),
                    help="folder of shakespeare_{train,eval}.jsonl (default: the embedded corpus)")
-    p.add_argument("--out", default=str(HERE / "sft"), help="folder to write shakespeare_sft_{train,eval}.jsonl to")
+    p.add_argument("--out", default=str(HERE / "sft"), help="folder to write shakespeare_sft_{train,eval}.jsonl to (default: the embedded SFT "
+                        "sample's, replacing the shipped files)")
     a = p.parse_args(argv)
     corpus, out = Path(a.corpus), Path(a.out)
     splits = {s: corpus / f"shakespeare_{s}.jsonl" for s in ("train", "eval")}

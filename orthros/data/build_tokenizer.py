@@ -34,8 +34,11 @@ CHAT_TEMPLATE = (
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--vocab-size", type=int, default=4096,
-                   help=f"tokens in all, at least {MIN_VOCAB} (the 256 byte symbols and the special tokens)")
-    p.add_argument("--out", default=str(HERE / "tokenizer"))
+                   help=f"tokens in all, at least {MIN_VOCAB} (the 256 byte symbols and the special tokens; "
+                        "default: 4096, the shipped tokenizer's)")
+    p.add_argument("--out", default=str(HERE / "tokenizer"),
+                   help="folder to write the tokenizer to (default: the embedded tokenizer's, replacing the "
+                        "shipped files)")
     a = p.parse_args(argv)
     if a.vocab_size < MIN_VOCAB:  # the trainer would quietly give MIN_VOCAB tokens (or fail on a negative size)
         p.error(f"--vocab-size must be >= {MIN_VOCAB} (256 byte symbols + {len(SPECIAL_TOKENS)} special tokens), "
