@@ -60,8 +60,8 @@ _COPIED_DIRS = {"additional_chat_templates"}
 
 
 # ----------------------------------------------------------------------------------------- checks
-def _check_window(window_size):
-    check_positive_int("window_size", window_size)
+def _check_window(window_size) -> int:
+    return check_positive_int("window_size", window_size)  # a Python int: the report is JSON
 
 
 def _check_flags(**flags):
@@ -427,7 +427,7 @@ def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrit
     transformers' GGUF loader into a staging directory inside the temporary one, and converted
     from there (see :mod:`orthros.conversion.gguf`).
     """
-    _check_window(window_size)
+    window_size = _check_window(window_size)
     _check_flags(overwrite=overwrite, scale_offset=scale_offset, progress=progress)
     out_dtype = resolve_dtype(dtype)
     dst = expand_path(dst, "dst")
@@ -453,7 +453,7 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
     (a hub id is read from the local Hugging Face cache). For a GGUF source the file is checked
     whole, but its tensor plan is only made once transformers has de-quantised it, so the dict
     has the GGUF's figures instead."""
-    _check_window(window_size)
+    window_size = _check_window(window_size)
     _check_flags(overwrite=overwrite, scale_offset=scale_offset)
     out_dtype = resolve_dtype(dtype)
     dst = expand_path(dst, "dst")
@@ -752,7 +752,7 @@ def convert_from_hf(model_or_path, *, window_size: int = 128, scale_offset: bool
 
 def _convert_from_hf(model_or_path, *, window_size: int, scale_offset: bool, dtype) -> tuple[OrthrosForCausalLM, list]:
     """:func:`convert_from_hf`'s work: the model and the conversion's notes."""
-    _check_window(window_size)
+    window_size = _check_window(window_size)
     _check_flags(scale_offset=scale_offset)
     out_dtype = resolve_dtype(dtype)
     if isinstance(model_or_path, torch.nn.Module):

@@ -121,7 +121,7 @@ class OrthrosConfig(PreTrainedConfig):
         self.qk_norm = qk_norm
         self.window_size = window_size
         self.scale_offset = scale_offset
-        check_positive_int("OrthrosConfig.num_hidden_layers", num_hidden_layers)
+        num_hidden_layers = check_positive_int("OrthrosConfig.num_hidden_layers", num_hidden_layers)
         if layer_types is None and full_attention_interval is not None:
             if isinstance(full_attention_interval, int) and full_attention_interval > num_hidden_layers:
                 raise ValueError(f"OrthrosConfig.full_attention_interval={full_attention_interval} exceeds "

@@ -150,7 +150,7 @@ def orthros_attention(
     check_tensor("v", v, 4)
     check_tensor("q_out", q_out, 4)
     check_backend(backend)
-    check_positive_int("window_size", window_size)
+    window_size = check_positive_int("window_size", window_size)
     B, T, Hq, D = q.shape
     Bk, T_k, Hkv, Dk = k.shape
     if v.shape != k.shape:

@@ -125,8 +125,9 @@ def _check(q, q_out, k_cache, v_cache, cache_seqlens, window_size, scale=None):
                          f"got {_desc_int(cache_seqlens)}")
     if cache_seqlens.device != q.device:
         raise ValueError(f"cache_seqlens must be on q's device {q.device}, got {cache_seqlens.device}")
-    check_positive_int("window_size", window_size)
+    window_size = check_positive_int("window_size", window_size)
     check_scale(scale)
+    return window_size  # a Python int (a NumPy one reached the kernel as a constant)
 
 
 def orthros_decode_attention(q, q_out, k_cache, v_cache, cache_seqlens, *, window_size: int,
@@ -138,7 +139,7 @@ def orthros_decode_attention(q, q_out, k_cache, v_cache, cache_seqlens, *, windo
     check_backend(backend)
     if not isinstance(stacked, bool):
         raise ValueError(f"stacked must be True or False, got {stacked!r}")
-    _check(q, q_out, k_cache, v_cache, cache_seqlens, window_size, scale)
+    window_size = _check(q, q_out, k_cache, v_cache, cache_seqlens, window_size, scale)
     window_size = min(window_size, k_cache.shape[1])  # the same keys; 10**20 overflowed int64 below
     if not _no_backward(backend, "orthros_decode_attention", q, q_out, k_cache, v_cache) \
             and use_triton(backend, q, k_cache, "orthros_decode_attention"):
@@ -195,7 +196,7 @@ def _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_n
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             raise ValueError(f"{name} must be a 4-D tensor [B, L_max, Hkv, D]")
     B, R, C = qkv.shape
-    check_positive_int("num_heads", num_heads)
+    num_heads = check_positive_int("num_heads", num_heads)
     if k_cache.shape != v_cache.shape or k_cache.shape[0] != B:
         raise ValueError(f"k_cache/v_cache must be [B={B}, L_max, Hkv, D], got {tuple(k_cache.shape)} and "
                          f"{tuple(v_cache.shape)}")
@@ -251,8 +252,9 @@ def _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_n
             raise ValueError(f"{name} must be a floating-point tensor, got {t.dtype}")
         if t is not None and t.device != qkv.device:
             raise ValueError(f"{name} must be on qkv's device {qkv.device}, got {t.device}")
-    check_positive_int("window_size", window_size)
+    window_size = check_positive_int("window_size", window_size)
     check_scale(scale)
+    return num_heads, window_size  # Python ints: a NumPy num_heads reached the kernel as a constant and failed there
 
 
 def orthros_decode_qkv_attention(qkv, k_cache, v_cache, lens, *, num_heads: int, q_rows=(0, 1), rope,
@@ -278,8 +280,8 @@ def orthros_decode_qkv_attention(qkv, k_cache, v_cache, lens, *, num_heads: int,
     "reference" / "sdpa" (the reference)."""
     check_backend(backend)
     q_rows = tuple(q_rows) if isinstance(q_rows, (tuple, list)) else q_rows
-    _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_norm, eps, scale_offset, window_size,
-               scale)
+    num_heads, window_size = _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_norm, eps,
+                                        scale_offset, window_size, scale)
     window_size = min(window_size, k_cache.shape[1])  # the same keys; 10**20 overflowed int64 below
     kw = dict(num_heads=num_heads, q_rows=q_rows, rope=rope, window_size=window_size, scale=scale, q_norm=q_norm,
               k_norm=k_norm, eps=eps, scale_offset=tuple(scale_offset))

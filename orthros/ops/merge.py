@@ -37,7 +37,7 @@ def partial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scal
         ``o [B, M, Hq, D]`` and ``lse [B, M, Hq]`` in float32 (float64 for float64 input), where
         ``lse = log sum_j exp(scale * q.k_j)``; ``L == 0`` gives ``o = 0`` and ``lse = -inf``.
     """
-    check_positive_int("key_chunk", key_chunk)  # <= 0 skipped every key: o = 0, lse = -inf
+    key_chunk = check_positive_int("key_chunk", key_chunk)  # <= 0 skipped every key: o = 0, lse = -inf
     check_scale(scale)
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t, 4)

@@ -56,8 +56,8 @@ _WEIGHTS_SQ: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 def shard_bounds(seq_len: int, world_size: int) -> List[Tuple[int, int]]:
     """Contiguous, balanced shards ``[(s_r, e_r)]``: the first ``seq_len % world_size`` ranks hold
     one token more."""
-    check_positive_int("seq_len", seq_len)
-    check_positive_int("world_size", world_size)
+    seq_len = check_positive_int("seq_len", seq_len)
+    world_size = check_positive_int("world_size", world_size)
     if seq_len < world_size:
         raise ValueError(f"the prompt ({seq_len} tokens) must have at least one token per rank "
                          f"({world_size} ranks)")
@@ -183,8 +183,8 @@ class ShardedOrthros:
             raise ValueError(f"sequence-parallel inference needs Orthros attention layers only (attention_mode="
                              f"'orthros', every layer 'orthros_attention'), got attention_mode="
                              f"{model.config.attention_mode!r} with layer types {kinds}")
-        check_positive_int("chunk_size", chunk_size)
-        check_positive_int("key_chunk", key_chunk)
+        chunk_size = check_positive_int("chunk_size", chunk_size)
+        key_chunk = check_positive_int("key_chunk", key_chunk)
         if isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0:
             raise ValueError(f"reserve must be an integer >= 0, got {reserve!r}")
         if ctx is not None and not isinstance(ctx, ParallelContext):
@@ -487,7 +487,7 @@ class ShardedOrthros:
         ``logits[:, j]`` is the distribution ``tokens[:, j]`` was chosen from. The token is
         broadcast from the last rank, so every rank continues with the same one.
         """
-        check_positive_int("max_new_tokens", max_new_tokens)
+        max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
         ids = self._check_ids(input_ids)
         warn_beyond_positions(self.model.config, ids.shape[1] + max_new_tokens - 1)
         logits, cache = self._prefill(ids)

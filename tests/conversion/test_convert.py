@@ -275,6 +275,18 @@ def good_src(tmp_path_factory):
     return path
 
 
+def test_a_numpy_or_tensor_window_size_is_written_as_a_python_int(tmp_path, good_src):
+    # check_positive_int takes them (9efdddd); the conversion ran to its end, then failed writing the JSON report
+    # ("Object of type int64 is not JSON serializable") and left nothing
+    import numpy as np
+
+    for i, w in enumerate((np.int64(16), torch.tensor(16))):
+        dst = tmp_path / f"o{i}"
+        assert convert_checkpoint(good_src, dst, window_size=w, progress=False)["window_size"] == 16
+        assert json.loads((dst / "config.json").read_text())["window_size"] == 16
+        assert plan_conversion(good_src, tmp_path / "p", window_size=w)["window_size"] == 16
+
+
 def _copy(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst

@@ -626,6 +626,23 @@ def test_qkv_kernel_matches_reference(Hq, Hkv, so, norm, monkeypatch):
             assert not torch.equal(ka, kc)  # the new keys were written
 
 
+def test_numpy_and_tensor_integers_reach_the_kernels_as_python_ints():
+    # check_positive_int takes them since 9efdddd, but the ops passed the value as given: a NumPy num_heads failed
+    # inside the Triton kernel ("cannot convert 2 of type numpy.int64 to tensor"), a 0-d tensor with 'is_ptr'
+    import numpy as np
+
+    qkv, kc, vc, lens, kw = make_qkv(2, 40, 4, 2, 16, [30, 7])
+    (want_kernel, _, _), (want_ref, _, _) = _qkv_both(qkv, kc, vc, lens, kw, window_size=5)
+    for n, w in ((np.int64(4), np.int32(5)), (torch.tensor(4), torch.tensor(5))):
+        (a, _, _), (b, _, _) = _qkv_both(qkv, kc, vc, lens, {**kw, "num_heads": n}, window_size=w)
+        assert torch.equal(a, want_kernel) and torch.equal(b, want_ref)
+    q, q_out, k, v, cl = make(2, 40, 4, 2, 16, [30, 7])
+    want = orthros_decode_attention(q, q_out, k, v, cl, window_size=5, backend="triton")
+    for w in (np.int64(5), torch.tensor(5)):
+        got = orthros_decode_attention(q, q_out, k, v, cl, window_size=w, backend="triton")
+        assert all(torch.equal(x, y) for x, y in zip(got, want, strict=True))
+
+
 def test_qkv_kernel_bf16_and_splits():
     """bf16 (the interpreter converts to bf16 by truncation, so to ~1e-2) and explicit split
     counts: the new key folded in by the one program whose chunk holds it."""

@@ -139,7 +139,7 @@ def chunk_gated_delta_rule_ref(
     Returns ``(o, o_out, final_state)``: ``o, o_out [B, T, HV, V]`` (``o_out`` None without
     ``q_out``), ``final_state [N, HV, K, V]`` float32 (None unless ``output_final_state``).
     """
-    check_positive_int("chunk_size", chunk_size)  # 0 divided by zero, < 0 failed in a reshape
+    chunk_size = check_positive_int("chunk_size", chunk_size)  # 0 divided by zero, < 0 failed in a reshape
     out_dtype = v.dtype
     acc = _acc(v)
     B, T, H, K = k.shape
