@@ -190,8 +190,12 @@ def orthros_attention(
             raise ValueError(f"kv_start must lie in [0, {T_k}] (the first valid key of each row; {T_k}: no key), "
                              f"got range [{int(kv_start.min())}, {int(kv_start.max())}]")
 
-    return run_attention(q, k, v, q_out, window_size=window_size, output_positions=pos, scale=scale, doc_ids=doc_ids,
-                         kv_start=kv_start, backend=backend)
+    o, o_out = run_attention(q, k, v, q_out, window_size=window_size, output_positions=pos, scale=scale,
+                             doc_ids=doc_ids, kv_start=kv_start, backend=backend)
+    # contiguous on every backend, as the Triton kernels write them (the reference's and SDPA's float32 o was a view
+    # of the padded key blocks: o.view(B, T, -1) worked on a GPU and failed on the CPU); run_attention, the model's
+    # path, leaves that to the layer, which copies the rows anyway
+    return o.contiguous(), o_out.contiguous()
 
 
 def run_attention(q, k, v, q_out, *, window_size: int, output_positions: torch.Tensor, scale: float,

@@ -80,7 +80,7 @@ def window_attention_reference(q, k, v, *, window_size: int, scale: float, doc_i
     scores = torch.einsum("bncHgd,bnkHd->bnHgck", qb, kb) * scale
     o = _masked_softmax_av(scores, allowed[:, :, None, None], vb, "bnHgck,bnkHd->bncHgd")
     o = o.reshape(B, nb * C, Hq, v.shape[-1])[:, :Tq]
-    return o.to(q.dtype).contiguous()  # as the Triton kernels' (a view of the padded blocks broke o.view(B, T, -1))
+    return o.to(q.dtype)
 
 
 def full_attention_reference(q_out, k, v, output_positions, *, scale: float, doc_ids=None, kv_start=None):

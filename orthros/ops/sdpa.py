@@ -35,8 +35,7 @@ def window_attention_sdpa(q, k, v, *, window_size: int, scale: float, doc_ids=No
     empty = ~allowed.any(-1, keepdim=True)  # padding queries: let them see everything, zero them after
     o = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=(allowed | empty)[:, :, None], scale=scale)
     o = o.masked_fill(empty[:, :, None], 0.0)
-    # contiguous, as the Triton kernels' (a view of the padded blocks broke a caller's o.view(B, T, -1))
-    return o.transpose(2, 3).reshape(B, nb * C, Hq, v.shape[-1])[:, :Tq].to(q.dtype).contiguous()
+    return o.transpose(2, 3).reshape(B, nb * C, Hq, v.shape[-1])[:, :Tq].to(q.dtype)
 
 
 def causal_attention_sdpa(q, k, v, *, scale: float):
@@ -45,4 +44,4 @@ def causal_attention_sdpa(q, k, v, *, scale: float):
     acc = _acc(q)
     o = F.scaled_dot_product_attention(q.to(acc).transpose(1, 2), _heads_first(k.to(acc), G),
                                        _heads_first(v.to(acc), G), is_causal=True, scale=scale)
-    return o.transpose(1, 2).to(q.dtype).contiguous()
+    return o.transpose(1, 2).to(q.dtype)
