@@ -342,7 +342,7 @@ class Engine:
                                 f"{getattr(prompts, 'dtype', '?')} {tuple(getattr(prompts, 'shape', ()))}") from None
         if isinstance(prompts, torch.Tensor):
             if prompts.dim() == 1:
-                prompts = prompts.view(1, -1)
+                prompts, flat = prompts.view(1, -1), True
             if (prompts.dim() != 2 or prompts.dtype.is_floating_point or prompts.dtype.is_complex
                     or prompts.dtype == torch.bool):
                 raise ValueError(f"prompts as a tensor (or array) must be an integer [B, T] tensor, got {prompts.dtype} "
@@ -357,7 +357,7 @@ class Engine:
                 i, j = ((prompts < 0) | (prompts >= V)).nonzero()[0].tolist()
                 value = int(prompts[i, j]) + (2**64 if wrapped and int(prompts[i, j]) < 0 else 0)  # the id as given
                 raise ValueError(f"prompts has token ids outside the vocabulary [0, vocab_size={V}): "
-                                 f"prompts[{i}, {j}] = {value}")
+                                 f"prompts[{f'{j}' if flat else f'{i}, {j}'}] = {value}")  # as the caller indexes it
             return list(prompts)  # rows stay tensors: no host round trip for long prompts
         elif isinstance(prompts, (list, tuple)) and prompts and not any(
                 isinstance(t, (list, tuple, torch.Tensor)) or _is_array(t) for t in prompts):

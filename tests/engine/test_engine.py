@@ -550,7 +550,10 @@ def test_prompts_in_unsigned_dtypes_and_ids_outside_the_vocabulary():
                                          f"prompts[1][1] = {V}"),
                       ([3, -1, 4], "prompts has token ids outside the vocabulary [0, vocab_size=97): prompts[1] = -1"),
                       (np.array([[3, 4], [V + 3, 6]], dtype=np.uint16), f"prompts[1, 0] = {V + 3}"),
-                      (torch.tensor([[3, -4]]), "prompts[0, 1] = -4")):
+                      (torch.tensor([[3, -4]]), "prompts[0, 1] = -4"),
+                      # one row as a 1-D tensor / array: indexed as the caller holds it (was prompts[0, 1])
+                      (torch.tensor([3, V, 4]), f"vocab_size={V}): prompts[1] = {V}"),
+                      (np.array([3, V], dtype=np.uint16), f"vocab_size={V}): prompts[1] = {V}")):
         eng.reset()
         with pytest.raises(ValueError, match=re.escape(says)):
             eng.generate(bad, 2)
@@ -573,7 +576,7 @@ def test_uint64_ids_beyond_int64_are_named_by_their_own_value():
     eng = Engine(tiny_model(), max_batch_size=2, max_seq_len=32)
     big = 2**63 + 5
     for bad, says in ((np.array([[3, big]], dtype=np.uint64), f"prompts[0, 1] = {big}"),
-                      (np.array([2**64 - 1, 3], dtype=np.uint64), f"prompts[0, 0] = {2**64 - 1}"),
+                      (np.array([2**64 - 1, 3], dtype=np.uint64), f"prompts[0] = {2**64 - 1}"),  # one row, 1-D
                       (torch.from_numpy(np.array([[3, 4], [5, big]], dtype=np.uint64)), f"prompts[1, 1] = {big}")):
         with pytest.raises(ValueError, match=re.escape(says)):
             eng.generate(bad, 2)
