@@ -141,12 +141,15 @@ def check_replaceable_dir(path, name: str) -> None:
     if not os.fspath(path).strip():
         raise ValueError(f"{name} is empty ({os.fspath(path)!r}): name the output directory")
     p = expand_path(path, name).resolve()
-    cwd = Path.cwd().resolve()
+    try:
+        cwd = Path.cwd().resolve()
+    except OSError:  # the working folder was deleted (a shell left in one): no working folder to keep
+        cwd = None
     try:
         home = Path.home().resolve()
     except (RuntimeError, KeyError, OSError):  # no HOME and no passwd entry: no home folder to keep
         home = None
-    where = ("the working folder" if p == cwd else "above the working folder" if p in cwd.parents else
+    where = ("the working folder" if p == cwd else "above the working folder" if cwd is not None and p in cwd.parents else
              "the home folder" if p == home else "above the home folder" if home is not None and p in home.parents
              else None)
     if where is not None:

@@ -444,3 +444,17 @@ def test_check_png_says_a_folder_is_one(tmp_path):
         with pytest.raises(ValueError, match=re.escape(f"--plot {bad}: a .png path is needed")):
             check_png("--plot", bad)
     check_png("--plot", tmp_path / "new.PNG")
+
+
+def test_check_replaceable_dir_in_a_deleted_working_folder(tmp_path, monkeypatch):
+    # a shell left in a deleted folder: Path.cwd() raised a bare FileNotFoundError, even for an absolute output
+    from orthros.utils import check_replaceable_dir
+
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    check_replaceable_dir(str(tmp_path / "out"), "--out")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ValueError, match="is the home folder"):
+        check_replaceable_dir(str(tmp_path), "--out")
