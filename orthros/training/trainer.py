@@ -1063,7 +1063,7 @@ class Trainer:
                 print(f"[orthros train] note: {note} for the whole schedule", file=sys.stderr, flush=True)
         progress = Progress(cfg.train.max_steps, f"{cfg.mode}/{cfg.model.architecture}", unit="step",
                             initial=self.step, enabled=dist.main and cfg.train.progress, every_s=None)
-        last_loss, eval_loss = None, None
+        last_loss, eval_loss, plot_failed = None, None, False
         last_saved = self.step if self.resume_dir else None
         t_window, tok_window, flop_window = time.perf_counter(), 0, 0.0
         try:
@@ -1097,7 +1097,7 @@ class Trainer:
                         logger.log({"kind": "eval", "step": self.step, "eval_loss": eval_loss, "tokens": self.tokens_seen})
                         progress.write(f"step {self.step}: eval_loss {eval_loss:.4f}")
                         if dist.main and cfg.train.plot:  # loss.png follows the run
-                            _plot_run(cfg.output_dir, say=False)
+                            plot_failed = _plot_run(cfg.output_dir, say=False, said_failure=plot_failed)
                 # the last step's checkpoint is written after the final eval (below): one saved before
                 # it would, after a kill during that eval, be resumed as a finished run that has none
                 if cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0 and self.step < cfg.train.max_steps:
@@ -1128,27 +1128,25 @@ class Trainer:
         return summary
 
 
-_PLOT_FAILED = set()  # output_dirs whose loss.png could not be written (said once during the run)
-
-
-def _plot_run(output_dir: str, say: bool = True) -> None:
+def _plot_run(output_dir: str, say: bool = True, said_failure: bool = False) -> bool:
     """``output_dir/loss.png``, the run's loss curves (:mod:`orthros.training.plot`); ``say``:
-    print where it went (at the run's end), or why none was drawn."""
+    print where it went (at the run's end), or why none was drawn. Returns whether the figure could
+    not be written (an ``OSError``: checked before the run, then the disk filled or the folder
+    changed; the run goes on), which is printed even without ``say`` unless ``said_failure`` (the
+    previous eval's failure, already said)."""
     from .plot import PlotError, plot_runs
 
-    at_end, failed_before = say, output_dir in _PLOT_FAILED
+    failed = False
     try:
         msg = f"loss curves: {plot_runs([output_dir], Path(output_dir) / 'loss.png')}"
     except PlotError as e:  # nothing logged yet (log_every > eval_every), or a run resumed at its end
         msg = f"no loss curves drawn: {e}"
-    except OSError as e:  # checked before the run, then the disk filled or the folder changed: the run goes on
-        msg = f"no loss curves drawn: {e}"
-        say = say or not failed_before  # said at the first eval it fails at, and at the end
-        _PLOT_FAILED.add(output_dir)
-    if at_end:
-        _PLOT_FAILED.discard(output_dir)  # a later run into the same output_dir starts afresh
+    except OSError as e:
+        msg, failed = f"no loss curves drawn: {e}", True
+        say = say or not said_failure
     if say:
         print(f"[orthros train] {msg}", file=sys.stderr, flush=True)
+    return failed
 
 
 def dry_run(cfg: RunConfig) -> str:

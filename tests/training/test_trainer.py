@@ -548,7 +548,8 @@ def test_loss_png_follows_the_run_at_each_eval(tmp_path, corpus, monkeypatch):
 
     drawn = []
     real = trainer._plot_run
-    monkeypatch.setattr(trainer, "_plot_run", lambda d, say=True: (drawn.append(max(losses(d))), real(d, say)))
+    monkeypatch.setattr(trainer, "_plot_run",
+                        lambda d, say=True, **kw: (drawn.append(max(losses(d))), real(d, say, **kw))[1])
     train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "4", "--eval_every", "2", "--plot", "true",
                                  "--checkpoint.every", "0")))
     assert drawn == [2, 4]  # at step 2's eval, then at the end (whose eval is the end's)
