@@ -149,9 +149,10 @@ def check_replaceable_dir(path, name: str) -> None:
         home = Path.home().resolve()
     except (RuntimeError, KeyError, OSError):  # no HOME and no passwd entry: no home folder to keep
         home = None
-    where = ("the working folder" if p == cwd else "above the working folder" if cwd is not None and p in cwd.parents else
-             "the home folder" if p == home else "above the home folder" if home is not None and p in home.parents
-             else None)
+    where = ("the working folder" if p == cwd else
+             "above the working folder" if cwd is not None and p in cwd.parents else
+             "the home folder" if p == home else
+             "above the home folder" if home is not None and p in home.parents else None)
     if where is not None:
         raise ValueError(f"{name} {path}: is {where} ({p}); it is never replaced, --overwrite or not: name a "
                          f"folder of its own for the result, e.g. {os.path.join(os.fspath(path), 'out')}")
