@@ -239,8 +239,9 @@ def check_png(name: str, path) -> None:
     in ``.png`` (``.png`` alone is no name); an existing folder is said to be one."""
     if os.path.isdir(os.path.expanduser(os.fspath(path))):
         raise ValueError(f"{name} {path}: is a directory (a .png file path is needed)")
-    if Path(os.fspath(path)).suffix.lower() != ".png":  # Path(".png").suffix is ''
-        raise ValueError(f"{name} {path}: a .png path is needed")
+    text = os.fspath(path)
+    if Path(text).suffix.lower() != ".png" or text.endswith(("/", os.sep)):  # Path(".png").suffix is ''; Path drops
+        raise ValueError(f"{name} {path}: a .png path is needed")  # a trailing '/' (new.png/ was written as a file)
 
 
 def pyplot():

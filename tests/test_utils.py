@@ -440,7 +440,7 @@ def test_check_png_says_a_folder_is_one(tmp_path):
     for folder in (tmp_path, tmp_path / "figs.png"):
         with pytest.raises(ValueError, match=re.escape(f"--plot {folder}: is a directory (a .png file path is needed)")):
             check_png("--plot", folder)
-    for bad in (tmp_path / "x.jpg", tmp_path / ".png", "x"):
+    for bad in (tmp_path / "x.jpg", tmp_path / ".png", "x", f"{tmp_path}/new.png/"):  # new.png/: written as a file
         with pytest.raises(ValueError, match=re.escape(f"--plot {bad}: a .png path is needed")):
             check_png("--plot", bad)
     check_png("--plot", tmp_path / "new.PNG")

@@ -168,8 +168,9 @@ def answer_accuracy(model, ids, labels) -> float:
 
 def check_out_dir(out_dir, overwrite: bool) -> None:
     """Refuse, before any work, an ``--out`` that holds something (a non-empty directory) unless
-    ``overwrite``: the checkpoint replaces the whole directory at the end."""
-    check_replaceable_dir(out_dir, "--out")  # Path("") and "." are the current folder, which --overwrite would replace
+    ``overwrite``: the checkpoint replaces the whole directory at the end. One that is empty, the working
+    folder or the home folder (or above either) is refused either way (:func:`utils.check_replaceable_dir`)."""
+    check_replaceable_dir(out_dir, "--out")
     check_output_path("--out", out_dir, directory=True)
     out = expand_path(out_dir, "--out")
     if out.is_dir() and any(out.iterdir()) and not overwrite:

@@ -147,7 +147,7 @@ def main(argv: Optional[list] = None) -> int:
     except ValueError as e:
         p.error(str(e))
     try:
-        plot_runs(args.runs, out, x=args.x, title=args.title, name="--output")
+        plot_runs(args.runs, out, x=args.x, title=args.title, name="--output" if args.output else None)
     except PlotError as e:
         p.error(f"RUN {e}")
     print(f"wrote {out}")

@@ -302,7 +302,8 @@ def _incomplete_note(output_dir: str, after: int = -1) -> str:
 def _older_checkpoint_hint(cfg: RunConfig, bad: Path) -> str:
     """Where a run whose own checkpoint ``bad`` is damaged can go on from: its newest complete one
     before it, once ``bad`` is moved away (a later checkpoint left there is refused, and taken as
-    the latest by ``--resume``); '' when ``bad`` is not of ``output_dir`` or none is older."""
+    the latest by ``--resume``), or that none is older (start afresh elsewhere); '' when ``bad`` is not of
+    ``output_dir``."""
     root = ckpt.ckpt_root(cfg.output_dir)
     if os.path.realpath(Path(bad).parent) != os.path.realpath(root):
         return ""
