@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import os
@@ -279,7 +280,8 @@ class OrthrosConfig(PreTrainedConfig):
             for name in names:  # unused without GDN layers, but config.json keeps them (head_dim's default too)
                 value = getattr(self, name)
                 if hasattr(value, "__index__") and not isinstance(value, bool):
-                    setattr(self, name, operator.index(value))
+                    with contextlib.suppress(TypeError):  # a float tensor has __index__ too: left as given, unused
+                        setattr(self, name, operator.index(value))
             return
         for name in names:
             setattr(self, name, check_positive_int(f"OrthrosConfig.{name}", getattr(self, name)))

@@ -471,6 +471,7 @@ def test_numpy_integer_config_fields_are_saved_as_python_ints(tmp_path):
                          linear_num_key_heads=np.int64(2), linear_conv_kernel_dim=np.int64(4))
     assert type(hybrid.linear_num_key_heads) is int and type(hybrid.linear_conv_kernel_dim) is int
     hybrid.to_json_string()
+    tiny_config(linear_key_head_dim=torch.tensor(2.0))  # unused without GDN layers: accepted as before
 
 
 def test_a_mode_alias_set_after_init_runs_that_mode():
