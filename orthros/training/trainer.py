@@ -259,8 +259,9 @@ def resolve_resume(cfg: RunConfig) -> Optional[Path]:
     if isinstance(r, str) and r.lower() in ("false", "no", "none"):
         r = False
     existing = ckpt.latest_checkpoint(cfg.output_dir)
-    if existing is None and r in (True, "auto") and ckpt.list_checkpoints(cfg.output_dir):
-        # checkpoint folders, none of them complete: not a fresh start (it would overwrite them), nor a resume
+    if existing is None and r in (True, "auto", False) and ckpt.list_checkpoints(cfg.output_dir):
+        # checkpoint folders, none of them complete: not a fresh start (it would overwrite them), nor a resume (with
+        # resume false it said "pass --resume to continue the run", which then refused)
         root = ckpt.ckpt_root(cfg.output_dir)
         raise ConfigError(f"{'--resume' if r is True else f'output_dir {cfg.output_dir!r}'}: no complete checkpoint "
                           f"under {root}: {_incomplete_note(cfg.output_dir)}. Start a fresh run in another "

@@ -1184,7 +1184,8 @@ def test_a_checkpoint_without_its_manifest_is_named_as_incomplete(tmp_path, corp
         train(load_config(None, base + ["--resume", str(root / "step_00000008")]))
     # none complete: neither a resume nor a fresh start over them
     (root / "step_00000004" / "manifest.json").unlink()
-    for extra, who in ((["--resume"], "--resume"), ([], "output_dir")):
+    # (resume false said "pass --resume to continue the run", which then refused)
+    for extra, who in ((["--resume"], "--resume"), ([], "output_dir"), (["--checkpoint.resume", "false"], "output_dir")):
         with pytest.raises(ConfigError, match=rf"{who}.*no complete checkpoint under .*: step_00000004, step_00000008 "
                                               rf"have no manifest.json.*Start a fresh run in another output_dir"):
             train(load_config(None, base + extra))
