@@ -77,7 +77,7 @@ def _why_not_triton(q: torch.Tensor, k: torch.Tensor) -> str:
         return f"head_dim {q.shape[-1]}: the kernels take 1 to {TRITON_MAX_HEAD_DIM}"
     if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
         return f"{q.shape[2]} query heads for {k.shape[2]} key heads (GQA needs a multiple)"
-    return "triton is not importable"
+    return "triton is not importable (pip install 'orthros[kernels]')"
 
 
 def stacklevel_outside_ops() -> int:
