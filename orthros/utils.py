@@ -125,6 +125,22 @@ def check_token_ids(ids, vocab_size: int, arg: str, *, on_cuda: bool = False):
         raise ValueError(f"{arg} must be token ids in [0, vocab_size={vocab_size}), got ids from {lo} to {hi}")
 
 
+def first_id_outside(ids, vocab_size: int, used=None):
+    """``(index, value)`` of the first id of the integer tensor ``ids`` outside ``[0, vocab_size)`` (among ``used``, a
+    bool mask of its shape, when given), or ``None``: the index a tuple, the value as given (torch compares no
+    uint16 / 32 / 64, and a uint64 >= 2**63 wraps below 0 as int64). One read of the device."""
+    import torch
+
+    wide = ids.long()
+    bad = (wide < 0) | (wide >= vocab_size)
+    found = (bad if used is None else bad & used).nonzero()
+    if not found.numel():
+        return None
+    where = tuple(found[0].tolist())
+    value = int(wide[where])
+    return where, value + (2**64 if ids.dtype == torch.uint64 and value < 0 else 0)
+
+
 def check_not_blank(path, name: str, what: str) -> None:
     """An empty or blank path (an unset shell variable) names no directory, though ``Path("")`` is
     the current one: a ``ValueError`` naming ``name``; ``what``: the directory's kind, for the hint."""

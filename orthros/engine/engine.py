@@ -40,7 +40,7 @@ from ..layers import StepInputs
 from ..kinds import has_output_stream, resolve_mode
 from ..layers.common import linear
 from ..layers.step import append_output_tokens, call as _eager
-from ..utils import check_positive_int, check_token_ids
+from ..utils import check_positive_int, check_token_ids, first_id_outside
 from ..ops.gemv import GEMV_BACKENDS
 from .cache import StaticKVCache, linear_layers
 from .sampling import SamplingParams, sample
@@ -349,16 +349,13 @@ class Engine:
                                  f"{tuple(prompts.shape)}")
             if prompts.shape[0] == 0:
                 raise ValueError("prompts must hold at least one row")
-            # (torch has no min / max of uint16 / uint32 ids, a token file's; a uint64 >= 2**63 wraps below 0)
-            wrapped = prompts.dtype == torch.uint64
-            prompts = prompts.long()
             V = self.config.vocab_size
-            if prompts.numel() and (int(prompts.min()) < 0 or int(prompts.max()) >= V):
-                i, j = ((prompts < 0) | (prompts >= V)).nonzero()[0].tolist()
-                value = int(prompts[i, j]) + (2**64 if wrapped and int(prompts[i, j]) < 0 else 0)  # the id as given
+            bad = first_id_outside(prompts, V)  # (uint16 / 32 / 64 ids too: a token file's)
+            if bad is not None:
+                (i, j), value = bad
                 raise ValueError(f"prompts has token ids outside the vocabulary [0, vocab_size={V}): "
                                  f"prompts[{f'{j}' if flat else f'{i}, {j}'}] = {value}")  # as the caller indexes it
-            return list(prompts)  # rows stay tensors: no host round trip for long prompts
+            return list(prompts.long())  # rows stay tensors: no host round trip for long prompts
         elif isinstance(prompts, (list, tuple)) and prompts and not any(
                 isinstance(t, (list, tuple, torch.Tensor)) or _is_array(t) for t in prompts):
             rows = [_token_ids(prompts, "prompts")]  # one row: a bool or float in it is named (prompts[1] = 2.5)

@@ -28,6 +28,7 @@ from typing import Optional
 
 import torch
 
+from ..utils import first_id_outside
 from .engine import Engine
 from .sampling import SamplingParams
 
@@ -143,11 +144,9 @@ def _check_vocab(ids: torch.Tensor, prompts, vocab_size: int) -> None:
     B, T = ids.shape
     lens = torch.tensor([len(p) for p in prompts], device=ids.device)
     used = torch.arange(T, device=ids.device).view(1, T) >= (T - lens).view(B, 1)
-    wide = ids.long()  # (torch compares no uint16 / 32 / 64; a uint64 >= 2**63 wraps below 0)
-    bad = (used & ((wide < 0) | (wide >= vocab_size))).nonzero()
-    if bad.numel():
-        b, t = bad[0].tolist()
-        value = int(wide[b, t]) + (2**64 if ids.dtype == torch.uint64 and int(wide[b, t]) < 0 else 0)
+    bad = first_id_outside(ids, vocab_size, used)
+    if bad is not None:
+        (b, t), value = bad
         raise ValueError(f"input_ids has token ids outside the vocabulary [0, vocab_size={vocab_size}): "
                          f"input_ids[{b}, {t}] = {value}")
 
