@@ -141,6 +141,20 @@ def first_id_outside(ids, vocab_size: int, used=None):
     return where, value + (2**64 if ids.dtype == torch.uint64 and value < 0 else 0)
 
 
+def distinct_folders(paths) -> tuple:
+    """``(kept, repeats)``: ``paths`` with each folder once, in order (``run`` and ``run/``, or a link to it, are one
+    folder), and ``(path, first)`` for each later naming of a folder named before as ``first``."""
+    kept, seen, repeats = [], {}, []
+    for p in paths:
+        key = os.path.realpath(os.path.expanduser(os.fspath(p)))
+        if key in seen:
+            repeats.append((p, seen[key]))
+        else:
+            seen[key] = p
+            kept.append(p)
+    return kept, repeats
+
+
 def check_not_blank(path, name: str, what: str) -> None:
     """An empty or blank path (an unset shell variable) names no directory, though ``Path("")`` is
     the current one: a ``ValueError`` naming ``name``; ``what``: the directory's kind, for the hint."""

@@ -70,7 +70,7 @@ def probe(ckpt_dir: str, passage: int = 96, n: int = 32) -> dict:
 
 
 def main(argv=None) -> int:
-    from ..utils import check_positive_int
+    from ..utils import check_positive_int, distinct_folders
     from .checkpoint import CKPT_RE, latest_checkpoint
     from .metrics import read_metrics
 
@@ -84,14 +84,9 @@ def main(argv=None) -> int:
         check_positive_int("--n", a.n)
     except ValueError as e:
         p.error(str(e))
-    runs, seen = [], {}
-    for run in a.runs:  # one folder named twice (run run/, or through a link) was probed twice, or once silently
-        key = os.path.realpath(run)
-        if key in seen:
-            print(f"note: {run} is the same folder as {seen[key]}: probed once", file=sys.stderr)
-        else:
-            seen[key] = run
-            runs.append(run)
+    runs, repeats = distinct_folders(a.runs)  # one folder named twice was probed twice, or once silently
+    for run, first in repeats:
+        print(f"{p.prog}: note: {run} is the same folder as {first}: probed once", file=sys.stderr)
     ckpts = {run: latest_checkpoint(run) for run in runs}
     for run, ck in ckpts.items():  # every run checked before the first is probed
         if ck is None or not os.path.isfile(os.path.join(run, "metrics.jsonl")):

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..utils import check_output_path, check_png, expand_path
+from ..utils import check_output_path, check_png, distinct_folders, expand_path
 from .metrics import read_metrics
 
 X_AXES = ("tokens", "step")
@@ -131,15 +131,9 @@ def main(argv: Optional[list] = None) -> int:
         if not os.path.isdir(d):
             p.error(f"RUN {d}: " + (f"is a file, not a training output_dir (the folder of metrics.jsonl: "
                                     f"{os.path.dirname(d) or '.'})" if os.path.exists(d) else "no such directory"))
-    runs, seen = [], {}
-    for d in args.runs:  # one folder named twice (run run/, or through a link) was two identical curves
-        key = os.path.realpath(d)
-        if key in seen:
-            print(f"orthros plot: note: RUN {d} is the same folder as RUN {seen[key]}: drawn once", file=sys.stderr)
-        else:
-            seen[key] = d
-            runs.append(d)
-    args.runs = runs
+    args.runs, repeats = distinct_folders(args.runs)  # one folder named twice was two identical curves
+    for d, first in repeats:
+        print(f"orthros plot: note: RUN {d} is the same folder as RUN {first}: drawn once", file=sys.stderr)
     out = args.output or (os.path.join(args.runs[0], "loss.png") if len(args.runs) == 1 else "loss.png")
     try:
         check_png("--output", out)  # a folder is said to be one
