@@ -66,7 +66,7 @@ def build_parser():
         sp.add_argument("--window", type=int, default=None,
                         help="window size of the random-weight model (default: 128); not with --model (a "
                              "checkpoint keeps its own)")
-        sp.add_argument("--out", default="bench_results", help="directory for JSON and PNG")
+        sp.add_argument("--out", default="bench_results", help="directory for JSON and PNG (default: %(default)s)")
         sp.add_argument("--compile", action="store_true",
                         help="torch.compile the engine's token-wise layer parts (both Orthros and its Transformer)")
 

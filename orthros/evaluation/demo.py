@@ -129,11 +129,12 @@ def run_prefill(quick: bool, device: str, seed: int = 0, progress: bool = True) 
     print(_indent(_table(rows)))
     print(f"\n      Measured here: Orthros at {res[0]['speedup']:.2f}x the Transformer's speed at {res[0]['tokens']} "
           f"tokens, {res[-1]['speedup']:.2f}x at {res[-1]['tokens']}.")
+    fastest = "the Triton kernels" if device.startswith("cuda") else "SDPA"  # backend 'auto' (ops.resolve_backend)
     print("      Orthros prefill runs sliding-window attention over the prompt (linear in its length) and full\n"
           "      attention only for the last token; the Transformer's attention grows with the square of the length.\n"
-          "      Both use the fastest attention this device has (SDPA on CPU). Expected: close on short prompts, where\n"
-          "      the projections and MLPs dominate, and a gap that opens as the prompt grows (timings on a machine\n"
-          "      busy with other work vary from run to run).")
+          f"      Both use the fastest attention this device has ({fastest} here). Expected: close on short prompts,\n"
+          "      where the projections and MLPs dominate, and a gap that opens as the prompt grows (timings on a\n"
+          "      machine busy with other work vary from run to run).")
     return {"device": device, "dtype": str(dtype).replace("torch.", ""), "model": spec, "results": res}
 
 

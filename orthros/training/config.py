@@ -375,7 +375,9 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
         if p.is_dir():
             raise ConfigError(f"config file {path} is a directory, not a YAML file")
         if not p.is_file():
-            raise ConfigError(f"config file not found: {path}")
+            raise ConfigError(f"config file not found: {path}" + (
+                " (the shipped configs/ folder is in the repository's root: run from there, or give its full path)"
+                if Path(path).parts[:1] == ("configs",) else ""))
         try:
             raw = yaml.load(p.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader) or {}
         except UnicodeDecodeError as e:

@@ -73,6 +73,10 @@ def test_cli_reports_errors_before_training(capsys, tmp_path):
     assert "did you mean 'optim.lr'" in capsys.readouterr().err
     assert cli_main([str(tmp_path / "missing.yaml")]) == 2
     assert "config file not found" in capsys.readouterr().err
+    with pytest.MonkeyPatch.context() as mp:  # README's configs/... run from outside the repository's root
+        mp.chdir(tmp_path)
+        assert cli_main(["configs/tiny_cpu_pt.yaml"]) == 2
+        assert "the shipped configs/ folder is in the repository's root" in capsys.readouterr().err
     assert cli_main(["--help-config"]) == 0
     assert "optim.lr = 0.001" in capsys.readouterr().out
 
