@@ -14,6 +14,7 @@ import torch
 from orthros.cli import main as orthros_main
 from orthros.engine import Engine
 from orthros.evaluation.common import make_tiny_checkpoint
+from conftest import interrupted_at  # at the top: tests/serving/conftest.py is `conftest` once collected
 
 
 @pytest.fixture(scope="module")
@@ -292,8 +293,6 @@ def test_ctrl_c_in_a_chat_reply_keeps_the_messages_in_step(ckpt, model_and_tok, 
     Stopped after its first token (the 3rd sample), the reply so far is the assistant message the
     next turn's template renders after; stopped before it (the 1st sample), the user turn is dropped
     from the messages too, so the next turn is rendered without it (no two user turns in a row)."""
-    from conftest import interrupted_at
-
     import orthros.engine.engine as E
 
     model, tok = model_and_tok
