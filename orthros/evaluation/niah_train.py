@@ -26,7 +26,8 @@ from typing import Optional
 import numpy as np
 
 from ..kinds import ATTENTION_MODES, mode_option
-from ..utils import Progress, atomic_directory, check_replaceable_dir, check_output_path, clean_stale, expand_path, write_json
+from ..utils import (Progress, atomic_directory, check_output_path, check_replaceable_dir, clean_stale, expand_path,
+                     write_json)
 from .common import check_seed
 from .niah import NEEDLE, PromptBuilder
 

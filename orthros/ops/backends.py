@@ -14,6 +14,7 @@ The decode step has no SDPA form: there ``"sdpa"`` runs the reference.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import warnings
@@ -55,7 +56,9 @@ def triton_runs(q: torch.Tensor, k: torch.Tensor) -> bool:
     return triton_supports(q, k) or (INTERPRET and q.dtype in INTERPRETER_DTYPES and _importable())
 
 
+@functools.cache
 def _importable() -> bool:
+    """Whether triton imports (asked once: triton_supports runs in every layer's forward on CUDA)."""
     try:
         import triton  # noqa: F401
     except ImportError:
