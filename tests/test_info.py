@@ -213,6 +213,8 @@ def test_verify_a_training_checkpoint(ckpt, tmp_path, capsys):
     assert rc == 0 and "training checkpoint of step 7 (manifest.json: --verify checks" in out, err
     rc, out, err = run([str(tmp_path / "run")], capsys)  # the run, not its checkpoint: named in the error
     assert rc == 2 and f"it looks like a training run: its latest checkpoint is {final}" in err, err
+    rc, out, err = run([str(tmp_path / "run" / "checkpoints")], capsys)  # its checkpoints folder: the same hint
+    assert rc == 2 and f"a training run's checkpoints folder: its latest checkpoint is {final}" in err, err
     rc, out, err = run([str(final), "--verify"], capsys)
     n = len(list(ckpt.iterdir()))
     assert rc == 0 and f"all {n} files match its sha256 sums" in out, err

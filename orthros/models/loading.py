@@ -110,10 +110,14 @@ def _gguf_hint(p: Path, path) -> str:
 
 
 def _run_hint(d: Path) -> str:
-    """For a training run's directory (``output_dir``: no config.json, checkpoints below), the
-    path of its latest checkpoint, as the end of an error message; otherwise ``""``."""
+    """For a training run's directory (``output_dir``: no config.json, checkpoints below) or its
+    ``checkpoints`` folder, the path of its latest checkpoint, as the end of an error message;
+    otherwise ``""``."""
     steps = sorted(q for q in (d / "checkpoints").glob("step_*") if (q / "config.json").is_file())
-    return f"; it looks like a training run: its latest checkpoint is {steps[-1]}" if steps else ""
+    if steps:
+        return f"; it looks like a training run: its latest checkpoint is {steps[-1]}"
+    steps = sorted(q for q in d.glob("step_*") if (q / "config.json").is_file()) if d.name == "checkpoints" else []
+    return f"; it is a training run's checkpoints folder: its latest checkpoint is {steps[-1]}" if steps else ""
 
 
 def _weight_files(d: Path) -> list[Path]:
