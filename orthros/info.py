@@ -126,7 +126,7 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
         weight_headers
     from .serving import ARCHITECTURE, CPU_DEFAULT_BLOCK_SIZE, HYBRID_ARCHITECTURE, hybrid_block_tokens, is_hybrid
     from .models import OrthrosConfig, OrthrosForCausalLM
-    from .training.checkpoint import MANIFEST, CheckpointError, verify as verify_manifest
+    from .training.checkpoint import MANIFEST, TRAINER_STATE, CheckpointError, verify as verify_manifest
     from .training.metrics import forward_flops
     from .utils import dtype_name, parse_dtype
 
@@ -146,14 +146,14 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
     if L > limit:
         raise ValueError(f"--max-seq-len {L} exceeds the model's max_position_embeddings={limit}")
     manifest = d / MANIFEST
-    # a training checkpoint (its trainer_state.pt: training.trainer.TRAINER_STATE) whose manifest is gone: a save cut
-    # short or a damaged copy, which a resume refuses; described, but not as a sound one
-    torn = not manifest.is_file() and (d / "trainer_state.pt").is_file()
+    # a training checkpoint (its TRAINER_STATE) whose manifest is gone: a save cut short or a damaged copy, which a
+    # resume refuses; described, but not as a sound one
+    torn = not manifest.is_file() and (d / TRAINER_STATE).is_file()
     if verify and torn:
-        raise ValueError(f"--verify: {path} is a training checkpoint without its manifest.json (incomplete or "
+        raise ValueError(f"--verify: {path} is a training checkpoint without its {MANIFEST} (incomplete or "
                          f"damaged, probably a save cut short): there are no sha256 sums to check its files against")
     if verify and not manifest.is_file():
-        raise ValueError(f"--verify: {path} has no manifest.json (only training checkpoints carry sha256 sums)")
+        raise ValueError(f"--verify: {path} has no {MANIFEST} (only training checkpoints carry sha256 sums)")
 
     # the model config.json describes, on the meta device (no memory): its weights are the files'
     with torch.device("meta"):
@@ -270,6 +270,8 @@ def _never_hits(r: dict) -> str:
 
 def format_report(r: dict) -> str:
     """The table ``orthros info`` prints."""
+    from .training.checkpoint import MANIFEST, TRAINER_STATE
+
     out = [f"{r['path']}: {r['kind']} checkpoint"]
 
     def row(name, text):
@@ -322,10 +324,10 @@ def format_report(r: dict) -> str:
     if "training_step" in origin:
         check = (f"all {origin['verified']} files match its sha256 sums" if "verified" in origin
                  else "--verify checks its sha256 sums")
-        row("origin", f"training checkpoint of step {origin['training_step']} (manifest.json: {check})")
+        row("origin", f"training checkpoint of step {origin['training_step']} ({MANIFEST}: {check})")
     if origin.get("incomplete_training_checkpoint"):
-        row("origin", "a training checkpoint (trainer_state.pt) without its manifest.json: incomplete or damaged, "
-                      "probably a save cut short; its files are unchecked and --resume refuses it")
+        row("origin", f"a training checkpoint ({TRAINER_STATE}) without its {MANIFEST}: incomplete or damaged, "
+                      f"probably a save cut short; its files are unchecked and --resume refuses it")
     c = r["cache"]
     rows = _many(c["batch_size"], "row")
     states = f"GDN states {format_bytes(c['state_bytes'])}"

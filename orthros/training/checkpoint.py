@@ -27,6 +27,7 @@ from typing import Optional
 
 CKPT_RE = re.compile(r"^step_(\d{8})$")
 MANIFEST = "manifest.json"
+TRAINER_STATE = "trainer_state.pt"  # the trainer's state (torch.save): what makes a model directory a checkpoint
 
 
 class CheckpointError(RuntimeError):

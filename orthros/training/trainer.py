@@ -551,7 +551,7 @@ def _set_rng_state(st: dict) -> None:
 
 # --------------------------------------------------------------------------- resuming
 
-TRAINER_STATE = "trainer_state.pt"
+TRAINER_STATE = ckpt.TRAINER_STATE
 STATE_FORMAT = 2  # 1: the pickled format before 2026-12-01 (numpy arrays inside), not loaded
 # written by transformers or chosen at run time, never a reason to refuse a resume
 RUNTIME_CONFIG_KEYS = frozenset({"transformers_version", "_name_or_path", "architectures", "dtype", "torch_dtype",
