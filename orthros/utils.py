@@ -9,6 +9,7 @@ inside :func:`hf_progress_bars`), so anything (ops, the CLIs' argument parsers) 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import shutil
 import tempfile
@@ -225,14 +226,19 @@ def same_file(a, b) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-def check_output_path(arg: str, path, *, directory: bool = False) -> None:
+def check_output_path(arg: str, path, *, directory: bool = False, suffix: str | None = None) -> None:
     """Refuse, before any work, an output path (``arg``) that could not be written at the end: a file
     path that is an existing directory, a folder path (``directory``) that is an existing file, or
     either below an existing file, or in a folder this process may not write into (read-only,
-    another user's), or under the ``~NAME`` of no user. Creates nothing."""
+    another user's), or under the ``~NAME`` of no user; with ``suffix`` (``".png"``: matplotlib picks
+    the format by it), a file name without it (``.png`` alone is no name, nor ``new.png/``). Creates
+    nothing."""
     p = expand_path(path, arg)
     if not directory and p.is_dir():
-        raise ValueError(f"{arg} {path}: is a directory (a file path is needed)")
+        raise ValueError(f"{arg} {path}: is a directory (a {suffix + ' ' if suffix else ''}file path is needed)")
+    text = os.fspath(path)  # Path(".png").suffix is ''; Path drops a trailing '/' (new.png/ was written as a file)
+    if suffix and (Path(text).suffix.lower() != suffix or text.endswith(("/", os.sep))):
+        raise ValueError(f"{arg} {path}: a {suffix} path is needed")
     blocked = file_in_the_way(p if directory else p.parent)
     if blocked is not None:
         raise ValueError(f"{arg} {path}: {blocked} is a file, not a directory")
@@ -265,13 +271,9 @@ def read_text_file(path, arg: str) -> str:
 
 
 def check_png(name: str, path) -> None:
-    """Raise ``ValueError`` naming ``name`` unless ``path`` (a figure to write) is a file name ending
-    in ``.png`` (``.png`` alone is no name); an existing folder is said to be one."""
-    if os.path.isdir(os.path.expanduser(os.fspath(path))):
-        raise ValueError(f"{name} {path}: is a directory (a .png file path is needed)")
-    text = os.fspath(path)
-    if Path(text).suffix.lower() != ".png" or text.endswith(("/", os.sep)):  # Path(".png").suffix is ''; Path drops
-        raise ValueError(f"{name} {path}: a .png path is needed")  # a trailing '/' (new.png/ was written as a file)
+    """:func:`check_output_path` of a figure to write: ``ValueError`` naming ``name`` unless ``path`` is
+    a file name ending in ``.png`` that can be written (an existing folder is said to be one)."""
+    check_output_path(name, path, suffix=".png")
 
 
 def pyplot():
@@ -314,7 +316,8 @@ def save_figure(fig, path, dpi: int = 120, *, name: str | None = None) -> None:
     same folder, then rename, and close the figure: a reader never sees half a PNG. (A pipe or a
     device is written in place; a symbolic link's target is replaced, the link kept.) A failed
     write raises its ``OSError`` (same class) naming ``name`` (the caller's option, e.g.
-    ``--output``) and ``path`` as given, not the temporary file."""
+    ``--output``) and ``path`` as given, not the temporary file. Inside :func:`written_together`
+    the rename waits for the block's end."""
     import matplotlib.pyplot as plt
 
     given = path
@@ -322,17 +325,82 @@ def save_figure(fig, path, dpi: int = 120, *, name: str | None = None) -> None:
     # the temporary's suffix tells matplotlib the format
     tmp = path if in_place else path.with_name(path.name + ".tmp" + path.suffix)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(tmp, dpi=dpi)
-        if not in_place:
-            _replace(tmp, path)
+        if in_place:
+            fig.savefig(path, dpi=dpi)
+        else:
+            _make_folder(path.parent)
+            _finish(tmp, path, lambda: fig.savefig(tmp, dpi=dpi))
     except OSError as e:
         raise _named_os_error(e, f"{name} {given}" if name else str(given), "cannot write the figure") from e
     finally:
-        if not in_place:
-            with contextlib.suppress(OSError):  # (none there; a folder we could not write into)
-                tmp.unlink(missing_ok=True)
         plt.close(fig)
+
+
+_TOGETHER = contextvars.ContextVar("orthros_written_together", default=None)
+
+
+@contextlib.contextmanager
+def written_together():
+    """Inside the block, the files :func:`write_text`, :func:`write_json` and :func:`save_figure` write
+    stay under their temporary names; they are renamed onto their paths together when the block ends
+    without an error, and removed (with the folders the writes made) when it raises: a run's results
+    JSON and its plot are both written or neither is, a file either would replace kept as it was. (A
+    pipe or a device, such as ``/dev/stdout``, is written in place at once.)"""
+    pending = {"files": [], "folders": []}
+    token = _TOGETHER.set(pending)
+    try:
+        yield
+    except BaseException:
+        _TOGETHER.reset(token)
+        _discard(pending)
+        raise
+    _TOGETHER.reset(token)
+    files = pending["files"]
+    try:
+        while files:
+            _replace(*files[0])
+            files.pop(0)
+    except BaseException:
+        _discard(pending)
+        raise
+
+
+def _discard(pending: dict) -> None:
+    """The temporaries of :func:`written_together` not yet renamed, and the folders made for them (if empty)."""
+    for tmp, _ in pending["files"]:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+    for folder in sorted(pending["folders"], key=lambda p: len(p.parts), reverse=True):  # innermost first
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def _make_folder(folder: Path) -> None:
+    """``folder`` and its missing parents made; inside :func:`written_together` the ones made are noted."""
+    made, p = [], folder
+    while not p.exists() and p != p.parent:
+        made.append(p)
+        p = p.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    pending = _TOGETHER.get()
+    if pending is not None:
+        pending["folders"] += made
+
+
+def _finish(tmp: Path, path: Path, write) -> None:
+    """``write()`` the file's content to ``tmp``, then rename it onto ``path``: now, or with the other
+    files of :func:`written_together` at its end. A failed write leaves no ``tmp``."""
+    pending = _TOGETHER.get()
+    if pending is not None:
+        pending["files"].append((tmp, path))  # renamed, or removed, when the block ends
+    try:
+        write()
+        if pending is None:
+            _replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):  # (none there; a folder we could not write into)
+            tmp.unlink(missing_ok=True)
+        raise
 
 
 def _named_os_error(e: OSError, where: str, what: str) -> OSError:
@@ -350,33 +418,38 @@ def _named_os_error(e: OSError, where: str, what: str) -> OSError:
 __all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "atomic_directory", "cache_root", "check_png", "same_file",
            "check_positive_int", "clean_stale", "commit_id", "expand_path", "sigterm_as_interrupt", "stop_on_sigterm",
            "Terminated", "dtype_name", "format_bytes", "hf_progress_bars", "isatty",
-           "parse_dtype", "pyplot", "save_figure", "write_json", "write_text", "written_in_place"]
+           "parse_dtype", "pyplot", "save_figure", "write_json", "write_text", "written_in_place",
+           "written_together"]
 
 
-def write_text(path, text: str) -> None:
+def write_text(path, text: str, *, name: str | None = None) -> None:
     """Write ``text`` (UTF-8) to ``path`` (its folder made) through a temporary name in the same
     folder, then rename: a reader (or a run killed mid-write) never sees half a file. (A pipe or a
     device, such as ``/dev/stdout``, is written in place; a symbolic link's target is replaced, the
-    link kept.)"""
+    link kept.) With ``name`` (the caller's option, e.g. ``--output``), a failed write raises its
+    ``OSError`` (same class) naming it and ``path`` as given. Inside :func:`written_together` the
+    rename waits for the block's end."""
+    given = path
     path, in_place = _write_target(path)
-    if in_place:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text)
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
-        tmp.write_text(text, encoding="utf-8")
-        _replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+        if in_place:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(text)
+            return
+        _make_folder(path.parent)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        _finish(tmp, path, lambda: tmp.write_text(text, encoding="utf-8"))
+    except OSError as e:
+        if name is None:
+            raise
+        raise _named_os_error(e, f"{name} {given}", "cannot write the file") from e
 
 
-def write_json(path, obj, *, indent: int = 2, default=None) -> None:
+def write_json(path, obj, *, indent: int = 2, default=None, name: str | None = None) -> None:
     """Write ``obj`` as JSON to ``path`` as :func:`write_text` does."""
     import json
 
-    write_text(path, json.dumps(obj, indent=indent, default=default) + "\n")
+    write_text(path, json.dumps(obj, indent=indent, default=default) + "\n", name=name)
 
 
 def pid_alive(pid: int) -> bool:

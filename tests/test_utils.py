@@ -446,6 +446,28 @@ def test_check_png_says_a_folder_is_one(tmp_path):
     check_png("--plot", tmp_path / "new.PNG")
 
 
+def test_check_png_is_check_output_path_for_a_png(tmp_path):
+    """One home for 'is a directory' (check_png and check_output_path each tested it): a figure's path is an output
+    path of a suffix, so check_png refuses what check_output_path refuses too (a folder it cannot write into)."""
+    import os
+
+    from orthros.utils import check_output_path, check_png
+
+    with pytest.raises(ValueError, match=re.escape(f"--plot {tmp_path}: is a directory (a .png file path is needed)")):
+        check_output_path("--plot", tmp_path, suffix=".png")
+    with pytest.raises(ValueError, match=re.escape(f"--plot {tmp_path / 'x.jpg'}: a .png path is needed")):
+        check_output_path("--plot", tmp_path / "x.jpg", suffix=".png")
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        if not os.access(locked, os.W_OK):  # (root writes anywhere)
+            with pytest.raises(ValueError, match="is not writable"):
+                check_png("--plot", locked / "p.png")
+    finally:
+        locked.chmod(0o700)
+
+
 def test_check_replaceable_dir_in_a_deleted_working_folder(tmp_path, monkeypatch):
     # a shell left in a deleted folder: Path.cwd() raised a bare FileNotFoundError, even for an absolute output
     from orthros.utils import check_replaceable_dir

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..utils import check_output_path, check_png, distinct_folders, expand_path
+from ..utils import check_png, distinct_folders, expand_path
 from .metrics import read_metrics
 
 X_AXES = ("tokens", "step")
@@ -136,8 +136,7 @@ def main(argv: Optional[list] = None) -> int:
         print(f"orthros plot: note: RUN {d} is the same folder as RUN {first}: drawn once", file=sys.stderr)
     out = args.output or (os.path.join(args.runs[0], "loss.png") if len(args.runs) == 1 else "loss.png")
     try:
-        check_png("--output", out)  # a folder is said to be one
-        check_output_path("--output", out)
+        check_png("--output", out)  # check_output_path of a .png: a folder is said to be one
     except ValueError as e:
         p.error(str(e))
     try:
