@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 import torch
 
 from ..utils import check_positive_int
-from .backends import BACKENDS, check_backend, reference_instead, resolve_backend, triton_runs
+from .backends import check_backend, use_triton
 from .reference import full_attention_reference, orthros_attention_reference
 from .sdpa import causal_attention_sdpa, window_attention_sdpa
 
@@ -205,16 +205,12 @@ def run_attention(q, k, v, q_out, *, window_size: int, output_positions: torch.T
     ``[B]``, a float ``scale``. For callers that validate once per forward rather than once per
     layer (the model): it does no host synchronisation of its own."""
     pos, T_out, T_k = output_positions, q_out.shape[1], k.shape[1]
-    backend = resolve_backend(backend, q, k)
-    if backend == "triton" and not triton_runs(q, k):  # before the import: triton may not be installed
-        reference_instead("orthros_attention", q, k)
-        backend = "reference"
-    if backend == "triton":
+    if use_triton(backend, q, k, "orthros_attention"):  # before the import: triton may not be installed
         from .triton import orthros_attention_triton
 
         return orthros_attention_triton(q, k, v, q_out, window_size=window_size, output_positions=pos,
                                          scale=scale, doc_ids=doc_ids, kv_start=kv_start)
-    if backend == "sdpa":
+    if backend in ("auto", "sdpa"):  # "auto" the kernels do not take; "triton" they do not run: the reference
         o = window_attention_sdpa(q, k, v, window_size=window_size, scale=scale, doc_ids=doc_ids, kv_start=kv_start)
         if T_out == T_k and doc_ids is None and kv_start is None:
             # an output query at every position (strictly increasing in [0, T_k): exactly

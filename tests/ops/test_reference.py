@@ -242,6 +242,28 @@ def test_run_attention_refuses_an_unknown_backend():
     assert resolve_backend("auto", q, k) == "sdpa" and resolve_backend("reference", q, k) == "reference"
 
 
+def test_run_attention_takes_the_triton_decision_from_use_triton(monkeypatch):
+    # run_attention repeated backends.use_triton's decision (resolve, triton_runs, the warning) in its own
+    # lines: one home for it, so a change to when the kernels run reaches the training op and the decode ops alike
+    from orthros.ops import attention, run_attention
+
+    asked = []
+
+    def spy(backend, q, k, op):
+        asked.append((backend, op))
+        return False
+
+    monkeypatch.setattr(attention, "use_triton", spy)
+    q, k, v, q_out = make(1, 6, 4, 2, 8, 6)
+    kw = dict(window_size=3, output_positions=torch.arange(6).view(1, 6), scale=0.3)
+    want = run_attention(q, k, v, q_out, backend="reference", **kw)
+    for backend in ("auto", "sdpa", "triton"):
+        got = run_attention(q, k, v, q_out, backend=backend, **kw)
+        assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(got, want))
+    assert asked == [("reference", "orthros_attention"), ("auto", "orthros_attention"),
+                     ("sdpa", "orthros_attention"), ("triton", "orthros_attention")]
+
+
 @pytest.mark.parametrize("G", [1, 4])
 def test_auto_backend_causal_fast_path_equals_reference(G):
     # an output query at every position is plain causal attention: "auto" takes SDPA on CPU
