@@ -184,7 +184,7 @@ def _ppl_parser(sub):
 
 
 def _ppl(a) -> int:
-    from ..utils import check_device, check_output_path, check_png, dtype_name, write_json
+    from ..utils import check_device, check_output_path, check_png, dtype_name, write_json, written_together
     from .common import (check_attention_mode, check_distinct_files, check_token_range, default_device, load_model,
                          load_tokenizer, parse_int_list, read_config, read_max_positions, tokenizer_name)
     from .perplexity import (check_buckets, default_buckets, format_table, load_documents, make_windows,
@@ -230,12 +230,14 @@ def _ppl(a) -> int:
                tokenizer=str(a.tokenizer or a.model), device=str(param.device), dtype=dtype_name(param.dtype))
     name = Path(a.model).resolve().name + (f" ({a.attention_mode})" if a.attention_mode else "")
     print(format_table({name: out}))
-    if a.output:
-        write_json(a.output, out)
-        print(f"wrote {a.output}")
-    if a.plot:
-        plot_position_perplexity({name: out}, a.plot)
-        print(f"wrote {a.plot}")
+    with written_together():  # both files or neither
+        if a.output:
+            write_json(a.output, out, name="--output")
+        if a.plot:
+            plot_position_perplexity({name: out}, a.plot, name="--plot")
+    for f in (a.output, a.plot):
+        if f:
+            print(f"wrote {f}")
     return 0
 
 
@@ -259,7 +261,7 @@ MQAR_TASK_OPTIONS = {"vocab_size": "--vocab-size", "seq_len": "--seq-len", "num_
 
 def _mqar(a) -> int:
     from ..kinds import HYBRID_DISPLAY
-    from ..utils import check_device, check_output_path, check_png, write_json
+    from ..utils import check_device, check_output_path, check_png, write_json, written_together
     from .common import check_distinct_files, check_seed
     from .mqar import MODEL_ALIASES, MQARTask, MQARTrain, check_models, format_table, plot_recall, run_mqar
 
@@ -299,17 +301,21 @@ def _mqar(a) -> int:
     out = run_mqar(task, tr, progress=not a.no_progress, jobs=a.jobs)
     print()
     print(format_table(out))
-    if a.output:
-        write_json(a.output, out)
-        print(f"\nwrote {a.output}")
-    if a.plot:
-        plot_recall(out, a.plot)
-        print(f"wrote {a.plot}")
+    with written_together():  # both files or neither
+        if a.output:
+            write_json(a.output, out, name="--output")
+        if a.plot:
+            plot_recall(out, a.plot, name="--plot")
+    if a.output or a.plot:
+        print()
+    for f in (a.output, a.plot):
+        if f:
+            print(f"wrote {f}")
     return 0
 
 
 def _niah(a) -> int:
-    from ..utils import check_device, check_output_path, write_json
+    from ..utils import check_device, check_output_path, write_json, written_together
     from .common import (check_token_range, default_device, load_model, load_tokenizer, parse_int_list, read_config,
                          read_max_positions, tokenizer_name)
     from .niah import (NIAHConfig, PromptBuilder, check_lengths, format_grid, haystack_sentences, run_niah,
@@ -333,9 +339,10 @@ def _niah(a) -> int:
     out = run_niah(model, tok, cfg, progress=not a.no_progress, tokenizer_name=tok_name, builder=builder)
     out["model"]["path"] = str(a.model)
     d = Path(a.output_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    write_json(d / "niah.json", out)
-    save_heatmap(out, d / "niah.png", title=f"NIAH {Path(a.model).resolve().name}: {100 * out['accuracy']:.1f}%")
+    with written_together():  # both files or neither (nor a folder made for them)
+        write_json(d / "niah.json", out, name="--output-dir")
+        save_heatmap(out, d / "niah.png", title=f"NIAH {Path(a.model).resolve().name}: {100 * out['accuracy']:.1f}%",
+                     name="--output-dir")
     print(format_grid(out))
     print(f"\noverall accuracy {100 * out['accuracy']:.1f}%  ({out['seconds']:.0f}s)\nwrote {d / 'niah.json'} and "
           f"{d / 'niah.png'}")
@@ -377,7 +384,7 @@ def _lm(a) -> int:
 
     print(make_table(res))
     if a.output:
-        write_json(a.output, summary(res))
+        write_json(a.output, summary(res), name="--output")
         print(f"wrote {a.output}")
     return 0
 

@@ -205,16 +205,17 @@ def main(argv=None) -> int:
         out["prefill"] = run_prefill(a.quick, device, seed=a.seed, progress=not a.no_progress)
     out["seconds"] = round(time.perf_counter() - t0, 1)
     print(f"\nDone in {out['seconds']:.0f}s.")
-    if a.output:
-        from ..utils import write_json
+    from ..utils import write_json, written_together
+    from .mqar import plot_recall
 
-        write_json(a.output, out)
-        print(f"wrote {a.output}")
-    if a.plot:
-        from .mqar import plot_recall
-
-        plot_recall(out["mqar"], a.plot)
-        print(f"wrote {a.plot}")
+    with written_together():  # both files or neither
+        if a.output:
+            write_json(a.output, out, name="--output")
+        if a.plot:
+            plot_recall(out["mqar"], a.plot, name="--plot")
+    for f in (a.output, a.plot):
+        if f:
+            print(f"wrote {f}")
     return 0
 
 

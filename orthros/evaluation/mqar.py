@@ -652,9 +652,10 @@ def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print, jo
     }
 
 
-def plot_recall(out: dict, path, title: Optional[str] = None):
+def plot_recall(out: dict, path, title: Optional[str] = None, *, name: Optional[str] = None):
     """Accuracy against the key-to-query distance, one line a model, the window marked: where a
-    sliding window stops recalling and full attention (or Orthros' output stream) does not."""
+    sliding window stops recalling and full attention (or Orthros' output stream) does not. A failed
+    write is an ``OSError`` naming ``path`` (after ``name``, the caller's option for it, if given)."""
     from matplotlib.ticker import FuncFormatter
 
     from ..utils import pyplot, save_figure
@@ -680,7 +681,7 @@ def plot_recall(out: dict, path, title: Optional[str] = None):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="best")  # (lower left hid the points of models near chance)
     fig.tight_layout()
-    save_figure(fig, path)
+    save_figure(fig, path, name=name)
     return fig
 
 

@@ -330,7 +330,9 @@ def format_grid(out: dict) -> str:
     return "\n".join("  ".join(c.rjust(w[i]) for i, c in enumerate(r)) for r in rows)
 
 
-def save_heatmap(out: dict, path, title: Optional[str] = None) -> None:
+def save_heatmap(out: dict, path, title: Optional[str] = None, *, name: Optional[str] = None) -> None:
+    """The accuracy grid as a heatmap PNG at ``path``; a failed write is an ``OSError`` naming ``path``
+    (after ``name``, the caller's option for it, if given)."""
     plt = pyplot()
 
     g = out["grid"]
@@ -347,4 +349,4 @@ def save_heatmap(out: dict, path, title: Optional[str] = None) -> None:
     fig.colorbar(im, ax=ax, label="accuracy")
     ax.set_title(title or f"Needle in a haystack: {100 * out['accuracy']:.1f}% overall")
     fig.tight_layout()
-    save_figure(fig, path)
+    save_figure(fig, path, name=name)

@@ -167,9 +167,10 @@ def _position_ticks(lo: float, seq_len: int, edges) -> list[int]:
     return sorted(marks)
 
 
-def plot_position_perplexity(results: dict, path, title: Optional[str] = None):
+def plot_position_perplexity(results: dict, path, title: Optional[str] = None, *, name: Optional[str] = None):
     """``{name: position_perplexity output}`` -> perplexity against token position (bins of 64,
-    log axis), one line a model, the buckets' edges marked: how much the context helps."""
+    log axis), one line a model, the buckets' edges marked: how much the context helps. A failed
+    write is an ``OSError`` naming ``path`` (after ``name``, the caller's option for it, if given)."""
     from matplotlib.ticker import FuncFormatter, NullLocator
 
     from ..utils import pyplot, save_figure
@@ -177,10 +178,10 @@ def plot_position_perplexity(results: dict, path, title: Optional[str] = None):
     plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for i, (name, r) in enumerate(results.items()):
+    for i, (label, r) in enumerate(results.items()):
         c = r["curve"]
         ax.plot([(max(p["start"], 1) + p["end"]) / 2 for p in c], [math.exp(p["nll"]) for p in c], "-", lw=1.4,
-                color=f"C{i}", label=f"{name}: {r['overall']['ppl']:.3f} overall")
+                color=f"C{i}", label=f"{label}: {r['overall']['ppl']:.3f} overall")
     first = next(iter(results.values()))
     for b in first["buckets"][1:]:
         ax.axvline(b["start"], color="0.75", lw=0.8)
@@ -200,7 +201,7 @@ def plot_position_perplexity(results: dict, path, title: Optional[str] = None):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    save_figure(fig, path)
+    save_figure(fig, path, name=name)
     return fig
 
 

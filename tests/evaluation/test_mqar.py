@@ -596,3 +596,36 @@ def test_recall_plot_legend_covers_no_point(tmp_path):
         for x, y in ax.transData.transform(line.get_xydata()):
             assert not box.contains(x, y), (line.get_label(), x, y)
     matplotlib.pyplot.close(fig)
+
+
+def _disk_full_on_savefig(monkeypatch):
+    """matplotlib's savefig fails as on a full disk (the checks before the run passed)."""
+    from matplotlib.figure import Figure
+
+    def full(self, *a, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full)
+
+
+@pytest.mark.parametrize("old", [False, True])
+def test_cli_mqar_a_failed_plot_leaves_no_json_and_names_plot(tmp_path, capsys, monkeypatch, old):
+    """Issues: the figure's write error named the path only (not --plot); the results JSON written before
+    it stayed behind (a previous one replaced) although the command failed."""
+    from orthros.cli import main
+
+    _disk_full_on_savefig(monkeypatch)
+    out = tmp_path / "res" / "m.json"
+    if old:
+        out.parent.mkdir()
+        out.write_text("previous\n")
+    rc = main(["eval", "mqar", "--vocab-size", "16", "--seq-len", "32", "--num-pairs", "2", "--hidden-size", "16",
+               "--window", "4", "--steps", "1", "--batch-size", "2", "--eval-examples", "4", "--models", "swa",
+               "--no-progress", "-o", str(out), "--plot", str(tmp_path / "res" / "m.png")])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert f"--plot {tmp_path / 'res' / 'm.png'}: cannot write the figure (No space left on device)" in err, err
+    if old:
+        assert [p.name for p in out.parent.iterdir()] == ["m.json"] and out.read_text() == "previous\n"
+    else:
+        assert list(tmp_path.iterdir()) == [], "nothing left: no JSON, no temporary, no folder made for them"

@@ -294,3 +294,22 @@ def test_validate_refuses_a_repeated_length_or_depth(kw, says):
     mean of both columns' needles (2 x --samples per cell)."""
     with pytest.raises(ValueError, match=re.escape(says)):
         validate(NIAHConfig(**kw))
+
+
+def test_cli_niah_a_failed_heatmap_leaves_no_json_and_names_the_option(tiny, tmp_path, capsys, monkeypatch):
+    """Issue: the heatmap's write error named no option, and niah.json (and the folder made for both)
+    stayed behind although the command failed."""
+    from matplotlib.figure import Figure
+
+    from orthros.cli import main
+
+    def full(self, *a, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full)
+    rc = main(["eval", "niah", "--model", str(tiny), "--lengths", "64", "--depths", "0", "--samples", "1",
+               "--device", "cpu", "--no-progress", "-o", str(tmp_path / "n")])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert f"--output-dir {tmp_path / 'n' / 'niah.png'}: cannot write the figure (No space left" in err, err
+    assert list(tmp_path.iterdir()) == []

@@ -387,3 +387,19 @@ def test_attention_mode_is_refused_for_a_model_with_no_attention_layer(tiny, tmp
     err = capsys.readouterr().err
     assert f"--attention-mode orthros: --model {gdn} has no attention layer" in err
     assert "linear_attention" in err and "drop --attention-mode" in err
+
+
+def test_cli_a_failed_plot_leaves_no_json_and_names_plot(tiny, tmp_path, capsys, monkeypatch):
+    """Issue: the plot's write error named no option, and the results JSON stayed behind although the
+    command failed."""
+    from matplotlib.figure import Figure
+
+    def full(self, *a, **kw):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full)
+    ck, data = tiny
+    with pytest.raises(OSError, match=r"--plot .*p\.png: cannot write the figure \(No space left"):
+        eval_main(["ppl", "--model", str(ck), "--data", str(data), "--seq-len", "64", "--windows", "1",
+                   "--no-progress", "-o", str(tmp_path / "p.json"), "--plot", str(tmp_path / "p.png")])
+    assert list(tmp_path.iterdir()) == []
