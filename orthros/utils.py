@@ -60,21 +60,29 @@ def cache_root() -> Path:
     return expand_path(env, "$ORTHROS_CACHE") if env else Path.home() / ".cache" / "orthros"
 
 
-def check_positive_int(name: str, value, *, allow_none: bool = False):
-    """Raise ``ValueError`` naming ``name`` unless ``value`` is an integer >= 1 (or ``None`` when
-    allowed); return it as a Python ``int``. An integer is anything ``operator.index`` takes (a
-    NumPy integer, a one-element integer tensor) except a bool; a float (even ``3.0``), a string
-    or a bool is refused."""
+def as_int(value):
+    """``value`` as a Python ``int`` when it is one integer, else ``None``: the one answer to "is this an
+    int" of every argument check. An integer is Python's, NumPy's (``np.int64(3)``, a 0-d integer array)
+    or a 0-d integer tensor (``torch.tensor(3)``); a bool (``True``, ``np.True_``, a bool tensor: Python
+    counts ``True`` as 1), a float (``3.0`` too), a string, or a tensor / array of another shape
+    (``torch.tensor([3])``) is none."""
     import operator
 
+    if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")) or getattr(value, "ndim", 0) != 0:
+        return None
+    try:
+        return operator.index(value)
+    except (TypeError, RuntimeError):  # no integer (a float, a str)
+        return None
+
+
+def check_positive_int(name: str, value, *, allow_none: bool = False):
+    """Raise ``ValueError`` naming ``name`` unless ``value`` is an integer >= 1 (or ``None`` when
+    allowed); return it as a Python ``int``. An integer is what :func:`as_int` takes (a NumPy
+    integer, a 0-d integer tensor); a float (even ``3.0``), a string or a bool is refused."""
     if allow_none and value is None:
         return value
-    n = None
-    if not isinstance(value, bool) and "bool" not in str(getattr(value, "dtype", "")):  # np.True_, tensor(True)
-        try:
-            n = operator.index(value)
-        except (TypeError, RuntimeError):  # no integer (a float, a str); a tensor of several elements or none
-            pass
+    n = as_int(value)
     if n is None or n < 1:
         kind = "" if isinstance(value, (int, float, str)) or value is None else \
             f" (a {type(value).__module__}.{type(value).__qualname__})"

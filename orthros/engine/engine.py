@@ -40,7 +40,7 @@ from ..layers import StepInputs
 from ..kinds import has_output_stream, resolve_mode
 from ..layers.common import linear
 from ..layers.step import append_output_tokens, call as _eager
-from ..utils import check_positive_int, check_token_ids, first_id_outside
+from ..utils import as_int, check_positive_int, check_token_ids, first_id_outside
 from ..ops.gemv import GEMV_BACKENDS
 from .cache import StaticKVCache, linear_layers
 from .sampling import SamplingParams, sample
@@ -217,11 +217,11 @@ class Engine:
             raise TypeError(f"graph_batch_sizes must be None or a sequence of integers in [1, max_batch_size="
                             f"{max_batch_size}], got {graph_batch_sizes!r}")
         sizes = range(1, max_batch_size + 1) if graph_batch_sizes is None else list(graph_batch_sizes)
-        for s in sizes:
-            if not _is_token_id(s) or not 1 <= s <= max_batch_size:  # an integer (NumPy's too), not a bool
-                raise ValueError(f"graph_batch_sizes must hold integers in [1, max_batch_size={max_batch_size}], "
-                                 f"got {list(sizes)!r}")
-        self.graph_batch_sizes = tuple(sorted({int(s) for s in sizes}))
+        ints = [as_int(s) for s in sizes]  # NumPy's integers and 0-d tensors too, not a bool
+        if any(s is None or not 1 <= s <= max_batch_size for s in ints):
+            raise ValueError(f"graph_batch_sizes must hold integers in [1, max_batch_size={max_batch_size}], "
+                             f"got {list(sizes)!r}")
+        self.graph_batch_sizes = tuple(sorted(set(ints)))
         model.eval()  # the arguments checked: the engine runs the model in eval mode
         self.cache = self.cache_class(self.num_layers, max_batch_size, max_seq_len, self.Hkv, self.D,
                                       dtype=self.dtype, device=self.device, linear=linear_layers(model))
@@ -558,7 +558,7 @@ class Engine:
         self._end_open_stream()
         if isinstance(tokens, (list, tuple)):  # torch.as_tensor would take True for token 1
             tokens = _token_ids(tokens, "tokens", "step() ")
-        elif not isinstance(tokens, torch.Tensor) and not (isinstance(tokens, numbers.Integral)
+        elif not isinstance(tokens, torch.Tensor) and not (as_int(tokens) is not None
                                                            or hasattr(tokens, "__array__")):
             raise TypeError(f"step() tokens must be a tensor or a list of integer token ids (one per row), "
                             f"got {type(tokens).__name__}")
@@ -587,12 +587,12 @@ class Engine:
         as it would have from that length (docs/engine.md)."""
         self._end_open_stream()
         given = lengths
-        lengths = list(lengths) if hasattr(lengths, "__iter__") else None
+        lengths = [as_int(n) for n in lengths] if hasattr(lengths, "__iter__") else None  # NumPy's, 0-d tensors too
         if not lengths or len(lengths) > self.max_batch_size or any(
-                not _is_token_id(n) or not 0 < n < self.max_seq_len for n in lengths):  # NumPy's integers too
+                n is None or not 0 < n < self.max_seq_len for n in lengths):
             raise ValueError(f"set_lengths needs 1..{self.max_batch_size} integer lengths in [1, {self.max_seq_len}), "
                              f"got {given!r}")
-        self._lens = [int(n) for n in lengths]
+        self._lens = lengths
         self._pending = [None] * len(lengths)
         self._sync_lengths()
 
@@ -723,11 +723,6 @@ def _check_layer_config(model) -> None:
         check(("window_size", "layer_types"))
 
 
-def _is_token_id(t) -> bool:
-    """An integer (Python's or NumPy's), not a bool (``True`` is no token id, though Python counts it as 1)."""
-    return isinstance(t, numbers.Integral) and not isinstance(t, bool)
-
-
 def _is_array(x) -> bool:
     """A NumPy array (or another array with ``__array__`` and ``ndim``), not a tensor or a number."""
     return not isinstance(x, (torch.Tensor, numbers.Number)) and hasattr(x, "__array__") and hasattr(x, "ndim")
@@ -737,10 +732,11 @@ def _token_ids(seq, arg: str, where: str = "") -> List[int]:
     """``seq`` (a list or tuple of integer token ids) as a list of Python ints; a ``TypeError`` naming
     ``arg`` (of ``where``, e.g. ``"step() "``) and the first element that is no integer (a bool, a
     float, a nested list, ...)."""
-    for i, t in enumerate(seq):
-        if not _is_token_id(t):
-            raise TypeError(f"{where}{arg} must hold integer token ids, got {arg}[{i}] = {t!r}")
-    return [int(t) for t in seq]
+    ids = [as_int(t) for t in seq]  # NumPy's integers and 0-d tensors too; a bool is no token id
+    for i, t in enumerate(ids):
+        if t is None:
+            raise TypeError(f"{where}{arg} must hold integer token ids, got {arg}[{i}] = {seq[i]!r}")
+    return ids
 
 
 def _eos_set(eos_token_id, vocab_size: int) -> set:
@@ -750,13 +746,13 @@ def _eos_set(eos_token_id, vocab_size: int) -> set:
     if eos_token_id is None:
         return set()
     ids = eos_token_id.tolist() if isinstance(eos_token_id, torch.Tensor) else eos_token_id
-    ids = [ids] if _is_token_id(ids) else ids
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple, set, frozenset)) or not all(
-            _is_token_id(t) for t in ids):
+    ids = [ids] if as_int(ids) is not None else ids
+    ints = [as_int(t) for t in ids] if isinstance(ids, (list, tuple, set, frozenset)) else [None]
+    if None in ints:
         raise TypeError(f"eos_token_id must be None, an integer token id or a list of them, got {eos_token_id!r}")
-    if any(not 0 <= t < vocab_size for t in ids):
+    if any(not 0 <= t < vocab_size for t in ints):
         raise ValueError(f"eos_token_id must hold token ids in [0, vocab_size={vocab_size}), got {eos_token_id!r}")
-    return {int(t) for t in ids}
+    return set(ints)
 
 
 def _decode_inputs(model, ids, cos, sin, pos, out_rel, output_tokens: bool):

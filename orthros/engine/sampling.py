@@ -12,6 +12,8 @@ import numbers
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
+from ..utils import as_int
+
 if TYPE_CHECKING:  # imported where used: SamplingParams' checks (orthros generate's options) need no torch
     import torch
 
@@ -29,23 +31,22 @@ class SamplingParams:
     seed: Optional[int] = None
 
     def __post_init__(self):
-        # NumPy's numbers are numbers too (numbers.Real / Integral); each field is kept as a Python
-        # float or int (a bool is no number here: True would be temperature 1)
+        # NumPy's numbers are numbers too (numbers.Real; integers: utils.as_int); each field is kept as a
+        # Python float or int (a bool is no number here: True would be temperature 1)
         t = self.temperature
         if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
-        k = self.top_k
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {k!r}")
+        k = as_int(self.top_k)  # NumPy's integers and 0-d integer tensors too (utils.as_int)
+        if k is None or k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
         p = self.top_p
         if isinstance(p, bool) or not isinstance(p, numbers.Real) or not (0.0 < p <= 1.0):
             raise ValueError(f"top_p must be a number in (0, 1] (1 = off), got {p!r}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral)
-                                      or not -2**63 <= self.seed < 2**64):  # torch.Generator.manual_seed's range
+        seed = None if self.seed is None else as_int(self.seed)
+        if self.seed is not None and (seed is None or not -2**63 <= seed < 2**64):  # torch.Generator's range
             raise ValueError(f"seed must be an integer in [-2**63, 2**64) or None, got {self.seed!r}")
-        for name, cast in (("temperature", float), ("top_k", int), ("top_p", float), ("seed", int)):
-            if getattr(self, name) is not None:
-                object.__setattr__(self, name, cast(getattr(self, name)))
+        for name, value in (("temperature", float(t)), ("top_k", k), ("top_p", float(p)), ("seed", seed)):
+            object.__setattr__(self, name, value)
 
     @property
     def greedy(self) -> bool:

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kinds import ATTENTION_MODES, resolve_mode
-from ..utils import check_positive_int
+from ..utils import as_int, check_positive_int
 from .common import FusedProjections, RMSNorm, apply_rope, attn_backend_of, linear
 from .step import StepInputs
 
@@ -81,11 +81,12 @@ class OrthrosAttention(FusedProjections, nn.Module):
     def __init__(self, config, layer_idx: int):
         super().__init__()
         n = config.num_hidden_layers
-        if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) or not 0 <= layer_idx < n:
+        idx = as_int(layer_idx)  # NumPy's integers and 0-d tensors too, not a bool
+        if idx is None or not 0 <= idx < n:
             # it decides the parameters (the last layer has no alpha/beta) and keys the cache
             raise ValueError(f"layer_idx must be an integer in [0, {n}) (config.num_hidden_layers = {n}), "
                              f"got {layer_idx!r}")
-        self.layer_idx = layer_idx
+        self.layer_idx = idx
         # an alias set on the config after OrthrosConfig.__init__ (which resolves them) would
         # otherwise fall through streams() as a window layer
         self.mode = resolve_mode(config.attention_mode, "config.attention_mode")

@@ -34,7 +34,7 @@ from typing import Optional
 
 import torch
 
-from ..utils import check_positive_int
+from ..utils import as_int, check_positive_int
 from .attention import FLOAT_DTYPES, check_scale
 from .backends import check_backend, stacklevel_outside_ops, use_triton
 from .pointwise import apply_rope, check_eps, rms_norm
@@ -218,8 +218,8 @@ def _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_n
     if not (qkv.device == k_cache.device == v_cache.device):
         raise ValueError(f"qkv, k_cache and v_cache must be on the same device, got {qkv.device}, {k_cache.device}, "
                          f"{v_cache.device}")
-    if not isinstance(q_rows, tuple) or len(q_rows) != 2 or not all(isinstance(r, int) and 0 <= r < R
-                                                                     for r in q_rows):
+    rows = tuple(map(as_int, q_rows)) if isinstance(q_rows, tuple) else ()  # NumPy's, 0-d tensors; no bool
+    if len(rows) != 2 or not all(r is not None and 0 <= r < R for r in rows):
         raise ValueError(f"q_rows must be two row indices of qkv in [0, {R}), got {q_rows!r}")
     if not isinstance(lens, torch.Tensor) or lens.shape != (B,) or lens.dtype not in (torch.int32, torch.int64) \
             or lens.device != qkv.device:
@@ -254,7 +254,7 @@ def _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_n
             raise ValueError(f"{name} must be on qkv's device {qkv.device}, got {t.device}")
     window_size = check_positive_int("window_size", window_size)
     check_scale(scale)
-    return num_heads, window_size  # Python ints: a NumPy num_heads reached the kernel as a constant and failed there
+    return num_heads, rows, window_size  # Python ints: a NumPy num_heads reached the kernel as a constant and failed there
 
 
 def orthros_decode_qkv_attention(qkv, k_cache, v_cache, lens, *, num_heads: int, q_rows=(0, 1), rope,
@@ -280,8 +280,8 @@ def orthros_decode_qkv_attention(qkv, k_cache, v_cache, lens, *, num_heads: int,
     "reference" / "sdpa" (the reference)."""
     check_backend(backend)
     q_rows = tuple(q_rows) if isinstance(q_rows, (tuple, list)) else q_rows
-    num_heads, window_size = _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_norm, eps,
-                                        scale_offset, window_size, scale)
+    num_heads, q_rows, window_size = _check_qkv(qkv, k_cache, v_cache, lens, num_heads, q_rows, rope, q_norm, k_norm,
+                                                eps, scale_offset, window_size, scale)
     window_size = min(window_size, k_cache.shape[1])  # the same keys; 10**20 overflowed int64 below
     kw = dict(num_heads=num_heads, q_rows=q_rows, rope=rope, window_size=window_size, scale=scale, q_norm=q_norm,
               k_norm=k_norm, eps=eps, scale_offset=tuple(scale_offset))

@@ -510,6 +510,39 @@ def test_integer_arguments_take_numpy_integers():
     assert eng.batch_size == 0 and int(eng.cache.seqlens.abs().sum()) == 0  # nothing ran
 
 
+def test_integer_arguments_take_0d_tensors_alike_and_refuse_bools_and_floats():
+    """Was: ``max_new_tokens=torch.tensor(3)`` was taken (``operator.index``) while ``set_lengths([torch.tensor(3)])``,
+    a 0-d tensor in a prompt, in ``eos_token_id``'s list or in ``graph_batch_sizes``, and ``top_k`` / ``seed`` of
+    ``SamplingParams`` were refused (``numbers.Integral``): one answer (``utils.as_int``) everywhere now. A 0-d
+    integer tensor or a NumPy integer is an int; a bool (of any kind), a float or a one-element 1-D tensor is none."""
+    import numpy as np
+
+    m = tiny_model()
+    want = Engine(m, max_batch_size=2, max_seq_len=32).generate([[3, 4]], 3, eos_token_id=[9])
+    eng = Engine(m, max_batch_size=2, max_seq_len=32, graph_batch_sizes=[torch.tensor(1), np.int64(2)])
+    assert eng.graph_batch_sizes == (1, 2)
+    assert eng.generate([[torch.tensor(3), np.int64(4)]], torch.tensor(3), eos_token_id=[torch.tensor(9)]) == want
+    eng.set_lengths([torch.tensor(10), np.int32(12)])
+    assert eng.lengths() == [10, 12] and all(type(n) is int for n in eng.lengths())
+    p = SamplingParams(temperature=1.0, top_k=torch.tensor(3), seed=torch.tensor(7))
+    assert (p.top_k, p.seed) == (3, 7) and type(p.top_k) is int and type(p.seed) is int
+    eng.reset()
+    for bad in (True, np.True_, torch.tensor(True), 10.0, torch.tensor(10.0), torch.tensor([10])):
+        with pytest.raises(ValueError, match="set_lengths needs 1..2 integer lengths"):
+            eng.set_lengths([bad])
+        with pytest.raises(TypeError, match=r"prompts\[0\] must hold integer token ids, got prompts\[0\]\[1\]"):
+            eng.generate([[3, bad]], 2)
+        with pytest.raises(ValueError, match="top_k must be an integer >= 0"):
+            SamplingParams(temperature=1.0, top_k=bad)
+        with pytest.raises(ValueError, match="seed must be an integer"):
+            SamplingParams(temperature=1.0, seed=bad)
+        with pytest.raises(ValueError, match="graph_batch_sizes must hold integers"):
+            Engine(m, max_batch_size=2, max_seq_len=16, graph_batch_sizes=[bad])
+    with pytest.raises(ValueError, match=re.escape("max_new_tokens must be an integer >= 1, got tensor([3])")):
+        eng.generate([[3, 4]], torch.tensor([3]))
+    assert eng.batch_size == 0 and int(eng.cache.seqlens.abs().sum()) == 0  # nothing ran
+
+
 def test_prompts_take_numpy_arrays_and_name_a_float_in_one_row():
     """Was: a NumPy array (a tokenizer's ``return_tensors="np"``) or a list of 1-D arrays refused as
     'got ndarray' though ``step()`` takes one, and ``[1, 2.5]`` said 'got prompts[0] = 1' (the row was read

@@ -199,7 +199,19 @@ def test_layer_idx_out_of_range_is_refused_at_construction(idx):
         OrthrosAttention(tiny_config(), idx)
 
 
-def test_base_queries_of_the_last_layer_are_refused_by_name():
+def test_layer_idx_takes_numpy_integers_and_0d_tensors_as_ints():
+    """One answer to "is this an int" (utils.as_int): a NumPy integer or a 0-d tensor was refused here while
+    the engine's max_new_tokens took it; it is the Python int it equals (it keys the cache)."""
+    import numpy as np
+
+    for idx in (np.int64(2), torch.tensor(2)):
+        attn = OrthrosAttention(tiny_config(), idx)
+        assert attn.layer_idx == 2 and type(attn.layer_idx) is int
+    with pytest.raises(ValueError, match=r"layer_idx must be an integer in \[0, 3\)"):
+        OrthrosAttention(tiny_config(), np.True_)
+
+
+
     """The last layer has no base stream (no alpha, beta): asking for its base queries was an
     AttributeError 'alpha' deep in the scale-offset."""
     cfg = tiny_config()

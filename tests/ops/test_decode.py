@@ -691,6 +691,8 @@ def test_qkv_dispatch_and_validation():
                           ({"scale_offset": (torch.ones(32), None, None, None)}, "alpha and beta must both"),
                           # these failed in tuple() / len() / .numel() of what is no pair or tensor
                           ({"q_rows": 1}, "q_rows must be two row indices"),
+                          ({"q_rows": (0, True)}, "q_rows must be two row indices"),  # True was row 1
+                          ({"q_rows": (0, 1.0)}, "q_rows must be two row indices"),
                           ({"scale_offset": None}, "scale_offset must be"),
                           ({"scale_offset": (1.0, 2.0, None, None)}, "alpha and beta must both"),
                           ({"backend": "cuda"}, "backend must be one of"),
