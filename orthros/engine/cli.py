@@ -151,6 +151,9 @@ def main(argv=None) -> int:
             raise ValueError("--system goes with --chat (it is a message of the chat template)")
         if args.system is not None:
             _check_utf8(args.system, "--system")
+        if args.prompt and not any(args.prompt):  # `""` (an unset shell variable): else read as no argument
+            raise ValueError(f"the prompt argument is empty ({' '.join(map(repr, args.prompt))}): give the text to "
+                             f"continue, or leave it out to read stdin (--interactive: one turn a line; --prompts FILE)")
         prompts = _check_prompt_file(args)
         dev, dtype = _resolve(args)
         config, tok_dir = _check_checkpoint(args)
@@ -276,8 +279,9 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
             print("orthros generate: reading the prompt from stdin; end it with Ctrl-D (or give it as an argument, "
                   "or --interactive for one turn a line)", file=sys.stderr, flush=True)
         text = " ".join(args.prompt) if args.prompt else sys.stdin.read().rstrip("\r\n")
-        if not text:
-            raise ValueError("empty prompt")
+        if not text:  # (an empty argument is refused before the checkpoint is read)
+            raise ValueError("the prompt read from stdin is empty: give the prompt as an argument, pipe its text in, or "
+                             "use --interactive (one turn a line)")
         first = encode_turn(text)
         if not first:  # as --prompts refuses one (nothing would run, and exit 0 would say it did)
             raise ValueError("the prompt encodes to no tokens")

@@ -347,8 +347,10 @@ class Engine:
                     or prompts.dtype == torch.bool):
                 raise ValueError(f"prompts as a tensor (or array) must be an integer [B, T] tensor, got {prompts.dtype} "
                                  f"{tuple(prompts.shape)}")
+            if prompts.numel() == 0 and flat:
+                raise ValueError(f"prompts is empty: {_PROMPTS_ALLOWED}")
             if prompts.shape[0] == 0:
-                raise ValueError("prompts must hold at least one row")
+                raise ValueError(f"prompts has no row (shape {tuple(prompts.shape)}): {_PROMPTS_ALLOWED}")
             V = self.config.vocab_size
             bad = first_id_outside(prompts, V)  # (uint16 / 32 / 64 ids too: a token file's)
             if bad is not None:
@@ -370,7 +372,7 @@ class Engine:
         else:
             raise TypeError(f"prompts must be a list of token-id lists or an integer tensor, got {type(prompts).__name__}")
         if not rows:
-            raise ValueError("prompts must hold at least one row")
+            raise ValueError(f"prompts is empty: {_PROMPTS_ALLOWED}")
         V = self.config.vocab_size
         for i, r in enumerate(rows):
             if r and (min(r) < 0 or max(r) >= V):
@@ -403,7 +405,7 @@ class Engine:
             past = [0] * b
         for i, r in enumerate(rows):
             if len(r) == 0:
-                raise ValueError(f"prompts[{i}] is empty: every row needs at least one new token")
+                raise ValueError(f"prompts[{i}] is empty: {_PROMPTS_ALLOWED}")
             so_far = past[i] + (continue_ and self._pending[i] is not None)  # a pending token is the conversation's
             check_fits(so_far, past[i] + len(r) - so_far, max_new_tokens, max_seq_len=self.max_seq_len,
                        max_positions=self.config.max_position_embeddings, row=i)
@@ -721,6 +723,9 @@ def _check_layer_config(model) -> None:
     check = getattr(model.model, "check_layer_fields", None)  # (remote code saved before it has none)
     if check is not None:
         check(("window_size", "layer_types"))
+
+
+_PROMPTS_ALLOWED = "give one list of token ids (a prompt) or a list of rows, each of at least one token id"
 
 
 def _is_array(x) -> bool:

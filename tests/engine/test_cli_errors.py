@@ -165,6 +165,22 @@ def no_weights(monkeypatch):
     monkeypatch.setattr(OrthrosForCausalLM, "from_pretrained", refuse)
 
 
+@pytest.mark.parametrize("prompt", [[""], ["", ""]])
+def test_an_empty_prompt_argument_is_named_before_anything_loads(tmp_path, capsys, no_weights, prompt):
+    """Was: ``orthros generate --model M ""`` said only "empty prompt" (which one? the argument, stdin?), after the
+    checkpoint and the tokenizer were read: now the positional prompt is named with what is allowed, first (a
+    missing --model is not even looked at)."""
+    refused(["--model", str(tmp_path / "nope"), *prompt], capsys,
+            "the prompt argument is empty", "give the text to continue", "leave it out to read stdin")
+
+
+def test_an_empty_stdin_prompt_says_so(ckpt, capsys, no_weights, monkeypatch):
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("\n"))
+    refused(["--model", str(ckpt)], capsys, "the prompt read from stdin is empty", "give the prompt as an argument")
+
+
 @pytest.mark.parametrize("device", ["nonsense", "cuda:x", "meta", "mps"])
 def test_device_outside_the_documented_ones(ckpt, capsys, no_weights, device):
     """Was: exit 1 with torch's "RuntimeError: Expected one of cpu, cuda, ..." (not naming

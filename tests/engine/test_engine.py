@@ -543,6 +543,23 @@ def test_integer_arguments_take_0d_tensors_alike_and_refuse_bools_and_floats():
     assert eng.batch_size == 0 and int(eng.cache.seqlens.abs().sum()) == 0  # nothing ran
 
 
+def test_an_empty_prompt_is_named_as_the_caller_gave_it():
+    """An empty prompt named ``prompts`` as the caller indexes it and said what is allowed: a flat empty
+    prompt (``[]``, ``torch.tensor([])``) was "prompts[0] is empty" or "must hold at least one row"."""
+    import numpy as np
+
+    eng = Engine(tiny_model(), max_batch_size=2, max_seq_len=32)
+    allowed = "give one list of token ids (a prompt) or a list of rows, each of at least one token id"
+    for prompts, named in (([], "prompts is empty"), (torch.zeros(0, dtype=torch.long), "prompts is empty"),
+                           (np.zeros(0, dtype=np.int64), "prompts is empty"),
+                           (torch.zeros(0, 3, dtype=torch.long), "prompts has no row (shape (0, 3))"),
+                           ([[1], []], "prompts[1] is empty"), (torch.zeros(2, 0, dtype=torch.long), "prompts[0] is empty"),
+                           ([np.zeros(0, dtype=np.int64)], "prompts[0] is empty")):
+        with pytest.raises(ValueError, match=re.escape(f"{named}: {allowed}")):
+            eng.generate(prompts, 2)
+    assert eng.batch_size == 0
+
+
 def test_prompts_take_numpy_arrays_and_name_a_float_in_one_row():
     """Was: a NumPy array (a tokenizer's ``return_tensors="np"``) or a list of 1-D arrays refused as
     'got ndarray' though ``step()`` takes one, and ``[1, 2.5]`` said 'got prompts[0] = 1' (the row was read
