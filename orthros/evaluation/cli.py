@@ -130,6 +130,26 @@ def _niah_train_parser(sub):
     add_arguments(p)
 
 
+TYPED = "typed_options"  # the namespace's {dest: the option string typed} of the options given in two spellings
+
+
+def _spelled(action: type) -> type:
+    """``action`` (an argparse action class) that also records the spelling typed (``--batch_size`` or
+    ``--batch-size``) under :data:`TYPED`, for errors that name the option as the user typed it."""
+
+    class Spelled(action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            setattr(namespace, TYPED, {**(getattr(namespace, TYPED, None) or {}), self.dest: option_string})
+            super().__call__(parser, namespace, values, option_string)
+
+    return Spelled
+
+
+def typed(a, dest: str) -> str:
+    """The option of ``dest`` as the user typed it (:func:`_spelled`), else its ``--hyphen-spelling``."""
+    return (getattr(a, TYPED, None) or {}).get(dest) or "--" + dest.replace("_", "-")
+
+
 def _lm_parser(sub):
     p = sub.add_parser("lm", help="lm-evaluation-harness tasks on a checkpoint",
                        description="Runs lm-evaluation-harness (pip install lm_eval) with Orthros registered. The "
@@ -138,13 +158,15 @@ def _lm_parser(sub):
                    help="Orthros checkpoint dir (or a Llama/Qwen2/Qwen3/Mistral/Qwen3.5 one: converted on the fly with "
                         "--window)")
     p.add_argument("--tasks", required=True, help="comma list of lm-eval task names")
-    p.add_argument("--include_path", "--include-path", dest="include_path", action="append", default=None,
-                   help="extra folder of task YAMLs (repeatable)")
+    p.add_argument("--include_path", "--include-path", dest="include_path", action=_spelled(argparse._AppendAction),
+                   default=None, help="extra folder of task YAMLs (repeatable)")
     p.add_argument("--limit", type=float, default=None,
                    help="examples per task (an integer), or a fraction of each task's examples (below 1)")
     p.add_argument("--num_fewshot", "--num-fewshot", dest="num_fewshot", type=int, default=None,
+                   action=_spelled(argparse._StoreAction),
                    help="few-shot examples per prompt (default: the task's own)")
     p.add_argument("--batch_size", "--batch-size", dest="batch_size", type=int, default=1,
+                   action=_spelled(argparse._StoreAction),
                    help="sequences per forward (default: 1)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default=None, choices=DTYPE_CHOICES, help="weights' dtype (default: as stored)")
@@ -358,7 +380,7 @@ def _niah_train(a) -> int:
 def _lm(a) -> int:
     from ..utils import check_device, check_output_path, write_json
     from .common import check_distinct_files, default_device
-    from .lm import run_lm_eval, summary
+    from .lm import check_include_paths, run_lm_eval, summary
 
     limit = a.limit
     if limit is not None and not (0 < limit < 1 or (limit >= 1 and float(limit).is_integer())):
@@ -366,9 +388,10 @@ def _lm(a) -> int:
     if limit is not None and limit >= 1:
         limit = int(limit)
     if a.batch_size < 1:
-        raise ValueError(f"--batch_size must be >= 1, got {a.batch_size}")
+        raise ValueError(f"{typed(a, 'batch_size')} must be >= 1, got {a.batch_size}")
     if a.num_fewshot is not None and a.num_fewshot < 0:
-        raise ValueError(f"--num_fewshot must be >= 0, got {a.num_fewshot}")
+        raise ValueError(f"{typed(a, 'num_fewshot')} must be >= 0, got {a.num_fewshot}")
+    check_include_paths(a.include_path or [], typed(a, "include_path"))
     if not 0 <= a.seed < 2 ** 32:  # lm-eval seeds numpy's legacy generator with it
         raise ValueError(f"--seed must be in 0..{2 ** 32 - 1}, got {a.seed}")
     device = check_device(a.device) if a.device else default_device()

@@ -202,8 +202,9 @@ def check_no_empty_values(parser, args, skip=("model",)) -> None:
             continue
         value = getattr(args, action.dest, None)
         for v in value if isinstance(value, list) else [value]:
-            if isinstance(v, str) and not v.strip():
-                name = max(action.option_strings, key=len)
+            if isinstance(v, str) and not v.strip():  # (named as typed where it has two spellings)
+                name = (getattr(args, "typed_options", None) or {}).get(action.dest) or max(action.option_strings,
+                                                                                            key=len)
                 raise ValueError(f"{name} is empty ({v!r}): give a value"
                                  + ("" if action.required else ", or leave the option out for its default"))
 

@@ -28,15 +28,21 @@ def _require_lm_eval():
                              f"(or pip install 'orthros[eval]')") from None
 
 
+def check_include_paths(paths: Sequence, arg: str = "include_path") -> None:
+    """Each of ``paths`` a folder (of task YAMLs), else a ``ValueError`` naming ``arg`` (the caller's
+    name for them: ``--include-path`` as typed on the command line)."""
+    for p in paths:
+        if not Path(p).exists():
+            raise ValueError(f"{arg} {p}: no such directory")
+        if not Path(p).is_dir():  # lm-eval scans it for YAMLs: a file would hold none
+            raise ValueError(f"{arg} {p}: not a directory (give the folder that holds the task YAMLs)")
+
+
 def task_manager(include_path: Optional[Sequence[str]] = None):
     from lm_eval.tasks import TaskManager
 
     paths = [str(LM_TASKS_DIR)] + [str(p) for p in (include_path or [])]
-    for p in paths:
-        if not Path(p).exists():
-            raise ValueError(f"--include_path {p}: no such directory")
-        if not Path(p).is_dir():  # lm-eval scans it for YAMLs: a file would hold none
-            raise ValueError(f"--include_path {p}: not a directory (give the folder that holds the task YAMLs)")
+    check_include_paths(paths)
     return TaskManager(include_path=paths)
 
 
@@ -49,8 +55,8 @@ def check_tasks(tasks: Sequence[str], tm) -> list[str]:
         if t not in known:
             close = difflib.get_close_matches(t, sorted(known), n=3)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
-            raise ValueError(f"unknown lm-eval task {t!r}{hint} (see `lm_eval ls tasks`; local tasks need "
-                             f"--include_path DIR)")
+            raise ValueError(f"unknown lm-eval task {t!r}{hint} (see `lm_eval ls tasks`; a folder of "
+                             f"local task YAMLs is added with --include-path DIR, include_path=[DIR] in Python)")
     return tasks
 
 

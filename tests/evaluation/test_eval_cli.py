@@ -45,7 +45,8 @@ def test_help_names_every_default(name):
     # the default device, or the model's own tokenizer, taken silently
     (["ppl", "--model", "{ck}", "--data", "{data}", "--device", ""], "--device is empty ('')"),
     (["niah", "--model", "{ck}", "--tokenizer", ""], "--tokenizer is empty ('')"),
-    (["lm", "--model", "{ck}", "--tasks", "orthros_tiny_cloze", "--include-path", ""], "--include_path is empty"),
+    (["lm", "--model", "{ck}", "--tasks", "orthros_tiny_cloze", "--include-path", ""], "--include-path is empty"),
+    (["lm", "--model", "{ck}", "--tasks", "orthros_tiny_cloze", "--include_path", ""], "--include_path is empty"),
 ])
 def test_an_empty_value_is_refused_before_any_work(tmp_path, capsys, monkeypatch, args, says):
     """Issue: an empty value (an unset shell variable: `-o "$OUT"`) was taken as the option not given, or as

@@ -71,7 +71,7 @@ def test_unknown_task_and_bad_model_are_clear_errors(tiny, tmp_path):
     # a task's YAML file given for the folder was taken and scanned as a folder (no task in it): its
     # task was then "unknown", the path passed without a word
     (tmp_path / "my_task.yaml").write_text("task: my_task\n")
-    with pytest.raises(ValueError, match="--include_path .*my_task.yaml: not a directory"):
+    with pytest.raises(ValueError, match="^include_path .*my_task.yaml: not a directory"):  # the keyword
         run_lm_eval(tiny, ["my_task"], include_path=[str(tmp_path / "my_task.yaml")])
 
 
@@ -134,6 +134,11 @@ def test_plain_lm_eval_cli_with_orthros_imported(tiny, tmp_path):
     (["--seed", "-1"], "--seed must be in 0..4294967295, got -1"),
     (["--batch_size", "0"], "--batch_size must be >= 1, got 0"),
     (["--num_fewshot", "-1"], "--num_fewshot must be >= 0, got -1"),
+    # the spelling typed, not the other one (--batch-size 0 was refused as "--batch_size must be >= 1")
+    (["--batch-size", "0"], "--batch-size must be >= 1, got 0"),
+    (["--num-fewshot", "-1"], "--num-fewshot must be >= 0, got -1"),
+    (["--include-path", "{tmp}/nope"], "--include-path {tmp}/nope: no such directory"),
+    (["--include_path", "{tmp}/nope"], "--include_path {tmp}/nope: no such directory"),
     (["--limit", "2.5"], "--limit must be an integer >= 1 or a fraction in (0, 1), got 2.5"),
     (["--limit", "inf"], "--limit must be an integer >= 1 or a fraction in (0, 1), got inf"),
     (["--device", "bogus"], "--device must be cpu, cuda or cuda:N, got 'bogus'"),
