@@ -44,6 +44,18 @@ def pytest_configure(config):
         settings.load_profile("orthros")
 
 
+def pytest_collection_modifyitems(config, items):
+    """A `gpu_alone` test (the 1M-token kernel cases, ~22 GB of the card) is skipped in a pytest-xdist worker
+    with others beside it, saying how to run it: eleven workers beside it ran an 80 GB H100 out of memory."""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) <= 1:
+        return
+    alone = pytest.mark.skip(reason="needs most of the GPU's memory with no test beside it: "
+                                    "run `pytest -m gpu_alone` without -n")
+    for item in items:
+        if item.get_closest_marker("gpu_alone"):
+            item.add_marker(alone)
+
+
 @pytest.fixture(autouse=True)
 def _seeded_global_rngs():
     """torch's, numpy's and python's global generators at one state when each test starts, whatever ran

@@ -9,10 +9,7 @@ Every output is compared with ||a-b||/||b|| and every gradient (q, k, v, q_out) 
 a tenth of the norm of all four gradients, the larger, against the fp32 reference; outputs are allocated NaN-poisoned so an unwritten element fails.
 """
 
-import contextlib
-import fcntl
 import os
-import tempfile
 import textwrap
 
 import pytest
@@ -275,27 +272,17 @@ def test_gpu_long_prefill_split_keys(poison):
              positions=torch.tensor([19999], device=DEV), grad=True)
 
 
-@contextlib.contextmanager
-def one_big_case_at_a_time():
-    """The 1M-token case holds ~22 GB of the card (q and o 8 GiB each, k = v 2 GiB): pytest-xdist's workers take
-    turns at it through a lock file, and each hands the memory back after it. Five of them at once (it runs in
-    every bf16 forward variant test) with eleven other workers ran an 80 GB H100 out of memory (s53); a 141 GB
-    H200 had hidden it."""
-    with open(os.path.join(tempfile.gettempdir(), "orthros-tests-gpu-big-case.lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()  # the case's tensors are gone with its frame: give their blocks back
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 @pytest.mark.gpu
+@pytest.mark.gpu_alone
 @gpu
-def test_gpu_64bit_offsets_window():
-    with one_big_case_at_a_time():
-        _check_64bit_offsets_window()
+@pytest.mark.parametrize("name", ["base", "edge", "gqa", "gqa_masked"])
+def test_gpu_64bit_offsets_window(monkeypatch, name):
+    """The 1M-token case of each forward variant. It holds ~22 GB of the card (q and o 8 GiB each, k = v 2 GiB),
+    so it runs with no other test beside it (marker gpu_alone: skipped under pytest-xdist's workers, run by
+    `pytest -m gpu_alone`): beside eleven other workers it ran an 80 GB H100 out of memory, even taking turns (s53,
+    s54); a 141 GB H200 had hidden it."""
+    use_variant(monkeypatch, name)
+    _check_64bit_offsets_window()
 
 
 def _check_64bit_offsets_window():
@@ -760,13 +747,11 @@ def test_dq_from_ds_gpu(poison, monkeypatch, dtype, group):
 @pytest.mark.parametrize("name", ["base"] + VARIANTS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_forward_variants_gpu(poison, monkeypatch, dtype, name):
-    """Every forward variant at the real block sizes, plus a split-key prefill (full stream) and
-    the 1M-token 64-bit window case."""
+    """Every forward variant at the real block sizes, plus a split-key prefill (full stream); each variant's
+    1M-token 64-bit case is test_gpu_64bit_offsets_window's."""
     use_variant(monkeypatch, name)
     variant_sweep_gpu(dtype)
     run_case(B=1, T=20000, Hq=8, Hkv=2, D=128, w=128, dtype=dtype, positions=torch.tensor([19999], device=DEV))
-    if dtype == torch.bfloat16:
-        test_gpu_64bit_offsets_window()
 
 
 @pytest.mark.gpu
