@@ -319,6 +319,8 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
                         out.push(step[0])
         except KeyboardInterrupt:  # --interactive: Ctrl-C stops this reply, not the conversation
             if not args.interactive:
+                if new:  # the text so far ends its line, as a finished reply's (then "interrupted", exit 130)
+                    out.end()
                 raise
             steps.close()  # a stream stopped at a step keeps the tokens it fed (as a reply cut by --max-new-tokens)
             stopped = True

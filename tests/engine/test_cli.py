@@ -761,6 +761,22 @@ def test_ctrl_c_during_an_interactive_reply_stops_the_reply_only(checkpoint, hyb
     assert calls[1] == ((t1 + kept + t2, False) if again else (t2, True))
 
 
+@pytest.mark.parametrize("at", [1, 3])
+def test_ctrl_c_during_a_single_reply_ends_its_line(checkpoint, monkeypatch, capsys, at):
+    """Was: Ctrl-C while a (non-interactive) reply streamed left stdout without its line end, so the shell's prompt
+    (or "orthros generate: interrupted" on a terminal) ran on after the text. The text so far ends its line, as a
+    finished reply's does (nothing shown yet: no empty line); exit 130."""
+    import orthros.engine.engine as E
+
+    d, m = checkpoint
+    monkeypatch.setattr(E, "sample", interrupted_at(E.sample, at))  # the 1st: before any token; the 3rd: after one
+    rc, text = run_cli(["generate", "--model", str(d), "--max-new-tokens", "6", "--device", "cpu", "w1 w2 w3"])
+    assert rc == 130 and "orthros generate: interrupted" in capsys.readouterr().err
+    full = Engine(m, max_seq_len=64).generate([[WORDS.index(w) for w in "w1 w2 w3".split()]], 6, eos_token_id=0)[0]
+    shown = [WORDS[i] for i in full[:1] if i > 1]  # (the step after a token is queued before it is shown)
+    assert (text == "") if at == 1 else (text.endswith("\n") and text.split() == shown), (text, shown)
+
+
 def test_ctrl_c_before_an_interactive_reply_drops_the_turn(checkpoint, monkeypatch, capsys):
     """Ctrl-C before a reply's first token (in the prefill, or before its first token is sampled)
     drops that turn: stderr says so, and the next line is a turn of the conversation without it
