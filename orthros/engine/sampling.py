@@ -67,6 +67,7 @@ def filter_logits(logits: torch.Tensor, top_k: int = 0, top_p: float = 1.0) -> t
         probs = torch.softmax(sorted_logits, dim=-1)
         # drop a token when the mass strictly before it already reaches top_p
         drop = (probs.cumsum(dim=-1) - probs) >= top_p
+        drop[..., 0] = False  # the most likely token: a top_p that is 0 in float32 (1e-300) dropped it too (a NaN row)
         sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
         logits = torch.empty_like(logits).scatter_(-1, order, sorted_logits)
     return logits

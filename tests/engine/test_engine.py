@@ -233,6 +233,18 @@ def test_filter_logits_and_sample():
     assert torch.allclose(freq, torch.softmax(one[0], -1), atol=0.03)
 
 
+@pytest.mark.parametrize("top_p", [1e-300, 1e-46, 1e-8])
+def test_a_top_p_below_float32_keeps_the_most_likely_token(top_p):
+    """Was: a ``top_p`` that rounds to 0 in float32 (1e-300, 1e-46: a valid (0, 1] value) dropped every token,
+    the most likely too (``mass before >= 0`` everywhere): a NaN softmax, and every draw was token 0."""
+    torch.manual_seed(0)
+    logits = torch.randn(3, 50)
+    f = filter_logits(logits, top_p=top_p)
+    assert (torch.isfinite(f).sum(-1) == 1).all() and torch.equal(f.argmax(-1), logits.argmax(-1))
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(sample(logits, SamplingParams(temperature=1.0, top_p=top_p), g), logits.argmax(-1))
+
+
 @pytest.mark.parametrize("t", [1e-45, 1e-30, 1e-6])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_sample_tiny_temperature_is_greedy(t, dtype):
