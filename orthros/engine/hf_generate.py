@@ -28,7 +28,7 @@ from typing import Optional
 
 import torch
 
-from ..utils import first_id_outside
+from ..utils import as_int, first_id_outside
 from .engine import Engine
 from .sampling import SamplingParams
 
@@ -86,8 +86,8 @@ def _plan(model, args, kwargs):
         why.append("inputs must be a non-empty [B, T] integer tensor of token ids")
         return why
     B, T = ids.shape
-    eos = cfg.eos_token_id
-    eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos.tolist() if torch.is_tensor(eos) else eos)
+    eos = cfg.eos_token_id.tolist() if torch.is_tensor(cfg.eos_token_id) else cfg.eos_token_id
+    eos = [] if eos is None else [eos] if as_int(eos) is not None else list(eos)  # a 0-d tensor, NumPy's too
     mask = rest.get("attention_mask")
     if mask is None and cfg.pad_token_id is not None and cfg.pad_token_id not in eos:
         mask = ids != cfg.pad_token_id  # transformers infers the mask from the padding (a pad id that is no EOS)

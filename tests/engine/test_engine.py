@@ -752,6 +752,20 @@ def test_generate_through_engine_equals_transformers(mode):
     assert m._orthros_engine is eng
 
 
+def test_generate_through_engine_takes_a_0d_tensor_or_numpy_eos_token_id_as_transformers():
+    """Was: ``model.generate(..., eos_token_id=torch.tensor(58), use_engine=True)`` (or ``np.int64(58)``), which
+    transformers' own loop takes, was a bare "TypeError: 'int' object is not iterable"."""
+    import numpy as np
+
+    m = tiny_model()
+    ids, mask = _left_padded(PROMPTS[:2])
+    hf = m.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, use_engine=False)
+    eos = int(hf[1, ids.shape[1] + 1])
+    for e in (torch.tensor(eos), np.int64(eos), torch.tensor([eos])):
+        kw = dict(attention_mask=mask, max_new_tokens=6, eos_token_id=e, pad_token_id=0)
+        assert torch.equal(m.generate(ids, use_engine=True, **kw), m.generate(ids, use_engine=False, **kw))
+
+
 def test_generate_through_engine_infers_the_mask_from_pad_token_id_as_transformers():
     """Without an ``attention_mask``, transformers masks the ``pad_token_id`` tokens of the input
     (when the pad id is no EOS id); the engine took the padding as prompt tokens (other tokens).
