@@ -171,12 +171,13 @@ def check_not_blank(path, name: str, what: str) -> None:
         raise ValueError(f"{name} is empty ({os.fspath(path)!r}): give the {what} directory ('.' for the current one)")
 
 
-def check_replaceable_dir(path, name: str) -> None:
+def check_replaceable_dir(path, name: str, overwrite: str = "--overwrite") -> None:
     """Refuse (``ValueError`` naming ``name``), before any work, an output folder that the result replaces whole
     (``--overwrite``; an empty one is replaced too) when it is empty or blank (an unset shell variable), the working
     folder or one above it (``--out .``: the working folder and everything in it were moved aside and deleted for
     the result, and a shell in it was left in a deleted folder), or the home folder or one above it (``~/$NAME``
-    with ``NAME`` unset). Such a folder is never replaced, ``--overwrite`` or not."""
+    with ``NAME`` unset). Such a folder is never replaced, ``--overwrite`` or not (``overwrite``: how the caller
+    names that switch, e.g. ``overwrite=True`` for a Python API)."""
     if not os.fspath(path).strip():
         raise ValueError(f"{name} is empty ({os.fspath(path)!r}): name the output directory")
     p = expand_path(path, name).resolve()
@@ -193,7 +194,7 @@ def check_replaceable_dir(path, name: str) -> None:
              "the home folder" if p == home else
              "above the home folder" if home is not None and p in home.parents else None)
     if where is not None:
-        raise ValueError(f"{name} {path}: is {where} ({p}); it is never replaced, --overwrite or not: name a "
+        raise ValueError(f"{name} {path}: is {where} ({p}); it is never replaced, {overwrite} or not: name a "
                          f"folder of its own for the result, e.g. {os.path.join(os.fspath(path), 'out')}")
 
 
@@ -698,11 +699,12 @@ def clean_stale(dst) -> list:
 
 
 @contextlib.contextmanager
-def atomic_directory(dst: Path, overwrite: bool):
+def atomic_directory(dst: Path, overwrite: bool, overwrite_name: str = "--overwrite"):
     """Yield a fresh temporary directory next to ``dst``; on success it becomes ``dst`` (a
     previous ``dst``, which the caller has allowed to be replaced, is moved aside and removed
     only once the new one is in place). On any error nothing is left behind (neither the
-    temporary directory nor new parents)."""
+    temporary directory nor new parents). ``overwrite_name``: how the caller names ``overwrite``
+    (``overwrite=True`` for a Python API), for the error when another run wrote ``dst`` meanwhile."""
     dst = dst.absolute()
     created, p = [], dst.parent
     while not p.exists():
@@ -721,7 +723,7 @@ def atomic_directory(dst: Path, overwrite: bool):
                 dst.rmdir()
             elif not overwrite:  # checked empty before any work: another run wrote DST meanwhile
                 raise FileExistsError(f"destination {str(dst)!r} appeared while this run was writing (another run "
-                                      f"into it?); it is kept: pass --overwrite (overwrite=True) to replace it")
+                                      f"into it?); it is kept: pass {overwrite_name} to replace it")
             else:  # overwrite was checked before any work
                 old = dst.parent / f".{dst.name}{OLD_TAG}{os.getpid()}-{uuid.uuid4().hex[:8]}"
                 os.replace(dst, old)

@@ -16,6 +16,11 @@ from . import qwen3_5
 from .architectures import SUPPORTED_ARCHITECTURES
 
 
+# the conversion's errors in this command's option names (convert.API_NAMES: the Python API's keywords)
+CLI_NAMES = {"overwrite": "--overwrite", "window_size": "--window-size", "dtype": "--dtype", "dry_run": "--dry-run",
+             "download": "a run without --dry-run"}
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="orthros convert",
@@ -97,11 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         with sigterm_as_interrupt():  # SIGTERM removes the temporary directory, as Ctrl-C does
             if args.dry_run:  # printed below, out of the try: a closed stdout is no conversion error
                 plan = plan_conversion(args.src, args.dst, window_size=args.window_size, dtype=args.dtype,
-                                       overwrite=args.overwrite, scale_offset=args.scale_offset)
+                                       overwrite=args.overwrite, scale_offset=args.scale_offset, names=CLI_NAMES)
             else:
                 report = convert_checkpoint(args.src, args.dst, window_size=args.window_size, dtype=args.dtype,
                                             overwrite=args.overwrite, scale_offset=args.scale_offset,
-                                            progress=not args.quiet)
+                                            progress=not args.quiet, names=CLI_NAMES)
     except Terminated:
         print(f"orthros convert: terminated (SIGTERM); nothing was written to {args.dst}", file=sys.stderr)
         return 128 + signal.SIGTERM

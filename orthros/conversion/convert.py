@@ -59,6 +59,21 @@ _NOT_COPIED = {"config.json", INDEX_FILE, "pytorch_model.bin.index.json", REPORT
 _COPIED_DIRS = {"additional_chat_templates"}
 
 
+# How the conversion's errors name the settings a caller can change: the Python API's keywords here;
+# orthros convert passes its options (cli.CLI_NAMES), as the engine's length checks take a front end's names
+API_NAMES = {"overwrite": "overwrite=True", "window_size": "window_size", "dtype": "dtype",
+             "dry_run": "plan_conversion", "download": "convert_checkpoint"}
+
+
+def _names(names) -> dict:
+    return {**API_NAMES, **(names or {})}
+
+
+def _nv(names: dict, key: str, value) -> str:
+    """A setting and its value as the caller writes it: ``window_size=64`` / ``--window-size 64``."""
+    return f"{names[key]} {value}" if names[key].startswith("-") else f"{names[key]}={value}"
+
+
 # ----------------------------------------------------------------------------------------- checks
 def _check_window(window_size) -> int:
     return check_positive_int("window_size", window_size)  # a Python int: the report is JSON
@@ -134,7 +149,7 @@ def expected_tensors(config: OrthrosConfig) -> dict:
 
 
 def make_plan(src_config, arch: str, src_shapes: dict, *, window_size: int, scale_offset: bool,
-              out_dtype, config_dtype, untie_head: bool = False) -> Plan:
+              out_dtype, config_dtype, untie_head: bool = False, names=None) -> Plan:
     """Map every source tensor (``src_shapes``: name -> shape) or refuse, listing every reason.
 
     ``untie_head``: the source's config ties the LM head to the embedding, but the source stores
@@ -150,9 +165,10 @@ def make_plan(src_config, arch: str, src_shapes: dict, *, window_size: int, scal
                      f"keeps that head (tie_word_embeddings=false)")
     if window_size > config.max_position_embeddings:  # (issue 17.5) refused, not silently accepted
         limit = config.max_position_embeddings
-        raise ValueError(f"window_size={window_size} exceeds the source's max_position_embeddings={limit}: the "
-                         f"window would hold every position of the model (no sliding window); choose a "
-                         f"window_size (--window-size) <= {limit}")
+        n = _names(names)
+        raise ValueError(f"{_nv(n, 'window_size', window_size)} exceeds the source's max_position_embeddings="
+                         f"{limit}: the window would hold every position of the model (no sliding window); choose "
+                         f"{n['window_size']} <= {limit}")
     plan = Plan(config, arch, notes, out_dtype=out_dtype)
     expected = expected_tensors(config)
     problems = []
@@ -219,7 +235,7 @@ class SourceCheckpoint:
         return head_differs(self.config, self.shapes(), rows)
 
 
-def _resolve_source(path, download: bool = True) -> Path:
+def _resolve_source(path, download: bool = True, names=None) -> Path:
     """``download=False`` (a dry run): a hub id is looked up in the local Hugging Face cache only."""
     p = expand_path(path, "source")
     if p.is_dir():
@@ -244,8 +260,8 @@ def _resolve_source(path, download: bool = True) -> Path:
                                         f"from the Hugging Face hub{why}") from None
             # huggingface_hub's own words for "not cached" tell to pass local_files_only=False: not for a CLI user
             raise FileNotFoundError(f"source {s!r} is not a local directory and is not in the local Hugging Face "
-                                    f"cache (a dry run downloads nothing: run without --dry-run to download it, or "
-                                    f"name a local directory)"
+                                    f"cache ({_names(names)['dry_run']} downloads nothing: {_names(names)['download']} "
+                                    f"downloads it, or name a local directory)"
                                     f"{'' if type(e).__name__ == 'LocalEntryNotFoundError' else why}") from None
     raise FileNotFoundError(f"source directory {s!r} does not exist")
 
@@ -274,10 +290,11 @@ def _index_shards(index_path: Path) -> list:
         return []
 
 
-def load_source(path, *, download: bool = True) -> SourceCheckpoint:
+def load_source(path, *, download: bool = True, names=None) -> SourceCheckpoint:
     """Find, read and validate the source config and every safetensors header (no tensor data).
-    ``download=False``: a hub id is read from the local Hugging Face cache only."""
-    root = _resolve_source(path, download)
+    ``download=False``: a hub id is read from the local Hugging Face cache only. ``names``: see
+    :data:`API_NAMES`."""
+    root = _resolve_source(path, download, names)
     cfg_path = root / "config.json"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"source {str(root)!r} has no config.json (not an HF model directory)")
@@ -361,12 +378,13 @@ def _source_dtype(src: SourceCheckpoint):
 
 
 # ------------------------------------------------------------------------------- dir -> dir
-def _check_destination(src: Path | None, dst: Path, overwrite: bool):
-    """``src``: ``None`` for the checks that need no source (made before a hub download)."""
+def _check_destination(src: Path | None, dst: Path, overwrite: bool, names: dict):
+    """``src``: ``None`` for the checks that need no source (made before a hub download); ``names``:
+    :func:`_names`'."""
     s, d = (src.resolve() if src is not None else None), dst.resolve()
     if s is not None and (s == d or s in d.parents or d in s.parents):  # before "pass --overwrite"
         raise ValueError(f"destination {str(dst)!r} must not be the source directory, inside it, or contain it")
-    check_replaceable_dir(dst, "destination")
+    check_replaceable_dir(dst, "destination", names["overwrite"])
     if dst.name == "..":  # the final rename of a path ending in '..' fails, after the whole conversion
         raise ValueError(f"destination {str(dst)!r}: name the directory itself, not '..' "
                          f"(e.g. {str(dst.absolute().resolve())!r})")
@@ -382,13 +400,14 @@ def _check_destination(src: Path | None, dst: Path, overwrite: bool):
     if not dst.is_symlink() and dst.exists() and not (dst.is_dir() or dst.is_file()):
         # a device, FIFO or socket: --overwrite replaced it with the result (as root, /dev/null itself)
         raise ValueError(f"destination {str(dst)!r} is a device, FIFO or socket, not a directory; it is never "
-                         f"replaced, --overwrite or not: name a directory (--dry-run checks without writing)")
+                         f"replaced, {names['overwrite']} or not: name a directory ({names['dry_run']} checks without "
+                         f"writing)")
     if _dst_taken(dst) and not overwrite:
         what = (f"a symbolic link to {os.readlink(dst)!r} (the result would replace the link, not fill its "
                 f"target: name the target itself)" if dst.is_symlink() and dst.exists() else
                 "directory is not empty" if dst.is_dir() else "path exists and is not a directory"
                 if dst.exists() else f"a symbolic link to the missing {os.readlink(dst)!r}")
-        raise FileExistsError(f"destination {str(dst)!r}: {what}; pass --overwrite (overwrite=True) to replace it")
+        raise FileExistsError(f"destination {str(dst)!r}: {what}; pass {names['overwrite']} to replace it")
 
 
 def _dst_taken(dst: Path) -> bool:
@@ -409,7 +428,7 @@ def _test_pause(index: int) -> None:
 
 
 def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrite: bool = False,
-                       scale_offset: bool = True, progress: bool = True) -> dict:
+                       scale_offset: bool = True, progress: bool = True, names=None) -> dict:
     """Convert the HF checkpoint directory (or GGUF file) ``src`` into an Orthros checkpoint
     directory ``dst``.
 
@@ -426,7 +445,10 @@ def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrit
     it is checked whole first (:func:`orthros.conversion.gguf.inspect_gguf`), de-quantised by
     transformers' GGUF loader into a staging directory inside the temporary one, and converted
     from there (see :mod:`orthros.conversion.gguf`).
+
+    ``names``: how the errors name the settings (:data:`API_NAMES`: these keywords, by default).
     """
+    names = _names(names)
     window_size = _check_window(window_size)
     _check_flags(overwrite=overwrite, scale_offset=scale_offset, progress=progress)
     out_dtype = resolve_dtype(dtype)
@@ -437,22 +459,23 @@ def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrit
 
     if is_gguf_source(src):
         return _convert_gguf(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite,
-                             scale_offset=scale_offset, progress=progress)
+                             scale_offset=scale_offset, progress=progress, names=names)
     source, plan, _ = _prepare(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite,
-                               scale_offset=scale_offset)
-    with atomic_directory(dst, overwrite) as tmp:
+                               scale_offset=scale_offset, names=names)
+    with atomic_directory(dst, overwrite, names["overwrite"]) as tmp:
         report = _write_checkpoint(source, plan, tmp, window_size=window_size, scale_offset=scale_offset,
-                                   progress=progress)
+                                   progress=progress, names=names)
     return report
 
 
 def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: bool = False,
-                    scale_offset: bool = True) -> dict:
+                    scale_offset: bool = True, names=None) -> dict:
     """Every check :func:`convert_checkpoint` makes before it writes, and what it would write
     (``orthros convert --dry-run``), as a dict. Reads headers only; writes and downloads nothing
     (a hub id is read from the local Hugging Face cache). For a GGUF source the file is checked
     whole, but its tensor plan is only made once transformers has de-quantised it, so the dict
-    has the GGUF's figures instead."""
+    has the GGUF's figures instead. ``names``: as for :func:`convert_checkpoint`."""
+    names = _names(names)
     window_size = _check_window(window_size)
     _check_flags(overwrite=overwrite, scale_offset=scale_offset)
     out_dtype = resolve_dtype(dtype)
@@ -463,13 +486,14 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
     base = {"dst": str(dst), "dst_exists": _dst_taken(dst),
             "window_size": window_size, "scale_offset": scale_offset}
     if is_gguf_source(src):
-        info, need = _prepare_gguf(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite)
+        info, need = _prepare_gguf(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite,
+                                   names=names)
         return {**base, "source": str(info.path), "source_format": "gguf", "architecture": info.architecture,
                 "tensors": info.n_tensors, "parameters": info.n_params, "tensor_types": info.tensor_types,
                 "dtype": _dtype_name(out_dtype) if out_dtype else "float32", "bytes_needed": need,
                 "notes": gguf_notes(info)}
     source, plan, need = _prepare(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite,
-                                  scale_offset=scale_offset, download=False)
+                                  scale_offset=scale_offset, download=False, names=names)
     with tempfile.TemporaryDirectory() as d:  # the names the result's config brings (its remote code)
         plan.config.save_pretrained(d)
         copied, skipped = _other_files(source, taken=set(os.listdir(d)))
@@ -480,23 +504,23 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
             "bytes_needed": need}
 
 
-def _prepare(src, dst: Path, *, window_size: int, out_dtype, overwrite: bool, scale_offset: bool,
+def _prepare(src, dst: Path, *, window_size: int, out_dtype, overwrite: bool, scale_offset: bool, names: dict,
              download: bool = True):
     """The checks of a safetensors source before anything is written: ``(source, plan, bytes)``."""
     if not expand_path(src, "src").exists():  # perhaps a hub id: the destination before the download
-        _check_destination(None, dst, overwrite)
-    source = load_source(src, download=download)
-    _check_destination(source.path, dst, overwrite)
+        _check_destination(None, dst, overwrite, names)
+    source = load_source(src, download=download, names=names)
+    _check_destination(source.path, dst, overwrite, names)
     plan = make_plan(source.config, source.architecture, source.shapes(), window_size=window_size,
                      scale_offset=scale_offset, out_dtype=out_dtype, config_dtype=_source_dtype(source),
-                     untie_head=source.head_differs())
+                     untie_head=source.head_differs(), names=names)
     need = sum(t.nbytes * plan.cast(t.dtype).itemsize // t.dtype.itemsize
                for h in source.headers.values() for t in h.tensors.values())
     _check_disk(dst, need)
     return source, plan, need
 
 
-def _prepare_gguf(src, dst: Path, *, window_size: int, out_dtype, overwrite: bool):
+def _prepare_gguf(src, dst: Path, *, window_size: int, out_dtype, overwrite: bool, names: dict):
     """The checks of a GGUF source before anything is written: ``(GGUFInfo, bytes)`` (the bytes
     of the de-quantised staging copy and of the result)."""
     from .gguf import inspect_gguf
@@ -504,10 +528,10 @@ def _prepare_gguf(src, dst: Path, *, window_size: int, out_dtype, overwrite: boo
     info = inspect_gguf(src)  # the whole file is checked before anything is written
     limit = info.context_length  # max_position_embeddings once de-quantised: refused now, as make_plan would
     if limit is not None and window_size > limit:
-        raise ValueError(f"window_size={window_size} exceeds the source's max_position_embeddings={limit} "
-                         f"(the GGUF's context_length): the window would hold every position of the model "
-                         f"(no sliding window); choose a window_size (--window-size) <= {limit}")
-    _check_destination(info.path, dst, overwrite)
+        raise ValueError(f"{_nv(names, 'window_size', window_size)} exceeds the source's max_position_embeddings="
+                         f"{limit} (the GGUF's context_length): the window would hold every position of the model "
+                         f"(no sliding window); choose {names['window_size']} <= {limit}")
+    _check_destination(info.path, dst, overwrite, names)
     need = info.n_params * 4 + info.n_params * (out_dtype.itemsize if out_dtype else 4)
     _check_disk(dst, need)
     return info, need
@@ -522,16 +546,16 @@ def _check_disk(dst: Path, need: int) -> None:
 
 
 def _convert_gguf(src, dst: Path, *, window_size: int, out_dtype, overwrite: bool, scale_offset: bool,
-                  progress: bool) -> dict:
+                  progress: bool, names: dict) -> dict:
     from .gguf import gguf_notes, gguf_to_hf_directory
 
-    info, _ = _prepare_gguf(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite)
+    info, _ = _prepare_gguf(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite, names=names)
     extra = {"source": str(info.path.absolute()), "source_format": "gguf",
              "gguf": {"file": info.path.name, "architecture": info.gguf_architecture, "name": info.name,
                       "bytes": info.size, "tensors": info.n_tensors, "parameters": info.n_params,
                       "tensor_types": info.tensor_types,
                       "note": "de-quantised to float32 by transformers' GGUF loader before conversion"}}
-    with atomic_directory(dst, overwrite) as tmp:
+    with atomic_directory(dst, overwrite, names["overwrite"]) as tmp:
         stage = tmp / ".gguf-source"
         stage.mkdir()
         if progress:
@@ -541,15 +565,15 @@ def _convert_gguf(src, dst: Path, *, window_size: int, out_dtype, overwrite: boo
         source = load_source(stage)
         plan = make_plan(source.config, source.architecture, source.shapes(), window_size=window_size,
                          scale_offset=scale_offset, out_dtype=out_dtype, config_dtype=torch.float32,
-                         untie_head=source.head_differs())
+                         untie_head=source.head_differs(), names=names)
         plan.notes.extend(gguf_notes(info))  # into conversion_report.json with the plan's own
         report = _write_checkpoint(source, plan, tmp, window_size=window_size, scale_offset=scale_offset,
-                                   progress=progress, extra=extra)
+                                   progress=progress, names=names, extra=extra)
         shutil.rmtree(stage)
     return report
 
 
-def _cast_checked(t: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tensor:
+def _cast_checked(t: torch.Tensor, dtype: torch.dtype, name: str, names: dict) -> torch.Tensor:
     """``t`` in ``dtype``; a ``ValueError`` naming the tensor where a finite value overflows it (fp16's
     range ends at 65504: such a weight became inf without a word, and the converted model gave inf / NaN)."""
     if t.dtype == dtype:
@@ -558,13 +582,14 @@ def _cast_checked(t: torch.Tensor, dtype: torch.dtype, name: str) -> torch.Tenso
     if out.dtype.is_floating_point and torch.finfo(out.dtype).max < torch.finfo(t.dtype).max \
             and bool(torch.isinf(out).any()) and not bool(torch.isinf(t).any()):
         big = float(t.abs().max())
-        raise ValueError(f"dtype {_dtype_name(dtype)} (--dtype): tensor {name!r} holds values up to {big:.4g}, "
-                         f"beyond its range ({torch.finfo(dtype).max:.6g}); convert with --dtype bf16 or fp32")
+        raise ValueError(f"{_nv(names, 'dtype', _dtype_name(dtype))}: tensor {name!r} holds values up to {big:.4g}, "
+                         f"beyond its range ({torch.finfo(dtype).max:.6g}); convert with {_nv(names, 'dtype', 'bf16')} "
+                         f"or {_nv(names, 'dtype', 'fp32')}")
     return out
 
 
 def _write_checkpoint(source: "SourceCheckpoint", plan: Plan, tmp: Path, *, window_size: int, scale_offset: bool,
-                      progress: bool, extra: dict | None = None) -> dict:
+                      progress: bool, names: dict, extra: dict | None = None) -> dict:
     """Write the converted checkpoint of ``source`` into the (temporary) directory ``tmp``."""
     # which file each source tensor lives in, and which added tensors go into each file
     file_of = {n: f for f, h in source.headers.items() for n in h.tensors}
@@ -619,7 +644,7 @@ def _write_checkpoint(source: "SourceCheckpoint", plan: Plan, tmp: Path, *, wind
                     if name is None:
                         t = torch.full(plan.added[out][1], plan.added[out][0], dtype=od)
                     else:
-                        t = _cast_checked(plan.value(name, reader.get(name)), od, name)
+                        t = _cast_checked(plan.value(name, reader.get(name)), od, name, names)
                     writer.write(out, t)
                     weight_map[out] = fname
                     del t

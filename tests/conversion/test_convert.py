@@ -404,7 +404,7 @@ def test_non_empty_destination_needs_overwrite(tmp_path, good_src):
     dst = tmp_path / "out"
     dst.mkdir()
     (dst / "keep.txt").write_text("precious")
-    _refused(tmp_path, good_src, match="not empty.*--overwrite")
+    _refused(tmp_path, good_src, match="not empty.*overwrite=True")  # the CLI's --overwrite: test_errors_name_...
     assert (dst / "keep.txt").read_text() == "precious"
     assert convert_main([str(good_src), str(dst), "--overwrite", "-q"]) == 0
     assert not (dst / "keep.txt").exists() and (dst / "config.json").is_file()
@@ -412,6 +412,33 @@ def test_non_empty_destination_needs_overwrite(tmp_path, good_src):
     empty = tmp_path / "empty_dst"
     empty.mkdir()  # an existing empty directory is fine without --overwrite
     assert convert_main([str(good_src), str(empty), "-q"]) == 0 and (empty / "config.json").is_file()
+
+
+def test_errors_name_overwrite_as_the_caller_spells_it(tmp_path, good_src, capsys):
+    """The refusals said "pass --overwrite (overwrite=True)", "--overwrite or not", "(--dry-run checks without
+    writing)" to both: the Python API's errors name its keywords, orthros convert's its options (as the engine's
+    length checks do)."""
+    dst, fifo = tmp_path / "full", tmp_path / "fifo"
+    dst.mkdir()
+    (dst / "keep.txt").write_text("x")
+    os.mkfifo(fifo)
+    for call in (convert_checkpoint, plan_conversion):
+        with pytest.raises(FileExistsError, match=r"directory is not empty; pass overwrite=True to replace it$"):
+            call(good_src, dst, **({"progress": False} if call is convert_checkpoint else {}))
+        with pytest.raises(ValueError) as e:
+            call(good_src, fifo, overwrite=True)
+        assert "never replaced, overwrite=True or not" in str(e.value) and "plan_conversion checks without " \
+            "writing" in str(e.value) and "--" not in str(e.value), e.value
+    for extra in ([], ["--dry-run"]):
+        capsys.readouterr()
+        assert convert_main([str(good_src), str(dst), "-q", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "directory is not empty; pass --overwrite to replace it\n" in err and "overwrite=True" not in err, err
+        assert convert_main([str(good_src), str(fifo), "-q", "--overwrite", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "never replaced, --overwrite or not" in err and "(--dry-run checks without writing)" in err, err
+    with pytest.raises(ValueError, match=r"is the working folder .* never replaced, overwrite=True or not"):
+        convert_checkpoint(good_src, os.getcwd(), overwrite=True, progress=False)
 
 
 def test_destination_inside_source_refused(tmp_path, good_src):
@@ -965,7 +992,10 @@ def test_dry_run_of_a_hub_id_reads_the_local_cache_and_downloads_nothing(tmp_pat
     assert "every check passed" in capsys.readouterr().out and calls
     assert convert_main(["someone/other", "out", "--dry-run"]) == 2
     err = capsys.readouterr().err
-    assert "'someone/other'" in err and "dry run downloads nothing" in err and err.count("\n") == 1, err
+    assert "'someone/other'" in err and "(--dry-run downloads nothing: a run without --dry-run downloads it, or " \
+        "name a local directory)" in err and err.count("\n") == 1, err
+    with pytest.raises(FileNotFoundError, match=r"\(plan_conversion downloads nothing: convert_checkpoint downloads it"):
+        plan_conversion("someone/other", "out")  # the Python API's words
     assert all(local for _, local in calls) and not (tmp_path / "out").exists()
 
 

@@ -272,7 +272,7 @@ def test_gguf_window_beyond_its_context_refused_before_dequantising(gguf_source,
     path, hf, _ = gguf_source
     limit = hf.config.max_position_embeddings
     monkeypatch.setattr(gguf_mod, "gguf_to_hf_directory", lambda *a, **k: pytest.fail("de-quantised"))
-    msg = f"window_size={limit + 1} exceeds the source's max_position_embeddings={limit}"
+    msg = f"--window-size {limit + 1} exceeds the source's max_position_embeddings={limit}"
     for extra in ([], ["--dry-run"]):
         capsys.readouterr()
         assert convert_main([str(path), str(tmp_path / "out"), "--window-size", str(limit + 1), *extra]) == 2

@@ -25,13 +25,14 @@ def llama(tmp_path_factory):
 
 def test_window_larger_than_positions_is_refused(llama, tmp_path, capsys):
     msg = f"window_size={MPE + 1} exceeds the source's max_position_embeddings={MPE}"
-    with pytest.raises(ValueError, match=msg):
+    with pytest.raises(ValueError, match=msg + f".*choose window_size <= {MPE}$"):
         convert_checkpoint(llama, tmp_path / "a", window_size=MPE + 1, progress=False)
     with pytest.raises(ValueError, match=msg):
         convert_from_hf(str(llama), window_size=MPE + 1)
     rc = orthros_main(["convert", str(llama), str(tmp_path / "b"), "--window-size", str(MPE + 1), "-q"])
     err = capsys.readouterr().err
-    assert rc != 0 and msg in err and f"--window-size) <= {MPE}" in err, err  # the option typed is named
+    assert rc != 0 and f"--window-size {MPE + 1} exceeds the source's max_position_embeddings={MPE}" in err \
+        and f"choose --window-size <= {MPE}" in err and "window_size" not in err, err  # the option typed is named
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing written, no temporary left
 
 
