@@ -30,6 +30,9 @@ mkdir -p "$OUT/res"
   timeout "$T_TESTS" python3 -m pytest tests/models/test_modeling_gpu.py tests/ops/test_triton.py tests/ops/test_decode.py \
     -m gpu -n 6 -p no:cacheprovider -q -rfE > "$OUT/gpu_tests.log" 2>&1
   echo "exit=$?" >> "$OUT/gpu_tests.log"
+  timeout 120 python3 -m pytest tests/ops/test_triton.py -m gpu_alone -p no:cacheprovider -q -rfE \
+    >> "$OUT/gpu_tests.log" 2>&1  # the 1M-token cases, skipped beside other workers
+  echo "gpu_alone exit=$?" >> "$OUT/gpu_tests.log"
   timeout "$T_KERN" python3 benchmarks/attention.py $KERNEL_FLAGS --json "$OUT/res/attention.json" \
     > "$OUT/attention.log" 2>&1
   echo "exit=$?" >> "$OUT/attention.log" ) &
