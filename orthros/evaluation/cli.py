@@ -279,13 +279,20 @@ def build_parser() -> argparse.ArgumentParser:
 # the MQARTask fields and the `eval mqar` options that set them: the task's errors name the option typed
 MQAR_TASK_OPTIONS = {"vocab_size": "--vocab-size", "seq_len": "--seq-len", "num_pairs": "--num-pairs",
                      "power": "--power", "min_gap": "--min-gap", "max_gap": "--max-gap", "fill": "--fill"}
+# the MQARTrain fields (and run_mqar's jobs) and the options that set them
+MQAR_TRAIN_OPTIONS = {"models": "--models", "hidden_size": "--hidden-size", "num_layers": "--layers",
+                      "num_heads": "--heads", "linear_heads": "--linear-heads", "window_size": "--window",
+                      "steps": "--steps", "batch_size": "--batch-size", "lr": "--lr", "eval_examples": "--eval-examples",
+                      "seed": "--seed", "threads": "--threads", "device": "--device", "compile": "--compile",
+                      "jobs": "--jobs"}
 
 
 def _mqar(a) -> int:
     from ..kinds import HYBRID_DISPLAY
     from ..utils import check_device, check_output_path, check_png, write_json, written_together
     from .common import check_distinct_files, check_seed
-    from .mqar import MODEL_ALIASES, MQARTask, MQARTrain, check_models, format_table, plot_recall, run_mqar
+    from .mqar import (MODEL_ALIASES, MQARTask, MQARTrain, check_models, check_run, format_table, plot_recall,
+                       run_mqar)
 
     models = tuple(m.strip().lower() for m in a.models.split(",") if m.strip())
     for name in ("steps", "batch_size", "hidden_size", "layers", "heads", "window", "eval_examples", "jobs"):
@@ -316,6 +323,7 @@ def _mqar(a) -> int:
                    compile=a.compile)
     if a.hidden_size % a.heads:
         raise ValueError(f"--hidden-size ({a.hidden_size}) must be a multiple of --heads ({a.heads})")
+    check_run(task, tr, a.jobs, names={**MQAR_TASK_OPTIONS, **MQAR_TRAIN_OPTIONS})  # and that it fits in memory
     print(f"MQAR: vocab {task.vocab_size}, seq {task.seq_len}, {task.num_pairs} pairs, gaps ~ gap^-{task.power:g} "
           f"in [{task.min_gap}, {min(task.max_gap or task.seq_len, task.seq_len - 2)}], window {tr.window_size}; {tr.num_layers} layers, "
           f"d={tr.hidden_size}, {tr.steps} steps x {tr.batch_size} on {tr.device}{', compiled' if tr.compile else ''}"

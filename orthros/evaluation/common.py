@@ -259,3 +259,32 @@ def make_tiny_checkpoint(path, *, attention_mode: str = "orthros", window_size: 
     model.save_pretrained(str(path))
     tok.save_pretrained(str(path))
     return path
+
+
+def available_memory(device: str = "cpu"):
+    """Bytes that an allocation on ``device`` may still take, or ``None`` where that cannot be told: on
+    the CPU the kernel's ``MemAvailable`` (less where a cgroup's limit leaves less), on CUDA the free
+    memory of the device."""
+    if str(device).startswith("cuda"):
+        try:
+            import torch
+
+            return int(torch.cuda.mem_get_info(torch.device(device))[0])
+        except Exception:  # no CUDA here: the device check refuses it
+            return None
+    free = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    free = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    try:  # a container's limit (cgroup v2)
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+        if limit.isdigit() and free is not None:
+            free = min(free, int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return free

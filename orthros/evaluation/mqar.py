@@ -564,7 +564,8 @@ def check_models(models, num_layers: int, arg: str = "models", layers_arg: str =
 def check_run(task: MQARTask, tr: MQARTrain, jobs: int = 1, names: Optional[dict] = None) -> list:
     """Everything :func:`run_mqar` refuses, checked before it generates data or builds a model (and by
     ``mqar_sweep`` for every setting before the first runs): the task, the models, the sizes, the
-    learning rate, seed, threads, compile and ``jobs``. Returns the model names. Errors name the fields of
+    learning rate, seed, threads, compile and ``jobs``, and that the run fits in memory
+    (:func:`check_memory`). Returns the model names. Errors name the fields of
     ``task`` and ``tr`` (``MQAR steps ...``), or, for a field in ``names``, that name (the caller's own, as
     :meth:`MQARTask.validate`'s ``names``)."""
     task.validate(names)
@@ -597,7 +598,57 @@ def check_run(task: MQARTask, tr: MQARTrain, jobs: int = 1, names: Optional[dict
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"{pre}{n('jobs')} must be an int >= 1 (models trained at once, one process each), "
                          f"got {jobs!r}")
+    check_memory(task, tr, jobs, names)
     return models
+
+
+def memory_needed(task: MQARTask, tr: MQARTrain, jobs: int = 1) -> list:
+    """What a run certainly holds at once, by part: ``(what, fields, bytes, on the device)``, lower bounds
+    (each part counts only its largest arrays; ``fields``: the settings that size it). Every model process
+    (``jobs`` at once) holds its own data, model and activations."""
+    T, N, V, d, L = task.seq_len, task.num_pairs, task.vocab_size, tr.hidden_size, tr.num_layers
+    E, procs = tr.eval_examples, min(jobs, len(tr.models)) if jobs > 1 else 1
+    tok = np.min_scalar_type(V - 1).itemsize
+    return [
+        # generate: ids and labels (int64), each query's placement weights and their cumulative sum (float64)
+        ("the held-out sequences", ("eval_examples", "seq_len"), procs * E * T * 32, False),
+        ("the held-out sequences' key draws", ("eval_examples", "vocab_size"), procs * E * task.n_keys * 16, False),
+        ("the training sequences", ("steps", "batch_size", "seq_len"),
+         procs * tr.steps * tr.batch_size * (T * tok + N * (np.min_scalar_type(T - 1).itemsize + tok)), False),
+        # weights, gradients and AdamW's two moments in fp32: the embedding and every layer's MLP (6 d^2)
+        ("a model's weights and optimiser state", ("vocab_size", "hidden_size", "num_layers"),
+         procs * 16 * (V * d + L * 6 * d * d), True),
+        # a training step keeps at least 8 vectors of d per token and layer for the backward pass
+        ("a training step's activations", ("batch_size", "seq_len", "hidden_size", "num_layers"),
+         procs * 4 * 8 * tr.batch_size * T * d * L, True),
+    ]
+
+
+def check_memory(task: MQARTask, tr: MQARTrain, jobs: int = 1, names: Optional[dict] = None, available=None) -> None:
+    """Refuse, before any allocation, a run that cannot fit: :func:`memory_needed` (a lower bound) against
+    the memory free on the host and on ``tr.device`` (``available(device)``, default
+    :func:`orthros.evaluation.common.available_memory`; ``None``: unknown, not checked). The error names
+    the largest part and the settings that size it (``names``: as :meth:`MQARTask.validate`'s)."""
+    from ..utils import format_bytes
+    from .common import available_memory
+
+    available = available or available_memory
+    names, pre = names or {}, "" if names else "MQAR "
+    parts = memory_needed(task, tr, jobs)
+    values = {**asdict(task), **asdict(tr)}
+    on_cpu = str(tr.device).startswith("cpu")
+    for device, mine in (("cpu", [p for p in parts if on_cpu or not p[3]]),
+                         (tr.device, [] if on_cpu else [p for p in parts if p[3]])):
+        need, free = sum(p[2] for p in mine), available(device) if mine else None
+        if free is None or need <= free:
+            continue
+        what, fields, size, _ = max(mine, key=lambda p: p[2])
+        said = [names.get(f, f) for f in fields]
+        sizes = " x ".join(f"{s} {values[f]}" if s.startswith("-") else f"{s}={values[f]}" for s, f in zip(said, fields))
+        raise ValueError(f"{pre}this run needs at least {format_bytes(need)} of {'host' if device == 'cpu' else device} "
+                         f"memory, more than the {format_bytes(free)} free: {what} ({sizes}) take "
+                         f"{format_bytes(size)}" + (f" ({min(jobs, len(tr.models))} models at once)" if jobs > 1 else "")
+                         + f"; lower {', '.join(said[:-1])} or {said[-1]}")
 
 
 def run_mqar(task: MQARTask, tr: MQARTrain, progress: bool = True, log=print, jobs: int = 1) -> dict:

@@ -2,6 +2,7 @@
 
 import json
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -629,3 +630,54 @@ def test_cli_mqar_a_failed_plot_leaves_no_json_and_names_plot(tmp_path, capsys, 
         assert [p.name for p in out.parent.iterdir()] == ["m.json"] and out.read_text() == "previous\n"
     else:
         assert list(tmp_path.iterdir()) == [], "nothing left: no JSON, no temporary, no folder made for them"
+
+
+GiB = 1 << 30
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--seq-len", "100000000"], "a training step's activations (--batch-size 32 x --seq-len 100000000 x --hidden-size "
+                                 "64 x --layers 2) take 11.9 TiB; lower --batch-size, --seq-len, --hidden-size or "
+                                 "--layers"),
+    (["--eval-examples", "1000000000"], "the held-out sequences (--eval-examples 1000000000 x --seq-len 64) take "
+                                        "1.9 TiB; lower --eval-examples or --seq-len"),
+    (["--vocab-size", "1000000000"], "key draws (--eval-examples 1000 x --vocab-size 1000000000)"),
+    (["--hidden-size", "1000000"], "weights and optimiser state (--vocab-size 64 x --hidden-size 1000000 x --layers 2)"),
+    (["--steps", "100000000"], "the training sequences (--steps 100000000 x --batch-size 32 x --seq-len 64)"),
+])
+def test_cli_mqar_refuses_a_run_too_big_for_memory_before_allocating(capsys, monkeypatch, args, says):
+    """Issue: absurd sizes failed deep in the allocator after the header ("MemoryError: Unable to allocate
+    745. GiB for an array with shape (1000, 100000000)", a DefaultCPUAllocator RuntimeError for --hidden-size
+    1000000), or swapped until killed (--batch-size 100000000, --layers 100000), naming no option."""
+    import orthros.evaluation.common as common
+    import orthros.evaluation.mqar as mqar
+    from orthros.cli import main
+
+    monkeypatch.setattr(common, "available_memory", lambda device: 8 * GiB)
+    monkeypatch.setattr(mqar, "generate", lambda *a, **kw: pytest.fail("data was generated"))
+    monkeypatch.setattr(mqar, "build_model", lambda *a, **kw: pytest.fail("a model was built"))
+    assert main(["eval", "mqar", "--no-progress", *args]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "orthros eval mqar: error: this run needs at least " in err and "of host memory, more " \
+        "than the 8.0 GiB free: " in err and says in err, err
+
+
+def test_run_mqar_memory_check_names_fields_and_counts_jobs_and_the_device():
+    from orthros.evaluation.mqar import check_memory, check_run, memory_needed
+
+    task, tr = MQARTask(), MQARTrain()
+    assert sum(p[2] for p in memory_needed(task, tr)) < 100 << 20  # the default run: tens of MB
+    check_memory(task, tr, available=lambda d: 1 * GiB)
+    with pytest.raises(ValueError, match=r"^MQAR this run needs at least .* held-out sequences \(eval_examples=1000 "
+                                         r"x seq_len=100000000\)"):
+        check_memory(MQARTask(seq_len=10 ** 8), replace(tr, batch_size=1), available=lambda d: 8 * GiB)
+    # three models at once: three processes, each with its own data and model
+    one = sum(p[2] for p in memory_needed(task, tr))
+    assert sum(p[2] for p in memory_needed(task, tr, jobs=3)) == 3 * one
+    assert sum(p[2] for p in memory_needed(task, replace(tr, models=("swa",)), jobs=3)) == one
+    # on a GPU the model and its activations count against the device's memory, the data against the host's
+    big = replace(tr, device="cuda", hidden_size=4096, num_layers=8)
+    free = {"cpu": 64 * GiB, "cuda": 8 * GiB}
+    with pytest.raises(ValueError, match=r"of cuda memory, more than the 8.0 GiB free: a model's weights"):
+        check_memory(task, big, available=free.get)
+    check_memory(task, replace(big, device="cpu"), available=free.get)  # the host has room for it
