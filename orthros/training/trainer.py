@@ -1063,6 +1063,10 @@ class Trainer:
                   f"tokens; {what}", file=sys.stderr, flush=True)
             if note := warmup_note(cfg):  # the default warm-up on a short run (set away from it, refused)
                 print(f"[orthros train] note: {note} for the whole schedule", file=sys.stderr, flush=True)
+            if self.step >= cfg.train.max_steps:  # resumed at its end (the done line said only "loss -")
+                print(f"[orthros train] nothing to train: the run is complete at train.max_steps {cfg.train.max_steps}; "
+                      f"raise train.max_steps (e.g. --max_steps {2 * cfg.train.max_steps}) to go on",
+                      file=sys.stderr, flush=True)
         progress = Progress(cfg.train.max_steps, f"{cfg.mode}/{cfg.model.architecture}", unit="step",
                             initial=self.step, enabled=dist.main and cfg.train.progress, every_s=None)
         last_loss, eval_loss, plot_failed = None, None, False
@@ -1196,7 +1200,9 @@ def dry_run(cfg: RunConfig) -> str:
         ("batch", f"{rows} sequences x {d.seq_len} tokens a step = {per_step:,} tokens "
                   f"({_batch_text(t.micro_batch_size, t.grad_accum, dist.world)})"
                   + (f"; {trainer.batch_note}" if trainer.batch_note else "")),
-        ("steps", f"{start} -> {t.max_steps}: {steps_left:,} steps, {steps_left * per_step:,} tokens; {schedule}"),
+        ("steps", f"{start} -> {t.max_steps}: {steps_left:,} steps" + (
+            " (the run is complete: raise train.max_steps to go on)" if not steps_left else "") +
+         f", {steps_left * per_step:,} tokens; {schedule}"),
         ("device", f"{trainer.device}, {trainer.precision}" + (", compiled layers" if t.compile else "") +
                    (", activation checkpointing" if t.activation_checkpointing else "")),
         ("eval", ("none (data.eval null)" if d.eval is None else "none (data.eval_sequences 0)")

@@ -22,7 +22,7 @@ from orthros.training.checkpoint import latest_checkpoint, list_checkpoints
 from orthros.training.config import ConfigError, load_config
 from orthros.training.data import DataError, IGNORE, PackedStream, collate
 from orthros.training.metrics import read_metrics
-from orthros.training.trainer import train
+from orthros.training.trainer import dry_run, train
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -300,6 +300,22 @@ def test_existing_checkpoints_need_resume(reference, corpus):
     out, _, _ = reference
     with pytest.raises(ConfigError, match="already holds checkpoints; pass --resume"):
         train(load_config(None, tiny(out, corpus, "--checkpoint.resume", "false")))
+
+
+def test_resuming_a_finished_run_says_there_is_nothing_to_train(tmp_path, corpus, reference, capsys):
+    """A run resumed at its train.max_steps trained nothing and said only "done: step 8, loss -, eval_loss -"
+    (as if it had run and lost its figures); it now says the run is complete and how to go on."""
+    out = tmp_path / "run"
+    shutil.copytree(reference[0], out)
+    before = (out / "metrics.jsonl").read_text()
+    capsys.readouterr()
+    summary = train(load_config(None, tiny(out, corpus, "--max_steps", "8")))
+    err = capsys.readouterr().err
+    assert summary["step"] == 8 and "nothing to train: the run is complete at train.max_steps 8; raise " \
+        "train.max_steps (e.g. --max_steps 16) to go on" in err, err
+    assert (out / "metrics.jsonl").read_text() == before
+    assert "0 steps (the run is complete: raise train.max_steps to go on)" in dry_run(
+        load_config(None, tiny(out, corpus, "--max_steps", "8")))
 
 
 def test_resume_with_nothing_to_resume_says_why_and_how_to_start_afresh(tmp_path, corpus):
