@@ -69,9 +69,21 @@ def probe(ckpt_dir: str, passage: int = 96, n: int = 32) -> dict:
             "loss_first_copy": first / count, "loss_second_copy": second / count}
 
 
+def _run_above(path: str, root_name: str, ckpt_re) -> str:
+    """For a run's checkpoints folder or one of its checkpoints, the run it lies in, as the end of an
+    error message; otherwise ``""``."""
+    p = os.path.normpath(path)
+    if ckpt_re.match(os.path.basename(p)):
+        p = os.path.dirname(p)
+    if os.path.basename(p) != root_name:
+        return ""
+    run = os.path.dirname(p) or "."
+    return f"; it lies in the run {run}: name that" if os.path.isfile(os.path.join(run, "metrics.jsonl")) else ""
+
+
 def main(argv=None) -> int:
-    from ..utils import check_positive_int, distinct_folders
-    from .checkpoint import CKPT_RE, latest_checkpoint
+    from ..utils import check_positive_int, distinct_folders, expand_path
+    from .checkpoint import CKPT_RE, ckpt_root, latest_checkpoint
     from .metrics import read_metrics
 
     p = argparse.ArgumentParser(prog="python -m orthros.training.compare", description=__doc__,
@@ -82,6 +94,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     try:
         check_positive_int("--n", a.n)
+        # a leading ~ (or ~NAME) is a home folder, as in every orthros command (a quoted one reaches here)
+        a.runs = [str(expand_path(d, "RUN")) if d.startswith("~") else d for d in a.runs]
     except ValueError as e:
         p.error(str(e))
     runs, repeats = distinct_folders(a.runs)  # one folder named twice was probed twice, or once silently
@@ -90,7 +104,8 @@ def main(argv=None) -> int:
     ckpts = {run: latest_checkpoint(run) for run in runs}
     for run, ck in ckpts.items():  # every run checked before the first is probed
         if ck is None or not os.path.isfile(os.path.join(run, "metrics.jsonl")):
-            p.error(f"{run}: not a training run's output_dir (one with a complete checkpoint and metrics.jsonl)")
+            p.error(f"{run}: not a training run's output_dir (one with a complete checkpoint and metrics.jsonl)"
+                    f"{_run_above(run, ckpt_root('').name, CKPT_RE)}")
         try:
             check_passage(str(ck), a.passage)
         except ValueError as e:

@@ -90,3 +90,20 @@ def test_a_passage_too_long_for_a_later_run_is_refused_before_any_probe(run, tmp
     assert e.value.code == 2
     out, err = capsys.readouterr()
     assert out == "" and "--passage 40: P P is 80 tokens, more than" in err, (out, err)
+
+
+def test_a_quoted_tilde_is_the_home_folder_and_a_checkpoints_folder_names_its_run(run, capsys, monkeypatch):
+    """A quoted '~/run' (the shell leaves it as typed) was "not a training run's output_dir", though plot reads it as
+    the home folder, as every orthros command does; RUN/checkpoints or one checkpoint were refused without naming
+    the run they belong to."""
+    monkeypatch.setenv("HOME", str(run.parent))
+    assert main([f"~/{run.name}", "--n", "1", "--passage", "16"]) == 0
+    assert json.loads(capsys.readouterr().out)["run"] == str(run)
+    for inside in (run / "checkpoints", run / "checkpoints" / "step_00000001"):
+        with pytest.raises(SystemExit):
+            main([str(inside), "--n", "1", "--passage", "16"])
+        assert f"error: {inside}: not a training run's output_dir (one with a complete checkpoint and " \
+               f"metrics.jsonl); it lies in the run {run}: name that" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["~nosuchuser9/run"])
+    assert "error: RUN ~nosuchuser9/run: no user 'nosuchuser9'" in capsys.readouterr().err
