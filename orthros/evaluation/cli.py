@@ -217,8 +217,7 @@ def _ppl(a) -> int:
     if a.windows < 1:
         raise ValueError(f"--windows must be >= 1, got {a.windows}")
     if a.plot is not None:
-        check_png("--plot", a.plot)
-        check_output_path("--plot", a.plot)
+        check_png("--plot", a.plot)  # check_output_path of a .png
     if a.output:
         check_output_path("--output", a.output)
     check_distinct_files([("--output", a.output), ("--plot", a.plot)], [("--data", a.data)],
@@ -305,8 +304,7 @@ def _mqar(a) -> int:
     if a.threads is not None and a.threads < 0:
         raise ValueError(f"--threads must be >= 0 (0: torch's own choice), got {a.threads}")
     if a.plot is not None:
-        check_png("--plot", a.plot)
-        check_output_path("--plot", a.plot)
+        check_png("--plot", a.plot)  # check_output_path of a .png
     if a.output:
         check_output_path("--output", a.output)
     check_distinct_files([("--output", a.output), ("--plot", a.plot)])
