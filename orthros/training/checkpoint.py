@@ -50,6 +50,19 @@ def ckpt_root(output_dir: str) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
+def run_holding(path) -> Optional[str]:
+    """The training run (its output_dir, with a metrics.jsonl) that ``path`` lies in when ``path`` is the run's
+    checkpoints folder or one of its checkpoints; otherwise ``None``. For errors that name the folder to give
+    instead (``orthros plot RUN/checkpoints``)."""
+    p = os.path.normpath(str(path))
+    if CKPT_RE.match(os.path.basename(p)):
+        p = os.path.dirname(p)
+    if os.path.basename(p) != ckpt_root("").name:
+        return None
+    run = os.path.dirname(p) or "."
+    return run if os.path.isfile(os.path.join(run, "metrics.jsonl")) else None
+
+
 def step_dir_name(step: int) -> str:
     return f"step_{step:08d}"
 

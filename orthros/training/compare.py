@@ -69,21 +69,9 @@ def probe(ckpt_dir: str, passage: int = 96, n: int = 32) -> dict:
             "loss_first_copy": first / count, "loss_second_copy": second / count}
 
 
-def _run_above(path: str, root_name: str, ckpt_re) -> str:
-    """For a run's checkpoints folder or one of its checkpoints, the run it lies in, as the end of an
-    error message; otherwise ``""``."""
-    p = os.path.normpath(path)
-    if ckpt_re.match(os.path.basename(p)):
-        p = os.path.dirname(p)
-    if os.path.basename(p) != root_name:
-        return ""
-    run = os.path.dirname(p) or "."
-    return f"; it lies in the run {run}: name that" if os.path.isfile(os.path.join(run, "metrics.jsonl")) else ""
-
-
 def main(argv=None) -> int:
     from ..utils import check_positive_int, distinct_folders, expand_path
-    from .checkpoint import CKPT_RE, ckpt_root, latest_checkpoint
+    from .checkpoint import CKPT_RE, latest_checkpoint, run_holding
     from .metrics import read_metrics
 
     p = argparse.ArgumentParser(prog="python -m orthros.training.compare", description=__doc__,
@@ -105,7 +93,7 @@ def main(argv=None) -> int:
     for run, ck in ckpts.items():  # every run checked before the first is probed
         if ck is None or not os.path.isfile(os.path.join(run, "metrics.jsonl")):
             p.error(f"{run}: not a training run's output_dir (one with a complete checkpoint and metrics.jsonl)"
-                    f"{_run_above(run, ckpt_root('').name, CKPT_RE)}")
+                    + (f"; it lies in the run {above}: name that" if (above := run_holding(run)) else ""))
         try:
             check_passage(str(ck), a.passage)
         except ValueError as e:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..utils import check_png, distinct_folders, expand_path
+from .checkpoint import run_holding
 from .metrics import read_metrics
 
 X_AXES = ("tokens", "step")
@@ -30,7 +31,9 @@ def load_run(run_dir) -> dict:
     """A run's label, its training rows and its eval rows; :class:`PlotError` when it has none."""
     run_dir = Path(run_dir)
     if not (run_dir / "metrics.jsonl").is_file():
-        raise PlotError(f"{run_dir}: no metrics.jsonl (a training output_dir is needed)")
+        above = run_holding(run_dir)
+        raise PlotError(f"{run_dir}: no metrics.jsonl (a training output_dir is needed)"
+                        + (f"; it lies in the run {above}: name that" if above else ""))
     rows = read_metrics(str(run_dir), kind=None)
     train = [r for r in rows if r.get("kind") == "train" and r.get("loss") is not None]
     if not train:

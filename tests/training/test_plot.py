@@ -203,3 +203,19 @@ def test_an_output_the_checks_let_through_but_cannot_be_written_names_output(tmp
     err = capsys.readouterr().err
     assert f"--output {out}: cannot write the figure (No such file or directory)" in err and ".tmp" not in err
     assert list(out.parent.iterdir()) == []
+
+
+def test_a_runs_checkpoints_folder_or_checkpoint_names_the_run(tmp_path, capsys):
+    # `orthros plot RUN/checkpoints` said only "no metrics.jsonl"; compare named the run (one home: run_holding)
+    run = fake_run(tmp_path / "run", "orthros", [5.0, 4.0])
+    (run / "checkpoints" / "step_00000010").mkdir(parents=True)
+    (tmp_path / "checkpoints").mkdir()  # a folder of that name outside a run: no run to name
+    for where, says in ((run / "checkpoints", f"; it lies in the run {run}: name that"),
+                        (run / "checkpoints" / "step_00000010", f"; it lies in the run {run}: name that"),
+                        (tmp_path / "checkpoints", "(a training output_dir is needed)\n")):
+        with pytest.raises(SystemExit) as e:
+            main(["plot", str(where), "-o", str(tmp_path / "x.png")])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "no metrics.jsonl" in err and says in err, err
+    assert not (tmp_path / "x.png").exists()
