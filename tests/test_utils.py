@@ -480,3 +480,27 @@ def test_check_replaceable_dir_in_a_deleted_working_folder(tmp_path, monkeypatch
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(ValueError, match="is the home folder"):
         check_replaceable_dir(str(tmp_path), "--out")
+
+
+def test_written_together_renames_all_or_none(tmp_path):
+    """utils.written_together: a results JSON and its plot are both written or neither is (before, only
+    the evaluation tests reached it)."""
+    from orthros.utils import write_json, write_text, written_together
+
+    old = tmp_path / "res.json"
+    old.write_text("old\n")
+    new_folder = tmp_path / "made" / "here"
+    with pytest.raises(RuntimeError, match="the plot failed"):
+        with written_together():
+            write_json(old, {"a": 1})
+            write_text(new_folder / "notes.txt", "x")
+            assert old.read_text() == "old\n"  # the rename waits for the block's end
+            raise RuntimeError("the plot failed")
+    assert old.read_text() == "old\n" and not (tmp_path / "made").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["res.json"]  # no temporary left
+
+    with written_together():
+        write_json(old, {"a": 1})
+        write_text(new_folder / "notes.txt", "x")
+    assert old.read_text() == '{\n  "a": 1\n}\n' and (new_folder / "notes.txt").read_text() == "x"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["made", "res.json"]
