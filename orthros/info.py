@@ -211,6 +211,11 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
         if verify:
             origin["verified"] = len(m.get("files", {}))
     backends, vllm = _vllm_backends(config)
+    # vLLM picks the model class by config.json's `architectures` (a training checkpoint written before 2026-12-06
+    # names none, an older hybrid OrthrosForCausalLM): without the right one first, `vllm serve PATH` stops
+    architecture = HYBRID_ARCHITECTURE if is_hybrid(config) else ARCHITECTURE
+    named = _read_json(d / "config.json").get("architectures")
+    named_first = named[0] if isinstance(named, list) and named else None
     return {
         "path": str(d),
         "kind": model_kind(types, mode),
@@ -240,7 +245,8 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
         "remote_code": remote,
         "remote_code_missing": remote_missing,
         "vllm": {"servable": bool(backends), "backends": list(backends), "why_not": vllm,
-                 "architecture": HYBRID_ARCHITECTURE if is_hybrid(config) else ARCHITECTURE,
+                 "architecture": architecture,
+                 "hf_overrides": None if named_first == architecture else {"architectures": [architecture]},
                  "prefix_block_tokens": hybrid_block_tokens(config, block_size=CPU_DEFAULT_BLOCK_SIZE)
                  if backends and is_hybrid(config) else None},
         "origin": origin,
@@ -311,7 +317,9 @@ def format_report(r: dict) -> str:
              f"(loads where orthros is installed and imported)")
     v = r["vllm"]
     gpu_only = v["servable"] and "cpu" not in v["backends"]
-    row("vLLM", (f"vllm serve {shlex.quote(r['path'])} (with orthros[vllm] installed: docs/serving.md)" +
+    overrides = (f" --hf-overrides {shlex.quote(json.dumps(v['hf_overrides']))} (its config.json names "
+                 f"another architecture or none; " if v["hf_overrides"] else " (")
+    row("vLLM", (f"vllm serve {shlex.quote(r['path'])}{overrides}with orthros[vllm] installed: docs/serving.md)" +
                  (f"; as {v['architecture']} (CPU backend only, so far; prefix caching reuses whole blocks of "
                   f"{v['prefix_block_tokens']:,} tokens at vLLM's default --block-size{_never_hits(r)})" if v["prefix_block_tokens"] else "") +
                  (f", on a GPU only (FLASH_ATTN or TRITON_ATTN; not yet run on one): "

@@ -98,7 +98,7 @@ def test_table_and_json(ckpt, hybrid, capsys):
     # what a plain `vllm serve` (no --block-size) keeps, the default the row speaks of
     block = hybrid_block_tokens(orthros.OrthrosConfig.from_pretrained(hybrid), block_size=CPU_DEFAULT_BLOCK_SIZE)
     assert r["vllm"] == {"servable": True, "backends": ["cpu"], "why_not": None,
-                         "architecture": "OrthrosHybridForCausalLM", "prefix_block_tokens": block}
+                         "architecture": "OrthrosHybridForCausalLM", "hf_overrides": None, "prefix_block_tokens": block}
     rc, out, _ = run([str(hybrid)], capsys)
     assert "(3 Gated DeltaNet + 1 Orthros attention)" in out and "+ GDN states" in out
     assert "the same layers with full attention" in out and "as OrthrosHybridForCausalLM (CPU backend only" in out
@@ -133,6 +133,41 @@ def test_vllm_row_names_the_backends_whose_attention_takes_the_head_dim(tmp_path
                       **hybrid_layout("orthros-h", 4))
     assert not v["servable"] and "CPU backend only" in row and "head_dim=16" in row and "vllm serve" not in row, row
     assert v["prefix_block_tokens"] is None
+
+
+def test_vllm_row_gives_the_hf_overrides_a_checkpoint_without_its_architecture_needs(tmp_path, capsys):
+    """A training checkpoint written before 2026-12-06 names no `architectures` in config.json (and
+    an older hybrid names OrthrosForCausalLM): `vllm serve PATH`, the command the row printed, stops
+    with "No model architectures are specified" (or the attention-only class refuses the hybrid).
+    The row's command carries the --hf-overrides that docs/serving.md gives for it."""
+    import shlex
+
+    def vllm_row(path):
+        rc, out, err = run([str(path)], capsys)
+        assert rc == 0, err
+        return describe(path)["vllm"], next(x for x in out.splitlines() if x.lstrip().startswith("vLLM"))
+
+    def rewrite(path, architectures):
+        cfg = json.loads((path / "config.json").read_text())
+        cfg.pop("architectures", None)
+        if architectures is not None:
+            cfg["architectures"] = architectures
+        (path / "config.json").write_text(json.dumps(cfg))
+        return path
+
+    path = make_tiny_checkpoint(tmp_path / "plain", head_dim=32)
+    v, row = vllm_row(path)
+    assert v["hf_overrides"] is None and "--hf-overrides" not in row and f"vllm serve {path} (" in row, row
+    for architectures in (None, [], ["OrthrosHybridForCausalLM"]):
+        v, row = vllm_row(rewrite(path, architectures))
+        assert v["hf_overrides"] == {"architectures": ["OrthrosForCausalLM"]}, (architectures, v)
+        want = f"vllm serve {path} --hf-overrides {shlex.quote(json.dumps(v['hf_overrides']))}"
+        assert want in row and "config.json names" in row, row
+    hybrid = make_tiny_checkpoint(tmp_path / "hybrid", num_hidden_layers=4, linear_key_head_dim=64,
+                                  linear_value_head_dim=64, head_dim=32, **hybrid_layout("orthros-h", 4))
+    assert vllm_row(hybrid)[0]["hf_overrides"] is None
+    v, row = vllm_row(rewrite(hybrid, ["OrthrosForCausalLM"]))
+    assert v["hf_overrides"] == {"architectures": ["OrthrosHybridForCausalLM"]} and "--hf-overrides" in row, row
 
 
 def test_cpu_head_dims_are_vllms():
