@@ -281,3 +281,21 @@ def test_a_head_dim_the_attention_backend_does_not_take_is_refused_at_load(tmp_p
     path = build_checkpoint(tmp_path / "hd40", seed=6, num_hidden_layers=1, head_dim=40)
     with pytest.raises(Exception, match=r"head_dim=40.*CPU_ATTN.*\[32, 64, 80"):
         close(make_llm(path, max_num_seqs=2, enable_prefix_caching=False))
+
+
+@pytest.mark.parametrize("tp, pp", [(2, 1), (1, 2)])
+def test_tensor_and_pipeline_parallel_refused_at_load(monkeypatch, tp, pp):
+    """The scale-offset vectors are not sharded: more than one rank would load wrong slices. vLLM's CPU
+    workers stop before the model on a one-NUMA-node machine, and vLLM itself refuses pipeline parallel
+    (no SupportsPP), so the plugin's own refusal is reached with the world sizes stood in for."""
+    from types import SimpleNamespace
+
+    import orthros
+
+    monkeypatch.setattr(vllm_model, "get_tensor_model_parallel_world_size", lambda: tp)
+    monkeypatch.setattr(vllm_model, "get_pp_group", lambda: SimpleNamespace(world_size=pp))
+    config = orthros.OrthrosConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    vllm_config = SimpleNamespace(model_config=SimpleNamespace(hf_config=config))
+    with pytest.raises(ValueError, match="tensor_parallel_size=1 and pipeline_parallel_size=1"):
+        vllm_model.OrthrosForCausalLM(vllm_config=vllm_config)
