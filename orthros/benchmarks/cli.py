@@ -176,7 +176,7 @@ def _check_args(args, systems):
         raise ValueError("--chunk goes with prefill, e2e and all (the prefill chunk): decode times steps over a "
                          "cache declared filled, no prefill runs")
     if args.what != "decode" and args.chunk < 1:
-        raise ValueError("--chunk must be >= 1")
+        raise ValueError(f"--chunk must be >= 1, got {args.chunk}")
     if hasattr(args, "systems"):
         unknown = [s for s in args.systems.split(",") if s and s not in systems]
         if unknown:
@@ -185,7 +185,7 @@ def _check_args(args, systems):
         if not any(args.systems.split(",")):
             raise ValueError(f"--systems names no system; choose from {', '.join(systems)}")
     if getattr(args, "batch", 1) < 1:
-        raise ValueError("--batch must be >= 1")
+        raise ValueError(f"--batch must be >= 1, got {args.batch}")
     import torch
 
     if args.model is None and args.preset is None and torch.device(args.device).type == "cpu":
@@ -228,12 +228,18 @@ def _check_args(args, systems):
     from .inference import DECODE_WARMUP
 
     steps = max(getattr(args, "steps", 0), DECODE_WARMUP)
-    for opt, need in (("--lengths", max(getattr(args, "lengths", None) or [0])),
-                      ("--contexts", max(getattr(args, "contexts", None) or [0]) + steps),
-                      ("--pairs", max((i + o - 1 for i, o in getattr(args, "pairs", None) or []), default=0)),
-                      ("--fit", max((i + o - 1 for i, o in getattr(args, "fit", None) or []), default=0))):
+    context = max(getattr(args, "contexts", None) or [0])
+    checks = [("--lengths needs", max(getattr(args, "lengths", None) or [0]), ""),
+              ("--pairs needs", max((i + o - 1 for i, o in getattr(args, "pairs", None) or []), default=0), ""),
+              ("--fit needs", max((i + o - 1 for i, o in getattr(args, "fit", None) or []), default=0), "")]
+    if hasattr(args, "steps"):  # a --steps past the warm-up's is named too (was: "--contexts needs" at any context)
+        checks.insert(1, ("--contexts and --steps need", context + steps, f" (a context of {context}, then {steps} "
+                                                                          "steps)")
+                      if args.steps > DECODE_WARMUP else
+                      ("--contexts needs", context + steps, f" (a context of {context}, then {steps} warm-up steps)"))
+    for opt, need, why in checks:
         if need > limit:
-            raise ValueError(f"{opt} needs positions 0..{need - 1}, beyond {src}")
+            raise ValueError(f"{opt} positions 0..{need - 1}, beyond {src}{why}")
 
 
 def _run_section(what, args, model, dev, dtype, I, hf_qwen3_like):

@@ -138,6 +138,13 @@ def no_model(monkeypatch):
     ("e2e", ["--pairs", "8:4,60000:6000"], "--pairs needs positions 0..65998"),
     # was: accepted, and the 5 warm-up steps ran past the positions (--steps 3 alone was counted)
     ("decode", ["--contexts", "65533", "--steps", "3"], "--contexts needs positions 0..65537"),
+    # was: "--contexts needs positions 0..70015" for a context of 16: the option too big, --steps, not named
+    ("decode", ["--contexts", "16", "--steps", "70000"], "--contexts and --steps need positions 0..70015, beyond "
+                                                         "max_position_embeddings=65536 of --preset tiny (a context "
+                                                         "of 16, then 70000 steps)"),
+    # was: "--chunk must be >= 1", "--batch must be >= 1": not what was given
+    ("prefill", ["--lengths", "32", "--chunk", "-4"], "--chunk must be >= 1, got -4"),
+    ("e2e", ["--batch", "0"], "--batch must be >= 1, got 0"),
     ("e2e", ["--pairs", "8:4", "--fit", "65536:2"], "--fit needs positions 0..65536"),
     # was: accepted and ignored (decode steps run over a cache declared filled: no prefill, no chunk)
     ("decode", ["--chunk", "64"], "--chunk goes with prefill, e2e and all"),
