@@ -18,10 +18,11 @@ Other benchmarks are their own commands: sequence-parallel prefill
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
-from ..utils import DTYPE_CHOICES, check_device, check_output_path, parse_dtype, stop_on_sigterm
+from ..utils import DTYPE_CHOICES, check_device, check_output_path, parse_dtype, stop_on_sigterm, written_in_place
 
 
 def int_list(s):
@@ -267,7 +268,9 @@ def _run_section(what, args, model, dev, dtype, I, hf_qwen3_like):
 def _run_measurements(what, args, model, dev, dtype, I, hf_qwen3_like, meta, json_path, png_path):
     """Section ``what``'s sweep, its JSON saved after every point. A sweep stopped early (Ctrl-C,
     SIGTERM, a failure) keeps its points, marked: ``meta["stopped"]`` says why, and a line on stderr
-    says where they are (a stopped sweep's JSON looked like a finished one of fewer points)."""
+    says where they are (a stopped sweep's JSON looked like a finished one of fewer points). The
+    section's plot is drawn once the sweep is whole: an earlier run's goes when the first point is
+    saved."""
     rows, measured = [], []
     try:
         _measure(what, args, model, dev, dtype, I, hf_qwen3_like, meta, json_path, png_path, rows, measured)
@@ -287,6 +290,9 @@ def _measure(what, args, model, dev, dtype, I, hf_qwen3_like, meta, json_path, p
     """The sweep (``rows`` filled and saved point by point; ``measured`` gets an item once it is whole),
     then its table and plot."""
     def checkpoint(row):  # keep partial results if a long run dies
+        if not rows and not written_in_place(png_path):  # this run's JSON replaces an earlier run's: so does
+            with contextlib.suppress(FileNotFoundError):  # its plot (an earlier one drew other points; was kept
+                os.remove(png_path)  # beside a stopped sweep's JSON)
         rows.append(row)
         I.save(json_path, meta, rows)
 

@@ -435,6 +435,7 @@ def test_bench_stopped_early_marks_its_json_and_says_where(tmp_path, capsys, mon
         return real(*a, on_row=row, **kw)
 
     monkeypatch.setattr(I, "bench_decode", one_then_stop)
+    (tmp_path / "decode.png").write_bytes(b"an earlier run's plot")  # was kept beside this run's JSON: other points
     rc = orthros_main(["bench", "decode", *TINY, "--contexts", "16,48", "--steps", "1", "--batch-sizes", "1",
                        "--out", str(tmp_path)])
     assert rc == code
@@ -442,7 +443,7 @@ def test_bench_stopped_early_marks_its_json_and_says_where(tmp_path, capsys, mon
     assert len(data["rows"]) == 1 and data["meta"]["stopped"].startswith(
         "interrupted" if stop is KeyboardInterrupt else "RuntimeError: stopped after the first point")
     assert f"the 1 points measured so far are in {tmp_path / 'decode.json'}" in capsys.readouterr().err
-    assert not (tmp_path / "decode.png").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["decode.json"]  # and no temporary file
     monkeypatch.setattr(I, "bench_decode", real)  # a whole sweep has no "stopped"
     assert orthros_main(["bench", "decode", *TINY, "--contexts", "16", "--steps", "1", "--batch-sizes", "1",
                          "--out", str(tmp_path)]) == 0
