@@ -16,7 +16,7 @@ import statistics
 import sys
 import time
 
-from ..utils import check_png
+from ..utils import Progress, check_png
 
 # The demo setting; verified numbers in docs/evaluation.md.
 DEMO_TASK = dict(vocab_size=64, seq_len=64, num_pairs=4, power=1.0, min_gap=1)
@@ -114,7 +114,9 @@ def run_prefill(quick: bool, device: str, seed: int = 0, progress: bool = True) 
     rows = [("prompt tokens", "Transformer ms", "Orthros ms", "Orthros speed-up")]
     res = []
     g = torch.Generator().manual_seed(seed)
-    show = progress and sys.stdout.isatty()  # a line redrawn per length: only on a terminal, not with --no-progress
+    # on stderr, as part 1's: a bar at a terminal, plain lines in a log or a pipe (was: a line redrawn on
+    # stdout at a terminal only, nothing elsewhere)
+    bar = Progress(len(lengths), "demo prefill", unit="length", enabled=progress)
     for T in lengths:
         ids = torch.randint(0, 4096, (1, T), generator=g).to(device)
         t_full = _time_prefill(models["full"], ids, reps)
@@ -122,10 +124,8 @@ def run_prefill(quick: bool, device: str, seed: int = 0, progress: bool = True) 
         res.append({"tokens": T, "transformer_ms": 1e3 * t_full, "orthros_ms": 1e3 * t_orth,
                     "speedup": t_full / t_orth})
         rows.append((T, f"{1e3 * t_full:.1f}", f"{1e3 * t_orth:.1f}", f"{t_full / t_orth:.2f}x"))
-        if show:
-            print(f"      ... {T} tokens done", end="\r", flush=True)
-    if show:
-        print(" " * 40, end="\r")
+        bar.update(1, last=f"{T} tokens")
+    bar.close()
     print(_indent(_table(rows)))
     print(f"\n      Measured here: Orthros at {res[0]['speedup']:.2f}x the Transformer's speed at {res[0]['tokens']} "
           f"tokens, {res[-1]['speedup']:.2f}x at {res[-1]['tokens']}.")
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
     p.add_argument("--output", "-o", default=None, help="write all numbers as JSON here")
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="draw part 1's accuracy against the key-to-query distance here")
-    p.add_argument("--no-progress", action="store_true", help="no progress display (part 1's on stderr, part 2's per-length line)")
+    p.add_argument("--no-progress", action="store_true", help="no progress display (parts 1 and 2, on stderr)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default: 0)")
     a = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     from ..utils import check_device, check_output_path

@@ -102,17 +102,17 @@ def test_prefill_text_reports_what_was_measured(capsys, monkeypatch):
     assert "median of 1 run." in text
 
 
-def test_no_progress_silences_part_2s_progress_line(capsys, monkeypatch):
-    """Was: --no-progress silenced part 1's progress only; part 2 still redrew '... N tokens done'
-    on a terminal."""
-    import sys
-
+def test_part_2s_progress_shows_off_a_terminal_and_no_progress_silences_it(capsys, monkeypatch):
+    """Was: part 2's progress ('... N tokens done', redrawn on stdout) only at a terminal: the full demo's
+    prefill timing (~40 s on 2 CPU cores) sat silent under its heading in a log or a pipe, as part 1's bars
+    did not. Now utils.Progress on stderr, as part 1 (a bar at a terminal, plain lines elsewhere); and
+    --no-progress silences it (was: part 2 still redrew its line on a terminal)."""
     import orthros.evaluation.demo as demo
 
     monkeypatch.setattr(demo, "_time_prefill", lambda model, ids, reps: 0.001)
-    monkeypatch.setattr(demo, "QUICK_PREFILL_LENGTHS", [64])
-    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    monkeypatch.setattr(demo, "QUICK_PREFILL_LENGTHS", [64, 96])
     demo.run_prefill(True, "cpu")
-    assert "tokens done" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "[demo prefill] length 2/2 last 96 tokens" in err.splitlines() and "\r" not in out + err
     demo.run_prefill(True, "cpu", progress=False)
-    assert "tokens done" not in capsys.readouterr().out
+    assert "[demo prefill]" not in capsys.readouterr().err
