@@ -318,7 +318,8 @@ def _measure(what, args, model, dev, dtype, I, hf_qwen3_like, meta, json_path, p
         I.save(json_path, meta, rows)
         measured.append(True)
         I.print_table(rows, ["mode", "B", "L", "ms_per_step", "tokens_per_s", "hbm_floor_ms", "frac_of_floor",
-                             "vs_full"], "decode step")
+                             "vs_full"],
+                      "decode step (vs_full: Orthros's step / the Transformer's, > 1: Orthros slower)")
         I.plot_decode(rows, png_path, f"Decode, {meta['device']}, {meta['dtype']}")
     else:
         I.bench_e2e(model, args.pairs, batch=args.batch, chunk=args.chunk, cuda_graphs=graphs, on_row=checkpoint,
