@@ -306,6 +306,17 @@ def test_bench_runs_a_repeated_value_once():
     assert p.parse_args(["e2e", "--pairs", "8:4,16:3,8:4"]).pairs == [(8, 4), (16, 3)]
 
 
+def test_bench_prefill_runs_a_repeated_system_once():
+    """Was: --systems orthros,orthros (or bench_prefill(systems=...)) timed Orthros twice: two rows of one
+    key in the JSON and the table, the summary keeping the second."""
+    from orthros.benchmarks import inference as I
+    from orthros.benchmarks.models import orthros_model
+
+    model = orthros_model("tiny", device="cpu", dtype=torch.float32)
+    rows = I.bench_prefill(model, [16], systems=["orthros", "full", "orthros"], budget_s=0)
+    assert [r["system"] for r in rows] == ["orthros", "full"]
+
+
 @pytest.mark.parametrize("what, taken", [("decode", "decode.png"), ("all", "e2e.json")])
 def test_bench_out_whose_result_name_is_a_folder(tmp_path, capsys, no_model, what, taken):
     """Was: IsADirectoryError at the first save (the first point measured) or at the end (the PNG,
