@@ -6,8 +6,9 @@
     orthros bench all     (the three above on one model load; takes all their options)
 
 Default model: the Qwen3-8B architecture with random weights (latency does not depend on the
-weight values); ``--model PATH`` benchmarks a real Orthros checkpoint. Each command prints a
-table and writes ``<out>/<command>.json`` and ``<out>/<command>.png`` (log axes).
+weight values); ``--model PATH`` benchmarks a real Orthros checkpoint; ``--device cpu --preset tiny``
+is a CPU smoke run. Each command prints a table and writes ``<out>/<command>.json`` and
+``<out>/<command>.png`` (log axes; ``all`` writes prefill's, decode's and e2e's).
 
 Other benchmarks are their own commands: sequence-parallel prefill
 ``torchrun --nproc-per-node N -m orthros.parallel.bench`` (docs/parallel.md), serving through vLLM
@@ -72,7 +73,7 @@ def build_parser():
                         help="torch.compile the engine's token-wise layer parts (both Orthros and its Transformer)")
 
     def chunk_arg(sp):  # prefill and e2e only: decode steps run no prefill
-        sp.add_argument("--chunk", type=int, default=16384, help="Orthros prefill chunk (tokens)")
+        sp.add_argument("--chunk", type=int, default=16384, help="Orthros prefill chunk (tokens; default: %(default)s)")
 
     def prefill_args(sp):
         sp.add_argument("--lengths", type=int_list, default=[8192, 16384, 32768, 65536, 131072],
@@ -81,9 +82,9 @@ def build_parser():
                         help="comma list of: orthros (the engine), orthros-floor (the engine without attention), "
                              "full (the engine's Transformer), hf-sdpa (HF transformers' Qwen3 of the model's sizes, "
                              "all attention layers), hf-floor (HF without attention) (default: all five)")
-        sp.add_argument("--budget-s", type=float, default=3.0, help="seconds of repeats per point")
+        sp.add_argument("--budget-s", type=float, default=3.0, help="seconds of timed repeats per point (10 repeats at most; default: %(default)s)")
         sp.add_argument("--single-shot-s", type=float, default=25.0,
-                        help="a point whose first (warm-up) call takes longer is not repeated")
+                        help="a point whose first (warm-up) call takes longer is not repeated (default: %(default)s)")
 
     def decode_args(sp):
         sp.add_argument("--contexts", type=int_list, default=[1024, 8192, 32768, 131072],

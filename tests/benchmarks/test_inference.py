@@ -462,3 +462,29 @@ def test_bench_stopped_early_marks_its_json_and_says_where(tmp_path, capsys, mon
     assert orthros_main(["bench", "decode", *TINY, "--contexts", "16", "--steps", "1", "--batch-sizes", "1",
                          "--out", str(tmp_path)]) == 0
     assert "stopped" not in json.loads((tmp_path / "decode.json").read_text())["meta"]
+
+
+@pytest.mark.parametrize("what", ["prefill", "decode", "e2e", "all"])
+def test_bench_help_names_every_default(what):
+    """Was: --chunk (16384), --budget-s (3.0) and --single-shot-s (25.0) ran with a default their help did not
+    name (as `orthros eval`'s options must, tests/evaluation/test_eval_cli.py)."""
+    import argparse
+
+    from orthros.benchmarks.cli import build_parser
+
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    sp = sub.choices[what]
+    fmt = sp._get_formatter()
+    unsaid = []
+    for a in sp._actions:
+        if not a.option_strings or a.default in (None, False, argparse.SUPPRESS):
+            continue
+        text = fmt._expand_help(a) if a.help else ""
+        said = {str(a.default), format(a.default, "g")} if isinstance(a.default, float) else {str(a.default)}
+        if isinstance(a.default, list):  # comma lists: said as typed, or in words ("8K to 128K")
+            said = {",".join(f"{x[0]}:{x[1]}" if isinstance(x, tuple) else str(x) for x in a.default), "K"}
+        if a.dest == "systems":
+            said.add("all five")
+        if "default" not in text or not any(v in text for v in said):
+            unsaid.append(f"{a.option_strings[0]} (default {a.default!r}): {text!r}")
+    assert not unsaid, unsaid
