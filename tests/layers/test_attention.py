@@ -211,7 +211,7 @@ def test_layer_idx_takes_numpy_integers_and_0d_tensors_as_ints():
         OrthrosAttention(tiny_config(), np.True_)
 
 
-
+def test_base_queries_of_the_last_layer_are_refused_by_name():
     """The last layer has no base stream (no alpha, beta): asking for its base queries was an
     AttributeError 'alpha' deep in the scale-offset."""
     cfg = tiny_config()
