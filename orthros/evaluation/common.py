@@ -261,6 +261,10 @@ def make_tiny_checkpoint(path, *, attention_mode: str = "orthros", window_size: 
     return path
 
 
+MEMINFO = Path("/proc/meminfo")  # (module attributes, so that a test can point them at files of its own)
+CGROUP_ROOT = Path("/sys/fs/cgroup")  # this process's cgroup v2 files, as a container sees them
+
+
 def available_memory(device: str = "cpu"):
     """Bytes that an allocation on ``device`` may still take, or ``None`` where that cannot be told: on
     the CPU the kernel's ``MemAvailable`` (less where a cgroup's limit leaves less), on CUDA the free
@@ -274,17 +278,27 @@ def available_memory(device: str = "cpu"):
             return None
     free = None
     try:
-        with open("/proc/meminfo") as f:
+        with open(MEMINFO) as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     free = int(line.split()[1]) * 1024
     except (OSError, ValueError):
         return None
     try:  # a container's limit (cgroup v2)
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-        if limit.isdigit() and free is not None:
-            free = min(free, int(limit) - used)
+        limit = (CGROUP_ROOT / "memory.max").read_text().strip()
+        used = int((CGROUP_ROOT / "memory.current").read_text())
+    except (OSError, ValueError):
+        return free
+    if not limit.isdigit() or free is None:
+        return free
+    # memory.current counts the page cache of every file read, which the kernel drops before it fails an
+    # allocation: the working set (docker's and kubelet's rule) leaves out its inactive part, else a
+    # container that had read a few GB of files looked full and runs that fit were refused
+    try:
+        for line in (CGROUP_ROOT / "memory.stat").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "inactive_file":
+                used -= min(int(value), used)
     except (OSError, ValueError):
         pass
-    return free
+    return max(0, min(free, int(limit) - used))

@@ -681,3 +681,38 @@ def test_run_mqar_memory_check_names_fields_and_counts_jobs_and_the_device():
     with pytest.raises(ValueError, match=r"of cuda memory, more than the 8.0 GiB free: a model's weights"):
         check_memory(task, big, available=free.get)
     check_memory(task, replace(big, device="cpu"), available=free.get)  # the host has room for it
+
+
+def _fake_cgroup(tmp_path, monkeypatch, max_, current, inactive_file, mem_available=64 * GiB):
+    import orthros.evaluation.common as common
+
+    (tmp_path / "memory.max").write_text(f"{max_}\n")
+    (tmp_path / "memory.current").write_text(f"{current}\n")
+    (tmp_path / "memory.stat").write_text(f"anon 123\nfile {inactive_file + 5}\nactive_file 5\n"
+                                          f"inactive_file {inactive_file}\nslab 7\n")
+    (tmp_path / "meminfo").write_text(f"MemTotal: {2 * mem_available // 1024} kB\n"
+                                      f"MemAvailable: {mem_available // 1024} kB\n")
+    monkeypatch.setattr(common, "CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr(common, "MEMINFO", tmp_path / "meminfo")
+    return common.available_memory
+
+
+def test_available_memory_does_not_count_a_containers_reclaimable_page_cache(tmp_path, monkeypatch):
+    """Issue: memory.max - memory.current took the page cache of files read as used, so a container of
+    8 GiB that had read 7 GiB of files (0.5 GiB in use) had "0.5 GiB free" and `eval mqar`, the demo and
+    the sweep refused runs that fit. The working set (what docker and kubelet count) leaves out
+    inactive_file, the cache the kernel drops first."""
+    available = _fake_cgroup(tmp_path, monkeypatch, 8 * GiB, 15 * GiB // 2, 7 * GiB)
+    assert available("cpu") == 8 * GiB - GiB // 2
+    # the host's MemAvailable stays the bound where it is lower
+    available = _fake_cgroup(tmp_path, monkeypatch, 8 * GiB, 1 * GiB, 0, mem_available=2 * GiB)
+    assert available("cpu") == 2 * GiB
+    # no limit (max) or no memory.stat: the host's figure; memory.current alone where memory.stat is unreadable
+    available = _fake_cgroup(tmp_path, monkeypatch, "max", 1 * GiB, 0)
+    assert available("cpu") == 64 * GiB
+    available = _fake_cgroup(tmp_path, monkeypatch, 8 * GiB, 3 * GiB, 2 * GiB)
+    (tmp_path / "memory.stat").unlink()
+    assert available("cpu") == 5 * GiB
+    # a working set above the limit (the kernel reclaiming): nothing free, never a negative size
+    available = _fake_cgroup(tmp_path, monkeypatch, 8 * GiB, 9 * GiB, 0)
+    assert available("cpu") == 0
