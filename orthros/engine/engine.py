@@ -358,8 +358,9 @@ class Engine:
                 raise ValueError(f"prompts has token ids outside the vocabulary [0, vocab_size={V}): "
                                  f"prompts[{f'{j}' if flat else f'{i}, {j}'}] = {value}")  # as the caller indexes it
             return list(prompts.long())  # rows stay tensors: no host round trip for long prompts
-        elif isinstance(prompts, (list, tuple)) and prompts and not any(
-                isinstance(t, (list, tuple, torch.Tensor)) or _is_array(t) for t in prompts):
+        elif isinstance(prompts, (list, tuple)) and prompts and not any(  # a 0-d tensor / array is one id
+                isinstance(t, (list, tuple)) or (isinstance(t, torch.Tensor) or _is_array(t)) and t.ndim
+                for t in prompts):
             rows = [_token_ids(prompts, "prompts")]  # one row: a bool or float in it is named (prompts[1] = 2.5)
             flat = True
         elif isinstance(prompts, (list, tuple)):

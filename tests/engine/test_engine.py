@@ -385,7 +385,7 @@ def test_bad_argument_types_are_rejected_before_any_work():
     # an iterator is read once: its sizes are kept, not consumed by the check
     assert Engine(m, max_batch_size=2, max_seq_len=16, graph_batch_sizes=iter([2, 1])).graph_batch_sizes == (1, 2)
     eng = Engine(m, max_batch_size=2, max_seq_len=16)
-    for bad in ([1, [2, 3]], [[1, 2], 3], [torch.tensor(5)]):
+    for bad in ([1, [2, 3]], [[1, 2], 3], [torch.tensor([[5]])]):  # ([torch.tensor(5)] is one row of one id)
         with pytest.raises(TypeError, match="prompts"):
             eng.generate(bad, 2)
     with pytest.raises(ValueError, match="prompts"):
@@ -534,6 +534,8 @@ def test_integer_arguments_take_0d_tensors_alike_and_refuse_bools_and_floats():
     eng = Engine(m, max_batch_size=2, max_seq_len=32, graph_batch_sizes=[torch.tensor(1), np.int64(2)])
     assert eng.graph_batch_sizes == (1, 2)
     assert eng.generate([[torch.tensor(3), np.int64(4)]], torch.tensor(3), eos_token_id=[torch.tensor(9)]) == want
+    # one flat row of 0-d tensors / arrays: each element was taken for a row and refused
+    assert eng.generate([torch.tensor(3), np.array(4)], 3, eos_token_id=[9]) == want
     eng.set_lengths([torch.tensor(10), np.int32(12)])
     assert eng.lengths() == [10, 12] and all(type(n) is int for n in eng.lengths())
     p = SamplingParams(temperature=1.0, top_k=torch.tensor(3), seed=torch.tensor(7))
