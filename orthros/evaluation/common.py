@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from ..utils import check_not_blank, expand_path, parse_dtype
@@ -265,15 +267,23 @@ MEMINFO = Path("/proc/meminfo")  # (module attributes, so that a test can point 
 CGROUP_ROOT = Path("/sys/fs/cgroup")  # this process's cgroup v2 files, as a container sees them
 
 
-def available_memory(device: str = "cpu"):
+def available_memory(device: str = "cpu", *, in_subprocess: bool = False):
     """Bytes that an allocation on ``device`` may still take, or ``None`` where that cannot be told: on
     the CPU the kernel's ``MemAvailable`` (less where a cgroup's limit leaves less), on CUDA the free
-    memory of the device."""
+    memory of the device, asked of a short-lived process with ``in_subprocess`` (see below)."""
     if str(device).startswith("cuda"):
         try:
             import torch
 
-            return int(torch.cuda.mem_get_info(torch.device(device))[0])
+            if not in_subprocess or torch.cuda.is_initialized():
+                return int(torch.cuda.mem_get_info(torch.device(device))[0])
+            # mem_get_info makes this process's CUDA context (~0.5 GB of the device, held until it exits):
+            # a caller that never uses the GPU itself (run_mqar's pool of workers, each with its own) asks
+            # a process of its own instead, a few seconds of importing torch before a run of minutes
+            r = subprocess.run([sys.executable, "-c", "import sys, torch; "
+                                "print(torch.cuda.mem_get_info(torch.device(sys.argv[1]))[0])", str(device)],
+                               capture_output=True, text=True, timeout=300)
+            return int(r.stdout) if r.returncode == 0 else None
         except Exception:  # no CUDA here: the device check refuses it
             return None
     free = None

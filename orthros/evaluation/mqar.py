@@ -632,7 +632,10 @@ def check_memory(task: MQARTask, tr: MQARTrain, jobs: int = 1, names: Optional[d
     from ..utils import format_bytes
     from .common import available_memory
 
-    available = available or available_memory
+    # (with jobs > 1 the models train in spawned workers and this process never touches CUDA: it asks
+    # another process, so as not to hold a CUDA context of its own for the whole run)
+    pool = jobs > 1 and len(tr.models) > 1
+    available = available or (lambda device: available_memory(device, in_subprocess=pool))
     names, pre = names or {}, "" if names else "MQAR "
     parts = memory_needed(task, tr, jobs)
     values = {**asdict(task), **asdict(tr)}

@@ -653,7 +653,7 @@ def test_cli_mqar_refuses_a_run_too_big_for_memory_before_allocating(capsys, mon
     import orthros.evaluation.mqar as mqar
     from orthros.cli import main
 
-    monkeypatch.setattr(common, "available_memory", lambda device: 8 * GiB)
+    monkeypatch.setattr(common, "available_memory", lambda device, **kw: 8 * GiB)
     monkeypatch.setattr(mqar, "generate", lambda *a, **kw: pytest.fail("data was generated"))
     monkeypatch.setattr(mqar, "build_model", lambda *a, **kw: pytest.fail("a model was built"))
     assert main(["eval", "mqar", "--no-progress", *args]) == 2
@@ -716,3 +716,35 @@ def test_available_memory_does_not_count_a_containers_reclaimable_page_cache(tmp
     # a working set above the limit (the kernel reclaiming): nothing free, never a negative size
     available = _fake_cgroup(tmp_path, monkeypatch, 8 * GiB, 9 * GiB, 0)
     assert available("cpu") == 0
+
+
+@pytest.mark.parametrize("jobs, models, in_parent", [(1, ("swa", "orthros"), True), (2, ("swa",), True),
+                                                     (2, ("swa", "orthros"), False)])
+def test_memory_check_of_a_pool_on_cuda_makes_no_cuda_context_in_this_process(monkeypatch, jobs, models, in_parent):
+    """Issue: with --jobs > 1 on CUDA the models train in spawned workers and this process never touches
+    the GPU, but the memory check's torch.cuda.mem_get_info made a CUDA context here (~0.5 GB of device
+    memory held for the whole pool). The pool's check asks a short-lived process instead."""
+    import subprocess
+
+    import orthros.evaluation.common as common
+    from orthros.evaluation.mqar import check_run
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: calls.append(("here", str(device))) or (GiB, 2 * GiB))
+
+    def run(cmd, **kw):
+        calls.append(("subprocess", cmd[-1]))
+        return subprocess.CompletedProcess(cmd, 0, stdout=f"{GiB}\n", stderr="")
+
+    monkeypatch.setattr(common.subprocess, "run", run)
+    check_run(MQARTask(), MQARTrain(models=models, device="cuda:1"), jobs)
+    assert calls == [("here" if in_parent else "subprocess", "cuda:1")]
+    with pytest.raises(ValueError, match=r"of cuda:1 memory, more than the 1.0 GiB free"):
+        check_run(MQARTask(), MQARTrain(models=models, device="cuda:1", hidden_size=4096, num_layers=8), jobs)
+
+
+def test_cuda_memory_asked_of_another_process_is_unknown_where_it_fails():
+    from orthros.evaluation.common import available_memory
+
+    free = available_memory("cuda", in_subprocess=True)
+    assert free > 0 if torch.cuda.is_available() else free is None
