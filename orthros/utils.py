@@ -351,10 +351,11 @@ _TOGETHER = contextvars.ContextVar("orthros_written_together", default=None)
 @contextlib.contextmanager
 def written_together():
     """Inside the block, the files :func:`write_text`, :func:`write_json` and :func:`save_figure` write
-    stay under their temporary names; they are renamed onto their paths together when the block ends
-    without an error, and removed (with the folders the writes made) when it raises: a run's results
+    stay under their temporary names; they are renamed onto their paths one after another when the block
+    ends without an error, and removed (with the folders the writes made) when it raises: a run's results
     JSON and its plot are both written or neither is, a file either would replace kept as it was. (A
-    pipe or a device, such as ``/dev/stdout``, is written in place at once.)"""
+    pipe or a device, such as ``/dev/stdout``, is written in place at once. The renames are not one atomic
+    step: a rename that fails after an earlier one succeeded leaves the earlier file replaced.)"""
     pending = {"files": [], "folders": []}
     token = _TOGETHER.set(pending)
     try:
@@ -409,6 +410,8 @@ def _finish(tmp: Path, path: Path, write) -> None:
     except BaseException:
         with contextlib.suppress(OSError):  # (none there; a folder we could not write into)
             tmp.unlink(missing_ok=True)
+        if pending is not None:  # a caller that catches the error and goes on: nothing of it to rename
+            pending["files"].remove((tmp, path))
         raise
 
 

@@ -504,3 +504,23 @@ def test_written_together_renames_all_or_none(tmp_path):
         write_text(new_folder / "notes.txt", "x")
     assert old.read_text() == '{\n  "a": 1\n}\n' and (new_folder / "notes.txt").read_text() == "x"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["made", "res.json"]
+
+
+def test_written_together_after_a_write_error_the_caller_caught(tmp_path, monkeypatch):
+    """A write that failed inside the block, caught by its caller (a plot that may fail, the run goes on),
+    left its entry behind: the block's end renamed a temporary that was gone (FileNotFoundError)."""
+    from orthros.utils import write_text, written_together
+
+    real = Path.write_text
+
+    def full_disk(self, *a, **kw):
+        if ".fig.txt.tmp-" in self.name:
+            raise OSError(28, "No space left on device")
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with written_together():
+        with pytest.raises(OSError, match="No space left"):
+            write_text(tmp_path / "fig.txt", "figure")
+        write_text(tmp_path / "res.txt", "results")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["res.txt"]
