@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..kinds import mode_option
 from ..utils import DTYPE_CHOICES, stop_on_sigterm
+from .common import TYPED
 
 CONVERT_WINDOW = 128  # --window of niah / lm / ppl: a Transformer checkpoint converted on the fly
 
@@ -130,7 +131,6 @@ def _niah_train_parser(sub):
     add_arguments(p)
 
 
-TYPED = "typed_options"  # the namespace's {dest: the option string typed} of the options given in two spellings
 
 
 def _spelled(action: type) -> type:

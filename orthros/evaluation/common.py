@@ -193,6 +193,9 @@ def _is_checkpoint_file(name: str) -> bool:
             or name.endswith((".safetensors", ".safetensors.index.json", ".bin", ".bin.index.json", ".py", ".gguf")))
 
 
+TYPED = "typed_options"  # the namespace's {dest: the option string typed} of the options given in two spellings
+
+
 def check_no_empty_values(parser, args, skip=("model",)) -> None:
     """Refuse, before any work, an option of ``parser`` given an empty or blank value (``args``: its parsed
     arguments), most likely an unset shell variable (``-o "$OUT"``): no option of the evaluations means
@@ -205,7 +208,7 @@ def check_no_empty_values(parser, args, skip=("model",)) -> None:
         value = getattr(args, action.dest, None)
         for v in value if isinstance(value, list) else [value]:
             if isinstance(v, str) and not v.strip():  # (named as typed where it has two spellings)
-                name = (getattr(args, "typed_options", None) or {}).get(action.dest) or max(action.option_strings,
+                name = (getattr(args, TYPED, None) or {}).get(action.dest) or max(action.option_strings,
                                                                                             key=len)
                 raise ValueError(f"{name} is empty ({v!r}): give a value"
                                  + ("" if action.required else ", or leave the option out for its default"))
