@@ -126,7 +126,8 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
         weight_headers
     from .serving import ARCHITECTURE, CPU_DEFAULT_BLOCK_SIZE, HYBRID_ARCHITECTURE, hybrid_block_tokens, is_hybrid
     from .models import OrthrosConfig, OrthrosForCausalLM
-    from .training.checkpoint import MANIFEST, TRAINER_STATE, CheckpointError, verify as verify_manifest
+    from .layout import MANIFEST, TRAINER_STATE
+    from .training.checkpoint import CheckpointError, verify as verify_manifest
     from .training.metrics import forward_flops
     from .utils import dtype_name, parse_dtype
 
@@ -276,7 +277,7 @@ def _never_hits(r: dict) -> str:
 
 def format_report(r: dict) -> str:
     """The table ``orthros info`` prints."""
-    from .training.checkpoint import MANIFEST, TRAINER_STATE
+    from .layout import MANIFEST, TRAINER_STATE
 
     out = [f"{r['path']}: {r['kind']} checkpoint"]
 

@@ -25,6 +25,7 @@ import struct
 from pathlib import Path
 from typing import Optional
 
+from ..layout import CHECKPOINTS, MANIFEST, latest_checkpoint, list_checkpoints
 from ..utils import check_not_blank, expand_path
 
 WEIGHTS = "model.safetensors"
@@ -111,13 +112,17 @@ def _gguf_hint(p: Path, path) -> str:
 
 def _run_hint(d: Path) -> str:
     """For a training run's directory (``output_dir``: no config.json, checkpoints below) or its
-    ``checkpoints`` folder, the path of its latest checkpoint, as the end of an error message;
-    otherwise ``""``."""
-    steps = sorted(q for q in (d / "checkpoints").glob("step_*") if (q / "config.json").is_file())
-    if steps:
-        return f"; it looks like a training run: its latest checkpoint is {steps[-1]}"
-    steps = sorted(q for q in d.glob("step_*") if (q / "config.json").is_file()) if d.name == "checkpoints" else []
-    return f"; it is a training run's checkpoints folder: its latest checkpoint is {steps[-1]}" if steps else ""
+    checkpoints folder, the path of its latest complete checkpoint (:mod:`orthros.layout`'s rule,
+    as a resume picks it), as the end of an error message; otherwise ``""``."""
+    if list_checkpoints(d):
+        run, what = d, "it looks like a training run"
+    elif d.name == CHECKPOINTS and list_checkpoints(d.parent):
+        run, what = d.parent, "it is a training run's checkpoints folder"
+    else:
+        return ""
+    latest = latest_checkpoint(run)
+    return (f"; {what}: its latest checkpoint is {latest}" if latest is not None else
+            f"; {what}, with no complete checkpoint (none has its {MANIFEST}: saves cut short)")
 
 
 def _weight_files(d: Path) -> list[Path]:

@@ -8,6 +8,8 @@ Layout of ``<output_dir>/checkpoints/step_00000100/``::
     run_config.yaml                     # the resolved training config
     manifest.json                       # size and sha256 of every file above; written last
 
+(The names, and the rule picking the latest complete checkpoint, are ``orthros/layout.py``'s.)
+
 Everything is written into ``.tmp-step_00000100-<pid>`` first, each file fsynced, the manifest
 last; then the directory is renamed to its final name (atomic on POSIX) and the parent fsynced.
 A crash at any point leaves either the previous complete checkpoints only, or those plus a
@@ -20,14 +22,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 from pathlib import Path
-from typing import Optional
 
-CKPT_RE = re.compile(r"^step_(\d{8})$")
-MANIFEST = "manifest.json"
-TRAINER_STATE = "trainer_state.pt"  # the trainer's state (torch.save): what makes a model directory a checkpoint
+# the layout's names and path rules live in orthros/layout.py (models/loading.py reads them too); re-exported here
+from ..layout import (CKPT_RE, MANIFEST, TRAINER_STATE, ckpt_root, latest_checkpoint,  # noqa: F401
+                      list_checkpoints, run_holding, step_dir_name)
 
 
 class CheckpointError(RuntimeError):
@@ -44,42 +44,6 @@ def _fault(point: str, step: int) -> None:
         import signal
 
         os.kill(os.getpid(), getattr(signal, spec.rsplit(":", 1)[1]))
-
-
-def ckpt_root(output_dir: str) -> Path:
-    return Path(output_dir) / "checkpoints"
-
-
-def run_holding(path) -> Optional[str]:
-    """The training run (its output_dir, with a metrics.jsonl) that ``path`` lies in when ``path`` is the run's
-    checkpoints folder or one of its checkpoints; otherwise ``None``. For errors that name the folder to give
-    instead (``orthros plot RUN/checkpoints``)."""
-    p = os.path.normpath(str(path))
-    if CKPT_RE.match(os.path.basename(p)):
-        p = os.path.dirname(p)
-    if os.path.basename(p) != ckpt_root("").name:
-        return None
-    run = os.path.dirname(p) or "."
-    return run if os.path.isfile(os.path.join(run, "metrics.jsonl")) else None
-
-
-def step_dir_name(step: int) -> str:
-    return f"step_{step:08d}"
-
-
-def list_checkpoints(output_dir: str) -> list[Path]:
-    root = ckpt_root(output_dir)
-    if not root.is_dir():
-        return []
-    return sorted((p for p in root.iterdir() if p.is_dir() and CKPT_RE.match(p.name)), key=lambda p: p.name)
-
-
-def latest_checkpoint(output_dir: str) -> Optional[Path]:
-    """The newest checkpoint directory whose manifest exists (complete by construction)."""
-    for p in reversed(list_checkpoints(output_dir)):
-        if (p / MANIFEST).is_file():
-            return p
-    return None
 
 
 def _sha256(path: Path) -> str:

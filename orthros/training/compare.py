@@ -70,8 +70,8 @@ def probe(ckpt_dir: str, passage: int = 96, n: int = 32) -> dict:
 
 
 def main(argv=None) -> int:
+    from ..layout import CKPT_RE, METRICS, latest_checkpoint, run_holding
     from ..utils import check_positive_int, distinct_folders, expand_path
-    from .checkpoint import CKPT_RE, latest_checkpoint, run_holding
     from .metrics import read_metrics
 
     p = argparse.ArgumentParser(prog="python -m orthros.training.compare", description=__doc__,
@@ -91,8 +91,8 @@ def main(argv=None) -> int:
         print(f"{p.prog}: note: {run} is the same folder as {first}: probed once", file=sys.stderr)
     ckpts = {run: latest_checkpoint(run) for run in runs}
     for run, ck in ckpts.items():  # every run checked before the first is probed
-        if ck is None or not os.path.isfile(os.path.join(run, "metrics.jsonl")):
-            p.error(f"{run}: not a training run's output_dir (one with a complete checkpoint and metrics.jsonl)"
+        if ck is None or not os.path.isfile(os.path.join(run, METRICS)):
+            p.error(f"{run}: not a training run's output_dir (one with a complete checkpoint and {METRICS})"
                     + (f"; it lies in the run {above}: name that" if (above := run_holding(run)) else ""))
         try:
             check_passage(str(ck), a.passage)

@@ -7,6 +7,8 @@ import os
 import time
 from typing import TYPE_CHECKING, Optional
 
+from ..layout import METRICS
+
 if TYPE_CHECKING:
     import torch
 
@@ -111,7 +113,7 @@ class MetricsLogger:
         """``resume_step``: the run continues from a checkpoint of this step (0: a fresh start), so
         the rows a killed run logged after it are dropped (those steps run again and log again)."""
         self.enabled = enabled
-        self.path = os.path.join(output_dir, "metrics.jsonl")
+        self.path = os.path.join(output_dir, METRICS)
         if enabled and resume_step is not None:
             drop_rows_after(self.path, resume_step)
         self._f = open(self.path, "a", encoding="utf-8") if enabled else None
@@ -175,7 +177,7 @@ def read_metrics(output_dir: str, kind: Optional[str] = "train") -> list[dict]:
     in order; a line torn by a kill mid-write is skipped."""
     rows = []
     # a damaged byte spoils its line only (skipped as a torn one), not the file
-    with open(os.path.join(output_dir, "metrics.jsonl"), encoding="utf-8", errors="replace") as f:
+    with open(os.path.join(output_dir, METRICS), encoding="utf-8", errors="replace") as f:
         for line in f:
             try:
                 rec = json.loads(line)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..utils import check_png, distinct_folders, expand_path
-from .checkpoint import run_holding
+from ..layout import METRICS, run_holding
 from .metrics import read_metrics
 
 X_AXES = ("tokens", "step")
@@ -30,9 +30,9 @@ class PlotError(ValueError):
 def load_run(run_dir) -> dict:
     """A run's label, its training rows and its eval rows; :class:`PlotError` when it has none."""
     run_dir = Path(run_dir)
-    if not (run_dir / "metrics.jsonl").is_file():
+    if not (run_dir / METRICS).is_file():
         above = run_holding(run_dir)
-        raise PlotError(f"{run_dir}: no metrics.jsonl (a training output_dir is needed)"
+        raise PlotError(f"{run_dir}: no {METRICS} (a training output_dir is needed)"
                         + (f"; it lies in the run {above}: name that" if above else ""))
     rows = read_metrics(str(run_dir), kind=None)
     train = [r for r in rows if r.get("kind") == "train" and r.get("loss") is not None]
@@ -42,7 +42,7 @@ def load_run(run_dir) -> dict:
     for r in train + evals:  # what loss_figure draws: a number each
         for key in ("step", "tokens", "loss" if r["kind"] == "train" else "eval_loss"):
             if isinstance(r.get(key), bool) or not isinstance(r.get(key), (int, float)):
-                raise PlotError(f"{run_dir}: {'an' if r['kind'] == 'eval' else 'a'} {r['kind']} row of metrics.jsonl has no number for {key!r}: {r}")
+                raise PlotError(f"{run_dir}: {'an' if r['kind'] == 'eval' else 'a'} {r['kind']} row of {METRICS} has no number for {key!r}: {r}")
     return {"label": _label(run_dir), "train": train, "eval": evals}
 
 
@@ -118,7 +118,7 @@ def loss_figure(runs: Sequence[dict], x: str = "tokens", title: Optional[str] = 
 def main(argv: Optional[list] = None) -> int:
     p = argparse.ArgumentParser(prog="orthros plot", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("runs", nargs="+", metavar="RUN", help="training output_dir(s), each with its metrics.jsonl")
+    p.add_argument("runs", nargs="+", metavar="RUN", help=f"training output_dir(s), each with its {METRICS}")
     p.add_argument("-o", "--output", default=None,
                    help="the PNG to write (default: RUN/loss.png for one run, ./loss.png for several)")
     p.add_argument("--x", choices=X_AXES, default="tokens", help="the horizontal axis (default: tokens)")
@@ -132,7 +132,7 @@ def main(argv: Optional[list] = None) -> int:
         p.error(str(e))
     for d in args.runs:
         if not os.path.isdir(d):
-            p.error(f"RUN {d}: " + (f"is a file, not a training output_dir (the folder of metrics.jsonl: "
+            p.error(f"RUN {d}: " + (f"is a file, not a training output_dir (the folder of {METRICS}: "
                                     f"{os.path.dirname(d) or '.'})" if os.path.exists(d) else "no such directory"))
     args.runs, repeats = distinct_folders(args.runs)  # one folder named twice was two identical curves
     for d, first in repeats:

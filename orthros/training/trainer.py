@@ -26,6 +26,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from ..layout import METRICS
 from ..utils import Progress, check_output_path, write_text
 from . import checkpoint as ckpt
 from .config import (ARCH_TO_ATTENTION_MODE, LINEAR_KEYS, ConfigError, RunConfig, _flatten, _get, check_config,
@@ -150,7 +151,7 @@ def _lock_holder(fh) -> str:
 
 def _in_use(output_dir: str, holder: str) -> ConfigError:
     return ConfigError(f"output_dir {output_dir!r} is in use by another training run{holder}: two runs in one "
-                       f"output_dir delete each other's checkpoint saves and mix their metrics.jsonl. Wait for it "
+                       f"output_dir delete each other's checkpoint saves and mix their {METRICS}. Wait for it "
                        f"to end (or stop it: its checkpoints stay, --resume goes on), or choose another output_dir")
 
 
@@ -248,7 +249,7 @@ def check_data_outside_output_dir(cfg: RunConfig) -> None:
             else:
                 continue
             raise ConfigError(f"output_dir {cfg.output_dir!r} {where}: the run would read its own files "
-                              f"(metrics.jsonl, its checkpoints) as data, or write among the data; choose an "
+                              f"({METRICS}, its checkpoints) as data, or write among the data; choose an "
                               f"output_dir outside the data, and data outside output_dir")
 
 

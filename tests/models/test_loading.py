@@ -220,10 +220,29 @@ def test_a_training_runs_directory_names_its_latest_checkpoint(saved, tmp_path):
     one line naming the latest checkpoint, instead of transformers' missing-file error."""
     run = tmp_path / "run"
     for step in (5, 40):
-        _copy(saved[0], run / "checkpoints" / f"step_{step:08d}")
+        (_copy(saved[0], run / "checkpoints" / f"step_{step:08d}") / "manifest.json").write_text("{}")
     with pytest.raises(CheckpointError, match=r"it looks like a training run: its latest checkpoint is .*step_00000040"):
         OrthrosForCausalLM.from_pretrained(run)
     assert OrthrosForCausalLM.from_pretrained(run / "checkpoints" / "step_00000040") is not None
+
+
+def test_a_training_runs_checkpoint_cut_short_is_not_named(saved, tmp_path):
+    """The hint names the latest *complete* checkpoint, as resuming picks it (orthros/layout.py):
+    a newer ``step_*`` folder without ``manifest.json`` (a save cut short) was named, though a load
+    of it may fail or give half-written weights; nor is a folder of another name (``step_5``)."""
+    run = tmp_path / "run"
+    (_copy(saved[0], run / "checkpoints" / "step_00000005") / "manifest.json").write_text("{}")
+    _copy(saved[0], run / "checkpoints" / "step_00000040")  # no manifest.json: cut short
+    _copy(saved[0], run / "checkpoints" / "step_9")
+    (_copy(saved[0], run / "checkpoints" / "step_x") / "manifest.json").write_text("{}")
+    for d, said in ((run, "it looks like a training run"), (run / "checkpoints", "it is a training run's checkpoints folder")):
+        with pytest.raises(CheckpointError) as e:
+            checkpoint_dir(d)
+        assert f"{said}: its latest checkpoint is {run / 'checkpoints' / 'step_00000005'}" in str(e.value), str(e.value)
+    (run / "checkpoints" / "step_00000005" / "manifest.json").unlink()  # none complete: no checkpoint named
+    with pytest.raises(CheckpointError) as e:
+        checkpoint_dir(run)
+    assert "step_" not in str(e.value) and "no complete checkpoint" in str(e.value), str(e.value)
 
 
 def test_weights_that_do_not_fit_the_config_are_named(saved, tmp_path):
