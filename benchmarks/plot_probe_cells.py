@@ -19,7 +19,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from orthros.utils import check_output_path, check_png, save_figure  # noqa: E402
+from orthros.utils import check_png, save_figure  # noqa: E402
 
 
 def label(path: str, suffix: str = ".json") -> str:
@@ -34,7 +34,6 @@ def check_inputs(ap, out: str, paths, arg: str) -> list:
     or cannot be written, and a path (of the positional ``arg``) that is no file."""
     try:
         check_png("--out", out)
-        check_output_path("--out", out)
     except ValueError as e:
         ap.error(str(e))
     for path in paths:
