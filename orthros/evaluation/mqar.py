@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..kinds import HYBRID_ALIASES, HYBRID_DISPLAY, MODE_ALIASES, MODE_DISPLAY, hybrid_layout
-from ..utils import Progress
+from ..utils import Progress, check_positive_int
 from .common import check_seed
 
 FILLER = 0
@@ -595,9 +595,7 @@ def check_run(task: MQARTask, tr: MQARTrain, jobs: int = 1, names: Optional[dict
     if not isinstance(tr.compile, bool):
         raise ValueError(f"{pre}{n('compile')} must be a bool (True: train through torch.compile, False: eager), "
                          f"got {tr.compile!r}")
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ValueError(f"{pre}{n('jobs')} must be an int >= 1 (models trained at once, one process each), "
-                         f"got {jobs!r}")
+    jobs = check_positive_int(f"{pre}{n('jobs')} (models trained at once, one process each)", jobs)
     check_memory(task, tr, jobs, names)
     return models
 

@@ -266,11 +266,23 @@ def test_jobs_on_the_cpu_share_this_process_threads(monkeypatch):
     assert _worker_threads(MQARTrain(device="cuda"), 2) is None  # the GPU's runs: torch's choice
 
 
-@pytest.mark.parametrize("jobs", [0, -1, 1.5, True])
+@pytest.mark.parametrize("jobs", [0, -1, 1.5, True, np.float64(2.0), "2"])
 def test_bad_jobs_rejected(jobs):
-    with pytest.raises(ValueError, match="jobs must be an int >= 1"):
+    with pytest.raises(ValueError, match=r"^MQAR jobs \(models trained at once, one process each\) must be an "
+                                         r"integer >= 1, got "):
         run_mqar(MQARTask(vocab_size=16, seq_len=32, num_pairs=2), MQARTrain(steps=1), progress=False, log=None,
                  jobs=jobs)
+
+
+def test_jobs_may_be_a_numpy_integer_as_every_other_count():
+    """Issue: check_run took jobs only as a Python int (np.int64(2), from a sweep's array, was refused), where
+    every other count of the package takes what utils.as_int takes."""
+    from orthros.evaluation.mqar import check_run
+
+    assert check_run(MQARTask(), MQARTrain(), np.int64(2)) == ["orthros", "transformer", "swa"]
+    with pytest.raises(ValueError, match=r"^--jobs \(models trained at once, one process each\) must be an integer "
+                                         r">= 1, got np.int64\(0\) \(a numpy.int64\)$"):
+        check_run(MQARTask(), MQARTrain(), np.int64(0), names={"jobs": "--jobs"})
 
 
 def test_cli_mqar_bad_jobs(capsys):
