@@ -76,6 +76,23 @@ def as_int(value):
         return None
 
 
+def as_float(value):
+    """``value`` as a Python ``float`` when it is one real number, else ``None``: Python's or NumPy's number
+    (an integer too) or a 0-d real tensor / array (``torch.tensor(0.5)``), as :func:`as_int` takes integers;
+    a bool, a complex number, a string or a tensor / array of another shape is none. Not checked: finite."""
+    import numbers
+
+    if isinstance(value, bool) or "bool" in str(getattr(value, "dtype", "")) or "complex" in str(
+            getattr(value, "dtype", "")) or getattr(value, "ndim", 0) != 0:
+        return None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if hasattr(value, "item") and hasattr(value, "dtype"):  # a 0-d tensor / array
+        item = value.item()
+        return float(item) if isinstance(item, numbers.Real) and not isinstance(item, bool) else None
+    return None
+
+
 def check_positive_int(name: str, value, *, allow_none: bool = False):
     """Raise ``ValueError`` naming ``name`` unless ``value`` is an integer >= 1 (or ``None`` when
     allowed); return it as a Python ``int``. An integer is what :func:`as_int` takes (a NumPy

@@ -8,11 +8,10 @@ host, so a step can be queued ahead of the previous token's transfer.
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
-from ..utils import as_int
+from ..utils import as_float, as_int
 
 if TYPE_CHECKING:  # imported where used: SamplingParams' checks (orthros generate's options) need no torch
     import torch
@@ -31,17 +30,17 @@ class SamplingParams:
     seed: Optional[int] = None
 
     def __post_init__(self):
-        # NumPy's numbers are numbers too (numbers.Real; integers: utils.as_int); each field is kept as a
+        # NumPy's numbers and 0-d tensors are numbers too (utils.as_float / as_int); each field is kept as a
         # Python float or int (a bool is no number here: True would be temperature 1)
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+        t = as_float(self.temperature)
+        if t is None or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
         k = as_int(self.top_k)  # NumPy's integers and 0-d integer tensors too (utils.as_int)
         if k is None or k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
-        p = self.top_p
-        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not (0.0 < p <= 1.0):
-            raise ValueError(f"top_p must be a number in (0, 1] (1 = off), got {p!r}")
+        p = as_float(self.top_p)
+        if p is None or not (0.0 < p <= 1.0):
+            raise ValueError(f"top_p must be a number in (0, 1] (1 = off), got {self.top_p!r}")
         seed = None if self.seed is None else as_int(self.seed)
         if self.seed is not None and (seed is None or not -2**63 <= seed < 2**64):  # torch.Generator's range
             raise ValueError(f"seed must be an integer in [-2**63, 2**64) or None, got {self.seed!r}")

@@ -325,14 +325,19 @@ def test_invalid_sampling_params(kwargs, match):
 
 def test_sampling_params_take_numpy_numbers():
     """Was: ``SamplingParams(temperature=np.float32(0.7))`` (a value read from an array, a sweep's grid)
-    was refused as no "finite number >= 0". NumPy numbers are kept as Python ones; bools and tensors
-    stay refused."""
+    was refused as no "finite number >= 0". NumPy numbers and 0-d tensors are kept as Python ones (a 0-d
+    tensor was taken for top_k / seed but refused for temperature / top_p: utils.as_float beside as_int);
+    bools, complex numbers and tensors of one element but a dimension stay refused."""
     import numpy as np
 
     p = SamplingParams(temperature=np.float32(0.5), top_k=np.int64(3), top_p=np.float64(0.25), seed=np.uint32(7))
     assert p == SamplingParams(temperature=0.5, top_k=3, top_p=0.25, seed=7)
     assert [type(v) for v in (p.temperature, p.top_k, p.top_p, p.seed)] == [float, int, float, int]
-    for bad, match in ((dict(temperature=torch.tensor(0.5)), "temperature"), (dict(top_k=np.float32(2)), "top_k"),
+    p = SamplingParams(temperature=torch.tensor(0.5), top_p=torch.tensor(0.25, dtype=torch.float64), top_k=np.int8(3))
+    assert p == SamplingParams(temperature=0.5, top_k=3, top_p=0.25) and type(p.temperature) is float
+    for bad, match in ((dict(temperature=torch.tensor([0.5])), "temperature"), (dict(top_k=np.float32(2)), "top_k"),
+                       (dict(top_p=torch.tensor(True)), "top_p"), (dict(temperature=1 + 0j), "temperature"),
+                       (dict(top_p=torch.tensor(0.5 + 0j)), "top_p"),
                        (dict(seed=np.bool_(True)), "seed"), (dict(temperature=np.float64("nan")), "temperature")):
         with pytest.raises(ValueError, match=match):
             SamplingParams(**bad)
