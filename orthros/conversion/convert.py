@@ -34,7 +34,7 @@ import torch
 from ..layers import SCALE_OFFSET_INIT
 from ..models import OrthrosConfig, OrthrosForCausalLM
 from ..utils import (OLD_TAG, TMP_TAG, Progress, atomic_directory, check_positive_int,  # noqa: F401
-                     check_replaceable_dir, clean_stale, expand_path, file_in_the_way, parse_dtype)
+                     check_replaceable_dir, clean_stale, dtype_name, expand_path, file_in_the_way, parse_dtype)
 from .architectures import (
     SUPPORTED_ARCHITECTURES,
     UnsupportedModelError,
@@ -582,7 +582,9 @@ def _cast_checked(t: torch.Tensor, dtype: torch.dtype, name: str, names: dict) -
     if out.dtype.is_floating_point and torch.finfo(out.dtype).max < torch.finfo(t.dtype).max \
             and bool(torch.isinf(out).any()) and not bool(torch.isinf(t).any()):
         big = float(t.abs().max())
-        raise ValueError(f"{_nv(names, 'dtype', _dtype_name(dtype))}: tensor {name!r} holds values up to {big:.4g}, "
+        # as the caller names it: --dtype takes bf16 / fp16 / fp32 (not float16), the API torch's names too
+        asked = dtype_name(dtype) if names["dtype"].startswith("-") else _dtype_name(dtype)
+        raise ValueError(f"{_nv(names, 'dtype', asked)}: tensor {name!r} holds values up to {big:.4g}, "
                          f"beyond its range ({torch.finfo(dtype).max:.6g}); convert with {_nv(names, 'dtype', 'bf16')} "
                          f"or {_nv(names, 'dtype', 'fp32')}")
     return out

@@ -1118,6 +1118,25 @@ def test_fp16_overflow_refused_naming_the_tensor(tmp_path, good_src):
     convert_checkpoint(src, tmp_path / "bf16", dtype="bf16", progress=False)  # bf16 holds it
 
 
+def test_fp16_overflow_names_the_dtype_as_the_cli_takes_it(tmp_path, good_src, capsys):
+    """`orthros convert --dtype fp16` said "--dtype float16: tensor ... holds values up to ...", a value
+    --dtype refuses (bf16 | fp16 | fp32): the CLI's own alias is named, the Python API's keyword as before."""
+    src = _copy(good_src, tmp_path / "src")
+    f = sorted(src.glob("model-*.safetensors"))[0]
+    sd = load_file(f)
+    name = sorted(n for n in sd if sd[n].is_floating_point() and sd[n].dim() == 2)[0]
+    sd[name] = sd[name].float().clone()
+    sd[name][0, 0] = 1e5
+    save_file(sd, f, metadata={"format": "pt"})
+    capsys.readouterr()
+    assert convert_main([str(src), str(tmp_path / "out"), "-q", "--dtype", "fp16"]) == 2
+    err = capsys.readouterr().err
+    assert f"--dtype fp16: tensor {name!r}" in err and "convert with --dtype bf16 or --dtype fp32" in err, err
+    assert "float16" not in err, err
+    with pytest.raises(ValueError, match=f"^dtype=float16: tensor {name!r}"):
+        convert_checkpoint(src, tmp_path / "out", dtype="fp16", progress=False)
+
+
 def test_a_home_folder_of_no_user_is_refused_naming_the_argument(tmp_path, capsys):
     """`~nosuchuser9/m` reached pathlib's expanduser: `orthros convert` (run as `python -m
     orthros.conversion.cli`, without the dispatcher's catch) and fetch raised a bare
