@@ -268,15 +268,18 @@ def test_a_training_checkpoint_without_its_manifest_is_named_so(ckpt, tmp_path, 
     training checkpoints carry sha256 sums", as if it were none."""
     import shutil
 
-    from orthros.training import trainer
-    from orthros.training.checkpoint import MANIFEST, TRAINER_STATE  # the layout's one home, the trainer's too
+    from orthros import layout
+    from orthros.training import checkpoint, trainer
 
-    assert trainer.TRAINER_STATE is TRAINER_STATE
+    # the layout's one home is orthros/layout.py, the trainer's and the checkpoint module's names too; the
+    # files' names are checked as users see them (a rename of a constant must not pass unseen)
+    assert trainer.TRAINER_STATE is checkpoint.TRAINER_STATE is layout.TRAINER_STATE == "trainer_state.pt"
+    assert checkpoint.MANIFEST is layout.MANIFEST == "manifest.json"
     d = tmp_path / "step_00000004"
     shutil.copytree(ckpt, d)
-    (d / TRAINER_STATE).write_bytes(b"state")
+    (d / "trainer_state.pt").write_bytes(b"state")
     rc, out, err = run([str(d)], capsys)
-    assert rc == 0 and f"a training checkpoint ({TRAINER_STATE}) without its {MANIFEST}: incomplete or damaged" \
+    assert rc == 0 and "a training checkpoint (trainer_state.pt) without its manifest.json: incomplete or damaged" \
         in out, err
     assert describe(d)["origin"] == {"incomplete_training_checkpoint": True}
     rc, out, err = run([str(d), "--verify"], capsys)
