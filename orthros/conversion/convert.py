@@ -583,10 +583,12 @@ def _cast_checked(t: torch.Tensor, dtype: torch.dtype, name: str, names: dict) -
             and bool(torch.isinf(out).any()) and not bool(torch.isinf(t).any()):
         big = float(t.abs().max())
         # as the caller names it: --dtype takes bf16 / fp16 / fp32 (not float16), the API torch's names too
-        asked = dtype_name(dtype) if names["dtype"].startswith("-") else _dtype_name(dtype)
+        cli = names["dtype"].startswith("-")
+        asked = dtype_name(dtype) if cli else _dtype_name(dtype)
+        bf16, fp32 = ("bf16", "fp32") if cli else ('"bf16"', '"fp32"')  # (the API's a str: dtype="bf16")
         raise ValueError(f"{_nv(names, 'dtype', asked)}: tensor {name!r} holds values up to {big:.4g}, "
-                         f"beyond its range ({torch.finfo(dtype).max:.6g}); convert with {_nv(names, 'dtype', 'bf16')} "
-                         f"or {_nv(names, 'dtype', 'fp32')}")
+                         f"beyond its range ({torch.finfo(dtype).max:.6g}); convert with {_nv(names, 'dtype', bf16)} "
+                         f"or {_nv(names, 'dtype', fp32)}")
     return out
 
 

@@ -1133,8 +1133,9 @@ def test_fp16_overflow_names_the_dtype_as_the_cli_takes_it(tmp_path, good_src, c
     err = capsys.readouterr().err
     assert f"--dtype fp16: tensor {name!r}" in err and "convert with --dtype bf16 or --dtype fp32" in err, err
     assert "float16" not in err, err
-    with pytest.raises(ValueError, match=f"^dtype=float16: tensor {name!r}"):
+    with pytest.raises(ValueError, match=f"^dtype=float16: tensor {name!r}") as e:
         convert_checkpoint(src, tmp_path / "out", dtype="fp16", progress=False)
+    assert 'convert with dtype="bf16" or dtype="fp32"' in str(e.value)  # Python (it said dtype=bf16)
 
 
 def test_a_home_folder_of_no_user_is_refused_naming_the_argument(tmp_path, capsys):
