@@ -242,8 +242,9 @@ def check_weights_fit(path, config, *, arg: str = "--model", headers: Optional[d
 
 def check_local_checkpoint(path, subfolder: str = "", *, config_given: bool = False):
     """What ``from_pretrained`` checks first: a local directory's weights are complete and, unless
-    the caller passes its own config (``config_given``), its ``config.json`` is an Orthros one (a
-    Llama / Qwen / Mistral checkpoint gets "convert it first"); a file (its ``config.json``, a
+    the caller passes its own config (``config_given``), it has a ``config.json`` (transformers
+    would build the defaults' model) and that is an Orthros one (a Llama / Qwen / Mistral checkpoint
+    gets "convert it first"); a file (its ``config.json``, a
     weights or GGUF file) or a local-looking path that does not exist is an error (the latter never
     becomes a hub lookup). Other names (hub repo ids) are left to transformers. Returns the path to
     load: a local directory's with ``~`` expanded (transformers takes ``~/ckpt`` for a repo id)."""
@@ -255,6 +256,10 @@ def check_local_checkpoint(path, subfolder: str = "", *, config_given: bool = Fa
         if hint:
             raise CheckpointError(f"{path}: no config.json (not a checkpoint directory){hint}")
         d = d / subfolder if subfolder else d
+        if not config_given and not (d / "config.json").is_file():  # transformers built OrthrosConfig()'s defaults
+            where = f" in subfolder {subfolder!r}" if subfolder else ""
+            hint = _gguf_hint(d, path) or "; weights without their config.json load with config=OrthrosConfig(...)"
+            raise CheckpointError(f"{path}: no config.json{where} (not a checkpoint directory){hint}")
         if not config_given:
             mt = _model_type(d / "config.json")
             if isinstance(mt, str) and mt != "orthros":

@@ -343,3 +343,24 @@ def test_a_directory_without_weights_is_named_so_and_pytorch_bin_weights_are_lef
     ids = torch.tensor([[1, 5, 9, 2]])
     with torch.no_grad():
         torch.testing.assert_close(load_model(binary)(ids).logits, OrthrosForCausalLM.from_pretrained(single)(ids).logits)
+
+
+def test_a_directory_without_config_json_is_named_so_unless_a_config_is_given(saved, tmp_path):
+    """Weights without their config.json (a copy that left it behind) were loaded into a model of
+    ``OrthrosConfig()``'s defaults: transformers' "You set `ignore_mismatched_sizes` to `False`"
+    RuntimeError, or, with sizes that happened to match, a silent load with the defaults' window and
+    RoPE. An empty directory was "no file named model.safetensors". With ``config=`` it loads."""
+    single = saved[0]
+    bare = _copy(single, tmp_path / "bare")
+    (bare / "config.json").unlink()
+    with pytest.raises(CheckpointError, match=r"bare: no config.json \(not a checkpoint directory"):
+        OrthrosForCausalLM.from_pretrained(bare)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match=r"empty: no config.json"):
+        OrthrosForCausalLM.from_pretrained(tmp_path / "empty")
+    (tmp_path / "outer").mkdir()
+    shutil.move(bare, tmp_path / "outer" / "sub")
+    with pytest.raises(CheckpointError, match=r"outer: no config.json in subfolder 'sub'"):
+        OrthrosForCausalLM.from_pretrained(tmp_path / "outer", subfolder="sub")
+    got = OrthrosForCausalLM.from_pretrained(tmp_path / "outer" / "sub", config=OrthrosConfig.from_pretrained(single))
+    torch.testing.assert_close(got.lm_head.weight, OrthrosForCausalLM.from_pretrained(single).lm_head.weight)
