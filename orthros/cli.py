@@ -123,16 +123,26 @@ def _main(argv) -> int:
     except BAD_INPUT_ERRORS as e:  # bad input the command did not report itself
         if show_traceback():
             raise
-        print(f"orthros {cmd}: error: {_one_line(e)}", file=sys.stderr)
+        print(f"{_prog(cmd, rest)}: error: {_one_line(e)}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except RUNTIME_ERRORS as e:
         if show_traceback() or (isinstance(e, BrokenPipeError) and _reader_gone()):
             raise
         no_home = _no_home(rest) if isinstance(e, RuntimeError) and "home directory" in str(e) else None
         if no_home:  # pathlib's expanduser of `~bbo/x`, a typo the shell leaves as typed: bad input
-            print(f"orthros {cmd}: error: {no_home}", file=sys.stderr)
+            print(f"{_prog(cmd, rest)}: error: {no_home}", file=sys.stderr)
             return EXIT_BAD_INPUT
-        return _failure(f"orthros {cmd}", e)
+        return _failure(_prog(cmd, rest), e)
+
+
+# commands whose own errors name their sub-command (`orthros eval mqar: error: ...`): the failures they
+# leave to main() are named alike (they said `orthros eval: error: ...`)
+NAMED_WITH_SUBCOMMAND = ("eval",)
+
+
+def _prog(cmd: str, rest: list) -> str:
+    sub = rest[0] if cmd in NAMED_WITH_SUBCOMMAND and rest and re.fullmatch(r"[a-z][a-z0-9-]*", rest[0]) else ""
+    return f"orthros {cmd} {sub}" if sub else f"orthros {cmd}"
 
 
 @contextlib.contextmanager

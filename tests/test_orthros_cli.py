@@ -268,6 +268,20 @@ def test_an_unknown_option_is_named_with_its_sub_command(capsys):
     assert "orthros eval mqar: error: unrecognized arguments: --modesl x" in capsys.readouterr().err
 
 
+def test_a_failure_an_eval_sub_command_leaves_to_main_names_it(capsys, monkeypatch):
+    """A runtime failure of `orthros eval mqar` said `orthros eval: error: ...`, where its own errors (and its
+    bad input) say `orthros eval mqar: error: ...`."""
+    import orthros.evaluation.cli as ecli
+    from orthros.cli import main
+
+    def disk_full(a):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ecli, "_mqar", disk_full)
+    assert main(["eval", "mqar"]) == 1
+    assert capsys.readouterr().err.startswith("orthros eval mqar: error: OSError: [Errno 28] No space left")
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["info", "--help"], ["info", "CKPT"],
                                   ["convert", "LLAMA", "NEW", "--dry-run", "--window-size", "8"]],
                          ids=["help", "info-help", "info", "convert-dry-run"])
@@ -306,7 +320,7 @@ def test_a_stdout_that_cannot_be_written_is_one_line(argv):
     with open("/dev/full", "w") as full:
         r = subprocess.run([sys.executable, "-m", "orthros", *argv], stdout=full, stderr=subprocess.PIPE, text=True,
                            env=env, cwd=REPO, timeout=120)
-    prog = "orthros" if argv[0].startswith("-") else f"orthros {argv[0]}"
+    prog = "orthros" if argv[0].startswith("-") else " ".join(["orthros", *argv[:2 if argv[0] == "eval" else 1]])
     assert r.returncode == 1 and r.stderr.strip().splitlines() == [
         f"{prog}: error: OSError: [Errno 28] No space left on device (ORTHROS_TRACEBACK=1 shows the traceback)"], r.stderr
 
