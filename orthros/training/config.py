@@ -13,6 +13,7 @@ import difflib
 import math
 import os
 import re
+import shlex
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,6 +223,10 @@ def resolve_key(key: str) -> str:
             return leaf[0]
         if len(leaf) > 1:
             raise ConfigError(f"config key '{key}' is ambiguous: use one of {leaf}")
+    if key in _section_types():  # --optim 3
+        first = dataclasses.fields(_section_types()[key])[0].name
+        raise ConfigError(f"'{key}' is a config section, not a key: set one of its keys, as --{key}.{first} VALUE "
+                          f"(its keys: see `orthros train --help-config`)")
     raise _unknown(key)
 
 
@@ -267,10 +272,8 @@ def _coerce(key: str, value: Any):
                     return int(value)
             except ValueError:
                 pass
-    names = [getattr(t, "__name__", str(t)) for t in allowed]
-    bare = (f" (an override with no value after it, as --{key.rsplit('.', 1)[-1]} alone, is true: give it one)"
-            if value is True else "")
-    raise ConfigError(f"config key '{key}' expects {' or '.join(names)}, got {value!r}{bare}")
+    names = ["null" if t is type(None) else getattr(t, "__name__", str(t)) for t in allowed]
+    raise ConfigError(f"config key '{key}' expects {' or '.join(names)}, got {value!r}")
 
 
 def _set(cfg: RunConfig, key: str, value: Any) -> None:
@@ -394,17 +397,30 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
             if key not in valid_keys():
                 if key in _section_types():
                     raise ConfigError(f"config section '{key}' must be a mapping")
+                if isinstance(value, dict) and "." not in key:  # 'trian:' was matched by its leaf: data.train
+                    near = difflib.get_close_matches(key, list(_section_types()), n=1, cutoff=0.6)
+                    hint = f"; did you mean '{near[0]}'?" if near else ""
+                    raise ConfigError(f"unknown config section '{key}'{hint} (sections: {list(_section_types())})")
                 raise _unknown(key)
-            _set(cfg, key, value)
-    for key, raw in _override_texts(list(overrides or [])):
-        key = resolve_key(key)
+            try:
+                _set(cfg, key, value)
+            except ConfigError as e:
+                raise ConfigError(f"config file {path}: {e}") from None
+    for typed, raw in _override_texts(list(overrides or [])):
+        key = resolve_key(typed)
         value = True if raw is None else _override_value(raw)
         try:
-            _set(cfg, key, value)
-        except ConfigError:  # '001', 'yes' for a key of text: YAML's number / boolean, the text as typed
-            if raw is None or not isinstance(value, (bool, int, float)) or str not in _allowed_types(key):
-                raise
-            _set(cfg, key, raw)
+            try:
+                _set(cfg, key, value)
+            except ConfigError:  # '001', 'yes' for a key of text: YAML's number / boolean, the text as typed
+                if raw is None or not isinstance(value, (bool, int, float)) or str not in _allowed_types(key):
+                    raise
+                _set(cfg, key, raw)
+        except ConfigError as e:  # the option as typed (--max-steps, --lr), then the key it sets
+            if raw is None:
+                raise ConfigError(f"--{typed}: {e} (an override with no value after it, as --{typed} alone, is "
+                                  f"true: give it one)") from None
+            raise ConfigError(f"--{typed} {shlex.quote(raw)}: {e}") from None
     _expand_home(cfg)
     validate(cfg)
     return cfg

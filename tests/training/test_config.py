@@ -135,7 +135,7 @@ def test_help_config_gives_each_key_its_default_and_meaning():
     (["--output_dir", " "], "output_dir is ' ': name a directory"),
     (["--data.train", "[a.jsonl, ' ']"], "data.train is ' ': name a dataset"),
     (["--data.eval", " "], r"data.eval is ' ': name a dataset \(null: no eval\)"),
-    (["--model.head_dim", " "], "'model.head_dim' expects int or NoneType, got ' '"),
+    (["--model.head_dim", " "], "'model.head_dim' expects int or null, got ' '"),
 ])
 def test_bad_values_are_refused_at_load_time(args, msg):
     with pytest.raises(ConfigError, match=msg):
@@ -382,3 +382,48 @@ def test_a_config_file_that_is_no_yaml_text_is_named(tmp_path):
         load_config(str(latin))
     with pytest.raises(ConfigError, match=re.escape(f"config file {tmp_path} is a directory, not a YAML file")):
         load_config(str(tmp_path))
+
+
+@pytest.mark.parametrize("args,says", [
+    # the option as typed (a bare leaf, '-' for '_') and its value, then the key it sets
+    (["--max-steps", "abc"], "--max-steps abc: config key 'train.max_steps' expects int, got 'abc'"),
+    (["--lr", "fast"], "--lr fast: config key 'optim.lr' expects float, got 'fast'"),
+    (["--optim.lr=fast"], "--optim.lr fast: config key 'optim.lr' expects float, got 'fast'"),
+    (["--lr", "--max_steps", "4"], "--lr: config key 'optim.lr' expects float, got True (an override with no value "
+                                   "after it, as --lr alone, is true: give it one)"),
+    # a null, in YAML's word (it said 'int or NoneType')
+    (["--model.head_dim", "x"], "config key 'model.head_dim' expects int or null, got 'x'"),
+])
+def test_a_bad_override_value_names_the_option_as_typed(args, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_config(None, args)
+
+
+def test_a_yaml_value_of_the_wrong_type_gives_no_override_hint(tmp_path):
+    """`max_steps: true` in a YAML file was told of 'an override with no value after it, as
+    --max_steps alone', which the user never wrote."""
+    p = tmp_path / "c.yaml"
+    p.write_text("train:\n  max_steps: true\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(p))
+    assert str(e.value) == f"config file {p}: config key 'train.max_steps' expects int, got True"
+
+
+@pytest.mark.parametrize("text,says", [
+    # a misspelt section was matched by its leaf: 'trian' -> 'data.train', 'optm' -> nothing
+    ("trian:\n  max_steps: 3\n", "unknown config section 'trian'; did you mean 'train'?"),
+    ("optm:\n  lr: 1.0e-3\n", "unknown config section 'optm'; did you mean 'optim'?"),
+    ("checkpoints:\n  every: 5\n", "unknown config section 'checkpoints'; did you mean 'checkpoint'?"),
+])
+def test_a_misspelt_yaml_section_names_the_nearest_section(tmp_path, text, says):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_config(str(p))
+
+
+def test_a_section_given_as_an_override_names_its_keys():
+    """`--optim 3` was "unknown config key 'optim'; did you mean 'optim.lr'?": a section, not a key."""
+    with pytest.raises(ConfigError, match=re.escape("'optim' is a config section, not a key: set one of its keys, "
+                                                    "as --optim.lr VALUE")):
+        load_config(None, ["--optim", "3"])
