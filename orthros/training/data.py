@@ -62,6 +62,15 @@ def _file_format(path: str) -> Optional[str]:
     return _EXT_FORMAT.get(Path(_strip_compression(path)).suffix)
 
 
+def _formats_text() -> str:
+    """The data files' formats and their extensions, for an error: 'text (.txt, .text, .md), json (...)'."""
+    by: dict[str, list[str]] = {}
+    for ext, fmt in _EXT_FORMAT.items():
+        by.setdefault(fmt, []).append(ext)
+    parts = [fmt if exts == [f".{fmt}"] else f"{fmt} ({', '.join(exts)})" for fmt, exts in by.items()]
+    return f"{', '.join(parts[:-1])} or {parts[-1]} (compressed too)"
+
+
 def _resolve_files(spec, name: str = "data.train") -> Optional[list[str]]:
     """Local files named by ``spec`` (path, dir, glob, or list), or None when nothing local matches;
     ``name``: the config key that names them, in its errors."""
@@ -91,8 +100,10 @@ def _resolve_files(spec, name: str = "data.train") -> Optional[list[str]]:
         elif os.path.isfile(s):
             files.append(s)
         else:
-            if len(specs) > 1 or os.sep in s and (s.startswith((".", "/", "~")) or Path(s).suffix):
-                raise DataError(f"{name}: data file not found: {s}")
+            # a data file's extension (train.jsonl, no folder: run from another one) is a file, not a hub name
+            if len(specs) > 1 or _file_format(s) or os.sep in s and (s.startswith((".", "/", "~")) or Path(s).suffix):
+                where = "" if os.path.isabs(s) else f" (looked for in {os.getcwd()})"
+                raise DataError(f"{name}: data file not found: {s}{where}")
             return None
     return files
 
@@ -121,8 +132,10 @@ class DocSource:
             if len(fmts) > 1:  # data.format would read them all as one format
                 raise DataError(f"{name}: the files are of several formats ({', '.join(sorted(fmts))}); the data "
                                 f"of one key must be of one format: {files[:3]}")
-            if not fmts:
-                raise DataError(f"{name}: cannot tell the format of {files[:3]} (set data.format)")
+            if not fmts:  # .npy / .bin: pre-tokenized files, which no data.format reads
+                raise DataError(f"{name}: cannot tell the format of {', '.join(files[:3])} from its extension: "
+                                f"data files are {_formats_text()}; token files are not read; data.format names "
+                                f"the format of a file of another extension")
             if all(os.path.getsize(f) == 0 for f in files):  # datasets' own error names no reason
                 what = files[0] if len(files) == 1 else f"every file of {files[:3]}"
                 raise DataError(f"{name}: {what} is empty (0 bytes)")

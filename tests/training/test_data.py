@@ -359,3 +359,27 @@ def test_a_data_path_under_the_home_folder_of_no_user_is_named(tmp_path, monkeyp
     assert _resolve_files("~/d.txt") == [str(tmp_path / "d.txt")]
     with pytest.raises(DataError, match=r"^data.eval ~nosuchuser9/x.txt: no user 'nosuchuser9' on this machine"):
         _resolve_files(["~/d.txt", "~nosuchuser9/x.txt"], "data.eval")
+
+
+@pytest.mark.parametrize("which", ["train", "eval"])
+def test_a_missing_data_file_named_without_a_folder_is_not_a_hub_name(tmp_path, tok, monkeypatch, which):
+    """`--data.train train.jsonl` run from the wrong folder was taken for a hub dataset: 'not a local
+    path ... the hub is unreachable' offline, the hub client's error online. A name with a data file's
+    extension is a file: 'data file not found', with the folder it was looked for in."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("train.jsonl", "corpus.txt.gz"):
+        with pytest.raises(DataError, match=f"^data.{which}: data file not found: {name} "
+                                            rf"\(looked for in {tmp_path}\)"):
+            build_stream(load_config(None, [f"--data.{which}", name]), tok, which)
+
+
+@pytest.mark.parametrize("name", ["tokens.npy", "train.bin"])
+def test_a_file_of_no_data_format_names_the_formats(tmp_path, tok, name):
+    """A pre-tokenized file (.npy / .bin) was told to 'set data.format', which has no format for it."""
+    p = tmp_path / name
+    p.write_bytes(b"\x00\x01" * 64)
+    with pytest.raises(DataError, match=rf"^data.train: cannot tell the format of {p} from its extension: data files "
+                                        rf"are text \(\.txt, \.text, \.md\), json \(\.json, \.jsonl\), parquet, csv "
+                                        rf"or arrow \(compressed too\); token files are not read; data.format names "
+                                        rf"the format of a file of another extension"):
+        build_stream(load_config(None, ["--data.train", str(p)]), tok)
