@@ -606,6 +606,11 @@ def validate(cfg: RunConfig) -> None:
     names = {"output_dir": "a directory", "model.init_from": "a checkpoint directory or hub model (null: none)",
              "data.tokenizer": "'embedded', a tokenizer directory or hub name", "data.train": "a dataset",
              "data.eval": "a dataset (null: no eval)"}
+    for key in ("data.train", "data.eval"):  # [a.jsonl, 5]: 5 was read as the file '5'
+        v = _get(cfg, key)
+        for i, item in enumerate(v if isinstance(v, list) else []):
+            if not isinstance(item, str):
+                raise ConfigError(f"{key}[{i}] must be text (a file, folder, glob or hub dataset), got {item!r}")
     for key, what in names.items():  # '' or ' ': an unset shell variable ('' init_from trained from scratch)
         v = _get(cfg, key)
         for item in (v if isinstance(v, list) else [v]):

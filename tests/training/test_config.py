@@ -136,6 +136,10 @@ def test_help_config_gives_each_key_its_default_and_meaning():
     (["--data.train", "[a.jsonl, ' ']"], "data.train is ' ': name a dataset"),
     (["--data.eval", " "], r"data.eval is ' ': name a dataset \(null: no eval\)"),
     (["--model.head_dim", " "], "'model.head_dim' expects int or null, got ' '"),
+    # an item of a list that is no text was read as its str(): 'data file not found: 5', "data glob \"['a']\""
+    (["--data.train", "[a.jsonl, 5]"], r"data.train\[1\] must be text \(a file, folder, glob or hub dataset\), got 5"),
+    (["--data.eval", "[[a.jsonl]]"], r"data.eval\[0\] must be text \(a file, folder, glob or hub dataset\), "
+                                     r"got \['a.jsonl'\]"),
 ])
 def test_bad_values_are_refused_at_load_time(args, msg):
     with pytest.raises(ConfigError, match=msg):
