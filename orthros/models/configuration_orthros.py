@@ -17,6 +17,10 @@ from ..ops.backends import BACKENDS as ATTN_BACKENDS
 from ..utils import check_positive_int
 
 
+NO_SLIDING_WINDOW = ("OrthrosConfig has no `sliding_window` (it would make transformers' caches drop tokens the "
+                     "output stream needs); use `window_size`")
+
+
 def _finite_number(x) -> bool:
     return not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x)
 
@@ -102,8 +106,7 @@ class OrthrosConfig(PreTrainedConfig):
         **kwargs,
     ):
         if "sliding_window" in kwargs:
-            raise ValueError("OrthrosConfig has no `sliding_window` (it would make transformers' caches drop "
-                             "tokens the output stream needs); use `window_size`")
+            raise ValueError(NO_SLIDING_WINDOW)
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
@@ -193,9 +196,17 @@ class OrthrosConfig(PreTrainedConfig):
         without ``layer_types`` switches the attention layers' kind with it (GDN layers stay):
         ``from_pretrained(path, attention_mode="full")`` runs a checkpoint as its Transformer
         baseline (it contradicted the saved ``layer_types``); ``layer_types`` with attention kinds
-        given without ``attention_mode`` sets the mode to theirs."""
+        given without ``attention_mode`` sets the mode to theirs. ``full_attention_interval`` (without
+        ``layer_types``) lays the layers out as ``__init__`` does; ``sliding_window`` is refused as there
+        (transformers would drop either: they are no attributes of the config)."""
+        if "sliding_window" in kwargs:
+            raise ValueError(NO_SLIDING_WINDOW)
         mode, types = kwargs.get("attention_mode"), kwargs.get("layer_types")
-        if mode is not None and types is None and isinstance(config_dict.get("layer_types"), list):
+        interval = kwargs.pop("full_attention_interval", None)
+        if interval is not None and types is None:
+            config_dict = {**config_dict, "layer_types": None, "full_attention_interval": interval,
+                           **{k: kwargs[k] for k in ("num_hidden_layers", "attention_mode") if k in kwargs}}
+        elif mode is not None and types is None and isinstance(config_dict.get("layer_types"), list):
             config_dict = {**config_dict, "attention_mode": mode,
                            "layer_types": with_attention_mode(config_dict["layer_types"], resolve_mode(mode))}
         elif types is not None and mode is None and isinstance(types, (list, tuple)) and \

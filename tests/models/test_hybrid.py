@@ -80,6 +80,28 @@ def test_an_interval_beyond_the_layers_is_refused():
     assert OrthrosConfig(**kw, full_attention_interval=4).layer_types[-1] == "orthros_attention"
 
 
+def test_from_pretrained_takes_full_attention_interval_as_init_does(tmp_path):
+    # from_pretrained(path, full_attention_interval=N): AutoConfig dropped it without a word (the saved
+    # layer_types kept, interval 0 or 9 passed), OrthrosForCausalLM got a TypeError of its __init__
+    from transformers import AutoConfig
+
+    m = tiny("orthros-h", layers=4)  # L L L O: interval 4
+    m.save_pretrained(tmp_path)
+    assert AutoConfig.from_pretrained(tmp_path, full_attention_interval=2).layer_types == \
+        ["linear_attention", "orthros_attention"] * 2
+    assert OrthrosConfig.from_pretrained(tmp_path, full_attention_interval=2, attention_mode="full").layer_types == \
+        ["linear_attention", "full_attention"] * 2
+    assert OrthrosConfig.from_pretrained(tmp_path, full_attention_interval=1, layer_types=m.config.layer_types
+                                         ).layer_types == m.config.layer_types  # layer_types wins, as in __init__
+    loaded = OrthrosForCausalLM.from_pretrained(tmp_path, full_attention_interval=4).eval()
+    ids = torch.randint(0, 61, (1, 9))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, m(ids).logits, rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"full_attention_interval=5 exceeds num_hidden_layers=4"):
+        AutoConfig.from_pretrained(tmp_path, full_attention_interval=5)
+    with pytest.raises(ValueError, match=r"full_attention_interval must be an integer >= 1, got 0"):
+        OrthrosForCausalLM.from_pretrained(tmp_path, full_attention_interval=0)
+
 def test_bad_gdn_sizes_rejected():
     with pytest.raises(ValueError, match="linear_num_value_heads"):
         OrthrosConfig(vocab_size=10, hidden_size=16, intermediate_size=16, num_hidden_layers=4, num_attention_heads=2,

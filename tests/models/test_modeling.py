@@ -413,6 +413,14 @@ def test_fields_set_after_init_are_checked_before_a_model_or_file(tmp_path, kw, 
     assert not (tmp_path / "bad").exists()
 
 
+def test_from_pretrained_refuses_sliding_window_as_init_does(tmp_path):
+    # OrthrosConfig(sliding_window=4) is refused, but from_pretrained(path, sliding_window=4) was dropped without a
+    # word by AutoConfig (the window kept) and a TypeError of OrthrosForCausalLM.__init__ for the model
+    tiny_model().save_pretrained(tmp_path / "m")
+    for load in (AutoConfig.from_pretrained, OrthrosForCausalLM.from_pretrained):
+        with pytest.raises(ValueError, match=r"OrthrosConfig has no `sliding_window` .*; use `window_size`"):
+            load(tmp_path / "m", sliding_window=4)
+
 @pytest.mark.parametrize("hybrid", [False, True])
 def test_from_pretrained_with_attention_mode_or_layer_types_runs_that_baseline(tmp_path, hybrid):
     # from_pretrained(path, attention_mode="full"): the saved orthros_attention layer_types contradicted the
