@@ -370,6 +370,22 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _yaml_error_text(e: yaml.YAMLError) -> str:
+    """PyYAML's error on one line, at the line and column of the file (its own text runs over several
+    lines and names '<unicode string>')."""
+    mark = getattr(e, "problem_mark", None)
+    if mark is None or not getattr(e, "problem", None):
+        return ": " + " ".join(str(e).split())
+    where = f" at line {mark.line + 1}, column {mark.column + 1}: "
+    context, cm = getattr(e, "context", None), getattr(e, "context_mark", None)
+    if context == "while scanning for the next token":  # says nothing the problem does not
+        context = None
+    if context and cm is not None and (cm.line, cm.column) != (mark.line, mark.column):
+        context = f"{context} (line {cm.line + 1}, column {cm.column + 1})"
+    text = ", ".join(t for t in (context, e.problem) if t)
+    return where + text + (" (indent with spaces: YAML takes no tabs)" if "'\\t'" in e.problem else "")
+
+
 def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None) -> RunConfig:
     """Load a YAML config (or the defaults), apply overrides, validate. Raises ConfigError."""
     cfg = RunConfig()
@@ -390,7 +406,7 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
         except _KeySetTwice as e:
             raise ConfigError(f"config file {path}: {e}") from None
         except yaml.YAMLError as e:
-            raise ConfigError(f"config file {path} is not valid YAML: {e}") from None
+            raise ConfigError(f"config file {path} is not valid YAML{_yaml_error_text(e)}") from None
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
         for key, value in _flatten(raw):

@@ -431,3 +431,18 @@ def test_a_section_given_as_an_override_names_its_keys():
     with pytest.raises(ConfigError, match=re.escape("'optim' is a config section, not a key: set one of its keys, "
                                                     "as --optim.lr VALUE")):
         load_config(None, ["--optim", "3"])
+
+
+@pytest.mark.parametrize("text,says", [
+    ("train:\n\tmax_steps: 3\n", "line 2, column 1: found character '\\t' that cannot start any token (indent with "
+                                 "spaces: YAML takes no tabs)"),
+    ("optim:\n  lr: [1e-3\n", "line 3, column 1: while parsing a flow sequence (line 2, column 7), expected ',' or ']', "
+                              "but got '<stream end>'"),
+])
+def test_a_yaml_syntax_error_is_one_line_naming_the_file_and_line(tmp_path, capsys, text, says):
+    """PyYAML's error ran over five lines (the docs promise one) and named '<unicode string>', not the file."""
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    assert cli_main([str(p), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"orthros train: error: config file {p} is not valid YAML at {says}\n"
