@@ -164,10 +164,11 @@ class DocSource:
             if self.num_docs == 0:
                 raise DataError(f"{name}: dataset {spec!r} is empty (0 documents)")
 
-    def check_column(self, column: str) -> None:
+    def check_column(self, column: str, key: str = "data.text_field") -> None:
+        """``column`` (the value of config ``key``, the field the mode reads) is one of the dataset's."""
         if self.columns is not None and column not in self.columns:
             raise DataError(f"{self.name}: dataset has no column '{column}' (columns: {self.columns}); "
-                            f"set data.text_field / data.messages_field")
+                            f"set {key} to one of them")
 
     def row(self, epoch: int, i: int) -> Optional[int]:
         """The dataset row of document ``i`` of ``epoch``'s order (None: a shuffled stream's)."""
@@ -525,7 +526,8 @@ def build_stream(cfg, tokenizer, which: str = "train") -> Optional[PackedStream]
     src = DocSource(spec, fmt=d.format, streaming=d.streaming, shuffle=d.shuffle and which == "train",
                     seed=cfg.seed, shuffle_buffer=d.shuffle_buffer, text_sample_by=d.text_sample_by,
                     name=f"data.{which}")
-    src.check_column(d.messages_field if cfg.mode == "sft" else d.text_field)
+    src.check_column(*((d.messages_field, "data.messages_field") if cfg.mode == "sft" else
+                       (d.text_field, "data.text_field")))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (tokenizer.eos_token_id or 0)
     enc = make_encoder(cfg.mode, tokenizer, d, d.seq_len)
     whole = cfg.mode == "sft" or d.repeat_passage > 0  # chat examples and P P EOS units are never split

@@ -383,3 +383,15 @@ def test_a_file_of_no_data_format_names_the_formats(tmp_path, tok, name):
                                         rf"or arrow \(compressed too\); token files are not read; data.format names "
                                         rf"the format of a file of another extension"):
         build_stream(load_config(None, ["--data.train", str(p)]), tok)
+
+
+@pytest.mark.parametrize("mode,key", [("pt", "data.text_field"), ("sft", "data.messages_field")])
+def test_a_missing_column_names_the_key_the_mode_reads(tmp_path, tok, mode, key):
+    """'set data.text_field / data.messages_field' named both keys, one of which the mode refuses when set."""
+    _write_jsonl(tmp_path / "a.jsonl", ["x"])  # a 'text' column
+    column = "body" if mode == "pt" else "messages"
+    cfg = load_config(None, ["--mode", mode, "--data.train", str(tmp_path / "a.jsonl"), "--data.eval", "null",
+                             f"--{key}", column])
+    with pytest.raises(DataError, match=rf"^data.train: dataset has no column '{column}' \(columns: \['text'\]\); "
+                                        rf"set {key} to one of them$"):
+        build_stream(cfg, tok)
