@@ -202,18 +202,24 @@ def nearest_key(key: str) -> Optional[str]:
 _FLAGS = {"dry_run": "--dry-run", "help_config": "--help-config"}  # the command's flags, which take no value
 
 
-def _unknown(key: str) -> ConfigError:
-    flag = _FLAGS.get(key.replace("-", "_"))
+def _unknown(key: str, typed: Optional[str] = None) -> ConfigError:
+    """``key`` is no config key; ``typed``: the override's key as typed (--max-stepz), where it differs."""
+    shown = typed or key
+    key = key.replace("-", "_")
+    flag = _FLAGS.get(key)
     if flag is not None:  # --dry_run, --dry-run=true: a flag written as a key
-        return ConfigError(f"'{key}' is not a config key: the flag is {flag}, written as such (no value)")
+        return ConfigError(f"'{shown}' is not a config key: the flag is {flag}, written as such (no value)")
+    flag = difflib.get_close_matches(key, list(_FLAGS), n=1, cutoff=0.8)
+    if flag:  # --dryrun: a flag misspelt
+        return ConfigError(f"unknown config key '{shown}'; did you mean the flag {_FLAGS[flag[0]]}?")
     near = nearest_key(key)
     hint = f"; did you mean '{near}'?" if near else ""
-    return ConfigError(f"unknown config key '{key}'{hint} (valid keys: see `orthros train --help-config`)")
+    return ConfigError(f"unknown config key '{shown}'{hint} (valid keys: see `orthros train --help-config`)")
 
 
 def resolve_key(key: str) -> str:
     """Map a dotted or unique bare key to its full dotted name, or raise with a suggestion."""
-    key = key.replace("-", "_")
+    typed, key = key, key.replace("-", "_")
     keys = valid_keys()
     if key in keys:
         return key
@@ -227,7 +233,7 @@ def resolve_key(key: str) -> str:
         first = dataclasses.fields(_section_types()[key])[0].name
         raise ConfigError(f"'{key}' is a config section, not a key: set one of its keys, as --{key}.{first} VALUE "
                           f"(its keys: see `orthros train --help-config`)")
-    raise _unknown(key)
+    raise _unknown(key, typed)
 
 
 def _type_of(key: str):
@@ -308,14 +314,20 @@ def parse_overrides(argv: list[str]) -> list[tuple[str, Any]]:
     return [(key, True if raw is None else _override_value(raw)) for key, raw in _override_texts(argv)]
 
 
-def _override_texts(argv: list[str]) -> list[tuple[str, Optional[str]]]:
-    """``--a.b 1 --flag`` -> [("a.b", "1"), ("flag", None)]: each key with its value as typed."""
+def _override_texts(argv: list[str], config: Optional[str] = None) -> list[tuple[str, Optional[str]]]:
+    """``--a.b 1 --flag`` -> [("a.b", "1"), ("flag", None)]: each key with its value as typed;
+    ``config``: the config file given before them, if any (for the error on a second one)."""
     out, i = [], 0
     while i < len(argv):
         tok = argv[i]
         if not tok.startswith("--") or tok == "--":
-            where = (" (a config file comes first: orthros train CONFIG.yaml [--key value ...])"
-                     if tok.endswith((".yaml", ".yml")) else "")
+            where = ""
+            if tok.endswith((".yaml", ".yml")):
+                where = (f" (one config file only: {config} is the config; set another's keys as overrides)"
+                         if config is not None else
+                         " (a config file comes first: orthros train CONFIG.yaml [--key value ...])")
+            elif re.fullmatch(r"-[A-Za-z_][\w.-]*(=.*)?", tok):  # -max_steps: one dash
+                where = f" (an override takes two dashes: -{tok})"
             raise ConfigError(f"expected an override '--key value', got {tok!r}{where}")
         key = tok[2:]
         if "=" in key:
@@ -422,7 +434,7 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
                 _set(cfg, key, value)
             except ConfigError as e:
                 raise ConfigError(f"config file {path}: {e}") from None
-    for typed, raw in _override_texts(list(overrides or [])):
+    for typed, raw in _override_texts(list(overrides or []), path):
         key = resolve_key(typed)
         value = True if raw is None else _override_value(raw)
         try:

@@ -446,3 +446,21 @@ def test_a_yaml_syntax_error_is_one_line_naming_the_file_and_line(tmp_path, caps
     assert cli_main([str(p), "--dry-run"]) == 2
     err = capsys.readouterr().err
     assert err == f"orthros train: error: config file {p} is not valid YAML at {says}\n"
+
+
+def test_stray_command_line_words_say_what_was_meant(tmp_path):
+    """A second config file was told 'a config file comes first', after one that did; '-max_steps' (one
+    dash) and '--dryrun' (the flag misspelt) named nothing to type instead."""
+    p = tmp_path / "c.yaml"
+    p.write_text("seed: 1\n")
+    with pytest.raises(ConfigError, match=re.escape(f"got 'd.yaml' (one config file only: {p} is the config; "
+                                                     "set another's keys as overrides)")):
+        load_config(str(p), ["d.yaml"])
+    with pytest.raises(ConfigError, match=re.escape("got '-max_steps' (an override takes two dashes: --max_steps)")):
+        load_config(None, ["-max_steps", "3"])
+    for typo, flag in (("--dryrun", "--dry-run"), ("--dry-runn", "--dry-run"), ("--help_confg", "--help-config")):
+        with pytest.raises(ConfigError, match=re.escape(f"unknown config key '{typo[2:]}'; did you mean the flag {flag}?")):
+            load_config(None, [typo])
+    # a key as typed, '-' and all (it said 'max_stepz' for --max-stepz)
+    with pytest.raises(ConfigError, match=re.escape("unknown config key 'max-stepz'; did you mean 'train.max_steps'?")):
+        load_config(None, ["--max-stepz", "3"])
