@@ -6,8 +6,8 @@ ecosystem with ``trust_remote_code=True`` alone (no ``import orthros``, no orthr
 :func:`remote_code_saved`, which
 
 * collects the orthros modules that the configuration and modeling modules import, directly or
-  transitively (``models`` -> ``layers`` -> ``ops`` and the shared ``utils.py`` / ``kinds.py``,
-  Triton host code included), by reading their imports with :mod:`ast` (a package's
+  transitively (``models`` -> ``layers`` -> ``ops`` and the shared ``utils.py`` / ``kinds.py`` /
+  ``layout.py``, Triton host code included), by reading their imports with :mod:`ast` (a package's
   ``__init__.py`` is included when names are imported from it, not merely for being a parent);
 * writes them as one *flat* set of files beside the weights (``configuration_orthros.py``,
   ``modeling_orthros.py``, ``layers_attention.py``, ``ops_reference.py``, ...), every import of
