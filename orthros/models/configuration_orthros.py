@@ -253,6 +253,11 @@ class OrthrosConfig(PreTrainedConfig):
         if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
             raise ValueError(f"OrthrosConfig.rope_parameters['rope_type']={rope_type!r} is not supported; known: "
                              f"default, {', '.join(sorted(ROPE_INIT_FUNCTIONS))}")
+        factor = self.rope_parameters.get("factor")
+        if rope_type != "default" and factor is not None and (not _finite_number(factor) or factor <= 0):
+            # transformers only warns (below 1), then divides the frequencies by it: reversed, infinite or NaN
+            raise ValueError(f"OrthrosConfig.rope_parameters['factor'] (the {rope_type} RoPE scaling) must be a finite "
+                             f"number > 0, got {factor!r}")
         if not isinstance(self.hidden_act, str) or self.hidden_act not in ACT2FN:
             raise ValueError(f"OrthrosConfig.hidden_act must be an activation of transformers' ACT2FN (e.g. 'silu', "
                              f"'gelu'), got {self.hidden_act!r}")

@@ -358,6 +358,11 @@ def test_a_dtype_cast_keeps_the_rope_frequencies_in_float32(cast):
     (dict(rope_parameters={"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.1}),
      r"\['partial_rotary_factor'\]=0.1 gives a rotary width of int\(head_dim \* factor\) = 1 of head_dim=12: it "
      r"must be >= 2; e.g. 0.16666666666666666 \(width 2\)"),
+    # a scaling factor of 0, below 0, NaN or a string passed with transformers' warning at most and ran with
+    # reversed, infinite or NaN frequencies (or failed in the model's init, unnamed)
+    *[(dict(rope_parameters={"rope_type": t, "rope_theta": 1e4, "factor": f}),
+       rf"^OrthrosConfig.rope_parameters\['factor'\] \(the {t} RoPE scaling\) must be a finite number > 0, got")
+      for t, f in (("linear", -1.0), ("linear", 0.0), ("dynamic", float("nan")), ("linear", "2"))],
     (dict(hidden_act="swiglu_typo"), "hidden_act"),
     (dict(initializer_range=-0.02), "initializer_range"),
     (dict(pad_token_id=97), "pad_token_id"),
