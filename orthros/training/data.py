@@ -305,6 +305,9 @@ def _generation_prompt(render) -> str:
 
 
 def make_encoder(mode: str, tokenizer, data_cfg, seq_len: int) -> Callable[[list[dict]], list]:
+    """The encoder of a mode's records; its ``why_empty()`` says which key dropped every record of a
+    dataset that produced no tokens (``data.seq_len``, ``data.repeat_passage``), or None."""
+    dropped = {"cut": 0, "other": 0}  # records skipped: by the cut to seq_len (sft) / shorter than a passage, or else
     if mode == "sft":
         field = data_cfg.messages_field
 
@@ -313,11 +316,17 @@ def make_encoder(mode: str, tokenizer, data_cfg, seq_len: int) -> Callable[[list
             for r in records:
                 if field not in r:
                     raise DataError(f"SFT record has no '{field}' field (fields: {list(r)}); set data.messages_field")
-                ids, labels = encode_chat(tokenizer, r[field])
-                ids, labels = ids[:seq_len], labels[:seq_len]
-                out.append((ids, labels) if any(l != IGNORE for l in labels[1:]) else None)
+                ids, full = encode_chat(tokenizer, r[field])
+                ids, labels = ids[:seq_len], full[:seq_len]
+                kept = any(l != IGNORE for l in labels[1:])
+                if not kept:
+                    dropped["cut" if any(l != IGNORE for l in full[1:]) else "other"] += 1
+                out.append((ids, labels) if kept else None)
             return out
 
+        enc.why_empty = lambda: (f"every example's answer starts past its first data.seq_len ({seq_len}) tokens, "
+                                 f"where a longer example is cut: raise data.seq_len"
+                                 if dropped["cut"] and not dropped["other"] else None)
         return enc
     field = data_cfg.text_field
     eos = tokenizer.eos_token_id
@@ -333,9 +342,13 @@ def make_encoder(mode: str, tokenizer, data_cfg, seq_len: int) -> Callable[[list
             raise DataError(f"data.text_field '{field}' holds {'an' if kind[0] in 'aeiou' else 'a'} {kind}, not text: {bad!r:.100}; "
                             f"set data.text_field to a field of strings")
         if passage:
-            return encode_repeat_batch(tokenizer, texts, eos, passage)
+            out = encode_repeat_batch(tokenizer, texts, eos, passage)
+            dropped["cut"] += sum(1 for t, e in zip(texts, out) if e is None and t and t.strip())
+            return out
         return encode_text_batch(tokenizer, texts, eos)
 
+    enc.why_empty = lambda: (f"every document is shorter than data.repeat_passage ({passage}) tokens, one passage: "
+                             f"lower data.repeat_passage" if dropped["cut"] else None)
     return enc
 
 
@@ -390,8 +403,10 @@ class PackedStream:
                 batch = next(self._iter)
             except StopIteration:
                 if self._epoch_tokens == 0:
-                    raise DataError(f"{self.source.name}: dataset {self.source.spec!r} produced no tokens "
-                                    f"(empty, or every example was empty / had no answer tokens)") from None
+                    why = getattr(self.encoder, "why_empty", lambda: None)()
+                    raise DataError(f"{self.source.name}: dataset {self.source.spec!r} produced no tokens" +
+                                    (f": {why}" if why else " (empty, or every example was empty / had no answer "
+                                                            "tokens)")) from None
                 self.epoch += 1
                 if self.max_epochs is not None and self.epoch >= self.max_epochs:
                     raise StopIteration

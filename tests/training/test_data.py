@@ -395,3 +395,20 @@ def test_a_missing_column_names_the_key_the_mode_reads(tmp_path, tok, mode, key)
     with pytest.raises(DataError, match=rf"^data.train: dataset has no column '{column}' \(columns: \['text'\]\); "
                                         rf"set {key} to one of them$"):
         build_stream(cfg, tok)
+
+
+def test_data_too_short_for_its_rows_says_which_key_to_change(tmp_path, tok):
+    """SFT examples cut to data.seq_len before their answer, and documents shorter than
+    data.repeat_passage, were 'produced no tokens (empty, or every example was empty ...)': neither
+    is empty, and the key that drops them went unnamed."""
+    cfg = load_config(None, ["--mode", "sft", "--seq_len", "8", "--data.eval", "null"])
+    with pytest.raises(DataError, match=r"^data.train: dataset .* produced no tokens: every example's answer starts "
+                                        r"past its first data.seq_len \(8\) tokens, where a longer example is cut: "
+                                        r"raise data.seq_len$"):
+        build_stream(cfg, tok).take(1)
+    (tmp_path / "a.txt").write_text("To be, or not to be.")
+    cfg = load_config(None, ["--data.train", str(tmp_path / "a.txt"), "--data.eval", "null",
+                             "--data.repeat_passage", "100"])
+    with pytest.raises(DataError, match=r"^data.train: dataset .* produced no tokens: every document is shorter than "
+                                        r"data.repeat_passage \(100\) tokens, one passage: lower data.repeat_passage$"):
+        build_stream(cfg, tok).take(1)
