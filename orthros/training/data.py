@@ -146,6 +146,9 @@ class DocSource:
         try:
             ds = datasets.load_dataset(builder, split="train", streaming=streaming, **load_args, **kwargs)
         except Exception as e:  # noqa: BLE001 - re-raised with the data key named
+            if files and isinstance(e, ValueError) and "corresponds to no data" in str(e):  # blank lines, [], a header
+                what = files[0] if len(files) == 1 else f"every file of {files[:3]}"
+                raise DataError(f"{name}: {what} holds no records (0 rows)") from None
             where = f"files {files[:3]}" if files else f"'{spec}' (not a local path, so tried as a hub dataset)"
             why, cause = [], e
             while cause is not None:  # datasets wraps the reason (a parse error, ...) in a generic error

@@ -1,6 +1,7 @@
 """Data pipeline: packing respects documents, SFT labels only answers, exact resume, bad data."""
 
 import json
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -412,3 +413,13 @@ def test_data_too_short_for_its_rows_says_which_key_to_change(tmp_path, tok):
     with pytest.raises(DataError, match=r"^data.train: dataset .* produced no tokens: every document is shorter than "
                                         r"data.repeat_passage \(100\) tokens, one passage: lower data.repeat_passage$"):
         build_stream(cfg, tok).take(1)
+
+
+@pytest.mark.parametrize("name,text", [("a.jsonl", "\n\n"), ("a.json", "[]"), ("a.csv", "text\n")])
+def test_a_data_file_of_no_records_is_called_empty(tmp_path, tok, name, text):
+    """A file of bytes but no record (blank lines, [], a CSV header) was datasets' 'Instruction "train"
+    corresponds to no data!', behind 'could not load'."""
+    p = tmp_path / name
+    p.write_text(text)
+    with pytest.raises(DataError, match=rf"^data.train: {re.escape(str(p))} holds no records \(0 rows\)$"):
+        build_stream(load_config(None, ["--data.train", str(p), "--data.eval", "null"]), tok)
