@@ -328,6 +328,14 @@ def _override_texts(argv: list[str], config: Optional[str] = None) -> list[tuple
                          " (a config file comes first: orthros train CONFIG.yaml [--key value ...])")
             elif re.fullmatch(r"-[A-Za-z_][\w.-]*(=.*)?", tok):  # -max_steps: one dash
                 where = f" (an override takes two dashes: -{tok})"
+            elif out and out[-1][1] is not None and tok != "--":  # --data.train a.txt b.txt
+                prev, value = out[-1]
+                try:
+                    several = list in _allowed_types(resolve_key(prev))
+                except ConfigError:
+                    several = False
+                where = " (an override takes one value" + (
+                    f"; several are a list: --{prev} '[{value}, {tok}]')" if several else ")")
             raise ConfigError(f"expected an override '--key value', got {tok!r}{where}")
         key = tok[2:]
         if "=" in key:

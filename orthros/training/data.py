@@ -26,6 +26,7 @@ from __future__ import annotations
 import glob
 import itertools
 import os
+import re
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -103,6 +104,9 @@ def _resolve_files(spec, name: str = "data.train") -> Optional[list[str]]:
             # a data file's extension (train.jsonl, no folder: run from another one) is a file, not a hub name
             if len(specs) > 1 or _file_format(s) or os.sep in s and (s.startswith((".", "/", "~")) or Path(s).suffix):
                 where = "" if os.path.isabs(s) else f" (looked for in {os.getcwd()})"
+                parts = [x for x in re.split(r"[,\s]+", s) if x]
+                if len(specs) == 1 and len(parts) > 1:  # 'a.txt,b.txt': one name
+                    where += f" (several are a list: [{', '.join(parts)}])"
                 raise DataError(f"{name}: data file not found: {s}{where}")
             return None
     return files

@@ -423,3 +423,18 @@ def test_a_data_file_of_no_records_is_called_empty(tmp_path, tok, name, text):
     p.write_text(text)
     with pytest.raises(DataError, match=rf"^data.train: {re.escape(str(p))} holds no records \(0 rows\)$"):
         build_stream(load_config(None, ["--data.train", str(p), "--data.eval", "null"]), tok)
+
+
+def test_several_files_not_written_as_a_list_are_told_how(tmp_path, tok):
+    """'a.txt,b.txt' (or with a space) was 'data file not found: a.txt,b.txt'; two values after one
+    override were 'expected an override, got b.txt'."""
+    from orthros.training.config import ConfigError
+
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    for sep in (",", " ", ", "):
+        with pytest.raises(DataError, match=re.escape(f"data.train: data file not found: {a}{sep}{b} (several are a "
+                                                      f"list: [{a}, {b}])")):
+            build_stream(load_config(None, ["--data.train", f"{a}{sep}{b}"]), tok)
+    with pytest.raises(ConfigError, match=re.escape(f"got '{b}' (an override takes one value; several are a list: "
+                                                    f"--data.train '[{a}, {b}]')")):
+        load_config(None, ["--data.train", str(a), str(b)])
