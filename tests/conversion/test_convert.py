@@ -1105,8 +1105,8 @@ def test_an_orthros_checkpoint_is_named_converted_already(tmp_path, good_src):
     _refused(tmp_path, tmp_path / "once", match="Orthros checkpoint already")
 
 
-def test_fp16_overflow_refused_naming_the_tensor(tmp_path, good_src):
-    """A weight beyond fp16's 65504 became inf under --dtype fp16 without a word; now refused, nothing left."""
+def _with_a_weight_beyond_fp16(tmp_path, good_src):
+    """A copy of the source whose first 2-D float weight holds 1e5 (fp16 ends at 65504), and that weight's name."""
     src = _copy(good_src, tmp_path / "src")
     f = sorted(src.glob("model-*.safetensors"))[0]
     sd = load_file(f)
@@ -1114,6 +1114,12 @@ def test_fp16_overflow_refused_naming_the_tensor(tmp_path, good_src):
     sd[name] = sd[name].float().clone()
     sd[name][0, 0] = 1e5
     save_file(sd, f, metadata={"format": "pt"})
+    return src, name
+
+
+def test_fp16_overflow_refused_naming_the_tensor(tmp_path, good_src):
+    """A weight beyond fp16's 65504 became inf under --dtype fp16 without a word; now refused, nothing left."""
+    src, name = _with_a_weight_beyond_fp16(tmp_path, good_src)
     _refused(tmp_path, src, ("dtype", "fp16"), match=f"{name}.*1e\\+05.*range")
     convert_checkpoint(src, tmp_path / "bf16", dtype="bf16", progress=False)  # bf16 holds it
 
@@ -1121,13 +1127,7 @@ def test_fp16_overflow_refused_naming_the_tensor(tmp_path, good_src):
 def test_fp16_overflow_names_the_dtype_as_the_cli_takes_it(tmp_path, good_src, capsys):
     """`orthros convert --dtype fp16` said "--dtype float16: tensor ... holds values up to ...", a value
     --dtype refuses (bf16 | fp16 | fp32): the CLI's own alias is named, the Python API's keyword as before."""
-    src = _copy(good_src, tmp_path / "src")
-    f = sorted(src.glob("model-*.safetensors"))[0]
-    sd = load_file(f)
-    name = sorted(n for n in sd if sd[n].is_floating_point() and sd[n].dim() == 2)[0]
-    sd[name] = sd[name].float().clone()
-    sd[name][0, 0] = 1e5
-    save_file(sd, f, metadata={"format": "pt"})
+    src, name = _with_a_weight_beyond_fp16(tmp_path, good_src)
     capsys.readouterr()
     assert convert_main([str(src), str(tmp_path / "out"), "-q", "--dtype", "fp16"]) == 2
     err = capsys.readouterr().err
