@@ -6,6 +6,7 @@ names a run's latest checkpoint in its errors::
 
     <output_dir>/
         metrics.jsonl                       # METRICS: one JSON row per logged step
+        loss.png                            # LOSS_PLOT: the loss curves, redrawn at each eval
         checkpoints/                        # CHECKPOINTS (ckpt_root)
             step_00000100/                  # CKPT_RE (step_dir_name)
                 model.safetensors, config.json, tokenizer files, run_config.yaml
@@ -26,6 +27,7 @@ CKPT_RE = re.compile(r"^step_(\d{8})$")  # a checkpoint's folder name; group 1: 
 MANIFEST = "manifest.json"  # size and sha256 of every file of a checkpoint; written last
 TRAINER_STATE = "trainer_state.pt"  # the trainer's state (torch.save): what makes a model directory a checkpoint
 METRICS = "metrics.jsonl"  # a run's logged rows, in its output_dir
+LOSS_PLOT = "loss.png"  # the trainer's loss curves (orthros plot's), in its output_dir
 
 
 def ckpt_root(output_dir) -> Path:
@@ -64,3 +66,10 @@ def run_holding(path) -> Optional[str]:
         return None
     run = os.path.dirname(p) or "."
     return run if os.path.isfile(os.path.join(run, METRICS)) else None
+
+
+def run_holding_hint(path) -> str:
+    """The end of an error about ``path`` (no run's output_dir): the run to name instead when ``path`` is its
+    checkpoints folder or one of its checkpoints (:func:`run_holding`), else ``""``."""
+    run = run_holding(path)
+    return f"; it lies in the run {run}: name that" if run else ""

@@ -70,7 +70,7 @@ def probe(ckpt_dir: str, passage: int = 96, n: int = 32) -> dict:
 
 
 def main(argv=None) -> int:
-    from ..layout import CKPT_RE, METRICS, latest_checkpoint, run_holding
+    from ..layout import CKPT_RE, METRICS, latest_checkpoint, run_holding_hint
     from ..utils import check_positive_int, distinct_folders, expand_path
     from .metrics import read_metrics
 
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
     for run, ck in ckpts.items():  # every run checked before the first is probed
         if ck is None or not os.path.isfile(os.path.join(run, METRICS)):
             p.error(f"{run}: not a training run's output_dir (one with a complete checkpoint and {METRICS})"
-                    + (f"; it lies in the run {above}: name that" if (above := run_holding(run)) else ""))
+                    + run_holding_hint(run))
         try:
             check_passage(str(ck), a.passage)
         except ValueError as e:

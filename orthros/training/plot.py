@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..utils import check_png, distinct_folders, expand_path
-from ..layout import METRICS, run_holding
+from ..layout import LOSS_PLOT, METRICS, run_holding_hint
 from .metrics import read_metrics
 
 X_AXES = ("tokens", "step")
@@ -31,9 +31,7 @@ def load_run(run_dir) -> dict:
     """A run's label, its training rows and its eval rows; :class:`PlotError` when it has none."""
     run_dir = Path(run_dir)
     if not (run_dir / METRICS).is_file():
-        above = run_holding(run_dir)
-        raise PlotError(f"{run_dir}: no {METRICS} (a training output_dir is needed)"
-                        + (f"; it lies in the run {above}: name that" if above else ""))
+        raise PlotError(f"{run_dir}: no {METRICS} (a training output_dir is needed){run_holding_hint(run_dir)}")
     rows = read_metrics(str(run_dir), kind=None)
     train = [r for r in rows if r.get("kind") == "train" and r.get("loss") is not None]
     if not train:
@@ -137,7 +135,7 @@ def main(argv: Optional[list] = None) -> int:
     args.runs, repeats = distinct_folders(args.runs)  # one folder named twice was two identical curves
     for d, first in repeats:
         print(f"orthros plot: note: RUN {d} is the same folder as RUN {first}: drawn once", file=sys.stderr)
-    out = args.output or (os.path.join(args.runs[0], "loss.png") if len(args.runs) == 1 else "loss.png")
+    out = args.output or (os.path.join(args.runs[0], LOSS_PLOT) if len(args.runs) == 1 else "loss.png")
     try:
         check_png("--output", out)  # check_output_path of a .png: a folder is said to be one
     except ValueError as e:

@@ -26,7 +26,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from ..layout import METRICS
+from ..layout import LOSS_PLOT, METRICS
 from ..utils import Progress, check_output_path, write_text
 from . import checkpoint as ckpt
 from .config import (ARCH_TO_ATTENTION_MODE, LINEAR_KEYS, ConfigError, RunConfig, _flatten, _get, check_config,
@@ -715,7 +715,7 @@ class Trainer:
         check_output_dir(cfg.output_dir)
         if cfg.train.plot:  # drawn at every eval: a loss.png that could not be written ended the run at the first
             try:
-                check_output_path("train.plot's figure", Path(cfg.output_dir) / "loss.png")
+                check_output_path("train.plot's figure", Path(cfg.output_dir) / LOSS_PLOT)
             except ValueError as e:
                 raise ConfigError(f"{e}; move it away, or set train.plot false") from None
         check_output_dir_free(cfg.output_dir)  # on every process, before the first collective
@@ -1145,7 +1145,7 @@ def _plot_run(output_dir: str, say: bool = True, said_failure: bool = False) -> 
 
     failed = False
     try:
-        msg = f"loss curves: {plot_runs([output_dir], Path(output_dir) / 'loss.png')}"
+        msg = f"loss curves: {plot_runs([output_dir], Path(output_dir) / LOSS_PLOT)}"
     except PlotError as e:  # nothing logged yet (log_every > eval_every), or a run resumed at its end
         msg = f"no loss curves drawn: {e}"
     except OSError as e:
