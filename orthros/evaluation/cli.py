@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..kinds import mode_option
 from ..utils import DTYPE_CHOICES, stop_on_sigterm
-from .common import TYPED
+from .common import TYPED, typed
 
 CONVERT_WINDOW = 128  # --window of niah / lm / ppl: a Transformer checkpoint converted on the fly
 
@@ -131,8 +131,6 @@ def _niah_train_parser(sub):
     add_arguments(p)
 
 
-
-
 def _spelled(action: type) -> type:
     """``action`` (an argparse action class) that also records the spelling typed (``--batch_size`` or
     ``--batch-size``) under :data:`TYPED`, for errors that name the option as the user typed it."""
@@ -143,11 +141,6 @@ def _spelled(action: type) -> type:
             super().__call__(parser, namespace, values, option_string)
 
     return Spelled
-
-
-def typed(a, dest: str) -> str:
-    """The option of ``dest`` as the user typed it (:func:`_spelled`), else its ``--hyphen-spelling``."""
-    return (getattr(a, TYPED, None) or {}).get(dest) or "--" + dest.replace("_", "-")
 
 
 def _lm_parser(sub):

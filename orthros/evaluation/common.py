@@ -196,6 +196,12 @@ def _is_checkpoint_file(name: str) -> bool:
 TYPED = "typed_options"  # the namespace's {dest: the option string typed} of the options given in two spellings
 
 
+def typed(args, dest: str, default: str | None = None) -> str:
+    """The option of ``dest`` as the user typed it (recorded under :data:`TYPED`), else ``default``, else its
+    ``--hyphen-spelling``."""
+    return (getattr(args, TYPED, None) or {}).get(dest) or default or "--" + dest.replace("_", "-")
+
+
 def check_no_empty_values(parser, args, skip=("model",)) -> None:
     """Refuse, before any work, an option of ``parser`` given an empty or blank value (``args``: its parsed
     arguments), most likely an unset shell variable (``-o "$OUT"``): no option of the evaluations means
@@ -208,8 +214,7 @@ def check_no_empty_values(parser, args, skip=("model",)) -> None:
         value = getattr(args, action.dest, None)
         for v in value if isinstance(value, list) else [value]:
             if isinstance(v, str) and not v.strip():  # (named as typed where it has two spellings)
-                name = (getattr(args, TYPED, None) or {}).get(action.dest) or max(action.option_strings,
-                                                                                            key=len)
+                name = typed(args, action.dest, max(action.option_strings, key=len))
                 raise ValueError(f"{name} is empty ({v!r}): give a value"
                                  + ("" if action.required else ", or leave the option out for its default"))
 
