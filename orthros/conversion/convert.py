@@ -259,8 +259,9 @@ def _resolve_source(path, download: bool = True, names=None) -> Path:
                 raise FileNotFoundError(f"source {s!r} is not a local directory and could not be downloaded "
                                         f"from the Hugging Face hub{why}") from None
             # huggingface_hub's own words for "not cached" tell to pass local_files_only=False: not for a CLI user
+            n = _names(names)
             raise FileNotFoundError(f"source {s!r} is not a local directory and is not in the local Hugging Face "
-                                    f"cache ({_names(names)['dry_run']} downloads nothing: {_names(names)['download']} "
+                                    f"cache ({n['dry_run']} downloads nothing: {n['download']} "
                                     f"downloads it, or name a local directory)"
                                     f"{'' if type(e).__name__ == 'LocalEntryNotFoundError' else why}") from None
     raise FileNotFoundError(f"source directory {s!r} does not exist")
