@@ -1,9 +1,11 @@
 """Small vocabularies every layer of the package shares: dtype names, argument checks, sizes in
-bytes, the commit a measurement ran at, writing a JSON file, a figure or a directory without
-leaving half of one, and progress on stderr (ours, and transformers' own bars).
+bytes and the memory free for them, the commit a measurement ran at, writing a JSON file, a
+figure or a directory without leaving half of one, and progress on stderr (ours, and
+transformers' own bars).
 
-This module imports nothing heavy (torch only inside :func:`parse_dtype`, transformers only
-inside :func:`hf_progress_bars`), so anything (ops, the CLIs' argument parsers) may import it.
+This module imports nothing heavy (torch only inside :func:`parse_dtype` and
+:func:`available_memory`, transformers only inside :func:`hf_progress_bars`), so anything (ops,
+the CLIs' argument parsers) may import it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import contextlib
 import contextvars
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import uuid
 import warnings
@@ -52,6 +56,57 @@ def format_bytes(n: float) -> str:
             return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
         n /= 1024
     raise AssertionError("unreachable")
+
+
+MEMINFO = Path("/proc/meminfo")  # (module attributes, so that a test can point them at files of its own)
+CGROUP_ROOT = Path("/sys/fs/cgroup")  # this process's cgroup v2 files, as a container sees them
+
+
+def available_memory(device: str = "cpu", *, in_subprocess: bool = False):
+    """Bytes that an allocation on ``device`` may still take, or ``None`` where that cannot be told: on
+    the CPU the kernel's ``MemAvailable`` (less where a cgroup's limit leaves less), on CUDA the free
+    memory of the device, asked of a short-lived process with ``in_subprocess`` (see below)."""
+    if str(device).startswith("cuda"):
+        try:
+            import torch
+
+            if not in_subprocess or torch.cuda.is_initialized():
+                return int(torch.cuda.mem_get_info(torch.device(device))[0])
+            # mem_get_info makes this process's CUDA context (~0.5 GB of the device, held until it exits):
+            # a caller that never uses the GPU itself (run_mqar's pool of workers, each with its own) asks
+            # a process of its own instead, a few seconds of importing torch before a run of minutes
+            r = subprocess.run([sys.executable, "-c", "import sys, torch; "
+                                "print(torch.cuda.mem_get_info(torch.device(sys.argv[1]))[0])", str(device)],
+                               capture_output=True, text=True, timeout=300)
+            return int(r.stdout) if r.returncode == 0 else None
+        except Exception:  # no CUDA here: the device check refuses it
+            return None
+    free = None
+    try:
+        with open(MEMINFO) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    free = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    try:  # a container's limit (cgroup v2)
+        limit = (CGROUP_ROOT / "memory.max").read_text().strip()
+        used = int((CGROUP_ROOT / "memory.current").read_text())
+    except (OSError, ValueError):
+        return free
+    if not limit.isdigit() or free is None:
+        return free
+    # memory.current counts the page cache of every file read, which the kernel drops before it fails an
+    # allocation: the working set (docker's and kubelet's rule) leaves out its inactive part, else a
+    # container that had read a few GB of files looked full and runs that fit were refused
+    try:
+        for line in (CGROUP_ROOT / "memory.stat").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "inactive_file":
+                used -= min(int(value), used)
+    except (OSError, ValueError):
+        pass
+    return max(0, min(free, int(limit) - used))
 
 
 def cache_root() -> Path:
@@ -444,7 +499,7 @@ def _named_os_error(e: OSError, where: str, what: str) -> OSError:
     return new
 
 
-__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "atomic_directory", "cache_root", "check_png", "same_file",
+__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "atomic_directory", "available_memory", "cache_root", "check_png", "same_file",
            "check_positive_int", "clean_stale", "commit_id", "expand_path", "sigterm_as_interrupt", "stop_on_sigterm",
            "Terminated", "dtype_name", "format_bytes", "hf_progress_bars", "isatty",
            "parse_dtype", "pyplot", "save_figure", "write_json", "write_text", "written_in_place",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -269,54 +268,3 @@ def make_tiny_checkpoint(path, *, attention_mode: str = "orthros", window_size: 
     model.save_pretrained(str(path))
     tok.save_pretrained(str(path))
     return path
-
-
-MEMINFO = Path("/proc/meminfo")  # (module attributes, so that a test can point them at files of its own)
-CGROUP_ROOT = Path("/sys/fs/cgroup")  # this process's cgroup v2 files, as a container sees them
-
-
-def available_memory(device: str = "cpu", *, in_subprocess: bool = False):
-    """Bytes that an allocation on ``device`` may still take, or ``None`` where that cannot be told: on
-    the CPU the kernel's ``MemAvailable`` (less where a cgroup's limit leaves less), on CUDA the free
-    memory of the device, asked of a short-lived process with ``in_subprocess`` (see below)."""
-    if str(device).startswith("cuda"):
-        try:
-            import torch
-
-            if not in_subprocess or torch.cuda.is_initialized():
-                return int(torch.cuda.mem_get_info(torch.device(device))[0])
-            # mem_get_info makes this process's CUDA context (~0.5 GB of the device, held until it exits):
-            # a caller that never uses the GPU itself (run_mqar's pool of workers, each with its own) asks
-            # a process of its own instead, a few seconds of importing torch before a run of minutes
-            r = subprocess.run([sys.executable, "-c", "import sys, torch; "
-                                "print(torch.cuda.mem_get_info(torch.device(sys.argv[1]))[0])", str(device)],
-                               capture_output=True, text=True, timeout=300)
-            return int(r.stdout) if r.returncode == 0 else None
-        except Exception:  # no CUDA here: the device check refuses it
-            return None
-    free = None
-    try:
-        with open(MEMINFO) as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    free = int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        return None
-    try:  # a container's limit (cgroup v2)
-        limit = (CGROUP_ROOT / "memory.max").read_text().strip()
-        used = int((CGROUP_ROOT / "memory.current").read_text())
-    except (OSError, ValueError):
-        return free
-    if not limit.isdigit() or free is None:
-        return free
-    # memory.current counts the page cache of every file read, which the kernel drops before it fails an
-    # allocation: the working set (docker's and kubelet's rule) leaves out its inactive part, else a
-    # container that had read a few GB of files looked full and runs that fit were refused
-    try:
-        for line in (CGROUP_ROOT / "memory.stat").read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "inactive_file":
-                used -= min(int(value), used)
-    except (OSError, ValueError):
-        pass
-    return max(0, min(free, int(limit) - used))

@@ -625,10 +625,9 @@ def memory_needed(task: MQARTask, tr: MQARTrain, jobs: int = 1) -> list:
 def check_memory(task: MQARTask, tr: MQARTrain, jobs: int = 1, names: Optional[dict] = None, available=None) -> None:
     """Refuse, before any allocation, a run that cannot fit: :func:`memory_needed` (a lower bound) against
     the memory free on the host and on ``tr.device`` (``available(device)``, default
-    :func:`orthros.evaluation.common.available_memory`; ``None``: unknown, not checked). The error names
+    :func:`orthros.utils.available_memory`; ``None``: unknown, not checked). The error names
     the largest part and the settings that size it (``names``: as :meth:`MQARTask.validate`'s)."""
-    from ..utils import format_bytes
-    from .common import available_memory
+    from ..utils import available_memory, format_bytes
 
     # (with jobs > 1 the models train in spawned workers and this process never touches CUDA: it asks
     # another process, so as not to hold a CUDA context of its own for the whole run)

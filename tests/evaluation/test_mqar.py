@@ -661,11 +661,11 @@ def test_cli_mqar_refuses_a_run_too_big_for_memory_before_allocating(capsys, mon
     """Issue: absurd sizes failed deep in the allocator after the header ("MemoryError: Unable to allocate
     745. GiB for an array with shape (1000, 100000000)", a DefaultCPUAllocator RuntimeError for --hidden-size
     1000000), or swapped until killed (--batch-size 100000000, --layers 100000), naming no option."""
-    import orthros.evaluation.common as common
     import orthros.evaluation.mqar as mqar
+    import orthros.utils as utils
     from orthros.cli import main
 
-    monkeypatch.setattr(common, "available_memory", lambda device, **kw: 8 * GiB)
+    monkeypatch.setattr(utils, "available_memory", lambda device, **kw: 8 * GiB)
     monkeypatch.setattr(mqar, "generate", lambda *a, **kw: pytest.fail("data was generated"))
     monkeypatch.setattr(mqar, "build_model", lambda *a, **kw: pytest.fail("a model was built"))
     assert main(["eval", "mqar", "--no-progress", *args]) == 2
@@ -696,7 +696,7 @@ def test_run_mqar_memory_check_names_fields_and_counts_jobs_and_the_device():
 
 
 def _fake_cgroup(tmp_path, monkeypatch, max_, current, inactive_file, mem_available=64 * GiB):
-    import orthros.evaluation.common as common
+    import orthros.utils as utils
 
     (tmp_path / "memory.max").write_text(f"{max_}\n")
     (tmp_path / "memory.current").write_text(f"{current}\n")
@@ -704,9 +704,9 @@ def _fake_cgroup(tmp_path, monkeypatch, max_, current, inactive_file, mem_availa
                                           f"inactive_file {inactive_file}\nslab 7\n")
     (tmp_path / "meminfo").write_text(f"MemTotal: {2 * mem_available // 1024} kB\n"
                                       f"MemAvailable: {mem_available // 1024} kB\n")
-    monkeypatch.setattr(common, "CGROUP_ROOT", tmp_path)
-    monkeypatch.setattr(common, "MEMINFO", tmp_path / "meminfo")
-    return common.available_memory
+    monkeypatch.setattr(utils, "CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr(utils, "MEMINFO", tmp_path / "meminfo")
+    return utils.available_memory
 
 
 def test_available_memory_does_not_count_a_containers_reclaimable_page_cache(tmp_path, monkeypatch):
@@ -738,7 +738,7 @@ def test_memory_check_of_a_pool_on_cuda_makes_no_cuda_context_in_this_process(mo
     memory held for the whole pool). The pool's check asks a short-lived process instead."""
     import subprocess
 
-    import orthros.evaluation.common as common
+    import orthros.utils as utils
     from orthros.evaluation.mqar import check_run
 
     calls = []
@@ -748,7 +748,7 @@ def test_memory_check_of_a_pool_on_cuda_makes_no_cuda_context_in_this_process(mo
         calls.append(("subprocess", cmd[-1]))
         return subprocess.CompletedProcess(cmd, 0, stdout=f"{GiB}\n", stderr="")
 
-    monkeypatch.setattr(common.subprocess, "run", run)
+    monkeypatch.setattr(utils.subprocess, "run", run)
     check_run(MQARTask(), MQARTrain(models=models, device="cuda:1"), jobs)
     assert calls == [("here" if in_parent else "subprocess", "cuda:1")]
     with pytest.raises(ValueError, match=r"of cuda:1 memory, more than the 1.0 GiB free"):
@@ -756,7 +756,7 @@ def test_memory_check_of_a_pool_on_cuda_makes_no_cuda_context_in_this_process(mo
 
 
 def test_cuda_memory_asked_of_another_process_is_unknown_where_it_fails():
-    from orthros.evaluation.common import available_memory
+    from orthros.utils import available_memory
 
     free = available_memory("cuda", in_subprocess=True)
     assert free > 0 if torch.cuda.is_available() else free is None
