@@ -26,6 +26,7 @@ from ..layers import DenseKV, OrthrosAttention, ResidualMLP, RMSNorm, RotaryEmbe
 from ..layers.gated_deltanet import GatedDeltaNet
 from ..kinds import LINEAR_LAYER_TYPE, MODE_ALIASES, has_output_stream
 from ..ops import doc_ids_from_cu_seqlens
+from ..utils import first_id_outside
 from .configuration_orthros import OrthrosConfig
 from .positions import resolve_output_positions
 
@@ -127,9 +128,30 @@ def _one_input(input_ids, inputs_embeds) -> torch.Tensor:
         raise ValueError("pass exactly one of input_ids or inputs_embeds")
     x, name, shape = (input_ids, "input_ids", "[B, T]") if inputs_embeds is None else \
         (inputs_embeds, "inputs_embeds", "[B, T, hidden_size]")
+    if not isinstance(x, torch.Tensor):  # a list failed with AttributeError ('list' object has no attribute 'dim')
+        raise TypeError(f"{name} must be a torch.Tensor {shape}, got {type(x).__name__}")
     if x.dim() != shape.count(",") + 1:  # an unbatched input failed deep inside (IndexError, a norm's size)
         raise ValueError(f"{name} must be {shape} (a batch, even of one), got shape {tuple(x.shape)}")
     return x
+
+
+def _checked_ids(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``input_ids`` as the embedding takes them: integer token ids in ``[0, vocab_size)``. Another
+    dtype is a ``TypeError`` (torch named the embedding's ``indices``); unsigned ids (a token file's
+    uint16) are widened. An id outside the vocabulary is a ``ValueError`` naming the first one
+    (``input_ids[b, t] = value``, as ``generate`` names it) instead of the embedding's bare
+    ``IndexError``, but only for ids off CUDA and outside ``torch.compile``: reading a CUDA
+    tensor's values would synchronise every forward (and break CUDA-graph capture), so there an
+    id out of range is left to the embedding's device-side assert."""
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise TypeError(f"input_ids must be integer token ids, got {ids.dtype}")
+    if ids.device.type == "cpu" and not torch.compiler.is_compiling():
+        bad = first_id_outside(ids, vocab_size)
+        if bad is not None:
+            (b, t), value = bad
+            raise ValueError(f"input_ids has token ids outside the vocabulary [0, vocab_size={vocab_size}): "
+                             f"input_ids[{b}, {t}] = {value}")
+    return ids.long() if ids.dtype in (torch.uint16, torch.uint32, torch.uint64) else ids
 
 
 def _cache_rows(cache) -> Optional[int]:
@@ -351,6 +373,8 @@ class OrthrosModel(OrthrosPreTrainedModel):
         _refuse_extra_outputs(self.config, kwargs)
         self.check_layer_fields()
         x = _one_input(input_ids, inputs_embeds)
+        if inputs_embeds is None:
+            x = _checked_ids(x, getattr(self.embed_tokens, "num_embeddings", self.config.vocab_size))
         h = self.embed_tokens(x) if inputs_embeds is None else x
         if h.shape[-1] != self.config.hidden_size:  # inputs_embeds of another width failed in the first norm
             raise ValueError(f"inputs_embeds must be [B, T, hidden_size] = [*, *, {self.config.hidden_size}], got "

@@ -871,3 +871,26 @@ def test_right_padding_gives_each_row_its_own_outputs(kind):
                 losses.append(model(r[None], labels=r[None]).loss * (len(r) - 1))
                 counts.append(len(r) - 1)
     torch.testing.assert_close(loss, sum(losses) / sum(counts), atol=1e-5, rtol=1e-5)
+
+
+def test_forward_names_input_ids_outside_the_vocabulary():
+    """An id >= vocab_size or < 0 failed in the embedding with torch's bare "IndexError: index out of range
+    in self", a float / bool id tensor with an error naming the embedding's `indices`, a list with an
+    AttributeError; uint16 ids (a token file's) failed in the embedding. (CPU ids: CUDA ids are not read.)"""
+    model = tiny_model()
+    ids = torch.randint(0, V, (2, 5))
+    for fn in (model, model.model):
+        for bad in (V, -1, V + 7):
+            x = ids.clone()
+            x[1, 3] = bad
+            with pytest.raises(ValueError, match=rf"input_ids has token ids outside the vocabulary "
+                                                 rf"\[0, vocab_size={V}\): input_ids\[1, 3\] = {bad}$"):
+                fn(x)
+        for dtype in (torch.float32, torch.bool):
+            with pytest.raises(TypeError, match=f"input_ids must be integer token ids, got {dtype}"):
+                fn(ids.to(dtype))
+        with pytest.raises(TypeError, match=r"input_ids must be a torch.Tensor \[B, T\], got list"):
+            fn(ids.tolist())
+    want = model(ids).logits
+    for dtype in (torch.int32, torch.uint16):
+        assert torch.equal(model(ids.to(dtype)).logits, want)
