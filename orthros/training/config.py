@@ -311,7 +311,8 @@ def _flatten(d: dict, prefix: str = "") -> list[tuple[str, Any]]:
 
 def parse_overrides(argv: list[str]) -> list[tuple[str, Any]]:
     """``--a.b 1 --flag --c x`` -> [("a.b", 1), ("flag", True), ("c", "x")]; ``--resume [PATH]`` too."""
-    return [(key, True if raw is None else _override_value(raw)) for key, raw in _override_texts(argv)]
+    return [("checkpoint.resume" if key == "resume" else key, True if raw is None else _override_value(raw))
+            for key, raw in _override_texts(argv)]
 
 
 def _override_texts(argv: list[str], config: Optional[str] = None) -> list[tuple[str, Optional[str]]]:
@@ -347,9 +348,7 @@ def _override_texts(argv: list[str], config: Optional[str] = None) -> list[tuple
         else:
             raw = None  # a bare --flag: true
             i += 1
-        if key == "resume":
-            key = "checkpoint.resume"
-        out.append((key, raw))
+        out.append((key, raw))  # (--resume: resolve_key's unique leaf, checkpoint.resume)
     return out
 
 
@@ -442,8 +441,13 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
                 _set(cfg, key, value)
             except ConfigError as e:
                 raise ConfigError(f"config file {path}: {e}") from None
+    given: dict[str, str] = {}  # key -> the override that set it, as typed
     for typed, raw in _override_texts(list(overrides or []), path):
         key = resolve_key(typed)
+        shown = f"--{typed}" if raw is None else f"--{typed} {shlex.quote(raw)}"
+        if key in given:  # the last would win without a word (--max-steps 5 --max-steps 7 trained 7 steps)
+            raise ConfigError(f"{key} is set twice, by {given[key]} and by {shown}: give it once")
+        given[key] = shown
         value = True if raw is None else _override_value(raw)
         try:
             try:

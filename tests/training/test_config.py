@@ -464,3 +464,34 @@ def test_stray_command_line_words_say_what_was_meant(tmp_path):
     # a key as typed, '-' and all (it said 'max_stepz' for --max-stepz)
     with pytest.raises(ConfigError, match=re.escape("unknown config key 'max-stepz'; did you mean 'train.max_steps'?")):
         load_config(None, ["--max-stepz", "3"])
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--max-steps", "5", "--max-steps", "7"],
+     "train.max_steps is set twice, by --max-steps 5 and by --max-steps 7: give it once"),
+    (["--max_steps=5", "--lr", "1e-3", "--train.max_steps", "7"],
+     "train.max_steps is set twice, by --max_steps 5 and by --train.max_steps 7: give it once"),
+    (["--resume", "--checkpoint.resume", "false"],
+     "checkpoint.resume is set twice, by --resume and by --checkpoint.resume false: give it once"),
+    (["--lr", "1e-3", "--optim.lr", "2e-3", "--lr", "3e-3"],
+     "optim.lr is set twice, by --lr 1e-3 and by --optim.lr 2e-3: give it once"),
+])
+def test_an_override_given_twice_is_refused_naming_both(tmp_path, args, says):
+    """`orthros train --max-steps 5 --max-steps 7` trained 7 steps without a word: the last of two
+    overrides of one key won (a value for the config file's key is what an override is for)."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, args)
+    assert str(e.value).startswith(says), str(e.value)
+    p = tmp_path / "c.yaml"
+    p.write_text("train:\n  max_steps: 3\n")
+    assert load_config(str(p), ["--max-steps", "5"]).train.max_steps == 5  # the file's key, overridden once
+
+
+def test_an_override_given_twice_is_refused_before_any_work(tmp_path, capsys):
+    from orthros.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--output_dir", str(out), "--max-steps", "5", "--max-steps", "7"]) == 2
+    err = capsys.readouterr().err
+    assert "orthros train: error: train.max_steps is set twice, by --max-steps 5 and by --max-steps 7" in err, err
+    assert not out.exists()

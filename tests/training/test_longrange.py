@@ -15,6 +15,7 @@ from orthros.data import CORPUS_EVAL, CORPUS_TRAIN, load_tokenizer
 from orthros.training.cli import main as cli_main
 from orthros.training.config import ConfigError, load_config
 from orthros.training.data import IGNORE, build_stream, collate, encode_repeat_batch
+from test_trainer import replaced  # noqa: E402  (a key of the test's own replaces the base's)
 
 N, SEQ = 20, 64  # passage tokens, row length: a unit is 2N+1 = 41 tokens, one per row
 
@@ -36,8 +37,9 @@ def corpus(tmp_path_factory):
 
 
 def cfg_for(corpus, *extra):
-    return load_config(None, ["--data.train", corpus, "--data.eval", corpus, "--seq_len", str(SEQ),
-                              "--data.repeat_passage", str(N), "--shuffle", "false", *extra])
+    """The config of these tests; a key of ``extra`` replaces theirs (an override given twice is refused)."""
+    return load_config(None, replaced(["--data.train", corpus, "--data.eval", corpus, "--seq_len", str(SEQ),
+                                       "--data.repeat_passage", str(N), "--shuffle", "false"], *extra))
 
 
 def units_of(row):

@@ -19,7 +19,7 @@ pytest.importorskip("datasets", reason="training needs the `datasets` package")
 import orthros  # noqa: F401
 from orthros.data import CORPUS_TRAIN
 from orthros.training.checkpoint import latest_checkpoint, list_checkpoints
-from orthros.training.config import ConfigError, load_config
+from orthros.training.config import ConfigError, _override_texts, load_config, resolve_key
 from orthros.training.data import DataError, IGNORE, PackedStream, collate
 from orthros.training.metrics import read_metrics
 from orthros.training.trainer import dry_run, train
@@ -39,11 +39,24 @@ def corpus(tmp_path_factory):
 
 
 def tiny(out, corpus, *extra):
-    return ["--output_dir", str(out), "--data.train", corpus, "--data.eval", corpus, "--eval_sequences", "4",
+    """A tiny run's overrides, then ``extra``'s: a key of ``extra`` replaces the tiny run's own (an
+    override given twice is refused)."""
+    base = ["--output_dir", str(out), "--data.train", corpus, "--data.eval", corpus, "--eval_sequences", "4",
             "--model.hidden_size", "32", "--model.intermediate_size", "64", "--model.num_hidden_layers", "2",
             "--model.num_attention_heads", "2", "--model.window_size", "8", "--seq_len", "32",
             "--micro_batch_size", "2", "--grad_accum", "1", "--threads", "1", "--progress", "false",
-            "--tensorboard", "false", "--plot", "false", "--log_every", "1", "--eval_every", "0", "--warmup_steps", "2", "--lr", "3e-3", *extra]
+            "--tensorboard", "false", "--plot", "false", "--log_every", "1", "--eval_every", "0", "--warmup_steps", "2", "--lr", "3e-3"]
+    return replaced(base, *extra)
+
+
+def replaced(args, *extra):
+    """``args`` (overrides), then ``extra``'s: a key of ``extra`` replaces that of ``args``."""
+    try:
+        mine = {resolve_key(k) for k, _ in _override_texts(list(extra))}
+    except ConfigError:  # a test of a bad override: kept as it is
+        mine = set()
+    return [a for k, v in _override_texts(list(args)) if resolve_key(k) not in mine
+            for a in ([f"--{k}"] if v is None else [f"--{k}", v])] + list(extra)
 
 
 def losses(out):
@@ -154,10 +167,10 @@ def test_crash_mid_save_never_leaves_a_loadable_bad_checkpoint(tmp_path, corpus,
     shutil.copytree(torn, fake)
     assert latest_checkpoint(str(tmp_path)).name == "step_00000002"
     with pytest.raises(ConfigError, match="not a complete checkpoint"):
-        train(load_config(None, args + ["--resume", str(fake)]))
+        train(load_config(None, replaced(args, "--resume", str(fake))))
     shutil.rmtree(fake)
     # resuming continues from step 2 and matches the uninterrupted run
-    train(load_config(None, args + ["--resume"]))
+    train(load_config(None, replaced(args, "--resume")))
     assert losses(tmp_path) == ref
     assert not any(p.name.startswith(".tmp-") for p in root.iterdir())
     # a complete checkpoint whose weights were altered is refused (sha256 in the manifest)
@@ -166,7 +179,7 @@ def test_crash_mid_save_never_leaves_a_loadable_bad_checkpoint(tmp_path, corpus,
     data[-5] ^= 0xFF
     (last / "model.safetensors").write_bytes(bytes(data))
     with pytest.raises(ConfigError, match="sha256"):
-        train(load_config(None, args + ["--max_steps", "10", "--resume"]))
+        train(load_config(None, replaced(args, "--max_steps", "10", "--resume")))
 
 
 def test_checkpoint_loads_with_from_pretrained(reference):
@@ -494,26 +507,26 @@ def test_resume_refuses_a_changed_model_config(tmp_path, corpus, reference, caps
     base = tiny(out, corpus, "--max_steps", "8", "--checkpoint.every", "4", "--resume")
     with pytest.raises(ConfigError, match=r"differs from the checkpoint's in window_size \(window_size: checkpoint "
                                           r"8, now 16\).*--checkpoint.allow_changes window_size"):
-        train(load_config(None, base + ["--model.window_size", "16"]))
+        train(load_config(None, replaced(base, "--model.window_size", "16")))
     with pytest.raises(ConfigError, match=r"differs from the checkpoint's in [^(]*hidden_size, intermediate_size[^(]* \(.*"
                                           r"hidden_size: checkpoint 32, now 48; intermediate_size: checkpoint 64, now 96"):
-        train(load_config(None, base + ["--model.hidden_size", "48", "--model.intermediate_size", "96"]))
+        train(load_config(None, replaced(base, "--model.hidden_size", "48", "--model.intermediate_size", "96")))
     # allowing a shape change does not help: refused before any work, in a dry run too, naming the weights
     reshape = ["--model.intermediate_size", "96", "--checkpoint.allow_changes", "intermediate_size"]
     says = (r"allow_changes lists intermediate_size, whose new values change the weights' shapes "
             r"\(model.layers.0.mlp.down_proj.weight: checkpoint \[32, 64\], now \[32, 96\]")
     with pytest.raises(ConfigError, match=says):
-        train(load_config(None, base + reshape))
+        train(load_config(None, replaced(base, *reshape)))
     from orthros.cli import main as orthros_main
 
     capsys.readouterr()
-    assert orthros_main(["train", *base, *reshape, "--dry-run"]) == 2
+    assert orthros_main(["train", *replaced(base, *reshape), "--dry-run"]) == 2
     assert re.search(says, capsys.readouterr().err)
     with pytest.raises(ConfigError, match=r"allow_changes: \['windw_size'\] are not model config keys"):
-        train(load_config(None, base + ["--checkpoint.allow_changes", "windw_size"]))
+        train(load_config(None, replaced(base, "--checkpoint.allow_changes", "windw_size")))
     assert latest_checkpoint(str(out)).name == "step_00000004"  # nothing was trained by the refused runs
     # an allowed change is applied, and said
-    s = train(load_config(None, base + ["--model.window_size", "16", "--checkpoint.allow_changes", "[window_size]"]))
+    s = train(load_config(None, replaced(base, "--model.window_size", "16", "--checkpoint.allow_changes", "[window_size]")))
     assert json.loads((Path(s["checkpoint"]) / "config.json").read_text())["window_size"] == 16
     assert [r["step"] for r in read_metrics(str(out))] == list(range(1, 9))
     got = losses(out)
@@ -637,7 +650,7 @@ def test_init_from_takes_the_keys_that_change_no_weight(tmp_path, corpus, refere
     assert (cfg["window_size"], cfg["rope_parameters"]["rope_theta"], cfg["max_position_embeddings"]) == (16, 5e5, 2048)
     assert (base["window_size"], base["rope_parameters"]["rope_theta"]) == (8, 10000.0)
     args = [a for a in tiny(tmp_path / "run2", corpus) if a not in ("--model.window_size", "8")]
-    s = train(load_config(None, [*args, "--max_steps", "1", "--warmup_steps", "1", "--mode", "cpt", "--model.init_from", summary["checkpoint"]]))
+    s = train(load_config(None, replaced(args, "--max_steps", "1", "--warmup_steps", "1", "--mode", "cpt", "--model.init_from", summary["checkpoint"])))
     assert json.loads((Path(s["checkpoint"]) / "config.json").read_text())["window_size"] == 8
     with pytest.raises(ConfigError, match=r"^model.window_size must be an integer >= 1"):
         train(load_config(None, tiny(tmp_path / "run3", corpus, "--max_steps", "1", "--warmup_steps", "1", "--mode", "cpt",
@@ -967,9 +980,9 @@ def test_processes_started_with_different_configs_are_refused(tmp_path, corpus):
     processes compare their configs and resume points before any work."""
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    args = " ".join(tiny(out, corpus, "--max_steps", "2"))
+    args = " ".join(tiny(out, corpus, "--max_steps", "2", "--optim.lr", '"0.00$((RANK + 1))"'))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "--no-python",
-           "sh", "-c", f'exec "{sys.executable}" -m orthros.train {args} --optim.lr "0.00$((RANK + 1))"']
+           "sh", "-c", f'exec "{sys.executable}" -m orthros.train {args}']
     r = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert r.returncode != 0, r.stderr[-3000:]
     assert "the processes of this run were started with different settings: optim.lr (rank 0: 0.001, rank 1: " \
@@ -1073,7 +1086,7 @@ def test_sigterm_or_ctrl_c_stops_the_run_cleanly(tmp_path, corpus, reference, fa
     assert f"orthros train: {says}; the latest checkpoint is {last}: --resume goes on from it" in r.stderr
     assert "Traceback" not in r.stderr
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_00000002"]  # no .tmp- left
-    train(load_config(None, args + ["--resume"]))
+    train(load_config(None, replaced(args, "--resume")))
     assert losses(tmp_path) == ref
 
 
@@ -1192,20 +1205,20 @@ def test_a_checkpoint_without_its_manifest_is_named_as_incomplete(tmp_path, corp
         with pytest.raises(ConfigError, match=r"cannot resume from .*step_00000004 \(step 4\): step_00000008 has no "
                                               r"manifest.json \(incomplete or damaged.*move the later folders "
                                               r"\(step_00000008\) out of .*; or start a fresh run") as e:
-            train(load_config(None, base + extra))
+            train(load_config(None, replaced(base, *extra)))
         assert "belong to the run" not in str(e.value)
     # naming the damaged one: its own error, and where to go on from
     with pytest.raises(ConfigError, match=r"not a complete checkpoint \(no manifest.json\).*the checkpoint before it "
                                           r"\(.*step_00000004\)"):
-        train(load_config(None, base + ["--resume", str(root / "step_00000008")]))
+        train(load_config(None, replaced(base, "--resume", str(root / "step_00000008"))))
     # none complete: neither a resume nor a fresh start over them
     (root / "step_00000004" / "manifest.json").unlink()
     # (resume false said "pass --resume to continue the run", which then refused)
     for extra, who in ((["--resume"], "--resume"), ([], "output_dir"), (["--checkpoint.resume", "false"], "output_dir")):
         with pytest.raises(ConfigError, match=rf"{who}.*no complete checkpoint under .*: step_00000004, step_00000008 "
                                               rf"have no manifest.json.*Start a fresh run in another output_dir"):
-            train(load_config(None, base + extra))
+            train(load_config(None, replaced(base, *extra)))
     with pytest.raises(ConfigError, match=r"No complete checkpoint comes before it: start a fresh run"):
-        train(load_config(None, base + ["--resume", str(root / "step_00000004")]))
+        train(load_config(None, replaced(base, "--resume", str(root / "step_00000004"))))
     assert sorted(p.name for p in root.iterdir()) == ["step_00000004", "step_00000008"]
     assert (out / "metrics.jsonl").read_text() == before
