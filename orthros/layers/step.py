@@ -111,6 +111,7 @@ class StepInputs:
             what = f" + T_out = {self.n_out} output tokens" if self.output_tokens else " (no output tokens)"
             raise ValueError(f"x must have {rows} rows (n_base = {self.n_base} base tokens{what}) as [B, rows, "
                              f"hidden], got {' x '.join(map(str, x.shape))}")
+        check_position_values(self.out_rel, self.n_base, "StepInputs.out_rel")
         for name, table, n in (("rope_base", self.rope_base, self.n_base), ("rope_out", self.rope_out, self.n_out)):
             if rope and n and any(t.dim() != 3 or t.shape[1] != n for t in table):
                 raise ValueError(f"StepInputs.{name} must be (cos, sin) of [B or 1, {n}, R] (one row per "
@@ -120,6 +121,19 @@ class StepInputs:
     def with_output_tokens(self, h: torch.Tensor) -> torch.Tensor:
         """Algorithm 2: append a copy of the base embedding at every output position."""
         return append_output_tokens(h, self.out_rel, self.output_tokens)
+
+
+def check_position_values(pos: torch.Tensor, seq_len: int, arg: str) -> None:
+    """Output positions ``pos [1 or B, T_out]`` (integers) must lie in ``[0, seq_len)``, strictly
+    increasing along each row: a ``ValueError`` naming ``arg`` otherwise (a repeated or unordered
+    position gave wrong readouts in a GDN layer, one out of range an index error or, in an
+    attention layer, keys it should not see). Reads the values (a host sync on CUDA): the model
+    checks once per forward (``orthros/models/positions.py``), a mixer's own ``forward`` once per
+    call; the layer step and the ops run unchecked."""
+    if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= seq_len):
+        raise ValueError(f"{arg} must lie in [0, {seq_len}), got [{int(pos.min())}, {int(pos.max())}]")
+    if pos.dim() == 2 and pos.shape[1] > 1 and not bool((pos[:, 1:] > pos[:, :-1]).all()):
+        raise ValueError(f"{arg} must be strictly increasing")
 
 
 def gather_rows(x: torch.Tensor, rel: torch.Tensor) -> torch.Tensor:

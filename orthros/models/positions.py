@@ -12,6 +12,8 @@ from typing import Optional
 
 import torch
 
+from ..layers.step import check_position_values
+
 
 def resolve_output_positions(
     seq_len: int,
@@ -53,8 +55,5 @@ def _checked_positions(positions, seq_len: int, device, arg: str) -> torch.Tenso
     pos = pos.view(1, -1) if pos.dim() == 1 else pos
     if pos.dim() != 2:
         raise ValueError(f"{arg} must be [T_out] or [B, T_out], got shape {tuple(pos.shape)}")
-    if pos.numel() and (int(pos.min()) < 0 or int(pos.max()) >= seq_len):
-        raise ValueError(f"{arg} must lie in [0, {seq_len}), got [{int(pos.min())}, {int(pos.max())}]")
-    if pos.shape[1] > 1 and not bool((pos[:, 1:] > pos[:, :-1]).all()):
-        raise ValueError(f"{arg} must be strictly increasing")
+    check_position_values(pos, seq_len, arg)
     return pos

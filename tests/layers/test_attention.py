@@ -239,6 +239,25 @@ def test_forward_refuses_rows_that_do_not_match_the_step(tokens, rows, final):
     assert attn(torch.randn(1, want, cfg.hidden_size), step, final).shape[1] == (2 if final else want)
 
 
+@pytest.mark.parametrize("final", [False, True])
+@pytest.mark.parametrize("mode", ["orthros", "full"])
+@pytest.mark.parametrize("out,match", [([1, 1, 2], "must be strictly increasing"),
+                                       ([3, 1], "must be strictly increasing"),
+                                       ([0, 9], r"must lie in \[0, 8\), got \[0, 9\]"),
+                                       ([-1, 2], r"must lie in \[0, 8\), got \[-1, 2\]")])
+def test_forward_refuses_repeated_or_out_of_range_output_positions(mode, final, out, match):
+    """A step's ``out_rel`` built by hand ran unchecked: a repeated or unordered position gave rows
+    without a word, and in an Orthros layer one out of range too (its queries saw keys they should
+    not); a full layer's failed in torch's gather. Refused with the model's messages, naming the field."""
+    cfg = tiny_config(attention_mode=mode)
+    attn = OrthrosAttention(cfg, cfg.num_hidden_layers - 1 if final else 0)
+    step = _bare_step(cfg, mode == "orthros", 8, [p % 8 for p in out], cache=DenseKV())
+    step.out_rel = torch.tensor([out])
+    rows = 8 + (len(out) if mode == "orthros" else 0)
+    with pytest.raises(ValueError, match=rf"^StepInputs.out_rel {match}"):
+        attn(torch.randn(1, rows, cfg.hidden_size), step, final)
+
+
 @pytest.mark.parametrize("which,rows", [("rope_out", 1), ("rope_out", 3), ("rope_base", 1), ("rope_base", 6)])
 def test_forward_refuses_rope_tables_that_do_not_match_the_step(which, rows):
     """A RoPE table of one row for two output positions was broadcast: both output queries were

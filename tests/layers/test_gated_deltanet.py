@@ -160,3 +160,18 @@ def test_an_unknown_attn_backend_is_refused_at_construction():
     with pytest.raises(ValueError, match="config.attn_backend must be one of .*got 'fla'"):
         GatedDeltaNet(_config(attn_backend="fla"), 0)
     assert GatedDeltaNet(_config(attn_backend="sdpa"), 0).backend == "torch"
+
+
+def test_forward_refuses_repeated_or_out_of_range_output_positions():
+    """A repeated position gave wrong readouts without a word (the delta rule's output queries share one
+    slot per token) and an unordered one ran; one out of range failed in torch's gather. Refused with the
+    model's messages (orthros/models/positions.py), naming the step's field."""
+    import pytest
+
+    m = GatedDeltaNet(_config(), 0)
+    for pos, match in (([1, 1, 2], "must be strictly increasing"), ([3, 1], "must be strictly increasing"),
+                       ([0, 9], r"must lie in \[0, 8\), got \[0, 9\]"),
+                       ([-1, 2], r"must lie in \[0, 8\), got \[-1, 2\]")):
+        step = _step(8, torch.tensor([pos]))
+        with pytest.raises(ValueError, match=rf"^StepInputs.out_rel {match}"):
+            m(torch.randn(1, 8 + len(pos), 32), step)
