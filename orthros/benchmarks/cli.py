@@ -135,13 +135,14 @@ def main(argv=None) -> int:
         hint = " (pass --device cpu, with --preset tiny for a smoke run)" if args.device.startswith("cuda") else ""
         print(f"orthros bench: error: {e}{hint}", file=sys.stderr)
         return 2
+    dtype = parse_dtype(args.dtype, "--dtype")
     try:
         _check_args(args, I.PREFILL_SYSTEMS)
+        check_memory(args, dev, dtype)
         make_out_dir(args.out)
     except ValueError as e:
         print(f"orthros bench: error: {e}", file=sys.stderr)
         return 2
-    dtype = parse_dtype(args.dtype, "--dtype")
     if dev.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     model = orthros_model(args.preset, path=args.model, device=dev, dtype=dtype, window_size=args.window)
@@ -243,6 +244,87 @@ def _check_args(args, systems):
         if need > limit:
             raise ValueError(f"{opt} positions 0..{need - 1}, beyond {src}{why}")
 
+
+def memory_needed(args, dtype):
+    """What the run holds at once on its device, lower bounds (weights and caches, no activations):
+    ``(weights, parts)``, ``weights`` the model's bytes, ``parts`` what a section allocates beside
+    them, one at a time, largest first: dicts of ``bytes``, ``what``, and for a cache ``rows`` (the
+    option and its value, or ``None`` for one row), ``tokens`` (a row's), ``src`` (the options that
+    give them, as typed) and ``row_bytes(L)`` (one row of ``L`` tokens). Sized on the meta device:
+    nothing is allocated."""
+    from ..engine.cache import StaticKVCache, linear_layers
+    from .inference import DECODE_WARMUP
+    from .models import hf_qwen3_like, meta_model
+
+    model = meta_model(args.preset, path=args.model, dtype=dtype, window_size=args.window)
+    cfg, linear = model.config, linear_layers(model)
+    nbytes = lambda m: sum(p.numel() * p.element_size() for p in m.parameters())  # noqa: E731
+
+    def row_bytes(L):
+        c = StaticKVCache(cfg.num_hidden_layers, 1, L, cfg.num_key_value_heads, cfg.head_dim, dtype=dtype,
+                          device="meta", linear=linear)
+        return c.nbytes + c.state_nbytes
+
+    def cache(rows, tokens, src):
+        return {"bytes": (rows[1] if rows else 1) * row_bytes(tokens), "what": "the cache", "rows": rows,
+                "tokens": tokens, "src": src, "row_bytes": row_bytes}
+
+    parts = []
+    for what in _sections(args.what):
+        if what == "prefill":  # one row of the longest prompt; the HF baseline: a second model
+            systems = [x for x in args.systems.split(",") if x]
+            if any(not x.startswith("hf-") for x in systems):
+                parts.append(cache(None, max(args.lengths), f"--lengths {max(args.lengths)}"))
+            hf = [x for x in dict.fromkeys(systems) if x.startswith("hf-")]
+            if hf:
+                parts.append({"bytes": nbytes(hf_qwen3_like(cfg, device="meta", dtype=dtype)),
+                              "what": f"the HF baseline's own weights ({', '.join(hf)} in --systems)"})
+        elif what == "decode":  # a point's steps (warm-up, then timed) each run from the context
+            steps = max(args.steps, DECODE_WARMUP)
+            src = f"--contexts {max(args.contexts)} + {steps} {'' if args.steps >= DECODE_WARMUP else 'warm-up '}steps"
+            parts.append(cache(("--batch-sizes", max(args.batch_sizes)), max(args.contexts) + steps, src))
+        else:  # e2e: --batch rows of the longest pair; each --fit: one row
+            i, o = max(args.pairs, key=lambda p: p[0] + p[1])
+            parts.append(cache(("--batch", args.batch), i + o - 1, f"--pairs {i}:{o}"))
+            parts += [cache(None, i + o - 1, f"--fit {i}:{o}") for i, o in args.fit or []]
+    return nbytes(model), sorted(parts, key=lambda p: -p["bytes"])
+
+
+def check_memory(args, dev, dtype, available=None) -> None:
+    """Refuse, before the model is built, a run whose weights and largest cache (:func:`memory_needed`,
+    lower bounds) cannot fit the memory free on ``dev`` (``available(device)``, default
+    :func:`orthros.utils.available_memory`; ``None``: unknown, not checked): ``ValueError`` naming
+    the options that size it and what fits (was: a torch allocator error once the run got there)."""
+    from ..utils import available_memory, format_bytes
+
+    free = (available or available_memory)(str(dev))
+    if free is None:
+        return
+    weights, parts = memory_needed(args, dtype)
+    where = "host" if dev.type == "cpu" else str(dev)
+    if weights > free:
+        raise ValueError(f"the model's weights take {format_bytes(weights)} of {where} memory, more than the "
+                         f"{format_bytes(free)} free: choose a smaller --preset, --model or --dtype")
+    if not parts or weights + parts[0]["bytes"] <= free:
+        return
+    p, room = parts[0], free - weights
+    said = (f"this run needs at least {format_bytes(weights + p['bytes'])} of {where} memory, more than the "
+            f"{format_bytes(free)} free: the model's weights take {format_bytes(weights)} and {p['what']}")
+    if "rows" not in p:
+        raise ValueError(f"{said} another {format_bytes(p['bytes'])}; drop them from --systems")
+    rows, L, row_bytes = p["rows"], p["tokens"], p["row_bytes"]
+    sized = f"{rows[1]} rows ({rows[0]} {rows[1]})" if rows else "a row"
+    said += f" of {sized} of {L} tokens ({p['src']}) takes {format_bytes(p['bytes'])}"
+    if rows and row_bytes(L) <= room:
+        raise ValueError(f"{said}; at most {room // row_bytes(L)} rows of {L} tokens fit: lower {rows[0]}")
+    lo, hi = 0, L - 1  # the longest row that fits (a row's bytes grow with its tokens)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if row_bytes(mid) <= room else (lo, mid - 1)
+    opt = p["src"].split()[0]
+    raise ValueError(f"{said}; " + (f"a row of at most {lo} tokens fits: lower {opt}" + (f" and {rows[0]}" if rows
+                                                                                            else "")
+                                    if lo else "not even a row of one token fits beside the weights"))
 
 def _run_section(what, args, model, dev, dtype, I, hf_qwen3_like):
     from ..kinds import LINEAR_LAYER_TYPE

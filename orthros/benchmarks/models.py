@@ -28,29 +28,45 @@ PRESETS = {"qwen3-8b": QWEN3_8B, "tiny": TINY, "qwen3.5-9b": QWEN3_5_9B, "tiny-h
 HYBRID_PRESETS = ("qwen3.5-9b", "tiny-h")  # Orthros-H: GDN layers, an Orthros attention layer every 4th
 
 
+def orthros_config(preset: str = "qwen3-8b", *, path=None, window_size=128):
+    """The OrthrosConfig :func:`orthros_model` builds: the checkpoint ``path``'s (read, nothing
+    loaded), else ``preset``'s."""
+    from ..kinds import hybrid_layout
+    from ..models import OrthrosConfig
+
+    if path is not None:
+        return OrthrosConfig.from_pretrained(str(path), local_files_only=True)
+    if preset not in PRESETS:
+        raise ValueError(f"preset {preset!r}: choose from {', '.join(PRESETS)}")
+    if preset in HYBRID_PRESETS:
+        return OrthrosConfig(**PRESETS[preset], qk_norm=True, attn_output_gate=True, window_size=window_size,
+                             rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
+                                              "partial_rotary_factor": 0.25},
+                             **hybrid_layout("orthros-h", PRESETS[preset]["num_hidden_layers"]))
+    return OrthrosConfig(**PRESETS[preset], qk_norm=True, window_size=window_size,
+                         rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA})
+
+
 def orthros_model(preset: str = "qwen3-8b", *, path=None, device="cuda", dtype=torch.bfloat16, window_size=128):
     """An OrthrosForCausalLM: loaded from ``path``, else ``preset`` with random weights (the
     hybrid presets build Orthros-H, whose ``attention_mode="full"`` is the Linear Hybrid)."""
     from transformers import AutoModelForCausalLM
 
-    from ..kinds import hybrid_layout
-    from ..models import OrthrosConfig
-
     if path is not None:
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-    if preset not in PRESETS:
-        raise ValueError(f"preset {preset!r}: choose from {', '.join(PRESETS)}")
-    if preset in HYBRID_PRESETS:
-        cfg = OrthrosConfig(**PRESETS[preset], qk_norm=True, attn_output_gate=True, window_size=window_size,
-                            rope_parameters={"rope_type": "default", "rope_theta": 10000000.0,
-                                             "partial_rotary_factor": 0.25},
-                            **hybrid_layout("orthros-h", PRESETS[preset]["num_hidden_layers"]))
-    else:
-        cfg = OrthrosConfig(**PRESETS[preset], qk_norm=True, window_size=window_size,
-                            rope_parameters={"rope_type": "default", "rope_theta": ROPE_THETA})
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(orthros_config(preset, window_size=window_size), dtype=dtype)
     return model.eval()
+
+
+def meta_model(preset: str = "qwen3-8b", *, path=None, dtype=torch.bfloat16, window_size=128):
+    """The model :func:`orthros_model` builds, on the meta device: its shapes, nothing allocated and
+    nothing read but ``path``'s config (what a run will need, before it starts)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(orthros_config(preset, path=path, window_size=window_size),
+                                                dtype=dtype)
 
 
 def hf_qwen3_like(orthros_config, *, device="cuda", dtype=torch.bfloat16):
@@ -87,5 +103,5 @@ def weight_bytes_per_step(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p is not emb)
 
 
-__all__ = ["HYBRID_PRESETS", "PRESETS", "QWEN3_5_9B", "QWEN3_8B", "TINY", "TINY_H", "orthros_model", "hf_qwen3_like", "register_noattn",
+__all__ = ["HYBRID_PRESETS", "PRESETS", "QWEN3_5_9B", "QWEN3_8B", "TINY", "TINY_H", "meta_model", "orthros_config", "orthros_model", "hf_qwen3_like", "register_noattn",
            "weight_bytes_per_step"]

@@ -488,3 +488,82 @@ def test_bench_help_names_every_default(what):
         if "default" not in text or not any(v in text for v in said):
             unsaid.append(f"{a.option_strings[0]} (default {a.default!r}): {text!r}")
     assert not unsaid, unsaid
+
+
+# ------------------------------------------------ memory: refused up front (issue hunt)
+
+MiB = 1 << 20
+
+
+@pytest.mark.parametrize("what, extra, says", [
+    ("decode", ["--batch-sizes", "1,1000", "--contexts", "1024", "--steps", "2"],
+     "the cache of 1000 rows (--batch-sizes 1000) of 1029 tokens (--contexts 1024 + 5 warm-up steps) takes 502.4 MiB; "
+     "at most 6 rows of 1029 tokens fit: lower --batch-sizes"),
+    ("e2e", ["--batch", "100000", "--pairs", "8:4,100:29"],
+     "the cache of 100000 rows (--batch 100000) of 128 tokens (--pairs 100:29) takes 6.1 GiB; at most 55 rows of "
+     "128 tokens fit: lower --batch"),
+    ("decode", ["--batch-sizes", "4", "--contexts", "60000"],
+     "of 4 rows (--batch-sizes 4) of 60050 tokens (--contexts 60000 + 50 steps) takes 117.3 MiB; a row of at most "
+     "7098 tokens fits: lower --contexts and --batch-sizes"),
+    ("prefill", ["--lengths", "16,50000", "--systems", "orthros,full"],
+     "the cache of a row of 50000 tokens (--lengths 50000) takes 24.4 MiB; a row of at most 7098 tokens fits: "
+     "lower --lengths"),
+    ("e2e", ["--pairs", "8:4", "--fit", "40000:9000"],
+     "the cache of a row of 48999 tokens (--fit 40000:9000) takes 23.9 MiB; a row of at most 7098 tokens fits: "
+     "lower --fit"),
+])
+def test_bench_refuses_a_run_too_big_for_memory_before_allocating(tmp_path, capsys, monkeypatch, no_model, what,
+                                                                   extra, says):
+    """Issue: an absurd --batch / --batch-sizes (or a context whose cache cannot fit) failed deep in
+    the allocator once the model was built and the sweep got there ("DefaultCPUAllocator: can't
+    allocate memory: you tried to allocate 384320000000 bytes", exit 1), naming no option. The
+    weights and the largest cache are now sized on the meta device and refused up front."""
+    import orthros.utils as utils
+
+    monkeypatch.setattr(utils, "available_memory", lambda device, **kw: 4 * MiB)
+    out = tmp_path / "out"
+    assert orthros_main(["bench", what, *TINY, "--out", str(out), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("orthros bench: error: this run needs at least ") and "of host memory, more than the " \
+        "4.0 MiB free: the model's weights take 547.0 KiB and " in err and says in err, err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_bench_memory_check_of_the_weights_and_the_hf_baseline(tmp_path, capsys, monkeypatch, no_model):
+    import orthros.utils as utils
+
+    monkeypatch.setattr(utils, "available_memory", lambda device, **kw: 256 << 10)
+    assert orthros_main(["bench", "decode", *TINY, "--out", str(tmp_path / "o"), "--contexts", "8"]) == 2
+    assert "the model's weights take 547.0 KiB of host memory, more than the 256.0 KiB free: choose a smaller " \
+           "--preset, --model or --dtype" in capsys.readouterr().err
+    monkeypatch.setattr(utils, "available_memory", lambda device, **kw: 1 * MiB)
+    assert orthros_main(["bench", "prefill", *TINY, "--out", str(tmp_path / "o"), "--lengths", "16",
+                         "--systems", "orthros,hf-sdpa"]) == 2
+    assert "the model's weights take 547.0 KiB and the HF baseline's own weights (hf-sdpa in --systems) " \
+           "another 545.5 KiB; drop them from --systems" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_bench_memory_estimate_is_what_the_engine_allocates():
+    """The estimate's cache is the engine's (rows x tokens, GDN states included), its weights the model's."""
+    import argparse
+
+    from orthros.benchmarks.cli import memory_needed
+    from orthros.benchmarks.models import orthros_model
+    from orthros.engine import Engine
+
+    args = argparse.Namespace(what="e2e", preset="tiny", model=None, window=8, pairs=[(20, 5), (8, 4)], batch=3,
+                              fit=[(6, 2)])
+    weights, parts = memory_needed(args, torch.float32)
+    model = orthros_model("tiny", device="cpu", dtype=torch.float32, window_size=8)
+    assert weights == sum(p.numel() * p.element_size() for p in model.parameters())
+    eng = Engine(model, max_batch_size=3, max_seq_len=24, cuda_graphs=False)
+    assert [p["bytes"] for p in parts] == [eng.cache.nbytes + eng.cache.state_nbytes, parts[0]["row_bytes"](7)]
+
+
+def test_bench_memory_unknown_is_not_checked(tmp_path, monkeypatch):
+    import orthros.utils as utils
+
+    monkeypatch.setattr(utils, "available_memory", lambda device, **kw: None)
+    assert orthros_main(["bench", "decode", *TINY, "--out", str(tmp_path), "--contexts", "8", "--steps", "1",
+                         "--batch-sizes", "1"]) == 0
