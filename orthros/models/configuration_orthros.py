@@ -175,6 +175,9 @@ class OrthrosConfig(PreTrainedConfig):
             self.save_pretrained(save_directory)
             return self.push_to_hub(repo_id, **kwargs)
         self.validate()  # before any file is written (transformers validates only before config.json)
+        from .loading import save_directory as checked
+
+        save_directory = checked(save_directory)  # "~/x" expanded, as from_pretrained expands it
         old = self.__dict__.get("architectures")
         # vLLM picks its model class by this name (a config saved on its own, as the trainer's checkpoints
         # are, has none: vLLM then refuses to start), and keeps recurrent states only for a hybrid class

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..layout import CHECKPOINTS, MANIFEST, latest_checkpoint, list_checkpoints
-from ..utils import check_not_blank, expand_path
+from ..utils import check_not_blank, check_output_path, expand_path
 
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -53,6 +53,18 @@ def _expand(path, arg: str) -> Path:
         return expand_path(path, arg)
     except ValueError as e:
         raise CheckpointError(str(e)) from None
+
+
+def save_directory(path) -> str:
+    """``save_pretrained``'s ``save_directory`` with ``~`` expanded, as ``from_pretrained`` expands it
+    (transformers made a folder named ``~`` in the working one, which ``from_pretrained("~/...")``
+    then did not find), or a ``ValueError`` naming ``save_directory`` before anything is written:
+    empty or blank, an existing file or a path below one (transformers logged an error, wrote
+    nothing and returned as if it had saved), or a folder this process may not write into."""
+    check_not_blank(path, "save_directory", "output")
+    p = expand_path(path, "save_directory")
+    check_output_path("save_directory", p, directory=True)
+    return os.fspath(p)
 
 
 def looks_local(path) -> bool:

@@ -277,12 +277,16 @@ class OrthrosPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """transformers' ``save_pretrained``, after checking the config: one that would not load
-        (a field set after its ``__init__``) writes nothing, not even the directory. The config's
+        (a field set after its ``__init__``) writes nothing, not even the directory; and the path
+        (``loading.save_directory``: ``~`` expanded as ``from_pretrained`` expands it, a file refused). The config's
         save writes the flat modeling code and ``auto_map`` (``remote_code.py``), so the package's class,
         registered with ``register_for_auto_class``, is hidden from transformers here: its
         ``custom_object_save`` would copy the package's own file (parent-relative imports) and fail
         scanning them."""
+        from .loading import save_directory as checked
+
         self.config.validate()
+        save_directory = checked(save_directory)
         if type(self).__module__.split(".")[0] != "orthros":  # a flat copy (or a user's class) copies itself
             return super().save_pretrained(save_directory, *args, **kwargs)
         from .remote_code import auto_class_hidden

@@ -364,3 +364,27 @@ def test_a_directory_without_config_json_is_named_so_unless_a_config_is_given(sa
         OrthrosForCausalLM.from_pretrained(tmp_path / "outer", subfolder="sub")
     got = OrthrosForCausalLM.from_pretrained(tmp_path / "outer" / "sub", config=OrthrosConfig.from_pretrained(single))
     torch.testing.assert_close(got.lm_head.weight, OrthrosForCausalLM.from_pretrained(single).lm_head.weight)
+
+
+def test_save_pretrained_expands_home_and_refuses_a_file_before_writing(tmp_path, monkeypatch):
+    """``save_pretrained("~/ck")`` made a folder named ``~`` in the working one, which
+    ``from_pretrained("~/ck")`` (which expands it) did not find; a file as the folder was logged by
+    transformers and nothing written, returning as if saved; ``""`` was a bare FileNotFoundError."""
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    m = tiny()
+    for save in (m.save_pretrained, m.config.save_pretrained):
+        save("~/ck")
+        assert (home / "ck" / "config.json").is_file() and not (cwd / "~").exists()
+    assert torch.equal(OrthrosForCausalLM.from_pretrained("~/ck").lm_head.weight, m.lm_head.weight)
+    (cwd / "file").write_text("x")
+    for save in (m.save_pretrained, m.config.save_pretrained):
+        for path in ("file", "file/sub"):
+            with pytest.raises(ValueError, match=rf"^save_directory {path}: .*file is a file, not a directory"):
+                save(path)
+        with pytest.raises(ValueError, match=r"^save_directory is empty \(''\)"):
+            save("")
+    assert sorted(p.name for p in cwd.iterdir()) == ["file"] and (cwd / "file").read_text() == "x"

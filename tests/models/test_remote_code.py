@@ -476,13 +476,14 @@ def test_a_model_registered_for_auto_class_saves_the_flat_code(tmp_path, monkeyp
     assert torch.equal(OrthrosForCausalLM.from_pretrained(tmp_path).lm_head.weight, model.lm_head.weight)
 
 
-def test_saving_a_config_to_a_file_is_transformers_clear_refusal(tmp_path):
+def test_saving_a_config_to_a_file_is_a_clear_refusal(tmp_path):
     """config.save_pretrained(FILE) wrote the remote code first, so its mkdir raised a bare
-    'FileExistsError: [Errno 17] File exists' instead of transformers' 'should be a directory, not a file'."""
+    'FileExistsError: [Errno 17] File exists'; then transformers' AssertionError 'should be a directory,
+    not a file'; now a ValueError naming save_directory (as the model's save_pretrained)."""
     f = tmp_path / "config.json"
     f.write_text("{}")
     c = OrthrosConfig(vocab_size=10, hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2)
-    with pytest.raises(AssertionError, match="should be a directory, not a file"):
+    with pytest.raises(ValueError, match=r"^save_directory .*config.json is a file, not a directory"):
         c.save_pretrained(f)
     assert [p.name for p in tmp_path.iterdir()] == ["config.json"] and f.read_text() == "{}"
 
