@@ -570,6 +570,11 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
                 what = labels.dtype if isinstance(labels, torch.Tensor) else type(labels).__name__
                 raise ValueError(f"labels must be a tensor of integer token ids [B, T] (-100: not scored), got {what}")
             labels = labels.long()
+            if labels.device.type == "cpu" and not torch.compiler.is_compiling():  # (CUDA: not read, no sync)
+                bad = first_id_outside(labels, self.config.vocab_size, labels != -100)
+                if bad is not None:  # cross_entropy's "IndexError: Target 50 is out of bounds" named no argument
+                    raise ValueError(f"labels must be token ids in [0, vocab_size={self.config.vocab_size}) or -100 "
+                                     f"(not scored), got labels[{', '.join(map(str, bad[0]))}] = {bad[1]}")
         if labels is not None and labels.shape[0] != x.shape[0]:
             raise ValueError(f"labels must be [B, T] like input_ids, got {tuple(labels.shape)} for B = {x.shape[0]}")
         if labels is not None and cu_seqlens is not None and labels.dim() == 2 and labels.shape[1] == T:

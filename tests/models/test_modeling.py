@@ -894,3 +894,19 @@ def test_forward_names_input_ids_outside_the_vocabulary():
     want = model(ids).logits
     for dtype in (torch.int32, torch.uint16):
         assert torch.equal(model(ids.to(dtype)).logits, want)
+
+
+def test_labels_outside_the_vocabulary_are_named():
+    """A label >= vocab_size or negative other than -100 failed in cross_entropy with "IndexError: Target 97
+    is out of bounds", naming no argument (CPU labels: CUDA labels are not read)."""
+    model = tiny_model()
+    ids = torch.randint(0, V, (2, 6))
+    for bad in (V, -1, -5):
+        labels = ids.clone()
+        labels[1, 4] = bad
+        with pytest.raises(ValueError, match=rf"^labels must be token ids in \[0, vocab_size={V}\) or -100 "
+                                             rf"\(not scored\), got labels\[1, 4\] = {bad}$"):
+            model(ids, labels=labels)
+    labels = ids.clone()
+    labels[:, :2] = -100
+    assert torch.isfinite(model(ids, labels=labels).loss)
