@@ -556,7 +556,7 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
         ``num_logits_to_keep``); else every position.
         With packed documents (``cu_seqlens``) no position is scored against the next document's
         first token. ``loss`` is the mean cross-entropy over the scored positions, or their summed cross-entropy
-        divided by ``num_items_in_batch`` when given (HF ``Trainer`` passes the scored tokens of all
+        divided by ``num_items_in_batch`` (at least 1) when given (HF ``Trainer`` passes the scored tokens of all
         its gradient-accumulation micro-batches, and then does not divide the loss itself)."""
         if "num_logits_to_keep" in kwargs:  # transformers < 4.50's name (unread, it kept every position's logits)
             if not (isinstance(logits_to_keep, int) and logits_to_keep == 0):
@@ -599,7 +599,9 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
             ce = F.cross_entropy(upcast.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
                                  reduction="sum")
             n = kwargs.get("num_items_in_batch")
-            loss = ce / (valid.sum().clamp(min=1) if n is None else torch.as_tensor(n, device=ce.device))
+            # clamped like the count of scored positions: a Trainer step whose micro-batches score nothing
+            # (num_items_in_batch=0) had a NaN loss (0 / 0), where the default path gives 0
+            loss = ce / (valid.sum() if n is None else torch.as_tensor(n, device=ce.device)).clamp(min=1)
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_KWARG: getattr(out, CACHE_KWARG)})
 
     def generate(self, *args, use_engine: Optional[bool] = None, **kwargs):

@@ -206,6 +206,16 @@ def test_loss_divides_by_num_items_in_batch():
             torch.testing.assert_close(model(ids, labels=labels, num_items_in_batch=n).loss, mean * n_scored / 40)
 
 
+def test_a_micro_batch_of_a_step_that_scores_nothing_has_loss_zero():
+    """A Trainer step whose micro-batches score no token passes ``num_items_in_batch=0``: the loss was
+    0 / 0 = NaN (in the logs, and to any NaN guard); without the count it is 0."""
+    model = tiny_model()
+    ids = torch.randint(0, V, (2, 6))
+    labels = torch.full_like(ids, -100)
+    for n in (None, 0, torch.tensor(0)):
+        assert model(ids, labels=labels, num_items_in_batch=n).loss.item() == 0.0
+
+
 def test_packed_documents_equal_separate_runs():
     model = tiny_model()
     docs = [torch.randint(0, V, (n,)) for n in (7, 20, 3)]
