@@ -20,16 +20,22 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from ..utils import as_float, as_int
+
 
 # the longest process-group timeout (about 31 years): timedelta overflows past ~8.6e13 s, and c10d counts a
 # timeout in int64 nanoseconds (past ~9.2e9 s gloo's every collective timed out at once)
 MAX_TIMEOUT_S = 1e9
 
 
-def check_timeout(name: str, value) -> None:
-    """A process-group timeout: a number of seconds in ``(0, MAX_TIMEOUT_S]``, else a ``ValueError`` naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= MAX_TIMEOUT_S:
+def check_timeout(name: str, value) -> float:
+    """A process-group timeout: a number of seconds in ``(0, MAX_TIMEOUT_S]`` (what :func:`~orthros.utils.as_float`
+    takes: NumPy's numbers and 0-d tensors too, not a bool), returned as a Python ``float``; else a
+    ``ValueError`` naming ``name``."""
+    t = as_float(value)
+    if t is None or not 0 < t <= MAX_TIMEOUT_S:
         raise ValueError(f"{name} must be a number of seconds > 0 and <= {MAX_TIMEOUT_S:g}, got {value!r}")
+    return t
 
 
 class ParallelError(RuntimeError):
@@ -76,13 +82,15 @@ class ParallelContext:
     timeout_s: Optional[float] = None
 
     def __post_init__(self):  # a hand-built context: wrong here failed later as an IndexError or a collective's error
-        n, r = self.world_size, self.rank
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"world_size must be an integer >= 1, got {n!r}")
-        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r < n:
-            raise ValueError(f"rank must be an integer in [0, world_size) = [0, {n}), got {r!r}")
+        # integers as as_int takes them (NumPy's, 0-d tensors; not a bool), kept as Python ints
+        n, r = as_int(self.world_size), as_int(self.rank)
+        if n is None or n < 1:
+            raise ValueError(f"world_size must be an integer >= 1, got {self.world_size!r}")
+        if r is None or not 0 <= r < n:
+            raise ValueError(f"rank must be an integer in [0, world_size) = [0, {n}), got {self.rank!r}")
+        self.world_size, self.rank = n, r
         if self.timeout_s is not None:  # only named in a failure's message, which a timedelta broke
-            check_timeout("timeout_s", self.timeout_s)
+            self.timeout_s = check_timeout("timeout_s", self.timeout_s)
         if n > 1:  # else the first collective failed as 'a peer rank exited, crashed or did not arrive'
             if not (dist.is_available() and dist.is_initialized()):
                 raise ValueError(f"world_size={n} needs a torch.distributed process group, and none is initialised: "
@@ -195,7 +203,7 @@ def init_from_env(backend: Optional[str] = None, timeout_s: float = 600.0) -> Pa
     """
     if backend not in (None, "nccl", "gloo"):
         raise ValueError(f"backend must be 'nccl' or 'gloo', got {backend!r}")
-    check_timeout("timeout_s", timeout_s)
+    timeout_s = check_timeout("timeout_s", timeout_s)
     existing = dist.is_initialized()
     if not existing:  # torchrun's environment, checked before any process group starts
         world = env_world_size()

@@ -35,7 +35,7 @@ import torch
 
 from ..models.modeling_orthros import warn_beyond_positions
 from ..ops import orthros_attention
-from ..utils import check_positive_int, check_token_ids
+from ..utils import as_int, check_positive_int, check_token_ids
 from .comm import ParallelContext
 from ..ops.merge import acc_dtype, merge_partials, partial_attention
 
@@ -185,8 +185,10 @@ class ShardedOrthros:
                              f"{model.config.attention_mode!r} with layer types {kinds}")
         chunk_size = check_positive_int("chunk_size", chunk_size)
         key_chunk = check_positive_int("key_chunk", key_chunk)
-        if isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0:
+        n = as_int(reserve)  # NumPy's integers and 0-d tensors too, not a bool
+        if n is None or n < 0:
             raise ValueError(f"reserve must be an integer >= 0, got {reserve!r}")
+        reserve = n
         if ctx is not None and not isinstance(ctx, ParallelContext):
             raise TypeError(f"ctx must be a ParallelContext or None, got {type(ctx).__name__}")
         self.model = model

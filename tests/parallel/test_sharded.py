@@ -814,3 +814,26 @@ def test_decode_step_refuses_ranks_out_of_step(model_dir, steps, match):
                      steps_of_rank={r: [(5, 0), (7, 1), (6, 0)] for r in (0, 1)})
     assert not same["errors"] and torch.equal(same["results"][0][0], same["results"][1][0])
     assert same["results"][0][1] == same["results"][1][1] == [21, 24]
+
+
+def test_integer_and_seconds_arguments_take_numpy_and_0d_tensors_and_refuse_bools():
+    """Issue: ShardedOrthros(reserve=) and ParallelContext(rank=, world_size=, timeout_s=) checked
+    isinstance(..., int / float) where the rest of the library takes orthros.utils.as_int / as_float:
+    reserve=np.int64(4), world_size=torch.tensor(1) or timeout_s=np.float32(5) were refused."""
+    import numpy as np
+
+    for reserve in (np.int64(4), torch.tensor(4)):
+        sh = ShardedOrthros(tiny_model(), ParallelContext.single(), reserve=reserve)
+        assert sh.reserve == 4 and type(sh.reserve) is int
+    for bad in (True, np.True_, torch.tensor(True), 4.0, torch.tensor([4])):
+        with pytest.raises(ValueError, match=r"^reserve must be an integer >= 0, got "):
+            ShardedOrthros(tiny_model(), ParallelContext.single(), reserve=bad)
+    ctx = ParallelContext(rank=np.int64(0), world_size=torch.tensor(1), timeout_s=np.float32(5))
+    assert (ctx.rank, ctx.world_size, ctx.timeout_s) == (0, 1, 5.0)
+    assert type(ctx.rank) is int and type(ctx.world_size) is int and type(ctx.timeout_s) is float
+    assert ParallelContext(timeout_s=torch.tensor(2.5)).timeout_s == 2.5
+    for kw, match in ((dict(rank=True), r"^rank must be an integer in \[0, world_size\) = \[0, 1\), got True"),
+                      (dict(world_size=np.True_), r"^world_size must be an integer >= 1, got np.True_"),
+                      (dict(timeout_s=True), r"^timeout_s must be a number of seconds > 0 and <= 1e\+09, got True")):
+        with pytest.raises(ValueError, match=match):
+            ParallelContext(**kw)
