@@ -192,6 +192,14 @@ class OrthrosConfig(PreTrainedConfig):
             self.architectures = old
 
     @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """transformers' ``from_pretrained``, with ``~`` expanded and a local-looking path that does not
+        exist a ``FileNotFoundError``, never a hub lookup (``loading.local_config_path``)."""
+        from .loading import local_config_path
+
+        return super().from_pretrained(local_config_path(pretrained_model_name_or_path), *args, **kwargs)
+
+    @classmethod
     def from_dict(cls, config_dict: dict, **kwargs):
         """transformers' ``from_dict`` (``from_pretrained`` / ``AutoConfig`` land here; their keywords
         are set on the config after its ``__init__``), then every field checked: a bad keyword

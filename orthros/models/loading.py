@@ -287,6 +287,22 @@ def check_local_checkpoint(path, subfolder: str = "", *, config_given: bool = Fa
     return path
 
 
+def local_config_path(path):
+    """``OrthrosConfig.from_pretrained``'s path (a checkpoint directory or a config file): ``~``
+    expanded, and a local-looking path that does not exist a ``FileNotFoundError`` (transformers
+    took both for hub repo ids: "OSError: Repo id must use alphanumeric chars ..."). Other names
+    (hub repo ids) are left to transformers."""
+    if not isinstance(path, (str, os.PathLike)):
+        return path
+    d = _expand(path, "pretrained_model_name_or_path")
+    if d.exists():
+        return str(d)
+    if looks_local(path):
+        raise FileNotFoundError(f"{path}: no such checkpoint directory or config file (a local path is never looked "
+                                f"up on the hub)")
+    return path
+
+
 def _model_type(config_json: Path):
     """The ``model_type`` of a config.json, or ``None`` where there is none to read (transformers
     then says what is wrong)."""

@@ -388,3 +388,17 @@ def test_save_pretrained_expands_home_and_refuses_a_file_before_writing(tmp_path
         with pytest.raises(ValueError, match=r"^save_directory is empty \(''\)"):
             save("")
     assert sorted(p.name for p in cwd.iterdir()) == ["file"] and (cwd / "file").read_text() == "x"
+
+
+def test_config_from_pretrained_expands_home_and_never_looks_a_local_path_up_on_the_hub(tmp_path, monkeypatch):
+    """``OrthrosConfig.from_pretrained("~/ck")`` and a missing local path were transformers' hub-lookup
+    errors ("OSError: Repo id must use alphanumeric chars ... '~/ck'"), as the model's were."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    tiny().config.save_pretrained(tmp_path / "ck")
+    assert OrthrosConfig.from_pretrained("~/ck").vocab_size == 64
+    assert OrthrosConfig.from_pretrained("~/ck/config.json").vocab_size == 64
+    for missing in ("~/nope", str(tmp_path / "nope"), "./nope"):
+        with pytest.raises(FileNotFoundError, match=rf"^{re.escape(missing)}: no such checkpoint directory or config "
+                                                    rf"file \(a local path is never looked up on the hub\)"):
+            OrthrosConfig.from_pretrained(missing)
