@@ -440,7 +440,11 @@ class OrthrosModel(OrthrosPreTrainedModel):
                 position_ids = (torch.arange(T, device=dev) - cu_seqlens[doc]).view(1, T)
             else:
                 position_ids = torch.arange(past, past + T, device=dev).view(1, T)
-        position_ids = torch.as_tensor(position_ids, device=dev).long()
+        position_ids = torch.as_tensor(position_ids, device=dev)
+        if position_ids.dtype.is_floating_point or position_ids.dtype.is_complex or position_ids.dtype == torch.bool:
+            # 0.5 was cut to 0, True to 1: RoPE at positions nobody asked for
+            raise ValueError(f"position_ids must be integers, got {position_ids.dtype}")
+        position_ids = position_ids.long()
         if position_ids.dim() == 1:
             position_ids = position_ids.view(1, -1)
         if position_ids.dim() != 2 or position_ids.shape[0] not in (1, B) or position_ids.shape[1] != T:

@@ -920,3 +920,14 @@ def test_labels_outside_the_vocabulary_are_named():
     labels = ids.clone()
     labels[:, :2] = -100
     assert torch.isfinite(model(ids, labels=labels).loss)
+
+
+def test_position_ids_that_are_not_integers_are_refused():
+    """Float position_ids were cut to integers (0.5 -> 0), bools taken as 0 / 1, without a word."""
+    model = tiny_model()
+    ids = torch.randint(0, V, (2, 6))
+    for pos in (torch.arange(6) * 0.5, torch.ones(6, dtype=torch.bool), torch.arange(6.0)):
+        for fn in (model, model.model):
+            with pytest.raises(ValueError, match=f"^position_ids must be integers, got {pos.dtype}$"):
+                fn(ids, position_ids=pos)
+    torch.testing.assert_close(model(ids, position_ids=torch.arange(6, dtype=torch.int32)).logits, model(ids).logits)
