@@ -317,6 +317,15 @@ def test_llama3_rope_scaling_runs():
     assert torch.isfinite(model(torch.randint(0, V, (1, 12))).logits).all()
 
 
+@pytest.mark.parametrize("rope, missing", [({"rope_type": "yarn"}, "factor"), ({"rope_type": "linear"}, "factor"),
+                                           ({"rope_type": "llama3", "factor": 8.0}, "high_freq_factor")])
+def test_a_rope_type_without_its_keys_is_refused_by_the_config(rope, missing):
+    """A RoPE type without its keys (a 'yarn' without 'factor') was taken by the config and failed building
+    the model with transformers' KeyError; it is the config's ValueError naming rope_parameters."""
+    with pytest.raises(ValueError, match=rf"^OrthrosConfig.rope_parameters: Missing required keys .*{missing}"):
+        tiny_config(rope_parameters=rope)
+
+
 def test_legacy_rope_scaling_keeps_its_rope_theta():
     # a transformers 4.x style config (rope_scaling beside rope_theta): rope_theta became 10000
     legacy = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
