@@ -49,7 +49,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     dry = "--dry-run" in argv
     argv = [a for a in argv if a != "--dry-run"]  # before the config file is picked: --dry-run CONFIG.yaml
     path = None
-    if argv and not argv[0].startswith("--"):
+    if argv and not argv[0].startswith("-"):  # (-c c.yaml: no config file named '-c')
         path, argv = argv[0], argv[1:]
     from ..utils import Terminated, sigterm_as_interrupt
 

@@ -315,12 +315,18 @@ def parse_overrides(argv: list[str]) -> list[tuple[str, Any]]:
             for key, raw in _override_texts(argv)]
 
 
+_CONFIG_OPTIONS = ("-c", "--config", "--config-file", "--config_file", "--cfg")  # no options of orthros train
+
+
 def _override_texts(argv: list[str], config: Optional[str] = None) -> list[tuple[str, Optional[str]]]:
     """``--a.b 1 --flag`` -> [("a.b", "1"), ("flag", None)]: each key with its value as typed;
     ``config``: the config file given before them, if any (for the error on a second one)."""
     out, i = [], 0
     while i < len(argv):
         tok = argv[i]
+        if tok.split("=", 1)[0] in _CONFIG_OPTIONS:  # other trainers' spelling: "unknown config key 'config'"
+            raise ConfigError(f"{tok.split('=', 1)[0]}: the config file is given by itself, first: "
+                              f"orthros train CONFIG.yaml [--key value ...]")
         if not tok.startswith("--") or tok == "--":
             where = ""
             if tok.endswith((".yaml", ".yml")):

@@ -495,3 +495,16 @@ def test_an_override_given_twice_is_refused_before_any_work(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "orthros train: error: train.max_steps is set twice, by --max-steps 5 and by --max-steps 7" in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("args", [["--config", "c.yaml"], ["--config=c.yaml"], ["-c", "c.yaml"],
+                                  ["--config_file", "c.yaml"]])
+def test_a_config_file_given_as_an_option_says_where_it_goes(tmp_path, capsys, args):
+    """`orthros train --config c.yaml` (other trainers' spelling) was "unknown config key 'config'",
+    and `-c c.yaml` "config file not found: -c": neither said the file is given by itself, first."""
+    from orthros.cli import main
+
+    assert main(["train", *args, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert f"orthros train: error: {args[0].split('=')[0]}: the config file is given by itself, first: " \
+           f"orthros train CONFIG.yaml [--key value ...]" in err, err
