@@ -799,7 +799,7 @@ def _convert_from_hf(model_or_path, *, window_size: int, scale_offset: bool, dty
         sd, loaded = model.state_dict(), set()
         with torch.no_grad():
             for name, out in plan.mapped.items():
-                sd[out].copy_(plan.value(name, state[name]))
+                sd[out].copy_(_cast_checked(plan.value(name, state[name]), sd[out].dtype, name, API_NAMES))
                 loaded.add(out)
         return _finish_model(model, plan, loaded)
     if isinstance(model_or_path, (str, os.PathLike)):
@@ -825,7 +825,8 @@ def _convert_from_hf(model_or_path, *, window_size: int, scale_offset: bool, dty
                 for name in header.tensors:
                     if name in plan.mapped:
                         out = plan.mapped[name]
-                        sd[out].copy_(plan.value(name, reader.get(name)))
+                        sd[out].copy_(_cast_checked(plan.value(name, reader.get(name)), sd[out].dtype, name,
+                                                    API_NAMES))
                         loaded.add(out)
     return _finish_model(model, plan, loaded)
 

@@ -1177,3 +1177,15 @@ def test_the_api_names_the_argument_of_a_home_folder_of_no_user(tmp_path, call, 
     with pytest.raises(ValueError, match=rf"^{arg} ~nosuchuser9/\w+(\.gguf)?: no user 'nosuchuser9' on this machine"):
         call(tmp_path)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_convert_from_hf_refuses_an_fp16_overflow_as_convert_checkpoint_does(tmp_path, good_src):
+    """convert_from_hf(dtype="fp16") turned a weight beyond 65504 into inf without a word (the model gave
+    inf / NaN), from a directory and from an in-memory model; convert_checkpoint refused it, naming the tensor."""
+    src, name = _with_a_weight_beyond_fp16(tmp_path, good_src)
+    with pytest.raises(ValueError, match=f"^dtype=float16: tensor {name!r} holds values up to 1e\\+05"):
+        convert_from_hf(src, window_size=W, dtype="fp16")
+    hf = AutoModelForCausalLM.from_pretrained(src)
+    with pytest.raises(ValueError, match=f"^dtype=float16: tensor {name!r} holds values up to 1e\\+05"):
+        convert_from_hf(hf, window_size=W, dtype="fp16")
+    assert convert_from_hf(hf, window_size=W, dtype="bf16").state_dict()[name].isfinite().all()  # bf16 holds it
