@@ -437,7 +437,9 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
         for key, value in _flatten(raw):
             if key not in valid_keys():
                 if key in _section_types():
-                    raise ConfigError(f"config section '{key}' must be a mapping")
+                    first = dataclasses.fields(_section_types()[key])[0].name
+                    raise ConfigError(f"config file {path}: section '{key}' must be a mapping of its keys "
+                                      f"({key}.{first}: ..., see `orthros train --help-config`), got {value!r}")
                 if isinstance(value, dict) and "." not in key:  # 'trian:' was matched by its leaf: data.train
                     near = difflib.get_close_matches(key, list(_section_types()), n=1, cutoff=0.6)
                     hint = f"; did you mean '{near[0]}'?" if near else ""

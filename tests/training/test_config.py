@@ -508,3 +508,13 @@ def test_a_config_file_given_as_an_option_says_where_it_goes(tmp_path, capsys, a
     err = capsys.readouterr().err
     assert f"orthros train: error: {args[0].split('=')[0]}: the config file is given by itself, first: " \
            f"orthros train CONFIG.yaml [--key value ...]" in err, err
+
+
+def test_a_section_that_is_no_mapping_names_the_file_and_the_value(tmp_path):
+    """`train: 5` was "config section 'train' must be a mapping": no file, no value, no keys of it."""
+    p = tmp_path / "c.yaml"
+    p.write_text("train: 5\n")
+    with pytest.raises(ConfigError, match=re.escape(f"config file {p}: section 'train' must be a mapping of its "
+                                                    f"keys (train.max_steps: ..., see `orthros train --help-config`), "
+                                                    f"got 5")):
+        load_config(str(p))
