@@ -243,7 +243,7 @@ def _resolve_source(path, download: bool = True, names=None) -> Path:
     if p.exists():
         raise NotADirectoryError(_not_a_directory(p))
     s = os.fspath(path)
-    if re.fullmatch(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+", s) and not s.startswith((".", "/", "~")):
+    if _is_hub_id(s):
         try:  # a hub id; only when the hub is reachable
             from huggingface_hub import snapshot_download
 
@@ -265,6 +265,11 @@ def _resolve_source(path, download: bool = True, names=None) -> Path:
                                     f"downloads it, or name a local directory)"
                                     f"{'' if type(e).__name__ == 'LocalEntryNotFoundError' else why}") from None
     raise FileNotFoundError(f"source directory {s!r} does not exist")
+
+
+def _is_hub_id(s: str) -> bool:
+    """Whether ``s`` (a path that does not exist here) reads as a Hugging Face hub id, ``owner/model``."""
+    return bool(re.fullmatch(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+", s)) and not s.startswith((".", "/", "~"))
 
 
 def _not_a_directory(p: Path) -> str:
@@ -508,7 +513,7 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
 def _prepare(src, dst: Path, *, window_size: int, out_dtype, overwrite: bool, scale_offset: bool, names: dict,
              download: bool = True):
     """The checks of a safetensors source before anything is written: ``(source, plan, bytes)``."""
-    if not expand_path(src, "src").exists():  # perhaps a hub id: the destination before the download
+    if not expand_path(src, "src").exists() and _is_hub_id(os.fspath(src)):  # the destination before the download
         _check_destination(None, dst, overwrite, names)
     source = load_source(src, download=download, names=names)
     _check_destination(source.path, dst, overwrite, names)

@@ -315,6 +315,19 @@ def test_missing_directory(tmp_path, capsys):
         convert_from_hf(str(tmp_path / "nope"))
 
 
+def test_a_missing_source_is_named_before_a_destination_in_the_way(tmp_path, capsys):
+    """A missing local SRC into a non-empty DST said 'pass --overwrite to replace it'; with --overwrite,
+    then, that SRC does not exist. Only a hub id (owner/model) has its destination checked first."""
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("x")
+    capsys.readouterr()
+    for src in (tmp_path / "nope", "nope", "./a/b"):
+        assert convert_main([str(src), str(tmp_path / "out"), "-q"]) == 2
+        err = capsys.readouterr().err
+        assert "does not exist" in err and "--overwrite" not in err, err
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
+
+
 def test_not_a_model_directory(tmp_path):
     (tmp_path / "empty").mkdir()
     _refused(tmp_path, tmp_path / "empty", match="no config.json")
