@@ -17,8 +17,8 @@ USAGE = """orthros train [CONFIG.yaml] [--key value ...] [--resume [PATH]] [--dr
 Train an Orthros (or Transformer / SWA baseline) model: modes pt, sft, cpt.
 With no config, trains a tiny Orthros model on the embedded Shakespeare corpus (offline).
 
-  CONFIG.yaml       a YAML file of the keys below (see configs/ for examples)
-  --key value       override one key: dotted (--optim.lr 3e-4) or a unique leaf (--lr 3e-4)
+  CONFIG.yaml       a YAML file of config keys (--help-config lists them; configs/ has examples)
+  --key value       override one key, once: dotted (--optim.lr 3e-4) or a unique leaf (--lr 3e-4)
   --resume [PATH]   continue from the latest checkpoint in output_dir (or from PATH)
   --help-config     list every key with its default and what it means
   --dry-run         make every check the run makes before it starts (config, output_dir, resume

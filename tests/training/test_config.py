@@ -518,3 +518,13 @@ def test_a_section_that_is_no_mapping_names_the_file_and_the_value(tmp_path):
                                                     f"keys (train.max_steps: ..., see `orthros train --help-config`), "
                                                     f"got 5")):
         load_config(str(p))
+
+
+def test_train_help_points_to_the_keys_and_says_an_override_is_given_once(capsys):
+    """`orthros train --help` spoke of "the keys below", which it does not list (--help-config does)."""
+    from orthros.training.cli import main
+
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "keys below" not in out and "--help-config lists them" in out
+    assert "override one key, once" in out
