@@ -320,7 +320,12 @@ def format_report(r: dict) -> str:
     gpu_only = v["servable"] and "cpu" not in v["backends"]
     overrides = (f" --hf-overrides {shlex.quote(json.dumps(v['hf_overrides']))} (its config.json names "
                  f"another architecture or none; " if v["hf_overrides"] else " (")
-    row("vLLM", (f"vllm serve {shlex.quote(r['path'])}{overrides}with orthros[vllm] installed: docs/serving.md)" +
+    # vLLM reads the tokenizer from the model folder unless told otherwise: without one there it stops
+    no_tok = "" if r["tokenizer"] else " --tokenizer DIR"
+    overrides += ("" if r["tokenizer"] else "no tokenizer here: name a tokenizer folder, or pass "
+                  "--skip-tokenizer-init instead and send token ids; ")
+    row("vLLM", (f"vllm serve {shlex.quote(r['path'])}{no_tok}{overrides}with orthros[vllm] installed: "
+                 f"docs/serving.md)" +
                  (f"; as {v['architecture']} (CPU backend only, so far; prefix caching reuses whole blocks of "
                   f"{v['prefix_block_tokens']:,} tokens at vLLM's default --block-size{_never_hits(r)})" if v["prefix_block_tokens"] else "") +
                  (f", on a GPU only (FLASH_ATTN or TRITON_ATTN; not yet run on one): "

@@ -522,3 +522,19 @@ def test_the_vllm_command_runs_as_printed_for_a_path_with_spaces(ckpt, tmp_path,
     command = line.split("vLLM", 1)[1].split(" (with orthros[vllm]")[0]  # the command, without the notes after it
     assert rc == 0 and shlex.split(command) == ["vllm", "serve", str(d)], line
     assert f"vllm serve {ckpt} (" in run([str(ckpt), "--max-seq-len", "8"], capsys)[1]  # a plain path as it is
+
+
+def test_the_vllm_command_names_a_tokenizer_where_the_checkpoint_has_none(ckpt, tmp_path, capsys):
+    """A checkpoint with no tokenizer files printed a plain ``vllm serve PATH``, which vLLM (and the
+    plugin's check) refuses: the command carries ``--tokenizer DIR`` and says what else works."""
+    import shutil
+
+    from orthros.models.loading import TOKENIZER_FILES
+
+    d = tmp_path / "bare"
+    shutil.copytree(ckpt, d, ignore=shutil.ignore_patterns(*TOKENIZER_FILES, "tokenizer_config.json"))
+    rc, out, err = run([str(d), "--max-seq-len", "8"], capsys)
+    (line,) = [x for x in out.splitlines() if x.lstrip().startswith("vLLM")]
+    assert rc == 0 and f"vllm serve {d} --tokenizer DIR (" in line and "--skip-tokenizer-init" in line, line
+    line = [x for x in run([str(ckpt), "--max-seq-len", "8"], capsys)[1].splitlines() if x.lstrip().startswith("vLLM")]
+    assert "--tokenizer" not in line[0], line  # a checkpoint with its tokenizer: the plain command
