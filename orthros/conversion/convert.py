@@ -529,13 +529,13 @@ def _prepare(src, dst: Path, *, window_size: int, out_dtype, overwrite: bool, sc
 def _prepare_gguf(src, dst: Path, *, window_size: int, out_dtype, overwrite: bool, names: dict):
     """The checks of a GGUF source before anything is written: ``(GGUFInfo, bytes)`` (the bytes
     of the de-quantised staging copy and of the result)."""
-    from .gguf import inspect_gguf
+    from .gguf import inspect_gguf, max_positions
 
     info = inspect_gguf(src)  # the whole file is checked before anything is written
-    limit = info.context_length  # max_position_embeddings once de-quantised: refused now, as make_plan would
-    if limit is not None and window_size > limit:
+    limit, where = max_positions(info)  # max_position_embeddings once de-quantised: refused now, as make_plan would
+    if window_size > limit:
         raise ValueError(f"{_nv(names, 'window_size', window_size)} exceeds the source's max_position_embeddings="
-                         f"{limit} (the GGUF's context_length): the window would hold every position of the model "
+                         f"{limit} ({where}): the window would hold every position of the model "
                          f"(no sliding window); choose {names['window_size']} <= {limit}")
     _check_destination(info.path, dst, overwrite, names)
     need = info.n_params * 4 + info.n_params * (out_dtype.itemsize if out_dtype else 4)

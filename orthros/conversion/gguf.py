@@ -78,6 +78,18 @@ def gguf_notes(info: "GGUFInfo") -> list:
             f"copy the model's tokenizer files into it before `orthros generate` (or pass --tokenizer there)"]
 
 
+def max_positions(info: "GGUFInfo") -> tuple[int, str]:
+    """``(max_position_embeddings, where it comes from)`` of the model transformers builds from
+    ``info``'s file: its ``<arch>.context_length``, else the transformers config's default (a
+    ``--window-size`` beyond it passed the dry run and failed after the de-quantising)."""
+    if info.context_length is not None:
+        return info.context_length, "the GGUF's context_length"
+    from transformers import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[info.gguf_architecture]
+    return cls().max_position_embeddings, f"the GGUF has no context_length: transformers' {cls.__name__} default"
+
+
 def is_gguf_source(path) -> bool:
     """True for a ``.gguf`` file, or a directory that holds a ``.gguf`` file and no config.json."""
     p = expand_path(path, "source")
@@ -581,4 +593,4 @@ def write_llama_gguf(model, tokenizer, path, *, dtype: str = "f32") -> Path:
 
 
 __all__ = ["GGUFError", "GGUFInfo", "GGUF_ARCHITECTURES", "inspect_gguf", "is_gguf_source", "load_gguf_model",
-           "gguf_to_hf_directory", "resolve_gguf_file", "write_llama_gguf"]
+           "max_positions", "gguf_to_hf_directory", "resolve_gguf_file", "write_llama_gguf"]

@@ -282,6 +282,24 @@ def test_gguf_window_beyond_its_context_refused_before_dequantising(gguf_source,
     assert inspect_gguf(path).context_length == limit
 
 
+def test_gguf_without_context_length_is_held_to_transformers_default(gguf_source, tmp_path, capsys, monkeypatch):
+    """Without <arch>.context_length transformers builds the model with its config's default
+    max_position_embeddings (LlamaConfig: 2048): --dry-run passed a larger --window-size and the real
+    run refused it only after de-quantising the whole file."""
+    from orthros.conversion import gguf as gguf_mod
+
+    path = _rewritten(gguf_source[0], tmp_path / "noctx.gguf", drop_fields=("llama.context_length",))
+    monkeypatch.setattr(gguf_mod, "gguf_to_hf_directory", lambda *a, **k: pytest.fail("de-quantised"))
+    for extra in ([], ["--dry-run"]):
+        capsys.readouterr()
+        assert convert_main([str(path), str(tmp_path / "out"), "--window-size", "2049", *extra]) == 2
+        err = capsys.readouterr().err
+        assert "--window-size 2049 exceeds the source's max_position_embeddings=2048 (the GGUF has no " \
+               "context_length: transformers' LlamaConfig default)" in err, err
+    assert convert_main([str(path), str(tmp_path / "out"), "--window-size", "2048", "--dry-run"]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["noctx.gguf"]
+
+
 def _rewritten(src: Path, out: Path, *, fields: dict | None = None, drop_fields=(), drop_tensors=(),
                tensors: dict | None = None, arch: str | None = None) -> Path:
     """A copy of the GGUF ``src`` with some key-value fields set (key -> (GGUFValueType, value)) or
