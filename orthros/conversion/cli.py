@@ -1,5 +1,5 @@
 """``orthros convert SRC DST``: write an Orthros checkpoint converted from a Llama / Qwen2 / Qwen3 /
-Mistral checkpoint directory or GGUF file.
+Mistral checkpoint directory or GGUF file (a Qwen3.5 directory: Orthros-H).
 
 SIGINT and SIGTERM stop it cleanly: the temporary directory is removed, one line is printed,
 and the exit code is 130 (SIGINT) or 143 (SIGTERM). What a ``kill -9`` leaves is removed by
@@ -38,7 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--window-size", type=int, default=128, metavar="N",
                    help="sliding window of the base stream, the query's own position included (default: 128)")
     p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default=None,
-                   help="cast floating-point weights (default: keep the source's dtypes)")
+                   help="cast floating-point weights (default: keep the source's dtypes; a GGUF's: float32, "
+                        "as de-quantised)")
     p.add_argument("--overwrite", action="store_true", help="replace DST if it exists and is not empty")
     p.add_argument("--no-scale-offset", dest="scale_offset", action="store_false",
                    help="do not add the learnable alpha/beta query transforms")

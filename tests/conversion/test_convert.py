@@ -817,6 +817,9 @@ def test_help_says_what_quiet_hides_and_that_src_may_be_a_hub_id():
     text = " ".join(_parser().format_help().split())
     assert "-q, --quiet no progress bar, no summary and no notes" in text, text
     assert "hub id" in text, text
+    # a GGUF's weights are quantised: the result is float32 (the help said only "keep the source's dtypes")
+    assert "--dtype {bf16,fp16,fp32} cast floating-point weights (default: keep the source's dtypes; a GGUF's: " \
+           "float32, as de-quantised)" in text, text
 
 
 def test_empty_src_or_dst_refused(tmp_path, good_src, capsys, monkeypatch):
