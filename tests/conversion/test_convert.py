@@ -1205,3 +1205,19 @@ def test_convert_from_hf_refuses_an_fp16_overflow_as_convert_checkpoint_does(tmp
     with pytest.raises(ValueError, match=f"^dtype=float16: tensor {name!r} holds values up to 1e\\+05"):
         convert_from_hf(hf, window_size=W, dtype="fp16")
     assert convert_from_hf(hf, window_size=W, dtype="bf16").state_dict()[name].isfinite().all()  # bf16 holds it
+
+
+@pytest.mark.parametrize("call, arg", [
+    (lambda src, out: convert_checkpoint("", out, progress=False), "src"),
+    (lambda src, out: convert_checkpoint(src, " ", progress=False), "dst"),
+    (lambda src, out: plan_conversion("", out), "src"),
+    (lambda src, out: plan_conversion(src, ""), "dst"),
+    (lambda src, out: convert_from_hf(""), "model_or_path"),
+])
+def test_the_api_refuses_an_empty_path_naming_the_argument(tmp_path, good_src, monkeypatch, call, arg):
+    """``src=""`` (an unset variable) is the working folder to pathlib: convert_checkpoint converted the model
+    the caller stood in, and ``dst=""`` was refused as "destination '.'"; orthros convert refuses both."""
+    monkeypatch.chdir(good_src)
+    with pytest.raises(ValueError, match=rf"^{arg} must not be empty \(name a path; '\.' for the current directory\)"):
+        call(good_src, tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
