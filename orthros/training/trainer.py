@@ -861,11 +861,13 @@ class Trainer:
             from safetensors.torch import save_file
 
             tmp = ckpt.begin(cfg.output_dir, self.step)
+            part = "model.safetensors"  # what is being written, for a failure's message
             try:
                 if getattr(self.model.config, "tie_word_embeddings", False):
                     msd.pop("lm_head.weight", None)
                 msd = {k.replace("_orig_mod.", ""): v.contiguous() for k, v in msd.items()}
                 save_file(msd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+                part = "config.json, generation_config.json and the tokenizer"
                 self.model.config.save_pretrained(str(tmp))
                 gen = copy.deepcopy(getattr(self.model, "generation_config", None))
                 if gen is not None:  # generate() through transformers uses a KV cache
@@ -883,12 +885,21 @@ class Trainer:
                     "data": self.stream.state_dict(),
                     "world_size": dist.world,
                 }
+                part = TRAINER_STATE
                 torch.save(state, tmp / TRAINER_STATE)
+                part = "run_config.yaml"
                 (tmp / "run_config.yaml").write_text(dump_yaml(cfg))
+                part = f"{ckpt.MANIFEST} (and the rename into place)"
                 final = ckpt.commit(tmp, cfg.output_dir, self.step, cfg.checkpoint.keep_last)
-            except BaseException:  # Ctrl-C, SIGTERM, a full disk: no half-written checkpoint stays behind
+            except BaseException as e:  # Ctrl-C, SIGTERM, a full disk: no half-written checkpoint stays behind
                 shutil.rmtree(tmp, ignore_errors=True)
-                raise
+                if not isinstance(e, Exception):
+                    raise
+                # a full disk was safetensors' error (no OSError: a traceback) or torch.save's `[enforce fail
+                # at inline_container.cc] unexpected pos`, naming no checkpoint
+                reason = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                raise OSError(f"cannot write the checkpoint of step {self.step} ({part}, in {tmp.parent}; the save "
+                              f"was removed, the checkpoints before it stay): {type(e).__name__}: {reason}") from e
         dist.barrier()
         return final
 
