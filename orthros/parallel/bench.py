@@ -510,7 +510,42 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--model qwen3-8b is a GPU measurement; on the CPU" + ("" if a.device else " (no CUDA here)")
                 + " use --model tiny (a smoke run)")
     a.device = "cuda" if use_cuda else "cpu"
+    if a.device == "cpu":  # no OOM to record there (CUDA's is a "status": "OOM" record): the kernel killed the ranks
+        try:
+            check_host_memory(a, world)
+        except ValueError as e:
+            p.error(str(e))
     return a
+
+
+def check_host_memory(a, world: int, available=None) -> None:
+    """CPU runs: refuse, before the process group starts, lengths whose KV cache cannot fit the host's free memory
+    beside the ``world`` ranks' weights (each rank builds the model; ``available``: default
+    :func:`orthros.utils.available_memory`, ``None``: unknown, not checked). A lower bound: no activations.
+    A ``ValueError`` naming the option of the longest length and the longest that fits (was: the ranks killed by
+    the kernel mid-run, no message)."""
+    from ..models import OrthrosForCausalLM
+    from ..utils import available_memory, format_bytes
+
+    free = (available or available_memory)("cpu")
+    if free is None or not a.lengths + a.extra_lengths:
+        return
+    cfg = model_config(a.model, a.layers, a.window)
+    item = parse_dtype(a.dtype, "--dtype").itemsize
+    with torch.device("meta"):
+        weights = world * item * sum(p.numel() for p in OrthrosForCausalLM(cfg).parameters())
+    kvtok = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * item  # every rank's shard: T in all
+    T = max(a.lengths + a.extra_lengths)
+    need = weights + (T + 256) * kvtok  # (the last rank's spare rows for decoded tokens)
+    if need <= free:
+        return
+    opt = "--lengths" if T in a.lengths else "--extra-lengths"
+    fits = (free - weights) // kvtok - 256
+    raise ValueError(f"{opt}: a prompt of {T} tokens needs at least {format_bytes(need)} of host memory, more than "
+                     f"the {format_bytes(free)} free: {world} rank(s)' weights take {format_bytes(weights)} and its "
+                     f"KV cache {format_bytes((T + 256) * kvtok)}; "
+                     + (f"the cache of at most {fits} tokens fits (activations not counted)" if fits >= world
+                        else "no prompt fits beside the weights"))
 
 
 def main(argv=None) -> int:

@@ -521,7 +521,11 @@ def test_bench_records_the_runs_the_time_budget_skipped(tmp_path, monkeypatch):
 
     from orthros.parallel import bench
 
+    import orthros.utils as utils
+
     monkeypatch.delenv("WORLD_SIZE", raising=False)
+    # (its cache, 32 GiB, need not fit the host: the run is skipped; unknown free memory is not checked)
+    monkeypatch.setattr(utils, "available_memory", lambda device, **kw: None)
     out = tmp_path / "b.json"
     # 64M tokens: predicted from the 40-token run, far past 60 s
     assert bench.main(["--model", "tiny", "--dtype", "fp32", "--device", "cpu", "--lengths", "40,64M",
@@ -837,3 +841,32 @@ def test_integer_and_seconds_arguments_take_numpy_and_0d_tensors_and_refuse_bool
                       (dict(timeout_s=True), r"^timeout_s must be a number of seconds > 0 and <= 1e\+09, got True")):
         with pytest.raises(ValueError, match=match):
             ParallelContext(**kw)
+
+
+def test_bench_on_the_cpu_refuses_lengths_whose_cache_cannot_fit_before_any_work(tmp_path, monkeypatch, capsys):
+    """Issue: `python -m orthros.parallel.bench --model tiny --device cpu --lengths 100M` built the model,
+    ran the warm-up and the check, then was killed by the kernel mid-prefill (exit 137, no message): the
+    100M-token KV cache (25 GiB) did not fit the host. On CUDA an OOM is a recorded result; on the CPU
+    the lengths are now sized against the free memory up front, naming the option."""
+    import orthros.utils as utils
+    from orthros.parallel import bench
+
+    monkeypatch.setattr(utils, "available_memory", lambda device, **kw: 64 << 20)
+    monkeypatch.setattr(bench, "init_from_env", lambda *a, **k: pytest.fail("the process group was started"))
+    monkeypatch.setattr(bench.os, "_exit", lambda code: pytest.fail(f"os._exit({code}): the run started"))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    base = ["--model", "tiny", "--device", "cpu", "--out", str(tmp_path / "b.json"), "--transformer-cp", ""]
+    for args, says in ((["--lengths", "1K,1M"], "--lengths: a prompt of 1048576 tokens needs at least 256.6 MiB of "
+                                                 "host memory, more than the 64.0 MiB free: 2 rank(s)' weights take "
+                                                 "547.0 KiB and its KV cache 256.1 MiB; the cache of at most 259700 "
+                                                 "tokens fits (activations not counted)"),
+                       (["--lengths", "1K", "--extra-lengths", "1M"], "--extra-lengths: a prompt of 1048576 tokens"),
+                       (["--lengths", "1K", "--layers", "100000"], "no prompt fits beside the weights")):
+        with pytest.raises(SystemExit) as e:
+            bench.main(base + args)
+        assert e.value.code == 2
+        assert says in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    assert bench.parse_args(base + ["--lengths", "64K"]).lengths == [65536]  # 16 MiB of cache: fits
+    monkeypatch.setattr(utils, "available_memory", lambda device, **kw: None)  # unknown: not checked
+    assert bench.parse_args(base + ["--lengths", "1M"]).lengths == [1 << 20]
