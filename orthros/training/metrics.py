@@ -151,20 +151,20 @@ def drop_rows_after(path: str, step: int) -> int:
     temporary file and a rename, so a crash leaves the old or the new file). Returns how many."""
     if not os.path.isfile(path):
         return 0
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:  # bytes: a damaged one spoils its line only, as in read_metrics
         lines = f.readlines()
     keep = []
     for line in lines:
         try:
-            rec = json.loads(line)
+            rec = json.loads(line.decode("utf-8", errors="replace"))
         except json.JSONDecodeError:  # a line torn by a kill mid-write
             continue
-        if not (isinstance(rec.get("step"), int) and rec["step"] > step):
-            keep.append(line if line.endswith("\n") else line + "\n")
+        if not (isinstance(rec, dict) and isinstance(rec.get("step"), int) and rec["step"] > step):
+            keep.append(line if line.endswith(b"\n") else line + b"\n")
     dropped = len(lines) - len(keep)
-    if dropped:
+    if keep != lines:  # also a last line without its newline: the next row appended would join it
         tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open(tmp, "wb") as f:
             f.writelines(keep)
             f.flush()
             os.fsync(f.fileno())

@@ -57,3 +57,32 @@ def test_a_full_disk_mid_save_is_one_line_naming_the_checkpoint(tmp_path, corpus
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("orthros train: error: ") and "checkpoint of step 2" in last and file in last, last
     assert list((tmp_path / "checkpoints").iterdir()) == []
+
+
+ROW = '{{"kind": "train", "step": {0}, "loss": 1.5, "tokens": {0}}}'
+
+
+@pytest.mark.parametrize("tail", [b"\n", b"\n5\n", b'\n{"kind": "tr\xff", "step": 9}\n', b'\n{"kind": "train", "st'])
+def test_a_resumed_run_logs_past_a_damaged_metrics_file(tmp_path, tail):
+    """A resume rewrites metrics.jsonl without the rows after its checkpoint. A line of JSON that is no
+    row (`5`) was an AttributeError, a damaged byte a UnicodeDecodeError (both ended the run; `orthros
+    plot` reads such a file); a last row without its newline (an editor's save) was kept as it was, and
+    the next row appended to its line, so both were lost."""
+    from orthros.training.metrics import MetricsLogger, read_metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(("\n".join(ROW.format(s) for s in (1, 2, 3))).encode() + tail)
+    logger = MetricsLogger(str(tmp_path), tensorboard=False, resume_step=2)
+    logger.log(json.loads(ROW.format(3)))
+    logger.close()
+    assert [r["step"] for r in read_metrics(str(tmp_path))] == [1, 2, 3]
+
+
+def test_a_last_row_without_its_newline_keeps_its_row_on_resume(tmp_path):
+    from orthros.training.metrics import MetricsLogger, read_metrics
+
+    (tmp_path / "metrics.jsonl").write_text("\n".join(ROW.format(s) for s in (1, 2)))  # no newline at the end
+    logger = MetricsLogger(str(tmp_path), tensorboard=False, resume_step=2)
+    logger.log(json.loads(ROW.format(3)))
+    logger.close()
+    assert [r["step"] for r in read_metrics(str(tmp_path))] == [1, 2, 3]
