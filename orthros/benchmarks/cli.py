@@ -7,7 +7,8 @@
 
 Default model: the Qwen3-8B architecture with random weights (latency does not depend on the
 weight values); ``--model PATH`` benchmarks a real Orthros checkpoint; ``--device cpu --preset tiny``
-is a CPU smoke run. Each command prints a table and writes ``<out>/<command>.json`` and
+with small sizes (``--contexts 64,128 --steps 2``, ``--lengths 256``: the default sizes pass tiny's
+65,536 positions) is a CPU smoke run. Each command prints a table and writes ``<out>/<command>.json`` and
 ``<out>/<command>.png`` (log axes; ``all`` writes prefill's, decode's and e2e's).
 
 Other benchmarks are their own commands: sequence-parallel prefill
@@ -61,8 +62,8 @@ def build_parser():
     def common(sp):
         sp.add_argument("--model", default=None, help="Orthros checkpoint directory (default: random weights)")
         sp.add_argument("--preset", default=None, choices=["qwen3-8b", "tiny"],
-                        help="architecture for random weights (default: qwen3-8b; tiny: CPU smoke runs; --device cpu "
-                             "needs it named); not with --model")
+                        help="architecture for random weights (default: qwen3-8b; tiny: CPU smoke runs with small sizes, e.g. "
+                             "--contexts 64,128; --device cpu needs it named); not with --model")
         sp.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu (default: cuda)")
         sp.add_argument("--dtype", default="bf16", choices=DTYPE_CHOICES, help="weights and cache (default: bf16)")
         sp.add_argument("--window", type=int, default=None,
