@@ -8,6 +8,7 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from ..layout import METRICS
+from ..utils import _named_os_error
 
 if TYPE_CHECKING:
     import torch
@@ -112,7 +113,7 @@ class MetricsLogger:
                  resume_step: Optional[int] = None):
         """``resume_step``: the run continues from a checkpoint of this step (0: a fresh start), so
         the rows a killed run logged after it are dropped (those steps run again and log again)."""
-        self.enabled = enabled
+        self.enabled, self._failed = enabled, False
         self.path = os.path.join(output_dir, METRICS)
         if enabled and resume_step is not None:
             drop_rows_after(self.path, resume_step)
@@ -131,8 +132,12 @@ class MetricsLogger:
         if not self.enabled:
             return
         record = {"time": round(time.time(), 3), **record}
-        self._f.write(json.dumps(record) + "\n")
-        self._f.flush()
+        try:
+            self._f.write(json.dumps(record) + "\n")
+            self._f.flush()
+        except OSError as e:  # a full disk: `[Errno 28] No space left on device` named no file
+            self._failed = True
+            raise _named_os_error(e, self.path, "cannot log a row") from e
         if self._tb is not None:
             step = record.get("step", 0)
             for k, v in record.items():
@@ -141,7 +146,11 @@ class MetricsLogger:
 
     def close(self) -> None:
         if self._f is not None:
-            self._f.close()
+            try:
+                self._f.close()  # (flushes what a failed row left in the buffer: that failure again)
+            except OSError as e:
+                if not self._failed:
+                    raise _named_os_error(e, self.path, "cannot log a row") from e
         if self._tb is not None:
             self._tb.close()
 

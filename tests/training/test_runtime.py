@@ -86,3 +86,17 @@ def test_a_last_row_without_its_newline_keeps_its_row_on_resume(tmp_path):
     logger.log(json.loads(ROW.format(3)))
     logger.close()
     assert [r["step"] for r in read_metrics(str(tmp_path))] == [1, 2, 3]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a disk that is always full)")
+def test_a_full_disk_under_metrics_jsonl_names_the_file(tmp_path):
+    """A row that cannot be logged was `OSError: [Errno 28] No space left on device`, naming no file;
+    the close that follows (the trainer's `finally`) raised it again."""
+    from orthros.training.metrics import MetricsLogger
+
+    (tmp_path / "metrics.jsonl").symlink_to("/dev/full")
+    logger = MetricsLogger(str(tmp_path), tensorboard=False, resume_step=0)
+    with pytest.raises(OSError, match=r"metrics\.jsonl: cannot log a row \(No space left on device\)") as e:
+        logger.log(json.loads(ROW.format(1)))
+    assert e.value.errno == 28
+    logger.close()  # said once
