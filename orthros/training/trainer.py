@@ -985,6 +985,9 @@ class Trainer:
             if hasattr(gn, "full_tensor"):
                 gn = gn.full_tensor()
             grad_norm = float(gn)
+            if not math.isfinite(grad_norm):  # clipping by it made every weight nan, saved by the next checkpoint
+                raise FloatingPointError(f"the gradient norm is {grad_norm} at step {self.step + 1} (loss "
+                                         f"{float(loss_sum) / max(n_global, 1):.4f}); lower optim.lr or check data")
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()

@@ -100,3 +100,29 @@ def test_a_full_disk_under_metrics_jsonl_names_the_file(tmp_path):
         logger.log(json.loads(ROW.format(1)))
     assert e.value.errno == 28
     logger.close()  # said once
+
+
+def test_gradients_that_overflow_stop_the_run_before_a_checkpoint_saves_them(tmp_path, corpus, monkeypatch):
+    """A step whose loss is finite but whose gradients are not (an overflow) was clipped by its nan
+    norm, which made every weight nan; that step's checkpoint saved them, and the run stopped only at
+    the next step ('loss is nan at step 4'), its latest checkpoint unusable. It stops at that step."""
+    import torch
+
+    from orthros.training import trainer as T
+    from orthros.training.checkpoint import list_checkpoints
+    from orthros.training.config import load_config
+    from orthros.training.metrics import read_metrics
+
+    forward_sum = T.Trainer._forward_sum
+
+    def overflowing(self, batch):
+        ce, n = forward_sum(self, batch)
+        if self.step == 2:  # step 3: d sqrt(x)/dx at 0 is inf, x 0 (w * 0): a nan gradient, the loss unchanged
+            ce = ce + torch.sqrt((next(self.model.parameters()) * 0).sum())
+        return ce, n
+
+    monkeypatch.setattr(T.Trainer, "_forward_sum", overflowing)
+    with pytest.raises(FloatingPointError, match=r"^the gradient norm is nan at step 3 \(loss \d+\.\d{4}\); lower optim.lr"):
+        T.train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "6", "--checkpoint.every", "3")))
+    assert list_checkpoints(str(tmp_path)) == []
+    assert [r["step"] for r in read_metrics(str(tmp_path))] == [1, 2]
