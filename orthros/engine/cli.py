@@ -230,6 +230,7 @@ def _check_checkpoint(args):
     from .engine import check_max_seq_len
 
     d = checkpoint_dir(args.model, arg="--model")
+    args.model = str(d)  # `~` expanded: the loading and generation_config.json read this directory
     check_weights(d)
     given = args.tokenizer is not None  # --tokenizer "" is refused as empty, not taken for the default
     tok_dir = check_tokenizer_dir(args.tokenizer if given else d, arg="--tokenizer" if given else "--model")

@@ -226,6 +226,20 @@ def test_generation_config_stop_ids_end_a_generation(ckpt, tmp_path, stop_ids, c
         assert rc == 2 and match in err and "generation_config.json" in err and not stop_ids, (bad, err)
 
 
+def test_generation_config_stop_ids_of_a_model_path_with_a_tilde(ckpt, tmp_path, stop_ids, monkeypatch):
+    """``--model "~/x"`` (quoted, or from a variable: the shell leaves the ``~``) is the home folder's
+    checkpoint. Was: the checks and the loading expanded it, but its generation_config.json was looked
+    for at the literal path, so its stop ids were dropped without a word (the run went on past them)."""
+    import shutil
+
+    ck = shutil.copytree(ckpt, tmp_path / "ck")
+    gen = json.loads((ck / "generation_config.json").read_text())
+    (ck / "generation_config.json").write_text(json.dumps({**gen, "eos_token_id": [0, 5, 7]}))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    rc, _ = run(["--model", "~/ck", "--device", "cpu", "--max-new-tokens", "2", "hi"])
+    assert rc == 0 and stop_ids == [[0, 5, 7]], stop_ids
+
+
 def test_a_reply_cut_inside_a_character_prints_all_its_text(ckpt, model_and_tok, monkeypatch):
     """The streamed text holds back a character whose bytes have not all come (U+FFFD at the end of
     the decoded text). Was: a turn that ended there (--max-new-tokens reached) never printed it, so
