@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -173,11 +174,16 @@ def drop_rows_after(path: str, step: int) -> int:
     dropped = len(lines) - len(keep)
     if keep != lines:  # also a last line without its newline: the next row appended would join it
         tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.writelines(keep)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.writelines(keep)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:  # Ctrl-C, a full disk: the old file stays, and no temporary one beside it
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
     return dropped
 
 

@@ -126,3 +126,21 @@ def test_gradients_that_overflow_stop_the_run_before_a_checkpoint_saves_them(tmp
         T.train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "6", "--checkpoint.every", "3")))
     assert list_checkpoints(str(tmp_path)) == []
     assert [r["step"] for r in read_metrics(str(tmp_path))] == [1, 2]
+
+
+def test_a_resume_stopped_while_rewriting_metrics_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """Ctrl-C (or a full disk) while a resume rewrote metrics.jsonl left its metrics.jsonl.tmp-PID
+    beside it for good; the file itself is the old one, whole."""
+    from orthros.training import metrics
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(ROW.format(s) + "\n" for s in (1, 2, 3)))
+
+    def interrupted(*a):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(metrics.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        metrics.drop_rows_after(str(path), 2)
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.jsonl"]
+    assert len(metrics.read_metrics(str(tmp_path))) == 3
