@@ -425,6 +425,37 @@ def _check_destination(src: Path | None, dst: Path, overwrite: bool, names: dict
         raise FileExistsError(f"destination {str(dst)!r}: {what}; pass {names['overwrite']} to replace it")
 
 
+def _name_max(folder: Path) -> int:
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
+
+
+def _check_name_lengths(dst: Path) -> None:
+    """Refuse a DST with a name the file system cannot hold, before anything reads or writes beside it:
+    a folder's name beyond its limit was an errno line (exit 1) from the first look at DST; a last name
+    that fits, but not with what the temporary directory beside it adds (``.<name>.orthros-tmp-<pid>-
+    <8 characters>``; a replaced DST moves aside as ``.<name>.orthros-old-...``), passed every check and
+    the dry run, and failed there."""
+    folder = Path(dst.absolute().anchor)
+    name_max = _name_max(folder)
+    parts = dst.absolute().parts[1:]
+    for i, part in enumerate(parts):
+        size = len(part.encode())
+        if i == len(parts) - 1:
+            size = len(f".{part}{max(TMP_TAG, OLD_TAG, key=len)}{os.getpid()}-12345678".encode())
+        if size > name_max:
+            what = (f"its name is {len(part.encode())} bytes long and the temporary directory beside it adds "
+                    f"{size - len(part.encode())}" if i == len(parts) - 1 else f"{part!r} is {size} bytes long")
+            raise ValueError(f"destination {str(dst)!r}: {what}, beyond this file system's {name_max} bytes for "
+                             f"a name" + (f": name a DST of at most {name_max - size + len(part.encode())} bytes"
+                                          if i == len(parts) - 1 else ""))
+        if (folder / part).is_dir():
+            folder = folder / part
+            name_max = _name_max(folder)
+
+
 def _dst_taken(dst: Path) -> bool:
     """Whether writing ``dst`` replaces something: anything there but an empty directory (a symbolic
     link, even to an empty directory, is replaced by the result, not filled)."""
@@ -469,6 +500,7 @@ def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrit
     out_dtype = resolve_dtype(dtype)
     dst = _path_arg(dst, "dst")
     _path_arg(src, "src")  # ~NAME of no user: named before any work
+    _check_name_lengths(dst)
     clean_stale(dst)  # before the checks of DST: it may put back a previous DST, which --overwrite must then allow
     from .gguf import is_gguf_source
 
@@ -496,6 +528,7 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
     out_dtype = resolve_dtype(dtype)
     dst = _path_arg(dst, "dst")
     _path_arg(src, "src")
+    _check_name_lengths(dst)
     from .gguf import gguf_notes, is_gguf_source
 
     base = {"dst": str(dst), "dst_exists": _dst_taken(dst),

@@ -1221,3 +1221,25 @@ def test_the_api_refuses_an_empty_path_naming_the_argument(tmp_path, good_src, m
     with pytest.raises(ValueError, match=rf"^{arg} must not be empty \(name a path; '\.' for the current directory\)"):
         call(good_src, tmp_path / "out")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_destination_name_the_file_system_cannot_hold_is_refused_by_the_checks(tmp_path, good_src, capsys):
+    """DST's temporary directory beside it, .<name>.orthros-tmp-<pid>-<8>, adds 27 bytes or so to its name: a
+    240-byte name (the limit is 255) passed every check and --dry-run, then failed with '[Errno 36] File name
+    too long' (exit 1); a folder name beyond the limit was that errno line from the first look at DST."""
+    long = "d" * 240
+    room = 255 - len(f"..orthros-tmp-{os.getpid()}-12345678")
+    for dst, words in ((tmp_path / long, f"its name is 240 bytes long and the temporary directory beside it adds "
+                                         f"{255 - room}, beyond this file system's 255 bytes for a name: name a DST "
+                                         f"of at most {room} bytes"),
+                       (tmp_path / ("e" * 300) / "out", f"{'e' * 300!r} is 300 bytes long, beyond this file "
+                                                        f"system's 255 bytes for a name")):
+        with pytest.raises(ValueError, match=f"^destination {str(dst)!r}: {words}$"):
+            convert_checkpoint(good_src, dst, progress=False)
+        with pytest.raises(ValueError, match=f"^destination {str(dst)!r}: {words}$"):
+            plan_conversion(good_src, dst)
+        capsys.readouterr()
+        assert convert_main([str(good_src), str(dst), "-q"]) == 2
+        assert words in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    convert_checkpoint(good_src, tmp_path / ("d" * room), progress=False)  # the longest that fits converts
