@@ -846,6 +846,22 @@ def test_generate_through_engine_sampling_and_unsupported():
         m.generate(torch.ones(1, 3, dtype=torch.bool), max_new_tokens=2, use_engine=True)
 
 
+def test_generate_through_engine_refuses_top_h():
+    """transformers' Top-H sampling (``top_h``, a logits warper of newer versions, which keeps at most
+    100 tokens even at 1.0) is no filter of the engine's. Was: ``use_engine=True`` sampled without it
+    (not transformers' distribution, without a word); it is refused now, and ``None`` leaves it to
+    transformers."""
+    from transformers import GenerationConfig
+
+    if not hasattr(GenerationConfig(), "top_h"):
+        pytest.skip("this transformers has no top_h")
+    m = tiny_model()
+    ids = torch.tensor([[1, 2, 3]])
+    for top_h in (0.3, 1.0):
+        with pytest.raises(ValueError, match="top_h"):
+            m.generate(ids, max_new_tokens=2, do_sample=True, top_h=top_h, use_engine=True)
+
+
 def test_generate_through_engine_names_input_ids_for_an_id_outside_the_vocabulary():
     """Was: ``model.generate(input_ids, use_engine=True)`` with an id >= vocab_size (or < 0) raised
     the engine's "prompts[0] has token ids outside the vocabulary ...: prompts[0][2] = 97", the
