@@ -40,7 +40,7 @@ _NEUTRAL = {
     "repetition_penalty": (None, 1.0), "encoder_repetition_penalty": (None, 1.0), "length_penalty": (None, 1.0),
     "no_repeat_ngram_size": (None, 0), "bad_words_ids": (None,), "force_words_ids": (None,),
     "min_length": (None, 0), "min_new_tokens": (None, 0), "typical_p": (None, 1.0), "epsilon_cutoff": (None, 0.0),
-    "eta_cutoff": (None, 0.0), "min_p": (None,), "top_h": (None,), "diversity_penalty": (None, 0.0),
+    "eta_cutoff": (None, 0.0), "min_p": (None, 0.0), "top_h": (None,), "diversity_penalty": (None, 0.0),
     "sequence_bias": (None,), "suppress_tokens": (None,), "begin_suppress_tokens": (None,),
     "forced_bos_token_id": (None,), "forced_eos_token_id": (None,), "renormalize_logits": (None, False),
     "guidance_scale": (None, 1.0), "watermarking_config": (None,), "stop_strings": (None,),

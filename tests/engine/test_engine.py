@@ -862,6 +862,21 @@ def test_generate_through_engine_refuses_top_h():
             m.generate(ids, max_new_tokens=2, do_sample=True, top_h=top_h, use_engine=True)
 
 
+def test_generate_through_engine_serves_min_p_0():
+    """``min_p=0.0`` (min-p switched off, as vLLM's default and many recommended settings write it) keeps
+    every token in transformers. Was: ``use_engine=True`` refused it ("cannot serve this request:
+    min_p=0.0") and ``None`` sent it to transformers' slower loop; a min-p above 0 is still refused."""
+    m = tiny_model()
+    ids = torch.tensor([[1, 2, 3]])
+    outs = []
+    for kw in (dict(), dict(min_p=0.0)):
+        torch.manual_seed(0)
+        outs.append(m.generate(ids, max_new_tokens=4, do_sample=True, use_engine=True, **kw))
+    assert torch.equal(*outs)
+    with pytest.raises(ValueError, match="min_p=0.1"):
+        m.generate(ids, max_new_tokens=2, do_sample=True, min_p=0.1, use_engine=True)
+
+
 def test_generate_through_engine_names_input_ids_for_an_id_outside_the_vocabulary():
     """Was: ``model.generate(input_ids, use_engine=True)`` with an id >= vocab_size (or < 0) raised
     the engine's "prompts[0] has token ids outside the vocabulary ...: prompts[0][2] = 97", the
