@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --prompts: prompts generated together (default: 8)")
     g.add_argument("--output", "-o", default=None, metavar="FILE",
                    help="the JSON lines of --prompts (written through a temporary name; a run stopped early writes "
-                        "its finished lines to FILE.partial; default: stdout, batch by batch)")
+                        "its finished lines to FILE.partial; default, or -: stdout, batch by batch)")
     p.add_argument("--stats", action="store_true",
                    help="after each turn, print its timings on stderr: the prompt's tokens and the time to the "
                         "first new token (prefill), then the decode rate over the tokens after it (with --prompts: "
@@ -190,6 +190,8 @@ def _check_prompt_file(args):
         return None
     if args.batch_size is None:
         args.batch_size = 8
+    if args.output == "-":  # stdout, as for most tools (and as without --output), not a file named "-"
+        args.output = None
     if args.prompt or args.interactive:
         raise ValueError("--prompts replaces the prompt argument and --interactive: give one of them")
     path = check_input_file("--prompts", args.prompts)

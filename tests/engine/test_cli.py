@@ -499,6 +499,20 @@ def test_prompt_file_lines_end_at_newlines_only(checkpoint, tmp_path):
         assert rc == 0 and [json.loads(line)["prompt"] for line in text.split("\n")[:-1]] == want, (name, text)
 
 
+def test_prompt_file_output_dash_is_stdout(checkpoint, tmp_path, monkeypatch):
+    """``-o -`` is stdout, as for most tools (and as without ``-o``). Was: the records went to a file
+    named ``-`` in the working directory, and stdout stayed empty."""
+    import json
+
+    d, _ = checkpoint
+    (tmp_path / "p.txt").write_text("w1 w2\nw3\n")
+    monkeypatch.chdir(tmp_path)
+    rc, text = run_cli(["generate", "--model", str(d), "--device", "cpu", "--max-new-tokens", "2",
+                        "--prompts", "p.txt", "-o", "-"])
+    assert rc == 0 and [json.loads(line)["prompt"] for line in text.splitlines()] == ["w1 w2", "w3"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.txt"]
+
+
 def test_prompt_file_with_a_byte_order_mark(checkpoint, tmp_path):
     """A file saved with a UTF-8 byte order mark (Windows editors): was, in a .txt, part of the
     first prompt (its first word became another token, the record's prompt began with U+FEFF); a
