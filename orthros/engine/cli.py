@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="auto", help="auto (bf16 on cuda, fp32 on cpu), bf16, fp16, fp32")
     p.add_argument("--max-seq-len", type=int, default=None,
                    help="cache slots per row, all turns (default: min(8192, the model's max_position_embeddings))")
-    p.add_argument("--prefill-chunk", type=int, default=16384, help="prompt tokens per prefill chunk")
+    p.add_argument("--prefill-chunk", type=int, default=16384,
+                   help="prompt tokens per prefill chunk (default: 16384; activation memory grows with it)")
     p.add_argument("--no-cuda-graphs", action="store_true", help="decode eagerly")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the token-wise layer parts (faster steps after a one-time compile)")

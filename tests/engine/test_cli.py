@@ -681,6 +681,16 @@ def test_help_and_argument_errors_import_no_torch(argv):
     assert _heavy_after(code) == []
 
 
+def test_help_names_every_default():
+    """Each option with a default value says it in --help (was: --prefill-chunk did not)."""
+    from orthros.engine.cli import build_parser
+
+    for a in build_parser()._actions:
+        if a.default not in (None, False, "==SUPPRESS==") and a.option_strings:
+            default = a.default if not isinstance(a.default, float) else f"{a.default:g}"
+            assert str(default) in a.help, (a.option_strings, a.help)
+
+
 def test_sampling_params_from_the_package_import_no_torch():
     """``from orthros.engine import SamplingParams`` registered the engine first (models, torch, transformers)
     though SamplingParams needs neither."""
