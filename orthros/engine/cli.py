@@ -83,9 +83,10 @@ CLI_NAMES = {"max_seq_len": "--max-seq-len {}", "max_new_tokens": "--max-new-tok
 def turn_stats(prompt_tokens: int, new_tokens: int, t_start: float, t_first, t_last) -> str:
     """One line of a turn's timings (seconds from ``time.perf_counter``; ``t_first`` / ``t_last``:
     when the first and the last new token arrived, None when none did)."""
+    prompt = f"[stats] {prompt_tokens} prompt token{'s' if prompt_tokens != 1 else ''}"
     if t_first is None:
-        return f"[stats] {prompt_tokens} prompt tokens, no new token"
-    line = f"[stats] {prompt_tokens} prompt tokens, first new token after {1e3 * (t_first - t_start):.1f} ms"
+        return f"{prompt}, no new token"
+    line = f"{prompt}, first new token after {1e3 * (t_first - t_start):.1f} ms"
     if new_tokens > 1:
         rate = (new_tokens - 1) / max(t_last - t_first, 1e-9)
         line += f"; {new_tokens} new tokens, decode {rate:.1f} tokens/s ({1e3 / rate:.2f} ms a step)"

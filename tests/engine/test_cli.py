@@ -220,6 +220,7 @@ def test_turn_stats_figures():
     from orthros.engine.cli import turn_stats
 
     assert turn_stats(7, 0, 1.0, None, None) == "[stats] 7 prompt tokens, no new token"
+    assert turn_stats(1, 0, 1.0, None, None) == "[stats] 1 prompt token, no new token"  # (was "1 prompt tokens")
     assert turn_stats(7, 1, 1.0, 1.25, 1.25) == "[stats] 7 prompt tokens, first new token after 250.0 ms"
     assert turn_stats(7, 5, 1.0, 1.25, 1.45) == ("[stats] 7 prompt tokens, first new token after 250.0 ms; "
                                                  "5 new tokens, decode 20.0 tokens/s (50.00 ms a step)")
