@@ -15,11 +15,12 @@ import importlib
 import sys
 
 # public name -> the submodule that defines it
-_EXPORTS = {"Engine": "engine", "DEFAULT_PREFILL_CHUNK": "engine", "StaticKVCache": "cache",
+_EXPORTS = {"Engine": "engine", "DEFAULT_PREFILL_CHUNK": "engine", "RequestTooLong": "engine", "StaticKVCache": "cache",
             "release_engine": "hf_generate", "SamplingParams": "sampling", "sample": "sampling",
             "filter_logits": "sampling"}
 
-__all__ = ["Engine", "StaticKVCache", "release_engine", "SamplingParams", "sample", "filter_logits", "DEFAULT_PREFILL_CHUNK"]
+__all__ = ["Engine", "RequestTooLong", "StaticKVCache", "release_engine", "SamplingParams", "sample", "filter_logits",
+           "DEFAULT_PREFILL_CHUNK"]
 
 
 def register() -> None:

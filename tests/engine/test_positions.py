@@ -87,6 +87,20 @@ def test_check_fits_error_can_be_said_in_a_front_end_s_names():
         check_fits(0, 9, 1, max_seq_len=4, max_positions=8, names=names)
 
 
+def test_request_too_long_is_a_public_name():
+    """docs/engine.md names the engine's length error ``RequestTooLong`` for callers to catch; it was only
+    in ``orthros.engine.engine`` (``from orthros.engine import RequestTooLong`` was an ImportError)."""
+    import orthros.engine
+    from orthros.engine.engine import RequestTooLong
+
+    assert orthros.engine.RequestTooLong is RequestTooLong and "RequestTooLong" in orthros.engine.__all__
+    m = OrthrosForCausalLM(OrthrosConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, window_size=4,
+                                         max_position_embeddings=16))
+    with pytest.raises(orthros.engine.RequestTooLong):
+        Engine(m, max_seq_len=8).generate([[1, 2, 3]], 8)
+
+
 def _position_warnings(rec):
     return [w for w in rec if "max_position_embeddings" in str(w.message)]
 
