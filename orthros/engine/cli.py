@@ -368,7 +368,9 @@ def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:
             if not line.strip():
                 continue
             try:  # a turn that does not fit is reported; the conversation so far stays
-                run_turn(encode_turn(line))
+                ids = encode_turn(line)
+                _check_vocab(ids, config, tok, "this turn")  # (else the engine's words: prompts[0] ...)
+                run_turn(ids)
             except ValueError as e:
                 if args.chat and messages and messages[-1]["role"] == "user":
                     messages.pop()

@@ -264,6 +264,22 @@ def test_tokenizer_that_is_not_the_models(tmp_path, capsys, no_weights):
             "vocab_size=100")
 
 
+def test_interactive_turn_of_a_tokenizer_that_is_not_the_models(tmp_path, capsys, monkeypatch):
+    """An --interactive turn is known only after the weights load. Was: such a turn was refused in the
+    engine's words ("prompts[0] has token ids outside the vocabulary ...: prompts[0][0] = 261"), an argument
+    the user never gave; it is said as the prompt argument's is, and the session goes on."""
+    import io
+
+    d = make_tiny_checkpoint(tmp_path / "small_vocab", max_position_embeddings=MPE, vocab_size=100)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("hello world\n"))
+    capsys.readouterr()
+    assert orthros_main(["generate", "--model", str(d), "--device", "cpu", "--max-new-tokens", "2",
+                         "--interactive"]) == 0
+    err = capsys.readouterr().err
+    assert "this turn encodes to token id" in err and "does not belong to --model" in err, err
+    assert "prompts[0]" not in err, err
+
+
 def test_prompt_that_is_not_utf8(ckpt, tmp_path, capsys, no_weights):
     """Was: bytes that are not UTF-8 in a prompt (argv and stdin keep them as lone surrogates)
     reached the tokenizer: "TypeError: TextEncodeInput must be ...", exit 1; in a --prompts file,
