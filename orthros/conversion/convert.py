@@ -818,6 +818,9 @@ def convert_from_hf(model_or_path, *, window_size: int = 128, scale_offset: bool
     with each, one line of text), or, with ``on_note=None``, come as ``UserWarning`` warnings at the
     caller's line.
     """
+    if on_note is not None and not callable(on_note):  # (it failed calling it, once the whole model was converted)
+        raise TypeError(f"on_note must be a function called with each note (or None: warnings), "
+                        f"got {type(on_note).__name__} {on_note!r}")
     model, notes = _convert_from_hf(model_or_path, window_size=window_size, scale_offset=scale_offset, dtype=dtype)
     for note in notes:
         if on_note is None:

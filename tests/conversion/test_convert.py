@@ -248,6 +248,17 @@ def test_convert_from_hf_warns_the_plan_notes(tmp_path):
             convert_from_hf(source, window_size=W)
 
 
+def test_convert_from_hf_refuses_an_on_note_that_is_no_function_before_converting(monkeypatch):
+    """on_note="print" (or a list to collect into) failed calling it, after the whole model was converted."""
+    from orthros.conversion import convert as C
+
+    monkeypatch.setattr(C, "_convert_from_hf", lambda *a, **k: pytest.fail("converted"))
+    for bad in ("print", []):
+        with pytest.raises(TypeError, match=f"^on_note must be a function called with each note .*got "
+                                            f"{type(bad).__name__}"):
+            convert_from_hf(object(), on_note=bad)
+
+
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_partial_rotary_factor_the_source_ignores_is_not_applied(tmp_path, arch):
