@@ -84,6 +84,17 @@ def _path_arg(value, name: str) -> Path:
     return expand_path(value, name)
 
 
+def _src_arg(value, name: str) -> Path:
+    """:func:`_path_arg` for a source: a path the file system cannot look up (a name beyond its limit) is
+    one that does not exist, not an errno line of the first look at it (exit 1)."""
+    p = _path_arg(value, name)
+    try:
+        p.exists()
+    except OSError as e:
+        raise FileNotFoundError(f"source {str(p)!r} does not exist ({e.strerror or type(e).__name__})") from None
+    return p
+
+
 def _check_window(window_size) -> int:
     return check_positive_int("window_size", window_size)  # a Python int: the report is JSON
 
@@ -499,7 +510,7 @@ def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrit
     _check_flags(overwrite=overwrite, scale_offset=scale_offset, progress=progress)
     out_dtype = resolve_dtype(dtype)
     dst = _path_arg(dst, "dst")
-    _path_arg(src, "src")  # ~NAME of no user: named before any work
+    _src_arg(src, "src")  # ~NAME of no user: named before any work
     _check_name_lengths(dst)
     clean_stale(dst)  # before the checks of DST: it may put back a previous DST, which --overwrite must then allow
     from .gguf import is_gguf_source
@@ -527,7 +538,7 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
     _check_flags(overwrite=overwrite, scale_offset=scale_offset)
     out_dtype = resolve_dtype(dtype)
     dst = _path_arg(dst, "dst")
-    _path_arg(src, "src")
+    _src_arg(src, "src")
     _check_name_lengths(dst)
     from .gguf import gguf_notes, is_gguf_source
 
@@ -855,7 +866,7 @@ def _convert_from_hf(model_or_path, *, window_size: int, scale_offset: bool, dty
     if isinstance(model_or_path, (str, os.PathLike)):
         from .gguf import is_gguf_source, load_gguf_model
 
-        _path_arg(model_or_path, "model_or_path")  # ~NAME of no user: named here, not as a "source"
+        _src_arg(model_or_path, "model_or_path")  # ~NAME of no user: named here, not as a "source"
         if is_gguf_source(model_or_path):
             src_model, _, _ = load_gguf_model(model_or_path, with_tokenizer=False)
             return _convert_from_hf(src_model, window_size=window_size, scale_offset=scale_offset, dtype=dtype)

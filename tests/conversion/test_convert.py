@@ -339,6 +339,19 @@ def test_a_missing_source_is_named_before_a_destination_in_the_way(tmp_path, cap
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
 
 
+def test_a_source_name_the_file_system_cannot_hold_does_not_exist(tmp_path, capsys):
+    """A SRC with a name beyond 255 bytes was '[Errno 36] File name too long', exit 1 (a failure while working)."""
+    src = tmp_path / ("s" * 300)
+    capsys.readouterr()
+    assert convert_main([str(src), str(tmp_path / "out"), "-q"]) == 2
+    assert f"source {str(src)!r} does not exist (File name too long)" in capsys.readouterr().err
+    for call in (lambda: convert_checkpoint(src, tmp_path / "out", progress=False),
+                 lambda: plan_conversion(src, tmp_path / "out"), lambda: convert_from_hf(src)):
+        with pytest.raises(FileNotFoundError, match="does not exist"):
+            call()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_not_a_model_directory(tmp_path):
     (tmp_path / "empty").mkdir()
     _refused(tmp_path, tmp_path / "empty", match="no config.json")
