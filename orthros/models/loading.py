@@ -317,6 +317,9 @@ def check_tokenizer_dir(path, *, arg: str = "--tokenizer") -> Path:
     """``path`` as a directory holding tokenizer files."""
     _check_not_blank(path, arg, "tokenizer")
     p = _expand(path, arg)
+    if p.is_file():  # a tokenizer's own file (tokenizer.json): the folder that holds it is what is meant
+        raise CheckpointError(f"{arg} {path}: a file; {arg} takes the directory that holds the tokenizer's files "
+                              f"({arg} {p.parent})")
     if not p.is_dir():
         raise CheckpointError(f"{arg} {path}: no such directory")
     if not any((p / f).is_file() for f in TOKENIZER_FILES):

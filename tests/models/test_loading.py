@@ -402,3 +402,15 @@ def test_config_from_pretrained_expands_home_and_never_looks_a_local_path_up_on_
         with pytest.raises(FileNotFoundError, match=rf"^{re.escape(missing)}: no such checkpoint directory or config "
                                                     rf"file \(a local path is never looked up on the hub\)"):
             OrthrosConfig.from_pretrained(missing)
+
+
+def test_a_tokenizer_file_given_for_its_directory_is_named_as_a_file(tmp_path):
+    """``--tokenizer DIR/tokenizer.json`` said "no such directory" of a path that exists; it names the
+    file and the directory meant."""
+    from orthros.models.loading import check_tokenizer_dir
+
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(CheckpointError, match=r"tokenizer\.json: a file; --tokenizer takes the directory") as e:
+        check_tokenizer_dir(tmp_path / "tokenizer.json")
+    assert f"(--tokenizer {tmp_path})" in str(e.value)
+    assert check_tokenizer_dir(tmp_path) == tmp_path
