@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import math
 import os
 import shutil
 import subprocess
@@ -502,7 +503,7 @@ def _named_os_error(e: OSError, where: str, what: str) -> OSError:
 __all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "atomic_directory", "available_memory", "cache_root", "check_png", "same_file",
            "check_positive_int", "clean_stale", "commit_id", "expand_path", "sigterm_as_interrupt", "stop_on_sigterm",
            "Terminated", "dtype_name", "format_bytes", "hf_progress_bars", "isatty",
-           "parse_dtype", "pyplot", "save_figure", "write_json", "write_text", "written_in_place",
+           "finite_or_none", "parse_dtype", "pyplot", "save_figure", "to_json", "write_json", "write_text", "written_in_place",
            "written_together"]
 
 
@@ -529,11 +530,33 @@ def write_text(path, text: str, *, name: str | None = None) -> None:
         raise _named_os_error(e, f"{name} {given}", "cannot write the file") from e
 
 
-def write_json(path, obj, *, indent: int = 2, default=None, name: str | None = None) -> None:
-    """Write ``obj`` as JSON to ``path`` as :func:`write_text` does."""
+def finite_or_none(obj):
+    """``obj`` (dicts, lists and tuples within it too) with every float that is not finite (NaN, inf,
+    -inf) made ``None``: what JSON can hold of it, as standard JSON has no NaN or Infinity."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_none(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_none(v) for v in obj]
+    return obj
+
+
+def to_json(obj, *, indent: int | None = None, default=None) -> str:
+    """``obj`` as standard JSON text, which every JSON reader takes (jq, JavaScript): a float that is
+    not finite (a NaN loss, an inf) is written as ``null``, where ``json.dumps`` wrote ``NaN`` /
+    ``Infinity``, which they refuse. ``default`` as ``json.dumps``'s (what it returns is made finite too).
+    Every results, metrics and report JSON of orthros is written through it."""
     import json
 
-    write_text(path, json.dumps(obj, indent=indent, default=default) + "\n", name=name)
+    dflt = None if default is None else (lambda o: finite_or_none(default(o)))
+    return json.dumps(finite_or_none(obj), indent=indent, default=dflt, allow_nan=False)
+
+
+def write_json(path, obj, *, indent: int = 2, default=None, name: str | None = None) -> None:
+    """Write ``obj`` as standard JSON (:func:`to_json`: a NaN or inf is ``null``) to ``path`` as
+    :func:`write_text` does."""
+    write_text(path, to_json(obj, indent=indent, default=default) + "\n", name=name)
 
 
 def pid_alive(pid: int) -> bool:

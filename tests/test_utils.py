@@ -41,6 +41,31 @@ def test_write_json_is_atomic_and_makes_its_folder(tmp_path):
     assert [f.name for f in p.parent.iterdir()] == ["r.json"]  # no temporary left beside it
 
 
+
+def _strict(text):
+    """``text`` parsed as standard JSON: a NaN / Infinity in it (json.dumps' default) is an error."""
+    import json
+
+    def refuse(name):
+        raise ValueError(f"not standard JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_write_json_and_to_json_write_a_non_finite_float_as_null(tmp_path):
+    """json.dumps wrote NaN / Infinity, which jq, JavaScript and most JSON readers refuse."""
+    import math
+
+    from orthros.utils import to_json, write_json
+
+    nan, inf = float("nan"), float("inf")
+    obj = {"loss": nan, "rows": [{"t": inf}, (1.5, -inf)], "ok": 2.0, "n": 3, "s": "NaN", "b": True, "p": tmp_path}
+    want = {"loss": None, "rows": [{"t": None}, [1.5, None]], "ok": 2.0, "n": 3, "s": "NaN", "b": True, "p": None}
+    write_json(tmp_path / "r.json", obj, default=lambda o: math.nan)  # what default returns is made finite too
+    assert _strict((tmp_path / "r.json").read_text()) == want
+    assert _strict(to_json(obj, default=lambda o: None)) == want
+    assert obj["loss"] is nan and obj["rows"][1] == (1.5, -inf)  # the caller's object is left as it was
+
 def test_commit_id_prefers_the_environment(monkeypatch):
     from orthros.utils import commit_id
 

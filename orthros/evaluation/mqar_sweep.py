@@ -10,10 +10,10 @@ Prints one JSON line per setting.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
+from ..utils import to_json
 from .mqar import MQARTask, MQARTrain, check_run, format_table, run_mqar
 
 KEYS = ("V", "T", "N", "power", "mingap", "maxgap", "fill", "repeat", "d", "L", "H", "w", "steps", "B", "lr", "neval", "seed",
@@ -110,7 +110,7 @@ def main(argv=None) -> int:
         print(f"mqar_sweep: error: {e}", file=sys.stderr)
         return 2
     for name, kv in settings:
-        print(json.dumps(run_one(name, kv)), flush=True)
+        print(to_json(run_one(name, kv)), flush=True)
     return 0
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
-import json
 import os
 import platform
 import sys
@@ -30,7 +29,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ..utils import DTYPE_CHOICES, check_device, check_output_path, commit_id, parse_dtype, write_json
+from ..utils import DTYPE_CHOICES, check_device, check_output_path, commit_id, parse_dtype, to_json, write_json
 from .comm import MAX_TIMEOUT_S, ParallelContext, ParallelError, check_timeout, env_world_size, init_from_env
 from .sharded import ShardedOrthros
 
@@ -141,7 +140,7 @@ class Bench:
 
     def add(self, rec):
         self.records.append(rec)
-        self.log(json.dumps(rec))
+        self.log(to_json(rec))
         self.save()
 
     def go(self, model: str, gpus: int, T: int) -> bool:

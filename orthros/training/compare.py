@@ -69,9 +69,14 @@ def probe(ckpt_dir: str, passage: int = 96, n: int = 32) -> dict:
             "loss_first_copy": first / count, "loss_second_copy": second / count}
 
 
+def _round(loss):
+    """A logged loss to 4 places; ``None`` as it is (a non-finite loss, logged as null since 2026-12-07)."""
+    return round(loss, 4) if isinstance(loss, (int, float)) and not isinstance(loss, bool) else loss
+
+
 def main(argv=None) -> int:
     from ..layout import CKPT_RE, METRICS, latest_checkpoint, run_holding_hint
-    from ..utils import check_positive_int, distinct_folders, expand_path
+    from ..utils import check_positive_int, distinct_folders, expand_path, to_json
     from .metrics import read_metrics
 
     p = argparse.ArgumentParser(prog="python -m orthros.training.compare", description=__doc__,
@@ -106,11 +111,11 @@ def main(argv=None) -> int:
         except ValueError as e:
             p.error(str(e))
         step = int(CKPT_RE.match(ck.name)[1])  # the probed checkpoint's, and its eval (a killed run's last
-        at_step = [e["eval_loss"] for e in evals if e.get("step") == step]  # eval may be past its last checkpoint)
+        at_step = [e.get("eval_loss") for e in evals if e.get("step") == step]  # eval may be past its last checkpoint)
         r.update({"run": run, "step": step, "eval_loss": at_step[-1] if at_step else None,
-                  "train_loss_last": train[-1]["loss"] if train else None,
-                  "eval_curve": [(e["step"], round(e["eval_loss"], 4)) for e in evals]})
-        print(json.dumps(r), flush=True)
+                  "train_loss_last": train[-1].get("loss") if train else None,
+                  "eval_curve": [(e.get("step"), _round(e.get("eval_loss"))) for e in evals]})
+        print(to_json(r), flush=True)  # a loss that is not finite (NaN, inf) as null: standard JSON
     return 0
 
 

@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from ..layout import METRICS
-from ..utils import _named_os_error
+from ..utils import _named_os_error, to_json
 
 if TYPE_CHECKING:
     import torch
@@ -134,7 +134,7 @@ class MetricsLogger:
             return
         record = {"time": round(time.time(), 3), **record}
         try:
-            self._f.write(json.dumps(record) + "\n")
+            self._f.write(to_json(record) + "\n")  # a NaN / inf as null: standard JSON
             self._f.flush()
         except OSError as e:  # a full disk: `[Errno 28] No space left on device` named no file
             self._failed = True

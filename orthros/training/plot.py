@@ -11,6 +11,7 @@ The trainer draws its own run's curves after each eval and at its end (``output_
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -33,12 +34,14 @@ def load_run(run_dir) -> dict:
     if not (run_dir / METRICS).is_file():
         raise PlotError(f"{run_dir}: no {METRICS} (a training output_dir is needed){run_holding_hint(run_dir)}")
     rows = read_metrics(str(run_dir), kind=None)
-    train = [r for r in rows if r.get("kind") == "train" and r.get("loss") is not None]
+    train = [r for r in rows if r.get("kind") == "train" and "loss" in r]
     if not train:
         raise PlotError(f"{run_dir}: no training step logged yet")
     evals = [r for r in rows if r.get("kind") == "eval"]
-    for r in train + evals:  # what loss_figure draws: a number each
+    for r in train + evals:  # what loss_figure draws: a number each (a loss of null: one that was not finite)
         for key in ("step", "tokens", "loss" if r["kind"] == "train" else "eval_loss"):
+            if key.endswith("loss") and r.get(key, 0) is None:
+                continue
             if isinstance(r.get(key), bool) or not isinstance(r.get(key), (int, float)):
                 raise PlotError(f"{run_dir}: {'an' if r['kind'] == 'eval' else 'a'} {r['kind']} row of {METRICS} has no number for {key!r}: {r}")
     return {"label": _label(run_dir), "train": train, "eval": evals}
@@ -88,18 +91,27 @@ def loss_figure(runs: Sequence[dict], x: str = "tokens", title: Optional[str] = 
     with_eval = any(r["eval"] for r in runs)
     fig, axes = plt.subplots(1, 2 if with_eval else 1, figsize=(11 if with_eval else 6.5, 4.2), squeeze=False)
     xlabel = "tokens seen" if x == "tokens" else "step"
+    drawn = {0: 0, 1: 0}  # points drawn in each panel
     for i, run in enumerate(runs):
         color = f"C{i % 10}"
-        axes[0, 0].plot([r[x] for r in run["train"]], [r["loss"] for r in run["train"]], color=color,
-                        lw=1.2, label=run["label"], ms=3,
-                        marker="o" if len(run["train"]) == 1 else None)  # a line of one point is not drawn
+        xs, ys, skipped = _finite_points(run["train"], x, "loss")
+        drawn[0] += len(xs)
+        axes[0, 0].plot(xs, ys, color=color, lw=1.2, label=run["label"] + _skipped_note(skipped), ms=3,
+                        marker="o" if len(xs) == 1 else None)  # a line of one point is not drawn
         if run["eval"]:
-            axes[0, 1].plot([r[x] for r in run["eval"]], [r["eval_loss"] for r in run["eval"]], "o-",
-                            color=color, ms=3, lw=1.2, label=f"{run['label']}: {run['eval'][-1]['eval_loss']:.4f}")
+            xs, ys, skipped = _finite_points(run["eval"], x, "eval_loss")
+            drawn[1] += len(xs)
+            last = f"{ys[-1]:.4f}" if ys else "none finite"
+            axes[0, 1].plot(xs, ys, "o-", color=color, ms=3, lw=1.2,
+                            label=f"{run['label']}: {last}{_skipped_note(skipped)}")
     panels = [(axes[0, 0], "training loss (logged steps)")]
     if with_eval:
-        panels.append((axes[0, 1], "held-out eval loss (last value in the legend)"))
-    for ax, name in panels:
+        panels.append((axes[0, 1], "held-out eval loss (last finite value in the legend)"))
+    for j, (ax, name) in enumerate(panels):
+        if not drawn[j]:  # every logged loss was NaN / inf: said, not axes of nothing around 0
+            ax.text(0.5, 0.5, "no finite loss logged", transform=ax.transAxes, ha="center", va="center")
+            ax.set_xticks([])
+            ax.set_yticks([])
         ax.set_xlabel(xlabel)
         if x == "tokens":
             ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 100k, 1.5M: long counts do not collide
@@ -111,6 +123,21 @@ def loss_figure(runs: Sequence[dict], x: str = "tokens", title: Optional[str] = 
         fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def _finite_points(rows: Sequence[dict], x: str, key: str) -> tuple[list, list, int]:
+    """The (x, loss) points of ``rows`` where both are finite, and how many were left out: a NaN or
+    inf loss (``null`` in metrics.jsonl written since 2026-12-07) is no point of the curve."""
+    xs, ys = [], []
+    for r in rows:
+        if r.get(key) is not None and math.isfinite(r[key]) and math.isfinite(r[x]):
+            xs.append(r[x])
+            ys.append(r[key])
+    return xs, ys, len(rows) - len(xs)
+
+
+def _skipped_note(skipped: int) -> str:
+    return f" ({skipped} not finite, skipped)" if skipped else ""
 
 
 def main(argv: Optional[list] = None) -> int:

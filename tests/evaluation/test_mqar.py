@@ -467,6 +467,19 @@ def test_mqar_sweep_help_prints_usage_and_runs_nothing(args, rc, capsys, monkeyp
     assert "python -m orthros.evaluation.mqar_sweep NAME key=value" in (out.out if rc == 0 else out.err)
 
 
+
+def test_mqar_sweep_writes_a_non_finite_number_as_null(capsys, monkeypatch):
+    """Its JSON lines held NaN for a diverged setting's loss, which jq and JavaScript refuse."""
+    import json
+
+    import orthros.evaluation.mqar_sweep as sweep
+
+    monkeypatch.setattr(sweep, "run_one", lambda name, kv: {"name": name, "final_loss": float("nan"), "acc": 0.5})
+    assert sweep.main(["a", "steps=1"]) == 0
+    line = capsys.readouterr().out
+    assert json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in {line}")) == \
+        {"name": "a", "final_loss": None, "acc": 0.5}
+
 def test_cli_mqar_help_on_gdn_layers():
     """Issue: --models's help said every hybrid, gdn included, needs --layers >= 4; gdn (GDN layers only)
     trains with any --layers."""

@@ -107,3 +107,26 @@ def test_a_quoted_tilde_is_the_home_folder_and_a_checkpoints_folder_names_its_ru
     with pytest.raises(SystemExit):
         main(["~nosuchuser9/run"])
     assert "error: RUN ~nosuchuser9/run: no user 'nosuchuser9'" in capsys.readouterr().err
+
+
+def test_a_non_finite_loss_is_written_as_null_standard_json(tmp_path, capsys, monkeypatch):
+    """A NaN probe loss (a diverged checkpoint) or an eval loss logged as NaN / Infinity (metrics.jsonl of
+    an older run) was printed as NaN / Infinity, which jq and JavaScript refuse; a NaN loss is null
+    now, and an eval loss logged as null (how metrics.jsonl holds one now) is read as one."""
+    import orthros.training.compare as compare
+
+    def refuse(name):
+        raise ValueError(f"not standard JSON: {name}")
+
+    run = make_run(tmp_path / "run")
+    with open(run / "metrics.jsonl", "a") as f:  # an old row's NaN (Python's json), an inf, a new row's null
+        f.write('{"kind": "eval", "step": 1, "eval_loss": NaN, "tokens": 8}\n'
+                '{"kind": "eval", "step": 2, "eval_loss": Infinity, "tokens": 16}\n'
+                '{"kind": "eval", "step": 3, "eval_loss": null, "tokens": 24}\n'
+                '{"kind": "eval", "step": 4, "eval_loss": 7.25, "tokens": 32}\n')
+    real = compare.probe
+    monkeypatch.setattr(compare, "probe", lambda *a: {**real(*a), "loss_second_copy": float("nan")})
+    assert main([str(run), "--n", "1", "--passage", "16"]) == 0
+    r = json.loads(capsys.readouterr().out, parse_constant=refuse)
+    assert (r["loss_second_copy"], r["eval_loss"]) == (None, None) and r["loss_first_copy"] > 0
+    assert r["eval_curve"] == [[1, None], [2, None], [3, None], [4, 7.25]]

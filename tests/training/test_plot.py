@@ -219,3 +219,43 @@ def test_a_runs_checkpoints_folder_or_checkpoint_names_the_run(tmp_path, capsys)
         err = capsys.readouterr().err
         assert "no metrics.jsonl" in err and says in err, err
     assert not (tmp_path / "x.png").exists()
+
+
+def test_non_finite_losses_are_skipped_and_counted(tmp_path):
+    """A NaN or inf loss (an older metrics.jsonl's NaN / Infinity, a newer one's null) left an empty panel
+    with axes around 0 ("nan" as the last eval loss), or with one finite point an invisible line; now
+    the finite points are drawn as usual and the legend says how many were skipped."""
+    from orthros.training.metrics import MetricsLogger
+
+    nan, inf = float("nan"), float("inf")
+    old = fake_run(tmp_path / "old", "orthros", [5.0, nan, 4.0, inf], evals=[4.5, inf, 3.9, nan])
+    new = tmp_path / "new"
+    new.mkdir()
+    logger = MetricsLogger(str(new), tensorboard=False)
+    for step, loss, ev in ((10, 5.0, 4.6), (20, inf, nan), (30, 4.2, -inf)):
+        logger.log({"kind": "train", "step": step, "loss": loss, "tokens": 256 * step})
+        logger.log({"kind": "eval", "step": step, "eval_loss": ev, "tokens": 256 * step})
+    logger.close()
+    rows = [json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in metrics.jsonl"))
+            for line in (new / "metrics.jsonl").read_text().splitlines()]  # standard JSON: null
+    assert [r.get("loss", r.get("eval_loss")) for r in rows] == [5.0, 4.6, None, None, 4.2, None]
+
+    train_ax, eval_ax = loss_figure([load_run(old), load_run(new)], x="step").axes
+    (ta, tb), (ea, eb) = train_ax.get_lines(), eval_ax.get_lines()
+    assert (list(ta.get_xdata()), list(ta.get_ydata())) == ([10, 30], [5.0, 4.0])
+    assert (list(tb.get_xdata()), list(tb.get_ydata())) == ([10, 30], [5.0, 4.2])
+    assert (list(ea.get_xdata()), list(ea.get_ydata())) == ([10, 30], [4.5, 3.9])
+    assert list(eb.get_ydata()) == [4.6] and eb.get_marker() == "o"
+    assert ta.get_label() == "old (pt/orthros) (2 not finite, skipped)" and tb.get_label() == "new (1 not finite, skipped)"
+    assert ea.get_label() == "old (pt/orthros): 3.9000 (2 not finite, skipped)"
+    assert eb.get_label() == "new: 4.6000 (2 not finite, skipped)"
+    assert train_ax.get_ylim()[0] < 4.0 and 5.0 < train_ax.get_ylim()[1] < 6  # the finite points' range
+    assert eval_ax.get_ylim()[0] < 3.9 and 4.6 < eval_ax.get_ylim()[1] < 5
+
+    # one finite training point among infs was an invisible line of one point; no finite eval loss: said
+    one = fake_run(tmp_path / "one", "orthros", [5.0, inf], evals=[nan])
+    train_ax, eval_ax = loss_figure([load_run(one)]).axes
+    (t,), (e,) = train_ax.get_lines(), eval_ax.get_lines()
+    assert list(t.get_ydata()) == [5.0] and t.get_marker() == "o"
+    assert len(e.get_ydata()) == 0 and e.get_label() == "one (pt/orthros): none finite (1 not finite, skipped)"
+    assert [x.get_text() for x in eval_ax.texts] == ["no finite loss logged"] and list(eval_ax.get_yticks()) == []
