@@ -413,7 +413,7 @@ def save_figure(fig, path, dpi: int = 120, *, name: str | None = None) -> None:
             _make_folder(path.parent)
             _finish(tmp, path, lambda: fig.savefig(tmp, dpi=dpi))
     except OSError as e:
-        raise _named_os_error(e, f"{name} {given}" if name else str(given), "cannot write the figure") from e
+        raise named_os_error(e, f"{name} {given}" if name else str(given), "cannot write the figure") from e
     finally:
         plt.close(fig)
 
@@ -488,7 +488,7 @@ def _finish(tmp: Path, path: Path, write) -> None:
         raise
 
 
-def _named_os_error(e: OSError, where: str, what: str) -> OSError:
+def named_os_error(e: OSError, where: str, what: str) -> OSError:
     """``e`` re-said as ``"{where}: {what} ({reason})"``, of its class where it can be (a missing
     folder stays a ``FileNotFoundError``), its ``errno`` kept."""
     msg = f"{where}: {what} ({e.strerror or e})"
@@ -502,8 +502,8 @@ def _named_os_error(e: OSError, where: str, what: str) -> OSError:
 
 __all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "atomic_directory", "available_memory", "cache_root", "check_png", "same_file",
            "check_positive_int", "clean_stale", "commit_id", "expand_path", "sigterm_as_interrupt", "stop_on_sigterm",
-           "Terminated", "dtype_name", "format_bytes", "hf_progress_bars", "isatty",
-           "finite_or_none", "parse_dtype", "pyplot", "save_figure", "to_json", "write_json", "write_text", "written_in_place",
+           "Terminated", "dtype_name", "finite_or_none", "format_bytes", "hf_progress_bars", "isatty", "named_os_error",
+           "parse_dtype", "pyplot", "save_figure", "to_json", "write_json", "write_text", "written_in_place",
            "written_together"]
 
 
@@ -527,7 +527,7 @@ def write_text(path, text: str, *, name: str | None = None) -> None:
     except OSError as e:
         if name is None:
             raise
-        raise _named_os_error(e, f"{name} {given}", "cannot write the file") from e
+        raise named_os_error(e, f"{name} {given}", "cannot write the file") from e
 
 
 def finite_or_none(obj):

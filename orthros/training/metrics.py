@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, Optional
 
 from ..layout import METRICS
-from ..utils import _named_os_error, to_json
+from ..utils import named_os_error, to_json
 
 if TYPE_CHECKING:
     import torch
@@ -138,7 +138,7 @@ class MetricsLogger:
             self._f.flush()
         except OSError as e:  # a full disk: `[Errno 28] No space left on device` named no file
             self._failed = True
-            raise _named_os_error(e, self.path, "cannot log a row") from e
+            raise named_os_error(e, self.path, "cannot log a row") from e
         if self._tb is not None:
             step = record.get("step", 0)
             for k, v in record.items():
@@ -151,7 +151,7 @@ class MetricsLogger:
                 self._f.close()  # (flushes what a failed row left in the buffer: that failure again)
             except OSError as e:
                 if not self._failed:
-                    raise _named_os_error(e, self.path, "cannot log a row") from e
+                    raise named_os_error(e, self.path, "cannot log a row") from e
         if self._tb is not None:
             self._tb.close()
 
