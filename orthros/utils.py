@@ -335,8 +335,9 @@ def check_output_path(arg: str, path, *, directory: bool = False, suffix: str | 
 
 def check_input_file(arg: str, path, hint: str = "") -> Path:
     """``path`` as a ``Path`` if it is a file to read, else a ``ValueError`` naming ``arg`` and what is there
-    instead (nothing, or a folder); ``hint`` (e.g. "a .jsonl or a .txt") follows the reason."""
-    p = Path(path)
+    instead (nothing, or a folder); ``hint`` (e.g. "a .jsonl or a .txt") follows the reason. A ``~`` the
+    shell left (a quoted path) is expanded, as for checkpoint folders."""
+    p = expand_path(path, arg)
     if not p.is_file():
         why = "a folder, not a file" if p.is_dir() else "no such file"
         raise ValueError(f"{arg} {path}: {why}" + (f" ({hint})" if hint else ""))

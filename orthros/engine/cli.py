@@ -197,7 +197,7 @@ def _check_prompt_file(args):
     if args.prompt or args.interactive:
         raise ValueError("--prompts replaces the prompt argument and --interactive: give one of them")
     path = check_input_file("--prompts", args.prompts)
-    if path.suffix not in (".txt", ".jsonl"):
+    if path.suffix.lower() not in (".txt", ".jsonl"):
         raise ValueError(f"--prompts {path}: a .txt (one prompt a line) or a .jsonl file is needed")
     if args.output is not None:  # written at the end: refused now if it cannot be
         check_output_path("--output", args.output)
@@ -210,7 +210,7 @@ def _check_prompt_file(args):
     for n, line in enumerate(read_text_file(path, "--prompts").removeprefix("\ufeff").split("\n"), 1):
         if not line.strip():
             continue
-        if path.suffix == ".txt":
+        if path.suffix.lower() == ".txt":
             prompts.append((n, line))
             continue
         try:

@@ -254,6 +254,17 @@ def test_generate_a_file_of_prompts_in_batches(checkpoint, tmp_path, capsys):
     assert rc == 0 and [json.loads(line)["completion"] for line in text.splitlines()] == [r["completion"] for r in recs]
 
 
+def test_a_prompts_file_by_a_quoted_tilde_path_and_an_upper_case_suffix(checkpoint, tmp_path, capsys, monkeypatch):
+    """``--prompts '~/P.TXT'`` (a ``~`` the shell left, a suffix in capitals): was "no such file" (the
+    ``~`` not expanded, as it is for --model) and then "a .txt ... is needed"."""
+    d, _ = checkpoint
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "P.TXT").write_text("w1 w5\nw2\n")
+    rc, text = run_cli(["generate", "--model", str(d), "--device", "cpu", "--max-new-tokens", "2", "--prompts",
+                        "~/P.TXT"])
+    assert rc == 0 and [__import__("json").loads(x)["prompt"] for x in text.splitlines()] == ["w1 w5", "w2"], text
+
+
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, RuntimeError])
 def test_a_prompt_file_run_stopped_early_keeps_its_finished_batches(checkpoint, tmp_path, capsys, monkeypatch, stop):
     """Ctrl-C (or a failure) in the third batch: the two finished batches' lines are on stdout
