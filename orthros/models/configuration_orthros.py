@@ -264,10 +264,19 @@ class OrthrosConfig(PreTrainedConfig):
         if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
             raise ValueError(f"OrthrosConfig.rope_parameters['rope_type']={rope_type!r} is not supported; known: "
                              f"default, {', '.join(sorted(ROPE_INIT_FUNCTIONS))}")
-        try:  # transformers' keys of each RoPE type (a 'yarn' without 'factor' was a KeyError building the model)
+        # transformers' keys of each RoPE type (a 'yarn' without 'factor' was a KeyError building the model),
+        # checked on a copy with what PreTrainedConfig.__init__ (later) fills in: llama3 / yarn / longrope's
+        # original_max_position_embeddings, max_position_embeddings by default
+        given = self.rope_parameters
+        if rope_type in ("llama3", "yarn", "longrope"):
+            self.rope_parameters = {"original_max_position_embeddings": getattr(
+                self, "original_max_position_embeddings", self.max_position_embeddings), **given}
+        try:
             getattr(self, "validate_rope", lambda: None)()
         except KeyError as e:
             raise ValueError(f"OrthrosConfig.rope_parameters: {e.args[0]}") from None
+        finally:
+            self.rope_parameters = given
         factor = self.rope_parameters.get("factor")
         if rope_type != "default" and factor is not None and (not _finite_number(factor) or factor <= 0):
             # transformers only warns (below 1), then divides the frequencies by it: reversed, infinite or NaN

@@ -326,6 +326,17 @@ def test_a_rope_type_without_its_keys_is_refused_by_the_config(rope, missing):
         tiny_config(rope_parameters=rope)
 
 
+@pytest.mark.parametrize("rope", [{"rope_type": "yarn", "factor": 4.0},
+                                  {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}])
+def test_a_rope_type_without_original_max_position_embeddings_takes_the_model_length(rope):
+    """transformers fills llama3 / yarn's original_max_position_embeddings (max_position_embeddings) in
+    PreTrainedConfig.__init__; the config's key check ran before it and refused these (a reviewer's finding)."""
+    config = tiny_config(rope_parameters={"rope_theta": 10000.0, **rope})
+    assert config.rope_parameters["original_max_position_embeddings"] == config.max_position_embeddings
+    model = tiny_model(rope_parameters={"rope_theta": 10000.0, **rope})
+    assert torch.isfinite(model(torch.randint(0, V, (1, 12))).logits).all()
+
+
 def test_legacy_rope_scaling_keeps_its_rope_theta():
     # a transformers 4.x style config (rope_scaling beside rope_theta): rope_theta became 10000
     legacy = {"type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -913,6 +924,16 @@ def test_forward_names_input_ids_outside_the_vocabulary():
     want = model(ids).logits
     for dtype in (torch.int32, torch.uint16):
         assert torch.equal(model(ids.to(dtype)).logits, want)
+
+
+def test_forward_takes_every_integer_dtype_of_input_ids():
+    """int16 / int8 / uint8 ids passed the dtype check and failed in the embedding with torch's "Expected
+    tensor for argument #1 'indices' to have one of the following scalar types: Long, Int"."""
+    model = tiny_model()
+    ids = torch.tensor([[1, 2]])
+    want = model(ids).logits
+    for dtype in (torch.int16, torch.int8, torch.uint8, torch.uint32, torch.uint64):
+        assert torch.equal(model(ids.to(dtype)).logits, want), dtype
 
 
 def test_labels_outside_the_vocabulary_are_named():
