@@ -186,6 +186,18 @@ def check_device(name: str, arg: str = "--device", *, auto: bool = False) -> str
     return str(dev)
 
 
+def integer_ids(ids, name: str, *, what: str = "integer token ids", error: type = TypeError):
+    """The tensor ``ids`` as an index tensor torch takes (an embedding, a gather): a float, complex or bool
+    dtype is an ``error`` (``TypeError`` unless given) saying ``{name} must be {what}`` (a float would be cut,
+    a bool taken as 0 / 1); an integer dtype other than int32 / int64 (a token file's uint16, a uint8 or
+    int16 tensor) is widened to int64, which embeddings take and torch has a min / max of."""
+    import torch
+
+    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+        raise error(f"{name} must be {what}, got {ids.dtype}")
+    return ids if ids.dtype in (torch.int32, torch.int64) else ids.long()
+
+
 def check_token_ids(ids, vocab_size: int, arg: str, *, on_cuda: bool = False):
     """``ids`` (a tensor) must hold integer token ids in ``[0, vocab_size)``: a ``TypeError`` naming
     ``arg`` for another dtype (a float would be truncated), a ``ValueError`` for an id out of range
@@ -193,11 +205,8 @@ def check_token_ids(ids, vocab_size: int, arg: str, *, on_cuda: bool = False):
     read (a sync) only with ``on_cuda``: a decode step's tokens stay unchecked there."""
     import torch
 
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        raise TypeError(f"{arg} must be integer token ids, got {ids.dtype}")
     wrapped = ids.dtype == torch.uint64  # as int64, an id >= 2**63 wraps below 0
-    if ids.dtype in (torch.uint16, torch.uint32, torch.uint64):  # (a uint16 token file): torch has no min / max of them
-        ids = ids.long()
+    ids = integer_ids(ids, arg)
     if ids.numel() and (on_cuda or ids.device.type != "cuda") and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
         lo, hi = int(ids.min()), int(ids.max())
         if wrapped and lo < 0:  # the ids as given: the wrapped ones are the largest

@@ -26,7 +26,7 @@ from ..layers import DenseKV, OrthrosAttention, ResidualMLP, RMSNorm, RotaryEmbe
 from ..layers.gated_deltanet import GatedDeltaNet
 from ..kinds import LINEAR_LAYER_TYPE, MODE_ALIASES, has_output_stream
 from ..ops import doc_ids_from_cu_seqlens
-from ..utils import first_id_outside
+from ..utils import first_id_outside, integer_ids
 from .configuration_orthros import OrthrosConfig
 from .positions import resolve_output_positions
 
@@ -137,21 +137,21 @@ def _one_input(input_ids, inputs_embeds) -> torch.Tensor:
 
 def _checked_ids(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """``input_ids`` as the embedding takes them: integer token ids in ``[0, vocab_size)``. Another
-    dtype is a ``TypeError`` (torch named the embedding's ``indices``); unsigned ids (a token file's
-    uint16) are widened. An id outside the vocabulary is a ``ValueError`` naming the first one
+    dtype is a ``TypeError`` (torch named the embedding's ``indices``); integer ids other than int32 /
+    int64 (a token file's uint16, an int16 tensor) are widened (``orthros.utils.integer_ids``). An id
+    outside the vocabulary is a ``ValueError`` naming the first one
     (``input_ids[b, t] = value``, as ``generate`` names it) instead of the embedding's bare
     ``IndexError``, but only for ids off CUDA and outside ``torch.compile``: reading a CUDA
     tensor's values would synchronise every forward (and break CUDA-graph capture), so there an
     id out of range is left to the embedding's device-side assert."""
-    if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
-        raise TypeError(f"input_ids must be integer token ids, got {ids.dtype}")
+    wide = integer_ids(ids, "input_ids")
     if ids.device.type == "cpu" and not torch.compiler.is_compiling():
         bad = first_id_outside(ids, vocab_size)
         if bad is not None:
             (b, t), value = bad
             raise ValueError(f"input_ids has token ids outside the vocabulary [0, vocab_size={vocab_size}): "
                              f"input_ids[{b}, {t}] = {value}")
-    return ids.long() if ids.dtype in (torch.uint16, torch.uint32, torch.uint64) else ids
+    return wide
 
 
 def _cache_rows(cache) -> Optional[int]:
@@ -441,10 +441,8 @@ class OrthrosModel(OrthrosPreTrainedModel):
             else:
                 position_ids = torch.arange(past, past + T, device=dev).view(1, T)
         position_ids = torch.as_tensor(position_ids, device=dev)
-        if position_ids.dtype.is_floating_point or position_ids.dtype.is_complex or position_ids.dtype == torch.bool:
-            # 0.5 was cut to 0, True to 1: RoPE at positions nobody asked for
-            raise ValueError(f"position_ids must be integers, got {position_ids.dtype}")
-        position_ids = position_ids.long()
+        # 0.5 was cut to 0, True to 1: RoPE at positions nobody asked for
+        position_ids = integer_ids(position_ids, "position_ids", what="integers", error=ValueError).long()
         if position_ids.dim() == 1:
             position_ids = position_ids.view(1, -1)
         if position_ids.dim() != 2 or position_ids.shape[0] not in (1, B) or position_ids.shape[1] != T:
