@@ -266,16 +266,20 @@ def memory_needed(args, dtype):
                           device="meta", linear=linear)
         return c.nbytes + c.state_nbytes
 
-    def cache(rows, tokens, src):
-        return {"bytes": (rows[1] if rows else 1) * row_bytes(tokens), "what": "the cache", "rows": rows,
-                "tokens": tokens, "src": src, "row_bytes": row_bytes}
+    def cache(rows, tokens, src, limit, least=1):  # limit(n): what the option may be for rows of n tokens at most;
+        return {"bytes": (rows[1] if rows else 1) * row_bytes(tokens), "what": "the cache", "rows": rows,  # least:
+                "tokens": tokens, "src": src, "row_bytes": row_bytes, "limit": limit, "least": least}  # shortest row
+
+    def pair_limit(opt):  # a pair's row holds IN+OUT-1 tokens (its last token is never cached)
+        return lambda n: f"lower {opt} to IN+OUT at most {n + 1}"
 
     parts = []
     for what in _sections(args.what):
         if what == "prefill":  # one row of the longest prompt; the HF baseline: a second model
             systems = [x for x in args.systems.split(",") if x]
             if any(not x.startswith("hf-") for x in systems):
-                parts.append(cache(None, max(args.lengths), f"--lengths {max(args.lengths)}"))
+                parts.append(cache(None, max(args.lengths), f"--lengths {max(args.lengths)}",
+                                   lambda n: f"lower --lengths to at most {n}"))
             hf = [x for x in dict.fromkeys(systems) if x.startswith("hf-")]
             if hf:
                 parts.append({"bytes": nbytes(hf_qwen3_like(cfg, device="meta", dtype=dtype)),
@@ -283,11 +287,13 @@ def memory_needed(args, dtype):
         elif what == "decode":  # a point's steps (warm-up, then timed) each run from the context
             steps = max(args.steps, DECODE_WARMUP)
             src = f"--contexts {max(args.contexts)} + {steps} {'' if args.steps >= DECODE_WARMUP else 'warm-up '}steps"
-            parts.append(cache(("--batch-sizes", max(args.batch_sizes)), max(args.contexts) + steps, src))
+            parts.append(cache(("--batch-sizes", max(args.batch_sizes)), max(args.contexts) + steps, src,
+                               lambda n, s=steps: f"lower --contexts to at most {n - s} (a row holds the context "
+                                                  f"and {s} steps)", least=1 + steps))
         else:  # e2e: --batch rows of the longest pair; each --fit: one row
             i, o = max(args.pairs, key=lambda p: p[0] + p[1])
-            parts.append(cache(("--batch", args.batch), i + o - 1, f"--pairs {i}:{o}"))
-            parts += [cache(None, i + o - 1, f"--fit {i}:{o}") for i, o in args.fit or []]
+            parts.append(cache(("--batch", args.batch), i + o - 1, f"--pairs {i}:{o}", pair_limit("--pairs")))
+            parts += [cache(None, i + o - 1, f"--fit {i}:{o}", pair_limit("--fit")) for i, o in args.fit or []]
     return nbytes(model), sorted(parts, key=lambda p: -p["bytes"])
 
 
@@ -314,18 +320,24 @@ def check_memory(args, dev, dtype, available=None) -> None:
     if "rows" not in p:
         raise ValueError(f"{said} another {format_bytes(p['bytes'])}; drop them from --systems")
     rows, L, row_bytes = p["rows"], p["tokens"], p["row_bytes"]
-    sized = f"{rows[1]} rows ({rows[0]} {rows[1]})" if rows else "a row"
+    sized = f"{rows[1]} rows ({rows[0]} {rows[1]})" if rows and rows[1] > 1 else f"a row ({rows[0]} 1)" if rows \
+        else "a row"
     said += f" of {sized} of {L} tokens ({p['src']}) takes {format_bytes(p['bytes'])}"
-    if rows and row_bytes(L) <= room:
-        raise ValueError(f"{said}; at most {room // row_bytes(L)} rows of {L} tokens fit: lower {rows[0]}")
+    if rows and rows[1] > 1 and row_bytes(L) <= room:
+        n = room // row_bytes(L)
+        raise ValueError(f"{said}; at most {n} row{'s' if n > 1 else ''} of {L} tokens "
+                         f"fit{'' if n > 1 else 's'}: lower {rows[0]} to at most {n}")
     lo, hi = 0, L - 1  # the longest row that fits (a row's bytes grow with its tokens)
     while lo < hi:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if row_bytes(mid) <= room else (lo, mid - 1)
-    opt = p["src"].split()[0]
-    raise ValueError(f"{said}; " + (f"a row of at most {lo} tokens fits: lower {opt}" + (f" and {rows[0]}" if rows
-                                                                                            else "")
-                                    if lo else "not even a row of one token fits beside the weights"))
+    if lo < p["least"]:  # (decode: even --contexts 1 has its steps)
+        least = ("one token" if p["least"] == 1 else
+                 f"{p['least']} tokens (a context of 1 and {p['src'].split(' + ')[-1]})")
+        raise ValueError(f"{said}; not even a row of {least} fits beside the weights")
+    # what the option itself may be (a row holds more than it says: a decode point's steps, a pair's IN+OUT-1)
+    raise ValueError(f"{said}; a row of at most {lo} tokens fits: {p['limit'](lo)}"
+                     + (f" and {rows[0]} to 1" if rows and rows[1] > 1 else ""))
 
 def _run_section(what, args, model, dev, dtype, I, hf_qwen3_like):
     from ..kinds import LINEAR_LAYER_TYPE

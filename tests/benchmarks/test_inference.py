@@ -498,19 +498,26 @@ MiB = 1 << 20
 @pytest.mark.parametrize("what, extra, says", [
     ("decode", ["--batch-sizes", "1,1000", "--contexts", "1024", "--steps", "2"],
      "the cache of 1000 rows (--batch-sizes 1000) of 1029 tokens (--contexts 1024 + 5 warm-up steps) takes 502.4 MiB; "
-     "at most 6 rows of 1029 tokens fit: lower --batch-sizes"),
+     "at most 6 rows of 1029 tokens fit: lower --batch-sizes to at most 6"),
+    ("decode", ["--batch-sizes", "1,10", "--contexts", "6000", "--steps", "2"],  # one row: not "1 rows ... fit"
+     "(--contexts 6000 + 5 warm-up steps) takes 29.3 MiB; at most 1 row of 6005 tokens fits: lower --batch-sizes "
+     "to at most 1"),
     ("e2e", ["--batch", "100000", "--pairs", "8:4,100:29"],
      "the cache of 100000 rows (--batch 100000) of 128 tokens (--pairs 100:29) takes 6.1 GiB; at most 55 rows of "
-     "128 tokens fit: lower --batch"),
+     "128 tokens fit: lower --batch to at most 55"),
     ("decode", ["--batch-sizes", "4", "--contexts", "60000"],
      "of 4 rows (--batch-sizes 4) of 60050 tokens (--contexts 60000 + 50 steps) takes 117.3 MiB; a row of at most "
-     "7098 tokens fits: lower --contexts and --batch-sizes"),
+     "7098 tokens fits: lower --contexts to at most 7048 (a row holds the context and 50 steps) and --batch-sizes "
+     "to 1"),
     ("prefill", ["--lengths", "16,50000", "--systems", "orthros,full"],
      "the cache of a row of 50000 tokens (--lengths 50000) takes 24.4 MiB; a row of at most 7098 tokens fits: "
-     "lower --lengths"),
+     "lower --lengths to at most 7098"),
     ("e2e", ["--pairs", "8:4", "--fit", "40000:9000"],
      "the cache of a row of 48999 tokens (--fit 40000:9000) takes 23.9 MiB; a row of at most 7098 tokens fits: "
-     "lower --fit"),
+     "lower --fit to IN+OUT at most 7099"),
+    ("e2e", ["--batch", "2", "--pairs", "8:4,40000:9000"],
+     "the cache of 2 rows (--batch 2) of 48999 tokens (--pairs 40000:9000) takes 47.9 MiB; a row of at most 7098 "
+     "tokens fits: lower --pairs to IN+OUT at most 7099 and --batch to 1"),
 ])
 def test_bench_refuses_a_run_too_big_for_memory_before_allocating(tmp_path, capsys, monkeypatch, no_model, what,
                                                                    extra, says):
@@ -527,6 +534,32 @@ def test_bench_refuses_a_run_too_big_for_memory_before_allocating(tmp_path, caps
     assert err.startswith("orthros bench: error: this run needs at least ") and "of host memory, more than the " \
         "4.0 MiB free: the model's weights take 547.0 KiB and " in err and says in err, err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_bench_memory_check_names_what_the_option_itself_may_be():
+    """A decode row holds --contexts and its steps: 'a row of at most 6 tokens fits: lower --contexts' led to
+    --contexts 6, refused again; the option's own bound is said (--contexts 1 here), and a context too short
+    for even --contexts 1 and its steps is named as such. One row is 'a row', not '1 rows'."""
+    import argparse
+
+    from orthros.benchmarks.cli import check_memory, memory_needed
+
+    args = argparse.Namespace(what="decode", preset="tiny", model=None, window=8, contexts=[100], batch_sizes=[1],
+                              steps=2)
+    weights, parts = memory_needed(args, torch.float32)
+    row = parts[0]["row_bytes"]
+
+    def said(free):
+        with pytest.raises(ValueError) as e:
+            check_memory(args, torch.device("cpu"), torch.float32, available=lambda device: free)
+        return str(e.value)
+
+    err = said(weights + row(6))
+    assert "the cache of a row (--batch-sizes 1) of 105 tokens (--contexts 100 + 5 warm-up steps)" in err, err
+    assert err.endswith("a row of at most 6 tokens fits: lower --contexts to at most 1 (a row holds the context "
+                        "and 5 steps)"), err
+    assert said(weights + row(5)).endswith("not even a row of 6 tokens (a context of 1 and 5 warm-up steps) fits "
+                                           "beside the weights")
 
 
 def test_bench_memory_check_of_the_weights_and_the_hf_baseline(tmp_path, capsys, monkeypatch, no_model):
