@@ -18,6 +18,7 @@ Two entry points:
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import math
 import os
@@ -34,7 +35,8 @@ import torch
 from ..layers import SCALE_OFFSET_INIT
 from ..models import OrthrosConfig, OrthrosForCausalLM
 from ..utils import (OLD_TAG, TMP_TAG, Progress, atomic_directory, check_positive_int,  # noqa: F401
-                     check_replaceable_dir, clean_stale, dtype_name, expand_path, file_in_the_way, parse_dtype)
+                     check_replaceable_dir, clean_stale, dtype_name, expand_path, file_in_the_way, named_os_error,
+                     parse_dtype)
 from .architectures import (
     SUPPORTED_ARCHITECTURES,
     UnsupportedModelError,
@@ -85,13 +87,16 @@ def _path_arg(value, name: str) -> Path:
 
 
 def _src_arg(value, name: str) -> Path:
-    """:func:`_path_arg` for a source: a path the file system cannot look up (a name beyond its limit) is
-    one that does not exist, not an errno line of the first look at it (exit 1)."""
+    """:func:`_path_arg` for a source: a name beyond the file system's limit is a source that does not exist,
+    not an errno line of the first look at it (exit 1). Another refusal of that look (a folder above it that
+    cannot be searched) says what it is, naming the source: such a source may well exist."""
     p = _path_arg(value, name)
     try:
         p.exists()
     except OSError as e:
-        raise FileNotFoundError(f"source {str(p)!r} does not exist ({e.strerror or type(e).__name__})") from None
+        if e.errno == errno.ENAMETOOLONG:
+            raise FileNotFoundError(f"source {str(p)!r} does not exist ({e.strerror})") from None
+        raise named_os_error(e, f"source {str(p)!r}", "cannot be looked up") from None
     return p
 
 

@@ -352,6 +352,30 @@ def test_a_source_name_the_file_system_cannot_hold_does_not_exist(tmp_path, caps
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_source_the_file_system_refuses_to_look_up_says_why(tmp_path, capsys, monkeypatch):
+    """Every OSError of the first look at SRC was 'source ... does not exist': a folder above it that cannot be
+    searched (EACCES) said 'does not exist (Permission denied)', of a source that may well exist."""
+    import errno
+    import re
+
+    src = tmp_path / "locked" / "model"
+
+    def refuse(self, *a, **k):
+        raise PermissionError(errno.EACCES, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "exists", refuse)
+    capsys.readouterr()
+    assert convert_main([str(src), str(tmp_path / "out"), "-q"]) == 1  # not bad input: the machine refused
+    err = capsys.readouterr().err
+    assert f"source {str(src)!r}" in err and "Permission denied" in err and "does not exist" not in err, err
+    for call in (lambda: convert_checkpoint(src, tmp_path / "out", progress=False),
+                 lambda: plan_conversion(src, tmp_path / "out"), lambda: convert_from_hf(src)):
+        with pytest.raises(PermissionError, match=rf"^source {re.escape(repr(str(src)))}: .*\(Permission denied\)$"):
+            call()
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_not_a_model_directory(tmp_path):
     (tmp_path / "empty").mkdir()
     _refused(tmp_path, tmp_path / "empty", match="no config.json")
