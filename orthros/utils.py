@@ -246,11 +246,13 @@ def distinct_folders(paths) -> tuple:
     return kept, repeats
 
 
-def check_not_blank(path, name: str, what: str) -> None:
+def check_not_blank(path, name: str, what: str = "", *, hint: str | None = None) -> None:
     """An empty or blank path (an unset shell variable) names no directory, though ``Path("")`` is
-    the current one: a ``ValueError`` naming ``name``; ``what``: the directory's kind, for the hint."""
+    the current one: a ``ValueError`` naming ``name``; ``what``: the directory's kind, for the hint
+    (``hint``: another one, for a path that may be a file or a value with a default)."""
     if not os.fspath(path).strip():
-        raise ValueError(f"{name} is empty ({os.fspath(path)!r}): give the {what} directory ('.' for the current one)")
+        hint = hint or f"give the {what} directory ('.' for the current one)"
+        raise ValueError(f"{name} is empty ({os.fspath(path)!r}): {hint}")
 
 
 def check_replaceable_dir(path, name: str, overwrite: str = "--overwrite") -> None:

@@ -34,7 +34,7 @@ import torch
 
 from ..layers import SCALE_OFFSET_INIT
 from ..models import OrthrosConfig, OrthrosForCausalLM
-from ..utils import (OLD_TAG, TMP_TAG, Progress, atomic_directory, check_positive_int,  # noqa: F401
+from ..utils import (OLD_TAG, TMP_TAG, Progress, atomic_directory, check_not_blank, check_positive_int,  # noqa: F401
                      check_replaceable_dir, clean_stale, dtype_name, expand_path, file_in_the_way, named_os_error,
                      parse_dtype)
 from .architectures import (
@@ -81,8 +81,7 @@ def _path_arg(value, name: str) -> Path:
     """:func:`expand_path`, with ``""`` (or blanks) refused: pathlib reads it as the working folder, so
     ``src=""`` (an unset variable) converted the folder the caller stood in (orthros convert refuses an
     empty SRC / DST too)."""
-    if isinstance(value, str) and not value.strip():
-        raise ValueError(f"{name} must not be empty (name a path; '.' for the current directory)")
+    check_not_blank(value, name, hint="name a path ('.' for the current directory)")
     return expand_path(value, name)
 
 

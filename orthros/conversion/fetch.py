@@ -32,7 +32,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..utils import Progress, Terminated, cache_root, expand_path, file_in_the_way, sigterm_as_interrupt
+from ..utils import Progress, Terminated, cache_root, check_not_blank, expand_path, file_in_the_way, sigterm_as_interrupt
 
 
 @dataclass(frozen=True)
@@ -83,8 +83,8 @@ def _spec(name) -> Fetchable:
 
 def target_path(name, cache_dir=None) -> Path:
     spec = _spec(name)
-    if isinstance(cache_dir, str) and not cache_dir.strip():  # was the default cache (an unset variable, not a choice)
-        raise ValueError("cache_dir must not be empty (name a directory; None for the default cache)")
+    if cache_dir is not None:  # "" was the default cache (an unset variable, not a choice)
+        check_not_blank(cache_dir, "cache_dir", hint="name a directory, or None for the default cache")
     root = expand_path(cache_dir, "cache_dir") if cache_dir is not None else cache_root()
     return root / spec.name / Path(spec.member).name
 
