@@ -171,7 +171,12 @@ class _ConfigChecks:
 
     @staticmethod
     def verify_and_update_model_config(model_config) -> None:
-        if not getattr(model_config, "skip_tokenizer_init", False) and getattr(model_config, "tokenizer", None):
+        # tokenizer_mode "mistral" reads its own files (tekken.json, tokenizer.model.v3), which check_tokenizer
+        # does not know: vLLM names what it misses there
+        if getattr(model_config, "skip_tokenizer_init", False) or \
+                getattr(model_config, "tokenizer_mode", None) == "mistral":
+            return
+        if getattr(model_config, "tokenizer", None):
             check_tokenizer(model_config.tokenizer, model=getattr(model_config, "model", None))
 
     @staticmethod

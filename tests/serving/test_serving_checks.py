@@ -48,3 +48,16 @@ def test_the_config_hook_checks_the_tokenizer_unless_vllm_skips_it(tmp_path):
     cfg.skip_tokenizer_init = True
     _ConfigChecks.verify_and_update_model_config(cfg)
     _ConfigChecks.verify_and_update_config(SimpleNamespace(model_config=cfg))
+
+
+def test_the_config_hook_leaves_a_mistral_format_tokenizer_to_vllm(tmp_path):
+    """A directory holding only Mistral-format tokenizer files (tekken.json, tokenizer.model.v3), served with
+    --tokenizer-mode mistral, was refused as holding no tokenizer files: vLLM's mistral mode reads those."""
+    (tmp_path / "tekken.json").write_text("{}")
+    (tmp_path / "tokenizer.model.v3").write_bytes(b"")
+    cfg = SimpleNamespace(model=str(tmp_path), tokenizer=str(tmp_path), skip_tokenizer_init=False,
+                          tokenizer_mode="mistral")
+    _ConfigChecks.verify_and_update_model_config(cfg)
+    cfg.tokenizer_mode = "auto"
+    with pytest.raises(ValueError, match="holds no tokenizer files"):
+        _ConfigChecks.verify_and_update_model_config(cfg)
