@@ -30,7 +30,8 @@ import torch
 import torch.distributed as dist
 
 from ..utils import DTYPE_CHOICES, check_device, check_output_path, commit_id, parse_dtype, to_json, write_json
-from .comm import MAX_TIMEOUT_S, ParallelContext, ParallelError, check_timeout, env_world_size, init_from_env
+from .comm import (MAX_TIMEOUT_S, ParallelContext, ParallelError, check_timeout, env_local_world_size, env_world_size,
+                   init_from_env)
 from .sharded import ShardedOrthros
 
 
@@ -509,17 +510,21 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--model qwen3-8b is a GPU measurement; on the CPU" + ("" if a.device else " (no CUDA here)")
                 + " use --model tiny (a smoke run)")
     a.device = "cuda" if use_cuda else "cpu"
-    if a.device == "cpu":  # no OOM to record there (CUDA's is a "status": "OOM" record): the kernel killed the ranks
+    # no OOM to record on the CPU (CUDA's is a "status": "OOM" record): the kernel killed the ranks. One process a
+    # host decides for its ranks (each measuring the free memory at its own moment, near the limit some refused and
+    # others ran on); the others start the process group, which torchrun ends if that one refuses.
+    if a.device == "cpu" and os.environ.get("LOCAL_RANK", "0") == "0":
         try:
-            check_host_memory(a, world)
-        except ValueError as e:
+            check_host_memory(a, world, env_local_world_size(world))
+        except (ValueError, ParallelError) as e:
             p.error(str(e))
     return a
 
 
-def check_host_memory(a, world: int, available=None) -> None:
+def check_host_memory(a, world: int, local: int | None = None, available=None) -> None:
     """CPU runs: refuse, before the process group starts, lengths whose KV cache cannot fit the host's free memory
-    beside the ``world`` ranks' weights (each rank builds the model; ``available``: default
+    beside the weights of the ``local`` ranks on this host (of ``world``; default: all of them; each rank builds the
+    model and holds its shard of the cache, ~``T / world`` tokens; ``available``: default
     :func:`orthros.utils.available_memory`, ``None``: unknown, not checked). A lower bound: no activations.
     A ``ValueError`` naming the option of the longest length and the longest that fits (was: the ranks killed by
     the kernel mid-run, no message)."""
@@ -529,21 +534,29 @@ def check_host_memory(a, world: int, available=None) -> None:
     free = (available or available_memory)("cpu")
     if free is None or not a.lengths + a.extra_lengths:
         return
+    local = world if local is None else local
     cfg = model_config(a.model, a.layers, a.window)
     item = parse_dtype(a.dtype, "--dtype").itemsize
     with torch.device("meta"):
-        weights = world * item * sum(p.numel() for p in OrthrosForCausalLM(cfg).parameters())
-    kvtok = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * item  # every rank's shard: T in all
+        weights = local * item * sum(p.numel() for p in OrthrosForCausalLM(cfg).parameters())
+    # ShardedKVCache's K and V rows (sized here: parallel does not import engine's StaticKVCache, nor is it this cache)
+    kvtok = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * item
+
+    def here(T):  # this host's rows of a T-token prompt: its ranks' shards, the last rank's spare rows for decoding
+        return min(T, local * -(-T // world)) + 256
+
     T = max(a.lengths + a.extra_lengths)
-    need = weights + (T + 256) * kvtok  # (the last rank's spare rows for decoded tokens)
+    need = weights + here(T) * kvtok
     if need <= free:
         return
     opt = "--lengths" if T in a.lengths else "--extra-lengths"
-    fits = (free - weights) // kvtok - 256
+    rows = (free - weights) // kvtok - 256  # the longest prompt whose rows here fit them
+    fits = rows if local == world else world * (rows // local)
+    ranks = f"{local} rank{'s' if local > 1 else ''}" + (f" (of {world}) on this host" if local < world else "")
     raise ValueError(f"{opt}: a prompt of {T} tokens needs at least {format_bytes(need)} of host memory, more than "
-                     f"the {format_bytes(free)} free: {world} rank(s)' weights take {format_bytes(weights)} and its "
-                     f"KV cache {format_bytes((T + 256) * kvtok)}; "
-                     + (f"the cache of at most {fits} tokens fits (activations not counted)" if fits >= world
+                     f"the {format_bytes(free)} free: the weights of {ranks} take {format_bytes(weights)} and the "
+                     f"KV cache {format_bytes(here(T) * kvtok)}; "
+                     + (f"a prompt of at most {fits} tokens fits (activations not counted)" if fits >= world
                         else "no prompt fits beside the weights"))
 
 

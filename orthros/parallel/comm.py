@@ -66,6 +66,12 @@ def env_world_size() -> int:
     return _env_int("WORLD_SIZE", 1, default=1, role=" (the number of processes; unset: one)")
 
 
+def env_local_world_size(world: int) -> int:
+    """``LOCAL_WORLD_SIZE`` of the launcher (``torchrun``: the ranks on this host), ``world`` when unset (one host);
+    a ``ParallelError`` when it is not an integer in ``[1, world]``."""
+    return _env_int("LOCAL_WORLD_SIZE", 1, world, default=world, role=" (the processes on this host; unset: all)")
+
+
 def _local_rank() -> int:
     """This process's GPU (``LOCAL_RANK``, default 0), one of the visible devices."""
     n = torch.cuda.device_count()

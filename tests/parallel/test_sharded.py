@@ -857,9 +857,9 @@ def test_bench_on_the_cpu_refuses_lengths_whose_cache_cannot_fit_before_any_work
     monkeypatch.setenv("WORLD_SIZE", "2")
     base = ["--model", "tiny", "--device", "cpu", "--out", str(tmp_path / "b.json"), "--transformer-cp", ""]
     for args, says in ((["--lengths", "1K,1M"], "--lengths: a prompt of 1048576 tokens needs at least 256.6 MiB of "
-                                                 "host memory, more than the 64.0 MiB free: 2 rank(s)' weights take "
-                                                 "547.0 KiB and its KV cache 256.1 MiB; the cache of at most 259700 "
-                                                 "tokens fits (activations not counted)"),
+                                                 "host memory, more than the 64.0 MiB free: the weights of 2 ranks "
+                                                 "take 547.0 KiB and the KV cache 256.1 MiB; a prompt of at most "
+                                                 "259700 tokens fits (activations not counted)"),
                        (["--lengths", "1K", "--extra-lengths", "1M"], "--extra-lengths: a prompt of 1048576 tokens"),
                        (["--lengths", "1K", "--layers", "100000"], "no prompt fits beside the weights")):
         with pytest.raises(SystemExit) as e:
@@ -870,3 +870,38 @@ def test_bench_on_the_cpu_refuses_lengths_whose_cache_cannot_fit_before_any_work
     assert bench.parse_args(base + ["--lengths", "64K"]).lengths == [65536]  # 16 MiB of cache: fits
     monkeypatch.setattr(utils, "available_memory", lambda device, **kw: None)  # unknown: not checked
     assert bench.parse_args(base + ["--lengths", "1M"]).lengths == [1 << 20]
+
+
+def test_bench_host_memory_check_counts_this_hosts_ranks_and_is_decided_once_a_host(tmp_path, monkeypatch, capsys):
+    """Issue: every torchrun rank measured the free memory itself (at its own moment: near the limit one rank
+    refused while the others ran on) and counted all WORLD_SIZE ranks' weights and the whole cache as if every
+    rank were on this host (a 2-host run was refused what fit). Now LOCAL_RANK 0 decides for its host, counting
+    LOCAL_WORLD_SIZE ranks' weights and their shards of the cache."""
+    import orthros.utils as utils
+    from orthros.parallel import bench
+
+    monkeypatch.setattr(utils, "available_memory", lambda device, **kw: 64 << 20)
+    base = ["--model", "tiny", "--device", "cpu", "--out", str(tmp_path / "b.json"), "--transformer-cp", ""]
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # 2 hosts of 4 ranks would be 4; here 4 hosts of 2
+    assert bench.parse_args(base + ["--lengths", "512K"]).lengths == [1 << 19]  # 2 shards of 64K here: 32 MiB
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(base + ["--lengths", "4M"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--lengths: a prompt of 4194304 tokens needs at least 256.6 MiB of host memory, more than the 64.0 MiB " \
+           "free: the weights of 2 ranks (of 8) on this host take 547.0 KiB and the KV cache 256.1 MiB; a prompt of " \
+           "at most 1038800 tokens fits" in err, err
+    for bad in ("0", "9", "x"):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", bad)
+        with pytest.raises(SystemExit):
+            bench.parse_args(base + ["--lengths", "1K"])
+        assert f"environment variable LOCAL_WORLD_SIZE is '{bad}': it must be an integer in [1, 8]" \
+            in capsys.readouterr().err
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")  # unset: every rank on this host
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")  # not the host's deciding rank: no check of its own
+    assert bench.parse_args(base + ["--lengths", "1M"]).lengths == [1 << 20]
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(SystemExit):
+        bench.parse_args(base + ["--lengths", "1M"])
