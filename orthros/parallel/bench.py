@@ -550,7 +550,7 @@ def check_host_memory(a, world: int, local: int | None = None, available=None) -
     if need <= free:
         return
     opt = "--lengths" if T in a.lengths else "--extra-lengths"
-    rows = (free - weights) // kvtok - 256  # the longest prompt whose rows here fit them
+    rows = (free - weights) // kvtok - 256  # the prompt rows that fit here (less the spare ones)
     fits = rows if local == world else world * (rows // local)
     ranks = f"{local} rank{'s' if local > 1 else ''}" + (f" (of {world}) on this host" if local < world else "")
     raise ValueError(f"{opt}: a prompt of {T} tokens needs at least {format_bytes(need)} of host memory, more than "
