@@ -12,28 +12,9 @@ import pytest
 
 pytest.importorskip("datasets", reason="training needs the `datasets` package")
 
-from orthros.data import CORPUS_TRAIN  # noqa: E402
+from test_trainer import corpus, tiny  # noqa: E402,F401  (the module's fixture and arguments)
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    p = tmp_path_factory.mktemp("corpus") / "docs.jsonl"
-    with open(CORPUS_TRAIN) as f, open(p, "w") as out:
-        for _, line in zip(range(40), f):
-            text = json.loads(line)["text"]
-            out.write(json.dumps({"text": text[200:200 + 160 + 7 * len(text) % 300]}) + "\n")
-    return str(p)
-
-
-def tiny(out, corpus, *extra):
-    return ["--output_dir", str(out), "--data.train", corpus, "--data.eval", corpus, "--eval_sequences", "4",
-            "--model.hidden_size", "32", "--model.intermediate_size", "64", "--model.num_hidden_layers", "2",
-            "--model.num_attention_heads", "2", "--model.window_size", "8", "--seq_len", "32",
-            "--micro_batch_size", "2", "--grad_accum", "1", "--threads", "1", "--progress", "false",
-            "--tensorboard", "false", "--plot", "false", "--log_every", "1", "--eval_every", "0",
-            "--warmup_steps", "2", "--lr", "3e-3", *extra]
 
 
 def run_cli(args, max_file_bytes=None):
