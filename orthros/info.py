@@ -26,7 +26,7 @@ from pathlib import Path
 
 from .kinds import (ATTENTION_LAYER_TYPES, LINEAR_LAYER_TYPE, describe_layers, model_kind, window_of,
                     with_attention_mode)
-from .utils import DTYPE_CHOICES, check_positive_int, format_bytes
+from .utils import DTYPE_CHOICES, check_positive_int, format_bytes, to_json
 
 # safetensors dtype -> the short name CLIs use (floating dtypes a cache can have)
 _SHORT = {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}
@@ -381,7 +381,7 @@ def main(argv=None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"orthros info: error: {e}", file=sys.stderr)
         return 2
-    print(json.dumps(r, indent=2) if args.json else format_report(r))
+    print(to_json(r, indent=2) if args.json else format_report(r))
     return 0
 
 
