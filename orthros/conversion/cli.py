@@ -11,7 +11,7 @@ import argparse
 import signal
 import sys
 
-from ..utils import Terminated, expand_path, format_bytes, sigterm_as_interrupt
+from ..utils import Terminated, check_not_blank, expand_path, format_bytes, sigterm_as_interrupt
 from . import qwen3_5
 from .architectures import SUPPORTED_ARCHITECTURES
 
@@ -85,11 +85,8 @@ def format_plan(plan: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     for name, value in (("SRC", args.src), ("DST", args.dst)):
-        if not value.strip():  # "" is the current directory to pathlib: an unset shell variable, not a choice
-            print(f"orthros convert: error: {name} must not be empty (name a path; '.' for the current directory)",
-                  file=sys.stderr)
-            return 2
-        try:
+        try:  # "" is the current directory to pathlib: an unset shell variable, not a choice
+            check_not_blank(value, name, hint="name a path ('.' for the current directory)")
             expand_path(value, name)  # ~NAME of no user: named as the command line names it
         except ValueError as e:
             print(f"orthros convert: error: {e}", file=sys.stderr)

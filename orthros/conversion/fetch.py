@@ -251,9 +251,9 @@ def _parser() -> argparse.ArgumentParser:
 def _check_cache_dir(cache_dir) -> str | None:
     """The error for a cache directory that is empty (an unset shell variable: not the default cache),
     or is, or lies below, something other than a directory."""
-    if cache_dir is not None and not cache_dir.strip():
-        return "--cache-dir must not be empty (name a directory; leave the option out for the default cache)"
-    try:
+    try:  # empty: an unset shell variable, not the default cache
+        if cache_dir is not None:
+            check_not_blank(cache_dir, "--cache-dir", hint="name a directory, or leave the option out for the default cache")
         root = expand_path(cache_dir, "--cache-dir") if cache_dir else cache_root()
     except ValueError as e:
         return str(e)

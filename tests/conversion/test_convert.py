@@ -879,7 +879,7 @@ def test_empty_src_or_dst_refused(tmp_path, good_src, capsys, monkeypatch):
     for argv, name in (([str(good_src), "", "--overwrite"], "DST"), (["", str(tmp_path / "o")], "SRC")):
         capsys.readouterr()
         assert convert_main([*argv, "-q"]) == 2
-        assert f"{name} must not be empty" in capsys.readouterr().err
+        assert f"{name} is empty" in capsys.readouterr().err
     assert sorted(p.name for p in work.iterdir()) == ["keep.txt"] and _leftovers(tmp_path) == []
     assert not (tmp_path / "o").exists()
 
