@@ -122,7 +122,7 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
 
     from .conversion.convert import REPORT_FILE
     from .engine.cache import StaticKVCache, linear_layers
-    from .models.loading import DTYPE_BYTES, PT_WEIGHTS, TOKENIZER_FILES, check_weights_fit, checkpoint_dir, \
+    from .models.loading import DTYPE_BYTES, PT_WEIGHTS, check_weights_fit, checkpoint_dir, has_tokenizer, \
         weight_headers
     from .serving import ARCHITECTURE, CPU_DEFAULT_BLOCK_SIZE, HYBRID_ARCHITECTURE, hybrid_block_tokens, is_hybrid
     from .models import OrthrosConfig, OrthrosForCausalLM
@@ -241,7 +241,7 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
         "weight_dtypes": {_SHORT.get(t, t.lower()): n for t, n in by_dtype.most_common()},
         "files": {f.name: f.stat().st_size for f in headers},
         "unused_tensors": sorted(unused),
-        "tokenizer": any((d / f).is_file() for f in TOKENIZER_FILES),
+        "tokenizer": has_tokenizer(d),
         "chat_template": bool(tok_cfg.get("chat_template")) or (d / "chat_template.jinja").is_file(),
         "remote_code": remote,
         "remote_code_missing": remote_missing,

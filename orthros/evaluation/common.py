@@ -133,9 +133,9 @@ def load_tokenizer(model_path, tokenizer_path=None):
         return AutoTokenizer.from_pretrained(str(src))
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds here
         hint = "" if tokenizer_path else " (pass --tokenizer DIR)"
-        from ..models.loading import TOKENIZER_FILES
+        from ..models.loading import TOKENIZER_FILES, has_tokenizer
 
-        if Path(src).is_dir() and not any((Path(src) / f).is_file() for f in TOKENIZER_FILES):
+        if Path(src).is_dir() and not has_tokenizer(src):
             # transformers' own words for a folder without one ("Couldn't instantiate the backend tokenizer ...
             # You need to have sentencepiece or tiktoken installed") sent users to install a package
             raise ValueError(f"no usable tokenizer in {src!s}{hint}: it holds no tokenizer file (none of "

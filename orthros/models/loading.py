@@ -313,6 +313,11 @@ def _model_type(config_json: Path):
     return d.get("model_type") if isinstance(d, dict) else None
 
 
+def has_tokenizer(directory) -> bool:
+    """Whether ``directory`` holds one of a tokenizer's files (:data:`TOKENIZER_FILES`)."""
+    return any(os.path.isfile(os.path.join(directory, f)) for f in TOKENIZER_FILES)
+
+
 def check_tokenizer_dir(path, *, arg: str = "--tokenizer") -> Path:
     """``path`` as a directory holding tokenizer files."""
     _check_not_blank(path, arg, "tokenizer")
@@ -322,11 +327,11 @@ def check_tokenizer_dir(path, *, arg: str = "--tokenizer") -> Path:
                               f"({arg} {p.parent})")
     if not p.is_dir():
         raise CheckpointError(f"{arg} {path}: no such directory")
-    if not any((p / f).is_file() for f in TOKENIZER_FILES):
+    if not has_tokenizer(p):
         raise CheckpointError(f"{arg} {path}: no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...); "
                               f"save the tokenizer beside the model or pass --tokenizer DIR")
     return p
 
 
 __all__ = ["CheckpointError", "checkpoint_dir", "check_weights", "weight_headers", "check_safetensors_file",
-           "check_local_checkpoint", "check_tokenizer_dir", "looks_local"]
+           "check_local_checkpoint", "check_tokenizer_dir", "has_tokenizer", "looks_local"]

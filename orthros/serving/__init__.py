@@ -148,13 +148,13 @@ def check_tokenizer(tokenizer, model=None) -> None:
     model's config (:func:`register`), before vLLM loads the tokenizer."""
     import os
 
-    from ..models.loading import TOKENIZER_FILES, looks_local
+    from ..models.loading import TOKENIZER_FILES, has_tokenizer, looks_local
 
     path = os.fspath(tokenizer)
     own = model is not None and os.fspath(model) == path
     where = f"the model directory {path}" if own else f"the tokenizer {path} (--tokenizer, tokenizer= in vllm.LLM)"
     if os.path.isdir(path):
-        if not any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        if not has_tokenizer(path):
             raise ValueError(f"{where} holds no tokenizer files ({', '.join(TOKENIZER_FILES)}), where vLLM "
                              f"reads the tokenizer: save one there (tokenizer.save_pretrained), name another "
                              f"tokenizer directory with --tokenizer DIR "
