@@ -512,7 +512,7 @@ def named_os_error(e: OSError, where: str, what: str) -> OSError:
     return new
 
 
-__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "atomic_directory", "available_memory", "cache_root", "check_png", "same_file",
+__all__ = ["DTYPE_ALIASES", "DTYPE_CHOICES", "Progress", "atomic_directory", "available_memory", "cache_root", "check_png", "same_file", "staged_name_bytes",
            "check_positive_int", "clean_stale", "commit_id", "expand_path", "sigterm_as_interrupt", "stop_on_sigterm",
            "Terminated", "dtype_name", "finite_or_none", "format_bytes", "hf_progress_bars", "isatty", "named_os_error",
            "parse_dtype", "pyplot", "save_figure", "to_json", "write_json", "write_text", "written_in_place",
@@ -806,6 +806,12 @@ def clean_stale(dst) -> list:
             done.append(p)
     return done
 
+
+def staged_name_bytes(name: str) -> int:
+    """Bytes of the longest name :func:`atomic_directory` gives the folders it makes beside ``name`` (the
+    temporary ``.<name>.orthros-tmp-<pid>-<8 characters>``, a replaced one's ``.<name>.orthros-old-...``):
+    what the file system's limit for a name must hold."""
+    return len(f".{name}{max(TMP_TAG, OLD_TAG, key=len)}{os.getpid()}-12345678".encode())
 
 
 @contextlib.contextmanager

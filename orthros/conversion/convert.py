@@ -36,7 +36,7 @@ from ..layers import SCALE_OFFSET_INIT
 from ..models import OrthrosConfig, OrthrosForCausalLM
 from ..utils import (OLD_TAG, TMP_TAG, Progress, atomic_directory, check_not_blank, check_positive_int,  # noqa: F401
                      check_replaceable_dir, clean_stale, dtype_name, expand_path, file_in_the_way, named_os_error,
-                     parse_dtype)
+                     parse_dtype, staged_name_bytes)
 from .architectures import (
     SUPPORTED_ARCHITECTURES,
     UnsupportedModelError,
@@ -459,7 +459,7 @@ def _check_name_lengths(dst: Path) -> None:
     for i, part in enumerate(parts):
         size = len(part.encode())
         if i == len(parts) - 1:
-            size = len(f".{part}{max(TMP_TAG, OLD_TAG, key=len)}{os.getpid()}-12345678".encode())
+            size = staged_name_bytes(part)
         if size > name_max:
             what = (f"its name is {len(part.encode())} bytes long and the temporary directory beside it adds "
                     f"{size - len(part.encode())}" if i == len(parts) - 1 else f"{part!r} is {size} bytes long")
