@@ -521,6 +521,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     return a
 
 
+def count_parameters(cfg) -> int:
+    """The parameters of ``OrthrosForCausalLM(cfg)``, exactly, without building its every layer: a model of ``L``
+    layers of one kind (the bench's configs) has those of 1 layer and ``L - 1`` times what a second adds, counted
+    on the meta device (``--layers 100000`` built 100000 layers there, minutes before any message)."""
+    from ..models import OrthrosForCausalLM
+
+    def count(c):
+        with torch.device("meta"):
+            return sum(p.numel() for p in OrthrosForCausalLM(c).parameters())
+
+    L = cfg.num_hidden_layers
+    if L <= 2 or len(set(cfg.layer_types)) != 1:
+        return count(cfg)
+    one, two = (count(cfg.__class__.from_dict({**cfg.to_dict(), "num_hidden_layers": n,
+                                               "layer_types": cfg.layer_types[:n]}))
+                for n in (1, 2))
+    return one + (L - 1) * (two - one)
+
+
 def check_host_memory(a, world: int, local: int | None = None, available=None) -> None:
     """CPU runs: refuse, before the process group starts, lengths whose KV cache cannot fit the host's free memory
     beside the weights of the ``local`` ranks on this host (of ``world``; default: all of them; each rank builds the
@@ -528,7 +547,6 @@ def check_host_memory(a, world: int, local: int | None = None, available=None) -
     :func:`orthros.utils.available_memory`, ``None``: unknown, not checked). A lower bound: no activations.
     A ``ValueError`` naming the option of the longest length and the longest that fits (was: the ranks killed by
     the kernel mid-run, no message)."""
-    from ..models import OrthrosForCausalLM
     from ..utils import available_memory, format_bytes
 
     free = (available or available_memory)("cpu")
@@ -537,8 +555,7 @@ def check_host_memory(a, world: int, local: int | None = None, available=None) -
     local = world if local is None else local
     cfg = model_config(a.model, a.layers, a.window)
     item = parse_dtype(a.dtype, "--dtype").itemsize
-    with torch.device("meta"):
-        weights = local * item * sum(p.numel() for p in OrthrosForCausalLM(cfg).parameters())
+    weights = local * item * count_parameters(cfg)
     # ShardedKVCache's K and V rows (sized here: parallel does not import engine's StaticKVCache, nor is it this cache)
     kvtok = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * item
 

@@ -381,8 +381,9 @@ def test_sharded_generate_equals_one_process(model_dir):
 def test_failing_rank_stops_every_rank(model_dir, mode):
     ids = torch.randint(0, V, (1, 20))
     # layer 0: rank 1 fails before it waits on any collective, so its own error is the injected
-    # one even when a loaded machine delays rank 0 past the 4 s collective timeout
-    fail = dict(rank=1, layer=0, mode=mode, stall_s=8)
+    # one even when a loaded machine delays rank 0 past the 4 s collective timeout; a stall lasts until rank 0
+    # has failed (its timeout ran out), here at most 60 s
+    fail = dict(rank=1, layer=0, mode=mode, stall_s=60)
     run = run_ranks(case_generate, 2, timeout_s=4, join_timeout=90, model_dir=model_dir,
                     cases={2: [(ids, 3, 4)]}, fail=fail)
     assert not run["hung"], f"ranks {run['hung']} hung"
@@ -870,6 +871,30 @@ def test_bench_on_the_cpu_refuses_lengths_whose_cache_cannot_fit_before_any_work
     assert bench.parse_args(base + ["--lengths", "64K"]).lengths == [65536]  # 16 MiB of cache: fits
     monkeypatch.setattr(utils, "available_memory", lambda device, **kw: None)  # unknown: not checked
     assert bench.parse_args(base + ["--lengths", "1M"]).lengths == [1 << 20]
+
+
+def test_bench_counts_the_parameters_without_building_every_layer(monkeypatch):
+    """The host-memory check counted the weights on a meta-device model of every layer: ``--layers 100000`` built
+    100000 layers (~1.5 ms each, minutes before the usage error). They are counted on models of 1 and 2 layers,
+    exactly: the same figure as the whole model's."""
+    import orthros.models as models
+    from orthros.parallel import bench
+
+    for name, layers in (("tiny", None), ("tiny", 7), ("qwen3-8b", 3)):
+        cfg = bench.model_config(name, layers)
+        with torch.device("meta"):
+            assert bench.count_parameters(cfg) == sum(p.numel() for p in OrthrosForCausalLM(cfg).parameters())
+    built = []
+
+    def counted(cfg):
+        built.append(cfg.num_hidden_layers)
+        return OrthrosForCausalLM(cfg)
+
+    monkeypatch.setattr(models, "OrthrosForCausalLM", counted)
+    big = bench.count_parameters(bench.model_config("tiny", 100000))
+    assert built and max(built) <= 2, built
+    one, two = (bench.count_parameters(bench.model_config("tiny", n)) for n in (1, 2))
+    assert big == one + 99999 * (two - one)
 
 
 def test_bench_host_memory_check_counts_this_hosts_ranks_and_is_decided_once_a_host(tmp_path, monkeypatch, capsys):
