@@ -1,5 +1,8 @@
 """Run a function on N gloo ranks in fresh processes (tests, CPU): every rank's result or error
-comes back, and ranks still running after ``join_timeout`` are killed and reported as hung."""
+comes back, and ranks still running after ``join_timeout`` are killed and reported as hung.
+
+The processes are forked from a ``forkserver`` that imported torch and orthros once (per calling
+process): each spawned one imported them again, ~10 s of CPU a rank on a loaded 2-core machine."""
 
 from __future__ import annotations
 
@@ -12,7 +15,23 @@ import traceback
 import torch
 
 
-def _worker(rank, world, init_file, fn, kwargs, outdir, timeout_s):
+# imported once by the fork server, which then forks each rank (as a DataLoader forks its workers after these
+# imports; the server itself runs nothing of torch's)
+_PRELOAD = ["torch", "orthros.parallel"]
+
+_outdir = None  # in a rank: where run_ranks collects the ranks' results and errors
+
+
+def _others_failed(rank: int, world: int) -> bool:
+    """(in a rank) whether every other rank of this run has reported its error."""
+    return all(os.path.exists(os.path.join(_outdir, f"rank{r}.err")) for r in range(world) if r != rank)
+
+
+def _worker(rank, world, init_file, fn, kwargs, outdir, timeout_s, environ):
+    global _outdir
+    _outdir = outdir
+    os.environ.clear()  # the caller's environment now, as a spawned process has (the server's is its start's)
+    os.environ.update(environ)
     torch.set_num_threads(1)
     import torch.distributed as dist
 
@@ -42,10 +61,12 @@ def run_ranks(fn, world_size: int, *, timeout_s: float = 30.0, join_timeout: flo
     """
     import torch.multiprocessing as mp
 
-    mpctx = mp.get_context("spawn")
+    mpctx = mp.get_context("forkserver")
+    mpctx.set_forkserver_preload(_PRELOAD)  # read when the server starts, at the first call
     with tempfile.TemporaryDirectory() as d:
         init_file = os.path.join(d, "rendezvous")
-        procs = [mpctx.Process(target=_worker, args=(r, world_size, init_file, fn, kwargs, d, timeout_s))
+        procs = [mpctx.Process(target=_worker, args=(r, world_size, init_file, fn, kwargs, d, timeout_s,
+                                                     dict(os.environ)))
                  for r in range(world_size)]
         t0 = time.time()
         for p in procs:
@@ -74,7 +95,8 @@ def case_generate(ctx, model_dir, cases, fail=None, sizes=None):
     ``size`` ranks for each ``size`` in ``sizes`` (default: the whole world), so one set of
     processes checks several world sizes. Returns ``{size: [result per case]}`` (ranks outside a
     sub-group have no entry for it). ``fail = {"rank", "layer", "mode": "raise"|"stall",
-    "stall_s"}`` injects a failure into that rank's MLP of that layer."""
+    "stall_s"}`` injects a failure into that rank's MLP of that layer: an error, or a stall until every
+    other rank has failed (their collectives timed out), at most ``stall_s`` seconds."""
     import torch.distributed as dist
 
     from ..models import OrthrosForCausalLM
@@ -93,7 +115,9 @@ def case_generate(ctx, model_dir, cases, fail=None, sizes=None):
                 raise RuntimeError(f"injected failure on rank {ctx.rank}")
             if not stalled:  # stall once, then carry on as if nothing happened
                 stalled.append(True)
-                time.sleep(fail.get("stall_s", 10))
+                end = time.monotonic() + fail.get("stall_s", 10)
+                while time.monotonic() < end and not _others_failed(ctx.rank, ctx.world_size):
+                    time.sleep(0.05)
             return orig(*args, **kwargs)
 
         mlp.forward = broken
