@@ -21,7 +21,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-from orthros.benchmarks.roofline import TARGETS  # noqa: E402
 from orthros.utils import save_figure  # noqa: E402
 from plot_probe_cells import check_inputs  # noqa: E402
 
@@ -61,6 +60,8 @@ def main(argv=None) -> int:
     if not pts:
         ap.error(f"no file holds both a {a.system!r} and a gpt-fast row at B=1, L={a.context}")
     import matplotlib
+
+    from orthros.benchmarks.roofline import TARGETS  # imports torch (seconds): after the refusals
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -1,5 +1,7 @@
 """benchmarks/plot_peer_spread.py (issue #18, target 1 across processes) on results files written
-here: the ratios it prints, the plot it writes, and the refusals before any work."""
+here: the ratios it prints, the plot it writes, and the refusals before any work. The command runs
+as a subprocess where its exit code and stderr are checked; the other runs call its ``main`` in
+this process (a fresh interpreter imports torch for the roofline's targets: seconds each)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+
+from bench_script import load_script
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "plot_peer_spread.py"
@@ -27,6 +31,12 @@ def run(*args):
                           cwd=REPO, timeout=120)
 
 
+def main(capsys, *args) -> str:
+    """``main(args)`` of the script in this process: its exit code 0 checked, its stdout returned."""
+    assert load_script(SCRIPT, "plot_peer_spread_script").main(list(map(str, args))) == 0
+    return capsys.readouterr().out
+
+
 def test_ratios_median_and_plot(tmp_path):
     files = [results(tmp_path / f"r{i}.json", 4.5, peer) for i, peer in enumerate((5.4, 6.3, 5.0))]
     png = tmp_path / "spread.png"
@@ -38,15 +48,14 @@ def test_ratios_median_and_plot(tmp_path):
     assert not list(tmp_path.glob("*.tmp*"))
 
 
-def test_a_run_of_several_peer_setups_reads_as_its_fastest(tmp_path):
+def test_a_run_of_several_peer_setups_reads_as_its_fastest(tmp_path, capsys):
     """A roofline run with --gpt-fast-setups: its row (the fastest setup) gives the ratio; the
     printout names the setups' range (the plot draws it as a bar)."""
     files = [results(tmp_path / "r0.json", 4.5, 5.4, setups=[5.6, 5.4, 6.0]), results(tmp_path / "r1.json", 4.5, 5.0)]
     png = tmp_path / "spread.png"
-    p = run(*files, "--out", png)
-    assert p.returncode == 0, p.stderr
-    assert "gpt-fast 5.400 ms (the fastest of 3 setups, up to 6.000), 1.200x" in p.stdout
-    assert "gpt-fast 5.000 ms, 1.111x" in p.stdout and ">= 1.2x in 1" in p.stdout
+    out = main(capsys, *files, "--out", png)
+    assert "gpt-fast 5.400 ms (the fastest of 3 setups, up to 6.000), 1.200x" in out
+    assert "gpt-fast 5.000 ms, 1.111x" in out and ">= 1.2x in 1" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -68,9 +77,8 @@ def test_refusals_before_any_output(tmp_path):
         assert not png.exists()
 
 
-def test_a_file_named_twice_is_one_process(tmp_path):
+def test_a_file_named_twice_is_one_process(tmp_path, capsys):
     """Was: each name a point, so one process given twice moved the median and the count."""
     a, b = results(tmp_path / "a.json", 4.5, 5.4), results(tmp_path / "b.json", 4.5, 6.3)
-    p = run(a, b, tmp_path / "." / "a.json", "--out", tmp_path / "s.png")
-    assert p.returncode == 0, p.stderr
-    assert "median 1.300x over 2 processes" in p.stdout and p.stdout.count("1.200x") == 1
+    out = main(capsys, a, b, tmp_path / "." / "a.json", "--out", tmp_path / "s.png")
+    assert "median 1.300x over 2 processes" in out and out.count("1.200x") == 1
