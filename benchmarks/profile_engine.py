@@ -273,7 +273,8 @@ def main_prefill(a, model, dev):
     return out
 
 
-def main():
+def main(argv=None):
+    """The command (``argv``: its arguments, default ``sys.argv[1:]``); bad ones exit 2 before any model."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--phase", default="decode", choices=["decode", "prefill"])
     p.add_argument("--compile", action="store_true", help="the engine's torch.compile'd pieces (and the peer's)")
@@ -313,7 +314,7 @@ def main():
     p.add_argument("--peer-setups", type=int, default=1, metavar="N",
                    help="with --peer: time the peer's step in N setups (a new CUDA graph and activation pool each, "
                         "the same kernels); the step printed is the fastest")
-    a = p.parse_args()
+    a = p.parse_args(argv)
     a.peer_mod = None
     # each phase's own options: the other phase would accept them and run without them
     only = {"prefill": [("--reps", a.reps is not None), ("--profiled", a.profiled is not None)],
