@@ -1091,7 +1091,8 @@ def markdown():
     RES["markdown"] = text
 
 
-def main():
+def main(argv=None):
+    """The command (``argv``: its arguments, default ``sys.argv[1:]``); bad ones exit 2 before any work."""
     global DEV, DT, HQ, HKV, D, DRY, JSON_PATH
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -1113,7 +1114,7 @@ def main():
     ap.add_argument("--window-fwd-only", action="store_true",
                     help="--window-tune: the forward variants only, not the backward candidates")
     ap.add_argument("--dry-run", action="store_true", help="CPU (Triton interpreter), tiny sizes, fp32")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
 
     def candidate_names(flag, text, table):
         """The names of a comma-separated candidate list, each in ``table``; None when not given."""
