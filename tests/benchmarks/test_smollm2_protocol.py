@@ -41,14 +41,19 @@ def setup(tmp_path_factory):
     return d
 
 
-def _run(d, out, *args):
-    p = subprocess.run([sys.executable, str(ROOT / "benchmarks/smollm2_cpt.py"), "run", "--gguf", str(d / "tiny.gguf"),
-                        "--data", str(d / "data"), "--out", str(out), "--work", str(d / "work"), "--seq-len", "1024",
-                        "--micro-batch", "1", "--probe-steps", "2", "--curve-points", "2",
-                        "--ppl-windows", "2", "--eval-sequences", "1", "--niah-max", "1024", "--niah-samples", "1",
-                        "--niah-engine", "on", "--window", "64", *args],
-                       capture_output=True, text=True, timeout=900, cwd=ROOT)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+def _run(d, out, *args, mod=None):
+    """``smollm2_cpt.py run`` on the tiny GGUF: a fresh interpreter, or with ``mod`` (the script
+    as a module) its ``main`` in this process (the torch and transformers imports paid once)."""
+    argv = ["run", "--gguf", str(d / "tiny.gguf"), "--data", str(d / "data"), "--out", str(out), "--work",
+            str(d / "work"), "--seq-len", "1024", "--micro-batch", "1", "--probe-steps", "2", "--curve-points", "2",
+            "--ppl-windows", "2", "--eval-sequences", "1", "--niah-max", "1024", "--niah-samples", "1",
+            "--niah-engine", "on", "--window", "64", *args]
+    if mod is not None:
+        assert mod.main(argv) == 0
+    else:
+        p = subprocess.run([sys.executable, str(ROOT / "benchmarks/smollm2_cpt.py"), *argv],
+                           capture_output=True, text=True, timeout=900, cwd=ROOT)
+        assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     return json.loads((out / "results.json").read_text())
 
 
@@ -61,7 +66,8 @@ def test_protocol_runs_end_to_end_on_a_tiny_gguf(setup):
     """Split over two calls, as on the lent GPU (one call cannot hold a long CPT of both): the
     first converts, probes, trains Orthros and scores what it has (an Orthros-only run: no Base
     CPT yet); the second (same --work) trains Base CPT with the step count the first chose, then
-    scores all four models."""
+    scores all four models. The first call is the command itself (a subprocess), the second its
+    ``main`` in this process."""
     d = setup
     r1 = _run(d, d / "out1", "--max-steps", "10", "--phases", "convert,probe,train,ppl", "--cpt-runs", "orthros_cpt")
     assert set(r1["cpt"]) == {"orthros_cpt"}
@@ -69,7 +75,7 @@ def test_protocol_runs_end_to_end_on_a_tiny_gguf(setup):
     mod = _script()
     assert mod.main(["plot", str(d / "out1" / "results.json"), str(d / "recovery1.png")]) == 0  # one curve
     out = d / "out"
-    r = _run(d, out, "--phases", "train,ppl,niah", "--cpt-runs", "base_cpt")
+    r = _run(d, out, "--phases", "train,ppl,niah", "--cpt-runs", "base_cpt", mod=mod)
     assert r["meta"]["earlier_calls"][0]["args"]["cpt_runs"] == "orthros_cpt"
     assert r["cpt"]["orthros_cpt"]["summary"] == r1["cpt"]["orthros_cpt"]["summary"]  # carried, not retrained
     # the step-0 point of each curve comes from the first call's probe
