@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from probe_runs import BENCH, refused, run_changed, run_gpu
+from probe_runs import BENCH, refused, run_changed, run_cpu, run_gpu
 from probe_runs import run as run_script
 
 SCRIPT = BENCH / "fused_mlp.py"
@@ -21,8 +21,7 @@ def run(*args, timeout=300):
 @pytest.mark.parametrize("form", [(), ("--plain",), ("--stack",)], ids=["chain", "plain", "stack"])
 def test_cpu_run_every_system_matches_torch(tmp_path, form):
     out = tmp_path / "mlp.json"
-    p = run("--device", "cpu", *form, "--out", str(out))
-    assert p.returncode == 0, p.stderr[-3000:]
+    run_cpu("fused_mlp", *form, "--out", out)
     data = json.loads(out.read_text())
     rows = {r["system"]: r for r in data["rows"]}
     assert set(rows) == {"engine", "fused", "torch"}

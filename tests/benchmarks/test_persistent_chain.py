@@ -10,7 +10,7 @@ import os
 import sys
 
 import pytest
-from probe_runs import BENCH, refused, run_changed, run_gpu
+from probe_runs import BENCH, refused, run_changed, run_cpu, run_gpu
 from probe_runs import run as run_script
 
 SCRIPT = BENCH / "persistent_chain.py"
@@ -34,8 +34,7 @@ def run(*args, timeout=300):
 @pytest.mark.parametrize("form", [(), ("--defer",), ("--defer", "--hold", "1")], ids=["per-step-sum", "defer", "hold"])
 def test_cpu_run_every_system_matches_torch(tmp_path, form):
     out = tmp_path / "chain.json"
-    p = run("--device", "cpu", "--layers", "3", *form, "--out", str(out))
-    assert p.returncode == 0, p.stderr[-3000:]
+    run_cpu("persistent_chain", "--layers", "3", *form, "--out", out)
     data = json.loads(out.read_text())
     rows = {r["system"]: r for r in data["rows"]}
     assert set(rows) == {"engine", "launch", "persistent", "torch"}

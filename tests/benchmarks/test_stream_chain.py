@@ -78,7 +78,8 @@ def test_bad_arguments_are_refused(tmp_path, args, needle):
 def test_build_dir_that_is_a_file_is_refused(tmp_path):
     f = tmp_path / "file"
     f.write_text("")
-    assert "--build-dir" in refused(SCRIPT, tmp_path, "--build-dir", str(f))
+    # an executable --nvcc (checked before --build-dir) where no nvcc is installed
+    assert "--build-dir" in refused(SCRIPT, tmp_path, "--nvcc", sys.executable, "--build-dir", str(f))
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs nvcc")
