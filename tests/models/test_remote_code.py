@@ -360,6 +360,26 @@ def test_bundle_flattens_any_import_form(tmp_path):
             del sys.modules[k]
 
 
+def test_bundle_reads_the_sources_once_until_one_changes(tmp_path, monkeypatch):
+    """Every checkpoint of a training run bundled the package anew (~1 s of ast walks a save): the
+    bundle is kept per process, and any edit of a source below the root (same size, or a new
+    module) is bundled anew."""
+    from orthros.models import remote_code
+
+    calls = []
+    collect = remote_code.collect
+    monkeypatch.setattr(remote_code, "collect", lambda *a: calls.append(a) or collect(*a))
+    root = _synth(tmp_path / "pkg", SYNTH)
+    first = bundle([("models", "modeling_x")], root=root)
+    first["ops_kern.py"] = "changed by the caller"  # a caller's copy: the kept bundle stays as it was
+    assert bundle([("models", "modeling_x")], root=root) != first and len(calls) == 1
+    (root / "ops/kern.py").write_text("A, B = 9, 16\n")  # the same size
+    assert "A, B = 9, 16" in bundle([("models", "modeling_x")], root=root)["ops_kern.py"] and len(calls) == 2
+    (root / "ops/extra.py").write_text("E = 1\n")
+    (root / "ops/kern.py").write_text("from .extra import E\nA, B = 9, 16\n")
+    assert "ops_extra.py" in bundle([("models", "modeling_x")], root=root) and len(calls) == 3
+
+
 @pytest.mark.parametrize("line, match", [
     ("from .. import something_defined_in_the_root\n", "top-level package"),
     ("import orthros.ops\n", "is not supported"),
