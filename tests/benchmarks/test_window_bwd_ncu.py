@@ -1,6 +1,7 @@
 """``benchmarks/window_bwd_ncu.py`` (the launches window_bwd_gpu.sh profiles): a bad config or a
 machine without CUDA refused in one line, exit 2 (were: a ValueError traceback, torch's
-AssertionError "Torch not compiled with CUDA enabled")."""
+AssertionError "Torch not compiled with CUDA enabled"). Each refusal through the script's
+``main`` in this process; the command itself (exit code, stderr without a traceback) once."""
 
 import subprocess
 import sys
@@ -8,12 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from bench_script import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "window_bwd_ncu.py"
-
-
-def _run(*args):
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.parametrize("args, says", [
@@ -22,6 +20,13 @@ def _run(*args):
     pytest.param([], "needs a CUDA GPU", marks=pytest.mark.skipif(torch.cuda.is_available(),
                                                                  reason="the refusal of a machine without CUDA")),
 ])
-def test_refused_in_one_line(args, says):
-    p = _run(*args)
-    assert p.returncode == 2 and says in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
+def test_refused_in_one_line(args, says, capsys):
+    with pytest.raises(SystemExit) as e:  # any other exception (a traceback's) fails the test
+        load_script(SCRIPT, "window_bwd_ncu_script").main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and says in err.strip().splitlines()[-1], err[-2000:]
+
+
+def test_the_command_refuses_in_one_line():
+    p = subprocess.run([sys.executable, str(SCRIPT), "{bad"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and "config '{bad': not JSON" in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]
