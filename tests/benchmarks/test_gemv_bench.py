@@ -1,6 +1,7 @@
 """benchmarks/gemv.py (the GEMV vs cuBLAS micro-benchmark, issue #18) in its CPU smoke mode:
 the whole command at interpreter sizes, the JSON it writes (atomically), and the refusals of
-bad arguments (exit 2, naming the argument, before any work or file)."""
+bad arguments (exit 2, naming the argument, before any work or file). The runs call the
+script's ``main`` in this process; the command itself runs once (a refusal's exit code)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,12 @@ def run(*args, timeout=300):
                           env=env, cwd=REPO)
 
 
-def test_quick_cpu_run_writes_every_row(tmp_path):
+def test_quick_cpu_run_writes_every_row(tmp_path, capsys):
     out = tmp_path / "sub" / "gemv.json"
     out.parent.mkdir()
-    p = run("--device", "cpu", "--quick", "--sweep", "--shapes", "o,down", "--m", "1,3", "--out", str(out))
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert _bench().main(["--device", "cpu", "--quick", "--sweep", "--shapes", "o,down", "--m", "1,3", "--reps", "1",
+                          "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
     data = json.loads(out.read_text())
     assert [f.name for f in out.parent.iterdir()] == ["gemv.json"]  # no temporary left behind
     meta, rows = data["meta"], data["rows"]
@@ -50,15 +52,16 @@ def test_quick_cpu_run_writes_every_row(tmp_path):
             assert [c["defer"] for c in r["sweep"]] == [False, False, True]
             assert all(c["rel_err"] < 1e-2 for c in r["sweep"])
     assert "wrong_results" not in meta
-    assert "GEMV: one call" in p.stdout and "triton-best" in p.stdout
+    assert "GEMV: one call" in stdout and "triton-best" in stdout
 
 
-def test_fused_dry_run_times_every_system_per_site(tmp_path):
+def test_fused_dry_run_times_every_system_per_site(tmp_path, capsys):
     """--fused --dry-run: per site and M, the five systems in one run, each right against the
     specification (with its residual / prologue), and the layer sums only where all four ran."""
     out = tmp_path / "gf.json"
-    p = run("--fused", "--dry-run", "--sweep", "--sites", "norm_qkv,silu_down_res", "--m", "2", "--out", str(out))
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert _bench().main(["--fused", "--dry-run", "--sweep", "--sites", "norm_qkv,silu_down_res", "--m", "2", "--reps",
+                          "1", "--out", str(out)]) == 0
+    stdout = capsys.readouterr().out
     data = json.loads(out.read_text())
     meta, rows = data["meta"], data["rows"]
     assert meta["fused"] and meta["quick"] and meta["compile_backend"] == "aot_eager" and "wrong_results" not in meta
@@ -78,7 +81,7 @@ def test_fused_dry_run_times_every_system_per_site(tmp_path):
         assert len(best["sweep"]) == 2 and best["us"] == min(c["us"] for c in best["sweep"])
         assert best["prologue"] == by[(site, "fused")]["prologue"] and all(c["rel_err"] < 1e-2 for c in best["sweep"])
     assert meta["layer_us"] == {}  # two of the four sites: no per-layer sum
-    assert "Fused GEMV sites" in p.stdout
+    assert "Fused GEMV sites" in stdout
     # the winners as CONFIGS rows, one class per site's weight, for roofline.py --gemv-configs
     from orthros.ops.gemv.kernel import GemvConfig, rows_from_json
 
@@ -86,7 +89,7 @@ def test_fused_dry_run_times_every_system_per_site(tmp_path):
     assert [(m, n) for m, n, _, _ in tuned] == [(2, 48), (2, 96)]  # silu_down_res (48 x 300), norm_qkv (96 x 200)
     assert tuned[0][3] == GemvConfig(**by[("silu_down_res", "fused-best")]["config"])
     assert tuned[1][3] == GemvConfig(**by[("norm_qkv", "fused-best")]["config"])
-    assert "as CONFIGS rows" in p.stdout and "(2, 48, 4611686018427387904, GemvConfig(" in p.stdout
+    assert "as CONFIGS rows" in stdout and "(2, 48, 4611686018427387904, GemvConfig(" in stdout
 
 
 def _bench():
