@@ -525,12 +525,16 @@ class _FakeHub:
 def test_a_push_to_the_hub_uploads_the_remote_code(tmp_path, monkeypatch, how):
     """config.save_pretrained(d, push_to_hub=True) uploaded config.json alone: the remote code was written
     before transformers listed the folder, so it counted as unchanged, and the pushed repo did not load."""
+    import transformers.modeling_utils
     import transformers.utils.hub as hub
 
     fake = _FakeHub()
     monkeypatch.setattr(hub, "_hf_api", fake)
-    monkeypatch.setattr(hub, "create_and_tag_model_card", lambda *a, **k: type("Card", (), {
-        "save": lambda self, path: Path(path).write_text("card\n")})())
+    card = lambda *a, **k: type("Card", (), {"save": lambda self, path: Path(path).write_text("card\n")})()  # noqa: E731
+    # modeling_utils holds its own name for it: unpatched, model.save_pretrained looked the card up on the
+    # network (~24 s of retries offline)
+    for module in (hub, transformers.modeling_utils):
+        monkeypatch.setattr(module, "create_and_tag_model_card", card)
     model = OrthrosForCausalLM(OrthrosConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                              num_attention_heads=2, num_key_value_heads=1, head_dim=16))
     if how == "config.save_pretrained":
