@@ -75,6 +75,23 @@ def test_unknown_task_and_bad_model_are_clear_errors(tiny, tmp_path):
         run_lm_eval(tiny, ["my_task"], include_path=[str(tmp_path / "my_task.yaml")])
 
 
+def test_the_shipped_task_alone_reads_no_yaml_of_lm_evals_registry(tiny, monkeypatch):
+    """Issue: every `orthros eval lm` indexed lm-eval's whole task registry (~14,000 YAMLs, 5-10 s on 2 CPU
+    cores; each refusal after the task check paid it too), also for the shipped task alone. A task of lm-eval's
+    registry is still found (the registry is read when the include paths lack a task asked for)."""
+    import lm_eval
+
+    from orthros.evaluation.lm import run_lm_eval
+
+    monkeypatch.setattr(lm_eval, "simple_evaluate", lambda model, task_manager, **kw: task_manager)
+    monkeypatch.setattr("lm_eval.models.huggingface.HFLM.__init__", lambda self, *a, **kw: None)
+    monkeypatch.setattr("orthros.evaluation.lm.model_record", lambda *a: {})
+    tm = run_lm_eval(tiny, [" orthros_tiny_cloze "], limit=1, device="cpu")
+    assert "orthros_tiny_cloze" in tm.all_tasks and "hellaswag" not in tm.all_tasks, len(tm.all_tasks)
+    tm = run_lm_eval(tiny, ["orthros_tiny_cloze", "hellaswag"], limit=1, device="cpu")
+    assert {"orthros_tiny_cloze", "hellaswag"} <= set(tm.all_tasks)
+
+
 def test_lm_without_accelerate_refused_before_any_work(tiny, monkeypatch):
     # lm_eval's HF model imports accelerate: missing, it was a ModuleNotFoundError (exit 1) after the model loaded
     import sys
