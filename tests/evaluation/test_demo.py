@@ -5,9 +5,15 @@ import json
 import pytest
 
 
-def test_demo_quick_runs(tmp_path, capsys):
+def test_demo_quick_runs(tmp_path, capsys, monkeypatch, one_thread):
+    """The command end to end with --quick's models and data; fewer of its steps, evaluation examples and
+    prompt lengths (each step, example or length runs the same code; 150 steps, 300 examples and 1K/4K/8K took
+    ~2 min on the loaded 2-core box, and 2 threads a worker made it 6x slower than one)."""
+    import orthros.evaluation.demo as demo
     from orthros.cli import main
 
+    monkeypatch.setattr(demo, "QUICK_TRAIN", dict(demo.QUICK_TRAIN, steps=20, eval_examples=96))
+    monkeypatch.setattr(demo, "QUICK_PREFILL_LENGTHS", [1024, 2048])  # both beyond the window (128)
     out = tmp_path / "demo.json"
     assert main(["demo", "--quick", "--device", "cpu", "--no-progress", "-o", str(out),
                  "--plot", str(tmp_path / "recall.png")]) == 0
@@ -17,6 +23,7 @@ def test_demo_quick_runs(tmp_path, capsys):
     res = json.loads(out.read_text())
     assert [r["model"] for r in res["mqar"]["results"]] == ["Orthros", "Transformer", "SWA"]
     assert res["mqar"]["eval_gap_stats"]["frac_ge_window"] > 0.5  # most gaps beyond the window
+    assert [r["tokens"] for r in res["prefill"]["results"]] == [1024, 2048]
     assert all(r["orthros_ms"] > 0 and r["transformer_ms"] > 0 for r in res["prefill"]["results"])
     assert (tmp_path / "recall.png").read_bytes().startswith(b"\x89PNG")
 
