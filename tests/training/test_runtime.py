@@ -3,27 +3,23 @@ editor left damaged, runs of few logged rows."""
 
 import json
 import os
-import resource
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("datasets", reason="training needs the `datasets` package")
 
+from forked_cli import run_module  # noqa: E402
 from test_trainer import corpus, tiny  # noqa: E402,F401  (the module's fixture and arguments)
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def run_cli(args, max_file_bytes=None):
+    """``python -m orthros.train ARGS`` in a process of its own (``forked_cli``), its file size limited."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     env.pop("ORTHROS_TRACEBACK", None)
-    limit = None if max_file_bytes is None else (
-        lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (max_file_bytes, max_file_bytes)))
-    return subprocess.run([sys.executable, "-m", "orthros.train", *args], env=env, cwd=REPO, capture_output=True,
-                          text=True, timeout=600, preexec_fn=limit)
+    return run_module("orthros.train", args, env=env, cwd=REPO, max_file_bytes=max_file_bytes)
 
 
 # the tiny model's model.safetensors is ~0.6 MB, its trainer_state.pt ~1.25 MB

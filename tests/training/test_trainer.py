@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from bench_script import load_script
+from forked_cli import run_module
 
 # `datasets` reads the training data; it must be a dependency of the package (pyproject).
 pytest.importorskip("datasets", reason="training needs the `datasets` package")
@@ -65,13 +66,14 @@ def losses(out):
 
 
 def run_cli(args, env_extra=None, torchrun=0):
+    """``python -m orthros.train ARGS`` in a process of its own: under torchrun's real launcher, or else
+    forked from a server that imported torch and orthros once (``forked_cli``)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env_extra or {})}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    if torchrun:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={torchrun}",
-               "-m", "orthros.train", *args]
-    else:
-        cmd = [sys.executable, "-m", "orthros.train", *args]
+    if not torchrun:
+        return run_module("orthros.train", args, env=env, cwd=REPO)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={torchrun}",
+           "-m", "orthros.train", *args]
     return subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
 
 
