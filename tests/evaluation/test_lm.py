@@ -16,6 +16,9 @@ pytest.importorskip("accelerate")
 from conftest import checkpoint_missing  # noqa: E402
 from orthros.evaluation.common import LM_TASKS_DIR, make_tiny_checkpoint  # noqa: E402
 
+# tiny models: one torch thread each (2 per xdist worker on 2 cores ran several times slower)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
@@ -137,7 +140,7 @@ def test_cli_lm_writes_json(tiny, tmp_path, capsys):
 
 def test_plain_lm_eval_cli_with_orthros_imported(tiny, tmp_path):
     """`lm_eval --model hf --model_args pretrained=PATH`, through the wrapper that imports orthros."""
-    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "orthros.evaluation.harness", "--model", "hf", "--model_args",
            f"pretrained={tiny}", "--tasks", "orthros_tiny_cloze", "--include_path", str(LM_TASKS_DIR),
            "--limit", "2", "--device", "cpu", "--output_path", str(tmp_path / "res")]

@@ -10,6 +10,9 @@ import torch
 
 from orthros.evaluation.mqar import FILLER, MQARTask, MQARTrain, generate, run_mqar
 
+# tiny models: one torch thread each (2 per xdist worker on 2 cores ran several times slower)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def _check_sequences(task, d):
     ids, labels, qp, kp, gaps = d["input_ids"], d["labels"], d["query_pos"], d["key_pos"], d["gaps"]

@@ -8,6 +8,9 @@ import pytest
 from orthros.evaluation.niah import (NIAHConfig, PromptBuilder, check_lengths, format_grid, prefix_match, run_niah,
                                     save_heatmap, score_answer, validate)
 
+# tiny models: one torch thread each (2 per xdist worker on 2 cores ran several times slower)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @pytest.mark.parametrize("pred, answer, want", [
     (" 4821937.", "4821937", 1.0),

@@ -10,6 +10,9 @@ import torch
 from orthros.evaluation.niah import NEEDLE, PromptBuilder, score_answer
 from orthros.evaluation.niah_train import IGNORE, NIAHTrainConfig, answer_ids, build_model, make_batch, make_example
 
+# tiny models: one torch thread each (2 per xdist worker on 2 cores ran several times slower)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @pytest.fixture(scope="module")
 def tok():

@@ -19,6 +19,9 @@ from orthros.evaluation.perplexity import (DEFAULT_BUCKETS, check_buckets, defau
 
 from conftest import checkpoint_missing
 
+# tiny models: one torch thread each (2 per xdist worker on 2 cores ran several times slower)
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
