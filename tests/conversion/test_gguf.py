@@ -5,6 +5,7 @@ writer) from a tiny randomised Llama and the shipped byte-level BPE tokenizer: n
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -300,15 +301,24 @@ def test_gguf_without_context_length_is_held_to_transformers_default(gguf_source
     assert sorted(p.name for p in tmp_path.iterdir()) == ["noctx.gguf"]
 
 
+@functools.lru_cache(maxsize=4)
+def _reader(src: Path):
+    """The parsed GGUF ``src`` (a module's source file, never changed): parsing its tokenizer arrays takes
+    ~1 s, once per source instead of once per rewritten copy."""
+    from gguf import GGUFReader
+
+    return GGUFReader(str(src))
+
+
 def _rewritten(src: Path, out: Path, *, fields: dict | None = None, drop_fields=(), drop_tensors=(),
                tensors: dict | None = None, arch: str | None = None) -> Path:
     """A copy of the GGUF ``src`` with some key-value fields set (key -> (GGUFValueType, value)) or
     dropped, some tensors left out, some added or replaced (name -> (array, raw_dtype or None)),
     and ``general.architecture`` set to ``arch``."""
-    from gguf import GGUFReader, GGUFValueType, GGUFWriter
+    from gguf import GGUFValueType, GGUFWriter
 
     fields, tensors = dict(fields or {}), dict(tensors or {})
-    r = GGUFReader(str(src))
+    r = _reader(src)
     w = GGUFWriter(str(out), arch or r.fields["general.architecture"].contents())
     for key, f in r.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture" or key in drop_fields or key in fields:
