@@ -127,15 +127,36 @@ m.save_pretrained(resaved)  # a model loaded through the remote code saves a loa
 m2 = AutoModelForCausalLM.from_pretrained(resaved, trust_remote_code=True).eval()
 with torch.no_grad():
     assert torch.equal(m2(ids).logits, logits)
+
+# the checks of models/loading.py in the remote code: a training run's folders are named as such
+import shutil
+from pathlib import Path
+
+run, checks = Path(sys.argv[5]), []
+for step in ("step_00000004", "step_00000008"):  # the newer one a save cut short: no manifest.json
+    shutil.copytree(ck, run / "checkpoints" / step)
+(run / "checkpoints" / "step_00000004" / "manifest.json").write_text("{}")
+(run / "metrics.jsonl").write_text("")
+for d in (run, run / "checkpoints"):
+    try:
+        type(m).from_pretrained(d)
+    except ValueError as e:
+        checks.append(f"{type(e).__name__} {e}")
 """, """
 torch.save({"logits": logits, "gen": gen}, out)
 print(json.dumps({"config": type(cfg).__module__, "model": type(m).__module__, "base": type(base).__name__,
-                  "text": text}))
+                  "text": text, "checks": checks}))
 """])
 
 
 def test_loads_without_orthros_and_computes_what_the_package_computes(ckpt, env, tmp_path, one_thread):
-    r = run_python(LOAD, env, tmp_path, ckpt, json.dumps(IDS), tmp_path / "out.pt", tmp_path / "resaved")
+    """Also the remote code's own checks (one fresh process for both, ~6 s of imports each): the checks of
+    ``models/loading.py`` travel in the remote code (``models_loading.py``) with the training run's layout
+    they read (``orthros/layout.py``, as the flat ``layout.py``): the remote class's ``from_pretrained``
+    names a run's latest complete checkpoint, with no orthros importable."""
+    assert {"models_loading.py", "layout.py", "utils.py"} <= {p.name for p in ckpt.glob("*.py")}
+    r = run_python(LOAD, env, tmp_path, ckpt, json.dumps(IDS), tmp_path / "out.pt", tmp_path / "resaved",
+                   tmp_path / "run")
     info = json.loads(r.stdout.strip().splitlines()[-1])
     assert info["model"].startswith("transformers_modules.") and info["config"].startswith("transformers_modules.")
     assert info["base"] == "OrthrosModel" and info["text"].startswith("The river ran")
@@ -143,39 +164,12 @@ def test_loads_without_orthros_and_computes_what_the_package_computes(ckpt, env,
     logits, gen = package_outputs(ckpt)
     torch.testing.assert_close(got["logits"], logits, rtol=1e-5, atol=1e-5)
     assert torch.equal(got["gen"], gen)
-
-
-CHECKS = NO_ORTHROS.join(["""
-import shutil, sys
-from pathlib import Path
-from transformers import AutoModelForCausalLM
-
-ck, run = Path(sys.argv[1]), Path(sys.argv[2])
-cls = type(AutoModelForCausalLM.from_pretrained(ck, trust_remote_code=True))
-for step in ("step_00000004", "step_00000008"):  # the newer one a save cut short: no manifest.json
-    shutil.copytree(ck, run / "checkpoints" / step)
-(run / "checkpoints" / "step_00000004" / "manifest.json").write_text("{}")
-(run / "metrics.jsonl").write_text("")
-for d in (run, run / "checkpoints"):
-    try:
-        cls.from_pretrained(d)
-    except ValueError as e:
-        print(type(e).__name__, e)
-""", ""])
-
-
-def test_the_remote_codes_own_checks_run_without_orthros(ckpt, env, tmp_path, one_thread):
-    """The checks of ``models/loading.py`` travel in the remote code (``models_loading.py``) with the
-    training run's layout they read (``orthros/layout.py``, as the flat ``layout.py``): the remote
-    class's ``from_pretrained`` names a run's latest complete checkpoint, with no orthros importable."""
-    assert {"models_loading.py", "layout.py", "utils.py"} <= {p.name for p in ckpt.glob("*.py")}
-    r = run_python(CHECKS, env, tmp_path, ckpt, tmp_path / "run")
     latest = tmp_path / "run" / "checkpoints" / "step_00000004"
-    assert r.stdout.splitlines() == [
+    assert info["checks"] == [
         f"CheckpointError {tmp_path / 'run'}: no config.json (not a checkpoint directory); it looks like a training "
         f"run: its latest checkpoint is {latest}",
         f"CheckpointError {tmp_path / 'run' / 'checkpoints'}: no config.json (not a checkpoint directory); it is a "
-        f"training run's checkpoints folder: its latest checkpoint is {latest}"], r.stdout
+        f"training run's checkpoints folder: its latest checkpoint is {latest}"], info["checks"]
 
 NO_OPTIONAL = BLOCKER + '''
 import importlib.machinery
