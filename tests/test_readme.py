@@ -12,7 +12,7 @@ def blocks(lang):
     return re.findall(rf"```{lang}\n(.*?)```", README.read_text(), flags=re.S)
 
 
-def test_python_usage_runs_as_written(tmp_path, monkeypatch):
+def test_python_usage_runs_as_written(tmp_path, monkeypatch, one_thread):
     (code,) = [b for b in blocks("python") if "import orthros" in b]
     monkeypatch.chdir(tmp_path)  # it saves "my-orthros" to the working directory
     scope = {}
