@@ -1,8 +1,7 @@
 """``benchmarks/kernel_sass.py``: the window kernels compiled for sm_90 on this machine (ptxas and
 cuobjdump ship in the triton wheel) and their loops counted; the band mask's claim of kernels
 change 14 (docs/performance.md) checked on the SASS: fewer instructions a dK/dV trip than the
-``visible`` mask, the same 20 HGMMAs (the command run as a subprocess, without the interpreter);
-its refusals before any compile through its ``main`` in this process."""
+``visible`` mask, the same 20 HGMMAs."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from bench_script import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel_sass.py"
 
@@ -38,36 +36,22 @@ def test_band_mask_trims_the_dkdv_trip(tmp_path):
     assert trips["band"] < 0.9 * trips["visible"], trips
 
 
-def refused(monkeypatch, capsys, *args) -> str:
-    """``main(args)`` in this process: exit 2 before any compile (``compile_kernel`` fails the
-    test if reached); the last line of stderr (the reason)."""
-    mod = load_script(SCRIPT, "kernel_sass_script")
-
-    def compiled(*a, **k):
-        raise AssertionError("compiled before the refusal")
-
-    monkeypatch.setattr(mod, "compile_kernel", compiled)
-    with pytest.raises(SystemExit) as e:
-        mod.main([str(x) for x in args])
-    err = capsys.readouterr().err
-    assert e.value.code == 2 and "Traceback" not in err, err[-2000:]
-    return err.strip().splitlines()[-1]
-
-
 @pytest.mark.parametrize("args, message", [(["dq", "--visible"], "--visible is for fwd / dkdv"),
                                            (["dkdv", "--config", "32,48,4,2"], "powers of two"),
                                            (["fwd", "--variant", "fast"], "--variant: 'fast'")])
-def test_bad_arguments_exit_2(monkeypatch, capsys, args, message):
-    assert message in refused(monkeypatch, capsys, *args)
+def test_bad_arguments_exit_2(tmp_path, args, message):
+    p = run(*args, tmp_path=tmp_path)
+    assert p.returncode == 2 and message in p.stderr, p.stderr[-2000:]
 
 
-def test_outputs_checked_before_the_compile(tmp_path, monkeypatch, capsys):
+def test_outputs_checked_before_the_compile(tmp_path):
     """Were: opened after the compile (a missing folder's FileNotFoundError traceback; --sass written in place)."""
     f = tmp_path / "f"
     f.write_text("keep")
     for opt in ("--sass", "--json"):
-        assert f"{opt} {f / 'out'}: {f} is a file, not a directory" in refused(monkeypatch, capsys, "fwd", opt,
-                                                                                f / "out")
-    assert "--sass and --json name one file" in refused(monkeypatch, capsys, "fwd", "--sass", tmp_path / "x",
-                                                         "--json", tmp_path / "x")
+        p = run("fwd", opt, str(f / "out"), tmp_path=tmp_path)
+        assert p.returncode == 2 and f"{opt} {f / 'out'}: {f} is a file, not a directory" in p.stderr, p.stderr[-2000:]
+        assert "Traceback" not in p.stderr and not (tmp_path / "cache").exists()  # nothing compiled
+    p = run("fwd", "--sass", str(tmp_path / "x"), "--json", str(tmp_path / "x"), tmp_path=tmp_path)
+    assert p.returncode == 2 and "--sass and --json name one file" in p.stderr, p.stderr[-2000:]
     assert f.read_text() == "keep"
