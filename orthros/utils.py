@@ -807,11 +807,17 @@ def clean_stale(dst) -> list:
     return done
 
 
+def _staged_prefix(name: str, tag: str) -> str:
+    """The name of a folder :func:`atomic_directory` makes beside ``name``, less its 8 random characters:
+    ``.<name><tag><pid>-`` (``tag``: :data:`TMP_TAG` or :data:`OLD_TAG`)."""
+    return f".{name}{tag}{os.getpid()}-"
+
+
 def staged_name_bytes(name: str) -> int:
     """Bytes of the longest name :func:`atomic_directory` gives the folders it makes beside ``name`` (the
     temporary ``.<name>.orthros-tmp-<pid>-<8 characters>``, a replaced one's ``.<name>.orthros-old-...``):
     what the file system's limit for a name must hold."""
-    return len(f".{name}{max(TMP_TAG, OLD_TAG, key=len)}{os.getpid()}-12345678".encode())
+    return len(_staged_prefix(name, max(TMP_TAG, OLD_TAG, key=len)).encode()) + 8
 
 
 @contextlib.contextmanager
@@ -827,7 +833,7 @@ def atomic_directory(dst: Path, overwrite: bool, overwrite_name: str = "--overwr
         created.append(p)
         p = p.parent
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}{TMP_TAG}{os.getpid()}-", dir=dst.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=_staged_prefix(dst.name, TMP_TAG), dir=dst.parent))  # + 8 random
     old = None
     try:
         umask = os.umask(0)
@@ -841,7 +847,7 @@ def atomic_directory(dst: Path, overwrite: bool, overwrite_name: str = "--overwr
                 raise FileExistsError(f"destination {str(dst)!r} appeared while this run was writing (another run "
                                       f"into it?); it is kept: pass {overwrite_name} to replace it")
             else:  # overwrite was checked before any work
-                old = dst.parent / f".{dst.name}{OLD_TAG}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+                old = dst.parent / (_staged_prefix(dst.name, OLD_TAG) + uuid.uuid4().hex[:8])
                 os.replace(dst, old)
         os.replace(tmp, dst)  # the commit: from here DST is the new result
     except BaseException:
