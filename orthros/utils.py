@@ -73,6 +73,8 @@ def available_memory(device: str = "cpu", *, in_subprocess: bool = False):
 
             if not in_subprocess or torch.cuda.is_initialized():
                 return int(torch.cuda.mem_get_info(torch.device(device))[0])
+            if not torch.cuda.is_available():  # (asks the driver for a count; makes no context)
+                return None
             # mem_get_info makes this process's CUDA context (~0.5 GB of the device, held until it exits):
             # a caller that never uses the GPU itself (run_mqar's pool of workers, each with its own) asks
             # a process of its own instead, a few seconds of importing torch before a run of minutes

@@ -771,8 +771,13 @@ def test_memory_check_of_a_pool_on_cuda_makes_no_cuda_context_in_this_process(mo
         check_run(MQARTask(), MQARTrain(models=models, device="cuda:1", hidden_size=4096, num_layers=8), jobs)
 
 
-def test_cuda_memory_asked_of_another_process_is_unknown_where_it_fails():
+def test_cuda_memory_asked_of_another_process_is_unknown_where_it_fails(monkeypatch):
+    from orthros import utils
     from orthros.utils import available_memory
 
     free = available_memory("cuda", in_subprocess=True)
     assert free > 0 if torch.cuda.is_available() else free is None
+    # without CUDA no process is started to find that out (a fresh Python importing torch: seconds)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(utils.subprocess, "run", lambda *a, **k: pytest.fail("a process was started"))
+    assert available_memory("cuda:1", in_subprocess=True) is None
