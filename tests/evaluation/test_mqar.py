@@ -758,6 +758,7 @@ def test_memory_check_of_a_pool_on_cuda_makes_no_cuda_context_in_this_process(mo
     from orthros.evaluation.mqar import check_run
 
     calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: calls.append(("here", str(device))) or (GiB, 2 * GiB))
 
     def run(cmd, **kw):
