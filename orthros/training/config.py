@@ -414,6 +414,7 @@ def _yaml_error_text(e: yaml.YAMLError) -> str:
 def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = None) -> RunConfig:
     """Load a YAML config (or the defaults), apply overrides, validate. Raises ConfigError."""
     cfg = RunConfig()
+    set_by: dict[str, str] = {}  # key -> what set it: the YAML file, or the override as typed
     if path is not None:
         p = Path(path)
         if p.is_dir():
@@ -435,6 +436,7 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {path} must hold a mapping at the top level")
         for key, value in _flatten(raw):
+            set_by[key] = f"config file {path}"
             if key not in valid_keys():
                 if key in _section_types():
                     first = dataclasses.fields(_section_types()[key])[0].name
@@ -455,7 +457,7 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
         shown = f"--{typed}" if raw is None else f"--{typed} {shlex.quote(raw)}"
         if key in given:  # the last would win without a word (--max-steps 5 --max-steps 7 trained 7 steps)
             raise ConfigError(f"{key} is set twice, by {given[key]} and by {shown}: give it once")
-        given[key] = shown
+        given[key] = set_by[key] = shown
         value = True if raw is None else _override_value(raw)
         try:
             try:
@@ -470,7 +472,13 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
                                   f"true: give it one)") from None
             raise ConfigError(f"--{typed} {shlex.quote(raw)}: {e}") from None
     _expand_home(cfg)
-    validate(cfg)
+    try:
+        validate(cfg)
+    except ConfigError as e:  # a value out of range or of its choices: the option as typed (or the file) that set it
+        first = re.match(r"[\w.]+", str(e))
+        if first and first.group() in set_by:
+            raise ConfigError(f"{set_by[first.group()]}: {e}") from None
+        raise
     return cfg
 
 

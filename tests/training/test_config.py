@@ -298,10 +298,10 @@ def test_a_home_folder_of_no_user_is_refused_naming_the_key(key, tmp_path, monke
 
 
 @pytest.mark.parametrize("args, msg", [
-    (["--model.hidden_size", "30"], r"^model.hidden_size \(30\) must be a multiple of model.num_attention_heads \(4\)"),
-    (["--model.hidden_size", "28"], r"^model.hidden_size / model.num_attention_heads .* must be even for RoPE .*"
+    (["--model.hidden_size", "30"], r"^--model.hidden_size 30: model.hidden_size \(30\) must be a multiple of model.num_attention_heads \(4\)"),
+    (["--model.hidden_size", "28"], r"^--model.hidden_size 28: model.hidden_size / model.num_attention_heads .* must be even for RoPE .*"
                                     r"got 28 / 4 = 7$"),
-    (["--model.num_attention_heads", "2", "--model.head_dim", "7"], r"^model.head_dim must be even for RoPE"),
+    (["--model.num_attention_heads", "2", "--model.head_dim", "7"], r"^--model.head_dim 7: model.head_dim must be even for RoPE"),
 ])
 def test_a_head_size_that_cannot_work_names_the_keys_that_make_it(args, msg):
     """`--model.hidden_size 30` said 'model: OrthrosConfig.head_dim must be even for RoPE, got 7' (a key
@@ -353,7 +353,7 @@ def test_the_gdn_layers_sizes_are_training_keys(tmp_path):
                                           r"model.linear_num_key_heads \(3\)$"):
         model_config_for(load_config(None, ["--model.architecture", "gdn", "--model.linear_num_key_heads", "3",
                                             "--model.linear_num_value_heads", "4"]), tok)
-    with pytest.raises(ConfigError, match=r"^model.linear_key_head_dim sizes the Gated DeltaNet layers of "
+    with pytest.raises(ConfigError, match=r"^--model.linear_key_head_dim 16: model.linear_key_head_dim sizes the Gated DeltaNet layers of "
                                           r"model.architecture \['orthros-h', 'linear-hybrid', 'gdn'\]; 'swa' has none"):
         load_config(None, ["--model.architecture", "swa", "--model.linear_key_head_dim", "16"])
     # at their default they stay accepted everywhere (run_config.yaml, every key, may be fed back)
@@ -528,3 +528,28 @@ def test_train_help_points_to_the_keys_and_says_an_override_is_given_once(capsys
     out = capsys.readouterr().out
     assert "keys below" not in out and "--help-config lists them" in out
     assert "override one key, once" in out
+
+
+@pytest.mark.parametrize("args,says", [
+    # outside its choices, and out of range: 'mode must be one of ...' named neither the option nor the value typed
+    (["--mode", "xx"], "--mode xx: mode must be one of ['pt', 'sft', 'cpt'], got 'xx'"),
+    (["--max-steps", "-5"], "--max-steps -5: train.max_steps must be > 0, got -5"),
+    (["--optim.lr", "-1"], "--optim.lr -1: optim.lr must be > 0, got -1.0"),
+    (["--data.train", "[a.jsonl, 5]"], "--data.train '[a.jsonl, 5]': data.train[1] must be text"),
+])
+def test_a_value_out_of_range_or_choices_names_the_option_as_typed(args, says):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, args)
+    assert str(e.value).startswith(says), str(e.value)
+
+
+def test_a_yaml_value_out_of_range_or_choices_names_the_file(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("mode: xx\ntrain:\n  max_steps: 3\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(p))
+    assert str(e.value) == f"config file {p}: mode must be one of ['pt', 'sft', 'cpt'], got 'xx'"
+    p.write_text("train:\n  max_steps: -3\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(p), ["--lr", "1e-3"])
+    assert str(e.value) == f"config file {p}: train.max_steps must be > 0, got -3"
