@@ -40,8 +40,10 @@ def probe(ckpt_dir: str, passage: int = 96, n: int = 32) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ..data import CORPUS_EVAL
+    from ..utils import hf_progress_bars
 
-    model = AutoModelForCausalLM.from_pretrained(ckpt_dir).eval()
+    with hf_progress_bars(True):  # its 'Loading weights' bar at a terminal only, not into a log
+        model = AutoModelForCausalLM.from_pretrained(ckpt_dir).eval()
     check_passage(ckpt_dir, passage, model.config)
     tok = AutoTokenizer.from_pretrained(ckpt_dir)
     docs = [json.loads(l)["text"] for l in open(CORPUS_EVAL, encoding="utf-8")]

@@ -130,3 +130,15 @@ def test_a_non_finite_loss_is_written_as_null_standard_json(tmp_path, capsys, mo
     r = json.loads(capsys.readouterr().out, parse_constant=refuse)
     assert (r["loss_second_copy"], r["eval_loss"]) == (None, None) and r["loss_first_copy"] > 0
     assert r["eval_curve"] == [[1, None], [2, None], [3, None], [4, 7.25]]
+
+
+def test_no_weight_loading_bar_when_stderr_is_no_terminal(run, capsys):
+    """`python -m orthros.training.compare RUN 2> log` wrote transformers' 'Loading weights: 0%|...|'
+    bar for every run into the log: the rule of every command is bars at a terminal only."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.enable_progress_bar()  # transformers' default, as in a fresh `python -m`
+    assert main([str(run), "--n", "1", "--passage", "16"]) == 0
+    err = capsys.readouterr().err
+    assert "Loading weights" not in err and "it/s" not in err, err
+    assert hf_logging.is_progress_bar_enabled()  # as it was after the probe
