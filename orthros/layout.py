@@ -1,6 +1,6 @@
 """The folder layout of a training run: the one home of its file and folder names and of the rule
 that picks its latest complete checkpoint. Standard library only, as pure path logic, so every
-layer can use it: ``training/checkpoint.py`` writes and reads the layout; ``models/loading.py``
+layer can use it: ``training/checkpoint.py`` writes and reads the layout; ``checkpoint_files.py``
 (which must not import ``training``, and is part of the remote code saved beside every checkpoint)
 names a run's latest checkpoint in its errors::
 

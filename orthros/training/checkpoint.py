@@ -25,7 +25,7 @@ import os
 import shutil
 from pathlib import Path
 
-# the layout's names and path rules live in orthros/layout.py (models/loading.py reads them too); re-exported here
+# the layout's names and path rules live in orthros/layout.py (checkpoint_files.py reads them too); re-exported here
 from ..layout import (CKPT_RE, MANIFEST, TRAINER_STATE, ckpt_root, latest_checkpoint,  # noqa: F401
                       list_checkpoints, run_holding, step_dir_name)
 
