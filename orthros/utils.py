@@ -168,10 +168,15 @@ def check_positive_int(name: str, value, *, allow_none: bool = False):
 def check_device(name: str, arg: str = "--device", *, auto: bool = False) -> str:
     """``name`` as a torch device string (``cpu``, ``cuda`` or ``cuda:N``; with ``auto``, also
     ``"auto"``: cuda where there is one, else cpu), or a ``ValueError`` naming ``arg``: an unparsable
-    or other device type, CUDA on a machine without it, or a GPU index it lacks."""
-    import torch
+    or other device type, CUDA on a machine without it, or a GPU index it lacks. A name that can be
+    no CPU or CUDA device is refused before torch loads (seconds)."""
+    import re
 
     allowed = ("auto, " if auto else "") + "cpu, cuda or cuda:N"
+    if isinstance(name, str) and not (auto and name == "auto") and not re.fullmatch(r"(cpu|cuda)(:[0-9]+)?", name):
+        raise ValueError(f"{arg} must be {allowed}, got {name!r}")  # (what torch.device refuses, or another type)
+    import torch
+
     if auto and name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     try:
