@@ -118,19 +118,11 @@ def _remote_code(d: Path, refs) -> tuple:
 def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify: bool = False) -> dict:
     """The report of ``orthros info`` as a dict (``ValueError`` for a directory that is not a
     complete Orthros checkpoint)."""
-    import torch
-
-    from .conversion.convert import REPORT_FILE
-    from .engine.cache import StaticKVCache, linear_layers
-    from .models.loading import DTYPE_BYTES, PT_WEIGHTS, check_weights_fit, checkpoint_dir, has_tokenizer, \
-        weight_headers
-    from .serving import ARCHITECTURE, CPU_DEFAULT_BLOCK_SIZE, HYBRID_ARCHITECTURE, hybrid_block_tokens, is_hybrid
-    from .models import OrthrosConfig, OrthrosForCausalLM
+    from .checkpoint_files import DTYPE_BYTES, PT_WEIGHTS, checkpoint_dir, has_tokenizer, weight_headers
     from .layout import MANIFEST, TRAINER_STATE
-    from .training.checkpoint import CheckpointError, verify as verify_manifest
-    from .training.metrics import forward_flops
-    from .utils import dtype_name, parse_dtype
 
+    # the directory and its files first, before torch and transformers load (seconds): a wrong PATH is
+    # refused at once
     d = checkpoint_dir(path, arg="PATH")
     headers = weight_headers(d)
     if not headers:
@@ -141,11 +133,6 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
                              f"save_pretrained (safetensors) to inspect it")
         raise ValueError(f"PATH {path}: no weights (neither model.safetensors nor model.safetensors.index.json); "
                          f"not a complete checkpoint")
-    config = OrthrosConfig.from_pretrained(str(d), local_files_only=True)
-    limit = config.max_position_embeddings
-    L = limit if max_seq_len is None else max_seq_len
-    if L > limit:
-        raise ValueError(f"--max-seq-len {L} exceeds the model's max_position_embeddings={limit}")
     manifest = d / MANIFEST
     # a training checkpoint (its TRAINER_STATE) whose manifest is gone: a save cut short or a damaged copy, which a
     # resume refuses; described, but not as a sound one
@@ -155,6 +142,23 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
                          f"damaged, probably a save cut short): there are no sha256 sums to check its files against")
     if verify and not manifest.is_file():
         raise ValueError(f"--verify: {path} has no {MANIFEST} (only training checkpoints carry sha256 sums)")
+
+    import torch
+
+    from .conversion.convert import REPORT_FILE
+    from .engine.cache import StaticKVCache, linear_layers
+    from .models import OrthrosConfig, OrthrosForCausalLM
+    from .models.loading import check_weights_fit
+    from .serving import ARCHITECTURE, CPU_DEFAULT_BLOCK_SIZE, HYBRID_ARCHITECTURE, hybrid_block_tokens, is_hybrid
+    from .training.checkpoint import CheckpointError, verify as verify_manifest
+    from .training.metrics import forward_flops
+    from .utils import dtype_name, parse_dtype
+
+    config = OrthrosConfig.from_pretrained(str(d), local_files_only=True)
+    limit = config.max_position_embeddings
+    L = limit if max_seq_len is None else max_seq_len
+    if L > limit:
+        raise ValueError(f"--max-seq-len {L} exceeds the model's max_position_embeddings={limit}")
 
     # the model config.json describes, on the meta device (no memory): its weights are the files'
     with torch.device("meta"):

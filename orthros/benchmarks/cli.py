@@ -125,17 +125,18 @@ def main(argv=None) -> int:
     if args.what is None:  # as `orthros` and `orthros eval` alone: the help, exit 0
         parser.print_help()
         return 0
+    try:
+        dev = check_device(args.device)  # (a misspelt device is refused before torch loads)
+    except ValueError as e:
+        hint = " (pass --device cpu, with --preset tiny for a smoke run)" if args.device.startswith("cuda") else ""
+        print(f"orthros bench: error: {e}{hint}", file=sys.stderr)
+        return 2
     import torch
 
     from . import inference as I
     from .models import hf_qwen3_like, orthros_model
 
-    try:
-        dev = torch.device(check_device(args.device))
-    except ValueError as e:
-        hint = " (pass --device cpu, with --preset tiny for a smoke run)" if args.device.startswith("cuda") else ""
-        print(f"orthros bench: error: {e}{hint}", file=sys.stderr)
-        return 2
+    dev = torch.device(dev)
     dtype = parse_dtype(args.dtype, "--dtype")
     try:
         _check_args(args, I.PREFILL_SYSTEMS)
@@ -213,8 +214,8 @@ def _check_args(args, systems):
             raise ValueError(f"--out {args.out}: {path} is a folder, where this command writes a file (move it "
                              f"away or choose another --out)")
     if args.model is not None:  # a local checkpoint directory (never a hub lookup), its weights readable
+        from ..checkpoint_files import check_weights, checkpoint_dir
         from ..models import OrthrosConfig
-        from ..models.loading import check_weights, checkpoint_dir
 
         d = checkpoint_dir(args.model, arg="--model")
         check_weights(d)

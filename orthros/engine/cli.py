@@ -93,16 +93,21 @@ def turn_stats(prompt_tokens: int, new_tokens: int, t_start: float, t_first, t_l
     return line
 
 
+def _check_dtype(args) -> None:
+    """``--dtype``'s spelling (before torch loads)."""
+    if args.dtype != "auto" and args.dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of auto, {', '.join(sorted(DTYPES))}; got {args.dtype!r}")
+
+
 def _resolve(args):
+    dev = check_device(args.device, auto=True)  # (a misspelt device is refused before torch loads)
     import torch
 
-    dev = torch.device(check_device(args.device, auto=True))
+    dev = torch.device(dev)
     if args.dtype == "auto":
         dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    elif args.dtype in DTYPES:
-        dtype = parse_dtype(args.dtype, "--dtype")
     else:
-        raise ValueError(f"--dtype must be one of auto, {', '.join(sorted(DTYPES))}; got {args.dtype!r}")
+        dtype = parse_dtype(args.dtype, "--dtype")
     return dev, dtype
 
 
@@ -157,8 +162,10 @@ def main(argv=None) -> int:
             raise ValueError(f"the prompt argument is empty ({' '.join(map(repr, args.prompt))}): give the text to "
                              f"continue, or leave it out to read stdin (--interactive: one turn a line; --prompts FILE)")
         prompts = _check_prompt_file(args)
+        _check_dtype(args)
+        tok_dir = _check_checkpoint_files(args)  # (these need neither torch nor transformers: refused at once)
         dev, dtype = _resolve(args)
-        config, tok_dir = _check_checkpoint(args)
+        config = _check_checkpoint(args)
     except ValueError as e:
         return _fail(e, 2)
     try:
@@ -226,19 +233,25 @@ def _check_prompt_file(args):
     return prompts
 
 
-def _check_checkpoint(args):
-    """The checkpoint and tokenizer directories and the cache size, checked without loading
-    weights: returns the model config and the tokenizer directory."""
-    from ..models import OrthrosConfig
-    from ..models.loading import check_tokenizer_dir, check_weights, checkpoint_dir
-    from .engine import check_max_seq_len
+def _check_checkpoint_files(args):
+    """The checkpoint and tokenizer directories and their files, checked without loading torch or
+    transformers: returns the tokenizer directory."""
+    from ..checkpoint_files import check_tokenizer_dir, check_weights, checkpoint_dir
 
     d = checkpoint_dir(args.model, arg="--model")
     args.model = str(d)  # `~` expanded: the loading and generation_config.json read this directory
     check_weights(d)
     given = args.tokenizer is not None  # --tokenizer "" is refused as empty, not taken for the default
-    tok_dir = check_tokenizer_dir(args.tokenizer if given else d, arg="--tokenizer" if given else "--model")
-    config = OrthrosConfig.from_pretrained(str(d), local_files_only=True)
+    return check_tokenizer_dir(args.tokenizer if given else d, arg="--tokenizer" if given else "--model")
+
+
+def _check_checkpoint(args):
+    """The model config of the checked directory (:func:`_check_checkpoint_files`) and the cache
+    size, checked without loading weights: returns the config."""
+    from ..models import OrthrosConfig
+    from .engine import check_max_seq_len
+
+    config = OrthrosConfig.from_pretrained(args.model, local_files_only=True)
     limit = config.max_position_embeddings
     if args.max_seq_len is None:
         args.max_seq_len = min(8192, limit)
@@ -247,7 +260,7 @@ def _check_checkpoint(args):
         raise ValueError(f"--max-new-tokens {args.max_new_tokens} does not fit --max-seq-len {args.max_seq_len} "
                          f"(the cache slots of the whole conversation; default min(8192, the model's "
                          f"max_position_embeddings={limit})): no turn could run; lower --max-new-tokens")
-    return config, tok_dir
+    return config
 
 
 def _generate(args, sampling, dev, dtype, config, tok_dir, prompts=None) -> int:

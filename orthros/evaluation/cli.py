@@ -220,10 +220,10 @@ def _ppl(a) -> int:
         a.seq_len = min(PPL_SEQ_LEN, max_pos) if max_pos is not None else PPL_SEQ_LEN
     edges = check_buckets(default_buckets(a.seq_len) if a.buckets is None else parse_int_list(a.buckets, "--buckets"),
                           a.seq_len)
-    device = check_device(a.device) if a.device else default_device()
     docs = load_documents(a.data)
     check_attention_mode(a.model, a.attention_mode)
     window = _conversion_window(a)
+    device = check_device(a.device) if a.device else default_device()  # (after what needs no torch)
     if max_pos is not None and a.seq_len > max_pos:
         raise ValueError(f"--seq-len {a.seq_len} is above the model's max_position_embeddings ({max_pos})")
     tok = load_tokenizer(a.model, a.tokenizer)
@@ -283,19 +283,20 @@ def _mqar(a) -> int:
     from ..kinds import HYBRID_DISPLAY
     from ..utils import check_device, check_output_path, check_png, write_json, written_together
     from .common import check_distinct_files, check_seed
-    from .mqar import (MODEL_ALIASES, MQARTask, MQARTrain, check_models, check_run, format_table, plot_recall,
-                       run_mqar)
 
     models = tuple(m.strip().lower() for m in a.models.split(",") if m.strip())
     for name in ("steps", "batch_size", "hidden_size", "layers", "heads", "window", "eval_examples", "jobs"):
         if getattr(a, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
-    check_models(models, a.layers, "--models", "--layers")
     if not (math.isfinite(a.lr) and a.lr > 0):
         raise ValueError(f"--lr must be a finite number > 0, got {a.lr}")
     check_seed(a.seed)
     if a.threads is not None and a.threads < 0:
         raise ValueError(f"--threads must be >= 0 (0: torch's own choice), got {a.threads}")
+    from .mqar import (MODEL_ALIASES, MQARTask, MQARTrain, check_models, check_run, format_table, plot_recall,
+                       run_mqar)  # (torch: after the checks above, which need none)
+
+    check_models(models, a.layers, "--models", "--layers")
     if a.plot is not None:
         check_png("--plot", a.plot)  # check_output_path of a .png
     if a.output:
@@ -346,10 +347,10 @@ def _niah(a) -> int:
                      samples=a.samples, haystack=a.haystack, digits=a.digits, seed=a.seed, engine=a.engine)
     validate(cfg)  # everything that needs no model, before loading it
     check_output_path("--output-dir", a.output_dir, directory=True)
-    device = check_device(a.device) if a.device else default_device()
-    max_pos = read_max_positions(a.model)
+    max_pos = read_max_positions(a.model)  # (the model's folder and config.json before torch loads for the device)
     validate(cfg, max_pos)
     window = _conversion_window(a)
+    device = check_device(a.device) if a.device else default_device()
     haystack_sentences(cfg.haystack)  # readable, with text in it
     tok = load_tokenizer(a.model, a.tokenizer)
     check_lengths(cfg, tok, max_pos)
@@ -393,8 +394,8 @@ def _lm(a) -> int:
     check_include_paths(a.include_path or [], typed(a, "include_path"))
     if not 0 <= a.seed < 2 ** 32:  # lm-eval seeds numpy's legacy generator with it
         raise ValueError(f"--seed must be in 0..{2 ** 32 - 1}, got {a.seed}")
-    device = check_device(a.device) if a.device else default_device()
     window = _conversion_window(a)
+    device = check_device(a.device) if a.device else default_device()  # (after what needs no torch)
     if a.output:
         check_output_path("--output", a.output)
         check_distinct_files([("--output", a.output)], checkpoints=[("--model", a.model), ("--tokenizer", a.tokenizer)])

@@ -41,7 +41,7 @@ def read_config(path, arg: str = "--model",
 def read_model_type(path, cfg: dict | None = None) -> str:
     """``model_type`` of a local checkpoint directory (from its config.json, or ``cfg`` when read
     already); a clear ``ValueError`` when ``path`` is not one."""
-    from ..models.loading import CONVERTIBLE  # here: `orthros eval --help` imports no torch
+    from ..checkpoint_files import CONVERTIBLE  # here: `orthros eval --help` imports no torch
 
     mt = (read_config(path) if cfg is None else cfg).get("model_type")
     if mt == "orthros" or mt in CONVERTIBLE:
@@ -133,7 +133,7 @@ def load_tokenizer(model_path, tokenizer_path=None):
         return AutoTokenizer.from_pretrained(str(src))
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds here
         hint = "" if tokenizer_path else " (pass --tokenizer DIR)"
-        from ..models.loading import TOKENIZER_FILES, has_tokenizer
+        from ..checkpoint_files import TOKENIZER_FILES, has_tokenizer
 
         if Path(src).is_dir() and not has_tokenizer(src):
             # transformers' own words for a folder without one ("Couldn't instantiate the backend tokenizer ...
@@ -185,7 +185,7 @@ def check_distinct_files(outputs, inputs=(), checkpoints=()) -> None:
 
 def _is_checkpoint_file(name: str) -> bool:
     """Whether a file of this name in a checkpoint folder belongs to the checkpoint."""
-    from ..models.loading import TOKENIZER_FILES
+    from ..checkpoint_files import TOKENIZER_FILES
 
     return (name in ("config.json", "generation_config.json", "special_tokens_map.json", "added_tokens.json",
                      "merges.txt", "chat_template.jinja", *TOKENIZER_FILES)
