@@ -45,7 +45,6 @@ def main(argv: Optional[list[str]] = None) -> int:
     if "--help-config" in argv:
         print("config keys and defaults:\n" + describe_keys())
         return 0
-    from .data import DataError
     dry = "--dry-run" in argv
     argv = [a for a in argv if a != "--dry-run"]  # before the config file is picked: --dry-run CONFIG.yaml
     path = None
@@ -65,12 +64,19 @@ def main(argv: Optional[list[str]] = None) -> int:
                     print(plan)
             else:
                 train(cfg)
-    except (ConfigError, DataError) as e:
+    except (ConfigError, *_data_errors()) as e:
         print(f"orthros train: error: {e}", file=sys.stderr)
         return 2
     except (KeyboardInterrupt, Terminated) as e:  # as Ctrl-C: the run stops, its checkpoints stay
         return _stopped(e, cfg, dry)
     return 0
+
+
+def _data_errors() -> tuple:
+    """``(DataError,)`` once the data module is loaded (only its code raises one), else ``()``: imported up
+    front, it loaded torch (seconds) before a config file that is not there was named."""
+    data = sys.modules.get(f"{__package__}.data")
+    return (data.DataError,) if data is not None else ()
 
 
 def _stopped(e: BaseException, cfg, dry: bool) -> int:
