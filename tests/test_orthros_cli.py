@@ -64,6 +64,60 @@ def test_subcommand_help_needs_no_torch():
         assert [m for m in loaded if m in ("torch", "transformers")] == [], (argv, loaded)
 
 
+# input refused with exit 2 and one line before torch or transformers load (seconds on a small machine):
+# (argv, the line's start); {d} is a scratch folder (refused.py below)
+REFUSED_BEFORE_TORCH = [
+    (["info", "{d}/nosuch"], "orthros info: error: PATH {d}/nosuch: no such directory"),
+    (["info", "{d}/file.txt"], "orthros info: error: PATH {d}/file.txt: not a directory"),
+    (["info", "{d}/empty"], "orthros info: error: PATH {d}/empty: no config.json"),
+    (["info", "{d}/llama"], "orthros info: error: PATH {d}/llama: model_type 'llama' is not an Orthros checkpoint"),
+    (["info", "{d}/bare"], "orthros info: error: PATH {d}/bare: no weights"),
+    (["info", "{d}/ckpt", "--verify"], "orthros info: error: --verify: {d}/ckpt has no manifest.json"),
+    (["generate", "--model", "{d}/nosuch", "hi"], "orthros generate: error: --model {d}/nosuch: no such directory"),
+    (["generate", "--model", "{d}/file.txt", "hi"], "orthros generate: error: --model {d}/file.txt: not a directory"),
+    (["generate", "--model", "{d}/empty", "hi"], "orthros generate: error: --model {d}/empty: no config.json"),
+    (["generate", "--model", "{d}/bare", "hi"], "orthros generate: error: --model {d}/bare: no tokenizer files"),
+    (["generate", "--model", "{d}/ckpt", "--tokenizer", "{d}/nosuch", "hi"],
+     "orthros generate: error: --tokenizer {d}/nosuch: no such directory"),
+    (["generate", "--model", "{d}/ckpt", "--device", "cuda:x", "hi"],
+     "orthros generate: error: --device must be auto, cpu, cuda or cuda:N, got 'cuda:x'"),
+    (["generate", "--model", "{d}/ckpt", "--dtype", "int8", "hi"], "orthros generate: error: --dtype must be one of"),
+    (["train", "{d}/nosuch.yaml"], "orthros train: error: config file not found: {d}/nosuch.yaml"),
+    (["train", "{d}/empty"], "orthros train: error: config file {d}/empty is a directory"),
+    (["eval", "niah", "--model", "{d}/nosuch"], "orthros eval niah: error: --model {d}/nosuch: no such file"),
+    (["eval", "ppl", "--model", "{d}/llama", "--data", "{d}/nosuch.txt"],
+     "orthros eval ppl: error: --data {d}/nosuch.txt: no such file"),
+    (["eval", "mqar", "--steps", "0"], "orthros eval mqar: error: --steps must be >= 1, got 0"),
+    (["bench", "prefill", "--device", "cuda:x"], "orthros bench: error: --device must be cpu, cuda or cuda:N"),
+]
+
+
+def test_input_needing_no_model_is_refused_before_torch_loads(tmp_path):
+    """A wrong path or value that needs no model took seconds to refuse (`orthros info /no/such` 7 s,
+    `generate --model /no/such` 5 s, `train /no/such.yaml` 1.5 s on 2 cores): torch, transformers
+    and orthros.models loaded first. Every case in one fresh interpreter, in turn: exit 2, its one
+    line, and neither torch nor transformers loaded (the first case to load one is named)."""
+    d = tmp_path
+    (d / "file.txt").write_text("x")
+    (d / "empty").mkdir()
+    for name, mt in (("llama", "llama"), ("bare", "orthros"), ("ckpt", "orthros")):
+        (d / name).mkdir()
+        (d / name / "config.json").write_text(json.dumps({"model_type": mt}))
+    (d / "ckpt" / "model.safetensors").write_bytes((2).to_bytes(8, "little") + b"{}")  # a complete, empty one
+    (d / "ckpt" / "tokenizer.json").write_text("{}")
+    cases = [([a.format(d=d) for a in argv], line.format(d=d)) for argv, line in REFUSED_BEFORE_TORCH]
+    code = (f"import contextlib, io, json, sys\nfrom orthros.cli import main\nfor argv in {[a for a, _ in cases]!r}:\n"
+            "    err = io.StringIO()\n"
+            "    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):\n"
+            "        rc = main(argv)\n"
+            "    print(json.dumps([rc, err.getvalue(), [m for m in ('torch', 'transformers') if m in sys.modules]]))\n")
+    r = py(code)
+    assert r.returncode == 0, r.stderr[-3000:]
+    for (argv, line), out in zip(cases, r.stdout.strip().splitlines()[-len(cases):]):
+        rc, err, loaded = json.loads(out)
+        assert (rc, loaded) == (2, []) and err.startswith(line) and err.count("\n") == 1, (argv, rc, err, loaded)
+
+
 def test_version_and_help_output():
     from orthros.cli import main
 
