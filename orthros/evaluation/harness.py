@@ -26,9 +26,12 @@ def main(argv=None) -> int:
     except ImportError:
         print("lm-evaluation-harness is not installed: pip install lm_eval", file=sys.stderr)
         return 2
+    from .lm import _lm_eval_quietly
+
     if argv is not None:
         sys.argv = [sys.argv[0]] + list(argv)
-    cli_evaluate()
+    with _lm_eval_quietly(progress=True, metadata_hint=True):  # no git 'fatal:' outside a checkout; bars at a terminal
+        cli_evaluate()
     return 0
 
 

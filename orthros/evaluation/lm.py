@@ -133,11 +133,11 @@ def _no_metadata_hint(record) -> bool:
 
 
 @contextlib.contextmanager
-def _lm_eval_quietly(progress: bool):
+def _lm_eval_quietly(progress: bool, metadata_hint: bool = False):
     """Inside the block, lm-eval's progress bars are :class:`_ProgressBar` (``progress``: shown),
     transformers' own bars (loading weights) show only with ``progress`` at a terminal, and lm-eval's
-    git look-up keeps git's complaint off stderr (and its ``--metadata`` hint: :func:`_no_metadata_hint`);
-    as they were after it."""
+    git look-up keeps git's complaint off stderr (and its ``--metadata`` hint, unless ``metadata_hint``:
+    lm-eval's own command line has that option; :func:`_no_metadata_hint`); as they were after it."""
     import functools
     import importlib
     import logging
@@ -146,7 +146,8 @@ def _lm_eval_quietly(progress: bool):
     bar = functools.partial(_ProgressBar, enabled=progress)
     patches += [(m, "tqdm", bar) for m in ("lm_eval.api.task", "lm_eval.api.model", "lm_eval.models.huggingface")]
     saved, task_log = [], logging.getLogger("lm_eval.api.task")
-    task_log.addFilter(_no_metadata_hint)
+    if not metadata_hint:
+        task_log.addFilter(_no_metadata_hint)
     try:
         for module, name, new in patches:
             mod = importlib.import_module(module)

@@ -144,10 +144,14 @@ def test_plain_lm_eval_cli_with_orthros_imported(tiny, tmp_path):
     cmd = [sys.executable, "-m", "orthros.evaluation.harness", "--model", "hf", "--model_args",
            f"pretrained={tiny}", "--tasks", "orthros_tiny_cloze", "--include_path", str(LM_TASKS_DIR),
            "--limit", "2", "--device", "cpu", "--output_path", str(tmp_path / "res")]
+    env["GIT_CEILING_DIRECTORIES"] = str(tmp_path.parent)  # git looks no higher than tmp_path
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     assert "orthros_tiny_cloze" in p.stdout
     assert list(Path(tmp_path / "res").rglob("results*.json"))
+    # outside a checkout, as `orthros eval lm`: no git 'fatal:', and plain progress lines in a pipe (it wrote
+    # 'fatal: not a git repository' and tqdm bars of carriage returns)
+    assert "not a git repository" not in p.stderr and "\r" not in p.stderr, p.stderr[-3000:]
 
 
 @pytest.mark.parametrize("args, msg", [
