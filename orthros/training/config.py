@@ -474,10 +474,10 @@ def load_config(path: Optional[str] = None, overrides: Optional[list[str]] = Non
     _expand_home(cfg)
     try:
         validate(cfg)
-    except ConfigError as e:  # a value out of range or of its choices: the option as typed (or the file) that set it
-        first = re.match(r"[\w.]+", str(e))
-        if first and first.group() in set_by:
-            raise ConfigError(f"{set_by[first.group()]}: {e}") from None
+    except ConfigError as e:  # the option as typed that set the key it names first; a YAML value out of range
+        first = re.match(r"([\w.]+)(\[\d+\])?( must )?", str(e))  # or of its choices (that key alone): the file
+        if first and (first.group(1) in given or (first.group(3) and first.group(1) in set_by)):
+            raise ConfigError(f"{set_by[first.group(1)]}: {e}") from None
         raise
     return cfg
 

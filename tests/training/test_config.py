@@ -553,3 +553,13 @@ def test_a_yaml_value_out_of_range_or_choices_names_the_file(tmp_path):
     with pytest.raises(ConfigError) as e:
         load_config(str(p), ["--lr", "1e-3"])
     assert str(e.value) == f"config file {p}: train.max_steps must be > 0, got -3"
+
+
+def test_an_error_of_two_keys_names_no_file_for_a_key_an_override_did_not_set(tmp_path):
+    """The warm-up is the YAML file's, the run's length the override's: the error names both keys; it is not
+    said to be the file's."""
+    p = tmp_path / "c.yaml"
+    p.write_text("optim:\n  warmup_steps: 10\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(str(p), ["--max-steps", "3"])
+    assert str(e.value).startswith("optim.warmup_steps (10) is more than train.max_steps (3)"), str(e.value)
