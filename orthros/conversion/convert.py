@@ -35,8 +35,8 @@ import torch
 from ..layers import SCALE_OFFSET_INIT
 from ..models import OrthrosConfig, OrthrosForCausalLM
 from ..utils import (OLD_TAG, TMP_TAG, Progress, atomic_directory, check_not_blank, check_positive_int,  # noqa: F401
-                     check_replaceable_dir, clean_stale, dtype_name, expand_path, file_in_the_way, named_os_error,
-                     parse_dtype, staged_name_bytes)
+                     check_replaceable_dir, clean_stale, dtype_name, expand_path, file_in_the_way, format_bytes,
+                     named_os_error, parse_dtype, staged_name_bytes)
 from .architectures import (
     SUPPORTED_ARCHITECTURES,
     UnsupportedModelError,
@@ -605,7 +605,7 @@ def _check_disk(dst: Path, need: int) -> None:
     free = shutil.disk_usage(free_at).free
     if free < need + (64 << 20):
         raise OSError(f"not enough disk space at {str(free_at)!r}: the conversion needs about "
-                      f"{need / 2**30:.2f} GiB, {free / 2**30:.2f} GiB free")
+                      f"{format_bytes(need)} and keeps 64 MiB spare, {format_bytes(free)} free")
 
 
 def _convert_gguf(src, dst: Path, *, window_size: int, out_dtype, overwrite: bool, scale_offset: bool,
