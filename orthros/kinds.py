@@ -95,7 +95,8 @@ def hybrid_layout(name: str, num_layers: int) -> dict:
     mode, every = HYBRID_KINDS[kind]
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < (every or 1):
         why = f"; an attention layer every {every}th layer" if every else ""
-        raise ValueError(f"a {kind!r} model needs num_layers >= {every or 1} (an integer{why}), got {num_layers!r}")
+        article = "an" if kind[0] in "aeiou" else "a"
+        raise ValueError(f"{article} {kind!r} model needs num_layers >= {every or 1} (an integer{why}), got {num_layers!r}")
     if mode is None:
         return {"layer_types": [LINEAR_LAYER_TYPE] * num_layers, "attention_mode": "full"}
     return {"layer_types": interval_layer_types(num_layers, every, mode), "attention_mode": mode}

@@ -319,7 +319,7 @@ def test_accuracy_by_gap_buckets_add_up_and_plot(tmp_path):
 
 
 @pytest.mark.parametrize("args, msg", [
-    (["--models", "orthros,orthros-h", "--layers", "2"], "--layers 2: a 'orthros-h' model needs --layers >= 4"),
+    (["--models", "orthros,orthros-h", "--layers", "2"], "--layers 2: an 'orthros-h' model needs --layers >= 4"),
     (["--models", "linear_hybrid", "--layers", "3"], "--layers 3: a 'linear-hybrid' model needs --layers >= 4"),
     (["--seed", "-5"], "--seed must be >= 0, got -5"),
     # torch.manual_seed's 'Overflow when unpacking long long', after the training data was generated
