@@ -1020,6 +1020,29 @@ class Trainer:
         self.model.train()
         return float(tot[0] / tot[1].clamp(min=1))
 
+    def resume_changes(self) -> list:
+        """What a resume changes against its checkpoint, one line each (what the run prints after
+        "resuming with", and ``--dry-run``'s "changes" row): keys ``checkpoint.allow_changes`` let
+        through, data keys (the data is then read from its start), schedule keys (with the lr of the
+        first step against the checkpoint's schedule: extending a finished cosine run puts it back up)."""
+        from .optim import lr_multiplier
+
+        cfg, lines = self.cfg, [f"{k} = {new!r} (checkpoint: {old!r}; allowed by checkpoint.allow_changes)"
+                                for k, (old, new) in self.config_changes.items()]
+        if self.data_changes:
+            lines.append(", ".join(f"{k} = {new!r} (checkpoint: {old!r})" for k, (old, new) in self.data_changes.items())
+                         + ": the data is read from its start")
+        if self.schedule_changes:
+            step = self.resume_state["step"]
+            now = {k.split(".")[1]: _get(cfg, k) for k in SCHEDULE_KEYS}
+            was = {**now, **{k.split(".")[1]: old for k, (old, _) in self.schedule_changes.items()}}
+            lr = [cfg.optim.lr * lr_multiplier(step, total_steps=sch["max_steps"], warmup_steps=sch["warmup_steps"],
+                                               schedule=sch["schedule"], min_lr_ratio=sch["min_lr_ratio"])
+                  for sch in (now, was)]
+            lines.append(", ".join(f"{k} = {new!r} (checkpoint: {old!r})" for k, (old, new) in self.schedule_changes.items())
+                         + f": step {step + 1} trains at lr {lr[0]:.4g} (the checkpoint's schedule: {lr[1]:.4g})")
+        return lines
+
     # ---------------------------------------------------------------- loop
     def run(self) -> dict:
         cfg, dist = self.cfg, self.dist
@@ -1041,26 +1064,8 @@ class Trainer:
                                resume_step=self.step if self.resume_dir else 0)
         if dist.main:
             write_text(Path(cfg.output_dir) / "run_config.yaml", dump_yaml(cfg))
-            for k, (old, new) in self.config_changes.items():
-                print(f"[orthros train] resuming with {k} = {new!r} (checkpoint: {old!r}; allowed by "
-                      f"checkpoint.allow_changes)", file=sys.stderr, flush=True)
-            if self.data_changes:
-                print("[orthros train] resuming with " + ", ".join(f"{k} = {new!r} (checkpoint: {old!r})" for k, (old, new)
-                                                                   in self.data_changes.items()) +
-                      ": the data is read from its start", file=sys.stderr, flush=True)
-            if self.schedule_changes:  # extending a finished cosine run puts its lr back up: said, with the lr
-                from .optim import lr_multiplier
-
-                sched = {k.split(".")[1]: _get(cfg, k) for k in SCHEDULE_KEYS}
-                for k, (old, _) in self.schedule_changes.items():
-                    sched[k.split(".")[1]] = old
-                was = cfg.optim.lr * lr_multiplier(self.step, total_steps=sched["max_steps"],
-                                                   warmup_steps=sched["warmup_steps"], schedule=sched["schedule"],
-                                                   min_lr_ratio=sched["min_lr_ratio"])
-                print("[orthros train] resuming with " + ", ".join(f"{k} = {new!r} (checkpoint: {old!r})" for k, (old, new)
-                                                                   in self.schedule_changes.items()) +
-                      f": step {self.step + 1} trains at lr {self.scheduler.get_last_lr()[0]:.4g} (the checkpoint's "
-                      f"schedule: {was:.4g})", file=sys.stderr, flush=True)
+            for line in self.resume_changes():
+                print(f"[orthros train] resuming with {line}", file=sys.stderr, flush=True)
             if self.batch_note:
                 t = cfg.train
                 print(f"[orthros train] resuming with a global batch of {dist.world * t.grad_accum * t.micro_batch_size} "
@@ -1225,7 +1230,7 @@ def dry_run(cfg: RunConfig) -> str:
                  f"every {t.eval_every} steps and at the end" if t.eval_every else "at the end"),
         ("checkpoints", (f"every {c.every} steps and at the end" if c.every else "at the end") +
                         f", the last {c.keep_last} kept"),
-    ]
+    ] + [("changes" if i == 0 else "", line) for i, line in enumerate(trainer.resume_changes())]
     return "\n".join(["orthros train --dry-run: every check passed; nothing was written"] +
                       [f"  {k:<12} {v}" for k, v in rows_out])
 

@@ -1136,12 +1136,15 @@ def test_a_resume_with_another_schedule_says_where_its_lr_goes(tmp_path, corpus,
     _, _, summary = reference
     out = tmp_path / "run"
     shutil.copytree(Path(summary["checkpoint"]).parents[1], out)
+    new, old = (3e-3 * lr_multiplier(8, total_steps=n, warmup_steps=2, min_lr_ratio=0.1) for n in (10, 8))
+    said = (f"train.max_steps = 10 (checkpoint: 8): step 9 trains at lr {new:.4g} (the checkpoint's "
+            f"schedule: {old:.4g})")
+    # --dry-run, run first to check the resume, says it too (it said nothing of the lr going back up)
+    assert f"  changes      {said}" in dry_run(load_config(None, tiny(out, corpus, "--max_steps", "10", "--resume")))
     capsys.readouterr()
     train(load_config(None, tiny(out, corpus, "--max_steps", "10", "--resume")))
-    new, old = (3e-3 * lr_multiplier(8, total_steps=n, warmup_steps=2, min_lr_ratio=0.1) for n in (10, 8))
     assert {r["step"]: r["lr"] for r in read_metrics(str(out))}[9] == pytest.approx(new)
-    assert (f"resuming with train.max_steps = 10 (checkpoint: 8): step 9 trains at lr {new:.4g} (the checkpoint's "
-            f"schedule: {old:.4g})") in capsys.readouterr().err
+    assert f"resuming with {said}" in capsys.readouterr().err
     train(load_config(None, tiny(out, corpus, "--max_steps", "10", "--resume")))  # unchanged: no word
     assert "resuming with" not in capsys.readouterr().err
 
