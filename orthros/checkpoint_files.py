@@ -14,7 +14,7 @@ one-line ``ValueError`` that names the path or file and what is wrong.
 ``OrthrosPreTrainedModel.from_pretrained`` runs :func:`check_local_checkpoint` (weights of a
 local directory; a local-looking path that does not exist is an error, never a hub lookup);
 ``orthros generate`` runs all of them. Whether the weights fit the model of ``config.json``
-needs the model: :mod:`orthros.models.loading` (which re-exports these names).
+needs the model: :mod:`orthros.models.loading`. Every caller imports these names from here.
 
 Only the standard library is used here, and this module sits outside :mod:`orthros.models`
 (whose import loads transformers and torch, seconds): the commands refuse a wrong path with it in

@@ -529,7 +529,7 @@ def test_the_vllm_command_names_a_tokenizer_where_the_checkpoint_has_none(ckpt, 
     plugin's check) refuses: the command carries ``--tokenizer DIR`` and says what else works."""
     import shutil
 
-    from orthros.models.loading import TOKENIZER_FILES
+    from orthros.checkpoint_files import TOKENIZER_FILES
 
     d = tmp_path / "bare"
     shutil.copytree(ckpt, d, ignore=shutil.ignore_patterns(*TOKENIZER_FILES, "tokenizer_config.json"))

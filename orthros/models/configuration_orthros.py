@@ -175,7 +175,7 @@ class OrthrosConfig(PreTrainedConfig):
             self.save_pretrained(save_directory)
             return self.push_to_hub(repo_id, **kwargs)
         self.validate()  # before any file is written (transformers validates only before config.json)
-        from .loading import save_directory as checked
+        from ..checkpoint_files import save_directory as checked
 
         save_directory = checked(save_directory)  # "~/x" expanded, as from_pretrained expands it
         old = self.__dict__.get("architectures")
@@ -194,8 +194,8 @@ class OrthrosConfig(PreTrainedConfig):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         """transformers' ``from_pretrained``, with ``~`` expanded and a local-looking path that does not
-        exist a ``FileNotFoundError``, never a hub lookup (``loading.local_config_path``)."""
-        from .loading import local_config_path
+        exist a ``FileNotFoundError``, never a hub lookup (``checkpoint_files.local_config_path``)."""
+        from ..checkpoint_files import local_config_path
 
         return super().from_pretrained(local_config_path(pretrained_model_name_or_path), *args, **kwargs)
 

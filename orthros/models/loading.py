@@ -1,21 +1,16 @@
 """The checks of a checkpoint before its weights load that need the model: whether the weight files
 hold every tensor of the model ``config.json`` describes, in its shape (:func:`check_weights_fit`).
 
-The checks of the directory and its files alone (:func:`checkpoint_dir`, :func:`check_weights`,
-:func:`check_tokenizer_dir`, :func:`check_local_checkpoint`, ...) live in
-:mod:`orthros.checkpoint_files`, outside this package (whose import loads transformers and torch),
-and are re-exported here. Only the standard library is used at import: this module is part of the
-remote code saved beside every checkpoint (``remote_code.py``).
+The checks of the directory and its files alone (``checkpoint_dir``, ``check_weights``,
+``check_tokenizer_dir``, ``check_local_checkpoint``, ...) live in :mod:`orthros.checkpoint_files`,
+outside this package (whose import loads transformers and torch): import them from there.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from ..checkpoint_files import (CONVERTIBLE, DTYPE_BYTES, PT_WEIGHTS, TOKENIZER_FILES, WEIGHTS, WEIGHTS_INDEX,
-                                CheckpointError, _expand, check_local_checkpoint, check_safetensors_file,
-                                check_tokenizer_dir, check_weights, checkpoint_dir, has_tokenizer, local_config_path,
-                                looks_local, save_directory, weight_headers)
+from ..checkpoint_files import PT_WEIGHTS, WEIGHTS, WEIGHTS_INDEX, CheckpointError, _expand, weight_headers
 
 
 def weight_shapes(config, model=None) -> dict:
@@ -57,7 +52,4 @@ def check_weights_fit(path, config, *, arg: str = "--model", headers: Optional[d
         raise CheckpointError(f"{arg} {path}: the weights do not fit its config.json: {'; '.join(wrong[:3])}{more}")
 
 
-__all__ = ["CheckpointError", "checkpoint_dir", "check_weights", "weight_headers", "check_safetensors_file",
-           "check_local_checkpoint", "check_tokenizer_dir", "has_tokenizer", "looks_local", "weight_shapes",
-           "check_weights_fit", "local_config_path", "save_directory", "CONVERTIBLE", "DTYPE_BYTES", "PT_WEIGHTS",
-           "TOKENIZER_FILES", "WEIGHTS", "WEIGHTS_INDEX"]
+__all__ = ["weight_shapes", "check_weights_fit"]

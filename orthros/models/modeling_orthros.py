@@ -268,8 +268,8 @@ class OrthrosPreTrainedModel(PreTrainedModel):
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
         """transformers' ``from_pretrained``, after checking a local directory's safetensors files
         (a damaged one is named; a missing local path is never a hub lookup) and, without a
-        ``config``, that it is an Orthros checkpoint: ``loading.py``."""
-        from .loading import check_local_checkpoint
+        ``config``, that it is an Orthros checkpoint: ``checkpoint_files.py``."""
+        from ..checkpoint_files import check_local_checkpoint
 
         path = check_local_checkpoint(pretrained_model_name_or_path, kwargs.get("subfolder") or "",
                                       config_given=kwargs.get("config") is not None)
@@ -278,12 +278,12 @@ class OrthrosPreTrainedModel(PreTrainedModel):
     def save_pretrained(self, save_directory, *args, **kwargs):
         """transformers' ``save_pretrained``, after checking the config: one that would not load
         (a field set after its ``__init__``) writes nothing, not even the directory; and the path
-        (``loading.save_directory``: ``~`` expanded as ``from_pretrained`` expands it, a file refused). The config's
+        (``checkpoint_files.save_directory``: ``~`` expanded as ``from_pretrained`` expands it, a file refused). The config's
         save writes the flat modeling code and ``auto_map`` (``remote_code.py``), so the package's class,
         registered with ``register_for_auto_class``, is hidden from transformers here: its
         ``custom_object_save`` would copy the package's own file (parent-relative imports) and fail
         scanning them."""
-        from .loading import save_directory as checked
+        from ..checkpoint_files import save_directory as checked
 
         self.config.validate()
         save_directory = checked(save_directory)

@@ -148,7 +148,7 @@ def check_tokenizer(tokenizer, model=None) -> None:
     model's config (:func:`register`), before vLLM loads the tokenizer."""
     import os
 
-    from ..models.loading import TOKENIZER_FILES, has_tokenizer, looks_local
+    from ..checkpoint_files import TOKENIZER_FILES, has_tokenizer, looks_local
 
     path = os.fspath(tokenizer)
     own = model is not None and os.fspath(model) == path

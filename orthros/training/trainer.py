@@ -391,7 +391,7 @@ def model_config_for(cfg: RunConfig, tokenizer):
                               f"first (the conversion tool), then continue pre-training with mode cpt")
         if os.path.isdir(m.init_from):  # its weights are there and complete (headers only): else the load
             # fails once the run has started (and --dry-run, which reads no weights, passes)
-            from ..models.loading import PT_WEIGHTS, check_weights
+            from ..checkpoint_files import PT_WEIGHTS, check_weights
 
             try:
                 found = check_weights(m.init_from) or [f for f in PT_WEIGHTS

@@ -171,7 +171,7 @@ def test_evaluations_take_what_orthros_convert_takes(tmp_path):
     # the evaluations kept their own list of convertible model types, without Qwen3.5 (`orthros eval lm --model` of
     # a Qwen3.5 checkpoint was refused as not convertible); they use the loader's, kept equal to the converter's
     from orthros.evaluation.common import read_model_type
-    from orthros.models.loading import CONVERTIBLE
+    from orthros.checkpoint_files import CONVERTIBLE
 
     for mt in CONVERTIBLE:
         (tmp_path / "config.json").write_text(json.dumps({"model_type": mt}))

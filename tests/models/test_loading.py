@@ -1,6 +1,6 @@
-"""Checkpoint checks before loading (orthros/models/loading.py): damaged safetensors files are
-named by ``from_pretrained``, complete ones of every kind pass, local-looking paths that do not
-exist never become hub lookups."""
+"""Checkpoint checks before loading (orthros/checkpoint_files.py; whether the weights fit the config:
+orthros/models/loading.py): damaged safetensors files are named by ``from_pretrained``, complete ones
+of every kind pass, local-looking paths that do not exist never become hub lookups."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from orthros.models import OrthrosConfig, OrthrosForCausalLM
-from orthros.models.loading import (CheckpointError, check_safetensors_file, check_tokenizer_dir, check_weights,
-                                    checkpoint_dir, looks_local)
+from orthros.checkpoint_files import (CheckpointError, check_safetensors_file, check_tokenizer_dir, check_weights,
+                                      checkpoint_dir, looks_local)
 
 
 def tiny(**kw):
@@ -149,7 +149,7 @@ def test_local_looking_missing_paths_never_reach_the_hub(tmp_path, monkeypatch):
 def test_an_empty_path_is_refused_by_name(tmp_path, monkeypatch):
     """``Path("")`` is the current folder: ``orthros info ""`` said 'PATH : no config.json (not a
     checkpoint directory)' of a path never given; an empty or blank path is refused as such."""
-    from orthros.models.loading import check_tokenizer_dir, checkpoint_dir
+    from orthros.checkpoint_files import check_tokenizer_dir, checkpoint_dir
 
     monkeypatch.chdir(tmp_path)
     for blank in ("", " ", "\t"):
@@ -203,10 +203,10 @@ def test_another_model_types_checkpoint_is_named_to_convert(saved, tmp_path):
 def test_every_model_type_orthros_convert_takes_is_named_to_convert(tmp_path):
     """A Qwen3.5 text checkpoint (model_type qwen3_5_text, which `orthros convert` takes) was refused as
     "not an Orthros checkpoint (convertible to Orthros: llama, qwen2, qwen3, mistral)": the list
-    lacked it. It is the converter's list of model types (loading.py imports nothing of orthros:
+    lacked it. It is the converter's list of model types (checkpoint_files.py cannot import the converter:
     remote code), so the two are compared here."""
     from orthros.conversion.architectures import _MODEL_TYPES
-    from orthros.models.loading import CONVERTIBLE
+    from orthros.checkpoint_files import CONVERTIBLE
 
     assert sorted(CONVERTIBLE) == sorted(_MODEL_TYPES)
     (tmp_path / "q").mkdir()
@@ -407,7 +407,7 @@ def test_config_from_pretrained_expands_home_and_never_looks_a_local_path_up_on_
 def test_a_tokenizer_file_given_for_its_directory_is_named_as_a_file(tmp_path):
     """``--tokenizer DIR/tokenizer.json`` said "no such directory" of a path that exists; it names the
     file and the directory meant."""
-    from orthros.models.loading import check_tokenizer_dir
+    from orthros.checkpoint_files import check_tokenizer_dir
 
     (tmp_path / "tokenizer.json").write_text("{}")
     with pytest.raises(CheckpointError, match=r"tokenizer\.json: a file; --tokenizer takes the directory") as e:

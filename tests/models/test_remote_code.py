@@ -128,7 +128,7 @@ m2 = AutoModelForCausalLM.from_pretrained(resaved, trust_remote_code=True).eval(
 with torch.no_grad():
     assert torch.equal(m2(ids).logits, logits)
 
-# the checks of models/loading.py in the remote code: a training run's folders are named as such
+# the checks of checkpoint_files.py in the remote code: a training run's folders are named as such
 import shutil
 from pathlib import Path
 
@@ -151,10 +151,10 @@ print(json.dumps({"config": type(cfg).__module__, "model": type(m).__module__, "
 
 def test_loads_without_orthros_and_computes_what_the_package_computes(ckpt, env, tmp_path, one_thread):
     """Also the remote code's own checks (one fresh process for both, ~6 s of imports each): the checks of
-    ``models/loading.py`` travel in the remote code (``models_loading.py``) with the training run's layout
+    ``orthros/checkpoint_files.py`` travel in the remote code (``checkpoint_files.py``) with the training run's layout
     they read (``orthros/layout.py``, as the flat ``layout.py``): the remote class's ``from_pretrained``
     names a run's latest complete checkpoint, with no orthros importable."""
-    assert {"models_loading.py", "layout.py", "utils.py"} <= {p.name for p in ckpt.glob("*.py")}
+    assert {"checkpoint_files.py", "layout.py", "utils.py"} <= {p.name for p in ckpt.glob("*.py")}
     r = run_python(LOAD, env, tmp_path, ckpt, json.dumps(IDS), tmp_path / "out.pt", tmp_path / "resaved",
                    tmp_path / "run")
     info = json.loads(r.stdout.strip().splitlines()[-1])
