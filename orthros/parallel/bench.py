@@ -510,6 +510,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error("--model qwen3-8b is a GPU measurement; on the CPU" + ("" if a.device else " (no CUDA here)")
                 + " use --model tiny (a smoke run)")
     a.device = "cuda" if use_cuda else "cpu"
+    if a.device == "cpu" and a.transformer_cp:  # PyTorch shards only CUDA's SDPA kernels: an 'error' record, late
+        if a.transformer_cp != p.get_default("transformer_cp"):
+            p.error("--transformer-cp needs CUDA: PyTorch's context parallelism shards only the GPU's attention "
+                    "kernels (the CPU's has no sharding strategy); on the CPU pass --transformer-cp ''")
+        a.transformer_cp = []  # the default: the GPU baseline, not run on the CPU
     # no OOM to record on the CPU (CUDA's is a "status": "OOM" record): the kernel killed the ranks. One process a
     # host decides for its ranks (each measuring the free memory at its own moment, near the limit some refused and
     # others ran on); the others start the process group, which torchrun ends if that one refuses.

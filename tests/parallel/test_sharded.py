@@ -283,6 +283,8 @@ def test_decode_step_refuses_a_cache_that_is_not_this_model_s_on_this_rank():
     # ran only when WORLD_SIZE > 1: on one rank the lengths were accepted and nothing ran
     (["--transformer-cp", "1K"], {"WORLD_SIZE": "1"},
      "--transformer-cp runs the Transformer with context parallelism over several"),
+    # ran the Orthros lengths, then recorded a NotImplementedError (no sharding strategy for the CPU's SDPA)
+    (["--transformer-cp", "1K"], {"WORLD_SIZE": "2"}, "--transformer-cp needs CUDA"),
 ])
 def test_bench_rejects_bad_arguments_before_any_work(args, env, match, tmp_path, monkeypatch, capsys):
     """Bad ``python -m orthros.parallel.bench`` arguments end in a usage error naming the flag,
@@ -306,6 +308,16 @@ def test_bench_rejects_bad_arguments_before_any_work(args, env, match, tmp_path,
     assert e.value.code == 2
     assert match in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_on_the_cpu_drops_the_default_context_parallel_baseline(tmp_path, monkeypatch):
+    """The default --transformer-cp (64K,128K, a GPU baseline) is not run on the CPU, where PyTorch's context
+    parallelism has no sharding strategy for the attention: a CPU run of several ranks ended in an 'error' record."""
+    from orthros.parallel import bench
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    a = bench.parse_args(["--model", "tiny", "--device", "cpu", "--lengths", "1K", "--out", str(tmp_path / "b.json")])
+    assert a.transformer_cp == []
 
 
 @pytest.mark.parametrize("rank", ["0", "1", "3"])
