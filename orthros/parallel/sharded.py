@@ -317,7 +317,7 @@ class ShardedOrthros:
         rank embeds only its shard). Returns ``(logits [B, 1, V], cache)``: the prediction after
         the last prompt token (identical on every rank) and this rank's :class:`ShardedKVCache`."""
         ids = self._check_ids(input_ids)
-        warn_beyond_positions(self.model.config, ids.shape[1])
+        warn_beyond_positions(self.model.config, ids.shape[1], stacklevel=3)  # past torch.no_grad's wrapper: the caller's line
         return self._prefill(ids)
 
     def _prefill(self, ids: torch.Tensor):  # ids checked (_check_ids)
@@ -420,7 +420,7 @@ class ShardedOrthros:
             raise ValueError(f"tokens must be [B] or [B, 1] with B = {B} (the cache's batch), got {tuple(tokens.shape)}")
         if check_ranks and self.ctx.world_size > 1:
             self._check_same_step(tokens.long().view(-1), cache)
-        warn_beyond_positions(self.model.config, cache.seq_len + 1)
+        warn_beyond_positions(self.model.config, cache.seq_len + 1, stacklevel=3)  # as prefill
         return self._decode_step(tokens.long().view(-1, 1), cache)
 
     def _check_same_step(self, tokens: torch.Tensor, cache: ShardedKVCache) -> None:
@@ -491,7 +491,7 @@ class ShardedOrthros:
         """
         max_new_tokens = check_positive_int("max_new_tokens", max_new_tokens)
         ids = self._check_ids(input_ids)
-        warn_beyond_positions(self.model.config, ids.shape[1] + max_new_tokens - 1)
+        warn_beyond_positions(self.model.config, ids.shape[1] + max_new_tokens - 1, stacklevel=3)  # as prefill
         logits, cache = self._prefill(ids)
         toks, all_logits = [], [logits]
         for step in range(max_new_tokens):

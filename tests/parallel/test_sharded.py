@@ -160,6 +160,14 @@ def test_positions_past_the_model_s_are_warned_as_the_model_warns():
         warnings.simplefilter("always")
         sh.generate(torch.randint(0, V, (1, 28)), 8)
     assert len(seen) == 1, [str(w.message) for w in seen]
+    # each warning names the caller's line (it named torch's no_grad wrapper, one line that every call shared, so
+    # Python's default filter showed the first of them only)
+    for call in (lambda: sh.generate(torch.randint(0, V, (1, 28)), 8), lambda: sh.prefill(torch.randint(0, V, (1, 33))),
+                 lambda: sh.decode_step(torch.tensor([1]), cache)):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            call()
+        assert [w.filename for w in seen] == [__file__]
 
 
 @pytest.mark.parametrize("gate", [False, True])
