@@ -14,9 +14,10 @@ import sys
 from ..utils import Terminated, check_not_blank, expand_path, format_bytes, sigterm_as_interrupt
 from . import qwen3_5
 from .architectures import SUPPORTED_ARCHITECTURES
+from .checks import check_local_source
 
 
-# the conversion's errors in this command's option names (convert.API_NAMES: the Python API's keywords)
+# the conversion's errors in this command's option names (checks.API_NAMES: the Python API's keywords)
 CLI_NAMES = {"overwrite": "--overwrite", "window_size": "--window-size", "dtype": "--dtype", "dry_run": "--dry-run",
              "download": "a run without --dry-run"}
 
@@ -94,10 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.window_size < 1:
         print(f"orthros convert: error: --window-size must be >= 1, got {args.window_size}", file=sys.stderr)
         return 2
-    from .convert import convert_checkpoint, plan_conversion
-
     try:
         with sigterm_as_interrupt():  # SIGTERM removes the temporary directory, as Ctrl-C does
+            check_local_source(args.src, args.dst, CLI_NAMES)  # no torch yet: a wrong SRC is refused at once
+            from .convert import convert_checkpoint, plan_conversion
+
             if args.dry_run:  # printed below, out of the try: a closed stdout is no conversion error
                 plan = plan_conversion(args.src, args.dst, window_size=args.window_size, dtype=args.dtype,
                                        overwrite=args.overwrite, scale_offset=args.scale_offset, names=CLI_NAMES)

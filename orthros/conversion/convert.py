@@ -18,7 +18,6 @@ Two entry points:
 from __future__ import annotations
 
 import contextlib
-import errno
 import json
 import math
 import os
@@ -34,22 +33,21 @@ import torch
 
 from ..layers import SCALE_OFFSET_INIT
 from ..models import OrthrosConfig, OrthrosForCausalLM
-from ..utils import (OLD_TAG, TMP_TAG, Progress, atomic_directory, check_not_blank, check_positive_int,  # noqa: F401
+from ..utils import (OLD_TAG, TMP_TAG, Progress, atomic_directory, check_positive_int,  # noqa: F401
                      check_replaceable_dir, clean_stale, dtype_name, expand_path, file_in_the_way, format_bytes,
-                     named_os_error, parse_dtype, staged_name_bytes)
+                     parse_dtype)
 from .architectures import (
     SUPPORTED_ARCHITECTURES,
     UnsupportedModelError,
-    architecture_of,
     check_supported,
     droppable_reason,
     orthros_config_from,
     value_transforms,
 )
+from .checks import (API_NAMES, INDEX_FILE, SINGLE_FILE, _is_hub_id, _names, _nv, _resolve_source, _src_arg,
+                     check_paths, read_source_config)
 from .safetensors_io import StreamingWriter, TensorReader, read_header
 
-SINGLE_FILE = "model.safetensors"
-INDEX_FILE = "model.safetensors.index.json"
 REPORT_FILE = "conversion_report.json"
 _NEW_PARAMS = SCALE_OFFSET_INIT  # alpha = alpha' = 1, beta = beta' = 0: the source model exactly
 _NEW_RE = re.compile(r"^model\.layers\.(\d+)\.self_attn\.(alpha|beta|alpha_out|beta_out)$")
@@ -61,44 +59,7 @@ _NOT_COPIED = {"config.json", INDEX_FILE, "pytorch_model.bin.index.json", REPORT
 _COPIED_DIRS = {"additional_chat_templates"}
 
 
-# How the conversion's errors name the settings a caller can change: the Python API's keywords here;
-# orthros convert passes its options (cli.CLI_NAMES), as the engine's length checks take a front end's names
-API_NAMES = {"overwrite": "overwrite=True", "window_size": "window_size", "dtype": "dtype",
-             "dry_run": "plan_conversion", "download": "convert_checkpoint"}
-
-
-def _names(names) -> dict:
-    return {**API_NAMES, **(names or {})}
-
-
-def _nv(names: dict, key: str, value) -> str:
-    """A setting and its value as the caller writes it: ``window_size=64`` / ``--window-size 64``."""
-    return f"{names[key]} {value}" if names[key].startswith("-") else f"{names[key]}={value}"
-
-
 # ----------------------------------------------------------------------------------------- checks
-def _path_arg(value, name: str) -> Path:
-    """:func:`expand_path`, with ``""`` (or blanks) refused: pathlib reads it as the working folder, so
-    ``src=""`` (an unset variable) converted the folder the caller stood in (orthros convert refuses an
-    empty SRC / DST too)."""
-    check_not_blank(value, name, hint="name a path ('.' for the current directory)")
-    return expand_path(value, name)
-
-
-def _src_arg(value, name: str) -> Path:
-    """:func:`_path_arg` for a source: a name beyond the file system's limit is a source that does not exist,
-    not an errno line of the first look at it (exit 1). Another refusal of that look (a folder above it that
-    cannot be searched) says what it is, naming the source: such a source may well exist."""
-    p = _path_arg(value, name)
-    try:
-        p.exists()
-    except OSError as e:
-        if e.errno == errno.ENAMETOOLONG:
-            raise FileNotFoundError(f"source {str(p)!r} does not exist ({e.strerror})") from None
-        raise named_os_error(e, f"source {str(p)!r}", "cannot be looked up") from None
-    return p
-
-
 def _check_window(window_size) -> int:
     return check_positive_int("window_size", window_size)  # a Python int: the report is JSON
 
@@ -259,88 +220,12 @@ class SourceCheckpoint:
         return head_differs(self.config, self.shapes(), rows)
 
 
-def _resolve_source(path, download: bool = True, names=None) -> Path:
-    """``download=False`` (a dry run): a hub id is looked up in the local Hugging Face cache only."""
-    p = expand_path(path, "source")
-    if p.is_dir():
-        return p
-    if p.exists():
-        raise NotADirectoryError(_not_a_directory(p))
-    s = os.fspath(path)
-    if _is_hub_id(s):
-        try:  # a hub id; only when the hub is reachable
-            from huggingface_hub import snapshot_download
-
-            # config, index and tokenizer first, then only the weights the conversion reads (Mistral's
-            # repos also hold a consolidated.safetensors: the whole model a second time)
-            root = Path(snapshot_download(s, allow_patterns=["*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken"],
-                                          local_files_only=not download))
-            return Path(snapshot_download(s, allow_patterns=[SINGLE_FILE, *_index_shards(root / INDEX_FILE)],
-                                          local_files_only=not download))
-        except Exception as e:  # noqa: BLE001 - any failure means "not found" for the user
-            why = f" ({type(e).__name__}: {' '.join(str(e).split())})"
-            if download:
-                raise FileNotFoundError(f"source {s!r} is not a local directory and could not be downloaded "
-                                        f"from the Hugging Face hub{why}") from None
-            # huggingface_hub's own words for "not cached" tell to pass local_files_only=False: not for a CLI user
-            n = _names(names)
-            raise FileNotFoundError(f"source {s!r} is not a local directory and is not in the local Hugging Face "
-                                    f"cache ({n['dry_run']} downloads nothing: {n['download']} "
-                                    f"downloads it, or name a local directory)"
-                                    f"{'' if type(e).__name__ == 'LocalEntryNotFoundError' else why}") from None
-    raise FileNotFoundError(f"source directory {s!r} does not exist")
-
-
-def _is_hub_id(s: str) -> bool:
-    """Whether ``s`` (a path that does not exist here) reads as a Hugging Face hub id, ``owner/model``."""
-    return bool(re.fullmatch(r"[A-Za-z0-9][\w.\-]*/[\w.\-]+", s)) and not s.startswith((".", "/", "~"))
-
-
-def _not_a_directory(p: Path) -> str:
-    """The error for a source file that is neither a checkpoint directory nor a ``.gguf`` file: a GGUF file
-    named without the suffix (a Hugging Face cache blob, a renamed download) is told by that suffix only."""
-    try:
-        with open(p, "rb") as f:
-            magic = f.read(4)
-    except OSError:
-        magic = b""
-    if magic == b"GGUF":
-        return (f"source {str(p)!r} is a GGUF file whose name lacks the .gguf suffix (a GGUF source is told by "
-                f"it): name a link to it that ends in .gguf, e.g. ln -s {str(p.absolute())!r} {p.name}.gguf")
-    hint = (f"; name the directory that holds it: {str(p.absolute().parent)!r}"
-            if p.suffix == ".safetensors" or p.name == "config.json" else "")
-    return f"source {str(p)!r} is not a directory (expected an HF checkpoint directory or a .gguf file){hint}"
-
-
-def _index_shards(index_path: Path) -> list:
-    """The shard names an index lists; none where it is missing or unreadable (load_source says why)."""
-    try:
-        return sorted({f for f in json.loads(index_path.read_text())["weight_map"].values() if isinstance(f, str)})
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return []
-
-
 def load_source(path, *, download: bool = True, names=None) -> SourceCheckpoint:
     """Find, read and validate the source config and every safetensors header (no tensor data).
     ``download=False``: a hub id is read from the local Hugging Face cache only. ``names``: see
     :data:`API_NAMES`."""
     root = _resolve_source(path, download, names)
-    cfg_path = root / "config.json"
-    if not cfg_path.is_file():
-        raise FileNotFoundError(f"source {str(root)!r} has no config.json (not an HF model directory)")
-    try:
-        config_dict = json.loads(cfg_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{cfg_path}: not valid JSON ({e})") from None
-    if not isinstance(config_dict, dict):
-        raise ValueError(f"{cfg_path}: not a JSON object (got a {type(config_dict).__name__})")
-    arch = architecture_of(config_dict)
-    check_supported(arch)
-    quant = config_dict.get("quantization_config")
-    if quant:  # its scales / packed weights were refused one by one as "unexpected tensor", never saying why
-        method = quant.get("quant_method") if isinstance(quant, dict) else None
-        raise UnsupportedModelError(f"{cfg_path}: a quantized checkpoint (quantization_config, quant_method="
-                                    f"{method!r}) cannot be converted; convert the unquantized model")
+    cfg_path, config_dict, arch = read_source_config(root)
     from transformers import AutoConfig
 
     try:
@@ -440,37 +325,6 @@ def _check_destination(src: Path | None, dst: Path, overwrite: bool, names: dict
         raise FileExistsError(f"destination {str(dst)!r}: {what}; pass {names['overwrite']} to replace it")
 
 
-def _name_max(folder: Path) -> int:
-    try:
-        return os.pathconf(folder, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        return 255
-
-
-def _check_name_lengths(dst: Path) -> None:
-    """Refuse a DST with a name the file system cannot hold, before anything reads or writes beside it:
-    a folder's name beyond its limit was an errno line (exit 1) from the first look at DST; a last name
-    that fits, but not with what the temporary directory beside it adds (``.<name>.orthros-tmp-<pid>-
-    <8 characters>``; a replaced DST moves aside as ``.<name>.orthros-old-...``), passed every check and
-    the dry run, and failed there."""
-    folder = Path(dst.absolute().anchor)
-    name_max = _name_max(folder)
-    parts = dst.absolute().parts[1:]
-    for i, part in enumerate(parts):
-        size = len(part.encode())
-        if i == len(parts) - 1:
-            size = staged_name_bytes(part)
-        if size > name_max:
-            what = (f"its name is {len(part.encode())} bytes long and the temporary directory beside it adds "
-                    f"{size - len(part.encode())}" if i == len(parts) - 1 else f"{part!r} is {size} bytes long")
-            raise ValueError(f"destination {str(dst)!r}: {what}, beyond this file system's {name_max} bytes for "
-                             f"a name" + (f": name a DST of at most {name_max - size + len(part.encode())} bytes"
-                                          if i == len(parts) - 1 else ""))
-        if (folder / part).is_dir():
-            folder = folder / part
-            name_max = _name_max(folder)
-
-
 def _dst_taken(dst: Path) -> bool:
     """Whether writing ``dst`` replaces something: anything there but an empty directory (a symbolic
     link, even to an empty directory, is replaced by the result, not filled)."""
@@ -513,9 +367,7 @@ def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrit
     window_size = _check_window(window_size)
     _check_flags(overwrite=overwrite, scale_offset=scale_offset, progress=progress)
     out_dtype = resolve_dtype(dtype)
-    dst = _path_arg(dst, "dst")
-    _src_arg(src, "src")  # ~NAME of no user: named before any work
-    _check_name_lengths(dst)
+    dst = check_paths(src, dst)
     clean_stale(dst)  # before the checks of DST: it may put back a previous DST, which --overwrite must then allow
     from .gguf import is_gguf_source
 
@@ -541,9 +393,7 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
     window_size = _check_window(window_size)
     _check_flags(overwrite=overwrite, scale_offset=scale_offset)
     out_dtype = resolve_dtype(dtype)
-    dst = _path_arg(dst, "dst")
-    _src_arg(src, "src")
-    _check_name_lengths(dst)
+    dst = check_paths(src, dst)
     from .gguf import gguf_notes, is_gguf_source
 
     base = {"dst": str(dst), "dst_exists": _dst_taken(dst),
