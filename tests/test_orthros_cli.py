@@ -89,12 +89,25 @@ REFUSED_BEFORE_TORCH = [
      "orthros eval ppl: error: --data {d}/nosuch.txt: no such file"),
     (["eval", "mqar", "--steps", "0"], "orthros eval mqar: error: --steps must be >= 1, got 0"),
     (["bench", "prefill", "--device", "cuda:x"], "orthros bench: error: --device must be cpu, cuda or cuda:N"),
+    (["bench", "decode", "--device", "cpu", "--model", "{d}/nosuch", "--out", "{d}/out"],
+     "orthros bench: error: --model {d}/nosuch: no such directory"),
+    (["bench", "decode", "--device", "cpu", "--model", "{d}/empty", "--out", "{d}/out"],
+     "orthros bench: error: --model {d}/empty: no config.json"),
+    (["bench", "decode", "--device", "cpu", "--model", "{d}/llama", "--out", "{d}/out"],
+     "orthros bench: error: --model {d}/llama: model_type 'llama' is not an Orthros checkpoint"),
+    (["convert", "{d}/nosuch", "{d}/out"], "orthros convert: error: source directory '{d}/nosuch' does not exist"),
+    (["convert", "{d}/empty", "{d}/out"], "orthros convert: error: source '{d}/empty' has no config.json"),
+    (["convert", "{d}/file.txt", "{d}/out"], "orthros convert: error: source '{d}/file.txt' is not a directory"),
+    (["convert", "{d}/bert", "{d}/out"], "orthros convert: error: cannot convert architecture 'BertModel'"),
+    (["convert", "--dry-run", "{d}/quant", "{d}/out"],
+     "orthros convert: error: {d}/quant/config.json: a quantized checkpoint"),
 ]
 
 
 def test_input_needing_no_model_is_refused_before_torch_loads(tmp_path):
     """A wrong path or value that needs no model took seconds to refuse (`orthros info /no/such` 7 s,
-    `generate --model /no/such` 5 s, `train /no/such.yaml` 1.5 s on 2 cores): torch, transformers
+    `generate --model /no/such` 5 s, `convert /no/such DST` 6.5 s, `bench decode --model /no/such`
+    4.5 s, `train /no/such.yaml` 1.5 s on 2 cores): torch, transformers
     and orthros.models loaded first. Every case in one fresh interpreter, in turn: exit 2, its one
     line, and neither torch nor transformers loaded (the first case to load one is named)."""
     d = tmp_path
@@ -105,6 +118,10 @@ def test_input_needing_no_model_is_refused_before_torch_loads(tmp_path):
         (d / name / "config.json").write_text(json.dumps({"model_type": mt}))
     (d / "ckpt" / "model.safetensors").write_bytes((2).to_bytes(8, "little") + b"{}")  # a complete, empty one
     (d / "ckpt" / "tokenizer.json").write_text("{}")
+    for name, cfg in (("bert", {"model_type": "bert", "architectures": ["BertModel"]}),
+                      ("quant", {"model_type": "llama", "quantization_config": {"quant_method": "gptq"}})):
+        (d / name).mkdir()
+        (d / name / "config.json").write_text(json.dumps(cfg))
     cases = [([a.format(d=d) for a in argv], line.format(d=d)) for argv, line in REFUSED_BEFORE_TORCH]
     code = (f"import contextlib, io, json, sys\nfrom orthros.cli import main\nfor argv in {[a for a, _ in cases]!r}:\n"
             "    err = io.StringIO()\n"
@@ -116,6 +133,7 @@ def test_input_needing_no_model_is_refused_before_torch_loads(tmp_path):
     for (argv, line), out in zip(cases, r.stdout.strip().splitlines()[-len(cases):]):
         rc, err, loaded = json.loads(out)
         assert (rc, loaded) == (2, []) and err.startswith(line) and err.count("\n") == 1, (argv, rc, err, loaded)
+    assert not (d / "out").exists()  # (bench's --out and convert's DST)
 
 
 def test_version_and_help_output():

@@ -126,7 +126,12 @@ def main(argv=None) -> int:
         parser.print_help()
         return 0
     try:
-        dev = check_device(args.device)  # (a misspelt device is refused before torch loads)
+        _check_options(args)  # (what needs no torch: a wrong --model is refused at once)
+    except ValueError as e:
+        print(f"orthros bench: error: {e}", file=sys.stderr)
+        return 2
+    try:
+        dev = check_device(args.device)  # (a misspelt device is refused before torch loads; a valid one loads it)
     except ValueError as e:
         hint = " (pass --device cpu, with --preset tiny for a smoke run)" if args.device.startswith("cuda") else ""
         print(f"orthros bench: error: {e}{hint}", file=sys.stderr)
@@ -172,28 +177,18 @@ def make_out_dir(path, arg: str = "--out") -> None:
         raise ValueError(f"{arg} {path!r}: cannot make the directory ({e.strerror or e})") from None
 
 
-def _check_args(args, systems):
-    """Every option checked before the model is built (what the sections would otherwise find out
-    mid-sweep): ``ValueError`` naming the option."""
-    from .models import PRESETS
-
+def _check_options(args) -> None:
+    """The options checked before torch loads (and so before ``--device``, whose check loads it): their
+    values, the output paths, and ``--model``'s directory and weight files; ``ValueError`` naming the
+    option. :func:`_check_args` checks the rest once torch is loaded."""
     if args.what == "decode" and args.chunk is not None:
         raise ValueError("--chunk goes with prefill, e2e and all (the prefill chunk): decode times steps over a "
                          "cache declared filled, no prefill runs")
     if args.what != "decode" and args.chunk < 1:
         raise ValueError(f"--chunk must be >= 1, got {args.chunk}")
-    if hasattr(args, "systems"):
-        unknown = [s for s in args.systems.split(",") if s and s not in systems]
-        if unknown:
-            raise ValueError(f"--systems {args.systems!r}: unknown {', '.join(unknown)}; choose from "
-                             f"{', '.join(systems)}")
-        if not any(args.systems.split(",")):
-            raise ValueError(f"--systems names no system; choose from {', '.join(systems)}")
     if getattr(args, "batch", 1) < 1:
         raise ValueError(f"--batch must be >= 1, got {args.batch}")
-    import torch
-
-    if args.model is None and args.preset is None and torch.device(args.device).type == "cpu":
+    if args.model is None and args.preset is None and args.device.split(":")[0] == "cpu":
         # was: the default preset, the 8B shape (16 GB of random weights in bf16), built on the CPU
         # for minutes, then the 8K..128K sweep; a CPU run is a smoke run unless the 8B is asked for
         raise ValueError(f"--device {args.device}: give --preset tiny for a CPU smoke run (the default preset, qwen3-8b, "
@@ -215,15 +210,33 @@ def _check_args(args, systems):
                              f"away or choose another --out)")
     if args.model is not None:  # a local checkpoint directory (never a hub lookup), its weights readable
         from ..checkpoint_files import check_weights, checkpoint_dir
-        from ..models import OrthrosConfig
 
-        d = checkpoint_dir(args.model, arg="--model")
-        check_weights(d)
+        check_weights(checkpoint_dir(args.model, arg="--model"))
         for opt, val in (("--preset", args.preset), ("--window", args.window)):  # a checkpoint keeps its own
             if val is not None:
                 raise ValueError(f"{opt} shapes the random-weight model; --model {args.model} benchmarks a "
                                  f"checkpoint, which keeps its own: drop {opt} or --model")
-        limit = OrthrosConfig.from_pretrained(str(d), local_files_only=True).max_position_embeddings
+
+
+def _check_args(args, systems):
+    """The options checked once torch is loaded, after :func:`_check_options`, before the model is
+    built (what the sections would otherwise find out mid-sweep): ``--systems`` and the positions
+    the sizes need; ``ValueError`` naming the option."""
+    from .models import PRESETS
+
+    if hasattr(args, "systems"):
+        unknown = [s for s in args.systems.split(",") if s and s not in systems]
+        if unknown:
+            raise ValueError(f"--systems {args.systems!r}: unknown {', '.join(unknown)}; choose from "
+                             f"{', '.join(systems)}")
+        if not any(args.systems.split(",")):
+            raise ValueError(f"--systems names no system; choose from {', '.join(systems)}")
+    if args.model is not None:
+        from ..checkpoint_files import checkpoint_dir
+        from ..models import OrthrosConfig
+
+        limit = OrthrosConfig.from_pretrained(str(checkpoint_dir(args.model, arg="--model")),
+                                              local_files_only=True).max_position_embeddings
         src = f"the model's max_position_embeddings={limit}"
     else:
         limit = PRESETS[args.preset]["max_position_embeddings"]
