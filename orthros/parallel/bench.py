@@ -267,7 +267,9 @@ class Bench:
             chunk_size=a.chunk_size, backend=("nccl" if self.cuda else "gloo"),
         )
         self.model = build_model(self.cfg, parse_dtype(a.dtype, "--dtype"), self.device)
-        self.log(f"model built ({sum(p.numel() for p in self.model.parameters()) / 1e9:.2f} B params), world {N}")
+        n = sum(p.numel() for p in self.model.parameters())  # the tiny model in M (it read '0.00 B params')
+        size = f"{n / 1e9:.2f} B" if n >= 1e8 else f"{n / 1e6:.2f} M"
+        self.log(f"model built ({size} params), world {N}")
         single = ParallelContext.single()
         # the other ranks wait while rank 0 measures a 1-GPU run, which may outlast the collectives'
         # --timeout: they wait in a group of their own, up to the time budget (a day without one)

@@ -6,6 +6,7 @@ cross several shards; a failing or stalled rank must make every rank exit with a
 """
 
 import datetime
+import re
 
 import pytest
 import torch
@@ -532,6 +533,8 @@ def test_bench_records_the_checkout_commit(tmp_path, monkeypatch, capsys):
     assert [r["peak_mem_gib"] for r in got["records"] if r.get("status") == "ok"] == [None]
     row = next(line for line in out.splitlines() if line.startswith("| 40 |"))
     assert [c.strip() for c in row.strip("|").split("|")][cols.index("mem/GPU 1 GPU (GiB)")] == "-"
+    # the tiny model's size (it read '0.00 B params')
+    assert re.search(r"model built \(\d+\.\d\d M params\)", out) and "0.00 B params" not in out, out
 
 
 def test_bench_records_the_runs_the_time_budget_skipped(tmp_path, monkeypatch):
