@@ -15,11 +15,12 @@ a reply cut by --max-new-tokens does (stopped before its first token, the turn i
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
-from ..utils import (DTYPE_ALIASES as DTYPES, check_device, check_input_file, check_output_path, isatty,
-                     parse_dtype, read_text_file, same_file, show_traceback, stop_on_sigterm)
+from ..utils import (DTYPE_ALIASES as DTYPES, check_device, check_input_file, check_output_path, expand_path,
+                     isatty, parse_dtype, read_text_file, same_file, show_traceback, stop_on_sigterm)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,6 +165,7 @@ def main(argv=None) -> int:
         prompts = _check_prompt_file(args)
         _check_dtype(args)
         tok_dir = _check_checkpoint_files(args)  # (these need neither torch nor transformers: refused at once)
+        _check_output_outside(args, tok_dir)
         dev, dtype = _resolve(args)
         config = _check_checkpoint(args)
     except ValueError as e:
@@ -243,6 +245,20 @@ def _check_checkpoint_files(args):
     check_weights(d)
     given = args.tokenizer is not None  # --tokenizer "" is refused as empty, not taken for the default
     return check_tokenizer_dir(args.tokenizer if given else d, arg="--tokenizer" if given else "--model")
+
+
+def _check_output_outside(args, tok_dir) -> None:
+    """Refuse an ``--output`` inside the ``--model`` or ``--tokenizer`` directory, or a symbolic link
+    to one of their files (the records replace a link's target): ``-o CKPT/config.json`` replaced the
+    checkpoint's config once every prompt had run, and the checkpoint no longer loaded. (A stopped
+    run's ``.partial`` file would land there too; a hard link is replaced, not written through.)"""
+    if args.output is None:
+        return
+    out = os.path.realpath(expand_path(args.output, "--output"))  # links resolved: a link into the folder is in it
+    for d, opt in ((os.path.realpath(args.model), "--model"), (os.path.realpath(tok_dir), "--tokenizer")):
+        if os.path.commonpath([out, d]) == d:
+            raise ValueError(f"--output {args.output} is inside the {opt} directory {d}: the records would be "
+                             f"written among its files; name a file outside it")
 
 
 def _check_checkpoint(args):

@@ -252,6 +252,24 @@ def test_output_under_a_file(ckpt, tmp_path, capsys, no_weights):
     assert listing(tmp_path) == before
 
 
+def test_output_inside_the_model_or_tokenizer_directory(ckpt, tmp_path, capsys, no_weights):
+    """Was: ``-o CKPT/config.json`` ran every prompt, then replaced the checkpoint's config.json with
+    the records (exit 0; the checkpoint no longer loaded). An --output inside the --model or
+    --tokenizer directory, or a link to one of their files, is refused before anything loads."""
+    (tmp_path / "p.txt").write_text("hi\n")
+    tok = tmp_path / "tok"
+    shutil.copytree(ckpt, tok, ignore=lambda d, names: [n for n in names if not n.startswith("tokenizer")])
+    (tmp_path / "link.json").symlink_to(ckpt / "config.json")
+    before = listing(ckpt), listing(tmp_path)
+    run = ["--model", str(ckpt), "--device", "cpu", "--max-new-tokens", "2", "--prompts", str(tmp_path / "p.txt")]
+    for extra, out, opt, d in (([], ckpt / "config.json", "--model", ckpt),
+                               ([], ckpt / "new.jsonl", "--model", ckpt),
+                               ([], tmp_path / "link.json", "--model", ckpt),
+                               (["--tokenizer", str(tok)], tok / "tokenizer.json", "--tokenizer", tok)):
+        refused([*run, *extra, "-o", str(out)], capsys, f"--output {out} is inside the {opt} directory {d}")
+    assert (listing(ckpt), listing(tmp_path)) == before
+
+
 def test_tokenizer_that_is_not_the_models(tmp_path, capsys, no_weights):
     """Was: a tokenizer with ids past the model's vocab_size was found out by the engine, after
     the weights loaded ("prompts[0] has token ids outside ...")."""
