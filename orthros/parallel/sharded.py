@@ -59,7 +59,7 @@ def shard_bounds(seq_len: int, world_size: int) -> List[Tuple[int, int]]:
     seq_len = check_positive_int("seq_len", seq_len)
     world_size = check_positive_int("world_size", world_size)
     if seq_len < world_size:
-        raise ValueError(f"the prompt ({seq_len} tokens) must have at least one token per rank "
+        raise ValueError(f"the prompt ({seq_len} token{'s' if seq_len != 1 else ''}) must have at least one token per rank "
                          f"({world_size} ranks)")
     base, rem = divmod(seq_len, world_size)
     out, s = [], 0

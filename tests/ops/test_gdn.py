@@ -421,9 +421,12 @@ def test_malformed_arguments_refused_before_any_work():
         (dict(cu_seqlens=torch.tensor([2, 8])), "cu_seqlens"),
         (dict(cu_seqlens=torch.tensor([0, 5, 3, 8])), "cu_seqlens"),
         (dict(scale=float("nan")), "scale"),
+        (dict(q_out=torch.randn(1, 1, 2, 4, dtype=q.dtype), output_positions="first"), "output_positions"),
+        (dict(q_out=torch.randn(1, 1, 2, 4, dtype=q.dtype), output_positions="last",
+              cu_seqlens=torch.tensor([0, 4, 8])), "output_positions"),
     ]
-    for kw, name in bad:
-        with pytest.raises(ValueError, match=name):
+    for kw, name in bad:  # each named as the op's (the 'last' readout's three lacked the prefix)
+        with pytest.raises(ValueError, match=f"^gated_delta_rule: .*{name}"):
             gated_delta_rule(q, k, v, g, beta, backend="torch", **kw)
     with pytest.raises(ValueError, match="floating"):
         gated_delta_rule(q, k, v.long(), g, beta)

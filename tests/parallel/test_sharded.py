@@ -61,6 +61,8 @@ def test_shard_bounds_balanced_and_validated():
     assert shard_bounds(4, 4) == [(0, 1), (1, 2), (2, 3), (3, 4)]
     with pytest.raises(ValueError, match="at least one token per rank"):
         shard_bounds(3, 4)
+    with pytest.raises(ValueError, match=r"the prompt \(1 token\) must"):  # was "(1 tokens)"
+        shard_bounds(1, 2)
     with pytest.raises(ValueError, match="seq_len"):
         shard_bounds(0, 1)
     for bad in (2.0, True, "2"):  # were a TypeError of range() / '<', or one shard for True

@@ -106,7 +106,10 @@ def gated_delta_rule(
     if q_out is None and output_positions is not None:  # else ignored: o_out None as if no stream was asked for
         raise ValueError("gated_delta_rule: output_positions needs q_out, the output stream's queries "
                          "[B, T_out, H, K]; got q_out=None")
-    check_scale(scale)
+    try:
+        check_scale(scale)
+    except ValueError as e:  # (orthros_attention's check, named as this op's)
+        raise ValueError(f"gated_delta_rule: {e}") from None
     scale = K ** -0.5 if scale is None else float(scale)
     asked = backend
     backend = resolve_gdn_backend(backend, v)
@@ -120,29 +123,32 @@ def gated_delta_rule(
         backend = "torch"
     last = isinstance(output_positions, str)
     if last and output_positions != "last":
-        raise ValueError(f"output_positions must be None, 'last' or a tensor, got {output_positions!r}")
+        raise ValueError(f"gated_delta_rule: output_positions must be None, 'last' or a tensor, "
+                         f"got {output_positions!r}")
     if last and cu_seqlens is not None:
-        raise ValueError("output_positions='last' reads the one final state: not with cu_seqlens (pass positions)")
+        raise ValueError("gated_delta_rule: output_positions='last' reads the one final state: not with cu_seqlens "
+                         "(pass positions)")
     if q_out is not None and last and q_out.shape[1] != 1:
-        raise ValueError(f"output_positions='last' needs q_out [B, 1, H, K], got {tuple(q_out.shape)}")
+        raise ValueError(f"gated_delta_rule: output_positions='last' needs q_out [B, 1, H, K], got {tuple(q_out.shape)}")
 
     dense = None  # output queries at every position (rows that are not output positions: zero)
     idx = None
     if q_out is not None and not last:
         if output_positions is None:
             if q_out.shape[1] != T:
-                raise ValueError(f"q_out must be [B, T, H, K] when output_positions is None, got {tuple(q_out.shape)}")
+                raise ValueError(f"gated_delta_rule: q_out must be [B, T, H, K] when output_positions is None, "
+                                 f"got {tuple(q_out.shape)}")
             dense = q_out
         else:
             # checks that read nothing back from the device (range and uniqueness are the caller's)
             T_out = q_out.shape[1]
-            output_positions = as_int_tensor("output_positions", output_positions, q.device,
+            output_positions = as_int_tensor("gated_delta_rule: output_positions", output_positions, q.device,
                                              "integer positions [T_out] or [1 or B, T_out]")
             if not is_int_tensor(output_positions) and output_positions.numel() \
                     or output_positions.dim() not in (1, 2) \
                     or output_positions.shape[-1] != T_out or output_positions.dim() == 2 and output_positions.shape[0] not in (1, B):
-                raise ValueError(f"output_positions must be an integer tensor [T_out] or [1 or B, T_out] = [{T_out}] "
-                                 f"or [{B}, {T_out}], got {output_positions.dtype} {tuple(output_positions.shape)}")
+                raise ValueError(f"gated_delta_rule: output_positions must be an integer tensor [T_out] or "
+                                 f"[1 or B, T_out] = [{T_out}] or [{B}, {T_out}], got {output_positions.dtype} {tuple(output_positions.shape)}")
             idx = output_positions.to(device=q.device, dtype=torch.long).expand(B, -1)
             idx4 = idx[:, :, None, None].expand(-1, -1, H, K)
             dense = torch.zeros_like(q).scatter(1, idx4, q_out.to(q.dtype))
