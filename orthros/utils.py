@@ -63,6 +63,17 @@ MEMINFO = Path("/proc/meminfo")  # (module attributes, so that a test can point 
 CGROUP_ROOT = Path("/sys/fs/cgroup")  # this process's cgroup v2 files, as a container sees them
 
 
+# the packages of each optional extra (pyproject.toml's [project.optional-dependencies]; a test keeps the two
+# equal), for messages that say how to install what is missing: orthros is installed from a clone (`pip install -e`),
+# so "pip install 'orthros[gguf]'" finds no such distribution on a package index
+EXTRAS = {"kernels": "triton", "eval": "lm_eval accelerate", "gguf": "gguf accelerate", "hybrid": "fla-core==0.6.0 einops"}
+
+
+def install_hint(extra: str) -> str:
+    """``pip install <the extra's packages>``, and the extra itself for a clone of orthros."""
+    return f"pip install {EXTRAS[extra]} (in a clone of orthros: pip install -e '.[{extra}]')"
+
+
 def available_memory(device: str = "cpu", *, in_subprocess: bool = False):
     """Bytes that an allocation on ``device`` may still take, or ``None`` where that cannot be told: on
     the CPU the kernel's ``MemAvailable`` (less where a cgroup's limit leaves less), on CUDA the free

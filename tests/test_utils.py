@@ -549,3 +549,21 @@ def test_written_together_after_a_write_error_the_caller_caught(tmp_path, monkey
             write_text(tmp_path / "fig.txt", "figure")
         write_text(tmp_path / "res.txt", "results")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["res.txt"]
+
+
+def test_install_hints_name_each_extras_packages():
+    """Messages said "pip install 'orthros[gguf]'", which no package index holds (orthros installs from a
+    clone): they name the extra's packages, kept equal to pyproject.toml's lists here."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    from orthros.utils import EXTRAS, install_hint
+
+    extras = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    for extra, packages in EXTRAS.items():
+        names = {re.split(r"[<>=!~ ;]", r, maxsplit=1)[0] for r in extras[extra]}
+        assert {re.split(r"[<>=!~]", p, maxsplit=1)[0] for p in packages.split()} == names, extra
+        pins = {r for r in extras[extra] if "==" in r}  # an exact pin (fla-core) travels with the name
+        assert pins <= set(packages.split()), extra
+        assert install_hint(extra) == f"pip install {packages} (in a clone of orthros: pip install -e '.[{extra}]')"

@@ -18,7 +18,7 @@ one ``.gguf``) goes through three steps:
    (:func:`orthros.conversion.convert.convert_checkpoint`): same plan, report, refusals and
    atomic output.
 
-Needs the ``gguf`` and ``accelerate`` packages (``pip install 'orthros[gguf]'``). The de-quantised model is held
+Needs the ``gguf`` and ``accelerate`` packages (``utils.install_hint("gguf")``). The de-quantised model is held
 in memory once (fp32: 4 bytes per parameter), so a GGUF needs about 4x its parameter count
 in bytes of RAM; the staging directory needs as much disk.
 """
@@ -31,7 +31,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..utils import expand_path
+from ..utils import expand_path, install_hint
 
 GGUF_SUFFIX = ".gguf"
 GGUF_MAGIC = b"GGUF"
@@ -120,8 +120,7 @@ def _require_gguf():
     try:
         import gguf  # noqa: F401
     except ImportError:
-        raise ImportError("reading GGUF files needs the 'gguf' package: pip install 'orthros[gguf]' "
-                          "(or pip install gguf)") from None
+        raise ImportError(f"reading GGUF files needs the 'gguf' package: {install_hint('gguf')}") from None
     return gguf
 
 
@@ -132,7 +131,7 @@ def _require_accelerate():
         import accelerate  # noqa: F401
     except ImportError:
         raise ImportError("converting a GGUF file needs the 'accelerate' package (transformers' GGUF loader): "
-                          "pip install 'orthros[gguf]' (or pip install accelerate)") from None
+                          f"{install_hint('gguf')}") from None
 
 
 def _gguf_version() -> str:

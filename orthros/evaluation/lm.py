@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..utils import hf_progress_bars, parse_dtype
+from ..utils import hf_progress_bars, install_hint, parse_dtype
 from .common import (LM_TASKS_DIR, check_token_range, load_model, load_tokenizer, read_config, read_model_type,
                      tokenizer_name)
 
@@ -24,8 +24,7 @@ def _require_lm_eval():
         try:
             __import__(module)
         except ImportError:
-            raise ValueError(f"`orthros eval lm` needs {what}: pip install lm_eval accelerate "
-                             f"(or pip install 'orthros[eval]')") from None
+            raise ValueError(f"`orthros eval lm` needs {what}: {install_hint('eval')}") from None
 
 
 def check_include_paths(paths: Sequence, arg: str = "include_path") -> None:

@@ -22,6 +22,8 @@ from typing import Optional
 
 import torch
 
+from ..utils import install_hint
+
 BACKENDS = ("auto", "reference", "sdpa", "triton")
 
 TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -70,7 +72,7 @@ def _why_not_triton(q: torch.Tensor, k: torch.Tensor) -> str:
     """Why :func:`triton_runs` refuses ``q``, ``k`` (for the warning: the user sees what to change)."""
     if not (q.is_cuda and k.is_cuda):
         if INTERPRET and not _importable():
-            return "triton is not importable (pip install 'orthros[kernels]')"
+            return f"triton is not importable ({install_hint('kernels')})"
         if INTERPRET:
             return f"dtype {q.dtype}: the Triton interpreter (TRITON_INTERPRET=1) runs fp16 and fp32 only"
         return f"{q.device} tensors: the kernels run on CUDA, on a CPU only with TRITON_INTERPRET=1 set before import"
@@ -80,7 +82,7 @@ def _why_not_triton(q: torch.Tensor, k: torch.Tensor) -> str:
         return f"head_dim {q.shape[-1]}: the kernels take 1 to {TRITON_MAX_HEAD_DIM}"
     if k.shape[2] == 0 or q.shape[2] % k.shape[2]:
         return f"{q.shape[2]} query heads for {k.shape[2]} key heads (GQA needs a multiple)"
-    return "triton is not importable (pip install 'orthros[kernels]')"
+    return f"triton is not importable ({install_hint('kernels')})"
 
 
 def stacklevel_outside_ops() -> int:

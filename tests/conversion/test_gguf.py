@@ -252,13 +252,13 @@ def test_gguf_dry_run_checks_the_file_and_writes_nothing(gguf_source, tmp_path, 
 
 
 def test_gguf_without_accelerate_refused_by_the_check_and_the_dry_run(gguf_source, tmp_path, capsys, monkeypatch):
-    """transformers' GGUF loader needs accelerate, which 'orthros[gguf]' did not install: the dry run passed
+    """transformers' GGUF loader needs accelerate, which the gguf extra did not install: the dry run passed
     and the conversion failed after de-quantising; the file's check now names the package."""
     import sys
 
     path, _, _ = gguf_source
     monkeypatch.setitem(sys.modules, "accelerate", None)  # import accelerate -> ImportError
-    with pytest.raises(ImportError, match="needs the 'accelerate' package.*orthros\\[gguf\\]"):
+    with pytest.raises(ImportError, match="needs the 'accelerate' package.*pip install gguf accelerate"):
         inspect_gguf(path)
     capsys.readouterr()
     assert convert_main([str(path), str(tmp_path / "out"), "--window-size", str(W), "--dry-run"]) != 0

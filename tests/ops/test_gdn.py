@@ -395,7 +395,7 @@ def test_fla_backend_without_fla_core_installed_falls_back_to_torch_with_a_warni
 
     monkeypatch.setattr(gdn, "HAVE_FLA", False)
     q, k, v, g, beta = _inputs(1, 9, 2, 2, 4, 4, dtype=torch.float32)
-    with pytest.warns(UserWarning, match=r"needs fla-core \(pip install 'orthros\[hybrid\]'\), which is not installed"):
+    with pytest.warns(UserWarning, match=r"needs fla-core \(pip install fla-core==0.6.0 einops .*\), which is not installed"):
         got = gated_delta_rule(q, k, v, g, beta, backend="fla")
     torch.testing.assert_close(got, gated_delta_rule(q, k, v, g, beta, backend="torch"))
     x, w = torch.randn(1, 7, 6), torch.randn(6, 4)

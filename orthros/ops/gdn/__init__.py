@@ -19,6 +19,7 @@ import torch.nn.functional as F
 import warnings
 
 from ..attention import as_int_tensor, check_scale, is_int_tensor
+from ...utils import install_hint
 from .fla import HAVE_FLA, causal_conv1d_fla, chunk_gated_delta_rule_fla, fla_backward_supported
 from .naive import check_cu_seqlens_values, chunk_gated_delta_rule_ref, expand_heads, gated_delta_rule_step_ref, l2norm
 
@@ -33,7 +34,7 @@ def resolve_gdn_backend(backend: str, x: torch.Tensor) -> str:
     if backend == "auto":
         return "fla" if (x.is_cuda and HAVE_FLA) else "torch"
     if backend == "fla" and not HAVE_FLA:  # attn_backend="triton" maps here: as the attention without triton
-        warnings.warn("the 'fla' GDN backend needs fla-core (pip install 'orthros[hybrid]'), which is not "
+        warnings.warn(f"the 'fla' GDN backend needs fla-core ({install_hint('hybrid')}), which is not "
                       "installed: using the PyTorch GDN", stacklevel=3)
         return "torch"
     if backend == "fla" and not x.is_cuda:  # as the Triton attention falls back to its reference

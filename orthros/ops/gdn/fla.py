@@ -27,6 +27,8 @@ import importlib.util
 
 import torch
 
+from ...utils import install_hint
+
 # fla-core is the optional `orthros[hybrid]` extra. Imported on first use: importing fla on a
 # machine without a GPU prints a warning and costs a second.
 HAVE_FLA = importlib.util.find_spec("fla") is not None
@@ -127,7 +129,7 @@ def chunk_gated_delta_rule_fla(q, k, v, g, beta, *, q_out, scale, initial_state,
     l2-normalised ``q, k [B, T, H, K]`` (``q_out`` likewise, dense over positions, or None),
     ``v [B, T, HV, V]``, float32 ``g`` and ``beta [B, T, HV]``. Returns ``(o, o_out, final)``."""
     if not HAVE_FLA:
-        raise RuntimeError("the 'fla' GDN backend needs fla-core: pip install 'orthros[hybrid]'")
+        raise RuntimeError(f"the 'fla' GDN backend needs fla-core: {install_hint('hybrid')}")
     if "chunk_fwd_o" not in globals():
         _import_fla()
     dt = v.dtype
@@ -145,7 +147,7 @@ def causal_conv1d_fla(x, weight, state, activation: bool, cu_seqlens):
     ``[B, C, W]`` window, whose first column no tap reads. With ``cu_seqlens`` no state is read
     (every document starts from zeros), as in the pure-PyTorch path."""
     if not HAVE_FLA:
-        raise RuntimeError("the 'fla' short convolution needs fla-core: pip install 'orthros[hybrid]'")
+        raise RuntimeError(f"the 'fla' short convolution needs fla-core: {install_hint('hybrid')}")
     from fla.modules.causal_conv1d import causal_conv1d
 
     h0 = None
