@@ -2,6 +2,7 @@
 `orthros` command its command-line block names exists and answers --help, and every `orthros`
 command of docs/*.md parses as written."""
 
+import ast
 import re
 from pathlib import Path
 
@@ -178,3 +179,66 @@ def test_every_orthros_command_in_the_docs_parses(capsys, monkeypatch):
     assert not bad, "\n".join(bad)
     named = {line.split()[1] for _, line in commands}
     assert {"convert", "generate", "eval", "info", "train", "bench"} <= named, named
+
+
+PACKAGE = README.parent / "orthros"
+ENTRY_POINTS = ("__main__", "train")  # `python -m orthros` / `python -m orthros.train`: they run orthros.cli
+
+
+def components():
+    """The package's parts: each module directly in orthros/ and each sub-package, by name."""
+    return ({f.stem for f in PACKAGE.glob("*.py")}
+            | {d.name for d in PACKAGE.iterdir() if (d / "__init__.py").is_file()})
+
+
+def layer_rows():
+    """docs/design.md's "Layers of the package" table: the parts each row names, the top row first."""
+    section = (README.parent / "docs" / "design.md").read_text().split("## Layers of the package")[1].split("\n## ")[0]
+    rows = [re.findall(r"`([^`]+)`", line.split("|")[1]) for line in section.splitlines() if line.startswith("| `orthros")]
+    return section, [{n.removeprefix("orthros/").removesuffix(".py") for n in row} for row in rows]
+
+
+def orthros_imports(path):
+    """(line, the part of orthros) of every import of ``path`` from another part of orthros, lazy ones too;
+    an import of the package itself (its ``__version__``, or ``import orthros`` to register it) is none."""
+    rel = path.relative_to(PACKAGE).with_suffix("").parts
+    here = ["orthros", *rel[:-1]]  # the package a relative import starts from
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name.split(".") for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = here[:len(here) - node.level + 1] if node.level else []
+            mod = base + (node.module.split(".") if node.module else [])
+            targets = [mod] if node.module else [mod + [a.name] for a in node.names]
+        else:
+            continue
+        for t in targets:
+            if t[0] == "orthros" and len(t) > 1 and t[1] in components() and t[1] != rel[0]:
+                yield node.lineno, t[1]
+
+
+def test_the_package_layout_matches_the_tree_and_imports_go_down():
+    """docs/design.md's table places every module of orthros/ and every sub-package (and README's
+    "Package layout" names them), and each imports only from the rows above its own: ops nothing of
+    layers or models, layers nothing of models, the model nothing of the engine, and so on. The modules
+    that let a command refuse a wrong path before torch loads import none at their top."""
+    section, rows = layer_rows()
+    rank = {name: i for i, row in enumerate(rows) for name in row}
+    assert set(rank) <= components(), set(rank) - components()
+    for name in ENTRY_POINTS:
+        assert f"`{name}.py`" in section, name
+        rank[name] = rank["cli"] + 1
+    assert components() <= set(rank), f"placed in no row of docs/design.md: {sorted(components() - set(rank))}"
+    layout = README.read_text().split("## Package layout")[1]
+    for name in components() - {"__init__", *ENTRY_POINTS}:
+        assert re.search(rf"`(orthros/)?{name}(\.py)?`", layout), f"README's Package layout does not name {name}"
+    upward = [f"{f.relative_to(PACKAGE.parent)}:{line} imports orthros.{t}"
+              for f in sorted(PACKAGE.rglob("*.py")) for line, t in orthros_imports(f)
+              if rank[t] >= rank[f.relative_to(PACKAGE).with_suffix("").parts[0]]]
+    assert not upward, upward
+    for module in ("checkpoint_files.py", "conversion/checks.py", "utils.py", "kinds.py", "layout.py", "cli.py",
+                   "__init__.py"):
+        top = [a.name if isinstance(node, ast.Import) else node.module or ""
+               for node in ast.parse((PACKAGE / module).read_text()).body
+               if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names]
+        assert not [m for m in top if m.split(".")[0] in ("torch", "transformers", "numpy", "safetensors")], module
