@@ -38,7 +38,7 @@ def _usage() -> str:
     width = max(map(len, COMMANDS))
     lines = ["usage: orthros <command> [options]", "", "commands:"]
     lines += [f"  {name:<{width}}  {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines += ["", "Run `orthros <command> --help` for a command's options."]
+    lines += ["", "Run `orthros <command> --help` (or `orthros help <command>`) for a command's options."]
     return "\n".join(lines)
 
 
@@ -185,13 +185,16 @@ def _unknown(cmd: str, rest: list) -> str:
     key = cmd.lower()
     if key in ELSEWHERE:
         return f"unknown command {cmd!r}: {ELSEWHERE[key]}"
-    prefixed = [c for c in COMMANDS if key and c.startswith(key)]
-    if key in COMMANDS or key in SYNONYMS or len(prefixed) == 1:
-        meant = key if key in COMMANDS else SYNONYMS.get(key) or prefixed[0]
+    if key == "version":
+        return f"unknown command {cmd!r} (did you mean `orthros --version`?)"
+    names = [*COMMANDS, "help"]  # (`orthros help CMD` is one too)
+    prefixed = [c for c in names if key and c.startswith(key)]
+    if key in names or key in SYNONYMS or len(prefixed) == 1:
+        meant = key if key in names else SYNONYMS.get(key) or prefixed[0]
     else:
         import difflib
 
-        meant = next(iter(difflib.get_close_matches(key, COMMANDS, n=1)), None)
+        meant = next(iter(difflib.get_close_matches(key, names, n=1)), None)
     return f"unknown command {cmd!r}" + (f" (did you mean `{meant}`?)" if meant else "")
 
 

@@ -453,6 +453,9 @@ def test_an_interrupt_is_reported_once_under_torchrun(monkeypatch, capsys, rank,
     ("download", "did you mean `fetch`?"),  # another tool's word for a command
     ("finetune", "did you mean `train`?"),
     ("serve", "docs/serving.md"),  # vLLM serves the checkpoints, not an orthros command
+    ("HELP", "did you mean `help`?"),  # `help` is a command too (it said nothing)
+    ("hlep", "did you mean `help`?"),
+    ("version", "did you mean `orthros --version`?"),  # an option, not a command
 ])
 def test_an_unknown_command_names_the_one_meant(typed, hint, capsys):
     from orthros.cli import main
