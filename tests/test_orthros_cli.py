@@ -88,6 +88,7 @@ REFUSED_BEFORE_TORCH = [
     (["eval", "ppl", "--model", "{d}/llama", "--data", "{d}/nosuch.txt"],
      "orthros eval ppl: error: --data {d}/nosuch.txt: no such file"),
     (["eval", "mqar", "--steps", "0"], "orthros eval mqar: error: --steps must be >= 1, got 0"),
+    (["eval", "mqar", "--device", "cuda:x"], "orthros eval mqar: error: --device must be cpu, cuda or cuda:N"),
     (["bench", "prefill", "--device", "cuda:x"], "orthros bench: error: --device must be cpu, cuda or cuda:N"),
     (["bench", "decode", "--device", "cpu", "--model", "{d}/nosuch", "--out", "{d}/out"],
      "orthros bench: error: --model {d}/nosuch: no such directory"),

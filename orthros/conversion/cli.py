@@ -11,7 +11,7 @@ import argparse
 import signal
 import sys
 
-from ..utils import Terminated, check_not_blank, expand_path, format_bytes, install_hint, sigterm_as_interrupt
+from ..utils import Terminated, check_not_blank, expand_path, format_bytes, sigterm_as_interrupt
 from . import qwen3_5
 from .architectures import SUPPORTED_ARCHITECTURES
 from .checks import check_local_source
@@ -26,7 +26,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="orthros convert",
         description="Convert an HF checkpoint directory or a GGUF file (" + ", ".join(SUPPORTED_ARCHITECTURES) +
-                    "; GGUF files are de-quantised to float32 first, needs `" + install_hint("gguf") + "`) into an "
+                    "; GGUF files are de-quantised to float32 first and need the gguf and accelerate packages) into an "
                     "Orthros checkpoint directory: same weights, attention swapped for Orthros attention with "
                     "alpha=alpha'=1, beta=beta'=0. Streams one tensor at a time; the result appears at DST "
                     "only when complete. Continue pre-training it with `orthros train <config.yaml>`.",

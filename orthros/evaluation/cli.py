@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..kinds import mode_option
-from ..utils import DTYPE_CHOICES, stop_on_sigterm
+from ..utils import DTYPE_CHOICES, install_hint, stop_on_sigterm
 from .common import TYPED, typed
 
 CONVERT_WINDOW = 128  # --window of niah / lm / ppl: a Transformer checkpoint converted on the fly
@@ -145,7 +145,7 @@ def _spelled(action: type) -> type:
 
 def _lm_parser(sub):
     p = sub.add_parser("lm", help="lm-evaluation-harness tasks on a checkpoint",
-                       description="Runs lm-evaluation-harness (pip install lm_eval) with Orthros registered. The "
+                       description=f"Runs lm-evaluation-harness with Orthros registered; install it with {install_hint('eval')}. The "
                                    "shipped offline task `orthros_tiny_cloze` is always available.")
     p.add_argument("--model", required=True,
                    help="Orthros checkpoint dir (or a Llama/Qwen2/Qwen3/Mistral/Qwen3.5 one: converted on the fly with "
@@ -293,6 +293,7 @@ def _mqar(a) -> int:
     check_seed(a.seed)
     if a.threads is not None and a.threads < 0:
         raise ValueError(f"--threads must be >= 0 (0: torch's own choice), got {a.threads}")
+    device = check_device(a.device)  # (a misspelt one before torch loads; a valid one imports it)
     from .mqar import (MODEL_ALIASES, MQARTask, MQARTrain, check_models, check_run, format_table, plot_recall,
                        run_mqar)  # (torch: after the checks above, which need none)
 
@@ -311,7 +312,7 @@ def _mqar(a) -> int:
                     min_gap=a.min_gap, max_gap=a.max_gap, fill=a.fill).validate(names=MQAR_TASK_OPTIONS)
     tr = MQARTrain(models=models, hidden_size=a.hidden_size, num_layers=a.layers, num_heads=a.heads,
                    linear_heads=a.linear_heads, window_size=a.window, steps=a.steps, batch_size=a.batch_size, lr=a.lr,
-                   eval_examples=a.eval_examples, seed=a.seed, threads=a.threads, device=check_device(a.device),
+                   eval_examples=a.eval_examples, seed=a.seed, threads=a.threads, device=device,
                    compile=a.compile)
     if a.hidden_size % a.heads:
         raise ValueError(f"--hidden-size ({a.hidden_size}) must be a multiple of --heads ({a.heads})")

@@ -81,7 +81,7 @@ def test_cli(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         F.main(["nosuchmodel"])
     assert e.value.code == 2
-    assert "invalid choice" in capsys.readouterr().err
+    assert "argument MODEL: invalid choice" in capsys.readouterr().err  # as the usage line names it (was "name")
     assert F.MODELS["smollm2"].sha256 == "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
     with pytest.raises(ValueError, match="can fetch: smollm2"):
         F.target_path("nosuch")
