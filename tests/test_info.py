@@ -170,14 +170,6 @@ def test_vllm_row_gives_the_hf_overrides_a_checkpoint_without_its_architecture_n
     assert v["hf_overrides"] == {"architectures": ["OrthrosHybridForCausalLM"]} and "--hf-overrides" in row, row
 
 
-def test_cpu_head_dims_are_vllms():
-    """The head dims info names for vLLM's CPU attention are those the installed vLLM's backend takes."""
-    cpu_attn = pytest.importorskip("vllm.v1.attention.backends.cpu_attn")
-    from orthros.serving import CPU_ATTENTION_HEAD_DIMS
-
-    assert list(CPU_ATTENTION_HEAD_DIMS) == cpu_attn.CPUAttentionBackend.get_supported_head_sizes()
-
-
 def test_vllm_row_of_hybrids_vllm_would_not_serve_or_never_reuse(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)  # vLLM keeps float32 GDN states
 
