@@ -621,7 +621,10 @@ def test_recall_plot_legend_covers_no_point(tmp_path):
     fig.canvas.draw()
     ax = fig.axes[0]
     box = ax.get_legend().get_window_extent()
-    for line in ax.get_lines()[:3]:
+    curves = ax.get_lines()[:3]  # the models' curves, else the loop below checks no point
+    assert [(line.get_label().split(" (")[0], len(line.get_xydata())) for line in curves] == [
+        ("Orthros", 5), ("Transformer", 5), ("SWA", 5)]
+    for line in curves:
         for x, y in ax.transData.transform(line.get_xydata()):
             assert not box.contains(x, y), (line.get_label(), x, y)
     matplotlib.pyplot.close(fig)
