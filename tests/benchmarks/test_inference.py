@@ -234,6 +234,9 @@ def test_e2e_plot_puts_each_pair_at_its_own_label(monkeypatch):
     I.plot_e2e(rows, "unused.png")
     for ax, key in zip(figs[0].axes, ("ttft_s", "e2e_s")):
         labels = [t.get_text() for t in ax.get_xticklabels()]
+        # the loop below checks every mode's curve (a curve drawn otherwise, as a scatter, left it nothing to check)
+        assert sorted((line.get_label(), len(line.get_xdata())) for line in ax.get_lines()) == \
+            [("Orthros", 2), ("Transformer (same engine)", 2)]
         for line in ax.get_lines():
             mode = "orthros" if line.get_label() == "Orthros" else "full"
             drawn = {labels[int(x)]: y for x, y in zip(line.get_xdata(), line.get_ydata())}

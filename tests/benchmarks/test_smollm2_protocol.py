@@ -62,7 +62,7 @@ def _script():
     return load_script(ROOT / "benchmarks/smollm2_cpt.py", "smollm2_cpt_script")
 
 
-def test_protocol_runs_end_to_end_on_a_tiny_gguf(setup):
+def test_protocol_runs_end_to_end_on_a_tiny_gguf(setup, capsys):
     """Split over two calls, as on the lent GPU (one call cannot hold a long CPT of both): the
     first converts, probes, trains Orthros and scores what it has (an Orthros-only run: no Base
     CPT yet); the second (same --work) trains Base CPT with the step count the first chose, then
@@ -108,7 +108,10 @@ def test_protocol_runs_end_to_end_on_a_tiny_gguf(setup):
                      "--compare", str(d / "out1" / "results.json"), "first"]) == 0
     assert (d / "both.png").stat().st_size > 10000
     (d / "notes.json").write_text('{"not": "a run"}')
-    for bad in ("nope.json", "notes.json"):
-        with pytest.raises(SystemExit):
+    for bad, says in (("nope.json", "no results file"), ("notes.json", 'is not a results.json of `smollm2_cpt.py run`')):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
             mod.main(["plot", str(out / "results.json"), str(d / "x.png"), "--compare", str(d / bad), "x"])
+        err = capsys.readouterr().err  # the refusal names the file and why (any exit passed)
+        assert e.value.code == 2 and "plot: " in err and str(d / bad) in err and says in err, err
     assert not (d / "x.png").exists()

@@ -522,11 +522,12 @@ def test_bad_window(tmp_path, good_src, window, capsys):
     assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []
 
 
-def test_bad_dtype(tmp_path, good_src):
+def test_bad_dtype(tmp_path, good_src, capsys):
     with pytest.raises(ValueError, match="dtype must be"):
         convert_checkpoint(good_src, tmp_path / "out", dtype="int8")
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as e:
         convert_main([str(good_src), str(tmp_path / "out"), "--dtype", "fp8"])
+    assert e.value.code == 2 and "argument --dtype: invalid choice: 'fp8'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
