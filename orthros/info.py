@@ -115,7 +115,8 @@ def _remote_code(d: Path, refs) -> tuple:
     return not missing, sorted(missing)
 
 
-def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify: bool = False) -> dict:
+def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify: bool = False,
+             progress: bool = False) -> dict:
     """The report of ``orthros info`` as a dict (``ValueError`` for a directory that is not a
     complete Orthros checkpoint)."""
     from .checkpoint_files import DTYPE_BYTES, PT_WEIGHTS, checkpoint_dir, has_tokenizer, weight_headers
@@ -209,7 +210,7 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
         origin["incomplete_training_checkpoint"] = True
     if manifest.is_file():
         try:  # the manifest's form and its files' sizes (no byte is read); with --verify their sha256 sums too
-            m = verify_manifest(d, hashes=verify)
+            m = verify_manifest(d, hashes=verify, progress=progress)  # (progress: the bytes hashed, on stderr)
         except CheckpointError as e:
             raise ValueError(str(e)) from None
         origin["training_step"] = m.get("step")
@@ -381,7 +382,7 @@ def main(argv=None) -> int:
         if args.max_seq_len is not None:  # omitted: the model's max_position_embeddings
             check_positive_int("--max-seq-len", args.max_seq_len)
         r = describe(args.path, max_seq_len=args.max_seq_len, batch_size=args.batch_size, dtype=args.dtype,
-                     verify=args.verify)
+                     verify=args.verify, progress=True)
     except (ValueError, FileNotFoundError) as e:
         print(f"orthros info: error: {e}", file=sys.stderr)
         return 2

@@ -74,6 +74,20 @@ def install_hint(extra: str) -> str:
     return f"pip install {EXTRAS[extra]} (in a clone of orthros: pip install -e '.[{extra}]')"
 
 
+def sha256_of(path, *, progress=None, chunk: int = 1 << 22) -> str:
+    """The sha256 hex digest of the file at ``path``, read in ``chunk``-byte pieces (``progress``: a
+    :class:`Progress` counting bytes, updated with each piece)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while b := f.read(chunk):
+            h.update(b)
+            if progress is not None:
+                progress.update(len(b))
+    return h.hexdigest()
+
+
 def available_memory(device: str = "cpu", *, in_subprocess: bool = False):
     """Bytes that an allocation on ``device`` may still take, or ``None`` where that cannot be told: on
     the CPU the kernel's ``MemAvailable`` (less where a cgroup's limit leaves less), on CUDA the free

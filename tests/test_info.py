@@ -5,6 +5,7 @@ written)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -245,6 +246,8 @@ def test_verify_a_training_checkpoint(ckpt, tmp_path, capsys):
     rc, out, err = run([str(final), "--verify"], capsys)
     n = len(list(ckpt.iterdir()))
     assert rc == 0 and f"all {n} files match its sha256 sums" in out, err
+    # the bytes hashed are counted on stderr (a large model's files take tens of seconds; nothing was shown)
+    assert re.fullmatch(rf"\[verify {final.name}\] B ([\d.]+[kMG]?)/\1\n", err), err  # all of them, at the end
     tok = final / "tokenizer.json"
     data = bytearray(tok.read_bytes())
     data[10] ^= 1  # same size, other bytes: only the sha256 sees it

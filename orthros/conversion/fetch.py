@@ -32,7 +32,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..utils import Progress, Terminated, cache_root, check_not_blank, expand_path, file_in_the_way, sigterm_as_interrupt
+from ..utils import (Progress, Terminated, cache_root, check_not_blank, expand_path, file_in_the_way, sha256_of,
+                     sigterm_as_interrupt)
 
 
 @dataclass(frozen=True)
@@ -63,14 +64,6 @@ MODELS = {
 
 class FetchError(RuntimeError):
     """The download or a check failed; nothing incomplete is left under a final name."""
-
-
-def sha256_of(path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while b := f.read(chunk):
-            h.update(b)
-    return h.hexdigest()
 
 
 def _spec(name) -> Fetchable:

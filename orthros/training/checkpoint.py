@@ -19,7 +19,6 @@ manifest, so a directory that is incomplete or altered is refused with a clear e
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -28,6 +27,7 @@ from pathlib import Path
 # the layout's names and path rules live in orthros/layout.py (checkpoint_files.py reads them too); re-exported here
 from ..layout import (CKPT_RE, MANIFEST, TRAINER_STATE, ckpt_root, latest_checkpoint,  # noqa: F401
                       list_checkpoints, run_holding, step_dir_name)
+from ..utils import Progress, sha256_of
 
 
 class CheckpointError(RuntimeError):
@@ -44,14 +44,6 @@ def _fault(point: str, step: int) -> None:
         import signal
 
         os.kill(os.getpid(), getattr(signal, spec.rsplit(":", 1)[1]))
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _fsync_file(path: Path) -> None:
@@ -91,7 +83,7 @@ def commit(tmp: Path, output_dir: str, step: int, keep_last: int) -> Path:
     manifest = {"step": step, "files": {}}
     for p in files:
         _fsync_file(p)
-        manifest["files"][str(p.relative_to(tmp))] = {"size": p.stat().st_size, "sha256": _sha256(p)}
+        manifest["files"][str(p.relative_to(tmp))] = {"size": p.stat().st_size, "sha256": sha256_of(p)}
     _fault("save_before_manifest", step)
     mpath = tmp / MANIFEST
     with open(mpath, "w") as f:
@@ -123,8 +115,10 @@ def prune(output_dir: str, keep_last: int) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def verify(path: Path, hashes: bool = True) -> dict:
-    """Check a checkpoint directory against its manifest; return the manifest."""
+def verify(path: Path, hashes: bool = True, *, progress: bool = False) -> dict:
+    """Check a checkpoint directory against its manifest; return the manifest. ``progress`` (with
+    ``hashes``): the bytes hashed on stderr (:class:`~orthros.utils.Progress`: a bar at a terminal,
+    plain lines elsewhere; a large model's files take tens of seconds)."""
     path = Path(path)
     mpath = path / MANIFEST
     if not mpath.is_file():
@@ -149,12 +143,16 @@ def verify(path: Path, hashes: bool = True) -> dict:
     if unlisted or not files:
         raise CheckpointError(f"{mpath} is corrupt: it does not list {', '.join(unlisted) or 'any file'} "
                               f"(a save lists every file it writes)")
-    for rel, meta in files.items():
+    for rel, meta in files.items():  # every size first: a missing or cut file is named before any byte is hashed
         p = path / rel
         if not p.is_file():
             raise CheckpointError(f"checkpoint {path} is missing {rel}")
         if p.stat().st_size != meta["size"]:
             raise CheckpointError(f"checkpoint {path}: {rel} has {p.stat().st_size} bytes, manifest says {meta['size']}")
-        if hashes and _sha256(p) != meta["sha256"]:
-            raise CheckpointError(f"checkpoint {path}: {rel} does not match its sha256 in the manifest")
+    if hashes:
+        total = sum(m["size"] for m in files.values())
+        with Progress(total, f"verify {path.name}", unit="B", unit_scale=True, enabled=progress, every_s=10.0) as bar:
+            for rel, meta in files.items():
+                if sha256_of(path / rel, progress=bar) != meta["sha256"]:
+                    raise CheckpointError(f"checkpoint {path}: {rel} does not match its sha256 in the manifest")
     return manifest

@@ -724,7 +724,8 @@ class Trainer:
         self._check_ranks_agree()
         if self.resume_dir is not None:
             try:
-                step = ckpt.verify(self.resume_dir, hashes=cfg.checkpoint.verify and dist.main)["step"]
+                step = ckpt.verify(self.resume_dir, hashes=cfg.checkpoint.verify and dist.main,
+                                   progress=cfg.train.progress)["step"]
             except ckpt.CheckpointError as e:
                 raise ConfigError(f"cannot resume: {e}{_older_checkpoint_hint(cfg, self.resume_dir)}") from None
             if cfg.train.max_steps < step:  # nothing to train; run_config.yaml would say max_steps < step
