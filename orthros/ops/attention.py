@@ -44,12 +44,13 @@ def as_int_tensor(name: str, value, device, what: str) -> torch.Tensor:
         raise ValueError(f"{name} must be {what}, got {type(value).__name__} {value!r:.80} ({e})") from None
 
 
-def check_scale(scale):
+def check_scale(scale, op: str = ""):
     """``scale`` (the softmax scale) must be ``None`` or a finite real number: a string or a
-    tensor would fail deep in a kernel, a NaN/inf would silently make every output NaN."""
+    tensor would fail deep in a kernel, a NaN/inf would silently make every output NaN. ``op``:
+    the message's prefix (``"gated_delta_rule: "``)."""
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, numbers.Real)
                               or not math.isfinite(scale)):
-        raise ValueError(f"scale must be None (1 / sqrt(D)) or a finite real number, got {scale!r}")
+        raise ValueError(f"{op}scale must be None (1 / sqrt(D)) or a finite real number, got {scale!r}")
 
 
 def normalize_output_positions(output_positions, B: int, T_out: int, T_k: int, device) -> torch.Tensor:

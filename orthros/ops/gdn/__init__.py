@@ -107,10 +107,7 @@ def gated_delta_rule(
     if q_out is None and output_positions is not None:  # else ignored: o_out None as if no stream was asked for
         raise ValueError("gated_delta_rule: output_positions needs q_out, the output stream's queries "
                          "[B, T_out, H, K]; got q_out=None")
-    try:
-        check_scale(scale)
-    except ValueError as e:  # (orthros_attention's check, named as this op's)
-        raise ValueError(f"gated_delta_rule: {e}") from None
+    check_scale(scale, "gated_delta_rule: ")
     scale = K ** -0.5 if scale is None else float(scale)
     asked = backend
     backend = resolve_gdn_backend(backend, v)
