@@ -1028,11 +1028,13 @@ class Trainer:
         first step against the checkpoint's schedule: extending a finished cosine run puts it back up)."""
         from .optim import lr_multiplier
 
+        def said(changes: dict) -> str:
+            return ", ".join(f"{k} = {new!r} (checkpoint: {old!r})" for k, (old, new) in changes.items())
+
         cfg, lines = self.cfg, [f"{k} = {new!r} (checkpoint: {old!r}; allowed by checkpoint.allow_changes)"
                                 for k, (old, new) in self.config_changes.items()]
         if self.data_changes:
-            lines.append(", ".join(f"{k} = {new!r} (checkpoint: {old!r})" for k, (old, new) in self.data_changes.items())
-                         + ": the data is read from its start")
+            lines.append(said(self.data_changes) + ": the data is read from its start")
         if self.schedule_changes:
             step = self.resume_state["step"]
             now = {k.split(".")[1]: _get(cfg, k) for k in SCHEDULE_KEYS}
@@ -1040,8 +1042,8 @@ class Trainer:
             lr = [cfg.optim.lr * lr_multiplier(step, total_steps=sch["max_steps"], warmup_steps=sch["warmup_steps"],
                                                schedule=sch["schedule"], min_lr_ratio=sch["min_lr_ratio"])
                   for sch in (now, was)]
-            lines.append(", ".join(f"{k} = {new!r} (checkpoint: {old!r})" for k, (old, new) in self.schedule_changes.items())
-                         + f": step {step + 1} trains at lr {lr[0]:.4g} (the checkpoint's schedule: {lr[1]:.4g})")
+            lines.append(said(self.schedule_changes) + f": step {step + 1} trains at lr {lr[0]:.4g} (the checkpoint's "
+                                                        f"schedule: {lr[1]:.4g})")
         return lines
 
     # ---------------------------------------------------------------- loop
