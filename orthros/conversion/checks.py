@@ -1,8 +1,10 @@
 """The checks of ``orthros convert``'s arguments and of a source's ``config.json`` that need neither
 torch nor transformers: the command makes them before it imports :mod:`orthros.conversion.convert`
 (seconds), so a missing or empty source, a file that is no checkpoint, an unsupported or quantized
-architecture is refused in a fraction of a second; ``convert_checkpoint`` and ``plan_conversion``
-make the same checks, in the same order, through :mod:`~orthros.conversion.convert`."""
+architecture, a folder without the weights the conversion reads (none, an index that is corrupt or names
+a missing shard) is refused in a fraction of a second; ``convert_checkpoint`` and ``plan_conversion``
+make the same checks through :mod:`~orthros.conversion.convert` (the weight files after transformers
+has checked the config's values)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ from .architectures import UnsupportedModelError, architecture_of, check_support
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+# the suffixes of weight files (of any format): a source's files of another format are named in its refusal
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx", ".npz")
 
 
 # How the conversion's errors name the settings a caller can change: the Python API's keywords here;
@@ -181,13 +185,52 @@ def read_source_config(root: Path):
     return cfg_path, config_dict, arch
 
 
+def weight_files(root: Path):
+    """``(files, weight_map, sharded)``: the safetensors files of the source directory ``root`` that a
+    conversion reads, as transformers picks them (``model.safetensors``, even beside an index; else the
+    shards of ``model.safetensors.index.json``, whose ``weight_map`` is returned), each of them there.
+    Neither file (weights of another format, a GGUF beside a config.json, none at all), an index that is
+    corrupt or names a shard that is not a plain file name or does not exist: refused, naming what to do."""
+    index_path = root / INDEX_FILE
+    if (root / SINGLE_FILE).is_file():
+        return [SINGLE_FILE], None, False
+    if index_path.is_file():
+        try:
+            index = json.loads(index_path.read_text())
+            weight_map = index["weight_map"]
+            assert isinstance(weight_map, dict) and weight_map
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AssertionError):
+            raise ValueError(f"{index_path}: corrupt index (expected JSON with a non-empty 'weight_map')") from None
+        # the result keeps the shard names: one that is not a plain file name would be read from, and
+        # written to, a path outside the source and the result (``../x`` truncated the source shard)
+        bad = sorted({repr(f) for f in weight_map.values()
+                      if not isinstance(f, str) or f in ("", ".", "..") or Path(f).name != f})
+        if bad:
+            raise ValueError(f"{index_path}: shard names must be plain file names in the source directory, "
+                             f"got {', '.join(bad[:5])}")
+        files = sorted(set(weight_map.values()))
+        missing = [f for f in files if not (root / f).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{index_path} names shard(s) that do not exist: {missing}")
+        return files, weight_map, True
+    others = sorted(p.name for p in root.iterdir() if p.name.endswith(WEIGHT_SUFFIXES))
+    ggufs = [n for n in others if n.lower().endswith(".gguf")]  # read as a GGUF source only without config.json
+    hint = (f" (found {others}; to convert the GGUF, name the file itself: {str(root / ggufs[0])!r})" if ggufs
+            else f" (found {others}; re-save the model with save_pretrained(..., safe_serialization=True))"
+            if others else "")
+    raise FileNotFoundError(f"source {str(root)!r} has neither {SINGLE_FILE} nor {INDEX_FILE}{hint}")
+
+
 def check_local_source(src, dst, names=None) -> None:
     """What ``orthros convert`` refuses before torch loads: :func:`check_paths`, then a local source
     (a hub id is left to the conversion, which checks DST before it downloads; a GGUF source to its
-    reader): it exists, is a directory, and its ``config.json`` passes :func:`read_source_config`."""
+    reader): it exists, is a directory, its ``config.json`` passes :func:`read_source_config`, and the
+    weights a conversion reads are there (:func:`weight_files`)."""
     check_paths(src, dst)
     from .gguf import is_gguf_source
 
     if is_gguf_source(src) or not expand_path(src, "src").exists() and _is_hub_id(os.fspath(src)):
         return
-    read_source_config(_resolve_source(src, download=False, names=names))
+    root = _resolve_source(src, download=False, names=names)
+    read_source_config(root)
+    weight_files(root)  # a folder of config.json alone took seconds (torch, transformers' AutoConfig) to refuse

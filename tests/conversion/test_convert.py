@@ -461,6 +461,41 @@ def test_index_naming_missing_shard(tmp_path, good_src):
     _refused(tmp_path, src, match="do not exist")
 
 
+def test_source_without_its_weights_is_refused_before_torch_loads(tmp_path):
+    """A folder of config.json without the weights the conversion reads (none at all, only
+    pytorch_model.bin, a GGUF beside it, an index that is corrupt or names a shard not downloaded) took
+    seconds to refuse from orthros convert: torch and transformers loaded and transformers checked the
+    config first. Now the command refuses it with the line of the Python API (convert_checkpoint's
+    error), exit 2, in one fresh interpreter that loads neither torch nor transformers, nothing written."""
+    import subprocess
+    import sys
+
+    cases = {"config-only": {}, "bin-only": {"pytorch_model.bin": "x"}, "gguf-beside": {"m.gguf": "x"},
+             "corrupt-index": {"model.safetensors.index.json": "{not json"},
+             "shard-not-there": {"model.safetensors.index.json": json.dumps(
+                 {"weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}})}}
+    expected = []
+    for name, files in cases.items():
+        LlamaConfig(**_COMMON).save_pretrained(tmp_path / name)
+        for f, text in files.items():
+            (tmp_path / name / f).write_text(text)
+        with pytest.raises((ValueError, OSError)) as e:  # the API's refusal, after torch and AutoConfig
+            convert_checkpoint(tmp_path / name, tmp_path / "out", progress=False)
+        expected.append(f"orthros convert: error: {e.value}\n")
+    argvs = [["convert", str(tmp_path / name), str(tmp_path / "out"), "-q"] for name in cases]
+    code = (f"import contextlib, io, json, sys\nfrom orthros.cli import main\nfor argv in {argvs!r}:\n"
+            "    err = io.StringIO()\n"
+            "    with contextlib.redirect_stderr(err):\n"
+            "        rc = main(argv)\n"
+            "    print(json.dumps([rc, err.getvalue(), [m for m in ('torch', 'transformers') if m in sys.modules]]))\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    for name, line, out in zip(cases, expected, r.stdout.strip().splitlines()):
+        assert json.loads(out) == [2, line, []], (name, out)
+    assert not (tmp_path / "out").exists() and _leftovers(tmp_path) == []
+
+
 def test_non_empty_destination_needs_overwrite(tmp_path, good_src):
     dst = tmp_path / "out"
     dst.mkdir()
