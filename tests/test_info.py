@@ -228,6 +228,42 @@ def test_origin_of_a_converted_checkpoint(tmp_path, capsys):
     assert "origin       converted from LlamaForCausalLM" in out and "tokenizer    none" in out
 
 
+@pytest.mark.parametrize("arch", ["phi3", "llama"])
+def test_a_gguf_is_told_whether_convert_takes_its_architecture(arch, tmp_path, capsys):
+    """`orthros info model.gguf` (or a folder holding it) said "convert it first" for every GGUF, also
+    one of an architecture `orthros convert` then refused: now it names the file's architecture and
+    those convert takes, and keeps "convert it first" for those."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    from orthros.conversion.cli import main as convert_main
+    from orthros.conversion.gguf import GGUF_ARCHITECTURES
+
+    folder = tmp_path / "gguf"
+    folder.mkdir()
+    w = gguf.GGUFWriter(str(folder / "m.gguf"), arch)  # a header and one tensor: all info reads is the architecture
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    for path in (folder / "m.gguf", folder):
+        rc, out, err = run([str(path)], capsys)
+        assert rc == 2 and out == "" and err.startswith(f"orthros info: error: PATH {path}: ") \
+            and err.count("\n") == 1, err
+        if arch in GGUF_ARCHITECTURES:
+            assert f"convert it first: orthros convert {path} DST" in err, err
+        else:
+            assert f"of architecture {arch!r}, not an Orthros checkpoint" in err and "convert it first" not in err \
+                and f"converts: {', '.join(GGUF_ARCHITECTURES)})" in err, err
+            assert (": holds the GGUF file m.gguf, of" if path == folder else ": a GGUF file of") in err, err
+    if arch not in GGUF_ARCHITECTURES:  # as convert refuses it
+        assert convert_main([str(folder / "m.gguf"), str(tmp_path / "out"), "--dry-run"]) == 2
+        assert f"cannot convert GGUF architecture {arch!r}" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gguf"] and sorted(p.name for p in folder.iterdir()) == [
+        "m.gguf"]
+
+
 def test_verify_a_training_checkpoint(ckpt, tmp_path, capsys):
     import shutil
 
