@@ -89,7 +89,7 @@ def _mqar_parser(sub):
                    help="train up to this many models at once, one process each (same data from the same seeds; "
                         "on a GPU the small, launch-bound models share the device: wall time ~ the slowest model's; "
                         "default: 1)")
-    p.add_argument("--output", "-o", default=None, help="write the results as JSON here")
+    p.add_argument("--output", "-o", default=None, action=spelled(), help="write the results as JSON here")
     p.add_argument("--plot", default=None, metavar="PNG", help="draw accuracy against the key-to-query distance here")
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
 
@@ -116,7 +116,7 @@ def _niah_parser(sub):
     p.add_argument("--engine", default="auto", choices=("auto", "on", "off"),
                    help="fast engine: on, off, or auto (the default): on CUDA; otherwise transformers' generate")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default: 0)")
-    p.add_argument("--output-dir", "-o", default="niah_results",
+    p.add_argument("--output-dir", "-o", default="niah_results", action=spelled(),
                    help="folder for the results JSON and the heatmap PNG (default: niah_results)")
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
 
@@ -131,9 +131,10 @@ def _niah_train_parser(sub):
     add_arguments(p)
 
 
-def _spelled(action: type) -> type:
+def spelled(action: type = argparse._StoreAction) -> type:
     """``action`` (an argparse action class) that also records the spelling typed (``--batch_size`` or
-    ``--batch-size``) under :data:`TYPED`, for errors that name the option as the user typed it."""
+    ``--batch-size``, ``-o`` or ``--output``) under :data:`TYPED`, for errors that name the option as the
+    user typed it (:func:`~orthros.evaluation.common.typed`)."""
 
     class Spelled(action):
         def __call__(self, parser, namespace, values, option_string=None):
@@ -151,22 +152,22 @@ def _lm_parser(sub):
                    help="Orthros checkpoint dir (or a Llama/Qwen2/Qwen3/Mistral/Qwen3.5 one: converted on the fly with "
                         "--window)")
     p.add_argument("--tasks", required=True, help="comma list of lm-eval task names")
-    p.add_argument("--include_path", "--include-path", dest="include_path", action=_spelled(argparse._AppendAction),
+    p.add_argument("--include_path", "--include-path", dest="include_path", action=spelled(argparse._AppendAction),
                    default=None, help="extra folder of task YAMLs (repeatable)")
     p.add_argument("--limit", type=float, default=None,
                    help="examples per task (an integer), or a fraction of each task's examples (below 1)")
     p.add_argument("--num_fewshot", "--num-fewshot", dest="num_fewshot", type=int, default=None,
-                   action=_spelled(argparse._StoreAction),
+                   action=spelled(),
                    help="few-shot examples per prompt (default: the task's own)")
     p.add_argument("--batch_size", "--batch-size", dest="batch_size", type=int, default=1,
-                   action=_spelled(argparse._StoreAction),
+                   action=spelled(),
                    help="sequences per forward (default: 1)")
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default=None, choices=DTYPE_CHOICES, help="weights' dtype (default: as stored)")
     p.add_argument("--tokenizer", default=None, help="tokenizer dir (default: the model dir)")
     _add_conversion_window(p)
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default: 0)")
-    p.add_argument("--output", "-o", default=None, help="write the results as JSON here")
+    p.add_argument("--output", "-o", default=None, action=spelled(), help="write the results as JSON here")
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
 
 
@@ -193,7 +194,7 @@ def _ppl_parser(sub):
     _add_conversion_window(p)
     p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     p.add_argument("--dtype", default=None, choices=DTYPE_CHOICES, help="weights' dtype (default: as stored)")
-    p.add_argument("--output", "-o", default=None, help="write the results as JSON here")
+    p.add_argument("--output", "-o", default=None, action=spelled(), help="write the results as JSON here")
     p.add_argument("--plot", default=None, metavar="PNG", help="draw perplexity against token position here")
     p.add_argument("--no-progress", action="store_true", help="no progress display on stderr")
 
@@ -209,11 +210,12 @@ def _ppl(a) -> int:
         raise ValueError(f"--seq-len must be >= 2, got {a.seq_len}")
     if a.windows < 1:
         raise ValueError(f"--windows must be >= 1, got {a.windows}")
+    output = typed(a, "output")  # -o or --output, as typed
     if a.plot is not None:
         check_png("--plot", a.plot)  # check_output_path of a .png
     if a.output:
-        check_output_path("--output", a.output)
-    check_distinct_files([("--output", a.output), ("--plot", a.plot)], [("--data", a.data)],
+        check_output_path(output, a.output)
+    check_distinct_files([(output, a.output), ("--plot", a.plot)], [("--data", a.data)],
                          [("--model", a.model), ("--tokenizer", a.tokenizer)])
     max_pos = read_max_positions(a.model)  # (and a clear error when --model is not a checkpoint)
     if a.seq_len is None:
@@ -246,7 +248,7 @@ def _ppl(a) -> int:
     print(format_table({name: out}))
     with written_together():  # both files or neither
         if a.output:
-            write_json(a.output, out, name="--output")
+            write_json(a.output, out, name=output)
         if a.plot:
             plot_position_perplexity({name: out}, a.plot, name="--plot")
     for f in (a.output, a.plot):
@@ -298,11 +300,12 @@ def _mqar(a) -> int:
                        run_mqar)  # (torch: after the checks above, which need none)
 
     check_models(models, a.layers, "--models", "--layers")
+    output = typed(a, "output")  # -o or --output, as typed
     if a.plot is not None:
         check_png("--plot", a.plot)  # check_output_path of a .png
     if a.output:
-        check_output_path("--output", a.output)
-    check_distinct_files([("--output", a.output), ("--plot", a.plot)])
+        check_output_path(output, a.output)
+    check_distinct_files([(output, a.output), ("--plot", a.plot)])
     if a.linear_heads is not None and (a.linear_heads < 1 or a.hidden_size % a.linear_heads):
         raise ValueError(f"--linear-heads must be >= 1 and divide --hidden-size ({a.hidden_size}), got {a.linear_heads}")
     if a.linear_heads is not None and not any(MODEL_ALIASES[m] in HYBRID_DISPLAY for m in models):
@@ -326,7 +329,7 @@ def _mqar(a) -> int:
     print(format_table(out))
     with written_together():  # both files or neither
         if a.output:
-            write_json(a.output, out, name="--output")
+            write_json(a.output, out, name=output)
         if a.plot:
             plot_recall(out, a.plot, name="--plot")
     if a.output or a.plot:
@@ -347,7 +350,8 @@ def _niah(a) -> int:
     cfg = NIAHConfig(lengths=parse_int_list(a.lengths, "--lengths"), depths=parse_int_list(a.depths, "--depths"),
                      samples=a.samples, haystack=a.haystack, digits=a.digits, seed=a.seed, engine=a.engine)
     validate(cfg)  # everything that needs no model, before loading it
-    check_output_path("--output-dir", a.output_dir, directory=True)
+    output_dir = typed(a, "output_dir")  # -o or --output-dir, as typed
+    check_output_path(output_dir, a.output_dir, directory=True)
     max_pos = read_max_positions(a.model)  # (the model's folder and config.json before torch loads for the device)
     validate(cfg, max_pos)
     window = _conversion_window(a)
@@ -363,9 +367,9 @@ def _niah(a) -> int:
     out["model"]["path"] = str(a.model)
     d = Path(a.output_dir)
     with written_together():  # both files or neither (nor a folder made for them)
-        write_json(d / "niah.json", out, name="--output-dir")
+        write_json(d / "niah.json", out, name=output_dir)
         save_heatmap(out, d / "niah.png", title=f"NIAH {Path(a.model).resolve().name}: {100 * out['accuracy']:.1f}%",
-                     name="--output-dir")
+                     name=output_dir)
     print(format_grid(out))
     print(f"\noverall accuracy {100 * out['accuracy']:.1f}%  ({out['seconds']:.0f}s)\nwrote {d / 'niah.json'} and "
           f"{d / 'niah.png'}")
@@ -397,9 +401,10 @@ def _lm(a) -> int:
         raise ValueError(f"--seed must be in 0..{2 ** 32 - 1}, got {a.seed}")
     window = _conversion_window(a)
     device = check_device(a.device) if a.device else default_device()  # (after what needs no torch)
+    output = typed(a, "output")  # -o or --output, as typed
     if a.output:
-        check_output_path("--output", a.output)
-        check_distinct_files([("--output", a.output)], checkpoints=[("--model", a.model), ("--tokenizer", a.tokenizer)])
+        check_output_path(output, a.output)
+        check_distinct_files([(output, a.output)], checkpoints=[("--model", a.model), ("--tokenizer", a.tokenizer)])
     res = run_lm_eval(a.model, a.tasks.split(","), include_path=a.include_path, limit=limit,
                       batch_size=a.batch_size, device=device, dtype=a.dtype,
                       num_fewshot=a.num_fewshot, window_size=window, tokenizer=a.tokenizer, seed=a.seed,
@@ -408,7 +413,7 @@ def _lm(a) -> int:
 
     print(make_table(res))
     if a.output:
-        write_json(a.output, summary(res), name="--output")
+        write_json(a.output, summary(res), name=output)
         print(f"wrote {a.output}")
     return 0
 

@@ -139,6 +139,8 @@ def run_prefill(quick: bool, device: str, seed: int = 0, progress: bool = True) 
 
 
 def main(argv=None) -> int:
+    from .cli import spelled
+
     p = argparse.ArgumentParser(prog="orthros demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true",
                    help="shorter run: 150 training steps, prefill at 1K/4K/8K (4K/16K on a GPU) (49 s on a 2-core "
@@ -148,14 +150,16 @@ def main(argv=None) -> int:
                         "CPU; refused with --skip-prefill)")
     p.add_argument("--skip-prefill", action="store_true", help="skip part 2 (prefill timing)")
     p.add_argument("--skip-recall", action="store_true", help="skip part 1 (in-context recall)")
-    p.add_argument("--output", "-o", default=None, help="write all numbers as JSON here")
+    p.add_argument("--output", "-o", default=None, action=spelled(), help="write all numbers as JSON here")
     p.add_argument("--plot", default=None, metavar="PNG",
                    help="draw part 1's accuracy against the key-to-query distance here")
     p.add_argument("--no-progress", action="store_true", help="no progress display (parts 1 and 2, on stderr)")
     p.add_argument("--seed", type=int, default=0, help="seed of every random draw (default: 0)")
     a = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     from ..utils import check_device, check_output_path
-    from .common import check_distinct_files, check_no_empty_values, check_seed
+    from .common import check_distinct_files, check_no_empty_values, check_seed, typed
+
+    output = typed(a, "output")  # -o or --output, as typed
 
     try:
         check_no_empty_values(p, a)
@@ -179,11 +183,11 @@ def main(argv=None) -> int:
             p.error(str(e))
     try:
         if a.output:
-            check_output_path("--output", a.output)
+            check_output_path(output, a.output)
     except ValueError as e:
         p.error(str(e))
     try:  # was: the PNG overwrote the JSON after both parts ran
-        check_distinct_files([("--output", a.output), ("--plot", a.plot)])
+        check_distinct_files([(output, a.output), ("--plot", a.plot)])
     except ValueError as e:
         p.error(str(e))
     try:
@@ -209,7 +213,7 @@ def main(argv=None) -> int:
 
     with written_together():  # both files or neither
         if a.output:
-            write_json(a.output, out, name="--output")
+            write_json(a.output, out, name=output)
         if a.plot:
             plot_recall(out["mqar"], a.plot, name="--plot")
     for f in (a.output, a.plot):

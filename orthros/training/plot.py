@@ -140,19 +140,29 @@ def _skipped_note(skipped: int) -> str:
     return f" ({skipped} not finite, skipped)" if skipped else ""
 
 
+class _Output(argparse._StoreAction):
+    """``-o`` / ``--output``, with the spelling typed kept (``output_typed``) for the errors that name it."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.output_typed = option_string
+        super().__call__(parser, namespace, values, option_string)
+
+
 def main(argv: Optional[list] = None) -> int:
     p = argparse.ArgumentParser(prog="orthros plot", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", metavar="RUN", help=f"training output_dir(s), each with its {METRICS}")
-    p.add_argument("-o", "--output", default=None,
+    p.add_argument("-o", "--output", default=None, action=_Output,
                    help="the PNG to write (default: RUN/loss.png for one run, ./loss.png for several)")
     p.add_argument("--x", choices=X_AXES, default="tokens", help="the horizontal axis (default: tokens)")
     p.add_argument("--title", default=None, help="a title above the panels")
+    p.set_defaults(output_typed="--output")
     args = p.parse_args(argv)
+    output = args.output_typed  # -o or --output, as typed
     try:  # a leading ~ (or ~NAME) is a home folder, as in every orthros command (a quoted one reaches here)
         args.runs = [str(expand_path(d, "RUN")) if d.startswith("~") else d for d in args.runs]  # else as typed
         if args.output is not None and args.output.startswith("~"):
-            args.output = str(expand_path(args.output, "--output"))
+            args.output = str(expand_path(args.output, output))
     except ValueError as e:
         p.error(str(e))
     for d in args.runs:
@@ -164,11 +174,11 @@ def main(argv: Optional[list] = None) -> int:
         print(f"orthros plot: note: RUN {d} is the same folder as RUN {first}: drawn once", file=sys.stderr)
     out = args.output or (os.path.join(args.runs[0], LOSS_PLOT) if len(args.runs) == 1 else "loss.png")
     try:
-        check_png("--output", out)  # check_output_path of a .png: a folder is said to be one
+        check_png(output, out)  # check_output_path of a .png: a folder is said to be one
     except ValueError as e:
         p.error(str(e))
     try:
-        plot_runs(args.runs, out, x=args.x, title=args.title, name="--output" if args.output else None)
+        plot_runs(args.runs, out, x=args.x, title=args.title, name=output if args.output else None)
     except PlotError as e:
         p.error(f"RUN {e}")
     print(f"wrote {out}")

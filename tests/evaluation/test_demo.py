@@ -51,14 +51,16 @@ def test_demo_bad_input_refused_before_the_runs(tmp_path, capsys, monkeypatch):
     (tmp_path / "f").write_text("x")
     for args, says in ((["--seed", "-2"], "--seed must be >= 0, got -2"),
                        (["--skip-recall", "--seed", str(2 ** 64)], "--seed must be <= 18446744073709551615"),
-                       (["-o", str(tmp_path)], f"--output {tmp_path}: is a directory"),
+                       # named as typed: -o, or --output (both were named --output)
+                       (["-o", str(tmp_path)], f"-o {tmp_path}: is a directory"),
+                       (["--output", str(tmp_path)], f"--output {tmp_path}: is a directory"),
                        (["--plot", str(tmp_path / "f" / "r.png")], "is a file, not a directory"),
                        (["--skip-recall", "--skip-prefill", "-o", str(tmp_path / "d.json")], "nothing to run"),
                        # was: both parts ran, then the PNG overwrote the JSON ("wrote r.png" twice)
                        (["-o", str(tmp_path / "r.png"), "--plot", str(tmp_path / "." / "r.png")],
-                        "name the same file"),
+                        f"-o {tmp_path / 'r.png'} and --plot"),
                        # an unset $OUT: both parts ran, then nothing was written (exit 0)
-                       (["-o", ""], "--output is empty (''): give a value, or leave the option out")):
+                       (["-o", ""], "-o is empty (''): give a value, or leave the option out")):
         with pytest.raises(SystemExit) as e:
             main(["demo", "--device", "cpu", *args])
         assert e.value.code == 2 and says in capsys.readouterr().err, args
@@ -123,3 +125,16 @@ def test_part_2s_progress_shows_off_a_terminal_and_no_progress_silences_it(capsy
     assert "[demo prefill] length 2/2 last 96 tokens" in err.splitlines() and "\r" not in out + err
     demo.run_prefill(True, "cpu", progress=False)
     assert "[demo prefill]" not in capsys.readouterr().err
+
+
+def test_a_failed_write_names_the_option_as_typed(tmp_path, capsys, monkeypatch):
+    """The write at the end names -o as typed (was --output whichever was typed): here its path became a
+    folder while part 1 ran."""
+    import orthros.evaluation.demo as demo
+    from orthros.cli import main
+
+    out = tmp_path / "d.json"
+    monkeypatch.setattr(demo, "run_recall", lambda *a, **kw: out.mkdir() or {})
+    assert main(["demo", "--skip-prefill", "-o", str(out)]) == 1
+    assert f"-o {out}: cannot write the file" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir()] == ["d.json"] and not any(out.iterdir())

@@ -35,11 +35,14 @@ def test_help_names_every_default(name):
 
 @pytest.mark.parametrize("args, says", [
     # the results written nowhere after the whole run (exit 0)
-    (["mqar", "-o", ""], "--output is empty (''): give a value, or leave the option out for its default"),
-    (["ppl", "--model", "{ck}", "--data", "{data}", "-o", " "], "--output is empty (' ')"),
-    (["lm", "--model", "{ck}", "--tasks", "orthros_tiny_cloze", "-o", ""], "--output is empty ('')"),
+    # (named as typed: -o, or --output)
+    (["mqar", "-o", ""], "-o is empty (''): give a value, or leave the option out for its default"),
+    (["mqar", "--output", ""], "--output is empty (''): give a value, or leave the option out for its default"),
+    (["ppl", "--model", "{ck}", "--data", "{data}", "-o", " "], "-o is empty (' ')"),
+    (["lm", "--model", "{ck}", "--tasks", "orthros_tiny_cloze", "-o", ""], "-o is empty ('')"),
     # the results written into the current folder
-    (["niah", "--model", "{ck}", "-o", ""], "--output-dir is empty ('')"),
+    (["niah", "--model", "{ck}", "-o", ""], "-o is empty ('')"),
+    (["niah", "--model", "{ck}", "--output-dir", ""], "--output-dir is empty ('')"),
     # the current folder replaced by the checkpoint (its files deleted)
     (["niah-train", "--out", "", "--overwrite"], "--out is empty (''): give a value"),
     # the default device, or the model's own tokenizer, taken silently

@@ -166,8 +166,9 @@ def test_plain_lm_eval_cli_with_orthros_imported(tiny, tmp_path):
     (["--limit", "2.5"], "--limit must be an integer >= 1 or a fraction in (0, 1), got 2.5"),
     (["--limit", "inf"], "--limit must be an integer >= 1 or a fraction in (0, 1), got inf"),
     (["--device", "bogus"], "--device must be cpu, cuda or cuda:N, got 'bogus'"),
-    (["-o", "{tmp}"], "--output {tmp}: is a directory"),
-    (["-o", "{ck}/model.safetensors"], "--output {ck}/model.safetensors is a file of the --model checkpoint {ck}"),
+    (["-o", "{tmp}"], "-o {tmp}: is a directory"),  # named as typed (was --output after -o)
+    (["--output", "{tmp}"], "--output {tmp}: is a directory"),
+    (["-o", "{ck}/model.safetensors"], "-o {ck}/model.safetensors is a file of the --model checkpoint {ck}"),
 ])
 def test_cli_lm_bad_input_refused_before_the_model_loads(tiny, tmp_path, capsys, monkeypatch, args, msg):
     """Issue: --seed -1 failed after the model had loaded (numpy's `Seed must be between 0 and 2**32 - 1`);

@@ -325,11 +325,14 @@ def test_accuracy_by_gap_buckets_add_up_and_plot(tmp_path):
     # torch.manual_seed's 'Overflow when unpacking long long', after the training data was generated
     (["--seed", str(2 ** 64)], f"--seed must be <= {2 ** 64 - 1} (the largest seed torch takes), got {2 ** 64}"),
     (["--threads", "-1"], "--threads must be >= 0 (0: torch's own choice), got -1"),
-    (["-o", "{tmp}"], "--output {tmp}: is a directory"),
-    (["-o", "{tmp}/f/m.json"], "is a file, not a directory"),
+    # named as typed: -o, or --output (both were named --output)
+    (["-o", "{tmp}"], "-o {tmp}: is a directory"),
+    (["--output", "{tmp}"], "--output {tmp}: is a directory"),
+    (["-o", "{tmp}/f/m.json"], "-o {tmp}/f/m.json: {tmp}/f is a file, not a directory"),
     (["--plot", "{tmp}/f/m.png"], "is a file, not a directory"),
     # was trained, then the PNG replaced the JSON ('wrote m.png' twice)
-    (["-o", "{tmp}/m.png", "--plot", "{tmp}/m.png"], "--output {tmp}/m.png and --plot {tmp}/m.png name the same file"),
+    (["-o", "{tmp}/m.png", "--plot", "{tmp}/m.png"], "-o {tmp}/m.png and --plot {tmp}/m.png name the same file"),
+    (["--output", "{tmp}/m.png", "--plot", "{tmp}/m.png"], "--output {tmp}/m.png and --plot {tmp}/m.png name the same"),
     # were accepted: no model printed an empty table (exit 0); one model twice trained twice
     (["--models", ","], "--models must name at least one model; choose from orthros, transformer"),
     (["--models", "transformer,swa,full"], "--models names Transformer twice (transformer, full)"),

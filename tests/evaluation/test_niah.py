@@ -212,7 +212,8 @@ def test_validate_needs_a_length_and_a_depth(kw):
     # said it must be "a path to a .txt/.jsonl file, got 'nowhere.txt'": what is wrong with the path is said
     (["--haystack", "{tmp}/nowhere.txt"], "--haystack {tmp}/nowhere.txt: no such file"),
     (["--haystack", "{tmp}"], "--haystack {tmp}: a folder, not a file"),
-    (["-o", "{tmp}/f"], "--output-dir {tmp}/f: {tmp}/f is a file, not a directory"),
+    (["-o", "{tmp}/f"], "-o {tmp}/f: {tmp}/f is a file, not a directory"),  # as typed (was --output-dir)
+    (["--output-dir", "{tmp}/f"], "--output-dir {tmp}/f: {tmp}/f is a file, not a directory"),
 ])
 def test_cli_niah_bad_input_before_the_model_loads(tiny, tmp_path, capsys, no_model_load, args, msg):
     """Issue: these were refused only after the model had loaded (a bad haystack, --tokenizer, --seed,

@@ -176,15 +176,16 @@ def test_plot_ticks_are_the_measured_lengths(tiny, tmp_path, seq_len, buckets):
 @pytest.mark.parametrize("extra, says", [
     (["--device", "bogus"], "--device must be cpu, cuda or cuda:N, got 'bogus'"),
     (["--seq-len", "300", "--buckets", "0,300"], "--seq-len 300 is above the model's max_position_embeddings (256)"),
-    (["-o", "{tmp}"], "is a directory"),
+    (["-o", "{tmp}"], "-o {tmp}: is a directory"),  # named as typed (was --output after -o)
+    (["--output", "{tmp}"], "--output {tmp}: is a directory"),
     (["-o", "{file}/x.json"], "is a file, not a directory"),
     (["--plot", "{file}/x.png"], "is a file, not a directory"),
     # were run, then the PNG replaced the JSON ('wrote r.png' twice), or the JSON replaced the held-out data
-    (["-o", "{tmp}/r.png", "--plot", "{tmp}/r.png"], "--output {tmp}/r.png and --plot {tmp}/r.png name the same file"),
-    (["-o", "{data}"], "--output {data} is the --data file"),
+    (["-o", "{tmp}/r.png", "--plot", "{tmp}/r.png"], "-o {tmp}/r.png and --plot {tmp}/r.png name the same file"),
+    (["-o", "{data}"], "-o {data} is the --data file"),
     # were written over the checkpoint after the evaluation (its config replaced by the results)
-    (["-o", "{ck}/config.json"], "--output {ck}/config.json is a file of the --model checkpoint {ck}"),
-    (["-o", "{ck}/tokenizer.json"], "--output {ck}/tokenizer.json is a file of the --model checkpoint"),
+    (["-o", "{ck}/config.json"], "-o {ck}/config.json is a file of the --model checkpoint {ck}"),
+    (["--output", "{ck}/tokenizer.json"], "--output {ck}/tokenizer.json is a file of the --model checkpoint"),
     # one message for both said "--seq-len must be >= 2 and --windows >= 1, got None and 0" (--windows 0 alone)
     (["--windows", "0"], "--windows must be >= 1, got 0"),
     (["--seq-len", "1"], "--seq-len must be >= 2, got 1"),

@@ -91,8 +91,8 @@ def test_unreadable_run_files_and_bad_outputs_are_refused_cleanly(tmp_path, caps
     (tmp_path / "dir.png").mkdir()
     for out, says in ((tmp_path / "dir.png", "is a directory"), (tmp_path / ".png", "a .png path"),
                       # a folder without .png in its name: was "a .png path is needed"
-                      (f"{tmp_path / 'dir.png'}/", f"--output {tmp_path / 'dir.png'}/: is a directory"),
-                      (tmp_path, f"--output {tmp_path}: is a directory (a .png file path is needed)"),
+                      (f"{tmp_path / 'dir.png'}/", f"-o {tmp_path / 'dir.png'}/: is a directory"),
+                      (tmp_path, f"-o {tmp_path}: is a directory (a .png file path is needed)"),
                       (a / "metrics.jsonl" / "x.png", "is a file, not a directory")):
         with pytest.raises(SystemExit) as e:
             main(["plot", str(a), "-o", str(out)])
@@ -179,13 +179,13 @@ def test_a_home_folder_tilde_is_expanded(tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     with pytest.raises(SystemExit):
         main(["plot", "~/run", "-o", "~no_such_user_x/x.png"])
-    assert "--output ~no_such_user_x/x.png: no user 'no_such_user_x'" in capsys.readouterr().err
+    assert "-o ~no_such_user_x/x.png: no user 'no_such_user_x'" in capsys.readouterr().err  # as typed
 
 
 def test_an_output_the_checks_let_through_but_cannot_be_written_names_output(tmp_path, monkeypatch, capsys):
     """Was: `orthros plot RUN -o /proc/x.png` (a place the folder checks pass, as root) failed
     naming the temporary file: "error: [Errno 2] No such file or directory: '/proc/x.png.tmp.png'".
-    The error names --output and the path given; nothing is left behind."""
+    The error names the option as typed (-o here) and the path given; nothing is left behind."""
     import errno
     import os
 
@@ -201,7 +201,7 @@ def test_an_output_the_checks_let_through_but_cannot_be_written_names_output(tmp
     capsys.readouterr()
     assert main(["plot", str(a), "-o", str(out)]) == 2
     err = capsys.readouterr().err
-    assert f"--output {out}: cannot write the figure (No such file or directory)" in err and ".tmp" not in err
+    assert f"-o {out}: cannot write the figure (No such file or directory)" in err and ".tmp" not in err  # as typed
     assert list(out.parent.iterdir()) == []
 
 
@@ -259,3 +259,16 @@ def test_non_finite_losses_are_skipped_and_counted(tmp_path):
     assert list(t.get_ydata()) == [5.0] and t.get_marker() == "o"
     assert len(e.get_ydata()) == 0 and e.get_label() == "one (pt/orthros): none finite (1 not finite, skipped)"
     assert [x.get_text() for x in eval_ax.texts] == ["no finite loss logged"] and list(eval_ax.get_yticks()) == []
+
+
+def test_output_is_named_as_typed(tmp_path, capsys):
+    """Issue: `-o DIR` was refused as "--output DIR: is a directory", an option the user had not typed."""
+    a = fake_run(tmp_path / "a", "orthros", [5.0, 4.0])
+    for args, says in ((["-o", str(tmp_path)], f"-o {tmp_path}: is a directory"),
+                       ([f"-o{tmp_path}"], f"-o {tmp_path}: is a directory"),
+                       (["--output", str(tmp_path)], f"--output {tmp_path}: is a directory"),
+                       (["-o", str(tmp_path / "x.jpg")], f"-o {tmp_path / 'x.jpg'}: a .png path is needed")):
+        with pytest.raises(SystemExit) as e:
+            main(["plot", str(a), *args])
+        assert e.value.code == 2
+        assert says in capsys.readouterr().err, args
