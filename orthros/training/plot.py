@@ -159,6 +159,12 @@ def main(argv: Optional[list] = None) -> int:
     p.set_defaults(output_typed="--output")
     args = p.parse_args(argv)
     output = args.output_typed  # -o or --output, as typed
+    # an unset shell variable (-o "$OUT"): was RUN/loss.png replaced, or "RUN : no such directory"
+    if args.output is not None and not args.output.strip():
+        p.error(f"{output} is empty ({args.output!r}): give a .png path, or leave the option out for its default")
+    for d in args.runs:
+        if not d.strip():
+            p.error(f"RUN is empty ({d!r}): give a training output_dir")
     try:  # a leading ~ (or ~NAME) is a home folder, as in every orthros command (a quoted one reaches here)
         args.runs = [str(expand_path(d, "RUN")) if d.startswith("~") else d for d in args.runs]  # else as typed
         if args.output is not None and args.output.startswith("~"):

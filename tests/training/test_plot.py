@@ -272,3 +272,17 @@ def test_output_is_named_as_typed(tmp_path, capsys):
             main(["plot", str(a), *args])
         assert e.value.code == 2
         assert says in capsys.readouterr().err, args
+
+
+def test_an_empty_output_or_run_is_refused_before_anything_is_written(tmp_path, capsys):
+    """Issue: an empty -o (an unset shell variable: `-o "$OUT"`) was taken as no -o and replaced
+    RUN/loss.png (exit 0), and an empty RUN was refused as "RUN : no such directory"."""
+    a = fake_run(tmp_path / "a", "orthros", [5.0, 4.0])
+    for args, says in ((["-o", ""], "-o is empty (''): give a .png path, or leave the option out for its default"),
+                       (["--output", " "], "--output is empty (' ')"),
+                       ([""], "RUN is empty (''): give a training output_dir")):
+        with pytest.raises(SystemExit) as e:
+            main(["plot", str(a), *args])
+        assert e.value.code == 2
+        assert says in capsys.readouterr().err, args
+    assert sorted(p.name for p in a.iterdir()) == ["metrics.jsonl", "run_config.yaml"]  # no loss.png written
