@@ -315,5 +315,5 @@ def test_cli_niah_a_failed_heatmap_leaves_no_json_and_names_the_option(tiny, tmp
                "--device", "cpu", "--no-progress", "-o", str(tmp_path / "n")])
     assert rc == 1
     err = capsys.readouterr().err
-    assert f"--output-dir {tmp_path / 'n' / 'niah.png'}: cannot write the figure (No space left" in err, err
+    assert f"-o {tmp_path / 'n' / 'niah.png'}: cannot write the figure (No space left" in err, err  # as typed
     assert list(tmp_path.iterdir()) == []
