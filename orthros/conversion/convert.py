@@ -44,15 +44,14 @@ from .architectures import (
     orthros_config_from,
     value_transforms,
 )
-from .checks import (API_NAMES, INDEX_FILE, SINGLE_FILE, _is_hub_id, _names, _nv, _resolve_source, _src_arg,
-                     check_paths, read_source_config)
+from .checks import (API_NAMES, INDEX_FILE, SINGLE_FILE, WEIGHT_SUFFIXES, _is_hub_id, _names, _nv, _resolve_source,
+                     _src_arg, check_paths, read_source_config, weight_files)
 from .safetensors_io import StreamingWriter, TensorReader, read_header
 
 REPORT_FILE = "conversion_report.json"
 _NEW_PARAMS = SCALE_OFFSET_INIT  # alpha = alpha' = 1, beta = beta' = 0: the source model exactly
 _NEW_RE = re.compile(r"^model\.layers\.(\d+)\.self_attn\.(alpha|beta|alpha_out|beta_out)$")
 # files of a source directory that are never copied to the result (weights and what describes them)
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx", ".npz")
 _NOT_COPIED = {"config.json", INDEX_FILE, "pytorch_model.bin.index.json", REPORT_FILE}
 # the one folder of a source directory that is copied: transformers' tokenizer keeps its named chat
 # templates (all but "default") there; other folders (``original/`` weights, ``onnx/`` ...) are not
@@ -226,6 +225,7 @@ def load_source(path, *, download: bool = True, names=None) -> SourceCheckpoint:
     :data:`API_NAMES`."""
     root = _resolve_source(path, download, names)
     cfg_path, config_dict, arch = read_source_config(root)
+    files, weight_map, sharded = weight_files(root)  # as orthros convert checks before torch loads
     from transformers import AutoConfig
 
     try:
@@ -238,34 +238,6 @@ def load_source(path, *, download: bool = True, names=None) -> SourceCheckpoint:
 
     index_path = root / INDEX_FILE
     all_st = sorted(p.name for p in root.glob("*.safetensors"))
-    if (root / SINGLE_FILE).is_file():  # as transformers picks: the single file, even beside an index
-        files, weight_map, sharded = [SINGLE_FILE], None, False
-    elif index_path.is_file():
-        try:
-            index = json.loads(index_path.read_text())
-            weight_map = index["weight_map"]
-            assert isinstance(weight_map, dict) and weight_map
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AssertionError):
-            raise ValueError(f"{index_path}: corrupt index (expected JSON with a non-empty 'weight_map')") from None
-        # the result keeps the shard names: one that is not a plain file name would be read from, and
-        # written to, a path outside the source and the result (``../x`` truncated the source shard)
-        bad = sorted({repr(f) for f in weight_map.values()
-                      if not isinstance(f, str) or f in ("", ".", "..") or Path(f).name != f})
-        if bad:
-            raise ValueError(f"{index_path}: shard names must be plain file names in the source directory, "
-                             f"got {', '.join(bad[:5])}")
-        files = sorted(set(weight_map.values()))
-        missing = [f for f in files if not (root / f).is_file()]
-        if missing:
-            raise FileNotFoundError(f"{index_path} names shard(s) that do not exist: {missing}")
-        sharded = True
-    else:
-        others = sorted(p.name for p in root.iterdir() if p.name.endswith(_WEIGHT_SUFFIXES))
-        ggufs = [n for n in others if n.lower().endswith(".gguf")]  # read as a GGUF source only without config.json
-        hint = (f" (found {others}; to convert the GGUF, name the file itself: {str(root / ggufs[0])!r})" if ggufs
-                else f" (found {others}; re-save the model with save_pretrained(..., safe_serialization=True))"
-                if others else "")
-        raise FileNotFoundError(f"source {str(root)!r} has neither {SINGLE_FILE} nor {INDEX_FILE}{hint}")
     headers = {f: read_header(root / f) for f in files}
     if weight_map is not None:
         seen = {}
@@ -600,7 +572,7 @@ def _other_files(source: "SourceCheckpoint", taken=frozenset()):
         if p.name in taken:
             skipped.append({"file": p.name, "reason": "Orthros's own file of that name is written instead "
                                                       "(its code, for trust_remote_code)"})
-        elif p.name.endswith(_WEIGHT_SUFFIXES):
+        elif p.name.endswith(WEIGHT_SUFFIXES):
             skipped.append({"file": p.name, "reason": "weights not part of the converted checkpoint"})
         elif p.name in _COPIED_DIRS and p.is_dir():
             copied.append(p)
