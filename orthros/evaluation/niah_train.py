@@ -28,7 +28,7 @@ import numpy as np
 from ..kinds import ATTENTION_MODES, mode_option
 from ..utils import (Progress, atomic_directory, check_output_path, check_replaceable_dir, clean_stale, expand_path,
                      write_json)
-from .common import check_seed
+from .common import check_seed, typed
 from .niah import NEEDLE, PromptBuilder
 
 IGNORE = -100
@@ -167,15 +167,16 @@ def answer_accuracy(model, ids, labels) -> float:
     return float((pred == tgt).all(-1).float().mean())
 
 
-def check_out_dir(out_dir, overwrite: bool) -> None:
+def check_out_dir(out_dir, overwrite: bool, name: str = "--out") -> None:
     """Refuse, before any work, an ``--out`` that holds something (a non-empty directory) unless
     ``overwrite``: the checkpoint replaces the whole directory at the end. One that is empty, the working
-    folder or the home folder (or above either) is refused either way (:func:`utils.check_replaceable_dir`)."""
-    check_replaceable_dir(out_dir, "--out")
-    check_output_path("--out", out_dir, directory=True)
-    out = expand_path(out_dir, "--out")
+    folder or the home folder (or above either) is refused either way (:func:`utils.check_replaceable_dir`).
+    ``name``: the option as the user typed it (``-o`` or ``--out``)."""
+    check_replaceable_dir(out_dir, name)
+    check_output_path(name, out_dir, directory=True)
+    out = expand_path(out_dir, name)
     if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ValueError(f"--out {out_dir}: the directory is not empty; pass --overwrite to replace it")
+        raise ValueError(f"{name} {out_dir}: the directory is not empty; pass --overwrite to replace it")
 
 
 def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progress: bool = False,
@@ -274,8 +275,10 @@ def train(cfg: NIAHTrainConfig, out_dir=None, tokenizer=None, log=print, progres
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from .cli import spelled
+
     d = NIAHTrainConfig()
-    p.add_argument("--out", "-o", required=True, help="output checkpoint dir (model + tokenizer + niah_train.json), "
+    p.add_argument("--out", "-o", required=True, action=spelled(), help="output checkpoint dir (model + tokenizer + niah_train.json), "
                                                       "written whole at the end")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists and is not empty")
     p.add_argument("--mode", default=d.attention_mode, type=mode_option, metavar="{orthros,full,window}",
@@ -351,7 +354,7 @@ def config_from_args(a) -> NIAHTrainConfig:
 
 def run_cli(a) -> int:
     cfg = config_from_args(a).validate()
-    check_out_dir(a.out, a.overwrite)
+    check_out_dir(a.out, a.overwrite, typed(a, "out"))
     header = (f"NIAH training{' from ' + cfg.init if cfg.init else ''}: {cfg.attention_mode}, window "
               f"{cfg.window_size}, {cfg.num_layers} layers, d={cfg.hidden_size}, prompts {cfg.min_len}..{cfg.max_len} "
               f"tokens, {cfg.steps} steps x {cfg.batch_size}, lr {cfg.lr:g}")

@@ -107,6 +107,8 @@ TINY = ["--steps", "2", "--batch-size", "2", "--hidden-size", "32", "--heads", "
     (["--lr", "inf"], "lr (--lr) must be a finite number > 0, got inf"),
     (["--out", "{tmp}/f"], "--out {tmp}/f: {tmp}/f is a file, not a directory"),
     (["--out", "{tmp}/f/m"], "is a file, not a directory"),
+    # the option named as typed (it said `--out` after `-o`)
+    (["-o", "{tmp}/f"], "-o {tmp}/f: {tmp}/f is a file, not a directory"),
     (["--init", "{tmp}/nowhere"], "--init {tmp}/nowhere: no such file or directory"),
     (["--init", "{tmp}"], "--init {tmp} is not a checkpoint directory"),
     (["--init", "{tmp}/llama"], "--init {tmp}/llama: a 'llama' checkpoint"),
@@ -132,7 +134,7 @@ def test_cli_bad_input_refused_before_training(tmp_path, capsys, monkeypatch, ar
     (tmp_path / "swa" / "config.json").write_text(json.dumps({"model_type": "orthros", "attention_mode": "window",
                                                               "max_position_embeddings": 1024}))
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
-    if "--out" not in args:
+    if "--out" not in args and "-o" not in args:
         args += ["--out", str(tmp_path / "m")]
     assert main(["niah-train", *TINY, *args]) == 2
     assert msg.replace("{tmp}", str(tmp_path)) in capsys.readouterr().err
