@@ -225,11 +225,17 @@ def check_local_source(src, dst, names=None) -> None:
     """What ``orthros convert`` refuses before torch loads: :func:`check_paths`, then a local source
     (a hub id is left to the conversion, which checks DST before it downloads; a GGUF source to its
     reader): it exists, is a directory, its ``config.json`` passes :func:`read_source_config`, and the
-    weights a conversion reads are there (:func:`weight_files`)."""
+    weights a conversion reads are there (:func:`weight_files`); a GGUF source's architecture is one the
+    conversion takes (read from the file's header: :func:`~orthros.conversion.gguf.unconvertible_gguf`)."""
     check_paths(src, dst)
-    from .gguf import is_gguf_source
+    from .gguf import architecture_error, is_gguf_source, unconvertible_gguf
 
-    if is_gguf_source(src) or not expand_path(src, "src").exists() and _is_hub_id(os.fspath(src)):
+    if is_gguf_source(src):
+        found = unconvertible_gguf(src)  # was refused by inspect_gguf, after torch had loaded (seconds)
+        if found:
+            raise architecture_error(*found)
+        return
+    if not expand_path(src, "src").exists() and _is_hub_id(os.fspath(src)):
         return
     root = _resolve_source(src, download=False, names=names)
     read_source_config(root)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,6 +115,92 @@ def resolve_gguf_file(path) -> Path:
     if not p.exists():
         raise FileNotFoundError(f"source GGUF file {str(p)!r} does not exist")
     return p
+
+
+# GGUF value types (the file format's numbers; gguf.GGUFValueType) -> bytes of one value, and the two others
+_GGUF_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def _header_architecture(gguf_file: Path) -> str | None:
+    """The ``general.architecture`` of a GGUF file, read from its header with the standard library alone:
+    the gguf package's reader parses every field first, the tokenizer's arrays included (7 s for a
+    vocabulary of 151k tokens). ``None`` where the file is no GGUF of version 2 or 3 (either byte order)
+    or has no such text field, ``EOFError`` / ``ValueError`` for a damaged header (:func:`inspect_gguf`
+    says what is wrong)."""
+    size = gguf_file.stat().st_size
+    with open(gguf_file, "rb") as f:
+        def take(fmt: str):
+            n = struct.calcsize(fmt)
+            data = f.read(n)
+            if len(data) != n:
+                raise EOFError
+            return struct.unpack(fmt, data)[0]
+
+        def skip(vtype: int) -> None:
+            if vtype in _GGUF_SCALAR_BYTES:
+                f.seek(_GGUF_SCALAR_BYTES[vtype], 1)
+            elif vtype == _GGUF_STRING:
+                f.seek(take(order + "Q"), 1)
+            elif vtype == _GGUF_ARRAY:
+                item, count = take(order + "I"), take(order + "Q")
+                if item in _GGUF_SCALAR_BYTES:
+                    f.seek(count * _GGUF_SCALAR_BYTES[item], 1)
+                elif count > size:  # each item at least 8 bytes: a damaged count
+                    raise EOFError
+                else:
+                    for _ in range(count):
+                        skip(item)
+            else:
+                raise ValueError(f"GGUF value type {vtype}")
+            if f.tell() > size:
+                raise EOFError
+
+        if f.read(4) != GGUF_MAGIC:
+            return None
+        raw = f.read(4)  # the version, little-endian; a big-endian file's reads as v << 24
+        order = "<" if len(raw) == 4 and struct.unpack("<I", raw)[0] & 0xFFFF else ">"
+        if len(raw) != 4 or struct.unpack(order + "I", raw)[0] not in (2, 3):
+            return None
+        take(order + "Q")  # the tensor count
+        for _ in range(take(order + "Q")):  # the fields
+            key_len = take(order + "Q")
+            if key_len > size:
+                return None
+            key = f.read(key_len)
+            vtype = take(order + "I")
+            if key == b"general.architecture":
+                if vtype != _GGUF_STRING:
+                    return None
+                n = take(order + "Q")
+                value = f.read(n) if n <= size else b""
+                return value.decode("utf-8", errors="replace") if len(value) == n else None
+            skip(vtype)
+    return None
+
+
+def unconvertible_gguf(path) -> tuple[Path, str] | None:
+    """``(the .gguf file, its general.architecture)`` where ``path`` is a GGUF source
+    (:func:`is_gguf_source`: a ``.gguf`` file, or a folder holding exactly one and no config.json) of an
+    architecture ``orthros convert`` does not take (:data:`GGUF_ARCHITECTURES`); ``None`` for any other
+    path, a GGUF of an architecture it takes, and one whose architecture cannot be read (several .gguf
+    files, no GGUF, a damaged header: the conversion says why). Imports neither torch nor the gguf
+    package: ``orthros convert`` refuses such a file before torch loads (:func:`architecture_error`),
+    ``orthros info`` / ``generate`` / ``eval`` / ``bench`` name it (``checkpoint_files.gguf_refusal``)."""
+    try:
+        if not is_gguf_source(path):
+            return None
+        gguf_file = resolve_gguf_file(path)
+        arch = _header_architecture(gguf_file)
+    except (OSError, ValueError, EOFError, struct.error, RecursionError):
+        return None
+    return None if arch is None or arch in GGUF_ARCHITECTURES else (gguf_file, arch)
+
+
+def architecture_error(gguf_file, arch: str) -> GGUFError:
+    """The refusal of a GGUF file of an architecture the conversion does not take."""
+    return GGUFError(f"{gguf_file}: cannot convert GGUF architecture {arch!r}: supported are "
+                     f"{', '.join(GGUF_ARCHITECTURES)}")
 
 
 def _require_gguf():
@@ -323,8 +410,7 @@ def inspect_gguf(path) -> GGUFInfo:
     if not isinstance(arch, str):
         raise GGUFError(f"{gguf_file}: corrupted GGUF file: no general.architecture field")
     if arch not in GGUF_ARCHITECTURES:
-        raise GGUFError(f"{gguf_file}: cannot convert GGUF architecture {arch!r}: supported are "
-                        f"{', '.join(GGUF_ARCHITECTURES)}")
+        raise architecture_error(gguf_file, arch)
     # the sizes transformers builds the model from: required, or optional (its defaults apply)
     sizes = {}
     for key, required in ((f"{arch}.block_count", True), (f"{arch}.embedding_length", True),

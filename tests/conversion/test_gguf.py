@@ -552,3 +552,67 @@ def test_gguf_tokenizer_fields_refused_by_the_checks(gguf_source, tmp_path, caps
     with pytest.raises(GGUFError, match="tokenizer.ggml|vocab_size"):
         inspect_gguf(bad)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.gguf"]
+
+
+def _other_arch_gguf(path: Path, arch: str = "phi3", *, arch_last: bool = False, big: bool = False) -> Path:
+    """A GGUF of ``arch`` with tokenizer fields (arrays of strings and of integers) and one tensor;
+    ``arch_last``: general.architecture written after them (the gguf writer puts it first), ``big``:
+    a big-endian file."""
+    w = gguf.GGUFWriter(str(path), arch, endianess=gguf.GGUFEndian.BIG if big else gguf.GGUFEndian.LITTLE)
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([f"tok{i}" for i in range(300)])
+    w.add_token_types([1] * 300)
+    w.add_token_merges(["t o", "to k"])
+    w.add_array("test.nested", [[1, 2], ["a", "bc"]])
+    if arch_last:
+        w.kv_data[0]["general.architecture"] = w.kv_data[0].pop("general.architecture")
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    fields = list(gguf.GGUFReader(str(path)).fields)
+    assert (fields.index("general.architecture") > fields.index("tokenizer.ggml.tokens")) == arch_last, fields
+    return path
+
+
+@pytest.mark.parametrize("arch_last,big", [(False, False), (True, False), (True, True)],
+                         ids=["arch-first", "arch-last", "arch-last-big-endian"])
+def test_unsupported_gguf_architecture_refused_before_torch_loads(tmp_path, arch_last, big):
+    """`orthros convert phi3.gguf OUT` was refused by inspect_gguf, after torch, transformers and accelerate had
+    loaded (about 6 s; 13 s for a GGUF of a 151k vocabulary, which the gguf package's reader parses whole first):
+    now the command's early check reads general.architecture from the header alone (no torch, no gguf package),
+    wherever among the fields it stands, and refuses it in the same words, nothing written."""
+    import subprocess
+    import sys
+
+    src = _other_arch_gguf(tmp_path / "phi3.gguf", arch_last=arch_last, big=big)
+    code = ("import sys; from orthros.conversion.cli import main; rc = main(sys.argv[1:]); "
+            "print(rc, [m for m in ('torch', 'transformers', 'accelerate', 'gguf') if m in sys.modules])")
+    for argv in ([str(src), str(tmp_path / "out")], [str(tmp_path), str(tmp_path / "out"), "--dry-run"]):
+        r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300)
+        assert r.stdout.split("\n")[-2] == "2 []", (r.stdout, r.stderr)
+        assert r.stderr == (f"orthros convert: error: {src}: cannot convert GGUF architecture 'phi3': supported are "
+                            f"llama, qwen2, qwen3\n"), r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["phi3.gguf"]
+
+
+def test_the_header_architecture_is_the_gguf_packages(gguf_source, tmp_path):
+    """unconvertible_gguf reads general.architecture with the standard library (the gguf reader parses every
+    field first): it reads what the gguf package reads, and nothing (``None``: the conversion's checks say
+    why) where the file is damaged or no GGUF."""
+    from orthros.conversion.gguf import _field_value, unconvertible_gguf
+
+    files = [_other_arch_gguf(tmp_path / f"{i}.gguf", arch, arch_last=last, big=big)
+             for i, (arch, last, big) in enumerate([("phi3", False, False), ("phi3", True, True), ("gemma2", True, False),
+                                                     ("qwen2", True, False)])]
+    for f in [gguf_source[0], *files]:
+        arch = _field_value(gguf.GGUFReader(str(f)), "general.architecture")
+        assert unconvertible_gguf(f) == (None if arch in ("llama", "qwen2") else (f, arch)), f
+    whole = files[1].read_bytes()  # general.architecture last: a cut anywhere before its end
+    for cut in (3, 10, 30, len(whole) // 2, whole.index(b"phi3") + 2):
+        (tmp_path / "cut.gguf").write_bytes(whole[:cut])
+        assert unconvertible_gguf(tmp_path / "cut.gguf") is None, cut
+    (tmp_path / "junk.gguf").write_bytes(b"GGUF" + bytes(range(256)) * 4)
+    assert unconvertible_gguf(tmp_path / "junk.gguf") is None
+    assert unconvertible_gguf(tmp_path) is None  # several .gguf files: the conversion names them
