@@ -2,7 +2,8 @@
 one-line ``ValueError`` that names the path or file and what is wrong.
 
 * :func:`checkpoint_dir` -- the directory exists, is one, and has a readable ``config.json``;
-  ``model_type`` is ``"orthros"`` (a Llama / Qwen / Mistral checkpoint gets "convert it first").
+  ``model_type`` is ``"orthros"`` (a Llama / Qwen / Mistral checkpoint gets "convert it first", a GGUF
+  file too, unless its architecture is one ``orthros convert`` does not take: :func:`gguf_refusal`).
 * :func:`check_weights` -- every safetensors file transformers would read (``model.safetensors``
   or the shards of ``model.safetensors.index.json``) exists and is complete: its header parses,
   and the tensors' byte ranges match their dtypes and shapes and the file's size. A truncated or
@@ -95,12 +96,15 @@ def checkpoint_dir(path, *, arg: str = "--model") -> Path:
         raise CheckpointError(f"{arg} {path}: no such directory (a local Orthros checkpoint directory is needed; "
                               f"nothing is downloaded)")
     if not p.is_dir():
-        raise CheckpointError(f"{arg} {path}: not a directory (expected a checkpoint directory with config.json "
-                              f"and model.safetensors){_gguf_hint(p, path)}")
+        why = gguf_refusal(p)
+        raise CheckpointError(f"{arg} {path}: {why}" if why else f"{arg} {path}: not a directory (expected a "
+                              f"checkpoint directory with config.json and model.safetensors){_gguf_hint(p, path)}")
     cfg = p / "config.json"
     if not cfg.is_file():
-        raise CheckpointError(f"{arg} {path}: no config.json (not a checkpoint directory)"
-                              f"{_run_hint(p) or _gguf_hint(p, path)}")
+        hint = _run_hint(p)
+        why = not hint and gguf_refusal(p)
+        raise CheckpointError(f"{arg} {path}: {why}" if why else f"{arg} {path}: no config.json (not a checkpoint "
+                              f"directory){hint or _gguf_hint(p, path)}")
     try:
         d = json.loads(cfg.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -124,6 +128,27 @@ def _gguf_hint(p: Path, path) -> str:
     if p.is_file() and p.suffix.lower() == ".gguf" or p.is_dir() and any(p.glob("*.gguf")):
         return f"; it is a GGUF checkpoint: convert it first: orthros convert {path} DST"
     return ""
+
+
+def gguf_refusal(p: Path) -> str | None:
+    """For a GGUF checkpoint ``p`` (a ``.gguf`` file, or a folder holding one and no config.json) of a
+    ``general.architecture`` that ``orthros convert`` does not take, why it is refused, as the words after
+    ``ARG PATH: ``: "convert it first" (:func:`_gguf_hint`) sent the user to a conversion that refuses it.
+    ``None`` otherwise, and where orthros' GGUF reader is not there to import: in the remote code saved
+    beside a checkpoint, this module alone, every GGUF keeps "convert it first"."""
+    from importlib import import_module
+
+    try:  # (import_module: a `from .conversion.gguf import` would take that module into the remote code)
+        gguf = import_module(".conversion.gguf", __package__)
+    except (ImportError, TypeError, ValueError):  # (TypeError, ValueError: no package to import it from)
+        return None
+    found = gguf.unconvertible_gguf(p)  # (the header only: neither torch nor the gguf package)
+    if found is None:
+        return None
+    file, arch = found
+    what = f"holds the GGUF file {file.name}," if p.is_dir() else "a GGUF file"
+    return (f"{what} of architecture {arch!r}, not an Orthros checkpoint; orthros convert cannot make it one "
+            f"(the GGUF architectures it converts: {', '.join(gguf.GGUF_ARCHITECTURES)})")
 
 
 def _run_hint(d: Path) -> str:
@@ -235,8 +260,10 @@ def check_local_checkpoint(path, subfolder: str = "", *, config_given: bool = Fa
         d = d / subfolder if subfolder else d
         if not config_given and not (d / "config.json").is_file():  # transformers built OrthrosConfig()'s defaults
             where = f" in subfolder {subfolder!r}" if subfolder else ""
+            why = gguf_refusal(d)
             hint = _gguf_hint(d, path) or "; weights without their config.json load with config=OrthrosConfig(...)"
-            raise CheckpointError(f"{path}: no config.json{where} (not a checkpoint directory){hint}")
+            raise CheckpointError(f"{path}: {why}" if why else
+                                  f"{path}: no config.json{where} (not a checkpoint directory){hint}")
         if not config_given:
             mt = _model_type(d / "config.json")
             if isinstance(mt, str) and mt != "orthros":
@@ -244,9 +271,10 @@ def check_local_checkpoint(path, subfolder: str = "", *, config_given: bool = Fa
         check_weights(d)
         return str(d)  # (expanded above)
     elif d.is_file():  # transformers would read it as a config (JSON) or as torch.load weights
+        why = gguf_refusal(d)
         where = _gguf_hint(d, path) or f"; pass the directory that holds it: {d.parent}"
-        raise CheckpointError(f"{path}: not a directory (from_pretrained takes a checkpoint directory, with "
-                              f"config.json and the weights){where}")
+        raise CheckpointError(f"{path}: {why}" if why else f"{path}: not a directory (from_pretrained takes a "
+                              f"checkpoint directory, with config.json and the weights){where}")
     elif not d.exists() and looks_local(path):
         raise FileNotFoundError(f"{path}: no such checkpoint directory (a local path is never looked up on the hub)")
     return path

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .kinds import (ATTENTION_LAYER_TYPES, LINEAR_LAYER_TYPE, describe_layers, model_kind, window_of,
                     with_attention_mode)
-from .utils import DTYPE_CHOICES, check_positive_int, expand_path, format_bytes, to_json
+from .utils import DTYPE_CHOICES, check_positive_int, format_bytes, to_json
 
 # safetensors dtype -> the short name CLIs use (floating dtypes a cache can have)
 _SHORT = {"BF16": "bf16", "F16": "fp16", "F32": "fp32"}
@@ -116,29 +116,6 @@ def _remote_code(d: Path, refs) -> tuple:
     return not missing, sorted(missing)
 
 
-def _unconvertible_gguf(path) -> str | None:
-    """For a GGUF checkpoint (a ``.gguf`` file, or a folder holding one and no config.json) of a
-    ``general.architecture`` that ``orthros convert`` does not take, why info refuses it: "convert it
-    first" sent the user to a conversion that refuses it. ``None`` otherwise, and where the architecture
-    cannot be read (no gguf package, several .gguf files, a damaged file: the conversion says why)."""
-    from .conversion.gguf import GGUF_ARCHITECTURES, _field_value, is_gguf_source, resolve_gguf_file
-
-    try:
-        if not is_gguf_source(path):
-            return None
-        file, folder = resolve_gguf_file(path), expand_path(path, "PATH").is_dir()
-        import gguf
-
-        arch = _field_value(gguf.GGUFReader(str(file), "r"), "general.architecture")
-    except Exception:  # noqa: BLE001 - ImportError, OSError, or a damaged file's numpy / struct error
-        return None
-    if not isinstance(arch, str) or arch in GGUF_ARCHITECTURES:
-        return None
-    what = f"holds the GGUF file {file.name}," if folder else "a GGUF file"
-    return (f"PATH {path}: {what} of architecture {arch!r}, not an Orthros checkpoint; orthros convert cannot "
-            f"make it one (the GGUF architectures it converts: {', '.join(GGUF_ARCHITECTURES)})")
-
-
 def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify: bool = False,
              progress: bool = False) -> dict:
     """The report of ``orthros info`` as a dict (``ValueError`` for a directory that is not a
@@ -148,13 +125,7 @@ def describe(path, *, max_seq_len=None, batch_size: int = 1, dtype=None, verify:
 
     # the directory and its files first, before torch and transformers load (seconds): a wrong PATH is
     # refused at once
-    try:
-        d = checkpoint_dir(path, arg="PATH")
-    except ValueError:
-        why = _unconvertible_gguf(path)  # instead of "convert it first"
-        if why:
-            raise ValueError(why) from None
-        raise
+    d = checkpoint_dir(path, arg="PATH")  # (a GGUF of an architecture convert does not take: named as such)
     headers = weight_headers(d)
     if not headers:
         if any((d / f).is_file() for f in PT_WEIGHTS):

@@ -22,6 +22,12 @@ def read_config(path, arg: str = "--model",
     if not p.exists():
         raise ValueError(f"{arg} {path!s}: no such file or directory (a local checkpoint directory is needed; "
                          f"nothing is downloaded)")
+    if not (p / "config.json").is_file():
+        from ..checkpoint_files import gguf_refusal  # (standard library only: no torch)
+
+        why = gguf_refusal(p)  # a GGUF that orthros convert does not take: not "convert it first"
+        if why:
+            raise ValueError(f"{arg} {path!s}: {why}")
     if not p.is_dir():
         if p.suffix.lower() == ".gguf":
             raise ValueError(f"{arg} {path!s} is a GGUF file: convert it first (orthros convert {path!s} DST), "

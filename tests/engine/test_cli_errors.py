@@ -88,6 +88,63 @@ def test_gguf_file_or_folder_names_the_conversion(tmp_path, capsys):
     refused(["--model", str(f.parent), "hi"], capsys, "no config.json", "GGUF", f"orthros convert {f.parent} DST")
 
 
+def _phi3_gguf(path):
+    """A GGUF file of architecture phi3 (one orthros convert does not take): a header and one tensor."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    path.parent.mkdir(exist_ok=True)
+    w = gguf.GGUFWriter(str(path), "phi3")
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_a_gguf_of_an_architecture_convert_does_not_take_is_named(tmp_path, capsys):
+    """generate (and bench, through the same check) said "convert it first" for any GGUF, also one of an
+    architecture orthros convert then refused: now it says what orthros info says, read from the file's header."""
+    f = _phi3_gguf(tmp_path / "m" / "m.gguf")
+    tail = ("of architecture 'phi3', not an Orthros checkpoint; orthros convert cannot make it one (the GGUF "
+            "architectures it converts: llama, qwen2, qwen3)")
+    for path, what in ((f, "a GGUF file"), (f.parent, "holds the GGUF file m.gguf,")):
+        err = refused(["--model", str(path), "hi"], capsys, f"error: --model {path}: {what} {tail}\n")
+        assert "convert it first" not in err, err
+    capsys.readouterr()
+    assert orthros_main(["bench", "prefill", "--model", str(f)]) == 2
+    assert f"--model {f}: a GGUF file {tail}" in capsys.readouterr().err
+
+
+def test_the_remote_codes_checks_keep_convert_it_first_for_a_gguf(ckpt, tmp_path, monkeypatch):
+    """checkpoint_files.py travels in the remote code with the standard library alone: it reads a GGUF's
+    architecture through orthros' reader, imported lazily, which the remote code does not hold; there the check
+    falls back to the words it had ("convert it first") instead of failing."""
+    import importlib
+
+    f = _phi3_gguf(tmp_path / "m.gguf")
+    pkg = tmp_path / "remote_pkg_gguf"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    for code in ckpt.glob("*.py"):
+        shutil.copy(code, pkg / code.name)
+    assert "def gguf_refusal" in (pkg / "checkpoint_files.py").read_text()
+    assert not [p.name for p in pkg.glob("*.py") if "gguf" in p.name or "conversion" in p.name]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        remote = importlib.import_module("remote_pkg_gguf.checkpoint_files")
+        with pytest.raises(ValueError, match="not a directory .*; it is a GGUF checkpoint: convert it first"):
+            remote.checkpoint_dir(f)
+        assert remote.gguf_refusal(f) is None
+    finally:
+        for name in [m for m in sys.modules if m.startswith("remote_pkg_gguf")]:
+            del sys.modules[name]
+    from orthros.checkpoint_files import gguf_refusal
+
+    assert gguf_refusal(f).startswith("a GGUF file of architecture 'phi3'")  # (orthros' own: the reader imports)
+
+
 def test_unconverted_llama_checkpoint(tmp_path, capsys):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -340,6 +340,20 @@ def test_lm_eval_outside_a_checkout_prints_no_git_error_and_plain_progress_lines
     assert res["results"]["orthros_tiny_cloze"]["acc,none"] is not None
 
 
+def _phi3_gguf(path):
+    """A GGUF file of architecture phi3 (one orthros convert does not take): a header and one tensor."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    path.parent.mkdir()
+    w = gguf.GGUFWriter(str(path), "phi3")
+    w.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 @pytest.mark.parametrize("model, msg", [
     # Path("") is the current directory: an unset shell variable was reported as "--model  is not ..."
     ("", "--model is empty (''): give the checkpoint directory ('.' for the current one)"),
@@ -347,6 +361,11 @@ def test_lm_eval_outside_a_checkout_prints_no_git_error_and_plain_progress_lines
     # a checkpoint's config.json was said to have "no config.json"
     ("{tiny}/config.json", "--model {tiny}/config.json is not a directory (give the directory that holds"),
     ("{tmp}/m.gguf", "--model {tmp}/m.gguf is a GGUF file: convert it first (orthros convert {tmp}/m.gguf DST)"),
+    # a GGUF of an architecture orthros convert does not take was also sent to "convert it first" (a folder holding
+    # one: "no config.json"): now named as orthros info names it
+    ("{tmp}/phi3/p.gguf", "--model {tmp}/phi3/p.gguf: a GGUF file of architecture 'phi3', not an Orthros checkpoint; "
+                          "orthros convert cannot make it one (the GGUF architectures it converts: llama, qwen2, qwen3)"),
+    ("{tmp}/phi3", "--model {tmp}/phi3: holds the GGUF file p.gguf, of architecture 'phi3', not an Orthros checkpoint"),
 ])
 def test_eval_model_paths_that_name_no_checkpoint_directory(tiny, tmp_path, capsys, monkeypatch, model, msg):
     import orthros.evaluation.lm as lm
@@ -354,6 +373,8 @@ def test_eval_model_paths_that_name_no_checkpoint_directory(tiny, tmp_path, caps
 
     monkeypatch.setattr(lm, "run_lm_eval", lambda *a, **kw: pytest.fail("the evaluation started"))
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    if "phi3" in model:
+        _phi3_gguf(tmp_path / "phi3" / "p.gguf")
     fill = lambda t: t.replace("{tiny}", str(tiny)).replace("{tmp}", str(tmp_path))  # noqa: E731
     assert main(["eval", "lm", "--model", fill(model), "--tasks", "orthros_tiny_cloze"]) == 2
     assert fill(msg) in capsys.readouterr().err
