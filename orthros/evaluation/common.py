@@ -138,15 +138,17 @@ def load_tokenizer(model_path, tokenizer_path=None):
     try:
         return AutoTokenizer.from_pretrained(str(src))
     except Exception as e:  # noqa: BLE001 - transformers raises many kinds here
-        hint = "" if tokenizer_path else " (pass --tokenizer DIR)"
+        # the folder as the user gave it: --tokenizer DIR, or --model's (named by neither, the error read as if of
+        # --model when --tokenizer was the wrong one)
+        where = f"--tokenizer {tokenizer_path}" if tokenizer_path else f"--model {model_path} (pass --tokenizer DIR)"
         from ..checkpoint_files import TOKENIZER_FILES, has_tokenizer
 
         if Path(src).is_dir() and not has_tokenizer(src):
             # transformers' own words for a folder without one ("Couldn't instantiate the backend tokenizer ...
             # You need to have sentencepiece or tiktoken installed") sent users to install a package
-            raise ValueError(f"no usable tokenizer in {src!s}{hint}: it holds no tokenizer file (none of "
+            raise ValueError(f"no usable tokenizer in {where}: it holds no tokenizer file (none of "
                              f"{', '.join(TOKENIZER_FILES)})") from None
-        raise ValueError(f"no usable tokenizer in {src!s}{hint}: {type(e).__name__}: {e}") from None
+        raise ValueError(f"no usable tokenizer in {where}: {type(e).__name__}: {e}") from None
 
 
 def tokenizer_name(model_path, tokenizer_path=None) -> str:

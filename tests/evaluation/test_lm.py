@@ -241,7 +241,7 @@ def test_a_checkpoint_without_a_tokenizer_is_refused_before_lm_eval_loads_it(tin
     for f in ("config.json", "model.safetensors"):
         shutil.copy(tiny / f, bare / f)
     monkeypatch.setattr(hf.HFLM, "__init__", lambda *a, **kw: pytest.fail("lm-eval loaded the model"))
-    with pytest.raises(ValueError, match=f"no usable tokenizer in {bare} \\(pass --tokenizer DIR\\)"):
+    with pytest.raises(ValueError, match=f"no usable tokenizer in --model {bare} \\(pass --tokenizer DIR\\)"):
         run_lm_eval(bare, ["orthros_tiny_cloze"], limit=2, device="cpu")
 
 
@@ -396,6 +396,7 @@ def test_a_folder_without_tokenizer_files_is_named_so(tiny, tmp_path, as_option)
     with pytest.raises(ValueError) as e:
         load_tokenizer(tiny, str(bare)) if as_option else load_tokenizer(bare)
     msg = str(e.value)
-    assert f"no usable tokenizer in {bare}" in msg and "it holds no tokenizer file (none of tokenizer.json" in msg
-    assert "sentencepiece" not in msg
+    # the folder named by its argument (was the folder alone, as if of --model when --tokenizer was the bad one)
+    assert f"no usable tokenizer in {'--tokenizer' if as_option else '--model'} {bare}" in msg, msg
+    assert "it holds no tokenizer file (none of tokenizer.json" in msg and "sentencepiece" not in msg
     assert ("pass --tokenizer DIR" in msg) is not as_option
