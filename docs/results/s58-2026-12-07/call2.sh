@@ -5,7 +5,10 @@
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD ORTHROS_COMMIT=${ORTHROS_COMMIT:?}
 name=$(nvidia-smi --query-gpu=name --format=csv,noheader); echo "card: $name commit: $ORTHROS_COMMIT"
 case "$name" in *H200*) ;; *) echo "not an H200: the sweep judges the H200's table; nothing run"; exit 0 ;; esac
-run() { local site=$1; shift; timeout -k 5 135 python3 benchmarks/gemv_engine.py --site $site --modes orthros \
+# SITES: the sites to run (default all four; the session's device time left for two: SITES="gate_up down")
+SITES=${SITES:-"gate_up qkv down o"} CUT=${CUT:-135}
+run() { local site=$1; shift; case " $SITES " in *" $site "*) ;; *) return ;; esac
+  timeout -k 5 $CUT python3 benchmarks/gemv_engine.py --site $site --modes orthros \
   --configs "$1" --rounds 3 --out "$OUT/$site.json" > "$OUT/$site.log" 2>&1
   echo "$site: exit=$?"; sed -n '/inside the decode step/,$p' "$OUT/$site.log"; }
 run gate_up "table;table ef;8x512 defer w4 st4;4x2048 defer w8 st3;64x256 dot w4 st3;4x1024 defer w8 st2;16x256 defer w4 st4"
