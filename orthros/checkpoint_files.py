@@ -122,10 +122,118 @@ def _not_orthros(model_type, path) -> str:
     return f"model_type {model_type!r} is not an Orthros checkpoint{hint}"
 
 
+# --- GGUF files: what a .gguf file is, read from its header without the gguf package
+GGUF_SUFFIX = ".gguf"
+GGUF_MAGIC = b"GGUF"
+# GGUF general.architecture -> the transformers class `orthros convert` maps it to (orthros.conversion.gguf;
+# llama.cpp writes Mistral models as `llama`; gguf-py has no `mistral` tensor map to load one by)
+GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
+def gguf_files(d: Path) -> list:
+    """The ``.gguf`` files directly in the directory ``d``, sorted."""
+    return sorted(c for c in d.iterdir() if c.is_file() and c.suffix.lower() == GGUF_SUFFIX)
+
+
+def is_gguf_source(path) -> bool:
+    """True for a ``.gguf`` file, or a directory that holds a ``.gguf`` file and no config.json."""
+    p = expand_path(path, "source")
+    if p.is_file() or (not p.exists() and p.suffix.lower() == GGUF_SUFFIX):
+        return p.suffix.lower() == GGUF_SUFFIX
+    if p.is_dir() and not (p / "config.json").is_file():
+        return bool(gguf_files(p))
+    return False
+
+
+
+# GGUF value types (the file format's numbers; gguf.GGUFValueType) -> bytes of one value, and the two others
+_GGUF_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_STRING, _GGUF_ARRAY = 8, 9
+
+
+def gguf_architecture(gguf_file: Path) -> str | None:
+    """The ``general.architecture`` of a GGUF file, read from its header with the standard library alone:
+    the gguf package's reader parses every field first, the tokenizer's arrays included (7 s for a
+    vocabulary of 151k tokens). ``None`` where the file is no GGUF of version 2 or 3 (either byte order)
+    or has no such text field, ``EOFError`` / ``ValueError`` for a damaged header
+    (``orthros.conversion.gguf.inspect_gguf`` says what is wrong)."""
+    size = gguf_file.stat().st_size
+    with open(gguf_file, "rb") as f:
+        def take(fmt: str):
+            n = struct.calcsize(fmt)
+            data = f.read(n)
+            if len(data) != n:
+                raise EOFError
+            return struct.unpack(fmt, data)[0]
+
+        def skip(vtype: int) -> None:
+            if vtype in _GGUF_SCALAR_BYTES:
+                f.seek(_GGUF_SCALAR_BYTES[vtype], 1)
+            elif vtype == _GGUF_STRING:
+                f.seek(take(order + "Q"), 1)
+            elif vtype == _GGUF_ARRAY:
+                item, count = take(order + "I"), take(order + "Q")
+                if item in _GGUF_SCALAR_BYTES:
+                    f.seek(count * _GGUF_SCALAR_BYTES[item], 1)
+                elif count > size:  # each item at least 8 bytes: a damaged count
+                    raise EOFError
+                else:
+                    for _ in range(count):
+                        skip(item)
+            else:
+                raise ValueError(f"GGUF value type {vtype}")
+            if f.tell() > size:
+                raise EOFError
+
+        if f.read(4) != GGUF_MAGIC:
+            return None
+        raw = f.read(4)  # the version, little-endian; a big-endian file's reads as v << 24
+        order = "<" if len(raw) == 4 and struct.unpack("<I", raw)[0] & 0xFFFF else ">"
+        if len(raw) != 4 or struct.unpack(order + "I", raw)[0] not in (2, 3):
+            return None
+        take(order + "Q")  # the tensor count
+        for _ in range(take(order + "Q")):  # the fields
+            key_len = take(order + "Q")
+            if key_len > size:
+                return None
+            key = f.read(key_len)
+            vtype = take(order + "I")
+            if key == b"general.architecture":
+                if vtype != _GGUF_STRING:
+                    return None
+                n = take(order + "Q")
+                value = f.read(n) if n <= size else b""
+                return value.decode("utf-8", errors="replace") if len(value) == n else None
+            skip(vtype)
+    return None
+
+
+def unconvertible_gguf(path) -> tuple[Path, str] | None:
+    """``(the .gguf file, its general.architecture)`` where ``path`` is a GGUF source
+    (:func:`is_gguf_source`: a ``.gguf`` file, or a folder holding exactly one and no config.json) of an
+    architecture ``orthros convert`` does not take (:data:`GGUF_ARCHITECTURES`); ``None`` for any other
+    path, a GGUF of an architecture it takes, and one whose architecture cannot be read (several .gguf
+    files, no GGUF, a damaged header: the conversion says why). Imports neither torch nor the gguf
+    package: ``orthros convert`` refuses such a file before torch loads, and
+    ``orthros info`` / ``generate`` / ``eval`` / ``bench`` name it (:func:`gguf_refusal`)."""
+    try:
+        if not is_gguf_source(path):
+            return None
+        p = expand_path(path, "source")
+        found = gguf_files(p) if p.is_dir() else [p]
+        if len(found) != 1:
+            return None
+        gguf_file = found[0]
+        arch = gguf_architecture(gguf_file)
+    except (OSError, ValueError, EOFError, struct.error, RecursionError):
+        return None
+    return None if arch is None or arch in GGUF_ARCHITECTURES else (gguf_file, arch)
+
+
 def _gguf_hint(p: Path, path) -> str:
     """For a GGUF file, or a directory holding one and no config.json, how to convert it, as the end
     of an error message; otherwise ``""``."""
-    if p.is_file() and p.suffix.lower() == ".gguf" or p.is_dir() and any(p.glob("*.gguf")):
+    if p.is_file() and p.suffix.lower() == GGUF_SUFFIX or p.is_dir() and gguf_files(p):
         return f"; it is a GGUF checkpoint: convert it first: orthros convert {path} DST"
     return ""
 
@@ -134,21 +242,14 @@ def gguf_refusal(p: Path) -> str | None:
     """For a GGUF checkpoint ``p`` (a ``.gguf`` file, or a folder holding one and no config.json) of a
     ``general.architecture`` that ``orthros convert`` does not take, why it is refused, as the words after
     ``ARG PATH: ``: "convert it first" (:func:`_gguf_hint`) sent the user to a conversion that refuses it.
-    ``None`` otherwise, and where orthros' GGUF reader is not there to import: in the remote code saved
-    beside a checkpoint, this module alone, every GGUF keeps "convert it first"."""
-    from importlib import import_module
-
-    try:  # (import_module: a `from .conversion.gguf import` would take that module into the remote code)
-        gguf = import_module(".conversion.gguf", __package__)
-    except (ImportError, TypeError, ValueError):  # (TypeError, ValueError: no package to import it from)
-        return None
-    found = gguf.unconvertible_gguf(p)  # (the header only: neither torch nor the gguf package)
+    ``None`` otherwise."""
+    found = unconvertible_gguf(p)  # (the header only: neither torch nor the gguf package)
     if found is None:
         return None
     file, arch = found
     what = f"holds the GGUF file {file.name}," if p.is_dir() else "a GGUF file"
     return (f"{what} of architecture {arch!r}, not an Orthros checkpoint; orthros convert cannot make it one "
-            f"(the GGUF architectures it converts: {', '.join(gguf.GGUF_ARCHITECTURES)})")
+            f"(the GGUF architectures it converts: {', '.join(GGUF_ARCHITECTURES)})")
 
 
 def _run_hint(d: Path) -> str:

@@ -237,7 +237,7 @@ def test_a_gguf_is_told_whether_convert_takes_its_architecture(arch, tmp_path, c
     import numpy as np
 
     from orthros.conversion.cli import main as convert_main
-    from orthros.conversion.gguf import GGUF_ARCHITECTURES
+    from orthros.checkpoint_files import GGUF_ARCHITECTURES
 
     folder = tmp_path / "gguf"
     folder.mkdir()

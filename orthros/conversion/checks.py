@@ -226,9 +226,10 @@ def check_local_source(src, dst, names=None) -> None:
     (a hub id is left to the conversion, which checks DST before it downloads; a GGUF source to its
     reader): it exists, is a directory, its ``config.json`` passes :func:`read_source_config`, and the
     weights a conversion reads are there (:func:`weight_files`); a GGUF source's architecture is one the
-    conversion takes (read from the file's header: :func:`~orthros.conversion.gguf.unconvertible_gguf`)."""
+    conversion takes (read from the file's header: :func:`~orthros.checkpoint_files.unconvertible_gguf`)."""
     check_paths(src, dst)
-    from .gguf import architecture_error, is_gguf_source, unconvertible_gguf
+    from ..checkpoint_files import is_gguf_source, unconvertible_gguf
+    from .gguf import architecture_error
 
     if is_gguf_source(src):
         found = unconvertible_gguf(src)  # was refused by inspect_gguf, after torch had loaded (seconds)

@@ -341,7 +341,7 @@ def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrit
     out_dtype = resolve_dtype(dtype)
     dst = check_paths(src, dst)
     clean_stale(dst)  # before the checks of DST: it may put back a previous DST, which --overwrite must then allow
-    from .gguf import is_gguf_source
+    from ..checkpoint_files import is_gguf_source
 
     if is_gguf_source(src):
         return _convert_gguf(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite,
@@ -366,7 +366,8 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
     _check_flags(overwrite=overwrite, scale_offset=scale_offset)
     out_dtype = resolve_dtype(dtype)
     dst = check_paths(src, dst)
-    from .gguf import gguf_notes, is_gguf_source
+    from ..checkpoint_files import is_gguf_source
+    from .gguf import gguf_notes
 
     base = {"dst": str(dst), "dst_exists": _dst_taken(dst),
             "window_size": window_size, "scale_offset": scale_offset}
@@ -690,7 +691,8 @@ def _convert_from_hf(model_or_path, *, window_size: int, scale_offset: bool, dty
                 loaded.add(out)
         return _finish_model(model, plan, loaded)
     if isinstance(model_or_path, (str, os.PathLike)):
-        from .gguf import is_gguf_source, load_gguf_model
+        from ..checkpoint_files import is_gguf_source
+        from .gguf import load_gguf_model
 
         _src_arg(model_or_path, "model_or_path")  # ~NAME of no user: named here, not as a "source"
         if is_gguf_source(model_or_path):

@@ -28,18 +28,11 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..checkpoint_files import GGUF_ARCHITECTURES, GGUF_MAGIC, gguf_files
 from ..utils import expand_path, install_hint
-
-GGUF_SUFFIX = ".gguf"
-GGUF_MAGIC = b"GGUF"
-# GGUF general.architecture -> the transformers class the conversion maps
-# (llama.cpp writes Mistral models as `llama`; gguf-py has no `mistral` tensor map to load one by)
-GGUF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
-
 
 # the tensors transformers' loader puts into the model of each architecture (any other it drops);
 # rope_freqs.weight is checked by _check_rope_scaling
@@ -91,21 +84,11 @@ def max_positions(info: "GGUFInfo") -> tuple[int, str]:
     return cls().max_position_embeddings, f"the GGUF has no context_length: transformers' {cls.__name__} default"
 
 
-def is_gguf_source(path) -> bool:
-    """True for a ``.gguf`` file, or a directory that holds a ``.gguf`` file and no config.json."""
-    p = expand_path(path, "source")
-    if p.is_file() or (not p.exists() and p.suffix.lower() == GGUF_SUFFIX):
-        return p.suffix.lower() == GGUF_SUFFIX
-    if p.is_dir() and not (p / "config.json").is_file():
-        return any(c.suffix.lower() == GGUF_SUFFIX for c in p.iterdir() if c.is_file())
-    return False
-
-
 def resolve_gguf_file(path) -> Path:
     """The ``.gguf`` file named by ``path`` (the file itself, or the only one in a directory)."""
     p = expand_path(path, "source")
     if p.is_dir():
-        found = sorted(c for c in p.iterdir() if c.is_file() and c.suffix.lower() == GGUF_SUFFIX)
+        found = gguf_files(p)
         if not found:
             raise FileNotFoundError(f"source directory {str(p)!r} holds no .gguf file")
         if len(found) > 1:
@@ -115,86 +98,6 @@ def resolve_gguf_file(path) -> Path:
     if not p.exists():
         raise FileNotFoundError(f"source GGUF file {str(p)!r} does not exist")
     return p
-
-
-# GGUF value types (the file format's numbers; gguf.GGUFValueType) -> bytes of one value, and the two others
-_GGUF_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-_GGUF_STRING, _GGUF_ARRAY = 8, 9
-
-
-def _header_architecture(gguf_file: Path) -> str | None:
-    """The ``general.architecture`` of a GGUF file, read from its header with the standard library alone:
-    the gguf package's reader parses every field first, the tokenizer's arrays included (7 s for a
-    vocabulary of 151k tokens). ``None`` where the file is no GGUF of version 2 or 3 (either byte order)
-    or has no such text field, ``EOFError`` / ``ValueError`` for a damaged header (:func:`inspect_gguf`
-    says what is wrong)."""
-    size = gguf_file.stat().st_size
-    with open(gguf_file, "rb") as f:
-        def take(fmt: str):
-            n = struct.calcsize(fmt)
-            data = f.read(n)
-            if len(data) != n:
-                raise EOFError
-            return struct.unpack(fmt, data)[0]
-
-        def skip(vtype: int) -> None:
-            if vtype in _GGUF_SCALAR_BYTES:
-                f.seek(_GGUF_SCALAR_BYTES[vtype], 1)
-            elif vtype == _GGUF_STRING:
-                f.seek(take(order + "Q"), 1)
-            elif vtype == _GGUF_ARRAY:
-                item, count = take(order + "I"), take(order + "Q")
-                if item in _GGUF_SCALAR_BYTES:
-                    f.seek(count * _GGUF_SCALAR_BYTES[item], 1)
-                elif count > size:  # each item at least 8 bytes: a damaged count
-                    raise EOFError
-                else:
-                    for _ in range(count):
-                        skip(item)
-            else:
-                raise ValueError(f"GGUF value type {vtype}")
-            if f.tell() > size:
-                raise EOFError
-
-        if f.read(4) != GGUF_MAGIC:
-            return None
-        raw = f.read(4)  # the version, little-endian; a big-endian file's reads as v << 24
-        order = "<" if len(raw) == 4 and struct.unpack("<I", raw)[0] & 0xFFFF else ">"
-        if len(raw) != 4 or struct.unpack(order + "I", raw)[0] not in (2, 3):
-            return None
-        take(order + "Q")  # the tensor count
-        for _ in range(take(order + "Q")):  # the fields
-            key_len = take(order + "Q")
-            if key_len > size:
-                return None
-            key = f.read(key_len)
-            vtype = take(order + "I")
-            if key == b"general.architecture":
-                if vtype != _GGUF_STRING:
-                    return None
-                n = take(order + "Q")
-                value = f.read(n) if n <= size else b""
-                return value.decode("utf-8", errors="replace") if len(value) == n else None
-            skip(vtype)
-    return None
-
-
-def unconvertible_gguf(path) -> tuple[Path, str] | None:
-    """``(the .gguf file, its general.architecture)`` where ``path`` is a GGUF source
-    (:func:`is_gguf_source`: a ``.gguf`` file, or a folder holding exactly one and no config.json) of an
-    architecture ``orthros convert`` does not take (:data:`GGUF_ARCHITECTURES`); ``None`` for any other
-    path, a GGUF of an architecture it takes, and one whose architecture cannot be read (several .gguf
-    files, no GGUF, a damaged header: the conversion says why). Imports neither torch nor the gguf
-    package: ``orthros convert`` refuses such a file before torch loads (:func:`architecture_error`),
-    ``orthros info`` / ``generate`` / ``eval`` / ``bench`` name it (``checkpoint_files.gguf_refusal``)."""
-    try:
-        if not is_gguf_source(path):
-            return None
-        gguf_file = resolve_gguf_file(path)
-        arch = _header_architecture(gguf_file)
-    except (OSError, ValueError, EOFError, struct.error, RecursionError):
-        return None
-    return None if arch is None or arch in GGUF_ARCHITECTURES else (gguf_file, arch)
 
 
 def architecture_error(gguf_file, arch: str) -> GGUFError:
@@ -677,5 +580,5 @@ def write_llama_gguf(model, tokenizer, path, *, dtype: str = "f32") -> Path:
     return path
 
 
-__all__ = ["GGUFError", "GGUFInfo", "GGUF_ARCHITECTURES", "inspect_gguf", "is_gguf_source", "load_gguf_model",
+__all__ = ["GGUFError", "GGUFInfo", "inspect_gguf", "load_gguf_model",
            "max_positions", "gguf_to_hf_directory", "resolve_gguf_file", "write_llama_gguf"]

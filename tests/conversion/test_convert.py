@@ -34,10 +34,11 @@ from transformers import (
 
 import orthros
 from orthros import OrthrosForCausalLM, convert_from_hf
+from orthros.checkpoint_files import is_gguf_source
 from orthros.conversion import SUPPORTED_ARCHITECTURES, SafetensorsError, UnsupportedModelError, convert_checkpoint
 from orthros.conversion.cli import main as convert_main
 from orthros.conversion.convert import load_source, plan_conversion
-from orthros.conversion.gguf import is_gguf_source, resolve_gguf_file
+from orthros.conversion.gguf import resolve_gguf_file
 
 W = 16  # window used throughout
 VOCAB = 101

@@ -601,7 +601,8 @@ def test_the_header_architecture_is_the_gguf_packages(gguf_source, tmp_path):
     """unconvertible_gguf reads general.architecture with the standard library (the gguf reader parses every
     field first): it reads what the gguf package reads, and nothing (``None``: the conversion's checks say
     why) where the file is damaged or no GGUF."""
-    from orthros.conversion.gguf import _field_value, unconvertible_gguf
+    from orthros.checkpoint_files import unconvertible_gguf
+    from orthros.conversion.gguf import _field_value
 
     files = [_other_arch_gguf(tmp_path / f"{i}.gguf", arch, arch_last=last, big=big)
              for i, (arch, last, big) in enumerate([("phi3", False, False), ("phi3", True, True), ("gemma2", True, False),

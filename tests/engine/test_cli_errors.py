@@ -4,6 +4,7 @@ nothing written, no traceback and no hub lookup. Also the position limit (prompt
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -117,10 +118,10 @@ def test_a_gguf_of_an_architecture_convert_does_not_take_is_named(tmp_path, caps
     assert f"--model {f}: a GGUF file {tail}" in capsys.readouterr().err
 
 
-def test_the_remote_codes_checks_keep_convert_it_first_for_a_gguf(ckpt, tmp_path, monkeypatch):
-    """checkpoint_files.py travels in the remote code with the standard library alone: it reads a GGUF's
-    architecture through orthros' reader, imported lazily, which the remote code does not hold; there the check
-    falls back to the words it had ("convert it first") instead of failing."""
+def test_the_remote_codes_checks_name_a_ggufs_architecture_too(ckpt, tmp_path, monkeypatch):
+    """checkpoint_files.py travels in the remote code (from_pretrained(..., trust_remote_code=True) where orthros
+    is not installed) and reads a GGUF's architecture from its header with the standard library: there too a phi3
+    GGUF is named as such, not sent to "convert it first"."""
     import importlib
 
     f = _phi3_gguf(tmp_path / "m.gguf")
@@ -129,20 +130,16 @@ def test_the_remote_codes_checks_keep_convert_it_first_for_a_gguf(ckpt, tmp_path
     (pkg / "__init__.py").write_text("")
     for code in ckpt.glob("*.py"):
         shutil.copy(code, pkg / code.name)
-    assert "def gguf_refusal" in (pkg / "checkpoint_files.py").read_text()
     assert not [p.name for p in pkg.glob("*.py") if "gguf" in p.name or "conversion" in p.name]
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         remote = importlib.import_module("remote_pkg_gguf.checkpoint_files")
-        with pytest.raises(ValueError, match="not a directory .*; it is a GGUF checkpoint: convert it first"):
+        with pytest.raises(ValueError, match=f"{re.escape(str(f))}: a GGUF file of architecture 'phi3', not an "
+                                             f"Orthros checkpoint"):
             remote.checkpoint_dir(f)
-        assert remote.gguf_refusal(f) is None
     finally:
         for name in [m for m in sys.modules if m.startswith("remote_pkg_gguf")]:
             del sys.modules[name]
-    from orthros.checkpoint_files import gguf_refusal
-
-    assert gguf_refusal(f).startswith("a GGUF file of architecture 'phi3'")  # (orthros' own: the reader imports)
 
 
 def test_unconverted_llama_checkpoint(tmp_path, capsys):
