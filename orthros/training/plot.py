@@ -31,10 +31,15 @@ class PlotError(ValueError):
 def load_run(run_dir) -> dict:
     """A run's label, its training rows and its eval rows; :class:`PlotError` when it has none."""
     run_dir = Path(run_dir)
+    if (run_dir / METRICS).is_dir():
+        raise PlotError(f"{run_dir}: its {METRICS} is a folder, not a training run's log")
     if not (run_dir / METRICS).is_file():
         raise PlotError(f"{run_dir}: no {METRICS} (a training output_dir is needed){run_holding_hint(run_dir)}")
     rows = read_metrics(str(run_dir), kind=None)
     train = [r for r in rows if r.get("kind") == "train" and "loss" in r]
+    if not train and not rows and (run_dir / METRICS).stat().st_size:  # lines, none of them a record
+        raise PlotError(f"{run_dir}: its {METRICS} holds no record a training run writes (no line is a JSON "
+                        f"object); not a training run's log?")
     if not train:
         raise PlotError(f"{run_dir}: no training step logged yet")
     evals = [r for r in rows if r.get("kind") == "eval"]

@@ -54,6 +54,9 @@ def test_cli_writes_the_png_and_refuses_bad_runs(tmp_path, capsys):
     empty.mkdir()
     (tmp_path / "evals_only").mkdir()
     (tmp_path / "evals_only" / "metrics.jsonl").write_text('{"kind": "eval", "step": 1, "eval_loss": 3.0}\n')
+    (tmp_path / "garbage").mkdir()
+    (tmp_path / "garbage" / "metrics.jsonl").write_text("loss 3.0\n{torn\n")  # another program's file
+    (tmp_path / "folder" / "metrics.jsonl").mkdir(parents=True)
     capsys.readouterr()
     for args, says in (([str(tmp_path / "nope")], "no such directory"),
                        # the run's metrics.jsonl was said to be 'no such directory'
@@ -61,6 +64,9 @@ def test_cli_writes_the_png_and_refuses_bad_runs(tmp_path, capsys):
                                                     f"metrics.jsonl: {a})"),
                        ([str(a), str(empty)], "no metrics.jsonl"),
                        ([str(tmp_path / "evals_only")], "no training step logged"),
+                       # both said "no training step logged yet" / "no metrics.jsonl"
+                       ([str(tmp_path / "garbage")], "its metrics.jsonl holds no record a training run writes"),
+                       ([str(tmp_path / "folder")], "its metrics.jsonl is a folder"),
                        ([str(a), "-o", str(tmp_path / "x.jpg")], "a .png path"),
                        ([str(a), "--x", "time"], "invalid choice")):
         with pytest.raises(SystemExit) as e:
