@@ -38,6 +38,15 @@ def _conversion_window(a) -> int:
     return window
 
 
+def _check_tokenizer(a) -> None:
+    """The folder ``niah`` / ``lm`` / ``ppl`` read the tokenizer from (``--tokenizer DIR``, else ``--model``'s)
+    is one and holds a tokenizer file, checked as ``orthros generate`` checks it (``check_tokenizer_dir``,
+    standard library only): refused before torch and transformers load (6 s), not by ``load_tokenizer``."""
+    from ..checkpoint_files import check_tokenizer_dir
+
+    check_tokenizer_dir(a.tokenizer or a.model, arg="--tokenizer" if a.tokenizer else "--model")
+
+
 def _add_conversion_window(p) -> None:
     """The ``--window`` option of ``niah`` / ``lm`` / ``ppl``, read by :func:`_conversion_window`."""
     p.add_argument("--window", type=int, default=None,
@@ -225,6 +234,7 @@ def _ppl(a) -> int:
     docs = load_documents(a.data)
     check_attention_mode(a.model, a.attention_mode)
     window = _conversion_window(a)
+    _check_tokenizer(a)
     device = check_device(a.device) if a.device else default_device()  # (after what needs no torch)
     if max_pos is not None and a.seq_len > max_pos:
         raise ValueError(f"--seq-len {a.seq_len} is above the model's max_position_embeddings ({max_pos})")
@@ -355,6 +365,7 @@ def _niah(a) -> int:
     max_pos = read_max_positions(a.model)  # (the model's folder and config.json before torch loads for the device)
     validate(cfg, max_pos)
     window = _conversion_window(a)
+    _check_tokenizer(a)
     device = check_device(a.device) if a.device else default_device()
     haystack_sentences(cfg.haystack)  # readable, with text in it
     tok = load_tokenizer(a.model, a.tokenizer)
@@ -400,6 +411,7 @@ def _lm(a) -> int:
     if not 0 <= a.seed < 2 ** 32:  # lm-eval seeds numpy's legacy generator with it
         raise ValueError(f"--seed must be in 0..{2 ** 32 - 1}, got {a.seed}")
     window = _conversion_window(a)
+    _check_tokenizer(a)
     device = check_device(a.device) if a.device else default_device()  # (after what needs no torch)
     output = typed(a, "output")  # -o or --output, as typed
     if a.output:

@@ -78,3 +78,40 @@ def test_niah_train_refuses_an_empty_out_in_the_python_api_and_module_cli(tmp_pa
     assert nt.main(["--out", " ", "--overwrite"]) == 2
     assert "--out is empty (' ')" in capsys.readouterr().err
     assert [p.name for p in tmp_path.iterdir()] == ["mine.txt"]
+
+
+# `eval ppl | niah | lm` with a --model that reads as a checkpoint (read_config reads only its config.json)
+_TOKENIZER_RUNS = {"ppl": ["--data", "{tmp}/d.txt"], "niah": ["-o", "{tmp}/out"],
+                   "lm": ["--tasks", "orthros_tiny_cloze", "-o", "{tmp}/lm.json"]}
+
+
+@pytest.mark.parametrize("what", sorted(_TOKENIZER_RUNS))
+@pytest.mark.parametrize("tokenizer, says", [
+    ("{tmp}/empty", "--tokenizer {tmp}/empty: no tokenizer files (tokenizer.json"),
+    ("{tmp}/nowhere", "--tokenizer {tmp}/nowhere: no such directory"),
+    ("{tmp}/d.txt", "--tokenizer {tmp}/d.txt: a file; --tokenizer takes the directory that holds the tokenizer's"),
+    (None, "--model {tmp}/ck: no tokenizer files (tokenizer.json"),  # the model's own folder, holding none
+])
+def test_a_tokenizer_folder_without_a_tokenizer_is_refused_before_torch_loads(tmp_path, what, tokenizer, says):
+    """Issue: `eval ppl | niah | lm --tokenizer DIR` with DIR empty (or --model's folder holding no tokenizer) was
+    refused only once torch and transformers had loaded (6 s, the time of `load_tokenizer`); `orthros generate`
+    refuses it at once (checkpoint_files.check_tokenizer_dir), and so do the evaluations now, in its words."""
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "config.json").write_text(json.dumps({"model_type": "orthros", "max_position_embeddings": 2048,
+                                                             "window_size": 16, "vocab_size": 300}))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "d.txt").write_text("some held-out text\n")
+    fill = lambda t: t.replace("{tmp}", str(tmp_path))  # noqa: E731
+    args = [what, "--model", fill("{tmp}/ck"), *map(fill, _TOKENIZER_RUNS[what])]
+    if tokenizer is not None:
+        args += ["--tokenizer", fill(tokenizer)]
+    code = ("import sys\nfrom orthros.evaluation.cli import main\nrc = main(sys.argv[1:])\n"
+            "print(rc, 'torch' in sys.modules, 'transformers' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+    assert f"orthros eval {what}: error: {fill(says)}" in r.stderr, r.stderr
+    assert r.stdout.split() == ["2", "False", "False"], (r.stdout, r.stderr)  # (rc, torch and transformers loaded)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck", "d.txt", "empty"]  # no output written

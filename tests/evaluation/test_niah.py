@@ -203,7 +203,8 @@ def test_validate_needs_a_length_and_a_depth(kw):
     (["--lengths", "40"], "context length 40 is too short"),
     (["--seed", "-1"], "seed (--seed) must be an integer >= 0"),
     (["--device", "bogus"], "--device must be cpu, cuda or cuda:N, got 'bogus'"),
-    (["--tokenizer", "{tmp}"], "no usable tokenizer in --tokenizer {tmp}: "),  # named the folder only
+    # named the folder only; then the argument, once torch had loaded; now before, as `orthros generate` says it
+    (["--tokenizer", "{tmp}"], "--tokenizer {tmp}: no tokenizer files (tokenizer.json"),
     (["--haystack", "{tmp}/digits.txt"], "has no text"),
     (["--haystack", "{tmp}/bad.jsonl"], "--haystack {tmp}/bad.jsonl: line 2 is not JSON"),
     (["--haystack", "{tmp}/bin.txt"], "--haystack {tmp}/bin.txt: not UTF-8 text"),
