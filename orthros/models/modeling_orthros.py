@@ -17,14 +17,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
-from transformers.cache_utils import Cache, DynamicCache
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, StaticLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.utils.generic import can_return_tuple
 
 from ..layers import DenseKV, OrthrosAttention, ResidualMLP, RMSNorm, RotaryEmbedding, StepInputs, SwiGLUMLP
 from ..layers.gated_deltanet import GatedDeltaNet
-from ..kinds import LINEAR_LAYER_TYPE, MODE_ALIASES, has_output_stream
+from ..kinds import ATTENTION_LAYER_TYPES, LINEAR_LAYER_TYPE, MODE_ALIASES, has_output_stream
 from ..ops import doc_ids_from_cu_seqlens
 from ..utils import first_id_outside, integer_ids
 from .configuration_orthros import OrthrosConfig
@@ -34,6 +34,18 @@ from .positions import resolve_output_positions
 # transformers renamed the cache argument/output field from `past_key_values` to `cache` (5.2x):
 # one name, looked up once, used for both the forward's output and generate()'s keyword.
 CACHE_KWARG = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+# transformers' caches built from a config (``DynamicCache(config=...)``, ``StaticCache(config=...)``) pick each
+# layer's cache class by its ``layer_types`` entry, in mappings that a ``CacheLayerMixin`` subclass with a
+# ``_layer_type`` joins when defined; Orthros' attention layer types were in neither (a bare ``KeyError:
+# 'orthros_attention'``). Each keeps every token's K/V, as transformers' full-attention layers do: the dynamic
+# cache so built is ``DynamicCache()``'s, the static one the forward refuses by name (its empty slots would be
+# attended). Defining the classes registers them; nothing else uses them.
+for _type in ATTENTION_LAYER_TYPES:
+    if _type != "full_attention":  # (transformers' own)
+        type(f"Dynamic_{_type}", (DynamicLayer,), {"_layer_type": _type, "__module__": __name__})
+        type(f"Static_{_type}", (StaticLayer,), {"_layer_type": _type, "__module__": __name__})
 
 
 class OrthrosCache(DynamicCache):

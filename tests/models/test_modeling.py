@@ -599,6 +599,26 @@ def test_a_sliding_or_static_cache_is_refused_by_name():
 
 
 @torch.no_grad()
+@pytest.mark.parametrize("mode", ["orthros", "window", "full"])
+def test_transformers_caches_built_from_the_models_config(mode):
+    """transformers' own docs build a cache from the model's config (DynamicCache(config=model.config)): that
+    failed inside transformers with a bare KeyError: 'orthros_attention' (the layer type was in none of its
+    mappings). A DynamicCache so built is taken and generates what the default cache does; a StaticCache so
+    built is refused by the model, by name (its empty slots would be attended)."""
+    from transformers import DynamicCache, StaticCache
+
+    from orthros.models.modeling_orthros import CACHE_KWARG
+
+    model = tiny_model(attention_mode=mode)
+    ids = torch.randint(0, V, (2, 12))
+    kw = dict(max_new_tokens=4, do_sample=False, use_engine=False)
+    got = model.generate(ids, **{CACHE_KWARG: DynamicCache(config=model.config)}, **kw)
+    assert torch.equal(got, model.generate(ids, **kw))
+    with pytest.raises(ValueError, match=r"must keep every token's K/V.*StaticCache"):
+        model.generate(ids, **{CACHE_KWARG: StaticCache(config=model.config, max_cache_len=32)}, **kw)
+
+
+@torch.no_grad()
 @pytest.mark.parametrize("kind", ["orthros", "orthros-h"])
 def test_a_cache_of_another_batch_size_is_refused_by_name(kind):
     """Continuing a cache with fewer (or more) rows than it was filled with failed inside the first
