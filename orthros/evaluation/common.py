@@ -23,20 +23,17 @@ def read_config(path, arg: str = "--model",
         raise ValueError(f"{arg} {path!s}: no such file or directory (a local checkpoint directory is needed; "
                          f"nothing is downloaded)")
     if not (p / "config.json").is_file():
-        from ..checkpoint_files import gguf_refusal  # (standard library only: no torch)
+        from ..checkpoint_files import _gguf_hint, gguf_refusal  # (standard library only: no torch)
 
         why = gguf_refusal(p)  # a GGUF that orthros convert does not take: not "convert it first"
         if why:
             raise ValueError(f"{arg} {path!s}: {why}")
-    if not p.is_dir():
-        if p.suffix.lower() == ".gguf":
-            raise ValueError(f"{arg} {path!s} is a GGUF file: convert it first (orthros convert {path!s} DST), "
-                             f"then give DST")
-        raise ValueError(f"{arg} {path!s} is not a directory (give the directory that holds config.json and the "
-                         f"weights: {expected})")
-    if not (p / "config.json").is_file():
-        raise ValueError(f"{arg} {path!s} is not a checkpoint directory: it has no config.json "
-                         f"(expected {expected})")
+        # a GGUF file, or a folder holding one, is sent to `orthros convert` in the words of `orthros generate`
+        if not p.is_dir():
+            raise ValueError(f"{arg} {path!s} is not a directory" + (_gguf_hint(p, path) or f" (give the directory "
+                             f"that holds config.json and the weights: {expected})"))
+        raise ValueError(f"{arg} {path!s} is not a checkpoint directory: it has no config.json"
+                         + (_gguf_hint(p, path) or f" (expected {expected})"))
     try:
         cfg = json.loads((p / "config.json").read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

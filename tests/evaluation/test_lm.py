@@ -340,13 +340,13 @@ def test_lm_eval_outside_a_checkout_prints_no_git_error_and_plain_progress_lines
     assert res["results"]["orthros_tiny_cloze"]["acc,none"] is not None
 
 
-def _phi3_gguf(path):
-    """A GGUF file of architecture phi3 (one orthros convert does not take): a header and one tensor."""
+def _phi3_gguf(path, arch="phi3"):
+    """A GGUF file of architecture phi3 (one orthros convert does not take), or ``arch``: a header and one tensor."""
     gguf = pytest.importorskip("gguf")
     import numpy as np
 
     path.parent.mkdir()
-    w = gguf.GGUFWriter(str(path), "phi3")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_tensor("token_embd.weight", np.zeros((8, 4), dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -360,7 +360,15 @@ def _phi3_gguf(path):
     ("  ", "--model is empty ('  ')"),
     # a checkpoint's config.json was said to have "no config.json"
     ("{tiny}/config.json", "--model {tiny}/config.json is not a directory (give the directory that holds"),
-    ("{tmp}/m.gguf", "--model {tmp}/m.gguf is a GGUF file: convert it first (orthros convert {tmp}/m.gguf DST)"),
+    # a GGUF file, or a folder holding one (was "it has no config.json", no word of converting it), as `orthros
+    # generate` says it (checkpoint_files._gguf_hint)
+    ("{tmp}/m.gguf", "--model {tmp}/m.gguf is not a directory; it is a GGUF checkpoint: convert it first: orthros "
+                     "convert {tmp}/m.gguf DST\n"),
+    ("{tmp}/llama", "--model {tmp}/llama is not a checkpoint directory: it has no config.json; it is a GGUF checkpoint: "
+                    "convert it first: orthros convert {tmp}/llama DST\n"),
+    # another folder without config.json: as before
+    ("{tmp}/empty", "--model {tmp}/empty is not a checkpoint directory: it has no config.json (expected an Orthros "
+                    "checkpoint, or a Llama / Qwen2 / Qwen3 / Mistral / Qwen3.5 one to convert)\n"),
     # a GGUF of an architecture orthros convert does not take was also sent to "convert it first" (a folder holding
     # one: "no config.json"): now named as orthros info names it
     ("{tmp}/phi3/p.gguf", "--model {tmp}/phi3/p.gguf: a GGUF file of architecture 'phi3', not an Orthros checkpoint; "
@@ -373,11 +381,35 @@ def test_eval_model_paths_that_name_no_checkpoint_directory(tiny, tmp_path, caps
 
     monkeypatch.setattr(lm, "run_lm_eval", lambda *a, **kw: pytest.fail("the evaluation started"))
     (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    (tmp_path / "empty").mkdir()
     if "phi3" in model:
         _phi3_gguf(tmp_path / "phi3" / "p.gguf")
+    if "llama" in model:
+        _phi3_gguf(tmp_path / "llama" / "l.gguf", "llama")
     fill = lambda t: t.replace("{tiny}", str(tiny)).replace("{tmp}", str(tmp_path))  # noqa: E731
     assert main(["eval", "lm", "--model", fill(model), "--tasks", "orthros_tiny_cloze"]) == 2
     assert fill(msg) in capsys.readouterr().err
+
+
+def test_every_evaluation_sends_a_gguf_to_orthros_convert_as_generate_does(tmp_path, capsys):
+    """Issue: a folder holding a llama GGUF and no config.json was "not a checkpoint directory: it has no
+    config.json" to `eval` (`--model` of niah / lm / ppl, `--init` of niah-train), with no word of converting it,
+    while `orthros generate --model` on it said to convert it: each says it in generate's words now."""
+    from orthros.cli import main
+
+    d, f = tmp_path / "llama", tmp_path / "llama" / "l.gguf"
+    _phi3_gguf(f, "llama")
+    for path in (d, f):
+        assert main(["generate", "--model", str(path), "hi"]) == 2
+        hint = f"; it is a GGUF checkpoint: convert it first: orthros convert {path} DST\n"
+        assert capsys.readouterr().err.endswith(hint)  # generate's words, the eval commands' below
+        for args in (["ppl", "--model", str(path), "--data", str(f)], ["niah", "--model", str(path)],
+                     ["lm", "--model", str(path), "--tasks", "orthros_tiny_cloze"],
+                     ["niah-train", "--init", str(path), "--out", str(tmp_path / "out")]):
+            assert main(["eval", *args]) == 2, args
+            err = capsys.readouterr().err
+            assert err.startswith(f"orthros eval {args[0]}: error: {args[1]} {path} ") and err.endswith(hint), err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["llama"]  # nothing written
 
 
 @pytest.mark.parametrize("as_option", [False, True])
