@@ -28,12 +28,15 @@ def read_config(path, arg: str = "--model",
         why = gguf_refusal(p)  # a GGUF that orthros convert does not take: not "convert it first"
         if why:
             raise ValueError(f"{arg} {path!s}: {why}")
-        # a GGUF file, or a folder holding one, is sent to `orthros convert` in the words of `orthros generate`
+        try:  # a GGUF file, or a folder holding one, is sent to `orthros convert` in the words of `orthros generate`
+            hint = _gguf_hint(p, path)
+        except OSError:  # a folder that cannot be listed (no read permission): no GGUF seen, not a traceback
+            hint = ""
         if not p.is_dir():
-            raise ValueError(f"{arg} {path!s} is not a directory" + (_gguf_hint(p, path) or f" (give the directory "
-                             f"that holds config.json and the weights: {expected})"))
+            raise ValueError(f"{arg} {path!s} is not a directory" + (hint or f" (give the directory that holds "
+                             f"config.json and the weights: {expected})"))
         raise ValueError(f"{arg} {path!s} is not a checkpoint directory: it has no config.json"
-                         + (_gguf_hint(p, path) or f" (expected {expected})"))
+                         + (hint or f" (expected {expected})"))
     try:
         cfg = json.loads((p / "config.json").read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
