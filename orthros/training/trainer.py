@@ -980,15 +980,19 @@ class Trainer:
             (ce_sum * (dist.world / max(n_global, 1))).backward()
             loss_sum += ce_sum.detach().double().cpu()
         loss_sum = dist.all_reduce_sum(loss_sum)
-        grad_norm = None
+        loss = float(loss_sum) / max(n_global, 1)
+        if not math.isfinite(loss):  # before the update: the weights stay those of the last step
+            raise FloatingPointError(f"loss is {loss} at step {self.step + 1}; lower optim.lr or check data")
+        # the norm at every step, also unclipped (optim.grad_clip 0): a non-finite gradient made every weight nan
+        # (AdamW's update, or clipping by it), which the checkpoint of that step saved before the next loss told
         if cfg.optim.grad_clip > 0:
             gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)
-            if hasattr(gn, "full_tensor"):
-                gn = gn.full_tensor()
-            grad_norm = float(gn)
-            if not math.isfinite(grad_norm):  # clipping by it made every weight nan, saved by the next checkpoint
-                raise FloatingPointError(f"the gradient norm is {grad_norm} at step {self.step + 1} (loss "
-                                         f"{float(loss_sum) / max(n_global, 1):.4f}); lower optim.lr or check data")
+        else:
+            gn = torch.nn.utils.get_total_norm([p.grad for p in self.model.parameters() if p.grad is not None])
+        grad_norm = float(gn.full_tensor() if hasattr(gn, "full_tensor") else gn)
+        if not math.isfinite(grad_norm):
+            raise FloatingPointError(f"the gradient norm is {grad_norm} at step {self.step + 1} (loss "
+                                     f"{loss:.4f}); lower optim.lr or check data")
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()
@@ -997,7 +1001,7 @@ class Trainer:
         n_tok = sum(len(r.input_ids) for r in rows)
         self.tokens_seen += n_tok
         flops = sum(train_flops(self.model_config, collate([r]).seg_lens, count_targets([r])) for r in rows)
-        return {"loss": float(loss_sum) / max(n_global, 1), "lr": lr, "grad_norm": grad_norm,
+        return {"loss": loss, "lr": lr, "grad_norm": grad_norm,
                 "step_tokens": n_tok, "step_targets": n_global, "step_flops": flops}
 
     @torch.no_grad()
@@ -1102,9 +1106,7 @@ class Trainer:
                 m = self.train_step()
                 if self.device.type == "cuda":
                     torch.cuda.synchronize()
-                last_loss = m["loss"]
-                if not math.isfinite(last_loss):
-                    raise FloatingPointError(f"loss is {last_loss} at step {self.step}; lower optim.lr or check data")
+                last_loss = m["loss"]  # (finite: train_step stops at one that is not)
                 tok_window += m["step_tokens"]
                 flop_window += m["step_flops"]
                 now = time.perf_counter()

@@ -79,10 +79,12 @@ def test_a_full_disk_under_metrics_jsonl_names_the_file(tmp_path):
     logger.close()  # said once
 
 
-def test_gradients_that_overflow_stop_the_run_before_a_checkpoint_saves_them(tmp_path, corpus, monkeypatch):
+@pytest.mark.parametrize("clip", ["1.0", "0"])
+def test_gradients_that_overflow_stop_the_run_before_a_checkpoint_saves_them(tmp_path, corpus, monkeypatch, clip):
     """A step whose loss is finite but whose gradients are not (an overflow) was clipped by its nan
     norm, which made every weight nan; that step's checkpoint saved them, and the run stopped only at
-    the next step ('loss is nan at step 4'), its latest checkpoint unusable. It stops at that step."""
+    the next step ('loss is nan at step 4'), its latest checkpoint unusable. It stops at that step, also
+    without clipping (optim.grad_clip 0 computed no norm: AdamW's update made the weights nan the same way)."""
     import torch
 
     from orthros.training import trainer as T
@@ -100,7 +102,8 @@ def test_gradients_that_overflow_stop_the_run_before_a_checkpoint_saves_them(tmp
 
     monkeypatch.setattr(T.Trainer, "_forward_sum", overflowing)
     with pytest.raises(FloatingPointError, match=r"^the gradient norm is nan at step 3 \(loss \d+\.\d{4}\); lower optim.lr"):
-        T.train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "6", "--checkpoint.every", "3")))
+        T.train(load_config(None, tiny(tmp_path, corpus, "--max_steps", "6", "--checkpoint.every", "3",
+                                       "--optim.grad_clip", clip)))
     assert list_checkpoints(str(tmp_path)) == []
     assert [r["step"] for r in read_metrics(str(tmp_path))] == [1, 2]
 

@@ -760,7 +760,7 @@ def test_python_m_orthros_train_reports_a_failure_as_orthros_train_does(tmp_path
         runpy.run_module("orthros.train", run_name="__main__")
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 1, err[-5:]
-    assert err[-1].startswith("orthros train: error: FloatingPointError: loss is "), err[-3:]
+    assert err[-1].startswith("orthros train: error: FloatingPointError: "), err[-3:]  # (the loss or the gradient)
 
 
 def test_tokens_per_s_counts_training_time_only(tmp_path, corpus, monkeypatch):
