@@ -98,13 +98,13 @@ def checkpoint_dir(path, *, arg: str = "--model") -> Path:
     if not p.is_dir():
         why = gguf_refusal(p)
         raise CheckpointError(f"{arg} {path}: {why}" if why else f"{arg} {path}: not a directory (expected a "
-                              f"checkpoint directory with config.json and model.safetensors){_gguf_hint(p, path)}")
+                              f"checkpoint directory with config.json and model.safetensors){gguf_hint(p, path)}")
     cfg = p / "config.json"
     if not cfg.is_file():
         hint = _run_hint(p)
         why = not hint and gguf_refusal(p)
         raise CheckpointError(f"{arg} {path}: {why}" if why else f"{arg} {path}: no config.json (not a checkpoint "
-                              f"directory){hint or _gguf_hint(p, path)}")
+                              f"directory){hint or gguf_hint(p, path)}")
     try:
         d = json.loads(cfg.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -230,18 +230,22 @@ def unconvertible_gguf(path) -> tuple[Path, str] | None:
     return None if arch is None or arch in GGUF_ARCHITECTURES else (gguf_file, arch)
 
 
-def _gguf_hint(p: Path, path) -> str:
+def gguf_hint(p: Path, path) -> str:
     """For a GGUF file, or a directory holding one and no config.json, how to convert it, as the end
-    of an error message; otherwise ``""``."""
-    if p.is_file() and p.suffix.lower() == GGUF_SUFFIX or p.is_dir() and gguf_files(p):
-        return f"; it is a GGUF checkpoint: convert it first: orthros convert {path} DST"
+    of an error message; otherwise ``""`` (also for a folder that cannot be listed: the message it ends
+    says what is wrong, not a ``PermissionError`` traceback)."""
+    try:
+        if p.is_file() and p.suffix.lower() == GGUF_SUFFIX or p.is_dir() and gguf_files(p):
+            return f"; it is a GGUF checkpoint: convert it first: orthros convert {path} DST"
+    except OSError:
+        pass
     return ""
 
 
 def gguf_refusal(p: Path) -> str | None:
     """For a GGUF checkpoint ``p`` (a ``.gguf`` file, or a folder holding one and no config.json) of a
     ``general.architecture`` that ``orthros convert`` does not take, why it is refused, as the words after
-    ``ARG PATH: ``: "convert it first" (:func:`_gguf_hint`) sent the user to a conversion that refuses it.
+    ``ARG PATH: ``: "convert it first" (:func:`gguf_hint`) sent the user to a conversion that refuses it.
     ``None`` otherwise."""
     found = unconvertible_gguf(p)  # (the header only: neither torch nor the gguf package)
     if found is None:
@@ -362,7 +366,7 @@ def check_local_checkpoint(path, subfolder: str = "", *, config_given: bool = Fa
         if not config_given and not (d / "config.json").is_file():  # transformers built OrthrosConfig()'s defaults
             where = f" in subfolder {subfolder!r}" if subfolder else ""
             why = gguf_refusal(d)
-            hint = _gguf_hint(d, path) or "; weights without their config.json load with config=OrthrosConfig(...)"
+            hint = gguf_hint(d, path) or "; weights without their config.json load with config=OrthrosConfig(...)"
             raise CheckpointError(f"{path}: {why}" if why else
                                   f"{path}: no config.json{where} (not a checkpoint directory){hint}")
         if not config_given:
@@ -373,7 +377,7 @@ def check_local_checkpoint(path, subfolder: str = "", *, config_given: bool = Fa
         return str(d)  # (expanded above)
     elif d.is_file():  # transformers would read it as a config (JSON) or as torch.load weights
         why = gguf_refusal(d)
-        where = _gguf_hint(d, path) or f"; pass the directory that holds it: {d.parent}"
+        where = gguf_hint(d, path) or f"; pass the directory that holds it: {d.parent}"
         raise CheckpointError(f"{path}: {why}" if why else f"{path}: not a directory (from_pretrained takes a "
                               f"checkpoint directory, with config.json and the weights){where}")
     elif not d.exists() and looks_local(path):
@@ -417,13 +421,15 @@ def check_tokenizer_dir(path, *, arg: str = "--tokenizer") -> Path:
     _check_not_blank(path, arg, "tokenizer")
     p = _expand(path, arg)
     if p.is_file():  # a tokenizer's own file (tokenizer.json): the folder that holds it is what is meant
-        raise CheckpointError(f"{arg} {path}: a file; {arg} takes the directory that holds the tokenizer's files "
-                              f"({arg} {p.parent})")
+        which = f" ({arg} {p.parent})" if p.name in TOKENIZER_FILES else ""
+        raise CheckpointError(f"{arg} {path}: a file; {arg} takes the directory that holds the tokenizer's "
+                              f"files{which}")
     if not p.is_dir():
         raise CheckpointError(f"{arg} {path}: no such directory")
     if not has_tokenizer(p):
-        raise CheckpointError(f"{arg} {path}: no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...); "
-                              f"save the tokenizer beside the model or pass --tokenizer DIR")
+        what = ("give the folder that holds them" if arg == "--tokenizer" else
+                "save the tokenizer beside the model or pass --tokenizer DIR")
+        raise CheckpointError(f"{arg} {path}: no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...); {what}")
     return p
 
 

@@ -23,15 +23,12 @@ def read_config(path, arg: str = "--model",
         raise ValueError(f"{arg} {path!s}: no such file or directory (a local checkpoint directory is needed; "
                          f"nothing is downloaded)")
     if not (p / "config.json").is_file():
-        from ..checkpoint_files import _gguf_hint, gguf_refusal  # (standard library only: no torch)
+        from ..checkpoint_files import gguf_hint, gguf_refusal  # (standard library only: no torch)
 
         why = gguf_refusal(p)  # a GGUF that orthros convert does not take: not "convert it first"
         if why:
             raise ValueError(f"{arg} {path!s}: {why}")
-        try:  # a GGUF file, or a folder holding one, is sent to `orthros convert` in the words of `orthros generate`
-            hint = _gguf_hint(p, path)
-        except OSError:  # a folder that cannot be listed (no read permission): no GGUF seen, not a traceback
-            hint = ""
+        hint = gguf_hint(p, path)  # a GGUF file, or a folder holding one: sent to `orthros convert`, as generate does
         if not p.is_dir():
             raise ValueError(f"{arg} {path!s} is not a directory" + (hint or f" (give the directory that holds "
                              f"config.json and the weights: {expected})"))

@@ -163,6 +163,40 @@ def test_directory_without_a_tokenizer(ckpt, tmp_path, capsys):
             "no such directory")
 
 
+def test_tokenizer_folder_refusals_advise_what_fits_the_argument(ckpt, tmp_path, capsys):
+    """A --tokenizer folder holding no tokenizer was told "or pass --tokenizer DIR" (it was one), and a file that is
+    no tokenizer file was sent to its folder (--tokenizer data.txt: "--tokenizer ."): the advice fits now."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "data.txt").write_text("x")
+    err = refused(["--model", str(ckpt), "--tokenizer", str(tmp_path / "empty"), "hi"], capsys,
+                  f"--tokenizer {tmp_path / 'empty'}: no tokenizer files", "give the folder that holds them")
+    assert "pass --tokenizer DIR" not in err, err
+    err = refused(["--model", str(ckpt), "--tokenizer", str(tmp_path / "data.txt"), "hi"], capsys,
+                  f"--tokenizer {tmp_path / 'data.txt'}: a file; --tokenizer takes the directory that holds")
+    assert f"(--tokenizer {tmp_path})" not in err, err
+    # a tokenizer's own file: the folder that holds it is what was meant
+    refused(["--model", str(ckpt), "--tokenizer", str(ckpt / "tokenizer.json"), "hi"], capsys,
+            f"(--tokenizer {ckpt})")
+
+
+def test_a_model_folder_that_cannot_be_listed_is_no_traceback(tmp_path, capsys, monkeypatch):
+    """A --model folder with no config.json that this user may not list (the tests run as root: listing it is
+    made to fail) is "no config.json", not a PermissionError traceback from looking for a .gguf file in it."""
+    import pathlib
+
+    d = tmp_path / "locked"
+    d.mkdir()
+    listdir = pathlib.Path.iterdir
+
+    def iterdir(self):
+        if self == d:
+            raise PermissionError(13, "Permission denied", str(self))
+        return listdir(self)
+
+    monkeypatch.setattr(pathlib.Path, "iterdir", iterdir)
+    refused(["--model", str(d), "hi"], capsys, f"--model {d}: no config.json (not a checkpoint directory)")
+
+
 def test_config_json_broken(ckpt, tmp_path, capsys):
     d = shutil.copytree(ckpt, tmp_path / "ck")
     (d / "config.json").write_text("{")

@@ -361,7 +361,7 @@ def _phi3_gguf(path, arch="phi3"):
     # a checkpoint's config.json was said to have "no config.json"
     ("{tiny}/config.json", "--model {tiny}/config.json is not a directory (give the directory that holds"),
     # a GGUF file, or a folder holding one (was "it has no config.json", no word of converting it), as `orthros
-    # generate` says it (checkpoint_files._gguf_hint)
+    # generate` says it (checkpoint_files.gguf_hint)
     ("{tmp}/m.gguf", "--model {tmp}/m.gguf is not a directory; it is a GGUF checkpoint: convert it first: orthros "
                      "convert {tmp}/m.gguf DST\n"),
     ("{tmp}/llama", "--model {tmp}/llama is not a checkpoint directory: it has no config.json; it is a GGUF checkpoint: "
