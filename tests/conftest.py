@@ -93,6 +93,24 @@ def no_model_load(monkeypatch):
     monkeypatch.setattr(common, "load_model", refuse)
 
 
+@pytest.fixture
+def unlistable(monkeypatch):
+    """``unlistable(folder)``: listing ``folder`` raises ``PermissionError``, as for a user without read
+    permission on it (the tests run as root, whom a mode does not stop)."""
+    import pathlib
+
+    listdir = pathlib.Path.iterdir
+    locked = set()
+
+    def iterdir(self):
+        if self in locked:
+            raise PermissionError(13, "Permission denied", str(self))
+        return listdir(self)
+
+    monkeypatch.setattr(pathlib.Path, "iterdir", iterdir)
+    return locked.add
+
+
 # ------------------------------------------------------------------ shared helpers
 # Test modules import these directly (``from conftest import rel, tiny_model``): pytest puts
 # this directory on sys.path for its conftest. A second conftest.py below tests/ would be

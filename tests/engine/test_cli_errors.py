@@ -179,21 +179,12 @@ def test_tokenizer_folder_refusals_advise_what_fits_the_argument(ckpt, tmp_path,
             f"(--tokenizer {ckpt})")
 
 
-def test_a_model_folder_that_cannot_be_listed_is_no_traceback(tmp_path, capsys, monkeypatch):
+def test_a_model_folder_that_cannot_be_listed_is_no_traceback(tmp_path, capsys, unlistable):
     """A --model folder with no config.json that this user may not list (the tests run as root: listing it is
     made to fail) is "no config.json", not a PermissionError traceback from looking for a .gguf file in it."""
-    import pathlib
-
     d = tmp_path / "locked"
     d.mkdir()
-    listdir = pathlib.Path.iterdir
-
-    def iterdir(self):
-        if self == d:
-            raise PermissionError(13, "Permission denied", str(self))
-        return listdir(self)
-
-    monkeypatch.setattr(pathlib.Path, "iterdir", iterdir)
+    unlistable(d)
     refused(["--model", str(d), "hi"], capsys, f"--model {d}: no config.json (not a checkpoint directory)")
 
 

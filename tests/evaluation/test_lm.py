@@ -412,24 +412,15 @@ def test_every_evaluation_sends_a_gguf_to_orthros_convert_as_generate_does(tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["llama"]  # nothing written
 
 
-def test_a_model_folder_that_cannot_be_listed_is_no_traceback(tmp_path, capsys, monkeypatch):
+def test_a_model_folder_that_cannot_be_listed_is_no_traceback(tmp_path, capsys, unlistable):
     """A --model folder with no config.json that this user may not list (no read permission: the tests run as
     root, so listing it is made to fail) is "no config.json", as before the GGUF hint: not a PermissionError
     traceback from looking for a .gguf file in it."""
-    import pathlib
-
     from orthros.cli import main
 
     d = tmp_path / "locked"
     d.mkdir()
-    listdir = pathlib.Path.iterdir
-
-    def iterdir(self):
-        if self == d:
-            raise PermissionError(13, "Permission denied", str(self))
-        return listdir(self)
-
-    monkeypatch.setattr(pathlib.Path, "iterdir", iterdir)
+    unlistable(d)
     assert main(["eval", "ppl", "--model", str(d), "--data", str(d / "x.txt")]) == 2
     assert f"error: --model {d} is not a checkpoint directory: it has no config.json (expected" in capsys.readouterr().err
 
