@@ -145,7 +145,6 @@ def is_gguf_source(path) -> bool:
     return False
 
 
-
 # GGUF value types (the file format's numbers; gguf.GGUFValueType) -> bytes of one value, and the two others
 _GGUF_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _GGUF_STRING, _GGUF_ARRAY = 8, 9
@@ -435,4 +434,5 @@ def check_tokenizer_dir(path, *, arg: str = "--tokenizer") -> Path:
 
 __all__ = ["CheckpointError", "checkpoint_dir", "check_weights", "weight_headers", "check_safetensors_file",
            "check_local_checkpoint", "check_tokenizer_dir", "has_tokenizer", "looks_local", "local_config_path",
-           "save_directory"]
+           "save_directory", "GGUF_ARCHITECTURES", "gguf_files", "is_gguf_source", "gguf_architecture",
+           "unconvertible_gguf", "gguf_hint", "gguf_refusal"]
