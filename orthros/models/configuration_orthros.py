@@ -6,6 +6,7 @@ import contextlib
 import math
 import operator
 import os
+from collections.abc import Mapping
 
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
@@ -23,6 +24,12 @@ NO_SLIDING_WINDOW = ("OrthrosConfig has no `sliding_window` (it would make trans
 
 def _finite_number(x) -> bool:
     return not isinstance(x, bool) and isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def _check_rope_dict(name: str, value, none: bool = False) -> None:
+    if not isinstance(value, Mapping) and not (none and value is None):
+        raise ValueError(f"OrthrosConfig.{name} must be a dict (e.g. {{'rope_type': 'default', 'rope_theta': "
+                         f"10000.0}}){' or None' if none else ''}, got {type(value).__name__} {value!r:.80}")
 
 
 class OrthrosConfig(PreTrainedConfig):
@@ -145,6 +152,8 @@ class OrthrosConfig(PreTrainedConfig):
         self.attn_backend = attn_backend
         # transformers 4.x's rope_scaling, taken here: passed on, it replaced rope_parameters, rope_theta lost
         legacy_rope = kwargs.pop("rope_scaling", None)
+        for name, value in (("rope_parameters", rope_parameters), ("rope_scaling", legacy_rope)):
+            _check_rope_dict(name, value, none=True)  # dict() of it failed naming neither
         rope_parameters = dict(rope_parameters or legacy_rope or {})
         rope_parameters.setdefault("rope_type", rope_parameters.pop("type", "default"))
         rope_parameters.setdefault("rope_theta", kwargs.pop("rope_theta", 10000.0))
@@ -254,6 +263,7 @@ class OrthrosConfig(PreTrainedConfig):
                 raise ValueError(f"OrthrosConfig.{name} must be True or False, got {getattr(self, name)!r}")
         if self.attn_backend not in ATTN_BACKENDS:
             raise ValueError(f"OrthrosConfig.attn_backend must be one of {ATTN_BACKENDS}, got {self.attn_backend!r}")
+        _check_rope_dict("rope_parameters", self.rope_parameters)  # set after __init__: failed in .get
         if not _finite_number(self.rms_norm_eps) or self.rms_norm_eps <= 0:
             raise ValueError(f"OrthrosConfig.rms_norm_eps must be a finite number > 0, got {self.rms_norm_eps!r}")
         if not _finite_number(self.rope_parameters.get("rope_theta")) or self.rope_parameters["rope_theta"] <= 0:

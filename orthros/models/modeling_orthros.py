@@ -26,6 +26,7 @@ from ..layers import DenseKV, OrthrosAttention, ResidualMLP, RMSNorm, RotaryEmbe
 from ..layers.gated_deltanet import GatedDeltaNet
 from ..kinds import ATTENTION_LAYER_TYPES, LINEAR_LAYER_TYPE, MODE_ALIASES, has_output_stream
 from ..ops import doc_ids_from_cu_seqlens
+from ..ops.attention import as_int_tensor
 from ..utils import first_id_outside, integer_ids
 from .configuration_orthros import OrthrosConfig
 from .positions import resolve_output_positions
@@ -145,6 +146,20 @@ def _one_input(input_ids, inputs_embeds) -> torch.Tensor:
     if x.dim() != shape.count(",") + 1:  # an unbatched input failed deep inside (IndexError, a norm's size)
         raise ValueError(f"{name} must be {shape} (a batch, even of one), got shape {tuple(x.shape)}")
     return x
+
+
+def _check_embeds_dtype(embeds: torch.Tensor, model_dtype: torch.dtype) -> None:
+    """``inputs_embeds`` must be floating (integer or bool ones ran, as embeddings nobody meant) and not wider
+    than the model's dtype, which the first projection then failed on (``expected m1 and m2 to have the same
+    dtype``); narrower ones are promoted by the first norm, and under autocast any but float64 are cast."""
+    if not embeds.is_floating_point():
+        raise TypeError(f"inputs_embeds must be a floating tensor of embeddings ({model_dtype}, the model's dtype), "
+                        f"got {embeds.dtype}")
+    if torch.promote_types(embeds.dtype, model_dtype) != model_dtype and (
+            embeds.dtype == torch.float64 or not torch.is_autocast_enabled(embeds.device.type)):
+        autocast = "" if embeds.dtype == torch.float64 else " or run under torch.autocast"
+        raise ValueError(f"inputs_embeds must be of the model's dtype {model_dtype} (or narrower), got "
+                         f"{embeds.dtype}: cast them (.to({model_dtype})){autocast}")
 
 
 def _checked_ids(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -395,10 +410,12 @@ class OrthrosModel(OrthrosPreTrainedModel):
         if h.shape[-1] != self.config.hidden_size:  # inputs_embeds of another width failed in the first norm
             raise ValueError(f"inputs_embeds must be [B, T, hidden_size] = [*, *, {self.config.hidden_size}], got "
                              f"shape {tuple(h.shape)}")
+        if inputs_embeds is not None:
+            _check_embeds_dtype(h, self.embed_tokens.weight.dtype)
         B, T = h.shape[:2]
         dev = h.device
         if T == 0:
-            raise ValueError("input_ids must hold at least one token")
+            raise ValueError(f"{'input_ids' if inputs_embeds is None else 'inputs_embeds'} must hold at least one token")
         if cu_seqlens is not None:  # a cache holds one sequence a row; packed rows hold several
             if use_cache or past_key_values is not None:
                 raise ValueError("cu_seqlens (packed documents) cannot be combined with a KV cache (use_cache=True "
@@ -420,19 +437,23 @@ class OrthrosModel(OrthrosPreTrainedModel):
 
         kv_start = pad_rows = None
         if attention_mask is not None:
-            attention_mask = torch.as_tensor(attention_mask, device=dev)
+            attention_mask = as_int_tensor("attention_mask", attention_mask, dev, "a tensor of 0 / 1 [B, past + T]")
             if attention_mask.shape != (B, past + T):
                 raise ValueError(f"attention_mask must be [B, past + T] = [{B}, {past + T}], got "
                                  f"{tuple(attention_mask.shape)}")
             am = attention_mask.long()
-            if not bool((am == 1).all()):
-                binary, left = bool(((am == 0) | (am == 1)).all()), bool((am[:, 1:] >= am[:, :-1]).all())
-                if binary and not left and not cache_given and bool((am[:, 1:] <= am[:, :-1]).all()):
+            if not bool((attention_mask == 1).all()):  # the values as given: .long() cut a float 0.5 to 0, 1.5 to 1
+                if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+                    bad = attention_mask[(attention_mask != 0) & (attention_mask != 1)][0].item()  # (on failure only)
+                    raise ValueError(f"attention_mask must hold 1 (token) and 0 (padding) only, got {bad!r} "
+                                     f"({attention_mask.dtype})")
+                left = bool((am[:, 1:] >= am[:, :-1]).all())
+                if not left and not cache_given and bool((am[:, 1:] <= am[:, :-1]).all()):
                     # right padding (tokenizers' default; training, scoring): under causal attention every real
                     # token's output is what it is without the pads, so the mask changes nothing there. A cache
                     # would hold the pads between the prompt and what follows it: none is made.
                     am, cache = None, None
-                elif not binary or not left:
+                elif not left:
                     raise ValueError("attention_mask must be 0/1 with padding on the left (0 ... 0 1 ... 1), or on "
                                      "the right (1 ... 1 0 ... 0) when no cache is given (a forward for a loss or "
                                      "scores; generation takes left padding)")
@@ -452,7 +473,7 @@ class OrthrosModel(OrthrosPreTrainedModel):
                 position_ids = (torch.arange(T, device=dev) - cu_seqlens[doc]).view(1, T)
             else:
                 position_ids = torch.arange(past, past + T, device=dev).view(1, T)
-        position_ids = torch.as_tensor(position_ids, device=dev)
+        position_ids = as_int_tensor("position_ids", position_ids, dev, "integer positions [T] or [1 or B, T]")
         # 0.5 was cut to 0, True to 1: RoPE at positions nobody asked for
         position_ids = integer_ids(position_ids, "position_ids", what="integers", error=ValueError).long()
         if position_ids.dim() == 1:
@@ -526,6 +547,23 @@ def _register_engine() -> None:
         importlib.import_module("orthros.engine").register()
 
 
+def _check_generate_mask(mask, ids, embeds) -> None:
+    """``generate``'s ``attention_mask``: a tensor of the prompt's shape ``[B, T]``. transformers drops an
+    all-ones mask before the forward sees it, so one of another shape ran (``[B, T + 1]``, ``[1, T]``) or
+    failed naming ``position_ids``, which it computes from the mask; a list or a 1-D mask failed inside
+    transformers (AttributeError, IndexError). Its values are the forward's to check."""
+    if mask is None:
+        return
+    if not isinstance(mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a torch.Tensor [B, T] of 1 (token) / 0 (left padding), got "
+                        f"{type(mask).__name__}")
+    prompt = ids if isinstance(ids, torch.Tensor) else embeds
+    want = tuple(prompt.shape[:2]) if isinstance(prompt, torch.Tensor) else None
+    if want is not None and tuple(mask.shape) != want:
+        name = "input_ids" if prompt is ids else "inputs_embeds"
+        raise ValueError(f"attention_mask must be [B, T] like {name} = {list(want)}, got shape {tuple(mask.shape)}")
+
+
 class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
 
@@ -593,7 +631,8 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
             raise ValueError(f"labels must be [B, T] like input_ids, got {tuple(labels.shape)} for B = {x.shape[0]}")
         if labels is not None and cu_seqlens is not None and labels.dim() == 2 and labels.shape[1] == T:
             # a document's first token is no target of the one before it (the model validates cu_seqlens)
-            starts = torch.as_tensor(cu_seqlens, device=labels.device).long()[1:-1]
+            starts = as_int_tensor("cu_seqlens", cu_seqlens, labels.device, "a 1-D integer tensor [num_docs + 1]")
+            starts = starts.long()[1:-1]
             labels = labels.index_fill(1, starts[(starts > 0) & (starts < T)], -100)
         out_rel = resolve_output_positions(T, labels=labels, logits_to_keep=logits_to_keep,
                                            output_positions=output_positions, device=dev)
@@ -634,6 +673,7 @@ class OrthrosForCausalLM(OrthrosPreTrainedModel, GenerationMixin):
         if bad and kwargs.get("inputs_embeds") is None:  # transformers' generate fails in its indexing (IndexError)
             raise ValueError(f"input_ids must be [B, T] with T >= 1 (a batch, even of one), got shape "
                              f"{tuple(ids.shape)}")
+        _check_generate_mask(kwargs.get("attention_mask"), ids, kwargs.get("inputs_embeds"))
         if use_engine is not False:
             if _GENERATE_BACKEND is None:  # not registered yet (orthros.engine was imported before the models)
                 _register_engine()

@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from ..layers.step import check_position_values
+from ..ops.attention import as_int_tensor
 
 
 def resolve_output_positions(
@@ -48,7 +49,7 @@ def resolve_output_positions(
 def _checked_positions(positions, seq_len: int, device, arg: str) -> torch.Tensor:
     """``positions`` (``[T_out]`` or ``[B, T_out]``) as int64 ``[1 or B, T_out]``; a ``ValueError``
     naming ``arg`` (the argument they came as) unless integers in ``[0, seq_len)``, strictly increasing."""
-    pos = torch.as_tensor(positions, device=device)
+    pos = as_int_tensor(arg, positions, device, "integer positions [T_out] or [B, T_out]")  # ("ab", [1, None])
     if pos.dtype.is_floating_point or pos.dtype == torch.bool:
         raise ValueError(f"{arg} must be integers, got {pos.dtype}")
     pos = pos.long()

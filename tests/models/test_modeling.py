@@ -981,3 +981,85 @@ def test_position_ids_that_are_not_integers_are_refused():
             with pytest.raises(ValueError, match=f"^position_ids must be integers, got {pos.dtype}$"):
                 fn(ids, position_ids=pos)
     torch.testing.assert_close(model(ids, position_ids=torch.arange(6, dtype=torch.int32)).logits, model(ids).logits)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("value", [0.5, 1.5, 2, float("nan")])
+def test_an_attention_mask_of_values_other_than_0_and_1_is_refused_not_cut(value):
+    """.long() cut a float mask's 0.5 to 0 (that token taken as padding: a row of 0.5 lost every key) and 1.5 to 1,
+    without a word; in generate too."""
+    model = tiny_model()
+    ids = torch.randint(0, V, (2, 6))
+    mask = torch.ones(2, 6)
+    mask[1, 3] = value
+    for call in (lambda: model(ids, attention_mask=mask), lambda: model.model(ids, attention_mask=mask),
+                 lambda: model.generate(ids, attention_mask=mask, max_new_tokens=2)):
+        with pytest.raises(ValueError, match=r"^attention_mask must hold 1 \(token\) and 0 \(padding\) only, got "):
+            call()
+    left = torch.tensor([[1.0] * 6, [0.0, 0.0] + [1.0] * 4])  # a float or bool mask of 0 / 1 is taken as before
+    for m in (left, left.bool()):
+        torch.testing.assert_close(model(ids, attention_mask=m).logits, model(ids, attention_mask=left.long()).logits)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("mask,match", [
+    (torch.ones(2, 5, dtype=torch.long), r"\(2, 5\)"),  # named position_ids
+    (torch.ones(2, 7, dtype=torch.long), r"\(2, 7\)"),  # ran: transformers drops an all-ones mask
+    (torch.ones(1, 6, dtype=torch.long), r"\(1, 6\)"),  # ran
+    (torch.ones(6, dtype=torch.long), r"\(6,\)"),  # IndexError in transformers
+])
+def test_generate_refuses_an_attention_mask_of_another_shape_by_name(mask, match):
+    model = tiny_model()
+    ids = torch.randint(0, V, (2, 6))
+    with pytest.raises(ValueError, match=r"^attention_mask must be \[B, T\] like input_ids = \[2, 6\], got shape " + match):
+        model.generate(ids, attention_mask=mask, max_new_tokens=2)
+    with pytest.raises(TypeError, match=r"^attention_mask must be a torch.Tensor .* got list"):  # AttributeError
+        model.generate(ids, attention_mask=[[1] * 6] * 2, max_new_tokens=2)
+
+
+@torch.no_grad()
+def test_inputs_embeds_of_no_float_or_a_wider_dtype_are_refused_by_name():
+    """Integer / bool inputs_embeds ran as embeddings; float64 ones in a float32 model (float32 in bfloat16) failed
+    in the first projection with "expected m1 and m2 to have the same dtype"."""
+    model = tiny_model()
+    emb = model.model.embed_tokens(torch.randint(0, V, (2, 6)))
+    for fn in (model, model.model):
+        for bad in (emb.long(), emb > 0):
+            with pytest.raises(TypeError, match=f"^inputs_embeds must be a floating tensor .* got {bad.dtype}$"):
+                fn(inputs_embeds=bad)
+        with pytest.raises(ValueError, match=r"^inputs_embeds must be of the model's dtype torch.float32 .* got "
+                                             r"torch.float64"):
+            fn(inputs_embeds=emb.double())
+    with pytest.raises(ValueError, match="inputs_embeds must be of the model's dtype torch.bfloat16"):
+        tiny_model(dtype=torch.bfloat16)(inputs_embeds=emb)
+    assert model(inputs_embeds=emb.bfloat16()).logits.dtype == torch.float32  # narrower: promoted, as before
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts them
+        assert torch.isfinite(tiny_model(dtype=torch.bfloat16)(inputs_embeds=emb).logits).all()
+
+
+@torch.no_grad()
+def test_positions_torch_cannot_read_are_refused_by_name():
+    """A string or a list with None in it as positions failed in torch.as_tensor (TypeError "new(): invalid data
+    type 'str'", RuntimeError "Could not infer dtype of NoneType"), naming no argument."""
+    model = tiny_model()
+    ids = torch.randint(0, V, (1, 6))
+    for bad in ("ab", [1, None]):
+        for name in ("output_positions", "position_ids", "attention_mask"):
+            for fn in (model, model.model):
+                with pytest.raises(ValueError, match=f"^{name} must be .* got {type(bad).__name__} "):
+                    fn(ids, **{name: bad})
+        with pytest.raises(ValueError, match=f"^cu_seqlens must be .* got {type(bad).__name__} "):  # with labels
+            model(ids, labels=ids, cu_seqlens=bad)
+
+
+@pytest.mark.parametrize("kw", [dict(rope_parameters="default"), dict(rope_parameters=[("rope_theta", 1e4)]),
+                                dict(rope_scaling="linear")])
+def test_rope_parameters_that_are_no_dict_are_refused_by_name(kw):
+    """dict() of them failed with "dictionary update sequence element #0 ..." naming no field."""
+    name = next(iter(kw))
+    with pytest.raises(ValueError, match=rf"^OrthrosConfig.{name} must be a dict .* got "):
+        tiny_config(**kw)
+    config = tiny_config()
+    config.rope_parameters = "default"  # set after __init__: an AttributeError ('str' object has no attribute 'get')
+    with pytest.raises(ValueError, match=r"^OrthrosConfig.rope_parameters must be a dict"):
+        OrthrosForCausalLM(config)
