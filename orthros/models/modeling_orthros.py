@@ -416,6 +416,8 @@ class OrthrosModel(OrthrosPreTrainedModel):
         dev = h.device
         if T == 0:
             raise ValueError(f"{'input_ids' if inputs_embeds is None else 'inputs_embeds'} must hold at least one token")
+        if use_cache not in (None, True, False):  # "false" (a string from a command line or JSON) made a cache
+            raise ValueError(f"use_cache must be None (config.use_cache), True or False, got {use_cache!r}")
         if cu_seqlens is not None:  # a cache holds one sequence a row; packed rows hold several
             if use_cache or past_key_values is not None:
                 raise ValueError("cu_seqlens (packed documents) cannot be combined with a KV cache (use_cache=True "

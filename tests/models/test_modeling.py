@@ -1063,3 +1063,14 @@ def test_rope_parameters_that_are_no_dict_are_refused_by_name(kw):
     config.rope_parameters = "default"  # set after __init__: an AttributeError ('str' object has no attribute 'get')
     with pytest.raises(ValueError, match=r"^OrthrosConfig.rope_parameters must be a dict"):
         OrthrosForCausalLM(config)
+
+
+@torch.no_grad()
+def test_a_use_cache_that_is_no_bool_is_refused_by_name():
+    """use_cache="false" was taken by its truth value: a cache was made and returned (the config refuses it)."""
+    model = tiny_model()
+    ids = torch.randint(0, V, (1, 4))
+    for fn in (model, model.model):
+        with pytest.raises(ValueError, match=r"^use_cache must be None \(config.use_cache\), True or False, got 'false'"):
+            fn(ids, use_cache="false")
+    assert model(ids, use_cache=0).past_key_values is None  # 0 / 1 are False / True
