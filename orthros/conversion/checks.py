@@ -47,18 +47,63 @@ def _path_arg(value, name: str) -> Path:
     return expand_path(value, name)
 
 
+class SourceNotReadable(PermissionError, ValueError):
+    """A source that this user may not look up, list or read (or a file of it that the conversion reads or
+    copies): a ``PermissionError``, and bad input (a ``ValueError``: ``orthros convert`` exits 2, as for a
+    destination it may not write), raised before any work."""
+
+
+def _not_readable(p: Path, what: str, e: OSError) -> SourceNotReadable:
+    err = SourceNotReadable(f"source {str(p)!r}: {what} ({e.strerror or e})")
+    err.errno = e.errno
+    return err
+
+
 def _src_arg(value, name: str) -> Path:
     """:func:`_path_arg` for a source: a name beyond the file system's limit is a source that does not exist,
     not an errno line of the first look at it (exit 1). Another refusal of that look (a folder above it that
-    cannot be searched) says what it is, naming the source: such a source may well exist."""
+    cannot be searched) says what it is, naming the source: such a source may well exist. A source this user
+    may not read is refused too (:func:`_check_readable`)."""
     p = _path_arg(value, name)
     try:
         p.exists()
     except OSError as e:
         if e.errno == errno.ENAMETOOLONG:
             raise FileNotFoundError(f"source {str(p)!r} does not exist ({e.strerror})") from None
+        if isinstance(e, PermissionError):
+            raise _not_readable(p, "cannot be looked up", e) from None
         raise named_os_error(e, f"source {str(p)!r}", "cannot be looked up") from None
+    _check_readable(p)
     return p
+
+
+def _check_readable(p: Path) -> None:
+    """Refuse a source this user may not read, before any work (it was an errno line naming neither the
+    source nor what is wrong, exit 1; a tokenizer file that could not be copied, after the whole conversion):
+    a folder it may not list; a file it may not open; in a checkpoint folder (config.json there), a file it
+    may not open of those the conversion reads or copies (the weights: :func:`weight_files`); in a folder
+    without config.json, a ``.gguf`` file it may not open."""
+    if p.is_file():
+        _check_openable(p, p)
+    elif p.is_dir():
+        try:
+            entries = sorted(p.iterdir())
+        except PermissionError as e:
+            raise _not_readable(p, "this user may not list this folder", e) from None
+        hf = (p / "config.json").is_file()
+        for f in entries:
+            weights = f.name.endswith(WEIGHT_SUFFIXES)
+            if not f.name.startswith(".") and (not weights if hf else f.suffix.lower() == ".gguf") and f.is_file():
+                _check_openable(f, p)
+
+
+def _check_openable(f: Path, src: Path) -> None:
+    """``f`` (the source ``src`` itself, or a file in it) opens for reading, else :class:`SourceNotReadable`."""
+    try:
+        open(f, "rb").close()
+    except PermissionError as e:
+        raise _not_readable(src, "this user may not read this file" if f == src else
+                            f"this user may not read its {f.name}", e) from None
 
 
 def _resolve_source(path, download: bool = True, names=None) -> Path:
@@ -193,6 +238,7 @@ def weight_files(root: Path):
     corrupt or names a shard that is not a plain file name or does not exist: refused, naming what to do."""
     index_path = root / INDEX_FILE
     if (root / SINGLE_FILE).is_file():
+        _check_openable(root / SINGLE_FILE, root)
         return [SINGLE_FILE], None, False
     if index_path.is_file():
         try:
@@ -212,6 +258,8 @@ def weight_files(root: Path):
         missing = [f for f in files if not (root / f).is_file()]
         if missing:
             raise FileNotFoundError(f"{index_path} names shard(s) that do not exist: {missing}")
+        for f in files:
+            _check_openable(root / f, root)
         return files, weight_map, True
     others = sorted(p.name for p in root.iterdir() if p.name.endswith(WEIGHT_SUFFIXES))
     ggufs = [n for n in others if n.lower().endswith(".gguf")]  # read as a GGUF source only without config.json

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 from pathlib import Path
@@ -355,9 +356,9 @@ def test_a_source_name_the_file_system_cannot_hold_does_not_exist(tmp_path, caps
 
 def test_a_source_the_file_system_refuses_to_look_up_says_why(tmp_path, capsys, monkeypatch):
     """Every OSError of the first look at SRC was 'source ... does not exist': a folder above it that cannot be
-    searched (EACCES) said 'does not exist (Permission denied)', of a source that may well exist."""
+    searched (EACCES) said 'does not exist (Permission denied)', of a source that may well exist. It is bad input
+    (exit 2), as a source folder this user may not list or a destination it may not write."""
     import errno
-    import re
 
     src = tmp_path / "locked" / "model"
 
@@ -366,7 +367,7 @@ def test_a_source_the_file_system_refuses_to_look_up_says_why(tmp_path, capsys, 
 
     monkeypatch.setattr(Path, "exists", refuse)
     capsys.readouterr()
-    assert convert_main([str(src), str(tmp_path / "out"), "-q"]) == 1  # not bad input: the machine refused
+    assert convert_main([str(src), str(tmp_path / "out"), "-q"]) == 2
     err = capsys.readouterr().err
     assert f"source {str(src)!r}" in err and "Permission denied" in err and "does not exist" not in err, err
     for call in (lambda: convert_checkpoint(src, tmp_path / "out", progress=False),
@@ -375,6 +376,76 @@ def test_a_source_the_file_system_refuses_to_look_up_says_why(tmp_path, capsys, 
             call()
     monkeypatch.undo()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def unreadable(monkeypatch):
+    """``unreadable(file)``: opening ``file`` raises ``PermissionError``, as for a user without read permission
+    on it (the tests run as root, whom a mode does not stop): both ``open`` and pathlib's ``io.open``."""
+    import builtins
+    import errno
+    import io
+
+    locked = set()
+
+    def refusing(real):
+        def open_(file, *a, **k):
+            if isinstance(file, (str, os.PathLike)) and Path(os.fspath(file)).absolute() in locked:
+                raise PermissionError(errno.EACCES, "Permission denied", os.fspath(file))
+            return real(file, *a, **k)
+        return open_
+
+    monkeypatch.setattr(builtins, "open", refusing(builtins.open))
+    monkeypatch.setattr(io, "open", refusing(io.open))
+    return lambda p: locked.add(Path(p).absolute())
+
+
+def _refused_unreadable(src: Path, dst: Path, capsys, words: str) -> None:
+    """orthros convert (and --dry-run) exits 2 with one line naming SRC and ``words``; the API raises a
+    PermissionError (a ValueError too: bad input) saying the same; nothing is written."""
+    want = f"source {str(src)!r}: {words} (Permission denied)"
+    for extra in ([], ["--dry-run"]):
+        capsys.readouterr()
+        assert convert_main([str(src), str(dst), "-q", *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert err.startswith(f"orthros convert: error: {want}") and "[Errno" not in err, err
+    for call in (lambda: convert_checkpoint(src, dst, progress=False), lambda: plan_conversion(src, dst),
+                 lambda: convert_from_hf(src)):
+        with pytest.raises(PermissionError, match=re.escape(want)) as e:
+            call()
+        assert isinstance(e.value, ValueError)
+    assert not dst.exists() and _leftovers(dst.parent) == []
+
+
+@pytest.mark.parametrize("what", ["empty", "checkpoint"])
+def test_a_source_folder_that_cannot_be_listed_is_bad_input_naming_it(tmp_path, good_src, capsys, unlistable,
+                                                                       what):
+    """A SRC folder this user may not list (no read permission) was "[Errno 13] Permission denied: '/tmp/lk'",
+    exit 1 (a failure while working), naming neither SRC nor what is wrong."""
+    src = tmp_path / "lk"
+    src.mkdir() if what == "empty" else _copy(good_src, src)
+    unlistable(src)
+    _refused_unreadable(src, tmp_path / "out", capsys, "this user may not list this folder")
+
+
+@pytest.mark.parametrize("what", ["gguf file", "folder of a gguf", "config.json", "index", "shard", "tokenizer.json"])
+def test_a_source_file_that_cannot_be_read_is_bad_input_naming_it(tmp_path, good_src, capsys, unreadable, what):
+    """A .gguf SRC (or one in a SRC folder), a checkpoint's config.json, index or shard this user may not read
+    was "[Errno 13] Permission denied: '...'", exit 1; a tokenizer file (copied as it is) failed only after
+    every tensor had been converted."""
+    if what.startswith(("gguf", "folder")):
+        folder = tmp_path / "g"
+        folder.mkdir()
+        (folder / "m.gguf").write_bytes(b"GGUF" + bytes(60))
+        src, locked = (folder / "m.gguf", folder / "m.gguf") if what == "gguf file" else (folder, folder / "m.gguf")
+    else:
+        src = _copy(good_src, tmp_path / "src")
+        name = {"index": "model.safetensors.index.json",
+                "shard": sorted(p.name for p in src.glob("*.safetensors"))[0]}.get(what, what)
+        locked = src / name
+    unreadable(locked)
+    words = "this user may not read this file" if src == locked else f"this user may not read its {locked.name}"
+    _refused_unreadable(src, tmp_path / "out", capsys, words)
 
 
 def test_not_a_model_directory(tmp_path):
