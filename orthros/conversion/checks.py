@@ -193,7 +193,12 @@ def _check_name_lengths(dst: Path) -> None:
             raise ValueError(f"destination {str(dst)!r}: {what}, beyond this file system's {name_max} bytes for "
                              f"a name" + (f": name a DST of at most {name_max - size + len(part.encode())} bytes"
                                           if i == len(parts) - 1 else ""))
-        if (folder / part).is_dir():
+        try:
+            below = (folder / part).is_dir()
+        except PermissionError as e:  # was an errno line naming no DST, exit 1 (--dry-run too)
+            raise ValueError(f"destination {str(dst)!r}: this user may not look into {str(folder)!r} "
+                             f"({e.strerror}); name a DST in a folder you can write to") from None
+        if below:
             folder = folder / part
             name_max = _name_max(folder)
 

@@ -299,8 +299,17 @@ def _check_destination(src: Path | None, dst: Path, overwrite: bool, names: dict
 
 def _dst_taken(dst: Path) -> bool:
     """Whether writing ``dst`` replaces something: anything there but an empty directory (a symbolic
-    link, even to an empty directory, is replaced by the result, not filled)."""
-    return (dst.exists() or dst.is_symlink()) and not (dst.is_dir() and not dst.is_symlink() and not any(dst.iterdir()))
+    link, even to an empty directory, is replaced by the result, not filled). A folder this user may not list
+    cannot be told empty, nor replaced: a ``ValueError`` (it was an errno line naming no DST, exit 1)."""
+    if not (dst.exists() or dst.is_symlink()):
+        return False
+    if not dst.is_dir() or dst.is_symlink():
+        return True
+    try:
+        return any(dst.iterdir())
+    except PermissionError as e:
+        raise ValueError(f"destination {str(dst)!r}: this user may not list this folder ({e.strerror}): it can be "
+                         f"neither told empty nor replaced; name a DST you can write to") from None
 
 
 _PAUSE_ENV = "ORTHROS_CONVERT_TEST_PAUSE"  # test hook: "<shard index>:<seconds>" sleeps after that shard
@@ -340,7 +349,8 @@ def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrit
     _check_flags(overwrite=overwrite, scale_offset=scale_offset, progress=progress)
     out_dtype = resolve_dtype(dtype)
     dst = check_paths(src, dst)
-    clean_stale(dst)  # before the checks of DST: it may put back a previous DST, which --overwrite must then allow
+    with contextlib.suppress(PermissionError):  # a folder this user may not list: none it can find (it was exit 1)
+        clean_stale(dst)  # before the checks of DST: it may put back a previous DST, which --overwrite must then allow
     from ..checkpoint_files import is_gguf_source
 
     if is_gguf_source(src):

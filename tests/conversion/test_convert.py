@@ -816,6 +816,59 @@ def test_destination_in_a_folder_not_writable_is_refused_by_the_checks(tmp_path,
     assert list(ro.iterdir()) == [] and _leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("where", ["dst unlistable", "parent unsearchable", "grandparent unsearchable"])
+def test_a_destination_this_user_may_not_list_or_look_into_is_bad_input_naming_it(tmp_path, good_src, capsys,
+                                                                                   monkeypatch, unlistable, where):
+    """An existing DST folder this user may not list (it cannot be told empty, nor replaced), or a DST in a folder
+    it may not search (no x permission), was "[Errno 13] Permission denied: '...'", exit 1, with --dry-run too.
+    (Root reads everything: the folder's listing, or the look at what lies in it, is made to fail.)"""
+    import errno
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    dst = {"dst unlistable": locked, "parent unsearchable": locked / "out",
+           "grandparent unsearchable": locked / "sub" / "out"}[where]
+    if where == "dst unlistable":
+        unlistable(locked)
+        words = f"destination {str(dst)!r}: this user may not list this folder"
+    else:
+        real = Path.stat
+
+        def stat(self, *a, **k):
+            if self.absolute().parent == locked:
+                raise PermissionError(errno.EACCES, "Permission denied", str(self))
+            return real(self, *a, **k)
+
+        monkeypatch.setattr(Path, "stat", stat)
+        words = f"destination {str(dst)!r}: this user may not look into {str(locked)!r}"
+    for extra in ([], ["--dry-run"], ["--overwrite"]):
+        capsys.readouterr()
+        assert convert_main([str(good_src), str(dst), "-q", *extra]) == 2, extra
+        err = capsys.readouterr().err
+        assert err.startswith(f"orthros convert: error: {words} (Permission denied)") and "[Errno" not in err, err
+    for call in (lambda: convert_checkpoint(good_src, dst, progress=False), lambda: plan_conversion(good_src, dst),
+                 lambda: convert_checkpoint(good_src, dst, progress=False, overwrite=True)):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            call()
+    monkeypatch.undo()
+    assert list(locked.iterdir()) == [] and _leftovers(tmp_path) == []
+
+
+def test_a_destination_in_a_folder_this_user_may_not_list_converts_as_the_dry_run_said(tmp_path, good_src, capsys,
+                                                                                        unlistable):
+    """A DST in a folder this user may write into but not list (mode 0300): --dry-run said "every check passed",
+    then the conversion failed at once, "[Errno 13] Permission denied: '...'", exit 1, looking beside DST for
+    what a killed run left (none it could find)."""
+    folder = tmp_path / "wx"
+    folder.mkdir()
+    unlistable(folder)
+    dst = folder / "out"
+    assert convert_main([str(good_src), str(dst), "-q", "--dry-run"]) == 0
+    assert convert_main([str(good_src), str(dst), "-q"]) == 0, capsys.readouterr().err
+    assert convert_main([str(good_src), str(dst), "-q", "--overwrite"]) == 0, capsys.readouterr().err
+    assert (dst / "config.json").is_file() and convert_checkpoint(good_src, folder / "o2", progress=False)
+
+
 def test_destination_ending_in_dotdot_refused_before_any_work(tmp_path, good_src, capsys, monkeypatch):
     """``a/b/..`` with --overwrite: the whole conversion ran, then the rename failed (EBUSY, exit 1)."""
     from orthros.conversion import convert as conv_mod
