@@ -78,7 +78,13 @@ def format_plan(plan: dict) -> str:
         rows.append(("other files", f"copied: {copied}" +
                      "".join(f"; skipped {s['file']} ({s['reason']})" for s in plan["skipped_files"])))
     rows += [("note", n) for n in plan["notes"]]
-    rows.append(("disk", f"about {format_bytes(plan['bytes_needed'])} written"))
+    if plan.get("staging_bytes"):  # a GGUF's: was "about 2.5 MiB written" of a result of half that, no word why
+        staging = plan["staging_bytes"]
+        rows.append(("disk", f"about {format_bytes(plan['bytes_needed'])} at the peak: the result, about "
+                             f"{format_bytes(plan['bytes_needed'] - staging)}, beside a float32 staging copy "
+                             f"({format_bytes(staging)}) removed when done"))
+    else:
+        rows.append(("disk", f"about {format_bytes(plan['bytes_needed'])} written"))
     return "\n".join(["orthros convert --dry-run: every check passed; nothing was written"] +
                      [f"  {k:<12} {v}" for k, v in rows])
 

@@ -387,7 +387,7 @@ def plan_conversion(src, dst, *, window_size: int = 128, dtype=None, overwrite: 
         return {**base, "source": str(info.path), "source_format": "gguf", "architecture": info.architecture,
                 "tensors": info.n_tensors, "parameters": info.n_params, "tensor_types": info.tensor_types,
                 "dtype": _dtype_name(out_dtype) if out_dtype else "float32", "bytes_needed": need,
-                "notes": gguf_notes(info)}
+                "staging_bytes": info.n_params * 4, "notes": gguf_notes(info)}  # (the de-quantised copy: float32)
     source, plan, need = _prepare(src, dst, window_size=window_size, out_dtype=out_dtype, overwrite=overwrite,
                                   scale_offset=scale_offset, download=False, names=names)
     with tempfile.TemporaryDirectory() as d:  # the names the result's config brings (its remote code)

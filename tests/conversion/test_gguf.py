@@ -251,6 +251,28 @@ def test_gguf_dry_run_checks_the_file_and_writes_nothing(gguf_source, tmp_path, 
     assert list(tmp_path.iterdir()) == []
 
 
+def test_gguf_dry_run_says_the_disk_peak_and_the_result_apart(gguf_source, tmp_path, capsys):
+    """The dry run's disk line said "about 2.5 MiB written" of a GGUF whose result is about half that: the
+    float32 staging copy, removed when done, was counted in without a word."""
+    from orthros.conversion.convert import plan_conversion
+    from orthros.utils import format_bytes
+
+    path, _, _ = gguf_source
+    info = inspect_gguf(path)
+    for dtype, size in ((None, 4), ("bf16", 2)):
+        plan = plan_conversion(path, tmp_path / "out", window_size=W, dtype=dtype)
+        staging, result = info.n_params * 4, info.n_params * size
+        assert plan["staging_bytes"] == staging and plan["bytes_needed"] == staging + result
+        capsys.readouterr()
+        assert convert_main([str(path), str(tmp_path / "out"), "--window-size", str(W), "--dry-run"]
+                            + (["--dtype", dtype] if dtype else [])) == 0
+        disk = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("disk"))
+        assert disk.split(None, 1)[1] == (f"about {format_bytes(staging + result)} at the peak: the result, about "
+                                          f"{format_bytes(result)}, beside a float32 staging copy "
+                                          f"({format_bytes(staging)}) removed when done"), disk
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_gguf_without_accelerate_refused_by_the_check_and_the_dry_run(gguf_source, tmp_path, capsys, monkeypatch):
     """transformers' GGUF loader needs accelerate, which the gguf extra did not install: the dry run passed
     and the conversion failed after de-quantising; the file's check now names the package."""
