@@ -814,15 +814,20 @@ def clean_stale(dst) -> list:
     """Remove what a killed :func:`atomic_directory` writer into ``dst`` left beside it (``kill -9``,
     power loss): ``.<name>.orthros-tmp-<pid>-*`` directories whose process is gone, and ``.orthros-old-``
     copies of a replaced ``dst`` (put back as ``dst`` when the kill came between the two
-    renames, so the previous result is never lost). Returns the paths removed or restored."""
+    renames, so the previous result is never lost). Returns the paths removed or restored; none in a
+    folder this user may write into but not list (it can find none there)."""
     dst = Path(os.fspath(dst)).expanduser().absolute()
     parent = dst.parent
     if not parent.is_dir():
         return []
+    try:
+        entries = sorted(parent.iterdir())
+    except PermissionError:  # (was the caller's bare errno line, exit 1)
+        return []
     done = []
     for tag in (TMP_TAG, OLD_TAG):
         prefix = f".{dst.name}{tag}"
-        for p in sorted(parent.iterdir()):
+        for p in entries:
             if not p.name.startswith(prefix):
                 continue
             pid = p.name[len(prefix):].split("-", 1)[0]

@@ -567,3 +567,13 @@ def test_install_hints_name_each_extras_packages():
         pins = {r for r in extras[extra] if "==" in r}  # an exact pin (fla-core) travels with the name
         assert pins <= set(packages.split()), extra
         assert install_hint(extra) == f"pip install {packages} (in a clone of orthros: pip install -e '.[{extra}]')"
+
+
+def test_clean_stale_in_a_folder_it_may_not_list_finds_nothing(tmp_path, unlistable):
+    """A destination in a folder this user may write into but not list (mode 300): clean_stale's look for what
+    a killed writer left raised PermissionError, which stopped `orthros convert` (and niah-train) with a bare
+    errno line; it can find nothing there, and the write itself goes on."""
+    from orthros.utils import clean_stale
+
+    unlistable(tmp_path)
+    assert clean_stale(tmp_path / "out") == []

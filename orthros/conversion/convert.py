@@ -349,8 +349,7 @@ def convert_checkpoint(src, dst, *, window_size: int = 128, dtype=None, overwrit
     _check_flags(overwrite=overwrite, scale_offset=scale_offset, progress=progress)
     out_dtype = resolve_dtype(dtype)
     dst = check_paths(src, dst)
-    with contextlib.suppress(PermissionError):  # a folder this user may not list: none it can find (it was exit 1)
-        clean_stale(dst)  # before the checks of DST: it may put back a previous DST, which --overwrite must then allow
+    clean_stale(dst)  # before the checks of DST: it may put back a previous DST, which --overwrite must then allow
     from ..checkpoint_files import is_gguf_source
 
     if is_gguf_source(src):
