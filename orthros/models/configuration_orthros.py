@@ -18,6 +18,11 @@ from ..ops.backends import BACKENDS as ATTN_BACKENDS
 from ..utils import check_positive_int
 
 
+# Llama / Qwen config fields an Orthros model does not implement: (name, the value that means "off", what it did
+# there), refused at any other value
+_NOT_IMPLEMENTED = (("attention_dropout", 0.0, "attention takes no dropout here"),
+                    ("use_sliding_window", False, "the base stream's window is `window_size`"))
+
 NO_SLIDING_WINDOW = ("OrthrosConfig has no `sliding_window` (it would make transformers' caches drop tokens the "
                      "output stream needs); use `window_size`")
 
@@ -114,6 +119,10 @@ class OrthrosConfig(PreTrainedConfig):
     ):
         if "sliding_window" in kwargs:
             raise ValueError(NO_SLIDING_WINDOW)
+        for name, off, why in _NOT_IMPLEMENTED:  # kept as extra fields, they did nothing: the model ran without them
+            if name in kwargs and kwargs[name] != off:
+                raise ValueError(f"OrthrosConfig has no {name} ({why}), got {name}={kwargs[name]!r}; leave it out "
+                                 f"(or {off!r})")
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size

@@ -397,6 +397,10 @@ def test_a_dtype_cast_keeps_the_rope_frequencies_in_float32(cast):
     (dict(initializer_range=-0.02), "initializer_range"),
     (dict(pad_token_id=97), "pad_token_id"),
     (dict(sliding_window=128), "sliding_window"),
+    # Llama / Qwen fields the model does not implement were kept as extra fields and did nothing
+    (dict(attention_dropout=0.1), r"^OrthrosConfig has no attention_dropout \(attention takes no dropout here\), "
+                                  r"got attention_dropout=0.1"),
+    (dict(use_sliding_window=True), r"^OrthrosConfig has no use_sliding_window .*`window_size`"),
     # a switch that is not True/False (a string from a JSON or a command line) was taken by its truth
     # value: "false" built q/k norms, scale offsets, biases, output gates
     (dict(qk_norm="false"), "qk_norm"),
