@@ -21,6 +21,9 @@ SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # the suffixes of weight files (of any format): a source's files of another format are named in its refusal
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf", ".onnx", ".npz")
+# the one folder of a source directory that is copied: transformers' tokenizer keeps its named chat
+# templates (all but "default") there; other folders (``original/`` weights, ``onnx/`` ...) are not
+COPIED_DIRS = {"additional_chat_templates"}
 
 
 # How the conversion's errors name the settings a caller can change: the Python API's keywords here;
@@ -95,6 +98,14 @@ def _check_readable(p: Path) -> None:
             weights = f.name.endswith(WEIGHT_SUFFIXES)
             if not f.name.startswith(".") and (not weights if hf else f.suffix.lower() == ".gguf") and f.is_file():
                 _check_openable(f, p)
+            elif hf and f.name in COPIED_DIRS and f.is_dir():  # (copied at the end, after every tensor)
+                try:
+                    inside = sorted(f.iterdir())
+                except PermissionError as e:
+                    raise _not_readable(p, f"this user may not list its {f.name}/", e) from None
+                for g in inside:
+                    if g.is_file():
+                        _check_openable(g, p)
 
 
 def _check_openable(f: Path, src: Path) -> None:
@@ -103,7 +114,7 @@ def _check_openable(f: Path, src: Path) -> None:
         open(f, "rb").close()
     except PermissionError as e:
         raise _not_readable(src, "this user may not read this file" if f == src else
-                            f"this user may not read its {f.name}", e) from None
+                            f"this user may not read its {f.relative_to(src).as_posix()}", e) from None
 
 
 def _resolve_source(path, download: bool = True, names=None) -> Path:

@@ -44,8 +44,8 @@ from .architectures import (
     orthros_config_from,
     value_transforms,
 )
-from .checks import (API_NAMES, INDEX_FILE, SINGLE_FILE, WEIGHT_SUFFIXES, _is_hub_id, _names, _nv, _resolve_source,
-                     _src_arg, check_paths, read_source_config, weight_files)
+from .checks import (API_NAMES, COPIED_DIRS, INDEX_FILE, SINGLE_FILE, WEIGHT_SUFFIXES, _is_hub_id, _names, _nv,
+                     _resolve_source, _src_arg, check_paths, read_source_config, weight_files)
 from .safetensors_io import StreamingWriter, TensorReader, read_header
 
 REPORT_FILE = "conversion_report.json"
@@ -53,9 +53,6 @@ _NEW_PARAMS = SCALE_OFFSET_INIT  # alpha = alpha' = 1, beta = beta' = 0: the sou
 _NEW_RE = re.compile(r"^model\.layers\.(\d+)\.self_attn\.(alpha|beta|alpha_out|beta_out)$")
 # files of a source directory that are never copied to the result (weights and what describes them)
 _NOT_COPIED = {"config.json", INDEX_FILE, "pytorch_model.bin.index.json", REPORT_FILE}
-# the one folder of a source directory that is copied: transformers' tokenizer keeps its named chat
-# templates (all but "default") there; other folders (``original/`` weights, ``onnx/`` ...) are not
-_COPIED_DIRS = {"additional_chat_templates"}
 
 
 # ----------------------------------------------------------------------------------------- checks
@@ -584,7 +581,7 @@ def _other_files(source: "SourceCheckpoint", taken=frozenset()):
                                                       "(its code, for trust_remote_code)"})
         elif p.name.endswith(WEIGHT_SUFFIXES):
             skipped.append({"file": p.name, "reason": "weights not part of the converted checkpoint"})
-        elif p.name in _COPIED_DIRS and p.is_dir():
+        elif p.name in COPIED_DIRS and p.is_dir():
             copied.append(p)
         elif not p.is_file():
             skipped.append({"file": p.name, "reason": "not a regular file (directories are not copied)"})

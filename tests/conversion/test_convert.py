@@ -428,12 +428,18 @@ def test_a_source_folder_that_cannot_be_listed_is_bad_input_naming_it(tmp_path, 
     _refused_unreadable(src, tmp_path / "out", capsys, "this user may not list this folder")
 
 
-@pytest.mark.parametrize("what", ["gguf file", "folder of a gguf", "config.json", "index", "shard", "tokenizer.json"])
+@pytest.mark.parametrize("what", ["gguf file", "folder of a gguf", "config.json", "index", "shard", "tokenizer.json",
+                                  "chat template"])
 def test_a_source_file_that_cannot_be_read_is_bad_input_naming_it(tmp_path, good_src, capsys, unreadable, what):
     """A .gguf SRC (or one in a SRC folder), a checkpoint's config.json, index or shard this user may not read
     was "[Errno 13] Permission denied: '...'", exit 1; a tokenizer file (copied as it is) failed only after
-    every tensor had been converted."""
-    if what.startswith(("gguf", "folder")):
+    every tensor had been converted, as did a named chat template (additional_chat_templates/, copied too)."""
+    if what == "chat template":
+        src = _copy(good_src, tmp_path / "src")
+        (src / "additional_chat_templates").mkdir()
+        locked = src / "additional_chat_templates" / "tool_use.jinja"
+        locked.write_text("{{ messages }}")
+    elif what.startswith(("gguf", "folder")):
         folder = tmp_path / "g"
         folder.mkdir()
         (folder / "m.gguf").write_bytes(b"GGUF" + bytes(60))
@@ -444,7 +450,8 @@ def test_a_source_file_that_cannot_be_read_is_bad_input_naming_it(tmp_path, good
                 "shard": sorted(p.name for p in src.glob("*.safetensors"))[0]}.get(what, what)
         locked = src / name
     unreadable(locked)
-    words = "this user may not read this file" if src == locked else f"this user may not read its {locked.name}"
+    words = ("this user may not read this file" if src == locked else
+             f"this user may not read its {locked.relative_to(src if src.is_dir() else src.parent).as_posix()}")
     _refused_unreadable(src, tmp_path / "out", capsys, words)
 
 
