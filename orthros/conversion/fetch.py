@@ -200,11 +200,10 @@ def _cache_readable(what: str):
         if e.filename is None:
             raise
         path = Path(os.fspath(e.filename)).absolute()
-        try:
-            path.stat()  # the file itself can be looked up: it is the one that cannot be read
-            refused = f"read {path}"
-        except OSError:  # the deepest folder above it that can be looked up is the one that cannot be searched
-            refused = f"look into {next((a for a in path.parents if _looks_up(a)), path.parent)}"
+        # a file that can be looked up is the one that cannot be read; else the deepest folder above it that can
+        # be looked up is the one that cannot be searched
+        refused = (f"read {path}" if _looks_up(path) else
+                   f"look into {next((a for a in path.parents if _looks_up(a)), path.parent)}")
         raise CacheDirError(f"{what}: this user may not {refused} ({e.strerror}); name a directory it may "
                             f"read and write") from None
 
