@@ -89,23 +89,24 @@ def _check_readable(p: Path) -> None:
     if p.is_file():
         _check_openable(p, p)
     elif p.is_dir():
-        try:
-            entries = sorted(p.iterdir())
-        except PermissionError as e:
-            raise _not_readable(p, "this user may not list this folder", e) from None
         hf = (p / "config.json").is_file()
-        for f in entries:
+        for f in _listed(p, p):
             weights = f.name.endswith(WEIGHT_SUFFIXES)
             if not f.name.startswith(".") and (not weights if hf else f.suffix.lower() == ".gguf") and f.is_file():
                 _check_openable(f, p)
             elif hf and f.name in COPIED_DIRS and f.is_dir():  # (copied at the end, after every tensor)
-                try:
-                    inside = sorted(f.iterdir())
-                except PermissionError as e:
-                    raise _not_readable(p, f"this user may not list its {f.name}/", e) from None
-                for g in inside:
+                for g in _listed(f, p):
                     if g.is_file():
                         _check_openable(g, p)
+
+
+def _listed(folder: Path, src: Path) -> list:
+    """The entries of ``folder`` (the source ``src`` or a folder in it), else :class:`SourceNotReadable`."""
+    try:
+        return sorted(folder.iterdir())
+    except PermissionError as e:
+        what = "this folder" if folder == src else f"its {folder.relative_to(src).as_posix()}/"
+        raise _not_readable(src, f"this user may not list {what}", e) from None
 
 
 def _check_openable(f: Path, src: Path) -> None:
